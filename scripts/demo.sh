@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The main job on the bundled default model, on CPU: install, serve stories260K, benchmark it,
+# print the benchmark table, stop the server. Results land in runs/demo/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+port="${PORT:-8000}"
+mkdir -p runs/demo
+.venv/bin/surge serve --port "$port" --device cpu > runs/demo/server.log 2>&1 &
+server=$!
+trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then break; fi
+  if ! kill -0 $server 2>/dev/null; then cat runs/demo/server.log; exit 1; fi
+  sleep 1
+done
+.venv/bin/surge generate --device cpu --prompt "Once upon a time"
+.venv/bin/surge bench serve --base-url "http://127.0.0.1:$port" --endpoint /v1/completions \
+  --dataset random --input-len 32 --output-len 128 --num-prompts 64 --max-concurrency 16 \
+  --ignore-eos --result-file runs/demo/bench.json

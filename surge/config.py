@@ -1,0 +1,287 @@
+"""Frozen configuration dataclasses. Every field is validated; errors name the field."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
+"""The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model: where it is, its architecture and shapes, and how to load it.
+
+    Build it with :meth:`from_pretrained`, which reads ``config.json`` (and
+    ``generation_config.json`` for EOS ids) of a Hugging Face folder.
+
+    Attributes:
+        model: path of the model folder.
+        architecture: Hugging Face architecture name, e.g. "Qwen3ForCausalLM".
+        dtype: resolved weight and activation dtype name ("float32", "bfloat16", "float16").
+        load_format: "auto" / "safetensors" (read weights) or "dummy" (random weights).
+        seed: seed of dummy weights.
+        max_model_len: longest prompt + output, in tokens.
+        hf_config: the parsed ``config.json``.
+        eos_token_ids: token ids that end generation (config and generation config).
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+        head_dim, intermediate_size: model shapes.
+    """
+
+    model: str
+    architecture: str
+    dtype: str
+    load_format: str
+    seed: int
+    max_model_len: int
+    hf_config: dict[str, Any] = field(repr=False, hash=False, compare=False)
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+
+    def __post_init__(self) -> None:
+        _require(
+            self.architecture in SUPPORTED_ARCHITECTURES,
+            f"model: architecture {self.architecture!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
+        )
+        _require(self.dtype in DTYPES[1:], f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(
+            self.load_format in LOAD_FORMATS,
+            f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}",
+        )
+        _require(self.max_model_len >= 1, f"max_model_len must be positive, got {self.max_model_len}")
+        _require(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            "num_attention_heads must be a multiple of num_key_value_heads",
+        )
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The ``torch.dtype`` of ``dtype`` (imports torch)."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V for one token over all layers."""
+        return 2 * self.num_key_value_heads * self.head_dim * self.dtype_bytes * self.num_hidden_layers
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "auto",
+        load_format: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+    ) -> ModelConfig:
+        """Read a Hugging Face model folder (None = the bundled default model).
+
+        Raises:
+            ValueError: the folder, its config.json or a field is missing or unsupported.
+        """
+        path = Path(model) if model is not None else DEFAULT_MODEL_DIR
+        _require(path.is_dir(), f"model: {str(path)!r} is not a directory")
+        cfg_path = path / "config.json"
+        _require(cfg_path.is_file(), f"model: {str(path)!r} has no config.json")
+        try:
+            hf = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"model: cannot read {cfg_path}: {e}") from e
+        _require(isinstance(hf, dict), f"model: {cfg_path} is not a JSON object")
+        archs = hf.get("architectures") or []
+        _require(bool(archs), f"model: {cfg_path} names no architectures")
+        _require(dtype in DTYPES, f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if dtype == "auto":
+            hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
+            dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"
+        try:
+            num_heads = int(hf["num_attention_heads"])
+            hidden = int(hf["hidden_size"])
+            cfg_max_len = int(hf.get("max_position_embeddings", 2048))
+            values = dict(
+                vocab_size=int(hf["vocab_size"]),
+                hidden_size=hidden,
+                num_hidden_layers=int(hf["num_hidden_layers"]),
+                num_attention_heads=num_heads,
+                num_key_value_heads=int(hf.get("num_key_value_heads") or num_heads),
+                head_dim=int(hf.get("head_dim") or hidden // num_heads),
+                intermediate_size=int(hf["intermediate_size"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"model: {cfg_path} lacks a valid field: {e}") from e
+        if max_model_len is None:
+            max_model_len = cfg_max_len
+        return cls(
+            model=str(path),
+            architecture=str(archs[0]),
+            dtype=dtype,
+            load_format=load_format,
+            seed=seed,
+            max_model_len=max_model_len,
+            hf_config=hf,
+            eos_token_ids=_read_eos_ids(path, hf),
+            **values,
+        )
+
+
+def _read_eos_ids(path: Path, hf: dict[str, Any]) -> tuple[int, ...]:
+    ids: list[int] = []
+    sources = [hf]
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            sources.append(json.loads(gen.read_text()))
+    for src in sources:
+        eos = src.get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos]:
+            if isinstance(t, int) and t not in ids:
+                ids.append(t)
+    return tuple(ids)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache.
+
+    Attributes:
+        block_size: tokens per KV block (a positive multiple of 8; 16 by default).
+        num_kv_blocks: blocks in the pool; None sizes it from free memory.
+        gpu_memory_utilization: fraction of device memory Surge may use (0, 1].
+        enable_prefix_caching: reuse cached full blocks of equal prefixes.
+        cpu_kv_cache_bytes: KV pool size on CPU when ``num_kv_blocks`` is None.
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    cpu_kv_cache_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _require(
+            self.block_size > 0 and self.block_size % 8 == 0,
+            f"block_size must be a positive multiple of 8, got {self.block_size}",
+        )
+        _require(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            f"num_kv_blocks must be positive, got {self.num_kv_blocks}",
+        )
+        _require(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        _require(self.cpu_kv_cache_bytes > 0, "cpu_kv_cache_bytes must be positive")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits.
+
+    Attributes:
+        max_num_seqs: most requests in one step.
+        max_num_batched_tokens: the token budget of one step (prefill chunks + decodes).
+        max_model_len: longest prompt + output, in tokens.
+        watermark: fraction of KV blocks kept free when admitting new requests.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        _require(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}",
+        )
+        _require(self.max_model_len >= 1, f"max_model_len must be positive, got {self.max_model_len}")
+        _require(0.0 <= self.watermark < 1.0, f"watermark must be in [0, 1), got {self.watermark}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism. Attributes: tensor_parallel_size (number of GPUs, >= 1)."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        _require(
+            self.tensor_parallel_size >= 1,
+            f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}",
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs.
+
+    Attributes:
+        model, cache, scheduler, parallel: the parts above.
+        device: "cpu", "cuda" or "cuda:N" (resolved, never "auto").
+        enforce_eager: disable CUDA graphs.
+        seed: global seed (sampling of requests without their own seed).
+    """
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: str = "cpu"
+    enforce_eager: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(
+            self.device == "cpu" or self.device.startswith("cuda"),
+            f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}",
+        )
+        _require(
+            self.scheduler.max_model_len <= self.model.max_model_len,
+            f"max_model_len ({self.scheduler.max_model_len}) exceeds the model's "
+            f"max_position_embeddings ({self.model.max_model_len})",
+        )
+
+
+def resolve_device(device: str) -> str:
+    """Turn "auto" into "cuda" when a GPU is visible, else "cpu" (imports torch).
+
+    Raises:
+        ValueError: an unknown device name, or "cuda" without a GPU.
+    """
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    _require(
+        device == "cpu" or device.startswith("cuda"), f"device must be auto, cpu or cuda, got {device!r}"
+    )
+    if device.startswith("cuda"):
+        _require(torch.cuda.is_available(), "device: cuda was asked for but no GPU is visible")
+    return device

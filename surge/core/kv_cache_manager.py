@@ -1,0 +1,288 @@
+"""Paged KV cache bookkeeping: a block pool with reference counts and a prefix cache. No torch.
+
+The device tensors live in the model runner; this module only decides which block ids a
+request owns (``request.block_ids``, its block table). Blocks hold ``block_size`` tokens each.
+
+Prefix caching follows vLLM's automatic prefix caching (v1 ``KVCacheManager``): every full
+block of a request's tokens gets a chained hash ``hash((parent_hash, tuple(block_tokens)))``;
+a table maps hashes to the block holding that content, so a later request with the same
+prefix reuses the blocks instead of recomputing them. Unreferenced blocks that still hold
+cached content sit in the free list in LRU order and are evicted (their hash dropped) only
+when the block is allocated again. Hashes are Python's built-in 64-bit tuple hash (fast,
+deterministic for ints, not cryptographic): an accidental collision is negligible, but a
+crafted one could reuse another prompt's K/V; use a cryptographic hash if that matters.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from surge.request import Request
+
+_ROOT_HASH = 0
+"""Parent hash of a request's first block."""
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ``a`` by positive ``b``."""
+    return -(-a // b)
+
+
+class BlockPool:
+    """``num_blocks`` KV blocks: reference counts, content hashes and a free list.
+
+    The free list is an ordered set (``OrderedDict``, O(1) removal from the middle when a
+    free cached block is hit by the prefix cache). Allocation takes from the head; freed
+    blocks that hold cached content go to the tail, so the least recently freed cached
+    block is evicted first (LRU). Freed blocks with no cached content go to the head: they
+    are reused before any cached block is evicted.
+
+    Attributes:
+        num_blocks: blocks in the pool.
+        ref_counts: per block, how many requests hold it.
+        block_hashes: per block, the hash of its (computed) content, or None.
+        hash_to_block: hash -> block id of every cached block.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        """Blocks with no reference (including cached ones that may be evicted)."""
+        return len(self._free)
+
+    def is_free(self, block_id: int) -> bool:
+        return block_id in self._free
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the head of the free list, evicting their cached content.
+
+        Raises:
+            ValueError: fewer than ``n`` blocks are free (callers check first).
+        """
+        if n > len(self._free):
+            raise ValueError(f"cannot allocate {n} KV blocks, only {len(self._free)} free")
+        out = []
+        for _ in range(n):
+            block_id, _ = self._free.popitem(last=False)
+            self._drop_hash(block_id)
+            self.ref_counts[block_id] = 1
+            out.append(block_id)
+        return out
+
+    def touch(self, block_id: int) -> None:
+        """Add a reference to a cached block, taking it off the free list if it was free."""
+        if self.ref_counts[block_id] == 0:
+            del self._free[block_id]
+        self.ref_counts[block_id] += 1
+
+    def release(self, block_id: int, keep_hash: bool) -> None:
+        """Drop one reference; at zero the block goes back to the free list.
+
+        ``keep_hash=False`` forgets the block's content (it was never computed).
+        """
+        if not keep_hash:
+            self._drop_hash(block_id)
+        count = self.ref_counts[block_id] - 1
+        if count < 0:
+            raise RuntimeError(f"KV block {block_id} released more often than allocated")
+        self.ref_counts[block_id] = count
+        if count == 0:
+            self._free[block_id] = None
+            if self.block_hashes[block_id] is None:
+                self._free.move_to_end(block_id, last=False)
+
+    def register(self, block_id: int, block_hash: int) -> None:
+        """Record that ``block_id`` holds the content ``block_hash`` (first holder wins)."""
+        if block_hash not in self.hash_to_block and self.block_hashes[block_id] is None:
+            self.hash_to_block[block_hash] = block_id
+            self.block_hashes[block_id] = block_hash
+
+    def _drop_hash(self, block_id: int) -> None:
+        h = self.block_hashes[block_id]
+        if h is not None:
+            self.block_hashes[block_id] = None
+            if self.hash_to_block.get(h) == block_id:
+                del self.hash_to_block[h]
+
+
+class KVCacheManager:
+    """Assigns KV blocks to requests; optional prefix caching of full blocks.
+
+    A request needs ``ceil(tokens / block_size)`` blocks for ``tokens`` tokens of K/V.
+    Per-request state kept here (block hashes, how many blocks were offered to the cache)
+    is dropped by :meth:`free`.
+
+    Args:
+        num_blocks: blocks in the pool.
+        block_size: tokens per block.
+        enable_prefix_caching: reuse cached full blocks of equal prefixes.
+
+    Raises:
+        ValueError: ``num_blocks`` or ``block_size`` is not positive.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._req_hashes: dict[str, list[int]] = {}
+        self._req_num_registered: dict[str, int] = {}
+        self.prefix_cache_hit_tokens = 0
+        """Tokens served from the prefix cache at admissions, since start."""
+        self.prefix_cache_query_tokens = 0
+        """Tokens looked up in the prefix cache at admissions, since start."""
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not referenced by any request (cached-but-unreferenced ones count as free)."""
+        return self.pool.num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction (0..1) of blocks referenced by requests."""
+        return 1.0 - self.pool.num_free / self.pool.num_blocks
+
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """The chained hashes of the request's first ``num_blocks`` full blocks (cached per request)."""
+        hashes = self._req_hashes.setdefault(request.request_id, [])
+        bs = self.block_size
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        for i in range(len(hashes), num_blocks):
+            parent = hash((parent, tuple(request.token_ids_slice(i * bs, (i + 1) * bs))))
+            hashes.append(parent)
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Look up the longest chain of cached full blocks of a request that has no blocks.
+
+        At most ``request.num_tokens - 1`` tokens (whole blocks) are reported, so the last
+        known token is always computed and can be sampled from. Nothing is referenced yet:
+        pass the result to :meth:`allocate_slots`.
+
+        Returns:
+            (cached block ids in order, number of cached tokens = len(ids) * block_size).
+        """
+        if not self.enable_prefix_caching or request.block_ids:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        if max_blocks <= 0:
+            return [], 0
+        table = self.pool.hash_to_block
+        blocks = []
+        for h in self._block_hashes(request, max_blocks):
+            block_id = table.get(h)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+        return blocks, len(blocks) * self.block_size
+
+    def num_blocks_to_allocate(
+        self, request: Request, num_new_tokens: int, cached_blocks: list[int] | None = None
+    ) -> int:
+        """Free blocks that :meth:`allocate_slots` with these arguments would consume."""
+        if cached_blocks:
+            num_tokens = len(cached_blocks) * self.block_size + num_new_tokens
+            taken = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
+            return cdiv(num_tokens, self.block_size) - len(cached_blocks) + taken
+        num_tokens = request.num_computed_tokens + num_new_tokens
+        return max(0, cdiv(num_tokens, self.block_size) - len(request.block_ids))
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_blocks: list[int] | None = None,
+        num_reserved_blocks: int = 0,
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of K/V, appending to ``request.block_ids``.
+
+        Without ``cached_blocks`` the request holds ``request.num_computed_tokens`` computed
+        tokens. With ``cached_blocks`` (from :meth:`get_computed_blocks`; the request must
+        hold no blocks) those blocks are referenced first and count as computed tokens; the
+        caller then sets ``request.num_computed_tokens`` to their token count.
+
+        Blocks that will be full once this step's tokens are computed are registered in the
+        prefix cache now, so a request admitted later in the same step can already hit them.
+
+        Args:
+            request: the request.
+            num_new_tokens: tokens computed this step (>= 0).
+            cached_blocks: prefix-cache hits, or None.
+            num_reserved_blocks: free blocks that must remain after the allocation
+                (the admission watermark).
+
+        Returns:
+            True on success; False (and nothing changed) when too few blocks are free.
+
+        Raises:
+            ValueError: ``cached_blocks`` given for a request that already holds blocks.
+        """
+        if not cached_blocks:
+            num_total = request.num_computed_tokens + num_new_tokens
+            if num_total <= len(request.block_ids) * self.block_size:  # fast path: most decodes
+                if self.enable_prefix_caching:
+                    self._register_full_blocks(request, num_total // self.block_size)
+                return True
+        elif request.block_ids:
+            raise ValueError(f"request {request.request_id!r} already holds blocks")
+        needed = self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
+        if needed + num_reserved_blocks > self.pool.num_free:
+            return False
+        if self.enable_prefix_caching and not request.block_ids and request.num_computed_tokens == 0:
+            # An admission: count the lookup for the hit-rate metrics.
+            self.prefix_cache_query_tokens += request.num_tokens
+        if cached_blocks:
+            for b in cached_blocks:
+                self.pool.touch(b)
+            request.block_ids.extend(cached_blocks)
+            num_computed = len(cached_blocks) * self.block_size
+            self._req_num_registered[request.request_id] = len(cached_blocks)
+            self.prefix_cache_hit_tokens += num_computed
+        else:
+            num_computed = request.num_computed_tokens
+        num_total = num_computed + num_new_tokens
+        num_missing = cdiv(num_total, self.block_size) - len(request.block_ids)
+        if num_missing > 0:
+            request.block_ids.extend(self.pool.allocate(num_missing))
+        if self.enable_prefix_caching:
+            self._register_full_blocks(request, num_total // self.block_size)
+        return True
+
+    def _register_full_blocks(self, request: Request, num_full: int) -> None:
+        rid = request.request_id
+        start = self._req_num_registered.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, num_full)
+        for i in range(start, num_full):
+            self.pool.register(request.block_ids[i], hashes[i])
+        self._req_num_registered[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release all blocks of a request (finished, aborted or preempted) and forget its state.
+
+        Blocks whose content is computed (index < ``num_computed_tokens // block_size``)
+        keep their hash and stay in the prefix cache until evicted; the others lose it.
+        Blocks are released last-first so a request's tail is evicted before its prefix.
+        """
+        num_computed_blocks = request.num_computed_tokens // self.block_size
+        blocks = request.block_ids
+        for i in range(len(blocks) - 1, -1, -1):
+            self.pool.release(blocks[i], keep_hash=i < num_computed_blocks)
+        request.block_ids = []
+        self._req_hashes.pop(request.request_id, None)
+        self._req_num_registered.pop(request.request_id, None)

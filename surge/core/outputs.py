@@ -1,0 +1,161 @@
+"""The types that cross the scheduler / executor / API boundaries. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from surge.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    The executor computes tokens ``[start, start + num_new_tokens)`` of
+    ``request``'s prompt + output, where ``start = request.num_computed_tokens`` at the
+    time of scheduling (the scheduler advances ``num_computed_tokens`` only in ``update``).
+
+    Attributes:
+        request: the request (its ``block_ids`` is the block table for this step).
+        num_new_tokens: tokens to compute this step (>= 1).
+        sample: True when this chunk reaches the end of the known tokens, so the executor
+            samples one new token; a prompt chunk that stops short samples nothing.
+    """
+
+    request: Request
+    num_new_tokens: int
+    sample: bool
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes: running requests first, then prefill chunks.
+
+    Attributes:
+        scheduled: requests of this step, decodes and running chunks before new prefills.
+        num_scheduled_tokens: total tokens of the step (<= ``max_num_batched_tokens``).
+        preempted_request_ids: requests preempted while building this step.
+        finished_request_ids: requests that finished or were aborted since the previous
+            step; the executor may drop any per-request state it keeps for them.
+    """
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class ModelOutput:
+    """What the executor returns for one step.
+
+    Attributes:
+        sampled_token_ids: request_id -> the one token sampled for it, for every scheduled
+            request with ``sample=True`` (and only those).
+    """
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+
+
+class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """New tokens of one request after a step (sent from the engine to the API process).
+
+    Attributes:
+        request_id: the request.
+        new_token_ids: tokens generated this step (usually one).
+        finish_reason: "stop", "length" or "abort" once finished, else None.
+        stop_token_id: the EOS or stop token that ended it, if any (it is part of
+            ``new_token_ids``; the detokenizer leaves it out of the text).
+        num_prompt_tokens: prompt length in tokens.
+        num_cached_tokens: prompt tokens served from the prefix cache.
+        arrival_time, first_scheduled_time, first_token_time, finished_time: seconds
+            (``time.monotonic()`` of the engine process); set on the final output.
+        num_preemptions: times the request was preempted.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_token_id: int | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    arrival_time: float | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Snapshot of the scheduler for metrics and logs.
+
+    Attributes:
+        num_running, num_waiting: requests in each queue.
+        kv_cache_usage: fraction of KV blocks in use (0..1).
+        num_free_blocks, num_total_blocks: KV pool figures in blocks.
+        num_preemptions_total: preemptions since start.
+        prefix_cache_hit_tokens, prefix_cache_query_tokens: prompt tokens found in / looked up
+            in the prefix cache since start.
+    """
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions_total: int
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_query_tokens: int = 0
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One generated sequence of a request (offline API, like vLLM's).
+
+    Attributes:
+        index: choice index in ``[0, n)``.
+        text: the generated text (stop strings and stop tokens excluded).
+        token_ids: the generated token ids (a final EOS or stop token included).
+        finish_reason: "stop" or "length".
+        stop_reason: the stop string or stop token id that ended it, if any.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The result of one prompt of :meth:`surge.LLM.generate`.
+
+    Attributes:
+        request_id: the request's id.
+        prompt: the prompt text (None when the prompt was given as token ids).
+        prompt_token_ids: the prompt in tokens.
+        outputs: ``n`` completions, by index.
+        num_cached_tokens: prompt tokens served from the prefix cache.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)

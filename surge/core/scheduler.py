@@ -1,0 +1,262 @@
+"""Continuous-batching scheduler: one token budget per step, chunked prefill, preemption. No torch.
+
+The engine loop is ``schedule()`` -> executor -> ``update()``. Design (``shared/design.md`` §3,
+after vLLM v1's unified scheduler and Sarathi-Serve's chunked prefill, arXiv:2403.02310):
+
+- Every step has one token budget (``max_num_batched_tokens``). Running requests go first
+  (a decode takes 1 token, a partly prefilled prompt a chunk), then waiting requests in FCFS
+  order take chunks of what is left.
+- A request is admitted by the blocks its first chunk needs, keeping a small watermark of
+  free blocks; it is never reserved its worst case.
+- When a running request cannot get a block, the most recently admitted running request is
+  preempted by recompute (blocks freed, progress reset, output kept, back to the front of
+  the waiting queue).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from surge.config import CacheConfig, SchedulerConfig
+from surge.core.kv_cache_manager import KVCacheManager, cdiv
+from surge.core.outputs import EngineOutput, ModelOutput, ScheduledRequest, SchedulerOutput, SchedulerStats
+from surge.request import Request, RequestStatus
+
+
+class Scheduler:
+    """Decides which requests compute how many tokens each step, and applies the results.
+
+    Args:
+        config: budget and sequence limits.
+        cache_config: ``block_size`` and ``enable_prefix_caching``.
+        num_kv_blocks: blocks in the KV pool (the runner sized it).
+
+    Raises:
+        ValueError: ``num_kv_blocks`` is not positive.
+    """
+
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int) -> None:
+        self.config = config
+        self.block_size = cache_config.block_size
+        self.kv = KVCacheManager(num_kv_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        self.watermark_blocks = math.ceil(config.watermark * num_kv_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []
+        self.num_preemptions_total = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (FCFS).
+
+        Raises:
+            ValueError: the id is already in use, the prompt is empty, prompt + max_tokens
+                exceeds ``max_model_len``, or the request needs more KV blocks than the pool has.
+        """
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        n_prompt = request.num_prompt_tokens
+        if n_prompt == 0:
+            raise ValueError("the prompt must contain at least one token")
+        max_tokens = request.sampling_params.max_tokens
+        total = n_prompt + max_tokens
+        max_len = self.config.max_model_len
+        if total > max_len:
+            raise ValueError(
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{total} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or max_tokens."
+            )
+        blocks = cdiv(total, self.block_size)
+        if blocks > self.kv.num_total_blocks:
+            raise ValueError(
+                f"The request needs {blocks} KV cache blocks ({total} tokens: {n_prompt} in the prompt, "
+                f"{max_tokens} for the completion) but the KV cache holds only {self.kv.num_total_blocks} "
+                f"blocks ({self.kv.num_total_blocks * self.block_size} tokens). "
+                "Please reduce the length of the prompt or max_tokens."
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort requests now: free their blocks, mark them FINISHED_ABORTED, drop them from the queues.
+
+        The ids are reported in the next ``SchedulerOutput.finished_request_ids``. Unknown or
+        already finished ids are ignored.
+        """
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        request.finished_time = time.monotonic()
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+
+    def _preempt(self, request: Request) -> None:
+        """Preempt by recompute: free blocks, reset progress (output kept), front of the queue."""
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(request)
+
+    def schedule(self) -> SchedulerOutput:
+        """Build the next step. Does not advance ``num_computed_tokens`` (``update`` does).
+
+        Returns:
+            The step: running requests first (in admission order), then newly admitted
+            chunks; ``num_scheduled_tokens <= max_num_batched_tokens``.
+        """
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+        now = time.monotonic()
+        scheduled = out.scheduled
+
+        # 1. Running requests: decodes and the next chunks of partly prefilled prompts.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted_request_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                budget -= num_new
+                sample = request.num_computed_tokens + num_new == request.num_tokens
+                scheduled.append(ScheduledRequest(request, num_new, sample))
+                i += 1
+                continue
+            break  # the request itself was preempted: it was the last running one
+
+        # 2. Waiting requests, FCFS, while budget, sequence slots and blocks allow.
+        if not out.preempted_request_ids:
+            self._admit_waiting(budget, now, scheduled)
+
+        out.num_scheduled_tokens = sum(s.num_new_tokens for s in scheduled)
+        return out
+
+    def _admit_waiting(self, budget: int, now: float, scheduled: list[ScheduledRequest]) -> None:
+        max_seqs = self.config.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+            request = self.waiting[0]
+            cached_blocks, num_cached = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_cached, budget)
+            # The watermark keeps a few blocks for running requests; a lone request may use all.
+            reserved = self.watermark_blocks if self.running else 0
+            if not self.kv.allocate_slots(request, num_new, cached_blocks, num_reserved_blocks=reserved):
+                break  # strict FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            request.num_computed_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            if request.first_scheduled_time is None:
+                # Usage reports the prompt tokens the first admission found in the cache;
+                # a re-admission after preemption does not change it.
+                request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+                request.first_scheduled_time = now
+            self.running.append(request)
+            budget -= num_new
+            sample = num_cached + num_new == request.num_tokens
+            scheduled.append(ScheduledRequest(request, num_new, sample))
+
+    def update(self, scheduler_output: SchedulerOutput, model_output: ModelOutput) -> list[EngineOutput]:
+        """Apply a computed step: advance progress, append sampled tokens, finish requests.
+
+        Stop checks, in order: EOS (unless ``ignore_eos``) or a stop token id, once at least
+        ``min_tokens`` tokens exist -> "stop"; ``max_tokens`` reached -> "length";
+        ``max_model_len`` reached -> "length". Requests aborted since ``schedule`` are skipped.
+
+        Returns:
+            One output per request that got a token this step, in schedule order.
+
+        Raises:
+            KeyError: ``model_output`` lacks the token of a request scheduled with ``sample``.
+        """
+        outputs: list[EngineOutput] = []
+        max_len = self.config.max_model_len
+        now = time.monotonic()
+        finished: list[Request] = []
+        for s in scheduler_output.scheduled:
+            request = s.request
+            if request.status != RequestStatus.RUNNING:
+                continue  # aborted between schedule() and update()
+            request.num_computed_tokens += s.num_new_tokens
+            if not s.sample:
+                continue
+            token = model_output.sampled_token_ids[request.request_id]
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            params = request.sampling_params
+            n_out = request.num_output_tokens
+            status: RequestStatus | None = None
+            stop_token: int | None = None
+            if n_out >= params.min_tokens and (
+                (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+            ):
+                status, stop_token = RequestStatus.FINISHED_STOPPED, token
+            elif n_out >= params.max_tokens or request.num_tokens >= max_len:
+                status = RequestStatus.FINISHED_LENGTH
+            out = EngineOutput(
+                request.request_id,
+                [token],
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_cached_tokens=request.num_cached_tokens,
+            )
+            if status is not None:
+                self._finish(request, status)
+                finished.append(request)
+                out.finish_reason = status.finish_reason
+                out.stop_token_id = stop_token
+                out.arrival_time = request.arrival_time
+                out.first_scheduled_time = request.first_scheduled_time
+                out.first_token_time = request.first_token_time
+                out.finished_time = request.finished_time
+                out.num_preemptions = request.num_preemptions
+            outputs.append(out)
+        if finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        return outputs
+
+    def get_stats(self) -> SchedulerStats:
+        """A snapshot for metrics: queue sizes, KV usage, preemption and prefix-cache counters."""
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            num_free_blocks=self.kv.num_free_blocks,
+            num_total_blocks=self.kv.num_total_blocks,
+            num_preemptions_total=self.num_preemptions_total,
+            prefix_cache_hit_tokens=self.kv.prefix_cache_hit_tokens,
+            prefix_cache_query_tokens=self.kv.prefix_cache_query_tokens,
+        )

@@ -1,0 +1,1 @@
+"""The engine: LLMEngine (schedule / execute / update), the offline LLM, the engine process."""

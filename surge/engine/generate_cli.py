@@ -1,0 +1,50 @@
+"""`surge generate`: one completion from the command line."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_generate_parser(subparsers: Any) -> None:
+    """Register `surge generate` on an argparse sub-parser collection."""
+    p = subparsers.add_parser(
+        "generate",
+        help="generate one completion offline",
+        description="Generate a completion for one prompt (greedy by default) and print it.",
+    )
+    p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Run `surge generate`; prints the completion text. Returns the exit code."""
+    from surge.engine.llm import LLM
+    from surge.sampling_params import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        out = llm.generate(args.prompt, params)[0]
+    print(out.outputs[0].text)
+    return 0

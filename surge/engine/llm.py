@@ -1,0 +1,196 @@
+"""The offline API: ``LLM(...).generate(prompts, sampling_params)``, like vLLM's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from surge.core.outputs import CompletionOutput, RequestOutput
+from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
+from surge.sampling_params import SamplingParams
+from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, load_tokenizer
+
+PromptType = str | list[int]
+
+
+@dataclass(slots=True)
+class _Child:
+    parent: int
+    index: int
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class LLM:
+    """Offline batched generation on one engine, in this process (no server, no ZMQ).
+
+    Args:
+        model: a Hugging Face model folder; None = the bundled stories260K model.
+        dtype: "auto" (the config's), "float32", "bfloat16" or "float16".
+        device: "auto" (CUDA when available), "cpu" or "cuda".
+        load_format: "auto" (safetensors) or "dummy" (random weights, reproducible by seed).
+        seed: seed of dummy weights and of unseeded sampling.
+        block_size: tokens per KV block.
+        num_kv_blocks: KV pool size in blocks; None sizes it from memory.
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: token budget of one step.
+        max_model_len: longest prompt + output; None = the model's maximum.
+        enable_prefix_caching: share the KV blocks of equal prompt prefixes.
+        enforce_eager: no CUDA graphs.
+
+    Raises:
+        ValueError: a bad model folder or argument, with a message naming it.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        load_format: str = "auto",
+        seed: int = 0,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = False,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
+        config = build_engine_config(
+            None if model is None else str(model),
+            dtype=dtype,
+            load_format=load_format,
+            seed=seed,
+            device=device,
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager,
+        )
+        self.tokenizer = load_tokenizer(config.model.model)
+        self.engine = LLMEngine(config)
+        self._next_id = 0
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate completions for every prompt, batched continuously.
+
+        Args:
+            prompts: a string, a list of token ids, or a list of either.
+            sampling_params: one for all prompts, one per prompt, or None (defaults).
+
+        Returns:
+            One :class:`RequestOutput` per prompt, in order.
+
+        Raises:
+            ValueError: a prompt that can never fit, or mismatched list lengths.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = (
+            [sampling_params] * len(prompt_list)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params_list) != len(prompt_list):
+            raise ValueError("sampling_params must be one object or one per prompt")
+        results: list[RequestOutput] = []
+        children: dict[str, _Child] = {}
+        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+            token_ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
+            request_id = f"llm-{self._next_id}"
+            self._next_id += 1
+            results.append(
+                RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids, [])
+            )
+            for index, (child_id, child_params) in enumerate(split_n(request_id, params)):
+                try:
+                    self.engine.add_request(child_id, token_ids, child_params)
+                except ValueError:
+                    self.engine.abort_requests(list(children))
+                    raise
+                detok = IncrementalDetokenizer(
+                    self.tokenizer,
+                    token_ids,
+                    skip_special_tokens=child_params.skip_special_tokens,
+                    stop=child_params.stop,
+                )
+                children[child_id] = _Child(i, index, detok, [])
+        self._run(children, results)
+        for child in children.values():
+            results[child.parent].outputs.append(
+                CompletionOutput(
+                    child.index,
+                    child.detokenizer.text,
+                    child.token_ids,
+                    child.finish_reason,
+                    child.stop_reason,
+                )
+            )
+        for result in results:
+            result.outputs.sort(key=lambda o: o.index)
+        return results
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> RequestOutput:
+        """Apply the chat template to ``messages`` and generate one reply."""
+        token_ids = apply_chat_template(self.tokenizer, messages, chat_template_kwargs=chat_template_kwargs)
+        return self.generate([token_ids], sampling_params)[0]
+
+    def _run(self, children: dict[str, _Child], results: list[RequestOutput]) -> None:
+        pending = set(children)
+        while pending:
+            outputs = self.engine.step()
+            if not outputs and not self.engine.has_unfinished_requests():
+                break
+            for out in outputs:
+                child = children.get(out.request_id)
+                if child is None or child.finish_reason is not None:
+                    continue
+                child.token_ids.extend(out.new_token_ids)
+                child.detokenizer.update(out.new_token_ids, out.stop_token_id)
+                results[child.parent].num_cached_tokens = max(
+                    results[child.parent].num_cached_tokens, out.num_cached_tokens
+                )
+                if child.detokenizer.stop_matched is not None:
+                    self.engine.abort_requests([out.request_id])
+                    child.finish_reason = "stop"
+                    child.stop_reason = child.detokenizer.stop_matched
+                elif out.finish_reason is not None:
+                    child.finish_reason = out.finish_reason
+                    child.stop_reason = out.stop_token_id
+                if child.finish_reason is not None:
+                    child.detokenizer.flush()
+                    pending.discard(out.request_id)
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # type: ignore[list-item]
+    for p in items:
+        if not isinstance(p, str) and not (isinstance(p, list) and all(isinstance(t, int) for t in p)):
+            raise ValueError("each prompt must be a string or a list of token ids")
+    return items  # type: ignore[return-value]

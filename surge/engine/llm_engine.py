@@ -1,0 +1,150 @@
+"""LLMEngine: the engine loop of three calls, ``schedule()``, ``execute()``, ``update()``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, resolve_device
+from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.core.scheduler import Scheduler
+from surge.request import Request
+from surge.sampling_params import SamplingParams
+
+
+def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
+    """Fan a request with ``n > 1`` out into ``n`` single-sequence child requests.
+
+    Child ``i`` has id ``f"{request_id}-{i}"`` (the request id itself when ``n == 1``) and,
+    when the request is seeded, seed ``seed + i`` so the samples differ but stay reproducible.
+    The children share the prompt's KV blocks through prefix caching.
+    """
+    if params.n == 1:
+        return [(request_id, params)]
+    import msgspec
+
+    children = []
+    for i in range(params.n):
+        seed = None if params.seed is None else params.seed + i
+        children.append((f"{request_id}-{i}", msgspec.structs.replace(params, n=1, seed=seed)))
+    return children
+
+
+def build_engine_config(
+    model: str | None = None,
+    *,
+    dtype: str = "auto",
+    load_format: str = "auto",
+    seed: int = 0,
+    device: str = "auto",
+    block_size: int = 16,
+    num_kv_blocks: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    max_model_len: int | None = None,
+    enable_prefix_caching: bool = True,
+    enforce_eager: bool = False,
+) -> EngineConfig:
+    """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
+
+    ``max_model_len=None`` takes the model's ``max_position_embeddings``.
+
+    Raises:
+        ValueError: a bad model folder or an out-of-range value (the message names it).
+    """
+    model_config = ModelConfig.from_pretrained(
+        model, dtype=dtype, load_format=load_format, seed=seed, max_model_len=max_model_len
+    )
+    return EngineConfig(
+        model=model_config,
+        cache=CacheConfig(
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=model_config.max_model_len,
+        ),
+        device=resolve_device(device),
+        enforce_eager=enforce_eager,
+        seed=seed,
+    )
+
+
+class LLMEngine:
+    """Runs the model over continuously batched requests.
+
+    Each :meth:`step` is ``scheduler.schedule()`` -> ``runner.execute()`` ->
+    ``scheduler.update()``. The engine knows token ids only; text lives with the caller.
+
+    Attributes:
+        config: the engine configuration.
+        num_kv_blocks: KV blocks in the pool; ``block_size`` tokens each.
+        max_model_len: longest prompt + output, in tokens.
+    """
+
+    def __init__(self, config: EngineConfig, runner: Any | None = None) -> None:
+        """Load the model, size the KV pool and build the scheduler.
+
+        Args:
+            config: the engine configuration.
+            runner: an executor with ``determine_num_kv_blocks``, ``init_kv_cache`` and
+                ``execute`` (default: :class:`surge.worker.model_runner.ModelRunner`).
+        """
+        if runner is None:
+            from surge.worker.model_runner import ModelRunner
+
+            runner = ModelRunner(config)
+        self.config = config
+        self.runner = runner
+        num_blocks = config.cache.num_kv_blocks or runner.determine_num_kv_blocks()
+        runner.init_kv_cache(num_blocks)
+        self.num_kv_blocks: int = num_blocks
+        self.block_size: int = config.cache.block_size
+        self.max_model_len: int = config.scheduler.max_model_len
+        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
+        self._eos_token_ids = frozenset(config.model.eos_token_ids)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue one single-sequence request (use :func:`split_n` for ``n > 1``).
+
+        Raises:
+            ValueError: ``n != 1``, a token id outside the vocabulary, or a request that
+                can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
+                than the pool holds).
+        """
+        if sampling_params.n != 1:
+            raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
+        vocab = self.config.model.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort requests; their KV blocks are free at once. Unknown ids are ignored."""
+        self.scheduler.abort_requests(request_ids)
+
+    def step(self) -> list[EngineOutput]:
+        """Run one step and return the new tokens of each request that got one."""
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        model_output = self.runner.execute(scheduler_output)
+        return self.scheduler.update(scheduler_output, model_output)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.get_stats()

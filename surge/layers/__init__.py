@@ -1,0 +1,1 @@
+"""Shared model layers: linear, embedding, norm, rotary, activation, attention, sampler."""

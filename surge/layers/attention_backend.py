@@ -1,0 +1,81 @@
+"""The attention backend interface: paged K/V cache writes and attention over block tables.
+
+A step's batch is a list of sequences, each contributing ``q_len >= 1`` new tokens
+(a prefill chunk or one decode token) laid out back to back in a token dimension of
+``num_tokens`` rows. Each layer has its own K and V cache of shape
+``[num_blocks, block_size, num_kv_heads, head_dim]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step batch layout shared by every layer.
+
+    Attributes:
+        num_tokens: real (unpadded) query tokens in the step.
+        num_seqs: real sequences in the step.
+        query_start_loc: ``[num_seqs + 1]`` int32, ``cu_seqlens_q``: sequence i's query rows
+            are ``query_start_loc[i]:query_start_loc[i+1]``.
+        seq_lens: ``[num_seqs]`` int32, context length of each sequence after this step
+            (cached tokens + new tokens).
+        block_table: ``[num_seqs, max_blocks_per_seq]`` int32 KV block ids (unused entries 0).
+        slot_mapping: ``[num_tokens]`` int64 cache slot (``block_id * block_size + offset``) of
+            each new token; -1 marks a padding token whose K/V must not be written.
+        max_query_len: the longest q_len in the step (host int).
+        max_seq_len: the longest seq_len in the step (host int).
+        query_start_loc_cpu, seq_lens_cpu: host copies, for backends that loop on the host.
+    """
+
+    num_tokens: int
+    num_seqs: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+
+class AttentionBackend(ABC):
+    """Writes new K/V into the paged cache and computes causal attention.
+
+    Implementations: :class:`surge.layers.torch_attention.TorchAttentionBackend` (reference,
+    CPU and GPU) and the Triton backend (GPU).
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write ``k``/``v`` at ``metadata.slot_mapping`` and attend.
+
+        Args:
+            q: ``[num_tokens, num_heads, head_dim]`` queries (rotary already applied).
+            k, v: ``[num_tokens, num_kv_heads, head_dim]`` new keys and values.
+            k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, updated in place.
+            metadata: the step's layout.
+            scale: softmax scale, usually ``head_dim ** -0.5``.
+
+        Returns:
+            ``[num_tokens, num_heads, head_dim]``: each query token attends causally to
+            its sequence's cached tokens and the new tokens up to itself. Rows of padding
+            tokens (beyond ``query_start_loc[-1]``) are unspecified.
+        """

@@ -1,0 +1,297 @@
+"""Batched token sampling on the device: penalties, temperature, top-k, top-p, min-p, seeds.
+
+Every step is a tensor operation over the whole batch ``[B, V]``; there is no per-request
+loop over the vocabulary and no host sync before the sampled ids are copied back.
+
+Sampling draws with the exponential race (the Gumbel-max trick in another form, as in
+vLLM): ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` i.i.d. picks ``i`` with probability
+``p_i``. For a request with a seed, ``E`` comes from a counter-based hash of
+``(seed, output position, vocab index)`` (Salmon et al., 2011, "Parallel random numbers:
+as easy as 1, 2, 3"; the mixing function is a MurmurHash-style finalizer), so its tokens do
+not depend on the rest of the batch. Other requests draw from one ``torch.Generator``
+seeded with the engine seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from surge.sampling_params import SamplingParams
+
+_M32 = 0xFFFFFFFF
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling inputs of one step (``B`` rows, vocabulary ``V``).
+
+    Optional tensors are None when no row of the batch uses the feature, so the sampler
+    skips that work. Host booleans are decided when the batch is built (no device sync).
+
+    Attributes:
+        temperature: ``[B]`` float32; rows below 1e-5 are greedy (argmax).
+        all_greedy: every row is greedy.
+        all_random: no row is greedy.
+        all_seeded: every sampling row has its own seed (the shared generator is not drawn).
+        top_k: ``[B]`` int64, 0 = off.
+        top_p: ``[B]`` float32, 1 = off.
+        min_p: ``[B]`` float32, 0 = off.
+        seeds: ``[B]`` int64 per-request seeds modulo 2^63 (any value where ``seeded`` is False).
+        seeded: ``[B]`` bool, rows that use their own seed.
+        output_positions: ``[B]`` int64, index among the outputs of the token being sampled
+            (the request's number of output tokens so far); part of the seeded hash.
+        presence_penalties, frequency_penalties, repetition_penalties: ``[B]`` float32.
+        output_token_counts: ``[B, V]`` float32, occurrences of each token in the output.
+        prompt_mask: ``[B, V]`` bool, tokens present in the prompt.
+        suppress_rows, suppress_tokens: ``[S]`` int64 pairs whose logits are set to -inf
+            (EOS and stop ids of requests still under ``min_tokens``).
+    """
+
+    temperature: torch.Tensor
+    all_greedy: bool
+    all_random: bool
+    all_seeded: bool = False
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    seeds: torch.Tensor | None = None
+    seeded: torch.Tensor | None = None
+    output_positions: torch.Tensor | None = None
+    presence_penalties: torch.Tensor | None = None
+    frequency_penalties: torch.Tensor | None = None
+    repetition_penalties: torch.Tensor | None = None
+    output_token_counts: torch.Tensor | None = None
+    prompt_mask: torch.Tensor | None = None
+    suppress_rows: torch.Tensor | None = None
+    suppress_tokens: torch.Tensor | None = None
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        prompt_token_ids: Sequence[Sequence[int]],
+        output_token_ids: Sequence[Sequence[int]],
+        eos_token_ids: Sequence[Iterable[int]],
+        vocab_size: int,
+        device: torch.device | str,
+        penalty_tensors: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SamplingMetadata:
+        """Build the tensors of a batch, one row per entry of ``params``.
+
+        ``output_token_ids`` gives every row's output length (for seeds and
+        ``min_tokens``). When a row has penalties, the penalty inputs come from
+        ``penalty_tensors`` (``(output_token_counts, prompt_mask)``, e.g. kept incrementally
+        by the caller) or else are computed here from the token id lists.
+        """
+        temps = np.array([p.temperature for p in params], dtype=np.float32)
+        greedy = temps < _GREEDY_EPS
+        num_out = np.array([len(o) for o in output_token_ids], dtype=np.int64)
+
+        def tensor(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device, non_blocking=True)
+
+        md = cls(temperature=tensor(temps), all_greedy=bool(greedy.all()), all_random=not bool(greedy.any()))
+        sampling_rows = [p for p, g in zip(params, greedy, strict=True) if not g]
+        if any(p.top_k > 0 for p in sampling_rows):
+            md.top_k = tensor(np.array([p.top_k for p in params], dtype=np.int64))
+        if any(p.top_p < 1.0 for p in sampling_rows):
+            md.top_p = tensor(np.array([p.top_p for p in params], dtype=np.float32))
+        if any(p.min_p > 0.0 for p in sampling_rows):
+            md.min_p = tensor(np.array([p.min_p for p in params], dtype=np.float32))
+        if any(p.seed is not None for p in sampling_rows):
+            md.seeds = tensor(np.array([(p.seed or 0) % (1 << 63) for p in params], dtype=np.int64))
+            md.seeded = tensor(np.array([p.seed is not None for p in params], dtype=np.bool_))
+            md.output_positions = tensor(num_out)
+            md.all_seeded = all(p.seed is not None for p in sampling_rows)
+        if any(p.has_penalties for p in params):
+            md.presence_penalties = tensor(np.array([p.presence_penalty for p in params], dtype=np.float32))
+            md.frequency_penalties = tensor(np.array([p.frequency_penalty for p in params], dtype=np.float32))
+            md.repetition_penalties = tensor(
+                np.array([p.repetition_penalty for p in params], dtype=np.float32)
+            )
+            if penalty_tensors is None:
+                use = [p.has_penalties for p in params]
+                penalty_tensors = penalty_tensors_from_ids(
+                    [ids if u else [] for u, ids in zip(use, prompt_token_ids, strict=True)],
+                    [ids if u else [] for u, ids in zip(use, output_token_ids, strict=True)],
+                    vocab_size,
+                    device,
+                )
+            md.output_token_counts, md.prompt_mask = penalty_tensors
+        rows: list[int] = []
+        toks: list[int] = []
+        for i, p in enumerate(params):
+            if num_out[i] < p.min_tokens:
+                banned = set(p.stop_token_ids)
+                if not p.ignore_eos:
+                    banned.update(eos_token_ids[i])
+                for t in sorted(banned):
+                    if 0 <= t < vocab_size:
+                        rows.append(i)
+                        toks.append(t)
+        if rows:
+            md.suppress_rows = tensor(np.array(rows, dtype=np.int64))
+            md.suppress_tokens = tensor(np.array(toks, dtype=np.int64))
+        return md
+
+
+def penalty_tensors_from_ids(
+    prompt_token_ids: Sequence[Sequence[int]],
+    output_token_ids: Sequence[Sequence[int]],
+    vocab_size: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output_token_counts [B, V] float32, prompt_mask [B, V] bool)`` from token id lists,
+    by a scatter over padded ``[B, L]`` id tensors (padding id ``V`` lands in a dropped column)."""
+    out_ids = torch.from_numpy(_pad(output_token_ids, vocab_size)).to(device)
+    prompt_ids = torch.from_numpy(_pad(prompt_token_ids, vocab_size)).to(device)
+    b = out_ids.shape[0]
+    counts = torch.zeros(b, vocab_size + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
+    mask = torch.zeros(b, vocab_size + 1, dtype=torch.bool, device=device)
+    mask.scatter_(1, prompt_ids, True)
+    return counts[:, :vocab_size], mask[:, :vocab_size]
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> np.ndarray:
+    width = max(1, max((len(r) for r in rows), default=0))
+    out = np.full((len(rows), width), pad, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = r
+    return out
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mix of int64 values in ``[0, 2^32)``; constants below 2^31 keep
+    every product inside int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x5BD1E995) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x27D4EB2D) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 13)
+
+
+def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[B, V]`` float32 Exp(1) noise, a pure function of ``(seed, position, vocab index)``.
+
+    Args:
+        seeds: ``[B]`` int64 (any value, 64 bits are used).
+        positions: ``[B]`` int64 output positions.
+        vocab_size: ``V``.
+    """
+    lo = seeds & _M32
+    hi = (seeds >> 32) & _M32
+    row = _mix32(lo ^ _mix32(hi ^ 0x1E3779B9))
+    row = _mix32(row ^ _mix32((positions & _M32) ^ 0x7F4A7C15))
+    col = _mix32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64) ^ 0x2545F491)
+    h = _mix32(row[:, None] ^ col[None, :])
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1)
+    return -torch.log(u)
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Apply repetition, then frequency and presence penalties to ``logits [B, V]`` (float32);
+    returns a new tensor.
+
+    Repetition (Keskar et al., 2019, CTRL; as HF and vLLM): on tokens of the prompt or the
+    output, positive logits are divided by the penalty and negative ones multiplied.
+    Frequency / presence (OpenAI): ``logit -= frequency * count + presence * (count > 0)``
+    over generated tokens.
+    """
+    assert md.output_token_counts is not None and md.prompt_mask is not None
+    assert md.repetition_penalties is not None
+    assert md.frequency_penalties is not None and md.presence_penalties is not None
+    counts = md.output_token_counts.to(logits.dtype)
+    seen = md.prompt_mask | (counts > 0)
+    rep = md.repetition_penalties[:, None]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    logits -= md.frequency_penalties[:, None] * counts
+    logits -= md.presence_penalties[:, None] * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask ``logits [B, V]`` outside the top ``k`` (0 = off; ties at the k-th value kept)
+    and outside the smallest prefix whose probability reaches ``top_p`` (Holtzman et al.,
+    2020). The most likely token always survives."""
+    v = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if top_k is not None:
+        k = torch.where(top_k <= 0, v, top_k).clamp(1, v)
+        kth = sorted_logits.gather(1, (k - 1)[:, None])
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs
+        sorted_logits.masked_fill_(before > top_p[:, None], float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p * max probability`` (Nguyen et al., 2024)."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+class Sampler(nn.Module):
+    """Turns ``logits [B, V]`` into one token id per row.
+
+    Order: penalties and ``min_tokens`` suppression (all rows), greedy argmax for greedy
+    rows; for sampling rows temperature, top-k, top-p, min-p, then the exponential race.
+
+    Args:
+        seed: seed of the generator used by rows without their own seed.
+        device: where sampling runs.
+    """
+
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Sample. ``logits`` are ``[B, V]`` (any float dtype, not modified); returns ``[B]`` int64."""
+        logits = logits.float()
+        if md.repetition_penalties is not None:
+            logits = apply_penalties(logits, md)
+        if md.suppress_rows is not None:
+            logits = logits.index_put(
+                (md.suppress_rows, md.suppress_tokens), torch.tensor(float("-inf"), device=logits.device)
+            )
+        greedy_tokens = None if md.all_random else logits.argmax(dim=-1)
+        if md.all_greedy:
+            assert greedy_tokens is not None
+            return greedy_tokens
+        is_greedy = md.temperature < _GREEDY_EPS
+        temperature = torch.where(is_greedy, 1.0, md.temperature)
+        logits = logits / temperature[:, None]
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        probs = logits.softmax(dim=-1)
+        if md.seeds is None:
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        else:
+            assert md.seeded is not None and md.output_positions is not None
+            noise = seeded_exponential(md.seeds, md.output_positions, probs.shape[1])
+            if not md.all_seeded:
+                unseeded = torch.empty_like(probs).exponential_(generator=self.generator)
+                noise = torch.where(md.seeded[:, None], noise, unseeded)
+        sampled = (probs / noise.clamp_min_(1e-10)).argmax(dim=-1)
+        if greedy_tokens is None:
+            return sampled
+        return torch.where(is_greedy, greedy_tokens, sampled)

@@ -1,0 +1,94 @@
+"""The torch reference attention backend: paged K/V writes and causal attention per sequence.
+
+Slow but simple: it runs the CPU path and is the oracle for the Triton backend's tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
+
+
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``k``/``v [T, Hkv, D]`` at ``slot_mapping [T]`` of the caches, skipping slot -1.
+
+    The caches are ``[num_blocks, block_size, Hkv, D]`` and must be contiguous; slot ``s``
+    is block ``s // block_size``, offset ``s % block_size``.
+    """
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[valid].to(k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[valid].to(v_cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first ``seq_len`` tokens of one sequence from ``cache``: ``[seq_len, Hkv, D]``."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    blocks = block_table_row[:num_blocks].long()
+    return cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])[:seq_len]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Reference :class:`AttentionBackend` in plain torch (CPU and GPU).
+
+    Loops over the sequences on the host; for each, gathers its K/V from the block table
+    and computes softmax attention in float32. Query ``i`` of a sequence with ``q_len``
+    new tokens and context ``seq_len`` sits at position ``seq_len - q_len + i`` and sees
+    keys ``0..seq_len - q_len + i``. Grouped-query attention: query head ``h`` uses KV
+    head ``h // (H / Hkv)``. Queries are processed in chunks of ``query_chunk`` rows to
+    bound the score matrix's memory.
+    """
+
+    name = "torch"
+
+    def __init__(self, query_chunk: int = 1024) -> None:
+        self.query_chunk = query_chunk
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """See :meth:`AttentionBackend.forward`. Padding rows of the output are zero."""
+        n = metadata.num_tokens
+        write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
+        out = torch.zeros_like(q)
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = k_cache.shape[2]
+        group = num_heads // num_kv_heads
+        starts = metadata.query_start_loc_cpu
+        for i in range(metadata.num_seqs):
+            q_start, q_end = starts[i], starts[i + 1]
+            q_len = q_end - q_start
+            seq_len = metadata.seq_lens_cpu[i]
+            if q_len == 0:
+                continue
+            row = metadata.block_table[i]
+            keys = gather_kv(k_cache, row, seq_len).float()  # [L, Hkv, D]
+            values = gather_kv(v_cache, row, seq_len).float()
+            for c0 in range(0, q_len, self.query_chunk):
+                c1 = min(q_len, c0 + self.query_chunk)
+                qq = q[q_start + c0 : q_start + c1].float().view(c1 - c0, num_kv_heads, group, head_dim)
+                scores = torch.einsum("qhgd,khd->hgqk", qq, keys) * scale
+                q_pos = torch.arange(c0, c1, device=q.device) + (seq_len - q_len)
+                k_pos = torch.arange(seq_len, device=q.device)
+                mask = k_pos[None, :] > q_pos[:, None]  # [q, L]: True = masked
+                scores.masked_fill_(mask, float("-inf"))
+                probs = torch.softmax(scores, dim=-1)
+                o = torch.einsum("hgqk,khd->qhgd", probs, values)
+                out[q_start + c0 : q_start + c1] = o.reshape(c1 - c0, num_heads, head_dim).to(q.dtype)
+        return out

@@ -1,0 +1,160 @@
+"""Build a model on its device and fill its weights from safetensors or at random ("dummy")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from surge.config import ModelConfig
+from surge.model.registry import get_model_class
+
+# (our fused parameter, the HF name it is made of, shard id)
+STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
+    (".qkv_proj.", ".q_proj.", "q"),
+    (".qkv_proj.", ".k_proj.", "k"),
+    (".qkv_proj.", ".v_proj.", "v"),
+    (".gate_up_proj.", ".gate_proj.", 0),
+    (".gate_up_proj.", ".up_proj.", 1),
+)
+_SHARDS: dict[str, tuple[str | int, ...]] = {".qkv_proj.": ("q", "k", "v"), ".gate_up_proj.": (0, 1)}
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    """Copy a whole tensor into ``param`` (casting dtype and device).
+
+    Raises:
+        ValueError: the shapes differ.
+    """
+    if tuple(param.shape) != tuple(loaded_weight.shape):
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, expected {tuple(param.shape)}"
+        )
+    param.data.copy_(loaded_weight)
+
+
+def load_model(
+    model_config: ModelConfig, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1
+) -> nn.Module:
+    """Build ``model_config.architecture`` on ``device`` in the config's dtype and load weights.
+
+    ``load_format`` "auto" / "safetensors" reads ``model.safetensors`` or the shards of
+    ``model.safetensors.index.json`` (or every ``*.safetensors`` of the folder); "dummy"
+    fills random weights from ``model_config.seed``.
+
+    Returns:
+        The model in eval mode; call ``forward`` / ``compute_logits`` under ``torch.inference_mode``.
+
+    Raises:
+        ValueError: unsupported architecture, no weight files, or weights missing from /
+            unknown to / shaped differently than the model.
+    """
+    cls = get_model_class(model_config.architecture)
+    with torch.device(device):
+        model = cls(model_config, tp_rank=tp_rank, tp_size=tp_size)
+    if model_config.load_format == "dummy":
+        init_dummy_weights(model, model_config.seed)
+    else:
+        load_weights(model, iter_safetensors(Path(model_config.model)))
+    return model.eval()
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a HF folder, in load order.
+
+    Raises:
+        ValueError: the folder has no safetensors file or a broken index.
+    """
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"model: cannot read {index}: {e}") from e
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"model: {index} names missing files: {', '.join(missing)}")
+        return files
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: {str(folder)!r} has no *.safetensors weights (or use load_format='dummy')")
+    return files
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the folder's safetensors files (on CPU)."""
+    for path in safetensors_files(folder):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load HF-named tensors through each parameter's ``weight_loader``.
+
+    ``q_proj``/``k_proj``/``v_proj`` go to ``qkv_proj`` shards "q"/"k"/"v" and
+    ``gate_proj``/``up_proj`` to ``gate_up_proj`` shards 0/1. Rotary ``inv_freq`` buffers
+    are skipped, and so is ``lm_head.weight`` when the model ties it to the embedding.
+
+    Raises:
+        ValueError: a tensor matches no parameter, has the wrong shape, or a parameter
+            (or one of its shards) was never loaded.
+    """
+    params = dict(model.named_parameters())
+    expected: set[tuple[str, str | int | None]] = set()
+    for name in params:
+        fused = next((key for key in _SHARDS if key in name), None)
+        expected.update((name, s) for s in _SHARDS[fused]) if fused else expected.add((name, None))
+    tied = bool(getattr(model, "tie_word_embeddings", False))
+    loaded: set[tuple[str, str | int | None]] = set()
+    for hf_name, tensor in weights:
+        if hf_name.endswith(_SKIPPED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
+            continue
+        name, shard = hf_name, None
+        for fused, part, shard_id in STACKED_PARAMS:
+            if part in hf_name:
+                name, shard = hf_name.replace(part, fused), shard_id
+                break
+        param = params.get(name)
+        if param is None:
+            raise ValueError(f"model: checkpoint tensor {hf_name!r} matches no parameter of the model")
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is None:
+                default_weight_loader(param, tensor)
+            else:
+                loader(param, tensor, shard)
+        except ValueError as e:
+            raise ValueError(f"model: cannot load {hf_name!r}: {e}") from e
+        loaded.add((name, shard))
+    missing = sorted(f"{n}" + (f" [{s}]" if s is not None else "") for n, s in expected - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(f"model: the checkpoint lacks weights for {shown}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Fill random weights reproducibly from ``seed``: normal(0, ``std``) for matrices and
+    embeddings, 1 for norm weights, 0 for biases.
+
+    ``std=0.02`` (HF's ``initializer_range``) keeps a 36-layer bf16 model's logits finite.
+    """
+    for i, (name, param) in enumerate(model.named_parameters()):
+        if name.endswith(".bias"):
+            param.zero_()
+        elif "norm" in name.rsplit(".", 2)[-2]:
+            param.fill_(1.0)
+        else:
+            gen = torch.Generator(device=param.device)
+            gen.manual_seed(seed * 1_000_003 + i)
+            param.normal_(0.0, std, generator=gen)

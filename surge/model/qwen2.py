@@ -1,0 +1,182 @@
+"""Qwen2 / Qwen2.5 as in HF's ``Qwen2ForCausalLM``: Llama-like with a bias on q, k and v."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from surge.config import ModelConfig
+from surge.layers.activation import SiluAndMul
+from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
+from surge.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from surge.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from surge.layers.norm import RMSNorm
+from surge.layers.rotary import RotaryEmbedding, rope_from_hf_config
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Qwen2Attention(nn.Module):
+    """Self-attention: fused qkv projection, rotary, paged attention, output projection."""
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp_rank: int, tp_size: int) -> None:
+        super().__init__()
+        dtype = cfg.torch_dtype
+        self.head_dim = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            bias=True,
+            dtype=dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+        )
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.hidden_size,
+            bias=False,
+            dtype=dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.scale = cfg.head_dim**-0.5
+        self.rotary = rotary
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """``hidden [T, hidden] -> [T, hidden]``; writes this layer's K/V into ``kv_cache``."""
+        t = hidden.shape[0]
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class Qwen2MLP(nn.Module):
+    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: ModelConfig, tp_rank: int, tp_size: int) -> None:
+        super().__init__()
+        inter = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            cfg.hidden_size, [inter, inter], False, cfg.torch_dtype, tp_rank, tp_size
+        )
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, cfg.torch_dtype, tp_rank, tp_size)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class Qwen2DecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` with fused add + norm."""
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp_rank: int, tp_size: int) -> None:
+        super().__init__()
+        eps = float(cfg.hf_config.get("rms_norm_eps", 1e-6))
+        self.self_attn = Qwen2Attention(cfg, rotary, tp_rank, tp_size)
+        self.mlp = Qwen2MLP(cfg, tp_rank, tp_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(mlp output, residual)``, both ``[T, hidden]``; their sum is the layer output."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, metadata, backend)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen2Model(nn.Module):
+    """Embedding, decoder layers and the final norm."""
+
+    def __init__(self, cfg: ModelConfig, tp_rank: int, tp_size: int) -> None:
+        super().__init__()
+        dtype = cfg.torch_dtype
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, tp_rank, tp_size)
+        rotary = rope_from_hf_config(cfg.hf_config, cfg.head_dim, cfg.max_model_len)
+        self.layers = nn.ModuleList(
+            Qwen2DecoderLayer(cfg, rotary, tp_rank, tp_size) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, float(cfg.hf_config.get("rms_norm_eps", 1e-6)), dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata, backend)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Qwen2ForCausalLM(nn.Module):
+    """Qwen2 decoder with its LM head (tied to the embedding when ``tie_word_embeddings``).
+
+    Args:
+        model_config: shapes, dtype and the HF ``config.json`` (rope, eps, tying).
+        tp_rank, tp_size: this rank and the tensor-parallel world size.
+    """
+
+    def __init__(self, model_config: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
+        super().__init__()
+        cfg = model_config
+        if cfg.hf_config.get("use_sliding_window"):
+            raise ValueError("Qwen2 with use_sliding_window=true is not supported")
+        self.model = Qwen2Model(cfg, tp_rank, tp_size)
+        self.tie_word_embeddings = bool(cfg.hf_config.get("tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.torch_dtype,
+            tp_rank,
+            tp_size,
+            tie_to=self.model.embed_tokens if self.tie_word_embeddings else None,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        attn_metadata: AttentionMetadata,
+        attn_backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """``input_ids [T]``, ``positions [T]`` -> final hidden states ``[T, hidden]``."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata, attn_backend)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [N, hidden] -> logits [N, vocab_size]`` float32."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,136 @@
+"""The engine's view of one request: tokens, progress, KV blocks, timestamps."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from surge.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Values above ``PREEMPTED`` are finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI finish reason: "stop", "length", "abort", or None while unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """One sequence being generated. Mutated only by the scheduler and the KV cache manager.
+
+    Attributes:
+        request_id: unique id given by the caller.
+        prompt_token_ids: the prompt, in tokens.
+        output_token_ids: tokens generated so far.
+        num_computed_tokens: tokens whose K/V are in the cache (prompt and output).
+        block_ids: the request's block table, KV block ids in order (owned by the KV manager).
+        num_cached_tokens: prompt tokens served from the prefix cache at the first admission.
+        eos_token_ids: the model's EOS ids (ignored with ``ignore_eos``).
+        arrival_time, first_scheduled_time, first_token_time, finished_time: seconds
+            (``time.monotonic()``); None until the event happens.
+        num_preemptions: how many times the request was preempted (recomputed).
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "sampling_params",
+        "eos_token_ids",
+        "output_token_ids",
+        "num_computed_tokens",
+        "block_ids",
+        "num_cached_tokens",
+        "status",
+        "arrival_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "finished_time",
+        "num_preemptions",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: frozenset[int] = frozenset(),
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.num_cached_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.num_preemptions = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """The most tokens this request can ever hold: prompt + max_tokens."""
+        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+
+    def token_id_at(self, position: int) -> int:
+        """The token at ``position`` of prompt + output."""
+        n = len(self.prompt_token_ids)
+        if position < n:
+            return self.prompt_token_ids[position]
+        return self.output_token_ids[position - n]
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt + output."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"output={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

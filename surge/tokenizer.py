@@ -1,0 +1,283 @@
+"""Tokenizer loading, chat templates and incremental (streaming) detokenization.
+
+All of this runs in the API process; the engine only ever sees token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+_REPLACEMENT_CHAR = "\ufffd"
+_INITIAL_PREFIX_TOKENS = 5
+"""Prompt tokens decoded as left context of the first output token (vLLM uses 5)."""
+_TRIM_TOKENS = 1024
+"""Drop decoded ids from the detokenizer's buffer once this many lie before the window."""
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "tokenize", "chat_template", "add_generation_prompt", "return_dict", "tools"}
+)
+
+FALLBACK_CHAT_TEMPLATE_DOC = (
+    "Without a chat template, messages are rendered as one line per message, "
+    '"<role>: <content>\\n", followed by "assistant:" when add_generation_prompt is true, '
+    "and encoded with the tokenizer's special tokens (e.g. BOS)."
+)
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a Hugging Face model folder from local files only.
+
+    Args:
+        model_dir: the model folder (tokenizer.json / tokenizer_config.json ...).
+
+    Returns:
+        The transformers tokenizer (never reads the network: ``local_files_only=True``).
+
+    Raises:
+        ValueError: the folder does not exist or holds no loadable tokenizer.
+    """
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer: {str(path)!r} is not a directory")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {str(path)!r}: {first_line}") from e
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as one string: a string, or the text parts of a list joined by newlines."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts: list[str] = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                raise ValueError("messages: only content parts of type 'text' are supported")
+        return "\n".join(texts)
+    raise ValueError("messages: content must be a string or a list of text parts")
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copy chat messages with every ``content`` turned into a plain string.
+
+    Raises:
+        ValueError: a message is not a mapping with a string ``role``, or has non-text content.
+    """
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        msg = dict(m)
+        msg["content"] = _content_text(m.get("content"))
+        out.append(msg)
+    return out
+
+
+def apply_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Render chat messages with the model's chat template and tokenize them.
+
+    The template (``chat_template`` if given, else the tokenizer's) is rendered to text
+    and encoded without adding special tokens (the template writes its own, as vLLM does).
+    A tokenizer without a template uses the fallback described by
+    ``FALLBACK_CHAT_TEMPLATE_DOC``.
+
+    Args:
+        tokenizer: the tokenizer.
+        messages: ``[{"role": ..., "content": str | [{"type": "text", "text": ...}]}, ...]``.
+        add_generation_prompt: end with the assistant turn header.
+        chat_template: a Jinja template overriding the tokenizer's.
+        chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+
+    Returns:
+        The prompt token ids.
+
+    Raises:
+        ValueError: no messages, malformed messages, reserved kwargs, or a template error.
+    """
+    if not messages:
+        raise ValueError("messages must not be empty")
+    msgs = normalize_messages(messages)
+    kwargs = dict(chat_template_kwargs or {})
+    bad = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if bad:
+        raise ValueError(f"chat_template_kwargs must not set {', '.join(bad)}")
+    template = chat_template if chat_template is not None else tokenizer.chat_template
+    if not template:
+        lines = [f"{m['role']}: {m['content']}\n" for m in msgs]
+        if add_generation_prompt:
+            lines.append("assistant:")
+        return list(tokenizer.encode("".join(lines), add_special_tokens=True))
+    try:
+        text = tokenizer.apply_chat_template(
+            msgs,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **kwargs,
+        )
+    except Exception as e:  # jinja2 TemplateError, TypeError from user kwargs, ...
+        raise ValueError(f"chat template error: {e}") from e
+    if not isinstance(text, str):
+        raise ValueError("chat template did not render to a string")
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class IncrementalDetokenizer:
+    """Turn a request's output token ids into text deltas that are safe to stream.
+
+    Algorithm (vLLM ``detokenize_incrementally`` / TGI): keep two offsets into the token
+    list, ``prefix_offset`` <= ``read_offset``. Each step decodes the small window
+    ``ids[prefix_offset:read_offset]`` (text already emitted, used as left context so
+    SentencePiece leading spaces and merges come out right) and ``ids[prefix_offset:]``;
+    the difference is the new text. If the new text ends in U+FFFD (a UTF-8 character split
+    over byte-fallback tokens) nothing is emitted and the offsets stay until the character
+    is complete. Cost per step is O(window), not O(output).
+
+    Stop strings: the decoded text not yet emitted is searched for every stop string
+    (matches across token boundaries); on a match the text is cut before it and
+    ``stop_matched`` is set. The longest suffix that is a prefix of some stop string is held
+    back, so no part of a stop string ever reaches a streamed delta; since that hold-back
+    covers every possible partial match, a match can never start inside emitted text.
+
+    Invariant: ``"".join(deltas) + flush() == text``.
+
+    Args:
+        tokenizer: the tokenizer.
+        prompt_token_ids: the prompt (its last tokens give left context).
+        skip_special_tokens: leave special tokens out of the text.
+        stop: stop strings (non-empty).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = True,
+        stop: tuple[str, ...] = (),
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._stop = tuple(s for s in stop if s)
+        context = list(prompt_token_ids[-_INITIAL_PREFIX_TOKENS:])
+        self._ids: list[int] = context
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self._emitted: list[str] = []
+        self._pending = ""  # decoded, not emitted: a possible stop-string prefix
+        self._finished = False
+        self.stop_matched: str | None = None
+        self.num_output_tokens = 0
+
+    @property
+    def text(self) -> str:
+        """The output text so far (cut before a matched stop string), including held-back text
+        that is complete; bytes of an unfinished character are not included until ``flush``."""
+        return "".join(self._emitted) + self._pending
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def _decode_new(self, final: bool) -> str:
+        """New complete text since ``read_offset`` ('' while a character is incomplete)."""
+        if self._read_offset >= len(self._ids):
+            return ""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        if not final and (len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR)):
+            return ""
+        delta = new_text[len(prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        if self._prefix_offset > _TRIM_TOKENS:
+            del self._ids[: self._prefix_offset]
+            self._read_offset -= self._prefix_offset
+            self._prefix_offset = 0
+        return delta
+
+    def _hold_back_len(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def _push(self, delta: str) -> str:
+        """Run stop matching on newly decoded text and return the part safe to emit."""
+        if self._finished or not delta:
+            return ""
+        if not self._stop:
+            self._emitted.append(delta)
+            return delta
+        buf = self._pending + delta
+        match_at = -1
+        for s in self._stop:
+            i = buf.find(s)
+            if i >= 0 and (match_at < 0 or i < match_at):
+                match_at, self.stop_matched = i, s
+        if match_at >= 0:
+            self._finished = True
+            self._pending = ""
+            out = buf[:match_at]
+        else:
+            hold = self._hold_back_len(buf)
+            out = buf[: len(buf) - hold]
+            self._pending = buf[len(buf) - hold :]
+        if out:
+            self._emitted.append(out)
+        return out
+
+    def update(self, new_token_ids: Sequence[int], stop_token_id: int | None = None) -> str:
+        """Add new output tokens; return the text delta that is safe to emit now.
+
+        Args:
+            new_token_ids: tokens generated since the previous call.
+            stop_token_id: the EOS / stop token that ended the request, if any; when it is
+                the last of ``new_token_ids`` it is left out of the text.
+
+        Returns:
+            The new text ('' when everything new is held back).
+        """
+        ids = list(new_token_ids)
+        self.num_output_tokens += len(ids)
+        if stop_token_id is not None and ids and ids[-1] == stop_token_id:
+            ids.pop()
+        if self._finished or not ids:
+            return ""
+        self._ids.extend(ids)
+        return self._push(self._decode_new(final=False))
+
+    def flush(self) -> str:
+        """Return everything still held back; call once when the request finishes.
+
+        An unfinished multi-byte character is decoded as is (U+FFFD), and text held back as
+        a possible stop-string prefix is released.
+        """
+        if self._finished:
+            return ""
+        out = self._push(self._decode_new(final=True))
+        rest = self._pending
+        self._pending = ""
+        self._finished = True
+        if rest:
+            self._emitted.append(rest)
+        return out + rest

@@ -1,0 +1,1 @@
+"""The worker side of a step: tensors in, forward pass, sampled tokens out."""

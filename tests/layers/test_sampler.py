@@ -1,0 +1,173 @@
+"""Sampler: greedy, top-k, top-p, min-p, penalties, min_tokens, seeds, distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surge.layers.sampler import (
+    Sampler,
+    SamplingMetadata,
+    apply_min_p,
+    apply_penalties,
+    penalty_tensors_from_ids,
+    seeded_exponential,
+)
+from surge.sampling_params import SamplingParams
+
+V = 50
+
+
+def _md(params: list[SamplingParams], outputs: list[list[int]] | None = None, prompts=None, eos=None):
+    n = len(params)
+    return SamplingMetadata.build(
+        params,
+        prompts or [[]] * n,
+        outputs or [[]] * n,
+        eos or [()] * n,
+        V,
+        "cpu",
+    )
+
+
+def _logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax_also_in_a_mixed_batch() -> None:
+    logits = _logits(6)
+    sampler = Sampler(seed=0)
+    greedy = SamplingParams(temperature=0.0)
+    assert torch.equal(sampler(logits, _md([greedy] * 6)), logits.argmax(-1))
+    mixed = [greedy, SamplingParams(temperature=1.0)] * 3
+    out = sampler(logits, _md(mixed))
+    assert out.dtype == torch.int64 and out.shape == (6,)
+    assert torch.equal(out[0::2], logits[0::2].argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.5, top_k=1),
+        SamplingParams(temperature=1.5, top_p=1e-6),
+        SamplingParams(temperature=1.5, min_p=1.0),
+        SamplingParams(temperature=1.5, top_k=1, seed=3),
+    ],
+    ids=["top_k=1", "top_p tiny", "min_p=1", "top_k=1 seeded"],
+)
+def test_degenerate_sampling_is_argmax(params: SamplingParams) -> None:
+    logits = _logits(64, seed=1)
+    sampler = Sampler(seed=0)
+    for _ in range(3):
+        assert torch.equal(sampler(logits, _md([params] * 64)), logits.argmax(-1))
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    logits = torch.log(torch.tensor([[0.05, 0.1, 0.15, 0.3, 0.4] + [1e-9] * (V - 5)]))
+    sampler = Sampler(seed=0)
+    rows = 2000
+    got = sampler(logits.expand(rows, V), _md([SamplingParams(top_k=2)] * rows))
+    assert set(got.tolist()) == {3, 4}
+    # top_p=0.6: 0.4 alone is not enough, 0.4 + 0.3 is: tokens {4, 3}.
+    got = sampler(logits.expand(rows, V), _md([SamplingParams(top_p=0.6)] * rows))
+    assert set(got.tolist()) == {3, 4}
+
+
+def test_min_p_masks_below_the_scaled_maximum() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    masked = apply_min_p(probs.log(), torch.tensor([0.4]))
+    assert torch.isinf(masked[0, 2:]).all() and torch.isfinite(masked[0, :2]).all()
+    logits = torch.full((1, V), -30.0)
+    logits[0, :4] = probs.log()
+    rows = 1000
+    got = Sampler(seed=1)(logits.expand(rows, V), _md([SamplingParams(min_p=0.4)] * rows))
+    assert set(got.tolist()) == {0, 1}
+
+
+def test_penalties_hand_computed() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]])
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    md = SamplingMetadata.build([params], [[0, 4]], [[1, 3, 3]], [()], 6, "cpu")
+    got = apply_penalties(logits.clone(), md)
+    # repetition on prompt+output {0, 1, 3, 4}: positive / 2, negative * 2;
+    # then token 1 (count 1): -0.5 - 0.25; token 3 (count 2): -1.0 - 0.25.
+    expected = torch.tensor([[1.0, -2.75, 0.5, 0.25, -4.0, 1.0]])
+    torch.testing.assert_close(got, expected)
+    # A greedy request with a repetition penalty moves off a repeated argmax.
+    logits = torch.tensor([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0]])
+    greedy = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    md = SamplingMetadata.build([greedy], [[]], [[0]], [()], 6, "cpu")
+    assert Sampler()(logits, md).tolist() == [1]
+
+
+def test_penalty_tensors_from_ids() -> None:
+    counts, mask = penalty_tensors_from_ids([[1, 1, 4], []], [[2, 2, 2, 0], [5]], 6, "cpu")
+    assert counts.tolist() == [[1, 0, 3, 0, 0, 0], [0, 0, 0, 0, 0, 1]]
+    assert mask.tolist() == [[False, True, False, False, True, False], [False] * 6]
+
+
+def test_min_tokens_suppresses_eos_and_stop_ids() -> None:
+    logits = torch.zeros(3, V)
+    logits[:, 2] = 10.0  # EOS
+    logits[:, 7] = 9.0  # a stop token id
+    logits[:, 9] = 8.0
+    params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(7,))
+    eos = [(2,), (2,), (2,)]
+    md = _md([params] * 3, outputs=[[], [1], [1, 1]], eos=eos)
+    assert Sampler()(logits, md).tolist() == [9, 9, 2]
+    ignore = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
+    assert Sampler()(logits[:1], _md([ignore], eos=eos[:1])).tolist() == [2]
+
+
+def test_seeded_rows_do_not_depend_on_the_batch() -> None:
+    logits = _logits(8, seed=2)
+    seeded = [SamplingParams(temperature=1.0, seed=s, top_p=0.95) for s in (11, 12, 13)]
+    alone = [
+        int(Sampler(seed=5)(logits[i : i + 1], _md([p], outputs=[[0] * 4]))[0]) for i, p in enumerate(seeded)
+    ]
+    # Same rows at other places in a bigger batch with unseeded rows, another engine seed.
+    rows = logits[[3, 0, 4, 1, 5, 2]]
+    params = [SamplingParams(temperature=1.0)] * 6
+    for dst, src in zip([1, 3, 5], range(3), strict=True):
+        params[dst] = seeded[src]
+    batched = Sampler(seed=99)(rows, _md(params, outputs=[[0] * 4] * 6))
+    assert batched[[1, 3, 5]].tolist() == alone
+    # The noise is a pure function of (seed, position, vocab index).
+    a = seeded_exponential(torch.tensor([7, 7, 8]), torch.tensor([0, 1, 0]), V)
+    b = seeded_exponential(torch.tensor([7]), torch.tensor([0]), V)
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
+    assert (a > 0).all() and torch.isfinite(a).all()
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_sampled_frequencies_follow_the_distribution(seeded: bool) -> None:
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, :4] = probs.log()
+    draws = 4000
+    if seeded:
+        params = [SamplingParams(temperature=1.0, seed=s) for s in range(draws)]
+    else:
+        params = [SamplingParams(temperature=1.0)] * draws
+    got = Sampler(seed=0)(logits.expand(draws, V), _md(params))
+    freq = torch.bincount(got, minlength=V)[:4].float() / draws
+    assert int(torch.bincount(got, minlength=V)[4:].sum()) == 0
+    assert (freq - probs).abs().max() < 0.035, freq.tolist()
+
+
+def test_temperature_flattens_and_sharpens() -> None:
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, :2] = torch.tensor([1.0, 0.0])
+    draws = 4000
+    cold = Sampler(seed=0)(logits.expand(draws, V), _md([SamplingParams(temperature=0.25)] * draws))
+    hot = Sampler(seed=0)(logits.expand(draws, V), _md([SamplingParams(temperature=4.0)] * draws))
+    # P(token 0) = sigmoid(1 / T): 0.982 at T=0.25, 0.562 at T=4.
+    assert abs((cold == 0).float().mean().item() - 0.982) < 0.02
+    assert abs((hot == 0).float().mean().item() - 0.562) < 0.035
+
+
+def test_huge_and_negative_seeds_are_accepted() -> None:
+    logits = _logits(2)
+    params = [SamplingParams(temperature=1.0, seed=2**70 + 5), SamplingParams(temperature=1.0, seed=-3)]
+    out = Sampler()(logits, _md(params))
+    assert out.shape == (2,) and ((out >= 0) & (out < V)).all()

@@ -1,0 +1,129 @@
+"""Weight loading: dummy weights, readable errors for missing or mismatched checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from surge.config import ModelConfig
+from surge.layers.attention_backend import AttentionMetadata
+from surge.layers.torch_attention import TorchAttentionBackend
+from surge.model.loader import load_model
+from surge.model.registry import get_model_class, supported_architectures
+
+
+def _dummy_config(tmp_path: Path, layers: int) -> Path:
+    """A Qwen3-8B-like config (36 layers, bf16) at tiny width, no weights."""
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def _run(model: torch.nn.Module, mc: ModelConfig, n: int = 20) -> torch.Tensor:
+    bs = 16
+    nb = -(-n // bs)
+    kv = [
+        (
+            torch.zeros(nb, bs, mc.num_key_value_heads, mc.head_dim, dtype=mc.torch_dtype),
+            torch.zeros(nb, bs, mc.num_key_value_heads, mc.head_dim, dtype=mc.torch_dtype),
+        )
+        for _ in range(mc.num_hidden_layers)
+    ]
+    md = AttentionMetadata(
+        num_tokens=n,
+        num_seqs=1,
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        block_table=torch.arange(nb, dtype=torch.int32)[None],
+        slot_mapping=torch.arange(n),
+        max_query_len=n,
+        max_seq_len=n,
+        query_start_loc_cpu=[0, n],
+        seq_lens_cpu=[n],
+    )
+    ids = torch.randint(0, mc.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(n), kv, md, TorchAttentionBackend())
+        return model.compute_logits(hidden)
+
+
+def test_dummy_36_layer_bf16_has_finite_logits(tmp_path: Path) -> None:
+    mc = ModelConfig.from_pretrained(_dummy_config(tmp_path, 36), load_format="dummy", seed=3)
+    assert mc.dtype == "bfloat16"
+    model = load_model(mc, "cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    logits = _run(model, mc)
+    assert logits.dtype == torch.float32 and logits.shape == (20, 1000)
+    assert torch.isfinite(logits).all()
+    assert logits.std() > 0.01  # not degenerate
+    again = load_model(mc, "cpu")
+    for (name, a), (_, b) in zip(model.named_parameters(), again.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    other = load_model(ModelConfig.from_pretrained(tmp_path, load_format="dummy", seed=4), "cpu")
+    assert not torch.equal(other.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_missing_weight_files_and_tensors_raise_value_error(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    empty = _dummy_config(tmp_path / "empty", 2)
+    with pytest.raises(ValueError, match="safetensors"):
+        load_model(ModelConfig.from_pretrained(empty), "cpu")
+
+    src = tiny_models["qwen3"]
+    broken = tmp_path / "broken"
+    shutil.copytree(src, broken)
+    weights = load_file(broken / "model.safetensors")
+    del weights["model.layers.1.self_attn.k_proj.weight"]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError, match=r"lacks weights for model\.layers\.1\.self_attn\.qkv_proj\.weight \[k\]"
+    ):
+        load_model(ModelConfig.from_pretrained(broken), "cpu")
+
+    weights = load_file(src / "model.safetensors")
+    weights["model.layers.0.mlp.up_proj.weight"] = weights["model.layers.0.mlp.up_proj.weight"][:-1]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="up_proj"):
+        load_model(ModelConfig.from_pretrained(broken), "cpu")
+
+    weights = load_file(src / "model.safetensors")
+    weights["model.layers.0.self_attn.extra.weight"] = torch.zeros(2)
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="matches no parameter"):
+        load_model(ModelConfig.from_pretrained(broken), "cpu")
+
+
+def test_dtype_is_applied_on_load(tiny_models: dict[str, Path]) -> None:
+    mc = ModelConfig.from_pretrained(tiny_models["qwen2"], dtype="bfloat16")
+    model = load_model(mc, "cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert torch.isfinite(_run(model, mc)).all()
+
+
+def test_registry() -> None:
+    assert set(supported_architectures()) == {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+    assert get_model_class("Qwen3ForCausalLM").__name__ == "Qwen3ForCausalLM"
+    with pytest.raises(ValueError, match="not supported"):
+        get_model_class("GPT2LMHeadModel")
