@@ -1,0 +1,1 @@
+"""Serving benchmark: `surge bench serve | matrix | compare | roofline` (vLLM bench serve metrics)."""

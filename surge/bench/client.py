@@ -1,0 +1,197 @@
+"""Async streaming requests against an OpenAI-compatible server, timed the way vLLM's ``bench serve`` is.
+
+One function per request (``send_request``): it is called after the concurrency semaphore, reads
+``time.perf_counter()`` first thing, and returns a :class:`~surge.bench.metrics.RequestResult`.
+The SSE stream is parsed by :class:`SSEParser`, which copes with lines split across TCP reads,
+``\\r\\n`` line ends, comments (``: ping``), multi-line ``data:`` fields and ``data: [DONE]``.
+An error object inside a 200 stream (``{"error": {...}}`` or ``{"object": "error"}``) fails the request
+with its message as the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from surge.bench.metrics import RequestResult
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+COMPLETIONS_ENDPOINT = "/v1/completions"
+ENDPOINTS: tuple[str, ...] = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
+
+
+class SSEParser:
+    """Incremental Server-Sent-Events parser (WHATWG ``text/event-stream`` rules, ``data`` field only).
+
+    ``feed(bytes)`` returns the ``data`` payloads of every event completed by that piece; bytes of an
+    unfinished line or event are kept for the next call.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Add raw bytes; return the data strings of the events they complete (in order)."""
+        self._buf += chunk
+        events: list[str] = []
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                break
+            raw, self._buf = self._buf[:nl], self._buf[nl + 1 :]
+            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+            if not line:
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            if name == "data":
+                self._data.append(value[1:] if value.startswith(" ") else value)
+        return events
+
+    def flush(self) -> list[str]:
+        """End of stream: return a last event not followed by a blank line, if any."""
+        events = self.feed(b"\n\n") if self._buf else []
+        if self._data:
+            events.append("\n".join(self._data))
+            self._data = []
+        return events
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """One request to send. Lengths in tokens; ``prompt_len`` is the dataset's count."""
+
+    api_url: str  # full URL, e.g. http://127.0.0.1:8000/v1/chat/completions
+    model: str
+    prompt: str
+    prompt_len: int
+    output_len: int
+    ignore_eos: bool = True
+    api_key: str | None = None
+
+
+def build_payload(req: RequestInput) -> dict[str, Any]:
+    """The JSON body: streaming with usage, greedy, ``max_tokens`` (chat also ``max_completion_tokens``)."""
+    body: dict[str, Any] = {
+        "model": req.model,
+        "temperature": 0.0,
+        "max_tokens": req.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if req.ignore_eos:
+        body["ignore_eos"] = True
+    if req.api_url.endswith(CHAT_ENDPOINT):
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+        body["max_completion_tokens"] = req.output_len
+    else:
+        body["prompt"] = req.prompt
+    return body
+
+
+def _error_message(data: Any) -> str | None:
+    """The message of an OpenAI/vLLM error object, or None when ``data`` is not one."""
+    if not isinstance(data, dict):
+        return "malformed chunk (not a JSON object)"
+    err = data.get("error")
+    if err is not None:
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        return str(err)
+    if data.get("object") == "error":
+        return str(data.get("message") or data)
+    return None
+
+
+def _chunk_text(choice: dict[str, Any]) -> str:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return str(delta.get("content") or delta.get("reasoning_content") or "")
+    return str(choice.get("text") or "")
+
+
+async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestResult:
+    """Send one streaming request and time it (TTFT, ITL per chunk, E2EL; seconds, perf_counter).
+
+    Never raises for server or network trouble: any such problem gives ``success=False`` with the
+    reason in ``error`` (HTTP status and body, exception, error object in the stream, or no content).
+    """
+    out = RequestResult(prompt_len=req.prompt_len, expected_output_len=req.output_len)
+    headers = {"Content-Type": "application/json"}
+    if req.api_key:
+        headers["Authorization"] = f"Bearer {req.api_key}"
+    payload = build_payload(req)
+    st = time.perf_counter()
+    out.start_time = st
+    last_ts = st
+    text_parts: list[str] = []
+    got_choice = False
+    try:
+        async with session.post(req.api_url, json=payload, headers=headers) as resp:
+            if resp.status != 200:
+                body = (await resp.text())[:300].replace("\n", " ")
+                out.error = f"HTTP {resp.status}: {body}"
+                return out
+            parser = SSEParser()
+            done = False
+            async for piece in resp.content.iter_any():
+                events = parser.feed(piece)
+                ts = time.perf_counter()
+                for ev in events:
+                    if ev.strip() == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        data = json.loads(ev)
+                    except json.JSONDecodeError:
+                        out.error = f"malformed SSE data: {ev[:200]!r}"
+                        return out
+                    msg = _error_message(data)
+                    if msg is not None:
+                        out.error = f"error in stream: {msg}"
+                        return out
+                    choices = data.get("choices")
+                    if choices:
+                        if not got_choice:
+                            out.ttft = ts - st
+                            got_choice = True
+                        else:
+                            out.itl.append(ts - last_ts)
+                        last_ts = ts
+                        text_parts.append(_chunk_text(choices[0]))
+                    usage = data.get("usage")
+                    if isinstance(usage, dict):
+                        if usage.get("completion_tokens") is not None:
+                            out.output_len = int(usage["completion_tokens"])
+                        if usage.get("prompt_tokens") is not None:
+                            out.prompt_len = int(usage["prompt_tokens"])
+                if done:
+                    break
+            for ev in parser.flush():
+                if ev.strip() != "[DONE]":
+                    try:
+                        msg = _error_message(json.loads(ev))
+                    except json.JSONDecodeError:
+                        msg = f"malformed SSE data: {ev[:200]!r}"
+                    if msg is not None:
+                        out.error = f"error in stream: {msg}"
+                        return out
+    except Exception as e:  # network trouble of any kind is a failed request, not a crash
+        out.error = f"{type(e).__name__}: {e}".strip()
+        return out
+    out.generated_text = "".join(text_parts)
+    if not got_choice:
+        out.error = "no content chunk received"
+        return out
+    out.latency = last_ts - st
+    out.success = True
+    return out

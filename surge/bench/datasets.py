@@ -1,0 +1,134 @@
+"""Benchmark prompts: ``random`` (exact token counts) and ``sharegpt`` (first human turns).
+
+Random (``shared/design.md`` §5): token ids drawn with ``numpy.random.default_rng(seed)`` from the
+tokenizer's non-special vocabulary, decoded, re-encoded and adjusted until the text has exactly
+``input_len`` tokens *as the server counts a completions prompt* (special tokens such as a BOS
+included). For the chat endpoint the same text is sent as the single user message, as vLLM's random
+dataset does; the chat template then adds its own tokens, so the reported ``prompt_len`` is the
+server's ``usage.prompt_tokens`` (see ``surge.bench.client``), not ``input_len``.
+
+ShareGPT: the format of ``shared/assets/datasets/sharegpt/*.json`` (a list of
+``{"id", "conversations": [{"from": "human", "value": ...}, ...]}``); the first human turn is the
+prompt, shuffled with the seed; the output length is ``--output-len`` for every request (these files
+have no answers), prompts under 4 tokens or over the context are skipped (vLLM's filter).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from surge.bench.tokens import TokenCounter
+
+MAX_ADJUST_ROUNDS = 30
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One benchmark prompt. ``prompt_len`` in tokens as counted for a completions prompt."""
+
+    prompt: str
+    prompt_len: int
+    expected_output_len: int
+
+
+def exact_length_prompt(counter: TokenCounter, rng: np.random.Generator, n_tokens: int) -> str:
+    """A random text of exactly ``n_tokens`` tokens per ``counter.encode``.
+
+    Draws ids from ``counter.candidate_ids()``, decodes, re-encodes and trims or extends the id
+    list by the difference until the count is exact (restarting with fresh draws if it cycles).
+    Raises:
+        ValueError: ``n_tokens`` is below the tokenizer's fixed overhead (e.g. 0 with a BOS), or
+            no exact text was found.
+    """
+    pool = counter.candidate_ids()
+    if len(pool) == 0:
+        raise ValueError("the tokenizer has no non-special vocabulary to draw from")
+    overhead = len(counter.encode(""))
+    if n_tokens < max(overhead, 1):
+        raise ValueError(f"input length {n_tokens} is below the tokenizer's minimum of {max(overhead, 1)}")
+    for _attempt in range(5):
+        ids = [int(i) for i in rng.choice(pool, size=n_tokens - overhead)]
+        for _ in range(MAX_ADJUST_ROUNDS):
+            text = counter.decode(ids)
+            count = len(counter.encode(text))
+            if count == n_tokens:
+                return text
+            diff = n_tokens - count
+            if diff < 0:
+                ids = ids[: max(len(ids) + diff, 0)]
+            else:
+                ids = ids + [int(i) for i in rng.choice(pool, size=diff)]
+    raise ValueError(f"could not build a prompt of exactly {n_tokens} tokens")
+
+
+def random_requests(
+    counter: TokenCounter, num_prompts: int, input_len: int, output_len: int, seed: int
+) -> list[SampleRequest]:
+    """``num_prompts`` random prompts of exactly ``input_len`` tokens, each asking ``output_len`` tokens."""
+    if num_prompts < 1 or output_len < 1:
+        raise ValueError("--num-prompts and --output-len must be >= 1")
+    rng = np.random.default_rng(seed)
+    return [
+        SampleRequest(exact_length_prompt(counter, rng, input_len), input_len, output_len)
+        for _ in range(num_prompts)
+    ]
+
+
+def load_sharegpt_prompts(path: str) -> list[str]:
+    """First human turn of every conversation in a ShareGPT JSON file.
+
+    Raises:
+        ValueError: missing file or not the ShareGPT list format.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--dataset-path {path}: no such file")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--dataset-path {path}: not JSON ({e})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"--dataset-path {path}: expected a list of conversations")
+    prompts: list[str] = []
+    for item in data:
+        convs = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(convs, list):
+            continue
+        for turn in convs:
+            if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
+                prompts.append(turn["value"])
+                break
+    if not prompts:
+        raise ValueError(f"--dataset-path {path}: no human turns found")
+    return prompts
+
+
+def sharegpt_requests(
+    counter: TokenCounter,
+    path: str,
+    num_prompts: int,
+    output_len: int,
+    seed: int,
+    max_model_len: int | None = None,
+) -> list[SampleRequest]:
+    """``num_prompts`` ShareGPT first turns (shuffled by ``seed``), each asking ``output_len`` tokens.
+
+    Raises:
+        ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
+    """
+    prompts = load_sharegpt_prompts(path)
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    out: list[SampleRequest] = []
+    for idx in order:
+        text = prompts[int(idx)]
+        n = len(counter.encode(text))
+        if n < 4 or (max_model_len is not None and n + output_len > max_model_len):
+            continue
+        out.append(SampleRequest(text, n, output_len))
+        if len(out) == num_prompts:
+            return out
+    raise ValueError(f"{path} has only {len(out)} usable prompts, {num_prompts} asked")

@@ -1,0 +1,156 @@
+"""Human-readable reports: vLLM-style summary table, matrix ``summary.md`` and PNG plots (matplotlib Agg)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_SECTIONS = (
+    ("ttft", "Time to First Token", "TTFT"),
+    ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+    ("itl", "Inter-token Latency", "ITL"),
+    ("e2el", "End-to-end Latency", "E2EL"),
+)
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def format_result_table(result: dict[str, Any]) -> str:
+    """The summary block ``vllm bench serve`` prints, from a result dict of :func:`run_serve`."""
+    lines = ["{s:{c}^50}".format(s=" Serving Benchmark Result ", c="=")]
+
+    def row(label: str, value: Any, spec: str = ".2f") -> None:
+        text = _fmt(value, spec) if isinstance(value, float) or value is None else str(value)
+        lines.append(f"{label:<40} {text:<10}")
+
+    row("Successful requests:", result["completed"])
+    row("Failed requests:", result["failed"])
+    if result.get("max_concurrency") is not None:
+        row("Maximum request concurrency:", result["max_concurrency"])
+    row("Benchmark duration (s):", float(result["duration"]))
+    row("Total input tokens:", result["total_input_tokens"])
+    row("Total generated tokens:", result["total_output_tokens"])
+    row("Request throughput (req/s):", float(result["request_throughput"]))
+    if result.get("request_goodput") is not None:
+        row("Request goodput (req/s):", float(result["request_goodput"]))
+    row("Output token throughput (tok/s):", float(result["output_throughput"]))
+    row("Peak output token throughput (tok/s):", float(result["max_output_tokens_per_s"]))
+    row("Total Token throughput (tok/s):", float(result["total_token_throughput"]))
+    if result.get("roofline_output_throughput") is not None:
+        row("Roofline output throughput (tok/s):", float(result["roofline_output_throughput"]))
+        row("Percent of roofline (%):", float(result["pct_of_roofline"]))
+    for key, title, short in _SECTIONS:
+        if f"mean_{key}_ms" not in result:
+            continue
+        lines.append("{s:{c}^50}".format(s=title, c="-"))
+        row(f"Mean {short} (ms):", float(result[f"mean_{key}_ms"]))
+        row(f"Median {short} (ms):", float(result[f"median_{key}_ms"]))
+        for k in sorted(
+            (k for k in result if k.startswith("p") and k.endswith(f"_{key}_ms")),
+            key=lambda s: float(s[1 : -len(f"_{key}_ms")]),
+        ):
+            row(f"P{k[1 : -len(f'_{key}_ms')]} {short} (ms):", float(result[k]))
+    lines.append("=" * 50)
+    errors = [e for e in result.get("errors", []) if e]
+    if errors:
+        lines.append(f"{len(errors)} failed request(s); first reasons:")
+        for e in sorted(set(errors))[:5]:
+            lines.append(f"  - {e}")
+    return "\n".join(lines)
+
+
+SUMMARY_COLUMNS = (
+    "| C | I | O | success | output tok/s | total tok/s | mean TTFT ms | P99 TTFT ms | mean TPOT ms "
+    "| mean ITL ms | P99 ITL ms | roofline tok/s | % of roofline |"
+)
+
+
+def summary_markdown(points: Sequence[dict[str, Any]], header: str = "") -> str:
+    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`)."""
+    lines = [header, ""] if header else []
+    lines += [SUMMARY_COLUMNS, "|" + "---:|" * 13]
+    for p in points:
+        ok = f"{p.get('completed', 0)}/{p['num_prompts']}"
+        if p.get("error"):
+            ok += " (error)"
+        lines.append(
+            f"| {p['concurrency']} | {p['input_len']} | {p['output_len']} | {ok} "
+            f"| {_fmt(p.get('output_throughput'), ',.1f')} | {_fmt(p.get('total_token_throughput'), ',.1f')} "
+            f"| {_fmt(p.get('mean_ttft_ms'))} | {_fmt(p.get('p99_ttft_ms'))} | {_fmt(p.get('mean_tpot_ms'))} "
+            f"| {_fmt(p.get('mean_itl_ms'))} | {_fmt(p.get('p99_itl_ms'))} "
+            f"| {_fmt(p.get('roofline_output_throughput'), ',.1f')} | {_fmt(p.get('pct_of_roofline'), '.1f')} |"
+        )
+    n_ok = sum(1 for p in points if p.get("success"))
+    lines += ["", f"{n_ok}/{len(points)} points successful."]
+    errs = [p for p in points if p.get("error")]
+    for p in errs:
+        lines.append(f"- C{p['concurrency']}/I{p['input_len']}/O{p['output_len']}: {p['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def point_label(p: dict[str, Any]) -> str:
+    """``C4/I256/O1024``."""
+    return f"C{p['concurrency']}/I{p['input_len']}/O{p['output_len']}"
+
+
+def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Write ``throughput.png`` (output tok/s vs roofline per point) and ``latency.png`` (TTFT, TPOT).
+
+    Returns the paths written. Uses the non-interactive Agg backend.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [point_label(p) for p in points]
+    x = list(range(len(points)))
+    width = max(8.0, 0.45 * len(points))
+    paths: list[Path] = []
+
+    def num(p: dict[str, Any], k: str) -> float:
+        v = p.get(k)
+        return float(v) if isinstance(v, int | float) else 0.0
+
+    fig, ax = plt.subplots(figsize=(width, 5))
+    ax.bar(x, [num(p, "output_throughput") for p in points], label="measured output tok/s", color="tab:blue")
+    roof = [p.get("roofline_output_throughput") for p in points]
+    if any(r is not None for r in roof):
+        ax.scatter(
+            x,
+            [float(r) if r is not None else float("nan") for r in roof],
+            marker="_",
+            s=400,
+            color="tab:red",
+            label="roofline",
+        )
+    if all(num(p, "output_throughput") > 0 for p in points):
+        ax.set_yscale("log")
+    ax.set_ylabel("output tokens / s")
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+    ax.set_title("Output throughput per point")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(width, 8), sharex=True)
+    ax1.bar(x, [num(p, "mean_ttft_ms") for p in points], color="tab:green", label="mean")
+    ax1.scatter(x, [num(p, "p99_ttft_ms") for p in points], color="black", marker="x", label="P99")
+    ax1.set_ylabel("TTFT ms")
+    if all(num(p, "mean_ttft_ms") > 0 for p in points):
+        ax1.set_yscale("log")
+    ax1.legend()
+    ax2.bar(x, [num(p, "mean_tpot_ms") for p in points], color="tab:orange")
+    ax2.set_ylabel("mean TPOT ms")
+    ax2.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+    ax1.set_title("Latency per point")
+    fig.tight_layout()
+    paths.append(out_dir / "latency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,225 @@
+"""Roofline: the fastest a burst point could possibly run on a GPU (``shared/design.md`` §6).
+
+Model side, from ``config.json`` shapes (dense Llama / Qwen2 / Qwen3 decoders):
+- ``matmul_params`` P: every weight a forward pass reads (attention, MLP, norms, and the LM head),
+  excluding the input embedding table (a lookup, not a read of the whole matrix). With tied
+  embeddings the LM head *is* the embedding matrix and is counted once.
+- ``weight_bytes`` W = P * dtype_bytes; ``kv_bytes_per_token`` = 2 * num_kv_heads * head_dim *
+  dtype_bytes * num_layers.
+
+Point ceiling for a burst point (C concurrent requests, I prompt tokens, O output tokens each; every
+request starts at t=0, so the fastest schedule prefills all of them in one pass, then decodes C at once):
+
+- prefill (emits each request's first token): ``t_prefill = max(2 * P * C * I / peak_flops,
+  (W + C * I * kv_bytes_per_token) / bandwidth)``, the compute bound of design §6, but never below
+  one read of the weights;
+- decode step k = 1 .. O-1 (batch C, context I + k per request):
+  ``t_step(k) = (W + C * (I + k) * kv_bytes_per_token) / bandwidth``, summed in closed form:
+  ``t_decode = ((O-1) * W + C * kv * ((O-1) * I + (O-1) * O / 2)) / bandwidth``;
+- ``output ceiling = C * O / (t_prefill + t_decode)`` tokens/s, and total-token ceiling
+  ``C * (I + O) / (t_prefill + t_decode)``.
+
+Attention FLOPs and activation traffic are ignored, so this is a lower bound on time (an upper bound on
+throughput). Qwen3-8B BF16: W = 15.14 GB, 147,456 KV bytes/token; on an H200 (4.24e12 B/s) C1/I32/O256
+gives ~280 tok/s (design §6 quotes 278 from a 3.6 ms step rounded up).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A GPU's ceilings: HBM read bandwidth in bytes/s and dense bf16 peak in FLOP/s."""
+
+    name: str
+    hbm_bandwidth: float
+    peak_flops: float
+
+
+# H200: measured on the reference machine (issue 5). The others: vendor datasheet figures (dense bf16).
+KNOWN_GPUS: dict[str, Hardware] = {
+    "h200": Hardware("NVIDIA H200", 4.24e12, 7.9e14),
+    "h100-sxm": Hardware("NVIDIA H100 SXM", 3.35e12, 9.89e14),
+    "h100-pcie": Hardware("NVIDIA H100 PCIe", 2.0e12, 7.56e14),
+    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 2.039e12, 3.12e14),
+    "a100-40gb": Hardware("NVIDIA A100 40GB", 1.555e12, 3.12e14),
+    "l40s": Hardware("NVIDIA L40S", 8.64e11, 3.62e14),
+    "b200": Hardware("NVIDIA B200", 8.0e12, 2.25e15),
+}
+_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb"}
+
+
+def lookup_gpu(name: str) -> Hardware:
+    """The :data:`KNOWN_GPUS` entry for a name like ``H200``, ``h100 sxm`` or ``A100_80GB``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    key = name.strip().lower().replace("_", "-").replace(" ", "-").removeprefix("nvidia-")
+    key = _ALIASES.get(key, key)
+    if key not in KNOWN_GPUS:
+        raise ValueError(
+            f"unknown GPU {name!r}; known: {', '.join(KNOWN_GPUS)} (or pass --hbm-bandwidth and --peak-flops)"
+        )
+    return KNOWN_GPUS[key]
+
+
+def resolve_hardware(
+    gpu: str | None, hbm_bandwidth: float | None, peak_flops: float | None
+) -> Hardware | None:
+    """Hardware from flags: explicit numbers win over ``--gpu`` defaults; None when neither is given.
+
+    Raises:
+        ValueError: a non-positive number, only one of the two numbers without ``--gpu``, or an unknown GPU.
+    """
+    base = lookup_gpu(gpu) if gpu else None
+    for flag, v in (("--hbm-bandwidth", hbm_bandwidth), ("--peak-flops", peak_flops)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{flag} must be > 0, got {v}")
+    if base is None:
+        if hbm_bandwidth is None and peak_flops is None:
+            return None
+        if hbm_bandwidth is None or peak_flops is None:
+            raise ValueError("pass both --hbm-bandwidth and --peak-flops, or --gpu NAME")
+        return Hardware("custom", hbm_bandwidth, peak_flops)
+    return Hardware(
+        base.name,
+        hbm_bandwidth if hbm_bandwidth is not None else base.hbm_bandwidth,
+        peak_flops if peak_flops is not None else base.peak_flops,
+    )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Byte and parameter counts of a dense decoder, from its config (see module docstring)."""
+
+    num_params: int  # all parameters, tied embedding counted once
+    matmul_params: int  # P: everything but the input embedding table, LM head included
+    weight_bytes: int  # W = P * dtype_bytes
+    kv_bytes_per_token: int
+    dtype_bytes: int
+    num_layers: int
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read ``config.json`` from a model folder (or the file itself). Raises ValueError if absent/bad."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"no config.json at {path}")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not JSON ({e})") from None
+    return cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+
+
+def model_shape(cfg: dict[str, Any], dtype: str | None = None) -> ModelShape:
+    """Count parameters and bytes of a Llama/Qwen2/Qwen3-style config.
+
+    Args:
+        dtype: weight and KV dtype name (``bfloat16``...); default the config's ``torch_dtype``/``dtype``.
+    Raises:
+        ValueError: a required field is missing or the dtype is unknown.
+    """
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        inter = int(cfg["intermediate_size"])
+        vocab = int(cfg["vocab_size"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"config.json lacks a field the roofline needs: {e}") from None
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    dt = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+    if dt not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dt!r} for the roofline")
+    nbytes = DTYPE_BYTES[dt]
+    model_type = str(cfg.get("model_type", ""))
+    qkv_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    attn = hidden * (q_out + 2 * kv_out) + q_out * hidden
+    if qkv_bias:
+        attn += q_out + 2 * kv_out
+    if model_type.startswith("qwen3"):
+        attn += 2 * head_dim  # q_norm, k_norm
+    mlp = 3 * hidden * inter + (2 * inter + hidden if cfg.get("mlp_bias") else 0)
+    per_layer = attn + mlp + 2 * hidden
+    embed = vocab * hidden
+    body = layers * per_layer + hidden  # + final norm
+    matmul = body + embed  # LM head (tied or not, it is read once per step)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    total = body + embed + (0 if tied else embed)
+    return ModelShape(
+        num_params=total,
+        matmul_params=matmul,
+        weight_bytes=matmul * nbytes,
+        kv_bytes_per_token=2 * kv_heads * head_dim * nbytes * layers,
+        dtype_bytes=nbytes,
+        num_layers=layers,
+    )
+
+
+@dataclass(frozen=True)
+class PointRoofline:
+    """The ceiling of one burst point (C, I, O). Times in seconds, throughputs in tokens/s."""
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    prefill_s: float
+    decode_s: float
+    total_s: float
+    output_throughput: float
+    total_token_throughput: float
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def point_roofline(
+    shape: ModelShape, hw: Hardware, concurrency: int, input_len: int, output_len: int
+) -> PointRoofline:
+    """Ceiling of a burst point, by the formula in the module docstring.
+
+    Raises:
+        ValueError: a non-positive C or O, or a negative I.
+    """
+    c, i, o = concurrency, input_len, output_len
+    if c < 1 or o < 1 or i < 0:
+        raise ValueError(f"bad point C={c} I={i} O={o}")
+    w, kv, bw = shape.weight_bytes, shape.kv_bytes_per_token, hw.hbm_bandwidth
+    prefill = max(2.0 * shape.matmul_params * c * i / hw.peak_flops, (w + c * i * kv) / bw)
+    steps = o - 1
+    decode = (steps * w + c * kv * (steps * i + steps * o / 2.0)) / bw
+    total = prefill + decode
+    return PointRoofline(c, i, o, prefill, decode, total, c * o / total, c * (i + o) / total)
+
+
+def format_roofline_table(shape: ModelShape, hw: Hardware, points: list[PointRoofline]) -> str:
+    """Markdown table of the per-point ceilings, with the model and hardware figures on top."""
+    lines = [
+        f"model: {shape.num_params / 1e9:.3f} B params, W = {shape.weight_bytes / 1e9:.3f} GB read per step, "
+        f"{shape.kv_bytes_per_token:,} KV bytes/token",
+        f"hardware: {hw.name}, {hw.hbm_bandwidth / 1e12:.3f} TB/s, {hw.peak_flops / 1e12:.1f} TFLOP/s; "
+        f"decode step of batch 1 >= {shape.weight_bytes / hw.hbm_bandwidth * 1e3:.3f} ms",
+        "",
+        "| C | I | O | prefill ms | decode ms | output tok/s | total tok/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p.concurrency} | {p.input_len} | {p.output_len} | {p.prefill_s * 1e3:.1f} | "
+            f"{p.decode_s * 1e3:.1f} | {p.output_throughput:,.1f} | {p.total_token_throughput:,.1f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,341 @@
+"""``surge bench serve``: run one serving benchmark against an OpenAI-compatible server.
+
+Flow (vLLM ``bench serve``): ask ``/v1/models``; build the prompts; send ``warmup`` untimed requests
+one after another (prompts from another seed, same input length, at most 32 output tokens; a failed
+warm-up aborts the run); then take ``t0 = perf_counter()`` and release the requests (all at once for
+``request_rate = inf``, else with gamma-distributed gaps of mean ``1/request_rate`` and shape
+``burstiness``, Poisson for 1.0), each waiting on the ``max_concurrency`` semaphore before its own clock
+starts; ``duration`` ends when the last request ends. Results are validated (exact output length when
+asked), aggregated by :mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
+
+Prompt length reported per request (``input_lens``, ``total_input_tokens``): the server's
+``usage.prompt_tokens`` when it sends usage, else the dataset's count. For the chat endpoint this
+includes the chat template's tokens (the random prompt itself has exactly ``--input-len`` tokens as a
+completions prompt, the user message of vLLM's random dataset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from tqdm import tqdm
+
+from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
+from surge.bench.datasets import SampleRequest, random_requests, sharegpt_requests
+from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
+from surge.bench.roofline import Hardware, load_config, model_shape, point_roofline
+from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, resolve_counter
+
+WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
+WARMUP_MAX_OUTPUT = 32
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything one benchmark run needs. Lengths in tokens, times in seconds, rate in requests/s."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    endpoint: str = CHAT_ENDPOINT
+    model: str | None = None  # default: the first model of /v1/models
+    tokenizer: str | None = None  # local tokenizer folder; default: the server's /tokenize
+    dataset: str = "random"
+    dataset_path: str | None = None
+    input_len: int = 256
+    output_len: int = 256
+    num_prompts: int = 16
+    max_concurrency: int | None = None
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+    ignore_eos: bool = True
+    exact_length: bool = True
+    warmup: int = 1
+    percentiles: tuple[float, ...] = (99.0,)
+    goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms) SLOs
+    api_key: str | None = None
+    save_detailed: bool = False
+    hardware: Hardware | None = None
+    model_config: str | None = None  # config.json or folder for the roofline; default: a known local folder
+    disable_tqdm: bool = False
+    request_timeout_s: float = 6 * 3600.0
+    extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
+
+    def validate(self) -> None:
+        """Raises ValueError with a one-line message on a bad value."""
+        if self.dataset not in ("random", "sharegpt"):
+            raise ValueError(f"--dataset must be random or sharegpt, got {self.dataset!r}")
+        if self.dataset == "sharegpt" and not self.dataset_path:
+            raise ValueError("--dataset sharegpt needs --dataset-path FILE")
+        if self.endpoint not in ("/v1/chat/completions", "/v1/completions"):
+            raise ValueError(
+                f"--endpoint must be /v1/chat/completions or /v1/completions, got {self.endpoint!r}"
+            )
+        if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
+            raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("--max-concurrency must be >= 1")
+        if not self.request_rate > 0:
+            raise ValueError("--request-rate must be > 0 (or inf)")
+        if not self.burstiness > 0:
+            raise ValueError("--burstiness must be > 0")
+        if self.warmup < 0:
+            raise ValueError("--warmup must be >= 0")
+
+
+def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
+    """The server's ``GET /v1/models`` answer. Raises ValueError when it cannot be reached."""
+    try:
+        ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot reach {base_url}/v1/models: {e}") from None
+    if not isinstance(ans, dict) or not ans.get("data"):
+        raise ValueError(f"{base_url}/v1/models lists no model")
+    return ans
+
+
+def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
+    for entry in models["data"]:
+        if model is None or entry.get("id") == model:
+            return dict(entry)
+    return {"id": model}
+
+
+async def _arrivals(
+    items: Sequence[RequestInput], rate: float, burstiness: float, rng: np.random.Generator
+) -> AsyncIterator[RequestInput]:
+    """Yield requests at ``rate`` req/s with gamma(shape=burstiness) gaps (vLLM ``get_request``)."""
+    theta = 1.0 / (rate * burstiness) if math.isfinite(rate) else 0.0
+    for item in items:
+        yield item
+        if math.isfinite(rate):
+            await asyncio.sleep(float(rng.gamma(shape=burstiness, scale=theta)))
+
+
+async def run_requests(
+    inputs: Sequence[RequestInput],
+    warmups: Sequence[RequestInput],
+    max_concurrency: int | None,
+    request_rate: float,
+    burstiness: float,
+    seed: int,
+    timeout_s: float,
+    disable_tqdm: bool = False,
+) -> tuple[list[RequestResult], float, list[RequestResult]]:
+    """Send warm-ups (untimed, one after another), then the timed requests.
+
+    Returns:
+        (timed results in input order, duration in seconds, warm-up results).
+    """
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=False) as session:
+        warm = [await send_request(session, w) for w in warmups]
+        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        pbar = tqdm(total=len(inputs), disable=disable_tqdm, desc="requests")
+
+        async def limited(req: RequestInput) -> RequestResult:
+            if sem is None:
+                res = await send_request(session, req)
+            else:
+                async with sem:
+                    res = await send_request(session, req)
+            pbar.update(1)
+            return res
+
+        rng = np.random.default_rng(seed)
+        t0 = time.perf_counter()
+        tasks: list[asyncio.Task[RequestResult]] = []
+        async for req in _arrivals(inputs, request_rate, burstiness, rng):
+            tasks.append(asyncio.create_task(limited(req)))
+        results = list(await asyncio.gather(*tasks))
+        duration = time.perf_counter() - t0
+        pbar.close()
+    return results, duration, warm
+
+
+def validate_results(
+    results: Sequence[RequestResult], counter: TokenCounter | None, exact_length: bool
+) -> None:
+    """Fill a missing ``output_len`` from the re-tokenized text and fail wrong lengths (in place).
+
+    With ``exact_length``, a request whose ``usage.completion_tokens`` (or re-tokenized count when
+    the server sent no usage) differs from the requested ``max_tokens`` fails with the reason.
+    """
+    overhead: int | None = None
+    for r in results:
+        if not r.success:
+            continue
+        source = "completion_tokens"
+        if r.output_len is None:
+            if counter is None:
+                r.success, r.error = False, "no usage in the stream and no tokenizer to count the text"
+                continue
+            if overhead is None:
+                overhead = len(counter.encode(""))
+            r.output_len = max(len(counter.encode(r.generated_text)) - overhead, 0)
+            source = "re-tokenized output"
+        if exact_length and r.output_len != r.expected_output_len:
+            r.success = False
+            r.error = f"{source} {r.output_len} != requested {r.expected_output_len}"
+
+
+def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"roofline_output_throughput": None, "pct_of_roofline": None, "hardware": None}
+    if cfg.hardware is None or cfg.dataset != "random":
+        return out
+    src = cfg.model_config or local_dir
+    if src is None:
+        return out
+    shape = model_shape(load_config(src))
+    conc = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)
+    roof = point_roofline(shape, cfg.hardware, conc, cfg.input_len, cfg.output_len)
+    out["roofline_output_throughput"] = roof.output_throughput
+    out["pct_of_roofline"] = 100.0 * throughput / roof.output_throughput
+    out["hardware"] = {
+        "name": cfg.hardware.name,
+        "hbm_bandwidth": cfg.hardware.hbm_bandwidth,
+        "peak_flops": cfg.hardware.peak_flops,
+    }
+    return out
+
+
+def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
+    for cand in (cfg.tokenizer, cfg.model, entry.get("root")):
+        if cand and Path(cand).is_dir() and (Path(cand) / "config.json").is_file():
+            return str(cand)
+    return None
+
+
+def _counter_for(cfg: ServeConfig, base: str, model: str, entry: dict[str, Any]) -> TokenCounter:
+    root = cfg.tokenizer or (cfg.model if is_tokenizer_dir(cfg.model) else entry.get("root"))
+    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key)
+
+
+def make_counter(cfg: ServeConfig) -> TokenCounter:
+    """The token counter ``run_serve`` would pick for ``cfg`` (to reuse across matrix points).
+
+    Raises:
+        ValueError: unreachable server or no way to count tokens.
+    """
+    base = cfg.base_url.rstrip("/")
+    entry = _model_entry(fetch_models(base, cfg.api_key), cfg.model)
+    return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
+
+
+def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
+    """The timed prompts of ``cfg`` (random or ShareGPT)."""
+    if cfg.dataset == "sharegpt":
+        assert cfg.dataset_path is not None
+        return sharegpt_requests(
+            counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, max_model_len
+        )
+    return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed)
+
+
+def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None = None) -> dict[str, Any]:
+    """Run the benchmark of ``cfg`` and return the result dict (vLLM field names plus Surge's).
+
+    Raises:
+        ValueError: bad config, unreachable server (also when it goes away while prompts are being
+            counted), unusable tokenizer/dataset, or a failed warm-up.
+    """
+    try:
+        return _run_serve(cfg, command, counter)
+    except OSError as e:  # urllib errors of /tokenize, /detokenize, /v1/models
+        raise ValueError(f"lost the server at {cfg.base_url}: {e}") from None
+
+
+def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> dict[str, Any]:
+    cfg.validate()
+    base = cfg.base_url.rstrip("/")
+    models = fetch_models(base, cfg.api_key)
+    entry = _model_entry(models, cfg.model)
+    model = str(cfg.model or entry["id"])
+    local_dir = _local_model_dir(cfg, entry)
+    if counter is None:
+        counter = _counter_for(cfg, base, model, entry)
+    max_model_len = entry.get("max_model_len")
+    samples = build_samples(cfg, counter, int(max_model_len) if max_model_len else None)
+    api_url = base + cfg.endpoint
+
+    def to_input(s: SampleRequest) -> RequestInput:
+        return RequestInput(
+            api_url, model, s.prompt, s.prompt_len, s.expected_output_len, cfg.ignore_eos, cfg.api_key
+        )
+
+    warm_len = cfg.input_len if cfg.dataset == "random" else 32
+    warm_samples = (
+        random_requests(
+            counter,
+            cfg.warmup,
+            warm_len,
+            min(cfg.output_len, WARMUP_MAX_OUTPUT),
+            cfg.seed + WARMUP_SEED_OFFSET,
+        )
+        if cfg.warmup
+        else []
+    )
+    inputs = [to_input(s) for s in samples]
+    results, duration, warm = asyncio.run(
+        run_requests(
+            inputs,
+            [to_input(s) for s in warm_samples],
+            cfg.max_concurrency,
+            cfg.request_rate,
+            cfg.burstiness,
+            cfg.seed,
+            cfg.request_timeout_s,
+            cfg.disable_tqdm,
+        )
+    )
+    validate_results(warm, counter, cfg.exact_length)
+    for w in warm:
+        if not w.success:
+            raise ValueError(f"warm-up request failed: {w.error}")
+    validate_results(results, counter, cfg.exact_length)
+    m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
+
+    result: dict[str, Any] = {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "command": command,
+        "backend": "openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai",
+        "base_url": base,
+        "endpoint": cfg.endpoint,
+        "model_id": model,
+        "tokenizer_id": counter.name,
+        "server_models": models,
+        "dataset": cfg.dataset,
+        "input_len": cfg.input_len if cfg.dataset == "random" else None,
+        "output_len": cfg.output_len,
+        "num_prompts": cfg.num_prompts,
+        "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
+        "burstiness": cfg.burstiness,
+        "max_concurrency": cfg.max_concurrency,
+        "seed": cfg.seed,
+        "ignore_eos": cfg.ignore_eos,
+        "exact_length": cfg.exact_length,
+        "warmup": cfg.warmup,
+        "goodput_slo_ms": dict(cfg.goodput) or None,
+        **cfg.extra,
+    }
+    result.update(metrics_to_json(m, duration))
+    result.update(_roofline_fields(cfg, local_dir, m.output_throughput))
+    result["input_lens"] = [r.prompt_len for r in results]
+    result["output_lens"] = m.output_lens
+    result["ttfts"] = [r.ttft for r in results]
+    result["itls"] = [r.itl for r in results]
+    result["errors"] = [r.error for r in results]
+    if cfg.save_detailed:
+        result["e2els"] = [r.latency for r in results]
+        result["start_times"] = [r.start_time for r in results]
+        result["generated_texts"] = [r.generated_text for r in results]
+    return result

@@ -1,0 +1,186 @@
+"""Token counting for the benchmark: a local Hugging Face tokenizer, or the server's own ``/tokenize``.
+
+Prompt lengths must be exact *as the server counts them*, so the default is to ask the server
+(``POST /tokenize`` ``{"model", "prompt"}`` -> ``{"tokens", "count", "max_model_len"}`` and
+``POST /detokenize`` ``{"model", "tokens"}`` -> ``{"prompt"}``, the vLLM/Surge API). A server counts a
+completions prompt with the tokenizer's special tokens (e.g. a BOS), and so do both counters here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+_BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+
+class TokenCounter(Protocol):
+    """What the datasets need: encode as the server counts, decode, and the ids to draw from."""
+
+    name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as a completions prompt (special tokens included)."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` (special tokens skipped)."""
+        ...
+
+    def candidate_ids(self) -> np.ndarray:
+        """int64 ``[n]``: the non-special vocabulary random prompts are drawn from."""
+        ...
+
+
+def is_tokenizer_dir(path: str | os.PathLike[str] | None) -> bool:
+    """True when ``path`` is a local folder holding tokenizer files."""
+    if not path:
+        return False
+    p = Path(path)
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    return p.is_dir() and any((p / n).exists() for n in names)
+
+
+def _vocab_pool(tok: Any) -> np.ndarray:
+    """Non-special ids of an HF tokenizer, without byte-fallback pieces (``<0x0A>``)."""
+    special = set(int(i) for i in tok.all_special_ids)
+    special.update(int(i) for i in getattr(tok, "added_tokens_decoder", {}) or {})
+    vocab: dict[str, int] = tok.get_vocab()
+    ids = [i for piece, i in vocab.items() if i not in special and not _BYTE_TOKEN.match(piece)]
+    return np.asarray(sorted(ids), dtype=np.int64)
+
+
+class HFTokenCounter:
+    """A local ``transformers.AutoTokenizer`` (loaded offline from a folder).
+
+    Raises:
+        ValueError: the folder has no loadable tokenizer.
+    """
+
+    def __init__(self, path: str) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as e:
+            raise ValueError(f"cannot load a tokenizer from {path}: {type(e).__name__}: {e}") from None
+        self.tok.model_max_length = 1 << 40  # we count long prompts on purpose; silence the length warning
+        self.name = path
+        self._pool: np.ndarray | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=True))
+
+    def candidate_ids(self) -> np.ndarray:
+        if self._pool is None:
+            self._pool = _vocab_pool(self.tok)
+        return self._pool
+
+
+def post_json(url: str, body: dict[str, Any], api_key: str | None = None, timeout: float = 60.0) -> Any:
+    """POST JSON and return the decoded JSON answer.
+
+    Raises:
+        OSError: network trouble or a non-2xx status (``urllib.error.HTTPError`` is an ``OSError``).
+    """
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def get_json(url: str, api_key: str | None = None, timeout: float = 30.0) -> Any:
+    """GET and decode JSON. Raises ``OSError`` on network trouble or a non-2xx status."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+class ServerTokenCounter:
+    """Counts with the server's ``/tokenize`` and ``/detokenize`` (exactly the server's view).
+
+    ``pool`` is the vocabulary to draw from: a local tokenizer's when one is known, otherwise the
+    distinct ids the server gives for a fixed pseudo-random ASCII text (documented fallback).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, pool: np.ndarray | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.name = f"{self.base_url}/tokenize"
+        self._pool = pool
+        self.max_model_len: int | None = None
+
+    def encode(self, text: str) -> list[int]:
+        ans = post_json(f"{self.base_url}/tokenize", {"model": self.model, "prompt": text}, self.api_key)
+        if ans.get("max_model_len") is not None:
+            self.max_model_len = int(ans["max_model_len"])
+        return [int(t) for t in ans["tokens"]]
+
+    def decode(self, ids: list[int]) -> str:
+        ans = post_json(f"{self.base_url}/detokenize", {"model": self.model, "tokens": ids}, self.api_key)
+        return str(ans["prompt"])
+
+    def candidate_ids(self) -> np.ndarray:
+        if self._pool is None:
+            rng = np.random.default_rng(12345)
+            letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+            words = ["".join(rng.choice(letters, size=int(rng.integers(2, 9)))) for _ in range(2000)]
+            ids = set(self.encode(" ".join(words)))
+            ids.difference_update(self.encode(""))  # BOS or other added specials
+            self._pool = np.asarray(sorted(ids), dtype=np.int64)
+        return self._pool
+
+
+def server_tokenize_works(base_url: str, model: str, api_key: str | None = None) -> bool:
+    """True when ``POST {base_url}/tokenize`` answers with a token list."""
+    try:
+        ans = post_json(
+            f"{base_url.rstrip('/')}/tokenize", {"model": model, "prompt": "hello"}, api_key, 10.0
+        )
+        return isinstance(ans, dict) and isinstance(ans.get("tokens"), list)
+    except (OSError, ValueError):
+        return False
+
+
+def resolve_counter(
+    base_url: str,
+    model: str,
+    tokenizer: str | None,
+    model_root: str | None,
+    api_key: str | None = None,
+) -> TokenCounter:
+    """Pick the token counter: ``--tokenizer DIR``, else the server's ``/tokenize``, else a local folder.
+
+    Args:
+        model_root: a local model folder if one is known (``--model`` when it is a folder, or the
+            ``root`` of the server's ``/v1/models`` entry); used for the vocabulary and as fallback.
+    Raises:
+        ValueError: no way to count tokens.
+    """
+    if tokenizer:
+        if not Path(tokenizer).is_dir():
+            raise ValueError(f"--tokenizer {tokenizer}: not a folder")
+        return HFTokenCounter(tokenizer)
+    local = model_root if is_tokenizer_dir(model_root) else None
+    if server_tokenize_works(base_url, model, api_key):
+        pool = HFTokenCounter(local).candidate_ids() if local else None
+        return ServerTokenCounter(base_url, model, api_key, pool)
+    if local:
+        return HFTokenCounter(local)
+    raise ValueError(
+        "cannot count tokens: the server has no /tokenize and no local tokenizer is known; pass --tokenizer DIR"
+    )

@@ -1,0 +1,33 @@
+"""Shared helpers for the benchmark tests."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED_MODEL = REPO / "surge" / "assets" / "stories260K"
+SHARED = REPO.parent / "shared" / "assets"
+QWEN3_8B = SHARED / "models" / "qwen3-8b"
+SHAREGPT = SHARED / "datasets" / "sharegpt" / "ShareGPT_V3_filtered_500.json"
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    """Run ``surge bench ...`` in-process like ``surge.cli.main`` does (same error handling)."""
+    from surge.bench.cli import add_bench_parser
+    from surge.cli import CliError, _Parser
+
+    parser = _Parser(prog="surge")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_bench_parser(sub)
+    args: argparse.Namespace = parser.parse_args(list(argv))
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ValueError) as e:
+        print(f"surge: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,214 @@
+"""A scripted fake OpenAI-compatible SSE server (aiohttp) with known delays, for the benchmark tests.
+
+Tokenizer: word level. ``encode(text) = [BOS] + one id per whitespace word`` (``w17`` -> 17, any other
+word hashes into [10, 500)); ``decode(ids) = "w<id> w<id> ..."`` without BOS. Each request takes the
+next behaviour of ``script`` (then ``default``):
+
+- ``ok``: TTFT ``ttft`` s, then one chunk every ``itl`` s with ``tokens_per_chunk`` tokens;
+- ``short``: like ok but one token short of ``max_tokens``;
+- ``http500``: a 500 with an OpenAI error body;
+- ``stream_error``: a 200 stream that sends two tokens, then ``data: {"error": {...}}``;
+- ``no_usage``: like ok but without the usage chunk.
+
+Every SSE event is written in two pieces split mid-line, to exercise the client's parser. Runs in a
+thread (:class:`FakeServer`) or as a script (``python fake_server.py --port P [--die-after N]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+BOS = 1
+CHAT_OVERHEAD = 5  # tokens the fake "chat template" adds
+
+
+def encode(text: str) -> list[int]:
+    ids = [BOS]
+    for w in text.split():
+        if w.startswith("w") and w[1:].isdigit():
+            ids.append(int(w[1:]))
+        else:
+            ids.append(10 + zlib.crc32(w.encode()) % 490)
+    return ids
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(f"w{i}" for i in ids if i != BOS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Behaviour:
+    ttft: float = 0.2
+    itl: float = 0.05
+    tokens_per_chunk: int = 1
+    script: list[str] = field(default_factory=list)
+    default: str = "ok"
+    die_after: int | None = None  # exit the process after this many completion requests
+    seen: int = 0
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
+def make_app(b: Behaviour) -> web.Application:
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": "fake-model", "object": "model", "root": "/nonexistent", "max_model_len": 4096}
+                ],
+            }
+        )
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def tokenize(req: web.Request) -> web.Response:
+        body = await req.json()
+        toks = encode(body["prompt"])
+        return web.json_response({"tokens": toks, "count": len(toks), "max_model_len": 4096})
+
+    async def detokenize(req: web.Request) -> web.Response:
+        body = await req.json()
+        return web.json_response({"prompt": decode(body["tokens"])})
+
+    async def send(resp: web.StreamResponse, obj: Any) -> None:
+        data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
+        half = len(data) // 2
+        await resp.write(data[:half])
+        await asyncio.sleep(0.001)
+        await resp.write(data[half:])
+
+    async def completion(req: web.Request) -> web.StreamResponse:
+        body = await req.json()
+        chat = req.path.endswith("/chat/completions")
+        mode = b.script[b.seen] if b.seen < len(b.script) else b.default
+        b.seen += 1
+        b.log.append({"path": req.path, "body": body, "mode": mode, "auth": req.headers.get("Authorization")})
+        if b.die_after is not None and b.seen > b.die_after:
+            os._exit(3)
+        if mode == "http500":
+            err = {
+                "error": {
+                    "message": "internal boom",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            }
+            return web.json_response(err, status=500)
+        max_tokens = int(body.get("max_completion_tokens") or body["max_tokens"])
+        prompt = body["messages"][0]["content"] if chat else body["prompt"]
+        n = max_tokens - 1 if mode == "short" else max_tokens
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        await asyncio.sleep(b.ttft)
+        sent = 0
+        while sent < n:
+            k = min(b.tokens_per_chunk, n - sent)
+            text = "".join(f" w{100 + (sent + j) % 50}" for j in range(k))
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if sent + k == n else None}
+            if chat:
+                choice["delta"] = {"content": text}
+            else:
+                choice["text"] = text
+            await send(
+                resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [choice]}
+            )
+            sent += k
+            if mode == "stream_error" and sent >= 2:
+                await send(
+                    resp, {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}
+                )
+                await resp.write_eof()
+                return resp
+            if sent < n:
+                await asyncio.sleep(b.itl)
+        if mode != "no_usage":
+            p = len(encode(prompt)) + (CHAT_OVERHEAD if chat else 0)
+            usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+            await send(
+                resp,
+                {
+                    "id": "x",
+                    "object": obj,
+                    "created": 0,
+                    "model": "fake-model",
+                    "choices": [],
+                    "usage": usage,
+                },
+            )
+        await send(resp, "[DONE]")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/v1/completions", completion)
+    app.router.add_post("/v1/chat/completions", completion)
+    return app
+
+
+class FakeServer:
+    """The fake server on 127.0.0.1 in a background thread; ``url`` is its base URL."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(make_app(self.behaviour))
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--ttft", type=float, default=0.02)
+    ap.add_argument("--itl", type=float, default=0.005)
+    ap.add_argument("--die-after", type=int, default=None)
+    ap.add_argument("--startup-delay", type=float, default=0.3)
+    args = ap.parse_args()
+    time.sleep(args.startup_delay)
+    b = Behaviour(ttft=args.ttft, itl=args.itl, die_after=args.die_after)
+    web.run_app(make_app(b), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

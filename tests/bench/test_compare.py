@@ -1,0 +1,116 @@
+"""`surge bench compare` of two hand-made summaries with a hand-checkable geometric mean."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import bench_main
+
+from surge.bench.compare import compare_points, load_points
+
+
+def _pt(
+    c: int, i: int, o: int, thr: float | None, success: bool = True, ttft: float = 100.0
+) -> dict[str, Any]:
+    return {
+        "concurrency": c,
+        "input_len": i,
+        "output_len": o,
+        "success": success,
+        "output_throughput": thr,
+        "mean_ttft_ms": ttft,
+    }
+
+
+def _write(path: Path, points: list[dict[str, Any]]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "summary.json").write_text(json.dumps({"points": points}))
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> tuple[Path, Path]:
+    base = _write(
+        tmp_path / "base",
+        [
+            _pt(1, 32, 256, 100.0),
+            _pt(1, 32, 1024, 100.0, ttft=50.0),
+            _pt(4, 32, 256, 400.0),
+            _pt(4, 32, 1024, 400.0),
+            _pt(16, 32, 256, 1000.0),  # valid only in BASE
+            _pt(64, 32, 256, 5000.0, success=False),  # valid only in NEW
+            _pt(64, 32, 1024, None, success=False),  # neither
+        ],
+    )
+    new = _write(
+        tmp_path / "new",
+        [
+            _pt(1, 32, 256, 200.0),  # x2
+            _pt(1, 32, 1024, 50.0, ttft=25.0),  # x0.5
+            _pt(4, 32, 256, 800.0),  # x2
+            _pt(4, 32, 1024, 400.0),  # x1 (tie)
+            _pt(16, 32, 256, 900.0, success=False),
+            _pt(64, 32, 256, 6000.0),
+            _pt(64, 32, 1024, 1.0, success=False),
+        ],
+    )
+    return base, new
+
+
+def test_geomean_by_hand(runs: tuple[Path, Path]) -> None:
+    base, new = runs
+    cmp = compare_points(load_points(base), load_points(new / "summary.json"))
+    # ratios 2, 0.5, 2, 1 -> geometric mean (2 * 0.5 * 2 * 1) ** (1/4) = 2 ** 0.25
+    assert cmp.geomean == pytest.approx(2**0.25)
+    assert cmp.grouped(0) == {1: (2, pytest.approx(1.0)), 4: (2, pytest.approx(math.sqrt(2)))}
+    assert cmp.grouped(2) == {256: (2, pytest.approx(2.0)), 1024: (2, pytest.approx(math.sqrt(0.5)))}
+    assert cmp.wins_losses() == (2, 1, 1)
+    assert (
+        cmp.only_base == [(16, 32, 256)]
+        and cmp.only_new == [(64, 32, 256)]
+        and cmp.neither == [(64, 32, 1024)]
+    )
+
+
+def test_lower_is_better_metric(runs: tuple[Path, Path]) -> None:
+    cmp = compare_points(load_points(runs[0]), load_points(runs[1]), "mean_ttft_ms")
+    assert cmp.lower_is_better and cmp.wins_losses() == (1, 0, 3)
+    assert cmp.geomean == pytest.approx(0.5**0.25)
+
+
+def test_cli_markdown_and_plot(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "cmp.png"
+    rc = bench_main(["bench", "compare", str(runs[0]), str(runs[1]), "--plot", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0 and png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "| 1 | 32 | 256 | 100.00 | 200.00 | +100.0% |" in out
+    assert "| 1 | 32 | 1024 | 100.00 | 50.00 | -50.0% |" in out
+    assert "valid in both: +18.9%" in out  # 2 ** 0.25 = 1.1892
+    assert "| 4 | 2 | +41.4% |" in out and "| 1024 | 2 | -29.3% |" in out
+    assert "Wins: 2, losses: 1, ties: 1" in out
+    assert "Valid only in BASE (1): C16/I32/O256" in out and "Valid only in NEW (1): C64/I32/O256" in out
+
+
+def test_single_result_files_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    common = {
+        "num_prompts": 4,
+        "max_concurrency": 4,
+        "input_len": 32,
+        "output_len": 256,
+        "completed": 4,
+        "failed": 0,
+    }
+    a.write_text(json.dumps({**common, "output_throughput": 100.0}))
+    b.write_text(json.dumps({**common, "output_throughput": 121.0}))
+    assert compare_points(load_points(a), load_points(b)).geomean == pytest.approx(1.21)
+    assert bench_main(["bench", "compare", str(a), str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surge: error:") and err.count("\n") == 1

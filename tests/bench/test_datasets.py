@@ -1,0 +1,106 @@
+"""Random prompts of exact token counts (local tokenizers), ShareGPT loading, token-counter choice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BUNDLED_MODEL, QWEN3_8B, SHAREGPT
+from fake_server import Behaviour, FakeServer
+
+from surge.bench.datasets import load_sharegpt_prompts, random_requests, sharegpt_requests
+from surge.bench.tokens import HFTokenCounter, ServerTokenCounter, resolve_counter
+
+
+@pytest.fixture(scope="module")
+def stories() -> HFTokenCounter:
+    return HFTokenCounter(str(BUNDLED_MODEL))
+
+
+@pytest.fixture(scope="module")
+def qwen() -> HFTokenCounter:
+    return HFTokenCounter(str(QWEN3_8B))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 32, 256, 1000])
+def test_exact_lengths_stories(stories: HFTokenCounter, n: int) -> None:
+    reqs = random_requests(stories, 3, n, 5, seed=0)
+    for r in reqs:
+        assert len(stories.encode(r.prompt)) == n == r.prompt_len  # BOS included, as the server counts
+        assert r.expected_output_len == 5
+
+
+@pytest.mark.parametrize("n", [1, 32, 256, 4096])
+def test_exact_lengths_qwen3(qwen: HFTokenCounter, n: int) -> None:
+    for r in random_requests(qwen, 2, n, 5, seed=3):
+        assert len(qwen.encode(r.prompt)) == n
+
+
+def test_seeded_and_special_free(stories: HFTokenCounter, qwen: HFTokenCounter) -> None:
+    a = [r.prompt for r in random_requests(stories, 3, 40, 5, seed=7)]
+    b = [r.prompt for r in random_requests(stories, 3, 40, 5, seed=7)]
+    c = [r.prompt for r in random_requests(stories, 3, 40, 5, seed=8)]
+    assert a == b and a != c and len(set(a)) == 3
+    pool = set(qwen.candidate_ids().tolist())
+    assert not pool & set(qwen.tok.all_special_ids)
+    assert 151643 not in pool and 151645 not in pool and 9707 in pool
+    assert not set(stories.candidate_ids().tolist()) & {0, 1, 2, 3, 100}  # specials and <0x..> bytes
+
+
+def test_below_minimum_is_an_error(stories: HFTokenCounter) -> None:
+    with pytest.raises(ValueError):
+        random_requests(stories, 1, 0, 5, seed=0)
+
+
+def test_server_counter_through_tokenize() -> None:
+    with FakeServer(Behaviour()) as s:
+        counter = resolve_counter(s.url, "fake-model", None, None)
+        assert isinstance(counter, ServerTokenCounter)
+        assert counter.encode("") == [1] and 1 not in set(counter.candidate_ids().tolist())
+        reqs = random_requests(counter, 2, 17, 4, seed=0)
+        assert all(len(counter.encode(r.prompt)) == 17 for r in reqs)
+        assert counter.max_model_len == 4096
+        # a local folder supplies the vocabulary while the server still counts
+        counter2 = resolve_counter(s.url, "fake-model", None, str(BUNDLED_MODEL))
+        assert isinstance(counter2, ServerTokenCounter) and len(counter2.candidate_ids()) == 253
+        # --tokenizer wins
+        assert isinstance(resolve_counter(s.url, "fake-model", str(BUNDLED_MODEL), None), HFTokenCounter)
+
+
+def test_no_way_to_count() -> None:
+    from fake_server import free_port
+
+    with pytest.raises(ValueError, match="--tokenizer"):
+        resolve_counter(f"http://127.0.0.1:{free_port()}", "m", None, None)
+    with pytest.raises(ValueError):
+        resolve_counter("http://127.0.0.1:1", "m", "/nonexistent/dir", None)
+
+
+def test_sharegpt(stories: HFTokenCounter, tmp_path: Path) -> None:
+    prompts = load_sharegpt_prompts(str(SHAREGPT))
+    assert len(prompts) == 500 and prompts[0].startswith("How to stop automatic updates")
+    reqs = sharegpt_requests(stories, str(SHAREGPT), 10, 64, seed=1, max_model_len=512)
+    assert len(reqs) == 10 and len({r.prompt for r in reqs}) == 10
+    for r in reqs:
+        assert r.prompt_len == len(stories.encode(r.prompt)) and 4 <= r.prompt_len <= 512 - 64
+        assert r.expected_output_len == 64
+    assert [r.prompt for r in sharegpt_requests(stories, str(SHAREGPT), 10, 64, 1, 512)] == [
+        r.prompt for r in reqs
+    ]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"not": "a list"}))
+    for path in (str(bad), str(tmp_path / "missing.json")):
+        with pytest.raises(ValueError):
+            load_sharegpt_prompts(path)
+    with pytest.raises(ValueError, match="usable prompts"):
+        sharegpt_requests(stories, str(SHAREGPT), 10_000, 64, seed=1)
+
+
+def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:
+    # the first draw of a prompt is default_rng(seed).choice(pool, n - overhead)
+    pool = stories.candidate_ids()
+    first = np.random.default_rng(11).choice(pool, size=4)
+    text = random_requests(stories, 1, 5, 1, seed=11)[0].prompt
+    assert text.split()[0] in stories.decode([int(i) for i in first])

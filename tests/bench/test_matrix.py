@@ -1,0 +1,211 @@
+"""`surge bench matrix`: presets, grids, artifacts, server launch and restart (fake server), live mini matrix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BUNDLED_MODEL, REPO, bench_main
+from fake_server import free_port
+
+from surge.bench.matrix import grid_points, official_8b_points, parse_int_list
+
+FAKE = Path(__file__).with_name("fake_server.py")
+POINT_FILES = {f"C{c}_I{i}_O{o}.json" for c in (1, 2) for i in (8, 16) for o in (4, 8)}
+
+
+def test_official_preset() -> None:
+    pts = official_8b_points()
+    assert len(pts) == 30 and len(set(pts)) == 30
+    keys = {(p.concurrency, p.input_len, p.output_len) for p in pts}
+    for c in (1, 4):
+        for i in (32, 256, 4096):
+            for o in (256, 1024, 4096):
+                assert (c, i, o) in keys
+    for c in (16, 64):
+        for i in (32, 256):
+            for o in (256, 1024, 4096):
+                assert (c, i, o) in keys
+    assert grid_points([1, 2], [3], [4, 5])[1].stem == "C1_I3_O5"
+    assert parse_int_list("1, 4,16", "--c") == [1, 4, 16]
+    for bad in ("", "a", "0", "1,-2"):
+        with pytest.raises(ValueError):
+            parse_int_list(bad, "--c")
+
+
+def _check_artifacts(out: Path, summary: dict[str, Any], n_points: int) -> None:
+    assert summary["num_points"] == n_points == len(summary["points"])
+    for p in summary["points"]:
+        r = json.loads((out / p["result_file"]).read_text())
+        if p["success"]:
+            assert r["completed"] == r["num_prompts"] == r["max_concurrency"] == p["concurrency"]
+            assert r["request_rate"] == "inf" and r["ignore_eos"] and r["exact_length"] and r["seed"] == 0
+            assert r["output_lens"] == [p["output_len"]] * p["concurrency"]
+            assert p["output_throughput"] == r["output_throughput"] > 0
+    md = (out / "summary.md").read_text()
+    for col in (
+        "| C | I | O | success | output tok/s | total tok/s | mean TTFT ms | P99 TTFT ms | mean TPOT ms",
+        "| mean ITL ms | P99 ITL ms | roofline tok/s | % of roofline |",
+    ):
+        assert col in md
+    assert md.count("\n| ") == n_points + 1
+    for png in ("throughput.png", "latency.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_matrix_with_launched_fake_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    out = tmp_path / "m"
+    rc = bench_main(
+        [
+            "bench",
+            "matrix",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--launch",
+            f"{sys.executable} {FAKE} --port {port}",
+        ]
+        + [
+            "--concurrency",
+            "1,2",
+            "--input-len",
+            "8,16",
+            "--output-len",
+            "4,8",
+            "--output-dir",
+            str(out),
+            "--disable-tqdm",
+        ]
+        + ["--gpu", "h200", "--model-config", str(BUNDLED_MODEL), "--server-timeout", "60"]
+    )
+    assert rc == 0, capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    _check_artifacts(out, summary, 8)
+    assert {p["result_file"] for p in summary["points"]} == POINT_FILES
+    assert all(p["success"] for p in summary["points"]) and summary["num_successful"] == 8
+    assert all(p["roofline_output_throughput"] > 0 and p["pct_of_roofline"] > 0 for p in summary["points"])
+    assert summary["server_restarts"] == 0 and summary["model"] == "fake-model"
+    assert "8/8 points successful" in capsys.readouterr().out
+    assert (out / "server.log").exists()
+
+
+def test_matrix_restarts_a_dead_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    out = tmp_path / "m"
+    # the server dies on its 4th completion request: point 1 = warm-up + 2, point 2's warm-up kills it
+    launch = f"{sys.executable} {FAKE} --port {port} --die-after 3"
+    rc = bench_main(
+        ["bench", "matrix", "--base-url", f"http://127.0.0.1:{port}", "--launch", launch, "--disable-tqdm"]
+        + ["--concurrency", "2", "--input-len", "8", "--output-len", "4,8,16", "--output-dir", str(out)]
+    )
+    assert rc == 1
+    summary = json.loads((out / "summary.json").read_text())
+    ok = [p["success"] for p in summary["points"]]
+    assert ok == [True, False, True] and summary["server_restarts"] == 1
+    assert "server died during the point" in summary["points"][1]["error"]
+    _check_artifacts(out, summary, 3)
+    assert "2/3 points successful" in (out / "summary.md").read_text()
+    capsys.readouterr()
+
+
+def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["bench", "matrix", "--output-dir", str(tmp_path)]
+    for argv in (
+        base,
+        base + ["--preset", "official-8b", "--concurrency", "1"],
+        base + ["--concurrency", "1,x", "--input-len", "8", "--output-len", "8"],
+        base + ["--preset", "official-8b", "--gpu", "nope"],
+        base + ["--preset", "official-8b", "--goodput", "ttft"],
+    ):
+        assert bench_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("surge: error:") and err.count("\n") == 1, err
+
+
+def test_matrix_server_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    launch = f"{sys.executable} -c 'import sys; sys.exit(3)'"
+    argv = ["bench", "matrix", "--base-url", f"http://127.0.0.1:{free_port()}", "--launch", launch]
+    rc = bench_main(
+        argv + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(tmp_path)]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "server exited with code 3 during start-up" in err and err.count("\n") == 1
+
+
+def test_mini_matrix_against_live_surge_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """2x2x2 matrix against `surge serve` of the bundled model: every artifact, every point successful."""
+    monkeypatch.chdir(REPO)
+    port = free_port()
+    out = tmp_path / "live"
+    launch = f"{sys.executable} -m surge.cli serve --port {port} --max-num-seqs 64"
+    rc = bench_main(
+        ["bench", "matrix", "--base-url", f"http://127.0.0.1:{port}", "--launch", launch, "--disable-tqdm"]
+        + ["--concurrency", "1,2", "--input-len", "8,16", "--output-len", "4,8", "--output-dir", str(out)]
+        + ["--hbm-bandwidth", "1e11", "--peak-flops", "1e12", "--server-timeout", "240"]
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert rc == 0, [p["error"] for p in summary["points"]]
+    _check_artifacts(out, summary, 8)
+    assert summary["num_successful"] == 8 and summary["server_restarts"] == 0
+    for p in summary["points"]:
+        r = json.loads((out / p["result_file"]).read_text())
+        assert r["tokenizer_id"].endswith("/tokenize")  # prompt lengths counted by the server itself
+        assert r["server_models"]["data"][0]["root"].endswith("stories260K")
+        assert p["roofline_output_throughput"] > 0  # config found through /v1/models root
+    assert not _processes_with(f"--port {port}")  # the launched server and its engine are gone
+    # comparing a run with itself: every point valid in both, geometric mean change 0
+    rc = bench_main(["bench", "compare", str(out), str(out / "summary.json")])
+    assert rc == 0
+    assert "valid in both: +0.0%" in capsys.readouterr().out
+
+
+def _processes_with(text: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``text``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def test_surge_cli_entry_point() -> None:
+    """`python -m surge.cli bench ...` through the lead's top-level parser: output and one-line errors."""
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "surge.cli",
+            "bench",
+            "roofline",
+            "--model",
+            str(BUNDLED_MODEL),
+            "--gpu",
+            "h200",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0 and "| 64 | 256 | 4096 |" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "surge.cli", "bench", "serve", "--percentiles", "x"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("surge: error:") and bad.stderr.count("\n") == 1

@@ -1,0 +1,117 @@
+"""Metric math on hand-built timestamp series, checked against values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from surge.bench.metrics import (
+    RequestResult,
+    compute_metrics,
+    max_output_tokens_per_second,
+    metrics_to_json,
+    parse_goodput,
+    parse_percentiles,
+)
+
+
+def _results() -> list[RequestResult]:
+    # A: 4 tokens, TTFT 0.5 s, ITLs 0.1/0.2/0.3, E2EL 1.1 -> TPOT (1.1 - 0.5) / 3 = 0.2 s
+    a = RequestResult(True, 10, 4, 4, ttft=0.5, itl=[0.1, 0.2, 0.3], latency=1.1, start_time=10.0)
+    # B: 2 tokens, TTFT 0.3, ITL 0.4, E2EL 0.7 -> TPOT 0.4 / 1 = 0.4 s
+    b = RequestResult(True, 20, 2, 2, ttft=0.3, itl=[0.4], latency=0.7, start_time=10.2)
+    # C: failed; must not appear in any latency list or token sum
+    c = RequestResult(False, 999, 4, 3, ttft=9.0, itl=[9.0, 9.0], latency=30.0, start_time=10.1, error="boom")
+    # D: 1 token: no TPOT (but TPOT 0 for goodput, as vLLM)
+    d = RequestResult(True, 5, 1, 1, ttft=0.2, itl=[], latency=0.2, start_time=10.0)
+    return [a, b, c, d]
+
+
+def test_counts_and_throughputs() -> None:
+    m = compute_metrics(_results(), duration=2.0)
+    assert (m.completed, m.failed) == (3, 1)
+    assert m.total_input == 35  # 10 + 20 + 5, the failed request's 999 left out
+    assert m.total_output == 7
+    assert m.output_lens == [4, 2, 0, 1]
+    assert m.request_throughput == pytest.approx(1.5)
+    assert m.output_throughput == pytest.approx(3.5)
+    assert m.total_token_throughput == pytest.approx(21.0)
+
+
+def test_latency_stats_by_hand() -> None:
+    s = compute_metrics(_results(), duration=2.0, percentiles=[50, 99]).latency_stats
+    # TTFT over successful requests: [500, 300, 200] ms
+    assert s["mean_ttft_ms"] == pytest.approx(1000.0 / 3)
+    assert s["median_ttft_ms"] == pytest.approx(300.0)
+    assert s["std_ttft_ms"] == pytest.approx(124.7219, abs=1e-3)  # population std
+    assert s["p99_ttft_ms"] == pytest.approx(496.0)  # 300 + 0.98 * 200 (linear interpolation)
+    assert s["p50_ttft_ms"] == pytest.approx(300.0)
+    # TPOT excludes the first token and requests with one token: [200, 400] ms
+    assert s["mean_tpot_ms"] == pytest.approx(300.0)
+    assert s["p99_tpot_ms"] == pytest.approx(398.0)
+    # ITL is per chunk, flattened over requests: [100, 200, 300, 400] ms
+    assert s["mean_itl_ms"] == pytest.approx(250.0)
+    assert s["median_itl_ms"] == pytest.approx(250.0)
+    assert s["p99_itl_ms"] == pytest.approx(397.0)
+    # E2EL: [1100, 700, 200] ms
+    assert s["mean_e2el_ms"] == pytest.approx(2000.0 / 3)
+    assert s["median_e2el_ms"] == pytest.approx(700.0)
+
+
+def test_failed_requests_stay_in_duration_only() -> None:
+    with_failed = compute_metrics(_results(), duration=2.0)
+    without = compute_metrics([r for r in _results() if r.success], duration=2.0)
+    assert with_failed.latency_stats == without.latency_stats
+    assert with_failed.output_throughput == without.output_throughput
+    # a longer duration (the failed request kept the run going) lowers every throughput
+    longer = compute_metrics(_results(), duration=4.0)
+    assert longer.output_throughput == pytest.approx(1.75)
+
+
+def test_goodput() -> None:
+    # SLOs ttft <= 400 ms and tpot <= 300 ms: A fails TTFT, B fails TPOT, D passes (TPOT 0) -> 1 good
+    m = compute_metrics(_results(), duration=2.0, goodput={"ttft": 400.0, "tpot": 300.0})
+    assert m.request_goodput == pytest.approx(0.5)
+    m = compute_metrics(_results(), duration=2.0, goodput={"e2el": 800.0})  # B and D
+    assert m.request_goodput == pytest.approx(1.0)
+    assert compute_metrics(_results(), duration=2.0).request_goodput is None
+
+
+def test_max_output_tokens_per_second() -> None:
+    # token times since t0 = 10.0: A 0.5, 0.6, 0.8, 1.1; B 0.5, 0.9; D 0.2 -> bucket 0 holds 6
+    assert max_output_tokens_per_second(_results()) == (6.0, 3)
+    assert max_output_tokens_per_second([RequestResult()]) == (0.0, 0)
+
+
+def test_empty_and_errors() -> None:
+    m = compute_metrics([RequestResult(error="x")], duration=1.0)
+    assert m.completed == 0 and m.latency_stats["mean_ttft_ms"] == 0.0
+    with pytest.raises(ValueError):
+        compute_metrics([], duration=0.0)
+    with pytest.raises(ValueError):
+        compute_metrics([RequestResult(success=True)], duration=1.0)  # no output_len
+
+
+def test_json_field_names() -> None:
+    j = metrics_to_json(compute_metrics(_results(), duration=2.0, percentiles=[90, 99.9]), 2.0)
+    names = (
+        "duration completed failed total_input_tokens total_output_tokens request_throughput output_throughput "
+        "total_token_throughput max_output_tokens_per_s mean_ttft_ms median_ttft_ms std_ttft_ms p90_ttft_ms "
+        "p99.9_ttft_ms mean_tpot_ms p99.9_itl_ms mean_e2el_ms"
+    )
+    for k in names.split():
+        assert k in j, k
+
+
+def test_parsers() -> None:
+    assert parse_goodput(["ttft:500", "TPOT:50", "e2el:1e4"]) == {
+        "ttft": 500.0,
+        "tpot": 50.0,
+        "e2el": 10000.0,
+    }
+    assert parse_percentiles("50, 90,99") == [50.0, 90.0, 99.0]
+    for bad in (["itl:5"], ["ttft"], ["ttft:x"], ["ttft:-1"]):
+        with pytest.raises(ValueError):
+            parse_goodput(bad)
+    for bad in ("", "abc", "0", "101"):
+        with pytest.raises(ValueError):
+            parse_percentiles(bad)

@@ -1,0 +1,111 @@
+"""Roofline numbers for the real Qwen3-8B config (shared/design.md §6) and the bundled model."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import BUNDLED_MODEL, QWEN3_8B, SHARED, bench_main
+
+from surge.bench.roofline import (
+    KNOWN_GPUS,
+    Hardware,
+    load_config,
+    lookup_gpu,
+    model_shape,
+    point_roofline,
+    resolve_hardware,
+)
+
+H200 = Hardware("h200", 4.24e12, 7.9e14)
+
+
+def test_qwen3_8b_shape() -> None:
+    s = model_shape(load_config(QWEN3_8B))
+    assert s.kv_bytes_per_token == 147_456  # 2 * 8 * 128 * 2 * 36
+    assert s.weight_bytes == pytest.approx(15.14e9, rel=2e-3)
+    assert s.num_params == pytest.approx(8.19e9, rel=2e-3)
+    # embedding excluded, LM head included: W/2 = total - one 151936 x 4096 matrix
+    assert s.matmul_params == s.num_params - 151936 * 4096
+
+
+def test_qwen3_8b_c1_ceiling() -> None:
+    s = model_shape(load_config(QWEN3_8B))
+    p = point_roofline(s, H200, 1, 32, 256)
+    assert p.output_throughput == pytest.approx(278.0, rel=0.015)
+    # hand formula: prefill bounded by one weight read; 255 decode steps with context 33..287
+    w, kv, bw = s.weight_bytes, 147_456, 4.24e12
+    decode = sum((w + (32 + k) * kv) / bw for k in range(1, 256))
+    assert p.decode_s == pytest.approx(decode, rel=1e-9)
+    assert p.prefill_s == pytest.approx(max(2 * s.matmul_params * 32 / 7.9e14, (w + 32 * kv) / bw))
+    assert p.output_throughput == pytest.approx(256 / (p.prefill_s + decode))
+
+
+def test_long_prompt_prefill_is_compute_bound() -> None:
+    s = model_shape(load_config(QWEN3_8B))
+    p = point_roofline(s, H200, 4, 4096, 256)
+    assert p.prefill_s == pytest.approx(2 * s.matmul_params * 4 * 4096 / 7.9e14)
+    big = point_roofline(s, H200, 64, 32, 256)
+    assert 64 * 200 < big.output_throughput < 64 * 280  # batching amortizes W, KV reads grow
+
+
+def test_tied_and_small_models() -> None:
+    tiny = model_shape(load_config(BUNDLED_MODEL))
+    assert tiny.num_params == 260_032 == tiny.matmul_params  # tied: LM head = embedding, read once
+    assert tiny.dtype_bytes == 4 and tiny.kv_bytes_per_token == 2 * 4 * 8 * 4 * 5
+    q06 = model_shape(load_config(SHARED / "models" / "qwen3-0.6b"))
+    assert q06.num_params == q06.matmul_params and q06.num_params == pytest.approx(596e6, rel=0.01)
+    assert (
+        model_shape(load_config(QWEN3_8B), dtype="float32").weight_bytes
+        == 2 * model_shape(load_config(QWEN3_8B)).weight_bytes
+    )
+
+
+def test_hardware_resolution() -> None:
+    assert (
+        lookup_gpu("H200") is KNOWN_GPUS["h200"] and lookup_gpu("NVIDIA H100 SXM").name == "NVIDIA H100 SXM"
+    )
+    assert lookup_gpu("a100_80gb").hbm_bandwidth == 2.039e12
+    assert resolve_hardware(None, None, None) is None
+    assert resolve_hardware("h200", 5e12, None).hbm_bandwidth == 5e12
+    assert resolve_hardware(None, 1e12, 1e14).name == "custom"
+    for args in (("tpu-v9", None, None), (None, 1e12, None), (None, -1.0, 1e14)):
+        with pytest.raises(ValueError):
+            resolve_hardware(*args)
+
+
+def test_cli_prints_table(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = bench_main(
+        [
+            "bench",
+            "roofline",
+            "--model",
+            str(QWEN3_8B),
+            "--hbm-bandwidth",
+            "4.24e12",
+            "--peak-flops",
+            "7.9e14",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0 and "147,456 KV bytes/token" in out and "15.137 GB" in out
+    assert out.count("\n| ") == 31  # header + 30 official points
+    assert "| 1 | 32 | 256 | 3.6 | 911.8 | 279.7 |" in out
+    rc = bench_main(
+        [
+            "bench",
+            "roofline",
+            "--model",
+            str(QWEN3_8B),
+            "--gpu",
+            "h200",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "8,16",
+        ]
+    )
+    assert rc == 0 and capsys.readouterr().out.count("\n| 2 | 8 |") == 2
+    assert bench_main(["bench", "roofline", "--model", str(QWEN3_8B)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surge: error:") and err.count("\n") == 1

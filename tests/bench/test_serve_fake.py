@@ -1,0 +1,208 @@
+"""`surge bench serve` against a scripted fake SSE server with known delays."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import BUNDLED_MODEL, SHAREGPT, bench_main
+from fake_server import CHAT_OVERHEAD, Behaviour, FakeServer, encode
+
+from surge.bench.serve import ServeConfig, run_serve
+
+
+def _serve(url: str, *extra: str) -> list[str]:
+    return ["bench", "serve", "--base-url", url, "--disable-tqdm", *extra]
+
+
+def test_measured_latencies_match_the_script(tmp_path: Path) -> None:
+    b = Behaviour(ttft=0.2, itl=0.05)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        rc = bench_main(
+            _serve(s.url, "--input-len", "24", "--output-len", "10", "--num-prompts", "4", "--ignore-eos")
+            + ["--result-file", str(out), "--percentiles", "50,90,99", "--goodput", "ttft:1000", "tpot:500"]
+        )
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert (r["completed"], r["failed"]) == (4, 0)
+    assert r["mean_ttft_ms"] == pytest.approx(200.0, rel=0.10)
+    assert r["mean_itl_ms"] == pytest.approx(50.0, rel=0.10)
+    assert r["mean_tpot_ms"] == pytest.approx(50.0, rel=0.10)
+    assert r["mean_e2el_ms"] == pytest.approx(200.0 + 9 * 50.0, rel=0.10)
+    assert all(len(itl) == 9 for itl in r["itls"])  # one gap per later chunk
+    assert r["output_lens"] == [10] * 4 and r["total_output_tokens"] == 40
+    # chat: the prompt has exactly 24 tokens as a completions prompt; the server's chat count is reported
+    assert r["input_lens"] == [24 + CHAT_OVERHEAD] * 4
+    assert r["output_throughput"] == pytest.approx(40 / r["duration"])
+    assert r["request_goodput"] == pytest.approx(4 / r["duration"])
+    assert r["request_rate"] == "inf" and r["max_concurrency"] is None and r["num_prompts"] == 4
+    assert r["server_models"]["data"][0]["id"] == "fake-model" and r["model_id"] == "fake-model"
+    assert len(r["date"]) == 15 and r["command"].startswith("surge")
+    for k in (
+        "p50_ttft_ms",
+        "p90_itl_ms",
+        "p99_e2el_ms",
+        "std_tpot_ms",
+        "median_itl_ms",
+        "max_output_tokens_per_s",
+    ):
+        assert k in r
+    assert r["roofline_output_throughput"] is None and r["pct_of_roofline"] is None
+    # the warm-up request came first, with a different prompt; all asked for streaming usage and ignore_eos
+    log = b.log
+    assert len(log) == 5
+    prompts = [e["body"]["messages"][0]["content"] for e in log]
+    assert prompts[0] not in prompts[1:]
+    for e in log:
+        body = e["body"]
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        assert body["ignore_eos"] is True and body["max_completion_tokens"] == 10
+    for p in prompts[1:]:
+        assert len(encode(p)) == 24
+
+
+def test_stream_interval_makes_itl_per_chunk() -> None:
+    b = Behaviour(ttft=0.1, itl=0.05, tokens_per_chunk=4)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            endpoint="/v1/completions",
+            input_len=8,
+            output_len=12,
+            num_prompts=2,
+            disable_tqdm=True,
+        )
+        r = run_serve(cfg)
+    assert r["failed"] == 0
+    assert all(len(itl) == 2 for itl in r["itls"])  # 3 chunks of 4 tokens
+    assert r["mean_itl_ms"] == pytest.approx(50.0, rel=0.10)
+    assert r["mean_tpot_ms"] == pytest.approx(2 * 50.0 / 11, rel=0.10)
+    assert r["input_lens"] == [8, 8]
+
+
+def test_failures_are_counted_with_reasons(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = Behaviour(ttft=0.05, itl=0.02, script=["ok", "short", "http500", "stream_error", "no_usage", "ok"])
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        rc = bench_main(
+            _serve(s.url, "--endpoint", "/v1/completions", "--input-len", "8", "--output-len", "10")
+            + [
+                "--num-prompts",
+                "6",
+                "--max-concurrency",
+                "1",
+                "--warmup",
+                "0",
+                "--ignore-eos",
+                "--result-file",
+                str(out),
+            ]
+        )
+    assert rc == 1
+    r = json.loads(out.read_text())
+    assert (r["completed"], r["failed"]) == (3, 3)
+    errs = r["errors"]
+    assert errs[0] == "" and errs[4] == "" and errs[5] == ""
+    assert errs[1] == "completion_tokens 9 != requested 10"
+    assert errs[2].startswith("HTTP 500") and "internal boom" in errs[2]
+    assert errs[3] == "error in stream: engine died"
+    assert r["output_lens"] == [10, 0, 0, 0, 10, 10]  # no_usage: re-tokenized text counts 10
+    # the failed requests' time stays in the duration (concurrency 1: everything ran in sequence)
+    e2e_ok = r["mean_e2el_ms"] * 3 / 1000.0
+    assert r["duration"] > e2e_ok + 0.05 + 8 * 0.02
+    assert "3 failed request(s)" in capsys.readouterr().out
+
+
+def test_exact_length_off_accepts_short_streams() -> None:
+    b = Behaviour(ttft=0.01, itl=0.005, script=["short"])
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            input_len=8,
+            output_len=6,
+            num_prompts=1,
+            warmup=0,
+            exact_length=False,
+            disable_tqdm=True,
+            api_key="sk-test",
+        )
+        r = run_serve(cfg)
+    assert r["failed"] == 0 and r["output_lens"] == [5]
+    assert b.log[0]["auth"] == "Bearer sk-test"
+
+
+def test_poisson_arrivals_and_concurrency_limit() -> None:
+    b = Behaviour(ttft=0.01, itl=0.005)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            input_len=8,
+            output_len=4,
+            num_prompts=8,
+            max_concurrency=2,
+            request_rate=50.0,
+            burstiness=0.5,
+            warmup=0,
+            disable_tqdm=True,
+            save_detailed=True,
+        )
+        r = run_serve(cfg)
+    assert r["completed"] == 8 and r["request_rate"] == 50.0 and r["max_concurrency"] == 2
+    assert len(r["generated_texts"]) == 8 and len(r["e2els"]) == 8
+    starts, ends = r["start_times"], [a + e for a, e in zip(r["start_times"], r["e2els"], strict=True)]
+    for t in starts:  # never more than 2 requests in flight
+        assert sum(1 for a, e in zip(starts, ends, strict=True) if a <= t < e) <= 2
+
+
+def test_sharegpt_dataset_and_local_tokenizer() -> None:
+    b = Behaviour(ttft=0.01, itl=0.001)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            endpoint="/v1/completions",
+            tokenizer=str(BUNDLED_MODEL),
+            dataset="sharegpt",
+            dataset_path=str(SHAREGPT),
+            output_len=4,
+            num_prompts=5,
+            disable_tqdm=True,
+        )
+        r = run_serve(cfg)
+    assert r["completed"] == 5 and r["dataset"] == "sharegpt" and r["tokenizer_id"] == str(BUNDLED_MODEL)
+    sent = [e["body"]["prompt"] for e in b.log[1:]]
+    data = json.loads(SHAREGPT.read_text())
+    firsts = {c["conversations"][0]["value"] for c in data}
+    assert all(p in firsts for p in sent)
+
+
+def test_roofline_column_with_known_gpu() -> None:
+    from surge.bench.roofline import lookup_gpu
+
+    b = Behaviour(ttft=0.01, itl=0.001)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            input_len=8,
+            output_len=4,
+            num_prompts=2,
+            disable_tqdm=True,
+            hardware=lookup_gpu("h200"),
+            model_config=str(BUNDLED_MODEL),
+        )
+        r = run_serve(cfg)
+    assert r["roofline_output_throughput"] > 0 and math.isfinite(r["pct_of_roofline"])
+    assert r["pct_of_roofline"] == pytest.approx(
+        100 * r["output_throughput"] / r["roofline_output_throughput"]
+    )
+    assert r["hardware"]["hbm_bandwidth"] == 4.24e12
+
+
+def test_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from fake_server import free_port
+
+    rc = bench_main(_serve(f"http://127.0.0.1:{free_port()}", "--num-prompts", "1"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("surge: error: cannot reach") and err.count("\n") == 1
