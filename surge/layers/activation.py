@@ -11,5 +11,10 @@ class SiluAndMul(nn.Module):
     """SwiGLU's gate (Shazeer, 2020): ``x [..., 2d] -> silu(x[..., :d]) * x[..., d:]``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, 2d] -> [T, d]``; on CUDA the Triton kernel :func:`surge.kernels.silu_and_mul.silu_and_mul`."""
+        if x.is_cuda and x.dim() == 2:
+            from surge.kernels.silu_and_mul import silu_and_mul
+
+            return silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -35,7 +35,20 @@ class RMSNorm(nn.Module):
         Without ``residual``, returns the normalised ``x``. With it, first forms
         ``s = x + residual`` (in the input dtype, as HF's decoder layers do) and returns
         ``(norm(s), s)``: the normalised sum and the new residual.
+
+        On CUDA this runs the fused Triton kernel :func:`surge.kernels.add_rmsnorm.add_rmsnorm`;
+        the torch code here is its reference and the CPU path.
         """
+        if x.is_cuda:
+            from surge.kernels.add_rmsnorm import add_rmsnorm
+
+            shape = x.shape
+            x2 = x.reshape(-1, shape[-1])
+            res2 = None if residual is None else residual.reshape(-1, shape[-1])
+            out, new_res = add_rmsnorm(x2, self.weight, self.eps, res2)
+            if new_res is None:
+                return out.view(shape)
+            return out.view(shape), new_res.view(shape)
         if residual is None:
             return self._norm(x)
         s = x + residual

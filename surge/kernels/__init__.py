@@ -1,0 +1,1 @@
+"""Triton kernels of the GPU hot path: one kernel per file, each with a typed launcher."""

@@ -1,0 +1,109 @@
+"""Combine split-KV partial attention results (flash-decoding reduce, Triton).
+
+Each split ``s`` of a (token, head) row leaves an unnormalised output ``acc_s``, its
+running max ``m_s`` (log2 domain, scaled scores) and its softmax denominator ``l_s``. The
+exact result is ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s`` with ``M = max_s m_s``
+(Dao et al., "Flash-Decoding for long-context inference", 2023).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _attention_reduce_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    s_valid = offs_s < NUM_SPLITS
+    d_valid = offs_d < HEAD_DIM
+    out_row = out_ptr + token * stride_ot + head * stride_oh + offs_d
+    num_real = tl.load(query_start_loc_ptr + num_seqs)
+    if token >= num_real:
+        tl.store(out_row, tl.zeros([HEAD_DIM_PAD], dtype=tl.float32).to(out_ptr.dtype.element_ty), d_valid)
+        return
+    row = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_m_ptr + row, mask=s_valid, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + row, mask=s_valid, other=0.0)
+    acc = tl.load(
+        part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - m_max)
+    denom = tl.sum(w * l_s, 0)
+    num = tl.sum(w[:, None] * acc, 0)
+    denom = tl.where(denom > 0.0, denom, 1.0)
+    tl.store(out_row, (num / denom).to(out_ptr.dtype.element_ty), mask=d_valid)
+
+
+def attention_reduce(
+    part_out: torch.Tensor,
+    part_m: torch.Tensor,
+    part_l: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Merge split-KV partials into the final attention output.
+
+    Args:
+        part_out: ``[num_tokens, num_heads, num_splits, head_dim]`` fp32 contiguous,
+            unnormalised per-split outputs.
+        part_m: ``[num_tokens, num_heads, num_splits]`` fp32 contiguous, per-split running
+            max in the log2 domain (a split that saw no key holds a very negative value).
+        part_l: ``[num_tokens, num_heads, num_splits]`` fp32 contiguous, per-split softmax
+            denominators (0 for an empty split).
+        query_start_loc: ``[num_seqs + 1]`` int32; rows ``>= query_start_loc[-1]`` are
+            padding and get zeros.
+        out: ``[num_tokens, num_heads, head_dim]`` output (any float dtype, last dim
+            contiguous), written in place.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: if the partial buffers are not contiguous or shapes disagree.
+    """
+    num_tokens, num_heads, num_splits, head_dim = part_out.shape
+    if not (part_out.is_contiguous() and part_m.is_contiguous() and part_l.is_contiguous()):
+        raise ValueError("partial buffers must be contiguous")
+    if part_m.shape != (num_tokens, num_heads, num_splits) or part_l.shape != part_m.shape:
+        raise ValueError(f"part_m/part_l shape {tuple(part_m.shape)} does not match part_out")
+    if out.shape != (num_tokens, num_heads, head_dim) or out.stride(2) != 1:
+        raise ValueError(f"out shape {tuple(out.shape)} does not match part_out")
+    _attention_reduce_kernel[(num_tokens, num_heads)](
+        out,
+        part_out,
+        part_m,
+        part_l,
+        query_start_loc,
+        query_start_loc.shape[0] - 1,
+        num_heads,
+        out.stride(0),
+        out.stride(1),
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,40 @@
+"""Test-only fixes for two bugs of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
+
+1. Scalars are 1-element arrays converted with ``int(array)``, which NumPy >= 2.4 rejects
+   ("only 0-dimensional arrays can be converted to Python scalars"), so every loop with a
+   run-time bound fails. Upstream fix: triton-lang/triton#9172 (issue #9171).
+2. ``x.to(tl.bfloat16)`` from fp32 truncates the mantissa, while the GPU (and torch) round to
+   nearest even; kernels that emulate torch's bf16 roundings would drift by one ulp per cast.
+
+Both patches touch the interpreter only; compiled GPU kernels are unaffected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton.language as tl
+from triton.runtime import interpreter
+
+
+def apply() -> None:
+    """Patch the interpreter in place (call once, before any kernel runs)."""
+    original_patch = interpreter._patch_lang_tensor
+    original_cast = interpreter.InterpreterBuilder.cast_impl
+
+    def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
+        original_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    def cast_impl(
+        self: interpreter.InterpreterBuilder, src: interpreter.TensorHandle, dst_type: tl.dtype
+    ) -> interpreter.TensorHandle:
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            as_bf16 = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+            return interpreter.TensorHandle(
+                as_bf16.view(torch.int16).numpy().view(np.uint16), dst_type.scalar
+            )
+        return original_cast(self, src, dst_type)
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter.InterpreterBuilder.cast_impl = cast_impl

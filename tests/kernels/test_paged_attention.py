@@ -1,0 +1,169 @@
+"""Paged attention (single pass and split-KV) vs a plain torch oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surge.kernels.paged_attention import AttentionTileConfig, choose_num_splits, paged_attention
+from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
+from tests.kernels.attn_utils import make_batch, reference_attention
+
+# Mixed step: a prefill chunk over 16 cached tokens, decodes (one at a block boundary, one
+# with a single-token context), and a whole 7-token prefill.
+MIXED_Q_LENS = [5, 1, 1, 7, 1]
+MIXED_SEQ_LENS = [21, 37, 1, 7, 16]
+SMALL_TILE = AttentionTileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+
+
+def _run(
+    group: int,
+    head_dim: int,
+    num_splits: int,
+    config: AttentionTileConfig | None,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    q_lens: list[int] = MIXED_Q_LENS,
+    seq_lens: list[int] = MIXED_SEQ_LENS,
+    num_kv_heads: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = make_batch(
+        q_lens,
+        seq_lens,
+        num_kv_heads * group,
+        num_kv_heads,
+        head_dim,
+        dtype=dtype,
+        device=device,
+        num_pad_tokens=2,
+    )
+    md = batch.metadata
+    torch_write_kv_cache(batch.k, batch.v, batch.k_cache, batch.v_cache, md.slot_mapping)
+    scale = head_dim**-0.5
+    out = paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        scale,
+        num_splits=num_splits,
+        max_query_len=md.max_query_len,
+        config=config,
+    )
+    return out[: md.num_tokens].float(), reference_attention(batch, scale)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_mixed_batch_fp16(group: int, head_dim: int, num_splits: int) -> None:
+    out, ref = _run(group, head_dim, num_splits, None, torch.float16)
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("group", [1, 4])
+def test_small_tiles_many_q_tiles_and_kv_steps(group: int, num_splits: int) -> None:
+    """16-row tiles split the prefills over several query tiles and 16-wide KV steps."""
+    out, ref = _run(group, 64, num_splits, SMALL_TILE, torch.float16)
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
+
+
+def test_fp32_exact_precision() -> None:
+    out, ref = _run(2, 64, 1, None, torch.float32)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_pure_decode_split_matches_single_pass() -> None:
+    q_lens, seq_lens = [1, 1, 1], [50, 3, 33]
+    one, ref = _run(4, 64, 1, None, torch.float16, q_lens=q_lens, seq_lens=seq_lens)
+    many, _ = _run(4, 64, 8, None, torch.float16, q_lens=q_lens, seq_lens=seq_lens)
+    torch.testing.assert_close(one, ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(many, ref, atol=2e-3, rtol=2e-3)
+
+
+def test_split_path_zeroes_padding_rows() -> None:
+    batch = make_batch([2, 1], [9, 4], 4, 2, 64, dtype=torch.float16, num_pad_tokens=3)
+    md = batch.metadata
+    torch_write_kv_cache(batch.k, batch.v, batch.k_cache, batch.v_cache, md.slot_mapping)
+    out = torch.full_like(batch.q, float("nan"))
+    paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        0.125,
+        out,
+        num_splits=2,
+    )
+    assert torch.all(out[md.num_tokens :] == 0)
+    assert not torch.isnan(out[: md.num_tokens]).any()
+
+
+def test_rejects_bad_shapes() -> None:
+    batch = make_batch([1], [4], 4, 2, 64)
+    md = batch.metadata
+    with pytest.raises(ValueError):
+        paged_attention(
+            batch.q[:, :3], batch.k_cache, batch.v_cache, md.query_start_loc, md.seq_lens, md.block_table, 1.0
+        )
+    with pytest.raises(ValueError):
+        paged_attention(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            1.0,
+            num_splits=0,
+        )
+
+
+def test_choose_num_splits() -> None:
+    # Prefill or mixed steps and unknown lengths never split.
+    assert choose_num_splits(1, 8, 7, 8192, 132) == 1
+    assert choose_num_splits(1, 8, 1, None, 132) == 1
+    # Enough programs already: no split.
+    assert choose_num_splits(64, 8, 1, 4096, 132) == 1
+    # Batch 1, long context: many splits, a power of 2, bounded.
+    s = choose_num_splits(1, 8, 1, 4096, 132)
+    assert s > 1 and s & (s - 1) == 0 and s <= 32
+    # Short contexts do not split.
+    assert choose_num_splits(1, 8, 1, 200, 132) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_gpu_qwen3_8b_shapes(num_splits: int) -> None:
+    """32 q heads, 8 KV heads, head_dim 128, bf16, contexts up to 8192, mixed step."""
+    q_lens = [300, 1, 1, 1, 1, 64, 1]
+    seq_lens = [1324, 8192, 4000, 17, 1, 64, 2049]
+    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", q_lens, seq_lens, num_kv_heads=8)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_splits", [1, 16])
+def test_gpu_decode_batch(num_splits: int) -> None:
+    seq_lens = [8192, 4096, 1, 777, 16, 4097, 2048, 3000]
+    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", [1] * len(seq_lens), seq_lens, 8)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp32_long_prefill() -> None:
+    out, ref = _run(4, 128, 1, None, torch.float32, "cuda", [2048, 1], [4096, 300], 8)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_non_power_of_two_head_dim() -> None:
+    out, ref = _run(2, 96, 2, None, torch.float16)
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)

@@ -1,0 +1,99 @@
+"""TritonAttentionBackend vs the torch reference backend (cache writes and outputs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surge.layers.torch_attention import TorchAttentionBackend
+from surge.layers.triton_attention import TritonAttentionBackend
+from tests.kernels.attn_utils import make_batch, reference_attention
+
+
+def _compare(
+    q_lens: list[int],
+    seq_lens: list[int],
+    backend: TritonAttentionBackend,
+    dtype: torch.dtype,
+    device: str,
+    num_kv_heads: int = 2,
+    group: int = 2,
+    head_dim: int = 64,
+    tol: float = 2e-3,
+) -> None:
+    batch = make_batch(
+        q_lens,
+        seq_lens,
+        num_kv_heads * group,
+        num_kv_heads,
+        head_dim,
+        dtype=dtype,
+        device=device,
+        num_pad_tokens=3,
+    )
+    md = batch.metadata
+    kc_ref, vc_ref = batch.k_cache.clone(), batch.v_cache.clone()
+    scale = head_dim**-0.5
+    ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, kc_ref, vc_ref, md, scale)
+    out = backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, md, scale)
+    assert torch.equal(batch.k_cache, kc_ref) and torch.equal(batch.v_cache, vc_ref)
+    n = md.num_tokens
+    torch.testing.assert_close(out[:n].float(), ref[:n].float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_mixed_prefill_and_decode(split_kv: bool) -> None:
+    _compare(
+        [6, 1, 1, 3],
+        [22, 40, 2, 3],
+        TritonAttentionBackend(num_sms=132, split_kv=split_kv),
+        torch.float16,
+        "cpu",
+    )
+
+
+def test_decode_takes_split_path_and_matches() -> None:
+    # 8 programs on a 132-SM GPU with 1000-token contexts: the heuristic splits.
+    backend = TritonAttentionBackend(num_sms=132)
+    batch = make_batch([1, 1], [1000, 300], 4, 2, 64)
+    assert backend.num_splits(batch.metadata, 2) > 1
+    _compare([1, 1], [300, 17], TritonAttentionBackend(num_sms=132), torch.float16, "cpu")
+
+
+def test_num_splits_off_and_for_prefill() -> None:
+    batch = make_batch([5, 1], [1000, 900], 4, 2, 64)
+    assert TritonAttentionBackend(num_sms=132).num_splits(batch.metadata, 2) == 1
+    decode = make_batch([1], [1000], 4, 2, 64)
+    assert TritonAttentionBackend(num_sms=132, split_kv=False).num_splits(decode.metadata, 2) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_gpu_qwen3_8b_backend(split_kv: bool) -> None:
+    backend = TritonAttentionBackend(split_kv=split_kv)
+    _compare([1, 1, 1], [8192, 5000, 33], backend, torch.bfloat16, "cuda", 8, 4, 128, tol=2e-2)
+    _compare([512, 1, 1], [2560, 4096, 100], backend, torch.bfloat16, "cuda", 8, 4, 128, tol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_cuda_graph_replay() -> None:
+    """Capture a decode step in a CUDA graph, change the metadata in place, replay."""
+    backend = TritonAttentionBackend()
+    batch = make_batch([1] * 4, [4096, 3000, 17, 2048], 32, 8, 128, dtype=torch.bfloat16, device="cuda")
+    md = batch.metadata
+    md.max_seq_len = 8192  # the graph's worst case
+    out = backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, md, 128**-0.5)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, md, 128**-0.5)
+    # New step: contexts grow by one token, new queries.
+    new = make_batch([1] * 4, [4096, 3000, 17, 2048], 32, 8, 128, dtype=torch.bfloat16, device="cuda", seed=7)
+    batch.q.copy_(new.q)
+    md.seq_lens.copy_(torch.tensor([4000, 3001, 18, 1], dtype=torch.int32, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    md.seq_lens_cpu = [4000, 3001, 18, 1]
+    ref = reference_attention(batch, 128**-0.5)
+    torch.testing.assert_close(out[:4].float(), ref, atol=2e-2, rtol=2e-2)
