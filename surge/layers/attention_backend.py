@@ -53,6 +53,10 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+    fuses_rope_kv_write: bool = False
+    """True when the caller may write K/V itself (fused with rotary) and pass ``write_kv=False``."""
+    cuda_graph_safe: bool = False
+    """True when ``forward`` has no host syncs and fixed grids, so it can be captured."""
 
     @abstractmethod
     def forward(
@@ -64,8 +68,10 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        write_kv: bool = True,
     ) -> torch.Tensor:
-        """Write ``k``/``v`` at ``metadata.slot_mapping`` and attend.
+        """Write ``k``/``v`` at ``metadata.slot_mapping`` (unless ``write_kv`` is False because
+        the caller already wrote them) and attend.
 
         Args:
             q: ``[num_tokens, num_heads, head_dim]`` queries (rotary already applied).

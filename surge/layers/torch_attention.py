@@ -62,10 +62,12 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        write_kv: bool = True,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Padding rows of the output are zero."""
         n = metadata.num_tokens
-        write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
+        if write_kv:
+            write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
         out = torch.zeros_like(q)
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = k_cache.shape[2]

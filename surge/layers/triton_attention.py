@@ -33,6 +33,8 @@ class TritonAttentionBackend(AttentionBackend):
     """
 
     name = "triton"
+    fuses_rope_kv_write = True
+    cuda_graph_safe = True
 
     def __init__(self, num_sms: int | None = None, max_num_splits: int = 32, split_kv: bool = True) -> None:
         if num_sms is None:
@@ -67,6 +69,7 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        write_kv: bool = True,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`.
 
@@ -74,7 +77,8 @@ class TritonAttentionBackend(AttentionBackend):
         Padding rows (beyond ``query_start_loc[-1]``) are unspecified.
         """
         n = metadata.num_tokens
-        write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n])
+        if write_kv:
+            write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n])
         return paged_attention(
             q,
             k_cache,

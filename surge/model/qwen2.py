@@ -7,6 +7,7 @@ from torch import nn
 
 from surge.config import ModelConfig
 from surge.layers.activation import SiluAndMul
+from surge.layers.attention import Attention
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from surge.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -43,8 +44,7 @@ class Qwen2Attention(nn.Module):
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
-        self.scale = cfg.head_dim**-0.5
-        self.rotary = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, rotary)
 
     def forward(
         self,
@@ -55,15 +55,9 @@ class Qwen2Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """``hidden [T, hidden] -> [T, hidden]``; writes this layer's K/V into ``kv_cache``."""
-        t = hidden.shape[0]
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return self.o_proj(self.attn(positions, q, k, v, kv_cache, metadata, backend))
 
 
 class Qwen2MLP(nn.Module):

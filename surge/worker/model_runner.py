@@ -1,7 +1,16 @@
-"""ModelRunner: SchedulerOutput -> input tensors -> forward -> logits -> sampled tokens."""
+"""ModelRunner: SchedulerOutput -> input tensors -> forward -> logits -> sampled tokens.
+
+The GPU hot path: inputs are prepared on the host with numpy into one pinned buffer and
+copied with one ``non_blocking`` copy (:mod:`surge.worker.input_batch`); pure-decode steps
+replay a CUDA graph of their batch-size bucket (:mod:`surge.worker.cuda_graph`); all-greedy
+batches sample with one argmax, and other batches reuse their sampling tensors while the
+batch composition is unchanged. The only host sync of a step is the copy of the sampled
+ids back.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +24,14 @@ from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
 from surge.request import Request
 from surge.sampling_params import SamplingParams
+from surge.worker.cuda_graph import (
+    CUDA_GRAPH_MEMORY_RESERVE,
+    DecodeGraphRunner,
+    decode_buckets,
+    use_cuda_graphs,
+)
+from surge.worker.input_batch import InputPreparer, PreparedInputs
+from surge.worker.sampling_state import StepSampler
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -40,37 +57,39 @@ class InputBatch:
     sample_requests: list[Request]
 
 
-class _PenaltyState:
-    """Penalty inputs of one request, updated incrementally: output token counts ``[V]``
-    float32 over the first ``num_counted`` outputs, and the prompt's token mask ``[V]``."""
+@dataclass
+class StepTiming:
+    """Where the time of the last :meth:`ModelRunner.execute` went (when timing is on).
 
-    __slots__ = ("counts", "prompt_mask", "num_counted")
+    Attributes:
+        prepare_s: host seconds building and copying the inputs.
+        launch_s: host seconds launching the forward, logits and sampler (graph replay or
+            eager kernels), up to the wait for the sampled ids.
+        sync_s: host seconds blocked waiting for the sampled ids.
+        device_s: CUDA-event seconds from just after the input copy was queued to the
+            sampled ids' copy (the device span of the step; on CPU the wall time of
+            launch + sync).
+        graph_bucket: the CUDA-graph bucket replayed, or None for an eager step.
+        num_tokens, num_seqs: real tokens and sequences of the step.
+    """
 
-    def __init__(self, request: Request, vocab_size: int, device: torch.device) -> None:
-        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-        self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        ids = [t for t in request.prompt_token_ids if 0 <= t < vocab_size]
-        if ids:
-            self.prompt_mask[torch.tensor(ids, device=device)] = True
-        self.num_counted = 0
-
-    def update(self, output_token_ids: list[int], vocab_size: int) -> None:
-        if len(output_token_ids) < self.num_counted:  # outputs were reset: count again
-            self.counts.zero_()
-            self.num_counted = 0
-        new = [t for t in output_token_ids[self.num_counted :] if 0 <= t < vocab_size]
-        if new:
-            idx = torch.tensor(new, device=self.counts.device)
-            self.counts.index_add_(0, idx, torch.ones(len(new), device=self.counts.device))
-        self.num_counted = len(output_token_ids)
+    prepare_s: float
+    launch_s: float
+    sync_s: float
+    device_s: float
+    graph_bucket: int | None
+    num_tokens: int
+    num_seqs: int
 
 
 class ModelRunner:
     """Runs the model for one step's batch and samples its tokens.
 
     Args:
-        config: the engine configuration (model, cache, limits, device, seed).
-        attn_backend: the attention implementation; the torch reference backend by default.
+        config: the engine configuration (model, cache, limits, device, seed,
+            ``enforce_eager``).
+        attn_backend: the attention implementation; by default the Triton backend on CUDA
+            (imported lazily) and the torch reference backend on CPU.
         tp_rank: this worker's tensor-parallel rank (the world size is
             ``config.parallel.tensor_parallel_size``; rank 0 by default).
 
@@ -79,6 +98,10 @@ class ModelRunner:
         kv_caches: per layer ``(k_cache, v_cache)``, each
             ``[num_blocks, block_size, num_kv_heads_local, head_dim]``; empty until
             :meth:`init_kv_cache`.
+        graph_runner: the decode CUDA graphs (None on CPU, with ``enforce_eager`` or a
+            backend that is not graph safe); captured by :meth:`init_kv_cache`.
+        last_timing: the :class:`StepTiming` of the last step when timing is on
+            (:meth:`set_timing`), else None.
 
     Raises:
         ValueError: the model cannot be built or loaded (see :func:`load_model`).
@@ -93,35 +116,37 @@ class ModelRunner:
         self.tp_size = config.parallel.tensor_parallel_size
         mc = config.model
         self.model = load_model(mc, self.device, tp_rank, self.tp_size)
-        self.attn_backend: AttentionBackend = attn_backend or TorchAttentionBackend()
+        self.attn_backend: AttentionBackend = attn_backend or default_attention_backend(self.device)
         self.sampler = Sampler(config.seed, self.device)
         self.vocab_size = mc.vocab_size
         self.block_size = config.cache.block_size
         self.num_kv_heads = max(1, mc.num_key_value_heads // self.tp_size)
         self.kv_caches: list[KVCache] = []
-        self._penalty_states: dict[str, _PenaltyState] = {}
-        self._zero_counts: torch.Tensor | None = None
-        self._zero_mask: torch.Tensor | None = None
+        self.step_sampler = StepSampler(self.sampler, self.vocab_size, self.device)
+        self._penalty_states = self.step_sampler.penalty_states
 
         sc = config.scheduler
         self.max_num_tokens = sc.max_num_batched_tokens
         self.max_num_seqs = sc.max_num_seqs
         self.max_blocks_per_seq = -(-sc.max_model_len // self.block_size)
-        pin = self.device.type == "cuda"
-
-        def buf(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, pin_memory=pin)
-
-        self._input_ids = buf(self.max_num_tokens, dtype=torch.int64)
-        self._positions = buf(self.max_num_tokens, dtype=torch.int64)
-        self._slot_mapping = buf(self.max_num_tokens, dtype=torch.int64)
-        self._query_start_loc = buf(self.max_num_seqs + 1, dtype=torch.int32)
-        self._seq_lens = buf(self.max_num_seqs, dtype=torch.int32)
-        # Flat, so that the [num_seqs, width] view of a step is contiguous.
-        self._block_table = buf(self.max_num_seqs * self.max_blocks_per_seq, dtype=torch.int32)
-        # On CUDA, the host must not refill the pinned buffers before the previous step's
-        # asynchronous copies out of them have run.
-        self._copy_done = torch.cuda.Event() if pin else None
+        self.graph_runner: DecodeGraphRunner | None = None
+        if use_cuda_graphs(config, self.attn_backend):
+            self.graph_runner = DecodeGraphRunner(
+                self._forward,
+                self.device,
+                decode_buckets(self.max_num_seqs, self.max_num_tokens),
+                self.max_blocks_per_seq,
+                sc.max_model_len,
+            )
+        self.inputs = InputPreparer(
+            self.device, self.max_num_tokens, self.max_num_seqs, self.block_size, sc.max_model_len
+        )
+        cuda = self.device.type == "cuda"
+        self._sampled_host = torch.zeros(self.max_num_seqs, dtype=torch.int64, pin_memory=cuda)
+        self._sampled_ready = torch.cuda.Event() if cuda else None
+        self._timing_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self._timing = False
+        self.last_timing: StepTiming | None = None
 
     # ----------------------------------------------------------------- KV cache sizing
 
@@ -137,9 +162,11 @@ class ModelRunner:
         ``cache.num_kv_blocks`` when set. Otherwise on CPU ``cache.cpu_kv_cache_bytes //
         bytes_per_block``; on CUDA a profiling forward pass at the full token budget (plus
         the sampler on ``max_num_seqs`` rows) measures peak activation memory, and the pool
-        gets what is left under ``gpu_memory_utilization`` of the device's memory. Capped
-        at ``max_num_seqs * ceil(max_model_len / block_size)`` blocks, all that could ever
-        be used.
+        gets ``gpu_memory_utilization`` of the device's memory minus what is in use
+        (weights, buffers, other processes), minus that peak, minus
+        :data:`CUDA_GRAPH_MEMORY_RESERVE` when decode graphs will be captured. Capped at
+        ``max_num_seqs * ceil(max_model_len / block_size)`` blocks, all that could ever be
+        used.
 
         Raises:
             ValueError: not even one block fits.
@@ -149,6 +176,8 @@ class ModelRunner:
             return cache.num_kv_blocks
         if self.device.type == "cuda":
             available = self._profile_available_bytes()
+            if self.graph_runner is not None:
+                available -= CUDA_GRAPH_MEMORY_RESERVE
         else:
             available = cache.cpu_kv_cache_bytes
         num_blocks = min(int(available // self.bytes_per_block), self.max_num_seqs * self.max_blocks_per_seq)
@@ -162,6 +191,7 @@ class ModelRunner:
 
     def _profile_available_bytes(self) -> int:
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         used_before = total - free
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -221,7 +251,7 @@ class ModelRunner:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate per-layer K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
-        (zeros, model dtype) on the device."""
+        (zeros, model dtype) on the device, then capture the decode CUDA graphs (when on)."""
         mc = self.config.model
         shape = (num_blocks, self.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_caches = [
@@ -231,8 +261,19 @@ class ModelRunner:
             )
             for _ in range(mc.num_hidden_layers)
         ]
+        if self.graph_runner is not None:
+            self.graph_runner.capture()
 
     # ----------------------------------------------------------------- one step
+
+    def set_timing(self, enabled: bool) -> None:
+        """Record a :class:`StepTiming` per step in :attr:`last_timing` (adds CUDA events
+        and host timers; off by default)."""
+        self._timing = enabled
+        if enabled and self.device.type == "cuda" and self._timing_events is None:
+            self._timing_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        if not enabled:
+            self.last_timing = None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         """Run one step and sample a token for every scheduled request with ``sample=True``.
@@ -245,20 +286,117 @@ class ModelRunner:
             ValueError: the step exceeds ``max_num_batched_tokens`` / ``max_num_seqs`` or a
                 request's block table is too short for its tokens.
         """
-        for request_id in scheduler_output.finished_request_ids:
-            self._penalty_states.pop(request_id, None)
+        t0 = time.perf_counter()
+        self.step_sampler.drop(scheduler_output.finished_request_ids)
+        self.inputs.drop(scheduler_output.finished_request_ids)
+        self.inputs.drop(scheduler_output.preempted_request_ids)
         if scheduler_output.is_empty:
             return ModelOutput()
         if not self.kv_caches:
             raise RuntimeError("init_kv_cache() must be called before execute()")
-        batch = self.prepare_inputs(scheduler_output)
+        inputs = self._prepare(scheduler_output)
+        t1 = time.perf_counter()
+        events = self._timing_events if self._timing else None
+        if events is not None:
+            events[0].record()
         with torch.inference_mode():
-            hidden = self._forward(batch.input_ids, batch.positions, batch.metadata)
-            if not batch.sample_requests:
-                return ModelOutput()
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
-            tokens = self.sampler(logits, self._sampling_metadata(batch.sample_requests)).tolist()
-        return ModelOutput({r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)})
+            logits = self._logits(inputs)
+            requests = inputs.sample_requests
+            if logits is None:  # nothing samples: no sync, unless timing wants the span
+                tokens: list[int] = []
+                if events is not None:
+                    events[1].record()
+                    events[1].synchronize()
+            else:
+                sampled = self.step_sampler.sample(logits, requests)
+                t2 = time.perf_counter()
+                tokens = self._to_host(sampled, events)
+        t3 = time.perf_counter()
+        if logits is None:
+            t2 = t3
+        if self._timing:
+            device_s = (t3 - t1) if events is None else events[0].elapsed_time(events[1]) / 1e3
+            self.last_timing = StepTiming(
+                prepare_s=t1 - t0,
+                launch_s=t2 - t1,
+                sync_s=t3 - t2,
+                device_s=device_s,
+                graph_bucket=inputs.padded_seqs if self._graph_step(inputs) else None,
+                num_tokens=inputs.num_tokens,
+                num_seqs=inputs.num_seqs,
+            )
+        return ModelOutput(dict(zip([r.request_id for r in requests], tokens, strict=True)))
+
+    def compute_logits(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor | None, list[Request]]:
+        """Run one step's forward (writing its K/V) and return the logits of the sampled rows.
+
+        Takes the same path as :meth:`execute` (CUDA graph for pure decode when on) but
+        does not sample: for tests and debugging.
+
+        Returns:
+            ``(logits [S, vocab_size] float32 or None when nothing samples, the S requests)``.
+        """
+        self.inputs.drop(scheduler_output.finished_request_ids)
+        self.inputs.drop(scheduler_output.preempted_request_ids)
+        if scheduler_output.is_empty:
+            return None, []
+        inputs = self._prepare(scheduler_output)
+        with torch.inference_mode():
+            return self._logits(inputs), inputs.sample_requests
+
+    def _prepare(self, scheduler_output: SchedulerOutput) -> PreparedInputs:
+        pad = self.graph_runner.bucket_for if self.graph_runner is not None else None
+        return self.inputs.prepare(scheduler_output, pad)
+
+    def _graph_step(self, inputs: PreparedInputs) -> bool:
+        """Whether this step replays a decode graph (pure decode, padded to a bucket)."""
+        runner = self.graph_runner
+        return runner is not None and inputs.max_query_len == 1 and inputs.padded_seqs in runner.buckets
+
+    def _logits(self, inputs: PreparedInputs) -> torch.Tensor | None:
+        """Forward (graph replay or eager) and the LM head over the sampled rows."""
+        if self._graph_step(inputs):
+            assert self.graph_runner is not None
+            hidden = self.graph_runner.run(inputs)
+        else:
+            hidden = self._forward(inputs.input_ids, inputs.positions, self._metadata(inputs))
+        if not inputs.sample_requests:
+            return None
+        if inputs.all_rows_sample:
+            rows = hidden[: inputs.num_seqs]
+        else:
+            rows = hidden[inputs.logits_indices]
+        return self.model.compute_logits(rows)
+
+    def _to_host(
+        self, sampled: torch.Tensor, events: tuple[torch.cuda.Event, torch.cuda.Event] | None
+    ) -> list[int]:
+        """Copy the sampled ids back: the step's only host sync."""
+        if self._sampled_ready is None:
+            return sampled.tolist()
+        n = sampled.shape[0]
+        host = self._sampled_host[:n]
+        host.copy_(sampled, non_blocking=True)
+        if events is not None:
+            events[1].record()
+        self._sampled_ready.record()
+        self._sampled_ready.synchronize()
+        return host.tolist()
+
+    @staticmethod
+    def _metadata(inputs: PreparedInputs) -> AttentionMetadata:
+        return AttentionMetadata(
+            num_tokens=inputs.num_tokens,
+            num_seqs=inputs.num_seqs,
+            query_start_loc=inputs.query_start_loc[: inputs.num_seqs + 1],
+            seq_lens=inputs.seq_lens[: inputs.num_seqs],
+            block_table=inputs.block_table,
+            slot_mapping=inputs.slot_mapping[: inputs.num_tokens],
+            max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len,
+            query_start_loc_cpu=inputs.query_start_loc_cpu[: inputs.num_seqs + 1],
+            seq_lens_cpu=inputs.seq_lens_cpu[: inputs.num_seqs],
+        )
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
@@ -270,122 +408,31 @@ class ModelRunner:
         return self.model(input_ids, positions, self.kv_caches, metadata, self.attn_backend)
 
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> InputBatch:
-        """Lay the step's tokens out back to back and build the attention metadata.
+        """Lay the step's tokens out back to back and build the attention metadata (eager
+        layout, never padded).
 
         Request ``i`` contributes tokens ``[num_computed_tokens, num_computed_tokens +
         num_new_tokens)`` of its prompt + output. Host work is one Python iteration per
-        request (not per token) into preallocated (pinned on CUDA) buffers.
+        request (not per token) into a preallocated (pinned on CUDA) buffer.
+
+        Raises:
+            ValueError: see :meth:`execute`.
         """
-        scheduled = scheduler_output.scheduled
-        num_seqs = len(scheduled)
-        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
-        starts = np.fromiter(
-            (s.request.num_computed_tokens for s in scheduled), dtype=np.int64, count=num_seqs
-        )
-        num_tokens = int(q_lens.sum())
-        if num_tokens > self.max_num_tokens or num_seqs > self.max_num_seqs:
-            raise ValueError(
-                f"step of {num_tokens} tokens / {num_seqs} sequences exceeds max_num_batched_tokens="
-                f"{self.max_num_tokens} / max_num_seqs={self.max_num_seqs}"
-            )
-        seq_lens = starts + q_lens
-        bs = self.block_size
-        num_blocks = -(-seq_lens // bs)
-        width = int(num_blocks.max())
-        if width > self.max_blocks_per_seq:
-            raise ValueError(f"a sequence of {int(seq_lens.max())} tokens exceeds max_model_len")
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-        ids_np = self._input_ids.numpy()
-        block_table = self._block_table[: num_seqs * width].view(num_seqs, width)
-        bt_np = block_table.numpy()
-        bt_np[:] = 0
-        t = 0
-        for i, s in enumerate(scheduled):
-            req = s.request
-            n = s.num_new_tokens
-            start = req.num_computed_tokens
-            ids_np[t : t + n] = req.token_ids_slice(start, start + n)
-            t += n
-            nb = int(num_blocks[i])
-            if len(req.block_ids) < nb:
-                raise ValueError(
-                    f"request {req.request_id!r} has {len(req.block_ids)} KV blocks, needs {nb} "
-                    f"for {int(seq_lens[i])} tokens"
-                )
-            bt_np[i, :nb] = req.block_ids[:nb]
-        cu = self._query_start_loc.numpy()
-        cu[0] = 0
-        cu[1 : num_seqs + 1] = np.cumsum(q_lens)
-        rows = np.repeat(np.arange(num_seqs), q_lens)
-        positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - cu[:num_seqs], q_lens)
-        self._positions.numpy()[:num_tokens] = positions
-        self._slot_mapping.numpy()[:num_tokens] = (
-            bt_np[rows, positions // bs].astype(np.int64) * bs + positions % bs
-        )
-        self._seq_lens.numpy()[:num_seqs] = seq_lens
-
-        sample_idx = [i for i, s in enumerate(scheduled) if s.sample]
-        logits_indices = cu[1:][sample_idx].astype(np.int64) - 1
-        dev = self.device
-
-        def to_dev(x: torch.Tensor) -> torch.Tensor:
-            return x.to(dev, non_blocking=True)
-
-        metadata = AttentionMetadata(
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-            query_start_loc=to_dev(self._query_start_loc[: num_seqs + 1]),
-            seq_lens=to_dev(self._seq_lens[:num_seqs]),
-            block_table=to_dev(block_table),
-            slot_mapping=to_dev(self._slot_mapping[:num_tokens]),
-            max_query_len=int(q_lens.max()),
-            max_seq_len=int(seq_lens.max()),
-            query_start_loc_cpu=cu[: num_seqs + 1].tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
-        )
-        batch = InputBatch(
-            input_ids=to_dev(self._input_ids[:num_tokens]),
-            positions=to_dev(self._positions[:num_tokens]),
-            metadata=metadata,
-            logits_indices=torch.from_numpy(logits_indices).to(dev, non_blocking=True),
-            sample_requests=[scheduled[i].request for i in sample_idx],
-        )
-        if self._copy_done is not None:
-            self._copy_done.record()
-        return batch
-
-    def _sampling_metadata(self, requests: list[Request]) -> SamplingMetadata:
-        params = [r.sampling_params for r in requests]
-        penalty = None
-        if any(p.has_penalties for p in params):
-            penalty = self._penalty_tensors(requests)
-        return SamplingMetadata.build(
-            params,
-            [r.prompt_token_ids for r in requests],
-            [r.output_token_ids for r in requests],
-            [r.eos_token_ids for r in requests],
-            self.vocab_size,
-            self.device,
-            penalty_tensors=penalty,
+        inputs = self.inputs.prepare(scheduler_output)
+        return InputBatch(
+            input_ids=inputs.input_ids,
+            positions=inputs.positions,
+            metadata=self._metadata(inputs),
+            logits_indices=inputs.logits_indices,
+            sample_requests=inputs.sample_requests,
         )
 
-    def _penalty_tensors(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stack ``(output_token_counts [B, V], prompt_mask [B, V])`` from the per-request
-        incremental state (zero rows for requests without penalties)."""
-        if self._zero_counts is None:
-            self._zero_counts = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
-            self._zero_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-        counts, masks = [], []
-        for r in requests:
-            if not r.sampling_params.has_penalties:
-                counts.append(self._zero_counts)
-                masks.append(self._zero_mask)
-                continue
-            state = self._penalty_states.get(r.request_id)
-            if state is None:
-                state = self._penalty_states[r.request_id] = _PenaltyState(r, self.vocab_size, self.device)
-            state.update(r.output_token_ids, self.vocab_size)
-            counts.append(state.counts)
-            masks.append(state.prompt_mask)
-        return torch.stack(counts), torch.stack(masks)
+
+def default_attention_backend(device: torch.device) -> AttentionBackend:
+    """The Triton backend on CUDA (imported here, so CPU hosts never need it), the torch
+    reference backend elsewhere."""
+    if device.type == "cuda":
+        from surge.layers.triton_attention import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    return TorchAttentionBackend()

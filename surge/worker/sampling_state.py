@@ -1,0 +1,145 @@
+"""Per-step sampling state of the runner: incremental penalty inputs and the sampling
+tensors of an unchanged batch composition.
+
+Decode batches rarely change from one step to the next, so the per-row tensors of
+:class:`~surge.layers.sampler.SamplingMetadata` are built once per batch composition (the
+tuple of sampled request ids) and reused; an all-greedy batch needs none and is one
+argmax. Rows whose inputs change every step (penalties, per-request seeds, ``min_tokens``)
+make the batch rebuild its metadata every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from surge.layers.sampler import Sampler, SamplingMetadata
+from surge.request import Request
+from surge.sampling_params import SamplingParams
+
+_GREEDY_EPS = 1e-5
+
+
+def needs_fresh_sampling_tensors(p: SamplingParams) -> bool:
+    """Whether a request's sampling tensors change from step to step: penalties (token
+    counts), per-request seeds (output position) or ``min_tokens`` (suppression)."""
+    return p.has_penalties or p.min_tokens > 0 or (p.seed is not None and p.temperature >= _GREEDY_EPS)
+
+
+class _PenaltyState:
+    """Penalty inputs of one request, updated incrementally: output token counts ``[V]``
+    float32 over the first ``num_counted`` outputs, and the prompt's token mask ``[V]``."""
+
+    __slots__ = ("counts", "prompt_mask", "num_counted")
+
+    def __init__(self, request: Request, vocab_size: int, device: torch.device) -> None:
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        ids = [t for t in request.prompt_token_ids if 0 <= t < vocab_size]
+        if ids:
+            self.prompt_mask[torch.tensor(ids, device=device)] = True
+        self.num_counted = 0
+
+    def update(self, output_token_ids: list[int], vocab_size: int) -> None:
+        if len(output_token_ids) < self.num_counted:  # outputs were reset: count again
+            self.counts.zero_()
+            self.num_counted = 0
+        new = [t for t in output_token_ids[self.num_counted :] if 0 <= t < vocab_size]
+        if new:
+            idx = torch.tensor(new, device=self.counts.device)
+            self.counts.index_add_(0, idx, torch.ones(len(new), device=self.counts.device))
+        self.num_counted = len(output_token_ids)
+
+
+class StepSampler:
+    """Samples the rows of a step with the runner's :class:`Sampler`.
+
+    Args:
+        sampler: the device sampler (its generator draws the unseeded rows).
+        vocab_size: ``V``.
+        device: where logits live.
+
+    Attributes:
+        penalty_states: request_id -> incremental penalty inputs (requests with penalties).
+        greedy: the current composition is all greedy with nothing per step (argmax).
+        fresh: the current composition needs new tensors every step.
+        cached: the reused metadata of the current composition, if any.
+    """
+
+    def __init__(self, sampler: Sampler, vocab_size: int, device: torch.device) -> None:
+        self.sampler = sampler
+        self.vocab_size = vocab_size
+        self.device = device
+        self.penalty_states: dict[str, _PenaltyState] = {}
+        self._zero_counts: torch.Tensor | None = None
+        self._zero_mask: torch.Tensor | None = None
+        self._key: tuple[str, ...] | None = None
+        self.greedy = False
+        self.fresh = True
+        self.cached: SamplingMetadata | None = None
+
+    def drop(self, request_ids: Iterable[str]) -> None:
+        """Forget the penalty state of finished requests."""
+        for request_id in request_ids:
+            self.penalty_states.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """``logits [S, V] -> [S]`` int64 token ids.
+
+        The batch composition is the tuple of sampled request ids. When it is unchanged
+        since the last step and no row needs per-step tensors (penalties, seeds,
+        ``min_tokens``), the last step's :class:`SamplingMetadata` is reused; an all-greedy
+        batch of that kind needs no tensors at all and is one argmax.
+        """
+        key = tuple([r.request_id for r in requests])
+        if key != self._key:
+            params = [r.sampling_params for r in requests]
+            self._key = key
+            self.fresh = any(needs_fresh_sampling_tensors(p) for p in params)
+            self.greedy = not self.fresh and all(p.temperature < _GREEDY_EPS for p in params)
+            self.cached = None
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        if self.fresh:
+            return self.sampler(logits, self.metadata(requests))
+        if self.cached is None:
+            self.cached = self.metadata(requests)
+        return self.sampler(logits, self.cached)
+
+    def metadata(self, requests: list[Request]) -> SamplingMetadata:
+        """The full :class:`SamplingMetadata` of ``requests`` (penalty inputs from the
+        incremental per-request state)."""
+        params = [r.sampling_params for r in requests]
+        penalty = None
+        if any(p.has_penalties for p in params):
+            penalty = self._penalty_tensors(requests)
+        return SamplingMetadata.build(
+            params,
+            [r.prompt_token_ids for r in requests],
+            [r.output_token_ids for r in requests],
+            [r.eos_token_ids for r in requests],
+            self.vocab_size,
+            self.device,
+            penalty_tensors=penalty,
+        )
+
+    def _penalty_tensors(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stack ``(output_token_counts [B, V], prompt_mask [B, V])`` from the per-request
+        incremental state (zero rows for requests without penalties)."""
+        if self._zero_counts is None:
+            self._zero_counts = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
+            self._zero_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+        counts, masks = [], []
+        for r in requests:
+            if not r.sampling_params.has_penalties:
+                counts.append(self._zero_counts)
+                masks.append(self._zero_mask)
+                continue
+            state = self.penalty_states.get(r.request_id)
+            if state is None:
+                state = self.penalty_states[r.request_id] = _PenaltyState(r, self.vocab_size, self.device)
+            state.update(r.output_token_ids, self.vocab_size)
+            counts.append(state.counts)
+            masks.append(state.prompt_mask)
+        return torch.stack(counts), torch.stack(masks)

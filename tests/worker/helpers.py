@@ -1,0 +1,107 @@
+"""Helpers of the worker tests: a tiny long-context Qwen3 and a lockstep driver of runners."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from surge.core.outputs import ScheduledRequest, SchedulerOutput
+from surge.model.loader import init_dummy_weights
+from surge.request import Request
+from surge.sampling_params import SamplingParams
+from surge.worker.input_batch import PreparedInputs
+from surge.worker.model_runner import ModelRunner
+
+
+def tiny_long_qwen3(path: Path) -> Path:
+    """Write the ``config.json`` of a 2-layer Qwen3 with 2048 positions (long enough for
+    split-KV graphs), for ``load_format="dummy"``; no transformers needed."""
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "eos_token_id": 2,
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def randomize(runner: ModelRunner, std: float = 0.1) -> None:
+    """Re-draw the runner's dummy weights with a larger ``std`` (same weights for the same
+    model shape: the draw is seeded), so attention is far from uniform."""
+    init_dummy_weights(runner.model, seed=0, std=std)
+
+
+def count_replays(runner: ModelRunner) -> list[int]:
+    graphs = runner.graph_runner
+    assert graphs is not None
+    buckets: list[int] = []
+    run = graphs.run
+
+    def counting_run(inputs: PreparedInputs) -> torch.Tensor:
+        buckets.append(inputs.padded_seqs)
+        return run(inputs)
+
+    graphs.run = counting_run  # type: ignore[method-assign]
+    return buckets
+
+
+def drive(
+    runners: list[ModelRunner],
+    prompts: list[list[int]],
+    arrivals: list[int],
+    max_tokens: int,
+    compare: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """Run the same steps on every runner (shared requests and block ids, one KV cache
+    each): decodes first, then prompt chunks; compare each runner's logits with the last
+    runner's (the reference), whose argmax becomes the next token."""
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    reqs = [Request(f"r{i}", p, sp) for i, p in enumerate(prompts)]
+    free = list(range(1023, -1, -1))
+    active: list[Request] = []
+    step = 0
+    while step == 0 or active or any(a >= step for a in arrivals):
+        active += [r for r, a in zip(reqs, arrivals, strict=True) if a == step]
+        scheduled, budget = [], 512
+        for r in sorted(active, key=lambda r: r.num_computed_tokens < r.num_prompt_tokens):
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            if n == 0:
+                continue
+            budget -= n
+            while len(r.block_ids) * 16 < r.num_computed_tokens + n:
+                r.block_ids.append(free.pop())
+            scheduled.append(ScheduledRequest(r, n, r.num_computed_tokens + n == r.num_tokens))
+        so = SchedulerOutput(scheduled, 512 - budget)
+        results = [runner.compute_logits(so) for runner in runners]
+        ref, ref_reqs = results[-1]
+        for logits, got_reqs in results[:-1]:
+            assert [r.request_id for r in got_reqs] == [r.request_id for r in ref_reqs]
+            if ref is not None:
+                assert logits is not None
+                compare(logits, ref)
+        tokens = [] if ref is None else ref.argmax(-1).tolist()
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        for r, t in zip(ref_reqs, tokens, strict=True):
+            r.output_token_ids.append(t)
+        for r in [r for r in active if r.num_output_tokens == max_tokens]:
+            active.remove(r)
+            free += r.block_ids
+            r.block_ids = []
+        step += 1
