@@ -247,6 +247,9 @@ class EngineConfig:
         device: "cpu", "cuda" or "cuda:N" (resolved, never "auto").
         enforce_eager: disable CUDA graphs.
         seed: global seed (sampling of requests without their own seed).
+        cpu_threads: torch intra-op threads of the engine on CPU. 1 by default: the CPU path
+            serves tiny models, where more threads only add OpenMP spin-waiting that starves
+            the API process and other work on small machines (measured 13x slower on 2 cores).
     """
 
     model: ModelConfig
@@ -256,8 +259,10 @@ class EngineConfig:
     device: str = "cpu"
     enforce_eager: bool = False
     seed: int = 0
+    cpu_threads: int = 1
 
     def __post_init__(self) -> None:
+        _require(self.cpu_threads >= 1, f"cpu_threads must be positive, got {self.cpu_threads}")
         _require(
             self.device == "cpu" or self.device.startswith("cuda"),
             f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}",

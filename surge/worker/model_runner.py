@@ -112,6 +112,8 @@ class ModelRunner:
     ) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         self.tp_rank = tp_rank
         self.tp_size = config.parallel.tensor_parallel_size
         mc = config.model
