@@ -62,7 +62,7 @@ def _find_seq_idx(query_start_loc_ptr, target, num_seqs, BLOCK_Q: tl.constexpr):
     return left - 1
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr,
     part_out_ptr,
