@@ -1,0 +1,302 @@
+"""EngineClient: the API process's asyncio handle on the engine core process.
+
+It binds the two ZMQ sockets, spawns :func:`surge.engine.core_proc.run_engine_core`, waits for
+:class:`EngineReady`, then runs one dispatch task that routes every :class:`EngineOutput` to the
+``asyncio.Queue`` of its request. A watcher on the process sentinel notices an engine death at
+once: every in-flight request gets an :class:`EngineDeadError` item and new requests are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from surge.config import EngineConfig
+from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.engine.core_proc import (
+    AbortRequest,
+    AddRequest,
+    EngineFactory,
+    EngineFatalError,
+    EngineMessage,
+    EngineOutputs,
+    EngineReady,
+    EngineStartupError,
+    RequestError,
+    run_engine_core,
+)
+from surge.sampling_params import SamplingParams
+
+logger = logging.getLogger("surge.engine.client")
+
+
+class EngineStartError(RuntimeError):
+    """The engine process failed to start (the message is one readable line)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process is gone; requests cannot be served."""
+
+
+QueueItem = tuple[int, EngineOutput | RequestError | EngineDeadError]
+"""What a request's queue receives: (choice index, item)."""
+
+
+@dataclass(slots=True)
+class _Sink:
+    queue: asyncio.Queue[QueueItem]
+    index: int
+
+
+class EngineClient:
+    """Start, feed and watch the engine core process from an asyncio event loop.
+
+    Args:
+        config: the engine configuration (sent to the engine process).
+        engine_factory: picklable callable building the engine (default ``LLMEngine``).
+        log_level: ``logging`` level of the engine process.
+
+    Attributes:
+        info: the engine's :class:`EngineReady` message once started.
+        stats: the latest :class:`SchedulerStats` snapshot (None before the first batch).
+        pid: the engine process id once started.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        engine_factory: EngineFactory | None = None,
+        log_level: int = logging.INFO,
+    ) -> None:
+        self.config = config
+        self._engine_factory = engine_factory
+        self._log_level = log_level
+        self.info: EngineReady | None = None
+        self.stats: SchedulerStats | None = None
+        self._sinks: dict[str, _Sink] = {}
+        self._dead_reason: str | None = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._ipc_dir: str | None = None
+        self._zctx: zmq.asyncio.Context | None = None
+        self._sync_ctx: zmq.Context | None = None
+        self._in_sock: zmq.Socket | None = None
+        self._out_sock: zmq.asyncio.Socket | None = None
+        self._dispatch_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def is_ready(self) -> bool:
+        """True while the engine is started and alive."""
+        return self.info is not None and self._dead_reason is None and not self._closing
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine is gone (None while it lives)."""
+        return self._dead_reason
+
+    @property
+    def num_inflight(self) -> int:
+        """Requests sent to the engine and not finished yet."""
+        return len(self._sinks)
+
+    async def start(self) -> EngineReady:
+        """Spawn the engine process and wait until it is ready.
+
+        Returns:
+            The engine's ready message (model, KV pool, max_model_len).
+
+        Raises:
+            EngineStartError: the engine reported a start-up error or died while starting.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._ipc_dir = tempfile.mkdtemp(prefix="surge-ipc-")
+        in_addr = f"ipc://{self._ipc_dir}/input"
+        out_addr = f"ipc://{self._ipc_dir}/output"
+        self._sync_ctx = zmq.Context(io_threads=1)
+        self._in_sock = self._sync_ctx.socket(zmq.PUSH)
+        self._zctx = zmq.asyncio.Context(io_threads=1)
+        self._out_sock = self._zctx.socket(zmq.PULL)
+        for sock in (self._in_sock, self._out_sock):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+        self._in_sock.bind(in_addr)
+        self._out_sock.bind(out_addr)
+        ctx = multiprocessing.get_context("spawn")
+        self._proc = ctx.Process(
+            target=run_engine_core,
+            args=(self.config, in_addr, out_addr, os.getpid(), self._engine_factory, self._log_level),
+            name="surge-engine-core",
+        )
+        self._proc.start()
+        atexit.register(self._terminate_at_exit)
+        decoder = msgspec.msgpack.Decoder(EngineMessage)
+        while True:
+            if await self._out_sock.poll(200, zmq.POLLIN):
+                msg = decoder.decode(await self._out_sock.recv())
+                break
+            if not self._proc.is_alive():
+                code = self._proc.exitcode
+                await self.shutdown()
+                raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
+        if isinstance(msg, EngineStartupError):
+            await self.shutdown()
+            raise EngineStartError(msg.message)
+        if not isinstance(msg, EngineReady):
+            await self.shutdown()
+            raise EngineStartError(f"unexpected first message from the engine: {type(msg).__name__}")
+        # The engine's input connection may still be in its handshake: wait until our PUSH socket
+        # has a peer, so that non-blocking sends never fail for want of one.
+        while not self._in_sock.poll(0, zmq.POLLOUT):
+            if not self._proc.is_alive():
+                code = self._proc.exitcode
+                await self.shutdown()
+                raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
+            await asyncio.sleep(0.005)
+        self.info = msg
+        self._loop.add_reader(self._proc.sentinel, self._on_process_exit)
+        self._dispatch_task = asyncio.create_task(self._dispatch(decoder), name="surge-engine-dispatch")
+        return msg
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        queue: asyncio.Queue[QueueItem],
+        index: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Send one single-sequence request; its outputs go to ``queue`` tagged with ``index``.
+
+        A rejection by the engine arrives on the queue as a :class:`RequestError`; an engine
+        death as an :class:`EngineDeadError`. The queue gets nothing after a finished output.
+
+        Raises:
+            EngineDeadError: the engine is not running.
+        """
+        if not self.is_ready or self._in_sock is None:
+            raise EngineDeadError(self._dead_reason or "the engine is not running")
+        self._sinks[request_id] = _Sink(queue, index)
+        msg = AddRequest(request_id, prompt_token_ids, sampling_params, arrival_time or time.monotonic())
+        self._send(msgspec.msgpack.encode(msg))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored); their queues get nothing more."""
+        ids = [rid for rid in request_ids if self._sinks.pop(rid, None) is not None]
+        if ids and self.is_ready:
+            self._send(msgspec.msgpack.encode(AbortRequest(ids)))
+
+    def _send(self, buf: bytes) -> None:
+        assert self._in_sock is not None
+        try:
+            self._in_sock.send(buf, flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:  # no peer any more: the engine is dying
+            self._mark_dead(f"cannot reach the engine process: {e}")
+
+    async def _dispatch(self, decoder: msgspec.msgpack.Decoder) -> None:
+        """Route every engine message to the queues of its requests."""
+        assert self._out_sock is not None
+        sinks = self._sinks
+        while True:
+            frame = await self._out_sock.recv(copy=False)
+            msg = decoder.decode(frame.buffer)
+            if isinstance(msg, EngineOutputs):
+                self.stats = msg.stats
+                for out in msg.outputs:
+                    sink = sinks.get(out.request_id)
+                    if sink is None:
+                        continue  # aborted by the API side
+                    sink.queue.put_nowait((sink.index, out))
+                    if out.finish_reason is not None:
+                        del sinks[out.request_id]
+                for err in msg.errors:
+                    sink = sinks.pop(err.request_id, None)
+                    if sink is not None:
+                        sink.queue.put_nowait((sink.index, err))
+                # recv() of a waiting message does not yield: let the HTTP handlers run.
+                await asyncio.sleep(0)
+            elif isinstance(msg, EngineFatalError):
+                self._mark_dead(f"the engine failed: {msg.message}")
+                return
+
+    def _on_process_exit(self) -> None:
+        if self._loop is not None and self._proc is not None:
+            self._loop.remove_reader(self._proc.sentinel)
+        code = None if self._proc is None else self._proc.exitcode
+        if not self._closing:
+            self._mark_dead(f"the engine process died (exit code {code})")
+
+    def _mark_dead(self, reason: str) -> None:
+        if self._dead_reason is not None:
+            return
+        self._dead_reason = reason
+        if not self._closing:
+            logger.error("%s; failing %d in-flight requests", reason, len(self._sinks))
+        err = EngineDeadError(reason)
+        for sink in self._sinks.values():
+            sink.queue.put_nowait((sink.index, err))
+        self._sinks.clear()
+
+    def _terminate_at_exit(self) -> None:
+        """If the API process exits without :meth:`shutdown`, do not leave (or wait on) the engine."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the engine process (SIGTERM, then SIGKILL after ``timeout`` seconds) and close sockets.
+
+        In-flight requests get an :class:`EngineDeadError`. Safe to call more than once.
+        """
+        self._closing = True
+        self._mark_dead("the server is shutting down")
+        if self._dispatch_task is not None:
+            self._dispatch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._dispatch_task
+            self._dispatch_task = None
+        proc = self._proc
+        if proc is not None:
+            if self._loop is not None:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(proc.sentinel)
+            if proc.is_alive():
+                proc.terminate()
+                deadline = time.monotonic() + timeout
+                while proc.is_alive() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                if proc.is_alive():
+                    logger.warning("the engine process did not stop in %.0f s; killing it", timeout)
+                    proc.kill()
+            proc.join(timeout=timeout)
+            atexit.unregister(self._terminate_at_exit)
+        for sock in (self._in_sock, self._out_sock):
+            if sock is not None:
+                sock.close(linger=0)
+        for zctx in (self._zctx, self._sync_ctx):
+            if zctx is not None:
+                zctx.term()
+        self._in_sock = self._out_sock = None
+        self._zctx = self._sync_ctx = None
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None

@@ -1,0 +1,316 @@
+"""The FastAPI app and the server's life: engine start, uvicorn, periodic stats, shutdown.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
+``POST /tokenize``, ``POST /detokenize``, ``GET /version``. Every error is an OpenAI error body;
+a client mistake is a 4xx, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import surge
+from surge.config import EngineConfig
+from surge.engine.client import EngineClient, EngineStartError
+from surge.engine.core_proc import EngineFactory
+from surge.server.errors import ApiError, bad_request, error_body, error_response
+from surge.server.metrics import ServerMetrics
+from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from surge.server.serving_chat import create_chat_completion
+from surge.server.serving_common import ClientGone, ServerState
+from surge.server.serving_completion import create_completion
+from surge.tokenizer import apply_chat_template, load_tokenizer
+
+logger = logging.getLogger("surge.server")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request body", None
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return f"Invalid JSON body: {first.get('msg', '')}", None
+    where = ".".join(loc)
+    msg = f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg", "invalid body"))
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return msg, (loc[0] if loc else None)
+
+
+def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
+    """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
+
+    Args:
+        state: engine client, tokenizer, metrics and server settings.
+        log_interval: seconds between periodic stats log lines (when there is activity).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_log_loop(state.metrics, log_interval))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await state.client.shutdown()
+
+    app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(bad_request(message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error while serving %s", request.url.path)
+        return JSONResponse(error_body(500, "Internal server error"), status_code=500)
+
+    async def check_api_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+            raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
+
+    auth = [Depends(check_api_key)]
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(state, body, request)
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(state, body, request)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict[str, Any]:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "surge",
+                "root": state.model_path,
+                "parent": None,
+                "max_model_len": state.max_model_len,
+                "permission": [],
+            }
+            for name in state.served_model_names
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.client.is_ready:
+            return Response(status_code=200)
+        reason = state.client.dead_reason or "the engine is not ready"
+        return JSONResponse(error_body(503, reason), status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": surge.__version__}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("give exactly one of 'prompt' or 'messages'")
+        if body.messages is not None:
+            try:
+                ids = apply_chat_template(
+                    state.tokenizer,
+                    [m.model_dump(exclude_none=True) for m in body.messages],
+                    add_generation_prompt=body.add_generation_prompt,
+                    chat_template=state.chat_template,
+                    chat_template_kwargs=body.chat_template_kwargs,
+                )
+            except ValueError as e:
+                raise bad_request(str(e), param="messages") from e
+        else:
+            ids = list(state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        if any(not 0 <= t < len(state.tokenizer) for t in body.tokens):
+            raise bad_request(f"token ids must be in [0, {len(state.tokenizer)})", param="tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
+
+    return app
+
+
+async def _log_loop(metrics: ServerMetrics, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        if metrics.has_activity():
+            metrics.log_stats()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Settings of `surge serve` beyond the engine configuration.
+
+    Attributes:
+        host, port: where to listen (port 0 picks a free port).
+        served_model_names: names accepted in ``model``; default the model folder path.
+        api_key: bearer token required on /v1 routes, or None.
+        stream_interval: tokens per SSE event after the first (>= 1).
+        chat_template: a Jinja template overriding the tokenizer's, or None.
+        log_interval: seconds between stats log lines.
+        access_log: log every HTTP request.
+        engine_log_level: ``logging`` level of the engine process.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: tuple[str, ...] = ()
+    api_key: str | None = None
+    stream_interval: int = 1
+    chat_template: str | None = None
+    log_interval: float = 10.0
+    access_log: bool = False
+    engine_log_level: int = logging.INFO
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket now, so a busy port fails before the engine starts.
+
+    Raises:
+        ValueError: the address cannot be bound (one readable line).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+async def run_server(
+    config: EngineConfig,
+    options: ServeOptions,
+    sock: socket.socket,
+    engine_factory: EngineFactory | None = None,
+) -> int:
+    """Start the engine process, then serve HTTP on ``sock`` until SIGINT / SIGTERM.
+
+    Returns:
+        The exit code: 0 after a clean shutdown, 1 when the engine failed to start.
+
+    Raises:
+        ValueError: the model folder has no loadable tokenizer.
+    """
+    tokenizer = load_tokenizer(config.model.model)
+    loop = asyncio.get_running_loop()
+    this_task = asyncio.current_task()
+    assert this_task is not None
+    client = EngineClient(config, engine_factory=engine_factory, log_level=options.engine_log_level)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, this_task.cancel)
+    try:
+        logger.info("starting the engine process (model %s, device %s)", config.model.model, config.device)
+        info = await client.start()
+    except EngineStartError as e:
+        logger.error("the engine failed to start: %s", e)
+        return 1
+    except asyncio.CancelledError:
+        logger.info("interrupted during start-up")
+        await client.shutdown()
+        return 0
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    names = options.served_model_names or (config.model.model,)
+    state = ServerState(
+        client=client,
+        tokenizer=tokenizer,
+        metrics=ServerMetrics(names[0], lambda: client.stats),
+        served_model_names=tuple(names),
+        model_path=config.model.model,
+        max_model_len=info.max_model_len,
+        num_kv_blocks=info.num_kv_blocks,
+        block_size=info.block_size,
+        vocab_size=info.vocab_size,
+        stream_interval=options.stream_interval,
+        chat_template=options.chat_template,
+        api_key=options.api_key,
+        created=int(time.time()),
+    )
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    logger.info(
+        "engine ready (pid %d): model %s (served as %s), device %s, max_model_len %d, "
+        "KV cache %d blocks x %d tokens = %d tokens",
+        info.pid,
+        config.model.model,
+        ", ".join(names),
+        info.device,
+        info.max_model_len,
+        info.num_kv_blocks,
+        info.block_size,
+        info.num_kv_blocks * info.block_size,
+    )
+    app = build_app(state, log_interval=options.log_interval)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            loop="none",
+            log_config=None,
+            access_log=options.access_log,
+            timeout_graceful_shutdown=3,
+            timeout_keep_alive=30,
+        )
+    )
+    # uvicorn re-raises the signal that stopped it; make that a no-op so shutdown stays clean.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    logger.info("Surge %s serving on http://%s:%d (OpenAI API under /v1)", surge.__version__, url_host, port)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await client.shutdown()
+        for sig, handler in previous.items():
+            with contextlib.suppress(Exception):
+                signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,146 @@
+"""`surge serve`: the OpenAI-compatible HTTP server with its engine process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+
+def add_serve_parser(subparsers: Any) -> None:
+    """Register `surge serve` on an argparse sub-parser collection."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a Hugging Face model folder over an OpenAI-compatible HTTP API.",
+    )
+    p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free port)"
+    )
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="model name(s) accepted in requests (default: the --model path)",
+    )
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per streamed event after the first one (default 1)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step (default 256)")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="token budget of one step (default 8192)"
+    )
+    p.add_argument(
+        "--max-model-len", type=int, default=None, help="longest prompt + output (default: the model's)"
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default 16)")
+    p.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)"
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of GPU memory to use (default 0.9)",
+    )
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
+    )
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
+    p.add_argument("--enforce-eager", action="store_true", help="disable CUDA graphs")
+    p.add_argument("--no-enable-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument(
+        "--log-interval", type=float, default=10.0, help="seconds between stats log lines (default 10)"
+    )
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info)",
+    )
+    p.set_defaults(func=run_serve)
+
+
+def _read_chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        try:
+            return path.read_text()
+        except OSError as e:
+            raise ValueError(f"--chat-template: cannot read {value!r}: {e.strerror}") from e
+    if "{" in value:
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a template")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
+
+    Raises:
+        ValueError: a bad flag value or model folder (printed as one line by ``surge.cli``).
+    """
+    if args.stream_interval < 1:
+        raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.log_interval <= 0:
+        raise ValueError(f"--log-interval must be positive, got {args.log_interval}")
+    level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    from surge.engine.llm_engine import build_engine_config
+    from surge.server.api_server import ServeOptions, bind_socket, run_server
+    from surge.tokenizer import load_tokenizer
+
+    config = build_engine_config(
+        args.model,
+        dtype=args.dtype,
+        load_format=args.load_format,
+        seed=args.seed,
+        device=args.device,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_enable_prefix_caching,
+        enforce_eager=args.enforce_eager,
+    )
+    load_tokenizer(config.model.model)  # fail fast on a folder without a tokenizer
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        served_model_names=tuple(args.served_model_name or ()),
+        api_key=args.api_key,
+        stream_interval=args.stream_interval,
+        chat_template=_read_chat_template(args.chat_template),
+        log_interval=args.log_interval,
+        access_log=args.access_log,
+        engine_log_level=level,
+    )
+    sock = bind_socket(args.host, args.port)
+    try:
+        try:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:  # pragma: no cover - uvloop is optional
+            loop_factory = None
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(run_server(config, options, sock))
+    finally:
+        sock.close()

@@ -1,0 +1,59 @@
+"""OpenAI-style error responses: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """An error answered with an OpenAI error body.
+
+    Args:
+        status: HTTP status code.
+        message: human-readable message (never a traceback).
+        param: the request field at fault, if any.
+        code: OpenAI error code (e.g. "model_not_found"); defaults to the status code.
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else status
+
+
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    """The OpenAI error object for ``status``."""
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error"),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    """A JSONResponse carrying ``err``."""
+    return JSONResponse(
+        error_body(err.status, err.message, param=err.param, code=err.code), status_code=err.status
+    )
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    """A 400 ApiError."""
+    return ApiError(400, message, param=param)

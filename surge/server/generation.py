@@ -1,0 +1,217 @@
+"""One HTTP request's generation: its child requests in the engine, turned into text deltas.
+
+Shared by chat and completions. Each choice (one engine request; ``n`` choices per prompt via
+:func:`split_n`) has an :class:`IncrementalDetokenizer`. Outputs of all choices arrive on one
+``asyncio.Queue``; :meth:`Generation.deltas` drains it and yields the deltas to send:
+
+- a choice's first delta goes out as soon as its first token exists;
+- then one delta every ``stream_interval`` tokens (later when the text is held back: an
+  unfinished character or a possible stop-string prefix), and always the final one, which
+  carries the finish reason; no token is dropped: a delta carries all text since the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from surge.core.outputs import EngineOutput
+from surge.engine.client import EngineClient, EngineDeadError, QueueItem
+from surge.engine.llm_engine import split_n
+from surge.sampling_params import SamplingParams
+from surge.server.errors import ApiError
+from surge.server.metrics import ServerMetrics
+from surge.tokenizer import IncrementalDetokenizer
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """Progress of one choice (one engine request)."""
+
+    index: int
+    request_id: str
+    prompt_index: int
+    detokenizer: IncrementalDetokenizer
+    num_tokens: int = 0
+    unsent_tokens: int = 0
+    pending: str = ""
+    sent_first: bool = False
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    last_token_time: float = 0.0
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    """Text to send for one choice. ``first`` marks its first delta; ``finish_reason`` its last."""
+
+    index: int
+    prompt_index: int
+    text: str
+    first: bool
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class PromptInfo:
+    """One prompt of the request: its token ids (and text for echo)."""
+
+    token_ids: list[int]
+    text: str | None = None
+    choices: list[int] = field(default_factory=list)
+
+
+class Generation:
+    """The engine requests behind one HTTP request and the deltas they produce.
+
+    Args:
+        client: the engine client.
+        tokenizer: for the detokenizers.
+        metrics: server metrics to update.
+        stream_interval: tokens per delta after the first (>= 1); non-streaming callers pass
+            a huge value so that only the first and final deltas are produced.
+        arrival_time: ``time.monotonic()`` when the HTTP request arrived.
+    """
+
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: PreTrainedTokenizerBase,
+        metrics: ServerMetrics,
+        stream_interval: int,
+        arrival_time: float,
+    ) -> None:
+        self._client = client
+        self._tokenizer = tokenizer
+        self._metrics = metrics
+        self._interval = max(1, stream_interval)
+        self._arrival = arrival_time
+        self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
+        self.choices: list[ChoiceState] = []
+        self.prompts: list[PromptInfo] = []
+        self._num_unfinished = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of the request (each prompt counted once, whatever ``n``)."""
+        return sum(len(p.token_ids) for p in self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens over all choices (the stop token included)."""
+        return sum(c.num_tokens for c in self.choices)
+
+    def add_prompt(
+        self, base_id: str, token_ids: list[int], params: SamplingParams, text: str | None = None
+    ) -> None:
+        """Send one prompt's ``params.n`` child requests to the engine.
+
+        Raises:
+            ApiError: 503 when the engine is not running.
+        """
+        prompt_index = len(self.prompts)
+        info = PromptInfo(token_ids, text)
+        self.prompts.append(info)
+        self._metrics.add_prompt_tokens(len(token_ids))
+        for child_id, child_params in split_n(base_id, params):
+            index = len(self.choices)
+            detok = IncrementalDetokenizer(
+                self._tokenizer,
+                token_ids,
+                skip_special_tokens=child_params.skip_special_tokens,
+                stop=child_params.stop,
+            )
+            self.choices.append(ChoiceState(index, child_id, prompt_index, detok))
+            info.choices.append(index)
+            self._num_unfinished += 1
+            try:
+                self._client.add_request(
+                    child_id, token_ids, child_params, self._queue, index, arrival_time=self._arrival
+                )
+            except EngineDeadError as e:
+                raise ApiError(503, f"The engine is not available: {e}") from e
+
+    def abort(self) -> None:
+        """Abort every unfinished choice in the engine (client gone or error)."""
+        ids = [c.request_id for c in self.choices if c.finish_reason is None]
+        if ids:
+            self._client.abort_requests(ids)
+            for c in self.choices:
+                if c.finish_reason is None:
+                    c.finish_reason = "abort"
+                    self._metrics.request_finished("abort", time.monotonic() - self._arrival)
+            self._num_unfinished = 0
+
+    async def deltas(self) -> AsyncIterator[list[ChoiceDelta]]:
+        """Yield lists of deltas until every choice has finished.
+
+        Raises:
+            ApiError: 400 when the engine rejected a request; 503 when the engine died.
+        """
+        queue = self._queue
+        while self._num_unfinished > 0:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            out: list[ChoiceDelta] = []
+            now = time.monotonic()
+            for index, item in items:
+                choice = self.choices[index]
+                if choice.finish_reason is not None:
+                    continue
+                if isinstance(item, EngineOutput):
+                    delta = self._on_output(choice, item, now)
+                    if delta is not None:
+                        out.append(delta)
+                elif isinstance(item, EngineDeadError):
+                    self.abort()
+                    raise ApiError(503, f"The engine is not available: {item}")
+                else:  # RequestError: the engine rejected the request
+                    self.abort()
+                    raise ApiError(400, item.message)
+            if out:
+                yield out
+
+    def _on_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
+        n_new = len(out.new_token_ids)
+        metrics = self._metrics
+        if choice.num_tokens == 0:
+            metrics.ttft.observe(now - self._arrival)
+        elif n_new:
+            metrics.itl.observe((now - choice.last_token_time) / n_new)
+        choice.last_token_time = now
+        choice.num_tokens += n_new
+        choice.unsent_tokens += n_new
+        metrics.add_generation_tokens(n_new)
+        detok = choice.detokenizer
+        choice.pending += detok.update(out.new_token_ids, out.stop_token_id)
+        if detok.stop_matched is not None:
+            self._client.abort_requests([choice.request_id])
+            choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
+        elif out.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = out.finish_reason, out.stop_token_id
+        if choice.finish_reason is not None:
+            choice.pending += detok.flush()
+            if detok.stop_matched is not None and choice.finish_reason != "stop":
+                choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
+            self._num_unfinished -= 1
+            metrics.request_finished(choice.finish_reason, now - self._arrival)
+        elif choice.sent_first and (choice.unsent_tokens < self._interval or not choice.pending):
+            return None
+        delta = ChoiceDelta(
+            choice.index,
+            choice.prompt_index,
+            choice.pending,
+            not choice.sent_first,
+            choice.finish_reason,
+            choice.stop_reason,
+        )
+        choice.sent_first = True
+        choice.pending = ""
+        choice.unsent_tokens = 0
+        return delta

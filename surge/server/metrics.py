@@ -1,0 +1,179 @@
+"""Prometheus metrics with vLLM-like names under a ``surge:`` prefix, and the periodic log line.
+
+Request metrics (counters, latency histograms) are observed in the API process as outputs
+arrive; engine gauges (running, waiting, KV usage, preemptions) come from the latest
+:class:`SchedulerStats` snapshot the engine sends with every output batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from surge.core.outputs import SchedulerStats
+
+logger = logging.getLogger("surge.server")
+
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+class _EngineStatsCollector(Collector):
+    """Exports the latest SchedulerStats as gauges and counters at scrape time."""
+
+    def __init__(self, get_stats: Callable[[], SchedulerStats | None], model_name: str) -> None:
+        self._get_stats = get_stats
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._get_stats()
+        labels = ["model_name"]
+        values = [self._model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"surge:{name}", doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running if s else 0)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting if s else 0)
+        yield gauge(
+            "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", s.kv_cache_usage if s else 0
+        )
+        yield gauge("kv_cache_free_blocks", "Free KV cache blocks.", s.num_free_blocks if s else 0)
+        yield gauge("kv_cache_total_blocks", "KV cache blocks in the pool.", s.num_total_blocks if s else 0)
+        c = CounterMetricFamily("surge:num_preemptions", "Preemptions since start.", labels=labels)
+        c.add_metric(values, s.num_preemptions_total if s else 0)
+        yield c
+        for name, doc, value in (
+            (
+                "prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                s.prefix_cache_hit_tokens if s else 0,
+            ),
+            (
+                "prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                s.prefix_cache_query_tokens if s else 0,
+            ),
+        ):
+            c = CounterMetricFamily(f"surge:{name}", doc, labels=labels)
+            c.add_metric(values, value)
+            yield c
+
+
+class ServerMetrics:
+    """All metrics of one server, in their own registry.
+
+    Args:
+        model_name: the served model name (label ``model_name``).
+        get_stats: returns the latest engine SchedulerStats (or None).
+    """
+
+    def __init__(self, model_name: str, get_stats: Callable[[], SchedulerStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        self._get_stats = get_stats
+        reg, lbl = self.registry, ["model_name"]
+        self._model_name = model_name
+        self._prompt_tokens = Counter(
+            "surge:prompt_tokens", "Prompt tokens processed.", lbl, registry=reg
+        ).labels(model_name)
+        self._generation_tokens = Counter(
+            "surge:generation_tokens", "Generated tokens.", lbl, registry=reg
+        ).labels(model_name)
+        self._success = Counter(
+            "surge:request_success",
+            "Finished requests by finish reason.",
+            [*lbl, "finished_reason"],
+            registry=reg,
+        )
+        self._success_by_reason = {
+            r: self._success.labels(model_name, r) for r in ("stop", "length", "abort")
+        }
+        self.ttft = Histogram(
+            "surge:time_to_first_token_seconds",
+            "Time to first token (s).",
+            lbl,
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "surge:inter_token_latency_seconds",
+            "Time between tokens (s).",
+            lbl,
+            buckets=_ITL_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "surge:e2e_request_latency_seconds",
+            "End-to-end request latency (s).",
+            lbl,
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.registry.register(_EngineStatsCollector(get_stats, model_name))
+        self._last_log_time = time.monotonic()
+        self.total_prompt_tokens = 0
+        self.total_generation_tokens = 0
+        self._last_prompt = 0
+        self._last_gen = 0
+
+    def add_prompt_tokens(self, n: int) -> None:
+        """Count ``n`` prompt tokens of a new request."""
+        self.total_prompt_tokens += n
+        self._prompt_tokens.inc(n)
+
+    def add_generation_tokens(self, n: int) -> None:
+        """Count ``n`` generated tokens."""
+        self.total_generation_tokens += n
+        self._generation_tokens.inc(n)
+
+    def request_finished(self, finish_reason: str, e2e_seconds: float) -> None:
+        """Count one finished choice and observe its end-to-end latency."""
+        counter = self._success_by_reason.get(finish_reason)
+        if counter is None:
+            counter = self._success_by_reason[finish_reason] = self._success.labels(
+                self._model_name, finish_reason
+            )
+        counter.inc()
+        self.e2e.observe(e2e_seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def log_stats(self) -> None:
+        """Log throughput since the previous call, running / waiting requests and KV usage."""
+        now = time.monotonic()
+        dt = max(now - self._last_log_time, 1e-9)
+        prompt = self.total_prompt_tokens
+        gen = self.total_generation_tokens
+        s = self._get_stats()
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Preemptions: %d",
+            (prompt - self._last_prompt) / dt,
+            (gen - self._last_gen) / dt,
+            s.num_running if s else 0,
+            s.num_waiting if s else 0,
+            100.0 * (s.kv_cache_usage if s else 0.0),
+            s.num_preemptions_total if s else 0,
+        )
+        self._last_log_time, self._last_prompt, self._last_gen = now, prompt, gen
+
+    def has_activity(self) -> bool:
+        """True if tokens were processed since the last log line or requests are in flight."""
+        s = self._get_stats()
+        busy = s is not None and (s.num_running or s.num_waiting)
+        return bool(busy) or self.total_generation_tokens != self._last_gen

@@ -1,0 +1,247 @@
+"""What chat and completions share: server state, request checks, SSE plumbing, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from transformers import PreTrainedTokenizerBase
+
+from surge.engine.client import EngineClient
+from surge.sampling_params import SamplingParams
+from surge.server.errors import ApiError, bad_request, error_body
+from surge.server.generation import ChoiceDelta, Generation
+from surge.server.metrics import ServerMetrics
+from surge.server.protocol import SamplingRequestFields
+
+T = TypeVar("T")
+
+_json_encode = msgspec.json.Encoder().encode
+
+
+@dataclass
+class ServerState:
+    """Everything a handler needs.
+
+    Attributes:
+        client: the engine client.
+        tokenizer: the model's tokenizer.
+        metrics: the server's metrics.
+        served_model_names: names accepted in ``model`` (the first is reported).
+        model_path: the model folder (``root`` in /v1/models).
+        max_model_len: longest prompt + output, in tokens.
+        num_kv_blocks, block_size: the engine's KV pool.
+        vocab_size: the model's vocabulary size (prompt token ids must be below it).
+        stream_interval: tokens per SSE event after the first.
+        chat_template: a template overriding the tokenizer's, or None.
+        api_key: required bearer token on /v1 routes, or None.
+        created: server start time (Unix seconds).
+    """
+
+    client: EngineClient
+    tokenizer: PreTrainedTokenizerBase
+    metrics: ServerMetrics
+    served_model_names: tuple[str, ...]
+    model_path: str
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+    vocab_size: int
+    stream_interval: int
+    chat_template: str | None
+    api_key: str | None
+    created: int
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        """Raise a 404 ApiError for a model name this server does not serve (None is accepted)."""
+        if model is not None and model not in self.served_model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    def check_engine(self) -> None:
+        """Raise a 503 ApiError when the engine is not running."""
+        if not self.client.is_ready:
+            raise ApiError(503, f"The engine is not available: {self.client.dead_reason or 'not ready'}")
+
+    def check_prompt(self, token_ids: list[int], max_tokens: int) -> None:
+        """Raise a 400 ApiError for a prompt that can never be served (same words as the engine's)."""
+        n = len(token_ids)
+        if n == 0:
+            raise bad_request("The prompt is empty (it must contain at least one token).", param="prompt")
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
+        total = n + max_tokens
+        if total > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({n} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or max_tokens.",
+                param="max_tokens",
+            )
+        blocks = -(-total // self.block_size)
+        if blocks > self.num_kv_blocks:
+            raise bad_request(
+                f"The request needs {blocks} KV cache blocks ({total} tokens) but the KV cache holds only "
+                f"{self.num_kv_blocks} blocks ({self.num_kv_blocks * self.block_size} tokens). "
+                "Please reduce the length of the prompt or max_tokens.",
+                param="max_tokens",
+            )
+
+
+def build_sampling_params(req: SamplingRequestFields, max_tokens: int) -> SamplingParams:
+    """The engine's SamplingParams of a request.
+
+    Raises:
+        ApiError: 400 for an out-of-range value (the message names the field).
+    """
+    try:
+        return SamplingParams(
+            n=req.n,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if req.top_k is None else req.top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            seed=req.seed,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            stop=req.stop_list,
+            skip_special_tokens=req.skip_special_tokens,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        )
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+
+
+def resolve_max_tokens(state: ServerState, requested: int | None, num_prompt_tokens: int) -> int:
+    """``requested`` or, when None, all the room left in the context (at least 1)."""
+    if requested is not None:
+        if requested < 1:
+            raise bad_request(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
+        return requested
+    return max(1, state.max_model_len - num_prompt_tokens)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the response was ready (answered with 499)."""
+
+
+async def until_disconnect(request: Request, awaitable: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
+    """Await ``awaitable`` unless the client disconnects first.
+
+    Raises:
+        ClientGone: the client disconnected (``on_disconnect`` was called and the work cancelled).
+    """
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        on_disconnect()
+        raise
+    finally:
+        watch.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    on_disconnect()
+    raise ClientGone
+
+
+def sse(obj: Any) -> bytes:
+    """One SSE event carrying ``obj`` as JSON."""
+    return b"data: " + _json_encode(obj) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def stream_response(
+    request: Request,
+    gen: Generation,
+    make_chunks: Callable[[list[ChoiceDelta]], list[bytes]],
+    usage_chunk: Callable[[], bytes] | None,
+) -> StreamingResponse | JSONResponse:
+    """Wait for the first deltas (an engine rejection is still a plain 4xx then), then stream.
+
+    Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``.
+    An error after the first chunk is sent as one ``data: {"error": ...}`` event and the stream
+    ends without ``[DONE]``. A client disconnect aborts the request in the engine.
+    """
+    iterator = gen.deltas().__aiter__()
+    try:
+        first = await until_disconnect(request, iterator.__anext__(), gen.abort)
+    except StopAsyncIteration:
+        first = []
+    except ApiError:
+        gen.abort()
+        raise
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            for chunk in make_chunks(first):
+                yield chunk
+            async for deltas in iterator:
+                for chunk in make_chunks(deltas):
+                    yield chunk
+            if usage_chunk is not None:
+                yield usage_chunk()
+            yield SSE_DONE
+        except ApiError as e:
+            yield sse(error_body(e.status, e.message, param=e.param, code=e.code))
+        finally:
+            gen.abort()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def collect(request: Request, gen: Generation) -> dict[int, tuple[str, str | None, str | int | None]]:
+    """Run a non-streaming generation to the end: choice index -> (text, finish_reason, stop_reason).
+
+    Raises:
+        ApiError: from the engine (400 rejected, 503 engine gone).
+        ClientGone: the client disconnected (the request is aborted).
+    """
+
+    async def run() -> dict[int, tuple[str, str | None, str | int | None]]:
+        texts: dict[int, list[str]] = {}
+        finals: dict[int, tuple[str | None, str | int | None]] = {}
+        async for deltas in gen.deltas():
+            for d in deltas:
+                texts.setdefault(d.index, []).append(d.text)
+                if d.finish_reason is not None:
+                    finals[d.index] = (d.finish_reason, d.stop_reason)
+        return {i: ("".join(t), *finals.get(i, (None, None))) for i, t in texts.items()}
+
+    try:
+        return await until_disconnect(request, run(), gen.abort)
+    finally:
+        gen.abort()
+
+
+def usage_dict(gen: Generation) -> dict[str, int]:
+    """OpenAI ``usage``: prompt tokens (once per prompt), completion tokens (all choices), total."""
+    p, c = gen.prompt_tokens, gen.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

@@ -1,0 +1,128 @@
+"""Live `surge serve` processes for the server tests (bundled stories260K on CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STORIES = REPO / "surge" / "assets" / "stories260K"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Server:
+    """A running `surge serve` subprocess."""
+
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    engine_pid: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Signal the server, wait for it, and check that the engine process is gone too."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                raise AssertionError(
+                    f"surge serve did not stop on signal {sig}:\n{self.log()[-3000:]}"
+                ) from None
+        deadline = time.monotonic() + 10
+        while pid_alive(self.engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(self.engine_pid):
+            os.kill(self.engine_pid, signal.SIGKILL)
+            raise AssertionError("the engine process outlived surge serve")
+        return self.proc.returncode
+
+
+def start_server(tmp_dir: Path, *args: str, model: Path | None = None, timeout: float = 180.0) -> Server:
+    """Start `surge serve` on a free port and wait until /health answers 200."""
+    port = free_port()
+    log_path = tmp_dir / f"serve-{port}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "surge.cli",
+        "serve",
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        "256",
+        "--num-kv-blocks",
+        "4096",
+        "--log-interval",
+        "5",
+        *(["--model", str(model)] if model is not None else []),
+        *args,
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"surge serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            )
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"surge serve did not become healthy:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.2)
+    m = re.search(r"engine ready \(pid (\d+)\)", log_path.read_text())
+    assert m, "the start-up log names the engine pid"
+    return Server(proc, port, log_path, int(m.group(1)))
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared server: bundled model, --stream-interval 1."""
+    srv = start_server(tmp_path_factory.mktemp("serve"))
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]

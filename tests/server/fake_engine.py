@@ -1,0 +1,67 @@
+"""A torch-free stand-in for LLMEngine, for tests of the engine process and client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from surge.config import EngineConfig
+from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.sampling_params import SamplingParams
+
+
+class FakeEngine:
+    """Emits token ``(prompt[-1] + k) % 500 + 3`` at output position k; rejects prompts with token 999.
+
+    A prompt starting with token 666 makes ``step`` raise (a crashed engine).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.num_kv_blocks = 64
+        self.block_size = config.cache.block_size
+        self.max_model_len = config.scheduler.max_model_len
+        self._reqs: dict[str, tuple[list[int], SamplingParams, int]] = {}
+
+    def add_request(self, request_id, prompt_token_ids, sampling_params, arrival_time=None) -> None:
+        if 999 in prompt_token_ids:
+            raise ValueError("token 999 is not allowed")
+        if request_id in self._reqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self._reqs[request_id] = (list(prompt_token_ids), sampling_params, 0)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self._reqs.pop(rid, None)
+
+    def step(self) -> list[EngineOutput]:
+        time.sleep(0.001)  # a real step takes time; without it the API side drowns in messages
+        outs = []
+        for rid, (prompt, params, k) in list(self._reqs.items()):
+            if prompt[0] == 666:
+                raise RuntimeError("simulated engine failure")
+            tok = (prompt[-1] + k) % 500 + 3
+            k += 1
+            done = k >= params.max_tokens
+            out = EngineOutput(rid, [tok], num_prompt_tokens=len(prompt))
+            if done:
+                out.finish_reason = "length"
+                del self._reqs[rid]
+            else:
+                self._reqs[rid] = (prompt, params, k)
+            outs.append(out)
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._reqs)
+
+    def get_stats(self) -> SchedulerStats:
+        n = len(self._reqs)
+        return SchedulerStats(n, 0, n / 64, 64 - n, 64, 0)
+
+
+class BrokenEngine:
+    """An engine whose construction fails, like a model folder with bad weights."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        raise ValueError("weights file is corrupt\nsecond line")

@@ -1,0 +1,67 @@
+"""`surge serve` start-up errors: one readable line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server.conftest import REPO, STORIES
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def _no_tokenizer_model(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text((STORIES / "config.json").read_text())
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("args", "word"),
+    [
+        (["--port", "http"], "--port"),
+        (["--stream-interval", "0"], "--stream-interval"),
+        (["--dtype", "float8"], "--dtype"),
+        (["--model", "/no/such/folder"], "not a directory"),
+        (["--block-size", "12"], "block_size"),
+        (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
+        (["--port", "99999"], "--port"),
+    ],
+)
+def test_bad_flags_one_line(args: list[str], word: str) -> None:
+    r = _serve(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("surge: error:") and word in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_model_without_tokenizer(tmp_path: Path) -> None:
+    r = _serve("--model", str(_no_tokenizer_model(tmp_path)))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("surge: error:") and "tokenizer" in last
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _serve("--port", str(port))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"surge: error: cannot listen on 127.0.0.1:{port}")

@@ -1,0 +1,146 @@
+"""EngineClient + engine process with a torch-free fake engine: routing, rejections, crashes, idling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from surge.config import EngineConfig, ModelConfig, SchedulerConfig
+from surge.core.outputs import EngineOutput
+from surge.engine.client import EngineClient, EngineDeadError, EngineStartError
+from surge.engine.core_proc import RequestError
+from surge.sampling_params import SamplingParams
+from tests.server.conftest import REPO, pid_alive
+from tests.server.fake_engine import BrokenEngine, FakeEngine
+
+
+def _config() -> EngineConfig:
+    return EngineConfig(model=ModelConfig.from_pretrained(None), scheduler=SchedulerConfig(max_model_len=512))
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().split(")")[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _drain(queue: asyncio.Queue) -> list:
+    items = []
+    while True:
+        index, item = await asyncio.wait_for(queue.get(), 10)
+        items.append((index, item))
+        if not isinstance(item, EngineOutput) or item.finish_reason is not None:
+            return items
+
+
+def test_routing_rejection_abort_and_idle() -> None:
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=FakeEngine)
+        info = await client.start()
+        assert info.pid == client.pid and info.num_kv_blocks == 64 and client.is_ready
+        try:
+            q1: asyncio.Queue = asyncio.Queue()
+            q2: asyncio.Queue = asyncio.Queue()
+            client.add_request("a", [5, 7], SamplingParams(max_tokens=5), q1, index=0)
+            client.add_request("b", [5, 999], SamplingParams(max_tokens=5), q2, index=3)
+            client.add_request("c", [5, 9], SamplingParams(max_tokens=3), q2, index=4)
+            got_a = await _drain(q1)
+            assert [item.new_token_ids[0] for _, item in got_a] == [10, 11, 12, 13, 14]
+            assert got_a[-1][1].finish_reason == "length"
+            first = await asyncio.wait_for(q2.get(), 10)
+            rest = await _drain(q2) if isinstance(first[1], RequestError) else [first, *await _drain(q2)]
+            items = [first, *rest] if isinstance(first[1], RequestError) else rest
+            errors = [(i, x) for i, x in items if isinstance(x, RequestError)]
+            assert errors and errors[0][0] == 3 and "999" in errors[0][1].message
+            # abort: nothing more arrives for the aborted request
+            q3: asyncio.Queue = asyncio.Queue()
+            client.add_request("d", [1], SamplingParams(max_tokens=10**6), q3)
+            await asyncio.wait_for(q3.get(), 10)
+            client.abort_requests(["d"])
+            await asyncio.sleep(0.3)
+            while not q3.empty():
+                q3.get_nowait()
+            await asyncio.sleep(0.3)
+            assert q3.empty() and client.num_inflight == 0
+            assert client.stats is not None and client.stats.num_running == 0
+            # an idle engine blocks on its socket instead of spinning
+            before = _cpu_seconds(info.pid)
+            await asyncio.sleep(1.5)
+            assert _cpu_seconds(info.pid) - before < 0.5
+        finally:
+            await client.shutdown()
+        assert not pid_alive(info.pid)
+
+    asyncio.run(main())
+
+
+def test_engine_crash_fails_inflight_requests() -> None:
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=FakeEngine)
+        info = await client.start()
+        try:
+            q: asyncio.Queue = asyncio.Queue()
+            client.add_request("ok", [1], SamplingParams(max_tokens=10**6), q)
+            await asyncio.wait_for(q.get(), 10)
+            client.add_request("boom", [666], SamplingParams(max_tokens=5), asyncio.Queue())
+            while True:
+                _, item = await asyncio.wait_for(q.get(), 10)
+                if not isinstance(item, EngineOutput):
+                    break
+            assert isinstance(item, EngineDeadError) and "simulated engine failure" in str(item), item
+            assert not client.is_ready and client.dead_reason
+            with pytest.raises(EngineDeadError):
+                client.add_request("late", [1], SamplingParams(), asyncio.Queue())
+        finally:
+            await client.shutdown()
+        assert not pid_alive(info.pid)
+
+    asyncio.run(main())
+
+
+def test_engine_start_failure_is_one_line() -> None:
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=BrokenEngine, log_level=40)
+        with pytest.raises(EngineStartError, match="ValueError: weights file is corrupt$"):
+            await client.start()
+
+    asyncio.run(main())
+
+
+def test_engine_exits_when_parent_dies() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, os
+        from surge.engine.client import EngineClient
+        from tests.server.fake_engine import FakeEngine
+        from tests.server.test_engine_client import _config
+
+        async def main():
+            client = EngineClient(_config(), engine_factory=FakeEngine)
+            info = await client.start()
+            print(info.pid, flush=True)
+            os._exit(0)
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    engine_pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while pid_alive(engine_pid):
+        assert time.monotonic() < deadline, "the engine process outlived its parent"
+        time.sleep(0.05)

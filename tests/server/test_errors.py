@@ -1,0 +1,101 @@
+"""Malformed requests: each gets a 4xx OpenAI error body, and the server keeps serving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import Server
+
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+MSGS = [{"role": "user", "content": "hi"}]
+
+# (path, body (dict, or raw bytes), expected status, a word the message must contain)
+BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
+    (CHAT, b"{not json", 400, "JSON"),
+    (CHAT, b"", 400, ""),
+    (CHAT, b"[1, 2, 3]", 400, ""),
+    (CHAT, {"messages": []}, 400, "messages"),
+    (CHAT, {}, 400, "messages"),
+    (CHAT, {"messages": "hello"}, 400, "messages"),
+    (CHAT, {"messages": [{"content": "no role"}]}, 400, "role"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "text",
+    ),
+    (CHAT, {"messages": MSGS, "temperature": "hot"}, 400, "temperature"),
+    (CHAT, {"messages": MSGS, "temperature": -1}, 400, "temperature"),
+    (CHAT, {"messages": MSGS, "top_p": 0}, 400, "top_p"),
+    (CHAT, {"messages": MSGS, "top_p": 1.5}, 400, "top_p"),
+    (CHAT, {"messages": MSGS, "max_tokens": 0}, 400, "max_tokens"),
+    (CHAT, {"messages": MSGS, "max_tokens": 1.5}, 400, "max_tokens"),
+    (CHAT, {"messages": MSGS, "max_tokens": 100000}, 400, "maximum context length is 512 tokens"),
+    (CHAT, {"messages": MSGS, "n": 0}, 400, "n"),
+    (CHAT, {"messages": MSGS, "presence_penalty": 3}, 400, "presence_penalty"),
+    (CHAT, {"messages": MSGS, "frequency_penalty": -5}, 400, "frequency_penalty"),
+    (CHAT, {"messages": MSGS, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    (CHAT, {"messages": MSGS, "min_tokens": 50, "max_tokens": 10}, 400, "min_tokens"),
+    (CHAT, {"messages": MSGS, "stop": 5}, 400, "stop"),
+    (CHAT, {"messages": MSGS, "stop": [""]}, 400, "stop"),
+    (CHAT, {"messages": MSGS, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    (CHAT, {"messages": MSGS, "stream": "yes please"}, 400, "stream"),
+    (CHAT, {"messages": MSGS, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    (CHAT, {"messages": MSGS, "logprobs": True}, 400, "logprobs"),
+    (CHAT, {"messages": MSGS, "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    (CHAT, {"messages": MSGS, "chat_template_kwargs": {"tokenize": True}}, 400, "tokenize"),
+    (CHAT, {"messages": MSGS, "echo": True}, 400, "echo"),
+    (CHAT, {"messages": MSGS, "model": "no-such-model"}, 404, "does not exist"),
+    (CMPL, {"prompt": "x", "max_tokens": 600}, 400, "maximum context length is 512 tokens"),
+    (CMPL, {"prompt": []}, 400, "prompt"),
+    (CMPL, {"prompt": [1, 2, 100000]}, 400, "token ids"),
+    (CMPL, {"prompt": [[1, 2], [-3]]}, 400, "token ids"),
+    (CMPL, {"prompt": {"text": "x"}}, 400, "prompt"),
+    (CMPL, {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    (CMPL, {"prompt": "x", "suffix": "end"}, 400, "suffix"),
+    (CMPL, {"prompt": "x", "best_of": 3}, 400, "best_of"),
+    (CMPL, {"prompt": "x", "seed": "abc"}, 400, "seed"),
+    (CMPL, {"prompt": "x", "stream": True, "max_tokens": 100000}, 400, "maximum context length"),
+    ("/v1/nowhere", {"prompt": "x"}, 404, ""),
+    ("/tokenize", {}, 400, "prompt"),
+    ("/detokenize", {"tokens": [99999]}, 400, "token ids"),
+]
+
+
+def _post(srv: Server, path: str, body: Any) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(
+            srv.url + path, content=body, headers={"content-type": "application/json"}, timeout=60
+        )
+    return httpx.post(srv.url + path, json=body, timeout=60)
+
+
+@pytest.mark.parametrize(("path", "body", "status", "word"), BAD_REQUESTS)
+def test_bad_request_gets_openai_error(server: Server, path: str, body: Any, status: int, word: str) -> None:
+    r = _post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    assert word.lower() in err["message"].lower()
+    assert "Traceback" not in r.text
+
+
+def test_server_still_serves_after_bad_requests(server: Server) -> None:
+    assert len(BAD_REQUESTS) >= 15
+    for path, body, status, _ in BAD_REQUESTS:
+        assert _post(server, path, body).status_code == status
+    assert httpx.get(server.url + "/health").status_code == 200
+    r = httpx.post(
+        server.url + CMPL, json={"prompt": "Once", "max_tokens": 5, "ignore_eos": True}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    r = httpx.post(server.url + CHAT, json={"messages": MSGS, "max_tokens": 3, "stream": True}, timeout=60)
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+    assert "Traceback" not in server.log()

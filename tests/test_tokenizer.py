@@ -1,0 +1,170 @@
+"""Tokenizer loading, chat template and incremental detokenization (stories260K and Qwen3)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from surge.config import DEFAULT_MODEL_DIR  # noqa: E402
+from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, load_tokenizer  # noqa: E402
+
+QWEN3_DIR = Path(__file__).resolve().parents[2] / "shared" / "assets" / "models" / "qwen3-8b"
+
+
+@pytest.fixture(scope="module")
+def stories():
+    return load_tokenizer(DEFAULT_MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_tokenizer(QWEN3_DIR)
+
+
+def _stream(tok, prompt_ids, out_ids, *, stop=(), step=1, stop_token_id=None, skip=True):
+    d = IncrementalDetokenizer(tok, prompt_ids, stop=stop, skip_special_tokens=skip)
+    deltas = []
+    for i in range(0, len(out_ids), step):
+        chunk = out_ids[i : i + step]
+        last = i + step >= len(out_ids)
+        deltas.append(d.update(chunk, stop_token_id if last else None))
+        if d.stop_matched is not None:
+            break
+    deltas.append(d.flush())
+    return d, deltas
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(ValueError, match="not a directory"):
+        load_tokenizer(tmp_path / "missing")
+    with pytest.raises(ValueError, match="cannot load"):
+        load_tokenizer(tmp_path)
+
+
+def test_multibyte_never_replacement_char(stories):
+    text = "é 日 😀 done"
+    ids = stories.encode(text, add_special_tokens=False)
+    assert any(t.startswith("<0x") for t in stories.convert_ids_to_tokens(ids))
+    prompt = stories.encode("Once upon a time")
+    d, deltas = _stream(stories, prompt, ids)
+    assert all("\ufffd" not in x for x in deltas)
+    assert (
+        "".join(deltas)
+        == d.text
+        == stories.decode(prompt + ids, skip_special_tokens=True)[
+            len(stories.decode(prompt, skip_special_tokens=True)) :
+        ]
+    )
+    assert d.text.strip() == text
+
+
+def test_split_char_at_end_is_flushed(stories):
+    ids = stories.encode("a 😀", add_special_tokens=False)[:-2]  # cut inside the emoji
+    d, deltas = _stream(stories, [1], ids)
+    assert all("\ufffd" not in x for x in deltas[:-1])
+    assert deltas[-1].endswith("\ufffd")
+    assert "".join(deltas) == d.text
+
+
+def test_stop_string_across_tokens_and_no_leak(stories):
+    prompt = stories.encode("Hello")
+    body = "Once upon a time, there was a little girl"
+    ids = stories.encode(body, add_special_tokens=False)
+    for stop in (("there was",), ("time, th",), ("e was a",), ("zzz", "a little")):
+        for step in (1, 2, 3):
+            d, deltas = _stream(stories, prompt, ids, stop=stop, step=step)
+            assert d.stop_matched is not None
+            expected = (" " + body)[: min((" " + body).find(s) for s in stop if s in body)]
+            assert d.text == expected == "".join(deltas)
+            joined = ""
+            for x in deltas:
+                joined += x
+                for s in stop:
+                    # no streamed prefix ends with a (partial) stop string beyond the final text
+                    assert s not in joined
+            assert d.update(ids[:2]) == ""
+            assert d.flush() == ""
+
+
+def test_stop_prefix_released_at_end(stories):
+    ids = stories.encode("Once upon a ti", add_special_tokens=False)
+    d, deltas = _stream(stories, [1], ids, stop=("a time",))
+    assert d.stop_matched is None
+    assert deltas[-1].endswith("a ti")  # held back until flush
+    assert "".join(deltas) == d.text == stories.decode(ids)
+
+
+def test_stop_token_id_excluded(stories, qwen):
+    ids = stories.encode("Once upon a time", add_special_tokens=False) + [2]
+    d, deltas = _stream(stories, [1], ids, stop_token_id=2, skip=False)
+    assert "</s>" not in d.text and d.text.endswith("time")
+    assert d.num_output_tokens == len(ids)
+    # a non-special stop token id is excluded too
+    q_ids = qwen.encode("Hello world. Bye", add_special_tokens=False)
+    d, _ = _stream(qwen, [], q_ids, stop_token_id=q_ids[-1])
+    assert d.text == qwen.decode(q_ids[:-1])
+
+
+@pytest.mark.parametrize("step", [1, 3, 7])
+def test_random_tokens_equal_full_decode(stories, qwen, step):
+    rng = random.Random(step)
+    for tok in (stories, qwen):
+        vocab = min(tok.vocab_size, 20000)
+        specials = set(tok.all_special_ids)
+        # tokens that are whole characters alone (random byte tokens make invalid UTF-8)
+        whole = [t for t in range(vocab) if t not in specials and "\ufffd" not in tok.decode([t])]
+        pieces = tok.encode(" é日本😀🎉 語", add_special_tokens=False)
+        for _ in range(10):
+            prompt = tok.encode("The cat")
+            out = [rng.choice(whole) for _ in range(30)]
+            out[rng.randrange(30) :] = pieces + out[rng.randrange(30) :]
+            d, deltas = _stream(tok, prompt, out, step=step)
+            full = tok.decode(prompt + out, skip_special_tokens=True)
+            assert "".join(deltas) == d.text
+            assert full == tok.decode(prompt, skip_special_tokens=True) + d.text
+
+
+def test_qwen_multibyte_stream(qwen):
+    text = "日本語のテキスト、😀 and émojis 🎉🎉"
+    ids = qwen.encode(text, add_special_tokens=False)
+    prompt = apply_chat_template(qwen, [{"role": "user", "content": "hi"}])
+    d, deltas = _stream(qwen, prompt, ids + [qwen.eos_token_id], stop_token_id=qwen.eos_token_id)
+    assert all("\ufffd" not in x for x in deltas)
+    assert "".join(deltas) == d.text == text
+
+
+def test_chat_template_qwen(qwen):
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    ids = apply_chat_template(qwen, msgs, chat_template_kwargs={"enable_thinking": False})
+    text = qwen.decode(ids)
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert "<think>\n\n</think>" in text
+    no_gen = qwen.decode(apply_chat_template(qwen, msgs, add_generation_prompt=False))
+    assert not no_gen.rstrip().endswith("assistant")
+    custom = apply_chat_template(
+        qwen, msgs, chat_template="{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    )
+    assert qwen.decode(custom) == "[hi]"
+
+
+def test_chat_template_fallback_and_errors(stories, qwen):
+    ids = apply_chat_template(stories, [{"role": "user", "content": "Once upon"}])
+    assert ids[0] == stories.bos_token_id
+    assert stories.decode(ids, skip_special_tokens=True) == "user: Once upon\nassistant:"
+    with pytest.raises(ValueError, match="empty"):
+        apply_chat_template(stories, [])
+    with pytest.raises(ValueError, match="text"):
+        apply_chat_template(stories, [{"role": "user", "content": [{"type": "image_url"}]}])
+    with pytest.raises(ValueError, match="role"):
+        apply_chat_template(stories, [{"content": "x"}])
+    with pytest.raises(ValueError, match="must not set"):
+        apply_chat_template(qwen, [{"role": "user", "content": "x"}], chat_template_kwargs={"tokenize": True})
+    with pytest.raises(ValueError, match="chat template error"):
+        apply_chat_template(
+            qwen, [{"role": "user", "content": "x"}], chat_template="{{ raise_exception('no') }}"
+        )
