@@ -137,6 +137,10 @@ class ModelConfig:
             raise ValueError(f"model: {cfg_path} lacks a valid field: {e}") from e
         if max_model_len is None:
             max_model_len = cfg_max_len
+        _require(
+            max_model_len <= cfg_max_len,
+            f"max_model_len ({max_model_len}) exceeds the model's max_position_embeddings ({cfg_max_len})",
+        )
         return cls(
             model=str(path),
             architecture=str(archs[0]),

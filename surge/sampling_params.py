@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 _GREEDY_EPS = 1e-5
+_INT32_MAX = 2**31 - 1
+_SEED_LIMIT = 2**63
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,7 +32,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         repetition_penalty: multiplicative penalty on prompt and generated tokens (> 0; 1 = off).
 
     Raises:
-        ValueError: on construction, naming the field that is out of range.
+        ValueError: on construction, naming the field that is out of range. Integers are
+            bounded (counts and token ids by 2**31 - 1, seeds by +-2**63) and floats must be
+            finite, so no value can overflow the engine's int64 tensors or its msgpack messages.
     """
 
     n: int = 1
@@ -56,7 +62,25 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
+        floats = (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        )
+        for name in floats:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        for name in ("n", "max_tokens", "min_tokens", "top_k"):
+            if getattr(self, name) > _INT32_MAX:
+                raise ValueError(f"{name} must be at most {_INT32_MAX}, got {getattr(self, name)}")
         checks: list[tuple[bool, str]] = [
+            (
+                self.seed is None or -_SEED_LIMIT <= self.seed < _SEED_LIMIT,
+                f"seed must be in [-2**63, 2**63), got {self.seed}",
+            ),
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}"),
@@ -81,7 +105,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"repetition_penalty must be positive, got {self.repetition_penalty}",
             ),
             (all(s != "" for s in self.stop), "stop must not contain an empty string"),
-            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative"),
+            (
+                all(0 <= t <= _INT32_MAX for t in self.stop_token_ids),
+                f"stop_token_ids must be in [0, {_INT32_MAX}]",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -16,7 +16,8 @@ def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, Sampling
     """Fan a request with ``n > 1`` out into ``n`` single-sequence child requests.
 
     Child ``i`` has id ``f"{request_id}-{i}"`` (the request id itself when ``n == 1``) and,
-    when the request is seeded, seed ``seed + i`` so the samples differ but stay reproducible.
+    when the request is seeded, seed ``seed + i`` (wrapped into the int64 range) so the samples
+    differ but stay reproducible.
     The children share the prompt's KV blocks through prefix caching.
     """
     if params.n == 1:
@@ -25,7 +26,8 @@ def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, Sampling
 
     children = []
     for i in range(params.n):
-        seed = None if params.seed is None else params.seed + i
+        # Stay inside SamplingParams' seed range: wrap into [-2**63, 2**63).
+        seed = None if params.seed is None else (params.seed + i + 2**63) % 2**64 - 2**63
         children.append((f"{request_id}-{i}", msgspec.structs.replace(params, n=1, seed=seed)))
     return children
 
@@ -138,9 +140,12 @@ class LLMEngine:
     def step(self) -> list[EngineOutput]:
         """Run one step and return the new tokens of each request that got one."""
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
+            return []
+        # An empty step still reaches the runner so it drops state of finished requests.
+        model_output = self.runner.execute(scheduler_output)
         if scheduler_output.is_empty:
             return []
-        model_output = self.runner.execute(scheduler_output)
         return self.scheduler.update(scheduler_output, model_output)
 
     def has_unfinished_requests(self) -> bool:

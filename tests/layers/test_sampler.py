@@ -166,8 +166,12 @@ def test_temperature_flattens_and_sharpens() -> None:
     assert abs((hot == 0).float().mean().item() - 0.562) < 0.035
 
 
-def test_huge_and_negative_seeds_are_accepted() -> None:
-    logits = _logits(2)
-    params = [SamplingParams(temperature=1.0, seed=2**70 + 5), SamplingParams(temperature=1.0, seed=-3)]
+def test_extreme_and_negative_seeds_are_accepted() -> None:
+    logits = _logits(3)
+    params = [
+        SamplingParams(temperature=1.0, seed=2**63 - 1),
+        SamplingParams(temperature=1.0, seed=-3),
+        SamplingParams(temperature=1.0, seed=-(2**63)),
+    ]
     out = Sampler()(logits, _md(params))
-    assert out.shape == (2,) and ((out >= 0) & (out < V)).all()
+    assert out.shape == (3,) and ((out >= 0) & (out < V)).all()
