@@ -26,6 +26,42 @@ from surge.core.outputs import EngineOutput, ModelOutput, ScheduledRequest, Sche
 from surge.request import Request, RequestStatus
 
 
+def check_request_fits(
+    num_prompt_tokens: int, max_tokens: int, *, max_model_len: int, block_size: int, num_kv_blocks: int
+) -> None:
+    """Reject a request that can never be served, in words fit for an API error.
+
+    Used by :meth:`Scheduler.add_request` and by the API server before it sends a request.
+
+    Args:
+        num_prompt_tokens: prompt length in tokens.
+        max_tokens: the most tokens to generate.
+        max_model_len: longest prompt + output, in tokens.
+        block_size: tokens per KV block.
+        num_kv_blocks: blocks in the whole KV pool.
+
+    Raises:
+        ValueError: the prompt is empty, prompt + max_tokens exceeds ``max_model_len``, or the
+            request needs more KV blocks than the pool holds.
+    """
+    if num_prompt_tokens == 0:
+        raise ValueError("The prompt is empty (it must contain at least one token).")
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{total} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the completion). "
+            "Please reduce the length of the prompt or max_tokens."
+        )
+    blocks = cdiv(total, block_size)
+    if blocks > num_kv_blocks:
+        raise ValueError(
+            f"The request needs {blocks} KV cache blocks ({total} tokens: {num_prompt_tokens} in the "
+            f"prompt, {max_tokens} for the completion) but the KV cache holds only {num_kv_blocks} "
+            f"blocks ({num_kv_blocks * block_size} tokens). Please reduce the length of the prompt or max_tokens."
+        )
+
+
 class Scheduler:
     """Decides which requests compute how many tokens each step, and applies the results.
 
@@ -70,26 +106,13 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        n_prompt = request.num_prompt_tokens
-        if n_prompt == 0:
-            raise ValueError("the prompt must contain at least one token")
-        max_tokens = request.sampling_params.max_tokens
-        total = n_prompt + max_tokens
-        max_len = self.config.max_model_len
-        if total > max_len:
-            raise ValueError(
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{total} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
-                "Please reduce the length of the prompt or max_tokens."
-            )
-        blocks = cdiv(total, self.block_size)
-        if blocks > self.kv.num_total_blocks:
-            raise ValueError(
-                f"The request needs {blocks} KV cache blocks ({total} tokens: {n_prompt} in the prompt, "
-                f"{max_tokens} for the completion) but the KV cache holds only {self.kv.num_total_blocks} "
-                f"blocks ({self.kv.num_total_blocks * self.block_size} tokens). "
-                "Please reduce the length of the prompt or max_tokens."
-            )
+        check_request_fits(
+            request.num_prompt_tokens,
+            request.sampling_params.max_tokens,
+            max_model_len=self.config.max_model_len,
+            block_size=self.block_size,
+            num_kv_blocks=self.kv.num_total_blocks,
+        )
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
         self.waiting.append(request)

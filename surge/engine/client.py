@@ -175,7 +175,17 @@ class EngineClient:
         self.info = msg
         self._loop.add_reader(self._proc.sentinel, self._on_process_exit)
         self._dispatch_task = asyncio.create_task(self._dispatch(decoder), name="surge-engine-dispatch")
+        self._dispatch_task.add_done_callback(self._on_dispatch_done)
         return msg
+
+    def _on_dispatch_done(self, task: asyncio.Task[None]) -> None:
+        """A dispatch loop that ends with an error leaves no one to route outputs: fail fast."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error("the engine output dispatcher failed", exc_info=exc)
+            self._mark_dead(f"the engine output dispatcher failed: {exc!r}")
 
     def add_request(
         self,

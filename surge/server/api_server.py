@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import signal
 import socket
@@ -100,7 +101,8 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
     async def check_api_key(request: Request) -> None:
         if state.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {state.api_key}".encode()):
             raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
 
     auth = [Depends(check_api_key)]

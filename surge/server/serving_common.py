@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
+from surge.core.scheduler import check_request_fits
 from surge.engine.client import EngineClient
 from surge.sampling_params import SamplingParams
 from surge.server.errors import ApiError, bad_request, error_body
@@ -74,27 +75,18 @@ class ServerState:
 
     def check_prompt(self, token_ids: list[int], max_tokens: int) -> None:
         """Raise a 400 ApiError for a prompt that can never be served (same words as the engine's)."""
-        n = len(token_ids)
-        if n == 0:
-            raise bad_request("The prompt is empty (it must contain at least one token).", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in token_ids):
             raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
-        total = n + max_tokens
-        if total > self.max_model_len:
-            raise bad_request(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{total} tokens ({n} in the prompt, {max_tokens} for the completion). "
-                "Please reduce the length of the prompt or max_tokens.",
-                param="max_tokens",
+        try:
+            check_request_fits(
+                len(token_ids),
+                max_tokens,
+                max_model_len=self.max_model_len,
+                block_size=self.block_size,
+                num_kv_blocks=self.num_kv_blocks,
             )
-        blocks = -(-total // self.block_size)
-        if blocks > self.num_kv_blocks:
-            raise bad_request(
-                f"The request needs {blocks} KV cache blocks ({total} tokens) but the KV cache holds only "
-                f"{self.num_kv_blocks} blocks ({self.num_kv_blocks * self.block_size} tokens). "
-                "Please reduce the length of the prompt or max_tokens.",
-                param="max_tokens",
-            )
+        except ValueError as e:
+            raise bad_request(str(e), param="prompt" if not token_ids else "max_tokens") from e
 
 
 def build_sampling_params(req: SamplingRequestFields, max_tokens: int) -> SamplingParams:
