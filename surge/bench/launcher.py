@@ -84,10 +84,17 @@ class ServerLauncher:
         self.stop()
         raise ValueError(f"server not healthy after {self.health_timeout_s:.0f} s; see {self.log_path}")
 
-    def ensure_running(self) -> bool:
-        """Restart the server if it died. Returns True when it had to restart. Raises like :meth:`start`."""
+    def ensure_running(self, retries: int = 3, retry_delay_s: float = 1.0) -> bool:
+        """Restart the server if it died or no longer answers ``/health`` with 200 (a server
+        whose engine process died stays up but reports 503). Returns True when it restarted.
+        Raises like :meth:`start`."""
         if self.alive():
-            return False
+            for attempt in range(retries):
+                if self.healthy():
+                    return False
+                if attempt + 1 < retries:
+                    time.sleep(retry_delay_s)
+            self.stop()
         self.start()
         return True
 
