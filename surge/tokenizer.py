@@ -162,6 +162,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: the prompt (its last tokens give left context).
         skip_special_tokens: leave special tokens out of the text.
         stop: stop strings (non-empty).
+        min_tokens: stop strings are not matched before this many output tokens exist.
     """
 
     def __init__(
@@ -171,10 +172,12 @@ class IncrementalDetokenizer:
         *,
         skip_special_tokens: bool = True,
         stop: tuple[str, ...] = (),
+        min_tokens: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
+        self._min_tokens = min_tokens
         context = list(prompt_token_ids[-_INITIAL_PREFIX_TOKENS:])
         self._ids: list[int] = context
         self._prefix_offset = 0
@@ -225,9 +228,12 @@ class IncrementalDetokenizer:
         """Run stop matching on newly decoded text and return the part safe to emit."""
         if self._finished or not delta:
             return ""
-        if not self._stop:
-            self._emitted.append(delta)
-            return delta
+        if not self._stop or self.num_output_tokens < self._min_tokens:
+            # No stop strings, or not yet: like vLLM, stop strings count only from min_tokens on.
+            out = self._pending + delta
+            self._pending = ""
+            self._emitted.append(out)
+            return out
         buf = self._pending + delta
         match_at = -1
         for s in self._stop:

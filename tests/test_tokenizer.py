@@ -168,3 +168,21 @@ def test_chat_template_fallback_and_errors(stories, qwen):
         apply_chat_template(
             qwen, [{"role": "user", "content": "x"}], chat_template="{{ raise_exception('no') }}"
         )
+
+
+def test_stop_strings_wait_for_min_tokens() -> None:
+    """Like vLLM, a stop string in the first ``min_tokens`` tokens does not end the request."""
+    from surge.tokenizer import IncrementalDetokenizer, load_tokenizer
+    from tests.conftest import STORIES
+
+    tok = load_tokenizer(STORIES)
+    prompt = tok("Once upon a time").input_ids
+    ids = tok(", there was a little girl. Lily was happy.", add_special_tokens=False).input_ids
+    early = IncrementalDetokenizer(tok, prompt, stop=("there",))
+    early_text = "".join(early.update([t]) for t in ids) + early.flush()
+    assert early.stop_matched == "there"
+    assert "there" not in early_text
+    late = IncrementalDetokenizer(tok, prompt, stop=("there", "Lily"), min_tokens=4)
+    late_text = "".join(late.update([t]) for t in ids) + late.flush()
+    assert late.stop_matched == "Lily"
+    assert "there" in late_text and "Lily" not in late_text

@@ -129,6 +129,7 @@ class LLM:
                     token_ids,
                     skip_special_tokens=child_params.skip_special_tokens,
                     stop=child_params.stop,
+                    min_tokens=child_params.min_tokens,
                 )
                 children[child_id] = _Child(i, index, detok, [])
         self._run(children, results)

@@ -125,6 +125,7 @@ class Generation:
                 token_ids,
                 skip_special_tokens=child_params.skip_special_tokens,
                 stop=child_params.stop,
+                min_tokens=child_params.min_tokens,
             )
             self.choices.append(ChoiceState(index, child_id, prompt_index, detok))
             info.choices.append(index)
