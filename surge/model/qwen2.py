@@ -6,11 +6,11 @@ import torch
 from torch import nn
 
 from surge.config import ModelConfig
-from surge.layers.activation import SiluAndMul
 from surge.layers.attention import Attention
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from surge.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from surge.layers.linear import QKVParallelLinear, RowParallelLinear
+from surge.layers.mlp import GatedMLP
 from surge.layers.norm import RMSNorm
 from surge.layers.rotary import RotaryEmbedding, rope_from_hf_config
 
@@ -60,22 +60,6 @@ class Qwen2Attention(nn.Module):
         return self.o_proj(self.attn(positions, q, k, v, kv_cache, metadata, backend))
 
 
-class Qwen2MLP(nn.Module):
-    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))``."""
-
-    def __init__(self, cfg: ModelConfig, tp_rank: int, tp_size: int) -> None:
-        super().__init__()
-        inter = cfg.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [inter, inter], False, cfg.torch_dtype, tp_rank, tp_size
-        )
-        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, cfg.torch_dtype, tp_rank, tp_size)
-        self.act = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
-
-
 class Qwen2DecoderLayer(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` with fused add + norm."""
 
@@ -83,7 +67,7 @@ class Qwen2DecoderLayer(nn.Module):
         super().__init__()
         eps = float(cfg.hf_config.get("rms_norm_eps", 1e-6))
         self.self_attn = Qwen2Attention(cfg, rotary, tp_rank, tp_size)
-        self.mlp = Qwen2MLP(cfg, tp_rank, tp_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, cfg.torch_dtype, tp_rank, tp_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import torch
 
@@ -237,6 +238,7 @@ class ModelRunner:
             seq_lens_cpu=list(q_lens),
         )
         params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, repetition_penalty=1.1)
+        seeded = msgspec.structs.replace(params, seed=0)
         rows = self.max_num_seqs
         with torch.inference_mode():
             input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
@@ -247,7 +249,13 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[idx])
             del hidden
             md = SamplingMetadata.build(
-                [params] * rows, [[]] * rows, [[]] * rows, [()] * rows, self.vocab_size, dev
+                # Half the rows seeded: the seeded noise path has its own [rows, vocab] temporaries.
+                [params, seeded] * (rows // 2) + [params] * (rows % 2),
+                [[]] * rows,
+                [[]] * rows,
+                [()] * rows,
+                self.vocab_size,
+                dev,
             )
             self.sampler(logits, md)
 

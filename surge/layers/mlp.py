@@ -1,0 +1,46 @@
+"""The gated (SwiGLU) MLP shared by the Llama, Qwen2 and Qwen3 decoder layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from surge.layers.activation import SiluAndMul
+from surge.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP (Shazeer, 2020): ``down(silu(gate(x)) * up(x))``.
+
+    ``gate_proj`` and ``up_proj`` are one column-parallel matmul (``gate_up_proj``); the down
+    projection is row-parallel. Parameter names follow Hugging Face's (``gate_up_proj`` is
+    loaded from ``gate_proj`` and ``up_proj``).
+
+    Args:
+        hidden_size: model width.
+        intermediate_size: MLP width (before tensor-parallel sharding).
+        bias: whether the projections have biases (Llama's ``mlp_bias``).
+        dtype: parameter dtype.
+        tp_rank, tp_size: this rank and the tensor-parallel world size.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        super().__init__()
+        inter = intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [inter, inter], bias, dtype, tp_rank, tp_size
+        )
+        self.down_proj = RowParallelLinear(inter, hidden_size, bias, dtype, tp_rank, tp_size)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden] -> [T, hidden]``."""
+        return self.down_proj(self.act(self.gate_up_proj(x)))
