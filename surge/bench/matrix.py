@@ -19,7 +19,7 @@ from typing import Any
 
 from surge.bench.launcher import ServerLauncher
 from surge.bench.report import plot_matrix, summary_markdown
-from surge.bench.serve import ServeConfig, make_counter, run_serve
+from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
 from surge.bench.tokens import TokenCounter
 
 
@@ -181,9 +181,12 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
 
     The summary files are rewritten after every point, so an interrupted run keeps what it measured.
     Raises:
-        ValueError: the output folder cannot be created, or the first server start fails.
+        ValueError: the output folder cannot be created, the server (without ``--launch``) cannot
+            be reached, or the first server start fails.
     """
     out = mcfg.output_dir
+    if not mcfg.launch:
+        fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -96,17 +96,24 @@ def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
     try:
         ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key)
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot reach {base_url}/v1/models: {e}") from None
+        hint = " (pass --api-key)" if "401" in str(e) else ""
+        raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")
     return ans
 
 
 def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
+    """The ``/v1/models`` entry of ``model`` (the first one when None).
+
+    Raises:
+        ValueError: the server does not serve ``model`` (the message lists what it serves).
+    """
     for entry in models["data"]:
         if model is None or entry.get("id") == model:
             return dict(entry)
-    return {"id": model}
+    served = ", ".join(repr(e.get("id")) for e in models["data"])
+    raise ValueError(f"the server does not serve model {model!r}; it serves {served}")
 
 
 async def _arrivals(
@@ -264,6 +271,11 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if counter is None:
         counter = _counter_for(cfg, base, model, entry)
     max_model_len = entry.get("max_model_len")
+    if max_model_len and cfg.dataset == "random" and cfg.input_len + cfg.output_len > int(max_model_len):
+        raise ValueError(
+            f"--input-len {cfg.input_len} + --output-len {cfg.output_len} exceeds the server's "
+            f"max_model_len {max_model_len} (and a chat template adds a few tokens more)"
+        )
     samples = build_samples(cfg, counter, int(max_model_len) if max_model_len else None)
     api_url = base + cfg.endpoint
 

@@ -206,3 +206,13 @@ def test_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     rc = bench_main(_serve(f"http://127.0.0.1:{free_port()}", "--num-prompts", "1"))
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("surge: error: cannot reach") and err.count("\n") == 1
+
+
+def test_unknown_model_and_too_long_points_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(Behaviour()) as s:
+        rc = bench_main(_serve(s.url, "--model", "no-such-model", "--num-prompts", "1"))
+        err = capsys.readouterr().err
+        assert rc == 2 and "does not serve model 'no-such-model'" in err and err.count("\n") == 1
+        rc = bench_main(_serve(s.url, "--input-len", "100000", "--output-len", "8", "--num-prompts", "1"))
+        err = capsys.readouterr().err
+        assert rc == 2 and "max_model_len" in err and err.count("\n") == 1
