@@ -43,7 +43,7 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     llm = LLM(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     if args.chat:
-        out = llm.chat([{"role": "user", "content": args.prompt}], params)
+        out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
     else:
         out = llm.generate(args.prompt, params)[0]
     print(out.outputs[0].text)

@@ -149,14 +149,23 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | None = None,
         *,
         chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> RequestOutput:
-        """Apply the chat template to ``messages`` and generate one reply."""
-        token_ids = apply_chat_template(self.tokenizer, messages, chat_template_kwargs=chat_template_kwargs)
-        return self.generate([token_ids], sampling_params)[0]
+    ) -> list[RequestOutput]:
+        """Apply the chat template to one conversation (a list of messages) or to a list of
+        conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``).
+
+        Returns:
+            One :class:`RequestOutput` per conversation, in order.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts: list[PromptType] = [
+            apply_chat_template(self.tokenizer, conv, chat_template_kwargs=chat_template_kwargs)  # type: ignore[arg-type]
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params)
 
     def _run(self, children: dict[str, _Child], results: list[RequestOutput]) -> None:
         pending = set(children)

@@ -138,3 +138,11 @@ def test_generate_cli_bad_input_is_one_line(args: list[str]) -> None:
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2  # argparse may print a usage line first
     assert "error" in proc.stderr
+
+
+def test_chat_returns_one_output_per_conversation(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    one = llm.chat([{"role": "user", "content": "Tell me a story"}], params)
+    assert len(one) == 1 and len(one[0].outputs[0].token_ids) == 4
+    two = llm.chat([[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]], params)
+    assert len(two) == 2 and two[0].prompt_token_ids != two[1].prompt_token_ids
