@@ -15,7 +15,9 @@ for _ in $(seq 1 120); do
   if ! kill -0 $server 2>/dev/null; then cat runs/demo/server.log; exit 1; fi
   sleep 1
 done
+echo "== surge generate --prompt 'Once upon a time' (bundled stories260K, greedy) =="
 .venv/bin/surge generate --device cpu --prompt "Once upon a time"
+echo "== surge bench serve against http://127.0.0.1:$port (64 requests, 16 at a time, 32 in / 128 out) =="
 .venv/bin/surge bench serve --base-url "http://127.0.0.1:$port" --endpoint /v1/completions \
   --dataset random --input-len 32 --output-len 128 --num-prompts 64 --max-concurrency 16 \
   --ignore-eos --result-file runs/demo/bench.json

@@ -23,11 +23,13 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser; each sub-command sets ``func`` (args -> exit code)."""
+    from surge import __version__
     from surge.bench.cli import add_bench_parser
     from surge.engine.generate_cli import add_generate_parser
     from surge.server.cli import add_serve_parser
 
     parser = _Parser(prog="surge", description="Surge LLM serving engine")
+    parser.add_argument("--version", action="version", version=f"surge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_generate_parser(sub)
     add_serve_parser(sub)

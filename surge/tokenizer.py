@@ -43,10 +43,14 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     if not path.is_dir():
         raise ValueError(f"tokenizer: {str(path)!r} is not a directory")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"tokenizer: cannot load a tokenizer from {str(path)!r}: {first_line}") from e
+    # The engine, not the tokenizer, decides what fits (max_model_len); without this,
+    # transformers warns on every prompt longer than the tokenizer's own model_max_length.
+    tokenizer.model_max_length = 1 << 62
+    return tokenizer
 
 
 def _content_text(content: Any) -> str:
