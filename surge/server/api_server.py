@@ -35,9 +35,9 @@ from surge.server.errors import ApiError, bad_request, error_body, error_respons
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from surge.server.serving_chat import create_chat_completion
-from surge.server.serving_common import ClientGone, ServerState
+from surge.server.serving_common import ClientGone, ServerState, render_chat
 from surge.server.serving_completion import create_completion
-from surge.tokenizer import apply_chat_template, load_tokenizer
+from surge.tokenizer import load_tokenizer
 
 logger = logging.getLogger("surge.server")
 
@@ -153,16 +153,7 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
-            try:
-                ids = apply_chat_template(
-                    state.tokenizer,
-                    [m.model_dump(exclude_none=True) for m in body.messages],
-                    add_generation_prompt=body.add_generation_prompt,
-                    chat_template=state.chat_template,
-                    chat_template_kwargs=body.chat_template_kwargs,
-                )
-            except ValueError as e:
-                raise bad_request(str(e), param="messages") from e
+            ids = render_chat(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
         else:
             ids = list(state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -13,17 +12,17 @@ from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_common import (
+    NO_STREAM_INTERVAL,
+    ChunkEnvelope,
     ServerState,
     build_sampling_params,
     collect,
+    render_chat,
     resolve_max_tokens,
-    sse,
     stream_response,
     usage_dict,
+    with_finish,
 )
-from surge.tokenizer import apply_chat_template
-
-_NO_STREAM_INTERVAL = 1 << 30
 
 
 async def create_chat_completion(
@@ -40,23 +39,14 @@ async def create_chat_completion(
     body.check_unimplemented()
     if not body.messages:
         raise bad_request("messages must not be empty", param="messages")
-    try:
-        prompt_ids = apply_chat_template(
-            state.tokenizer,
-            [m.model_dump(exclude_none=True) for m in body.messages],
-            add_generation_prompt=body.add_generation_prompt,
-            chat_template=state.chat_template,
-            chat_template_kwargs=body.chat_template_kwargs,
-        )
-    except ValueError as e:
-        raise bad_request(str(e), param="messages") from e
+    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
     max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_ids))
     params = build_sampling_params(body, max_tokens)
     state.check_prompt(prompt_ids, max_tokens)
     state.check_engine()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    interval = state.stream_interval if body.stream else _NO_STREAM_INTERVAL
+    interval = state.stream_interval if body.stream else NO_STREAM_INTERVAL
     gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival)
     try:
         gen.add_prompt(request_id, prompt_ids, params)
@@ -88,38 +78,25 @@ async def create_chat_completion(
             }
         )
 
+    env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model)
+
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
-        chunks = []
-        for d in deltas:
-            delta: dict[str, Any] = (
-                {"role": "assistant", "content": d.text} if d.first else {"content": d.text}
+        return [
+            env.chunk(
+                [
+                    with_finish(
+                        {
+                            "index": d.index,
+                            "delta": {"role": "assistant", "content": d.text}
+                            if d.first
+                            else {"content": d.text},
+                        },
+                        d,
+                    )
+                ]
             )
-            choice = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
-            if d.finish_reason is not None:
-                choice["stop_reason"] = d.stop_reason
-            chunks.append(
-                sse(
-                    {
-                        "id": request_id,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [choice],
-                    }
-                )
-            )
-        return chunks
+            for d in deltas
+        ]
 
-    def usage_chunk() -> bytes:
-        return sse(
-            {
-                "id": request_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage_dict(gen),
-            }
-        )
-
-    return await stream_response(request, gen, make_chunks, usage_chunk if body.include_usage else None)
+    usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
+    return await stream_response(request, gen, make_chunks, usage)

@@ -20,6 +20,7 @@ from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
+from surge.tokenizer import apply_chat_template
 
 T = TypeVar("T")
 
@@ -87,6 +88,29 @@ class ServerState:
             )
         except ValueError as e:
             raise bad_request(str(e), param="prompt" if not token_ids else "max_tokens") from e
+
+
+def render_chat(
+    state: ServerState,
+    messages: list[Any],
+    add_generation_prompt: bool,
+    chat_template_kwargs: dict[str, Any] | None,
+) -> list[int]:
+    """Token ids of ``messages`` (pydantic chat messages) under the server's chat template.
+
+    Raises:
+        ApiError: 400 naming ``messages`` when the template cannot render them.
+    """
+    try:
+        return apply_chat_template(
+            state.tokenizer,
+            [m.model_dump(exclude_none=True) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            chat_template=state.chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+    except ValueError as e:
+        raise bad_request(str(e), param="messages") from e
 
 
 def build_sampling_params(req: SamplingRequestFields, max_tokens: int) -> SamplingParams:
@@ -168,6 +192,46 @@ def sse(obj: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+NO_STREAM_INTERVAL = 1 << 30
+"""Stream interval of a non-streaming request: its text is collected once, at the end."""
+
+
+@dataclass(frozen=True)
+class ChunkEnvelope:
+    """The fields every streamed chunk of one response shares (OpenAI chunk objects).
+
+    Attributes:
+        request_id: the response id ("chatcmpl-..." / "cmpl-...").
+        object: "chat.completion.chunk" or "text_completion".
+        created: Unix time in seconds of the response.
+        model: the served model name.
+    """
+
+    request_id: str
+    object: str
+    created: int
+    model: str
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        """One SSE event with these ``choices`` (and extra top-level fields such as usage)."""
+        return sse(
+            {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
+            | {"choices": choices}
+            | extra
+        )
+
+    def usage_chunk(self, gen: Generation) -> bytes:
+        """The final ``include_usage`` event: no choices, the exact usage."""
+        return self.chunk([], usage=usage_dict(gen))
+
+
+def with_finish(choice: dict[str, Any], delta: ChoiceDelta) -> dict[str, Any]:
+    """Add ``finish_reason`` (and vLLM's ``stop_reason`` once finished) to a streamed choice."""
+    choice["logprobs"] = None
+    choice["finish_reason"] = delta.finish_reason
+    if delta.finish_reason is not None:
+        choice["stop_reason"] = delta.stop_reason
+    return choice
 
 
 async def stream_response(

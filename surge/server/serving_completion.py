@@ -12,16 +12,16 @@ from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.protocol import CompletionRequest
 from surge.server.serving_common import (
+    NO_STREAM_INTERVAL,
+    ChunkEnvelope,
     ServerState,
     build_sampling_params,
     collect,
     resolve_max_tokens,
-    sse,
     stream_response,
     usage_dict,
+    with_finish,
 )
-
-_NO_STREAM_INTERVAL = 1 << 30
 
 
 def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str | None]]:
@@ -67,7 +67,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     state.check_engine()
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    interval = state.stream_interval if body.stream else _NO_STREAM_INTERVAL
+    interval = state.stream_interval if body.stream else NO_STREAM_INTERVAL
     gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival)
     try:
         for j, (ids, text, params) in enumerate(plans):
@@ -103,36 +103,14 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             }
         )
 
+    env = ChunkEnvelope(request_id, "text_completion", created, model)
+
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
         for d in deltas:
             text = echo_text(d.prompt_index) + d.text if (body.echo and d.first) else d.text
-            choice = {"index": d.index, "text": text, "logprobs": None, "finish_reason": d.finish_reason}
-            if d.finish_reason is not None:
-                choice["stop_reason"] = d.stop_reason
-            chunks.append(
-                sse(
-                    {
-                        "id": request_id,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": model,
-                        "choices": [choice],
-                    }
-                )
-            )
+            chunks.append(env.chunk([with_finish({"index": d.index, "text": text}, d)]))
         return chunks
 
-    def usage_chunk() -> bytes:
-        return sse(
-            {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage_dict(gen),
-            }
-        )
-
-    return await stream_response(request, gen, make_chunks, usage_chunk if body.include_usage else None)
+    usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
+    return await stream_response(request, gen, make_chunks, usage)
