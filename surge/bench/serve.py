@@ -238,13 +238,23 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
     return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
 
 
+CHAT_TEMPLATE_MARGIN = 32
+"""Tokens kept free for a chat template when filtering ShareGPT prompts by length."""
+
+
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
-    """The timed prompts of ``cfg`` (random or ShareGPT)."""
+    """The timed prompts of ``cfg`` (random or ShareGPT).
+
+    ShareGPT prompts are kept only when prompt + output fit ``max_model_len``; on the chat
+    endpoint the template's own tokens (role headers, ~10-20 for common templates) are not in
+    the raw count, so ``CHAT_TEMPLATE_MARGIN`` tokens are kept free for them.
+    """
     if cfg.dataset == "sharegpt":
         assert cfg.dataset_path is not None
-        return sharegpt_requests(
-            counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, max_model_len
-        )
+        limit = max_model_len
+        if limit is not None and cfg.endpoint == "/v1/chat/completions":
+            limit -= CHAT_TEMPLATE_MARGIN
+        return sharegpt_requests(counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, limit)
     return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed)
 
 
