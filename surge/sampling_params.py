@@ -6,7 +6,8 @@ import math
 
 import msgspec
 
-_GREEDY_EPS = 1e-5
+GREEDY_EPS = 1e-5
+"""Temperatures below this are greedy (argmax)."""
 _INT32_MAX = 2**31 - 1
 _SEED_LIMIT = 2**63
 
@@ -117,7 +118,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def greedy(self) -> bool:
         """True when the request is decoded by argmax (temperature 0)."""
-        return self.temperature < _GREEDY_EPS
+        return self.temperature < GREEDY_EPS
 
     @property
     def has_penalties(self) -> bool:

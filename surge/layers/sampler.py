@@ -21,10 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from surge.sampling_params import SamplingParams
+from surge.sampling_params import GREEDY_EPS, SamplingParams
 
 _M32 = 0xFFFFFFFF
-_GREEDY_EPS = 1e-5
 
 
 @dataclass
@@ -90,7 +89,7 @@ class SamplingMetadata:
         by the caller) or else are computed here from the token id lists.
         """
         temps = np.array([p.temperature for p in params], dtype=np.float32)
-        greedy = temps < _GREEDY_EPS
+        greedy = temps < GREEDY_EPS
         num_out = np.array([len(o) for o in output_token_ids], dtype=np.int64)
 
         def tensor(a: np.ndarray) -> torch.Tensor:
@@ -275,7 +274,7 @@ class Sampler(nn.Module):
         if md.all_greedy:
             assert greedy_tokens is not None
             return greedy_tokens
-        is_greedy = md.temperature < _GREEDY_EPS
+        is_greedy = md.temperature < GREEDY_EPS
         temperature = torch.where(is_greedy, 1.0, md.temperature)
         logits = logits / temperature[:, None]
         if md.top_k is not None or md.top_p is not None:

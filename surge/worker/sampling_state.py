@@ -16,15 +16,13 @@ import torch
 
 from surge.layers.sampler import Sampler, SamplingMetadata
 from surge.request import Request
-from surge.sampling_params import SamplingParams
-
-_GREEDY_EPS = 1e-5
+from surge.sampling_params import GREEDY_EPS, SamplingParams
 
 
 def needs_fresh_sampling_tensors(p: SamplingParams) -> bool:
     """Whether a request's sampling tensors change from step to step: penalties (token
     counts), per-request seeds (output position) or ``min_tokens`` (suppression)."""
-    return p.has_penalties or p.min_tokens > 0 or (p.seed is not None and p.temperature >= _GREEDY_EPS)
+    return p.has_penalties or p.min_tokens > 0 or (p.seed is not None and p.temperature >= GREEDY_EPS)
 
 
 class _PenaltyState:
@@ -97,7 +95,7 @@ class StepSampler:
             params = [r.sampling_params for r in requests]
             self._key = key
             self.fresh = any(needs_fresh_sampling_tensors(p) for p in params)
-            self.greedy = not self.fresh and all(p.temperature < _GREEDY_EPS for p in params)
+            self.greedy = not self.fresh and all(p.temperature < GREEDY_EPS for p in params)
             self.cached = None
         if self.greedy:
             return logits.argmax(dim=-1)
