@@ -45,6 +45,8 @@ def format_result_table(result: dict[str, Any]) -> str:
     for key, title, short in _SECTIONS:
         if f"mean_{key}_ms" not in result:
             continue
+        if not result["completed"]:
+            continue  # no successful request: latencies are undefined, not 0.00
         lines.append("{s:{c}^50}".format(s=title, c="-"))
         row(f"Mean {short} (ms):", float(result[f"mean_{key}_ms"]))
         row(f"Median {short} (ms):", float(result[f"median_{key}_ms"]))

@@ -115,3 +115,28 @@ def test_parsers() -> None:
     for bad in ("", "abc", "0", "101"):
         with pytest.raises(ValueError):
             parse_percentiles(bad)
+
+
+def test_result_table_omits_latencies_when_nothing_succeeded() -> None:
+    from surge.bench.report import format_result_table
+
+    result = {
+        "completed": 0,
+        "failed": 2,
+        "duration": 1.0,
+        "total_input_tokens": 0,
+        "total_output_tokens": 0,
+        "request_throughput": 0.0,
+        "output_throughput": 0.0,
+        "max_output_tokens_per_s": 0.0,
+        "total_token_throughput": 0.0,
+        "mean_ttft_ms": 0.0,
+        "median_ttft_ms": 0.0,
+        "p99_ttft_ms": 0.0,
+        "errors": ["HTTP 400: too long", "HTTP 400: too long"],
+    }
+    table = format_result_table(result)
+    assert "TTFT" not in table
+    assert "Failed requests:" in table and "HTTP 400: too long" in table
+    result["completed"] = 1
+    assert "Mean TTFT (ms):" in format_result_table(result)
