@@ -137,15 +137,22 @@ class Generation:
             except EngineDeadError as e:
                 raise ApiError(503, f"The engine is not available: {e}") from e
 
-    def abort(self) -> None:
-        """Abort every unfinished choice in the engine (client gone or error)."""
+    def abort(self, count_as_finished: bool = True) -> None:
+        """Abort every unfinished choice in the engine.
+
+        Args:
+            count_as_finished: count the choices in ``surge:request_success_total`` with reason
+                "abort" (a client that went away or a matched stop); False for an engine
+                rejection or death, which are errors, not finished requests (as in vLLM).
+        """
         ids = [c.request_id for c in self.choices if c.finish_reason is None]
         if ids:
             self._client.abort_requests(ids)
             for c in self.choices:
                 if c.finish_reason is None:
                     c.finish_reason = "abort"
-                    self._metrics.request_finished("abort", time.monotonic() - self._arrival)
+                    if count_as_finished:
+                        self._metrics.request_finished("abort", time.monotonic() - self._arrival)
             self._num_unfinished = 0
 
     async def deltas(self) -> AsyncIterator[list[ChoiceDelta]]:
@@ -170,10 +177,10 @@ class Generation:
                     if delta is not None:
                         out.append(delta)
                 elif isinstance(item, EngineDeadError):
-                    self.abort()
+                    self.abort(count_as_finished=False)
                     raise ApiError(503, f"The engine is not available: {item}")
                 else:  # RequestError: the engine rejected the request
-                    self.abort()
+                    self.abort(count_as_finished=False)
                     raise ApiError(400, item.message)
             if out:
                 yield out
