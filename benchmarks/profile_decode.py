@@ -34,6 +34,11 @@ def _group(name: str) -> str:
     return "other"
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="model folder (config.json; weights are random)")
@@ -46,16 +51,17 @@ def main() -> None:
         build_engine_config(args.model, dtype="bfloat16", load_format="dummy", enforce_eager=True)
     )
     rng = np.random.default_rng(0)
+    vocab = engine.config.model.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.steps + 16, ignore_eos=True)
     for i in range(args.batch):
-        engine.add_request(f"p{i}", rng.integers(1000, 100000, args.input_len).tolist(), params)
+        engine.add_request(f"p{i}", rng.integers(3, vocab, args.input_len).tolist(), params)
     for _ in range(8):  # prefill and warm decode steps
         engine.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # kernels only: no double counting
         for _ in range(args.steps):
             engine.step()
-        torch.cuda.synchronize()
+        _sync()
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for evt in prof.key_averages():
