@@ -58,7 +58,9 @@ def main() -> None:
     for _ in range(8):  # prefill and warm decode steps
         engine.step()
     _sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # kernels only: no double counting
+    # Kernels only on a GPU (CPU ops would count their kernels twice); CPU ops elsewhere.
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
         for _ in range(args.steps):
             engine.step()
         _sync()
