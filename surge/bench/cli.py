@@ -221,10 +221,16 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``surge bench compare BASE NEW``: markdown to stdout, optional PNG; exit 0."""
+    """``surge bench compare BASE NEW``: markdown to stdout, optional PNG; exit 0.
+
+    Raises:
+        ValueError: no point is valid in both runs (nothing to compare).
+    """
     from surge.bench.compare import compare_points, comparison_markdown, load_points, plot_comparison
 
     cmp = compare_points(load_points(args.base), load_points(args.new), args.metric)
+    if not cmp.rows:
+        raise ValueError(f"no point is valid in both {args.base} and {args.new}: nothing to compare")
     print(comparison_markdown(cmp, args.base, args.new), end="")
     if args.plot:
         plot_comparison(cmp, Path(args.plot))

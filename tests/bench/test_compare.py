@@ -114,3 +114,14 @@ def test_single_result_files_and_errors(tmp_path: Path, capsys: pytest.CaptureFi
     assert bench_main(["bench", "compare", str(a), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("surge: error:") and err.count("\n") == 1
+
+
+def test_runs_with_no_common_point_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = {"num_prompts": 1, "max_concurrency": 1, "input_len": 32, "completed": 1, "failed": 0}
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps({**base, "output_len": 256, "output_throughput": 100.0}))
+    b.write_text(json.dumps({**base, "output_len": 1024, "output_throughput": 100.0}))
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to compare" in err and err.count("\n") == 1
