@@ -132,7 +132,7 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         ]
         return {"object": "list", "data": data}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if state.client.is_ready:
             return Response(status_code=200)

@@ -95,6 +95,7 @@ def test_server_still_serves_after_bad_requests(server: Server) -> None:
     for path, body, status, _ in BAD_REQUESTS:
         assert _post(server, path, body).status_code == status
     assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.head(server.url + "/health").status_code == 200
     r = httpx.post(
         server.url + CMPL, json={"prompt": "Once", "max_tokens": 5, "ignore_eos": True}, timeout=60
     )
