@@ -17,6 +17,7 @@ terminal's Ctrl-C too, shuts the engine down itself.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -215,6 +216,10 @@ def run_engine_core(
                 )
             )
         )
+        # The model, tokenizer-free engine state and CUDA graphs live until exit: move them out
+        # of the garbage collector's generations so its collections scan only per-step garbage.
+        gc.collect()
+        gc.freeze()
         _busy_loop(engine, in_sock, out_sock, encoder, parent_pid)
     except _Shutdown:
         logger.info("engine process shutting down (SIGTERM)")
