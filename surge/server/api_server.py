@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import signal
@@ -284,6 +285,10 @@ async def run_server(
         info.num_kv_blocks * info.block_size,
     )
     app = build_app(state, log_interval=options.log_interval)
+    # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
+    # collector's generations so full collections, which stall every open stream, stay short.
+    gc.collect()
+    gc.freeze()
     server = uvicorn.Server(
         uvicorn.Config(
             app,
