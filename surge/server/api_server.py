@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from transformers import PreTrainedTokenizerBase
 
 import surge
 from surge.config import EngineConfig
@@ -225,8 +226,16 @@ async def run_server(
     options: ServeOptions,
     sock: socket.socket,
     engine_factory: EngineFactory | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> int:
     """Start the engine process, then serve HTTP on ``sock`` until SIGINT / SIGTERM.
+
+    Args:
+        config: the engine configuration (the engine process builds its engine from it).
+        options: HTTP-side options.
+        sock: a bound listening socket.
+        engine_factory: builds the engine in the engine process (tests pass a fake).
+        tokenizer: the model's tokenizer if the caller already loaded it, else it is loaded here.
 
     Returns:
         The exit code: 0 after a clean shutdown, 1 when the engine failed to start.
@@ -234,7 +243,8 @@ async def run_server(
     Raises:
         ValueError: the model folder has no loadable tokenizer.
     """
-    tokenizer = load_tokenizer(config.model.model)
+    if tokenizer is None:  # the CLI passes the one it loaded to fail fast
+        tokenizer = load_tokenizer(config.model.model)
     loop = asyncio.get_running_loop()
     this_task = asyncio.current_task()
     assert this_task is not None

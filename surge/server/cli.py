@@ -120,7 +120,7 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_enable_prefix_caching,
         enforce_eager=args.enforce_eager,
     )
-    load_tokenizer(config.model.model)  # fail fast on a folder without a tokenizer
+    tokenizer = load_tokenizer(config.model.model)  # fail fast on a folder without a tokenizer
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -141,6 +141,6 @@ def run_serve(args: argparse.Namespace) -> int:
         except ImportError:  # pragma: no cover - uvloop is optional
             loop_factory = None
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(run_server(config, options, sock))
+            return runner.run(run_server(config, options, sock, tokenizer=tokenizer))
     finally:
         sock.close()
