@@ -6,7 +6,7 @@ import time
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
@@ -17,10 +17,10 @@ from surge.server.serving_common import (
     ServerState,
     build_sampling_params,
     collect,
+    full_response,
     render_chat,
     resolve_max_tokens,
     stream_response,
-    usage_dict,
     with_finish,
 )
 
@@ -67,16 +67,7 @@ async def create_chat_completion(
             }
             for i, (text, finish, stop) in sorted(results.items())
         ]
-        return JSONResponse(
-            {
-                "id": request_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": choices,
-                "usage": usage_dict(gen),
-            }
-        )
+        return full_response(request_id, "chat.completion", created, model, choices, gen)
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model)
 

@@ -225,6 +225,22 @@ class ChunkEnvelope:
         return self.chunk([], usage=usage_dict(gen))
 
 
+def full_response(
+    request_id: str, obj: str, created: int, model: str, choices: list[dict[str, Any]], gen: Generation
+) -> JSONResponse:
+    """The non-streaming OpenAI body: ``choices`` plus the exact usage of ``gen``."""
+    return JSONResponse(
+        {
+            "id": request_id,
+            "object": obj,
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage_dict(gen),
+        }
+    )
+
+
 def with_finish(choice: dict[str, Any], delta: ChoiceDelta) -> dict[str, Any]:
     """Add ``finish_reason`` (and vLLM's ``stop_reason`` once finished) to a streamed choice."""
     choice["logprobs"] = None

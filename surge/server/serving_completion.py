@@ -6,7 +6,7 @@ import time
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
@@ -17,9 +17,9 @@ from surge.server.serving_common import (
     ServerState,
     build_sampling_params,
     collect,
+    full_response,
     resolve_max_tokens,
     stream_response,
-    usage_dict,
     with_finish,
 )
 
@@ -92,16 +92,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             choices.append(
                 {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": stop}
             )
-        return JSONResponse(
-            {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": choices,
-                "usage": usage_dict(gen),
-            }
-        )
+        return full_response(request_id, "text_completion", created, model, choices, gen)
 
     env = ChunkEnvelope(request_id, "text_completion", created, model)
 
