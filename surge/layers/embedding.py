@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from surge.layers.linear import gemm
+
 
 class VocabParallelEmbedding(nn.Module):
     """Token embedding with the vocabulary split over ranks.
@@ -88,8 +90,12 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.weight = tie_to.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        """``hidden [N, hidden_size] -> logits [N, vocab_size]`` in the weight dtype."""
-        logits = F.linear(hidden, self.weight)
+        """``hidden [N, hidden_size] -> logits [N, vocab_size]`` in the weight dtype.
+
+        The projection is :func:`surge.layers.linear.gemm` (the skinny Triton GEMM on CUDA for
+        at most ``SKINNY_MAX_M`` rows).
+        """
+        logits = gemm(hidden, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, logits)

@@ -6,6 +6,9 @@ the input features and all-reduces its partial sums. Each parameter carries a
 ``weight_loader(param, loaded_weight, shard_id=None)`` that copies this rank's slice of a
 full Hugging Face tensor into it. ``tp_rank``/``tp_size`` are passed explicitly; with
 ``tp_size == 1`` nothing is split and no collective runs.
+
+On CUDA, matmuls of at most ``SKINNY_MAX_M`` tokens (decode steps) run on the skinny Triton
+GEMM of :mod:`surge.kernels.skinny_gemm` instead of cuBLAS (see :func:`gemm`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,21 @@ def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
         raise ValueError(
             f"{name}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}"
         )
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: ``x [T, in] -> [T, out]`` in ``x``'s dtype.
+
+    On CUDA, when :func:`surge.kernels.skinny_gemm.use_skinny` holds (``T <= SKINNY_MAX_M``,
+    fp16/bf16), the skinny Triton GEMM runs instead of cuBLAS. Triton is imported only then, so
+    CPU-only hosts need not have it.
+    """
+    if x.is_cuda:
+        from surge.kernels.skinny_gemm import skinny_linear, use_skinny
+
+        if use_skinny(x, weight):
+            return skinny_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _make_param(shape: tuple[int, ...], dtype: torch.dtype | None, loader: WeightLoader) -> nn.Parameter:
@@ -66,8 +84,8 @@ class _LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, in_local] -> [T, out_local]``."""
-        return F.linear(x, self.weight, self.bias)
+        """``x [T, in_local] -> [T, out_local]`` (:func:`gemm`)."""
+        return gemm(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(_LinearBase):
@@ -250,9 +268,30 @@ class RowParallelLinear(_LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, in_local] -> [T, out]`` (all-reduced over ranks when ``tp_size > 1``)."""
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = F.linear(x, self.weight)
-        torch.distributed.all_reduce(y)
+            return gemm(x, self.weight, self.bias)
+        return self._reduce(gemm(x, self.weight))
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``gate_up [T, 2 * in_local] -> [T, out]``: ``forward(silu(g) * u)`` for
+        ``g, u = gate_up[:, :in_local], gate_up[:, in_local:]``, with the SiLU-and-mul fused
+        into the GEMM's operand load (:func:`surge.kernels.skinny_gemm.silu_mul_linear`).
+
+        For Triton-capable inputs only (CUDA, or CPU under ``TRITON_INTERPRET=1``); callers
+        check :func:`surge.kernels.skinny_gemm.use_skinny` first. Same all-reduce and bias as
+        :meth:`forward`.
+
+        Raises:
+            ValueError: ``gate_up`` is not ``[T, 2 * in_local]`` in the weight's dtype.
+        """
+        from surge.kernels.skinny_gemm import silu_mul_linear
+
+        if self.tp_size == 1:
+            return silu_mul_linear(gate_up, self.weight, self.bias)
+        return self._reduce(silu_mul_linear(gate_up, self.weight))
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """All-reduce this rank's partial sums ``[T, out]``, then add the bias once."""
+        torch.distributed.all_reduce(partial)
         if self.bias is not None:
-            y = y + self.bias
-        return y
+            partial = partial + self.bias
+        return partial
