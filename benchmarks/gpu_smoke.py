@@ -132,6 +132,47 @@ def run_batch(engine: LLMEngine, batch: int, input_len: int, output_len: int, se
     }
 
 
+def run_engine_loop(
+    engine: LLMEngine, batch: int, input_len: int, output_len: int, seed: int
+) -> dict[str, Any]:
+    """Generate ``batch`` requests through ``engine.step()`` (asynchronous scheduling when
+    the engine has it on): end-to-end throughput and the mean time per output token once
+    every request has its first token.
+
+    Raises:
+        RuntimeError: a request did not get exactly ``output_len`` tokens.
+    """
+    rng = np.random.default_rng(seed)
+    vocab = engine.config.model.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    ids = [f"e{batch}-s{seed}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, rng.integers(0, vocab, input_len).tolist(), params)
+    counts: Counter[str] = Counter()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    all_started: float | None = None
+    tokens_at_start = 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            counts[o.request_id] += len(o.new_token_ids)
+        if all_started is None and len(counts) == batch:
+            all_started = time.perf_counter()
+            tokens_at_start = sum(counts.values())
+    end = time.perf_counter()
+    bad = {rid: counts[rid] for rid in ids if counts[rid] != output_len}
+    if bad:
+        raise RuntimeError(f"requests without exactly {output_len} tokens: {bad}")
+    steady = (batch * output_len - tokens_at_start) / batch
+    return {
+        "batch": batch,
+        "async_scheduling": engine.async_scheduling,
+        "output_tok_s": batch * output_len / (end - start),
+        "decode_ms_per_token": 1e3 * (end - all_started) / steady if all_started and steady else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Surge GPU smoke benchmark (offline decode throughput).")
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="HF model folder (config.json is enough)")
@@ -143,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument(
+        "--no-async-scheduling", action="store_true", help="engine.step() without asynchronous scheduling"
+    )
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu, to check the script itself")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -160,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        async_scheduling=False if args.no_async_scheduling else None,
     )
     t0 = time.perf_counter()
     engine = LLMEngine(config)
@@ -192,9 +237,23 @@ def main(argv: list[str] | None = None) -> int:
             f"prepare {ms['prepare']:.3f} launch {ms['launch']:.3f} update {ms['update']:.3f}) "
             f"sync {ms['sync']:.3f} device {ms['device']:.3f} | graphs {100 * res['graph_fraction']:.0f} %"
         )
+    runner.set_timing(False)
+    engine_results = []
+    for batch in args.batches:
+        run_engine_loop(engine, batch, args.input_len, 16, seed=3)  # warm-up
+        res = run_engine_loop(engine, batch, args.input_len, args.output_len, seed=2)
+        engine_results.append(res)
+        print(
+            f"batch {batch:4d} via engine.step() (async_scheduling={res['async_scheduling']}): "
+            f"{res['output_tok_s']:9.1f} out tok/s end to end, "
+            f"{res['decode_ms_per_token']:.3f} ms per decode step"
+        )
     if args.json is not None:
         args.json.write_text(
-            json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": results}, indent=2)
+            json.dumps(
+                {"args": vars(args) | {"json": str(args.json)}, "results": results, "engine": engine_results},
+                indent=2,
+            )
         )
     return 0
 

@@ -46,9 +46,10 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays (names may be hidden)")
     args = ap.parse_args()
     engine = LLMEngine(
-        build_engine_config(args.model, dtype="bfloat16", load_format="dummy", enforce_eager=True)
+        build_engine_config(args.model, dtype="bfloat16", load_format="dummy", enforce_eager=not args.graphs)
     )
     rng = np.random.default_rng(0)
     vocab = engine.config.model.vocab_size
@@ -74,7 +75,8 @@ def main() -> None:
     by_group: dict[str, float] = defaultdict(float)
     for name, us in totals.items():
         by_group[_group(name)] += us
-    print(f"batch {args.batch}, context ~{args.input_len + 8}: device time per decode step (eager)")
+    mode = "CUDA graphs" if args.graphs else "eager"
+    print(f"batch {args.batch}, context ~{args.input_len + 8}: device time per decode step ({mode})")
     for group, us in sorted(by_group.items(), key=lambda kv: -kv[1]):
         print(f"  {group:<8} {us / 1000:8.3f} ms")
     print(f"  {'total':<8} {sum(by_group.values()) / 1000:8.3f} ms")

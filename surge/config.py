@@ -250,6 +250,9 @@ class EngineConfig:
         model, cache, scheduler, parallel: the parts above.
         device: "cpu", "cuda" or "cuda:N" (resolved, never "auto").
         enforce_eager: disable CUDA graphs.
+        async_scheduling: schedule and launch step k+1 before step k's sampled ids are
+            back, so host work overlaps the GPU (see :class:`surge.core.scheduler.Scheduler`).
+            Steps with penalties, per-request seeds or ``min_tokens`` still run one at a time.
         seed: global seed (sampling of requests without their own seed).
         cpu_threads: torch intra-op threads of the engine on CPU. 1 by default: the CPU path
             serves tiny models, where more threads only add OpenMP spin-waiting that starves
@@ -262,6 +265,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "cpu"
     enforce_eager: bool = False
+    async_scheduling: bool = False
     seed: int = 0
     cpu_threads: int = 1
 

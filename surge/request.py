@@ -42,7 +42,11 @@ class Request:
         request_id: unique id given by the caller.
         prompt_token_ids: the prompt, in tokens.
         output_token_ids: tokens generated so far.
-        num_computed_tokens: tokens whose K/V are in the cache (prompt and output).
+        num_computed_tokens: tokens whose K/V are in the cache (prompt and output), or
+            queued to be written by a launched step (see :meth:`Scheduler.advance`).
+        num_pending_outputs: tokens sampled by launched steps whose ids are not known yet
+            (at most 2, and only with asynchronous scheduling: the step in flight and the
+            one just launched).
         block_ids: the request's block table, KV block ids in order (owned by the KV manager).
         num_cached_tokens: prompt tokens served from the prefix cache at the first admission.
         eos_token_ids: the model's EOS ids (ignored with ``ignore_eos``).
@@ -58,6 +62,7 @@ class Request:
         "eos_token_ids",
         "output_token_ids",
         "num_computed_tokens",
+        "num_pending_outputs",
         "block_ids",
         "num_cached_tokens",
         "status",
@@ -82,6 +87,7 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.num_pending_outputs = 0
         self.block_ids: list[int] = []
         self.num_cached_tokens = 0
         self.status = RequestStatus.WAITING

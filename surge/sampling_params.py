@@ -124,3 +124,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     def has_penalties(self) -> bool:
         """True when any presence, frequency or repetition penalty is active."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def needs_token_history(self) -> bool:
+        """True when sampling depends on every token id so far: penalties (token counts), a
+        per-request seed (output position) or ``min_tokens`` (EOS suppression). Such
+        requests get fresh sampling tensors every step, and asynchronous scheduling applies
+        their step before scheduling the next."""
+        return (
+            self.has_penalties
+            or self.min_tokens > 0
+            or (self.seed is not None and self.temperature >= GREEDY_EPS)
+        )

@@ -216,7 +216,8 @@ class KVCacheManager:
         caller then sets ``request.num_computed_tokens`` to their token count.
 
         Blocks that will be full once this step's tokens are computed are registered in the
-        prefix cache now, so a request admitted later in the same step can already hit them.
+        prefix cache now, so a request admitted later in the same step can already hit them
+        (except blocks holding a pending token, whose id is not known yet).
 
         Args:
             request: the request.
@@ -263,6 +264,9 @@ class KVCacheManager:
         return True
 
     def _register_full_blocks(self, request: Request, num_full: int) -> None:
+        # Only blocks whose token ids are all known: a pending token (asynchronous
+        # scheduling) is hashed in a later step, once its id is back.
+        num_full = min(num_full, request.num_tokens // self.block_size)
         rid = request.request_id
         start = self._req_num_registered.get(rid, 0)
         if num_full <= start:

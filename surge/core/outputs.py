@@ -15,7 +15,10 @@ class ScheduledRequest:
 
     The executor computes tokens ``[start, start + num_new_tokens)`` of
     ``request``'s prompt + output, where ``start = request.num_computed_tokens`` at the
-    time of scheduling (the scheduler advances ``num_computed_tokens`` only in ``update``).
+    time of scheduling (the scheduler advances ``num_computed_tokens`` after the step is
+    launched, in ``advance`` or ``update``). With asynchronous scheduling the one token of
+    a decode may be pending (``start == request.num_tokens``): sampled by the previous
+    step, its id is read on the device.
 
     Attributes:
         request: the request (its ``block_ids`` is the block table for this step).
@@ -39,12 +42,14 @@ class SchedulerOutput:
         preempted_request_ids: requests preempted while building this step.
         finished_request_ids: requests that finished or were aborted since the previous
             step; the executor may drop any per-request state it keeps for them.
+        advanced: whether :meth:`Scheduler.advance` has applied this step's progress.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_scheduled_tokens: int = 0
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
+    advanced: bool = False
 
     @property
     def is_empty(self) -> bool:

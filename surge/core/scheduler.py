@@ -11,6 +11,13 @@ after vLLM v1's unified scheduler and Sarathi-Serve's chunked prefill, arXiv:240
 - When a running request cannot get a block, the most recently admitted running request is
   preempted by recompute (blocks freed, progress reset, output kept, back to the front of
   the waiting queue).
+- Asynchronous scheduling (vLLM's ``--async-scheduling``, SGLang's overlap scheduler): the
+  engine may schedule step k+1 before step k's sampled ids are back. :meth:`Scheduler.advance`
+  marks a launched step's tokens as computed and its samples as pending
+  (``Request.num_pending_outputs``); a decode then computes its pending token, whose id the
+  executor takes from the previous step's output on the device. A request whose pending
+  token will be its last (``max_tokens`` or ``max_model_len``) is not scheduled again; a stop
+  found one step late costs one discarded token.
 """
 
 from __future__ import annotations
@@ -141,16 +148,25 @@ class Scheduler:
         self._finished_ids.append(request.request_id)
 
     def _preempt(self, request: Request) -> None:
-        """Preempt by recompute: free blocks, reset progress (output kept), front of the queue."""
+        """Preempt by recompute: free blocks, reset progress (output kept), front of the queue.
+
+        A token still in flight for it is dropped (``update`` skips the request); it is
+        sampled again after the recompute."""
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.num_pending_outputs = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.waiting.appendleft(request)
 
     def schedule(self) -> SchedulerOutput:
-        """Build the next step. Does not advance ``num_computed_tokens`` (``update`` does).
+        """Build the next step. Does not advance ``num_computed_tokens`` (``advance`` or
+        ``update`` does).
+
+        Pending tokens (``Request.num_pending_outputs``, asynchronous scheduling) count as
+        known: a request with one computes it next, and a request whose pending token will
+        end it is left out.
 
         Returns:
             The step: running requests first (in admission order), then newly admitted
@@ -161,12 +177,20 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         now = time.monotonic()
         scheduled = out.scheduled
+        max_len = self.config.max_model_len
 
         # 1. Running requests: decodes and the next chunks of partly prefilled prompts.
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            pending = request.num_pending_outputs
+            known = request.num_tokens + pending
+            if pending and (
+                request.num_output_tokens + pending >= request.sampling_params.max_tokens or known >= max_len
+            ):
+                i += 1  # its last token is in flight: nothing more to compute
+                continue
+            num_new = min(known - request.num_computed_tokens, budget)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -175,7 +199,7 @@ class Scheduler:
                     break
             else:
                 budget -= num_new
-                sample = request.num_computed_tokens + num_new == request.num_tokens
+                sample = request.num_computed_tokens + num_new == known
                 scheduled.append(ScheduledRequest(request, num_new, sample))
                 i += 1
                 continue
@@ -211,12 +235,30 @@ class Scheduler:
             sample = num_cached + num_new == request.num_tokens
             scheduled.append(ScheduledRequest(request, num_new, sample))
 
+    def advance(self, scheduler_output: SchedulerOutput) -> None:
+        """Mark a launched step as computed before its results are known (asynchronous
+        scheduling): each request's ``num_computed_tokens`` grows by its share and each
+        sampled request gets one pending output. Idempotent per step; ``update`` calls it
+        when the caller did not."""
+        if scheduler_output.advanced:
+            return
+        scheduler_output.advanced = True
+        for s in scheduler_output.scheduled:
+            request = s.request
+            if request.status != RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += s.num_new_tokens
+            if s.sample:
+                request.num_pending_outputs += 1
+
     def update(self, scheduler_output: SchedulerOutput, model_output: ModelOutput) -> list[EngineOutput]:
-        """Apply a computed step: advance progress, append sampled tokens, finish requests.
+        """Apply a computed step: advance progress (unless :meth:`advance` did), append
+        sampled tokens, finish requests.
 
         Stop checks, in order: EOS (unless ``ignore_eos``) or a stop token id, once at least
         ``min_tokens`` tokens exist -> "stop"; ``max_tokens`` reached -> "length";
-        ``max_model_len`` reached -> "length". Requests aborted since ``schedule`` are skipped.
+        ``max_model_len`` reached -> "length". Requests that were aborted, preempted or
+        finished since ``schedule`` are skipped (their token of this step is dropped).
 
         Returns:
             One output per request that got a token this step, in schedule order.
@@ -224,17 +266,16 @@ class Scheduler:
         Raises:
             KeyError: ``model_output`` lacks the token of a request scheduled with ``sample``.
         """
+        self.advance(scheduler_output)
         outputs: list[EngineOutput] = []
         max_len = self.config.max_model_len
         now = time.monotonic()
         finished: list[Request] = []
         for s in scheduler_output.scheduled:
             request = s.request
-            if request.status != RequestStatus.RUNNING:
-                continue  # aborted between schedule() and update()
-            request.num_computed_tokens += s.num_new_tokens
-            if not s.sample:
-                continue
+            if request.status != RequestStatus.RUNNING or not s.sample:
+                continue  # no token, or aborted / preempted / finished since schedule()
+            request.num_pending_outputs -= 1
             token = model_output.sampled_token_ids[request.request_id]
             request.output_token_ids.append(token)
             if request.first_token_time is None:

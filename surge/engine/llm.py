@@ -41,6 +41,7 @@ class LLM:
         max_model_len: longest prompt + output; None = the model's maximum.
         enable_prefix_caching: share the KV blocks of equal prompt prefixes.
         enforce_eager: no CUDA graphs.
+        async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -62,6 +63,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         enforce_eager: bool = False,
         gpu_memory_utilization: float = 0.9,
+        async_scheduling: bool | None = None,
     ) -> None:
         config = build_engine_config(
             None if model is None else str(model),
@@ -77,6 +79,7 @@ class LLM:
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
         )
         self.tokenizer = load_tokenizer(config.model.model)
         self.engine = LLMEngine(config)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, resolve_device
-from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler
 from surge.request import Request
 from surge.sampling_params import SamplingParams
@@ -47,10 +47,13 @@ def build_engine_config(
     max_model_len: int | None = None,
     enable_prefix_caching: bool = True,
     enforce_eager: bool = False,
+    async_scheduling: bool | None = None,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
-    ``max_model_len=None`` takes the model's ``max_position_embeddings``.
+    ``max_model_len=None`` takes the model's ``max_position_embeddings``;
+    ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
+    and off on CPU (where a step's compute is the host's own work).
 
     Raises:
         ValueError: a bad model folder or an out-of-range value (the message names it).
@@ -58,6 +61,9 @@ def build_engine_config(
     model_config = ModelConfig.from_pretrained(
         model, dtype=dtype, load_format=load_format, seed=seed, max_model_len=max_model_len
     )
+    resolved = resolve_device(device)
+    if async_scheduling is None:
+        async_scheduling = resolved.startswith("cuda")
     return EngineConfig(
         model=model_config,
         cache=CacheConfig(
@@ -71,10 +77,22 @@ def build_engine_config(
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=model_config.max_model_len,
         ),
-        device=resolve_device(device),
+        device=resolved,
         enforce_eager=enforce_eager,
+        async_scheduling=async_scheduling,
         seed=seed,
     )
+
+
+class _InFlight:
+    """A launched step whose results are not applied yet."""
+
+    __slots__ = ("scheduler_output", "handle", "exact")
+
+    def __init__(self, scheduler_output: SchedulerOutput, handle: Any, exact: bool) -> None:
+        self.scheduler_output = scheduler_output
+        self.handle = handle
+        self.exact = exact
 
 
 class LLMEngine:
@@ -82,6 +100,13 @@ class LLMEngine:
 
     Each :meth:`step` is ``scheduler.schedule()`` -> ``runner.execute()`` ->
     ``scheduler.update()``. The engine knows token ids only; text lives with the caller.
+
+    With ``config.async_scheduling`` a step is instead ``schedule()`` ->
+    ``runner.execute_async()`` -> ``scheduler.advance()``, then ``update()`` of the step
+    launched before it: the host schedules and prepares step k+1 while the GPU runs step
+    k, and :meth:`step` returns the outputs of step k. A step that samples a request whose
+    sampling needs every token id on the host (``SamplingParams.needs_token_history``) is
+    applied before the next one is scheduled.
 
     Attributes:
         config: the engine configuration.
@@ -110,6 +135,8 @@ class LLMEngine:
         self.max_model_len: int = config.scheduler.max_model_len
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
         self._eos_token_ids = frozenset(config.model.eos_token_ids)
+        self.async_scheduling: bool = config.async_scheduling and hasattr(runner, "execute_async")
+        self._in_flight: _InFlight | None = None
 
     def add_request(
         self,
@@ -138,7 +165,10 @@ class LLMEngine:
         self.scheduler.abort_requests(request_ids)
 
     def step(self) -> list[EngineOutput]:
-        """Run one step and return the new tokens of each request that got one."""
+        """Run one step and return the new tokens of each request that got one (with
+        asynchronous scheduling: launch one step and return those of the step before)."""
+        if self.async_scheduling:
+            return self._step_async()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
             return []
@@ -148,8 +178,34 @@ class LLMEngine:
             return []
         return self.scheduler.update(scheduler_output, model_output)
 
+    def _step_async(self) -> list[EngineOutput]:
+        outputs: list[EngineOutput] = []
+        if self._in_flight is not None and self._in_flight.exact:
+            outputs = self._apply_in_flight()
+        scheduler_output = self.scheduler.schedule()
+        launched: _InFlight | None = None
+        if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
+            handle = self.runner.execute_async(scheduler_output)
+            self.scheduler.advance(scheduler_output)
+            if not scheduler_output.is_empty:
+                exact = any(
+                    s.sample and s.request.sampling_params.needs_token_history
+                    for s in scheduler_output.scheduled
+                )
+                launched = _InFlight(scheduler_output, handle, exact)
+        outputs += self._apply_in_flight()
+        self._in_flight = launched
+        return outputs
+
+    def _apply_in_flight(self) -> list[EngineOutput]:
+        """Wait for the step in flight (if any) and apply its results."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return []
+        return self.scheduler.update(in_flight.scheduler_output, in_flight.handle.result())
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()

@@ -59,6 +59,12 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
     p.add_argument("--enforce-eager", action="store_true", help="disable CUDA graphs")
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule step k+1 while the GPU runs step k (default: on with CUDA, off on CPU)",
+    )
     p.add_argument("--no-enable-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(
         "--log-interval", type=float, default=10.0, help="seconds between stats log lines (default 10)"
@@ -119,6 +125,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_enable_prefix_caching,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
     )
     tokenizer = load_tokenizer(config.model.model)  # fail fast on a folder without a tokenizer
     options = ServeOptions(

@@ -138,6 +138,10 @@ class PreparedInputs:
         query_start_loc_cpu, seq_lens_cpu: host copies (padded) for host-looping backends.
         sample_requests: the ``S`` requests sampled this step, in row order.
         all_rows_sample: every sequence samples and each has one token (rows = tokens).
+        pending_idx: ``[2, P]`` int64 (asynchronous scheduling): token rows of this step
+            whose ids are pending (row 0; their ``input_ids`` hold 0 until filled) and the
+            rows of the previous step's sampled ids that hold them (row 1); None when P = 0.
+        pending_identity: both rows of ``pending_idx`` are ``0..P-1`` (one contiguous copy).
     """
 
     num_tokens: int
@@ -154,6 +158,13 @@ class PreparedInputs:
     seq_lens_cpu: list[int]
     sample_requests: list[Request]
     all_rows_sample: bool
+    pending_idx: torch.Tensor | None = None
+    pending_identity: bool = False
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens whose ids come from the previous step's sampled ids on the device."""
+        return 0 if self.pending_idx is None else self.pending_idx.shape[1]
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -221,19 +232,24 @@ class InputPreparer:
         self.rows.drop(request_ids)
 
     def prepare(
-        self, scheduler_output: SchedulerOutput, pad_decode: Callable[[int], int | None] | None = None
+        self,
+        scheduler_output: SchedulerOutput,
+        pad_decode: Callable[[int], int | None] | None = None,
+        pending_rows: dict[str, int] | None = None,
     ) -> PreparedInputs:
         """Lay out the step's tokens back to back and copy them to the device.
 
         Request ``i`` contributes tokens ``[num_computed_tokens, num_computed_tokens +
         num_new_tokens)`` of its prompt + output. When every request has one new token
         and ``pad_decode(num_seqs)`` returns a bucket size, tokens and sequences are padded
-        to it (see :class:`PreparedInputs`).
+        to it (see :class:`PreparedInputs`). A decode token one past the known tokens is
+        pending (asynchronous scheduling): ``pending_rows`` maps its request to the row of
+        the previous step's sampled ids that holds it.
 
         Raises:
-            ValueError: the step exceeds ``max_num_batched_tokens`` / ``max_num_seqs``, or a
+            ValueError: the step exceeds ``max_num_batched_tokens`` / ``max_num_seqs``, a
                 request's block table is too short for its tokens or longer than
-                ``max_model_len`` allows.
+                ``max_model_len`` allows, or a token is neither known nor pending.
         """
         scheduled = scheduler_output.scheduled
         num_seqs = len(scheduled)
@@ -242,6 +258,8 @@ class InputPreparer:
         ids: list[int] = []
         requests: list[Request] = []
         sample_idx: list[int] = []
+        pend_dst: list[int] = []
+        pend_src: list[int] = []
         for i, s in enumerate(scheduled):
             req = s.request
             n = s.num_new_tokens
@@ -251,10 +269,25 @@ class InputPreparer:
             requests.append(req)
             prompt = req.prompt_token_ids
             if n == 1:
-                ids.append(
-                    prompt[start] if start < len(prompt) else req.output_token_ids[start - len(prompt)]
-                )
+                num_prompt = len(prompt)
+                if start < num_prompt:
+                    ids.append(prompt[start])
+                elif start - num_prompt < len(req.output_token_ids):
+                    ids.append(req.output_token_ids[start - num_prompt])
+                else:
+                    row = None if pending_rows is None else pending_rows.get(req.request_id)
+                    if row is None or start != req.num_tokens:
+                        raise ValueError(
+                            f"request {req.request_id!r}: token {start} is neither known nor pending"
+                        )
+                    pend_dst.append(len(ids))
+                    pend_src.append(row)
+                    ids.append(0)
             else:
+                if start + n > req.num_tokens:
+                    raise ValueError(
+                        f"request {req.request_id!r}: a chunk of {n} tokens reaches past its known tokens"
+                    )
                 ids.extend(req.token_ids_slice(start, start + n))
             if s.sample:
                 sample_idx.append(i)
@@ -287,14 +320,16 @@ class InputPreparer:
         if self._copy_done is not None:
             self._copy_done.synchronize()
         num_sample = len(sample_idx)
+        num_pend = len(pend_dst)
         t, s = padded_tokens, padded_seqs
         # Sections start 16-byte aligned (Triton specialises pointer alignment).
-        off_seq = _round_up(8 * (3 * t + num_sample), 16)
+        num_i64 = 3 * t + num_sample + 2 * num_pend
+        off_seq = _round_up(8 * num_i64, 16)
         seq_row = _round_up(s + 1, 4)
         off_bt = off_seq + 8 * seq_row
         used = off_bt + 4 * num_seqs * width
         buf = self._host_np
-        tok = buf[: 8 * (3 * t + num_sample)].view(np.int64)
+        tok = buf[: 8 * num_i64].view(np.int64)
         tok_rows = tok[: 3 * t].reshape(3, t)
         seq = buf[off_seq:off_bt].view(np.int32).reshape(2, seq_row)
         bt = buf[off_bt:used].view(np.int32).reshape(num_seqs, width)
@@ -320,13 +355,17 @@ class InputPreparer:
         seq[1, :num_seqs] = seq_lens
         seq[1, num_seqs:] = 0
         sample_arr = np.array(sample_idx, dtype=np.int64)
-        tok[3 * t :] = cu[1:][sample_arr] - 1
+        tok[3 * t : 3 * t + num_sample] = cu[1:][sample_arr] - 1
+        if num_pend:
+            tok[3 * t + num_sample : 3 * t + num_sample + num_pend] = pend_dst
+            tok[3 * t + num_sample + num_pend :] = pend_src
 
         dev = self._dev
         if self._copy_done is not None:
             dev[:used].copy_(self._host[:used], non_blocking=True)
             self._copy_done.record()
-        tok_dev = dev[: 8 * (3 * t + num_sample)].view(torch.int64)
+        tok_dev = dev[: 8 * num_i64].view(torch.int64)
+        identity = num_pend > 0 and pend_dst[-1] == num_pend - 1 and pend_src == pend_dst
         return PreparedInputs(
             num_tokens=num_tokens,
             num_seqs=num_seqs,
@@ -335,13 +374,15 @@ class InputPreparer:
             token_i64=tok_dev[: 3 * t].view(3, t),
             seq_i32=dev[off_seq:off_bt].view(torch.int32).view(2, seq_row),
             block_table=dev[off_bt:used].view(torch.int32).view(num_seqs, width),
-            logits_indices=tok_dev[3 * t :],
+            logits_indices=tok_dev[3 * t : 3 * t + num_sample],
             max_query_len=max_query_len,
             max_seq_len=int(seq_lens.max()),
             query_start_loc_cpu=seq[0, : s + 1].tolist(),
             seq_lens_cpu=seq[1, :s].tolist(),
             sample_requests=[requests[i] for i in sample_idx],
             all_rows_sample=max_query_len == 1 and num_sample == num_seqs,
+            pending_idx=tok_dev[3 * t + num_sample :].view(2, num_pend) if num_pend else None,
+            pending_identity=identity,
         )
 
 

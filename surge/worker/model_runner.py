@@ -83,6 +83,56 @@ class StepTiming:
     num_seqs: int
 
 
+class StepHandle:
+    """A launched step whose sampled ids are on their way to the host.
+
+    :meth:`result` blocks until they are there (the step's only host sync) and returns
+    them; it may be called once. Created by :meth:`ModelRunner.execute_async`.
+    """
+
+    __slots__ = ("_runner", "_request_ids", "_sampled", "_host", "_ready", "_times", "_inputs", "_done")
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        request_ids: list[str],
+        sampled: torch.Tensor | None,
+        host: torch.Tensor | None,
+        ready: torch.cuda.Event | None,
+        times: tuple[float, float, float],
+        inputs: PreparedInputs | None,
+    ) -> None:
+        self._runner = runner
+        self._request_ids = request_ids
+        self._sampled = sampled
+        self._host = host
+        self._ready = ready
+        self._times = times
+        self._inputs = inputs
+        self._done = False
+
+    def result(self) -> ModelOutput:
+        """Wait for the step and return its sampled token ids.
+
+        Raises:
+            RuntimeError: called twice.
+        """
+        if self._done:
+            raise RuntimeError("StepHandle.result() called twice")
+        self._done = True
+        if not self._request_ids:
+            tokens: list[int] = []
+        elif self._ready is None:
+            assert self._sampled is not None
+            tokens = self._sampled.tolist()
+        else:
+            assert self._host is not None
+            self._ready.synchronize()
+            tokens = self._host.tolist()
+        self._runner._record_timing(self._inputs, *self._times, time.perf_counter())
+        return ModelOutput(dict(zip(self._request_ids, tokens, strict=True)))
+
+
 class ModelRunner:
     """Runs the model for one step's batch and samples its tokens.
 
@@ -145,8 +195,17 @@ class ModelRunner:
             self.device, self.max_num_tokens, self.max_num_seqs, self.block_size, sc.max_model_len
         )
         cuda = self.device.type == "cuda"
-        self._sampled_host = torch.zeros(self.max_num_seqs, dtype=torch.int64, pin_memory=cuda)
-        self._sampled_ready = torch.cuda.Event() if cuda else None
+        # Two pinned buffers and events: the ids of step k land in one while the host
+        # reads those of step k-1 from the other (asynchronous scheduling).
+        self._sampled_host = [
+            torch.zeros(self.max_num_seqs, dtype=torch.int64, pin_memory=cuda) for _ in range(2)
+        ]
+        self._sampled_ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        self._num_launched = 0
+        # The last launched step's sampled ids on the device, and each request's row in it:
+        # the source of the next step's pending tokens.
+        self._last_sampled: torch.Tensor | None = None
+        self._last_rows: dict[str, int] = {}
         self._timing_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         self._timing = False
         self.last_timing: StepTiming | None = None
@@ -288,6 +347,8 @@ class ModelRunner:
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         """Run one step and sample a token for every scheduled request with ``sample=True``.
 
+        The same as ``execute_async(scheduler_output).result()``.
+
         Returns:
             ``ModelOutput`` mapping request_id -> sampled token id.
 
@@ -296,12 +357,29 @@ class ModelRunner:
             ValueError: the step exceeds ``max_num_batched_tokens`` / ``max_num_seqs`` or a
                 request's block table is too short for its tokens.
         """
+        return self.execute_async(scheduler_output).result()
+
+    def execute_async(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Launch one step without waiting for it: inputs, forward, logits, sampling and the
+        copy of the sampled ids to the host are queued; :meth:`StepHandle.result` waits.
+
+        A decode token that is pending (asynchronous scheduling: sampled by the previous
+        launched step, id not yet on the host) is copied on the device from that step's
+        sampled ids. At most two handles may be unresolved at a time (the sampled ids
+        land in two alternating pinned buffers).
+
+        Raises:
+            RuntimeError: :meth:`init_kv_cache` was not called.
+            ValueError: as :meth:`execute`, or a pending token that the previous launched
+                step did not sample.
+        """
         t0 = time.perf_counter()
         self.step_sampler.drop(scheduler_output.finished_request_ids)
         self.inputs.drop(scheduler_output.finished_request_ids)
         self.inputs.drop(scheduler_output.preempted_request_ids)
         if scheduler_output.is_empty:
-            return ModelOutput()
+            self._last_sampled, self._last_rows = None, {}
+            return StepHandle(self, [], None, None, None, (t0, t0, t0), None)
         if not self.kv_caches:
             raise RuntimeError("init_kv_cache() must be called before execute()")
         inputs = self._prepare(scheduler_output)
@@ -310,32 +388,66 @@ class ModelRunner:
         if events is not None:
             events[0].record()
         with torch.inference_mode():
+            if inputs.pending_idx is not None:
+                self._fill_pending(inputs)
             logits = self._logits(inputs)
             requests = inputs.sample_requests
             if logits is None:  # nothing samples: no sync, unless timing wants the span
-                tokens: list[int] = []
+                self._last_sampled, self._last_rows = None, {}
                 if events is not None:
                     events[1].record()
-                    events[1].synchronize()
-            else:
-                sampled = self.step_sampler.sample(logits, requests)
-                t2 = time.perf_counter()
-                tokens = self._to_host(sampled, events)
-        t3 = time.perf_counter()
-        if logits is None:
-            t2 = t3
-        if self._timing:
-            device_s = (t3 - t1) if events is None else events[0].elapsed_time(events[1]) / 1e3
-            self.last_timing = StepTiming(
-                prepare_s=t1 - t0,
-                launch_s=t2 - t1,
-                sync_s=t3 - t2,
-                device_s=device_s,
-                graph_bucket=inputs.padded_seqs if self._graph_step(inputs) else None,
-                num_tokens=inputs.num_tokens,
-                num_seqs=inputs.num_seqs,
-            )
-        return ModelOutput(dict(zip([r.request_id for r in requests], tokens, strict=True)))
+                return StepHandle(self, [], None, None, None, (t0, t1, time.perf_counter()), inputs)
+            sampled = self.step_sampler.sample(logits, requests)
+        ids = [r.request_id for r in requests]
+        self._last_sampled = sampled
+        self._last_rows = {rid: i for i, rid in enumerate(ids)}
+        host = ready = None
+        if self._sampled_ready is not None:
+            slot = self._num_launched % 2
+            host = self._sampled_host[slot][: sampled.shape[0]]
+            host.copy_(sampled, non_blocking=True)
+            if events is not None:
+                events[1].record()
+            ready = self._sampled_ready[slot]
+            ready.record()
+        self._num_launched += 1
+        return StepHandle(self, ids, sampled, host, ready, (t0, t1, time.perf_counter()), inputs)
+
+    def _fill_pending(self, inputs: PreparedInputs) -> None:
+        """Copy the pending tokens' ids from the last launched step's sampled ids."""
+        idx = inputs.pending_idx
+        prev = self._last_sampled
+        if idx is None or prev is None:
+            raise ValueError("a pending token, but the last launched step sampled nothing")
+        ids = inputs.input_ids
+        n = idx.shape[1]
+        if inputs.pending_identity:
+            ids[:n].copy_(prev[:n])
+        else:
+            ids.index_copy_(0, idx[0], prev.index_select(0, idx[1]))
+
+    def _record_timing(
+        self, inputs: PreparedInputs | None, t0: float, t1: float, t2: float, t3: float
+    ) -> None:
+        """Fill :attr:`last_timing` for a resolved step (when timing is on; the CUDA events
+        are shared, so the figures hold for synchronous use, one step at a time)."""
+        if not self._timing or inputs is None:
+            return
+        events = self._timing_events
+        if events is not None:
+            events[1].synchronize()
+            device_s = events[0].elapsed_time(events[1]) / 1e3
+        else:
+            device_s = t3 - t1
+        self.last_timing = StepTiming(
+            prepare_s=t1 - t0,
+            launch_s=t2 - t1,
+            sync_s=t3 - t2,
+            device_s=device_s,
+            graph_bucket=inputs.padded_seqs if self._graph_step(inputs) else None,
+            num_tokens=inputs.num_tokens,
+            num_seqs=inputs.num_seqs,
+        )
 
     def compute_logits(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor | None, list[Request]]:
         """Run one step's forward (writing its K/V) and return the logits of the sampled rows.
@@ -356,7 +468,7 @@ class ModelRunner:
 
     def _prepare(self, scheduler_output: SchedulerOutput) -> PreparedInputs:
         pad = self.graph_runner.bucket_for if self.graph_runner is not None else None
-        return self.inputs.prepare(scheduler_output, pad)
+        return self.inputs.prepare(scheduler_output, pad, self._last_rows)
 
     def _graph_step(self, inputs: PreparedInputs) -> bool:
         """Whether this step replays a decode graph (pure decode, padded to a bucket)."""
@@ -377,21 +489,6 @@ class ModelRunner:
         else:
             rows = hidden[inputs.logits_indices]
         return self.model.compute_logits(rows)
-
-    def _to_host(
-        self, sampled: torch.Tensor, events: tuple[torch.cuda.Event, torch.cuda.Event] | None
-    ) -> list[int]:
-        """Copy the sampled ids back: the step's only host sync."""
-        if self._sampled_ready is None:
-            return sampled.tolist()
-        n = sampled.shape[0]
-        host = self._sampled_host[:n]
-        host.copy_(sampled, non_blocking=True)
-        if events is not None:
-            events[1].record()
-        self._sampled_ready.record()
-        self._sampled_ready.synchronize()
-        return host.tolist()
 
     @staticmethod
     def _metadata(inputs: PreparedInputs) -> AttentionMetadata:

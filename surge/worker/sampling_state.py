@@ -20,9 +20,9 @@ from surge.sampling_params import GREEDY_EPS, SamplingParams
 
 
 def needs_fresh_sampling_tensors(p: SamplingParams) -> bool:
-    """Whether a request's sampling tensors change from step to step: penalties (token
-    counts), per-request seeds (output position) or ``min_tokens`` (suppression)."""
-    return p.has_penalties or p.min_tokens > 0 or (p.seed is not None and p.temperature >= GREEDY_EPS)
+    """Whether a request's sampling tensors change from step to step (see
+    :attr:`SamplingParams.needs_token_history`)."""
+    return p.needs_token_history
 
 
 class _PenaltyState:

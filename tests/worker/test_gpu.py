@@ -132,6 +132,32 @@ def test_greedy_tokens_equal_hf_with_graphs(tmp_path: Path, kind: str) -> None:
     assert len(replays) > 10
 
 
+def test_async_scheduling_with_graphs_equals_sync(tmp_path: Path) -> None:
+    from surge import LLM
+
+    path = make_hf_model("qwen3", tmp_path / "qwen3")
+    prompts = [[3, 17, 9, 250, 4], [100, 101, 102] * 9, [7], [50 + i for i in range(40)], [11, 12]]
+    params = [SamplingParams(temperature=0.0, max_tokens=24 + i, ignore_eos=True) for i in range(5)]
+    params[2] = SamplingParams(temperature=1.0, seed=5, max_tokens=20, ignore_eos=True)
+    outs = []
+    for mode in (False, True):
+        llm = LLM(
+            path,
+            device="cuda",
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=8,
+            num_kv_blocks=512,
+            async_scheduling=mode,
+        )
+        assert llm.engine.async_scheduling is mode
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        del llm
+        gc.collect()
+    assert outs[1] == outs[0]
+    assert [len(t) for t in outs[1]] == [p.max_tokens for p in params]
+
+
 def test_kv_sizing_profiles_on_cuda(tmp_path: Path) -> None:
     gc.collect()  # runners of earlier tests (graph pools included) must not count as in use
     torch.cuda.empty_cache()

@@ -1,0 +1,132 @@
+"""Asynchronous scheduling in the scheduler (no torch): step k+1 is scheduled after
+``advance(k)`` and before ``update(k)``, driven by hand-built model outputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from surge.core.outputs import ModelOutput, SchedulerOutput
+from surge.core.scheduler import Scheduler
+from surge.request import Request, RequestStatus
+from tests.core.test_scheduler import EOS, _make, _req
+
+
+def _tokens(so: SchedulerOutput, token: int = 7) -> ModelOutput:
+    return ModelOutput({s.request.request_id: token for s in so.scheduled if s.sample})
+
+
+def _run_async(
+    sched: Scheduler, token_of: dict[int, int] | None = None, max_steps: int = 500
+) -> Counter[str]:
+    """Drive the loop as the engine does: schedule k, advance k, update k-1. ``token_of``
+    maps a step number to the token every sampled request gets then (default 7)."""
+    counts: Counter[str] = Counter()
+    in_flight: SchedulerOutput | None = None
+    for step in range(max_steps):
+        so = sched.schedule()
+        for s in so.scheduled:
+            r = s.request
+            start = r.num_computed_tokens
+            # The chunk never reaches past the known + pending tokens.
+            assert start + s.num_new_tokens <= r.num_tokens + r.num_pending_outputs
+            assert len(r.block_ids) * sched.block_size >= start + s.num_new_tokens
+        launched = None if so.is_empty else so
+        if launched is not None:
+            sched.advance(so)
+        if in_flight is not None:
+            tok = (token_of or {}).get(step - 1, 7)
+            for out in sched.update(in_flight, _tokens(in_flight, tok)):
+                counts[out.request_id] += len(out.new_token_ids)
+        in_flight = launched
+        if in_flight is None and not sched.has_unfinished_requests():
+            return counts
+    raise AssertionError("did not finish")
+
+
+def test_decode_with_a_pending_token_and_exact_max_tokens() -> None:
+    sched = _make(budget=64)
+    a = _req("a", 5, max_tokens=3, ignore_eos=True)
+    sched.add_request(a)
+    so1 = sched.schedule()
+    assert [(s.num_new_tokens, s.sample) for s in so1.scheduled] == [(5, True)]
+    sched.advance(so1)
+    assert a.num_computed_tokens == 5 and a.num_pending_outputs == 1
+    # Step 2 computes the pending token (position 5) before step 1's id is known.
+    so2 = sched.schedule()
+    assert [(s.num_new_tokens, s.sample) for s in so2.scheduled] == [(1, True)]
+    sched.advance(so2)
+    assert a.num_pending_outputs == 2
+    sched.update(so1, _tokens(so1))
+    assert a.output_token_ids == [7] and a.num_pending_outputs == 1
+    so3 = sched.schedule()
+    sched.advance(so3)
+    sched.update(so2, _tokens(so2))
+    # Two known outputs + one pending = max_tokens: nothing more is scheduled.
+    assert sched.schedule().is_empty
+    outs = sched.update(so3, _tokens(so3))
+    assert a.output_token_ids == [7, 7, 7] and outs[0].finish_reason == "length"
+    assert a.status == RequestStatus.FINISHED_LENGTH and a.block_ids == []
+
+
+def test_many_requests_get_exact_lengths_with_chunking_and_preemption() -> None:
+    sched = _make(budget=40, num_blocks=10, block_size=8, max_num_seqs=6)
+    want = {}
+    for i in range(8):
+        n = 3 + 6 * (i % 3)
+        want[f"r{i}"] = n
+        sched.add_request(_req(f"r{i}", 12 + i, max_tokens=n, ignore_eos=True))
+    counts = _run_async(sched)
+    assert dict(counts) == want
+    assert sched.num_preemptions_total > 0
+    assert sched.kv.num_free_blocks == sched.kv.num_total_blocks
+
+
+def test_eos_found_one_step_late_drops_the_extra_token() -> None:
+    sched = _make()
+    a = _req("a", 4, max_tokens=10)
+    sched.add_request(a)
+    # Step 0 prefill samples 7; step 1 samples EOS; step 2 (already launched) is dropped.
+    counts = _run_async(sched, token_of={1: EOS})
+    assert a.output_token_ids == [7, EOS]
+    assert counts["a"] == 2 and a.status == RequestStatus.FINISHED_STOPPED
+
+
+def test_abort_while_a_step_is_in_flight() -> None:
+    sched = _make()
+    a, b = _req("a", 4, max_tokens=6, ignore_eos=True), _req("b", 4, max_tokens=6, ignore_eos=True)
+    sched.add_request(a)
+    sched.add_request(b)
+    so1 = sched.schedule()
+    sched.advance(so1)
+    sched.abort_requests(["a"])
+    outs = sched.update(so1, _tokens(so1))
+    assert [o.request_id for o in outs] == ["b"]
+    assert a.status == RequestStatus.FINISHED_ABORTED and a.block_ids == []
+
+
+def test_preempted_request_drops_its_pending_token() -> None:
+    r = Request("r", [10, 11, 12], _req("x", 1).sampling_params)
+    sched = _make(num_blocks=4)
+    sched.add_request(r)
+    so = sched.schedule()
+    sched.advance(so)
+    assert r.num_pending_outputs == 1
+    sched._preempt(sched.running.pop())
+    assert r.num_pending_outputs == 0 and r.num_computed_tokens == 0
+    assert sched.update(so, _tokens(so)) == []
+    assert r.output_token_ids == []
+
+
+def test_pending_token_is_not_hashed_into_the_prefix_cache() -> None:
+    sched = _make(block_size=8, prefix=True)
+    a = _req("a", 7, max_tokens=4, ignore_eos=True)  # the sampled token fills block 0
+    sched.add_request(a)
+    so1 = sched.schedule()
+    sched.advance(so1)
+    so2 = sched.schedule()  # computes position 3 (pending): block 0 becomes full
+    assert sched.kv._req_num_registered.get("a", 0) == 0
+    sched.advance(so2)
+    sched.update(so1, _tokens(so1))
+    so3 = sched.schedule()  # position 3's id is known now: block 0 is registered
+    assert sched.kv._req_num_registered["a"] == 1
+    assert so3.scheduled[0].num_new_tokens == 1
