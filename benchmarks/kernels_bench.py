@@ -2,11 +2,18 @@
 
 Decode attention at batch 1, 16 and 64 with a 4096-token context (32 q heads, 8 KV heads,
 head_dim 128, bf16, block_size 16, shuffled block tables), timed with
-``triton.testing.do_bench``; reports the effective HBM bandwidth of the K/V read. Also times
-a 4096-token prefill (TFLOP/s) and the fused elementwise kernels against their torch
-equivalents. ``--sweep`` times every tile configuration and split count for decode.
+``triton.testing.do_bench``; reports the effective HBM bandwidth of the K/V read. Then decode
+attention as a captured decode graph launches it (the split count fixed for
+``--max-model-len``, 32 at batch 1): batch 1 and 64 at contexts 40 and 4096, in us per call
+(attention + reduce) and TB/s. Also times a 4096-token prefill (TFLOP/s) and the fused
+elementwise kernels against their torch equivalents. ``--sweep`` times every tile
+configuration and split count for decode.
 
-Run: ``PYTHONPATH=. python3 benchmarks/kernels_bench.py [--sweep] [--compile]``
+The graph-decode cases call only ``paged_attention(..., num_splits=, max_query_len=1)``, so
+this file also runs against older kernels (copy it into a worktree of the older commit) for
+an old-vs-new comparison.
+
+Run: ``PYTHONPATH=. python3 benchmarks/kernels_bench.py [--sweep] [--compile] [--graph-decode-only]``
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from surge.kernels.paged_attention import AttentionTileConfig, choose_num_splits
 from surge.kernels.silu_and_mul import silu_and_mul
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+MAX_MODEL_LEN = 40960  # Qwen3-8B's max_position_embeddings
+GRAPH_DECODE_CASES = [(1, 40), (64, 40), (1, 4096), (64, 4096)]  # (batch, context tokens)
 HIDDEN, INTERMEDIATE = 4096, 12288
 DTYPE = torch.bfloat16
 
@@ -125,6 +134,32 @@ def bench_decode(batch_sizes: list[int], context: int, sweep: bool, num_sms: int
                 print(f"  B=16 best tile, splits={split:2d}: {t:8.1f} us {kv16 / t / 1e3:7.0f} GB/s")
 
 
+def bench_graph_decode(num_sms: int, max_model_len: int) -> None:
+    """Decode attention as a captured decode graph runs it: ``num_splits`` is chosen for
+    ``max_model_len`` (what capture passes as ``max_seq_len``), not for the real context.
+
+    Reproduces the torch.profiler measurements of a Qwen3-8B decode step (batch 1 and 64 at
+    a 40-token context) and the long-context cases; the eager split choice for the real
+    context is timed too when it differs. Times are per ``paged_attention`` call (attention
+    plus, with splits, the reduce kernel), GPU time from CUDA-graph replays.
+    """
+    print(f"\n## decode attention as captured for max_model_len {max_model_len}, Qwen3-8B heads, bf16")
+    for batch, context in GRAPH_DECODE_CASES:
+        inp = _paged_inputs(batch, 1, context)
+        kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * 2
+        graph_splits = choose_num_splits(batch, NUM_KV_HEADS, 1, max_model_len, num_sms)
+        eager_splits = choose_num_splits(batch, NUM_KV_HEADS, 1, context, num_sms)
+        for label, splits in [("graph", graph_splits), ("eager", eager_splits)]:
+            if label == "eager" and splits == graph_splits:
+                continue
+            t = _bench(_attention_call(inp, 1, splits, None))
+            print(
+                f"B={batch:3d} context={context:5d} {label} splits={splits:2d}: {t:7.2f} us/call"
+                f" {kv_bytes / t / 1e6:6.3f} TB/s",
+                flush=True,
+            )
+
+
 def _try_bench(fn: Callable[[], object], graph: bool = True) -> float:
     """Like :func:`_bench`, but infinite when the launch fails (e.g. out of shared memory)."""
     try:
@@ -219,6 +254,15 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--skip-prefill", action="store_true")
     parser.add_argument("--skip-elementwise", action="store_true")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=MAX_MODEL_LEN,
+        help="fixes the split count of the graph-decode cases",
+    )
+    parser.add_argument(
+        "--graph-decode-only", action="store_true", help="only the decode cases as a captured graph runs them"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("kernels_bench.py needs a CUDA GPU")
@@ -226,7 +270,11 @@ def main() -> None:
     print(
         f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
     )
+    if args.graph_decode_only:
+        bench_graph_decode(props.multi_processor_count, args.max_model_len)
+        return
     bench_decode(args.batch_sizes, args.context, args.sweep, props.multi_processor_count)
+    bench_graph_decode(props.multi_processor_count, args.max_model_len)
     if not args.skip_prefill:
         bench_prefill(args.sweep)
     if not args.skip_elementwise:

@@ -4,6 +4,11 @@ Each split ``s`` of a (token, head) row leaves an unnormalised output ``acc_s``,
 running max ``m_s`` (log2 domain, scaled scores) and its softmax denominator ``l_s``. The
 exact result is ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s`` with ``M = max_s m_s``
 (Dao et al., "Flash-Decoding for long-context inference", 2023).
+
+After a decode launch of :func:`surge.kernels.paged_attention.paged_attention` a row uses
+only the first ``eff = clamp(cdiv(seq_len, min_kv_per_split), 1, num_splits)`` splits of
+its sequence; this kernel recomputes ``eff`` from ``seq_lens`` the same way, merges those
+splits only, and leaves the row alone when ``eff == 1`` (the attention kernel wrote it).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ def _attention_reduce_kernel(
     part_m_ptr,
     part_l_ptr,
     query_start_loc_ptr,
+    seq_lens_ptr,
     num_seqs,
     num_heads,
     stride_ot,
@@ -28,18 +34,34 @@ def _attention_reduce_kernel(
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    DECODE: tl.constexpr,
+    MIN_KV_PER_SPLIT: tl.constexpr,
 ):
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    s_valid = offs_s < NUM_SPLITS
     d_valid = offs_d < HEAD_DIM
     out_row = out_ptr + token * stride_ot + head * stride_oh + offs_d
     num_real = tl.load(query_start_loc_ptr + num_seqs)
+    if DECODE:
+        # Token t is sequence t's query when query_start_loc[t:t+2] == [t, t+1] (a decode
+        # batch with its padding sequences last); the attention kernel applied the same test.
+        is_seq = token < num_seqs
+        start = tl.load(query_start_loc_ptr + token, mask=is_seq, other=-1)
+        end = tl.load(query_start_loc_ptr + token + 1, mask=is_seq, other=-1)
+        seq_len = tl.load(seq_lens_ptr + token, mask=is_seq, other=0)
     if token >= num_real:
         tl.store(out_row, tl.zeros([HEAD_DIM_PAD], dtype=tl.float32).to(out_ptr.dtype.element_ty), d_valid)
         return
+    if DECODE:
+        eff = tl.minimum(tl.maximum(tl.cdiv(seq_len, MIN_KV_PER_SPLIT), 1), NUM_SPLITS)
+        eff = tl.where((start == token) & (end == token + 1), eff, NUM_SPLITS)
+        if eff == 1:
+            return  # one split: the attention kernel wrote the final row
+        s_valid = offs_s < eff
+    else:
+        s_valid = offs_s < NUM_SPLITS
     row = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + offs_s
     m = tl.load(part_m_ptr + row, mask=s_valid, other=float("-inf"))
     l_s = tl.load(part_l_ptr + row, mask=s_valid, other=0.0)
@@ -62,6 +84,9 @@ def attention_reduce(
     part_l: torch.Tensor,
     query_start_loc: torch.Tensor,
     out: torch.Tensor,
+    *,
+    decode_seq_lens: torch.Tensor | None = None,
+    min_kv_per_split: int = 256,
 ) -> torch.Tensor:
     """Merge split-KV partials into the final attention output.
 
@@ -76,6 +101,14 @@ def attention_reduce(
             padding and get zeros.
         out: ``[num_tokens, num_heads, head_dim]`` output (any float dtype, last dim
             contiguous), written in place.
+        decode_seq_lens: ``[num_seqs]`` int32 context lengths (tokens) after a decode launch
+            of the attention kernel (every q_len 0 or 1); None merges all ``num_splits``
+            splits of every row. With it, row ``t`` whose token belongs to sequence ``t``
+            (``query_start_loc[t:t+2] == [t, t+1]``) merges only its first
+            ``clamp(cdiv(decode_seq_lens[t], min_kv_per_split), 1, num_splits)`` splits and
+            is left untouched when that is 1; other rows merge all splits.
+        min_kv_per_split: the KV tokens per split the attention kernel used (its
+            ``MIN_TILES_PER_SPLIT * BLOCK_N``); only read with ``decode_seq_lens``.
 
     Returns:
         ``out``.
@@ -84,19 +117,25 @@ def attention_reduce(
         ValueError: if the partial buffers are not contiguous or shapes disagree.
     """
     num_tokens, num_heads, num_splits, head_dim = part_out.shape
+    num_seqs = query_start_loc.shape[0] - 1
     if not (part_out.is_contiguous() and part_m.is_contiguous() and part_l.is_contiguous()):
         raise ValueError("partial buffers must be contiguous")
     if part_m.shape != (num_tokens, num_heads, num_splits) or part_l.shape != part_m.shape:
         raise ValueError(f"part_m/part_l shape {tuple(part_m.shape)} does not match part_out")
     if out.shape != (num_tokens, num_heads, head_dim) or out.stride(2) != 1:
         raise ValueError(f"out shape {tuple(out.shape)} does not match part_out")
+    if decode_seq_lens is not None and decode_seq_lens.shape != (num_seqs,):
+        raise ValueError(f"decode_seq_lens shape {tuple(decode_seq_lens.shape)} is not [{num_seqs}]")
+    if min_kv_per_split < 1:
+        raise ValueError(f"min_kv_per_split must be >= 1, got {min_kv_per_split}")
     _attention_reduce_kernel[(num_tokens, num_heads)](
         out,
         part_out,
         part_m,
         part_l,
         query_start_loc,
-        query_start_loc.shape[0] - 1,
+        query_start_loc if decode_seq_lens is None else decode_seq_lens,
+        num_seqs,
         num_heads,
         out.stride(0),
         out.stride(1),
@@ -104,6 +143,8 @@ def attention_reduce(
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        DECODE=decode_seq_lens is not None,
+        MIN_KV_PER_SPLIT=min_kv_per_split,
         num_warps=4,
     )
     return out

@@ -4,17 +4,35 @@ One kernel serves every step shape: the batch is varlen over ``query_start_loc``
 (``cu_seqlens_q``), ``seq_lens`` and ``block_table``. A program owns one tile of
 ``BLOCK_Q`` query tokens of one sequence for one KV head; the ``num_heads // num_kv_heads``
 query heads that share that KV head are packed into the rows of the tile
-(``BLOCK_M = BLOCK_Q * group``), so ``tl.dot`` runs on tensor cores even when a sequence
-has one query token (decode). Softmax is online in fp32 (FlashAttention-2, Dao 2023).
+(``BLOCK_M = BLOCK_Q * group``, at least 16), so ``tl.dot`` runs on tensor cores even when
+a sequence has one query token. Softmax is online in fp32 (FlashAttention-2, Dao 2023).
 
-The grid is fixed by shapes alone: ``num_tokens // BLOCK_Q + num_seqs`` query tiles (an
-upper bound on the tiles the batch needs; a program finds its sequence by binary search
-over ``query_start_loc`` and exits when it has no work) x ``num_kv_heads`` x ``num_splits``.
-With ``num_splits > 1`` (flash-decoding, Dao et al. 2023) each split handles an even share
-of the KV tiles and writes an unnormalised partial result that
-:func:`surge.kernels.attention_reduce.attention_reduce` combines. The tile schedule
-follows vLLM's ``triton_unified_attention`` (Apache-2.0). No host syncs and no
-data-dependent allocation: the launcher is safe inside CUDA-graph capture.
+Two grids, chosen on the host from ``max_query_len`` (never from device data):
+
+* **Mixed / prefill** (``max_query_len != 1``): ``num_tokens // BLOCK_Q + num_seqs`` query
+  tiles (an upper bound on the tiles the batch needs; a program finds its sequence by
+  binary search over ``query_start_loc`` and exits when it has no work) x
+  ``num_kv_heads`` x ``num_splits``. The tile schedule follows vLLM's
+  ``triton_unified_attention`` (Apache-2.0).
+* **Decode** (``max_query_len == 1``, every decode CUDA graph): ``num_seqs`` x
+  ``num_kv_heads`` x ``num_splits``; program ``b`` is sequence ``b`` with ``BLOCK_Q = 1``
+  (rows = the query heads of the KV head, padded to 16), no search. A padding sequence
+  (``q_len`` 0) exits at once. The loads that depend on the program id alone (the
+  sequence's ``query_start_loc`` entries, ``seq_len``, its query row, the block ids of its
+  first KV tile) are issued together, before anything that depends on them.
+
+With ``num_splits > 1`` (flash-decoding, Dao et al. 2023) each split handles an even,
+contiguous share of the KV tiles and writes an unnormalised partial result that
+:func:`surge.kernels.attention_reduce.attention_reduce` combines. ``num_splits`` is the
+launch-time maximum (the grid, fixed at graph capture); on the decode grid a sequence of
+``seq_len`` tokens uses only ``clamp(cdiv(cdiv(seq_len, BLOCK_N), MIN_TILES_PER_SPLIT), 1,
+num_splits)`` of them (about one per ``min_kv_per_split`` tokens, ``MIN_TILES_PER_SPLIT =
+cdiv(min_kv_per_split, BLOCK_N)``), the other programs return at once, and a sequence with
+one split writes its normalised output directly and no partials (the reduce skips it). The
+reduce recomputes that count from ``seq_lens`` for token ``t`` when ``t`` is sequence
+``t``'s token (padding sequences last, as decode batches are laid out); any other layout,
+and the mixed grid, use all ``num_splits``. No host syncs and no data-dependent
+allocation: the launcher is safe inside CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -28,6 +46,10 @@ import triton.language as tl
 from surge.kernels.attention_reduce import attention_reduce
 
 _LOG2E = 1.4426950408889634
+
+MIN_KV_PER_SPLIT = 256
+"""Smallest KV share (tokens) worth a split of its own: the default of
+:func:`choose_num_splits` and of the per-sequence split count on the decode grid."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +84,97 @@ def _find_seq_idx(query_start_loc_ptr, target, num_seqs, BLOCK_Q: tl.constexpr):
     return left - 1
 
 
-@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    blk,
+    kv_pos,
+    kv_valid,
+    q_abs,
+    k_head,
+    v_head,
+    offs_d,
+    d_valid,
+    scale_log2,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    BLOCK_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One online-softmax step over the KV tile at ``kv_pos`` (block ids ``blk``)."""
+    in_blk = kv_pos % BLOCK_SIZE
+    kt = tl.load(
+        k_head + blk[None, :] * stride_kb + in_blk[None, :] * stride_ks + offs_d[:, None],
+        mask=kv_valid[None, :] & d_valid[:, None],
+        other=0.0,
+    )
+    if IEEE:
+        s = tl.dot(q, kt, input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)
+    s = s * scale_log2
+    if CAUSAL:
+        visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_valid[None, :]
+    else:
+        visible = kv_valid[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        v_head + blk[:, None] * stride_vb + in_blk[:, None] * stride_vs + offs_d[None, :],
+        mask=kv_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _store_normalised(out_ptr, token, head, stride_ot, stride_oh, offs_d, acc, l_i, store_mask):
+    """The final output of a tile, ``acc / l`` in ``out``'s dtype (``token`` is a scalar or
+    one token per row)."""
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    tl.store(
+        out_ptr + (token * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=store_mask,
+    )
+
+
+@triton.jit
+def _store_partial(
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_rows,
+    offs_d,
+    acc,
+    m_i,
+    l_i,
+    row_valid,
+    store_mask,
+    HEAD_DIM: tl.constexpr,
+):
+    """One split's unnormalised output, running max and denominator (fp32)."""
+    tl.store(part_m_ptr + part_rows, m_i, mask=row_valid)
+    tl.store(part_l_ptr + part_rows, l_i, mask=row_valid)
+    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=store_mask)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_q_rows", "stride_bt", "bt_width"])
 def _paged_attention_kernel(
     out_ptr,
     part_out_ptr,
@@ -76,6 +188,7 @@ def _paged_attention_kernel(
     query_start_loc_ptr,
     scale_log2,
     num_seqs,
+    num_q_rows,
     num_heads,
     stride_qt,
     stride_qh,
@@ -88,6 +201,7 @@ def _paged_attention_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
+    bt_width,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -97,103 +211,206 @@ def _paged_attention_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    MIN_TILES_PER_SPLIT: tl.constexpr,
+    DECODE: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    q_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    seq_idx = _find_seq_idx(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq_idx)
-    q_len = tl.load(query_start_loc_ptr + seq_idx + 1) - q_start
-    q_tile_local = q_tile - (q_start // BLOCK_Q + seq_idx)
-    if q_tile_local * BLOCK_Q >= q_len:
-        return
-    seq_len = tl.load(seq_lens_ptr + seq_idx)
-    context_len = seq_len - q_len
+    if DECODE:
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        offs_n = tl.arange(0, BLOCK_N)
+        d_valid = offs_d < HEAD_DIM
+        # One query token per sequence (BLOCK_Q == 1): program axis 0 = sequence, rows =
+        # the query heads of this KV head. First every load that needs only the program id.
+        seq_idx = tl.program_id(0)
+        q_start = tl.load(query_start_loc_ptr + seq_idx)
+        q_end = tl.load(query_start_loc_ptr + seq_idx + 1)
+        seq_len = tl.load(seq_lens_ptr + seq_idx)
+        head = kv_head * GROUP + offs_m
+        row_valid = offs_m < GROUP
+        q_mask = row_valid[:, None] & d_valid[None, :]
+        q_offs = head[:, None] * stride_qh + offs_d[None, :]
+        # Speculative: a decode batch keeps sequence b's token in row b (padding sequences
+        # last); the row is reloaded below when it does not.
+        q = tl.load(
+            q_ptr + seq_idx.to(tl.int64) * stride_qt + q_offs, mask=q_mask & (seq_idx < num_q_rows), other=0.0
+        )
+        bt_row = block_table_ptr + seq_idx.to(tl.int64) * stride_bt
+        # Block ids of KV tile 0 (split 0's first tile), masked to the table row only.
+        blk_first = tl.load(
+            bt_row + offs_n // BLOCK_SIZE, mask=(offs_n < bt_width * BLOCK_SIZE) & (split == 0), other=0
+        ).to(tl.int64)
+        # Padding sequence (q_len 0). ``seq_len < 0`` never holds: testing it makes ptxas
+        # issue the seq_len and block-table loads above before this branch, not after it
+        # (one dependent round trip less; checked in the sm_90 SASS).
+        if (q_end == q_start) | (seq_len < 0):
+            return
+        in_place = q_start == seq_idx
+        if q_start != seq_idx:
+            q = tl.load(q_ptr + q_start.to(tl.int64) * stride_qt + q_offs, mask=q_mask, other=0.0)
+        token = q_start
+        q_abs = offs_m  # unused: the only query sits at the end of the context
+        num_kv = seq_len
+        num_tiles = tl.cdiv(num_kv, BLOCK_N)
+        if NUM_SPLITS == 1:
+            eff = 1
+            tile_lo = 0
+            tile_hi = num_tiles
+        else:
+            # Splits this sequence uses (attention_reduce recomputes the same number).
+            eff = tl.minimum(tl.maximum(tl.cdiv(num_tiles, MIN_TILES_PER_SPLIT), 1), NUM_SPLITS)
+            eff = tl.where(in_place, eff, NUM_SPLITS)
+            if split >= eff:
+                return
+            # Balanced shares; none is empty when eff <= num_tiles (always, when in place).
+            tile_lo = split * num_tiles // eff
+            tile_hi = (split + 1) * num_tiles // eff
+            if split != 0:
+                first_pos = tile_lo * BLOCK_N + offs_n
+                blk_first = tl.load(bt_row + first_pos // BLOCK_SIZE, mask=first_pos < num_kv, other=0).to(
+                    tl.int64
+                )
+    else:
+        q_tile = tl.program_id(0)
+        seq_idx = _find_seq_idx(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + seq_idx)
+        q_len = tl.load(query_start_loc_ptr + seq_idx + 1) - q_start
+        q_tile_local = q_tile - (q_start // BLOCK_Q + seq_idx)
+        if q_tile_local * BLOCK_Q >= q_len:
+            return
+        seq_len = tl.load(seq_lens_ptr + seq_idx)
+        context_len = seq_len - q_len
 
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_n = tl.arange(0, BLOCK_N)
-    q_local = q_tile_local * BLOCK_Q + offs_m // GROUP_PAD
-    head_in_group = offs_m % GROUP_PAD
-    head = kv_head * GROUP + head_in_group
-    row_valid = (offs_m // GROUP_PAD < BLOCK_Q) & (head_in_group < GROUP) & (q_local < q_len)
-    d_valid = offs_d < HEAD_DIM
-    token = q_start + q_local
-    q_abs = context_len + q_local
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        offs_n = tl.arange(0, BLOCK_N)
+        d_valid = offs_d < HEAD_DIM
 
-    q = tl.load(
-        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-        mask=row_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
+        q_local = q_tile_local * BLOCK_Q + offs_m // GROUP_PAD
+        head_in_group = offs_m % GROUP_PAD
+        head = kv_head * GROUP + head_in_group
+        row_valid = (offs_m // GROUP_PAD < BLOCK_Q) & (head_in_group < GROUP) & (q_local < q_len)
+        token = q_start + q_local
+        q_abs = context_len + q_local
+        q = tl.load(
+            q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            mask=row_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
+        bt_row = block_table_ptr + seq_idx.to(tl.int64) * stride_bt
 
-    # KV positions this tile needs: up to the last query of the tile (causal).
-    last_q_local = tl.minimum((q_tile_local + 1) * BLOCK_Q, q_len) - 1
-    num_kv = context_len + last_q_local + 1
-    num_tiles = tl.cdiv(num_kv, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+        # KV positions this tile needs: up to the last query of the tile (causal).
+        last_q_local = tl.minimum((q_tile_local + 1) * BLOCK_Q, q_len) - 1
+        num_kv = context_len + last_q_local + 1
+        num_tiles = tl.cdiv(num_kv, BLOCK_N)
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     # Finite stand-in for -inf as the running max: keeps exp2(m_old - m_new) defined when a
     # row has seen only masked scores.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    bt_row = block_table_ptr + seq_idx.to(tl.int64) * stride_bt
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
 
-    for tile in range(tile_lo, tile_hi):
+    if DECODE:
+        # The first tile, with the block ids loaded up front (masked out if the split is
+        # empty).
+        kv_pos = tile_lo * BLOCK_N + offs_n
+        kv_valid = kv_pos < tl.minimum(num_kv, tile_hi * BLOCK_N)
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            blk_first,
+            kv_pos,
+            kv_valid,
+            q_abs,
+            k_head,
+            v_head,
+            offs_d,
+            d_valid,
+            scale_log2,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            BLOCK_SIZE,
+            False,
+            IEEE,
+        )
+        loop_lo = tile_lo + 1
+    else:
+        loop_lo = tile_lo
+    for tile in range(loop_lo, tile_hi):
         kv_pos = tile * BLOCK_N + offs_n
         kv_valid = kv_pos < num_kv
         blk = tl.load(bt_row + kv_pos // BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)
-        in_blk = kv_pos % BLOCK_SIZE
-        kt = tl.load(
-            k_head + blk[None, :] * stride_kb + in_blk[None, :] * stride_ks + offs_d[:, None],
-            mask=kv_valid[None, :] & d_valid[:, None],
-            other=0.0,
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            blk,
+            kv_pos,
+            kv_valid,
+            q_abs,
+            k_head,
+            v_head,
+            offs_d,
+            d_valid,
+            scale_log2,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            BLOCK_SIZE,
+            not DECODE,
+            IEEE,
         )
-        if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee")
-        else:
-            s = tl.dot(q, kt)
-        s = s * scale_log2
-        causal = (kv_pos[None, :] <= q_abs[:, None]) & kv_valid[None, :]
-        s = tl.where(causal, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_head + blk[:, None] * stride_vb + in_blk[:, None] * stride_vs + offs_d[None, :],
-            mask=kv_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
 
     store_mask = row_valid[:, None] & d_valid[None, :]
+    # Partial buffers are contiguous: m/l [T, H, S], out [T, H, S, HEAD_DIM].
+    part_rows = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
     if NUM_SPLITS == 1:
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        out = acc / l_safe[:, None]
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=store_mask,
-        )
+        _store_normalised(out_ptr, token, head, stride_ot, stride_oh, offs_d, acc, l_i, store_mask)
+    elif DECODE:
+        if eff == 1:
+            _store_normalised(out_ptr, token, head, stride_ot, stride_oh, offs_d, acc, l_i, store_mask)
+        else:
+            _store_partial(
+                part_out_ptr,
+                part_m_ptr,
+                part_l_ptr,
+                part_rows,
+                offs_d,
+                acc,
+                m_i,
+                l_i,
+                row_valid,
+                store_mask,
+                HEAD_DIM,
+            )
     else:
-        # Partial buffers are contiguous: m/l [T, H, S], out [T, H, S, HEAD_DIM].
-        row = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
-        tl.store(part_m_ptr + row, m_i, mask=row_valid)
-        tl.store(part_l_ptr + row, l_i, mask=row_valid)
-        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=store_mask)
+        _store_partial(
+            part_out_ptr,
+            part_m_ptr,
+            part_l_ptr,
+            part_rows,
+            offs_d,
+            acc,
+            m_i,
+            l_i,
+            row_valid,
+            store_mask,
+            HEAD_DIM,
+        )
 
 
 def default_tile_config(
@@ -230,14 +447,17 @@ def choose_num_splits(
     max_seq_len: int | None,
     num_sms: int,
     max_splits: int = 32,
-    min_kv_per_split: int = 256,
+    min_kv_per_split: int = MIN_KV_PER_SPLIT,
 ) -> int:
     """Heuristic number of KV splits (flash-decoding) from host-side hints.
 
     Splitting pays only when a pure decode step has too few (sequence, KV head) programs
     to fill the GPU and contexts are long. The result is a power of 2 so few kernel
     variants get compiled; any value is correct (splits partition each sequence's KV
-    tiles evenly in the kernel).
+    tiles evenly in the kernel). On the decode grid the result is only an upper bound: a
+    sequence uses about ``cdiv(seq_len, min_kv_per_split)`` of them (see
+    :func:`paged_attention`), so a graph captured for ``max_model_len`` stays cheap at short
+    contexts.
 
     Args:
         num_seqs: sequences in the step (padded count under CUDA graphs).
@@ -278,6 +498,7 @@ def paged_attention(
     num_splits: int = 1,
     max_query_len: int | None = None,
     config: AttentionTileConfig | None = None,
+    min_kv_per_split: int = MIN_KV_PER_SPLIT,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch of query tokens over a paged KV cache.
 
@@ -297,15 +518,24 @@ def paged_attention(
         scale: softmax scale (usually ``head_dim ** -0.5``).
         out: optional ``[num_tokens, num_heads, head_dim]`` output buffer.
         num_splits: KV splits (1 = single pass; >1 = flash-decoding with a reduce kernel).
-        max_query_len: optional host hint for the tile shape; any value is correct.
-        config: optional tile override (benchmarks, tuning).
+            On the decode grid this is the maximum (the grid size): a sequence uses
+            ``clamp(cdiv(cdiv(seq_len, block_n), cdiv(min_kv_per_split, block_n)), 1,
+            num_splits)`` splits, decided in the kernel from ``seq_lens``.
+        max_query_len: host hint, the longest q_len of the step, or None if unknown. 1
+            selects the decode grid, which reads one query token per sequence, so it must
+            never understate the longest q_len (sequences with q_len 0 are allowed); any
+            other value only shapes the tiles.
+        config: optional tile override (benchmarks, tuning); the decode grid uses
+            ``max(16, next_power_of_2(group))`` rows whatever ``config.block_m``.
+        min_kv_per_split: smallest KV share (tokens) of a split on the decode grid.
 
     Returns:
         ``out``: ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype; padding rows are
         unspecified (zero on the split path).
 
     Raises:
-        ValueError: on inconsistent shapes, dtypes or ``num_splits < 1``.
+        ValueError: on inconsistent shapes, dtypes, ``num_splits < 1`` or
+            ``min_kv_per_split < 1``.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -320,6 +550,8 @@ def paged_attention(
         raise ValueError("query_start_loc must be [num_seqs + 1] and block_table [num_seqs, *]")
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if min_kv_per_split < 1:
+        raise ValueError(f"min_kv_per_split must be >= 1, got {min_kv_per_split}")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or block_table.stride(1) != 1:
         raise ValueError("q, k_cache, v_cache and block_table need a contiguous last dimension")
     if out is None:
@@ -327,9 +559,14 @@ def paged_attention(
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     cfg = config or default_tile_config(group, head_dim, max_query_len, q.dtype)
-    block_m = max(cfg.block_m, group_pad)
-    block_q = block_m // group_pad
-    num_q_tiles = num_tokens // block_q + num_seqs
+    decode = max_query_len == 1
+    if decode:
+        block_m, block_q, grid_rows = max(16, group_pad), 1, num_seqs
+    else:
+        block_m = max(cfg.block_m, group_pad)
+        block_q = block_m // group_pad
+        grid_rows = num_tokens // block_q + num_seqs
+    min_tiles_per_split = triton.cdiv(min_kv_per_split, cfg.block_n)
     if num_splits > 1:
         part_out = torch.empty(
             (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
@@ -338,7 +575,7 @@ def paged_attention(
         part_l = torch.empty_like(part_m)
     else:
         part_out = part_m = part_l = out
-    grid = (num_q_tiles, num_kv_heads, num_splits)
+    grid = (grid_rows, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         out,
         part_out,
@@ -352,6 +589,7 @@ def paged_attention(
         query_start_loc,
         scale * _LOG2E,
         num_seqs,
+        num_tokens,
         num_heads,
         q.stride(0),
         q.stride(1),
@@ -364,6 +602,7 @@ def paged_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         block_table.stride(0),
+        block_table.shape[1],
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
@@ -373,10 +612,20 @@ def paged_attention(
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
         NUM_SPLITS=num_splits,
+        MIN_TILES_PER_SPLIT=min_tiles_per_split,
+        DECODE=decode,
         IEEE=q.dtype == torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if num_splits > 1:
-        attention_reduce(part_out, part_m, part_l, query_start_loc, out)
+        attention_reduce(
+            part_out,
+            part_m,
+            part_l,
+            query_start_loc,
+            out,
+            decode_seq_lens=seq_lens if decode else None,
+            min_kv_per_split=min_tiles_per_split * cfg.block_n,
+        )
     return out

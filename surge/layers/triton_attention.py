@@ -1,8 +1,10 @@
 """The Triton attention backend: paged K/V write plus one varlen paged-attention kernel.
 
 Prefill, chunked prefill and decode run in the same launch
-(:func:`surge.kernels.paged_attention.paged_attention`); small decode batches with long
-contexts take the split-KV (flash-decoding) path with a reduce kernel. Every choice is
+(:func:`surge.kernels.paged_attention.paged_attention`); a pure decode step
+(``max_query_len == 1``) takes the kernel's decode grid (one program per sequence and KV
+head), and small decode batches take the split-KV (flash-decoding) path with a reduce
+kernel, each sequence using only the splits its own context needs. Every host-side choice is
 made from host ints already in :class:`AttentionMetadata` and tensor shapes, so a forward
 never syncs with the GPU and is safe inside CUDA-graph capture.
 """
@@ -29,7 +31,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     Under CUDA graphs, pass the longest context a graph may replay with as
     ``metadata.max_seq_len`` at capture time (e.g. ``max_model_len``): the number of
-    splits is fixed at capture, and any number is correct for shorter contexts.
+    splits is fixed at capture as an upper bound, and the kernel gives each sequence only
+    ``clamp(cdiv(seq_len, 256), 1, num_splits)`` of them (256 tokens: ``min_kv_per_split``
+    in whole KV tiles), so a short context runs one split that writes its output directly
+    and the reduce skips it.
     """
 
     name = "triton"

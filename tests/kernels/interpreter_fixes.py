@@ -1,10 +1,13 @@
-"""Test-only fixes for two bugs of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
+"""Test-only fixes for three bugs of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
 
 1. Scalars are 1-element arrays converted with ``int(array)``, which NumPy >= 2.4 rejects
    ("only 0-dimensional arrays can be converted to Python scalars"), so every loop with a
    run-time bound fails. Upstream fix: triton-lang/triton#9172 (issue #9171).
 2. ``x.to(tl.bfloat16)`` from fp32 truncates the mantissa, while the GPU (and torch) round to
    nearest even; kernels that emulate torch's bf16 roundings would drift by one ulp per cast.
+3. ``tl.dot`` of bf16 operands multiplies their uint16 bit patterns (bf16 is stored as uint16);
+   the operands are widened to fp32 first (exact), as the GPU's bf16 MMA does. Upstream:
+   triton-lang/triton#11584 (unsupported so far).
 
 Both patches touch the interpreter only; compiled GPU kernels are unaffected.
 """
@@ -21,6 +24,7 @@ def apply() -> None:
     """Patch the interpreter in place (call once, before any kernel runs)."""
     original_patch = interpreter._patch_lang_tensor
     original_cast = interpreter.InterpreterBuilder.cast_impl
+    original_dot = interpreter.InterpreterBuilder.create_dot
 
     def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
         original_patch(tensor, scope)
@@ -36,5 +40,22 @@ def apply() -> None:
             )
         return original_cast(self, src, dst_type)
 
+    def bf16_as_fp32(h: interpreter.TensorHandle) -> interpreter.TensorHandle:
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        bits = np.ascontiguousarray(h.data, dtype=np.uint16).astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(
+        self: interpreter.InterpreterBuilder,
+        a: interpreter.TensorHandle,
+        b: interpreter.TensorHandle,
+        d: interpreter.TensorHandle,
+        input_precision: object,
+        max_num_imprecise_acc: object,
+    ) -> interpreter.TensorHandle:
+        return original_dot(self, bf16_as_fp32(a), bf16_as_fp32(b), d, input_precision, max_num_imprecise_acc)
+
     interpreter._patch_lang_tensor = patch_lang_tensor
     interpreter.InterpreterBuilder.cast_impl = cast_impl
+    interpreter.InterpreterBuilder.create_dot = create_dot

@@ -1,10 +1,11 @@
-"""Paged attention (single pass and split-KV) vs a plain torch oracle."""
+"""Paged attention (single pass, split-KV, decode grid) vs a plain torch oracle."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from surge.kernels.attention_reduce import attention_reduce
 from surge.kernels.paged_attention import AttentionTileConfig, choose_num_splits, paged_attention
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
 from tests.kernels.attn_utils import make_batch, reference_attention
@@ -14,6 +15,10 @@ from tests.kernels.attn_utils import make_batch, reference_attention
 MIXED_Q_LENS = [5, 1, 1, 7, 1]
 MIXED_SEQ_LENS = [21, 37, 1, 7, 16]
 SMALL_TILE = AttentionTileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+# Decode batch: one-tile contexts (16-token KV steps) next to long ones, a block boundary and
+# a single-token context. With 32 KV tokens per split the sequences use 1, 1, 1, 2, 4, 6 and
+# 1 splits (capped at num_splits).
+DECODE_SEQ_LENS = [5, 16, 17, 40, 100, 161, 1]
 
 
 def _run(
@@ -26,6 +31,7 @@ def _run(
     q_lens: list[int] = MIXED_Q_LENS,
     seq_lens: list[int] = MIXED_SEQ_LENS,
     num_kv_heads: int = 2,
+    min_kv_per_split: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch = make_batch(
         q_lens,
@@ -51,6 +57,7 @@ def _run(
         num_splits=num_splits,
         max_query_len=md.max_query_len,
         config=config,
+        min_kv_per_split=min_kv_per_split,
     )
     return out[: md.num_tokens].float(), reference_attention(batch, scale)
 
@@ -104,6 +111,99 @@ def test_split_path_zeroes_padding_rows() -> None:
     assert not torch.isnan(out[: md.num_tokens]).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 4, 8])
+def test_decode_grid_short_and_long_contexts(num_splits: int, dtype: torch.dtype) -> None:
+    """Decode grid: per-sequence split counts from 1 (direct write) up to num_splits."""
+    q_lens = [1] * len(DECODE_SEQ_LENS)
+    out, ref = _run(
+        4, 32, num_splits, SMALL_TILE, dtype, q_lens=q_lens, seq_lens=DECODE_SEQ_LENS, min_kv_per_split=32
+    )
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_decode_grid_gqa_groups(group: int) -> None:
+    """Packed rows: 1, 4 or 8 query heads per KV head, padded to the 16-row tile."""
+    seq_lens = [3, 70, 33]
+    out, ref = _run(
+        group, 32, 4, SMALL_TILE, torch.float32, q_lens=[1, 1, 1], seq_lens=seq_lens, min_kv_per_split=16
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_grid_padded_sequences(num_splits: int) -> None:
+    """As a CUDA graph bucket runs it: padding sequences (q_len 0, seq_len 0) after the real
+    ones and padding token rows; real rows match, padding rows are zero on the split path."""
+    q_lens, seq_lens = [1, 1, 1, 0, 0], [40, 2, 90, 0, 0]
+    batch = make_batch(q_lens, seq_lens, 8, 2, 32, num_pad_tokens=2)
+    md = batch.metadata
+    torch_write_kv_cache(batch.k, batch.v, batch.k_cache, batch.v_cache, md.slot_mapping)
+    out = torch.full_like(batch.q, float("nan"))
+    paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        32**-0.5,
+        out,
+        num_splits=num_splits,
+        max_query_len=1,
+        config=SMALL_TILE,
+        min_kv_per_split=32,
+    )
+    torch.testing.assert_close(
+        out[: md.num_tokens], reference_attention(batch, 32**-0.5), atol=1e-5, rtol=1e-5
+    )
+    if num_splits > 1:
+        assert torch.all(out[md.num_tokens :] == 0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_grid_sequence_without_token_in_the_middle(num_splits: int) -> None:
+    """A q_len-0 sequence before real ones: tokens no longer sit at their sequence's index,
+    and the kernels fall back to reading query_start_loc (and to all splits)."""
+    out, ref = _run(
+        2,
+        32,
+        num_splits,
+        SMALL_TILE,
+        torch.float32,
+        q_lens=[1, 0, 1, 1],
+        seq_lens=[20, 0, 70, 5],
+        min_kv_per_split=16,
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_reduce_merges_only_the_splits_a_decode_row_used() -> None:
+    """With decode seq_lens the reduce reads the first cdiv(seq_len, min_kv_per_split)
+    partials only and leaves one-split rows alone; unwritten partials are NaN here."""
+    num_seqs, num_heads, splits, head_dim = 4, 2, 4, 8
+    seq_lens = torch.tensor([10, 40, 1000, 0], dtype=torch.int32)  # 1, 2, 4 splits; padding
+    qsl = torch.tensor([0, 1, 2, 3, 3], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    part_out = torch.full((num_seqs + 1, num_heads, splits, head_dim), float("nan"))
+    part_m = torch.full((num_seqs + 1, num_heads, splits), float("nan"))
+    part_l = torch.full_like(part_m, float("nan"))
+    for t, used in [(1, 2), (2, 4)]:
+        part_out[t, :, :used] = torch.randn(num_heads, used, head_dim, generator=gen)
+        part_m[t, :, :used] = torch.randn(num_heads, used, generator=gen)
+        part_l[t, :, :used] = torch.rand(num_heads, used, generator=gen) + 0.5
+    out = torch.full((num_seqs + 1, num_heads, head_dim), 7.0)
+    attention_reduce(part_out, part_m, part_l, qsl, out, decode_seq_lens=seq_lens, min_kv_per_split=32)
+    assert torch.all(out[0] == 7.0)  # one split: written by the attention kernel, untouched
+    for t, used in [(1, 2), (2, 4)]:
+        w = torch.exp2(part_m[t, :, :used] - part_m[t, :, :used].amax(-1, keepdim=True))
+        want = (w[..., None] * part_out[t, :, :used]).sum(1) / (w * part_l[t, :, :used]).sum(1)[:, None]
+        torch.testing.assert_close(out[t], want)
+    assert torch.all(out[3:] == 0)  # padding rows
+
+
 def test_rejects_bad_shapes() -> None:
     batch = make_batch([1], [4], 4, 2, 64)
     md = batch.metadata
@@ -121,6 +221,19 @@ def test_rejects_bad_shapes() -> None:
             md.block_table,
             1.0,
             num_splits=0,
+        )
+    with pytest.raises(ValueError):
+        paged_attention(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            1.0,
+            num_splits=2,
+            max_query_len=1,
+            min_kv_per_split=0,
         )
 
 
@@ -154,6 +267,17 @@ def test_gpu_qwen3_8b_shapes(num_splits: int) -> None:
 def test_gpu_decode_batch(num_splits: int) -> None:
     seq_lens = [8192, 4096, 1, 777, 16, 4097, 2048, 3000]
     out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", [1] * len(seq_lens), seq_lens, 8)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_decode_graph_splits_with_padding() -> None:
+    """Qwen3-8B decode as a graph captured for a long max_model_len runs it: 32 splits at
+    most, contexts from 1 token to 8192, two padding sequences and padding rows."""
+    seq_lens = [40, 8192, 1, 300, 4097, 17, 0, 0]
+    q_lens = [1] * 6 + [0, 0]
+    out, ref = _run(4, 128, 32, None, torch.bfloat16, "cuda", q_lens, seq_lens, 8)
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 

@@ -20,6 +20,7 @@ def _compare(
     group: int = 2,
     head_dim: int = 64,
     tol: float = 2e-3,
+    max_seq_len: int | None = None,
 ) -> None:
     batch = make_batch(
         q_lens,
@@ -32,6 +33,8 @@ def _compare(
         num_pad_tokens=3,
     )
     md = batch.metadata
+    if max_seq_len is not None:
+        md.max_seq_len = max_seq_len  # as a decode graph is captured: the longest context it may see
     kc_ref, vc_ref = batch.k_cache.clone(), batch.v_cache.clone()
     scale = head_dim**-0.5
     ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, kc_ref, vc_ref, md, scale)
@@ -58,6 +61,17 @@ def test_decode_takes_split_path_and_matches() -> None:
     batch = make_batch([1, 1], [1000, 300], 4, 2, 64)
     assert backend.num_splits(batch.metadata, 2) > 1
     _compare([1, 1], [300, 17], TritonAttentionBackend(num_sms=132), torch.float16, "cpu")
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_padded_decode_as_captured_for_a_long_max_model_len(split_kv: bool) -> None:
+    """The decode grid with the split count fixed for max_model_len 8192 (32 splits) and a
+    padding sequence: the 600-token context uses 3 splits, the short ones write directly."""
+    backend = TritonAttentionBackend(num_sms=132, split_kv=split_kv)
+    batch = make_batch([1, 1, 1, 0], [600, 17, 1, 0], 4, 2, 64)
+    batch.metadata.max_seq_len = 8192
+    assert backend.num_splits(batch.metadata, 2) == (32 if split_kv else 1)
+    _compare([1, 1, 1, 0], [600, 17, 1, 0], backend, torch.float16, "cpu", max_seq_len=8192)
 
 
 def test_num_splits_off_and_for_prefill() -> None:
