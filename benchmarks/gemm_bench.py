@@ -5,8 +5,7 @@ For each linear layer shape of Qwen3-8B (qkv, o, gate_up, down, lm_head) and eac
 cache never holds a weight), replays it, and prints the time per call and the weight bytes
 read per second, for cuBLAS and for :func:`surge.kernels.skinny_gemm.skinny_linear` with its
 default config (:func:`surge.kernels.skinny_gemm.skinny_config`). For the down projection it
-also times the MLP tail: ``silu_and_mul`` + cuBLAS, ``silu_and_mul`` + ``skinny_linear`` and
-the fused :func:`surge.kernels.skinny_gemm.silu_mul_linear`. With ``--sweep`` it also searches
+also times the MLP tail: ``silu_and_mul`` + cuBLAS and ``silu_and_mul`` + ``skinny_linear``. With ``--sweep`` it also searches
 a grid of tile configs per shape and prints the best (the source of the table in
 ``skinny_config``). A benchmark, not part of the engine.
 
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 import triton
 
 from surge.kernels.silu_and_mul import silu_and_mul
-from surge.kernels.skinny_gemm import SkinnyGemmConfig, silu_mul_linear, skinny_config, skinny_linear
+from surge.kernels.skinny_gemm import SkinnyGemmConfig, skinny_config, skinny_linear
 
 HIDDEN, INTER, Q, KV, VOCAB = 4096, 12288, 4096, 1024, 151936
 SHAPES = {
@@ -144,15 +143,6 @@ def main() -> None:
                 print(row("silu_and_mul + cuBLAS", t, nbytes))
                 t = per_call(lambda w, gu=gu: skinny_linear(silu_and_mul(gu), w), ws, args.reps)
                 print(row("silu_and_mul + skinny", t, nbytes))
-                if not close(silu_mul_linear(gu, ws[0]), ref):
-                    print("  silu_mul_linear: WRONG")
-                else:
-                    t = per_call(lambda w, gu=gu: silu_mul_linear(gu, w), ws, args.reps)
-                    cfg = skinny_config(m, n, k, dtype, silu_mul=True)
-                    print(row("silu_mul_linear (fused)", t, nbytes, str(cfg)))
-                if args.sweep:
-                    t, c = sweep(lambda w, c, gu=gu: silu_mul_linear(gu, w, config=c), ws, ref, m, args.reps)
-                    print(row("silu_mul_linear (sweep best)", t, nbytes, str(c)))
         del ws
 
 

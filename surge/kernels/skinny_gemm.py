@@ -9,10 +9,10 @@ Grid ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))``, fp32 accumulation, ``tl.dot(x, w^
 tiled GEMM of the Triton matmul tutorial, without split-K; the tile sizes are the ones measured
 best on an H200 by ``benchmarks/gemm_bench.py``.
 
-With ``SILU_MUL`` the A operand is ``silu(g) * u`` for ``g, u = x[:, :K], x[:, K:]`` (SwiGLU,
-Shazeer 2020), computed while loading it, so the MLP's down projection reads the gate/up
-output directly and the ``[M, K]`` intermediate is never written (a prologue fusion: the
-activation is applied to the A tile in registers, before the dot).
+The engine uses it only for the weight shapes where it measured faster than cuBLAS on the
+H200 (:data:`FASTER_THAN_CUBLAS`); elsewhere cuBLAS stays. A SiLU-and-mul prologue fused into
+the down projection was tried and measured 7x slower than ``silu_and_mul`` + cuBLAS (218 us
+against 31 us per call at M = 1), so it is not part of the kernel.
 
 The launch depends only on the shapes (no host syncs), so it is safe inside CUDA-graph capture.
 """
@@ -47,6 +47,12 @@ class SkinnyGemmConfig:
     num_warps: int
 
 
+FASTER_THAN_CUBLAS: frozenset[tuple[int, int]] = frozenset({(4096, 4096), (151936, 4096)})
+"""Weight shapes ``(N, K)`` where this kernel beat cuBLAS on the H200 for 1..16 tokens
+(``benchmarks/gemm_bench.py``, CUDA graphs, bf16): Qwen3-8B's o_proj (12.2 vs 13.3 us at M=1,
+11.3 vs 13.3 us at M=16) and LM head (278.8 vs 298.5 us at M=1). For qkv, gate_up and down
+cuBLAS was as fast or faster (e.g. down 28.3 vs 29.7 us at M=1)."""
+
 # Best (block_n, block_k, num_stages, num_warps) on an H200 (bf16, CUDA graphs, weights not in
 # L2; benchmarks/gemm_bench.py --sweep) per Qwen3-8B layer shape (N, K), for M == 1 and for
 # 1 < M <= 16.
@@ -59,7 +65,7 @@ _MEASURED: dict[tuple[int, int], tuple[tuple[int, int, int, int], tuple[int, int
 }
 
 
-def skinny_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = False) -> SkinnyGemmConfig:
+def skinny_config(m: int, n: int, k: int, dtype: torch.dtype) -> SkinnyGemmConfig:
     """The launch config for ``[m, k] @ [n, k]^T`` (``k`` = the weight's in-features).
 
     ``block_m`` is 16 for ``m <= 16``, 32 for ``m <= 32``, else 64. ``block_n``, ``block_k``,
@@ -68,7 +74,7 @@ def skinny_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = F
     ``block_k = 256`` for ``k >= 8192``, else 128, 4 stages, 4 warps. Then blocks are shrunk to
     the problem (``next_power_of_2``, at least 16), ``block_k`` is capped at 128 for
     ``block_m = 64``, and stages (then ``block_k``) are reduced until the pipelined tiles,
-    ``stages * (block_m * (2 if silu_mul else 1) + block_n) * block_k * itemsize`` bytes, fit
+    ``stages * (block_m + block_n) * block_k * itemsize`` bytes, fit
     ``_SMEM_BUDGET``.
     """
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
@@ -84,7 +90,7 @@ def skinny_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = F
     if block_m >= 64:
         block_k = min(block_k, 128)
     itemsize = dtype.itemsize
-    a_rows = block_m * (2 if silu_mul else 1)
+    a_rows = block_m
 
     def smem(stages: int, block_k: int) -> int:
         return stages * (a_rows + block_n) * block_k * itemsize
@@ -109,7 +115,6 @@ def _skinny_gemm_kernel(
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
-    SILU_MUL: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -134,15 +139,7 @@ def _skinny_gemm_kernel(
             k_mask = kb * BLOCK_K + offs_k < K
             x_mask = mask_m[:, None] & k_mask[None, :]
             w_mask = mask_n[:, None] & k_mask[None, :]
-        if SILU_MUL:
-            # As SiluAndMul: silu in fp32 rounded to the input dtype, the product rounded too.
-            gate = tl.load(x_ptrs, mask=x_mask, other=0.0)
-            up = tl.load(x_ptrs + K, mask=x_mask, other=0.0)
-            g = gate.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-            a = (act * up.to(tl.float32)).to(gate.dtype)
-        else:
-            a = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        a = tl.load(x_ptrs, mask=x_mask, other=0.0)
         w = tl.load(w_ptrs, mask=w_mask, other=0.0)
         if DOT_IEEE:
             acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
@@ -162,16 +159,14 @@ def _check_and_launch(
     bias: torch.Tensor | None,
     out: torch.Tensor | None,
     config: SkinnyGemmConfig | None,
-    silu_mul: bool,
 ) -> torch.Tensor:
-    name = "gate_up" if silu_mul else "x"
+    name = "x"
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"{name} and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     m = x.shape[0]
     n, k = weight.shape
-    if x.shape[1] != (2 * k if silu_mul else k):
-        expected = f"[M, 2 * {k}]" if silu_mul else f"[M, {k}]"
-        raise ValueError(f"{name} must be {expected} for weight {tuple(weight.shape)}, got {tuple(x.shape)}")
+    if x.shape[1] != k:
+        raise ValueError(f"{name} must be [M, {k}] for weight {tuple(weight.shape)}, got {tuple(x.shape)}")
     if x.dtype not in _DTYPES or weight.dtype != x.dtype:
         raise ValueError(
             f"{name} and weight must share a dtype among fp16/bf16/fp32, got {x.dtype} and {weight.dtype}"
@@ -196,7 +191,7 @@ def _check_and_launch(
         return out
     if k == 0:
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
-    cfg = config if config is not None else skinny_config(m, n, k, x.dtype, silu_mul)
+    cfg = config if config is not None else skinny_config(m, n, k, x.dtype)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _skinny_gemm_kernel[grid](
         out,
@@ -210,7 +205,6 @@ def _check_and_launch(
         weight.stride(0),
         out.stride(0),
         HAS_BIAS=bias is not None,
-        SILU_MUL=silu_mul,
         EVEN_K=k % cfg.block_k == 0,
         DOT_IEEE=x.dtype == torch.float32,
         BLOCK_M=cfg.block_m,
@@ -246,47 +240,19 @@ def skinny_linear(
         ValueError: on non-2-D inputs, mismatched ``K``, dtype or device, an unsupported dtype,
             a non-contiguous last dimension, or a ``bias``/``out`` of the wrong shape or dtype.
     """
-    return _check_and_launch(x, weight, bias, out, config, silu_mul=False)
-
-
-def silu_mul_linear(
-    gate_up: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    config: SkinnyGemmConfig | None = None,
-) -> torch.Tensor:
-    """``F.linear(silu(g) * u, weight, bias)`` with ``g, u = gate_up[:, :I], gate_up[:, I:]``.
-
-    The SiLU-and-mul is done in fp32 while loading the A operand and rounded to the input dtype
-    exactly as :class:`surge.layers.activation.SiluAndMul` rounds it, so the result matches
-    ``F.linear`` on that rounded activation; the ``[M, I]`` intermediate is never stored.
-
-    Args:
-        gate_up: ``[M, 2 * I]`` fp16, bf16 or fp32 (gate then up), last dim contiguous.
-        weight: ``[N, I]``, same dtype and device, last dim contiguous.
-        bias: optional contiguous ``[N]``, same dtype.
-        out: optional ``[M, N]`` output buffer in ``gate_up``'s dtype, last dim contiguous.
-        config: tile sizes; default :func:`skinny_config` of the shapes.
-
-    Returns:
-        ``[M, N]`` in ``gate_up``'s dtype (``out`` when given).
-
-    Raises:
-        ValueError: as :func:`skinny_linear`, with ``gate_up.shape[1] != 2 * I`` as the ``K``
-            mismatch.
-    """
-    return _check_and_launch(gate_up, weight, bias, out, config, silu_mul=True)
+    return _check_and_launch(x, weight, bias, out, config)
 
 
 def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the engine should run ``x [M, *] @ weight^T`` with this kernel instead of cuBLAS.
 
     True for CUDA tensors, 2-D, ``1 <= M <= SKINNY_MAX_M``, both fp16 or both bf16, last
-    dimensions contiguous. Shapes are not checked here (the launchers raise ``ValueError``).
+    dimensions contiguous, and a weight shape in :data:`FASTER_THAN_CUBLAS`. ``K`` is not
+    checked against ``x`` here (the launcher raises ``ValueError``).
     """
     return (
-        x.is_cuda
+        tuple(weight.shape) in FASTER_THAN_CUBLAS
+        and x.is_cuda
         and x.dim() == 2
         and weight.dim() == 2
         and 1 <= x.shape[0] <= SKINNY_MAX_M

@@ -7,8 +7,9 @@ the input features and all-reduces its partial sums. Each parameter carries a
 full Hugging Face tensor into it. ``tp_rank``/``tp_size`` are passed explicitly; with
 ``tp_size == 1`` nothing is split and no collective runs.
 
-On CUDA, matmuls of at most ``SKINNY_MAX_M`` tokens (decode steps) run on the skinny Triton
-GEMM of :mod:`surge.kernels.skinny_gemm` instead of cuBLAS (see :func:`gemm`).
+On CUDA, matmuls of at most ``SKINNY_MAX_M`` tokens (decode steps) with a weight shape where it
+measured faster run on the skinny Triton GEMM of :mod:`surge.kernels.skinny_gemm` instead of
+cuBLAS (see :func:`gemm`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """``F.linear(x, weight, bias)``: ``x [T, in] -> [T, out]`` in ``x``'s dtype.
 
     On CUDA, when :func:`surge.kernels.skinny_gemm.use_skinny` holds (``T <= SKINNY_MAX_M``,
-    fp16/bf16), the skinny Triton GEMM runs instead of cuBLAS. Triton is imported only then, so
+    fp16/bf16, a weight shape where it measured faster), the skinny Triton GEMM runs instead of
+    cuBLAS. Triton is imported only then, so
     CPU-only hosts need not have it.
     """
     if x.is_cuda:
@@ -270,24 +272,6 @@ class RowParallelLinear(_LinearBase):
         if self.tp_size == 1:
             return gemm(x, self.weight, self.bias)
         return self._reduce(gemm(x, self.weight))
-
-    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``gate_up [T, 2 * in_local] -> [T, out]``: ``forward(silu(g) * u)`` for
-        ``g, u = gate_up[:, :in_local], gate_up[:, in_local:]``, with the SiLU-and-mul fused
-        into the GEMM's operand load (:func:`surge.kernels.skinny_gemm.silu_mul_linear`).
-
-        For Triton-capable inputs only (CUDA, or CPU under ``TRITON_INTERPRET=1``); callers
-        check :func:`surge.kernels.skinny_gemm.use_skinny` first. Same all-reduce and bias as
-        :meth:`forward`.
-
-        Raises:
-            ValueError: ``gate_up`` is not ``[T, 2 * in_local]`` in the weight's dtype.
-        """
-        from surge.kernels.skinny_gemm import silu_mul_linear
-
-        if self.tp_size == 1:
-            return silu_mul_linear(gate_up, self.weight, self.bias)
-        return self._reduce(silu_mul_linear(gate_up, self.weight))
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """All-reduce this rank's partial sums ``[T, out]``, then add the bias once."""

@@ -14,10 +14,7 @@ class GatedMLP(nn.Module):
 
     ``gate_proj`` and ``up_proj`` are one column-parallel matmul (``gate_up_proj``); the down
     projection is row-parallel. Parameter names follow Hugging Face's (``gate_up_proj`` is
-    loaded from ``gate_proj`` and ``up_proj``). On CUDA, for at most ``SKINNY_MAX_M`` tokens,
-    the SiLU-and-mul is fused into the down projection's skinny GEMM
-    (:meth:`RowParallelLinear.forward_silu_mul`), so the ``[T, intermediate]`` activation is
-    never written.
+    loaded from ``gate_proj`` and ``up_proj``).
 
     Args:
         hidden_size: model width.
@@ -46,10 +43,4 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden] -> [T, hidden]``."""
-        gate_up = self.gate_up_proj(x)
-        if gate_up.is_cuda:
-            from surge.kernels.skinny_gemm import use_skinny
-
-            if use_skinny(gate_up, self.down_proj.weight):
-                return self.down_proj.forward_silu_mul(gate_up)
-        return self.down_proj(self.act(gate_up))
+        return self.down_proj(self.act(self.gate_up_proj(x)))

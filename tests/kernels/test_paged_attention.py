@@ -283,6 +283,16 @@ def test_gpu_decode_graph_splits_with_padding() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("batch", "num_splits"), [(64, 1), (64, 2), (16, 4)])
+def test_gpu_decode_large_batch_long_contexts(batch: int, num_splits: int) -> None:
+    """The serving matrix's large decode steps: up to 64 sequences at 4k+ contexts."""
+    seq_lens = [4096 + 37 * (i % 9) for i in range(batch)]
+    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", [1] * batch, seq_lens, 8)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_fp32_long_prefill() -> None:
     out, ref = _run(4, 128, 1, None, torch.float32, "cuda", [2048, 1], [4096, 300], 8)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
