@@ -272,7 +272,24 @@ class ModelRunner:
         total = self.max_num_tokens
         chunk = min(total, sc.max_model_len)
         q_lens = [chunk] * (total // chunk) + ([total % chunk] if total % chunk else [])
-        q_lens = q_lens[: self.max_num_seqs]
+        self._dummy_step(q_lens[: self.max_num_seqs], self.max_num_seqs, full_sampler=True)
+
+    def warm_up(self) -> None:
+        """Run small dummy steps so the Triton kernels that eager steps use get compiled at
+        start-up rather than under load (each kernel has variants by tile shape and by
+        Triton's specialisation of ints equal to 1 or divisible by 16): prefill chunks of
+        1..33 tokens, a mixed prefill + decode batch, and the LM head over 1, 2 and 16 rows.
+        A no-op on CPU."""
+        if self.device.type != "cuda":
+            return
+        for q_lens, rows in (([1], 1), ([2], 2), ([5, 1], 2), ([16], 16), ([33, 1, 1], 3)):
+            self._dummy_step(q_lens, rows, full_sampler=False)
+        torch.cuda.synchronize(self.device)
+
+    def _dummy_step(self, q_lens: list[int], sample_rows: int, full_sampler: bool) -> None:
+        """A forward of sequences with ``q_lens`` new tokens each (positions from 0) over a
+        one-block dummy cache that is never written (slot -1), the LM head over
+        ``sample_rows`` rows and, with ``full_sampler``, the sampler with every feature on."""
         num_tokens = sum(q_lens)
         mc = self.config.model
         shape = (1, self.block_size, self.num_kv_heads, mc.head_dim)
@@ -296,9 +313,7 @@ class ModelRunner:
             query_start_loc_cpu=cu.tolist(),
             seq_lens_cpu=list(q_lens),
         )
-        params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, repetition_penalty=1.1)
-        seeded = msgspec.structs.replace(params, seed=0)
-        rows = self.max_num_seqs
+        rows = sample_rows
         with torch.inference_mode():
             input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
             hidden = self.model(
@@ -307,6 +322,10 @@ class ModelRunner:
             idx = torch.arange(rows, device=dev) % num_tokens
             logits = self.model.compute_logits(hidden[idx])
             del hidden
+            if not full_sampler:
+                return
+            params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, repetition_penalty=1.1)
+            seeded = msgspec.structs.replace(params, seed=0)
             md = SamplingMetadata.build(
                 # Half the rows seeded: the seeded noise path has its own [rows, vocab] temporaries.
                 [params, seeded] * (rows // 2) + [params] * (rows % 2),
@@ -320,7 +339,8 @@ class ModelRunner:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate per-layer K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
-        (zeros, model dtype) on the device, then capture the decode CUDA graphs (when on)."""
+        (zeros, model dtype) on the device, compile the eager kernels' variants
+        (:meth:`warm_up`), then capture the decode CUDA graphs (when on)."""
         mc = self.config.model
         shape = (num_blocks, self.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_caches = [
@@ -330,6 +350,7 @@ class ModelRunner:
             )
             for _ in range(mc.num_hidden_layers)
         ]
+        self.warm_up()
         if self.graph_runner is not None:
             self.graph_runner.capture()
 
