@@ -128,7 +128,8 @@ class PreparedInputs:
     Attributes:
         num_tokens, num_seqs: real tokens and sequences.
         padded_tokens, padded_seqs: rows of the token and sequence tensors (>= the real counts).
-        token_i64: ``[3, padded_tokens]`` int64 rows: input ids, positions, slot mapping.
+        token_i64: ``[3, padded_tokens]`` int64 rows: input ids, positions, slot mapping
+            (each row contiguous and 16-byte aligned; the row stride may be one longer).
         seq_i32: ``[2, R]`` int32 rows, ``R >= padded_seqs + 1`` (a multiple of 4, so both
             rows are 16-byte aligned): ``query_start_loc`` in the first ``padded_seqs + 1``
             entries of row 0, ``seq_lens`` in the first ``padded_seqs`` of row 1.
@@ -215,7 +216,7 @@ class InputPreparer:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.rows = BlockTableRows(2 * max_num_seqs + 8, self.max_blocks_per_seq)
         nbytes = (
-            8 * (3 * max_num_tokens + max_num_seqs)
+            8 * (3 * (max_num_tokens + 1) + 3 * max_num_seqs)  # token rows, logits and pending rows
             + 16
             + 8 * _round_up(max_num_seqs + 1, 4)
             + 4 * max_num_seqs * self.max_blocks_per_seq
@@ -323,14 +324,18 @@ class InputPreparer:
         num_pend = len(pend_dst)
         t, s = padded_tokens, padded_seqs
         # Sections start 16-byte aligned (Triton specialises pointer alignment).
-        num_i64 = 3 * t + num_sample + 2 * num_pend
+        # Token rows start 16-byte aligned (an even row length): Triton compiles a kernel
+        # variant per pointer alignment, and an odd token count would otherwise misalign the
+        # positions row and compile a new variant in the middle of serving.
+        tr = t + (t & 1)
+        num_i64 = 3 * tr + num_sample + 2 * num_pend
         off_seq = _round_up(8 * num_i64, 16)
         seq_row = _round_up(s + 1, 4)
         off_bt = off_seq + 8 * seq_row
         used = off_bt + 4 * num_seqs * width
         buf = self._host_np
         tok = buf[: 8 * num_i64].view(np.int64)
-        tok_rows = tok[: 3 * t].reshape(3, t)
+        tok_rows = tok[: 3 * tr].reshape(3, tr)[:, :t]
         seq = buf[off_seq:off_bt].view(np.int32).reshape(2, seq_row)
         bt = buf[off_bt:used].view(np.int32).reshape(num_seqs, width)
 
@@ -355,10 +360,10 @@ class InputPreparer:
         seq[1, :num_seqs] = seq_lens
         seq[1, num_seqs:] = 0
         sample_arr = np.array(sample_idx, dtype=np.int64)
-        tok[3 * t : 3 * t + num_sample] = cu[1:][sample_arr] - 1
+        tok[3 * tr : 3 * tr + num_sample] = cu[1:][sample_arr] - 1
         if num_pend:
-            tok[3 * t + num_sample : 3 * t + num_sample + num_pend] = pend_dst
-            tok[3 * t + num_sample + num_pend :] = pend_src
+            tok[3 * tr + num_sample : 3 * tr + num_sample + num_pend] = pend_dst
+            tok[3 * tr + num_sample + num_pend :] = pend_src
 
         dev = self._dev
         if self._copy_done is not None:
@@ -371,17 +376,17 @@ class InputPreparer:
             num_seqs=num_seqs,
             padded_tokens=padded_tokens,
             padded_seqs=padded_seqs,
-            token_i64=tok_dev[: 3 * t].view(3, t),
+            token_i64=tok_dev[: 3 * tr].view(3, tr)[:, :t],
             seq_i32=dev[off_seq:off_bt].view(torch.int32).view(2, seq_row),
             block_table=dev[off_bt:used].view(torch.int32).view(num_seqs, width),
-            logits_indices=tok_dev[3 * t : 3 * t + num_sample],
+            logits_indices=tok_dev[3 * tr : 3 * tr + num_sample],
             max_query_len=max_query_len,
             max_seq_len=int(seq_lens.max()),
             query_start_loc_cpu=seq[0, : s + 1].tolist(),
             seq_lens_cpu=seq[1, :s].tolist(),
             sample_requests=[requests[i] for i in sample_idx],
             all_rows_sample=max_query_len == 1 and num_sample == num_seqs,
-            pending_idx=tok_dev[3 * t + num_sample :].view(2, num_pend) if num_pend else None,
+            pending_idx=tok_dev[3 * tr + num_sample :].view(2, num_pend) if num_pend else None,
             pending_identity=identity,
         )
 

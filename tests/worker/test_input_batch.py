@@ -113,6 +113,25 @@ def test_mixed_step_is_never_padded() -> None:
     assert (inputs.padded_tokens, inputs.padded_seqs) == (23, 4)
     assert not inputs.all_rows_sample
     _check_step(inputs, so, 8)
+    # An odd token count still leaves every token row 16-byte aligned (Triton specialises
+    # kernels on pointer alignment).
+    for row in (inputs.input_ids, inputs.positions, inputs.slot_mapping):
+        assert row.data_ptr() % 16 == 0 and row.is_contiguous()
+
+
+def test_pending_tokens_are_gathered_from_the_previous_step() -> None:
+    prep = InputPreparer(CPU, 64, 16, 8, 128)
+    reqs = _decode_requests(3, 8, seed=1)
+    pending = reqs[1]
+    pending.num_computed_tokens = pending.num_tokens  # its next token is still in flight
+    pending.block_ids = list(range(200, 200 + -(-(pending.num_tokens + 1) // 8)))
+    so = SchedulerOutput([ScheduledRequest(r, 1, True) for r in reqs], 3)
+    inputs = prep.prepare(so, None, {pending.request_id: 5})
+    assert inputs.pending_idx is not None and inputs.pending_idx.tolist() == [[1], [5]]
+    assert not inputs.pending_identity
+    assert inputs.input_ids[1].item() == 0  # filled on the device by the runner
+    with pytest.raises(ValueError, match="neither known nor pending"):
+        prep.prepare(so)
 
 
 def test_block_table_rows_rebuild_on_new_list_and_eviction() -> None:
