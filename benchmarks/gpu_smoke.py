@@ -62,6 +62,20 @@ def weight_bytes_per_step(engine: LLMEngine) -> int:
     return total if tied else total - embed.numel() * embed.element_size()
 
 
+def add_random_requests(
+    engine: LLMEngine, prefix: str, batch: int, input_len: int, output_len: int, seed: int
+) -> list[str]:
+    """Queue ``batch`` greedy requests of ``input_len`` random prompt tokens and exactly
+    ``output_len`` output tokens (``ignore_eos``); returns their ids."""
+    rng = np.random.default_rng(seed)
+    vocab = engine.config.model.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    ids = [f"{prefix}{batch}-s{seed}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, rng.integers(0, vocab, input_len).tolist(), params)
+    return ids
+
+
 def run_batch(engine: LLMEngine, batch: int, input_len: int, output_len: int, seed: int) -> dict[str, Any]:
     """Generate ``batch`` requests to completion; return throughput and the mean per-step
     profile of the pure-decode steps.
@@ -69,12 +83,7 @@ def run_batch(engine: LLMEngine, batch: int, input_len: int, output_len: int, se
     Raises:
         RuntimeError: a request did not get exactly ``output_len`` tokens.
     """
-    rng = np.random.default_rng(seed)
-    vocab = engine.config.model.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    ids = [f"b{batch}-s{seed}-{i}" for i in range(batch)]
-    for rid in ids:
-        engine.add_request(rid, rng.integers(0, vocab, input_len).tolist(), params)
+    ids = add_random_requests(engine, "b", batch, input_len, output_len, seed)
     runner, scheduler = engine.runner, engine.scheduler
     kv_bytes = engine.config.model.kv_bytes_per_token // engine.config.parallel.tensor_parallel_size
     weights = weight_bytes_per_step(engine)
@@ -142,12 +151,7 @@ def run_engine_loop(
     Raises:
         RuntimeError: a request did not get exactly ``output_len`` tokens.
     """
-    rng = np.random.default_rng(seed)
-    vocab = engine.config.model.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    ids = [f"e{batch}-s{seed}-{i}" for i in range(batch)]
-    for rid in ids:
-        engine.add_request(rid, rng.integers(0, vocab, input_len).tolist(), params)
+    ids = add_random_requests(engine, "e", batch, input_len, output_len, seed)
     counts: Counter[str] = Counter()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
