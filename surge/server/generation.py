@@ -5,9 +5,13 @@ Shared by chat and completions. Each choice (one engine request; ``n`` choices p
 ``asyncio.Queue``; :meth:`Generation.deltas` drains it and yields the deltas to send:
 
 - a choice's first delta goes out as soon as its first token exists;
-- then one delta every ``stream_interval`` tokens (later when the text is held back: an
-  unfinished character or a possible stop-string prefix), and always the final one, which
-  carries the finish reason; no token is dropped: a delta carries all text since the last one.
+- then one delta every ``stream_interval`` tokens, and always the final one, which carries the
+  finish reason; no token is dropped: a delta carries all text since the last one. A delta
+  goes out on time even when its text is held back (an unfinished UTF-8 character or a
+  possible stop-string prefix): its text is then empty, and the held text rides on a later
+  delta. So at ``stream_interval`` 1 every SSE event stands for exactly one token, and a
+  client's inter-token gaps are one engine step each (an empty ``content`` chunk counts as
+  a token in vLLM's benchmark client).
 """
 
 from __future__ import annotations
@@ -209,7 +213,7 @@ class Generation:
                 choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
             self._num_unfinished -= 1
             metrics.request_finished(choice.finish_reason, now - self._arrival)
-        elif choice.sent_first and (choice.unsent_tokens < self._interval or not choice.pending):
+        elif choice.sent_first and choice.unsent_tokens < self._interval:
             return None
         delta = ChoiceDelta(
             choice.index,
