@@ -231,15 +231,100 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor parallelism. Attributes: tensor_parallel_size (number of GPUs, >= 1)."""
+    """Tensor and data parallelism (see :mod:`surge.parallel`).
+
+    Attributes:
+        tensor_parallel_size: ranks (GPUs) of one engine replica's model, >= 1. With more than
+            one, the engine process spawns one worker process per rank of this node.
+        data_parallel_size: engine replicas behind one API server, >= 1.
+        data_parallel_rank: this replica's index in ``[0, data_parallel_size)`` (places its
+            ranks on GPUs ``data_parallel_rank * tensor_parallel_size + local rank``).
+        nnodes: hosts the tensor-parallel ranks span, >= 1 (they divide the ranks evenly).
+        node_rank: this host's index in ``[0, nnodes)``; node 0 runs the API server and the
+            engine (scheduler), the others only workers.
+        master_addr: address of node 0, where the ``torch.distributed`` TCP store and the
+            step broadcast listen (used when ``nnodes > 1``).
+        master_port: port of the TCP store on ``master_addr``; the step broadcast and the
+            results use the next two ports. None picks a free port (one host only).
+    """
 
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
 
     def __post_init__(self) -> None:
         _require(
             self.tensor_parallel_size >= 1,
             f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}",
         )
+        _require(
+            self.data_parallel_size >= 1,
+            f"data_parallel_size must be positive, got {self.data_parallel_size}",
+        )
+        _require(
+            0 <= self.data_parallel_rank < self.data_parallel_size,
+            f"data_parallel_rank must be in [0, {self.data_parallel_size}), got {self.data_parallel_rank}",
+        )
+        _require(self.nnodes >= 1, f"nnodes must be positive, got {self.nnodes}")
+        _require(
+            0 <= self.node_rank < self.nnodes,
+            f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}",
+        )
+        _require(
+            self.tensor_parallel_size % self.nnodes == 0,
+            f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of nnodes ({self.nnodes})",
+        )
+        _require(
+            self.nnodes == 1 or self.data_parallel_size == 1,
+            "data_parallel_size > 1 runs on one host: use nnodes=1 with it",
+        )
+        _require(
+            self.nnodes == 1 or self.master_port is not None,
+            "master_port must be given when nnodes > 1",
+        )
+        _require(
+            self.master_port is None or 1 <= self.master_port <= 65533,
+            f"master_port must be in [1, 65533], got {self.master_port}",
+        )
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Tensor-parallel ranks each host runs."""
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def local_ranks(self) -> range:
+        """The global tensor-parallel ranks this host runs."""
+        n = self.ranks_per_node
+        return range(self.node_rank * n, (self.node_rank + 1) * n)
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """Check that ``tp`` ranks can split ``model``.
+
+    Raises:
+        ValueError: one line naming the head count (or size) that ``tp`` does not divide.
+    """
+    if tp == 1:
+        return
+    _require(
+        model.num_attention_heads % tp == 0,
+        f"tensor_parallel_size {tp} does not divide the model's {model.num_attention_heads} attention heads",
+    )
+    kv = model.num_key_value_heads
+    _require(
+        kv % tp == 0 if tp < kv else tp % kv == 0,
+        f"tensor_parallel_size {tp} does not divide the model's {kv} key-value heads "
+        f"(nor is it a multiple of them)",
+    )
+    _require(
+        model.intermediate_size % tp == 0,
+        f"tensor_parallel_size {tp} does not divide the model's intermediate_size {model.intermediate_size}",
+    )
 
 
 @dataclass(frozen=True)
@@ -280,6 +365,7 @@ class EngineConfig:
             f"max_model_len ({self.scheduler.max_model_len}) exceeds the model's "
             f"max_position_embeddings ({self.model.max_model_len})",
         )
+        check_tensor_parallel(self.model, self.parallel.tensor_parallel_size)
 
 
 def resolve_device(device: str) -> str:

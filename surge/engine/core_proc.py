@@ -189,6 +189,7 @@ def run_engine_core(
     out_sock.connect(output_address)
     encoder = msgspec.msgpack.Encoder()
     exit_code = 0
+    engine: Any = None
     try:
         try:
             if engine_factory is None:
@@ -232,6 +233,10 @@ def run_engine_core(
         exit_code = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        close = getattr(engine, "close", None)
+        if close is not None:  # tensor-parallel workers stop with the engine
+            with contextlib.suppress(Exception):
+                close()
         in_sock.close(linger=0)
         out_sock.close(linger=500)
         ctx.term()
@@ -252,6 +257,7 @@ def _busy_loop(
 ) -> None:
     """Drain inputs, step, send outputs; block on the input socket while idle."""
     decoder = msgspec.msgpack.Decoder(EngineInput)
+    check_health = getattr(engine, "check_health", None)
     poller = zmq.Poller()
     poller.register(in_sock, zmq.POLLIN)
     last_parent_check = time.monotonic()
@@ -260,6 +266,8 @@ def _busy_loop(
             while not poller.poll(_IDLE_POLL_MS):
                 if os.getppid() != parent_pid:
                     raise _ParentGone
+                if check_health is not None:  # a dead tensor-parallel worker ends the engine
+                    check_health()
         now = time.monotonic()
         if now - last_parent_check > _PARENT_CHECK_S:
             last_parent_check = now

@@ -25,6 +25,9 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    from surge.parallel.cli_args import add_parallel_args
+
+    add_parallel_args(p, serve=False)
     p.set_defaults(func=run_generate)
 
 
@@ -41,10 +44,17 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
-    if args.chat:
-        out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
-    else:
-        out = llm.generate(args.prompt, params)[0]
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        load_format=args.load_format,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    with llm:
+        if args.chat:
+            out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
+        else:
+            out = llm.generate(args.prompt, params)[0]
     print(out.outputs[0].text)
     return 0

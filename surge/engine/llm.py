@@ -42,6 +42,8 @@ class LLM:
         enable_prefix_caching: share the KV blocks of equal prompt prefixes.
         enforce_eager: no CUDA graphs.
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
+        tensor_parallel_size: shard the model over this many worker processes (GPUs); they
+            stop with :meth:`close` or at interpreter exit.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -64,6 +66,7 @@ class LLM:
         enforce_eager: bool = False,
         gpu_memory_utilization: float = 0.9,
         async_scheduling: bool | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         config = build_engine_config(
             None if model is None else str(model),
@@ -80,10 +83,21 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
+            tensor_parallel_size=tensor_parallel_size,
         )
         self.tokenizer = load_tokenizer(config.model.model)
         self.engine = LLMEngine(config)
         self._next_id = 0
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism). Idempotent."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def generate(
         self,

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, resolve_device
+from surge.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    resolve_device,
+)
 from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler
 from surge.request import Request
@@ -48,18 +55,33 @@ def build_engine_config(
     enable_prefix_caching: bool = True,
     enforce_eager: bool = False,
     async_scheduling: bool | None = None,
+    tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
     ``max_model_len=None`` takes the model's ``max_position_embeddings``;
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
-    and off on CPU (where a step's compute is the host's own work).
+    and off on CPU (where a step's compute is the host's own work). The last six arguments
+    are :class:`~surge.config.ParallelConfig`'s.
 
     Raises:
         ValueError: a bad model folder or an out-of-range value (the message names it).
     """
     model_config = ModelConfig.from_pretrained(
         model, dtype=dtype, load_format=load_format, seed=seed, max_model_len=max_model_len
+    )
+    parallel = ParallelConfig(
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
     )
     resolved = resolve_device(device)
     if async_scheduling is None:
@@ -77,6 +99,7 @@ def build_engine_config(
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=model_config.max_model_len,
         ),
+        parallel=parallel,
         device=resolved,
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
@@ -120,16 +143,26 @@ class LLMEngine:
         Args:
             config: the engine configuration.
             runner: an executor with ``determine_num_kv_blocks``, ``init_kv_cache`` and
-                ``execute`` (default: :class:`surge.worker.model_runner.ModelRunner`).
+                ``execute`` (default: :class:`surge.worker.model_runner.ModelRunner`, or
+                :class:`surge.parallel.executor.TPExecutor` with ``tensor_parallel_size > 1``).
         """
-        if runner is None:
+        if runner is None and config.parallel.tensor_parallel_size > 1:
+            from surge.parallel.executor import TPExecutor
+
+            runner = TPExecutor(config)
+        elif runner is None:
             from surge.worker.model_runner import ModelRunner
 
             runner = ModelRunner(config)
         self.config = config
         self.runner = runner
-        num_blocks = config.cache.num_kv_blocks or runner.determine_num_kv_blocks()
-        runner.init_kv_cache(num_blocks)
+        try:
+            num_blocks = config.cache.num_kv_blocks or runner.determine_num_kv_blocks()
+            runner.init_kv_cache(num_blocks)
+        except BaseException:
+            if hasattr(runner, "close"):
+                runner.close()
+            raise
         self.num_kv_blocks: int = num_blocks
         self.block_size: int = config.cache.block_size
         self.max_model_len: int = config.scheduler.max_model_len
@@ -209,3 +242,15 @@ class LLMEngine:
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()
+
+    def check_health(self) -> None:
+        """Raise when the executor lost a worker (tensor parallelism); a no-op otherwise."""
+        check = getattr(self.runner, "check_health", None)
+        if check is not None:
+            check()
+
+    def close(self) -> None:
+        """Stop the executor's worker processes, if it has any. Idempotent."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()

@@ -31,8 +31,9 @@ from transformers import PreTrainedTokenizerBase
 
 import surge
 from surge.config import EngineConfig
-from surge.engine.client import EngineClient, EngineStartError
+from surge.engine.client import EngineStartError
 from surge.engine.core_proc import EngineFactory
+from surge.parallel.dp_client import DPEngineClient, make_engine_client
 from surge.server.errors import ApiError, bad_request, error_body, error_response
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -248,7 +249,7 @@ async def run_server(
     loop = asyncio.get_running_loop()
     this_task = asyncio.current_task()
     assert this_task is not None
-    client = EngineClient(config, engine_factory=engine_factory, log_level=options.engine_log_level)
+    client = make_engine_client(config, engine_factory=engine_factory, log_level=options.engine_log_level)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, this_task.cancel)
     try:
@@ -268,7 +269,11 @@ async def run_server(
     state = ServerState(
         client=client,
         tokenizer=tokenizer,
-        metrics=ServerMetrics(names[0], lambda: client.stats),
+        metrics=ServerMetrics(
+            names[0],
+            lambda: client.stats,
+            client.get_replica_stats if isinstance(client, DPEngineClient) else None,
+        ),
         served_model_names=tuple(names),
         model_path=config.model.model,
         max_model_len=info.max_model_len,

@@ -76,6 +76,9 @@ def add_serve_parser(subparsers: Any) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log level (default info)",
     )
+    from surge.parallel.cli_args import add_parallel_args
+
+    add_parallel_args(p, serve=True)
     p.set_defaults(func=run_serve)
 
 
@@ -108,6 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     from surge.engine.llm_engine import build_engine_config
+    from surge.parallel.cli_args import parallel_kwargs
     from surge.server.api_server import ServeOptions, bind_socket, run_server
     from surge.tokenizer import load_tokenizer
 
@@ -126,7 +130,12 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_enable_prefix_caching,
         enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling,
+        **parallel_kwargs(args),
     )
+    if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
+        from surge.parallel.node import run_worker_node
+
+        return run_worker_node(config, log_level=level)
     tokenizer = load_tokenizer(config.model.model)  # fail fast on a folder without a tokenizer
     options = ServeOptions(
         host=args.host,

@@ -32,14 +32,37 @@ _ITL_BUCKETS = (
 class _EngineStatsCollector(Collector):
     """Exports the latest SchedulerStats as gauges and counters at scrape time."""
 
-    def __init__(self, get_stats: Callable[[], SchedulerStats | None], model_name: str) -> None:
+    def __init__(
+        self,
+        get_stats: Callable[[], SchedulerStats | None],
+        model_name: str,
+        get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
+    ) -> None:
         self._get_stats = get_stats
         self._model_name = model_name
+        self._get_replica_stats = get_replica_stats
 
     def collect(self) -> Iterator[Metric]:
-        s = self._get_stats()
-        labels = ["model_name"]
-        values = [self._model_name]
+        if self._get_replica_stats is None:
+            yield from self._collect([([self._model_name], self._get_stats())], ["model_name"])
+            return
+        rows = [([self._model_name, str(d)], s) for d, s in enumerate(self._get_replica_stats())]
+        yield from self._collect(rows, ["model_name", "replica"])
+
+    def _collect(
+        self, rows: list[tuple[list[str], SchedulerStats | None]], labels: list[str]
+    ) -> Iterator[Metric]:
+        """One family per metric with a sample per row (a row: label values and stats)."""
+        families: dict[str, Metric] = {}
+        for values, s in rows:
+            for metric in self._samples(s, labels, values):
+                if metric.name in families:
+                    families[metric.name].samples.extend(metric.samples)
+                else:
+                    families[metric.name] = metric
+        yield from families.values()
+
+    def _samples(self, s: SchedulerStats | None, labels: list[str], values: list[str]) -> Iterator[Metric]:
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"surge:{name}", doc, labels=labels)
@@ -78,10 +101,18 @@ class ServerMetrics:
 
     Args:
         model_name: the served model name (label ``model_name``).
-        get_stats: returns the latest engine SchedulerStats (or None).
+        get_stats: returns the latest engine SchedulerStats (or None); with data parallelism,
+            the replicas' stats added up (for the log line).
+        get_replica_stats: with data parallelism, each replica's latest stats: the engine
+            gauges and counters then carry a ``replica`` label.
     """
 
-    def __init__(self, model_name: str, get_stats: Callable[[], SchedulerStats | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        get_stats: Callable[[], SchedulerStats | None],
+        get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._get_stats = get_stats
         reg, lbl = self.registry, ["model_name"]
@@ -122,7 +153,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         ).labels(model_name)
-        self.registry.register(_EngineStatsCollector(get_stats, model_name))
+        self.registry.register(_EngineStatsCollector(get_stats, model_name, get_replica_stats))
         self._last_log_time = time.monotonic()
         self.total_prompt_tokens = 0
         self.total_generation_tokens = 0

@@ -91,6 +91,9 @@ class DecodeGraphRunner:
             backend's split-KV choice is fixed for it at capture).
         use_graphs: False runs the same static-buffer path eagerly, without capture (for
             tests on CPU, and the torch reference backend).
+        capture_error_mode: ``torch.cuda.graph``'s; "thread_local" under tensor parallelism,
+            so that CUDA calls of the NCCL watchdog thread cannot invalidate a capture of the
+            forward's all-reduces.
 
     Attributes:
         token_i64: ``[3, max_bucket]`` int64 static rows: input ids, positions, slot mapping.
@@ -106,8 +109,10 @@ class DecodeGraphRunner:
         max_blocks_per_seq: int,
         max_model_len: int,
         use_graphs: bool = True,
+        capture_error_mode: str = "global",
     ) -> None:
         self.forward = forward
+        self.capture_error_mode = capture_error_mode
         self.device = device
         self.buckets = buckets
         self.max_model_len = max_model_len
@@ -179,7 +184,9 @@ class DecodeGraphRunner:
                     self.forward(ids, pos, md)
                 stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                with torch.cuda.graph(
+                    graph, pool=self._pool, stream=stream, capture_error_mode=self.capture_error_mode
+                ):
                     out = self.forward(ids, pos, md)
                 self._graphs[bucket] = (graph, out)
         torch.cuda.current_stream(self.device).wait_stream(stream)

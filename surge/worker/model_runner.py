@@ -111,6 +111,10 @@ class StepHandle:
         self._inputs = inputs
         self._done = False
 
+    def done(self) -> bool:
+        """Whether the sampled ids are on the host (:meth:`result` would not wait)."""
+        return self._ready is None or self._ready.query()
+
     def result(self) -> ModelOutput:
         """Wait for the step and return its sampled token ids.
 
@@ -190,6 +194,7 @@ class ModelRunner:
                 decode_buckets(self.max_num_seqs, self.max_num_tokens),
                 self.max_blocks_per_seq,
                 sc.max_model_len,
+                capture_error_mode="thread_local" if self.tp_size > 1 else "global",
             )
         self.inputs = InputPreparer(
             self.device, self.max_num_tokens, self.max_num_seqs, self.block_size, sc.max_model_len

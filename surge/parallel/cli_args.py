@@ -1,0 +1,54 @@
+"""The parallelism flags of `surge serve` and `surge generate`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
+    """Add ``-tp``; with ``serve`` also ``-dp`` and the multi-host flags."""
+    p.add_argument(
+        "-tp",
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="shard the model over this many GPUs (worker processes; on CPU, processes) (default 1)",
+    )
+    if not serve:
+        return
+    p.add_argument(
+        "-dp",
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="engine replicas behind this server, each with its own -tp GPUs (default 1)",
+    )
+    p.add_argument("--nnodes", type=int, default=1, help="hosts the -tp ranks span (default 1)")
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this host's index; 0 runs the server, others only workers (default 0)",
+    )
+    p.add_argument(
+        "--master-addr",
+        default="127.0.0.1",
+        help="address of node 0 (torch.distributed TCP store and step broadcast)",
+    )
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="TCP store port on --master-addr; the next two ports carry steps and results "
+        "(required with --nnodes > 1; default: a free port)",
+    )
+
+
+def parallel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``build_engine_config`` keyword arguments of the parsed flags."""
+    out: dict[str, Any] = {"tensor_parallel_size": args.tensor_parallel_size}
+    for name in ("data_parallel_size", "nnodes", "node_rank", "master_addr", "master_port"):
+        if hasattr(args, name):
+            out[name] = getattr(args, name)
+    return out

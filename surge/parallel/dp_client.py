@@ -1,0 +1,179 @@
+"""Data parallelism: several engine replicas behind one API server.
+
+:class:`DPEngineClient` has the surface of :class:`~surge.engine.client.EngineClient` that the
+server uses, over ``data_parallel_size`` of them (one engine process each, each with its own
+tensor-parallel workers and GPUs). A request goes to the live replica with the fewest requests
+in flight (sent and not finished: the replica's waiting plus running requests, counted in this
+process so that requests still on their way count too). Requests that share an output queue
+(the ``n`` samples and the prompts of one HTTP request) stay on one replica, so the samples
+share their prompt's KV blocks through prefix caching. The server is ready only while every
+replica is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import weakref
+from collections.abc import Iterable
+
+import msgspec
+
+from surge.config import EngineConfig
+from surge.core.outputs import SchedulerStats
+from surge.engine.client import EngineClient, EngineDeadError, EngineStartError, QueueItem
+from surge.engine.core_proc import EngineFactory, EngineReady
+from surge.sampling_params import SamplingParams
+
+logger = logging.getLogger("surge.parallel")
+
+
+def replica_config(config: EngineConfig, rank: int) -> EngineConfig:
+    """``config`` for replica ``rank`` (its GPUs and store port follow from the rank)."""
+    return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, data_parallel_rank=rank))
+
+
+def make_engine_client(
+    config: EngineConfig, *, engine_factory: EngineFactory | None = None, log_level: int = logging.INFO
+) -> EngineClient | DPEngineClient:
+    """One :class:`EngineClient`, or a :class:`DPEngineClient` with ``data_parallel_size > 1``."""
+    if config.parallel.data_parallel_size == 1:
+        return EngineClient(config, engine_factory=engine_factory, log_level=log_level)
+    return DPEngineClient(config, engine_factory=engine_factory, log_level=log_level)
+
+
+def sum_stats(stats: list[SchedulerStats | None]) -> SchedulerStats | None:
+    """The replicas' stats added up (KV usage: used blocks over all blocks)."""
+    known = [s for s in stats if s is not None]
+    if not known:
+        return None
+    total = sum(s.num_total_blocks for s in known)
+    free = sum(s.num_free_blocks for s in known)
+    return SchedulerStats(
+        num_running=sum(s.num_running for s in known),
+        num_waiting=sum(s.num_waiting for s in known),
+        kv_cache_usage=(total - free) / total if total else 0.0,
+        num_free_blocks=free,
+        num_total_blocks=total,
+        num_preemptions_total=sum(s.num_preemptions_total for s in known),
+        prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in known),
+        prefix_cache_query_tokens=sum(s.prefix_cache_query_tokens for s in known),
+    )
+
+
+class DPEngineClient:
+    """``data_parallel_size`` engine replicas as one client (see the module docstring).
+
+    Args:
+        config: the engine configuration (``parallel.data_parallel_size > 1``).
+        engine_factory, log_level: as for :class:`EngineClient`, for every replica.
+
+    Attributes:
+        replicas: one :class:`EngineClient` per replica, by replica rank.
+        info: replica 0's ready message with the smallest KV pool of all, once started.
+        num_routed: requests sent to each replica since start.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        engine_factory: EngineFactory | None = None,
+        log_level: int = logging.INFO,
+    ) -> None:
+        self.config = config
+        self.replicas = [
+            EngineClient(replica_config(config, d), engine_factory=engine_factory, log_level=log_level)
+            for d in range(config.parallel.data_parallel_size)
+        ]
+        self.info: EngineReady | None = None
+        self.num_routed = [0] * len(self.replicas)
+        self._by_queue: weakref.WeakKeyDictionary[asyncio.Queue[QueueItem], int] = weakref.WeakKeyDictionary()
+
+    @property
+    def pid(self) -> int | None:
+        return self.replicas[0].pid
+
+    @property
+    def is_ready(self) -> bool:
+        """True while every replica is started and alive."""
+        return self.info is not None and all(r.is_ready for r in self.replicas)
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why a replica is gone (None while all live)."""
+        for d, r in enumerate(self.replicas):
+            if r.dead_reason is not None:
+                return f"replica {d}: {r.dead_reason}"
+        return None
+
+    @property
+    def num_inflight(self) -> int:
+        return sum(r.num_inflight for r in self.replicas)
+
+    @property
+    def stats(self) -> SchedulerStats | None:
+        """The replicas' latest stats added up."""
+        return sum_stats(self.get_replica_stats())
+
+    def get_replica_stats(self) -> list[SchedulerStats | None]:
+        """Each replica's latest stats, by replica rank."""
+        return [r.stats for r in self.replicas]
+
+    async def start(self) -> EngineReady:
+        """Start every replica at once and wait for all.
+
+        Raises:
+            EngineStartError: a replica failed to start (the others are shut down).
+        """
+        results = await asyncio.gather(*(r.start() for r in self.replicas), return_exceptions=True)
+        for d, res in enumerate(results):
+            if isinstance(res, BaseException):
+                await self.shutdown()
+                if isinstance(res, EngineStartError):
+                    raise EngineStartError(f"replica {d}: {res}")
+                raise res
+        infos = [res for res in results if isinstance(res, EngineReady)]
+        self.info = msgspec.structs.replace(infos[0], num_kv_blocks=min(i.num_kv_blocks for i in infos))
+        logger.info("%d replicas ready (engine pids %s)", len(infos), ", ".join(str(i.pid) for i in infos))
+        return self.info
+
+    def pick_replica(self) -> int:
+        """The replica with the fewest requests in flight (the lowest rank on a tie)."""
+        loads = [r.num_inflight for r in self.replicas]
+        return loads.index(min(loads))
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        queue: asyncio.Queue[QueueItem],
+        index: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Send one request to a replica (see the module docstring for which).
+
+        Raises:
+            EngineDeadError: a replica is not running.
+        """
+        if not self.is_ready:
+            raise EngineDeadError(self.dead_reason or "the engine is not running")
+        d = self._by_queue.get(queue)
+        if d is None:
+            d = self._by_queue[queue] = self.pick_replica()
+        self.num_routed[d] += 1
+        self.replicas[d].add_request(
+            request_id, prompt_token_ids, sampling_params, queue, index, arrival_time
+        )
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort requests on whichever replica holds them (each ignores ids it does not hold)."""
+        ids = list(request_ids)
+        for r in self.replicas:
+            r.abort_requests(ids)
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop every replica. Safe to call more than once."""
+        await asyncio.gather(*(r.shutdown(timeout) for r in self.replicas), return_exceptions=True)

@@ -1,0 +1,269 @@
+"""TPExecutor: the engine's model runner when ``tensor_parallel_size > 1``.
+
+It has the runner's interface (``determine_num_kv_blocks``, ``init_kv_cache``, ``execute``,
+``execute_async``), so :class:`~surge.engine.llm_engine.LLMEngine` and its scheduler do not
+know about ranks. It spawns one :func:`surge.parallel.worker.run_worker` process per rank of
+this host, and per step publishes one :class:`StepMessage` that every rank receives at once
+(ZMQ XPUB; the engine waits for every rank's subscription before the first message, so none
+is lost). Rank 0 sends the sampled ids back.
+
+A worker that dies or reports an error makes the next call raise :class:`WorkerDiedError`
+(checked every ``_POLL_MS`` while waiting, and by :meth:`check_health` while idle), which ends
+the engine like any engine failure. :meth:`close` stops every worker; they also die with the
+engine process (parent-death signal).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+from surge.config import EngineConfig
+from surge.core.outputs import ModelOutput, SchedulerOutput
+from surge.parallel.launch import endpoints, rank_device
+from surge.parallel.messages import (
+    InitKVCache,
+    KVCacheReady,
+    ShutdownWorkers,
+    StepResult,
+    WorkerFatalError,
+    WorkerOutput,
+    WorkerReady,
+    WorkerStartupError,
+)
+from surge.parallel.step_codec import StepEncoder
+from surge.parallel.worker import WorkerSpec, run_worker
+
+logger = logging.getLogger("surge.parallel")
+
+_POLL_MS = 100
+"""While waiting on the workers, check that they live this often (milliseconds)."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel worker died or failed (the message says which and why)."""
+
+
+class _RemoteStep:
+    """A launched step; :meth:`result` waits for rank 0's sampled ids."""
+
+    __slots__ = ("_executor", "_step", "_request_ids", "_done")
+
+    def __init__(self, executor: TPExecutor, step: int, request_ids: list[str]) -> None:
+        self._executor = executor
+        self._step = step
+        self._request_ids = request_ids
+        self._done = False
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would not wait on the network (nothing to wait for)."""
+        return not self._request_ids
+
+    def result(self) -> ModelOutput:
+        """The step's sampled ids.
+
+        Raises:
+            WorkerDiedError: a worker died or failed meanwhile.
+            RuntimeError: called twice, or rank 0 answered another step.
+        """
+        if self._done:
+            raise RuntimeError("result() called twice")
+        self._done = True
+        if not self._request_ids:
+            return ModelOutput()
+        msg = self._executor._recv()
+        if not isinstance(msg, StepResult) or msg.step != self._step:
+            raise RuntimeError(f"step {self._step}: unexpected message from rank 0: {msg!r}")
+        return ModelOutput(dict(zip(self._request_ids, msg.token_ids, strict=True)))
+
+
+class TPExecutor:
+    """Runs the model over ``tensor_parallel_size`` worker processes (see the module docstring).
+
+    Args:
+        config: the engine configuration (``parallel.tensor_parallel_size > 1``).
+        log_level: ``logging`` level of the workers.
+        start_timeout_s: longest wait for the workers to load and size the KV pool.
+
+    Attributes:
+        num_kv_blocks: the pool size every rank can hold (MIN over ranks).
+        worker_pids: pids of this host's workers, by rank.
+
+    Raises:
+        ValueError: a worker could not start (its one-line message, with its rank).
+    """
+
+    def __init__(
+        self, config: EngineConfig, log_level: int = logging.INFO, start_timeout_s: float = 3600.0
+    ) -> None:
+        pc = config.parallel
+        self.config = config
+        self.tp_size = pc.tensor_parallel_size
+        self._closed = False
+        self._ipc_dir = tempfile.mkdtemp(prefix="surge-tp-") if pc.nnodes == 1 else None
+        ep = endpoints(config, self._ipc_dir)
+        self._ctx = zmq.Context(io_threads=1)
+        self._pub = self._ctx.socket(zmq.XPUB)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._pull = self._ctx.socket(zmq.PULL)
+        for sock in (self._pub, self._pull):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+        self._pub.bind(ep.step_bind)
+        self._pull.bind(ep.result_bind)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(WorkerOutput)
+        self._steps = StepEncoder()
+        mp = multiprocessing.get_context("spawn")
+        self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
+        atexit.register(self.close)
+        try:
+            for rank in pc.local_ranks:
+                spec = WorkerSpec(
+                    rank=rank,
+                    world_size=self.tp_size,
+                    local_device=rank_device(config, rank),
+                    dist_init_method=ep.dist_init_method,
+                    step_address=ep.step_connect,
+                    result_address=ep.result_connect,
+                    parent_pid=os.getpid(),
+                    log_level=log_level,
+                )
+                proc = mp.Process(target=run_worker, args=(config, spec), name=f"surge-tp{rank}", daemon=True)
+                proc.start()
+                self._procs[rank] = proc
+            self.num_kv_blocks, self.worker_pids = self._wait_ready(start_timeout_s)
+            logger.info(
+                "tensor-parallel ranks ready (pids %s), KV pool %d blocks per rank",
+                ", ".join(str(p) for _, p in sorted(self.worker_pids.items())),
+                self.num_kv_blocks,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ start-up
+
+    def _wait_ready(self, timeout_s: float) -> tuple[int, dict[int, int]]:
+        """Wait for every rank's subscription and :class:`WorkerReady`."""
+        deadline = time.monotonic() + timeout_s
+        subscribed = 0
+        ready: dict[int, WorkerReady] = {}
+        poller = zmq.Poller()
+        poller.register(self._pub, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        while subscribed < self.tp_size or len(ready) < self.tp_size:
+            events = dict(poller.poll(_POLL_MS))
+            if self._pub in events:
+                frame = self._pub.recv()
+                if frame[:1] == b"\x01":
+                    subscribed += 1
+            if self._pull in events:
+                msg = self._decoder.decode(self._pull.recv())
+                if isinstance(msg, WorkerStartupError):
+                    raise ValueError(f"tensor-parallel rank {msg.rank}: {msg.message}")
+                if isinstance(msg, WorkerReady):
+                    ready[msg.rank] = msg
+            if not events:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise ValueError(f"tensor-parallel workers did not start within {timeout_s:.0f} s")
+        return min(r.num_kv_blocks for r in ready.values()), {r.rank: r.pid for r in ready.values()}
+
+    def _check_alive(self) -> None:
+        for rank, proc in self._procs.items():
+            if not proc.is_alive():
+                raise WorkerDiedError(
+                    f"tensor-parallel worker rank {rank} (pid {proc.pid}) died (exit code {proc.exitcode})"
+                )
+
+    def _recv(self, timeout_s: float | None = None) -> Any:
+        """The next worker message; raises when a worker died or failed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._pull.poll(_POLL_MS, zmq.POLLIN):
+            self._check_alive()
+            if deadline is not None and time.monotonic() > deadline:
+                raise WorkerDiedError(f"tensor-parallel workers did not answer within {timeout_s:.0f} s")
+        msg = self._decoder.decode(self._pull.recv(copy=False).buffer)
+        if isinstance(msg, WorkerFatalError):
+            self._check_alive()  # a dead peer is the cause of a failed collective: name it
+            raise WorkerDiedError(f"tensor-parallel worker rank {msg.rank} failed: {msg.message}")
+        return msg
+
+    def _publish(self, msg: msgspec.Struct) -> None:
+        if self._closed:
+            raise WorkerDiedError("the tensor-parallel workers are shut down")
+        self._pub.send(self._encoder.encode(msg), copy=False)
+
+    # ------------------------------------------------------------------ runner interface
+
+    def determine_num_kv_blocks(self) -> int:
+        """The KV pool every rank can hold: the MIN over ranks of their own sizing."""
+        return self.num_kv_blocks
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        """Allocate every rank's KV pool (and capture its CUDA graphs); wait for all."""
+        self._publish(InitKVCache(num_blocks))
+        done: set[int] = set()
+        while len(done) < self.tp_size:
+            msg = self._recv()
+            if not isinstance(msg, KVCacheReady):
+                raise RuntimeError(f"unexpected message from a worker during KV set-up: {msg!r}")
+            done.add(msg.rank)
+
+    def execute_async(self, scheduler_output: SchedulerOutput) -> _RemoteStep:
+        """Publish the step to every rank; the handle waits for rank 0's sampled ids."""
+        msg = self._steps.encode(scheduler_output)
+        self._publish(msg)
+        ids = [s.request.request_id for s in scheduler_output.scheduled if s.sample]
+        return _RemoteStep(self, msg.step, ids)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
+        """Run one step on every rank and return rank 0's sampled ids."""
+        return self.execute_async(scheduler_output).result()
+
+    def check_health(self) -> None:
+        """Raise :class:`WorkerDiedError` when a worker died or reported a failure."""
+        self._check_alive()
+        if self._pull.poll(0, zmq.POLLIN):
+            msg = self._recv()
+            raise RuntimeError(f"unexpected message from a worker while idle: {msg!r}")
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop every worker (a shutdown message, then SIGTERM, then SIGKILL). Idempotent."""
+        if self._closed:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            self._pub.send(self._encoder.encode(ShutdownWorkers()), flags=zmq.NOBLOCK)
+        self._closed = True
+        # With a rank gone the others may be stuck in a collective: do not wait for them.
+        if all(p.is_alive() for p in self._procs.values()):
+            deadline = time.monotonic() + timeout_s
+            for proc in self._procs.values():
+                proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self._procs.values():
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._procs.values():
+            proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        self._pub.close(linger=0)
+        self._pull.close(linger=0)
+        self._ctx.term()
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)

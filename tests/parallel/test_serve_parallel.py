@@ -1,0 +1,123 @@
+"""`surge serve -tp 2` and `-dp 2` on CPU: the tokens of one GPU's worth, routing, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+from surge import LLM, SamplingParams
+from tests.engine.tiny_models import hf_greedy, make_tiny_model
+from tests.server.conftest import pid_alive, start_server
+
+PROMPTS = [[1, 17, 33, 250, 7, 91, 4, 300, 12, 18, 19, 20, 21, 22, 23, 24, 25, 26], [1, 400, 3], [1, 9]]
+
+
+def _complete(url: str, prompt: list[int], max_tokens: int = 6) -> str:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def _worker_pids(log: str) -> list[int]:
+    m = re.search(r"tensor-parallel ranks ready \(pids ([\d, ]+)\)", log)
+    assert m, "the engine logs its workers' pids"
+    return [int(p) for p in m.group(1).split(", ")]
+
+
+async def _stream_until_error(url: str, pid_to_kill: int) -> list[str]:
+    body = {"prompt": [1, 5, 6], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    lines: list[str] = []
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(url + "/v1/completions", json=body) as resp,
+    ):
+        assert resp.status == 200
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line:
+                continue
+            lines.append(line)
+            if len(lines) == 2:
+                os.kill(pid_to_kill, signal.SIGKILL)
+    return lines
+
+
+def test_serve_tp2_tokens_then_a_killed_worker(tmp_path: Path) -> None:
+    model_dir = make_tiny_model("qwen2", tmp_path / "qwen2")
+    srv = start_server(
+        tmp_path, "-tp", "2", "--max-num-batched-tokens", "16", "--dtype", "float32", model=model_dir
+    )
+    try:
+        pids = _worker_pids(srv.log())
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        tp1 = LLM(model_dir, device="cpu", dtype="float32").generate(PROMPTS, params)
+        assert [o.outputs[0].token_ids for o in tp1] == hf_greedy(model_dir, PROMPTS, 6)
+        for prompt, out in zip(PROMPTS, tp1, strict=True):
+            assert _complete(srv.url, prompt) == out.outputs[0].text
+        lines = asyncio.run(_stream_until_error(srv.url, pids[1]))
+        assert lines[-1] != "data: [DONE]"
+        err = json.loads(lines[-1][len("data: ") :])
+        assert err["error"]["code"] == 503 and "rank 1" in err["error"]["message"]
+        deadline = time.monotonic() + 10
+        while httpx.get(srv.url + "/health").status_code != 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log()[-3000:]
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in pids), "a worker outlived the server"
+
+
+def _metric(text: str, name: str, replica: str) -> float:
+    m = re.search(rf'^{name}{{model_name="[^"]*",replica="{replica}"}} (\S+)$', text, re.M)
+    assert m, f"{name} of replica {replica} missing:\n{text}"
+    return float(m.group(1))
+
+
+def test_serve_dp2_spreads_requests_and_matches_dp1(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "-dp", "2")
+    try:
+        prompts = [f"Once upon a time {i}" for i in range(6)]
+
+        async def run_all() -> list[str]:
+            async with aiohttp.ClientSession() as session:
+
+                async def one(p: str) -> str:
+                    body = {"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+                    async with session.post(srv.url + "/v1/completions", json=body) as resp:
+                        assert resp.status == 200
+                        return (await resp.json())["choices"][0]["text"]
+
+                return await asyncio.gather(*(one(p) for p in prompts))
+
+        texts = asyncio.run(run_all())
+        n2 = httpx.post(
+            srv.url + "/v1/completions",
+            json={"prompt": "Tom", "max_tokens": 8, "n": 3, "temperature": 1.0, "seed": 1},
+            timeout=60,
+        )
+        assert n2.status_code == 200 and len(n2.json()["choices"]) == 3
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert httpx.get(srv.url + "/health").status_code == 200
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log()[-3000:]
+    for replica in ("0", "1"):
+        assert _metric(metrics, "surge:prefix_cache_queries_total", replica) > 0
+    llm = LLM(device="cpu")
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    assert texts == [o.outputs[0].text for o in llm.generate(prompts, params)]

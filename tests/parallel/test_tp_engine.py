@@ -1,0 +1,94 @@
+"""Tensor parallelism on CPU (gloo): TP=2 gives the tokens of TP=1 and of Hugging Face.
+
+Each tiny model runs once at TP=2 with a 16-token budget (chunked prefill) and a KV pool of a
+few blocks (preemption); the Qwen2 and Llama runs use asynchronous scheduling. The Qwen3 run
+also samples (seeded, unseeded, penalties, min_tokens) and must match TP=1 draw for draw.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+
+from surge import LLM, SamplingParams
+from surge.config import ModelConfig, ParallelConfig, check_tensor_parallel
+from tests.engine.tiny_models import hf_greedy, make_tiny_model
+
+NEW_TOKENS = 8
+PROMPT_LENGTHS = (14, 13, 12, 30, 29, 3)
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 512) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert all(len(o.outputs[0].token_ids) == NEW_TOKENS for o in outs)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _sampled(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = [
+        SamplingParams(temperature=0.9, max_tokens=NEW_TOKENS, ignore_eos=True, seed=7),
+        SamplingParams(temperature=1.0, top_k=20, max_tokens=NEW_TOKENS, ignore_eos=True),
+        SamplingParams(temperature=0.7, repetition_penalty=1.3, max_tokens=NEW_TOKENS, seed=3),
+        SamplingParams(temperature=0.8, min_tokens=4, max_tokens=NEW_TOKENS, presence_penalty=0.5),
+    ]
+    outs = llm.generate(prompts[: len(params)], params)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize(("kind", "async_scheduling"), [("qwen3", False), ("qwen2", True), ("llama3", True)])
+def test_tp2_matches_tp1_and_hf(kind: str, async_scheduling: bool, tmp_path: Path) -> None:
+    model_dir = make_tiny_model(kind, tmp_path / kind)
+    prompts = _prompts(5)
+    kwargs = dict(
+        device="cpu",
+        dtype="float32",
+        max_num_batched_tokens=16,
+        num_kv_blocks=6,
+        enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
+    )
+    tp1 = LLM(model_dir, **kwargs)  # type: ignore[arg-type]
+    with LLM(model_dir, tensor_parallel_size=2, **kwargs) as tp2:  # type: ignore[arg-type]
+        ours = _greedy(tp2, prompts)
+        assert tp2.engine.get_stats().num_preemptions_total > 0
+        sampled = _sampled(tp2, prompts) if kind == "qwen3" else None
+        pids = list(tp2.engine.runner.worker_pids.values())
+    assert ours == _greedy(tp1, prompts)
+    assert ours == hf_greedy(model_dir, prompts, NEW_TOKENS)
+    if sampled is not None:
+        assert sampled == _sampled(tp1, prompts)
+    for pid in pids:  # closed: no worker is left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_tp_head_count_error_is_one_line(tmp_path: Path) -> None:
+    model = ModelConfig.from_pretrained(make_tiny_model("qwen3", tmp_path / "m"))
+    with pytest.raises(
+        ValueError, match=r"^tensor_parallel_size 3 does not divide the model's 4 attention heads$"
+    ):
+        check_tensor_parallel(model, 3)
+    check_tensor_parallel(model, 4)  # 2 KV heads, each on two ranks
+    with pytest.raises(ValueError, match="nnodes"):
+        ParallelConfig(tensor_parallel_size=3, nnodes=2, master_port=29500)
+
+
+def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
+    model_dir = make_tiny_model("qwen2", tmp_path / "m")
+    llm = LLM(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=16)
+    try:
+        os.kill(llm.engine.runner.worker_pids[1], signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="rank 1"):
+            llm.generate([[1, 5, 6]], SamplingParams(max_tokens=4))
+    finally:
+        llm.close()
