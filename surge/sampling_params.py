@@ -10,6 +10,10 @@ GREEDY_EPS = 1e-5
 """Temperatures below this are greedy (argmax)."""
 _INT32_MAX = 2**31 - 1
 _SEED_LIMIT = 2**63
+MAX_TEMPERATURE = 100.0
+"""Largest accepted temperature (a finite bound; sampling is near-uniform long before it)."""
+MAX_REPETITION_PENALTY = 100.0
+"""Largest accepted repetition penalty."""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,7 +93,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 self.min_tokens <= self.max_tokens,
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
             ),
-            (self.temperature >= 0.0, f"temperature must be non-negative, got {self.temperature}"),
+            (
+                0.0 <= self.temperature <= MAX_TEMPERATURE,
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
+            ),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
@@ -102,8 +109,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
             ),
             (
-                self.repetition_penalty > 0.0,
-                f"repetition_penalty must be positive, got {self.repetition_penalty}",
+                0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}",
             ),
             (all(s != "" for s in self.stop), "stop must not contain an empty string"),
             (

@@ -5,11 +5,13 @@ All of this runs in the API process; the engine only ever sees token ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from surge.stop_strings import StopAutomaton
 
 _REPLACEMENT_CHAR = "\ufffd"
 _INITIAL_PREFIX_TOKENS = 5
@@ -93,6 +95,7 @@ def apply_chat_template(
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    check_text: Callable[[str], None] | None = None,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
@@ -107,6 +110,7 @@ def apply_chat_template(
         add_generation_prompt: end with the assistant turn header.
         chat_template: a Jinja template overriding the tokenizer's.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+        check_text: called with the rendered text before it is tokenized (may raise).
 
     Returns:
         The prompt token ids.
@@ -126,7 +130,10 @@ def apply_chat_template(
         lines = [f"{m['role']}: {m['content']}\n" for m in msgs]
         if add_generation_prompt:
             lines.append("assistant:")
-        return list(tokenizer.encode("".join(lines), add_special_tokens=True))
+        text = "".join(lines)
+        if check_text is not None:
+            check_text(text)
+        return list(tokenizer.encode(text, add_special_tokens=True))
     try:
         text = tokenizer.apply_chat_template(
             msgs,
@@ -139,6 +146,8 @@ def apply_chat_template(
         raise ValueError(f"chat template error: {e}") from e
     if not isinstance(text, str):
         raise ValueError("chat template did not render to a string")
+    if check_text is not None:
+        check_text(text)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -157,7 +166,9 @@ class IncrementalDetokenizer:
     (matches across token boundaries); on a match the text is cut before it and
     ``stop_matched`` is set. The longest suffix that is a prefix of some stop string is held
     back, so no part of a stop string ever reaches a streamed delta; since that hold-back
-    covers every possible partial match, a match can never start inside emitted text.
+    covers every possible partial match, a match can never start inside emitted text. Both come
+    from one Aho-Corasick automaton (:mod:`surge.stop_strings`), so the cost per character does
+    not grow with the number of stop strings.
 
     Invariant: ``"".join(deltas) + flush() == text``.
 
@@ -181,6 +192,8 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
+        self._automaton = StopAutomaton.build(self._stop) if self._stop else None
+        self._state = 0  # automaton state: its depth is the length of ``_pending``
         self._min_tokens = min_tokens
         context = list(prompt_token_ids[-_INITIAL_PREFIX_TOKENS:])
         self._ids: list[int] = context
@@ -218,38 +231,27 @@ class IncrementalDetokenizer:
             self._prefix_offset = 0
         return delta
 
-    def _hold_back_len(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self._stop:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
-
     def _push(self, delta: str) -> str:
         """Run stop matching on newly decoded text and return the part safe to emit."""
         if self._finished or not delta:
             return ""
-        if not self._stop or self.num_output_tokens < self._min_tokens:
+        automaton = self._automaton
+        if automaton is None or self.num_output_tokens < self._min_tokens:
             # No stop strings, or not yet: like vLLM, stop strings count only from min_tokens on.
             out = self._pending + delta
             self._pending = ""
+            self._state = 0
             self._emitted.append(out)
             return out
         buf = self._pending + delta
-        match_at = -1
-        for s in self._stop:
-            i = buf.find(s)
-            if i >= 0 and (match_at < 0 or i < match_at):
-                match_at, self.stop_matched = i, s
-        if match_at >= 0:
+        self._state, match = automaton.feed(self._state, delta)
+        if match is not None:
             self._finished = True
+            self.stop_matched = match.stop
             self._pending = ""
-            out = buf[:match_at]
+            out = buf[: len(buf) - len(delta) + match.start]
         else:
-            hold = self._hold_back_len(buf)
+            hold = automaton.held_back(self._state)
             out = buf[: len(buf) - hold]
             self._pending = buf[len(buf) - hold :]
         if out:

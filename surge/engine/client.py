@@ -4,6 +4,11 @@ It binds the two ZMQ sockets, spawns :func:`surge.engine.core_proc.run_engine_co
 :class:`EngineReady`, then runs one dispatch task that routes every :class:`EngineOutput` to the
 ``asyncio.Queue`` of its request. A watcher on the process sentinel notices an engine death at
 once: every in-flight request gets an :class:`EngineDeadError` item and new requests are refused.
+A wedged engine (alive but stepping no more) shows in :meth:`EngineClient.seconds_without_progress`.
+
+The ZMQ sockets live in a folder ``surge-ipc-<pid>-*`` of the temporary directory, removed at
+shutdown; folders left by a killed API process (whose pid no longer runs) are removed at the
+next start.
 """
 
 from __future__ import annotations
@@ -49,6 +54,51 @@ class EngineStartError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine process is gone; requests cannot be served."""
+
+
+_IPC_PREFIX = "surge-ipc-"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_ipc_dirs(tmp_dir: str | None = None) -> list[str]:
+    """Remove this user's ``surge-ipc-<pid>-*`` folders whose API process no longer runs.
+
+    Args:
+        tmp_dir: where to look (default ``tempfile.gettempdir()``).
+
+    Returns:
+        The removed folders.
+    """
+    base = tmp_dir or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(_IPC_PREFIX):
+            continue
+        pid_text = name[len(_IPC_PREFIX) :].split("-", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            if not pid_text.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        pid = int(pid_text)
+        if pid != os.getpid() and not _pid_running(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 QueueItem = tuple[int, EngineOutput | RequestError | EngineDeadError]
@@ -98,6 +148,7 @@ class EngineClient:
         self._dispatch_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._last_progress = time.monotonic()
 
     @property
     def pid(self) -> int | None:
@@ -118,6 +169,16 @@ class EngineClient:
         """Requests sent to the engine and not finished yet."""
         return len(self._sinks)
 
+    def seconds_without_progress(self) -> float:
+        """Seconds since the engine last reported a step while requests are in flight (0 when none are).
+
+        The engine reports after every step that produced anything, and at least once a second
+        while it has work, so a large value means a stopped or wedged engine.
+        """
+        if not self._sinks:
+            return 0.0
+        return time.monotonic() - self._last_progress
+
     async def start(self) -> EngineReady:
         """Spawn the engine process and wait until it is ready.
 
@@ -128,7 +189,9 @@ class EngineClient:
             EngineStartError: the engine reported a start-up error or died while starting.
         """
         self._loop = asyncio.get_running_loop()
-        self._ipc_dir = tempfile.mkdtemp(prefix="surge-ipc-")
+        for path in remove_stale_ipc_dirs():
+            logger.info("removed the IPC folder %s of an API process that is gone", path)
+        self._ipc_dir = tempfile.mkdtemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-")
         in_addr = f"ipc://{self._ipc_dir}/input"
         out_addr = f"ipc://{self._ipc_dir}/output"
         self._sync_ctx = zmq.Context(io_threads=1)
@@ -206,6 +269,8 @@ class EngineClient:
         """
         if not self.is_ready or self._in_sock is None:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
+        if not self._sinks:  # the engine was idle: its stall clock starts now
+            self._last_progress = time.monotonic()
         self._sinks[request_id] = _Sink(queue, index)
         msg = AddRequest(request_id, prompt_token_ids, sampling_params, arrival_time or time.monotonic())
         self._send(msgspec.msgpack.encode(msg))
@@ -232,6 +297,7 @@ class EngineClient:
             msg = decoder.decode(frame.buffer)
             if isinstance(msg, EngineOutputs):
                 self.stats = msg.stats
+                self._last_progress = time.monotonic()
                 for out in msg.outputs:
                     sink = sinks.get(out.request_id)
                     if sink is None:

@@ -40,6 +40,9 @@ _IDLE_POLL_MS = 500
 """While idle, wake up this often (milliseconds) to check that the parent process lives."""
 _PARENT_CHECK_S = 1.0
 """While busy, check that the parent process lives at most this often (seconds)."""
+_HEARTBEAT_S = 1.0
+"""While busy, send an (empty) EngineOutputs at least this often, so the API process can tell a
+working engine from a wedged one (seconds)."""
 
 
 class AddRequest(msgspec.Struct, tag=True, array_like=True):
@@ -260,7 +263,7 @@ def _busy_loop(
     check_health = getattr(engine, "check_health", None)
     poller = zmq.Poller()
     poller.register(in_sock, zmq.POLLIN)
-    last_parent_check = time.monotonic()
+    last_parent_check = last_sent = time.monotonic()
     while True:
         if not engine.has_unfinished_requests():
             while not poller.poll(_IDLE_POLL_MS):
@@ -291,6 +294,8 @@ def _busy_loop(
                     errors.append(RequestError(msg.request_id, str(e)))
             else:
                 engine.abort_requests(msg.request_ids)
-        outputs = engine.step() if engine.has_unfinished_requests() else []
-        if outputs or errors or got_input:
+        stepped = engine.has_unfinished_requests()
+        outputs = engine.step() if stepped else []
+        if outputs or errors or got_input or (stepped and time.monotonic() - last_sent > _HEARTBEAT_S):
             out_sock.send(encoder.encode(EngineOutputs(outputs, errors, engine.get_stats())), copy=False)
+            last_sent = time.monotonic()

@@ -117,6 +117,10 @@ class DPEngineClient:
         """The replicas' latest stats added up."""
         return sum_stats(self.get_replica_stats())
 
+    def seconds_without_progress(self) -> float:
+        """The longest time any replica with requests in flight has gone without reporting a step."""
+        return max(r.seconds_without_progress() for r in self.replicas)
+
     def get_replica_stats(self) -> list[SchedulerStats | None]:
         """Each replica's latest stats, by replica rank."""
         return [r.stats for r in self.replicas]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import logging
 import signal
 import socket
@@ -19,10 +18,11 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -35,7 +35,11 @@ from surge.engine.client import EngineStartError
 from surge.engine.core_proc import EngineFactory
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
 from surge.server.errors import ApiError, bad_request, error_body, error_response
+from surge.server.fast_json import FastJSONRoute
+from surge.server.guard import GuardConfig, RequestGuard
+from surge.server.http_protocol import guarded_h11_protocol
 from surge.server.metrics import ServerMetrics
+from surge.server.openapi import install_openapi
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, render_chat
@@ -76,8 +80,19 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         finally:
             task.cancel()
             await state.client.shutdown()
+            state.tokenizer_worker.close()
 
     app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan)
+    app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
+    app.add_middleware(
+        RequestGuard,
+        config=GuardConfig(
+            api_key=state.api_key,
+            metrics_require_key=state.metrics_require_key,
+            max_body_bytes=state.max_request_body_bytes,
+            body_read_timeout=state.body_read_timeout,
+        ),
+    )
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -90,7 +105,10 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+        # keep the exception's headers: a 405 names the allowed methods in ``Allow``
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -101,24 +119,18 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         logger.exception("internal error while serving %s", request.url.path)
         return JSONResponse(error_body(500, "Internal server error"), status_code=500)
 
-    async def check_api_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, f"Bearer {state.api_key}".encode()):
-            raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
+    # The API key (when set) is checked by RequestGuard before the body is read; see
+    # surge/server/auth.py for the routes that stay open.
 
-    auth = [Depends(check_api_key)]
-
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(state, body, request)
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(state, body, request)
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = [
             {
@@ -137,10 +149,17 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
-        if state.client.is_ready:
-            return Response(status_code=200)
-        reason = state.client.dead_reason or "the engine is not ready"
-        return JSONResponse(error_body(503, reason), status_code=503)
+        if not state.client.is_ready:
+            reason = state.client.dead_reason or "the engine is not ready"
+            return JSONResponse(error_body(503, reason), status_code=503)
+        stalled = state.client.seconds_without_progress()
+        if stalled > state.engine_stall_timeout:
+            reason = (
+                f"the engine has finished no step for {stalled:.0f} s while {state.client.num_inflight} "
+                f"requests are pending (--engine-stall-timeout {state.engine_stall_timeout:g})"
+            )
+            return JSONResponse(error_body(503, reason), status_code=503)
+        return Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -156,9 +175,12 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
-            ids = render_chat(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
+            ids = await render_chat(
+                state, body.messages, body.add_generation_prompt, body.chat_template_kwargs
+            )
         else:
-            ids = list(state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+            assert body.prompt is not None
+            ids = await state.tokenizer_worker.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
     @app.post("/detokenize")
@@ -166,8 +188,9 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         state.check_model(body.model)
         if any(not 0 <= t < len(state.tokenizer) for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {len(state.tokenizer)})", param="tokens")
-        return {"prompt": state.tokenizer.decode(body.tokens)}
+        return {"prompt": await state.tokenizer_worker.decode(body.tokens)}
 
+    install_openapi(app)
     return app
 
 
@@ -191,6 +214,17 @@ class ServeOptions:
         log_interval: seconds between stats log lines.
         access_log: log every HTTP request.
         engine_log_level: ``logging`` level of the engine process.
+        metrics_require_key: ``/metrics`` needs the API key too.
+        max_request_body_bytes: largest request body (bytes); larger ones get a 413.
+        header_read_timeout: seconds to receive a request's line and headers (else 408).
+        body_read_timeout: seconds to receive a request's body (else 408).
+        max_connections: most open HTTP connections; more are refused with a 503.
+        engine_stall_timeout: seconds without a finished engine step while requests are
+            pending before ``/health`` answers 503.
+        sse_queued_interval: seconds between ``: queued`` comments of a stream waiting for its
+            first token.
+        max_stop_strings: most ``stop`` strings per request.
+        max_stop_string_length: longest ``stop`` string (characters).
     """
 
     host: str = "127.0.0.1"
@@ -202,6 +236,15 @@ class ServeOptions:
     log_interval: float = 10.0
     access_log: bool = False
     engine_log_level: int = logging.INFO
+    metrics_require_key: bool = False
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    header_read_timeout: float = 10.0
+    body_read_timeout: float = 60.0
+    max_connections: int = 4096
+    engine_stall_timeout: float = 60.0
+    sse_queued_interval: float = 5.0
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 256
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -269,10 +312,12 @@ async def run_server(
     state = ServerState(
         client=client,
         tokenizer=tokenizer,
+        # the label is a name, never a folder path: the served name, else the folder's name
         metrics=ServerMetrics(
-            names[0],
+            options.served_model_names[0] if options.served_model_names else Path(config.model.model).name,
             lambda: client.stats,
             client.get_replica_stats if isinstance(client, DPEngineClient) else None,
+            lambda: client.is_ready,
         ),
         served_model_names=tuple(names),
         model_path=config.model.model,
@@ -284,6 +329,13 @@ async def run_server(
         chat_template=options.chat_template,
         api_key=options.api_key,
         created=int(time.time()),
+        metrics_require_key=options.metrics_require_key,
+        max_request_body_bytes=options.max_request_body_bytes,
+        body_read_timeout=options.body_read_timeout,
+        engine_stall_timeout=options.engine_stall_timeout,
+        sse_queued_interval=options.sse_queued_interval,
+        max_stop_strings=options.max_stop_strings,
+        max_stop_string_length=options.max_stop_string_length,
     )
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
@@ -314,6 +366,7 @@ async def run_server(
             access_log=options.access_log,
             timeout_graceful_shutdown=3,
             timeout_keep_alive=30,
+            http=guarded_h11_protocol(options.header_read_timeout, options.max_connections),
         )
     )
     # uvicorn re-raises the signal that stopped it; make that a no-op so shutdown stays clean.

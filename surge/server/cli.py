@@ -27,7 +27,60 @@ def add_serve_parser(subparsers: Any) -> None:
         default=None,
         help="model name(s) accepted in requests (default: the --model path)",
     )
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics "
+        "and the API docs (printable ASCII)",
+    )
+    p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest request body in bytes; larger ones get a 413 (default 4 MiB)",
+    )
+    p.add_argument(
+        "--header-read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to receive a request's headers, else 408 (default 10)",
+    )
+    p.add_argument(
+        "--body-read-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to receive a request's body, else 408 (default 60)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="most open HTTP connections; more are refused with a 503 "
+        "(default 4096, or fewer when the open-file limit is lower)",
+    )
+    p.add_argument(
+        "--engine-stall-timeout",
+        type=float,
+        default=60.0,
+        help="/health answers 503 when requests are pending and no engine step finished "
+        "for this many seconds (default 60)",
+    )
+    p.add_argument(
+        "--sse-queued-interval",
+        type=float,
+        default=5.0,
+        help="seconds between ': queued' comments of a stream waiting for its first token (default 5)",
+    )
+    p.add_argument(
+        "--max-stop-strings", type=int, default=64, help="most stop strings per request (default 64)"
+    )
+    p.add_argument(
+        "--max-stop-string-length",
+        type=int,
+        default=256,
+        help="longest stop string in characters (default 256)",
+    )
     p.add_argument(
         "--stream-interval",
         type=int,
@@ -96,6 +149,19 @@ def _read_chat_template(value: str | None) -> str | None:
     raise ValueError(f"--chat-template: {value!r} is neither a file nor a template")
 
 
+def default_max_connections() -> int:
+    """4096 open connections, or fewer to stay 128 below the process's open-file limit."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 4096
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(1, min(4096, soft - 128))
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
 
@@ -108,6 +174,19 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.log_interval <= 0:
         raise ValueError(f"--log-interval must be positive, got {args.log_interval}")
+    if args.max_connections is None:
+        args.max_connections = default_max_connections()
+    for flag in ("max_request_body_bytes", "max_connections", "max_stop_strings", "max_stop_string_length"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    for flag in ("header_read_timeout", "body_read_timeout", "engine_stall_timeout", "sse_queued_interval"):
+        value = getattr(args, flag)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}")
+    if args.api_key is not None:
+        from surge.server.auth import validate_api_key
+
+        validate_api_key(args.api_key)
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     from surge.engine.llm_engine import build_engine_config
@@ -147,6 +226,15 @@ def run_serve(args: argparse.Namespace) -> int:
         log_interval=args.log_interval,
         access_log=args.access_log,
         engine_log_level=level,
+        metrics_require_key=args.metrics_require_key,
+        max_request_body_bytes=args.max_request_body_bytes,
+        header_read_timeout=args.header_read_timeout,
+        body_read_timeout=args.body_read_timeout,
+        max_connections=args.max_connections,
+        engine_stall_timeout=args.engine_stall_timeout,
+        sse_queued_interval=args.sse_queued_interval,
+        max_stop_strings=args.max_stop_strings,
+        max_stop_string_length=args.max_stop_string_length,
     )
     sock = bind_socket(args.host, args.port)
     try:

@@ -31,6 +31,9 @@ from surge.server.errors import ApiError
 from surge.server.metrics import ServerMetrics
 from surge.tokenizer import IncrementalDetokenizer
 
+_MAX_BATCH_SECONDS = 0.005
+"""Post-processing of one request yields to the event loop after this long (seconds)."""
+
 
 @dataclass(slots=True)
 class ChoiceState:
@@ -68,6 +71,7 @@ class PromptInfo:
     token_ids: list[int]
     text: str | None = None
     choices: list[int] = field(default_factory=list)
+    prefilled: bool = False  # its prompt tokens are counted in the metrics
 
 
 class Generation:
@@ -121,7 +125,6 @@ class Generation:
         prompt_index = len(self.prompts)
         info = PromptInfo(token_ids, text)
         self.prompts.append(info)
-        self._metrics.add_prompt_tokens(len(token_ids))
         for child_id, child_params in split_n(base_id, params):
             index = len(self.choices)
             detok = IncrementalDetokenizer(
@@ -173,6 +176,10 @@ class Generation:
             out: list[ChoiceDelta] = []
             now = time.monotonic()
             for index, item in items:
+                if time.monotonic() - now > _MAX_BATCH_SECONDS:
+                    # a long batch (many choices, long token runs): let other requests' streams run
+                    await asyncio.sleep(0)
+                    now = time.monotonic()
                 choice = self.choices[index]
                 if choice.finish_reason is not None:
                     continue
@@ -194,6 +201,10 @@ class Generation:
         metrics = self._metrics
         if choice.num_tokens == 0:
             metrics.ttft.observe(now - self._arrival)
+            prompt = self.prompts[choice.prompt_index]
+            if not prompt.prefilled:  # the first output token means the prefill is done
+                prompt.prefilled = True
+                metrics.add_prompt_tokens(len(prompt.token_ids))
         elif n_new:
             metrics.itl.observe((now - choice.last_token_time) / n_new)
         choice.last_token_time = now

@@ -2,7 +2,10 @@
 
 Request metrics (counters, latency histograms) are observed in the API process as outputs
 arrive; engine gauges (running, waiting, KV usage, preemptions) come from the latest
-:class:`SchedulerStats` snapshot the engine sends with every output batch.
+:class:`SchedulerStats` snapshot the engine sends with every output batch. ``surge:engine_up``
+is 1 while the engine is running; once it is gone the engine gauges read 0 (its last snapshot no
+longer describes anything). Prompt tokens are counted when their prefill is done (a prompt's
+first output token), not when the request arrives.
 """
 
 from __future__ import annotations
@@ -37,16 +40,27 @@ class _EngineStatsCollector(Collector):
         get_stats: Callable[[], SchedulerStats | None],
         model_name: str,
         get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
+        engine_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self._get_stats = get_stats
         self._model_name = model_name
         self._get_replica_stats = get_replica_stats
+        self._engine_up = engine_up
 
     def collect(self) -> Iterator[Metric]:
+        up = self._engine_up()
+        g = GaugeMetricFamily(
+            "surge:engine_up", "1 while the engine is running, else 0.", labels=["model_name"]
+        )
+        g.add_metric([self._model_name], 1 if up else 0)
+        yield g
         if self._get_replica_stats is None:
-            yield from self._collect([([self._model_name], self._get_stats())], ["model_name"])
+            yield from self._collect(
+                [([self._model_name], self._get_stats() if up else None)], ["model_name"]
+            )
             return
-        rows = [([self._model_name, str(d)], s) for d, s in enumerate(self._get_replica_stats())]
+        replicas = self._get_replica_stats()
+        rows = [([self._model_name, str(d)], s if up else None) for d, s in enumerate(replicas)]
         yield from self._collect(rows, ["model_name", "replica"])
 
     def _collect(
@@ -105,6 +119,8 @@ class ServerMetrics:
             the replicas' stats added up (for the log line).
         get_replica_stats: with data parallelism, each replica's latest stats: the engine
             gauges and counters then carry a ``replica`` label.
+        engine_up: returns whether the engine is running (default: always); while it is not,
+            the engine gauges read 0.
     """
 
     def __init__(
@@ -112,9 +128,10 @@ class ServerMetrics:
         model_name: str,
         get_stats: Callable[[], SchedulerStats | None],
         get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
+        engine_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self.registry = CollectorRegistry()
-        self._get_stats = get_stats
+        self._get_stats = lambda: get_stats() if engine_up() else None
         reg, lbl = self.registry, ["model_name"]
         self._model_name = model_name
         self._prompt_tokens = Counter(
@@ -153,7 +170,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         ).labels(model_name)
-        self.registry.register(_EngineStatsCollector(get_stats, model_name, get_replica_stats))
+        self.registry.register(_EngineStatsCollector(get_stats, model_name, get_replica_stats, engine_up))
         self._last_log_time = time.monotonic()
         self.total_prompt_tokens = 0
         self.total_generation_tokens = 0
@@ -161,7 +178,7 @@ class ServerMetrics:
         self._last_gen = 0
 
     def add_prompt_tokens(self, n: int) -> None:
-        """Count ``n`` prompt tokens of a new request."""
+        """Count ``n`` prompt tokens whose prefill is done."""
         self.total_prompt_tokens += n
         self._prompt_tokens.inc(n)
 
@@ -207,4 +224,8 @@ class ServerMetrics:
         """True if tokens were processed since the last log line or requests are in flight."""
         s = self._get_stats()
         busy = s is not None and (s.num_running or s.num_waiting)
-        return bool(busy) or self.total_generation_tokens != self._last_gen
+        return (
+            bool(busy)
+            or self.total_generation_tokens != self._last_gen
+            or self.total_prompt_tokens != self._last_prompt
+        )

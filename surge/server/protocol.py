@@ -1,46 +1,91 @@
 """Pydantic models of the OpenAI request bodies Surge accepts, and their checks.
 
 Unknown fields are accepted and ignored (clients send many); known fields of the wrong type
-are a 400. Fields Surge does not implement yet (``response_format``, ``tools``, ``logprobs``,
+are a 400. Types are strict, with no coercion between JSON types: a boolean field takes only
+``true``/``false`` (not ``0``), an integer field only integers (not ``1.0`` or ``false``), a number
+field integers or decimals, a string field only strings. Every numeric field has finite bounds
+(``2**70`` is a 400 naming the field), and no string anywhere in a body may hold a lone UTF-16
+surrogate (``"\ud800"``). Fields Surge does not implement yet (``response_format``, ``tools``, ``logprobs``,
 ...) are a 400 that says so whenever they ask for something other than the default.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from surge.server.errors import bad_request
+
+MAX_INT = 2**63 - 1
+"""Largest value of an integer field without a tighter bound (int64, as the engine stores them)."""
+MAX_TOKEN_COUNT = 2**31 - 1
+"""Largest token count field (``max_tokens``, ``min_tokens``, ...)."""
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: strict types, extra fields allowed.
+
+    Lone surrogates are refused before parsing, by :class:`surge.server.guard.RequestGuard`.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+def _prompt_kind(value: Any) -> str:
+    """Which form of ``prompt`` a value is, from its type and its first element."""
+    if isinstance(value, list) and value:
+        first = value[0]
+        if isinstance(first, str):
+            return "texts"
+        if isinstance(first, list):
+            return "token_id_lists"
+        return "token_ids"
+    return "token_ids" if isinstance(value, list) else "text"
+
+
+_TokenId = int  # no per-element bound (it would triple the cost): the server checks the vocabulary range
+Prompt = Annotated[
+    Annotated[str, Tag("text")]
+    | Annotated[list[str], Tag("texts")]
+    | Annotated[list[_TokenId], Tag("token_ids")]
+    | Annotated[list[list[_TokenId]], Tag("token_id_lists")],
+    Discriminator(_prompt_kind),
+]
+"""A completion prompt: text, texts, token ids, or lists of token ids. The form is picked from the
+first element, so a long list is validated once (a plain union would try every form)."""
 
 
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds one final chunk with the usage."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     include_usage: bool | None = False
 
 
-class SamplingRequestFields(BaseModel):
-    """Request fields shared by chat and completions (OpenAI names plus vLLM extensions)."""
+class SamplingRequestFields(RequestBody):
+    """Request fields shared by chat and completions (OpenAI names plus vLLM extensions).
 
-    model_config = ConfigDict(extra="allow")
+    The number and length of ``stop`` strings are bounded by the server (``--max-stop-strings``,
+    ``--max-stop-string-length``), checked when the request is served.
+    """
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
+    max_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float | None = Field(default=None, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    min_p: float | None = Field(default=None, le=1.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
     n: int = Field(default=1, ge=1, le=128)
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    repetition_penalty: float | None = 1.0
+    presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)
     skip_special_tokens: bool = True
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -107,7 +152,7 @@ class SamplingRequestFields(BaseModel):
 class ChatMessage(BaseModel):
     """One chat message: ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: str | list[dict[str, Any]] | None = None
 
@@ -120,7 +165,7 @@ class ChatCompletionRequest(SamplingRequestFields):
     """
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     echo: bool = False
@@ -142,8 +187,8 @@ class CompletionRequest(SamplingRequestFields):
     ``max_tokens`` defaults to 16 as in OpenAI's API.
     """
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    prompt: Prompt
+    max_tokens: int | None = Field(default=16, le=MAX_TOKEN_COUNT)
     echo: bool = False
     add_special_tokens: bool = True
 
@@ -152,10 +197,9 @@ class CompletionRequest(SamplingRequestFields):
         return self.max_tokens
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """Body of ``POST /tokenize``: a ``prompt`` string, or chat ``messages``."""
 
-    model_config = ConfigDict(extra="allow")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -164,9 +208,8 @@ class TokenizeRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestBody):
     """Body of ``POST /detokenize``: token ids to turn into text."""
 
-    model_config = ConfigDict(extra="allow")
     model: str | None = None
-    tokens: list[int]
+    tokens: list[_TokenId]

@@ -37,9 +37,12 @@ async def create_chat_completion(
     arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
+    state.check_stop(body.stop_list)
     if not body.messages:
         raise bad_request("messages must not be empty", param="messages")
-    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
+    prompt_ids = await render_chat(
+        state, body.messages, body.add_generation_prompt, body.chat_template_kwargs
+    )
     max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_ids))
     params = build_sampling_params(body, max_tokens)
     state.check_prompt(prompt_ids, max_tokens)
@@ -90,4 +93,4 @@ async def create_chat_completion(
         ]
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
-    return await stream_response(request, gen, make_chunks, usage)
+    return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)

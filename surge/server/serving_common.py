@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -20,7 +20,7 @@ from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
-from surge.tokenizer import apply_chat_template
+from surge.server.tokenization import TokenizerWorker
 
 T = TypeVar("T")
 
@@ -44,6 +44,16 @@ class ServerState:
         chat_template: a template overriding the tokenizer's, or None.
         api_key: required bearer token on /v1 routes, or None.
         created: server start time (Unix seconds).
+        metrics_require_key: ``/metrics`` needs the API key too.
+        max_request_body_bytes: largest request body (bytes).
+        body_read_timeout: seconds allowed to receive a request body.
+        max_stop_strings: most ``stop`` strings in one request.
+        max_stop_string_length: longest ``stop`` string, in characters.
+        engine_stall_timeout: seconds without a finished engine step, while requests are
+            pending, after which ``/health`` answers 503.
+        sse_queued_interval: seconds between ``: queued`` SSE comments while a stream waits
+            for its first token.
+        tokenizer_worker: tokenization and chat templates off the event loop (built here).
     """
 
     client: EngineClient
@@ -59,6 +69,17 @@ class ServerState:
     chat_template: str | None
     api_key: str | None
     created: int
+    metrics_require_key: bool = False
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    body_read_timeout: float = 60.0
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 256
+    engine_stall_timeout: float = 60.0
+    sse_queued_interval: float = 5.0
+    tokenizer_worker: TokenizerWorker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokenizer_worker = TokenizerWorker(self.tokenizer, self.max_model_len, self.chat_template)
 
     @property
     def model_name(self) -> str:
@@ -69,14 +90,33 @@ class ServerState:
         if model is not None and model not in self.served_model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
+    def check_stop(self, stop: tuple[str, ...]) -> None:
+        """Raise a 400 ApiError naming ``stop`` for a list over the server's bounds."""
+        if len(stop) > self.max_stop_strings:
+            raise bad_request(
+                f"stop has {len(stop)} strings; at most {self.max_stop_strings} are allowed "
+                "(--max-stop-strings).",
+                param="stop",
+            )
+        longest = max((len(s) for s in stop), default=0)
+        if longest > self.max_stop_string_length:
+            raise bad_request(
+                f"a stop string has {longest} characters; at most {self.max_stop_string_length} are "
+                "allowed (--max-stop-string-length).",
+                param="stop",
+            )
+
     def check_engine(self) -> None:
         """Raise a 503 ApiError when the engine is not running."""
         if not self.client.is_ready:
             raise ApiError(503, f"The engine is not available: {self.client.dead_reason or 'not ready'}")
 
     def check_prompt(self, token_ids: list[int], max_tokens: int) -> None:
-        """Raise a 400 ApiError for a prompt that can never be served (same words as the engine's)."""
-        if any(not 0 <= t < self.vocab_size for t in token_ids):
+        """Raise a 400 ApiError for a prompt that can never be served (same words as the engine's).
+
+        The length is checked before the ids, so a huge prompt costs nothing to refuse.
+        """
+        if len(token_ids) <= self.max_model_len and any(not 0 <= t < self.vocab_size for t in token_ids):
             raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
         try:
             check_request_fits(
@@ -90,27 +130,22 @@ class ServerState:
             raise bad_request(str(e), param="prompt" if not token_ids else "max_tokens") from e
 
 
-def render_chat(
+async def render_chat(
     state: ServerState,
     messages: list[Any],
     add_generation_prompt: bool,
     chat_template_kwargs: dict[str, Any] | None,
 ) -> list[int]:
-    """Token ids of ``messages`` (pydantic chat messages) under the server's chat template.
+    """Token ids of ``messages`` (pydantic chat messages) under the server's chat template,
+    rendered and tokenized on the tokenizer thread.
 
     Raises:
-        ApiError: 400 naming ``messages`` when the template cannot render them.
+        ApiError: 400 naming ``messages`` when the template cannot render them, or when the
+            rendered prompt is surely longer than the context.
     """
-    try:
-        return apply_chat_template(
-            state.tokenizer,
-            [m.model_dump(exclude_none=True) for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            chat_template=state.chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-    except ValueError as e:
-        raise bad_request(str(e), param="messages") from e
+    return await state.tokenizer_worker.render_chat(
+        [m.model_dump(exclude_none=True) for m in messages], add_generation_prompt, chat_template_kwargs
+    )
 
 
 def build_sampling_params(req: SamplingRequestFields, max_tokens: int) -> SamplingParams:
@@ -250,29 +285,39 @@ def with_finish(choice: dict[str, Any], delta: ChoiceDelta) -> dict[str, Any]:
     return choice
 
 
+SSE_QUEUED = b": queued\n\n"
+"""SSE comment sent while a stream waits for its first token (clients ignore comments)."""
+
+
 async def stream_response(
     request: Request,
     gen: Generation,
     make_chunks: Callable[[list[ChoiceDelta]], list[bytes]],
     usage_chunk: Callable[[], bytes] | None,
-) -> StreamingResponse | JSONResponse:
-    """Wait for the first deltas (an engine rejection is still a plain 4xx then), then stream.
+    queued_interval: float = 5.0,
+) -> StreamingResponse:
+    """Stream a generation: the headers go out now, then ``: queued`` comments every
+    ``queued_interval`` seconds until the first token, then the chunks.
 
-    Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``.
-    An error after the first chunk is sent as one ``data: {"error": ...}`` event and the stream
-    ends without ``[DONE]``. A client disconnect aborts the request in the engine.
+    Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``. An
+    error once the stream has started (an engine rejection, the engine's death) is sent as one
+    ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. A client disconnect
+    aborts the request in the engine.
     """
     iterator = gen.deltas().__aiter__()
-    try:
-        first = await until_disconnect(request, iterator.__anext__(), gen.abort)
-    except StopAsyncIteration:
-        first = []
-    except ApiError:
-        gen.abort()
-        raise
 
     async def events() -> AsyncIterator[bytes]:
         try:
+            first_step = asyncio.ensure_future(iterator.__anext__())
+            try:
+                while not (await asyncio.wait((first_step,), timeout=queued_interval))[0]:
+                    yield SSE_QUEUED
+            finally:
+                first_step.cancel()
+            try:
+                first = first_step.result()
+            except StopAsyncIteration:
+                first = []
             for chunk in make_chunks(first):
                 yield chunk
             async for deltas in iterator:

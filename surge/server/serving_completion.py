@@ -24,8 +24,8 @@ from surge.server.serving_common import (
 )
 
 
-def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str | None]]:
-    """The request's prompts as (token ids, text or None)."""
+async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str | None]]:
+    """The request's prompts as (token ids, text or None); text is tokenized on the tokenizer thread."""
     p = body.prompt
     if isinstance(p, str):
         items: list[str | list[int]] = [p]
@@ -35,14 +35,13 @@ def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int
         items = [p]  # type: ignore[list-item]
     else:
         items = list(p)  # type: ignore[arg-type]
-    out: list[tuple[list[int], str | None]] = []
-    for item in items:
-        if isinstance(item, str):
-            ids = list(state.tokenizer.encode(item, add_special_tokens=body.add_special_tokens))
-            out.append((ids, item))
-        else:
-            out.append((list(item), None))
-    return out
+    texts = [item for item in items if isinstance(item, str)]
+    encoded = iter(
+        await state.tokenizer_worker.encode_many(texts, add_special_tokens=body.add_special_tokens)
+        if texts
+        else []
+    )
+    return [(next(encoded), item) if isinstance(item, str) else (list(item), None) for item in items]
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
@@ -57,7 +56,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
-    prompts = _prompts(state, body)
+    state.check_stop(body.stop_list)
+    prompts = await _prompts(state, body)
     plans = []
     for ids, text in prompts:
         max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(ids))
@@ -104,4 +104,4 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         return chunks
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
-    return await stream_response(request, gen, make_chunks, usage)
+    return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)

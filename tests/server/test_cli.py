@@ -40,6 +40,9 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--block-size", "12"], "block_size"),
         (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
         (["--port", "99999"], "--port"),
+        (["--api-key", "cl\u00e9"], "--api-key"),
+        (["--max-request-body-bytes", "0"], "--max-request-body-bytes"),
+        (["--engine-stall-timeout", "-1"], "--engine-stall-timeout"),
     ],
 )
 def test_bad_flags_one_line(args: list[str], word: str) -> None:

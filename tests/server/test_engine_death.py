@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 
@@ -27,7 +28,7 @@ async def _scenario(url: str, engine_pid: int) -> tuple[list[dict], dict, float]
             events = []
             async for line in resp.content:
                 line = line.strip()
-                if not line:
+                if not line or line.startswith(b":"):  # blank, or an SSE comment (": queued")
                     continue
                 payload = line[len(b"data: ") :]
                 events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
@@ -69,6 +70,16 @@ def test_engine_death_fails_requests_and_health(tmp_path) -> None:
             time.sleep(0.05)
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["message"]
+        # the engine's gauges no longer describe a live engine: zeroed, and engine_up says why
+        metrics = httpx.get(srv.url + "/metrics").text
+        for name, value in (
+            ("surge:engine_up", 0.0),
+            ("surge:num_requests_running", 0.0),
+            ("surge:num_requests_waiting", 0.0),
+            ("surge:kv_cache_usage_perc", 0.0),
+        ):
+            m = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", metrics, re.M)
+            assert m is not None and float(m.group(1)) == value, (name, m and m.group(0))
     finally:
         code = srv.stop()
     assert code == 0, srv.log()[-3000:]

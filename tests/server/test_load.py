@@ -44,7 +44,7 @@ async def _one(session: aiohttp.ClientSession, url: str, i: int) -> tuple[str, i
         done = False
         async for line in resp.content:
             line = line.strip()
-            if not line:
+            if not line or line.startswith(b":"):  # blank, or an SSE comment (": queued")
                 continue
             payload = line[len(b"data: ") :]
             if payload == b"[DONE]":

@@ -1,0 +1,208 @@
+"""RequestGuard: the ASGI middleware that every HTTP request passes before the app sees it.
+
+In order, before any byte of the body is parsed:
+
+1. **API key** (when set): a route that needs it (:func:`surge.server.auth.needs_key`) without
+   ``Authorization: Bearer KEY`` gets a 401, whatever its body.
+2. **Body size**: a ``Content-Length`` above ``max_body_bytes`` gets a 413 at once; a chunked
+   body is counted as it arrives and cut with a 413 at the limit.
+3. **Body read time**: the whole body must arrive within ``body_read_timeout`` seconds, else a
+   408 and the connection is closed (a client trickling its body cannot hold the handler).
+4. **Lone surrogates**: a JSON string holding a lone UTF-16 surrogate (``"\ud800"``, or its
+   raw bytes) has no UTF-8 form, so the tokenizer or an error message would fail on it later.
+   A body that may hold one (a quick byte search) is parsed and checked; a 400 names the
+   top-level field that holds it.
+
+The body is then handed to the app in one piece; later ``receive()`` calls (disconnect
+detection) go to the server as usual. Header read time and the connection cap are enforced one
+level lower, in :mod:`surge.server.http_protocol`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from surge.server.auth import is_authorized, needs_key
+from surge.server.errors import error_body
+
+_DRAIN_FACTOR = 16
+"""A body declared up to this many times the limit is read and dropped after the 413, so the
+client sees the answer; a larger one closes the connection."""
+
+
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
+"""A ``\ud800``-``\udfff`` escape, or the UTF-8 form of a surrogate: the body may hold a lone one."""
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (RecursionError, ValueError):
+        return False
+    return False
+
+
+def lone_surrogate_field(body: bytes) -> str | None:
+    """The top-level field of a JSON body holding a lone surrogate ("body" if not an object), or None.
+
+    Only a body that :data:`_SURROGATE_HINT` matches can hold one; a body that is not valid JSON
+    gives None (the app answers it). Cost: one parse and one C-speed encode of the body.
+    """
+    if (b"\\u" not in body and b"\xed" not in body) or not _SURROGATE_HINT.search(body):
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return "body" if _has_lone_surrogate(data) else None
+    for key, value in data.items():
+        if _has_lone_surrogate(key):
+            return "body"
+        if _has_lone_surrogate(value):
+            return key
+    return None
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """Limits applied by :class:`RequestGuard`.
+
+    Attributes:
+        api_key: the required bearer token, or None (no check).
+        metrics_require_key: ``/metrics`` needs the key too.
+        max_body_bytes: largest request body, in bytes.
+        body_read_timeout: seconds allowed to receive a whole body.
+    """
+
+    api_key: str | None = None
+    metrics_require_key: bool = False
+    max_body_bytes: int = 4 * 1024 * 1024
+    body_read_timeout: float = 60.0
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | int | None = None,
+    close: bool = False,
+) -> None:
+    """Send a complete OpenAI error response (``connection: close`` when ``close``)."""
+    body = json.dumps(error_body(status, message, param=param, code=code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class RequestGuard:
+    """ASGI middleware: API key, body size and body read time, checked before the app parses anything.
+
+    Args:
+        app: the wrapped ASGI app.
+        config: the limits.
+    """
+
+    def __init__(self, app: ASGIApp, config: GuardConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cfg = self.config
+        authorization: bytes | None = None
+        content_length: int | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and authorization is None:
+                authorization = value
+            elif name == b"content-length":
+                try:
+                    content_length = int(value)
+                except ValueError:
+                    content_length = None
+        if (
+            cfg.api_key is not None
+            and needs_key(scope["path"], metrics_require_key=cfg.metrics_require_key)
+            and not is_authorized(authorization, cfg.api_key)
+        ):
+            # Say nothing about the body: an unauthenticated client learns nothing else.
+            too_big = content_length is not None and content_length > _DRAIN_FACTOR * cfg.max_body_bytes
+            await send_error(send, 401, "Invalid or missing API key.", code="invalid_api_key", close=too_big)
+            return
+        limit = cfg.max_body_bytes
+        if content_length is not None and content_length > limit:
+            await send_error(
+                send,
+                413,
+                f"Request body of {content_length} bytes is over the limit of {limit} bytes "
+                "(--max-request-body-bytes).",
+                close=content_length > _DRAIN_FACTOR * limit,
+            )
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        try:
+            async with asyncio.timeout(cfg.body_read_timeout):
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    piece = message.get("body", b"")
+                    size += len(piece)
+                    if size > limit:
+                        await send_error(
+                            send,
+                            413,
+                            f"Request body is over the limit of {limit} bytes (--max-request-body-bytes).",
+                            close=True,
+                        )
+                        return
+                    if piece:
+                        chunks.append(piece)
+                    more = bool(message.get("more_body", False))
+        except TimeoutError:
+            await send_error(
+                send,
+                408,
+                f"The request body did not arrive within {cfg.body_read_timeout:g} s.",
+                close=True,
+            )
+            return
+        body = b"".join(chunks)
+        field = lone_surrogate_field(body) if body else None
+        if field is not None:
+            await send_error(
+                send,
+                400,
+                f"{field}: a string holds a lone UTF-16 surrogate (U+D800 to U+DFFF), which is not "
+                "valid Unicode text.",
+                param=field,
+            )
+            return
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,99 @@
+"""The OpenAPI schema of what the server really answers (served at ``/openapi.json``).
+
+FastAPI's generated schema documents a 422 for every body, which Surge never sends (a bad body
+is a 400 OpenAI error), and gives the GET and HEAD of one route the same operation id. Here the
+schema is post-processed once:
+
+- every error response is the OpenAI error object (``ErrorResponse``);
+- routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large);
+- every route but the open ones documents 401 (``--api-key``); model routes 404 (unknown
+  ``model``); generation routes 503 (engine gone) and their ``text/event-stream`` 200;
+  ``/health`` its 503;
+- operation ids are unique (the method is appended where a path has several).
+
+Field constraints (bounds, strict types) come from the pydantic models in
+:mod:`surge.server.protocol`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from surge.server.auth import OPEN_PATHS
+
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "integer", "null"]},
+            },
+        }
+    },
+}
+_ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_MODEL_PATHS = _GENERATION_PATHS | {"/tokenize", "/detokenize"}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": _ERROR_REF}
+
+
+def build_openapi(app: FastAPI) -> dict[str, Any]:
+    """The corrected OpenAPI schema of ``app`` (see the module docstring)."""
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["ErrorResponse"] = _ERROR_SCHEMA
+    seen: set[str] = set()
+    for path, operations in schema.get("paths", {}).items():
+        for method, op in operations.items():
+            op_id = op.get("operationId") or f"{path.strip('/').replace('/', '_')}_{method}"
+            if op_id in seen:
+                op_id = f"{op_id}_{method}"
+            seen.add(op_id)
+            op["operationId"] = op_id
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            if "requestBody" in op:
+                responses["400"] = _error("Invalid request: the message and `param` name the field.")
+                responses["408"] = _error("The body did not arrive within --body-read-timeout.")
+                responses["413"] = _error("The body is larger than --max-request-body-bytes.")
+            if path not in OPEN_PATHS:
+                responses["401"] = _error("Missing or wrong API key (only when the server has --api-key).")
+            if path in _MODEL_PATHS:
+                responses["404"] = _error("The `model` is not served here.")
+            if path in _GENERATION_PATHS:
+                responses["503"] = _error("The engine is not running.")
+                ok = responses.setdefault("200", {"description": "Successful Response"})
+                ok.setdefault("content", {})["text/event-stream"] = {
+                    "schema": {"type": "string"},
+                    "description": "With `stream: true`: `data: {chunk}` events, `: queued` comments "
+                    "while waiting for the first token, then `data: [DONE]`.",
+                }
+            if path == "/health":
+                responses["200"] = {"description": "The engine is up and stepping."}
+                responses["503"] = _error("The engine is down, or stalled while requests are pending.")
+    return schema
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve :func:`build_openapi` (built once, on first use) as ``app``'s schema."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_openapi(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

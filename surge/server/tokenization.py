@@ -1,0 +1,129 @@
+"""Tokenization, chat templating and detokenization of whole requests, off the event loop.
+
+The API process's event loop streams every client's tokens; a 10 MB prompt tokenized on it
+would freeze them all for seconds. :class:`TokenizerWorker` runs that work on one worker thread
+(Hugging Face fast tokenizers release the GIL while they encode; a Jinja template does not, but
+Python switches threads every few milliseconds, so the loop keeps running either way). One
+thread, because a transformers tokenizer object is not meant to be used by several threads at
+once, and requests queue behind each other's tokenization, never behind the stream.
+
+Before tokenizing a long text, a cheap bound rejects a prompt that cannot fit the context: the
+text's first ``_BOUND_CHARS_PER_TOKEN * max_model_len`` characters are tokenized, and if they
+alone are more than ``max_model_len`` tokens the whole text is too (a prefix never has
+meaningfully more tokens than the text; ``_BOUND_MARGIN`` covers the one word the cut splits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from transformers import PreTrainedTokenizerBase
+
+from surge.server.errors import bad_request
+from surge.tokenizer import apply_chat_template
+
+T = TypeVar("T")
+
+_BOUND_CHARS_PER_TOKEN = 8
+"""Characters per token in the prefix tokenized by the cheap length bound."""
+_BOUND_MARGIN = 16
+"""Tokens a prefix may have beyond the whole text's count (the word split by the cut)."""
+
+
+class TokenizerWorker:
+    """Runs a tokenizer's whole-request work on one worker thread.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        max_model_len: the context length in tokens (for the cheap bound).
+        chat_template: a template overriding the tokenizer's, or None.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, max_model_len: int, chat_template: str | None
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.chat_template = chat_template
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenizer")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker thread; its exceptions propagate."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        """Stop the worker thread (pending work is dropped)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _check_bound(self, text: str, param: str) -> None:
+        limit = self.max_model_len
+        cut = _BOUND_CHARS_PER_TOKEN * (limit + _BOUND_MARGIN)
+        if len(text) <= cut:
+            return
+        n = len(self.tokenizer.encode(text[:cut], add_special_tokens=False))
+        if n > limit + _BOUND_MARGIN:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens, but the prompt has more "
+                f"than {n - _BOUND_MARGIN} tokens (its first {cut} of {len(text)} characters alone).",
+                param=param,
+            )
+
+    def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        self._check_bound(text, param)
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _encode_many(self, texts: Sequence[str], add_special_tokens: bool, param: str) -> list[list[int]]:
+        return [self._encode(t, add_special_tokens, param) for t in texts]
+
+    def _render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+    ) -> list[int]:
+        try:
+            return apply_chat_template(
+                self.tokenizer,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=self.chat_template,
+                chat_template_kwargs=chat_template_kwargs,
+                check_text=lambda text: self._check_bound(text, "messages"),
+            )
+        except ValueError as e:
+            raise bad_request(str(e), param="messages") from e
+
+    async def encode(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """Token ids of ``text``.
+
+        Raises:
+            ApiError: 400 naming ``param`` when the text is surely longer than the context.
+        """
+        return await self.run(self._encode, text, add_special_tokens, param)
+
+    async def encode_many(
+        self, texts: Sequence[str], *, add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[list[int]]:
+        """Token ids of each text (one trip to the worker thread)."""
+        return await self.run(self._encode_many, list(texts), add_special_tokens, param)
+
+    async def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+    ) -> list[int]:
+        """Token ids of chat ``messages`` (plain dicts) under the server's chat template.
+
+        Raises:
+            ApiError: 400 naming ``messages`` when the template cannot render them or the
+                rendered prompt is surely longer than the context.
+        """
+        return await self.run(self._render_chat, messages, add_generation_prompt, chat_template_kwargs)
+
+    async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of ``token_ids``."""
+        return await self.run(self.tokenizer.decode, token_ids, skip_special_tokens)

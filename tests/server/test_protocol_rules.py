@@ -1,0 +1,146 @@
+"""Protocol details (issue 16): 405 with Allow, an OpenAPI schema that tells the truth, strict
+types instead of coercions, finite bounds on every numeric field, bounded stop lists."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import Server
+
+CMPL = "/v1/completions"
+CHAT = "/v1/chat/completions"
+NUMERIC_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "min_tokens",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def test_405_names_the_allowed_methods(server: Server) -> None:
+    r = httpx.get(server.url + CMPL)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["code"] == 405
+    r = httpx.post(server.url + "/health")
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+def test_openapi_documents_what_the_server_does(server: Server) -> None:
+    schema = httpx.get(server.url + "/openapi.json").json()
+    text = json.dumps(schema)
+    assert '"422"' not in text and "HTTPValidationError" not in text
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)), "operation ids are unique"
+    for path in (CMPL, CHAT):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert {"200", "400", "401", "404", "408", "413", "503"} <= set(responses)
+        assert "text/event-stream" in responses["200"]["content"]
+    assert "503" in schema["paths"]["/health"]["get"]["responses"]
+    props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    temperature = next(s for s in props["temperature"]["anyOf"] if s.get("type") == "number")
+    assert temperature["maximum"] == 100.0, "real constraints are in the schema"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CMPL, {"prompt": "x", "echo": 0}, "echo"),
+        (CMPL, {"prompt": "x", "stream": 1}, "stream"),
+        (CMPL, {"prompt": "x", "max_tokens": 4.0}, "max_tokens"),
+        (CMPL, {"prompt": [False, True]}, "prompt"),
+        (CMPL, {"prompt": "x", "temperature": "0.5"}, "temperature"),
+        ("/detokenize", {"tokens": [False]}, "tokens"),
+        (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ],
+)
+def test_no_coercion_between_json_types(server: Server, path: str, body: dict[str, Any], param: str) -> None:
+    r = httpx.post(server.url + path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_integers_are_numbers(server: Server) -> None:
+    r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "temperature": 0, "top_p": 1})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("field", NUMERIC_FIELDS)
+@pytest.mark.parametrize("path", [CMPL, CHAT])
+def test_huge_numbers_are_refused(server: Server, path: str, field: str) -> None:
+    body: dict[str, Any] = {"max_tokens": 4, field: 2**70}
+    body |= {"prompt": "x"} if path == CMPL else {"messages": [{"role": "user", "content": "x"}]}
+    r = httpx.post(server.url + path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": [2**70], "max_tokens": 2}, "prompt"),
+        ({"prompt": "x", "stop_token_ids": [2**70]}, "stop_token_ids"),
+        ({"prompt": "x", "temperature": 101.0}, "temperature"),
+        ({"prompt": "x", "repetition_penalty": 101.0}, "repetition_penalty"),
+        ({"prompt": "x", "stop": [f"s{i}" for i in range(65)]}, "stop"),
+        ({"prompt": "x", "stop": ["y" * 257]}, "stop"),
+    ],
+)
+def test_bounds(server: Server, body: dict[str, Any], param: str) -> None:
+    r = httpx.post(server.url + CMPL, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_bounded_stop_list_still_works(server: Server) -> None:
+    stops = [f"zz{i:03d}" for i in range(63)] + [" "]
+    r = httpx.post(server.url + CMPL, json={"prompt": "Once upon", "max_tokens": 20, "stop": stops})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        (CMPL, b'{"prompt": "\\ud800"}', "prompt"),
+        (CMPL, b'{"prompt": "x", "stop": ["a\\udc00"]}', "stop"),
+        (CMPL, b'{"prompt": "x", "model": "\\udfff"}', "model"),
+        (CMPL, b'{"prompt": "\xed\xa0\x80"}', "prompt"),
+        (CHAT, b'{"messages": [{"role": "\\ud800", "content": "x"}]}', "messages"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+            "messages",
+        ),
+        ("/tokenize", b'{"prompt": "\\ud800"}', "prompt"),
+        ("/detokenize", b'{"tokens": [1], "model": "\\ud800"}', "model"),
+    ],
+)
+def test_lone_surrogates(server: Server, path: str, raw: bytes, param: str) -> None:
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and "surrogate" in err["message"]
+
+
+def test_surrogate_pair_is_fine(server: Server) -> None:
+    raw = b'{"prompt": "\\ud83d\\ude00 once", "max_tokens": 2}'
+    r = httpx.post(server.url + CMPL, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+def test_body_limit_and_context_bound(server: Server) -> None:
+    r = httpx.post(server.url + CMPL, json={"prompt": "a " * 3_000_000})
+    assert r.status_code == 413 and "--max-request-body-bytes" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "hello world " * 100_000})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
