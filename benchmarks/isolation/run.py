@@ -332,6 +332,12 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     ap.add_argument("--out", type=Path, required=True, help="result JSON")
     ap.add_argument("--label", default=None, help="label stored in the result (default: the commit)")
+    ap.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="extra `surge serve` argument (repeat; e.g. --serve-arg=--body-read-timeout --serve-arg=10)",
+    )
     args = ap.parse_args()
     repo = args.repo.resolve()
     commit = subprocess.run(
@@ -340,7 +346,7 @@ def main() -> int:
     port = args.port or _free_port()
     log_path = Path(tempfile.gettempdir()) / f"surge-isolation-{port}.log"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    proc = start_server(repo, args.python, port, log_path, [])
+    proc = start_server(repo, args.python, port, log_path, args.serve_arg)
     try:
         result = asyncio.run(run_mix(f"http://127.0.0.1:{port}"))
     finally:
@@ -349,7 +355,13 @@ def main() -> int:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    result = {"label": args.label or commit, "commit": commit, "cpu_count": os.cpu_count(), **result}
+    result = {
+        "label": args.label or commit,
+        "commit": commit,
+        "serve_args": args.serve_arg,
+        "cpu_count": os.cpu_count(),
+        **result,
+    }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("label", "idle", "hostile")}, indent=2))
     return 0
