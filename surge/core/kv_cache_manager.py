@@ -105,6 +105,19 @@ class BlockPool:
             self.hash_to_block[block_hash] = block_id
             self.block_hashes[block_id] = block_hash
 
+    def evict_unreferenced(self) -> int:
+        """Forget the cached content of every free block (referenced blocks keep theirs).
+
+        Returns:
+            How many blocks lost their cached content.
+        """
+        evicted = 0
+        for block_id in self._free:
+            if self.block_hashes[block_id] is not None:
+                self._drop_hash(block_id)
+                evicted += 1
+        return evicted
+
     def _drop_hash(self, block_id: int) -> None:
         h = self.block_hashes[block_id]
         if h is not None:
@@ -275,6 +288,19 @@ class KVCacheManager:
         for i in range(start, num_full):
             self.pool.register(request.block_ids[i], hashes[i])
         self._req_num_registered[rid] = num_full
+
+    def reset_prefix_cache(self) -> int:
+        """Empty the prefix cache of unreferenced blocks (``POST /reset_prefix_cache``).
+
+        Safe while requests run: blocks held by a request keep their content and hash (like
+        vLLM, nothing in use is touched); every free block that still holds cached content is
+        evicted, so a later request finds no prefix that was cached before the reset (other
+        than prefixes of requests running now).
+
+        Returns:
+            How many cached blocks were evicted.
+        """
+        return self.pool.evict_unreferenced()
 
     def free(self, request: Request) -> None:
         """Release all blocks of a request (finished, aborted or preempted) and forget its state.

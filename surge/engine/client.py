@@ -41,6 +41,7 @@ from surge.engine.core_proc import (
     EngineReady,
     EngineStartupError,
     RequestError,
+    ResetPrefixCache,
     run_engine_core,
 )
 from surge.sampling_params import SamplingParams
@@ -280,6 +281,17 @@ class EngineClient:
         ids = [rid for rid in request_ids if self._sinks.pop(rid, None) is not None]
         if ids and self.is_ready:
             self._send(msgspec.msgpack.encode(AbortRequest(ids)))
+
+    def reset_prefix_cache(self) -> None:
+        """Ask the engine to evict its unreferenced cached KV blocks; requests added after this
+        call are scheduled after the reset.
+
+        Raises:
+            EngineDeadError: the engine is not running.
+        """
+        if not self.is_ready or self._in_sock is None:
+            raise EngineDeadError(self._dead_reason or "the engine is not running")
+        self._send(msgspec.msgpack.encode(ResetPrefixCache()))
 
     def _send(self, buf: bytes) -> None:
         assert self._in_sock is not None

@@ -2,7 +2,8 @@
 
 Protocol (all messages msgpack-encoded msgspec structs):
 
-- API -> engine (PUSH -> PULL, ``input_address``): :class:`AddRequest` or :class:`AbortRequest`.
+- API -> engine (PUSH -> PULL, ``input_address``): :class:`AddRequest`, :class:`AbortRequest` or
+  :class:`ResetPrefixCache`.
 - engine -> API (PUSH -> PULL, ``output_address``): first one :class:`EngineReady` or
   :class:`EngineStartupError`, then :class:`EngineOutputs` batches (new tokens of each request
   after a step, requests the engine rejected, and a :class:`SchedulerStats` snapshot).
@@ -67,7 +68,12 @@ class AbortRequest(msgspec.Struct, tag=True, array_like=True):
     request_ids: list[str]
 
 
-EngineInput = AddRequest | AbortRequest
+class ResetPrefixCache(msgspec.Struct, tag=True, array_like=True):
+    """Evict the cached KV blocks no request holds (``engine.reset_prefix_cache()``). Requests
+    sent after this message are scheduled after the reset (the input socket keeps order)."""
+
+
+EngineInput = AddRequest | AbortRequest | ResetPrefixCache
 
 
 class RequestError(msgspec.Struct, array_like=True):
@@ -292,6 +298,9 @@ def _busy_loop(
                     )
                 except ValueError as e:
                     errors.append(RequestError(msg.request_id, str(e)))
+            elif isinstance(msg, ResetPrefixCache):
+                n = engine.reset_prefix_cache()
+                logger.info("prefix cache reset: %d cached blocks evicted", n)
             else:
                 engine.abort_requests(msg.request_ids)
         stepped = engine.has_unfinished_requests()

@@ -197,6 +197,10 @@ class LLMEngine:
         """Abort requests; their KV blocks are free at once. Unknown ids are ignored."""
         self.scheduler.abort_requests(request_ids)
 
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached KV block no request holds; returns how many were evicted."""
+        return self.scheduler.kv.reset_prefix_cache()
+
     def step(self) -> list[EngineOutput]:
         """Run one step and return the new tokens of each request that got one (with
         asynchronous scheduling: launch one step and return those of the step before)."""

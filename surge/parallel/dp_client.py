@@ -178,6 +178,17 @@ class DPEngineClient:
         for r in self.replicas:
             r.abort_requests(ids)
 
+    def reset_prefix_cache(self) -> None:
+        """Reset every replica's prefix cache (see :meth:`EngineClient.reset_prefix_cache`).
+
+        Raises:
+            EngineDeadError: a replica is not running.
+        """
+        if not self.is_ready:
+            raise EngineDeadError(self.dead_reason or "the engine is not running")
+        for r in self.replicas:
+            r.reset_prefix_cache()
+
     async def shutdown(self, timeout: float = 5.0) -> None:
         """Stop every replica. Safe to call more than once."""
         await asyncio.gather(*(r.shutdown(timeout) for r in self.replicas), return_exceptions=True)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import socket
 import time
@@ -31,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 import surge
 from surge.config import EngineConfig
-from surge.engine.client import EngineStartError
+from surge.engine.client import EngineDeadError, EngineStartError
 from surge.engine.core_proc import EngineFactory
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
 from surge.server.errors import ApiError, bad_request, error_body, error_response
@@ -147,21 +148,32 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         ]
         return {"object": "list", "data": data}
 
+    # The API process's pid on /health lets a launcher check that it polls the server it started.
+    pid_header = {"X-Surge-Pid": str(os.getpid())}
+
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if not state.client.is_ready:
             reason = state.client.dead_reason or "the engine is not ready"
-            return JSONResponse(error_body(503, reason), status_code=503)
+            return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
         stalled = state.client.seconds_without_progress()
         if stalled > state.engine_stall_timeout:
             reason = (
                 f"the engine has finished no step for {stalled:.0f} s while {state.client.num_inflight} "
                 f"requests are pending (--engine-stall-timeout {state.engine_stall_timeout:g})"
             )
-            return JSONResponse(error_body(503, reason), status_code=503)
-        return Response(status_code=200)
+            return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
+        return Response(status_code=200, headers=pid_header)
 
-    @app.get("/metrics")
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        try:
+            state.client.reset_prefix_cache()
+        except EngineDeadError as e:
+            raise ApiError(503, f"The engine is not available: {e}") from e
+        return {"success": True}
+
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -4,14 +4,17 @@ Shared by chat and completions. Each choice (one engine request; ``n`` choices p
 :func:`split_n`) has an :class:`IncrementalDetokenizer`. Outputs of all choices arrive on one
 ``asyncio.Queue``; :meth:`Generation.deltas` drains it and yields the deltas to send:
 
-- a choice's first delta goes out as soon as its first token exists;
+- a choice's first delta goes out as soon as its first token exists; for chat
+  (``first_needs_text``) as soon as it has text: the chat delta carries the role, and a
+  role-only chunk with empty content is not counted as a token by vLLM's benchmark client, so a
+  first token whose text is held back (e.g. a possible stop-string prefix) waits for the next;
 - then one delta every ``stream_interval`` tokens, and always the final one, which carries the
-  finish reason; no token is dropped: a delta carries all text since the last one. A delta
-  goes out on time even when its text is held back (an unfinished UTF-8 character or a
+  finish reason; no token is dropped: a delta carries all text since the last one. A later
+  delta goes out on time even when its text is held back (an unfinished UTF-8 character or a
   possible stop-string prefix): its text is then empty, and the held text rides on a later
-  delta. So at ``stream_interval`` 1 every SSE event stands for exactly one token, and a
-  client's inter-token gaps are one engine step each (an empty ``content`` chunk counts as
-  a token in vLLM's benchmark client).
+  delta. So at ``stream_interval`` 1 every SSE event after the first stands for exactly one
+  token, and a client's inter-token gaps are one engine step each (an empty ``content`` chunk
+  without a role counts as a token in vLLM's benchmark client).
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class Generation:
         stream_interval: tokens per delta after the first (>= 1); non-streaming callers pass
             a huge value so that only the first and final deltas are produced.
         arrival_time: ``time.monotonic()`` when the HTTP request arrived.
+        first_needs_text: hold a choice's first delta until it has text (chat: no role-only
+            leading chunk).
     """
 
     def __init__(
@@ -93,8 +98,10 @@ class Generation:
         metrics: ServerMetrics,
         stream_interval: int,
         arrival_time: float,
+        first_needs_text: bool = False,
     ) -> None:
         self._client = client
+        self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
         self._metrics = metrics
         self._interval = max(1, stream_interval)
@@ -226,6 +233,8 @@ class Generation:
             metrics.request_finished(choice.finish_reason, now - self._arrival)
         elif choice.sent_first and choice.unsent_tokens < self._interval:
             return None
+        elif not choice.sent_first and not choice.pending and self._first_needs_text:
+            return None  # the first chat delta (with the role) waits for text: no role-only chunk
         delta = ChoiceDelta(
             choice.index,
             choice.prompt_index,

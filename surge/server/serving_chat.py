@@ -50,7 +50,7 @@ async def create_chat_completion(
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     interval = state.stream_interval if body.stream else NO_STREAM_INTERVAL
-    gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival)
+    gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival, first_needs_text=True)
     try:
         gen.add_prompt(request_id, prompt_ids, params)
     except Exception:

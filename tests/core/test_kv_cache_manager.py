@@ -232,3 +232,20 @@ def test_reused_cached_block_loses_old_hash() -> None:
     assert not old_hashes & set(kv.pool.hash_to_block)
     for h, b in kv.pool.hash_to_block.items():
         assert kv.pool.block_hashes[b] == h
+
+
+def test_reset_prefix_cache_evicts_only_unreferenced_blocks() -> None:
+    kv = KVCacheManager(20, BS, enable_prefix_caching=True)
+    prefix = list(range(1, 33))  # 4 full blocks
+    done = _req("done", prefix + [90])
+    _compute(kv, done)
+    kv.free(done)  # its 4 full blocks stay cached while free
+    running = _req("running", list(range(100, 124)) + [5])
+    _compute(kv, running)  # 3 full blocks, held
+    assert kv.reset_prefix_cache() == 4
+    assert kv.get_computed_blocks(_req("again", prefix + [91])) == ([], 0)  # the free ones are gone
+    blocks, n = kv.get_computed_blocks(_req("sibling", list(range(100, 124)) + [6]))
+    assert n == 24 and blocks == running.block_ids[:3]  # the held ones still serve hits
+    assert kv.reset_prefix_cache() == 0
+    kv.free(running)
+    _assert_clean(kv)

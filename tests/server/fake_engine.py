@@ -55,6 +55,10 @@ class FakeEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._reqs)
 
+    def reset_prefix_cache(self) -> int:
+        self.resets = getattr(self, "resets", 0) + 1
+        return 0
+
     def get_stats(self) -> SchedulerStats:
         n = len(self._reqs)
         return SchedulerStats(n, 0, n / 64, 64 - n, 64, 0)

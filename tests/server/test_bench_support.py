@@ -1,0 +1,54 @@
+"""Server features the benchmark relies on, against a live `surge serve` of the bundled model:
+no role-only leading chunk, POST /reset_prefix_cache, HEAD /metrics and the pid on /health."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.server.conftest import Server
+
+
+def _model(server: Server) -> str:
+    return str(httpx.get(server.url + "/v1/models").json()["data"][0]["id"])
+
+
+def _chunks(server: Server, body: dict) -> list[dict]:
+    out = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def test_first_chunk_carries_text(server: Server) -> None:
+    """The issue's example: the first token's text is held back as a possible prefix of the stop
+    string; the first chunk must still carry text, not be a role-only empty chunk."""
+    body = {
+        "model": _model(server),
+        "messages": [{"role": "user", "content": "Once upon a time"}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "stop": [" Jx"],
+        "stream": True,
+    }
+    chunks = [c for c in _chunks(server, body) if c["choices"]]
+    first = chunks[0]["choices"][0]["delta"]
+    assert first["role"] == "assistant" and first["content"] != ""
+    assert all(c["choices"][0]["delta"].get("content") for c in chunks[:-1])
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    full = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=120).json()
+    assert text == full["choices"][0]["message"]["content"]
+
+
+def test_reset_prefix_cache_head_metrics_and_health_pid(server: Server) -> None:
+    r = httpx.post(server.url + "/reset_prefix_cache")
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert httpx.get(server.url + "/v1/models").status_code == 200  # the engine is still fine
+    head = httpx.head(server.url + "/metrics")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == httpx.get(server.url + "/metrics").headers["content-type"]
+    assert int(httpx.get(server.url + "/health").headers["x-surge-pid"]) == server.proc.pid
