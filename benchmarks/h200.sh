@@ -3,18 +3,30 @@
 # weights, bf16, TP=1). Usage:
 #   benchmarks/h200.sh MODEL_DIR OUT_DIR STREAM_INTERVAL [surge bench matrix args...]
 # e.g. benchmarks/h200.sh .assets/qwen3-8b runs/m1 1 --preset official-8b
-# Starts `surge serve`, waits for /health, runs `surge bench matrix` against it, stops it.
+# Starts a fresh `surge serve` on port 8000 (the same engine flags as benchmarks/peers/vllm.sh gives
+# vLLM), waits for /health, runs `surge bench matrix` against it, stops it. Extra arguments go to the
+# matrix, so a matrix can be split over several calls, each on a fresh server:
+#   benchmarks/h200.sh .assets/qwen3-8b runs/m1 1 --preset official-8b --resume --stop-after 420
+#   (again with the same arguments: --resume skips the points already in runs/m1)
 set -euo pipefail
 model="$1"; out="$2"; interval="$3"; shift 3
+port=8000
 mkdir -p "$out"
-python3 -m surge.cli serve --model "$model" --load-format dummy --dtype bfloat16 --port 8000 \
-  --stream-interval "$interval" --log-interval 30 > "$out/server.log" 2>&1 &
+if python3 -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then
+  echo "h200.sh: port $port is already in use; stop that server first" >&2; exit 2
+fi
+log="$out/server.log"
+[ -e "$log" ] && echo "----- new server $(date -u +%FT%TZ) -----" >> "$log"
+python3 -m surge.cli serve --model "$model" --port $port --load-format dummy --dtype bfloat16 \
+  --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 \
+  --stream-interval "$interval" --log-interval 30 >> "$log" 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+echo "h200.sh: surge serve (pid $server), log $log, waiting for http://127.0.0.1:$port/health"
 for _ in $(seq 1 300); do
-  if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then break; fi
-  if ! kill -0 $server 2>/dev/null; then tail -50 "$out/server.log"; exit 1; fi
+  if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; then break; fi
+  if ! kill -0 $server 2>/dev/null; then tail -50 "$log"; exit 1; fi
   sleep 1
 done
-python3 -m surge.cli bench matrix --base-url http://127.0.0.1:8000 --gpu h200 --model-config "$model" \
+python3 -m surge.cli bench matrix --base-url http://127.0.0.1:$port --gpu h200 --model-config "$model" \
   --disable-tqdm --output-dir "$out" "$@"

@@ -43,8 +43,25 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", default=None, help="local tokenizer folder (default: the server's /tokenize)"
     )
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times (default 0)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="temperature sent with every request (default: none sent, the server's default, as vLLM)",
+    )
+    p.add_argument(
+        "--extra-body",
+        default=None,
+        metavar="JSON",
+        help="JSON object merged into every request body, e.g. '{\"top_k\": 1}' (default: none)",
+    )
+    p.add_argument(
+        "--label",
+        default=None,
+        help="label stored in the result (default: the backend, openai-chat or openai)",
+    )
     p.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up requests with other prompts (default 1)"
     )
@@ -55,7 +72,7 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--request-timeout", type=float, default=6 * 3600.0, help="seconds per request (default 21600)"
     )
-    p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     _add_hardware_flags(p)
 
 
@@ -63,9 +80,16 @@ def _add_grid_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset", choices=["official-8b"], default=None, help="official-8b: the 30-point reference matrix"
     )
-    p.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,4")
-    p.add_argument("--input-len", default=None, help="comma-separated prompt lengths, e.g. 32,256")
-    p.add_argument("--output-len", default=None, help="comma-separated output lengths, e.g. 256,1024")
+    p.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,4 (default: none)")
+    p.add_argument(
+        "--input-len",
+        default=None,
+        help="comma-separated prompt lengths in tokens as the server counts them (on the chat endpoint "
+        "the templated prompt), e.g. 32,256 (default: none)",
+    )
+    p.add_argument(
+        "--output-len", default=None, help="comma-separated output lengths, e.g. 256,1024 (default: none)"
+    )
 
 
 def add_bench_parser(subparsers: Any) -> None:
@@ -75,36 +99,76 @@ def add_bench_parser(subparsers: Any) -> None:
 
     p = sub.add_parser("serve", help="benchmark one workload against an OpenAI-compatible server")
     _add_client_flags(p)
-    p.add_argument("--dataset", choices=["random", "sharegpt"], default="random")
+    p.add_argument(
+        "--dataset", choices=["random", "sharegpt"], default="random", help="prompts (default random)"
+    )
     p.add_argument("--dataset-path", default=None, help="ShareGPT JSON file (for --dataset sharegpt)")
-    p.add_argument("--input-len", type=int, default=256, help="prompt tokens (random dataset)")
-    p.add_argument("--output-len", type=int, default=256, help="max_tokens of every request")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument(
+        "--input-len",
+        type=int,
+        default=256,
+        help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
+        "templated prompt (role headers included) has exactly this many tokens (default 256)",
+    )
+    p.add_argument("--output-len", type=int, default=256, help="max_tokens of every request (default 256)")
+    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16)")
+    p.add_argument(
+        "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
+    )
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = burst")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
-    p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS")
+    p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (default off)")
     p.add_argument(
         "--exact-length",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="fail requests whose completion_tokens != --output-len (default: on with --ignore-eos)",
     )
-    p.add_argument("--result-file", default=None, help="write the result JSON here")
     p.add_argument(
-        "--save-detailed", action="store_true", help="also save texts, E2ELs and start times per request"
+        "--result-file",
+        default=None,
+        help="write the result JSON here (gzipped if it ends in .gz; default: none)",
     )
+    p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("matrix", help="run a grid of burst points and write summary, tables and plots")
     _add_client_flags(p)
     _add_grid_flags(p)
-    p.add_argument("--output-dir", default="bench-matrix", help="where to write the artifacts")
     p.add_argument(
-        "--launch", default=None, help='start the server with this command, e.g. "surge serve --port 8000"'
+        "--output-dir", default="bench-matrix", help="where to write the artifacts (default bench-matrix)"
+    )
+    p.add_argument(
+        "--launch",
+        default=None,
+        help='start the server with this command, e.g. "surge serve --port 8000" (default: use a running one)',
     )
     p.add_argument(
         "--server-timeout", type=float, default=600.0, help="seconds to wait for /health (default 600)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per point, each with fresh prompts; the summary gives the mean and the spread (default 1)",
+    )
+    p.add_argument(
+        "--keep-prefix-cache",
+        action="store_true",
+        help="do not call the server's POST /reset_prefix_cache before each run (default: reset)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the successful points already in --output-dir and run only the others (default off)",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no new point after this many seconds (the first always runs); finish later with "
+        "--resume (default: no limit)",
     )
     p.set_defaults(func=cmd_matrix)
 
@@ -114,18 +178,55 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--metric", default="output_throughput", help="summary field to compare (default output_throughput)"
     )
-    p.add_argument("--plot", default=None, help="write a PNG of the per-point change")
+    p.add_argument(
+        "--tie-pct",
+        type=float,
+        default=None,
+        help="a change smaller than this %% is a tie when a point has no repeats to measure its noise "
+        "(default 2)",
+    )
+    p.add_argument("--plot", default=None, help="write a PNG of the per-point change (default: none)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("roofline", help="print the per-point throughput ceilings of a model on a GPU")
+    p = sub.add_parser(
+        "roofline",
+        help="print the per-point throughput ceilings of a model on a GPU",
+        description="Print the per-point throughput ceilings of a model on a GPU. Needs the hardware: "
+        "--gpu NAME, or both --hbm-bandwidth and --peak-flops.",
+    )
     p.add_argument("--model", required=True, help="model folder or config.json")
     p.add_argument("--dtype", default=None, help="weight/KV dtype (default: the config's)")
     _add_grid_flags(p)
-    g = p.add_argument_group("hardware")
-    g.add_argument("--gpu", default=None)
-    g.add_argument("--hbm-bandwidth", type=float, default=None)
-    g.add_argument("--peak-flops", type=float, default=None)
+    g = p.add_argument_group("hardware (required: --gpu, or both --hbm-bandwidth and --peak-flops)")
+    g.add_argument(
+        "--gpu", default=None, help="known GPU name: h200, h100-sxm, a100-80gb, ... (default: none)"
+    )
+    g.add_argument(
+        "--hbm-bandwidth",
+        type=float,
+        default=None,
+        help="HBM read bandwidth in bytes/s, e.g. 4.24e12 (default: none)",
+    )
+    g.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help="dense bf16 peak in FLOP/s, e.g. 7.9e14 (default: none)",
+    )
     p.set_defaults(func=cmd_roofline)
+
+
+def parse_extra_body(text: str | None) -> dict[str, Any] | None:
+    """``--extra-body``: a JSON object, or None. Raises ValueError naming the flag otherwise."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--extra-body must be a JSON object: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--extra-body must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _command_line() -> str:
@@ -139,6 +240,9 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
 
     goodput = parse_goodput(args.goodput or [])
     fields: dict[str, Any] = {
+        "temperature": args.temperature,
+        "extra_body": parse_extra_body(args.extra_body),
+        "label": args.label,
         "base_url": args.base_url,
         "endpoint": args.endpoint,
         "model": args.model,
@@ -183,7 +287,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.result_file:
         path = Path(args.result_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
+        text = json.dumps(result, indent=2)
+        if path.name.endswith(".gz"):
+            import gzip
+
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            path.write_text(text)
         print(f"result written to {path}")
     return 0 if result["failed"] == 0 else 1
 
@@ -211,13 +321,29 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
     points = _grid(args)
     cfg = _serve_config(args, ignore_eos=True, exact_length=True)
-    mcfg = MatrixConfig(tuple(points), cfg, Path(args.output_dir), args.launch, args.server_timeout)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.launch:
+        from surge.bench.launcher import check_launch_port
+
+        check_launch_port(args.launch, args.base_url)
+    mcfg = MatrixConfig(
+        tuple(points),
+        cfg,
+        Path(args.output_dir),
+        args.launch,
+        args.server_timeout,
+        repeats=args.repeats,
+        reset_prefix_cache=not args.keep_prefix_cache,
+        resume=args.resume,
+        stop_after_s=args.stop_after,
+    )
     summary = run_matrix(mcfg, _command_line())
     print((Path(args.output_dir) / "summary.md").read_text())
-    print(
-        f"{summary['num_successful']}/{summary['num_points']} points successful; artifacts in {args.output_dir}"
-    )
-    return 0 if summary["num_successful"] == summary["num_points"] else 1
+    done = summary["num_successful"]
+    planned = summary["num_planned_points"]
+    print(f"{done}/{planned} points successful; artifacts in {args.output_dir}")
+    return 0 if done == planned else 1
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -226,14 +352,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     Raises:
         ValueError: no point is valid in both runs (nothing to compare).
     """
-    from surge.bench.compare import compare_points, comparison_markdown, load_points, plot_comparison
+    from surge.bench.compare import (
+        check_metric,
+        compare_points,
+        comparison_markdown,
+        load_points,
+        plot_comparison,
+    )
 
-    cmp = compare_points(load_points(args.base), load_points(args.new), args.metric)
+    base, new = load_points(args.base), load_points(args.new)
+    check_metric(args.metric, base, new)
+    cmp = compare_points(base, new, args.metric, tie_pct=args.tie_pct)
     if not cmp.rows:
         raise ValueError(f"no point is valid in both {args.base} and {args.new}: nothing to compare")
     print(comparison_markdown(cmp, args.base, args.new), end="")
     if args.plot:
-        plot_comparison(cmp, Path(args.plot))
+        plot = Path(args.plot)
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        plot_comparison(cmp, plot)
     return 0
 
 

@@ -68,7 +68,11 @@ class SSEParser:
 
 @dataclass(frozen=True)
 class RequestInput:
-    """One request to send. Lengths in tokens; ``prompt_len`` is the dataset's count."""
+    """One request to send. Lengths in tokens; ``prompt_len`` is the dataset's count.
+
+    ``temperature`` None sends no temperature (the server's default, as vLLM's client does);
+    ``extra_body`` is merged into the JSON body last (it may override any field).
+    """
 
     api_url: str  # full URL, e.g. http://127.0.0.1:8000/v1/chat/completions
     model: str
@@ -77,24 +81,28 @@ class RequestInput:
     output_len: int
     ignore_eos: bool = True
     api_key: str | None = None
+    temperature: float | None = None
+    extra_body: dict[str, Any] | None = None
 
 
 def build_payload(req: RequestInput) -> dict[str, Any]:
-    """The JSON body: streaming with usage, greedy, ``max_tokens`` (chat also ``max_completion_tokens``)."""
-    body: dict[str, Any] = {
-        "model": req.model,
-        "temperature": 0.0,
-        "max_tokens": req.output_len,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if req.ignore_eos:
-        body["ignore_eos"] = True
+    """The JSON body, as vLLM's client builds it: streaming with usage; chat sends
+    ``messages`` and ``max_completion_tokens``, completions ``prompt`` and ``max_tokens``."""
+    body: dict[str, Any] = {"model": req.model}
     if req.api_url.endswith(CHAT_ENDPOINT):
         body["messages"] = [{"role": "user", "content": req.prompt}]
         body["max_completion_tokens"] = req.output_len
     else:
         body["prompt"] = req.prompt
+        body["max_tokens"] = req.output_len
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.ignore_eos:
+        body["ignore_eos"] = True
+    if req.extra_body:
+        body.update(req.extra_body)
     return body
 
 
@@ -112,24 +120,49 @@ def _error_message(data: Any) -> str | None:
     return None
 
 
+_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def counts_as_output(choice: Any, chat: bool) -> bool:
+    """vLLM's chunk rule: does this choice carry output (and so count for TTFT, ITL and E2EL)?
+
+    Completions: every choice counts (its text may be empty, e.g. a special token). Chat: the
+    delta must carry non-empty ``content``, ``reasoning_content``, ``reasoning`` or
+    ``tool_calls``, or an empty ``content`` string without a ``role`` (a token whose text is
+    empty). A leading ``{"role": "assistant", "content": ""}`` chunk and a ``delta: {}``
+    finish-only chunk do not count.
+    """
+    if not chat:
+        return True
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    if not isinstance(delta, dict):
+        return False
+    if any(delta.get(k) for k in _OUTPUT_FIELDS):
+        return True
+    return delta.get("content") == "" and "role" not in delta
+
+
 def _chunk_text(choice: dict[str, Any]) -> str:
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return str(delta.get("content") or delta.get("reasoning_content") or "")
+        return str(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or "")
     return str(choice.get("text") or "")
 
 
 async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestResult:
     """Send one streaming request and time it (TTFT, ITL per chunk, E2EL; seconds, perf_counter).
 
-    Never raises for server or network trouble: any such problem gives ``success=False`` with the
-    reason in ``error`` (HTTP status and body, exception, error object in the stream, or no content).
+    Only chunks that carry output count (:func:`counts_as_output`, vLLM's rule): the first one
+    gives TTFT, each later one an ITL gap, the last one E2EL. Never raises for server or network
+    trouble: any such problem gives ``success=False`` with the reason in ``error`` (HTTP status and
+    body, exception, error object in the stream, or no content).
     """
     out = RequestResult(prompt_len=req.prompt_len, expected_output_len=req.output_len)
     headers = {"Content-Type": "application/json"}
     if req.api_key:
         headers["Authorization"] = f"Bearer {req.api_key}"
     payload = build_payload(req)
+    chat = req.api_url.endswith(CHAT_ENDPOINT)
     st = time.perf_counter()
     out.start_time = st
     last_ts = st
@@ -160,7 +193,7 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                         out.error = f"error in stream: {msg}"
                         return out
                     choices = data.get("choices")
-                    if choices:
+                    if choices and counts_as_output(choices[0], chat):
                         if not got_choice:
                             out.ttft = ts - st
                             got_choice = True

@@ -3,14 +3,27 @@
 A point is *valid* in a run when it succeeded (every request completed at its exact length) and its
 metric is a positive number. Over the points valid in both runs: the per-point ratio ``new / base``,
 its geometric mean ``exp(mean(log(ratio)))`` reported as a change in %, the same grouped by
-concurrency and by output length, and wins / losses (for ``*_ms`` metrics lower is better).
+concurrency and by output length, and wins / losses / ties (for ``*_ms`` metrics lower is better).
+
+Noise (method):
+
+- *Per point, ties.* When both runs of a point have at least two repeats (``bench matrix --repeats``),
+  the point is a tie when the 95 % Welch t-interval of ``mean(log new) - mean(log base)`` over the
+  repeats contains 0 (sample variances; degrees of freedom by Welch-Satterthwaite, rounded down).
+  Otherwise a change smaller than ``tie_pct`` % (default 2 %) is a tie.
+- *Geometric mean, 95 % confidence interval.* When every compared point has at least two repeats in
+  both runs: a percentile bootstrap over the repeats (2000 resamples with a fixed seed; each resample
+  draws every point's base and new repeats with replacement and recomputes the geometric mean), i.e.
+  the measurement noise. Otherwise a t-interval over the points' log ratios (mean ± t · sd / sqrt(n)),
+  i.e. how consistent the change is across the grid; it needs at least two points.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,11 +69,78 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
     return out
 
 
+def _positive(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
 def _valid(row: dict[str, Any] | None, metric: str) -> bool:
     if row is None or not row.get("success"):
         return False
-    v = row.get(metric)
-    return isinstance(v, int | float) and math.isfinite(v) and v > 0
+    return _positive(row.get(metric))
+
+
+def run_values(row: dict[str, Any], metric: str) -> list[float]:
+    """The metric of each successful repeat of a summary row (empty without repeats)."""
+    runs = row.get("runs")
+    if not isinstance(runs, list):
+        return []
+    return [
+        float(r[metric])
+        for r in runs
+        if isinstance(r, dict) and r.get("success") and _positive(r.get(metric))
+    ]
+
+
+_NOT_METRICS = frozenset({"concurrency", "input_len", "output_len", "num_prompts", "repeats", "repeats_ok"})
+
+
+def check_metric(metric: str, *runs: dict[Key, dict[str, Any]]) -> None:
+    """Raise ValueError listing the valid metrics when no point of ``runs`` has ``metric``."""
+    names: set[str] = set()
+    for pts in runs:
+        for row in pts.values():
+            names.update(
+                k
+                for k, v in row.items()
+                if isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and k not in _NOT_METRICS
+                and not k.endswith(("_std", "_min", "_max"))
+            )
+    if metric not in names:
+        raise ValueError(f"unknown --metric {metric!r}; valid: {', '.join(sorted(names))}")
+
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)  # fmt: skip
+
+
+def t975(df: float) -> float:
+    """Two-sided 95 % quantile of Student's t with ``floor(df)`` degrees of freedom (table; >= 1)."""
+    d = max(int(df), 1)
+    if d <= len(_T975):
+        return _T975[d - 1]
+    return 2.000 if d <= 60 else 1.980 if d <= 120 else 1.960
+
+
+def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    return m, sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def welch_interval(base: Sequence[float], new: Sequence[float]) -> tuple[float, float]:
+    """95 % Welch t-interval of ``mean(log new) - mean(log base)`` (each needs >= 2 values)."""
+    mb, vb = _mean_var([math.log(x) for x in base])
+    mn, vn = _mean_var([math.log(x) for x in new])
+    sb, sn = vb / len(base), vn / len(new)
+    se2 = sb + sn
+    diff = mn - mb
+    if se2 <= 0:
+        return diff, diff
+    df = se2**2 / ((sb**2 / (len(base) - 1) if sb else 0.0) + (sn**2 / (len(new) - 1) if sn else 0.0))
+    half = t975(df) * math.sqrt(se2)
+    return diff - half, diff + half
 
 
 def geomean_ratio(ratios: Iterable[float]) -> float | None:
@@ -74,21 +154,56 @@ def pct(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"{(ratio - 1.0) * 100.0:+.1f}%"
 
 
+DEFAULT_TIE_PCT = 2.0
+BOOTSTRAP_RESAMPLES = 2000
+
+
 @dataclass
 class Comparison:
-    """The comparison of one metric; ``rows`` are (key, base value, new value, ratio) for valid-in-both."""
+    """The comparison of one metric; ``rows`` are (key, base value, new value, ratio) for valid-in-both.
+
+    ``ties`` holds the keys whose change is inside the noise (see the module docstring);
+    ``repeats`` the per-repeat values (base, new) of points that have at least two in both.
+    """
 
     metric: str
     lower_is_better: bool
+    tie_pct: float = DEFAULT_TIE_PCT
     rows: list[tuple[Key, float, float, float]] = field(default_factory=list)
     only_base: list[Key] = field(default_factory=list)
     only_new: list[Key] = field(default_factory=list)
     neither: list[Key] = field(default_factory=list)
+    ties: set[Key] = field(default_factory=set)
+    repeats: dict[Key, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @property
     def geomean(self) -> float | None:
         """Geometric mean of new/base over the points valid in both."""
         return geomean_ratio(r for *_, r in self.rows)
+
+    def geomean_interval(self) -> tuple[float, float, str] | None:
+        """95 % confidence interval of :attr:`geomean` as ratios, with the method's name;
+        None with fewer than two points and no repeats."""
+        if self.rows and all(key in self.repeats for key, *_ in self.rows):
+            rng = random.Random(0)
+            samples = []
+            for _ in range(BOOTSTRAP_RESAMPLES):
+                logs = []
+                for key, *_ in self.rows:
+                    b, n = self.repeats[key]
+                    mb = sum(rng.choice(b) for _ in b) / len(b)
+                    mn = sum(rng.choice(n) for _ in n) / len(n)
+                    logs.append(math.log(mn / mb))
+                samples.append(sum(logs) / len(logs))
+            samples.sort()
+            lo = samples[int(0.025 * (len(samples) - 1))]
+            hi = samples[int(math.ceil(0.975 * (len(samples) - 1)))]
+            return math.exp(lo), math.exp(hi), "bootstrap over repeats"
+        if len(self.rows) < 2:
+            return None
+        m, v = _mean_var([math.log(r) for *_, r in self.rows])
+        half = t975(len(self.rows) - 1) * math.sqrt(v / len(self.rows))
+        return math.exp(m - half), math.exp(m + half), "t-interval over points"
 
     def grouped(self, index: int) -> dict[int, tuple[int, float | None]]:
         """Geomean ratio per value of key element ``index`` (0 = C, 2 = O): ``{value: (n, ratio)}``."""
@@ -97,24 +212,47 @@ class Comparison:
             groups.setdefault(key[index], []).append(r)
         return {k: (len(v), geomean_ratio(v)) for k, v in sorted(groups.items())}
 
+    def verdict(self, key: Key, ratio: float) -> str:
+        """``"win"``, ``"loss"`` or ``"tie"`` of NEW against BASE at one point."""
+        if key in self.ties:
+            return "tie"
+        better = ratio < 1.0 if self.lower_is_better else ratio > 1.0
+        return "win" if better else "loss"
+
     def wins_losses(self) -> tuple[int, int, int]:
-        """(wins, losses, ties) of NEW against BASE."""
-        wins = sum(1 for *_, r in self.rows if (r < 1.0 if self.lower_is_better else r > 1.0))
-        ties = sum(1 for *_, r in self.rows if r == 1.0)
-        return wins, len(self.rows) - wins - ties, ties
+        """(wins, losses, ties) of NEW against BASE; changes inside the noise are ties."""
+        verdicts = [self.verdict(key, r) for key, *_, r in self.rows]
+        return verdicts.count("win"), verdicts.count("loss"), verdicts.count("tie")
 
 
 def compare_points(
-    base: dict[Key, dict[str, Any]], new: dict[Key, dict[str, Any]], metric: str = "output_throughput"
+    base: dict[Key, dict[str, Any]],
+    new: dict[Key, dict[str, Any]],
+    metric: str = "output_throughput",
+    tie_pct: float | None = None,
 ) -> Comparison:
-    """Compare ``metric`` point by point (keys are (C, I, O))."""
-    cmp = Comparison(metric, lower_is_better=metric.endswith("_ms"))
+    """Compare ``metric`` point by point (keys are (C, I, O)); ``tie_pct`` is the tie band of
+    points without repeats (default :data:`DEFAULT_TIE_PCT`)."""
+    cmp = Comparison(
+        metric,
+        lower_is_better=metric.endswith("_ms"),
+        tie_pct=DEFAULT_TIE_PCT if tie_pct is None else tie_pct,
+    )
     for key in sorted(set(base) | set(new)):
         b, n = base.get(key), new.get(key)
         vb, vn = _valid(b, metric), _valid(n, metric)
         if vb and vn:
             assert b is not None and n is not None
-            cmp.rows.append((key, float(b[metric]), float(n[metric]), float(n[metric]) / float(b[metric])))
+            ratio = float(n[metric]) / float(b[metric])
+            cmp.rows.append((key, float(b[metric]), float(n[metric]), ratio))
+            rb, rn = run_values(b, metric), run_values(n, metric)
+            if len(rb) >= 2 and len(rn) >= 2:
+                cmp.repeats[key] = (rb, rn)
+                lo, hi = welch_interval(rb, rn)
+                if lo <= 0.0 <= hi:
+                    cmp.ties.add(key)
+            elif abs(ratio - 1.0) * 100.0 < cmp.tie_pct:
+                cmp.ties.add(key)
         elif vb:
             cmp.only_base.append(key)
         elif vn:
@@ -134,14 +272,19 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
     lines = [
         f"## `{cmp.metric}`: NEW `{new_name}` vs BASE `{base_name}` ({better} is better)",
         "",
-        "| C | I | O | base | new | change |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| C | I | O | base | new | change | verdict |",
+        "|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for key, vb, vn, r in cmp.rows:
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {vb:,.2f} | {vn:,.2f} | {pct(r)} |")
+        noise = " (in noise)" if key in cmp.ties else ""
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {vb:,.2f} | {vn:,.2f} | {pct(r)} | {cmp.verdict(key, r)}{noise} |"
+        )
+    ci = cmp.geomean_interval()
+    ci_text = "" if ci is None else f" (95% CI {pct(ci[0])} to {pct(ci[1])}, {ci[2]})"
     lines += [
         "",
-        f"**Geometric mean change over {len(cmp.rows)} points valid in both: {pct(cmp.geomean)}**",
+        f"**Geometric mean change over {len(cmp.rows)} points valid in both: {pct(cmp.geomean)}**{ci_text}",
         "",
     ]
     for title, idx in (("concurrency", 0), ("output length", 2)):
@@ -150,7 +293,14 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
             lines.append(f"| {value} | {n} | {pct(g)} |")
         lines.append("")
     w, lo, t = cmp.wins_losses()
-    lines.append(f"Wins: {w}, losses: {lo}, ties: {t} (NEW against BASE).")
+    n_rep = len(cmp.repeats)
+    tie_rule = (
+        f"ties: 95% Welch t-interval over repeats contains 0 ({n_rep} points)"
+        + (f", else change < {cmp.tie_pct:g}%" if n_rep < len(cmp.rows) else "")
+        if n_rep
+        else f"ties: change < {cmp.tie_pct:g}% (no repeats to measure the noise)"
+    )
+    lines.append(f"Wins: {w}, losses: {lo}, ties: {t} (NEW against BASE; {tie_rule}).")
     for title, keys in (
         ("Valid only in BASE", cmp.only_base),
         ("Valid only in NEW", cmp.only_new),
@@ -162,7 +312,7 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
 
 
 def plot_comparison(cmp: Comparison, path: Path) -> None:
-    """Bar chart of the per-point change in % (Agg backend)."""
+    """Bar chart of the per-point change in % (Agg backend): wins green, losses red, ties grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,9 +320,9 @@ def plot_comparison(cmp: Comparison, path: Path) -> None:
 
     labels = [_label(k) for k, *_ in cmp.rows]
     changes = [(r - 1.0) * 100.0 for *_, r in cmp.rows]
-    good = [(c < 0) if cmp.lower_is_better else (c > 0) for c in changes]
+    colors = {"win": "tab:green", "loss": "tab:red", "tie": "tab:gray"}
     fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(labels)), 5))
-    ax.bar(range(len(labels)), changes, color=["tab:green" if g else "tab:red" for g in good])
+    ax.bar(range(len(labels)), changes, color=[colors[cmp.verdict(k, r)] for k, *_, r in cmp.rows])
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel(f"{cmp.metric} change (%)")

@@ -2,10 +2,10 @@
 
 Random (``shared/design.md`` §5): token ids drawn with ``numpy.random.default_rng(seed)`` from the
 tokenizer's non-special vocabulary, decoded, re-encoded and adjusted until the text has exactly
-``input_len`` tokens *as the server counts a completions prompt* (special tokens such as a BOS
-included). For the chat endpoint the same text is sent as the single user message, as vLLM's random
-dataset does; the chat template then adds its own tokens, so the reported ``prompt_len`` is the
-server's ``usage.prompt_tokens`` (see ``surge.bench.client``), not ``input_len``.
+``input_len`` tokens *as the server counts the prompt*: a completions prompt with its special
+tokens (such as a BOS), or for the chat endpoint the whole templated chat prompt (the text is the
+single user message; the template's role headers count towards ``input_len``, so the server sees
+exactly ``input_len`` prompt tokens, which vLLM's random dataset does not guarantee).
 
 ShareGPT: the format of ``shared/assets/datasets/sharegpt/*.json`` (a list of
 ``{"id", "conversations": [{"from": "human", "value": ...}, ...]}``); the first human turn is the
@@ -16,6 +16,7 @@ have no answers), prompts under 4 tokens or over the context are skipped (vLLM's
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,26 +36,39 @@ class SampleRequest:
     expected_output_len: int
 
 
-def exact_length_prompt(counter: TokenCounter, rng: np.random.Generator, n_tokens: int) -> str:
-    """A random text of exactly ``n_tokens`` tokens per ``counter.encode``.
+def prompt_encoder(counter: TokenCounter, chat: bool) -> Callable[[str], list[int]]:
+    """How the server counts a prompt text: as a completions prompt, or (``chat``) as the single
+    user message of a chat request, chat template included."""
+    return counter.encode_chat if chat else counter.encode
 
-    Draws ids from ``counter.candidate_ids()``, decodes, re-encodes and trims or extends the id
+
+def exact_length_prompt(
+    counter: TokenCounter, rng: np.random.Generator, n_tokens: int, chat: bool = False
+) -> str:
+    """A random text of exactly ``n_tokens`` tokens as the server counts it.
+
+    Without ``chat`` the text is counted as a completions prompt; with ``chat`` as the user
+    message of a chat request, so that the templated prompt has exactly ``n_tokens`` tokens.
+    Draws ids from ``counter.candidate_ids()``, decodes, re-counts and trims or extends the id
     list by the difference until the count is exact (restarting with fresh draws if it cycles).
     Raises:
-        ValueError: ``n_tokens`` is below the tokenizer's fixed overhead (e.g. 0 with a BOS), or
-            no exact text was found.
+        ValueError: ``n_tokens`` is below the fixed overhead (a BOS, or the chat template's own
+            tokens plus one), or no exact text was found.
     """
     pool = counter.candidate_ids()
     if len(pool) == 0:
         raise ValueError("the tokenizer has no non-special vocabulary to draw from")
-    overhead = len(counter.encode(""))
-    if n_tokens < max(overhead, 1):
-        raise ValueError(f"input length {n_tokens} is below the tokenizer's minimum of {max(overhead, 1)}")
+    encode = prompt_encoder(counter, chat)
+    overhead = len(encode(""))
+    minimum = overhead + 1 if chat else max(overhead, 1)
+    if n_tokens < minimum:
+        what = "the chat template's" if chat else "the tokenizer's"
+        raise ValueError(f"input length {n_tokens} is below {what} minimum of {minimum}")
     for _attempt in range(5):
         ids = [int(i) for i in rng.choice(pool, size=n_tokens - overhead)]
         for _ in range(MAX_ADJUST_ROUNDS):
             text = counter.decode(ids)
-            count = len(counter.encode(text))
+            count = len(encode(text))
             if count == n_tokens:
                 return text
             diff = n_tokens - count
@@ -66,14 +80,15 @@ def exact_length_prompt(counter: TokenCounter, rng: np.random.Generator, n_token
 
 
 def random_requests(
-    counter: TokenCounter, num_prompts: int, input_len: int, output_len: int, seed: int
+    counter: TokenCounter, num_prompts: int, input_len: int, output_len: int, seed: int, chat: bool = False
 ) -> list[SampleRequest]:
-    """``num_prompts`` random prompts of exactly ``input_len`` tokens, each asking ``output_len`` tokens."""
+    """``num_prompts`` random prompts of exactly ``input_len`` tokens as the server counts them
+    (templated for ``chat``), each asking ``output_len`` tokens."""
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --output-len must be >= 1")
     rng = np.random.default_rng(seed)
     return [
-        SampleRequest(exact_length_prompt(counter, rng, input_len), input_len, output_len)
+        SampleRequest(exact_length_prompt(counter, rng, input_len, chat), input_len, output_len)
         for _ in range(num_prompts)
     ]
 
@@ -114,18 +129,22 @@ def sharegpt_requests(
     output_len: int,
     seed: int,
     max_model_len: int | None = None,
+    chat: bool = False,
 ) -> list[SampleRequest]:
     """``num_prompts`` ShareGPT first turns (shuffled by ``seed``), each asking ``output_len`` tokens.
+
+    A prompt's length is counted as the server will see it (templated for ``chat``).
 
     Raises:
         ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
     """
     prompts = load_sharegpt_prompts(path)
+    encode = prompt_encoder(counter, chat)
     order = np.random.default_rng(seed).permutation(len(prompts))
     out: list[SampleRequest] = []
     for idx in order:
         text = prompts[int(idx)]
-        n = len(counter.encode(text))
+        n = len(encode(text))
         if n < 4 or (max_model_len is not None and n + output_len > max_model_len):
             continue
         out.append(SampleRequest(text, n, output_len))

@@ -3,6 +3,11 @@
 The command runs in its own process group (``start_new_session``) with its output in a log file;
 stopping sends SIGTERM to the whole group, then SIGKILL after a grace period, so no child
 (e.g. an engine process) is left behind.
+
+It never measures the wrong server: the port of ``--base-url`` must be free before the start
+(else one line at once: something already listens there), a ``--port`` in the command must
+match ``--base-url`` (:func:`check_launch_port`), and when ``/health`` names its process
+(Surge's ``X-Surge-Pid`` header) that process must belong to the started process group.
 """
 
 from __future__ import annotations
@@ -11,12 +16,64 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import IO
+
+PID_HEADER = "X-Surge-Pid"
+
+
+def url_host_port(base_url: str) -> tuple[str, int]:
+    """Host and port of ``base_url`` (port 80/443 by scheme when it names none).
+
+    Raises:
+        ValueError: not an http(s) URL.
+    """
+    u = urllib.parse.urlsplit(base_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"--base-url must be an http(s) URL, got {base_url!r}")
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
+
+
+def command_port(argv: list[str]) -> int | None:
+    """The value of ``--port N`` / ``--port=N`` in a command line, or None."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--port" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--port="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def check_launch_port(command: str, base_url: str) -> None:
+    """Raise ValueError when the ``--launch`` command's ``--port`` differs from ``--base-url``'s."""
+    _, port = url_host_port(base_url)
+    launch_port = command_port(shlex.split(command))
+    if launch_port is not None and launch_port != port:
+        raise ValueError(
+            f"--launch starts the server on port {launch_port} but --base-url {base_url} uses port {port}; "
+            "make them the same"
+        )
+
+
+def port_in_use(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 class ServerLauncher:
@@ -46,10 +103,24 @@ class ServerLauncher:
 
     def healthy(self) -> bool:
         """True when ``/health`` answers 200 right now."""
+        return self._health()[0]
+
+    def _health(self) -> tuple[bool, int | None]:
+        """(``/health`` answered 200, the pid it names in ``X-Surge-Pid`` or None)."""
         try:
             with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as resp:
-                return bool(resp.status == 200)
+                pid = resp.headers.get(PID_HEADER)
+                return resp.status == 200, int(pid) if pid and pid.isdigit() else None
         except (OSError, ValueError):
+            return False, None
+
+    def _is_ours(self, pid: int) -> bool:
+        """True when ``pid`` is in the process group of the started command."""
+        if self.proc is None:
+            return False
+        try:
+            return os.getpgid(pid) == self.proc.pid
+        except (ProcessLookupError, PermissionError):
             return False
 
     def start(self) -> None:
@@ -60,6 +131,14 @@ class ServerLauncher:
                 (it is then stopped); the message points at the log file.
         """
         self.stop()
+        host, port = url_host_port(self.base_url)
+        if port_in_use(host, port):
+            raise ValueError(
+                f"port {port} on {host} is already in use (another server?): stop it, or give --launch "
+                "and --base-url a free port"
+            )
+        print(f"[launch] starting: {shlex.join(self.argv)}", flush=True)
+        print(f"[launch] server log: {self.log_path}; waiting for {self.base_url}/health", flush=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the process's lifetime)
         try:
             self.proc = subprocess.Popen(
@@ -78,7 +157,17 @@ class ServerLauncher:
                 code = self.proc.returncode
                 self.stop()
                 raise ValueError(f"server exited with code {code} during start-up; see {self.log_path}")
-            if self.healthy():
+            ok, pid = self._health()
+            if ok:
+                if pid is not None and not self._is_ours(pid):
+                    self.stop()
+                    raise ValueError(
+                        f"the server answering {self.base_url}/health (pid {pid}) is not the one --launch "
+                        "started; is another server on that port?"
+                    )
+                print(
+                    f"[launch] server healthy after {self.health_timeout_s - (deadline - time.monotonic()):.0f} s"
+                )
                 return
             time.sleep(0.5)
         self.stop()

@@ -1,9 +1,25 @@
 """``surge bench matrix``: a grid of burst points run one after another, with artifacts.
 
 Each point (C, I, O) is a ``bench serve`` run with ``num_prompts = max_concurrency = C``,
-``request_rate = inf``, ``--ignore-eos``, exact-length validation and the matrix seed. Written to
-``--output-dir``: ``C{C}_I{I}_O{O}.json`` per point, ``summary.json``, ``summary.md``,
-``throughput.png`` and ``latency.png`` (and ``server.log`` with ``--launch``).
+``request_rate = inf``, ``--ignore-eos`` and exact-length validation.
+
+Fresh prompts: each run of a point draws its prompts (and its warm-up prompt) from its own seed,
+derived from (``--seed``, C, I, O, repeat) by :func:`point_seed`, so no two points or repeats
+share a prompt; and before each run the matrix calls the server's ``POST /reset_prefix_cache``
+when it has one (Surge; vLLM with ``VLLM_SERVER_DEV_MODE=1``), so no run finds the prompts of an
+earlier run (or an earlier matrix on the same server) in the prefix cache. ``--keep-prefix-cache``
+skips the reset.
+
+Repeats: ``--repeats R`` runs each point R times (fresh prompts each time); the summary row holds
+the mean over the runs and the spread (population std, min, max) of the main metrics, and the
+per-run values under ``runs`` (``surge bench compare`` uses them as the noise of the point).
+
+Written to ``--output-dir``: per run ``C{C}_I{I}_O{O}.json`` (``..._r{k}.json`` with repeats; the
+aggregates) and ``*.requests.json.gz`` (the per-request lists, see :mod:`surge.bench.results`),
+``summary.json``, ``summary.md``, ``throughput.png`` and ``latency.png`` (and ``server.log`` with
+``--launch``). The summary is rewritten after every point; ``--resume`` keeps the successful
+points of an earlier run into the same folder and runs only the others, and ``--stop-after S``
+starts no new point after S seconds, so a long matrix can be split over several calls.
 With ``--launch CMD`` the server is started here, restarted when it dies (that point fails, the
 matrix goes on) and stopped at the end.
 """
@@ -12,13 +28,19 @@ from __future__ import annotations
 
 import json
 import math
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from surge.bench.launcher import ServerLauncher
 from surge.bench.report import plot_matrix, summary_markdown
+from surge.bench.results import write_result
 from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
 from surge.bench.tokens import TokenCounter
 
@@ -62,15 +84,57 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     return vals
 
 
+def point_seed(seed: int, pt: MatrixPoint, repeat: int = 0) -> int:
+    """The prompt seed of one run of a point: a hash of (seed, C, I, O, repeat) by numpy's
+    ``SeedSequence`` (well mixed; equal inputs give equal seeds on every machine).
+
+    Raises:
+        ValueError: a negative ``seed``.
+    """
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    ss = np.random.SeedSequence([seed, pt.concurrency, pt.input_len, pt.output_len, repeat])
+    return int(ss.generate_state(1, dtype=np.uint32)[0])
+
+
+def reset_prefix_cache(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> bool | None:
+    """``POST {base_url}/reset_prefix_cache``: True when the server reset its prefix cache,
+    False when it answered but refused (vLLM's ``{"success": false}``, or an error status),
+    None when it has no such endpoint (404 or 405) or cannot be reached."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(f"{base_url.rstrip('/')}/reset_prefix_cache", data=b"", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        return None if e.code in (404, 405) else False
+    except (OSError, ValueError):
+        return None
+    try:
+        ans = json.loads(body) if body.strip() else None
+    except json.JSONDecodeError:
+        ans = None
+    return not (isinstance(ans, dict) and ans.get("success") is False)
+
+
 @dataclass(frozen=True)
 class MatrixConfig:
-    """A matrix run: the points, the per-point settings, where to write, and how to launch the server."""
+    """A matrix run: the points, the per-point settings, where to write, and how to launch the server.
+
+    ``repeats`` runs per point; ``reset_prefix_cache`` before each run; ``resume`` keeps the
+    successful points already in ``output_dir``; ``stop_after_s`` starts no new point after
+    that many seconds (None: no limit).
+    """
 
     points: tuple[MatrixPoint, ...]
     serve: ServeConfig
     output_dir: Path
     launch: str | None = None
     server_timeout_s: float = 600.0
+    repeats: int = 1
+    reset_prefix_cache: bool = True
+    resume: bool = False
+    stop_after_s: float | None = None  # the first point always runs, so every call makes progress
 
 
 _SUMMARY_KEYS = (
@@ -95,12 +159,29 @@ _SUMMARY_KEYS = (
     "roofline_output_throughput",
     "pct_of_roofline",
 )
+_SUMMED_KEYS = ("completed", "failed")
+SPREAD_KEYS = (
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "mean_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+)
+"""Metrics whose spread over repeats the summary reports (``{key}_std``, ``_min``, ``_max``)."""
 
 
 def point_entry(
-    pt: MatrixPoint, result: dict[str, Any] | None, error: str | None, file: str
+    pt: MatrixPoint,
+    result: dict[str, Any] | None,
+    error: str | None,
+    file: str,
 ) -> dict[str, Any]:
-    """The ``summary.json`` row of a point; ``success`` means no error and every request valid."""
+    """The ``summary.json`` row of one run of a point; ``success`` means no error and every
+    request valid."""
     entry: dict[str, Any] = {
         "concurrency": pt.concurrency,
         "input_len": pt.input_len,
@@ -118,17 +199,64 @@ def point_entry(
     return entry
 
 
+def combine_runs(pt: MatrixPoint, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary row of a point run ``len(runs)`` times (rows of :func:`point_entry`).
+
+    Metrics are the mean over the successful runs (``completed``/``failed`` are sums); the
+    point succeeds when every run did. With more than one run, ``runs`` keeps each run's
+    main metrics and ``{key}_std`` (population std), ``{key}_min``, ``{key}_max`` give the
+    spread of :data:`SPREAD_KEYS`.
+    """
+    if len(runs) == 1:
+        return {**runs[0], "repeats": 1}
+    ok = [r for r in runs if r["success"]]
+    row: dict[str, Any] = {
+        "concurrency": pt.concurrency,
+        "input_len": pt.input_len,
+        "output_len": pt.output_len,
+        "num_prompts": pt.concurrency * len(runs),
+        "repeats": len(runs),
+        "repeats_ok": len(ok),
+        "result_file": runs[0]["result_file"],
+        "result_files": [r["result_file"] for r in runs],
+    }
+    for k in _SUMMARY_KEYS:
+        if k in _SUMMED_KEYS:
+            row[k] = sum(int(r[k] or 0) for r in runs)
+            continue
+        vals = [float(r[k]) for r in ok if isinstance(r.get(k), int | float)]
+        row[k] = float(np.mean(vals)) if vals else None
+    for k in SPREAD_KEYS:
+        vals = [float(r[k]) for r in ok if isinstance(r.get(k), int | float)]
+        row[f"{k}_std"] = float(np.std(vals)) if vals else None
+        row[f"{k}_min"] = min(vals) if vals else None
+        row[f"{k}_max"] = max(vals) if vals else None
+    row["runs"] = [
+        {"success": r["success"], "result_file": r["result_file"], **{k: r.get(k) for k in SPREAD_KEYS}}
+        for r in runs
+    ]
+    errors = [f"run {i + 1}: {r['error']}" for i, r in enumerate(runs) if r.get("error")]
+    row["error"] = "; ".join(errors) if errors else None
+    row["success"] = len(ok) == len(runs)
+    return row
+
+
 def _run_point(
     mcfg: MatrixConfig,
     pt: MatrixPoint,
+    repeat: int,
     launcher: ServerLauncher | None,
     counter: TokenCounter | None,
     command: str,
 ) -> tuple[dict[str, Any] | None, str | None, TokenCounter | None]:
-    """Run one point; returns (result or None, error or None, the token counter to reuse)."""
+    """Run one point once; returns (result or None, error or None, the token counter to reuse)."""
     result: dict[str, Any] | None = None
     error: str | None = None
     try:
+        seed = point_seed(mcfg.serve.seed, pt, repeat)
+        reset: bool | None = None
+        if mcfg.reset_prefix_cache:
+            reset = reset_prefix_cache(mcfg.serve.base_url, mcfg.serve.api_key)
         cfg = replace(
             mcfg.serve,
             input_len=pt.input_len,
@@ -136,7 +264,14 @@ def _run_point(
             num_prompts=pt.concurrency,
             max_concurrency=pt.concurrency,
             request_rate=math.inf,
-            extra={"concurrency": pt.concurrency, "matrix_point": pt.stem},
+            seed=seed,
+            extra={
+                "concurrency": pt.concurrency,
+                "matrix_point": pt.stem,
+                "matrix_seed": mcfg.serve.seed,
+                "repeat": repeat,
+                "prefix_cache_reset": reset,
+            },
         )
         if counter is None:
             counter = make_counter(cfg)
@@ -161,6 +296,9 @@ def _write_summary(
         "model": info["model"],
         "launch": mcfg.launch,
         "server_restarts": info["restarts"],
+        "seed": mcfg.serve.seed,
+        "repeats": mcfg.repeats,
+        "prefix_cache_reset": mcfg.reset_prefix_cache,
         "hardware": None
         if hw is None
         else {"name": hw.name, "hbm_bandwidth": hw.hbm_bandwidth, "peak_flops": hw.peak_flops},
@@ -176,6 +314,32 @@ def _write_summary(
     return summary
 
 
+def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """Successful rows of an earlier run in ``output_dir`` whose result files still exist
+    (and that ran as many repeats as asked now), by (C, I, O)."""
+    path = mcfg.output_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    rows: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for r in old.get("points", []) if isinstance(old, dict) else []:
+        try:
+            key = (int(r["concurrency"]), int(r["input_len"]), int(r["output_len"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        files = r.get("result_files") or [r.get("result_file")]
+        if (
+            r.get("success")
+            and int(r.get("repeats", 1)) == mcfg.repeats
+            and all(isinstance(f, str) and (mcfg.output_dir / f).is_file() for f in files)
+        ):
+            rows[key] = r
+    return rows
+
+
 def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     """Run every point, write the artifacts, return the summary dict (``points`` holds the rows).
 
@@ -185,59 +349,101 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
             be reached, or the first server start fails.
     """
     out = mcfg.output_dir
-    if not mcfg.launch:
-        fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
+    if mcfg.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {mcfg.repeats}")
+    if mcfg.points:
+        point_seed(mcfg.serve.seed, mcfg.points[0])  # a bad seed fails here, before any server start
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--output-dir {out}: {e}") from None
+    previous = _previous_rows(mcfg) if mcfg.resume else {}
+    todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
+    if previous:
+        print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
+    if not mcfg.launch and todo:
+        fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
     launcher = (
         ServerLauncher(mcfg.launch, mcfg.serve.base_url, mcfg.server_timeout_s, out / "server.log")
-        if mcfg.launch
+        if mcfg.launch and todo
         else None
     )
-    rows: list[dict[str, Any]] = []
+    new_rows: dict[tuple[int, int, int], dict[str, Any]] = {}
     info: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "model": mcfg.serve.model,
         "restarts": 0,
     }
+
+    def ordered_rows() -> list[dict[str, Any]]:
+        rows = []
+        for pt in mcfg.points:
+            key = (pt.concurrency, pt.input_len, pt.output_len)
+            row = new_rows.get(key) or previous.get(key)
+            if row is not None:
+                rows.append(row)
+        return rows
+
     counter: TokenCounter | None = None
     summary: dict[str, Any] = {}
-    total = len(mcfg.points)
+    total = len(todo)
+    t_start = time.monotonic()
+    no_reset_said = False
     try:
         if launcher is not None:
             launcher.start()
-        for n, pt in enumerate(mcfg.points, 1):
-            print(f"[matrix {n}/{total}] {pt.stem}", flush=True)
-            restart_error: str | None = None
-            try:
-                if launcher is not None and launcher.ensure_running():
-                    info["restarts"] += 1
-            except ValueError as e:
-                restart_error = str(e)
-            if restart_error is None:
-                result, error, counter = _run_point(mcfg, pt, launcher, counter, command)
-            else:
-                result, error = None, restart_error
-            if result is not None:
-                info["model"] = info["model"] or result.get("model_id")
-            file = f"{pt.stem}.json"
-            payload: dict[str, Any] = (
-                {"error": error, "matrix_point": pt.stem} if result is None else dict(result)
-            )
-            if result is not None and error is not None:
-                payload["error"] = error
-            (out / file).write_text(json.dumps(payload, indent=2))
-            row = point_entry(pt, result, error, file)
-            rows.append(row)
-            summary = _write_summary(mcfg, rows, info, command)
+        for n, pt in enumerate(todo, 1):
+            if n > 1 and mcfg.stop_after_s is not None and time.monotonic() - t_start > mcfg.stop_after_s:
+                print(f"[matrix] --stop-after {mcfg.stop_after_s:g} s reached: {total - n + 1} point(s) left")
+                break
+            runs: list[dict[str, Any]] = []
+            for rep in range(mcfg.repeats):
+                tag = f" run {rep + 1}/{mcfg.repeats}" if mcfg.repeats > 1 else ""
+                print(f"[matrix {n}/{total}] {pt.stem}{tag}", flush=True)
+                restart_error: str | None = None
+                try:
+                    if launcher is not None and launcher.ensure_running():
+                        info["restarts"] += 1
+                except ValueError as e:
+                    restart_error = str(e)
+                if restart_error is None:
+                    result, error, counter = _run_point(mcfg, pt, rep, launcher, counter, command)
+                else:
+                    result, error = None, restart_error
+                if result is not None:
+                    info["model"] = info["model"] or result.get("model_id")
+                    reset = result.get("prefix_cache_reset")
+                    if mcfg.reset_prefix_cache and reset is None and not no_reset_said:
+                        no_reset_said = True
+                        print(
+                            "[matrix] the server has no /reset_prefix_cache: prompts are fresh, cache not reset"
+                        )
+                    elif mcfg.reset_prefix_cache and reset is False:
+                        print("[matrix] warning: the server refused /reset_prefix_cache before this run")
+                stem = pt.stem + (f"_r{rep + 1}" if mcfg.repeats > 1 else "")
+                payload: dict[str, Any] = (
+                    {"error": error, "matrix_point": pt.stem} if result is None else dict(result)
+                )
+                if result is not None and error is not None:
+                    payload["error"] = error
+                file = write_result(out, stem, payload)
+                runs.append(point_entry(pt, result, error, file))
+            row = combine_runs(pt, runs)
+            new_rows[(pt.concurrency, pt.input_len, pt.output_len)] = row
+            summary = _write_summary(mcfg, ordered_rows(), info, command)
             thr = row["output_throughput"]
             status = "ok" if row["success"] else f"FAILED: {row['error']}"
-            print(f"[matrix {n}/{total}] {pt.stem}: {status}" + (f", {thr:,.1f} output tok/s" if thr else ""))
+            spread = ""
+            if mcfg.repeats > 1 and thr and row.get("output_throughput_std") is not None:
+                spread = f" ± {row['output_throughput_std']:,.1f}"
+            print(
+                f"[matrix {n}/{total}] {pt.stem}: {status}"
+                + (f", {thr:,.1f}{spread} output tok/s" if thr else "")
+            )
     finally:
         if launcher is not None:
             launcher.stop()
+    rows = ordered_rows()
     if not summary:
         summary = _write_summary(mcfg, rows, info, command)
     if rows:

@@ -46,6 +46,7 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0  # E2EL
     start_time: float = 0.0
+    queue_time: float = 0.0  # seconds waited on the client's concurrency semaphore (vLLM client_queue_time)
     generated_text: str = ""
     error: str = ""
 

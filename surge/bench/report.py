@@ -38,6 +38,8 @@ def format_result_table(result: dict[str, Any]) -> str:
         row("Request goodput (req/s):", float(result["request_goodput"]))
     row("Output token throughput (tok/s):", float(result["output_throughput"]))
     row("Peak output token throughput (tok/s):", float(result["max_output_tokens_per_s"]))
+    if result.get("max_concurrent_requests") is not None:
+        row("Peak concurrent requests:", float(result["max_concurrent_requests"]))
     row("Total Token throughput (tok/s):", float(result["total_token_throughput"]))
     if result.get("roofline_output_throughput") is not None:
         row("Roofline output throughput (tok/s):", float(result["roofline_output_throughput"]))
@@ -71,16 +73,20 @@ SUMMARY_COLUMNS = (
 
 
 def summary_markdown(points: Sequence[dict[str, Any]], header: str = "") -> str:
-    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`)."""
+    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`). With repeats the
+    metrics are means over the runs and the output throughput shows ``± std``."""
     lines = [header, ""] if header else []
     lines += [SUMMARY_COLUMNS, "|" + "---:|" * 13]
     for p in points:
         ok = f"{p.get('completed', 0)}/{p['num_prompts']}"
         if p.get("error"):
             ok += " (error)"
+        thr = _fmt(p.get("output_throughput"), ",.1f")
+        if p.get("repeats", 1) > 1 and p.get("output_throughput_std") is not None:
+            thr += f" ± {p['output_throughput_std']:,.1f}"
         lines.append(
             f"| {p['concurrency']} | {p['input_len']} | {p['output_len']} | {ok} "
-            f"| {_fmt(p.get('output_throughput'), ',.1f')} | {_fmt(p.get('total_token_throughput'), ',.1f')} "
+            f"| {thr} | {_fmt(p.get('total_token_throughput'), ',.1f')} "
             f"| {_fmt(p.get('mean_ttft_ms'))} | {_fmt(p.get('p99_ttft_ms'))} | {_fmt(p.get('mean_tpot_ms'))} "
             f"| {_fmt(p.get('mean_itl_ms'))} | {_fmt(p.get('p99_itl_ms'))} "
             f"| {_fmt(p.get('roofline_output_throughput'), ',.1f')} | {_fmt(p.get('pct_of_roofline'), '.1f')} |"

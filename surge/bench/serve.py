@@ -9,9 +9,13 @@ starts; ``duration`` ends when the last request ends. Results are validated (exa
 asked), aggregated by :mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
 
 Prompt length reported per request (``input_lens``, ``total_input_tokens``): the server's
-``usage.prompt_tokens`` when it sends usage, else the dataset's count. For the chat endpoint this
-includes the chat template's tokens (the random prompt itself has exactly ``--input-len`` tokens as a
-completions prompt, the user message of vLLM's random dataset).
+``usage.prompt_tokens`` when it sends usage, else the dataset's count. On the chat endpoint random
+prompts are built so that the *templated* prompt has exactly ``--input-len`` tokens (the template's
+role headers count), so ``usage.prompt_tokens == --input-len`` on both endpoints.
+
+Per-request lists in the result use vLLM's names: ``input_lens``, ``output_lens``, ``ttfts``,
+``itls``, ``latencies`` (E2EL), ``start_times``, ``queue_times`` (time waited on the concurrency
+semaphore), ``errors``; ``generated_texts`` with ``save_detailed``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ class ServeConfig:
     model_config: str | None = None  # config.json or folder for the roofline; default: a known local folder
     disable_tqdm: bool = False
     request_timeout_s: float = 6 * 3600.0
+    temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
+    extra_body: dict[str, Any] | None = None  # merged into every request body (e.g. {"top_k": 1})
+    label: str | None = None  # result label; default the backend name (vLLM's --label)
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
 
     def validate(self) -> None:
@@ -89,6 +96,8 @@ class ServeConfig:
             raise ValueError("--burstiness must be > 0")
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        if self.temperature is not None and not self.temperature >= 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
 
 
 def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
@@ -127,6 +136,23 @@ async def _arrivals(
             await asyncio.sleep(float(rng.gamma(shape=burstiness, scale=theta)))
 
 
+def make_session(max_concurrency: int | None, timeout_s: float) -> aiohttp.ClientSession:
+    """The HTTP session of a run, with vLLM ``bench serve``'s settings: environment proxies
+    honoured (``trust_env``), keep-alive connections reused, and at most ``max_concurrency``
+    connections (in all and per host; unlimited without a concurrency limit)."""
+    limit = max_concurrency or 0
+    connector = aiohttp.TCPConnector(
+        limit=limit,
+        limit_per_host=limit,
+        ttl_dns_cache=300,
+        use_dns_cache=True,
+        keepalive_timeout=60,
+        force_close=False,
+    )
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=True)
+
+
 async def run_requests(
     inputs: Sequence[RequestInput],
     warmups: Sequence[RequestInput],
@@ -139,22 +165,23 @@ async def run_requests(
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
     """Send warm-ups (untimed, one after another), then the timed requests.
 
+    Each timed request's ``queue_time`` is the time from its release to the moment the
+    concurrency semaphore let it start (vLLM's ``client_queue_time``).
     Returns:
         (timed results in input order, duration in seconds, warm-up results).
     """
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=False) as session:
+    async with make_session(max_concurrency, timeout_s) as session:
         warm = [await send_request(session, w) for w in warmups]
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         pbar = tqdm(total=len(inputs), disable=disable_tqdm, desc="requests")
 
-        async def limited(req: RequestInput) -> RequestResult:
+        async def limited(req: RequestInput, released: float) -> RequestResult:
             if sem is None:
                 res = await send_request(session, req)
             else:
                 async with sem:
                     res = await send_request(session, req)
+            res.queue_time = max(res.start_time - released, 0.0)
             pbar.update(1)
             return res
 
@@ -162,7 +189,7 @@ async def run_requests(
         t0 = time.perf_counter()
         tasks: list[asyncio.Task[RequestResult]] = []
         async for req in _arrivals(inputs, request_rate, burstiness, rng):
-            tasks.append(asyncio.create_task(limited(req)))
+            tasks.append(asyncio.create_task(limited(req, time.perf_counter())))
         results = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
         pbar.close()
@@ -238,24 +265,20 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
     return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
 
 
-CHAT_TEMPLATE_MARGIN = 32
-"""Tokens kept free for a chat template when filtering ShareGPT prompts by length."""
-
-
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
     """The timed prompts of ``cfg`` (random or ShareGPT).
 
-    ShareGPT prompts are kept only when prompt + output fit ``max_model_len``; on the chat
-    endpoint the template's own tokens (role headers, ~10-20 for common templates) are not in
-    the raw count, so ``CHAT_TEMPLATE_MARGIN`` tokens are kept free for them.
+    Lengths are counted as the server sees the prompt: on the chat endpoint the templated
+    prompt (random prompts have exactly ``input_len`` tokens including the template's), and
+    ShareGPT prompts are kept only when that count plus the output fits ``max_model_len``.
     """
+    chat = cfg.endpoint == CHAT_ENDPOINT
     if cfg.dataset == "sharegpt":
         assert cfg.dataset_path is not None
-        limit = max_model_len
-        if limit is not None and cfg.endpoint == "/v1/chat/completions":
-            limit -= CHAT_TEMPLATE_MARGIN
-        return sharegpt_requests(counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, limit)
-    return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed)
+        return sharegpt_requests(
+            counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, max_model_len, chat
+        )
+    return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed, chat)
 
 
 def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None = None) -> dict[str, Any]:
@@ -284,14 +307,22 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if max_model_len and cfg.dataset == "random" and cfg.input_len + cfg.output_len > int(max_model_len):
         raise ValueError(
             f"--input-len {cfg.input_len} + --output-len {cfg.output_len} exceeds the server's "
-            f"max_model_len {max_model_len} (and a chat template adds a few tokens more)"
+            f"max_model_len {max_model_len}"
         )
     samples = build_samples(cfg, counter, int(max_model_len) if max_model_len else None)
     api_url = base + cfg.endpoint
 
     def to_input(s: SampleRequest) -> RequestInput:
         return RequestInput(
-            api_url, model, s.prompt, s.prompt_len, s.expected_output_len, cfg.ignore_eos, cfg.api_key
+            api_url,
+            model,
+            s.prompt,
+            s.prompt_len,
+            s.expected_output_len,
+            cfg.ignore_eos,
+            cfg.api_key,
+            cfg.temperature,
+            cfg.extra_body,
         )
 
     warm_len = cfg.input_len if cfg.dataset == "random" else 32
@@ -302,6 +333,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             warm_len,
             min(cfg.output_len, WARMUP_MAX_OUTPUT),
             cfg.seed + WARMUP_SEED_OFFSET,
+            cfg.endpoint == CHAT_ENDPOINT,
         )
         if cfg.warmup
         else []
@@ -326,10 +358,13 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     validate_results(results, counter, cfg.exact_length)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
+    backend = "openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai"
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": command,
-        "backend": "openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai",
+        "backend": backend,
+        "endpoint_type": backend,
+        "label": cfg.label or backend,
         "base_url": base,
         "endpoint": cfg.endpoint,
         "model_id": model,
@@ -345,6 +380,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "seed": cfg.seed,
         "ignore_eos": cfg.ignore_eos,
         "exact_length": cfg.exact_length,
+        "temperature": cfg.temperature,
+        "extra_body": cfg.extra_body,
         "warmup": cfg.warmup,
         "goodput_slo_ms": dict(cfg.goodput) or None,
         **cfg.extra,
@@ -355,9 +392,10 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     result["output_lens"] = m.output_lens
     result["ttfts"] = [r.ttft for r in results]
     result["itls"] = [r.itl for r in results]
+    result["latencies"] = [r.latency for r in results]
+    result["start_times"] = [r.start_time for r in results]
+    result["queue_times"] = [r.queue_time for r in results]
     result["errors"] = [r.error for r in results]
     if cfg.save_detailed:
-        result["e2els"] = [r.latency for r in results]
-        result["start_times"] = [r.start_time for r in results]
         result["generated_texts"] = [r.generated_text for r in results]
     return result

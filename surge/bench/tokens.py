@@ -30,6 +30,11 @@ class TokenCounter(Protocol):
         """Token ids of ``text`` as a completions prompt (special tokens included)."""
         ...
 
+    def encode_chat(self, text: str) -> list[int]:
+        """Token ids of a chat request with ``text`` as its single user message, as the server
+        renders it (chat template and generation prompt included)."""
+        ...
+
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` (special tokens skipped)."""
         ...
@@ -58,7 +63,8 @@ def _vocab_pool(tok: Any) -> np.ndarray:
 
 
 class HFTokenCounter:
-    """A local ``transformers.AutoTokenizer`` (loaded offline from a folder).
+    """A local ``transformers.AutoTokenizer`` (loaded offline from a folder). Chat prompts are
+    rendered with Surge's own template code (:func:`surge.tokenizer.apply_chat_template`).
 
     Raises:
         ValueError: the folder has no loadable tokenizer.
@@ -77,6 +83,11 @@ class HFTokenCounter:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=True)["input_ids"])
+
+    def encode_chat(self, text: str) -> list[int]:
+        from surge.tokenizer import apply_chat_template
+
+        return apply_chat_template(self.tok, [{"role": "user", "content": text}], add_generation_prompt=True)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
@@ -110,7 +121,8 @@ def get_json(url: str, api_key: str | None = None, timeout: float = 30.0) -> Any
 
 
 class ServerTokenCounter:
-    """Counts with the server's ``/tokenize`` and ``/detokenize`` (exactly the server's view).
+    """Counts with the server's ``/tokenize`` and ``/detokenize`` (exactly the server's view);
+    chat prompts with ``/tokenize`` of ``messages`` (vLLM and Surge render them as chat does).
 
     ``pool`` is the vocabulary to draw from: a local tokenizer's when one is known, otherwise the
     distinct ids the server gives for a fixed pseudo-random ASCII text (documented fallback).
@@ -128,6 +140,15 @@ class ServerTokenCounter:
         ans = post_json(f"{self.base_url}/tokenize", {"model": self.model, "prompt": text}, self.api_key)
         if ans.get("max_model_len") is not None:
             self.max_model_len = int(ans["max_model_len"])
+        return [int(t) for t in ans["tokens"]]
+
+    def encode_chat(self, text: str) -> list[int]:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": text}],
+            "add_generation_prompt": True,
+        }
+        ans = post_json(f"{self.base_url}/tokenize", body, self.api_key)
         return [int(t) for t in ans["tokens"]]
 
     def decode(self, ids: list[int]) -> str:

@@ -10,6 +10,11 @@ next behaviour of ``script`` (then ``default``):
 - ``stream_error``: a 200 stream that sends two tokens, then ``data: {"error": {...}}``;
 - ``no_usage``: like ok but without the usage chunk.
 
+Chat streams can also start with a role-only chunk ``{"role": "assistant", "content": ""}`` sent at
+once (``role_chunk``) and end with a separate ``delta: {}`` finish chunk ``itl`` s after the last
+token (``finish_chunk``), as some servers do. ``reset_route`` adds ``POST /reset_prefix_cache``
+(counted in ``resets``).
+
 Every SSE event is written in two pieces split mid-line, to exercise the client's parser. Runs in a
 thread (:class:`FakeServer`) or as a script (``python fake_server.py --port P [--die-after N]``).
 """
@@ -61,6 +66,10 @@ class Behaviour:
     script: list[str] = field(default_factory=list)
     default: str = "ok"
     die_after: int | None = None  # exit the process after this many completion requests
+    role_chunk: bool = False
+    finish_chunk: bool = False
+    reset_route: bool = False
+    resets: int = 0
     seen: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
 
@@ -81,7 +90,10 @@ def make_app(b: Behaviour) -> web.Application:
 
     async def tokenize(req: web.Request) -> web.Response:
         body = await req.json()
-        toks = encode(body["prompt"])
+        if "messages" in body:  # the fake chat template: the user text, then CHAT_OVERHEAD tokens
+            toks = encode(body["messages"][0]["content"]) + [2] * CHAT_OVERHEAD
+        else:
+            toks = encode(body["prompt"])
         return web.json_response({"tokens": toks, "count": len(toks), "max_model_len": 4096})
 
     async def detokenize(req: web.Request) -> web.Response:
@@ -119,12 +131,18 @@ def make_app(b: Behaviour) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
         obj = "chat.completion.chunk" if chat else "text_completion"
+        if chat and b.role_chunk:
+            choice0 = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            await send(
+                resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [choice0]}
+            )
         await asyncio.sleep(b.ttft)
         sent = 0
         while sent < n:
             k = min(b.tokens_per_chunk, n - sent)
             text = "".join(f" w{100 + (sent + j) % 50}" for j in range(k))
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if sent + k == n else None}
+            last = sent + k == n and not (chat and b.finish_chunk)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
             if chat:
                 choice["delta"] = {"content": text}
             else:
@@ -141,6 +159,12 @@ def make_app(b: Behaviour) -> web.Application:
                 return resp
             if sent < n:
                 await asyncio.sleep(b.itl)
+        if chat and b.finish_chunk:
+            await asyncio.sleep(b.itl)
+            fin = {"index": 0, "delta": {}, "finish_reason": "length"}
+            await send(
+                resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [fin]}
+            )
         if mode != "no_usage":
             p = len(encode(prompt)) + (CHAT_OVERHEAD if chat else 0)
             usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
@@ -159,7 +183,13 @@ def make_app(b: Behaviour) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def reset(_: web.Request) -> web.Response:
+        b.resets += 1
+        return web.json_response({"success": True})
+
     app = web.Application()
+    if b.reset_route:
+        app.router.add_post("/reset_prefix_cache", reset)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_post("/tokenize", tokenize)

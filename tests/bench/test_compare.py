@@ -125,3 +125,68 @@ def test_runs_with_no_common_point_are_an_error(tmp_path: Path, capsys: pytest.C
     assert bench_main(["bench", "compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert "nothing to compare" in err and err.count("\n") == 1
+
+
+def test_committed_h200_results_still_load(capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed matrices (per-request lists gzipped) load point by point and compare."""
+    from conftest import REPO
+
+    from surge.bench.results import load_result
+
+    root = REPO / "benchmarks" / "results" / "h200-qwen3-8b"
+    r = load_result(root / "stream-interval-1" / "C4_I256_O1024.json")
+    assert (
+        len(r["itls"]) == 4
+        and all(900 < len(x) <= 1023 for x in r["itls"])
+        and r["output_lens"] == [1024] * 4
+    )
+    rc = bench_main(["bench", "compare", str(root / "stream-interval-1"), str(root / "stream-interval-16")])
+    assert rc == 0 and "points valid in both" in capsys.readouterr().out
+
+
+def _rep(c: int, thr: list[float]) -> dict[str, Any]:
+    runs = [{"success": True, "output_throughput": t} for t in thr]
+    return {**_pt(c, 32, 256, sum(thr) / len(thr)), "repeats": len(thr), "runs": runs}
+
+
+def test_ties_inside_the_noise_and_bootstrap_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _write(tmp_path / "b", [_rep(1, [100, 110, 90]), _rep(4, [400, 402, 398])])
+    new = _write(tmp_path / "n", [_rep(1, [105, 115, 95]), _rep(4, [500, 502, 498])])
+    cmp = compare_points(load_points(base), load_points(new))
+    assert cmp.ties == {(1, 32, 256)}  # +5 % inside a +-10 % spread; +25 % at C4 is far outside
+    assert cmp.wins_losses() == (1, 0, 1)
+    lo, hi, method = cmp.geomean_interval()
+    assert method == "bootstrap over repeats" and lo < cmp.geomean < hi
+    assert hi / lo < 1.2  # the C4 point is tight, C1's noise widens it a little
+    assert bench_main(["bench", "compare", str(base), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "tie (in noise)" in out and "bootstrap over repeats" in out and "95% CI" in out
+
+
+def test_tie_band_without_repeats_and_t_interval(runs: tuple[Path, Path]) -> None:
+    cmp = compare_points(load_points(runs[0]), load_points(runs[1]), tie_pct=60.0)
+    assert cmp.wins_losses() == (2, 0, 2)  # x2, x2 win; x0.5 (-50 %) and x1 are inside 60 %
+    lo, hi, method = cmp.geomean_interval()
+    assert method == "t-interval over points"
+    logs = [math.log(2), math.log(0.5), math.log(2), 0.0]
+    m = sum(logs) / 4
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / 3)
+    assert lo == pytest.approx(math.exp(m - 3.182 * sd / 2)) and hi == pytest.approx(
+        math.exp(m + 3.182 * sd / 2)
+    )
+
+
+def test_unknown_metric_lists_the_valid_ones(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench_main(["bench", "compare", str(runs[0]), str(runs[1]), "--metric", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown --metric 'nope'" in err and "output_throughput" in err
+
+
+def test_plot_into_a_missing_folder(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    png = tmp_path / "new" / "dir" / "cmp.png"
+    assert bench_main(["bench", "compare", str(runs[0]), str(runs[1]), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -13,6 +13,7 @@ from conftest import BUNDLED_MODEL, REPO, bench_main
 from fake_server import free_port
 
 from surge.bench.matrix import grid_points, official_8b_points, parse_int_list
+from surge.bench.results import load_result
 
 FAKE = Path(__file__).with_name("fake_server.py")
 POINT_FILES = {f"C{c}_I{i}_O{o}.json" for c in (1, 2) for i in (8, 16) for o in (4, 8)}
@@ -40,10 +41,12 @@ def test_official_preset() -> None:
 def _check_artifacts(out: Path, summary: dict[str, Any], n_points: int) -> None:
     assert summary["num_points"] == n_points == len(summary["points"])
     for p in summary["points"]:
-        r = json.loads((out / p["result_file"]).read_text())
+        r = load_result(out / p["result_file"])
         if p["success"]:
             assert r["completed"] == r["num_prompts"] == r["max_concurrency"] == p["concurrency"]
-            assert r["request_rate"] == "inf" and r["ignore_eos"] and r["exact_length"] and r["seed"] == 0
+            assert (
+                r["request_rate"] == "inf" and r["ignore_eos"] and r["exact_length"] and r["matrix_seed"] == 0
+            )
             assert r["output_lens"] == [p["output_len"]] * p["concurrency"]
             assert p["output_throughput"] == r["output_throughput"] > 0
     md = (out / "summary.md").read_text()
@@ -146,7 +149,7 @@ def test_mini_matrix_against_live_surge_serve(
     launch = f"{sys.executable} -m surge.cli serve --port {port} --max-num-seqs 64"
     rc = bench_main(
         ["bench", "matrix", "--base-url", f"http://127.0.0.1:{port}", "--launch", launch, "--disable-tqdm"]
-        + ["--concurrency", "1,2", "--input-len", "8,16", "--output-len", "4,8", "--output-dir", str(out)]
+        + ["--concurrency", "1,2", "--input-len", "16,24", "--output-len", "4,8", "--output-dir", str(out)]
         + ["--hbm-bandwidth", "1e11", "--peak-flops", "1e12", "--server-timeout", "240"]
     )
     summary = json.loads((out / "summary.json").read_text())
@@ -154,10 +157,13 @@ def test_mini_matrix_against_live_surge_serve(
     _check_artifacts(out, summary, 8)
     assert summary["num_successful"] == 8 and summary["server_restarts"] == 0
     for p in summary["points"]:
-        r = json.loads((out / p["result_file"]).read_text())
+        r = load_result(out / p["result_file"])
         assert r["tokenizer_id"].endswith("/tokenize")  # prompt lengths counted by the server itself
         assert r["server_models"]["data"][0]["root"].endswith("stories260K")
         assert p["roofline_output_throughput"] > 0  # config found through /v1/models root
+        # chat: the server saw exactly --input-len prompt tokens, chat template included
+        assert r["input_lens"] == [p["input_len"]] * p["concurrency"]
+        assert r["prefix_cache_reset"] is True
     assert not _processes_with(f"--port {port}")  # the launched server and its engine are gone
     # comparing a run with itself: every point valid in both, geometric mean change 0
     rc = bench_main(["bench", "compare", str(out), str(out / "summary.json")])

@@ -34,8 +34,8 @@ def test_measured_latencies_match_the_script(tmp_path: Path) -> None:
     assert r["mean_e2el_ms"] == pytest.approx(200.0 + 9 * 50.0, rel=0.10)
     assert all(len(itl) == 9 for itl in r["itls"])  # one gap per later chunk
     assert r["output_lens"] == [10] * 4 and r["total_output_tokens"] == 40
-    # chat: the prompt has exactly 24 tokens as a completions prompt; the server's chat count is reported
-    assert r["input_lens"] == [24 + CHAT_OVERHEAD] * 4
+    # chat: the templated prompt has exactly 24 tokens as the server counts it
+    assert r["input_lens"] == [24] * 4
     assert r["output_throughput"] == pytest.approx(40 / r["duration"])
     assert r["request_goodput"] == pytest.approx(4 / r["duration"])
     assert r["request_rate"] == "inf" and r["max_concurrency"] is None and r["num_prompts"] == 4
@@ -60,8 +60,9 @@ def test_measured_latencies_match_the_script(tmp_path: Path) -> None:
         body = e["body"]
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
         assert body["ignore_eos"] is True and body["max_completion_tokens"] == 10
+        assert "temperature" not in body and "max_tokens" not in body  # vLLM's chat body
     for p in prompts[1:]:
-        assert len(encode(p)) == 24
+        assert len(encode(p)) + CHAT_OVERHEAD == 24
 
 
 def test_stream_interval_makes_itl_per_chunk() -> None:
@@ -151,8 +152,8 @@ def test_poisson_arrivals_and_concurrency_limit() -> None:
         )
         r = run_serve(cfg)
     assert r["completed"] == 8 and r["request_rate"] == 50.0 and r["max_concurrency"] == 2
-    assert len(r["generated_texts"]) == 8 and len(r["e2els"]) == 8
-    starts, ends = r["start_times"], [a + e for a, e in zip(r["start_times"], r["e2els"], strict=True)]
+    assert len(r["generated_texts"]) == 8 and len(r["latencies"]) == 8
+    starts, ends = r["start_times"], [a + e for a, e in zip(r["start_times"], r["latencies"], strict=True)]
     for t in starts:  # never more than 2 requests in flight
         assert sum(1 for a, e in zip(starts, ends, strict=True) if a <= t < e) <= 2
 

@@ -39,7 +39,8 @@ def test_multibyte_split() -> None:
 def test_payloads() -> None:
     chat = build_payload(RequestInput("http://h/v1/chat/completions", "m", "hi", 3, 7, True))
     assert chat["stream"] and chat["stream_options"] == {"include_usage": True}
-    assert chat["max_tokens"] == chat["max_completion_tokens"] == 7 and chat["ignore_eos"] is True
+    assert chat["max_completion_tokens"] == 7 and chat["ignore_eos"] is True
+    assert "max_tokens" not in chat and "temperature" not in chat  # vLLM's chat body
     assert chat["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in chat
     comp = build_payload(RequestInput("http://h/v1/completions", "m", "hi", 3, 7, False))
     assert comp["prompt"] == "hi" and comp["max_tokens"] == 7 and "ignore_eos" not in comp

@@ -1,0 +1,89 @@
+"""Result files of a matrix point: small JSON for the aggregates, gzip for the per-request lists.
+
+A point's ``C4_I256_O1024.json`` holds every scalar field of the ``bench serve`` result (metrics,
+settings, roofline); the per-request lists (``ttfts``, ``itls``, ``latencies``, ...) go to
+``C4_I256_O1024.requests.json.gz`` next to it, named by the ``requests_file`` field. Per-token ITL
+lists of a large point are megabytes of JSON; gzipped they are a few times smaller, and the
+aggregate file stays readable. Times in the lists are stored rounded to 1 microsecond. :func:`load_result` reads either layout (and plain single files).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+PER_REQUEST_KEYS: tuple[str, ...] = (
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "e2els",
+    "start_times",
+    "queue_times",
+    "errors",
+    "generated_texts",
+)
+"""Fields of a result that hold one entry per request."""
+
+REQUESTS_SUFFIX = ".requests.json.gz"
+TIME_KEYS = frozenset({"ttfts", "itls", "latencies", "e2els", "start_times", "queue_times"})
+"""Per-request lists of times in seconds; stored rounded to 1 microsecond (far below the noise)."""
+
+
+def _round_times(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, list):
+        return [_round_times(v) for v in value]
+    return value
+
+
+def write_result(out_dir: Path, stem: str, result: dict[str, Any]) -> str:
+    """Write ``stem.json`` (scalars) and, when the result has per-request lists,
+    ``stem.requests.json.gz`` (times rounded to 1 us); returns the name of the JSON file."""
+    per_request = {
+        k: _round_times(result[k]) if k in TIME_KEYS else result[k] for k in PER_REQUEST_KEYS if k in result
+    }
+    small = {k: v for k, v in result.items() if k not in per_request}
+    if per_request:
+        name = stem + REQUESTS_SUFFIX
+        small["requests_file"] = name
+        # mtime=0: the same data gives the same bytes (stable diffs of committed results)
+        with (out_dir / name).open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(json.dumps(per_request, separators=(",", ":")).encode())
+    (out_dir / f"{stem}.json").write_text(json.dumps(small, indent=2))
+    return f"{stem}.json"
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """A point's full result: ``path`` (a ``.json`` or ``.json.gz``) merged with its
+    ``requests_file`` when it names one.
+
+    Raises:
+        ValueError: a missing or unreadable file.
+    """
+    p = Path(path)
+    data = _read_json(p)
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: not a JSON object")
+    req_name = data.get("requests_file")
+    if isinstance(req_name, str):
+        extra = _read_json(p.parent / req_name)
+        if isinstance(extra, dict):
+            data.update(extra)
+    return data
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        raw = p.read_bytes()
+        if p.name.endswith(".gz"):
+            raw = gzip.decompress(raw)
+        return json.loads(raw)
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such file") from None
+    except (OSError, json.JSONDecodeError, EOFError) as e:
+        raise ValueError(f"{p}: unreadable ({e})") from None

@@ -1,0 +1,265 @@
+"""Benchmark fidelity: vLLM's chunk rule, fresh prompts per point, prefix-cache resets, repeats,
+resume, gzipped per-request files, exact chat prompt lengths, and a launcher that never measures
+the wrong server."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BUNDLED_MODEL, bench_main
+from fake_server import Behaviour, FakeServer, free_port
+
+from surge.bench.client import counts_as_output
+from surge.bench.datasets import exact_length_prompt
+from surge.bench.matrix import MatrixPoint, combine_runs, point_seed
+from surge.bench.results import load_result
+from surge.bench.serve import ServeConfig, run_serve
+
+FAKE = Path(__file__).with_name("fake_server.py")
+
+
+def test_chunk_rule_unit() -> None:
+    chat = [
+        ({"delta": {"role": "assistant", "content": ""}}, False),  # leading role-only chunk
+        ({"delta": {}}, False),  # separate finish chunk
+        ({"delta": {"role": "assistant"}}, False),
+        ({"delta": {"content": None}}, False),
+        ({"delta": {"content": ""}}, True),  # a token whose text is empty
+        ({"delta": {"role": "assistant", "content": "Hi"}}, True),
+        ({"delta": {"content": "x"}}, True),
+        ({"delta": {"reasoning_content": "think"}}, True),
+        ({"delta": {"reasoning": "think"}}, True),
+        ({"delta": {"tool_calls": [{"index": 0}]}}, True),
+        ({"text": "x"}, False),
+    ]
+    for choice, want in chat:
+        assert counts_as_output(choice, chat=True) is want, choice
+    assert counts_as_output({"text": ""}, chat=False) is True  # completions: every choice chunk counts
+
+
+def test_chunk_rule_leading_role_and_finish_chunks() -> None:
+    """TTFT, ITL count, E2EL and TPOT by vLLM's definitions on known timings: the role-only chunk
+    at t=0 and the finish-only chunk after the last token do not count."""
+    ttft, itl, n = 0.25, 0.05, 8
+    b = Behaviour(ttft=ttft, itl=itl, role_chunk=True, finish_chunk=True)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url, input_len=8, output_len=n, num_prompts=2, warmup=0, disable_tqdm=True
+        )
+        r = run_serve(cfg)
+    assert r["failed"] == 0
+    assert r["mean_ttft_ms"] == pytest.approx(ttft * 1000, rel=0.25)
+    assert min(r["ttfts"]) > 0.8 * ttft  # not the ~1 ms of the role chunk
+    assert all(len(x) == n - 1 for x in r["itls"])  # no gap for the finish chunk
+    assert r["mean_itl_ms"] == pytest.approx(itl * 1000, rel=0.3)
+    e2el = ttft + (n - 1) * itl  # ends at the last token, not at the finish chunk
+    assert r["mean_e2el_ms"] == pytest.approx(e2el * 1000, rel=0.25)
+    for t, lat, gaps in zip(r["ttfts"], r["latencies"], r["itls"], strict=True):
+        assert lat == pytest.approx(t + sum(gaps), abs=1e-9)
+    assert r["mean_tpot_ms"] == pytest.approx(
+        1000 * np.mean([(lat - t) / (n - 1) for t, lat in zip(r["ttfts"], r["latencies"], strict=True)])
+    )
+
+
+def test_chunk_rule_multi_token_chunks() -> None:
+    b = Behaviour(ttft=0.1, itl=0.05, tokens_per_chunk=3, role_chunk=True)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url, input_len=8, output_len=9, num_prompts=1, warmup=0, disable_tqdm=True
+        )
+        r = run_serve(cfg)
+    assert r["output_lens"] == [9] and len(r["itls"][0]) == 2  # 3 chunks of 3 tokens: 2 gaps
+    assert r["ttfts"][0] > 0.08
+    assert r["mean_tpot_ms"] == pytest.approx(1000 * (r["latencies"][0] - r["ttfts"][0]) / 8)
+
+
+def test_client_settings_and_result_fields(tmp_path: Path) -> None:
+    b = Behaviour(ttft=0.01, itl=0.002)
+    out = tmp_path / "r.json.gz"
+    with FakeServer(b) as s:
+        rc = bench_main(
+            ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--input-len", "8", "--output-len", "4"]
+            + ["--num-prompts", "4", "--max-concurrency", "2", "--temperature", "0.5", "--label", "mine"]
+            + ["--extra-body", '{"top_k": 3, "temperature": 0.7}', "--result-file", str(out)]
+        )
+    assert rc == 0
+    r = load_result(out)
+    assert r["label"] == "mine" and r["endpoint_type"] == "openai-chat" and r["temperature"] == 0.5
+    for k in ("latencies", "queue_times", "start_times", "ttfts", "itls", "input_lens", "output_lens"):
+        assert len(r[k]) == 4, k
+    assert r["max_concurrent_requests"] >= 1
+    assert max(r["queue_times"]) > 0  # concurrency 2 of 4 requests: two waited on the semaphore
+    bodies = [e["body"] for e in b.log]
+    assert all(x["top_k"] == 3 and x["temperature"] == 0.7 for x in bodies)  # --extra-body wins
+
+
+def test_bad_extra_body_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("{", "[1]"):
+        rc = bench_main(["bench", "serve", "--extra-body", bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("surge: error: --extra-body") and err.count("\n") == 1
+
+
+def test_point_seeds_differ_and_are_stable() -> None:
+    pts = [MatrixPoint(c, i, o) for c in (1, 4) for i in (32, 256) for o in (256, 1024)]
+    seeds = {point_seed(0, p, r) for p in pts for r in range(3)}
+    assert len(seeds) == len(pts) * 3
+    assert point_seed(0, pts[0]) == point_seed(0, pts[0]) != point_seed(1, pts[0])
+    with pytest.raises(ValueError):
+        point_seed(-1, pts[0])
+
+
+def _matrix(url: str, out: Path, *extra: str) -> int:
+    return bench_main(
+        ["bench", "matrix", "--base-url", url, "--disable-tqdm", "--output-dir", str(out), *extra]
+        + ["--input-len", "8", "--output-len", "4"]
+    )
+
+
+def test_matrix_fresh_prompts_per_point_and_reset(tmp_path: Path) -> None:
+    b = Behaviour(ttft=0.005, itl=0.001, reset_route=True)
+    with FakeServer(b) as s:
+        assert _matrix(s.url, tmp_path / "a", "--concurrency", "1,2,3") == 0
+        first = [e["body"]["messages"][0]["content"] for e in b.log]
+        assert b.resets == 3  # one reset before each point
+        assert _matrix(s.url, tmp_path / "b", "--concurrency", "1,2,3", "--keep-prefix-cache") == 0
+        assert b.resets == 3
+        second = [e["body"]["messages"][0]["content"] for e in b.log[len(first) :]]
+    # 3 points: 1+1, 1+2, 1+3 requests (warm-up + timed), every prompt different within a run
+    assert len(first) == 9 and len(set(first)) == 9
+    assert sorted(first) == sorted(second)  # the same (seed, point) gives the same prompts
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    for p in summary["points"]:
+        r = load_result(tmp_path / "a" / p["result_file"])
+        assert r["prefix_cache_reset"] is True and r["matrix_seed"] == 0
+        assert r["seed"] == point_seed(0, MatrixPoint(p["concurrency"], 8, 4))
+    assert load_result(tmp_path / "b" / "C1_I8_O4.json")["prefix_cache_reset"] is None
+
+
+def test_matrix_repeats_statistics_and_gzip(tmp_path: Path) -> None:
+    b = Behaviour(ttft=0.005, itl=0.002)
+    out = tmp_path / "m"
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "2", "--repeats", "3") == 0
+    prompts = [e["body"]["messages"][0]["content"] for e in b.log]
+    assert len(prompts) == 9 and len(set(prompts)) == 9  # fresh prompts for every repeat
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["points"]
+    assert row["repeats"] == 3 and row["repeats_ok"] == 3 and row["success"]
+    assert row["completed"] == 6 and row["num_prompts"] == 6
+    files = row["result_files"]
+    assert files == ["C2_I8_O4_r1.json", "C2_I8_O4_r2.json", "C2_I8_O4_r3.json"]
+    thr = [load_result(out / f)["output_throughput"] for f in files]
+    assert row["output_throughput"] == pytest.approx(np.mean(thr))
+    assert row["output_throughput_std"] == pytest.approx(np.std(thr))
+    assert (row["output_throughput_min"], row["output_throughput_max"]) == (min(thr), max(thr))
+    assert [r["output_throughput"] for r in row["runs"]] == thr
+    for f in files:  # per-request lists live in a gzip file next to the small JSON
+        small = json.loads((out / f).read_text())
+        assert "itls" not in small and small["requests_file"].endswith(".requests.json.gz")
+        assert (out / small["requests_file"]).read_bytes()[:2] == b"\x1f\x8b"
+        assert len(load_result(out / f)["itls"]) == 2
+    assert "±" in (out / "summary.md").read_text()
+
+
+def test_combine_runs_by_hand() -> None:
+    pt = MatrixPoint(2, 8, 4)
+    runs = [
+        {"success": True, "result_file": f"r{i}.json", "error": None, "completed": 2, "failed": 0, **v}
+        for i, v in enumerate(
+            [
+                {"output_throughput": 100.0, "mean_ttft_ms": 10.0},
+                {"output_throughput": 120.0, "mean_ttft_ms": 14.0},
+            ]
+        )
+    ]
+    row = combine_runs(pt, runs)
+    assert row["output_throughput"] == 110.0 and row["output_throughput_std"] == 10.0
+    assert row["mean_ttft_ms"] == 12.0 and row["mean_ttft_ms_std"] == 2.0
+    assert row["completed"] == 4 and row["success"]
+    bad = combine_runs(pt, [runs[0], {**runs[1], "success": False, "error": "boom", "completed": 1}])
+    assert not bad["success"] and bad["output_throughput"] == 100.0 and "run 2: boom" in bad["error"]
+
+
+def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "m"
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "1,2,3", "--stop-after", "0") == 1  # one point, then stop
+        assert len(json.loads((out / "summary.json").read_text())["points"]) == 1
+        n = len(b.log)
+        assert _matrix(s.url, out, "--concurrency", "1,2,3", "--resume") == 0
+        assert len(b.log) - n == (1 + 2) + (1 + 3)  # only points C2 and C3 ran
+    summary = json.loads((out / "summary.json").read_text())
+    assert [p["concurrency"] for p in summary["points"]] == [1, 2, 3] and summary["num_successful"] == 3
+    assert "resuming: 1 point(s) already done" in capsys.readouterr().out
+
+
+def test_chat_prompt_length_is_exact_with_the_template() -> None:
+    """On the bundled model, the templated chat prompt has exactly the asked number of tokens."""
+    from surge.bench.tokens import HFTokenCounter
+    from surge.tokenizer import apply_chat_template, load_tokenizer
+
+    counter = HFTokenCounter(str(BUNDLED_MODEL))
+    tok = load_tokenizer(str(BUNDLED_MODEL))
+    rng = np.random.default_rng(0)
+    overhead = len(counter.encode_chat(""))
+    for n in (overhead + 1, 32, 100):
+        text = exact_length_prompt(counter, rng, n, chat=True)
+        ids = apply_chat_template(tok, [{"role": "user", "content": text}], add_generation_prompt=True)
+        assert len(ids) == n
+    with pytest.raises(ValueError, match="chat template"):
+        exact_length_prompt(counter, rng, overhead, chat=True)
+
+
+def test_launcher_refuses_a_busy_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(Behaviour()) as s:
+        t0 = time.monotonic()
+        rc = bench_main(
+            ["bench", "matrix", "--base-url", s.url, "--launch", f"{sys.executable} {FAKE} --port {s.port}"]
+            + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(tmp_path)]
+        )
+        took = time.monotonic() - t0
+        assert s.behaviour.seen == 0  # nothing was measured against the server already there
+    err = capsys.readouterr().err
+    assert rc == 2 and "already in use" in err and err.count("\n") == 1 and took < 10
+
+
+def test_launch_and_base_url_ports_must_match(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    rc = bench_main(
+        [
+            "bench",
+            "matrix",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--launch",
+            f"surge serve --port {port + 1}",
+        ]
+        + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(tmp_path)]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and f"port {port + 1}" in err and f"port {port}" in err and err.count("\n") == 1
+
+
+def test_launcher_rejects_a_foreign_health_answer(tmp_path: Path) -> None:
+    """A /health that names a process outside the started group is not our server."""
+    from surge.bench.launcher import ServerLauncher
+
+    launcher = ServerLauncher(
+        f"{sys.executable} -c 'import time; time.sleep(30)'", "http://127.0.0.1:1", 5.0, tmp_path / "l"
+    )
+    launcher.start = lambda: None  # type: ignore[method-assign]
+    import subprocess
+
+    launcher.proc = subprocess.Popen(launcher.argv, start_new_session=True)
+    try:
+        assert launcher._is_ours(launcher.proc.pid)
+        assert not launcher._is_ours(1)
+    finally:
+        launcher.stop()
