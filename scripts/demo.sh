@@ -7,11 +7,20 @@ bash scripts/install.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 port="${PORT:-8000}"
 mkdir -p runs/demo
+if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
+  echo "demo.sh: port $port is already in use (another server?); stop it or run PORT=8123 bash scripts/demo.sh" >&2
+  exit 2
+fi
+echo "== surge serve on port $port (log: runs/demo/server.log), waiting for http://127.0.0.1:$port/health =="
 .venv/bin/surge serve --port "$port" --device cpu > runs/demo/server.log 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then break; fi
+  pid=$(curl -sf -D - -o /dev/null "http://127.0.0.1:$port/health" 2>/dev/null | tr -d '\r' | awk 'tolower($1)=="x-surge-pid:" {print $2}') || true
+  if [ -n "$pid" ]; then
+    if [ "$pid" != "$server" ]; then echo "demo.sh: the server on port $port is not the one started here" >&2; exit 2; fi
+    break
+  fi
   if ! kill -0 $server 2>/dev/null; then cat runs/demo/server.log; exit 1; fi
   sleep 1
 done

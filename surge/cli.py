@@ -2,7 +2,9 @@
 
 Each sub-command lives with its feature and registers itself here:
 ``surge.engine.generate_cli`` (generate), ``surge.server.cli`` (serve), ``surge.bench.cli`` (bench).
-A bad flag or a bad model folder exits non-zero with one readable line, never a traceback.
+A bad flag or a bad model folder exits 2 with one readable line, never a traceback; model folders
+are checked here, before torch is imported, so a wrong path answers at once. Bare ``surge`` prints
+the help; every ``--help`` shows each option's default.
 """
 
 from __future__ import annotations
@@ -10,15 +12,75 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 
-class CliError(Exception):
-    """A user mistake reported as one line on stderr with exit code 2."""
+class CliError(ValueError):
+    """A user mistake reported as one line on stderr with exit code 2 (a ValueError, so that it is
+    caught as such also when this module runs as ``python -m surge.cli``, i.e. as ``__main__``)."""
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower():
+            return text
+        if action.nargs == 0:  # a switch
+            return f"{text} (default: {'on' if action.default else 'off'})".strip()
+        shown = "none" if action.default is None else "%(default)s"
+        return f"{text} (default: {shown})".strip()
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"surge: error: {message}\n")
+
+
+MODEL_FILES_HINT = "a Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "--model") -> None:
+    """Check a model folder given on the command line, without importing torch.
+
+    ``None`` (the bundled model) passes. Raises CliError with one line in the CLI's spelling:
+    a missing folder (with a hint when it looks like a Hugging Face hub id: only local folders
+    work, offline), a file, a folder without ``config.json``, without tokenizer files, or
+    without ``*.safetensors`` weights (unless ``--load-format dummy``).
+    """
+    if model is None:
+        return
+    path = Path(model)
+    if not path.exists():
+        parts = model.split("/")
+        if len(parts) == 2 and all(parts) and not model.startswith((".", "~")):
+            raise CliError(
+                f"{flag} {model}: no such folder. Surge loads local folders only and works offline; "
+                f"download the model first (e.g. `huggingface-cli download {model} --local-dir DIR`) "
+                f"and pass {flag} DIR"
+            )
+        raise CliError(f"{flag} {model}: no such folder (give {MODEL_FILES_HINT})")
+    if not path.is_dir():
+        raise CliError(f"{flag} {model}: not a folder (give {MODEL_FILES_HINT})")
+    if not (path / "config.json").is_file():
+        raise CliError(f"{flag} {model}: no config.json in the folder (give {MODEL_FILES_HINT})")
+    if not any((path / n).exists() for n in _TOKENIZER_FILES):
+        raise CliError(
+            f"{flag} {model}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES)}); "
+            "copy the model's tokenizer files into it"
+        )
+    if load_format != "dummy" and not any(path.glob("*.safetensors")):
+        raise CliError(
+            f"{flag} {model}: the folder has no *.safetensors weights; pass --load-format dummy "
+            "for random weights of the same shapes"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `surge` console script. Returns the process exit code."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

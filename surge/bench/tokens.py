@@ -195,12 +195,18 @@ def resolve_counter(
     if tokenizer:
         if not Path(tokenizer).is_dir():
             raise ValueError(f"--tokenizer {tokenizer}: not a folder")
+        print(f"[bench] loading the tokenizer of {tokenizer} to count prompt tokens", flush=True)
         return HFTokenCounter(tokenizer)
     local = model_root if is_tokenizer_dir(model_root) else None
     if server_tokenize_works(base_url, model, api_key):
-        pool = HFTokenCounter(local).candidate_ids() if local else None
+        print(f"[bench] counting prompt tokens with the server's {base_url.rstrip('/')}/tokenize", flush=True)
+        pool = None
+        if local:
+            print(f"[bench] loading the tokenizer of {local} for its vocabulary", flush=True)
+            pool = HFTokenCounter(local).candidate_ids()
         return ServerTokenCounter(base_url, model, api_key, pool)
     if local:
+        print(f"[bench] the server has no /tokenize: loading the tokenizer of {local}", flush=True)
         return HFTokenCounter(local)
     raise ValueError(
         "cannot count tokens: the server has no /tokenize and no local tokenizer is known; pass --tokenizer DIR"

@@ -332,14 +332,17 @@ class EngineClient:
             self._loop.remove_reader(self._proc.sentinel)
         code = None if self._proc is None else self._proc.exitcode
         if not self._closing:
-            self._mark_dead(f"the engine process died (exit code {code})")
+            if code == 0:  # a clean stop (e.g. SIGTERM to the whole process group): not a crash
+                self._mark_dead("the engine process stopped (exit code 0)", logging.INFO)
+            else:
+                self._mark_dead(f"the engine process died (exit code {code})")
 
-    def _mark_dead(self, reason: str) -> None:
+    def _mark_dead(self, reason: str, level: int = logging.ERROR) -> None:
         if self._dead_reason is not None:
             return
         self._dead_reason = reason
         if not self._closing:
-            logger.error("%s; failing %d in-flight requests", reason, len(self._sinks))
+            logger.log(level, "%s; failing %d in-flight requests", reason, len(self._sinks))
         err = EngineDeadError(reason)
         for sink in self._sinks.values():
             sink.queue.put_nowait((sink.index, err))

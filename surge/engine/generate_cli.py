@@ -32,7 +32,14 @@ def add_generate_parser(subparsers: Any) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    """Run `surge generate`; prints the completion text. Returns the exit code."""
+    """Run `surge generate`; prints the completion text. Returns the exit code.
+
+    Raises:
+        CliError: a bad model folder (checked before torch is imported).
+    """
+    from surge.cli import check_model_dir
+
+    check_model_dir(args.model, args.load_format)
     from surge.engine.llm import LLM
     from surge.sampling_params import SamplingParams
 

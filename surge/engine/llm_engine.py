@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +19,8 @@ from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler
 from surge.request import Request
 from surge.sampling_params import SamplingParams
+
+logger = logging.getLogger("surge.engine")
 
 
 def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
@@ -146,6 +150,8 @@ class LLMEngine:
                 ``execute`` (default: :class:`surge.worker.model_runner.ModelRunner`, or
                 :class:`surge.parallel.executor.TPExecutor` with ``tensor_parallel_size > 1``).
         """
+        t0 = time.perf_counter()
+        built = runner is None
         if runner is None and config.parallel.tensor_parallel_size > 1:
             from surge.parallel.executor import TPExecutor
 
@@ -154,10 +160,27 @@ class LLMEngine:
             from surge.worker.model_runner import ModelRunner
 
             runner = ModelRunner(config)
+        if built:
+            logger.info(
+                "start-up: model built, weights %s in %.1f s",
+                "random (--load-format dummy)" if config.model.load_format == "dummy" else "loaded",
+                time.perf_counter() - t0,
+            )
         self.config = config
         self.runner = runner
         try:
+            t0 = time.perf_counter()
             num_blocks = config.cache.num_kv_blocks or runner.determine_num_kv_blocks()
+            per_block = getattr(runner, "bytes_per_block", 0)
+            logger.info(
+                "start-up: KV pool %s in %.1f s: %d blocks x %d tokens = %d tokens (%.2f GiB)",
+                "given" if config.cache.num_kv_blocks else "sized (profiling run on CUDA)",
+                time.perf_counter() - t0,
+                num_blocks,
+                config.cache.block_size,
+                num_blocks * config.cache.block_size,
+                num_blocks * per_block / 2**30 if isinstance(per_block, int) else 0.0,
+            )
             runner.init_kv_cache(num_blocks)
         except BaseException:
             if hasattr(runner, "close"):

@@ -65,6 +65,22 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return msg, (loc[0] if loc else None)
 
 
+def log_rejection(request: Request, status: int, message: str, param: str | None) -> None:
+    """Log a rejected request (4xx) at INFO, and a 5xx answer at WARNING: method, path, status,
+    the client's ``X-Request-Id`` (``-`` when none), the field at fault and the reason."""
+    level = logging.INFO if status < 500 else logging.WARNING
+    logger.log(
+        level,
+        "%s %s -> %d (request id %s)%s: %s",
+        request.method,
+        request.url.path,
+        status,
+        request.headers.get("x-request-id", "-"),
+        f" [{param}]" if param else "",
+        message,
+    )
+
+
 def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -97,15 +113,18 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        log_rejection(request, exc.status, exc.message, exc.param)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
+        log_rejection(request, 400, message, param)
         return error_response(bad_request(message, param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        log_rejection(request, exc.status_code, str(exc.detail), None)
         # keep the exception's headers: a 405 names the allowed methods in ``Allow``
         return JSONResponse(
             error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
@@ -211,6 +230,8 @@ async def _log_loop(metrics: ServerMetrics, interval: float) -> None:
         await asyncio.sleep(interval)
         if metrics.has_activity():
             metrics.log_stats()
+        else:
+            metrics.skip_interval()  # an idle interval does not dilute the next line's rates
 
 
 @dataclass(frozen=True)

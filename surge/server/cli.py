@@ -25,7 +25,8 @@ def add_serve_parser(subparsers: Any) -> None:
         "--served-model-name",
         nargs="+",
         default=None,
-        help="model name(s) accepted in requests (default: the --model path)",
+        help="model name(s) accepted in requests and listed by /v1/models (default: the --model path as "
+        "given, like vLLM)",
     )
     p.add_argument(
         "--api-key",
@@ -187,6 +188,9 @@ def run_serve(args: argparse.Namespace) -> int:
         from surge.server.auth import validate_api_key
 
         validate_api_key(args.api_key)
+    from surge.cli import check_model_dir
+
+    check_model_dir(args.model, args.load_format)  # before torch is imported: a wrong path fails at once
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     from surge.engine.llm_engine import build_engine_config

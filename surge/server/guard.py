@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.server.auth import is_authorized, needs_key
 from surge.server.errors import error_body
+
+logger = logging.getLogger("surge.server")
 
 _DRAIN_FACTOR = 16
 """A body declared up to this many times the limit is read and dropped after the 413, so the
@@ -97,8 +100,21 @@ async def send_error(
     param: str | None = None,
     code: str | int | None = None,
     close: bool = False,
+    scope: Scope | None = None,
 ) -> None:
-    """Send a complete OpenAI error response (``connection: close`` when ``close``)."""
+    """Send a complete OpenAI error response (``connection: close`` when ``close``); with the
+    request's ``scope``, log the rejection at INFO (method, path, status, X-Request-Id, reason)."""
+    if scope is not None:
+        rid = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"x-request-id"), "-")
+        logger.info(
+            "%s %s -> %d (request id %s)%s: %s",
+            scope.get("method", "?"),
+            scope.get("path", "?"),
+            status,
+            rid,
+            f" [{param}]" if param else "",
+            message,
+        )
     body = json.dumps(error_body(status, message, param=param, code=code)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
@@ -143,7 +159,9 @@ class RequestGuard:
         ):
             # Say nothing about the body: an unauthenticated client learns nothing else.
             too_big = content_length is not None and content_length > _DRAIN_FACTOR * cfg.max_body_bytes
-            await send_error(send, 401, "Invalid or missing API key.", code="invalid_api_key", close=too_big)
+            await send_error(
+                send, 401, "Invalid or missing API key.", code="invalid_api_key", close=too_big, scope=scope
+            )
             return
         limit = cfg.max_body_bytes
         if content_length is not None and content_length > limit:
@@ -153,6 +171,7 @@ class RequestGuard:
                 f"Request body of {content_length} bytes is over the limit of {limit} bytes "
                 "(--max-request-body-bytes).",
                 close=content_length > _DRAIN_FACTOR * limit,
+                scope=scope,
             )
             return
         chunks: list[bytes] = []
@@ -172,6 +191,7 @@ class RequestGuard:
                             413,
                             f"Request body is over the limit of {limit} bytes (--max-request-body-bytes).",
                             close=True,
+                            scope=scope,
                         )
                         return
                     if piece:
@@ -183,6 +203,7 @@ class RequestGuard:
                 408,
                 f"The request body did not arrive within {cfg.body_read_timeout:g} s.",
                 close=True,
+                scope=scope,
             )
             return
         body = b"".join(chunks)
@@ -194,6 +215,7 @@ class RequestGuard:
                 f"{field}: a string holds a lone UTF-16 surrogate (U+D800 to U+DFFF), which is not "
                 "valid Unicode text.",
                 param=field,
+                scope=scope,
             )
             return
         delivered = False

@@ -176,6 +176,8 @@ class ServerMetrics:
         self.total_generation_tokens = 0
         self._last_prompt = 0
         self._last_gen = 0
+        self._last_prefix_hits = 0
+        self._last_prefix_queries = 0
 
     def add_prompt_tokens(self, n: int) -> None:
         """Count ``n`` prompt tokens whose prefill is done."""
@@ -202,23 +204,40 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     def log_stats(self) -> None:
-        """Log throughput since the previous call, running / waiting requests and KV usage."""
+        """Log throughput since the previous call (or the end of the last idle interval, see
+        :meth:`skip_interval`), running / waiting requests, KV usage, and the prefix cache hit
+        rate of the prompts admitted in that time (hit tokens / looked-up tokens, as vLLM)."""
         now = time.monotonic()
         dt = max(now - self._last_log_time, 1e-9)
         prompt = self.total_prompt_tokens
         gen = self.total_generation_tokens
         s = self._get_stats()
+        hits = s.prefix_cache_hit_tokens if s else 0
+        queries = s.prefix_cache_query_tokens if s else 0
+        d_queries = queries - self._last_prefix_queries
+        hit_rate = 100.0 * (hits - self._last_prefix_hits) / d_queries if d_queries > 0 else 0.0
         logger.info(
             "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Preemptions: %d",
+            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
+            "Preemptions: %d",
             (prompt - self._last_prompt) / dt,
             (gen - self._last_gen) / dt,
             s.num_running if s else 0,
             s.num_waiting if s else 0,
             100.0 * (s.kv_cache_usage if s else 0.0),
+            hit_rate,
             s.num_preemptions_total if s else 0,
         )
-        self._last_log_time, self._last_prompt, self._last_gen = now, prompt, gen
+        self.skip_interval()
+
+    def skip_interval(self) -> None:
+        """Start the next log interval now (called after an idle interval and after each line)."""
+        s = self._get_stats()
+        self._last_log_time = time.monotonic()
+        self._last_prompt = self.total_prompt_tokens
+        self._last_gen = self.total_generation_tokens
+        self._last_prefix_hits = s.prefix_cache_hit_tokens if s else 0
+        self._last_prefix_queries = s.prefix_cache_query_tokens if s else 0
 
     def has_activity(self) -> bool:
         """True if tokens were processed since the last log line or requests are in flight."""

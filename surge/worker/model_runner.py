@@ -10,6 +10,7 @@ ids back.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from surge.worker.cuda_graph import (
 )
 from surge.worker.input_batch import InputPreparer, PreparedInputs
 from surge.worker.sampling_state import StepSampler
+
+logger = logging.getLogger("surge.worker")
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -355,9 +358,14 @@ class ModelRunner:
             )
             for _ in range(mc.num_hidden_layers)
         ]
+        t0 = time.perf_counter()
         self.warm_up()
+        if self.device.type == "cuda":
+            logger.info("start-up: kernel warm-up in %.1f s", time.perf_counter() - t0)
         if self.graph_runner is not None:
+            t0 = time.perf_counter()
             self.graph_runner.capture()
+            logger.info("start-up: decode CUDA graphs captured in %.1f s", time.perf_counter() - t0)
 
     # ----------------------------------------------------------------- one step
 

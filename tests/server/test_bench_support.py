@@ -51,3 +51,49 @@ def test_reset_prefix_cache_head_metrics_and_health_pid(server: Server) -> None:
     assert head.status_code == 200 and head.content == b""
     assert head.headers["content-type"] == httpx.get(server.url + "/metrics").headers["content-type"]
     assert int(httpx.get(server.url + "/health").headers["x-surge-pid"]) == server.proc.pid
+
+
+def test_rejected_requests_are_logged_at_info(server: Server) -> None:
+    body = {"model": _model(server), "prompt": "x", "max_tokens": -1}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers={"X-Request-Id": "rej-42"})
+    assert r.status_code == 400
+    line = next(x for x in server.log().splitlines() if "(request id rej-42)" in x)
+    assert " INFO " in line and "POST /v1/completions -> 400" in line and "max_tokens" in line
+
+
+def test_sigterm_to_the_process_group_logs_no_engine_death(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A normal stop (SIGTERM to the whole group, as a launcher or systemd sends) is no crash."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.server.conftest import REPO, free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", "--port", str(port)]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        text = log.read_text()
+        for phase in ("start-up: model built", "start-up: KV pool"):
+            assert phase in text, text
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    assert " ERROR " not in text and "died" not in text, text

@@ -36,7 +36,7 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--port", "http"], "--port"),
         (["--stream-interval", "0"], "--stream-interval"),
         (["--dtype", "float8"], "--dtype"),
-        (["--model", "/no/such/folder"], "not a directory"),
+        (["--model", "/no/such/folder"], "no such folder"),
         (["--block-size", "12"], "block_size"),
         (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
         (["--port", "99999"], "--port"),
