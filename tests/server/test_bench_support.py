@@ -59,6 +59,12 @@ def test_rejected_requests_are_logged_at_info(server: Server) -> None:
     assert r.status_code == 400
     line = next(x for x in server.log().splitlines() if "(request id rej-42)" in x)
     assert " INFO " in line and "POST /v1/completions -> 400" in line and "max_tokens" in line
+    # a rejection by the request guard, before the body is parsed, is logged the same way
+    raw = b'{"model": "m", "prompt": "\\ud800"}'
+    r = httpx.post(server.url + "/v1/completions", content=raw, headers={"X-Request-Id": "rej-43"})
+    assert r.status_code == 400
+    line = next(x for x in server.log().splitlines() if "(request id rej-43)" in x)
+    assert " INFO " in line and "-> 400" in line and "surrogate" in line
 
 
 def test_sigterm_to_the_process_group_logs_no_engine_death(tmp_path) -> None:  # type: ignore[no-untyped-def]
