@@ -11,6 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from surge.config import ModelConfig
+from surge.model.lazy_tensor import LazyTensor
 from surge.model.registry import get_model_class
 
 # (our fused parameter, the HF name it is made of, shard id)
@@ -60,7 +61,7 @@ def load_model(
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     else:
-        load_weights(model, iter_safetensors(Path(model_config.model)))
+        load_weights(model, iter_safetensors(Path(model_config.model), lazy=tp_size > 1))
     return model.eval()
 
 
@@ -90,12 +91,16 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor of the folder's safetensors files (on CPU)."""
+def iter_safetensors(folder: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the folder's safetensors files (on CPU).
+
+    With ``lazy`` the tensors are :class:`~surge.model.lazy_tensor.LazyTensor`: a weight
+    loader that slices one (a tensor-parallel shard) reads only its slice from the file.
+    """
     for path in safetensors_files(folder):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                yield name, (LazyTensor(f.get_slice(name)) if lazy else f.get_tensor(name))  # type: ignore[misc]
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
