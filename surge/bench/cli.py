@@ -213,6 +213,15 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="dense bf16 peak in FLOP/s, e.g. 7.9e14 (default: none)",
     )
+    g.add_argument(
+        "-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs sharing the model (default 1)"
+    )
+    g.add_argument(
+        "--link-bandwidth",
+        type=float,
+        default=None,
+        help="GPU link bytes/s per direction for -tp > 1 (default: the --gpu's NVLink figure)",
+    )
     p.set_defaults(func=cmd_roofline)
 
 
@@ -382,12 +391,14 @@ def cmd_roofline(args: argparse.Namespace) -> int:
         model_shape,
         point_roofline,
         resolve_hardware,
+        with_link_bandwidth,
     )
 
     hw = resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops)
     if hw is None:
         raise ValueError("the roofline needs --gpu NAME or both --hbm-bandwidth and --peak-flops")
-    shape = model_shape(load_config(args.model), args.dtype)
+    hw = with_link_bandwidth(hw, args.link_bandwidth)
+    shape = model_shape(load_config(args.model), args.dtype, args.tensor_parallel_size)
     if args.preset or any(v is not None for v in (args.concurrency, args.input_len, args.output_len)):
         points = _grid(args)
     else:

@@ -19,6 +19,15 @@ request starts at t=0, so the fastest schedule prefills all of them in one pass,
 - ``output ceiling = C * O / (t_prefill + t_decode)`` tokens/s, and total-token ceiling
   ``C * (I + O) / (t_prefill + t_decode)``.
 
+Tensor parallelism over N GPUs (``tensor_parallel_size``): every figure is per GPU. Each GPU reads
+``W / N`` bytes of weights per step and holds ``kv_bytes_per_token / N`` of the KV cache (the KV
+bytes of one head when N exceeds the KV heads, which are then replicated), and computes ``P / N`` of
+the FLOPs. On top, per token of a step each GPU moves ``comm_bytes_per_token`` over its link: the
+ring all-reduces of the embedding and of each layer's attention and MLP outputs, ``2 (N-1)/N *
+(2 L + 1) * hidden * dtype_bytes``, plus the LM head's all-gather, ``(N-1)/N * vocab * dtype_bytes``.
+That traffic runs in the same stream as the compute, so its time ``tokens * comm_bytes_per_token /
+link_bandwidth`` adds to each step's (collective latency is left out).
+
 Attention FLOPs and activation traffic are ignored, so this is a lower bound on time (an upper bound on
 throughput). Qwen3-8B BF16: W = 15.14 GB, 147,456 KV bytes/token; on an H200 (4.24e12 B/s) C1/I32/O256
 gives ~280 tok/s (design §6 quotes 278 from a 3.6 ms step rounded up).
@@ -41,17 +50,19 @@ class Hardware:
     name: str
     hbm_bandwidth: float
     peak_flops: float
+    link_bandwidth: float = 0.0  # GPU-to-GPU bytes/s per direction (NVLink); 0 = unknown
 
 
 # H200: measured on the reference machine (issue 5). The others: vendor datasheet figures (dense bf16).
+# Link bandwidth: NVLink per direction per GPU, datasheet (not measured).
 KNOWN_GPUS: dict[str, Hardware] = {
-    "h200": Hardware("NVIDIA H200", 4.24e12, 7.9e14),
-    "h100-sxm": Hardware("NVIDIA H100 SXM", 3.35e12, 9.89e14),
+    "h200": Hardware("NVIDIA H200", 4.24e12, 7.9e14, 4.5e11),
+    "h100-sxm": Hardware("NVIDIA H100 SXM", 3.35e12, 9.89e14, 4.5e11),
     "h100-pcie": Hardware("NVIDIA H100 PCIe", 2.0e12, 7.56e14),
-    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 2.039e12, 3.12e14),
+    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 2.039e12, 3.12e14, 3.0e11),
     "a100-40gb": Hardware("NVIDIA A100 40GB", 1.555e12, 3.12e14),
     "l40s": Hardware("NVIDIA L40S", 8.64e11, 3.62e14),
-    "b200": Hardware("NVIDIA B200", 8.0e12, 2.25e15),
+    "b200": Hardware("NVIDIA B200", 8.0e12, 2.25e15, 9.0e11),
 }
 _ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb"}
 
@@ -93,7 +104,21 @@ def resolve_hardware(
         base.name,
         hbm_bandwidth if hbm_bandwidth is not None else base.hbm_bandwidth,
         peak_flops if peak_flops is not None else base.peak_flops,
+        base.link_bandwidth,
     )
+
+
+def with_link_bandwidth(hw: Hardware, link_bandwidth: float | None) -> Hardware:
+    """``hw`` with its GPU-to-GPU bandwidth replaced when ``link_bandwidth`` is given.
+
+    Raises:
+        ValueError: a non-positive bandwidth.
+    """
+    if link_bandwidth is None:
+        return hw
+    if not link_bandwidth > 0:
+        raise ValueError(f"--link-bandwidth must be > 0, got {link_bandwidth}")
+    return Hardware(hw.name, hw.hbm_bandwidth, hw.peak_flops, link_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -106,6 +131,8 @@ class ModelShape:
     kv_bytes_per_token: int
     dtype_bytes: int
     num_layers: int
+    tensor_parallel_size: int = 1  # N: the figures above are per GPU when N > 1
+    comm_bytes_per_token: float = 0.0  # per GPU over its link, per token of a step (N > 1)
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -122,14 +149,17 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
 
 
-def model_shape(cfg: dict[str, Any], dtype: str | None = None) -> ModelShape:
-    """Count parameters and bytes of a Llama/Qwen2/Qwen3-style config.
+def model_shape(cfg: dict[str, Any], dtype: str | None = None, tensor_parallel_size: int = 1) -> ModelShape:
+    """Count parameters and bytes of a Llama/Qwen2/Qwen3-style config (per GPU under TP).
 
     Args:
         dtype: weight and KV dtype name (``bfloat16``...); default the config's ``torch_dtype``/``dtype``.
+        tensor_parallel_size: N GPUs sharing the model (see the module docstring).
     Raises:
-        ValueError: a required field is missing or the dtype is unknown.
+        ValueError: a required field is missing, the dtype is unknown or N < 1.
     """
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
     try:
         hidden = int(cfg["hidden_size"])
         layers = int(cfg["num_hidden_layers"])
@@ -159,13 +189,18 @@ def model_shape(cfg: dict[str, Any], dtype: str | None = None) -> ModelShape:
     matmul = body + embed  # LM head (tied or not, it is read once per step)
     tied = bool(cfg.get("tie_word_embeddings", False))
     total = body + embed + (0 if tied else embed)
+    n = tensor_parallel_size
+    kv_heads_per_gpu = max(1, kv_heads // n) if n > 1 else kv_heads
+    ring = (n - 1) / n
     return ModelShape(
         num_params=total,
-        matmul_params=matmul,
-        weight_bytes=matmul * nbytes,
-        kv_bytes_per_token=2 * kv_heads * head_dim * nbytes * layers,
+        matmul_params=matmul // n,
+        weight_bytes=matmul * nbytes // n,
+        kv_bytes_per_token=2 * kv_heads_per_gpu * head_dim * nbytes * layers,
         dtype_bytes=nbytes,
         num_layers=layers,
+        tensor_parallel_size=n,
+        comm_bytes_per_token=2 * ring * (2 * layers + 1) * hidden * nbytes + ring * vocab * nbytes,
     )
 
 
@@ -202,15 +237,25 @@ def point_roofline(
     prefill = max(2.0 * shape.matmul_params * c * i / hw.peak_flops, (w + c * i * kv) / bw)
     steps = o - 1
     decode = (steps * w + c * kv * (steps * i + steps * o / 2.0)) / bw
+    if shape.tensor_parallel_size > 1:
+        if not hw.link_bandwidth > 0:
+            raise ValueError(
+                f"{hw.name}: no GPU link bandwidth known for tensor parallelism (--link-bandwidth)"
+            )
+        prefill += c * max(i, 1) * shape.comm_bytes_per_token / hw.link_bandwidth
+        decode += steps * c * shape.comm_bytes_per_token / hw.link_bandwidth
     total = prefill + decode
     return PointRoofline(c, i, o, prefill, decode, total, c * o / total, c * (i + o) / total)
 
 
 def format_roofline_table(shape: ModelShape, hw: Hardware, points: list[PointRoofline]) -> str:
     """Markdown table of the per-point ceilings, with the model and hardware figures on top."""
+    tp = shape.tensor_parallel_size
+    per = f" per GPU (TP={tp})" if tp > 1 else ""
     lines = [
-        f"model: {shape.num_params / 1e9:.3f} B params, W = {shape.weight_bytes / 1e9:.3f} GB read per step, "
-        f"{shape.kv_bytes_per_token:,} KV bytes/token",
+        f"model: {shape.num_params / 1e9:.3f} B params, W = {shape.weight_bytes / 1e9:.3f} GB read per step{per}, "
+        f"{shape.kv_bytes_per_token:,} KV bytes/token{per}"
+        + (f", {shape.comm_bytes_per_token:,.0f} link bytes/token per step" if tp > 1 else ""),
         f"hardware: {hw.name}, {hw.hbm_bandwidth / 1e12:.3f} TB/s, {hw.peak_flops / 1e12:.1f} TFLOP/s; "
         f"decode step of batch 1 >= {shape.weight_bytes / hw.hbm_bandwidth * 1e3:.3f} ms",
         "",

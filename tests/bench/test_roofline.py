@@ -109,3 +109,23 @@ def test_cli_prints_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main(["bench", "roofline", "--model", str(QWEN3_8B)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("surge: error:") and err.count("\n") == 1
+
+
+def test_tensor_parallel_halves_reads_and_adds_link_traffic() -> None:
+    cfg = load_config(QWEN3_8B)
+    one, two = model_shape(cfg), model_shape(cfg, tensor_parallel_size=2)
+    assert two.weight_bytes == one.weight_bytes // 2
+    assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2  # 8 KV heads: 4 per GPU
+    # all-reduces of the embedding and 2 per layer (ring: 2 (N-1)/N), LM head all-gather ((N-1)/N)
+    assert two.comm_bytes_per_token == pytest.approx((2 * 36 + 1) * 4096 * 2 + 151936 * 2 / 2)
+    assert one.comm_bytes_per_token == 0.0
+    hw = Hardware("h200", 4.24e12, 7.9e14, 4.5e11)
+    p1, p2 = point_roofline(one, hw, 1, 256, 1024), point_roofline(two, hw, 1, 256, 1024)
+    link = 1023 * two.comm_bytes_per_token / 4.5e11
+    no_link = point_roofline(two, Hardware("h200", 4.24e12, 7.9e14, 1e30), 1, 256, 1024)
+    assert p2.decode_s == pytest.approx(no_link.decode_s + link)
+    assert 1.6 < p2.output_throughput / p1.output_throughput < 2.0
+    with pytest.raises(ValueError, match="link bandwidth"):
+        point_roofline(two, H200, 1, 256, 1024)
+    sixteen = model_shape(cfg, tensor_parallel_size=16)  # more GPUs than KV heads: one head each
+    assert sixteen.kv_bytes_per_token == one.kv_bytes_per_token // 8
