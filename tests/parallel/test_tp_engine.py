@@ -92,3 +92,19 @@ def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
             llm.generate([[1, 5, 6]], SamplingParams(max_tokens=4))
     finally:
         llm.close()
+
+
+def test_serve_with_a_tp_size_that_does_not_divide_exits_with_one_line() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", "-tp", "3", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        "surge: error: tensor_parallel_size 3 does not divide the model's 8 attention heads"
+    ]
