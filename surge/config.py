@@ -237,8 +237,9 @@ class ParallelConfig:
         tensor_parallel_size: ranks (GPUs) of one engine replica's model, >= 1. With more than
             one, the engine process spawns one worker process per rank of this node.
         data_parallel_size: engine replicas behind one API server, >= 1.
-        data_parallel_rank: this replica's index in ``[0, data_parallel_size)`` (places its
-            ranks on GPUs ``data_parallel_rank * tensor_parallel_size + local rank``).
+        data_parallel_rank: this replica's index in ``[0, data_parallel_size)``; its ranks use
+            GPUs ``data_parallel_rank * tensor_parallel_size + local rank`` (the replica's
+            ``EngineConfig.device`` names its first GPU).
         nnodes: hosts the tensor-parallel ranks span, >= 1 (they divide the ranks evenly).
         node_rank: this host's index in ``[0, nnodes)``; node 0 runs the API server and the
             engine (scheduler), the others only workers.

@@ -24,14 +24,20 @@ from surge.config import EngineConfig
 from surge.core.outputs import SchedulerStats
 from surge.engine.client import EngineClient, EngineDeadError, EngineStartError, QueueItem
 from surge.engine.core_proc import EngineFactory, EngineReady
+from surge.parallel.launch import replica_device
 from surge.sampling_params import SamplingParams
 
 logger = logging.getLogger("surge.parallel")
 
 
 def replica_config(config: EngineConfig, rank: int) -> EngineConfig:
-    """``config`` for replica ``rank`` (its GPUs and store port follow from the rank)."""
-    return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, data_parallel_rank=rank))
+    """``config`` for replica ``rank``: its first GPU (:func:`replica_device`) and its rank (which
+    sets its store port when ``master_port`` is given)."""
+    return dataclasses.replace(
+        config,
+        device=replica_device(config, rank),
+        parallel=dataclasses.replace(config.parallel, data_parallel_rank=rank),
+    )
 
 
 def make_engine_client(

@@ -66,10 +66,21 @@ def endpoints(config: EngineConfig, ipc_dir: str | None) -> Endpoints:
 
 def rank_device(config: EngineConfig, rank: int) -> str:
     """The device of global tensor-parallel ``rank`` on its host: "cpu", or
-    ``cuda:<replica * ranks_per_node + local rank>``."""
+    ``cuda:<index of config.device + local rank>`` (``config.device`` is the replica's first GPU,
+    see :func:`replica_device`)."""
     if config.device == "cpu":
         return "cpu"
-    pc = config.parallel
-    local = rank % pc.ranks_per_node
-    base = int(config.device.split(":", 1)[1]) if ":" in config.device else 0
-    return f"cuda:{base + pc.data_parallel_rank * pc.ranks_per_node + local}"
+    local = rank % config.parallel.ranks_per_node
+    return f"cuda:{_device_index(config.device) + local}"
+
+
+def replica_device(config: EngineConfig, replica: int) -> str:
+    """The first device of data-parallel ``replica``: "cpu", or the CUDA device
+    ``replica * ranks_per_node`` places after ``config.device``."""
+    if config.device == "cpu":
+        return "cpu"
+    return f"cuda:{_device_index(config.device) + replica * config.parallel.ranks_per_node}"
+
+
+def _device_index(device: str) -> int:
+    return int(device.split(":", 1)[1]) if ":" in device else 0

@@ -172,6 +172,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
             torch.set_num_threads(config.cpu_threads)
+        elif self.device.index is not None:  # kernels launch on the current device: make it ours
+            torch.cuda.set_device(self.device)
         self.tp_rank = tp_rank
         self.tp_size = config.parallel.tensor_parallel_size
         mc = config.model

@@ -55,3 +55,36 @@ def test_mirror_follows_chunks_preemption_and_finishes() -> None:
     so = sched.schedule()  # delivers the last finished ids
     dec.decode(enc.encode(so))
     assert len(dec) == len(enc) == 0
+
+
+def test_ranks_and_replicas_land_on_their_gpus() -> None:
+    import dataclasses
+
+    from surge.config import EngineConfig, ModelConfig, ParallelConfig
+    from surge.parallel.dp_client import replica_config
+    from surge.parallel.launch import endpoints, rank_device
+
+    model = ModelConfig.from_pretrained(None)  # bundled: 8 heads
+    base = EngineConfig(
+        model=model,
+        scheduler=SchedulerConfig(max_model_len=512),
+        device="cuda",
+        parallel=ParallelConfig(tensor_parallel_size=2, data_parallel_size=2),
+    )
+    r1 = replica_config(base, 1)
+    assert r1.device == "cuda:2" and [rank_device(r1, r) for r in range(2)] == ["cuda:2", "cuda:3"]
+    assert [rank_device(replica_config(base, 0), r) for r in range(2)] == ["cuda:0", "cuda:1"]
+    two_hosts = ParallelConfig(
+        tensor_parallel_size=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500
+    )
+    node1 = dataclasses.replace(base, parallel=two_hosts)
+    assert list(two_hosts.local_ranks) == [2, 3]
+    assert [rank_device(node1, r) for r in two_hosts.local_ranks] == ["cuda:0", "cuda:1"]
+    ep = endpoints(node1, None)
+    assert (ep.dist_init_method, ep.step_connect, ep.result_connect) == (
+        "tcp://10.0.0.1:29500",
+        "tcp://10.0.0.1:29501",
+        "tcp://10.0.0.1:29502",
+    )
+    cpu = replica_config(dataclasses.replace(base, device="cpu"), 1)
+    assert cpu.device == "cpu" and rank_device(cpu, 1) == "cpu"
