@@ -113,6 +113,14 @@ def test_serve_dp2_spreads_requests_and_matches_dp1(tmp_path: Path) -> None:
         assert n2.status_code == 200 and len(n2.json()["choices"]) == 3
         metrics = httpx.get(srv.url + "/metrics").text
         assert httpx.get(srv.url + "/health").status_code == 200
+        m = re.search(r"2 replicas ready \(engine pids (\d+), (\d+)\)", srv.log())
+        assert m, "the server logs its replicas' engine pids"
+        os.kill(int(m.group(2)), signal.SIGKILL)  # one replica down: the server is not healthy
+        deadline = time.monotonic() + 10
+        while httpx.get(srv.url + "/health").status_code != 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert "replica 1" in httpx.get(srv.url + "/health").json()["error"]["message"]
     finally:
         code = srv.stop()
     assert code == 0, srv.log()[-3000:]
