@@ -208,6 +208,15 @@ class TPExecutor:
 
     # ------------------------------------------------------------------ runner interface
 
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one KV block on each rank (its share of the KV heads, all layers)."""
+        mc = self.config.model
+        kv_heads = max(1, mc.num_key_value_heads // self.tp_size)
+        return (
+            2 * mc.num_hidden_layers * self.config.cache.block_size * kv_heads * mc.head_dim * mc.dtype_bytes
+        )
+
     def determine_num_kv_blocks(self) -> int:
         """The KV pool every rank can hold: the MIN over ranks of their own sizing."""
         return self.num_kv_blocks
