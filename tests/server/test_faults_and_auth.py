@@ -113,3 +113,29 @@ def test_stopped_engine(keyed: tuple[Server, Path]) -> None:
         os.kill(srv.engine_pid, signal.SIGCONT)
     assert prompt_tokens() > before
     assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_openai_sdk_ignores_queued_comments(keyed: tuple[Server, Path]) -> None:
+    """The openai SDK reads a stream that starts with ': queued' comments like any other."""
+    import threading
+
+    import openai
+
+    srv, _ = keyed
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, timeout=60)
+    os.kill(srv.engine_pid, signal.SIGSTOP)
+    resume = threading.Timer(1.6, os.kill, (srv.engine_pid, signal.SIGCONT))  # 3 comments first
+    resume.start()
+    try:
+        stream = client.completions.create(
+            model=client.models.list().data[0].id,
+            prompt="Once",
+            max_tokens=4,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = list(stream)
+    finally:
+        resume.join()
+        os.kill(srv.engine_pid, signal.SIGCONT)
+    assert len(chunks) == 4 and chunks[-1].choices[0].finish_reason == "length"
