@@ -211,7 +211,11 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
             )
         else:
             assert body.prompt is not None
-            ids = await state.tokenizer_worker.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            # no context bound here: /tokenize counts texts of any length (clients use it to
+            # find the ones that fit); the body limit bounds the work, done off the event loop
+            ids = await state.tokenizer_worker.encode(
+                body.prompt, add_special_tokens=body.add_special_tokens, param=None
+            )
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
     @app.post("/detokenize")

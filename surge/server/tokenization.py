@@ -71,8 +71,9 @@ class TokenizerWorker:
                 param=param,
             )
 
-    def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
-        self._check_bound(text, param)
+    def _encode(self, text: str, add_special_tokens: bool, param: str | None) -> list[int]:
+        if param is not None:
+            self._check_bound(text, param)
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def _encode_many(self, texts: Sequence[str], add_special_tokens: bool, param: str) -> list[list[int]]:
@@ -96,8 +97,16 @@ class TokenizerWorker:
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
 
-    async def encode(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+    async def encode(
+        self, text: str, *, add_special_tokens: bool = True, param: str | None = "prompt"
+    ) -> list[int]:
         """Token ids of ``text``.
+
+        Args:
+            text: the text.
+            add_special_tokens: add the tokenizer's special tokens (e.g. BOS).
+            param: the request field holding ``text``, for the cheap context bound; None skips
+                the bound (``/tokenize`` counts texts of any length).
 
         Raises:
             ApiError: 400 naming ``param`` when the text is surely longer than the context.

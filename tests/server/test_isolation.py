@@ -37,6 +37,8 @@ def _bench() -> ModuleType:
 def _expected(name: str) -> int:
     if name in ("prompt_10mb", "tokenize_10mb"):
         return 413  # --max-request-body-bytes, answered before parsing
+    if name == "tokenize_3mb":
+        return 200  # /tokenize counts any text under the body limit, off the event loop
     return 400  # every other hostile request is a client mistake naming its field
 
 

@@ -142,5 +142,11 @@ def test_surrogate_pair_is_fine(server: Server) -> None:
 def test_body_limit_and_context_bound(server: Server) -> None:
     r = httpx.post(server.url + CMPL, json={"prompt": "a " * 3_000_000})
     assert r.status_code == 413 and "--max-request-body-bytes" in r.json()["error"]["message"]
-    r = httpx.post(server.url + "/tokenize", json={"prompt": "hello world " * 100_000})
+    long_text = "hello world " * 100_000
+    r = httpx.post(server.url + CMPL, json={"prompt": long_text})
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+    r = httpx.post(server.url + CHAT, json={"messages": [{"role": "user", "content": long_text}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    # /tokenize counts a text of any length under the body limit
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "hello world " * 2_000}, timeout=60)
+    assert r.status_code == 200 and r.json()["count"] > 512
