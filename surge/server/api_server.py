@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -201,13 +202,13 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         return {"version": surge.__version__}
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(body: TokenizeRequest) -> Response:
         state.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
             ids = await render_chat(
-                state, body.messages, body.add_generation_prompt, body.chat_template_kwargs
+                state, body.messages, body.add_generation_prompt, body.chat_template_kwargs, bound=False
             )
         else:
             assert body.prompt is not None
@@ -216,17 +217,23 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
             ids = await state.tokenizer_worker.encode(
                 body.prompt, add_special_tokens=body.add_special_tokens, param=None
             )
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+        # encoded by msgspec: FastAPI's encoder would walk a long token list on the event loop
+        return _json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+    async def detokenize(body: DetokenizeRequest) -> Response:
         state.check_model(body.model)
         if any(not 0 <= t < len(state.tokenizer) for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {len(state.tokenizer)})", param="tokens")
-        return {"prompt": await state.tokenizer_worker.decode(body.tokens)}
+        return _json_response({"prompt": await state.tokenizer_worker.decode(body.tokens)})
 
     install_openapi(app)
     return app
+
+
+def _json_response(obj: Any) -> Response:
+    """A JSON response encoded by msgspec (fast for long lists)."""
+    return Response(msgspec.json.encode(obj), media_type="application/json")
 
 
 async def _log_loop(metrics: ServerMetrics, interval: float) -> None:

@@ -135,16 +135,25 @@ async def render_chat(
     messages: list[Any],
     add_generation_prompt: bool,
     chat_template_kwargs: dict[str, Any] | None,
+    *,
+    bound: bool = True,
 ) -> list[int]:
     """Token ids of ``messages`` (pydantic chat messages) under the server's chat template,
-    rendered and tokenized on the tokenizer thread.
+    rendered and tokenized on a tokenizer thread.
+
+    Args:
+        bound: refuse a prompt surely longer than the context before tokenizing it all
+            (``/tokenize`` passes False: it counts texts of any length).
 
     Raises:
         ApiError: 400 naming ``messages`` when the template cannot render them, or when the
             rendered prompt is surely longer than the context.
     """
     return await state.tokenizer_worker.render_chat(
-        [m.model_dump(exclude_none=True) for m in messages], add_generation_prompt, chat_template_kwargs
+        [m.model_dump(exclude_none=True) for m in messages],
+        add_generation_prompt,
+        chat_template_kwargs,
+        bound=bound,
     )
 
 

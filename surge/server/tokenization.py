@@ -1,11 +1,15 @@
 """Tokenization, chat templating and detokenization of whole requests, off the event loop.
 
 The API process's event loop streams every client's tokens; a 10 MB prompt tokenized on it
-would freeze them all for seconds. :class:`TokenizerWorker` runs that work on one worker thread
+would freeze them all for seconds. :class:`TokenizerWorker` runs that work on worker threads
 (Hugging Face fast tokenizers release the GIL while they encode; a Jinja template does not, but
-Python switches threads every few milliseconds, so the loop keeps running either way). One
-thread, because a transformers tokenizer object is not meant to be used by several threads at
-once, and requests queue behind each other's tokenization, never behind the stream.
+Python switches threads every few milliseconds, so the loop keeps running either way).
+
+Two pools, so that no client's work queues behind another's unbounded work: prompts of
+generation requests (bounded by the context, see below) on ``_GENERATION_THREADS`` threads, and
+``/tokenize`` / ``/detokenize`` (any text under the body limit) on their own thread. The
+tokenizer is shared by the threads: Surge never changes its truncation or padding, so its Rust
+core is only read.
 
 Before tokenizing a long text, a cheap bound rejects a prompt that cannot fit the context: the
 text's first ``_BOUND_CHARS_PER_TOKEN * max_model_len`` characters are tokenized, and if they
@@ -31,10 +35,12 @@ _BOUND_CHARS_PER_TOKEN = 8
 """Characters per token in the prefix tokenized by the cheap length bound."""
 _BOUND_MARGIN = 16
 """Tokens a prefix may have beyond the whole text's count (the word split by the cut)."""
+_GENERATION_THREADS = 2
+"""Threads tokenizing and templating the prompts of generation requests."""
 
 
 class TokenizerWorker:
-    """Runs a tokenizer's whole-request work on one worker thread.
+    """Runs a tokenizer's whole-request work on worker threads (see the module docstring).
 
     Args:
         tokenizer: the model's tokenizer.
@@ -48,15 +54,19 @@ class TokenizerWorker:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.chat_template = chat_template
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenizer")
+        self._pool = ThreadPoolExecutor(max_workers=_GENERATION_THREADS, thread_name_prefix="surge-tokenizer")
+        self._utility_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenize-route")
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the worker thread; its exceptions propagate."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def run(self, fn: Callable[..., T], *args: Any, utility: bool = False) -> T:
+        """``fn(*args)`` on a worker thread (the ``/tokenize`` thread when ``utility``); its
+        exceptions propagate."""
+        pool = self._utility_pool if utility else self._pool
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     def close(self) -> None:
-        """Stop the worker thread (pending work is dropped)."""
+        """Stop the worker threads (pending work is dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._utility_pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_bound(self, text: str, param: str) -> None:
         limit = self.max_model_len
@@ -84,6 +94,7 @@ class TokenizerWorker:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        bound: bool,
     ) -> list[int]:
         try:
             return apply_chat_template(
@@ -92,7 +103,7 @@ class TokenizerWorker:
                 add_generation_prompt=add_generation_prompt,
                 chat_template=self.chat_template,
                 chat_template_kwargs=chat_template_kwargs,
-                check_text=lambda text: self._check_bound(text, "messages"),
+                check_text=(lambda text: self._check_bound(text, "messages")) if bound else None,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
@@ -106,12 +117,12 @@ class TokenizerWorker:
             text: the text.
             add_special_tokens: add the tokenizer's special tokens (e.g. BOS).
             param: the request field holding ``text``, for the cheap context bound; None skips
-                the bound (``/tokenize`` counts texts of any length).
+                the bound and runs on the ``/tokenize`` thread (it counts texts of any length).
 
         Raises:
             ApiError: 400 naming ``param`` when the text is surely longer than the context.
         """
-        return await self.run(self._encode, text, add_special_tokens, param)
+        return await self.run(self._encode, text, add_special_tokens, param, utility=param is None)
 
     async def encode_many(
         self, texts: Sequence[str], *, add_special_tokens: bool = True, param: str = "prompt"
@@ -124,15 +135,24 @@ class TokenizerWorker:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        *,
+        bound: bool = True,
     ) -> list[int]:
         """Token ids of chat ``messages`` (plain dicts) under the server's chat template.
+
+        Args:
+            messages, add_generation_prompt, chat_template_kwargs: as for
+                :func:`surge.tokenizer.apply_chat_template`.
+            bound: apply the cheap context bound; False runs on the ``/tokenize`` thread.
 
         Raises:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
                 rendered prompt is surely longer than the context.
         """
-        return await self.run(self._render_chat, messages, add_generation_prompt, chat_template_kwargs)
+        return await self.run(
+            self._render_chat, messages, add_generation_prompt, chat_template_kwargs, bound, utility=not bound
+        )
 
     async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        """The text of ``token_ids``."""
-        return await self.run(self.tokenizer.decode, token_ids, skip_special_tokens)
+        """The text of ``token_ids`` (on the ``/tokenize`` thread)."""
+        return await self.run(self.tokenizer.decode, token_ids, skip_special_tokens, utility=True)

@@ -20,6 +20,7 @@ import httpx
 from tests.server.conftest import REPO, start_server
 
 MAX_CANARY_GAP_MS = 500.0
+MAX_CANARY_TTFT_MS = 1000.0
 _SLOW_CLIENT_S = 8.0
 
 
@@ -47,7 +48,10 @@ def test_hostile_mix_keeps_the_canary_flowing(tmp_path) -> None:
     srv = start_server(tmp_path, "--header-read-timeout", "2", "--body-read-timeout", "2")
     try:
         result = asyncio.run(bench.run_mix(srv.url, idle_seconds=2.0, slow_seconds=_SLOW_CLIENT_S))
-        if result["hostile"]["gaps"]["max_ms"] >= MAX_CANARY_GAP_MS:
+        if (
+            result["hostile"]["gaps"]["max_ms"] >= MAX_CANARY_GAP_MS
+            or result["hostile"]["ttft"]["max_ms"] >= MAX_CANARY_TTFT_MS
+        ):
             # The development machine is shared: one run may catch another process's burst.
             # Statuses are checked on both runs; the gap must hold on the second.
             first = result
@@ -64,6 +68,8 @@ def test_hostile_mix_keeps_the_canary_flowing(tmp_path) -> None:
         gaps = result["hostile"]["gaps"]
         assert gaps["n"] > 100, gaps
         assert gaps["max_ms"] < MAX_CANARY_GAP_MS, result
+        # a new canary request is not queued behind a hostile one's tokenization either
+        assert result["hostile"]["ttft"]["max_ms"] < MAX_CANARY_TTFT_MS, result
         assert httpx.get(srv.url + "/health").status_code == 200
         log = srv.log()
         assert "Traceback" not in log and "internal error" not in log
