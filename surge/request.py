@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
+from surge.core.logprobs import LogprobsLists
 from surge.sampling_params import SamplingParams
 
 
@@ -53,6 +54,10 @@ class Request:
         arrival_time, first_scheduled_time, first_token_time, finished_time: seconds
             (``time.monotonic()``); None until the event happens.
         num_preemptions: how many times the request was preempted (recomputed).
+        prompt_logprobs: with ``SamplingParams.prompt_logprobs``, the rows stored so far for
+            prompt tokens ``1, 2, ...`` (a ``LogprobsLists``; a recompute after preemption
+            does not add them twice), else None.
+        prompt_logprobs_sent: the stored rows went out with the first output.
     """
 
     __slots__ = (
@@ -71,6 +76,8 @@ class Request:
         "first_token_time",
         "finished_time",
         "num_preemptions",
+        "prompt_logprobs",
+        "prompt_logprobs_sent",
     )
 
     def __init__(
@@ -96,6 +103,17 @@ class Request:
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
         self.num_preemptions = 0
+        self.prompt_logprobs: LogprobsLists | None = None
+        self.prompt_logprobs_sent = False
+        if sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = LogprobsLists()
+
+    @property
+    def num_prompt_logprobs_missing(self) -> int:
+        """Prompt tokens whose logprobs are asked for and not stored yet (0 when not asked)."""
+        if self.prompt_logprobs is None:
+            return 0
+        return max(0, len(self.prompt_token_ids) - 1 - len(self.prompt_logprobs))
 
     @property
     def num_prompt_tokens(self) -> int:

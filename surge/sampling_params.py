@@ -14,6 +14,8 @@ MAX_TEMPERATURE = 100.0
 """Largest accepted temperature (a finite bound; sampling is near-uniform long before it)."""
 MAX_REPETITION_PENALTY = 100.0
 """Largest accepted repetition penalty."""
+MAX_LOGPROBS = 20
+"""The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,6 +37,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         skip_special_tokens: leave special tokens out of the text.
         presence_penalty, frequency_penalty: OpenAI penalties on generated tokens (-2..2).
         repetition_penalty: multiplicative penalty on prompt and generated tokens (> 0; 1 = off).
+        logprobs: None, or return each generated token's log-probability and the ``logprobs``
+            (0..20) most likely alternatives with their ranks. Values are the log-softmax of the
+            model's raw logits (before penalties, temperature, top-k/p), as vLLM's default.
+        prompt_logprobs: None, or return the log-probability of each prompt token after the
+            first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
 
     Raises:
         ValueError: on construction, naming the field that is out of range. Integers are
@@ -57,6 +64,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -113,6 +122,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}",
             ),
             (all(s != "" for s in self.stop), "stop must not contain an empty string"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+            ),
             (
                 all(0 <= t <= _INT32_MAX for t in self.stop_token_ids),
                 f"stop_token_ids must be in [0, {_INT32_MAX}]",

@@ -6,7 +6,21 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from surge.core.logprobs import Logprob, LogprobsLists, PositionLogprobs
 from surge.request import Request
+
+__all__ = [
+    "CompletionOutput",
+    "EngineOutput",
+    "Logprob",
+    "LogprobsLists",
+    "ModelOutput",
+    "PositionLogprobs",
+    "RequestOutput",
+    "ScheduledRequest",
+    "SchedulerOutput",
+    "SchedulerStats",
+]
 
 
 @dataclass(slots=True)
@@ -43,6 +57,8 @@ class SchedulerOutput:
         finished_request_ids: requests that finished or were aborted since the previous
             step; the executor may drop any per-request state it keeps for them.
         advanced: whether :meth:`Scheduler.advance` has applied this step's progress.
+        any_prompt_logprobs: some unfinished request asks for ``prompt_logprobs`` (the
+            executor looks for prompt positions to score only then).
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -50,6 +66,7 @@ class SchedulerOutput:
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
     advanced: bool = False
+    any_prompt_logprobs: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -63,9 +80,16 @@ class ModelOutput:
     Attributes:
         sampled_token_ids: request_id -> the one token sampled for it, for every scheduled
             request with ``sample=True`` (and only those).
+        logprobs: request_id -> one row for its sampled token, for sampled requests whose
+            ``SamplingParams.logprobs`` is set (empty when none asks).
+        prompt_logprobs: request_id -> ``(first, rows)``: rows for prompt tokens ``first,
+            first + 1, ...`` (index in the prompt, >= 1) computed this step, for requests
+            whose ``SamplingParams.prompt_logprobs`` is set.
     """
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, LogprobsLists]] = field(default_factory=dict)
 
 
 class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -82,6 +106,10 @@ class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
         arrival_time, first_scheduled_time, first_token_time, finished_time: seconds
             (``time.monotonic()`` of the engine process); set on the final output.
         num_preemptions: times the request was preempted.
+        logprobs: one row per token of ``new_token_ids`` when the request asked for
+            ``logprobs``.
+        prompt_logprobs: rows for prompt tokens 1..P-1 (the first has none), on the
+            request's first output, when it asked for ``prompt_logprobs``.
     """
 
     request_id: str
@@ -95,6 +123,8 @@ class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    logprobs: LogprobsLists | None = None
+    prompt_logprobs: LogprobsLists | None = None
 
     @property
     def finished(self) -> bool:
@@ -134,6 +164,7 @@ class CompletionOutput:
         token_ids: the generated token ids (a final EOS or stop token included).
         finish_reason: "stop" or "length".
         stop_reason: the stop string or stop token id that ended it, if any.
+        logprobs: with ``SamplingParams.logprobs``, one dict per token of ``token_ids``.
     """
 
     index: int
@@ -141,6 +172,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: str | int | None = None
+    logprobs: list[PositionLogprobs] | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +185,8 @@ class RequestOutput:
         prompt_token_ids: the prompt in tokens.
         outputs: ``n`` completions, by index.
         num_cached_tokens: prompt tokens served from the prefix cache.
+        prompt_logprobs: with ``SamplingParams.prompt_logprobs``, None for the first prompt
+            token then one dict per prompt token.
     """
 
     request_id: str
@@ -160,6 +194,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -91,6 +91,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
         self.num_preemptions_total = 0
+        self._num_prompt_logprobs = 0  # unfinished requests that ask for prompt_logprobs
 
     @property
     def num_running(self) -> int:
@@ -123,6 +124,8 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
         self.waiting.append(request)
+        if request.prompt_logprobs is not None:
+            self._num_prompt_logprobs += 1
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests now: free their blocks, mark them FINISHED_ABORTED, drop them from the queues.
@@ -146,6 +149,8 @@ class Scheduler:
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
+        if request.prompt_logprobs is not None:
+            self._num_prompt_logprobs -= 1
 
     def _preempt(self, request: Request) -> None:
         """Preempt by recompute: free blocks, reset progress (output kept), front of the queue.
@@ -172,7 +177,9 @@ class Scheduler:
             The step: running requests first (in admission order), then newly admitted
             chunks; ``num_scheduled_tokens <= max_num_batched_tokens``.
         """
-        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        out = SchedulerOutput(
+            finished_request_ids=self._finished_ids, any_prompt_logprobs=self._num_prompt_logprobs > 0
+        )
         self._finished_ids = []
         budget = self.config.max_num_batched_tokens
         now = time.monotonic()
@@ -216,7 +223,11 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
             request = self.waiting[0]
-            cached_blocks, num_cached = self.kv.get_computed_blocks(request)
+            if request.num_prompt_logprobs_missing:
+                # Prompt logprobs need the logits of every prompt position: no cache hits.
+                cached_blocks, num_cached = [], 0
+            else:
+                cached_blocks, num_cached = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_cached, budget)
             # The watermark keeps a few blocks for running requests; a lone request may use all.
             reserved = self.watermark_blocks if self.running else 0
@@ -271,6 +282,10 @@ class Scheduler:
         max_len = self.config.max_model_len
         now = time.monotonic()
         finished: list[Request] = []
+        if model_output.prompt_logprobs:
+            self._store_prompt_logprobs(model_output)
+        logprobs = model_output.logprobs
+        prompt_logprobs = self._num_prompt_logprobs > 0
         for s in scheduler_output.scheduled:
             request = s.request
             if request.status != RequestStatus.RUNNING or not s.sample:
@@ -296,6 +311,11 @@ class Scheduler:
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_cached_tokens=request.num_cached_tokens,
             )
+            if logprobs:
+                out.logprobs = logprobs.get(request.request_id)
+            if prompt_logprobs and request.prompt_logprobs is not None and not request.prompt_logprobs_sent:
+                out.prompt_logprobs = request.prompt_logprobs
+                request.prompt_logprobs_sent = True
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)
@@ -311,6 +331,18 @@ class Scheduler:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
         return outputs
+
+    def _store_prompt_logprobs(self, model_output: ModelOutput) -> None:
+        """Append each request's newly computed prompt-token rows, skipping rows already
+        stored (a recompute after preemption computes some positions twice)."""
+        for request_id, (first, rows) in model_output.prompt_logprobs.items():
+            request = self.requests.get(request_id)
+            if request is None or request.prompt_logprobs is None:
+                continue  # finished or aborted since
+            stored = request.prompt_logprobs
+            skip = len(stored) + 1 - first
+            if 0 <= skip < len(rows):
+                stored.extend(rows, skip)
 
     def get_stats(self) -> SchedulerStats:
         """A snapshot for metrics: queue sizes, KV usage, preemption and prefix-cache counters."""

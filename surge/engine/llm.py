@@ -7,9 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.sampling_params import SamplingParams
+from surge.token_strings import TokenStrings
 from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, load_tokenizer
 
 PromptType = str | list[int]
@@ -23,6 +27,7 @@ class _Child:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: list[PositionLogprobs] | None = None
 
 
 class LLM:
@@ -86,6 +91,7 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size,
         )
         self.tokenizer = load_tokenizer(config.model.model)
+        self.token_strings = TokenStrings(self.tokenizer)
         self.engine = LLMEngine(config)
         self._next_id = 0
 
@@ -136,6 +142,9 @@ class LLM:
                 RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids, [])
             )
             for index, (child_id, child_params) in enumerate(split_n(request_id, params)):
+                if index > 0 and child_params.prompt_logprobs is not None:
+                    # The prompt's logprobs are the same for every child: the first computes them.
+                    child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
                 try:
                     self.engine.add_request(child_id, token_ids, child_params)
                 except ValueError:
@@ -148,7 +157,9 @@ class LLM:
                     stop=child_params.stop,
                     min_tokens=child_params.min_tokens,
                 )
-                children[child_id] = _Child(i, index, detok, [])
+                children[child_id] = _Child(
+                    i, index, detok, [], logprobs=[] if child_params.logprobs is not None else None
+                )
         self._run(children, results)
         for child in children.values():
             results[child.parent].outputs.append(
@@ -158,6 +169,7 @@ class LLM:
                     child.token_ids,
                     child.finish_reason,
                     child.stop_reason,
+                    child.logprobs,
                 )
             )
         for result in results:
@@ -195,6 +207,12 @@ class LLM:
                 if child is None or child.finish_reason is not None:
                     continue
                 child.token_ids.extend(out.new_token_ids)
+                if child.logprobs is not None and out.logprobs is not None:
+                    child.logprobs.extend(position_logprobs(out.logprobs, self.token_strings.text))
+                if out.prompt_logprobs is not None:
+                    result = results[child.parent]
+                    result.prompt_logprobs = [None]
+                    result.prompt_logprobs += position_logprobs(out.prompt_logprobs, self.token_strings.text)
                 child.detokenizer.update(out.new_token_ids, out.stop_token_id)
                 results[child.parent].num_cached_tokens = max(
                     results[child.parent].num_cached_tokens, out.num_cached_tokens

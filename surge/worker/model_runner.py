@@ -5,7 +5,8 @@ copied with one ``non_blocking`` copy (:mod:`surge.worker.input_batch`); pure-de
 replay a CUDA graph of their batch-size bucket (:mod:`surge.worker.cuda_graph`); all-greedy
 batches sample with one argmax, and other batches reuse their sampling tensors while the
 batch composition is unchanged. The only host sync of a step is the copy of the sampled
-ids back.
+ids back. Logprobs (:mod:`surge.worker.logprobs`) are computed eagerly after the forward,
+only for the rows that ask, and copied back with the sampled ids.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from surge.worker.cuda_graph import (
     use_cuda_graphs,
 )
 from surge.worker.input_batch import InputPreparer, PreparedInputs
+from surge.worker.logprobs import PromptLogprobPlan, StepLogprobs
 from surge.worker.sampling_state import StepSampler
 
 logger = logging.getLogger("surge.worker")
@@ -93,7 +95,17 @@ class StepHandle:
     them; it may be called once. Created by :meth:`ModelRunner.execute_async`.
     """
 
-    __slots__ = ("_runner", "_request_ids", "_sampled", "_host", "_ready", "_times", "_inputs", "_done")
+    __slots__ = (
+        "_runner",
+        "_request_ids",
+        "_sampled",
+        "_host",
+        "_ready",
+        "_times",
+        "_inputs",
+        "_done",
+        "_logprobs",
+    )
 
     def __init__(
         self,
@@ -104,6 +116,7 @@ class StepHandle:
         ready: torch.cuda.Event | None,
         times: tuple[float, float, float],
         inputs: PreparedInputs | None,
+        logprobs: StepLogprobs | None = None,
     ) -> None:
         self._runner = runner
         self._request_ids = request_ids
@@ -113,6 +126,7 @@ class StepHandle:
         self._times = times
         self._inputs = inputs
         self._done = False
+        self._logprobs = logprobs
 
     def done(self) -> bool:
         """Whether the sampled ids are on the host (:meth:`result` would not wait)."""
@@ -127,6 +141,8 @@ class StepHandle:
         if self._done:
             raise RuntimeError("StepHandle.result() called twice")
         self._done = True
+        if self._ready is not None and not self._request_ids:
+            self._ready.synchronize()  # a step that only computed prompt logprobs
         if not self._request_ids:
             tokens: list[int] = []
         elif self._ready is None:
@@ -137,7 +153,10 @@ class StepHandle:
             self._ready.synchronize()
             tokens = self._host.tolist()
         self._runner._record_timing(self._inputs, *self._times, time.perf_counter())
-        return ModelOutput(dict(zip(self._request_ids, tokens, strict=True)))
+        output = ModelOutput(dict(zip(self._request_ids, tokens, strict=True)))
+        if self._logprobs is not None:
+            output.logprobs, output.prompt_logprobs = self._logprobs.lists(self._request_ids)
+        return output
 
 
 class ModelRunner:
@@ -423,17 +442,39 @@ class ModelRunner:
         events = self._timing_events if self._timing else None
         if events is not None:
             events[0].record()
+        prompt_plan = None
+        if scheduler_output.any_prompt_logprobs:
+            prompt_plan = PromptLogprobPlan.build(scheduler_output, inputs.query_start_loc_cpu)
         with torch.inference_mode():
             if inputs.pending_idx is not None:
                 self._fill_pending(inputs)
-            logits = self._logits(inputs)
+            hidden = self._hidden(inputs)
+            logits = self._sample_logits(hidden, inputs)
             requests = inputs.sample_requests
-            if logits is None:  # nothing samples: no sync, unless timing wants the span
-                self._last_sampled, self._last_rows = None, {}
-                if events is not None:
-                    events[1].record()
-                return StepHandle(self, [], None, None, None, (t0, t1, time.perf_counter()), inputs)
-            sampled = self.step_sampler.sample(logits, requests)
+            sample_lp = None
+            samples = logits is not None
+            if logits is not None:
+                sampled, sample_lp = self.step_sampler.sample_with_logprobs(logits, requests)
+                del logits
+            prompt_lp = None
+            if prompt_plan is not None:
+                ids, lps = prompt_plan.compute(hidden, self.model.compute_logits, self.max_num_seqs)
+                prompt_lp = (prompt_plan, ids, lps)
+            del hidden
+        logprobs = None
+        if sample_lp is not None or prompt_lp is not None:
+            logprobs = StepLogprobs(sample_lp, prompt_lp)
+            if self._sampled_ready is not None:
+                logprobs.copy_to_host()
+        if not samples:  # nothing samples: no sync, unless timing wants the span or logprobs
+            self._last_sampled, self._last_rows = None, {}
+            if events is not None:
+                events[1].record()
+            ready = None
+            if logprobs is not None and self._sampled_ready is not None:
+                ready = torch.cuda.Event()
+                ready.record()
+            return StepHandle(self, [], None, None, ready, (t0, t1, time.perf_counter()), inputs, logprobs)
         ids = [r.request_id for r in requests]
         self._last_sampled = sampled
         self._last_rows = {rid: i for i, rid in enumerate(ids)}
@@ -447,7 +488,7 @@ class ModelRunner:
             ready = self._sampled_ready[slot]
             ready.record()
         self._num_launched += 1
-        return StepHandle(self, ids, sampled, host, ready, (t0, t1, time.perf_counter()), inputs)
+        return StepHandle(self, ids, sampled, host, ready, (t0, t1, time.perf_counter()), inputs, logprobs)
 
     def _fill_pending(self, inputs: PreparedInputs) -> None:
         """Copy the pending tokens' ids from the last launched step's sampled ids."""
@@ -513,11 +554,18 @@ class ModelRunner:
 
     def _logits(self, inputs: PreparedInputs) -> torch.Tensor | None:
         """Forward (graph replay or eager) and the LM head over the sampled rows."""
+        return self._sample_logits(self._hidden(inputs), inputs)
+
+    def _hidden(self, inputs: PreparedInputs) -> torch.Tensor:
+        """The forward: a decode graph's replay or the eager model, ``-> hidden [T', H]``
+        (``T' >= num_tokens`` rows; a graph's output is valid until its next replay)."""
         if self._graph_step(inputs):
             assert self.graph_runner is not None
-            hidden = self.graph_runner.run(inputs)
-        else:
-            hidden = self._forward(inputs.input_ids, inputs.positions, self._metadata(inputs))
+            return self.graph_runner.run(inputs)
+        return self._forward(inputs.input_ids, inputs.positions, self._metadata(inputs))
+
+    def _sample_logits(self, hidden: torch.Tensor, inputs: PreparedInputs) -> torch.Tensor | None:
+        """The LM head over the rows that sample (None when none does)."""
         if not inputs.sample_requests:
             return None
         if inputs.all_rows_sample:

@@ -5,7 +5,9 @@ Decode batches rarely change from one step to the next, so the per-row tensors o
 :class:`~surge.layers.sampler.SamplingMetadata` are built once per batch composition (the
 tuple of sampled request ids) and reused; an all-greedy batch needs none and is one
 argmax. Rows whose inputs change every step (penalties, per-request seeds, ``min_tokens``)
-make the batch rebuild its metadata every step.
+make the batch rebuild its metadata every step. Which rows ask for logprobs is decided
+with the composition too (:class:`~surge.worker.logprobs.LogprobRows`), so a batch where
+none asks pays nothing for the feature.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from surge.layers.sampler import Sampler, SamplingMetadata
 from surge.request import Request
 from surge.sampling_params import GREEDY_EPS, SamplingParams
+from surge.worker.logprobs import LogprobRows
 
 
 def needs_fresh_sampling_tensors(p: SamplingParams) -> bool:
@@ -63,6 +66,7 @@ class StepSampler:
         greedy: the current composition is all greedy with nothing per step (argmax).
         fresh: the current composition needs new tensors every step.
         cached: the reused metadata of the current composition, if any.
+        logprob_rows: the rows of the current composition that ask for logprobs (None: none).
     """
 
     def __init__(self, sampler: Sampler, vocab_size: int, device: torch.device) -> None:
@@ -76,6 +80,7 @@ class StepSampler:
         self.greedy = False
         self.fresh = True
         self.cached: SamplingMetadata | None = None
+        self.logprob_rows: LogprobRows | None = None
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget the penalty state of finished requests."""
@@ -90,6 +95,17 @@ class StepSampler:
         ``min_tokens``), the last step's :class:`SamplingMetadata` is reused; an all-greedy
         batch of that kind needs no tensors at all and is one argmax.
         """
+        return self.sample_with_logprobs(logits, requests)[0]
+
+    def sample_with_logprobs(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[torch.Tensor, tuple[LogprobRows, torch.Tensor, torch.Tensor] | None]:
+        """:meth:`sample`, plus the logprobs of the rows that ask for them (computed from
+        the raw ``logits`` before sampling touches them; see :mod:`surge.worker.logprobs`).
+
+        Returns:
+            ``(token ids [S] int64, None or (rows, ids [R, k + 2], lps [R, k + 1]))``.
+        """
         key = tuple([r.request_id for r in requests])
         if key != self._key:
             params = [r.sampling_params for r in requests]
@@ -97,6 +113,16 @@ class StepSampler:
             self.fresh = any(needs_fresh_sampling_tensors(p) for p in params)
             self.greedy = not self.fresh and all(p.temperature < GREEDY_EPS for p in params)
             self.cached = None
+            self.logprob_rows = LogprobRows.build(requests, self.device)
+        rows = self.logprob_rows
+        if rows is None:
+            return self._sample(logits, requests), None
+        lp = rows.compute(logits)
+        sampled = self._sample(logits, requests)
+        ids, lps = rows.finish(lp, sampled)
+        return sampled, (rows, ids, lps)
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         if self.greedy:
             return logits.argmax(dim=-1)
         if self.fresh:
