@@ -211,6 +211,11 @@ class IncrementalDetokenizer:
         that is complete; bytes of an unfinished character are not included until ``flush``."""
         return "".join(self._emitted) + self._pending
 
+    @property
+    def num_held_chars(self) -> int:
+        """Characters decoded but held back as a possible stop-string prefix (not emitted yet)."""
+        return len(self._pending)
+
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 

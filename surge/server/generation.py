@@ -15,6 +15,10 @@ Shared by chat and completions. Each choice (one engine request; ``n`` choices p
   delta. So at ``stream_interval`` 1 every SSE event after the first stands for exactly one
   token, and a client's inter-token gaps are one engine step each (an empty ``content`` chunk
   without a role counts as a token in vLLM's benchmark client).
+
+With logprobs, a delta also carries the rows of the tokens whose text it completes
+(:class:`~surge.server.logprobs.LogprobTracker`), and a choice's first delta the prompt's
+rows when they were asked for.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from surge.core.logprobs import LogprobsLists
 from surge.core.outputs import EngineOutput
 from surge.engine.client import EngineClient, EngineDeadError, QueueItem
 from surge.engine.llm_engine import split_n
 from surge.sampling_params import SamplingParams
 from surge.server.errors import ApiError
+from surge.server.logprobs import LogprobTracker
 from surge.server.metrics import ServerMetrics
 from surge.tokenizer import IncrementalDetokenizer
 
@@ -53,11 +59,18 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     last_token_time: float = 0.0
+    logprobs: LogprobTracker | None = None
+    prompt_logprobs: LogprobsLists | None = None
+    score_only: bool = False
 
 
 @dataclass(slots=True)
 class ChoiceDelta:
-    """Text to send for one choice. ``first`` marks its first delta; ``finish_reason`` its last."""
+    """Text to send for one choice. ``first`` marks its first delta; ``finish_reason`` its last.
+
+    ``logprobs`` holds the rows of the tokens whose text this delta completes (None when the
+    request did not ask); ``prompt_logprobs`` the prompt's rows, on the first delta.
+    """
 
     index: int
     prompt_index: int
@@ -65,6 +78,8 @@ class ChoiceDelta:
     first: bool
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: LogprobsLists | None = None
+    prompt_logprobs: LogprobsLists | None = None
 
 
 @dataclass(slots=True)
@@ -122,9 +137,17 @@ class Generation:
         return sum(c.num_tokens for c in self.choices)
 
     def add_prompt(
-        self, base_id: str, token_ids: list[int], params: SamplingParams, text: str | None = None
+        self,
+        base_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        text: str | None = None,
+        score_only: bool = False,
     ) -> None:
         """Send one prompt's ``params.n`` child requests to the engine.
+
+        With ``score_only`` (completions' ``echo`` with ``max_tokens: 0``) the engine
+        generates one token that is dropped: the choice has no text and no completion tokens.
 
         Raises:
             ApiError: 503 when the engine is not running.
@@ -141,7 +164,10 @@ class Generation:
                 stop=child_params.stop,
                 min_tokens=child_params.min_tokens,
             )
-            self.choices.append(ChoiceState(index, child_id, prompt_index, detok))
+            choice = ChoiceState(index, child_id, prompt_index, detok, score_only=score_only)
+            if child_params.logprobs is not None and not score_only:
+                choice.logprobs = LogprobTracker()
+            self.choices.append(choice)
             info.choices.append(index)
             self._num_unfinished += 1
             try:
@@ -204,6 +230,10 @@ class Generation:
                 yield out
 
     def _on_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
+        if out.prompt_logprobs is not None:
+            choice.prompt_logprobs = out.prompt_logprobs
+        if choice.score_only:
+            return self._on_score_output(choice, out, now)
         n_new = len(out.new_token_ids)
         metrics = self._metrics
         if choice.num_tokens == 0:
@@ -219,14 +249,25 @@ class Generation:
         choice.unsent_tokens += n_new
         metrics.add_generation_tokens(n_new)
         detok = choice.detokenizer
-        choice.pending += detok.update(out.new_token_ids, out.stop_token_id)
+        tracker = choice.logprobs
+        if tracker is None or out.logprobs is None:
+            choice.pending += detok.update(out.new_token_ids, out.stop_token_id)
+        else:  # token by token, to know which text each row's token completes
+            last = n_new - 1
+            for j, token in enumerate(out.new_token_ids):
+                piece = detok.update([token], out.stop_token_id if j == last else None)
+                choice.pending += piece
+                tracker.add(out.logprobs.slice(j, j + 1), len(piece), detok.num_held_chars)
         if detok.stop_matched is not None:
             self._client.abort_requests([choice.request_id])
             choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
         elif out.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = out.finish_reason, out.stop_token_id
         if choice.finish_reason is not None:
-            choice.pending += detok.flush()
+            rest = detok.flush()
+            choice.pending += rest
+            if tracker is not None:
+                tracker.add_text(len(rest))
             if detok.stop_matched is not None and choice.finish_reason != "stop":
                 choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
             self._num_unfinished -= 1
@@ -243,7 +284,28 @@ class Generation:
             choice.finish_reason,
             choice.stop_reason,
         )
+        if tracker is not None:
+            delta.logprobs = tracker.take(final=choice.finish_reason is not None)
+        if delta.first:
+            delta.prompt_logprobs = choice.prompt_logprobs
         choice.sent_first = True
         choice.pending = ""
         choice.unsent_tokens = 0
         return delta
+
+    def _on_score_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
+        """A score-only choice: its one generated token is dropped; it ends with "length"."""
+        if out.finish_reason is None:
+            self._client.abort_requests([choice.request_id])
+        choice.finish_reason = "length"
+        self._num_unfinished -= 1
+        self._metrics.request_finished("length", now - self._arrival)
+        return ChoiceDelta(
+            choice.index,
+            choice.prompt_index,
+            "",
+            True,
+            "length",
+            None,
+            prompt_logprobs=choice.prompt_logprobs,
+        )

@@ -5,7 +5,7 @@ are a 400. Types are strict, with no coercion between JSON types: a boolean fiel
 ``true``/``false`` (not ``0``), an integer field only integers (not ``1.0`` or ``false``), a number
 field integers or decimals, a string field only strings. Every numeric field has finite bounds
 (``2**70`` is a 400 naming the field), and no string anywhere in a body may hold a lone UTF-16
-surrogate (``"\ud800"``). Fields Surge does not implement yet (``response_format``, ``tools``, ``logprobs``,
+surrogate (``"\ud800"``). Fields Surge does not implement yet (``response_format``, ``tools``,
 ...) are a 400 that says so whenever they ask for something other than the default.
 """
 
@@ -90,9 +90,11 @@ class SamplingRequestFields(RequestBody):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # not implemented: rejected unless left at their defaults
+    # checked by surge.server.logprobs (chat: bool + top_logprobs; completions: an int)
     logprobs: Any = None
     top_logprobs: Any = None
+    prompt_logprobs: Any = None
+    # not implemented: rejected unless left at their defaults
     logit_bias: Any = None
     response_format: Any = None
     tools: Any = None
@@ -101,7 +103,6 @@ class SamplingRequestFields(RequestBody):
     function_call: Any = None
     best_of: Any = None
     suffix: Any = None
-    prompt_logprobs: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -110,9 +111,6 @@ class SamplingRequestFields(RequestBody):
     def check_unimplemented(self) -> None:
         """Raise a 400 ApiError naming the first unimplemented feature the request asks for."""
         checks: list[tuple[str, bool]] = [
-            ("logprobs", self.logprobs not in (None, False, 0)),
-            ("top_logprobs", self.top_logprobs not in (None, 0)),
-            ("prompt_logprobs", self.prompt_logprobs not in (None, 0)),
             ("logit_bias", bool(self.logit_bias)),
             (
                 "response_format",

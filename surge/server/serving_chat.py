@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
+from surge.core.logprobs import LogprobsLists
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
+from surge.server.logprobs import chat_content, chat_options, vllm_prompt_logprobs
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_common import (
     NO_STREAM_INTERVAL,
@@ -38,6 +42,7 @@ async def create_chat_completion(
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_stop(body.stop_list)
+    lp = chat_options(body)
     if not body.messages:
         raise bad_request("messages must not be empty", param="messages")
     prompt_ids = await render_chat(
@@ -45,6 +50,8 @@ async def create_chat_completion(
     )
     max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_ids))
     params = build_sampling_params(body, max_tokens)
+    if lp.logprobs is not None or lp.prompt_logprobs is not None:
+        params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
     state.check_prompt(prompt_ids, max_tokens)
     state.check_engine()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -57,6 +64,12 @@ async def create_chat_completion(
         gen.abort()
         raise
     model = state.model_name
+    strings = state.token_strings
+
+    def logprobs_of(rows: LogprobsLists | None) -> dict[str, Any] | None:
+        if lp.logprobs is None:
+            return None
+        return {"content": chat_content(rows or LogprobsLists(), lp.logprobs, strings)}
 
     if not body.stream:
         results = await collect(request, gen)
@@ -64,33 +77,39 @@ async def create_chat_completion(
             {
                 "index": i,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs_of(_all_rows(gen, i)),
                 "finish_reason": finish,
                 "stop_reason": stop,
             }
             for i, (text, finish, stop) in sorted(results.items())
         ]
-        return full_response(request_id, "chat.completion", created, model, choices, gen)
+        extra = {}
+        if lp.prompt_logprobs is not None:
+            rows = gen.choices[0].prompt_logprobs
+            extra["prompt_logprobs"] = vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)
+        return full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model)
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
-        return [
-            env.chunk(
-                [
-                    with_finish(
-                        {
-                            "index": d.index,
-                            "delta": {"role": "assistant", "content": d.text}
-                            if d.first
-                            else {"content": d.text},
-                        },
-                        d,
-                    )
-                ]
+        chunks = []
+        for d in deltas:
+            choice = with_finish(
+                {
+                    "index": d.index,
+                    "delta": {"role": "assistant", "content": d.text} if d.first else {"content": d.text},
+                },
+                d,
             )
-            for d in deltas
-        ]
+            choice["logprobs"] = logprobs_of(d.logprobs)
+            chunks.append(env.chunk([choice]))
+        return chunks
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
+
+
+def _all_rows(gen: Generation, index: int) -> LogprobsLists | None:
+    """Every generated-token row of choice ``index`` (None without logprobs)."""
+    tracker = gen.choices[index].logprobs
+    return None if tracker is None else tracker.rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
 from surge.server.tokenization import TokenizerWorker
+from surge.token_strings import TokenStrings
 
 T = TypeVar("T")
 
@@ -84,6 +86,11 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+    @functools.cached_property
+    def token_strings(self) -> TokenStrings:
+        """Text and bytes of single tokens (for logprobs), cached per token id."""
+        return TokenStrings(self.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         """Raise a 404 ApiError for a model name this server does not serve (None is accepted)."""
@@ -270,9 +277,16 @@ class ChunkEnvelope:
 
 
 def full_response(
-    request_id: str, obj: str, created: int, model: str, choices: list[dict[str, Any]], gen: Generation
+    request_id: str,
+    obj: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    gen: Generation,
+    **extra: Any,
 ) -> JSONResponse:
-    """The non-streaming OpenAI body: ``choices`` plus the exact usage of ``gen``."""
+    """The non-streaming OpenAI body: ``choices`` plus the exact usage of ``gen`` (and
+    ``extra`` top-level fields, such as chat's ``prompt_logprobs``)."""
     return JSONResponse(
         {
             "id": request_id,
@@ -282,6 +296,7 @@ def full_response(
             "choices": choices,
             "usage": usage_dict(gen),
         }
+        | extra
     )
 
 

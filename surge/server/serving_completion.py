@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
+from surge.core.logprobs import LogprobsLists
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
+from surge.server.logprobs import (
+    CompletionLogprobs,
+    completion_options,
+    vllm_prompt_logprobs,
+    with_first_prompt_token,
+)
 from surge.server.protocol import CompletionRequest
 from surge.server.serving_common import (
     NO_STREAM_INTERVAL,
@@ -57,11 +66,19 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_stop(body.stop_list)
+    lp = completion_options(body)
+    # echo with max_tokens 0 scores the prompt: the engine samples one token that is dropped.
+    score_only = body.echo and body.max_tokens == 0
+    requested = 1 if score_only else body.requested_max_tokens
     prompts = await _prompts(state, body)
     plans = []
     for ids, text in prompts:
-        max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(ids))
+        max_tokens = resolve_max_tokens(state, requested, len(ids))
         params = build_sampling_params(body, max_tokens)
+        if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
+            params = msgspec.structs.replace(
+                params, logprobs=lp.logprobs, prompt_logprobs=lp.engine_prompt_logprobs
+            )
         state.check_prompt(ids, max_tokens)
         plans.append((ids, text, params))
     state.check_engine()
@@ -71,7 +88,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival)
     try:
         for j, (ids, text, params) in enumerate(plans):
-            gen.add_prompt(request_id if len(plans) == 1 else f"{request_id}-p{j}", ids, params, text)
+            gen.add_prompt(
+                request_id if len(plans) == 1 else f"{request_id}-p{j}", ids, params, text, score_only
+            )
     except Exception:
         gen.abort()
         raise
@@ -83,14 +102,44 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             return info.text
         return state.tokenizer.decode(info.token_ids, skip_special_tokens=True)
 
+    strings = state.token_strings
+    offsets: dict[int, CompletionLogprobs] = {}
+
+    def logprobs_of(index: int, rows: LogprobsLists | None, first: bool) -> dict[str, Any] | None:
+        """The choice's ``logprobs`` for ``rows`` (the echoed prompt's first, on its first part)."""
+        if lp.logprobs is None:
+            return None
+        builder = offsets.setdefault(index, CompletionLogprobs(lp.logprobs, strings))
+        parts = []
+        if first and body.echo:
+            choice = gen.choices[index]
+            prompt_ids = gen.prompts[choice.prompt_index].token_ids
+            parts.append(builder.build(with_first_prompt_token(prompt_ids, choice.prompt_logprobs), True))
+        parts.append(builder.build(rows or LogprobsLists()))
+        return CompletionLogprobs.join(parts)
+
+    def prompt_logprobs_of(index: int) -> dict[str, Any]:
+        if lp.prompt_logprobs is None:
+            return {}
+        rows = gen.choices[index].prompt_logprobs
+        return {"prompt_logprobs": vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)}
+
     if not body.stream:
         results = await collect(request, gen)
         choices = []
         for i, (text, finish, stop) in sorted(results.items()):
             if body.echo:
                 text = echo_text(gen.choices[i].prompt_index) + text
+            tracker = gen.choices[i].logprobs
             choices.append(
-                {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": stop}
+                {
+                    "index": i,
+                    "text": text,
+                    "logprobs": logprobs_of(i, None if tracker is None else tracker.rows, True),
+                    "finish_reason": finish,
+                    "stop_reason": stop,
+                }
+                | prompt_logprobs_of(i)
             )
         return full_response(request_id, "text_completion", created, model, choices, gen)
 
@@ -100,7 +149,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         chunks = []
         for d in deltas:
             text = echo_text(d.prompt_index) + d.text if (body.echo and d.first) else d.text
-            chunks.append(env.chunk([with_finish({"index": d.index, "text": text}, d)]))
+            choice = with_finish({"index": d.index, "text": text}, d)
+            choice["logprobs"] = logprobs_of(d.index, d.logprobs, d.first)
+            chunks.append(env.chunk([choice]))
         return chunks
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None

@@ -1,0 +1,247 @@
+"""Logprobs in the OpenAI API: request options, which rows go with which text, response JSON.
+
+The engine sends token ids and floats (:class:`~surge.core.logprobs.LogprobsLists`); this
+module, in the API process, checks the request fields, keeps each choice's rows in step with
+the text it streams (:class:`LogprobTracker`), and turns rows into OpenAI's chat
+``logprobs.content``, the legacy completions ``logprobs`` object, and vLLM's
+``prompt_logprobs``. Values are the log-softmax of the model's raw logits (before penalties,
+temperature and top-k/p), as vLLM's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from surge.core.logprobs import LogprobsLists
+from surge.sampling_params import MAX_LOGPROBS
+from surge.server.errors import bad_request
+from surge.token_strings import TokenStrings
+
+_FLOOR = -9999.0
+"""JSON has no -inf: a log-probability below this is reported as this (as vLLM does)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobOptions:
+    """What one request asks for.
+
+    Attributes:
+        logprobs: top-k of the generated tokens' logprobs, or None for none.
+        prompt_logprobs: vLLM's ``prompt_logprobs`` top-k, or None.
+        echo_logprobs: completions with ``echo`` and ``logprobs``: the prompt's rows come
+            first in ``logprobs`` with this top-k (None otherwise).
+    """
+
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    echo_logprobs: int | None = None
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """The ``prompt_logprobs`` to ask the engine for (the larger of the two uses)."""
+        ks = [k for k in (self.prompt_logprobs, self.echo_logprobs) if k is not None]
+        return max(ks) if ks else None
+
+
+def _top_k(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", param=name)
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}", param=name)
+    return value
+
+
+def _prompt_logprobs(body: Any) -> int | None:
+    if body.prompt_logprobs is None:
+        return None
+    k = _top_k(body.prompt_logprobs, "prompt_logprobs")
+    if body.stream:
+        raise bad_request("prompt_logprobs is not available when stream is true", param="prompt_logprobs")
+    return k
+
+
+def chat_options(body: Any) -> LogprobOptions:
+    """Options of a chat request: ``logprobs`` (bool), ``top_logprobs`` (0..20, needs
+    ``logprobs: true``), ``prompt_logprobs`` (0..20, not with ``stream``).
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
+    if body.logprobs is not None and not isinstance(body.logprobs, bool):
+        raise bad_request(f"logprobs must be a boolean, got {body.logprobs!r}", param="logprobs")
+    top = None
+    if body.top_logprobs is not None:
+        top = _top_k(body.top_logprobs, "top_logprobs")
+        if not body.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    return LogprobOptions(
+        logprobs=(top or 0) if body.logprobs else None, prompt_logprobs=_prompt_logprobs(body)
+    )
+
+
+def completion_options(body: Any) -> LogprobOptions:
+    """Options of a completions request: ``logprobs`` (0..20; with ``echo`` the prompt's
+    rows too), ``prompt_logprobs`` (0..20, not with ``stream``).
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
+    k = None if body.logprobs is None else _top_k(body.logprobs, "logprobs")
+    return LogprobOptions(
+        logprobs=k, prompt_logprobs=_prompt_logprobs(body), echo_logprobs=k if body.echo else None
+    )
+
+
+class LogprobTracker:
+    """One choice's generated-token rows, released in step with its text.
+
+    Each token's text ends at some character of the decoded output; a row is released once
+    all text up to that end has been emitted (text held back as an unfinished character or a
+    possible stop-string prefix holds its rows back too). A token that adds no text yet (a
+    byte of an unfinished character, a skipped special token) ends where the next text ends.
+    The final delta releases every remaining row, so the joined rows are exactly one per
+    generated token (the stop token included, as the usage counts it).
+
+    Attributes:
+        rows: every row received, in token order.
+        num_sent: rows handed out by :meth:`take`.
+    """
+
+    __slots__ = ("rows", "num_sent", "_ends", "_decoded", "_emitted")
+
+    def __init__(self) -> None:
+        self.rows = LogprobsLists()
+        self.num_sent = 0
+        self._ends: list[int | None] = []
+        self._decoded = 0
+        self._emitted = 0
+
+    def add(self, rows: LogprobsLists, num_emitted: int, num_held: int) -> None:
+        """Record one token's row after the detokenizer took it.
+
+        Args:
+            rows: the token's row (one).
+            num_emitted: characters the detokenizer emitted for this token's update.
+            num_held: characters it holds back after it (``num_held_chars``).
+        """
+        self.rows.extend(rows)
+        self._emitted += num_emitted
+        decoded = self._emitted + num_held
+        self._ends.append(None)
+        if decoded > self._decoded:
+            self._decoded = decoded
+            ends = self._ends
+            i = len(ends) - 1
+            while i >= self.num_sent and ends[i] is None:
+                ends[i] = decoded
+                i -= 1
+
+    def add_text(self, num_emitted: int) -> None:
+        """Count characters emitted without a token (the final flush)."""
+        self._emitted += num_emitted
+
+    def take(self, final: bool) -> LogprobsLists:
+        """The rows to send with a delta that carries all text emitted so far."""
+        end = len(self._ends)
+        if not final:
+            i = self.num_sent
+            while i < end and (e := self._ends[i]) is not None and e <= self._emitted:
+                i += 1
+            end = i
+        out = self.rows.slice(self.num_sent, end)
+        self.num_sent = end
+        return out
+
+
+def _lp(value: float) -> float:
+    return value if value >= _FLOOR else _FLOOR  # -inf and NaN -> the floor
+
+
+def chat_content(rows: LogprobsLists, top: int, strings: TokenStrings) -> list[dict[str, Any]]:
+    """OpenAI chat ``logprobs.content``: per token ``{token, logprob, bytes, top_logprobs}``
+    with the ``top`` most likely alternatives."""
+    out = []
+    for ids, lps in zip(rows.token_ids, rows.logprobs, strict=True):
+        text, raw = strings.get(ids[0])
+        alternatives = []
+        for t, lp in zip(ids[1 : top + 1], lps[1 : top + 1], strict=True):
+            t_text, t_raw = strings.get(t)
+            alternatives.append({"token": t_text, "logprob": _lp(lp), "bytes": t_raw})
+        out.append({"token": text, "logprob": _lp(lps[0]), "bytes": raw, "top_logprobs": alternatives})
+    return out
+
+
+@dataclass
+class CompletionLogprobs:
+    """The legacy completions ``logprobs`` object of one choice, built incrementally.
+
+    ``text_offset`` counts characters of the tokens' texts from the start of the choice's
+    text (the echoed prompt first, with ``echo``), carried across streamed chunks.
+    """
+
+    top: int
+    strings: TokenStrings
+    offset: int = 0
+
+    def build(self, rows: LogprobsLists, first_is_null: bool = False) -> dict[str, Any]:
+        """``{tokens, token_logprobs, top_logprobs, text_offset}`` of ``rows``; with
+        ``first_is_null`` the first row is a prompt's first token (no logprob)."""
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for j, (ids, lps) in enumerate(zip(rows.token_ids, rows.logprobs, strict=True)):
+            text = self.strings.text(ids[0])
+            tokens.append(text)
+            offsets.append(self.offset)
+            self.offset += len(text)
+            if first_is_null and j == 0:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(_lp(lps[0]))
+            entry = {
+                self.strings.text(t): _lp(lp)
+                for t, lp in zip(ids[1 : self.top + 1], lps[1 : self.top + 1], strict=True)
+            }
+            entry.setdefault(text, _lp(lps[0]))
+            top_logprobs.append(entry)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Concatenate several objects' lists (echoed prompt, then generated tokens)."""
+        keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+        return {k: [x for p in parts for x in p[k]] for k in keys}
+
+
+def with_first_prompt_token(prompt_token_ids: list[int], rows: LogprobsLists | None) -> LogprobsLists:
+    """A prompt's rows with a placeholder row for its first token in front (its id, logprob
+    0, rank 1; callers print it as null)."""
+    out = LogprobsLists([[prompt_token_ids[0]]], [[0.0]], [1])
+    if rows is not None:
+        out.extend(rows)
+    return out
+
+
+def vllm_prompt_logprobs(
+    rows: LogprobsLists | None, top: int, strings: TokenStrings
+) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token a dict
+    ``"token_id" -> {logprob, rank, decoded_token}`` holding the prompt token (with its rank)
+    and the ``top`` most likely tokens (ranks 1..top)."""
+    out: list[dict[str, Any] | None] = [None]
+    if rows is None:
+        return out
+    for ids, lps, rank in zip(rows.token_ids, rows.logprobs, rows.ranks, strict=True):
+        entry = {str(ids[0]): {"logprob": _lp(lps[0]), "rank": rank, "decoded_token": strings.text(ids[0])}}
+        for r, (t, lp) in enumerate(zip(ids[1 : top + 1], lps[1 : top + 1], strict=True), start=1):
+            entry.setdefault(str(t), {"logprob": _lp(lp), "rank": r, "decoded_token": strings.text(t)})
+        out.append(entry)
+    return out

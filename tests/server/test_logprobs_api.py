@@ -1,0 +1,308 @@
+"""Logprobs through the HTTP API: the openai SDK for chat ``logprobs``/``top_logprobs`` and
+completions ``logprobs``/``echo``/``max_tokens: 0``, raw HTTP for vLLM's ``prompt_logprobs``;
+streamed rows equal the non-streamed ones, under ``--stream-interval`` coalescing and
+stop-string hold-back; bad values are a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from surge.token_strings import TokenStrings
+from tests.conftest import STORIES
+from tests.server.conftest import Server, start_server
+
+PROMPT = "Once upon a time"
+MSGS = [{"role": "user", "content": "Tell me a story"}]
+GREEDY = {"temperature": 0}
+EXACT = {"ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def coalescing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server that sends one event per 3 tokens."""
+    srv = start_server(tmp_path_factory.mktemp("serve_lp"), "--stream-interval", "3")
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def _sdk(srv: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat_rows(content: list[Any]) -> list[tuple[str, float, list[int], list[tuple[str, float]]]]:
+    return [(c.token, c.logprob, c.bytes, [(t.token, t.logprob) for t in c.top_logprobs]) for c in content]
+
+
+def _same_rows(a: list[Any], b: list[Any]) -> None:
+    assert [r[0] for r in a] == [r[0] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert x[1] == pytest.approx(y[1], abs=1e-5)
+        assert [t for t, _ in x[3]] == [t for t, _ in y[3]]
+
+
+def test_chat_logprobs_and_top_logprobs(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        messages=MSGS,
+        max_tokens=12,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body=EXACT,
+        **GREEDY,
+    )
+    choice = r.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == r.usage.completion_tokens == 12
+    assert "".join(c.token for c in content) == choice.message.content
+    for c in content:
+        assert c.logprob <= 0 and c.bytes == list(c.token.encode())
+        assert len(c.top_logprobs) == 3
+        tops = [t.logprob for t in c.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert c.top_logprobs[0].token == c.token  # greedy: the sampled token is the most likely
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob)
+    zero = client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        messages=MSGS,
+        max_tokens=4,
+        logprobs=True,
+        extra_body=EXACT,
+        **GREEDY,
+    )
+    assert all(c.top_logprobs == [] for c in zero.choices[0].logprobs.content)
+    assert [c.token for c in zero.choices[0].logprobs.content] == [c.token for c in content[:4]]
+    none = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=MSGS, max_tokens=4, **GREEDY
+    )
+    assert none.choices[0].logprobs is None
+
+
+def test_chat_stream_equals_non_stream_and_n(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(
+        model=client.models.list().data[0].id,
+        messages=MSGS,
+        max_tokens=16,
+        logprobs=True,
+        top_logprobs=2,
+        seed=5,
+        n=2,
+        extra_body=EXACT,
+    )
+    full = client.chat.completions.create(**kw)
+    rows: dict[int, list[Any]] = {0: [], 1: []}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            assert c.logprobs is not None
+            rows[c.index] += _chat_rows(c.logprobs.content)
+    for choice in full.choices:
+        assert len(choice.logprobs.content) == 16
+        _same_rows(rows[choice.index], _chat_rows(choice.logprobs.content))
+
+
+def test_completion_logprobs_echo_and_scoring(client: openai.OpenAI) -> None:
+    r = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt=PROMPT,
+        max_tokens=8,
+        logprobs=2,
+        extra_body=EXACT,
+        **GREEDY,
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 2 and top[token] == pytest.approx(value)
+        assert max(top.values()) == pytest.approx(value)  # greedy
+    # logprobs=0 still gives the sampled token's logprob (top_logprobs holds just it).
+    z = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt=PROMPT,
+        max_tokens=8,
+        logprobs=0,
+        extra_body=EXACT,
+        **GREEDY,
+    )
+    zl = z.choices[0].logprobs
+    assert zl.tokens == lp.tokens and all(len(t) == 1 for t in zl.top_logprobs)
+    assert zl.token_logprobs == pytest.approx(lp.token_logprobs, abs=1e-5)
+
+    echo = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt=PROMPT,
+        max_tokens=8,
+        logprobs=2,
+        echo=True,
+        extra_body=EXACT,
+        **GREEDY,
+    )
+    el = echo.choices[0].logprobs
+    n_prompt = echo.usage.prompt_tokens
+    assert echo.choices[0].text == PROMPT + r.choices[0].text
+    assert len(el.tokens) == n_prompt + 8
+    assert el.token_logprobs[0] is None and el.top_logprobs[0] is None
+    assert all(isinstance(v, float) for v in el.token_logprobs[1:])
+    assert el.tokens[n_prompt:] == lp.tokens
+    assert el.token_logprobs[n_prompt:] == pytest.approx(lp.token_logprobs, abs=1e-5)
+
+    # max_tokens 0 with echo scores the prompt without generating (evaluation harnesses).
+    score = client.completions.create(
+        model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1
+    )
+    sl = score.choices[0].logprobs
+    assert score.choices[0].text == PROMPT and score.usage.completion_tokens == 0
+    assert score.choices[0].finish_reason == "length"
+    assert sl.tokens == el.tokens[:n_prompt]
+    assert sl.token_logprobs[0] is None
+    assert sl.token_logprobs[1:] == pytest.approx(el.token_logprobs[1:n_prompt], abs=1e-5)
+    # Token-id prompts and several prompts score each.
+    ids = httpx.post(client.base_url.join("/tokenize").__str__(), json={"prompt": PROMPT}).json()["tokens"]
+    multi = client.completions.create(
+        model=client.models.list().data[0].id, prompt=[ids, ids[:3]], max_tokens=0, echo=True, logprobs=0
+    )
+    assert [len(c.logprobs.tokens) for c in multi.choices] == [len(ids), 3]
+    assert multi.choices[0].logprobs.token_logprobs[1:] == pytest.approx(sl.token_logprobs[1:], abs=1e-5)
+
+
+def test_completion_stream_echo_logprobs_equal_non_stream(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(
+        model=client.models.list().data[0].id,
+        prompt=PROMPT,
+        max_tokens=10,
+        logprobs=3,
+        echo=True,
+        extra_body=EXACT,
+        **GREEDY,
+    )
+    full = client.completions.create(**kw).choices[0].logprobs
+    joined: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in client.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            for key in joined:
+                joined[key] += getattr(c.logprobs, key)
+    assert joined["tokens"] == full.tokens and joined["text_offset"] == full.text_offset
+    assert joined["token_logprobs"][0] is None
+    assert joined["token_logprobs"][1:] == pytest.approx(full.token_logprobs[1:], abs=1e-5)
+    assert [sorted(t) if t else t for t in joined["top_logprobs"]] == [
+        sorted(t) if t else t for t in full.top_logprobs
+    ]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_prompt_logprobs_raw_http(server: Server, path: str) -> None:
+    body: dict[str, Any] = {"max_tokens": 2, "prompt_logprobs": 2, **GREEDY}
+    body |= {"prompt": PROMPT} if "chat" not in path else {"messages": MSGS}
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    plp = data["prompt_logprobs"] if "chat" in path else data["choices"][0]["prompt_logprobs"]
+    assert len(plp) == data["usage"]["prompt_tokens"] and plp[0] is None
+    for entry in plp[1:]:
+        ranks = sorted(v["rank"] for v in entry.values())
+        assert {1, 2} <= set(ranks) and len(entry) in (2, 3)
+        for key, v in entry.items():
+            assert int(key) >= 0 and v["logprob"] <= 0 and isinstance(v["decoded_token"], str)
+    if "chat" not in path:  # the same values as echo's prompt rows
+        echo = httpx.post(
+            server.url + path,
+            json={"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 0},
+            timeout=60,
+        ).json()["choices"][0]["logprobs"]["token_logprobs"]
+        ids = httpx.post(server.url + "/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+        mine = [plp[j][str(ids[j])]["logprob"] for j in range(1, len(ids))]
+        assert mine == pytest.approx(echo[1:], abs=1e-5)
+
+
+def _stream_rows(srv: Server, body: dict[str, Any]) -> list[tuple[str, list[str], str | None]]:
+    """Each SSE chunk's (text, row tokens, finish_reason) of a chat stream."""
+    out = []
+    with httpx.stream(
+        "POST", srv.url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60
+    ) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for c in json.loads(line[6:])["choices"]:
+                rows = [e["token"] for e in c["logprobs"]["content"]]
+                out.append((c["delta"].get("content", ""), rows, c["finish_reason"]))
+    return out
+
+
+@pytest.mark.parametrize("stop", [None, "little girl", "toys."])
+def test_rows_follow_the_text_under_coalescing_and_stop_strings(coalescing: Server, stop: str | None) -> None:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 30,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "stop": stop,
+        **GREEDY,
+        **EXACT,
+    }
+    chunks = _stream_rows(coalescing, body)
+    full = httpx.post(coalescing.url + "/v1/chat/completions", json=body, timeout=60).json()
+    rows = [e["token"] for e in full["choices"][0]["logprobs"]["content"]]
+    assert [t for _, r, _ in chunks for t in r] == rows
+    assert len(rows) == full["usage"]["completion_tokens"]
+    assert "".join(t for t, _, _ in chunks) == full["choices"][0]["message"]["content"]
+    # Every chunk but the last carries exactly the rows of the tokens whose text is complete
+    # in the text sent so far: what is left over is the start of the next token's text.
+    assert [f for _, _, f in chunks][-1] is not None
+    text_so_far, num_rows = "", 0
+    for text, r, _ in chunks[:-1]:
+        text_so_far += text
+        num_rows += len(r)
+        covered = "".join(rows[:num_rows])
+        assert text_so_far.startswith(covered)
+        assert rows[num_rows].startswith(text_so_far[len(covered) :])
+    if stop is not None:
+        assert full["choices"][0]["finish_reason"] == "stop"
+        assert stop not in full["choices"][0]["message"]["content"]
+        assert stop.split()[0] in "".join(chunks[-1][1])  # the stop string's tokens come last
+    assert len(chunks) < len(rows)  # events were coalesced
+
+
+BAD = [
+    ("/v1/chat/completions", {"messages": MSGS, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MSGS, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MSGS, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MSGS, "logprobs": 3}, "logprobs"),
+    ("/v1/chat/completions", {"messages": MSGS, "prompt_logprobs": 21}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"messages": MSGS, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": "many"}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": -2}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD)
+def test_bad_logprob_fields_are_400_naming_them(
+    server: Server, path: str, body: dict[str, Any], param: str
+) -> None:
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"]
+
+
+def test_token_strings_bytes_of_partial_characters() -> None:
+    strings = TokenStrings(AutoTokenizer.from_pretrained(STORIES))
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    ids = tok.encode("日本", add_special_tokens=False)
+    raw = [b for i in ids for b in strings.get(i)[1]]
+    assert bytes(raw).decode("utf-8").strip() == "日本"
