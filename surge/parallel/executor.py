@@ -57,17 +57,18 @@ class WorkerDiedError(RuntimeError):
 class _RemoteStep:
     """A launched step; :meth:`result` waits for rank 0's sampled ids."""
 
-    __slots__ = ("_executor", "_step", "_request_ids", "_done")
+    __slots__ = ("_executor", "_step", "_request_ids", "_done", "_answered")
 
-    def __init__(self, executor: TPExecutor, step: int, request_ids: list[str]) -> None:
+    def __init__(self, executor: TPExecutor, step: int, request_ids: list[str], answered: bool) -> None:
         self._executor = executor
         self._step = step
         self._request_ids = request_ids
         self._done = False
+        self._answered = answered
 
     def done(self) -> bool:
         """Whether :meth:`result` would not wait on the network (nothing to wait for)."""
-        return not self._request_ids
+        return not self._answered
 
     def result(self) -> ModelOutput:
         """The step's sampled ids.
@@ -79,12 +80,14 @@ class _RemoteStep:
         if self._done:
             raise RuntimeError("result() called twice")
         self._done = True
-        if not self._request_ids:
+        if not self._answered:
             return ModelOutput()
         msg = self._executor._recv()
         if not isinstance(msg, StepResult) or msg.step != self._step:
             raise RuntimeError(f"step {self._step}: unexpected message from rank 0: {msg!r}")
-        return ModelOutput(dict(zip(self._request_ids, msg.token_ids, strict=True)))
+        return ModelOutput(
+            dict(zip(self._request_ids, msg.token_ids, strict=True)), msg.logprobs, msg.prompt_logprobs
+        )
 
 
 class TPExecutor:
@@ -236,7 +239,8 @@ class TPExecutor:
         msg = self._steps.encode(scheduler_output)
         self._publish(msg)
         ids = [s.request.request_id for s in scheduler_output.scheduled if s.sample]
-        return _RemoteStep(self, msg.step, ids)
+        # With a prompt_logprobs request alive rank 0 answers every step (see StepMessage).
+        return _RemoteStep(self, msg.step, ids, bool(ids) or msg.any_prompt_logprobs)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         """Run one step on every rank and return rank 0's sampled ids."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
+from surge.core.logprobs import LogprobsLists
 from surge.sampling_params import SamplingParams
 
 
@@ -61,6 +62,8 @@ class StepMessage(msgspec.Struct, tag=True, array_like=True):
         scheduled: the step's requests, in the scheduler's order.
         num_scheduled_tokens: total tokens of the step.
         preempted_request_ids, finished_request_ids: as in ``SchedulerOutput``.
+        any_prompt_logprobs: as in ``SchedulerOutput``; rank 0 then answers every step (its
+            prompt logprobs may come from a chunk that samples nothing).
     """
 
     step: int
@@ -69,6 +72,7 @@ class StepMessage(msgspec.Struct, tag=True, array_like=True):
     num_scheduled_tokens: int
     preempted_request_ids: list[str]
     finished_request_ids: list[str]
+    any_prompt_logprobs: bool = False
 
 
 class InitKVCache(msgspec.Struct, tag=True, array_like=True):
@@ -108,11 +112,14 @@ class KVCacheReady(msgspec.Struct, tag=True, array_like=True):
 class StepResult(msgspec.Struct, tag=True, array_like=True):
     """Rank 0's sampled ids of one step, in the order of the step's ``sample`` requests.
 
-    Attributes: step (the step's sequence number); token_ids.
+    Attributes: step (the step's sequence number); token_ids; logprobs and prompt_logprobs
+    (as in ``ModelOutput``, for the requests that ask).
     """
 
     step: int
     token_ids: list[int]
+    logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, LogprobsLists]] = msgspec.field(default_factory=dict)
 
 
 class WorkerFatalError(msgspec.Struct, tag=True, array_like=True):

@@ -82,6 +82,7 @@ class StepEncoder:
             so.num_scheduled_tokens,
             list(so.preempted_request_ids),
             list(so.finished_request_ids),
+            so.any_prompt_logprobs,
         )
         self._step += 1
         return msg
@@ -136,4 +137,5 @@ class StepDecoder:
             num_scheduled_tokens=msg.num_scheduled_tokens,
             preempted_request_ids=msg.preempted_request_ids,
             finished_request_ids=msg.finished_request_ids,
+            any_prompt_logprobs=msg.any_prompt_logprobs,
         )

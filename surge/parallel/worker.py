@@ -232,16 +232,18 @@ def _loop(
     decoder = msgspec.msgpack.Decoder(WorkerInput)
     steps = StepDecoder(frozenset(config.model.eos_token_ids))
     send_results = spec.rank == 0
-    pending: tuple[int, Any] | None = None  # (step, handle) launched, not resolved
+    pending: tuple[int, Any, bool] | None = None  # (step, handle, always answer) launched, not resolved
 
     def resolve() -> None:
         nonlocal pending
         assert pending is not None
-        step, handle = pending
+        step, handle, always = pending
         pending = None
-        ids = list(handle.result().sampled_token_ids.values())
-        if send_results and ids:
-            push.send(encoder.encode(StepResult(step, ids)), copy=False)
+        out = handle.result()
+        ids = list(out.sampled_token_ids.values())
+        if send_results and (ids or always):
+            result = StepResult(step, ids, out.logprobs, out.prompt_logprobs)
+            push.send(encoder.encode(result), copy=False)
 
     while True:
         if pending is not None:
@@ -266,8 +268,8 @@ def _loop(
             handle = runner.execute_async(so)
             if pending is not None:
                 resolve()
-            if any(s.sample for s in msg.scheduled):
-                pending = (msg.step, handle)
+            if msg.any_prompt_logprobs or any(s.sample for s in msg.scheduled):
+                pending = (msg.step, handle, msg.any_prompt_logprobs)
             else:
                 handle.result()
             continue
