@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
 ``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
-``POST /tokenize``, ``POST /detokenize``, ``GET /version``. Every error is an OpenAI error body;
+``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
+``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
 a client mistake is a 4xx, never a 500.
 """
 
@@ -47,6 +48,7 @@ from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, render_chat
 from surge.server.serving_completion import create_completion
 from surge.tokenizer import load_tokenizer
+from surge.web.ui import mount_web_ui
 
 logger = logging.getLogger("surge.server")
 
@@ -82,12 +84,13 @@ def log_rejection(request: Request, status: int, message: str, param: str | None
     )
 
 
-def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
+def build_app(state: ServerState, *, log_interval: float = 10.0, web_ui: bool = True) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
     Args:
         state: engine client, tokenizer, metrics and server settings.
         log_interval: seconds between periodic stats log lines (when there is activity).
+        web_ui: serve the playground (``/``) and the dashboard (``/dashboard``), see ``surge.web``.
     """
 
     @asynccontextmanager
@@ -228,6 +231,8 @@ def build_app(state: ServerState, *, log_interval: float = 10.0) -> FastAPI:
         return _json_response({"prompt": await state.tokenizer_worker.decode(body.tokens)})
 
     install_openapi(app)
+    if web_ui:
+        mount_web_ui(app)
     return app
 
 
@@ -269,6 +274,7 @@ class ServeOptions:
             first token.
         max_stop_strings: most ``stop`` strings per request.
         max_stop_string_length: longest ``stop`` string (characters).
+        web_ui: serve the playground and the dashboard (``--disable-web-ui`` turns them off).
     """
 
     host: str = "127.0.0.1"
@@ -289,6 +295,7 @@ class ServeOptions:
     sse_queued_interval: float = 5.0
     max_stop_strings: int = 64
     max_stop_string_length: int = 256
+    web_ui: bool = True
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -395,7 +402,7 @@ async def run_server(
         info.block_size,
         info.num_kv_blocks * info.block_size,
     )
-    app = build_app(state, log_interval=options.log_interval)
+    app = build_app(state, log_interval=options.log_interval, web_ui=options.web_ui)
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.
     gc.collect()
@@ -416,6 +423,10 @@ async def run_server(
     # uvicorn re-raises the signal that stopped it; make that a no-op so shutdown stays clean.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger.info("Surge %s serving on http://%s:%d (OpenAI API under /v1)", surge.__version__, url_host, port)
+    if options.web_ui:
+        logger.info(
+            "playground at http://%s:%d/, dashboard at http://%s:%d/dashboard", url_host, port, url_host, port
+        )
     try:
         await server.serve(sockets=[sock])
     finally:

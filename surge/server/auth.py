@@ -1,8 +1,9 @@
 """API-key checks: which routes need the key, and the one function that checks a request's key.
 
 With ``--api-key`` every route needs ``Authorization: Bearer KEY`` except the open ones:
-``/health`` (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``) and
-the API documentation (``/docs``, ``/redoc``, ``/openapi.json``). The check runs in
+``/health`` (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``),
+the API documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages
+(``/``, ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The check runs in
 :class:`surge.server.guard.RequestGuard` before the body is read, so a client without the key
 gets a 401 whatever it sends.
 """
@@ -10,6 +11,8 @@ gets a 401 whatever it sends.
 from __future__ import annotations
 
 import hmac
+
+from surge.web.ui import is_web_ui_path
 
 OPEN_PATHS: frozenset[str] = frozenset(
     {"/health", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
@@ -39,7 +42,7 @@ def needs_key(path: str, *, metrics_require_key: bool) -> bool:
     """Whether a request to ``path`` must carry the API key (when one is set)."""
     if path == "/metrics":
         return metrics_require_key
-    return path not in OPEN_PATHS
+    return path not in OPEN_PATHS and not is_web_ui_path(path)
 
 
 def is_authorized(authorization: bytes | None, api_key: str) -> bool:

@@ -125,6 +125,11 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.add_argument(
+        "--disable-web-ui",
+        action="store_true",
+        help="do not serve the playground (/) and dashboard (/dashboard)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -239,6 +244,7 @@ def run_serve(args: argparse.Namespace) -> int:
         sse_queued_interval=args.sse_queued_interval,
         max_stop_strings=args.max_stop_strings,
         max_stop_string_length=args.max_stop_string_length,
+        web_ui=not args.disable_web_ui,
     )
     sock = bind_socket(args.host, args.port)
     try:

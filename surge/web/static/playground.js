@@ -1,0 +1,393 @@
+// Surge playground: chat and raw completions streamed over the OpenAI-compatible API.
+"use strict";
+
+(() => {
+  const C = window.SurgeCommon;
+  const $ = (id) => document.getElementById(id);
+
+  const ui = {
+    model: $("model"),
+    system: $("system"),
+    systemField: $("system-field"),
+    temperature: $("temperature"),
+    topP: $("top_p"),
+    topK: $("top_k"),
+    maxTokens: $("max_tokens"),
+    seed: $("seed"),
+    stop: $("stop"),
+    thinking: $("thinking"),
+    ignoreEos: $("ignore_eos"),
+    apiKey: $("api-key"),
+    keyField: $("key-field"),
+    keyNotice: $("key-notice"),
+    messages: $("messages"),
+    inner: $("messages-inner"),
+    empty: $("empty"),
+    composer: $("composer"),
+    prompt: $("prompt"),
+    send: $("send"),
+    stopBtn: $("stop-btn"),
+    newChat: $("new-chat"),
+    modeButtons: [...document.querySelectorAll("#mode button")],
+  };
+
+  const state = {
+    mode: "chat", // or "completion"
+    history: [], // chat messages sent so far: {role, content}
+    controller: null, // AbortController of the request in flight
+    epoch: 0, // bumped by "New chat", so an answer that ends later leaves the new history alone
+  };
+
+  // ---------- settings ----------
+
+  function showRange(input, digits) {
+    const out = $(input.id + "-value");
+    const update = () => (out.textContent = Number(input.value).toFixed(digits));
+    input.addEventListener("input", update);
+    update();
+  }
+  showRange(ui.temperature, 2);
+  showRange(ui.topP, 2);
+
+  function intOrNull(input) {
+    const v = input.value.trim();
+    if (v === "") return null;
+    const n = Number(v);
+    return Number.isInteger(n) ? n : null;
+  }
+
+  /** The request fields common to both endpoints, from the settings panel. */
+  function samplingFields() {
+    const body = {
+      model: ui.model.value,
+      stream: true,
+      stream_options: { include_usage: true },
+      temperature: Number(ui.temperature.value),
+      top_p: Number(ui.topP.value),
+    };
+    const maxTokens = intOrNull(ui.maxTokens);
+    if (maxTokens !== null) body.max_tokens = maxTokens;
+    const topK = intOrNull(ui.topK);
+    if (topK !== null) body.top_k = topK;
+    const seed = intOrNull(ui.seed);
+    if (seed !== null) body.seed = seed;
+    const stops = ui.stop.value.split("\n").filter((s) => s.length > 0);
+    if (stops.length) body.stop = stops;
+    if (ui.ignoreEos.checked) body.ignore_eos = true;
+    return body;
+  }
+
+  // ---------- models and the API key ----------
+
+  async function loadModels() {
+    let r;
+    try {
+      r = await fetch("/v1/models", { headers: C.headers(false), cache: "no-store" });
+    } catch (e) {
+      return;
+    }
+    if (r.status === 401) {
+      ui.keyField.hidden = false;
+      ui.keyNotice.hidden = false;
+      ui.keyNotice.textContent = C.getApiKey()
+        ? "The API key was refused."
+        : "This server needs an API key.";
+      ui.model.replaceChildren();
+      return;
+    }
+    ui.keyNotice.hidden = true;
+    if (!r.ok) return;
+    const body = await r.json();
+    const previous = ui.model.value;
+    ui.model.replaceChildren();
+    for (const m of body.data || []) {
+      // a model folder path shows as its last part; the full name is the value and the tooltip
+      const opt = C.el("option", null, m.id.replace(/\/+$/, "").split("/").pop() || m.id);
+      opt.value = m.id;
+      opt.title = m.id;
+      ui.model.appendChild(opt);
+    }
+    if (previous && [...ui.model.options].some((o) => o.value === previous)) ui.model.value = previous;
+  }
+
+  if (C.getApiKey()) {
+    ui.keyField.hidden = false;
+    ui.apiKey.value = C.getApiKey();
+  }
+  let keyTimer = null;
+  ui.keyField.addEventListener("submit", (e) => e.preventDefault());
+  ui.apiKey.addEventListener("input", () => {
+    C.setApiKey(ui.apiKey.value.trim());
+    clearTimeout(keyTimer);
+    keyTimer = setTimeout(loadModels, 300);
+  });
+
+  // ---------- messages ----------
+
+  function scrollToEnd(force) {
+    const m = ui.messages;
+    if (force || m.scrollHeight - m.scrollTop - m.clientHeight < 120) m.scrollTop = m.scrollHeight;
+  }
+
+  function addUserMessage(text, label) {
+    ui.empty.hidden = true;
+    const msg = C.el("div", "msg user");
+    msg.appendChild(C.el("div", "role", label));
+    const body = C.el("div", "body");
+    C.renderText(body, text);
+    msg.appendChild(body);
+    ui.inner.appendChild(msg);
+    scrollToEnd(true);
+  }
+
+  function stat(parent, name, label) {
+    const span = C.el("span");
+    span.dataset.stat = name;
+    const value = C.el("b", null, "–");
+    span.append(value, " " + label);
+    parent.appendChild(span);
+    return value;
+  }
+
+  /** An assistant message: folded reasoning, streamed body and a stats line. */
+  function addAssistantMessage(label) {
+    const msg = C.el("div", "msg assistant");
+    msg.dataset.state = "streaming";
+    msg.appendChild(C.el("div", "role", label));
+    const reasoning = C.el("details", "reasoning");
+    reasoning.hidden = true;
+    const summary = C.el("summary", null, "Reasoning");
+    const reasoningText = C.el("div", "reasoning-text");
+    reasoning.append(summary, reasoningText);
+    const body = C.el("div", "body streaming");
+    const stats = C.el("div", "stats");
+    const view = {
+      msg,
+      reasoning,
+      summary,
+      reasoningText,
+      body,
+      tokens: stat(stats, "tokens", "tokens"),
+      tps: stat(stats, "tps", "tok/s"),
+      ttft: stat(stats, "ttft", "TTFT"),
+      finish: stat(stats, "finish", "finish"),
+    };
+    msg.append(reasoning, body, stats);
+    ui.inner.appendChild(msg);
+    scrollToEnd(true);
+    return view;
+  }
+
+  function addError(text) {
+    const msg = C.el("div", "msg error");
+    msg.appendChild(C.el("div", "role", "Error"));
+    msg.appendChild(C.el("div", "body", text));
+    ui.inner.appendChild(msg);
+    scrollToEnd(true);
+  }
+
+  // ---------- one streamed request ----------
+
+  function setBusy(busy) {
+    ui.send.hidden = busy;
+    ui.stopBtn.hidden = !busy;
+  }
+
+  /** Live numbers of one answer: timing from the send, token events, usage and finish reason. */
+  function newRun() {
+    return {
+      tStart: performance.now(),
+      tFirst: null,
+      tLast: null,
+      events: 0, // content events (one token each at --stream-interval 1)
+      text: "",
+      reasoning: "",
+      usage: null,
+      finish: null,
+    };
+  }
+
+  function showStats(view, run) {
+    const n = run.usage ? run.usage.completion_tokens : run.events;
+    view.tokens.textContent = String(n);
+    if (run.tFirst !== null) view.ttft.textContent = `${Math.round(run.tFirst - run.tStart)} ms`;
+    const tEnd = view.msg.dataset.state === "streaming" ? performance.now() : run.tLast;
+    // decode speed: the tokens after the first over the time after it (needs two events to time)
+    if (run.tFirst !== null && run.events > 1 && n > 1 && tEnd > run.tFirst) {
+      view.tps.textContent = (((n - 1) * 1000) / (tEnd - run.tFirst)).toFixed(1);
+    }
+    view.finish.textContent = run.finish || (view.msg.dataset.state === "streaming" ? "…" : "–");
+  }
+
+  let paintPending = false;
+  function schedulePaint(view, run) {
+    if (paintPending) return;
+    paintPending = true;
+    requestAnimationFrame(() => {
+      paintPending = false;
+      paint(view, run);
+    });
+  }
+
+  function paint(view, run) {
+    view.msg.dataset.events = String(run.events);
+    C.renderText(view.body, run.text);
+    if (run.reasoning) {
+      view.reasoning.hidden = false;
+      view.reasoningText.textContent = run.reasoning;
+    }
+    showStats(view, run);
+    scrollToEnd(false);
+  }
+
+  function onChunk(chunk, run, view) {
+    if (chunk.error) throw new Error(chunk.error.message || "the server sent an error");
+    if (chunk.usage) run.usage = chunk.usage;
+    const choice = chunk.choices && chunk.choices[0];
+    if (!choice) return;
+    let piece = "";
+    let thought = "";
+    if (state.mode === "chat") {
+      const d = choice.delta || {};
+      piece = d.content || "";
+      thought = d.reasoning_content || d.reasoning || "";
+    } else {
+      piece = choice.text || "";
+    }
+    if (piece || thought) {
+      const now = performance.now();
+      if (run.tFirst === null) run.tFirst = now;
+      run.tLast = now;
+      run.events++;
+      // a chat answer shows (and is sent back) without leading blanks
+      run.text += state.mode === "chat" && !run.text ? piece.trimStart() : piece;
+      run.reasoning += thought;
+    }
+    if (choice.finish_reason) run.finish = choice.finish_reason;
+    schedulePaint(view, run);
+  }
+
+  async function send() {
+    const text = ui.prompt.value;
+    if (!text.trim() || state.controller) return;
+    if (!ui.model.value) {
+      await loadModels();
+      if (!ui.model.value) {
+        addError("No model: the server's /v1/models answered no model (is an API key needed?).");
+        return;
+      }
+    }
+    const chat = state.mode === "chat";
+    const body = samplingFields();
+    let url;
+    if (chat) {
+      state.history.push({ role: "user", content: text });
+      const messages = [];
+      if (ui.system.value.trim()) messages.push({ role: "system", content: ui.system.value });
+      body.messages = messages.concat(state.history);
+      if (ui.thinking.value) body.chat_template_kwargs = { enable_thinking: ui.thinking.value === "on" };
+      url = "/v1/chat/completions";
+      addUserMessage(text, "You");
+    } else {
+      body.prompt = text;
+      url = "/v1/completions";
+      addUserMessage(text, "Prompt");
+    }
+    ui.prompt.value = "";
+    autoSize();
+    const view = addAssistantMessage(chat ? "Assistant" : "Completion");
+    const run = newRun();
+    const epoch = state.epoch;
+    const controller = new AbortController();
+    state.controller = controller;
+    setBusy(true);
+    const ticker = setInterval(() => showStats(view, run), 250);
+    let outcome = "done";
+    try {
+      const r = await fetch(url, {
+        method: "POST",
+        headers: C.headers(true),
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (!r.ok) {
+        if (r.status === 401) loadModels();
+        throw new Error(await C.errorMessage(r));
+      }
+      await C.readSSE(r, (chunk) => onChunk(chunk, run, view));
+    } catch (e) {
+      if (e.name === "AbortError") {
+        outcome = "stopped";
+        run.finish = "stopped";
+      } else {
+        outcome = "error";
+        if (!run.text && !run.reasoning) view.msg.remove(); // nothing came: the error says it all
+        addError(e.message || String(e));
+      }
+    } finally {
+      clearInterval(ticker);
+      state.controller = null;
+      setBusy(false);
+      view.msg.dataset.state = outcome;
+      view.body.classList.remove("streaming");
+      if (run.reasoning) view.summary.textContent = `Reasoning (${run.reasoning.length} characters)`;
+      paint(view, run);
+      if (chat && epoch === state.epoch) {
+        if (run.text) state.history.push({ role: "assistant", content: run.text });
+        else state.history.pop(); // an empty or failed answer: drop the unanswered question
+      }
+    }
+  }
+
+  function stop() {
+    if (state.controller) state.controller.abort();
+  }
+
+  function newChat() {
+    stop();
+    state.epoch++;
+    state.history = [];
+    for (const node of [...ui.inner.children]) if (node !== ui.empty) node.remove();
+    ui.empty.hidden = false;
+    ui.prompt.focus();
+  }
+
+  function setMode(mode) {
+    if (mode === state.mode) return;
+    state.mode = mode;
+    for (const b of ui.modeButtons) b.classList.toggle("active", b.dataset.mode === mode);
+    const chat = mode === "chat";
+    ui.systemField.hidden = !chat;
+    ui.thinking.disabled = !chat;
+    ui.prompt.placeholder = chat
+      ? "Send a message (Enter to send, Shift+Enter for a new line)"
+      : "A raw prompt to continue (Enter to send, Shift+Enter for a new line)";
+    newChat();
+  }
+
+  function autoSize() {
+    ui.prompt.style.height = "auto";
+    ui.prompt.style.height = Math.min(ui.prompt.scrollHeight + 2, 220) + "px";
+  }
+
+  // ---------- wiring ----------
+
+  ui.composer.addEventListener("submit", (e) => {
+    e.preventDefault();
+    send();
+  });
+  ui.prompt.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      send();
+    }
+  });
+  ui.prompt.addEventListener("input", autoSize);
+  ui.stopBtn.addEventListener("click", stop);
+  ui.newChat.addEventListener("click", newChat);
+  for (const b of ui.modeButtons) b.addEventListener("click", () => setMode(b.dataset.mode));
+
+  C.watchHealth($("health-dot"), $("health-label"));
+  loadModels();
+  ui.prompt.focus();
+})();

@@ -1,0 +1,350 @@
+"""The playground and the dashboard in a real headless Chromium, against `surge serve` (bundled model, CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import REPO, Server, start_server
+
+pytestmark = pytest.mark.browser
+
+LAST = "() => [...document.querySelectorAll('.msg.assistant')].pop()"
+
+
+def metric(srv: Server, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` (matching ``labels``) on the server's /metrics."""
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def open_playground(page: Any, srv: Server) -> None:
+    page.goto(srv.url + "/")
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+
+
+def set_range(page: Any, selector: str, value: float) -> None:
+    page.eval_on_selector(
+        selector, "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }", str(value)
+    )
+
+
+def last_message(page: Any) -> dict[str, Any]:
+    """State, text and stats of the newest assistant message."""
+    return page.evaluate(
+        f"""() => {{
+        const m = ({LAST})();
+        const stat = (k) => m.querySelector(`[data-stat=${{k}}] b`).textContent;
+        return {{state: m.dataset.state, events: Number(m.dataset.events || 0),
+                 text: m.querySelector('.body').textContent,
+                 tokens: stat('tokens'), tps: stat('tps'), ttft: stat('ttft'), finish: stat('finish')}};
+    }}"""
+    )
+
+
+def wait_finished(page: Any) -> dict[str, Any]:
+    page.wait_for_function(f"() => ({LAST})().dataset.state !== 'streaming'")
+    return last_message(page)
+
+
+def test_chat_streams_then_shows_stats(page: Any, web_server: Server) -> None:
+    open_playground(page, web_server)
+    page.fill("#max_tokens", "400")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Tell me a story about a dog.")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant")
+    seen: list[int] = []
+    while True:  # sample the text while it streams
+        m = last_message(page)
+        if m["state"] != "streaming":
+            break
+        seen.append(len(m["text"]))
+        time.sleep(0.01)
+    grew = sorted({n for n in seen if n > 0})
+    assert len(grew) >= 2, f"the text did not grow while streaming: {seen}"
+    assert m["state"] == "done"
+    assert len(m["text"]) > max(grew[:-1])
+    assert m["tokens"] == "400"
+    assert m["finish"] == "length"
+    assert float(m["tps"]) > 0
+    assert m["ttft"].endswith(" ms")
+    assert page.locator(".msg.user .body").first.text_content() == "Tell me a story about a dog."
+
+
+def test_stop_mid_stream_aborts_the_request(page: Any, web_server: Server) -> None:
+    open_playground(page, web_server)
+    page.click("#mode [data-mode=completion]")
+    page.fill("#max_tokens", "500")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Once upon a time")
+    generated_before = metric(web_server, "surge:generation_tokens_total")
+    page.click("#send")
+    page.wait_for_function(f"() => Number(({LAST})().dataset.events || 0) >= 3")
+    page.click("#stop-btn")
+    m = wait_finished(page)
+    assert m["state"] == "stopped"
+    assert m["finish"] == "stopped"
+    assert 3 <= int(m["tokens"]) < 500
+    assert page.locator("#send").is_visible() and not page.locator("#stop-btn").is_visible()
+    deadline = time.monotonic() + 15
+    while metric(web_server, "surge:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "the stopped request is still running"
+        time.sleep(0.1)
+    generated = metric(web_server, "surge:generation_tokens_total") - generated_before
+    time.sleep(0.5)
+    assert metric(web_server, "surge:generation_tokens_total") - generated_before == generated
+    assert generated < 500, "the server generated the whole answer: it did not see the disconnect"
+
+
+def test_max_tokens_5(page: Any, web_server: Server) -> None:
+    open_playground(page, web_server)
+    page.fill("#max_tokens", "5")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Hello")
+    page.keyboard.press("Enter")
+    m = wait_finished(page)
+    assert m["state"] == "done"
+    assert m["tokens"] == "5"  # usage.completion_tokens
+    assert 1 <= m["events"] <= 5
+    assert m["finish"] == "length"
+
+
+def test_settings_history_new_chat_and_completion_mode(page: Any, web_server: Server) -> None:
+    open_playground(page, web_server)
+    page.fill("#system", "You tell short stories.")
+    set_range(page, "#temperature", 0.5)
+    set_range(page, "#top_p", 0.9)
+    page.fill("#top_k", "20")
+    page.fill("#seed", "7")
+    page.fill("#max_tokens", "8")
+    page.fill("#stop", "The end\nSTOP")
+    page.select_option("#thinking", "off")
+    page.fill("#prompt", "first question")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    body = req.value.post_data_json
+    assert body["model"] == page.eval_on_selector("#model", "el => el.value")
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.5 and body["top_p"] == 0.9
+    assert body["top_k"] == 20 and body["seed"] == 7 and body["max_tokens"] == 8
+    assert body["stop"] == ["The end", "STOP"]
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "ignore_eos" not in body
+    assert body["messages"] == [
+        {"role": "system", "content": "You tell short stories."},
+        {"role": "user", "content": "first question"},
+    ]
+    first = wait_finished(page)
+    assert first["state"] == "done", first
+    page.fill("#prompt", "second question")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    roles = [(m["role"], m["content"]) for m in req.value.post_data_json["messages"]]
+    assert roles == [
+        ("system", "You tell short stories."),
+        ("user", "first question"),
+        ("assistant", first["text"]),
+        ("user", "second question"),
+    ]
+    wait_finished(page)
+    page.click("#new-chat")
+    assert page.locator(".msg").count() == 0 and page.locator("#empty").is_visible()
+    page.fill("#prompt", "third")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert [m["role"] for m in req.value.post_data_json["messages"]] == ["system", "user"]
+    wait_finished(page)
+
+    page.click("#mode [data-mode=completion]")
+    assert not page.locator("#system").is_visible()
+    page.fill("#prompt", "Once upon a time")
+    with page.expect_request("**/v1/completions") as req:
+        page.click("#send")
+    body = req.value.post_data_json
+    assert body["prompt"] == "Once upon a time" and "messages" not in body
+    assert "chat_template_kwargs" not in body
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["text"] and int(m["tokens"]) >= 1
+
+
+def _sse(chunks: list[dict[str, Any]]) -> str:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def test_model_output_is_never_html(page: Any, web_server: Server) -> None:
+    """Markup in the prompt, the answer and the reasoning shows as text; nothing in it runs."""
+    open_playground(page, web_server)
+    # The escaping function itself, on a hostile string.
+    kinds = page.evaluate(
+        """() => { const d = document.createElement('div');
+        SurgeCommon.renderText(d, 'a <img src=x onerror="window.__pwned=1"> `<b>x</b>` ```\\n<script>window.__pwned=1</script>\\n``` z');
+        return [d.textContent, [...d.querySelectorAll('*')].map(e => e.tagName)]; }"""
+    )
+    assert kinds[0] == 'a <img src=x onerror="window.__pwned=1"> <b>x</b> <script>window.__pwned=1</script> z'
+    assert kinds[1] == ["CODE", "PRE", "CODE"]
+
+    # A whole answer through the page's real streaming path, from a hostile "model".
+    def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+    answer = [
+        'Hi <img src=x onerror="window.__pwned=2">',
+        " <script>window.__pwned=3</script>",
+        '\n```html\n<iframe src="javascript:window.__pwned=4"></iframe>\n```\n',
+        "<b>bold?</b>",
+    ]
+    chunks = [delta({"role": "assistant", "reasoning_content": "I think <i>hard</i>."})]
+    chunks += [delta({"content": a}) for a in answer[:-1]] + [delta({"content": answer[-1]}, "stop")]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}})
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(chunks)
+        ),
+    )
+    prompt = '<img src=y onerror="window.__pwned=5"><script>window.__pwned=6</script>'
+    page.fill("#prompt", prompt)
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "done"
+    assert m["text"] == (
+        'Hi <img src=x onerror="window.__pwned=2"> <script>window.__pwned=3</script>'
+        '<iframe src="javascript:window.__pwned=4"></iframe><b>bold?</b>'
+    )
+    assert m["tokens"] == "7" and m["finish"] == "stop"
+    assert page.evaluate("window.__pwned") is None
+    tags = page.evaluate(
+        "[...document.querySelectorAll('#messages .body *, #messages .reasoning-text *')].map(e => e.tagName)"
+    )
+    assert set(tags) == {"PRE", "CODE"}
+    assert page.locator("#messages img, #messages script, #messages iframe").count() == 0
+    assert page.locator(".msg.user .body").text_content() == prompt
+    assert "<iframe" in page.locator(".msg.assistant pre code").text_content()
+    reasoning = page.locator(".msg.assistant details.reasoning")
+    assert reasoning.is_visible() and reasoning.get_attribute("open") is None  # folded
+    assert "Reasoning" in reasoning.locator("summary").text_content()
+    assert reasoning.locator(".reasoning-text").text_content() == "I think <i>hard</i>."
+
+
+def test_errors_show_the_server_message(page: Any, web_server: Server) -> None:
+    open_playground(page, web_server)
+    page.fill("#max_tokens", "100000")
+    page.fill("#prompt", "Hello")
+    page.click("#send")
+    page.wait_for_selector(".msg.error")
+    assert "400" in page.locator(".msg.error .body").text_content()
+    assert page.locator(".msg.assistant").count() == 0
+    assert page.locator("#send").is_visible()
+
+
+def test_dashboard_updates_during_a_benchmark(page: Any, web_server: Server, tmp_path: Path) -> None:
+    page.goto(web_server.url + "/dashboard")
+    page.wait_for_function("window.surgeDashboard && window.surgeDashboard.samples >= 2")
+    canvas = "document.querySelector('[data-chart=gen] canvas').toDataURL()"
+    before = page.evaluate(canvas)
+    bench = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "surge.cli",
+            "bench",
+            "serve",
+            "--base-url",
+            web_server.url,
+            "--input-len",
+            "32",
+            "--output-len",
+            "64",
+            "--num-prompts",
+            "24",
+            "--max-concurrency",
+            "4",
+            "--ignore-eos",
+            "--disable-tqdm",
+            "--result-file",
+            str(tmp_path / "bench.json"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        page.wait_for_function(
+            "window.surgeDashboard.history.some(s => s.running > 0 && s.gen_tps > 0)", timeout=90_000
+        )
+        page.wait_for_function("window.surgeDashboard.history.some(s => s.ttft_p50 > 0 && s.itl_p50 > 0)")
+        out, _ = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 0, out.decode(errors="replace")[-2000:]
+    assert json.loads((tmp_path / "bench.json").read_text())["completed"] == 24
+    page.wait_for_function("window.surgeDashboard.history.some(s => s.prompt_tps > 0)")
+    samples = page.evaluate("window.surgeDashboard.samples")
+    page.wait_for_function(f"window.surgeDashboard.samples >= {samples + 1}")  # still refreshing
+    assert page.evaluate(canvas) != before
+    assert page.evaluate("window.surgeDashboard.errors") == 0
+    finished = page.locator("[data-tile=finished] .v").text_content()
+    assert int(finished) >= 24
+    page.wait_for_function("window.surgeDashboard.latest.running === 0")
+    assert page.locator("[data-tile=running] .v").text_content() == "0"
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_colour_schemes(browser: Any, web_server: Server, scheme: str, tmp_path: Path) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme=scheme)
+    try:
+        page = context.new_page()
+        backgrounds = {}
+        for path in ("/", "/dashboard"):
+            page.goto(web_server.url + path)
+            page.wait_for_function("document.getElementById('health-label').textContent === 'Ready'")
+            backgrounds[path] = page.evaluate("getComputedStyle(document.body).backgroundColor")
+            shot = tmp_path / f"{scheme}{path.replace('/', '-')}.png"
+            page.screenshot(path=str(shot))
+            assert shot.stat().st_size > 5000
+        expected = "rgb(246, 247, 249)" if scheme == "light" else "rgb(15, 17, 21)"
+        assert set(backgrounds.values()) == {expected}
+    finally:
+        context.close()
+
+
+def test_api_key_kept_in_session_storage(page: Any, tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--api-key", "sekret")
+    try:
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#key-field", state="visible")
+        assert "needs an API key" in page.locator("#key-notice").text_content()
+        assert page.locator("#model option").count() == 0
+        page.fill("#api-key", "wrong")
+        page.wait_for_function("document.getElementById('key-notice').textContent.includes('refused')")
+        page.fill("#api-key", "sekret")
+        page.wait_for_function("document.querySelector('#model').options.length > 0")
+        assert not page.locator("#key-notice").is_visible()
+        page.fill("#max_tokens", "3")
+        page.fill("#prompt", "Hi")
+        page.click("#send")
+        assert wait_finished(page)["state"] == "done"
+        storage = page.evaluate(
+            "[sessionStorage.getItem('surge.apiKey'), localStorage.length, document.cookie]"
+        )
+        assert storage == ["sekret", 0, ""]
+        page.reload()  # the same tab keeps it
+        page.wait_for_function("document.querySelector('#model').options.length > 0")
+        assert page.input_value("#api-key") == "sekret"
+    finally:
+        assert srv.stop() == 0
