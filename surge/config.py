@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from surge.quant.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, Fp8Config, parse_fp8_config
+
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
 """The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
 
@@ -39,6 +41,8 @@ class ModelConfig:
         eos_token_ids: token ids that end generation (config and generation config).
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
         head_dim, intermediate_size: model shapes.
+        quantization: "fp8" (FP8 weights: a bf16 checkpoint quantized at load, or an FP8
+            checkpoint, which sets it by itself) or None.
     """
 
     model: str
@@ -56,6 +60,7 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     intermediate_size: int
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -73,6 +78,15 @@ class ModelConfig:
             self.num_attention_heads % self.num_key_value_heads == 0,
             "num_attention_heads must be a multiple of num_key_value_heads",
         )
+        _require(
+            self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+            f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}",
+        )
+
+    @property
+    def fp8_config(self) -> Fp8Config | None:
+        """How the linear layers hold FP8 weights (None: unquantized); see :mod:`surge.quant`."""
+        return parse_fp8_config(self.hf_config, self.quantization)
 
     @property
     def torch_dtype(self) -> Any:
@@ -99,11 +113,16 @@ class ModelConfig:
         load_format: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
+        quantization: str | None = None,
     ) -> ModelConfig:
         """Read a Hugging Face model folder (None = the bundled default model).
 
+        ``quantization`` is "fp8" or None; a checkpoint whose ``quantization_config`` has
+        ``quant_method: "fp8"`` is FP8 whatever it says.
+
         Raises:
-            ValueError: the folder, its config.json or a field is missing or unsupported.
+            ValueError: the folder, its config.json or a field is missing or unsupported
+                (including a checkpoint quantization other than FP8).
         """
         path = Path(model) if model is not None else DEFAULT_MODEL_DIR
         _require(path.is_dir(), f"model: {str(path)!r} is not a directory")
@@ -141,8 +160,10 @@ class ModelConfig:
             max_model_len <= cfg_max_len,
             f"max_model_len ({max_model_len}) exceeds the model's max_position_embeddings ({cfg_max_len})",
         )
+        fp8 = parse_fp8_config(hf, quantization)
         return cls(
             model=str(path),
+            quantization="fp8" if fp8 is not None else None,
             architecture=str(archs[0]),
             dtype=dtype,
             load_format=load_format,
@@ -179,6 +200,8 @@ class CacheConfig:
         gpu_memory_utilization: fraction of device memory Surge may use (0, 1].
         enable_prefix_caching: reuse cached full blocks of equal prefixes.
         cpu_kv_cache_bytes: KV pool size on CPU when ``num_kv_blocks`` is None.
+        kv_cache_dtype: "auto" (the model dtype) or "fp8" (e4m3 with a per-layer scale; half
+            the bytes of bf16, so about twice the tokens in the same memory).
     """
 
     block_size: int = 16
@@ -186,6 +209,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     cpu_kv_cache_bytes: int = 256 * 1024 * 1024
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _require(
@@ -201,6 +225,10 @@ class CacheConfig:
             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
         )
         _require(self.cpu_kv_cache_bytes > 0, "cpu_kv_cache_bytes must be positive")
+        _require(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -343,6 +371,9 @@ class EngineConfig:
         cpu_threads: torch intra-op threads of the engine on CPU. 1 by default: the CPU path
             serves tiny models, where more threads only add OpenMP spin-waiting that starves
             the API process and other work on small machines (measured 13x slower on 2 cores).
+        fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
+            quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
+            is refused; it is not a serving mode and no CLI flag sets it.
     """
 
     model: ModelConfig
@@ -354,6 +385,7 @@ class EngineConfig:
     async_scheduling: bool = False
     seed: int = 0
     cpu_threads: int = 1
+    fp8_emulation: bool = False
 
     def __post_init__(self) -> None:
         _require(self.cpu_threads >= 1, f"cpu_threads must be positive, got {self.cpu_threads}")
@@ -367,6 +399,20 @@ class EngineConfig:
             f"max_position_embeddings ({self.model.max_model_len})",
         )
         check_tensor_parallel(self.model, self.parallel.tensor_parallel_size)
+        if self.device == "cpu" and self.uses_fp8 and not self.fp8_emulation:
+            raise ValueError(
+                "fp8 (quantization or kv_cache_dtype) needs a CUDA GPU of compute capability >= 8.9; "
+                "FP8 serving on CPU is not supported"
+            )
+        _require(
+            not self.fp8_emulation or self.device == "cpu",
+            "fp8_emulation is a CPU test mode; it cannot be used on a GPU",
+        )
+
+    @property
+    def uses_fp8(self) -> bool:
+        """True when the weights or the KV cache are FP8."""
+        return self.model.quantization == "fp8" or self.cache.kv_cache_dtype == "fp8"
 
 
 def resolve_device(device: str) -> str:

@@ -195,7 +195,13 @@ def add_bench_parser(subparsers: Any) -> None:
         "--gpu NAME, or both --hbm-bandwidth and --peak-flops.",
     )
     p.add_argument("--model", required=True, help="model folder or config.json")
-    p.add_argument("--dtype", default=None, help="weight/KV dtype (default: the config's)")
+    p.add_argument("--dtype", default=None, help="weight dtype, e.g. bfloat16 or fp8 (default: the config's)")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=["auto", "fp8"],
+        help="KV cache dtype: auto (the model's) or fp8 (default auto)",
+    )
     _add_grid_flags(p)
     g = p.add_argument_group("hardware (required: --gpu, or both --hbm-bandwidth and --peak-flops)")
     g.add_argument(
@@ -398,7 +404,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     if hw is None:
         raise ValueError("the roofline needs --gpu NAME or both --hbm-bandwidth and --peak-flops")
     hw = with_link_bandwidth(hw, args.link_bandwidth)
-    shape = model_shape(load_config(args.model), args.dtype, args.tensor_parallel_size)
+    shape = model_shape(load_config(args.model), args.dtype, args.tensor_parallel_size, args.kv_cache_dtype)
     if args.preset or any(v is not None for v in (args.concurrency, args.input_len, args.output_len)):
         points = _grid(args)
     else:

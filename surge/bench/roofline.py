@@ -5,7 +5,12 @@ Model side, from ``config.json`` shapes (dense Llama / Qwen2 / Qwen3 decoders):
   excluding the input embedding table (a lookup, not a read of the whole matrix). With tied
   embeddings the LM head *is* the embedding matrix and is counted once.
 - ``weight_bytes`` W = P * dtype_bytes; ``kv_bytes_per_token`` = 2 * num_kv_heads * head_dim *
-  dtype_bytes * num_layers.
+  dtype_bytes * num_layers. With FP8 weights (``dtype="fp8"``, or a config whose
+  ``quantization_config`` is FP8) the linear layers' weights count 1 byte each and the rest
+  (embedding, LM head, norms, biases) the model dtype's bytes, as Surge serves them (the
+  scales, < 0.1 % of W, are left out); the KV cache counts 1 byte per value with
+  ``kv_cache_dtype="fp8"``, else the model dtype's bytes. Qwen3-8B with FP8 weights:
+  W = 8.19 GB.
 
 Point ceiling for a burst point (C concurrent requests, I prompt tokens, O output tokens each; every
 request starts at t=0, so the fastest schedule prefills all of them in one pass, then decodes C at once):
@@ -149,14 +154,23 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
 
 
-def model_shape(cfg: dict[str, Any], dtype: str | None = None, tensor_parallel_size: int = 1) -> ModelShape:
+def model_shape(
+    cfg: dict[str, Any],
+    dtype: str | None = None,
+    tensor_parallel_size: int = 1,
+    kv_cache_dtype: str | None = None,
+) -> ModelShape:
     """Count parameters and bytes of a Llama/Qwen2/Qwen3-style config (per GPU under TP).
 
     Args:
-        dtype: weight and KV dtype name (``bfloat16``...); default the config's ``torch_dtype``/``dtype``.
+        dtype: weight dtype name (``bfloat16``..., or ``fp8`` for FP8 linear weights); default
+            the config's ``torch_dtype``/``dtype``, or ``fp8`` when its ``quantization_config``
+            is FP8.
         tensor_parallel_size: N GPUs sharing the model (see the module docstring).
+        kv_cache_dtype: ``fp8`` for a 1-byte KV cache; default (None or ``auto``) the model
+            dtype (bf16 when the weights are FP8 and the config names no other).
     Raises:
-        ValueError: a required field is missing, the dtype is unknown or N < 1.
+        ValueError: a required field is missing, a dtype is unknown or N < 1.
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
@@ -170,19 +184,29 @@ def model_shape(cfg: dict[str, Any], dtype: str | None = None, tensor_parallel_s
     except (KeyError, TypeError) as e:
         raise ValueError(f"config.json lacks a field the roofline needs: {e}") from None
     head_dim = int(cfg.get("head_dim") or hidden // heads)
-    dt = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
-    if dt not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dt!r} for the roofline")
+    model_dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+    qc = cfg.get("quantization_config")
+    fp8_checkpoint = isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "fp8"
+    dt = str(dtype or ("fp8" if fp8_checkpoint else model_dt)).removeprefix("torch.")
+    if dt not in DTYPE_BYTES or model_dt not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dt if dt not in DTYPE_BYTES else model_dt!r} for the roofline")
+    if kv_cache_dtype not in (None, "auto", "fp8"):
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r} for the roofline (auto or fp8)")
     nbytes = DTYPE_BYTES[dt]
+    # FP8 weights: only the linear layers are FP8; the rest keeps the model dtype (bf16 at most).
+    rest_bytes = nbytes if dt != "fp8" else (DTYPE_BYTES[model_dt] if model_dt != "fp8" else 2)
+    kv_bytes = 1 if kv_cache_dtype == "fp8" else rest_bytes
     model_type = str(cfg.get("model_type", ""))
     qkv_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
-    attn = hidden * (q_out + 2 * kv_out) + q_out * hidden
+    attn_linear = hidden * (q_out + 2 * kv_out) + q_out * hidden
+    attn = attn_linear
     if qkv_bias:
         attn += q_out + 2 * kv_out
     if model_type.startswith("qwen3"):
         attn += 2 * head_dim  # q_norm, k_norm
-    mlp = 3 * hidden * inter + (2 * inter + hidden if cfg.get("mlp_bias") else 0)
+    mlp_linear = 3 * hidden * inter
+    mlp = mlp_linear + (2 * inter + hidden if cfg.get("mlp_bias") else 0)
     per_layer = attn + mlp + 2 * hidden
     embed = vocab * hidden
     body = layers * per_layer + hidden  # + final norm
@@ -192,15 +216,16 @@ def model_shape(cfg: dict[str, Any], dtype: str | None = None, tensor_parallel_s
     n = tensor_parallel_size
     kv_heads_per_gpu = max(1, kv_heads // n) if n > 1 else kv_heads
     ring = (n - 1) / n
+    linear = layers * (attn_linear + mlp_linear)
     return ModelShape(
         num_params=total,
         matmul_params=matmul // n,
-        weight_bytes=matmul * nbytes // n,
-        kv_bytes_per_token=2 * kv_heads_per_gpu * head_dim * nbytes * layers,
+        weight_bytes=(linear * nbytes + (matmul - linear) * rest_bytes) // n,
+        kv_bytes_per_token=2 * kv_heads_per_gpu * head_dim * kv_bytes * layers,
         dtype_bytes=nbytes,
         num_layers=layers,
         tensor_parallel_size=n,
-        comm_bytes_per_token=2 * ring * (2 * layers + 1) * hidden * nbytes + ring * vocab * nbytes,
+        comm_bytes_per_token=2 * ring * (2 * layers + 1) * hidden * rest_bytes + ring * vocab * rest_bytes,
     )
 
 

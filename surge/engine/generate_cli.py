@@ -25,6 +25,10 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    p.add_argument(
+        "--quantization", default=None, choices=["fp8"], help="fp8: FP8 weights (quantized at load)"
+    )
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     from surge.parallel.cli_args import add_parallel_args
 
     add_parallel_args(p, serve=False)
@@ -57,6 +61,8 @@ def run_generate(args: argparse.Namespace) -> int:
         device=args.device,
         load_format=args.load_format,
         tensor_parallel_size=args.tensor_parallel_size,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     with llm:
         if args.chat:

@@ -49,6 +49,11 @@ class LLM:
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
         tensor_parallel_size: shard the model over this many worker processes (GPUs); they
             stop with :meth:`close` or at interpreter exit.
+        quantization: "fp8" for FP8 weights (a bf16 checkpoint quantized at load; an FP8
+            checkpoint is FP8 without it), or None.
+        kv_cache_dtype: "auto" (the model dtype) or "fp8".
+        fp8_emulation: tests only: run FP8 on CPU by emulation (quantize, then compute on the
+            dequantized values); FP8 on CPU is refused without it.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -72,6 +77,9 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         async_scheduling: bool | None = None,
         tensor_parallel_size: int = 1,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
+        fp8_emulation: bool = False,
     ) -> None:
         config = build_engine_config(
             None if model is None else str(model),
@@ -89,6 +97,9 @@ class LLM:
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+            fp8_emulation=fp8_emulation,
         )
         self.tokenizer = load_tokenizer(config.model.model)
         self.token_strings = TokenStrings(self.tokenizer)

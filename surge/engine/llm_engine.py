@@ -17,6 +17,7 @@ from surge.config import (
 )
 from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler
+from surge.quant.config import require_fp8_gpu
 from surge.request import Request
 from surge.sampling_params import SamplingParams
 
@@ -65,19 +66,30 @@ def build_engine_config(
     node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    fp8_emulation: bool = False,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
     ``max_model_len=None`` takes the model's ``max_position_embeddings``;
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
-    and off on CPU (where a step's compute is the host's own work). The last six arguments
-    are :class:`~surge.config.ParallelConfig`'s.
+    and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
+    to ``master_port`` are :class:`~surge.config.ParallelConfig`'s.
+
+    FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
+    CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
 
     Raises:
         ValueError: a bad model folder or an out-of-range value (the message names it).
     """
     model_config = ModelConfig.from_pretrained(
-        model, dtype=dtype, load_format=load_format, seed=seed, max_model_len=max_model_len
+        model,
+        dtype=dtype,
+        load_format=load_format,
+        seed=seed,
+        max_model_len=max_model_len,
+        quantization=quantization,
     )
     parallel = ParallelConfig(
         tensor_parallel_size=tensor_parallel_size,
@@ -90,13 +102,14 @@ def build_engine_config(
     resolved = resolve_device(device)
     if async_scheduling is None:
         async_scheduling = resolved.startswith("cuda")
-    return EngineConfig(
+    config = EngineConfig(
         model=model_config,
         cache=CacheConfig(
             block_size=block_size,
             num_kv_blocks=num_kv_blocks,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -108,7 +121,11 @@ def build_engine_config(
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
         seed=seed,
+        fp8_emulation=fp8_emulation,
     )
+    if config.uses_fp8:
+        require_fp8_gpu(config.device)
+    return config
 
 
 class _InFlight:
@@ -173,13 +190,14 @@ class LLMEngine:
             num_blocks = config.cache.num_kv_blocks or runner.determine_num_kv_blocks()
             per_block = getattr(runner, "bytes_per_block", 0)
             logger.info(
-                "start-up: KV pool %s in %.1f s: %d blocks x %d tokens = %d tokens (%.2f GiB)",
+                "start-up: KV pool %s in %.1f s: %d blocks x %d tokens = %d tokens (%.2f GiB, kv_cache_dtype %s)",
                 "given" if config.cache.num_kv_blocks else "sized (profiling run on CUDA)",
                 time.perf_counter() - t0,
                 num_blocks,
                 config.cache.block_size,
                 num_blocks * config.cache.block_size,
                 num_blocks * per_block / 2**30 if isinstance(per_block, int) else 0.0,
+                config.cache.kv_cache_dtype,
             )
             runner.init_kv_cache(num_blocks)
         except BaseException:

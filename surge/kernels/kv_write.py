@@ -5,7 +5,9 @@ Qwen3 does) the per-head RMSNorm of q and k (``q_norm``/``k_norm``, optional), t
 neox / ``rotate_half`` rotary embedding (HF Llama/Qwen layout: the two halves of each head
 rotate together), writes q and k back in place, and writes k and v into the paged cache at
 ``slot_mapping`` (``-1`` = padding, not written). With rotary off it is the plain cache
-write. Rotary: Su et al., "RoFormer", 2021; cache layout as in vLLM (Apache-2.0).
+write. An FP8 (``float8_e4m3fn``) cache stores ``clamp(x * (1 / scale), ±448)`` rounded to
+nearest even, with one scale for K and one for V per layer (the dequantization multipliers
+that paged attention applies). Rotary: Su et al., "RoFormer", 2021; cache layout as in vLLM (Apache-2.0).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from surge.quant.config import FP8_E4M3_MAX
 
 
 @triton.jit
@@ -69,6 +73,14 @@ def _norm_rope_heads(
 
 
 @triton.jit
+def _to_cache(x, inv_scale, FP8_MAX: tl.constexpr, FP8: tl.constexpr):
+    """``x`` as stored in the cache: scaled and clamped for FP8, unchanged otherwise."""
+    if FP8:
+        return tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -FP8_MAX), FP8_MAX)
+    return x
+
+
+@triton.jit
 def _kv_write_kernel(
     q_ptr,
     k_ptr,
@@ -82,6 +94,8 @@ def _kv_write_kernel(
     q_norm_ptr,
     k_norm_ptr,
     eps,
+    k_inv_scale,
+    v_inv_scale,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -106,6 +120,8 @@ def _kv_write_kernel(
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
+    FP8_KV: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, HALF_PAD)
@@ -158,8 +174,9 @@ def _kv_write_kernel(
                 + offs_h[:, None] * stride_kch
                 + offs_d[None, :]
             )
-            tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            k_dtype = k_cache_ptr.dtype.element_ty
+            tl.store(kc, _to_cache(k1, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
+            tl.store(kc + HALF, _to_cache(k2, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
             vsrc = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
             v1 = tl.load(vsrc, mask=mask, other=0.0)
             v2 = tl.load(vsrc + HALF, mask=mask, other=0.0)
@@ -170,8 +187,9 @@ def _kv_write_kernel(
                 + offs_h[:, None] * stride_vch
                 + offs_d[None, :]
             )
-            tl.store(vc, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(vc + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            v_dtype = v_cache_ptr.dtype.element_ty
+            tl.store(vc, _to_cache(v1, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
+            tl.store(vc + HALF, _to_cache(v2, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
 
 
 def _check_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -181,6 +199,10 @@ def _check_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         raise ValueError(f"cache {tuple(k_cache.shape)} does not match k {tuple(k.shape)}")
     if k.shape[2] % 2 != 0:
         raise ValueError(f"head_dim must be even, got {k.shape[2]}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (k.dtype, torch.float8_e4m3fn):
+        raise ValueError(
+            f"cache dtype {k_cache.dtype}/{v_cache.dtype} must be k's ({k.dtype}) or float8_e4m3fn"
+        )
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} needs a contiguous last dimension")
@@ -200,6 +222,8 @@ def _launch(
     k_norm_weight: torch.Tensor | None,
     eps: float,
     num_tokens: int,
+    k_scale: float,
+    v_scale: float,
 ) -> None:
     rope = q is not None
     norm = q_norm_weight is not None
@@ -210,6 +234,9 @@ def _launch(
     half = k.shape[2] // 2
     if num_tokens == 0:
         return
+    fp8 = write and kc.dtype == torch.float8_e4m3fn
+    if fp8 and not (k_scale > 0.0 and v_scale > 0.0):
+        raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
     _kv_write_kernel[(num_tokens,)](
         qq,
         k,
@@ -223,6 +250,8 @@ def _launch(
         q_norm_weight if q_norm_weight is not None else k,
         k_norm_weight if k_norm_weight is not None else k,
         eps,
+        1.0 / k_scale if fp8 else 1.0,
+        1.0 / v_scale if fp8 else 1.0,
         qq.stride(0),
         qq.stride(1),
         k.stride(0),
@@ -247,6 +276,8 @@ def _launch(
         ROPE=rope,
         NORM=norm,
         WRITE_CACHE=write,
+        FP8_KV=fp8,
+        FP8_MAX=FP8_E4M3_MAX,
         num_warps=4,
     )
 
@@ -257,23 +288,44 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Scatter new K/V rows into the paged cache.
 
     Args:
         k, v: ``[>= num_tokens, num_kv_heads, head_dim]`` (last dim contiguous).
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place,
+            in ``k``'s dtype or float8_e4m3fn.
         slot_mapping: ``[num_tokens]`` int64, ``block_id * block_size + offset``; ``-1``
             rows are skipped. Only its length decides how many rows are read.
+        k_scale, v_scale: dequantization multipliers of an FP8 cache (ignored otherwise).
 
     Raises:
-        ValueError: on mismatched shapes or a non-contiguous last dimension.
+        ValueError: on mismatched shapes or dtypes, a non-contiguous last dimension, or a
+            non-positive FP8 scale.
     """
     _check_kv(k, v, k_cache, v_cache)
     num_tokens = slot_mapping.shape[0]
     if k.shape[0] < num_tokens:
         raise ValueError(f"slot_mapping has {num_tokens} rows but k only {k.shape[0]}")
-    _launch(None, k, v, k_cache, v_cache, slot_mapping, None, None, None, None, None, 0.0, num_tokens)
+    _launch(
+        None,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        None,
+        None,
+        None,
+        None,
+        None,
+        0.0,
+        num_tokens,
+        k_scale,
+        v_scale,
+    )
 
 
 def fused_qk_norm_rope_kv_write(
@@ -289,6 +341,8 @@ def fused_qk_norm_rope_kv_write(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Per-head q/k RMSNorm (optional), neox rotary on q and k in place, and K/V cache write.
 
@@ -305,14 +359,17 @@ def fused_qk_norm_rope_kv_write(
         positions: ``[num_tokens]`` int32/int64 token positions.
         cos_cache, sin_cache: ``[max_position, head_dim // 2]`` float32 cos and sin of
             ``position * inv_freq`` (full rotary; ``RotaryEmbedding.cos_cache/sin_cache``).
-        k_cache, v_cache: optional ``[num_blocks, block_size, num_kv_heads, head_dim]``;
-            when given, the rotated k and v are written at ``slot_mapping``.
+        k_cache, v_cache: optional ``[num_blocks, block_size, num_kv_heads, head_dim]`` in q's
+            dtype or float8_e4m3fn; when given, the rotated k and v are written at
+            ``slot_mapping``.
         slot_mapping: ``[num_tokens]`` int64 (``-1`` = padding), required with a cache.
         q_norm_weight, k_norm_weight: optional ``[head_dim]`` RMSNorm weights (both or none).
         eps: RMSNorm epsilon.
+        k_scale, v_scale: dequantization multipliers of an FP8 cache (ignored otherwise).
 
     Raises:
-        ValueError: on mismatched shapes, a missing ``slot_mapping`` or a lone norm weight.
+        ValueError: on mismatched shapes, a missing ``slot_mapping``, a lone norm weight or a
+            non-positive FP8 scale.
     """
     if (q_norm_weight is None) != (k_norm_weight is None):
         raise ValueError("pass both q_norm_weight and k_norm_weight or neither")
@@ -343,4 +400,6 @@ def fused_qk_norm_rope_kv_write(
         k_norm_weight,
         eps,
         q.shape[0],
+        k_scale,
+        v_scale,
     )

@@ -33,6 +33,11 @@ reduce recomputes that count from ``seq_lens`` for token ``t`` when ``t`` is seq
 ``t``'s token (padding sequences last, as decode batches are laid out); any other layout,
 and the mixed grid, use all ``num_splits``. No host syncs and no data-dependent
 allocation: the launcher is safe inside CUDA-graph capture.
+
+An FP8 (``float8_e4m3fn``) cache is dequantized in registers: each K and V tile is converted to
+the query's dtype after its load, the K scale is folded into the softmax scale and the V scale
+multiplies the accumulator before it is stored (``k = k_fp8 * k_scale``, ``v = v_fp8 * v_scale``,
+one scale each per layer), so the FP8 path reads half the KV bytes and adds no pass.
 """
 
 from __future__ import annotations
@@ -106,14 +111,18 @@ def _attend_tile(
     BLOCK_SIZE: tl.constexpr,
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
+    FP8_KV: tl.constexpr,
 ):
-    """One online-softmax step over the KV tile at ``kv_pos`` (block ids ``blk``)."""
+    """One online-softmax step over the KV tile at ``kv_pos`` (block ids ``blk``); an FP8
+    tile is converted to ``q``'s dtype (its scale is applied by the caller)."""
     in_blk = kv_pos % BLOCK_SIZE
     kt = tl.load(
         k_head + blk[None, :] * stride_kb + in_blk[None, :] * stride_ks + offs_d[:, None],
         mask=kv_valid[None, :] & d_valid[:, None],
         other=0.0,
     )
+    if FP8_KV:
+        kt = kt.to(q.dtype)
     if IEEE:
         s = tl.dot(q, kt, input_precision="ieee")
     else:
@@ -133,6 +142,8 @@ def _attend_tile(
         mask=kv_valid[:, None] & d_valid[None, :],
         other=0.0,
     )
+    if FP8_KV:
+        v = v.to(q.dtype)
     if IEEE:
         pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
@@ -187,6 +198,7 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     scale_log2,
+    v_scale,
     num_seqs,
     num_q_rows,
     num_heads,
@@ -214,6 +226,7 @@ def _paged_attention_kernel(
     MIN_TILES_PER_SPLIT: tl.constexpr,
     DECODE: tl.constexpr,
     IEEE: tl.constexpr,
+    FP8_KV: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -344,6 +357,7 @@ def _paged_attention_kernel(
             BLOCK_SIZE,
             False,
             IEEE,
+            FP8_KV,
         )
         loop_lo = tile_lo + 1
     else:
@@ -373,8 +387,11 @@ def _paged_attention_kernel(
             BLOCK_SIZE,
             not DECODE,
             IEEE,
+            FP8_KV,
         )
 
+    if FP8_KV:
+        acc = acc * v_scale
     store_mask = row_valid[:, None] & d_valid[None, :]
     # Partial buffers are contiguous: m/l [T, H, S], out [T, H, S, HEAD_DIM].
     part_rows = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
@@ -499,6 +516,8 @@ def paged_attention(
     max_query_len: int | None = None,
     config: AttentionTileConfig | None = None,
     min_kv_per_split: int = MIN_KV_PER_SPLIT,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch of query tokens over a paged KV cache.
 
@@ -510,8 +529,8 @@ def paged_attention(
     Args:
         q: ``[num_tokens, num_heads, head_dim]`` fp16/bf16/fp32, last dim contiguous. Rows
             beyond ``query_start_loc[-1]`` are padding.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype
-            as ``q``, last dim contiguous.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, ``q``'s dtype
+            or float8_e4m3fn (dequantized with ``k_scale``/``v_scale``), last dim contiguous.
         query_start_loc: ``[num_seqs + 1]`` int32 (``cu_seqlens_q``).
         seq_lens: ``[num_seqs]`` int32 context lengths (cached + new tokens).
         block_table: ``[num_seqs, max_blocks_per_seq]`` int32 KV block ids.
@@ -528,6 +547,7 @@ def paged_attention(
         config: optional tile override (benchmarks, tuning); the decode grid uses
             ``max(16, next_power_of_2(group))`` rows whatever ``config.block_m``.
         min_kv_per_split: smallest KV share (tokens) of a split on the decode grid.
+        k_scale, v_scale: dequantization multipliers of an FP8 cache (ignored otherwise).
 
     Returns:
         ``out``: ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype; padding rows are
@@ -544,7 +564,8 @@ def paged_attention(
         raise ValueError(f"cache shape {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if v_cache.dtype != k_cache.dtype or not (fp8 or k_cache.dtype == q.dtype):
         raise ValueError(f"dtype mismatch: q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
     if query_start_loc.shape[0] != num_seqs + 1 or block_table.shape[0] < num_seqs:
         raise ValueError("query_start_loc must be [num_seqs + 1] and block_table [num_seqs, *]")
@@ -587,7 +608,8 @@ def paged_attention(
         block_table,
         seq_lens,
         query_start_loc,
-        scale * _LOG2E,
+        scale * _LOG2E * (k_scale if fp8 else 1.0),
+        v_scale if fp8 else 1.0,
         num_seqs,
         num_tokens,
         num_heads,
@@ -615,6 +637,7 @@ def paged_attention(
         MIN_TILES_PER_SPLIT=min_tiles_per_split,
         DECODE=decode,
         IEEE=q.dtype == torch.float32,
+        FP8_KV=fp8,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

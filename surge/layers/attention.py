@@ -22,6 +22,10 @@ class Attention(nn.Module):
         num_heads, num_kv_heads, head_dim: this rank's query heads, KV heads and head size.
         rotary: the model's shared rotary embedding.
         q_norm, k_norm: per-head RMSNorms over ``head_dim`` (both or neither).
+
+    Attributes:
+        k_scale, v_scale: dequantization multipliers of an FP8 KV cache (1.0 unless the
+            checkpoint gives ``k_scale``/``v_scale``; unused for other caches).
     """
 
     def __init__(
@@ -43,6 +47,8 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.q_norm = q_norm
         self.k_norm = k_norm
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self,
@@ -87,12 +93,18 @@ class Attention(nn.Module):
                 None if self.q_norm is None else self.q_norm.weight,
                 None if self.k_norm is None else self.k_norm.weight,
                 1e-6 if self.q_norm is None else self.q_norm.eps,
+                self.k_scale,
+                self.v_scale,
             )
-            out = backend.forward(q, k, v, k_cache, v_cache, metadata, self.scale, write_kv=False)
+            out = backend.forward(
+                q, k, v, k_cache, v_cache, metadata, self.scale, False, self.k_scale, self.v_scale
+            )
         else:
             if self.q_norm is not None and self.k_norm is not None:
                 q = self.q_norm(q)
                 k = self.k_norm(k)
             q, k = self.rotary(positions, q, k)
-            out = backend.forward(q, k, v, k_cache, v_cache, metadata, self.scale)
+            out = backend.forward(
+                q, k, v, k_cache, v_cache, metadata, self.scale, True, self.k_scale, self.v_scale
+            )
         return out.reshape(t, self.num_heads * self.head_dim)

@@ -69,6 +69,8 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         write_kv: bool = True,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Write ``k``/``v`` at ``metadata.slot_mapping`` (unless ``write_kv`` is False because
         the caller already wrote them) and attend.
@@ -76,9 +78,12 @@ class AttentionBackend(ABC):
         Args:
             q: ``[num_tokens, num_heads, head_dim]`` queries (rotary already applied).
             k, v: ``[num_tokens, num_kv_heads, head_dim]`` new keys and values.
-            k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, updated in place.
+            k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, updated in
+                place; in the model dtype or float8_e4m3fn (``--kv-cache-dtype fp8``).
             metadata: the step's layout.
             scale: softmax scale, usually ``head_dim ** -0.5``.
+            k_scale, v_scale: the layer's dequantization multipliers of an FP8 cache
+                (stored ``= x / scale``); ignored for other caches.
 
         Returns:
             ``[num_tokens, num_heads, head_dim]``: each query token attends causally to

@@ -10,17 +10,29 @@ full Hugging Face tensor into it. ``tp_rank``/``tp_size`` are passed explicitly;
 On CUDA, matmuls of at most ``SKINNY_MAX_M`` tokens (decode steps) with a weight shape where it
 measured faster run on the skinny Triton GEMM of :mod:`surge.kernels.skinny_gemm` instead of
 cuBLAS (see :func:`gemm`).
+
+A quantized layer (FP8, :mod:`surge.quant`) has a ``quant_method`` that owns its weights'
+format and runs its matmul; unquantized layers keep ``quant_method = None`` and :func:`gemm`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 WeightLoader = Callable[..., None]
+
+
+class LinearMethod(Protocol):
+    """A quantized layer's matmul (e.g. :class:`surge.quant.fp8_linear.Fp8LinearMethod`)."""
+
+    def apply(self, layer: _LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x [T, in_local] -> [T, out_local]`` in ``x``'s dtype, plus ``bias`` when given."""
+        ...
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -59,7 +71,10 @@ def _make_param(shape: tuple[int, ...], dtype: torch.dtype | None, loader: Weigh
 
 
 class _LinearBase(nn.Module):
-    """Holds ``weight [out_local, in_local]`` and optional ``bias [out_local]``."""
+    """Holds ``weight [out_local, in_local]`` and optional ``bias [out_local]``.
+
+    ``quant_method`` is None unless :mod:`surge.quant` quantized the layer at load.
+    """
 
     def __init__(
         self,
@@ -79,6 +94,7 @@ class _LinearBase(nn.Module):
         self.out_features_local = out_local
         self.weight = _make_param((out_local, in_local), dtype, self.weight_loader)
         self.bias = _make_param((out_local,), dtype, self.weight_loader) if bias else None
+        self.quant_method: LinearMethod | None = None
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -86,8 +102,10 @@ class _LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, in_local] -> [T, out_local]`` (:func:`gemm`)."""
-        return gemm(x, self.weight, self.bias)
+        """``x [T, in_local] -> [T, out_local]`` (:func:`gemm` or the quant method)."""
+        if self.quant_method is None:
+            return gemm(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ReplicatedLinear(_LinearBase):
@@ -269,6 +287,10 @@ class RowParallelLinear(_LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, in_local] -> [T, out]`` (all-reduced over ranks when ``tp_size > 1``)."""
+        if self.quant_method is not None:
+            if self.tp_size == 1:
+                return self.quant_method.apply(self, x, self.bias)
+            return self._reduce(self.quant_method.apply(self, x, None))
         if self.tp_size == 1:
             return gemm(x, self.weight, self.bias)
         return self._reduce(gemm(x, self.weight))

@@ -1,6 +1,8 @@
 """The torch reference attention backend: paged K/V writes and causal attention per sequence.
 
-Slow but simple: it runs the CPU path and is the oracle for the Triton backend's tests.
+Slow but simple: it runs the CPU path and is the oracle for the Triton backend's tests. An FP8
+(``float8_e4m3fn``) cache is written with :func:`surge.quant.fp8.quantize_kv` and read back as
+``fp8.float() * scale`` (K and V each have one scale per layer).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
+from surge.quant.fp8 import FP8_DTYPE, quantize_kv
 
 
 def write_kv_cache(
@@ -16,25 +19,36 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Store ``k``/``v [T, Hkv, D]`` at ``slot_mapping [T]`` of the caches, skipping slot -1.
 
     The caches are ``[num_blocks, block_size, Hkv, D]`` and must be contiguous; slot ``s``
-    is block ``s // block_size``, offset ``s % block_size``.
+    is block ``s // block_size``, offset ``s % block_size``. An FP8 cache stores
+    ``quantize_kv(x, scale)``; ``k_scale``/``v_scale`` are ignored for other caches.
     """
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[valid].to(k_cache.dtype)
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[valid].to(v_cache.dtype)
+    if k_cache.dtype == FP8_DTYPE:
+        new_k, new_v = quantize_kv(k[valid], k_scale), quantize_kv(v[valid], v_scale)
+    else:
+        new_k, new_v = k[valid].to(k_cache.dtype), v[valid].to(v_cache.dtype)
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = new_k
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = new_v
 
 
-def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first ``seq_len`` tokens of one sequence from ``cache``: ``[seq_len, Hkv, D]``."""
+def gather_kv(
+    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, scale: float = 1.0
+) -> torch.Tensor:
+    """The first ``seq_len`` tokens of one sequence from ``cache``: ``[seq_len, Hkv, D]``
+    (float32 ``fp8 * scale`` for an FP8 cache, else the cache's dtype)."""
     block_size = cache.shape[1]
     num_blocks = -(-seq_len // block_size)
     blocks = block_table_row[:num_blocks].long()
-    return cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])[:seq_len]
+    out = cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])[:seq_len]
+    return out.float() * scale if cache.dtype == FP8_DTYPE else out
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -63,11 +77,13 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
         write_kv: bool = True,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Padding rows of the output are zero."""
         n = metadata.num_tokens
         if write_kv:
-            write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
+            write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)
         out = torch.zeros_like(q)
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = k_cache.shape[2]
@@ -80,8 +96,8 @@ class TorchAttentionBackend(AttentionBackend):
             if q_len == 0:
                 continue
             row = metadata.block_table[i]
-            keys = gather_kv(k_cache, row, seq_len).float()  # [L, Hkv, D]
-            values = gather_kv(v_cache, row, seq_len).float()
+            keys = gather_kv(k_cache, row, seq_len, k_scale).float()  # [L, Hkv, D]
+            values = gather_kv(v_cache, row, seq_len, v_scale).float()
             for c0 in range(0, q_len, self.query_chunk):
                 c1 = min(q_len, c0 + self.query_chunk)
                 qq = q[q_start + c0 : q_start + c1].float().view(c1 - c0, num_kv_heads, group, head_dim)

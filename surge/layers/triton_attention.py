@@ -75,15 +75,18 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
         write_kv: bool = True,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`.
 
-        ``q``/``k``/``v`` need a contiguous last dimension and the caches ``q``'s dtype.
+        ``q``/``k``/``v`` need a contiguous last dimension and the caches ``q``'s dtype or
+        float8_e4m3fn.
         Padding rows (beyond ``query_start_loc[-1]``) are unspecified.
         """
         n = metadata.num_tokens
         if write_kv:
-            write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n])
+            write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)
         return paged_attention(
             q,
             k_cache,
@@ -94,4 +97,6 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             num_splits=self.num_splits(metadata, k_cache.shape[2]),
             max_query_len=metadata.max_query_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

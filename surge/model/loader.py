@@ -13,6 +13,7 @@ from torch import nn
 from surge.config import ModelConfig
 from surge.model.lazy_tensor import LazyTensor
 from surge.model.registry import get_model_class
+from surge.quant.loading import attach_fp8, checkpoint_tensors, process_fp8
 
 # (our fused parameter, the HF name it is made of, shard id)
 STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
@@ -46,7 +47,9 @@ def load_model(
 
     ``load_format`` "auto" / "safetensors" reads ``model.safetensors`` or the shards of
     ``model.safetensors.index.json`` (or every ``*.safetensors`` of the folder); "dummy"
-    fills random weights from ``model_config.seed``.
+    fills random weights from ``model_config.seed``. An FP8 model (``fp8_config``) has its
+    linear layers quantized or loaded in FP8 (:mod:`surge.quant.loading`); on CPU it computes
+    by emulation (callers gate that, see ``EngineConfig.fp8_emulation``).
 
     Returns:
         The model in eval mode; call ``forward`` / ``compute_logits`` under ``torch.inference_mode``.
@@ -58,10 +61,18 @@ def load_model(
     cls = get_model_class(model_config.architecture)
     with torch.device(device):
         model = cls(model_config, tp_rank=tp_rank, tp_size=tp_size)
-    if model_config.load_format == "dummy":
+    fp8 = model_config.fp8_config
+    dummy = model_config.load_format == "dummy"
+    if fp8 is not None:
+        emulate = torch.device(device).type == "cpu"
+        attach_fp8(model, fp8, emulate=emulate, load_checkpoint=not dummy)
+    if dummy:
         init_dummy_weights(model, model_config.seed)
     else:
-        load_weights(model, iter_safetensors(Path(model_config.model), lazy=tp_size > 1))
+        weights = iter_safetensors(Path(model_config.model), lazy=tp_size > 1)
+        load_weights(model, checkpoint_tensors(model, weights, fp8))
+    if fp8 is not None:
+        process_fp8(model)
     return model.eval()
 
 

@@ -107,6 +107,18 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["fp8"],
+        help="fp8: quantize a bf16 checkpoint's linear layers to FP8 at load (FP8 checkpoints need no flag)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8"],
+        help="KV cache dtype: auto (the model's) or fp8 (e4m3, about twice the tokens)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
@@ -219,6 +231,8 @@ def run_serve(args: argparse.Namespace) -> int:
         enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling,
         **parallel_kwargs(args),
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node

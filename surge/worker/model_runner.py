@@ -25,6 +25,7 @@ from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
+from surge.quant.config import require_fp8_gpu
 from surge.request import Request
 from surge.sampling_params import SamplingParams
 from surge.worker.cuda_graph import (
@@ -196,6 +197,11 @@ class ModelRunner:
         self.tp_rank = tp_rank
         self.tp_size = config.parallel.tensor_parallel_size
         mc = config.model
+        if config.uses_fp8:
+            require_fp8_gpu(config.device)
+        self.kv_cache_dtype: torch.dtype = (
+            torch.float8_e4m3fn if config.cache.kv_cache_dtype == "fp8" else mc.torch_dtype
+        )
         self.model = load_model(mc, self.device, tp_rank, self.tp_size)
         self.attn_backend: AttentionBackend = attn_backend or default_attention_backend(self.device)
         self.sampler = Sampler(config.seed, self.device)
@@ -243,9 +249,11 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        """Bytes of one KV block on this rank: K and V of ``block_size`` tokens, all layers."""
+        """Bytes of one KV block on this rank: K and V of ``block_size`` tokens, all layers, in
+        the KV cache dtype (1 byte per value with ``kv_cache_dtype="fp8"``)."""
         mc = self.config.model
-        return 2 * mc.num_hidden_layers * self.block_size * self.num_kv_heads * mc.head_dim * mc.dtype_bytes
+        itemsize = self.kv_cache_dtype.itemsize
+        return 2 * mc.num_hidden_layers * self.block_size * self.num_kv_heads * mc.head_dim * itemsize
 
     def determine_num_kv_blocks(self) -> int:
         """How many KV blocks to allocate.
@@ -323,7 +331,7 @@ class ModelRunner:
         mc = self.config.model
         shape = (1, self.block_size, self.num_kv_heads, mc.head_dim)
         caches = [
-            (torch.zeros(shape, dtype=mc.torch_dtype, device=self.device),) * 2
+            (torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),) * 2
             for _ in range(mc.num_hidden_layers)
         ]
         cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
@@ -368,14 +376,14 @@ class ModelRunner:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate per-layer K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
-        (zeros, model dtype) on the device, compile the eager kernels' variants
+        (zeros, in :attr:`kv_cache_dtype`) on the device, compile the eager kernels' variants
         (:meth:`warm_up`), then capture the decode CUDA graphs (when on)."""
         mc = self.config.model
         shape = (num_blocks, self.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=mc.torch_dtype, device=self.device),
-                torch.zeros(shape, dtype=mc.torch_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
             )
             for _ in range(mc.num_hidden_layers)
         ]

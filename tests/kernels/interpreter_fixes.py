@@ -1,4 +1,4 @@
-"""Test-only fixes for three bugs of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
+"""Test-only fixes for four bugs of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
 
 1. Scalars are 1-element arrays converted with ``int(array)``, which NumPy >= 2.4 rejects
    ("only 0-dimensional arrays can be converted to Python scalars"), so every loop with a
@@ -8,8 +8,11 @@
 3. ``tl.dot`` of bf16 operands multiplies their uint16 bit patterns (bf16 is stored as uint16);
    the operands are widened to fp32 first (exact), as the GPU's bf16 MMA does. Upstream:
    triton-lang/triton#11584 (unsupported so far).
+4. ``x.to(tl.float8e4nv)`` from fp32/fp16/bf16 halves values whose rounding carries into the
+   exponent (e.g. -126.26 becomes -64 instead of -128); the cast is done by torch instead,
+   which rounds to nearest even as the GPU's ``cvt.rn`` does.
 
-Both patches touch the interpreter only; compiled GPU kernels are unaffected.
+The patches touch the interpreter only; compiled GPU kernels are unaffected.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def apply() -> None:
     original_patch = interpreter._patch_lang_tensor
     original_cast = interpreter.InterpreterBuilder.cast_impl
     original_dot = interpreter.InterpreterBuilder.create_dot
+    original_fp_to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
 
     def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
         original_patch(tensor, scope)
@@ -56,6 +60,23 @@ def apply() -> None:
     ) -> interpreter.TensorHandle:
         return original_dot(self, bf16_as_fp32(a), bf16_as_fp32(b), d, input_precision, max_num_imprecise_acc)
 
+    def fp_to_fp(
+        self: interpreter.InterpreterBuilder,
+        src: interpreter.TensorHandle,
+        dst_type: tl.dtype,
+        rounding_mode: object,
+    ) -> interpreter.TensorHandle:
+        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16):
+            data = np.ascontiguousarray(src.data)
+            if src.dtype.scalar == tl.bfloat16:
+                wide = torch.from_numpy((data.astype(np.uint32) << 16).view(np.float32))
+            else:
+                wide = torch.from_numpy(data.astype(np.float32))
+            as_fp8 = wide.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+            return interpreter.TensorHandle(as_fp8, dst_type.scalar)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
     interpreter._patch_lang_tensor = patch_lang_tensor
     interpreter.InterpreterBuilder.cast_impl = cast_impl
     interpreter.InterpreterBuilder.create_dot = create_dot
+    interpreter.InterpreterBuilder.create_fp_to_fp = fp_to_fp

@@ -1,0 +1,121 @@
+"""FP8 (e4m3) quantize / dequantize in plain torch: the reference of every FP8 kernel.
+
+A *scale* here is always the dequantization multiplier: ``x ~= x_fp8.float() * scale``
+(checkpoints call the block-wise one ``weight_scale_inv``, after DeepSeek-V3's convention, and
+the per-tensor one ``weight_scale``; both multiply). Quantization divides by it, clamps to
+``±448`` (torch's cast does not saturate) and rounds to nearest even in the cast. Scales are
+``amax / 448`` of the row, block or tensor (floored at :data:`MIN_FP8_SCALE`), as in
+Micikevicius et al., "FP8 Formats for Deep Learning" (2022), and vLLM's dynamic FP8.
+
+These functions run on any device; on CPU they are also the FP8 *emulation* path of tests
+(``fp8_emulation=True``): quantize, then compute on the dequantized values in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per output row: ``weight [N, K] -> (fp8 [N, K], scale [N] float32)``."""
+    amax = weight.float().abs().amax(dim=1)
+    scale = (amax / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    return _to_fp8(weight, scale[:, None]), scale
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic activation quantization, one scale per row: ``x [M, K] -> (fp8 [M, K], scale
+    [M, 1] float32)`` (the layout ``torch._scaled_mm``'s row-wise scaling takes)."""
+    amax = x.float().abs().amax(dim=1, keepdim=True)
+    scale = (amax / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    return _to_fp8(x, scale), scale
+
+
+def quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale for the whole tensor: ``-> (fp8, scale [] float32)``."""
+    amax = weight.float().abs().amax()
+    scale = (amax / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    return _to_fp8(weight, scale), scale
+
+
+def quantize_block(weight: torch.Tensor, block_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-wise scales: ``weight [N, K] -> (fp8 [N, K], scale [cdiv(N, bn), cdiv(K, bk)])``.
+
+    Each ``bn x bk`` tile (the last ones may be partial) has its own scale, as in the
+    ``weight_scale_inv`` tensors of Qwen's and DeepSeek's FP8 checkpoints.
+    """
+    bn, bk = block_size
+    n, k = weight.shape
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = torch.zeros(nb * bn, kb * bk, dtype=torch.float32, device=weight.device)
+    padded[:n, :k] = weight.float()
+    tiles = padded.view(nb, bn, kb, bk)
+    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    q = _to_fp8(tiles, scale[:, None, :, None]).view(nb * bn, kb * bk)[:n, :k].contiguous()
+    return q, scale
+
+
+def expand_block_scale(
+    scale: torch.Tensor, shape: tuple[int, int], block_size: tuple[int, int]
+) -> torch.Tensor:
+    """Block scales ``[cdiv(N, bn), cdiv(K, bk)]`` as one scale per element ``[N, K]``."""
+    n, k = shape
+    bn, bk = block_size
+    return scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+
+
+def dequantize(
+    q: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """``q.float() * scale`` in float32.
+
+    Args:
+        q: fp8 ``[N, K]`` (or any shape for a broadcastable ``scale``).
+        scale: ``[N]`` per row, ``[M, 1]`` per token, ``[]`` per tensor, or
+            ``[cdiv(N, bn), cdiv(K, bk)]`` with ``block_size``.
+        block_size: ``(bn, bk)`` for block scales, else None.
+    """
+    if block_size is not None:
+        return q.float() * expand_block_scale(scale.float(), tuple(q.shape), block_size)  # type: ignore[arg-type]
+    s = scale.float()
+    if s.dim() == 1 and q.dim() == 2:
+        s = s[:, None]
+    return q.float() * s
+
+
+def fp8_linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    block_size: tuple[int, int] | None = None,
+    quantize_input: bool = True,
+) -> torch.Tensor:
+    """An FP8 linear layer in float32 torch: ``x [M, K] -> [M, N]`` in ``x``'s dtype.
+
+    With ``quantize_input`` the activations are quantized per token first (the w8a8 GEMM of
+    ``torch._scaled_mm``); without it they stay in their dtype (the weight-only kernel of
+    :mod:`surge.kernels.fp8_gemm`). Then ``dequant(x) @ dequant(weight)^T (+ bias)``.
+
+    Args:
+        weight: fp8 ``[N, K]``; scale: ``[N]`` or block scales (with ``block_size``).
+    """
+    xf = dequantize(*quantize_per_token(x)) if quantize_input else x.float()
+    out = xf @ dequantize(weight, scale, block_size).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """K or V rows to the FP8 cache: ``(x.float() * (1 / scale)).clamp(±448)`` in e4m3."""
+    return (x.float() * (1.0 / scale)).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)

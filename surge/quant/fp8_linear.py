@@ -1,0 +1,213 @@
+"""The FP8 linear method that :mod:`surge.layers.linear` delegates to when a layer is quantized.
+
+One :class:`Fp8LinearMethod` per layer. It (1) for an FP8 checkpoint, swaps the layer's weight
+for an e4m3 parameter and adds the checkpoint's scale parameter before loading, (2) after
+loading, quantizes a bf16 weight (online mode, dummy weights) or puts the loaded scales in
+their kernel layout, and (3) runs the GEMM:
+
+* per-channel scales (online quantization, per-tensor checkpoints), on CUDA:
+  ``torch._scaled_mm`` (cuBLASLt FP8, row-wise scales: activations quantized per token by
+  :func:`surge.kernels.fp8_quant.per_token_quant_fp8` into ``a_scale [M, 1]``, the weight
+  ``[N, K]`` passed transposed, i.e. column-major, with ``b_scale [1, N]``), except for
+  decode steps (``M <= SKINNY_MAX_M``) of the weight shapes in :data:`TRITON_FASTER`, and
+  shapes ``_scaled_mm`` cannot take (a dim not a multiple of 16, a non-bf16 model), which run
+  the weight-only Triton kernel of :mod:`surge.kernels.fp8_gemm`;
+* block-wise scales (FP8 checkpoints with ``weight_block_size``): the weight-only Triton
+  kernel with its block scales, for every ``M`` (see ``docs/fp8.md`` for why);
+* on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
+  dequantize then matmul in float32, activations quantized per token exactly when the CUDA
+  path for large batches does (per-channel scales).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from surge.quant.config import Fp8Config
+from surge.quant.fp8 import (
+    FP8_DTYPE,
+    fp8_linear_reference,
+    quantize_block,
+    quantize_per_channel,
+)
+
+if TYPE_CHECKING:
+    from surge.layers.linear import _LinearBase
+
+SKINNY_MAX_M = 16
+"""Largest token count that may take the Triton kernel instead of ``_scaled_mm``."""
+
+TRITON_FASTER: frozenset[tuple[int, int]] = frozenset()
+"""Weight shapes ``(N, K)`` where the weight-only Triton FP8 GEMM beat per-token quantization +
+``torch._scaled_mm`` for 1..16 tokens on the H200. Empty until measured: run
+``benchmarks/fp8_gemm_bench.py`` on the GPU, which prints this table's new value with the
+timings behind it."""
+
+
+def _shard_index(layer: _LinearBase, shard_id: str | int | None) -> int:
+    """Index of a stacked part (q/k/v, gate/up) in the layer's per-part scale vector."""
+    if shard_id is None:
+        return 0
+    if shard_id in ("q", "k", "v"):
+        return ("q", "k", "v").index(shard_id)  # type: ignore[arg-type]
+    return int(shard_id)
+
+
+def _part_sizes(layer: _LinearBase) -> list[int]:
+    """Local output rows of each stacked part: ``[q, k, v]``, ``[gate, up]`` or ``[N]``."""
+    if hasattr(layer, "q_size"):
+        return [layer.q_size, layer.kv_size, layer.kv_size]  # type: ignore[attr-defined]
+    if hasattr(layer, "output_sizes_local"):
+        return list(layer.output_sizes_local)  # type: ignore[attr-defined]
+    return [layer.out_features_local]
+
+
+class Fp8LinearMethod:
+    """FP8 weights for one linear layer (see the module docstring).
+
+    Args:
+        config: the model's :class:`Fp8Config`.
+        emulate: compute by dequantization in torch (CPU tests); otherwise the CUDA kernels.
+
+    After :meth:`process_weights`, the layer holds ``weight`` (float8_e4m3fn ``[N, K]``) and
+    ``weight_scale`` (float32 ``[N]`` per channel, or ``[cdiv(N, bn), cdiv(K, bk)]`` block
+    scales).
+    """
+
+    def __init__(self, config: Fp8Config, emulate: bool) -> None:
+        self.config = config
+        self.emulate = emulate
+        self.block_size = config.block_size if config.scheme == "block" else None
+        self.scale_row: torch.Tensor | None = None  # [1, N] view of the per-channel scales
+        self.use_scaled_mm = False
+        self.triton_for_decode = False
+
+    # ------------------------------------------------------------------ loading
+
+    def create_weights(self, layer: _LinearBase) -> None:
+        """Before loading an FP8 checkpoint: an e4m3 ``weight`` and the checkpoint's scale
+        parameter (``weight_scale_inv``, block-wise, or ``weight_scale``, one per stored
+        tensor), each loaded through the layer's own TP-aware ``weight_loader``.
+
+        Raises:
+            ValueError: block-wise scales on a layer whose parts or input size are not
+                multiples of the block.
+        """
+        out_local, in_local = layer.weight.shape
+        dev = layer.weight.device
+        weight = nn.Parameter(
+            torch.empty(out_local, in_local, dtype=FP8_DTYPE, device=dev), requires_grad=False
+        )
+        weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]
+        layer.weight = weight
+        if self.block_size is not None:
+            bn, bk = self.block_size
+            if any(p % bn for p in _part_sizes(layer)) or in_local % bk:
+                raise ValueError(
+                    f"fp8: {type(layer).__name__} with parts {_part_sizes(layer)} x {in_local} is not a "
+                    f"multiple of weight_block_size {list(self.block_size)}"
+                )
+            # Rows expanded to one per output channel while loading, so the layer's row slicing
+            # (TP shards, stacked parts) applies unchanged; process_weights folds them back.
+            scale = nn.Parameter(
+                torch.empty(out_local, in_local // bk, dtype=torch.float32, device=dev), requires_grad=False
+            )
+
+            def load_block(
+                param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
+            ) -> None:
+                layer.weight_loader(param, loaded.float().repeat_interleave(bn, 0), shard_id)
+
+            scale.weight_loader = load_block  # type: ignore[attr-defined]
+            layer.weight_scale_inv = scale
+        else:
+            parts = len(_part_sizes(layer))
+            scale = nn.Parameter(torch.ones(parts, dtype=torch.float32, device=dev), requires_grad=False)
+
+            def load_tensor(
+                param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
+            ) -> None:
+                if loaded.numel() != 1:
+                    raise ValueError(f"weight_scale must be one value, got shape {tuple(loaded.shape)}")
+                param.data[_shard_index(layer, shard_id)] = loaded.reshape(()).float()
+
+            scale.weight_loader = load_tensor  # type: ignore[attr-defined]
+            layer.weight_scale = scale
+
+    @torch.no_grad()
+    def process_weights(self, layer: _LinearBase) -> None:
+        """After loading: quantize a non-FP8 weight (online mode, dummy weights: per channel,
+        or block-wise for a block checkpoint's layout) or fold the loaded scales into the
+        kernel layout; then pick the GEMM path."""
+        w = layer.weight
+        if w.dtype != FP8_DTYPE:
+            if self.block_size is not None:
+                q, s = quantize_block(w.data, self.block_size)
+            else:
+                q, s = quantize_per_channel(w.data)
+        elif self.block_size is not None:
+            expanded: torch.Tensor = layer.weight_scale_inv.data
+            del layer.weight_scale_inv
+            q, s = w.data, expanded[:: self.block_size[0]].contiguous()
+        else:
+            per_part: torch.Tensor = layer.weight_scale.data
+            del layer.weight_scale
+            sizes = torch.tensor(_part_sizes(layer), device=per_part.device)
+            q, s = w.data, per_part.repeat_interleave(sizes).contiguous()
+        layer.weight = nn.Parameter(q.contiguous(), requires_grad=False)
+        layer.register_buffer("weight_scale", s.float().contiguous(), persistent=False)
+        n, k = q.shape
+        if self.block_size is None:
+            self.scale_row = layer.weight_scale.view(1, n)
+            self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
+            self.triton_for_decode = (n, k) in TRITON_FASTER
+
+    # ------------------------------------------------------------------ forward
+
+    def apply(self, layer: _LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x [T, K] -> [T, N]`` in ``x``'s dtype through the path chosen for this layer."""
+        w, s = layer.weight, layer.weight_scale
+        if self.emulate:
+            return fp8_linear_reference(
+                x, w, s, bias, block_size=self.block_size, quantize_input=self.block_size is None
+            )
+        from surge.kernels.fp8_gemm import fp8_linear
+
+        if self.block_size is not None:
+            return fp8_linear(x, w, s, bias, block_size=self.block_size)
+        m = x.shape[0]
+        if (
+            not self.use_scaled_mm
+            or x.dtype != torch.bfloat16
+            or (self.triton_for_decode and m <= SKINNY_MAX_M)
+        ):
+            return fp8_linear(x, w, s, bias)
+        return scaled_mm_linear(x, w, self.scale_row, bias)
+
+
+def scaled_mm_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale_row: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Per-token FP8 activations times a per-channel FP8 weight on cuBLASLt.
+
+    Args:
+        x: ``[M, K]`` bf16 (quantized here, one scale per row).
+        weight: float8_e4m3fn ``[N, K]`` contiguous (``weight.t()`` is the column-major
+            ``[K, N]`` operand ``_scaled_mm`` requires); ``K``, ``N`` multiples of 16.
+        scale_row: float32 ``[1, N]`` weight scales.
+        bias: optional ``[N]`` bf16, added after the GEMM.
+
+    Returns:
+        ``[M, N]`` bf16.
+    """
+    from surge.kernels.fp8_quant import per_token_quant_fp8
+
+    assert scale_row is not None
+    xq, xs = per_token_quant_fp8(x if x.stride(1) == 1 else x.contiguous())
+    out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale_row, out_dtype=x.dtype)
+    if bias is not None:
+        out += bias
+    return out

@@ -1,0 +1,98 @@
+"""FP8 at load time: which layers are quantized, the checkpoint's extra tensors, and the
+post-load pass. Called by :func:`surge.model.loader.load_model`.
+
+Order for a model with an :class:`~surge.quant.config.Fp8Config`:
+
+1. :func:`attach_fp8` gives every linear layer (not the embeddings, the LM head or the norms,
+   nor ``modules_to_not_convert``) an :class:`~surge.quant.fp8_linear.Fp8LinearMethod`; for an
+   FP8 checkpoint read from safetensors it also swaps in e4m3 weights and scale parameters.
+2. The weights are loaded (``checkpoint_tensors`` routes ``k_scale``/``v_scale`` to the
+   attention layers and drops the unused ``input_scale`` of dynamic-activation checkpoints),
+   or filled at random in bf16 (``load_format="dummy"``).
+3. :func:`process_fp8` quantizes what is still bf16 (online mode, dummy weights) and puts the
+   loaded scales in their kernel layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from surge.layers.attention import Attention
+from surge.layers.linear import _LinearBase
+from surge.quant.config import Fp8Config
+from surge.quant.fp8_linear import Fp8LinearMethod
+
+_KV_SCALE_SUFFIXES = {
+    ".self_attn.k_scale": ("k", ".self_attn"),
+    ".self_attn.v_scale": ("v", ".self_attn"),
+    ".self_attn.attn.k_scale": ("k", ".self_attn"),
+    ".self_attn.attn.v_scale": ("v", ".self_attn"),
+    ".self_attn.k_proj.output_scale": ("k", ".self_attn"),
+    ".self_attn.v_proj.output_scale": ("v", ".self_attn"),
+}
+
+
+def fp8_layers(model: nn.Module, config: Fp8Config) -> list[tuple[str, _LinearBase]]:
+    """The ``(name, layer)`` of every linear layer FP8 applies to."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, _LinearBase) and not any(skip in name for skip in config.modules_to_not_convert)
+    ]
+
+
+def attach_fp8(model: nn.Module, config: Fp8Config, *, emulate: bool, load_checkpoint: bool) -> None:
+    """Step 1: a quant method per FP8 layer; FP8 parameters when ``load_checkpoint``.
+
+    Raises:
+        ValueError: a block-quantized layer whose sizes are not multiples of the block.
+    """
+    for _, layer in fp8_layers(model, config):
+        method = Fp8LinearMethod(config, emulate)
+        if load_checkpoint and config.from_checkpoint:
+            method.create_weights(layer)
+        layer.quant_method = method
+
+
+def process_fp8(model: nn.Module) -> None:
+    """Step 3: every FP8 layer's :meth:`Fp8LinearMethod.process_weights`."""
+    for module in model.modules():
+        if isinstance(module, _LinearBase) and isinstance(module.quant_method, Fp8LinearMethod):
+            module.quant_method.process_weights(module)
+
+
+def checkpoint_tensors(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], config: Fp8Config | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass the checkpoint's tensors on, except the FP8 extras handled here.
+
+    ``...self_attn.k_scale`` / ``v_scale`` (also ``self_attn.attn.*`` and
+    ``k_proj``/``v_proj.output_scale``) set the layer's :class:`Attention` KV-cache scales;
+    ``input_scale`` tensors are dropped when the model is FP8 (activations are quantized
+    dynamically).
+
+    Raises:
+        ValueError: a KV scale that is not one positive value or names no attention layer.
+    """
+    attentions = {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
+    for name, tensor in weights:
+        kv = next(
+            ((which, base) for suf, (which, base) in _KV_SCALE_SUFFIXES.items() if name.endswith(suf)), None
+        )
+        if kv is not None:
+            which, base = kv
+            prefix = name[: name.rindex(base) + len(base)]
+            attn = attentions.get(prefix + ".attn")
+            value = float(tensor.float().reshape(-1)[0]) if tensor.numel() == 1 else -1.0
+            if attn is None or not value > 0.0:
+                raise ValueError(
+                    f"model: cannot load {name!r}: need one positive value for an attention layer"
+                )
+            setattr(attn, f"{which}_scale", value)
+            continue
+        if config is not None and name.endswith(".input_scale"):
+            continue
+        yield name, tensor

@@ -1,0 +1,133 @@
+"""FP8 KV cache: the Triton K/V write (plain and fused) and paged attention (mixed grid,
+decode grid, split-KV) against the torch reference backend on float8_e4m3fn caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surge.kernels.kv_write import fused_qk_norm_rope_kv_write, write_kv_cache
+from surge.kernels.paged_attention import AttentionTileConfig, paged_attention
+from surge.layers.rotary import RotaryEmbedding
+from surge.layers.torch_attention import TorchAttentionBackend
+from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
+from surge.quant.fp8 import FP8_DTYPE, quantize_kv
+from tests.kernels.attn_utils import make_batch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL_TILE = AttentionTileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+
+
+def _fp8_caches(num_blocks: int, block_size: int, hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    shape = (num_blocks, block_size, hkv, d)
+    return (
+        torch.randn(shape, generator=gen).to(FP8_DTYPE).to(DEVICE),
+        torch.randn(shape, generator=gen).to(FP8_DTYPE).to(DEVICE),
+    )
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.uint8)
+
+
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 0.03125)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_write_quantizes_like_torch(scales: tuple[float, float], dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    k = (torch.randn(9, 2, 64, generator=gen) * 40).to(dtype).to(DEVICE)  # some beyond ±448 * scale
+    v = torch.randn(9, 2, 64, generator=gen).to(dtype).to(DEVICE)
+    slots = torch.randperm(4 * 16, generator=gen)[:9]
+    slots[2] = -1
+    slots = slots.to(DEVICE)
+    k_cache, v_cache = _fp8_caches(4, 16, 2, 64)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    torch_write_kv_cache(k, v, k_ref, v_ref, slots, *scales)
+    write_kv_cache(k, v, k_cache, v_cache, slots, *scales)
+    assert torch.equal(_bits(k_cache), _bits(k_ref)) and torch.equal(_bits(v_cache), _bits(v_ref))
+    written = k_ref.view(-1, 2, 64)[slots[slots >= 0].long()].cpu()
+    assert torch.equal(_bits(written), _bits(quantize_kv(k[slots >= 0].cpu(), scales[0])))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_norm_rope_write_fp8(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    t, hkv, group, d = 6, 2, 2, 64
+    q = torch.randn(t, hkv * group, d, generator=gen).to(dtype).to(DEVICE)
+    k = torch.randn(t, hkv, d, generator=gen).to(dtype).to(DEVICE)
+    v = torch.randn(t, hkv, d, generator=gen).to(dtype).to(DEVICE)
+    positions = torch.randint(0, 100, (t,), generator=gen).to(DEVICE)
+    slots = torch.randperm(3 * 16, generator=gen)[:t].to(DEVICE)
+    rope = RotaryEmbedding(d, 128, 10000.0).to(DEVICE)
+    k_cache, v_cache = _fp8_caches(3, 16, hkv, d)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    q_ref, k_rot = rope(positions, q.clone(), k.clone())
+    torch_write_kv_cache(k_rot, v, k_ref, v_ref, slots, 0.25, 2.0)
+    fused_qk_norm_rope_kv_write(
+        q, k, v, positions, rope.cos_cache, rope.sin_cache, k_cache, v_cache, slots, k_scale=0.25, v_scale=2.0
+    )
+    assert torch.equal(_bits(k_cache), _bits(k_ref)) and torch.equal(_bits(v_cache), _bits(v_ref))
+    torch.testing.assert_close(q, q_ref)
+
+
+def test_write_rejects_non_positive_scale() -> None:
+    k = torch.randn(2, 1, 16, device=DEVICE)
+    k_cache, v_cache = _fp8_caches(1, 16, 1, 16)
+    with pytest.raises(ValueError, match="positive"):
+        write_kv_cache(k, k, k_cache, v_cache, torch.tensor([0, 1], device=DEVICE), 0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "q_lens,seq_lens,num_splits",
+    [
+        ([5, 1, 1, 7, 1], [21, 37, 1, 7, 16], 1),  # mixed prefill + decode grid
+        ([1, 1, 1, 1], [5, 40, 100, 17], 1),  # decode grid
+        ([1, 1, 1, 1], [5, 40, 100, 17], 4),  # decode grid, split-KV
+        ([5, 1, 7], [21, 37, 7], 2),  # mixed grid, split-KV
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_fp8_matches_torch_backend(
+    q_lens: list[int], seq_lens: list[int], num_splits: int, dtype: torch.dtype
+) -> None:
+    group, hkv, d = 2, 2, 64
+    batch = make_batch(q_lens, seq_lens, hkv * group, hkv, d, dtype=dtype, device=DEVICE, num_pad_tokens=1)
+    md = batch.metadata
+    k_cache = (batch.k_cache.float() * 4).to(FP8_DTYPE)  # garbage in unused slots, as in serving
+    v_cache = batch.v_cache.to(FP8_DTYPE)
+    k_scale, v_scale = 0.5, 0.25
+    torch_write_kv_cache(batch.k, batch.v, k_cache, v_cache, md.slot_mapping, k_scale, v_scale)
+    scale = d**-0.5
+    ref = TorchAttentionBackend().forward(
+        batch.q, batch.k, batch.v, k_cache, v_cache, md, scale, False, k_scale, v_scale
+    )
+    out = paged_attention(
+        batch.q,
+        k_cache,
+        v_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        scale,
+        num_splits=num_splits,
+        max_query_len=md.max_query_len,
+        config=SMALL_TILE,
+        min_kv_per_split=16,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    n = md.num_tokens
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out[:n].float().cpu(), ref[:n].float().cpu(), atol=tol, rtol=tol)
+
+
+def test_torch_backend_fp8_is_dequantized_bf16_attention() -> None:
+    """The reference FP8 path equals attention over the dequantized values."""
+    batch = make_batch([3, 1], [9, 20], 4, 2, 32, dtype=torch.float32)
+    md = batch.metadata
+    k8, v8 = batch.k_cache.to(FP8_DTYPE), batch.v_cache.to(FP8_DTYPE)
+    backend = TorchAttentionBackend()
+    out = backend.forward(batch.q, batch.k, batch.v, k8, v8, md, 0.2, True, 0.5, 2.0)
+    k_deq, v_deq = k8.float() * 0.5, v8.float() * 2.0
+    expect = backend.forward(batch.q, batch.k, batch.v, k_deq, v_deq, md, 0.2, False)
+    torch.testing.assert_close(out[: md.num_tokens], expect[: md.num_tokens])

@@ -1,0 +1,82 @@
+"""`surge bench roofline` with FP8 weights and an FP8 KV cache, and the Qwen3-8B-FP8 config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from surge.bench.roofline import Hardware, load_config, model_shape, point_roofline
+from surge.config import ModelConfig
+from surge.quant.config import Fp8Config
+
+REPO = Path(__file__).resolve().parents[2]
+QWEN3_8B = REPO.parent / "shared" / "assets" / "models" / "qwen3-8b"
+FP8_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-8b-fp8"
+H200 = Hardware("h200", 4.24e12, 7.9e14)
+
+
+def test_fp8_weights_and_kv_bytes() -> None:
+    cfg = load_config(FP8_CONFIG)
+    bf16 = model_shape(cfg, "bfloat16")
+    fp8 = model_shape(cfg)  # the FP8 quantization_config selects FP8 weights
+    assert bf16.weight_bytes == pytest.approx(15.14e9, rel=2e-3)
+    # 6.95 G linear weights at 1 byte + embedding-sized LM head (0.62 G) and norms at 2 bytes
+    assert fp8.weight_bytes == pytest.approx(8.19e9, rel=2e-3)
+    assert fp8.kv_bytes_per_token == 147_456  # the KV cache stays bf16 ...
+    assert model_shape(cfg, kv_cache_dtype="fp8").kv_bytes_per_token == 73_728  # ... unless asked
+    assert model_shape(cfg, "fp8") == fp8
+    c1 = point_roofline(fp8, H200, 1, 32, 256).output_throughput
+    assert 500 < c1 < 520  # the issue's ~515 tok/s batch-1 ceiling
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        model_shape(cfg, kv_cache_dtype="int8")
+
+
+def test_fp8_config_matches_qwen3_8b() -> None:
+    """The benchmark config is Qwen3-8B's plus the published FP8 quantization_config."""
+    if QWEN3_8B.is_dir():
+        import json
+
+        ours = json.loads((FP8_CONFIG / "config.json").read_text())
+        qc = ours.pop("quantization_config")
+        assert ours == json.loads((QWEN3_8B / "config.json").read_text())
+        assert qc == {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+        }
+    mc = ModelConfig.from_pretrained(FP8_CONFIG, load_format="dummy")
+    assert mc.quantization == "fp8" and mc.fp8_config == Fp8Config("block", True, (128, 128))
+
+
+def test_roofline_cli_fp8() -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "surge.cli",
+            "bench",
+            "roofline",
+            "--model",
+            str(FP8_CONFIG),
+            "--gpu",
+            "h200",
+            "--kv-cache-dtype",
+            "fp8",
+            "--concurrency",
+            "1",
+            "--input-len",
+            "32",
+            "--output-len",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "W = 8.191 GB" in r.stdout and "73,728 KV bytes/token" in r.stdout
