@@ -14,6 +14,7 @@ from surge.quant.fp8 import (
     quantize_per_channel,
     quantize_per_token,
 )
+from surge.quant.fp8_linear import scaled_mm_linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -78,3 +79,18 @@ def test_fp8_linear_rejects_bad_inputs() -> None:
     with pytest.raises(ValueError, match="divide"):
         wb, sb = quantize_block(torch.randn(16, 48), (16, 48))
         fp8_linear(torch.randn(2, 48), wb, sb, block_size=(16, 48), config=Fp8GemmConfig(16, 16, 32, 2, 4))
+
+
+@pytest.mark.parametrize("m", [1, 6, 40])
+def test_scaled_mm_linear_layouts(m: int) -> None:
+    """Per-token quantization + ``torch._scaled_mm`` with ``a_scale [M, 1]``, ``b_scale [1, N]``
+    and the column-major weight (torch's CPU ``_scaled_mm`` here, cuBLASLt on a GPU) equals the
+    w8a8 reference."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
+    w, s = quantize_per_channel(torch.randn(48, 64, generator=gen) * 0.05)
+    bias = (torch.randn(48, generator=gen) * 0.1).to(torch.bfloat16)
+    ref = fp8_linear_reference(x, w, s, bias)
+    out = scaled_mm_linear(x.to(DEVICE), w.to(DEVICE), s.view(1, -1).to(DEVICE), bias.to(DEVICE))
+    assert out.dtype == torch.bfloat16 and out.shape == (m, 48)
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-2, rtol=2e-2)
