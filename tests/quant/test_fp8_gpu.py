@@ -1,0 +1,209 @@
+"""FP8 on a GPU (sm89+; skipped without CUDA): every FP8 kernel against its torch reference at
+Qwen3-8B shapes, and a 4-layer Qwen3-8B-shaped model in FP8 against bf16 (cosine >= 0.99 per
+logits row) with CUDA graphs, in each FP8 mode.
+
+Run on a GPU host: ``PYTHONPATH=. python3 -m pytest -p no:cacheprovider -o timeout=0 -m gpu tests/quant``
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from surge.layers.linear import _LinearBase
+from surge.layers.torch_attention import TorchAttentionBackend
+from surge.quant.fp8 import (
+    FP8_DTYPE,
+    fp8_linear_reference,
+    quantize_block,
+    quantize_per_channel,
+    quantize_per_token,
+)
+from surge.quant.fp8_linear import Fp8LinearMethod
+from surge.worker.model_runner import ModelRunner
+from tests.worker.helpers import count_replays, drive
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+_REPO = Path(__file__).resolve().parents[2]
+_CANDIDATES = (
+    _REPO.parent / "shared" / "assets" / "models" / "qwen3-8b",
+    _REPO / "shared" / "assets" / "models" / "qwen3-8b",
+    _REPO / ".assets" / "qwen3-8b",
+)
+QWEN3_8B = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
+FP8_CONFIG = _REPO / "benchmarks" / "configs" / "qwen3-8b-fp8" / "config.json"
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+
+
+@pytest.mark.parametrize("m", [1, 16, 512])
+@pytest.mark.parametrize("k", [4096, 12288])
+def test_per_token_quant_real_shapes(m: int, k: int) -> None:
+    from surge.kernels.fp8_quant import per_token_quant_fp8
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 4
+    q, s = per_token_quant_fp8(x)
+    q_ref, s_ref = quantize_per_token(x)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("layer", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 7, 16, 300])
+def test_fp8_gemms_real_shapes(layer: str, m: int) -> None:
+    from surge.kernels.fp8_gemm import fp8_linear
+    from surge.quant.fp8_linear import scaled_mm_linear
+
+    n, k = SHAPES[layer]
+    w = torch.randn(n, k, device="cuda") * 0.02
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wc, sc = quantize_per_channel(w)
+    wb, sb = quantize_block(w, (128, 128))
+    got = fp8_linear(x, wc, sc)
+    assert _rel_err(got, fp8_linear_reference(x, wc, sc, quantize_input=False)) < 1e-2
+    got = fp8_linear(x, wb, sb, block_size=(128, 128))
+    assert _rel_err(got, fp8_linear_reference(x, wb, sb, block_size=(128, 128), quantize_input=False)) < 1e-2
+    got = scaled_mm_linear(x, wc, sc.view(1, n), None)
+    assert _rel_err(got, fp8_linear_reference(x, wc, sc)) < 1e-2
+
+
+def test_fp8_kv_write_and_attention_real_shapes() -> None:
+    from surge.kernels.kv_write import fused_qk_norm_rope_kv_write
+    from surge.kernels.paged_attention import paged_attention
+    from surge.layers.rotary import RotaryEmbedding
+    from surge.layers.torch_attention import write_kv_cache
+    from tests.kernels.attn_utils import make_batch
+
+    # Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128; decodes with long contexts
+    # (split-KV) and a mixed prefill step.
+    for q_lens, seq_lens, splits in (
+        ([1] * 6, [5, 300, 2000, 4097, 17, 900], 8),
+        ([300, 1, 64], [300, 1500, 700], 1),
+    ):
+        batch = make_batch(q_lens, seq_lens, 32, 8, 128, dtype=torch.bfloat16, device="cuda")
+        md = batch.metadata
+        n = md.num_tokens
+        k8 = torch.zeros_like(batch.k_cache, dtype=FP8_DTYPE)
+        v8 = torch.zeros_like(k8)
+        k_ref, v_ref = k8.clone(), v8.clone()
+        rope = RotaryEmbedding(128, 8192, 1e6).cuda()
+        positions = (md.seq_lens.repeat_interleave(torch.tensor(q_lens, device="cuda")) - 1).long()[:n]
+        q, k, v = batch.q[:n].clone(), batch.k[:n].clone(), batch.v[:n]
+        q_rot, k_rot = rope(positions, q.clone(), k.clone())
+        write_kv_cache(k_rot, v, k_ref, v_ref, md.slot_mapping, 0.5, 0.25)
+        fused_qk_norm_rope_kv_write(
+            q,
+            k,
+            v,
+            positions,
+            rope.cos_cache,
+            rope.sin_cache,
+            k8,
+            v8,
+            md.slot_mapping,
+            k_scale=0.5,
+            v_scale=0.25,
+        )
+        assert torch.equal(k8.view(torch.uint8), k_ref.view(torch.uint8))
+        assert torch.equal(v8.view(torch.uint8), v_ref.view(torch.uint8))
+        out = paged_attention(
+            q,
+            k8,
+            v8,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            128**-0.5,
+            num_splits=splits,
+            max_query_len=md.max_query_len,
+            k_scale=0.5,
+            v_scale=0.25,
+        )
+        ref = TorchAttentionBackend().forward(q, k, v, k8, v8, md, 128**-0.5, False, 0.5, 0.25)
+        assert _rel_err(out[:n], ref[:n]) < 2e-2
+
+
+def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: object) -> ModelRunner:
+    mc = ModelConfig.from_pretrained(
+        model_dir,
+        dtype="bfloat16",
+        load_format="dummy",
+        max_model_len=4096,
+        quantization=kw.pop("quantization", None),  # type: ignore[arg-type]
+    )
+    cfg = EngineConfig(
+        model=mc,
+        cache=CacheConfig(block_size=16, num_kv_blocks=1024, kv_cache_dtype=str(kw.pop("kv", "auto"))),
+        scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=4096),
+        device="cuda",
+        enforce_eager=eager,
+    )
+    runner = ModelRunner(cfg, TorchAttentionBackend() if torch_backend else None)
+    if kw.pop("triton_decode", False):
+        for m in runner.model.modules():
+            if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
+                m.quant_method.triton_for_decode = True
+    runner.init_kv_cache(1024)
+    return runner
+
+
+def _four_layers(tmp_path: Path, src: Path) -> Path:
+    cfg = json.loads(src.read_text())
+    cfg["num_hidden_layers"] = 4
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.skipif(not QWEN3_8B.is_dir(), reason="needs the qwen3-8b config")
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"quantization": "fp8"},
+        {"quantization": "fp8", "triton_decode": True},
+        {"quantization": "fp8", "kv": "fp8"},
+        {"kv": "fp8"},
+        {"checkpoint": True},
+    ],
+    ids=["fp8-weights", "fp8-weights-triton-decode", "fp8-weights-kv", "fp8-kv", "fp8-block-checkpoint"],
+)
+def test_qwen3_8b_shape_fp8_logits_close_to_bf16(tmp_path: Path, mode: dict[str, object]) -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+    mode = dict(mode)
+    src = FP8_CONFIG if mode.pop("checkpoint", False) else QWEN3_8B / "config.json"
+    (tmp_path / "fp8").mkdir()
+    fp8_dir = _four_layers(tmp_path / "fp8", src)
+    (tmp_path / "bf16").mkdir()
+    bf16_dir = _four_layers(tmp_path / "bf16", QWEN3_8B / "config.json")
+    fp8 = _runner(fp8_dir, eager=False, **mode)
+    assert fp8.graph_runner is not None
+    if src == FP8_CONFIG or "quantization" in mode:
+        qkv = fp8.model.model.layers[0].self_attn.qkv_proj
+        assert qkv.weight.dtype == FP8_DTYPE
+    reference = _runner(bf16_dir, eager=True)
+    replays = count_replays(fp8)
+    worst = [1.0]
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> None:
+        cos = torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+        worst[0] = min(worst[0], cos.min().item())
+        assert cos.min().item() >= 0.99, cos.min().item()
+
+    prompts = [[(7 * i + j) % 150000 for j in range(n)] for i, n in enumerate([32, 600, 5, 2000, 130, 47])]
+    drive([fp8, reference], prompts, [0, 0, 1, 1, 3, 6], 16, close)
+    assert len(replays) > 8
+    print(f"min cosine {worst[0]:.5f}")
