@@ -11,7 +11,8 @@
 #   qwen32b    Qwen3-32B TP=1 (GPU 0) and TP=2, same points, + compare
 #   llama70b   Llama-3.1-70B-Instruct TP=2 at C1,C16,C64 x I256 x O1024
 # Every point must finish with every request at its exact length (the matrix checks it).
-# The per-GPU ceilings under TP are in OUT/*/roofline-tp*.md (`surge bench roofline -tp N`).
+# The matrices' pct_of_roofline is per GPU under TP (--roofline-tp); the DP=2 run's is one
+# replica's ceiling (of one GPU). The TP ceilings also go to OUT/*/roofline-tp*.md.
 set -euo pipefail
 assets="$1"; out="$2"; shift 2
 steps=("$@")
@@ -19,9 +20,10 @@ steps=("$@")
 models="$assets/models"
 mkdir -p "$out"
 
-matrix() {  # matrix GPUS NAME MODEL_DIR CONCURRENCY SERVE_FLAGS...
-  local gpus="$1" name="$2" model="$3" conc="$4"; shift 4
+matrix() {  # matrix GPUS NAME MODEL_DIR CONCURRENCY TP SERVE_FLAGS...  (TP: the roofline's)
+  local gpus="$1" name="$2" model="$3" conc="$4" tp="$5"; shift 5
   CUDA_VISIBLE_DEVICES="$gpus" python3 -m surge.cli bench matrix --gpu h200 --model-config "$model" --disable-tqdm \
+    --roofline-tp "$tp" \
     --concurrency "$conc" --input-len 256 --output-len 1024 --output-dir "$out/$name" \
     --server-timeout 1800 \
     --launch "python3 -m surge.cli serve --model $model --load-format dummy --dtype bfloat16 --port 8000 --log-interval 30 $*"
@@ -44,9 +46,9 @@ for step in "${steps[@]}"; do
       ;;
     qwen8b)
       m="$models/qwen3-8b"
-      matrix 0 qwen3-8b/tp1 "$m" 1,64,256
-      matrix 0,1 qwen3-8b/tp2 "$m" 1,64,256 -tp 2
-      matrix 0,1 qwen3-8b/dp2 "$m" 1,64,256 -dp 2
+      matrix 0 qwen3-8b/tp1 "$m" 1,64,256 1
+      matrix 0,1 qwen3-8b/tp2 "$m" 1,64,256 2 -tp 2
+      matrix 0,1 qwen3-8b/dp2 "$m" 1,64,256 1 -dp 2
       roofline qwen3-8b/tp2 "$m" 1,64,256 2
       python3 -m surge.cli bench compare "$out/qwen3-8b/tp1" "$out/qwen3-8b/tp2" \
         --plot "$out/qwen3-8b/compare-tp1-vs-tp2.png" | tee "$out/qwen3-8b/compare-tp1-vs-tp2.md"
@@ -55,8 +57,8 @@ for step in "${steps[@]}"; do
       ;;
     qwen32b)
       m="$models/qwen3-32b"
-      matrix 0 qwen3-32b/tp1 "$m" 1,64,256
-      matrix 0,1 qwen3-32b/tp2 "$m" 1,64,256 -tp 2
+      matrix 0 qwen3-32b/tp1 "$m" 1,64,256 1
+      matrix 0,1 qwen3-32b/tp2 "$m" 1,64,256 2 -tp 2
       roofline qwen3-32b/tp2 "$m" 1,64,256 2
       python3 -m surge.cli bench compare "$out/qwen3-32b/tp1" "$out/qwen3-32b/tp2" \
         --plot "$out/qwen3-32b/compare-tp1-vs-tp2.png" | tee "$out/qwen3-32b/compare-tp1-vs-tp2.md"
@@ -64,7 +66,7 @@ for step in "${steps[@]}"; do
     llama70b)
       m="$models/llama-3.1-70b-instruct"
       # 131072-token context: cap it so the profiling pass and the block tables stay small
-      matrix 0,1 llama-3.1-70b/tp2 "$m" 1,16,64 -tp 2 --max-model-len 8192
+      matrix 0,1 llama-3.1-70b/tp2 "$m" 1,16,64 2 -tp 2 --max-model-len 8192
       roofline llama-3.1-70b/tp2 "$m" 1,16,64 2
       ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -32,6 +32,12 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="model folder or config.json for the roofline (default: a known local model folder)",
     )
+    g.add_argument(
+        "--roofline-tp",
+        type=int,
+        default=1,
+        help="the server's tensor-parallel size: the ceiling is per GPU with link traffic (default 1)",
+    )
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
@@ -269,6 +275,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "api_key": args.api_key,
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops),
         "model_config": args.model_config,
+        "roofline_tp": args.roofline_tp,
         "disable_tqdm": args.disable_tqdm,
         "request_timeout_s": args.request_timeout,
     }

@@ -69,6 +69,7 @@ class ServeConfig:
     save_detailed: bool = False
     hardware: Hardware | None = None
     model_config: str | None = None  # config.json or folder for the roofline; default: a known local folder
+    roofline_tp: int = 1  # the server's tensor-parallel size, for a per-GPU roofline
     disable_tqdm: bool = False
     request_timeout_s: float = 6 * 3600.0
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
@@ -88,6 +89,10 @@ class ServeConfig:
             )
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
             raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
+        if self.roofline_tp < 1:
+            raise ValueError(f"--roofline-tp must be >= 1, got {self.roofline_tp}")
+        if self.roofline_tp > 1 and self.hardware is not None and not self.hardware.link_bandwidth > 0:
+            raise ValueError(f"--roofline-tp: no GPU link bandwidth known for {self.hardware.name}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("--max-concurrency must be >= 1")
         if not self.request_rate > 0:
@@ -229,7 +234,7 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     src = cfg.model_config or local_dir
     if src is None:
         return out
-    shape = model_shape(load_config(src))
+    shape = model_shape(load_config(src), tensor_parallel_size=cfg.roofline_tp)
     conc = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)
     roof = point_roofline(shape, cfg.hardware, conc, cfg.input_len, cfg.output_len)
     out["roofline_output_throughput"] = roof.output_throughput
@@ -239,6 +244,9 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
         "hbm_bandwidth": cfg.hardware.hbm_bandwidth,
         "peak_flops": cfg.hardware.peak_flops,
     }
+    if cfg.roofline_tp > 1:
+        out["hardware"]["tensor_parallel_size"] = cfg.roofline_tp
+        out["hardware"]["link_bandwidth"] = cfg.hardware.link_bandwidth
     return out
 
 

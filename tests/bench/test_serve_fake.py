@@ -217,3 +217,19 @@ def test_unknown_model_and_too_long_points_are_one_line(capsys: pytest.CaptureFi
         rc = bench_main(_serve(s.url, "--input-len", "100000", "--output-len", "8", "--num-prompts", "1"))
         err = capsys.readouterr().err
         assert rc == 2 and "max_model_len" in err and err.count("\n") == 1
+
+
+def test_roofline_column_per_gpu_under_tensor_parallelism() -> None:
+    from surge.bench.roofline import Hardware, load_config, lookup_gpu, model_shape, point_roofline
+
+    b = Behaviour(ttft=0.01, itl=0.001)
+    with FakeServer(b) as s:
+        base = dict(base_url=s.url, input_len=8, output_len=4, num_prompts=2, disable_tqdm=True)
+        cfg = ServeConfig(**base, hardware=lookup_gpu("h200"), model_config=str(BUNDLED_MODEL), roofline_tp=2)
+        r = run_serve(cfg)
+        with pytest.raises(ValueError, match="link bandwidth"):
+            ServeConfig(**base, hardware=Hardware("x", 1e12, 1e14), roofline_tp=2).validate()
+    shape = model_shape(load_config(BUNDLED_MODEL), tensor_parallel_size=2)
+    roof = point_roofline(shape, lookup_gpu("h200"), 2, 8, 4)
+    assert r["roofline_output_throughput"] == pytest.approx(roof.output_throughput)
+    assert r["hardware"]["tensor_parallel_size"] == 2 and r["hardware"]["link_bandwidth"] == 4.5e11
