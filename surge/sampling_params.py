@@ -18,6 +18,84 @@ MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
 
 
+class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
+    """A grammar the output must follow (vLLM's ``StructuredOutputsParams``); exactly one
+    of the constraint fields is set. Compiled by xgrammar in the engine
+    (:mod:`surge.structured`).
+
+    Attributes:
+        json: a JSON schema, as JSON text (a dict is serialized on construction).
+        regex: a regular expression the whole output must match.
+        choice: the output is exactly one of these strings.
+        grammar: an EBNF grammar (xgrammar's dialect of GBNF, rule ``root``).
+        json_object: any JSON object (OpenAI's ``response_format: json_object``).
+        reasoning_end_token_id: when set, the grammar applies only after the model has
+            generated this token (the end of its reasoning, e.g. ``</think>``); before it,
+            the output is free.
+
+    Raises:
+        ValueError: no constraint or more than one, or an empty field.
+    """
+
+    json: str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    reasoning_end_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        import json as _json
+
+        if isinstance(self.json, dict | list | bool):
+            msgspec.structs.force_setattr(self, "json", _json.dumps(self.json))
+        if isinstance(self.choice, list):
+            msgspec.structs.force_setattr(self, "choice", tuple(self.choice))
+        kinds = [
+            name
+            for name, value in (
+                ("json", self.json),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+            )
+            if value is not None
+        ]
+        if self.json_object:
+            kinds.append("json_object")
+        if len(kinds) != 1:
+            raise ValueError(
+                "structured_outputs must set exactly one of json, regex, choice, grammar or json_object"
+                + (f" (got {', '.join(kinds)})" if kinds else "")
+            )
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        if self.json is not None:
+            return "json"
+        if self.regex is not None:
+            return "regex"
+        if self.choice is not None:
+            return "choice"
+        if self.grammar is not None:
+            return "grammar"
+        return "json_object"
+
+    @property
+    def key(self) -> tuple[str, str | tuple[str, ...]]:
+        """The grammar's cache key: ``(kind, spec)`` (the reasoning gate is not part of it)."""
+        kind = self.kind
+        value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        return kind, value.get(kind) or ""
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """How to sample the tokens of one request (names follow vLLM's ``SamplingParams``).
 
@@ -42,6 +120,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             model's raw logits (before penalties, temperature, top-k/p), as vLLM's default.
         prompt_logprobs: None, or return the log-probability of each prompt token after the
             first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
+        structured_outputs: a grammar the output must follow (JSON schema, regex, choice,
+            EBNF or any JSON object), or None.
 
     Raises:
         ValueError: on construction, naming the field that is out of range. Integers are
@@ -66,6 +146,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -160,3 +241,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             or self.min_tokens > 0
             or (self.seed is not None and self.temperature >= GREEDY_EPS)
         )
+
+    @property
+    def needs_previous_token(self) -> bool:
+        """True when the next token's sampling depends on the previous token's id: token
+        history (:attr:`needs_token_history`) or a grammar (its token mask follows the
+        output). Asynchronous scheduling applies such a request's step before scheduling
+        the next one."""
+        return self.structured_outputs is not None or self.needs_token_history

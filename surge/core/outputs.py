@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -59,6 +60,9 @@ class SchedulerOutput:
         advanced: whether :meth:`Scheduler.advance` has applied this step's progress.
         any_prompt_logprobs: some unfinished request asks for ``prompt_logprobs`` (the
             executor looks for prompt positions to score only then).
+        grammar: the token mask of the step's constrained rows, to apply to the logits
+            before sampling (a :class:`surge.structured.manager.GrammarBitmask`; set by the
+            engine), or None when no sampled request has a grammar.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -67,6 +71,7 @@ class SchedulerOutput:
     finished_request_ids: list[str] = field(default_factory=list)
     advanced: bool = False
     any_prompt_logprobs: bool = False
+    grammar: Any = None
 
     @property
     def is_empty(self) -> bool:

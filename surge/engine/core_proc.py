@@ -126,11 +126,14 @@ class EngineOutputs(msgspec.Struct, tag=True, array_like=True):
         outputs: new tokens of each request that got one this step.
         errors: requests rejected since the previous batch.
         stats: the scheduler after the step.
+        grammar_compile_times: seconds of each grammar compilation finished since the
+            previous batch.
     """
 
     outputs: list[EngineOutput]
     errors: list[RequestError]
     stats: SchedulerStats
+    grammar_compile_times: list[float] = msgspec.field(default_factory=list)
 
 
 EngineMessage = EngineReady | EngineStartupError | EngineFatalError | EngineOutputs
@@ -270,6 +273,7 @@ def _busy_loop(
     poller = zmq.Poller()
     poller.register(in_sock, zmq.POLLIN)
     last_parent_check = last_sent = time.monotonic()
+    late_errors = getattr(engine, "take_request_errors", None)  # test engines may lack it
     while True:
         if not engine.has_unfinished_requests():
             while not poller.poll(_IDLE_POLL_MS):
@@ -305,6 +309,12 @@ def _busy_loop(
                 engine.abort_requests(msg.request_ids)
         stepped = engine.has_unfinished_requests()
         outputs = engine.step() if stepped else []
-        if outputs or errors or got_input or (stepped and time.monotonic() - last_sent > _HEARTBEAT_S):
-            out_sock.send(encoder.encode(EngineOutputs(outputs, errors, engine.get_stats())), copy=False)
+        compile_times: list[float] = []
+        if late_errors is not None:  # grammars that failed to compile
+            errors += [RequestError(rid, message) for rid, message in late_errors()]
+            compile_times = engine.take_grammar_compile_times()
+        heartbeat = stepped and time.monotonic() - last_sent > _HEARTBEAT_S
+        if outputs or errors or got_input or compile_times or heartbeat:
+            batch = EngineOutputs(outputs, errors, engine.get_stats(), compile_times)
+            out_sock.send(encoder.encode(batch), copy=False)
             last_sent = time.monotonic()

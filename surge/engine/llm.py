@@ -131,7 +131,8 @@ class LLM:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
-            ValueError: a prompt that can never fit, or mismatched list lengths.
+            ValueError: a prompt that can never fit, mismatched list lengths, or an invalid
+                grammar in ``structured_outputs``.
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
@@ -143,6 +144,11 @@ class LLM:
         )
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params must be one object or one per prompt")
+        for params in params_list:
+            if params.structured_outputs is not None:
+                from surge.structured.validate import check_structured_outputs
+
+                check_structured_outputs(params.structured_outputs)
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
@@ -211,6 +217,10 @@ class LLM:
         pending = set(children)
         while pending:
             outputs = self.engine.step()
+            errors = self.engine.take_request_errors()
+            if errors:
+                self.engine.abort_requests(list(pending))
+                raise ValueError(errors[0][1])
             if not outputs and not self.engine.has_unfinished_requests():
                 break
             for out in outputs:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from surge.config import (
     CacheConfig,
@@ -16,12 +17,19 @@ from surge.config import (
     resolve_device,
 )
 from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
-from surge.core.scheduler import Scheduler
+from surge.core.scheduler import Scheduler, check_request_fits
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request
 from surge.sampling_params import SamplingParams
 
 logger = logging.getLogger("surge.engine")
+
+if TYPE_CHECKING:
+    from surge.structured.manager import StructuredOutputManager
+
+_GRAMMAR_WAIT_S = 0.005
+"""When only requests waiting for their grammar remain, a step waits this long (seconds) at
+most for a compilation to finish instead of spinning."""
 
 
 def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
@@ -150,7 +158,13 @@ class LLMEngine:
     launched before it: the host schedules and prepares step k+1 while the GPU runs step
     k, and :meth:`step` returns the outputs of step k. A step that samples a request whose
     sampling needs every token id on the host (``SamplingParams.needs_token_history``) is
-    applied before the next one is scheduled.
+    applied before the next one is scheduled; so is one that samples a request with a
+    grammar, whose token mask follows the previous token
+    (``SamplingParams.needs_previous_token``).
+
+    Requests with ``structured_outputs`` wait in :mod:`surge.structured` until their grammar
+    is compiled (in a thread pool), then join the scheduler; each step that samples one
+    carries a :class:`~surge.structured.manager.GrammarBitmask` the sampler applies.
 
     Attributes:
         config: the engine configuration.
@@ -211,6 +225,9 @@ class LLMEngine:
         self._eos_token_ids = frozenset(config.model.eos_token_ids)
         self.async_scheduling: bool = config.async_scheduling and hasattr(runner, "execute_async")
         self._in_flight: _InFlight | None = None
+        # Built on the first request with a grammar: an engine without one pays nothing.
+        self._structured: StructuredOutputManager | None = None
+        self._request_errors: list[tuple[str, str]] = []
 
     def add_request(
         self,
@@ -232,10 +249,73 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
-        self.scheduler.add_request(request)
+        if sampling_params.structured_outputs is None:
+            self.scheduler.add_request(request)
+            return
+        # A request with a grammar waits outside the scheduler until it is compiled.
+        structured = self._structured_outputs()
+        if request_id in self.scheduler.requests or request_id in structured.waiting:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        check_request_fits(
+            request.num_prompt_tokens,
+            sampling_params.max_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+        )
+        structured.add(request)
+
+    def _structured_outputs(self) -> StructuredOutputManager:
+        if self._structured is None:
+            from surge.structured.manager import StructuredOutputManager
+
+            mc = self.config.model
+            self._structured = StructuredOutputManager(
+                mc.model, mc.vocab_size, tuple(mc.eos_token_ids), self.config.device
+            )
+        return self._structured
+
+    def _admit_compiled(self, structured: StructuredOutputManager) -> None:
+        """Hand the requests whose grammar is compiled to the scheduler; record failures."""
+        ready, failed = structured.take_ready()
+        for request in ready:
+            self.scheduler.add_request(request)
+        self._request_errors += failed
+
+    def take_request_errors(self) -> list[tuple[str, str]]:
+        """``(request_id, message)`` of requests rejected after :meth:`add_request` returned
+        (a grammar that failed to compile), since the last call."""
+        errors, self._request_errors = self._request_errors, []
+        return errors
+
+    def take_grammar_compile_times(self) -> list[float]:
+        """Seconds of each grammar compilation finished since the last call."""
+        if self._structured is None:
+            return []
+        return self._structured.cache.take_compile_times()
+
+    def _schedule(self) -> SchedulerOutput:
+        """``scheduler.schedule()``, plus the grammar work when requests carry grammars:
+        admit compiled requests, forget finished ones, attach the step's token mask."""
+        structured = self._structured
+        if structured is None:
+            return self.scheduler.schedule()
+        self._admit_compiled(structured)
+        scheduler_output = self.scheduler.schedule()
+        structured.abort(scheduler_output.finished_request_ids)
+        if scheduler_output.is_empty and structured.waiting and self._in_flight is None:
+            structured.wait(_GRAMMAR_WAIT_S)  # nothing to run until a grammar is ready
+        else:
+            scheduler_output.grammar = structured.bitmask_for(
+                [s.request.request_id for s in scheduler_output.scheduled if s.sample]
+            )
+        return scheduler_output
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests; their KV blocks are free at once. Unknown ids are ignored."""
+        if self._structured is not None:
+            request_ids = list(request_ids)
+            self._structured.abort(request_ids)
         self.scheduler.abort_requests(request_ids)
 
     def reset_prefix_cache(self) -> int:
@@ -247,7 +327,7 @@ class LLMEngine:
         asynchronous scheduling: launch one step and return those of the step before)."""
         if self.async_scheduling:
             return self._step_async()
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
             return []
         # An empty step still reaches the runner so it drops state of finished requests.
@@ -260,14 +340,14 @@ class LLMEngine:
         outputs: list[EngineOutput] = []
         if self._in_flight is not None and self._in_flight.exact:
             outputs = self._apply_in_flight()
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         launched: _InFlight | None = None
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
             handle = self.runner.execute_async(scheduler_output)
             self.scheduler.advance(scheduler_output)
             if not scheduler_output.is_empty:
                 exact = any(
-                    s.sample and s.request.sampling_params.needs_token_history
+                    s.sample and s.request.sampling_params.needs_previous_token
                     for s in scheduler_output.scheduled
                 )
                 launched = _InFlight(scheduler_output, handle, exact)
@@ -283,10 +363,18 @@ class LLMEngine:
         return self.scheduler.update(in_flight.scheduler_output, in_flight.handle.result())
 
     def has_unfinished_requests(self) -> bool:
-        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
+        return (
+            self._in_flight is not None
+            or self.scheduler.has_unfinished_requests()
+            or (self._structured is not None and bool(self._structured.waiting))
+        )
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        """The scheduler's snapshot; requests waiting for their grammar count as waiting."""
+        stats = self.scheduler.get_stats()
+        if self._structured is not None and self._structured.waiting:
+            stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + len(self._structured.waiting))
+        return stats
 
     def check_health(self) -> None:
         """Raise when the executor lost a worker (tensor parallelism); a no-op otherwise."""

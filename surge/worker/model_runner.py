@@ -462,7 +462,9 @@ class ModelRunner:
             sample_lp = None
             samples = logits is not None
             if logits is not None:
-                sampled, sample_lp = self.step_sampler.sample_with_logprobs(logits, requests)
+                sampled, sample_lp = self.step_sampler.sample_with_logprobs(
+                    logits, requests, scheduler_output.grammar
+                )
                 del logits
             prompt_lp = None
             if prompt_plan is not None:

@@ -13,6 +13,7 @@ none asks pays nothing for the feature.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -87,25 +88,32 @@ class StepSampler:
         for request_id in request_ids:
             self.penalty_states.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, requests: list[Request], grammar: Any = None) -> torch.Tensor:
         """``logits [S, V] -> [S]`` int64 token ids.
+
+        ``grammar`` (a :class:`surge.structured.manager.GrammarBitmask`, or None) first sets
+        the logits of the tokens a grammar forbids to -inf, in place.
 
         The batch composition is the tuple of sampled request ids. When it is unchanged
         since the last step and no row needs per-step tensors (penalties, seeds,
         ``min_tokens``), the last step's :class:`SamplingMetadata` is reused; an all-greedy
         batch of that kind needs no tensors at all and is one argmax.
         """
-        return self.sample_with_logprobs(logits, requests)[0]
+        return self.sample_with_logprobs(logits, requests, grammar)[0]
 
     def sample_with_logprobs(
-        self, logits: torch.Tensor, requests: list[Request]
+        self, logits: torch.Tensor, requests: list[Request], grammar: Any = None
     ) -> tuple[torch.Tensor, tuple[LogprobRows, torch.Tensor, torch.Tensor] | None]:
         """:meth:`sample`, plus the logprobs of the rows that ask for them (computed from
         the raw ``logits`` before sampling touches them; see :mod:`surge.worker.logprobs`).
+        A ``grammar`` mask is applied first, so a constrained row's logprobs are those of
+        the masked logits (as in vLLM).
 
         Returns:
             ``(token ids [S] int64, None or (rows, ids [R, k + 2], lps [R, k + 1]))``.
         """
+        if grammar is not None:
+            grammar.apply(logits, requests)
         key = tuple([r.request_id for r in requests])
         if key != self._key:
             params = [r.sampling_params for r in requests]

@@ -1,0 +1,82 @@
+"""Tokenizer-free checks of a structured-output request, and the xgrammar grammar it builds."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from surge.sampling_params import StructuredOutputsParams
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+"""``json_object``: any JSON object (properties of any name and value)."""
+_XGR_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*(Check failed: .*? is false: )?")
+
+
+def clean_error(e: BaseException) -> str:
+    """xgrammar's error message without its C++ source location, on one line."""
+    text = str(e).strip()
+    text = _XGR_PREFIX.sub("", text)
+    return " ".join(text.split()) or type(e).__name__
+
+
+def ebnf_string_literal(text: str) -> str:
+    """``text`` as an EBNF string literal (xgrammar escapes: backslash, quote, newline...)."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """An EBNF grammar whose language is exactly ``choices``."""
+    return "root ::= " + " | ".join(ebnf_string_literal(c) for c in choices)
+
+
+def build_grammar(params: StructuredOutputsParams) -> Any:
+    """The ``xgrammar.Grammar`` of ``params`` (no tokenizer needed; milliseconds).
+
+    JSON schemas are compiled with any whitespace allowed between tokens and
+    ``strict_mode`` (no properties beyond the schema's), as vLLM does.
+
+    Raises:
+        ValueError: the schema, regex or grammar is invalid; the message says why.
+    """
+    import xgrammar as xgr
+
+    kind = params.kind
+    try:
+        if kind == "json":
+            assert params.json is not None
+            return xgr.Grammar.from_json_schema(params.json, any_whitespace=False, strict_mode=True)
+        if kind == "regex":
+            assert params.regex is not None
+            return xgr.Grammar.from_regex(params.regex)
+        if kind == "choice":
+            assert params.choice is not None
+            return xgr.Grammar.from_ebnf(choice_grammar(params.choice))
+        if kind == "grammar":
+            assert params.grammar is not None
+            return xgr.Grammar.from_ebnf(params.grammar)
+        return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False, strict_mode=False)
+    except Exception as e:  # xgrammar raises RuntimeError / ValueError / InvalidJSONError
+        raise ValueError(f"invalid {kind}: {clean_error(e)}") from e
+
+
+def check_structured_outputs(params: StructuredOutputsParams) -> None:
+    """Raise ValueError when ``params`` does not describe a valid grammar.
+
+    Raises:
+        ValueError: as :func:`build_grammar`.
+    """
+    build_grammar(params)

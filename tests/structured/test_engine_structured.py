@@ -1,0 +1,160 @@
+"""The engine with grammars: constrained and free requests in one batch under chunked prefill,
+preemption and asynchronous scheduling; requests waiting for their grammar do not hold the
+others up; compiled grammars are cached; compile failures are reported per request."""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import Future
+from typing import Any
+
+import jsonschema
+import pytest
+
+from surge import LLM, SamplingParams
+from surge.engine.llm_engine import LLMEngine, build_engine_config
+from surge.sampling_params import StructuredOutputsParams
+from tests.conftest import STORIES
+from tests.structured.test_offline_constrained import REGEX, SCHEMA
+
+
+def _prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 500) for _ in range(n)] for n in lengths]
+
+
+FREE = [
+    SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+    SamplingParams(temperature=0.9, seed=11, max_tokens=25, ignore_eos=True),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=20, ignore_eos=True),
+    SamplingParams(temperature=1.0, seed=5, top_k=20, max_tokens=28, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        {"max_num_batched_tokens": 16},  # chunked prefill
+        {"num_kv_blocks": 9, "enable_prefix_caching": False},  # preemption
+        {"num_kv_blocks": 9, "enable_prefix_caching": False, "max_num_batched_tokens": 16},
+    ],
+    ids=["chunked", "preemption", "both"],
+)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_free_rows_unchanged_by_constrained_rows(engine_args: dict[str, Any], async_scheduling: bool) -> None:
+    free_prompts = _prompts(3, (14, 30, 9, 21))
+    con_prompts = _prompts(4, (12, 25, 7))
+    constrained = [
+        SamplingParams(
+            temperature=1.0, seed=1, max_tokens=60, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+        ),
+        SamplingParams(
+            temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(regex=REGEX)
+        ),
+        SamplingParams(
+            temperature=1.0, seed=2, max_tokens=60, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+        ),
+    ]
+    alone = LLM(STORIES, device="cpu", async_scheduling=async_scheduling, **engine_args)
+    free_alone = [o.outputs[0].token_ids for o in alone.generate(free_prompts, FREE)]
+    mixed = LLM(STORIES, device="cpu", async_scheduling=async_scheduling, **engine_args)
+    assert mixed.engine.async_scheduling is async_scheduling
+    prompts = [free_prompts[0], con_prompts[0], free_prompts[1], con_prompts[1], free_prompts[2]]
+    prompts += [con_prompts[2], free_prompts[3]]
+    params = [FREE[0], constrained[0], FREE[1], constrained[1], FREE[2], constrained[2], FREE[3]]
+    outs = mixed.generate(prompts, params)
+    free_mixed = [outs[i].outputs[0].token_ids for i in (0, 2, 4, 6)]
+    assert free_mixed == free_alone
+    for i in (1, 5):
+        o = outs[i].outputs[0]
+        if o.finish_reason == "stop":
+            jsonschema.validate(json.loads(o.text), SCHEMA)
+        else:
+            assert len(o.token_ids) == 60
+    import re
+
+    assert re.fullmatch(REGEX, outs[3].outputs[0].text)
+    if "num_kv_blocks" in engine_args:
+        assert mixed.engine.get_stats().num_preemptions_total > 0
+
+
+def _run(engine: LLMEngine, limit: int = 500) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
+def test_waiting_grammar_does_not_block_others_and_cache_by_key() -> None:
+    engine = LLMEngine(build_engine_config(None, device="cpu"))
+    so = StructuredOutputsParams(regex=REGEX)
+    engine.add_request("warm", [1, 5, 6], SamplingParams(max_tokens=20, structured_outputs=so))
+    _run(engine)
+    structured = engine._structured
+    assert structured is not None
+    assert len(engine.take_grammar_compile_times()) == 1
+    # A grammar that never finishes compiling: the free request still runs to the end.
+    stuck: Future[Any] = Future()
+    real_submit = structured.cache.submit
+    structured.cache.submit = lambda params: stuck  # type: ignore[method-assign]
+    engine.add_request("slow", [1, 7, 8], SamplingParams(max_tokens=8, structured_outputs=so))
+    engine.add_request("free", [1, 9, 10], SamplingParams(max_tokens=8, ignore_eos=True))
+    for _ in range(30):
+        engine.step()
+    assert engine.get_stats().num_waiting == 1
+    assert "slow" in structured.waiting and "free" not in engine.scheduler.requests
+    structured.cache.submit = real_submit  # type: ignore[method-assign]
+    stuck.set_result(real_submit(so).result())
+    tokens = _run(engine)
+    assert set(tokens) == {"slow"}
+    # The same grammar again: a cache hit, no new compilation.
+    engine.add_request("again", [1, 5, 6], SamplingParams(max_tokens=20, structured_outputs=so))
+    _run(engine)
+    assert engine.take_grammar_compile_times() == []
+
+
+def test_compile_failure_is_a_request_error_and_abort_while_waiting() -> None:
+    engine = LLMEngine(build_engine_config(None, device="cpu"))
+    engine.add_request(
+        "bad", [1, 5], SamplingParams(structured_outputs=StructuredOutputsParams(regex="([a-z"))
+    )
+    engine.add_request("free", [1, 5], SamplingParams(max_tokens=4, ignore_eos=True))
+    tokens = _run(engine)
+    errors = engine.take_request_errors()
+    assert [rid for rid, _ in errors] == ["bad"]
+    assert "regex" in errors[0][1]
+    assert len(tokens["free"]) == 4
+    engine.add_request(
+        "gone", [1, 5], SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
+    )
+    engine.abort_requests(["gone"])
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="maximum context length"):
+        engine.add_request(
+            "long",
+            [1] * 500,
+            SamplingParams(max_tokens=100, structured_outputs=StructuredOutputsParams(regex="a")),
+        )
+
+
+def test_reasoning_gate_frees_tokens_until_the_end_token() -> None:
+    """With ``reasoning_end_token_id`` the output is free until that token, then follows the
+    grammar."""
+    llm = LLM(STORIES, device="cpu")
+    tok = llm.tokenizer
+    gate = tok.convert_tokens_to_ids(",")
+    so = StructuredOutputsParams(choice=["yes", "no"], reasoning_end_token_id=gate)
+    out = llm.generate(
+        "Once upon a time", SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=so)
+    )
+    o = out[0].outputs[0]
+    assert gate in o.token_ids
+    after = o.token_ids[o.token_ids.index(gate) + 1 :]
+    assert tok.decode(after, skip_special_tokens=True) in ("yes", "no")
+    free = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=60))[0].outputs[0]
+    cut = o.token_ids.index(gate) + 1
+    assert free.token_ids[:cut] == o.token_ids[:cut]
