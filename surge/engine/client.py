@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -123,6 +123,8 @@ class EngineClient:
     Attributes:
         info: the engine's :class:`EngineReady` message once started.
         stats: the latest :class:`SchedulerStats` snapshot (None before the first batch).
+        on_grammar_compile_time: called with the seconds of each grammar compilation the
+            engine reports (the server's histogram), or None.
         pid: the engine process id once started.
     """
 
@@ -138,6 +140,7 @@ class EngineClient:
         self._log_level = log_level
         self.info: EngineReady | None = None
         self.stats: SchedulerStats | None = None
+        self.on_grammar_compile_time: Callable[[float], None] | None = None
         self._sinks: dict[str, _Sink] = {}
         self._dead_reason: str | None = None
         self._proc: multiprocessing.process.BaseProcess | None = None
@@ -310,6 +313,9 @@ class EngineClient:
             if isinstance(msg, EngineOutputs):
                 self.stats = msg.stats
                 self._last_progress = time.monotonic()
+                if msg.grammar_compile_times and self.on_grammar_compile_time is not None:
+                    for seconds in msg.grammar_compile_times:
+                        self.on_grammar_compile_time(seconds)
                 for out in msg.outputs:
                     sink = sinks.get(out.request_id)
                     if sink is None:

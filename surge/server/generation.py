@@ -155,6 +155,8 @@ class Generation:
         prompt_index = len(self.prompts)
         info = PromptInfo(token_ids, text)
         self.prompts.append(info)
+        if params.structured_outputs is not None:
+            self._metrics.structured_request(params.structured_outputs.kind, params.n)
         for child_id, child_params in split_n(base_id, params):
             index = len(self.choices)
             detok = IncrementalDetokenizer(

@@ -30,6 +30,7 @@ _ITL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+_GRAMMAR_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class _EngineStatsCollector(Collector):
@@ -170,6 +171,19 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         ).labels(model_name)
+        self.grammar_compile_time = Histogram(
+            "surge:grammar_compile_time_seconds",
+            "Time to compile one structured-output grammar in the engine (s).",
+            lbl,
+            buckets=_GRAMMAR_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self._structured = Counter(
+            "surge:structured_output_requests",
+            "Requests constrained by a grammar, by kind (json, regex, choice, grammar, json_object).",
+            [*lbl, "kind"],
+            registry=reg,
+        )
         self.registry.register(_EngineStatsCollector(get_stats, model_name, get_replica_stats, engine_up))
         self._last_log_time = time.monotonic()
         self.total_prompt_tokens = 0
@@ -183,6 +197,10 @@ class ServerMetrics:
         """Count ``n`` prompt tokens whose prefill is done."""
         self.total_prompt_tokens += n
         self._prompt_tokens.inc(n)
+
+    def structured_request(self, kind: str, n: int = 1) -> None:
+        """Count ``n`` engine requests constrained by a grammar of ``kind``."""
+        self._structured.labels(self._model_name, kind).inc(n)
 
     def add_generation_tokens(self, n: int) -> None:
         """Count ``n`` generated tokens."""

@@ -5,8 +5,10 @@ are a 400. Types are strict, with no coercion between JSON types: a boolean fiel
 ``true``/``false`` (not ``0``), an integer field only integers (not ``1.0`` or ``false``), a number
 field integers or decimals, a string field only strings. Every numeric field has finite bounds
 (``2**70`` is a 400 naming the field), and no string anywhere in a body may hold a lone UTF-16
-surrogate (``"\ud800"``). Fields Surge does not implement yet (``response_format``, ``tools``,
+surrogate (``"\ud800"``). Fields Surge does not implement yet (``tools``,
 ...) are a 400 that says so whenever they ask for something other than the default.
+Structured-output fields (``response_format``, ``structured_outputs``, ``guided_*``) are
+checked by :mod:`surge.server.structured_request`.
 """
 
 from __future__ import annotations
@@ -90,45 +92,36 @@ class SamplingRequestFields(RequestBody):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # structured outputs (surge.server.structured_request checks them)
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     # checked by surge.server.logprobs (chat: bool + top_logprobs; completions: an int)
     logprobs: Any = None
     top_logprobs: Any = None
     prompt_logprobs: Any = None
     # not implemented: rejected unless left at their defaults
     logit_bias: Any = None
-    response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     best_of: Any = None
     suffix: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
 
     def check_unimplemented(self) -> None:
         """Raise a 400 ApiError naming the first unimplemented feature the request asks for."""
         checks: list[tuple[str, bool]] = [
             ("logit_bias", bool(self.logit_bias)),
-            (
-                "response_format",
-                self.response_format is not None
-                and not (
-                    isinstance(self.response_format, dict) and self.response_format.get("type") == "text"
-                ),
-            ),
             ("tools", bool(self.tools)),
             ("tool_choice", self.tool_choice not in (None, "none", "auto")),
             ("functions", bool(self.functions)),
             ("function_call", self.function_call not in (None, "none", "auto")),
             ("best_of", self.best_of not in (None, 1)),
             ("suffix", self.suffix not in (None, "")),
-            ("guided_json", self.guided_json is not None),
-            ("guided_regex", self.guided_regex is not None),
-            ("guided_choice", self.guided_choice is not None),
-            ("guided_grammar", self.guided_grammar is not None),
         ]
         for name, asked in checks:
             if asked:

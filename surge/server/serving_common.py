@@ -16,11 +16,12 @@ from transformers import PreTrainedTokenizerBase
 
 from surge.core.scheduler import check_request_fits
 from surge.engine.client import EngineClient
-from surge.sampling_params import SamplingParams
+from surge.sampling_params import SamplingParams, StructuredOutputsParams
 from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
+from surge.server.structured_request import structured_outputs_of
 from surge.server.tokenization import TokenizerWorker
 from surge.token_strings import TokenStrings
 
@@ -164,12 +165,17 @@ async def render_chat(
     )
 
 
-def build_sampling_params(req: SamplingRequestFields, max_tokens: int) -> SamplingParams:
-    """The engine's SamplingParams of a request.
+def build_sampling_params(
+    req: SamplingRequestFields, max_tokens: int, structured_outputs: StructuredOutputsParams | None = None
+) -> SamplingParams:
+    """The engine's SamplingParams of a request; its grammar is ``structured_outputs`` when
+    given, else the one the request's structured-output fields ask for.
 
     Raises:
-        ApiError: 400 for an out-of-range value (the message names the field).
+        ApiError: 400 for an out-of-range value or an invalid grammar (the message names the field).
     """
+    if structured_outputs is None:
+        structured_outputs, _ = structured_outputs_of(req)
     try:
         return SamplingParams(
             n=req.n,
@@ -187,6 +193,7 @@ def build_sampling_params(req: SamplingRequestFields, max_tokens: int) -> Sampli
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            structured_outputs=structured_outputs,
         )
     except ValueError as e:
         raise bad_request(str(e)) from e

@@ -1,0 +1,151 @@
+"""The structured-output fields of a request (``response_format``, ``structured_outputs``,
+the old ``guided_*`` names) turned into the engine's :class:`StructuredOutputsParams`.
+
+Every grammar is checked here, in the API process (xgrammar without a tokenizer, a few
+milliseconds): a bad schema, regex or grammar is a 400 naming the field and never reaches the
+engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from surge.sampling_params import StructuredOutputsParams
+from surge.server.errors import bad_request
+from surge.structured.validate import check_structured_outputs
+
+_STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def _json_text(value: Any, param: str) -> str:
+    """A JSON schema given as an object or as JSON text, as JSON text (400 otherwise)."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError as e:
+            raise bad_request(f"{param} is not valid JSON: {e}", param=param) from e
+        if not isinstance(parsed, dict | bool):
+            raise bad_request(f"{param} must be a JSON schema object", param=param)
+        return value
+    if isinstance(value, bool):
+        return json.dumps(value)
+    raise bad_request(f"{param} must be a JSON schema object", param=param)
+
+
+def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
+    if not isinstance(rf, dict):
+        raise bad_request("response_format must be an object with a 'type'", param="response_format")
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict):
+            raise bad_request(
+                "response_format of type json_schema needs a 'json_schema' object "
+                '({"name": ..., "schema": {...}, "strict": ...})',
+                param="response_format.json_schema",
+            )
+        schema = spec.get("schema", spec.get("json_schema"))
+        if schema is None:
+            raise bad_request(
+                "response_format.json_schema needs a 'schema'", param="response_format.json_schema.schema"
+            )
+        name = spec.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad_request(
+                "response_format.json_schema.name must be a string", param="response_format.json_schema.name"
+            )
+        return StructuredOutputsParams(json=_json_text(schema, "response_format.json_schema.schema"))
+    raise bad_request(
+        f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format.type",
+    )
+
+
+def _from_structured_outputs(so: Any) -> StructuredOutputsParams:
+    param = "structured_outputs"
+    if not isinstance(so, dict):
+        raise bad_request("structured_outputs must be an object", param=param)
+    unknown = sorted(k for k, v in so.items() if k not in _STRUCTURED_KEYS and v not in (None, False))
+    if unknown:
+        raise bad_request(
+            f"structured_outputs.{unknown[0]} is not supported by Surge (use one of {', '.join(_STRUCTURED_KEYS)})",
+            param=f"{param}.{unknown[0]}",
+        )
+    set_keys = [k for k in _STRUCTURED_KEYS if so.get(k) not in (None, False)]
+    if len(set_keys) != 1:
+        raise bad_request(
+            f"structured_outputs must set exactly one of {', '.join(_STRUCTURED_KEYS)}", param=param
+        )
+    key = set_keys[0]
+    return _single(key, so[key], f"{param}.{key}")
+
+
+def _single(kind: str, value: Any, param: str) -> StructuredOutputsParams:
+    if kind == "json":
+        return StructuredOutputsParams(json=_json_text(value, param))
+    if kind == "json_object":
+        if value is not True:
+            raise bad_request(f"{param} must be true", param=param)
+        return StructuredOutputsParams(json_object=True)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise bad_request(f"{param} must be a non-empty list of strings", param=param)
+        return StructuredOutputsParams(choice=tuple(value))
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{param} must be a non-empty string", param=param)
+    return StructuredOutputsParams(regex=value) if kind == "regex" else StructuredOutputsParams(grammar=value)
+
+
+def structured_outputs_of(body: Any) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The grammar a request asks for, and the name of the field that asked.
+
+    Sources: ``response_format`` (``json_object`` or ``json_schema``), ``structured_outputs``
+    (vLLM: one of ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``), and
+    ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``. At most one
+    may be given. The grammar is validated.
+
+    Raises:
+        ApiError: 400 naming the field: malformed, invalid schema/regex/grammar, or several.
+    """
+    found: list[tuple[str, StructuredOutputsParams]] = []
+    rf = getattr(body, "response_format", None)
+    if rf is not None:
+        params = _from_response_format(rf)
+        if params is not None:
+            found.append(("response_format", params))
+    so = getattr(body, "structured_outputs", None)
+    if so is not None:
+        found.append(("structured_outputs", _from_structured_outputs(so)))
+    for kind in ("json", "regex", "choice", "grammar"):
+        value = getattr(body, f"guided_{kind}", None)
+        if value is not None:
+            found.append((f"guided_{kind}", _single(kind, value, f"guided_{kind}")))
+    if not found:
+        return None, None
+    if len(found) > 1:
+        names = " and ".join(name for name, _ in found)
+        raise bad_request(f"only one structured output may be asked for, got {names}", param=found[1][0])
+    field, params = found[0]
+    validate(params, field)
+    return params, field
+
+
+def validate(params: StructuredOutputsParams, field: str) -> None:
+    """Raise a 400 naming ``field`` (with the kind, e.g. ``structured_outputs.regex``) when
+    the grammar is invalid."""
+    try:
+        check_structured_outputs(params)
+    except ValueError as e:
+        param = field
+        if field == "structured_outputs":
+            param = f"structured_outputs.{params.kind}"
+        elif field == "response_format" and params.kind == "json":
+            param = "response_format.json_schema.schema"
+        raise bad_request(f"{param}: {e}", param=param) from e

@@ -1,0 +1,123 @@
+"""Structured outputs over HTTP with the openai SDK: response_format (json_schema,
+json_object), vLLM's structured_outputs and the guided_* names on chat and completions,
+streamed and not, and the metrics they update."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import Server
+from tests.structured.test_offline_constrained import CHOICES, REGEX, SCHEMA
+
+MSGS = [{"role": "user", "content": "Tell me about a pet."}]
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_response_format_json_schema_chat(client: openai.OpenAI) -> None:
+    rf = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA, "strict": True}}
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            messages=MSGS,  # type: ignore[arg-type]
+            response_format=rf,  # type: ignore[arg-type]
+            temperature=1.0,
+            seed=seed,
+            max_tokens=200,
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
+
+
+def test_json_object_and_streamed_schema(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(
+        model=model,
+        messages=MSGS,
+        response_format={"type": "json_object"},
+        max_tokens=30,
+        temperature=0.0,  # type: ignore[arg-type]
+    )
+    assert (r.choices[0].message.content or "").startswith("{")
+    stream = client.chat.completions.create(
+        model=model,
+        messages=MSGS,  # type: ignore[arg-type]
+        response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}},  # type: ignore[arg-type]
+        temperature=1.0,
+        seed=3,
+        max_tokens=200,
+        stream=True,
+        n=2,
+    )
+    texts: dict[int, str] = {}
+    finish: dict[int, str | None] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert finish == {0: "stop", 1: "stop"}
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_structured_outputs_and_guided_on_completions(client: openai.OpenAI, server: Server) -> None:
+    model = client.models.list().data[0].id
+    for seed in range(4):
+        r = client.completions.create(
+            model=model,
+            prompt="Once upon a time",
+            max_tokens=40,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"structured_outputs": {"regex": REGEX}},
+        )
+        assert re.fullmatch(REGEX, r.choices[0].text)
+        r = client.completions.create(
+            model=model, prompt="Once", max_tokens=20, seed=seed, extra_body={"guided_choice": CHOICES}
+        )
+        assert r.choices[0].text in CHOICES
+    r = client.chat.completions.create(
+        model=model,
+        messages=MSGS,  # type: ignore[arg-type]
+        max_tokens=20,
+        extra_body={"structured_outputs": {"choice": ["red", "green"]}},
+    )
+    assert r.choices[0].message.content in ("red", "green")
+    r = client.chat.completions.create(
+        model=model,
+        messages=MSGS,  # type: ignore[arg-type]
+        max_tokens=60,
+        extra_body={"guided_grammar": 'root ::= "(" [a-c]+ ")"'},
+    )
+    assert (
+        re.fullmatch(r"\([a-c]+\)", r.choices[0].message.content or "")
+        or r.choices[0].finish_reason == "length"
+    )
+    cut = client.chat.completions.create(
+        model=model,
+        messages=MSGS,
+        max_tokens=4,
+        extra_body={"guided_json": SCHEMA},  # type: ignore[arg-type]
+    )
+    assert cut.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model,
+            messages=MSGS,  # type: ignore[arg-type]
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},  # type: ignore[arg-type]
+        )
+    assert e.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]
+    metrics = httpx.get(server.url + "/metrics").text
+    assert re.search(r'surge:structured_output_requests_total\{[^}]*kind="regex"[^}]*\} [1-9]', metrics)
+    assert re.search(r"surge:grammar_compile_time_seconds_count\{[^}]*\} [1-9]", metrics)
