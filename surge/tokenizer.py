@@ -25,7 +25,8 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 FALLBACK_CHAT_TEMPLATE_DOC = (
     "Without a chat template, messages are rendered as one line per message, "
     '"<role>: <content>\\n", followed by "assistant:" when add_generation_prompt is true, '
-    "and encoded with the tokenizer's special tokens (e.g. BOS)."
+    "and encoded with the tokenizer's special tokens (e.g. BOS). Tools, when given, come first "
+    'as one line "tools: <the tools as JSON>\\n".'
 )
 
 
@@ -84,7 +85,36 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         msg = dict(m)
         msg["content"] = _content_text(m.get("content"))
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = _template_tool_calls(msg["tool_calls"], i)
         out.append(msg)
+    return out
+
+
+def _template_tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI ``tool_calls`` with each ``function.arguments`` JSON
+    string parsed into an object, as chat templates expect (Llama 3's writes it with tojson).
+
+    Raises:
+        ValueError: a call is not an object with a ``function`` name, or its arguments are
+            not JSON.
+    """
+    import json
+
+    if not isinstance(calls, list):
+        raise ValueError(f"messages[{index}].tool_calls must be a list")
+    out: list[dict[str, Any]] = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"messages[{index}].tool_calls: each call needs a function with a name")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as e:
+                raise ValueError(f"messages[{index}].tool_calls: arguments are not valid JSON: {e}") from e
+        out.append({**call, "function": {**fn, "arguments": args}})
     return out
 
 
@@ -96,6 +126,7 @@ def apply_chat_template(
     chat_template: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     check_text: Callable[[str], None] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
@@ -111,6 +142,8 @@ def apply_chat_template(
         chat_template: a Jinja template overriding the tokenizer's.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         check_text: called with the rendered text before it is tokenized (may raise).
+        tools: OpenAI function definitions the template renders (``tools`` of Qwen3's and
+            Llama 3's templates).
 
     Returns:
         The prompt token ids.
@@ -128,6 +161,10 @@ def apply_chat_template(
     template = chat_template if chat_template is not None else tokenizer.chat_template
     if not template:
         lines = [f"{m['role']}: {m['content']}\n" for m in msgs]
+        if tools:
+            import json
+
+            lines.insert(0, f"tools: {json.dumps(list(tools), ensure_ascii=False)}\n")
         if add_generation_prompt:
             lines.append("assistant:")
         text = "".join(lines)
@@ -140,6 +177,7 @@ def apply_chat_template(
             chat_template=template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            tools=list(tools) if tools else None,
             **kwargs,
         )
     except Exception as e:  # jinja2 TemplateError, TypeError from user kwargs, ...

@@ -199,16 +199,21 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         *,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Apply the chat template to one conversation (a list of messages) or to a list of
         conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``).
+
+        ``tools`` (OpenAI function definitions) are rendered by the template; parse the calls
+        in the replies with :mod:`surge.server.parsers` (e.g. ``HermesToolParser``), or force
+        them with ``structured_outputs`` (see docs/structured-outputs.md).
 
         Returns:
             One :class:`RequestOutput` per conversation, in order.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts: list[PromptType] = [
-            apply_chat_template(self.tokenizer, conv, chat_template_kwargs=chat_template_kwargs)  # type: ignore[arg-type]
+            apply_chat_template(self.tokenizer, conv, chat_template_kwargs=chat_template_kwargs, tools=tools)  # type: ignore[arg-type]
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params)

@@ -260,6 +260,8 @@ class ServeOptions:
         api_key: bearer token required on /v1 routes, or None.
         stream_interval: tokens per SSE event after the first (>= 1).
         chat_template: a Jinja template overriding the tokenizer's, or None.
+        tool_call_parser: ``hermes`` or ``llama3_json`` (tool calls of chat completions), or None.
+        reasoning_parser: ``qwen3`` or ``deepseek_r1`` (``reasoning_content``), or None.
         log_interval: seconds between stats log lines.
         access_log: log every HTTP request.
         engine_log_level: ``logging`` level of the engine process.
@@ -283,6 +285,8 @@ class ServeOptions:
     api_key: str | None = None
     stream_interval: int = 1
     chat_template: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     log_interval: float = 10.0
     access_log: bool = False
     engine_log_level: int = logging.INFO
@@ -378,6 +382,8 @@ async def run_server(
         vocab_size=info.vocab_size,
         stream_interval=options.stream_interval,
         chat_template=options.chat_template,
+        tool_call_parser=options.tool_call_parser,
+        reasoning_parser=options.reasoning_parser,
         api_key=options.api_key,
         created=int(time.time()),
         metrics_require_key=options.metrics_require_key,

@@ -124,6 +124,18 @@ def add_serve_parser(subparsers: Any) -> None:
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=["hermes", "llama3_json"],
+        help="parse tool calls of chat completions: hermes (Qwen2.5/Qwen3 <tool_call>) or llama3_json",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=["qwen3", "deepseek_r1"],
+        help="move <think>...</think> of chat completions into reasoning_content",
+    )
     p.add_argument("--enforce-eager", action="store_true", help="disable CUDA graphs")
     p.add_argument(
         "--async-scheduling",
@@ -246,6 +258,8 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         stream_interval=args.stream_interval,
         chat_template=_read_chat_template(args.chat_template),
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         log_interval=args.log_interval,
         access_log=args.access_log,
         engine_log_level=level,

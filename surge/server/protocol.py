@@ -5,8 +5,9 @@ are a 400. Types are strict, with no coercion between JSON types: a boolean fiel
 ``true``/``false`` (not ``0``), an integer field only integers (not ``1.0`` or ``false``), a number
 field integers or decimals, a string field only strings. Every numeric field has finite bounds
 (``2**70`` is a 400 naming the field), and no string anywhere in a body may hold a lone UTF-16
-surrogate (``"\ud800"``). Fields Surge does not implement yet (``tools``,
+surrogate (``"\ud800"``). Fields Surge does not implement yet (``logit_bias``, ``functions``,
 ...) are a 400 that says so whenever they ask for something other than the default.
+``tools`` and ``tool_choice`` are checked by :mod:`surge.server.chat_tools` (chat only).
 Structured-output fields (``response_format``, ``structured_outputs``, ``guided_*``) are
 checked by :mod:`surge.server.structured_request`.
 """
@@ -116,8 +117,6 @@ class SamplingRequestFields(RequestBody):
         """Raise a 400 ApiError naming the first unimplemented feature the request asks for."""
         checks: list[tuple[str, bool]] = [
             ("logit_bias", bool(self.logit_bias)),
-            ("tools", bool(self.tools)),
-            ("tool_choice", self.tool_choice not in (None, "none", "auto")),
             ("functions", bool(self.functions)),
             ("function_call", self.function_call not in (None, "none", "auto")),
             ("best_of", self.best_of not in (None, 1)),
@@ -186,6 +185,13 @@ class CompletionRequest(SamplingRequestFields):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def check_unimplemented(self) -> None:
+        """As for every request, plus ``tools`` / ``tool_choice`` (chat completions only)."""
+        super().check_unimplemented()
+        for name in ("tools", "tool_choice"):
+            if getattr(self, name) is not None:
+                raise bad_request(f"'{name}' is supported on chat completions only", param=name)
 
 
 class TokenizeRequest(RequestBody):

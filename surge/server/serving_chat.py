@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from surge.core.logprobs import LogprobsLists
+from surge.server.chat_tools import plan_chat
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.logprobs import chat_content, chat_options, vllm_prompt_logprobs
@@ -45,11 +46,12 @@ async def create_chat_completion(
     lp = chat_options(body)
     if not body.messages:
         raise bad_request("messages must not be empty", param="messages")
+    plan = plan_chat(body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
     prompt_ids = await render_chat(
-        state, body.messages, body.add_generation_prompt, body.chat_template_kwargs
+        state, body.messages, body.add_generation_prompt, body.chat_template_kwargs, plan.tools
     )
     max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_ids))
-    params = build_sampling_params(body, max_tokens)
+    params = build_sampling_params(body, max_tokens, plan.structured_outputs)
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
     state.check_prompt(prompt_ids, max_tokens)
@@ -73,16 +75,18 @@ async def create_chat_completion(
 
     if not body.stream:
         results = await collect(request, gen)
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs_of(_all_rows(gen, i)),
-                "finish_reason": finish,
-                "stop_reason": stop,
-            }
-            for i, (text, finish, stop) in sorted(results.items())
-        ]
+        choices = []
+        for i, (text, finish, stop) in sorted(results.items()):
+            message, finish = plan.message(text, finish)
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": logprobs_of(_all_rows(gen, i)),
+                    "finish_reason": finish,
+                    "stop_reason": stop,
+                }
+            )
         extra = {}
         if lp.prompt_logprobs is not None:
             rows = gen.choices[0].prompt_logprobs
@@ -91,16 +95,16 @@ async def create_chat_completion(
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model)
 
+    parsers = {}
+    if plan.make_parser is not None:
+        parsers = {c.index: plan.make_parser() for c in gen.choices}
+
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
         for d in deltas:
-            choice = with_finish(
-                {
-                    "index": d.index,
-                    "delta": {"role": "assistant", "content": d.text} if d.first else {"content": d.text},
-                },
-                d,
-            )
+            delta, finish = plan.delta(parsers.get(d.index), d.text, d.first, d.finish_reason)
+            choice = with_finish({"index": d.index, "delta": delta}, d)
+            choice["finish_reason"] = finish
             choice["logprobs"] = logprobs_of(d.logprobs)
             chunks.append(env.chunk([choice]))
         return chunks

@@ -57,6 +57,8 @@ class ServerState:
         sse_queued_interval: seconds between ``: queued`` SSE comments while a stream waits
             for its first token.
         tokenizer_worker: tokenization and chat templates off the event loop (built here).
+        tool_call_parser: name of the tool-call parser (``--tool-call-parser``), or None.
+        reasoning_parser: name of the reasoning parser (``--reasoning-parser``), or None.
     """
 
     client: EngineClient
@@ -83,6 +85,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.tokenizer_worker = TokenizerWorker(self.tokenizer, self.max_model_len, self.chat_template)
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -143,11 +148,13 @@ async def render_chat(
     messages: list[Any],
     add_generation_prompt: bool,
     chat_template_kwargs: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None = None,
     *,
     bound: bool = True,
 ) -> list[int]:
-    """Token ids of ``messages`` (pydantic chat messages) under the server's chat template,
-    rendered and tokenized on a tokenizer thread.
+    """Token ids of ``messages`` (pydantic chat messages) under the server's chat template
+    (with ``tools``, OpenAI function definitions, when given), rendered and tokenized on a
+    tokenizer thread.
 
     Args:
         bound: refuse a prompt surely longer than the context before tokenizing it all
@@ -161,6 +168,7 @@ async def render_chat(
         [m.model_dump(exclude_none=True) for m in messages],
         add_generation_prompt,
         chat_template_kwargs,
+        tools,
         bound=bound,
     )
 

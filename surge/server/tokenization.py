@@ -95,6 +95,7 @@ class TokenizerWorker:
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
         bound: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         try:
             return apply_chat_template(
@@ -104,6 +105,7 @@ class TokenizerWorker:
                 chat_template=self.chat_template,
                 chat_template_kwargs=chat_template_kwargs,
                 check_text=(lambda text: self._check_bound(text, "messages")) if bound else None,
+                tools=tools,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
@@ -135,10 +137,12 @@ class TokenizerWorker:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        tools: list[dict[str, Any]] | None = None,
         *,
         bound: bool = True,
     ) -> list[int]:
-        """Token ids of chat ``messages`` (plain dicts) under the server's chat template.
+        """Token ids of chat ``messages`` (plain dicts) under the server's chat template
+        (with ``tools``, OpenAI function definitions, when given).
 
         Args:
             messages, add_generation_prompt, chat_template_kwargs: as for
@@ -150,7 +154,13 @@ class TokenizerWorker:
                 rendered prompt is surely longer than the context.
         """
         return await self.run(
-            self._render_chat, messages, add_generation_prompt, chat_template_kwargs, bound, utility=not bound
+            self._render_chat,
+            messages,
+            add_generation_prompt,
+            chat_template_kwargs,
+            bound,
+            tools,
+            utility=not bound,
         )
 
     async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:

@@ -1,0 +1,210 @@
+"""What a chat completion does with ``tools``, ``tool_choice``, the reasoning parser and a
+grammar: the tools the template renders, the grammar sent to the engine, and the per-choice
+output parser that turns the generated text into ``content``, ``reasoning_content`` and
+``tool_calls`` (streamed as deltas or whole).
+
+- ``tool_choice: "none"``: tools are rendered, the output is content.
+- ``"auto"`` (the default with tools): the server's ``--tool-call-parser`` finds the calls the
+  model writes (a 400 without one).
+- ``"required"`` / a named function: a grammar from the tools' parameter schemas forces the
+  calls (a JSON array of ``{"name", "parameters"}``, or the named function's arguments), so
+  the arguments always validate; no parser flag is needed. ``parallel_tool_calls: false``
+  limits ``required`` to one call.
+- ``--reasoning-parser``: ``<think>...</think>`` becomes ``reasoning_content`` (unless
+  ``chat_template_kwargs.enable_thinking`` is false); a grammar then applies only after the
+  ``</think>`` token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from surge.sampling_params import StructuredOutputsParams
+from surge.server.errors import bad_request
+from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
+from surge.server.parsers.base import ToolParser
+from surge.server.parsers.forced import NamedToolParser, RequiredToolParser, required_schema
+from surge.server.parsers.reasoning import THINK_END
+from surge.server.structured_request import structured_outputs_of, validate
+
+
+@dataclass
+class ChatPlan:
+    """How one chat request renders and parses.
+
+    Attributes:
+        tools: the function definitions for the chat template, or None.
+        structured_outputs: the grammar for the engine (the request's, or the one
+            ``tool_choice`` forces), or None.
+        make_parser: builds one choice's output parser; None when the output is plain content.
+        reasoning: whether ``reasoning_content`` is reported.
+    """
+
+    tools: list[dict[str, Any]] | None
+    structured_outputs: StructuredOutputsParams | None
+    make_parser: Callable[[], ChatOutputParser] | None
+    reasoning: bool
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The non-streamed ``message`` of one choice and its finish reason ("tool_calls"
+        when the model called tools and stopped)."""
+        if self.make_parser is None:
+            return {"role": "assistant", "content": text}, finish_reason
+        parser = self.make_parser()
+        d = parser.parse(text)
+        calls: dict[int, dict[str, Any]] = {}
+        for t in d.tool_calls:
+            if t.name is not None:
+                calls[t.index] = {
+                    "id": t.id,
+                    "type": "function",
+                    "function": {"name": t.name, "arguments": ""},
+                }
+            calls[t.index]["function"]["arguments"] += t.arguments
+        msg: dict[str, Any] = {"role": "assistant", "content": d.content or (None if calls else "")}
+        if self.reasoning:
+            msg["reasoning_content"] = d.reasoning or None
+        if calls:
+            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+        return msg, finish_reason
+
+    def delta(
+        self, parser: ChatOutputParser | None, text: str, first: bool, finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """One streamed ``delta`` of a choice (from its next ``text``) and its finish reason."""
+        head: dict[str, Any] = {"role": "assistant"} if first else {}
+        if parser is None:
+            return head | {"content": text}, finish_reason
+        d = parser.feed(text)
+        if finish_reason is not None:
+            d.extend(parser.finish())
+            if finish_reason == "stop" and parser.has_tool_calls:
+                finish_reason = "tool_calls"
+        return head | _delta_fields(d), finish_reason
+
+
+def _delta_fields(d: DeltaMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if d.reasoning:
+        out["reasoning_content"] = d.reasoning
+    if d.content or not (d.reasoning or d.tool_calls):
+        out["content"] = d.content
+    if d.tool_calls:
+        out["tool_calls"] = [t.to_openai() for t in d.tool_calls]
+    return out
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise bad_request("tools must be a list of function definitions", param="tools")
+    names = set()
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+        ):
+            raise bad_request(
+                f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', param="tools"
+            )
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"tools[{i}].function.name must be a non-empty string", param="tools")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
+        names.add(name)
+    return tools
+
+
+def _named_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    fn = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise bad_request(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    for tool in tools:
+        if tool["function"]["name"] == name:
+            return tool
+    raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+
+
+def plan_chat(
+    body: Any, tokenizer: Any, tool_call_parser: str | None, reasoning_parser: str | None
+) -> ChatPlan:
+    """Check the request's tools, tool choice and structured outputs, and plan the chat.
+
+    Raises:
+        ApiError: 400 naming ``tools``, ``tool_choice`` or the structured-output field.
+    """
+    tools = None if body.tools is None else _check_tools(body.tools)
+    tool_choice = body.tool_choice
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    if tool_choice not in ("none", "auto", "required") and not isinstance(tool_choice, dict):
+        raise bad_request(
+            'tool_choice must be "none", "auto", "required" or a named function', param="tool_choice"
+        )
+    if tool_choice != "none" and not tools:
+        raise bad_request("tool_choice needs tools", param="tool_choice")
+    structured, _ = structured_outputs_of(body)
+    tool_parser: Callable[[], ToolParser] | None = None
+    if tool_choice == "auto":
+        if tool_call_parser is None:
+            raise bad_request(
+                'tool_choice "auto" needs a server started with --tool-call-parser '
+                '(use "required", a named function or "none" otherwise)',
+                param="tool_choice",
+            )
+        tool_parser = TOOL_PARSERS[tool_call_parser]
+    elif tool_choice == "required" or isinstance(tool_choice, dict):
+        assert tools is not None
+        if structured is not None:
+            raise bad_request(
+                "tool_choice required or a named function cannot be combined with another structured output",
+                param="tool_choice",
+            )
+        if tool_choice == "required":
+            schema = required_schema(tools, parallel=getattr(body, "parallel_tool_calls", None) is not False)
+            tool_parser = RequiredToolParser
+        else:
+            fn = _named_choice(tool_choice, tools)["function"]
+            schema = fn.get("parameters") or {"type": "object"}
+            name = fn["name"]
+            tool_parser = lambda: NamedToolParser(name)  # noqa: E731
+        structured = StructuredOutputsParams(json=json.dumps(schema))
+        validate(structured, "tools")
+    kwargs = body.chat_template_kwargs or {}
+    reasoning_cls = None
+    if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
+        reasoning_cls = REASONING_PARSERS[reasoning_parser]
+    if structured is not None and reasoning_cls is not None:
+        end_id = _single_token_id(tokenizer, THINK_END)
+        if end_id is not None:
+            structured = msgspec.structs.replace(structured, reasoning_end_token_id=end_id)
+    make_parser = None
+    if reasoning_cls is not None or tool_parser is not None:
+        r_cls, t_cls = reasoning_cls, tool_parser
+
+        def make_parser() -> ChatOutputParser:
+            return ChatOutputParser(r_cls() if r_cls else None, t_cls() if t_cls else None)
+
+    return ChatPlan(tools, structured, make_parser, reasoning_cls is not None)
+
+
+def _single_token_id(tokenizer: Any, text: str) -> int | None:
+    """The id of the vocabulary entry ``text`` (e.g. Qwen3's ``</think>``), or None."""
+    token_id = tokenizer.convert_tokens_to_ids(text)
+    if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
+        return None
+    return token_id

@@ -1,0 +1,66 @@
+"""Output parsers of chat completions: tool calls (``--tool-call-parser``) and reasoning
+(``--reasoning-parser``), one file each, composed per choice by :class:`ChatOutputParser`."""
+
+from __future__ import annotations
+
+from surge.server.parsers.base import DeltaMessage, ToolCallDelta, ToolParser, new_tool_call_id
+from surge.server.parsers.hermes import HermesToolParser
+from surge.server.parsers.llama3_json import Llama3JsonToolParser
+from surge.server.parsers.reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ReasoningParser
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+}
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    "qwen3": Qwen3ReasoningParser,
+    "deepseek_r1": DeepSeekR1ReasoningParser,
+}
+
+
+class ChatOutputParser:
+    """One choice's text through an optional reasoning parser, then an optional tool parser.
+
+    Args:
+        reasoning: splits reasoning from the answer, or None.
+        tools: finds tool calls in the answer, or None (the answer is all content).
+    """
+
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None) -> None:
+        self.reasoning = reasoning
+        self.tools = tools
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self.tools is not None and self.tools.has_tool_calls
+
+    def feed(self, text: str) -> DeltaMessage:
+        """The next piece of generated text -> what can be sent now."""
+        reasoning, content = ("", text) if self.reasoning is None else self.reasoning.feed(text)
+        out = DeltaMessage(content=content) if self.tools is None else self.tools.feed(content)
+        out.reasoning = reasoning
+        return out
+
+    def finish(self) -> DeltaMessage:
+        """The end of the text -> the rest."""
+        reasoning, content = ("", "") if self.reasoning is None else self.reasoning.finish()
+        if self.tools is None:
+            return DeltaMessage(content=content, reasoning=reasoning)
+        out = self.tools.feed(content).extend(self.tools.finish())
+        out.reasoning = reasoning
+        return out
+
+    def parse(self, text: str) -> DeltaMessage:
+        """The whole text at once (non-streamed responses)."""
+        return self.feed(text).extend(self.finish())
+
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "ChatOutputParser",
+    "DeltaMessage",
+    "ToolCallDelta",
+    "ToolParser",
+    "new_tool_call_id",
+]

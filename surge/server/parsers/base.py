@@ -1,0 +1,243 @@
+"""What every output parser shares: the delta types and the streaming JSON tool-call scanner.
+
+Parsers are streaming and per choice: ``feed(text)`` takes the next piece of generated text
+and returns what can be sent now; ``finish()`` returns the rest. The non-streamed result is
+the same code fed the whole text at once, so the joined deltas of a stream always equal it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_DECODER = json.JSONDecoder()
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGS_KEY = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+_TRAILING = " \t\r\n}"
+
+
+def new_tool_call_id() -> str:
+    """A fresh OpenAI-style tool call id."""
+    return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of one tool call: the first piece of a call has its ``id`` and ``name`` (and
+    empty ``arguments``); later pieces carry argument text that concatenates to a JSON value.
+
+    Attributes:
+        index: the call's position among the choice's tool calls.
+        id: the call id (first piece only).
+        name: the function name (first piece only).
+        arguments: the next fragment of the arguments' JSON text.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    def to_openai(self) -> dict[str, object]:
+        """The streamed ``delta.tool_calls[i]`` object."""
+        out: dict[str, object] = {"index": self.index}
+        function: dict[str, str] = {"arguments": self.arguments}
+        if self.id is not None:
+            out["id"] = self.id
+            out["type"] = "function"
+        if self.name is not None:
+            function["name"] = self.name
+        out["function"] = function
+        return out
+
+
+@dataclass(slots=True)
+class DeltaMessage:
+    """What a parser releases for one piece of text: answer text, reasoning text, tool calls."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+    def extend(self, other: DeltaMessage) -> DeltaMessage:
+        """Append ``other`` to this delta (in place) and return it."""
+        self.content += other.content
+        self.reasoning += other.reasoning
+        self.tool_calls.extend(other.tool_calls)
+        return self
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (text that
+    may still become ``tag`` and must be held back)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class JsonToolCall:
+    """Streams one ``{"name": ..., "arguments" | "parameters": {...}}`` object as tool-call
+    deltas: the name as soon as it is complete, then the arguments' JSON text as it grows.
+
+    Argument text is released up to the last character that surely belongs to the arguments
+    (trailing ``}`` and whitespace wait, since they may close the outer object); once the
+    arguments' value parses (``json.JSONDecoder.raw_decode``), the rest of it is released.
+    The released fragments concatenate to the exact arguments text of the model's output.
+
+    Args:
+        index: the call's index among the choice's calls.
+        call_id: its id.
+    """
+
+    def __init__(self, index: int, call_id: str) -> None:
+        self.index = index
+        self.id = call_id
+        self.name: str | None = None
+        self.arguments = ""
+        self._after_name = 0
+        self._args_start: int | None = None
+        self._done = False
+
+    @property
+    def started(self) -> bool:
+        """The name has been released."""
+        return self.name is not None
+
+    def update(self, text: str, complete: bool) -> list[ToolCallDelta]:
+        """Take the call's whole text so far (from its ``{``); ``complete`` when no more
+        text will come. Returns the deltas to release."""
+        out: list[ToolCallDelta] = []
+        if self._done:
+            return out
+        if self.name is None:
+            m = _NAME.match(text)
+            if m is None:
+                if complete:
+                    self._whole(text, out)
+                return out
+            try:
+                self.name = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                self.name = m.group(1)
+            out.append(ToolCallDelta(self.index, self.id, self.name, ""))
+            self._after_name = m.end()
+        if self._args_start is None:
+            m = _ARGS_KEY.match(text, self._after_name)
+            if m is not None and m.end() == len(text) and not complete:
+                return out  # whitespace before the value may still grow
+            if m is None:
+                if complete:
+                    self._release("{}", out)
+                    self._done = True
+                return out
+            self._args_start = m.end()
+        raw = text[self._args_start :]
+        try:
+            value, end = _DECODER.raw_decode(raw)
+            whole = isinstance(value, dict | list) or complete
+        except ValueError:
+            whole, end = False, 0
+        if whole:
+            self._release(raw[:end], out)
+            self._done = True
+        elif complete:
+            self._release(raw.rstrip(_TRAILING), out)
+            self._done = True
+        else:
+            self._release(raw.rstrip(_TRAILING), out)
+        return out
+
+    def _release(self, upto: str, out: list[ToolCallDelta]) -> None:
+        if len(upto) > len(self.arguments) and upto.startswith(self.arguments):
+            out.append(ToolCallDelta(self.index, arguments=upto[len(self.arguments) :]))
+            self.arguments = upto
+
+    def _whole(self, text: str, out: list[ToolCallDelta]) -> None:
+        """A complete call whose name is not its first key: parse it whole."""
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return
+        args = obj.get("arguments", obj.get("parameters", {}))
+        self.name = obj["name"]
+        out.append(ToolCallDelta(self.index, self.id, self.name, ""))
+        self._release(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False), out)
+        self._done = True
+
+
+class ToolParser:
+    """Splits a choice's answer text into content and tool calls (streaming).
+
+    Args:
+        new_id: makes tool call ids.
+
+    Attributes:
+        calls: the tool calls found so far.
+    """
+
+    def __init__(self, new_id: Callable[[], str] = new_tool_call_id) -> None:
+        self._new_id = new_id
+        self.calls: list[JsonToolCall] = []
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return any(c.started for c in self.calls)
+
+    def feed(self, text: str) -> DeltaMessage:
+        """Take the next piece of text; return what can be released."""
+        raise NotImplementedError
+
+    def finish(self) -> DeltaMessage:
+        """No more text: release the rest."""
+        raise NotImplementedError
+
+    def _new_call(self) -> JsonToolCall:
+        call = JsonToolCall(len([c for c in self.calls if c.started]), self._new_id())
+        self.calls.append(call)
+        return call
+
+
+class JsonCallSequence:
+    """Tool calls written as JSON objects one after another, with separator characters
+    between them (Llama 3's ``;``, or a JSON array's ``[``, ``,`` and ``]``).
+
+    Args:
+        parser: the owning parser (makes the calls).
+        separators: characters skipped between objects (besides whitespace).
+    """
+
+    def __init__(self, parser: ToolParser, separators: str) -> None:
+        self._parser = parser
+        self._skip = separators + " \t\r\n"
+        self._pos = 0
+        self._call: JsonToolCall | None = None
+        self.invalid = False
+
+    def update(self, text: str, final: bool) -> list[ToolCallDelta]:
+        """Take the calls' whole text so far; return the deltas to release."""
+        out: list[ToolCallDelta] = []
+        while not self.invalid:
+            if self._call is None:
+                while self._pos < len(text) and text[self._pos] in self._skip:
+                    self._pos += 1
+                if self._pos >= len(text):
+                    return out
+                if text[self._pos] != "{":
+                    self.invalid = True
+                    return out
+                self._call = self._parser._new_call()
+            try:
+                _, end = _DECODER.raw_decode(text, self._pos)
+            except ValueError:
+                out += self._call.update(text[self._pos :], complete=final)
+                return out
+            out += self._call.update(text[self._pos : end], complete=True)
+            self._pos = end
+            self._call = None
+        return out

@@ -1,0 +1,72 @@
+"""Hermes-style tool calls (Qwen2.5, Qwen3, Hermes): ``<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`` blocks inside the answer; the text outside them is content."""
+
+from __future__ import annotations
+
+from surge.server.parsers.base import DeltaMessage, JsonToolCall, ToolParser, partial_suffix
+
+START = "<tool_call>"
+END = "</tool_call>"
+
+
+class HermesToolParser(ToolParser):
+    """``--tool-call-parser hermes``.
+
+    Content outside the blocks is released as it comes (a possible start of ``<tool_call>``
+    is held back); after a call, whitespace between or after blocks is dropped. Inside a
+    block the call streams through :class:`JsonToolCall`.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._buf = ""
+        self._call: JsonToolCall | None = None
+        self._ws = ""
+
+    def feed(self, text: str) -> DeltaMessage:
+        self._buf += text
+        return self._process(final=False)
+
+    def finish(self) -> DeltaMessage:
+        return self._process(final=True)
+
+    def _content(self, text: str, out: DeltaMessage, final: bool) -> None:
+        if not self.calls:
+            out.content += text
+            return
+        text = self._ws + text
+        if text.strip():
+            out.content += text
+            self._ws = ""
+        else:
+            self._ws = "" if final else text
+
+    def _process(self, final: bool) -> DeltaMessage:
+        out = DeltaMessage()
+        while True:
+            buf = self._buf
+            if self._call is None:
+                i = buf.find(START)
+                if i < 0:
+                    keep = 0 if final else partial_suffix(buf, START)
+                    self._content(buf[: len(buf) - keep], out, final)
+                    self._buf = buf[len(buf) - keep :]
+                    return out
+                self._content(buf[:i], out, final=False)
+                self._ws = ""
+                self._buf = buf[i + len(START) :]
+                self._call = self._new_call()
+                continue
+            j = buf.find(END)
+            if j < 0:
+                keep = 0 if final else partial_suffix(buf, END)
+                out.tool_calls += self._call.update(buf[: len(buf) - keep], complete=final)
+                if final and not self._call.started:
+                    out.content += START + buf  # an unfinished block that never named a function
+                return out
+            out.tool_calls += self._call.update(buf[:j], complete=True)
+            if not self._call.started:
+                self.calls.remove(self._call)
+                self._content(START + buf[: j + len(END)], out, final)
+            self._call = None
+            self._buf = buf[j + len(END) :]

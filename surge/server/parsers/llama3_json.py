@@ -1,0 +1,56 @@
+"""Llama 3.x JSON tool calls: the whole answer is ``{"name": ..., "parameters": {...}}``
+objects (separated by ``;``, optionally after ``<|python_tag|>``); any other answer is content."""
+
+from __future__ import annotations
+
+from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolParser
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+class Llama3JsonToolParser(ToolParser):
+    """``--tool-call-parser llama3_json``.
+
+    The first non-space character decides: ``{`` (after an optional ``<|python_tag|>``)
+    starts tool calls, anything else makes the whole answer content. Calls stream through
+    :class:`JsonCallSequence`; if the answer turns out not to be calls (no name found), it is
+    released as content at the end.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._buf = ""
+        self._mode = "undecided"
+        self._seq = JsonCallSequence(self, ";")
+        self._start = 0
+
+    def feed(self, text: str) -> DeltaMessage:
+        self._buf += text
+        return self._process(final=False)
+
+    def finish(self) -> DeltaMessage:
+        return self._process(final=True)
+
+    def _process(self, final: bool) -> DeltaMessage:
+        out = DeltaMessage()
+        if self._mode == "undecided":
+            head = self._buf.lstrip()
+            if head.startswith(PYTHON_TAG):
+                head = head[len(PYTHON_TAG) :].lstrip()
+            if not head or (PYTHON_TAG.startswith(head) and not final):
+                if final:
+                    out.content += self._buf
+                    self._buf = ""
+                return out
+            if head[0] == "{":
+                self._mode = "calls"
+                self._start = len(self._buf) - len(head)
+            else:
+                self._mode = "content"
+        if self._mode == "content":
+            out.content, self._buf = self._buf, ""
+            return out
+        out.tool_calls += self._seq.update(self._buf[self._start :], final)
+        if final and not self.has_tool_calls:
+            out.content += self._buf
+        return out

@@ -1,0 +1,92 @@
+"""Reasoning parsers: the text between ``<think>`` and ``</think>`` is the model's reasoning
+(``reasoning_content``), the rest is the answer (``content``)."""
+
+from __future__ import annotations
+
+from surge.server.parsers.base import partial_suffix
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
+class ReasoningParser:
+    """Splits a choice's text into reasoning and answer, streaming.
+
+    ``feed(text) -> (reasoning, content)`` releases what is certain (a possible start of a
+    tag is held back); ``finish()`` releases the rest. Whitespace right after ``</think>`` is
+    dropped from the answer.
+
+    Attributes:
+        end_tag: the text that ends the reasoning.
+    """
+
+    end_tag = THINK_END
+    starts_in_reasoning = False
+    """True when the output starts inside the reasoning even without ``<think>`` (the
+    template put it in the prompt); False when reasoning needs an explicit ``<think>``."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._state = "start"
+
+    @property
+    def reasoning_ended(self) -> bool:
+        """``</think>`` has been seen (or the output was not reasoning at all)."""
+        return self._state in ("after", "content")
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self._buf += text
+        return self._process(final=False)
+
+    def finish(self) -> tuple[str, str]:
+        return self._process(final=True)
+
+    def _process(self, final: bool) -> tuple[str, str]:
+        reasoning = content = ""
+        while True:
+            buf = self._buf
+            if self._state == "start":
+                head = buf.lstrip()
+                if head.startswith(THINK_START):
+                    self._buf = head[len(THINK_START) :]
+                    self._state = "reasoning"
+                    continue
+                if THINK_START.startswith(head) and not final:
+                    return reasoning, content  # may still become <think>
+                self._state = "reasoning" if self.starts_in_reasoning else "content"
+                continue
+            if self._state == "reasoning":
+                i = buf.find(THINK_END)
+                if i < 0:
+                    keep = 0 if final else partial_suffix(buf, THINK_END)
+                    reasoning += buf[: len(buf) - keep]
+                    self._buf = buf[len(buf) - keep :]
+                    return reasoning, content
+                reasoning += buf[:i]
+                self._buf = buf[i + len(THINK_END) :]
+                self._state = "after"
+                continue
+            if self._state == "after":
+                stripped = buf.lstrip()
+                if not stripped:
+                    self._buf = "" if final else buf
+                    return reasoning, content
+                self._buf = stripped
+                self._state = "content"
+                continue
+            content += buf
+            self._buf = ""
+            return reasoning, content
+
+
+class Qwen3ReasoningParser(ReasoningParser):
+    """``--reasoning-parser qwen3``: reasoning only when the output starts with ``<think>``
+    (Qwen3 writes it itself); an output without it is all answer."""
+
+
+class DeepSeekR1ReasoningParser(ReasoningParser):
+    """``--reasoning-parser deepseek_r1``: the output starts inside the reasoning (the
+    template opens ``<think>`` in the prompt; a ``<think>`` in the output is dropped) until
+    ``</think>``; an output that never closes it is all reasoning."""
+
+    starts_in_reasoning = True

@@ -1,0 +1,183 @@
+"""Tool-call and reasoning parsers on canned model texts, streamed token by token (Qwen3's
+byte-level BPE tokenizer) and in random pieces: the joined deltas equal the non-streamed result,
+a call's name comes before its arguments, and the argument fragments join to valid JSON."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Callable
+
+import pytest
+from transformers import AutoTokenizer
+
+from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
+from surge.server.parsers.forced import NamedToolParser, RequiredToolParser
+from tests.conftest import SHARED
+
+QWEN3 = SHARED / "models" / "qwen3-8b"
+
+Result = tuple[str, str, list[tuple[str, str]]]
+
+
+def _ids() -> Callable[[], str]:
+    counter = itertools.count()
+    return lambda: f"call-{next(counter)}"
+
+
+def _collect(deltas: list[DeltaMessage]) -> Result:
+    content = "".join(d.content for d in deltas)
+    reasoning = "".join(d.reasoning for d in deltas)
+    calls: dict[int, list[str]] = {}
+    ids: dict[int, str] = {}
+    for d in deltas:
+        for t in d.tool_calls:
+            if t.name is not None:
+                assert t.index not in calls, "a call is named once"
+                assert t.id is not None
+                calls[t.index] = [t.name, ""]
+                ids[t.index] = t.id
+            assert t.index in calls, "the name comes before the arguments"
+            calls[t.index][1] += t.arguments
+    assert sorted(calls) == list(range(len(calls)))
+    assert len(set(ids.values())) == len(ids)
+    return content, reasoning, [(name, args) for name, args in (calls[i] for i in sorted(calls))]
+
+
+def _pieces_by_token(text: str) -> list[str]:
+    if not QWEN3.is_dir():
+        pytest.skip("Qwen3 tokenizer assets not found")
+    tok = _tokenizer()
+    ids = tok.encode(text, add_special_tokens=False)
+    pieces, prev = [], ""
+    for i in range(len(ids)):
+        cur = tok.decode(ids[: i + 1])
+        if cur.endswith("\ufffd"):
+            continue
+        pieces.append(cur[len(prev) :])
+        prev = cur
+    pieces.append(text[len(prev) :])
+    assert "".join(pieces) == text
+    return pieces
+
+
+_TOK: list[object] = []
+
+
+def _tokenizer():  # type: ignore[no-untyped-def]
+    if not _TOK:
+        _TOK.append(AutoTokenizer.from_pretrained(str(QWEN3), local_files_only=True))
+    return _TOK[0]
+
+
+def _random_pieces(text: str, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 7)
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+def _check(make: Callable[[], ChatOutputParser], text: str) -> Result:
+    whole = _collect([make().parse(text)])
+    for pieces in [_pieces_by_token(text), [*text]] + [_random_pieces(text, s) for s in range(5)]:
+        parser = make()
+        deltas = [parser.feed(p) for p in pieces] + [parser.finish()]
+        assert _collect(deltas) == whole
+    for _, args in whole[2]:
+        json.loads(args)
+    return whole
+
+
+def _parser(tools: str | None = None, reasoning: str | None = None) -> Callable[[], ChatOutputParser]:
+    def make() -> ChatOutputParser:
+        ids = _ids()
+        return ChatOutputParser(
+            REASONING_PARSERS[reasoning]() if reasoning else None,
+            TOOL_PARSERS[tools](ids) if tools else None,
+        )
+
+    return make
+
+
+HERMES_TWO = (
+    "Let me check both.\n\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Zürich}", "opts": {"unit": "c", "days": [1, 2]}}}\n'
+    "</tool_call>\n<tool_call>\n"
+    '{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+)
+
+
+def test_hermes_two_calls_and_content() -> None:
+    content, reasoning, calls = _check(_parser("hermes"), HERMES_TWO)
+    assert content == "Let me check both.\n\n"
+    assert reasoning == ""
+    assert calls == [
+        ("get_weather", '{"city": "Zürich}", "opts": {"unit": "c", "days": [1, 2]}}'),
+        ("get_time", "{}"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [
+        ("Use <tool> tags, or <tool_c and more.", "Use <tool> tags, or <tool_c and more."),
+        ("<tool_call>not json</tool_call> after", "<tool_call>not json</tool_call> after"),
+        ("Unfinished <tool_call>", "Unfinished <tool_call>"),
+    ],
+)
+def test_hermes_text_that_is_not_a_call_is_content(text: str, content: str) -> None:
+    assert _check(_parser("hermes"), text) == (content, "", [])
+
+
+def test_hermes_arguments_before_name_and_cut_call() -> None:
+    text = '<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>'
+    assert _check(_parser("hermes"), text)[2] == [("f", '{"x": 1}')]
+    cut = '<tool_call>\n{"name": "f", "arguments": {"x": [1, 2'
+    parser = _parser("hermes")()
+    out = _collect([parser.feed(cut), parser.finish()])
+    assert out[2] == [("f", '{"x": [1, 2')]  # max_tokens cut: what was generated
+
+
+def test_llama3_json_calls_and_content() -> None:
+    text = '<|python_tag|>{"name": "f", "parameters": {"a": 1, "s": "x;y}"}}; {"name": "g", "parameters": {}}'
+    assert _check(_parser("llama3_json"), text) == ("", "", [("f", '{"a": 1, "s": "x;y}"}'), ("g", "{}")])
+    assert _check(_parser("llama3_json"), ' {"name": "f", "parameters": {"a": 1}}')[2] == [("f", '{"a": 1}')]
+    assert _check(_parser("llama3_json"), "Hello {there}") == ("Hello {there}", "", [])
+    assert _check(_parser("llama3_json"), '{"not": "a call"}') == ('{"not": "a call"}', "", [])
+
+
+def test_reasoning_parsers() -> None:
+    qwen3 = _parser(reasoning="qwen3")
+    assert _check(qwen3, "<think>\nThe capital.\n</think>\n\nParis.") == ("Paris.", "\nThe capital.\n", [])
+    assert _check(qwen3, "Paris, no thinking.") == ("Paris, no thinking.", "", [])
+    assert _check(qwen3, "<think>cut short") == ("", "cut short", [])
+    r1 = _parser(reasoning="deepseek_r1")
+    assert _check(r1, "Hmm, France.</think>Paris") == ("Paris", "Hmm, France.", [])
+    assert _check(r1, "<think>Hmm</think>\nParis") == ("Paris", "Hmm", [])
+    assert _check(r1, "never ends") == ("", "never ends", [])
+
+
+def test_reasoning_then_hermes_call() -> None:
+    text = "<think>I need the weather.</think>\n\n" + HERMES_TWO
+    content, reasoning, calls = _check(_parser("hermes", "qwen3"), text)
+    assert reasoning == "I need the weather."
+    assert content == "Let me check both.\n\n"
+    assert [name for name, _ in calls] == ["get_weather", "get_time"]
+
+
+def test_forced_required_and_named() -> None:
+    text = '[{"name": "f", "parameters": {"a": [1, {"b": 2}]}}, {"name": "g", "parameters": {}}]'
+
+    def required() -> ChatOutputParser:
+        return ChatOutputParser(None, RequiredToolParser(_ids()))
+
+    assert _check(required, text) == ("", "", [("f", '{"a": [1, {"b": 2}]}'), ("g", "{}")])
+
+    def named() -> ChatOutputParser:
+        return ChatOutputParser(None, NamedToolParser("f", _ids()))
+
+    assert _check(named, '{"a": 1}') == ("", "", [("f", '{"a": 1}')])

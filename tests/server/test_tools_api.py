@@ -1,0 +1,217 @@
+"""Tool calling and reasoning over HTTP with the openai SDK against `surge serve
+--tool-call-parser hermes --reasoning-parser qwen3` (bundled model): forced calls
+(required, named) always parse with valid arguments, streamed calls arrive name first and
+join to the non-streamed ones, auto calls go through the hermes parser, reasoning_content."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import Server, start_server
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "pattern": "^[A-Z][a-z]{1,6}$"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MSGS: list[Any] = [{"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(
+        tmp_path_factory.mktemp("serve-tools"), "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(tool_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=tool_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def _valid(calls: list[Any]) -> list[tuple[str, str]]:
+    out = []
+    for call in calls:
+        assert call.type == "function" and call.id
+        name, args = call.function.name, call.function.arguments
+        jsonschema.validate(json.loads(args), SCHEMAS[name])
+        out.append((name, args))
+    return out
+
+
+def _stream_calls(stream: Any) -> tuple[list[tuple[str, str]], str | None, str]:
+    calls: dict[int, list[str]] = {}
+    finish, content = None, ""
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for t in c.delta.tool_calls or []:
+                if t.function.name is not None:
+                    assert t.index not in calls and t.id
+                    calls[t.index] = [t.function.name, ""]
+                calls[t.index][1] += t.function.arguments or ""
+            finish = c.finish_reason or finish
+    return [(n, a) for n, a in (calls[i] for i in sorted(calls))], finish, content
+
+
+def test_required_tool_choice_always_valid(client: openai.OpenAI) -> None:
+    model = _model(client)
+    for seed in range(8):
+        kwargs: dict[str, Any] = dict(
+            model=model,
+            messages=MSGS,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=seed % 2 == 0,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=120,
+        )
+        r = client.chat.completions.create(**kwargs)
+        msg = r.choices[0].message
+        if r.choices[0].finish_reason == "length":  # parallel calls of a random model may go on
+            assert kwargs["parallel_tool_calls"]
+            continue
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert msg.content is None
+        calls = _valid(msg.tool_calls or [])
+        assert calls and (len(calls) == 1 or kwargs["parallel_tool_calls"])
+        streamed, finish, content = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+        assert streamed == calls and finish == "tool_calls" and content == ""
+
+
+def test_named_tool_choice(client: openai.OpenAI) -> None:
+    choice: Any = {"type": "function", "function": {"name": "get_time"}}
+    for seed in range(4):
+        kwargs: dict[str, Any] = dict(
+            model=_model(client), messages=MSGS, tools=TOOLS, tool_choice=choice, seed=seed, max_tokens=60
+        )
+        r = client.chat.completions.create(**kwargs)
+        calls = _valid(r.choices[0].message.tool_calls or [])
+        assert [n for n, _ in calls] == ["get_time"]
+        streamed, finish, _ = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+        assert streamed == calls and finish == "tool_calls"
+
+
+def test_auto_goes_through_the_hermes_parser(client: openai.OpenAI) -> None:
+    regex = r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "c"\}\}\n</tool_call>'
+    kwargs: dict[str, Any] = dict(
+        model=_model(client),
+        messages=MSGS,
+        tools=TOOLS,
+        max_tokens=100,
+        temperature=1.0,
+        seed=1,
+        extra_body={"structured_outputs": {"regex": regex}},
+    )
+    r = client.chat.completions.create(**kwargs)
+    msg = r.choices[0].message
+    assert msg.content == "Sure. "
+    assert r.choices[0].finish_reason == "tool_calls"
+    calls = _valid(msg.tool_calls or [])
+    assert calls[0][0] == "get_weather"
+    streamed, finish, content = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+    assert streamed == calls and finish == "tool_calls" and content == "Sure. "
+    none = client.chat.completions.create(**kwargs | {"tool_choice": "none"})
+    assert none.choices[0].message.tool_calls is None
+    assert "<tool_call>" in (none.choices[0].message.content or "")
+
+
+def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI) -> None:
+    regex = r"<think>[a-z ]{1,12}</think>\n\n(yes|no)"
+    kwargs: dict[str, Any] = dict(
+        model=_model(client),
+        messages=MSGS,
+        max_tokens=60,
+        seed=4,
+        extra_body={"structured_outputs": {"regex": regex}},
+    )
+    r = client.chat.completions.create(**kwargs)
+    msg: Any = r.choices[0].message
+    assert msg.content in ("yes", "no")
+    assert 1 <= len(msg.reasoning_content) <= 12
+    stream = client.chat.completions.create(**kwargs, stream=True)
+    reasoning, content = "", ""
+    for chunk in stream:
+        for c in chunk.choices:
+            delta: Any = c.delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+    assert (reasoning, content) == (msg.reasoning_content, msg.content)
+    off_kwargs = kwargs | {
+        "extra_body": {
+            "structured_outputs": {"regex": regex},
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    }
+    off = client.chat.completions.create(**off_kwargs)
+    assert (off.choices[0].message.content or "").startswith("<think>")
+    history: list[Any] = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    r = client.chat.completions.create(model=_model(client), messages=history, tools=TOOLS, max_tokens=5)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
+    plain = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    cases: list[tuple[openai.OpenAI, dict[str, Any], str]] = [
+        (plain, {"tools": TOOLS}, "tool_choice"),  # auto without --tool-call-parser
+        (client, {"tools": [{"type": "function", "function": {}}]}, "tools"),
+        (
+            client,
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        (client, {"tool_choice": "required"}, "tool_choice"),
+        (
+            client,
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),
+        (
+            client,
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bad"}}}],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+    ]
+    for c, extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=_model(c), messages=MSGS, max_tokens=5, **extra)
+        assert e.value.body["param"] == param, e.value.body  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=_model(client), prompt="x", extra_body={"tools": TOOLS})
+    assert e.value.body["param"] == "tools"  # type: ignore[index]
