@@ -394,7 +394,8 @@ async def run_server(
         max_stop_strings=options.max_stop_strings,
         max_stop_string_length=options.max_stop_string_length,
     )
-    client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
+    for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
+        engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     logger.info(

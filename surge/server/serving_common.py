@@ -81,13 +81,12 @@ class ServerState:
     max_stop_string_length: int = 256
     engine_stall_timeout: float = 60.0
     sse_queued_interval: float = 5.0
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     tokenizer_worker: TokenizerWorker = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokenizer_worker = TokenizerWorker(self.tokenizer, self.max_model_len, self.chat_template)
-
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
 
     @property
     def model_name(self) -> str:
