@@ -241,7 +241,7 @@ class LLMEngine:
         Raises:
             ValueError: ``n != 1``, a token id outside the vocabulary, a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
-                than the pool holds), or a grammar with tensor parallelism.
+                than the pool holds).
         """
         if sampling_params.n != 1:
             raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
@@ -252,11 +252,6 @@ class LLMEngine:
         if sampling_params.structured_outputs is None:
             self.scheduler.add_request(request)
             return
-        if self.config.parallel.tensor_parallel_size > 1:
-            raise ValueError(
-                "structured outputs (response_format, structured_outputs, guided_*, forced tool calls) "
-                "are not supported with tensor parallelism (-tp > 1) yet"
-            )
         # A request with a grammar waits outside the scheduler until it is compiled.
         structured = self._structured_outputs()
         if request_id in self.scheduler.requests or request_id in structured.waiting:

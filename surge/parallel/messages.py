@@ -64,6 +64,9 @@ class StepMessage(msgspec.Struct, tag=True, array_like=True):
         preempted_request_ids, finished_request_ids: as in ``SchedulerOutput``.
         any_prompt_logprobs: as in ``SchedulerOutput``; rank 0 then answers every step (its
             prompt logprobs may come from a chunk that samples nothing).
+        grammar_mask: the step's grammar token mask (``[len(grammar_request_ids), ceil(V / 32)]``
+            int32, bytes), filled by the engine; empty when no sampled request has a grammar.
+        grammar_request_ids: the requests of the mask's rows.
     """
 
     step: int
@@ -73,6 +76,8 @@ class StepMessage(msgspec.Struct, tag=True, array_like=True):
     preempted_request_ids: list[str]
     finished_request_ids: list[str]
     any_prompt_logprobs: bool = False
+    grammar_mask: bytes = b""
+    grammar_request_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class InitKVCache(msgspec.Struct, tag=True, array_like=True):

@@ -84,6 +84,12 @@ class StepEncoder:
             list(so.finished_request_ids),
             so.any_prompt_logprobs,
         )
+        if so.grammar is not None:  # filled here, applied by every rank
+            sampled = [s.request for s in so.scheduled if s.sample]
+            mask = so.grammar.host_mask(sampled)
+            if mask is not None:
+                msg.grammar_mask = mask.tobytes()
+                msg.grammar_request_ids = [r.request_id for r in sampled]
         self._step += 1
         return msg
 
@@ -132,10 +138,20 @@ class StepDecoder:
                 req.output_token_ids.extend(d.new_output_ids)
             req.num_computed_tokens = d.num_computed_tokens
             scheduled.append(ScheduledRequest(req, d.num_new_tokens, d.sample))
+        grammar = None
+        if msg.grammar_request_ids:
+            import numpy as np
+
+            from surge.structured.manager import StaticGrammarBitmask
+
+            rows = len(msg.grammar_request_ids)
+            mask = np.frombuffer(msg.grammar_mask, dtype=np.int32).reshape(rows, -1).copy()
+            grammar = StaticGrammarBitmask(mask, msg.grammar_request_ids)
         return SchedulerOutput(
             scheduled=scheduled,
             num_scheduled_tokens=msg.num_scheduled_tokens,
             preempted_request_ids=msg.preempted_request_ids,
             finished_request_ids=msg.finished_request_ids,
             any_prompt_logprobs=msg.any_prompt_logprobs,
+            grammar=grammar,
         )

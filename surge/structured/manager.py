@@ -90,7 +90,58 @@ class GrammarBitmask:
             logits: ``[S, V]`` logits of the sampled rows (any float dtype, on the device).
             requests: the ``S`` requests, in row order.
         """
-        self._manager.apply(logits, requests, self._grammars)
+        mask = self._manager.fill(requests, self._grammars)
+        if mask is not None:
+            apply_bitmask(logits, mask)
+
+    def host_mask(self, requests: Sequence[Request]) -> np.ndarray | None:
+        """The filled mask of ``requests`` as a ``[S, ceil(V / 32)]`` int32 array (a copy),
+        or None when no row is constrained: for executors that apply it elsewhere (the
+        tensor-parallel workers)."""
+        mask = self._manager.fill(requests, self._grammars)
+        return None if mask is None else mask.numpy().copy()
+
+
+class StaticGrammarBitmask:
+    """A mask filled elsewhere (by the engine's :class:`GrammarBitmask`), applied by a
+    tensor-parallel worker's sampler: every rank applies the same mask and so samples the
+    same ids.
+
+    Args:
+        mask: ``[n, ceil(V / 32)]`` int32, one row per id of ``request_ids``.
+        request_ids: the requests of the rows.
+    """
+
+    __slots__ = ("_mask", "_request_ids")
+
+    def __init__(self, mask: np.ndarray, request_ids: list[str]) -> None:
+        self._mask = mask
+        self._request_ids = request_ids
+
+    def apply(self, logits: Any, requests: Sequence[Request]) -> None:
+        """As :meth:`GrammarBitmask.apply`; rows of requests the mask does not name are free."""
+        import torch
+
+        ids = [r.request_id for r in requests]
+        if ids == self._request_ids:
+            mask = self._mask
+        else:
+            row = {rid: i for i, rid in enumerate(self._request_ids)}
+            mask = np.full((len(ids), self._mask.shape[1]), -1, dtype=np.int32)
+            for i, rid in enumerate(ids):
+                if rid in row:
+                    mask[i] = self._mask[row[rid]]
+        apply_bitmask(logits, torch.from_numpy(mask))
+
+
+def apply_bitmask(logits: Any, mask: Any) -> None:
+    """``xgrammar.apply_token_bitmask_inplace`` of a host ``[S, W]`` int32 mask on ``logits``
+    ``[S, V]`` (copied to the logits' device first; its CPU kernel on CPU, its Triton kernel
+    on CUDA). Bits past ``V`` are ignored."""
+    import xgrammar as xgr
+
+    device_mask = mask if logits.device.type == "cpu" else mask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, device_mask, vocab_size=logits.shape[-1])
 
 
 class StructuredOutputManager:
@@ -170,8 +221,10 @@ class StructuredOutputManager:
             return None
         return GrammarBitmask(self, grammars)
 
-    def apply(self, logits: Any, requests: Sequence[Request], grammars: dict[str, RequestGrammar]) -> None:
-        """See :meth:`GrammarBitmask.apply`."""
+    def fill(self, requests: Sequence[Request], grammars: dict[str, RequestGrammar]) -> Any:
+        """Advance the matchers of ``requests`` and fill the step's mask: a ``[S, W]`` int32
+        host tensor (all ones for free rows; only the stop tokens for a finished or failed
+        grammar), or None when no row is constrained."""
         import xgrammar as xgr
 
         rows: list[int] = []
@@ -190,7 +243,7 @@ class StructuredOutputManager:
                 rows.append(i)
                 matchers.append(g.matcher)
         if not rows and not stop_rows:
-            return
+            return None
         mask = self._mask_buffer(len(requests))
         mask.fill_(-1)  # every token allowed
         if len(rows) >= BATCH_FILL_MIN_ROWS:
@@ -206,11 +259,7 @@ class StructuredOutputManager:
                 bits[i] = 0
                 for t in self.eos_token_ids:
                     bits[i, t >> 5] |= np.uint32(1 << (t & 31))
-        if logits.device.type == "cpu":
-            device_mask = mask
-        else:
-            device_mask = mask.to(logits.device, non_blocking=True)
-        xgr.apply_token_bitmask_inplace(logits, device_mask, vocab_size=self.vocab_size)
+        return mask
 
     def _mask_buffer(self, rows: int) -> Any:
         """A ``[rows, ceil(V / 32)]`` int32 host buffer (pinned with CUDA), reused across
