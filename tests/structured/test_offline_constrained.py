@@ -119,3 +119,34 @@ def test_invalid_grammar_raises_value_error() -> None:
         StructuredOutputsParams(regex="a", choice=["b"])
     # the engine still serves afterwards
     assert llm.generate("Once", SamplingParams(max_tokens=3, ignore_eos=True))[0].outputs[0].token_ids
+
+
+def test_llm_chat_renders_tools_and_forces_a_call() -> None:
+    from surge.server.parsers.forced import RequiredToolParser, required_schema
+
+    llm = LLM(device="cpu")
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_time",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                    "required": ["zone"],
+                },
+            },
+        }
+    ]
+    so = StructuredOutputsParams(json=required_schema(tools, parallel=False))
+    out = llm.chat(
+        [{"role": "user", "content": "Time?"}],
+        SamplingParams(max_tokens=60, structured_outputs=so),
+        tools=tools,
+    )[0]
+    assert llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=True).startswith("tools: [")
+    parser = RequiredToolParser()
+    deltas = parser.feed(out.outputs[0].text).extend(parser.finish())
+    assert [d.name for d in deltas.tool_calls if d.name] == ["get_time"]
+    args = "".join(d.arguments for d in deltas.tool_calls)
+    assert json.loads(args)["zone"] in ("UTC", "CET")
