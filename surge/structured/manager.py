@@ -58,10 +58,13 @@ class RequestGrammar:
             self.num_seen = 0
             self.active = self._gate is None
             self.failed = False
+        matcher = self.matcher
         for token in output_token_ids[self.num_seen :]:
             if not self.active:
                 self.active = token == self._gate
-            elif not self.failed and not self.matcher.accept_token(token):
+            elif self.failed or matcher.is_terminated():
+                continue  # after the stop token only stop tokens follow (ignore_eos)
+            elif not matcher.accept_token(token):
                 self.failed = True
         self.num_seen = n
 
