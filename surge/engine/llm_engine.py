@@ -203,9 +203,15 @@ class LLMEngine:
             t0 = time.perf_counter()
             num_blocks = config.cache.num_kv_blocks or runner.determine_num_kv_blocks()
             per_block = getattr(runner, "bytes_per_block", 0)
+            if config.cache.num_kv_blocks:
+                how = "given (--num-kv-blocks)"
+            elif str(config.device).startswith("cuda"):
+                how = "sized by a profiling run"
+            else:
+                how = "sized from the CPU KV budget"
             logger.info(
                 "start-up: KV pool %s in %.1f s: %d blocks x %d tokens = %d tokens (%.2f GiB, kv_cache_dtype %s)",
-                "given" if config.cache.num_kv_blocks else "sized (profiling run on CUDA)",
+                how,
                 time.perf_counter() - t0,
                 num_blocks,
                 config.cache.block_size,
