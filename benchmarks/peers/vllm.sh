@@ -21,6 +21,7 @@ stop_vllm() {  # SIGINT to the session vLLM runs in, SIGKILL after 60 s
   [ -f "$peer/vllm.pid" ] || return 0
   local pid; pid=$(cat "$peer/vllm.pid")
   kill -0 "$pid" 2>/dev/null || return 0
+  grep -q vllm "/proc/$pid/cmdline" 2>/dev/null || return 0  # the pid was reused by something else
   kill -INT -- "-$pid" 2>/dev/null || kill -INT "$pid" 2>/dev/null || true
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 1; done
   kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
