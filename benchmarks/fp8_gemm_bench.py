@@ -7,6 +7,8 @@ reference of :mod:`surge.quant.fp8`, then times it inside a CUDA graph that runs
 * ``bf16 cuBLAS``: ``F.linear`` on the bf16 weight (the baseline);
 * ``fp8 quant+_scaled_mm``: per-token activation quantization (Triton) + ``torch._scaled_mm``
   with row-wise scales, per-channel weight scales (the engine's default for ``--quantization fp8``);
+* ``fp8 _scaled_mm fast-accum``: the same with ``use_fast_accum=True`` (Hopper's faster,
+  less precise FP8 accumulation; the engine does not use it unless this measures it worth it);
 * ``fp8 triton (channel)``: the weight-only Triton FP8 GEMM with per-channel scales (the
   candidate for decode shapes, ``TRITON_FASTER``);
 * ``fp8 triton (block)``: the same kernel with 128 x 128 block scales (FP8 checkpoints);
@@ -45,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from surge.kernels.fp8_gemm import fp8_linear
+from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import fp8_linear_reference, quantize_block, quantize_per_channel
 from surge.quant.fp8_linear import SKINNY_MAX_M, scaled_mm_linear
 
@@ -99,6 +102,12 @@ def block_scaled_mm(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch
     )
 
 
+def scaled_mm_fast_accum(x: torch.Tensor, w: torch.Tensor, scale_row: torch.Tensor) -> torch.Tensor:
+    """:func:`scaled_mm_linear` with ``use_fast_accum=True``."""
+    xq, xs = per_token_quant_fp8(x)
+    return torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=scale_row, out_dtype=x.dtype, use_fast_accum=True)
+
+
 def close(y: torch.Tensor, ref: torch.Tensor) -> bool:
     return torch.allclose(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
 
@@ -126,6 +135,11 @@ def bench_shape(
                 lambda i, x=x: scaled_mm_linear(x, chan[i][0], chan[i][1].view(1, -1), None),
                 ref_c,
             ),
+            (
+                "fp8 _scaled_mm fast-accum",
+                lambda i, x=x: scaled_mm_fast_accum(x, chan[i][0], chan[i][1].view(1, -1)),
+                ref_c,
+            ),
             ("fp8 triton (channel)", lambda i, x=x: fp8_linear(x, *chan[i]), ref_w),
             ("fp8 triton (block)", lambda i, x=x: fp8_linear(x, *blk[i], block_size=block), ref_b),
             ("fp8 F.scaled_mm block", lambda i, x=x: block_scaled_mm(x, *blk[i]), ref_b),
@@ -136,10 +150,10 @@ def bench_shape(
             try:
                 y = fn(0)
                 if ref is not None and not close(y, ref):
-                    print(f"  {label:24s} WRONG (max err {(y.float() - ref.float()).abs().max():.3g})")
+                    print(f"  {label:26s} WRONG (max err {(y.float() - ref.float()).abs().max():.3g})")
                     continue
                 if check:
-                    print(f"  {label:24s} ok")
+                    print(f"  {label:26s} ok")
                     continue
 
                 def run(fn: Callable[[int], torch.Tensor] = fn) -> None:
@@ -148,11 +162,11 @@ def bench_shape(
 
                 t = time_graph(run, reps) / copies
             except Exception as exc:  # noqa: BLE001 - report a path that does not run here
-                print(f"  {label:24s} unsupported: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                print(f"  {label:26s} unsupported: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
                 continue
             times[label] = t
             wbytes = n * k * (2 if label.startswith("bf16") else 1)
-            print(f"  {label:24s} {t * 1e6:8.1f} us {wbytes / t / 1e12:5.2f} TB/s (weight bytes)")
+            print(f"  {label:26s} {t * 1e6:8.1f} us {wbytes / t / 1e12:5.2f} TB/s (weight bytes)")
         result[m] = times
     return result
 
