@@ -74,10 +74,13 @@ def _norm_rope_heads(
 
 @triton.jit
 def _to_cache(x, inv_scale, FP8_MAX: tl.constexpr, FP8: tl.constexpr):
-    """``x`` as stored in the cache: scaled and clamped for FP8, unchanged otherwise."""
+    """``x`` in fp32 as stored in the cache: scaled and clamped for FP8, unchanged otherwise (the
+    fp32 round trip of a bf16/fp16/fp32 value is exact). One return type for both branches:
+    compiled Triton rejects a constexpr branch that returns another dtype."""
+    y = x.to(tl.float32)
     if FP8:
-        return tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -FP8_MAX), FP8_MAX)
-    return x
+        y = tl.minimum(tl.maximum(y * inv_scale, -FP8_MAX), FP8_MAX)
+    return y
 
 
 @triton.jit
