@@ -55,8 +55,11 @@ def test_per_token_quant_real_shapes(m: int, k: int) -> None:
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 4
     q, s = per_token_quant_fp8(x)
-    q_ref, s_ref = quantize_per_token(x)
-    assert torch.equal(s, s_ref)
+    _, s_ref = quantize_per_token(x)
+    # torch on CUDA divides by a scalar as a multiplication by its reciprocal (1 ulp off the
+    # kernel's IEEE division); the quantized values are compared on the kernel's own scales.
+    torch.testing.assert_close(s, s_ref, rtol=3e-7, atol=0.0)
+    q_ref = (x.float() / s).clamp(-448.0, 448.0).to(FP8_DTYPE)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
