@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build a wheel bundle of Surge and its pure-Python dependencies for an air-gapped GPU host that
+# Build a wheel bundle of Surge and its dependencies (pure Python, plus the manylinux wheels of
+# xgrammar and apache-tvm-ffi for structured outputs) for an air-gapped GPU host that
 # already has torch and Triton (and so is not given them). Run it on a machine with PyPI access.
 #
 #   scripts/build_wheelhouse.sh [DEST] [PYTHON_VERSION]      (defaults: .whl and 3.12)
@@ -20,6 +21,7 @@ pkgs=(
   "msgspec==0.21.1" "pyzmq==27.1.0" "fastapi==0.121.3" "starlette==0.50.0" "uvicorn==0.38.0"
   "pydantic==2.12.5" "pydantic-core==2.41.5" "annotated-types==0.7.0" "typing-inspection==0.4.2"
   "annotated-doc==0.0.4" "httptools==0.7.1"
+  "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"
 )
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
