@@ -49,6 +49,11 @@ from surge.sampling_params import SamplingParams
 logger = logging.getLogger("surge.engine.client")
 
 
+_EXIT_GRACE_S = 0.5
+"""Seconds between noticing the engine process's exit and failing its requests (see
+:meth:`EngineClient._on_process_exit`)."""
+
+
 class EngineStartError(RuntimeError):
     """The engine process failed to start (the message is one readable line)."""
 
@@ -334,14 +339,25 @@ class EngineClient:
                 return
 
     def _on_process_exit(self) -> None:
+        """The engine process ended: fail in-flight requests, after a short grace.
+
+        An engine that fails sends :class:`EngineFatalError` and then exits; the sentinel can fire
+        before the dispatch task has read that message. Waiting ``_EXIT_GRACE_S`` lets the
+        engine's own reason (first come wins in :meth:`_mark_dead`) reach the requests.
+        """
         if self._loop is not None and self._proc is not None:
             self._loop.remove_reader(self._proc.sentinel)
         code = None if self._proc is None else self._proc.exitcode
-        if not self._closing:
-            if code == 0:  # a clean stop (e.g. SIGTERM to the whole process group): not a crash
-                self._mark_dead("the engine process stopped (exit code 0)", logging.INFO)
-            else:
-                self._mark_dead(f"the engine process died (exit code {code})")
+        if self._closing:
+            return
+        if code == 0:  # a clean stop (e.g. SIGTERM to the whole process group): not a crash
+            reason, level = "the engine process stopped (exit code 0)", logging.INFO
+        else:
+            reason, level = f"the engine process died (exit code {code})", logging.ERROR
+        if self._loop is None:
+            self._mark_dead(reason, level)
+        else:
+            self._loop.call_later(_EXIT_GRACE_S, self._mark_dead, reason, level)
 
     def _mark_dead(self, reason: str, level: int = logging.ERROR) -> None:
         if self._dead_reason is not None:
