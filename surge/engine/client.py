@@ -342,22 +342,33 @@ class EngineClient:
         """The engine process ended: fail in-flight requests, after a short grace.
 
         An engine that fails sends :class:`EngineFatalError` and then exits; the sentinel can fire
-        before the dispatch task has read that message. Waiting ``_EXIT_GRACE_S`` lets the
-        engine's own reason (first come wins in :meth:`_mark_dead`) reach the requests.
+        before the dispatch task has read that message, and before the exit code can be read.
+        A normal stop (SIGTERM to the whole process group) reaches the engine and the server at
+        once, and the server's shutdown begins a moment later. Deciding ``_EXIT_GRACE_S`` later
+        lets the engine's own reason reach the requests first (first reason wins in
+        :meth:`_mark_dead`), and keeps a normal stop from being reported as a crash.
         """
         if self._loop is not None and self._proc is not None:
             self._loop.remove_reader(self._proc.sentinel)
-        code = None if self._proc is None else self._proc.exitcode
         if self._closing:
             return
-        if code == 0:  # a clean stop (e.g. SIGTERM to the whole process group): not a crash
-            reason, level = "the engine process stopped (exit code 0)", logging.INFO
-        else:
-            reason, level = f"the engine process died (exit code {code})", logging.ERROR
         if self._loop is None:
-            self._mark_dead(reason, level)
+            self._report_exit()
         else:
-            self._loop.call_later(_EXIT_GRACE_S, self._mark_dead, reason, level)
+            self._loop.call_later(_EXIT_GRACE_S, self._report_exit)
+
+    def _report_exit(self) -> None:
+        """Fail in-flight requests with the engine process's exit code (unless shutting down)."""
+        if self._closing or self._dead_reason is not None:
+            return
+        code = None
+        if self._proc is not None:
+            self._proc.join(timeout=0)  # reap it, so that the exit code is known
+            code = self._proc.exitcode
+        if code == 0:  # a clean stop (e.g. SIGTERM to the whole process group): not a crash
+            self._mark_dead("the engine process stopped (exit code 0)", logging.INFO)
+        else:
+            self._mark_dead(f"the engine process died (exit code {code})")
 
     def _mark_dead(self, reason: str, level: int = logging.ERROR) -> None:
         if self._dead_reason is not None:
