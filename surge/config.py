@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from surge.generation_defaults import load_sampling_defaults
 from surge.quant.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, Fp8Config, parse_fp8_config
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
@@ -43,6 +44,10 @@ class ModelConfig:
         head_dim, intermediate_size: model shapes.
         quantization: "fp8" (FP8 weights: a bf16 checkpoint quantized at load, or an FP8
             checkpoint, which sets it by itself) or None.
+        generation_config: "auto" (the folder's generation_config.json gives sampling
+            defaults) or "none".
+        sampling_defaults: the model's sampling defaults in force (field -> value), see
+            :mod:`surge.generation_defaults`.
     """
 
     model: str
@@ -61,6 +66,8 @@ class ModelConfig:
     head_dim: int
     intermediate_size: int
     quantization: str | None = None
+    generation_config: str = "auto"
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         _require(
@@ -114,11 +121,13 @@ class ModelConfig:
         seed: int = 0,
         max_model_len: int | None = None,
         quantization: str | None = None,
+        generation_config: str = "auto",
     ) -> ModelConfig:
         """Read a Hugging Face model folder (None = the bundled default model).
 
         ``quantization`` is "fp8" or None; a checkpoint whose ``quantization_config`` has
-        ``quant_method: "fp8"`` is FP8 whatever it says.
+        ``quant_method: "fp8"`` is FP8 whatever it says. With ``generation_config="auto"`` its ``generation_config.json`` gives the sampling
+        defaults; "none" ignores them.
 
         Raises:
             ValueError: the folder, its config.json or a field is missing or unsupported
@@ -171,6 +180,8 @@ class ModelConfig:
             max_model_len=max_model_len,
             hf_config=hf,
             eos_token_ids=_read_eos_ids(path, hf),
+            generation_config=generation_config,
+            sampling_defaults=load_sampling_defaults(path, generation_config),
             **values,
         )
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import msgspec
+
+from surge.generation_defaults import MODEL_DEFAULT_FIELDS
 
 GREEDY_EPS = 1e-5
 """Temperatures below this are greedy (argmax)."""
@@ -16,6 +19,14 @@ MAX_REPETITION_PENALTY = 100.0
 """Largest accepted repetition penalty."""
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
+_NEUTRAL: dict[str, float | int] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+}
+"""Values of the model-default fields when neither the caller nor the model sets them."""
 
 
 class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,13 +117,22 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         min_tokens: EOS and stop token ids are suppressed until this many tokens exist.
         ignore_eos: keep generating after the EOS token.
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+            ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` may be
+            left out (None): they then take the neutral value (1, 1, 0, 0, 1) at once and are
+            listed in ``model_default_fields``, so that the engine can replace them with the
+            model's ``generation_config.json`` defaults (:meth:`with_model_defaults`). A value
+            passed explicitly always wins. After construction they are never None.
         top_p: nucleus sampling mass in (0, 1]; 1 disables it.
         top_k: keep the k most likely tokens; 0 or -1 disables it.
         min_p: drop tokens whose probability is below ``min_p`` times the top probability.
         seed: per-request seed; the same seed gives the same tokens whatever the batch.
         stop_token_ids: token ids that end the request (the token is kept in the output ids).
         stop: strings that end the request; matched by the detokenizer, excluded from text.
+        include_stop_str_in_output: keep the matched stop string (and the text of a final
+            EOS or stop token) in the text.
         skip_special_tokens: leave special tokens out of the text.
+        spaces_between_special_tokens: passed to the tokenizer's ``decode`` (slow tokenizers
+            put spaces around kept special tokens; fast ones never do).
         presence_penalty, frequency_penalty: OpenAI penalties on generated tokens (-2..2).
         repetition_penalty: multiplicative penalty on prompt and generated tokens (> 0; 1 = off).
         logprobs: None, or return each generated token's log-probability and the ``logprobs``
@@ -122,6 +142,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
         structured_outputs: a grammar the output must follow (JSON schema, regex, choice,
             EBNF or any JSON object), or None.
+        model_default_fields: the model-default fields the caller left out (set on construction).
 
     Raises:
         ValueError: on construction, naming the field that is out of range. Integers are
@@ -133,22 +154,31 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int = 16
     min_tokens: int = 0
     ignore_eos: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    model_default_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        left_out = [name for name in MODEL_DEFAULT_FIELDS if getattr(self, name) is None]
+        if left_out:
+            for name in left_out:
+                msgspec.structs.force_setattr(self, name, _NEUTRAL[name])
+            merged = tuple(n for n in MODEL_DEFAULT_FIELDS if n in left_out or n in self.model_default_fields)
+            msgspec.structs.force_setattr(self, "model_default_fields", merged)
         if isinstance(self.stop, str):
             msgspec.structs.force_setattr(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
@@ -220,6 +250,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             if not ok:
                 raise ValueError(message)
 
+    def with_model_defaults(self, defaults: Mapping[str, float | int]) -> SamplingParams:
+        """These params with the model's defaults in the fields the caller left out.
+
+        Args:
+            defaults: field -> value, checked already (``load_sampling_defaults``).
+        """
+        if not self.model_default_fields:
+            return self
+        updates = {k: defaults[k] for k in self.model_default_fields if k in defaults}
+        return msgspec.structs.replace(self, model_default_fields=(), **updates)
+
     @property
     def greedy(self) -> bool:
         """True when the request is decoded by argmax (temperature 0)."""
@@ -249,3 +290,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         output). Asynchronous scheduling applies such a request's step before scheduling
         the next one."""
         return self.structured_outputs is not None or self.needs_token_history
+
+
+def stop_reason_of(stop_token_id: int | None, stop_token_ids: tuple[int, ...]) -> int | None:
+    """vLLM's ``stop_reason`` for the token that ended a request: its id for a
+    ``stop_token_ids`` hit, None for the model's own EOS (or when no token ended it)."""
+    return stop_token_id if stop_token_id is not None and stop_token_id in stop_token_ids else None

@@ -19,7 +19,15 @@ _INITIAL_PREFIX_TOKENS = 5
 _TRIM_TOKENS = 1024
 """Drop decoded ids from the detokenizer's buffer once this many lie before the window."""
 _RESERVED_TEMPLATE_KWARGS = frozenset(
-    {"conversation", "tokenize", "chat_template", "add_generation_prompt", "return_dict", "tools"}
+    {
+        "conversation",
+        "tokenize",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "tools",
+    }
 )
 
 FALLBACK_CHAT_TEMPLATE_DOC = (
@@ -127,13 +135,15 @@ def apply_chat_template(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     check_text: Callable[[str], None] | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    continue_final_message: bool = False,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
     The template (``chat_template`` if given, else the tokenizer's) is rendered to text
-    and encoded without adding special tokens (the template writes its own, as vLLM does).
-    A tokenizer without a template uses the fallback described by
-    ``FALLBACK_CHAT_TEMPLATE_DOC``.
+    and encoded without adding special tokens (the template writes its own, as vLLM does)
+    unless ``add_special_tokens``. A tokenizer without a template uses the fallback
+    described by ``FALLBACK_CHAT_TEMPLATE_DOC``.
 
     Args:
         tokenizer: the tokenizer.
@@ -144,6 +154,10 @@ def apply_chat_template(
         check_text: called with the rendered text before it is tokenized (may raise).
         tools: OpenAI function definitions the template renders (``tools`` of Qwen3's and
             Llama 3's templates).
+        continue_final_message: leave the last message open (no end-of-turn after it), so the
+            model continues it (transformers' ``continue_final_message``).
+        add_special_tokens: also add the tokenizer's special tokens (e.g. BOS) when encoding
+            the rendered text.
 
     Returns:
         The prompt token ids.
@@ -159,12 +173,16 @@ def apply_chat_template(
     if bad:
         raise ValueError(f"chat_template_kwargs must not set {', '.join(bad)}")
     template = chat_template if chat_template is not None else tokenizer.chat_template
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     if not template:
         lines = [f"{m['role']}: {m['content']}\n" for m in msgs]
         if tools:
             import json
 
             lines.insert(0, f"tools: {json.dumps(list(tools), ensure_ascii=False)}\n")
+        if continue_final_message:
+            lines[-1] = lines[-1][:-1]
         if add_generation_prompt:
             lines.append("assistant:")
         text = "".join(lines)
@@ -176,6 +194,7 @@ def apply_chat_template(
             msgs,
             chat_template=template,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             tokenize=False,
             tools=list(tools) if tools else None,
             **kwargs,
@@ -186,7 +205,7 @@ def apply_chat_template(
         raise ValueError("chat template did not render to a string")
     if check_text is not None:
         check_text(text)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 class IncrementalDetokenizer:
@@ -216,6 +235,11 @@ class IncrementalDetokenizer:
         skip_special_tokens: leave special tokens out of the text.
         stop: stop strings (non-empty).
         min_tokens: stop strings are not matched before this many output tokens exist.
+        include_stop_str_in_output: keep a matched stop string, and the text of the EOS or stop
+            token that ended the request, in the text (vLLM's flag).
+        spaces_between_special_tokens: passed to ``tokenizer.decode``: slow (Python)
+            tokenizers put a space around kept special tokens when True; fast tokenizers never
+            add one, so for them both values give the same text (as in vLLM).
     """
 
     def __init__(
@@ -226,9 +250,16 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop: tuple[str, ...] = (),
         min_tokens: int = 0,
+        include_stop_str_in_output: bool = False,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        self._include_stop = include_stop_str_in_output
+        self._decode_kwargs = {
+            "skip_special_tokens": skip_special_tokens,
+            "spaces_between_special_tokens": spaces_between_special_tokens,
+        }
         self._stop = tuple(s for s in stop if s)
         self._automaton = StopAutomaton.build(self._stop) if self._stop else None
         self._state = 0  # automaton state: its depth is the length of ``_pending``
@@ -255,7 +286,7 @@ class IncrementalDetokenizer:
         return len(self._pending)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+        return self._tokenizer.decode(ids, **self._decode_kwargs)
 
     def _decode_new(self, final: bool) -> str:
         """New complete text since ``read_offset`` ('' while a character is incomplete)."""
@@ -292,7 +323,8 @@ class IncrementalDetokenizer:
             self._finished = True
             self.stop_matched = match.stop
             self._pending = ""
-            out = buf[: len(buf) - len(delta) + match.start]
+            match_at = len(buf) - len(delta) + match.start
+            out = buf[: match_at + len(match.stop)] if self._include_stop else buf[:match_at]
         else:
             hold = automaton.held_back(self._state)
             out = buf[: len(buf) - hold]
@@ -307,14 +339,15 @@ class IncrementalDetokenizer:
         Args:
             new_token_ids: tokens generated since the previous call.
             stop_token_id: the EOS / stop token that ended the request, if any; when it is
-                the last of ``new_token_ids`` it is left out of the text.
+                the last of ``new_token_ids`` it is left out of the text (unless
+                ``include_stop_str_in_output``).
 
         Returns:
             The new text ('' when everything new is held back).
         """
         ids = list(new_token_ids)
         self.num_output_tokens += len(ids)
-        if stop_token_id is not None and ids and ids[-1] == stop_token_id:
+        if stop_token_id is not None and ids and ids[-1] == stop_token_id and not self._include_stop:
             ids.pop()
         if self._finished or not ids:
             return ""

@@ -16,9 +16,24 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 = greedy (default: the model's generation_config.json value, else greedy)",
+    )
+    p.add_argument("--top-p", type=float, default=None, help="default: the model's, else 1")
+    p.add_argument("--top-k", type=int, default=None, help="default: the model's, else 0 (off)")
+    p.add_argument("--min-p", type=float, default=None, help="default: the model's, else 0 (off)")
+    p.add_argument(
+        "--repetition-penalty", type=float, default=None, help="default: the model's, else 1 (off)"
+    )
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        choices=["auto", "none"],
+        help="auto: sampling defaults from the model's generation_config.json (default); none: ignore them",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -47,14 +62,6 @@ def run_generate(args: argparse.Namespace) -> int:
     from surge.engine.llm import LLM
     from surge.sampling_params import SamplingParams
 
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
-    )
     llm = LLM(
         args.model,
         dtype=args.dtype,
@@ -63,6 +70,20 @@ def run_generate(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        generation_config=args.generation_config,
+    )
+    temperature = args.temperature
+    if temperature is None and "temperature" not in llm.sampling_defaults:
+        temperature = 0.0  # this command is greedy unless the model or the flag says otherwise
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
     )
     with llm:
         if args.chat:

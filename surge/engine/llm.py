@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,11 +13,13 @@ import msgspec
 from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
-from surge.sampling_params import SamplingParams
+from surge.generation_defaults import describe_sampling_defaults
+from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.token_strings import TokenStrings
 from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, load_tokenizer
 
 PromptType = str | list[int]
+logger = logging.getLogger("surge.llm")
 
 
 @dataclass(slots=True)
@@ -25,6 +28,7 @@ class _Child:
     index: int
     detokenizer: IncrementalDetokenizer
     token_ids: list[int]
+    stop_token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[PositionLogprobs] | None = None
@@ -54,6 +58,9 @@ class LLM:
         kv_cache_dtype: "auto" (the model dtype) or "fp8".
         fp8_emulation: tests only: run FP8 on CPU by emulation (quantize, then compute on the
             dequantized values); FP8 on CPU is refused without it.
+        generation_config: "auto": the model's generation_config.json sampling defaults
+            (temperature, top_p, top_k, min_p, repetition_penalty) apply to the fields a
+            ``SamplingParams`` leaves out; "none": they do not.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -80,6 +87,7 @@ class LLM:
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         fp8_emulation: bool = False,
+        generation_config: str = "auto",
     ) -> None:
         config = build_engine_config(
             None if model is None else str(model),
@@ -100,7 +108,9 @@ class LLM:
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
             fp8_emulation=fp8_emulation,
+            generation_config=generation_config,
         )
+        logger.info(describe_sampling_defaults(config.model.sampling_defaults, generation_config))
         self.tokenizer = load_tokenizer(config.model.model)
         self.token_strings = TokenStrings(self.tokenizer)
         self.engine = LLMEngine(config)
@@ -115,6 +125,11 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The model's sampling defaults in force (field -> value; empty with "none")."""
+        return dict(self.engine.config.model.sampling_defaults)
 
     def generate(
         self,
@@ -173,9 +188,16 @@ class LLM:
                     skip_special_tokens=child_params.skip_special_tokens,
                     stop=child_params.stop,
                     min_tokens=child_params.min_tokens,
+                    include_stop_str_in_output=child_params.include_stop_str_in_output,
+                    spaces_between_special_tokens=child_params.spaces_between_special_tokens,
                 )
                 children[child_id] = _Child(
-                    i, index, detok, [], logprobs=[] if child_params.logprobs is not None else None
+                    i,
+                    index,
+                    detok,
+                    [],
+                    stop_token_ids=child_params.stop_token_ids,
+                    logprobs=[] if child_params.logprobs is not None else None,
                 )
         self._run(children, results)
         for child in children.values():
@@ -249,7 +271,7 @@ class LLM:
                     child.stop_reason = child.detokenizer.stop_matched
                 elif out.finish_reason is not None:
                     child.finish_reason = out.finish_reason
-                    child.stop_reason = out.stop_token_id
+                    child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_token_ids)
                 if child.finish_reason is not None:
                     child.detokenizer.flush()
                     pending.discard(out.request_id)

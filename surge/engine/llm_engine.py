@@ -77,6 +77,7 @@ def build_engine_config(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     fp8_emulation: bool = False,
+    generation_config: str = "auto",
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -87,6 +88,8 @@ def build_engine_config(
 
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
+    ``generation_config`` is "auto" (the model's generation_config.json sampling defaults
+    apply to what a request leaves out) or "none".
 
     Raises:
         ValueError: a bad model folder or an out-of-range value (the message names it).
@@ -98,6 +101,7 @@ def build_engine_config(
         seed=seed,
         max_model_len=max_model_len,
         quantization=quantization,
+        generation_config=generation_config,
     )
     parallel = ParallelConfig(
         tensor_parallel_size=tensor_parallel_size,
@@ -244,6 +248,9 @@ class LLMEngine:
     ) -> None:
         """Queue one single-sequence request (use :func:`split_n` for ``n > 1``).
 
+        Sampling fields the caller left out take the model's defaults
+        (``config.model.sampling_defaults``, from generation_config.json).
+
         Raises:
             ValueError: ``n != 1``, a token id outside the vocabulary, a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
@@ -254,6 +261,7 @@ class LLMEngine:
         vocab = self.config.model.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        sampling_params = sampling_params.with_model_defaults(self.config.model.sampling_defaults)
         request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
         if sampling_params.structured_outputs is None:
             self.scheduler.add_request(request)

@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,7 +37,10 @@ import surge
 from surge.config import EngineConfig
 from surge.engine.client import EngineDeadError, EngineStartError
 from surge.engine.core_proc import EngineFactory
+from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
+from surge.server.cors import CorsOptions
+from surge.server.drain import DrainMiddleware, ShutdownError
 from surge.server.errors import ApiError, bad_request, error_body, error_response
 from surge.server.fast_json import FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
@@ -44,6 +48,7 @@ from surge.server.http_protocol import guarded_h11_protocol
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from surge.server.request_id import RequestIdMiddleware
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, render_chat
 from surge.server.serving_completion import create_completion
@@ -61,6 +66,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid":
         return f"Invalid JSON body: {first.get('msg', '')}", None
+    if first.get("type") == "extra_forbidden" and loc:
+        where = ".".join(loc)
+        return (
+            f"Unknown field '{where}': Surge does not know it, and refuses it rather than ignore it "
+            "(docs/openai-api.md lists the fields of each endpoint)",
+            where,
+        )
     where = ".".join(loc)
     msg = f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg", "invalid body"))
     if len(errors) > 1:
@@ -84,13 +96,16 @@ def log_rejection(request: Request, status: int, message: str, param: str | None
     )
 
 
-def build_app(state: ServerState, *, log_interval: float = 10.0, web_ui: bool = True) -> FastAPI:
+def build_app(
+    state: ServerState, *, log_interval: float = 10.0, web_ui: bool = True, cors: CorsOptions | None = None
+) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
     Args:
         state: engine client, tokenizer, metrics and server settings.
         log_interval: seconds between periodic stats log lines (when there is activity).
         web_ui: serve the playground (``/``) and the dashboard (``/dashboard``), see ``surge.web``.
+        cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
     """
 
     @asynccontextmanager
@@ -105,15 +120,28 @@ def build_app(state: ServerState, *, log_interval: float = 10.0, web_ui: bool = 
 
     app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan)
     app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
+    # Added innermost first: the drain gate (503), the API key and body limits (RequestGuard),
+    # CORS (a browser's preflight carries no key), then the request id, which every response echoes.
+    app.add_middleware(DrainMiddleware, in_flight=state.in_flight)
     app.add_middleware(
         RequestGuard,
         config=GuardConfig(
-            api_key=state.api_key,
+            api_keys=state.api_keys,
             metrics_require_key=state.metrics_require_key,
             max_body_bytes=state.max_request_body_bytes,
             body_read_timeout=state.body_read_timeout,
         ),
     )
+    if cors is not None:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors.allowed_origins),
+            allow_methods=list(cors.allowed_methods),
+            allow_headers=list(cors.allowed_headers),
+            allow_credentials=cors.allow_credentials,
+            expose_headers=["X-Request-Id"],
+        )
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -176,6 +204,8 @@ def build_app(state: ServerState, *, log_interval: float = 10.0, web_ui: bool = 
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
+        if state.in_flight.draining:
+            return JSONResponse(error_body(503, "The server is shutting down."), status_code=503)
         if not state.client.is_ready:
             reason = state.client.dead_reason or "the engine is not ready"
             return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
@@ -211,14 +241,21 @@ def build_app(state: ServerState, *, log_interval: float = 10.0, web_ui: bool = 
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
             ids = await render_chat(
-                state, body.messages, body.add_generation_prompt, body.chat_template_kwargs, bound=False
+                state,
+                body.messages,
+                body.add_generation_prompt,
+                body.chat_template_kwargs,
+                bound=False,
+                chat_template=body.chat_template,
+                continue_final_message=body.continue_final_message,
+                add_special_tokens=bool(body.add_special_tokens),
             )
         else:
             assert body.prompt is not None
             # no context bound here: /tokenize counts texts of any length (clients use it to
             # find the ones that fit); the body limit bounds the work, done off the event loop
             ids = await state.tokenizer_worker.encode(
-                body.prompt, add_special_tokens=body.add_special_tokens, param=None
+                body.prompt, add_special_tokens=body.add_special_tokens is not False, param=None
             )
         # encoded by msgspec: FastAPI's encoder would walk a long token list on the event loop
         return _json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
@@ -257,7 +294,7 @@ class ServeOptions:
     Attributes:
         host, port: where to listen (port 0 picks a free port).
         served_model_names: names accepted in ``model``; default the model folder path.
-        api_key: bearer token required on /v1 routes, or None.
+        api_keys: bearer tokens accepted on /v1 routes; empty = no key needed.
         stream_interval: tokens per SSE event after the first (>= 1).
         chat_template: a Jinja template overriding the tokenizer's, or None.
         tool_call_parser: ``hermes`` or ``llama3_json`` (tool calls of chat completions), or None.
@@ -277,12 +314,15 @@ class ServeOptions:
         max_stop_strings: most ``stop`` strings per request.
         max_stop_string_length: longest ``stop`` string (characters).
         web_ui: serve the playground and the dashboard (``--disable-web-ui`` turns them off).
+        cors: CORS settings, or None (no CORS headers; the default).
+        shutdown_timeout: seconds requests in flight may run on after SIGTERM / SIGINT.
+        log_requests: log one line when each request starts and one when it ends.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_names: tuple[str, ...] = ()
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     stream_interval: int = 1
     chat_template: str | None = None
     tool_call_parser: str | None = None
@@ -300,6 +340,9 @@ class ServeOptions:
     max_stop_strings: int = 64
     max_stop_string_length: int = 256
     web_ui: bool = True
+    cors: CorsOptions | None = None
+    shutdown_timeout: float = 30.0
+    log_requests: bool = True
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -384,7 +427,7 @@ async def run_server(
         chat_template=options.chat_template,
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
-        api_key=options.api_key,
+        api_keys=options.api_keys,
         created=int(time.time()),
         metrics_require_key=options.metrics_require_key,
         max_request_body_bytes=options.max_request_body_bytes,
@@ -393,6 +436,7 @@ async def run_server(
         sse_queued_interval=options.sse_queued_interval,
         max_stop_strings=options.max_stop_strings,
         max_stop_string_length=options.max_stop_string_length,
+        log_requests=options.log_requests,
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
@@ -410,12 +454,13 @@ async def run_server(
         info.block_size,
         info.num_kv_blocks * info.block_size,
     )
-    app = build_app(state, log_interval=options.log_interval, web_ui=options.web_ui)
+    logger.info(describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config))
+    app = build_app(state, log_interval=options.log_interval, web_ui=options.web_ui, cors=options.cors)
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             host=host,
@@ -428,8 +473,30 @@ async def run_server(
             http=guarded_h11_protocol(options.header_read_timeout, options.max_connections),
         )
     )
-    # uvicorn re-raises the signal that stopped it; make that a no-op so shutdown stays clean.
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    drain_task: asyncio.Task[int] | None = None
+
+    async def drain_then_exit() -> int:
+        try:
+            return await state.in_flight.drain(options.shutdown_timeout)
+        finally:
+            server.should_exit = True
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal drain_task
+        if drain_task is None:
+            logger.info("received %s: draining (--shutdown-timeout %gs)", sig.name, options.shutdown_timeout)
+            drain_task = asyncio.ensure_future(drain_then_exit())
+            return
+        logger.warning("received %s again: ending every request now", sig.name)
+        state.in_flight.draining = True
+        state.in_flight.fail_all(ShutdownError())
+        drain_task.cancel()
+        # Not force_exit: uvicorn then skips the lifespan shutdown and its task is cancelled
+        # with a traceback; the ended streams close within a moment anyway.
+        server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
     logger.info("Surge %s serving on http://%s:%d (OpenAI API under /v1)", surge.__version__, url_host, port)
     if options.web_ui:
         logger.info(
@@ -438,8 +505,19 @@ async def run_server(
     try:
         await server.serve(sockets=[sock])
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if drain_task is not None and not drain_task.done():
+            drain_task.cancel()
         await client.shutdown()
-        for sig, handler in previous.items():
-            with contextlib.suppress(Exception):
-                signal.signal(sig, handler)
+    logger.info("shut down")
     return 0
+
+
+class _Server(uvicorn.Server):
+    """Uvicorn without its own signal handling: :func:`run_server` drains on SIGINT / SIGTERM
+    (see :mod:`surge.server.drain`) and then sets ``should_exit``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

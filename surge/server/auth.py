@@ -1,16 +1,21 @@
-"""API-key checks: which routes need the key, and the one function that checks a request's key.
+"""API keys: which keys the server accepts, which routes need one, and how a request shows it.
 
-With ``--api-key`` every route needs ``Authorization: Bearer KEY`` except the open ones:
-``/health`` (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``),
-the API documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages
-(``/``, ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The check runs in
+With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KEY`` environment
+variable) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health``
+(load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
+documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
+``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The scheme
+name is case-insensitive and one or more spaces or tabs may follow it (RFC 7235). The check runs in
 :class:`surge.server.guard.RequestGuard` before the body is read, so a client without the key
-gets a 401 whatever it sends.
+gets a 401 whatever it sends. Keys are compared in constant time and never appear in a log
+line or an error body.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
+from collections.abc import Sequence
 
 from surge.web.ui import is_web_ui_path
 
@@ -19,23 +24,66 @@ OPEN_PATHS: frozenset[str] = frozenset(
 )
 """Routes served without the API key (``/metrics`` only without ``--metrics-require-key``)."""
 
+_BEARER = re.compile(rb"^[ \t]*bearer[ \t]+([^ \t]+)[ \t]*$", re.IGNORECASE)
 
-def validate_api_key(key: str) -> None:
-    """Check an ``--api-key`` value at start-up.
+
+def validate_api_key(key: str, source: str = "--api-key") -> None:
+    """Check an API key at start-up.
 
     HTTP header values are bytes that clients send as ASCII, so a key outside printable ASCII
     could never be presented; it is refused instead of locking every client out.
 
+    Args:
+        key: the key.
+        source: where it came from (``--api-key`` or ``SURGE_API_KEY``), for the message.
+
     Raises:
-        ValueError: the key is empty or has a character outside printable ASCII (one line).
+        ValueError: the key is empty or has a character outside printable ASCII (one line that
+            never contains the key).
     """
     if not key:
-        raise ValueError("--api-key must not be empty")
+        raise ValueError(f"{source}: an API key must not be empty")
     bad = [c for c in key if not " " < c <= "~"]
     if bad:
         raise ValueError(
-            f"--api-key must be printable ASCII without spaces (found {bad[0]!r}); clients send it in an HTTP header"
+            f"{source}: an API key must be printable ASCII without spaces (found {bad[0]!r}); "
+            "clients send it in an HTTP header"
         )
+
+
+def parse_api_keys(flag_values: Sequence[str] | None, env_value: str | None) -> tuple[str, ...]:
+    """The keys of ``--api-key`` (repeatable, each a comma-separated list), else of the
+    ``SURGE_API_KEY`` environment variable's value (also a comma list); empty = no auth.
+
+    Args:
+        flag_values: the ``--api-key`` values, or None when the flag was not given.
+        env_value: the value of ``SURGE_API_KEY``, or None when it is not set.
+
+    Raises:
+        ValueError: an empty key or one with a character outside printable ASCII
+            (:func:`validate_api_key`): a server locked to an empty key is a mistake.
+    """
+    if flag_values is not None:
+        source, values = "--api-key", list(flag_values)
+    elif env_value is not None:
+        source, values = "SURGE_API_KEY", [env_value]
+    else:
+        return ()
+    keys: list[str] = []
+    for value in values:
+        for key in value.split(","):
+            validate_api_key(key, source)
+            if key not in keys:
+                keys.append(key)
+    return tuple(keys)
+
+
+def bearer_token(authorization: bytes | None) -> bytes | None:
+    """The token of an ``Authorization: Bearer <token>`` header value (raw bytes), or None."""
+    if not authorization:
+        return None
+    m = _BEARER.match(authorization)
+    return m.group(1) if m else None
 
 
 def needs_key(path: str, *, metrics_require_key: bool) -> bool:
@@ -45,11 +93,13 @@ def needs_key(path: str, *, metrics_require_key: bool) -> bool:
     return path not in OPEN_PATHS and not is_web_ui_path(path)
 
 
-def is_authorized(authorization: bytes | None, api_key: str) -> bool:
-    """Whether an ``Authorization`` header value (raw bytes) carries ``Bearer <api_key>``.
-
-    Compared in constant time on bytes, so any header bytes are safe to pass.
-    """
-    if authorization is None:
+def is_authorized(authorization: bytes | None, api_keys: Sequence[str]) -> bool:
+    """Whether an ``Authorization`` header value (raw bytes) carries ``Bearer <key>`` for one of
+    ``api_keys``. Each key is compared in constant time on bytes, so any header bytes are safe."""
+    token = bearer_token(authorization)
+    if token is None:
         return False
-    return hmac.compare_digest(authorization, b"Bearer " + api_key.encode("ascii"))
+    ok = False
+    for key in api_keys:
+        ok |= hmac.compare_digest(token, key.encode("ascii"))
+    return ok

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
+
+from surge.server.auth import parse_api_keys
+from surge.server.cors import CorsOptions
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -30,9 +35,11 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--api-key",
+        action="append",
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics "
-        "and the API docs (printable ASCII)",
+        "and the API docs (printable ASCII); repeat the flag or give a comma list for several keys "
+        "(default: the SURGE_API_KEY environment variable, else no key)",
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
     p.add_argument(
@@ -81,6 +88,36 @@ def add_serve_parser(subparsers: Any) -> None:
         type=int,
         default=256,
         help="longest stop string in characters (default 256)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        help="enable CORS for these origins ('*' = any; a JSON list or comma list also works); "
+        "default: no CORS headers",
+    )
+    p.add_argument("--allowed-methods", nargs="+", default=None, help="CORS: allowed methods (default '*')")
+    p.add_argument(
+        "--allowed-headers", nargs="+", default=None, help="CORS: allowed request headers (default '*')"
+    )
+    p.add_argument(
+        "--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, Authorization)"
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds requests in flight may run on before they are ended (default 30)",
+    )
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        choices=["auto", "none"],
+        help="auto: sampling defaults from the model's generation_config.json apply to fields a "
+        "request leaves out (default); none: ignore them",
+    )
+    p.add_argument(
+        "--disable-log-requests", action="store_true", help="no log line per request start and end"
     )
     p.add_argument(
         "--stream-interval",
@@ -192,6 +229,45 @@ def default_max_connections() -> int:
     return max(1, min(4096, soft - 128))
 
 
+def _list_flag(values: list[str] | None, flag: str) -> tuple[str, ...] | None:
+    """Values of a list flag: several words, comma lists, or one JSON list (vLLM's form)."""
+    if values is None:
+        return None
+    out: list[str] = []
+    for value in values:
+        if value.lstrip().startswith("["):
+            try:
+                items = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{flag}: {value!r} is not a JSON list: {e.msg}") from e
+            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+                raise ValueError(f"{flag}: {value!r} is not a JSON list of strings")
+            out.extend(items)
+        else:
+            out.extend(x.strip() for x in value.split(",") if x.strip())
+    if not out:
+        raise ValueError(f"{flag} needs at least one value")
+    return tuple(out)
+
+
+def cors_options(args: argparse.Namespace) -> CorsOptions | None:
+    """The CORS settings of the flags; None (CORS off) unless ``--allowed-origins`` is given.
+
+    Raises:
+        ValueError: a CORS flag without ``--allowed-origins``, or a malformed list.
+    """
+    origins = _list_flag(args.allowed_origins, "--allowed-origins")
+    methods = _list_flag(args.allowed_methods, "--allowed-methods")
+    headers = _list_flag(args.allowed_headers, "--allowed-headers")
+    if origins is None:
+        if methods is not None or headers is not None or args.allow_credentials:
+            raise ValueError(
+                "--allowed-methods, --allowed-headers and --allow-credentials need --allowed-origins"
+            )
+        return None
+    return CorsOptions(origins, methods or ("*",), headers or ("*",), args.allow_credentials)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
 
@@ -213,10 +289,10 @@ def run_serve(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if not 0 < value < float("inf"):
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}")
-    if args.api_key is not None:
-        from surge.server.auth import validate_api_key
-
-        validate_api_key(args.api_key)
+    if not args.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be non-negative, got {args.shutdown_timeout}")
+    api_keys = parse_api_keys(args.api_key, os.environ.get("SURGE_API_KEY"))
+    cors = cors_options(args)
     from surge.cli import check_model_dir
 
     check_model_dir(args.model, args.load_format)  # before torch is imported: a wrong path fails at once
@@ -245,6 +321,7 @@ def run_serve(args: argparse.Namespace) -> int:
         **parallel_kwargs(args),
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        generation_config=args.generation_config,
     )
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node
@@ -255,7 +332,7 @@ def run_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         served_model_names=tuple(args.served_model_name or ()),
-        api_key=args.api_key,
+        api_keys=api_keys,
         stream_interval=args.stream_interval,
         chat_template=_read_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser,
@@ -273,6 +350,9 @@ def run_serve(args: argparse.Namespace) -> int:
         max_stop_strings=args.max_stop_strings,
         max_stop_string_length=args.max_stop_string_length,
         web_ui=not args.disable_web_ui,
+        cors=cors,
+        shutdown_timeout=args.shutdown_timeout,
+        log_requests=not args.disable_log_requests,
     )
     sock = bind_socket(args.host, args.port)
     try:

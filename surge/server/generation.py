@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -34,7 +34,7 @@ from surge.core.logprobs import LogprobsLists
 from surge.core.outputs import EngineOutput
 from surge.engine.client import EngineClient, EngineDeadError, QueueItem
 from surge.engine.llm_engine import split_n
-from surge.sampling_params import SamplingParams
+from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.server.errors import ApiError
 from surge.server.logprobs import LogprobTracker
 from surge.server.metrics import ServerMetrics
@@ -52,6 +52,7 @@ class ChoiceState:
     request_id: str
     prompt_index: int
     detokenizer: IncrementalDetokenizer
+    stop_token_ids: tuple[int, ...] = ()
     num_tokens: int = 0
     unsent_tokens: int = 0
     pending: str = ""
@@ -104,6 +105,8 @@ class Generation:
         arrival_time: ``time.monotonic()`` when the HTTP request arrived.
         first_needs_text: hold a choice's first delta until it has text (chat: no role-only
             leading chunk).
+        on_close: called once, by the first :meth:`abort` (which every handler calls when
+            it is done with the generation, finished or not).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class Generation:
         stream_interval: int,
         arrival_time: float,
         first_needs_text: bool = False,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self._client = client
         self._first_needs_text = first_needs_text
@@ -121,10 +125,11 @@ class Generation:
         self._metrics = metrics
         self._interval = max(1, stream_interval)
         self._arrival = arrival_time
-        self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
+        self._queue: asyncio.Queue[QueueItem | tuple[int, ApiError]] = asyncio.Queue()
         self.choices: list[ChoiceState] = []
         self.prompts: list[PromptInfo] = []
         self._num_unfinished = 0
+        self._on_close = on_close
 
     @property
     def prompt_tokens(self) -> int:
@@ -165,8 +170,17 @@ class Generation:
                 skip_special_tokens=child_params.skip_special_tokens,
                 stop=child_params.stop,
                 min_tokens=child_params.min_tokens,
+                include_stop_str_in_output=child_params.include_stop_str_in_output,
+                spaces_between_special_tokens=child_params.spaces_between_special_tokens,
             )
-            choice = ChoiceState(index, child_id, prompt_index, detok, score_only=score_only)
+            choice = ChoiceState(
+                index,
+                child_id,
+                prompt_index,
+                detok,
+                score_only=score_only,
+                stop_token_ids=child_params.stop_token_ids,
+            )
             if child_params.logprobs is not None and not score_only:
                 choice.logprobs = LogprobTracker()
             self.choices.append(choice)
@@ -196,6 +210,16 @@ class Generation:
                     if count_as_finished:
                         self._metrics.request_finished("abort", time.monotonic() - self._arrival)
             self._num_unfinished = 0
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
+
+    def fail(self, error: ApiError) -> None:
+        """End the generation with ``error``: :meth:`deltas` raises it (e.g. at shutdown)."""
+        for c in self.choices:
+            if c.finish_reason is None:
+                self._queue.put_nowait((c.index, error))
+                return
 
     async def deltas(self) -> AsyncIterator[list[ChoiceDelta]]:
         """Yield lists of deltas until every choice has finished.
@@ -222,6 +246,9 @@ class Generation:
                     delta = self._on_output(choice, item, now)
                     if delta is not None:
                         out.append(delta)
+                elif isinstance(item, ApiError):  # fail(): the server ends the request
+                    self.abort()
+                    raise item
                 elif isinstance(item, EngineDeadError):
                     self.abort(count_as_finished=False)
                     raise ApiError(503, f"The engine is not available: {item}")
@@ -264,7 +291,8 @@ class Generation:
             self._client.abort_requests([choice.request_id])
             choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
         elif out.finish_reason is not None:
-            choice.finish_reason, choice.stop_reason = out.finish_reason, out.stop_token_id
+            choice.finish_reason = out.finish_reason
+            choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_token_ids)
         if choice.finish_reason is not None:
             rest = detok.flush()
             choice.pending += rest

@@ -80,13 +80,13 @@ class GuardConfig:
     """Limits applied by :class:`RequestGuard`.
 
     Attributes:
-        api_key: the required bearer token, or None (no check).
+        api_keys: the accepted bearer tokens; empty = no check.
         metrics_require_key: ``/metrics`` needs the key too.
         max_body_bytes: largest request body, in bytes.
         body_read_timeout: seconds allowed to receive a whole body.
     """
 
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     metrics_require_key: bool = False
     max_body_bytes: int = 4 * 1024 * 1024
     body_read_timeout: float = 60.0
@@ -153,9 +153,9 @@ class RequestGuard:
                 except ValueError:
                     content_length = None
         if (
-            cfg.api_key is not None
+            cfg.api_keys
             and needs_key(scope["path"], metrics_require_key=cfg.metrics_require_key)
-            and not is_authorized(authorization, cfg.api_key)
+            and not is_authorized(authorization, cfg.api_keys)
         ):
             # Say nothing about the body: an unauthenticated client learns nothing else.
             too_big = content_length is not None and content_length > _DRAIN_FACTOR * cfg.max_body_bytes

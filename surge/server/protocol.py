@@ -1,15 +1,16 @@
 """Pydantic models of the OpenAI request bodies Surge accepts, and their checks.
 
-Unknown fields are accepted and ignored (clients send many); known fields of the wrong type
-are a 400. Types are strict, with no coercion between JSON types: a boolean field takes only
-``true``/``false`` (not ``0``), an integer field only integers (not ``1.0`` or ``false``), a number
-field integers or decimals, a string field only strings. Every numeric field has finite bounds
-(``2**70`` is a 400 naming the field), and no string anywhere in a body may hold a lone UTF-16
-surrogate (``"\ud800"``). Fields Surge does not implement yet (``logit_bias``, ``functions``,
-...) are a 400 that says so whenever they ask for something other than the default.
-``tools`` and ``tool_choice`` are checked by :mod:`surge.server.chat_tools` (chat only).
-Structured-output fields (``response_format``, ``structured_outputs``, ``guided_*``) are
-checked by :mod:`surge.server.structured_request`.
+Every field is honoured, refused or inert (:mod:`surge.server.field_policy`; the list is in
+docs/openai-api.md). Fields no endpoint knows are a 400 naming them (``extra="forbid"``); known
+fields of the wrong type are a 400. Types are strict, with no coercion between JSON types: a
+boolean field takes only ``true``/``false`` (not ``0``), an integer field only integers (not
+``1.0`` or ``false``), a number field integers or decimals, a string field only strings. Every
+numeric field has finite bounds (``2**70`` is a 400 naming the field), and no string anywhere in
+a body may hold a lone UTF-16 surrogate (``"\ud800"``). Refused fields are a 400 whenever they
+ask for something other than their default.
+``tools``, ``tool_choice`` and ``parallel_tool_calls`` are checked by
+:mod:`surge.server.chat_tools` (chat only). Structured-output fields (``response_format``,
+``structured_outputs``, ``guided_*``) are checked by :mod:`surge.server.structured_request`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from surge.server.errors import bad_request
+from surge.server.field_policy import first_refused
 
 MAX_INT = 2**63 - 1
 """Largest value of an integer field without a tighter bound (int64, as the engine stores them)."""
@@ -28,12 +30,12 @@ MAX_TOKEN_COUNT = 2**31 - 1
 
 
 class RequestBody(BaseModel):
-    """Base of every request body: strict types, extra fields allowed.
+    """Base of every request body: strict types, unknown fields refused (a 400 naming them).
 
     Lone surrogates are refused before parsing, by :class:`surge.server.guard.RequestGuard`.
     """
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def _prompt_kind(value: Any) -> str:
@@ -61,10 +63,14 @@ first element, so a long list is validated once (a plain union would try every f
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds one final chunk with the usage."""
+    """``stream_options``: ``include_usage`` adds one final chunk with the usage;
+    ``continuous_usage_stats`` (vLLM) puts the running usage in every chunk;
+    ``include_obfuscation`` is inert (Surge never pads chunks)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+    include_obfuscation: bool | None = None
 
 
 class SamplingRequestFields(RequestBody):
@@ -83,15 +89,24 @@ class SamplingRequestFields(RequestBody):
     seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT)
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
     n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    allowed_token_ids: list[_TokenId] | None = None
+    bad_words: list[str] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    add_special_tokens: bool | None = None
+    request_id: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    # inert (field_policy.INERT_FIELDS)
     user: str | None = None
     # structured outputs (surge.server.structured_request checks them)
     response_format: Any = None
@@ -100,33 +115,61 @@ class SamplingRequestFields(RequestBody):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # checked by surge.server.logprobs (chat: bool + top_logprobs; completions: an int)
     logprobs: Any = None
     top_logprobs: Any = None
     prompt_logprobs: Any = None
-    # not implemented: rejected unless left at their defaults
-    logit_bias: Any = None
+    # checked by surge.server.chat_tools (chat only)
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # not implemented: refused unless left at their defaults (field_policy.REFUSALS)
+    structural_tag: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
     functions: Any = None
     function_call: Any = None
     best_of: Any = None
-    suffix: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    priority: Any = None
+    lora_request: Any = None
+    lora: Any = None
+    logits_processors: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
 
     def check_unimplemented(self) -> None:
-        """Raise a 400 ApiError naming the first unimplemented feature the request asks for."""
+        """Raise a 400 ApiError naming the first refused field the request asks for."""
         checks: list[tuple[str, bool]] = [
+            ("return_tokens_as_token_ids", self.return_tokens_as_token_ids not in (None, False)),
             ("logit_bias", bool(self.logit_bias)),
-            ("functions", bool(self.functions)),
-            ("function_call", self.function_call not in (None, "none", "auto")),
-            ("best_of", self.best_of not in (None, 1)),
-            ("suffix", self.suffix not in (None, "")),
+            ("allowed_token_ids", self.allowed_token_ids is not None),
+            ("bad_words", bool(self.bad_words)),
         ]
         for name, asked in checks:
             if asked:
                 raise bad_request(f"'{name}' is not supported by Surge yet", param=name)
+        refused = first_refused(dict(self))
+        if refused is not None:
+            raise bad_request(refused[1], param=refused[0])
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true", param="stream_options")
+        if self.truncate_prompt_tokens is not None and not (
+            self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1
+        ):
+            raise bad_request(
+                f"truncate_prompt_tokens must be -1 or at least 1, got {self.truncate_prompt_tokens}",
+                param="truncate_prompt_tokens",
+            )
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -138,9 +181,28 @@ class SamplingRequestFields(RequestBody):
     def include_usage(self) -> bool:
         return bool(self.stream_options is not None and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``stream_options.continuous_usage_stats``: usage in every chunk."""
+        return bool(self.stream_options is not None and self.stream_options.continuous_usage_stats)
+
+    @property
+    def max_tokens_sent(self) -> bool:
+        """Whether the client gave the output length (``max_tokens`` or ``max_completion_tokens``)."""
+        return self.requested_max_tokens is not None and bool(
+            {"max_tokens", "max_completion_tokens"} & self.model_fields_set
+        )
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
 
 class ChatMessage(BaseModel):
-    """One chat message: ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts."""
+    """One chat message: ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts.
+
+    Other keys (``name``, ``tool_calls``, ``tool_call_id``, ...) are passed to the chat template.
+    """
 
     model_config = ConfigDict(extra="allow", strict=True)
     role: str
@@ -150,21 +212,43 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequestFields):
     """Body of ``POST /v1/chat/completions``.
 
-    ``max_completion_tokens`` wins over ``max_tokens``; ``chat_template_kwargs`` are passed to
-    the chat template (e.g. ``{"enable_thinking": false}`` for Qwen3).
+    ``max_completion_tokens`` wins over ``max_tokens``; ``chat_template`` replaces the server's
+    template for this request and ``chat_template_kwargs`` are passed to it (e.g.
+    ``{"enable_thinking": false}`` for Qwen3); ``continue_final_message`` leaves the last
+    (assistant) message open for the model to continue; ``add_special_tokens`` (default false)
+    lets the tokenizer add its special tokens (e.g. BOS) on top of the template's.
     """
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     echo: bool = False
+    # refused unless left at their defaults (field_policy.REFUSALS)
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    documents: Any = None
+    mm_processor_kwargs: Any = None
+    media_io_kwargs: Any = None
 
     def check_unimplemented(self) -> None:
-        """As for every request, plus ``echo`` (supported on completions only)."""
+        """As for every request, plus ``echo`` (supported on completions only) and
+        ``continue_final_message`` with ``add_generation_prompt``."""
         super().check_unimplemented()
         if self.echo:
             raise bad_request("'echo' is not supported on chat completions by Surge yet", param="echo")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise bad_request(
+                "continue_final_message and add_generation_prompt cannot both be true "
+                "(set add_generation_prompt to false)",
+                param="continue_final_message",
+            )
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -174,22 +258,20 @@ class ChatCompletionRequest(SamplingRequestFields):
 class CompletionRequest(SamplingRequestFields):
     """Body of ``POST /v1/completions``: ``prompt`` is a string, strings, token ids, or lists of ids.
 
-    ``max_tokens`` defaults to 16 as in OpenAI's API.
+    ``max_tokens`` defaults to 16 as in OpenAI's API (less when the context has less room).
     """
 
     prompt: Prompt
     max_tokens: int | None = Field(default=16, le=MAX_TOKEN_COUNT)
     echo: bool = False
-    add_special_tokens: bool = True
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
+    suffix: Any = None
+    prompt_embeds: Any = None
 
     def check_unimplemented(self) -> None:
-        """As for every request, plus ``tools`` / ``tool_choice`` (chat completions only)."""
+        """As for every request, plus ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
+        (chat completions only)."""
         super().check_unimplemented()
-        for name in ("tools", "tool_choice"):
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
             if getattr(self, name) is not None:
                 raise bad_request(f"'{name}' is supported on chat completions only", param=name)
 
@@ -200,8 +282,10 @@ class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 

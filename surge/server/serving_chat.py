@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -17,15 +16,18 @@ from surge.server.generation import ChoiceDelta, Generation
 from surge.server.logprobs import chat_content, chat_options, vllm_prompt_logprobs
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_common import (
-    NO_STREAM_INTERVAL,
     ChunkEnvelope,
     ServerState,
     build_sampling_params,
     collect,
     full_response,
+    log_request_start,
     render_chat,
     resolve_max_tokens,
+    start_generation,
     stream_response,
+    truncate_prompt,
+    usage_in_chunks,
     with_finish,
 )
 
@@ -48,18 +50,25 @@ async def create_chat_completion(
         raise bad_request("messages must not be empty", param="messages")
     plan = plan_chat(body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
     prompt_ids = await render_chat(
-        state, body.messages, body.add_generation_prompt, body.chat_template_kwargs, plan.tools
+        state,
+        body.messages,
+        body.add_generation_prompt,
+        body.chat_template_kwargs,
+        plan.tools,
+        chat_template=body.chat_template,
+        continue_final_message=body.continue_final_message,
+        add_special_tokens=bool(body.add_special_tokens),
     )
-    max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_ids))
+    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens)
+    max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     params = build_sampling_params(body, max_tokens, plan.structured_outputs)
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
-    state.check_prompt(prompt_ids, max_tokens)
+    state.check_prompt(prompt_ids, max_tokens, prompt_param="messages", max_tokens_sent=body.max_tokens_sent)
     state.check_engine()
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id, gen = start_generation(state, request, body, "chatcmpl", arrival, first_needs_text=True)
     created = int(time.time())
-    interval = state.stream_interval if body.stream else NO_STREAM_INTERVAL
-    gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival, first_needs_text=True)
+    log_request_start(state, request_id, params, prompt_ids)
     try:
         gen.add_prompt(request_id, prompt_ids, params)
     except Exception:
@@ -93,7 +102,7 @@ async def create_chat_completion(
             extra["prompt_logprobs"] = vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)
         return full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
-    env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model)
+    env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
 
     parsers = {}
     if plan.make_parser is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -17,15 +19,18 @@ from transformers import PreTrainedTokenizerBase
 from surge.core.scheduler import check_request_fits
 from surge.engine.client import EngineClient
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
+from surge.server.drain import InFlight, ShutdownError
 from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
+from surge.server.request_id import request_id_of
 from surge.server.structured_request import structured_outputs_of
 from surge.server.tokenization import TokenizerWorker
 from surge.token_strings import TokenStrings
 
 T = TypeVar("T")
+logger = logging.getLogger("surge.server")
 
 _json_encode = msgspec.json.Encoder().encode
 
@@ -45,7 +50,7 @@ class ServerState:
         vocab_size: the model's vocabulary size (prompt token ids must be below it).
         stream_interval: tokens per SSE event after the first.
         chat_template: a template overriding the tokenizer's, or None.
-        api_key: required bearer token on /v1 routes, or None.
+        api_keys: bearer tokens accepted on /v1 routes; empty = no key needed.
         created: server start time (Unix seconds).
         metrics_require_key: ``/metrics`` needs the API key too.
         max_request_body_bytes: largest request body (bytes).
@@ -59,6 +64,8 @@ class ServerState:
         tokenizer_worker: tokenization and chat templates off the event loop (built here).
         tool_call_parser: name of the tool-call parser (``--tool-call-parser``), or None.
         reasoning_parser: name of the reasoning parser (``--reasoning-parser``), or None.
+        in_flight: the generations in flight and the drain flag.
+        log_requests: log one line when a request starts and one when it ends.
     """
 
     client: EngineClient
@@ -72,7 +79,7 @@ class ServerState:
     vocab_size: int
     stream_interval: int
     chat_template: str | None
-    api_key: str | None
+    api_keys: tuple[str, ...]
     created: int
     metrics_require_key: bool = False
     max_request_body_bytes: int = 4 * 1024 * 1024
@@ -87,6 +94,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.tokenizer_worker = TokenizerWorker(self.tokenizer, self.max_model_len, self.chat_template)
+
+    in_flight: InFlight = field(default_factory=InFlight)
+    log_requests: bool = True
 
     @property
     def model_name(self) -> str:
@@ -123,23 +133,106 @@ class ServerState:
         if not self.client.is_ready:
             raise ApiError(503, f"The engine is not available: {self.client.dead_reason or 'not ready'}")
 
-    def check_prompt(self, token_ids: list[int], max_tokens: int) -> None:
-        """Raise a 400 ApiError for a prompt that can never be served (same words as the engine's).
+    def check_prompt(
+        self, token_ids: list[int], max_tokens: int, *, prompt_param: str, max_tokens_sent: bool
+    ) -> None:
+        """Raise a 400 ApiError for a prompt that can never be served.
 
-        The length is checked before the ids, so a huge prompt costs nothing to refuse.
+        A prompt that alone leaves no room for one output token is blamed on ``prompt_param``
+        (``messages`` or ``prompt``) with its number of input tokens; only a ``max_tokens`` the
+        client sent is blamed on ``max_tokens``. The length is checked before the ids, so a
+        huge prompt costs nothing to refuse.
         """
-        if len(token_ids) <= self.max_model_len and any(not 0 <= t < self.vocab_size for t in token_ids):
-            raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
+        n = len(token_ids)
+        if n == 0:
+            raise bad_request("The prompt is empty (it must contain at least one token).", param=prompt_param)
+        capacity = self.num_kv_blocks * self.block_size
+        if n >= self.max_model_len or n >= capacity:
+            limit = (
+                f"maximum context length is {self.max_model_len} tokens"
+                if n >= self.max_model_len
+                else f"KV cache holds only {capacity} tokens"
+            )
+            raise bad_request(
+                f"This model's {limit}. However, your {prompt_param} has {n} input tokens, which "
+                "leaves no room for the completion. Please reduce the length of the "
+                f"{prompt_param}.",
+                param=prompt_param,
+            )
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param=prompt_param)
         try:
             check_request_fits(
-                len(token_ids),
+                n,
                 max_tokens,
                 max_model_len=self.max_model_len,
                 block_size=self.block_size,
                 num_kv_blocks=self.num_kv_blocks,
             )
         except ValueError as e:
-            raise bad_request(str(e), param="prompt" if not token_ids else "max_tokens") from e
+            raise bad_request(str(e), param="max_tokens" if max_tokens_sent else prompt_param) from e
+
+    def room_for_output(self, num_prompt_tokens: int) -> int:
+        """Output tokens that fit after a prompt of ``num_prompt_tokens`` (context and KV pool)."""
+        fits = min(self.max_model_len, self.num_kv_blocks * self.block_size)
+        return fits - num_prompt_tokens
+
+
+def start_generation(
+    state: ServerState,
+    request: Request,
+    body: SamplingRequestFields,
+    prefix: str,
+    arrival: float,
+    *,
+    first_needs_text: bool = False,
+) -> tuple[str, Generation]:
+    """A new :class:`Generation` for one HTTP request, tracked in ``state.in_flight`` until it
+    closes, and its request id: ``<prefix>-<X-Request-Id, body request_id or a fresh id>``
+    (with a random suffix if a request in flight already has that id). ``first_needs_text``
+    is :class:`Generation`'s (chat)."""
+    stream = bool(body.stream)
+    request_id = state.in_flight.unique_id(f"{prefix}-{request_id_of(request, body.request_id)}")
+    interval = state.stream_interval if stream else NO_STREAM_INTERVAL
+
+    def closed() -> None:
+        state.in_flight.remove(request_id)
+        if state.log_requests:
+            finishes = ",".join(str(c.finish_reason) for c in gen.choices)
+            logger.info(
+                "request %s done: finish_reason %s, %d prompt + %d completion tokens, %.3fs",
+                request_id,
+                finishes,
+                gen.prompt_tokens,
+                gen.completion_tokens,
+                time.monotonic() - arrival,
+            )
+
+    gen = Generation(
+        state.client,
+        state.tokenizer,
+        state.metrics,
+        interval,
+        arrival,
+        first_needs_text=first_needs_text,
+        on_close=closed,
+    )
+    state.in_flight.add(request_id, gen)
+    return request_id, gen
+
+
+def log_request_start(
+    state: ServerState, request_id: str, params: SamplingParams, prompt_tokens: list[int]
+) -> None:
+    """The log line of a request sent to the engine (its id names it in every later line)."""
+    if state.log_requests:
+        logger.info(
+            "request %s: %d prompt tokens, max_tokens %d, n %d",
+            request_id,
+            len(prompt_tokens),
+            params.max_tokens,
+            params.n,
+        )
 
 
 async def render_chat(
@@ -150,14 +243,19 @@ async def render_chat(
     tools: list[dict[str, Any]] | None = None,
     *,
     bound: bool = True,
+    chat_template: str | None = None,
+    continue_final_message: bool = False,
+    add_special_tokens: bool = False,
 ) -> list[int]:
-    """Token ids of ``messages`` (pydantic chat messages) under the server's chat template
-    (with ``tools``, OpenAI function definitions, when given), rendered and tokenized on a
-    tokenizer thread.
+    """Token ids of ``messages`` (pydantic chat messages) under the request's chat template
+    (``chat_template``) or else the server's (with ``tools``, OpenAI function definitions, when
+    given), rendered and tokenized on a tokenizer thread.
 
     Args:
         bound: refuse a prompt surely longer than the context before tokenizing it all
             (``/tokenize`` passes False: it counts texts of any length).
+        chat_template, continue_final_message, add_special_tokens: the request's options
+            (:func:`surge.tokenizer.apply_chat_template`).
 
     Raises:
         ApiError: 400 naming ``messages`` when the template cannot render them, or when the
@@ -169,14 +267,39 @@ async def render_chat(
         chat_template_kwargs,
         tools,
         bound=bound,
+        chat_template=chat_template,
+        continue_final_message=continue_final_message,
+        add_special_tokens=add_special_tokens,
     )
+
+
+def truncate_prompt(
+    state: ServerState, token_ids: list[int], truncate_prompt_tokens: int | None
+) -> list[int]:
+    """Keep the last ``truncate_prompt_tokens`` tokens of a prompt (vLLM's left truncation;
+    -1 means ``max_model_len``); None keeps it whole.
+
+    Raises:
+        ApiError: 400 naming ``truncate_prompt_tokens`` when it exceeds ``max_model_len``.
+    """
+    if truncate_prompt_tokens is None:
+        return token_ids
+    k = state.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if k > state.max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens ({k}) must not exceed max_model_len ({state.max_model_len})",
+            param="truncate_prompt_tokens",
+        )
+    return token_ids[-k:]
 
 
 def build_sampling_params(
     req: SamplingRequestFields, max_tokens: int, structured_outputs: StructuredOutputsParams | None = None
 ) -> SamplingParams:
     """The engine's SamplingParams of a request; its grammar is ``structured_outputs`` when
-    given, else the one the request's structured-output fields ask for.
+    given, else the one the request's structured-output fields ask for. Sampling fields the
+    request leaves out stay unset, so the engine gives them the model's generation_config.json
+    defaults.
 
     Raises:
         ApiError: 400 for an out-of-range value or an invalid grammar (the message names the field).
@@ -189,30 +312,42 @@ def build_sampling_params(
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
             ignore_eos=req.ignore_eos,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if req.top_k is None else req.top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
             seed=req.seed,
             stop_token_ids=tuple(req.stop_token_ids or ()),
             stop=req.stop_list,
+            include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=req.repetition_penalty,
             structured_outputs=structured_outputs,
         )
     except ValueError as e:
-        raise bad_request(str(e)) from e
+        field = str(e).split(" ", 1)[0]
+        raise bad_request(str(e), param=field if field in type(req).model_fields else None) from e
 
 
-def resolve_max_tokens(state: ServerState, requested: int | None, num_prompt_tokens: int) -> int:
-    """``requested`` or, when None, all the room left in the context (at least 1)."""
-    if requested is not None:
+def resolve_max_tokens(state: ServerState, req: SamplingRequestFields, num_prompt_tokens: int) -> int:
+    """The output length of a request: the ``max_tokens`` the client sent; else the endpoint's
+    default (16 on completions) or, without one, all the room left after the prompt (at
+    least 1, so that a prompt with no room is reported by ``check_prompt``).
+
+    Raises:
+        ApiError: 400 naming ``max_tokens`` for a value below 1.
+    """
+    requested = req.requested_max_tokens
+    room = max(1, state.room_for_output(num_prompt_tokens))
+    if req.max_tokens_sent:
+        assert requested is not None
         if requested < 1:
             raise bad_request(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
         return requested
-    return max(1, state.max_model_len - num_prompt_tokens)
+    return room if requested is None else min(requested, room)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -270,15 +405,25 @@ class ChunkEnvelope:
         object: "chat.completion.chunk" or "text_completion".
         created: Unix time in seconds of the response.
         model: the served model name.
+        gen: the generation, for usage figures.
+        usage_in_chunks: what each choices chunk says in ``usage``: "omit" (no key), "null"
+            (``stream_options.include_usage``: only the final chunk carries the usage, the
+            others ``"usage": null`` as in OpenAI's reference), or "running"
+            (``continuous_usage_stats``: the usage so far).
     """
 
     request_id: str
     object: str
     created: int
     model: str
+    gen: Generation | None = None
+    usage_in_chunks: str = "omit"
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         """One SSE event with these ``choices`` (and extra top-level fields such as usage)."""
+        if "usage" not in extra and self.usage_in_chunks != "omit":
+            running = self.usage_in_chunks == "running" and self.gen is not None
+            extra["usage"] = usage_dict(self.gen) if running else None  # type: ignore[arg-type]
         return sse(
             {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
             | {"choices": choices}
@@ -288,6 +433,13 @@ class ChunkEnvelope:
     def usage_chunk(self, gen: Generation) -> bytes:
         """The final ``include_usage`` event: no choices, the exact usage."""
         return self.chunk([], usage=usage_dict(gen))
+
+
+def usage_in_chunks(req: SamplingRequestFields) -> str:
+    """``ChunkEnvelope.usage_in_chunks`` for a request's ``stream_options``."""
+    if req.continuous_usage:
+        return "running"
+    return "null" if req.include_usage else "omit"
 
 
 def full_response(
@@ -339,8 +491,9 @@ async def stream_response(
 
     Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``. An
     error once the stream has started (an engine rejection, the engine's death) is sent as one
-    ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. A client disconnect
-    aborts the request in the engine.
+    ``data: {"error": ...}`` event and the stream ends without ``[DONE]``, except at shutdown
+    (:class:`ShutdownError`), where ``[DONE]`` follows. A client disconnect aborts the request
+    in the engine.
     """
     iterator = gen.deltas().__aiter__()
 
@@ -366,6 +519,8 @@ async def stream_response(
             yield SSE_DONE
         except ApiError as e:
             yield sse(error_body(e.status, e.message, param=e.param, code=e.code))
+            if isinstance(e, ShutdownError):
+                yield SSE_DONE
         finally:
             gen.abort()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -12,7 +11,7 @@ from fastapi.responses import Response
 
 from surge.core.logprobs import LogprobsLists
 from surge.server.errors import bad_request
-from surge.server.generation import ChoiceDelta, Generation
+from surge.server.generation import ChoiceDelta
 from surge.server.logprobs import (
     CompletionLogprobs,
     completion_options,
@@ -21,14 +20,17 @@ from surge.server.logprobs import (
 )
 from surge.server.protocol import CompletionRequest
 from surge.server.serving_common import (
-    NO_STREAM_INTERVAL,
     ChunkEnvelope,
     ServerState,
     build_sampling_params,
     collect,
     full_response,
+    log_request_start,
     resolve_max_tokens,
+    start_generation,
     stream_response,
+    truncate_prompt,
+    usage_in_chunks,
     with_finish,
 )
 
@@ -44,13 +46,20 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[li
         items = [p]  # type: ignore[list-item]
     else:
         items = list(p)  # type: ignore[arg-type]
+    add_special = body.add_special_tokens is not False
     texts = [item for item in items if isinstance(item, str)]
     encoded = iter(
-        await state.tokenizer_worker.encode_many(texts, add_special_tokens=body.add_special_tokens)
-        if texts
-        else []
+        await state.tokenizer_worker.encode_many(texts, add_special_tokens=add_special) if texts else []
     )
-    return [(next(encoded), item) if isinstance(item, str) else (list(item), None) for item in items]
+    out: list[tuple[list[int], str | None]] = []
+    for item in items:
+        if isinstance(item, str):
+            ids = next(encoded)
+            kept = truncate_prompt(state, ids, body.truncate_prompt_tokens)
+            out.append((kept, item if len(kept) == len(ids) else None))
+        else:
+            out.append((truncate_prompt(state, list(item), body.truncate_prompt_tokens), None))
+    return out
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
@@ -69,28 +78,25 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     lp = completion_options(body)
     # echo with max_tokens 0 scores the prompt: the engine samples one token that is dropped.
     score_only = body.echo and body.max_tokens == 0
-    requested = 1 if score_only else body.requested_max_tokens
     prompts = await _prompts(state, body)
     plans = []
     for ids, text in prompts:
-        max_tokens = resolve_max_tokens(state, requested, len(ids))
+        max_tokens = 1 if score_only else resolve_max_tokens(state, body, len(ids))
         params = build_sampling_params(body, max_tokens)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
                 params, logprobs=lp.logprobs, prompt_logprobs=lp.engine_prompt_logprobs
             )
-        state.check_prompt(ids, max_tokens)
+        state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)
         plans.append((ids, text, params))
     state.check_engine()
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id, gen = start_generation(state, request, body, "cmpl", arrival)
     created = int(time.time())
-    interval = state.stream_interval if body.stream else NO_STREAM_INTERVAL
-    gen = Generation(state.client, state.tokenizer, state.metrics, interval, arrival)
     try:
         for j, (ids, text, params) in enumerate(plans):
-            gen.add_prompt(
-                request_id if len(plans) == 1 else f"{request_id}-p{j}", ids, params, text, score_only
-            )
+            prompt_id = request_id if len(plans) == 1 else f"{request_id}-p{j}"
+            log_request_start(state, prompt_id, params, ids)
+            gen.add_prompt(prompt_id, ids, params, text, score_only)
     except Exception:
         gen.abort()
         raise
@@ -143,7 +149,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             )
         return full_response(request_id, "text_completion", created, model, choices, gen)
 
-    env = ChunkEnvelope(request_id, "text_completion", created, model)
+    env = ChunkEnvelope(request_id, "text_completion", created, model, gen, usage_in_chunks(body))
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []

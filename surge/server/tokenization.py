@@ -94,6 +94,9 @@ class TokenizerWorker:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        chat_template: str | None,
+        continue_final_message: bool,
+        add_special_tokens: bool,
         bound: bool,
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
@@ -102,8 +105,10 @@ class TokenizerWorker:
                 self.tokenizer,
                 messages,
                 add_generation_prompt=add_generation_prompt,
-                chat_template=self.chat_template,
+                chat_template=chat_template if chat_template is not None else self.chat_template,
                 chat_template_kwargs=chat_template_kwargs,
+                continue_final_message=continue_final_message,
+                add_special_tokens=add_special_tokens,
                 check_text=(lambda text: self._check_bound(text, "messages")) if bound else None,
                 tools=tools,
             )
@@ -140,14 +145,19 @@ class TokenizerWorker:
         tools: list[dict[str, Any]] | None = None,
         *,
         bound: bool = True,
+        chat_template: str | None = None,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        """Token ids of chat ``messages`` (plain dicts) under the server's chat template
-        (with ``tools``, OpenAI function definitions, when given).
+        """Token ids of chat ``messages`` (plain dicts) under the request's ``chat_template``,
+        else the server's (with ``tools``, OpenAI function definitions, when given; see
+        :func:`surge.tokenizer.apply_chat_template` for the options).
 
         Args:
             messages, add_generation_prompt, chat_template_kwargs: as for
                 :func:`surge.tokenizer.apply_chat_template`.
             bound: apply the cheap context bound; False runs on the ``/tokenize`` thread.
+            chat_template, continue_final_message, add_special_tokens: the request's options.
 
         Raises:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
@@ -158,6 +168,9 @@ class TokenizerWorker:
             messages,
             add_generation_prompt,
             chat_template_kwargs,
+            chat_template,
+            continue_final_message,
+            add_special_tokens,
             bound,
             tools,
             utility=not bound,

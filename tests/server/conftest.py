@@ -75,8 +75,15 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(tmp_dir: Path, *args: str, model: Path | None = None, timeout: float = 180.0) -> Server:
-    """Start `surge serve` on a free port and wait until /health answers 200."""
+def start_server(
+    tmp_dir: Path,
+    *args: str,
+    model: Path | None = None,
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Start `surge serve` on a free port and wait until /health answers 200 (``env``: extra
+    environment variables)."""
     port = free_port()
     log_path = tmp_dir / f"serve-{port}.log"
     cmd = [
@@ -97,9 +104,11 @@ def start_server(tmp_dir: Path, *args: str, model: Path | None = None, timeout: 
         *(["--model", str(model)] if model is not None else []),
         *args,
     ]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))
+    full_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))
+    full_env.pop("SURGE_API_KEY", None)
+    full_env |= env or {}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:

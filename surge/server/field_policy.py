@@ -1,0 +1,96 @@
+"""Which request fields Surge refuses and which it accepts without effect.
+
+Every field of a chat or completions request is one of three kinds (docs/openai-api.md lists
+them all): honoured; refused with a 400 naming it when it asks for something Surge does not do;
+or inert (accepted and ignored because it has no effect on a single-tenant server, such as
+``user``). A field that is none of these is unknown and is a 400 too (pydantic ``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+INERT_FIELDS: tuple[str, ...] = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+)
+"""Accepted and ignored: labels for the caller's own records, or switches with nothing to switch."""
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+def _false(value: Any) -> bool:
+    return value in (None, False)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == "" or value == [] or value == {}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One field Surge refuses unless it keeps its default.
+
+    Attributes:
+        name: the request field.
+        allowed: True for values that ask for nothing Surge lacks (the defaults).
+        reason: why it is refused (ends the 400's message).
+    """
+
+    name: str
+    allowed: Callable[[Any], bool]
+    reason: str
+
+
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal("use_beam_search", _false, "beam search is not supported"),
+    Refusal("length_penalty", lambda v: v in (None, 1, 1.0), "length_penalty applies to beam search only"),
+    Refusal("priority", lambda v: v in (None, 0), "priority scheduling is not supported"),
+    Refusal("lora_request", _unset, "LoRA adapters are not supported"),
+    Refusal("lora", _unset, "LoRA adapters are not supported"),
+    Refusal("structural_tag", _unset, "structured outputs are not supported yet"),
+    Refusal("guided_decoding_backend", _unset, "structured outputs are not supported yet"),
+    Refusal("guided_whitespace_pattern", _unset, "structured outputs are not supported yet"),
+    Refusal("functions", _empty, "function calling is not supported yet"),
+    Refusal("function_call", lambda v: v in (None, "none", "auto"), "function calling is not supported yet"),
+    Refusal("best_of", lambda v: v in (None, 1), "best_of > 1 is not supported (use n)"),
+    Refusal("suffix", lambda v: v in (None, ""), "suffix (insertion) is not supported"),
+    Refusal("audio", _unset, "audio output is not supported"),
+    Refusal("modalities", lambda v: v is None or list(v) == ["text"], "only the text modality is supported"),
+    Refusal("prediction", _unset, "predicted outputs are not supported"),
+    Refusal("web_search_options", _unset, "web search is not supported"),
+    Refusal("reasoning_effort", _unset, "reasoning_effort is not supported"),
+    Refusal("verbosity", _unset, "verbosity is not supported"),
+    Refusal("documents", _unset, "documents (RAG chat templates) are not supported"),
+    Refusal("mm_processor_kwargs", _empty, "multimodal inputs are not supported"),
+    Refusal("media_io_kwargs", _empty, "multimodal inputs are not supported"),
+    Refusal("prompt_embeds", _unset, "prompt embeddings are not supported"),
+    Refusal("logits_processors", _empty, "custom logits processors are not supported"),
+    Refusal("return_token_ids", _false, "return_token_ids is not supported"),
+    Refusal("cache_salt", _unset, "cache_salt is not supported"),
+    Refusal("kv_transfer_params", _unset, "KV transfer is not supported"),
+    Refusal("vllm_xargs", _empty, "vllm_xargs is not supported"),
+)
+"""Fields refused with a 400 naming them when their value asks for something Surge does not do."""
+
+REFUSED_FIELDS: frozenset[str] = frozenset(r.name for r in REFUSALS)
+
+
+def first_refused(values: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field, message)`` of the first refused field ``values`` asks for, or None.
+
+    Args:
+        values: the request's fields by name (fields the endpoint does not declare are absent).
+    """
+    for r in REFUSALS:
+        if r.name in values and not r.allowed(values[r.name]):
+            return r.name, f"'{r.name}' is not supported by Surge: {r.reason}"
+    return None

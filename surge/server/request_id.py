@@ -1,0 +1,67 @@
+"""Request ids: a client's ``X-Request-Id`` (or a fresh one) for each HTTP request.
+
+An ASGI middleware (pure ASGI, so streamed bodies pass untouched) puts the id in
+``scope["state"]["request_id"]`` and echoes it in the ``X-Request-Id`` response header of every
+response, errors included (a handler may replace it by the body's ``request_id`` before the
+response starts). The chat and completions handlers name their response and engine
+requests after it (``chatcmpl-<id>``, ``cmpl-<id>``, with ``-<i>`` per choice when ``n > 1``)
+and log it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_REQUEST_ID_LEN = 256
+_HEADER = b"x-request-id"
+
+
+def _valid(value: str) -> bool:
+    return 0 < len(value) <= MAX_REQUEST_ID_LEN and value.isprintable() and value.isascii()
+
+
+class RequestIdMiddleware:
+    """Assign each HTTP request its id and echo it in the response headers.
+
+    A client id that is not printable ASCII of at most ``MAX_REQUEST_ID_LEN`` characters is
+    replaced by a fresh one (it could not be echoed as a header safely).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = None
+        for name, value in scope.get("headers", ()):
+            if name == _HEADER:
+                given = value.decode("latin-1").strip()
+                break
+        state = scope.setdefault("state", {})
+        client_id = given is not None and _valid(given)
+        state["request_id"] = given if client_id else uuid.uuid4().hex
+        state["request_id_from_client"] = client_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _HEADER]
+                headers.append((_HEADER, str(state["request_id"]).encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def request_id_of(request: Any, body_request_id: str | None = None) -> str:
+    """The id of ``request``: its ``X-Request-Id``, else ``body_request_id`` (vLLM's body
+    field; then echoed in the header too), else the fresh id the middleware gave it."""
+    rid = getattr(request.state, "request_id", None)
+    from_client = bool(getattr(request.state, "request_id_from_client", False))
+    if not from_client and body_request_id is not None and _valid(body_request_id):
+        request.state.request_id = rid = body_request_id
+    return rid if isinstance(rid, str) else uuid.uuid4().hex

@@ -1,0 +1,143 @@
+"""Issue 9: graceful drain of a real `surge serve` on SIGTERM / SIGINT.
+
+Every stream must end with a terminal event (its finish chunk or the shutdown error event)
+and ``[DONE]``; new requests and /health get 503 while draining; the server exits 0 with no
+traceback and no orphan engine process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.server.conftest import Server, pid_alive, start_server
+
+KEY = "sk-env-key-77"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+class StreamReader(threading.Thread):
+    """Reads one streamed completion; records its status, events and first-chunk time."""
+
+    def __init__(self, srv: Server, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.srv, self.body = srv, body
+        self.status = 0
+        self.events: list[Any] = []
+        self.json_body: Any = None
+        self.first = threading.Event()
+
+    def run(self) -> None:
+        body = self.body | {"stream": True}
+        with (
+            httpx.Client(timeout=120) as c,
+            c.stream("POST", self.srv.url + "/v1/completions", json=body, headers=AUTH) as r,
+        ):
+            self.status = r.status_code
+            if r.status_code != 200:
+                self.json_body = json.loads(r.read())
+                self.first.set()
+                return
+            for line in r.iter_lines():
+                if not line or line.startswith(":"):  # blank separators and ": queued" comments
+                    continue
+                payload = line.removeprefix("data: ")
+                self.events.append(payload if payload == "[DONE]" else json.loads(payload))
+                self.first.set()
+
+    def check_terminal(self) -> str:
+        """How it ended: "finished", "shutdown-event" or "shutdown-503"; fails on anything else."""
+        if self.status == 503:
+            assert self.json_body["error"]["code"] == "server_shutting_down", self.json_body
+            return "shutdown-503"
+        assert self.status == 200 and self.events and self.events[-1] == "[DONE]", (
+            self.status,
+            self.events[-3:],
+        )
+        last = self.events[-2]
+        if "error" in last:
+            assert (
+                last["error"]["code"] == "server_shutting_down"
+                and last["error"]["type"] == "service_unavailable"
+            )
+            return "shutdown-event"
+        assert last["choices"][0]["finish_reason"] in ("stop", "length"), last
+        return "finished"
+
+
+def _long(i: int) -> dict[str, Any]:
+    return {"prompt": f"Once upon a time {i}", "max_tokens": 480, "ignore_eos": True}
+
+
+def test_drain_on_sigterm(tmp_path) -> None:
+    srv = start_server(tmp_path, "--shutdown-timeout", "3", "--max-num-seqs", "1", env={"SURGE_API_KEY": KEY})
+    try:
+        _drain_on_sigterm(srv)
+    finally:
+        _kill(srv)
+
+
+def _kill(srv: Server) -> None:
+    """Leave no process behind when a check failed half-way."""
+    if srv.proc.poll() is None:
+        srv.proc.kill()
+        srv.proc.wait(10)
+    if pid_alive(srv.engine_pid):
+        os.kill(srv.engine_pid, signal.SIGKILL)
+
+
+def _drain_on_sigterm(srv: Server) -> None:
+    assert httpx.get(srv.url + "/v1/models", timeout=30).status_code == 401  # SURGE_API_KEY is in force
+    short = StreamReader(srv, {"prompt": "Tom", "max_tokens": 4, "ignore_eos": True})
+    longs = [StreamReader(srv, _long(i)) for i in range(8)]
+    for t in [short, *longs]:
+        t.start()
+    assert short.first.wait(60) and longs[0].first.wait(60)
+    short.join(60)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    health = httpx.get(srv.url + "/health", timeout=10)
+    assert health.status_code == 503
+    new = httpx.post(srv.url + "/v1/completions", json={"prompt": "x"}, headers=AUTH, timeout=10)
+    assert new.status_code == 503 and new.json()["error"]["code"] == "server_shutting_down"
+    for t in longs:
+        t.join(60)
+        assert not t.is_alive()
+    assert srv.proc.wait(30) == 0
+    assert srv.stop() == 0  # already exited: checks the engine process is gone too
+    ends = [t.check_terminal() for t in [short, *longs]]
+    assert ends[0] == "finished"
+    assert "shutdown-event" in ends, ends  # a stream in flight at the timeout got the error event
+    log = srv.log()
+    assert "Traceback" not in log and "shutting down" in log and KEY not in log
+
+
+def test_second_sigint_exits_at_once(tmp_path) -> None:
+    srv = start_server(tmp_path, "--shutdown-timeout", "120", "--api-key", KEY)
+    try:
+        _second_sigint(srv)
+    finally:
+        _kill(srv)
+
+
+def _second_sigint(srv: Server) -> None:
+    reader = StreamReader(srv, _long(0))
+    reader.start()
+    assert reader.first.wait(60)
+    srv.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert srv.proc.poll() is None  # draining: waits for the stream (up to 120 s)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGINT)
+    assert srv.proc.wait(15) == 0
+    assert time.monotonic() - t0 < 15
+    reader.join(30)
+    assert reader.check_terminal() == "shutdown-event"
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log()

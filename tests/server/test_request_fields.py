@@ -1,0 +1,389 @@
+"""Issue 9: every request field honoured or refused, stop_reason, errors naming the right
+field, request ids and streaming usage, against the shared live server (bundled model)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from surge.server.field_policy import INERT_FIELDS, REFUSALS
+from surge.server.protocol import ChatCompletionRequest, CompletionRequest
+from tests.server.conftest import Server
+
+PROMPT = "Once upon a time"
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+MSGS = [{"role": "user", "content": "Once upon a time"}]
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _post(srv: Server, path: str, body: dict[str, Any], **kw: Any) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, timeout=120, **kw)
+
+
+def _events(srv: Server, path: str, body: dict[str, Any]) -> list[Any]:
+    r = _post(srv, path, body | {"stream": True})
+    assert r.status_code == 200, r.text
+    out: list[Any] = []
+    for ev in r.text.strip().split("\n\n"):
+        if ev.startswith(":"):  # ": queued" comments
+            continue
+        payload = ev.removeprefix("data: ")
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def _tokens(srv: Server, text: str) -> list[int]:
+    r = _post(srv, "/tokenize", {"prompt": text, "add_special_tokens": False})
+    return r.json()["tokens"]
+
+
+# --- field accounting -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"messages": MSGS, "frobnicate": 1}, "frobnicate"),
+        (CMPL, {"prompt": PROMPT, "max_token": 5}, "max_token"),
+        (
+            CMPL,
+            {"prompt": PROMPT, "stream": True, "stream_options": {"include_usages": True}},
+            "stream_options.include_usages",
+        ),
+        ("/tokenize", {"prompt": PROMPT, "nonsense": True}, "nonsense"),
+    ],
+)
+def test_unknown_fields_are_refused_by_name(
+    server: Server, path: str, body: dict[str, Any], param: str
+) -> None:
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"]
+
+
+REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
+    (CHAT, "use_beam_search", True),
+    (CMPL, "use_beam_search", True),
+    (CHAT, "priority", 5),
+    (CMPL, "lora_request", {"lora_name": "x"}),
+    (CHAT, "structural_tag", {"type": "structural_tag"}),
+    (CMPL, "guided_decoding_backend", "xgrammar"),
+    (CHAT, "guided_whitespace_pattern", " "),
+    (CHAT, "functions", [{"name": "f"}]),
+    (CMPL, "tools", [{"type": "function", "function": {"name": "f"}}]),
+    (CMPL, "tool_choice", "required"),
+    (CMPL, "parallel_tool_calls", False),
+    (CMPL, "best_of", 3),
+    (CMPL, "suffix", "end"),
+    (CHAT, "audio", {"voice": "alloy"}),
+    (CHAT, "modalities", ["text", "audio"]),
+    (CHAT, "reasoning_effort", "high"),
+    (CMPL, "logits_processors", ["x"]),
+    (CHAT, "cache_salt", "abc"),
+]
+
+
+@pytest.mark.parametrize(("path", "name", "value"), REFUSED_REQUESTS)
+def test_refused_fields_name_themselves(server: Server, path: str, name: str, value: Any) -> None:
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    r = _post(server, path, body | {name: value, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == name and name in err["message"]
+
+
+def test_refused_fields_accept_their_defaults(server: Server) -> None:
+    defaults = {
+        "use_beam_search": False,
+        "priority": 0,
+        "best_of": 1,
+        "length_penalty": 1.0,
+        "response_format": {"type": "text"},
+        "tool_choice": "none",
+        "modalities": ["text"],
+    }
+    r = _post(server, CHAT, {"messages": MSGS, "max_tokens": 2} | defaults)
+    assert r.status_code == 200, r.text
+
+
+def test_every_declared_field_is_accounted_for() -> None:
+    """A field the protocol declares is honoured (listed in the docs), refused or inert."""
+    doc = (__import__("pathlib").Path(__file__).parents[2] / "docs" / "openai-api.md").read_text()
+    refused = {r.name for r in REFUSALS}
+    for model in (ChatCompletionRequest, CompletionRequest):
+        for name in model.model_fields:
+            assert f"`{name}`" in doc, f"{model.__name__}.{name} is not in docs/openai-api.md"
+            assert name not in refused or name not in INERT_FIELDS
+
+
+def test_inert_fields_are_accepted(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        messages=MSGS,
+        max_tokens=3,
+        user="u1",
+        metadata={"k": "v"},
+        store=False,
+        service_tier="auto",
+        parallel_tool_calls=False,
+        extra_body={"prompt_cache_key": "p", "safety_identifier": "s"},
+    )
+    assert r.choices[0].message.content is not None
+
+
+# --- stop_reason, include_stop_str_in_output ----------------------------------------------
+
+
+def _choice(body: dict[str, Any], kind: str) -> tuple[str, str, Any]:
+    c = body["choices"][0]
+    text = c["message"]["content"] if kind == "chat" else c["text"]
+    return text, c["finish_reason"], c["stop_reason"]
+
+
+def _streamed(events: list[Any], kind: str) -> tuple[str, str | None, Any]:
+    assert events[-1] == "[DONE]"
+    text, finish, stop = "", None, "missing"
+    for e in events[:-1]:
+        for c in e["choices"]:
+            text += (c["delta"].get("content") or "") if kind == "chat" else c["text"]
+            if c["finish_reason"] is not None:
+                finish, stop = c["finish_reason"], c.get("stop_reason", "missing")
+    return text, finish, stop
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_stop_reason(server: Server, kind: str) -> None:
+    path = CHAT if kind == "chat" else CMPL
+    base: dict[str, Any] = ({"messages": MSGS} if kind == "chat" else {"prompt": PROMPT}) | {"temperature": 0}
+    # (the model's own EOS, stop_reason null: tests/server/test_generation_config.py)
+    # a stop string: the string
+    ref = _choice(_post(server, path, base | {"max_tokens": 30}).json(), kind)[0]
+    word = ref.split()[3]
+    body = base | {"max_tokens": 30, "stop": [word]}
+    text, finish, stop = _choice(_post(server, path, body).json(), kind)
+    assert (finish, stop) == ("stop", word) and text == ref[: ref.index(word)]
+    assert _streamed(_events(server, path, body), kind) == (text, "stop", word)
+    # include_stop_str_in_output keeps it
+    body |= {"include_stop_str_in_output": True}
+    text, finish, stop = _choice(_post(server, path, body).json(), kind)
+    assert (finish, stop) == ("stop", word) and text == ref[: ref.index(word) + len(word)]
+    assert _streamed(_events(server, path, body), kind) == (text, "stop", word)
+    # a stop token id: the id
+    ids = _tokens(server, word)
+    body = base | {"max_tokens": 30, "stop_token_ids": [ids[-1]]}
+    full = _post(server, path, body).json()
+    text, finish, stop = _choice(full, kind)
+    assert (finish, stop) == ("stop", ids[-1])
+    assert _streamed(_events(server, path, body), kind) == (text, "stop", ids[-1])
+    # length: null
+    text, finish, stop = _choice(
+        _post(server, path, base | {"max_tokens": 3, "ignore_eos": True}).json(), kind
+    )
+    assert (finish, stop) == ("length", None)
+
+
+def test_stop_reason_openai_sdk(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0, stop=["girl"])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == "girl"
+
+
+# --- prompt shaping: truncation, chat template fields ------------------------------------
+
+
+def test_truncate_prompt_tokens(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    long = PROMPT + " there was a little girl named Lily who liked to play"
+    r = client.completions.create(
+        model=model, prompt=long, max_tokens=2, extra_body={"truncate_prompt_tokens": 4}
+    )
+    assert r.usage.prompt_tokens == 4
+    c = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": long}],
+        max_tokens=2,
+        extra_body={"truncate_prompt_tokens": 3},
+    )
+    assert c.usage.prompt_tokens == 3
+
+
+def test_truncate_prompt_tokens_bounds(server: Server) -> None:
+    for k in (0, -2):
+        r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": k})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+    r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": 100000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_request_chat_template_and_continue_final_message(server: Server, client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} Then{% endif %}"
+    )
+    msgs = [{"role": "user", "content": "Once upon"}, {"role": "assistant", "content": " a time"}]
+    plain = _tokens(server, "Once upon a time")
+    r = client.chat.completions.create(
+        model=model,
+        messages=msgs,
+        max_tokens=2,
+        extra_body={"chat_template": template, "add_generation_prompt": False},
+    )
+    assert r.usage.prompt_tokens == len(plain)
+    with_prompt = client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=2, extra_body={"chat_template": template}
+    )
+    assert with_prompt.usage.prompt_tokens == len(_tokens(server, "Once upon a time Then"))
+    # continue_final_message: the template's own output, and the answer continues the text
+    cont = _post(
+        server,
+        CHAT,
+        {
+            "messages": msgs,
+            "max_tokens": 5,
+            "temperature": 0,
+            "chat_template": template,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "add_special_tokens": True,
+        },
+    ).json()
+    ref = _post(server, CMPL, {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}).json()
+    assert cont["choices"][0]["message"]["content"] == ref["choices"][0]["text"]
+    both = _post(server, CHAT, {"messages": msgs, "continue_final_message": True})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    bad = _post(server, CHAT, {"messages": msgs, "chat_template": "{% for %}"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_skip_special_tokens_and_spaces(server: Server) -> None:
+    # greedy, the bundled model starts a new story with BOS ("<s>") within 480 tokens
+    body = {"prompt": PROMPT, "max_tokens": 480, "temperature": 0}
+    kept = _post(server, CMPL, body | {"skip_special_tokens": False}).json()["choices"][0]["text"]
+    skipped = _post(server, CMPL, body).json()["choices"][0]["text"]
+    assert "<s>" in kept and "<s>" not in skipped
+    r = _post(server, CMPL, body | {"skip_special_tokens": False, "spaces_between_special_tokens": False})
+    assert r.status_code == 200 and "<s>" in r.json()["choices"][0]["text"]
+
+
+# --- errors name the right field ---------------------------------------------------------
+
+
+def test_prompt_alone_too_long_names_the_prompt(server: Server) -> None:
+    for ids in ([5] * 600, [5] * 512):  # over the context, and exactly the context (no room left)
+        for extra in ({}, {"max_tokens": 5}):  # the prompt's fault either way
+            r = _post(server, CMPL, {"prompt": ids} | extra)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "prompt", r.text
+            assert f"{len(ids)} input tokens" in err["message"]
+    msgs = [{"role": "user", "content": "the cat sat " * 300}]
+    n = _post(server, "/tokenize", {"messages": msgs}).json()["count"]
+    assert n > 512
+    r = _post(server, CHAT, {"messages": msgs, "max_tokens": 5})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "messages" and f"{n} input tokens" in err["message"]
+
+
+def test_only_a_sent_max_tokens_is_blamed(server: Server) -> None:
+    r = _post(server, CMPL, {"prompt": [5] * 200, "max_tokens": 400})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_tokens" and "200 in the prompt" in err["message"]
+    r = _post(server, CHAT, {"messages": MSGS, "max_completion_tokens": 600})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    # the default max_tokens (16) is not the client's: it shrinks to the room left
+    ok = _post(server, CMPL, {"prompt": [5] * 505, "ignore_eos": True})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["completion_tokens"] == 7
+
+
+# --- streaming usage ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, CMPL])
+def test_usage_null_in_every_chunk_but_the_last(server: Server, path: str) -> None:
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    body |= {"max_tokens": 6, "ignore_eos": True, "n": 2}
+    events = _events(server, path, body | {"stream_options": {"include_usage": True}})
+    chunks = events[:-1]
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    # without include_usage no chunk has the key
+    assert all("usage" not in c for c in _events(server, path, body)[:-1])
+    # continuous_usage_stats: the running usage in every chunk, growing to the total
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = _events(server, path, body | {"stream_options": opts})[:-1]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert all(c["usage"]["prompt_tokens"] > 0 for c in chunks)
+    assert counts == sorted(counts) and counts[-1] == 12 and counts[0] >= 1
+
+
+def test_usage_null_via_sdk(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    chunks = list(
+        client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].usage.completion_tokens >= 1
+
+
+# --- request ids -------------------------------------------------------------------------
+
+
+def test_x_request_id(server: Server, client: openai.OpenAI) -> None:
+    rid = "trace-abc-123"
+    r = _post(server, CMPL, {"prompt": PROMPT, "max_tokens": 3, "n": 2}, headers={"X-Request-Id": rid})
+    assert r.headers["x-request-id"] == rid and r.json()["id"] == f"cmpl-{rid}"
+    r = _post(
+        server, CHAT, {"messages": MSGS, "max_tokens": 3, "stream": True}, headers={"X-Request-Id": rid}
+    )
+    assert r.headers["x-request-id"] == rid
+    first = json.loads(r.text.split("\n\n")[0].removeprefix("data: "))
+    assert first["id"] == f"chatcmpl-{rid}"
+    assert f"request chatcmpl-{rid}" in server.log() and f"request cmpl-{rid}" in server.log()
+    # errors echo it too, and a request without one gets a fresh id
+    bad = _post(server, CMPL, {"prompt": PROMPT, "bogus": 1}, headers={"X-Request-Id": rid})
+    assert bad.status_code == 400 and bad.headers["x-request-id"] == rid
+    fresh = _post(server, CMPL, {"prompt": PROMPT, "max_tokens": 2})
+    assert fresh.headers["x-request-id"] and fresh.json()["id"] == f"cmpl-{fresh.headers['x-request-id']}"
+    # the SDK's raw response
+    raw = client.completions.with_raw_response.create(
+        model=client.models.list().data[0].id,
+        prompt=PROMPT,
+        max_tokens=2,
+        extra_headers={"X-Request-Id": "sdk-1"},
+    )
+    assert raw.headers["x-request-id"] == "sdk-1" and raw.parse().id == "cmpl-sdk-1"
+
+
+def test_same_request_id_concurrently(server: Server) -> None:
+    import concurrent.futures
+
+    body = {"prompt": PROMPT, "max_tokens": 30, "ignore_eos": True, "temperature": 0}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futs = [pool.submit(_post, server, CMPL, body, headers={"X-Request-Id": "dup"}) for _ in range(4)]
+        results = [f.result() for f in futs]
+    assert all(r.status_code == 200 for r in results)
+    assert all(r.json()["usage"]["completion_tokens"] == 30 for r in results)
+    assert len({r.json()["choices"][0]["text"] for r in results}) == 1
+
+
+def test_body_request_id(server: Server) -> None:
+    r = _post(server, CMPL, {"prompt": PROMPT, "max_tokens": 2, "request_id": "body-7"})
+    assert r.json()["id"] == "cmpl-body-7" and r.headers["x-request-id"] == "body-7"
+    r = _post(
+        server,
+        CMPL,
+        {"prompt": PROMPT, "max_tokens": 2, "request_id": "body-7"},
+        headers={"X-Request-Id": "hdr"},
+    )
+    assert r.json()["id"] == "cmpl-hdr" and r.headers["x-request-id"] == "hdr"

@@ -1,0 +1,144 @@
+"""The model's sampling defaults (generation_config.json): loading, SamplingParams' rule that an
+explicit value always wins, and the offline LLM / `surge generate` following it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from surge.config import DEFAULT_MODEL_DIR
+from surge.generation_defaults import describe_sampling_defaults, load_sampling_defaults
+from surge.sampling_params import SamplingParams, stop_reason_of
+from surge.server.auth import bearer_token, is_authorized, parse_api_keys
+
+
+def _model(tmp_path: Path, gen: dict) -> Path:
+    dest = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, dest)
+    (dest / "generation_config.json").write_text(json.dumps(gen))
+    return dest
+
+
+def test_load_sampling_defaults(tmp_path: Path) -> None:
+    model = _model(
+        tmp_path,
+        {"eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": -1, "min_p": None},
+    )
+    assert load_sampling_defaults(model) == {"temperature": 0.6, "top_p": 0.95, "top_k": 0}
+    assert load_sampling_defaults(model, "none") == {}
+    assert load_sampling_defaults(DEFAULT_MODEL_DIR) == {}  # the bundled model sets none
+    assert "top_p=0.95" in describe_sampling_defaults({"top_p": 0.95}, "auto")
+    assert "none" in describe_sampling_defaults({}, "none")
+    with pytest.raises(ValueError, match="generation_config"):
+        load_sampling_defaults(model, "vllm")
+
+
+@pytest.mark.parametrize(
+    ("gen", "word"),
+    [({"top_p": 2.0}, "top_p"), ({"temperature": "hot"}, "temperature"), ({"top_k": True}, "top_k")],
+)
+def test_bad_generation_config_names_the_field(tmp_path: Path, gen: dict, word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        load_sampling_defaults(_model(tmp_path, gen))
+
+
+def test_explicit_values_win() -> None:
+    defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.2}
+    left_out = SamplingParams()
+    assert left_out.temperature == 1.0 and left_out.top_k == 0  # neutral until the engine applies defaults
+    resolved = left_out.with_model_defaults(defaults)
+    assert (
+        resolved.temperature,
+        resolved.top_p,
+        resolved.top_k,
+        resolved.min_p,
+        resolved.repetition_penalty,
+    ) == (
+        0.6,
+        0.9,
+        20,
+        0.0,
+        1.2,
+    )
+    explicit = SamplingParams(temperature=1.0, top_p=1.0, top_k=0).with_model_defaults(defaults)
+    assert (explicit.temperature, explicit.top_p, explicit.top_k, explicit.repetition_penalty) == (
+        1.0,
+        1.0,
+        0,
+        1.2,
+    )
+    assert resolved.model_default_fields == () and resolved.with_model_defaults({"top_p": 0.1}) is resolved
+    # the record of left-out fields survives the trip to the engine process
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(SamplingParams(top_k=3)), type=SamplingParams)
+    assert wire.model_default_fields == ("temperature", "top_p", "min_p", "repetition_penalty")
+    assert wire.with_model_defaults(defaults).top_k == 3
+
+
+def test_stop_reason_of() -> None:
+    assert stop_reason_of(None, ()) is None
+    assert stop_reason_of(2, ()) is None  # the model's EOS
+    assert stop_reason_of(7, (7, 9)) == 7
+
+
+def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from surge import LLM
+    from surge.engine.generate_cli import run_generate
+
+    model = _model(tmp_path, {"eos_token_id": 2, "temperature": 0.0, "repetition_penalty": 1.4})
+    auto = LLM(model, device="cpu", num_kv_blocks=256)
+    assert auto.sampling_defaults == {"temperature": 0.0, "repetition_penalty": 1.4}
+    prompt, n = "Lily and Tom", 40
+    left_out = auto.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True))[0].outputs[0].text
+    same = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, repetition_penalty=1.4)
+    assert auto.generate(prompt, same)[0].outputs[0].text == left_out
+    plain = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, repetition_penalty=1.0)
+    plain_text = auto.generate(prompt, plain)[0].outputs[0].text
+    assert plain_text != left_out  # the explicit value wins
+    off = LLM(model, device="cpu", num_kv_blocks=256, generation_config="none")
+    assert off.sampling_defaults == {}
+    greedy = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
+    assert off.generate(prompt, greedy)[0].outputs[0].text == plain_text
+    # `surge generate`: the model's defaults when the flags are left out
+    args = argparse.Namespace(
+        model=str(model),
+        prompt=prompt,
+        max_tokens=n,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        min_p=None,
+        repetition_penalty=None,
+        seed=None,
+        ignore_eos=True,
+        chat=False,
+        device="cpu",
+        dtype="auto",
+        load_format="auto",
+        tensor_parallel_size=1,
+        quantization=None,
+        kv_cache_dtype="auto",
+        generation_config="auto",
+    )
+    assert run_generate(args) == 0
+    assert capsys.readouterr().out == left_out + "\n"
+    assert run_generate(argparse.Namespace(**{**vars(args), "generation_config": "none"})) == 0
+    assert capsys.readouterr().out == plain_text + "\n"
+
+
+def test_api_key_parsing() -> None:
+    assert parse_api_keys(None, None) == ()
+    assert parse_api_keys(["a1", "b2,c3", "a1"], "envkey") == ("a1", "b2", "c3")
+    assert parse_api_keys(None, "e1,e2") == ("e1", "e2")
+    for flags, env in (([""], None), (["a,"], None), (None, ""), (["a b"], None), (["cl\u00e9"], None)):
+        with pytest.raises(ValueError) as e:
+            parse_api_keys(flags, env)
+        assert "a b" not in str(e.value)
+    assert bearer_token(b"Bearer  x") == b"x" and bearer_token(b"bearer\tx") == b"x"
+    assert bearer_token(b"Bearerx") is None and bearer_token(None) is None
+    assert is_authorized(b"BEARER k2", ("k1", "k2")) and not is_authorized(b"Basic k1", ("k1",))
+    assert not is_authorized(None, ("k1",)) and not is_authorized(b"Bearer \xff", ("k1",))
