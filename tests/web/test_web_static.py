@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from surge.server.api_server import ServeOptions, build_app
+from surge.server.drain import InFlight
 from surge.server.serving_common import ServerState
 from surge.web.ui import STATIC_DIR, mount_web_ui
 from tests.server.conftest import Server
@@ -110,7 +111,8 @@ def _app(web_ui: bool, api_key: str | None = None) -> FastAPI:
     # The web routes never touch the engine; the lifespan (which would) does not run without `with`.
     state = SimpleNamespace(
         client=SimpleNamespace(is_ready=True),
-        api_key=api_key,
+        api_keys=(api_key,) if api_key else (),
+        in_flight=InFlight(),
         metrics_require_key=False,
         max_request_body_bytes=1 << 20,
         body_read_timeout=10.0,
