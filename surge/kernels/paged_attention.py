@@ -51,6 +51,7 @@ import triton.language as tl
 from surge.kernels.attention_reduce import attention_reduce
 
 _LOG2E = 1.4426950408889634
+_NO_SKIP = 2**31 - 1
 
 MIN_KV_PER_SPLIT = 256
 """Smallest KV share (tokens) worth a split of its own: the default of
@@ -185,7 +186,7 @@ def _store_partial(
     tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=store_mask)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_q_rows", "stride_bt", "bt_width"])
+@triton.jit(do_not_specialize=["num_seqs", "num_q_rows", "stride_bt", "bt_width", "skip_q_len"])
 def _paged_attention_kernel(
     out_ptr,
     part_out_ptr,
@@ -202,6 +203,7 @@ def _paged_attention_kernel(
     num_seqs,
     num_q_rows,
     num_heads,
+    skip_q_len,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -292,7 +294,7 @@ def _paged_attention_kernel(
         q_start = tl.load(query_start_loc_ptr + seq_idx)
         q_len = tl.load(query_start_loc_ptr + seq_idx + 1) - q_start
         q_tile_local = q_tile - (q_start // BLOCK_Q + seq_idx)
-        if q_tile_local * BLOCK_Q >= q_len:
+        if (q_tile_local * BLOCK_Q >= q_len) | (q_len >= skip_q_len):
             return
         seq_len = tl.load(seq_lens_ptr + seq_idx)
         context_len = seq_len - q_len
@@ -518,6 +520,7 @@ def paged_attention(
     min_kv_per_split: int = MIN_KV_PER_SPLIT,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    skip_query_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch of query tokens over a paged KV cache.
 
@@ -548,6 +551,10 @@ def paged_attention(
             ``max(16, next_power_of_2(group))`` rows whatever ``config.block_m``.
         min_kv_per_split: smallest KV share (tokens) of a split on the decode grid.
         k_scale, v_scale: dequantization multipliers of an FP8 cache (ignored otherwise).
+        skip_query_len: on the mixed grid, sequences with at least this many new tokens are
+            skipped and their rows of ``out`` left as they are (for
+            :func:`surge.kernels.prefill_attention.prefill_attention`); needs
+            ``num_splits == 1``. None skips nothing.
 
     Returns:
         ``out``: ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype; padding rows are
@@ -573,6 +580,8 @@ def paged_attention(
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if min_kv_per_split < 1:
         raise ValueError(f"min_kv_per_split must be >= 1, got {min_kv_per_split}")
+    if skip_query_len is not None and num_splits != 1:
+        raise ValueError("skip_query_len needs num_splits == 1")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or block_table.stride(1) != 1:
         raise ValueError("q, k_cache, v_cache and block_table need a contiguous last dimension")
     if out is None:
@@ -613,6 +622,7 @@ def paged_attention(
         num_seqs,
         num_tokens,
         num_heads,
+        _NO_SKIP if skip_query_len is None else skip_query_len,
         q.stride(0),
         q.stride(1),
         out.stride(0),

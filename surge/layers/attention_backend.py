@@ -31,6 +31,7 @@ class AttentionMetadata:
         max_query_len: the longest q_len in the step (host int).
         max_seq_len: the longest seq_len in the step (host int).
         query_start_loc_cpu, seq_lens_cpu: host copies, for backends that loop on the host.
+        min_query_len: the shortest q_len in the step (host int); 0 when unknown.
     """
 
     num_tokens: int
@@ -43,6 +44,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    min_query_len: int = 0
 
 
 class AttentionBackend(ABC):

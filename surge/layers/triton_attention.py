@@ -1,7 +1,11 @@
-"""The Triton attention backend: paged K/V write plus one varlen paged-attention kernel.
+"""The Triton attention backend: paged K/V write, a prefill kernel and a varlen paged kernel.
 
-Prefill, chunked prefill and decode run in the same launch
-(:func:`surge.kernels.paged_attention.paged_attention`); a pure decode step
+Sequences with at least ``PrefillKernelChoice.min_query_len`` new tokens (prefill chunks) run
+on :func:`surge.kernels.prefill_attention.prefill_attention` (FlashAttention-2 schedule; the
+new tokens' K/V from the step's contiguous tensors, the prefix from the paged cache); the
+other rows of the step (decodes, short chunks) and every step with an FP8 cache run on
+:func:`surge.kernels.paged_attention.paged_attention`, which skips the rows the prefill kernel
+took. A pure decode step
 (``max_query_len == 1``) takes the kernel's decode grid (one program per sequence and KV
 head), and small decode batches take the split-KV (flash-decoding) path with a reduce
 kernel, each sequence using only the splits its own context needs. Every host-side choice is
@@ -11,13 +15,44 @@ never syncs with the GPU and is safe inside CUDA-graph capture.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from surge.kernels.kv_write import write_kv_cache
 from surge.kernels.paged_attention import choose_num_splits, paged_attention
+from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention, prefill_supported
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 
 _DEFAULT_NUM_SMS = 132  # H100/H200; used when no CUDA device is visible (interpreter tests)
+
+SPLIT_PREFILL_MAX_TOKENS = 128
+"""Largest step (tokens) with prefill rows that may take the split-KV path."""
+SPLIT_PREFILL_MIN_CONTEXT = 1024
+"""Shortest longest-context (tokens) of such a step that splits."""
+SPLIT_PREFILL_NUM_SPLITS = 16
+"""KV splits of such a step (an empty split costs one store and its share of the reduce)."""
+
+
+@dataclass(frozen=True)
+class PrefillKernelChoice:
+    """Which rows take the prefill kernel, and its tiles.
+
+    Attributes:
+        enabled: False runs every row on the paged kernel (the previous behaviour).
+        min_query_len: sequences with at least this many new tokens take the prefill
+            kernel; shorter ones (decodes, short chunks) stay on the paged kernel, which
+            packs a KV head's query heads into one tile and is the faster one there.
+        tile: the prefill kernel's tile shape and launch parameters.
+    """
+
+    enabled: bool = True
+    min_query_len: int = 64
+    tile: PrefillTileConfig = field(default_factory=PrefillTileConfig)
+
+    def __post_init__(self) -> None:
+        if self.min_query_len < 2:
+            raise ValueError(f"min_query_len must be >= 2, got {self.min_query_len}")
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -28,6 +63,8 @@ class TritonAttentionBackend(AttentionBackend):
             current CUDA device when None.
         max_num_splits: upper bound on KV splits per (sequence, KV head).
         split_kv: False disables the split-KV path (always one pass).
+        prefill: which sequences take the prefill kernel (default
+            :class:`PrefillKernelChoice`).
 
     Under CUDA graphs, pass the longest context a graph may replay with as
     ``metadata.max_seq_len`` at capture time (e.g. ``max_model_len``): the number of
@@ -41,7 +78,13 @@ class TritonAttentionBackend(AttentionBackend):
     fuses_rope_kv_write = True
     cuda_graph_safe = True
 
-    def __init__(self, num_sms: int | None = None, max_num_splits: int = 32, split_kv: bool = True) -> None:
+    def __init__(
+        self,
+        num_sms: int | None = None,
+        max_num_splits: int = 32,
+        split_kv: bool = True,
+        prefill: PrefillKernelChoice | None = None,
+    ) -> None:
         if num_sms is None:
             num_sms = (
                 torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -51,10 +94,25 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_sms = num_sms
         self.max_num_splits = max_num_splits
         self.split_kv = split_kv
+        self.prefill = prefill or PrefillKernelChoice()
 
     def num_splits(self, metadata: AttentionMetadata, num_kv_heads: int) -> int:
-        """KV splits for this step (1 = single pass), from host-side metadata only."""
+        """KV splits for this step (1 = single pass), from host-side metadata only.
+
+        Pure decode steps follow :func:`choose_num_splits`. A small step with longer queries
+        (at most :data:`SPLIT_PREFILL_MAX_TOKENS` tokens, e.g. the last block of a prompt
+        found in the prefix cache) over a context of at least
+        :data:`SPLIT_PREFILL_MIN_CONTEXT` tokens has too few programs on the paged kernel's
+        mixed grid to stream its KV: it takes :data:`SPLIT_PREFILL_NUM_SPLITS` splits (one
+        fixed count, so one kernel variant per tile, compiled at warm-up).
+        """
         if not self.split_kv:
+            return 1
+        if metadata.max_query_len != 1:
+            small = metadata.num_tokens <= SPLIT_PREFILL_MAX_TOKENS
+            few_programs = metadata.seq_lens.shape[0] * num_kv_heads < self.num_sms
+            if small and few_programs and metadata.max_seq_len >= SPLIT_PREFILL_MIN_CONTEXT:
+                return min(SPLIT_PREFILL_NUM_SPLITS, self.max_num_splits)
             return 1
         return choose_num_splits(
             num_seqs=metadata.seq_lens.shape[0],
@@ -87,6 +145,9 @@ class TritonAttentionBackend(AttentionBackend):
         n = metadata.num_tokens
         if write_kv:
             write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)
+        pf = self.prefill
+        if pf.enabled and metadata.max_query_len >= pf.min_query_len and prefill_supported(q, k_cache):
+            return self._prefill_forward(q, k, v, k_cache, v_cache, metadata, scale)
         return paged_attention(
             q,
             k_cache,
@@ -100,3 +161,44 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
         )
+
+    def _prefill_forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """The long sequences on the prefill kernel, then (unless the step has none) the
+        short ones on the paged kernel's mixed grid, into one output."""
+        threshold = self.prefill.min_query_len
+        out = prefill_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            scale,
+            min_query_len=threshold,
+            config=self.prefill.tile,
+        )
+        if metadata.min_query_len < threshold:  # 0: unknown
+            paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                metadata.block_table,
+                scale,
+                out,
+                max_query_len=max(2, min(metadata.max_query_len, threshold - 1)),
+                skip_query_len=threshold,
+            )
+        return out

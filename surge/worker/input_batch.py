@@ -143,6 +143,8 @@ class PreparedInputs:
             whose ids are pending (row 0; their ``input_ids`` hold 0 until filled) and the
             rows of the previous step's sampled ids that hold them (row 1); None when P = 0.
         pending_identity: both rows of ``pending_idx`` are ``0..P-1`` (one contiguous copy).
+        min_query_len: the shortest q_len over the real sequences (host int; 1 in a pure
+            decode step, where it is not computed).
     """
 
     num_tokens: int
@@ -161,6 +163,7 @@ class PreparedInputs:
     all_rows_sample: bool
     pending_idx: torch.Tensor | None = None
     pending_identity: bool = False
+    min_query_len: int = 1
 
     @property
     def num_pending(self) -> int:
@@ -388,6 +391,7 @@ class InputPreparer:
             all_rows_sample=max_query_len == 1 and num_sample == num_seqs,
             pending_idx=tok_dev[3 * tr + num_sample :].view(2, num_pend) if num_pend else None,
             pending_identity=identity,
+            min_query_len=int(q_lens.min()) if max_query_len > 1 else 1,
         )
 
 

@@ -315,18 +315,27 @@ class ModelRunner:
         """Run small dummy steps so the Triton kernels that eager steps use get compiled at
         start-up rather than under load (each kernel has variants by tile shape and by
         Triton's specialisation of ints equal to 1 or divisible by 16): prefill chunks of
-        1..33 tokens, a mixed prefill + decode batch, and the LM head over 1, 2 and 16 rows.
-        A no-op on CPU."""
+        1..33 tokens, a mixed prefill + decode batch, a 128-token chunk next to a decode (the
+        prefill attention kernel and the paged kernel's skipping variant), and the LM head
+        over 1, 2 and 16 rows. A no-op on CPU."""
         if self.device.type != "cuda":
             return
-        for q_lens, rows in (([1], 1), ([2], 2), ([5, 1], 2), ([16], 16), ([33, 1, 1], 3)):
+        shapes = (([1], 1), ([2], 2), ([5, 1], 2), ([16], 16), ([33, 1, 1], 3), ([128, 1], 2))
+        for q_lens, rows in shapes:
             self._dummy_step(q_lens, rows, full_sampler=False)
+        # The split-KV variants of small steps over a long context (a prompt's last block
+        # found in the prefix cache), one per query tile size.
+        context = 2048
+        if self.config.scheduler.max_model_len >= context + 16:
+            for q_len in (2, 5, 16):
+                self._dummy_step([q_len], 1, full_sampler=False, context=context)
         torch.cuda.synchronize(self.device)
 
-    def _dummy_step(self, q_lens: list[int], sample_rows: int, full_sampler: bool) -> None:
-        """A forward of sequences with ``q_lens`` new tokens each (positions from 0) over a
-        one-block dummy cache that is never written (slot -1), the LM head over
-        ``sample_rows`` rows and, with ``full_sampler``, the sampler with every feature on."""
+    def _dummy_step(self, q_lens: list[int], sample_rows: int, full_sampler: bool, context: int = 0) -> None:
+        """A forward of sequences with ``q_lens`` new tokens each (positions from
+        ``context``, every earlier position read from the dummy block) over a one-block
+        dummy cache that is never written (slot -1), the LM head over ``sample_rows`` rows
+        and, with ``full_sampler``, the sampler with every feature on."""
         num_tokens = sum(q_lens)
         mc = self.config.model
         shape = (1, self.block_size, self.num_kv_heads, mc.head_dim)
@@ -335,20 +344,22 @@ class ModelRunner:
             for _ in range(mc.num_hidden_layers)
         ]
         cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-        positions = np.concatenate([np.arange(n) for n in q_lens])
-        width = -(-max(q_lens) // self.block_size)
+        positions = np.concatenate([np.arange(n) for n in q_lens]) + context
+        seq_lens = [n + context for n in q_lens]
+        width = -(-max(seq_lens) // self.block_size)
         dev = self.device
         metadata = AttentionMetadata(
             num_tokens=num_tokens,
             num_seqs=len(q_lens),
             query_start_loc=torch.from_numpy(cu).to(dev),
-            seq_lens=torch.tensor(q_lens, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             block_table=torch.zeros(len(q_lens), width, dtype=torch.int32, device=dev),
             slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
             max_query_len=max(q_lens),
-            max_seq_len=max(q_lens),
+            max_seq_len=max(seq_lens),
             query_start_loc_cpu=cu.tolist(),
-            seq_lens_cpu=list(q_lens),
+            seq_lens_cpu=seq_lens,
+            min_query_len=min(q_lens),
         )
         rows = sample_rows
         with torch.inference_mode():
@@ -597,6 +608,7 @@ class ModelRunner:
             max_seq_len=inputs.max_seq_len,
             query_start_loc_cpu=inputs.query_start_loc_cpu[: inputs.num_seqs + 1],
             seq_lens_cpu=inputs.seq_lens_cpu[: inputs.num_seqs],
+            min_query_len=inputs.min_query_len,
         )
 
     def _forward(

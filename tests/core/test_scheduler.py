@@ -399,3 +399,23 @@ def test_stats_snapshot() -> None:
     assert (stats.num_running, stats.num_waiting) == (1, 1)
     assert stats.num_total_blocks == 10 and stats.num_free_blocks == 8
     assert stats.kv_cache_usage == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("prompt_len", [64, 70])
+def test_repeated_prompt_costs_one_step_of_at_most_one_block(prompt_len: int) -> None:
+    """A prompt already in the prefix cache: every full block but the one holding its last
+    token is a hit (the last token must be computed for its logits), so the repeat is one
+    step of at most ``block_size`` tokens that samples, and the hit counter rises by the
+    hit blocks' tokens."""
+    sched = _make(budget=1024, num_blocks=64, prefix=True)
+    prompt = list(range(300, 300 + prompt_len))
+    sched.add_request(_req("first", prompt, max_tokens=2))
+    _run(sched)
+    hits_before = sched.get_stats().prefix_cache_hit_tokens
+    sched.add_request(_req("again", prompt, max_tokens=1))
+    so, outs = _step(sched)
+    hit = (prompt_len - 1) // 8 * 8
+    assert [(s.num_new_tokens, s.sample) for s in so.scheduled] == [(prompt_len - hit, True)]
+    assert 1 <= prompt_len - hit <= 8
+    assert sched.get_stats().prefix_cache_hit_tokens - hits_before == hit
+    assert outs[0].finished and outs[0].num_cached_tokens == hit

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from surge.kernels.prefill_attention import PrefillTileConfig
+from surge.layers import triton_attention
 from surge.layers.torch_attention import TorchAttentionBackend
-from surge.layers.triton_attention import TritonAttentionBackend
+from surge.layers.triton_attention import PrefillKernelChoice, TritonAttentionBackend
 from tests.kernels.attn_utils import make_batch, reference_attention
 
 
@@ -21,6 +23,7 @@ def _compare(
     head_dim: int = 64,
     tol: float = 2e-3,
     max_seq_len: int | None = None,
+    min_query_len: int | None = None,
 ) -> None:
     batch = make_batch(
         q_lens,
@@ -35,6 +38,8 @@ def _compare(
     md = batch.metadata
     if max_seq_len is not None:
         md.max_seq_len = max_seq_len  # as a decode graph is captured: the longest context it may see
+    if min_query_len is not None:
+        md.min_query_len = min_query_len
     kc_ref, vc_ref = batch.k_cache.clone(), batch.v_cache.clone()
     scale = head_dim**-0.5
     ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, kc_ref, vc_ref, md, scale)
@@ -53,6 +58,50 @@ def test_mixed_prefill_and_decode(split_kv: bool) -> None:
         torch.float16,
         "cpu",
     )
+
+
+SMALL_PREFILL = PrefillKernelChoice(
+    min_query_len=4, tile=PrefillTileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+)
+
+
+@pytest.mark.parametrize("known_min", [True, False])
+def test_prefill_rows_on_the_prefill_kernel_and_the_rest_on_the_paged_one(known_min: bool) -> None:
+    """Chunks of 6, 19 and 4 tokens (two over a cached prefix) take the prefill kernel; the
+    decodes and the 3-token chunk take the paged kernel; every row matches the reference,
+    whether the runner told the backend the shortest q_len (1) or not (0)."""
+    backend = TritonAttentionBackend(num_sms=132, prefill=SMALL_PREFILL)
+    q_lens, seq_lens = [6, 1, 19, 1, 3, 4], [22, 40, 19, 2, 3, 37]
+    _compare(q_lens, seq_lens, backend, torch.float16, "cpu", min_query_len=1 if known_min else 0)
+
+
+def test_cached_prompt_step_splits_the_kv_and_matches() -> None:
+    """The last block of a prompt found in the prefix cache: 16 new tokens over a 1040-token
+    context (and a decode) run split on the mixed grid."""
+    backend = TritonAttentionBackend(num_sms=132)
+    batch = make_batch([16, 1], [1040, 300], 4, 2, 64)
+    assert backend.num_splits(batch.metadata, 2) == 16
+    _compare([16, 1], [1040, 300], backend, torch.float16, "cpu")
+
+
+def test_all_prefill_step_launches_only_the_prefill_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_paged(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the paged kernel ran")
+
+    monkeypatch.setattr(triton_attention, "paged_attention", no_paged)
+    backend = TritonAttentionBackend(num_sms=132, prefill=SMALL_PREFILL)
+    _compare([5, 17], [21, 17], backend, torch.float32, "cpu", tol=1e-4, min_query_len=5)
+
+
+def test_prefill_kernel_off_stays_on_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_prefill(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the prefill kernel ran")
+
+    monkeypatch.setattr(triton_attention, "prefill_attention", no_prefill)
+    off = PrefillKernelChoice(enabled=False, min_query_len=4)
+    _compare([6, 1], [22, 40], TritonAttentionBackend(num_sms=132, prefill=off), torch.float16, "cpu")
+    with pytest.raises(ValueError, match="min_query_len"):
+        PrefillKernelChoice(min_query_len=1)
 
 
 def test_decode_takes_split_path_and_matches() -> None:
@@ -75,8 +124,13 @@ def test_padded_decode_as_captured_for_a_long_max_model_len(split_kv: bool) -> N
 
 
 def test_num_splits_off_and_for_prefill() -> None:
-    batch = make_batch([5, 1], [1000, 900], 4, 2, 64)
-    assert TritonAttentionBackend(num_sms=132).num_splits(batch.metadata, 2) == 1
+    big = make_batch([129, 1], [1000, 900], 4, 2, 64)
+    assert TritonAttentionBackend(num_sms=132).num_splits(big.metadata, 2) == 1
+    small = make_batch([5, 1], [1030, 900], 4, 2, 64)
+    assert TritonAttentionBackend(num_sms=132).num_splits(small.metadata, 2) == 16
+    short = make_batch([5, 1], [1000, 900], 4, 2, 64)
+    assert TritonAttentionBackend(num_sms=132).num_splits(short.metadata, 2) == 1
+    assert TritonAttentionBackend(num_sms=132, split_kv=False).num_splits(small.metadata, 2) == 1
     decode = make_batch([1], [1000], 4, 2, 64)
     assert TritonAttentionBackend(num_sms=132, split_kv=False).num_splits(decode.metadata, 2) == 1
 
@@ -88,6 +142,8 @@ def test_gpu_qwen3_8b_backend(split_kv: bool) -> None:
     backend = TritonAttentionBackend(split_kv=split_kv)
     _compare([1, 1, 1], [8192, 5000, 33], backend, torch.bfloat16, "cuda", 8, 4, 128, tol=2e-2)
     _compare([512, 1, 1], [2560, 4096, 100], backend, torch.bfloat16, "cuda", 8, 4, 128, tol=2e-2)
+    _compare([4096], [4096], backend, torch.bfloat16, "cuda", 8, 4, 128, tol=2e-2, min_query_len=4096)
+    _compare([1000, 37, 1], [9192, 37, 50], backend, torch.bfloat16, "cuda", 8, 4, 128, tol=2e-2)
 
 
 @pytest.mark.gpu
