@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--tp-all-reduce", choices=("auto", "nccl"), default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--dtype", default="bfloat16")
@@ -36,6 +37,7 @@ def main() -> None:
     llm = LLM(
         args.model,
         tensor_parallel_size=args.tp,
+        tp_all_reduce=args.tp_all_reduce,
         enforce_eager=args.enforce_eager,
         device=args.device,
         load_format=args.load_format,
@@ -58,6 +60,7 @@ def main() -> None:
                 "model": args.model,
                 "tp": args.tp,
                 "enforce_eager": args.enforce_eager,
+                "tp_all_reduce": args.tp_all_reduce,
                 "start_s": round(start_s, 1),
                 "batch1_tokens_per_s": round(decode_tps, 1),
                 "greedy_ids": ids,

@@ -68,6 +68,7 @@ def run_generate(args: argparse.Namespace) -> int:
         device=args.device,
         load_format=args.load_format,
         tensor_parallel_size=args.tensor_parallel_size,
+        tp_all_reduce=args.tp_all_reduce,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         generation_config=args.generation_config,

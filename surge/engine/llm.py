@@ -53,6 +53,8 @@ class LLM:
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
         tensor_parallel_size: shard the model over this many worker processes (GPUs); they
             stop with :meth:`close` or at interpreter exit.
+        tp_all_reduce: "auto" (a peer-memory one-shot all-reduce for decode-sized tensors where
+            the GPUs allow it, NCCL for the rest) or "nccl".
         quantization: "fp8" for FP8 weights (a bf16 checkpoint quantized at load; an FP8
             checkpoint is FP8 without it), or None.
         kv_cache_dtype: "auto" (the model dtype) or "fp8".
@@ -84,6 +86,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         async_scheduling: bool | None = None,
         tensor_parallel_size: int = 1,
+        tp_all_reduce: str = "auto",
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         fp8_emulation: bool = False,
@@ -105,6 +108,7 @@ class LLM:
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
+            tp_all_reduce=tp_all_reduce,
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
             fp8_emulation=fp8_emulation,

@@ -74,6 +74,7 @@ def build_engine_config(
     node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
+    tp_all_reduce: str = "auto",
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     fp8_emulation: bool = False,
@@ -84,7 +85,8 @@ def build_engine_config(
     ``max_model_len=None`` takes the model's ``max_position_embeddings``;
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
     and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
-    to ``master_port`` are :class:`~surge.config.ParallelConfig`'s.
+    to ``master_port`` are :class:`~surge.config.ParallelConfig`'s (``tp_all_reduce`` is its
+    ``all_reduce``).
 
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
@@ -110,6 +112,7 @@ def build_engine_config(
         node_rank=node_rank,
         master_addr=master_addr,
         master_port=master_port,
+        all_reduce=tp_all_reduce,
     )
     resolved = resolve_device(device)
     if async_scheduling is None:

@@ -6,11 +6,16 @@ parts, one per rank. Padding rows are zero and their logits are dropped.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from surge.layers.linear import gemm
+
+if TYPE_CHECKING:
+    from surge.parallel.communicator import TPCommunicator
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -35,6 +40,8 @@ class VocabParallelEmbedding(nn.Module):
         self.tp_size = tp_size
         self.vocab_per_rank = -(-vocab_size // tp_size)
         self.vocab_start = tp_rank * self.vocab_per_rank
+        self.comm: TPCommunicator | None = None
+        """The all-reduce of a TP worker (set by the model runner); None: ``torch.distributed``."""
         self.weight = nn.Parameter(
             torch.empty(self.vocab_per_rank, hidden_size, dtype=dtype), requires_grad=False
         )
@@ -66,6 +73,8 @@ class VocabParallelEmbedding(nn.Module):
         mask = (local < 0) | (local >= self.vocab_per_rank)
         out = F.embedding(local.masked_fill(mask, 0), self.weight)
         out.masked_fill_(mask.unsqueeze(-1), 0)
+        if self.comm is not None:
+            return self.comm.all_reduce(out)
         torch.distributed.all_reduce(out)
         return out
 

@@ -18,11 +18,14 @@ format and runs its matmul; unquantized layers keep ``quant_method = None`` and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from surge.parallel.communicator import TPCommunicator
 
 WeightLoader = Callable[..., None]
 
@@ -269,6 +272,8 @@ class RowParallelLinear(_LinearBase):
     ) -> None:
         in_local = _divide(in_features, tp_size, f"{type(self).__name__} input size")
         super().__init__(in_local, out_features, bias, dtype, tp_rank, tp_size)
+        self.comm: TPCommunicator | None = None
+        """The all-reduce of a TP worker (set by the model runner); None: ``torch.distributed``."""
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -297,7 +302,10 @@ class RowParallelLinear(_LinearBase):
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """All-reduce this rank's partial sums ``[T, out]``, then add the bias once."""
-        torch.distributed.all_reduce(partial)
+        if self.comm is not None:
+            partial = self.comm.all_reduce(partial)
+        else:
+            torch.distributed.all_reduce(partial)
         if self.bias is not None:
             partial = partial + self.bias
         return partial

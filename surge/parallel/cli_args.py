@@ -15,6 +15,13 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         default=1,
         help="shard the model over this many GPUs (worker processes; on CPU, processes) (default 1)",
     )
+    p.add_argument(
+        "--tp-all-reduce",
+        choices=("auto", "nccl"),
+        default="auto",
+        help="tensor-parallel all-reduce: auto (decode-sized tensors through a peer-memory one-shot "
+        "all-reduce where the GPUs allow it, NCCL for the rest) or nccl (default auto)",
+    )
     if not serve:
         return
     p.add_argument(
@@ -47,7 +54,10 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
 
 def parallel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``build_engine_config`` keyword arguments of the parsed flags."""
-    out: dict[str, Any] = {"tensor_parallel_size": args.tensor_parallel_size}
+    out: dict[str, Any] = {
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "tp_all_reduce": args.tp_all_reduce,
+    }
     for name in ("data_parallel_size", "nnodes", "node_rank", "master_addr", "master_port"):
         if hasattr(args, name):
             out[name] = getattr(args, name)

@@ -25,6 +25,7 @@ from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
+from surge.parallel.communicator import TPCommunicator, attach_communicator
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request
 from surge.sampling_params import SamplingParams
@@ -203,6 +204,18 @@ class ModelRunner:
             torch.float8_e4m3fn if config.cache.kv_cache_dtype == "fp8" else mc.torch_dtype
         )
         self.model = load_model(mc, self.device, tp_rank, self.tp_size)
+        self.comm: TPCommunicator | None = None
+        if self.tp_size > 1 and torch.distributed.is_initialized():
+            # before warm-up and graph capture: the graphs record the all-reduce path
+            self.comm = TPCommunicator(
+                self.device,
+                mc.hidden_size,
+                mc.torch_dtype,
+                max_rows=config.scheduler.max_num_seqs,
+                method="nccl" if config.parallel.all_reduce == "nccl" else "auto",
+                single_host=config.parallel.nnodes == 1,
+            )
+            attach_communicator(self.model, self.comm)
         self.attn_backend: AttentionBackend = attn_backend or default_attention_backend(self.device)
         self.sampler = Sampler(config.seed, self.device)
         self.vocab_size = mc.vocab_size
