@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -134,6 +134,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         spaces_between_special_tokens: passed to the tokenizer's ``decode`` (slow tokenizers
             put spaces around kept special tokens; fast ones never do).
         presence_penalty, frequency_penalty: OpenAI penalties on generated tokens (-2..2).
+        logit_bias: token id -> value added to its logit (-100..100), before penalties and sampling.
+        allowed_token_ids: when set, only these token ids can be sampled.
+        bad_words: words never to generate (vLLM); turned into ``bad_words_token_ids`` by the
+            caller's tokenizer (:func:`surge.tokenizer.bad_words_token_ids`).
+        bad_words_token_ids: token sequences that must not be generated: the last token of a
+            sequence is banned whenever the output ends with the tokens before it.
         repetition_penalty: multiplicative penalty on prompt and generated tokens (> 0; 1 = off).
         logprobs: None, or return each generated token's log-probability and the ``logprobs``
             (0..20) most likely alternatives with their ranks. Values are the log-softmax of the
@@ -170,6 +176,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     model_default_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -185,6 +195,20 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
         if isinstance(self.stop_token_ids, list):
             msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.allowed_token_ids, list):
+            msgspec.structs.force_setattr(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if isinstance(self.bad_words, str):
+            msgspec.structs.force_setattr(self, "bad_words", (self.bad_words,))
+        elif isinstance(self.bad_words, list):
+            msgspec.structs.force_setattr(self, "bad_words", tuple(self.bad_words))
+        if isinstance(self.bad_words_token_ids, list):
+            msgspec.structs.force_setattr(
+                self, "bad_words_token_ids", tuple(tuple(w) for w in self.bad_words_token_ids)
+            )
+        if self.logit_bias is not None:
+            msgspec.structs.force_setattr(
+                self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()}
+            )
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
         floats = (
@@ -245,6 +269,24 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 all(0 <= t <= _INT32_MAX for t in self.stop_token_ids),
                 f"stop_token_ids must be in [0, {_INT32_MAX}]",
             ),
+            (
+                self.logit_bias is None
+                or all(0 <= t <= _INT32_MAX and -100.0 <= v <= 100.0 for t, v in self.logit_bias.items()),
+                f"logit_bias must map token ids in [0, {_INT32_MAX}] to values in [-100, 100]",
+            ),
+            (
+                self.allowed_token_ids is None
+                or (
+                    len(self.allowed_token_ids) > 0
+                    and all(0 <= t <= _INT32_MAX for t in self.allowed_token_ids)
+                ),
+                f"allowed_token_ids must be a non-empty list of token ids in [0, {_INT32_MAX}]",
+            ),
+            (all(w.strip() for w in self.bad_words), "bad_words must not contain an empty word"),
+            (
+                all(len(w) > 0 and all(0 <= t <= _INT32_MAX for t in w) for w in self.bad_words_token_ids),
+                f"bad_words_token_ids must be non-empty sequences of token ids in [0, {_INT32_MAX}]",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -272,15 +314,37 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
+    def has_logit_rules(self) -> bool:
+        """True when ``logit_bias``, ``allowed_token_ids`` or ``bad_words_token_ids`` change the
+        logits (such a batch is never sampled by a bare argmax)."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+
+    def token_ids_in_vocab(self, vocab_size: int) -> str | None:
+        """The name of the first field holding a token id outside ``[0, vocab_size)``, or None."""
+        if not self.has_logit_rules:
+            return None
+        fields: list[tuple[str, Iterable[int]]] = [
+            ("logit_bias", self.logit_bias or ()),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("bad_words", (t for w in self.bad_words_token_ids for t in w)),
+        ]
+        for name, ids in fields:
+            if any(t >= vocab_size for t in ids):
+                return name
+        return None
+
+    @property
     def needs_token_history(self) -> bool:
         """True when sampling depends on every token id so far: penalties (token counts), a
-        per-request seed (output position) or ``min_tokens`` (EOS suppression). Such
+        per-request seed (output position), ``min_tokens`` (EOS suppression) or a bad word of
+        several tokens (the output's last tokens). Such
         requests get fresh sampling tensors every step, and asynchronous scheduling applies
         their step before scheduling the next."""
         return (
             self.has_penalties
             or self.min_tokens > 0
             or (self.seed is not None and self.temperature >= GREEDY_EPS)
+            or (bool(self.bad_words_token_ids) and any(len(w) > 1 for w in self.bad_words_token_ids))
         )
 
     @property

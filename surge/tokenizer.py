@@ -208,6 +208,32 @@ def apply_chat_template(
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
+def bad_words_token_ids(
+    tokenizer: PreTrainedTokenizerBase, words: Sequence[str]
+) -> tuple[tuple[int, ...], ...]:
+    """The token sequences of vLLM's ``bad_words``: each word (leading spaces stripped) encoded
+    without special tokens at the start of a text and after a space, so that it is banned both
+    where it starts the output and in the middle of a sentence; duplicates dropped.
+
+    vLLM keeps the after-a-space encoding only when it has as many tokens as the other one and
+    starts with a different token, which misses e.g. Qwen3's one-token ``" Lily"`` next to
+    ``"L" "ily"``; here both encodings are always kept. An extra encoding only ever bans the
+    same word written with its leading space.
+
+    Raises:
+        ValueError: a word that encodes to no token (empty or only spaces).
+    """
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tuple(tokenizer.encode(text, add_special_tokens=False)) if word.strip() else ()
+            if not ids:
+                raise ValueError(f"bad_words: {word!r} encodes to no token")
+            if ids not in out:
+                out.append(ids)
+    return tuple(out)
+
+
 class IncrementalDetokenizer:
     """Turn a request's output token ids into text deltas that are safe to stream.
 

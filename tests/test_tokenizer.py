@@ -186,3 +186,21 @@ def test_stop_strings_wait_for_min_tokens() -> None:
     late_text = "".join(late.update([t]) for t in ids) + late.flush()
     assert late.stop_matched == "Lily"
     assert "there" in late_text and "Lily" not in late_text
+
+
+def test_bad_words_token_ids(stories, qwen) -> None:
+    from surge.tokenizer import bad_words_token_ids
+
+    # Qwen3: "Lily" is "L" "ily" at the start of a text and one token after a space; both kept
+    # (vLLM would drop the second for having fewer tokens).
+    plain, spaced = (tuple(qwen.encode(t, add_special_tokens=False)) for t in ("Lily", " Lily"))
+    assert len(plain) == 2 and len(spaced) == 1
+    assert bad_words_token_ids(qwen, ["Lily", "  Lily"]) == (plain, spaced)
+    two = bad_words_token_ids(qwen, ["bad word"])
+    assert len(two) == 2 and all(len(w) == 2 for w in two) and two[0][1] == two[1][1]
+    # stories260K (sentencepiece): one token at the start; after a space a lone "▁" comes first
+    lily = bad_words_token_ids(stories, ["Lily"])
+    assert len(lily) == 2 and len(lily[0]) == 1 and lily[1][-1] == lily[0][0]
+    for empty in ("", "   "):
+        with pytest.raises(ValueError, match="bad_words"):
+            bad_words_token_ids(stories, ["ok", empty])

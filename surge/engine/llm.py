@@ -16,7 +16,7 @@ from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
 from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.token_strings import TokenStrings
-from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, load_tokenizer
+from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, bad_words_token_ids, load_tokenizer
 
 PromptType = str | list[int]
 logger = logging.getLogger("surge.llm")
@@ -150,8 +150,9 @@ class LLM:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
-            ValueError: a prompt that can never fit, mismatched list lengths, or an invalid
-                grammar in ``structured_outputs``.
+            ValueError: a prompt that can never fit, mismatched list lengths, an invalid
+                grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
+                bad-word token id outside the vocabulary.
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
@@ -168,6 +169,7 @@ class LLM:
                 from surge.structured.validate import check_structured_outputs
 
                 check_structured_outputs(params.structured_outputs)
+        params_list = [self._with_bad_word_ids(p) for p in params_list]
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
@@ -218,6 +220,13 @@ class LLM:
         for result in results:
             result.outputs.sort(key=lambda o: o.index)
         return results
+
+    def _with_bad_word_ids(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with its ``bad_words`` tokenized into ``bad_words_token_ids``."""
+        if not params.bad_words or params.bad_words_token_ids:
+            return params
+        ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+        return msgspec.structs.replace(params, bad_words_token_ids=ids)
 
     def chat(
         self,

@@ -255,7 +255,9 @@ class LLMEngine:
         (``config.model.sampling_defaults``, from generation_config.json).
 
         Raises:
-            ValueError: ``n != 1``, a token id outside the vocabulary, a request that
+            ValueError: ``n != 1``, a token id outside the vocabulary (prompt, ``logit_bias``,
+                ``allowed_token_ids``, bad words), ``bad_words`` without their
+                ``bad_words_token_ids``, a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
                 than the pool holds).
         """
@@ -264,6 +266,13 @@ class LLMEngine:
         vocab = self.config.model.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        bad_field = sampling_params.token_ids_in_vocab(vocab)
+        if bad_field is not None:
+            raise ValueError(f"{bad_field}: token ids must be in [0, {vocab})")
+        if sampling_params.bad_words and not sampling_params.bad_words_token_ids:
+            raise ValueError(
+                "bad_words: tokenize them into bad_words_token_ids first (LLM and the server do)"
+            )
         sampling_params = sampling_params.with_model_defaults(self.config.model.sampling_defaults)
         request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
         if sampling_params.structured_outputs is None:

@@ -49,7 +49,11 @@ class SamplingMetadata:
         output_token_counts: ``[B, V]`` float32, occurrences of each token in the output.
         prompt_mask: ``[B, V]`` bool, tokens present in the prompt.
         suppress_rows, suppress_tokens: ``[S]`` int64 pairs whose logits are set to -inf
-            (EOS and stop ids of requests still under ``min_tokens``).
+            (EOS and stop ids of requests still under ``min_tokens``, and banned bad words).
+        logit_bias_rows, logit_bias_tokens, logit_bias_values: ``[L]`` (int64, int64, float32)
+            biases added to the logits (``logit_bias``).
+        allowed_mask: ``[B, V]`` bool, False for tokens a row may not sample
+            (``allowed_token_ids``; rows without the field are all True).
     """
 
     temperature: torch.Tensor
@@ -69,6 +73,10 @@ class SamplingMetadata:
     prompt_mask: torch.Tensor | None = None
     suppress_rows: torch.Tensor | None = None
     suppress_tokens: torch.Tensor | None = None
+    logit_bias_rows: torch.Tensor | None = None
+    logit_bias_tokens: torch.Tensor | None = None
+    logit_bias_values: torch.Tensor | None = None
+    allowed_mask: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -126,18 +134,62 @@ class SamplingMetadata:
         rows: list[int] = []
         toks: list[int] = []
         for i, p in enumerate(params):
+            banned: set[int] = set()
             if num_out[i] < p.min_tokens:
-                banned = set(p.stop_token_ids)
+                banned.update(p.stop_token_ids)
                 if not p.ignore_eos:
                     banned.update(eos_token_ids[i])
-                for t in sorted(banned):
-                    if 0 <= t < vocab_size:
-                        rows.append(i)
-                        toks.append(t)
+            if p.bad_words_token_ids:
+                banned.update(banned_bad_word_tokens(p.bad_words_token_ids, output_token_ids[i]))
+            for t in sorted(banned):
+                if 0 <= t < vocab_size:
+                    rows.append(i)
+                    toks.append(t)
         if rows:
             md.suppress_rows = tensor(np.array(rows, dtype=np.int64))
             md.suppress_tokens = tensor(np.array(toks, dtype=np.int64))
+        if any(p.logit_bias for p in params):
+            bias = [
+                (i, t, v)
+                for i, p in enumerate(params)
+                for t, v in (p.logit_bias or {}).items()
+                if 0 <= t < vocab_size
+            ]
+            if bias:
+                md.logit_bias_rows = tensor(np.array([b[0] for b in bias], dtype=np.int64))
+                md.logit_bias_tokens = tensor(np.array([b[1] for b in bias], dtype=np.int64))
+                md.logit_bias_values = tensor(np.array([b[2] for b in bias], dtype=np.float32))
+        if any(p.allowed_token_ids is not None for p in params):
+            allowed = [
+                (i, t)
+                for i, p in enumerate(params)
+                for t in (p.allowed_token_ids or ())
+                if 0 <= t < vocab_size
+            ]
+            limited = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
+            mask = torch.ones(len(params), vocab_size, dtype=torch.bool, device=device)
+            mask[tensor(np.array(limited, dtype=np.int64))] = False
+            if allowed:
+                mask[
+                    tensor(np.array([a[0] for a in allowed], dtype=np.int64)),
+                    tensor(np.array([a[1] for a in allowed], dtype=np.int64)),
+                ] = True
+            md.allowed_mask = mask
         return md
+
+
+def banned_bad_word_tokens(
+    bad_words_token_ids: Sequence[Sequence[int]], output_token_ids: Sequence[int]
+) -> list[int]:
+    """Tokens a row must not sample next because of its bad words (vLLM's rule): the last token of
+    each bad word whose other tokens end the output so far (a one-token word is always banned)."""
+    out: list[int] = []
+    n = len(output_token_ids)
+    for word in bad_words_token_ids:
+        k = len(word) - 1
+        if k == 0 or (n >= k and list(output_token_ids[n - k :]) == list(word[:k])):
+            out.append(word[-1])
+    return out
 
 
 def penalty_tensors_from_ids(
@@ -248,7 +300,8 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 class Sampler(nn.Module):
     """Turns ``logits [B, V]`` into one token id per row.
 
-    Order: penalties and ``min_tokens`` suppression (all rows), greedy argmax for greedy
+    Order: ``allowed_token_ids`` mask, ``logit_bias``, penalties, ``min_tokens`` and bad-word
+    suppression (all rows), greedy argmax for greedy
     rows; for sampling rows temperature, top-k, top-p, min-p, then the exponential race.
 
     Args:
@@ -264,6 +317,13 @@ class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Sample. ``logits`` are ``[B, V]`` (any float dtype, not modified); returns ``[B]`` int64."""
         logits = logits.float()
+        if md.allowed_mask is not None:
+            logits = logits.masked_fill(~md.allowed_mask, float("-inf"))
+        if md.logit_bias_rows is not None:
+            assert md.logit_bias_tokens is not None and md.logit_bias_values is not None
+            logits = logits.index_put(
+                (md.logit_bias_rows, md.logit_bias_tokens), md.logit_bias_values, accumulate=True
+            )
         if md.repetition_penalties is not None:
             logits = apply_penalties(logits, md)
         if md.suppress_rows is not None:

@@ -151,9 +151,6 @@ class SamplingRequestFields(RequestBody):
         """Raise a 400 ApiError naming the first refused field the request asks for."""
         checks: list[tuple[str, bool]] = [
             ("return_tokens_as_token_ids", self.return_tokens_as_token_ids not in (None, False)),
-            ("logit_bias", bool(self.logit_bias)),
-            ("allowed_token_ids", self.allowed_token_ids is not None),
-            ("bad_words", bool(self.bad_words)),
         ]
         for name, asked in checks:
             if asked:

@@ -30,6 +30,7 @@ from surge.server.serving_common import (
     usage_in_chunks,
     with_finish,
 )
+from surge.server.token_rules import token_rules_of
 
 
 async def create_chat_completion(
@@ -61,7 +62,12 @@ async def create_chat_completion(
     )
     prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
-    params = build_sampling_params(body, max_tokens, plan.structured_outputs)
+    params = build_sampling_params(
+        body,
+        max_tokens,
+        plan.structured_outputs,
+        token_rules=token_rules_of(body, state.tokenizer, state.vocab_size),
+    )
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
     state.check_prompt(prompt_ids, max_tokens, prompt_param="messages", max_tokens_sent=body.max_tokens_sent)

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -294,12 +294,17 @@ def truncate_prompt(
 
 
 def build_sampling_params(
-    req: SamplingRequestFields, max_tokens: int, structured_outputs: StructuredOutputsParams | None = None
+    req: SamplingRequestFields,
+    max_tokens: int,
+    structured_outputs: StructuredOutputsParams | None = None,
+    *,
+    token_rules: Mapping[str, Any],
 ) -> SamplingParams:
     """The engine's SamplingParams of a request; its grammar is ``structured_outputs`` when
     given, else the one the request's structured-output fields ask for. Sampling fields the
     request leaves out stay unset, so the engine gives them the model's generation_config.json
-    defaults.
+    defaults. ``token_rules`` are the request's checked ``logit_bias``, ``allowed_token_ids``
+    and ``bad_words`` (:func:`surge.server.token_rules.token_rules_of`).
 
     Raises:
         ApiError: 400 for an out-of-range value or an invalid grammar (the message names the field).
@@ -308,6 +313,7 @@ def build_sampling_params(
         structured_outputs, _ = structured_outputs_of(req)
     try:
         return SamplingParams(
+            **token_rules,
             n=req.n,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,

@@ -33,6 +33,7 @@ from surge.server.serving_common import (
     usage_in_chunks,
     with_finish,
 )
+from surge.server.token_rules import token_rules_of
 
 
 async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str | None]]:
@@ -80,9 +81,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     score_only = body.echo and body.max_tokens == 0
     prompts = await _prompts(state, body)
     plans = []
+    rules = token_rules_of(body, state.tokenizer, state.vocab_size)
     for ids, text in prompts:
         max_tokens = 1 if score_only else resolve_max_tokens(state, body, len(ids))
-        params = build_sampling_params(body, max_tokens)
+        params = build_sampling_params(body, max_tokens, token_rules=rules)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
                 params, logprobs=lp.logprobs, prompt_logprobs=lp.engine_prompt_logprobs

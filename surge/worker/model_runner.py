@@ -385,7 +385,15 @@ class ModelRunner:
             del hidden
             if not full_sampler:
                 return
-            params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, repetition_penalty=1.1)
+            params = SamplingParams(
+                temperature=0.8,
+                top_p=0.9,
+                top_k=50,
+                min_p=0.05,
+                repetition_penalty=1.1,
+                logit_bias={0: 1.0},
+                allowed_token_ids=(0, self.vocab_size - 1),
+            )
             seeded = msgspec.structs.replace(params, seed=0)
             md = SamplingMetadata.build(
                 # Half the rows seeded: the seeded noise path has its own [rows, vocab] temporaries.

@@ -4,10 +4,10 @@ tensors of an unchanged batch composition.
 Decode batches rarely change from one step to the next, so the per-row tensors of
 :class:`~surge.layers.sampler.SamplingMetadata` are built once per batch composition (the
 tuple of sampled request ids) and reused; an all-greedy batch needs none and is one
-argmax. Rows whose inputs change every step (penalties, per-request seeds, ``min_tokens``)
-make the batch rebuild its metadata every step. Which rows ask for logprobs is decided
-with the composition too (:class:`~surge.worker.logprobs.LogprobRows`), so a batch where
-none asks pays nothing for the feature.
+argmax. Rows whose inputs change every step (penalties, per-request seeds, ``min_tokens``,
+bad words of several tokens) make the batch rebuild its metadata every step. Which rows ask
+for logprobs is decided with the composition too (:class:`~surge.worker.logprobs.LogprobRows`),
+so a batch where none asks pays nothing for the feature.
 """
 
 from __future__ import annotations
@@ -96,8 +96,9 @@ class StepSampler:
 
         The batch composition is the tuple of sampled request ids. When it is unchanged
         since the last step and no row needs per-step tensors (penalties, seeds,
-        ``min_tokens``), the last step's :class:`SamplingMetadata` is reused; an all-greedy
-        batch of that kind needs no tensors at all and is one argmax.
+        ``min_tokens``, bad words of several tokens), the last step's :class:`SamplingMetadata`
+        is reused; an all-greedy batch of that kind without ``logit_bias``,
+        ``allowed_token_ids`` or bad words needs no tensors at all and is one argmax.
         """
         return self.sample_with_logprobs(logits, requests, grammar)[0]
 
@@ -119,7 +120,11 @@ class StepSampler:
             params = [r.sampling_params for r in requests]
             self._key = key
             self.fresh = any(needs_fresh_sampling_tensors(p) for p in params)
-            self.greedy = not self.fresh and all(p.temperature < GREEDY_EPS for p in params)
+            self.greedy = (
+                not self.fresh
+                and all(p.temperature < GREEDY_EPS for p in params)
+                and not any(p.has_logit_rules for p in params)
+            )
             self.cached = None
             self.logprob_rows = LogprobRows.build(requests, self.device)
         rows = self.logprob_rows

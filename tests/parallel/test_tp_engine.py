@@ -2,7 +2,7 @@
 
 Each tiny model runs once at TP=2 with a 16-token budget (chunked prefill) and a KV pool of a
 few blocks (preemption); the Qwen2 and Llama runs use asynchronous scheduling. The Qwen3 run
-also samples (seeded, unseeded, penalties, min_tokens) and must match TP=1 draw for draw.
+also samples (seeded, unseeded, penalties, min_tokens, token rules) and must match TP=1 draw for draw.
 """
 
 from __future__ import annotations
@@ -40,6 +40,15 @@ def _sampled(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
         SamplingParams(temperature=1.0, top_k=20, max_tokens=NEW_TOKENS, ignore_eos=True),
         SamplingParams(temperature=0.7, repetition_penalty=1.3, max_tokens=NEW_TOKENS, seed=3),
         SamplingParams(temperature=0.8, min_tokens=4, max_tokens=NEW_TOKENS, presence_penalty=0.5),
+        SamplingParams(  # token rules: the same tensors on every rank
+            temperature=1.0,
+            seed=5,
+            max_tokens=NEW_TOKENS,
+            ignore_eos=True,
+            logit_bias={7: 3.0, 8: -100.0},
+            allowed_token_ids=tuple(range(3, 60)),
+        ),
+        SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, bad_words_token_ids=((9,), (4, 5, 6))),
     ]
     outs = llm.generate(prompts[: len(params)], params)
     return [o.outputs[0].token_ids for o in outs]

@@ -1,0 +1,221 @@
+"""Sampler: logit_bias, allowed_token_ids and bad words on hand-built logits, in mixed batches,
+with penalties, grammar masks and logprobs; and a batch without them builds none of their
+tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from surge.layers.sampler import Sampler, SamplingMetadata, banned_bad_word_tokens
+from surge.request import Request
+from surge.sampling_params import SamplingParams
+from surge.structured.manager import StaticGrammarBitmask
+from surge.worker.sampling_state import StepSampler
+
+V = 50
+
+
+def _md(params: list[SamplingParams], outputs: list[list[int]] | None = None) -> SamplingMetadata:
+    n = len(params)
+    return SamplingMetadata.build(params, [[]] * n, outputs or [[]] * n, [()] * n, V, "cpu")
+
+
+def _logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_unused_rules_build_nothing() -> None:
+    plain = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9)]
+    md = _md(plain)
+    assert md.logit_bias_rows is None and md.allowed_mask is None and md.suppress_rows is None
+    p = SamplingParams()
+    assert not p.has_logit_rules and not p.needs_token_history and not p.needs_previous_token
+    assert p.token_ids_in_vocab(V) is None
+    step = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    greedy = [Request(f"g{i}", [1], SamplingParams(temperature=0.0)) for i in range(3)]
+    step.sample(_logits(3), greedy)
+    assert step.greedy and step.cached is None  # one argmax, no tensors at all
+
+
+def test_logit_bias_pushes_a_token_to_certainty() -> None:
+    logits = _logits(1, seed=1).repeat(200, 1)
+    target = int(logits[0].argmin())
+    # At temperature 1 over 200 seeds, +100 on the least likely token always wins.
+    params = [SamplingParams(temperature=1.0, seed=s, logit_bias={target: 100.0}) for s in range(200)]
+    out = Sampler(seed=0)(logits, _md(params))
+    assert out.tolist() == [target] * 200
+    # Without the bias the same seeds pick it (almost) never.
+    plain = [SamplingParams(temperature=1.0, seed=s) for s in range(200)]
+    assert (Sampler(seed=0)(logits, _md(plain)) == target).sum() == 0
+    assert torch.equal(logits, _logits(1, seed=1).repeat(200, 1)), "the caller's logits are not modified"
+
+
+def test_logit_bias_greedy_negative_and_rows_independent() -> None:
+    logits = _logits(4)
+    top2 = logits.topk(2, dim=-1).indices
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={int(top2[0, 0]): -100.0}),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, seed=5),
+        SamplingParams(temperature=0.0, logit_bias={int(top2[3, 1]): 0.5, 7: -3.0}),
+    ]
+    out = Sampler(seed=0)(logits, _md(params))
+    assert out[0] == top2[0, 1] and out[1] == top2[1, 0]
+    alone = Sampler(seed=0)(logits[2:3], _md([params[2]]))  # a seeded row ignores its neighbours
+    assert out[2] == alone[0]
+    biased = logits[3].clone()
+    biased[top2[3, 1]] += 0.5
+    biased[7] -= 3.0
+    assert out[3] == biased.argmax()
+
+
+def test_logit_bias_before_penalties() -> None:
+    """vLLM's order: the bias is added to the raw logit, then the repetition penalty divides a
+    positive logit of a token seen in the prompt."""
+    logits = torch.zeros(1, V)
+    logits[0, 3] = 3.0
+    logits[0, 4] = 2.5
+    p = SamplingParams(temperature=0.0, logit_bias={4: 2.0}, repetition_penalty=2.0)
+    md = SamplingMetadata.build([p], [[4]], [[]], [()], V, "cpu")
+    # bias then penalty: token 4 -> (2.5 + 2) / 2 = 2.25 < 3; penalty then bias would give 3.25
+    assert Sampler(seed=0)(logits, md).item() == 3
+    md = SamplingMetadata.build([p], [[3]], [[]], [()], V, "cpu")
+    # token 3 seen: 3 / 2 = 1.5 < 4.5
+    assert Sampler(seed=0)(logits, md).item() == 4
+
+
+def test_allowed_token_ids_over_many_seeds() -> None:
+    logits = torch.full((400, V), 5.0)
+    allowed = (3, 11, 42)
+    logits[:, list(allowed)] = torch.tensor([0.0, 0.5, 1.0])  # far less likely than the rest
+    params = [SamplingParams(temperature=1.0, seed=s, allowed_token_ids=allowed) for s in range(300)]
+    params += [SamplingParams(temperature=1.0, seed=s) for s in range(100)]
+    out = Sampler(seed=0)(logits, _md(params)).numpy()
+    limited = out[:300]
+    assert set(limited.tolist()) <= set(allowed)
+    # frequencies follow the softmax over the allowed set (0.19, 0.31, 0.51)
+    expect = torch.softmax(torch.tensor([0.0, 0.5, 1.0]), 0).numpy()
+    freq = np.array([(limited == t).mean() for t in allowed])
+    assert np.abs(freq - expect).max() < 0.1, freq
+    assert not set(out[300:].tolist()) & set(allowed)  # the other rows are free (and avoid them)
+    greedy = SamplingParams(temperature=0.0, allowed_token_ids=allowed)
+    g = Sampler(seed=0)(_logits(5), _md([greedy] * 5))
+    expect_ids = torch.tensor(allowed)[_logits(5)[:, list(allowed)].argmax(-1)]
+    assert torch.equal(g, expect_ids)
+
+
+def test_bad_words_single_and_multi_token() -> None:
+    assert banned_bad_word_tokens([(5,), (1, 2, 3)], [9, 1, 2]) == [5, 3]
+    assert banned_bad_word_tokens([(1, 2, 3)], [1, 2, 9]) == []
+    assert banned_bad_word_tokens([(1, 2, 3)], [2]) == []
+    assert banned_bad_word_tokens([(1, 2)], []) == []
+    assert banned_bad_word_tokens([(1, 2)], [1]) == [2]
+    logits = torch.zeros(4, V)
+    logits[:, 5] = 10.0
+    logits[:, 3] = 9.0
+    p = SamplingParams(temperature=0.0, bad_words_token_ids=((5,), (1, 2, 3)))
+    assert p.needs_token_history and p.has_logit_rules
+    batch = [p, p, p, SamplingParams(temperature=0.0)]
+    out = Sampler(seed=0)(logits, _md(batch, [[1, 2], [2, 1], [], [1, 2]]))
+    # row 0: 5 always banned, 3 banned after (1, 2); rows 1, 2: only 5; row 3: no bad words
+    assert out[0] not in (3, 5) and out[1] == 3 and out[2] == 3 and out[3] == 5
+    single = SamplingParams(temperature=0.0, bad_words_token_ids=((5,),))
+    assert single.has_logit_rules and not single.needs_token_history  # static: reused tensors
+
+
+def test_multi_token_bad_word_follows_the_output_step_by_step() -> None:
+    """A request's tensors are rebuilt each step while it has a bad word of several tokens,
+    so its ban appears the step its prefix is completed, even with an unchanged batch."""
+    step = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    bad = Request("bad", [1], SamplingParams(temperature=0.0, bad_words_token_ids=((7, 8, 9),)))
+    other = Request("other", [1], SamplingParams(temperature=0.0))
+    logits = torch.zeros(2, V)
+    logits[:, 9] = 5.0
+    sampled = []
+    for t in (7, 8):
+        sampled.append(step.sample(logits, [bad, other]).tolist())
+        bad.output_token_ids.append(t)
+        other.output_token_ids.append(t)
+    sampled.append(step.sample(logits, [bad, other]).tolist())
+    assert step.fresh
+    assert sampled[:2] == [[9, 9], [9, 9]] and sampled[2][0] != 9 and sampled[2][1] == 9
+
+
+def test_rules_and_grammar_mask_compose() -> None:
+    """A grammar's bitmask and allowed_token_ids / logit_bias both apply: the sample lies in
+    the intersection, and the bias picks within it."""
+    step = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    grammar_ok = [2, 3, 4, 5]
+    bits = np.zeros((1, (V + 31) // 32), dtype=np.int32)
+    for t in grammar_ok:
+        bits[0, t // 32] |= 1 << (t % 32)
+    params = SamplingParams(temperature=1.0, seed=0, allowed_token_ids=(4, 5, 6), logit_bias={5: 50.0})
+    req = Request("r", [1], params)
+    logits = torch.zeros(1, V)
+    logits[0, 6] = 30.0  # allowed but not by the grammar
+    logits[0, 2] = 30.0  # grammar but not allowed
+    out = step.sample(logits.clone(), [req], StaticGrammarBitmask(bits, ["r"]))
+    assert out.item() == 5
+
+
+def test_logprobs_stay_raw_under_the_rules() -> None:
+    """Logprobs are the log-softmax of the raw logits, before logit_bias, allowed_token_ids
+    and bad words (vLLM's default); the sampled token is the one the rules chose."""
+    step = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    logits = _logits(2, seed=3)
+    low = int(logits[0].argmin())
+    rules = SamplingParams(
+        temperature=0.0,
+        logprobs=2,
+        logit_bias={low: 100.0},
+        allowed_token_ids=(low, 1, 2),
+        bad_words_token_ids=((1,),),
+    )
+    reqs = [Request("a", [1], rules), Request("b", [1], SamplingParams(temperature=0.0, logprobs=2))]
+    sampled, lp = step.sample_with_logprobs(logits.clone(), reqs)
+    assert sampled.tolist() == [low, int(logits[1].argmax())]
+    assert lp is not None
+    _, ids, lps = lp
+    raw = torch.log_softmax(logits, dim=-1)
+    # ids: (sampled, top-k..., rank); lps: (sampled, top-k...) of the raw distribution
+    assert lps[0, 0].item() == pytest.approx(raw[0, low].item(), abs=1e-5)
+    assert ids[0, 1:3].tolist() == raw[0].topk(2).indices.tolist() and ids[0, 3].item() == V
+    assert torch.allclose(lps[0, 1:], raw[0].topk(2).values, atol=1e-5)
+    assert lps[1, 0].item() == pytest.approx(raw[1].max().item(), abs=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_rules_on_cuda_match_cpu() -> None:
+    """The same rules on the GPU: greedy rows give the CPU's tokens, sampled rows obey them."""
+    logits = _logits(64, seed=7)
+    low = [int(i) for i in logits.argmin(-1)]
+    params = []
+    for i in range(64):
+        kind = i % 4
+        if kind == 0:
+            params.append(SamplingParams(temperature=0.0, logit_bias={low[i]: 100.0}))
+        elif kind == 1:
+            params.append(SamplingParams(temperature=1.0, seed=i, allowed_token_ids=(3, 11, 42)))
+        elif kind == 2:
+            params.append(SamplingParams(temperature=0.0, bad_words_token_ids=((int(logits[i].argmax()),),)))
+        else:
+            params.append(SamplingParams(temperature=0.9, seed=i))
+    outputs = [[1, 2]] * 64
+
+    def run(device: str) -> list[int]:
+        md = SamplingMetadata.build(params, [[]] * 64, outputs, [()] * 64, V, device)
+        return Sampler(seed=0, device=device)(logits.to(device), md).tolist()
+
+    cpu, gpu = run("cpu"), run("cuda")
+    for i in range(64):
+        if i % 4 in (0, 2):
+            assert gpu[i] == cpu[i]
+        if i % 4 == 0:
+            assert gpu[i] == low[i]
+        if i % 4 == 1:
+            assert gpu[i] in (3, 11, 42)
+        if i % 4 == 2:
+            assert gpu[i] != int(logits[i].argmax())
