@@ -120,6 +120,7 @@ def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFix
         dtype="auto",
         load_format="auto",
         tensor_parallel_size=1,
+        tp_all_reduce="auto",
         quantization=None,
         kv_cache_dtype="auto",
         generation_config="auto",
