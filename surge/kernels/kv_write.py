@@ -5,7 +5,9 @@ Qwen3 does) the per-head RMSNorm of q and k (``q_norm``/``k_norm``, optional), t
 neox / ``rotate_half`` rotary embedding (HF Llama/Qwen layout: the two halves of each head
 rotate together), writes q and k back in place, and writes k and v into the paged cache at
 ``slot_mapping`` (``-1`` = padding, not written). With rotary off it is the plain cache
-write. An FP8 (``float8_e4m3fn``) cache stores ``clamp(x * (1 / scale), ±448)`` rounded to
+write. Floating-point contraction is off (``enable_fp_fusion=False``), so every product and
+sum is rounded as torch rounds it and the rotated q/k equal :class:`RotaryEmbedding`'s bit for
+bit on the GPU too. An FP8 (``float8_e4m3fn``) cache stores ``clamp(x * (1 / scale), ±448)`` rounded to
 nearest even, with one scale for K and one for V per layer (the dequantization multipliers
 that paged attention applies). Rotary: Su et al., "RoFormer", 2021; cache layout as in vLLM (Apache-2.0).
 """
@@ -17,6 +19,9 @@ import triton
 import triton.language as tl
 
 from surge.quant.config import FP8_E4M3_MAX
+
+_FP_FUSION = False
+"""``enable_fp_fusion`` of the launch (see :func:`_launch`; a test compiles with it)."""
 
 
 @triton.jit
@@ -282,6 +287,10 @@ def _launch(
         FP8_KV=fp8,
         FP8_MAX=FP8_E4M3_MAX,
         num_warps=4,
+        # No multiply-add contraction: with it the compiler turns rotary's ``x1*cos - x2*sin``
+        # into one bf16 FMA (``fma.rn.bf16``, one rounding instead of torch's two), which moves
+        # q/k by an ulp and flips some FP8 cache bytes. Memory-bound kernel: costs nothing.
+        enable_fp_fusion=_FP_FUSION,
     )
 
 

@@ -131,3 +131,45 @@ def test_torch_backend_fp8_is_dequantized_bf16_attention() -> None:
     k_deq, v_deq = k8.float() * 0.5, v8.float() * 2.0
     expect = backend.forward(batch.q, batch.k, batch.v, k_deq, v_deq, md, 0.2, False)
     torch.testing.assert_close(out[: md.num_tokens], expect[: md.num_tokens])
+
+
+_PTX_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from surge.kernels.kv_write import _FP_FUSION, _kv_write_kernel as k
+
+ptr = {"slot_mapping_ptr": "*i64", "positions_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+       "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}
+const = dict(NUM_HEADS=32, HEADS_PAD=32, NUM_KV_HEADS=8, KV_HEADS_PAD=8, HALF=64, HALF_PAD=64,
+             BLOCK_SIZE=16, ROPE=True, NORM=False, WRITE_CACHE=True, FP8_KV=True, FP8_MAX=448.0)
+sig = {}
+for n in k.arg_names:
+    if n in const:
+        sig[n] = "constexpr"
+    elif n.endswith("_ptr"):
+        sig[n] = ptr.get(n, "*bf16")
+    else:
+        sig[n] = "fp32" if n in ("eps", "k_inv_scale", "v_inv_scale") else "i32"
+src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
+print(triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": _FP_FUSION}).asm["ptx"])
+"""
+
+
+def test_kv_write_rope_compiles_without_fma_contraction() -> None:
+    """The H200 run found FP8 K bytes one rounding off torch's: the GPU compiler had contracted
+    rotary's bf16 ``x1*cos - x2*sin`` into ``fma.rn.bf16`` (one rounding where torch rounds the
+    product first). Compiles the kernel for sm90 (no GPU needed) and checks the PTX rounds each
+    product (``mul.rn.bf16``) and has no bf16 FMA, with the launch options the launcher uses."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, "-c", _PTX_SCRIPT], capture_output=True, text=True, env=env, timeout=300
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot compile for sm90 here: {res.stderr.strip().splitlines()[-1:]}")
+    assert "mul.rn.bf16" in res.stdout
+    assert "fma.rn.bf16" not in res.stdout
