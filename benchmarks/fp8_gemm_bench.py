@@ -12,6 +12,7 @@ reference of :mod:`surge.quant.fp8`, then times it inside a CUDA graph that runs
 * ``fp8 triton (channel)``: the weight-only Triton FP8 GEMM with per-channel scales (the
   candidate for decode shapes, ``TRITON_FASTER``);
 * ``fp8 triton (block)``: the same kernel with 128 x 128 block scales (FP8 checkpoints);
+* ``fp8 split-K default``: the split-K kernel (w8a16) with its untuned default config;
 * ``fp8 F.scaled_mm block``: ``torch.nn.functional.scaled_mm`` with 1x128 activation and
   128x128 weight block scales, where this torch/cuBLAS runs it (else the error is printed).
 
@@ -26,13 +27,28 @@ Run on the GPU host (from the repository root), about a minute::
 
 On a CPU-only machine ``--check`` runs the correctness checks at tiny shapes under Triton's
 interpreter (no timings).
+
+``--sweep`` times the split-K FP8 GEMM (:mod:`surge.kernels.fp8_gemm_splitk`) over its tile,
+split-K and operand-mode (w8a16 / w8a8) configs per shape and ``M`` (default 1, 2, 4, 8, 16,
+32, 64), each config first checked against the dequantized fp32 reference; it prints the best
+config per (shape, M) against bf16 cuBLAS and quant + ``_scaled_mm`` and merges the results
+into ``--json`` (so the sweep can run in pieces). ``--emit FILE`` prints the table and the
+ready-to-paste value of ``surge.quant.fp8_linear.SPLITK_MEASURED`` from that file::
+
+    PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 1 2 4 8 16 --json /tmp/fp8_sweep.json
+    PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 32 64 --json /tmp/fp8_sweep.json
+    PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --emit /tmp/fp8_sweep.json
+
+``--sweep --check`` runs the sweep's configs on CPU at tiny shapes (interpreter, no timings).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,9 +63,10 @@ import torch
 import torch.nn.functional as F
 
 from surge.kernels.fp8_gemm import fp8_linear
+from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, fp8_linear_splitk
 from surge.kernels.fp8_quant import per_token_quant_fp8
-from surge.quant.fp8 import fp8_linear_reference, quantize_block, quantize_per_channel
-from surge.quant.fp8_linear import SKINNY_MAX_M, scaled_mm_linear
+from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
+from surge.quant.fp8_linear import SKINNY_MAX_M, SPLITK_BUCKETS, scaled_mm_linear
 
 HIDDEN, INTER, Q, KV = 4096, 12288, 4096, 1024
 SHAPES = {
@@ -125,7 +142,11 @@ def bench_shape(
     result: dict[int, dict[str, float]] = {}
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        ref_c = fp8_linear_reference(x, *chan[0])
+        # The w8a8 reference is built on the kernel's own quantized activations: torch's CUDA
+        # per-token scale (``amax * (1/448)``) can be 1 ulp off the kernel's IEEE ``amax / 448``,
+        # which flips some activations by an e4m3 ulp (max |diff| ~0.07 at M >= 16 here, what the
+        # first H200 run reported as WRONG for ``_scaled_mm``): a reference problem, not a bug.
+        ref_c = (dequantize(*per_token_quant_fp8(x)) @ dequantize(*chan[0]).t()).to(x.dtype)
         ref_w = fp8_linear_reference(x, *chan[0], quantize_input=False)
         ref_b = fp8_linear_reference(x, *blk[0], block_size=block, quantize_input=False)
         paths: list[tuple[str, Callable[[int], torch.Tensor], torch.Tensor | None]] = [
@@ -142,6 +163,7 @@ def bench_shape(
             ),
             ("fp8 triton (channel)", lambda i, x=x: fp8_linear(x, *chan[i]), ref_w),
             ("fp8 triton (block)", lambda i, x=x: fp8_linear(x, *blk[i], block_size=block), ref_b),
+            ("fp8 split-K default", lambda i, x=x: fp8_linear_splitk(x, *chan[i]), ref_w),
             ("fp8 F.scaled_mm block", lambda i, x=x: block_scaled_mm(x, *blk[i]), ref_b),
         ]
         print(f"N={n} K={k} M={m}")
@@ -171,6 +193,148 @@ def bench_shape(
     return result
 
 
+SMEM_BUDGET = 200 * 1024
+"""Bytes of shared memory a sweep config may plan for its pipelined tiles (H200: 227 KiB)."""
+
+
+def sweep_configs(m: int, k: int, tiny: bool) -> list[Fp8SplitKConfig]:
+    """The split-K configs the sweep tries for ``M = m``: ``block_m`` 16/32/64 by ``m``;
+    ``block_n`` 32/64/128; ``block_k`` 128/256/512; ``split_k`` 1..16 with ``K`` an exact
+    multiple of ``split_k * block_k``; 4 stages (fewer where the tiles would not fit
+    :data:`SMEM_BUDGET`), 4 warps; w8a16 and w8a8."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    out = []
+    for a8 in (False, True):
+        for bn in (16, 32) if tiny else (32, 64, 128):
+            for bk in (16, 32) if tiny else (128, 256, 512):
+                per_stage = bn * bk + block_m * bk * (1 if a8 else 2)
+                stages = min(4, SMEM_BUDGET // per_stage)
+                if stages < 2:
+                    continue
+                for split in (1, 2, 4, 8, 16):
+                    if k % (split * bk) == 0:
+                        out.append(Fp8SplitKConfig(block_m, bn, bk, split, stages, 4, a8))
+    return out
+
+
+def max_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest ``|y - ref|`` in units of ``(bf16 ulp of |ref|) + 1e-3 * max |ref|``: an output
+    rounded to bf16 after an exact fp32 sum is within 0.5; fp32 sums in another order add
+    little, so anything above ~2 is a real error."""
+    r = ref.float()
+    unit = r.abs() * 2.0**-8 + 1e-3 * r.abs().max()
+    return ((y.float() - r).abs() / unit).max().item()
+
+
+def sweep_shape(
+    name: str, n: int, k: int, ms: list[int], copies: int, reps: int, check: bool
+) -> dict[str, dict[str, object]]:
+    """Time bf16 cuBLAS, quant + ``_scaled_mm`` and every split-K config at each ``M``; returns
+    ``{str(M): {"bf16": s, "scaled_mm": s, "best": {"w8a16"|"w8a8": [s, config fields]}}}``."""
+    dev = torch.device("cpu" if check else "cuda")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    full = [(torch.randn(n, k, generator=gen) * 0.02).to(dev) for _ in range(copies)]
+    ws_bf16 = [w.to(torch.bfloat16) for w in full]
+    chan = [quantize_per_channel(w) for w in full]
+    del full
+    deq0 = dequantize(*chan[0])
+    results: dict[str, dict[str, object]] = {}
+    for m in ms:
+        t0 = time.perf_counter()
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(dev)
+        xq, xs = per_token_quant_fp8(x)
+        ref_a16 = x.float() @ deq0.t()
+        ref_a8 = dequantize(xq, xs) @ deq0.t()  # on the kernel's own quantized activations
+        ref_torch_a8 = fp8_linear_reference(x, *chan[0])  # torch's own per-token quantization
+        row: dict[str, object] = {}
+        best: dict[str, tuple[float, Fp8SplitKConfig]] = {}
+
+        def timed(fn: Callable[[int], torch.Tensor]) -> float:
+            def run() -> None:
+                for i in range(copies):
+                    fn(i)
+
+            return time_graph(run, reps) / copies
+
+        if not check:
+            row["bf16"] = timed(lambda i, x=x: F.linear(x, ws_bf16[i]))
+            y = scaled_mm_linear(x, chan[0][0], chan[0][1].view(1, -1), None)
+            row["scaled_mm"] = timed(
+                lambda i, x=x: scaled_mm_linear(x, chan[i][0], chan[i][1].view(1, -1), None)
+            )
+            row["scaled_mm_err"] = [max_err(y, ref_a8), max_err(y, ref_torch_a8)]
+        bad = 0
+        for cfg in sweep_configs(m, k, check):
+            try:
+                y = fp8_linear_splitk(x, chan[0][0], chan[0][1], config=cfg)
+                err = max_err(y, ref_a8 if cfg.a8 else ref_a16)
+                if err > 2.0:
+                    bad += 1
+                    print(f"  WRONG {cfg} err {err:.2f}")
+                    continue
+                if check:
+                    continue
+                t = timed(lambda i, x=x, cfg=cfg: fp8_linear_splitk(x, chan[i][0], chan[i][1], config=cfg))
+            except Exception as exc:  # noqa: BLE001 - report a config that does not compile or run here
+                print(f"  failed {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                continue
+            mode = "w8a8" if cfg.a8 else "w8a16"
+            if mode not in best or t < best[mode][0]:
+                best[mode] = (t, cfg)
+        row["best"] = {mode: [t, list(cfg.__dict__.values())] for mode, (t, cfg) in best.items()}
+        results[str(m)] = row
+        dt = time.perf_counter() - t0
+        if check:
+            print(f"{name} N={n} K={k} M={m}: {len(sweep_configs(m, k, True))} configs checked, {bad} wrong")
+            continue
+        gb = n * k / 1e9
+        parts = [f"bf16 {row['bf16'] * 1e6:6.1f}", f"quant+_scaled_mm {row['scaled_mm'] * 1e6:6.1f}"]  # type: ignore[operator]
+        for mode, (t, cfg) in sorted(best.items()):
+            parts.append(
+                f"{mode} {t * 1e6:6.1f} us ({gb / t / 1e3:4.2f} TB/s) {tuple(cfg.__dict__.values())}"
+            )
+        errs = row["scaled_mm_err"]
+        print(f"{name} N={n} K={k} M={m:3d}: " + " | ".join(parts) + f"  [{dt:.0f} s]")
+        print(
+            f"    _scaled_mm error (ulp units) vs own-quant ref {errs[0]:.2f}, vs torch-quant ref {errs[1]:.2f}"
+        )  # type: ignore[index]
+    return results
+
+
+def emit(path: Path) -> None:
+    """Print the sweep table of ``path`` and the ``SPLITK_MEASURED`` literal it supports: per
+    shape and bucket, the faster split-K mode if it beats quant + ``_scaled_mm`` by >= 3 %."""
+    data = json.loads(path.read_text())
+    print(
+        "| layer | N x K | M | bf16 us | quant+_scaled_mm us | split-K w8a16 us | split-K w8a8 us | chosen |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    table: dict[tuple[int, int], dict[int, list[object]]] = {}
+    for name, rows in data.items():
+        n, k = SHAPES[name]
+        for m_str, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
+            m = int(m_str)
+            best = row["best"]
+            cells = [f"{best[mode][0] * 1e6:.1f}" if mode in best else "-" for mode in ("w8a16", "w8a8")]
+            pick = min(best.values(), key=lambda v: v[0]) if best else None
+            chosen = "_scaled_mm"
+            if pick is not None and pick[0] < 0.97 * row["scaled_mm"] and m in SPLITK_BUCKETS:
+                table.setdefault((n, k), {})[m] = pick[1]
+                chosen = "split-K " + ("w8a8" if pick[1][6] else "w8a16") + f" {tuple(pick[1][:6])}"
+            print(
+                f"| {name} | {n} x {k} | {m} | {row['bf16'] * 1e6:.1f} | {row['scaled_mm'] * 1e6:.1f} | "
+                f"{cells[0]} | {cells[1]} | {chosen} |"
+            )
+    print("\nSPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles]] = {")
+    for (n, k), by_m in table.items():
+        name = next(nm for nm, shape in SHAPES.items() if shape == (n, k))
+        print(f"    ({n}, {k}): {{  # {name}")
+        for m, fields in sorted(by_m.items()):
+            print(f"        {m}: {tuple(fields)},")
+        print("    },")
+    print("}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 512])
@@ -178,7 +342,25 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--check", action="store_true", help="CPU: correctness only, tiny shapes, interpreter")
+    ap.add_argument("--sweep", action="store_true", help="time the split-K FP8 GEMM's configs")
+    ap.add_argument("--json", type=Path, help="--sweep: merge the results into this file")
+    ap.add_argument("--emit", type=Path, help="print the table and SPLITK_MEASURED from a --json file")
     args = ap.parse_args()
+    if args.emit is not None:
+        emit(args.emit)
+        return
+    if args.sweep:
+        ms = [m for m in args.m if m <= SPLITK_BUCKETS[-1]] if "--m" in sys.argv else list(SPLITK_BUCKETS)
+        if not args.check:
+            print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+        merged = json.loads(args.json.read_text()) if args.json is not None and args.json.exists() else {}
+        for name in args.layers:
+            n, k = TINY[name] if args.check else SHAPES[name]
+            res = sweep_shape(name, n, k, ms, 1 if args.check else args.copies, args.reps, args.check)
+            merged.setdefault(name, {}).update(res)
+            if args.json is not None and not args.check:
+                args.json.write_text(json.dumps(merged, indent=1))
+        return
     if args.check:
         for name in args.layers:
             print(name)

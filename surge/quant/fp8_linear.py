@@ -8,10 +8,13 @@ their kernel layout, and (3) runs the GEMM:
 * per-channel scales (online quantization, per-tensor checkpoints), on CUDA:
   ``torch._scaled_mm`` (cuBLASLt FP8, row-wise scales: activations quantized per token by
   :func:`surge.kernels.fp8_quant.per_token_quant_fp8` into ``a_scale [M, 1]``, the weight
-  ``[N, K]`` passed transposed, i.e. column-major, with ``b_scale [1, N]``), except for
-  decode steps (``M <= SKINNY_MAX_M``) of the weight shapes in :data:`TRITON_FASTER`, and
-  shapes ``_scaled_mm`` cannot take (a dim not a multiple of 16, a non-bf16 model), which run
-  the weight-only Triton kernel of :mod:`surge.kernels.fp8_gemm`;
+  ``[N, K]`` passed transposed, i.e. column-major, with ``b_scale [1, N]``), except:
+  decode steps (``M <= SPLITK_MAX_M``) of the weight shapes and token counts in
+  :data:`SPLITK_MEASURED`, which run the split-K FP8 GEMM of
+  :mod:`surge.kernels.fp8_gemm_splitk` with the measured config; decode steps
+  (``M <= SKINNY_MAX_M``) of the weight shapes in :data:`TRITON_FASTER`, and shapes
+  ``_scaled_mm`` cannot take (a dim not a multiple of 16, a non-bf16 model), which run the
+  weight-only Triton kernel of :mod:`surge.kernels.fp8_gemm`;
 * block-wise scales (FP8 checkpoints with ``weight_block_size``): the weight-only Triton
   kernel with its block scales, for every ``M`` (see ``docs/fp8.md`` for why);
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
@@ -35,6 +38,7 @@ from surge.quant.fp8 import (
 )
 
 if TYPE_CHECKING:
+    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig
     from surge.layers.linear import _LinearBase
 
 SKINNY_MAX_M = 16
@@ -45,6 +49,35 @@ TRITON_FASTER: frozenset[tuple[int, int]] = frozenset()
 ``torch._scaled_mm`` for 1..16 tokens on the H200. Empty until measured: run
 ``benchmarks/fp8_gemm_bench.py`` on the GPU, which prints this table's new value with the
 timings behind it."""
+
+
+SPLITK_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+"""Token counts the split-K table is measured at; a step of ``M`` tokens takes the table's
+entry for the smallest bucket ``>= M`` (``_scaled_mm`` where the table has none)."""
+SPLITK_MAX_M = SPLITK_BUCKETS[-1]
+
+SplitKTiles = tuple[int, int, int, int, int, int, bool]
+"""The fields of :class:`surge.kernels.fp8_gemm_splitk.Fp8SplitKConfig` in order: ``(block_m,
+block_n, block_k, split_k, num_stages, num_warps, a8)`` (a plain tuple: this module must not
+import a Triton kernel at import time)."""
+
+SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles]] = {}
+"""Per weight shape ``(N, K)`` and token bucket ``M``: the split-K FP8 GEMM config that beat
+per-token quantization + ``torch._scaled_mm`` on the H200 (CUDA graphs, weights not in L2).
+Empty until measured: ``benchmarks/fp8_gemm_bench.py --sweep ... --emit`` prints this table's
+new value with the timings behind it; a shape or bucket not in it keeps ``_scaled_mm``."""
+
+
+def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
+    """Index ``M`` (``0..SPLITK_MAX_M``) -> the measured split-K config for a ``[M, K] @ [N,
+    K]^T`` step, or None (take ``_scaled_mm``): the entry of the smallest bucket ``>= M``."""
+    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig
+
+    table = {b: Fp8SplitKConfig(*t) for b, t in SPLITK_MEASURED.get((n, k), {}).items()}
+    by_m: list[Fp8SplitKConfig | None] = []
+    for m in range(SPLITK_MAX_M + 1):
+        by_m.append(table.get(next(b for b in SPLITK_BUCKETS if b >= m)))
+    return tuple(by_m)
 
 
 def _shard_index(layer: _LinearBase, shard_id: str | int | None) -> int:
@@ -84,6 +117,7 @@ class Fp8LinearMethod:
         self.scale_row: torch.Tensor | None = None  # [1, N] view of the per-channel scales
         self.use_scaled_mm = False
         self.triton_for_decode = False
+        self.splitk_by_m: tuple[Fp8SplitKConfig | None, ...] = ()
 
     # ------------------------------------------------------------------ loading
 
@@ -164,6 +198,8 @@ class Fp8LinearMethod:
             self.scale_row = layer.weight_scale.view(1, n)
             self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
             self.triton_for_decode = (n, k) in TRITON_FASTER
+            if self.use_scaled_mm and not self.emulate and (n, k) in SPLITK_MEASURED:
+                self.splitk_by_m = splitk_configs(n, k)
 
     # ------------------------------------------------------------------ forward
 
@@ -179,6 +215,12 @@ class Fp8LinearMethod:
         if self.block_size is not None:
             return fp8_linear(x, w, s, bias, block_size=self.block_size)
         m = x.shape[0]
+        if m < len(self.splitk_by_m) and x.dtype == torch.bfloat16:
+            cfg = self.splitk_by_m[m]
+            if cfg is not None:
+                from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
+
+                return fp8_linear_splitk(x if x.stride(1) == 1 else x.contiguous(), w, s, bias, config=cfg)
         if (
             not self.use_scaled_mm
             or x.dtype != torch.bfloat16

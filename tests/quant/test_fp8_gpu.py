@@ -82,6 +82,33 @@ def test_fp8_gemms_real_shapes(layer: str, m: int) -> None:
     assert _rel_err(got, fp8_linear_reference(x, wc, sc)) < 1e-2
 
 
+@pytest.mark.parametrize("layer", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 5, 16, 64])
+@pytest.mark.parametrize("a8", [False, True])
+def test_fp8_splitk_gemm_real_shapes(layer: str, m: int, a8: bool) -> None:
+    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, default_splitk_config, fp8_linear_splitk
+    from surge.kernels.fp8_quant import per_token_quant_fp8
+    from surge.quant.fp8 import dequantize
+
+    n, k = SHAPES[layer]
+    w = torch.randn(n, k, device="cuda") * 0.02
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 0.1
+    wc, sc = quantize_per_channel(w)
+    xq, xs = per_token_quant_fp8(x)
+    ref = (dequantize(xq, xs) if a8 else x.float()) @ dequantize(wc, sc).t() + bias.float()
+    block_m = 16 if m <= 16 else 64
+    for cfg in (
+        Fp8SplitKConfig(block_m, 64, 256, 1, 4, 4, a8),
+        Fp8SplitKConfig(block_m, 64, 256, 8, 4, 4, a8),
+        Fp8SplitKConfig(block_m, 32, 128, 3, 3, 4, a8),  # ragged K slices
+        default_splitk_config(m, n, k),
+    ):
+        got = fp8_linear_splitk(x, wc, sc, bias, config=cfg)
+        want = ref if cfg.a8 else x.float() @ dequantize(wc, sc).t() + bias.float()
+        assert _rel_err(got, want) < 1e-2, cfg
+
+
 def test_fp8_kv_write_and_attention_real_shapes() -> None:
     from surge.kernels.kv_write import fused_qk_norm_rope_kv_write
     from surge.kernels.paged_attention import paged_attention
@@ -154,6 +181,16 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
         enforce_eager=eager,
     )
     runner = ModelRunner(cfg, TorchAttentionBackend() if torch_backend else None)
+    if kw.pop("splitk_decode", False):
+        from surge.kernels.fp8_gemm_splitk import default_splitk_config
+        from surge.quant.fp8_linear import SPLITK_MAX_M
+
+        for m in runner.model.modules():
+            if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
+                n, k = m.weight.shape
+                m.quant_method.splitk_by_m = tuple(
+                    default_splitk_config(t, n, k) for t in range(SPLITK_MAX_M + 1)
+                )
     if kw.pop("triton_decode", False):
         for m in runner.model.modules():
             if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
@@ -177,11 +214,19 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
     [
         {"quantization": "fp8"},
         {"quantization": "fp8", "triton_decode": True},
+        {"quantization": "fp8", "splitk_decode": True},
         {"quantization": "fp8", "kv": "fp8"},
         {"kv": "fp8"},
         {"checkpoint": True},
     ],
-    ids=["fp8-weights", "fp8-weights-triton-decode", "fp8-weights-kv", "fp8-kv", "fp8-block-checkpoint"],
+    ids=[
+        "fp8-weights",
+        "fp8-weights-triton-decode",
+        "fp8-weights-splitk-decode",
+        "fp8-weights-kv",
+        "fp8-kv",
+        "fp8-block-checkpoint",
+    ],
 )
 def test_qwen3_8b_shape_fp8_logits_close_to_bf16(tmp_path: Path, mode: dict[str, object]) -> None:
     gc.collect()

@@ -1,0 +1,275 @@
+"""Split-K FP8 GEMM for decode steps: ``y [M, N] = x [M, K] @ dequant(w_fp8 [N, K])^T (+ bias)``.
+
+A decode step (``M`` up to a few dozen tokens) is bound by reading the weight once. Tiling only
+``N`` gives too few programs to keep every SM's memory pipeline busy on Qwen3-8B's shapes
+(``N = 4096`` in 64-column tiles is 64 programs for 132 SMs), so this kernel also splits ``K``:
+grid ``(cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))``, each program reducing one
+``K / SPLIT_K`` slice (a multiple of ``BLOCK_K``) into an fp32 ``BLOCK_M x BLOCK_N`` tile. With
+``SPLIT_K = 1`` it applies the scales and bias and stores ``y`` directly (one launch); otherwise
+it stores fp32 partials ``[SPLIT_K, M, N]`` and :func:`_splitk_reduce_kernel` sums them in a
+fixed order (deterministic, no atomics), scales, adds the bias and casts (two launches).
+
+Two operand modes, both with fp32 accumulation and per-output-channel weight scales:
+
+* ``w8a16`` (``quantize_input=False``): the weight is loaded as e4m3 and converted to the
+  activations' dtype in registers; ``x`` is not quantized (the more exact one);
+* ``w8a8`` (``quantize_input=True``): ``x`` is first quantized per token by
+  :func:`surge.kernels.fp8_quant.per_token_quant_fp8` and ``tl.dot`` runs on two e4m3
+  operands (sm89+ FP8 MMA); the token scale multiplies the result, as in ``torch._scaled_mm``
+  with row-wise scales.
+
+Split-K is the standard technique of CUTLASS's "split-K serial/parallel" GEMMs; the tiles that
+the engine uses come from ``benchmarks/fp8_gemm_bench.py --sweep`` on the H200
+(:data:`surge.quant.fp8_linear.SPLITK_MEASURED`). The launch depends only on the shapes and
+the partials are allocated by torch (from the graph pool while capturing), so it is safe in
+CUDA-graph capture: no host syncs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Fp8SplitKConfig:
+    """One launch of :func:`fp8_linear_splitk`.
+
+    ``block_m``, ``block_n``, ``block_k`` are powers of two >= 16; ``split_k >= 1`` slices of
+    ``K``; ``a8`` selects the w8a8 mode (per-token FP8 activations), else w8a16.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_stages: int
+    num_warps: int
+    a8: bool = False
+
+
+def default_splitk_config(m: int, n: int, k: int) -> Fp8SplitKConfig:
+    """Tiles for shapes without a measurement: ``block_m`` 16/32/64 by ``m``, 64 x 256 weight
+    tiles, 4 stages, 4 warps, and ``split_k`` the power of two (<= 16) that brings the grid to
+    at least 256 programs while keeping >= 2 ``block_k`` steps per slice (w8a16)."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_n = min(64, max(16, triton.next_power_of_2(n)))
+    block_k = min(256, max(16, triton.next_power_of_2(k)))
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split = 1
+    while split < 16 and tiles * split < 256 and k >= 4 * split * block_k:
+        split *= 2
+    return Fp8SplitKConfig(block_m, block_n, block_k, split, 4, 4)
+
+
+@triton.jit(do_not_specialize=["M", "STEPS"])
+def _fp8_splitk_kernel(
+    out_ptr,
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    xs_ptr,
+    b_ptr,
+    M,
+    N,
+    K,
+    STEPS,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_os,
+    A8: tl.constexpr,
+    PARTIALS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    # a multiple of BLOCK_K that the compiler can see (aligned, vectorized loads)
+    k_start = pid_k * STEPS * BLOCK_K
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, STEPS):
+        if EVEN_K:
+            a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        else:
+            k_mask = k_start + kb * BLOCK_K + offs_k < K
+            a = tl.load(x_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & k_mask[None, :], other=0.0)
+        if A8:
+            acc = tl.dot(a, tl.trans(w), acc)
+        elif DOT_IEEE:
+            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if PARTIALS:
+        p_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(p_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+        if A8:
+            acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        y_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit(do_not_specialize=["M"])
+def _splitk_reduce_kernel(
+    y_ptr,
+    p_ptr,
+    ws_ptr,
+    xs_ptr,
+    b_ptr,
+    M,
+    N,
+    stride_ym,
+    SPLIT_K: tl.constexpr,
+    A8: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    m = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs_n < N
+    row = p_ptr + m.to(tl.int64) * N + offs_n
+    acc = tl.load(row, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(row + s * M * N, mask=mask, other=0.0)
+    acc = acc * tl.load(ws_ptr + offs_n, mask=mask, other=0.0)
+    if A8:
+        acc = acc * tl.load(xs_ptr + m)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m.to(tl.int64) * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def fp8_linear_splitk(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: Fp8SplitKConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ dequant(weight)^T + bias`` with a per-channel FP8 weight, split over ``K``.
+
+    Args:
+        x: ``[M, K]`` fp16/bf16/fp32, last dim contiguous; quantized per token first in the
+            w8a8 mode (``config.a8``, fp16/bf16 only).
+        weight: ``[N, K]`` float8_e4m3fn, last dim contiguous.
+        scale: float32 ``[N]`` (or ``[1, N]``) contiguous per-output-channel multipliers.
+        bias: optional contiguous ``[N]`` in ``x``'s dtype (added in fp32).
+        config: launch config; default :func:`default_splitk_config`.
+        out: optional ``[M, N]`` output in ``x``'s dtype, last dim contiguous.
+
+    Returns:
+        ``[M, N]`` in ``x``'s dtype, fp32 accumulation; equal (up to summation order) to
+        :func:`surge.quant.fp8.fp8_linear_reference` with ``quantize_input=config.a8``.
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, a
+            bad config, or w8a8 with fp32 ``x``.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
+    if x.dtype not in _DTYPES or weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"x must be fp16/bf16/fp32 and weight float8_e4m3fn, got {x.dtype}, {weight.dtype}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("x and weight need a contiguous last dimension")
+    if weight.device != x.device or scale.device != x.device or scale.dtype != torch.float32:
+        raise ValueError("weight and float32 scale must be on x's device")
+    m, k = x.shape
+    n = weight.shape[0]
+    if scale.numel() != n or not scale.is_contiguous():
+        raise ValueError(f"per-channel scale must be a contiguous [{n}], got {tuple(scale.shape)}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [{n}] {x.dtype} tensor")
+    cfg = config or default_splitk_config(m, n, k)
+    for v in (cfg.block_m, cfg.block_n, cfg.block_k):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"block sizes must be powers of two >= 16, got {cfg}")
+    if cfg.split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
+    if cfg.a8 and x.dtype == torch.float32:
+        raise ValueError("the w8a8 mode takes fp16/bf16 activations")
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
+    if m == 0 or n == 0:
+        return out
+    a, xs = x, scale
+    if cfg.a8:
+        from surge.kernels.fp8_quant import per_token_quant_fp8
+
+        a, xs = per_token_quant_fp8(x)
+    steps = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k)  # BLOCK_K steps per K slice
+    partials = cfg.split_k > 1
+    dest = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if partials else out
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
+    _fp8_splitk_kernel[grid](
+        dest,
+        a,
+        weight,
+        scale,
+        xs,
+        bias if bias is not None else scale,
+        m,
+        n,
+        k,
+        steps,
+        a.stride(0),
+        weight.stride(0),
+        n if partials else out.stride(0),
+        m * n,
+        A8=cfg.a8,
+        PARTIALS=partials,
+        HAS_BIAS=bias is not None,
+        EVEN_K=steps * cfg.block_k * cfg.split_k == k,
+        DOT_IEEE=x.dtype == torch.float32,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+    if partials:
+        block = min(1024, max(128, triton.next_power_of_2(n)))
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            out,
+            dest,
+            scale,
+            xs,
+            bias if bias is not None else scale,
+            m,
+            n,
+            out.stride(0),
+            SPLIT_K=cfg.split_k,
+            A8=cfg.a8,
+            HAS_BIAS=bias is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out
