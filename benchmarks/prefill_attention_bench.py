@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from surge.kernels.paged_attention import paged_attention
-from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention
+from surge.kernels.prefill_attention import PrefillTileConfig, default_prefill_tile, prefill_attention
 from surge.layers.attention_backend import AttentionMetadata
 from surge.layers.triton_attention import PrefillKernelChoice, TritonAttentionBackend
 
@@ -185,7 +185,7 @@ def main() -> None:
 
         interpreter_fixes.apply()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    default = PrefillKernelChoice().tile
+    default = PrefillKernelChoice().tile or default_prefill_tile(HEAD_DIM, dtype)
     base = [default] if not args.tiny else [PrefillTileConfig(16, 16, 4, 1)]
     if not args.tiny:
         base += [

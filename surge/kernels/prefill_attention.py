@@ -218,6 +218,16 @@ def _prefill_attention_kernel(
     )
 
 
+def default_prefill_tile(head_dim: int, dtype: torch.dtype) -> PrefillTileConfig:
+    """The tile :func:`prefill_attention` uses when given none: 128 x 64 with 8 warps and 3
+    stages for rows of up to 256 bytes (fp16/bf16 at head_dim 128), 64 x 32 with 4 warps and
+    2 stages for wider rows (fp32, or head_dim 256), so Q and the K/V stages fit in shared
+    memory."""
+    if head_dim * dtype.itemsize > 256:
+        return PrefillTileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    return PrefillTileConfig()
+
+
 def prefill_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether :func:`prefill_attention` takes these shapes: a power-of-2 head size of 16 to
     256 and a cache in ``q``'s dtype (an FP8 cache's prefix would be dequantized while the
@@ -265,7 +275,7 @@ def prefill_attention(
         scale: softmax scale (usually ``head_dim ** -0.5``).
         out: optional ``[num_tokens, num_heads, head_dim]`` output, ``q``'s dtype.
         min_query_len: sequences with fewer new tokens are skipped.
-        config: tile shape and launch parameters (default :class:`PrefillTileConfig`).
+        config: tile shape and launch parameters (default: :func:`default_prefill_tile`).
 
     Returns:
         ``out``; rows of skipped sequences and padding rows are unchanged.
@@ -296,7 +306,7 @@ def prefill_attention(
         raise ValueError("block_table needs a contiguous last dimension")
     if out is None:
         out = torch.empty_like(q)
-    cfg = config or PrefillTileConfig()
+    cfg = config or default_prefill_tile(head_dim, q.dtype)
     grid = (num_heads, num_tokens // cfg.block_m + num_seqs)
     _prefill_attention_kernel[grid](
         out,

@@ -15,7 +15,7 @@ never syncs with the GPU and is safe inside CUDA-graph capture.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,12 +43,13 @@ class PrefillKernelChoice:
         min_query_len: sequences with at least this many new tokens take the prefill
             kernel; shorter ones (decodes, short chunks) stay on the paged kernel, which
             packs a KV head's query heads into one tile and is the faster one there.
-        tile: the prefill kernel's tile shape and launch parameters.
+        tile: the prefill kernel's tile shape and launch parameters; None picks them by
+            head size and dtype (:func:`surge.kernels.prefill_attention.default_prefill_tile`).
     """
 
     enabled: bool = True
     min_query_len: int = 64
-    tile: PrefillTileConfig = field(default_factory=PrefillTileConfig)
+    tile: PrefillTileConfig | None = None
 
     def __post_init__(self) -> None:
         if self.min_query_len < 2:

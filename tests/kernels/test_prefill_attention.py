@@ -10,7 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention, prefill_supported
+from surge.kernels.prefill_attention import (
+    PrefillTileConfig,
+    default_prefill_tile,
+    prefill_attention,
+    prefill_supported,
+)
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
 from tests.kernels.attn_utils import PagedBatch, make_batch, reference_attention
 
@@ -25,7 +30,7 @@ def _run(
     q_lens: list[int],
     seq_lens: list[int],
     group: int,
-    config: PrefillTileConfig,
+    config: PrefillTileConfig | None,
     dtype: torch.dtype = torch.float32,
     head_dim: int = 32,
     num_kv_heads: int = 2,
@@ -130,6 +135,12 @@ def test_strided_views_of_a_fused_qkv() -> None:
     assert bool((out_buf[:, :, d:] == 0).all())
 
 
+def test_default_tile_fits_wide_rows() -> None:
+    assert default_prefill_tile(128, torch.bfloat16) == PrefillTileConfig(128, 64, 8, 3)
+    assert default_prefill_tile(128, torch.float32) == PrefillTileConfig(64, 32, 4, 2)
+    assert default_prefill_tile(256, torch.float16) == PrefillTileConfig(64, 32, 4, 2)
+
+
 def test_refuses_what_it_cannot_run() -> None:
     batch = make_batch([4], [4], 2, 1, 24)
     assert not prefill_supported(batch.q, batch.k_cache)
@@ -165,3 +176,12 @@ def test_gpu_qwen3_8b_shapes(config: PrefillTileConfig) -> None:
     seq_lens = [1000, 3517, 2000, 2088]
     out, ref, batch = _run(q_lens, seq_lens, 4, config, torch.bfloat16, 128, 8, device="cuda")
     _check(out, ref, batch, 2, 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.float32, 128), (torch.bfloat16, 256)])
+def test_gpu_default_tile_for_wide_rows(dtype: torch.dtype, head_dim: int) -> None:
+    """fp32 at head_dim 128 and bf16 at 256 compile with the default (smaller) tile."""
+    out, ref, batch = _run([300, 1, 77], [812, 40, 77], 4, None, dtype, head_dim, 2, device="cuda")
+    _check(out, ref, batch, 2, 1e-4 if dtype == torch.float32 else 2e-2)
