@@ -340,7 +340,7 @@ class ModelRunner:
         # found in the prefix cache), one per query tile size.
         context = 2048
         if self.config.scheduler.max_model_len >= context + 16:
-            for q_len in (2, 5, 16):
+            for q_len in (2, 5, 16, 33):
                 self._dummy_step([q_len], 1, full_sampler=False, context=context)
         torch.cuda.synchronize(self.device)
 
