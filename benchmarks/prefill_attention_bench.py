@@ -91,7 +91,7 @@ def _time_ms(fn: Callable[[], object], device: str) -> float:
     if device == "cuda":
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
     fn()
     t0 = time.perf_counter()
     fn()
