@@ -165,9 +165,12 @@ class LLMEngine:
     launched before it: the host schedules and prepares step k+1 while the GPU runs step
     k, and :meth:`step` returns the outputs of step k. A step that samples a request whose
     sampling needs every token id on the host (``SamplingParams.needs_token_history``) is
-    applied before the next one is scheduled; so is one that samples a request with a
-    grammar, whose token mask follows the previous token
-    (``SamplingParams.needs_previous_token``).
+    applied before the next one is scheduled. A request with a grammar needs only its
+    previous token, for its mask: with a runner that ``defers_grammar_masks`` the next step is
+    scheduled and its forward launched first, and the mask waits for the previous step's
+    ids inside the sampler (see docs/architecture.md, "Structured outputs"); with other
+    executors (tensor parallelism, whose mask is filled when the step is published) such a
+    step is applied before the next one (``SamplingParams.needs_previous_token``).
 
     Requests with ``structured_outputs`` wait in :mod:`surge.structured` until their grammar
     is compiled (in a thread pool), then join the scheduler; each step that samples one
@@ -238,6 +241,9 @@ class LLMEngine:
         self._eos_token_ids = frozenset(config.model.eos_token_ids)
         self.async_scheduling: bool = config.async_scheduling and hasattr(runner, "execute_async")
         self._in_flight: _InFlight | None = None
+        # The runner fills a grammar mask after launching the forward and can wait there for
+        # the step in flight: a constrained step need not be applied before the next one.
+        self._defer_grammar: bool = bool(getattr(runner, "defers_grammar_masks", False))
         # Built on the first request with a grammar: an engine without one pays nothing.
         self._structured: StructuredOutputManager | None = None
         self._request_errors: list[tuple[str, str]] = []
@@ -332,8 +338,10 @@ class LLMEngine:
         if scheduler_output.is_empty and structured.waiting and self._in_flight is None:
             structured.wait(_GRAMMAR_WAIT_S)  # nothing to run until a grammar is ready
         else:
+            in_flight = self._in_flight
             scheduler_output.grammar = structured.bitmask_for(
-                [s.request.request_id for s in scheduler_output.scheduled if s.sample]
+                [s.request.request_id for s in scheduler_output.scheduled if s.sample],
+                in_flight.handle.sampled_token_ids if in_flight is not None and self._defer_grammar else None,
             )
         return scheduler_output
 
@@ -372,10 +380,16 @@ class LLMEngine:
             handle = self.runner.execute_async(scheduler_output)
             self.scheduler.advance(scheduler_output)
             if not scheduler_output.is_empty:
-                exact = any(
-                    s.sample and s.request.sampling_params.needs_previous_token
-                    for s in scheduler_output.scheduled
-                )
+                if self._defer_grammar:
+                    exact = any(
+                        s.sample and s.request.sampling_params.needs_token_history
+                        for s in scheduler_output.scheduled
+                    )
+                else:
+                    exact = any(
+                        s.sample and s.request.sampling_params.needs_previous_token
+                        for s in scheduler_output.scheduled
+                    )
                 launched = _InFlight(scheduler_output, handle, exact)
         outputs += self._apply_in_flight()
         self._in_flight = launched

@@ -4,18 +4,24 @@ constrained request, and the token bitmask of each step."""
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+import torch
 
 from surge.request import Request
+from surge.structured.bitmask import StepMaskBuffer
 from surge.structured.compiler import CompiledGrammarCache
 
 BATCH_FILL_MIN_ROWS = 8
 """From this many constrained rows on, the bitmask rows are filled by xgrammar's threaded
 batch matcher instead of one call per row."""
+
+MAX_FILL_THREADS = 8
+"""Threads of the batch matcher at most (half the CPUs, 1 to this many)."""
 
 
 class RequestGrammar:
@@ -24,49 +30,101 @@ class RequestGrammar:
 
     The matcher follows ``Request.output_token_ids``, which only grow (a preempted request
     keeps its outputs and is recomputed; a token dropped by asynchronous scheduling never
-    enters them), so :meth:`advance` feeds it the tokens it has not seen. Were the outputs
-    ever shorter than what it has seen, the matcher is reset and fed again.
+    enters them), and, with asynchronous scheduling, may run one token ahead of them: the
+    previous step's token, fed as soon as it is on the host, before the scheduler appends
+    it (:meth:`catch_up` with ``pending``). That token is checked once it lands; were the
+    outputs ever to disagree with what the matcher has seen, it is reset and fed again.
 
     Args:
         compiled: the ``xgrammar.CompiledGrammar``.
         reasoning_end_token_id: when set, tokens up to and including the first occurrence of
             this id are free (the model's reasoning) and the grammar starts after it.
+        stop_token_ids: the grammar's stop tokens (the matcher terminates only on one).
 
     Attributes:
         active: the grammar constrains the next token (the reasoning, if any, is over).
         failed: the matcher rejected a token (only possible when the mask was not applied);
             from then on only the stop tokens are allowed, so the request ends.
+        terminated: the matcher accepted a stop token; only stop tokens follow.
+        num_seen: tokens the matcher has been fed (outputs, plus the one ahead if any).
     """
 
-    __slots__ = ("_compiled", "matcher", "_gate", "num_seen", "active", "failed")
+    __slots__ = (
+        "_compiled",
+        "matcher",
+        "_gate",
+        "_stop",
+        "num_seen",
+        "_ahead",
+        "active",
+        "failed",
+        "terminated",
+    )
 
-    def __init__(self, compiled: Any, reasoning_end_token_id: int | None = None) -> None:
+    def __init__(
+        self, compiled: Any, reasoning_end_token_id: int | None = None, stop_token_ids: Iterable[int] = ()
+    ) -> None:
         import xgrammar as xgr
 
         self._compiled = compiled
         self.matcher = xgr.GrammarMatcher(compiled)
         self._gate = reasoning_end_token_id
+        self._stop = frozenset(stop_token_ids)
         self.num_seen = 0
+        self._ahead = -1
         self.active = reasoning_end_token_id is None
         self.failed = False
+        self.terminated = False
 
-    def advance(self, output_token_ids: Sequence[int]) -> None:
-        """Feed the matcher the output tokens it has not seen yet."""
+    def reset(self) -> None:
+        """Back to the start of the output (nothing fed)."""
+        self.matcher.reset()
+        self.num_seen = 0
+        self._ahead = -1
+        self.active = self._gate is None
+        self.failed = False
+        self.terminated = False
+
+    def feed(self, token: int) -> None:
+        """Advance over one token."""
+        self.num_seen += 1
+        if not self.active:
+            self.active = token == self._gate
+        elif self.failed or self.terminated:
+            return  # after the stop token only stop tokens follow (ignore_eos)
+        elif not self.matcher.accept_token(token):
+            self.failed = True
+        elif token in self._stop:
+            self.terminated = self.matcher.is_terminated()
+
+    def catch_up(self, output_token_ids: Sequence[int], pending: int | None = None) -> None:
+        """Feed the matcher the output tokens it has not seen, then ``pending`` (a token
+        sampled by the step in flight, not in the outputs yet) if given."""
         n = len(output_token_ids)
-        if n < self.num_seen:
-            self.matcher.reset()
-            self.num_seen = 0
-            self.active = self._gate is None
-            self.failed = False
-        matcher = self.matcher
-        for token in output_token_ids[self.num_seen :]:
-            if not self.active:
-                self.active = token == self._gate
-            elif self.failed or matcher.is_terminated():
-                continue  # after the stop token only stop tokens follow (ignore_eos)
-            elif not matcher.accept_token(token):
-                self.failed = True
-        self.num_seen = n
+        seen = self.num_seen
+        if self._ahead >= 0:
+            if n >= seen and output_token_ids[seen - 1] == self._ahead:
+                self._ahead = -1
+            else:
+                self.reset()
+                seen = 0
+        if n < seen:
+            self.reset()
+            seen = 0
+        for token in output_token_ids[seen:]:
+            self.feed(token)
+        if pending is not None:
+            self.feed(pending)
+            self._ahead = pending
+
+    @property
+    def constrains(self) -> bool:
+        """The next token is chosen by the grammar (active, neither failed nor terminated)."""
+        return self.active and not self.failed and not self.terminated
+
+
+PreviousTokens = Callable[[], Mapping[str, int]]
+"""Waits for the step in flight and returns its sampled ids by request id."""
 
 
 class GrammarBitmask:
@@ -74,14 +132,28 @@ class GrammarBitmask:
 
     Built by :meth:`StructuredOutputManager.bitmask_for` at scheduling time; the mask is
     filled on the host only when :meth:`apply` is called, which the runner does after it
-    has launched the forward pass, so on a GPU the host's work overlaps the device's.
+    has launched the forward pass, so on a GPU the host's work overlaps the device's. With
+    asynchronous scheduling the previous step may still be in flight then: ``previous``
+    waits for its sampled ids (the last moment they are needed) and the matchers take the
+    pending tokens from them.
+
+    Args:
+        manager: the engine's manager.
+        grammars: request_id -> matcher state.
+        previous: the step in flight's sampled ids (None: no step is in flight).
     """
 
-    __slots__ = ("_manager", "_grammars")
+    __slots__ = ("_manager", "_grammars", "_previous")
 
-    def __init__(self, manager: StructuredOutputManager, grammars: dict[str, RequestGrammar]) -> None:
+    def __init__(
+        self,
+        manager: StructuredOutputManager,
+        grammars: dict[str, RequestGrammar],
+        previous: PreviousTokens | None = None,
+    ) -> None:
         self._manager = manager
         self._grammars = grammars
+        self._previous = previous
 
     def apply(self, logits: Any, requests: Sequence[Request]) -> None:
         """Set to -inf, in place, the logits of tokens the grammar forbids.
@@ -92,17 +164,27 @@ class GrammarBitmask:
         Args:
             logits: ``[S, V]`` logits of the sampled rows (any float dtype, on the device).
             requests: the ``S`` requests, in row order.
+
+        Raises:
+            RuntimeError: a request has a pending token but no step is in flight.
         """
-        mask = self._manager.fill(requests, self._grammars)
-        if mask is not None:
-            apply_bitmask(logits, mask)
+        manager = self._manager
+        n = manager.fill(requests, self._grammars, self._previous)
+        if n:
+            manager.buffer.apply(logits, n)
 
     def host_mask(self, requests: Sequence[Request]) -> np.ndarray | None:
-        """The filled mask of ``requests`` as a ``[S, ceil(V / 32)]`` int32 array (a copy),
-        or None when no row is constrained: for executors that apply it elsewhere (the
-        tensor-parallel workers)."""
-        mask = self._manager.fill(requests, self._grammars)
-        return None if mask is None else mask.numpy().copy()
+        """The filled mask of ``requests`` as a ``[S, ceil(V / 32)]`` int32 array (all ones
+        for free rows), or None when no row is constrained: for executors that apply it
+        elsewhere (the tensor-parallel workers)."""
+        manager = self._manager
+        n = manager.fill(requests, self._grammars, self._previous)
+        if not n:
+            return None
+        mask, rows = manager.buffer.filled_views(n)
+        full = np.full((len(requests), mask.shape[1]), -1, dtype=np.int32)
+        full[rows.numpy()] = mask.numpy()
+        return full
 
 
 class StaticGrammarBitmask:
@@ -125,26 +207,16 @@ class StaticGrammarBitmask:
         """As :meth:`GrammarBitmask.apply`; rows of requests the mask does not name are free."""
         import torch
 
-        ids = [r.request_id for r in requests]
-        if ids == self._request_ids:
-            mask = self._mask
-        else:
-            row = {rid: i for i, rid in enumerate(self._request_ids)}
-            mask = np.full((len(ids), self._mask.shape[1]), -1, dtype=np.int32)
-            for i, rid in enumerate(ids):
-                if rid in row:
-                    mask[i] = self._mask[row[rid]]
-        apply_bitmask(logits, torch.from_numpy(mask))
+        from surge.structured.bitmask import apply_token_bitmask_rows
 
-
-def apply_bitmask(logits: Any, mask: Any) -> None:
-    """``xgrammar.apply_token_bitmask_inplace`` of a host ``[S, W]`` int32 mask on ``logits``
-    ``[S, V]`` (copied to the logits' device first; its CPU kernel on CPU, its Triton kernel
-    on CUDA). Bits past ``V`` are ignored."""
-    import xgrammar as xgr
-
-    device_mask = mask if logits.device.type == "cpu" else mask.to(logits.device, non_blocking=True)
-    xgr.apply_token_bitmask_inplace(logits, device_mask, vocab_size=logits.shape[-1])
+        row = {rid: i for i, rid in enumerate(self._request_ids)}
+        at = [(i, row[r.request_id]) for i, r in enumerate(requests) if r.request_id in row]
+        if not at:
+            return
+        rows = torch.tensor([i for i, _ in at], dtype=torch.int32)
+        mask = torch.from_numpy(np.ascontiguousarray(self._mask[[j for _, j in at]]))
+        dev = logits.device
+        apply_token_bitmask_rows(logits, mask.to(dev), rows.to(dev))
 
 
 class StructuredOutputManager:
@@ -174,7 +246,9 @@ class StructuredOutputManager:
         self.device = device
         self.waiting: dict[str, tuple[Request, Future[Any]]] = {}
         self.grammars: dict[str, RequestGrammar] = {}
-        self._host_mask: Any = None
+        self.buffer = StepMaskBuffer(vocab_size, device)
+        self._stop_row = _stop_row(self.eos_token_ids, self.buffer.width)
+        self._fill_threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
         self._batch_matcher: Any = None
 
     def add(self, request: Request) -> None:
@@ -198,7 +272,9 @@ class StructuredOutputManager:
                 continue
             params = request.sampling_params.structured_outputs
             assert params is not None
-            self.grammars[rid] = RequestGrammar(future.result(), params.reasoning_end_token_id)
+            self.grammars[rid] = RequestGrammar(
+                future.result(), params.reasoning_end_token_id, self.eos_token_ids
+            )
             ready.append(request)
         return ready, failed
 
@@ -214,67 +290,91 @@ class StructuredOutputManager:
             self.waiting.pop(rid, None)
             self.grammars.pop(rid, None)
 
-    def bitmask_for(self, sampled_request_ids: Iterable[str]) -> GrammarBitmask | None:
+    def bitmask_for(
+        self, sampled_request_ids: Iterable[str], previous: PreviousTokens | None = None
+    ) -> GrammarBitmask | None:
         """The step's :class:`GrammarBitmask` when one of its sampled requests has a grammar,
-        else None (an unconstrained step costs nothing more)."""
+        else None (an unconstrained step costs nothing more). ``previous`` gives the sampled
+        ids of the step in flight, for requests whose last token is still pending."""
         grammars = self.grammars
         if not grammars:
             return None
         if not any(rid in grammars for rid in sampled_request_ids):
             return None
-        return GrammarBitmask(self, grammars)
+        return GrammarBitmask(self, grammars, previous)
 
-    def fill(self, requests: Sequence[Request], grammars: dict[str, RequestGrammar]) -> Any:
-        """Advance the matchers of ``requests`` and fill the step's mask: a ``[S, W]`` int32
-        host tensor (all ones for free rows; only the stop tokens for a finished or failed
-        grammar), or None when no row is constrained."""
-        import xgrammar as xgr
+    def fill(
+        self,
+        requests: Sequence[Request],
+        grammars: dict[str, RequestGrammar],
+        previous: PreviousTokens | None = None,
+    ) -> int:
+        """Advance the matchers of ``requests`` and pack the masks of their constrained rows
+        into :attr:`buffer`: the grammar's allowed tokens, or only the stop tokens for a
+        finished or failed grammar. Free rows get no mask row.
 
+        A request with a pending output (``Request.num_pending_outputs``: sampled by the
+        step in flight, asynchronous scheduling) takes it from ``previous()``, which is
+        called (and waits) only then.
+
+        Matchers that constrain their row fill their mask rows in one call, xgrammar's
+        ``BatchGrammarMatcher`` (a thread pool in C++), from :data:`BATCH_FILL_MIN_ROWS`
+        rows on.
+
+        Returns:
+            ``n``, the rows packed (0: no row is constrained, nothing to apply).
+
+        Raises:
+            RuntimeError: a pending output but no ``previous``.
+        """
         rows: list[int] = []
         matchers: list[Any] = []
         stop_rows: list[int] = []
+        tokens: Mapping[str, int] | None = None
         for i, request in enumerate(requests):
-            g = grammars.get(request.request_id)
+            rid = request.request_id
+            g = grammars.get(rid)
             if g is None:
                 continue
-            g.advance(request.output_token_ids)
+            pending = None
+            if request.num_pending_outputs:
+                if tokens is None:
+                    if previous is None:
+                        raise RuntimeError(f"request {rid!r} has a pending token but no step is in flight")
+                    tokens = previous()
+                pending = tokens[rid]
+            g.catch_up(request.output_token_ids, pending)
             if not g.active:
                 continue
-            if g.failed or g.matcher.is_terminated():
+            if g.failed or g.terminated:
                 stop_rows.append(i)
             else:
                 rows.append(i)
                 matchers.append(g.matcher)
-        if not rows and not stop_rows:
-            return None
-        mask = self._mask_buffer(len(requests))
-        mask.fill_(-1)  # every token allowed
-        if len(rows) >= BATCH_FILL_MIN_ROWS:
+        m = len(rows)
+        n = m + len(stop_rows)
+        if n == 0:
+            return 0
+        mask, row_ids = self.buffer.host_views(n)
+        if m >= BATCH_FILL_MIN_ROWS:
             if self._batch_matcher is None:
-                self._batch_matcher = xgr.BatchGrammarMatcher()
-            self._batch_matcher.batch_fill_next_token_bitmask(matchers, mask, rows)
+                import xgrammar as xgr
+
+                self._batch_matcher = xgr.BatchGrammarMatcher(self._fill_threads)
+            self._batch_matcher.batch_fill_next_token_bitmask(matchers, mask)
         else:
-            for i, matcher in zip(rows, matchers, strict=True):
-                matcher.fill_next_token_bitmask(mask, i)
+            for j, matcher in enumerate(matchers):
+                matcher.fill_next_token_bitmask(mask, j)
         if stop_rows:
-            bits = mask.numpy().view(np.uint32)
-            for i in stop_rows:
-                bits[i] = 0
-                for t in self.eos_token_ids:
-                    bits[i, t >> 5] |= np.uint32(1 << (t & 31))
-        return mask
+            mask[m:] = self._stop_row
+            rows += stop_rows
+        row_ids.copy_(torch.tensor(rows, dtype=torch.int32))
+        return n
 
-    def _mask_buffer(self, rows: int) -> Any:
-        """A ``[rows, ceil(V / 32)]`` int32 host buffer (pinned with CUDA), reused across
-        steps: a constrained step is applied before the next is scheduled, so its copy to
-        the device is done before the buffer is written again."""
-        import torch
 
-        buf = self._host_mask
-        if buf is None or buf.shape[0] < rows:
-            width = (self.vocab_size + 31) // 32
-            capacity = max(rows, 64 if buf is None else 2 * buf.shape[0])
-            pin = torch.device(self.device).type == "cuda"
-            buf = torch.empty(capacity, width, dtype=torch.int32, pin_memory=pin)
-            self._host_mask = buf
-        return buf[:rows]
+def _stop_row(stop_token_ids: Sequence[int], width: int) -> torch.Tensor:
+    """``[W]`` int32: a mask that allows only ``stop_token_ids``."""
+    bits = np.zeros(width, dtype=np.uint32)
+    for t in stop_token_ids:
+        bits[t >> 5] |= np.uint32(1 << (t & 31))
+    return torch.from_numpy(bits.view(np.int32))

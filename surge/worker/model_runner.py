@@ -29,6 +29,7 @@ from surge.parallel.communicator import TPCommunicator, attach_communicator
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request
 from surge.sampling_params import SamplingParams
+from surge.structured.bitmask import warm_up_token_bitmask
 from surge.worker.cuda_graph import (
     CUDA_GRAPH_MEMORY_RESERVE,
     DecodeGraphRunner,
@@ -107,6 +108,7 @@ class StepHandle:
         "_inputs",
         "_done",
         "_logprobs",
+        "_tokens",
     )
 
     def __init__(
@@ -129,10 +131,32 @@ class StepHandle:
         self._inputs = inputs
         self._done = False
         self._logprobs = logprobs
+        self._tokens: list[int] | None = None
 
     def done(self) -> bool:
         """Whether the sampled ids are on the host (:meth:`result` would not wait)."""
         return self._ready is None or self._ready.query()
+
+    def sampled_token_ids(self) -> dict[str, int]:
+        """Wait for the step's sampled ids only (not for :meth:`result`'s bookkeeping) and
+        return them by request id; may be called any number of times, before or after
+        :meth:`result`. A grammar mask of the next step takes its previous tokens here."""
+        return dict(zip(self._request_ids, self._wait_tokens(), strict=True))
+
+    def _wait_tokens(self) -> list[int]:
+        if self._tokens is None:
+            if self._ready is not None and not self._request_ids:
+                self._ready.synchronize()  # a step that only computed prompt logprobs
+            if not self._request_ids:
+                self._tokens = []
+            elif self._ready is None:
+                assert self._sampled is not None
+                self._tokens = self._sampled.tolist()
+            else:
+                assert self._host is not None
+                self._ready.synchronize()
+                self._tokens = self._host.tolist()
+        return self._tokens
 
     def result(self) -> ModelOutput:
         """Wait for the step and return its sampled token ids.
@@ -143,17 +167,7 @@ class StepHandle:
         if self._done:
             raise RuntimeError("StepHandle.result() called twice")
         self._done = True
-        if self._ready is not None and not self._request_ids:
-            self._ready.synchronize()  # a step that only computed prompt logprobs
-        if not self._request_ids:
-            tokens: list[int] = []
-        elif self._ready is None:
-            assert self._sampled is not None
-            tokens = self._sampled.tolist()
-        else:
-            assert self._host is not None
-            self._ready.synchronize()
-            tokens = self._host.tolist()
+        tokens = self._wait_tokens()
         self._runner._record_timing(self._inputs, *self._times, time.perf_counter())
         output = ModelOutput(dict(zip(self._request_ids, tokens, strict=True)))
         if self._logprobs is not None:
@@ -181,10 +195,16 @@ class ModelRunner:
             backend that is not graph safe); captured by :meth:`init_kv_cache`.
         last_timing: the :class:`StepTiming` of the last step when timing is on
             (:meth:`set_timing`), else None.
+        defers_grammar_masks: a step's grammar mask is filled after its forward is
+            launched, so it may wait there for the previous step's sampled ids
+            (:meth:`StepHandle.sampled_token_ids`): asynchronous scheduling need not wait
+            for a step with constrained rows before it schedules the next.
 
     Raises:
         ValueError: the model cannot be built or loaded (see :func:`load_model`).
     """
+
+    defers_grammar_masks = True
 
     def __init__(
         self, config: EngineConfig, attn_backend: AttentionBackend | None = None, tp_rank: int = 0
@@ -329,8 +349,9 @@ class ModelRunner:
         start-up rather than under load (each kernel has variants by tile shape and by
         Triton's specialisation of ints equal to 1 or divisible by 16): prefill chunks of
         1..33 tokens, a mixed prefill + decode batch, a 128-token chunk next to a decode (the
-        prefill attention kernel and the paged kernel's skipping variant), and the LM head
-        over 1, 2 and 16 rows. A no-op on CPU."""
+        prefill attention kernel and the paged kernel's skipping variant), the LM head over
+        1, 2 and 16 rows, and the grammar-mask kernel (so the first constrained request does
+        not stall the batch while it compiles). A no-op on CPU."""
         if self.device.type != "cuda":
             return
         shapes = (([1], 1), ([2], 2), ([5, 1], 2), ([16], 16), ([33, 1, 1], 3), ([128, 1], 2))
@@ -342,6 +363,7 @@ class ModelRunner:
         if self.config.scheduler.max_model_len >= context + 16:
             for q_len in (2, 5, 16, 33):
                 self._dummy_step([q_len], 1, full_sampler=False, context=context)
+        warm_up_token_bitmask(self.vocab_size, self.device)
         torch.cuda.synchronize(self.device)
 
     def _dummy_step(self, q_lens: list[int], sample_rows: int, full_sampler: bool, context: int = 0) -> None:
