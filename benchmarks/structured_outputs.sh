@@ -1,57 +1,94 @@
 #!/usr/bin/env bash
-# Structured outputs on the GPU host (H200, Qwen3-8B config + tokenizer, dummy weights, bf16,
-# TP=1): `surge bench serve` at concurrency 16 and 64, input 256 / output 1024 tokens
-# (ignore_eos, exact lengths), each point once with no grammar and once with a JSON schema on
-# every request (sent with --extra-body as response_format). Usage:
-#   benchmarks/structured_outputs.sh MODEL_DIR OUT_DIR [CONCURRENCIES [INPUT OUTPUT [PORT [SERVE_FLAGS]]]]
-# e.g. on the H200:
-#   benchmarks/structured_outputs.sh .assets/qwen3-8b benchmarks/results/h200-qwen3-8b/structured
-# and a CPU smoke run of the same script on the bundled model:
-#   benchmarks/structured_outputs.sh surge/assets/stories260K /tmp/so "2" 32 64 8140 "--device cpu"
-# Writes OUT_DIR/{none,json}-c<C>.json (vLLM's result fields), OUT_DIR/server.log, and prints
-# the comparison. One server serves all points (the schema compiles once, in the first
-# constrained warm-up request, and is cached). Target (issue 11): json within 10 % of none in
-# output_throughput at each concurrency, p99 ITL not worse.
+# Structured outputs on the GPU host (issue 11): one fresh `surge serve` (Qwen3-8B config +
+# tokenizer, dummy bf16 weights, the flags of benchmarks/h200_features.sh), the `surge bench serve`
+# client throughout (chat endpoint, burst, ignore_eos, exact lengths):
+#   1. the host work per step for 16 and 64 constrained rows on this host's CPU
+#      (benchmarks/structured_host_step.py -> host_step.json);
+#   2. throughput: C16 and C64 at I256/O1024, each without and with a `json_schema` response
+#      format on every request (the schema of h200_features.sh) -> C<c>_I256_O1024_{plain,json_schema}.json;
+#   3. compile stall: C16 I256/O1024 unconstrained streams (64 requests, 16 at a time), alone and
+#      then while constrained requests with fresh schemas (each one compiles) arrive every 0.5 s
+#      (benchmarks/structured_mixed.py) -> mixed_{alone,unconstrained,constrained}.json;
+#   then summary.json and a printed comparison. Targets: json_schema within 10 % of plain output
+#   throughput; P99 ITL of the unconstrained streams unchanged by the constrained arrivals.
+# Usage (repository root): benchmarks/structured_outputs.sh MODEL_DIR OUT_DIR [PORT [SERVE_FLAGS]]
+#   on the H200: benchmarks/structured_outputs.sh .assets/qwen3-8b OUT
+#   CPU smoke:   benchmarks/structured_outputs.sh surge/assets/stories260K /tmp/so 8140 "--device cpu" (set SMOKE=1 for tiny shapes)
 set -euo pipefail
-model="$1"; out="$2"
-concurrencies="${3:-16 64}"; input_len="${4:-256}"; output_len="${5:-1024}"; port="${6:-8000}"
-serve_flags="${7:---load-format dummy --dtype bfloat16 --gpu-memory-utilization 0.9}"
+model="$1"; out="$2"; port="${3:-8000}"
+serve_flags="${4:---load-format dummy --dtype bfloat16 --gpu-memory-utilization 0.9}"
+py="${PYTHON:-python3}"
+if [ "${SMOKE:-0}" = 1 ]; then cs="2"; il=32; ol=48; mixed_n=4; else cs="16 64"; il=256; ol=1024; mixed_n=64; fi
 mkdir -p "$out"
-if python3 -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then
+if "$py" -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then
   echo "structured_outputs.sh: port $port is already in use; stop that server first" >&2; exit 2
+fi
+if [ -f "$model/config.json" ] && "$py" -c "import json,sys; sys.exit(0 if json.load(open('$model/config.json')).get('vocab_size',0)>100000 else 1)"; then
+  "$py" benchmarks/structured_host_step.py --model "$model" --rows 16 64 --steps 200 --result-file "$out/host_step.json"
 fi
 log="$out/server.log"
 # shellcheck disable=SC2086
-python3 -m surge.cli serve --model "$model" --port "$port" $serve_flags \
-  --max-num-seqs 256 --max-num-batched-tokens 8192 --log-interval 30 >> "$log" 2>&1 &
+"$py" -m surge.cli serve --model "$model" --port "$port" $serve_flags \
+  --max-num-seqs 256 --max-num-batched-tokens 8192 --log-interval 30 > "$log" 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; then break; fi
+for _ in $(seq 1 600); do
+  if "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; then break; fi
   if ! kill -0 $server 2>/dev/null; then tail -50 "$log"; exit 1; fi
   sleep 1
 done
-schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object",
-  "properties": {"id": {"type": "integer"}, "name": {"type": "string"}, "tags": {"type": "array",
-  "items": {"type": "string"}}}, "required": ["id", "name", "tags"]}}}, "required": ["items"]}'
-json_body="{\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"bench\", \"schema\": $schema}}}"
-for c in $concurrencies; do
-  for kind in none json; do
-    extra=()
-    if [ "$kind" = json ]; then extra=(--extra-body "$json_body"); fi
-    python3 -m surge.cli bench serve --base-url http://127.0.0.1:$port --endpoint /v1/chat/completions \
-      --input-len "$input_len" --output-len "$output_len" --num-prompts "$c" --max-concurrency "$c" --ignore-eos \
-      --exact-length --disable-tqdm --result-file "$out/$kind-c$c.json" "${extra[@]}"
-  done
+bench() {  # NAME CONCURRENCY NUM_PROMPTS [--extra-body JSON]
+  local name=$1 c=$2 n=$3; shift 3
+  "$py" -m surge.cli bench serve --base-url "http://127.0.0.1:$port" --tokenizer "$model" \
+    --input-len "$il" --output-len "$ol" --num-prompts "$n" --max-concurrency "$c" --ignore-eos \
+    --disable-tqdm --label "$name" --result-file "$out/$name.json" "$@" | tail -n 25
+}
+schema='{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}}},"required":["name","age","tags"]}'
+rf="{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"person\",\"schema\":$schema}}}"
+names=()
+for c in $cs; do
+  bench "C${c}_I${il}_O${ol}_plain" "$c" "$c"
+  bench "C${c}_I${il}_O${ol}_json_schema" "$c" "$c" --extra-body "$rf"
+  names+=("C${c}_I${il}_O${ol}")
 done
-python3 - "$out" $concurrencies <<'PY'
+c16=${cs%% *}
+bench mixed_alone "$c16" "$mixed_n"
+rm -f "$out/mixed.done"
+"$py" benchmarks/structured_mixed.py --base-url "http://127.0.0.1:$port" --stop-file "$out/mixed.done" \
+  --result-file "$out/mixed_constrained.json" &
+sender=$!
+sleep 1
+bench mixed_unconstrained "$c16" "$mixed_n"
+touch "$out/mixed.done"
+sender_rc=0; wait $sender || sender_rc=$?
+"$py" - "$out" "${names[@]}" <<'PY'
 import json, sys
-out = sys.argv[1]
-for c in map(int, sys.argv[2:]):
-    r = {k: json.load(open(f"{out}/{k}-c{c}.json")) for k in ("none", "json")}
-    n, j = r["none"], r["json"]
-    drop = 100 * (1 - j["output_throughput"] / n["output_throughput"])
-    print(f"C{c}: output tok/s none {n['output_throughput']:.0f}  json {j['output_throughput']:.0f}  "
-          f"({drop:+.1f} % lower)  p99 ITL ms none {n['p99_itl_ms']:.1f} json {j['p99_itl_ms']:.1f}  "
-          f"failed none {n['failed']} json {j['failed']}")
+out, names = sys.argv[1], sys.argv[2:]
+load = lambda n: json.load(open(f"{out}/{n}.json"))
+summary = {"throughput": {}, "compile_stall": {}}
+for n in names:
+    p, j = load(f"{n}_plain"), load(f"{n}_json_schema")
+    drop = 100 * (1 - j["output_throughput"] / p["output_throughput"])
+    summary["throughput"][n] = {
+        "plain_output_throughput": p["output_throughput"], "json_output_throughput": j["output_throughput"],
+        "drop_percent": drop, "plain_mean_tpot_ms": p["mean_tpot_ms"], "json_mean_tpot_ms": j["mean_tpot_ms"],
+        "plain_p99_itl_ms": p["p99_itl_ms"], "json_p99_itl_ms": j["p99_itl_ms"],
+        "failed": p["failed"] + j["failed"], "target_met": drop <= 10.0,
+    }
+    print(f"{n}: output tok/s plain {p['output_throughput']:.0f} json_schema {j['output_throughput']:.0f} "
+          f"({drop:+.1f} % lower; target <= 10 %)  mean TPOT ms {p['mean_tpot_ms']:.2f} -> {j['mean_tpot_ms']:.2f}  "
+          f"P99 ITL ms {p['p99_itl_ms']:.2f} -> {j['p99_itl_ms']:.2f}  failed {p['failed'] + j['failed']}")
+a, m, s = load("mixed_alone"), load("mixed_unconstrained"), load("mixed_constrained")
+summary["compile_stall"] = {
+    "alone_p99_itl_ms": a["p99_itl_ms"], "mixed_p99_itl_ms": m["p99_itl_ms"],
+    "alone_mean_itl_ms": a["mean_itl_ms"], "mixed_mean_itl_ms": m["mean_itl_ms"],
+    "alone_output_throughput": a["output_throughput"], "mixed_output_throughput": m["output_throughput"],
+    "failed": a["failed"] + m["failed"],
+    "constrained_sent": s["sent"], "constrained_completed": s["completed"], "constrained_failed": s["failed"],
+}
+print(f"compile stall: unconstrained P99 ITL ms alone {a['p99_itl_ms']:.2f} with fresh-schema arrivals "
+      f"{m['p99_itl_ms']:.2f} (mean {a['mean_itl_ms']:.2f} -> {m['mean_itl_ms']:.2f}); "
+      f"{s['sent']} constrained requests sent, {s['completed']} completed, {s['failed']} failed")
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 PY
+exit $sender_rc
