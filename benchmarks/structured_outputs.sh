@@ -3,7 +3,9 @@
 # tokenizer, dummy bf16 weights, the flags of benchmarks/h200_features.sh), the `surge bench serve`
 # client throughout (chat endpoint, burst, ignore_eos, exact lengths):
 #   1. the host work per step for 16 and 64 constrained rows on this host's CPU
-#      (benchmarks/structured_host_step.py -> host_step.json);
+#      (benchmarks/structured_host_step.py -> host_step.json), and the engine's decode step time
+#      at batch 16 and 64, plain vs json_schema, no server, with the mask's wait and fill per step
+#      (benchmarks/structured_engine_step.py -> engine_step.json);
 #   2. throughput: C16 and C64 at I256/O1024, each without and with a `json_schema` response
 #      format on every request (the schema of h200_features.sh) -> C<c>_I256_O1024_{plain,json_schema}.json;
 #   3. compile stall: C16 I256/O1024 unconstrained streams (64 requests, 16 at a time), alone and
@@ -25,6 +27,10 @@ if "$py" -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('
 fi
 if [ -f "$model/config.json" ] && "$py" -c "import json,sys; sys.exit(0 if json.load(open('$model/config.json')).get('vocab_size',0)>100000 else 1)"; then
   "$py" benchmarks/structured_host_step.py --model "$model" --rows 16 64 --steps 200 --result-file "$out/host_step.json"
+fi
+if [ "${SMOKE:-0}" != 1 ]; then
+  "$py" benchmarks/structured_engine_step.py --model "$model" --batch 16 64 --input-len 256 --output-len 512 \
+    --result-file "$out/engine_step.json"
 fi
 log="$out/server.log"
 # shellcheck disable=SC2086
