@@ -19,7 +19,7 @@ their kernel layout, and (3) runs the GEMM:
   kernel with its block scales, for every ``M`` (see ``docs/fp8.md`` for why);
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
   dequantize then matmul in float32, activations quantized per token exactly when the CUDA
-  path for large batches does (per-channel scales).
+  path does (per-channel scales, not a weight-only decode kernel: :meth:`weight_only`).
 """
 
 from __future__ import annotations
@@ -203,12 +203,24 @@ class Fp8LinearMethod:
 
     # ------------------------------------------------------------------ forward
 
+    def weight_only(self, m: int) -> bool:
+        """Whether a step of ``m`` tokens takes a weight-only (w8a16: activations not quantized)
+        GEMM: block scales, a w8a16 entry of :attr:`splitk_by_m`, or the Triton decode kernel
+        (:attr:`triton_for_decode`). The emulation follows it, so it computes what the CUDA
+        path computes (the CUDA fallbacks for odd shapes and non-bf16 models aside)."""
+        if self.block_size is not None:
+            return True
+        cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+        if cfg is not None:
+            return not cfg.a8
+        return self.triton_for_decode and m <= SKINNY_MAX_M
+
     def apply(self, layer: _LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x [T, K] -> [T, N]`` in ``x``'s dtype through the path chosen for this layer."""
         w, s = layer.weight, layer.weight_scale
         if self.emulate:
             return fp8_linear_reference(
-                x, w, s, bias, block_size=self.block_size, quantize_input=self.block_size is None
+                x, w, s, bias, block_size=self.block_size, quantize_input=not self.weight_only(x.shape[0])
             )
         from surge.kernels.fp8_gemm import fp8_linear
 

@@ -111,3 +111,30 @@ def test_measured_table_maps_each_token_count_to_its_bucket(monkeypatch: pytest.
     assert all(by_m[m] == Fp8SplitKConfig(*mid) for m in range(9, 17))
     assert all(by_m[m] is None for m in range(17, fp8_linear.SPLITK_MAX_M + 1))
     assert set(fp8_linear.splitk_configs(32, 128)) == {None}
+
+
+def test_emulation_follows_the_weight_only_decode_paths() -> None:
+    """The CPU emulation quantizes activations exactly where the CUDA path does: per token for
+    ``_scaled_mm`` and w8a8 split-K steps, not for w8a16 split-K or the Triton decode kernel."""
+    from surge.layers.linear import ReplicatedLinear
+    from surge.quant.config import Fp8Config
+    from surge.quant.fp8_linear import Fp8LinearMethod
+
+    gen = torch.Generator().manual_seed(9)
+    layer = ReplicatedLinear(128, 64, dtype=torch.bfloat16)
+    layer.weight.data.copy_(torch.randn(64, 128, generator=gen) * 0.05)
+    method = Fp8LinearMethod(Fp8Config("channel", from_checkpoint=False), emulate=True)
+    method.process_weights(layer)
+    layer.quant_method = method
+    x = torch.randn(4, 128, generator=gen).to(torch.bfloat16)
+    w8a8 = fp8_linear_reference(x, layer.weight, layer.weight_scale)
+    w8a16 = fp8_linear_reference(x, layer.weight, layer.weight_scale, quantize_input=False)
+    assert not torch.equal(w8a8, w8a16)
+    assert torch.equal(layer(x), w8a8)
+    method.splitk_by_m = (None, None, None, None, Fp8SplitKConfig(16, 16, 32, 2, 2, 4, a8=False))
+    assert torch.equal(layer(x), w8a16) and torch.equal(layer(x[:3]), w8a8[:3])
+    method.splitk_by_m = (None,) * 4 + (Fp8SplitKConfig(16, 16, 32, 2, 2, 4, a8=True),)
+    assert torch.equal(layer(x), w8a8)
+    method.splitk_by_m = ()
+    method.triton_for_decode = True
+    assert torch.equal(layer(x), w8a16)

@@ -1,6 +1,6 @@
 """FP8 on a GPU (sm89+; skipped without CUDA): every FP8 kernel against its torch reference at
-Qwen3-8B shapes, and a 4-layer Qwen3-8B-shaped model in FP8 against bf16 (cosine >= 0.99 per
-logits row) with CUDA graphs, in each FP8 mode.
+Qwen3-8B shapes, and a 4-layer Qwen3-8B-shaped model in FP8 with CUDA graphs, in each FP8 mode,
+against the torch emulation of the same FP8 weights and against bf16 (see that test's docstring).
 
 Run on a GPU host: ``PYTHONPATH=. python3 -m pytest -p no:cacheprovider -o timeout=0 -m gpu tests/quant``
 """
@@ -195,6 +195,10 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
         for m in runner.model.modules():
             if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
                 m.quant_method.triton_for_decode = True
+    if kw.pop("emulate", False):  # the same FP8 weights, computed by the torch reference
+        for m in runner.model.modules():
+            if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
+                m.quant_method.emulate = True
     runner.init_kv_cache(1024)
     return runner
 
@@ -229,6 +233,26 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
     ],
 )
 def test_qwen3_8b_shape_fp8_logits_close_to_bf16(tmp_path: Path, mode: dict[str, object]) -> None:
+    """A 4-layer Qwen3-8B-shaped model (dummy weights) in each FP8 mode, with CUDA graphs, against
+    (1) the same FP8 weights computed by the torch emulation (dequantize, fp32 matmul; activations
+    quantized per token exactly where the CUDA path does): cosine >= 0.998 per logits row, i.e.
+    the kernels compute FP8 math up to rounding (a wrong scale axis, a scale applied twice, a
+    missing clamp or a truncating cast gives far less); and (2) the bf16 model: per row, at most
+    0.005 below the emulation's own cosine to bf16, and >= 0.99 where FP8 math allows it.
+
+    Why not ">= 0.99 against bf16" for the FP8-weight modes (the first H200 run: 0.978 to 0.989):
+    it is not reachable by exact FP8 arithmetic on random weights. Measured on CPU by emulation
+    at these shapes (4 layers, 48 tokens; ``dummy`` init, normal(0, 0.02)): per-channel FP8
+    weights alone give min cosine 0.988 (logits relative error 13.8 %), per-token FP8
+    activations alone 0.988, both 0.977, both + FP8 KV 0.971, FP8 KV alone 0.997; the bf16
+    model against fp32 0.9998. Each quantized linear adds ~2.5 % relative noise (3 mantissa
+    bits) and this random network carries it to the logits undamped (1 % noise on layer 0's qkv
+    output: 3.3 % at the logits), 16 linears in all. Scaling o/down by 1/sqrt(2 * 36) (GPT-2's
+    residual init) changes nothing (0.979); only when all layers read and write one shared
+    256-dim subspace of the residual stream (as trained models concentrate their traffic) does
+    it reach 0.999 (weights), 0.994 (weights + activations), 0.990 (+ KV). The trained-model
+    quality bound is the CPU test on stories260K (tests/quant/test_fp8_quality.py).
+    """
     gc.collect()
     torch.cuda.empty_cache()
     mode = dict(mode)
@@ -237,21 +261,36 @@ def test_qwen3_8b_shape_fp8_logits_close_to_bf16(tmp_path: Path, mode: dict[str,
     fp8_dir = _four_layers(tmp_path / "fp8", src)
     (tmp_path / "bf16").mkdir()
     bf16_dir = _four_layers(tmp_path / "bf16", QWEN3_8B / "config.json")
-    fp8 = _runner(fp8_dir, eager=False, **mode)
+    fp8 = _runner(fp8_dir, eager=False, **dict(mode))
     assert fp8.graph_runner is not None
-    if src == FP8_CONFIG or "quantization" in mode:
+    quantized = src == FP8_CONFIG or "quantization" in mode
+    if quantized:
         qkv = fp8.model.model.layers[0].self_attn.qkv_proj
         assert qkv.weight.dtype == FP8_DTYPE
+    emulated = _runner(fp8_dir, eager=True, emulate=True, **dict(mode))
     reference = _runner(bf16_dir, eager=True)
     replays = count_replays(fp8)
-    worst = [1.0]
+    worst = {"fp8~emulated": 1.0, "fp8~bf16": 1.0, "emulated~bf16": 1.0}
+    pending: list[torch.Tensor] = []
 
-    def close(a: torch.Tensor, b: torch.Tensor) -> None:
-        cos = torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
-        worst[0] = min(worst[0], cos.min().item())
-        assert cos.min().item() >= 0.99, cos.min().item()
+    def cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+    def close(logits: torch.Tensor, ref: torch.Tensor) -> None:
+        if not pending:  # drive() calls this for fp8, then for the emulation, against bf16
+            pending.append(logits)
+            return
+        got, emu = pending.pop(), logits
+        exact, to_bf16, emu_to_bf16 = cos(got, emu), cos(got, ref), cos(emu, ref)
+        for key, c in (("fp8~emulated", exact), ("fp8~bf16", to_bf16), ("emulated~bf16", emu_to_bf16)):
+            worst[key] = min(worst[key], c.min().item())
+        assert exact.min().item() >= 0.998, worst
+        assert (to_bf16 >= emu_to_bf16 - 0.005).all(), worst
+        if not quantized:  # FP8 KV cache only: within reach of FP8 math on random weights
+            assert to_bf16.min().item() >= 0.99, worst
 
     prompts = [[(7 * i + j) % 150000 for j in range(n)] for i, n in enumerate([32, 600, 5, 2000, 130, 47])]
-    drive([fp8, reference], prompts, [0, 0, 1, 1, 3, 6], 16, close)
+    drive([fp8, emulated, reference], prompts, [0, 0, 1, 1, 3, 6], 16, close)
+    assert not pending
     assert len(replays) > 8
-    print(f"min cosine {worst[0]:.5f}")
+    print("min cosines", {k: round(v, 5) for k, v in worst.items()})
