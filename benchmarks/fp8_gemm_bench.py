@@ -232,8 +232,8 @@ def sweep_shape(
     """Time bf16 cuBLAS, quant + ``_scaled_mm`` and every split-K config at each ``M``; returns
     ``{str(M): {"bf16": s, "scaled_mm": s, "best": {"w8a16"|"w8a8": [s, config fields]}}}``."""
     dev = torch.device("cpu" if check else "cuda")
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    full = [(torch.randn(n, k, generator=gen) * 0.02).to(dev) for _ in range(copies)]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    full = [torch.randn(n, k, generator=gen, device=dev) * 0.02 for _ in range(copies)]
     ws_bf16 = [w.to(torch.bfloat16) for w in full]
     chan = [quantize_per_channel(w) for w in full]
     del full
@@ -241,7 +241,7 @@ def sweep_shape(
     results: dict[str, dict[str, object]] = {}
     for m in ms:
         t0 = time.perf_counter()
-        x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(dev)
+        x = torch.randn(m, k, generator=gen, device=dev).to(torch.bfloat16)
         xq, xs = per_token_quant_fp8(x)
         ref_a16 = x.float() @ deq0.t()
         ref_a8 = dequantize(xq, xs) @ deq0.t()  # on the kernel's own quantized activations
