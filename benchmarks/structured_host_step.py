@@ -53,8 +53,11 @@ def _allowed(row: np.ndarray, vocab: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-def run(model: str, rows: int, steps: int, seed: int, schema: dict[str, Any]) -> dict[str, Any]:
-    """Time ``steps`` steps of ``rows`` constrained rows both ways; returns the figures (ms)."""
+def run(
+    model: str, rows: int, steps: int, seed: int, schema: dict[str, Any], fill_threads: int | None = None
+) -> dict[str, Any]:
+    """Time ``steps`` steps of ``rows`` constrained rows both ways; returns the figures (ms).
+    ``fill_threads`` overrides the batch matcher's thread count (default: the engine's)."""
     import xgrammar as xgr
 
     from surge.config import ModelConfig
@@ -66,6 +69,8 @@ def run(model: str, rows: int, steps: int, seed: int, schema: dict[str, Any]) ->
     vocab = mc.vocab_size
     eos = tuple(mc.eos_token_ids)
     manager = StructuredOutputManager(model, vocab, eos, "cpu")
+    if fill_threads is not None:
+        manager._fill_threads = fill_threads
     params = SamplingParams(
         max_tokens=steps + 1,
         ignore_eos=True,
@@ -133,6 +138,7 @@ def run(model: str, rows: int, steps: int, seed: int, schema: dict[str, Any]) ->
 
     return {
         "rows": rows,
+        "fill_threads": manager._fill_threads,
         "steps": steps,
         "compile_s": compile_s,
         "terminated_rows_at_end": int(sum(seq_done)),
@@ -149,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 64], help="constrained rows per step")
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fill-threads",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="batch fill threads at most, one run each (default: the engine's)",
+    )
     parser.add_argument("--result-file", default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     if not Path(args.model, "config.json").is_file():
@@ -156,15 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(1)
     results = []
-    for rows in args.rows:
-        r = run(args.model, rows, args.steps, args.seed, SCHEMA)
-        results.append(r)
-        s, e = r["sequential"], r["engine"]
-        print(
-            f"rows {rows:3d}: sequential {s['mean_ms']:.2f} ms (median {s['median_ms']:.2f}, p99 {s['p99_ms']:.2f})"
-            f" | engine {e['mean_ms']:.2f} ms (median {e['median_ms']:.2f}, p99 {e['p99_ms']:.2f})"
-            f" | {r['terminated_rows_at_end']} rows finished their JSON"
-        )
+    for threads in args.fill_threads:
+        for rows in args.rows:
+            r = run(args.model, rows, args.steps, args.seed, SCHEMA, threads)
+            results.append(r)
+            s, e = r["sequential"], r["engine"]
+            print(
+                f"rows {rows:3d}: sequential {s['mean_ms']:.2f} ms (median {s['median_ms']:.2f}, p99 {s['p99_ms']:.2f})"
+                f" | engine (<= {r['fill_threads']} fill threads) {e['mean_ms']:.2f} ms (median {e['median_ms']:.2f},"
+                f" p99 {e['p99_ms']:.2f}) | {r['terminated_rows_at_end']} rows finished their JSON"
+            )
     if args.result_file:
         meta = {"cpus": os.cpu_count(), "xgrammar": _version("xgrammar"), "torch": torch.__version__}
         Path(args.result_file).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")

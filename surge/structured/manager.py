@@ -18,7 +18,7 @@ from surge.structured.compiler import CompiledGrammarCache
 
 BATCH_FILL_MIN_ROWS = 8
 """From this many constrained rows on, the bitmask rows are filled by xgrammar's threaded
-batch matcher instead of one call per row."""
+batch matcher instead of one call per row; it uses one thread per this many rows."""
 
 MAX_FILL_THREADS = 8
 """Threads of the batch matcher at most (half the CPUs, 1 to this many)."""
@@ -249,7 +249,7 @@ class StructuredOutputManager:
         self.buffer = StepMaskBuffer(vocab_size, device)
         self._stop_row = _stop_row(self.eos_token_ids, self.buffer.width)
         self._fill_threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
-        self._batch_matcher: Any = None
+        self._batch_matchers: dict[int, Any] = {}  # by thread count
 
     def add(self, request: Request) -> None:
         """Start compiling the request's grammar (or find it in the cache) and hold it."""
@@ -319,7 +319,8 @@ class StructuredOutputManager:
 
         Matchers that constrain their row fill their mask rows in one call, xgrammar's
         ``BatchGrammarMatcher`` (a thread pool in C++), from :data:`BATCH_FILL_MIN_ROWS`
-        rows on.
+        rows on, with one thread per :data:`BATCH_FILL_MIN_ROWS` rows (at most half the
+        CPUs, :data:`MAX_FILL_THREADS`).
 
         Returns:
             ``n``, the rows packed (0: no row is constrained, nothing to apply).
@@ -357,11 +358,13 @@ class StructuredOutputManager:
             return 0
         mask, row_ids = self.buffer.host_views(n)
         if m >= BATCH_FILL_MIN_ROWS:
-            if self._batch_matcher is None:
+            threads = min(self._fill_threads, m // BATCH_FILL_MIN_ROWS)
+            batch = self._batch_matchers.get(threads)
+            if batch is None:
                 import xgrammar as xgr
 
-                self._batch_matcher = xgr.BatchGrammarMatcher(self._fill_threads)
-            self._batch_matcher.batch_fill_next_token_bitmask(matchers, mask)
+                batch = self._batch_matchers[threads] = xgr.BatchGrammarMatcher(threads)
+            batch.batch_fill_next_token_bitmask(matchers, mask)
         else:
             for j, matcher in enumerate(matchers):
                 matcher.fill_next_token_bitmask(mask, j)
