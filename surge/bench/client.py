@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from surge.bench.metrics import RequestResult
 
@@ -36,25 +37,30 @@ class SSEParser:
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[str]:
-        """Add raw bytes; return the data strings of the events they complete (in order)."""
-        self._buf += chunk
+        """Add raw bytes; return the data strings of the events they complete (in order).
+
+        The piece is split into lines once (no re-slicing of the buffer per line), so a read
+        holding many events costs one pass over its bytes.
+        """
+        buf = self._buf + chunk if self._buf else chunk
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()  # the unfinished last line (b"" after a line end)
         events: list[str] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                break
-            raw, self._buf = self._buf[:nl], self._buf[nl + 1 :]
-            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
-            if not line:
-                if self._data:
-                    events.append("\n".join(self._data))
-                    self._data = []
+        data = self._data
+        for raw in lines:
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if not raw:
+                if data:
+                    events.append("\n".join(data))
+                    data = self._data = []
                 continue
-            if line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            if name == "data":
-                self._data.append(value[1:] if value.startswith(" ") else value)
+            if raw.startswith(b"data:"):
+                value = raw[6:] if raw.startswith(b"data: ") else raw[5:]
+                data.append(value.decode("utf-8", errors="replace"))
+            elif raw == b"data":
+                data.append("")
+            # comments (":...") and other fields are ignored
         return events
 
     def flush(self) -> list[str]:
@@ -106,6 +112,18 @@ def build_payload(req: RequestInput) -> dict[str, Any]:
     return body
 
 
+_decode_json = msgspec.json.decode
+
+
+def parse_event(ev: str) -> Any:
+    """The JSON value of an event's data (msgspec; Python's ``json`` for what msgspec refuses,
+    such as ``NaN``). Raises ``ValueError`` for data that is not JSON."""
+    try:
+        return _decode_json(ev)
+    except msgspec.DecodeError:
+        return json.loads(ev)
+
+
 def _error_message(data: Any) -> str | None:
     """The message of an OpenAI/vLLM error object, or None when ``data`` is not one."""
     if not isinstance(data, dict):
@@ -137,9 +155,13 @@ def counts_as_output(choice: Any, chat: bool) -> bool:
     delta = choice.get("delta") if isinstance(choice, dict) else None
     if not isinstance(delta, dict):
         return False
-    if any(delta.get(k) for k in _OUTPUT_FIELDS):
+    content = delta.get("content")
+    if content:  # the common case first: one dict lookup per event
         return True
-    return delta.get("content") == "" and "role" not in delta
+    for k in _OUTPUT_FIELDS[1:]:
+        if delta.get(k):
+            return True
+    return content == "" and "role" not in delta
 
 
 def _chunk_text(choice: dict[str, Any]) -> str:
@@ -184,8 +206,8 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                         done = True
                         break
                     try:
-                        data = json.loads(ev)
-                    except json.JSONDecodeError:
+                        data = parse_event(ev)
+                    except ValueError:
                         out.error = f"malformed SSE data: {ev[:200]!r}"
                         return out
                     msg = _error_message(data)
@@ -212,8 +234,8 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
             for ev in parser.flush():
                 if ev.strip() != "[DONE]":
                     try:
-                        msg = _error_message(json.loads(ev))
-                    except json.JSONDecodeError:
+                        msg = _error_message(parse_event(ev))
+                    except ValueError:
                         msg = f"malformed SSE data: {ev[:200]!r}"
                     if msg is not None:
                         out.error = f"error in stream: {msg}"
