@@ -8,6 +8,8 @@
 #   smoke      benchmarks/tp_smoke.py on Qwen3-8B: TP=1, TP=2 eager, TP=2 with CUDA graphs
 #              (greedy ids, start-up time, batch-1 decode tok/s) -> OUT/smoke.jsonl
 #   qwen8b     Qwen3-8B TP=1 (GPU 0), TP=2 and DP=2 at C1,C64,C256 x I256 x O1024, + compare
+#   qwen8b-api4  the same three with --api-server-count 4 (4 API processes share the port and
+#              the engines; benchmarks/results/host_ceiling.md), + compare against qwen8b's
 #   qwen32b    Qwen3-32B TP=1 (GPU 0) and TP=2, same points, + compare
 #   llama70b   Llama-3.1-70B-Instruct TP=2 at C1,C16,C64 x I256 x O1024
 # Every point must finish with every request at its exact length (the matrix checks it).
@@ -54,6 +56,18 @@ for step in "${steps[@]}"; do
         --plot "$out/qwen3-8b/compare-tp1-vs-tp2.png" | tee "$out/qwen3-8b/compare-tp1-vs-tp2.md"
       python3 -m surge.cli bench compare "$out/qwen3-8b/tp1" "$out/qwen3-8b/dp2" \
         --plot "$out/qwen3-8b/compare-tp1-vs-dp2.png" | tee "$out/qwen3-8b/compare-tp1-vs-dp2.md"
+      ;;
+    qwen8b-api4)
+      m="$models/qwen3-8b"
+      matrix 0 qwen3-8b-api4/tp1 "$m" 1,64,256 1 --api-server-count 4
+      matrix 0,1 qwen3-8b-api4/tp2 "$m" 1,64,256 2 -tp 2 --api-server-count 4
+      matrix 0,1 qwen3-8b-api4/dp2 "$m" 1,64,256 1 -dp 2 --api-server-count 4
+      for layout in tp1 tp2 dp2; do
+        python3 -m surge.cli bench compare "$out/qwen3-8b/$layout" "$out/qwen3-8b-api4/$layout" \
+          | tee "$out/qwen3-8b-api4/compare-api1-vs-api4-$layout.md"
+      done
+      python3 -m surge.cli bench compare "$out/qwen3-8b-api4/tp1" "$out/qwen3-8b-api4/dp2" \
+        | tee "$out/qwen3-8b-api4/compare-tp1-vs-dp2.md"
       ;;
     qwen32b)
       m="$models/qwen3-32b"

@@ -9,6 +9,11 @@ A wedged engine (alive but stepping no more) shows in :meth:`EngineClient.second
 The ZMQ sockets live in a folder ``surge-ipc-<pid>-*`` of the temporary directory, removed at
 shutdown; folders left by a killed API process (whose pid no longer runs) are removed at the
 next start.
+
+With several API processes (``surge serve --api-server-count N``, :mod:`surge.server.api_workers`)
+the engine is started by the supervisor process and each API process's client *attaches* to it
+(:class:`EngineAttachment`): it binds its own pair of addresses, tags its requests with its
+``client_index``, and watches the engine's pid instead of a child process.
 """
 
 from __future__ import annotations
@@ -111,6 +116,38 @@ QueueItem = tuple[int, EngineOutput | RequestError | EngineDeadError]
 """What a request's queue receives: (choice index, item)."""
 
 
+@dataclass(frozen=True)
+class EngineAttachment:
+    """An engine started by another process, as one of several API processes sees it.
+
+    Attributes:
+        input_address, output_address: the ZMQ addresses this API process binds (the engine
+            connects to them).
+        client_index: this API process's index (the engine sends its outputs back to it).
+        engine_pid: the engine process's pid (watched for its death).
+    """
+
+    input_address: str
+    output_address: str
+    client_index: int
+    engine_pid: int
+
+
+_PID_POLL_S = 0.25
+"""An attached client checks that the engine's pid lives this often (seconds)."""
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    if not _pid_running(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc: trust kill(pid, 0)
+
+
 @dataclass(slots=True)
 class _Sink:
     queue: asyncio.Queue[QueueItem]
@@ -124,6 +161,8 @@ class EngineClient:
         config: the engine configuration (sent to the engine process).
         engine_factory: picklable callable building the engine (default ``LLMEngine``).
         log_level: ``logging`` level of the engine process.
+        attach: connect to an engine another process started instead of starting one (one
+            of several API processes).
 
     Attributes:
         info: the engine's :class:`EngineReady` message once started.
@@ -139,8 +178,16 @@ class EngineClient:
         *,
         engine_factory: EngineFactory | None = None,
         log_level: int = logging.INFO,
+        attach: EngineAttachment | None = None,
     ) -> None:
         self.config = config
+        self._attach = attach
+        self._client_index = 0 if attach is None else attach.client_index
+        # Several API processes may be given the same request id (X-Request-Id): the engine
+        # sees each one's ids with the process's index appended.
+        self._id_suffix = "" if attach is None else f"@{attach.client_index}"
+        self._num_sent = 0
+        self._num_added = 0
         self._engine_factory = engine_factory
         self._log_level = log_level
         self.info: EngineReady | None = None
@@ -161,7 +208,18 @@ class EngineClient:
 
     @property
     def pid(self) -> int | None:
+        if self._attach is not None:
+            return self._attach.engine_pid
         return None if self._proc is None else self._proc.pid
+
+    @property
+    def load(self) -> int:
+        """The engine's waiting plus running requests as last reported, plus this process's
+        requests it had not yet received then (the routing load of one of several API
+        processes, which share the engine)."""
+        unseen = self._num_sent - self._num_added
+        s = self.stats
+        return unseen if s is None else s.num_running + s.num_waiting + unseen
 
     @property
     def is_ready(self) -> bool:
@@ -198,11 +256,14 @@ class EngineClient:
             EngineStartError: the engine reported a start-up error or died while starting.
         """
         self._loop = asyncio.get_running_loop()
-        for path in remove_stale_ipc_dirs():
-            logger.info("removed the IPC folder %s of an API process that is gone", path)
-        self._ipc_dir = tempfile.mkdtemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-")
-        in_addr = f"ipc://{self._ipc_dir}/input"
-        out_addr = f"ipc://{self._ipc_dir}/output"
+        if self._attach is None:
+            for path in remove_stale_ipc_dirs():
+                logger.info("removed the IPC folder %s of an API process that is gone", path)
+            self._ipc_dir = tempfile.mkdtemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-")
+            in_addr = f"ipc://{self._ipc_dir}/input"
+            out_addr = f"ipc://{self._ipc_dir}/output"
+        else:
+            in_addr, out_addr = self._attach.input_address, self._attach.output_address
         self._sync_ctx = zmq.Context(io_threads=1)
         self._in_sock = self._sync_ctx.socket(zmq.PUSH)
         self._zctx = zmq.asyncio.Context(io_threads=1)
@@ -213,21 +274,22 @@ class EngineClient:
             sock.setsockopt(zmq.RCVHWM, 0)
         self._in_sock.bind(in_addr)
         self._out_sock.bind(out_addr)
-        ctx = multiprocessing.get_context("spawn")
-        self._proc = ctx.Process(
-            target=run_engine_core,
-            args=(self.config, in_addr, out_addr, os.getpid(), self._engine_factory, self._log_level),
-            name="surge-engine-core",
-        )
-        self._proc.start()
-        atexit.register(self._terminate_at_exit)
+        if self._attach is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._proc = ctx.Process(
+                target=run_engine_core,
+                args=(self.config, in_addr, out_addr, os.getpid(), self._engine_factory, self._log_level),
+                name="surge-engine-core",
+            )
+            self._proc.start()
+            atexit.register(self._terminate_at_exit)
         decoder = msgspec.msgpack.Decoder(EngineMessage)
         while True:
             if await self._out_sock.poll(200, zmq.POLLIN):
                 msg = decoder.decode(await self._out_sock.recv())
                 break
-            if not self._proc.is_alive():
-                code = self._proc.exitcode
+            if not self._engine_alive():
+                code = None if self._proc is None else self._proc.exitcode
                 await self.shutdown()
                 raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
         if isinstance(msg, EngineStartupError):
@@ -239,16 +301,34 @@ class EngineClient:
         # The engine's input connection may still be in its handshake: wait until our PUSH socket
         # has a peer, so that non-blocking sends never fail for want of one.
         while not self._in_sock.poll(0, zmq.POLLOUT):
-            if not self._proc.is_alive():
-                code = self._proc.exitcode
+            if not self._engine_alive():
+                code = None if self._proc is None else self._proc.exitcode
                 await self.shutdown()
                 raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
             await asyncio.sleep(0.005)
         self.info = msg
-        self._loop.add_reader(self._proc.sentinel, self._on_process_exit)
+        if self._proc is not None:
+            self._loop.add_reader(self._proc.sentinel, self._on_process_exit)
+        else:
+            self._loop.call_later(_PID_POLL_S, self._poll_engine_pid)
         self._dispatch_task = asyncio.create_task(self._dispatch(decoder), name="surge-engine-dispatch")
         self._dispatch_task.add_done_callback(self._on_dispatch_done)
         return msg
+
+    def _engine_alive(self) -> bool:
+        if self._attach is not None:
+            return pid_alive(self._attach.engine_pid)
+        assert self._proc is not None
+        return self._proc.is_alive()
+
+    def _poll_engine_pid(self) -> None:
+        """An attached client's watch on the engine it did not start (every ``_PID_POLL_S``)."""
+        if self._closing or self._dead_reason is not None or self._loop is None:
+            return
+        if self._engine_alive():
+            self._loop.call_later(_PID_POLL_S, self._poll_engine_pid)
+        else:  # the engine's own EngineFatalError, if it sent one, may still be on its way
+            self._loop.call_later(_EXIT_GRACE_S, self._report_exit)
 
     def _on_dispatch_done(self, task: asyncio.Task[None]) -> None:
         """A dispatch loop that ends with an error leaves no one to route outputs: fail fast."""
@@ -280,13 +360,18 @@ class EngineClient:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
         if not self._sinks:  # the engine was idle: its stall clock starts now
             self._last_progress = time.monotonic()
-        self._sinks[request_id] = _Sink(queue, index)
-        msg = AddRequest(request_id, prompt_token_ids, sampling_params, arrival_time or time.monotonic())
+        engine_id = request_id + self._id_suffix
+        self._sinks[engine_id] = _Sink(queue, index)
+        self._num_sent += 1
+        msg = AddRequest(
+            engine_id, prompt_token_ids, sampling_params, arrival_time or time.monotonic(), self._client_index
+        )
         self._send(msgspec.msgpack.encode(msg))
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their queues get nothing more."""
-        ids = [rid for rid in request_ids if self._sinks.pop(rid, None) is not None]
+        suffix = self._id_suffix
+        ids = [rid + suffix for rid in request_ids if self._sinks.pop(rid + suffix, None) is not None]
         if ids and self.is_ready:
             self._send(msgspec.msgpack.encode(AbortRequest(ids)))
 
@@ -317,6 +402,7 @@ class EngineClient:
             msg = decoder.decode(frame.buffer)
             if isinstance(msg, EngineOutputs):
                 self.stats = msg.stats
+                self._num_added = msg.num_added
                 self._last_progress = time.monotonic()
                 if msg.grammar_compile_times and self.on_grammar_compile_time is not None:
                     for seconds in msg.grammar_compile_times:
@@ -360,6 +446,9 @@ class EngineClient:
     def _report_exit(self) -> None:
         """Fail in-flight requests with the engine process's exit code (unless shutting down)."""
         if self._closing or self._dead_reason is not None:
+            return
+        if self._attach is not None:  # not our child: no exit code to read
+            self._mark_dead(f"the engine process (pid {self._attach.engine_pid}) is gone")
             return
         code = None
         if self._proc is not None:

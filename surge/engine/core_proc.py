@@ -8,7 +8,12 @@ Protocol (all messages msgpack-encoded msgspec structs):
   :class:`EngineStartupError`, then :class:`EngineOutputs` batches (new tokens of each request
   after a step, requests the engine rejected, and a :class:`SchedulerStats` snapshot).
 
-The API process binds both sockets before it starts this process, which connects.
+The API process binds both sockets before it starts this process, which connects. With several
+API processes (``surge serve --api-server-count N``) the engine connects its input socket to each
+one's input address (ZMQ fair-queues them) and has one output socket per API process: a
+request's outputs go to the API process named by its ``AddRequest.client_index``, and every
+batch goes to every API process (with only its own outputs), so each one sees every step's
+stats (the replica's load, for data-parallel routing) and the heartbeat.
 The loop blocks on the input socket while there is no work, so an idle engine uses no CPU.
 It exits on SIGTERM, when its parent process dies, or when the engine raises (after telling the
 API process with :class:`EngineFatalError`). SIGINT is ignored: the API process, which gets the
@@ -25,7 +30,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -54,12 +59,14 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
         prompt_token_ids: the prompt, in tokens.
         sampling_params: how to sample.
         arrival_time: ``time.monotonic()`` seconds when the API received the request.
+        client_index: the API process that sent it (its outputs go back there); 0 with one.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float | None = None
+    client_index: int = 0
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):
@@ -127,13 +134,17 @@ class EngineOutputs(msgspec.Struct, tag=True, array_like=True):
         errors: requests rejected since the previous batch.
         stats: the scheduler after the step.
         grammar_compile_times: seconds of each grammar compilation finished since the
-            previous batch.
+            previous batch (sent to API process 0 only, so each is counted once).
+        num_added: ``AddRequest`` messages the engine has received from this batch's API
+            process so far: the API process's requests sent and not yet counted in ``stats``
+            are its sent ones minus this.
     """
 
     outputs: list[EngineOutput]
     errors: list[RequestError]
     stats: SchedulerStats
     grammar_compile_times: list[float] = msgspec.field(default_factory=list)
+    num_added: int = 0
 
 
 EngineMessage = EngineReady | EngineStartupError | EngineFatalError | EngineOutputs
@@ -150,7 +161,7 @@ def _raise_shutdown(signum: int, frame: Any) -> None:
     raise _Shutdown
 
 
-def _set_parent_death_signal() -> None:
+def set_parent_death_signal() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
         return
@@ -171,8 +182,8 @@ def _one_line(e: BaseException) -> str:
 
 def run_engine_core(
     config: EngineConfig,
-    input_address: str,
-    output_address: str,
+    input_address: str | Sequence[str],
+    output_address: str | Sequence[str],
     parent_pid: int,
     engine_factory: EngineFactory | None = None,
     log_level: int = logging.INFO,
@@ -181,24 +192,30 @@ def run_engine_core(
 
     Args:
         config: the engine configuration.
-        input_address, output_address: ZMQ addresses bound by the API process.
+        input_address, output_address: ZMQ addresses bound by the API process, or one of each
+            per API process (the same number; outputs go to ``output_address[client_index]``).
         parent_pid: the API process; the loop exits when it is gone.
         engine_factory: builds the engine (default ``LLMEngine``).
         log_level: ``logging`` level of this process.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_shutdown)
-    _set_parent_death_signal()
+    set_parent_death_signal()
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [engine] %(message)s")
+    in_addrs = [input_address] if isinstance(input_address, str) else list(input_address)
+    out_addrs = [output_address] if isinstance(output_address, str) else list(output_address)
     ctx = zmq.Context(io_threads=1)
     in_sock = ctx.socket(zmq.PULL)
-    out_sock = ctx.socket(zmq.PUSH)
-    for sock in (in_sock, out_sock):
+    out_socks = [ctx.socket(zmq.PUSH) for _ in out_addrs]
+    for sock in (in_sock, *out_socks):
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
-    in_sock.connect(input_address)
-    out_sock.connect(output_address)
+    for addr in in_addrs:
+        in_sock.connect(addr)
+    for sock, addr in zip(out_socks, out_addrs, strict=True):
+        sock.connect(addr)
+    out_sock = _Broadcast(out_socks)
     encoder = msgspec.msgpack.Encoder()
     exit_code = 0
     engine: Any = None
@@ -233,7 +250,7 @@ def run_engine_core(
         # of the garbage collector's generations so its collections scan only per-step garbage.
         gc.collect()
         gc.freeze()
-        _busy_loop(engine, in_sock, out_sock, encoder, parent_pid)
+        _busy_loop(engine, in_sock, out_socks, encoder, parent_pid)
     except _Shutdown:
         logger.info("engine process shutting down (SIGTERM)")
     except _ParentGone:
@@ -250,10 +267,23 @@ def run_engine_core(
             with contextlib.suppress(Exception):
                 close()
         in_sock.close(linger=0)
-        out_sock.close(linger=500)
+        for sock in out_socks:
+            sock.close(linger=500)
         ctx.term()
     if exit_code:
         sys.exit(exit_code)
+
+
+class _Broadcast:
+    """The engine's output sockets as one for the messages every API process gets (ready,
+    start-up error, fatal error)."""
+
+    def __init__(self, socks: list[zmq.Socket]) -> None:
+        self._socks = socks
+
+    def send(self, buf: bytes, flags: int = 0) -> None:
+        for sock in self._socks:
+            sock.send(buf, flags=flags)
 
 
 class _ParentGone(Exception):
@@ -263,11 +293,21 @@ class _ParentGone(Exception):
 def _busy_loop(
     engine: Any,
     in_sock: zmq.Socket,
-    out_sock: zmq.Socket,
+    out_socks: zmq.Socket | list[zmq.Socket],
     encoder: msgspec.msgpack.Encoder,
     parent_pid: int,
 ) -> None:
-    """Drain inputs, step, send outputs; block on the input socket while idle."""
+    """Drain inputs, step, send outputs; block on the input socket while idle.
+
+    With several API processes (``len(out_socks) > 1``) each batch is split by the
+    ``client_index`` of each request (kept from its ``AddRequest`` until it finishes or is
+    aborted) and sent to every API process.
+    """
+    if isinstance(out_socks, zmq.Socket):  # one API process
+        out_socks = [out_socks]
+    num_clients = len(out_socks)
+    num_added = [0] * num_clients
+    client_of: dict[str, int] = {}  # request id -> API process (several API processes only)
     decoder = msgspec.msgpack.Decoder(EngineInput)
     check_health = getattr(engine, "check_health", None)
     poller = zmq.Poller()
@@ -296,6 +336,9 @@ def _busy_loop(
             got_input = True
             msg = decoder.decode(buf.buffer)
             if isinstance(msg, AddRequest):
+                num_added[msg.client_index] += 1
+                if num_clients > 1:
+                    client_of[msg.request_id] = msg.client_index
                 try:
                     engine.add_request(
                         msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time
@@ -307,6 +350,9 @@ def _busy_loop(
                 logger.info("prefix cache reset: %d cached blocks evicted", n)
             else:
                 engine.abort_requests(msg.request_ids)
+                if num_clients > 1:
+                    for rid in msg.request_ids:
+                        client_of.pop(rid, None)
         stepped = engine.has_unfinished_requests()
         outputs = engine.step() if stepped else []
         compile_times: list[float] = []
@@ -315,6 +361,36 @@ def _busy_loop(
             compile_times = engine.take_grammar_compile_times()
         heartbeat = stepped and time.monotonic() - last_sent > _HEARTBEAT_S
         if outputs or errors or got_input or compile_times or heartbeat:
-            batch = EngineOutputs(outputs, errors, engine.get_stats(), compile_times)
-            out_sock.send(encoder.encode(batch), copy=False)
+            stats = engine.get_stats()
+            if num_clients == 1:
+                batch = EngineOutputs(outputs, errors, stats, compile_times, num_added[0])
+                out_socks[0].send(encoder.encode(batch), copy=False)
+            else:
+                _send_split(out_socks, encoder, client_of, outputs, errors, stats, compile_times, num_added)
             last_sent = time.monotonic()
+
+
+def _send_split(
+    out_socks: list[zmq.Socket],
+    encoder: msgspec.msgpack.Encoder,
+    client_of: dict[str, int],
+    outputs: list[EngineOutput],
+    errors: list[RequestError],
+    stats: SchedulerStats,
+    compile_times: list[float],
+    num_added: list[int],
+) -> None:
+    """Send one batch to every API process, each with the outputs and errors of its requests
+    (a request is forgotten once finished or rejected)."""
+    per_client: list[list[EngineOutput]] = [[] for _ in out_socks]
+    errs: list[list[RequestError]] = [[] for _ in out_socks]
+    for out in outputs:
+        c = client_of.get(out.request_id, 0)
+        per_client[c].append(out)
+        if out.finish_reason is not None:
+            client_of.pop(out.request_id, None)
+    for err in errors:
+        errs[client_of.pop(err.request_id, 0)].append(err)
+    for c, sock in enumerate(out_socks):
+        batch = EngineOutputs(per_client[c], errs[c], stats, compile_times if c == 0 else [], num_added[c])
+        sock.send(encoder.encode(batch), copy=False)

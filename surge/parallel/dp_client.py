@@ -8,6 +8,11 @@ process so that requests still on their way count too). Requests that share an o
 (the ``n`` samples and the prompts of one HTTP request) stay on one replica, so the samples
 share their prompt's KV blocks through prefix caching. The server is ready only while every
 replica is.
+
+With several API processes (``--api-server-count``) each one routes its own requests, and a
+replica's load is the engine's own count of waiting plus running requests (in the stats of every
+batch, which every API process receives) plus this process's requests not yet counted there
+(:attr:`EngineClient.load`), so every process sees the requests of the others.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import msgspec
 
 from surge.config import EngineConfig
 from surge.core.outputs import SchedulerStats
-from surge.engine.client import EngineClient, EngineDeadError, EngineStartError, QueueItem
+from surge.engine.client import EngineAttachment, EngineClient, EngineDeadError, EngineStartError, QueueItem
 from surge.engine.core_proc import EngineFactory, EngineReady
 from surge.parallel.launch import replica_device
 from surge.sampling_params import SamplingParams
@@ -41,12 +46,18 @@ def replica_config(config: EngineConfig, rank: int) -> EngineConfig:
 
 
 def make_engine_client(
-    config: EngineConfig, *, engine_factory: EngineFactory | None = None, log_level: int = logging.INFO
+    config: EngineConfig,
+    *,
+    engine_factory: EngineFactory | None = None,
+    log_level: int = logging.INFO,
+    attach: list[EngineAttachment] | None = None,
 ) -> EngineClient | DPEngineClient:
-    """One :class:`EngineClient`, or a :class:`DPEngineClient` with ``data_parallel_size > 1``."""
+    """One :class:`EngineClient`, or a :class:`DPEngineClient` with ``data_parallel_size > 1``;
+    ``attach`` (one per replica) connects to engines another process started."""
     if config.parallel.data_parallel_size == 1:
-        return EngineClient(config, engine_factory=engine_factory, log_level=log_level)
-    return DPEngineClient(config, engine_factory=engine_factory, log_level=log_level)
+        one = None if attach is None else attach[0]
+        return EngineClient(config, engine_factory=engine_factory, log_level=log_level, attach=one)
+    return DPEngineClient(config, engine_factory=engine_factory, log_level=log_level, attach=attach)
 
 
 def sum_stats(stats: list[SchedulerStats | None]) -> SchedulerStats | None:
@@ -74,6 +85,9 @@ class DPEngineClient:
     Args:
         config: the engine configuration (``parallel.data_parallel_size > 1``).
         engine_factory, log_level: as for :class:`EngineClient`, for every replica.
+        attach: one :class:`EngineAttachment` per replica when the engines were started by
+            another process (one of several API processes); routing then goes by
+            :attr:`EngineClient.load`.
 
     Attributes:
         replicas: one :class:`EngineClient` per replica, by replica rank.
@@ -87,11 +101,21 @@ class DPEngineClient:
         *,
         engine_factory: EngineFactory | None = None,
         log_level: int = logging.INFO,
+        attach: list[EngineAttachment] | None = None,
     ) -> None:
         self.config = config
+        size = config.parallel.data_parallel_size
+        if attach is not None and len(attach) != size:
+            raise ValueError(f"attach has {len(attach)} replicas, data_parallel_size is {size}")
+        self._shared = attach is not None
         self.replicas = [
-            EngineClient(replica_config(config, d), engine_factory=engine_factory, log_level=log_level)
-            for d in range(config.parallel.data_parallel_size)
+            EngineClient(
+                replica_config(config, d),
+                engine_factory=engine_factory,
+                log_level=log_level,
+                attach=None if attach is None else attach[d],
+            )
+            for d in range(size)
         ]
         self.info: EngineReady | None = None
         self.num_routed = [0] * len(self.replicas)
@@ -150,8 +174,13 @@ class DPEngineClient:
         return self.info
 
     def pick_replica(self) -> int:
-        """The replica with the fewest requests in flight (the lowest rank on a tie)."""
-        loads = [r.num_inflight for r in self.replicas]
+        """The replica with the fewest requests in flight (the lowest rank on a tie): counted in
+        this process, or with engines shared by several API processes, the engine's waiting
+        plus running requests and this process's not yet counted there."""
+        if self._shared:
+            loads = [r.load for r in self.replicas]
+        else:
+            loads = [r.num_inflight for r in self.replicas]
         return loads.index(min(loads))
 
     def add_request(

@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 import surge
 from surge.config import EngineConfig
-from surge.engine.client import EngineDeadError, EngineStartError
+from surge.engine.client import EngineAttachment, EngineDeadError, EngineStartError
 from surge.engine.core_proc import EngineFactory
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
@@ -97,7 +97,12 @@ def log_rejection(request: Request, status: int, message: str, param: str | None
 
 
 def build_app(
-    state: ServerState, *, log_interval: float = 10.0, web_ui: bool = True, cors: CorsOptions | None = None
+    state: ServerState,
+    *,
+    log_interval: float = 10.0,
+    web_ui: bool = True,
+    cors: CorsOptions | None = None,
+    server_pid: int | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -106,6 +111,8 @@ def build_app(
         log_interval: seconds between periodic stats log lines (when there is activity).
         web_ui: serve the playground (``/``) and the dashboard (``/dashboard``), see ``surge.web``.
         cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
+        server_pid: the pid ``/health`` names (default this process; one of several API
+            processes names the ``surge serve`` process that started it).
     """
 
     @asynccontextmanager
@@ -200,7 +207,7 @@ def build_app(
         return {"object": "list", "data": data}
 
     # The API process's pid on /health lets a launcher check that it polls the server it started.
-    pid_header = {"X-Surge-Pid": str(os.getpid())}
+    pid_header = {"X-Surge-Pid": str(server_pid or os.getpid())}
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
@@ -317,6 +324,8 @@ class ServeOptions:
         cors: CORS settings, or None (no CORS headers; the default).
         shutdown_timeout: seconds requests in flight may run on after SIGTERM / SIGINT.
         log_requests: log one line when each request starts and one when it ends.
+        api_server_count: API server processes sharing the engine(s) (see
+            :mod:`surge.server.api_workers`).
     """
 
     host: str = "127.0.0.1"
@@ -343,6 +352,7 @@ class ServeOptions:
     cors: CorsOptions | None = None
     shutdown_timeout: float = 30.0
     log_requests: bool = True
+    api_server_count: int = 1
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -369,6 +379,10 @@ async def run_server(
     sock: socket.socket,
     engine_factory: EngineFactory | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    attach: list[EngineAttachment] | None = None,
+    server_pid: int | None = None,
+    metrics_dir: str | None = None,
 ) -> int:
     """Start the engine process, then serve HTTP on ``sock`` until SIGINT / SIGTERM.
 
@@ -378,6 +392,9 @@ async def run_server(
         sock: a bound listening socket.
         engine_factory: builds the engine in the engine process (tests pass a fake).
         tokenizer: the model's tokenizer if the caller already loaded it, else it is loaded here.
+        attach, server_pid, metrics_dir: one of several API processes
+            (:mod:`surge.server.api_workers`): the engines it attaches to (one per replica),
+            the supervisor's pid (on ``/health``) and the shared prometheus folder.
 
     Returns:
         The exit code: 0 after a clean shutdown, 1 when the engine failed to start.
@@ -390,11 +407,20 @@ async def run_server(
     loop = asyncio.get_running_loop()
     this_task = asyncio.current_task()
     assert this_task is not None
-    client = make_engine_client(config, engine_factory=engine_factory, log_level=options.engine_log_level)
+    client = make_engine_client(
+        config, engine_factory=engine_factory, log_level=options.engine_log_level, attach=attach
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, this_task.cancel)
     try:
-        logger.info("starting the engine process (model %s, device %s)", config.model.model, config.device)
+        if attach is None:
+            logger.info(
+                "starting the engine process (model %s, device %s)", config.model.model, config.device
+            )
+        else:
+            logger.info(
+                "attaching to the engine process(es) (pids %s)", ", ".join(str(a.engine_pid) for a in attach)
+            )
         info = await client.start()
     except EngineStartError as e:
         logger.error("the engine failed to start: %s", e)
@@ -416,6 +442,7 @@ async def run_server(
             lambda: client.stats,
             client.get_replica_stats if isinstance(client, DPEngineClient) else None,
             lambda: client.is_ready,
+            multiprocess_dir=metrics_dir,
         ),
         served_model_names=tuple(names),
         model_path=config.model.model,
@@ -455,7 +482,13 @@ async def run_server(
         info.num_kv_blocks * info.block_size,
     )
     logger.info(describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config))
-    app = build_app(state, log_interval=options.log_interval, web_ui=options.web_ui, cors=options.cors)
+    app = build_app(
+        state,
+        log_interval=options.log_interval,
+        web_ui=options.web_ui,
+        cors=options.cors,
+        server_pid=server_pid,
+    )
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.
     gc.collect()

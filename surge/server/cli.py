@@ -104,6 +104,13 @@ def add_serve_parser(subparsers: Any) -> None:
         "--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, Authorization)"
     )
     p.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="API server processes sharing the port and the engine(s): each one streams its own "
+        "requests' tokens, so more of them carry more tokens/s at high concurrency (default 1)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -274,6 +281,8 @@ def run_serve(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad flag value or model folder (printed as one line by ``surge.cli``).
     """
+    if args.api_server_count < 1:
+        raise ValueError(f"--api-server-count must be at least 1, got {args.api_server_count}")
     if args.stream_interval < 1:
         raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
     if not 0 <= args.port <= 65535:
@@ -353,7 +362,16 @@ def run_serve(args: argparse.Namespace) -> int:
         cors=cors,
         shutdown_timeout=args.shutdown_timeout,
         log_requests=not args.disable_log_requests,
+        api_server_count=args.api_server_count,
     )
+    if args.api_server_count > 1:
+        from surge.server.api_workers import bind_reuseport, serve_with_api_workers
+
+        sock = bind_reuseport(args.host, args.port)
+        try:
+            return serve_with_api_workers(config, options, sock)
+        finally:
+            sock.close()
     sock = bind_socket(args.host, args.port)
     try:
         try:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from surge.core.outputs import SchedulerStats
@@ -122,6 +123,9 @@ class ServerMetrics:
             gauges and counters then carry a ``replica`` label.
         engine_up: returns whether the engine is running (default: always); while it is not,
             the engine gauges read 0.
+        multiprocess_dir: the folder of prometheus_client's multiprocess mode when this is one
+            of several API processes (the counters and histograms of all of them are then
+            rendered; the process was started with ``PROMETHEUS_MULTIPROC_DIR`` set to it).
     """
 
     def __init__(
@@ -130,8 +134,10 @@ class ServerMetrics:
         get_stats: Callable[[], SchedulerStats | None],
         get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
         engine_up: Callable[[], bool] = lambda: True,
+        multiprocess_dir: str | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
+        self._multiprocess_dir = multiprocess_dir
         self._get_stats = lambda: get_stats() if engine_up() else None
         reg, lbl = self.registry, ["model_name"]
         self._model_name = model_name
@@ -184,7 +190,8 @@ class ServerMetrics:
             [*lbl, "kind"],
             registry=reg,
         )
-        self.registry.register(_EngineStatsCollector(get_stats, model_name, get_replica_stats, engine_up))
+        self._engine_collector = _EngineStatsCollector(get_stats, model_name, get_replica_stats, engine_up)
+        self.registry.register(self._engine_collector)
         self._last_log_time = time.monotonic()
         self.total_prompt_tokens = 0
         self.total_generation_tokens = 0
@@ -218,8 +225,14 @@ class ServerMetrics:
         self.e2e.observe(e2e_seconds)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every metric (with several API processes, their
+        counters and histograms summed from the shared folder, and the engine gauges)."""
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, self._multiprocess_dir)
+        registry.register(self._engine_collector)
+        return generate_latest(registry)
 
     def log_stats(self) -> None:
         """Log throughput since the previous call (or the end of the last idle interval, see

@@ -1,0 +1,269 @@
+"""Several API server processes over the same engine(s): ``surge serve --api-server-count N``.
+
+One API process turns every streamed token into an SSE event (ZMQ receive, detokenization, JSON,
+one socket write); at a few tens of thousands of tokens per second that process's one core is
+the server's ceiling (``benchmarks/host_ceiling.py`` measures it). With ``N > 1`` the
+``surge serve`` process becomes a supervisor:
+
+- it binds the port (to fail fast on a busy one), starts the engine process of every
+  data-parallel replica, each connected to the ZMQ addresses of all N API processes
+  (:func:`surge.engine.core_proc.run_engine_core`), then starts the N API processes;
+- each API process runs the ordinary server (:func:`surge.server.api_server.run_server`) on its
+  own ``SO_REUSEPORT`` socket of the same port (the kernel spreads connections over them), with
+  engine clients that attach to the running engines (:class:`EngineAttachment`); its requests
+  come back to it alone, and data-parallel routing uses the load every replica reports to all;
+- counters and histograms are shared through ``prometheus_client``'s multiprocess mode (one
+  folder of value files, so ``/metrics`` on any process counts every process's requests);
+- SIGTERM / SIGINT to the supervisor is passed on to the API processes (which drain as a single
+  server does, in their own process group so a terminal's Ctrl-C reaches them once, through the
+  supervisor); once they have exited the engines are stopped. An API process that exits on
+  its own ends the whole server (exit code 1). Every child dies with the supervisor (parent
+  death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Any
+
+from surge.config import EngineConfig
+from surge.engine.client import _IPC_PREFIX, EngineAttachment, remove_stale_ipc_dirs
+from surge.engine.core_proc import EngineFactory, run_engine_core, set_parent_death_signal
+
+logger = logging.getLogger("surge.server")
+
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""The variable prometheus_client reads, at import, to keep its values in shared files."""
+
+
+def bind_reuseport(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (every API process binds one).
+
+    Raises:
+        ValueError: the address cannot be bound (one readable line).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    return sock
+
+
+def run_api_process(
+    config: EngineConfig,
+    options: Any,
+    attach: list[EngineAttachment],
+    index: int,
+    supervisor_pid: int,
+    metrics_dir: str,
+    log_level: int,
+) -> None:
+    """Entry point of API process ``index`` (a ``multiprocessing`` spawn target).
+
+    Args:
+        config: the engine configuration (the engines already run it).
+        options: the server's :class:`~surge.server.api_server.ServeOptions` (its ``port`` is
+            the bound one).
+        attach: one attachment per data-parallel replica.
+        index: this API process's index (0-based).
+        supervisor_pid: the ``surge serve`` process (named on ``/health``; its death ends this one).
+        metrics_dir: the shared prometheus folder.
+        log_level: ``logging`` level.
+    """
+    os.setpgrp()  # a terminal's Ctrl-C reaches the supervisor, which passes it on once
+    set_parent_death_signal()
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s %(levelname)s [%(name)s api{index}] %(message)s"
+    )
+    if os.getppid() != supervisor_pid:  # the supervisor died before the death signal was set
+        return
+    from surge.server.api_server import run_server
+    from surge.tokenizer import load_tokenizer
+
+    sock = bind_reuseport(options.host, options.port)
+    try:
+        try:
+            import uvloop
+
+            loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+        except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+            loop_factory = None
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            code = runner.run(
+                run_server(
+                    config,
+                    options,
+                    sock,
+                    tokenizer=load_tokenizer(config.model.model),
+                    attach=attach,
+                    server_pid=supervisor_pid,
+                    metrics_dir=metrics_dir,
+                )
+            )
+    finally:
+        sock.close()
+    if code:
+        raise SystemExit(code)
+
+
+def serve_with_api_workers(
+    config: EngineConfig,
+    options: Any,
+    sock: socket.socket,
+    engine_factory: EngineFactory | None = None,
+) -> int:
+    """Run the supervisor of ``options.api_server_count`` API processes (see the module
+    docstring) until they have all exited.
+
+    Args:
+        config: the engine configuration.
+        options: the server's :class:`~surge.server.api_server.ServeOptions`.
+        sock: a socket bound (``SO_REUSEPORT``) to the serving address; kept, not listened on.
+        engine_factory: builds each engine in its process (tests and benchmarks pass a fake).
+
+    Returns:
+        0 after a clean shutdown, 1 when an API process failed (e.g. the engine did not start).
+    """
+    from surge.parallel.dp_client import replica_config
+
+    count = options.api_server_count
+    num_replicas = config.parallel.data_parallel_size
+    level = options.engine_log_level
+    ctx = multiprocessing.get_context("spawn")
+    for path in remove_stale_ipc_dirs():
+        logger.info("removed the IPC folder %s of an API process that is gone", path)
+    ipc_dir = tempfile.mkdtemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-")
+    metrics_dir = tempfile.mkdtemp(prefix=f"surge-metrics-{os.getpid()}-")
+    port = sock.getsockname()[1]
+    options = _with_port(options, port)
+    engines: list[multiprocessing.process.BaseProcess] = []
+    apis: list[multiprocessing.process.BaseProcess] = []
+    received: list[int] = []
+    stopping = False
+    code = 0
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        addrs = [
+            [(f"ipc://{ipc_dir}/in-{d}-{c}", f"ipc://{ipc_dir}/out-{d}-{c}") for c in range(count)]
+            for d in range(num_replicas)
+        ]
+        for d in range(num_replicas):
+            cfg = replica_config(config, d) if num_replicas > 1 else config
+            proc = ctx.Process(
+                target=run_engine_core,
+                args=(
+                    cfg,
+                    [a[0] for a in addrs[d]],
+                    [a[1] for a in addrs[d]],
+                    os.getpid(),
+                    engine_factory,
+                    level,
+                ),
+                name=f"surge-engine-core-{d}",
+            )
+            proc.start()
+            engines.append(proc)
+        saved = os.environ.get(METRICS_DIR_ENV)
+        os.environ[METRICS_DIR_ENV] = metrics_dir  # read by prometheus_client when a child imports it
+        try:
+            for c in range(count):
+                attach = [
+                    EngineAttachment(addrs[d][c][0], addrs[d][c][1], c, engines[d].pid or 0)
+                    for d in range(num_replicas)
+                ]
+                proc = ctx.Process(
+                    target=run_api_process,
+                    args=(config, options, attach, c, os.getpid(), metrics_dir, level),
+                    name=f"surge-api-{c}",
+                )
+                proc.start()
+                apis.append(proc)
+        finally:
+            if saved is None:
+                os.environ.pop(METRICS_DIR_ENV, None)
+            else:
+                os.environ[METRICS_DIR_ENV] = saved
+        logger.info(
+            "%d API server processes (pids %s) over %d engine process(es) (pids %s)",
+            count,
+            ", ".join(str(p.pid) for p in apis),
+            num_replicas,
+            ", ".join(str(p.pid) for p in engines),
+        )
+        while any(p.is_alive() for p in apis):
+            while received:
+                signum = received.pop(0)
+                stopping = True
+                for p in apis:
+                    if p.is_alive() and p.pid is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(p.pid, signum)
+            wait([p.sentinel for p in apis + engines if p.exitcode is None], timeout=0.2)
+            for p in engines:
+                p.join(timeout=0)  # reap a dead engine, so its API processes see it gone
+            if not stopping:
+                gone = [p for p in apis if p.exitcode is not None]
+                if gone:
+                    p = gone[0]
+                    logger.error(
+                        "API server process %s exited (code %s): stopping the server", p.pid, p.exitcode
+                    )
+                    code = 1
+                    stopping = True
+                    for q in apis:
+                        if q.is_alive():
+                            q.terminate()
+        if any(p.exitcode for p in apis):
+            code = 1
+    finally:
+        for p in apis:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+        _stop_engines(engines)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    logger.info("shut down")
+    return code
+
+
+def _stop_engines(engines: list[multiprocessing.process.BaseProcess], timeout: float = 5.0) -> None:
+    """SIGTERM every live engine, SIGKILL those still alive after ``timeout`` seconds."""
+    for p in engines:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in engines:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            logger.warning("the engine process %s did not stop in %.0f s; killing it", p.pid, timeout)
+            p.kill()
+            p.join(5)
+
+
+def _with_port(options: Any, port: int) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(options, port=port)
