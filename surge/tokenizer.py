@@ -234,6 +234,43 @@ def bad_words_token_ids(
     return tuple(out)
 
 
+def direct_decoder(
+    tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool, spaces_between_special_tokens: bool = True
+) -> Callable[[list[int]], str]:
+    """``ids -> tokenizer.decode(ids, skip_special_tokens=..., spaces_between_special_tokens=...)``,
+    as cheap as it can be exact.
+
+    A fast (Rust-backed) tokenizer's ``decode`` is the Rust ``decode`` plus, when
+    ``clean_up_tokenization_spaces`` is set, a clean-up pass; the Python wrapper around it
+    (argument conversion, ``to_py_obj`` over every id) costs more than the decode of a few
+    tokens. When the tokenizer is one whose ``decode`` / ``_decode`` are transformers' own and
+    it does no clean-up, the Rust ``decode`` is called directly (the same text: the keyword
+    ``spaces_between_special_tokens`` does nothing for fast tokenizers); any other tokenizer
+    goes through ``tokenizer.decode``.
+    """
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - another transformers layout: the general path
+        TokenizersBackend = None  # noqa: N806
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (
+        TokenizersBackend is not None
+        and isinstance(tokenizer, TokenizersBackend)
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is TokenizersBackend._decode
+        and not tokenizer.clean_up_tokenization_spaces
+        and backend is not None
+    ):
+        decode = backend.decode
+        return lambda ids: decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(
+        ids,
+        skip_special_tokens=skip_special_tokens,
+        spaces_between_special_tokens=spaces_between_special_tokens,
+    )
+
+
 class IncrementalDetokenizer:
     """Turn a request's output token ids into text deltas that are safe to stream.
 
@@ -282,10 +319,7 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._include_stop = include_stop_str_in_output
-        self._decode_kwargs = {
-            "skip_special_tokens": skip_special_tokens,
-            "spaces_between_special_tokens": spaces_between_special_tokens,
-        }
+        self._decode = direct_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         self._stop = tuple(s for s in stop if s)
         self._automaton = StopAutomaton.build(self._stop) if self._stop else None
         self._state = 0  # automaton state: its depth is the length of ``_pending``
@@ -310,9 +344,6 @@ class IncrementalDetokenizer:
     def num_held_chars(self) -> int:
         """Characters decoded but held back as a possible stop-string prefix (not emitted yet)."""
         return len(self._pending)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, **self._decode_kwargs)
 
     def _decode_new(self, final: bool) -> str:
         """New complete text since ``read_offset`` ('' while a character is incomplete)."""
