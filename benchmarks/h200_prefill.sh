@@ -14,7 +14,7 @@ set -uo pipefail
 model="$1"; out="$2"; stage="${3:-all}"
 port=8000
 mkdir -p "$out"
-export PYTHONPATH=.
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}."
 git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 
 if [ "$stage" = tests ] || [ "$stage" = all ]; then

@@ -61,11 +61,31 @@ SplitKTiles = tuple[int, int, int, int, int, int, bool]
 block_n, block_k, split_k, num_stages, num_warps, a8)`` (a plain tuple: this module must not
 import a Triton kernel at import time)."""
 
-SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles]] = {}
+SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles]] = {
+    (6144, 4096): {  # qkv: bf16 16.4/16.0 us, quant+_scaled_mm 20.2/19.5, split-K w8a8 13.1/13.3 (M=1/16)
+        1: (16, 64, 128, 4, 4, 4, True),
+        16: (16, 64, 128, 4, 4, 4, True),
+    },
+    (4096, 4096): {  # o: bf16 13.1/13.4, quant+_scaled_mm 16.1/16.1, split-K w8a16 10.8/10.8
+        1: (16, 32, 128, 2, 4, 4, False),
+        16: (16, 32, 128, 2, 4, 4, False),
+    },
+    (24576, 4096): {  # gate_up: bf16 53.2/50.9, quant+_scaled_mm 46.8/44.3, split-K w8a8 29.9/30.9
+        1: (16, 64, 128, 1, 4, 4, True),
+        16: (16, 64, 128, 1, 4, 4, True),
+    },
+    (4096, 12288): {  # down: bf16 30.7/29.2, quant+_scaled_mm 38.4/38.2, split-K w8a16 21.7/22.3
+        1: (16, 32, 128, 8, 4, 4, False),
+        16: (16, 64, 128, 8, 4, 4, False),
+    },
+}
 """Per weight shape ``(N, K)`` and token bucket ``M``: the split-K FP8 GEMM config that beat
 per-token quantization + ``torch._scaled_mm`` on the H200 (CUDA graphs, weights not in L2).
-Empty until measured: ``benchmarks/fp8_gemm_bench.py --sweep ... --emit`` prints this table's
-new value with the timings behind it; a shape or bucket not in it keeps ``_scaled_mm``."""
+Measured 2026-11-30 on an H200 (torch 2.11, Triton 3.6) for M = 1 and M = 16 by
+``benchmarks/fp8_gemm_bench.py --sweep --m 1 16`` then ``--emit`` (the timings in the comments,
+microseconds; results in ``benchmarks/results/h200-qwen3-8b-fp8/``). A step of ``M`` tokens takes
+the entry of the smallest bucket ``>= M`` (:data:`SPLITK_BUCKETS`); buckets 2, 4, 8, 32 and 64
+were not swept yet, so M = 2..8 and M > 16 keep ``_scaled_mm``, as does a shape not in it."""
 
 
 def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
