@@ -425,16 +425,25 @@ class ChunkEnvelope:
     gen: Generation | None = None
     usage_in_chunks: str = "omit"
 
+    @functools.cached_property
+    def _head(self) -> bytes:
+        """``data: {"id":...,"object":...,"created":...,"model":...,"choices":``: the bytes every
+        event of the response starts with, encoded once."""
+        base = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
+        return b"data: " + _json_encode(base)[:-1] + b',"choices":'
+
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        """One SSE event with these ``choices`` (and extra top-level fields such as usage)."""
+        """One SSE event with these ``choices`` (and extra top-level fields such as usage): the
+        JSON object ``{id, object, created, model, choices, *extra}``, its head encoded once per
+        response."""
         if "usage" not in extra and self.usage_in_chunks != "omit":
             running = self.usage_in_chunks == "running" and self.gen is not None
             extra["usage"] = usage_dict(self.gen) if running else None  # type: ignore[arg-type]
-        return sse(
-            {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
-            | {"choices": choices}
-            | extra
-        )
+        parts = [self._head, _json_encode(choices)]
+        for key, value in extra.items():
+            parts.append(b"," + _json_encode(key) + b":" + _json_encode(value))
+        parts.append(b"}\n\n")
+        return b"".join(parts)
 
     def usage_chunk(self, gen: Generation) -> bytes:
         """The final ``include_usage`` event: no choices, the exact usage."""
