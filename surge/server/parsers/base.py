@@ -7,6 +7,7 @@ the same code fed the whole text at once, so the joined deltas of a stream alway
 
 from __future__ import annotations
 
+import abc
 import json
 import re
 import uuid
@@ -171,7 +172,7 @@ class JsonToolCall:
         self._done = True
 
 
-class ToolParser:
+class ToolParser(abc.ABC):
     """Splits a choice's answer text into content and tool calls (streaming).
 
     Args:
@@ -189,13 +190,13 @@ class ToolParser:
     def has_tool_calls(self) -> bool:
         return any(c.started for c in self.calls)
 
+    @abc.abstractmethod
     def feed(self, text: str) -> DeltaMessage:
         """Take the next piece of text; return what can be released."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self) -> DeltaMessage:
         """No more text: release the rest."""
-        raise NotImplementedError
 
     def _new_call(self) -> JsonToolCall:
         call = JsonToolCall(len([c for c in self.calls if c.started]), self._new_id())
