@@ -68,6 +68,9 @@ from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
 from surge.quant.fp8_linear import SKINNY_MAX_M, SPLITK_BUCKETS, scaled_mm_linear
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_bench import time_graph  # noqa: E402  (the bf16 GEMM bench's CUDA-graph timer)
+
 HIDDEN, INTER, Q, KV = 4096, 12288, 4096, 1024
 SHAPES = {
     "qkv": (Q + 2 * KV, HIDDEN),
@@ -77,28 +80,6 @@ SHAPES = {
 }
 TINY = {"qkv": (96, 64), "o": (64, 64), "gate_up": (128, 64), "down": (64, 128)}
 BLOCK = (128, 128)
-
-
-def time_graph(fn: Callable[[], None], reps: int) -> float:
-    """Seconds per replay of a CUDA graph of ``fn``."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
 
 
 def block_scaled_mm(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
