@@ -107,6 +107,15 @@ def row(label: str, t: float, nbytes: int, extra: str = "") -> str:
     return f"  {label:26s} {t * 1e6:8.1f} us {nbytes / t / 1e12:5.2f} TB/s {extra}"
 
 
+def tp_shard(name: str, shape: tuple[int, int], tp: int) -> tuple[int, int]:
+    """One rank's ``(N, K)`` of a layer's weight at tensor-parallel size ``tp``: column-parallel
+    layers (qkv, gate_up, LM head) split ``N``, row-parallel ones (o, down) split ``K``."""
+    n, k = shape
+    if name in ("o", "down"):
+        return n, k // tp
+    return n // tp, k
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 64])
@@ -114,11 +123,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--sweep", action="store_true", help="also search tile configs per shape")
+    ap.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="one rank's shard under tensor parallelism: N/tp for qkv, gate_up and the LM head, K/tp for o and down",
+    )
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     for name in args.layers:
-        n, k = SHAPES[name]
+        n, k = tp_shard(name, SHAPES[name], args.tp)
         copies = 2 if name == "lm_head" else args.copies
         ws = [torch.randn(n, k, dtype=dtype, device=dev) * 0.02 for _ in range(copies)]
         nbytes = n * k * dtype.itemsize
