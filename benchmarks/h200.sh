@@ -8,9 +8,27 @@
 # matrix, so a matrix can be split over several calls, each on a fresh server:
 #   benchmarks/h200.sh .assets/qwen3-8b runs/m1 1 --preset official-8b --resume --stop-after 420
 #   (again with the same arguments: --resume skips the points already in runs/m1)
+# Options before MODEL_DIR (issue 13; each optional):
+#   --port N              the server's port (default 8000): two matrices at once on two GPUs of a
+#                         host take CUDA_VISIBLE_DEVICES=0 / =1 and two ports
+#   --quantization fp8    FP8 weights, quantized at load; the roofline counts FP8 weight bytes
+#   --kv-cache-dtype fp8  an FP8 KV cache; the roofline counts 1 byte per K/V value
+# e.g. CUDA_VISIBLE_DEVICES=0 benchmarks/h200.sh --port 8240 --quantization fp8 .assets/qwen3-8b \
+#        runs/fp8 1 --preset official-8b --label surge-fp8
 set -euo pipefail
-model="$1"; out="$2"; interval="$3"; shift 3
 port=8000
+serve_extra=(); roof_extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --port) port="$2"; shift 2 ;;
+    --quantization) serve_extra+=(--quantization "$2"); roof_extra+=(--roofline-dtype "$2"); shift 2 ;;
+    --kv-cache-dtype) serve_extra+=(--kv-cache-dtype "$2"); roof_extra+=(--roofline-kv-cache-dtype "$2"); shift 2 ;;
+    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
+model="$1"; out="$2"; interval="$3"; shift 3
 mkdir -p "$out"
 if python3 -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then
   echo "h200.sh: port $port is already in use; stop that server first" >&2; exit 2
@@ -19,7 +37,7 @@ log="$out/server.log"
 [ -e "$log" ] && echo "----- new server $(date -u +%FT%TZ) -----" >> "$log"
 python3 -m surge.cli serve --model "$model" --port $port --load-format dummy --dtype bfloat16 \
   --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 \
-  --stream-interval "$interval" --log-interval 30 >> "$log" 2>&1 &
+  --stream-interval "$interval" --log-interval 30 ${serve_extra[@]+"${serve_extra[@]}"} >> "$log" 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
 echo "h200.sh: surge serve (pid $server), log $log, waiting for http://127.0.0.1:$port/health"
@@ -28,5 +46,6 @@ for _ in $(seq 1 300); do
   if ! kill -0 $server 2>/dev/null; then tail -50 "$log"; exit 1; fi
   sleep 1
 done
+grep -h "KV pool" "$log" | tail -n 1 || true  # the pool's size (twice the tokens with an FP8 KV cache)
 python3 -m surge.cli bench matrix --base-url http://127.0.0.1:$port --gpu h200 --model-config "$model" \
-  --disable-tqdm --output-dir "$out" "$@"
+  --disable-tqdm --output-dir "$out" ${roof_extra[@]+"${roof_extra[@]}"} "$@"

@@ -38,6 +38,18 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
         default=1,
         help="the server's tensor-parallel size: the ceiling is per GPU with link traffic (default 1)",
     )
+    g.add_argument(
+        "--roofline-dtype",
+        default=None,
+        help="the server's weight dtype for the roofline, e.g. fp8 for --quantization fp8 (default: the "
+        "config's; fp8 when its quantization_config is FP8)",
+    )
+    g.add_argument(
+        "--roofline-kv-cache-dtype",
+        default=None,
+        choices=["auto", "fp8"],
+        help="the server's KV cache dtype for the roofline: auto (the model's) or fp8 (default auto)",
+    )
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
@@ -276,6 +288,8 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops),
         "model_config": args.model_config,
         "roofline_tp": args.roofline_tp,
+        "roofline_dtype": args.roofline_dtype,
+        "roofline_kv_cache_dtype": args.roofline_kv_cache_dtype,
         "disable_tqdm": args.disable_tqdm,
         "request_timeout_s": args.request_timeout,
     }

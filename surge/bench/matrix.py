@@ -302,6 +302,8 @@ def _write_summary(
         "hardware": None
         if hw is None
         else {"name": hw.name, "hbm_bandwidth": hw.hbm_bandwidth, "peak_flops": hw.peak_flops},
+        "roofline_dtype": mcfg.serve.roofline_dtype,
+        "roofline_kv_cache_dtype": mcfg.serve.roofline_kv_cache_dtype,
         "num_points": len(rows),
         "num_planned_points": len(mcfg.points),
         "num_successful": sum(1 for r in rows if r["success"]),

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
 from surge.bench.datasets import SampleRequest, random_requests, sharegpt_requests
 from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
-from surge.bench.roofline import Hardware, load_config, model_shape, point_roofline
+from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, resolve_counter
 
 T = TypeVar("T")
@@ -71,6 +71,8 @@ class ServeConfig:
     hardware: Hardware | None = None
     model_config: str | None = None  # config.json or folder for the roofline; default: a known local folder
     roofline_tp: int = 1  # the server's tensor-parallel size, for a per-GPU roofline
+    roofline_dtype: str | None = None  # the server's weight dtype (e.g. "fp8"); default the config's
+    roofline_kv_cache_dtype: str | None = None  # "auto" (the model's) or "fp8"; default auto
     disable_tqdm: bool = False
     request_timeout_s: float = 6 * 3600.0
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
@@ -94,6 +96,14 @@ class ServeConfig:
             raise ValueError(f"--roofline-tp must be >= 1, got {self.roofline_tp}")
         if self.roofline_tp > 1 and self.hardware is not None and not self.hardware.link_bandwidth > 0:
             raise ValueError(f"--roofline-tp: no GPU link bandwidth known for {self.hardware.name}")
+        if self.roofline_dtype is not None and self.roofline_dtype.removeprefix("torch.") not in DTYPE_BYTES:
+            raise ValueError(
+                f"--roofline-dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.roofline_dtype!r}"
+            )
+        if self.roofline_kv_cache_dtype not in (None, "auto", "fp8"):
+            raise ValueError(
+                f"--roofline-kv-cache-dtype must be auto or fp8, got {self.roofline_kv_cache_dtype!r}"
+            )
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("--max-concurrency must be >= 1")
         if not self.request_rate > 0:
@@ -243,13 +253,18 @@ def validate_results(
 
 
 def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"roofline_output_throughput": None, "pct_of_roofline": None, "hardware": None}
+    out: dict[str, Any] = {
+        "roofline_output_throughput": None,
+        "pct_of_roofline": None,
+        "hardware": None,
+        "roofline_model": None,
+    }
     if cfg.hardware is None or cfg.dataset != "random":
         return out
     src = cfg.model_config or local_dir
     if src is None:
         return out
-    shape = model_shape(load_config(src), tensor_parallel_size=cfg.roofline_tp)
+    shape = model_shape(load_config(src), cfg.roofline_dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype)
     conc = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)
     roof = point_roofline(shape, cfg.hardware, conc, cfg.input_len, cfg.output_len)
     out["roofline_output_throughput"] = roof.output_throughput
@@ -258,6 +273,13 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
         "name": cfg.hardware.name,
         "hbm_bandwidth": cfg.hardware.hbm_bandwidth,
         "peak_flops": cfg.hardware.peak_flops,
+    }
+    # What the ceiling assumed the server reads: weight bytes per step and KV bytes per token.
+    out["roofline_model"] = {
+        "weight_bytes": shape.weight_bytes,
+        "kv_bytes_per_token": shape.kv_bytes_per_token,
+        "dtype": cfg.roofline_dtype,
+        "kv_cache_dtype": cfg.roofline_kv_cache_dtype,
     }
     if cfg.roofline_tp > 1:
         out["hardware"]["tensor_parallel_size"] = cfg.roofline_tp

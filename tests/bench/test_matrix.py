@@ -123,6 +123,7 @@ def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         base + ["--concurrency", "1,x", "--input-len", "8", "--output-len", "8"],
         base + ["--preset", "official-8b", "--gpu", "nope"],
         base + ["--preset", "official-8b", "--goodput", "ttft"],
+        base + ["--preset", "official-8b", "--roofline-dtype", "int4"],
     ):
         assert bench_main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -215,3 +216,26 @@ def test_surge_cli_entry_point() -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("surge: error:") and bad.stderr.count("\n") == 1
+
+
+def test_matrix_roofline_in_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The matrix passes ``--roofline-dtype``/``--roofline-kv-cache-dtype`` to every point's
+    ceiling and records them in the summary (benchmarks/h200.sh --quantization fp8 uses them)."""
+    from surge.bench.roofline import load_config, lookup_gpu, model_shape, point_roofline
+
+    port = free_port()
+    out = tmp_path / "m"
+    rc = bench_main(
+        ["bench", "matrix", "--base-url", f"http://127.0.0.1:{port}", "--disable-tqdm"]
+        + ["--launch", f"{sys.executable} {FAKE} --port {port}", "--server-timeout", "60"]
+        + ["--concurrency", "2", "--input-len", "8", "--output-len", "4", "--output-dir", str(out)]
+        + ["--gpu", "h200", "--model-config", str(BUNDLED_MODEL)]
+        + ["--roofline-dtype", "fp8", "--roofline-kv-cache-dtype", "fp8"]
+    )
+    assert rc == 0, capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["roofline_dtype"] == "fp8" and summary["roofline_kv_cache_dtype"] == "fp8"
+    shape = model_shape(load_config(BUNDLED_MODEL), "fp8", 1, "fp8")
+    roof = point_roofline(shape, lookup_gpu("h200"), 2, 8, 4).output_throughput
+    assert summary["points"][0]["roofline_output_throughput"] == pytest.approx(roof)
+    capsys.readouterr()

@@ -236,3 +236,41 @@ def test_roofline_column_per_gpu_under_tensor_parallelism() -> None:
     roof = point_roofline(shape, lookup_gpu("h200"), 2, 8, 4)
     assert r["roofline_output_throughput"] == pytest.approx(roof.output_throughput)
     assert r["hardware"]["tensor_parallel_size"] == 2 and r["hardware"]["link_bandwidth"] == 4.5e11
+
+
+def test_roofline_column_with_fp8_weights_and_kv_cache() -> None:
+    """``--roofline-dtype fp8`` / ``--roofline-kv-cache-dtype fp8``: the ceiling counts the bytes an
+    FP8 server reads (``--quantization fp8``, ``--kv-cache-dtype fp8``) and the result says so."""
+    from surge.bench.roofline import load_config, lookup_gpu, model_shape, point_roofline
+
+    h200 = lookup_gpu("h200")
+    cfg = load_config(BUNDLED_MODEL)
+    b = Behaviour(ttft=0.01, itl=0.001)
+    with FakeServer(b) as s:
+        base = dict(base_url=s.url, input_len=8, output_len=4, num_prompts=2, disable_tqdm=True)
+        base |= dict(hardware=h200, model_config=str(BUNDLED_MODEL))
+        plain = run_serve(ServeConfig(**base))
+        w8 = run_serve(ServeConfig(**base, roofline_dtype="fp8"))
+        w8kv8 = run_serve(ServeConfig(**base, roofline_dtype="fp8", roofline_kv_cache_dtype="fp8"))
+        for bad in (dict(roofline_dtype="int4"), dict(roofline_kv_cache_dtype="fp16")):
+            with pytest.raises(ValueError, match="--roofline-"):
+                ServeConfig(**base, **bad).validate()
+    for r, dt, kv in ((plain, None, None), (w8, "fp8", None), (w8kv8, "fp8", "fp8")):
+        shape = model_shape(cfg, dt, 1, kv)
+        assert r["roofline_output_throughput"] == pytest.approx(
+            point_roofline(shape, h200, 2, 8, 4).output_throughput
+        )
+        assert r["roofline_model"] == {
+            "weight_bytes": shape.weight_bytes,
+            "kv_bytes_per_token": shape.kv_bytes_per_token,
+            "dtype": dt,
+            "kv_cache_dtype": kv,
+        }
+    assert w8["roofline_model"]["weight_bytes"] < plain["roofline_model"]["weight_bytes"]
+    # 1 byte per K/V value (this config is float32: 4 bytes each otherwise)
+    assert w8kv8["roofline_model"]["kv_bytes_per_token"] * 4 == w8["roofline_model"]["kv_bytes_per_token"]
+    assert (
+        plain["roofline_output_throughput"]
+        < w8["roofline_output_throughput"]
+        < w8kv8["roofline_output_throughput"]
+    )
