@@ -13,7 +13,9 @@ its top two tokens.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 
 from surge.config import DEFAULT_MODEL_DIR, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from surge.engine.llm import LLM
+from surge.engine.llm_engine import LLMEngine
 from surge.model.loader import load_model
 from surge.quant.fp8 import FP8_DTYPE
 from surge.sampling_params import SamplingParams
@@ -77,9 +80,11 @@ def test_llm_fp8_emulation_end_to_end() -> None:
         assert len(ids) == 16 and ids[0] == case["generated_ids"][0]
 
 
-def test_fp8_kv_pool_holds_twice_the_tokens() -> None:
+def test_fp8_kv_pool_holds_twice_the_tokens(caplog: pytest.LogCaptureFixture) -> None:
+    """The same KV budget holds twice the tokens in FP8, the pool is allocated at that size and
+    the start-up log line gives the new size (tokens, the same GiB, the dtype)."""
     mc = ModelConfig.from_pretrained(None, dtype="bfloat16")
-    sizes = []
+    sizes, lines = [], []
     for kv in ("auto", "fp8"):
         cfg = EngineConfig(
             model=mc,
@@ -88,7 +93,21 @@ def test_fp8_kv_pool_holds_twice_the_tokens() -> None:
             fp8_emulation=kv == "fp8",
         )
         sizes.append(ModelRunner(cfg).determine_num_kv_blocks())
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="surge.engine"):
+            engine = LLMEngine(cfg)
+        assert engine.num_kv_blocks == sizes[-1]
+        k_cache = engine.runner.kv_caches[0][0]
+        assert k_cache.dtype == (FP8_DTYPE if kv == "fp8" else torch.bfloat16)
+        assert k_cache.shape[0] == sizes[-1]
+        lines.append(next(r.getMessage() for r in caplog.records if "start-up: KV pool" in r.getMessage()))
     assert sizes[1] == 2 * sizes[0]
+    tokens = [sizes[0] * 16, sizes[1] * 16]
+    for line, n, kv in zip(lines, tokens, ("auto", "fp8"), strict=True):
+        assert f"= {n} tokens (" in line, line
+        assert line.endswith(f"kv_cache_dtype {kv})"), line
+    gib = [re.search(r"\(([0-9.]+) GiB", line).group(1) for line in lines]  # type: ignore[union-attr]
+    assert gib[0] == gib[1] == "0.00", lines  # 1 MiB: the same bytes, twice the tokens
 
 
 @pytest.mark.parametrize("kwargs", [{"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}])
