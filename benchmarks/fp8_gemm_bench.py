@@ -282,38 +282,82 @@ def sweep_shape(
     return results
 
 
-def emit(path: Path) -> None:
-    """Print the sweep table of ``path`` and the ``SPLITK_MEASURED`` literal it supports: per
-    shape and bucket, the faster split-K mode if it beats quant + ``_scaled_mm`` by >= 3 %."""
+def splitk_choices(data: dict[str, dict[str, dict]]) -> dict[str, dict[int, list[object] | None]]:
+    """Per layer name and swept bucket ``M``: the faster split-K config's fields if it beat
+    quant + ``_scaled_mm`` by >= 3 %, else None (measured, ``_scaled_mm`` kept)."""
+    out: dict[str, dict[int, list[object] | None]] = {}
+    for name, rows in data.items():
+        for m_str, row in rows.items():
+            m = int(m_str)
+            if m not in SPLITK_BUCKETS:
+                continue
+            best = row["best"]
+            pick = min(best.values(), key=lambda v: v[0]) if best else None
+            won = pick is not None and pick[0] < 0.97 * row["scaled_mm"]
+            out.setdefault(name, {})[m] = list(pick[1]) if won else None
+    return out
+
+
+def splitk_literal(data: dict[str, dict[str, dict]]) -> str:
+    """The source of ``SPLITK_MEASURED`` (formatted as ``ruff format`` leaves it) for the sweep
+    results ``data``; each shape's comment gives bf16 / quant + ``_scaled_mm`` / chosen
+    microseconds per bucket."""
+    lines = ["SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {"]
+    for name, by_m in splitk_choices(data).items():
+        n, k = SHAPES[name]
+        lines.append(f"    ({n}, {k}): {{  # {name}; us: bf16 / quant+_scaled_mm / chosen")
+        for m, fields in sorted(by_m.items()):
+            row = data[name][str(m)]
+            chosen = min(v[0] for v in row["best"].values()) if fields is not None else row["scaled_mm"]
+            us = f"{row['bf16'] * 1e6:.1f} / {row['scaled_mm'] * 1e6:.1f} / {chosen * 1e6:.1f}"
+            lines.append(f"        {m}: {'None' if fields is None else tuple(fields)},  # {us}")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def write_source(path: Path, literal: str) -> None:
+    """Replace the ``SPLITK_MEASURED = {...}`` assignment in ``path`` (from its first line to
+    the first line that is ``}``) by ``literal``. Raises ValueError if it is not found."""
+    lines = path.read_text().splitlines(keepends=True)
+    try:
+        first = next(i for i, ln in enumerate(lines) if ln.startswith("SPLITK_MEASURED:"))
+        last = next(i for i in range(first, len(lines)) if lines[i].rstrip("\n") == "}")
+    except StopIteration:
+        raise ValueError(f"{path}: no SPLITK_MEASURED assignment ending in a '}}' line") from None
+    path.write_text("".join(lines[:first]) + literal + "".join(lines[last + 1 :]))
+
+
+def emit(path: Path, source: Path | None = None) -> None:
+    """Print the sweep table of ``path`` and the ``SPLITK_MEASURED`` literal it supports (per
+    shape and bucket, the faster split-K mode if it beats quant + ``_scaled_mm`` by >= 3 %,
+    else None); with ``source``, also write that literal into that file (the engine's
+    ``surge/quant/fp8_linear.py``)."""
     data = json.loads(path.read_text())
     print(
         "| layer | N x K | M | bf16 us | quant+_scaled_mm us | split-K w8a16 us | split-K w8a8 us | chosen |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    table: dict[tuple[int, int], dict[int, list[object]]] = {}
+    choices = splitk_choices(data)
     for name, rows in data.items():
         n, k = SHAPES[name]
         for m_str, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
             m = int(m_str)
             best = row["best"]
             cells = [f"{best[mode][0] * 1e6:.1f}" if mode in best else "-" for mode in ("w8a16", "w8a8")]
-            pick = min(best.values(), key=lambda v: v[0]) if best else None
+            fields = choices.get(name, {}).get(m)
             chosen = "_scaled_mm"
-            if pick is not None and pick[0] < 0.97 * row["scaled_mm"] and m in SPLITK_BUCKETS:
-                table.setdefault((n, k), {})[m] = pick[1]
-                chosen = "split-K " + ("w8a8" if pick[1][6] else "w8a16") + f" {tuple(pick[1][:6])}"
+            if fields is not None:
+                chosen = "split-K " + ("w8a8" if fields[6] else "w8a16") + f" {tuple(fields[:6])}"
             print(
                 f"| {name} | {n} x {k} | {m} | {row['bf16'] * 1e6:.1f} | {row['scaled_mm'] * 1e6:.1f} | "
                 f"{cells[0]} | {cells[1]} | {chosen} |"
             )
-    print("\nSPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles]] = {")
-    for (n, k), by_m in table.items():
-        name = next(nm for nm, shape in SHAPES.items() if shape == (n, k))
-        print(f"    ({n}, {k}): {{  # {name}")
-        for m, fields in sorted(by_m.items()):
-            print(f"        {m}: {tuple(fields)},")
-        print("    },")
-    print("}")
+    literal = splitk_literal(data)
+    print("\n" + literal, end="")
+    if source is not None:
+        write_source(source, literal)
+        print(f"written into {source}")
 
 
 def main() -> None:
@@ -326,9 +370,16 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time the split-K FP8 GEMM's configs")
     ap.add_argument("--json", type=Path, help="--sweep: merge the results into this file")
     ap.add_argument("--emit", type=Path, help="print the table and SPLITK_MEASURED from a --json file")
+    ap.add_argument(
+        "--write-source",
+        type=Path,
+        help="--emit: also replace SPLITK_MEASURED in this file (surge/quant/fp8_linear.py)",
+    )
     args = ap.parse_args()
+    if args.write_source is not None and args.emit is None:
+        ap.error("--write-source needs --emit FILE")
     if args.emit is not None:
-        emit(args.emit)
+        emit(args.emit, args.write_source)
         return
     if args.sweep:
         ms = [m for m in args.m if m <= SPLITK_BUCKETS[-1]] if "--m" in sys.argv else list(SPLITK_BUCKETS)

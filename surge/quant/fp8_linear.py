@@ -10,7 +10,7 @@ their kernel layout, and (3) runs the GEMM:
   :func:`surge.kernels.fp8_quant.per_token_quant_fp8` into ``a_scale [M, 1]``, the weight
   ``[N, K]`` passed transposed, i.e. column-major, with ``b_scale [1, N]``), except:
   decode steps (``M <= SPLITK_MAX_M``) of the weight shapes and token counts in
-  :data:`SPLITK_MEASURED`, which run the split-K FP8 GEMM of
+  :data:`SPLITK_MEASURED` (:func:`splitk_configs`), which run the split-K FP8 GEMM of
   :mod:`surge.kernels.fp8_gemm_splitk` with the measured config; decode steps
   (``M <= SKINNY_MAX_M``) of the weight shapes in :data:`TRITON_FASTER`, and shapes
   ``_scaled_mm`` cannot take (a dim not a multiple of 16, a non-bf16 model), which run the
@@ -52,8 +52,8 @@ timings behind it."""
 
 
 SPLITK_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-"""Token counts the split-K table is measured at; a step of ``M`` tokens takes the table's
-entry for the smallest bucket ``>= M`` (``_scaled_mm`` where the table has none)."""
+"""Token counts the split-K table is measured at (see :func:`splitk_configs` for the steps in
+between and the buckets not measured)."""
 SPLITK_MAX_M = SPLITK_BUCKETS[-1]
 
 SplitKTiles = tuple[int, int, int, int, int, int, bool]
@@ -61,42 +61,53 @@ SplitKTiles = tuple[int, int, int, int, int, int, bool]
 block_n, block_k, split_k, num_stages, num_warps, a8)`` (a plain tuple: this module must not
 import a Triton kernel at import time)."""
 
-SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles]] = {
-    (6144, 4096): {  # qkv: bf16 16.4/16.0 us, quant+_scaled_mm 20.2/19.5, split-K w8a8 13.1/13.3 (M=1/16)
-        1: (16, 64, 128, 4, 4, 4, True),
-        16: (16, 64, 128, 4, 4, 4, True),
+SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {
+    (6144, 4096): {  # qkv; us: bf16 / quant+_scaled_mm / chosen
+        1: (16, 64, 128, 4, 4, 4, True),  # 16.4 / 20.2 / 13.1
+        16: (16, 64, 128, 4, 4, 4, True),  # 16.0 / 19.5 / 13.3
     },
-    (4096, 4096): {  # o: bf16 13.1/13.4, quant+_scaled_mm 16.1/16.1, split-K w8a16 10.8/10.8
-        1: (16, 32, 128, 2, 4, 4, False),
-        16: (16, 32, 128, 2, 4, 4, False),
+    (4096, 4096): {  # o; us: bf16 / quant+_scaled_mm / chosen
+        1: (16, 32, 128, 2, 4, 4, False),  # 13.1 / 16.1 / 10.8
+        16: (16, 32, 128, 2, 4, 4, False),  # 13.4 / 16.1 / 10.8
     },
-    (24576, 4096): {  # gate_up: bf16 53.2/50.9, quant+_scaled_mm 46.8/44.3, split-K w8a8 29.9/30.9
-        1: (16, 64, 128, 1, 4, 4, True),
-        16: (16, 64, 128, 1, 4, 4, True),
+    (24576, 4096): {  # gate_up; us: bf16 / quant+_scaled_mm / chosen
+        1: (16, 64, 128, 1, 4, 4, True),  # 53.2 / 46.8 / 29.9
+        16: (16, 64, 128, 1, 4, 4, True),  # 50.9 / 44.3 / 30.9
     },
-    (4096, 12288): {  # down: bf16 30.7/29.2, quant+_scaled_mm 38.4/38.2, split-K w8a16 21.7/22.3
-        1: (16, 32, 128, 8, 4, 4, False),
-        16: (16, 64, 128, 8, 4, 4, False),
+    (4096, 12288): {  # down; us: bf16 / quant+_scaled_mm / chosen
+        1: (16, 32, 128, 8, 4, 4, False),  # 30.7 / 38.4 / 21.7
+        16: (16, 64, 128, 8, 4, 4, False),  # 29.2 / 38.2 / 22.3
     },
 }
-"""Per weight shape ``(N, K)`` and token bucket ``M``: the split-K FP8 GEMM config that beat
-per-token quantization + ``torch._scaled_mm`` on the H200 (CUDA graphs, weights not in L2).
-Measured 2026-11-30 on an H200 (torch 2.11, Triton 3.6) for M = 1 and M = 16 by
-``benchmarks/fp8_gemm_bench.py --sweep --m 1 16`` then ``--emit`` (the timings in the comments,
-microseconds; results in ``benchmarks/results/h200-qwen3-8b-fp8/``). A step of ``M`` tokens takes
-the entry of the smallest bucket ``>= M`` (:data:`SPLITK_BUCKETS`); buckets 2, 4, 8, 32 and 64
-were not swept yet, so M = 2..8 and M > 16 keep ``_scaled_mm``, as does a shape not in it."""
+"""Per weight shape ``(N, K)`` and measured token bucket ``M``: the split-K FP8 GEMM config
+that beat per-token quantization + ``torch._scaled_mm`` by >= 3 % on the H200 (CUDA graphs,
+weights not in L2), or None where ``_scaled_mm`` was as fast. Written by
+``benchmarks/fp8_gemm_bench.py --sweep --m ... --json F`` then ``--emit F --write-source
+surge/quant/fp8_linear.py`` (timings in the comments, microseconds; the runs in
+``benchmarks/results/h200-qwen3-8b-fp8/``, whose README says which buckets each run swept: the
+first, 2026-11-30 on an H200 with torch 2.11 and Triton 3.6, M = 1 and 16)."""
 
 
 def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
-    """Index ``M`` (``0..SPLITK_MAX_M``) -> the measured split-K config for a ``[M, K] @ [N,
-    K]^T`` step, or None (take ``_scaled_mm``): the entry of the smallest bucket ``>= M``."""
+    """Index ``M`` (``0..SPLITK_MAX_M``) -> the split-K config for a ``[M, K] @ [N, K]^T``
+    step, or None (take ``_scaled_mm``).
+
+    A step of ``M`` tokens takes the entry of the smallest *measured* bucket ``>= M`` in
+    :data:`SPLITK_MEASURED`: a bucket missing from the table was not swept, so the next larger
+    measured one decides for it (its config is correct for any ``M``, and a decode GEMM this
+    skinny costs about the same at every ``M`` up to its ``block_m``: 1 and 16 are within 1 us
+    on the H200). Above the largest measured bucket, and for a shape not in the table,
+    ``_scaled_mm``.
+    """
     from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig
 
-    table = {b: Fp8SplitKConfig(*t) for b, t in SPLITK_MEASURED.get((n, k), {}).items()}
+    measured = SPLITK_MEASURED.get((n, k), {})
+    buckets = sorted(measured)
     by_m: list[Fp8SplitKConfig | None] = []
     for m in range(SPLITK_MAX_M + 1):
-        by_m.append(table.get(next(b for b in SPLITK_BUCKETS if b >= m)))
+        b = next((b for b in buckets if b >= m), None)
+        tiles = measured[b] if b is not None else None
+        by_m.append(Fp8SplitKConfig(*tiles) if tiles is not None else None)
     return tuple(by_m)
 
 

@@ -3,6 +3,9 @@ one launch and split-K with the reduce kernel, even and ragged ``K`` slices, bia
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -103,14 +106,81 @@ def test_measured_table_maps_each_token_count_to_its_bucket(monkeypatch: pytest.
     from surge.quant import fp8_linear
 
     small, mid = (16, 32, 128, 4, 4, 4, False), (16, 64, 256, 2, 3, 4, True)
+    top = fp8_linear.SPLITK_MAX_M
+    # buckets 1 and 16 measured (split-K won), 2, 4, 8, 32 and 64 not swept
     monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", {(64, 128): {1: small, 16: mid}})
     by_m = fp8_linear.splitk_configs(64, 128)
-    assert len(by_m) == fp8_linear.SPLITK_MAX_M + 1
+    assert len(by_m) == top + 1
     assert by_m[0] == by_m[1] == Fp8SplitKConfig(*small)
-    assert all(by_m[m] is None for m in range(2, 9))  # buckets 2, 4, 8: _scaled_mm measured faster
-    assert all(by_m[m] == Fp8SplitKConfig(*mid) for m in range(9, 17))
-    assert all(by_m[m] is None for m in range(17, fp8_linear.SPLITK_MAX_M + 1))
-    assert set(fp8_linear.splitk_configs(32, 128)) == {None}
+    assert all(by_m[m] == Fp8SplitKConfig(*mid) for m in range(2, 17))  # next measured bucket: 16
+    assert all(by_m[m] is None for m in range(17, top + 1))  # above the largest measured: _scaled_mm
+    assert set(fp8_linear.splitk_configs(32, 128)) == {None}  # a shape not in the table
+    # bucket 4 measured with _scaled_mm faster (None), 64 measured as split-K, 32 not swept
+    table = {1: small, 4: None, 16: mid, 64: small}
+    monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", {(64, 128): table})
+    by_m = fp8_linear.splitk_configs(64, 128)
+    assert by_m[1] == Fp8SplitKConfig(*small)
+    assert all(by_m[m] is None for m in range(2, 5))
+    assert all(by_m[m] == Fp8SplitKConfig(*mid) for m in range(5, 17))
+    assert all(by_m[m] == Fp8SplitKConfig(*small) for m in range(17, top + 1))
+
+
+def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
+    """``fp8_gemm_bench.py --emit F --write-source FILE`` rewrites ``SPLITK_MEASURED``: split-K
+    where it beat quant + ``_scaled_mm`` by >= 3 %, None where it did not; the new table is
+    valid Python that :func:`splitk_configs` reads, and the rest of the file is unchanged."""
+    import ast
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def row(bf16: float, scaled: float, a16: float, a8: float) -> dict[str, object]:
+        cfg16, cfg8 = [16, 32, 128, 4, 4, 4, False], [16, 64, 256, 2, 3, 4, True]
+        best = {"w8a16": [a16 * 1e-6, cfg16], "w8a8": [a8 * 1e-6, cfg8]}
+        return {"bf16": bf16 * 1e-6, "scaled_mm": scaled * 1e-6, "best": best}
+
+    sweep = {
+        "qkv": {"1": row(16, 20, 13, 14), "32": row(18, 19, 19, 18.6)},  # 32: 2 % faster, not enough
+        "down": {"8": row(30, 38, 23, 22), "64": row(35, 30, 31, 32)},
+    }
+    data, src = tmp_path / "sweep.json", tmp_path / "fp8_linear.py"
+    data.write_text(json.dumps(sweep))
+    original = (repo / "surge" / "quant" / "fp8_linear.py").read_text()
+    src.write_text(original)
+    r = subprocess.run(
+        [sys.executable, "benchmarks/fp8_gemm_bench.py", "--emit", str(data), "--write-source", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "| qkv | 6144 x 4096 | 1 | 16.0 | 20.0 | 13.0 | 14.0 | split-K w8a16" in r.stdout
+    new = src.read_text()
+    tree = ast.parse(new)
+    node = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.target, ast.Name)
+        and n.target.id == "SPLITK_MEASURED"
+    )
+    table = ast.literal_eval(node.value)
+    assert table == {
+        (6144, 4096): {1: (16, 32, 128, 4, 4, 4, False), 32: None},
+        (4096, 12288): {8: (16, 64, 256, 2, 3, 4, True), 64: None},
+    }
+    assert "1: (16, 32, 128, 4, 4, 4, False),  # 16.0 / 20.0 / 13.0" in new
+    start, end = (
+        original.index("SPLITK_MEASURED:"),
+        original.index("\n}\n", original.index("SPLITK_MEASURED:")),
+    )
+    new_start = new.index("SPLITK_MEASURED:")
+    assert new[:new_start] == original[:start]
+    assert new[new.index("\n}\n", new_start) :] == original[end:]
 
 
 def test_emulation_follows_the_weight_only_decode_paths() -> None:
