@@ -13,12 +13,15 @@ reference of :mod:`surge.quant.fp8`, then times it inside a CUDA graph that runs
   candidate for decode shapes, ``TRITON_FASTER``);
 * ``fp8 triton (block)``: the same kernel with 128 x 128 block scales (FP8 checkpoints);
 * ``fp8 split-K default``: the split-K kernel (w8a16) with its untuned default config;
+* ``fp8 split-K (block)``: the split-K kernel with 128 x 128 block scales and the tiles the
+  engine would give a block checkpoint's layer (``surge.quant.fp8_linear.block_splitk_config``);
 * ``fp8 F.scaled_mm block``: ``torch.nn.functional.scaled_mm`` with 1x128 activation and
   128x128 weight block scales, where this torch/cuBLAS runs it (else the error is printed).
 
-At the end it prints the value of ``surge.quant.fp8_linear.TRITON_FASTER`` these timings
-support: the shapes where the Triton kernel beat quant + ``_scaled_mm`` at every measured
-``M <= 16``. A benchmark, not part of the engine.
+At the end it prints the values of ``surge.quant.fp8_linear.TRITON_FASTER`` and
+``SPLITK_BLOCK_FASTER`` these timings support: the shapes where the Triton kernel beat quant +
+``_scaled_mm`` at every measured ``M <= 16``, and where split-K (block) beat the Triton kernel
+(block) at every measured ``M <= 64``. A benchmark, not part of the engine.
 
 Run on the GPU host (from the repository root), about a minute::
 
@@ -66,7 +69,13 @@ from surge.kernels.fp8_gemm import fp8_linear
 from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, fp8_linear_splitk
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
-from surge.quant.fp8_linear import SKINNY_MAX_M, SPLITK_BUCKETS, scaled_mm_linear
+from surge.quant.fp8_linear import (
+    SKINNY_MAX_M,
+    SPLITK_BUCKETS,
+    SPLITK_MAX_M,
+    block_splitk_config,
+    scaled_mm_linear,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_bench import time_graph  # noqa: E402  (the bf16 GEMM bench's CUDA-graph timer)
@@ -145,6 +154,13 @@ def bench_shape(
             ("fp8 triton (channel)", lambda i, x=x: fp8_linear(x, *chan[i]), ref_w),
             ("fp8 triton (block)", lambda i, x=x: fp8_linear(x, *blk[i], block_size=block), ref_b),
             ("fp8 split-K default", lambda i, x=x: fp8_linear_splitk(x, *chan[i]), ref_w),
+            (
+                "fp8 split-K (block)",
+                lambda i, x=x, c=block_splitk_config(m, n, k, block): fp8_linear_splitk(
+                    x, *blk[i], config=c, block_size=block
+                ),
+                ref_b,
+            ),
             ("fp8 F.scaled_mm block", lambda i, x=x: block_scaled_mm(x, *blk[i]), ref_b),
         ]
         print(f"N={n} K={k} M={m}")
@@ -399,7 +415,7 @@ def main() -> None:
             bench_shape(*TINY[name], [1, 5, 20], (32, 32), 1, 1, True)
         return
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
-    faster = []
+    faster, block_faster = [], []
     for name in args.layers:
         n, k = SHAPES[name]
         print(name)
@@ -408,8 +424,16 @@ def main() -> None:
         a, b = "fp8 triton (channel)", "fp8 quant+_scaled_mm"
         if skinny and all(a in t and (b not in t or t[a] < t[b]) for t in skinny):
             faster.append((n, k))
+        decode = [t for m, t in result.items() if m <= SPLITK_MAX_M]
+        a, b = "fp8 split-K (block)", "fp8 triton (block)"
+        if decode and all(a in t and (b not in t or t[a] < t[b]) for t in decode):
+            block_faster.append((n, k))
     print(
         f"\nTRITON_FASTER = frozenset({set(faster) if faster else 'set()'})  # (N, K), measured M <= {SKINNY_MAX_M}"
+    )
+    print(
+        f"SPLITK_BLOCK_FASTER = frozenset({set(block_faster) if block_faster else 'set()'})"
+        f"  # (N, K), measured M <= {SPLITK_MAX_M}"
     )
 
 

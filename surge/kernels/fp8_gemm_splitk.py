@@ -9,7 +9,12 @@ grid ``(cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))``, each program reducing on
 it stores fp32 partials ``[SPLIT_K, M, N]`` and :func:`_splitk_reduce_kernel` sums them in a
 fixed order (deterministic, no atomics), scales, adds the bias and casts (two launches).
 
-Two operand modes, both with fp32 accumulation and per-output-channel weight scales:
+Two operand modes, both with fp32 accumulation, and two weight-scale layouts: per output
+channel (``scale [N]``, applied once at the end), or block-wise (``scale [cdiv(N, bn),
+cdiv(K, bk)]``, the ``weight_scale_inv`` of Qwen's and DeepSeek's FP8 checkpoints: each
+``BLOCK_K`` step, which lies inside one ``bk`` block since ``BLOCK_K`` divides ``bk``, adds its
+partial product times the scale of its ``(n // bn, k // bk)`` block, as
+:mod:`surge.kernels.fp8_gemm` does over the whole of ``K``):
 
 * ``w8a16`` (``quantize_input=False``): the weight is loaded as e4m3 and converted to the
   activations' dtype in registers; ``x`` is not quantized (the more exact one);
@@ -27,7 +32,7 @@ CUDA-graph capture: no host syncs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -83,8 +88,12 @@ def _fp8_splitk_kernel(
     stride_wn,
     stride_om,
     stride_os,
+    stride_sn,
     A8: tl.constexpr,
     PARTIALS: tl.constexpr,
+    BLOCK_SCALES: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_IEEE: tl.constexpr,
@@ -105,6 +114,7 @@ def _fp8_splitk_kernel(
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    s_rows = ws_ptr + (offs_n // SCALE_BN).to(tl.int64) * stride_sn  # block scales' rows
     for kb in range(0, STEPS):
         if EVEN_K:
             a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
@@ -113,7 +123,17 @@ def _fp8_splitk_kernel(
             k_mask = k_start + kb * BLOCK_K + offs_k < K
             a = tl.load(x_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=mask_n[:, None] & k_mask[None, :], other=0.0)
-        if A8:
+        if BLOCK_SCALES:  # this step's partial product times its (n // bn, k // bk) scales
+            if A8:
+                part = tl.dot(a, tl.trans(w))
+            elif DOT_IEEE:
+                part = tl.dot(a, tl.trans(w.to(a.dtype)), input_precision="ieee")
+            else:
+                part = tl.dot(a, tl.trans(w.to(a.dtype)))
+            k0 = k_start + kb * BLOCK_K  # the step lies in one bk block (BLOCK_K divides bk)
+            s = tl.load(s_rows + k0 // SCALE_BK, mask=mask_n & (k0 < K), other=0.0)
+            acc += part * s[None, :]
+        elif A8:
             acc = tl.dot(a, tl.trans(w), acc)
         elif DOT_IEEE:
             acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision="ieee")
@@ -125,7 +145,8 @@ def _fp8_splitk_kernel(
         p_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
         tl.store(p_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
     else:
-        acc = acc * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+        if not BLOCK_SCALES:
+            acc = acc * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
         if A8:
             acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
         if HAS_BIAS:
@@ -146,6 +167,7 @@ def _splitk_reduce_kernel(
     stride_ym,
     SPLIT_K: tl.constexpr,
     A8: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -156,7 +178,8 @@ def _splitk_reduce_kernel(
     acc = tl.load(row, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(row + s * M * N, mask=mask, other=0.0)
-    acc = acc * tl.load(ws_ptr + offs_n, mask=mask, other=0.0)
+    if CHANNEL_SCALES:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=mask, other=0.0)
     if A8:
         acc = acc * tl.load(xs_ptr + m)
     if HAS_BIAS:
@@ -171,26 +194,33 @@ def fp8_linear_splitk(
     bias: torch.Tensor | None = None,
     *,
     config: Fp8SplitKConfig | None = None,
+    block_size: tuple[int, int] | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ dequant(weight)^T + bias`` with a per-channel FP8 weight, split over ``K``.
+    """``x @ dequant(weight)^T + bias`` with an FP8 weight, split over ``K``.
 
     Args:
         x: ``[M, K]`` fp16/bf16/fp32, last dim contiguous; quantized per token first in the
             w8a8 mode (``config.a8``, fp16/bf16 only).
         weight: ``[N, K]`` float8_e4m3fn, last dim contiguous.
-        scale: float32 ``[N]`` (or ``[1, N]``) contiguous per-output-channel multipliers.
+        scale: float32 dequantization multipliers: ``[N]`` (or ``[1, N]``) contiguous per
+            output channel, or ``[cdiv(N, bn), cdiv(K, bk)]`` (last dim contiguous) with
+            ``block_size = (bn, bk)``.
         bias: optional contiguous ``[N]`` in ``x``'s dtype (added in fp32).
-        config: launch config; default :func:`default_splitk_config`.
+        config: launch config; default :func:`default_splitk_config` (with ``block_k`` at
+            most ``bk``'s largest power-of-two divisor under block scales).
+        block_size: ``(bn, bk)`` of block scales, None for per-channel scales.
         out: optional ``[M, N]`` output in ``x``'s dtype, last dim contiguous.
 
     Returns:
         ``[M, N]`` in ``x``'s dtype, fp32 accumulation; equal (up to summation order) to
-        :func:`surge.quant.fp8.fp8_linear_reference` with ``quantize_input=config.a8``.
+        :func:`surge.quant.fp8.fp8_linear_reference` with ``quantize_input=config.a8`` (and
+        ``block_size``).
 
     Raises:
         ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, a
-            bad config, or w8a8 with fp32 ``x``.
+            bad config (under block scales: a ``block_k`` that does not divide ``bk``), or
+            w8a8 with fp32 ``x``.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
@@ -202,11 +232,26 @@ def fp8_linear_splitk(
         raise ValueError("weight and float32 scale must be on x's device")
     m, k = x.shape
     n = weight.shape[0]
-    if scale.numel() != n or not scale.is_contiguous():
-        raise ValueError(f"per-channel scale must be a contiguous [{n}], got {tuple(scale.shape)}")
+    if block_size is None:
+        if scale.numel() != n or not scale.is_contiguous():
+            raise ValueError(f"per-channel scale must be a contiguous [{n}], got {tuple(scale.shape)}")
+        scale_bn, scale_bk, stride_sn = 1, 1, 0
+    else:
+        scale_bn, scale_bk = block_size
+        want = (-(-n // scale_bn), -(-k // scale_bk))
+        if tuple(scale.shape) != want or scale.stride(1) != 1:
+            raise ValueError(
+                f"block scale must be {want} with a contiguous last dim, got {tuple(scale.shape)}"
+            )
+        stride_sn = scale.stride(0)
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or bias.stride(0) != 1):
         raise ValueError(f"bias must be a contiguous [{n}] {x.dtype} tensor")
-    cfg = config or default_splitk_config(m, n, k)
+    if config is not None:
+        cfg = config
+    else:
+        cfg = default_splitk_config(m, n, k)
+        if block_size is not None:
+            cfg = replace(cfg, block_k=min(cfg.block_k, block_size[1] & -block_size[1]))
     for v in (cfg.block_m, cfg.block_n, cfg.block_k):
         if v < 16 or v & (v - 1):
             raise ValueError(f"block sizes must be powers of two >= 16, got {cfg}")
@@ -214,6 +259,8 @@ def fp8_linear_splitk(
         raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
     if cfg.a8 and x.dtype == torch.float32:
         raise ValueError("the w8a8 mode takes fp16/bf16 activations")
+    if block_size is not None and scale_bk % cfg.block_k != 0:
+        raise ValueError(f"block_k {cfg.block_k} must divide the scale block's {scale_bk} columns")
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
@@ -244,8 +291,12 @@ def fp8_linear_splitk(
         weight.stride(0),
         n if partials else out.stride(0),
         m * n,
+        stride_sn,
         A8=cfg.a8,
         PARTIALS=partials,
+        BLOCK_SCALES=block_size is not None,
+        SCALE_BN=scale_bn,
+        SCALE_BK=scale_bk,
         HAS_BIAS=bias is not None,
         EVEN_K=steps * cfg.block_k * cfg.split_k == k,
         DOT_IEEE=x.dtype == torch.float32,
@@ -268,6 +319,7 @@ def fp8_linear_splitk(
             out.stride(0),
             SPLIT_K=cfg.split_k,
             A8=cfg.a8,
+            CHANNEL_SCALES=block_size is None,
             HAS_BIAS=bias is not None,
             BLOCK=block,
             num_warps=4,

@@ -16,7 +16,9 @@ their kernel layout, and (3) runs the GEMM:
   ``_scaled_mm`` cannot take (a dim not a multiple of 16, a non-bf16 model), which run the
   weight-only Triton kernel of :mod:`surge.kernels.fp8_gemm`;
 * block-wise scales (FP8 checkpoints with ``weight_block_size``): the weight-only Triton
-  kernel with its block scales, for every ``M`` (see ``docs/fp8.md`` for why);
+  kernel with its block scales, for every ``M`` (see ``docs/fp8.md`` for why), except decode
+  steps (``M <= SPLITK_MAX_M``) of the weight shapes in :data:`SPLITK_BLOCK_FASTER`, which run
+  the split-K FP8 GEMM (w8a16) with its block scales and :func:`block_splitk_config`'s tiles;
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
   dequantize then matmul in float32, activations quantized per token exactly when the CUDA
   path does (per-channel scales, not a weight-only decode kernel: :meth:`weight_only`).
@@ -111,6 +113,32 @@ def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
     return tuple(by_m)
 
 
+SPLITK_BLOCK_FASTER: frozenset[tuple[int, int]] = frozenset()
+"""Weight shapes ``(N, K)`` of block-scaled FP8 checkpoints where the split-K FP8 GEMM with
+block scales (w8a16, :func:`block_splitk_config`) beat the weight-only Triton kernel at every
+measured ``M <= SPLITK_MAX_M`` on the H200. Empty until measured: ``benchmarks/fp8_gemm_bench.py``
+(its default mode, the ``fp8 split-K (block)`` rows) prints this set's new value."""
+
+
+def block_splitk_config(m: int, n: int, k: int, block_size: tuple[int, int]) -> Fp8SplitKConfig:
+    """The split-K launch for a ``[M, K] @ [N, K]^T`` step with ``(bn, bk)`` block scales: the
+    tiles that :func:`splitk_configs` gives the per-channel layer of that shape at ``M`` (its
+    measured ones), else :func:`surge.kernels.fp8_gemm_splitk.default_splitk_config`'s; always
+    w8a16 (a block checkpoint's layers are weight-only, see :meth:`Fp8LinearMethod.weight_only`)
+    and ``block_k`` at most ``bk``'s largest power-of-two divisor, so that every ``K`` step
+    lies in one scale block."""
+    from dataclasses import replace
+
+    from surge.kernels.fp8_gemm_splitk import default_splitk_config
+
+    by_m = splitk_configs(n, k)
+    cfg = by_m[m] if m < len(by_m) else None
+    if cfg is None:
+        cfg = default_splitk_config(m, n, k)
+    bk = block_size[1]
+    return replace(cfg, a8=False, block_k=min(cfg.block_k, bk & -bk))
+
+
 def _shard_index(layer: _LinearBase, shard_id: str | int | None) -> int:
     """Index of a stacked part (q/k/v, gate/up) in the layer's per-part scale vector."""
     if shard_id is None:
@@ -149,6 +177,7 @@ class Fp8LinearMethod:
         self.use_scaled_mm = False
         self.triton_for_decode = False
         self.splitk_by_m: tuple[Fp8SplitKConfig | None, ...] = ()
+        self.block_splitk_by_m: tuple[Fp8SplitKConfig, ...] = ()  # block scales, M = 0..SPLITK_MAX_M
 
     # ------------------------------------------------------------------ loading
 
@@ -225,6 +254,11 @@ class Fp8LinearMethod:
         layer.weight = nn.Parameter(q.contiguous(), requires_grad=False)
         layer.register_buffer("weight_scale", s.float().contiguous(), persistent=False)
         n, k = q.shape
+        if self.block_size is not None and not self.emulate and (n, k) in SPLITK_BLOCK_FASTER:
+            bs = self.block_size
+            self.block_splitk_by_m = tuple(
+                block_splitk_config(max(m, 1), n, k, bs) for m in range(SPLITK_MAX_M + 1)
+            )
         if self.block_size is None:
             self.scale_row = layer.weight_scale.view(1, n)
             self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
@@ -255,9 +289,15 @@ class Fp8LinearMethod:
             )
         from surge.kernels.fp8_gemm import fp8_linear
 
-        if self.block_size is not None:
-            return fp8_linear(x, w, s, bias, block_size=self.block_size)
         m = x.shape[0]
+        if self.block_size is not None:
+            if m < len(self.block_splitk_by_m) and x.dtype == torch.bfloat16:
+                from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
+
+                xc = x if x.stride(1) == 1 else x.contiguous()
+                cfg = self.block_splitk_by_m[m]
+                return fp8_linear_splitk(xc, w, s, bias, config=cfg, block_size=self.block_size)
+            return fp8_linear(x, w, s, bias, block_size=self.block_size)
         if m < len(self.splitk_by_m) and x.dtype == torch.bfloat16:
             cfg = self.splitk_by_m[m]
             if cfg is not None:

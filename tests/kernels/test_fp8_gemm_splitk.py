@@ -11,7 +11,7 @@ import torch
 
 from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, default_splitk_config, fp8_linear_splitk
 from surge.kernels.fp8_quant import per_token_quant_fp8
-from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_per_channel
+from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -67,6 +67,78 @@ def test_w8a8_matches_reference_on_its_quantized_activations(
     torch.testing.assert_close(out.cpu().float(), ref, atol=2e-2, rtol=2e-2)
     # and against the torch reference (its own per-token quantization) as the engine sees it
     torch.testing.assert_close(out.cpu(), fp8_linear_reference(x, w, s, b), atol=3e-2, rtol=3e-2)
+
+
+def _block_problem(
+    m: int, n: int, k: int, block: tuple[int, int], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 ``x``, a block-quantized weight whose blocks differ in magnitude by up to ~100x
+    (so a scale read from the wrong block is a large error) and a bf16 bias."""
+    gen = torch.Generator().manual_seed(seed)
+    bn, bk = block
+    mag = torch.exp(torch.randn(-(-n // bn), -(-k // bk), generator=gen) * 1.5)
+    full = (
+        torch.randn(n, k, generator=gen)
+        * 0.05
+        * mag.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    )
+    w, s = quantize_block(full, block)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    return x, w, s, (torch.randn(n, generator=gen) * 0.1).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,block,block_k,split",
+    [
+        (1, 64, 256, (32, 64), 32, 4),  # two steps per scale block, slices across blocks
+        (1, 64, 256, (32, 64), 64, 1),  # one launch
+        (5, 48, 192, (8, 64), 32, 2),  # two N blocks per 16-column tile
+        (3, 40, 160, (32, 32), 32, 3),  # partial last N block, ragged K slices (a step past K)
+        (17, 96, 128, (32, 128), 32, 2),  # two M tiles
+    ],
+)
+@pytest.mark.parametrize("a8", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_block_scales_match_reference(
+    m: int, n: int, k: int, block: tuple[int, int], block_k: int, split: int, a8: bool, with_bias: bool
+) -> None:
+    x, w, s, bias = _block_problem(m, n, k, block, seed=m + n + k + split)
+    b = bias if with_bias else None
+    cfg = Fp8SplitKConfig(16, 16, block_k, split, 2, 4, a8=a8)
+    out = fp8_linear_splitk(
+        x.to(DEVICE),
+        w.to(DEVICE),
+        s.to(DEVICE),
+        None if b is None else b.to(DEVICE),
+        config=cfg,
+        block_size=block,
+    )
+    deq_w = dequantize(w, s, block)
+    if a8:  # on the kernel's own quantized activations (see the w8a8 test above)
+        xq, xs = per_token_quant_fp8(x.to(DEVICE))
+        ref = dequantize(xq.cpu(), xs.cpu()) @ deq_w.t()
+    else:
+        ref = x.float() @ deq_w.t()
+    if b is not None:
+        ref = ref + b.float()
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(out.cpu().float(), ref, atol=1e-2 * scale, rtol=2e-2)
+    if not a8:  # the engine's reference for a weight-only block layer
+        want = fp8_linear_reference(x, w, s, b, block_size=block, quantize_input=False)
+        torch.testing.assert_close(out.cpu(), want, atol=1e-2 * scale, rtol=2e-2)
+
+
+def test_block_scales_reject_a_block_k_that_crosses_blocks() -> None:
+    x, w, s, _ = _block_problem(2, 32, 128, (32, 32), seed=1)
+    with pytest.raises(ValueError, match="must divide"):
+        fp8_linear_splitk(x, w, s, config=Fp8SplitKConfig(16, 16, 64, 1, 2, 4), block_size=(32, 32))
+    with pytest.raises(ValueError, match="block scale must be"):
+        fp8_linear_splitk(x, w, s[:, :2], config=Fp8SplitKConfig(16, 16, 32, 1, 2, 4), block_size=(32, 32))
+    # the default config's block_k shrinks to the scale block's
+    out = fp8_linear_splitk(x.to(DEVICE), w.to(DEVICE), s.to(DEVICE), block_size=(32, 32))
+    want = fp8_linear_reference(x, w, s, block_size=(32, 32), quantize_input=False)
+    torch.testing.assert_close(out.cpu(), want, atol=2e-2, rtol=2e-2)
 
 
 def test_default_config_splits_k_for_skinny_shapes() -> None:
@@ -208,3 +280,50 @@ def test_emulation_follows_the_weight_only_decode_paths() -> None:
     method.splitk_by_m = ()
     method.triton_for_decode = True
     assert torch.equal(layer(x), w8a16)
+
+
+def test_block_layers_take_split_k_for_decode_where_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block-scaled layer whose shape is in ``SPLITK_BLOCK_FASTER`` runs decode steps through
+    the split-K GEMM with its block scales (w8a16, ``block_k`` inside a scale block), larger
+    steps through the weight-only Triton kernel; a shape not in it keeps that kernel for all."""
+    from surge.kernels import fp8_gemm_splitk
+    from surge.layers.linear import ReplicatedLinear
+    from surge.quant import fp8_linear
+    from surge.quant.config import Fp8Config
+
+    gen = torch.Generator().manual_seed(5)
+    block = (32, 32)
+    calls: list[Fp8SplitKConfig] = []
+    real = fp8_gemm_splitk.fp8_linear_splitk
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(kwargs["config"])  # type: ignore[arg-type]
+        assert kwargs["block_size"] == block
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fp8_gemm_splitk, "fp8_linear_splitk", spy)
+    # a measured channel config for this shape at bucket 1, with a w8a8 mode and a block_k
+    # larger than the scale block: the block path keeps its tiles but w8a16 and block_k 32
+    monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", {(64, 128): {1: (16, 32, 64, 2, 2, 4, True)}})
+    for faster in (frozenset({(64, 128)}), frozenset()):
+        monkeypatch.setattr(fp8_linear, "SPLITK_BLOCK_FASTER", faster)
+        layer = ReplicatedLinear(128, 64, dtype=torch.bfloat16).to(DEVICE)
+        layer.weight.data.copy_(torch.randn(64, 128, generator=gen) * 0.05)
+        method = fp8_linear.Fp8LinearMethod(Fp8Config("block", False, block), emulate=False)
+        method.process_weights(layer)
+        layer.quant_method = method
+        calls.clear()
+        for m in (1, 3, fp8_linear.SPLITK_MAX_M + 1):
+            x = torch.randn(m, 128, generator=gen).to(torch.bfloat16)
+            want = fp8_linear_reference(
+                x, layer.weight.cpu(), layer.weight_scale.cpu(), block_size=block, quantize_input=False
+            )
+            torch.testing.assert_close(layer(x.to(DEVICE)).cpu(), want, atol=2e-2, rtol=2e-2)
+        if faster:
+            assert calls == [
+                Fp8SplitKConfig(16, 32, 32, 2, 2, 4, False),
+                fp8_linear.block_splitk_config(3, 64, 128, block),
+            ]
+            assert all(not c.a8 and block[1] % c.block_k == 0 for c in method.block_splitk_by_m)
+        else:
+            assert calls == [] and method.block_splitk_by_m == ()

@@ -109,6 +109,38 @@ def test_fp8_splitk_gemm_real_shapes(layer: str, m: int, a8: bool) -> None:
         assert _rel_err(got, want) < 1e-2, cfg
 
 
+@pytest.mark.parametrize("layer", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 5, 16, 64])
+def test_fp8_splitk_block_gemm_real_shapes(layer: str, m: int) -> None:
+    """The split-K GEMM with 128 x 128 block scales (FP8 checkpoints' decode path) against the
+    torch reference, with the engine's tiles and with split / ragged / w8a8 variants."""
+    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, fp8_linear_splitk
+    from surge.kernels.fp8_quant import per_token_quant_fp8
+    from surge.quant.fp8 import dequantize
+    from surge.quant.fp8_linear import block_splitk_config
+
+    n, k = SHAPES[layer]
+    block = (128, 128)
+    # blocks of very different magnitudes: a scale read from the wrong block is a large error
+    mag = torch.exp(torch.randn(n // 128, k // 128, device="cuda") * 1.5)
+    w = torch.randn(n, k, device="cuda") * 0.02 * mag.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 0.1
+    wb, sb = quantize_block(w, block)
+    deq = dequantize(wb, sb, block)
+    xq, xs = per_token_quant_fp8(x)
+    block_m = 16 if m <= 16 else 64
+    for cfg in (
+        block_splitk_config(m, n, k, block),
+        Fp8SplitKConfig(block_m, 64, 128, 8, 4, 4),
+        Fp8SplitKConfig(block_m, 32, 64, 3, 3, 4),  # ragged K slices, two steps per block
+        Fp8SplitKConfig(block_m, 64, 128, 4, 4, 4, a8=True),
+    ):
+        got = fp8_linear_splitk(x, wb, sb, bias, config=cfg, block_size=block)
+        want = (dequantize(xq, xs) if cfg.a8 else x.float()) @ deq.t() + bias.float()
+        assert _rel_err(got, want) < 1e-2, cfg
+
+
 def test_fp8_kv_write_and_attention_real_shapes() -> None:
     from surge.kernels.kv_write import fused_qk_norm_rope_kv_write
     from surge.kernels.paged_attention import paged_attention
@@ -191,6 +223,17 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
                 m.quant_method.splitk_by_m = tuple(
                     default_splitk_config(t, n, k) for t in range(SPLITK_MAX_M + 1)
                 )
+    if kw.pop("block_splitk_decode", False):  # as if SPLITK_BLOCK_FASTER held every shape
+        from surge.quant.fp8_linear import SPLITK_MAX_M, block_splitk_config
+
+        for m in runner.model.modules():
+            if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
+                n, k = m.weight.shape
+                bs = m.quant_method.block_size
+                assert bs is not None
+                m.quant_method.block_splitk_by_m = tuple(
+                    block_splitk_config(max(t, 1), n, k, bs) for t in range(SPLITK_MAX_M + 1)
+                )
     if kw.pop("triton_decode", False):
         for m in runner.model.modules():
             if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
@@ -222,6 +265,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
         {"quantization": "fp8", "kv": "fp8"},
         {"kv": "fp8"},
         {"checkpoint": True},
+        {"checkpoint": True, "block_splitk_decode": True},
     ],
     ids=[
         "fp8-weights",
@@ -230,6 +274,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
         "fp8-weights-kv",
         "fp8-kv",
         "fp8-block-checkpoint",
+        "fp8-block-checkpoint-splitk-decode",
     ],
 )
 def test_qwen3_8b_shape_fp8_logits_close_to_bf16(tmp_path: Path, mode: dict[str, object]) -> None:
