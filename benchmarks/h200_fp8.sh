@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue 13's FP8 runs on the GPU host (H200), one step per call, each resumable. Usage, from the
+# repository root:
+#   benchmarks/h200_fp8.sh MODEL_DIR RUNS STEP [STOP_AFTER_S]
+# MODEL_DIR: Qwen3-8B's folder (config + tokenizer; dummy weights), e.g. .assets/qwen3-8b.
+# RUNS: where the results go, e.g. /tmp/fp8runs (one folder or file per step).
+# The GPU is the one CUDA_VISIBLE_DEVICES names: two steps can run at once on two GPUs.
+# STEPs:
+#   surge-fp8      the 30-point matrix, Surge --quantization fp8 (port 8240)      -> RUNS/surge-fp8/
+#   surge-fp8-kv8  the same with --kv-cache-dtype fp8 (port 8242)                 -> RUNS/surge-fp8-kv8/
+#   vllm-fp8       vLLM 0.26 --quantization fp8 (port 8241; benchmarks/peers/vllm.sh, vLLM
+#                  installed in /tmp/site first)                                  -> RUNS/vllm-fp8/
+#   sweep          the split-K sweep at M = 2, 4, 8, 32, 64 (about 1.5 min), merged with the
+#                  committed M = 1, 16 results, then the table and SPLITK_MEASURED
+#                                        -> RUNS/fp8_sweep.json, fp8_sweep.txt, fp8_emit.txt
+#   gemm           every FP8 GEMM path per shape and M (about 1 min); prints TRITON_FASTER and
+#                  SPLITK_BLOCK_FASTER                                   -> RUNS/fp8_gemm_bench.txt
+#   tests          the FP8 GPU tests                                     -> RUNS/gpu-tests.txt
+# A matrix step starts a fresh server and, when RUNS/STEP/summary.json exists, adds --resume:
+# rerun the same command to finish a matrix that STOP_AFTER_S (default 380: no new point after
+# that many seconds of matrix time) cut. Every matrix must end with 30/30 points at exact lengths.
+set -euo pipefail
+if [ $# -lt 3 ]; then
+  echo "usage: h200_fp8.sh MODEL_DIR RUNS {surge-fp8|surge-fp8-kv8|vllm-fp8|sweep|gemm|tests} [STOP_AFTER_S]" >&2
+  exit 2
+fi
+model="$1"; runs="$2"; step="$3"; stop="${4:-380}"
+mkdir -p "$runs"
+here="$(cd "$(dirname "$0")" && pwd)"
+
+matrix_args() {  # matrix_args DIR: the common matrix flags, with --resume when DIR has a summary
+  local args=(--preset official-8b --stop-after "$stop")
+  [ -f "$1/summary.json" ] && args+=(--resume)
+  echo "${args[@]}"
+}
+
+case "$step" in
+  surge-fp8)
+    # shellcheck disable=SC2046
+    bash "$here/h200.sh" --port 8240 --quantization fp8 "$model" "$runs/$step" 1 \
+      $(matrix_args "$runs/$step") --label surge-fp8
+    ;;
+  surge-fp8-kv8)
+    # shellcheck disable=SC2046
+    bash "$here/h200.sh" --port 8242 --quantization fp8 --kv-cache-dtype fp8 "$model" "$runs/$step" 1 \
+      $(matrix_args "$runs/$step") --label surge-fp8-kv8
+    ;;
+  vllm-fp8)
+    # shellcheck disable=SC2046
+    bash "$here/peers/vllm.sh" --port 8241 --quantization fp8 "$model" "$runs/$step" $(matrix_args "$runs/$step")
+    ;;
+  sweep)
+    [ -f "$runs/fp8_sweep.json" ] || cp "$here/results/h200-qwen3-8b-fp8/fp8_sweep.json" "$runs/fp8_sweep.json"
+    PYTHONPATH=. python3 "$here/fp8_gemm_bench.py" --sweep --m 2 4 8 32 64 --json "$runs/fp8_sweep.json" \
+      2>&1 | tee -a "$runs/fp8_sweep.txt"
+    PYTHONPATH=. python3 "$here/fp8_gemm_bench.py" --emit "$runs/fp8_sweep.json" | tee "$runs/fp8_emit.txt"
+    ;;
+  gemm)
+    PYTHONPATH=. python3 "$here/fp8_gemm_bench.py" --m 1 2 4 8 16 64 512 2>&1 | tee "$runs/fp8_gemm_bench.txt"
+    ;;
+  tests)
+    python3 -m pytest -q -p no:cacheprovider -o timeout=0 -rA --tb=short \
+      tests/quant/test_fp8_gpu.py tests/kernels/test_fp8_gemm_splitk.py 2>&1 | tee "$runs/gpu-tests.txt"
+    ;;
+  *)
+    echo "h200_fp8.sh: unknown step $step" >&2; exit 2 ;;
+esac
