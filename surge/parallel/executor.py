@@ -97,6 +97,9 @@ class TPExecutor:
         config: the engine configuration (``parallel.tensor_parallel_size > 1``).
         log_level: ``logging`` level of the workers.
         start_timeout_s: longest wait for the workers to load and size the KV pool.
+        step_timing_path: each rank writes its per-step timing to
+            ``{step_timing_path}.rank{rank}.jsonl`` when it shuts down
+            (``benchmarks/tp_step_timing.py``); None: no timing.
 
     Attributes:
         num_kv_blocks: the pool size every rank can hold (MIN over ranks).
@@ -107,7 +110,11 @@ class TPExecutor:
     """
 
     def __init__(
-        self, config: EngineConfig, log_level: int = logging.INFO, start_timeout_s: float = 3600.0
+        self,
+        config: EngineConfig,
+        log_level: int = logging.INFO,
+        start_timeout_s: float = 3600.0,
+        step_timing_path: str | None = None,
     ) -> None:
         pc = config.parallel
         self.config = config
@@ -142,6 +149,7 @@ class TPExecutor:
                     result_address=ep.result_connect,
                     parent_pid=os.getpid(),
                     log_level=log_level,
+                    step_timing_path=step_timing_path,
                 )
                 proc = mp.Process(target=run_worker, args=(config, spec), name=f"surge-tp{rank}", daemon=True)
                 proc.start()

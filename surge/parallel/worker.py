@@ -43,6 +43,7 @@ from surge.parallel.messages import (
     WorkerReady,
     WorkerStartupError,
 )
+from surge.parallel.step_clock import StepClock
 from surge.parallel.step_codec import StepDecoder
 
 logger = logging.getLogger("surge.parallel.worker")
@@ -64,6 +65,9 @@ class WorkerSpec:
         result_address: ZMQ address of the engine's result socket (PULL).
         parent_pid: the process whose death ends this worker (None: do not check).
         log_level: ``logging`` level of this process.
+        step_timing_path: where to write this rank's per-step timing
+            (:class:`~surge.parallel.step_clock.StepClock`, ``{path}.rank{rank}.jsonl``) when
+            it shuts down; None (the default): no timing.
     """
 
     rank: int
@@ -74,6 +78,7 @@ class WorkerSpec:
     result_address: str
     parent_pid: int | None
     log_level: int = logging.INFO
+    step_timing_path: str | None = None
 
 
 def _one_line(e: BaseException) -> str:
@@ -233,17 +238,26 @@ def _loop(
     steps = StepDecoder(frozenset(config.model.eos_token_ids))
     send_results = spec.rank == 0
     pending: tuple[int, Any, bool] | None = None  # (step, handle, always answer) launched, not resolved
+    clock = None
+    if spec.step_timing_path is not None:
+        clock = StepClock(spec.rank, spec.local_device.startswith("cuda"))
 
     def resolve() -> None:
         nonlocal pending
         assert pending is not None
         step, handle, always = pending
         pending = None
+        if clock is not None:
+            clock.resolving(step)
         out = handle.result()
+        if clock is not None:
+            clock.resolved(step)
         ids = list(out.sampled_token_ids.values())
         if send_results and (ids or always):
             result = StepResult(step, ids, out.logprobs, out.prompt_logprobs)
             push.send(encoder.encode(result), copy=False)
+            if clock is not None:
+                clock.sent(step)
 
     while True:
         if pending is not None:
@@ -264,8 +278,14 @@ def _loop(
                     raise _EngineGone
         msg = decoder.decode(sub.recv(copy=False).buffer)
         if isinstance(msg, StepMessage):
+            if clock is not None:
+                clock.received(msg.step)
             so = steps.decode(msg)
+            if clock is not None:
+                clock.launching()
             handle = runner.execute_async(so)
+            if clock is not None:
+                clock.launched(handle)
             if pending is not None:
                 resolve()
             if msg.any_prompt_logprobs or any(s.sample for s in msg.scheduled):
@@ -279,4 +299,6 @@ def _loop(
             runner.init_kv_cache(msg.num_blocks)
             push.send(encoder.encode(KVCacheReady(spec.rank)))
         elif isinstance(msg, ShutdownWorkers):
+            if clock is not None and spec.step_timing_path is not None:
+                clock.write(f"{spec.step_timing_path}.rank{spec.rank}.jsonl")
             return

@@ -137,6 +137,12 @@ class StepHandle:
         """Whether the sampled ids are on the host (:meth:`result` would not wait)."""
         return self._ready is None or self._ready.query()
 
+    @property
+    def launch_times(self) -> tuple[float, float, float]:
+        """``time.perf_counter()`` seconds at which :meth:`ModelRunner.execute_async` started,
+        had its inputs prepared, and had launched the step (for step-timing tools)."""
+        return self._times
+
     def sampled_token_ids(self) -> dict[str, int]:
         """Wait for the step's sampled ids only (not for :meth:`result`'s bookkeeping) and
         return them by request id; may be called any number of times, before or after
