@@ -9,18 +9,25 @@ process, one after the other. Per decode step it records:
   ``publish_ms`` (TP: the step message and its ZMQ broadcast), ``launch_ms`` (TP=1: the
   runner's ``execute_async``), ``advance_ms``, ``result_wait_ms`` (waiting for the previous
   step's sampled ids), ``update_ms`` (the scheduler's update and the rest of the call);
-- the model side (TP: worker rank 0 and the others, from ``--tp-timing`` files written by
-  :class:`surge.parallel.step_clock.StepClock`; TP=1: the same marks taken in process):
-  ``bcast_ms`` (engine starts the publish -> worker has read the message), ``decode_ms`` (message -> SchedulerOutput),
+- the model side (TP: every worker rank, from the files its
+  :class:`surge.parallel.step_clock.StepClock` writes when the executor is built with
+  ``step_timing_path``; TP=1: the same marks taken in process): ``bcast_ms`` (the engine starts
+  the publish -> the worker has read the message), ``decode_ms`` (message -> SchedulerOutput),
   ``prepare_ms`` and ``launch_ms`` (the runner's input preparation and kernel / graph launch),
-  ``ids_wait_ms`` (blocked on the sampled ids), ``result_ms`` (rank 0 has the ids -> the engine has its StepResult),
-  and on CUDA ``gpu_ms`` (device span of the step, CUDA events around ``execute_async``) and
-  ``gpu_gap_ms`` (device idle before the step: near 0 when the host keeps ahead of the GPU).
+  ``ids_wait_ms`` (blocked on the sampled ids), ``result_ms`` (rank 0 has the ids -> the engine
+  has its StepResult), ``launch_skew_ms`` (rank r > 0: how much later than rank 0 it finished
+  launching the step; a rank that launches late holds the others in the step's first
+  collective), and on CUDA ``gpu_ms`` and ``gpu_gap_ms``: CUDA events just before and just
+  after ``execute_async`` give the device span of the step (its input copies to the copy of its
+  sampled ids) and the device's idle time before it (from the previous step's end event). When
+  the host keeps ahead (``gpu_gap_ms`` near 0), ``gpu_ms`` is the step's device time; when the
+  device waits on the host, the wait shows in ``gpu_gap_ms`` and, for launches that trail the
+  device within the step, in ``gpu_ms``.
 
 Output: JSON lines (``kind`` = ``engine``, ``worker`` or ``summary``; the summary holds the
 medians and p90s of every field) to ``--json`` and the summaries to stdout.
 
-GPU (two GPUs, Qwen3-8B dummy weights, about 40 s):
+GPU (two GPUs, Qwen3-8B dummy weights, about 40 s; TP=1 runs on GPU 0):
 
     python3 benchmarks/tp_step_timing.py .assets/models/qwen3-8b --tp 1,2 --steps 200 --json OUT.jsonl
 
@@ -214,6 +221,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         engine_rows.append(row)
     first_step = calls[1 + args.warmup]["launch"]["step"] if len(calls) > 1 + args.warmup else 0
     worker_rows: list[dict[str, Any]] = []
+    rank0_launched = {w["step"]: w.get("t_returned") for w in worker_recs if w["rank"] == 0}
     for w in worker_recs:
         if w["step"] < first_step:
             continue
@@ -231,6 +239,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
             "result_ms": _ms(w.get("t_ids"), lr.get("t_result")) if lr and w.get("t_sent") else None,
             "gpu_ms": round(w["gpu_ms"], 4) if "gpu_ms" in w else None,
             "gpu_gap_ms": round(w["gpu_gap_ms"], 4) if "gpu_gap_ms" in w else None,
+            "launch_skew_ms": _ms(rank0_launched.get(w["step"]), w.get("t_returned")) if w["rank"] else None,
         }
         worker_rows.append(row)
     records += engine_rows + worker_rows
@@ -270,6 +279,7 @@ def main() -> None:
     p.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--tp-all-reduce", choices=("auto", "nccl"), default="auto")
     p.add_argument("--json", default=None, help="write every record here (JSON lines)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="longest run of one configuration")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child: run --tp here
     args = p.parse_args()
     try:
@@ -286,7 +296,10 @@ def main() -> None:
     for tp in sizes:
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--tp", str(tp), "--one"]
         cmd = [c for i, c in enumerate(cmd) if not (c == "--json" or (i and cmd[i - 1] == "--json"))]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout_s)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"error: the TP={tp} run did not finish within {args.timeout_s:.0f} s")
         if proc.returncode != 0:
             sys.exit(f"error: the TP={tp} run failed (exit code {proc.returncode})")
         for line in proc.stdout.splitlines():

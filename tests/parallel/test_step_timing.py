@@ -88,6 +88,7 @@ def test_tp_step_timing_cpu(tmp_path: Path) -> None:
     assert "encode_ms" in two["engine"] and "publish_ms" in two["engine"]
     assert "bcast_ms" in two["rank0"] and "bcast_ms" in two["rank1"]
     assert "result_ms" in two["rank0"] and "result_ms" not in two["rank1"]  # rank 0 answers
+    assert "launch_skew_ms" in two["rank1"] and "launch_skew_ms" not in two["rank0"]
     workers = [r for r in recs if r["kind"] == "worker" and r["tp"] == 2]
     assert {r["rank"] for r in workers} == {0, 1}
     assert all(r["gpu_ms"] is None for r in workers)  # CPU: no CUDA events
