@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Prefill and TTFT on the GPU host (issue 14), Qwen3-8B with dummy bf16 weights. Stages (each well
 # under 10 minutes; `all` runs them in order):
-#   tests    the prefill attention GPU tests (new kernel, backend selection, paged kernel, runner);
+#   tests    the prefill attention GPU tests (new kernel, backend selection, paged kernel, runner)
+#            and the decode-form GPU tests (small prefill / mixed steps through the decode graphs);
 #   kernels  prefill_attention_bench.py: the paged kernel against the prefill kernel at 1x4096,
 #            2x4096, 8x1024, 4096 over a 4096 prefix, 1x8192 (tile sweep), and short chunks over a
 #            4096 prefix (where the prefill kernel starts to win);
 #   profile  profile_decode.py --prefill at 4096 and 8192 tokens (per-kernel time of one step);
 #   serve    a fresh `surge serve` (the flags of benchmarks/h200.sh): ttft_check.py (a fresh
 #            4096-token prompt at C1, then the same prompt again: TTFT and the prefix-cache hit
-#            count), then `surge bench serve` at C1/I4096/O256 and C4/I4096/O256.
+#            count; the cached prompt's last block replays a decode graph in decode form), the
+#            same for a 32-token prompt (a short prompt's first step), then `surge bench serve`
+#            at C1/I4096/O256, C4/I4096/O256 and C1/I32/O256 (short-prompt TTFT).
 # Usage (from the repository root): benchmarks/h200_prefill.sh MODEL_DIR OUT_DIR [STAGE]
 set -uo pipefail
 model="$1"; out="$2"; stage="${3:-all}"
@@ -19,7 +22,8 @@ git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   python3 -m pytest -q tests/kernels/test_prefill_attention.py tests/kernels/test_triton_attention_backend.py \
-    tests/kernels/test_paged_attention.py tests/worker/test_prefill_kernel_runner_cpu.py 2>&1 | tail -n 30 \
+    tests/kernels/test_paged_attention.py tests/worker/test_prefill_kernel_runner_cpu.py \
+    tests/worker/test_decode_form_gpu.py tests/worker/test_decode_form_cpu.py 2>&1 | tail -n 30 \
     | tee "$out/gpu_tests.txt"
 fi
 if [ "$stage" = kernels ] || [ "$stage" = all ]; then
@@ -48,10 +52,16 @@ if [ "$stage" = serve ] || [ "$stage" = all ]; then
   done
   python3 benchmarks/ttft_check.py --base-url http://127.0.0.1:$port --input-len 4096 --rounds 5 \
     --out "$out/ttft_4096.json" 2>&1 | tee "$out/ttft_4096.txt"
+  python3 benchmarks/ttft_check.py --base-url http://127.0.0.1:$port --input-len 32 --rounds 10 \
+    --out "$out/ttft_32.json" 2>&1 | tee "$out/ttft_32.txt"
   for c in 1 4; do
     python3 -m surge.cli bench serve --base-url http://127.0.0.1:$port --tokenizer "$model" \
       --input-len 4096 --output-len 256 --num-prompts $((c * 2)) --max-concurrency $c --ignore-eos \
       --disable-tqdm --label "C${c}_I4096_O256" --result-file "$out/C${c}_I4096_O256.json" 2>&1 | tail -n 25 \
       | tee "$out/C${c}_I4096_O256.txt"
   done
+  python3 -m surge.cli bench serve --base-url http://127.0.0.1:$port --tokenizer "$model" \
+    --input-len 32 --output-len 256 --num-prompts 8 --max-concurrency 1 --ignore-eos \
+    --disable-tqdm --label "C1_I32_O256" --result-file "$out/C1_I32_O256.json" 2>&1 | tail -n 25 \
+    | tee "$out/C1_I32_O256.txt"
 fi

@@ -4,7 +4,9 @@ A pure-decode step (every scheduled request has one new token) of ``B`` sequence
 the graph of the smallest bucket ``Bk >= B`` (buckets 1, 2, 4, 8, then steps of 8 up to
 ``max_num_seqs``), with the inputs padded to ``Bk`` rows (see
 :class:`surge.worker.input_batch.PreparedInputs`: padding tokens write no K/V, padding
-sequences have ``q_len`` 0 and read nothing). Mixed prefill/decode steps run eagerly.
+sequences have ``q_len`` 0 and read nothing). A small prefill or mixed step of ``T`` tokens
+replays the graph of bucket ``>= T`` in decode form (one decode row per token, see
+:mod:`surge.worker.decode_form`); larger steps run eagerly.
 
 What a graph holds: the model forward from the embedding through the decoder layers to
 the final norm, output ``hidden [Bk, hidden_size]``. The LM head and the sampler stay

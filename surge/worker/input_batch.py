@@ -19,6 +19,7 @@ import torch
 
 from surge.core.outputs import SchedulerOutput
 from surge.request import Request
+from surge.worker.decode_form import DecodeFormPolicy
 
 
 class _Row:
@@ -125,8 +126,16 @@ class PreparedInputs:
     ``q_len`` 0 (``query_start_loc`` repeats ``num_tokens``) and ``seq_len`` 0, so
     attention neither reads nor writes the cache for them.
 
+    In decode form (:mod:`surge.worker.decode_form`: a small prefill or mixed step padded to
+    a decode-graph bucket) the token rows are laid out as usual, but each token is a
+    sequence of its own: ``num_seqs == num_tokens``, ``query_start_loc`` is ``0..T``, the
+    ``seq_len`` of token ``j`` at position ``p_j`` is ``p_j + 1``, its block-table row is its
+    request's, and ``max_query_len`` is 1. ``logits_indices`` and ``pending_idx`` are token
+    rows, the same in both layouts.
+
     Attributes:
-        num_tokens, num_seqs: real tokens and sequences.
+        num_tokens, num_seqs: real tokens and sequences (in decode form, sequences are
+            the ``num_tokens`` decode rows).
         padded_tokens, padded_seqs: rows of the token and sequence tensors (>= the real counts).
         token_i64: ``[3, padded_tokens]`` int64 rows: input ids, positions, slot mapping
             (each row contiguous and 16-byte aligned; the row stride may be one longer).
@@ -145,6 +154,7 @@ class PreparedInputs:
         pending_identity: both rows of ``pending_idx`` are ``0..P-1`` (one contiguous copy).
         min_query_len: the shortest q_len over the real sequences (host int; 1 in a pure
             decode step, where it is not computed).
+        decode_form: the step is laid out in decode form (see above).
     """
 
     num_tokens: int
@@ -164,6 +174,7 @@ class PreparedInputs:
     pending_idx: torch.Tensor | None = None
     pending_identity: bool = False
     min_query_len: int = 1
+    decode_form: bool = False
 
     @property
     def num_pending(self) -> int:
@@ -240,15 +251,18 @@ class InputPreparer:
         scheduler_output: SchedulerOutput,
         pad_decode: Callable[[int], int | None] | None = None,
         pending_rows: dict[str, int] | None = None,
+        decode_form: DecodeFormPolicy | None = None,
     ) -> PreparedInputs:
         """Lay out the step's tokens back to back and copy them to the device.
 
         Request ``i`` contributes tokens ``[num_computed_tokens, num_computed_tokens +
         num_new_tokens)`` of its prompt + output. When every request has one new token
         and ``pad_decode(num_seqs)`` returns a bucket size, tokens and sequences are padded
-        to it (see :class:`PreparedInputs`). A decode token one past the known tokens is
-        pending (asynchronous scheduling): ``pending_rows`` maps its request to the row of
-        the previous step's sampled ids that holds it.
+        to it (see :class:`PreparedInputs`). Otherwise, when ``decode_form`` allows the step
+        and ``pad_decode(num_tokens)`` returns a bucket, the step is laid out in decode form
+        (one sequence per token) and padded to that bucket. A decode token one past the
+        known tokens is pending (asynchronous scheduling): ``pending_rows`` maps its request
+        to the row of the previous step's sampled ids that holds it.
 
         Raises:
             ValueError: the step exceeds ``max_num_batched_tokens`` / ``max_num_seqs``, a
@@ -310,9 +324,17 @@ class InputPreparer:
             raise ValueError(f"a sequence of {int(seq_lens.max())} tokens exceeds max_model_len")
         max_query_len = int(q_lens.max())
         padded_seqs = num_seqs
+        in_decode_form = False
         if max_query_len == 1 and pad_decode is not None:
             padded_seqs = pad_decode(num_seqs) or num_seqs
-        padded_tokens = num_tokens + padded_seqs - num_seqs
+        elif pad_decode is not None and decode_form is not None and decode_form.allows(q_lens, seq_lens):
+            bucket = pad_decode(num_tokens)
+            if bucket is not None:
+                in_decode_form = True
+                padded_seqs = bucket
+        # Rows of the per-sequence tensors: one per token in decode form.
+        num_rows = num_tokens if in_decode_form else num_seqs
+        padded_tokens = num_tokens + padded_seqs - num_rows
         slots, known = self.rows.slots(requests)
         for i in np.flatnonzero(known < num_blocks):
             req = requests[int(i)]
@@ -335,12 +357,12 @@ class InputPreparer:
         off_seq = _round_up(8 * num_i64, 16)
         seq_row = _round_up(s + 1, 4)
         off_bt = off_seq + 8 * seq_row
-        used = off_bt + 4 * num_seqs * width
+        used = off_bt + 4 * num_rows * width
         buf = self._host_np
         tok = buf[: 8 * num_i64].view(np.int64)
         tok_rows = tok[: 3 * tr].reshape(3, tr)[:, :t]
         seq = buf[off_seq:off_bt].view(np.int32).reshape(2, seq_row)
-        bt = buf[off_bt:used].view(np.int32).reshape(num_seqs, width)
+        bt = buf[off_bt:used].view(np.int32).reshape(num_rows, width)
 
         tok_rows[0, :num_tokens] = ids
         cu = np.empty(num_seqs + 1, dtype=np.int64)
@@ -351,17 +373,27 @@ class InputPreparer:
         else:
             positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(seq_lens - q_lens - cu[:-1], q_lens)
         tok_rows[1, :num_tokens] = positions
-        np.take(self.rows.pool[:, :width], slots, axis=0, out=bt, mode="clip")
-        bt[np.arange(width)[None, :] >= num_blocks[:, None]] = 0
         rows = np.repeat(np.arange(num_seqs), q_lens) if max_query_len > 1 else np.arange(num_seqs)
-        tok_rows[2, :num_tokens] = bt[rows, positions // bs].astype(np.int64) * bs + positions % bs
+        if in_decode_form:  # block-table row j is token j's request's row
+            np.take(self.rows.pool[:, :width], slots[rows], axis=0, out=bt, mode="clip")
+            bt[np.arange(width)[None, :] >= num_blocks[rows][:, None]] = 0
+            bt_rows = np.arange(num_tokens)
+        else:
+            np.take(self.rows.pool[:, :width], slots, axis=0, out=bt, mode="clip")
+            bt[np.arange(width)[None, :] >= num_blocks[:, None]] = 0
+            bt_rows = rows
+        tok_rows[2, :num_tokens] = bt[bt_rows, positions // bs].astype(np.int64) * bs + positions % bs
         if padded_tokens > num_tokens:
             tok_rows[:2, num_tokens:] = 0
             tok_rows[2, num_tokens:] = -1
-        seq[0, : num_seqs + 1] = cu
-        seq[0, num_seqs + 1 :] = num_tokens
-        seq[1, :num_seqs] = seq_lens
-        seq[1, num_seqs:] = 0
+        if in_decode_form:
+            seq[0, : num_tokens + 1] = np.arange(num_tokens + 1)
+            seq[1, :num_tokens] = positions + 1
+        else:
+            seq[0, : num_seqs + 1] = cu
+            seq[1, :num_seqs] = seq_lens
+        seq[0, num_rows + 1 :] = num_tokens
+        seq[1, num_rows:] = 0
         sample_arr = np.array(sample_idx, dtype=np.int64)
         tok[3 * tr : 3 * tr + num_sample] = cu[1:][sample_arr] - 1
         if num_pend:
@@ -376,14 +408,14 @@ class InputPreparer:
         identity = num_pend > 0 and pend_dst[-1] == num_pend - 1 and pend_src == pend_dst
         return PreparedInputs(
             num_tokens=num_tokens,
-            num_seqs=num_seqs,
+            num_seqs=num_rows,
             padded_tokens=padded_tokens,
             padded_seqs=padded_seqs,
             token_i64=tok_dev[: 3 * tr].view(3, tr)[:, :t],
             seq_i32=dev[off_seq:off_bt].view(torch.int32).view(2, seq_row),
-            block_table=dev[off_bt:used].view(torch.int32).view(num_seqs, width),
+            block_table=dev[off_bt:used].view(torch.int32).view(num_rows, width),
             logits_indices=tok_dev[3 * tr : 3 * tr + num_sample],
-            max_query_len=max_query_len,
+            max_query_len=1 if in_decode_form else max_query_len,
             max_seq_len=int(seq_lens.max()),
             query_start_loc_cpu=seq[0, : s + 1].tolist(),
             seq_lens_cpu=seq[1, :s].tolist(),
@@ -391,7 +423,8 @@ class InputPreparer:
             all_rows_sample=max_query_len == 1 and num_sample == num_seqs,
             pending_idx=tok_dev[3 * tr + num_sample :].view(2, num_pend) if num_pend else None,
             pending_identity=identity,
-            min_query_len=int(q_lens.min()) if max_query_len > 1 else 1,
+            min_query_len=int(q_lens.min()) if max_query_len > 1 and not in_decode_form else 1,
+            decode_form=in_decode_form,
         )
 
 

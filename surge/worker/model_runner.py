@@ -2,7 +2,9 @@
 
 The GPU hot path: inputs are prepared on the host with numpy into one pinned buffer and
 copied with one ``non_blocking`` copy (:mod:`surge.worker.input_batch`); pure-decode steps
-replay a CUDA graph of their batch-size bucket (:mod:`surge.worker.cuda_graph`); all-greedy
+replay a CUDA graph of their batch-size bucket (:mod:`surge.worker.cuda_graph`), and so do
+small prefill and mixed steps laid out as one decode row per token
+(:mod:`surge.worker.decode_form`; not when a request wants prompt logprobs); all-greedy
 batches sample with one argmax, and other batches reuse their sampling tensors while the
 batch composition is unchanged. The only host sync of a step is the copy of the sampled
 ids back. Logprobs (:mod:`surge.worker.logprobs`) are computed eagerly after the forward,
@@ -36,6 +38,7 @@ from surge.worker.cuda_graph import (
     decode_buckets,
     use_cuda_graphs,
 )
+from surge.worker.decode_form import DecodeFormPolicy
 from surge.worker.input_batch import InputPreparer, PreparedInputs
 from surge.worker.logprobs import PromptLogprobPlan, StepLogprobs
 from surge.worker.sampling_state import StepSampler
@@ -199,6 +202,8 @@ class ModelRunner:
             :meth:`init_kv_cache`.
         graph_runner: the decode CUDA graphs (None on CPU, with ``enforce_eager`` or a
             backend that is not graph safe); captured by :meth:`init_kv_cache`.
+        decode_form: which small prefill / mixed steps replay a decode graph in decode form
+            (used only with :attr:`graph_runner`; None: only pure decode steps do).
         last_timing: the :class:`StepTiming` of the last step when timing is on
             (:meth:`set_timing`), else None.
         defers_grammar_masks: a step's grammar mask is filled after its forward is
@@ -265,6 +270,7 @@ class ModelRunner:
                 sc.max_model_len,
                 capture_error_mode="thread_local" if self.tp_size > 1 else "global",
             )
+        self.decode_form: DecodeFormPolicy | None = DecodeFormPolicy(self.bytes_per_block // self.block_size)
         self.inputs = InputPreparer(
             self.device, self.max_num_tokens, self.max_num_seqs, self.block_size, sc.max_model_len
         )
@@ -614,11 +620,16 @@ class ModelRunner:
             return self._logits(inputs), inputs.sample_requests
 
     def _prepare(self, scheduler_output: SchedulerOutput) -> PreparedInputs:
-        pad = self.graph_runner.bucket_for if self.graph_runner is not None else None
-        return self.inputs.prepare(scheduler_output, pad, self._last_rows)
+        runner = self.graph_runner
+        if runner is None:
+            return self.inputs.prepare(scheduler_output, None, self._last_rows)
+        # Prompt logprobs need every prompt row's hidden state in the eager layout.
+        form = None if scheduler_output.any_prompt_logprobs else self.decode_form
+        return self.inputs.prepare(scheduler_output, runner.bucket_for, self._last_rows, form)
 
     def _graph_step(self, inputs: PreparedInputs) -> bool:
-        """Whether this step replays a decode graph (pure decode, padded to a bucket)."""
+        """Whether this step replays a decode graph (pure decode or decode form, padded to
+        a bucket)."""
         runner = self.graph_runner
         return runner is not None and inputs.max_query_len == 1 and inputs.padded_seqs in runner.buckets
 

@@ -1,0 +1,145 @@
+"""Decode form on a GPU (skipped without CUDA): small prefill and mixed steps replayed through
+the captured decode graphs give the greedy tokens of ``enforce_eager``, and a cached
+4096-token prompt's last block (16 rows over a 4096-token context, split-KV) is close to the
+torch reference at Qwen3-8B's shapes.
+
+Run on a GPU host: ``PYTHONPATH=. python3 -m pytest -p no:cacheprovider -o timeout=0 -m gpu
+tests/worker/test_decode_form_gpu.py``
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from surge.layers.torch_attention import TorchAttentionBackend
+from surge.sampling_params import SamplingParams
+from surge.worker.input_batch import PreparedInputs
+from surge.worker.model_runner import ModelRunner
+from tests.models.helpers import make_hf_model
+from tests.worker.helpers import drive
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+_REPO = Path(__file__).resolve().parents[2]
+_CANDIDATES = (
+    _REPO.parent / "shared" / "assets" / "models" / "qwen3-8b",
+    _REPO / "shared" / "assets" / "models" / "qwen3-8b",
+    _REPO / ".assets" / "qwen3-8b",
+)
+QWEN3_8B = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
+
+
+def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
+
+
+def _tokens(path: Path, batches: list[list[list[int]]], eager: bool, **kw: Any) -> tuple[list, list, int]:
+    """Greedy tokens of each batch in turn (one engine, async scheduling), the decode-form
+    steps' token counts, and the preemptions."""
+    from surge import LLM
+
+    llm = LLM(path, device="cuda", dtype="float32", async_scheduling=True, enforce_eager=eager, **kw)
+    runner = llm.engine.runner
+    forms: list[int] = []
+    if runner.graph_runner is not None:
+        run = runner.graph_runner.run
+
+        def logged_run(inputs: PreparedInputs) -> torch.Tensor:
+            if inputs.decode_form:
+                forms.append(inputs.num_tokens)
+            return run(inputs)
+
+        runner.graph_runner.run = logged_run  # type: ignore[method-assign]
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    out = [o.outputs[0].token_ids for batch in batches for o in llm.generate(batch, sp)]
+    preemptions = llm.engine.scheduler.get_stats().num_preemptions_total
+    del llm, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out, forms, preemptions
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["cached", "c1_short", "mixed_chunked_preempted"],
+)
+def test_greedy_tokens_with_graphs_equal_enforce_eager(tmp_path: Path, case: str) -> None:
+    pytest.importorskip("transformers")
+    path = make_hf_model("qwen3", tmp_path / "qwen3")
+    kw: dict[str, Any] = dict(max_model_len=256, max_num_seqs=32, num_kv_blocks=512)
+    if case == "cached":
+        p = _prompts(0, [64])[0]
+        batches = [[p], [p], [p + [7, 9, 11]]]
+    elif case == "c1_short":
+        batches = [[p] for p in _prompts(1, [5, 12, 1, 31, 2])]
+    else:
+        batches = [_prompts(2, [9, 40, 3, 27, 60, 14, 22, 5])]
+        kw.update(max_num_batched_tokens=24, num_kv_blocks=12)
+    graphs, forms, preempted = _tokens(path, batches, False, **kw)
+    eager, none, _ = _tokens(path, batches, True, **kw)
+    assert graphs == eager
+    assert forms and not none
+    if case == "cached":
+        assert forms == [16, 3]
+    if case == "mixed_chunked_preempted":
+        assert preempted > 0 and max(forms) > 4
+
+
+@pytest.mark.skipif(not QWEN3_8B.is_dir(), reason="needs ../shared/assets/models/qwen3-8b")
+def test_cached_4096_prompt_last_block_bf16_qwen3_8b_shape(tmp_path: Path) -> None:
+    """A 4112-token prompt in chunks of 512: its last chunk is 16 tokens over a 4096-token
+    context (a cached 4096-token prompt's last block), replayed in decode form."""
+    cfg = json.loads((QWEN3_8B / "config.json").read_text())
+    cfg["num_hidden_layers"] = 4
+    model_dir = tmp_path / "qwen3-8b-4l"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+
+    def runner(eager: bool, torch_backend: bool) -> ModelRunner:
+        mc = ModelConfig.from_pretrained(model_dir, dtype="bfloat16", load_format="dummy", max_model_len=8192)
+        ec = EngineConfig(
+            model=mc,
+            cache=CacheConfig(block_size=16, num_kv_blocks=1024),
+            scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=8192),
+            device="cuda",
+            enforce_eager=eager,
+        )
+        r = ModelRunner(ec, TorchAttentionBackend() if torch_backend else None)
+        r.init_kv_cache(1024)
+        return r
+
+    graph = runner(False, False)
+    reference = runner(True, True)
+    assert graph.graph_runner is not None
+    forms: list[int] = []
+    run = graph.graph_runner.run
+
+    def logged_run(inputs: PreparedInputs) -> torch.Tensor:
+        if inputs.decode_form:
+            forms.append(inputs.num_tokens)
+        return run(inputs)
+
+    graph.graph_runner.run = logged_run  # type: ignore[method-assign]
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> None:
+        err = (a - b).abs().max().item()
+        scale = b.abs().max().item()
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
+        assert err <= 0.05 * scale + 1e-3, (err, scale)
+        assert cos > 0.995, cos
+
+    prompt = [(7 * j + 3) % 150000 for j in range(4112)]
+    drive([graph, reference], [prompt, [5, 6, 7]], [0, 9], 4, close)
+    assert 16 in forms, forms
