@@ -18,7 +18,8 @@
 #   tests          the FP8 GPU tests                                     -> RUNS/gpu-tests.txt
 # A matrix step starts a fresh server and, when RUNS/STEP/summary.json exists, adds --resume:
 # rerun the same command to finish a matrix that STOP_AFTER_S (default 380: no new point after
-# that many seconds of matrix time) cut. Every matrix must end with 30/30 points at exact lengths.
+# that many seconds of matrix time) cut; once all 30 points succeeded it exits at once, starting
+# nothing. Every matrix must end with 30/30 points at exact lengths.
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: h200_fp8.sh MODEL_DIR RUNS {surge-fp8|surge-fp8-kv8|vllm-fp8|sweep|gemm|tests} [STOP_AFTER_S]" >&2
@@ -27,6 +28,17 @@ fi
 model="$1"; runs="$2"; step="$3"; stop="${4:-380}"
 mkdir -p "$runs"
 here="$(cd "$(dirname "$0")" && pwd)"
+
+complete() {  # complete DIR: the matrix in DIR has every planned point successful
+  [ -f "$1/summary.json" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); \
+sys.exit(0 if d['num_successful'] == d['num_planned_points'] else 1)" "$1/summary.json"
+}
+case "$step" in
+  surge-fp8|surge-fp8-kv8|vllm-fp8)
+    if complete "$runs/$step"; then
+      echo "h200_fp8.sh: $step is complete ($runs/$step/summary.json): nothing to run"; exit 0
+    fi ;;
+esac
 
 matrix_args() {  # matrix_args DIR: the common matrix flags, with --resume when DIR has a summary
   local args=(--preset official-8b --stop-after "$stop")
