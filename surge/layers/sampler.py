@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from surge.layers.top_k_top_p import apply_top_k_top_p, apply_top_k_top_p_window, top_k_window
 from surge.sampling_params import GREEDY_EPS, SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -40,6 +41,9 @@ class SamplingMetadata:
         all_seeded: every sampling row has its own seed (the shared generator is not drawn).
         top_k: ``[B]`` int64, 0 = off.
         top_p: ``[B]`` float32, 1 = off.
+        top_k_window: host int ``W`` when every row that truncates (top-k or top-p) has
+            ``top_k`` in ``1..TOP_K_WINDOW_MAX``: top-k/top-p then take ``torch.topk(W)``
+            instead of a full sort (:mod:`surge.layers.top_k_top_p`); None: full sort.
         min_p: ``[B]`` float32, 0 = off.
         seeds: ``[B]`` int64 per-request seeds modulo 2^63 (any value where ``seeded`` is False).
         seeded: ``[B]`` bool, rows that use their own seed.
@@ -62,6 +66,7 @@ class SamplingMetadata:
     all_seeded: bool = False
     top_k: torch.Tensor | None = None
     top_p: torch.Tensor | None = None
+    top_k_window: int | None = None
     min_p: torch.Tensor | None = None
     seeds: torch.Tensor | None = None
     seeded: torch.Tensor | None = None
@@ -109,6 +114,10 @@ class SamplingMetadata:
             md.top_k = tensor(np.array([p.top_k for p in params], dtype=np.int64))
         if any(p.top_p < 1.0 for p in sampling_rows):
             md.top_p = tensor(np.array([p.top_p for p in params], dtype=np.float32))
+        if md.top_k is not None:
+            md.top_k_window = top_k_window(
+                [p.top_k for p in sampling_rows if p.top_k > 0 or p.top_p < 1.0], vocab_size
+            )
         if any(p.min_p > 0.0 for p in sampling_rows):
             md.min_p = tensor(np.array([p.min_p for p in params], dtype=np.float32))
         if any(p.seed is not None for p in sampling_rows):
@@ -271,25 +280,6 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return logits
 
 
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """Mask ``logits [B, V]`` outside the top ``k`` (0 = off; ties at the k-th value kept)
-    and outside the smallest prefix whose probability reaches ``top_p`` (Holtzman et al.,
-    2020). The most likely token always survives."""
-    v = logits.shape[1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    if top_k is not None:
-        k = torch.where(top_k <= 0, v, top_k).clamp(1, v)
-        kth = sorted_logits.gather(1, (k - 1)[:, None])
-        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
-    if top_p is not None:
-        probs = sorted_logits.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs
-        sorted_logits.masked_fill_(before > top_p[:, None], float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
-
-
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Mask tokens whose probability is below ``min_p * max probability`` (Nguyen et al., 2024)."""
     probs = logits.softmax(dim=-1)
@@ -337,7 +327,9 @@ class Sampler(nn.Module):
         is_greedy = md.temperature < GREEDY_EPS
         temperature = torch.where(is_greedy, 1.0, md.temperature)
         logits = logits / temperature[:, None]
-        if md.top_k is not None or md.top_p is not None:
+        if md.top_k is not None and md.top_k_window is not None:
+            logits = apply_top_k_top_p_window(logits, md.top_k, md.top_p, md.top_k_window)
+        elif md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)

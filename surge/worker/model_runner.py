@@ -438,6 +438,7 @@ class ModelRunner:
                 self.vocab_size,
                 dev,
             )
+            md.top_k_window = None  # profile the full-sort top-k/top-p path (its temporaries are larger)
             self.sampler(logits, md)
 
     def init_kv_cache(self, num_blocks: int) -> None:

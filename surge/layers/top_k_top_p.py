@@ -1,0 +1,142 @@
+"""Top-k and top-p (nucleus) truncation of a batch of logits, by a per-row cutoff value.
+
+Both paths find, for every row, the smallest logit value that survives and then mask the
+full row with one elementwise compare (``logits < cutoff -> -inf``); neither scatters.
+
+* Top-k (Fan et al., 2018, "Hierarchical Neural Story Generation"): keep the ``k`` largest
+  logits; every logit equal to the ``k``-th largest is kept too (ties are never split).
+* Top-p (Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration"), applied
+  after top-k as in vLLM: over the top-k distribution renormalised, keep the shortest prefix
+  of the descending order whose probability reaches ``p`` (token ``j`` survives while the mass
+  before it is at most ``p``). The cut is by value, so a tie at the cut is kept whole.
+
+:func:`apply_top_k_top_p` sorts the whole row (any ``k``, including top-p without top-k).
+:func:`apply_top_k_top_p_window` needs every truncating row to have a ``k`` of at most the
+window ``W`` (a host int, see :func:`top_k_window`): it takes ``torch.topk(logits, W)``
+(``[B, W]``) instead of a full sort, and one extra compare-and-count pass over the row when
+top-p is on (ties of the ``k``-th value can lie outside the window and still carry mass).
+Both give the same kept set up to float32 rounding of the top-p sums (the softmax
+denominators are summed in a different order). Every shape is fixed by ``B``, ``V`` and
+``W``, so the window path can be captured in a CUDA graph per ``W``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+TOP_K_WINDOW_MAX = 1024
+"""Largest ``top_k`` served by :func:`apply_top_k_top_p_window`; larger ``k`` (or top-p
+without top-k) sorts the whole row."""
+
+
+def top_k_window(top_ks: Iterable[int], vocab_size: int, max_k: int = TOP_K_WINDOW_MAX) -> int | None:
+    """The ``torch.topk`` window of a batch, decided on the host.
+
+    Args:
+        top_ks: ``top_k`` of every row that truncates (a sampling row with ``top_k > 0`` or
+            ``top_p < 1``; greedy rows and rows without truncation are left out).
+        vocab_size: ``V``.
+        max_k: the largest window allowed.
+
+    Returns:
+        ``min(max(top_ks), V)`` when every value is in ``1..max_k``; None when one is not
+        (top-k off with top-p on, or a large ``k``: the caller sorts) or there is none.
+    """
+    ks = list(top_ks)
+    if not ks or any(k <= 0 or k > max_k for k in ks):
+        return None
+    return min(max(ks), vocab_size)
+
+
+def _no_top_p(top_p: torch.Tensor) -> torch.Tensor:
+    """``[B]`` threshold on the mass before a token: ``+inf`` where ``top_p >= 1`` (off), so
+    float32 rounding of a full-row sum never cuts a row that asked for no top-p."""
+    return torch.where(top_p >= 1.0, float("inf"), top_p)
+
+
+def _cutoff(
+    vals: torch.Tensor, kth: torch.Tensor, top_p: torch.Tensor | None, z_extra: torch.Tensor | None
+) -> torch.Tensor:
+    """Per-row cutoff value from the descending values ``vals [B, N]`` and the top-k
+    threshold ``kth [B, 1]``. ``z_extra [B, 1]`` is probability mass (unnormalised, relative
+    to ``vals[:, 0]``) kept by top-k but not present in ``vals``. Returns ``[B]``."""
+    keep = vals >= kth
+    if top_p is not None:
+        top = vals[:, :1]
+        e = torch.where(keep, torch.exp(vals - top), 0.0)
+        z = e.sum(dim=-1, keepdim=True)
+        if z_extra is not None:
+            z = z + z_extra
+        probs = e / z
+        before = probs.cumsum(dim=-1) - probs
+        keep &= before <= _no_top_p(top_p)[:, None]
+    return torch.where(keep, vals, float("inf")).amin(dim=-1)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Top-k then top-p by a full descending sort of every row.
+
+    Args:
+        logits: ``[B, V]`` float32 (not modified).
+        top_k: ``[B]`` int64, ``<= 0`` = off, values above ``V`` act as ``V``; or None.
+        top_p: ``[B]`` float32 in ``(0, 1]``, ``1`` = off; or None.
+
+    Returns:
+        ``[B, V]`` float32, the logits with the truncated tokens set to ``-inf``. The most
+        likely token always survives.
+    """
+    v = logits.shape[1]
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    if top_k is not None:
+        k = torch.where(top_k <= 0, v, top_k).clamp(1, v)
+        kth = sorted_logits.gather(1, (k - 1)[:, None])
+    else:
+        kth = torch.full((logits.shape[0], 1), float("-inf"), device=logits.device)
+    cutoff = _cutoff(sorted_logits, kth, top_p, None)
+    return logits.masked_fill(logits < cutoff[:, None], float("-inf"))
+
+
+def apply_top_k_top_p_window(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None, window: int
+) -> torch.Tensor:
+    """Top-k then top-p from the ``window`` largest logits of every row (no full sort).
+
+    Exact when every row that truncates has ``1 <= top_k <= window`` (rows with
+    ``top_k <= 0`` are left whole: they must not ask for top-p); rows with a larger ``k``
+    are cut at ``window`` (only valid for rows whose result is not used, i.e. greedy rows).
+
+    Algorithm: ``vals = topk(logits, window)`` (``[B, W]``, descending); the row's top-k
+    threshold is ``vals[k - 1]``. For top-p the renormalising sum also counts the logits equal
+    to that threshold that fall outside the window (one compare-and-count over ``[B, V]``);
+    the cut is the smallest value whose preceding mass is at most ``p``. Finally
+    ``logits < cutoff -> -inf`` over ``[B, V]``. No host sync; static shapes for a given
+    ``window``.
+
+    Args:
+        logits: ``[B, V]`` float32 (not modified).
+        top_k: ``[B]`` int64, ``<= 0`` = off.
+        top_p: ``[B]`` float32 in ``(0, 1]``, ``1`` = off; or None.
+        window: ``W``, a host int in ``1..V`` (see :func:`top_k_window`).
+
+    Returns:
+        ``[B, V]`` float32, the truncated logits.
+    """
+    w = min(window, logits.shape[1])
+    vals = torch.topk(logits, w, dim=-1, largest=True, sorted=True).values
+    off = top_k <= 0
+    k = top_k.clamp(1, w)
+    kth = vals.gather(1, (k - 1)[:, None])
+    kth = torch.where(off[:, None], float("-inf"), kth)
+    z_extra = None
+    if top_p is not None:
+        # Logits tied with the k-th value beyond the window are kept by top-k too.
+        n_ge = (logits >= kth).sum(dim=-1, keepdim=True)
+        hidden = (n_ge - (vals >= kth).sum(dim=-1, keepdim=True)).to(vals.dtype)
+        z_extra = torch.where(hidden > 0, hidden * torch.exp(kth - vals[:, :1]), 0.0)
+    cutoff = _cutoff(vals, kth, top_p, z_extra)
+    cutoff = torch.where(off, float("-inf"), cutoff)
+    return logits.masked_fill(logits < cutoff[:, None], float("-inf"))
