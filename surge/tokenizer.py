@@ -271,6 +271,14 @@ def direct_decoder(
     )
 
 
+def _skipped_special_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Ids that ``decode(..., skip_special_tokens=True)`` drops whichever path decodes them:
+    in ``all_special_ids`` (the Python path's set) and added as special (the Rust one's)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = {i for i, token in added.items() if getattr(token, "special", False)}
+    return frozenset(special.intersection(tokenizer.all_special_ids))
+
+
 class IncrementalDetokenizer:
     """Turn a request's output token ids into text deltas that are safe to stream.
 
@@ -280,7 +288,8 @@ class IncrementalDetokenizer:
     SentencePiece leading spaces and merges come out right) and ``ids[prefix_offset:]``;
     the difference is the new text. If the new text ends in U+FFFD (a UTF-8 character split
     over byte-fallback tokens) nothing is emitted and the offsets stay until the character
-    is complete. Cost per step is O(window), not O(output).
+    is complete. Cost per step is O(window), not O(output): skipped special tokens never enter
+    the window (they would hold the offsets still while their run grows).
 
     Stop strings: the decoded text not yet emitted is searched for every stop string
     (matches across token boundaries); on a match the text is cut before it and
@@ -320,6 +329,7 @@ class IncrementalDetokenizer:
         self._skip = skip_special_tokens
         self._include_stop = include_stop_str_in_output
         self._decode = direct_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+        self._skipped = _skipped_special_ids(tokenizer) if skip_special_tokens else frozenset()
         self._stop = tuple(s for s in stop if s)
         self._automaton = StopAutomaton.build(self._stop) if self._stop else None
         self._state = 0  # automaton state: its depth is the length of ``_pending``
@@ -406,6 +416,11 @@ class IncrementalDetokenizer:
         self.num_output_tokens += len(ids)
         if stop_token_id is not None and ids and ids[-1] == stop_token_id and not self._include_stop:
             ids.pop()
+        if self._skipped:
+            # Skipped special tokens add no text and do not touch their neighbours' text, so
+            # they stay out of the window: a run of them (EOS after a finished grammar with
+            # ignore_eos) would otherwise hold the offsets still and grow every decode.
+            ids = [t for t in ids if t not in self._skipped]
         if self._finished or not ids:
             return ""
         self._ids.extend(ids)

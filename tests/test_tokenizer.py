@@ -204,3 +204,23 @@ def test_bad_words_token_ids(stories, qwen) -> None:
     for empty in ("", "   "):
         with pytest.raises(ValueError, match="bad_words"):
             bad_words_token_ids(stories, ["ok", empty])
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_token_runs_keep_the_window_small(stories, qwen, skip) -> None:
+    """A run of special tokens (EOS after a finished grammar, with ignore_eos) gives the same
+    text as one full decode, and, when they are skipped, never enters the decode window
+    (it used to grow with the run: a quadratic decode per request)."""
+    rng = random.Random(3)
+    for tok in (stories, qwen):
+        specials = sorted(set(tok.all_special_ids))
+        text_ids = tok.encode('Once upon a time, a café. {"a": 1}', add_special_tokens=False)
+        ids = []
+        for t in text_ids:
+            ids.append(t)
+            ids += [rng.choice(specials) for _ in range(rng.randrange(3))]
+        ids += [specials[0]] * 600
+        d, deltas = _stream(tok, [], ids, skip=skip)
+        assert "".join(deltas) == d.text == tok.decode(ids, skip_special_tokens=skip)
+        if skip:
+            assert len(d._ids) <= len(text_ids) + 1
