@@ -4,7 +4,8 @@ constrained requests arrive and their grammars compile).
 
 Every request carries a schema no request had before (random property names, nested objects,
 enums, bounded arrays), so each one misses the grammar cache and compiles. One request is
-sent every ``--interval`` seconds, each on its own thread, until ``--stop-file`` exists or
+sent every ``--interval`` seconds (with ``--same-schema``, every request carries one schema, so
+only the first compiles: the control run, which keeps the arrivals and their prefills), each on its own thread, until ``--stop-file`` exists or
 ``--max-seconds`` pass; the answers are checked to be JSON objects.
 
 Usage (run next to a `surge bench serve` of unconstrained streams; stdlib only)::
@@ -94,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-file", required=True, help="stop sending once this file exists")
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--same-schema",
+        action="store_true",
+        help="one schema for every request (compiled once): the arrivals without the compilations",
+    )
     p.add_argument("--result-file", required=True)
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
@@ -101,10 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     threads: list[threading.Thread] = []
     t_start = time.monotonic()
+    first = fresh_schema(rng)
     while not Path(args.stop_file).exists() and time.monotonic() - t_start < args.max_seconds:
         t = threading.Thread(
             target=_send,
-            args=(args.base_url, model, fresh_schema(rng), args.max_tokens, records),
+            args=(
+                args.base_url,
+                model,
+                first if args.same_schema else fresh_schema(rng),
+                args.max_tokens,
+                records,
+            ),
             daemon=True,
         )
         t.start()

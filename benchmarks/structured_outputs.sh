@@ -5,12 +5,16 @@
 #   1. the host work per step for 16 and 64 constrained rows on this host's CPU
 #      (benchmarks/structured_host_step.py -> host_step.json), and the engine's decode step time
 #      at batch 16 and 64, plain vs json_schema, no server, with the mask's wait and fill per step
-#      (benchmarks/structured_engine_step.py -> engine_step.json);
+#      (benchmarks/structured_engine_step.py -> engine_step.json); the detokenizer's cost on a
+#      JSON-then-EOS stream and the gaps of a 0.5 ms ticker thread while grammars compile
+#      (benchmarks/structured_cpu_costs.py -> cpu_costs.json);
 #   2. throughput: C16 and C64 at I256/O1024, each without and with a `json_schema` response
 #      format on every request (the schema of h200_features.sh) -> C<c>_I256_O1024_{plain,json_schema}.json;
 #   3. compile stall: C16 I256/O1024 unconstrained streams (64 requests, 16 at a time), alone and
 #      then while constrained requests with fresh schemas (each one compiles) arrive every 0.5 s
-#      (benchmarks/structured_mixed.py) -> mixed_{alone,unconstrained,constrained}.json;
+#      (benchmarks/structured_mixed.py) -> mixed_{alone,unconstrained,constrained}.json; the control:
+#      the same arrivals with one schema, compiled once -> mixed_cached_{unconstrained,constrained}.json
+#      (the arrivals' prefills without the compilations);
 #   then summary.json and a printed comparison. Targets: json_schema within 10 % of plain output
 #   throughput; P99 ITL of the unconstrained streams unchanged by the constrained arrivals.
 # Usage (repository root): benchmarks/structured_outputs.sh MODEL_DIR OUT_DIR [PORT [SERVE_FLAGS]]
@@ -27,6 +31,7 @@ if "$py" -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('
 fi
 if [ -f "$model/config.json" ] && "$py" -c "import json,sys; sys.exit(0 if json.load(open('$model/config.json')).get('vocab_size',0)>100000 else 1)"; then
   "$py" benchmarks/structured_host_step.py --model "$model" --rows 16 64 --steps 200 --fill-threads 1 2 4 8 --result-file "$out/host_step.json"
+  "$py" benchmarks/structured_cpu_costs.py --model "$model" --result-file "$out/cpu_costs.json"
 fi
 if [ "${SMOKE:-0}" != 1 ]; then
   "$py" benchmarks/structured_engine_step.py --model "$model" --batch 16 64 --input-len 256 --output-len 512 \
@@ -59,14 +64,20 @@ for c in $cs; do
 done
 c16=${cs%% *}
 bench mixed_alone "$c16" "$mixed_n"
-rm -f "$out/mixed.done"
-"$py" benchmarks/structured_mixed.py --base-url "http://127.0.0.1:$port" --stop-file "$out/mixed.done" \
-  --result-file "$out/mixed_constrained.json" &
-sender=$!
-sleep 1
-bench mixed_unconstrained "$c16" "$mixed_n"
-touch "$out/mixed.done"
-sender_rc=0; wait $sender || sender_rc=$?
+sender_rc=0
+mixed() {  # NAME [--same-schema]: the unconstrained streams while constrained requests arrive
+  local name=$1; shift
+  rm -f "$out/mixed.done"
+  "$py" benchmarks/structured_mixed.py --base-url "http://127.0.0.1:$port" --stop-file "$out/mixed.done" \
+    --result-file "$out/${name}_constrained.json" "$@" &
+  local sender=$!
+  sleep 1
+  bench "${name}_unconstrained" "$c16" "$mixed_n"
+  touch "$out/mixed.done"
+  wait $sender || sender_rc=$?
+}
+mixed mixed_cached --same-schema  # the same arrivals, one schema compiled once: no compile load
+mixed mixed
 "$py" - "$out" "${names[@]}" <<'PY'
 import json, sys
 out, names = sys.argv[1], sys.argv[2:]
@@ -85,14 +96,19 @@ for n in names:
           f"({drop:+.1f} % lower; target <= 10 %)  mean TPOT ms {p['mean_tpot_ms']:.2f} -> {j['mean_tpot_ms']:.2f}  "
           f"P99 ITL ms {p['p99_itl_ms']:.2f} -> {j['p99_itl_ms']:.2f}  failed {p['failed'] + j['failed']}")
 a, m, s = load("mixed_alone"), load("mixed_unconstrained"), load("mixed_constrained")
+c = load("mixed_cached_unconstrained")
 summary["compile_stall"] = {
     "alone_p99_itl_ms": a["p99_itl_ms"], "mixed_p99_itl_ms": m["p99_itl_ms"],
+    "cached_schema_p99_itl_ms": c["p99_itl_ms"],
     "alone_mean_itl_ms": a["mean_itl_ms"], "mixed_mean_itl_ms": m["mean_itl_ms"],
+    "cached_schema_mean_itl_ms": c["mean_itl_ms"],
     "alone_output_throughput": a["output_throughput"], "mixed_output_throughput": m["output_throughput"],
-    "failed": a["failed"] + m["failed"],
+    "cached_schema_output_throughput": c["output_throughput"],
+    "failed": a["failed"] + m["failed"] + c["failed"],
     "constrained_sent": s["sent"], "constrained_completed": s["completed"], "constrained_failed": s["failed"],
 }
-print(f"compile stall: unconstrained P99 ITL ms alone {a['p99_itl_ms']:.2f} with fresh-schema arrivals "
+print(f"compile stall: unconstrained P99 ITL ms alone {a['p99_itl_ms']:.2f}, with cached-schema arrivals "
+      f"{c['p99_itl_ms']:.2f}, with fresh-schema arrivals "
       f"{m['p99_itl_ms']:.2f} (mean {a['mean_itl_ms']:.2f} -> {m['mean_itl_ms']:.2f}); "
       f"{s['sent']} constrained requests sent, {s['completed']} completed, {s['failed']} failed")
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)

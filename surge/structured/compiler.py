@@ -18,6 +18,19 @@ logger = logging.getLogger("surge.structured")
 CACHE_SIZE = 512
 """Compiled grammars kept (least recently used dropped first)."""
 
+CPUS_PER_COMPILE_THREAD = 8
+"""The compilations together use at most one thread per this many CPUs (at least one): the
+engine loop, the mask fill's threads and the API process need the rest, and a compilation
+that takes the cores they run on stalls every stream (measured: README of
+``benchmarks/results/h200-qwen3-8b/features/``)."""
+
+
+def compile_thread_budget(cpus: int) -> tuple[int, int]:
+    """``(workers, threads_per_compile)`` for ``cpus`` CPUs: ``workers`` concurrent
+    compilations of one xgrammar thread each, ``cpus // CPUS_PER_COMPILE_THREAD`` of them
+    (1 to 4); ``workers * threads_per_compile`` never exceeds that budget."""
+    return max(1, min(4, cpus // CPUS_PER_COMPILE_THREAD)), 1
+
 
 class CompiledGrammarCache:
     """Compiles grammars off the engine loop and caches them by ``StructuredOutputsParams.key``.
@@ -32,7 +45,7 @@ class CompiledGrammarCache:
         tokenizer_dir: the model folder (its tokenizer files).
         vocab_size: the model's vocabulary size (logits width).
         stop_token_ids: the model's EOS ids; a finished grammar allows only these.
-        max_workers: compilation threads (default: a quarter of the CPUs, 1 to 4).
+        max_workers: concurrent compilations (default: :func:`compile_thread_budget`).
 
     Attributes:
         compile_times: seconds of each finished compilation not yet taken by
@@ -49,10 +62,10 @@ class CompiledGrammarCache:
         self._tokenizer_dir = tokenizer_dir
         self._vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
-        cpus = os.cpu_count() or 2
-        workers = max_workers or max(1, min(4, cpus // 4))
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="surge-grammar")
-        self._compiler_threads = max(1, min(8, cpus // 2))
+        workers, self._compiler_threads = compile_thread_budget(os.cpu_count() or 2)
+        self._pool = ThreadPoolExecutor(
+            max_workers=max_workers or workers, thread_name_prefix="surge-grammar"
+        )
         self._lock = threading.Lock()
         self._compiler: Any = None
         self._cache: OrderedDict[tuple[str, Any], Future[Any]] = OrderedDict()

@@ -158,3 +158,16 @@ def test_reasoning_gate_frees_tokens_until_the_end_token() -> None:
     free = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=60))[0].outputs[0]
     cut = o.token_ids.index(gate) + 1
     assert free.token_ids[:cut] == o.token_ids[:cut]
+
+
+def test_compile_thread_budget_leaves_the_cpus_to_the_engine() -> None:
+    """Compilations together use at most one thread per 8 CPUs (at least one, at most 4)."""
+    from surge.structured.compiler import compile_thread_budget
+
+    assert compile_thread_budget(1) == (1, 1)
+    assert compile_thread_budget(2) == (1, 1)
+    assert compile_thread_budget(16) == (2, 1)
+    assert compile_thread_budget(128) == (4, 1)
+    for cpus in range(1, 200):
+        workers, threads = compile_thread_budget(cpus)
+        assert 1 <= workers * threads <= max(1, cpus // 8)
