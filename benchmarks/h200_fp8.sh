@@ -63,12 +63,12 @@ case "$step" in
     ;;
   sweep)
     [ -f "$runs/fp8_sweep.json" ] || cp "$here/results/h200-qwen3-8b-fp8/fp8_sweep.json" "$runs/fp8_sweep.json"
-    PYTHONPATH=. python3 "$here/fp8_gemm_bench.py" --sweep --m 2 4 8 32 64 --json "$runs/fp8_sweep.json" \
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/fp8_gemm_bench.py" --sweep --m 2 4 8 32 64 --json "$runs/fp8_sweep.json" \
       2>&1 | tee -a "$runs/fp8_sweep.txt"
-    PYTHONPATH=. python3 "$here/fp8_gemm_bench.py" --emit "$runs/fp8_sweep.json" | tee "$runs/fp8_emit.txt"
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/fp8_gemm_bench.py" --emit "$runs/fp8_sweep.json" | tee "$runs/fp8_emit.txt"
     ;;
   gemm)
-    PYTHONPATH=. python3 "$here/fp8_gemm_bench.py" --m 1 2 4 8 16 64 512 2>&1 | tee "$runs/fp8_gemm_bench.txt"
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/fp8_gemm_bench.py" --m 1 2 4 8 16 64 512 2>&1 | tee "$runs/fp8_gemm_bench.txt"
     ;;
   tests)
     python3 -m pytest -q -p no:cacheprovider -o timeout=0 -rA --tb=short \
