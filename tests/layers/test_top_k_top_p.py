@@ -206,4 +206,12 @@ def test_window_path_matches_on_cuda() -> None:
     top_p = torch.full((64,), 0.95, device="cuda")
     top_p[top_k == 0] = 1.0
     fast, full, ref = _all_paths(logits, top_k, top_p, window=20)
-    assert torch.equal(fast, full) and torch.equal(fast, ref)
+    assert torch.equal(fast, full)
+    # The previous implementation (the sort-and-scatter `_reference`) differs by design on two
+    # kinds of rows: a top-p cut inside a group of tied logits (row 3; the cut is now by value,
+    # so a tie is kept whole) and rows with top_p = 1, where its float32 running total over
+    # 151,936 probabilities can round above 1 and cut the tail (this test failed on the H200
+    # when it compared those rows too).
+    rows = (top_k > 0).cpu()
+    rows[3] = False
+    assert torch.equal(fast[rows], ref[rows])
