@@ -53,8 +53,9 @@ class LLM:
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
         tensor_parallel_size: shard the model over this many worker processes (GPUs); they
             stop with :meth:`close` or at interpreter exit.
-        tp_all_reduce: "auto" (a peer-memory one-shot all-reduce for decode-sized tensors where
-            the GPUs allow it, NCCL for the rest) or "nccl".
+        tp_all_reduce: "nccl" (the default) or "auto" (a peer-memory one-shot all-reduce for
+            decode-sized tensors where the GPUs allow it, NCCL for the rest; on two H200s it
+            made a batch-1 decode step 3 % slower, benchmarks/results/h200x2/README.md).
         quantization: "fp8" for FP8 weights (a bf16 checkpoint quantized at load; an FP8
             checkpoint is FP8 without it), or None.
         kv_cache_dtype: "auto" (the model dtype) or "fp8".
@@ -86,7 +87,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         async_scheduling: bool | None = None,
         tensor_parallel_size: int = 1,
-        tp_all_reduce: str = "auto",
+        tp_all_reduce: str = "nccl",
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         fp8_emulation: bool = False,

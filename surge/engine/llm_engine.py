@@ -74,7 +74,7 @@ def build_engine_config(
     node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
-    tp_all_reduce: str = "auto",
+    tp_all_reduce: str = "nccl",
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     fp8_emulation: bool = False,

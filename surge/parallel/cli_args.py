@@ -18,9 +18,10 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
     p.add_argument(
         "--tp-all-reduce",
         choices=("auto", "nccl"),
-        default="auto",
-        help="tensor-parallel all-reduce: auto (decode-sized tensors through a peer-memory one-shot "
-        "all-reduce where the GPUs allow it, NCCL for the rest) or nccl (default auto)",
+        default="nccl",
+        help="tensor-parallel all-reduce: nccl, or auto (decode-sized tensors through a peer-memory "
+        "one-shot all-reduce where the GPUs allow it, NCCL for the rest; measured 3 %% slower per "
+        "decode step on two H200s) (default nccl)",
     )
     if not serve:
         return
