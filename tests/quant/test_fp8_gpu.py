@@ -26,7 +26,7 @@ from surge.quant.fp8 import (
 )
 from surge.quant.fp8_linear import Fp8LinearMethod
 from surge.worker.model_runner import ModelRunner
-from tests.worker.helpers import count_replays, drive
+from tests.worker.helpers import QWEN3_8B, count_replays, drive
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,12 +34,6 @@ pytestmark = [
 ]
 
 _REPO = Path(__file__).resolve().parents[2]
-_CANDIDATES = (
-    _REPO.parent / "shared" / "assets" / "models" / "qwen3-8b",
-    _REPO / "shared" / "assets" / "models" / "qwen3-8b",
-    _REPO / ".assets" / "qwen3-8b",
-)
-QWEN3_8B = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
 FP8_CONFIG = _REPO / "benchmarks" / "configs" / "qwen3-8b-fp8" / "config.json"
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 

@@ -15,6 +15,16 @@ from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
 from surge.worker.model_runner import ModelRunner
 
+_REPO = Path(__file__).resolve().parents[2]
+# ../shared next to the checkout, shared/ inside it, or .assets/ (the copy carried to the GPU host).
+_QWEN3_8B_CANDIDATES = (
+    _REPO.parent / "shared" / "assets" / "models" / "qwen3-8b",
+    _REPO / "shared" / "assets" / "models" / "qwen3-8b",
+    _REPO / ".assets" / "qwen3-8b",
+)
+QWEN3_8B: Path = next((p for p in _QWEN3_8B_CANDIDATES if p.is_dir()), _QWEN3_8B_CANDIDATES[0])
+"""Qwen3-8B's real config + tokenizer folder for the GPU tests (the first candidate that exists)."""
+
 
 def tiny_long_qwen3(path: Path) -> Path:
     """Write the ``config.json`` of a 2-layer Qwen3 with 2048 positions (long enough for

@@ -24,20 +24,12 @@ from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
 from surge.worker.model_runner import ModelRunner
 from tests.models.helpers import make_hf_model
-from tests.worker.helpers import drive
+from tests.worker.helpers import QWEN3_8B, drive
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-_REPO = Path(__file__).resolve().parents[2]
-_CANDIDATES = (
-    _REPO.parent / "shared" / "assets" / "models" / "qwen3-8b",
-    _REPO / "shared" / "assets" / "models" / "qwen3-8b",
-    _REPO / ".assets" / "qwen3-8b",
-)
-QWEN3_8B = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
 
 
 def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:

@@ -20,7 +20,7 @@ from surge.sampling_params import SamplingParams
 from surge.worker.cuda_graph import decode_buckets
 from surge.worker.model_runner import ModelRunner
 from tests.models.helpers import hf_greedy, load_hf, make_hf_model, run_loop
-from tests.worker.helpers import count_replays, drive, randomize, tiny_long_qwen3
+from tests.worker.helpers import QWEN3_8B, count_replays, drive, randomize, tiny_long_qwen3
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,15 +28,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-_REPO = Path(__file__).resolve().parents[2]
-# ../shared next to the checkout, shared/ inside it, or .assets/ (the copy carried to the GPU host).
-_CANDIDATES = (
-    _REPO.parent / "shared" / "assets" / "models" / "qwen3-8b",
-    _REPO / "shared" / "assets" / "models" / "qwen3-8b",
-    _REPO / ".assets" / "qwen3-8b",
-)
-QWEN3_8B = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
 
 
 def _cuda_runner(
