@@ -129,6 +129,53 @@ def _fp8_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+def check_fp8_gemm_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block_size: tuple[int, int] | None,
+    bias: torch.Tensor | None,
+) -> tuple[int, int, int, int, int, int]:
+    """Validate the operands of an FP8-weight GEMM ``x [M, K] @ weight[N, K]^T`` (shared by
+    :func:`fp8_linear` and the split-K kernel's launcher).
+
+    Returns:
+        ``(M, N, K, scale_bn, scale_bk, stride_sn)``: the scale's block shape (``1, 1`` and a
+        row stride of 0 for per-channel ``[N]`` scales) and its row stride in elements.
+
+    Raises:
+        ValueError: non-2-D or mismatched shapes, ``x`` not fp16/bf16/fp32 or ``weight`` not
+            float8_e4m3fn, a non-contiguous last dimension, operands on different devices, a
+            non-float32 ``scale`` or one of the wrong shape, or a ``bias`` that is not a
+            contiguous ``[N]`` in ``x``'s dtype.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
+    if x.dtype not in _DTYPES or weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"x must be fp16/bf16/fp32 and weight float8_e4m3fn, got {x.dtype}, {weight.dtype}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("x and weight need a contiguous last dimension")
+    if weight.device != x.device or scale.device != x.device or scale.dtype != torch.float32:
+        raise ValueError("weight and float32 scale must be on x's device")
+    m, k = x.shape
+    n = weight.shape[0]
+    if block_size is None:
+        if scale.numel() != n or not scale.is_contiguous():
+            raise ValueError(f"per-channel scale must be a contiguous [{n}], got {tuple(scale.shape)}")
+        scale_bn, scale_bk, stride_sn = 1, 1, 0
+    else:
+        scale_bn, scale_bk = block_size
+        want = (-(-n // scale_bn), -(-k // scale_bk))
+        if tuple(scale.shape) != want or scale.stride(1) != 1:
+            raise ValueError(
+                f"block scale must be {want} with a contiguous last dim, got {tuple(scale.shape)}"
+            )
+        stride_sn = scale.stride(0)
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [{n}] {x.dtype} tensor")
+    return m, n, k, scale_bn, scale_bk, stride_sn
+
+
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -158,30 +205,7 @@ def fp8_linear(
         ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, or
             a ``config.block_k`` that does not divide ``bk``.
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
-    if x.dtype not in _DTYPES or weight.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"x must be fp16/bf16/fp32 and weight float8_e4m3fn, got {x.dtype}, {weight.dtype}")
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("x and weight need a contiguous last dimension")
-    if weight.device != x.device or scale.device != x.device or scale.dtype != torch.float32:
-        raise ValueError("weight and float32 scale must be on x's device")
-    m, k = x.shape
-    n = weight.shape[0]
-    if block_size is None:
-        if scale.numel() != n or not scale.is_contiguous():
-            raise ValueError(f"per-channel scale must be a contiguous [{n}], got {tuple(scale.shape)}")
-        scale_bn, scale_bk, stride_sn = 1, 1, 0
-    else:
-        scale_bn, scale_bk = block_size
-        want = (-(-n // scale_bn), -(-k // scale_bk))
-        if tuple(scale.shape) != want or scale.stride(1) != 1:
-            raise ValueError(
-                f"block scale must be {want} with a contiguous last dim, got {tuple(scale.shape)}"
-            )
-        stride_sn = scale.stride(0)
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or bias.stride(0) != 1):
-        raise ValueError(f"bias must be a contiguous [{n}] {x.dtype} tensor")
+    m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(x, weight, scale, block_size, bias)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:

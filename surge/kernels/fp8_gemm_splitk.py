@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from surge.kernels.fp8_gemm import check_fp8_gemm_args
 
 
 @dataclass(frozen=True)
@@ -222,30 +222,7 @@ def fp8_linear_splitk(
             bad config (under block scales: a ``block_k`` that does not divide ``bk``), or
             w8a8 with fp32 ``x``.
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
-    if x.dtype not in _DTYPES or weight.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"x must be fp16/bf16/fp32 and weight float8_e4m3fn, got {x.dtype}, {weight.dtype}")
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("x and weight need a contiguous last dimension")
-    if weight.device != x.device or scale.device != x.device or scale.dtype != torch.float32:
-        raise ValueError("weight and float32 scale must be on x's device")
-    m, k = x.shape
-    n = weight.shape[0]
-    if block_size is None:
-        if scale.numel() != n or not scale.is_contiguous():
-            raise ValueError(f"per-channel scale must be a contiguous [{n}], got {tuple(scale.shape)}")
-        scale_bn, scale_bk, stride_sn = 1, 1, 0
-    else:
-        scale_bn, scale_bk = block_size
-        want = (-(-n // scale_bn), -(-k // scale_bk))
-        if tuple(scale.shape) != want or scale.stride(1) != 1:
-            raise ValueError(
-                f"block scale must be {want} with a contiguous last dim, got {tuple(scale.shape)}"
-            )
-        stride_sn = scale.stride(0)
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or bias.stride(0) != 1):
-        raise ValueError(f"bias must be a contiguous [{n}] {x.dtype} tensor")
+    m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(x, weight, scale, block_size, bias)
     if config is not None:
         cfg = config
     else:
