@@ -52,6 +52,13 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays (names may be hidden)")
     ap.add_argument("--prefill", action="store_true", help="profile whole-prompt prefill steps instead")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 peak for --prefill's MFU")
+    ap.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights (quantized at load)")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    ap.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample as Qwen3's generation config does (temperature 0.6, top-k 20, top-p 0.95) instead of greedy",
+    )
     args = ap.parse_args()
     engine = LLMEngine(
         build_engine_config(
@@ -60,6 +67,8 @@ def main() -> None:
             load_format="dummy",
             enforce_eager=not args.graphs,
             enable_prefix_caching=not args.prefill,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
     )
     if args.prefill:
@@ -67,7 +76,12 @@ def main() -> None:
         return
     rng = np.random.default_rng(0)
     vocab = engine.config.model.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 16, ignore_eos=True)
+    if args.sample:
+        params = SamplingParams(
+            temperature=0.6, top_k=20, top_p=0.95, max_tokens=args.steps + 16, ignore_eos=True
+        )
+    else:
+        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 16, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request(f"p{i}", rng.integers(3, vocab, args.input_len).tolist(), params)
     for _ in range(8):  # prefill and warm decode steps
@@ -80,6 +94,9 @@ def main() -> None:
             engine.step()
         _sync()
     mode = "CUDA graphs" if args.graphs else "eager"
+    mode += ", FP8 weights" if args.quantization else ""
+    mode += ", FP8 KV" if args.kv_cache_dtype == "fp8" else ""
+    mode += ", sampling top-k/top-p" if args.sample else ", greedy"
     title = f"batch {args.batch}, context ~{args.input_len + 8}: device time per decode step ({mode})"
     _print_kernels(prof, args.steps, args.top, title)
 

@@ -150,6 +150,8 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         tensor_parallel_size=tp,
         tp_all_reduce=args.tp_all_reduce,
         num_kv_blocks=args.num_kv_blocks,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     cuda = config.device.startswith("cuda")
     tmp = tempfile.mkdtemp(prefix="surge-tp-timing-")
@@ -170,7 +172,10 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
     engine = LLMEngine(config, runner=runner)
     start_s = time.perf_counter() - t0
     total = args.warmup + args.steps
-    params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
+    if args.sample:  # Qwen3's generation-config sampling, as the serving benchmarks see it
+        params = SamplingParams(temperature=0.6, top_k=20, top_p=0.95, max_tokens=total, ignore_eos=True)
+    else:
+        params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
     engine.add_request("r0", [(7 * i + 3) % 200 + 10 for i in range(args.prompt_len)], params)
     calls: list[dict[str, Any]] = []
     t_run = time.perf_counter()
@@ -278,6 +283,11 @@ def main() -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--tp-all-reduce", choices=("auto", "nccl"), default="auto")
+    p.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights (quantized at load)")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    p.add_argument(
+        "--sample", action="store_true", help="temperature 0.6, top-k 20, top-p 0.95 instead of greedy"
+    )
     p.add_argument("--json", default=None, help="write every record here (JSON lines)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="longest run of one configuration")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child: run --tp here
