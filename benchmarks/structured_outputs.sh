@@ -29,11 +29,12 @@ mkdir -p "$out"
 if "$py" -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then
   echo "structured_outputs.sh: port $port is already in use; stop that server first" >&2; exit 2
 fi
-if [ -f "$model/config.json" ] && "$py" -c "import json,sys; sys.exit(0 if json.load(open('$model/config.json')).get('vocab_size',0)>100000 else 1)"; then
+# SKIP_STEP_BENCH=1 skips step 1 (the host, engine-step and CPU-cost benches: about 2.5 minutes on the H200)
+if [ "${SKIP_STEP_BENCH:-0}" != 1 ] && [ -f "$model/config.json" ] && "$py" -c "import json,sys; sys.exit(0 if json.load(open('$model/config.json')).get('vocab_size',0)>100000 else 1)"; then
   "$py" benchmarks/structured_host_step.py --model "$model" --rows 16 64 --steps 200 --fill-threads 1 2 4 8 --result-file "$out/host_step.json"
   "$py" benchmarks/structured_cpu_costs.py --model "$model" --result-file "$out/cpu_costs.json"
 fi
-if [ "${SMOKE:-0}" != 1 ]; then
+if [ "${SMOKE:-0}" != 1 ] && [ "${SKIP_STEP_BENCH:-0}" != 1 ]; then
   "$py" benchmarks/structured_engine_step.py --model "$model" --batch 16 64 --input-len 256 --output-len 512 \
     --result-file "$out/engine_step.json"
 fi
