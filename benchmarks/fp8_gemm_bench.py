@@ -32,10 +32,13 @@ On a CPU-only machine ``--check`` runs the correctness checks at tiny shapes und
 interpreter (no timings).
 
 ``--sweep`` times the split-K FP8 GEMM (:mod:`surge.kernels.fp8_gemm_splitk`) over its tile,
-split-K and operand-mode (w8a16 / w8a8) configs per shape and ``M`` (default 1, 2, 4, 8, 16,
-32, 64), each config first checked against the dequantized fp32 reference; it prints the best
-config per (shape, M) against bf16 cuBLAS and quant + ``_scaled_mm`` and merges the results
-into ``--json`` (so the sweep can run in pieces). ``--emit FILE`` prints the table and the
+split-K, operand-mode (w8a16 / w8a8) and reduction (a reduce kernel / inline in the last
+program of each tile) configs per shape and ``M`` (default 1, 2, 4, 8, 16, 32, 64), each
+config first checked against the dequantized fp32 reference (and, after its timing, again
+bitwise against its first result); it prints the best config per (shape, M) and mode against
+bf16 cuBLAS and quant + ``_scaled_mm`` and merges the results into ``--json`` (so the sweep can
+run in pieces; on the H200 about 25 s of compiles per ``block_m`` of 16, 32, 64, then about 2 s
+per layer and ``M``). ``--emit FILE`` prints the table and the
 ready-to-paste value of ``surge.quant.fp8_linear.SPLITK_MEASURED`` from that file::
 
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 1 2 4 8 16 --json /tmp/fp8_sweep.json
@@ -66,7 +69,12 @@ import torch
 import torch.nn.functional as F
 
 from surge.kernels.fp8_gemm import fp8_linear
-from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, fp8_linear_splitk
+from surge.kernels.fp8_gemm_splitk import (
+    Fp8SplitKConfig,
+    SplitKWorkspace,
+    fp8_linear_splitk,
+    splitk_workspace_size,
+)
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
 from surge.quant.fp8_linear import (
@@ -198,7 +206,8 @@ def sweep_configs(m: int, k: int, tiny: bool) -> list[Fp8SplitKConfig]:
     """The split-K configs the sweep tries for ``M = m``: ``block_m`` 16/32/64 by ``m``;
     ``block_n`` 32/64/128; ``block_k`` 128/256/512; ``split_k`` 1..16 with ``K`` an exact
     multiple of ``split_k * block_k``; 4 stages (fewer where the tiles would not fit
-    :data:`SMEM_BUDGET`), 4 warps; w8a16 and w8a8."""
+    :data:`SMEM_BUDGET`), 4 warps; w8a16 and w8a8; for ``split_k > 1`` both reductions,
+    ``"kernel"`` and ``"inline"``."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     out = []
     for a8 in (False, True):
@@ -210,8 +219,19 @@ def sweep_configs(m: int, k: int, tiny: bool) -> list[Fp8SplitKConfig]:
                     continue
                 for split in (1, 2, 4, 8, 16):
                     if k % (split * bk) == 0:
-                        out.append(Fp8SplitKConfig(block_m, bn, bk, split, stages, 4, a8))
+                        for reduce in ("kernel", "inline") if split > 1 else ("kernel",):
+                            out.append(Fp8SplitKConfig(block_m, bn, bk, split, stages, 4, a8, reduce))
     return out
+
+
+def mode_of(cfg: Fp8SplitKConfig) -> str:
+    """The sweep's result key of a config: ``w8a16``/``w8a8``, plus `` inline`` for the inline
+    split-K reduction (``split_k = 1`` and the reduce kernel are the plain key)."""
+    mode = "w8a8" if cfg.a8 else "w8a16"
+    return mode + " inline" if cfg.split_k > 1 and cfg.reduce == "inline" else mode
+
+
+MODES = ("w8a16", "w8a8", "w8a16 inline", "w8a8 inline")
 
 
 def max_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -227,7 +247,11 @@ def sweep_shape(
     name: str, n: int, k: int, ms: list[int], copies: int, reps: int, check: bool
 ) -> dict[str, dict[str, object]]:
     """Time bf16 cuBLAS, quant + ``_scaled_mm`` and every split-K config at each ``M``; returns
-    ``{str(M): {"bf16": s, "scaled_mm": s, "best": {"w8a16"|"w8a8": [s, config fields]}}}``."""
+    ``{str(M): {"bf16": s, "scaled_mm": s, "best": {mode: [s, config fields]}}}`` with the modes
+    of :func:`mode_of`. An inline-reduction config runs against one persistent
+    :class:`SplitKWorkspace` (as in the engine) and is checked again, bitwise against its first
+    result, after its CUDA graph's replays (a counter left non-zero would show there); one that
+    fails is reported WRONG and never chosen, so the table falls back to the reduce kernel."""
     dev = torch.device("cpu" if check else "cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     full = [torch.randn(n, k, generator=gen, device=dev) * 0.02 for _ in range(copies)]
@@ -235,6 +259,8 @@ def sweep_shape(
     chan = [quantize_per_channel(w) for w in full]
     del full
     deq0 = dequantize(*chan[0])
+    needs = [splitk_workspace_size(m, n, c) for m in ms for c in sweep_configs(m, k, check)]
+    workspace = SplitKWorkspace.allocate(max(f for f, _ in needs), max(t for _, t in needs), dev)
     results: dict[str, dict[str, object]] = {}
     for m in ms:
         t0 = time.perf_counter()
@@ -263,19 +289,32 @@ def sweep_shape(
         bad = 0
         for cfg in sweep_configs(m, k, check):
             try:
-                y = fp8_linear_splitk(x, chan[0][0], chan[0][1], config=cfg)
+                y = fp8_linear_splitk(x, chan[0][0], chan[0][1], config=cfg, workspace=workspace)
                 err = max_err(y, ref_a8 if cfg.a8 else ref_a16)
                 if err > 2.0:
                     bad += 1
                     print(f"  WRONG {cfg} err {err:.2f}")
                     continue
+                if not check:
+                    t = timed(
+                        lambda i, x=x, cfg=cfg: fp8_linear_splitk(
+                            x, chan[i][0], chan[i][1], config=cfg, workspace=workspace
+                        )
+                    )
+                again = [
+                    fp8_linear_splitk(x, chan[0][0], chan[0][1], config=cfg, workspace=workspace)
+                    for _ in range(2)
+                ]
+                if not all(torch.equal(z, y) for z in again):
+                    bad += 1
+                    print(f"  WRONG {cfg}: a repeated call (after the graph's replays) differs")
+                    continue
                 if check:
                     continue
-                t = timed(lambda i, x=x, cfg=cfg: fp8_linear_splitk(x, chan[i][0], chan[i][1], config=cfg))
             except Exception as exc:  # noqa: BLE001 - report a config that does not compile or run here
                 print(f"  failed {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
                 continue
-            mode = "w8a8" if cfg.a8 else "w8a16"
+            mode = mode_of(cfg)
             if mode not in best or t < best[mode][0]:
                 best[mode] = (t, cfg)
         row["best"] = {mode: [t, list(cfg.__dict__.values())] for mode, (t, cfg) in best.items()}
@@ -310,8 +349,13 @@ def splitk_choices(data: dict[str, dict[str, dict]]) -> dict[str, dict[int, list
             best = row["best"]
             pick = min(best.values(), key=lambda v: v[0]) if best else None
             won = pick is not None and pick[0] < 0.97 * row["scaled_mm"]
-            out.setdefault(name, {})[m] = list(pick[1]) if won else None
+            out.setdefault(name, {})[m] = list(Fp8SplitKConfig(*pick[1]).__dict__.values()) if won else None
     return out
+
+
+def tiles_source(fields: list[object]) -> str:
+    """``fields`` as the tuple literal ``ruff format`` keeps (double-quoted strings)."""
+    return "(" + ", ".join(f'"{v}"' if isinstance(v, str) else repr(v) for v in fields) + ")"
 
 
 def splitk_literal(data: dict[str, dict[str, dict]]) -> str:
@@ -326,7 +370,7 @@ def splitk_literal(data: dict[str, dict[str, dict]]) -> str:
             row = data[name][str(m)]
             chosen = min(v[0] for v in row["best"].values()) if fields is not None else row["scaled_mm"]
             us = f"{row['bf16'] * 1e6:.1f} / {row['scaled_mm'] * 1e6:.1f} / {chosen * 1e6:.1f}"
-            lines.append(f"        {m}: {'None' if fields is None else tuple(fields)},  # {us}")
+            lines.append(f"        {m}: {'None' if fields is None else tiles_source(fields)},  # {us}")
         lines.append("    },")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -351,23 +395,25 @@ def emit(path: Path, source: Path | None = None) -> None:
     ``surge/quant/fp8_linear.py``)."""
     data = json.loads(path.read_text())
     print(
-        "| layer | N x K | M | bf16 us | quant+_scaled_mm us | split-K w8a16 us | split-K w8a8 us | chosen |"
+        "| layer | N x K | M | bf16 us | quant+_scaled_mm us | split-K w8a16 us | split-K w8a8 us "
+        "| w8a16 inline us | w8a8 inline us | chosen |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     choices = splitk_choices(data)
     for name, rows in data.items():
         n, k = SHAPES[name]
         for m_str, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
             m = int(m_str)
             best = row["best"]
-            cells = [f"{best[mode][0] * 1e6:.1f}" if mode in best else "-" for mode in ("w8a16", "w8a8")]
+            cells = [f"{best[mode][0] * 1e6:.1f}" if mode in best else "-" for mode in MODES]
             fields = choices.get(name, {}).get(m)
             chosen = "_scaled_mm"
             if fields is not None:
-                chosen = "split-K " + ("w8a8" if fields[6] else "w8a16") + f" {tuple(fields[:6])}"
+                chosen = f"split-K {mode_of(Fp8SplitKConfig(*fields))} {tuple(fields[:6])}"  # type: ignore[arg-type]
             print(
                 f"| {name} | {n} x {k} | {m} | {row['bf16'] * 1e6:.1f} | {row['scaled_mm'] * 1e6:.1f} | "
-                f"{cells[0]} | {cells[1]} | {chosen} |"
+                + " | ".join(cells)
+                + f" | {chosen} |"
             )
     literal = splitk_literal(data)
     print("\n" + literal, end="")

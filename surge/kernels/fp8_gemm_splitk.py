@@ -6,8 +6,22 @@ A decode step (``M`` up to a few dozen tokens) is bound by reading the weight on
 grid ``(cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))``, each program reducing one
 ``K / SPLIT_K`` slice (a multiple of ``BLOCK_K``) into an fp32 ``BLOCK_M x BLOCK_N`` tile. With
 ``SPLIT_K = 1`` it applies the scales and bias and stores ``y`` directly (one launch); otherwise
-it stores fp32 partials ``[SPLIT_K, M, N]`` and :func:`_splitk_reduce_kernel` sums them in a
-fixed order (deterministic, no atomics), scales, adds the bias and casts (two launches).
+it stores fp32 partials ``[SPLIT_K, M, N]`` and one of two reductions (``Fp8SplitKConfig.reduce``)
+sums them in the fixed order ``0 .. SPLIT_K - 1`` (deterministic, and the two give the same bits),
+scales, adds the bias and casts:
+
+* ``"kernel"``: a second launch, :func:`_splitk_reduce_kernel`, into partials allocated per
+  call;
+* ``"inline"``: no second launch (serial split-K fix-up, as CUTLASS's "serial split-K" and
+  stream-K fix-ups with a semaphore per output tile do): each program stores its partial into a
+  persistent :class:`SplitKWorkspace`, waits for its CTA's stores (``tl.debug_barrier``) and
+  increments the tile's arrival counter with one ``acq_rel`` GPU-scope atomic (release: the
+  partials are visible before the count; acquire: the last program sees every partial). The
+  program that arrives last (count ``SPLIT_K - 1``) reads the ``SPLIT_K`` partials back through
+  L2 (``.cg``), applies the epilogue, writes ``y`` and sets the counter back to zero, so the next
+  call and every CUDA-graph replay start clean; the partials need no reset (each call
+  overwrites them). Calls that share a workspace must be ordered (one stream), as the layers of
+  a model are.
 
 Two operand modes, both with fp32 accumulation, and two weight-scale layouts: per output
 channel (``scale [N]``, applied once at the end), or block-wise (``scale [cdiv(N, bn),
@@ -25,14 +39,16 @@ partial product times the scale of its ``(n // bn, k // bk)`` block, as
 
 Split-K is the standard technique of CUTLASS's "split-K serial/parallel" GEMMs; the tiles that
 the engine uses come from ``benchmarks/fp8_gemm_bench.py --sweep`` on the H200
-(:data:`surge.quant.fp8_linear.SPLITK_MEASURED`). The launch depends only on the shapes and
-the partials are allocated by torch (from the graph pool while capturing), so it is safe in
+(:data:`surge.quant.fp8_linear.SPLITK_MEASURED`). The launch depends only on the shapes; the
+``"kernel"`` reduction's partials are allocated by torch (from the graph pool while capturing)
+and the ``"inline"`` one's workspace is allocated once, before capture, so both are safe in
 CUDA-graph capture: no host syncs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import triton
@@ -46,7 +62,10 @@ class Fp8SplitKConfig:
     """One launch of :func:`fp8_linear_splitk`.
 
     ``block_m``, ``block_n``, ``block_k`` are powers of two >= 16; ``split_k >= 1`` slices of
-    ``K``; ``a8`` selects the w8a8 mode (per-token FP8 activations), else w8a16.
+    ``K``; ``a8`` selects the w8a8 mode (per-token FP8 activations), else w8a16; ``reduce`` how
+    ``split_k > 1`` partials are summed: ``"kernel"`` (a second launch) or ``"inline"`` (the
+    last program of each output tile, through a :class:`SplitKWorkspace`; see the module
+    docstring). ``reduce`` is ignored when ``split_k == 1``.
     """
 
     block_m: int
@@ -56,6 +75,38 @@ class Fp8SplitKConfig:
     num_stages: int
     num_warps: int
     a8: bool = False
+    reduce: Literal["kernel", "inline"] = "kernel"
+
+
+@dataclass(frozen=True)
+class SplitKWorkspace:
+    """Persistent scratch of the ``"inline"`` split-K reduction, shared by the calls of one
+    stream (e.g. every FP8 layer of a model, see :func:`surge.quant.loading.process_fp8`).
+
+    ``partials``: float32 ``[P]``, the ``[split_k, M, N]`` partials of a call (any content);
+    ``counters``: int32 ``[T]``, one arrival counter per output tile, all zero between calls
+    (the kernel leaves them zero). Sizes from :func:`splitk_workspace_size`.
+    """
+
+    partials: torch.Tensor
+    counters: torch.Tensor
+
+    @staticmethod
+    def allocate(partials: int, tiles: int, device: torch.device | str) -> SplitKWorkspace:
+        """A workspace of ``partials`` floats and ``tiles`` zeroed counters on ``device``."""
+        return SplitKWorkspace(
+            torch.empty(max(partials, 1), dtype=torch.float32, device=device),
+            torch.zeros(max(tiles, 1), dtype=torch.int32, device=device),
+        )
+
+
+def splitk_workspace_size(m: int, n: int, config: Fp8SplitKConfig) -> tuple[int, int]:
+    """``(floats, counters)`` that a ``[M, K] @ [N, K]^T`` call with ``config`` needs in a
+    :class:`SplitKWorkspace`; ``(0, 0)`` unless it reduces inline (``split_k > 1``)."""
+    if config.reduce != "inline" or config.split_k == 1:
+        return 0, 0
+    tiles = triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m)
+    return config.split_k * m * n, tiles
 
 
 def default_splitk_config(m: int, n: int, k: int) -> Fp8SplitKConfig:
@@ -72,9 +123,39 @@ def default_splitk_config(m: int, n: int, k: int) -> Fp8SplitKConfig:
     return Fp8SplitKConfig(block_m, block_n, block_k, split, 4, 4)
 
 
+@triton.jit
+def _epilogue(
+    acc,
+    y_ptr,
+    ws_ptr,
+    xs_ptr,
+    b_ptr,
+    offs_m,
+    offs_n,
+    mask_m,
+    mask_n,
+    stride_ym,
+    A8: tl.constexpr,
+    BLOCK_SCALES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Per-channel weight scales (block scales were applied per step), token scales, bias,
+    cast, store."""
+    if not BLOCK_SCALES:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if A8:
+        acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
 @triton.jit(do_not_specialize=["M", "STEPS"])
 def _fp8_splitk_kernel(
-    out_ptr,
+    y_ptr,
+    p_ptr,
+    cnt_ptr,
     x_ptr,
     w_ptr,
     ws_ptr,
@@ -86,11 +167,11 @@ def _fp8_splitk_kernel(
     STEPS,
     stride_xm,
     stride_wn,
-    stride_om,
-    stride_os,
+    stride_ym,
     stride_sn,
     A8: tl.constexpr,
     PARTIALS: tl.constexpr,
+    INLINE: tl.constexpr,
     BLOCK_SCALES: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
@@ -141,18 +222,53 @@ def _fp8_splitk_kernel(
             acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if PARTIALS:
-        p_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(p_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+    if PARTIALS:  # partials [SPLIT_K, M, N], contiguous
+        mask = mask_m[:, None] & mask_n[None, :]
+        p_tile = p_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        slice_stride = M.to(tl.int64) * N
+        tl.store(p_tile + pid_k * slice_stride, acc, mask=mask)
+        if INLINE:
+            splits = tl.num_programs(1)
+            counter = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == splits - 1:  # the last of the tile's programs: sum in a fixed order
+                tl.debug_barrier()
+                acc = tl.load(p_tile, mask=mask, other=0.0, cache_modifier=".cg")
+                for s in range(1, splits):
+                    acc += tl.load(p_tile + s * slice_stride, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(counter, 0)  # clean for the next call (stream-ordered)
+                _epilogue(
+                    acc,
+                    y_ptr,
+                    ws_ptr,
+                    xs_ptr,
+                    b_ptr,
+                    offs_m,
+                    offs_n,
+                    mask_m,
+                    mask_n,
+                    stride_ym,
+                    A8,
+                    BLOCK_SCALES,
+                    HAS_BIAS,
+                )
     else:
-        if not BLOCK_SCALES:
-            acc = acc * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
-        if A8:
-            acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        y_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        _epilogue(
+            acc,
+            y_ptr,
+            ws_ptr,
+            xs_ptr,
+            b_ptr,
+            offs_m,
+            offs_n,
+            mask_m,
+            mask_n,
+            stride_ym,
+            A8,
+            BLOCK_SCALES,
+            HAS_BIAS,
+        )
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -196,6 +312,7 @@ def fp8_linear_splitk(
     config: Fp8SplitKConfig | None = None,
     block_size: tuple[int, int] | None = None,
     out: torch.Tensor | None = None,
+    workspace: SplitKWorkspace | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T + bias`` with an FP8 weight, split over ``K``.
 
@@ -211,6 +328,9 @@ def fp8_linear_splitk(
             most ``bk``'s largest power-of-two divisor under block scales).
         block_size: ``(bn, bk)`` of block scales, None for per-channel scales.
         out: optional ``[M, N]`` output in ``x``'s dtype, last dim contiguous.
+        workspace: the persistent scratch of ``config.reduce == "inline"`` (at least
+            :func:`splitk_workspace_size`, on ``x``'s device, counters zero); None allocates a
+            fresh one for this call (correct, but a zero-fill per call: the engine passes one).
 
     Returns:
         ``[M, N]`` in ``x``'s dtype, fp32 accumulation; equal (up to summation order) to
@@ -219,8 +339,8 @@ def fp8_linear_splitk(
 
     Raises:
         ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, a
-            bad config (under block scales: a ``block_k`` that does not divide ``bk``), or
-            w8a8 with fp32 ``x``.
+            bad config (under block scales: a ``block_k`` that does not divide ``bk``), w8a8
+            with fp32 ``x``, or a workspace too small or of the wrong dtype or device.
     """
     m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(x, weight, scale, block_size, bias)
     if config is not None:
@@ -234,6 +354,8 @@ def fp8_linear_splitk(
             raise ValueError(f"block sizes must be powers of two >= 16, got {cfg}")
     if cfg.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
+    if cfg.reduce not in ("kernel", "inline"):
+        raise ValueError(f"reduce must be 'kernel' or 'inline', got {cfg.reduce!r}")
     if cfg.a8 and x.dtype == torch.float32:
         raise ValueError("the w8a8 mode takes fp16/bf16 activations")
     if block_size is not None and scale_bk % cfg.block_k != 0:
@@ -242,6 +364,23 @@ def fp8_linear_splitk(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
+    partials = cfg.split_k > 1
+    inline = partials and cfg.reduce == "inline"
+    if inline:
+        floats, tiles = splitk_workspace_size(m, n, cfg)
+        if workspace is None:
+            workspace = SplitKWorkspace.allocate(floats, tiles, x.device)
+        elif (
+            workspace.partials.dtype != torch.float32
+            or workspace.counters.dtype != torch.int32
+            or workspace.partials.device != x.device
+            or workspace.counters.device != x.device
+            or workspace.partials.numel() < floats
+            or workspace.counters.numel() < tiles
+        ):
+            raise ValueError(
+                f"workspace must hold {floats} float32 partials and {tiles} int32 counters on {x.device}"
+            )
     if m == 0 or n == 0:
         return out
     a, xs = x, scale
@@ -250,11 +389,18 @@ def fp8_linear_splitk(
 
         a, xs = per_token_quant_fp8(x)
     steps = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k)  # BLOCK_K steps per K slice
-    partials = cfg.split_k > 1
-    dest = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if partials else out
+    if inline:
+        assert workspace is not None
+        dest, counters = workspace.partials, workspace.counters
+    elif partials:
+        dest, counters = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device), scale
+    else:
+        dest, counters = out, scale  # unused
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     _fp8_splitk_kernel[grid](
+        out,
         dest,
+        counters,
         a,
         weight,
         scale,
@@ -266,11 +412,11 @@ def fp8_linear_splitk(
         steps,
         a.stride(0),
         weight.stride(0),
-        n if partials else out.stride(0),
-        m * n,
+        out.stride(0),
         stride_sn,
         A8=cfg.a8,
         PARTIALS=partials,
+        INLINE=inline,
         BLOCK_SCALES=block_size is not None,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
@@ -283,7 +429,7 @@ def fp8_linear_splitk(
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
-    if partials:
+    if partials and not inline:
         block = min(1024, max(128, triton.next_power_of_2(n)))
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
             out,

@@ -40,7 +40,7 @@ from surge.quant.fp8 import (
 )
 
 if TYPE_CHECKING:
-    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig
+    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, SplitKWorkspace
     from surge.layers.linear import _LinearBase
 
 SKINNY_MAX_M = 16
@@ -58,47 +58,48 @@ SPLITK_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 between and the buckets not measured)."""
 SPLITK_MAX_M = SPLITK_BUCKETS[-1]
 
-SplitKTiles = tuple[int, int, int, int, int, int, bool]
+SplitKTiles = tuple[int, int, int, int, int, int, bool, str]
 """The fields of :class:`surge.kernels.fp8_gemm_splitk.Fp8SplitKConfig` in order: ``(block_m,
-block_n, block_k, split_k, num_stages, num_warps, a8)`` (a plain tuple: this module must not
-import a Triton kernel at import time)."""
+block_n, block_k, split_k, num_stages, num_warps, a8, reduce)`` (a plain tuple: this module must
+not import a Triton kernel at import time); ``reduce`` is ``"kernel"`` (a second launch sums
+the split-K partials) or ``"inline"`` (the last program of each tile does)."""
 
 SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {
     (6144, 4096): {  # qkv; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 4, 4, 4, True),  # 16.4 / 20.2 / 13.1
-        2: (16, 64, 128, 4, 4, 4, True),  # 15.9 / 21.4 / 13.1
-        4: (16, 64, 128, 4, 4, 4, True),  # 15.1 / 21.3 / 13.1
-        8: (16, 64, 128, 4, 4, 4, True),  # 15.2 / 21.1 / 13.1
-        16: (16, 64, 128, 4, 4, 4, True),  # 16.0 / 19.5 / 13.3
-        32: (32, 64, 128, 4, 4, 4, True),  # 15.8 / 19.2 / 14.3
-        64: (64, 64, 256, 1, 4, 4, True),  # 15.9 / 16.7 / 12.9
+        1: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 16.4 / 20.2 / 13.1
+        2: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 15.9 / 21.4 / 13.1
+        4: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 15.1 / 21.3 / 13.1
+        8: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 15.2 / 21.1 / 13.1
+        16: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 16.0 / 19.5 / 13.3
+        32: (32, 64, 128, 4, 4, 4, True, "kernel"),  # 15.8 / 19.2 / 14.3
+        64: (64, 64, 256, 1, 4, 4, True, "kernel"),  # 15.9 / 16.7 / 12.9
     },
     (4096, 4096): {  # o; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 32, 128, 2, 4, 4, False),  # 13.1 / 16.1 / 10.8
-        2: (16, 32, 128, 2, 4, 4, False),  # 13.2 / 16.5 / 10.8
-        4: (16, 32, 128, 2, 4, 4, False),  # 13.1 / 16.7 / 10.7
-        8: (16, 32, 128, 4, 4, 4, False),  # 13.1 / 16.4 / 10.9
-        16: (16, 32, 128, 2, 4, 4, False),  # 13.4 / 16.1 / 10.8
-        32: (32, 64, 128, 4, 4, 4, True),  # 13.7 / 16.3 / 12.1
-        64: (64, 32, 512, 1, 4, 4, True),  # 11.9 / 16.4 / 10.9
+        1: (16, 32, 128, 2, 4, 4, False, "kernel"),  # 13.1 / 16.1 / 10.8
+        2: (16, 32, 128, 2, 4, 4, False, "kernel"),  # 13.2 / 16.5 / 10.8
+        4: (16, 32, 128, 2, 4, 4, False, "kernel"),  # 13.1 / 16.7 / 10.7
+        8: (16, 32, 128, 4, 4, 4, False, "kernel"),  # 13.1 / 16.4 / 10.9
+        16: (16, 32, 128, 2, 4, 4, False, "kernel"),  # 13.4 / 16.1 / 10.8
+        32: (32, 64, 128, 4, 4, 4, True, "kernel"),  # 13.7 / 16.3 / 12.1
+        64: (64, 32, 512, 1, 4, 4, True, "kernel"),  # 11.9 / 16.4 / 10.9
     },
     (24576, 4096): {  # gate_up; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 1, 4, 4, True),  # 53.2 / 46.8 / 29.9
-        2: (16, 64, 128, 1, 4, 4, True),  # 50.7 / 48.7 / 30.2
-        4: (16, 64, 128, 1, 4, 4, True),  # 49.8 / 44.2 / 30.4
-        8: (16, 64, 128, 1, 4, 4, True),  # 51.3 / 47.3 / 30.6
-        16: (16, 64, 128, 1, 4, 4, True),  # 50.9 / 44.3 / 30.9
-        32: (32, 64, 128, 1, 4, 4, True),  # 50.8 / 46.2 / 32.3
-        64: (64, 64, 128, 1, 4, 4, True),  # 52.0 / 43.7 / 32.1
+        1: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 53.2 / 46.8 / 29.9
+        2: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 50.7 / 48.7 / 30.2
+        4: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 49.8 / 44.2 / 30.4
+        8: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 51.3 / 47.3 / 30.6
+        16: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 50.9 / 44.3 / 30.9
+        32: (32, 64, 128, 1, 4, 4, True, "kernel"),  # 50.8 / 46.2 / 32.3
+        64: (64, 64, 128, 1, 4, 4, True, "kernel"),  # 52.0 / 43.7 / 32.1
     },
     (4096, 12288): {  # down; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 32, 128, 8, 4, 4, False),  # 30.7 / 38.4 / 21.7
-        2: (16, 32, 128, 8, 4, 4, False),  # 28.8 / 40.8 / 21.9
-        4: (16, 32, 128, 8, 4, 4, False),  # 29.2 / 40.3 / 22.1
-        8: (16, 32, 128, 8, 4, 4, False),  # 29.6 / 39.9 / 22.1
-        16: (16, 64, 128, 8, 4, 4, False),  # 29.2 / 38.2 / 22.3
-        32: (32, 128, 256, 4, 4, 4, True),  # 30.1 / 38.8 / 24.9
-        64: (64, 128, 256, 4, 4, 4, True),  # 31.5 / 38.8 / 25.5
+        1: (16, 32, 128, 8, 4, 4, False, "kernel"),  # 30.7 / 38.4 / 21.7
+        2: (16, 32, 128, 8, 4, 4, False, "kernel"),  # 28.8 / 40.8 / 21.9
+        4: (16, 32, 128, 8, 4, 4, False, "kernel"),  # 29.2 / 40.3 / 22.1
+        8: (16, 32, 128, 8, 4, 4, False, "kernel"),  # 29.6 / 39.9 / 22.1
+        16: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 29.2 / 38.2 / 22.3
+        32: (32, 128, 256, 4, 4, 4, True, "kernel"),  # 30.1 / 38.8 / 24.9
+        64: (64, 128, 256, 4, 4, 4, True, "kernel"),  # 31.5 / 38.8 / 25.5
     },
 }
 """Per weight shape ``(N, K)`` and measured token bucket ``M``: the split-K FP8 GEMM config
@@ -198,6 +199,7 @@ class Fp8LinearMethod:
         self.triton_for_decode = False
         self.splitk_by_m: tuple[Fp8SplitKConfig | None, ...] = ()
         self.block_splitk_by_m: tuple[Fp8SplitKConfig, ...] = ()  # block scales, M = 0..SPLITK_MAX_M
+        self.splitk_workspace: SplitKWorkspace | None = None  # shared, set by process_fp8
 
     # ------------------------------------------------------------------ loading
 
@@ -286,6 +288,23 @@ class Fp8LinearMethod:
             if self.use_scaled_mm and not self.emulate and (n, k) in SPLITK_MEASURED:
                 self.splitk_by_m = splitk_configs(n, k)
 
+    def splitk_workspace_need(self, n: int) -> tuple[int, int]:
+        """``(floats, counters)`` of the :class:`~surge.kernels.fp8_gemm_splitk.SplitKWorkspace`
+        that this layer's ``"inline"`` split-K configs need (the largest over ``M``; ``(0, 0)``
+        for none); :func:`surge.quant.loading.process_fp8` allocates one for all layers."""
+        inline = [
+            (m, c)
+            for by_m in (self.splitk_by_m, self.block_splitk_by_m)
+            for m, c in enumerate(by_m)
+            if c is not None and c.reduce == "inline"
+        ]
+        if not inline:
+            return 0, 0
+        from surge.kernels.fp8_gemm_splitk import splitk_workspace_size
+
+        need = [splitk_workspace_size(m, n, c) for m, c in inline]
+        return max(f for f, _ in need), max(t for _, t in need)
+
     # ------------------------------------------------------------------ forward
 
     def weight_only(self, m: int) -> bool:
@@ -316,14 +335,16 @@ class Fp8LinearMethod:
 
                 xc = x if x.stride(1) == 1 else x.contiguous()
                 cfg = self.block_splitk_by_m[m]
-                return fp8_linear_splitk(xc, w, s, bias, config=cfg, block_size=self.block_size)
+                ws = self.splitk_workspace
+                return fp8_linear_splitk(xc, w, s, bias, config=cfg, block_size=self.block_size, workspace=ws)
             return fp8_linear(x, w, s, bias, block_size=self.block_size)
         if m < len(self.splitk_by_m) and x.dtype == torch.bfloat16:
             cfg = self.splitk_by_m[m]
             if cfg is not None:
                 from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
 
-                return fp8_linear_splitk(x if x.stride(1) == 1 else x.contiguous(), w, s, bias, config=cfg)
+                xc = x if x.stride(1) == 1 else x.contiguous()
+                return fp8_linear_splitk(xc, w, s, bias, config=cfg, workspace=self.splitk_workspace)
         if (
             not self.use_scaled_mm
             or x.dtype != torch.bfloat16

@@ -1,15 +1,23 @@
 """The split-K FP8 GEMM against the torch reference of :mod:`surge.quant.fp8`: w8a16 and w8a8,
-one launch and split-K with the reduce kernel, even and ragged ``K`` slices, bias, tails."""
+one launch and split-K with the reduce kernel or the inline reduction (repeated calls on one
+persistent workspace), even and ragged ``K`` slices, bias, tails."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, default_splitk_config, fp8_linear_splitk
+from surge.kernels.fp8_gemm_splitk import (
+    Fp8SplitKConfig,
+    SplitKWorkspace,
+    default_splitk_config,
+    fp8_linear_splitk,
+    splitk_workspace_size,
+)
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
 
@@ -129,6 +137,164 @@ def test_block_scales_match_reference(
         torch.testing.assert_close(out.cpu(), want, atol=1e-2 * scale, rtol=2e-2)
 
 
+def _same_as_reduce_kernel(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Both reductions sum the partials in the same order: the same bits under the interpreter;
+    on a GPU allow one output ulp (the compiler may contract the epilogues differently)."""
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=2**-7)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,split,block_n",
+    [
+        (1, 64, 256, 4, 16),
+        (3, 48, 192, 3, 32),  # ragged last N tile, ragged K slices
+        (16, 64, 512, 8, 32),
+        (20, 40, 96, 2, 16),  # two M tiles, ragged N
+        (3, 32, 64, 4, 16),  # a slice past K (empty partial)
+    ],
+)
+@pytest.mark.parametrize("a8", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_inline_reduce_matches_reference_over_repeated_calls(
+    m: int, n: int, k: int, split: int, block_n: int, a8: bool, with_bias: bool
+) -> None:
+    """The inline reduction: the reference and the reduce kernel's result on every one of four
+    calls in a row on one workspace, whose counters are zero after each call."""
+    x, w, s, bias = (t.to(DEVICE) for t in _problem(m, n, k, torch.bfloat16, seed=3 * m + n + k))
+    b = bias if with_bias else None
+    kernel = Fp8SplitKConfig(16, block_n, 32, split, 2, 4, a8=a8)
+    inline = replace(kernel, reduce="inline")
+    floats, tiles = splitk_workspace_size(m, n, inline)
+    assert floats == split * m * n and tiles == -(-n // block_n) * -(-m // 16)
+    ws = SplitKWorkspace.allocate(floats, tiles, DEVICE)
+    ws.partials.fill_(float("nan"))  # stale partials must not matter
+    want = fp8_linear_splitk(x, w, s, b, config=kernel)
+    for _ in range(4):
+        got = fp8_linear_splitk(x, w, s, b, config=inline, workspace=ws)
+        assert got.shape == (m, n) and got.dtype == torch.bfloat16
+        _same_as_reduce_kernel(got, want)
+        assert int(ws.counters.abs().sum()) == 0
+    if a8:
+        xq, xs = per_token_quant_fp8(x)
+        ref = dequantize(xq.cpu(), xs.cpu()) @ dequantize(w.cpu(), s.cpu()).t()
+        if b is not None:
+            ref = ref + b.cpu().float()
+        torch.testing.assert_close(got.cpu().float(), ref, atol=2e-2, rtol=2e-2)
+    else:
+        ref = fp8_linear_reference(
+            x.cpu(), w.cpu(), s.cpu(), None if b is None else b.cpu(), quantize_input=False
+        )
+        torch.testing.assert_close(got.cpu(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_inline_reduce_shares_one_workspace_across_shapes_and_modes() -> None:
+    """Calls of different shapes, splits, dtypes and scale layouts, interleaved on one
+    workspace (as a model's layers share one), each equal to its reduce-kernel result."""
+    calls = []
+    for m, n, k, split, dtype in ((1, 64, 256, 4, torch.bfloat16), (16, 96, 128, 2, torch.float32)):
+        x, w, s, bias = (t.to(DEVICE) for t in _problem(m, n, k, dtype, seed=m * 7 + n))
+        calls.append((x, w, s, bias, None, Fp8SplitKConfig(16, 32, 32, split, 2, 4)))
+    x, w, s, bias = (t.to(DEVICE) for t in _block_problem(3, 64, 256, (32, 64), seed=2))
+    calls.append((x, w, s, bias, (32, 64), Fp8SplitKConfig(16, 16, 32, 8, 2, 4)))
+    need = [
+        splitk_workspace_size(c[0].shape[0], c[1].shape[0], replace(c[5], reduce="inline")) for c in calls
+    ]
+    ws = SplitKWorkspace.allocate(max(f for f, _ in need), max(t for _, t in need), DEVICE)
+    wants = [fp8_linear_splitk(x, w, s, b, config=c, block_size=bs) for x, w, s, b, bs, c in calls]
+    order = [0, 1, 2, 0, 2, 1, 1, 0]
+    for i in order:
+        x, w, s, b, bs, c = calls[i]
+        got = fp8_linear_splitk(x, w, s, b, config=replace(c, reduce="inline"), block_size=bs, workspace=ws)
+        _same_as_reduce_kernel(got, wants[i])
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def test_inline_reduce_workspace_checks() -> None:
+    """A missing workspace is allocated for the call; one too small, or of the wrong dtype, is
+    a ValueError; split_k = 1 or the reduce kernel need none; a bad reduce name is refused."""
+    x, w, s, _ = (t.to(DEVICE) for t in _problem(5, 64, 256, torch.bfloat16, seed=8))
+    inline = Fp8SplitKConfig(16, 32, 32, 4, 2, 4, reduce="inline")
+    want = fp8_linear_splitk(x, w, s, config=replace(inline, reduce="kernel"))
+    _same_as_reduce_kernel(fp8_linear_splitk(x, w, s, config=inline), want)
+    assert splitk_workspace_size(5, 64, inline) == (4 * 5 * 64, 2)
+    assert splitk_workspace_size(5, 64, replace(inline, split_k=1)) == (0, 0)
+    assert splitk_workspace_size(5, 64, replace(inline, reduce="kernel")) == (0, 0)
+    small = SplitKWorkspace.allocate(4 * 5 * 64 - 1, 2, DEVICE)
+    with pytest.raises(ValueError, match="workspace"):
+        fp8_linear_splitk(x, w, s, config=inline, workspace=small)
+    few = SplitKWorkspace.allocate(4 * 5 * 64, 1, DEVICE)
+    with pytest.raises(ValueError, match="workspace"):
+        fp8_linear_splitk(x, w, s, config=inline, workspace=few)
+    wrong = SplitKWorkspace(torch.zeros(4 * 5 * 64, device=DEVICE), torch.zeros(2, device=DEVICE))
+    with pytest.raises(ValueError, match="workspace"):
+        fp8_linear_splitk(x, w, s, config=inline, workspace=wrong)
+    with pytest.raises(ValueError, match="reduce"):
+        fp8_linear_splitk(x, w, s, config=replace(inline, reduce="atomic"))  # type: ignore[arg-type]
+    one = replace(inline, split_k=1)
+    torch.testing.assert_close(
+        fp8_linear_splitk(x, w, s, config=one, workspace=small), want, atol=2e-2, rtol=2e-2
+    )
+
+
+def test_process_fp8_shares_one_workspace_sized_for_the_inline_layers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``"inline"`` entries in ``SPLITK_MEASURED``, :func:`process_fp8` gives every FP8
+    layer one shared workspace sized for the largest need; the layers' decode steps then match
+    the reference; with none (the reduce kernel only), no workspace is allocated."""
+    from torch import nn
+
+    from surge.layers.linear import ReplicatedLinear
+    from surge.quant import fp8_linear
+    from surge.quant.config import Fp8Config
+    from surge.quant.loading import attach_fp8, process_fp8
+
+    gen = torch.Generator().manual_seed(4)
+    table = {
+        (64, 128): {1: (16, 32, 32, 4, 2, 4, False, "inline"), 16: (16, 16, 32, 2, 2, 4, True, "inline")},
+        (96, 64): {16: (16, 32, 32, 2, 2, 4, False, "kernel")},
+    }
+    for inline in (True, False):
+        if not inline:
+            table = {shape: {m: (*t[:7], "kernel") for m, t in by_m.items()} for shape, by_m in table.items()}
+        monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", table)
+        model = nn.Sequential(
+            ReplicatedLinear(128, 64, dtype=torch.bfloat16), ReplicatedLinear(64, 96, dtype=torch.bfloat16)
+        )
+        model.to(DEVICE)
+        for layer in model:
+            layer.weight.data.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.05)
+        config = Fp8Config("channel", from_checkpoint=False)
+        attach_fp8(model, config, emulate=False, load_checkpoint=False)
+        process_fp8(model)
+        methods = [layer.quant_method for layer in model]
+        if not inline:
+            assert all(mt.splitk_workspace is None for mt in methods)
+            continue
+        ws = methods[0].splitk_workspace
+        assert ws is not None and all(mt.splitk_workspace is ws for mt in methods)
+        # the largest need: M = 16 at (64, 128) with split 2 (2 * 16 * 64), M = 1 with 2 tiles
+        assert ws.partials.numel() == 2 * 16 * 64 and ws.counters.numel() == 4
+        for m in (1, 3, 16):
+            x = torch.randn(m, 128, generator=gen).to(torch.bfloat16)
+            first, second = model[0], model[1]
+            y = first(x.to(DEVICE))
+            w8a16 = m == 1
+            want = fp8_linear_reference(
+                x, first.weight.cpu(), first.weight_scale.cpu(), quantize_input=not w8a16
+            )
+            torch.testing.assert_close(y.cpu(), want, atol=3e-2, rtol=3e-2)
+            z = second(y)
+            want2 = fp8_linear_reference(
+                y.cpu(), second.weight.cpu(), second.weight_scale.cpu(), quantize_input=False
+            )
+            torch.testing.assert_close(z.cpu(), want2, atol=3e-2, rtol=3e-2)
+        assert int(ws.counters.abs().sum()) == 0
+
+
 def test_block_scales_reject_a_block_k_that_crosses_blocks() -> None:
     x, w, s, _ = _block_problem(2, 32, 128, (32, 32), seed=1)
     with pytest.raises(ValueError, match="must divide"):
@@ -199,8 +365,10 @@ def test_measured_table_maps_each_token_count_to_its_bucket(monkeypatch: pytest.
 
 def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     """``fp8_gemm_bench.py --emit F --write-source FILE`` rewrites ``SPLITK_MEASURED``: split-K
-    where it beat quant + ``_scaled_mm`` by >= 3 %, None where it did not; the new table is
-    valid Python that :func:`splitk_configs` reads, and the rest of the file is unchanged."""
+    where it beat quant + ``_scaled_mm`` by >= 3 %, None where it did not, with the reduction
+    of the fastest mode (an older sweep's 7-field configs read as the reduce kernel); the new
+    table is valid, ruff-formatted Python that :func:`splitk_configs` reads, and the rest of
+    the file is unchanged."""
     import ast
     import json
     import subprocess
@@ -208,14 +376,18 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
 
     repo = Path(__file__).resolve().parents[2]
 
-    def row(bf16: float, scaled: float, a16: float, a8: float) -> dict[str, object]:
-        cfg16, cfg8 = [16, 32, 128, 4, 4, 4, False], [16, 64, 256, 2, 3, 4, True]
-        best = {"w8a16": [a16 * 1e-6, cfg16], "w8a8": [a8 * 1e-6, cfg8]}
+    def row(
+        bf16: float, scaled: float, a16: float, a8: float, a16_inline: float | None = None
+    ) -> dict[str, object]:
+        cfg16, cfg8 = [16, 32, 128, 4, 4, 4, False], [16, 64, 256, 2, 3, 4, True, "kernel"]
+        best: dict[str, object] = {"w8a16": [a16 * 1e-6, cfg16], "w8a8": [a8 * 1e-6, cfg8]}
+        if a16_inline is not None:
+            best["w8a16 inline"] = [a16_inline * 1e-6, [16, 32, 128, 4, 4, 4, False, "inline"]]
         return {"bf16": bf16 * 1e-6, "scaled_mm": scaled * 1e-6, "best": best}
 
     sweep = {
         "qkv": {"1": row(16, 20, 13, 14), "32": row(18, 19, 19, 18.6)},  # 32: 2 % faster, not enough
-        "down": {"8": row(30, 38, 23, 22), "64": row(35, 30, 31, 32)},
+        "down": {"8": row(30, 38, 23, 22, 21), "64": row(35, 30, 31, 32, 30.5)},
     }
     data, src = tmp_path / "sweep.json", tmp_path / "fp8_linear.py"
     data.write_text(json.dumps(sweep))
@@ -230,7 +402,10 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
     assert r.returncode == 0, r.stderr
-    assert "| qkv | 6144 x 4096 | 1 | 16.0 | 20.0 | 13.0 | 14.0 | split-K w8a16" in r.stdout
+    assert "| qkv | 6144 x 4096 | 1 | 16.0 | 20.0 | 13.0 | 14.0 | - | - | split-K w8a16 (16," in r.stdout
+    assert (
+        "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | 21.0 | - | split-K w8a16 inline" in r.stdout
+    )
     new = src.read_text()
     tree = ast.parse(new)
     node = next(
@@ -242,10 +417,18 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     )
     table = ast.literal_eval(node.value)
     assert table == {
-        (6144, 4096): {1: (16, 32, 128, 4, 4, 4, False), 32: None},
-        (4096, 12288): {8: (16, 64, 256, 2, 3, 4, True), 64: None},
+        (6144, 4096): {1: (16, 32, 128, 4, 4, 4, False, "kernel"), 32: None},
+        (4096, 12288): {8: (16, 32, 128, 4, 4, 4, False, "inline"), 64: None},
     }
-    assert "1: (16, 32, 128, 4, 4, 4, False),  # 16.0 / 20.0 / 13.0" in new
+    assert '1: (16, 32, 128, 4, 4, 4, False, "kernel"),  # 16.0 / 20.0 / 13.0' in new
+    assert '8: (16, 32, 128, 4, 4, 4, False, "inline"),  # 30.0 / 38.0 / 21.0' in new
+    fmt = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--line-length", "110", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
     start, end = (
         original.index("SPLITK_MEASURED:"),
         original.index("\n}\n", original.index("SPLITK_MEASURED:")),

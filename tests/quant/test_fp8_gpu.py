@@ -208,15 +208,25 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
     )
     runner = ModelRunner(cfg, TorchAttentionBackend() if torch_backend else None)
     if kw.pop("splitk_decode", False):
-        from surge.kernels.fp8_gemm_splitk import default_splitk_config
+        from dataclasses import replace
+
+        from surge.kernels.fp8_gemm_splitk import SplitKWorkspace, default_splitk_config
         from surge.quant.fp8_linear import SPLITK_MAX_M
 
+        reduce = str(kw.pop("reduce", "kernel"))  # "inline": one shared workspace, as process_fp8
+        methods = []
         for m in runner.model.modules():
             if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
                 n, k = m.weight.shape
                 m.quant_method.splitk_by_m = tuple(
-                    default_splitk_config(t, n, k) for t in range(SPLITK_MAX_M + 1)
+                    replace(default_splitk_config(t, n, k), reduce=reduce) for t in range(SPLITK_MAX_M + 1)
                 )
+                methods.append((m.quant_method, n))
+        needs = [method.splitk_workspace_need(n) for method, n in methods]
+        if reduce == "inline":
+            ws = SplitKWorkspace.allocate(max(f for f, _ in needs), max(t for _, t in needs), "cuda")
+            for method, _ in methods:
+                method.splitk_workspace = ws
     if kw.pop("block_splitk_decode", False):  # as if SPLITK_BLOCK_FASTER held every shape
         from surge.quant.fp8_linear import SPLITK_MAX_M, block_splitk_config
 
@@ -256,6 +266,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
         {"quantization": "fp8"},
         {"quantization": "fp8", "triton_decode": True},
         {"quantization": "fp8", "splitk_decode": True},
+        {"quantization": "fp8", "splitk_decode": True, "reduce": "inline"},
         {"quantization": "fp8", "kv": "fp8"},
         {"kv": "fp8"},
         {"checkpoint": True},
@@ -265,6 +276,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
         "fp8-weights",
         "fp8-weights-triton-decode",
         "fp8-weights-splitk-decode",
+        "fp8-weights-splitk-inline-decode",
         "fp8-weights-kv",
         "fp8-kv",
         "fp8-block-checkpoint",
