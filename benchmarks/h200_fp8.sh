@@ -10,8 +10,9 @@
 #   surge-fp8-kv8  the same with --kv-cache-dtype fp8 (port 8242)                 -> RUNS/surge-fp8-kv8/
 #   vllm-fp8       vLLM 0.26 --quantization fp8 (port 8241; benchmarks/peers/vllm.sh, vLLM
 #                  installed in /tmp/site first)                                  -> RUNS/vllm-fp8/
-#   sweep          the split-K sweep at M = 2, 4, 8, 32, 64 (about 1.5 min), merged with the
-#                  committed M = 1, 16 results, then the table and SPLITK_MEASURED
+#   sweep          the split-K sweep at M = 1, 2, 4, 8, 16, 32, 64, both reductions (about 2.5
+#                  min), then the table and SPLITK_MEASURED (apply with fp8_gemm_bench.py --emit
+#                  RUNS/fp8_sweep.json --write-source surge/quant/fp8_linear.py)
 #                                        -> RUNS/fp8_sweep.json, fp8_sweep.txt, fp8_emit.txt
 #   gemm           every FP8 GEMM path per shape and M (about 1 min); prints TRITON_FASTER and
 #                  SPLITK_BLOCK_FASTER                                   -> RUNS/fp8_gemm_bench.txt
@@ -62,8 +63,7 @@ case "$step" in
     bash "$here/peers/vllm.sh" --port 8241 --quantization fp8 "$model" "$runs/$step" $(matrix_args "$runs/$step")
     ;;
   sweep)
-    [ -f "$runs/fp8_sweep.json" ] || cp "$here/results/h200-qwen3-8b-fp8/fp8_sweep.json" "$runs/fp8_sweep.json"
-    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/fp8_gemm_bench.py" --sweep --m 2 4 8 32 64 --json "$runs/fp8_sweep.json" \
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/fp8_gemm_bench.py" --sweep --json "$runs/fp8_sweep.json" \
       2>&1 | tee -a "$runs/fp8_sweep.txt"
     PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/fp8_gemm_bench.py" --emit "$runs/fp8_sweep.json" | tee "$runs/fp8_emit.txt"
     ;;
@@ -72,7 +72,7 @@ case "$step" in
     ;;
   tests)
     python3 -m pytest -q -p no:cacheprovider -o timeout=0 -rA --tb=short \
-      tests/quant/test_fp8_gpu.py tests/kernels/test_fp8_gemm_splitk.py 2>&1 | tee "$runs/gpu-tests.txt"
+      tests/quant/test_fp8_gpu.py tests/kernels/test_fp8_gemm_splitk.py tests/kernels/test_fp8_gemm_splitk_gpu.py 2>&1 | tee "$runs/gpu-tests.txt"
     ;;
   *)
     echo "h200_fp8.sh: unknown step $step" >&2; exit 2 ;;
