@@ -135,9 +135,13 @@ def check_fp8_gemm_args(
     scale: torch.Tensor,
     block_size: tuple[int, int] | None,
     bias: torch.Tensor | None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[int, int, int, int, int, int]:
     """Validate the operands of an FP8-weight GEMM ``x [M, K] @ weight[N, K]^T`` (shared by
-    :func:`fp8_linear` and the split-K kernel's launcher).
+    :func:`fp8_linear` and the split-K kernel's launcher). With ``x_scale``, ``x`` is already
+    quantized per token: float8_e4m3fn with float32 ``x_scale [M, 1]``, per-channel weight
+    scales only, and the output (and ``bias``) in ``out_dtype`` (fp16/bf16).
 
     Returns:
         ``(M, N, K, scale_bn, scale_bk, stride_sn)``: the scale's block shape (``1, 1`` and a
@@ -147,12 +151,28 @@ def check_fp8_gemm_args(
         ValueError: non-2-D or mismatched shapes, ``x`` not fp16/bf16/fp32 or ``weight`` not
             float8_e4m3fn, a non-contiguous last dimension, operands on different devices, a
             non-float32 ``scale`` or one of the wrong shape, or a ``bias`` that is not a
-            contiguous ``[N]`` in ``x``'s dtype.
+            contiguous ``[N]`` in ``x``'s dtype (``out_dtype`` with ``x_scale``); with
+            ``x_scale``: ``x`` not e4m3, ``x_scale`` not a contiguous float32 ``[M, 1]``, block
+            scales, or ``out_dtype`` not fp16/bf16.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
-    if x.dtype not in _DTYPES or weight.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"x must be fp16/bf16/fp32 and weight float8_e4m3fn, got {x.dtype}, {weight.dtype}")
+    act_dtype = x.dtype
+    if x_scale is not None:
+        m = x.shape[0]
+        if x.dtype != torch.float8_e4m3fn or out_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"pre-quantized x must be float8_e4m3fn with a fp16/bf16 out_dtype, got {x.dtype}"
+            )
+        if x_scale.shape != (m, 1) or x_scale.dtype != torch.float32 or not x_scale.is_contiguous():
+            raise ValueError(f"x_scale must be a contiguous [{m}, 1] float32, got {tuple(x_scale.shape)}")
+        if x_scale.device != x.device or block_size is not None:
+            raise ValueError("x_scale must be on x's device and takes per-channel weight scales")
+        act_dtype = out_dtype
+    elif x.dtype not in _DTYPES:
+        raise ValueError(f"x must be fp16/bf16/fp32, got {x.dtype}")
+    if weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"weight must be float8_e4m3fn, got {weight.dtype}")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("x and weight need a contiguous last dimension")
     if weight.device != x.device or scale.device != x.device or scale.dtype != torch.float32:
@@ -171,8 +191,8 @@ def check_fp8_gemm_args(
                 f"block scale must be {want} with a contiguous last dim, got {tuple(scale.shape)}"
             )
         stride_sn = scale.stride(0)
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or bias.stride(0) != 1):
-        raise ValueError(f"bias must be a contiguous [{n}] {x.dtype} tensor")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != act_dtype or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [{n}] {act_dtype} tensor")
     return m, n, k, scale_bn, scale_bk, stride_sn
 
 

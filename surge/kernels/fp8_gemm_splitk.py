@@ -313,6 +313,8 @@ def fp8_linear_splitk(
     block_size: tuple[int, int] | None = None,
     out: torch.Tensor | None = None,
     workspace: SplitKWorkspace | None = None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T + bias`` with an FP8 weight, split over ``K``.
 
@@ -331,6 +333,11 @@ def fp8_linear_splitk(
         workspace: the persistent scratch of ``config.reduce == "inline"`` (at least
             :func:`splitk_workspace_size`, on ``x``'s device, counters zero); None allocates a
             fresh one for this call (correct, but a zero-fill per call: the engine passes one).
+        x_scale: ``[M, 1]`` float32 per-token scales of an ``x`` already quantized to
+            float8_e4m3fn (e.g. by :func:`surge.kernels.add_rmsnorm.add_rmsnorm_fp8`): w8a8
+            only, per-channel weight scales only, nothing quantized here; the output (and
+            ``bias``) then has ``out_dtype`` (fp16/bf16) instead of ``x``'s dtype.
+        out_dtype: the output dtype with ``x_scale``; ignored without it.
 
     Returns:
         ``[M, N]`` in ``x``'s dtype, fp32 accumulation; equal (up to summation order) to
@@ -340,9 +347,15 @@ def fp8_linear_splitk(
     Raises:
         ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, a
             bad config (under block scales: a ``block_k`` that does not divide ``bk``), w8a8
-            with fp32 ``x``, or a workspace too small or of the wrong dtype or device.
+            with fp32 ``x``, ``x_scale`` with a w8a16 config, or a workspace too small or of
+            the wrong dtype or device.
     """
-    m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(x, weight, scale, block_size, bias)
+    if x_scale is None:
+        out_dtype = x.dtype
+    m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(
+        x, weight, scale, block_size, bias, x_scale, out_dtype
+    )
+    assert out_dtype is not None
     if config is not None:
         cfg = config
     else:
@@ -358,12 +371,14 @@ def fp8_linear_splitk(
         raise ValueError(f"reduce must be 'kernel' or 'inline', got {cfg.reduce!r}")
     if cfg.a8 and x.dtype == torch.float32:
         raise ValueError("the w8a8 mode takes fp16/bf16 activations")
+    if x_scale is not None and not cfg.a8:
+        raise ValueError("pre-quantized activations (x_scale) need a w8a8 config (a8=True)")
     if block_size is not None and scale_bk % cfg.block_k != 0:
         raise ValueError(f"block_k {cfg.block_k} must divide the scale block's {scale_bk} columns")
     if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {out_dtype} with a contiguous last dim")
     partials = cfg.split_k > 1
     inline = partials and cfg.reduce == "inline"
     if inline:
@@ -384,7 +399,9 @@ def fp8_linear_splitk(
     if m == 0 or n == 0:
         return out
     a, xs = x, scale
-    if cfg.a8:
+    if x_scale is not None:
+        xs = x_scale
+    elif cfg.a8:
         from surge.kernels.fp8_quant import per_token_quant_fp8
 
         a, xs = per_token_quant_fp8(x)

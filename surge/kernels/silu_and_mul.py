@@ -2,6 +2,12 @@
 
 ``x [T, 2I] -> silu(x[:, :I]) * x[:, I:]`` with the roundings of the torch expression
 ``F.silu(gate) * up`` (silu in fp32 rounded to the input dtype, then the product rounded).
+
+:func:`silu_and_mul_fp8` also quantizes each output row per token to FP8 (e4m3), the input
+of a w8a8 GEMM (``down_proj``): one program per row, two passes over the row (the amax of the
+rounded products, then the quantized store, recomputing the products from ``x``), with the
+rules of :mod:`surge.kernels.fp8_quant`, so it equals
+:func:`surge.quant.fp8.quantize_per_token` of :func:`silu_and_mul`'s output bit for bit.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
 
 
 @triton.jit
@@ -30,6 +38,45 @@ def _silu_and_mul_kernel(
     act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     y = act * up.to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_block(x_row, offs, n_cols):
+    """``silu(gate) * up`` of columns ``offs`` in fp32, rounded to ``x``'s dtype as torch does."""
+    mask = offs < n_cols
+    gate = tl.load(x_row + offs, mask=mask, other=0.0)
+    up = tl.load(x_row + n_cols + offs, mask=mask, other=0.0)
+    dtype = gate.dtype
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _silu_and_mul_fp8_kernel(
+    q_ptr,
+    s_ptr,
+    x_ptr,
+    n_cols,
+    stride_x,
+    stride_q,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    x_row = x_ptr + row * stride_x
+    q_row = q_ptr + row * stride_q
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in range(0, n_cols, BLOCK):
+        amax = tl.maximum(amax, tl.abs(_silu_mul_block(x_row, c0 + offs, n_cols)))
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), FP8_MAX), MIN_SCALE)
+    tl.store(s_ptr + row, scale)
+    for c0 in range(0, n_cols, BLOCK):
+        y = _silu_mul_block(x_row, c0 + offs, n_cols)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
+        tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < n_cols)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -60,3 +107,40 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         out, x, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4
     )
     return out
+
+
+def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu(x[:, :I]) * x[:, I:]`` quantized per token to FP8 (e4m3) in the same kernel.
+
+    Args:
+        x: ``[num_tokens, 2 * I]`` fp16/bf16/fp32 (last dim contiguous).
+
+    Returns:
+        ``(out_fp8 [num_tokens, I] float8_e4m3fn, scale [num_tokens, 1] float32)``, equal bit
+        for bit to ``quantize_per_token(silu_and_mul(x))``.
+
+    Raises:
+        ValueError: if ``x`` is not 2-D, its last dimension is odd or not contiguous.
+    """
+    if x.dim() != 2 or x.shape[1] % 2 != 0 or x.stride(1) != 1:
+        raise ValueError(f"x must be [T, 2*I] with a contiguous last dim, got {tuple(x.shape)}")
+    num_rows, two_i = x.shape
+    inter = two_i // 2
+    out = torch.empty((num_rows, inter), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
+    if num_rows == 0:
+        return out, scale
+    block = min(4096, triton.next_power_of_2(max(inter, 16)))
+    _silu_and_mul_fp8_kernel[(num_rows,)](
+        out,
+        scale,
+        x,
+        inter,
+        x.stride(0),
+        out.stride(0),
+        FP8_MAX=FP8_E4M3_MAX,
+        MIN_SCALE=MIN_FP8_SCALE,
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
+    return out, scale

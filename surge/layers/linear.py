@@ -13,6 +13,9 @@ cuBLAS (see :func:`gemm`).
 
 A quantized layer (FP8, :mod:`surge.quant`) has a ``quant_method`` that owns its weights'
 format and runs its matmul; unquantized layers keep ``quant_method = None`` and :func:`gemm`.
+The kernel producing a layer's input asks :meth:`_LinearBase.wants_fp8_input` whether to hand
+it per-token FP8 activations (:class:`surge.quant.fp8.Fp8Activations`) instead of bf16 ones;
+only a quantized layer on a w8a8 path says yes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from surge.parallel.communicator import TPCommunicator
+    from surge.quant.fp8 import Fp8Activations
 
 WeightLoader = Callable[..., None]
 
@@ -33,8 +37,14 @@ WeightLoader = Callable[..., None]
 class LinearMethod(Protocol):
     """A quantized layer's matmul (e.g. :class:`surge.quant.fp8_linear.Fp8LinearMethod`)."""
 
-    def apply(self, layer: _LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(
+        self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """``x [T, in_local] -> [T, out_local]`` in ``x``'s dtype, plus ``bias`` when given."""
+        ...
+
+    def wants_fp8_input(self, m: int, dtype: torch.dtype) -> bool:
+        """Whether a step of ``m`` tokens of ``dtype`` takes :class:`Fp8Activations`."""
         ...
 
 
@@ -104,8 +114,17 @@ class _LinearBase(nn.Module):
     ) -> None:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, in_local] -> [T, out_local]`` (:func:`gemm` or the quant method)."""
+    def wants_fp8_input(self, num_tokens: int, dtype: torch.dtype) -> bool:
+        """Whether the producer of this layer's ``[num_tokens, in_local]`` input of ``dtype``
+        should pass it quantized per token (:class:`surge.quant.fp8.Fp8Activations`): only an
+        FP8 layer whose path for ``num_tokens`` is a w8a8 GEMM says yes. Depends only on the
+        shapes, so it is fixed for a captured CUDA graph."""
+        qm = self.quant_method
+        return qm is not None and qm.wants_fp8_input(num_tokens, dtype)
+
+    def forward(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor:
+        """``x [T, in_local] -> [T, out_local]`` (:func:`gemm` or the quant method; per-token
+        FP8 activations only when :meth:`wants_fp8_input` said so)."""
         if self.quant_method is None:
             return gemm(x, self.weight, self.bias)
         return self.quant_method.apply(self, x, self.bias)
@@ -290,7 +309,7 @@ class RowParallelLinear(_LinearBase):
         _check_shape(param, loaded_weight, "RowParallelLinear")
         param.data.copy_(loaded_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor:
         """``x [T, in_local] -> [T, out]`` (all-reduced over ranks when ``tp_size > 1``)."""
         if self.quant_method is not None:
             if self.tp_size == 1:

@@ -13,7 +13,8 @@ class GatedMLP(nn.Module):
     """SwiGLU MLP (Shazeer, 2020): ``down(silu(gate(x)) * up(x))``.
 
     ``gate_proj`` and ``up_proj`` are one column-parallel matmul (``gate_up_proj``); the down
-    projection is row-parallel. Parameter names follow Hugging Face's (``gate_up_proj`` is
+    projection is row-parallel; the activation :meth:`~surge.layers.activation.SiluAndMul.feeds`
+    ``down_proj`` (per-token FP8 output when that layer runs w8a8). Parameter names follow Hugging Face's (``gate_up_proj`` is
     loaded from ``gate_proj`` and ``up_proj``).
 
     Args:
@@ -40,6 +41,7 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = RowParallelLinear(inter, hidden_size, bias, dtype, tp_rank, tp_size)
         self.act = SiluAndMul()
+        self.act.feeds(self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden] -> [T, hidden]``."""

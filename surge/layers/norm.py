@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+from surge.quant.fp8 import Fp8Activations, quantize_per_token
+
+if TYPE_CHECKING:
+    from surge.layers.linear import _LinearBase
 
 
 class RMSNorm(nn.Module):
@@ -12,14 +19,27 @@ class RMSNorm(nn.Module):
     Computed as Hugging Face's ``LlamaRMSNorm``: normalise in float32, cast back to the
     input dtype, then multiply by the weight.
 
+    A norm whose output is the input of one linear layer may name it (:meth:`feeds`): when
+    that layer runs a w8a8 FP8 GEMM for the step's token count
+    (:meth:`surge.layers.linear._LinearBase.wants_fp8_input`), the norm returns its output
+    quantized per token (:class:`surge.quant.fp8.Fp8Activations`, on CUDA from the same kernel:
+    :func:`surge.kernels.add_rmsnorm.add_rmsnorm_fp8`) and the GEMM skips its own quantization.
+
     Attributes:
         weight: ``[hidden_size]``, initialised to ones.
+        consumer: the linear layer fed by this norm (not a submodule), or None.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.consumer: _LinearBase | None = None
+
+    def feeds(self, consumer: _LinearBase) -> None:
+        """Declare that this norm's output is ``consumer``'s input (kept as a plain reference,
+        not registered as a submodule)."""
+        object.__setattr__(self, "consumer", consumer)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -29,16 +49,25 @@ class RMSNorm(nn.Module):
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | Fp8Activations | tuple[torch.Tensor | Fp8Activations, torch.Tensor]:
         """Normalise ``x [..., hidden]``.
 
         Without ``residual``, returns the normalised ``x``. With it, first forms
         ``s = x + residual`` (in the input dtype, as HF's decoder layers do) and returns
-        ``(norm(s), s)``: the normalised sum and the new residual.
+        ``(norm(s), s)``: the normalised sum and the new residual. The normalised part is
+        :class:`Fp8Activations` (``x`` 2-D) when the :attr:`consumer` wants them.
 
-        On CUDA this runs the fused Triton kernel :func:`surge.kernels.add_rmsnorm.add_rmsnorm`;
-        the torch code here is its reference and the CPU path.
+        On CUDA this runs the fused Triton kernel :func:`surge.kernels.add_rmsnorm.add_rmsnorm`
+        (or ``add_rmsnorm_fp8``); the torch code here is its reference and the CPU path.
         """
+        consumer = self.consumer
+        if (
+            consumer is not None
+            and consumer.quant_method is not None
+            and x.dim() == 2
+            and consumer.wants_fp8_input(x.shape[0], x.dtype)
+        ):
+            return self._forward_fp8(x, residual)
         if x.is_cuda:
             from surge.kernels.add_rmsnorm import add_rmsnorm
 
@@ -53,3 +82,17 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         s = x + residual
         return self._norm(s), s
+
+    def _forward_fp8(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> Fp8Activations | tuple[Fp8Activations, torch.Tensor]:
+        """:meth:`forward` with the normalised ``x [T, hidden]`` quantized per token."""
+        if x.is_cuda:
+            from surge.kernels.add_rmsnorm import add_rmsnorm_fp8
+
+            q, scale, new_res = add_rmsnorm_fp8(x, self.weight, self.eps, residual)
+        else:
+            new_res = None if residual is None else x + residual
+            q, scale = quantize_per_token(self._norm(x if new_res is None else new_res))
+        act = Fp8Activations(q, scale, x.dtype)
+        return act if new_res is None else (act, new_res)

@@ -82,6 +82,8 @@ class LlamaDecoderLayer(nn.Module):
         )
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
+        self.input_layernorm.feeds(self.self_attn.qkv_proj)
+        self.post_attention_layernorm.feeds(self.mlp.gate_up_proj)
 
     def forward(
         self,

@@ -81,6 +81,8 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, cfg.torch_dtype, tp_rank, tp_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
+        self.input_layernorm.feeds(self.self_attn.qkv_proj)
+        self.post_attention_layernorm.feeds(self.mlp.gate_up_proj)
 
     def forward(
         self,

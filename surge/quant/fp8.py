@@ -13,11 +13,30 @@ These functions run on any device; on CPU they are also the FP8 *emulation* path
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
 
 FP8_DTYPE = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Activations:
+    """Activations already quantized per token, handed from the kernel that produced them
+    (:class:`surge.layers.norm.RMSNorm`, :class:`surge.layers.activation.SiluAndMul`) to the
+    w8a8 FP8 linear layer that consumes them, so the GEMM skips its own quantization launch.
+
+    Attributes:
+        data: ``[T, K]`` float8_e4m3fn.
+        scale: ``[T, 1]`` float32 dequantization multipliers (:func:`quantize_per_token`'s).
+        dtype: the dtype the activations had before quantization: the GEMM's output dtype.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -92,7 +111,7 @@ def dequantize(
 
 
 def fp8_linear_reference(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Activations,
     weight: torch.Tensor,
     scale: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -105,15 +124,21 @@ def fp8_linear_reference(
     With ``quantize_input`` the activations are quantized per token first (the w8a8 GEMM of
     ``torch._scaled_mm``); without it they stay in their dtype (the weight-only kernel of
     :mod:`surge.kernels.fp8_gemm`). Then ``dequant(x) @ dequant(weight)^T (+ bias)``.
+    :class:`Fp8Activations` are already quantized: they are dequantized as they are
+    (``quantize_input`` is ignored) and the result has their ``dtype``.
 
     Args:
         weight: fp8 ``[N, K]``; scale: ``[N]`` or block scales (with ``block_size``).
     """
-    xf = dequantize(*quantize_per_token(x)) if quantize_input else x.float()
+    if isinstance(x, Fp8Activations):
+        xf, dtype = dequantize(x.data, x.scale), x.dtype
+    else:
+        xf = dequantize(*quantize_per_token(x)) if quantize_input else x.float()
+        dtype = x.dtype
     out = xf @ dequantize(weight, scale, block_size).t()
     if bias is not None:
         out = out + bias.float()
-    return out.to(x.dtype)
+    return out.to(dtype)
 
 
 def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -22,6 +22,12 @@ their kernel layout, and (3) runs the GEMM:
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
   dequantize then matmul in float32, activations quantized per token exactly when the CUDA
   path does (per-channel scales, not a weight-only decode kernel: :meth:`weight_only`).
+
+Pre-quantized activations: when a step's path is w8a8 (:meth:`Fp8LinearMethod.wants_fp8_input`),
+the kernel that produces this layer's input (RMSNorm, SiLU-and-mul, see
+:meth:`surge.layers.linear._LinearBase.wants_fp8_input`) may quantize per token in its own
+epilogue and pass :class:`surge.quant.fp8.Fp8Activations`; :meth:`Fp8LinearMethod.apply` then
+runs the same w8a8 GEMM on them without a quantization launch of its own.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from torch import nn
 from surge.quant.config import Fp8Config
 from surge.quant.fp8 import (
     FP8_DTYPE,
+    Fp8Activations,
     fp8_linear_reference,
     quantize_block,
     quantize_per_channel,
@@ -319,9 +326,36 @@ class Fp8LinearMethod:
             return not cfg.a8
         return self.triton_for_decode and m <= SKINNY_MAX_M
 
-    def apply(self, layer: _LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x [T, K] -> [T, N]`` in ``x``'s dtype through the path chosen for this layer."""
+    def wants_fp8_input(self, m: int, dtype: torch.dtype) -> bool:
+        """Whether a step of ``m`` tokens of ``dtype`` activations runs a w8a8 GEMM (split-K
+        w8a8 or ``torch._scaled_mm``), i.e. takes per-token FP8 activations, so that the
+        kernel producing them may pass :class:`Fp8Activations` instead (decided when a CUDA
+        graph is captured, per token bucket). Under emulation: whenever :meth:`apply` would
+        quantize the input itself."""
+        if self.block_size is not None:
+            return False
+        if self.emulate:
+            return not self.weight_only(m)
+        if dtype != torch.bfloat16:
+            return False
+        cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+        if cfg is not None:
+            return cfg.a8
+        return self.use_scaled_mm and not (self.triton_for_decode and m <= SKINNY_MAX_M)
+
+    def apply(
+        self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [T, K] -> [T, N]`` in ``x``'s dtype through the path chosen for this layer; for
+        :class:`Fp8Activations` (given only when :meth:`wants_fp8_input` held), that w8a8 path
+        without quantizing.
+
+        Raises:
+            ValueError: :class:`Fp8Activations` on a layer whose path is not w8a8.
+        """
         w, s = layer.weight, layer.weight_scale
+        if isinstance(x, Fp8Activations):
+            return self._apply_fp8(x, w, s, bias)
         if self.emulate:
             return fp8_linear_reference(
                 x, w, s, bias, block_size=self.block_size, quantize_input=not self.weight_only(x.shape[0])
@@ -352,6 +386,34 @@ class Fp8LinearMethod:
         ):
             return fp8_linear(x, w, s, bias)
         return scaled_mm_linear(x, w, self.scale_row, bias)
+
+    def _apply_fp8(
+        self, x: Fp8Activations, w: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        m = x.data.shape[0]
+        if not self.wants_fp8_input(m, x.dtype):
+            raise ValueError(f"fp8: this layer's path for {m} tokens does not take FP8 activations")
+        if self.emulate:
+            return fp8_linear_reference(x, w, s, bias)
+        cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+        if cfg is not None:
+            from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
+
+            return fp8_linear_splitk(
+                x.data,
+                w,
+                s,
+                bias,
+                config=cfg,
+                x_scale=x.scale,
+                out_dtype=x.dtype,
+                workspace=self.splitk_workspace,
+            )
+        assert self.scale_row is not None
+        out = torch._scaled_mm(x.data, w.t(), scale_a=x.scale, scale_b=self.scale_row, out_dtype=x.dtype)
+        if bias is not None:
+            out += bias
+        return out
 
 
 def scaled_mm_linear(

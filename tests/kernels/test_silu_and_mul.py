@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surge.kernels.silu_and_mul import silu_and_mul
+from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8
 from surge.layers.activation import SiluAndMul
+from surge.quant.fp8 import quantize_per_token
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("inter", [32, 100, 1500])
@@ -15,6 +18,26 @@ def test_matches_torch(inter: int, dtype: torch.dtype) -> None:
     x = (4 * torch.randn(3, 2 * inter, generator=torch.Generator().manual_seed(0))).to(dtype)
     tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1.6e-2}
     torch.testing.assert_close(silu_and_mul(x), SiluAndMul()(x), **tol)
+
+
+@pytest.mark.parametrize("m,inter", [(1, 32), (3, 100), (2, 1500), (3, 5000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_output_is_the_quantized_product(m: int, inter: int, dtype: torch.dtype) -> None:
+    """``silu_and_mul_fp8`` = per-token quantization of ``silu_and_mul``'s output, bit for bit
+    (rows longer than one block, a wide row, an all-zero row: the floor scale)."""
+    x = (4 * torch.randn(m, 2 * inter, generator=torch.Generator().manual_seed(2))).to(dtype)
+    x[0, :2] = torch.tensor([30.0, 50.0])
+    x[0, inter : inter + 2] = torch.tensor([20.0, 1e-3])
+    if m > 2:
+        x[2] = 0
+    xd = x.to(DEVICE)
+    q, scale = silu_and_mul_fp8(xd)
+    q_ref, s_ref = quantize_per_token(silu_and_mul(xd).cpu())
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (m, inter) and scale.shape == (m, 1)
+    assert torch.equal(scale.cpu(), s_ref)
+    assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+    if m > 2:
+        assert scale[2].item() == pytest.approx(1e-12) and not q[2].float().any()
 
 
 def test_out_buffer_and_errors() -> None:
@@ -26,6 +49,10 @@ def test_out_buffer_and_errors() -> None:
         silu_and_mul(torch.randn(2, 63))
     with pytest.raises(ValueError):
         silu_and_mul(x, torch.empty(2, 31))
+    with pytest.raises(ValueError):
+        silu_and_mul_fp8(torch.randn(2, 63))
+    q, scale = silu_and_mul_fp8(torch.randn(0, 64))
+    assert q.shape == (0, 32) and scale.shape == (0, 1)
 
 
 @pytest.mark.gpu
@@ -36,3 +63,19 @@ def test_gpu_qwen3_8b_mlp() -> None:
     ref = SiluAndMul()(x)
     torch.testing.assert_close(out, ref, atol=1e-2, rtol=1.6e-2)
     assert (out != ref).float().mean().item() < 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_gpu_fp8_output_qwen3_8b_mlp(m: int) -> None:
+    """At Qwen3-8B's intermediate size: the fused FP8 output equals the FP8 quantization kernel
+    and the torch reference applied to the bf16 output, bit for bit."""
+    from surge.kernels.fp8_quant import per_token_quant_fp8
+
+    x = 3 * torch.randn(m, 2 * 12288, device="cuda", dtype=torch.bfloat16)
+    q, scale = silu_and_mul_fp8(x)
+    out = silu_and_mul(x)
+    for q_ref, s_ref in (per_token_quant_fp8(out), quantize_per_token(out)):
+        assert torch.equal(scale, s_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))

@@ -104,6 +104,44 @@ def test_fp8_splitk_gemm_real_shapes(layer: str, m: int, a8: bool) -> None:
 
 
 @pytest.mark.parametrize("layer", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
+def test_fp8_layer_takes_prequantized_activations_real_shapes(layer: str, m: int) -> None:
+    """An FP8 layer with the engine's tables (split-K buckets, ``_scaled_mm``) given the
+    per-token FP8 activations of its producer (:meth:`Fp8LinearMethod.wants_fp8_input` steps)
+    returns exactly what it returns for the bf16 activations; the producers' fused kernels
+    (RMSNorm for K = 4096, SiLU-and-mul for K = 12288) give those activations bit for bit."""
+    from surge.kernels.add_rmsnorm import add_rmsnorm, add_rmsnorm_fp8
+    from surge.kernels.fp8_quant import per_token_quant_fp8
+    from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8
+    from surge.layers.linear import ReplicatedLinear
+    from surge.quant.config import Fp8Config
+    from surge.quant.fp8 import Fp8Activations
+
+    n, k = SHAPES[layer]
+    lin = ReplicatedLinear(k, n, dtype=torch.bfloat16).cuda()
+    lin.weight.data.normal_(0, 0.02)
+    method = Fp8LinearMethod(Fp8Config("channel", from_checkpoint=False), emulate=False)
+    method.process_weights(lin)
+    lin.quant_method = method
+    if k == 12288:
+        gate_up = 3 * torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
+        x = silu_and_mul(gate_up)
+        q, s = silu_and_mul_fp8(gate_up)
+    else:
+        h, res = torch.randn(2, m, k, device="cuda", dtype=torch.bfloat16)
+        w = (1 + 0.2 * torch.randn(k, device="cuda")).to(torch.bfloat16)
+        x = add_rmsnorm(h, w, 1e-6, res)[0]
+        q, s, _ = add_rmsnorm_fp8(h, w, 1e-6, res)
+    xq, xs = per_token_quant_fp8(x)
+    assert torch.equal(s, xs) and torch.equal(q.view(torch.uint8), xq.view(torch.uint8))
+    if lin.wants_fp8_input(m, torch.bfloat16):
+        assert torch.equal(lin(Fp8Activations(q, s, torch.bfloat16)), lin(x))
+    else:
+        with pytest.raises(ValueError, match="FP8 activations"):
+            lin(Fp8Activations(q, s, torch.bfloat16))
+
+
+@pytest.mark.parametrize("layer", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 5, 16, 64])
 def test_fp8_splitk_block_gemm_real_shapes(layer: str, m: int) -> None:
     """The split-K GEMM with 128 x 128 block scales (FP8 checkpoints' decode path) against the
