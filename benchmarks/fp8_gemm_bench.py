@@ -39,7 +39,9 @@ bitwise against its first result); it prints the best config per (shape, M) and 
 bf16 cuBLAS and quant + ``_scaled_mm`` and merges the results into ``--json`` (so the sweep can
 run in pieces; on the H200 about 25 s of compiles per ``block_m`` of 16, 32, 64, then about 2 s
 per layer and ``M``). ``--emit FILE`` prints the table and the
-ready-to-paste value of ``surge.quant.fp8_linear.SPLITK_MEASURED`` from that file::
+ready-to-paste value of ``surge.quant.fp8_linear.SPLITK_MEASURED`` from that file
+(``--write-source surge/quant/fp8_linear.py`` writes it there; ``--no-inline`` chooses among the
+reduce kernel's configs only)::
 
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 1 2 4 8 16 --json /tmp/fp8_sweep.json
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 32 64 --json /tmp/fp8_sweep.json
@@ -388,12 +390,17 @@ def write_source(path: Path, literal: str) -> None:
     path.write_text("".join(lines[:first]) + literal + "".join(lines[last + 1 :]))
 
 
-def emit(path: Path, source: Path | None = None) -> None:
+def emit(path: Path, source: Path | None = None, no_inline: bool = False) -> None:
     """Print the sweep table of ``path`` and the ``SPLITK_MEASURED`` literal it supports (per
     shape and bucket, the faster split-K mode if it beats quant + ``_scaled_mm`` by >= 3 %,
     else None); with ``source``, also write that literal into that file (the engine's
-    ``surge/quant/fp8_linear.py``)."""
+    ``surge/quant/fp8_linear.py``); ``no_inline`` ignores the inline reduction's timings (the
+    fallback should it fail the GPU tests: the same sweep, the reduce kernel only)."""
     data = json.loads(path.read_text())
+    if no_inline:  # choose among the reduce kernel and split_k = 1 only
+        for rows in data.values():
+            for row in rows.values():
+                row["best"] = {mode: v for mode, v in row["best"].items() if not mode.endswith(" inline")}
     print(
         "| layer | N x K | M | bf16 us | quant+_scaled_mm us | split-K w8a16 us | split-K w8a8 us "
         "| w8a16 inline us | w8a8 inline us | chosen |"
@@ -437,11 +444,16 @@ def main() -> None:
         type=Path,
         help="--emit: also replace SPLITK_MEASURED in this file (surge/quant/fp8_linear.py)",
     )
+    ap.add_argument(
+        "--no-inline",
+        action="store_true",
+        help="--emit: ignore the inline split-K reduction's timings (choose the reduce kernel)",
+    )
     args = ap.parse_args()
     if args.write_source is not None and args.emit is None:
         ap.error("--write-source needs --emit FILE")
     if args.emit is not None:
-        emit(args.emit, args.write_source)
+        emit(args.emit, args.write_source, args.no_inline)
         return
     if args.sweep:
         ms = [m for m in args.m if m <= SPLITK_BUCKETS[-1]] if "--m" in sys.argv else list(SPLITK_BUCKETS)

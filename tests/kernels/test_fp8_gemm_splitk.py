@@ -429,6 +429,31 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
         timeout=120,
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    # --no-inline: the same sweep, the inline reduction's timings ignored (down 8: w8a8 at 22 us)
+    src.write_text(original)
+    r = subprocess.run(
+        [sys.executable, "benchmarks/fp8_gemm_bench.py", "--emit", str(data), "--write-source", str(src)]
+        + ["--no-inline"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | - | - | split-K w8a8 (16," in r.stdout
+    text = src.read_text()
+    node = next(
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.target, ast.Name)
+        and n.target.id == "SPLITK_MEASURED"
+    )
+    assert ast.literal_eval(node.value)[(4096, 12288)] == {
+        8: (16, 64, 256, 2, 3, 4, True, "kernel"),
+        64: None,
+    }
     start, end = (
         original.index("SPLITK_MEASURED:"),
         original.index("\n}\n", original.index("SPLITK_MEASURED:")),
