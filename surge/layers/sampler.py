@@ -21,7 +21,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from surge.layers.top_k_top_p import apply_top_k_top_p, apply_top_k_top_p_window, top_k_window
+from surge.layers.top_k_top_p import (
+    apply_top_k_top_p,
+    apply_top_k_top_p_window,
+    sample_top_k_window,
+    top_k_window,
+)
 from surge.sampling_params import GREEDY_EPS, SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -44,6 +49,9 @@ class SamplingMetadata:
         top_k_window: host int ``W`` when every row that truncates (top-k or top-p) has
             ``top_k`` in ``1..TOP_K_WINDOW_MAX``: top-k/top-p then take ``torch.topk(W)``
             instead of a full sort (:mod:`surge.layers.top_k_top_p`); None: full sort.
+        window_sample: host bool, the batch can take :func:`sample_top_k_window` (on CUDA):
+            some row samples, every sampling row has ``top_k`` in ``1..top_k_window``, and no
+            row has its own seed (seeded rows keep the full-row hash noise).
         min_p: ``[B]`` float32, 0 = off.
         seeds: ``[B]`` int64 per-request seeds modulo 2^63 (any value where ``seeded`` is False).
         seeded: ``[B]`` bool, rows that use their own seed.
@@ -67,6 +75,7 @@ class SamplingMetadata:
     top_k: torch.Tensor | None = None
     top_p: torch.Tensor | None = None
     top_k_window: int | None = None
+    window_sample: bool = False
     min_p: torch.Tensor | None = None
     seeds: torch.Tensor | None = None
     seeded: torch.Tensor | None = None
@@ -125,6 +134,12 @@ class SamplingMetadata:
             md.seeded = tensor(np.array([p.seed is not None for p in params], dtype=np.bool_))
             md.output_positions = tensor(num_out)
             md.all_seeded = all(p.seed is not None for p in sampling_rows)
+        md.window_sample = (
+            md.top_k_window is not None
+            and md.seeds is None
+            and bool(sampling_rows)
+            and all(p.top_k > 0 for p in sampling_rows)
+        )
         if any(p.has_penalties for p in params):
             md.presence_penalties = tensor(np.array([p.presence_penalty for p in params], dtype=np.float32))
             md.frequency_penalties = tensor(np.array([p.frequency_penalty for p in params], dtype=np.float32))
@@ -305,8 +320,22 @@ class Sampler(nn.Module):
         self.generator.manual_seed(seed)
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Sample. ``logits`` are ``[B, V]`` (any float dtype, not modified); returns ``[B]`` int64."""
-        logits = logits.float()
+        """Sample. ``logits`` are ``[B, V]`` (any float dtype, not modified); returns ``[B]`` int64.
+
+        On CUDA, a batch with ``md.window_sample`` (the common case: temperature with top-k,
+        optionally top-p and min-p, no seeds) takes :func:`sample_top_k_window`, which draws
+        from the same distribution with fewer kernels and no ``[B, V]`` softmax or noise
+        (its random stream differs from the full-row race's).
+        """
+        window = md.top_k_window if md.window_sample and logits.is_cuda else None
+        rules = (
+            md.allowed_mask is not None
+            or md.logit_bias_rows is not None
+            or md.repetition_penalties is not None
+            or md.suppress_rows is not None
+        )
+        if window is None or rules:
+            logits = logits.float()
         if md.allowed_mask is not None:
             logits = logits.masked_fill(~md.allowed_mask, float("-inf"))
         if md.logit_bias_rows is not None:
@@ -324,6 +353,14 @@ class Sampler(nn.Module):
         if md.all_greedy:
             assert greedy_tokens is not None
             return greedy_tokens
+        if window is not None:
+            assert md.top_k is not None
+            sampled = sample_top_k_window(
+                logits, md.temperature, md.top_k, md.top_p, md.min_p, window, self.generator, GREEDY_EPS
+            )
+            if greedy_tokens is None:
+                return sampled
+            return torch.where(md.temperature < GREEDY_EPS, greedy_tokens, sampled)
         is_greedy = md.temperature < GREEDY_EPS
         temperature = torch.where(is_greedy, 1.0, md.temperature)
         logits = logits / temperature[:, None]

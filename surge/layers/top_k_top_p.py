@@ -18,6 +18,12 @@ top-p is on (ties of the ``k``-th value can lie outside the window and still car
 Both give the same kept set up to float32 rounding of the top-p sums (the softmax
 denominators are summed in a different order). Every shape is fixed by ``B``, ``V`` and
 ``W``, so the window path can be captured in a CUDA graph per ``W``.
+
+:func:`sample_top_k_window` goes further for the sampler's common case on the GPU (every
+sampling row has a ``top_k`` in the window, no per-request seed): ``torch.topk`` then one
+Triton kernel (:mod:`surge.kernels.window_sample`) that applies temperature, top-k, top-p and
+min-p over the ``[B, W]`` window and draws the token, with no ``[B, V]`` mask, softmax or
+noise.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from collections.abc import Iterable
 
 import torch
 
+from surge.sampling_params import GREEDY_EPS
+
 TOP_K_WINDOW_MAX = 1024
+
+_SAMPLE_WINDOW_ROUND = 16
+""":func:`sample_top_k_window` takes ``torch.topk`` of the window rounded up past the next
+multiple of this (at least one column more than the largest ``k``), so that the full-row scan
+for logits tied with the ``k``-th value is needed only for long runs of ties."""
 """Largest ``top_k`` served by :func:`apply_top_k_top_p_window`; larger ``k`` (or top-p
 without top-k) sorts the whole row."""
 
@@ -140,3 +153,66 @@ def apply_top_k_top_p_window(
     cutoff = _cutoff(vals, kth, top_p, z_extra)
     cutoff = torch.where(off, float("-inf"), cutoff)
     return logits.masked_fill(logits < cutoff[:, None], float("-inf"))
+
+
+def sample_top_k_window(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+    window: int,
+    generator: torch.Generator,
+    greedy_eps: float,
+) -> torch.Tensor:
+    """Sample one token per row with temperature, top-k, top-p and min-p, from a window.
+
+    Same distribution as scaling by the temperature, :func:`apply_top_k_top_p_window`,
+    :func:`surge.layers.sampler.apply_min_p` and the exponential race over the full row (up to
+    float32 rounding of the top-p and min-p sums), in three steps: ``torch.topk(logits, W')``
+    (``W' = min(V, 16 * (window // 16 + 1))``, on the unscaled logits: dividing by a positive
+    temperature keeps the order), ``W' + 2`` Exp(1) draws per row from ``generator``, and
+    :func:`surge.kernels.window_sample.window_sample`. No ``[B, V]`` tensor is written.
+
+    Args:
+        logits: ``[B, V]`` float logits (any float dtype; not modified).
+        temperature: ``[B]`` float32 (rows below ``greedy_eps`` get an arbitrary token).
+        top_k: ``[B]`` int64; every sampling row in ``1..window`` (greedy rows: any).
+        top_p: ``[B]`` float32, ``1`` = off; or None.
+        min_p: ``[B]`` float32, ``0`` = off; or None.
+        window: the batch's ``top_k`` window (:func:`top_k_window`).
+        generator: the source of the Exp(1) noise (on ``logits``' device).
+        greedy_eps: temperatures below this are greedy.
+
+    Returns:
+        ``[B]`` int64 token ids.
+    """
+    from surge.kernels.window_sample import window_sample
+
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    v = logits.shape[1]
+    width = min(v, _SAMPLE_WINDOW_ROUND * (window // _SAMPLE_WINDOW_ROUND + 1))
+    vals, idx = torch.topk(logits, width, dim=-1, largest=True, sorted=True)
+    noise = torch.empty(logits.shape[0], width + 2, dtype=torch.float32, device=logits.device)
+    noise.exponential_(generator=generator)
+    return window_sample(vals, idx, logits, temperature, top_k, top_p, min_p, noise, greedy_eps)
+
+
+WARM_UP_WINDOWS = (20, 50)
+"""``top_k`` windows whose kernel variants :func:`warm_up_sample_top_k_window` compiles (Qwen3's
+and Llama's generation-config ``top_k``; other windows compile on first use)."""
+
+
+def warm_up_sample_top_k_window(vocab_size: int, device: torch.device) -> None:
+    """Compile :func:`sample_top_k_window`'s kernel for ``[B, vocab_size]`` float32 logits (the
+    runner's) at the windows of :data:`WARM_UP_WINDOWS`, with top-p and min-p each on and off,
+    on one-row dummies, so the first sampled step does not wait for Triton."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(1, vocab_size, device=device, generator=gen)
+    temperature = torch.ones(1, device=device)
+    for window in WARM_UP_WINDOWS:
+        top_k = torch.full((1,), min(window, vocab_size), dtype=torch.int64, device=device)
+        for top_p in (None, torch.full((1,), 0.9, device=device)):
+            for min_p in (None, torch.full((1,), 0.05, device=device)):
+                sample_top_k_window(logits, temperature, top_k, top_p, min_p, window, gen, GREEDY_EPS)

@@ -25,6 +25,7 @@ from surge.config import EngineConfig
 from surge.core.outputs import ModelOutput, SchedulerOutput
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
+from surge.layers.top_k_top_p import warm_up_sample_top_k_window
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
 from surge.parallel.communicator import TPCommunicator, attach_communicator
@@ -362,8 +363,8 @@ class ModelRunner:
         Triton's specialisation of ints equal to 1 or divisible by 16): prefill chunks of
         1..33 tokens, a mixed prefill + decode batch, a 128-token chunk next to a decode (the
         prefill attention kernel and the paged kernel's skipping variant), the LM head over
-        1, 2 and 16 rows, and the grammar-mask kernel (so the first constrained request does
-        not stall the batch while it compiles). A no-op on CPU."""
+        1, 2 and 16 rows, the grammar-mask kernel (so the first constrained request does
+        not stall the batch while it compiles) and the window sampling kernel. A no-op on CPU."""
         if self.device.type != "cuda":
             return
         shapes = (([1], 1), ([2], 2), ([5, 1], 2), ([16], 16), ([33, 1, 1], 3), ([128, 1], 2))
@@ -376,6 +377,7 @@ class ModelRunner:
             for q_len in (2, 5, 16, 33):
                 self._dummy_step([q_len], 1, full_sampler=False, context=context)
         warm_up_token_bitmask(self.vocab_size, self.device)
+        warm_up_sample_top_k_window(self.vocab_size, self.device)
         torch.cuda.synchronize(self.device)
 
     def _dummy_step(self, q_lens: list[int], sample_rows: int, full_sampler: bool, context: int = 0) -> None:

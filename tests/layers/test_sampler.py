@@ -175,3 +175,54 @@ def test_extreme_and_negative_seeds_are_accepted() -> None:
     ]
     out = Sampler()(logits, _md(params))
     assert out.shape == (3,) and ((out >= 0) & (out < V)).all()
+
+
+def test_window_sample_is_chosen_on_the_host_for_the_common_case() -> None:
+    common = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
+    greedy = SamplingParams(temperature=0.0)
+    assert _md([common, SamplingParams(temperature=0.7, top_k=5, min_p=0.1), greedy]).window_sample
+    assert not _md([greedy, greedy]).window_sample  # nothing samples
+    assert not _md([common, SamplingParams(temperature=0.8)]).window_sample  # a row without top-k
+    assert not _md([common, SamplingParams(temperature=0.8, top_p=0.9)]).window_sample
+    assert not _md([common, SamplingParams(temperature=0.6, top_k=20, seed=1)]).window_sample  # seeded
+    assert not _md([SamplingParams(temperature=0.6, top_k=2000)]).window_sample  # k past the window max
+    assert _md([common, SamplingParams(temperature=0.6, top_k=20, presence_penalty=0.5)]).window_sample
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_window_sample_on_cuda_follows_the_distribution_and_keeps_greedy_rows_and_rules() -> None:
+    """The fused window path of the sampler: chi-square of many draws of one row against the
+    exact top-k/top-p/min-p distribution; greedy rows in the batch get the argmax; logit
+    rules still apply first."""
+    from surge.layers.top_k_top_p import apply_top_k_top_p
+
+    v, draws = 4096, 32768
+    g = torch.Generator().manual_seed(4)
+    row = (torch.randn(v, generator=g) * 3).to(torch.bfloat16).float()
+    params = SamplingParams(temperature=0.6, top_k=20, top_p=0.9, min_p=0.01)
+    md = SamplingMetadata.build([params] * draws, [[]] * draws, [[]] * draws, [()] * draws, v, "cuda")
+    assert md.window_sample
+    got = Sampler(seed=0, device="cuda")(row.cuda().expand(draws, v), md).cpu()
+    x = apply_top_k_top_p(row[None] / 0.6, torch.tensor([20]), torch.tensor([0.9]))
+    probs = apply_min_p(x, torch.tensor([0.01])).softmax(-1)[0].double()
+    counts = torch.bincount(got, minlength=v).double()
+    support = probs > 0
+    assert counts[~support].sum() == 0
+    expected = probs[support] * draws
+    stat = float(((counts[support] - expected) ** 2 / expected).sum())
+    df = int(support.sum()) - 1
+    a = 2.0 / (9.0 * df)
+    assert stat < df * (1.0 - a + 4.26 * a**0.5) ** 3, (stat, df)  # p ~ 1e-5 (Wilson-Hilferty)
+
+    logits = _logits(8, seed=5)
+    bias_tok = int(logits[1].argmin())
+    mixed = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_k=3, logit_bias={bias_tok: 100.0}),
+    ] * 4
+    md = SamplingMetadata.build(mixed, [[]] * 8, [[]] * 8, [()] * 8, V, "cuda")
+    assert md.window_sample
+    out = Sampler(seed=0, device="cuda")(logits.cuda(), md).cpu()
+    assert torch.equal(out[0::2], logits[0::2].argmax(-1))
+    assert (out[1::2] == bias_tok).all()

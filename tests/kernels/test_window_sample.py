@@ -1,0 +1,247 @@
+"""The window sampling kernel (:mod:`surge.kernels.window_sample`) against a torch reference.
+
+* Token for token: the kernel and :func:`_reference_draws` (the same algorithm in torch, with
+  the kept set taken from the full-sort top-k/top-p path and ``apply_min_p``) agree for the
+  same noise, on rows built to take every branch (ties beyond the window, top-p/min-p on and
+  off, greedy rows, ``k`` equal to the window).
+* In distribution: many draws of :func:`_reference_draws` pass a chi-square test against the
+  exact distribution of the full-row sampler (softmax over the kept set), and the same test
+  rejects a wrong cut (ties beyond the window dropped, or top-p ignored).
+* On the GPU: the kernel itself passes the chi-square test at Qwen3's vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from surge.kernels.window_sample import window_sample
+from surge.layers.sampler import apply_min_p
+from surge.layers.top_k_top_p import apply_top_k_top_p, sample_top_k_window, warm_up_sample_top_k_window
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-5
+
+
+def _exact_probs(row: torch.Tensor, t: float, k: int, p: float, mp: float) -> torch.Tensor:
+    """``[V]`` the full-row sampler's distribution: temperature, full-sort top-k/top-p, min-p,
+    softmax."""
+    x = row.float()[None] / t
+    x = apply_top_k_top_p(x, torch.tensor([k]), torch.tensor([p]))
+    x = apply_min_p(x, torch.tensor([mp]))
+    return x.softmax(dim=-1)[0]
+
+
+def _reference_draws(
+    row: torch.Tensor,
+    vals: torch.Tensor,
+    idx: torch.Tensor,
+    t: float,
+    k: int,
+    p: float,
+    mp: float,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """Tokens ``[N]`` of the window race for one row (``vals``/``idx`` ``[W]``) and ``N`` noise
+    rows ``[N, W + 2]``, in torch: the kept set is the full-sort path's; the logits equal to the
+    ``k``-th value race as one group when some of them lie beyond the window."""
+    w = vals.shape[0]
+    x_full = row.float() / t
+    kept_full = _exact_probs(row, t, k, p, mp) > 0
+    x = vals.float() / t
+    kth = x[k - 1]
+    tie_full = x_full == kth
+    n_eq = int(tie_full.sum())
+    group = n_eq > int((x == kth).sum()) and bool(kept_full[tie_full].all())
+    e = torch.exp(x - x[0])
+    indiv = kept_full[idx] & ~((x == kth) & group)
+    score = torch.where(indiv, e / noise[:, :w].clamp_min(1e-10), -1.0)
+    best, arg = score.max(dim=-1)
+    tokens = idx[arg]
+    if group:
+        g_score = n_eq * torch.exp(kth - x[0]) / noise[:, w].clamp_min(1e-10)
+        u = 1.0 - torch.exp(-noise[:, w + 1])
+        r = torch.clamp((u * n_eq).to(torch.int64), max=n_eq - 1)
+        members = tie_full.nonzero()[:, 0]
+        tokens = torch.where(g_score > best, members[r], tokens)
+    return tokens
+
+
+def _tied_logits(v: int, gen: torch.Generator, n_tie: int) -> torch.Tensor:
+    """A row with 3 high distinct logits, ``n_tie`` logits tied at 2.0 scattered over the row,
+    and the rest below."""
+    row = torch.rand(v, generator=gen) - 3.0
+    row[torch.randperm(v, generator=gen)[:n_tie]] = 2.0
+    row[torch.randperm(v, generator=gen)[:3]] = torch.tensor([5.0, 4.0, 3.0])
+    return row
+
+
+def _rows() -> tuple[torch.Tensor, list[tuple[float, int, float, float]]]:
+    """Logits ``[R, V]`` and per-row ``(temperature, top_k, top_p, min_p)`` covering every branch."""
+    v = 300
+    gen = torch.Generator().manual_seed(3)
+    rows, cfg = [], []
+    for n_tie in (1, 2, 14, 40, 120):  # few ties (in the window) to many (beyond it)
+        for t, k, p, mp in ((1.0, 5, 1.0, 0.0), (0.7, 4, 0.95, 0.0), (1.3, 6, 0.8, 0.1), (1.0, 5, 0.5, 0.0)):
+            rows.append(_tied_logits(v, gen, n_tie))
+            cfg.append((t, k, p, mp))
+    for t, k, p, mp in ((0.6, 20, 0.95, 0.0), (0.6, 1, 0.95, 0.0), (1.0, 32, 0.9, 0.05), (0.0, 0, 1.0, 0.0)):
+        rows.append(torch.randn(v, generator=gen) * 3)  # no ties; k = W; a greedy row
+        cfg.append((t, k, p, mp))
+    rows.append(torch.round(torch.randn(v, generator=gen) * 2))  # integer logits: ties everywhere
+    cfg.append((0.6, 20, 0.95, 0.0))
+    return torch.stack(rows), cfg
+
+
+def _launch(
+    logits: torch.Tensor, cfg: list[tuple[float, int, float, float]], width: int, noise: torch.Tensor
+):
+    vals, idx = torch.topk(logits, width, dim=-1)
+    temp = torch.tensor([c[0] for c in cfg], dtype=torch.float32)
+    top_k = torch.tensor([c[1] for c in cfg], dtype=torch.int64)
+    top_p = torch.tensor([c[2] for c in cfg], dtype=torch.float32)
+    min_p = torch.tensor([c[3] for c in cfg], dtype=torch.float32)
+    out = window_sample(
+        *(a.to(DEVICE) for a in (vals, idx, logits, temp, top_k, top_p, min_p, noise)), greedy_eps=EPS
+    ).cpu()
+    return out, vals, idx
+
+
+def test_matches_the_torch_reference_token_for_token() -> None:
+    logits, cfg = _rows()
+    width = 32
+    gen = torch.Generator().manual_seed(5)
+    beyond = 0
+    for rep in range(3):
+        noise = torch.empty(len(cfg), width + 2).exponential_(generator=gen)
+        out, vals, idx = _launch(logits, cfg, width, noise)
+        for i, (t, k, p, mp) in enumerate(cfg):
+            if t < EPS:
+                assert 0 <= int(out[i]) < logits.shape[1]  # greedy row: any token (the caller's argmax wins)
+                continue
+            ref = _reference_draws(logits[i], vals[i], idx[i], t, k, p, mp, noise[i : i + 1])
+            assert int(out[i]) == int(ref[0]), (rep, i, cfg[i])
+            assert _exact_probs(logits[i], t, k, p, mp)[int(out[i])] > 0
+            beyond += int(out[i]) not in idx[i].tolist()
+    assert beyond > 0  # some draws took a tied logit from beyond the window
+
+
+def test_bf16_logits_and_the_one_column_window() -> None:
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randn(4, 64, generator=gen) * 3).to(torch.bfloat16)
+    noise = torch.empty(4, 3).exponential_(generator=gen)
+    cfg = [(0.8, 1, 0.9, 0.0)] * 4
+    out, _, _ = _launch(logits, cfg, 1, noise)
+    # top_k = 1 is the argmax unless bf16 ties it: then any of the tied maxima
+    top = logits.float().amax(dim=-1, keepdim=True)
+    assert bool((logits.float().gather(1, out[:, None]) == top).all())
+
+
+def _chi2_critical(df: int, z: float = 4.26) -> float:
+    """Upper critical value of chi-square with ``df`` degrees of freedom at about p = 1e-5
+    (Wilson-Hilferty)."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def _chi2(draws: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, int]:
+    """(statistic, degrees of freedom, draws outside the support) of ``draws`` against ``probs``."""
+    counts = torch.bincount(draws, minlength=probs.shape[0]).double()
+    support = probs > 0
+    expected = probs.double()[support] * draws.shape[0]
+    stat = float(((counts[support] - expected) ** 2 / expected).sum())
+    return stat, int(support.sum()) - 1, int(counts[~support].sum())
+
+
+@pytest.mark.parametrize(
+    ("n_tie", "t", "k", "p", "mp"),
+    [(40, 1.0, 5, 1.0, 0.0), (40, 1.0, 6, 0.97, 0.0), (14, 0.7, 5, 0.9, 0.02), (0, 0.6, 20, 0.95, 0.0)],
+)
+def test_reference_draws_follow_the_exact_distribution(
+    n_tie: int, t: float, k: int, p: float, mp: float
+) -> None:
+    gen = torch.Generator().manual_seed(n_tie + k)
+    row = _tied_logits(300, gen, n_tie) if n_tie else torch.randn(300, generator=gen) * 2
+    width = 16 if k < 16 else 32
+    vals, idx = torch.topk(row, width)
+    draws = 200_000
+    noise = torch.empty(draws, width + 2).exponential_(generator=gen)
+    got = _reference_draws(row, vals, idx, t, k, p, mp, noise)
+    probs = _exact_probs(row, t, k, p, mp)
+    stat, df, outside = _chi2(got, probs)
+    assert outside == 0
+    assert stat < _chi2_critical(df), (stat, df)
+    # The test has power: a cut that drops the ties beyond the window, or ignores top-p, fails.
+    wrong = probs.clone()
+    if n_tie > 1:
+        wrong[~torch.isin(torch.arange(300), idx)] = 0.0
+    else:
+        wrong = _exact_probs(row, t, k, 1.0, mp)
+    wrong /= wrong.sum()
+    if not torch.equal(wrong > 0, probs > 0) or (wrong - probs).abs().max() > 1e-3:
+        bad, bad_df, bad_outside = _chi2(got, wrong)
+        assert bad_outside > 0 or bad > _chi2_critical(bad_df)
+
+
+def test_the_layer_draws_only_kept_tokens_and_greedy_rows_are_left_to_the_caller() -> None:
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(6, 500, generator=gen) * 3
+    temp = torch.tensor([0.6, 0.6, 0.0, 1.0, 0.6, 2.0])
+    top_k = torch.tensor([20, 3, 0, 1, 7, 20])
+    top_p = torch.tensor([0.95, 1.0, 1.0, 1.0, 0.5, 0.99])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.3, 0.0])
+    sampler_gen = torch.Generator(device=DEVICE).manual_seed(0)
+    for _ in range(5):
+        out = sample_top_k_window(
+            logits.to(DEVICE), *(a.to(DEVICE) for a in (temp, top_k, top_p, min_p)), 20, sampler_gen, EPS
+        ).cpu()
+        for i in (0, 1, 3, 4, 5):
+            probs = _exact_probs(logits[i], float(temp[i]), int(top_k[i]), float(top_p[i]), float(min_p[i]))
+            assert probs[int(out[i])] > 0, i
+
+
+def test_bad_arguments_are_refused() -> None:
+    vals, idx = torch.zeros(2, 4), torch.zeros(2, 4, dtype=torch.int64)
+    logits, temp, k = torch.zeros(2, 10), torch.ones(2), torch.ones(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="noise"):
+        window_sample(vals, idx, logits, temp, k, None, None, torch.ones(2, 4), EPS)
+    with pytest.raises(ValueError, match="top_k"):
+        window_sample(vals, idx, logits, temp, k.int(), None, None, torch.ones(2, 6), EPS)
+    with pytest.raises(ValueError, match="idx"):
+        window_sample(vals, idx.int(), logits, temp, k, None, None, torch.ones(2, 6), EPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("t", "k", "p", "mp"), [(0.6, 20, 0.95, 0.0), (1.0, 50, 0.9, 0.05), (1.0, 5, 1.0, 0.0)]
+)
+def test_kernel_draws_follow_the_exact_distribution_on_cuda(t: float, k: int, p: float, mp: float) -> None:
+    v, draws = 151936, 16384
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    row = (torch.randn(v, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    row[torch.randperm(v, device="cuda", generator=gen)[:200]] = (
+        row.float().topk(k).values[-1].to(torch.bfloat16)
+    )
+    logits = row.expand(draws, v)
+    md_t = torch.full((draws,), t, device="cuda")
+    got = sample_top_k_window(
+        logits,
+        md_t,
+        torch.full((draws,), k, device="cuda", dtype=torch.int64),
+        torch.full((draws,), p, device="cuda"),
+        torch.full((draws,), mp, device="cuda") if mp > 0 else None,
+        k,
+        gen,
+        EPS,
+    )
+    probs = _exact_probs(row.cpu(), t, k, p, mp)
+    stat, df, outside = _chi2(got.cpu(), probs)
+    assert outside == 0
+    assert stat < _chi2_critical(df), (stat, df)
+
+
+def test_warm_up_runs_every_variant() -> None:
+    warm_up_sample_top_k_window(1000, torch.device(DEVICE))
