@@ -9,21 +9,27 @@ times per call, in ms:
   fallback for top-p without top-k and ``k > TOP_K_WINDOW_MAX``);
 * ``window``: :func:`surge.layers.top_k_top_p.apply_top_k_top_p_window` (the fast path);
 * ``sampler_sort`` / ``sampler_window``: a whole :class:`surge.layers.sampler.Sampler` call
-  (temperature 0.6, top-k, top-p, the exponential race) on either path.
+  (temperature 0.6, top-k, top-p, the exponential race over the full row) on either
+  top-k/top-p path;
+* ``sampler_fused``: a whole sampler call on the fused window path (CUDA only:
+  ``torch.topk`` + :mod:`surge.kernels.window_sample`; what a batch of such rows takes in
+  the engine). ``fused_in_support`` checks its tokens are all kept by the sort path's mask.
 
 CUDA: eager launches timed with CUDA events (the sampler runs eagerly after the decode
 graph), median of ``--reps`` calls after warm-up; ``*_graph`` columns replay a CUDA graph of
-the top-k/top-p call alone (GPU time without launch cost; "n/a" if capture fails). CPU:
+20 calls (GPU time without launch cost; "n/a" if capture fails); ``*_kernels`` columns count
+the device operations (kernels, memsets, copies) of one call with ``torch.profiler``. CPU:
 wall clock, median. ``--sweep-k`` also times ``window`` against ``sort`` at several ``k``
 (to choose ``TOP_K_WINDOW_MAX``).
 
 Run (repo root): ``PYTHONPATH=. python3 benchmarks/sampler_bench.py [--device cuda]
-[--json OUT] [--batches 1,16,64,256] [--sweep-k]``
+[--json OUT] [--batches 1,16,64,256] [--sweep-k] [--min-p P]``
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -75,9 +81,11 @@ def _time_ms(fn: Callable[[], object], device: str, reps: int, warmup: int) -> f
     return statistics.median(times)
 
 
-def _time_graph_ms(fn: Callable[[], object], reps: int, calls: int = 20) -> float | None:
+def _time_graph_ms(
+    fn: Callable[[], object], reps: int, calls: int = 20, generator: torch.Generator | None = None
+) -> float | None:
     """Median ms per call over replays of a CUDA graph holding ``calls`` calls; None when the
-    capture fails."""
+    capture fails. A ``generator`` that ``fn`` draws from is registered with the graph."""
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -86,10 +94,13 @@ def _time_graph_ms(fn: Callable[[], object], reps: int, calls: int = 20) -> floa
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        if generator is not None:
+            graph.register_generator_state(generator)
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 fn()
-    except RuntimeError:
+    except (RuntimeError, AttributeError):
+        torch.cuda.synchronize()
         return None
     graph.replay()
     torch.cuda.synchronize()
@@ -105,18 +116,41 @@ def _time_graph_ms(fn: Callable[[], object], reps: int, calls: int = 20) -> floa
     return statistics.median(times)
 
 
+def _count_device_ops(fn: Callable[[], object]) -> int | None:
+    """Device operations (kernels, memsets, copies) of one ``fn()`` call, by ``torch.profiler``;
+    None when the profiler gives no device events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return n or None
+
+
 def _case(
-    batch: int, vocab: int, k: int, p: float, device: str, reps: int, warmup: int, graph: bool
+    batch: int,
+    vocab: int,
+    k: int,
+    p: float,
+    device: str,
+    reps: int,
+    warmup: int,
+    graph: bool,
+    min_p: float = 0.0,
+    count: bool = False,
 ) -> dict[str, Any]:
     g = torch.Generator(device=device).manual_seed(batch)
     # bf16-rounded logits as an LM head produces (ties are common at the k-th value).
     logits = (torch.randn(batch, vocab, device=device, generator=g) * 4).to(torch.bfloat16).float()
     top_k = torch.full((batch,), k, dtype=torch.int64, device=device)
     top_p = torch.full((batch,), p, dtype=torch.float32, device=device)
-    params = [SamplingParams(temperature=0.6, top_k=k, top_p=p)] * batch
+    params = [SamplingParams(temperature=0.6, top_k=k, top_p=p, min_p=min_p)] * batch
     md = SamplingMetadata.build(params, [[]] * batch, [[]] * batch, [()] * batch, vocab, device)
-    md_sort = SamplingMetadata.build(params, [[]] * batch, [[]] * batch, [()] * batch, vocab, device)
-    md_sort.top_k_window = None
+    md_window = dataclasses.replace(md, window_sample=False)
+    md_sort = dataclasses.replace(md, window_sample=False, top_k_window=None)
     sampler = Sampler(seed=0, device=device)
     window = min(k, vocab)
     fns: dict[str, Callable[[], object]] = {
@@ -125,15 +159,31 @@ def _case(
         "window": lambda: apply_top_k_top_p_window(logits, top_k, top_p, window),
         "sampler_sort": lambda: sampler(logits, md_sort),
     }
-    if md.top_k_window is not None:
-        fns["sampler_window"] = lambda: sampler(logits, md)
-    same = torch.equal(torch.isfinite(fns["sort"]()), torch.isfinite(fns["window"]()))  # type: ignore[arg-type]
-    row: dict[str, Any] = {"batch": batch, "vocab": vocab, "top_k": k, "top_p": p, "same_mask": same}
+    if md_window.top_k_window is not None:
+        fns["sampler_window"] = lambda: sampler(logits, md_window)
+    if md.window_sample and device == "cuda":
+        fns["sampler_fused"] = lambda: sampler(logits, md)
+    kept = torch.isfinite(fns["sort"]())  # type: ignore[arg-type]
+    same = torch.equal(kept, torch.isfinite(fns["window"]()))  # type: ignore[arg-type]
+    row: dict[str, Any] = {
+        "batch": batch,
+        "vocab": vocab,
+        "top_k": k,
+        "top_p": p,
+        "min_p": min_p,
+        "same_mask": same,
+    }
+    if "sampler_fused" in fns:
+        toks = fns["sampler_fused"]()
+        row["fused_in_support"] = bool(kept.gather(1, toks[:, None]).all())  # type: ignore[index]
     for name, fn in fns.items():
         row[name] = round(_time_ms(fn, device, reps, warmup), 4)
-        if graph and not name.startswith("sampler"):
-            t = _time_graph_ms(fn, reps)
+        if graph:
+            gen = sampler.generator if name.startswith("sampler") else None
+            t = _time_graph_ms(fn, reps, generator=gen)
             row[name + "_graph"] = None if t is None else round(t, 4)
+        if count and device == "cuda":
+            row[name + "_kernels"] = _count_device_ops(fn)
     return row
 
 
@@ -144,6 +194,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--min-p", type=float, default=0.0, help="min_p of every row (default 0: off)")
+    ap.add_argument("--no-count", action="store_true", help="CUDA: skip the *_kernels columns")
     ap.add_argument("--reps", type=int, default=0, help="timed calls per case (default 200 CUDA, 5 CPU)")
     ap.add_argument("--no-graph", action="store_true", help="CUDA: skip the CUDA-graph columns")
     ap.add_argument("--sweep-k", action="store_true", help=f"also time window vs sort at k in {SWEEP_KS}")
@@ -157,19 +209,23 @@ def main() -> None:
     graph = device == "cuda" and not args.no_graph
     batches = [int(b) for b in args.batches.split(",") if b]
     print(
-        f"device={device} vocab={args.vocab} top_k={args.top_k} top_p={args.top_p} reps={reps} "
+        f"device={device} vocab={args.vocab} top_k={args.top_k} top_p={args.top_p} min_p={args.min_p} reps={reps} "
         f"TOP_K_WINDOW_MAX={TOP_K_WINDOW_MAX}  (ms per call, median)"
     )
     rows = []
     for b in batches:
-        row = _case(b, args.vocab, args.top_k, args.top_p, device, reps, warmup, graph)
+        row = _case(
+            b, args.vocab, args.top_k, args.top_p, device, reps, warmup, graph, args.min_p, not args.no_count
+        )
         rows.append(row)
         print(json.dumps(row))
     sweep = []
     if args.sweep_k:
         for b in batches:
             for k in SWEEP_KS:
-                row = _case(b, args.vocab, k, args.top_p, device, max(5, reps // 4), warmup, graph)
+                row = _case(
+                    b, args.vocab, k, args.top_p, device, max(5, reps // 4), warmup, graph, args.min_p
+                )
                 keep = ("batch", "top_k", "same_mask", "sort", "window", "sort_graph", "window_graph")
                 row = {key: row[key] for key in keep if key in row}
                 sweep.append(row)
