@@ -67,9 +67,10 @@ def _kernel(
     logits_row = logits_ptr + row * stride_logits
     noise_row = noise_ptr + row * stride_noise
     t = tl.load(temp_ptr + row)
-    t = tl.where(t < GREEDY_EPS, 1.0, t)  # greedy rows: any token (the caller takes the argmax)
-    k = tl.load(top_k_ptr + row)
-    k = tl.where((k <= 0) | (k > width), width, k)
+    greedy = t < GREEDY_EPS  # any token will do (the caller takes the argmax): cheapest is k = 1
+    t = tl.where(greedy, 1.0, t)
+    k = tl.minimum(tl.load(top_k_ptr + row), width)
+    k = tl.where(greedy | (k <= 0), 1, k)
     offs = tl.arange(0, BLOCK_W)
     in_w = offs < width
     x = tl.load(vals_row + offs, mask=in_w, other=float("-inf")).to(tl.float32)
@@ -161,7 +162,7 @@ def window_sample(
             caller takes their argmax).
         top_k: ``[B]`` int64; every sampling row must have ``1 <= top_k <= W`` (with
             ``top_k < W`` the full-row scan for ties is rare); ``<= 0`` (greedy rows only)
-            acts as ``W``.
+            acts as ``1``.
         top_p: ``[B]`` float32 in ``(0, 1]``, ``1`` = off; or None.
         min_p: ``[B]`` float32, ``0`` = off; or None.
         noise: ``[B, W + 2]`` float32 i.i.d. Exp(1) (e.g. ``Tensor.exponential_``): columns

@@ -147,12 +147,19 @@ def _chi2_critical(df: int, z: float = 4.26) -> float:
 
 
 def _chi2(draws: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, int]:
-    """(statistic, degrees of freedom, draws outside the support) of ``draws`` against ``probs``."""
+    """(statistic, degrees of freedom, draws outside the support) of ``draws`` against
+    ``probs``; tokens expected fewer than 5 times are pooled into one cell."""
     counts = torch.bincount(draws, minlength=probs.shape[0]).double()
     support = probs > 0
-    expected = probs.double()[support] * draws.shape[0]
-    stat = float(((counts[support] - expected) ** 2 / expected).sum())
-    return stat, int(support.sum()) - 1, int(counts[~support].sum())
+    expected = probs.double() * draws.shape[0]
+    big = expected >= 5
+    small = support & ~big
+    obs = torch.cat([counts[big], counts[small].sum()[None]])
+    exp = torch.cat([expected[big], expected[small].sum()[None]])
+    if float(exp[-1]) == 0.0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat, max(1, obs.shape[0] - 1), int(counts[~support].sum())
 
 
 @pytest.mark.parametrize(
