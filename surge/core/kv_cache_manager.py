@@ -70,10 +70,14 @@ class BlockPool:
         if n > len(self._free):
             raise ValueError(f"cannot allocate {n} KV blocks, only {len(self._free)} free")
         out = []
+        pop = self._free.popitem
+        refs = self.ref_counts
+        hashes = self.block_hashes
         for _ in range(n):
-            block_id, _ = self._free.popitem(last=False)
-            self._drop_hash(block_id)
-            self.ref_counts[block_id] = 1
+            block_id, _ = pop(last=False)
+            if hashes[block_id] is not None:
+                self._drop_hash(block_id)
+            refs[block_id] = 1
             out.append(block_id)
         return out
 
@@ -82,6 +86,38 @@ class BlockPool:
         if self.ref_counts[block_id] == 0:
             del self._free[block_id]
         self.ref_counts[block_id] += 1
+
+    def touch_all(self, block_ids: list[int]) -> None:
+        """:meth:`touch` every block of ``block_ids`` (one loop, no call per block)."""
+        refs = self.ref_counts
+        free = self._free
+        for b in block_ids:
+            if refs[b] == 0:
+                del free[b]
+            refs[b] += 1
+
+    def release_all(self, block_ids: list[int], num_computed: int) -> None:
+        """:meth:`release` the blocks of one request's table last-first; the first
+        ``num_computed`` keep their hash, the others lose it (one loop, no call per block).
+
+        Raises:
+            RuntimeError: a block released more often than allocated.
+        """
+        refs = self.ref_counts
+        hashes = self.block_hashes
+        free = self._free
+        for i in range(len(block_ids) - 1, -1, -1):
+            b = block_ids[i]
+            if i >= num_computed:
+                self._drop_hash(b)
+            count = refs[b] - 1
+            if count < 0:
+                raise RuntimeError(f"KV block {b} released more often than allocated")
+            refs[b] = count
+            if count == 0:
+                free[b] = None
+                if hashes[b] is None:
+                    free.move_to_end(b, last=False)
 
     def release(self, block_id: int, keep_hash: bool) -> None:
         """Drop one reference; at zero the block goes back to the free list.
@@ -104,6 +140,15 @@ class BlockPool:
         if block_hash not in self.hash_to_block and self.block_hashes[block_id] is None:
             self.hash_to_block[block_hash] = block_id
             self.block_hashes[block_id] = block_hash
+
+    def register_all(self, block_ids: list[int], block_hashes: list[int]) -> None:
+        """:meth:`register` each block of ``block_ids`` with the hash at the same index."""
+        table = self.hash_to_block
+        hashes = self.block_hashes
+        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
+            if block_hash not in table and hashes[block_id] is None:
+                table[block_hash] = block_id
+                hashes[block_id] = block_hash
 
     def evict_unreferenced(self) -> int:
         """Forget the cached content of every free block (referenced blocks keep theirs).
@@ -174,9 +219,17 @@ class KVCacheManager:
         hashes = self._req_hashes.setdefault(request.request_id, [])
         bs = self.block_size
         parent = hashes[-1] if hashes else _ROOT_HASH
-        for i in range(len(hashes), num_blocks):
+        first = len(hashes)
+        # Blocks wholly inside the prompt slice it directly (one copy per block, no method call).
+        prompt = request.prompt_token_ids
+        in_prompt = min(num_blocks, len(prompt) // bs)
+        append = hashes.append
+        for start in range(first * bs, in_prompt * bs, bs):
+            parent = hash((parent, tuple(prompt[start : start + bs])))
+            append(parent)
+        for i in range(max(first, in_prompt), num_blocks):
             parent = hash((parent, tuple(request.token_ids_slice(i * bs, (i + 1) * bs))))
-            hashes.append(parent)
+            append(parent)
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
@@ -209,7 +262,8 @@ class KVCacheManager:
         """Free blocks that :meth:`allocate_slots` with these arguments would consume."""
         if cached_blocks:
             num_tokens = len(cached_blocks) * self.block_size + num_new_tokens
-            taken = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
+            refs = self.pool.ref_counts
+            taken = [refs[b] for b in cached_blocks].count(0)
             return cdiv(num_tokens, self.block_size) - len(cached_blocks) + taken
         num_tokens = request.num_computed_tokens + num_new_tokens
         return max(0, cdiv(num_tokens, self.block_size) - len(request.block_ids))
@@ -260,8 +314,7 @@ class KVCacheManager:
             # An admission: count the lookup for the hit-rate metrics.
             self.prefix_cache_query_tokens += request.num_tokens
         if cached_blocks:
-            for b in cached_blocks:
-                self.pool.touch(b)
+            self.pool.touch_all(cached_blocks)
             request.block_ids.extend(cached_blocks)
             num_computed = len(cached_blocks) * self.block_size
             self._req_num_registered[request.request_id] = len(cached_blocks)
@@ -285,8 +338,7 @@ class KVCacheManager:
         if num_full <= start:
             return
         hashes = self._block_hashes(request, num_full)
-        for i in range(start, num_full):
-            self.pool.register(request.block_ids[i], hashes[i])
+        self.pool.register_all(request.block_ids[start:num_full], hashes[start:num_full])
         self._req_num_registered[rid] = num_full
 
     def reset_prefix_cache(self) -> int:
@@ -309,10 +361,7 @@ class KVCacheManager:
         keep their hash and stay in the prefix cache until evicted; the others lose it.
         Blocks are released last-first so a request's tail is evicted before its prefix.
         """
-        num_computed_blocks = request.num_computed_tokens // self.block_size
-        blocks = request.block_ids
-        for i in range(len(blocks) - 1, -1, -1):
-            self.pool.release(blocks[i], keep_hash=i < num_computed_blocks)
+        self.pool.release_all(request.block_ids, request.num_computed_tokens // self.block_size)
         request.block_ids = []
         self._req_hashes.pop(request.request_id, None)
         self._req_num_registered.pop(request.request_id, None)

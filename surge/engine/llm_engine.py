@@ -19,7 +19,7 @@ from surge.config import (
 from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler, check_request_fits
 from surge.quant.config import require_fp8_gpu
-from surge.request import Request
+from surge.request import Request, token_ids_in_range
 from surge.sampling_params import SamplingParams
 
 logger = logging.getLogger("surge.engine")
@@ -270,7 +270,7 @@ class LLMEngine:
         if sampling_params.n != 1:
             raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
         vocab = self.config.model.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
+        if not token_ids_in_range(prompt_token_ids, vocab):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         bad_field = sampling_params.token_ids_in_vocab(vocab)
         if bad_field is not None:

@@ -39,6 +39,7 @@ from surge.engine.client import EngineAttachment, EngineDeadError, EngineStartEr
 from surge.engine.core_proc import EngineFactory
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
+from surge.request import token_ids_in_range
 from surge.server.cors import CorsOptions
 from surge.server.drain import DrainMiddleware, ShutdownError
 from surge.server.errors import ApiError, bad_request, error_body, error_response
@@ -270,8 +271,9 @@ def build_app(
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> Response:
         state.check_model(body.model)
-        if any(not 0 <= t < len(state.tokenizer) for t in body.tokens):
-            raise bad_request(f"token ids must be in [0, {len(state.tokenizer)})", param="tokens")
+        vocab = len(state.tokenizer)
+        if not token_ids_in_range(body.tokens, vocab):
+            raise bad_request(f"token ids must be in [0, {vocab})", param="tokens")
         return _json_response({"prompt": await state.tokenizer_worker.decode(body.tokens)})
 
     install_openapi(app)

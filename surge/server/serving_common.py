@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from surge.core.scheduler import check_request_fits
 from surge.engine.client import EngineClient
+from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
 from surge.server.drain import InFlight, ShutdownError
 from surge.server.errors import ApiError, bad_request, error_body
@@ -159,7 +160,7 @@ class ServerState:
                 f"{prompt_param}.",
                 param=prompt_param,
             )
-        if any(not 0 <= t < self.vocab_size for t in token_ids):
+        if not token_ids_in_range(token_ids, self.vocab_size):
             raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param=prompt_param)
         try:
             check_request_fits(
