@@ -7,7 +7,11 @@
 #            2x4096, 8x1024, 4096 over a 4096 prefix, 1x8192 (tile sweep), and short chunks over a
 #            4096 prefix (where the prefill kernel starts to win);
 #   profile  profile_decode.py --prefill at 4096 and 8192 tokens (per-kernel time of one step);
-#   serve    a fresh `surge serve` (the flags of benchmarks/h200.sh): ttft_check.py (a fresh
+#   serve    first ttft_host.py on the GPU (each host stage of a 4096-token prompt's way to its
+#            first token, fresh and cached, model work synchronized and timed apart; about two
+#            minutes with start-up), then a fresh `surge serve` (the flags of benchmarks/h200.sh;
+#            each request's log line in server.log splits its TTFT: to the engine, in the
+#            engine, back): ttft_check.py (a fresh
 #            4096-token prompt at C1, then the same prompt again: TTFT and the prefix-cache hit
 #            count; the cached prompt's last block replays a decode graph in decode form), the
 #            same for a 32-token prompt (a short prompt's first step), then `surge bench serve`
@@ -37,6 +41,8 @@ if [ "$stage" = profile ] || [ "$stage" = all ]; then
     | tee "$out/prefill8192.txt"
 fi
 if [ "$stage" = serve ] || [ "$stage" = all ]; then
+  timeout 300 python3 benchmarks/ttft_host.py --model "$model" --load-format dummy --device cuda --input-len 4096 \
+    --rounds 7 --out "$out/ttft_host.json" 2>&1 | tail -n 26 | tee "$out/ttft_host.txt"
   if python3 -c "import socket,sys; sys.exit(socket.socket().connect_ex(('127.0.0.1',$port)) != 0)"; then
     echo "h200_prefill.sh: port $port is already in use; stop that server first" >&2; exit 2
   fi

@@ -63,6 +63,8 @@ class ChoiceState:
     logprobs: LogprobTracker | None = None
     prompt_logprobs: LogprobsLists | None = None
     score_only: bool = False
+    first_token_time: float = 0.0
+    engine_times: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -267,6 +269,7 @@ class Generation:
         metrics = self._metrics
         if choice.num_tokens == 0:
             metrics.ttft.observe(now - self._arrival)
+            choice.first_token_time = now
             prompt = self.prompts[choice.prompt_index]
             if not prompt.prefilled:  # the first output token means the prefill is done
                 prompt.prefilled = True
@@ -293,6 +296,8 @@ class Generation:
         elif out.finish_reason is not None:
             choice.finish_reason = out.finish_reason
             choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_token_ids)
+        if out.first_scheduled_time is not None and out.first_token_time is not None:
+            choice.engine_times = (out.first_scheduled_time, out.first_token_time)
         if choice.finish_reason is not None:
             rest = detok.flush()
             choice.pending += rest
@@ -322,6 +327,23 @@ class Generation:
         choice.pending = ""
         choice.unsent_tokens = 0
         return delta
+
+    def first_token_split(self) -> str:
+        """Where the first choice's time to first token went, for the request's log line:
+        ``"; first token at X ms = A to the engine's first schedule + B in the engine + C back"``
+        (API arrival -> the engine scheduled it -> the engine had its first token -> the API
+        had it; all ``time.monotonic()``, one clock for every process of the host), or "" when
+        the engine did not report its times (the request did not finish there)."""
+        choice = self.choices[0] if self.choices else None
+        if choice is None or choice.engine_times is None or not choice.first_token_time:
+            return ""
+        scheduled, first = choice.engine_times
+        arrival = self._arrival
+        return (
+            f"; first token at {(choice.first_token_time - arrival) * 1e3:.1f} ms = "
+            f"{(scheduled - arrival) * 1e3:.1f} to the engine's first schedule + "
+            f"{(first - scheduled) * 1e3:.1f} in the engine + {(choice.first_token_time - first) * 1e3:.1f} back"
+        )
 
     def _on_score_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
         """A score-only choice: its one generated token is dropped; it ends with "length"."""

@@ -201,12 +201,13 @@ def start_generation(
         if state.log_requests:
             finishes = ",".join(str(c.finish_reason) for c in gen.choices)
             logger.info(
-                "request %s done: finish_reason %s, %d prompt + %d completion tokens, %.3fs",
+                "request %s done: finish_reason %s, %d prompt + %d completion tokens, %.3fs%s",
                 request_id,
                 finishes,
                 gen.prompt_tokens,
                 gen.completion_tokens,
                 time.monotonic() - arrival,
+                gen.first_token_split(),
             )
 
     gen = Generation(
