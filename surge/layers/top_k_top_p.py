@@ -35,13 +35,13 @@ import torch
 from surge.sampling_params import GREEDY_EPS
 
 TOP_K_WINDOW_MAX = 1024
+"""Largest ``top_k`` served by :func:`apply_top_k_top_p_window`; larger ``k`` (or top-p
+without top-k) sorts the whole row."""
 
 _SAMPLE_WINDOW_ROUND = 16
 """:func:`sample_top_k_window` takes ``torch.topk`` of the window rounded up past the next
 multiple of this (at least one column more than the largest ``k``), so that the full-row scan
 for logits tied with the ``k``-th value is needed only for long runs of ties."""
-"""Largest ``top_k`` served by :func:`apply_top_k_top_p_window`; larger ``k`` (or top-p
-without top-k) sorts the whole row."""
 
 
 def top_k_window(top_ks: Iterable[int], vocab_size: int, max_k: int = TOP_K_WINDOW_MAX) -> int | None:
