@@ -13,7 +13,9 @@ touching the full row in the common case:
    ``x >= kth``.
 2. Ties beyond the window: only when the window's last value equals ``kth`` can more logits
    equal to ``kth`` lie outside; then (rarely) the row is scanned once to count them
-   (``n_eq``, all logits equal to ``kth``).
+   (``n_eq``, all logits equal to ``kth``). Not for a ``kth`` of ``-inf`` (a row masked by a
+   grammar or ``allowed_token_ids`` to fewer tokens than ``k``: its ``-inf`` logits carry no
+   probability, however many there are) nor for greedy rows (their token is not used).
 3. Top-p (Holtzman et al., 2020) over the top-k distribution: ``probs = exp(x - x0) / z``
    (``z`` includes the tied logits beyond the window), the mass before each window entry
    ``cumsum(probs) - probs``, and the cutoff is the smallest value whose preceding mass is at
@@ -84,8 +86,8 @@ def _kernel(
     n_win = tl.sum(is_tie.to(tl.int32), axis=0)
     n_eq = n_win
     t_v = tl.zeros([BLOCK_V], dtype=tl.float32) + t
-    if (last == kth) & (width < vocab):
-        # Logits equal to kth may lie beyond the window: count them all.
+    if (last == kth) & (width < vocab) & (kth > float("-inf")) & ~greedy:
+        # Logits equal to kth may lie beyond the window: count them all (-inf ones weigh 0).
         cnt = tl.zeros([BLOCK_V], dtype=tl.int32)
         for start in range(0, vocab, BLOCK_V):
             o = start + tl.arange(0, BLOCK_V)

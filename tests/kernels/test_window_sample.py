@@ -128,6 +128,36 @@ def test_matches_the_torch_reference_token_for_token() -> None:
     assert beyond > 0  # some draws took a tied logit from beyond the window
 
 
+def test_masked_rows_with_fewer_allowed_tokens_than_k() -> None:
+    """Rows a grammar or ``allowed_token_ids`` masked to ``-inf`` down to fewer tokens than
+    ``k`` (so ``kth`` and the window's tail are ``-inf``), over a vocabulary of more than one
+    scan block: the draw is the reference's and always an allowed token, with top-p and min-p
+    on and off; a greedy row whose whole window ties gets a valid id. (The kernel skips the
+    full-row count of ``-inf`` ties there: they carry no probability.)"""
+    v, width = 2500, 32
+    gen = torch.Generator().manual_seed(11)
+    rows, cfg = [], []
+    for n_allowed in (1, 3, 19):
+        for p, mp in ((1.0, 0.0), (0.9, 0.0), (1.0, 0.2), (0.8, 0.1)):
+            row = torch.full((v,), float("-inf"))
+            row[torch.randperm(v, generator=gen)[:n_allowed]] = torch.randn(n_allowed, generator=gen) * 2
+            rows.append(row)
+            cfg.append((0.7, 20, p, mp))
+    rows.append(torch.zeros(v))  # a greedy row whose window ties all the way
+    cfg.append((0.0, 0, 1.0, 0.0))
+    logits = torch.stack(rows)
+    for rep in range(3):
+        noise = torch.empty(len(cfg), width + 2).exponential_(generator=gen)
+        out, vals, idx = _launch(logits, cfg, width, noise)
+        for i, (t, k, p, mp) in enumerate(cfg):
+            assert 0 <= int(out[i]) < v
+            if t < EPS:
+                continue
+            assert torch.isfinite(logits[i, int(out[i])]), (rep, i, cfg[i])
+            ref = _reference_draws(logits[i], vals[i], idx[i], t, k, p, mp, noise[i : i + 1])
+            assert int(out[i]) == int(ref[0]), (rep, i, cfg[i])
+
+
 def test_bf16_logits_and_the_one_column_window() -> None:
     gen = torch.Generator().manual_seed(1)
     logits = (torch.randn(4, 64, generator=gen) * 3).to(torch.bfloat16)
