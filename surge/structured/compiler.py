@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -11,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from surge.sampling_params import StructuredOutputsParams
+from surge.structured.cpus import available_cpus
 from surge.structured.validate import build_grammar
 
 logger = logging.getLogger("surge.structured")
@@ -62,7 +62,7 @@ class CompiledGrammarCache:
         self._tokenizer_dir = tokenizer_dir
         self._vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
-        workers, self._compiler_threads = compile_thread_budget(os.cpu_count() or 2)
+        workers, self._compiler_threads = compile_thread_budget(available_cpus())
         self._pool = ThreadPoolExecutor(
             max_workers=max_workers or workers, thread_name_prefix="surge-grammar"
         )

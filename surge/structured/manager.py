@@ -4,7 +4,6 @@ constrained request, and the token bitmask of each step."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -15,13 +14,20 @@ import torch
 from surge.request import Request
 from surge.structured.bitmask import StepMaskBuffer
 from surge.structured.compiler import CompiledGrammarCache
+from surge.structured.cpus import available_cpus
 
 BATCH_FILL_MIN_ROWS = 8
 """From this many constrained rows on, the bitmask rows are filled by xgrammar's threaded
 batch matcher instead of one call per row; it uses one thread per this many rows."""
 
-MAX_FILL_THREADS = 8
-"""Threads of the batch matcher at most (half the CPUs, 1 to this many)."""
+MAX_FILL_THREADS = 4
+"""Threads of the batch matcher at most (half the available CPUs, 1 to this many).
+
+xgrammar 0.2.9's ``BatchGrammarMatcher`` starts fresh OS threads on every call (one step's
+fill), and on the H200 host 8 threads filled 64 rows in 1.51 ms against 1.64 ms with 4
+(``benchmarks/results/h200-qwen3-8b/features/structured-d97855f/host_step.json``): the other
+4 threads buy 8 % of the fill and compete for the CPUs with the engine loop, the API process
+and the clients while streams are served."""
 
 
 class RequestGrammar:
@@ -248,7 +254,7 @@ class StructuredOutputManager:
         self.grammars: dict[str, RequestGrammar] = {}
         self.buffer = StepMaskBuffer(vocab_size, device)
         self._stop_row = _stop_row(self.eos_token_ids, self.buffer.width)
-        self._fill_threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
+        self._fill_threads = max(1, min(MAX_FILL_THREADS, available_cpus() // 2))
         self._batch_matchers: dict[int, Any] = {}  # by thread count
 
     def add(self, request: Request) -> None:
@@ -320,7 +326,8 @@ class StructuredOutputManager:
         Matchers that constrain their row fill their mask rows in one call, xgrammar's
         ``BatchGrammarMatcher`` (a thread pool in C++), from :data:`BATCH_FILL_MIN_ROWS`
         rows on, with one thread per :data:`BATCH_FILL_MIN_ROWS` rows (at most half the
-        CPUs, :data:`MAX_FILL_THREADS`).
+        available CPUs, :func:`~surge.structured.cpus.available_cpus`, and
+        :data:`MAX_FILL_THREADS`).
 
         Returns:
             ``n``, the rows packed (0: no row is constrained, nothing to apply).
