@@ -423,7 +423,10 @@ class LLMEngine:
             check()
 
     def close(self) -> None:
-        """Stop the executor's worker processes, if it has any. Idempotent."""
+        """Stop the executor's worker processes, if it has any, and the grammar threads.
+        Idempotent."""
+        if self._structured is not None:
+            self._structured.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
