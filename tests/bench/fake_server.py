@@ -4,7 +4,9 @@ Tokenizer: word level. ``encode(text) = [BOS] + one id per whitespace word`` (``
 word hashes into [10, 500)); ``decode(ids) = "w<id> w<id> ..."`` without BOS. Each request takes the
 next behaviour of ``script`` (then ``default``):
 
-- ``ok``: TTFT ``ttft`` s, then one chunk every ``itl`` s with ``tokens_per_chunk`` tokens;
+- ``ok``: TTFT ``ttft`` s, then one chunk every ``itl`` s with ``tokens_per_chunk`` tokens (on a
+  timeline fixed at the request's arrival: chunk k is due ``ttft + k * itl`` s after it, so a late
+  wake-up on a loaded machine delays one chunk instead of every later one);
 - ``short``: like ok but one token short of ``max_tokens``;
 - ``http500``: a 500 with an OpenAI error body;
 - ``stream_error``: a 200 stream that sends two tokens, then ``data: {"error": {...}}``;
@@ -108,6 +110,12 @@ def make_app(b: Behaviour) -> web.Application:
         await resp.write(data[half:])
 
     async def completion(req: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        t_arrival = loop.time()
+
+        async def until(offset_s: float) -> None:  # sleep until ``offset_s`` after the arrival
+            await asyncio.sleep(max(0.0, t_arrival + offset_s - loop.time()))
+
         body = await req.json()
         chat = req.path.endswith("/chat/completions")
         mode = b.script[b.seen] if b.seen < len(b.script) else b.default
@@ -136,8 +144,9 @@ def make_app(b: Behaviour) -> web.Application:
             await send(
                 resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [choice0]}
             )
-        await asyncio.sleep(b.ttft)
+        await until(b.ttft)
         sent = 0
+        chunks = 0
         while sent < n:
             k = min(b.tokens_per_chunk, n - sent)
             text = "".join(f" w{100 + (sent + j) % 50}" for j in range(k))
@@ -151,6 +160,7 @@ def make_app(b: Behaviour) -> web.Application:
                 resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [choice]}
             )
             sent += k
+            chunks += 1
             if mode == "stream_error" and sent >= 2:
                 await send(
                     resp, {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}
@@ -158,9 +168,9 @@ def make_app(b: Behaviour) -> web.Application:
                 await resp.write_eof()
                 return resp
             if sent < n:
-                await asyncio.sleep(b.itl)
+                await until(b.ttft + chunks * b.itl)
         if chat and b.finish_chunk:
-            await asyncio.sleep(b.itl)
+            await until(b.ttft + chunks * b.itl)
             fin = {"index": 0, "delta": {}, "finish_reason": "length"}
             await send(
                 resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [fin]}
