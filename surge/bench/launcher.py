@@ -101,6 +101,15 @@ class ServerLauncher:
         """True while the server process has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
+    def exits_within(self, timeout_s: float) -> bool:
+        """True when the server process has exited, or exits within ``timeout_s`` seconds (a dying
+        server drops its connections before its process is gone, longer so on a loaded machine)."""
+        if self.proc is None:
+            return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout_s)
+        return not self.alive()
+
     def healthy(self) -> bool:
         """True when ``/health`` answers 200 right now."""
         return self._health()[0]

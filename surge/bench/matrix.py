@@ -241,6 +241,10 @@ def combine_runs(pt: MatrixPoint, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+_DEATH_GRACE_S = 5.0
+"""How long a failed point waits for a launched server that may be dying to exit (seconds)."""
+
+
 def _run_point(
     mcfg: MatrixConfig,
     pt: MatrixPoint,
@@ -278,7 +282,8 @@ def _run_point(
         result = run_serve(cfg, command, counter)
     except (ValueError, OSError) as e:
         error = str(e)
-    if launcher is not None and not launcher.alive():
+    # A failed point may be the server dying: give its exit a moment to show before blaming it.
+    if launcher is not None and launcher.exits_within(_DEATH_GRACE_S if error else 0.0):
         error = (error + "; " if error else "") + "server died during the point"
     return result, error, counter
 

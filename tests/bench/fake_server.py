@@ -18,7 +18,9 @@ token (``finish_chunk``), as some servers do. ``reset_route`` adds ``POST /reset
 (counted in ``resets``).
 
 Every SSE event is written in two pieces split mid-line, to exercise the client's parser. Runs in a
-thread (:class:`FakeServer`) or as a script (``python fake_server.py --port P [--die-after N]``).
+thread (:class:`FakeServer`) or as a script (``python fake_server.py --port P [--die-after N
+[--die-delay S]]``: the N+1-th completion request drops its connection, and the process exits S
+seconds later).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Behaviour:
     script: list[str] = field(default_factory=list)
     default: str = "ok"
     die_after: int | None = None  # exit the process after this many completion requests
+    die_delay: float = 0.0  # ... this long after dropping the connection (a slow teardown)
     role_chunk: bool = False
     finish_chunk: bool = False
     reset_route: bool = False
@@ -122,6 +125,9 @@ def make_app(b: Behaviour) -> web.Application:
         b.seen += 1
         b.log.append({"path": req.path, "body": body, "mode": mode, "auth": req.headers.get("Authorization")})
         if b.die_after is not None and b.seen > b.die_after:
+            if req.transport is not None:  # the client sees the drop before the process is gone
+                req.transport.abort()
+            await asyncio.sleep(b.die_delay)
             os._exit(3)
         if mode == "http500":
             err = {
@@ -243,10 +249,11 @@ def main() -> None:
     ap.add_argument("--ttft", type=float, default=0.02)
     ap.add_argument("--itl", type=float, default=0.005)
     ap.add_argument("--die-after", type=int, default=None)
+    ap.add_argument("--die-delay", type=float, default=0.0)
     ap.add_argument("--startup-delay", type=float, default=0.3)
     args = ap.parse_args()
     time.sleep(args.startup_delay)
-    b = Behaviour(ttft=args.ttft, itl=args.itl, die_after=args.die_after)
+    b = Behaviour(ttft=args.ttft, itl=args.itl, die_after=args.die_after, die_delay=args.die_delay)
     web.run_app(make_app(b), host="127.0.0.1", port=args.port, print=None)
 
 
