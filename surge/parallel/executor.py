@@ -50,6 +50,10 @@ _POLL_MS = 100
 """While waiting on the workers, check that they live this often (milliseconds)."""
 
 
+_PEER_DEATH_GRACE_S = 3.0
+"""After a rank reports a failure, how long to wait for a dead peer to show (seconds)."""
+
+
 class WorkerDiedError(RuntimeError):
     """A tensor-parallel worker died or failed (the message says which and why)."""
 
@@ -192,12 +196,19 @@ class TPExecutor:
                     raise ValueError(f"tensor-parallel workers did not start within {timeout_s:.0f} s")
         return min(r.num_kv_blocks for r in ready.values()), {r.rank: r.pid for r in ready.values()}
 
-    def _check_alive(self) -> None:
-        for rank, proc in self._procs.items():
-            if not proc.is_alive():
-                raise WorkerDiedError(
-                    f"tensor-parallel worker rank {rank} (pid {proc.pid}) died (exit code {proc.exitcode})"
-                )
+    def _check_alive(self, besides: int | None = None, grace_s: float = 0.0) -> None:
+        """Raise :class:`WorkerDiedError` naming a dead rank other than ``besides``; with
+        ``grace_s``, wait up to that long (seconds) for one to show as dead."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for rank, proc in self._procs.items():
+                if rank != besides and not proc.is_alive():
+                    raise WorkerDiedError(
+                        f"tensor-parallel worker rank {rank} (pid {proc.pid}) died (exit code {proc.exitcode})"
+                    )
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def _recv(self, timeout_s: float | None = None) -> Any:
         """The next worker message; raises when a worker died or failed."""
@@ -208,7 +219,10 @@ class TPExecutor:
                 raise WorkerDiedError(f"tensor-parallel workers did not answer within {timeout_s:.0f} s")
         msg = self._decoder.decode(self._pull.recv(copy=False).buffer)
         if isinstance(msg, WorkerFatalError):
-            self._check_alive()  # a dead peer is the cause of a failed collective: name it
+            # A dead peer is the cause of a failed collective: name it, not the reporting rank
+            # (which exits after its report). The peer's sockets close before it can be reaped,
+            # so the report may come first: give its death a moment to show.
+            self._check_alive(besides=msg.rank, grace_s=_PEER_DEATH_GRACE_S)
             raise WorkerDiedError(f"tensor-parallel worker rank {msg.rank} failed: {msg.message}")
         return msg
 

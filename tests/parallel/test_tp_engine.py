@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from surge import LLM, SamplingParams
 from surge.config import ModelConfig, ParallelConfig, check_tensor_parallel
+from surge.parallel.executor import TPExecutor, WorkerDiedError
 from tests.engine.tiny_models import hf_greedy, make_tiny_model
 
 NEW_TOKENS = 8
@@ -101,6 +103,34 @@ def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
             llm.generate([[1, 5, 6]], SamplingParams(max_tokens=4))
     finally:
         llm.close()
+
+
+class _FakeProc:
+    """A worker process that dies after ``lives`` liveness checks (None: never)."""
+
+    def __init__(self, pid: int, lives: int | None, exitcode: int) -> None:
+        self.pid, self.lives, self.exitcode = pid, lives, exitcode
+
+    def is_alive(self) -> bool:
+        if self.lives is None:
+            return True
+        self.lives -= 1
+        return self.lives >= 0
+
+
+def test_a_failed_collective_names_the_dead_peer_not_the_reporter() -> None:
+    """Rank 0 reports the failed collective and exits; rank 1, killed, shows as dead only a moment
+    after (its sockets close before it can be reaped): the error names rank 1."""
+    ex = TPExecutor.__new__(TPExecutor)
+    ex._procs = {0: _FakeProc(10, 0, 1), 1: _FakeProc(11, 5, -9)}  # type: ignore[dict-item]
+    with pytest.raises(WorkerDiedError, match=r"rank 1 \(pid 11\) died \(exit code -9\)"):
+        ex._check_alive(besides=0, grace_s=30.0)
+    ex._procs = {0: _FakeProc(10, 0, 1), 1: _FakeProc(11, None, 0)}  # type: ignore[dict-item]
+    t0 = time.monotonic()
+    ex._check_alive(besides=0, grace_s=0.3)  # no dead peer: the caller reports rank 0's own error
+    assert time.monotonic() - t0 >= 0.3
+    with pytest.raises(WorkerDiedError, match="rank 0"):
+        ex._check_alive()
 
 
 def test_serve_with_a_tp_size_that_does_not_divide_exits_with_one_line() -> None:
