@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,11 @@ def test_mini_matrix_against_live_surge_serve(
         # chat: the server saw exactly --input-len prompt tokens, chat template included
         assert r["input_lens"] == [p["input_len"]] * p["concurrency"]
         assert r["prefix_cache_reset"] is True
-    assert not _processes_with(f"--port {port}")  # the launched server and its engine are gone
+    # the launched server and its engine are gone (a SIGKILLed process takes a moment to die)
+    deadline = time.monotonic() + 10
+    while _processes_with(f"--port {port}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_with(f"--port {port}")
     # comparing a run with itself: every point valid in both, geometric mean change 0
     rc = bench_main(["bench", "compare", str(out), str(out / "summary.json")])
     assert rc == 0
