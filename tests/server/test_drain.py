@@ -95,7 +95,8 @@ def _kill(srv: Server) -> None:
 def _drain_on_sigterm(srv: Server) -> None:
     assert httpx.get(srv.url + "/v1/models", timeout=30).status_code == 401  # SURGE_API_KEY is in force
     short = StreamReader(srv, {"prompt": "Tom", "max_tokens": 4, "ignore_eos": True})
-    longs = [StreamReader(srv, _long(i)) for i in range(8)]
+    # enough work that some is still in flight 3 s after the signal on an idle, fast machine too
+    longs = [StreamReader(srv, _long(i)) for i in range(24)]
     for t in [short, *longs]:
         t.start()
     # generous waits: CI machines are slow and shared
