@@ -35,7 +35,14 @@ partial product times the scale of its ``(n // bn, k // bk)`` block, as
 * ``w8a8`` (``quantize_input=True``): ``x`` is first quantized per token by
   :func:`surge.kernels.fp8_quant.per_token_quant_fp8` and ``tl.dot`` runs on two e4m3
   operands (sm89+ FP8 MMA); the token scale multiplies the result, as in ``torch._scaled_mm``
-  with row-wise scales.
+  with row-wise scales. Hopper's FP8 ``wgmma`` (what Triton emits for ``BLOCK_M >= 64``) adds
+  into its fp32 accumulator with fewer mantissa bits than fp32 (DeepSeek-V3 report, sec.
+  3.3.2: about 14), and Triton 3.x on sm90 lets it accumulate a whole ``tl.dot`` chain that way
+  by default (``max_num_imprecise_acc`` = 2**30): with ``K / SPLIT_K`` = 6144 or 12288 (down
+  at ``M = 64``) the H200 sweep's check failed (issue 13). Every FP8 ``tl.dot`` here therefore
+  passes ``max_num_imprecise_acc = min(BLOCK_K, FP8_PROMOTE_K)``, so Triton adds the tensor
+  cores' partial sum into a true fp32 accumulator every :data:`FP8_PROMOTE_K` elements of
+  ``K`` (DeepGEMM's promotion interval; cuBLAS does the same unless ``use_fast_accum``).
 
 Split-K is the standard technique of CUTLASS's "split-K serial/parallel" GEMMs; the tiles that
 the engine uses come from ``benchmarks/fp8_gemm_bench.py --sweep`` on the H200
@@ -109,6 +116,11 @@ def splitk_workspace_size(m: int, n: int, config: Fp8SplitKConfig) -> tuple[int,
     return config.split_k * m * n, tiles
 
 
+FP8_PROMOTE_K = 128
+"""Elements of ``K`` that an FP8 x FP8 ``tl.dot`` may sum in the tensor cores' reduced-precision
+accumulator before the sum is added into fp32 (see the module docstring)."""
+
+
 def default_splitk_config(m: int, n: int, k: int) -> Fp8SplitKConfig:
     """Tiles for shapes without a measurement: ``block_m`` 16/32/64 by ``m``, 64 x 256 weight
     tiles, 4 stages, 4 warps, and ``split_k`` the power of two (<= 16) that brings the grid to
@@ -178,6 +190,7 @@ def _fp8_splitk_kernel(
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_IEEE: tl.constexpr,
+    PROMOTE_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -206,7 +219,7 @@ def _fp8_splitk_kernel(
             w = tl.load(w_ptrs, mask=mask_n[:, None] & k_mask[None, :], other=0.0)
         if BLOCK_SCALES:  # this step's partial product times its (n // bn, k // bk) scales
             if A8:
-                part = tl.dot(a, tl.trans(w))
+                part = tl.dot(a, tl.trans(w), max_num_imprecise_acc=PROMOTE_K)
             elif DOT_IEEE:
                 part = tl.dot(a, tl.trans(w.to(a.dtype)), input_precision="ieee")
             else:
@@ -214,8 +227,8 @@ def _fp8_splitk_kernel(
             k0 = k_start + kb * BLOCK_K  # the step lies in one bk block (BLOCK_K divides bk)
             s = tl.load(s_rows + k0 // SCALE_BK, mask=mask_n & (k0 < K), other=0.0)
             acc += part * s[None, :]
-        elif A8:
-            acc = tl.dot(a, tl.trans(w), acc)
+        elif A8:  # fp32 promotion every PROMOTE_K elements (Hopper wgmma, see the docstring)
+            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
         elif DOT_IEEE:
             acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision="ieee")
         else:
@@ -440,6 +453,7 @@ def fp8_linear_splitk(
         HAS_BIAS=bias is not None,
         EVEN_K=steps * cfg.block_k * cfg.split_k == k,
         DOT_IEEE=x.dtype == torch.float32,
+        PROMOTE_K=min(cfg.block_k, FP8_PROMOTE_K),
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,

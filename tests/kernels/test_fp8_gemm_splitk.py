@@ -5,6 +5,8 @@ persistent workspace), even and ragged ``K`` slices, bias, tails."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -538,3 +540,65 @@ def test_block_layers_take_split_k_for_decode_where_measured_faster(monkeypatch:
             assert all(not c.a8 and block[1] % c.block_k == 0 for c in method.block_splitk_by_m)
         else:
             assert calls == [] and method.block_splitk_by_m == ()
+
+
+def _ulp_units(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest ``|y - ref|`` in units of ``|ref| * 2**-8 + 1e-3 * max |ref|`` (the sweep's check:
+    rounding the exact result to bf16 alone gives up to 1)."""
+    r = ref.double()
+    return ((y.double() - r).abs() / (r.abs() * 2.0**-8 + 1e-3 * r.abs().max())).max().item()
+
+
+@pytest.mark.parametrize("split,reduce", [(1, "kernel"), (2, "kernel"), (2, "inline")])
+def test_w8a8_long_k_slices_match_reference(split: int, reduce: str) -> None:
+    """Issue 13's trigger shape (down_proj at M = 64: K = 12288, one or two K slices of 12288 or
+    6144, ``block_m`` 64), N shrunk to 32: masks, offsets and the K loop are right (this runs the
+    interpreter's exact fp32 sums; the GPU's FP8 accumulation is pinned by the next test)."""
+    m, n, k = 64, 32, 12288
+    x, w, s, _ = _problem(m, n, k, torch.bfloat16, seed=13)
+    cfg = Fp8SplitKConfig(64, 32, 128, split, 4, 4, True, reduce)  # type: ignore[arg-type]
+    out = fp8_linear_splitk(x.to(DEVICE), w.to(DEVICE), s.to(DEVICE), config=cfg).cpu()
+    xq, xs = per_token_quant_fp8(x.to(DEVICE))
+    ref = dequantize(xq.cpu(), xs.cpu()).double() @ dequantize(w, s).double().t()
+    assert _ulp_units(out, ref) <= 1.01
+
+
+_COMPILE_SM90 = """
+import re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from surge.kernels.fp8_gemm_splitk import FP8_PROMOTE_K, _fp8_splitk_kernel as kern
+
+for block_scales in (False, True):
+    const = dict(A8=True, PARTIALS=False, INLINE=False, BLOCK_SCALES=block_scales, SCALE_BN=128,
+                 SCALE_BK=128, HAS_BIAS=False, EVEN_K=True, DOT_IEEE=False,
+                 PROMOTE_K=min(128, FP8_PROMOTE_K), BLOCK_M=64, BLOCK_N=64, BLOCK_K=128)
+    const = {a: v for a, v in const.items() if a in kern.arg_names}
+    ptr = {"y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32", "x_ptr": "*fp8e4nv",
+           "w_ptr": "*fp8e4nv"}
+    sig = {a: "constexpr" if a in const else ptr.get(a, "*fp32" if a.endswith("_ptr") else "i32")
+           for a in kern.arg_names}
+    k = triton.compile(ASTSource(kern, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "num_stages": 4})
+    dots = [ln for ln in k.asm["ttgir"].splitlines() if "ttng.warp_group_dot " in ln]
+    print(block_scales, [int(v) for d in dots for v in re.findall(r"maxNumImpreciseAcc = (\\d+)", d)])
+"""
+
+
+def test_fp8_dots_promote_to_fp32_every_128_on_hopper() -> None:
+    """The cause of issue 13: on sm90 (``block_m`` 64, so ``wgmma``) Triton's default lets an
+    FP8 x FP8 ``tl.dot`` chain accumulate the whole ``K`` slice in the tensor cores'
+    reduced-precision accumulator (``maxNumImpreciseAcc`` 2**30). Compiled here for sm90 (no GPU
+    needed, outside the interpreter): every ``warp_group_dot`` of the w8a8 kernel, per-channel
+    and block scales, promotes to fp32 at most every 128 elements of ``K``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SM90], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split("\n")[:2]
+    assert lines[0].startswith("False [") and lines[1].startswith("True [")
+    for line in lines:
+        limits = [int(v) for v in line.split("[")[1].rstrip("]").split(",")]
+        assert limits and all(v <= 128 for v in limits), line
