@@ -423,10 +423,7 @@ class LLMEngine:
             check()
 
     def close(self) -> None:
-        """Stop the executor's worker processes, if it has any, and the grammar threads.
-        Idempotent."""
-        if self._structured is not None:
-            self._structured.close()
+        """Stop the executor's worker processes, if it has any. Idempotent."""
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()

@@ -17,17 +17,17 @@ from surge.structured.compiler import CompiledGrammarCache
 from surge.structured.cpus import available_cpus
 
 BATCH_FILL_MIN_ROWS = 8
-"""From this many constrained rows on, the bitmask rows are filled on several threads instead
-of one; one thread per this many rows."""
+"""From this many constrained rows on, the bitmask rows are filled by xgrammar's threaded
+batch matcher instead of one call per row; it uses one thread per this many rows."""
 
 MAX_FILL_THREADS = 4
-"""Threads that fill a step's bitmask rows at most (half the available CPUs, 1 to this many):
-the engine's own thread plus up to three persistent pool workers.
+"""Threads of the batch matcher at most (half the available CPUs, 1 to this many).
 
-On the H200 host 8 threads of xgrammar's ``BatchGrammarMatcher`` filled 64 rows in 1.51 ms
-against 1.64 ms with 4 (``benchmarks/results/h200-qwen3-8b/features/structured-d97855f/host_step.json``):
-more threads buy little and compete for the CPUs with the engine loop, the API process and the
-clients while streams are served."""
+xgrammar 0.2.9's ``BatchGrammarMatcher`` starts fresh OS threads on every call (one step's
+fill), and on the H200 host 8 threads filled 64 rows in 1.51 ms against 1.64 ms with 4
+(``benchmarks/results/h200-qwen3-8b/features/structured-d97855f/host_step.json``): the other
+4 threads buy 8 % of the fill and compete for the CPUs with the engine loop, the API process
+and the clients while streams are served."""
 
 
 class RequestGrammar:
@@ -255,7 +255,7 @@ class StructuredOutputManager:
         self.buffer = StepMaskBuffer(vocab_size, device)
         self._stop_row = _stop_row(self.eos_token_ids, self.buffer.width)
         self._fill_threads = max(1, min(MAX_FILL_THREADS, available_cpus() // 2))
-        self._fill_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._batch_matchers: dict[int, Any] = {}  # by thread count
 
     def add(self, request: Request) -> None:
         """Start compiling the request's grammar (or find it in the cache) and hold it."""
@@ -323,10 +323,11 @@ class StructuredOutputManager:
         step in flight, asynchronous scheduling) takes it from ``previous()``, which is
         called (and waits) only then.
 
-        Matchers that constrain their row fill their mask rows on this thread and, from
-        ``2 * BATCH_FILL_MIN_ROWS`` rows on, on a persistent pool too, with one thread per
-        :data:`BATCH_FILL_MIN_ROWS` rows (at most half the available CPUs,
-        :func:`~surge.structured.cpus.available_cpus`, and :data:`MAX_FILL_THREADS`).
+        Matchers that constrain their row fill their mask rows in one call, xgrammar's
+        ``BatchGrammarMatcher`` (a thread pool in C++), from :data:`BATCH_FILL_MIN_ROWS`
+        rows on, with one thread per :data:`BATCH_FILL_MIN_ROWS` rows (at most half the
+        available CPUs, :func:`~surge.structured.cpus.available_cpus`, and
+        :data:`MAX_FILL_THREADS`).
 
         Returns:
             ``n``, the rows packed (0: no row is constrained, nothing to apply).
@@ -363,48 +364,22 @@ class StructuredOutputManager:
         if n == 0:
             return 0
         mask, row_ids = self.buffer.host_views(n)
-        threads = min(self._fill_threads, m // BATCH_FILL_MIN_ROWS)
-        if threads > 1:
-            self._fill_parallel(matchers, mask, threads)
+        if m >= BATCH_FILL_MIN_ROWS:
+            threads = min(self._fill_threads, m // BATCH_FILL_MIN_ROWS)
+            batch = self._batch_matchers.get(threads)
+            if batch is None:
+                import xgrammar as xgr
+
+                batch = self._batch_matchers[threads] = xgr.BatchGrammarMatcher(threads)
+            batch.batch_fill_next_token_bitmask(matchers, mask)
         else:
-            _fill_rows(matchers, mask, 0, m)
+            for j, matcher in enumerate(matchers):
+                matcher.fill_next_token_bitmask(mask, j)
         if stop_rows:
             mask[m:] = self._stop_row
             rows += stop_rows
         row_ids.copy_(torch.tensor(rows, dtype=torch.int32))
         return n
-
-    def _fill_parallel(self, matchers: Sequence[Any], mask: torch.Tensor, threads: int) -> None:
-        """Fill ``mask`` rows ``0 .. len(matchers) - 1`` on ``threads`` threads: contiguous
-        chunks of rows, the last one on this thread, the others on a persistent pool (xgrammar
-        releases the GIL while it fills a row, so the chunks run in parallel; a pool started
-        once avoids the per-call thread start of xgrammar's ``BatchGrammarMatcher``)."""
-        pool = self._fill_pool
-        if pool is None:
-            pool = self._fill_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self._fill_threads - 1, thread_name_prefix="surge-grammar-fill"
-            )
-        m = len(matchers)
-        bounds = [m * t // threads for t in range(threads + 1)]
-        futures = [
-            pool.submit(_fill_rows, matchers, mask, bounds[t], bounds[t + 1]) for t in range(threads - 1)
-        ]
-        _fill_rows(matchers, mask, bounds[-2], m)
-        for future in futures:
-            future.result()
-
-    def close(self) -> None:
-        """Stop the fill pool's threads and the compile pool (idempotent)."""
-        if self._fill_pool is not None:
-            self._fill_pool.shutdown(wait=True)
-            self._fill_pool = None
-        self.cache.shutdown()
-
-
-def _fill_rows(matchers: Sequence[Any], mask: torch.Tensor, start: int, stop: int) -> None:
-    """Each matcher ``j`` in ``[start, stop)`` fills ``mask`` row ``j`` with its next allowed tokens."""
-    for j in range(start, stop):
-        matchers[j].fill_next_token_bitmask(mask, j)
 
 
 def _stop_row(stop_token_ids: Sequence[int], width: int) -> torch.Tensor:

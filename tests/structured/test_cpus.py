@@ -61,8 +61,9 @@ def test_this_process() -> None:
 def test_fill_threads_follow_the_available_cpus(
     monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int
 ) -> None:
-    """Half the available CPUs, 1 to MAX_FILL_THREADS (4): threads past 4 gain little while
-    they take the CPUs of the engine loop and the API process."""
+    """Half the available CPUs, 1 to MAX_FILL_THREADS (4): xgrammar's batch matcher starts
+    fresh threads on every call, and threads past 4 gain little while they take the CPUs of
+    the engine loop and the API process."""
     monkeypatch.setattr(manager_module, "available_cpus", lambda: cpus)
     monkeypatch.setattr(compiler_module, "available_cpus", lambda: cpus)
     manager = StructuredOutputManager(str(STORIES), 512, (2,), "cpu")
