@@ -390,6 +390,8 @@ class EngineConfig:
         cpu_threads: torch intra-op threads of the engine on CPU. 1 by default: the CPU path
             serves tiny models, where more threads only add OpenMP spin-waiting that starves
             the API process and other work on small machines (measured 13x slower on 2 cores).
+            On a GPU the engine always runs torch on one thread once the model is loaded
+            (:func:`surge.worker.model_runner.engine_torch_threads`).
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
             is refused; it is not a serving mode and no CLI flag sets it.
