@@ -716,7 +716,7 @@ def engine_torch_threads(config: EngineConfig) -> int:
     process, the grammar mask fill and the clients need. Measured on the H200 host (16 cores,
     Qwen3-8B, C64 I256/O1024 with a ``json_schema`` on every request): 15 engine threads each
     busy about 90 % of the run, 7,025 output tok/s and P99 ITL 18.5 ms; with one thread
-    8,755 tok/s and 8.25 ms (``benchmarks/results/h200-qwen3-8b/features/structured-e332458/``).
+    8,755 tok/s and 8.25 ms (``benchmarks/results/h200-qwen3-8b/features/structured-395bb05/threads-diag/``).
     vLLM likewise runs its GPU workers with one OpenMP thread."""
     return config.cpu_threads if config.device == "cpu" else 1
 
