@@ -18,16 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["name", "age", "tags"],
-}
+from structured_host_step import SCHEMA  # the same schema as the serving benchmark
 
 
 def main() -> None:

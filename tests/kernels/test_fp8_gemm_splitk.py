@@ -397,16 +397,30 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     data, src = tmp_path / "sweep.json", tmp_path / "fp8_linear.py"
     data.write_text(json.dumps(sweep))
     original = (repo / "surge" / "quant" / "fp8_linear.py").read_text()
-    src.write_text(original)
-    r = subprocess.run(
-        [sys.executable, "benchmarks/fp8_gemm_bench.py", "--emit", str(data), "--write-source", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-    )
-    assert r.returncode == 0, r.stderr
+
+    def emit(*extra: str) -> subprocess.CompletedProcess[str]:
+        """``fp8_gemm_bench.py --emit`` of the sweep into a fresh copy of the engine's table."""
+        src.write_text(original)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "benchmarks/fp8_gemm_bench.py",
+                "--emit",
+                str(data),
+                "--write-source",
+                str(src),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=repo,
+            env={**os.environ, "PYTHONPATH": str(repo)},
+        )
+        assert r.returncode == 0, r.stderr
+        return r
+
+    r = emit()
     assert "| qkv | 6144 x 4096 | 1 | 16.0 | 20.0 | 13.0 | 14.0 | - | - | split-K w8a16 (16," in r.stdout
     assert (
         "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | 21.0 | - | split-K w8a16 inline" in r.stdout
@@ -435,17 +449,7 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
     # --no-inline: the same sweep, the inline reduction's timings ignored (down 8: w8a8 at 22 us)
-    src.write_text(original)
-    r = subprocess.run(
-        [sys.executable, "benchmarks/fp8_gemm_bench.py", "--emit", str(data), "--write-source", str(src)]
-        + ["--no-inline"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-    )
-    assert r.returncode == 0, r.stderr
+    r = emit("--no-inline")
     assert "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | - | - | split-K w8a8 (16," in r.stdout
     text = src.read_text()
     node = next(
