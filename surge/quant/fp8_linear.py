@@ -73,24 +73,24 @@ the split-K partials) or ``"inline"`` (the last program of each tile does)."""
 
 SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {
     (6144, 4096): {  # qkv; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 15.5 / 21.3 / 13.0
-        16: (16, 64, 128, 4, 4, 4, True, "kernel"),  # 16.0 / 20.6 / 13.1
-        64: (64, 64, 256, 1, 4, 4, True, "kernel"),  # 16.3 / 17.0 / 12.8
+        1: (16, 64, 128, 4, 4, 4, True, "inline"),  # 15.8 / 21.5 / 12.4
+        16: (16, 64, 128, 4, 4, 4, True, "inline"),  # 15.5 / 20.9 / 13.1
+        64: (64, 32, 128, 2, 4, 4, True, "kernel"),  # 16.0 / 17.1 / 14.8
     },
     (4096, 4096): {  # o; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 4, 4, 4, False, "kernel"),  # 13.3 / 17.2 / 11.0
-        16: (16, 64, 128, 4, 4, 4, False, "kernel"),  # 13.4 / 16.5 / 11.1
-        64: (64, 32, 512, 1, 4, 4, True, "kernel"),  # 11.8 / 16.4 / 10.8
+        1: (16, 32, 256, 4, 4, 4, False, "inline"),  # 13.3 / 17.2 / 10.6
+        16: (16, 64, 128, 4, 4, 4, False, "kernel"),  # 13.4 / 16.5 / 11.0
+        64: (64, 64, 128, 4, 4, 4, True, "kernel"),  # 12.0 / 16.5 / 12.2
     },
     (24576, 4096): {  # gate_up; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 50.6 / 51.3 / 29.2
-        16: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 48.8 / 50.2 / 30.2
-        64: (64, 64, 128, 1, 4, 4, True, "kernel"),  # 50.3 / 43.0 / 31.5
+        1: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 51.9 / 46.3 / 29.8
+        16: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 50.3 / 44.1 / 30.8
+        64: (64, 64, 128, 1, 4, 4, True, "kernel"),  # 51.8 / 43.2 / 32.1
     },
     (4096, 12288): {  # down; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 30.4 / 43.4 / 22.1
-        16: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 28.6 / 41.1 / 22.3
-        64: (64, 64, 128, 4, 4, 4, True, "kernel"),  # 31.5 / 38.7 / 25.4
+        1: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 29.1 / 43.6 / 22.2
+        16: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 29.1 / 41.0 / 22.3
+        64: (64, 64, 128, 4, 4, 4, True, "kernel"),  # 31.8 / 38.7 / 25.6
     },
 }
 """Per weight shape ``(N, K)`` and measured token bucket ``M``: the split-K FP8 GEMM config
