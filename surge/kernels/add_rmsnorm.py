@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
 
 
@@ -41,7 +42,9 @@ def _add_rmsnorm_kernel(
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -82,12 +85,15 @@ def _launch(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None,
+    pdl: bool | None,
 ) -> None:
     num_rows, hidden = x.shape
     if num_rows == 0:
         return
     block = triton.next_power_of_2(hidden)
     num_warps = min(max(block // 256, 1), 16)
+    if pdl is None:
+        pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _add_rmsnorm_kernel[(num_rows,)](
         out,
         scale if scale is not None else out,
@@ -106,6 +112,8 @@ def _launch(
         FP8_MAX=FP8_E4M3_MAX,
         MIN_SCALE=MIN_FP8_SCALE,
         BLOCK=block,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=num_warps,
     )
 
@@ -115,6 +123,8 @@ def add_rmsnorm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    *,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RMSNorm of ``x + residual`` (or of ``x``), fused in one pass.
 
@@ -123,6 +133,8 @@ def add_rmsnorm(
         weight: ``[hidden]``, same dtype as ``x``.
         eps: epsilon inside the square root.
         residual: optional ``[num_tokens, hidden]``, same dtype as ``x``.
+        pdl: launch with programmatic dependent launch (:mod:`surge.kernels.pdl`); None:
+            :func:`surge.kernels.pdl.use_pdl` of ``x`` (sm90+).
 
     Returns:
         ``(out, new_residual)``: ``out [num_tokens, hidden]`` the normalised sum;
@@ -134,7 +146,7 @@ def add_rmsnorm(
     _check(x, weight, residual)
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else None
-    _launch(out, None, res_out, x, weight, eps, residual)
+    _launch(out, None, res_out, x, weight, eps, residual, pdl)
     return out, res_out
 
 
@@ -143,6 +155,8 @@ def add_rmsnorm_fp8(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    *,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`add_rmsnorm` with its output quantized per token to FP8 (e4m3) in the same pass.
 
@@ -151,6 +165,8 @@ def add_rmsnorm_fp8(
         weight: ``[hidden]``, same dtype as ``x``.
         eps: epsilon inside the square root.
         residual: optional ``[num_tokens, hidden]``, same dtype as ``x``.
+        pdl: launch with programmatic dependent launch (:mod:`surge.kernels.pdl`); None:
+            :func:`surge.kernels.pdl.use_pdl` of ``x`` (sm90+).
 
     Returns:
         ``(out_fp8, scale, new_residual)``: ``out_fp8 [num_tokens, hidden]`` float8_e4m3fn and
@@ -166,5 +182,5 @@ def add_rmsnorm_fp8(
     out = torch.empty((num_rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
-    _launch(out, scale, res_out, x, weight, eps, residual)
+    _launch(out, scale, res_out, x, weight, eps, residual, pdl)
     return out, scale, res_out

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from surge.kernels.pdl import pdl_wait, use_pdl
+
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def _attention_reduce_kernel(
@@ -36,7 +38,9 @@ def _attention_reduce_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     DECODE: tl.constexpr,
     MIN_KV_PER_SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -128,6 +132,7 @@ def attention_reduce(
         raise ValueError(f"decode_seq_lens shape {tuple(decode_seq_lens.shape)} is not [{num_seqs}]")
     if min_kv_per_split < 1:
         raise ValueError(f"min_kv_per_split must be >= 1, got {min_kv_per_split}")
+    pdl = use_pdl(out)  # programmatic dependent launch on sm90+
     _attention_reduce_kernel[(num_tokens, num_heads)](
         out,
         part_out,
@@ -145,6 +150,8 @@ def attention_reduce(
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         DECODE=decode_seq_lens is not None,
         MIN_KV_PER_SPLIT=min_kv_per_split,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4,
     )
     return out

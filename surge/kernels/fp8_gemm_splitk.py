@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from surge.kernels.fp8_gemm import check_fp8_gemm_args
+from surge.kernels.pdl import pdl_wait, use_pdl
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,7 @@ def _fp8_splitk_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -205,6 +207,7 @@ def _fp8_splitk_kernel(
     mask_n = offs_n < N
     # a multiple of BLOCK_K that the compiler can see (aligned, vectorized loads)
     k_start = pid_k * STEPS * BLOCK_K
+    pdl_wait(PDL)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -299,10 +302,12 @@ def _splitk_reduce_kernel(
     CHANNEL_SCALES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     m = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs_n < N
+    pdl_wait(PDL)
     row = p_ptr + m.to(tl.int64) * N + offs_n
     acc = tl.load(row, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
@@ -328,6 +333,7 @@ def fp8_linear_splitk(
     workspace: SplitKWorkspace | None = None,
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T + bias`` with an FP8 weight, split over ``K``.
 
@@ -351,6 +357,8 @@ def fp8_linear_splitk(
             only, per-channel weight scales only, nothing quantized here; the output (and
             ``bias``) then has ``out_dtype`` (fp16/bf16) instead of ``x``'s dtype.
         out_dtype: the output dtype with ``x_scale``; ignored without it.
+        pdl: launch with programmatic dependent launch (sm90+ only, see
+            :mod:`surge.kernels.pdl`); None: :func:`surge.kernels.pdl.use_pdl` of ``x``.
 
     Returns:
         ``[M, N]`` in ``x``'s dtype, fp32 accumulation; equal (up to summation order) to
@@ -382,6 +390,8 @@ def fp8_linear_splitk(
         raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
     if cfg.reduce not in ("kernel", "inline"):
         raise ValueError(f"reduce must be 'kernel' or 'inline', got {cfg.reduce!r}")
+    if pdl is None:
+        pdl = use_pdl(x)
     if cfg.a8 and x.dtype == torch.float32:
         raise ValueError("the w8a8 mode takes fp16/bf16 activations")
     if x_scale is not None and not cfg.a8:
@@ -417,7 +427,7 @@ def fp8_linear_splitk(
     elif cfg.a8:
         from surge.kernels.fp8_quant import per_token_quant_fp8
 
-        a, xs = per_token_quant_fp8(x)
+        a, xs = per_token_quant_fp8(x, pdl=pdl)
     steps = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k)  # BLOCK_K steps per K slice
     if inline:
         assert workspace is not None
@@ -457,8 +467,10 @@ def fp8_linear_splitk(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        PDL=pdl,
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,
+        launch_pdl=pdl,
     )
     if partials and not inline:
         block = min(1024, max(128, triton.next_power_of_2(n)))
@@ -476,6 +488,8 @@ def fp8_linear_splitk(
             CHANNEL_SCALES=block_size is None,
             HAS_BIAS=bias is not None,
             BLOCK=block,
+            PDL=pdl,
             num_warps=4,
+            launch_pdl=pdl,
         )
     return out

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
 
 
@@ -28,7 +29,9 @@ def _per_token_quant_kernel(
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_x
@@ -47,7 +50,11 @@ def _per_token_quant_kernel(
 
 
 def per_token_quant_fp8(
-    x: torch.Tensor, out: torch.Tensor | None = None, scale: torch.Tensor | None = None
+    x: torch.Tensor,
+    out: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    *,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize each row of ``x`` to e4m3 with its own scale.
 
@@ -55,6 +62,8 @@ def per_token_quant_fp8(
         x: ``[M, K]`` fp16/bf16/fp32, last dim contiguous.
         out: optional ``[M, K]`` float8_e4m3fn buffer (last dim contiguous).
         scale: optional ``[M, 1]`` float32 buffer (contiguous).
+        pdl: launch with programmatic dependent launch (:mod:`surge.kernels.pdl`); None:
+            :func:`surge.kernels.pdl.use_pdl` of ``x`` (sm90+).
 
     Returns:
         ``(x_fp8 [M, K], scale [M, 1] float32)``, the dequantization multipliers.
@@ -78,6 +87,8 @@ def per_token_quant_fp8(
     if m == 0:
         return out, scale
     block = min(triton.next_power_of_2(max(k, 16)), 2048)
+    if pdl is None:
+        pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _per_token_quant_kernel[(m,)](
         x,
         out,
@@ -88,6 +99,8 @@ def per_token_quant_fp8(
         FP8_MAX=FP8_E4M3_MAX,
         MIN_SCALE=MIN_FP8_SCALE,
         BLOCK=block,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4 if block <= 1024 else 8,
     )
     return out, scale

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX
 
 _FP_FUSION = False
@@ -130,7 +131,9 @@ def _kv_write_kernel(
     WRITE_CACHE: tl.constexpr,
     FP8_KV: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, HALF_PAD)
     cos = tl.zeros([HALF_PAD], dtype=tl.float32)
@@ -245,6 +248,7 @@ def _launch(
     fp8 = write and kc.dtype == torch.float8_e4m3fn
     if fp8 and not (k_scale > 0.0 and v_scale > 0.0):
         raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
+    pdl = use_pdl(k)  # programmatic dependent launch on sm90+
     _kv_write_kernel[(num_tokens,)](
         qq,
         k,
@@ -286,6 +290,8 @@ def _launch(
         WRITE_CACHE=write,
         FP8_KV=fp8,
         FP8_MAX=FP8_E4M3_MAX,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4,
         # No multiply-add contraction: with it the compiler turns rotary's ``x1*cos - x2*sin``
         # into one bf16 FMA (``fma.rn.bf16``, one rounding instead of torch's two), which moves

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from surge.kernels.attention_reduce import attention_reduce
+from surge.kernels.pdl import pdl_wait, use_pdl
 
 _LOG2E = 1.4426950408889634
 _NO_SKIP = 2**31 - 1
@@ -229,7 +230,9 @@ def _paged_attention_kernel(
     DECODE: tl.constexpr,
     IEEE: tl.constexpr,
     FP8_KV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
@@ -606,6 +609,7 @@ def paged_attention(
     else:
         part_out = part_m = part_l = out
     grid = (grid_rows, num_kv_heads, num_splits)
+    pdl = use_pdl(q)  # programmatic dependent launch on sm90+
     _paged_attention_kernel[grid](
         out,
         part_out,
@@ -648,6 +652,8 @@ def paged_attention(
         DECODE=decode,
         IEEE=q.dtype == torch.float32,
         FP8_KV=fp8,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
 
 
@@ -27,7 +28,9 @@ def _silu_and_mul_kernel(
     stride_x,
     stride_o,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -63,7 +66,9 @@ def _silu_and_mul_fp8_kernel(
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_x
@@ -79,12 +84,16 @@ def _silu_and_mul_fp8_kernel(
         tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < n_cols)
 
 
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_and_mul(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool | None = None
+) -> torch.Tensor:
     """``silu(x[:, :I]) * x[:, I:]``.
 
     Args:
         x: ``[num_tokens, 2 * I]`` (last dim contiguous).
         out: optional ``[num_tokens, I]`` output buffer, same dtype.
+        pdl: launch with programmatic dependent launch (:mod:`surge.kernels.pdl`); None:
+            :func:`surge.kernels.pdl.use_pdl` of ``x`` (sm90+).
 
     Returns:
         ``[num_tokens, I]`` in ``x``'s dtype.
@@ -103,17 +112,21 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     if num_rows == 0:
         return out
     block = min(1024, triton.next_power_of_2(inter))
+    if pdl is None:
+        pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _silu_and_mul_kernel[(num_rows, triton.cdiv(inter, block))](
-        out, x, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4
+        out, x, inter, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl, num_warps=4
     )
     return out
 
 
-def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_and_mul_fp8(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(x[:, :I]) * x[:, I:]`` quantized per token to FP8 (e4m3) in the same kernel.
 
     Args:
         x: ``[num_tokens, 2 * I]`` fp16/bf16/fp32 (last dim contiguous).
+        pdl: launch with programmatic dependent launch (:mod:`surge.kernels.pdl`); None:
+            :func:`surge.kernels.pdl.use_pdl` of ``x`` (sm90+).
 
     Returns:
         ``(out_fp8 [num_tokens, I] float8_e4m3fn, scale [num_tokens, 1] float32)``, equal bit
@@ -131,6 +144,8 @@ def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if num_rows == 0:
         return out, scale
     block = min(4096, triton.next_power_of_2(max(inter, 16)))
+    if pdl is None:
+        pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _silu_and_mul_fp8_kernel[(num_rows,)](
         out,
         scale,
@@ -141,6 +156,8 @@ def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         FP8_MAX=FP8_E4M3_MAX,
         MIN_SCALE=MIN_FP8_SCALE,
         BLOCK=block,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=8 if block >= 2048 else 4,
     )
     return out, scale

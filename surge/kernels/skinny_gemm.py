@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from surge.kernels.pdl import pdl_wait, use_pdl
+
 SKINNY_MAX_M = 16
 """Largest token count ``M`` the engine sends to this kernel; above it cuBLAS is as fast."""
 
@@ -120,7 +122,9 @@ def _skinny_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -193,6 +197,7 @@ def _check_and_launch(
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
     cfg = config if config is not None else skinny_config(m, n, k, x.dtype)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _skinny_gemm_kernel[grid](
         out,
         x,
@@ -211,6 +216,8 @@ def _check_and_launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         num_stages=cfg.num_stages,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=cfg.num_warps,
     )
     return out

@@ -1,0 +1,158 @@
+"""Programmatic dependent launch (PDL) on a decode-shaped chain of Surge's FP8 kernels.
+
+Builds ``--layers`` Qwen3-8B-shaped FP8 decoder layers with distinct random weights (so L2 never
+holds a weight across replays) and times, inside one CUDA graph, the chain of Surge kernels a
+decode step runs per layer at ``M`` tokens::
+
+    add_rmsnorm(_fp8) -> qkv split-K -> silu_and_mul (a small kernel standing in for attention)
+    -> o split-K -> add_rmsnorm(_fp8) -> gate_up split-K -> silu_and_mul(_fp8) -> down split-K
+
+with the tiles the engine takes (:func:`surge.quant.fp8_linear.splitk_configs`), once with every
+kernel launched the ordinary way and once with PDL (:mod:`surge.kernels.pdl`), and checks that
+the two give the same bits. Writes one JSON line per (M, variant).
+
+Run on an sm90 GPU from the repository root::
+
+    python3 benchmarks/pdl_bench.py --m 1 16 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gemm_bench import time_graph  # noqa: E402
+
+from surge.kernels.add_rmsnorm import add_rmsnorm, add_rmsnorm_fp8  # noqa: E402
+from surge.kernels.fp8_gemm_splitk import SplitKWorkspace, fp8_linear_splitk, splitk_workspace_size  # noqa: E402
+from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8  # noqa: E402
+from surge.quant.fp8 import quantize_per_channel  # noqa: E402
+from surge.quant.fp8_linear import splitk_configs  # noqa: E402
+
+HIDDEN, QKV, INTER = 4096, 6144, 12288
+SHAPES = {
+    "qkv": (QKV, HIDDEN),
+    "o": (HIDDEN, HIDDEN),
+    "gate_up": (2 * INTER, HIDDEN),
+    "down": (HIDDEN, INTER),
+}
+
+
+def build_layers(n: int, device: str) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """``n`` layers of random FP8 weights (per-channel scales) and bf16 norm weights."""
+    layers = []
+    for _ in range(n):
+        layer = {}
+        for name, (rows, cols) in SHAPES.items():
+            w = torch.randn(rows, cols, device=device, dtype=torch.bfloat16) * cols**-0.5
+            layer[name] = quantize_per_channel(w)
+        layer["norm"] = (torch.ones(HIDDEN, device=device, dtype=torch.bfloat16), torch.empty(0))
+        layers.append(layer)
+    return layers
+
+
+def make_chain(
+    layers: list[dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    x0: torch.Tensor,
+    pdl: bool,
+    ws: SplitKWorkspace,
+) -> Callable[[], torch.Tensor]:
+    """The per-layer kernel chain at ``x0``'s ``M``, launched with or without PDL."""
+    m = x0.shape[0]
+    cfg = {name: splitk_configs(n, k)[m] for name, (n, k) in SHAPES.items()}
+    for name, c in cfg.items():
+        if c is None:
+            raise SystemExit(f"no split-K config for {name} at M={m}")
+
+    def gemm(name: str, layer: dict, x: torch.Tensor, xs: torch.Tensor | None) -> torch.Tensor:
+        w, s = layer[name]
+        c = cfg[name]
+        if xs is not None and not c.a8:
+            raise SystemExit(f"{name}: FP8 input to a w8a16 config")
+        return fp8_linear_splitk(
+            x,
+            w,
+            s,
+            config=c,
+            workspace=ws,
+            x_scale=xs,
+            out_dtype=torch.bfloat16 if xs is not None else None,
+            pdl=pdl,
+        )
+
+    def norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, a8: bool):
+        if a8:
+            q, s, r = add_rmsnorm_fp8(x, weight, 1e-6, res, pdl=pdl)
+            return q, s, r
+        y, r = add_rmsnorm(x, weight, 1e-6, res, pdl=pdl)
+        return y, None, r
+
+    def run() -> torch.Tensor:
+        x, res = x0, torch.zeros_like(x0)
+        for layer in layers:
+            nw = layer["norm"][0]
+            h, hs, res = norm(x, res, nw, cfg["qkv"].a8)
+            qkv = gemm("qkv", layer, h, hs)
+            a, _ = add_rmsnorm(qkv[:, :HIDDEN], nw, 1e-6, None, pdl=pdl)
+            o = gemm("o", layer, a, None)
+            h, hs, res = norm(o, res, nw, cfg["gate_up"].a8)
+            gu = gemm("gate_up", layer, h, hs)
+            if cfg["down"].a8:
+                act, acts = silu_and_mul_fp8(gu, pdl=pdl)
+            else:
+                act, acts = silu_and_mul(gu, pdl=pdl), None
+            x = gemm("down", layer, act, acts)
+        return x
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--json", type=Path, help="append the results here")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    layers = build_layers(args.layers, "cuda")
+    floats = tiles = 0
+    for m in args.m:
+        for n, k in SHAPES.values():
+            c = splitk_configs(n, k)[m]
+            if c is not None:
+                f, t = splitk_workspace_size(m, n, c)
+                floats, tiles = max(floats, f), max(tiles, t)
+    ws = SplitKWorkspace.allocate(floats, tiles, "cuda")
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; {args.layers} layers")
+    for m in args.m:
+        x0 = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        base = make_chain(layers, x0, False, ws)
+        want = base().clone()
+        t_base = time_graph(base, args.reps)
+        rows = [{"m": m, "variant": "no PDL", "us_per_layer": t_base / args.layers * 1e6, "same": True}]
+        fn = make_chain(layers, x0, True, ws)
+        same = bool(torch.equal(fn(), want))
+        t = time_graph(fn, args.reps)
+        rows.append({"m": m, "variant": "PDL", "us_per_layer": t / args.layers * 1e6, "same": same})
+        for r in rows:
+            r["vs_no_pdl"] = rows[0]["us_per_layer"] / r["us_per_layer"]
+            print(
+                f"M={m:3d} {r['variant']:<20s} {r['us_per_layer']:7.2f} us/layer  x{r['vs_no_pdl']:.3f}"
+                f"  {'same bits' if r['same'] else 'DIFFERENT OUTPUT'}"
+            )
+            if args.json is not None:
+                with args.json.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Programmatic dependent launch (PDL) for Surge's Triton kernels (Hopper, sm90+).
+
+A decode step at batch 1 is some 400 small kernels back to back; between two of them the GPU
+idles while the next grid is set up and launched. With PDL (CUDA's
+``cudaLaunchAttributeProgrammaticStreamSerialization``, Triton's ``launch_pdl=True``) the
+next grid may be launched before its predecessor in the stream has fully finished: its
+launch overlaps the predecessor's last programs and completion. Every kernel launched that way
+executes ``griddepcontrol.wait`` (:func:`pdl_wait`) first, before any load or store: the wait
+returns once the predecessor grid has completed and its memory is visible, so the semantics
+are those of ordinary stream order, and they are transitive along the chain (each kernel
+waited for its own predecessor).
+
+No kernel here calls ``griddepcontrol.launch_dependents``: the successor is released only as
+the last program of its predecessor exits. Releasing it early (right after the wait) lets its
+programs take SM slots while the predecessor still runs, and on the H200 that measured slower
+at batch 64 and in the bf16 engine; prefetching the next GEMM's weights into L2 before the
+wait measured slower at every batch (``benchmarks/pdl_bench.py``; the numbers are in
+``benchmarks/results/h200-qwen3-8b-fp8/pdl/``).
+
+Kernels launched without PDL (cuBLAS, torch) keep full stream order with their neighbours, and
+CUDA graph capture records PDL launches as programmatic edges (CUDA 12.3+). PDL needs sm90+;
+:func:`use_pdl` says when the launchers turn it on, and the CPU interpreter never sees the
+instruction (``PDL`` is a ``tl.constexpr``, false there). Source: CUDA C++ Programming Guide,
+"Programmatic Dependent Launch and Synchronization"; PTX ISA, ``griddepcontrol``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+
+@functools.cache
+def _device_supports_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """Whether kernels on ``x``'s device launch with PDL: CUDA tensors on sm90 or newer
+    (Hopper, Blackwell). A fixed property of the device, cached per device index."""
+    if not x.is_cuda:
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _device_supports_pdl(index)
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait until the previous grid in the stream has completed and its writes are visible. A
+    no-op unless ``PDL``; a kernel launched with ``launch_pdl=True`` calls it before its first
+    load or store."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
