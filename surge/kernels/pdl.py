@@ -10,8 +10,9 @@ returns once the predecessor grid has completed and its memory is visible, so th
 are those of ordinary stream order, and they are transitive along the chain (each kernel
 waited for its own predecessor).
 
-No kernel here calls ``griddepcontrol.launch_dependents``: the successor is released only as
-the last program of its predecessor exits. Releasing it early (right after the wait) lets its
+No kernel here calls ``griddepcontrol.launch_dependents``: a Surge kernel releases its successor
+only as its last program exits (a foreign predecessor, e.g. a library kernel, may release it
+earlier; the wait still comes first). Releasing it early (right after the wait) lets its
 programs take SM slots while the predecessor still runs, and on the H200 that measured slower
 at batch 64 and in the bf16 engine; prefetching the next GEMM's weights into L2 before the
 wait measured slower at every batch (``benchmarks/pdl_bench.py``; the numbers are in
@@ -31,6 +32,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 
 @functools.cache
@@ -39,9 +41,10 @@ def _device_supports_pdl(index: int) -> bool:
 
 
 def use_pdl(x: torch.Tensor) -> bool:
-    """Whether kernels on ``x``'s device launch with PDL: CUDA tensors on sm90 or newer
-    (Hopper, Blackwell). A fixed property of the device, cached per device index."""
-    if not x.is_cuda:
+    """Whether kernels on ``x``'s device launch with PDL: CUDA (not ROCm) tensors on sm90 or
+    newer (Hopper, Blackwell), unless Triton runs its CPU interpreter (``TRITON_INTERPRET``),
+    which cannot execute the instruction. The device's capability is cached per index."""
+    if not x.is_cuda or torch.version.hip is not None or knobs.runtime.interpret:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _device_supports_pdl(index)

@@ -1,15 +1,20 @@
-"""Programmatic dependent launch (:mod:`surge.kernels.pdl`) without a GPU: a kernel compiled for
-sm90 with ``PDL`` waits for its predecessor (``griddepcontrol.wait``) and never releases its
-successor early (no ``griddepcontrol.launch_dependents``, the measured choice); without ``PDL``
-it has neither. Compiled in a fresh interpreter, since this directory's tests run Triton's CPU
-interpreter."""
+"""Programmatic dependent launch (:mod:`surge.kernels.pdl`) without a GPU.
+
+- Two kernels compiled for sm90 with ``PDL`` wait for their predecessor (``griddepcontrol.wait``)
+  and never release their successor early (no ``griddepcontrol.launch_dependents``, the measured
+  choice); without ``PDL`` they have neither. Compiled in a fresh interpreter, since this
+  directory's tests run Triton's CPU interpreter.
+- A source check of every PDL kernel in ``surge/kernels``: the wait comes before any memory
+  access, and every launch passes the same flag to ``PDL`` and ``launch_pdl``."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
@@ -64,3 +69,93 @@ def test_sm90_kernels_wait_and_never_release_early() -> None:
     for name in ("silu_and_mul", "add_rmsnorm"):
         assert got[f"{name} True"] == [True, False], name
         assert got[f"{name} False"] == [False, False], name
+
+
+_KERNELS_DIR = Path(__file__).resolve().parents[2] / "surge" / "kernels"
+_PRE_WAIT_CALLS = {"program_id", "arange", "num_programs", "cdiv", "minimum", "maximum", "to"}
+"""Calls a PDL kernel may make before its wait: index arithmetic only, no memory access."""
+
+
+def _is_jit(fn: ast.FunctionDef) -> bool:
+    for dec in fn.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute) and target.attr == "jit":
+            return True
+    return False
+
+
+def _pdl_kernels() -> dict[str, tuple[Path, ast.FunctionDef]]:
+    """Every ``@triton.jit`` function in surge/kernels with a ``PDL`` parameter that calls
+    ``pdl_wait`` (the kernels; helpers only pass the flag on)."""
+    found = {}
+    for path in sorted(_KERNELS_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.FunctionDef)
+                and _is_jit(node)
+                and any(a.arg == "PDL" for a in node.args.args)
+            ):
+                calls = [
+                    c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                ]
+                if any(c.func.id == "pdl_wait" for c in calls):
+                    found[node.name] = (path, node)
+    return found
+
+
+def _call_names(node: ast.AST) -> set[str]:
+    names = set()
+    for c in ast.walk(node):
+        if isinstance(c, ast.Call):
+            names.add(c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "?"))
+    return names
+
+
+def test_every_pdl_kernel_waits_before_touching_memory() -> None:
+    """Source check of every PDL kernel: ``pdl_wait(PDL)`` is a top-level statement of the body
+    and only index arithmetic comes before it (no load, store, atomic or helper call)."""
+    kernels = _pdl_kernels()
+    assert {
+        "_fp8_splitk_kernel",
+        "_paged_attention_kernel",
+        "_kv_write_kernel",
+        "_add_rmsnorm_kernel",
+    } <= set(kernels)
+    for name, (path, fn) in kernels.items():
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        waits = [
+            i
+            for i, s in enumerate(body)
+            if isinstance(s, ast.Expr)
+            and isinstance(s.value, ast.Call)
+            and getattr(s.value.func, "id", None) == "pdl_wait"
+            and [ast.unparse(a) for a in s.value.args] == ["PDL"]
+        ]
+        assert waits, f"{path.name}:{name}: no top-level pdl_wait(PDL)"
+        for stmt in body[: waits[0]]:
+            assert isinstance(stmt, ast.Assign | ast.AnnAssign), (
+                f"{path.name}:{name}: {ast.unparse(stmt)!r} before the wait"
+            )
+            extra = _call_names(stmt) - _PRE_WAIT_CALLS
+            assert not extra, f"{path.name}:{name}: {sorted(extra)} called before the wait"
+
+
+def test_every_pdl_launch_passes_the_same_flag_to_the_kernel_and_the_launch() -> None:
+    """Each launch of a PDL kernel passes ``PDL=x`` and ``launch_pdl=x`` with the same ``x``: a
+    kernel launched with PDL always waits, and one that waits is launched with PDL."""
+    kernels = _pdl_kernels()
+    launched = set()
+    for path in sorted(_KERNELS_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+                continue
+            name = getattr(node.func.value, "id", None)
+            if name not in kernels:
+                continue
+            kw = {k.arg: ast.unparse(k.value) for k in node.keywords}
+            assert "PDL" in kw and "launch_pdl" in kw, f"{path.name}: {name} launched without PDL/launch_pdl"
+            assert kw["PDL"] == kw["launch_pdl"], (
+                f"{path.name}: {name} PDL={kw['PDL']} launch_pdl={kw['launch_pdl']}"
+            )
+            launched.add(name)
+    assert launched == set(kernels)

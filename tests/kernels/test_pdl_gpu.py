@@ -1,7 +1,8 @@
 """Programmatic dependent launch (:mod:`surge.kernels.pdl`) on a GPU (skipped without CUDA, and
 without sm90): a decode-shaped chain of Surge's kernels launched with PDL gives the same bits as
-the ordinary launches, eagerly and replayed many times inside a CUDA graph (where a missing
-``griddepcontrol.wait`` would show as a race).
+the ordinary launches, eagerly and replayed many times inside a CUDA graph; and each kernel
+waits for a predecessor that releases it early and writes its input late (a kernel without the
+wait reads the stale input there, which the test also checks, so the harness is shown to work).
 
 Run on a GPU host: ``python3 -m pytest -q -m gpu tests/kernels/test_pdl_gpu.py -p no:cacheprovider -o timeout=0``
 """
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from surge.kernels.add_rmsnorm import add_rmsnorm, add_rmsnorm_fp8
 from surge.kernels.fp8_gemm_splitk import (
@@ -20,6 +23,7 @@ from surge.kernels.fp8_gemm_splitk import (
     fp8_linear_splitk,
     splitk_workspace_size,
 )
+from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.kernels.pdl import use_pdl
 from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8
 from surge.quant.fp8 import quantize_per_channel
@@ -127,3 +131,66 @@ def test_pdl_chain_matches_ordinary_launches(m: int) -> None:
             torch.cuda.synchronize()
             assert torch.equal(out, want), f"replay {i}"
     torch.cuda.synchronize()
+
+
+@triton.jit
+def _late_write_kernel(dst_ptr, src_ptr, n, delay_ns, BLOCK: tl.constexpr):
+    """Release the successor at once, spin ``delay_ns``, then copy ``src`` into ``dst``: a
+    successor that reads ``dst`` without waiting sees the old contents."""
+    tl.extra.cuda.gdc_launch_dependents()
+    start = tl.extra.cuda.globaltimer()
+    now = start
+    while now - start < delay_ns:
+        now = tl.extra.cuda.globaltimer()
+    offs = tl.arange(0, BLOCK)
+    for i in range(0, n, BLOCK):
+        mask = i + offs < n
+        tl.store(dst_ptr + i + offs, tl.load(src_ptr + i + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _copy_without_wait_kernel(dst_ptr, src_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _after_late_write(new: torch.Tensor, consumer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Run ``consumer`` on a buffer that a late writer fills with ``new`` (it starts zero)."""
+    buf = torch.zeros_like(new)
+    torch.cuda.synchronize()
+    _late_write_kernel[(1,)](buf, new, new.numel(), 200_000, BLOCK=1024)
+    out = consumer(buf)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _SM90, reason="needs an sm90+ CUDA GPU")
+def test_pdl_kernels_wait_for_a_predecessor_that_releases_them_early() -> None:
+    """A predecessor that releases its successor at once and writes 200 us later: a kernel
+    launched with PDL but no wait reads the stale buffer (the harness provokes the race), and
+    every Surge kernel launched with PDL reads the new contents."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    new = torch.randn(16, 4096, device="cuda", generator=gen).to(torch.bfloat16) + 3
+
+    def no_wait(buf: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(buf)
+        n = buf.numel()
+        _copy_without_wait_kernel[(triton.cdiv(n, 1024),)](out, buf, n, BLOCK=1024, launch_pdl=True)
+        return out
+
+    assert not torch.equal(_after_late_write(new, no_wait), new), (
+        "the harness did not provoke an early launch"
+    )
+    w, s = quantize_per_channel(torch.randn(1024, 4096, device="cuda", generator=gen) * 0.02)
+    norm_w = torch.rand(4096, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
+    single = Fp8SplitKConfig(16, 64, 128, 1, 4, 4, False, "kernel")
+    consumers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "silu_and_mul": lambda b: silu_and_mul(b, pdl=True),
+        "add_rmsnorm": lambda b: add_rmsnorm(b, norm_w, 1e-6, pdl=True)[0],
+        "per_token_quant_fp8": lambda b: per_token_quant_fp8(b, pdl=True)[0].view(torch.uint8),
+        "fp8_linear_splitk": lambda b: fp8_linear_splitk(b, w, s, config=single, pdl=True),
+    }
+    for name, consumer in consumers.items():
+        want = consumer(new.clone())
+        assert torch.equal(_after_late_write(new, consumer), want), name
