@@ -12,10 +12,10 @@ waited for its own predecessor).
 
 No kernel here calls ``griddepcontrol.launch_dependents``: a Surge kernel releases its successor
 only as its last program exits (a foreign predecessor, e.g. a library kernel, may release it
-earlier; the wait still comes first). Releasing it early (right after the wait) lets its
-programs take SM slots while the predecessor still runs, and on the H200 that measured slower
-at batch 64 and in the bf16 engine; prefetching the next GEMM's weights into L2 before the
-wait measured slower at every batch (``benchmarks/pdl_bench.py``; the numbers are in
+earlier; the wait still comes first). Releasing it early (right after the wait) measured
+slower on the H200 at batch 64 and in the bf16 engine. Prefetching the next GEMM's weights into L2 before the
+wait made the FP8 decode step 5-11 % slower at 512 bytes per row (``benchmarks/pdl_bench.py``
+and the engine's step timing; the numbers are in
 ``benchmarks/results/h200-qwen3-8b-fp8/pdl/``).
 
 Kernels launched without PDL (cuBLAS, torch) keep full stream order with their neighbours, and
