@@ -37,6 +37,7 @@ import zmq.asyncio
 from surge.config import EngineConfig
 from surge.core.outputs import EngineOutput, SchedulerStats
 from surge.engine.core_proc import (
+    STOP_SIGNAL,
     AbortRequest,
     AddRequest,
     EngineFactory,
@@ -429,10 +430,11 @@ class EngineClient:
 
         An engine that fails sends :class:`EngineFatalError` and then exits; the sentinel can fire
         before the dispatch task has read that message, and before the exit code can be read.
-        A normal stop (SIGTERM to the whole process group) reaches the engine and the server at
-        once, and the server's shutdown begins a moment later. Deciding ``_EXIT_GRACE_S`` later
-        lets the engine's own reason reach the requests first (first reason wins in
-        :meth:`_mark_dead`), and keeps a normal stop from being reported as a crash.
+        Deciding ``_EXIT_GRACE_S`` later lets the engine's own reason reach the requests first
+        (first reason wins in :meth:`_mark_dead`). An engine that exits with code 0 while the
+        server is not shutting down (a stop signal sent to it directly) is not reported as a
+        crash. A SIGTERM to the whole process group does not stop the engine: it ignores SIGTERM
+        while this process lives, and the server drains, then stops it.
         """
         if self._loop is not None and self._proc is not None:
             self._loop.remove_reader(self._proc.sentinel)
@@ -454,7 +456,7 @@ class EngineClient:
         if self._proc is not None:
             self._proc.join(timeout=0)  # reap it, so that the exit code is known
             code = self._proc.exitcode
-        if code == 0:  # a clean stop (e.g. SIGTERM to the whole process group): not a crash
+        if code == 0:  # a clean stop (its stop signal, sent by someone else): not a crash
             self._mark_dead("the engine process stopped (exit code 0)", logging.INFO)
         else:
             self._mark_dead(f"the engine process died (exit code {code})")
@@ -476,7 +478,8 @@ class EngineClient:
             self._proc.kill()
 
     async def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop the engine process (SIGTERM, then SIGKILL after ``timeout`` seconds) and close sockets.
+        """Stop the engine process (:data:`surge.engine.core_proc.STOP_SIGNAL`, then SIGKILL after
+        ``timeout`` seconds) and close sockets.
 
         In-flight requests get an :class:`EngineDeadError`. Safe to call more than once.
         """
@@ -493,7 +496,8 @@ class EngineClient:
                 with contextlib.suppress(Exception):
                     self._loop.remove_reader(proc.sentinel)
             if proc.is_alive():
-                proc.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, STOP_SIGNAL)  # the engine ignores SIGTERM while we live
                 deadline = time.monotonic() + timeout
                 while proc.is_alive() and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)

@@ -15,9 +15,12 @@ request's outputs go to the API process named by its ``AddRequest.client_index``
 batch goes to every API process (with only its own outputs), so each one sees every step's
 stats (the replica's load, for data-parallel routing) and the heartbeat.
 The loop blocks on the input socket while there is no work, so an idle engine uses no CPU.
-It exits on SIGTERM, when its parent process dies, or when the engine raises (after telling the
-API process with :class:`EngineFatalError`). SIGINT is ignored: the API process, which gets the
-terminal's Ctrl-C too, shuts the engine down itself.
+It exits on :data:`STOP_SIGNAL` (SIGUSR1, what the API process sends once it has drained), on
+SIGTERM once its parent process is gone (Linux sends it when the parent dies), or when the engine
+raises (after telling the API process with :class:`EngineFatalError`). SIGINT, and SIGTERM while
+the parent lives, are ignored: a Ctrl-C or a SIGTERM to the whole process group (``kill -TERM
+-PGID``, systemd's default stop) reaches the API process too, which drains the requests in flight
+and then stops the engine itself.
 """
 
 from __future__ import annotations
@@ -153,12 +156,27 @@ EngineFactory = Callable[[EngineConfig], Any]
 """Builds the engine from its config (``LLMEngine`` by default; tests may pass a fake)."""
 
 
+STOP_SIGNAL = signal.SIGUSR1
+"""The signal with which the API process stops its engine process (after draining)."""
+
+
 class _Shutdown(Exception):
-    """Raised by the SIGTERM handler to leave the loop."""
+    """Raised by the stop-signal handler to leave the loop."""
 
 
 def _raise_shutdown(signum: int, frame: Any) -> None:
     raise _Shutdown
+
+
+def _sigterm_handler(parent_pid: int) -> Callable[[int, Any], None]:
+    """SIGTERM: ignored while ``parent_pid`` is this process's parent (the API process drains,
+    then sends :data:`STOP_SIGNAL`); leave the loop once the parent is gone."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if os.getppid() != parent_pid:
+            raise _Shutdown
+
+    return on_sigterm
 
 
 def set_parent_death_signal() -> None:
@@ -199,7 +217,8 @@ def run_engine_core(
         log_level: ``logging`` level of this process.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_shutdown)
+    signal.signal(signal.SIGTERM, _sigterm_handler(parent_pid))
+    signal.signal(STOP_SIGNAL, _raise_shutdown)
     set_parent_death_signal()
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [engine] %(message)s")
     in_addrs = [input_address] if isinstance(input_address, str) else list(input_address)
@@ -252,7 +271,7 @@ def run_engine_core(
         gc.freeze()
         _busy_loop(engine, in_sock, out_socks, encoder, parent_pid)
     except _Shutdown:
-        logger.info("engine process shutting down (SIGTERM)")
+        logger.info("engine process shutting down")
     except _ParentGone:
         logger.info("engine process exiting: the API process is gone")
     except Exception as e:
@@ -262,6 +281,7 @@ def run_engine_core(
         exit_code = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(STOP_SIGNAL, signal.SIG_IGN)
         close = getattr(engine, "close", None)
         if close is not None:  # tensor-parallel workers stop with the engine
             with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -136,9 +137,24 @@ def all_reduce_min(value: int, device: str) -> int:
     return int(t.item())
 
 
+def _sigterm_unless_orphaned(parent_pid: int) -> Callable[[int, Any], None]:
+    """SIGTERM handler of a local worker: ignored while ``parent_pid`` (the engine process) is
+    its parent, which drains and then stops the workers with a message; otherwise the default
+    action (exit)."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if os.getppid() != parent_pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return on_sigterm
+
+
 def run_worker(config: EngineConfig, spec: WorkerSpec) -> None:
     """Entry point of a worker process (a ``multiprocessing`` spawn target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.parent_pid is not None:  # a SIGTERM to the process group: the engine stops us (a message)
+        signal.signal(signal.SIGTERM, _sigterm_unless_orphaned(spec.parent_pid))
     _set_parent_death_signal(signal.SIGKILL)
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s %(levelname)s [tp{spec.rank}] %(message)s")
     ctx = zmq.Context(io_threads=1)

@@ -39,7 +39,7 @@ from typing import Any
 
 from surge.config import EngineConfig
 from surge.engine.client import _IPC_PREFIX, EngineAttachment, remove_stale_ipc_dirs
-from surge.engine.core_proc import EngineFactory, run_engine_core, set_parent_death_signal
+from surge.engine.core_proc import STOP_SIGNAL, EngineFactory, run_engine_core, set_parent_death_signal
 
 logger = logging.getLogger("surge.server")
 
@@ -250,10 +250,12 @@ def serve_with_api_workers(
 
 
 def _stop_engines(engines: list[multiprocessing.process.BaseProcess], timeout: float = 5.0) -> None:
-    """SIGTERM every live engine, SIGKILL those still alive after ``timeout`` seconds."""
+    """Send every live engine its stop signal (it ignores SIGTERM while this process lives),
+    SIGKILL those still alive after ``timeout`` seconds."""
     for p in engines:
-        if p.is_alive():
-            p.terminate()
+        if p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, STOP_SIGNAL)
     deadline = time.monotonic() + timeout
     for p in engines:
         p.join(max(0.0, deadline - time.monotonic()))

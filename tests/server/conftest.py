@@ -81,9 +81,10 @@ def start_server(
     model: Path | None = None,
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
+    new_session: bool = False,
 ) -> Server:
     """Start `surge serve` on a free port and wait until /health answers 200 (``env``: extra
-    environment variables)."""
+    environment variables; ``new_session``: in a process group of its own, whose id is its pid)."""
     port = free_port()
     log_path = tmp_dir / f"serve-{port}.log"
     cmd = [
@@ -108,7 +109,9 @@ def start_server(
     full_env.pop("SURGE_API_KEY", None)
     full_env |= env or {}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO, start_new_session=new_session
+        )
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:

@@ -128,6 +128,43 @@ def _drain_on_sigterm(srv: Server) -> None:
     assert "Traceback" not in log and "shutting down" in log and KEY not in log
 
 
+def test_sigterm_to_the_process_group_drains(tmp_path) -> None:
+    """``kill -TERM -PGID`` (systemd's default stop) reaches the engine process too: it must not
+    stop under the server's feet. Every stream in flight finishes within the drain window."""
+    srv = start_server(
+        tmp_path,
+        "--shutdown-timeout",
+        "120",
+        "--max-num-seqs",
+        "1",
+        env={"SURGE_API_KEY": KEY},
+        new_session=True,
+    )
+    try:
+        longs = [StreamReader(srv, _long(i)) for i in range(4)]
+        for t in longs:
+            t.start()
+        assert longs[0].first.wait(120), "a stream started before the signal"
+        deadline = time.monotonic() + 120  # every request accepted (headers sent) before the signal
+        while not all(t.status for t in longs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(t.status == 200 for t in longs), [t.status for t in longs]
+        os.killpg(srv.proc.pid, signal.SIGTERM)
+        for t in longs:
+            t.join(240)
+            assert not t.is_alive()
+        assert [t.check_terminal() for t in longs] == ["finished"] * 4
+        assert all(len([e for e in t.events if e != "[DONE]" and e["choices"]]) >= 1 for t in longs)
+        assert srv.proc.wait(60) == 0
+        assert srv.stop() == 0  # the engine process is gone too
+        log = srv.log()
+        assert "Traceback" not in log and "engine process stopped" not in log and "died" not in log, log[
+            -3000:
+        ]
+    finally:
+        _kill(srv)
+
+
 def test_second_sigint_exits_at_once(tmp_path) -> None:
     srv = start_server(tmp_path, "--shutdown-timeout", "120", "--api-key", KEY)
     try:
