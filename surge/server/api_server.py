@@ -159,6 +159,15 @@ def build_app(
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
+        content_type = request.headers.get("content-type", "")
+        errors = exc.errors()
+        if "json" not in content_type.lower() and errors and tuple(errors[0].get("loc", ())) == ("body",):
+            # FastAPI did not parse a body sent as a form or plain text: say so, not "not a dict"
+            message = (
+                "The request body must be a JSON object sent with 'Content-Type: application/json' "
+                f"(this request's Content-Type: {content_type or 'none'!r})"
+            )
+            param = None
         log_rejection(request, 400, message, param)
         return error_response(bad_request(message, param))
 

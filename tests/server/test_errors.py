@@ -123,6 +123,17 @@ def test_bad_request_gets_openai_error(server: Server, path: str, body: Any, sta
     assert "Traceback" not in r.text
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_json_body_without_a_json_content_type_says_so(server: Server, content_type: str | None) -> None:
+    """curl -d sends a JSON body as a form: the 400 names the missing JSON Content-Type."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = httpx.post(
+        server.url + CMPL, content=b'{"prompt": "x", "max_tokens": 2}', headers=headers, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    assert "Content-Type: application/json" in r.json()["error"]["message"]
+
+
 def test_server_still_serves_after_bad_requests(server: Server) -> None:
     assert len(BAD_REQUESTS) >= 15
     for path, body, status, _ in BAD_REQUESTS:
