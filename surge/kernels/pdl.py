@@ -36,18 +36,19 @@ from triton import knobs
 
 
 @functools.cache
-def _device_supports_pdl(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+def _pdl_on(index: int, interpret: bool) -> bool:
+    return not interpret and torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
 
 
 def use_pdl(x: torch.Tensor) -> bool:
     """Whether kernels on ``x``'s device launch with PDL: CUDA (not ROCm) tensors on sm90 or
     newer (Hopper, Blackwell), unless Triton runs its CPU interpreter (``TRITON_INTERPRET``),
-    which cannot execute the instruction. The device's capability is cached per index."""
-    if not x.is_cuda or torch.version.hip is not None or knobs.runtime.interpret:
+    which cannot execute the instruction. One cached lookup per device index after the first
+    call (it runs at every eager launch)."""
+    if not x.is_cuda:
         return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return _device_supports_pdl(index)
+    index = x.device.index
+    return _pdl_on(torch.cuda.current_device() if index is None else index, bool(knobs.runtime.interpret))
 
 
 @triton.jit

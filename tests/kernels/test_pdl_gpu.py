@@ -48,40 +48,31 @@ def _chain(
 
     def run(x: torch.Tensor) -> torch.Tensor:
         res = torch.zeros_like(x)
+
+        def gemm(
+            layer: Layer,
+            name: str,
+            a: torch.Tensor,
+            cfg: Fp8SplitKConfig,
+            a_scale: torch.Tensor | None = None,
+        ) -> torch.Tensor:
+            w, w_scale = layer[name]
+            out_dtype = torch.bfloat16 if a_scale is not None else None
+            return fp8_linear_splitk(
+                a, w, w_scale, config=cfg, workspace=ws, x_scale=a_scale, out_dtype=out_dtype, pdl=pdl
+            )
+
         for layer in layers:
             q, s, res = add_rmsnorm_fp8(x, layer["norm"][0], 1e-6, res, pdl=pdl)
-            w, ws_ = layer["qkv"]
-            qkv = fp8_linear_splitk(
-                q,
-                w,
-                ws_,
-                config=inline,
-                workspace=ws,
-                x_scale=s,
-                out_dtype=x.dtype,
-                pdl=pdl,
-            )
+            qkv = gemm(layer, "qkv", q, inline, s)
             a, _ = add_rmsnorm(qkv[:, :HIDDEN], layer["norm"][0], 1e-6, None, pdl=pdl)
             h, res = add_rmsnorm(a, layer["norm"][0], 1e-6, res, pdl=pdl)
-            w, ws_ = layer["gate_up"]
-            gu = fp8_linear_splitk(h, w, ws_, config=single, pdl=pdl)
+            gu = gemm(layer, "gate_up", h, single)
             if m > 16:
-                act, acts = silu_and_mul_fp8(gu, pdl=pdl)
-                w, ws_ = layer["down"]
-                x = fp8_linear_splitk(
-                    act,
-                    w,
-                    ws_,
-                    config=inline,
-                    workspace=ws,
-                    x_scale=acts,
-                    out_dtype=h.dtype,
-                    pdl=pdl,
-                )
+                act, act_scale = silu_and_mul_fp8(gu, pdl=pdl)
+                x = gemm(layer, "down", act, inline, act_scale)
             else:
-                act = silu_and_mul(gu, pdl=pdl)
-                w, ws_ = layer["down"]
-                x = fp8_linear_splitk(act, w, ws_, config=kernel, pdl=pdl)
+                x = gemm(layer, "down", silu_and_mul(gu, pdl=pdl), kernel)
         return x
 
     return run
