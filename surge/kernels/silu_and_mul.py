@@ -4,9 +4,10 @@
 ``F.silu(gate) * up`` (silu in fp32 rounded to the input dtype, then the product rounded).
 
 :func:`silu_and_mul_fp8` also quantizes each output row per token to FP8 (e4m3), the input
-of a w8a8 GEMM (``down_proj``): one program per row, two passes over the row (the amax of the
-rounded products, then the quantized store, recomputing the products from ``x``), with the
-rules of :mod:`surge.kernels.fp8_quant`, so it equals
+of a w8a8 GEMM (``down_proj``): one program per row. A row of up to :data:`ONE_PASS_MAX_COLS`
+outputs is held in registers and read once (amax of the rounded products, then the quantized
+store); a wider row takes two passes (the amax, then the store, recomputing the products from
+``x``). Both follow the rules of :mod:`surge.kernels.fp8_quant`, so it equals
 :func:`surge.quant.fp8.quantize_per_token` of :func:`silu_and_mul`'s output bit for bit.
 """
 
@@ -18,6 +19,11 @@ import triton.language as tl
 
 from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
+
+ONE_PASS_MAX_COLS = 16384
+"""Widest row (output columns, rounded up to a power of two) that :func:`silu_and_mul_fp8` keeps in
+registers in one pass (32 warps, 16 fp32 values per thread at 16384), reading ``x`` once;
+wider rows take an amax pass and a second, quantizing pass. Qwen3-8B's 12288 is one pass."""
 
 
 @triton.jit
@@ -66,6 +72,7 @@ def _silu_and_mul_fp8_kernel(
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
+    ONE_PASS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
@@ -73,15 +80,22 @@ def _silu_and_mul_fp8_kernel(
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_x
     q_row = q_ptr + row * stride_q
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, n_cols, BLOCK):
-        amax = tl.maximum(amax, tl.abs(_silu_mul_block(x_row, c0 + offs, n_cols)))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), FP8_MAX), MIN_SCALE)
-    tl.store(s_ptr + row, scale)
-    for c0 in range(0, n_cols, BLOCK):
-        y = _silu_mul_block(x_row, c0 + offs, n_cols)
+    if ONE_PASS:  # the whole row in registers (BLOCK >= n_cols): read x once
+        y = _silu_mul_block(x_row, offs, n_cols)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), 0), FP8_MAX), MIN_SCALE)
+        tl.store(s_ptr + row, scale)
         q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
-        tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < n_cols)
+        tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < n_cols)
+    else:  # amax pass, then a second pass that recomputes y and quantizes
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(0, n_cols, BLOCK):
+            amax = tl.maximum(amax, tl.abs(_silu_mul_block(x_row, c0 + offs, n_cols)))
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), FP8_MAX), MIN_SCALE)
+        tl.store(s_ptr + row, scale)
+        for c0 in range(0, n_cols, BLOCK):
+            y = _silu_mul_block(x_row, c0 + offs, n_cols)
+            q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
+            tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < n_cols)
 
 
 def silu_and_mul(
@@ -143,7 +157,9 @@ def silu_and_mul_fp8(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[torch
     scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
     if num_rows == 0:
         return out, scale
-    block = min(4096, triton.next_power_of_2(max(inter, 16)))
+    width = triton.next_power_of_2(max(inter, 16))
+    one_pass = width <= ONE_PASS_MAX_COLS
+    block = width if one_pass else 4096
     if pdl is None:
         pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _silu_and_mul_fp8_kernel[(num_rows,)](
@@ -156,8 +172,9 @@ def silu_and_mul_fp8(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[torch
         FP8_MAX=FP8_E4M3_MAX,
         MIN_SCALE=MIN_FP8_SCALE,
         BLOCK=block,
+        ONE_PASS=one_pass,
         PDL=pdl,
         launch_pdl=pdl,
-        num_warps=8 if block >= 2048 else 4,
+        num_warps=min(32, max(4, block // 512)) if one_pass else 8,
     )
     return out, scale
