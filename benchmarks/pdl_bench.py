@@ -7,9 +7,13 @@ decode step runs per layer at ``M`` tokens::
     add_rmsnorm(_fp8) -> qkv split-K -> silu_and_mul (a small kernel standing in for attention)
     -> o split-K -> add_rmsnorm(_fp8) -> gate_up split-K -> silu_and_mul(_fp8) -> down split-K
 
-with the tiles the engine takes (:func:`surge.quant.fp8_linear.splitk_configs`), once with every
-kernel launched the ordinary way and once with PDL (:mod:`surge.kernels.pdl`), and checks that
-the two give the same bits. Writes one JSON line per (M, variant).
+then one final ``add_rmsnorm``, with the tiles the engine takes
+(:func:`surge.quant.fp8_linear.splitk_configs`), once with every kernel launched the ordinary
+way, once with PDL (:mod:`surge.kernels.pdl`), and once with PDL and the split-K reductions of
+o and down fused into the next add + RMSNorm (where their config reduces with a second launch:
+:func:`surge.kernels.fp8_gemm_splitk.fp8_linear_splitk_partials` then
+:func:`surge.kernels.add_rmsnorm.add_rmsnorm_partials`, as the engine runs them), and checks
+that all give the same bits. Writes one JSON line per (M, variant).
 
 Run on an sm90 GPU from the repository root::
 
@@ -31,10 +35,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_bench import time_graph  # noqa: E402
 
-from surge.kernels.add_rmsnorm import add_rmsnorm, add_rmsnorm_fp8  # noqa: E402
-from surge.kernels.fp8_gemm_splitk import SplitKWorkspace, fp8_linear_splitk, splitk_workspace_size  # noqa: E402
+from surge.kernels.add_rmsnorm import (  # noqa: E402
+    add_rmsnorm,
+    add_rmsnorm_fp8,
+    add_rmsnorm_partials,
+    add_rmsnorm_partials_fp8,
+)
+from surge.kernels.fp8_gemm_splitk import (  # noqa: E402
+    SplitKWorkspace,
+    fp8_linear_splitk,
+    fp8_linear_splitk_partials,
+    splitk_workspace_size,
+)
 from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8  # noqa: E402
-from surge.quant.fp8 import quantize_per_channel  # noqa: E402
+from surge.quant.fp8 import SplitKPartials, quantize_per_channel  # noqa: E402
 from surge.quant.fp8_linear import splitk_configs  # noqa: E402
 
 HIDDEN, QKV, INTER = 4096, 6144, 12288
@@ -64,19 +78,34 @@ def make_chain(
     x0: torch.Tensor,
     pdl: bool,
     ws: SplitKWorkspace,
+    fuse_reduce: bool = False,
 ) -> Callable[[], torch.Tensor]:
-    """The per-layer kernel chain at ``x0``'s ``M``, launched with or without PDL."""
+    """The per-layer kernel chain at ``x0``'s ``M``, launched with or without PDL; with
+    ``fuse_reduce`` the o and down GEMMs whose config reduces with a second launch hand their
+    partials to the next add + RMSNorm instead."""
     m = x0.shape[0]
     cfg = {name: splitk_configs(n, k)[m] for name, (n, k) in SHAPES.items()}
     for name, c in cfg.items():
         if c is None:
             raise SystemExit(f"no split-K config for {name} at M={m}")
 
-    def gemm(name: str, layer: dict, x: torch.Tensor, xs: torch.Tensor | None) -> torch.Tensor:
+    def gemm(
+        name: str, layer: dict, x: torch.Tensor, xs: torch.Tensor | None
+    ) -> torch.Tensor | SplitKPartials:
         w, s = layer[name]
         c = cfg[name]
         if xs is not None and not c.a8:
             raise SystemExit(f"{name}: FP8 input to a w8a16 config")
+        if fuse_reduce and name in ("o", "down") and c.split_k > 1 and c.reduce == "kernel":
+            return fp8_linear_splitk_partials(
+                x,
+                w,
+                s,
+                config=c,
+                x_scale=xs,
+                out_dtype=torch.bfloat16 if xs is not None else None,
+                pdl=pdl,
+            )
         return fp8_linear_splitk(
             x,
             w,
@@ -88,7 +117,12 @@ def make_chain(
             pdl=pdl,
         )
 
-    def norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, a8: bool):
+    def norm(x: torch.Tensor | SplitKPartials, res: torch.Tensor, weight: torch.Tensor, a8: bool):
+        if isinstance(x, SplitKPartials):
+            if a8:
+                return add_rmsnorm_partials_fp8(x, weight, 1e-6, res, pdl=pdl)
+            y, r = add_rmsnorm_partials(x, weight, 1e-6, res, pdl=pdl)
+            return y, None, r
         if a8:
             q, s, r = add_rmsnorm_fp8(x, weight, 1e-6, res, pdl=pdl)
             return q, s, r
@@ -101,16 +135,19 @@ def make_chain(
             nw = layer["norm"][0]
             h, hs, res = norm(x, res, nw, cfg["qkv"].a8)
             qkv = gemm("qkv", layer, h, hs)
+            assert isinstance(qkv, torch.Tensor)
             a, _ = add_rmsnorm(qkv[:, :HIDDEN], nw, 1e-6, None, pdl=pdl)
             o = gemm("o", layer, a, None)
             h, hs, res = norm(o, res, nw, cfg["gate_up"].a8)
             gu = gemm("gate_up", layer, h, hs)
+            assert isinstance(gu, torch.Tensor)
             if cfg["down"].a8:
                 act, acts = silu_and_mul_fp8(gu, pdl=pdl)
             else:
                 act, acts = silu_and_mul(gu, pdl=pdl), None
             x = gemm("down", layer, act, acts)
-        return x
+        y, _, _ = norm(x, res, layers[-1]["norm"][0], False)
+        return y
 
     return run
 
@@ -143,6 +180,12 @@ def main() -> None:
         same = bool(torch.equal(fn(), want))
         t = time_graph(fn, args.reps)
         rows.append({"m": m, "variant": "PDL", "us_per_layer": t / args.layers * 1e6, "same": same})
+        fn = make_chain(layers, x0, True, ws, fuse_reduce=True)
+        same = bool(torch.equal(fn(), want))
+        t = time_graph(fn, args.reps)
+        rows.append(
+            {"m": m, "variant": "PDL + fused reduce", "us_per_layer": t / args.layers * 1e6, "same": same}
+        )
         for r in rows:
             r["vs_no_pdl"] = rows[0]["us_per_layer"] / r["us_per_layer"]
             print(

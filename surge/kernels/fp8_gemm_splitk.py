@@ -23,6 +23,13 @@ scales, adds the bias and casts:
   overwrites them). Calls that share a workspace must be ordered (one stream), as the layers of
   a model are.
 
+A ``"kernel"`` config may also leave the reduction to the consumer of ``y``:
+:func:`fp8_linear_splitk_partials` returns the partials (:class:`surge.quant.fp8.SplitKPartials`)
+and the residual-add + RMSNorm that reads ``y`` next sums them itself
+(:func:`surge.kernels.add_rmsnorm.add_rmsnorm_partials`), through the same
+:func:`splitk_reduce_row` as :func:`_splitk_reduce_kernel`, so its input is bit for bit the
+reduce kernel's ``y``.
+
 Two operand modes, both with fp32 accumulation, and two weight-scale layouts: per output
 channel (``scale [N]``, applied once at the end), or block-wise (``scale [cdiv(N, bn),
 cdiv(K, bk)]``, the ``weight_scale_inv`` of Qwen's and DeepSeek's FP8 checkpoints: each
@@ -63,6 +70,7 @@ import triton.language as tl
 
 from surge.kernels.fp8_gemm import check_fp8_gemm_args
 from surge.kernels.pdl import pdl_wait, use_pdl
+from surge.quant.fp8 import SplitKPartials
 
 
 @dataclass(frozen=True)
@@ -287,6 +295,40 @@ def _fp8_splitk_kernel(
         )
 
 
+@triton.jit
+def splitk_reduce_row(
+    p_ptr,
+    ws_ptr,
+    xs_ptr,
+    b_ptr,
+    m,
+    offs_n,
+    mask,
+    M,
+    N,
+    SPLIT_K: tl.constexpr,
+    A8: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Columns ``offs_n`` of row ``m`` of the split-K output in float32, from the partials
+    ``[SPLIT_K, M, N]``: summed in the order ``0 .. SPLIT_K - 1``, times the per-channel weight
+    scales, times the row's token scale, plus the bias, each a float32 rounding. The one code
+    both :func:`_splitk_reduce_kernel` and the fused reduce + add + RMSNorm of
+    :mod:`surge.kernels.add_rmsnorm` run, so the two round identically (the caller casts)."""
+    row = p_ptr + m.to(tl.int64) * N + offs_n
+    acc = tl.load(row, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(row + s * M * N, mask=mask, other=0.0)
+    if CHANNEL_SCALES:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=mask, other=0.0)
+    if A8:
+        acc = acc * tl.load(xs_ptr + m)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask, other=0.0).to(tl.float32)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _splitk_reduce_kernel(
     y_ptr,
@@ -308,16 +350,9 @@ def _splitk_reduce_kernel(
     offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs_n < N
     pdl_wait(PDL)
-    row = p_ptr + m.to(tl.int64) * N + offs_n
-    acc = tl.load(row, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(row + s * M * N, mask=mask, other=0.0)
-    if CHANNEL_SCALES:
-        acc = acc * tl.load(ws_ptr + offs_n, mask=mask, other=0.0)
-    if A8:
-        acc = acc * tl.load(xs_ptr + m)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask, other=0.0).to(tl.float32)
+    acc = splitk_reduce_row(
+        p_ptr, ws_ptr, xs_ptr, b_ptr, m, offs_n, mask, M, N, SPLIT_K, A8, CHANNEL_SCALES, HAS_BIAS
+    )
     tl.store(y_ptr + m.to(tl.int64) * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -371,6 +406,61 @@ def fp8_linear_splitk(
             with fp32 ``x``, ``x_scale`` with a w8a16 config, or a workspace too small or of
             the wrong dtype or device.
     """
+    y = _splitk(x, weight, scale, bias, config, block_size, out, workspace, x_scale, out_dtype, pdl, False)
+    assert isinstance(y, torch.Tensor)
+    return y
+
+
+def fp8_linear_splitk_partials(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: Fp8SplitKConfig,
+    block_size: tuple[int, int] | None = None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    pdl: bool | None = None,
+) -> SplitKPartials:
+    """:func:`fp8_linear_splitk` without its reduce launch: the GEMM kernel writes its float32
+    partials and this returns them with what the reduction needs
+    (:class:`surge.quant.fp8.SplitKPartials`), for a consumer that reduces them in its own
+    kernel (:func:`surge.kernels.add_rmsnorm.add_rmsnorm_partials`). Arguments as
+    :func:`fp8_linear_splitk`'s.
+
+    Returns:
+        ``SplitKPartials`` with ``partials [config.split_k, M, N]`` float32 (fresh), the
+        per-channel ``scale`` (None under block scales), the token scales of the w8a8 mode
+        (``x_scale`` or those computed here), ``bias`` and the output dtype.
+
+    Raises:
+        ValueError: as :func:`fp8_linear_splitk`, and for a config that does not reduce with
+            the second launch (``split_k == 1`` or ``reduce != "kernel"``).
+    """
+    if config.split_k < 2 or config.reduce != "kernel":
+        raise ValueError(f"only a split_k > 1 config with reduce='kernel' leaves partials, got {config}")
+    p = _splitk(x, weight, scale, bias, config, block_size, None, None, x_scale, out_dtype, pdl, True)
+    assert isinstance(p, SplitKPartials)
+    return p
+
+
+def _splitk(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: Fp8SplitKConfig | None,
+    block_size: tuple[int, int] | None,
+    out: torch.Tensor | None,
+    workspace: SplitKWorkspace | None,
+    x_scale: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    pdl: bool | None,
+    defer: bool,
+) -> torch.Tensor | SplitKPartials:
+    """The body of :func:`fp8_linear_splitk`; with ``defer`` (a ``split_k > 1`` ``"kernel"``
+    config) it returns :class:`SplitKPartials` instead of launching the reduce kernel."""
     if x_scale is None:
         out_dtype = x.dtype
     m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(
@@ -398,7 +488,9 @@ def fp8_linear_splitk(
         raise ValueError("pre-quantized activations (x_scale) need a w8a8 config (a8=True)")
     if block_size is not None and scale_bk % cfg.block_k != 0:
         raise ValueError(f"block_k {cfg.block_k} must divide the scale block's {scale_bk} columns")
-    if out is None:
+    if defer:
+        out = None
+    elif out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{m}, {n}] {out_dtype} with a contiguous last dim")
@@ -419,7 +511,17 @@ def fp8_linear_splitk(
             raise ValueError(
                 f"workspace must hold {floats} float32 partials and {tiles} int32 counters on {x.device}"
             )
+    if defer and (m == 0 or n == 0):
+        xs0 = x_scale if x_scale is not None else torch.empty((m, 1), dtype=torch.float32, device=x.device)
+        return SplitKPartials(
+            torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device),
+            scale if block_size is None else None,
+            xs0 if cfg.a8 else None,
+            bias,
+            out_dtype,
+        )
     if m == 0 or n == 0:
+        assert out is not None
         return out
     a, xs = x, scale
     if x_scale is not None:
@@ -435,10 +537,12 @@ def fp8_linear_splitk(
     elif partials:
         dest, counters = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device), scale
     else:
+        assert out is not None
         dest, counters = out, scale  # unused
+    y = dest if out is None else out  # deferred: y is not written
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     _fp8_splitk_kernel[grid](
-        out,
+        y,
         dest,
         counters,
         a,
@@ -452,7 +556,7 @@ def fp8_linear_splitk(
         steps,
         a.stride(0),
         weight.stride(0),
-        out.stride(0),
+        n if out is None else out.stride(0),
         stride_sn,
         A8=cfg.a8,
         PARTIALS=partials,
@@ -472,7 +576,12 @@ def fp8_linear_splitk(
         num_warps=cfg.num_warps,
         launch_pdl=pdl,
     )
+    if defer:
+        return SplitKPartials(
+            dest, scale if block_size is None else None, xs if cfg.a8 else None, bias, out_dtype
+        )
     if partials and not inline:
+        assert out is not None
         block = min(1024, max(128, triton.next_power_of_2(n)))
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
             out,

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
+    from surge.layers.norm import RMSNorm
     from surge.parallel.communicator import TPCommunicator
-    from surge.quant.fp8 import Fp8Activations
+    from surge.quant.fp8 import Fp8Activations, SplitKPartials
 
 WeightLoader = Callable[..., None]
 
@@ -45,6 +46,13 @@ class LinearMethod(Protocol):
 
     def wants_fp8_input(self, m: int, dtype: torch.dtype) -> bool:
         """Whether a step of ``m`` tokens of ``dtype`` takes :class:`Fp8Activations`."""
+        ...
+
+    def apply_partials(
+        self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
+    ) -> torch.Tensor | SplitKPartials:
+        """:meth:`apply`, except that a step whose GEMM would end in a split-K reduce launch
+        returns its unreduced :class:`SplitKPartials` instead (for an RMSNorm to reduce)."""
         ...
 
 
@@ -293,6 +301,10 @@ class RowParallelLinear(_LinearBase):
         super().__init__(in_local, out_features, bias, dtype, tp_rank, tp_size)
         self.comm: TPCommunicator | None = None
         """The all-reduce of a TP worker (set by the model runner); None: ``torch.distributed``."""
+        self.partials_consumer: RMSNorm | None = None
+        """The norm that reads this layer's output and reduces split-K partials itself (set by
+        :meth:`surge.layers.norm.RMSNorm.sums_partials_of`, TP=1 only; not a submodule), or
+        None: the output is always a tensor."""
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -309,10 +321,14 @@ class RowParallelLinear(_LinearBase):
         _check_shape(param, loaded_weight, "RowParallelLinear")
         param.data.copy_(loaded_weight)
 
-    def forward(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor:
-        """``x [T, in_local] -> [T, out]`` (all-reduced over ranks when ``tp_size > 1``)."""
+    def forward(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor | SplitKPartials:  # type: ignore[override]
+        """``x [T, in_local] -> [T, out]`` (all-reduced over ranks when ``tp_size > 1``); with a
+        :attr:`partials_consumer`, :class:`SplitKPartials` for the steps whose quantized GEMM
+        would end in a split-K reduce launch (only that norm receives them)."""
         if self.quant_method is not None:
             if self.tp_size == 1:
+                if self.partials_consumer is not None:
+                    return self.quant_method.apply_partials(self, x, self.bias)
                 return self.quant_method.apply(self, x, self.bias)
             return self._reduce(self.quant_method.apply(self, x, None))
         if self.tp_size == 1:

@@ -7,6 +7,7 @@ from torch import nn
 
 from surge.layers.activation import SiluAndMul
 from surge.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from surge.quant.fp8 import Fp8Activations, SplitKPartials
 
 
 class GatedMLP(nn.Module):
@@ -43,6 +44,8 @@ class GatedMLP(nn.Module):
         self.act = SiluAndMul()
         self.act.feeds(self.down_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, hidden] -> [T, hidden]``."""
+    def forward(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor | SplitKPartials:
+        """``x [T, hidden] -> [T, hidden]``; :class:`SplitKPartials` when ``down_proj`` leaves
+        its split-K reduction to the norm that reads this output
+        (:meth:`surge.layers.norm.RMSNorm.sums_partials_of`)."""
         return self.down_proj(self.act(self.gate_up_proj(x)))

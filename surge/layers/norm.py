@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from surge.quant.fp8 import Fp8Activations, quantize_per_token
+from surge.quant.fp8 import Fp8Activations, SplitKPartials, quantize_per_token, splitk_reduce_reference
 
 if TYPE_CHECKING:
-    from surge.layers.linear import _LinearBase
+    from surge.layers.linear import RowParallelLinear, _LinearBase
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +24,13 @@ class RMSNorm(nn.Module):
     (:meth:`surge.layers.linear._LinearBase.wants_fp8_input`), the norm returns its output
     quantized per token (:class:`surge.quant.fp8.Fp8Activations`, on CUDA from the same kernel:
     :func:`surge.kernels.add_rmsnorm.add_rmsnorm_fp8`) and the GEMM skips its own quantization.
+
+    In the other direction, a norm whose input ``x`` is the output of one row-parallel linear
+    layer may say so (:meth:`sums_partials_of`): when that layer's FP8 GEMM ends in a split-K
+    reduce launch, it hands the norm its unreduced partials
+    (:class:`surge.quant.fp8.SplitKPartials`) and the norm's kernel reduces them
+    (:func:`surge.kernels.add_rmsnorm.add_rmsnorm_partials`), bit for bit as the reduce launch
+    would have.
 
     Attributes:
         weight: ``[hidden_size]``, initialised to ones.
@@ -41,6 +48,14 @@ class RMSNorm(nn.Module):
         not registered as a submodule)."""
         object.__setattr__(self, "consumer", consumer)
 
+    def sums_partials_of(self, producer: RowParallelLinear) -> None:
+        """Declare that this norm's input ``x`` is ``producer``'s output and nothing else reads
+        that output, so ``producer`` may return :class:`SplitKPartials` for this norm to reduce
+        (kept as a plain reference on ``producer``, not a submodule). A no-op when ``producer``
+        is tensor-parallel (``tp_size > 1``): its output is all-reduced first."""
+        if producer.tp_size == 1:
+            object.__setattr__(producer, "partials_consumer", self)
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         xf = x.float()
@@ -48,7 +63,7 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor | SplitKPartials, residual: torch.Tensor | None = None
     ) -> torch.Tensor | Fp8Activations | tuple[torch.Tensor | Fp8Activations, torch.Tensor]:
         """Normalise ``x [..., hidden]``.
 
@@ -56,10 +71,15 @@ class RMSNorm(nn.Module):
         ``s = x + residual`` (in the input dtype, as HF's decoder layers do) and returns
         ``(norm(s), s)``: the normalised sum and the new residual. The normalised part is
         :class:`Fp8Activations` (``x`` 2-D) when the :attr:`consumer` wants them.
+        :class:`SplitKPartials` (only from the layer named in :meth:`sums_partials_of`) stand
+        for their reduced ``[T, hidden]`` output.
 
         On CUDA this runs the fused Triton kernel :func:`surge.kernels.add_rmsnorm.add_rmsnorm`
-        (or ``add_rmsnorm_fp8``); the torch code here is its reference and the CPU path.
+        (or ``add_rmsnorm_fp8``, or their ``_partials`` forms); the torch code here is its
+        reference and the CPU path.
         """
+        if isinstance(x, SplitKPartials):
+            return self._forward_partials(x, residual)
         consumer = self.consumer
         if (
             consumer is not None
@@ -96,3 +116,26 @@ class RMSNorm(nn.Module):
             q, scale = quantize_per_token(self._norm(x if new_res is None else new_res))
         act = Fp8Activations(q, scale, x.dtype)
         return act if new_res is None else (act, new_res)
+
+    def _forward_partials(
+        self, p: SplitKPartials, residual: torch.Tensor | None
+    ) -> torch.Tensor | Fp8Activations | tuple[torch.Tensor | Fp8Activations, torch.Tensor]:
+        """:meth:`forward` of the split-K output ``p`` stands for: on CUDA one kernel reduces,
+        adds and normalises (and quantizes for a w8a8 :attr:`consumer`); elsewhere (CPU tests
+        under Triton's interpreter) the torch reduction, then :meth:`forward`."""
+        if not p.partials.is_cuda:
+            return self.forward(splitk_reduce_reference(p), residual)
+        from surge.kernels.add_rmsnorm import add_rmsnorm_partials, add_rmsnorm_partials_fp8
+
+        consumer = self.consumer
+        m = p.partials.shape[1]
+        if (
+            consumer is not None
+            and consumer.quant_method is not None
+            and consumer.wants_fp8_input(m, p.dtype)
+        ):
+            q, scale, new_res = add_rmsnorm_partials_fp8(p, self.weight, self.eps, residual)
+            act = Fp8Activations(q, scale, p.dtype)
+            return act if new_res is None else (act, new_res)
+        out, new_res = add_rmsnorm_partials(p, self.weight, self.eps, residual)
+        return out if new_res is None else (out, new_res)

@@ -13,6 +13,7 @@ from surge.layers.linear import QKVParallelLinear, RowParallelLinear
 from surge.layers.mlp import GatedMLP
 from surge.layers.norm import RMSNorm
 from surge.layers.rotary import RotaryEmbedding, rope_from_hf_config
+from surge.quant.fp8 import SplitKPartials
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -53,8 +54,10 @@ class Qwen2Attention(nn.Module):
         kv_cache: KVCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
-        """``hidden [T, hidden] -> [T, hidden]``; writes this layer's K/V into ``kv_cache``."""
+    ) -> torch.Tensor | SplitKPartials:
+        """``hidden [T, hidden] -> [T, hidden]``; writes this layer's K/V into ``kv_cache``.
+        :class:`SplitKPartials` where ``o_proj`` leaves its split-K reduction to the
+        post-attention norm."""
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
         return self.o_proj(self.attn(positions, q, k, v, kv_cache, metadata, backend))
@@ -72,17 +75,21 @@ class Qwen2DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, cfg.torch_dtype)
         self.input_layernorm.feeds(self.self_attn.qkv_proj)
         self.post_attention_layernorm.feeds(self.mlp.gate_up_proj)
+        self.post_attention_layernorm.sums_partials_of(self.self_attn.o_proj)
 
     def forward(
         self,
         positions: torch.Tensor,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | SplitKPartials,
         residual: torch.Tensor | None,
         kv_cache: KVCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(mlp output, residual)``, both ``[T, hidden]``; their sum is the layer output."""
+    ) -> tuple[torch.Tensor | SplitKPartials, torch.Tensor]:
+        """Returns ``(mlp output, residual)``, both ``[T, hidden]``; their sum is the layer
+        output. The MLP output is :class:`SplitKPartials` on the FP8 steps whose down projection
+        leaves its split-K reduction to the next norm (see
+        :meth:`surge.layers.norm.RMSNorm.sums_partials_of`); ``hidden`` likewise."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -105,6 +112,9 @@ class Qwen2Model(nn.Module):
             Qwen2DecoderLayer(cfg, rotary, tp_rank, tp_size) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, float(cfg.hf_config.get("rms_norm_eps", 1e-6)), dtype)
+        next_norms = [*(layer.input_layernorm for layer in self.layers[1:]), self.norm]
+        for layer, norm in zip(self.layers, next_norms, strict=True):
+            norm.sums_partials_of(layer.mlp.down_proj)
 
     def forward(
         self,

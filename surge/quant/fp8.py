@@ -39,6 +39,52 @@ class Fp8Activations:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True, slots=True)
+class SplitKPartials:
+    """The unreduced output of a split-K FP8 GEMM whose config sums its partials with a second
+    launch (``reduce == "kernel"``, see :mod:`surge.kernels.fp8_gemm_splitk`), handed to the
+    residual-add + RMSNorm that consumes that output, which does the reduction in its own kernel
+    (:func:`surge.kernels.add_rmsnorm.add_rmsnorm_partials`) and saves the reduce launch. Only a
+    :class:`surge.layers.linear.RowParallelLinear` whose output an
+    :class:`surge.layers.norm.RMSNorm` declared it consumes
+    (:meth:`~surge.layers.norm.RMSNorm.sums_partials_of`) returns one.
+
+    The output it stands for is :func:`splitk_reduce_reference`'s: ``y [M, N] = (sum_s
+    partials[s]) * weight_scale * token_scale + bias``, summed in the order ``s = 0 .. S - 1``
+    in float32 and rounded once to ``dtype``, as the reduce kernel computes it.
+
+    Attributes:
+        partials: ``[S, M, N]`` float32, contiguous, ``S >= 2``: the split-K slices' products.
+        weight_scale: ``[N]`` float32 per-channel dequantization multipliers, or None when the
+            GEMM applied block scales per ``K`` step already.
+        token_scale: ``[M, 1]`` float32 per-token activation scales (w8a8), or None (w8a16).
+        bias: ``[N]`` in ``dtype``, or None.
+        dtype: the GEMM's output dtype (the activations' dtype).
+    """
+
+    partials: torch.Tensor
+    weight_scale: torch.Tensor | None
+    token_scale: torch.Tensor | None
+    bias: torch.Tensor | None
+    dtype: torch.dtype
+
+
+def splitk_reduce_reference(p: SplitKPartials) -> torch.Tensor:
+    """The ``[M, N]`` tensor of ``p.dtype`` that the split-K reduce kernel would have written:
+    the partials summed in float32 in slice order, times the weight scales, times the token
+    scales, plus the bias (each a separate float32 rounding), rounded to ``p.dtype``."""
+    acc = p.partials[0].clone()
+    for s in range(1, p.partials.shape[0]):
+        acc += p.partials[s]
+    if p.weight_scale is not None:
+        acc = acc * p.weight_scale.float()
+    if p.token_scale is not None:
+        acc = acc * p.token_scale.float().reshape(-1, 1)
+    if p.bias is not None:
+        acc = acc + p.bias.float()
+    return acc.to(p.dtype)
+
+
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)
 

@@ -28,6 +28,12 @@ the kernel that produces this layer's input (RMSNorm, SiLU-and-mul, see
 :meth:`surge.layers.linear._LinearBase.wants_fp8_input`) may quantize per token in its own
 epilogue and pass :class:`surge.quant.fp8.Fp8Activations`; :meth:`Fp8LinearMethod.apply` then
 runs the same w8a8 GEMM on them without a quantization launch of its own.
+
+Deferred split-K reduction: a row-parallel layer whose output an RMSNorm reduces
+(:meth:`surge.layers.norm.RMSNorm.sums_partials_of`, TP=1) calls
+:meth:`Fp8LinearMethod.apply_partials`, which returns the split-K GEMM's partials
+(:class:`surge.quant.fp8.SplitKPartials`) on the steps whose config would sum them with a
+second launch (``split_k > 1``, ``reduce == "kernel"``); the norm's kernel sums them instead.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from surge.quant.config import Fp8Config
 from surge.quant.fp8 import (
     FP8_DTYPE,
     Fp8Activations,
+    SplitKPartials,
     fp8_linear_reference,
     quantize_block,
     quantize_per_channel,
@@ -372,6 +379,54 @@ class Fp8LinearMethod:
         ):
             return fp8_linear(x, w, s, bias)
         return scaled_mm_linear(x, w, self.scale_row, bias)
+
+    def apply_partials(
+        self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
+    ) -> torch.Tensor | SplitKPartials:
+        """:meth:`apply` for a layer whose output an RMSNorm reduces
+        (:attr:`surge.layers.linear.RowParallelLinear.partials_consumer`): where the step's path
+        is the split-K GEMM with a ``split_k > 1``, ``reduce == "kernel"`` config (per-channel
+        w8a16 or w8a8, including pre-quantized :class:`Fp8Activations`, or block scales), the
+        GEMM's partials (:func:`surge.kernels.fp8_gemm_splitk.fp8_linear_splitk_partials`)
+        instead of the reduce launch; :meth:`apply`'s tensor otherwise (and always under
+        emulation).
+
+        Raises:
+            ValueError: as :meth:`apply`.
+        """
+        if not self.emulate:
+            cfg: Fp8SplitKConfig | None = None
+            if isinstance(x, Fp8Activations):
+                m = x.data.shape[0]
+                cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+                if (
+                    cfg is not None
+                    and cfg.split_k > 1
+                    and cfg.reduce == "kernel"
+                    and self.wants_fp8_input(m, x.dtype)
+                ):
+                    from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk_partials
+
+                    return fp8_linear_splitk_partials(
+                        x.data,
+                        layer.weight,
+                        layer.weight_scale,
+                        bias,
+                        config=cfg,
+                        x_scale=x.scale,
+                        out_dtype=x.dtype,
+                    )
+            elif x.dtype == torch.bfloat16:
+                m = x.shape[0]
+                by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
+                cfg = by_m[m] if m < len(by_m) else None
+                if cfg is not None and cfg.split_k > 1 and cfg.reduce == "kernel":
+                    from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk_partials
+
+                    xc = x if x.stride(1) == 1 else x.contiguous()
+                    w, s = layer.weight, layer.weight_scale
+                    return fp8_linear_splitk_partials(xc, w, s, bias, config=cfg, block_size=self.block_size)
+        return self.apply(layer, x, bias)
 
     def _apply_fp8(
         self, x: Fp8Activations, w: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
