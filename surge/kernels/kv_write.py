@@ -135,7 +135,18 @@ def _kv_write_kernel(
 ):
     pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)  # 0: k, v and the cache write; 1 (with rotary only): q
     offs_d = tl.arange(0, HALF_PAD)
+    offs_h = tl.arange(0, KV_HEADS_PAD)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HALF)
+    slot = tl.full([], -1, slot_mapping_ptr.dtype.element_ty)
+    v1 = tl.zeros([KV_HEADS_PAD, HALF_PAD], dtype=v_ptr.dtype.element_ty)
+    v2 = tl.zeros([KV_HEADS_PAD, HALF_PAD], dtype=v_ptr.dtype.element_ty)
+    if WRITE_CACHE and part == 0:  # issued first: these loads overlap the rotary's latency
+        slot = tl.load(slot_mapping_ptr + token)
+        vsrc = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+        v1 = tl.load(vsrc, mask=mask, other=0.0)
+        v2 = tl.load(vsrc + HALF, mask=mask, other=0.0)
     cos = tl.zeros([HALF_PAD], dtype=tl.float32)
     sin = tl.zeros([HALF_PAD], dtype=tl.float32)
     if ROPE:
@@ -143,6 +154,7 @@ def _kv_write_kernel(
         dmask = offs_d < HALF
         cos = tl.load(cos_ptr + pos * stride_cos + offs_d, mask=dmask, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + pos * stride_sin + offs_d, mask=dmask, other=0.0).to(tl.float32)
+    if part == 1:
         _norm_rope_heads(
             q_ptr + token * stride_qt,
             stride_qh,
@@ -157,50 +169,45 @@ def _kv_write_kernel(
             NORM,
             ROPE,
         )
-    k1, k2 = _norm_rope_heads(
-        k_ptr + token * stride_kt,
-        stride_kh,
-        k_norm_ptr,
-        cos,
-        sin,
-        eps,
-        NUM_KV_HEADS,
-        KV_HEADS_PAD,
-        HALF,
-        HALF_PAD,
-        NORM,
-        ROPE,
-    )
-    if WRITE_CACHE:
-        slot = tl.load(slot_mapping_ptr + token)
-        if slot >= 0:
-            blk = slot // BLOCK_SIZE
-            off = slot % BLOCK_SIZE
-            offs_h = tl.arange(0, KV_HEADS_PAD)
-            mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HALF)
-            kc = (
-                k_cache_ptr
-                + blk * stride_kcb
-                + off * stride_kcs
-                + offs_h[:, None] * stride_kch
-                + offs_d[None, :]
-            )
-            k_dtype = k_cache_ptr.dtype.element_ty
-            tl.store(kc, _to_cache(k1, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
-            tl.store(kc + HALF, _to_cache(k2, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
-            vsrc = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
-            v1 = tl.load(vsrc, mask=mask, other=0.0)
-            v2 = tl.load(vsrc + HALF, mask=mask, other=0.0)
-            vc = (
-                v_cache_ptr
-                + blk * stride_vcb
-                + off * stride_vcs
-                + offs_h[:, None] * stride_vch
-                + offs_d[None, :]
-            )
-            v_dtype = v_cache_ptr.dtype.element_ty
-            tl.store(vc, _to_cache(v1, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
-            tl.store(vc + HALF, _to_cache(v2, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
+    else:
+        k1, k2 = _norm_rope_heads(
+            k_ptr + token * stride_kt,
+            stride_kh,
+            k_norm_ptr,
+            cos,
+            sin,
+            eps,
+            NUM_KV_HEADS,
+            KV_HEADS_PAD,
+            HALF,
+            HALF_PAD,
+            NORM,
+            ROPE,
+        )
+        if WRITE_CACHE:  # noqa: SIM102 (a constexpr, then a run-time test: two ifs in Triton)
+            if slot >= 0:
+                blk = slot // BLOCK_SIZE
+                off = slot % BLOCK_SIZE
+                kc = (
+                    k_cache_ptr
+                    + blk * stride_kcb
+                    + off * stride_kcs
+                    + offs_h[:, None] * stride_kch
+                    + offs_d[None, :]
+                )
+                k_dtype = k_cache_ptr.dtype.element_ty
+                tl.store(kc, _to_cache(k1, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
+                tl.store(kc + HALF, _to_cache(k2, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
+                vc = (
+                    v_cache_ptr
+                    + blk * stride_vcb
+                    + off * stride_vcs
+                    + offs_h[:, None] * stride_vch
+                    + offs_d[None, :]
+                )
+                v_dtype = v_cache_ptr.dtype.element_ty
+                tl.store(vc, _to_cache(v1, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
+                tl.store(vc + HALF, _to_cache(v2, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
 
 
 def _check_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -249,7 +256,7 @@ def _launch(
     if fp8 and not (k_scale > 0.0 and v_scale > 0.0):
         raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
     pdl = use_pdl(k)  # programmatic dependent launch on sm90+
-    _kv_write_kernel[(num_tokens,)](
+    _kv_write_kernel[(num_tokens, 2 if rope else 1)](
         qq,
         k,
         v,
