@@ -86,7 +86,7 @@ def per_token_quant_fp8(
         raise ValueError(f"scale must be a contiguous [{m}, 1] float32, got {tuple(scale.shape)}")
     if m == 0:
         return out, scale
-    block = min(triton.next_power_of_2(max(k, 16)), 2048)
+    block = min(triton.next_power_of_2(max(k, 16)), 8192)  # rows up to 8192 wide: one block per pass
     if pdl is None:
         pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _per_token_quant_kernel[(m,)](
@@ -101,6 +101,6 @@ def per_token_quant_fp8(
         BLOCK=block,
         PDL=pdl,
         launch_pdl=pdl,
-        num_warps=4 if block <= 1024 else 8,
+        num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16,
     )
     return out, scale

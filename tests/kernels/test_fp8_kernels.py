@@ -19,7 +19,7 @@ from surge.quant.fp8_linear import scaled_mm_linear
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("m,k", [(1, 64), (5, 200), (3, 4096)])
+@pytest.mark.parametrize("m,k", [(1, 64), (5, 200), (3, 4096), (2, 12288)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_per_token_quant_is_bit_exact(m: int, k: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
