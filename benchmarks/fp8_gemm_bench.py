@@ -32,8 +32,9 @@ On a CPU-only machine ``--check`` runs the correctness checks at tiny shapes und
 interpreter (no timings).
 
 ``--sweep`` times the split-K FP8 GEMM (:mod:`surge.kernels.fp8_gemm_splitk`) over its tile,
-split-K, operand-mode (w8a16 / w8a8) and reduction (a reduce kernel / inline in the last
-program of each tile) configs per shape and ``M`` (default 1, 2, 4, 8, 16, 32, 64), each
+split-K, operand-mode (w8a16 / w8a8), reduction (a reduce kernel / inline in the last
+program of each tile) and, on sm90+, weight-load (pointer loads / TMA descriptor) configs per
+shape and ``M`` (default 1, 2, 4, 8, 16, 32, 64), each
 config first checked against the dequantized fp32 reference (and, after its timing, again
 bitwise against its first result); it prints the best config per (shape, M) and mode against
 bf16 cuBLAS and quant + ``_scaled_mm`` and merges the results into ``--json`` (so the sweep can
@@ -41,13 +42,14 @@ run in pieces; on the H200 about 25 s of compiles per ``block_m`` of 16, 32, 64,
 per layer and ``M``). ``--emit FILE`` prints the table and the
 ready-to-paste value of ``surge.quant.fp8_linear.SPLITK_MEASURED`` from that file
 (``--write-source surge/quant/fp8_linear.py`` writes it there; ``--no-inline`` chooses among the
-reduce kernel's configs only)::
+reduce kernel's configs only, ``--no-tma`` among the pointer-load ones only)::
 
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 1 2 4 8 16 --json /tmp/fp8_sweep.json
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --sweep --m 32 64 --json /tmp/fp8_sweep.json
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --emit /tmp/fp8_sweep.json
 
-``--sweep --check`` runs the sweep's configs on CPU at tiny shapes (interpreter, no timings).
+``--sweep --check`` runs the sweep's configs on CPU at tiny shapes (interpreter, no timings;
+the TMA twins included, which the interpreter emulates).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 if "--check" in sys.argv:  # must precede the first @triton.jit
@@ -76,6 +79,7 @@ from surge.kernels.fp8_gemm_splitk import (
     SplitKWorkspace,
     fp8_linear_splitk,
     splitk_workspace_size,
+    tma_supported,
 )
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
@@ -204,12 +208,13 @@ SMEM_BUDGET = 200 * 1024
 """Bytes of shared memory a sweep config may plan for its pipelined tiles (H200: 227 KiB)."""
 
 
-def sweep_configs(m: int, k: int, tiny: bool) -> list[Fp8SplitKConfig]:
+def sweep_configs(m: int, k: int, tiny: bool, tma: bool = False) -> list[Fp8SplitKConfig]:
     """The split-K configs the sweep tries for ``M = m``: ``block_m`` 16/32/64 by ``m``;
     ``block_n`` 32/64/128; ``block_k`` 128/256/512; ``split_k`` 1..16 with ``K`` an exact
     multiple of ``split_k * block_k``; 4 stages (fewer where the tiles would not fit
     :data:`SMEM_BUDGET`), 4 warps; w8a16 and w8a8; for ``split_k > 1`` both reductions,
-    ``"kernel"`` and ``"inline"``."""
+    ``"kernel"`` and ``"inline"``; with ``tma`` (sm90+, or the interpreter of ``--check``)
+    each of them also with TMA weight loads (``Fp8SplitKConfig.tma``)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     out = []
     for a8 in (False, True):
@@ -222,18 +227,31 @@ def sweep_configs(m: int, k: int, tiny: bool) -> list[Fp8SplitKConfig]:
                 for split in (1, 2, 4, 8, 16):
                     if k % (split * bk) == 0:
                         for reduce in ("kernel", "inline") if split > 1 else ("kernel",):
-                            out.append(Fp8SplitKConfig(block_m, bn, bk, split, stages, 4, a8, reduce))
+                            cfg = Fp8SplitKConfig(block_m, bn, bk, split, stages, 4, a8, reduce)
+                            out.append(cfg)
+                            if tma:
+                                out.append(replace(cfg, tma=True))
     return out
+
+
+def sweep_tma(check: bool) -> bool:
+    """Whether the sweep tries TMA twins: under ``--check`` (the interpreter emulates them), else
+    where the current CUDA device is sm90+."""
+    return check or tma_supported("cuda")
 
 
 def mode_of(cfg: Fp8SplitKConfig) -> str:
     """The sweep's result key of a config: ``w8a16``/``w8a8``, plus `` inline`` for the inline
-    split-K reduction (``split_k = 1`` and the reduce kernel are the plain key)."""
+    split-K reduction (``split_k = 1`` and the reduce kernel are the plain key), plus `` tma``
+    for TMA weight loads."""
     mode = "w8a8" if cfg.a8 else "w8a16"
-    return mode + " inline" if cfg.split_k > 1 and cfg.reduce == "inline" else mode
+    if cfg.split_k > 1 and cfg.reduce == "inline":
+        mode += " inline"
+    return mode + " tma" if cfg.tma else mode
 
 
 MODES = ("w8a16", "w8a8", "w8a16 inline", "w8a8 inline")
+TMA_MODES = tuple(mode + " tma" for mode in MODES)
 
 
 def max_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -254,7 +272,9 @@ def sweep_shape(
     of :func:`mode_of`. An inline-reduction config runs against one persistent
     :class:`SplitKWorkspace` (as in the engine) and is checked again, bitwise against its first
     result, after its CUDA graph's replays (a counter left non-zero would show there); one that
-    fails is reported WRONG and never chosen, so the table falls back to the reduce kernel."""
+    fails is reported WRONG and never chosen, so the table falls back to the reduce kernel. A TMA
+    config's first result is also compared bitwise with its pointer-load twin's (the same tiles
+    and dots: expected equal; a difference is printed as a note, the config still timed)."""
     dev = torch.device("cpu" if check else "cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     full = [torch.randn(n, k, generator=gen, device=dev) * 0.02 for _ in range(copies)]
@@ -262,7 +282,8 @@ def sweep_shape(
     chan = [quantize_per_channel(w) for w in full]
     del full
     deq0 = dequantize(*chan[0])
-    needs = [splitk_workspace_size(m, n, c) for m in ms for c in sweep_configs(m, k, check)]
+    tma = sweep_tma(check)
+    needs = [splitk_workspace_size(m, n, c) for m in ms for c in sweep_configs(m, k, check, tma)]
     workspace = SplitKWorkspace.allocate(max(f for f, _ in needs), max(t for _, t in needs), dev)
     results: dict[str, dict[str, object]] = {}
     for m in ms:
@@ -289,10 +310,18 @@ def sweep_shape(
                 lambda i, x=x: scaled_mm_linear(x, chan[i][0], chan[i][1].view(1, -1), None)
             )
             row["scaled_mm_err"] = [max_err(y, ref_a8), max_err(y, ref_torch_a8)]
-        bad = 0
-        for cfg in sweep_configs(m, k, check):
+        bad, differ = 0, 0
+        pointer_y: dict[Fp8SplitKConfig, torch.Tensor] = {}
+        for cfg in sweep_configs(m, k, check, tma):
             try:
                 y = fp8_linear_splitk(x, chan[0][0], chan[0][1], config=cfg, workspace=workspace)
+                if not cfg.tma:
+                    pointer_y[cfg] = y
+                elif (twin := pointer_y.get(replace(cfg, tma=False))) is not None and not torch.equal(
+                    y, twin
+                ):
+                    differ += 1  # the same tiles and dots: expected bit for bit (reported, not refused)
+                    print(f"  note: {cfg} differs from its pointer-load twin by {(y - twin).abs().max():.3g}")
                 err = max_err(y, ref_a8 if cfg.a8 else ref_a16)
                 if err > 2.0:
                     bad += 1
@@ -324,7 +353,10 @@ def sweep_shape(
         results[str(m)] = row
         dt = time.perf_counter() - t0
         if check:
-            print(f"{name} N={n} K={k} M={m}: {len(sweep_configs(m, k, True))} configs checked, {bad} wrong")
+            print(
+                f"{name} N={n} K={k} M={m}: {len(sweep_configs(m, k, True, tma))} configs checked, {bad} wrong, "
+                f"{differ} TMA configs not bitwise equal to their pointer-load twins"
+            )
             continue
         gb = n * k / 1e9
         parts = [f"bf16 {row['bf16'] * 1e6:6.1f}", f"quant+_scaled_mm {row['scaled_mm'] * 1e6:6.1f}"]  # type: ignore[operator]
@@ -334,6 +366,8 @@ def sweep_shape(
             )
         errs = row["scaled_mm_err"]
         print(f"{name} N={n} K={k} M={m:3d}: " + " | ".join(parts) + f"  [{dt:.0f} s]")
+        if differ:
+            print(f"    {differ} TMA configs not bitwise equal to their pointer-load twins (see the notes)")
         print(
             f"    _scaled_mm error (ulp units) vs own-quant ref {errs[0]:.2f}, vs torch-quant ref {errs[1]:.2f}"
         )  # type: ignore[index]
@@ -391,29 +425,39 @@ def write_source(path: Path, literal: str) -> None:
     path.write_text("".join(lines[:first]) + literal + "".join(lines[last + 1 :]))
 
 
-def emit(path: Path, source: Path | None = None, no_inline: bool = False) -> None:
+def emit(path: Path, source: Path | None = None, no_inline: bool = False, no_tma: bool = False) -> None:
     """Print the sweep table of ``path`` and the ``SPLITK_MEASURED`` literal it supports (per
-    shape and bucket, the faster split-K mode if it beats quant + ``_scaled_mm`` by >= 3 %,
-    else None); with ``source``, also write that literal into that file (the engine's
+    shape and bucket, the faster split-K mode, TMA or not, if it beats quant + ``_scaled_mm`` by
+    >= 3 %, else None); with ``source``, also write that literal into that file (the engine's
     ``surge/quant/fp8_linear.py``); ``no_inline`` ignores the inline reduction's timings (the
-    fallback should it fail the GPU tests: the same sweep, the reduce kernel only)."""
+    fallback should it fail the GPU tests: the same sweep, the reduce kernel only), ``no_tma``
+    the TMA configs' (the pointer loads only). The TMA columns are printed when the sweep has
+    TMA results."""
     data = json.loads(path.read_text())
-    if no_inline:  # choose among the reduce kernel and split_k = 1 only
-        for rows in data.values():
-            for row in rows.values():
-                row["best"] = {mode: v for mode, v in row["best"].items() if not mode.endswith(" inline")}
+    for rows in data.values():
+        for row in rows.values():
+            row["best"] = {
+                mode: v
+                for mode, v in row["best"].items()
+                if not (no_inline and " inline" in mode) and not (no_tma and mode.endswith(" tma"))
+            }
+    has_tma = any(
+        mode in TMA_MODES for rows in data.values() for row in rows.values() for mode in row["best"]
+    )
+    modes = MODES + TMA_MODES if has_tma else MODES
+    tma_head = "| w8a16 tma us | w8a8 tma us | w8a16 inline tma us | w8a8 inline tma us " if has_tma else ""
     print(
         "| layer | N x K | M | bf16 us | quant+_scaled_mm us | split-K w8a16 us | split-K w8a8 us "
-        "| w8a16 inline us | w8a8 inline us | chosen |"
+        "| w8a16 inline us | w8a8 inline us " + tma_head + "| chosen |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * (6 + len(modes)) + "|")
     choices = splitk_choices(data)
     for name, rows in data.items():
         n, k = SHAPES[name]
         for m_str, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
             m = int(m_str)
             best = row["best"]
-            cells = [f"{best[mode][0] * 1e6:.1f}" if mode in best else "-" for mode in MODES]
+            cells = [f"{best[mode][0] * 1e6:.1f}" if mode in best else "-" for mode in modes]
             fields = choices.get(name, {}).get(m)
             chosen = "_scaled_mm"
             if fields is not None:
@@ -450,11 +494,14 @@ def main() -> None:
         action="store_true",
         help="--emit: ignore the inline split-K reduction's timings (choose the reduce kernel)",
     )
+    ap.add_argument(
+        "--no-tma", action="store_true", help="--emit: ignore the TMA weight-load configs' timings"
+    )
     args = ap.parse_args()
     if args.write_source is not None and args.emit is None:
         ap.error("--write-source needs --emit FILE")
     if args.emit is not None:
-        emit(args.emit, args.write_source, args.no_inline)
+        emit(args.emit, args.write_source, args.no_inline, args.no_tma)
         return
     if args.sweep:
         ms = [m for m in args.m if m <= SPLITK_BUCKETS[-1]] if "--m" in sys.argv else list(SPLITK_BUCKETS)

@@ -73,6 +73,7 @@ case "$step" in
   tests)
     python3 -m pytest -q -p no:cacheprovider -o timeout=0 -rA --tb=short \
       tests/quant/test_fp8_gpu.py tests/kernels/test_fp8_gemm_splitk.py tests/kernels/test_fp8_gemm_splitk_gpu.py \
+      tests/kernels/test_fp8_gemm_splitk_tma.py tests/kernels/test_fp8_gemm_splitk_tma_gpu.py \
       tests/kernels/test_fp8_fused_input.py tests/kernels/test_add_rmsnorm.py tests/kernels/test_silu_and_mul.py 2>&1 | tee "$runs/gpu-tests.txt"
     ;;
   *)

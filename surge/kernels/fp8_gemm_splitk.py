@@ -51,6 +51,22 @@ partial product times the scale of its ``(n // bn, k // bk)`` block, as
   cores' partial sum into a true fp32 accumulator every :data:`FP8_PROMOTE_K` elements of
   ``K`` (DeepGEMM's promotion interval; cuBLAS does the same unless ``use_fast_accum``).
 
+Weight loads: pointer-based ``tl.load`` (``cp.async`` pipelining on sm80+), or, with
+``Fp8SplitKConfig.tma``, Hopper's tensor memory accelerator (sm90+): the launcher builds a host
+TMA descriptor of the whole ``[N, K]`` weight with ``[BLOCK_N, BLOCK_K]`` boxes
+(``triton.tools.tensor_descriptor.TensorDescriptor``) and each ``K`` step loads its weight tile
+with one ``w_desc.load([n0, k0])``, rows past ``N`` and columns past ``K`` zero-filled by the TMA
+unit as the pointer path's masks fill them with zeros. The activations keep pointer loads. The
+tiles, the dots and their order are the same, so both modes are meant to give the same bits
+(tested under the CPU interpreter, which runs descriptors too, and on a Hopper GPU by
+``tests/kernels/test_fp8_gemm_splitk_tma_gpu.py``). The descriptor is encoded on the host at
+every launch (``cuTensorMapEncodeTiled``, CPU work per eager launch; nothing while replaying a
+CUDA graph, which holds its bytes), so it is a candidate for the CUDA-graph decode path that
+the sweep times, off unless a measured table entry selects it
+(:data:`surge.quant.fp8_linear.SPLITK_MEASURED`). Source: CUDA C++ Programming Guide,
+"Asynchronous Data Copies using the Tensor Memory Accelerator"; Triton's host-side tensor
+descriptors.
+
 Split-K is the standard technique of CUTLASS's "split-K serial/parallel" GEMMs; the tiles that
 the engine uses come from ``benchmarks/fp8_gemm_bench.py --sweep`` on the H200
 (:data:`surge.quant.fp8_linear.SPLITK_MEASURED`). The launch depends only on the shapes; the
@@ -61,12 +77,15 @@ CUDA-graph capture: no host syncs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from surge.kernels.fp8_gemm import check_fp8_gemm_args
 from surge.kernels.pdl import pdl_wait, use_pdl
@@ -81,7 +100,9 @@ class Fp8SplitKConfig:
     ``K``; ``a8`` selects the w8a8 mode (per-token FP8 activations), else w8a16; ``reduce`` how
     ``split_k > 1`` partials are summed: ``"kernel"`` (a second launch) or ``"inline"`` (the
     last program of each output tile, through a :class:`SplitKWorkspace`; see the module
-    docstring). ``reduce`` is ignored when ``split_k == 1``.
+    docstring). ``reduce`` is ignored when ``split_k == 1``. ``tma`` loads the weight tiles
+    through a Hopper TMA descriptor (sm90+, see :func:`check_tma_weight`) instead of pointer
+    loads: the same result bits, another memory pipeline.
     """
 
     block_m: int
@@ -92,6 +113,51 @@ class Fp8SplitKConfig:
     num_warps: int
     a8: bool = False
     reduce: Literal["kernel", "inline"] = "kernel"
+    tma: bool = False
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def tma_supported(device: torch.device | str) -> bool:
+    """Whether ``device`` can run the TMA weight loads of ``Fp8SplitKConfig.tma``: an NVIDIA
+    (not ROCm) CUDA device of compute capability 9.0 or newer (Hopper, Blackwell); cached per
+    device index."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available() or torch.version.hip is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index) >= (9, 0)
+
+
+def check_tma_weight(weight: torch.Tensor, interpreting: bool | None = None) -> None:
+    """Validate a ``[N, K]`` float8_e4m3fn weight for TMA loads (``Fp8SplitKConfig.tma``).
+
+    Args:
+        weight: the GEMM's weight, last dim contiguous (checked by the launcher).
+        interpreting: whether the kernel runs under Triton's CPU interpreter
+            (``TRITON_INTERPRET=1``), which emulates descriptors on any device: the device
+            check is then skipped; None: whether this module's kernel was built for it.
+
+    Raises:
+        ValueError: not interpreting and ``weight`` not on an NVIDIA GPU of compute
+            capability >= 9.0 (:func:`tma_supported`); a non-empty weight whose base address
+            or row stride (bytes) is not a multiple of 16 (TMA's alignment).
+    """
+    if interpreting is None:
+        interpreting = isinstance(_fp8_splitk_kernel, InterpretedFunction)
+    if not interpreting and not tma_supported(weight.device):
+        raise ValueError(
+            f"tma=True needs an NVIDIA GPU of compute capability >= 9.0 (Hopper), got {weight.device}"
+        )
+    row_bytes = weight.stride(0) * weight.element_size()
+    if weight.numel() and (weight.data_ptr() % 16 or row_bytes % 16):  # an empty one is not read
+        raise ValueError(
+            "tma=True needs a 16-byte aligned weight base and row stride, got address "
+            f"{weight.data_ptr()} and a {row_bytes}-byte row stride"
+        )
 
 
 @dataclass(frozen=True)
@@ -179,6 +245,7 @@ def _fp8_splitk_kernel(
     cnt_ptr,
     x_ptr,
     w_ptr,
+    w_desc,
     ws_ptr,
     xs_ptr,
     b_ptr,
@@ -203,6 +270,7 @@ def _fp8_splitk_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TMA: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -223,10 +291,14 @@ def _fp8_splitk_kernel(
     for kb in range(0, STEPS):
         if EVEN_K:
             a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
         else:
             k_mask = k_start + kb * BLOCK_K + offs_k < K
             a = tl.load(x_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
+        if TMA:  # rows >= N and columns >= K arrive zero-filled, as the masks below fill them
+            w = w_desc.load([pid_n * BLOCK_N, k_start + kb * BLOCK_K])
+        elif EVEN_K:
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        else:
             w = tl.load(w_ptrs, mask=mask_n[:, None] & k_mask[None, :], other=0.0)
         if BLOCK_SCALES:  # this step's partial product times its (n // bn, k // bk) scales
             if A8:
@@ -245,7 +317,8 @@ def _fp8_splitk_kernel(
         else:
             acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
         x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        if not TMA:
+            w_ptrs += BLOCK_K
     if PARTIALS:  # partials [SPLIT_K, M, N], contiguous
         mask = mask_m[:, None] & mask_n[None, :]
         p_tile = p_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
@@ -381,7 +454,8 @@ def fp8_linear_splitk(
             ``block_size = (bn, bk)``.
         bias: optional contiguous ``[N]`` in ``x``'s dtype (added in fp32).
         config: launch config; default :func:`default_splitk_config` (with ``block_k`` at
-            most ``bk``'s largest power-of-two divisor under block scales).
+            most ``bk``'s largest power-of-two divisor under block scales); ``config.tma``
+            loads the weight through a TMA descriptor (see :func:`check_tma_weight`).
         block_size: ``(bn, bk)`` of block scales, None for per-channel scales.
         out: optional ``[M, N]`` output in ``x``'s dtype, last dim contiguous.
         workspace: the persistent scratch of ``config.reduce == "inline"`` (at least
@@ -403,8 +477,10 @@ def fp8_linear_splitk(
     Raises:
         ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, a
             bad config (under block scales: a ``block_k`` that does not divide ``bk``), w8a8
-            with fp32 ``x``, ``x_scale`` with a w8a16 config, or a workspace too small or of
-            the wrong dtype or device.
+            with fp32 ``x``, ``x_scale`` with a w8a16 config, a workspace too small or of
+            the wrong dtype or device, or ``config.tma`` where TMA cannot run (see
+            :func:`check_tma_weight`: not a CUDA sm90+ device outside the interpreter, a weight
+            base or row stride not 16-byte aligned).
     """
     y = _splitk(x, weight, scale, bias, config, block_size, out, workspace, x_scale, out_dtype, pdl, False)
     assert isinstance(y, torch.Tensor)
@@ -488,6 +564,8 @@ def _splitk(
         raise ValueError("pre-quantized activations (x_scale) need a w8a8 config (a8=True)")
     if block_size is not None and scale_bk % cfg.block_k != 0:
         raise ValueError(f"block_k {cfg.block_k} must divide the scale block's {scale_bk} columns")
+    if cfg.tma:
+        check_tma_weight(weight)
     if defer:
         out = None
     elif out is None:
@@ -541,12 +619,15 @@ def _splitk(
         dest, counters = out, scale  # unused
     y = dest if out is None else out  # deferred: y is not written
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
+    tma = cfg.tma and k > 0  # K = 0 loads nothing (and a descriptor needs a non-empty tensor)
+    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]) if tma else weight
     _fp8_splitk_kernel[grid](
         y,
         dest,
         counters,
         a,
         weight,
+        w_desc,
         scale,
         xs,
         bias if bias is not None else scale,
@@ -571,6 +652,7 @@ def _splitk(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        TMA=tma,
         PDL=pdl,
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,

@@ -72,11 +72,15 @@ SPLITK_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 between and the buckets not measured)."""
 SPLITK_MAX_M = SPLITK_BUCKETS[-1]
 
-SplitKTiles = tuple[int, int, int, int, int, int, bool, str]
+SplitKTiles = (
+    tuple[int, int, int, int, int, int, bool, str] | tuple[int, int, int, int, int, int, bool, str, bool]
+)
 """The fields of :class:`surge.kernels.fp8_gemm_splitk.Fp8SplitKConfig` in order: ``(block_m,
-block_n, block_k, split_k, num_stages, num_warps, a8, reduce)`` (a plain tuple: this module must
-not import a Triton kernel at import time); ``reduce`` is ``"kernel"`` (a second launch sums
-the split-K partials) or ``"inline"`` (the last program of each tile does)."""
+block_n, block_k, split_k, num_stages, num_warps, a8, reduce[, tma])`` (a plain tuple: this
+module must not import a Triton kernel at import time); ``reduce`` is ``"kernel"`` (a second
+launch sums the split-K partials) or ``"inline"`` (the last program of each tile does); the
+optional ``tma`` (False when absent, as in the tables written before it existed) loads the
+weight tiles through a Hopper TMA descriptor."""
 
 SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {
     (6144, 4096): {  # qkv; us: bf16 / quant+_scaled_mm / chosen
@@ -120,7 +124,8 @@ def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
     measured one decides for it (its config is correct for any ``M``, and a decode GEMM this
     skinny costs about the same at every ``M`` up to its ``block_m``: 1 and 16 are within 1 us
     on the H200). Above the largest measured bucket, and for a shape not in the table,
-    ``_scaled_mm``.
+    ``_scaled_mm``. Entries are 8-tuples (``tma`` False) or 9-tuples (see :data:`SplitKTiles`;
+    shorter ones take :class:`~surge.kernels.fp8_gemm_splitk.Fp8SplitKConfig`'s defaults).
     """
     from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig
 
@@ -158,6 +163,26 @@ def block_splitk_config(m: int, n: int, k: int, block_size: tuple[int, int]) -> 
         cfg = default_splitk_config(m, n, k)
     bk = block_size[1]
     return replace(cfg, a8=False, block_k=min(cfg.block_k, bk & -bk))
+
+
+def _tma_where_supported(
+    by_m: tuple[Fp8SplitKConfig | None, ...], weight: torch.Tensor
+) -> tuple[Fp8SplitKConfig | None, ...]:
+    """``by_m`` as is, or with ``tma`` off in every config where ``weight`` cannot take TMA
+    loads (:func:`surge.kernels.fp8_gemm_splitk.check_tma_weight`: a GPU older than Hopper, an
+    unaligned weight): the pointer loads compute the same result, the measured table being the
+    H200's."""
+    if not any(c is not None and c.tma for c in by_m):
+        return by_m
+    from dataclasses import replace
+
+    from surge.kernels.fp8_gemm_splitk import check_tma_weight
+
+    try:
+        check_tma_weight(weight)
+    except ValueError:
+        return tuple(None if c is None else replace(c, tma=False) for c in by_m)
+    return by_m
 
 
 def _shard_index(layer: _LinearBase, shard_id: str | int | None) -> int:
@@ -278,15 +303,16 @@ class Fp8LinearMethod:
         n, k = q.shape
         if self.block_size is not None and not self.emulate and (n, k) in SPLITK_BLOCK_FASTER:
             bs = self.block_size
-            self.block_splitk_by_m = tuple(
-                block_splitk_config(max(m, 1), n, k, bs) for m in range(SPLITK_MAX_M + 1)
+            self.block_splitk_by_m = _tma_where_supported(
+                tuple(block_splitk_config(max(m, 1), n, k, bs) for m in range(SPLITK_MAX_M + 1)),
+                layer.weight,
             )
         if self.block_size is None:
             self.scale_row = layer.weight_scale.view(1, n)
             self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
             self.triton_for_decode = (n, k) in TRITON_FASTER
             if self.use_scaled_mm and not self.emulate and (n, k) in SPLITK_MEASURED:
-                self.splitk_by_m = splitk_configs(n, k)
+                self.splitk_by_m = _tma_where_supported(splitk_configs(n, k), layer.weight)
 
     def splitk_workspace_need(self, n: int) -> tuple[int, int]:
         """``(floats, counters)`` of the :class:`~surge.kernels.fp8_gemm_splitk.SplitKWorkspace`

@@ -371,9 +371,10 @@ def test_measured_table_maps_each_token_count_to_its_bucket(monkeypatch: pytest.
 def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     """``fp8_gemm_bench.py --emit F --write-source FILE`` rewrites ``SPLITK_MEASURED``: split-K
     where it beat quant + ``_scaled_mm`` by >= 3 %, None where it did not, with the reduction
-    of the fastest mode (an older sweep's 7-field configs read as the reduce kernel); the new
-    table is valid, ruff-formatted Python that :func:`splitk_configs` reads, and the rest of
-    the file is unchanged."""
+    of the fastest mode (an older sweep's 7-field configs read as the reduce kernel, and its
+    8-field ones as pointer loads: every entry written has all 9 fields); the new table is
+    valid, ruff-formatted Python that :func:`splitk_configs` reads, and the rest of the file is
+    unchanged. No TMA columns for a sweep without TMA results."""
     import ast
     import json
     import subprocess
@@ -436,11 +437,12 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     )
     table = ast.literal_eval(node.value)
     assert table == {
-        (6144, 4096): {1: (16, 32, 128, 4, 4, 4, False, "kernel"), 32: None},
-        (4096, 12288): {8: (16, 32, 128, 4, 4, 4, False, "inline"), 64: None},
+        (6144, 4096): {1: (16, 32, 128, 4, 4, 4, False, "kernel", False), 32: None},
+        (4096, 12288): {8: (16, 32, 128, 4, 4, 4, False, "inline", False), 64: None},
     }
-    assert '1: (16, 32, 128, 4, 4, 4, False, "kernel"),  # 16.0 / 20.0 / 13.0' in new
-    assert '8: (16, 32, 128, 4, 4, 4, False, "inline"),  # 30.0 / 38.0 / 21.0' in new
+    assert '1: (16, 32, 128, 4, 4, 4, False, "kernel", False),  # 16.0 / 20.0 / 13.0' in new
+    assert '8: (16, 32, 128, 4, 4, 4, False, "inline", False),  # 30.0 / 38.0 / 21.0' in new
+    assert "tma us" not in r.stdout
     fmt = subprocess.run(
         [sys.executable, "-m", "ruff", "format", "--check", "--line-length", "110", str(src)],
         capture_output=True,
@@ -460,7 +462,7 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
         and n.target.id == "SPLITK_MEASURED"
     )
     assert ast.literal_eval(node.value)[(4096, 12288)] == {
-        8: (16, 64, 256, 2, 3, 4, True, "kernel"),
+        8: (16, 64, 256, 2, 3, 4, True, "kernel", False),
         64: None,
     }
     start, end = (
@@ -577,10 +579,10 @@ from surge.kernels.fp8_gemm_splitk import FP8_PROMOTE_K, _fp8_splitk_kernel as k
 for block_scales in (False, True):
     const = dict(A8=True, PARTIALS=False, INLINE=False, BLOCK_SCALES=block_scales, SCALE_BN=128,
                  SCALE_BK=128, HAS_BIAS=False, EVEN_K=True, DOT_IEEE=False,
-                 PROMOTE_K=min(128, FP8_PROMOTE_K), BLOCK_M=64, BLOCK_N=64, BLOCK_K=128)
+                 PROMOTE_K=min(128, FP8_PROMOTE_K), BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, TMA=False)
     const = {a: v for a, v in const.items() if a in kern.arg_names}
     ptr = {"y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32", "x_ptr": "*fp8e4nv",
-           "w_ptr": "*fp8e4nv"}
+           "w_ptr": "*fp8e4nv", "w_desc": "*fp8e4nv"}
     sig = {a: "constexpr" if a in const else ptr.get(a, "*fp32" if a.endswith("_ptr") else "i32")
            for a in kern.arg_names}
     k = triton.compile(ASTSource(kern, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
