@@ -182,10 +182,12 @@ def test_launcher_refuses_what_tma_cannot_load(monkeypatch: pytest.MonkeyPatch) 
     shifted.copy_(w)
     with pytest.raises(ValueError, match="16-byte aligned"):
         fp8_linear_splitk(x, shifted, s, config=cfg)
-    assert torch.equal(
+    want = fp8_linear_reference(x.cpu(), w.cpu(), s.cpu(), quantize_input=False)
+    for got in (
         fp8_linear_splitk(x, shifted, s, config=replace(cfg, tma=False)),
         fp8_linear_splitk(x, w, s, config=cfg),
-    )
+    ):
+        torch.testing.assert_close(got.cpu(), want, atol=2e-2, rtol=2e-2)
     # the device check: a CPU weight outside the interpreter (and the launcher's use of it)
     with pytest.raises(ValueError, match="capability >= 9.0"):
         check_tma_weight(torch.empty(16, 16, dtype=w.dtype), interpreting=False)
