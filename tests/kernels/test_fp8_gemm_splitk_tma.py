@@ -450,3 +450,16 @@ def test_emit_chooses_among_tma_and_pointer_configs(tmp_path: object) -> None:
     assert table[1] == (16, 32, 128, 4, 4, 4, False, "kernel", True)
     out, table = emit("--no-tma", "--no-inline")
     assert table[1] == (16, 32, 128, 4, 4, 4, False, "kernel", False)
+
+
+def test_tma_supported_only_on_nvidia_sm90_and_newer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device rule, with the CUDA queries stubbed: sm90 and sm100 yes, sm89 no, a ROCm
+    device reporting capability 9.x no, a CPU device no."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for cap, want in (((9, 0), True), ((10, 0), True), ((8, 9), False)):
+        monkeypatch.setattr(fp8_gemm_splitk, "_capability", lambda index, cap=cap: cap)
+        assert tma_supported("cuda:0") is want, cap
+    assert not tma_supported("cpu")
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert not tma_supported("cuda:0")
