@@ -84,24 +84,40 @@ weight tiles through a Hopper TMA descriptor."""
 
 SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {
     (6144, 4096): {  # qkv; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 4, 4, 4, True, "inline"),  # 15.8 / 21.5 / 12.4
-        16: (16, 64, 128, 4, 4, 4, True, "inline"),  # 15.5 / 20.9 / 13.1
-        64: (64, 32, 128, 2, 4, 4, True, "kernel"),  # 16.0 / 17.1 / 14.8
+        1: (16, 32, 128, 4, 4, 4, True, "inline", False),  # 15.6 / 21.4 / 11.4
+        2: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 16.4 / 21.3 / 11.2
+        4: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 16.1 / 21.4 / 12.0
+        8: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 15.9 / 20.8 / 12.0
+        16: (16, 64, 128, 4, 4, 4, True, "kernel", False),  # 16.0 / 21.1 / 12.3
+        32: (32, 64, 128, 4, 4, 4, True, "kernel", False),  # 16.2 / 19.8 / 13.2
+        64: (64, 32, 128, 2, 4, 4, True, "kernel", False),  # 16.5 / 17.5 / 13.8
     },
     (4096, 4096): {  # o; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 32, 256, 4, 4, 4, False, "inline"),  # 13.3 / 17.2 / 10.6
-        16: (16, 64, 128, 4, 4, 4, False, "kernel"),  # 13.4 / 16.5 / 11.0
-        64: (64, 64, 128, 4, 4, 4, True, "kernel"),  # 12.0 / 16.5 / 12.2
+        1: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 13.2 / 17.4 / 10.0
+        2: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 13.1 / 17.3 / 10.1
+        4: (16, 32, 128, 4, 4, 4, True, "inline", False),  # 13.2 / 17.0 / 10.1
+        8: (16, 32, 128, 4, 4, 4, True, "inline", False),  # 13.3 / 17.4 / 10.2
+        16: (16, 64, 128, 4, 4, 4, False, "kernel", False),  # 13.4 / 16.5 / 10.5
+        32: (32, 64, 128, 4, 4, 4, True, "kernel", False),  # 13.9 / 16.5 / 11.1
+        64: (64, 64, 128, 4, 4, 4, True, "kernel", False),  # 11.9 / 16.5 / 11.3
     },
     (24576, 4096): {  # gate_up; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 51.9 / 46.3 / 29.8
-        16: (16, 64, 128, 1, 4, 4, True, "kernel"),  # 50.3 / 44.1 / 30.8
-        64: (64, 64, 128, 1, 4, 4, True, "kernel"),  # 51.8 / 43.2 / 32.1
+        1: (16, 64, 256, 1, 4, 4, True, "kernel", True),  # 51.0 / 46.5 / 28.7
+        2: (16, 64, 256, 1, 4, 4, True, "kernel", True),  # 49.6 / 47.2 / 29.1
+        4: (16, 64, 256, 1, 4, 4, True, "kernel", True),  # 49.6 / 44.2 / 29.2
+        8: (16, 64, 256, 1, 4, 4, True, "kernel", True),  # 54.1 / 44.9 / 29.6
+        16: (16, 64, 256, 1, 4, 4, True, "kernel", True),  # 50.2 / 44.5 / 29.8
+        32: (32, 64, 128, 1, 4, 4, True, "kernel", False),  # 50.7 / 43.8 / 31.3
+        64: (64, 64, 128, 1, 4, 4, True, "kernel", True),  # 51.7 / 42.9 / 31.0
     },
     (4096, 12288): {  # down; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 29.1 / 43.6 / 22.2
-        16: (16, 64, 128, 8, 4, 4, False, "kernel"),  # 29.1 / 41.0 / 22.3
-        64: (64, 64, 128, 4, 4, 4, True, "kernel"),  # 31.8 / 38.7 / 25.6
+        1: (16, 64, 128, 8, 4, 4, False, "kernel", False),  # 30.5 / 43.6 / 21.5
+        2: (16, 64, 128, 8, 4, 4, False, "kernel", False),  # 30.6 / 43.8 / 21.5
+        4: (16, 64, 128, 8, 4, 4, False, "kernel", False),  # 30.4 / 42.9 / 21.5
+        8: (16, 64, 128, 8, 4, 4, False, "kernel", False),  # 30.7 / 41.7 / 21.6
+        16: (16, 64, 128, 8, 4, 4, False, "kernel", False),  # 29.1 / 40.0 / 21.6
+        32: (32, 64, 512, 2, 4, 4, True, "inline", False),  # 30.1 / 39.2 / 23.6
+        64: (64, 64, 128, 4, 4, 4, True, "kernel", False),  # 32.0 / 38.9 / 24.9
     },
 }
 """Per weight shape ``(N, K)`` and measured token bucket ``M``: the split-K FP8 GEMM config
