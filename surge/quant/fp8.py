@@ -85,6 +85,14 @@ def splitk_reduce_reference(p: SplitKPartials) -> torch.Tensor:
     return acc.to(p.dtype)
 
 
+def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """``max(amax / 448, 1e-12)`` with an IEEE-rounded division on every device, as the Triton
+    kernels compute it (``div_rn``). A Python-number divisor would not do: on CUDA, torch
+    divides a tensor by a scalar as a multiplication by its reciprocal, which differs from the
+    quotient in the last bit for some values."""
+    return (amax / amax.new_full((), FP8_E4M3_MAX)).clamp_(min=MIN_FP8_SCALE)
+
+
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)
 
@@ -92,7 +100,7 @@ def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per output row: ``weight [N, K] -> (fp8 [N, K], scale [N] float32)``."""
     amax = weight.float().abs().amax(dim=1)
-    scale = (amax / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    scale = _scale_of(amax)
     return _to_fp8(weight, scale[:, None]), scale
 
 
@@ -100,14 +108,14 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic activation quantization, one scale per row: ``x [M, K] -> (fp8 [M, K], scale
     [M, 1] float32)`` (the layout ``torch._scaled_mm``'s row-wise scaling takes)."""
     amax = x.float().abs().amax(dim=1, keepdim=True)
-    scale = (amax / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    scale = _scale_of(amax)
     return _to_fp8(x, scale), scale
 
 
 def quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale for the whole tensor: ``-> (fp8, scale [] float32)``."""
     amax = weight.float().abs().amax()
-    scale = (amax / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    scale = _scale_of(amax)
     return _to_fp8(weight, scale), scale
 
 
@@ -123,7 +131,7 @@ def quantize_block(weight: torch.Tensor, block_size: tuple[int, int]) -> tuple[t
     padded = torch.zeros(nb * bn, kb * bk, dtype=torch.float32, device=weight.device)
     padded[:n, :k] = weight.float()
     tiles = padded.view(nb, bn, kb, bk)
-    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_E4M3_MAX).clamp_(min=MIN_FP8_SCALE)
+    scale = _scale_of(tiles.abs().amax(dim=(1, 3)))
     q = _to_fp8(tiles, scale[:, None, :, None]).view(nb * bn, kb * bk)[:n, :k].contiguous()
     return q, scale
 

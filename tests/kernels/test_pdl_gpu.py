@@ -146,10 +146,12 @@ def _copy_without_wait_kernel(dst_ptr, src_ptr, n, BLOCK: tl.constexpr):
 
 
 def _after_late_write(new: torch.Tensor, consumer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Run ``consumer`` on a buffer that a late writer fills with ``new`` (it starts zero)."""
+    """Run ``consumer`` on a buffer that a late writer fills with ``new`` (it starts zero) 2 ms
+    after releasing its successor. The consumer must already be compiled: a first call's JIT
+    would outlast the writer and hide the race."""
     buf = torch.zeros_like(new)
     torch.cuda.synchronize()
-    _late_write_kernel[(1,)](buf, new, new.numel(), 200_000, BLOCK=1024)
+    _late_write_kernel[(1,)](buf, new, new.numel(), 2_000_000, BLOCK=1024)
     out = consumer(buf)
     torch.cuda.synchronize()
     return out
@@ -158,7 +160,7 @@ def _after_late_write(new: torch.Tensor, consumer: Callable[[torch.Tensor], torc
 @pytest.mark.gpu
 @pytest.mark.skipif(not _SM90, reason="needs an sm90+ CUDA GPU")
 def test_pdl_kernels_wait_for_a_predecessor_that_releases_them_early() -> None:
-    """A predecessor that releases its successor at once and writes 200 us later: a kernel
+    """A predecessor that releases its successor at once and writes 2 ms later: a kernel
     launched with PDL but no wait reads the stale buffer (the harness provokes the race), and
     every Surge kernel launched with PDL reads the new contents."""
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -170,6 +172,7 @@ def test_pdl_kernels_wait_for_a_predecessor_that_releases_them_early() -> None:
         _copy_without_wait_kernel[(triton.cdiv(n, 1024),)](out, buf, n, BLOCK=1024, launch_pdl=True)
         return out
 
+    no_wait(new)  # compile it first (see _after_late_write)
     assert not torch.equal(_after_late_write(new, no_wait), new), (
         "the harness did not provoke an early launch"
     )
