@@ -19,6 +19,13 @@ Each query tile reads its keys and values in two parts:
   the diagonal are never visited.
 
 The softmax scale is multiplied by log2(e) on the host so the kernel uses ``exp2``.
+
+An FP8 (``float8_e4m3fn``) cache is read as :func:`surge.kernels.paged_attention.paged_attention`
+reads it: each prefix tile is converted to the query's dtype after its load, the K scale is
+folded into the softmax scale and the V scale multiplies the accumulator. The chunk's own
+``k``/``v`` rows go through FP8 in registers first (``clamp(x * (1 / scale), ±448)`` rounded to
+e4m3, the bytes the KV write stores), so a prompt attends to the same keys and values whether
+they come from the step's tensors or, in a later chunk, from the cache.
 Sequences with fewer than ``min_query_len`` new tokens (decode rows of a mixed step) are
 skipped: their output rows are left as they are, for
 :func:`surge.kernels.paged_attention.paged_attention` to fill.
@@ -31,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from surge.quant.config import FP8_E4M3_MAX
 
 _LOG2E = 1.4426950408889634
 
@@ -78,6 +87,14 @@ def _find_seq(query_start_loc_ptr, target, num_seqs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _as_cached(x, inv_scale, CACHE_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr):
+    """A new token's ``k``/``v`` tile as an FP8 cache holds it, back in ``x``'s dtype (the
+    arithmetic of the KV write: one product, a clamp, round to nearest even)."""
+    y = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -FP8_MAX), FP8_MAX)
+    return y.to(CACHE_DTYPE).to(x.dtype)
+
+
+@triton.jit
 def _online_step(acc, m_i, l_i, q, k, v, scale_log2, visible, MASKED: tl.constexpr, IEEE: tl.constexpr):
     """One online-softmax update with the ``[BLOCK_N, D]`` tiles ``k``/``v``; ``visible``
     (``[BLOCK_M, BLOCK_N]``) is applied only when ``MASKED``."""
@@ -112,6 +129,9 @@ def _prefill_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     scale_log2,
+    k_inv_scale,
+    v_inv_scale,
+    v_scale,
     num_seqs,
     min_query_len,
     stride_qt,
@@ -135,6 +155,8 @@ def _prefill_attention_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     IEEE: tl.constexpr,
+    FP8_KV: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     head = tl.program_id(0)
     q_tile = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -176,6 +198,9 @@ def _prefill_attention_kernel(
         k = tl.load(kc_head + row[:, None] + offs_d[None, :])
         vrow = blk * stride_vcb + (pos % BLOCK_SIZE) * stride_vcs
         v = tl.load(vc_head + vrow[:, None] + offs_d[None, :])
+        if FP8_KV:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         acc, m_i, l_i = _online_step(acc, m_i, l_i, q, k, v, scale_log2, None, False, IEEE)
     if full_end < context_len:
         pos = full_end + offs_n
@@ -185,6 +210,9 @@ def _prefill_attention_kernel(
         k = tl.load(kc_head + row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
         vrow = blk * stride_vcb + (pos % BLOCK_SIZE) * stride_vcs
         v = tl.load(vc_head + vrow[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        if FP8_KV:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         acc, m_i, l_i = _online_step(acc, m_i, l_i, q, k, v, scale_log2, valid[None, :], True, IEEE)
 
     # 2. This chunk's new tokens, from the contiguous k/v: the tiles before the query tile
@@ -195,6 +223,9 @@ def _prefill_attention_kernel(
         kj = start + offs_n
         k = tl.load(k_new + kj[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
         v = tl.load(v_new + kj[:, None].to(tl.int64) * stride_vt + offs_d[None, :])
+        if FP8_KV:
+            k = _as_cached(k, k_inv_scale, k_cache_ptr.dtype.element_ty, FP8_MAX)
+            v = _as_cached(v, v_inv_scale, v_cache_ptr.dtype.element_ty, FP8_MAX)
         acc, m_i, l_i = _online_step(acc, m_i, l_i, q, k, v, scale_log2, None, False, IEEE)
     diag_end = tl.minimum(m0 + BLOCK_M, q_len)
     for start in range(m0, diag_end, BLOCK_N):
@@ -206,9 +237,14 @@ def _prefill_attention_kernel(
         v = tl.load(
             v_new + kj[:, None].to(tl.int64) * stride_vt + offs_d[None, :], mask=valid[:, None], other=0.0
         )
+        if FP8_KV:
+            k = _as_cached(k, k_inv_scale, k_cache_ptr.dtype.element_ty, FP8_MAX)
+            v = _as_cached(v, v_inv_scale, v_cache_ptr.dtype.element_ty, FP8_MAX)
         visible = (kj[None, :] <= offs_m[:, None]) & valid[None, :]
         acc, m_i, l_i = _online_step(acc, m_i, l_i, q, k, v, scale_log2, visible, True, IEEE)
 
+    if FP8_KV:
+        acc = acc * v_scale
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
     tl.store(
@@ -230,11 +266,10 @@ def default_prefill_tile(head_dim: int, dtype: torch.dtype) -> PrefillTileConfig
 
 def prefill_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether :func:`prefill_attention` takes these shapes: a power-of-2 head size of 16 to
-    256 and a cache in ``q``'s dtype (an FP8 cache's prefix would be dequantized while the
-    new tokens are not, so FP8 steps stay on the paged kernel, which reads both from the
-    cache)."""
+    256 and a cache in ``q``'s dtype or float8_e4m3fn."""
     head_dim = q.shape[-1]
-    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0 and k_cache.dtype == q.dtype
+    cache_ok = k_cache.dtype in (q.dtype, torch.float8_e4m3fn)
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0 and cache_ok
 
 
 def prefill_attention(
@@ -251,6 +286,8 @@ def prefill_attention(
     *,
     min_query_len: int = 2,
     config: PrefillTileConfig | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of the prefill rows of a varlen batch (FlashAttention-2 schedule).
 
@@ -268,7 +305,9 @@ def prefill_attention(
             ``config``), last dim contiguous; rows beyond ``query_start_loc[-1]`` are padding.
         k, v: ``[num_tokens, num_kv_heads, head_dim]`` the new tokens' keys (rotary applied)
             and values, ``q``'s dtype, last dim contiguous.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` in ``q``'s dtype.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` in ``q``'s dtype,
+            or float8_e4m3fn (an FP8 cache, read as ``x_fp8 * scale``; the new tokens' ``k``/``v``
+            are rounded through FP8 in registers as the KV write stores them).
         query_start_loc: ``[num_seqs + 1]`` int32 (``cu_seqlens_q``).
         seq_lens: ``[num_seqs]`` int32 context lengths (prefix + new tokens).
         block_table: ``[num_seqs, max_blocks_per_seq]`` int32 KV block ids.
@@ -276,19 +315,24 @@ def prefill_attention(
         out: optional ``[num_tokens, num_heads, head_dim]`` output, ``q``'s dtype.
         min_query_len: sequences with fewer new tokens are skipped.
         config: tile shape and launch parameters (default: :func:`default_prefill_tile`).
+        k_scale, v_scale: dequantization multipliers of an FP8 cache, one per layer (ignored
+            for other caches).
 
     Returns:
         ``out``; rows of skipped sequences and padding rows are unchanged.
 
     Raises:
-        ValueError: on inconsistent shapes or dtypes, or a head size
-            :func:`prefill_supported` refuses.
+        ValueError: on inconsistent shapes or dtypes, a head size :func:`prefill_supported`
+            refuses, or a non-positive FP8 scale.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
-    if not prefill_supported(q, k_cache) or v_cache.dtype != q.dtype:
-        raise ValueError(f"unsupported q {tuple(q.shape)} {q.dtype} / cache {k_cache.dtype}")
+    if not prefill_supported(q, k_cache) or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"unsupported q {tuple(q.shape)} {q.dtype} / cache {k_cache.dtype}/{v_cache.dtype}")
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 and not (k_scale > 0.0 and v_scale > 0.0):
+        raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
     if v_cache.shape != k_cache.shape or k_cache.shape[3] != head_dim:
         raise ValueError(f"cache shape {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
     if k.shape != (num_tokens, num_kv_heads, head_dim) or v.shape != k.shape:
@@ -318,7 +362,10 @@ def prefill_attention(
         block_table,
         seq_lens,
         query_start_loc,
-        scale * _LOG2E,
+        scale * _LOG2E * (k_scale if fp8 else 1.0),
+        1.0 / k_scale if fp8 else 1.0,
+        1.0 / v_scale if fp8 else 1.0,
+        v_scale if fp8 else 1.0,
         num_seqs,
         min_query_len,
         q.stride(0),
@@ -342,6 +389,8 @@ def prefill_attention(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         IEEE=q.dtype == torch.float32,
+        FP8_KV=fp8,
+        FP8_MAX=FP8_E4M3_MAX,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

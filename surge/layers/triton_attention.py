@@ -3,9 +3,9 @@
 Sequences with at least ``PrefillKernelChoice.min_query_len`` new tokens (prefill chunks) run
 on :func:`surge.kernels.prefill_attention.prefill_attention` (FlashAttention-2 schedule; the
 new tokens' K/V from the step's contiguous tensors, the prefix from the paged cache); the
-other rows of the step (decodes, short chunks) and every step with an FP8 cache run on
+other rows of the step (decodes, short chunks) run on
 :func:`surge.kernels.paged_attention.paged_attention`, which skips the rows the prefill kernel
-took. A pure decode step
+took. Both kernels read an FP8 cache (dequantized in registers with the layer's scales). A pure decode step
 (``max_query_len == 1``) takes the kernel's decode grid (one program per sequence and KV
 head), and small decode batches take the split-KV (flash-decoding) path with a reduce
 kernel, each sequence using only the splits its own context needs. Every host-side choice is
@@ -148,7 +148,7 @@ class TritonAttentionBackend(AttentionBackend):
             write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)
         pf = self.prefill
         if pf.enabled and metadata.max_query_len >= pf.min_query_len and prefill_supported(q, k_cache):
-            return self._prefill_forward(q, k, v, k_cache, v_cache, metadata, scale)
+            return self._prefill_forward(q, k, v, k_cache, v_cache, metadata, scale, k_scale, v_scale)
         return paged_attention(
             q,
             k_cache,
@@ -172,6 +172,8 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
         """The long sequences on the prefill kernel, then (unless the step has none) the
         short ones on the paged kernel's mixed grid, into one output."""
@@ -188,6 +190,8 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             min_query_len=threshold,
             config=self.prefill.tile,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         if metadata.min_query_len < threshold:  # 0: unknown
             paged_attention(
@@ -201,5 +205,7 @@ class TritonAttentionBackend(AttentionBackend):
                 out,
                 max_query_len=max(2, min(metadata.max_query_len, threshold - 1)),
                 skip_query_len=threshold,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         return out

@@ -16,7 +16,9 @@ from surge.kernels.prefill_attention import (
     prefill_attention,
     prefill_supported,
 )
+from surge.layers.torch_attention import TorchAttentionBackend
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
+from surge.quant.fp8 import FP8_DTYPE
 from tests.kernels.attn_utils import PagedBatch, make_batch, reference_attention
 
 SMALL = PrefillTileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
@@ -135,6 +137,66 @@ def test_strided_views_of_a_fused_qkv() -> None:
     assert bool((out_buf[:, :, d:] == 0).all())
 
 
+def _run_fp8(
+    q_lens: list[int],
+    seq_lens: list[int],
+    dtype: torch.dtype,
+    config: PrefillTileConfig | None,
+    head_dim: int = 32,
+    num_kv_heads: int = 2,
+    group: int = 2,
+    device: str = "cpu",
+    scales: tuple[float, float] = (0.5, 0.25),
+) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
+    """An FP8 cache whose prefix slots hold FP8 values and whose new-token slots hold garbage;
+    the reference is the torch backend, which writes the new tokens through FP8 and attends
+    over the dequantized cache."""
+    batch = make_batch(
+        q_lens, seq_lens, num_kv_heads * group, num_kv_heads, head_dim, dtype=dtype, device=device,
+        num_pad_tokens=2,
+    )  # fmt: skip
+    md = batch.metadata
+    k_cache = (batch.k_cache.float() * 4).to(FP8_DTYPE)
+    v_cache = batch.v_cache.to(FP8_DTYPE)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    scale = head_dim**-0.5
+    ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, k_ref, v_ref, md, scale, True, *scales)
+    out = prefill_attention(
+        batch.q,
+        batch.k,
+        batch.v,
+        k_cache,
+        v_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        scale,
+        torch.full_like(batch.q, 7.0),
+        config=config,
+        k_scale=scales[0],
+        v_scale=scales[1],
+    )
+    return out, ref.float(), batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_cache_matches_the_torch_backend(dtype: torch.dtype) -> None:
+    """Prefix from an FP8 cache, the chunk's own K/V rounded through FP8 as the write stores
+    them, K scale in the softmax, V scale on the output. In fp32 the tolerance is far below
+    FP8's rounding (up to 6 %), so a chunk attended to unrounded, or a scale left out, fails."""
+    out, ref, batch = _run_fp8(Q_LENS, SEQ_LENS, dtype, SMALL)
+    _check(out, ref, batch, 2, 2e-5 if dtype == torch.float32 else 2e-2)
+
+
+def test_fp8_cache_beyond_the_e4m3_range_saturates() -> None:
+    """A K scale of 1/500: most scaled keys pass ±448; the chunk's keys must end at ±448, as the
+    write stores them (not NaN, which an unsaturated e4m3 conversion would give)."""
+    scales = (0.002, 1.0)
+    out, ref, batch = _run_fp8([9, 20], [9, 36], torch.float32, SMALL, scales=scales)
+    assert (batch.k.abs() / scales[0] > 448).float().mean() > 0.2
+    _check(out, ref, batch, 2, 2e-5)
+
+
 def test_default_tile_fits_wide_rows() -> None:
     assert default_prefill_tile(128, torch.bfloat16) == PrefillTileConfig(128, 64, 8, 3)
     assert default_prefill_tile(128, torch.float32) == PrefillTileConfig(64, 32, 4, 2)
@@ -146,9 +208,8 @@ def test_refuses_what_it_cannot_run() -> None:
     assert not prefill_supported(batch.q, batch.k_cache)
     fp16 = make_batch([4], [4], 2, 1, 16, dtype=torch.float16)
     assert prefill_supported(fp16.q, fp16.k_cache)
-    assert not prefill_supported(fp16.q, fp16.k_cache.to(torch.float8_e4m3fn)), (
-        "FP8 caches stay on the paged kernel"
-    )
+    assert prefill_supported(fp16.q, fp16.k_cache.to(torch.float8_e4m3fn))
+    assert not prefill_supported(fp16.q, fp16.k_cache.to(torch.float32))
     md = batch.metadata
     args = (md.query_start_loc, md.seq_lens, md.block_table, 0.2)
     with pytest.raises(ValueError, match="unsupported"):
@@ -156,6 +217,11 @@ def test_refuses_what_it_cannot_run() -> None:
     good = make_batch([4], [4], 4, 2, 16)
     with pytest.raises(ValueError, match="KV heads"):
         prefill_attention(good.q, good.q, good.q, good.k_cache, good.v_cache, *args)
+    k8, v8 = good.k_cache.to(torch.float8_e4m3fn), good.v_cache.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="positive"):
+        prefill_attention(good.q, good.k, good.v, k8, v8, *args, k_scale=0.0)
+    with pytest.raises(ValueError, match="unsupported"):
+        prefill_attention(good.q, good.k, good.v, k8, good.v_cache, *args)
     with pytest.raises(ValueError, match="block_n"):
         PrefillTileConfig(block_m=32, block_n=64)
     with pytest.raises(ValueError, match="power of 2"):
@@ -175,6 +241,16 @@ def test_gpu_qwen3_8b_shapes(config: PrefillTileConfig) -> None:
     q_lens = [1000, 517, 1, 40]
     seq_lens = [1000, 3517, 2000, 2088]
     out, ref, batch = _run(q_lens, seq_lens, 4, config, torch.bfloat16, 128, 8, device="cuda")
+    _check(out, ref, batch, 2, 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_cache_qwen3_8b_shapes() -> None:
+    """bf16 queries over an FP8 cache at Qwen3-8B's head shapes, the default tile."""
+    q_lens = [1000, 517, 1, 40]
+    seq_lens = [1000, 3517, 2000, 2088]
+    out, ref, batch = _run_fp8(q_lens, seq_lens, torch.bfloat16, None, 128, 8, 4, device="cuda")
     _check(out, ref, batch, 2, 2e-2)
 
 
