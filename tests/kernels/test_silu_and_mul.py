@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8
+from surge.kernels.silu_and_mul import ONE_PASS_MAX_ROWS, silu_and_mul, silu_and_mul_fp8
 from surge.layers.activation import SiluAndMul
 from surge.quant.fp8 import quantize_per_token
 
@@ -20,12 +20,14 @@ def test_matches_torch(inter: int, dtype: torch.dtype) -> None:
     torch.testing.assert_close(silu_and_mul(x), SiluAndMul()(x), **tol)
 
 
-@pytest.mark.parametrize("m,inter", [(1, 32), (3, 100), (2, 1500), (3, 5000), (3, 12288), (2, 17000)])
+@pytest.mark.parametrize(
+    "m,inter", [(1, 32), (3, 100), (2, 1500), (3, 5000), (3, 12288), (2, 17000), (ONE_PASS_MAX_ROWS + 1, 300)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_output_is_the_quantized_product(m: int, inter: int, dtype: torch.dtype) -> None:
     """``silu_and_mul_fp8`` = per-token quantization of ``silu_and_mul``'s output, bit for bit
-    (one-pass rows up to ONE_PASS_MAX_COLS, a two-pass row wider than that, an all-zero row: the floor
-    scale)."""
+    (one-pass rows up to ONE_PASS_MAX_COLS, a two-pass row wider than that, a step of more than
+    ONE_PASS_MAX_ROWS rows on the two passes, an all-zero row: the floor scale)."""
     x = (4 * torch.randn(m, 2 * inter, generator=torch.Generator().manual_seed(2))).to(dtype)
     x[0, :2] = torch.tensor([30.0, 50.0])
     x[0, inter : inter + 2] = torch.tensor([20.0, 1e-3])
