@@ -1,11 +1,12 @@
 """Programmatic dependent launch (:mod:`surge.kernels.pdl`) without a GPU.
 
-- Two kernels compiled for sm90 with ``PDL`` wait for their predecessor (``griddepcontrol.wait``)
+- Three kernels compiled for sm90 with ``PDL`` wait for their predecessor (``griddepcontrol.wait``)
   and never release their successor early (no ``griddepcontrol.launch_dependents``, the measured
   choice); without ``PDL`` they have neither. Compiled in a fresh interpreter, since this
   directory's tests run Triton's CPU interpreter.
 - A source check of every PDL kernel in ``surge/kernels``: the wait comes before any memory
-  access, and every launch passes the same flag to ``PDL`` and ``launch_pdl``."""
+  access, every launch passes the same flag to ``PDL`` and ``launch_pdl``, and no kernel without
+  that wait is launched with either."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ _COMPILE = textwrap.dedent(
     """
     import json
     import triton
+    import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from surge.kernels.add_rmsnorm import _add_rmsnorm_kernel
+    from surge.kernels.add_rmsnorm import _add_rmsnorm_kernel, _splitk_add_rmsnorm_kernel
     from surge.kernels.silu_and_mul import _silu_and_mul_kernel
 
     out = {}
@@ -48,6 +50,17 @@ _COMPILE = textwrap.dedent(
         src = ASTSource(fn=_add_rmsnorm_kernel, signature=sig, constexprs=consts)
         ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
         out[f"add_rmsnorm {pdl}"] = ["griddepcontrol.wait" in ptx, "launch_dependents" in ptx]
+        sig = {"out_ptr": "*bf16", "scale_ptr": "*fp32", "res_out_ptr": "*bf16", "p_ptr": "*fp32",
+               "ws_ptr": "*fp32", "xs_ptr": "*fp32", "b_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16",
+               "eps": "fp32", "num_rows": "i32", "n_cols": "i32", "stride_r": "i32", "stride_o": "i32",
+               "stride_ro": "i32"}
+        consts = {"SPLIT_K": 8, "A8": False, "CHANNEL_SCALES": True, "HAS_BIAS": False, "DTYPE": tl.bfloat16,
+                  "HAS_RESIDUAL": True, "FP8_OUT": False, "FP8_MAX": 448.0, "MIN_SCALE": 1e-12,
+                  "BLOCK": 4096, "PDL": pdl}
+        sig.update({k: "constexpr" for k in consts})
+        src = ASTSource(fn=_splitk_add_rmsnorm_kernel, signature=sig, constexprs=consts)
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+        out[f"splitk_add_rmsnorm {pdl}"] = ["griddepcontrol.wait" in ptx, "launch_dependents" in ptx]
     print(json.dumps(out))
     """
 )
@@ -66,7 +79,7 @@ def test_sm90_kernels_wait_and_never_release_early() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name in ("silu_and_mul", "add_rmsnorm"):
+    for name in ("silu_and_mul", "add_rmsnorm", "splitk_add_rmsnorm"):
         assert got[f"{name} True"] == [True, False], name
         assert got[f"{name} False"] == [False, False], name
 
@@ -117,9 +130,16 @@ def test_every_pdl_kernel_waits_before_touching_memory() -> None:
     kernels = _pdl_kernels()
     assert {
         "_fp8_splitk_kernel",
+        "_splitk_reduce_kernel",
         "_paged_attention_kernel",
+        "_attention_reduce_kernel",
         "_kv_write_kernel",
         "_add_rmsnorm_kernel",
+        "_splitk_add_rmsnorm_kernel",
+        "_silu_and_mul_kernel",
+        "_silu_and_mul_fp8_kernel",
+        "_per_token_quant_kernel",
+        "_skinny_gemm_kernel",
     } <= set(kernels)
     for name, (path, fn) in kernels.items():
         body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -150,9 +170,14 @@ def test_every_pdl_launch_passes_the_same_flag_to_the_kernel_and_the_launch() ->
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
                 continue
             name = getattr(node.func.value, "id", None)
-            if name not in kernels:
-                continue
             kw = {k.arg: ast.unparse(k.value) for k in node.keywords}
+            if name not in kernels:
+                # a kernel without a top-level wait must not be launched with PDL at all: it
+                # would read its predecessor's output before that grid has finished
+                assert "launch_pdl" not in kw and "PDL" not in kw, (
+                    f"{path.name}: {name} is launched with PDL/launch_pdl but never calls pdl_wait(PDL)"
+                )
+                continue
             assert "PDL" in kw and "launch_pdl" in kw, f"{path.name}: {name} launched without PDL/launch_pdl"
             assert kw["PDL"] == kw["launch_pdl"], (
                 f"{path.name}: {name} PDL={kw['PDL']} launch_pdl={kw['launch_pdl']}"
