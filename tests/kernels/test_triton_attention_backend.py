@@ -104,6 +104,39 @@ def test_prefill_kernel_off_stays_on_the_paged_kernel(monkeypatch: pytest.Monkey
         PrefillKernelChoice(min_query_len=1)
 
 
+@pytest.mark.parametrize("known_min", [True, False])
+def test_fp8_cache_mixed_step_on_both_kernels(known_min: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An FP8 cache (K and V scales of their own) in a mixed step: the long chunks on the prefill
+    kernel, the decodes and the short chunk on the paged kernel, both kernels given the layer's
+    scales. The cache bytes equal the torch backend's and, in fp32, every row its output to far
+    below FP8's rounding, so a scale dropped on either kernel fails."""
+    calls: list[str] = []
+    for name in ("prefill_attention", "paged_attention"):
+        original = getattr(triton_attention, name)
+
+        def counting(*args: object, _name: str = name, _fn: object = original, **kwargs: object) -> object:
+            calls.append(_name)
+            return _fn(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(triton_attention, name, counting)
+    q_lens, seq_lens = [6, 1, 19, 1, 3, 4], [22, 40, 19, 2, 3, 37]
+    batch = make_batch(q_lens, seq_lens, 4, 2, 32, dtype=torch.float32, num_pad_tokens=3)
+    md = batch.metadata
+    md.min_query_len = 1 if known_min else 0
+    k_cache = (batch.k_cache * 4).to(torch.float8_e4m3fn)
+    v_cache = batch.v_cache.to(torch.float8_e4m3fn)
+    kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
+    scale, scales = 32**-0.5, (0.5, 0.25)
+    ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, kc_ref, vc_ref, md, scale, True, *scales)
+    backend = TritonAttentionBackend(num_sms=132, prefill=SMALL_PREFILL)
+    out = backend.forward(batch.q, batch.k, batch.v, k_cache, v_cache, md, scale, True, *scales)
+    assert calls == ["prefill_attention", "paged_attention"]
+    assert torch.equal(k_cache.view(torch.uint8), kc_ref.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), vc_ref.view(torch.uint8))
+    n = md.num_tokens
+    torch.testing.assert_close(out[:n], ref[:n].float(), atol=2e-5, rtol=2e-5)
+
+
 def test_decode_takes_split_path_and_matches() -> None:
     # 8 programs on a 132-SM GPU with 1000-token contexts: the heuristic splits.
     backend = TritonAttentionBackend(num_sms=132)
