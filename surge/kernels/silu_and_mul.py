@@ -30,7 +30,8 @@ ONE_PASS_MAX_ROWS = 64
 """Most rows (tokens) of a step that takes the one-pass form. On the H200 at Qwen3-8B's width the
 one pass measured faster for a 64-row decode step (251 -> 214 us per step, 36 layers) and slower
 for a 2048-row prefill (2,155 -> 3,343 us): its 32-warp programs leave too few rows in flight.
-Larger steps keep the two passes (8 warps), measured as they were before the one pass existed."""
+Larger steps keep the two passes with the launch they had before the one pass existed (``BLOCK =
+min(4096, width)``; 8 warps from 2048 columns on, else 4), as measured then."""
 
 
 @triton.jit
@@ -166,7 +167,7 @@ def silu_and_mul_fp8(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[torch
         return out, scale
     width = triton.next_power_of_2(max(inter, 16))
     one_pass = width <= ONE_PASS_MAX_COLS and num_rows <= ONE_PASS_MAX_ROWS
-    block = width if one_pass else 4096
+    block = width if one_pass else min(4096, width)
     if pdl is None:
         pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _silu_and_mul_fp8_kernel[(num_rows,)](
@@ -182,6 +183,6 @@ def silu_and_mul_fp8(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[torch
         ONE_PASS=one_pass,
         PDL=pdl,
         launch_pdl=pdl,
-        num_warps=min(32, max(4, block // 512)) if one_pass else 8,
+        num_warps=min(32, max(4, block // 512)) if one_pass else 8 if block >= 2048 else 4,
     )
     return out, scale

@@ -82,3 +82,37 @@ def test_gpu_fp8_output_qwen3_8b_mlp(m: int) -> None:
     for q_ref, s_ref in (per_token_quant_fp8(out), quantize_per_token(out)):
         assert torch.equal(scale, s_ref)
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("m", "inter", "launch"),
+    [
+        (ONE_PASS_MAX_ROWS + 1, 300, (512, False, 4)),
+        (ONE_PASS_MAX_ROWS + 1, 1500, (2048, False, 8)),
+        (ONE_PASS_MAX_ROWS + 1, 12288, (4096, False, 8)),
+        (2, 17000, (4096, False, 8)),
+        (ONE_PASS_MAX_ROWS, 300, (512, True, 4)),
+        (1, 12288, (16384, True, 32)),
+    ],
+)
+def test_fp8_two_pass_steps_launch_as_before_the_one_pass(
+    m: int, inter: int, launch: tuple[int, bool, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``(BLOCK, ONE_PASS, num_warps)`` of a launch: a step on the two passes (more than
+    ONE_PASS_MAX_ROWS rows, or a row wider than ONE_PASS_MAX_COLS) keeps the launch it had before
+    the one pass existed (``BLOCK = min(4096, width)``, 8 warps from 2048 on, else 4), as
+    :data:`ONE_PASS_MAX_ROWS` says; a one-pass step holds its whole row."""
+    from surge.kernels import silu_and_mul as mod
+
+    seen: list[tuple[int, bool, int]] = []
+
+    class Recorder:
+        def __getitem__(self, grid: object) -> object:
+            def launch_(*args: object, **kw: object) -> None:
+                seen.append((kw["BLOCK"], kw["ONE_PASS"], kw["num_warps"]))  # type: ignore[arg-type]
+
+            return launch_
+
+    monkeypatch.setattr(mod, "_silu_and_mul_fp8_kernel", Recorder())
+    silu_and_mul_fp8(torch.zeros(m, 2 * inter))
+    assert seen == [launch]
