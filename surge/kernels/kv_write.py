@@ -1,11 +1,12 @@
 """K/V cache write by ``slot_mapping``, optionally fused with q/k RMSNorm and rotary (Triton).
 
-One program per token. With rotary on, the kernel applies (in this order, as Hugging Face
-Qwen3 does) the per-head RMSNorm of q and k (``q_norm``/``k_norm``, optional), then the
-neox / ``rotate_half`` rotary embedding (HF Llama/Qwen layout: the two halves of each head
-rotate together), writes q and k back in place, and writes k and v into the paged cache at
-``slot_mapping`` (``-1`` = padding, not written). With rotary off it is the plain cache
-write. Floating-point contraction is off (``enable_fp_fusion=False``), so every product and
+With rotary on, the kernel applies (in this order, as Hugging Face Qwen3 does) the per-head
+RMSNorm of q and k (``q_norm``/``k_norm``, optional), then the neox / ``rotate_half`` rotary
+embedding (HF Llama/Qwen layout: the two halves of each head rotate together), writes q and k
+back in place, and writes k and v into the paged cache at ``slot_mapping`` (``-1`` = padding,
+not written): two programs per token, one for q and one for k, v and the cache write (which
+issues its v and slot loads before the rotary). With rotary off it is the plain cache write,
+one program per token. Floating-point contraction is off (``enable_fp_fusion=False``), so every product and
 sum is rounded as torch rounds it and the rotated q/k equal :class:`RotaryEmbedding`'s bit for
 bit on the GPU too. An FP8 (``float8_e4m3fn``) cache stores ``clamp(x * (1 / scale), ±448)`` rounded to
 nearest even, with one scale for K and one for V per layer (the dequantization multipliers

@@ -126,9 +126,9 @@ weights not in L2), or None where ``_scaled_mm`` was as fast. Written by
 ``benchmarks/fp8_gemm_bench.py --sweep --m ... --json F`` then ``--emit F --write-source
 surge/quant/fp8_linear.py`` (timings in the comments, microseconds; the runs in
 ``benchmarks/results/h200-qwen3-8b-fp8/``, whose README says which buckets each run swept). The
-table now is the ``fe4a98f`` sweep's (2026-12-01, H200, torch 2.11, Triton 3.6; M = 1, 16 and
-64), timed before the FP8 dots promoted into fp32 every 128 products (``e332458``): the M = 64
-entries that run w8a8 with ``block_m`` 64 pay for that promotion now and were not re-swept."""
+table now is the ``c6c7dec`` sweep's (``sweep-c6c7dec/``, 2026-12-01, H200, torch 2.11, Triton
+3.6; M = 1, 2, 4, 8, 16, 32 and 64, every config also timed with TMA weight loads, the FP8 dots
+promoting into fp32 every 128 products as they do now)."""
 
 
 def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
