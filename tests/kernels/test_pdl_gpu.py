@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from surge.kernels.add_rmsnorm import add_rmsnorm, add_rmsnorm_fp8
+from surge.kernels.add_rmsnorm import add_rmsnorm, add_rmsnorm_fp8, add_rmsnorm_partials
 from surge.kernels.fp8_gemm_splitk import (
     Fp8SplitKConfig,
     SplitKWorkspace,
@@ -26,7 +26,7 @@ from surge.kernels.fp8_gemm_splitk import (
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.kernels.pdl import use_pdl
 from surge.kernels.silu_and_mul import silu_and_mul, silu_and_mul_fp8
-from surge.quant.fp8 import quantize_per_channel
+from surge.quant.fp8 import SplitKPartials, quantize_per_channel
 
 _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
@@ -179,11 +179,19 @@ def test_pdl_kernels_wait_for_a_predecessor_that_releases_them_early() -> None:
     w, s = quantize_per_channel(torch.randn(1024, 4096, device="cuda", generator=gen) * 0.02)
     norm_w = torch.rand(4096, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
     single = Fp8SplitKConfig(16, 64, 128, 1, 4, 4, False, "kernel")
+    single_tma = Fp8SplitKConfig(16, 64, 128, 1, 4, 4, False, "kernel", True)
+    parts = SplitKPartials(
+        torch.randn(2, *new.shape, device="cuda", generator=gen), None, None, None, torch.bfloat16
+    )
     consumers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "silu_and_mul": lambda b: silu_and_mul(b, pdl=True),
+        "silu_and_mul_fp8": lambda b: silu_and_mul_fp8(b, pdl=True)[0].view(torch.uint8),
         "add_rmsnorm": lambda b: add_rmsnorm(b, norm_w, 1e-6, pdl=True)[0],
+        # the late buffer is the residual of the fused split-K reduce + add + RMSNorm
+        "add_rmsnorm_partials": lambda b: add_rmsnorm_partials(parts, norm_w, 1e-6, b, pdl=True)[0],
         "per_token_quant_fp8": lambda b: per_token_quant_fp8(b, pdl=True)[0].view(torch.uint8),
         "fp8_linear_splitk": lambda b: fp8_linear_splitk(b, w, s, config=single, pdl=True),
+        "fp8_linear_splitk tma": lambda b: fp8_linear_splitk(b, w, s, config=single_tma, pdl=True),
     }
     for name, consumer in consumers.items():
         want = consumer(new.clone())
