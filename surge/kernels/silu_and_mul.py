@@ -24,7 +24,8 @@ from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
 ONE_PASS_MAX_COLS = 16384
 """Widest row (output columns, rounded up to a power of two) that :func:`silu_and_mul_fp8` keeps in
 registers in one pass (32 warps, 16 fp32 values per thread at 16384), reading ``x`` once;
-wider rows take an amax pass and a second, quantizing pass. Qwen3-8B's 12288 is one pass."""
+wider rows take an amax pass and a second, quantizing pass. Qwen3-8B's 12288 is one pass (in steps of
+at most :data:`ONE_PASS_MAX_ROWS` rows)."""
 
 ONE_PASS_MAX_ROWS = 64
 """Most rows (tokens) of a step that takes the one-pass form. On the H200 at Qwen3-8B's width the
