@@ -22,6 +22,7 @@ from surge.kernels.fp8_gemm_splitk import (
 )
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
+from tests.kernels.emit_utils import run_emit, splitk_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -375,7 +376,6 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     8-field ones as pointer loads: every entry written has all 9 fields); the new table is
     valid, ruff-formatted Python that :func:`splitk_configs` reads, and the rest of the file is
     unchanged. No TMA columns for a sweep without TMA results."""
-    import ast
     import json
     import subprocess
     import sys
@@ -401,25 +401,7 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
 
     def emit(*extra: str) -> subprocess.CompletedProcess[str]:
         """``fp8_gemm_bench.py --emit`` of the sweep into a fresh copy of the engine's table."""
-        src.write_text(original)
-        r = subprocess.run(
-            [
-                sys.executable,
-                "benchmarks/fp8_gemm_bench.py",
-                "--emit",
-                str(data),
-                "--write-source",
-                str(src),
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=repo,
-            env={**os.environ, "PYTHONPATH": str(repo)},
-        )
-        assert r.returncode == 0, r.stderr
-        return r
+        return run_emit(repo, data, src, original, *extra)
 
     r = emit()
     assert "| qkv | 6144 x 4096 | 1 | 16.0 | 20.0 | 13.0 | 14.0 | - | - | split-K w8a16 (16," in r.stdout
@@ -427,19 +409,8 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
         "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | 21.0 | - | split-K w8a16 inline" in r.stdout
     )
     new = src.read_text()
-    tree = ast.parse(new)
-    node = next(
-        n
-        for n in tree.body
-        if isinstance(n, ast.AnnAssign)
-        and isinstance(n.target, ast.Name)
-        and n.target.id == "SPLITK_MEASURED"
-    )
-    table = ast.literal_eval(node.value)
-    assert table == {
-        (6144, 4096): {1: (16, 32, 128, 4, 4, 4, False, "kernel", False), 32: None},
-        (4096, 12288): {8: (16, 32, 128, 4, 4, 4, False, "inline", False), 64: None},
-    }
+    assert splitk_table(src, (6144, 4096)) == {1: (16, 32, 128, 4, 4, 4, False, "kernel", False), 32: None}
+    assert splitk_table(src, (4096, 12288)) == {8: (16, 32, 128, 4, 4, 4, False, "inline", False), 64: None}
     assert '1: (16, 32, 128, 4, 4, 4, False, "kernel", False),  # 16.0 / 20.0 / 13.0' in new
     assert '8: (16, 32, 128, 4, 4, 4, False, "inline", False),  # 30.0 / 38.0 / 21.0' in new
     assert "tma us" not in r.stdout
@@ -453,15 +424,7 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     # --no-inline: the same sweep, the inline reduction's timings ignored (down 8: w8a8 at 22 us)
     r = emit("--no-inline")
     assert "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | - | - | split-K w8a8 (16," in r.stdout
-    text = src.read_text()
-    node = next(
-        n
-        for n in ast.parse(text).body
-        if isinstance(n, ast.AnnAssign)
-        and isinstance(n.target, ast.Name)
-        and n.target.id == "SPLITK_MEASURED"
-    )
-    assert ast.literal_eval(node.value)[(4096, 12288)] == {
+    assert splitk_table(src, (4096, 12288)) == {
         8: (16, 64, 256, 2, 3, 4, True, "kernel", False),
         64: None,
     }

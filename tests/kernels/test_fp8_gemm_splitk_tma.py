@@ -26,6 +26,7 @@ from surge.kernels.fp8_gemm_splitk import (
 )
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
+from tests.kernels.emit_utils import run_emit, splitk_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -370,7 +371,6 @@ def test_emit_chooses_among_tma_and_pointer_configs(tmp_path: object) -> None:
     """``--emit`` on a sweep with TMA results: TMA columns, a TMA config chosen where fastest
     and written with ``tma`` True; ``--no-tma`` (with or without ``--no-inline``) chooses among
     the pointer-load configs; the written table is what :func:`splitk_configs` reads."""
-    import ast
     import json
     from pathlib import Path
 
@@ -405,33 +405,7 @@ def test_emit_chooses_among_tma_and_pointer_configs(tmp_path: object) -> None:
     original = (repo / "surge" / "quant" / "fp8_linear.py").read_text()
 
     def emit(*extra: str) -> tuple[str, dict[int, tuple[object, ...] | None]]:
-        src.write_text(original)
-        r = subprocess.run(
-            [
-                sys.executable,
-                "benchmarks/fp8_gemm_bench.py",
-                "--emit",
-                str(data),
-                "--write-source",
-                str(src),
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=repo,
-            env={**os.environ, "PYTHONPATH": str(repo)},
-        )
-        assert r.returncode == 0, r.stderr
-        tree = ast.parse(src.read_text())
-        node = next(
-            n
-            for n in tree.body
-            if isinstance(n, ast.AnnAssign)
-            and isinstance(n.target, ast.Name)
-            and n.target.id == "SPLITK_MEASURED"
-        )
-        return r.stdout, ast.literal_eval(node.value)[(4096, 4096)]
+        return run_emit(repo, data, src, original, *extra).stdout, splitk_table(src, (4096, 4096))
 
     out, table = emit()
     assert "| w8a16 tma us | w8a8 tma us | w8a16 inline tma us | w8a8 inline tma us | chosen |" in out
