@@ -91,6 +91,28 @@ def _to_cache(x, inv_scale, FP8_MAX: tl.constexpr, FP8: tl.constexpr):
 
 
 @triton.jit
+def _store_heads(
+    slot_ptr,
+    stride_h,
+    offs_h,
+    offs_d,
+    mask,
+    x1,
+    x2,
+    inv_scale,
+    HALF: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    """Store one token's heads (halves ``x1``/``x2``, ``[heads, HALF]``) at its cache slot
+    ``slot_ptr`` in the cache's dtype (scaled and clamped first for FP8)."""
+    c = slot_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
+    dtype = slot_ptr.dtype.element_ty
+    tl.store(c, _to_cache(x1, inv_scale, FP8_MAX, FP8).to(dtype), mask=mask)
+    tl.store(c + HALF, _to_cache(x2, inv_scale, FP8_MAX, FP8).to(dtype), mask=mask)
+
+
+@triton.jit
 def _kv_write_kernel(
     q_ptr,
     k_ptr,
@@ -189,26 +211,10 @@ def _kv_write_kernel(
             if slot >= 0:
                 blk = slot // BLOCK_SIZE
                 off = slot % BLOCK_SIZE
-                kc = (
-                    k_cache_ptr
-                    + blk * stride_kcb
-                    + off * stride_kcs
-                    + offs_h[:, None] * stride_kch
-                    + offs_d[None, :]
-                )
-                k_dtype = k_cache_ptr.dtype.element_ty
-                tl.store(kc, _to_cache(k1, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
-                tl.store(kc + HALF, _to_cache(k2, k_inv_scale, FP8_MAX, FP8_KV).to(k_dtype), mask=mask)
-                vc = (
-                    v_cache_ptr
-                    + blk * stride_vcb
-                    + off * stride_vcs
-                    + offs_h[:, None] * stride_vch
-                    + offs_d[None, :]
-                )
-                v_dtype = v_cache_ptr.dtype.element_ty
-                tl.store(vc, _to_cache(v1, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
-                tl.store(vc + HALF, _to_cache(v2, v_inv_scale, FP8_MAX, FP8_KV).to(v_dtype), mask=mask)
+                kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs
+                _store_heads(kc, stride_kch, offs_h, offs_d, mask, k1, k2, k_inv_scale, HALF, FP8_MAX, FP8_KV)
+                vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs
+                _store_heads(vc, stride_vch, offs_h, offs_d, mask, v1, v2, v_inv_scale, HALF, FP8_MAX, FP8_KV)
 
 
 def _check_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
