@@ -209,6 +209,8 @@ class EngineClient:
 
     @property
     def pid(self) -> int | None:
+        """The engine process's pid (the attached engine's, or the one this client started);
+        None before it has started."""
         if self._attach is not None:
             return self._attach.engine_pid
         return None if self._proc is None else self._proc.pid
