@@ -101,6 +101,7 @@ class DecodeGraphRunner:
         token_i64: ``[3, max_bucket]`` int64 static rows: input ids, positions, slot mapping.
         seq_i32: ``[2, >= max_bucket + 1]`` int32 static rows: ``query_start_loc``, ``seq_lens``.
         block_table: ``[max_bucket, max_blocks_per_seq]`` int32 static block table.
+        capture_stream: the stream :meth:`capture` used (None before it).
     """
 
     def __init__(
@@ -126,6 +127,7 @@ class DecodeGraphRunner:
         self.block_table = torch.zeros(top, max_blocks_per_seq, dtype=torch.int32, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: tuple[int, int] | None = None
+        self.capture_stream: torch.cuda.Stream | None = None
 
     @property
     def max_bucket(self) -> int:
@@ -165,17 +167,29 @@ class DecodeGraphRunner:
         self.seq_i32[1].fill_(1)
         self.block_table[:bucket].zero_()
 
-    def capture(self, num_warmup: int = 1) -> None:
+    def capture(
+        self,
+        num_warmup: int = 1,
+        stream: torch.cuda.Stream | None = None,
+        pool: tuple[int, int] | None = None,
+    ) -> None:
         """Warm up and capture every bucket, largest first, into one shared memory pool.
 
         Without ``use_graphs`` this does nothing. The KV caches the forward reads must be
         allocated before and never reallocated after. Reads and writes of the cache during
         warm-up: block 0 is read, nothing is written.
+
+        Args:
+            num_warmup: eager runs of each bucket before its capture.
+            stream, pool: the capture stream and memory pool, when other graphs of the process
+                share them (:meth:`surge.worker.model_runner.ModelRunner.init_kv_cache`); a new
+                stream and pool when None.
         """
         if not self.use_graphs:
             return
-        self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device=self.device)
+        self._pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        stream = torch.cuda.Stream(device=self.device) if stream is None else stream
+        self.capture_stream = stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.inference_mode(), torch.cuda.stream(stream):
             for bucket in reversed(self.buckets):

@@ -4,7 +4,9 @@ The GPU hot path: inputs are prepared on the host with numpy into one pinned buf
 copied with one ``non_blocking`` copy (:mod:`surge.worker.input_batch`); pure-decode steps
 replay a CUDA graph of their batch-size bucket (:mod:`surge.worker.cuda_graph`), and so do
 small prefill and mixed steps laid out as one decode row per token
-(:mod:`surge.worker.decode_form`; not when a request wants prompt logprobs); all-greedy
+(:mod:`surge.worker.decode_form`; not when a request wants prompt logprobs); larger prefill
+and mixed steps up to 1536 tokens replay piecewise graphs with attention run eagerly between
+them (:mod:`surge.worker.piecewise_graph`); all-greedy
 batches sample with one argmax, and other batches reuse their sampling tensors while the
 batch composition is unchanged. The only host sync of a step is the copy of the sampled
 ids back. Logprobs (:mod:`surge.worker.logprobs`) are computed eagerly after the forward,
@@ -42,6 +44,7 @@ from surge.worker.cuda_graph import (
 from surge.worker.decode_form import DecodeFormPolicy
 from surge.worker.input_batch import InputPreparer, PreparedInputs
 from surge.worker.logprobs import PromptLogprobPlan, StepLogprobs
+from surge.worker.piecewise_graph import PiecewiseGraphRunner, piecewise_buckets
 from surge.worker.sampling_state import StepSampler
 
 logger = logging.getLogger("surge.worker")
@@ -203,6 +206,9 @@ class ModelRunner:
             :meth:`init_kv_cache`.
         graph_runner: the decode CUDA graphs (None on CPU, with ``enforce_eager`` or a
             backend that is not graph safe); captured by :meth:`init_kv_cache`.
+        piecewise: the piecewise CUDA graphs of prefill and mixed steps
+            (:mod:`surge.worker.piecewise_graph`; only with :attr:`graph_runner` and
+            tensor-parallel size 1, else None); captured by :meth:`init_kv_cache`.
         decode_form: which small prefill / mixed steps replay a decode graph in decode form
             (used only with :attr:`graph_runner`; None: only pure decode steps do).
         last_timing: the :class:`StepTiming` of the last step when timing is on
@@ -272,6 +278,18 @@ class ModelRunner:
                 self.max_blocks_per_seq,
                 sc.max_model_len,
                 capture_error_mode="thread_local" if self.tp_size > 1 else "global",
+            )
+        self.piecewise: PiecewiseGraphRunner | None = None
+        if self.graph_runner is not None and self.tp_size == 1:
+            self.piecewise = PiecewiseGraphRunner(
+                self._forward_with,
+                self.attn_backend,
+                self.device,
+                piecewise_buckets(self.max_num_tokens),
+                mc.num_attention_heads,
+                mc.num_key_value_heads,
+                mc.head_dim,
+                mc.torch_dtype,
             )
         self.decode_form: DecodeFormPolicy | None = DecodeFormPolicy(self.bytes_per_block // self.block_size)
         self.inputs = InputPreparer(
@@ -448,7 +466,8 @@ class ModelRunner:
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate per-layer K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
         (zeros, in :attr:`kv_cache_dtype`) on the device, compile the eager kernels' variants
-        (:meth:`warm_up`), then capture the decode CUDA graphs (when on)."""
+        (:meth:`warm_up`), then capture the piecewise and the decode CUDA graphs (when on), on
+        one stream into one memory pool."""
         mc = self.config.model
         shape = (num_blocks, self.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_caches = [
@@ -462,9 +481,27 @@ class ModelRunner:
         self.warm_up()
         if self.device.type == "cuda":
             logger.info("start-up: kernel warm-up in %.1f s", time.perf_counter() - t0)
+        # One capture stream and one pool for both kinds of graphs. Measured on the H200 (FP8
+        # Qwen3-8B, batch 1): with the piecewise graphs captured on a second stream every decode
+        # step took 3.60 ms instead of 3.46, whichever was captured first and even after the
+        # piecewise graphs were destroyed; the decode graph's kernels lost their PDL overlap
+        # (benchmarks/results/h200-qwen3-8b-fp8/piecewise-graphs/README.md).
+        stream = pool = None
+        if self.device.type == "cuda" and (self.piecewise is not None or self.graph_runner is not None):
+            stream, pool = torch.cuda.Stream(device=self.device), torch.cuda.graph_pool_handle()
+        if self.piecewise is not None:
+            t0 = time.perf_counter()
+            self.piecewise.capture(stream, pool)
+            logger.info(
+                "start-up: piecewise CUDA graphs of prefill and mixed steps (up to %d tokens, %d buckets) "
+                "captured in %.1f s",
+                self.piecewise.max_bucket,
+                len(self.piecewise.buckets),
+                time.perf_counter() - t0,
+            )
         if self.graph_runner is not None:
             t0 = time.perf_counter()
-            self.graph_runner.capture()
+            self.graph_runner.capture(stream=stream, pool=pool)
             logger.info("start-up: decode CUDA graphs captured in %.1f s", time.perf_counter() - t0)
 
     # ----------------------------------------------------------------- one step
@@ -642,12 +679,28 @@ class ModelRunner:
         """Forward (graph replay or eager) and the LM head over the sampled rows."""
         return self._sample_logits(self._hidden(inputs), inputs)
 
+    def _piecewise_step(self, inputs: PreparedInputs) -> bool:
+        """Whether this step runs through the piecewise graphs: an eager-layout step (not a
+        decode graph's, not decode form) of at most the largest piecewise bucket's tokens."""
+        pw = self.piecewise
+        return (
+            pw is not None
+            and not inputs.decode_form
+            and not self._graph_step(inputs)
+            and pw.bucket_for(inputs.num_tokens) is not None
+        )
+
     def _hidden(self, inputs: PreparedInputs) -> torch.Tensor:
-        """The forward: a decode graph's replay or the eager model, ``-> hidden [T', H]``
-        (``T' >= num_tokens`` rows; a graph's output is valid until its next replay)."""
+        """The forward: a decode graph's replay, the piecewise graphs' (prefill and mixed
+        steps up to :data:`~surge.worker.piecewise_graph.PIECEWISE_MAX_TOKENS`) or the eager
+        model, ``-> hidden [T', H]`` (``T' >= num_tokens`` rows; a graph's output is valid until
+        its next replay)."""
         if self._graph_step(inputs):
             assert self.graph_runner is not None
             return self.graph_runner.run(inputs)
+        if self._piecewise_step(inputs):
+            assert self.piecewise is not None
+            return self.piecewise.run(inputs, self._metadata(inputs))
         return self._forward(inputs.input_ids, inputs.positions, self._metadata(inputs))
 
     def _sample_logits(self, hidden: torch.Tensor, inputs: PreparedInputs) -> torch.Tensor | None:
@@ -684,6 +737,17 @@ class ModelRunner:
         The seam CUDA graphs wrap: it reads nothing but its arguments and ``kv_caches``.
         """
         return self.model(input_ids, positions, self.kv_caches, metadata, self.attn_backend)
+
+    def _forward_with(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """The model's forward over this runner's caches with ``backend`` (the piecewise
+        graphs' seam: they pass the backend that cuts the forward at each attention call)."""
+        return self.model(input_ids, positions, self.kv_caches, metadata, backend)
 
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> InputBatch:
         """Lay the step's tokens out back to back and build the attention metadata (eager
