@@ -5,7 +5,7 @@ copied with one ``non_blocking`` copy (:mod:`surge.worker.input_batch`); pure-de
 replay a CUDA graph of their batch-size bucket (:mod:`surge.worker.cuda_graph`), and so do
 small prefill and mixed steps laid out as one decode row per token
 (:mod:`surge.worker.decode_form`; not when a request wants prompt logprobs); larger prefill
-and mixed steps up to 1536 tokens replay piecewise graphs with attention run eagerly between
+and mixed steps up to 1024 tokens replay piecewise graphs with attention run eagerly between
 them (:mod:`surge.worker.piecewise_graph`); all-greedy
 batches sample with one argmax, and other batches reuse their sampling tensors while the
 batch composition is unchanged. The only host sync of a step is the copy of the sampled

@@ -47,10 +47,11 @@ import torch
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.worker.input_batch import PreparedInputs
 
-PIECEWISE_MAX_TOKENS = 1536
-"""Largest step (tokens) replayed through piecewise graphs. Above it an eager Qwen3-8B step is
-GPU-bound (about 20 ms of GPU work at 1536 tokens, FP8 on an H200, against about 17 ms of
-launches), so graphs would gain little and pad more."""
+PIECEWISE_MAX_TOKENS = 1024
+"""Largest step (tokens) replayed through piecewise graphs. Around it an eager Qwen3-8B step
+becomes GPU-bound, so graphs stop paying (``benchmarks/prefill_step_timing.py`` on an H200: FP8
+1024 tokens 17.1 ms in pieces against 22.3 ms eager, 1536 tokens 25.5 against 25.0; bf16 1024
+tokens 24.9 against 25.2)."""
 
 ForwardWithBackend = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, AttentionBackend], torch.Tensor]
 
@@ -63,13 +64,13 @@ def piecewise_buckets(max_num_batched_tokens: int, max_tokens: int = PIECEWISE_M
         max_tokens: the largest bucket wanted (:data:`PIECEWISE_MAX_TOKENS`).
 
     Returns:
-        Sorted distinct sizes: 16, 32, 64, 128, then steps of 64 to 512, of 128 to 1024, then
-        1280 and 1536, cut at ``min(max_tokens, max_num_batched_tokens)``, which is itself a
+        Sorted distinct sizes: 16, 32, 64, 128, then steps of 64 to 512 and of 128 to 1024,
+        cut at ``min(max_tokens, max_num_batched_tokens)``, which is itself a
         bucket when it falls between two of them (a step of more than 192 tokens pads by
         less than a quarter of its bucket).
     """
     top = min(max_tokens, max_num_batched_tokens)
-    grid = [16, 32, 64, 128, *range(192, 513, 64), *range(640, 1025, 128), 1280, 1536]
+    grid = [16, 32, 64, 128, *range(192, 513, 64), *range(640, 1025, 128)]
     sizes = {b for b in grid if b <= top}
     if top > 0:
         sizes.add(top)
