@@ -36,8 +36,11 @@ from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.worker.input_batch import PreparedInputs
 
 CUDA_GRAPH_MEMORY_RESERVE = 512 * 1024 * 1024
-"""Bytes kept out of the KV pool for the graphs' shared memory pool (activations of the
-largest bucket and split-KV partials; tens of MB for Qwen3-8B at 256 rows)."""
+"""Bytes kept out of the KV pool for the graphs' shared memory pool: the decode graphs'
+(activations of the largest bucket and split-KV partials; tens of MB for Qwen3-8B at 256 rows)
+and, at tensor-parallel size 1, the piecewise graphs' (:mod:`surge.worker.piecewise_graph`;
+for bf16 Qwen3-8B at the 1024-token bucket about 90 MB live inside one piece, plus the kept
+outputs of all buckets, about 45 MB, by the tensor sizes: not measured on the GPU)."""
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 

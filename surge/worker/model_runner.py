@@ -85,8 +85,10 @@ class StepTiming:
         device_s: CUDA-event seconds from just after the input copy was queued to the
             sampled ids' copy (the device span of the step; on CPU the wall time of
             launch + sync).
-        graph_bucket: the CUDA-graph bucket replayed, or None for an eager step.
+        graph_bucket: the decode CUDA-graph bucket replayed, or None (piecewise or eager step).
         num_tokens, num_seqs: real tokens and sequences of the step.
+        piecewise_bucket: the token bucket of the piecewise graphs replayed
+            (:mod:`surge.worker.piecewise_graph`), or None (decode graph or eager step).
     """
 
     prepare_s: float
@@ -96,6 +98,7 @@ class StepTiming:
     graph_bucket: int | None
     num_tokens: int
     num_seqs: int
+    piecewise_bucket: int | None = None
 
 
 class StepHandle:
@@ -485,7 +488,7 @@ class ModelRunner:
         # Qwen3-8B, batch 1): with the piecewise graphs captured on a second stream every decode
         # step took 3.60 ms instead of 3.46, whichever was captured first and even after the
         # piecewise graphs were destroyed; the decode graph's kernels lost their PDL overlap
-        # (benchmarks/results/h200-qwen3-8b-fp8/piecewise-graphs/README.md).
+        # (benchmarks/results/h200-qwen3-8b-fp8/piecewise-f48da30/README.md).
         stream = pool = None
         if self.device.type == "cuda" and (self.piecewise is not None or self.graph_runner is not None):
             stream, pool = torch.cuda.Stream(device=self.device), torch.cuda.graph_pool_handle()
@@ -503,6 +506,10 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.graph_runner.capture(stream=stream, pool=pool)
             logger.info("start-up: decode CUDA graphs captured in %.1f s", time.perf_counter() - t0)
+        if stream is not None:
+            # The warm-ups ran on the capture stream: hand their cached blocks back, so that
+            # the steps' own stream need not hit an allocation failure (and a sync) to reuse them.
+            torch.cuda.empty_cache()
 
     # ----------------------------------------------------------------- one step
 
@@ -642,6 +649,11 @@ class ModelRunner:
             graph_bucket=inputs.padded_seqs if self._graph_step(inputs) else None,
             num_tokens=inputs.num_tokens,
             num_seqs=inputs.num_seqs,
+            piecewise_bucket=(
+                self.piecewise.bucket_for(inputs.num_tokens)
+                if self.piecewise is not None and self._piecewise_step(inputs)
+                else None
+            ),
         )
 
     def compute_logits(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor | None, list[Request]]:

@@ -220,6 +220,7 @@ class PiecewiseGraphRunner:
         graph = self._capturing
         if graph is not None:
             graph.capture_end()
+            self._capturing = None  # ended: not ended again if the next begin fails
             self._pieces.append(graph)
             self._calls.append(call)
             self._capturing = self._begin()

@@ -73,16 +73,18 @@ def _prefill_step(runner: ModelRunner, prompts: list[list[int]]) -> tuple[Schedu
 
 def test_hidden_equals_eager_with_padding() -> None:
     """A 47-token prefill of three prompts pads to the 64-token bucket: the real rows' hidden
-    states equal the eager forward's, the padding rows have id 0, position 0 and slot -1, and
-    the attention calls see the step's 47 rows."""
-    runner = make_runner(None)
+    states equal those of an eager runner with its own cache (so the K/V the pieces write are
+    the ones attention reads), the padding rows have id 0, position 0 and slot -1, the
+    attention calls see the step's 47 rows, and the cache holds the eager runner's K/V."""
+    eager_runner, runner = make_runner(None), make_runner(None)
+    eager_runner.init_kv_cache(64)
     runner.init_kv_cache(64)
     pw = _attach(runner)
     so, _ = _prefill_step(runner, [[1 + i, 5, 9, 13][: 2 + i % 3] * (4 + i) for i in range(3)])
     assert so.num_scheduled_tokens == 47
-    eager = runner.prepare_inputs(so)
+    eager = eager_runner.prepare_inputs(so)
     with torch.inference_mode():
-        hidden_eager = runner._forward(eager.input_ids, eager.positions, eager.metadata).clone()
+        hidden_eager = eager_runner._forward(eager.input_ids, eager.positions, eager.metadata).clone()
     slots = eager.metadata.slot_mapping.clone()
     seen: list[int] = []
     attend = pw._attend
@@ -101,6 +103,9 @@ def test_hidden_equals_eager_with_padding() -> None:
     assert seen == [47] * runner.config.model.num_hidden_layers
     assert torch.equal(pw.token_i64[2, :47], slots)
     assert pw.token_i64[:, 47:64].tolist() == [[0] * 17, [0] * 17, [-1] * 17]
+    for (k, v), (k_ref, v_ref) in zip(runner.kv_caches, eager_runner.kv_caches, strict=True):
+        torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, v_ref, rtol=1e-5, atol=1e-5)
 
 
 def test_splitter_rejects_other_head_shapes() -> None:
@@ -132,18 +137,24 @@ def test_runner_piecewise_branch_generates_like_eager(temperature: float) -> Non
     prompts = [[3, 4, 5, 6] * 9, [7, 8], [9] * 70, [11, 12, 13] * 5, [5] * 9, [2, 4, 8, 16, 32] * 8]
     arrivals = [0, 0, 1, 3, 3, 6]
     sizes: list[int] = []
+    eager_sizes: list[int] = []
 
     def generate(piecewise: bool) -> list[list[int]]:
         runner = make_runner(None, max_num_seqs=16, max_num_batched_tokens=96)
         if piecewise:
             pw = _attach(runner, buckets=[16, 32, 64])
-            run = pw.run
+            run, forward = pw.run, runner._forward
 
             def counting_run(inputs: PreparedInputs, md):  # type: ignore[no-untyped-def]
                 sizes.append(inputs.num_tokens)
                 return run(inputs, md)
 
+            def counting_forward(ids, pos, md):  # type: ignore[no-untyped-def]
+                eager_sizes.append(ids.shape[0])
+                return forward(ids, pos, md)
+
             pw.run = counting_run  # type: ignore[method-assign]
+            runner._forward = counting_forward  # type: ignore[method-assign]
         sp = SamplingParams(temperature=temperature, seed=7, max_tokens=10, ignore_eos=True)
         reqs = [Request(f"r{i}", p, sp) for i, p in enumerate(prompts)]
         return run_loop(runner, reqs, 96, arrivals)
@@ -151,3 +162,16 @@ def test_runner_piecewise_branch_generates_like_eager(temperature: float) -> Non
     assert generate(True) == generate(False)
     assert len(sizes) > 5 and max(sizes) <= 64
     assert any(s > 16 for s in sizes)  # padded steps of several prompts
+    assert eager_sizes and min(eager_sizes) > 64  # only the steps above the top bucket ran eagerly
+
+
+def test_step_timing_names_the_piecewise_bucket() -> None:
+    runner = make_runner(None)
+    runner.init_kv_cache(64)
+    _attach(runner)
+    runner.set_timing(True)
+    so, _ = _prefill_step(runner, [[3, 5, 7] * 7, [2, 4] * 10])
+    runner.execute(so)
+    timing = runner.last_timing
+    assert timing is not None
+    assert (timing.num_tokens, timing.piecewise_bucket, timing.graph_bucket) == (41, 64, None)

@@ -1,6 +1,7 @@
 """Piecewise CUDA graphs on a GPU (skipped without CUDA): prefill and mixed steps replayed as
-captured pieces with eager attention between them give the greedy tokens of ``enforce_eager``,
-and at Qwen3-8B's shapes (bf16 and FP8 weights) the logits of the eager torch reference.
+captured pieces with eager attention between them give the greedy tokens of ``enforce_eager``
+(tiny Qwen3 and Llama 3), and at Qwen3-8B's shapes the logits of an eager runner: the torch
+reference for bf16 weights, the eager Triton runner for FP8 weights.
 
 Run on a GPU host: ``PYTHONPATH=. python3 -m pytest -p no:cacheprovider -o timeout=0 -m gpu
 tests/worker/test_piecewise_graph_gpu.py``
@@ -71,12 +72,14 @@ def _tokens(path: Path, prompts: list[list[int]], eager: bool, **kw: Any) -> tup
     return out, sizes
 
 
-@pytest.mark.parametrize("budget", [512, 200])
-def test_greedy_tokens_with_piecewise_graphs_equal_enforce_eager(tmp_path: Path, budget: int) -> None:
+@pytest.mark.parametrize(("kind", "budget"), [("qwen3", 512), ("qwen3", 200), ("llama3", 200)])
+def test_greedy_tokens_with_piecewise_graphs_equal_enforce_eager(
+    tmp_path: Path, kind: str, budget: int
+) -> None:
     """Prompts of 20-230 tokens at once: whole-prompt steps (budget 512) or chunked ones mixed
-    with decodes (budget 200)."""
+    with decodes (budget 200); Llama 3 has no q/k norms."""
     pytest.importorskip("transformers")
-    path = make_hf_model("qwen3", tmp_path / "qwen3")
+    path = make_hf_model(kind, tmp_path / kind)
     kw: dict[str, Any] = dict(
         max_model_len=256, max_num_seqs=32, num_kv_blocks=512, max_num_batched_tokens=budget
     )
