@@ -180,7 +180,11 @@ def add_serve_parser(subparsers: Any) -> None:
         choices=["qwen3", "deepseek_r1"],
         help="move <think>...</think> of chat completions into reasoning_content",
     )
-    p.add_argument("--enforce-eager", action="store_true", help="disable CUDA graphs")
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="disable CUDA graphs (decode and piecewise prefill graphs)",
+    )
     p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
