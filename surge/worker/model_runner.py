@@ -247,6 +247,10 @@ class ModelRunner:
         self.model = load_model(mc, self.device, tp_rank, self.tp_size)
         # after loading, which may convert weights on the host with every core
         torch.set_num_threads(engine_torch_threads(config))
+        # The one stream every CUDA graph of this process is captured on (see init_kv_cache).
+        self._capture_stream: torch.cuda.Stream | None = (
+            torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        )
         self.comm: TPCommunicator | None = None
         if self.tp_size > 1 and torch.distributed.is_initialized():
             # before warm-up and graph capture: the graphs record the all-reduce path
@@ -257,6 +261,7 @@ class ModelRunner:
                 max_rows=config.scheduler.max_num_seqs,
                 method="nccl" if config.parallel.all_reduce == "nccl" else "auto",
                 single_host=config.parallel.nnodes == 1,
+                capture_stream=self._capture_stream,
             )
             attach_communicator(self.model, self.comm)
         self.attn_backend: AttentionBackend = attn_backend or default_attention_backend(self.device)
@@ -484,14 +489,15 @@ class ModelRunner:
         self.warm_up()
         if self.device.type == "cuda":
             logger.info("start-up: kernel warm-up in %.1f s", time.perf_counter() - t0)
-        # One capture stream and one pool for both kinds of graphs. Measured on the H200 (FP8
-        # Qwen3-8B, batch 1): with the piecewise graphs captured on a second stream every decode
-        # step took 3.60 ms instead of 3.46, whichever was captured first and even after the
-        # piecewise graphs were destroyed; the decode graph's kernels lost their PDL overlap
+        # One capture stream (the communicator's self-check uses it too) and one pool for both
+        # kinds of graphs. Measured on the H200 (FP8 Qwen3-8B, batch 1): with the piecewise
+        # graphs captured on a second stream every decode step took 3.60 ms instead of 3.46,
+        # whichever was captured first and even after the piecewise graphs were destroyed; the
+        # decode graph's kernels lost their PDL overlap
         # (benchmarks/results/h200-qwen3-8b-fp8/piecewise-f48da30/README.md).
         stream = pool = None
-        if self.device.type == "cuda" and (self.piecewise is not None or self.graph_runner is not None):
-            stream, pool = torch.cuda.Stream(device=self.device), torch.cuda.graph_pool_handle()
+        if self._capture_stream is not None and (self.piecewise is not None or self.graph_runner is not None):
+            stream, pool = self._capture_stream, torch.cuda.graph_pool_handle()
         if self.piecewise is not None:
             t0 = time.perf_counter()
             self.piecewise.capture(stream, pool)
