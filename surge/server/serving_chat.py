@@ -56,6 +56,7 @@ async def create_chat_completion(
         body.add_generation_prompt,
         body.chat_template_kwargs,
         plan.tools,
+        bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
         chat_template=body.chat_template,
         continue_final_message=body.continue_final_message,
         add_special_tokens=bool(body.add_special_tokens),

@@ -49,8 +49,12 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[li
         items = list(p)  # type: ignore[arg-type]
     add_special = body.add_special_tokens is not False
     texts = [item for item in items if isinstance(item, str)]
+    # A prompt truncated to its last tokens may be longer than the context: no cheap bound then.
+    param = "prompt" if body.truncate_prompt_tokens is None else None
     encoded = iter(
-        await state.tokenizer_worker.encode_many(texts, add_special_tokens=add_special) if texts else []
+        await state.tokenizer_worker.encode_many(texts, add_special_tokens=add_special, param=param)
+        if texts
+        else []
     )
     out: list[tuple[list[int], str | None]] = []
     for item in items:

@@ -7,7 +7,9 @@ Python switches threads every few milliseconds, so the loop keeps running either
 
 Two pools, so that no client's work queues behind another's unbounded work: prompts of
 generation requests (bounded by the context, see below) on ``_GENERATION_THREADS`` threads, and
-``/tokenize`` / ``/detokenize`` (any text under the body limit) on their own thread. The
+``/tokenize`` / ``/detokenize`` and the prompts of requests with ``truncate_prompt_tokens``
+(any text under the body limit: they are cut to their last tokens only once tokenized) on their
+own thread. The
 tokenizer is shared by the threads: Surge never changes its truncation or padding, so its Rust
 core is only read.
 
@@ -86,7 +88,9 @@ class TokenizerWorker:
             self._check_bound(text, param)
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _encode_many(self, texts: Sequence[str], add_special_tokens: bool, param: str) -> list[list[int]]:
+    def _encode_many(
+        self, texts: Sequence[str], add_special_tokens: bool, param: str | None
+    ) -> list[list[int]]:
         return [self._encode(t, add_special_tokens, param) for t in texts]
 
     def _render_chat(
@@ -132,10 +136,22 @@ class TokenizerWorker:
         return await self.run(self._encode, text, add_special_tokens, param, utility=param is None)
 
     async def encode_many(
-        self, texts: Sequence[str], *, add_special_tokens: bool = True, param: str = "prompt"
+        self, texts: Sequence[str], *, add_special_tokens: bool = True, param: str | None = "prompt"
     ) -> list[list[int]]:
-        """Token ids of each text (one trip to the worker thread)."""
-        return await self.run(self._encode_many, list(texts), add_special_tokens, param)
+        """Token ids of each text (one trip to a worker thread).
+
+        Args:
+            param: as for :meth:`encode`: the request field, for the cheap context bound; None
+                skips the bound and runs on the ``/tokenize`` thread (a prompt that is truncated
+                to its last tokens after tokenizing, ``truncate_prompt_tokens``, may be longer
+                than the context, so it is unbounded work).
+
+        Raises:
+            ApiError: 400 naming ``param`` when a text is surely longer than the context.
+        """
+        return await self.run(
+            self._encode_many, list(texts), add_special_tokens, param, utility=param is None
+        )
 
     async def render_chat(
         self,

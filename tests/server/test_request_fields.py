@@ -217,6 +217,23 @@ def test_truncate_prompt_tokens(client: openai.OpenAI) -> None:
     assert c.usage.prompt_tokens == 3
 
 
+def test_truncate_prompt_tokens_of_a_prompt_longer_than_the_context(server: Server) -> None:
+    """A prompt far over the 512-token context (which the cheap length bound alone refuses)
+    is tokenized whole and keeps its last k tokens, in completions and chat."""
+    long = "once upon a time " * 2000
+    r = _post(server, CMPL, {"prompt": long, "max_tokens": 2})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+    r = _post(server, CMPL, {"prompt": long, "max_tokens": 2, "truncate_prompt_tokens": 100})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 100
+    msgs = [{"role": "user", "content": long}]
+    r = _post(server, CHAT, {"messages": msgs, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = _post(server, CHAT, {"messages": msgs, "max_tokens": 2, "truncate_prompt_tokens": 50})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 50
+
+
 def test_truncate_prompt_tokens_bounds(server: Server) -> None:
     for k in (0, -2):
         r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": k})
