@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,3 +116,9 @@ def drive(
             free += r.block_ids
             r.block_ids = []
         step += 1
+
+
+def random_prompts(seed: int, lengths: list[int], vocab: int = 512) -> list[list[int]]:
+    """Prompts of the given lengths: BOS-like id 1, then ids drawn from ``3 .. vocab - 1``."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]

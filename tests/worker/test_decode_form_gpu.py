@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,12 @@ from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
 from surge.worker.model_runner import ModelRunner
 from tests.models.helpers import make_hf_model
-from tests.worker.helpers import QWEN3_8B, drive
+from tests.worker.helpers import QWEN3_8B, drive, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
 
 
 def _tokens(path: Path, batches: list[list[list[int]]], eager: bool, **kw: Any) -> tuple[list, list, int]:
@@ -72,12 +66,12 @@ def test_greedy_tokens_with_graphs_equal_enforce_eager(tmp_path: Path, case: str
     path = make_hf_model("qwen3", tmp_path / "qwen3")
     kw: dict[str, Any] = dict(max_model_len=256, max_num_seqs=32, num_kv_blocks=512)
     if case == "cached":
-        p = _prompts(0, [64])[0]
+        p = random_prompts(0, [64])[0]
         batches = [[p], [p], [p + [7, 9, 11]]]
     elif case == "c1_short":
-        batches = [[p] for p in _prompts(1, [5, 12, 1, 31, 2])]
+        batches = [[p] for p in random_prompts(1, [5, 12, 1, 31, 2])]
     else:
-        batches = [_prompts(2, [9, 40, 3, 27, 60, 14, 22, 5])]
+        batches = [random_prompts(2, [9, 40, 3, 27, 60, 14, 22, 5])]
         kw.update(max_num_batched_tokens=24, num_kv_blocks=12)
     graphs, forms, preempted = _tokens(path, batches, False, **kw)
     eager, none, _ = _tokens(path, batches, True, **kw)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,12 @@ from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
 from surge.worker.model_runner import ModelRunner
 from tests.models.helpers import make_hf_model
-from tests.worker.helpers import QWEN3_8B, drive
+from tests.worker.helpers import QWEN3_8B, drive, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
 
 
 def _log_sizes(runner: ModelRunner, sizes: list[int]) -> None:
@@ -83,7 +77,7 @@ def test_greedy_tokens_with_piecewise_graphs_equal_enforce_eager(
     kw: dict[str, Any] = dict(
         max_model_len=256, max_num_seqs=32, num_kv_blocks=512, max_num_batched_tokens=budget
     )
-    prompts = _prompts(3, [230, 20, 150, 90, 61, 200])
+    prompts = random_prompts(3, [230, 20, 150, 90, 61, 200])
     graphs, sizes = _tokens(path, prompts, False, **kw)
     eager, _ = _tokens(path, prompts, True, **kw)
     assert graphs == eager
