@@ -134,6 +134,7 @@ class DecodeGraphRunner:
 
     @property
     def max_bucket(self) -> int:
+        """The largest batch bucket (sequences)."""
         return self.buckets[-1]
 
     @property

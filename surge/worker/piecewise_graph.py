@@ -36,7 +36,6 @@ Qwen3-8B on an H200).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import gc
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
+from surge.worker.cuda_graph import pick_bucket
 from surge.worker.input_batch import PreparedInputs
 
 PIECEWISE_MAX_TOKENS = 1024
@@ -200,6 +200,7 @@ class PiecewiseGraphRunner:
 
     @property
     def max_bucket(self) -> int:
+        """The largest token bucket (the longest step these graphs take)."""
         return self.buckets[-1]
 
     @property
@@ -209,8 +210,7 @@ class PiecewiseGraphRunner:
 
     def bucket_for(self, num_tokens: int) -> int | None:
         """The bucket an eager-layout step of ``num_tokens`` tokens replays (None: eager)."""
-        i = bisect.bisect_left(self.buckets, num_tokens)
-        return self.buckets[i] if i < len(self.buckets) else None
+        return pick_bucket(self.buckets, num_tokens)
 
     # ----------------------------------------------------------------- the attention calls
 
