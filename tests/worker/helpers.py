@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
+from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from surge.core.outputs import ScheduledRequest, SchedulerOutput
+from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import init_dummy_weights
 from surge.request import Request
 from surge.sampling_params import SamplingParams
@@ -122,3 +124,52 @@ def random_prompts(seed: int, lengths: list[int], vocab: int = 512) -> list[list
     """Prompts of the given lengths: BOS-like id 1, then ids drawn from ``3 .. vocab - 1``."""
     rng = random.Random(seed)
     return [[1] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]
+
+
+def qwen3_8b_runner(
+    tmp_path: Path,
+    *,
+    eager: bool,
+    torch_backend: bool,
+    max_model_len: int,
+    quantization: str | None = None,
+    num_layers: int = 4,
+) -> ModelRunner:
+    """A CUDA runner of a ``num_layers``-layer model with Qwen3-8B's real shapes (dummy bf16
+    weights, drawn the same for every runner of the same shape; FP8 when ``quantization``),
+    1024 KV blocks of 16 tokens, 32 sequences and 1024 tokens per step; the torch attention
+    backend when ``torch_backend`` (the reference), else the default (Triton)."""
+    model_dir = tmp_path / f"qwen3-8b-{num_layers}l"
+    if not model_dir.is_dir():
+        cfg = json.loads((QWEN3_8B / "config.json").read_text())
+        cfg["num_hidden_layers"] = num_layers
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(cfg))
+    mc = ModelConfig.from_pretrained(
+        model_dir,
+        dtype="bfloat16",
+        load_format="dummy",
+        max_model_len=max_model_len,
+        quantization=quantization,
+    )
+    ec = EngineConfig(
+        model=mc,
+        cache=CacheConfig(block_size=16, num_kv_blocks=1024),
+        scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=max_model_len),
+        device="cuda",
+        enforce_eager=eager,
+    )
+    runner = ModelRunner(ec, TorchAttentionBackend() if torch_backend else None)
+    runner.init_kv_cache(1024)
+    return runner
+
+
+def assert_logits_close(a: torch.Tensor, b: torch.Tensor, max_rel_err: float, min_cos: float) -> None:
+    """``a`` and ``b`` (``[S, vocab]`` logits): the largest absolute difference at most
+    ``max_rel_err`` of ``b``'s largest magnitude (+1e-3), and every row's cosine similarity
+    above ``min_cos``. Raises AssertionError naming the figure that failed."""
+    err = (a - b).abs().max().item()
+    scale = b.abs().max().item()
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
+    assert err <= max_rel_err * scale + 1e-3, (err, scale)
+    assert cos > min_cos, cos

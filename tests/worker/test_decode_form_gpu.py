@@ -10,20 +10,16 @@ tests/worker/test_decode_form_gpu.py``
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from surge.layers.torch_attention import TorchAttentionBackend
 from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
-from surge.worker.model_runner import ModelRunner
 from tests.models.helpers import make_hf_model
-from tests.worker.helpers import QWEN3_8B, drive, random_prompts
+from tests.worker.helpers import QWEN3_8B, assert_logits_close, drive, qwen3_8b_runner, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -87,27 +83,8 @@ def test_greedy_tokens_with_graphs_equal_enforce_eager(tmp_path: Path, case: str
 def test_cached_4096_prompt_last_block_bf16_qwen3_8b_shape(tmp_path: Path) -> None:
     """A 4112-token prompt in chunks of 512: its last chunk is 16 tokens over a 4096-token
     context (a cached 4096-token prompt's last block), replayed in decode form."""
-    cfg = json.loads((QWEN3_8B / "config.json").read_text())
-    cfg["num_hidden_layers"] = 4
-    model_dir = tmp_path / "qwen3-8b-4l"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(cfg))
-
-    def runner(eager: bool, torch_backend: bool) -> ModelRunner:
-        mc = ModelConfig.from_pretrained(model_dir, dtype="bfloat16", load_format="dummy", max_model_len=8192)
-        ec = EngineConfig(
-            model=mc,
-            cache=CacheConfig(block_size=16, num_kv_blocks=1024),
-            scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=8192),
-            device="cuda",
-            enforce_eager=eager,
-        )
-        r = ModelRunner(ec, TorchAttentionBackend() if torch_backend else None)
-        r.init_kv_cache(1024)
-        return r
-
-    graph = runner(False, False)
-    reference = runner(True, True)
+    graph = qwen3_8b_runner(tmp_path, eager=False, torch_backend=False, max_model_len=8192)
+    reference = qwen3_8b_runner(tmp_path, eager=True, torch_backend=True, max_model_len=8192)
     assert graph.graph_runner is not None
     forms: list[int] = []
     run = graph.graph_runner.run
@@ -119,13 +96,12 @@ def test_cached_4096_prompt_last_block_bf16_qwen3_8b_shape(tmp_path: Path) -> No
 
     graph.graph_runner.run = logged_run  # type: ignore[method-assign]
 
-    def close(a: torch.Tensor, b: torch.Tensor) -> None:
-        err = (a - b).abs().max().item()
-        scale = b.abs().max().item()
-        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
-        assert err <= 0.05 * scale + 1e-3, (err, scale)
-        assert cos > 0.995, cos
-
     prompt = [(7 * j + 3) % 150000 for j in range(4112)]
-    drive([graph, reference], [prompt, [5, 6, 7]], [0, 9], 4, close)
+    drive(
+        [graph, reference],
+        [prompt, [5, 6, 7]],
+        [0, 9],
+        4,
+        lambda a, b: assert_logits_close(a, b, 0.05, 0.995),
+    )
     assert 16 in forms, forms

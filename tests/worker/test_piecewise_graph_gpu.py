@@ -10,21 +10,18 @@ tests/worker/test_piecewise_graph_gpu.py``
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from surge.layers.attention_backend import AttentionMetadata
-from surge.layers.torch_attention import TorchAttentionBackend
 from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
 from surge.worker.model_runner import ModelRunner
 from tests.models.helpers import make_hf_model
-from tests.worker.helpers import QWEN3_8B, drive, random_prompts
+from tests.worker.helpers import QWEN3_8B, assert_logits_close, drive, qwen3_8b_runner, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -94,29 +91,16 @@ def test_piecewise_logits_qwen3_8b_shape(tmp_path: Path, quantization: str | Non
     padded) must give identical logits, the later ones close (per-token FP8 activations turn
     the backends' last-bit differences into visible ones: the decode graphs alone measured a
     largest error of 10-12 % of the largest logit against the torch reference)."""
-    cfg = json.loads((QWEN3_8B / "config.json").read_text())
-    cfg["num_hidden_layers"] = 4
-    model_dir = tmp_path / "qwen3-8b-4l"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(cfg))
-
-    def runner(eager: bool, torch_backend: bool) -> ModelRunner:
-        mc = ModelConfig.from_pretrained(
-            model_dir, dtype="bfloat16", load_format="dummy", max_model_len=4096, quantization=quantization
-        )
-        ec = EngineConfig(
-            model=mc,
-            cache=CacheConfig(block_size=16, num_kv_blocks=1024),
-            scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=4096),
-            device="cuda",
-            enforce_eager=eager,
-        )
-        r = ModelRunner(ec, TorchAttentionBackend() if torch_backend else None)
-        r.init_kv_cache(1024)
-        return r
-
-    graph = runner(False, False)
-    reference = runner(True, quantization is None)
+    graph = qwen3_8b_runner(
+        tmp_path, eager=False, torch_backend=False, max_model_len=4096, quantization=quantization
+    )
+    reference = qwen3_8b_runner(
+        tmp_path,
+        eager=True,
+        torch_backend=quantization is None,
+        max_model_len=4096,
+        quantization=quantization,
+    )
     sizes: list[int] = []
     _log_sizes(graph, sizes)
     calls = 0
@@ -127,11 +111,10 @@ def test_piecewise_logits_qwen3_8b_shape(tmp_path: Path, quantization: str | Non
         if quantization is not None and calls == 1:
             assert torch.equal(a, b), (a - b).abs().max().item()
             return
-        err = (a - b).abs().max().item()
-        scale = b.abs().max().item()
-        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
-        assert err <= (0.05 if quantization is None else 0.15) * scale + 1e-3, (err, scale)
-        assert cos > (0.995 if quantization is None else 0.99), cos
+        if quantization is None:
+            assert_logits_close(a, b, 0.05, 0.995)
+        else:
+            assert_logits_close(a, b, 0.15, 0.99)
 
     prompts = [[(7 * j + 3 + i) % 150000 for j in range(n)] for i, n in enumerate([700, 300, 40])]
     drive([graph, reference], prompts, [0, 0, 1], 4, close)
