@@ -10,6 +10,7 @@ tests/worker/test_piecewise_graph_gpu.py``
 from __future__ import annotations
 
 import gc
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from surge.layers.attention_backend import AttentionMetadata
 from surge.sampling_params import SamplingParams
 from surge.worker.input_batch import PreparedInputs
 from surge.worker.model_runner import ModelRunner
+from tests.conftest import STORIES
 from tests.models.helpers import make_hf_model
 from tests.worker.helpers import QWEN3_8B, assert_logits_close, drive, qwen3_8b_runner, random_prompts
 
@@ -71,6 +73,8 @@ def test_greedy_tokens_with_piecewise_graphs_equal_enforce_eager(
     with decodes (budget 200); Llama 3 has no q/k norms."""
     pytest.importorskip("transformers")
     path = make_hf_model(kind, tmp_path / kind)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(STORIES / name, path / name)  # the engine loads one; the prompts are ids
     kw: dict[str, Any] = dict(
         max_model_len=256, max_num_seqs=32, num_kv_blocks=512, max_num_batched_tokens=budget
     )
