@@ -169,9 +169,10 @@ def sample_top_k_window(
 
     Same distribution as scaling by the temperature, :func:`apply_top_k_top_p_window`,
     :func:`surge.layers.sampler.apply_min_p` and the exponential race over the full row (up to
-    float32 rounding of the top-p and min-p sums), in three steps: ``torch.topk(logits, W')``
+    float32 rounding of the top-p and min-p sums), in three steps: the ``W'`` largest logits
     (``W' = min(V, 16 * (window // 16 + 1))``, on the unscaled logits: dividing by a positive
-    temperature keeps the order), ``W' + 2`` Exp(1) draws per row from ``generator``, and
+    temperature keeps the order; on CUDA ``W'`` is rounded up to a power of two and taken by
+    :func:`surge.kernels.topk.topk_rows`, elsewhere by ``torch.topk``), ``W' + 2`` Exp(1) draws per row from ``generator``, and
     :func:`surge.kernels.window_sample.window_sample`. No ``[B, V]`` tensor is written.
 
     Args:
@@ -187,13 +188,19 @@ def sample_top_k_window(
     Returns:
         ``[B]`` int64 token ids.
     """
+    from surge.kernels.topk import topk_rows, topk_supported
     from surge.kernels.window_sample import window_sample
 
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     v = logits.shape[1]
     width = min(v, _SAMPLE_WINDOW_ROUND * (window // _SAMPLE_WINDOW_ROUND + 1))
-    vals, idx = torch.topk(logits, width, dim=-1, largest=True, sorted=True)
+    pow2 = 1 << (width - 1).bit_length()
+    if logits.is_cuda and topk_supported(pow2, v):
+        vals, idx = topk_rows(logits, pow2)  # the same values as torch.topk, in two launches
+        width = pow2
+    else:
+        vals, idx = torch.topk(logits, width, dim=-1, largest=True, sorted=True)
     noise = torch.empty(logits.shape[0], width + 2, dtype=torch.float32, device=logits.device)
     noise.exponential_(generator=generator)
     return window_sample(vals, idx, logits, temperature, top_k, top_p, min_p, noise, greedy_eps)
