@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from surge.kernels.kv_write import fused_qk_norm_rope_kv_write, write_kv_cache
-from surge.kernels.paged_attention import AttentionTileConfig, paged_attention
+from surge.kernels.paged_attention import AttentionTileConfig, default_tile_config, paged_attention
 from surge.layers.rotary import RotaryEmbedding
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
@@ -119,6 +119,42 @@ def test_paged_attention_fp8_matches_torch_backend(
     n = md.num_tokens
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out[:n].float().cpu(), ref[:n].float().cpu(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_fp8_decode_takes_its_own_default_tile(num_splits: int) -> None:
+    """A decode step over an FP8 cache runs 128-position KV steps by default (64 for bf16):
+    contexts across several such steps, split and unsplit, match the torch backend."""
+    assert default_tile_config(4, 128, 1, torch.bfloat16, FP8_DTYPE).block_n == 128
+    assert default_tile_config(4, 128, 1, torch.bfloat16).block_n == 64
+    assert default_tile_config(4, 128, 7, torch.bfloat16, FP8_DTYPE).block_n == 64  # prefill tiles unchanged
+    group, hkv, d = 2, 2, 64
+    q_lens, seq_lens = [1, 1, 1, 1], [5, 300, 129, 700]
+    batch = make_batch(
+        q_lens, seq_lens, hkv * group, hkv, d, dtype=torch.bfloat16, device=DEVICE, num_pad_tokens=1
+    )
+    md = batch.metadata
+    k_cache, v_cache = batch.k_cache.to(FP8_DTYPE), batch.v_cache.to(FP8_DTYPE)
+    torch_write_kv_cache(batch.k, batch.v, k_cache, v_cache, md.slot_mapping, 0.5, 0.25)
+    ref = TorchAttentionBackend().forward(
+        batch.q, batch.k, batch.v, k_cache, v_cache, md, d**-0.5, False, 0.5, 0.25
+    )
+    out = paged_attention(
+        batch.q,
+        k_cache,
+        v_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        d**-0.5,
+        num_splits=num_splits,
+        max_query_len=1,
+        min_kv_per_split=128,
+        k_scale=0.5,
+        v_scale=0.25,
+    )
+    n = md.num_tokens
+    torch.testing.assert_close(out[:n].float().cpu(), ref[:n].float().cpu(), atol=2e-2, rtol=2e-2)
 
 
 def test_torch_backend_fp8_is_dequantized_bf16_attention() -> None:
