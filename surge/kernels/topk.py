@@ -20,7 +20,10 @@ the float32's bits made order-preserving as a signed integer (negative floats ge
 bits flipped), the low 32 bits are ``2**32 - 1 - id``, so among equal logits the smaller id
 ranks first. The values are therefore exactly ``torch.topk``'s (the same multiset, sorted);
 among tied logits the ids kept may differ from ``torch.topk``'s, which guarantees no order
-either. NaN logits are not supported (they sort as the largest or smallest values by sign).
+either (``-0.0`` and ``+0.0`` count as equal; the values come back as ``+0.0``). A NaN logit
+is kept as a candidate and sorts by its sign bit, largest (positive) or smallest (negative), so
+every id returned is a real position even for NaN rows. The candidate filter is this module's
+own (a lower bound from group maxima); the selection network is from the paper below.
 Source of the selection network: Shanbhag et al., 2018, "Efficient Top-K Query Processing on
 Massively Parallel Hardware" (bitonic top-k), as implemented by ``triton.language.topk``.
 """
@@ -71,11 +74,12 @@ def _chunk_kernel(
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=float("-inf")).to(
         tl.float32
     )
+    x = x + 0.0  # -0.0 -> +0.0: equal logits get equal keys up to their ids
     keys = tl.where(mask, _to_key(x, offs.to(tl.int64)), -9223372036854775808)
     # The K-th largest of the group maxima is at most the chunk's K-th largest logit (K groups
     # reach it), so every logit of the chunk's top K is >= it: those are the candidates.
     thr = tl.min(tl.topk(tl.max(tl.reshape(x, [CHUNK // GROUP, GROUP]), axis=1), K), axis=0)
-    cand = mask & (x >= thr)
+    cand = mask & ~(x < thr)  # NaN logits (and a NaN bound: the exact branch) are kept
     count = tl.sum(cand.to(tl.int32), axis=0)
     dest = keys_ptr + (row.to(tl.int64) * tl.num_programs(1) + chunk) * CAP
     if count <= CAP:  # the usual case: store the candidates in id order
@@ -132,18 +136,19 @@ def _merge_kernel(
 
 def topk_supported(k: int, vocab: int) -> bool:
     """Whether :func:`topk_rows` takes ``k`` over rows of ``vocab`` logits: ``k`` a power of two
-    in ``1..TOPK_MAX_K`` and ``vocab >= k``."""
-    return 1 <= k <= TOPK_MAX_K and k & (k - 1) == 0 and vocab >= k
+    in ``2..TOPK_MAX_K`` (``tl.topk`` needs two) and ``vocab >= k``."""
+    return 2 <= k <= TOPK_MAX_K and k & (k - 1) == 0 and vocab >= k
 
 
 def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest logits of every row and their ids, in descending order.
 
     Args:
-        logits: ``[B, V]`` fp32/fp16/bf16, last dim contiguous, no NaN.
-        k: a power of two in ``1..TOPK_MAX_K``, at most ``V``.
-        chunk: logits per program of the first launch (a power of two; raised to
-            ``k * TOPK_GROUP`` if smaller; tests shrink it to run under the CPU interpreter).
+        logits: ``[B, V]`` fp32/fp16/bf16, last dim contiguous.
+        k: a power of two in ``2..TOPK_MAX_K``, at most ``V``.
+        chunk: logits per program of the first launch (a power of two; capped at
+            ``next_power_of_2(V)``, then raised to ``k * TOPK_GROUP`` if smaller; tests shrink
+            it to run under the CPU interpreter).
 
     Returns:
         ``(values [B, k] float32, ids [B, k] int64)``: ``values`` equals
@@ -152,13 +157,15 @@ def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[to
 
     Raises:
         ValueError: a ``k`` or ``chunk`` outside the above, a ``[B, V]`` shape with ``V < k``,
-            or a non-contiguous last dimension.
+            another dtype, or a non-contiguous last dimension.
     """
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be [B, V] with a contiguous last dim, got {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
     b, v = logits.shape
     if not topk_supported(k, v):
-        raise ValueError(f"k must be a power of two in 1..{min(TOPK_MAX_K, v)}, got {k} (V = {v})")
+        raise ValueError(f"k must be a power of two in 2..{min(TOPK_MAX_K, v)}, got {k} (V = {v})")
     if chunk < 1 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two, got {chunk}")
     chunk = max(k * TOPK_GROUP, min(chunk, triton.next_power_of_2(v)))  # at least k groups

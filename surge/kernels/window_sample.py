@@ -1,7 +1,8 @@
-"""Temperature, top-k, top-p, min-p and the exponential-race draw over a ``torch.topk`` window,
+"""Temperature, top-k, top-p, min-p and the exponential-race draw over a top-k window,
 in one Triton program per row.
 
-Input is the ``W`` largest logits of each row (descending, from ``torch.topk``) and their
+Input is the ``W`` largest logits of each row (descending, from ``torch.topk`` or
+:func:`surge.kernels.topk.topk_rows`) and their
 token ids. Every requested ``top_k`` is at most ``W``, so the window holds the whole top-k
 set except, possibly, logits tied with the ``k``-th value that lie beyond it. The
 kernel computes the same kept set as
@@ -155,7 +156,8 @@ def window_sample(
     given the row's ``W`` largest logits.
 
     Args:
-        vals: ``[B, W]`` the largest logits of each row, descending (``torch.topk(logits, W)``;
+        vals: ``[B, W]`` the largest logits of each row, descending (``torch.topk(logits, W)`` or
+            :func:`surge.kernels.topk.topk_rows`;
             any float dtype; last dim contiguous).
         idx: ``[B, W]`` int64 their token ids.
         logits: ``[B, V]`` the logits ``vals`` came from (read only to resolve ties with the

@@ -20,8 +20,9 @@ denominators are summed in a different order). Every shape is fixed by ``B``, ``
 ``W``, so the window path can be captured in a CUDA graph per ``W``.
 
 :func:`sample_top_k_window` goes further for the sampler's common case on the GPU (every
-sampling row has a ``top_k`` in the window, no per-request seed): ``torch.topk`` then one
-Triton kernel (:mod:`surge.kernels.window_sample`) that applies temperature, top-k, top-p and
+sampling row has a ``top_k`` in the window, no per-request seed): the window's top logits
+(:func:`surge.kernels.topk.topk_rows` on CUDA for windows up to
+:data:`SAMPLE_TOPK_KERNEL_MAX`, else ``torch.topk``) then one Triton kernel (:mod:`surge.kernels.window_sample`) that applies temperature, top-k, top-p and
 min-p over the ``[B, W]`` window and draws the token, with no ``[B, V]`` mask, softmax or
 noise.
 """
@@ -38,8 +39,13 @@ TOP_K_WINDOW_MAX = 1024
 """Largest ``top_k`` served by :func:`apply_top_k_top_p_window`; larger ``k`` (or top-p
 without top-k) sorts the whole row."""
 
+SAMPLE_TOPK_KERNEL_MAX = 64
+"""Largest (power-of-two) window that :func:`sample_top_k_window` takes with
+:func:`surge.kernels.topk.topk_rows` on CUDA: the widths measured faster than ``torch.topk`` on
+the H200 (32 and 64, ``benchmarks/topk_bench.py``); wider windows keep ``torch.topk``."""
+
 _SAMPLE_WINDOW_ROUND = 16
-""":func:`sample_top_k_window` takes ``torch.topk`` of the window rounded up past the next
+""":func:`sample_top_k_window` takes the top logits of the window rounded up past the next
 multiple of this (at least one column more than the largest ``k``), so that the full-row scan
 for logits tied with the ``k``-th value is needed only for long runs of ties."""
 
@@ -171,9 +177,11 @@ def sample_top_k_window(
     :func:`surge.layers.sampler.apply_min_p` and the exponential race over the full row (up to
     float32 rounding of the top-p and min-p sums), in three steps: the ``W'`` largest logits
     (``W' = min(V, 16 * (window // 16 + 1))``, on the unscaled logits: dividing by a positive
-    temperature keeps the order; on CUDA ``W'`` is rounded up to a power of two and taken by
-    :func:`surge.kernels.topk.topk_rows`, elsewhere by ``torch.topk``), ``W' + 2`` Exp(1) draws per row from ``generator``, and
-    :func:`surge.kernels.window_sample.window_sample`. No ``[B, V]`` tensor is written.
+    temperature keeps the order; on CUDA, when ``W'`` rounded up to a power of two is at most
+    :data:`SAMPLE_TOPK_KERNEL_MAX`, that many are taken by :func:`surge.kernels.topk.topk_rows`,
+    else ``W'`` by ``torch.topk``), two more Exp(1) draws per row than the window's width from
+    ``generator``, and :func:`surge.kernels.window_sample.window_sample`. No ``[B, V]`` tensor
+    is written.
 
     Args:
         logits: ``[B, V]`` float logits (any float dtype; not modified).
@@ -196,7 +204,7 @@ def sample_top_k_window(
     v = logits.shape[1]
     width = min(v, _SAMPLE_WINDOW_ROUND * (window // _SAMPLE_WINDOW_ROUND + 1))
     pow2 = 1 << (width - 1).bit_length()
-    if logits.is_cuda and topk_supported(pow2, v):
+    if logits.is_cuda and pow2 <= SAMPLE_TOPK_KERNEL_MAX and topk_supported(pow2, v):
         vals, idx = topk_rows(logits, pow2)  # the same values as torch.topk, in two launches
         width = pow2
     else:

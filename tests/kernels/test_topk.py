@@ -39,6 +39,8 @@ def _check(logits: torch.Tensor, k: int, chunk: int | None = None) -> None:
         (1, 32, 32, 32),
         (2, 5000, 8, 128),  # 40 chunks: the second launch filters its candidates too
         (1, 20000, 16, 256),
+        (2, 300, 2, 64),
+        (1, 100, 4, 64),
     ],
 )
 def test_values_equal_torch_topk(rows: int, vocab: int, k: int, chunk: int) -> None:
@@ -62,6 +64,23 @@ def test_ties_negative_values_and_masked_rows() -> None:
     assert topk_rows(logits.to(DEVICE), 16, 128)[1][0, :4].tolist() == [5, 7, 300, 599]
 
 
+def test_signed_zeros_tie_and_nan_rows_give_real_ids() -> None:
+    zeros = torch.tensor([[-0.0, 0.0, -0.0, 0.0] + [-1.0] * 60])
+    vals, ids = topk_rows(zeros.to(DEVICE), 2, 64)
+    assert ids.cpu().tolist() == [[0, 1]] and torch.equal(vals.cpu(), torch.zeros(1, 2))
+    nan = torch.randn(3, 600, generator=torch.Generator().manual_seed(3))
+    nan[0] = float("nan")  # a whole row of NaN: every id is still a position of the row
+    nan[1, [10, 20]] = float("nan")
+    nan[2, 500] = -float("nan")
+    vals, ids = topk_rows(nan.to(DEVICE), 8, 128)
+    ids = ids.cpu()
+    assert bool(((ids >= 0) & (ids < 600)).all())
+    assert all(len(set(r)) == 8 for r in ids.tolist())
+    assert ids[1, :2].tolist() == [10, 20]  # a positive NaN sorts as the largest value
+    assert 500 not in ids[2].tolist()  # a negative one as the smallest
+    assert torch.equal(vals.cpu()[2], torch.topk(nan[2][~nan[2].isnan()], 8).values)  # torch.topk: NaN first
+
+
 def test_bf16_logits_and_a_zero_stride_batch() -> None:
     gen = torch.Generator().manual_seed(2)
     row = (torch.randn(500, generator=gen) * 3).to(torch.bfloat16)
@@ -72,10 +91,15 @@ def test_bf16_logits_and_a_zero_stride_batch() -> None:
 def test_bad_arguments_are_refused() -> None:
     x = torch.zeros(2, 100, device=DEVICE)
     assert not topk_supported(24, 100) and not topk_supported(128, 100) and topk_supported(64, 100)
+    assert not topk_supported(1, 100) and topk_supported(2, 100)
     with pytest.raises(ValueError, match="power of two"):
         topk_rows(x, 24)
     with pytest.raises(ValueError, match="power of two"):
         topk_rows(x, 128)
+    with pytest.raises(ValueError, match="power of two"):
+        topk_rows(x, 1)  # tl.topk needs two
+    with pytest.raises(ValueError, match="float32"):
+        topk_rows(x.double(), 16)
     with pytest.raises(ValueError, match="chunk"):
         topk_rows(x, 32, chunk=24)
     with pytest.raises(ValueError, match="contiguous"):
