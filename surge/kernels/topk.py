@@ -43,7 +43,7 @@ TOPK_GROUP = 16
 TOPK_MAX_K = 256
 """Largest ``k`` the kernel takes (a power of two); larger windows use ``torch.topk``."""
 
-_PAD_KEY = -(2**63)
+_PAD_KEY: tl.constexpr = tl.constexpr(-(2**63))
 """The key of a position past ``V``: below every real logit's, ``-inf`` included."""
 
 
@@ -53,6 +53,14 @@ def _to_key(x, ids):
     bits = x.to(tl.int32, bitcast=True)
     s = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     return (s.to(tl.int64) << 32) + (4294967295 - ids)
+
+
+@triton.jit
+def _group_bound(x, K: tl.constexpr, GROUP: tl.constexpr):
+    """The ``K``-th largest of the maxima of ``x``'s groups of ``GROUP`` consecutive entries
+    (``x`` 1-D, at least ``K * GROUP`` long): ``K`` groups reach it, so at least ``K`` entries
+    are ``>=`` it and every entry of the top ``K`` is too."""
+    return tl.min(tl.topk(tl.max(tl.reshape(x, [x.shape[0] // GROUP, GROUP]), axis=1), K), axis=0)
 
 
 @triton.jit
@@ -75,10 +83,8 @@ def _chunk_kernel(
         tl.float32
     )
     x = x + 0.0  # -0.0 -> +0.0: equal logits get equal keys up to their ids
-    keys = tl.where(mask, _to_key(x, offs.to(tl.int64)), -9223372036854775808)
-    # The K-th largest of the group maxima is at most the chunk's K-th largest logit (K groups
-    # reach it), so every logit of the chunk's top K is >= it: those are the candidates.
-    thr = tl.min(tl.topk(tl.max(tl.reshape(x, [CHUNK // GROUP, GROUP]), axis=1), K), axis=0)
+    keys = tl.where(mask, _to_key(x, offs.to(tl.int64)), _PAD_KEY)
+    thr = _group_bound(x, K, GROUP)  # every logit of the chunk's top K is >= thr
     cand = mask & ~(x < thr)  # NaN logits (and a NaN bound: the exact branch) are kept
     count = tl.sum(cand.to(tl.int32), axis=0)
     dest = keys_ptr + (row.to(tl.int64) * tl.num_programs(1) + chunk) * CAP
@@ -110,10 +116,10 @@ def _merge_kernel(
     keys = tl.load(
         keys_ptr + row.to(tl.int64) * CHUNKS * CAP + offs,
         mask=(chunk < CHUNKS) & (offs % CAP < n),
-        other=-9223372036854775808,
+        other=_PAD_KEY,
     )
     if BLOCK // GROUP >= K:  # the same filter as the first launch, on the keys
-        thr = tl.min(tl.topk(tl.max(tl.reshape(keys, [BLOCK // GROUP, GROUP]), axis=1), K), axis=0)
+        thr = _group_bound(keys, K, GROUP)
         cand = keys >= thr
         count = tl.sum(cand.to(tl.int32), axis=0)
         if count <= 2 * K:  # compact the candidates through scratch, then sort only them
@@ -121,7 +127,7 @@ def _merge_kernel(
             tl.store(slots + tl.cumsum(cand.to(tl.int32), axis=0) - 1, keys, mask=cand)
             tl.debug_barrier()  # the program's stores are visible to all of its threads
             few = tl.arange(0, 2 * K)
-            top = tl.topk(tl.load(slots + few, mask=few < count, other=-9223372036854775808), K)
+            top = tl.topk(tl.load(slots + few, mask=few < count, other=_PAD_KEY), K)
         else:
             top = tl.topk(keys, K)
     else:

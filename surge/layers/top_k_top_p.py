@@ -22,8 +22,9 @@ denominators are summed in a different order). Every shape is fixed by ``B``, ``
 :func:`sample_top_k_window` goes further for the sampler's common case on the GPU (every
 sampling row has a ``top_k`` in the window, no per-request seed): the window's top logits
 (:func:`surge.kernels.topk.topk_rows` on CUDA for windows up to
-:data:`SAMPLE_TOPK_KERNEL_MAX`, else ``torch.topk``) then one Triton kernel (:mod:`surge.kernels.window_sample`) that applies temperature, top-k, top-p and
-min-p over the ``[B, W]`` window and draws the token, with no ``[B, V]`` mask, softmax or
+:data:`SAMPLE_TOPK_KERNEL_MAX`, else ``torch.topk``) then one Triton kernel
+(:mod:`surge.kernels.window_sample`) that applies temperature, top-k, top-p and min-p over
+the ``[B, W]`` window and draws the token, with no ``[B, V]`` mask, softmax or
 noise.
 """
 
@@ -204,7 +205,12 @@ def sample_top_k_window(
     v = logits.shape[1]
     width = min(v, _SAMPLE_WINDOW_ROUND * (window // _SAMPLE_WINDOW_ROUND + 1))
     pow2 = 1 << (width - 1).bit_length()
-    if logits.is_cuda and pow2 <= SAMPLE_TOPK_KERNEL_MAX and topk_supported(pow2, v):
+    if (
+        logits.is_cuda
+        and logits.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and pow2 <= SAMPLE_TOPK_KERNEL_MAX
+        and topk_supported(pow2, v)
+    ):
         vals, idx = topk_rows(logits, pow2)  # the same values as torch.topk, in two launches
         width = pow2
     else:
