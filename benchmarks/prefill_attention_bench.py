@@ -46,8 +46,11 @@ SHORT_CASES = [(16, 1, 4080), (32, 1, 4096), (64, 1, 4096), (128, 1, 4096), (256
 TINY_CASES = [(40, 2, 0), (33, 1, 50)]
 
 
-def _inputs(q_len: int, num_seqs: int, prefix: int, device: str, dtype: torch.dtype) -> dict[str, Any]:
-    """Random inputs; the cache already holds the new tokens (the paged kernel reads them there)."""
+def _inputs(
+    q_len: int, num_seqs: int, prefix: int, device: str, dtype: torch.dtype, fp8_cache: bool = False
+) -> dict[str, Any]:
+    """Random inputs; the cache already holds the new tokens (the paged kernel reads them there),
+    in float8_e4m3fn (scale 1.0) with ``fp8_cache``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     seq_len = prefix + q_len
     blocks_per_seq = -(-seq_len // BLOCK_SIZE)
@@ -68,6 +71,8 @@ def _inputs(q_len: int, num_seqs: int, prefix: int, device: str, dtype: torch.dt
         rows = slice(b * q_len, (b + 1) * q_len)
         k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots] = k[rows]
         v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots] = v[rows]
+    if fp8_cache:
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
     qsl = [b * q_len for b in range(num_seqs + 1)]
     metadata = AttentionMetadata(
         num_tokens=t,
@@ -99,10 +104,16 @@ def _time_ms(fn: Callable[[], object], device: str) -> float:
 
 
 def run_case(
-    q_len: int, num_seqs: int, prefix: int, configs: list[PrefillTileConfig], device: str, dtype: torch.dtype
+    q_len: int,
+    num_seqs: int,
+    prefix: int,
+    configs: list[PrefillTileConfig],
+    device: str,
+    dtype: torch.dtype,
+    fp8_cache: bool = False,
 ) -> list[dict[str, Any]]:
     """Time the paged kernel, each prefill config and the backend on one case; print rows."""
-    x = _inputs(q_len, num_seqs, prefix, device, dtype)
+    x = _inputs(q_len, num_seqs, prefix, device, dtype, fp8_cache)
     md: AttentionMetadata = x["md"]
     scale = HEAD_DIM**-0.5
     case = f"{num_seqs}x{q_len}+{prefix}"
@@ -121,6 +132,7 @@ def run_case(
             "num_seqs": num_seqs,
             "prefix": prefix,
             "kernel": kernel,
+            "kv_cache_dtype": "fp8" if fp8_cache else "auto",
             "ms": round(ms, 4),
             "tflops": round(x["flops"] / ms / 1e9, 1),
             "max_abs_diff_vs_paged": err,
@@ -178,6 +190,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-short", action="store_true", help="skip the short-chunk cases")
     parser.add_argument("--out", default=None, help="write every row as JSON to this file")
+    parser.add_argument(
+        "--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: the cache in float8_e4m3fn"
+    )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # Triton's interpreter (TRITON_INTERPRET=1) needs the tests' fixes
@@ -199,10 +214,10 @@ def main() -> None:
     main_cases = TINY_CASES if args.tiny else MAIN_CASES
     configs = sweep_space(args.tiny) if args.sweep else base
     for q_len, num_seqs, prefix in main_cases:
-        rows += run_case(q_len, num_seqs, prefix, configs, device, dtype)
+        rows += run_case(q_len, num_seqs, prefix, configs, device, dtype, args.kv_cache_dtype == "fp8")
     if not args.skip_short and not args.tiny:
         for q_len, num_seqs, prefix in SHORT_CASES:
-            rows += run_case(q_len, num_seqs, prefix, base, device, dtype)
+            rows += run_case(q_len, num_seqs, prefix, base, device, dtype, args.kv_cache_dtype == "fp8")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(

@@ -40,7 +40,7 @@ float16 with fp32 accumulation; a float32 query keeps float32), the K scale is f
 softmax scale and the V scale multiplies the accumulator before it is stored (``k = k_fp8 *
 k_scale``, ``v = v_fp8 * v_scale``, one scale each per layer), so the FP8 path reads half the KV
 bytes and adds no pass. On the GPU the conversion is a non-pure inline-asm
-``cvt.rn.f16x2.e4m3x2`` (:func:`_e4m3_to_f16`, why there), which made decode over 64 x 4096
+``cvt.rn.f16x2.e4m3x2`` (:func:`e4m3_to_f16`, why there), which made decode over 64 x 4096
 positions 279.6 -> 231.2 us per layer on the H200
 (``benchmarks/results/h200-qwen3-8b-fp8/kv8-asm-cvt/``).
 """
@@ -98,8 +98,9 @@ def _find_seq_idx(query_start_loc_ptr, target, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_to_f16(x, ASM: tl.constexpr):
-    """float8_e4m3fn -> float16, exact. With ``ASM`` (on the GPU) by ``cvt.rn.f16x2.e4m3x2``,
+def e4m3_to_f16(x, ASM: tl.constexpr):
+    """float8_e4m3fn -> float16, exact (also used by :mod:`surge.kernels.prefill_attention`).
+    With ``ASM`` (on the GPU; False under the CPU interpreter) by ``cvt.rn.f16x2.e4m3x2``,
     four values per non-pure inline asm: Triton hoists a pure conversion behind the shared
     memory store of a dot operand, so the tile would sit in shared memory as FP8 and be read back
     without ``ldmatrix`` (about 12x the shared loads of the bf16 path in the sm90 PTX); a
@@ -151,7 +152,7 @@ def _attend_tile(
         other=0.0,
     )
     if FP8_KV:
-        kt = _e4m3_to_f16(kt, ASM_CVT).to(q.dtype)
+        kt = e4m3_to_f16(kt, ASM_CVT).to(q.dtype)
     if IEEE:
         s = tl.dot(q, kt, input_precision="ieee")
     else:
@@ -172,7 +173,7 @@ def _attend_tile(
         other=0.0,
     )
     if FP8_KV:
-        v = _e4m3_to_f16(v, ASM_CVT).to(q.dtype)
+        v = e4m3_to_f16(v, ASM_CVT).to(q.dtype)
     if IEEE:
         pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
@@ -363,7 +364,7 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
-    if FP8_KV and not IEEE:  # 16-bit dots run in float16 over an FP8 cache (see _e4m3_to_f16)
+    if FP8_KV and not IEEE:  # 16-bit dots run in float16 over an FP8 cache (see e4m3_to_f16)
         q = q.to(tl.float16)
 
     if DECODE:

@@ -44,7 +44,8 @@ class PrefillKernelChoice:
             kernel; shorter ones (decodes, short chunks) stay on the paged kernel, which
             packs a KV head's query heads into one tile and is the faster one there.
         tile: the prefill kernel's tile shape and launch parameters; None picks them by
-            head size and dtype (:func:`surge.kernels.prefill_attention.default_prefill_tile`).
+            head size, dtype and cache dtype
+            (:func:`surge.kernels.prefill_attention.default_prefill_tile`).
     """
 
     enabled: bool = True

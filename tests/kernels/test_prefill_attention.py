@@ -2,7 +2,9 @@
 
 The kernel reads the prefix from the paged cache and the new tokens from the contiguous
 k/v, so the tests give it a cache whose new-token slots hold garbage (never written) while
-the oracle reads a copy of the cache with the new tokens written.
+the oracle reads a copy of the cache with the new tokens written. Over an FP8 cache it reads
+the new tokens from the cache too (the KV write runs first), so those tests give it the
+written cache and k/v full of NaN.
 """
 
 from __future__ import annotations
@@ -148,9 +150,10 @@ def _run_fp8(
     device: str = "cpu",
     scales: tuple[float, float] = (0.5, 0.25),
 ) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
-    """An FP8 cache whose prefix slots hold FP8 values and whose new-token slots hold garbage;
-    the reference is the torch backend, which writes the new tokens through FP8 and attends
-    over the dequantized cache."""
+    """An FP8 cache whose prefix slots hold FP8 values; the reference is the torch backend,
+    which writes the new tokens through FP8 (as the KV write does before attention) and attends
+    over the dequantized cache. The kernel gets that written cache and ``k``/``v`` of NaN, so
+    reading the new tokens anywhere but from the cache shows."""
     batch = make_batch(
         q_lens, seq_lens, num_kv_heads * group, num_kv_heads, head_dim, dtype=dtype, device=device,
         num_pad_tokens=2,
@@ -163,10 +166,10 @@ def _run_fp8(
     ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, k_ref, v_ref, md, scale, True, *scales)
     out = prefill_attention(
         batch.q,
-        batch.k,
-        batch.v,
-        k_cache,
-        v_cache,
+        torch.full_like(batch.k, float("nan")),
+        torch.full_like(batch.v, float("nan")),
+        k_ref,
+        v_ref,
         md.query_start_loc,
         md.seq_lens,
         md.block_table,
@@ -181,16 +184,16 @@ def _run_fp8(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_cache_matches_the_torch_backend(dtype: torch.dtype) -> None:
-    """Prefix from an FP8 cache, the chunk's own K/V rounded through FP8 as the write stores
-    them, K scale in the softmax, V scale on the output. In fp32 the tolerance is far below
-    FP8's rounding (up to 6 %), so a chunk attended to unrounded, or a scale left out, fails."""
+    """Prefix and the chunk's own K/V from an FP8 cache, K scale in the softmax, V scale on the
+    output. In fp32 the tolerance is far below FP8's rounding (up to 6 %), so a scale left out
+    fails, and a chunk read from ``k``/``v`` (NaN here) fails."""
     out, ref, batch = _run_fp8(Q_LENS, SEQ_LENS, dtype, SMALL)
     _check(out, ref, batch, 2, 2e-5 if dtype == torch.float32 else 2e-2)
 
 
 def test_fp8_cache_beyond_the_e4m3_range_saturates() -> None:
-    """A K scale of 1/500: most scaled keys pass ±448; the chunk's keys must end at ±448, as the
-    write stores them (not NaN, which an unsaturated e4m3 conversion would give)."""
+    """A K scale of 1/500: most scaled keys pass ±448 and are stored saturated; the kernel
+    reads those ±448 keys back (times the scale) as the reference does."""
     scales = (0.002, 1.0)
     out, ref, batch = _run_fp8([9, 20], [9, 36], torch.float32, SMALL, scales=scales)
     assert (batch.k.abs() / scales[0] > 448).float().mean() > 0.2
@@ -201,6 +204,10 @@ def test_default_tile_fits_wide_rows() -> None:
     assert default_prefill_tile(128, torch.bfloat16) == PrefillTileConfig(128, 64, 8, 3)
     assert default_prefill_tile(128, torch.float32) == PrefillTileConfig(64, 32, 4, 2)
     assert default_prefill_tile(256, torch.float16) == PrefillTileConfig(64, 32, 4, 2)
+    fp8 = torch.float8_e4m3fn
+    assert default_prefill_tile(128, torch.bfloat16, fp8) == PrefillTileConfig(128, 128, 8, 3)
+    assert default_prefill_tile(128, torch.bfloat16, torch.bfloat16) == PrefillTileConfig(128, 64, 8, 3)
+    assert default_prefill_tile(128, torch.float32, fp8) == PrefillTileConfig(64, 32, 4, 2)
 
 
 def test_refuses_what_it_cannot_run() -> None:
