@@ -238,6 +238,58 @@ def _epilogue(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _gated_epilogue(
+    acc_g,
+    acc_u,
+    y_ptr,
+    ws_ptr,
+    xs_ptr,
+    b_ptr,
+    offs_m,
+    offs_n,
+    mask_m,
+    mask_n,
+    N,
+    stride_ym,
+    A8: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """SwiGLU's ``silu(gate) * up`` of the gate tile ``acc_g`` (columns ``offs_n``) and the up
+    tile ``acc_u`` (weight rows ``N + offs_n``): each tile finished as :func:`_epilogue` would
+    finish it and rounded to ``y``'s dtype, then the roundings of
+    :func:`surge.kernels.silu_and_mul.silu_and_mul` (silu in fp32 rounded, the product rounded),
+    so the result equals the GEMM then that kernel bit for bit."""
+    dtype = y_ptr.dtype.element_ty
+    g = acc_g * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    u = acc_u * tl.load(ws_ptr + N + offs_n, mask=mask_n, other=0.0)[None, :]
+    if A8:
+        xs = tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+        g = g * xs
+        u = u * xs
+    if HAS_BIAS:
+        g += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        u += tl.load(b_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    g = g.to(dtype).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    y = act * u.to(dtype).to(tl.float32)
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, y.to(dtype), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _dot_acc(a, w, acc, A8: tl.constexpr, DOT_IEEE: tl.constexpr, PROMOTE_K: tl.constexpr):
+    """``acc + a @ w^T`` for one ``K`` step with per-channel scales: two e4m3 operands with
+    fp32 promotion every ``PROMOTE_K`` elements (w8a8), or the weight converted to ``a``'s
+    dtype (w8a16)."""
+    if A8:
+        return tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
+    elif DOT_IEEE:
+        return tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+
+
 @triton.jit(do_not_specialize=["M", "STEPS"])
 def _fp8_splitk_kernel(
     y_ptr,
@@ -271,6 +323,7 @@ def _fp8_splitk_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     TMA: tl.constexpr,
+    GATED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -287,6 +340,9 @@ def _fp8_splitk_kernel(
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GATED:  # SwiGLU: the up rows of this program's columns sit N rows below its gate rows
+        wu_ptrs = w_ptrs + N.to(tl.int64) * stride_wn
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     s_rows = ws_ptr + (offs_n // SCALE_BN).to(tl.int64) * stride_sn  # block scales' rows
     for kb in range(0, STEPS):
         if EVEN_K:
@@ -300,6 +356,13 @@ def _fp8_splitk_kernel(
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
         else:
             w = tl.load(w_ptrs, mask=mask_n[:, None] & k_mask[None, :], other=0.0)
+        if GATED:  # (a gate tile's rows past N are up rows, masked at the store)
+            if TMA:
+                wu = w_desc.load([N + pid_n * BLOCK_N, k_start + kb * BLOCK_K])
+            elif EVEN_K:
+                wu = tl.load(wu_ptrs, mask=mask_n[:, None], other=0.0)
+            else:
+                wu = tl.load(wu_ptrs, mask=mask_n[:, None] & k_mask[None, :], other=0.0)
         if BLOCK_SCALES:  # this step's partial product times its (n // bn, k // bk) scales
             if A8:
                 part = tl.dot(a, tl.trans(w), max_num_imprecise_acc=PROMOTE_K)
@@ -310,12 +373,12 @@ def _fp8_splitk_kernel(
             k0 = k_start + kb * BLOCK_K  # the step lies in one bk block (BLOCK_K divides bk)
             s = tl.load(s_rows + k0 // SCALE_BK, mask=mask_n & (k0 < K), other=0.0)
             acc += part * s[None, :]
-        elif A8:  # fp32 promotion every PROMOTE_K elements (Hopper wgmma, see the docstring)
-            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
-        elif DOT_IEEE:
-            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+        else:  # per-channel scales, applied at the end (w8a8: fp32 promotion, see the docstring)
+            acc = _dot_acc(a, w, acc, A8, DOT_IEEE, PROMOTE_K)
+        if GATED:
+            acc_u = _dot_acc(a, wu, acc_u, A8, DOT_IEEE, PROMOTE_K)
+            if not TMA:
+                wu_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         if not TMA:
             w_ptrs += BLOCK_K
@@ -350,6 +413,23 @@ def _fp8_splitk_kernel(
                     BLOCK_SCALES,
                     HAS_BIAS,
                 )
+    elif GATED:
+        _gated_epilogue(
+            acc,
+            acc_u,
+            y_ptr,
+            ws_ptr,
+            xs_ptr,
+            b_ptr,
+            offs_m,
+            offs_n,
+            mask_m,
+            mask_n,
+            N,
+            stride_ym,
+            A8,
+            HAS_BIAS,
+        )
     else:
         _epilogue(
             acc,
@@ -442,8 +522,10 @@ def fp8_linear_splitk(
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     pdl: bool | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """``x @ dequant(weight)^T + bias`` with an FP8 weight, split over ``K``.
+    """``x @ dequant(weight)^T + bias`` with an FP8 weight, split over ``K``; with ``gated``,
+    SwiGLU's ``silu(y[:, :N/2]) * y[:, N/2:]`` of that product instead (see below).
 
     Args:
         x: ``[M, K]`` fp16/bf16/fp32, last dim contiguous; quantized per token first in the
@@ -468,11 +550,17 @@ def fp8_linear_splitk(
         out_dtype: the output dtype with ``x_scale``; ignored without it.
         pdl: launch with programmatic dependent launch (sm90+ only, see
             :mod:`surge.kernels.pdl`); None: :func:`surge.kernels.pdl.use_pdl` of ``x``.
+        gated: ``weight`` is a merged ``[gate; up]`` projection (``N`` even) and the result
+            is ``silu(gate) * up``, ``[M, N/2]``: each program computes the gate tile and the
+            up tile of its columns (rows ``N/2`` apart) and applies the SwiGLU in its epilogue,
+            bit for bit what this function without ``gated`` followed by
+            :func:`surge.kernels.silu_and_mul.silu_and_mul` gives (one launch and one
+            ``[M, N]`` round trip less). Per-channel scales and ``split_k == 1`` only.
 
     Returns:
-        ``[M, N]`` in ``x``'s dtype, fp32 accumulation; equal (up to summation order) to
-        :func:`surge.quant.fp8.fp8_linear_reference` with ``quantize_input=config.a8`` (and
-        ``block_size``).
+        ``[M, N]`` (``[M, N/2]`` with ``gated``) in ``x``'s dtype, fp32 accumulation; equal (up
+        to summation order) to :func:`surge.quant.fp8.fp8_linear_reference` with
+        ``quantize_input=config.a8`` (and ``block_size``).
 
     Raises:
         ValueError: mismatched shapes, dtypes or devices, a non-contiguous last dimension, a
@@ -480,9 +568,12 @@ def fp8_linear_splitk(
             with fp32 ``x``, ``x_scale`` with a w8a16 config, a workspace too small or of
             the wrong dtype or device, or ``config.tma`` where TMA cannot run (see
             :func:`check_tma_weight`: not a CUDA sm90+ device outside the interpreter, a weight
-            base or row stride not 16-byte aligned).
+            base or row stride not 16-byte aligned); with ``gated``: block scales, a config with
+            ``split_k > 1`` or an odd ``N``.
     """
-    y = _splitk(x, weight, scale, bias, config, block_size, out, workspace, x_scale, out_dtype, pdl, False)
+    y = _splitk(
+        x, weight, scale, bias, config, block_size, out, workspace, x_scale, out_dtype, pdl, False, gated
+    )
     assert isinstance(y, torch.Tensor)
     return y
 
@@ -516,7 +607,7 @@ def fp8_linear_splitk_partials(
     """
     if config.split_k < 2 or config.reduce != "kernel":
         raise ValueError(f"only a split_k > 1 config with reduce='kernel' leaves partials, got {config}")
-    p = _splitk(x, weight, scale, bias, config, block_size, None, None, x_scale, out_dtype, pdl, True)
+    p = _splitk(x, weight, scale, bias, config, block_size, None, None, x_scale, out_dtype, pdl, True, False)
     assert isinstance(p, SplitKPartials)
     return p
 
@@ -534,9 +625,11 @@ def _splitk(
     out_dtype: torch.dtype | None,
     pdl: bool | None,
     defer: bool,
+    gated: bool,
 ) -> torch.Tensor | SplitKPartials:
     """The body of :func:`fp8_linear_splitk`; with ``defer`` (a ``split_k > 1`` ``"kernel"``
-    config) it returns :class:`SplitKPartials` instead of launching the reduce kernel."""
+    config) it returns :class:`SplitKPartials` instead of launching the reduce kernel; with
+    ``gated`` (not deferred) SwiGLU's output."""
     if x_scale is None:
         out_dtype = x.dtype
     m, n, k, scale_bn, scale_bk, stride_sn = check_fp8_gemm_args(
@@ -566,12 +659,19 @@ def _splitk(
         raise ValueError(f"block_k {cfg.block_k} must divide the scale block's {scale_bk} columns")
     if cfg.tma:
         check_tma_weight(weight)
+    n_out = n
+    if gated:
+        if block_size is not None or cfg.split_k != 1 or n % 2 or defer:
+            raise ValueError(
+                f"gated (SwiGLU) output needs per-channel scales, split_k == 1 and an even N, got {cfg}, N = {n}"
+            )
+        n_out = n // 2
     if defer:
         out = None
     elif out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {out_dtype} with a contiguous last dim")
+        out = torch.empty((m, n_out), dtype=out_dtype, device=x.device)
+    elif out.shape != (m, n_out) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n_out}] {out_dtype} with a contiguous last dim")
     partials = cfg.split_k > 1
     inline = partials and cfg.reduce == "inline"
     if inline:
@@ -618,7 +718,7 @@ def _splitk(
         assert out is not None
         dest, counters = out, scale  # unused
     y = dest if out is None else out  # deferred: y is not written
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
+    grid = (triton.cdiv(n_out, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     tma = cfg.tma and k > 0  # K = 0 loads nothing (and a descriptor needs a non-empty tensor)
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]) if tma else weight
     _fp8_splitk_kernel[grid](
@@ -632,7 +732,7 @@ def _splitk(
         xs,
         bias if bias is not None else scale,
         m,
-        n,
+        n_out,
         k,
         steps,
         a.stride(0),
@@ -653,6 +753,7 @@ def _splitk(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         TMA=tma,
+        GATED=gated,
         PDL=pdl,
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,

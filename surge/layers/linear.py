@@ -55,6 +55,13 @@ class LinearMethod(Protocol):
         returns its unreduced :class:`SplitKPartials` instead (for an RMSNorm to reduce)."""
         ...
 
+    def apply_gated(
+        self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """SwiGLU's ``silu(gate) * up`` of a merged ``[gate; up]`` layer from its GEMM's
+        epilogue, or None where this step's path cannot fuse it."""
+        ...
+
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator != 0:
@@ -207,6 +214,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     ) -> None:
         self.output_sizes_local = [_divide(s, tp_size, "merged output size") for s in output_sizes]
         super().__init__(in_features, sum(output_sizes), bias, dtype, tp_rank, tp_size)
+
+    def swiglu(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor | None:
+        """``silu(part 0) * part 1``, ``[T, out_local / 2]``, computed in the GEMM's epilogue
+        where the quant method fuses it (:meth:`LinearMethod.apply_gated`; the FP8 split-K path
+        of decode steps), else None: the caller runs :meth:`forward` and the activation. Only
+        for two parts of one size (``gate_proj``, ``up_proj``), whose rows on every rank are
+        this rank's gate rows then its up rows."""
+        sizes = self.output_sizes_local
+        if self.quant_method is None or len(sizes) != 2 or sizes[0] != sizes[1]:
+            return None
+        return self.quant_method.apply_gated(self, x, self.bias)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None

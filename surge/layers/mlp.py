@@ -47,5 +47,16 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor | SplitKPartials:
         """``x [T, hidden] -> [T, hidden]``; :class:`SplitKPartials` when ``down_proj`` leaves
         its split-K reduction to the norm that reads this output
-        (:meth:`surge.layers.norm.RMSNorm.sums_partials_of`)."""
+        (:meth:`surge.layers.norm.RMSNorm.sums_partials_of`).
+
+        Where ``down_proj`` takes bf16 activations for ``T`` tokens and the FP8 path of
+        ``gate_up_proj`` can apply the SwiGLU in its GEMM's epilogue
+        (:meth:`~surge.layers.linear.MergedColumnParallelLinear.swiglu`: on the H200 table,
+        decode steps of 1..16 tokens), that replaces the GEMM + :attr:`act` pair, bit for bit.
+        """
+        m = x.data.shape[0] if isinstance(x, Fp8Activations) else x.shape[0]
+        if not self.down_proj.wants_fp8_input(m, x.dtype):
+            act = self.gate_up_proj.swiglu(x)
+            if act is not None:
+                return self.down_proj(act)
         return self.down_proj(self.act(self.gate_up_proj(x)))

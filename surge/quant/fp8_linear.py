@@ -422,6 +422,40 @@ class Fp8LinearMethod:
             return fp8_linear(x, w, s, bias)
         return scaled_mm_linear(x, w, self.scale_row, bias)
 
+    def apply_gated(
+        self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """SwiGLU's ``silu(gate) * up`` ``[T, N/2]`` straight from this merged ``[gate; up]``
+        layer's GEMM epilogue (:func:`surge.kernels.fp8_gemm_splitk.fp8_linear_splitk` with
+        ``gated``: bit for bit :meth:`apply` then :func:`surge.kernels.silu_and_mul.silu_and_mul`,
+        one launch less; with half the config's ``block_n``), or None where the step's path
+        cannot fuse it: emulation, block
+        scales, a non-bf16 model, or no split-K config with ``split_k == 1`` for ``T`` tokens
+        (on the H200 table: gate_up at 1..64 tokens). The caller decides whether its consumer
+        takes bf16 activations (a w8a8 consumer wants them quantized per token instead)."""
+        if self.emulate or self.block_size is not None:
+            return None
+        m = x.data.shape[0] if isinstance(x, Fp8Activations) else x.shape[0]
+        cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+        if cfg is None or cfg.split_k != 1 or x.dtype != torch.bfloat16:
+            return None
+        if isinstance(x, Fp8Activations) and not cfg.a8:
+            return None
+        from dataclasses import replace
+
+        from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
+
+        # half the column tile: each program reads a gate and an up tile, so it streams the
+        # plain config's bytes per step (and shared memory), over as many programs
+        cfg = replace(cfg, block_n=max(16, cfg.block_n // 2))
+        w, s = layer.weight, layer.weight_scale
+        if isinstance(x, Fp8Activations):
+            return fp8_linear_splitk(
+                x.data, w, s, bias, config=cfg, x_scale=x.scale, out_dtype=x.dtype, gated=True
+            )
+        xc = x if x.stride(1) == 1 else x.contiguous()
+        return fp8_linear_splitk(xc, w, s, bias, config=cfg, gated=True)
+
     def apply_partials(
         self, layer: _LinearBase, x: torch.Tensor | Fp8Activations, bias: torch.Tensor | None
     ) -> torch.Tensor | SplitKPartials:

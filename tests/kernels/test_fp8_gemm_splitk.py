@@ -542,7 +542,7 @@ from surge.kernels.fp8_gemm_splitk import FP8_PROMOTE_K, _fp8_splitk_kernel as k
 for block_scales in (False, True):
     const = dict(A8=True, PARTIALS=False, INLINE=False, BLOCK_SCALES=block_scales, SCALE_BN=128,
                  SCALE_BK=128, HAS_BIAS=False, EVEN_K=True, DOT_IEEE=False,
-                 PROMOTE_K=min(128, FP8_PROMOTE_K), BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, TMA=False)
+                 PROMOTE_K=min(128, FP8_PROMOTE_K), BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, TMA=False, GATED=False)
     const = {a: v for a, v in const.items() if a in kern.arg_names}
     ptr = {"y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32", "x_ptr": "*fp8e4nv",
            "w_ptr": "*fp8e4nv", "w_desc": "*fp8e4nv"}

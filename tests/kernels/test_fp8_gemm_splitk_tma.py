@@ -290,7 +290,7 @@ for a8, block_scales, partials, inline, bm, bn, bk, even in cases:
         const = dict(A8=a8, PARTIALS=partials, INLINE=inline, BLOCK_SCALES=block_scales,
                      SCALE_BN=128 if block_scales else 1, SCALE_BK=128 if block_scales else 1,
                      HAS_BIAS=True, EVEN_K=even, DOT_IEEE=False, PROMOTE_K=min(bk, FP8_PROMOTE_K),
-                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, TMA=tma, PDL=True)
+                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, TMA=tma, GATED=False, PDL=True)
         ptr = {"y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32", "b_ptr": "*bf16",
                "x_ptr": "*fp8e4nv" if a8 else "*bf16", "w_ptr": "*fp8e4nv",
                "w_desc": f"tensordesc<fp8e4nv[{bn}, {bk}]>" if tma else "*fp8e4nv"}
