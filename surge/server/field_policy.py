@@ -88,7 +88,8 @@ def first_refused(values: dict[str, Any]) -> tuple[str, str] | None:
     """``(field, message)`` of the first refused field ``values`` asks for, or None.
 
     Args:
-        values: the request's fields by name (fields the endpoint does not declare are absent).
+        values: request fields by name; a field absent from it is not checked (the request
+            models pass only the fields the client sent: a default is always allowed).
     """
     for r in REFUSALS:
         if r.name in values and not r.allowed(values[r.name]):

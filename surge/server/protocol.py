@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from surge.server.errors import bad_request
-from surge.server.field_policy import first_refused
+from surge.server.field_policy import REFUSED_FIELDS, first_refused
 
 MAX_INT = 2**63 - 1
 """Largest value of an integer field without a tighter bound (int64, as the engine stores them)."""
@@ -155,7 +155,11 @@ class SamplingRequestFields(RequestBody):
         for name, asked in checks:
             if asked:
                 raise bad_request(f"'{name}' is not supported by Surge yet", param=name)
-        refused = first_refused(dict(self))
+        # A refused field left out keeps its default, which every refusal allows (a test
+        # checks it): only the fields the client sent can be refused.
+        refused = first_refused(
+            {name: getattr(self, name) for name in REFUSED_FIELDS & self.model_fields_set}
+        )
         if refused is not None:
             raise bad_request(refused[1], param=refused[0])
         if self.stream_options is not None and not self.stream:

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from surge.server.errors import ApiError
 from surge.server.field_policy import INERT_FIELDS, REFUSALS
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.conftest import Server
@@ -124,6 +125,28 @@ def test_every_declared_field_is_accounted_for() -> None:
         for name in model.model_fields:
             assert f"`{name}`" in doc, f"{model.__name__}.{name} is not in docs/openai-api.md"
             assert name not in refused or name not in INERT_FIELDS
+
+
+def test_refused_fields_default_to_an_allowed_value() -> None:
+    """``check_unimplemented`` checks only the fields a client sent: that is only exact when a
+    refused field left out (its default) is always allowed."""
+    for model in (ChatCompletionRequest, CompletionRequest):
+        for r in REFUSALS:
+            if r.name in model.model_fields:
+                default = model.model_fields[r.name].get_default(call_default_factory=True)
+                assert r.allowed(default), f"{model.__name__}.{r.name} defaults to a refused value"
+
+
+def test_check_unimplemented_names_the_first_refused_field_sent() -> None:
+    """Among several refused fields, the first in REFUSALS order is named (as before the
+    check looked at the sent fields only); a refused field sent with its default passes."""
+    ok = ChatCompletionRequest.model_validate({"messages": MSGS, "best_of": 1, "use_beam_search": False})
+    ok.check_unimplemented()
+    bad = ChatCompletionRequest.model_validate({"messages": MSGS, "vllm_xargs": {"a": 1}, "best_of": 2})
+    with pytest.raises(ApiError) as e:
+        bad.check_unimplemented()
+    assert e.value.param == "best_of"
+    assert e.value.message == "'best_of' is not supported by Surge: best_of > 1 is not supported (use n)"
 
 
 def test_inert_fields_are_accepted(client: openai.OpenAI) -> None:
