@@ -171,7 +171,8 @@ def free_port() -> int:
 def drive(url: str, streams: int, tokens: int, model: str) -> dict[str, Any]:
     """Send ``streams`` concurrent chat streams of ``tokens`` tokens with surge bench's client.
 
-    Returns: duration (s), output tokens, events, client CPU seconds, ITL median (ms), errors.
+    Returns: duration (s), output tokens, events, client CPU seconds, ITL median, TPOT and TTFT
+    (ms), errors.
     """
     from surge.bench.client import RequestInput
     from surge.bench.serve import run_requests
@@ -195,6 +196,7 @@ def drive(url: str, streams: int, tokens: int, model: str) -> dict[str, Any]:
     errors = [r.error for r in results if not r.success]
     out_tokens = sum(r.output_len for r in results if r.success)
     tpots = [(r.latency - r.ttft) / (r.output_len - 1) for r in results if r.success and r.output_len > 1]
+    ttfts = [r.ttft for r in results if r.success]
     return {
         "duration_s": duration,
         "output_tokens": out_tokens,
@@ -202,6 +204,8 @@ def drive(url: str, streams: int, tokens: int, model: str) -> dict[str, Any]:
         "client_cpu_s": cpu,
         "itl_median_ms": 1e3 * statistics.median(itls) if itls else None,
         "tpot_mean_ms": 1e3 * statistics.fmean(tpots) if tpots else None,
+        "ttft_mean_ms": 1e3 * statistics.fmean(ttfts) if ttfts else None,
+        "ttft_max_ms": 1e3 * max(ttfts) if ttfts else None,
         "errors": errors[:3],
         "num_errors": len(errors),
     }
@@ -441,9 +445,10 @@ def mode_api(args: argparse.Namespace) -> list[dict[str, Any]]:
             "--step-us", str(int(args.step_ms * 1000)),
             "--model", str(args.model), "--device", "cpu", "--load-format", "dummy",
             "--port", str(port), "--max-num-seqs", str(args.streams), "--num-kv-blocks", "64",
-            "--disable-log-requests", "--log-interval", "3600", "--disable-web-ui",
-            "--stream-interval", "1",
+            "--log-interval", "3600", "--disable-web-ui", "--stream-interval", "1",
         ]  # fmt: skip
+        if not args.log_requests:
+            flags.append("--disable-log-requests")
         if args.api_server_count > 1:
             flags += ["--api-server-count", str(args.api_server_count)]
         if args.data_parallel_size > 1:
@@ -628,6 +633,11 @@ def main() -> None:
         "--py-spy", default=None, help="api mode: record the (first) API process with py-spy to FILE"
     )
     ap.add_argument("--repeats", type=int, default=3, help="runs; the median is reported (default 3)")
+    ap.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="api mode: log every request with its first-token split (as benchmarks/h200.sh's servers do)",
+    )
     ap.add_argument("--log-dir", default="/tmp", help="api mode: where the server logs go (default /tmp)")
     ap.add_argument("--json", action="store_true", help="one JSON line per run")
     args = ap.parse_args()
