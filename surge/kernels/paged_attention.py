@@ -58,6 +58,8 @@ from surge.kernels.attention_reduce import attention_reduce
 from surge.kernels.pdl import pdl_wait, use_pdl
 
 _LOG2E = 1.4426950408889634
+FP16_MAX = tl.constexpr(65504.0)
+"""Largest finite float16: a bf16 query over an FP8 cache is saturated to it before its fp16 cast."""
 _NO_SKIP = 2**31 - 1
 
 MIN_KV_PER_SPLIT = 256
@@ -364,8 +366,9 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
-    if FP8_KV and not IEEE:  # 16-bit dots run in float16 over an FP8 cache (see e4m3_to_f16)
-        q = q.to(tl.float16)
+    if FP8_KV and not IEEE:  # 16-bit dots run in float16 over an FP8 cache (see e4m3_to_f16);
+        # a bf16 query beyond float16's range saturates there instead of turning the row to NaN
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -FP16_MAX), FP16_MAX).to(tl.float16)
 
     if DECODE:
         # The first tile, with the block ids loaded up front (masked out if the split is

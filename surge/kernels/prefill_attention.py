@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from surge.kernels.paged_attention import e4m3_to_f16
+from surge.kernels.paged_attention import FP16_MAX, e4m3_to_f16
 
 _LOG2E = 1.4426950408889634
 
@@ -213,8 +213,9 @@ def _prefill_attention_kernel(
         mask=row_valid[:, None],
         other=0.0,
     )
-    if FP8_KV and not IEEE:  # 16-bit dots run in float16 over an FP8 cache (see e4m3_to_f16)
-        q = q.to(tl.float16)
+    if FP8_KV and not IEEE:  # 16-bit dots run in float16 over an FP8 cache (see e4m3_to_f16);
+        # a bf16 query beyond float16's range saturates there instead of turning the row to NaN
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -FP16_MAX), FP16_MAX).to(tl.float16)
 
     # Finite stand-in for -inf as the running max: exp2(m_old - m_new) stays defined for a
     # row that has seen only masked scores.

@@ -209,3 +209,32 @@ def test_kv_write_rope_compiles_without_fma_contraction() -> None:
         pytest.skip(f"cannot compile for sm90 here: {res.stderr.strip().splitlines()[-1:]}")
     assert "mul.rn.bf16" in res.stdout
     assert "fma.rn.bf16" not in res.stdout
+
+
+def test_fp8_cache_query_beyond_float16_stays_finite() -> None:
+    """Over an FP8 cache a 16-bit query is cast to float16 for the dots: a bf16 query element
+    beyond float16's range (70,000 here) saturates instead of turning its rows to NaN, in the
+    decode and the prefill kernel; the other tokens' rows still match the torch backend."""
+    from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention
+
+    for q_lens, seq_lens, decode in (([1, 1], [20, 9], True), ([20], [30], False)):
+        b = make_batch(q_lens, seq_lens, 4, 2, 32, dtype=torch.bfloat16, num_pad_tokens=0)
+        md = b.metadata
+        kc, vc = b.k_cache.to(FP8_DTYPE), b.v_cache.to(FP8_DTYPE)
+        k = b.k * 0.01
+        torch_write_kv_cache(k, b.v, kc, vc, md.slot_mapping, 0.01, 1.0)
+        q = b.q.clone()
+        q[0, :, 0] = 7.0e4
+        ref = TorchAttentionBackend().forward(q, k, b.v, kc, vc, md, 32**-0.5, False, 0.01, 1.0)
+        if decode:
+            out = paged_attention(
+                q, kc, vc, md.query_start_loc, md.seq_lens, md.block_table, 32**-0.5,
+                max_query_len=1, k_scale=0.01, v_scale=1.0,
+            )  # fmt: skip
+        else:
+            out = prefill_attention(
+                q, k, b.v, kc, vc, md.query_start_loc, md.seq_lens, md.block_table, 32**-0.5,
+                config=PrefillTileConfig(16, 16, 4, 1), k_scale=0.01, v_scale=1.0,
+            )  # fmt: skip
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out[1:].float(), ref[1:].float(), atol=2e-2, rtol=2e-2)
