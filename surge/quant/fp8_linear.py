@@ -92,11 +92,11 @@ SPLITK_MEASURED: dict[tuple[int, int], dict[int, SplitKTiles | None]] = {
         32: (32, 64, 128, 4, 4, 4, True, "kernel", False),  # 16.2 / 19.8 / 13.2
         64: (64, 32, 128, 2, 4, 4, True, "kernel", False),  # 16.5 / 17.5 / 13.8
     },
-    (4096, 4096): {  # o; us: bf16 / quant+_scaled_mm / chosen
-        1: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 13.2 / 17.4 / 10.0
-        2: (16, 64, 128, 4, 4, 4, True, "inline", False),  # 13.1 / 17.3 / 10.1
-        4: (16, 32, 128, 4, 4, 4, True, "inline", False),  # 13.2 / 17.0 / 10.1
-        8: (16, 32, 128, 4, 4, 4, True, "inline", False),  # 13.3 / 17.4 / 10.2
+    (4096, 4096): {  # o; us: bf16 / quant+_scaled_mm / chosen (1..8: w8a16, see below)
+        1: (16, 64, 128, 4, 4, 4, False, "kernel", False),  # 13.2 / 17.4 / 10.6
+        2: (16, 64, 128, 4, 4, 4, False, "kernel", False),  # 13.1 / 17.3 / 10.5
+        4: (16, 64, 128, 4, 4, 4, False, "kernel", False),  # 13.2 / 17.0 / 10.5
+        8: (16, 64, 128, 4, 4, 4, False, "kernel", False),  # 13.3 / 17.4 / 10.5
         16: (16, 64, 128, 4, 4, 4, False, "kernel", False),  # 13.4 / 16.5 / 10.5
         32: (32, 64, 128, 4, 4, 4, True, "kernel", False),  # 13.9 / 16.5 / 11.1
         64: (64, 64, 128, 4, 4, 4, True, "kernel", False),  # 11.9 / 16.5 / 11.3
@@ -128,7 +128,13 @@ surge/quant/fp8_linear.py`` (timings in the comments, microseconds; the runs in
 ``benchmarks/results/h200-qwen3-8b-fp8/``, whose README says which buckets each run swept). The
 table now is the ``c6c7dec`` sweep's (``sweep-c6c7dec/``, 2026-12-01, H200, torch 2.11, Triton
 3.6; M = 1, 2, 4, 8, 16, 32 and 64, every config also timed with TMA weight loads, the FP8 dots
-promoting into fp32 every 128 products as they do now)."""
+promoting into fp32 every 128 products as they do now), except o at ``M`` = 1..8: there the sweep's
+w8a8 winner (10.0-10.2 us) needs a per-token quantization launch of the attention output
+before it, and its best w8a16 config (10.5-10.6 us, the one in the table, its reduction
+deferred to the post-attention norm) made the whole decode step faster instead: 3.405 ->
+3.377 ms at batch 1, 3.447 -> 3.423 ms at batch 4 (``benchmarks/decode_step_sweep.py``, H200,
+``benchmarks/results/h200-qwen3-8b-fp8/step-sweep/``; re-emitting the table from a sweep
+would put the w8a8 entries back)."""
 
 
 def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
