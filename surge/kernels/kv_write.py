@@ -15,6 +15,8 @@ that paged attention applies). Rotary: Su et al., "RoFormer", 2021; cache layout
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -27,28 +29,24 @@ _FP_FUSION = False
 
 
 @triton.jit
-def _norm_rope_heads(
-    x_ptr,
-    stride_h,
+def norm_rope(
+    x1,
+    x2,
     w_ptr,
     cos,
     sin,
     eps,
-    NUM_HEADS: tl.constexpr,
-    HEADS_PAD: tl.constexpr,
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
     NORM: tl.constexpr,
     ROPE: tl.constexpr,
 ):
-    """Load ``NUM_HEADS`` heads at ``x_ptr``, RMSNorm + rotate them, store back; return halves."""
-    offs_h = tl.arange(0, HEADS_PAD)
-    offs_d = tl.arange(0, HALF_PAD)
-    mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HALF)
-    ptr1 = x_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
-    x1 = tl.load(ptr1, mask=mask, other=0.0)
-    x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0)
+    """Per-head RMSNorm (``NORM``, weight at ``w_ptr``) then neox rotary (``ROPE``) of heads given
+    as halves ``x1``, ``x2`` (``[heads, HALF_PAD]`` in the model dtype; ``cos``/``sin``
+    ``[HALF_PAD]`` fp32), with Hugging Face's roundings; returns the new halves. Also used by
+    the decode grid of :mod:`surge.kernels.paged_attention`, which must round as this does."""
     dtype = x1.dtype
+    offs_d = tl.arange(0, HALF_PAD)
     if NORM:
         x1f = x1.to(tl.float32)
         x2f = x2.to(tl.float32)
@@ -73,6 +71,32 @@ def _norm_rope_heads(
         b2 = (x1f * s).to(dtype).to(tl.float32)
         x1 = (a1 - b1).to(dtype)
         x2 = (a2 + b2).to(dtype)
+    return x1, x2
+
+
+@triton.jit
+def _norm_rope_heads(
+    x_ptr,
+    stride_h,
+    w_ptr,
+    cos,
+    sin,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+):
+    """Load ``NUM_HEADS`` heads at ``x_ptr``, RMSNorm + rotate them, store back; return halves."""
+    offs_h = tl.arange(0, HEADS_PAD)
+    offs_d = tl.arange(0, HALF_PAD)
+    mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HALF)
+    ptr1 = x_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
+    x1 = tl.load(ptr1, mask=mask, other=0.0)
+    x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0)
+    x1, x2 = norm_rope(x1, x2, w_ptr, cos, sin, eps, HALF, HALF_PAD, NORM, ROPE)
     if NORM or ROPE:
         tl.store(ptr1, x1, mask=mask)
         tl.store(ptr1 + HALF, x2, mask=mask)
@@ -80,7 +104,7 @@ def _norm_rope_heads(
 
 
 @triton.jit
-def _to_cache(x, inv_scale, FP8_MAX: tl.constexpr, FP8: tl.constexpr):
+def to_cache(x, inv_scale, FP8_MAX: tl.constexpr, FP8: tl.constexpr):
     """``x`` in fp32 as stored in the cache: scaled and clamped for FP8, unchanged otherwise (the
     fp32 round trip of a bf16/fp16/fp32 value is exact). One return type for both branches:
     compiled Triton rejects a constexpr branch that returns another dtype."""
@@ -91,7 +115,7 @@ def _to_cache(x, inv_scale, FP8_MAX: tl.constexpr, FP8: tl.constexpr):
 
 
 @triton.jit
-def _store_heads(
+def store_heads(
     slot_ptr,
     stride_h,
     offs_h,
@@ -108,8 +132,8 @@ def _store_heads(
     ``slot_ptr`` in the cache's dtype (scaled and clamped first for FP8)."""
     c = slot_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
     dtype = slot_ptr.dtype.element_ty
-    tl.store(c, _to_cache(x1, inv_scale, FP8_MAX, FP8).to(dtype), mask=mask)
-    tl.store(c + HALF, _to_cache(x2, inv_scale, FP8_MAX, FP8).to(dtype), mask=mask)
+    tl.store(c, to_cache(x1, inv_scale, FP8_MAX, FP8).to(dtype), mask=mask)
+    tl.store(c + HALF, to_cache(x2, inv_scale, FP8_MAX, FP8).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -212,9 +236,9 @@ def _kv_write_kernel(
                 blk = slot // BLOCK_SIZE
                 off = slot % BLOCK_SIZE
                 kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs
-                _store_heads(kc, stride_kch, offs_h, offs_d, mask, k1, k2, k_inv_scale, HALF, FP8_MAX, FP8_KV)
+                store_heads(kc, stride_kch, offs_h, offs_d, mask, k1, k2, k_inv_scale, HALF, FP8_MAX, FP8_KV)
                 vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs
-                _store_heads(vc, stride_vch, offs_h, offs_d, mask, v1, v2, v_inv_scale, HALF, FP8_MAX, FP8_KV)
+                store_heads(vc, stride_vch, offs_h, offs_d, mask, v1, v2, v_inv_scale, HALF, FP8_MAX, FP8_KV)
 
 
 def _check_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -435,3 +459,60 @@ def fused_qk_norm_rope_kv_write(
         k_scale,
         v_scale,
     )
+
+
+@dataclass(frozen=True)
+class RopeKvWrite:
+    """A step's per-head q/k RMSNorm, rotary and K/V cache write, handed to an attention backend
+    that applies it itself (:attr:`surge.layers.attention_backend.AttentionBackend.fuses_rope_kv_write`):
+    on a decode step whose rows read no other row's new K/V
+    (:attr:`surge.layers.attention_backend.AttentionMetadata.independent_rows`) of at most the
+    backend's limit of sequences, with a power-of-two head size,
+    :func:`surge.kernels.paged_attention.paged_attention` does it inside its decode grid;
+    otherwise :meth:`apply` launches :func:`fused_qk_norm_rope_kv_write`.
+
+    Attributes:
+        k, v: ``[T, num_kv_heads, head_dim]`` new K/V rows before rotary (views of the qkv
+            projection are fine; last dim contiguous).
+        positions: ``[T]`` token positions.
+        cos_cache, sin_cache: ``[max_position, head_dim // 2]`` float32.
+        slot_mapping: ``[T]`` int64 cache slots (``-1`` = padding).
+        q_norm_weight, k_norm_weight: ``[head_dim]`` RMSNorm weights (Qwen3), or both None.
+        eps: RMSNorm epsilon.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_cache: torch.Tensor
+    sin_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    q_norm_weight: torch.Tensor | None
+    k_norm_weight: torch.Tensor | None
+    eps: float
+
+    def apply(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float, v_scale: float
+    ) -> None:
+        """Norm and rotate ``q`` (``[T, num_heads, head_dim]``) and :attr:`k` in place and write
+        :attr:`k`/:attr:`v` into the caches (:func:`fused_qk_norm_rope_kv_write`).
+
+        Raises:
+            ValueError: as :func:`fused_qk_norm_rope_kv_write`.
+        """
+        fused_qk_norm_rope_kv_write(
+            q,
+            self.k,
+            self.v,
+            self.positions,
+            self.cos_cache,
+            self.sin_cache,
+            k_cache,
+            v_cache,
+            self.slot_mapping,
+            self.q_norm_weight,
+            self.k_norm_weight,
+            self.eps,
+            k_scale,
+            v_scale,
+        )

@@ -34,6 +34,15 @@ reduce recomputes that count from ``seq_lens`` for token ``t`` when ``t`` is seq
 and the mixed grid, use all ``num_splits``. No host syncs and no data-dependent
 allocation: the launcher is safe inside CUDA-graph capture.
 
+With ``rope`` (:class:`surge.kernels.kv_write.RopeKvWrite`, decode grid only) the kernel also
+does what :func:`surge.kernels.kv_write.fused_qk_norm_rope_kv_write` did before it: each program
+norms and rotates its query heads in registers, and the split holding a sequence's last position
+norms and rotates that token's K, writes K and V into the cache and reads them back after a block
+barrier. No other program of the launch may read that position: the caller passes ``rope``
+only on steps whose rows read no other row's new K/V
+(:attr:`surge.layers.attention_backend.AttentionMetadata.independent_rows`; not decode form,
+:mod:`surge.worker.decode_form`, nor a row completing a block that another request holds).
+
 An FP8 (``float8_e4m3fn``) cache is dequantized in registers: each K and V tile is converted
 after its load (exactly, to float16: a 16-bit query is cast to float16 and both dots run in
 float16 with fp32 accumulation; a float32 query keeps float32), the K scale is folded into the
@@ -55,11 +64,15 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from surge.kernels.attention_reduce import attention_reduce
+from surge.kernels.kv_write import RopeKvWrite, norm_rope, store_heads
 from surge.kernels.pdl import pdl_wait, use_pdl
+from surge.quant.config import FP8_E4M3_MAX
 
 _LOG2E = 1.4426950408889634
 FP16_MAX = tl.constexpr(65504.0)
 """Largest finite float16: a bf16 query over an FP8 cache is saturated to it before its fp16 cast."""
+_FP8_MAX = tl.constexpr(FP8_E4M3_MAX)
+"""Largest finite e4m3 (the new K/V's clamp when ``rope`` writes an FP8 cache)."""
 _NO_SKIP = 2**31 - 1
 
 MIN_KV_PER_SPLIT = 256
@@ -247,6 +260,23 @@ def _paged_attention_kernel(
     stride_vh,
     stride_bt,
     bt_width,
+    k_new_ptr,
+    v_new_ptr,
+    slot_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    eps,
+    k_inv_scale,
+    v_inv_scale,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    stride_cos,
+    stride_sin,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -261,6 +291,9 @@ def _paged_attention_kernel(
     IEEE: tl.constexpr,
     FP8_KV: tl.constexpr,
     ASM_CVT: tl.constexpr,
+    ROPE_KV: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    HALF: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
@@ -284,9 +317,24 @@ def _paged_attention_kernel(
         q_offs = head[:, None] * stride_qh + offs_d[None, :]
         # Speculative: a decode batch keeps sequence b's token in row b (padding sequences
         # last); the row is reloaded below when it does not.
-        q = tl.load(
-            q_ptr + seq_idx.to(tl.int64) * stride_qt + q_offs, mask=q_mask & (seq_idx < num_q_rows), other=0.0
-        )
+        spec = seq_idx < num_q_rows
+        if ROPE_KV:  # the query as halves (rotary pairs them), its position, this KV head's new K/V
+            offs_h = tl.arange(0, HALF)
+            h_offs = head[:, None] * stride_qh + offs_h[None, :]
+            h_mask = row_valid[:, None] & spec
+            q1 = tl.load(q_ptr + seq_idx.to(tl.int64) * stride_qt + h_offs, mask=h_mask, other=0.0)
+            q2 = tl.load(q_ptr + seq_idx.to(tl.int64) * stride_qt + h_offs + HALF, mask=h_mask, other=0.0)
+            pos = tl.load(pos_ptr + seq_idx, mask=spec, other=0).to(tl.int64)
+            slot = tl.load(slot_ptr + seq_idx, mask=spec, other=-1)
+            kv_offs = kv_head * stride_knh + offs_h[None, :]  # [1, HALF]
+            k_row = k_new_ptr + seq_idx.to(tl.int64) * stride_knt + kv_offs
+            v_row = v_new_ptr + seq_idx.to(tl.int64) * stride_vnt + kv_offs
+            k1 = tl.load(k_row, mask=spec, other=0.0)
+            k2 = tl.load(k_row + HALF, mask=spec, other=0.0)
+            v1 = tl.load(v_row, mask=spec, other=0.0)
+            v2 = tl.load(v_row + HALF, mask=spec, other=0.0)
+        else:
+            q = tl.load(q_ptr + seq_idx.to(tl.int64) * stride_qt + q_offs, mask=q_mask & spec, other=0.0)
         bt_row = block_table_ptr + seq_idx.to(tl.int64) * stride_bt
         # Block ids of KV tile 0 (split 0's first tile), masked to the table row only.
         blk_first = tl.load(
@@ -298,8 +346,27 @@ def _paged_attention_kernel(
         if (q_end == q_start) | (seq_len < 0):
             return
         in_place = q_start == seq_idx
-        if q_start != seq_idx:
-            q = tl.load(q_ptr + q_start.to(tl.int64) * stride_qt + q_offs, mask=q_mask, other=0.0)
+        if ROPE_KV:
+            if q_start != seq_idx:
+                q_row = q_ptr + q_start.to(tl.int64) * stride_qt
+                q1 = tl.load(q_row + h_offs, mask=row_valid[:, None], other=0.0)
+                q2 = tl.load(q_row + h_offs + HALF, mask=row_valid[:, None], other=0.0)
+                pos = tl.load(pos_ptr + q_start).to(tl.int64)
+                slot = tl.load(slot_ptr + q_start)
+                k_row = k_new_ptr + q_start.to(tl.int64) * stride_knt + kv_offs
+                v_row = v_new_ptr + q_start.to(tl.int64) * stride_vnt + kv_offs
+                k1 = tl.load(k_row)
+                k2 = tl.load(k_row + HALF)
+                v1 = tl.load(v_row)
+                v2 = tl.load(v_row + HALF)
+            cos = tl.load(cos_ptr + pos * stride_cos + offs_h).to(tl.float32)
+            sin = tl.load(sin_ptr + pos * stride_sin + offs_h).to(tl.float32)
+            q1, q2 = norm_rope(q1, q2, q_norm_ptr, cos, sin, eps, HALF, HALF, QK_NORM, True)
+            # [rows, 2, HALF] -> [rows, HEAD_DIM]: the halves side by side, as the cache holds k
+            q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (BLOCK_M, HEAD_DIM_PAD))
+        else:
+            if q_start != seq_idx:
+                q = tl.load(q_ptr + q_start.to(tl.int64) * stride_qt + q_offs, mask=q_mask, other=0.0)
         token = q_start
         q_abs = offs_m  # unused: the only query sits at the end of the context
         num_kv = seq_len
@@ -322,6 +389,23 @@ def _paged_attention_kernel(
                 blk_first = tl.load(bt_row + first_pos // BLOCK_SIZE, mask=first_pos < num_kv, other=0).to(
                     tl.int64
                 )
+        if ROPE_KV:  # noqa: SIM102 (a constexpr, then a run-time test: two ifs in Triton)
+            # The split holding the last position writes this KV head's new K/V, then reads it
+            # back with the rest of its tiles (the barrier orders the block's stores before
+            # its loads); no other program of this sequence reads that position, and the
+            # caller keeps other sequences' rows off it (AttentionMetadata.independent_rows).
+            if split == eff - 1:
+                k1, k2 = norm_rope(k1, k2, k_norm_ptr, cos, sin, eps, HALF, HALF, QK_NORM, True)
+                if slot >= 0:
+                    blk = slot // BLOCK_SIZE
+                    off = slot % BLOCK_SIZE
+                    one = tl.arange(0, 1)
+                    h_all = offs_h[None, :] < HALF
+                    kc = k_cache_ptr + blk * stride_kb + off * stride_ks + kv_head * stride_kh
+                    store_heads(kc, 0, one, offs_h, h_all, k1, k2, k_inv_scale, HALF, _FP8_MAX, FP8_KV)
+                    vc = v_cache_ptr + blk * stride_vb + off * stride_vs + kv_head * stride_vh
+                    store_heads(vc, 0, one, offs_h, h_all, v1, v2, v_inv_scale, HALF, _FP8_MAX, FP8_KV)
+                tl.debug_barrier()
     else:
         q_tile = tl.program_id(0)
         seq_idx = _find_seq_idx(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q)
@@ -552,6 +636,40 @@ def choose_num_splits(
     return 1 << (splits.bit_length() - 1)
 
 
+def decode_rope_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether :func:`paged_attention`'s decode grid can apply the q/k norm, rotary and K/V
+    write itself (``rope``): a power-of-two ``head_dim`` (the rotary halves are tiles)."""
+    head_dim = q.shape[-1]
+    return head_dim >= 2 and head_dim & (head_dim - 1) == 0 and k_cache.shape[-1] == head_dim
+
+
+def _rope_args(
+    rope: RopeKvWrite | None, q: torch.Tensor, fp8: bool, k_scale: float, v_scale: float
+) -> tuple[object, ...]:
+    """The kernel's ``k_new_ptr .. stride_sin`` arguments (placeholders without ``rope``)."""
+    if rope is None:
+        return (q, q, q, q, q, q, q, q, 0.0, 1.0, 1.0, 0, 0, 0, 0, 0, 0)
+    return (
+        rope.k,
+        rope.v,
+        rope.slot_mapping,
+        rope.positions,
+        rope.cos_cache,
+        rope.sin_cache,
+        rope.q_norm_weight if rope.q_norm_weight is not None else q,
+        rope.k_norm_weight if rope.k_norm_weight is not None else q,
+        rope.eps,
+        1.0 / k_scale if fp8 else 1.0,
+        1.0 / v_scale if fp8 else 1.0,
+        rope.k.stride(0),
+        rope.k.stride(1),
+        rope.v.stride(0),
+        rope.v.stride(1),
+        rope.cos_cache.stride(0),
+        rope.sin_cache.stride(0),
+    )
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -569,6 +687,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     skip_query_len: int | None = None,
+    rope: RopeKvWrite | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch of query tokens over a paged KV cache.
 
@@ -603,6 +722,16 @@ def paged_attention(
             skipped and their rows of ``out`` left as they are (for
             :func:`surge.kernels.prefill_attention.prefill_attention`); needs
             ``num_splits == 1``. None skips nothing.
+        rope: decode grid only (``max_query_len == 1``, ``head_dim`` a power of two, see
+            :func:`decode_rope_supported`): ``q`` and the step's K/V (``rope.k``/``rope.v``) come
+            before their per-head RMSNorm and rotary, and the cache does not hold the new K/V
+            yet. Each program norms and rotates its query heads in registers (``q`` is left
+            as it is), and the split that holds a sequence's last position norms and rotates
+            that token's K of its KV head and writes K and V into the cache (at
+            ``rope.slot_mapping``; quantized with ``1 / k_scale``, ``1 / v_scale`` for FP8)
+            before it reads its tiles: what :func:`surge.kernels.kv_write.fused_qk_norm_rope_kv_write`
+            then this function compute, with the same roundings (the launch turns off
+            multiply-add contraction, as that kernel's does), one launch less.
 
     Returns:
         ``out``: ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype; padding rows are
@@ -610,7 +739,8 @@ def paged_attention(
 
     Raises:
         ValueError: on inconsistent shapes, dtypes, ``num_splits < 1`` or
-            ``min_kv_per_split < 1``.
+            ``min_kv_per_split < 1``, or ``rope`` off the decode grid or with a head size
+            that is not a power of two.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -632,6 +762,23 @@ def paged_attention(
         raise ValueError("skip_query_len needs num_splits == 1")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or block_table.stride(1) != 1:
         raise ValueError("q, k_cache, v_cache and block_table need a contiguous last dimension")
+    if rope is not None:
+        if max_query_len != 1 or not decode_rope_supported(q, k_cache):
+            raise ValueError("rope needs the decode grid (max_query_len == 1) and a power-of-two head_dim")
+        if (
+            rope.k.shape[1:] != k_cache.shape[2:]
+            or rope.v.shape != rope.k.shape
+            or rope.k.shape[0] < num_tokens
+        ):
+            raise ValueError(f"rope.k {tuple(rope.k.shape)} / rope.v do not match the cache's heads")
+        if rope.positions.shape[0] < num_tokens or rope.slot_mapping.shape[0] < num_tokens:
+            raise ValueError(f"rope.positions and rope.slot_mapping need {num_tokens} rows (q's)")
+        if rope.k.stride(-1) != 1 or rope.v.stride(-1) != 1:
+            raise ValueError("rope.k and rope.v need a contiguous last dimension")
+        if (rope.q_norm_weight is None) != (rope.k_norm_weight is None):
+            raise ValueError("pass both q_norm_weight and k_norm_weight or neither")
+        if fp8 and not (k_scale > 0.0 and v_scale > 0.0):
+            raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
     if out is None:
         out = torch.empty_like(q)
     group = num_heads // num_kv_heads
@@ -684,6 +831,7 @@ def paged_attention(
         v_cache.stride(2),
         block_table.stride(0),
         block_table.shape[1],
+        *_rope_args(rope, q, fp8, k_scale, v_scale),
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
@@ -698,10 +846,15 @@ def paged_attention(
         IEEE=q.dtype == torch.float32,
         FP8_KV=fp8,
         ASM_CVT=fp8 and not isinstance(_paged_attention_kernel, InterpretedFunction),
+        ROPE_KV=rope is not None,
+        QK_NORM=rope is not None and rope.q_norm_weight is not None,
+        HALF=head_dim // 2,
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        # with rope: rotary's roundings as torch's (see surge.kernels.kv_write._launch)
+        enable_fp_fusion=rope is None,
     )
     if num_splits > 1:
         attention_reduce(

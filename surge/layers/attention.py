@@ -14,8 +14,10 @@ class Attention(nn.Module):
     """Rotary embedding (with Qwen3's optional per-head q/k RMSNorm first), then the backend's
     K/V cache write and paged attention.
 
-    On CUDA with a backend that sets ``fuses_rope_kv_write``, the norm, rotary and cache write
-    run as one Triton kernel (:func:`surge.kernels.kv_write.fused_qk_norm_rope_kv_write`);
+    On CUDA with a backend that sets ``fuses_rope_kv_write``, the backend gets the norm, rotary
+    and cache write as :class:`surge.kernels.kv_write.RopeKvWrite`: the Triton backend runs
+    them inside its decode attention kernel on pure decode steps, and as one Triton kernel
+    (:func:`surge.kernels.kv_write.fused_qk_norm_rope_kv_write`) before attention otherwise;
     elsewhere the torch layers run them and are the reference.
 
     Args:
@@ -78,26 +80,21 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         if q.is_cuda and backend.fuses_rope_kv_write:
-            from surge.kernels.kv_write import fused_qk_norm_rope_kv_write
+            from surge.kernels.kv_write import RopeKvWrite
 
-            fused_qk_norm_rope_kv_write(
-                q,
+            rope = RopeKvWrite(
                 k,
                 v,
                 positions,
                 self.rotary.cos_cache,
                 self.rotary.sin_cache,
-                k_cache,
-                v_cache,
                 metadata.slot_mapping[:t],
                 None if self.q_norm is None else self.q_norm.weight,
                 None if self.k_norm is None else self.k_norm.weight,
                 1e-6 if self.q_norm is None else self.q_norm.eps,
-                self.k_scale,
-                self.v_scale,
             )
             out = backend.forward(
-                q, k, v, k_cache, v_cache, metadata, self.scale, False, self.k_scale, self.v_scale
+                q, k, v, k_cache, v_cache, metadata, self.scale, False, self.k_scale, self.v_scale, rope=rope
             )
         else:
             if self.q_norm is not None and self.k_norm is not None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from surge.kernels.kv_write import RopeKvWrite
 
 
 @dataclass
@@ -32,6 +36,13 @@ class AttentionMetadata:
         max_seq_len: the longest seq_len in the step (host int).
         query_start_loc_cpu, seq_lens_cpu: host copies, for backends that loop on the host.
         min_query_len: the shortest q_len in the step (host int); 0 when unknown.
+        independent_rows: a pure decode step in which no row reads K/V that another row
+            writes (not :mod:`surge.worker.decode_form`, whose rows of one request read each
+            other's new K/V, nor a step where a row completes a KV block that a request admitted
+            in the same step may share through the prefix cache; see
+            :attr:`surge.worker.input_batch.PreparedInputs.independent_rows`): a backend may
+            write a row's K/V inside the attention program that reads it
+            (:meth:`AttentionBackend.fuses_decode_rope`). False when unknown.
     """
 
     num_tokens: int
@@ -45,6 +56,7 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
     min_query_len: int = 0
+    independent_rows: bool = False
 
 
 class AttentionBackend(ABC):
@@ -56,9 +68,16 @@ class AttentionBackend(ABC):
 
     name: str = "abstract"
     fuses_rope_kv_write: bool = False
-    """True when the caller may write K/V itself (fused with rotary) and pass ``write_kv=False``."""
+    """True when the caller may hand the q/k norm, rotary and K/V write to ``forward`` as
+    ``rope`` (with ``write_kv=False``) instead of running them before it."""
     cuda_graph_safe: bool = False
     """True when ``forward`` has no host syncs and fixed grids, so it can be captured."""
+
+    def fuses_decode_rope(self, num_seqs: int) -> bool:
+        """Whether a ``rope`` handed to :meth:`forward` on a decode step of ``num_seqs``
+        :attr:`AttentionMetadata.independent_rows` runs inside the attention kernel (so a
+        CUDA graph of such a step differs from a decode-form step's of the same bucket)."""
+        return False
 
     @abstractmethod
     def forward(
@@ -73,12 +92,14 @@ class AttentionBackend(ABC):
         write_kv: bool = True,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeKvWrite | None = None,
     ) -> torch.Tensor:
         """Write ``k``/``v`` at ``metadata.slot_mapping`` (unless ``write_kv`` is False because
         the caller already wrote them) and attend.
 
         Args:
-            q: ``[num_tokens, num_heads, head_dim]`` queries (rotary already applied).
+            q: ``[num_tokens, num_heads, head_dim]`` queries (rotary already applied, unless
+                ``rope`` is given).
             k, v: ``[num_tokens, num_kv_heads, head_dim]`` new keys and values.
             k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, updated in
                 place; in the model dtype or float8_e4m3fn (``--kv-cache-dtype fp8``).
@@ -86,6 +107,11 @@ class AttentionBackend(ABC):
             scale: softmax scale, usually ``head_dim ** -0.5``.
             k_scale, v_scale: the layer's dequantization multipliers of an FP8 cache
                 (stored ``= x / scale``); ignored for other caches.
+            rope: only for a backend with :attr:`fuses_rope_kv_write` (and ``write_kv`` False):
+                ``q`` and ``rope.k`` come before their per-head RMSNorm and rotary, and the
+                backend applies them and writes ``rope.k``/``rope.v`` into the caches itself
+                (:class:`surge.kernels.kv_write.RopeKvWrite`; ``q`` and ``k`` may be modified in
+                place).
 
         Returns:
             ``[num_tokens, num_heads, head_dim]``: each query token attends causally to

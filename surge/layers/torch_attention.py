@@ -7,10 +7,15 @@ Slow but simple: it runs the CPU path and is the oracle for the Triton backend's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.quant.fp8 import FP8_DTYPE, quantize_kv
+
+if TYPE_CHECKING:
+    from surge.kernels.kv_write import RopeKvWrite
 
 
 def write_kv_cache(
@@ -79,8 +84,15 @@ class TorchAttentionBackend(AttentionBackend):
         write_kv: bool = True,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeKvWrite | None = None,
     ) -> torch.Tensor:
-        """See :meth:`AttentionBackend.forward`. Padding rows of the output are zero."""
+        """See :meth:`AttentionBackend.forward`. Padding rows of the output are zero.
+
+        Raises:
+            ValueError: ``rope`` (this backend does not fuse rotary; the layer runs it).
+        """
+        if rope is not None:
+            raise ValueError("the torch backend does not take rope: apply rotary before forward")
         n = metadata.num_tokens
         if write_kv:
             write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from surge.kernels.kv_write import write_kv_cache
-from surge.kernels.paged_attention import choose_num_splits, paged_attention
+from surge.kernels.kv_write import RopeKvWrite, write_kv_cache
+from surge.kernels.paged_attention import choose_num_splits, decode_rope_supported, paged_attention
 from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention, prefill_supported
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 
@@ -32,6 +32,13 @@ SPLIT_PREFILL_MIN_CONTEXT = 1024
 """Shortest longest-context (tokens) of such a step that splits."""
 SPLIT_PREFILL_NUM_SPLITS = 16
 """KV splits of such a step (an empty split costs one store and its share of the reduce)."""
+DECODE_ROPE_MAX_SEQS = 2
+"""Largest decode step (sequences) whose q/k norm, rotary and K/V write run inside the decode
+attention kernel. Measured on the H200 (Qwen3-8B, FP8 weights, ``benchmarks/decode_step_sweep.py``,
+``benchmarks/results/h200-qwen3-8b-fp8/decode-rope/``): over 4096-token contexts the step is 1.9 %
+shorter at 1 and 2 sequences but 3.5 % longer at 4 and 11 % at 16 (each of the split-KV grid's
+programs rotates its query before its first dot, and the programs of a larger grid run in
+several waves); over short contexts it gains 1.4-2.1 % up to 16 sequences and nothing at 32-64."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,9 @@ class TritonAttentionBackend(AttentionBackend):
         split_kv: False disables the split-KV path (always one pass).
         prefill: which sequences take the prefill kernel (default
             :class:`PrefillKernelChoice`).
+        decode_rope_max_seqs: largest decode step (sequences) that runs a layer's q/k norm,
+            rotary and K/V write inside the decode attention kernel (0: never); default
+            :data:`DECODE_ROPE_MAX_SEQS`.
 
     Under CUDA graphs, pass the longest context a graph may replay with as
     ``metadata.max_seq_len`` at capture time (e.g. ``max_model_len``): the number of
@@ -86,6 +96,7 @@ class TritonAttentionBackend(AttentionBackend):
         max_num_splits: int = 32,
         split_kv: bool = True,
         prefill: PrefillKernelChoice | None = None,
+        decode_rope_max_seqs: int = DECODE_ROPE_MAX_SEQS,
     ) -> None:
         if num_sms is None:
             num_sms = (
@@ -97,6 +108,11 @@ class TritonAttentionBackend(AttentionBackend):
         self.max_num_splits = max_num_splits
         self.split_kv = split_kv
         self.prefill = prefill or PrefillKernelChoice()
+        self.decode_rope_max_seqs = decode_rope_max_seqs
+
+    def fuses_decode_rope(self, num_seqs: int) -> bool:
+        """See :meth:`AttentionBackend.fuses_decode_rope`: up to :attr:`decode_rope_max_seqs`."""
+        return num_seqs <= self.decode_rope_max_seqs
 
     def num_splits(self, metadata: AttentionMetadata, num_kv_heads: int) -> int:
         """KV splits for this step (1 = single pass), from host-side metadata only.
@@ -137,14 +153,28 @@ class TritonAttentionBackend(AttentionBackend):
         write_kv: bool = True,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeKvWrite | None = None,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`.
 
         ``q``/``k``/``v`` need a contiguous last dimension and the caches ``q``'s dtype or
         float8_e4m3fn.
-        Padding rows (beyond ``query_start_loc[-1]``) are unspecified.
+        Padding rows (beyond ``query_start_loc[-1]``) are unspecified. With ``rope``, a
+        decode step of :attr:`AttentionMetadata.independent_rows` (not decode form) of at most
+        :data:`DECODE_ROPE_MAX_SEQS` sequences with a power-of-two head size leaves the norm,
+        rotary and K/V write to the decode grid of :func:`paged_attention`, one launch less;
+        any other step runs :meth:`RopeKvWrite.apply` first.
         """
         n = metadata.num_tokens
+        fuse = (
+            rope is not None
+            and metadata.max_query_len == 1
+            and metadata.independent_rows
+            and self.fuses_decode_rope(metadata.num_seqs)
+            and decode_rope_supported(q, k_cache)
+        )
+        if rope is not None and not fuse:
+            rope.apply(q, k_cache, v_cache, k_scale, v_scale)
         if write_kv:
             write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)
         pf = self.prefill
@@ -162,6 +192,7 @@ class TritonAttentionBackend(AttentionBackend):
             max_query_len=metadata.max_query_len,
             k_scale=k_scale,
             v_scale=v_scale,
+            rope=rope if fuse else None,
         )
 
     def _prefill_forward(

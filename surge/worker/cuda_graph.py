@@ -99,12 +99,20 @@ class DecodeGraphRunner:
         capture_error_mode: ``torch.cuda.graph``'s; "thread_local" under tensor parallelism,
             so that CUDA calls of the NCCL watchdog thread cannot invalidate a capture of the
             forward's all-reduces.
+        independent_buckets: which buckets also get a graph captured with
+            :attr:`~surge.layers.attention_backend.AttentionMetadata.independent_rows` (the
+            backend's :meth:`~surge.layers.attention_backend.AttentionBackend.fuses_decode_rope`):
+            a step of such a bucket with ``PreparedInputs.independent_rows`` replays that one,
+            any other (decode form, whose rows read each other's new K/V, or rows of which one
+            completes a block that another may hold) the graph that writes K/V in a launch
+            before attention.
 
     Attributes:
         token_i64: ``[3, max_bucket]`` int64 static rows: input ids, positions, slot mapping.
         seq_i32: ``[2, >= max_bucket + 1]`` int32 static rows: ``query_start_loc``, ``seq_lens``.
         block_table: ``[max_bucket, max_blocks_per_seq]`` int32 static block table.
         capture_stream: the stream :meth:`capture` used (None before it).
+        independent: the buckets captured twice (see ``independent_buckets``).
     """
 
     def __init__(
@@ -116,8 +124,12 @@ class DecodeGraphRunner:
         max_model_len: int,
         use_graphs: bool = True,
         capture_error_mode: str = "global",
+        independent_buckets: Callable[[int], bool] | None = None,
     ) -> None:
         self.forward = forward
+        # buckets whose true decode steps (AttentionMetadata.independent_rows) get a graph of
+        # their own, apart from the decode-form steps' (the backend fuses work into attention)
+        self.independent = [b for b in buckets if independent_buckets is not None and independent_buckets(b)]
         self.capture_error_mode = capture_error_mode
         self.device = device
         self.buckets = buckets
@@ -128,7 +140,7 @@ class DecodeGraphRunner:
         # Rows a multiple of 4 long: both start 16-byte aligned.
         self.seq_i32 = torch.zeros(2, -(-(top + 1) // 4) * 4, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(top, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: tuple[int, int] | None = None
         self.capture_stream: torch.cuda.Stream | None = None
 
@@ -140,14 +152,19 @@ class DecodeGraphRunner:
     @property
     def captured(self) -> list[int]:
         """Buckets with a captured graph."""
-        return sorted(self._graphs)
+        return sorted({b for b, _ in self._graphs})
 
     def bucket_for(self, num_seqs: int) -> int | None:
         """The bucket a pure-decode step of ``num_seqs`` sequences runs in (None: eager)."""
         return pick_bucket(self.buckets, num_seqs)
 
     def _metadata(
-        self, bucket: int, max_seq_len: int, query_start_loc_cpu: list[int], seq_lens_cpu: list[int]
+        self,
+        bucket: int,
+        max_seq_len: int,
+        query_start_loc_cpu: list[int],
+        seq_lens_cpu: list[int],
+        independent: bool = False,
     ) -> AttentionMetadata:
         return AttentionMetadata(
             num_tokens=bucket,
@@ -160,6 +177,7 @@ class DecodeGraphRunner:
             max_seq_len=max_seq_len,
             query_start_loc_cpu=query_start_loc_cpu,
             seq_lens_cpu=seq_lens_cpu,
+            independent_rows=independent,
         )
 
     def _reset_static(self, bucket: int) -> None:
@@ -197,18 +215,21 @@ class DecodeGraphRunner:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.inference_mode(), torch.cuda.stream(stream):
             for bucket in reversed(self.buckets):
-                self._reset_static(bucket)
-                md = self._metadata(bucket, self.max_model_len, list(range(bucket + 1)), [1] * bucket)
-                ids, pos = self.token_i64[0, :bucket], self.token_i64[1, :bucket]
-                for _ in range(num_warmup):
-                    self.forward(ids, pos, md)
-                stream.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(
-                    graph, pool=self._pool, stream=stream, capture_error_mode=self.capture_error_mode
-                ):
-                    out = self.forward(ids, pos, md)
-                self._graphs[bucket] = (graph, out)
+                for independent in (False, True) if bucket in self.independent else (False,):
+                    self._reset_static(bucket)
+                    md = self._metadata(
+                        bucket, self.max_model_len, list(range(bucket + 1)), [1] * bucket, independent
+                    )
+                    ids, pos = self.token_i64[0, :bucket], self.token_i64[1, :bucket]
+                    for _ in range(num_warmup):
+                        self.forward(ids, pos, md)
+                    stream.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(
+                        graph, pool=self._pool, stream=stream, capture_error_mode=self.capture_error_mode
+                    ):
+                        out = self.forward(ids, pos, md)
+                    self._graphs[bucket, independent] = (graph, out)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
@@ -237,10 +258,13 @@ class DecodeGraphRunner:
         """
         self.fill(inputs)
         bucket = inputs.padded_seqs
-        entry = self._graphs.get(bucket)
+        independent = inputs.independent_rows and bucket in self.independent
+        entry = self._graphs.get((bucket, independent))
         if entry is not None:
             entry[0].replay()
             return entry[1]
         # As captured: the backend sees max_model_len as the longest context.
-        md = self._metadata(bucket, self.max_model_len, inputs.query_start_loc_cpu, inputs.seq_lens_cpu)
+        md = self._metadata(
+            bucket, self.max_model_len, inputs.query_start_loc_cpu, inputs.seq_lens_cpu, independent
+        )
         return self.forward(self.token_i64[0, :bucket], self.token_i64[1, :bucket], md)

@@ -6,7 +6,9 @@ decode rows: row ``j`` is one query token at position ``p_j`` of its sequence, w
 rows (ids, positions, slot mapping) are those of the ordinary layout; only the per-sequence
 rows change (``query_start_loc = 0..T``, one ``seq_len`` and one block-table row per token).
 In every layer the new tokens' K/V are written to the cache before attention reads it (the
-fused rotary + K/V write kernel, or the backend's own write, runs over all rows first), so row
+fused rotary + K/V write kernel, or the backend's own write, runs over all rows first; a
+bucket whose true decode steps write K/V inside attention instead has a second graph for
+them, :class:`surge.worker.cuda_graph.DecodeGraphRunner`), so row
 ``j`` attends to exactly positions ``0..p_j`` of its sequence: causal attention, the same math
 as the prefill path (another kernel, so the float rounding may differ in the last bits). The
 sampled rows are still the last token of each sampling sequence.

@@ -155,6 +155,12 @@ class PreparedInputs:
         min_query_len: the shortest q_len over the real sequences (host int; 1 in a pure
             decode step, where it is not computed).
         decode_form: the step is laid out in decode form (see above).
+        independent_rows: a pure decode step whose rows read none of the K/V that another row
+            writes in this step (:attr:`surge.layers.attention_backend.AttentionMetadata.independent_rows`):
+            one sequence, or several of which none completes a KV block. A block completed
+            in this step is already in the prefix cache, and a request admitted in the same
+            step may read it (``Scheduler``: full blocks are registered when scheduled); a
+            decode token outside a block's last slot writes a block no other request holds.
     """
 
     num_tokens: int
@@ -175,6 +181,7 @@ class PreparedInputs:
     pending_identity: bool = False
     min_query_len: int = 1
     decode_form: bool = False
+    independent_rows: bool = False
 
     @property
     def num_pending(self) -> int:
@@ -425,6 +432,9 @@ class InputPreparer:
             pending_identity=identity,
             min_query_len=int(q_lens.min()) if max_query_len > 1 and not in_decode_form else 1,
             decode_form=in_decode_form,
+            independent_rows=max_query_len == 1
+            and not in_decode_form
+            and (num_seqs == 1 or not bool(np.any(seq_lens % bs == 0))),
         )
 
 

@@ -286,6 +286,7 @@ class ModelRunner:
                 self.max_blocks_per_seq,
                 sc.max_model_len,
                 capture_error_mode="thread_local" if self.tp_size > 1 else "global",
+                independent_buckets=self.attn_backend.fuses_decode_rope,
             )
         self.piecewise: PiecewiseGraphRunner | None = None
         if self.graph_runner is not None and self.tp_size == 1:
@@ -391,7 +392,8 @@ class ModelRunner:
         Triton's specialisation of ints equal to 1 or divisible by 16): prefill chunks of
         1..33 tokens, a mixed prefill + decode batch, a 128-token chunk next to a decode (the
         prefill attention kernel and the paged kernel's skipping variant), the LM head over
-        1, 2 and 16 rows, the grammar-mask kernel (so the first constrained request does
+        1, 2 and 16 rows (the one-token step as a true decode step, so a backend's decode
+        variant with the rotary fused into attention compiles too), the grammar-mask kernel (so the first constrained request does
         not stall the batch while it compiles) and the window sampling kernel. A no-op on CPU."""
         if self.device.type != "cuda":
             return
@@ -437,6 +439,9 @@ class ModelRunner:
             query_start_loc_cpu=cu.tolist(),
             seq_lens_cpu=seq_lens,
             min_query_len=min(q_lens),
+            # nothing is written (slot -1): a one-token step may take the backend's fused
+            # decode variant, which then compiles here too
+            independent_rows=max(q_lens) == 1,
         )
         rows = sample_rows
         with torch.inference_mode():
@@ -745,6 +750,7 @@ class ModelRunner:
             query_start_loc_cpu=inputs.query_start_loc_cpu[: inputs.num_seqs + 1],
             seq_lens_cpu=inputs.seq_lens_cpu[: inputs.num_seqs],
             min_query_len=inputs.min_query_len,
+            independent_rows=inputs.independent_rows,
         )
 
     def _forward(

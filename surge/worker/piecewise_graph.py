@@ -40,12 +40,16 @@ import dataclasses
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.worker.cuda_graph import pick_bucket
 from surge.worker.input_batch import PreparedInputs
+
+if TYPE_CHECKING:
+    from surge.kernels.kv_write import RopeKvWrite
 
 PIECEWISE_MAX_TOKENS = 1024
 """Largest step (tokens) replayed through piecewise graphs. Around it an eager Qwen3-8B step
@@ -123,9 +127,12 @@ class _SplittingBackend(AttentionBackend):
         write_kv: bool = True,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeKvWrite | None = None,
     ) -> torch.Tensor:
         r = self.runner
         t = q.shape[0]
+        if rope is not None:  # inside the piece being captured, as the layer ran it before
+            rope.apply(q, k_cache, v_cache, k_scale, v_scale)
         if q.shape[1:] != r.q.shape[1:] or k.shape[1:] != r.k.shape[1:] or v.shape[1:] != r.v.shape[1:]:
             raise ValueError(
                 f"attention shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match the "

@@ -72,6 +72,32 @@ def test_layout_is_one_decode_row_per_token() -> None:
     assert not prep.prepare(so, lambda n: 8, None, None).decode_form
 
 
+def test_independent_rows_only_where_no_row_can_read_another_rows_new_kv() -> None:
+    """``independent_rows`` (a backend may write K/V inside attention): a pure decode step of
+    one sequence, or of several of which none completes a block (block size 4 here). A row
+    completing a block may share it with a request admitted in the same step through the
+    prefix cache, so such a step is not; neither is decode form nor a prefill."""
+    prep = InputPreparer(torch.device("cpu"), 64, 16, 4, 64)
+
+    def decode(*computed: int) -> bool:
+        reqs = [
+            _req(f"r{i}", list(range(1, c + 2)), c, [7 + 3 * i, 8 + 3 * i, 9 + 3 * i])
+            for i, c in enumerate(computed)
+        ]
+        so = SchedulerOutput([ScheduledRequest(r, 1, True) for r in reqs], len(reqs))
+        return prep.prepare(so).independent_rows
+
+    assert decode(5) and decode(5, 9) and decode(4, 8)  # new tokens at positions 5/9, 4/8: no block ends
+    assert decode(3)  # one sequence: its own program writes, then reads
+    assert not decode(3, 5) and not decode(5, 7)  # position 3 or 7 completes a 4-token block
+    a = _req("a", list(range(10, 20)), 7, [5, 2, 9])
+    b = _req("b", list(range(30, 36)), 0, [4, 1])
+    mixed = SchedulerOutput([ScheduledRequest(a, 3, True), ScheduledRequest(b, 4, False)], 7)
+    assert not prep.prepare(mixed).independent_rows
+    form = prep.prepare(mixed, lambda n: 8 if n <= 8 else None, None, DecodeFormPolicy(kv_bytes_per_token=1))
+    assert form.decode_form and not form.independent_rows
+
+
 def test_policy_bounds_tokens_and_kv_reads() -> None:
     q = np.array([16, 1], dtype=np.int64)
     s = np.array([4096, 100], dtype=np.int64)
@@ -259,3 +285,52 @@ def test_triton_split_kv_rows_sharing_a_block_table(tmp_path: Path) -> None:
     for (k, v), (k_ref, v_ref) in zip(triton_runner.kv_caches, reference.kv_caches, strict=True):
         torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(v, v_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_true_decode_steps_replay_their_own_graph_variant(qwen3: Path) -> None:
+    """A backend that fuses work into decode attention up to 2 sequences
+    (:meth:`AttentionBackend.fuses_decode_rope`) gets ``independent_rows`` on the decode steps of
+    buckets 1 and 2 only; decode-form steps (rows of one request read each other's new K/V) and
+    larger buckets never see it, and the tokens do not change."""
+    llm = LLM(qwen3, device="cpu", dtype="float32", max_num_seqs=8, async_scheduling=True)
+    runner = llm.engine.runner
+    sc = runner.config.scheduler
+    graphs = DecodeGraphRunner(
+        runner._forward,
+        runner.device,
+        decode_buckets(sc.max_num_seqs, sc.max_num_batched_tokens),
+        runner.max_blocks_per_seq,
+        sc.max_model_len,
+        use_graphs=False,
+        independent_buckets=lambda bucket: bucket <= 2,
+    )
+    assert graphs.independent == [1, 2]
+    runner.graph_runner = graphs
+    seen: list[tuple[bool, int, bool]] = []
+    forward, run = runner._forward, graphs.run
+    form = {"now": False, "independent": False}
+
+    def logged_run(inputs: PreparedInputs) -> torch.Tensor:
+        form["now"] = inputs.decode_form
+        form["independent"] = inputs.independent_rows
+        return run(inputs)
+
+    def logged_forward(ids: torch.Tensor, pos: torch.Tensor, md: Any) -> torch.Tensor:
+        assert not md.independent_rows or form["independent"]
+        seen.append((form["now"], md.num_seqs, md.independent_rows))
+        return forward(ids, pos, md)
+
+    graphs.run = logged_run  # type: ignore[method-assign]
+    graphs.forward = logged_forward
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = _prompts(3, [2, 9, 3], 512)
+    fused = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], sp)]
+    fused += [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    assert (True, 2, False) in seen, seen  # the 2-token prompt: decode form in bucket 2
+    for form_step, bucket, independent in seen:
+        assert not independent or (not form_step and bucket <= 2), seen
+    assert any(ind for _, _, ind in seen) and any(b > 2 and not f for f, b, _ in seen), seen
+    plain = LLM(qwen3, device="cpu", dtype="float32", max_num_seqs=8, enforce_eager=True)
+    expect = [o.outputs[0].token_ids for o in plain.generate(prompts[:1], sp)]
+    expect += [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
+    assert fused == expect
