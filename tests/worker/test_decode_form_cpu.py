@@ -113,18 +113,24 @@ def test_policy_bounds_tokens_and_kv_reads() -> None:
 # ----------------------------------------------------------------------------- the engine
 
 
-def _static_graphs(runner: ModelRunner, log: list[tuple[bool, int, int]]) -> DecodeGraphRunner:
-    """The decode-graph path without capture; ``log`` gets (decode form?, tokens, pending
-    tokens) of every step it runs."""
+def _uncaptured_graphs(runner: ModelRunner, **kw: Any) -> DecodeGraphRunner:
+    """``runner``'s decode-graph path over static buffers, run eagerly (no capture)."""
     sc = runner.config.scheduler
-    graphs = DecodeGraphRunner(
+    return DecodeGraphRunner(
         runner._forward,
         runner.device,
         decode_buckets(sc.max_num_seqs, sc.max_num_batched_tokens),
         runner.max_blocks_per_seq,
         sc.max_model_len,
         use_graphs=False,
+        **kw,
     )
+
+
+def _static_graphs(runner: ModelRunner, log: list[tuple[bool, int, int]]) -> DecodeGraphRunner:
+    """The decode-graph path without capture; ``log`` gets (decode form?, tokens, pending
+    tokens) of every step it runs."""
+    graphs = _uncaptured_graphs(runner)
     run = graphs.run
 
     def logged_run(inputs: PreparedInputs) -> torch.Tensor:
@@ -294,16 +300,7 @@ def test_true_decode_steps_replay_their_own_graph_variant(qwen3: Path) -> None:
     larger buckets never see it, and the tokens do not change."""
     llm = LLM(qwen3, device="cpu", dtype="float32", max_num_seqs=8, async_scheduling=True)
     runner = llm.engine.runner
-    sc = runner.config.scheduler
-    graphs = DecodeGraphRunner(
-        runner._forward,
-        runner.device,
-        decode_buckets(sc.max_num_seqs, sc.max_num_batched_tokens),
-        runner.max_blocks_per_seq,
-        sc.max_model_len,
-        use_graphs=False,
-        independent_buckets=lambda bucket: bucket <= 2,
-    )
+    graphs = _uncaptured_graphs(runner, independent_buckets=lambda bucket: bucket <= 2)
     assert graphs.independent == [1, 2]
     runner.graph_runner = graphs
     seen: list[tuple[bool, int, bool]] = []
