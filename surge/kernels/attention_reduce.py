@@ -9,6 +9,12 @@ After a decode launch of :func:`surge.kernels.paged_attention.paged_attention` a
 only the first ``eff = clamp(cdiv(seq_len, min_kv_per_split), 1, num_splits)`` splits of
 its sequence; this kernel recomputes ``eff`` from ``seq_lens`` the same way, merges those
 splits only, and leaves the row alone when ``eff == 1`` (the attention kernel wrote it).
+
+:func:`merge_splits` is the merge itself, shared with the decode grid of
+:func:`surge.kernels.paged_attention.paged_attention`, whose last split of a (sequence, KV
+head) may merge in place of this kernel: it adds the splits in order ``0 .. eff - 1`` with
+explicit fused multiply-adds, so both give the same bits whatever the launch's contraction
+setting or the tile's shape.
 """
 
 from __future__ import annotations
@@ -18,6 +24,106 @@ import triton
 import triton.language as tl
 
 from surge.kernels.pdl import pdl_wait, use_pdl
+
+
+@triton.jit
+def _split_terms(
+    part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s, eff, m_max, offs_d, d_valid, HEAD_DIM
+):
+    """Split ``s``'s weight ``2^(m_s - m_max)`` ``[R]``, denominator ``[R]`` and output
+    ``[R, HEAD_DIM_PAD]``; all zero when ``s >= eff`` (no load)."""
+    ok = row_mask & (s < eff)
+    w = tl.exp2(tl.load(part_m_ptr + rows + s, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_max)
+    l_s = tl.load(part_l_ptr + rows + s, mask=ok, other=0.0, cache_modifier=".cg")
+    acc = tl.load(
+        part_out_ptr + (rows + s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=ok[:, None] & d_valid[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    return w, l_s, acc
+
+
+@triton.jit
+def merge_splits(
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    rows,
+    row_mask,
+    eff,
+    offs_d,
+    d_valid,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """The merged, normalised output ``[R, HEAD_DIM_PAD]`` fp32 of ``R`` (token, head) rows
+    whose partials start at row ``rows [R]`` (int64, ``(token * num_heads + head) *
+    num_splits``) of the partial buffers, over their first ``eff`` (>= 1, <= ``SPLITS_PAD``)
+    splits. Rows off ``row_mask`` are not read (they come out zero). Loads go through L2
+    (``.cg``), so partials that other programs of the same launch stored are seen once an
+    acquire has ordered them. The splits are added in order ``0 .. eff - 1`` with explicit
+    fused multiply-adds (the same bits for any ``R``, launch or contraction setting); their
+    loads are issued eight splits at a time, so a long merge waits on L2 about
+    ``cdiv(eff - 1, 8) + 1`` times, not ``eff`` times. Source: Dao et al., "Flash-Decoding for
+    long-context inference" (2023), the rescale by ``2^(m_s - max_s m_s)``."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    m = tl.load(
+        part_m_ptr + rows[:, None] + offs_s[None, :],
+        mask=row_mask[:, None] & (offs_s < eff)[None, :],
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )
+    m_max = tl.where(row_mask, tl.max(m, 1), 0.0)
+    w, l_s, acc = _split_terms(
+        part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, 0, eff, m_max, offs_d, d_valid, HEAD_DIM
+    )
+    denom = w * l_s
+    num = w[:, None] * acc
+    for s in range(1, eff, 8):  # eight splits' loads, then their multiply-adds in order
+        w0, l0, a0 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w1, l1, a1 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 1, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w2, l2, a2 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 2, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w3, l3, a3 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 3, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w4, l4, a4 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 4, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w5, l5, a5 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 5, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w6, l6, a6 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 6, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        w7, l7, a7 = _split_terms(
+            part_out_ptr, part_m_ptr, part_l_ptr, rows, row_mask, s + 7, eff, m_max, offs_d, d_valid, HEAD_DIM
+        )
+        # a split past eff adds w = 0 times zeros: the sums are unchanged
+        denom = tl.fma(w0, l0, denom)
+        num = tl.fma(w0[:, None], a0, num)
+        denom = tl.fma(w1, l1, denom)
+        num = tl.fma(w1[:, None], a1, num)
+        denom = tl.fma(w2, l2, denom)
+        num = tl.fma(w2[:, None], a2, num)
+        denom = tl.fma(w3, l3, denom)
+        num = tl.fma(w3[:, None], a3, num)
+        denom = tl.fma(w4, l4, denom)
+        num = tl.fma(w4[:, None], a4, num)
+        denom = tl.fma(w5, l5, denom)
+        num = tl.fma(w5[:, None], a5, num)
+        denom = tl.fma(w6, l6, denom)
+        num = tl.fma(w6[:, None], a6, num)
+        denom = tl.fma(w7, l7, denom)
+        num = tl.fma(w7[:, None], a7, num)
+    denom = tl.where(denom > 0.0, denom, 1.0)
+    return num / denom[:, None]
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
@@ -43,7 +149,6 @@ def _attention_reduce_kernel(
     pdl_wait(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
     out_row = out_ptr + token * stride_ot + head * stride_oh + offs_d
@@ -63,23 +168,14 @@ def _attention_reduce_kernel(
         eff = tl.where((start == token) & (end == token + 1), eff, NUM_SPLITS)
         if eff == 1:
             return  # one split: the attention kernel wrote the final row
-        s_valid = offs_s < eff
     else:
-        s_valid = offs_s < NUM_SPLITS
-    row = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + offs_s
-    m = tl.load(part_m_ptr + row, mask=s_valid, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + row, mask=s_valid, other=0.0)
-    acc = tl.load(
-        part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=s_valid[:, None] & d_valid[None, :],
-        other=0.0,
+        eff = NUM_SPLITS
+    one = tl.arange(0, 1)
+    rows = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + one
+    out = merge_splits(
+        part_out_ptr, part_m_ptr, part_l_ptr, rows, one == 0, eff, offs_d, d_valid, HEAD_DIM, SPLITS_PAD
     )
-    m_max = tl.max(m, 0)
-    w = tl.exp2(m - m_max)
-    denom = tl.sum(w * l_s, 0)
-    num = tl.sum(w[:, None] * acc, 0)
-    denom = tl.where(denom > 0.0, denom, 1.0)
-    tl.store(out_row, (num / denom).to(out_ptr.dtype.element_ty), mask=d_valid)
+    tl.store(out_row[None, :] + one[:, None], out.to(out_ptr.dtype.element_ty), mask=d_valid[None, :])
 
 
 def attention_reduce(

@@ -31,7 +31,10 @@ cdiv(min_kv_per_split, BLOCK_N)``), the other programs return at once, and a seq
 one split writes its normalised output directly and no partials (the reduce skips it). The
 reduce recomputes that count from ``seq_lens`` for token ``t`` when ``t`` is sequence
 ``t``'s token (padding sequences last, as decode batches are laid out); any other layout,
-and the mixed grid, use all ``num_splits``. No host syncs and no data-dependent
+and the mixed grid, use all ``num_splits``. On the decode grid the merge may instead run
+inside the attention launch (``split_counters``): the last split of a (sequence, KV head) to
+finish merges its sequence's partials, as a serial split-K fix-up does, with the same bits as
+the reduce kernel and one launch less per layer. No host syncs and no data-dependent
 allocation: the launcher is safe inside CUDA-graph capture.
 
 With ``rope`` (:class:`surge.kernels.kv_write.RopeKvWrite`, decode grid only) the kernel also
@@ -63,7 +66,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from surge.kernels.attention_reduce import attention_reduce
+from surge.kernels.attention_reduce import attention_reduce, merge_splits
 from surge.kernels.kv_write import RopeKvWrite, norm_rope, store_heads
 from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX
@@ -236,6 +239,7 @@ def _paged_attention_kernel(
     part_out_ptr,
     part_m_ptr,
     part_l_ptr,
+    cnt_ptr,
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
@@ -286,8 +290,10 @@ def _paged_attention_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
     MIN_TILES_PER_SPLIT: tl.constexpr,
     DECODE: tl.constexpr,
+    INLINE_REDUCE: tl.constexpr,
     IEEE: tl.constexpr,
     FP8_KV: tl.constexpr,
     ASM_CVT: tl.constexpr,
@@ -539,6 +545,39 @@ def _paged_attention_kernel(
                 store_mask,
                 HEAD_DIM,
             )
+            if INLINE_REDUCE:
+                # The last of the sequence's eff splits (for this KV head) to arrive merges
+                # them: the barrier orders every thread's partial stores before the release,
+                # the acquire orders the other splits' stores before the merge's loads.
+                counter = cnt_ptr + seq_idx * tl.num_programs(1) + kv_head
+                tl.debug_barrier()
+                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if arrived == eff - 1:
+                    tl.debug_barrier()
+                    # the KV head's GROUP query heads only (not the tile's padded rows)
+                    offs_g = tl.arange(0, GROUP_PAD)
+                    head_g = kv_head * GROUP + offs_g
+                    g_valid = offs_g < GROUP
+                    rows = (token.to(tl.int64) * num_heads + head_g) * NUM_SPLITS
+                    merged = merge_splits(
+                        part_out_ptr,
+                        part_m_ptr,
+                        part_l_ptr,
+                        rows,
+                        g_valid,
+                        eff,
+                        offs_d,
+                        d_valid,
+                        HEAD_DIM,
+                        SPLITS_PAD,
+                    )
+                    out_rows = out_ptr + (token * stride_ot + head_g * stride_oh)[:, None] + offs_d[None, :]
+                    tl.store(
+                        out_rows,
+                        merged.to(out_ptr.dtype.element_ty),
+                        mask=g_valid[:, None] & d_valid[None, :],
+                    )
+                    tl.store(counter, 0)  # clean for the next launch (stream-ordered)
     else:
         _store_partial(
             part_out_ptr,
@@ -688,6 +727,7 @@ def paged_attention(
     v_scale: float = 1.0,
     skip_query_len: int | None = None,
     rope: RopeKvWrite | None = None,
+    split_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch of query tokens over a paged KV cache.
 
@@ -732,15 +772,25 @@ def paged_attention(
             before it reads its tiles: what :func:`surge.kernels.kv_write.fused_qk_norm_rope_kv_write`
             then this function compute, with the same roundings (the launch turns off
             multiply-add contraction, as that kernel's does), one launch less.
+        split_counters: decode grid with ``num_splits > 1`` only (ignored otherwise): int32,
+            at least ``num_seqs * num_kv_heads`` elements, all zero, persistent (allocated
+            before any CUDA-graph capture), shared by stream-ordered calls. Each program of a
+            sequence's splits counts itself in on its (sequence, KV head) counter after storing
+            its partials, and the last one merges them
+            (:func:`surge.kernels.attention_reduce.merge_splits`, the reduce kernel's bits) and
+            sets the counter back to zero: no reduce launch (the serial split-K fix-up of
+            :mod:`surge.kernels.fp8_gemm_splitk`'s ``"inline"`` reduction, applied to
+            flash-decoding). None: the reduce kernel.
 
     Returns:
         ``out``: ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype; padding rows are
-        unspecified (zero on the split path).
+        unspecified (zero when the reduce kernel merges splits).
 
     Raises:
         ValueError: on inconsistent shapes, dtypes, ``num_splits < 1`` or
-            ``min_kv_per_split < 1``, or ``rope`` off the decode grid or with a head size
-            that is not a power of two.
+            ``min_kv_per_split < 1``, ``rope`` off the decode grid or with a head size
+            that is not a power of two, or ``split_counters`` that is not int32, contiguous,
+            on ``q``'s device and at least ``num_seqs * num_kv_heads`` long.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -779,12 +829,26 @@ def paged_attention(
             raise ValueError("pass both q_norm_weight and k_norm_weight or neither")
         if fp8 and not (k_scale > 0.0 and v_scale > 0.0):
             raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
+    decode = max_query_len == 1
+    inline = decode and num_splits > 1 and split_counters is not None
+    if inline:
+        assert split_counters is not None
+        if (
+            split_counters.dtype != torch.int32
+            or not split_counters.is_contiguous()
+            or split_counters.device != q.device
+            or split_counters.numel() < num_seqs * num_kv_heads
+        ):
+            raise ValueError(
+                f"split_counters must be int32, contiguous, on {q.device} and hold at least "
+                f"{num_seqs * num_kv_heads} counters, got {split_counters.dtype} "
+                f"[{split_counters.numel()}] on {split_counters.device}"
+            )
     if out is None:
         out = torch.empty_like(q)
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     cfg = config or default_tile_config(group, head_dim, max_query_len, q.dtype, k_cache.dtype)
-    decode = max_query_len == 1
     if decode:
         block_m, block_q, grid_rows = max(16, group_pad), 1, num_seqs
     else:
@@ -807,6 +871,7 @@ def paged_attention(
         part_out,
         part_m,
         part_l,
+        split_counters if inline else seq_lens,
         q,
         k_cache,
         v_cache,
@@ -841,8 +906,10 @@ def paged_attention(
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
         NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
         MIN_TILES_PER_SPLIT=min_tiles_per_split,
         DECODE=decode,
+        INLINE_REDUCE=inline,
         IEEE=q.dtype == torch.float32,
         FP8_KV=fp8,
         ASM_CVT=fp8 and not isinstance(_paged_attention_kernel, InterpretedFunction),
@@ -856,7 +923,7 @@ def paged_attention(
         # with rope: rotary's roundings as torch's (see surge.kernels.kv_write._launch)
         enable_fp_fusion=rope is None,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not inline:
         attention_reduce(
             part_out,
             part_m,

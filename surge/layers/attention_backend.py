@@ -73,6 +73,12 @@ class AttentionBackend(ABC):
     cuda_graph_safe: bool = False
     """True when ``forward`` has no host syncs and fixed grids, so it can be captured."""
 
+    def reserve(self, max_num_seqs: int, num_kv_heads: int, device: torch.device) -> None:
+        """Allocate the persistent scratch that :meth:`forward` may use on steps of up to
+        ``max_num_seqs`` sequences with ``num_kv_heads`` KV heads (this rank's), on ``device``;
+        called once, before any CUDA-graph capture. Default: nothing to allocate."""
+        return None
+
     def fuses_decode_rope(self, num_seqs: int) -> bool:
         """Whether a ``rope`` handed to :meth:`forward` on a decode step of ``num_seqs``
         :attr:`AttentionMetadata.independent_rows` runs inside the attention kernel (so a

@@ -7,8 +7,9 @@ other rows of the step (decodes, short chunks) run on
 :func:`surge.kernels.paged_attention.paged_attention`, which skips the rows the prefill kernel
 took. Both kernels read an FP8 cache (dequantized in registers with the layer's scales). A pure decode step
 (``max_query_len == 1``) takes the kernel's decode grid (one program per sequence and KV
-head), and small decode batches take the split-KV (flash-decoding) path with a reduce
-kernel, each sequence using only the splits its own context needs. Every host-side choice is
+head), and small decode batches take the split-KV (flash-decoding) path, each sequence
+using only the splits its own context needs; its last split merges them (after
+:meth:`TritonAttentionBackend.reserve`; otherwise a reduce kernel does). Every host-side choice is
 made from host ints already in :class:`AttentionMetadata` and tensor shapes, so a forward
 never syncs with the GPU and is safe inside CUDA-graph capture.
 """
@@ -77,6 +78,9 @@ class TritonAttentionBackend(AttentionBackend):
         decode_rope_max_seqs: largest decode step (sequences) that runs a layer's q/k norm,
             rotary and K/V write inside the decode attention kernel (0: never); default
             :data:`DECODE_ROPE_MAX_SEQS`.
+        inline_split_reduce: on split-KV decode steps, let the attention kernel's last split
+            merge the partials instead of a reduce launch, once :meth:`reserve` has allocated
+            its counters (False: always the reduce kernel).
 
     Under CUDA graphs, pass the longest context a graph may replay with as
     ``metadata.max_seq_len`` at capture time (e.g. ``max_model_len``): the number of
@@ -97,6 +101,7 @@ class TritonAttentionBackend(AttentionBackend):
         split_kv: bool = True,
         prefill: PrefillKernelChoice | None = None,
         decode_rope_max_seqs: int = DECODE_ROPE_MAX_SEQS,
+        inline_split_reduce: bool = True,
     ) -> None:
         if num_sms is None:
             num_sms = (
@@ -109,6 +114,32 @@ class TritonAttentionBackend(AttentionBackend):
         self.split_kv = split_kv
         self.prefill = prefill or PrefillKernelChoice()
         self.decode_rope_max_seqs = decode_rope_max_seqs
+        self.inline_split_reduce = inline_split_reduce
+        self._split_counters: torch.Tensor | None = None
+
+    def reserve(self, max_num_seqs: int, num_kv_heads: int, device: torch.device) -> None:
+        """See :meth:`AttentionBackend.reserve`: the split-KV decode grid's arrival counters
+        (int32, ``max_num_seqs * num_kv_heads``, zero), so that its last split merges the
+        partials in place of the reduce launch (``split_counters`` of :func:`paged_attention`);
+        a decode step of more sequences than reserved keeps the reduce kernel. A no-op when
+        :attr:`inline_split_reduce` is off.
+
+        Raises:
+            ValueError: ``max_num_seqs`` or ``num_kv_heads`` below 1.
+        """
+        if max_num_seqs < 1 or num_kv_heads < 1:
+            raise ValueError(
+                f"max_num_seqs and num_kv_heads must be >= 1, got {max_num_seqs}, {num_kv_heads}"
+            )
+        if self.inline_split_reduce:
+            self._split_counters = torch.zeros(max_num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+
+    def _counters_for(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+        """The reserved counters when they cover ``num_seqs`` x ``num_kv_heads`` on ``device``."""
+        c = self._split_counters
+        if c is None or c.device != device or c.numel() < num_seqs * num_kv_heads:
+            return None
+        return c
 
     def fuses_decode_rope(self, num_seqs: int) -> bool:
         """See :meth:`AttentionBackend.fuses_decode_rope`: up to :attr:`decode_rope_max_seqs`."""
@@ -193,6 +224,7 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
             rope=rope if fuse else None,
+            split_counters=self._counters_for(metadata.seq_lens.shape[0], k_cache.shape[2], q.device),
         )
 
     def _prefill_forward(

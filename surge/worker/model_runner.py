@@ -277,6 +277,8 @@ class ModelRunner:
         self.max_num_tokens = sc.max_num_batched_tokens
         self.max_num_seqs = sc.max_num_seqs
         self.max_blocks_per_seq = -(-sc.max_model_len // self.block_size)
+        # before warm-up and graph capture: the graphs hold the backend's scratch
+        self.attn_backend.reserve(self.max_num_seqs, self.num_kv_heads, self.device)
         self.graph_runner: DecodeGraphRunner | None = None
         if use_cuda_graphs(config, self.attn_backend):
             self.graph_runner = DecodeGraphRunner(

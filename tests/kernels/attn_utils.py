@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from surge.layers.attention_backend import AttentionMetadata
@@ -109,3 +110,22 @@ def reference_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
         scores.masked_fill_(pos[None, :] > q_pos[:, None], float("-inf"))
         out[q0:q1] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vals)
     return out
+
+
+def reverse_interpreter_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under Triton's CPU interpreter, run every grid's programs last to first (for the rest of
+    the test): a kernel whose programs depend on each other's order (a writer split, the last
+    split to arrive) is then exercised in the order that grid order never shows. On a GPU the
+    programs race for real; this does nothing there."""
+    if torch.cuda.is_available():
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    set_idx = type(builder).set_grid_idx
+
+    def reversed_idx(self: object, x: int, y: int, z: int) -> None:
+        gx, gy, gz = builder.grid_dim
+        set_idx(builder, gx - 1 - x, gy - 1 - y, gz - 1 - z)
+
+    monkeypatch.setattr(builder, "set_grid_idx", reversed_idx.__get__(builder))

@@ -8,7 +8,7 @@ import torch
 
 from surge.kernels.kv_write import RopeKvWrite, fused_qk_norm_rope_kv_write
 from surge.kernels.paged_attention import AttentionTileConfig, decode_rope_supported, paged_attention
-from tests.kernels.attn_utils import make_batch
+from tests.kernels.attn_utils import make_batch, reverse_interpreter_programs
 
 SMALL_TILE = AttentionTileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,18 +20,7 @@ def _programs_in_reverse(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the interpreter, run the grid's programs last to first: a split that read the new
     K/V before the writing split had stored it would then see the stale cache (in grid order
     an early writer would pass by luck). On a GPU the programs race for real."""
-    if DEVICE != "cpu":
-        return
-    from triton.runtime import interpreter
-
-    builder = interpreter.interpreter_builder
-    set_idx = type(builder).set_grid_idx
-
-    def reversed_idx(self: object, x: int, y: int, z: int) -> None:
-        gx, gy, gz = builder.grid_dim
-        set_idx(builder, gx - 1 - x, gy - 1 - y, gz - 1 - z)
-
-    monkeypatch.setattr(builder, "set_grid_idx", reversed_idx.__get__(builder))
+    reverse_interpreter_programs(monkeypatch)
 
 
 def _tables(max_pos: int, half: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,9 +83,26 @@ def _case(
     kw = dict(num_splits=num_splits, max_query_len=1, config=config, min_kv_per_split=min_kv_per_split)
     out_ref = paged_attention(q_ref, kc_ref, vc_ref, *args, k_scale=k_scale, v_scale=v_scale, **kw)
 
+    # the fused launch twice over the same cache: the reduce kernel, then the in-kernel merge
+    # (the write stores the same bytes again)
+    k_cache_in = k_cache.clone()
     q_in, k_in = batch.q.clone(), batch.k.clone()
     rope = RopeKvWrite(k_in, batch.v, positions, cos, sin, slots, qn, kn, 1e-6)
     out = paged_attention(q_in, k_cache, v_cache, *args, k_scale=k_scale, v_scale=v_scale, rope=rope, **kw)
+    counters = torch.zeros(len(q_lens) * num_kv_heads, dtype=torch.int32, device=DEVICE)
+    out_inline = paged_attention(
+        q_in,
+        k_cache_in,
+        v_cache.clone(),
+        *args,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        rope=rope,
+        split_counters=counters,
+        **kw,
+    )
+    assert torch.equal(out_inline[: md.num_tokens], out[: md.num_tokens]), "the in-kernel merge's bits differ"
+    assert torch.all(counters == 0), "counters must be left zero"
 
     n = md.num_tokens
     as_bits = (lambda c: c.view(torch.uint8)) if cache_dtype == FP8 else (lambda c: c)
@@ -183,11 +189,13 @@ from triton.compiler import ASTSource
 from surge.kernels.paged_attention import _paged_attention_kernel as k
 
 fp8 = sys.argv[1] == "fp8"
+inline = sys.argv[2] == "inline"
 cache = "*fp8e4nv" if fp8 else "*bf16"
 const = dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=64, HEAD_DIM=128, HEAD_DIM_PAD=128,
-             BLOCK_SIZE=16, NUM_SPLITS=4, MIN_TILES_PER_SPLIT=4, DECODE=True, IEEE=False, FP8_KV=fp8,
-             ASM_CVT=fp8, ROPE_KV=True, QK_NORM=True, HALF=64, PDL=True)
-ptr = {"part_out_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "k_cache_ptr": cache,
+             BLOCK_SIZE=16, NUM_SPLITS=4, SPLITS_PAD=4, MIN_TILES_PER_SPLIT=4, DECODE=True,
+             INLINE_REDUCE=inline, IEEE=False, FP8_KV=fp8, ASM_CVT=fp8, ROPE_KV=True, QK_NORM=True, HALF=64,
+             PDL=True)
+ptr = {"part_out_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "cnt_ptr": "*i32", "k_cache_ptr": cache,
        "v_cache_ptr": cache, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
        "slot_ptr": "*i64", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
 floats = ("scale_log2", "v_scale", "eps", "k_inv_scale", "v_inv_scale")
@@ -199,11 +207,14 @@ print(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["p
 """
 
 
+@pytest.mark.parametrize("merge", ["reduce", "inline"])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_decode_rope_kernel_compiles_for_sm90(cache: str) -> None:
+def test_decode_rope_kernel_compiles_for_sm90(cache: str, merge: str) -> None:
     """Compiled for sm90 outside the interpreter (no GPU needed; the interpreter is lenient about
     globals and shapes): the decode grid with rope builds, with Qwen3-8B's head size, bf16 or
-    FP8 cache; rotary rounds each product (``mul.rn.bf16``) and nothing is contracted."""
+    FP8 cache, with the reduce kernel's partials or the in-kernel merge; rotary rounds each
+    product (``mul.rn.bf16``) and nothing is contracted (the merge's explicit ``tl.fma`` aside,
+    which the reduce kernel runs too, and its GPU-scope acquire-release arrival)."""
     import os
     import subprocess
     import sys
@@ -211,8 +222,17 @@ def test_decode_rope_kernel_compiles_for_sm90(cache: str) -> None:
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(
-        [sys.executable, "-c", _PTX_SCRIPT, cache], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", _PTX_SCRIPT, cache, merge],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "mul.rn.bf16" in res.stdout
-    assert "fma.rn.bf16" not in res.stdout and "fma.rn.f32" not in res.stdout
+    assert "fma.rn.bf16" not in res.stdout
+    if merge == "inline":
+        assert "atom.global.gpu.acq_rel.add" in res.stdout
+        assert "fma.rn.f32" in res.stdout  # the merge's own
+    else:
+        assert "fma.rn.f32" not in res.stdout and "atom." not in res.stdout

@@ -8,7 +8,7 @@ import torch
 from surge.kernels.attention_reduce import attention_reduce
 from surge.kernels.paged_attention import AttentionTileConfig, choose_num_splits, paged_attention
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
-from tests.kernels.attn_utils import make_batch, reference_attention
+from tests.kernels.attn_utils import make_batch, reference_attention, reverse_interpreter_programs
 
 # Mixed step: a prefill chunk over 16 cached tokens, decodes (one at a block boundary, one
 # with a single-token context), and a whole 7-token prefill.
@@ -19,6 +19,7 @@ SMALL_TILE = AttentionTileConfig(block_m=16, block_n=16, num_warps=4, num_stages
 # a single-token context. With 32 KV tokens per split the sequences use 1, 1, 1, 2, 4, 6 and
 # 1 splits (capped at num_splits).
 DECODE_SEQ_LENS = [5, 16, 17, 40, 100, 161, 1]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _run(
@@ -32,7 +33,10 @@ def _run(
     seq_lens: list[int] = MIXED_SEQ_LENS,
     num_kv_heads: int = 2,
     min_kv_per_split: int = 256,
+    inline: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output rows and the oracle's; ``inline`` merges the decode grid's splits in the
+    attention launch (``split_counters``, checked to come back zero)."""
     batch = make_batch(
         q_lens,
         seq_lens,
@@ -46,6 +50,7 @@ def _run(
     md = batch.metadata
     torch_write_kv_cache(batch.k, batch.v, batch.k_cache, batch.v_cache, md.slot_mapping)
     scale = head_dim**-0.5
+    counters = torch.zeros(len(seq_lens) * num_kv_heads, dtype=torch.int32, device=device)
     out = paged_attention(
         batch.q,
         batch.k_cache,
@@ -58,7 +63,9 @@ def _run(
         max_query_len=md.max_query_len,
         config=config,
         min_kv_per_split=min_kv_per_split,
+        split_counters=counters if inline else None,
     )
+    assert torch.all(counters == 0)
     return out[: md.num_tokens].float(), reference_attention(batch, scale)
 
 
@@ -111,13 +118,23 @@ def test_split_path_zeroes_padding_rows() -> None:
     assert not torch.isnan(out[: md.num_tokens]).any()
 
 
+@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 4, 8])
-def test_decode_grid_short_and_long_contexts(num_splits: int, dtype: torch.dtype) -> None:
-    """Decode grid: per-sequence split counts from 1 (direct write) up to num_splits."""
+def test_decode_grid_short_and_long_contexts(num_splits: int, dtype: torch.dtype, inline: bool) -> None:
+    """Decode grid: per-sequence split counts from 1 (direct write) up to num_splits, merged
+    by the reduce kernel or by each sequence's last split."""
     q_lens = [1] * len(DECODE_SEQ_LENS)
     out, ref = _run(
-        4, 32, num_splits, SMALL_TILE, dtype, q_lens=q_lens, seq_lens=DECODE_SEQ_LENS, min_kv_per_split=32
+        4,
+        32,
+        num_splits,
+        SMALL_TILE,
+        dtype,
+        q_lens=q_lens,
+        seq_lens=DECODE_SEQ_LENS,
+        min_kv_per_split=32,
+        inline=inline,
     )
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
@@ -136,7 +153,8 @@ def test_decode_grid_gqa_groups(group: int) -> None:
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_decode_grid_padded_sequences(num_splits: int) -> None:
     """As a CUDA graph bucket runs it: padding sequences (q_len 0, seq_len 0) after the real
-    ones and padding token rows; real rows match, padding rows are zero on the split path."""
+    ones and padding token rows; real rows match, padding rows are zero on the split path
+    (the reduce kernel's; see the in-kernel merge's test below)."""
     q_lens, seq_lens = [1, 1, 1, 0, 0], [40, 2, 90, 0, 0]
     batch = make_batch(q_lens, seq_lens, 8, 2, 32, num_pad_tokens=2)
     md = batch.metadata
@@ -163,8 +181,9 @@ def test_decode_grid_padded_sequences(num_splits: int) -> None:
         assert torch.all(out[md.num_tokens :] == 0)
 
 
+@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_decode_grid_sequence_without_token_in_the_middle(num_splits: int) -> None:
+def test_decode_grid_sequence_without_token_in_the_middle(num_splits: int, inline: bool) -> None:
     """A q_len-0 sequence before real ones: tokens no longer sit at their sequence's index,
     and the kernels fall back to reading query_start_loc (and to all splits)."""
     out, ref = _run(
@@ -176,8 +195,48 @@ def test_decode_grid_sequence_without_token_in_the_middle(num_splits: int) -> No
         q_lens=[1, 0, 1, 1],
         seq_lens=[20, 0, 70, 5],
         min_kv_per_split=16,
+        inline=inline,
     )
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_kernel_merge_same_bits_as_reduce_kernel(
+    dtype: torch.dtype, reverse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode grid's in-kernel merge (``split_counters``) gives the reduce kernel's bits,
+    whichever split arrives last (the interpreter's programs in grid order, then reversed), on
+    a graph bucket with padding sequences, whose rows it leaves alone; a second call on the
+    same counters (a graph replay) does the same."""
+    if reverse:
+        reverse_interpreter_programs(monkeypatch)
+    q_lens, seq_lens = [1, 1, 1, 1, 0, 0], [40, 2, 90, 161, 0, 0]
+    batch = make_batch(q_lens, seq_lens, 8, 2, 32, dtype=dtype, device=DEVICE, num_pad_tokens=2)
+    md = batch.metadata
+    torch_write_kv_cache(batch.k, batch.v, batch.k_cache, batch.v_cache, md.slot_mapping)
+    args = (batch.q, batch.k_cache, batch.v_cache, md.query_start_loc, md.seq_lens, md.block_table, 32**-0.5)
+    kw = dict(num_splits=8, max_query_len=1, config=SMALL_TILE, min_kv_per_split=32)
+    want = paged_attention(*args, **kw)
+    counters = torch.zeros(len(q_lens) * 2, dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        out = torch.full_like(batch.q, 7.0)
+        paged_attention(*args, out, split_counters=counters, **kw)
+        assert torch.equal(out[: md.num_tokens], want[: md.num_tokens])
+        assert torch.all(out[md.num_tokens :] == 7.0)
+        assert torch.all(counters == 0)
+
+
+def test_in_kernel_merge_rejects_bad_counters() -> None:
+    batch = make_batch([1, 1], [40, 90], 8, 2, 32, device=DEVICE)
+    md = batch.metadata
+    args = (batch.q, batch.k_cache, batch.v_cache, md.query_start_loc, md.seq_lens, md.block_table, 0.1)
+    for bad in (torch.zeros(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="split_counters"):
+            paged_attention(*args, num_splits=4, max_query_len=1, split_counters=bad.to(DEVICE))
+    # ignored where nothing merges: one split
+    one = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    paged_attention(*args, num_splits=1, max_query_len=1, split_counters=one)
 
 
 def test_reduce_merges_only_the_splits_a_decode_row_used() -> None:
@@ -263,31 +322,36 @@ def test_gpu_qwen3_8b_shapes(num_splits: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 16])
-def test_gpu_decode_batch(num_splits: int) -> None:
+def test_gpu_decode_batch(num_splits: int, inline: bool) -> None:
     seq_lens = [8192, 4096, 1, 777, 16, 4097, 2048, 3000]
-    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", [1] * len(seq_lens), seq_lens, 8)
+    q_lens = [1] * len(seq_lens)
+    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", q_lens, seq_lens, 8, inline=inline)
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_decode_graph_splits_with_padding() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+def test_gpu_decode_graph_splits_with_padding(inline: bool) -> None:
     """Qwen3-8B decode as a graph captured for a long max_model_len runs it: 32 splits at
-    most, contexts from 1 token to 8192, two padding sequences and padding rows."""
+    most, contexts from 1 token to 8192, two padding sequences and padding rows; merged by
+    the reduce kernel or in the attention launch."""
     seq_lens = [40, 8192, 1, 300, 4097, 17, 0, 0]
     q_lens = [1] * 6 + [0, 0]
-    out, ref = _run(4, 128, 32, None, torch.bfloat16, "cuda", q_lens, seq_lens, 8)
+    out, ref = _run(4, 128, 32, None, torch.bfloat16, "cuda", q_lens, seq_lens, 8, inline=inline)
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize(("batch", "num_splits"), [(64, 1), (64, 2), (16, 4)])
-def test_gpu_decode_large_batch_long_contexts(batch: int, num_splits: int) -> None:
+def test_gpu_decode_large_batch_long_contexts(batch: int, num_splits: int, inline: bool) -> None:
     """The serving matrix's large decode steps: up to 64 sequences at 4k+ contexts."""
     seq_lens = [4096 + 37 * (i % 9) for i in range(batch)]
-    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", [1] * batch, seq_lens, 8)
+    out, ref = _run(4, 128, num_splits, None, torch.bfloat16, "cuda", [1] * batch, seq_lens, 8, inline=inline)
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 

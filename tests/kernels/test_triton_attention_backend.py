@@ -200,3 +200,48 @@ def test_gpu_cuda_graph_replay() -> None:
     md.seq_lens_cpu = [4000, 3001, 18, 1]
     ref = reference_attention(batch, 128**-0.5)
     torch.testing.assert_close(out[:4].float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_reserved_counters_merge_split_decode_in_the_attention_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After ``reserve`` a split-KV decode step merges in the attention launch (no reduce
+    launch) with the reduce kernel's bits; a step of more sequences than reserved, and a
+    backend with ``inline_split_reduce=False``, keep the reduce kernel."""
+    from surge.kernels import paged_attention as pa
+
+    calls: list[int] = []
+    reduce = pa.attention_reduce
+
+    def counting_reduce(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return reduce(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pa, "attention_reduce", counting_reduce)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    q_lens, seq_lens = [1, 1, 1], [40, 700, 1300]
+    batch = make_batch(q_lens, seq_lens, 4, 2, 64, dtype=torch.float16, device=str(device), num_pad_tokens=1)
+    md = batch.metadata
+    md.max_seq_len = 4096  # as a decode graph is captured
+    args = (batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, md, 0.125)
+
+    plain = TritonAttentionBackend(num_sms=132)
+    assert plain.num_splits(md, 2) > 1
+    want = plain.forward(*args)
+    assert len(calls) == 1
+
+    inline = TritonAttentionBackend(num_sms=132)
+    inline.reserve(4, 2, device)
+    got = inline.forward(*args)
+    assert len(calls) == 1, "the reserved backend launched the reduce kernel"
+    assert torch.equal(got[: md.num_tokens], want[: md.num_tokens])
+
+    small = TritonAttentionBackend(num_sms=132)
+    small.reserve(2, 2, device)  # fewer sequences than the step's three
+    small.forward(*args)
+    off = TritonAttentionBackend(num_sms=132, inline_split_reduce=False)
+    off.reserve(4, 2, device)
+    off.forward(*args)
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        inline.reserve(0, 2, device)
