@@ -122,17 +122,27 @@ class TritonAttentionBackend(AttentionBackend):
         (int32, ``max_num_seqs * num_kv_heads``, zero), so that its last split merges the
         partials in place of the reduce launch (``split_counters`` of :func:`paged_attention`);
         a decode step of more sequences than reserved keeps the reduce kernel. A no-op when
-        :attr:`inline_split_reduce` is off.
+        :attr:`inline_split_reduce` is off, or when the counters already reserved cover the
+        request (captured graphs hold them, so they are never replaced).
 
         Raises:
-            ValueError: ``max_num_seqs`` or ``num_kv_heads`` below 1.
+            ValueError: ``max_num_seqs`` or ``num_kv_heads`` below 1, or counters already
+                reserved on another device or smaller than this request.
         """
         if max_num_seqs < 1 or num_kv_heads < 1:
             raise ValueError(
                 f"max_num_seqs and num_kv_heads must be >= 1, got {max_num_seqs}, {num_kv_heads}"
             )
-        if self.inline_split_reduce:
-            self._split_counters = torch.zeros(max_num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+        if not self.inline_split_reduce:
+            return
+        need = max_num_seqs * num_kv_heads
+        c = self._split_counters
+        if c is None:
+            self._split_counters = torch.zeros(need, dtype=torch.int32, device=device)
+        elif c.device != torch.empty(0, device=device).device or c.numel() < need:
+            raise ValueError(
+                f"split counters already reserved ({c.numel()} on {c.device}); cannot grow to {need} on {device}"
+            )
 
     def _counters_for(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """The reserved counters when they cover ``num_seqs`` x ``num_kv_heads`` on ``device``."""

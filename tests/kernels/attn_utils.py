@@ -117,6 +117,19 @@ def reverse_interpreter_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     the test): a kernel whose programs depend on each other's order (a writer split, the last
     split to arrive) is then exercised in the order that grid order never shows. On a GPU the
     programs race for real; this does nothing there."""
+    _reorder_interpreter_programs(monkeypatch, "reverse")
+
+
+def split_major_interpreter_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under Triton's CPU interpreter, run every grid's programs axis 2 first: all programs
+    with ``program_id(2) == 0``, then those with 1, ... (the interpreter otherwise runs axis 2
+    innermost). On the paged-attention decode grid (axis 2 = the KV split) the splits of
+    different (sequence, KV head) pairs then interleave, as they do on a GPU, so per-pair
+    arrival counters that collided would be caught. Nothing on a GPU."""
+    _reorder_interpreter_programs(monkeypatch, "split_major")
+
+
+def _reorder_interpreter_programs(monkeypatch: pytest.MonkeyPatch, order: str) -> None:
     if torch.cuda.is_available():
         return
     from triton.runtime import interpreter
@@ -124,8 +137,14 @@ def reverse_interpreter_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     builder = interpreter.interpreter_builder
     set_idx = type(builder).set_grid_idx
 
-    def reversed_idx(self: object, x: int, y: int, z: int) -> None:
+    def reordered_idx(self: object, x: int, y: int, z: int) -> None:
         gx, gy, gz = builder.grid_dim
-        set_idx(builder, gx - 1 - x, gy - 1 - y, gz - 1 - z)
+        if order == "reverse":
+            set_idx(builder, gx - 1 - x, gy - 1 - y, gz - 1 - z)
+            return
+        i = (x * gy + y) * gz + z  # the interpreter's position of (x, y, z)
+        z2, rest = divmod(i, gx * gy)
+        x2, y2 = divmod(rest, gy)
+        set_idx(builder, x2, y2, z2)
 
-    monkeypatch.setattr(builder, "set_grid_idx", reversed_idx.__get__(builder))
+    monkeypatch.setattr(builder, "set_grid_idx", reordered_idx.__get__(builder))

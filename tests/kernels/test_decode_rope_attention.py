@@ -85,7 +85,7 @@ def _case(
 
     # the fused launch twice over the same cache: the reduce kernel, then the in-kernel merge
     # (the write stores the same bytes again)
-    k_cache_in = k_cache.clone()
+    k_cache_in, v_cache_in = k_cache.clone(), v_cache.clone()
     q_in, k_in = batch.q.clone(), batch.k.clone()
     rope = RopeKvWrite(k_in, batch.v, positions, cos, sin, slots, qn, kn, 1e-6)
     out = paged_attention(q_in, k_cache, v_cache, *args, k_scale=k_scale, v_scale=v_scale, rope=rope, **kw)
@@ -93,7 +93,7 @@ def _case(
     out_inline = paged_attention(
         q_in,
         k_cache_in,
-        v_cache.clone(),
+        v_cache_in,
         *args,
         k_scale=k_scale,
         v_scale=v_scale,
@@ -106,8 +106,9 @@ def _case(
 
     n = md.num_tokens
     as_bits = (lambda c: c.view(torch.uint8)) if cache_dtype == FP8 else (lambda c: c)
-    assert torch.equal(as_bits(k_cache), as_bits(kc_ref)), "K cache differs"
-    assert torch.equal(as_bits(v_cache), as_bits(vc_ref)), "V cache differs"
+    for kc, vc in ((k_cache, v_cache), (k_cache_in, v_cache_in)):
+        assert torch.equal(as_bits(kc), as_bits(kc_ref)), "K cache differs"
+        assert torch.equal(as_bits(vc), as_bits(vc_ref)), "V cache differs"
     assert torch.equal(q_in, batch.q) and torch.equal(k_in, batch.k), "inputs must be left as they are"
     if DEVICE == "cpu":  # the interpreter contracts nothing: the same bits
         assert torch.equal(out[:n], out_ref[:n])
@@ -190,10 +191,11 @@ from surge.kernels.paged_attention import _paged_attention_kernel as k
 
 fp8 = sys.argv[1] == "fp8"
 inline = sys.argv[2] == "inline"
+rope = len(sys.argv) < 4 or sys.argv[3] == "rope"
 cache = "*fp8e4nv" if fp8 else "*bf16"
 const = dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=64, HEAD_DIM=128, HEAD_DIM_PAD=128,
-             BLOCK_SIZE=16, NUM_SPLITS=4, SPLITS_PAD=4, MIN_TILES_PER_SPLIT=4, DECODE=True,
-             INLINE_REDUCE=inline, IEEE=False, FP8_KV=fp8, ASM_CVT=fp8, ROPE_KV=True, QK_NORM=True, HALF=64,
+             BLOCK_SIZE=16, NUM_SPLITS=16, SPLITS_PAD=16, MIN_TILES_PER_SPLIT=4, DECODE=True,
+             INLINE_REDUCE=inline, IEEE=False, FP8_KV=fp8, ASM_CVT=fp8, ROPE_KV=rope, QK_NORM=rope, HALF=64,
              PDL=True)
 ptr = {"part_out_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "cnt_ptr": "*i32", "k_cache_ptr": cache,
        "v_cache_ptr": cache, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
@@ -202,7 +204,7 @@ floats = ("scale_log2", "v_scale", "eps", "k_inv_scale", "v_inv_scale")
 sig = {n: "constexpr" if n in const else ptr.get(n, "*bf16") if n.endswith("_ptr") else "fp32" if n in floats else "i32"
        for n in k.arg_names}
 src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-opts = {"num_warps": 4, "num_stages": 2, "launch_pdl": True, "enable_fp_fusion": False}
+opts = {"num_warps": 4, "num_stages": 2, "launch_pdl": True, "enable_fp_fusion": not rope}
 print(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"])
 """
 
@@ -236,3 +238,30 @@ def test_decode_rope_kernel_compiles_for_sm90(cache: str, merge: str) -> None:
         assert "fma.rn.f32" in res.stdout  # the merge's own
     else:
         assert "fma.rn.f32" not in res.stdout and "atom." not in res.stdout
+
+
+def test_decode_inline_merge_compiles_for_sm90_in_order() -> None:
+    """The plain decode grid (no rope: every decode step of more than two sequences) with the
+    in-kernel merge, compiled for sm90: the partial stores, a block barrier, the GPU-scope
+    acquire-release arrival, a second barrier, then the merge's L2 (``.cg``) loads, in that
+    order in the PTX."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, "-c", _PTX_SCRIPT, "bf16", "inline", "plain"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    ptx = res.stdout
+    atom = ptx.index("atom.global.gpu.acq_rel.add")
+    assert "bar.sync" in ptx[:atom], "no block barrier before the arrival"
+    after = ptx[atom:]
+    assert "bar.sync" in after and "ld.global.cg" in after
+    assert after.index("bar.sync") < after.index("ld.global.cg"), "merge loads before the second barrier"

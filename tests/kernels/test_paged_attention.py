@@ -8,7 +8,12 @@ import torch
 from surge.kernels.attention_reduce import attention_reduce
 from surge.kernels.paged_attention import AttentionTileConfig, choose_num_splits, paged_attention
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
-from tests.kernels.attn_utils import make_batch, reference_attention, reverse_interpreter_programs
+from tests.kernels.attn_utils import (
+    make_batch,
+    reference_attention,
+    reverse_interpreter_programs,
+    split_major_interpreter_programs,
+)
 
 # Mixed step: a prefill chunk over 16 cached tokens, decodes (one at a block boundary, one
 # with a single-token context), and a whole 7-token prefill.
@@ -121,9 +126,14 @@ def test_split_path_zeroes_padding_rows() -> None:
 @pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 4, 8])
-def test_decode_grid_short_and_long_contexts(num_splits: int, dtype: torch.dtype, inline: bool) -> None:
+def test_decode_grid_short_and_long_contexts(
+    num_splits: int, dtype: torch.dtype, inline: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Decode grid: per-sequence split counts from 1 (direct write) up to num_splits, merged
-    by the reduce kernel or by each sequence's last split."""
+    by the reduce kernel or by each sequence's last split (programs split-major, so the
+    pairs' splits interleave)."""
+    if inline:
+        split_major_interpreter_programs(monkeypatch)
     q_lens = [1] * len(DECODE_SEQ_LENS)
     out, ref = _run(
         4,
@@ -200,17 +210,20 @@ def test_decode_grid_sequence_without_token_in_the_middle(num_splits: int, inlin
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("order", ["grid", "reverse", "split_major"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_in_kernel_merge_same_bits_as_reduce_kernel(
-    dtype: torch.dtype, reverse: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, order: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The decode grid's in-kernel merge (``split_counters``) gives the reduce kernel's bits,
-    whichever split arrives last (the interpreter's programs in grid order, then reversed), on
-    a graph bucket with padding sequences, whose rows it leaves alone; a second call on the
-    same counters (a graph replay) does the same."""
-    if reverse:
+    whichever split arrives last and however the (sequence, KV head) pairs' splits interleave
+    (the interpreter's programs in grid order, reversed, split-major), on a graph bucket with
+    padding sequences, whose rows it leaves alone; a second call on the same counters (a graph
+    replay) does the same."""
+    if order == "reverse":
         reverse_interpreter_programs(monkeypatch)
+    elif order == "split_major":
+        split_major_interpreter_programs(monkeypatch)
     q_lens, seq_lens = [1, 1, 1, 1, 0, 0], [40, 2, 90, 161, 0, 0]
     batch = make_batch(q_lens, seq_lens, 8, 2, 32, dtype=dtype, device=DEVICE, num_pad_tokens=2)
     md = batch.metadata

@@ -235,6 +235,12 @@ def test_reserved_counters_merge_split_decode_in_the_attention_launch(
     got = inline.forward(*args)
     assert len(calls) == 1, "the reserved backend launched the reduce kernel"
     assert torch.equal(got[: md.num_tokens], want[: md.num_tokens])
+    counters = inline._split_counters
+    assert counters is not None and torch.all(counters == 0)
+    inline.reserve(3, 2, device)  # covered: the same tensor stays (graphs hold it)
+    assert inline._split_counters is counters
+    with pytest.raises(ValueError, match="cannot grow"):
+        inline.reserve(8, 2, device)
 
     small = TritonAttentionBackend(num_sms=132)
     small.reserve(2, 2, device)  # fewer sequences than the step's three

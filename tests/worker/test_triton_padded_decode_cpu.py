@@ -40,9 +40,24 @@ def _runner(path: Path, backend: AttentionBackend, static_decode: bool) -> Model
     return runner
 
 
-def test_padded_decode_with_triton_backend_matches_reference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prompt_lens", [(40, 3, 70), (300, 3, 200)])
+def test_padded_decode_with_triton_backend_matches_reference(
+    tmp_path: Path, prompt_lens: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short contexts (one KV split each) and a context over 256 tokens (two splits, merged
+    in the attention launch through the counters the runner reserved: no reduce launch)."""
+    from surge.kernels import paged_attention as pa
     from surge.layers.triton_attention import TritonAttentionBackend
 
+    decode_reduces: list[int] = []
+    reduce = pa.attention_reduce
+
+    def recording_reduce(*args: object, **kwargs: object) -> torch.Tensor:
+        if kwargs.get("decode_seq_lens") is not None:
+            decode_reduces.append(1)
+        return reduce(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pa, "attention_reduce", recording_reduce)
     path = tiny_long_qwen3(tmp_path / "qwen3")
     backend = TritonAttentionBackend(num_sms=132)
     triton_runner = _runner(path, backend, static_decode=True)
@@ -59,12 +74,15 @@ def test_padded_decode_with_triton_backend_matches_reference(tmp_path: Path) -> 
 
     drive(
         [triton_runner, reference],
-        [[(5 * j + i) % 512 for j in range(n)] for i, n in enumerate([40, 3, 70])],
+        [[(5 * j + i) % 512 for j in range(n)] for i, n in enumerate(prompt_lens)],
         [0, 0, 0],
         4,
         close,
     )
     assert replays == [4, 4, 4]  # three decode steps of 3 sequences, padded to 4
+    assert not decode_reduces, "a decode step launched the reduce kernel"
+    counters = backend._split_counters
+    assert counters is not None and torch.all(counters == 0)
     for (k, v), (k_ref, v_ref) in zip(triton_runner.kv_caches, reference.kv_caches, strict=True):
         torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)  # padding wrote nothing
         torch.testing.assert_close(v, v_ref, rtol=1e-5, atol=1e-5)
