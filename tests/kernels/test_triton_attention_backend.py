@@ -241,6 +241,8 @@ def test_reserved_counters_merge_split_decode_in_the_attention_launch(
     assert inline._split_counters is counters
     with pytest.raises(ValueError, match="cannot grow"):
         inline.reserve(8, 2, device)
+    with pytest.raises(ValueError, match="cannot grow"):
+        inline.reserve(2, 2, torch.device("meta"))  # another device, even a smaller request
 
     small = TritonAttentionBackend(num_sms=132)
     small.reserve(2, 2, device)  # fewer sequences than the step's three
