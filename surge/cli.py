@@ -53,7 +53,10 @@ def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "-
     ``None`` (the bundled model) passes. Raises CliError with one line in the CLI's spelling:
     a missing folder (with a hint when it looks like a Hugging Face hub id: only local folders
     work, offline), a file, a folder without ``config.json``, without tokenizer files, or
-    without ``*.safetensors`` weights (unless ``--load-format dummy``).
+    without ``*.safetensors`` weights, a broken weights index, or a weights file that cannot
+    be read (a truncated file, a corrupt header: see
+    :func:`surge.model.weight_files.check_safetensors_header`, which reads headers only). The
+    weights are not looked at with ``--load-format dummy``.
     """
     if model is None:
         return
@@ -76,11 +79,19 @@ def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "-
             f"{flag} {model}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES)}); "
             "copy the model's tokenizer files into it"
         )
-    if load_format != "dummy" and not any(path.glob("*.safetensors")):
+    if load_format == "dummy":
+        return
+    if not any(path.glob("*.safetensors")):
         raise CliError(
             f"{flag} {model}: the folder has no *.safetensors weights; pass --load-format dummy "
             "for random weights of the same shapes"
         )
+    from surge.model.weight_files import check_weight_files
+
+    try:
+        check_weight_files(path)  # headers only: a few kilobytes per file, whatever the model's size
+    except ValueError as e:
+        raise CliError(f"{flag} {model}: {str(e).removeprefix('model: ')}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

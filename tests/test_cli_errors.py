@@ -4,6 +4,7 @@ is imported; bare `surge` prints the help; every --help shows the defaults."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,64 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(STORIES / name, no_weights)
     _one_line_error(_surge(*command, "--model", str(no_weights)), "--load-format dummy")
+
+
+def _copy_of_stories(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(STORIES, folder)
+    return folder
+
+
+@pytest.mark.parametrize("command", [["serve"], ["generate", "--prompt", "x"]])
+def test_unreadable_weights_files(command: list[str], tmp_path: Path) -> None:
+    """A truncated or corrupt weights file: one line naming it, exit 2, before torch (and so
+    before any engine process) starts."""
+    cut = _copy_of_stories(tmp_path, "cut")
+    with (cut / "model.safetensors").open("r+b") as f:
+        f.truncate(100)  # inside the header
+    _one_line_error(
+        _surge(*command, "--model", str(cut)), str(cut), "model.safetensors", "invalid header length"
+    )
+    cut_data = _copy_of_stories(tmp_path, "cut_data")
+    size = (cut_data / "model.safetensors").stat().st_size
+    with (cut_data / "model.safetensors").open("r+b") as f:
+        f.truncate(size - 1000)  # inside the last tensor's data
+    _one_line_error(_surge(*command, "--model", str(cut_data)), "model.safetensors", "(truncated)")
+    garbage = _copy_of_stories(tmp_path, "garbage")
+    (garbage / "model.safetensors").write_bytes(b"<html>not found</html>")
+    _one_line_error(_surge(*command, "--model", str(garbage)), "model.safetensors", "invalid header length")
+    # a sharded folder: the index's shards are checked, and a missing shard is named
+    sharded = _copy_of_stories(tmp_path, "sharded")
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    _one_line_error(_surge(*command, "--model", str(sharded)), "names missing files", "00002-of-00002")
+    (sharded / "model-00002-of-00002.safetensors").write_bytes(b"\x00" * 8)  # header length 0: not JSON
+    _one_line_error(_surge(*command, "--model", str(sharded)), "model-00002-of-00002.safetensors", "not JSON")
+
+
+def test_weights_header_check_accepts_good_files_and_reads_headers_only(tmp_path: Path) -> None:
+    """The bundled model passes, and so does a 40 GB (sparse) file in well under a second: only
+    its header is read."""
+    import struct
+    import time
+
+    from surge.cli import check_model_dir
+    from surge.model.weight_files import check_safetensors_header
+
+    check_model_dir(str(STORIES))
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [5, 1 << 32], "data_offsets": [0, 5 << 33]}})
+    big = tmp_path / "big.safetensors"
+    with big.open("wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header.encode())
+        f.truncate(8 + len(header) + (5 << 33))
+    t0 = time.perf_counter()
+    check_safetensors_header(big)
+    assert time.perf_counter() - t0 < 0.5
+    with big.open("r+b") as f:
+        f.truncate(8 + len(header) + (5 << 33) - 1)
+    with pytest.raises(ValueError, match="42,949,672,960 bytes of tensor data but the file holds"):
+        check_safetensors_header(big)
 
 
 def test_bare_surge_prints_help() -> None:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from surge.config import ModelConfig
 from surge.model.lazy_tensor import LazyTensor
 from surge.model.registry import get_model_class
+from surge.model.weight_files import safetensors_files
 from surge.quant.loading import attach_fp8, checkpoint_tensors, process_fp8
 
 # (our fused parameter, the HF name it is made of, shard id)
@@ -76,40 +76,22 @@ def load_model(
     return model.eval()
 
 
-def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of a HF folder, in load order.
-
-    Raises:
-        ValueError: the folder has no safetensors file or a broken index.
-    """
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"model: cannot read {index}: {e}") from e
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"model: {index} names missing files: {', '.join(missing)}")
-        return files
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"model: {str(folder)!r} has no *.safetensors weights (or use load_format='dummy')")
-    return files
-
-
 def iter_safetensors(folder: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the folder's safetensors files (on CPU).
 
     With ``lazy`` the tensors are :class:`~surge.model.lazy_tensor.LazyTensor`: a weight
     loader that slices one (a tensor-parallel shard) reads only its slice from the file.
+
+    Raises:
+        ValueError: no weight files, a broken index, or a file that does not open (one line
+            naming it).
     """
     for path in safetensors_files(folder):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        try:
+            opened = safe_open(str(path), framework="pt", device="cpu")
+        except (OSError, SafetensorError) as e:  # a truncated or corrupt file
+            raise ValueError(f"model: cannot read the weights file {path}: {e}") from e
+        with opened as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 yield name, (LazyTensor(f.get_slice(name)) if lazy else f.get_tensor(name))  # type: ignore[misc]
 

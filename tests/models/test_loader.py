@@ -115,6 +115,17 @@ def test_missing_weight_files_and_tensors_raise_value_error(
         load_model(ModelConfig.from_pretrained(broken), "cpu")
 
 
+def test_unreadable_weights_file_raises_value_error_naming_it(tmp_path: Path, stories_dir: Path) -> None:
+    """The Python API (``LLM``, the engine) gets one line naming a truncated file, not a
+    ``SafetensorError`` (the CLI refuses such a folder before this, see tests/test_cli_errors.py)."""
+    broken = tmp_path / "cut"
+    shutil.copytree(stories_dir, broken)
+    with (broken / "model.safetensors").open("r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ValueError, match=r"cannot read the weights file .*cut/model\.safetensors: .*header"):
+        load_model(ModelConfig.from_pretrained(broken), "cpu")
+
+
 def test_dtype_is_applied_on_load(tiny_models: dict[str, Path]) -> None:
     mc = ModelConfig.from_pretrained(tiny_models["qwen2"], dtype="bfloat16")
     model = load_model(mc, "cpu")

@@ -1,0 +1,187 @@
+"""The weight files of a model folder, and a cheap check that each one can be read, without torch.
+
+:func:`safetensors_files` lists the files the loader reads (:mod:`surge.model.loader`);
+:func:`check_safetensors_header` reads only a file's header (8 bytes of length, then a JSON
+table of the tensors) and its size, so the CLI can refuse a truncated or corrupt file at once,
+before torch is imported and before an engine process starts, at the cost of a few kilobytes
+read per file whatever the model's size. It checks what ``safetensors.safe_open`` checks when
+it opens a file (the header's length, JSON and tensor table, and that the data ends exactly at
+the end of the file), no more, so a file it accepts opens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+MAX_HEADER_BYTES = 100_000_000
+"""The largest header ``safetensors`` reads (its ``MAX_HEADER_SIZE``)."""
+
+_DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+"""Bits per element of the dtypes safetensors (0.8) knows; it refuses a file with another."""
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a HF folder, in load order: the shards of
+    ``model.safetensors.index.json``, else ``model.safetensors``, else every ``*.safetensors``.
+
+    Raises:
+        ValueError: the folder has no safetensors file or a broken index.
+    """
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"model: cannot read {index}: {e}") from e
+        files = [folder / name for name in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"model: {index} names missing files: {', '.join(missing)}")
+        return files
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: {str(folder)!r} has no *.safetensors weights (or use load_format='dummy')")
+    return files
+
+
+def _header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """The parsed header of a safetensors file, its length in bytes and the file's size.
+
+    Raises:
+        ValueError: the reason the header cannot be read (without the file's name).
+    """
+    try:
+        with path.open("rb") as f:
+            size = path.stat().st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"the file has {size} bytes, too few for a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise ValueError(f"invalid header length {n} (more than {MAX_HEADER_BYTES:,} bytes)")
+            if 8 + n > size:
+                raise ValueError(
+                    f"invalid header length {n}: the file has only {size} bytes (truncated, or not "
+                    "a safetensors file)"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise ValueError(f"cannot read it: {e.strerror or e}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    return header, n, size
+
+
+def _tensor_extent(name: str, info: Any) -> tuple[int, int]:
+    """``(begin, end)`` data offsets of one header entry, checked against its dtype and shape.
+
+    Raises:
+        ValueError: a malformed entry (naming the tensor).
+    """
+    if not isinstance(info, dict):
+        raise ValueError(f"tensor {name!r}: its header entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    ints = (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in offsets)
+    )
+    if not isinstance(dtype, str) or not ints:
+        raise ValueError(f"tensor {name!r}: malformed dtype or data_offsets in the header")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ValueError(f"tensor {name!r}: malformed shape in the header")
+    begin, end = offsets  # type: ignore[misc]
+    bits = _DTYPE_BITS.get(dtype)
+    if bits is None:
+        raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} in the header")
+    if end >= begin and (math.prod(shape) * bits + 7) // 8 != end - begin:
+        raise ValueError(
+            f"tensor {name!r}: {end - begin} bytes in the file for a {dtype} tensor of shape {shape}"
+        )
+    return begin, end
+
+
+def check_safetensors_header(path: Path) -> None:
+    """Check that ``path`` opens as a safetensors file, reading only its header and size.
+
+    The header's length must fit the file, the header must be a JSON object of tensors with
+    a dtype, a shape and data offsets whose size matches them, the tensors' data must follow
+    each other without gaps from the header on, and the last one must end where the file ends.
+
+    Raises:
+        ValueError: one line: what is wrong (a truncated file says so), without the file's name.
+    """
+    header, n, size = _header(path)
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ValueError("its header's __metadata__ is not an object of strings")
+    extents = sorted(
+        (_tensor_extent(str(name), info), str(name))
+        for name, info in header.items()
+        if name != "__metadata__"
+    )
+    data_bytes = size - 8 - n
+    end_of_previous = 0
+    for (begin, end), name in extents:
+        if begin != end_of_previous or end < begin:
+            raise ValueError(f"tensor {name!r}: invalid data offsets [{begin}, {end}] in the header")
+        end_of_previous = end
+    if end_of_previous > data_bytes:
+        raise ValueError(
+            f"the header describes {end_of_previous:,} bytes of tensor data but the file holds "
+            f"{data_bytes:,} (truncated)"
+        )
+    if end_of_previous < data_bytes:
+        raise ValueError(
+            f"the file holds {data_bytes - end_of_previous:,} bytes after the last tensor's data "
+            "(not a valid safetensors file)"
+        )
+
+
+def check_weight_files(folder: Path) -> None:
+    """Check the header of every weight file the loader would read from ``folder``.
+
+    Raises:
+        ValueError: one line naming the folder's broken index or the first unreadable file
+            (by its name in the folder).
+    """
+    for path in safetensors_files(folder):
+        try:
+            check_safetensors_header(path)
+        except ValueError as e:
+            raise ValueError(f"the weights file {path.name} cannot be read: {e}") from None
