@@ -190,9 +190,13 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.set_defaults(func=cmd_matrix)
 
-    p = sub.add_parser("compare", help="compare two matrix summaries (files or folders)")
-    p.add_argument("base")
-    p.add_argument("new")
+    p = sub.add_parser(
+        "compare",
+        help="compare two matrix runs (summary.json or its folder) or two bench serve result files "
+        "(.json or .json.gz)",
+    )
+    p.add_argument("base", help="the reference run")
+    p.add_argument("new", help="the run compared with it")
     p.add_argument(
         "--metric", default="output_throughput", help="summary field to compare (default output_throughput)"
     )

@@ -20,7 +20,6 @@ Noise (method):
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -28,24 +27,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from surge.bench.results import read_json_file
+
 Key = tuple[int, int, int]  # (C, I, O)
 
 
 def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
-    """Points of a ``summary.json`` (or a folder holding one, or a single ``bench serve`` result JSON).
+    """Points of a ``summary.json`` (or a folder holding one), or of a single ``bench serve``
+    result file (``--result-file``: JSON, or gzipped JSON such as ``X.json.gz``).
 
     Raises:
-        ValueError: missing file, bad JSON, or an unknown layout.
+        ValueError: one line naming the file: missing, unreadable, not JSON, or an unknown layout.
     """
     p = Path(path)
     if p.is_dir():
         p = p / "summary.json"
     if not p.is_file():
         raise ValueError(f"{path}: no summary.json or result file")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not JSON ({e})") from None
+    data = read_json_file(p)
     if isinstance(data, dict) and isinstance(data.get("points"), list):
         rows = data["points"]
     elif isinstance(data, dict) and "completed" in data:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ PER_REQUEST_KEYS: tuple[str, ...] = (
 """Fields of a result that hold one entry per request."""
 
 REQUESTS_SUFFIX = ".requests.json.gz"
+_GZIP_MAGIC = b"\x1f\x8b"
 TIME_KEYS = frozenset({"ttfts", "itls", "latencies", "e2els", "start_times", "queue_times"})
 """Per-request lists of times in seconds; stored rounded to 1 microsecond (far below the noise)."""
 
@@ -66,24 +68,40 @@ def load_result(path: str | Path) -> dict[str, Any]:
         ValueError: a missing or unreadable file.
     """
     p = Path(path)
-    data = _read_json(p)
+    data = read_json_file(p)
     if not isinstance(data, dict):
         raise ValueError(f"{p}: not a JSON object")
     req_name = data.get("requests_file")
     if isinstance(req_name, str):
-        extra = _read_json(p.parent / req_name)
+        extra = read_json_file(p.parent / req_name)
         if isinstance(extra, dict):
             data.update(extra)
     return data
 
 
-def _read_json(p: Path) -> Any:
+def read_json_file(path: str | Path) -> Any:
+    """The JSON value of a file, gunzipped first when it is gzip (``--result-file X.json.gz``):
+    by its name ending in ``.gz`` or by its first bytes, whatever its name.
+
+    Raises:
+        ValueError: one line naming the file: missing, unreadable, a broken gzip stream, not
+            text, or not JSON.
+    """
+    p = Path(path)
     try:
         raw = p.read_bytes()
-        if p.name.endswith(".gz"):
-            raw = gzip.decompress(raw)
-        return json.loads(raw)
     except FileNotFoundError:
         raise ValueError(f"{p}: no such file") from None
-    except (OSError, json.JSONDecodeError, EOFError) as e:
-        raise ValueError(f"{p}: unreadable ({e})") from None
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read it ({e.strerror or e})") from None
+    if p.name.endswith(".gz") or raw[:2] == _GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"{p}: not a readable gzip file ({e})") from None
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: not JSON (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not JSON ({e})") from None

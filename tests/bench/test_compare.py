@@ -116,6 +116,39 @@ def test_single_result_files_and_errors(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.startswith("surge: error:") and err.count("\n") == 1
 
 
+def test_gzipped_result_files_and_read_errors_name_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench serve --result-file X.json.gz`` writes gzipped JSON: compare reads it (by its name
+    or its magic bytes), and a file it cannot read is named in the one-line error."""
+    import gzip
+
+    common = {"num_prompts": 4, "max_concurrency": 4, "input_len": 32, "output_len": 256}
+    common |= {"completed": 4, "failed": 0}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({**common, "output_throughput": 100.0}))
+    b = tmp_path / "b.json.gz"
+    b.write_bytes(gzip.compress(json.dumps({**common, "output_throughput": 121.0}).encode(), mtime=0))
+    assert compare_points(load_points(a), load_points(b)).geomean == pytest.approx(1.21)
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    assert "+21.0%" in capsys.readouterr().out
+    misnamed = tmp_path / "c.json"  # gzipped under a plain name
+    misnamed.write_bytes(b.read_bytes())
+    assert compare_points(load_points(misnamed), load_points(a)).geomean == pytest.approx(1 / 1.21)
+    bad = {
+        "binary.json": b"\x8b\xff\x00 not text",
+        "cut.json.gz": b.read_bytes()[:20],
+        "plain.json.gz": b"not gzip",
+        "text.json": b"{not json",
+    }
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+        assert bench_main(["bench", "compare", str(a), str(tmp_path / name)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"surge: error: {tmp_path / name}: ") and err.count("\n") == 1, err
+        assert "codec" not in err, err
+
+
 def test_runs_with_no_common_point_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = {"num_prompts": 1, "max_concurrency": 1, "input_len": 32, "completed": 1, "failed": 0}
     a = tmp_path / "a.json"
