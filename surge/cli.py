@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="surge", description="Surge LLM serving engine")
     parser.add_argument("--version", action="version", version=f"surge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="{generate,serve,bench}"
+    )
     add_generate_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)

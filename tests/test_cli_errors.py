@@ -121,6 +121,12 @@ def test_bare_surge_prints_help() -> None:
     assert p.returncode == 0 and "usage: surge" in p.stdout and "serve" in p.stdout
 
 
+def test_a_missing_sub_command_is_named_by_its_choices() -> None:
+    p = _surge("--bogus")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "required: {generate,serve,bench}" in p.stderr, p.stderr
+
+
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     from surge.cli import build_parser
 
