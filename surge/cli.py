@@ -22,10 +22,13 @@ class CliError(ValueError):
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
-    """Appends ``(default: X)`` to an option's help unless the help already names its default."""
+    """Appends ``(default: X)`` to an option's help unless the help already names its default,
+    and ``(required)`` to a required option's, which has no default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
+        if action.option_strings and action.required:
+            return text if "required" in text.lower() else f"{text} (required)".strip()
         if not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower():
             return text
         if action.nargs == 0:  # a switch

@@ -154,7 +154,10 @@ def test_every_help_shows_defaults() -> None:
             if not action.option_strings or action.default is argparse.SUPPRESS:
                 continue
             text = formatter._get_help_string(action) or ""  # type: ignore[attr-defined]
-            assert "default" in text.lower(), f"{name} {action.option_strings[0]}: {text!r}"
+            if action.required:  # no default to show: say it is required, never "(default: none)"
+                assert text.endswith("(required)") and "default" not in text, f"{name}: {text!r}"
+            else:
+                assert "default" in text.lower(), f"{name} {action.option_strings[0]}: {text!r}"
 
 
 def test_roofline_help_names_the_hardware_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,3 +168,4 @@ def test_roofline_help_names_the_hardware_flags(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "--gpu" in out and "--hbm-bandwidth" in out and "--peak-flops" in out
     assert "required: --gpu, or both --hbm-bandwidth and --peak-flops" in out
+    assert "model folder or config.json (required)" in out and "config.json (default: none)" not in out

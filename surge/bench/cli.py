@@ -414,9 +414,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
-    """``surge bench roofline``: print the per-point ceilings; needs --gpu or both numbers."""
+    """``surge bench roofline``: print the per-point ceilings; needs --gpu or both numbers.
+
+    Points whose prompt + output exceed the config's ``max_position_embeddings`` get one
+    warning line on stderr (see :func:`surge.bench.roofline.context_warning` for why not an error).
+    """
     from surge.bench.matrix import official_8b_points
     from surge.bench.roofline import (
+        context_warning,
         format_roofline_table,
         load_config,
         model_shape,
@@ -429,11 +434,15 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     if hw is None:
         raise ValueError("the roofline needs --gpu NAME or both --hbm-bandwidth and --peak-flops")
     hw = with_link_bandwidth(hw, args.link_bandwidth)
-    shape = model_shape(load_config(args.model), args.dtype, args.tensor_parallel_size, args.kv_cache_dtype)
+    cfg = load_config(args.model)
+    shape = model_shape(cfg, args.dtype, args.tensor_parallel_size, args.kv_cache_dtype)
     if args.preset or any(v is not None for v in (args.concurrency, args.input_len, args.output_len)):
         points = _grid(args)
     else:
         points = official_8b_points()
     rows = [point_roofline(shape, hw, p.concurrency, p.input_len, p.output_len) for p in points]
+    warning = context_warning(cfg, [(p.concurrency, p.input_len, p.output_len) for p in points])
+    if warning:
+        print(f"surge: warning: {warning}", file=sys.stderr)
     print(format_roofline_table(shape, hw, rows))
     return 0

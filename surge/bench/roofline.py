@@ -41,6 +41,7 @@ gives ~280 tok/s (design §6 quotes 278 from a 3.6 ms step rounded up).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,31 @@ def model_shape(
     )
 
 
+def context_warning(cfg: dict[str, Any], points: list[tuple[int, int, int]]) -> str | None:
+    """One line naming the ``(C, I, O)`` points whose ``I + O`` exceeds the config's
+    ``max_position_embeddings``, or None (also when the config gives no context length).
+
+    Such a point's ceiling is still arithmetic (what the bytes and FLOPs would allow), so the
+    roofline warns rather than refuses: the default grid is the fixed reference matrix (up to
+    I + O = 8,192), computed for any model, and a server may extend the context (rope scaling)
+    beyond ``max_position_embeddings``.
+    """
+    try:
+        limit = int(cfg["max_position_embeddings"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    over = [(c, i, o) for c, i, o in points if i + o > limit]
+    if not over:
+        return None
+    shown = ", ".join(f"C{c}/I{i}/O{o}" for c, i, o in over[:3])
+    more = f" and {len(over) - 3} more" if len(over) > 3 else ""
+    return (
+        f"{len(over)} of {len(points)} points need more than the model's max_position_embeddings "
+        f"({limit:,} tokens of prompt + output): {shown}{more}; a server of this config cannot run "
+        "them as they are, their ceilings are arithmetic only"
+    )
+
+
 @dataclass(frozen=True)
 class PointRoofline:
     """The ceiling of one burst point (C, I, O). Times in seconds, throughputs in tokens/s."""
@@ -273,23 +299,63 @@ def point_roofline(
     return PointRoofline(c, i, o, prefill, decode, total, c * o / total, c * (i + o) / total)
 
 
+def _scaled(value: float, units: tuple[tuple[float, str], ...], digits: int = 3) -> str:
+    """``value`` in the largest of ``units`` (``(scale, name)``, largest first) it reaches,
+    else in the last one: ``8.191 B``, ``260.032 K``."""
+    scale, name = next((u for u in units if abs(value) >= u[0]), units[-1])
+    return f"{value / scale:.{digits}f} {name}"
+
+
+def format_count(n: float) -> str:
+    """A parameter count: ``8.191 B``, ``596.050 M``, ``260.032 K``, or the number itself."""
+    if abs(n) < 1e3:
+        return f"{n:,.0f}"
+    return _scaled(n, ((1e9, "B"), (1e6, "M"), (1e3, "K")))
+
+
+def format_bytes(n: float) -> str:
+    """A byte count: ``15.137 GB``, ``1.040 MB``, ``2.500 KB`` (powers of 10), or ``N bytes``."""
+    if abs(n) < 1e3:
+        return f"{n:,.0f} bytes"
+    return _scaled(n, ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")))
+
+
+def format_seconds(t: float) -> str:
+    """A short duration: ``7.543 ms`` down to 0.1 ms, then ``245.312 us``, ``0.245 us``."""
+    return f"{t * 1e3:.3f} ms" if t >= 1e-4 else f"{t * 1e6:.3f} us"
+
+
+def _table_ms(t: float) -> str:
+    """Milliseconds for the table: one decimal, or two significant digits below 0.1 ms (no
+    ``0.0`` for a tiny model's step)."""
+    ms = t * 1e3
+    if ms >= 0.1 or ms <= 0.0:
+        return f"{ms:.1f}"
+    return f"{ms:.{1 - math.floor(math.log10(ms))}f}"
+
+
 def format_roofline_table(shape: ModelShape, hw: Hardware, points: list[PointRoofline]) -> str:
-    """Markdown table of the per-point ceilings, with the model and hardware figures on top."""
+    """Markdown table of the per-point ceilings, with the model and hardware figures on top.
+
+    Counts, bytes and the batch-1 step time switch units with their size (``8.191 B params``
+    but ``260.032 K params``, ``7.543 ms`` but ``0.245 us``), so a tiny model is not all zeros.
+    """
     tp = shape.tensor_parallel_size
     per = f" per GPU (TP={tp})" if tp > 1 else ""
+    step = shape.weight_bytes / hw.hbm_bandwidth
     lines = [
-        f"model: {shape.num_params / 1e9:.3f} B params, W = {shape.weight_bytes / 1e9:.3f} GB read per step{per}, "
-        f"{shape.kv_bytes_per_token:,} KV bytes/token{per}"
+        f"model: {format_count(shape.num_params)} params, W = {format_bytes(shape.weight_bytes)} read per "
+        f"step{per}, {shape.kv_bytes_per_token:,} KV bytes/token{per}"
         + (f", {shape.comm_bytes_per_token:,.0f} link bytes/token per step" if tp > 1 else ""),
         f"hardware: {hw.name}, {hw.hbm_bandwidth / 1e12:.3f} TB/s, {hw.peak_flops / 1e12:.1f} TFLOP/s; "
-        f"decode step of batch 1 >= {shape.weight_bytes / hw.hbm_bandwidth * 1e3:.3f} ms",
+        f"decode step of batch 1 >= {format_seconds(step)}",
         "",
         "| C | I | O | prefill ms | decode ms | output tok/s | total tok/s |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in points:
         lines.append(
-            f"| {p.concurrency} | {p.input_len} | {p.output_len} | {p.prefill_s * 1e3:.1f} | "
-            f"{p.decode_s * 1e3:.1f} | {p.output_throughput:,.1f} | {p.total_token_throughput:,.1f} |"
+            f"| {p.concurrency} | {p.input_len} | {p.output_len} | {_table_ms(p.prefill_s)} | "
+            f"{_table_ms(p.decode_s)} | {p.output_throughput:,.1f} | {p.total_token_throughput:,.1f} |"
         )
     return "\n".join(lines)

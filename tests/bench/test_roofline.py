@@ -111,6 +111,53 @@ def test_cli_prints_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.startswith("surge: error:") and err.count("\n") == 1
 
 
+def test_tiny_model_figures_switch_units(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled 260K-parameter model: K params, MB, microseconds, no 0.000 and no 0.0 ms."""
+    rc = bench_main(
+        ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200"]
+        + ["--concurrency", "1", "--input-len", "32", "--output-len", "256"]
+    )
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.err == ""
+    head = captured.out.splitlines()[:2]
+    assert head[0] == "model: 260.032 K params, W = 1.040 MB read per step, 1,280 KV bytes/token"
+    assert head[1].endswith("decode step of batch 1 >= 0.245 us")
+    row = next(line for line in captured.out.splitlines() if line.startswith("| 1 | 32 | 256 |"))
+    prefill, decode = (float(x) for x in row.split("|")[4:6])
+    assert prefill > 0 and decode > 0 and " 0.0 |" not in row
+    assert " 0.000 " not in captured.out  # the old "0.000 B params", "0.000 ms"
+
+
+def test_points_longer_than_the_context_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    """I + O over max_position_embeddings (512 for the bundled model): one warning line on
+    stderr naming the points; the ceilings are still printed (exit 0)."""
+    rc = bench_main(
+        ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200"]
+        + ["--concurrency", "1,2", "--input-len", "256,4096", "--output-len", "256,4096"]
+    )
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.out.count("\n| ") == 9
+    assert captured.err.startswith("surge: warning: 6 of 8 points need more than the model's ")
+    assert "max_position_embeddings (512 tokens" in captured.err and "C1/I256/O4096" in captured.err
+    assert "and 3 more" in captured.err and captured.err.count("\n") == 1
+    rc = bench_main(
+        ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200"]
+        + ["--concurrency", "1", "--input-len", "256", "--output-len", "256"]
+    )
+    assert rc == 0 and capsys.readouterr().err == ""  # exactly the context: no warning
+
+
+def test_unit_formatting() -> None:
+    from surge.bench.roofline import format_bytes, format_count, format_seconds
+
+    assert format_count(8_190_735_360) == "8.191 B" and format_count(596_049_920) == "596.050 M"
+    assert format_count(260_032) == "260.032 K" and format_count(999) == "999"
+    assert format_bytes(15.137e9) == "15.137 GB" and format_bytes(1_040_128) == "1.040 MB"
+    assert format_bytes(2_500) == "2.500 KB" and format_bytes(12) == "12 bytes"
+    assert format_seconds(3.570e-3) == "3.570 ms" and format_seconds(1e-4) == "0.100 ms"
+    assert format_seconds(2.45e-7) == "0.245 us" and format_seconds(9.9e-5) == "99.000 us"
+
+
 def test_tensor_parallel_halves_reads_and_adds_link_traffic() -> None:
     cfg = load_config(QWEN3_8B)
     one, two = model_shape(cfg), model_shape(cfg, tensor_parallel_size=2)
