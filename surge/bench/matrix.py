@@ -317,7 +317,7 @@ def _write_summary(
     out = mcfg.output_dir
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     header = f"# Benchmark matrix {summary['date']}" + (f"\n\n`{command}`" if command else "")
-    (out / "summary.md").write_text(summary_markdown(rows, header))
+    (out / "summary.md").write_text(summary_markdown(rows, header, planned=len(mcfg.points)))
     return summary
 
 

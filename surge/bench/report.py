@@ -72,13 +72,17 @@ SUMMARY_COLUMNS = (
 )
 
 
-def summary_markdown(points: Sequence[dict[str, Any]], header: str = "") -> str:
-    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`). With repeats the
-    metrics are means over the runs and the output throughput shows ``± std``."""
+def summary_markdown(points: Sequence[dict[str, Any]], header: str = "", planned: int | None = None) -> str:
+    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`), then the line
+    ``N/P points successful.`` over the ``planned`` points (default: those given), saying how
+    many were not run. With repeats the metrics are means over the runs and the output
+    throughput shows ``± std``. A point that failed before any request completed (a dead
+    server, a failed warm-up) shows ``0/C (error)``."""
+    planned = len(points) if planned is None else planned
     lines = [header, ""] if header else []
     lines += [SUMMARY_COLUMNS, "|" + "---:|" * 13]
     for p in points:
-        ok = f"{p.get('completed', 0)}/{p['num_prompts']}"
+        ok = f"{p.get('completed') or 0}/{p['num_prompts']}"
         if p.get("error"):
             ok += " (error)"
         thr = _fmt(p.get("output_throughput"), ",.1f")
@@ -92,7 +96,8 @@ def summary_markdown(points: Sequence[dict[str, Any]], header: str = "") -> str:
             f"| {_fmt(p.get('roofline_output_throughput'), ',.1f')} | {_fmt(p.get('pct_of_roofline'), '.1f')} |"
         )
     n_ok = sum(1 for p in points if p.get("success"))
-    lines += ["", f"{n_ok}/{len(points)} points successful."]
+    not_run = f" ({planned - len(points)} not run)" if planned > len(points) else ""
+    lines += ["", f"{n_ok}/{planned} points successful{not_run}."]
     errs = [p for p in points if p.get("error")]
     for p in errs:
         lines.append(f"- C{p['concurrency']}/I{p['input_len']}/O{p['output_len']}: {p['error']}")

@@ -118,6 +118,29 @@ def test_matrix_restarts_a_dead_server(tmp_path: Path, capsys: pytest.CaptureFix
     capsys.readouterr()
 
 
+def test_failed_point_row_and_one_success_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A point that failed before any request completed reads 0/C (error), never None/C; the
+    N/P line is printed once (summary.md's), and says how many points were not run."""
+    from fake_server import Behaviour, FakeServer
+
+    b = Behaviour(ttft=0.005, itl=0.001, script=["http500"])  # point 1's warm-up fails
+    argv = ["bench", "matrix", "--disable-tqdm", "--input-len", "8", "--output-len", "4"]
+    with FakeServer(b) as s:
+        rc = bench_main(
+            argv + ["--base-url", s.url, "--concurrency", "1,2", "--output-dir", str(tmp_path / "a")]
+        )
+        out = capsys.readouterr().out
+        assert rc == 1
+        assert "| 1 | 8 | 4 | 0/1 (error) |" in out and "| 2 | 8 | 4 | 2/2 |" in out and "None" not in out
+        assert out.count("points successful") == 1 and "\n1/2 points successful.\n" in out
+        assert out.rstrip().endswith(f"artifacts in {tmp_path / 'a'}")
+        assert (tmp_path / "a" / "summary.md").read_text().count("0/1 (error)") == 1
+        stop = ["--concurrency", "1,2,3", "--stop-after", "0", "--output-dir", str(tmp_path / "b")]
+        assert bench_main(argv + ["--base-url", s.url, *stop]) == 1  # one point, then stop
+        out = capsys.readouterr().out
+        assert out.count("points successful") == 1 and "1/3 points successful (2 not run)." in out
+
+
 def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["bench", "matrix", "--output-dir", str(tmp_path)]
     for argv in (
