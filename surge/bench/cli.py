@@ -73,7 +73,9 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--extra-body",
         default=None,
         metavar="JSON",
-        help="JSON object merged into every request body, e.g. '{\"top_k\": 1}' (default: none)",
+        help="JSON object merged into every request body, e.g. '{\"top_k\": 1}'; its fields that change "
+        "the prompt's tokens (chat_template_kwargs, add_special_tokens, ...) count in --input-len "
+        "(default: none)",
     )
     p.add_argument(
         "--label",

@@ -5,7 +5,10 @@ tokenizer's non-special vocabulary, decoded, re-encoded and adjusted until the t
 ``input_len`` tokens *as the server counts the prompt*: a completions prompt with its special
 tokens (such as a BOS), or for the chat endpoint the whole templated chat prompt (the text is the
 single user message; the template's role headers count towards ``input_len``, so the server sees
-exactly ``input_len`` prompt tokens, which vLLM's random dataset does not guarantee).
+exactly ``input_len`` prompt tokens, which vLLM's random dataset does not guarantee). Request fields
+of ``--extra-body`` that change the prompt's tokens (``chat_template_kwargs`` such as Qwen3's
+``enable_thinking: false``, ``add_special_tokens``, ...) are counted as the server applies them
+(``options``, see :func:`surge.bench.tokens.prompt_options`).
 
 ShareGPT: the format of ``shared/assets/datasets/sharegpt/*.json`` (a list of
 ``{"id", "conversations": [{"from": "human", "value": ...}, ...]}``); the first human turn is the
@@ -16,9 +19,10 @@ have no answers), prompts under 4 tokens or over the context are skipped (vLLM's
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,19 +40,33 @@ class SampleRequest:
     expected_output_len: int
 
 
-def prompt_encoder(counter: TokenCounter, chat: bool) -> Callable[[str], list[int]]:
+def prompt_encoder(
+    counter: TokenCounter, chat: bool, options: Mapping[str, Any] | None = None
+) -> Callable[[str], list[int]]:
     """How the server counts a prompt text: as a completions prompt, or (``chat``) as the single
-    user message of a chat request, chat template included."""
-    return counter.encode_chat if chat else counter.encode
+    user message of a chat request, chat template included, under the request fields
+    ``options`` that change the prompt's tokens (:func:`surge.bench.tokens.prompt_options` of
+    ``--extra-body``, e.g. ``chat_template_kwargs`` or ``add_special_tokens``)."""
+    opts = dict(options or {})
+    if chat:
+        return (lambda text: counter.encode_chat(text, opts)) if opts else counter.encode_chat
+    if opts.get("add_special_tokens") is False:
+        return lambda text: counter.encode(text, add_special_tokens=False)
+    return counter.encode
 
 
 def exact_length_prompt(
-    counter: TokenCounter, rng: np.random.Generator, n_tokens: int, chat: bool = False
+    counter: TokenCounter,
+    rng: np.random.Generator,
+    n_tokens: int,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> str:
     """A random text of exactly ``n_tokens`` tokens as the server counts it.
 
     Without ``chat`` the text is counted as a completions prompt; with ``chat`` as the user
     message of a chat request, so that the templated prompt has exactly ``n_tokens`` tokens.
+    ``options`` are the request fields that change the count (see :func:`prompt_encoder`).
     Draws ids from ``counter.candidate_ids()``, decodes, re-counts and trims or extends the id
     list by the difference until the count is exact (restarting with fresh draws if it cycles).
     Raises:
@@ -58,7 +76,7 @@ def exact_length_prompt(
     pool = counter.candidate_ids()
     if len(pool) == 0:
         raise ValueError("the tokenizer has no non-special vocabulary to draw from")
-    encode = prompt_encoder(counter, chat)
+    encode = prompt_encoder(counter, chat, options)
     overhead = len(encode(""))
     minimum = overhead + 1 if chat else max(overhead, 1)
     if n_tokens < minimum:
@@ -80,15 +98,22 @@ def exact_length_prompt(
 
 
 def random_requests(
-    counter: TokenCounter, num_prompts: int, input_len: int, output_len: int, seed: int, chat: bool = False
+    counter: TokenCounter,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> list[SampleRequest]:
     """``num_prompts`` random prompts of exactly ``input_len`` tokens as the server counts them
-    (templated for ``chat``), each asking ``output_len`` tokens."""
+    (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
+    tokens."""
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --output-len must be >= 1")
     rng = np.random.default_rng(seed)
     return [
-        SampleRequest(exact_length_prompt(counter, rng, input_len, chat), input_len, output_len)
+        SampleRequest(exact_length_prompt(counter, rng, input_len, chat, options), input_len, output_len)
         for _ in range(num_prompts)
     ]
 
@@ -130,16 +155,18 @@ def sharegpt_requests(
     seed: int,
     max_model_len: int | None = None,
     chat: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> list[SampleRequest]:
     """``num_prompts`` ShareGPT first turns (shuffled by ``seed``), each asking ``output_len`` tokens.
 
-    A prompt's length is counted as the server will see it (templated for ``chat``).
+    A prompt's length is counted as the server will see it (templated for ``chat``, under the
+    request fields ``options``).
 
     Raises:
         ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
     """
     prompts = load_sharegpt_prompts(path)
-    encode = prompt_encoder(counter, chat)
+    encode = prompt_encoder(counter, chat, options)
     order = np.random.default_rng(seed).permutation(len(prompts))
     out: list[SampleRequest] = []
     for idx in order:

@@ -11,7 +11,8 @@ asked), aggregated by :mod:`surge.bench.metrics`, and returned as a vLLM-style r
 Prompt length reported per request (``input_lens``, ``total_input_tokens``): the server's
 ``usage.prompt_tokens`` when it sends usage, else the dataset's count. On the chat endpoint random
 prompts are built so that the *templated* prompt has exactly ``--input-len`` tokens (the template's
-role headers count), so ``usage.prompt_tokens == --input-len`` on both endpoints.
+role headers count, and so do the ``--extra-body`` fields that change the prompt, such as
+``chat_template_kwargs``), so ``usage.prompt_tokens == --input-len`` on both endpoints.
 
 Per-request lists in the result use vLLM's names: ``input_lens``, ``output_lens``, ``ttfts``,
 ``itls``, ``latencies`` (E2EL), ``start_times``, ``queue_times`` (time waited on the concurrency
@@ -37,7 +38,7 @@ from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
 from surge.bench.datasets import SampleRequest, random_requests, sharegpt_requests
 from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
-from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, resolve_counter
+from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
 
 T = TypeVar("T")
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
@@ -114,6 +115,7 @@ class ServeConfig:
             raise ValueError("--warmup must be >= 0")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
 
 
 def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
@@ -226,6 +228,27 @@ async def run_requests(
     return results, duration, warm
 
 
+def prompt_length_warning(samples: Sequence[SampleRequest], results: Sequence[RequestResult]) -> str | None:
+    """One line when the server's ``usage.prompt_tokens`` differs from the length a prompt was
+    built or counted for (a server-side ``--chat-template`` that a local ``--tokenizer`` cannot
+    see, another tokenizer, an ``--extra-body`` field that rewrites the prompt), else None.
+    ``results`` are in the order of ``samples``; a request without usage keeps the dataset's
+    count and is not compared."""
+    diffs = [
+        (s.prompt_len, r.prompt_len)
+        for s, r in zip(samples, results, strict=True)
+        if r.prompt_len != s.prompt_len
+    ]
+    if not diffs:
+        return None
+    built, served = diffs[0]
+    return (
+        f"the server counted {served} prompt tokens where the benchmark counted {built} "
+        f"({len(diffs)} of {len(results)} requests differ); the result reports the server's counts. "
+        "Count with the server's /tokenize (no --tokenizer) or with its tokenizer and template"
+    )
+
+
 def validate_results(
     results: Sequence[RequestResult], counter: TokenCounter | None, exact_length: bool
 ) -> None:
@@ -314,16 +337,19 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
     """The timed prompts of ``cfg`` (random or ShareGPT).
 
     Lengths are counted as the server sees the prompt: on the chat endpoint the templated
-    prompt (random prompts have exactly ``input_len`` tokens including the template's), and
-    ShareGPT prompts are kept only when that count plus the output fits ``max_model_len``.
+    prompt (random prompts have exactly ``input_len`` tokens including the template's), with
+    the fields of ``--extra-body`` that change it (``chat_template_kwargs``, ...; see
+    :func:`surge.bench.tokens.prompt_options`), and ShareGPT prompts are kept only when that
+    count plus the output fits ``max_model_len``.
     """
     chat = cfg.endpoint == CHAT_ENDPOINT
+    options = prompt_options(cfg.extra_body, chat)
     if cfg.dataset == "sharegpt":
         assert cfg.dataset_path is not None
         return sharegpt_requests(
-            counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, max_model_len, chat
+            counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, max_model_len, chat, options
         )
-    return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed, chat)
+    return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed, chat, options)
 
 
 def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None = None) -> dict[str, Any]:
@@ -379,6 +405,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             min(cfg.output_len, WARMUP_MAX_OUTPUT),
             cfg.seed + WARMUP_SEED_OFFSET,
             cfg.endpoint == CHAT_ENDPOINT,
+            prompt_options(cfg.extra_body, cfg.endpoint == CHAT_ENDPOINT),
         )
         if cfg.warmup
         else []
@@ -401,6 +428,9 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         if not w.success:
             raise ValueError(f"warm-up request failed: {w.error}")
     validate_results(results, counter, cfg.exact_length)
+    warning = prompt_length_warning(samples, results)
+    if warning:
+        print(f"[bench] warning: {warning}", flush=True)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
     backend = "openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai"

@@ -4,6 +4,13 @@ Prompt lengths must be exact *as the server counts them*, so the default is to a
 (``POST /tokenize`` ``{"model", "prompt"}`` -> ``{"tokens", "count", "max_model_len"}`` and
 ``POST /detokenize`` ``{"model", "tokens"}`` -> ``{"prompt"}``, the vLLM/Surge API). A server counts a
 completions prompt with the tokenizer's special tokens (e.g. a BOS), and so do both counters here.
+
+Request fields of ``--extra-body`` that change the prompt's tokens (:data:`CHAT_PROMPT_FIELDS`,
+e.g. ``chat_template_kwargs: {"enable_thinking": false}``, which makes Qwen3's template add an
+empty think block) are counted as the server will apply them (:func:`prompt_options`): passed
+to ``/tokenize`` (vLLM and Surge take the same field names there), or to the chat template of a
+local tokenizer. A server whose ``/tokenize`` refuses one of them stops the run with one line
+that says so and suggests ``--tokenizer DIR`` (Surge's ``/tokenize`` takes no ``tools``).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,18 +29,58 @@ import numpy as np
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
+CHAT_PROMPT_FIELDS: dict[str, type] = {
+    "chat_template": str,
+    "chat_template_kwargs": dict,
+    "add_generation_prompt": bool,
+    "continue_final_message": bool,
+    "add_special_tokens": bool,
+    "tools": list,
+}
+"""Chat request fields that change the prompt's tokens, with their JSON type (Surge and vLLM)."""
+
+COMPLETION_PROMPT_FIELDS: dict[str, type] = {"add_special_tokens": bool}
+"""Completions request fields that change the prompt's tokens."""
+
+_JSON_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}
+
+
+def prompt_options(extra_body: Mapping[str, Any] | None, chat: bool) -> dict[str, Any]:
+    """The fields of ``--extra-body`` that change how the server tokenizes the prompt (for the
+    chat endpoint :data:`CHAT_PROMPT_FIELDS`, else :data:`COMPLETION_PROMPT_FIELDS`); a field
+    set to null is the server's default and left out.
+
+    Raises:
+        ValueError: such a field of the wrong JSON type (the server would refuse every request).
+    """
+    fields = CHAT_PROMPT_FIELDS if chat else COMPLETION_PROMPT_FIELDS
+    out: dict[str, Any] = {}
+    for name, kind in fields.items():
+        value = (extra_body or {}).get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise ValueError(
+                f"--extra-body: {name!r} must be {_JSON_TYPE_NAMES[kind]}, got {json.dumps(value)}"
+            )
+        out[name] = value
+    return out
+
+
 class TokenCounter(Protocol):
     """What the datasets need: encode as the server counts, decode, and the ids to draw from."""
 
     name: str
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as a completions prompt (special tokens included)."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` as a completions prompt (special tokens included unless
+        ``add_special_tokens`` is False, the request field of that name)."""
         ...
 
-    def encode_chat(self, text: str) -> list[int]:
+    def encode_chat(self, text: str, options: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of a chat request with ``text`` as its single user message, as the server
-        renders it (chat template and generation prompt included)."""
+        renders it (chat template and generation prompt included), under the request fields
+        ``options`` (:data:`CHAT_PROMPT_FIELDS`, from :func:`prompt_options`)."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -81,13 +129,35 @@ class HFTokenCounter:
         self.name = path
         self._pool: np.ndarray | None = None
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=True)["input_ids"])
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def encode_chat(self, text: str) -> list[int]:
+    def encode_chat(self, text: str, options: Mapping[str, Any] | None = None) -> list[int]:
+        """Rendered by :func:`surge.tokenizer.apply_chat_template`, as Surge's server renders a
+        chat request with these fields (without a server-side ``--chat-template``, which the
+        benchmark cannot see; count with the server's ``/tokenize`` for that).
+
+        Raises:
+            ValueError: the template refuses the options (one line).
+        """
         from surge.tokenizer import apply_chat_template
 
-        return apply_chat_template(self.tok, [{"role": "user", "content": text}], add_generation_prompt=True)
+        opts = dict(options or {})
+        try:
+            return apply_chat_template(
+                self.tok,
+                [{"role": "user", "content": text}],
+                add_generation_prompt=opts.get("add_generation_prompt", True),
+                chat_template=opts.get("chat_template"),
+                chat_template_kwargs=opts.get("chat_template_kwargs"),
+                tools=opts.get("tools"),
+                continue_final_message=opts.get("continue_final_message", False),
+                add_special_tokens=opts.get("add_special_tokens", False),
+            )
+        except ValueError as e:
+            if not opts:
+                raise
+            raise ValueError(f"--extra-body ({', '.join(sorted(opts))}): {e}") from None
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
@@ -136,20 +206,44 @@ class ServerTokenCounter:
         self._pool = pool
         self.max_model_len: int | None = None
 
-    def encode(self, text: str) -> list[int]:
-        ans = post_json(f"{self.base_url}/tokenize", {"model": self.model, "prompt": text}, self.api_key)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        options = {} if add_special_tokens else {"add_special_tokens": False}
+        ans = self._tokenize({"model": self.model, "prompt": text, **options}, options)
         if ans.get("max_model_len") is not None:
             self.max_model_len = int(ans["max_model_len"])
         return [int(t) for t in ans["tokens"]]
 
-    def encode_chat(self, text: str) -> list[int]:
+    def encode_chat(self, text: str, options: Mapping[str, Any] | None = None) -> list[int]:
+        """``/tokenize`` of the chat request, with the request fields ``options`` sent as they
+        are (``/tokenize`` takes the chat request's names).
+
+        Raises:
+            ValueError: the server refused the options (one line naming them).
+        """
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": text}],
             "add_generation_prompt": True,
+            **(options or {}),
         }
-        ans = post_json(f"{self.base_url}/tokenize", body, self.api_key)
+        ans = self._tokenize(body, options or {})
         return [int(t) for t in ans["tokens"]]
+
+    def _tokenize(self, body: dict[str, Any], options: Mapping[str, Any]) -> Any:
+        """``POST /tokenize``. A refusal (4xx) of a body carrying ``options`` is a ValueError
+        saying so; other failures stay ``OSError`` (the server went away)."""
+        try:
+            return post_json(f"{self.base_url}/tokenize", body, self.api_key)
+        except urllib.error.HTTPError as e:
+            if not options or not 400 <= e.code < 500:
+                raise
+            detail = _error_text(e)
+            raise ValueError(
+                f"the server's /tokenize refused the prompt fields of --extra-body "
+                f"({', '.join(sorted(options))}), so the prompts cannot be counted as the server will "
+                f"see them: HTTP {e.code}: {detail}; pass --tokenizer DIR to count them with a local "
+                "tokenizer, or drop the fields"
+            ) from None
 
     def decode(self, ids: list[int]) -> str:
         ans = post_json(f"{self.base_url}/detokenize", {"model": self.model, "tokens": ids}, self.api_key)
@@ -164,6 +258,23 @@ class ServerTokenCounter:
             ids.difference_update(self.encode(""))  # BOS or other added specials
             self._pool = np.asarray(sorted(ids), dtype=np.int64)
         return self._pool
+
+
+def _error_text(e: urllib.error.HTTPError) -> str:
+    """The message of an HTTP error's OpenAI-style JSON body, else its first line or reason."""
+    try:
+        body = e.read().decode("utf-8", "replace")
+    except OSError:
+        body = ""
+    try:
+        data = json.loads(body)
+        err = data.get("error", data) if isinstance(data, dict) else data
+        message = err.get("message") or err.get("detail") if isinstance(err, dict) else None
+        if message:
+            return str(message).splitlines()[0]
+    except (ValueError, AttributeError):
+        pass
+    return (body.strip().splitlines() or [str(e.reason)])[0][:300]
 
 
 def server_tokenize_works(base_url: str, model: str, api_key: str | None = None) -> bool:

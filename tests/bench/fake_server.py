@@ -1,8 +1,11 @@
 """A scripted fake OpenAI-compatible SSE server (aiohttp) with known delays, for the benchmark tests.
 
 Tokenizer: word level. ``encode(text) = [BOS] + one id per whitespace word`` (``w17`` -> 17, any other
-word hashes into [10, 500)); ``decode(ids) = "w<id> w<id> ..."`` without BOS. Each request takes the
-next behaviour of ``script`` (then ``default``):
+word hashes into [10, 500)); ``decode(ids) = "w<id> w<id> ..."`` without BOS. The "chat template" adds
+``CHAT_OVERHEAD`` tokens, and ``NO_THINK_OVERHEAD`` more with ``chat_template_kwargs: {"enable_thinking":
+false}``; ``add_special_tokens: false`` drops a completions prompt's BOS (:func:`prompt_tokens`, for
+``/tokenize`` and ``usage`` alike); ``/tokenize`` refuses ``tools`` with a 400, as Surge's does. Each
+request takes the next behaviour of ``script`` (then ``default``):
 
 - ``ok``: TTFT ``ttft`` s, then one chunk every ``itl`` s with ``tokens_per_chunk`` tokens (on a
   timeline fixed at the request's arrival: chunk k is due ``ttft + k * itl`` s after it, so a late
@@ -40,6 +43,21 @@ from aiohttp import web
 
 BOS = 1
 CHAT_OVERHEAD = 5  # tokens the fake "chat template" adds
+NO_THINK_OVERHEAD = (
+    4  # ... and with chat_template_kwargs {"enable_thinking": false} (Qwen3's empty think block)
+)
+
+
+def prompt_tokens(body: dict[str, Any], chat: bool) -> list[int]:
+    """The prompt's tokens as the fake server counts them, in /tokenize and in usage alike:
+    the chat template honours ``chat_template_kwargs.enable_thinking``, a completions prompt
+    ``add_special_tokens`` (false: no BOS)."""
+    if chat:
+        kwargs = body.get("chat_template_kwargs") or {}
+        extra = NO_THINK_OVERHEAD if kwargs.get("enable_thinking") is False else 0
+        return encode(body["messages"][0]["content"]) + [2] * (CHAT_OVERHEAD + extra)
+    ids = encode(body["prompt"])
+    return ids[1:] if body.get("add_special_tokens") is False else ids
 
 
 def encode(text: str) -> list[int]:
@@ -95,10 +113,10 @@ def make_app(b: Behaviour) -> web.Application:
 
     async def tokenize(req: web.Request) -> web.Response:
         body = await req.json()
-        if "messages" in body:  # the fake chat template: the user text, then CHAT_OVERHEAD tokens
-            toks = encode(body["messages"][0]["content"]) + [2] * CHAT_OVERHEAD
-        else:
-            toks = encode(body["prompt"])
+        if "tools" in body:  # as Surge's /tokenize, which takes no tools (unknown fields: a 400)
+            err = {"message": "tools: Extra inputs are not permitted", "type": "BadRequestError", "code": 400}
+            return web.json_response({"error": err}, status=400)
+        toks = prompt_tokens(body, "messages" in body)  # the fake chat template: text, then overhead
         return web.json_response({"tokens": toks, "count": len(toks), "max_model_len": 4096})
 
     async def detokenize(req: web.Request) -> web.Response:
@@ -140,7 +158,6 @@ def make_app(b: Behaviour) -> web.Application:
             }
             return web.json_response(err, status=500)
         max_tokens = int(body.get("max_completion_tokens") or body["max_tokens"])
-        prompt = body["messages"][0]["content"] if chat else body["prompt"]
         n = max_tokens - 1 if mode == "short" else max_tokens
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
@@ -182,7 +199,7 @@ def make_app(b: Behaviour) -> web.Application:
                 resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [fin]}
             )
         if mode != "no_usage":
-            p = len(encode(prompt)) + (CHAT_OVERHEAD if chat else 0)
+            p = len(prompt_tokens(body, chat))
             usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
             await send(
                 resp,

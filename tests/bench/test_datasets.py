@@ -49,6 +49,61 @@ def test_seeded_and_special_free(stories: HFTokenCounter, qwen: HFTokenCounter) 
     assert not set(stories.candidate_ids().tolist()) & {0, 1, 2, 3, 100}  # specials and <0x..> bytes
 
 
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_chat_template_kwargs_of_extra_body_are_counted_qwen3(qwen: HFTokenCounter) -> None:
+    """Qwen3 with ``--extra-body '{"chat_template_kwargs": {"enable_thinking": false}}'``: the
+    template adds an empty think block (4 tokens); the prompts the benchmark builds have exactly
+    ``--input-len`` tokens as the server renders them with those kwargs (the user trial got 104
+    for 100). Tokenizer only: Surge's own template code, as the server runs it."""
+    from surge.bench.serve import ServeConfig, build_samples
+    from surge.bench.tokens import prompt_options
+    from surge.tokenizer import apply_chat_template
+
+    def server_count(text: str, kwargs: dict[str, bool] | None) -> int:
+        messages = [{"role": "user", "content": text}]
+        return len(apply_chat_template(qwen.tok, messages, chat_template_kwargs=kwargs))
+
+    options = prompt_options({**NO_THINK, "top_k": 1}, chat=True)
+    assert options == NO_THINK  # only the fields that change the prompt
+    assert len(qwen.encode_chat("x", options)) == len(qwen.encode_chat("x")) + 4
+    for r in random_requests(qwen, 3, 100, 5, seed=0, chat=True, options=options):
+        assert server_count(r.prompt, {"enable_thinking": False}) == 100 == r.prompt_len
+    # the path bench serve takes: ServeConfig.extra_body -> build_samples
+    cfg = ServeConfig(input_len=100, num_prompts=2, extra_body={**NO_THINK, "top_k": 1})
+    for r in build_samples(cfg, qwen, None):
+        assert server_count(r.prompt, {"enable_thinking": False}) == 100
+    # thinking on (the template's default) is counted as before
+    for r in random_requests(qwen, 2, 100, 5, seed=0, chat=True):
+        assert server_count(r.prompt, None) == 100
+    # ShareGPT prompts are counted with the kwargs too
+    for r in sharegpt_requests(qwen, str(SHAREGPT), 3, 16, seed=1, chat=True, options=options):
+        assert server_count(r.prompt, {"enable_thinking": False}) == r.prompt_len
+
+
+def test_add_special_tokens_of_extra_body_is_counted(stories: HFTokenCounter) -> None:
+    """Completions with ``add_special_tokens: false``: no BOS, so the text itself has the length."""
+    from surge.bench.tokens import prompt_options
+
+    options = prompt_options({"add_special_tokens": False}, chat=False)
+    for r in random_requests(stories, 2, 32, 5, seed=0, options=options):
+        assert len(stories.encode(r.prompt, add_special_tokens=False)) == 32
+        assert len(stories.encode(r.prompt)) == 33
+
+
+def test_prompt_options_refuse_wrong_types() -> None:
+    from surge.bench.serve import ServeConfig
+    from surge.bench.tokens import prompt_options
+
+    assert prompt_options(None, True) == {} and prompt_options({"chat_template_kwargs": None}, True) == {}
+    assert prompt_options(NO_THINK, chat=False) == {}  # the completions prompt has no template
+    with pytest.raises(ValueError, match="'chat_template_kwargs' must be an object, got"):
+        prompt_options({"chat_template_kwargs": "enable_thinking=false"}, True)
+    with pytest.raises(ValueError, match="'add_special_tokens' must be true or false"):
+        ServeConfig(extra_body={"add_special_tokens": "no"}).validate()
+
+
 def test_below_minimum_is_an_error(stories: HFTokenCounter) -> None:
     with pytest.raises(ValueError):
         random_requests(stories, 1, 0, 5, seed=0)

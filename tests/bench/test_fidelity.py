@@ -98,6 +98,76 @@ def test_client_settings_and_result_fields(tmp_path: Path) -> None:
     assert all(x["top_k"] == 3 and x["temperature"] == 0.7 for x in bodies)  # --extra-body wins
 
 
+def test_prompt_fields_of_extra_body_keep_input_len_exact(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server's usage.prompt_tokens equals --input-len when --extra-body changes the prompt:
+    chat_template_kwargs (counted through /tokenize with them), add_special_tokens on the
+    completions endpoint. A /tokenize that refuses a prompt field stops the run with one line."""
+    no_think = '{"chat_template_kwargs": {"enable_thinking": false}, "top_k": 1}'
+    argv = [
+        "bench",
+        "serve",
+        "--disable-tqdm",
+        "--input-len",
+        "20",
+        "--output-len",
+        "4",
+        "--num-prompts",
+        "3",
+    ]
+    b = Behaviour(ttft=0.005, itl=0.001)
+    with FakeServer(b) as s:
+        out = tmp_path / "chat.json"
+        assert (
+            bench_main(argv + ["--base-url", s.url, "--extra-body", no_think, "--result-file", str(out)]) == 0
+        )
+        assert load_result(out)["input_lens"] == [20] * 3  # the server's own count (usage)
+        assert all(e["body"]["chat_template_kwargs"] == {"enable_thinking": False} for e in b.log)
+        out = tmp_path / "completions.json"
+        no_bos = ["--endpoint", "/v1/completions", "--extra-body", '{"add_special_tokens": false}']
+        assert bench_main(argv + ["--base-url", s.url, *no_bos, "--result-file", str(out)]) == 0
+        assert load_result(out)["input_lens"] == [20] * 3
+        capsys.readouterr()
+        tools = '{"tools": [{"type": "function", "function": {"name": "f"}}]}'
+        n = len(b.log)
+        assert bench_main(argv + ["--base-url", s.url, "--extra-body", tools]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(
+            "surge: error: the server's /tokenize refused the prompt fields of --extra-body"
+        )
+        assert "(tools)" in err and "--tokenizer DIR" in err and err.count("\n") == 1, err
+        assert len(b.log) == n  # nothing was measured
+
+
+def test_a_server_that_counts_prompts_otherwise_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local --tokenizer that is not the server's (here the bundled model's, against the fake
+    word-level server): the run completes, reports the server's counts, and says so in one line."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        rc = bench_main(
+            [
+                "bench",
+                "serve",
+                "--base-url",
+                s.url,
+                "--disable-tqdm",
+                "--input-len",
+                "20",
+                "--output-len",
+                "4",
+            ]
+            + ["--num-prompts", "2", "--tokenizer", str(BUNDLED_MODEL), "--result-file", str(out)]
+        )
+    stdout = capsys.readouterr().out
+    assert rc == 0 and load_result(out)["input_lens"] != [20, 20]
+    line = next(x for x in stdout.splitlines() if x.startswith("[bench] warning: "))
+    assert "where the benchmark counted 20 (2 of 2 requests differ)" in line
+
+
 def test_bad_extra_body_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("{", "[1]"):
         rc = bench_main(["bench", "serve", "--extra-body", bad])
