@@ -10,6 +10,9 @@ the help; every ``--help`` shows each option's default.
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -125,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's exit
+        return code
     except CliError as e:
         print(f"surge: error: {e}", file=sys.stderr)
         return 2
@@ -134,6 +139,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        # `surge ... | head`: stop quietly with the exit code of a process killed by SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe whose reading end is closed (its write end polls POLLERR)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll() (Windows), stdout without a file
+        return False
 
 
 if __name__ == "__main__":

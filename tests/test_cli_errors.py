@@ -116,6 +116,20 @@ def test_weights_header_check_accepts_good_files_and_reads_headers_only(tmp_path
         check_safetensors_header(big)
 
 
+def test_a_closed_stdout_pipe_is_not_a_traceback() -> None:
+    """`surge bench roofline ... | head -1`: the reader is gone before the table is written."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "surge.cli", "bench", "roofline", "--model", str(STORIES), "--gpu", "h200"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None
+    p.stdout.close()
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
 def test_bare_surge_prints_help() -> None:
     p = _surge()
     assert p.returncode == 0 and "usage: surge" in p.stdout and "serve" in p.stdout
