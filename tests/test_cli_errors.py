@@ -183,3 +183,26 @@ def test_roofline_help_names_the_hardware_flags(capsys: pytest.CaptureFixture[st
     assert "--gpu" in out and "--hbm-bandwidth" in out and "--peak-flops" in out
     assert "required: --gpu, or both --hbm-bandwidth and --peak-flops" in out
     assert "model folder or config.json (required)" in out and "config.json (default: none)" not in out
+
+
+def test_serve_refused_model_is_two_lines_and_exit_2(tmp_path: Path) -> None:
+    """A folder that passes the up-front checks but that the engine refuses while building (a
+    tensor missing from the checkpoint): ``surge serve`` logs the reason on one line, no
+    traceback, and exits 2 (a user error), not 1 (a crash)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy_of_stories(tmp_path, "missing_tensor")
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.embed_tokens.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    cmd = ["serve", "--model", str(folder), "--device", "cpu", "--port", "0"]
+    p = subprocess.run(
+        [sys.executable, "-m", "surge.cli", *cmd],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr, p.stderr
+    assert "model.embed_tokens.weight" in p.stderr and "the engine failed to start" in p.stderr, p.stderr

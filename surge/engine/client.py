@@ -61,7 +61,16 @@ _EXIT_GRACE_S = 0.5
 
 
 class EngineStartError(RuntimeError):
-    """The engine process failed to start (the message is one readable line)."""
+    """The engine process failed to start (the message is one readable line).
+
+    Attributes:
+        user_error: the engine refused the configuration or the model folder (a bad input,
+            exit code 2 for the CLI), rather than crashing.
+    """
+
+    def __init__(self, message: str, *, user_error: bool = False) -> None:
+        super().__init__(message)
+        self.user_error = user_error
 
 
 class EngineDeadError(RuntimeError):
@@ -297,7 +306,7 @@ class EngineClient:
                 raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
         if isinstance(msg, EngineStartupError):
             await self.shutdown()
-            raise EngineStartError(msg.message)
+            raise EngineStartError(msg.message, user_error=msg.user_error)
         if not isinstance(msg, EngineReady):
             await self.shutdown()
             raise EngineStartError(f"unexpected first message from the engine: {type(msg).__name__}")

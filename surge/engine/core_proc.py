@@ -118,9 +118,12 @@ class EngineReady(msgspec.Struct, tag=True, array_like=True):
 
 
 class EngineStartupError(msgspec.Struct, tag=True, array_like=True):
-    """The engine could not be built. Attributes: message (one line)."""
+    """The engine could not be built. Attributes: message (one line); user_error: the cause
+    is the user's configuration or model folder (a ``ValueError`` from the engine's build,
+    e.g. a missing tensor or a KV pool that cannot hold one request), not a crash."""
 
     message: str
+    user_error: bool = False
 
 
 class EngineFatalError(msgspec.Struct, tag=True, array_like=True):
@@ -247,6 +250,12 @@ def run_engine_core(
             engine = engine_factory(config)
         except _Shutdown:
             raise
+        except ValueError as e:  # the configuration or the model folder: one line, no traceback
+            logger.error("engine start-up failed: %s", _one_line(e))
+            logger.debug("engine start-up failed:\n%s", traceback.format_exc())
+            out_sock.send(encoder.encode(EngineStartupError(_one_line(e), user_error=True)))
+            exit_code = 2
+            return
         except Exception as e:
             logger.error("engine start-up failed:\n%s", traceback.format_exc())
             out_sock.send(encoder.encode(EngineStartupError(_one_line(e))))

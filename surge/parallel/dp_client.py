@@ -166,7 +166,7 @@ class DPEngineClient:
             if isinstance(res, BaseException):
                 await self.shutdown()
                 if isinstance(res, EngineStartError):
-                    raise EngineStartError(f"replica {d}: {res}")
+                    raise EngineStartError(f"replica {d}: {res}", user_error=res.user_error)
                 raise res
         infos = [res for res in results if isinstance(res, EngineReady)]
         self.info = msgspec.structs.replace(infos[0], num_kv_blocks=min(i.num_kv_blocks for i in infos))

@@ -408,7 +408,8 @@ async def run_server(
             the supervisor's pid (on ``/health``) and the shared prometheus folder.
 
     Returns:
-        The exit code: 0 after a clean shutdown, 1 when the engine failed to start.
+        The exit code: 0 after a clean shutdown, 2 when the engine refused the configuration or
+        the model folder, 1 when it failed to start otherwise.
 
     Raises:
         ValueError: the model folder has no loadable tokenizer.
@@ -435,7 +436,7 @@ async def run_server(
         info = await client.start()
     except EngineStartError as e:
         logger.error("the engine failed to start: %s", e)
-        return 1
+        return 2 if e.user_error else 1
     except asyncio.CancelledError:
         logger.info("interrupted during start-up")
         await client.shutdown()
