@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from surge.sampling_params import StructuredOutputsParams
+from surge.structured.schema_support import check_json_schema, regex_problem
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 """``json_object``: any JSON object (properties of any name and value)."""
@@ -43,6 +45,32 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
     return "root ::= " + " | ".join(ebnf_string_literal(c) for c in choices)
 
 
+def check_enforceable(params: StructuredOutputsParams) -> None:
+    """Refuse a JSON schema or regex that uses what xgrammar would silently drop (a keyword
+    such as ``uniqueItems``, a regex lookahead...), so that it is refused instead of ignored
+    (:mod:`surge.structured.schema_support`). Other kinds pass.
+
+    Raises:
+        ValueError: the message names the keyword and its location in the schema (e.g.
+            ``keyword 'uniqueItems' at #/properties/tags is not supported: ...``), or the
+            regex feature (``unsupported regex: ...``).
+    """
+    if params.kind == "json":
+        assert params.json is not None
+        try:
+            schema = json.loads(params.json)
+        except RecursionError:
+            raise ValueError("invalid json: the schema is nested too deeply") from None
+        except ValueError:
+            return  # not JSON: xgrammar says why
+        check_json_schema(schema)
+    elif params.kind == "regex":
+        assert params.regex is not None
+        problem = regex_problem(params.regex)
+        if problem is not None:
+            raise ValueError(f"unsupported regex: {problem}")
+
+
 def build_grammar(params: StructuredOutputsParams) -> Any:
     """The ``xgrammar.Grammar`` of ``params`` (no tokenizer needed; milliseconds).
 
@@ -50,8 +78,10 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     ``strict_mode`` (no properties beyond the schema's), as vLLM does.
 
     Raises:
-        ValueError: the schema, regex or grammar is invalid; the message says why.
+        ValueError: the schema, regex or grammar is invalid, or asks for what the grammar
+            cannot enforce (:func:`check_enforceable`); the message says why.
     """
+    check_enforceable(params)
     import xgrammar as xgr
 
     kind = params.kind
@@ -74,7 +104,8 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
 
 
 def check_structured_outputs(params: StructuredOutputsParams) -> None:
-    """Raise ValueError when ``params`` does not describe a valid grammar.
+    """Raise ValueError when ``params`` does not describe a valid grammar that xgrammar
+    enforces in full.
 
     Raises:
         ValueError: as :func:`build_grammar`.

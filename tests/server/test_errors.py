@@ -123,6 +123,64 @@ def test_bad_request_gets_openai_error(server: Server, path: str, body: Any, sta
     assert "Traceback" not in r.text
 
 
+UNIQUE_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True}
+TOOL_SCHEMA = {"type": "object", "properties": {"step": {"type": "number", "multipleOf": 0.5}}}
+
+# (path, body, the field named by param, what the message says after "<param>: ")
+UNENFORCEABLE_GRAMMARS: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        CHAT,
+        {
+            "messages": MSGS,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"ids": UNIQUE_IDS}}},
+            },
+        },
+        "response_format.json_schema.schema",
+        "keyword 'uniqueItems' at #/properties/ids is not supported",
+    ),
+    (
+        CMPL,
+        {"prompt": "x", "structured_outputs": {"json": {"type": "string", "pattern": "^(?=x)x+$"}}},
+        "structured_outputs.json",
+        "keyword 'pattern' at # is not supported: a lookahead",
+    ),
+    (
+        CHAT,
+        {
+            "messages": MSGS,
+            "guided_json": {"type": "object", "patternProperties": {"^a": {"type": "integer"}}},
+        },
+        "guided_json",
+        "keyword 'patternProperties' at # is not supported",
+    ),
+    (CMPL, {"prompt": "x", "guided_regex": "a^b"}, "guided_regex", "unsupported regex: '^' at position 1"),
+    (
+        CHAT,
+        {
+            "messages": MSGS,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": TOOL_SCHEMA}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        "tools",
+        "keyword 'multipleOf' at #/properties/step is not supported",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "says"), UNENFORCEABLE_GRAMMARS)
+def test_schema_the_grammar_cannot_enforce_is_a_400_naming_the_field(
+    server: Server, path: str, body: dict[str, Any], param: str, says: str
+) -> None:
+    """A JSON-schema keyword or regex feature xgrammar would drop is refused, never ignored."""
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param
+    assert err["message"].startswith(f"{param}: {says}"), err["message"]
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_json_body_without_a_json_content_type_says_so(server: Server, content_type: str | None) -> None:
     """curl -d sends a JSON body as a form: the 400 names the missing JSON Content-Type."""

@@ -1,0 +1,803 @@
+"""What the grammar backend enforces of a JSON schema or a regular expression; the rest is refused.
+
+xgrammar turns a JSON schema into a grammar and silently drops what it cannot express: some
+keywords only print a warning on stderr (``uniqueItems``, ``contains``, ``not``, ``if``,
+``dependentRequired``, ``multipleOf`` on numbers, a lookahead in a ``pattern``), others are
+dropped without a word (``patternProperties`` next to ``properties``, a ``required`` name that
+``properties`` does not declare, any keyword next to ``$ref``, ``enum``, ``const`` or
+``anyOf``, a keyword in a schema without ``type``). The output then violates the schema while
+the request succeeds. :func:`check_json_schema` walks a schema the way xgrammar 0.2.9 reads it
+and raises ``ValueError`` for every such keyword, naming it and its location (a JSON pointer
+into the schema); :func:`regex_problem` finds the regex features xgrammar drops.
+
+What is refused (each checked against xgrammar 0.2.9 by compiling the schema and matching
+instances that violate it; ``tests/structured/test_schema_support.py`` repeats the checks):
+
+- anywhere: ``not``, ``if`` with ``then``/``else``, ``$dynamicRef``, ``$recursiveRef``; a
+  ``$ref`` that is not local (``#`` or ``#/...``) or sits under a nested ``$id``; an empty
+  ``anyOf``/``oneOf``; ``allOf`` with more than one schema; ``oneOf`` whose branches cannot be
+  proven disjoint (xgrammar then enforces ``anyOf``); an assertion next to ``$ref``, ``const``,
+  ``enum``, ``anyOf``, ``oneOf`` or ``allOf`` (a ``type`` that every value already has is
+  accepted); an assertion in a schema without ``type`` that xgrammar reads as "any value";
+  ``type: []``.
+- strings: a ``format`` outside :data:`SUPPORTED_FORMATS`; ``pattern`` next to a supported
+  ``format``; ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
+  ``pattern`` with a feature of :func:`regex_problem`.
+- numbers: ``multipleOf`` (on integers it is enforced for an integer of at most 1,024 with no
+  bounds or with both bounds spanning at most 10,000 integers, and ``multipleOf: 1`` always).
+- arrays: ``uniqueItems: true`` (unless ``maxItems`` is at most 1), ``contains``.
+- objects: ``patternProperties``, ``propertyNames`` next to ``properties``, a ``required`` name
+  missing from ``properties``, ``dependentRequired``, ``dependentSchemas``, ``dependencies``,
+  ``minProperties`` above the required properties where other keys are allowed (a key may
+  repeat and count twice).
+
+Only what xgrammar would compile is walked: ``$defs``/``definitions`` entries are checked where
+a ``$ref`` reaches them. Keywords that JSON Schema itself does not assert (annotations such as
+``title``, ``description``, ``default``, ``examples``, ``contentEncoding``, and unknown
+keywords such as ``discriminator``) are accepted, as are keywords without effect
+(``uniqueItems: false``, ``minLength: 0``, ``minContains`` without ``contains``,
+``additionalItems`` next to an ``items`` schema...).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+SUPPORTED_FORMATS = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "uuid",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
+"""String ``format`` values xgrammar 0.2.9 turns into a regex (others are ignored)."""
+
+INTEGER_MULTIPLE_OF_MAX = 1024
+"""The largest integer ``multipleOf`` xgrammar 0.2.9 enforces."""
+
+INTEGER_MULTIPLE_OF_RANGE_MAX = 10_000
+"""The most integers a bounded range may hold for xgrammar 0.2.9 to enforce ``multipleOf``."""
+
+_STRING_KEYWORDS = ("format", "pattern", "minLength", "maxLength")
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_ARRAY_KEYWORDS = (
+    "items",
+    "prefixItems",
+    "unevaluatedItems",
+    "contains",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+)
+_OBJECT_KEYWORDS = (
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+    "required",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+)
+_GENERIC_KEYWORDS = ("type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf", "not", "if")
+_ASSERTIONS = _GENERIC_KEYWORDS + _STRING_KEYWORDS + _NUMBER_KEYWORDS + _ARRAY_KEYWORDS + _OBJECT_KEYWORDS
+"""The JSON Schema keywords that constrain a value (annotations and unknown keywords do not)."""
+
+_TYPED_KEYWORDS = {
+    "string": _STRING_KEYWORDS,
+    "integer": _NUMBER_KEYWORDS,
+    "number": _NUMBER_KEYWORDS,
+    "array": _ARRAY_KEYWORDS,
+    "object": _OBJECT_KEYWORDS,
+}
+_OBJECT_HINTS = ("properties", "additionalProperties", "unevaluatedProperties")
+_ARRAY_HINTS = ("items", "prefixItems", "unevaluatedItems")
+_KNOWN_ESCAPES = frozenset("dDwWsStnrfvxuc0")
+_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def check_json_schema(schema: Any) -> None:
+    """Refuse a JSON schema that uses a keyword or regex feature xgrammar would not enforce.
+
+    ``schema`` is the parsed schema (a dict or a bool). Malformed schemas (a ``type`` that is
+    not a type name, a non-list ``enum``...) pass: xgrammar rejects them with its own message.
+
+    Raises:
+        ValueError: a keyword xgrammar ignores; the message names the keyword, its location in
+            the schema as a JSON pointer (``#/properties/tags``) and why.
+    """
+    try:
+        _Walker(schema).walk(schema, (), None, False)
+    except RecursionError:
+        raise ValueError("the schema is nested too deeply") from None
+
+
+def regex_problem(pattern: str) -> str | None:
+    """The first feature of ``pattern`` that xgrammar would drop or reject, or None.
+
+    Refused: lookahead and lookbehind, backreferences (``\\1``, ``\\k<name>``, ``(?P=name)``),
+    word boundaries (``\\b``, ``\\B``), Unicode property escapes (``\\p{..}``), inline flags and
+    other ``(?...)`` group modifiers (named and ``(?:`` groups, and a leading ``(?i)``, are fine),
+    letter escapes other than ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\x \\u \\c`` (xgrammar
+    matches ``\\A``, ``\\Z``, ``\\z``, ``\\h``... as the letter itself, ``\\a`` and ``\\e`` as control
+    characters), a digit escape in a character class, and a ``^`` or ``$`` that is not at the
+    start or the end of the match (xgrammar ignores it; anchors at the ends of alternatives are
+    fine).
+    xgrammar matches the whole string in both uses (JSON Schema ``pattern`` and a
+    ``guided_regex``), so anchors at the ends change nothing.
+    """
+    return _RegexScan(pattern).run()
+
+
+# --- JSON schema walk ----------------------------------------------------------------------
+
+
+def _pointer(loc: tuple[str, ...]) -> str:
+    return "#" + "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in loc)
+
+
+def _unsupported(loc: tuple[str, ...], keyword: str, why: str) -> ValueError:
+    return ValueError(f"keyword {keyword!r} at {_pointer(loc)} is not supported: {why}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON Schema type of a JSON value (a whole float is an integer)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: ``1 == 1.0``, but ``true != 1``."""
+    if _is_number(a) and _is_number(b):
+        return bool(a == b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _types_overlap(a: frozenset[str], b: frozenset[str]) -> bool:
+    numeric = {"integer", "number"}
+    return any(x == y or (x in numeric and y in numeric) for x in a for y in b)
+
+
+def _types_within(inner: frozenset[str], outer: frozenset[str]) -> bool:
+    return all(t in outer or (t == "integer" and "number" in outer) for t in inner)
+
+
+def _is_noop(node: dict[str, Any], key: str) -> bool:
+    """Whether keyword ``key`` of ``node`` constrains nothing (so dropping it is harmless)."""
+    value = node[key]
+    if key in ("minLength", "minItems", "minProperties"):
+        return _is_number(value) and value == 0
+    if key in (
+        "required",
+        "properties",
+        "patternProperties",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+    ):
+        return value in ([], {})
+    if key == "uniqueItems":
+        return value is False
+    if key in ("additionalProperties", "unevaluatedProperties", "items", "unevaluatedItems", "propertyNames"):
+        return value is True or value == {}
+    if key == "if":
+        return "then" not in node and "else" not in node
+    return False
+
+
+def _constraints(node: dict[str, Any], keys: tuple[str, ...] = _ASSERTIONS) -> list[str]:
+    """The keywords of ``keys`` in ``node`` that constrain the value, in schema order."""
+    wanted = set(keys)
+    return [k for k in node if k in wanted and not _is_noop(node, k)]
+
+
+def _declared_types(node: dict[str, Any]) -> frozenset[str] | None:
+    """The types of a ``type`` keyword (None when absent or malformed)."""
+    t = node.get("type")
+    if isinstance(t, str):
+        return frozenset((t,))
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        return frozenset(t)
+    return None
+
+
+class _Walker:
+    """One walk over a schema: checks each subschema xgrammar would compile, once."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.seen: set[tuple[tuple[str, ...], str | None, bool]] = set()
+        self.types: dict[int, frozenset[str] | None] = {}  # types_of by id of the subschema
+
+    # - $ref resolution and the types xgrammar can produce for a subschema -
+
+    def resolve(self, ref: str) -> tuple[Any, tuple[str, ...]] | None:
+        """The subschema a local ``$ref`` points at and its location, or None."""
+        if ref == "#":
+            return self.root, ()
+        node, loc = self.root, ()
+        for raw in ref[2:].split("/"):
+            part = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+            loc = (*loc, part)
+        return node, loc
+
+    def target(self, node: Any) -> Any:
+        """``node`` with its local ``$ref`` chain followed (None when broken or circular)."""
+        for _ in range(64):
+            if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+                return node
+            ref = node["$ref"]
+            found = self.resolve(ref) if ref == "#" or ref.startswith("#/") else None
+            if found is None:
+                return None
+            node = found[0]
+        return None
+
+    def types_of(self, node: Any) -> frozenset[str] | None:
+        """The JSON types xgrammar may generate for ``node``; None for any (or unknown)."""
+        node = self.target(node)
+        if not isinstance(node, dict):
+            return None
+        if id(node) in self.types:  # memoized, or None while being computed (a cycle)
+            return self.types[id(node)]
+        self.types[id(node)] = None
+        found = self._types_of(node)
+        self.types[id(node)] = found
+        return found
+
+    def _types_of(self, node: dict[str, Any]) -> frozenset[str] | None:
+        if "const" in node:
+            return frozenset((_json_type(node["const"]),))
+        if "enum" in node:
+            values = node["enum"]
+            return frozenset(_json_type(v) for v in values) if isinstance(values, list) else None
+        for comb in ("anyOf", "oneOf", "allOf"):
+            if comb in node:
+                branches = node[comb]
+                if not isinstance(branches, list) or not branches or (comb == "allOf" and len(branches) > 1):
+                    return None
+                found: frozenset[str] = frozenset()
+                for branch in branches:
+                    t = self.types_of(branch)
+                    if t is None:
+                        return None
+                    found |= t
+                return found
+        declared = _declared_types(node)
+        if declared is not None:
+            return declared
+        if any(k in node for k in _OBJECT_HINTS):
+            return frozenset(("object",))
+        if any(k in node for k in _ARRAY_HINTS):
+            return frozenset(("array",))
+        return None
+
+    def finite_values(self, node: Any) -> list[Any] | None:
+        """The values of a ``const`` or ``enum`` subschema (after ``$ref``), or None."""
+        node = self.target(node)
+        if not isinstance(node, dict):
+            return None
+        if "const" in node:
+            return [node["const"]]
+        values = node.get("enum")
+        return values if isinstance(values, list) and values else None
+
+    def disjoint(self, a: Any, b: Any) -> bool:
+        """Whether no value can satisfy both ``a`` and ``b`` (each as xgrammar generates it):
+        their types differ, their const/enum values differ, or both are objects with a
+        property both require whose const/enum values differ (a discriminator)."""
+        ta, tb = self.types_of(a), self.types_of(b)
+        if ta is not None and tb is not None and not _types_overlap(ta, tb):
+            return True
+        va, vb = self.finite_values(a), self.finite_values(b)
+        if va is not None and vb is not None:
+            return not any(_json_equal(x, y) for x in va for y in vb)
+        if ta != frozenset(("object",)) or tb != frozenset(("object",)):
+            return False
+        na, nb = self.target(a), self.target(b)
+        props_a, props_b = na.get("properties"), nb.get("properties")
+        req_a, req_b = na.get("required"), nb.get("required")
+        if not all(isinstance(x, dict) for x in (props_a, props_b)):
+            return False
+        if not all(isinstance(x, list) for x in (req_a, req_b)):
+            return False
+        for key in req_a:
+            if not isinstance(key, str) or key not in req_b or key not in props_a or key not in props_b:
+                continue
+            va, vb = self.finite_values(props_a[key]), self.finite_values(props_b[key])
+            if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
+                return True
+        return False
+
+    # - the walk -
+
+    def walk(self, node: Any, loc: tuple[str, ...], default_type: str | None, nested_id: bool) -> None:
+        """Check ``node`` (at ``loc``) and the subschemas xgrammar compiles with it.
+
+        ``default_type`` is the type xgrammar assumes for a schema without one (``string``
+        under ``propertyNames``); ``nested_id`` tells that a ``$id`` below the root encloses it.
+
+        Raises:
+            ValueError: as :func:`check_json_schema`.
+        """
+        if not isinstance(node, dict):
+            return  # true, false (xgrammar rejects false) or malformed (xgrammar rejects it)
+        key = (loc, default_type, nested_id)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        if loc and "$id" in node:
+            nested_id = True
+        if "not" in node:
+            raise _unsupported(loc, "not", "the grammar cannot exclude the values of a subschema")
+        if "if" in node and not _is_noop(node, "if"):
+            raise _unsupported(loc, "if", "conditional subschemas (if/then/else) are not enforced")
+        for keyword in ("$dynamicRef", "$recursiveRef"):
+            if keyword in node:
+                raise _unsupported(loc, keyword, "only local $ref is supported")
+        if "$ref" in node:
+            self.walk_ref(node, loc, default_type, nested_id)
+        elif "const" in node or "enum" in node:
+            self.check_literal(node, loc)
+        elif any(c in node for c in ("anyOf", "oneOf", "allOf")):
+            self.walk_combinator(node, loc, default_type, nested_id)
+        else:
+            self.walk_typed(node, loc, default_type, nested_id)
+
+    def check_siblings(self, node: dict[str, Any], loc: tuple[str, ...], used: str, types: Any) -> None:
+        """Refuse the assertions next to ``used`` (which alone decides the grammar); a ``type``
+        is accepted when ``types`` (what ``used`` generates) already fits it."""
+        for keyword in _constraints(node):
+            if keyword == used:
+                continue
+            if keyword == "type":
+                declared = _declared_types(node)
+                if declared is not None and types is not None and _types_within(types, declared):
+                    continue
+                why = f"'type' next to {used!r} is ignored (put it in the {used} subschema)"
+            else:
+                why = f"it is ignored next to {used!r} (move it into the {used} subschema)"
+            raise _unsupported(loc, keyword, why)
+
+    def walk_ref(
+        self, node: dict[str, Any], loc: tuple[str, ...], default_type: str | None, nested_id: bool
+    ) -> None:
+        ref = node["$ref"]
+        if not isinstance(ref, str):
+            return  # xgrammar: "$ref must be a string"
+        if ref != "#" and not ref.startswith("#/"):
+            raise _unsupported(loc, "$ref", f"{ref!r} is not a local reference ('#' or '#/...')")
+        if nested_id:
+            raise _unsupported(loc, "$ref", "a $ref under a nested $id is resolved against the root schema")
+        self.check_siblings(node, loc, "$ref", self.types_of(node))
+        found = self.resolve(ref)
+        if found is not None:  # else xgrammar: "Cannot find field"
+            self.walk(found[0], found[1], default_type, False)
+
+    def check_literal(self, node: dict[str, Any], loc: tuple[str, ...]) -> None:
+        used = "const" if "const" in node else "enum"
+        values = [node["const"]] if used == "const" else node["enum"]
+        if not isinstance(values, list):
+            return  # xgrammar: "enum must be an array"
+        if used == "const" and "enum" in node:
+            enum = node["enum"]
+            if not isinstance(enum, list) or not any(_json_equal(values[0], v) for v in enum):
+                raise _unsupported(
+                    loc, "enum", "it is ignored next to 'const' (the const value is not in it)"
+                )
+            node = {k: v for k, v in node.items() if k != "enum"}
+        self.check_siblings(node, loc, used, frozenset(_json_type(v) for v in values))
+
+    def walk_combinator(
+        self, node: dict[str, Any], loc: tuple[str, ...], default_type: str | None, nested_id: bool
+    ) -> None:
+        used = next(c for c in ("anyOf", "oneOf", "allOf") if c in node)
+        self.check_siblings(node, loc, used, self.types_of(node))
+        branches = node[used]
+        if not isinstance(branches, list):
+            return  # xgrammar: "anyOf must be an array"
+        if not branches and used != "allOf":
+            raise _unsupported(loc, used, "an empty list accepts no value")
+        if used == "allOf" and len(branches) > 1:
+            raise _unsupported(loc, "allOf", "only an allOf of one schema is enforced (merge the schemas)")
+        if used == "oneOf":
+            for i, a in enumerate(branches):
+                for j in range(i + 1, len(branches)):
+                    if not self.disjoint(a, branches[j]):
+                        raise _unsupported(
+                            loc,
+                            "oneOf",
+                            f"branches {i} and {j} may both match and only anyOf semantics are enforced "
+                            "(use anyOf, or make the branches differ by type or by a required const/enum "
+                            "property)",
+                        )
+        for i, branch in enumerate(branches):
+            self.walk(branch, (*loc, used, str(i)), default_type, nested_id)
+
+    def walk_typed(
+        self, node: dict[str, Any], loc: tuple[str, ...], default_type: str | None, nested_id: bool
+    ) -> None:
+        types: frozenset[str] | None
+        if "type" in node:
+            types = _declared_types(node)
+            if types is None:
+                return  # xgrammar: "Type should be a string"
+            if not types:
+                raise _unsupported(loc, "type", "an empty list of types accepts no value")
+        elif default_type is not None:
+            types = frozenset((default_type,))
+        elif any(k in node for k in _OBJECT_HINTS):
+            types = frozenset(("object",))
+        elif any(k in node for k in _ARRAY_HINTS):
+            types = frozenset(("array",))
+        else:
+            types = None
+        if types is None:
+            keywords = _constraints(
+                node, _STRING_KEYWORDS + _NUMBER_KEYWORDS + _ARRAY_KEYWORDS + _OBJECT_KEYWORDS
+            )
+            if keywords:
+                raise _unsupported(
+                    loc,
+                    keywords[0],
+                    "a schema without 'type' allows any value and its keywords are ignored (add a 'type')",
+                )
+            return
+        if "string" in types:
+            self.check_string(node, loc)
+        if "integer" in types:
+            self.check_integer(node, loc)
+        if "number" in types and "multipleOf" in node:
+            raise _unsupported(loc, "multipleOf", "it is not enforced on numbers")
+        if "array" in types:
+            self.walk_array(node, loc, nested_id)
+        if "object" in types:
+            self.walk_object(node, loc, nested_id)
+
+    def check_string(self, node: dict[str, Any], loc: tuple[str, ...]) -> None:
+        fmt = node.get("format")
+        known = isinstance(fmt, str) and fmt in SUPPORTED_FORMATS
+        if isinstance(fmt, str) and not known:
+            raise _unsupported(
+                loc, "format", f"{fmt!r} is not enforced (supported: {', '.join(sorted(SUPPORTED_FORMATS))})"
+            )
+        lengths = _constraints(node, ("minLength", "maxLength"))
+        if known and "pattern" in node:
+            raise _unsupported(loc, "pattern", f"it is ignored next to format {fmt!r}")
+        if known and lengths:
+            raise _unsupported(loc, lengths[0], f"it is ignored next to format {fmt!r}")
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            if lengths:
+                raise _unsupported(
+                    loc, lengths[0], "it is ignored next to 'pattern' (bound the length in the pattern)"
+                )
+            problem = regex_problem(pattern)
+            if problem is not None:
+                raise _unsupported(loc, "pattern", problem)
+
+    def check_integer(self, node: dict[str, Any], loc: tuple[str, ...]) -> None:
+        m = node.get("multipleOf")
+        if not _is_number(m) or m <= 0 or m == 1:
+            return  # absent, malformed (xgrammar rejects it), or every integer
+        if isinstance(m, float) and (not m.is_integer() or not math.isfinite(m)):
+            raise _unsupported(loc, "multipleOf", "a fractional multipleOf is not enforced on integers")
+        lo, hi = self.integer_bounds(node)
+        bounded = lo is not None and hi is not None and hi - lo + 1 <= INTEGER_MULTIPLE_OF_RANGE_MAX
+        if m > INTEGER_MULTIPLE_OF_MAX or not (bounded or (lo is None and hi is None)):
+            raise _unsupported(
+                loc,
+                "multipleOf",
+                f"on integers it is enforced only up to {INTEGER_MULTIPLE_OF_MAX}, with no bounds or with "
+                f"a minimum and a maximum spanning at most {INTEGER_MULTIPLE_OF_RANGE_MAX:,} integers",
+            )
+
+    @staticmethod
+    def integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
+        """The smallest and largest integer ``node``'s bounds allow (None: unbounded)."""
+
+        def bound(key: str) -> float | None:
+            v = node.get(key)
+            return v if _is_number(v) and math.isfinite(v) else None
+
+        lows, highs = [], []
+        if (v := bound("minimum")) is not None:
+            lows.append(math.ceil(v))
+        if (v := bound("exclusiveMinimum")) is not None:
+            lows.append(math.floor(v) + 1)
+        if (v := bound("maximum")) is not None:
+            highs.append(math.floor(v))
+        if (v := bound("exclusiveMaximum")) is not None:
+            highs.append(math.ceil(v) - 1)
+        return (max(lows) if lows else None), (min(highs) if highs else None)
+
+    def walk_array(self, node: dict[str, Any], loc: tuple[str, ...], nested_id: bool) -> None:
+        max_items = node.get("maxItems")
+        if node.get("uniqueItems") is True and not (_is_number(max_items) and max_items <= 1):
+            raise _unsupported(loc, "uniqueItems", "the grammar cannot forbid repeated items")
+        if "contains" in node:
+            raise _unsupported(loc, "contains", "the grammar cannot require an item matching a subschema")
+        prefix = node.get("prefixItems")
+        if isinstance(prefix, list):
+            for i, item in enumerate(prefix):
+                self.walk(item, (*loc, "prefixItems", str(i)), None, nested_id)
+        if "items" in node:
+            self.walk(node["items"], (*loc, "items"), None, nested_id)
+        elif "unevaluatedItems" in node:
+            self.walk(node["unevaluatedItems"], (*loc, "unevaluatedItems"), None, nested_id)
+
+    def walk_object(self, node: dict[str, Any], loc: tuple[str, ...], nested_id: bool) -> None:
+        props = node.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = node.get("required")
+        required = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+        for name in required:
+            if name not in props:
+                raise _unsupported(
+                    loc,
+                    "required",
+                    f"{name!r} is not in 'properties' and only declared properties are required",
+                )
+        for keyword, why in (
+            (
+                "patternProperties",
+                "property-name patterns are not enforced (list the properties, or use additionalProperties)",
+            ),
+            ("dependentRequired", "properties that require others are not enforced"),
+            ("dependentSchemas", "properties that require a subschema are not enforced"),
+            ("dependencies", "properties that require others are not enforced"),
+        ):
+            if keyword in node and not _is_noop(node, keyword):
+                raise _unsupported(loc, keyword, why)
+        if "propertyNames" in node and not _is_noop(node, "propertyNames"):
+            if props:
+                raise _unsupported(
+                    loc,
+                    "propertyNames",
+                    "the names in 'properties' are not checked against it (drop one of the two)",
+                )
+            self.walk(node["propertyNames"], (*loc, "propertyNames"), "string", nested_id)
+        if "additionalProperties" in node:
+            extra = node["additionalProperties"] is not False
+        elif "unevaluatedProperties" in node:
+            extra = node["unevaluatedProperties"] is not False
+        else:
+            extra = not props
+        min_props = node.get("minProperties")
+        if extra and _is_number(min_props) and min_props > len(set(required)):
+            raise _unsupported(
+                loc,
+                "minProperties",
+                "other keys are allowed and the grammar cannot stop a key from repeating "
+                "(a repeated key would count twice)",
+            )
+        for name, sub in props.items():
+            self.walk(sub, (*loc, "properties", name), None, nested_id)
+        if "additionalProperties" in node:
+            self.walk(node["additionalProperties"], (*loc, "additionalProperties"), None, nested_id)
+        elif "unevaluatedProperties" in node:
+            self.walk(node["unevaluatedProperties"], (*loc, "unevaluatedProperties"), None, nested_id)
+
+
+# --- regular expressions -------------------------------------------------------------------
+
+
+class _Group:
+    """The state of one open group of a regex scan."""
+
+    __slots__ = ("leading", "alt_empty", "alt_closed", "any_closed", "anchored")
+
+    def __init__(self, leading: bool) -> None:
+        self.leading = leading  # nothing can come before the group in a match
+        self.alt_empty = True  # nothing yet in the current alternative
+        self.alt_closed = False  # the current alternative ended with '$'
+        self.any_closed = False  # some alternative ended with '$'
+        self.anchored = False  # the group holds an anchor
+
+
+class _RegexScan:
+    """A single pass over a regex that finds what xgrammar would drop or reject."""
+
+    def __init__(self, pattern: str) -> None:
+        self.p = pattern
+        self.i = 0
+        self.stack = [_Group(leading=True)]
+
+    def run(self) -> str | None:
+        p = self.p
+        if p.startswith("(?i)"):
+            self.i = 4  # a leading case-insensitive flag: xgrammar applies it to the whole pattern
+        while self.i < len(p):
+            c = p[self.i]
+            top = self.stack[-1]
+            if c == "|":
+                top.alt_empty, top.alt_closed = True, False
+                self.i += 1
+            elif c == "^":
+                at = self.i
+                if not (top.leading and top.alt_empty):
+                    return f"'^' at position {at} is not at the start of the match (xgrammar ignores it)"
+                top.anchored = True
+                self.i += 1
+                if self.quantifier() is not None:
+                    return f"a quantified anchor at position {at}"
+            elif c == "$":
+                at = self.i
+                top.anchored = top.alt_closed = top.any_closed = True
+                top.alt_empty = False
+                self.i += 1
+                if self.quantifier() is not None:
+                    return f"a quantified anchor at position {at}"
+            elif c == ")":
+                problem = self.close_group()
+                if problem is not None:
+                    return problem
+            else:
+                problem = self.atom()
+                if problem is not None:
+                    return problem
+        return None
+
+    def atom(self) -> str | None:
+        """Consume one atom (a character, an escape, a class or a group opening)."""
+        p, start, top = self.p, self.i, self.stack[-1]
+        if top.alt_closed:
+            return f"'$' before position {start} is not at the end of the match (xgrammar ignores it)"
+        first, top.alt_empty = top.alt_empty, False
+        c = p[start]
+        if c == "\\":
+            if start + 1 >= len(p):
+                self.i = len(p)
+                return None  # a trailing backslash: xgrammar rejects it
+            problem = _escape_problem(p[start + 1], in_class=False)
+            if problem is not None:
+                return f"{problem} at position {start}"
+            self.i = start + 2
+        elif c == "[":
+            problem = self.char_class()
+            if problem is not None:
+                return problem
+        elif c == "(":
+            return self.open_group(leading=top.leading and first)
+        else:
+            self.i = start + 1
+        self.quantifier()
+        return None
+
+    def char_class(self) -> str | None:
+        p = self.p
+        j = self.i + 1
+        if j < len(p) and p[j] == "^":
+            j += 1
+        while j < len(p) and p[j] != "]":
+            if p[j] == "\\" and j + 1 < len(p):
+                problem = _escape_problem(p[j + 1], in_class=True)
+                if problem is not None:
+                    return f"{problem} at position {j}"
+                j += 2
+            else:
+                j += 1
+        self.i = j + 1  # past ']' (an unterminated class: xgrammar rejects it)
+        return None
+
+    def open_group(self, leading: bool) -> str | None:
+        """Consume a group opening; ``leading``: nothing can come before it in a match."""
+        p, start = self.p, self.i
+        if p.startswith("(?", start):
+            rest = p[start + 2 : start + 4]
+            if rest[:1] in ("=", "!"):
+                return f"a lookahead at position {start}"
+            if rest in ("<=", "<!"):
+                return f"a lookbehind at position {start}"
+            if rest[:2] == "P=":
+                return f"a backreference at position {start}"
+            if rest[:1] == ":":
+                self.i = start + 3
+            elif rest[:1] == "<" or rest == "P<":
+                end = p.find(">", start)
+                self.i = len(p) if end < 0 else end + 1
+            else:
+                return f"an inline flag or group modifier '(?{rest[:1]}' at position {start}"
+        else:
+            self.i = start + 1
+        self.stack.append(_Group(leading))
+        return None
+
+    def close_group(self) -> str | None:
+        if len(self.stack) == 1:
+            self.i += 1
+            return None  # unbalanced: xgrammar rejects it
+        group = self.stack.pop()
+        parent = self.stack[-1]
+        self.i += 1
+        repeat = self.quantifier()
+        if group.anchored:
+            parent.anchored = True
+            if repeat is not None and repeat > 1:
+                return f"an anchor inside a repeated group (before position {self.i})"
+        if group.any_closed:
+            parent.alt_closed = parent.any_closed = True
+        return None
+
+    def quantifier(self) -> float | None:
+        """Consume a quantifier at the scan position; its largest count (None: none there)."""
+        p, i = self.p, self.i
+        if i >= len(p):
+            return None
+        most: float
+        if p[i] in "*+":
+            most, i = math.inf, i + 1
+        elif p[i] == "?":
+            most, i = 1, i + 1
+        else:
+            m = _QUANTIFIER.match(p, i)
+            if m is None:
+                return None
+            most = int(m.group(1)) if m.group(2) is None else (int(m.group(3)) if m.group(3) else math.inf)
+            i = m.end()
+        if i < len(p) and p[i] in "?+":  # lazy or possessive
+            i += 1
+        self.i = i
+        return most
+
+
+def _escape_problem(ch: str, in_class: bool) -> str | None:
+    """What is wrong with the escape ``\\<ch>`` for xgrammar, or None."""
+    if ch in "123456789":
+        return "a digit escape in a character class" if in_class else "a backreference"
+    if ch == "b" and in_class:
+        return None  # backspace
+    if ch in "bB":
+        return "a word boundary"
+    if ch in "pP":
+        return "a Unicode property escape"
+    if ch == "k":
+        return "a named backreference"
+    if ch in "ae":
+        return f"the escape '\\{ch}' (a control character for xgrammar, the letter {ch!r} in JSON Schema)"
+    if ch.isascii() and ch.isalpha() and ch not in _KNOWN_ESCAPES:
+        return f"the escape '\\{ch}' (xgrammar would match the letter {ch!r} itself)"
+    return None

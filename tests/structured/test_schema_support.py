@@ -1,0 +1,661 @@
+"""JSON-schema keywords and regex features that xgrammar does not enforce are refused (a 400 in
+the API process), and the ones it enforces are accepted.
+
+Each case is also checked against the installed xgrammar (no tokenizer: the grammar matches
+text): a refused keyword's grammar accepts an instance that violates the schema (jsonschema
+says so), which is why it is refused; an accepted keyword's grammar rejects an instance that
+violates it. An xgrammar upgrade that changes either side fails here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from surge.sampling_params import StructuredOutputsParams
+from surge.structured.schema_support import SUPPORTED_FORMATS, check_json_schema, regex_problem
+from surge.structured.validate import build_grammar, check_structured_outputs
+
+xgr_testing = pytest.importorskip("xgrammar.testing")
+
+STR = {"type": "string"}
+INT = {"type": "integer"}
+SMALL_INTS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}}
+CAT_DOG = {
+    "$defs": {
+        "Cat": {
+            "type": "object",
+            "properties": {"kind": {"const": "cat"}, "lives": INT},
+            "required": ["kind", "lives"],
+        },
+        "Dog": {
+            "type": "object",
+            "properties": {"kind": {"const": "dog"}, "barks": {"type": "boolean"}},
+            "required": ["kind", "barks"],
+        },
+    },
+    "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+    "discriminator": {"propertyName": "kind"},
+}
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+# (id, schema, refused keyword, its location, text of an instance that violates the schema and
+# that xgrammar's grammar accepts; None where xgrammar rejects the schema itself or no instance
+# can show it)
+REFUSED: list[tuple[str, dict[str, Any], str, str, str | None]] = [
+    ("negative lookahead", {"type": "string", "pattern": "^(?!ab)[a-z]+$"}, "pattern", "#", '"ab"'),
+    ("lookahead", {"type": "string", "pattern": "^(?=.*1)[a-z0-9]+$"}, "pattern", "#", '"abc"'),
+    ("lookbehind", {"type": "string", "pattern": "^[a-z](?<=a)$"}, "pattern", "#", None),
+    ("backreference", {"type": "string", "pattern": "^(a)\\1$"}, "pattern", "#", None),
+    ("word boundary", {"type": "string", "pattern": "^a\\b"}, "pattern", "#", None),
+    ("unicode property", {"type": "string", "pattern": "^\\p{L}+$"}, "pattern", "#", None),
+    ("inline flag", {"type": "string", "pattern": "^(?i)abc$"}, "pattern", "#", None),
+    ("'^' in the middle", {"type": "string", "pattern": "a^b"}, "pattern", "#", '"ab"'),
+    ("'$' in the middle", {"type": "string", "pattern": "a$b"}, "pattern", "#", '"ab"'),
+    ("anchor in a repeated group", {"type": "string", "pattern": "^(^a)+$"}, "pattern", "#", '"aa"'),
+    ("unknown escape", {"type": "string", "pattern": "^a\\Z"}, "pattern", "#", '"aZ"'),
+    ("digit escape in a class", {"type": "string", "pattern": "^[\\1]$"}, "pattern", "#", '"1"'),
+    (
+        "pattern and maxLength",
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 2},
+        "maxLength",
+        "#",
+        '"abc"',
+    ),
+    (
+        "pattern and minLength",
+        {"type": "string", "pattern": "^[a-z]+$", "minLength": 3},
+        "minLength",
+        "#",
+        '"ab"',
+    ),
+    (
+        "format and pattern",
+        {"type": "string", "format": "date", "pattern": "^1"},
+        "pattern",
+        "#",
+        '"2024-01-02"',
+    ),
+    (
+        "format and maxLength",
+        {"type": "string", "format": "date", "maxLength": 5},
+        "maxLength",
+        "#",
+        '"2024-01-02"',
+    ),
+    ("format regex", {"type": "string", "format": "regex"}, "format", "#", '"("'),
+    ("unknown format", {"type": "string", "format": "credit-card"}, "format", "#", None),
+    ("multipleOf on a number", {"type": "number", "multipleOf": 0.5}, "multipleOf", "#", "1.25"),
+    ("multipleOf, one bound", {"type": "integer", "multipleOf": 3, "minimum": 0}, "multipleOf", "#", "4"),
+    (
+        "multipleOf, wide range",
+        {"type": "integer", "multipleOf": 3, "minimum": 0, "maximum": 10000},
+        "multipleOf",
+        "#",
+        "4",
+    ),
+    ("multipleOf above 1024", {"type": "integer", "multipleOf": 1025}, "multipleOf", "#", "1"),
+    ("fractional multipleOf", {"type": "integer", "multipleOf": 1.5}, "multipleOf", "#", "4"),
+    ("uniqueItems", {**SMALL_INTS, "uniqueItems": True, "minItems": 4}, "uniqueItems", "#", "[1, 1, 1, 1]"),
+    ("contains", {**SMALL_INTS, "contains": {"const": 3}}, "contains", "#", "[1]"),
+    (
+        "patternProperties",
+        {"type": "object", "properties": {"a1": STR}, "patternProperties": {"^a": INT}},
+        "patternProperties",
+        "#",
+        '{"a1": "x"}',
+    ),
+    (
+        "propertyNames and properties",
+        {"type": "object", "properties": {"abc": INT}, "propertyNames": {"maxLength": 2}},
+        "propertyNames",
+        "#",
+        '{"abc": 1}',
+    ),
+    (
+        "required, undeclared",
+        {"type": "object", "properties": {"a": INT}, "required": ["c"]},
+        "required",
+        "#",
+        '{"a": 1}',
+    ),
+    (
+        "dependentRequired",
+        {"type": "object", "properties": {"a": INT, "b": INT}, "dependentRequired": {"a": ["b"]}},
+        "dependentRequired",
+        "#",
+        '{"a": 1}',
+    ),
+    (
+        "dependentSchemas",
+        {
+            "type": "object",
+            "properties": {"a": INT, "b": INT},
+            "dependentSchemas": {"a": {"required": ["b"]}},
+        },
+        "dependentSchemas",
+        "#",
+        '{"a": 1}',
+    ),
+    (
+        "dependencies (draft 7)",
+        {
+            "$schema": DRAFT7,
+            "type": "object",
+            "properties": {"a": INT, "b": INT},
+            "dependencies": {"a": ["b"]},
+        },
+        "dependencies",
+        "#",
+        '{"a": 1}',
+    ),
+    (
+        "minProperties with other keys",
+        {"type": "object", "additionalProperties": INT, "minProperties": 2},
+        "minProperties",
+        "#",
+        '{"a": 1, "a": 2}',
+    ),
+    ("not", {"type": "integer", "not": {"const": 3}}, "not", "#", "3"),
+    (
+        "if/then/else",
+        {"type": "integer", "if": {"minimum": 5}, "then": {"maximum": 6}, "else": {"maximum": 2}},
+        "if",
+        "#",
+        "9",
+    ),
+    ("allOf of two", {"allOf": [{**STR, "maxLength": 3}, {**STR, "minLength": 2}]}, "allOf", "#", '"a"'),
+    ("oneOf overlapping", {"oneOf": [INT, {**INT, "minimum": 0}]}, "oneOf", "#", "1"),
+    ("empty anyOf", {"anyOf": []}, "anyOf", "#", None),
+    ("type next to anyOf", {"type": "object", "anyOf": [{"required": ["a"]}]}, "type", "#", "5"),
+    ("keyword next to anyOf", {"anyOf": [STR, INT], "maxLength": 2}, "maxLength", "#", '"abc"'),
+    (
+        "keyword next to $ref",
+        {"$defs": {"s": STR}, "$ref": "#/$defs/s", "maxLength": 2},
+        "maxLength",
+        "#",
+        '"abc"',
+    ),
+    ("enum value of another type", {"type": "string", "enum": ["a", 1]}, "type", "#", "1"),
+    ("keyword next to enum", {"enum": ["a", "bbb"], "maxLength": 2}, "maxLength", "#", '"bbb"'),
+    ("const outside enum", {"const": "a", "enum": ["b"]}, "enum", "#", '"a"'),
+    ("no type: minimum", {"minimum": 3}, "minimum", "#", "1"),
+    ("no type: required", {"required": ["a"]}, "required", "#", '{"b": 1}'),
+    ("no type: format", {"format": "date"}, "format", "#", '"x"'),
+    (
+        "no type, in a property",
+        {"type": "object", "properties": {"n": {"maximum": 3}}, "required": ["n"]},
+        "maximum",
+        "#/properties/n",
+        '{"n": 5}',
+    ),
+    ("empty type list", {"type": []}, "type", "#", "1"),
+    (
+        "$ref to an anchor",
+        {
+            "$defs": {"s": {"$anchor": "S", **STR}},
+            "type": "object",
+            "properties": {"a": {"$ref": "#S"}},
+            "required": ["a"],
+        },
+        "$ref",
+        "#/properties/a",
+        '{"a": 1}',
+    ),
+    (
+        "remote $ref",
+        {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+        "$ref",
+        "#/properties/a",
+        None,
+    ),
+    (
+        "$ref under a nested $id",
+        {
+            "type": "object",
+            "properties": {"a": {"$id": "http://example.com/a", "$defs": {"s": INT}, "$ref": "#/$defs/s"}},
+            "required": ["a"],
+            "$defs": {"s": STR},
+        },
+        "$ref",
+        "#/properties/a",
+        '{"a": "x"}',
+    ),
+    ("$dynamicRef", {"$dynamicRef": "#meta"}, "$dynamicRef", "#", None),
+    # where: the location names the subschema
+    (
+        "in a property",
+        {"type": "object", "properties": {"tags": {**SMALL_INTS, "uniqueItems": True}}, "required": ["tags"]},
+        "uniqueItems",
+        "#/properties/tags",
+        '{"tags": [1, 1]}',
+    ),
+    (
+        "in a $defs entry",
+        {
+            "$defs": {"Tags": {**SMALL_INTS, "uniqueItems": True}},
+            "type": "object",
+            "properties": {"t": {"$ref": "#/$defs/Tags"}},
+        },
+        "uniqueItems",
+        "#/$defs/Tags",
+        '{"t": [1, 1]}',
+    ),
+    (
+        "in an anyOf branch",
+        {"anyOf": [INT, {**SMALL_INTS, "uniqueItems": True}]},
+        "uniqueItems",
+        "#/anyOf/1",
+        "[2, 2]",
+    ),
+    (
+        "in items",
+        {"type": "array", "items": {"type": "number", "multipleOf": 0.5}},
+        "multipleOf",
+        "#/items",
+        "[0.3]",
+    ),
+    (
+        "in prefixItems",
+        {"type": "array", "prefixItems": [{"type": "string", "pattern": "a$b"}]},
+        "pattern",
+        "#/prefixItems/0",
+        '["ab"]',
+    ),
+    (
+        "in additionalProperties",
+        {"type": "object", "additionalProperties": {"not": INT}},
+        "not",
+        "#/additionalProperties",
+        '{"x": 1}',
+    ),
+    (
+        "in propertyNames",
+        {"type": "object", "propertyNames": {"format": "regex"}},
+        "format",
+        "#/propertyNames",
+        '{"(": 1}',
+    ),
+    (
+        "escaped location",
+        {"type": "object", "properties": {"a/b~c": {"type": "number", "multipleOf": 2}}},
+        "multipleOf",
+        "#/properties/a~1b~0c",
+        '{"a/b~c": 3}',
+    ),
+    (
+        "in tool-call style nesting",
+        {"type": "array", "items": {"anyOf": [{"type": "object", "properties": {"p": {"not": STR}}}]}},
+        "not",
+        "#/items/anyOf/0/properties/p",
+        '[{"p": "x"}]',
+    ),
+]
+
+# (id, schema, an instance that satisfies it, one that violates a keyword; the grammar accepts
+# the first and rejects the second)
+ACCEPTED: list[tuple[str, Any, str, str | None]] = [
+    ("minLength/maxLength", {**STR, "minLength": 2, "maxLength": 3}, '"ab"', '"abcd"'),
+    ("pattern", {**STR, "pattern": "^[a-c]+$"}, '"abc"', '"abd"'),
+    ("pattern with end anchors in alternatives", {**STR, "pattern": "^a$|^(b|c)$"}, '"c"', '"ab"'),
+    (
+        "pattern with groups and quantifiers",
+        {**STR, "pattern": "^(?:ab){1,2}(?P<x>c)?\\d+?\\.[^\\s]$"},
+        '"abc1.x"',
+        '"ab1. "',
+    ),
+    ("leading case-insensitive flag", {**STR, "pattern": "(?i)^abc$"}, '"ABC"', '"x"'),
+    ("minLength 0 next to pattern", {**STR, "pattern": "^a+$", "minLength": 0}, '"a"', '"b"'),
+    ("integer bounds", {**INT, "minimum": -2, "maximum": 5}, "5", "6"),
+    ("integer exclusive bounds", {**INT, "exclusiveMinimum": -2, "exclusiveMaximum": 5}, "4", "5"),
+    ("number bounds", {"type": "number", "minimum": -2.5, "exclusiveMaximum": 5.5}, "5.25", "5.5"),
+    ("integer multipleOf", {**INT, "multipleOf": 3}, "-6", "7"),
+    ("integer multipleOf in a range", {**INT, "multipleOf": 3, "minimum": 0, "maximum": 9999}, "9", "10"),
+    ("integer multipleOf 1024", {**INT, "multipleOf": 1024}, "2048", "2049"),
+    ("integer multipleOf 1", {**INT, "multipleOf": 1, "minimum": 0}, "4", "-1"),
+    ("enum", {"enum": ["a", 1, None]}, "1", '"b"'),
+    ("enum and type", {**STR, "enum": ["a", "b"], "title": "Letter"}, '"a"', '"c"'),
+    ("const and type", {**INT, "const": 3}, "3", "4"),
+    ("const in enum", {"const": "a", "enum": ["a", "b"]}, '"a"', '"b"'),
+    ("minItems/maxItems", {**SMALL_INTS, "minItems": 1, "maxItems": 2}, "[1, 2]", "[1, 2, 3]"),
+    ("uniqueItems false", {**SMALL_INTS, "uniqueItems": False}, "[1, 1]", "[4]"),
+    ("uniqueItems with maxItems 1", {**SMALL_INTS, "uniqueItems": True, "maxItems": 1}, "[1]", "[1, 1]"),
+    ("prefixItems", {"type": "array", "prefixItems": [STR, INT], "items": False}, '["a", 1]', '["a", 1, 2]'),
+    (
+        "unevaluatedItems",
+        {"type": "array", "prefixItems": [STR], "unevaluatedItems": INT},
+        '["a", 1]',
+        '["a", "b"]',
+    ),
+    ("minContains without contains", {**SMALL_INTS, "minContains": 0}, "[1]", "[5]"),
+    (
+        "required",
+        {"type": "object", "properties": {"a": INT, "b": STR}, "required": ["a"]},
+        '{"a": 1}',
+        '{"b": "x"}',
+    ),
+    (
+        "additionalProperties false",
+        {"type": "object", "properties": {"a": INT}, "additionalProperties": False},
+        '{"a": 1}',
+        '{"c": 1}',
+    ),
+    (
+        "additionalProperties schema",
+        {"type": "object", "additionalProperties": INT},
+        '{"c": 1}',
+        '{"c": "x"}',
+    ),
+    (
+        "unevaluatedProperties false",
+        {"type": "object", "properties": {"a": INT}, "unevaluatedProperties": False},
+        '{"a": 1}',
+        '{"c": 1}',
+    ),
+    (
+        "min/maxProperties",
+        {"type": "object", "properties": {"a": INT, "b": INT}, "minProperties": 1, "maxProperties": 1},
+        '{"a": 1}',
+        '{"a": 1, "b": 2}',
+    ),
+    (
+        "propertyNames",
+        {"type": "object", "propertyNames": {"pattern": "^[a-c]+$"}, "additionalProperties": INT},
+        '{"ab": 1}',
+        '{"xy": 1}',
+    ),
+    ("object without type", {"properties": {"a": INT}, "required": ["a"]}, '{"a": 1}', '{"a": "x"}'),
+    ("array without type", {"items": INT}, "[1]", '["x"]'),
+    ("type list", {"type": ["string", "integer"], "maxLength": 2, "minimum": 0}, '"ab"', "-1"),
+    (
+        "nullable object",
+        {"type": ["object", "null"], "properties": {"a": INT}, "required": ["a"]},
+        "null",
+        "{}",
+    ),
+    (
+        "$ref and $defs",
+        {"$defs": {"s": {**STR, "maxLength": 2}}, "$ref": "#/$defs/s", "description": "d"},
+        '"ab"',
+        '"abc"',
+    ),
+    (
+        "definitions",
+        {"definitions": {"s": STR}, "type": "object", "properties": {"a": {"$ref": "#/definitions/s"}}},
+        '{"a": "x"}',
+        '{"a": 1}',
+    ),
+    (
+        "recursive $ref",
+        {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}},
+        '{"next": {"next": null}}',
+        '{"next": 1}',
+    ),
+    ("type next to $ref that fits", {"$defs": {"s": STR}, "$ref": "#/$defs/s", "type": "string"}, '"a"', "1"),
+    ("anyOf", {"anyOf": [STR, {"type": "null"}], "default": None, "title": "T"}, "null", "1"),
+    ("oneOf by type", {"oneOf": [{**STR, "maxLength": 3}, {**INT, "minimum": 0}]}, "1", "-1"),
+    ("oneOf by const", {"oneOf": [{"const": 1}, {"enum": [2, 3]}]}, "2", "4"),
+    ("oneOf by discriminator", CAT_DOG, '{"kind": "cat", "lives": 9}', '{"kind": "dog", "lives": 9}'),
+    ("allOf of one", {"allOf": [{**STR, "maxLength": 2}]}, '"ab"', '"abc"'),
+    (
+        "annotations",
+        {**STR, "title": "t", "description": "d", "examples": ["a"], "$comment": "c", "deprecated": False},
+        '"a"',
+        "1",
+    ),
+    ("unknown keywords", {**INT, "x-unit": "kg", "nullable": False}, "1", '"a"'),
+    ("dangling then", {**INT, "then": {"maximum": 0}}, "5", '"a"'),
+    ("true", True, "1", None),
+    ("empty schema", {}, '{"a": [1]}', None),
+    (
+        "$id at the root",
+        {"$id": "https://example.com/s.json", "$defs": {"s": INT}, "$ref": "#/$defs/s"},
+        "1",
+        '"a"',
+    ),
+]
+ACCEPTED += [
+    (f"format {fmt}", {**STR, "format": fmt}, json.dumps(ok), '"x y"')
+    for fmt, ok in {
+        "date": "2024-01-02",
+        "time": "03:04:05Z",
+        "date-time": "2024-01-02T03:04:05Z",
+        "duration": "P1D",
+        "email": "a@b.co",
+        "hostname": "example.com",
+        "ipv4": "1.2.3.4",
+        "ipv6": "::1",
+        "uri": "http://a.b/c",
+        "uri-reference": "/a/b",
+        "uri-template": "http://a/{x}",
+        "uuid": "123e4567-e89b-12d3-a456-426614174000",
+        "json-pointer": "/a/b",
+        "relative-json-pointer": "0/a",
+    }.items()
+]
+
+
+def _xgrammar_grammar(schema: Any) -> Any:
+    """The grammar xgrammar builds for ``schema`` with build_grammar's settings, unchecked."""
+    import xgrammar as xgr
+
+    return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+
+
+def _grammar_accepts(schema: Any, text: str) -> bool:
+    return bool(xgr_testing._is_grammar_accept_string(_xgrammar_grammar(schema), text))
+
+
+def _schema_valid(schema: Any, text: str) -> bool:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword", "where", "bad"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED]
+)
+def test_refused_keyword_names_keyword_and_location(
+    schema: dict[str, Any], keyword: str, where: str, bad: str | None
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"keyword {keyword!r} at {where} is not supported: ")):
+        check_json_schema(schema)
+    with pytest.raises(ValueError, match=re.escape(f"keyword {keyword!r} at {where}")):
+        check_structured_outputs(StructuredOutputsParams(json=json.dumps(schema)))
+
+
+@pytest.mark.parametrize(
+    ("schema", "bad"), [(c[1], c[4]) for c in REFUSED if c[4]], ids=[c[0] for c in REFUSED if c[4]]
+)
+def test_refused_keyword_is_not_enforced_by_xgrammar(schema: dict[str, Any], bad: str) -> None:
+    """Why it is refused: the grammar accepts an instance that violates the schema."""
+    assert not _schema_valid(schema, bad)
+    assert _grammar_accepts(schema, bad)
+
+
+XGRAMMAR_REJECTS = ("lookbehind", "backreference", "word boundary", "unicode property", "inline flag")
+
+
+@pytest.mark.parametrize("schema", [c[1] for c in REFUSED if c[0] in XGRAMMAR_REJECTS], ids=XGRAMMAR_REJECTS)
+def test_refused_regex_features_that_xgrammar_rejects_too(schema: dict[str, Any]) -> None:
+    """These were 400s already (xgrammar's own error); the new message names the location."""
+    with pytest.raises(Exception, match="Regex parsing error"):
+        _xgrammar_grammar(schema)
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
+def test_accepted_keyword_is_enforced_by_xgrammar(schema: Any, good: str, bad: str | None) -> None:
+    check_json_schema(schema)
+    grammar = build_grammar(StructuredOutputsParams(json=json.dumps(schema)))
+    assert _schema_valid(schema, good)
+    assert xgr_testing._is_grammar_accept_string(grammar, good)
+    if bad is not None:
+        assert not xgr_testing._is_grammar_accept_string(grammar, bad)
+
+
+def test_supported_formats_are_the_ones_xgrammar_turns_into_a_regex() -> None:
+    for fmt in (*SUPPORTED_FORMATS, "regex", "idn-email", "iri", "byte"):
+        enforced = not _grammar_accepts({**STR, "format": fmt}, '"x y"')
+        assert enforced == (fmt in SUPPORTED_FORMATS), fmt
+
+
+def test_integer_multiple_of_limits_match_xgrammar() -> None:
+    """The widest range and the largest multipleOf accepted are enforced; one more is not."""
+    widest = {**INT, "multipleOf": 3, "minimum": -5000, "maximum": 4999}  # 10,000 integers
+    too_wide = {**widest, "maximum": 5000}
+    check_json_schema(widest)
+    assert not _grammar_accepts(widest, "4")
+    with pytest.raises(ValueError, match="'multipleOf' at #"):
+        check_json_schema(too_wide)
+    assert _grammar_accepts(too_wide, "4")
+    check_json_schema({**INT, "multipleOf": 3, "exclusiveMinimum": -1, "exclusiveMaximum": 10000})
+    with pytest.raises(ValueError, match="'multipleOf' at #"):
+        check_json_schema({**INT, "multipleOf": 3, "exclusiveMinimum": -1, "exclusiveMaximum": 10001})
+    check_json_schema({**INT, "multipleOf": 1024})
+    assert not _grammar_accepts({**INT, "multipleOf": 1024}, "1")
+    with pytest.raises(ValueError, match="'multipleOf' at #"):
+        check_json_schema({**INT, "multipleOf": 1025})
+
+
+REGEX_REFUSED = [
+    ("(?=a)a", "lookahead"),
+    ("a(?!b)", "lookahead"),
+    ("(?<=a)b", "lookbehind"),
+    ("(?<!a)b", "lookbehind"),
+    ("(a)\\1", "backreference"),
+    ("(?<n>a)\\k<n>", "named backreference"),
+    ("(?P<n>a)(?P=n)", "backreference"),
+    ("\\bword", "word boundary"),
+    ("a\\Bb", "word boundary"),
+    ("\\p{L}", "Unicode property"),
+    ("[\\P{L}]", "Unicode property"),
+    ("a(?i)b", "inline flag"),
+    ("(?s)a.b", "inline flag"),
+    ("(?>a)", "group modifier"),
+    ("\\A", "escape '\\A'"),
+    ("a\\z", "escape '\\z'"),
+    ("\\e", "control character"),
+    ("[\\3]", "digit escape"),
+    ("a^b", "'^' at position 1"),
+    ("(a)^b", "'^' at position 3"),
+    ("a?^b", "'^'"),
+    ("x(^a)", "'^'"),
+    ("a$b", "'$' before position 2"),
+    ("(a$|b)c", "'$'"),
+    ("(^a)+", "repeated group"),
+    ("(a$){2}", "repeated group"),
+    ("^*a", "quantified anchor"),
+]
+REGEX_ACCEPTED = [
+    "\\d{3}-\\d{4}",
+    "^abc$",
+    "^a$|^b$",
+    "a|^b",
+    "(^a|b$)",
+    "^(a|b)$",
+    "(?:^a)$",
+    "(^a)?b",
+    "[\\^$]+\\$\\^",
+    "[^a-z]",
+    "[\\b\\d\\w\\s\\-\\]]",
+    "\\x41\\u0041\\t\\n\\.\\/\\0",
+    "(?<n>a)(?P<m>b)(?:c)",
+    "a{2,}?b*+c??",
+    "[(?=x)]",
+    "\\(?=",
+    "a{",
+    "(?i)abc",
+]
+
+
+@pytest.mark.parametrize(("pattern", "words"), REGEX_REFUSED)
+def test_regex_problem_finds_what_xgrammar_drops(pattern: str, words: str) -> None:
+    problem = regex_problem(pattern)
+    assert problem is not None and words in problem, problem
+    with pytest.raises(ValueError, match="unsupported regex"):
+        check_structured_outputs(StructuredOutputsParams(regex=pattern))
+
+
+@pytest.mark.parametrize("pattern", REGEX_ACCEPTED)
+def test_regex_problem_accepts_what_xgrammar_enforces(pattern: str) -> None:
+    assert regex_problem(pattern) is None
+
+
+@pytest.mark.parametrize(("regex", "bad"), [("a^b", "ab"), ("a$b", "ab"), ("(^a)+", "aa"), ("a\\Z", "aZ")])
+def test_guided_regex_anchor_and_escape_are_ignored_by_xgrammar(regex: str, bad: str) -> None:
+    """Why a guided_regex with them is refused: xgrammar matches text the regex does not."""
+    import xgrammar as xgr
+
+    assert re.fullmatch(regex, bad) is None
+    assert xgr_testing._is_grammar_accept_string(xgr.Grammar.from_regex(regex), bad)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5)
+    | st.floats(-3, 3)
+    | st.sampled_from(["", "a", "#", "#/a", "^a$"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "properties",
+                    "items",
+                    "required",
+                    "$ref",
+                    "anyOf",
+                    "oneOf",
+                    "allOf",
+                    "enum",
+                    "const",
+                    "pattern",
+                    "format",
+                    "minimum",
+                    "multipleOf",
+                    "additionalProperties",
+                    "$defs",
+                    "a",
+                    "string",
+                    "object",
+                    "integer",
+                    "propertyNames",
+                    "uniqueItems",
+                    "prefixItems",
+                    "minProperties",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_check_json_schema_raises_only_value_error(schema: Any) -> None:
+    with contextlib.suppress(ValueError):
+        check_json_schema(schema)
+
+
+def test_self_referencing_schemas_terminate() -> None:
+    loop = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"}, {"type": "null"}]}}}
+    check_json_schema({**loop, "$ref": "#/$defs/a"})
+    with pytest.raises(ValueError, match="'oneOf' at #"):
+        check_json_schema({**loop, "oneOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]})
+    check_json_schema({"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"})
+    deep: dict[str, Any] = {"type": "integer"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(ValueError, match="nested too deeply"):
+        check_json_schema(deep)
