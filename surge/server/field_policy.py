@@ -4,6 +4,8 @@ Every field of a chat or completions request is one of three kinds (docs/openai-
 them all): honoured; refused with a 400 naming it when it asks for something Surge does not do;
 or inert (accepted and ignored because it has no effect on a single-tenant server, such as
 ``user``). A field that is none of these is unknown and is a 400 too (pydantic ``extra="forbid"``).
+A field OpenAI declares nullable takes ``null`` for "not set": the request models drop it before
+validation, so it is neither checked nor refused.
 """
 
 from __future__ import annotations
@@ -21,6 +23,63 @@ INERT_FIELDS: tuple[str, ...] = (
     "safety_identifier",
 )
 """Accepted and ignored: labels for the caller's own records, or switches with nothing to switch."""
+
+NULLABLE_COMPLETION_FIELDS: frozenset[str] = frozenset(
+    {
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "prompt",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "suffix",
+        "temperature",
+        "top_p",
+    }
+)
+"""Fields of ``POST /v1/completions`` that OpenAI's API declares nullable (``nullable: true`` in
+``CreateCompletionRequest`` of openai/openai-openapi's ``openapi.yaml``). ``null`` means the
+field is not set, the same as leaving it out, except ``max_tokens``, whose ``null`` means the
+rest of the context (as in vLLM; left out it is 16)."""
+
+NULLABLE_CHAT_FIELDS: frozenset[str] = frozenset(
+    {
+        "audio",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "n",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_logprobs",
+        "top_p",
+        "verbosity",
+    }
+)
+"""Fields of ``POST /v1/chat/completions`` that OpenAI's API declares nullable
+(``CreateChatCompletionRequest``, the fields Surge knows): ``null`` means the field is not set,
+the same as leaving it out."""
 
 
 def _unset(value: Any) -> bool:

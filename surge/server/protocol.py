@@ -7,7 +7,10 @@ boolean field takes only ``true``/``false`` (not ``0``), an integer field only i
 ``1.0`` or ``false``), a number field integers or decimals, a string field only strings. Every
 numeric field has finite bounds (``2**70`` is a 400 naming the field), and no string anywhere in
 a body may hold a lone UTF-16 surrogate (``"\ud800"``). Refused fields are a 400 whenever they
-ask for something other than their default.
+ask for something other than their default. A field OpenAI declares nullable
+(:data:`~surge.server.field_policy.NULLABLE_CHAT_FIELDS`,
+:data:`~surge.server.field_policy.NULLABLE_COMPLETION_FIELDS`) takes ``null`` for "not set": it
+is dropped before validation, exactly as if it had been left out.
 ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are checked by
 :mod:`surge.server.chat_tools` (chat only). Structured-output fields (``response_format``,
 ``structured_outputs``, ``guided_*``) are checked by :mod:`surge.server.structured_request`.
@@ -15,13 +18,18 @@ ask for something other than their default.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from surge.server.errors import bad_request
-from surge.server.field_policy import REFUSED_FIELDS, first_refused
+from surge.server.field_policy import (
+    NULLABLE_CHAT_FIELDS,
+    NULLABLE_COMPLETION_FIELDS,
+    REFUSED_FIELDS,
+    first_refused,
+)
 
 MAX_INT = 2**63 - 1
 """Largest value of an integer field without a tighter bound (int64, as the engine stores them)."""
@@ -73,12 +81,48 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None
 
 
+def _admits_null(prop: dict[str, Any]) -> bool:
+    """Whether a property's JSON schema accepts ``null`` (an ``Any`` field has no type at all)."""
+    if not {"type", "anyOf", "oneOf", "allOf", "$ref", "const", "enum"} & prop.keys():
+        return True
+    return prop.get("type") == "null" or any(s.get("type") == "null" for s in prop.get("anyOf", ()))
+
+
+def _null_in_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """JSON schema hook: an optional field whose ``null`` the model drops (``null_is_unset``)
+    admits ``null`` in the schema too, so that ``/openapi.json`` says what the server accepts."""
+    props = schema.get("properties", {})
+    required = set(schema.get("required", ()))
+    for name in sorted(getattr(model, "null_is_unset", ())):
+        prop = props.get(name)
+        if prop is None or name in required or _admits_null(prop):
+            continue
+        outer = {k: prop.pop(k) for k in ("title", "default", "description") if k in prop}
+        props[name] = {"anyOf": [prop, {"type": "null"}], **outer}
+
+
 class SamplingRequestFields(RequestBody):
     """Request fields shared by chat and completions (OpenAI names plus vLLM extensions).
 
     The number and length of ``stop`` strings are bounded by the server (``--max-stop-strings``,
     ``--max-stop-string-length``), checked when the request is served.
     """
+
+    model_config = ConfigDict(json_schema_extra=_null_in_schema)
+    null_is_unset: ClassVar[frozenset[str]] = frozenset()
+    """Fields whose ``null`` means "not set" (OpenAI declares them nullable): dropped from the
+    body before validation, so such a field keeps its default, is not in ``model_fields_set``
+    and is never refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        """The body without the ``null`` values of :attr:`null_is_unset` fields (one C-speed scan
+        of the values when the body holds no ``null``)."""
+        if isinstance(data, dict) and None in data.values():
+            unset = cls.null_is_unset
+            return {k: v for k, v in data.items() if v is not None or k not in unset}
+        return data
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
@@ -220,6 +264,8 @@ class ChatCompletionRequest(SamplingRequestFields):
     lets the tokenizer add its special tokens (e.g. BOS) on top of the template's.
     """
 
+    null_is_unset: ClassVar[frozenset[str]] = NULLABLE_CHAT_FIELDS
+
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
     chat_template: str | None = None
@@ -259,8 +305,12 @@ class ChatCompletionRequest(SamplingRequestFields):
 class CompletionRequest(SamplingRequestFields):
     """Body of ``POST /v1/completions``: ``prompt`` is a string, strings, token ids, or lists of ids.
 
-    ``max_tokens`` defaults to 16 as in OpenAI's API (less when the context has less room).
+    ``max_tokens`` defaults to 16 as in OpenAI's API (less when the context has less room);
+    ``null`` asks for all the room left in the context, as in vLLM.
     """
+
+    # max_tokens: null is not "left out" (16) but the rest of the context
+    null_is_unset: ClassVar[frozenset[str]] = NULLABLE_COMPLETION_FIELDS - {"max_tokens"}
 
     prompt: Prompt
     max_tokens: int | None = Field(default=16, le=MAX_TOKEN_COUNT)

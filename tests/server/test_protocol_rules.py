@@ -50,6 +50,13 @@ def test_openapi_documents_what_the_server_does(server: Server) -> None:
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
     temperature = next(s for s in props["temperature"]["anyOf"] if s.get("type") == "number")
     assert temperature["maximum"] == 100.0, "real constraints are in the schema"
+    # null is accepted for the fields OpenAI declares nullable ("not set"), and the schema says so
+    for name in ("n", "echo", "stream", "seed"):
+        assert {"type": "null"} in props[name]["anyOf"], name
+    n = next(s for s in props["n"]["anyOf"] if s.get("type") == "integer")
+    assert (n["minimum"], n["maximum"]) == (1, 128)
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"type": "null"} in chat["n"]["anyOf"] and chat["echo"]["type"] == "boolean"
 
 
 @pytest.mark.parametrize(

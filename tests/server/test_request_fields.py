@@ -11,7 +11,12 @@ import openai
 import pytest
 
 from surge.server.errors import ApiError
-from surge.server.field_policy import INERT_FIELDS, REFUSALS
+from surge.server.field_policy import (
+    INERT_FIELDS,
+    NULLABLE_CHAT_FIELDS,
+    NULLABLE_COMPLETION_FIELDS,
+    REFUSALS,
+)
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.conftest import Server
 
@@ -147,6 +152,60 @@ def test_check_unimplemented_names_the_first_refused_field_sent() -> None:
         bad.check_unimplemented()
     assert e.value.param == "best_of"
     assert e.value.message == "'best_of' is not supported by Surge: best_of > 1 is not supported (use n)"
+
+
+# --- null: "not set" for the fields OpenAI declares nullable -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "base", "nullable"),
+    [
+        (ChatCompletionRequest, {"messages": MSGS}, NULLABLE_CHAT_FIELDS),
+        (CompletionRequest, {"prompt": PROMPT}, NULLABLE_COMPLETION_FIELDS),
+    ],
+)
+def test_null_is_the_same_as_leaving_out(model: Any, base: dict[str, Any], nullable: frozenset[str]) -> None:
+    """Every field OpenAI declares nullable takes null, and the request is exactly the one
+    that leaves the field out (values and the fields "sent"), so it is never refused either;
+    the one exception is completions' max_tokens, whose null is the rest of the context."""
+    assert nullable <= model.model_fields.keys(), "the nullable fields are fields of the model"
+    left_out = model.model_validate(base)
+    for name in sorted(nullable - base.keys() - {"max_tokens"}):
+        with_null = model.model_validate(base | {name: None})
+        assert with_null.model_dump() == left_out.model_dump(), name
+        assert with_null.model_fields_set == left_out.model_fields_set, name
+        with_null.check_unimplemented()
+    with pytest.raises(ValueError, match="prompt"):
+        CompletionRequest.model_validate({"prompt": None})  # null is "not set": a missing prompt
+
+
+def test_max_tokens_null() -> None:
+    """Chat: null is "not set" (all the room left); completions: the room left, not 16 (vLLM)."""
+    chat = ChatCompletionRequest.model_validate({"messages": MSGS, "max_tokens": None})
+    assert chat.model_fields_set == {"messages"} and chat.requested_max_tokens is None
+    cmpl = CompletionRequest.model_validate({"prompt": PROMPT, "max_tokens": None})
+    assert cmpl.requested_max_tokens is None and not cmpl.max_tokens_sent
+    assert CompletionRequest.model_validate({"prompt": PROMPT}).requested_max_tokens == 16
+
+
+@pytest.mark.parametrize("path", [CHAT, CMPL])
+def test_null_fields_over_http(server: Server, path: str) -> None:
+    """The user trial's n: null and echo: null, then every nullable field null at once: the
+    same answer as leaving them all out."""
+    base: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    base |= {"temperature": 0, "max_tokens": 5, "ignore_eos": True}
+    ref = _post(server, path, base).json()
+    nullable = NULLABLE_CHAT_FIELDS if path == CHAT else NULLABLE_COMPLETION_FIELDS
+    for nulls in ({"n": None}, {"echo": None}, dict.fromkeys(nullable - base.keys() - {"prompt"})):
+        if path == CHAT and "echo" in nulls and len(nulls) == 1:
+            continue  # chat's echo is vLLM's boolean extension, not an OpenAI field
+        r = _post(server, path, base | nulls)
+        assert r.status_code == 200, (nulls, r.text)
+        assert r.json()["choices"] == ref["choices"] and r.json()["usage"] == ref["usage"]
+    # completions' max_tokens: null is all the room left in the context (vLLM), not 16
+    if path == CMPL:
+        r = _post(server, CMPL, {"prompt": [5] * 500, "max_tokens": None, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
 
 
 def test_inert_fields_are_accepted(client: openai.OpenAI) -> None:
