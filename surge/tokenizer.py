@@ -19,17 +19,51 @@ _INITIAL_PREFIX_TOKENS = 5
 """Prompt tokens decoded as left context of the first output token (vLLM uses 5)."""
 _TRIM_TOKENS = 1024
 """Drop decoded ids from the detokenizer's buffer once this many lie before the window."""
-_RESERVED_TEMPLATE_KWARGS = frozenset(
+RESERVED_TEMPLATE_KWARGS = frozenset(
     {
-        "conversation",
-        "tokenize",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "return_dict",
+        # what the template is rendered with (transformers' render_jinja_template)
+        "messages",
         "tools",
+        "documents",
+        "add_generation_prompt",
+        # the named parameters of apply_chat_template and render_jinja_template: a template
+        # variable of one of these names would set the parameter instead
+        "conversation",
+        "conversations",
+        "chat_template",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
     }
 )
+"""Names ``chat_template_kwargs`` must not set: :func:`apply_chat_template` passes them itself
+(from the request's own fields), so a template variable of that name would clash with them."""
+
+
+def check_chat_template_kwargs(chat_template_kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse template variables that :func:`apply_chat_template` passes itself.
+
+    Raises:
+        ValueError: ``chat_template_kwargs`` sets a name of :data:`RESERVED_TEMPLATE_KWARGS`
+            (the message names them all).
+    """
+    if not chat_template_kwargs:
+        return
+    bad = sorted(RESERVED_TEMPLATE_KWARGS.intersection(chat_template_kwargs))
+    if bad:
+        raise ValueError(
+            f"chat_template_kwargs must not set {', '.join(bad)}: Surge passes "
+            f"{'that name' if len(bad) == 1 else 'those names'} to the chat template itself "
+            f"(reserved: {', '.join(sorted(RESERVED_TEMPLATE_KWARGS))})"
+        )
+
 
 FALLBACK_CHAT_TEMPLATE_DOC = (
     "Without a chat template, messages are rendered as one line per message, "
@@ -169,10 +203,8 @@ def apply_chat_template(
     if not messages:
         raise ValueError("messages must not be empty")
     msgs = normalize_messages(messages)
+    check_chat_template_kwargs(chat_template_kwargs)
     kwargs = dict(chat_template_kwargs or {})
-    bad = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
-    if bad:
-        raise ValueError(f"chat_template_kwargs must not set {', '.join(bad)}")
     template = chat_template if chat_template is not None else tokenizer.chat_template
     if continue_final_message and add_generation_prompt:
         raise ValueError("continue_final_message and add_generation_prompt cannot both be true")

@@ -51,7 +51,7 @@ from surge.server.openapi import install_openapi
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from surge.server.request_id import RequestIdMiddleware
 from surge.server.serving_chat import create_chat_completion
-from surge.server.serving_common import ClientGone, ServerState, render_chat
+from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
 from surge.tokenizer import load_tokenizer
 from surge.web.ui import mount_web_ui
@@ -257,6 +257,7 @@ def build_app(
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
+            check_template_kwargs(body.chat_template_kwargs)
             ids = await render_chat(
                 state,
                 body.messages,

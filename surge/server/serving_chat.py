@@ -19,6 +19,7 @@ from surge.server.serving_common import (
     ChunkEnvelope,
     ServerState,
     build_sampling_params,
+    check_template_kwargs,
     collect,
     full_response,
     log_request_start,
@@ -45,6 +46,7 @@ async def create_chat_completion(
     arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
+    check_template_kwargs(body.chat_template_kwargs)
     state.check_stop(body.stop_list)
     lp = chat_options(body)
     if not body.messages:

@@ -29,6 +29,7 @@ from surge.server.request_id import request_id_of
 from surge.server.structured_request import structured_outputs_of
 from surge.server.tokenization import TokenizerWorker
 from surge.token_strings import TokenStrings
+from surge.tokenizer import check_chat_template_kwargs
 
 T = TypeVar("T")
 logger = logging.getLogger("surge.server")
@@ -235,6 +236,21 @@ def log_request_start(
             params.max_tokens,
             params.n,
         )
+
+
+def check_template_kwargs(chat_template_kwargs: dict[str, Any] | None) -> None:
+    """Refuse ``chat_template_kwargs`` that set a name the chat template call passes itself
+    (``messages``, ``tools``, ``add_generation_prompt``, ...; see
+    :data:`surge.tokenizer.RESERVED_TEMPLATE_KWARGS`): chat and ``/tokenize`` call it before
+    anything is rendered, so the 400 names the field rather than ``messages``.
+
+    Raises:
+        ApiError: 400 naming ``chat_template_kwargs``.
+    """
+    try:
+        check_chat_template_kwargs(chat_template_kwargs)
+    except ValueError as e:
+        raise bad_request(str(e), param="chat_template_kwargs") from e
 
 
 async def render_chat(

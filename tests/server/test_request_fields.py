@@ -18,6 +18,7 @@ from surge.server.field_policy import (
     REFUSALS,
 )
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest
+from surge.tokenizer import RESERVED_TEMPLATE_KWARGS
 from tests.server.conftest import Server
 
 PROMPT = "Once upon a time"
@@ -362,6 +363,41 @@ def test_request_chat_template_and_continue_final_message(server: Server, client
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
     bad = _post(server, CHAT, {"messages": msgs, "chat_template": "{% for %}"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_reserved_chat_template_kwargs_name_the_field(server: Server) -> None:
+    """A template variable that the template call passes itself is refused up front, naming
+    chat_template_kwargs (not messages) and no internals, on chat and on /tokenize."""
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for kwargs, extra in (
+        ({"tools": []}, {}),
+        ({"messages": []}, {"chat_template": template}),
+        ({"add_generation_prompt": False, "enable_thinking": False}, {}),
+        ({"documents": [{"text": "x"}]}, {}),  # the refused documents field, by another door
+    ):
+        for path in (CHAT, "/tokenize"):
+            r = _post(server, path, {"messages": MSGS, "chat_template_kwargs": kwargs} | extra)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "chat_template_kwargs", r.text
+            assert err["message"].startswith(f"chat_template_kwargs must not set {sorted(kwargs)[0]}")
+            assert "jinja" not in err["message"] and "render()" not in err["message"]
+    ok = _post(server, CHAT, {"messages": MSGS, "max_tokens": 2, "chat_template_kwargs": {"bos_token": ""}})
+    assert ok.status_code == 200, ok.text
+
+
+def test_reserved_template_kwargs_cover_the_template_call() -> None:
+    """Every named parameter of transformers' apply_chat_template and render_jinja_template is
+    reserved: a template variable of that name would set the parameter instead."""
+    import inspect
+
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils import chat_template_utils
+
+    for fn in (PreTrainedTokenizerBase.apply_chat_template, chat_template_utils.render_jinja_template):
+        for p in inspect.signature(fn).parameters.values():
+            if p.name != "self" and p.kind is not p.VAR_KEYWORD:
+                assert p.name in RESERVED_TEMPLATE_KWARGS, (fn.__name__, p.name)
+    assert {"messages", "tools", "documents", "add_generation_prompt"} <= RESERVED_TEMPLATE_KWARGS
 
 
 def test_skip_special_tokens_and_spaces(server: Server) -> None:
