@@ -49,7 +49,7 @@ from surge.server.http_protocol import guarded_h11_protocol
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
 from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from surge.server.request_id import RequestIdMiddleware
+from surge.server.request_id import RequestIdMiddleware, logged_request_id
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
@@ -83,7 +83,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def log_rejection(request: Request, status: int, message: str, param: str | None) -> None:
     """Log a rejected request (4xx) at INFO, and a 5xx answer at WARNING: method, path, status,
-    the client's ``X-Request-Id`` (``-`` when none), the field at fault and the reason."""
+    the request id that the response's ``X-Request-Id`` header carries (the client's or a fresh
+    one), the field at fault and the reason."""
     level = logging.INFO if status < 500 else logging.WARNING
     logger.log(
         level,
@@ -91,7 +92,7 @@ def log_rejection(request: Request, status: int, message: str, param: str | None
         request.method,
         request.url.path,
         status,
-        request.headers.get("x-request-id", "-"),
+        logged_request_id(request.scope),
         f" [{param}]" if param else "",
         message,
     )

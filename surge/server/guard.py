@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.server.auth import is_authorized, needs_key
 from surge.server.errors import error_body
+from surge.server.request_id import logged_request_id
 
 logger = logging.getLogger("surge.server")
 
@@ -103,9 +104,10 @@ async def send_error(
     scope: Scope | None = None,
 ) -> None:
     """Send a complete OpenAI error response (``connection: close`` when ``close``); with the
-    request's ``scope``, log the rejection at INFO (method, path, status, X-Request-Id, reason)."""
+    request's ``scope``, log the rejection at INFO (method, path, status, the request id its
+    ``X-Request-Id`` response header carries, reason)."""
     if scope is not None:
-        rid = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"x-request-id"), "-")
+        rid = logged_request_id(scope)
         logger.info(
             "%s %s -> %d (request id %s)%s: %s",
             scope.get("method", "?"),

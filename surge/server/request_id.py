@@ -5,7 +5,8 @@ An ASGI middleware (pure ASGI, so streamed bodies pass untouched) puts the id in
 response, errors included (a handler may replace it by the body's ``request_id`` before the
 response starts). The chat and completions handlers name their response and engine
 requests after it (``chatcmpl-<id>``, ``cmpl-<id>``, with ``-<i>`` per choice when ``n > 1``)
-and log it.
+and log it; a refused request's log line names the id of its response header too
+(:func:`logged_request_id`), generated or not.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def logged_request_id(scope: Scope) -> str:
+    """The id to name a request by in a log line: the one its response's ``X-Request-Id``
+    header carries (the client's, the body's ``request_id`` once a handler took it, or the
+    fresh one), read from the ``scope`` the middleware filled; ``-`` for a scope it never saw."""
+    rid = scope.get("state", {}).get("request_id")
+    return rid if isinstance(rid, str) else "-"
 
 
 def request_id_of(request: Any, body_request_id: str | None = None) -> str:

@@ -500,6 +500,31 @@ def test_x_request_id(server: Server, client: openai.OpenAI) -> None:
     assert raw.headers["x-request-id"] == "sdk-1" and raw.parse().id == "cmpl-sdk-1"
 
 
+def test_refused_requests_log_the_id_of_their_response(server: Server) -> None:
+    """A refused request's log line names the id its X-Request-Id response header carries:
+    the generated one when the client sent none (or one that cannot be echoed), at every
+    layer that refuses (validation, handler checks, the guard before parsing)."""
+    cases: list[tuple[str, Any, dict[str, str]]] = [
+        (CMPL, {"prompt": PROMPT, "bogus": 1}, {}),  # pydantic
+        (CMPL, {"prompt": PROMPT, "best_of": 3}, {}),  # a refused field (handler)
+        (CHAT, {"messages": MSGS, "chat_template_kwargs": {"tools": []}}, {}),
+        (CMPL, {"prompt": PROMPT, "bogus": 2}, {"X-Request-Id": "x" * 300}),  # too long: replaced
+    ]
+    for path, body, headers in cases:
+        r = _post(server, path, body, headers=headers)
+        rid = r.headers["x-request-id"]
+        assert r.status_code == 400 and rid and rid != headers.get("X-Request-Id"), r.text
+        assert f"POST {path} -> 400 (request id {rid})" in server.log()
+    r = httpx.post(
+        server.url + CMPL,
+        content=b'{"prompt": "\\ud800"}',  # a lone surrogate: refused by the guard, before parsing
+        headers={"content-type": "application/json"},
+    )
+    rid = r.headers["x-request-id"]
+    assert r.status_code == 400 and f"POST {CMPL} -> 400 (request id {rid})" in server.log()
+    assert "(request id -)" not in server.log()
+
+
 def test_same_request_id_concurrently(server: Server) -> None:
     import concurrent.futures
 
