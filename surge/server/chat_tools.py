@@ -13,6 +13,10 @@ output parser that turns the generated text into ``content``, ``reasoning_conten
 - ``--reasoning-parser``: ``<think>...</think>`` becomes ``reasoning_content`` (unless
   ``chat_template_kwargs.enable_thinking`` is false); a grammar then applies only after the
   ``</think>`` token.
+
+Streamed through a parser, a chunk whose delta would carry nothing (the parser holds or took the
+text) is not sent (:func:`is_empty_delta`); the first chunk (with the role), the finishing one
+and any chunk carrying logprobs entries always are.
 """
 
 from __future__ import annotations
@@ -88,6 +92,16 @@ class ChatPlan:
             if finish_reason == "stop" and parser.has_tool_calls:
                 finish_reason = "tool_calls"
         return head | _delta_fields(d), finish_reason
+
+
+def is_empty_delta(delta: dict[str, Any]) -> bool:
+    """Whether a streamed chat ``delta`` carries nothing: no role, no content text, no
+    reasoning text and no tool call (``{"content": ""}`` is empty). A parsed stream sends no
+    chunk for such a delta unless it ends the choice or carries logprobs entries, as vLLM
+    skips a parser's empty deltas."""
+    return not (
+        delta.get("role") or delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+    )
 
 
 def _delta_fields(d: DeltaMessage) -> dict[str, Any]:

@@ -14,7 +14,9 @@ Shared by chat and completions. Each choice (one engine request; ``n`` choices p
   possible stop-string prefix): its text is then empty, and the held text rides on a later
   delta. So at ``stream_interval`` 1 every SSE event after the first stands for exactly one
   token, and a client's inter-token gaps are one engine step each (an empty ``content`` chunk
-  without a role counts as a token in vLLM's benchmark client).
+  without a role counts as a token in vLLM's benchmark client). A chat stream parsed for tool
+  calls or reasoning drops the chunks whose parsed delta is empty
+  (:func:`surge.server.chat_tools.is_empty_delta`), so it has fewer events than tokens.
 
 With logprobs, a delta also carries the rows of the tokens whose text it completes
 (:class:`~surge.server.logprobs.LogprobTracker`), and a choice's first delta the prompt's

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from surge.core.logprobs import LogprobsLists
-from surge.server.chat_tools import plan_chat
+from surge.server.chat_tools import is_empty_delta, plan_chat
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.logprobs import chat_content, chat_options, vllm_prompt_logprobs
@@ -120,15 +120,26 @@ async def create_chat_completion(
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
         for d in deltas:
-            delta, finish = plan.delta(parsers.get(d.index), d.text, d.first, d.finish_reason)
+            parser = parsers.get(d.index)
+            delta, finish = plan.delta(parser, d.text, d.first, d.finish_reason)
+            logprobs = logprobs_of(d.logprobs)
+            if parser is not None and finish is None and is_empty_delta(delta) and not _has_entries(logprobs):
+                # the parser took the text (a tool call's markup, a reasoning tag) and released
+                # nothing yet: no chunk, as in vLLM
+                continue
             choice = with_finish({"index": d.index, "delta": delta}, d)
             choice["finish_reason"] = finish
-            choice["logprobs"] = logprobs_of(d.logprobs)
+            choice["logprobs"] = logprobs
             chunks.append(env.chunk([choice]))
         return chunks
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
+
+
+def _has_entries(logprobs: dict[str, Any] | None) -> bool:
+    """Whether a streamed choice's ``logprobs`` holds at least one token's entry."""
+    return bool(logprobs and logprobs["content"])
 
 
 def _all_rows(gen: Generation, index: int) -> LogprobsLists | None:

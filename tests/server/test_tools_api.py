@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -133,6 +134,60 @@ def test_auto_goes_through_the_hermes_parser(client: openai.OpenAI) -> None:
     none = client.chat.completions.create(**kwargs | {"tool_choice": "none"})
     assert none.choices[0].message.tool_calls is None
     assert "<tool_call>" in (none.choices[0].message.content or "")
+
+
+def _events(srv: Server, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The streamed choices of a chat request (one choice per chunk) and its final usage."""
+    body = body | {"stream": True, "stream_options": {"include_usage": True}}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    events = [e.removeprefix("data: ") for e in r.text.strip().split("\n\n") if not e.startswith(":")]
+    assert events.pop() == "[DONE]"
+    chunks = [json.loads(e) for e in events]
+    return [c["choices"][0] for c in chunks if c["choices"]], chunks[-1]["usage"]
+
+
+def _delta_carries(choice: dict[str, Any]) -> bool:
+    d = choice["delta"]
+    return bool(d.get("content") or d.get("reasoning_content") or d.get("tool_calls"))
+
+
+def _entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    return (choice["logprobs"] or {}).get("content") or []
+
+
+def test_parsed_streams_send_no_empty_chunks(tool_server: Server) -> None:
+    """Through a parser (forced tool calls, the hermes parser, the reasoning parser) a chunk
+    whose delta carries nothing is not sent (vLLM skips them): only the first chunk (the role)
+    and the final one (finish_reason) may carry no text. With logprobs, every token's entry
+    still arrives, in a chunk of its own when the parser kept the text."""
+    forced: dict[str, Any] = dict(
+        messages=MSGS, tools=TOOLS, tool_choice="required", temperature=1.0, seed=1, max_tokens=60
+    )
+    auto_regex = r'<tool_call>\n\{"name": "get_time", "arguments": \{"zone": "UTC"\}\}\n</tool_call>'
+    auto = dict(messages=MSGS, tools=TOOLS, max_tokens=60, seed=2, structured_outputs={"regex": auto_regex})
+    think = dict(
+        messages=MSGS,
+        max_tokens=60,
+        seed=4,
+        structured_outputs={"regex": r"<think>[a-z ]{1,12}</think>\n\n(yes|no)"},
+    )
+    for body in (forced, auto, think):
+        choices, usage = _events(tool_server, body)
+        assert choices[0]["delta"]["role"] == "assistant" and choices[-1]["finish_reason"] is not None
+        assert all(_delta_carries(c) for c in choices[1:-1]), [c["delta"] for c in choices]
+        assert len(choices) < usage["completion_tokens"], "the parser's empty chunks are gone"
+        # with logprobs, the chunks that carry only entries stay: every token has its entry
+        choices, usage = _events(tool_server, body | {"logprobs": True})
+        middle = choices[1:-1]
+        assert all(_delta_carries(c) or _entries(c) for c in middle)
+        assert any(_entries(c) and not _delta_carries(c) for c in middle)
+        streamed = [e["token"] for c in choices for e in _entries(c)]
+        full = httpx.post(
+            tool_server.url + "/v1/chat/completions", json=body | {"logprobs": True}, timeout=120
+        )
+        assert streamed == [e["token"] for e in full.json()["choices"][0]["logprobs"]["content"]]
+        assert len(streamed) == usage["completion_tokens"]
 
 
 def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI) -> None:
