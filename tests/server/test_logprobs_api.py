@@ -177,6 +177,19 @@ def test_completion_logprobs_echo_and_scoring(client: openai.OpenAI) -> None:
     assert multi.choices[0].logprobs.token_logprobs[1:] == pytest.approx(sl.token_logprobs[1:], abs=1e-5)
 
 
+def test_echo_text_offset_counts_the_tokens_texts(server: Server) -> None:
+    """docs/openai-api.md's example: text_offset sums the lengths of the tokens as shown
+    (decoded alone), as vLLM does; with echo the BOS and SentencePiece's leading space count,
+    so the offsets are not positions in the returned text."""
+    body = {"prompt": PROMPT, "echo": True, "logprobs": 0, "max_tokens": 0}
+    choice = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["text"] == PROMPT
+    assert lp["tokens"] == ["<s>", " Once", " upon", " a", " time"]
+    assert lp["text_offset"] == [0, 3, 8, 13, 15]
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+
+
 def test_completion_stream_echo_logprobs_equal_non_stream(client: openai.OpenAI) -> None:
     kw: dict[str, Any] = dict(
         model=client.models.list().data[0].id,
