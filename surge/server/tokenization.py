@@ -1,13 +1,16 @@
-"""Tokenization, chat templating and detokenization of whole requests, off the event loop.
+"""Tokenization, chat templating and detokenization of whole requests, off the event loop
+except for small prompts.
 
 The API process's event loop streams every client's tokens; a 10 MB prompt tokenized on it
 would freeze them all for seconds. :class:`TokenizerWorker` runs that work on worker threads
 (Hugging Face fast tokenizers release the GIL while they encode; a Jinja template does not, but
 Python switches threads every few milliseconds, so the loop keeps running either way).
 
-Small inputs (a prompt, or a chat's message texts together, of at most ``inline_chars``
-characters, with the server's own template and no tools) are tokenized on the event loop itself:
-that is a fraction of a millisecond, less than the trip to a thread costs in a burst, when the
+Small inputs are tokenized on the event loop itself: a prompt, or at most ``_INLINE_MAX_TEXTS``
+prompts, of at most ``inline_chars`` characters together; a chat of at most
+``_INLINE_MAX_MESSAGES`` messages whose size (:func:`_chat_size`: every value's characters plus
+``_MESSAGE_OVERHEAD`` per message, and the ``chat_template_kwargs``' JSON) is at most
+``inline_chars``, with the server's own template and no tools. That is a fraction of a millisecond, less than the trip to a thread costs in a burst, when the
 loop is busy with other requests and the worker waits for the GIL and then for the loop to run
 its continuation; inline, a request reaches the engine as soon as its handler runs.
 
@@ -48,6 +51,12 @@ _GENERATION_THREADS = 2
 INLINE_CHARS = 2048
 """Default :class:`TokenizerWorker` ``inline_chars``: about 500 tokens of English text, whose
 template and tokenization take 0.1-0.4 ms."""
+_INLINE_MAX_TEXTS = 4
+"""Most prompts of one request tokenized inline (each costs a tokenizer call however short)."""
+_INLINE_MAX_MESSAGES = 16
+"""Most chat messages rendered inline (each costs template work however short)."""
+_MESSAGE_OVERHEAD = 64
+"""Characters a message counts for beyond its values (the template's per-message markup)."""
 
 
 class TokenizerWorker:
@@ -167,7 +176,11 @@ class TokenizerWorker:
         Raises:
             ApiError: 400 naming ``param`` when a text is surely longer than the context.
         """
-        if param is not None and sum(len(t) for t in texts) <= self.inline_chars:
+        if (
+            param is not None
+            and len(texts) <= _INLINE_MAX_TEXTS
+            and sum(len(t) for t in texts) <= self.inline_chars
+        ):
             return self._encode_many(texts, add_special_tokens, param)
         return await self.run(
             self._encode_many, list(texts), add_special_tokens, param, utility=param is None
@@ -199,7 +212,13 @@ class TokenizerWorker:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
                 rendered prompt is surely longer than the context.
         """
-        if bound and tools is None and chat_template is None and _text_size(messages) <= self.inline_chars:
+        if (
+            bound
+            and tools is None
+            and chat_template is None
+            and len(messages) <= _INLINE_MAX_MESSAGES
+            and _chat_size(messages, chat_template_kwargs, self.inline_chars) <= self.inline_chars
+        ):
             return self._render_chat(
                 messages,
                 add_generation_prompt,
@@ -227,14 +246,43 @@ class TokenizerWorker:
         return await self.run(self.tokenizer.decode, token_ids, skip_special_tokens, utility=True)
 
 
-def _text_size(messages: list[dict[str, Any]]) -> int:
-    """Characters of the messages' contents (text parts counted, other parts by their repr)
-    and names: what a chat template's time grows with."""
+def _chat_size(
+    messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None, limit: int
+) -> int:
+    """A bound on what a chat template's time grows with, in characters: every message value
+    (strings by length, anything else by its ``repr``) plus ``_MESSAGE_OVERHEAD`` per message,
+    plus the JSON of ``chat_template_kwargs`` (a template may render them). Stops counting once
+    past ``limit`` (returns ``limit + 1``), so a huge input costs no more than a small one here."""
     size = 0
+    if chat_template_kwargs:
+        size += len(repr(chat_template_kwargs)) if _small(chat_template_kwargs, limit) else limit + 1
     for m in messages:
-        for key, value in m.items():
+        size += _MESSAGE_OVERHEAD
+        for value in m.values():
+            if size > limit:
+                return limit + 1
             if isinstance(value, str):
                 size += len(value)
-            elif value is not None and key != "role":
-                size += len(repr(value))
-    return size
+            elif value is not None:
+                size += len(repr(value)) if _small(value, limit) else limit + 1
+    return size if size <= limit else limit + 1
+
+
+def _small(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) has at most ``limit`` items and string characters in all,
+    counted without building its ``repr``: a cheap guard before ``repr`` of a nested value."""
+    budget = limit
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        budget -= 1
+        if isinstance(v, str):
+            budget -= len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+        if budget < 0:
+            return False
+    return True

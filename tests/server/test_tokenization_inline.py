@@ -97,3 +97,25 @@ def test_inline_and_threaded_refuse_alike(tok) -> None:  # type: ignore[no-untyp
         ]
 
     asyncio.run(main())
+
+
+def test_many_small_pieces_and_template_kwargs_go_to_a_thread(tok) -> None:  # type: ignore[no-untyped-def]
+    """The inline bound counts the number of prompts and messages and the template kwargs, not
+    only characters: many empty prompts, many empty messages, or a large ``chat_template_kwargs``
+    value take a thread (each would cost the loop milliseconds to seconds)."""
+
+    async def main() -> None:
+        w, trips = _worker(tok, inline_chars=2048)
+        await w.encode_many([""] * 5)
+        await w.encode_many([""] * 4)
+        empty = {"role": "user", "content": ""}
+        await w.render_chat([empty] * 17, True, None)
+        await w.render_chat([empty] * 16, True, None)
+        await w.render_chat([{"role": "user", "content": "hi"}], True, {"note": "x" * 3000})
+        await w.render_chat([{"role": "user", "content": "hi"}], True, {"enable_thinking": False})
+        big = {"role": "user", "content": [{"type": "text", "text": "y" * 3000}]}
+        await w.render_chat([big], True, None)
+        assert trips == ["_encode_many", "_render_chat", "_render_chat", "_render_chat"]
+        w.close()
+
+    asyncio.run(main())
