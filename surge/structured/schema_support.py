@@ -20,8 +20,8 @@ instances that violate it; ``tests/structured/test_schema_support.py`` repeats t
   ``enum``, ``anyOf``, ``oneOf`` or ``allOf`` (a ``type`` that every value already has is
   accepted); an assertion in a schema without ``type`` that xgrammar reads as "any value";
   ``type: []``.
-- strings: a ``format`` outside :data:`SUPPORTED_FORMATS`; ``pattern`` next to a supported
-  ``format``; ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
+- strings: ``pattern`` next to a supported ``format`` (a ``format`` outside
+  :data:`SUPPORTED_FORMATS` is an annotation, as JSON Schema 2020-12 makes it by default); ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
   ``pattern`` with a feature of :func:`regex_problem`.
 - numbers: ``multipleOf`` (on integers it is enforced for an integer of at most 1,024 with no
   bounds or with both bounds spanning at most 10,000 integers, and ``multipleOf: 1`` always).
@@ -190,6 +190,42 @@ def _json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _json_key(v: Any) -> Any:
+    """A hashable key with :func:`_json_equal`'s equality: numbers by value (``1`` and ``1.0``
+    alike), booleans apart from numbers, arrays and objects by their keys in order / sorted."""
+    if isinstance(v, bool) or v is None:
+        return ("b", v)
+    if _is_number(v):
+        return ("n", int(v) if isinstance(v, float) and v.is_integer() else v)
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, list):
+        return ("a", tuple(_json_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("o", tuple(sorted((str(k), _json_key(x)) for k, x in v.items())))
+    return ("?", repr(v))
+
+
+def _values_overlap(a: list[Any], b: list[Any]) -> bool:
+    """Whether two const/enum value lists share a value (JSON equality), in linear time."""
+    keys = {_json_key(x) for x in a}
+    return any(_json_key(y) in keys for y in b)
+
+
+_MAX_ONEOF_BRANCHES = 64
+"""Most ``oneOf`` branches checked pair by pair for disjointness (all const/enum branches are
+checked in one pass at any count); a larger ``oneOf`` is refused rather than checked in
+quadratic time on the request's path."""
+
+
+def _requires_undeclared(required: list[Any], other: dict[str, Any], other_props: dict[str, Any]) -> bool:
+    """Whether an object of a branch requiring ``required`` can never satisfy ``other``, a closed
+    object (no ``additionalProperties`` or ``false``, no ``patternProperties``, compiled in strict
+    mode) that does not declare one of those names."""
+    closed = other.get("additionalProperties", False) is False and "patternProperties" not in other
+    return closed and any(isinstance(k, str) and k not in other_props for k in required)
+
+
 def _types_overlap(a: frozenset[str], b: frozenset[str]) -> bool:
     numeric = {"integer", "number"}
     return any(x == y or (x in numeric and y in numeric) for x in a for y in b)
@@ -334,7 +370,7 @@ class _Walker:
             return True
         va, vb = self.finite_values(a), self.finite_values(b)
         if va is not None and vb is not None:
-            return not any(_json_equal(x, y) for x in va for y in vb)
+            return not _values_overlap(va, vb)
         if ta != frozenset(("object",)) or tb != frozenset(("object",)):
             return False
         na, nb = self.target(a), self.target(b)
@@ -348,9 +384,12 @@ class _Walker:
             if not isinstance(key, str) or key not in req_b or key not in props_a or key not in props_b:
                 continue
             va, vb = self.finite_values(props_a[key]), self.finite_values(props_b[key])
-            if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
+            if va is not None and vb is not None and not _values_overlap(va, vb):
                 return True
-        return False
+        # strict mode (how Surge compiles schemas): an object without additionalProperties
+        # takes no undeclared key, so a property one branch requires and the other does not
+        # declare tells them apart (a discriminator with a default, for instance)
+        return _requires_undeclared(req_a, nb, props_b) or _requires_undeclared(req_b, na, props_a)
 
     # - the walk -
 
@@ -444,9 +483,31 @@ class _Walker:
         if used == "allOf" and len(branches) > 1:
             raise _unsupported(loc, "allOf", "only an allOf of one schema is enforced (merge the schemas)")
         if used == "oneOf":
-            for i, a in enumerate(branches):
-                for j in range(i + 1, len(branches)):
-                    if not self.disjoint(a, branches[j]):
+            finite = [self.finite_values(b) for b in branches]
+            if all(v is not None for v in finite):  # const/enum branches: one pass over the values
+                owner: dict[Any, int] = {}
+                for i, values in enumerate(finite):
+                    for key in {_json_key(x) for x in values or ()}:
+                        j = owner.setdefault(key, i)
+                        if j != i:
+                            raise _unsupported(
+                                loc,
+                                "oneOf",
+                                f"branches {j} and {i} share a value and only anyOf semantics are enforced",
+                            )
+                branches_to_pair: list[Any] = []
+            elif len(branches) > _MAX_ONEOF_BRANCHES:
+                raise _unsupported(
+                    loc,
+                    "oneOf",
+                    f"{len(branches)} branches are more than the {_MAX_ONEOF_BRANCHES} checked for disjointness "
+                    "(only anyOf semantics are enforced: use anyOf)",
+                )
+            else:
+                branches_to_pair = branches
+            for i, a in enumerate(branches_to_pair):
+                for j in range(i + 1, len(branches_to_pair)):
+                    if not self.disjoint(a, branches_to_pair[j]):
                         raise _unsupported(
                             loc,
                             "oneOf",
@@ -499,11 +560,10 @@ class _Walker:
 
     def check_string(self, node: dict[str, Any], loc: tuple[str, ...]) -> None:
         fmt = node.get("format")
+        # JSON Schema 2020-12 makes ``format`` an annotation unless a validator opts in: a format
+        # xgrammar has no regex for (``int64``, ``binary``, ``password``...) asserts nothing here,
+        # as in most validators; the ones it knows are enforced
         known = isinstance(fmt, str) and fmt in SUPPORTED_FORMATS
-        if isinstance(fmt, str) and not known:
-            raise _unsupported(
-                loc, "format", f"{fmt!r} is not enforced (supported: {', '.join(sorted(SUPPORTED_FORMATS))})"
-            )
         lengths = _constraints(node, ("minLength", "maxLength"))
         if known and "pattern" in node:
             raise _unsupported(loc, "pattern", f"it is ignored next to format {fmt!r}")
