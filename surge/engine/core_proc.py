@@ -251,6 +251,8 @@ def run_engine_core(
         except _Shutdown:
             raise
         except ValueError as e:  # the configuration or the model folder: one line, no traceback
+            # (the engine's build raises ValueError for those only; a crash is another type, and a
+            # tensor-parallel rank's crash a RuntimeError)
             logger.error("engine start-up failed: %s", _one_line(e))
             logger.debug("engine start-up failed:\n%s", traceback.format_exc())
             out_sock.send(encoder.encode(EngineStartupError(_one_line(e), user_error=True)))

@@ -110,7 +110,10 @@ class TPExecutor:
         worker_pids: pids of this host's workers, by rank.
 
     Raises:
-        ValueError: a worker could not start (its one-line message, with its rank).
+        ValueError: a worker refused the model or the configuration (its one-line message,
+            with its rank).
+        RuntimeError: a worker crashed while starting, or the workers did not start in time.
+        WorkerDiedError: a worker process died while starting.
     """
 
     def __init__(
@@ -187,13 +190,16 @@ class TPExecutor:
             if self._pull in events:
                 msg = self._decoder.decode(self._pull.recv())
                 if isinstance(msg, WorkerStartupError):
-                    raise ValueError(f"tensor-parallel rank {msg.rank}: {msg.message}")
+                    # a rank's refusal of the model or configuration stays a ValueError (a user
+                    # error for the engine process); a rank's crash does not
+                    error = ValueError if msg.user_error else RuntimeError
+                    raise error(f"tensor-parallel rank {msg.rank}: {msg.message}")
                 if isinstance(msg, WorkerReady):
                     ready[msg.rank] = msg
             if not events:
                 self._check_alive()
                 if time.monotonic() > deadline:
-                    raise ValueError(f"tensor-parallel workers did not start within {timeout_s:.0f} s")
+                    raise RuntimeError(f"tensor-parallel workers did not start within {timeout_s:.0f} s")
         return min(r.num_kv_blocks for r in ready.values()), {r.rank: r.pid for r in ready.values()}
 
     def _check_alive(self, besides: int | None = None, grace_s: float = 0.0) -> None:

@@ -102,10 +102,12 @@ class WorkerReady(msgspec.Struct, tag=True, array_like=True):
 
 
 class WorkerStartupError(msgspec.Struct, tag=True, array_like=True):
-    """A rank could not start. Attributes: rank; message (one line)."""
+    """A rank could not start. Attributes: rank; message (one line); user_error: the rank
+    refused the configuration or the model folder (a ``ValueError``), rather than crashing."""
 
     rank: int
     message: str
+    user_error: bool = False
 
 
 class KVCacheReady(msgspec.Struct, tag=True, array_like=True):

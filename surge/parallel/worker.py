@@ -181,7 +181,7 @@ def run_worker(config: EngineConfig, spec: WorkerSpec) -> None:
             runner, num_blocks = _start(config, spec)
         except Exception as e:
             logger.error("worker start-up failed:\n%s", traceback.format_exc())
-            push.send(encoder.encode(WorkerStartupError(spec.rank, _one_line(e))))
+            push.send(encoder.encode(WorkerStartupError(spec.rank, _one_line(e), type(e) is ValueError)))
             exit_code = 1
             return
         push.send(encoder.encode(WorkerReady(spec.rank, os.getpid(), num_blocks)))

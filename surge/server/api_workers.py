@@ -233,8 +233,9 @@ def serve_with_api_workers(
                     for q in apis:
                         if q.is_alive():
                             q.terminate()
-        if any(p.exitcode for p in apis):
-            code = 1
+        failed = [p.exitcode for p in apis if p.exitcode]
+        if failed:  # 2 when every failed API process refused the model or configuration
+            code = 2 if all(c == 2 for c in failed) else 1
     finally:
         for p in apis:
             if p.is_alive():
