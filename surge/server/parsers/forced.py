@@ -12,16 +12,26 @@ from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolCallDe
 def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
     """The JSON schema of ``tool_choice: "required"``: an array of one or more calls (exactly
     one unless ``parallel``), each ``{"name": <a tool's name>, "parameters": <that tool's
-    parameter schema>}``."""
+    parameter schema>}``.
+
+    A parameter schema with local ``$ref``s (``#/$defs/...`` or ``#``, as Pydantic writes nested
+    or recursive models) is moved to this schema's ``$defs`` as ``tool_<i>``, its references
+    re-rooted there (``#/$defs/X`` -> ``#/$defs/tool_<i>/$defs/X``): inside the array they would
+    otherwise resolve against the array's root."""
     variants = []
-    for tool in tools:
+    defs: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
         fn = tool["function"]
+        params = fn.get("parameters") or {"type": "object"}
+        if _has_local_ref(params):
+            defs[f"tool_{i}"] = _reroot(params, f"#/$defs/tool_{i}")
+            params = {"$ref": f"#/$defs/tool_{i}"}
         variants.append(
             {
                 "type": "object",
                 "properties": {
                     "name": {"type": "string", "enum": [fn["name"]]},
-                    "parameters": fn.get("parameters") or {"type": "object"},
+                    "parameters": params,
                 },
                 "required": ["name", "parameters"],
             }
@@ -29,7 +39,42 @@ def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
     if not parallel:
         schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
     return schema
+
+
+_DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+"""Schema keywords whose values are instances, not schemas (a ``$ref`` key there is data)."""
+
+
+def _has_local_ref(node: Any) -> bool:
+    """Whether a schema holds a ``$ref`` to ``#`` or ``#/...`` (outside instance values)."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return True
+        return any(_has_local_ref(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+    if isinstance(node, list):
+        return any(_has_local_ref(v) for v in node)
+    return False
+
+
+def _reroot(node: Any, root: str) -> Any:
+    """A copy of a schema whose local ``$ref``s point below ``root`` (a JSON pointer)."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+                out[k] = root + v[1:]
+            elif k in _DATA_KEYWORDS:
+                out[k] = v
+            else:
+                out[k] = _reroot(v, root)
+        return out
+    if isinstance(node, list):
+        return [_reroot(v, root) for v in node]
+    return node
 
 
 class RequiredToolParser(ToolParser):
