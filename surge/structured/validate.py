@@ -7,7 +7,8 @@ import re
 from typing import Any
 
 from surge.sampling_params import StructuredOutputsParams
-from surge.structured.schema_support import check_json_schema, regex_problem
+from surge.structured.regex_support import regex_problem
+from surge.structured.schema_support import check_json_schema
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 """``json_object``: any JSON object (properties of any name and value)."""

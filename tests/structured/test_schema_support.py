@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.sampling_params import StructuredOutputsParams
-from surge.structured.schema_support import SUPPORTED_FORMATS, check_json_schema, regex_problem
+from surge.structured.regex_support import regex_problem
+from surge.structured.schema_support import SUPPORTED_FORMATS, check_json_schema
 from surge.structured.validate import build_grammar, check_structured_outputs
 
 xgr_testing = pytest.importorskip("xgrammar.testing")
