@@ -301,8 +301,8 @@ def run_engine_core(
         for sock in out_socks:
             sock.close(linger=500)
         ctx.term()
-    if exit_code:
-        sys.exit(exit_code)
+        if exit_code:  # here, not after the block: a failed start-up returns from inside it
+            sys.exit(exit_code)
 
 
 class _Broadcast:

@@ -233,9 +233,8 @@ def serve_with_api_workers(
                     for q in apis:
                         if q.is_alive():
                             q.terminate()
-        failed = [p.exitcode for p in apis if p.exitcode]
-        if failed:  # 2 when every failed API process refused the model or configuration
-            code = 2 if all(c == 2 for c in failed) else 1
+        if any(p.exitcode for p in apis):
+            code = 1
     finally:
         for p in apis:
             if p.is_alive():
@@ -246,6 +245,9 @@ def serve_with_api_workers(
             signal.signal(s, handler)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+    failed = [p.exitcode for p in apis if p.exitcode]
+    if failed and (any(p.exitcode == 2 for p in engines) or all(c == 2 for c in failed)):
+        code = 2  # the model or the configuration was refused (by an engine, or by every API process)
     logger.info("shut down")
     return code
 
