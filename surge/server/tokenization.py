@@ -212,24 +212,7 @@ class TokenizerWorker:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
                 rendered prompt is surely longer than the context.
         """
-        if (
-            bound
-            and tools is None
-            and chat_template is None
-            and len(messages) <= _INLINE_MAX_MESSAGES
-            and _chat_size(messages, chat_template_kwargs, self.inline_chars) <= self.inline_chars
-        ):
-            return self._render_chat(
-                messages,
-                add_generation_prompt,
-                chat_template_kwargs,
-                chat_template,
-                continue_final_message,
-                add_special_tokens,
-                bound,
-            )
-        return await self.run(
-            self._render_chat,
+        args = (
             messages,
             add_generation_prompt,
             chat_template_kwargs,
@@ -238,8 +221,16 @@ class TokenizerWorker:
             add_special_tokens,
             bound,
             tools,
-            utility=not bound,
         )
+        if (
+            bound
+            and tools is None
+            and chat_template is None
+            and len(messages) <= _INLINE_MAX_MESSAGES
+            and _chat_size(messages, chat_template_kwargs, self.inline_chars) <= self.inline_chars
+        ):
+            return self._render_chat(*args)
+        return await self.run(self._render_chat, *args, utility=not bound)
 
     async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         """The text of ``token_ids`` (on the ``/tokenize`` thread)."""
