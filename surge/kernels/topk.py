@@ -7,13 +7,19 @@ This kernel does it in two launches, each sorting only a few candidates with bit
 (Triton's ``tl.topk``):
 
 1. grid ``(B, cdiv(V, CHUNK))``: each program reads ``CHUNK`` logits of one row once. The
-   ``k``-th largest of the maxima of its groups of ``TOPK_GROUP`` logits is a lower bound of the
+   ``k``-th largest of the maxima of its groups of ``GROUP`` logits is a lower bound of the
    chunk's ``k``-th largest logit (``k`` groups reach it), so every logit of the chunk's top
    ``k`` is at least that bound: the program stores the logits above it (usually a little more
    than ``k``), up to ``2 k`` of them, as 64-bit keys in id order. When more pass (many logits
    tied at the bound, or a row masked to ``-inf``), it stores its exact top ``k`` instead.
-2. grid ``(B,)``: each program filters its row's candidates the same way, compacts them, and
-   writes the top ``k`` values and ids in descending order.
+2. grid ``(B,)``: each program filters its row's candidates the same way (groups of ``GROUP``
+   keys, when its block holds at least ``k`` groups), compacts them, and writes the top ``k``
+   values and ids in descending order.
+
+``CHUNK`` and ``GROUP`` are launch-time choices of :func:`topk_rows` (``chunk=``, ``group=``;
+by default :data:`TOPK_GROUP`, and :data:`TOPK_CHUNK` or, for a few rows,
+:data:`TOPK_FEW_ROWS_CHUNK`): any powers of two with
+``CHUNK // GROUP >= k`` give the same values, only the time differs.
 
 A key packs a logit and its id so that one integer comparison orders them: the high 32 bits are
 the float32's bits made order-preserving as a signed integer (negative floats get their 31 low
@@ -35,10 +41,22 @@ import triton
 import triton.language as tl
 
 TOPK_CHUNK = 4096
-"""Logits per program of the first launch."""
+"""Logits per program of the first launch: :func:`topk_rows`' default ``chunk`` above
+:data:`TOPK_FEW_ROWS` rows."""
+
+TOPK_FEW_ROWS = 4
+"""Most rows that take :data:`TOPK_FEW_ROWS_CHUNK` by default."""
+
+TOPK_FEW_ROWS_CHUNK = 8192
+"""Default ``chunk`` of a launch of at most :data:`TOPK_FEW_ROWS` rows. On the H200 (V = 151,936,
+``benchmarks/topk_bench.py --chunk-group``, ``benchmarks/results/h200-qwen3-8b-fp8/session15/``),
+8192 logits per program (group 16) took 23.5 us against 28.9 at one row and k = 32, 23.7 against
+31.3 at 4 rows, and 22.1 against 45.9 at one row and k = 64; at 16 rows both took 42.1 us, and at
+64 rows 4096 was faster (90.3 against 106.1 us)."""
 
 TOPK_GROUP = 16
-"""Logits per group of the first launch's candidate filter (see the module docstring)."""
+"""Logits per group of the candidate filter (see the module docstring): :func:`topk_rows`'
+default ``group``."""
 
 TOPK_MAX_K = 256
 """Largest ``k`` the kernel takes (a power of two); larger windows use ``torch.topk``."""
@@ -146,15 +164,21 @@ def topk_supported(k: int, vocab: int) -> bool:
     return 2 <= k <= TOPK_MAX_K and k & (k - 1) == 0 and vocab >= k
 
 
-def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_rows(
+    logits: torch.Tensor, k: int, *, chunk: int | None = None, group: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest logits of every row and their ids, in descending order.
 
     Args:
         logits: ``[B, V]`` fp32/fp16/bf16, last dim contiguous.
         k: a power of two in ``2..TOPK_MAX_K``, at most ``V``.
-        chunk: logits per program of the first launch (a power of two; capped at
-            ``next_power_of_2(V)``, then raised to ``k * TOPK_GROUP`` if smaller; tests shrink
-            it to run under the CPU interpreter).
+        chunk: logits per program of the first launch, a power of two (``None``:
+            :data:`TOPK_FEW_ROWS_CHUNK` for at most :data:`TOPK_FEW_ROWS` rows, else
+            :data:`TOPK_CHUNK`). Capped at ``max(next_power_of_2(V), k * group)``: a chunk past
+            the row's end would only read padding.
+        group: logits per group of both launches' candidate filter, a power of two at most
+            ``chunk`` with ``chunk // group >= k`` (the bound needs ``k`` groups; ``None``:
+            :data:`TOPK_GROUP`). ``chunk`` and ``group`` change the time, not the result.
 
     Returns:
         ``(values [B, k] float32, ids [B, k] int64)``: ``values`` equals
@@ -162,8 +186,8 @@ def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[to
         ids distinct within a row, the smaller id first among equal values.
 
     Raises:
-        ValueError: a ``k`` or ``chunk`` outside the above, a ``[B, V]`` shape with ``V < k``,
-            another dtype, or a non-contiguous last dimension.
+        ValueError: a ``k``, ``chunk`` or ``group`` outside the above, a ``[B, V]`` shape with
+            ``V < k``, another dtype, or a non-contiguous last dimension.
     """
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be [B, V] with a contiguous last dim, got {tuple(logits.shape)}")
@@ -172,11 +196,22 @@ def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[to
     b, v = logits.shape
     if not topk_supported(k, v):
         raise ValueError(f"k must be a power of two in 2..{min(TOPK_MAX_K, v)}, got {k} (V = {v})")
-    if chunk < 1 or chunk & (chunk - 1):
-        raise ValueError(f"chunk must be a power of two, got {chunk}")
-    chunk = max(k * TOPK_GROUP, min(chunk, triton.next_power_of_2(v)))  # at least k groups
+    if chunk is None:
+        chunk = TOPK_FEW_ROWS_CHUNK if logits.shape[0] <= TOPK_FEW_ROWS else TOPK_CHUNK
+    group = TOPK_GROUP if group is None else group
+    for name, n in (("chunk", chunk), ("group", group)):
+        if n < 1 or n & (n - 1):
+            raise ValueError(f"{name} must be a power of two, got {n}")
+    if chunk < group:
+        raise ValueError(f"group must be at most chunk, got chunk {chunk}, group {group}")
+    if chunk // group < k:
+        raise ValueError(
+            f"chunk // group must be at least k (the bound needs k groups per chunk), "
+            f"got chunk {chunk} // group {group} = {chunk // group} < k {k}"
+        )
+    chunk = min(chunk, max(triton.next_power_of_2(v), k * group))  # still at least k groups
     chunks = triton.cdiv(v, chunk)
-    cap = 2 * k
+    cap = 2 * k  # candidates stored per chunk (and compacted per row by the second launch)
     vals = torch.empty((b, k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((b, k), dtype=torch.int64, device=logits.device)
     if b == 0:
@@ -191,7 +226,7 @@ def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[to
         logits.stride(0),
         K=k,
         CAP=cap,
-        GROUP=TOPK_GROUP,
+        GROUP=group,
         CHUNK=chunk,
         num_warps=8 if chunk >= 4096 else 4,
     )
@@ -206,7 +241,7 @@ def topk_rows(logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[to
         chunks,
         K=k,
         CAP=cap,
-        GROUP=TOPK_GROUP,
+        GROUP=group,
         BLOCK=block,
         num_warps=8 if block >= 2048 else 4,
     )
