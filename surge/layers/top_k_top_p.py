@@ -225,12 +225,14 @@ WARM_UP_WINDOWS = (20, 50)
 and Llama's generation-config ``top_k``; other windows compile on first use)."""
 
 
-def warm_up_sample_top_k_window(vocab_size: int, device: torch.device) -> None:
-    """Compile :func:`sample_top_k_window`'s kernel for ``[B, vocab_size]`` float32 logits (the
-    runner's) at the windows of :data:`WARM_UP_WINDOWS`, with top-p and min-p each on and off,
+def warm_up_sample_top_k_window(
+    vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32
+) -> None:
+    """Compile :func:`sample_top_k_window`'s kernels for ``[B, vocab_size]`` logits of ``dtype``
+    (the runner's: the model's dtype) at the windows of :data:`WARM_UP_WINDOWS`, with top-p and min-p each on and off,
     on one-row dummies, so the first sampled step does not wait for Triton."""
     gen = torch.Generator(device=device).manual_seed(0)
-    logits = torch.randn(1, vocab_size, device=device, generator=gen)
+    logits = torch.randn(1, vocab_size, device=device, generator=gen).to(dtype)
     temperature = torch.ones(1, device=device)
     for window in WARM_UP_WINDOWS:
         top_k = torch.full((1,), min(window, vocab_size), dtype=torch.int64, device=device)

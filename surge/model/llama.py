@@ -177,6 +177,8 @@ class LlamaForCausalLM(nn.Module):
         """``input_ids [T]``, ``positions [T]`` -> final hidden states ``[T, hidden]``."""
         return self.model(input_ids, positions, kv_caches, attn_metadata, attn_backend)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [N, hidden] -> logits [N, vocab_size]`` float32."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, *, upcast: bool = True) -> torch.Tensor:
+        """``hidden [N, hidden] -> logits [N, vocab_size]``: float32, or with ``upcast=False``
+        the model's dtype (the sampler's consumers widen what they need)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits

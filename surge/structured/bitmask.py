@@ -43,10 +43,10 @@ def apply_token_bitmask_rows(logits: torch.Tensor, bitmask: torch.Tensor, rows: 
         apply_token_bitmask_torch(logits, bitmask, rows)
 
 
-def warm_up_token_bitmask(vocab_size: int, device: torch.device) -> None:
-    """Compile the mask kernel for ``[S, vocab_size]`` float32 logits (the runner's) on a
-    one-row dummy, so the first constrained step does not wait for Triton."""
-    logits = torch.zeros(1, vocab_size, dtype=torch.float32, device=device)
+def warm_up_token_bitmask(vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+    """Compile the mask kernel for ``[S, vocab_size]`` logits of ``dtype`` (the runner's: the
+    model's dtype) on a one-row dummy, so the first constrained step does not wait for Triton."""
+    logits = torch.zeros(1, vocab_size, dtype=dtype, device=device)
     width = (vocab_size + 31) // 32
     mask = torch.full((1, width), -1, dtype=torch.int32, device=device)
     apply_token_bitmask_rows(logits, mask, torch.zeros(1, dtype=torch.int32, device=device))

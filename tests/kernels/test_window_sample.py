@@ -282,3 +282,24 @@ def test_kernel_draws_follow_the_exact_distribution_on_cuda(t: float, k: int, p:
 
 def test_warm_up_runs_every_variant() -> None:
     warm_up_sample_top_k_window(1000, torch.device(DEVICE))
+    warm_up_sample_top_k_window(1000, torch.device(DEVICE), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_logits_draw_what_their_float32_copy_draws_on_cuda() -> None:
+    """The runner hands the sampler bf16 logits (no float32 copy): the same values, so the
+    window path draws the same tokens from the same generator state."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    logits = (torch.randn(64, 151936, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    temperature = torch.full((64,), 0.6, device="cuda")
+    top_k = torch.full((64,), 20, device="cuda")
+    top_p = torch.full((64,), 0.95, device="cuda")
+    draws = []
+    for x in (logits, logits.float()):
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        draws.append(
+            [sample_top_k_window(x, temperature, top_k, top_p, None, 20, gen, EPS) for _ in range(4)]
+        )
+    for a, b in zip(*draws, strict=True):
+        assert torch.equal(a, b)

@@ -86,9 +86,9 @@ def test_lm_head_runs_only_for_sampled_rows(tmp_path: Path) -> None:
     rows: list[int] = []
     head = runner.model.compute_logits
 
-    def counting(hidden: torch.Tensor) -> torch.Tensor:
+    def counting(hidden: torch.Tensor, *, upcast: bool = True) -> torch.Tensor:
         rows.append(hidden.shape[0])
-        return head(hidden)
+        return head(hidden, upcast=upcast)
 
     runner.model.compute_logits = counting  # type: ignore[method-assign]
     sp = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
