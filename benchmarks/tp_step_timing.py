@@ -1,7 +1,8 @@
-"""Where the time of one batch-1 decode step goes, at TP=1 and under tensor parallelism.
+"""Where the time of one decode step goes, at TP=1 and under tensor parallelism.
 
-One request decodes ``--steps`` tokens after ``--warmup`` steps (its prompt is ``--prompt-len``
-tokens; ``ignore_eos``); each configuration of ``--tp`` (e.g. ``1,2``) runs in a fresh child
+``--batch`` requests (default 1) decode ``--steps`` tokens after ``--warmup`` steps (each prompt is
+``--prompt-len`` tokens; ``ignore_eos``; all prefilled in the first step when the token budget
+allows); each configuration of ``--tp`` (e.g. ``1,2``) runs in a fresh child
 process, one after the other. Per decode step it records:
 
 - engine side (one ``LLMEngine.step()`` call; with asynchronous scheduling it launches step k
@@ -176,7 +177,8 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         params = SamplingParams(temperature=0.6, top_k=20, top_p=0.95, max_tokens=total, ignore_eos=True)
     else:
         params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
-    engine.add_request("r0", [(7 * i + 3) % 200 + 10 for i in range(args.prompt_len)], params)
+    for b in range(args.batch):
+        engine.add_request(f"r{b}", [(7 * i + 3 * b + 3) % 200 + 10 for i in range(args.prompt_len)], params)
     calls: list[dict[str, Any]] = []
     t_run = time.perf_counter()
     while engine.has_unfinished_requests():
@@ -257,6 +259,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         "enforce_eager": config.enforce_eager,
         "tp_all_reduce": args.tp_all_reduce,
         "steps": len(engine_rows),
+        "batch": args.batch,
         "start_s": round(start_s, 1),
         "run_s": round(run_s, 2),
         "engine": _summary(engine_rows),
@@ -274,6 +277,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200, help="decode steps measured")
     p.add_argument("--warmup", type=int, default=20, help="decode steps run first and not reported")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument(
+        "--batch", type=int, default=1, help="requests decoding together (--max-num-seqs at least)"
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--load-format", default="dummy")
@@ -292,6 +298,8 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=300.0, help="longest run of one configuration")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child: run --tp here
     args = p.parse_args()
+    if args.batch < 1 or args.batch > args.max_num_seqs:
+        sys.exit(f"error: --batch must be in 1..--max-num-seqs ({args.max_num_seqs}), got {args.batch}")
     try:
         sizes = [int(x) for x in args.tp.split(",") if x]
     except ValueError:
