@@ -1,8 +1,9 @@
 """The sampler's top-k window: ``torch.topk`` against :func:`surge.kernels.topk.topk_rows`.
 
-Times both inside CUDA graphs on ``[B, V]`` float32 logits (Qwen3's vocabulary by default) and
-checks that the values are equal. ``topk_rows`` is timed at every ``(chunk, group)`` pair of
-``--chunk-group`` (default: the module's, ``TOPK_CHUNK:TOPK_GROUP``); a pair that ``topk_rows``
+Times both inside CUDA graphs on ``[B, V]`` logits of ``--dtype`` (bf16 by default, as the sampler
+gets them; Qwen3's vocabulary by default) and checks that the values are equal. ``topk_rows`` is
+timed at every ``(chunk, group)`` pair of ``--chunk-group`` (default: ``default``, its own choice
+for the row count); a pair that ``topk_rows``
 refuses for a ``k`` (``chunk // group < k``), fails, or gives other values is reported in its
 row and the sweep goes on (the exit status is 1 after a failure or a difference). Writes one
 JSON line per (B, k, pair). Run on a GPU from the repository root::
@@ -25,12 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_bench import time_graph  # noqa: E402
 
-from surge.kernels.topk import TOPK_CHUNK, TOPK_GROUP, topk_rows  # noqa: E402
+from surge.kernels.topk import topk_rows  # noqa: E402
 
 
-def chunk_group(text: str) -> tuple[int, int]:
+def chunk_group(text: str) -> tuple[int | None, int | None]:
     """``"C:G"`` -> ``(C, G)``: powers of two with ``C >= G`` (``C // G >= k`` is checked per
-    ``k`` by ``topk_rows``)."""
+    ``k`` by ``topk_rows``); ``"default"`` -> ``(None, None)``, ``topk_rows``' own choice."""
+    if text == "default":
+        return None, None
     try:
         chunk, group = (int(part) for part in text.split(":"))
     except ValueError:
@@ -50,10 +53,11 @@ def main() -> None:
         "--chunk-group",
         type=chunk_group,
         nargs="+",
-        default=[(TOPK_CHUNK, TOPK_GROUP)],
+        default=[(None, None)],
         metavar="C:G",
-        help=f"topk_rows' (chunk, group) pairs to time (default: {TOPK_CHUNK}:{TOPK_GROUP})",
+        help="topk_rows' (chunk, group) pairs to time; 'default' is its own choice (the default)",
     )
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--json", type=Path, help="append the results here")
@@ -61,17 +65,25 @@ def main() -> None:
     pairs = list(dict.fromkeys(args.chunk_group))
     print(
         f"{torch.cuda.get_device_name()} torch {torch.__version__}; V = {args.vocab}; "
-        f"chunk:group {' '.join(f'{c}:{g}' for c, g in pairs)}"
+        f"{args.dtype}; chunk:group {' '.join(f'{c}:{g}' if c else 'default' for c, g in pairs)}"
     )
     bad = 0
     for b in args.rows:
-        logits = torch.randn(b, args.vocab, device="cuda") * 3
+        logits = (torch.randn(b, args.vocab, device="cuda") * 3).to(getattr(torch, args.dtype))
         for k in args.k:
             ref = torch.topk(logits, k).values
             t_torch = time_graph(lambda x=logits, k=k: torch.topk(x, k, dim=-1, sorted=True), args.reps)
             for chunk, group in pairs:
-                row = {"rows": b, "k": k, "chunk": chunk, "group": group, "torch_us": t_torch * 1e6}
-                head = f"B={b:3d} k={k:3d} C:G={chunk:5d}:{group:<3d}  torch.topk {row['torch_us']:7.1f} us"
+                row = {
+                    "rows": b,
+                    "k": k,
+                    "dtype": args.dtype,
+                    "chunk": chunk,
+                    "group": group,
+                    "torch_us": t_torch * 1e6,
+                }
+                pair = f"{chunk:5d}:{group:<3d}" if chunk else "default  "
+                head = f"B={b:3d} k={k:3d} C:G={pair}  torch.topk {row['torch_us']:7.1f} us"
                 try:
                     vals = topk_rows(logits, k, chunk=chunk, group=group)[0]
                     diff = int((vals != ref).sum())

@@ -49,6 +49,7 @@ TOPK_FEW_ROWS = 4
 
 TOPK_FEW_ROWS_CHUNK = 8192
 """Default ``chunk`` of a launch of at most :data:`TOPK_FEW_ROWS` rows. On the H200 (V = 151,936,
+float32 logits (the sampler's dtype then; it now gets the model's, not re-measured),
 ``benchmarks/topk_bench.py --chunk-group``, ``benchmarks/results/h200-qwen3-8b-fp8/session15/``),
 8192 logits per program (group 16) took 23.5 us against 28.9 at one row and k = 32, 23.7 against
 31.3 at 4 rows, and 22.1 against 45.9 at one row and k = 64; at 16 rows both took 42.1 us, and at

@@ -410,7 +410,10 @@ class ModelRunner:
                 self._dummy_step([q_len], 1, full_sampler=False, context=context)
         logits_dtype = self.config.model.torch_dtype  # _sample_logits: the model's dtype
         warm_up_token_bitmask(self.vocab_size, self.device, logits_dtype)
-        warm_up_sample_top_k_window(self.vocab_size, self.device, logits_dtype)
+        # float32 too: the sampler widens the logits of a batch with logit rules (penalties,
+        # logit_bias, allowed ids, min_tokens) before its window sampling
+        for dtype in dict.fromkeys((logits_dtype, torch.float32)):
+            warm_up_sample_top_k_window(self.vocab_size, self.device, dtype)
         torch.cuda.synchronize(self.device)
 
     def _dummy_step(self, q_lens: list[int], sample_rows: int, full_sampler: bool, context: int = 0) -> None:
@@ -677,7 +680,8 @@ class ModelRunner:
         does not sample: for tests and debugging.
 
         Returns:
-            ``(logits [S, vocab_size] float32 or None when nothing samples, the S requests)``.
+            ``(logits [S, vocab_size] float32 or None when nothing samples, the S requests)``
+            (the sampler gets the model's dtype; these are widened for comparisons).
         """
         self.inputs.drop(scheduler_output.finished_request_ids)
         self.inputs.drop(scheduler_output.preempted_request_ids)
@@ -685,7 +689,8 @@ class ModelRunner:
             return None, []
         inputs = self._prepare(scheduler_output)
         with torch.inference_mode():
-            return self._logits(inputs), inputs.sample_requests
+            logits = self._logits(inputs)
+            return (None if logits is None else logits.float()), inputs.sample_requests
 
     def _prepare(self, scheduler_output: SchedulerOutput) -> PreparedInputs:
         runner = self.graph_runner
