@@ -139,7 +139,33 @@ def test_hermes_arguments_before_name_and_cut_call() -> None:
     cut = '<tool_call>\n{"name": "f", "arguments": {"x": [1, 2'
     parser = _parser("hermes")()
     out = _collect([parser.feed(cut), parser.finish()])
-    assert out[2] == [("f", '{"x": [1, 2')]  # max_tokens cut: what was generated
+    assert out[2] == [("f", '{"x": [1, 2')]  # max_tokens cut, streamed: what was generated
+    assert _collect([_parser("hermes")().parse(cut)]) == (cut, "", [])  # not streamed: content
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '<tool_call>\n{"name": "f", "arguments": {"x":',  # cut by max_tokens
+        "Sure. <tool_call>",  # cut right after the tag
+        '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n<tool_call>{"name": "g", "argu',
+        '<tool_call>{"name": "f", "arguments": {"x": 1}</tool_call>',  # the outer object is not closed
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>not json</tool_call>',
+    ],
+)
+def test_hermes_malformed_call_is_content_when_not_streamed(answer: str) -> None:
+    """As vLLM's non-streamed hermes parser: when a call's JSON does not parse, the whole answer
+    is content and there are no tool calls (arguments a client's json.loads would choke on never
+    come back); the reasoning stays apart."""
+    assert _collect([_parser("hermes")().parse(answer)]) == (answer, "", [])
+    text = "<think>Call f.</think>\n\n" + answer
+    assert _collect([_parser("hermes", "qwen3")().parse(text)]) == (answer, "Call f.", [])
+
+
+def test_hermes_cut_after_a_complete_call_is_a_call() -> None:
+    # max_tokens cut right after the JSON, before </tool_call>: the JSON parses, so it is a call
+    text = 'Sure. <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n'
+    assert _check(_parser("hermes"), text) == ("Sure. ", "", [("f", '{"x": 1}')])
 
 
 def test_llama3_json_calls_and_content() -> None:

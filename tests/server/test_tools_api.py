@@ -136,6 +136,32 @@ def test_auto_goes_through_the_hermes_parser(client: openai.OpenAI) -> None:
     assert "<tool_call>" in (none.choices[0].message.content or "")
 
 
+def test_auto_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
+    """A hermes call cut by max_tokens: not streamed, the answer is the raw text as content with
+    no tool_calls (as vLLM; no arguments that do not parse); streamed, the call's deltas went out
+    as generated (a stream cannot take them back)."""
+    regex = r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "c"\}\}\n</tool_call>'
+    kwargs: dict[str, Any] = dict(
+        model=_model(client),
+        messages=MSGS,
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=1.0,
+        seed=1,
+        extra_body={"structured_outputs": {"regex": regex}},
+    )
+    raw = client.chat.completions.create(**kwargs | {"tool_choice": "none"}).choices[0].message.content
+    assert raw is not None and raw.startswith('Sure. <tool_call>\n{"name": "get_weather", "arguments": {')
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].message.content == raw
+    streamed, finish, content = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+    assert finish == "length" and content == "Sure. "
+    assert [name for name, _ in streamed] == ["get_weather"]
+    assert raw.endswith(streamed[0][1])
+
+
 def _events(srv: Server, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The streamed choices of a chat request (one choice per chunk) and its final usage."""
     body = body | {"stream": True, "stream_options": {"include_usage": True}}

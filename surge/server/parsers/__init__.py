@@ -51,8 +51,15 @@ class ChatOutputParser:
         return out
 
     def parse(self, text: str) -> DeltaMessage:
-        """The whole text at once (non-streamed responses)."""
-        return self.feed(text).extend(self.finish())
+        """The whole text at once (non-streamed responses). When the tool parser finds a
+        malformed call (JSON cut by ``max_tokens``, or invalid), the answer is its raw text as
+        content with no tool calls, as vLLM's non-streamed parsers answer (a stream has already
+        sent the call's deltas)."""
+        out = self.feed(text).extend(self.finish())
+        raw = None if self.tools is None else self.tools.malformed_text()
+        if raw is not None:
+            out = DeltaMessage(content=raw, reasoning=out.reasoning)
+        return out
 
 
 __all__ = [

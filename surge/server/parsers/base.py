@@ -2,7 +2,11 @@
 
 Parsers are streaming and per choice: ``feed(text)`` takes the next piece of generated text
 and returns what can be sent now; ``finish()`` returns the rest. The non-streamed result is
-the same code fed the whole text at once, so the joined deltas of a stream always equal it.
+the same code fed the whole text at once, so the joined deltas of a stream equal it, except
+where a tool parser finds its text malformed (:meth:`ToolParser.malformed_text`: a call whose
+JSON does not parse, e.g. cut by ``max_tokens``): the non-streamed result is then the whole
+text as content and no tool calls, as in vLLM, while a stream cannot take back the deltas it
+already sent.
 """
 
 from __future__ import annotations
@@ -197,6 +201,12 @@ class ToolParser(abc.ABC):
     @abc.abstractmethod
     def finish(self) -> DeltaMessage:
         """No more text: release the rest."""
+
+    def malformed_text(self) -> str | None:
+        """After :meth:`finish`: all the text fed when it held a tool call that does not parse
+        (JSON cut short by ``max_tokens``, or invalid), which a non-streamed answer then
+        returns as content instead of the parse; None otherwise."""
+        return None
 
     def _new_call(self) -> JsonToolCall:
         call = JsonToolCall(len([c for c in self.calls if c.started]), self._new_id())

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from surge.server.parsers.base import DeltaMessage, JsonToolCall, ToolParser, partial_suffix
 
 START = "<tool_call>"
@@ -14,7 +16,10 @@ class HermesToolParser(ToolParser):
 
     Content outside the blocks is released as it comes (a possible start of ``<tool_call>``
     is held back); after a call, whitespace between or after blocks is dropped. Inside a
-    block the call streams through :class:`JsonToolCall`.
+    block the call streams through :class:`JsonToolCall`. A block whose text is not a JSON
+    object naming a function (cut by ``max_tokens``, invalid JSON) makes the text malformed
+    (:meth:`malformed_text`), so a non-streamed answer is then the whole text as content, as
+    vLLM's ``Hermes2ProToolParser.extract_tool_calls`` answers.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -22,13 +27,19 @@ class HermesToolParser(ToolParser):
         self._buf = ""
         self._call: JsonToolCall | None = None
         self._ws = ""
+        self._text = ""
+        self._malformed = False
 
     def feed(self, text: str) -> DeltaMessage:
+        self._text += text
         self._buf += text
         return self._process(final=False)
 
     def finish(self) -> DeltaMessage:
         return self._process(final=True)
+
+    def malformed_text(self) -> str | None:
+        return self._text if self._malformed else None
 
     def _content(self, text: str, out: DeltaMessage, final: bool) -> None:
         if not self.calls:
@@ -61,12 +72,25 @@ class HermesToolParser(ToolParser):
             if j < 0:
                 keep = 0 if final else partial_suffix(buf, END)
                 out.tool_calls += self._call.update(buf[: len(buf) - keep], complete=final)
-                if final and not self._call.started:
-                    out.content += START + buf  # an unfinished block that never named a function
+                if final:
+                    self._check(buf)
+                    if not self._call.started:
+                        out.content += START + buf  # an unfinished block that never named a function
                 return out
+            self._check(buf[:j])
             out.tool_calls += self._call.update(buf[:j], complete=True)
             if not self._call.started:
                 self.calls.remove(self._call)
                 self._content(START + buf[: j + len(END)], out, final)
             self._call = None
             self._buf = buf[j + len(END) :]
+
+    def _check(self, block: str) -> None:
+        """Mark the text malformed unless ``block`` (a whole block's text) is a JSON object
+        with a string ``name``."""
+        try:
+            call = json.loads(block)
+        except (ValueError, RecursionError):
+            call = None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            self._malformed = True
