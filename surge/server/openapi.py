@@ -1,15 +1,16 @@
 """The OpenAPI schema of what the server really answers (served at ``/openapi.json``).
 
 FastAPI's generated schema documents a 422 for every body, which Surge never sends (a bad body
-is a 400 OpenAI error), and gives the GET and HEAD of one route the same operation id. Here the
-schema is post-processed once:
+is a 400 OpenAI error), and gives the GET and HEAD of one route (``/health``, ``/metrics``) the
+same operation id, with a ``Duplicate Operation ID`` warning. Here the schema is generated from
+one view of each route per method, each with its own operation id (``health_health_get``,
+``health_health_head``), and post-processed once:
 
 - every error response is the OpenAI error object (``ErrorResponse``);
 - routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large);
 - every route but the open ones documents 401 (``--api-key``); model routes 404 (unknown
   ``model``); generation routes 503 (engine gone) and their ``text/event-stream`` 200;
-  ``/health`` its 503;
-- operation ids are unique (the method is appended where a path has several).
+  ``/health`` its 503.
 
 Field constraints (bounds, strict types) come from the pydantic models in
 :mod:`surge.server.protocol`.
@@ -17,10 +18,15 @@ Field constraints (bounds, strict types) come from the pydantic models in
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from fastapi.utils import generate_unique_id
+from starlette.routing import BaseRoute
 
 from surge.server.auth import OPEN_PATHS
 
@@ -49,21 +55,33 @@ def _error(description: str) -> dict[str, Any]:
     return {"description": description, "content": _ERROR_REF}
 
 
+def _one_method_routes(routes: list[BaseRoute]) -> Iterator[BaseRoute]:
+    """``routes``, with a route of several methods split into one copy per method, each with
+    its own operation id (the schema only reads the copies; the app serves the originals)."""
+    for route in routes:
+        if not isinstance(route, APIRoute) or len(route.methods) < 2:
+            yield route
+            continue
+        for method in sorted(route.methods):
+            one = copy.copy(route)
+            one.methods = {method}
+            if route.operation_id:
+                one.operation_id = f"{route.operation_id}_{method.lower()}"
+            else:
+                one.operation_id = generate_unique_id(one)
+            yield one
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The corrected OpenAPI schema of ``app`` (see the module docstring)."""
-    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    routes = list(_one_method_routes(app.routes))
+    schema = get_openapi(title=app.title, version=app.version, routes=routes)
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["ErrorResponse"] = _ERROR_SCHEMA
-    seen: set[str] = set()
     for path, operations in schema.get("paths", {}).items():
-        for method, op in operations.items():
-            op_id = op.get("operationId") or f"{path.strip('/').replace('/', '_')}_{method}"
-            if op_id in seen:
-                op_id = f"{op_id}_{method}"
-            seen.add(op_id)
-            op["operationId"] = op_id
+        for op in operations.values():
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             if "requestBody" in op:

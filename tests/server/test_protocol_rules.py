@@ -4,11 +4,17 @@ types instead of coercions, finite bounds on every numeric field, bounded stop l
 from __future__ import annotations
 
 import json
-from typing import Any
+import warnings
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from surge.server.api_server import build_app
+from surge.server.drain import InFlight
+from surge.server.serving_common import ServerState
 from tests.server.conftest import Server
 
 CMPL = "/v1/completions"
@@ -57,6 +63,32 @@ def test_openapi_documents_what_the_server_does(server: Server) -> None:
     assert (n["minimum"], n["maximum"]) == (1, 128)
     chat = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert {"type": "null"} in chat["n"]["anyOf"] and chat["echo"]["type"] == "boolean"
+
+
+def test_openapi_builds_without_warnings() -> None:
+    """/health and /metrics answer GET and HEAD; the schema gives each method its own operation
+    id, so building it (the first /openapi.json or /docs) warns of no duplicate operation id."""
+    state = SimpleNamespace(  # building the schema never touches the engine (no lifespan here)
+        client=SimpleNamespace(is_ready=True),
+        api_keys=(),
+        in_flight=InFlight(),
+        metrics_require_key=False,
+        max_request_body_bytes=1 << 20,
+        body_read_timeout=10.0,
+    )
+    client = TestClient(build_app(cast(ServerState, state), web_ui=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schema = client.get("/openapi.json").json()
+    assert client.get("/docs").status_code == 200
+    for path in ("/health", "/metrics"):
+        ops = schema["paths"][path]
+        assert set(ops) == {"get", "head"}, path
+        name = path.strip("/")
+        assert [ops[m]["operationId"] for m in ("get", "head")] == [
+            f"{name}_{name}_get",
+            f"{name}_{name}_head",
+        ]
 
 
 @pytest.mark.parametrize(
