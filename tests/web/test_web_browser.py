@@ -122,6 +122,31 @@ def test_max_tokens_5(page: Any, web_server: Server) -> None:
     assert m["finish"] == "length"
 
 
+def test_max_tokens_auto_by_default(page: Any, web_server: Server) -> None:
+    """An empty max tokens ("auto") asks for all the room left: chat leaves max_tokens out,
+    completions send null (their default is 16). A chat whose prompt is over half the bundled
+    model's 512-token context then still gets an answer (a fixed default of 256 was a 400)."""
+    open_playground(page, web_server)
+    assert page.input_value("#max_tokens") == ""
+    assert page.get_attribute("#max_tokens", "placeholder") == "auto"
+    page.check("#ignore_eos")
+    page.fill("#prompt", " ".join(["Tom had a big red ball and he liked to play with it."] * 25))
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert "max_tokens" not in req.value.post_data_json
+    m = wait_finished(page)
+    assert page.locator(".msg.error").count() == 0
+    assert m["state"] == "done" and m["finish"] == "length", m
+    assert 1 <= int(m["tokens"]) < 256
+    page.click("#mode [data-mode=completion]")
+    page.fill("#prompt", "Once upon a time")
+    with page.expect_request("**/v1/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["max_tokens"] is None
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["finish"] == "length" and int(m["tokens"]) > 16, m
+
+
 def test_settings_history_new_chat_and_completion_mode(page: Any, web_server: Server) -> None:
     open_playground(page, web_server)
     page.fill("#system", "You tell short stories.")

@@ -56,8 +56,10 @@
     return Number.isInteger(n) ? n : null;
   }
 
-  /** The request fields common to both endpoints, from the settings panel. */
-  function samplingFields() {
+  /** The request fields common to both endpoints, from the settings panel. An empty max tokens
+   * ("auto") asks for all the room left in the context: chat's default; completions default to
+   * 16, so they send max_tokens: null (vLLM's "all the room left"). */
+  function samplingFields(chat) {
     const body = {
       model: ui.model.value,
       stream: true,
@@ -67,6 +69,7 @@
     };
     const maxTokens = intOrNull(ui.maxTokens);
     if (maxTokens !== null) body.max_tokens = maxTokens;
+    else if (!chat) body.max_tokens = null;
     const topK = intOrNull(ui.topK);
     if (topK !== null) body.top_k = topK;
     const seed = intOrNull(ui.seed);
@@ -278,7 +281,7 @@
       }
     }
     const chat = state.mode === "chat";
-    const body = samplingFields();
+    const body = samplingFields(chat);
     let url;
     if (chat) {
       state.history.push({ role: "user", content: text });
