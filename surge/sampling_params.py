@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import numbers
+import reprlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import msgspec
 
@@ -29,6 +32,133 @@ _NEUTRAL: dict[str, float | int] = {
 """Values of the model-default fields when neither the caller nor the model sets them."""
 
 
+def _got(value: object) -> str:
+    """``value``'s type and a bounded repr, for an error message."""
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def _is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (NumPy's included), not a bool."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def _is_real(value: object) -> bool:
+    """Whether ``value`` is an int or a real number (NumPy's included), not a bool."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
+def _as_int(name: str, value: object) -> int:
+    """``value`` as a Python int.
+
+    Raises:
+        ValueError: ``value`` is a bool, a float (even ``2.0``), None or not a number.
+    """
+    if not _is_int(value):
+        raise ValueError(f"{name} must be an integer, got {_got(value)}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _as_float(name: str, value: object) -> float:
+    """``value`` as a Python float.
+
+    Raises:
+        ValueError: ``value`` is a bool, None or not a real number.
+    """
+    if not _is_real(value):
+        raise ValueError(f"{name} must be a number, got {_got(value)}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _as_bool(name: str, value: object) -> bool:
+    """``value``, which must be a bool.
+
+    Raises:
+        ValueError: ``value`` is not a bool (``0`` and ``1`` included).
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a boolean, got {_got(value)}")
+    return value
+
+
+def _as_ints(name: str, value: object) -> tuple[int, ...]:
+    """``value`` (a list or tuple of integers) as a tuple of Python ints.
+
+    Raises:
+        ValueError: not a list or tuple, or an element that is not an integer (a bool included).
+    """
+    if not isinstance(value, list | tuple) or not all(_is_int(v) for v in value):
+        raise ValueError(f"{name} must be a list of integers, got {_got(value)}")
+    return tuple(int(v) for v in value)
+
+
+def _as_strs(name: str, value: object) -> tuple[str, ...]:
+    """``value`` (a string, or a list or tuple of strings) as a tuple of strings.
+
+    Raises:
+        ValueError: neither a string nor a list or tuple of strings.
+    """
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{name} must be a string or a list of strings, got {_got(value)}")
+    return tuple(value)
+
+
+def _as_token_seqs(name: str, value: object) -> tuple[tuple[int, ...], ...]:
+    """``value`` (a list or tuple of lists or tuples of integers) as tuples of Python ints.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(w, list | tuple) and all(_is_int(t) for t in w) for w in value
+    ):
+        raise ValueError(f"{name} must be a list of lists of integers, got {_got(value)}")
+    return tuple(tuple(int(t) for t in w) for w in value)
+
+
+def _as_bias(name: str, value: object) -> dict[int, float]:
+    """``value`` (a mapping of integer token ids to numbers) as a dict of Python ints to floats.
+
+    Raises:
+        ValueError: not a mapping, a key that is not an integer (a string such as ``"5"``
+            included) or a value that is not a number.
+    """
+    if not isinstance(value, Mapping) or not all(_is_int(k) and _is_real(v) for k, v in value.items()):
+        raise ValueError(f"{name} must be a dict of integer token ids to numbers, got {_got(value)}")
+    return {int(k): float(v) for k, v in value.items()}
+
+
+def _as_structured(name: str, value: object) -> StructuredOutputsParams:
+    """``value``, which must be a :class:`StructuredOutputsParams`.
+
+    Raises:
+        ValueError: ``value`` is of another type (a dict included).
+    """
+    if not isinstance(value, StructuredOutputsParams):
+        raise ValueError(f"{name} must be a StructuredOutputsParams, got {_got(value)}")
+    return value
+
+
+def _as_default_fields(name: str, value: object) -> tuple[str, ...]:
+    """``value`` (a list or tuple of names of ``MODEL_DEFAULT_FIELDS``) as a tuple.
+
+    Raises:
+        ValueError: not a list or tuple, or an element that is not such a name.
+    """
+    if not isinstance(value, list | tuple) or not all(f in MODEL_DEFAULT_FIELDS for f in value):
+        raise ValueError(f"{name} must be a list of names among {MODEL_DEFAULT_FIELDS}, got {_got(value)}")
+    return tuple(value)
+
+
+_Check = Callable[[str, Any], Any]
+
+
+def _optional(check: _Check) -> _Check:
+    """``check`` that lets None through."""
+    return lambda name, value: None if value is None else check(name, value)
+
+
 class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
     """A grammar the output must follow (vLLM's ``StructuredOutputsParams``); exactly one
     of the constraint fields is set. Compiled by xgrammar in the engine
@@ -45,7 +175,9 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
             the output is free.
 
     Raises:
-        ValueError: no constraint or more than one, or an empty field.
+        ValueError: no constraint or more than one, an empty field, or a field of the wrong
+            type (``json_object`` not a bool, ``reasoning_end_token_id`` not a non-negative
+            integer or None).
     """
 
     json: str | None = None
@@ -57,6 +189,15 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         import json as _json
+
+        _as_bool("structured_outputs.json_object", self.json_object)
+        if self.reasoning_end_token_id is not None:
+            token = _as_int("structured_outputs.reasoning_end_token_id", self.reasoning_end_token_id)
+            if not 0 <= token <= _INT32_MAX:
+                raise ValueError(
+                    f"structured_outputs.reasoning_end_token_id must be in [0, {_INT32_MAX}], got {token}"
+                )
+            msgspec.structs.force_setattr(self, "reasoning_end_token_id", token)
 
         if isinstance(self.json, dict | list | bool):
             msgspec.structs.force_setattr(self, "json", _json.dumps(self.json))
@@ -151,7 +292,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         model_default_fields: the model-default fields the caller left out (set on construction).
 
     Raises:
-        ValueError: on construction, naming the field that is out of range. Integers are
+        ValueError: on construction, naming the field that is of the wrong type or out of
+            range. Types are those declared: an integer field takes an int (a NumPy integer is
+            converted; a bool or a float such as ``1.5`` or ``2.0`` is refused), a float field an
+            int or a float (not a bool), a bool field a bool, a sequence field a list or tuple
+            of its element type (``stop`` and ``bad_words`` also one string), ``logit_bias`` a
+            dict of int token ids to numbers; None only where the type allows it. Integers are
             bounded (counts and token ids by 2**31 - 1, seeds by +-2**63) and floats must be
             finite, so no value can overflow the engine's int64 tensors or its msgpack messages.
     """
@@ -183,32 +329,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     model_default_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name, (exact, check) in _FIELD_CHECKS.items():
+            value = getattr(self, name)
+            if type(value) in exact or (not exact and type(value) is tuple and not value):
+                continue
+            msgspec.structs.force_setattr(self, name, check(name, value))
         left_out = [name for name in MODEL_DEFAULT_FIELDS if getattr(self, name) is None]
         if left_out:
             for name in left_out:
                 msgspec.structs.force_setattr(self, name, _NEUTRAL[name])
             merged = tuple(n for n in MODEL_DEFAULT_FIELDS if n in left_out or n in self.model_default_fields)
             msgspec.structs.force_setattr(self, "model_default_fields", merged)
-        if isinstance(self.stop, str):
-            msgspec.structs.force_setattr(self, "stop", (self.stop,))
-        elif isinstance(self.stop, list):
-            msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
-        if isinstance(self.stop_token_ids, list):
-            msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if isinstance(self.allowed_token_ids, list):
-            msgspec.structs.force_setattr(self, "allowed_token_ids", tuple(self.allowed_token_ids))
-        if isinstance(self.bad_words, str):
-            msgspec.structs.force_setattr(self, "bad_words", (self.bad_words,))
-        elif isinstance(self.bad_words, list):
-            msgspec.structs.force_setattr(self, "bad_words", tuple(self.bad_words))
-        if isinstance(self.bad_words_token_ids, list):
-            msgspec.structs.force_setattr(
-                self, "bad_words_token_ids", tuple(tuple(w) for w in self.bad_words_token_ids)
-            )
-        if self.logit_bias is not None:
-            msgspec.structs.force_setattr(
-                self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()}
-            )
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
         floats = (
@@ -354,6 +485,46 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         output). Asynchronous scheduling applies such a request's step before scheduling
         the next one."""
         return self.structured_outputs is not None or self.needs_token_history
+
+
+_INT = (int,)
+_OPT_INT = (int, type(None))
+_FLOAT = (float,)
+_OPT_FLOAT = (float, type(None))
+_BOOL = (bool,)
+_SEQ: tuple[type, ...] = ()
+_FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
+    "n": (_INT, _as_int),
+    "max_tokens": (_INT, _as_int),
+    "min_tokens": (_INT, _as_int),
+    "ignore_eos": (_BOOL, _as_bool),
+    "temperature": (_OPT_FLOAT, _optional(_as_float)),
+    "top_p": (_OPT_FLOAT, _optional(_as_float)),
+    "top_k": (_OPT_INT, _optional(_as_int)),
+    "min_p": (_OPT_FLOAT, _optional(_as_float)),
+    "seed": (_OPT_INT, _optional(_as_int)),
+    "stop_token_ids": (_SEQ, _as_ints),
+    "stop": (_SEQ, _as_strs),
+    "include_stop_str_in_output": (_BOOL, _as_bool),
+    "skip_special_tokens": (_BOOL, _as_bool),
+    "spaces_between_special_tokens": (_BOOL, _as_bool),
+    "presence_penalty": (_FLOAT, _as_float),
+    "frequency_penalty": (_FLOAT, _as_float),
+    "repetition_penalty": (_OPT_FLOAT, _optional(_as_float)),
+    "logprobs": (_OPT_INT, _optional(_as_int)),
+    "prompt_logprobs": (_OPT_INT, _optional(_as_int)),
+    "structured_outputs": ((StructuredOutputsParams, type(None)), _optional(_as_structured)),
+    "logit_bias": ((type(None),), _optional(_as_bias)),
+    "allowed_token_ids": ((type(None),), _optional(_as_ints)),
+    "bad_words": (_SEQ, _as_strs),
+    "bad_words_token_ids": (_SEQ, _as_token_seqs),
+    "model_default_fields": (_SEQ, _as_default_fields),
+}
+"""Each SamplingParams field (in field order): the exact types that need no check (a bare
+int, float or bool; None where allowed; none for a sequence field, where only an empty tuple
+needs none), and the check that raises ``ValueError`` for a wrong type or returns the value
+normalized (tuples of Python ints / strings, a dict of int -> float, Python ints and floats
+for NumPy scalars)."""
 
 
 def stop_reason_of(stop_token_id: int | None, stop_token_ids: tuple[int, ...]) -> int | None:

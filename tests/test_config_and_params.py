@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+import numpy as np
 import pytest
 
 from surge.config import ModelConfig
 from surge.engine.llm_engine import split_n
-from surge.sampling_params import SamplingParams
+from surge.sampling_params import _FIELD_CHECKS, SamplingParams, StructuredOutputsParams
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,111 @@ from surge.sampling_params import SamplingParams
 def test_out_of_range_sampling_params_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+_WRONG_TYPES: list[tuple[str, object]] = [
+    # integers: no bool, no float (even integral), no None unless declared
+    ("n", 1.5),
+    ("n", 2.0),
+    ("n", True),
+    ("n", None),
+    ("max_tokens", None),
+    ("max_tokens", "16"),
+    ("min_tokens", False),
+    ("top_k", True),
+    ("top_k", 5.0),
+    ("seed", 1.5),
+    ("seed", True),
+    ("logprobs", True),
+    ("logprobs", 1.0),
+    ("prompt_logprobs", True),
+    ("prompt_logprobs", "5"),
+    # floats: int or float, no bool, no None unless declared
+    ("temperature", True),
+    ("temperature", "0.5"),
+    ("top_p", False),
+    ("min_p", [0.1]),
+    ("presence_penalty", None),
+    ("frequency_penalty", True),
+    ("repetition_penalty", True),
+    # bools
+    ("ignore_eos", 1),
+    ("include_stop_str_in_output", None),
+    ("skip_special_tokens", "yes"),
+    ("spaces_between_special_tokens", 0),
+    # sequences
+    ("stop", None),
+    ("stop", [1]),
+    ("stop", b"x"),
+    ("stop_token_ids", 5),
+    ("stop_token_ids", [True]),
+    ("stop_token_ids", (1.0,)),
+    ("stop_token_ids", None),
+    ("allowed_token_ids", [1, 2.5]),
+    ("allowed_token_ids", {1, 2}),
+    ("bad_words", [None]),
+    ("bad_words_token_ids", [1, 2]),
+    ("bad_words_token_ids", [[1, False]]),
+    ("logit_bias", {"5": 1.0}),
+    ("logit_bias", {True: 1.0}),
+    ("logit_bias", {5: "1"}),
+    ("logit_bias", [(5, 1.0)]),
+    ("structured_outputs", {"regex": "a"}),
+    ("model_default_fields", "temperature"),
+    ("model_default_fields", ("temperature", "seed")),
+]
+
+
+def test_every_field_has_a_type_check() -> None:
+    assert tuple(_FIELD_CHECKS) == SamplingParams.__struct_fields__
+    assert {name for name, _ in _WRONG_TYPES} == set(SamplingParams.__struct_fields__)
+
+
+@pytest.mark.parametrize(("field", "value"), _WRONG_TYPES)
+def test_wrong_types_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must be "):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("json_object", 1), ("reasoning_end_token_id", True), ("reasoning_end_token_id", -1)],
+)
+def test_structured_outputs_wrong_types_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"^structured_outputs\.{field} must be "):
+        StructuredOutputsParams(regex="a", **{field: value})  # type: ignore[arg-type]
+
+
+def test_accepted_values_are_normalized_to_the_declared_types() -> None:
+    p = SamplingParams(
+        n=np.int64(2),
+        max_tokens=np.int32(8),
+        seed=np.uint8(3),
+        top_k=-1,
+        temperature=1,
+        top_p=np.float32(0.5),
+        presence_penalty=1,
+        stop="x",
+        stop_token_ids=[np.int64(7)],
+        allowed_token_ids=[1, 2],
+        bad_words=["a"],
+        bad_words_token_ids=[[1, 2]],
+        logit_bias={np.int64(3): 1},
+        logprobs=np.int16(2),
+        structured_outputs=StructuredOutputsParams(regex="a", reasoning_end_token_id=np.int64(4)),
+    )
+    for name in ("n", "max_tokens", "seed", "top_k", "logprobs"):
+        assert type(getattr(p, name)) is int, name
+    for name in ("temperature", "top_p", "presence_penalty", "min_p", "repetition_penalty"):
+        assert type(getattr(p, name)) is float, name
+    assert (p.n, p.max_tokens, p.seed, p.top_k, p.logprobs) == (2, 8, 3, 0, 2)
+    assert p.stop == ("x",) and p.stop_token_ids == (7,) and type(p.stop_token_ids[0]) is int
+    assert p.allowed_token_ids == (1, 2) and p.bad_words == ("a",) and p.bad_words_token_ids == ((1, 2),)
+    assert p.logit_bias == {3: 1.0} and [type(k) for k in p.logit_bias] == [int]
+    assert type(p.structured_outputs.reasoning_end_token_id) is int  # type: ignore[union-attr]
+    assert p.model_default_fields == ("min_p", "repetition_penalty")
+    # What the engine sends to its workers (tensor parallelism) decodes back unchanged.
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
 
 
 def test_split_n_keeps_seeds_in_range() -> None:
