@@ -154,6 +154,10 @@ class LLM:
             ValueError: a prompt that can never fit, mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
                 bad-word token id outside the vocabulary.
+
+        Whatever exception leaves this call (an engine step that fails, a KeyboardInterrupt)
+        first aborts the requests it added, so the engine is left with none of them and the
+        next call starts clean.
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
@@ -173,6 +177,42 @@ class LLM:
         params_list = [self._with_bad_word_ids(p) for p in params_list]
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
+        added: list[str] = []
+        try:
+            self._add_requests(prompt_list, params_list, results, children, added)
+            self._run(children, results)
+        except BaseException:
+            self._abort(added)
+            raise
+        for child in children.values():
+            results[child.parent].outputs.append(
+                CompletionOutput(
+                    child.index,
+                    child.detokenizer.text,
+                    child.token_ids,
+                    child.finish_reason,
+                    child.stop_reason,
+                    child.logprobs,
+                )
+            )
+        for result in results:
+            result.outputs.sort(key=lambda o: o.index)
+        return results
+
+    def _add_requests(
+        self,
+        prompt_list: list[PromptType],
+        params_list: list[SamplingParams],
+        results: list[RequestOutput],
+        children: dict[str, _Child],
+        added: list[str],
+    ) -> None:
+        """Add one engine request per prompt and choice, appending to ``results`` (one empty
+        output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
+
+        Raises:
+            ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
+        """
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
             token_ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
             request_id = f"llm-{self._next_id}"
@@ -184,11 +224,8 @@ class LLM:
                 if index > 0 and child_params.prompt_logprobs is not None:
                     # The prompt's logprobs are the same for every child: the first computes them.
                     child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
-                try:
-                    self.engine.add_request(child_id, token_ids, child_params)
-                except ValueError:
-                    self.engine.abort_requests(list(children))
-                    raise
+                self.engine.add_request(child_id, token_ids, child_params)
+                added.append(child_id)
                 detok = IncrementalDetokenizer(
                     self.tokenizer,
                     token_ids,
@@ -206,21 +243,16 @@ class LLM:
                     stop_token_ids=child_params.stop_token_ids,
                     logprobs=[] if child_params.logprobs is not None else None,
                 )
-        self._run(children, results)
-        for child in children.values():
-            results[child.parent].outputs.append(
-                CompletionOutput(
-                    child.index,
-                    child.detokenizer.text,
-                    child.token_ids,
-                    child.finish_reason,
-                    child.stop_reason,
-                    child.logprobs,
-                )
-            )
-        for result in results:
-            result.outputs.sort(key=lambda o: o.index)
-        return results
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Abort ``request_ids`` (a :meth:`generate` that raised) and settle the step in
+        flight, so that the engine holds nothing of them. A failure of that step is logged, not
+        raised: the caller re-raises the exception that got it here."""
+        self.engine.abort_requests(request_ids)
+        try:
+            self.engine.finish_in_flight()
+        except Exception:
+            logger.warning("the step in flight failed while aborting a generate() call", exc_info=True)
 
     def _with_bad_word_ids(self, params: SamplingParams) -> SamplingParams:
         """``params`` with its ``bad_words`` tokenized into ``bad_words_token_ids``."""
@@ -260,8 +292,7 @@ class LLM:
             outputs = self.engine.step()
             errors = self.engine.take_request_errors()
             if errors:
-                self.engine.abort_requests(list(pending))
-                raise ValueError(errors[0][1])
+                raise ValueError(errors[0][1])  # generate() aborts the call's requests
             if not outputs and not self.engine.has_unfinished_requests():
                 break
             for out in outputs:

@@ -391,8 +391,12 @@ class LLMEngine:
                         for s in scheduler_output.scheduled
                     )
                 launched = _InFlight(scheduler_output, handle, exact)
-        outputs += self._apply_in_flight()
-        self._in_flight = launched
+        try:
+            outputs += self._apply_in_flight()
+        finally:
+            # Kept even when waiting for the previous step raised (e.g. KeyboardInterrupt):
+            # :meth:`finish_in_flight` can then settle it.
+            self._in_flight = launched
         return outputs
 
     def _apply_in_flight(self) -> list[EngineOutput]:
@@ -401,6 +405,20 @@ class LLMEngine:
         if in_flight is None:
             return []
         return self.scheduler.update(in_flight.scheduler_output, in_flight.handle.result())
+
+    def finish_in_flight(self) -> list[EngineOutput]:
+        """Wait for the step in flight (asynchronous scheduling), if any, and apply it now
+        instead of in the next :meth:`step`; requests aborted since its launch get nothing.
+        After :meth:`abort_requests` of every request, the engine then has none unfinished.
+
+        Returns:
+            The new tokens of the requests it sampled that are still running.
+
+        Raises:
+            Exception: whatever the executor raises while waiting for the step (the step is
+                dropped all the same).
+        """
+        return self._apply_in_flight()
 
     def has_unfinished_requests(self) -> bool:
         return (

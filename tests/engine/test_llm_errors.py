@@ -1,0 +1,114 @@
+"""An exception that leaves ``LLM.generate()`` (an engine step that fails, a KeyboardInterrupt)
+aborts the call's requests: the engine holds none of them and the next call gives the same
+tokens as a fresh one, with synchronous and asynchronous scheduling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from surge import LLM, SamplingParams
+
+PROMPTS = ["Once upon a time", "Lily and Tim", "The dog"]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True, n=2)
+
+
+class _Boom(Exception):
+    """The failure the tests inject."""
+
+
+class _FailingHandle:
+    """A step handle whose :meth:`result` raises (waiting for a step in flight fails)."""
+
+    def __init__(self, handle: Any, exc: BaseException) -> None:
+        self._handle = handle
+        self._exc = exc
+
+    def result(self) -> Any:
+        raise self._exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
+def _tokens(llm: LLM) -> list[list[list[int]]]:
+    return [
+        [c.token_ids for c in o.outputs]
+        for o in llm.generate(PROMPTS, PARAMS) + llm.generate(PROMPTS, SEEDED)
+    ]
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[list[list[int]]]:
+    return _tokens(LLM(device="cpu", async_scheduling=False))
+
+
+def _fail_once(monkeypatch: pytest.MonkeyPatch, llm: LLM, exc: BaseException, where: str) -> list[Any]:
+    """Make the engine's 4th step fail with ``exc``: the runner's launch raises ("launch"), or
+    (asynchronous scheduling) the wait for a launched step does ("wait").
+
+    Returns:
+        The step handles the runner launched (asynchronous scheduling), but the failing one.
+    """
+    runner = llm.engine.runner
+    name = "execute_async" if llm.engine.async_scheduling else "execute"
+    real = getattr(runner, name)
+    launched: list[Any] = []
+    calls = 0
+
+    def failing(scheduler_output: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 4 and where == "launch":
+            raise exc
+        out = real(scheduler_output)
+        if calls == 4:
+            return _FailingHandle(out, exc)
+        if llm.engine.async_scheduling:
+            launched.append(out)
+        return out
+
+    monkeypatch.setattr(runner, name, failing)
+    return launched
+
+
+@pytest.mark.parametrize(
+    ("async_scheduling", "where"),
+    [(False, "launch"), (True, "launch"), (True, "wait")],
+    ids=["sync", "async-launch", "async-wait"],
+)
+@pytest.mark.parametrize("exc", [_Boom("step failed"), KeyboardInterrupt()], ids=["error", "interrupt"])
+@pytest.mark.parametrize("params", [PARAMS, SEEDED], ids=["greedy", "seeded"])
+def test_generate_that_raises_leaves_the_llm_usable(
+    monkeypatch: pytest.MonkeyPatch,
+    expected: list[list[list[int]]],
+    async_scheduling: bool,
+    where: str,
+    exc: BaseException,
+    params: SamplingParams,
+) -> None:
+    """Greedy steps stay in flight across the next launch; seeded ones (token history) are
+    applied before it: a failed wait leaves a launched step behind only in the first case."""
+    llm = LLM(device="cpu", async_scheduling=async_scheduling)
+    launched = _fail_once(monkeypatch, llm, exc, where)
+    with pytest.raises(type(exc)):
+        llm.generate(PROMPTS, params)
+    engine = llm.engine
+    assert not engine.has_unfinished_requests()
+    assert all(h._done for h in launched)  # no launched step is left unresolved
+    stats = engine.get_stats()
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_free_blocks == stats.num_total_blocks
+    monkeypatch.undo()
+    assert _tokens(llm) == expected
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_request_the_engine_refuses_aborts_the_ones_added_before() -> None:
+    llm = LLM(device="cpu", async_scheduling=False)
+    too_long = [1] * (llm.engine.max_model_len + 1)
+    with pytest.raises(ValueError):
+        llm.generate(["Once upon a time", too_long], PARAMS)
+    assert not llm.engine.has_unfinished_requests()
