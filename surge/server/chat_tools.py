@@ -12,7 +12,12 @@ output parser that turns the generated text into ``content``, ``reasoning_conten
   limits ``required`` to one call.
 - ``--reasoning-parser``: ``<think>...</think>`` becomes ``reasoning_content`` (unless
   ``chat_template_kwargs.enable_thinking`` is false); a grammar then applies only after the
-  ``</think>`` token.
+  ``</think>`` token. The parser agrees with the grammar: with a grammar that waits for
+  ``</think>``, the output starts inside the reasoning (everything before ``</think>`` is
+  ``reasoning_content``, the constrained answer after it is the content or the forced calls),
+  with a grammar from the first token it does not; without a grammar, it also starts inside
+  the reasoning when the rendered prompt ends with an open ``<think>`` (templates that write
+  it for the model). A choice whose reasoning never ends has ``content: null`` and no calls.
 
 Streamed through a parser, a chunk whose delta would carry nothing (the parser holds or took the
 text) is not sent (:func:`is_empty_delta`); the first chunk (with the role), the finishing one
@@ -33,7 +38,7 @@ from surge.server.errors import bad_request
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
 from surge.server.parsers.base import ToolParser
 from surge.server.parsers.forced import NamedToolParser, RequiredToolParser, required_schema
-from surge.server.parsers.reasoning import THINK_END
+from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
 from surge.server.structured_request import structured_outputs_of, validate
 
 
@@ -45,21 +50,45 @@ class ChatPlan:
         tools: the function definitions for the chat template, or None.
         structured_outputs: the grammar for the engine (the request's, or the one
             ``tool_choice`` forces), or None.
-        make_parser: builds one choice's output parser; None when the output is plain content.
-        reasoning: whether ``reasoning_content`` is reported.
+        reasoning_parser: the reasoning parser's class, or None (no ``reasoning_content``).
+        tool_parser: builds one choice's tool parser, or None (the answer is all content).
+        starts_in_reasoning: the output starts inside the reasoning (the grammar waits for
+            ``</think>``, or the prompt opened ``<think>``: :meth:`see_prompt`); None: the
+            reasoning parser's own default.
     """
 
     tools: list[dict[str, Any]] | None
     structured_outputs: StructuredOutputsParams | None
-    make_parser: Callable[[], ChatOutputParser] | None
-    reasoning: bool
+    reasoning_parser: type[ReasoningParser] | None = None
+    tool_parser: Callable[[], ToolParser] | None = None
+    starts_in_reasoning: bool | None = None
+
+    @property
+    def reasoning(self) -> bool:
+        """Whether ``reasoning_content`` is reported."""
+        return self.reasoning_parser is not None
+
+    def see_prompt(self, tokenizer: Any, prompt_ids: list[int]) -> None:
+        """Note whether the rendered prompt ends inside an open ``<think>`` (the template
+        opened it for the model), unless a grammar already decides where the reasoning is."""
+        if self.reasoning_parser is None or self.structured_outputs is not None:
+            return
+        if prompt_opens_reasoning(tokenizer, prompt_ids):
+            self.starts_in_reasoning = True
+
+    def new_parser(self) -> ChatOutputParser | None:
+        """One choice's output parser; None when the output is plain content."""
+        if self.reasoning_parser is None and self.tool_parser is None:
+            return None
+        reasoning = None if self.reasoning_parser is None else self.reasoning_parser(self.starts_in_reasoning)
+        return ChatOutputParser(reasoning, None if self.tool_parser is None else self.tool_parser())
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The non-streamed ``message`` of one choice and its finish reason ("tool_calls"
         when the model called tools and stopped)."""
-        if self.make_parser is None:
+        parser = self.new_parser()
+        if parser is None:
             return {"role": "assistant", "content": text}, finish_reason
-        parser = self.make_parser()
         d = parser.parse(text)
         calls: dict[int, dict[str, Any]] = {}
         for t in d.tool_calls:
@@ -70,7 +99,8 @@ class ChatPlan:
                     "function": {"name": t.name, "arguments": ""},
                 }
             calls[t.index]["function"]["arguments"] += t.arguments
-        msg: dict[str, Any] = {"role": "assistant", "content": d.content or (None if calls else "")}
+        no_answer = bool(calls) or parser.in_reasoning
+        msg: dict[str, Any] = {"role": "assistant", "content": d.content or (None if no_answer else "")}
         if self.reasoning:
             msg["reasoning_content"] = d.reasoning or None
         if calls:
@@ -91,7 +121,14 @@ class ChatPlan:
             d.extend(parser.finish())
             if finish_reason == "stop" and parser.has_tool_calls:
                 finish_reason = "tool_calls"
-        return head | _delta_fields(d), finish_reason
+        return head | _delta_fields(d, parser.in_reasoning), finish_reason
+
+
+def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
+    """Whether a rendered chat prompt ends with ``<think>`` (and whitespace): the template
+    opened the reasoning, so the output starts inside it."""
+    tail = tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False)
+    return tail.rstrip().endswith(THINK_START)
 
 
 def is_empty_delta(delta: dict[str, Any]) -> bool:
@@ -104,11 +141,14 @@ def is_empty_delta(delta: dict[str, Any]) -> bool:
     )
 
 
-def _delta_fields(d: DeltaMessage) -> dict[str, Any]:
+def _delta_fields(d: DeltaMessage, in_reasoning: bool) -> dict[str, Any]:
+    """The delta's fields; ``content`` only with text, or alone (``""``) outside the
+    reasoning: a choice still inside it (or that never left it) has no answer yet, as its
+    message's ``content`` is null."""
     out: dict[str, Any] = {}
     if d.reasoning:
         out["reasoning_content"] = d.reasoning
-    if d.content or not (d.reasoning or d.tool_calls):
+    if d.content or not (d.reasoning or d.tool_calls or in_reasoning):
         out["content"] = d.content
     if d.tool_calls:
         out["tool_calls"] = [t.to_openai() for t in d.tool_calls]
@@ -202,18 +242,15 @@ def plan_chat(
     reasoning_cls = None
     if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
         reasoning_cls = REASONING_PARSERS[reasoning_parser]
+    starts_in_reasoning = None
     if structured is not None and reasoning_cls is not None:
+        # the parser reads the output as the grammar does: free reasoning up to the first
+        # </think> token, the constrained answer after it; or constrained from the start
         end_id = _single_token_id(tokenizer, THINK_END)
         if end_id is not None:
             structured = msgspec.structs.replace(structured, reasoning_end_token_id=end_id)
-    make_parser = None
-    if reasoning_cls is not None or tool_parser is not None:
-        r_cls, t_cls = reasoning_cls, tool_parser
-
-        def make_parser() -> ChatOutputParser:
-            return ChatOutputParser(r_cls() if r_cls else None, t_cls() if t_cls else None)
-
-    return ChatPlan(tools, structured, make_parser, reasoning_cls is not None)
+        starts_in_reasoning = end_id is not None
+    return ChatPlan(tools, structured, reasoning_cls, tool_parser, starts_in_reasoning)
 
 
 def _single_token_id(tokenizer: Any, text: str) -> int | None:

@@ -64,6 +64,7 @@ async def create_chat_completion(
         add_special_tokens=bool(body.add_special_tokens),
     )
     prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens)
+    plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     params = build_sampling_params(
         body,
@@ -113,9 +114,7 @@ async def create_chat_completion(
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
 
-    parsers = {}
-    if plan.make_parser is not None:
-        parsers = {c.index: plan.make_parser() for c in gen.choices}
+    parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []

@@ -92,11 +92,13 @@ def _check(make: Callable[[], ChatOutputParser], text: str) -> Result:
     return whole
 
 
-def _parser(tools: str | None = None, reasoning: str | None = None) -> Callable[[], ChatOutputParser]:
+def _parser(
+    tools: str | None = None, reasoning: str | None = None, starts_in_reasoning: bool | None = None
+) -> Callable[[], ChatOutputParser]:
     def make() -> ChatOutputParser:
         ids = _ids()
         return ChatOutputParser(
-            REASONING_PARSERS[reasoning]() if reasoning else None,
+            REASONING_PARSERS[reasoning](starts_in_reasoning) if reasoning else None,
             TOOL_PARSERS[tools](ids) if tools else None,
         )
 
@@ -207,3 +209,53 @@ def test_forced_required_and_named() -> None:
         return ChatOutputParser(None, NamedToolParser("f", _ids()))
 
     assert _check(named, '{"a": 1}') == ("", "", [("f", '{"a": 1}')])
+
+
+def _forced(kind: str, starts_in_reasoning: bool | None = True) -> Callable[[], ChatOutputParser]:
+    """qwen3 reasoning, then a forced ``tool_choice`` (``"required"`` or the named ``f``)."""
+
+    def make() -> ChatOutputParser:
+        tools = RequiredToolParser(_ids()) if kind == "required" else NamedToolParser("f", _ids())
+        return ChatOutputParser(REASONING_PARSERS["qwen3"](starts_in_reasoning), tools)
+
+    return make
+
+
+@pytest.mark.parametrize(("think", "lead"), [("", ""), ("<think>", ""), ("\n<think>\n", "\n")])
+def test_forced_calls_after_reasoning_without_or_with_think(think: str, lead: str) -> None:
+    """A grammar gated on ``</think>`` makes the output reasoning up to it, whether or not the
+    model wrote ``<think>`` (the template may have put it in the prompt; a random model skips
+    it): the forced calls are parsed from the text after ``</think>`` only, and stay JSON."""
+    reasoning = "Weather first, then the time.\n"
+    required = (
+        think
+        + reasoning
+        + '</think>\n\n[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}]'
+    )
+    calls = [("f", '{"a": 1}'), ("g", "{}")]
+    assert _check(_forced("required"), required) == ("", lead + reasoning, calls)
+    named = think + reasoning + '</think>\n\n{"a": [1, "</think>"]}'
+    assert _check(_forced("named"), named) == ("", lead + reasoning, [("f", '{"a": [1, "</think>"]}')])
+
+
+@pytest.mark.parametrize("kind", ["required", "named"])
+def test_forced_call_whose_reasoning_never_ends(kind: str) -> None:
+    """Cut (or stopped) before ``</think>``: all reasoning, no call, no answer."""
+    for text in ["Still thinking about [{", "<think>Still thinking {"]:
+        make = _forced(kind)
+        assert _check(make, text) == ("", text.removeprefix("<think>"), [])
+        parser = make()
+        parser.parse(text)
+        assert parser.in_reasoning and not parser.has_tool_calls
+
+
+def test_json_answer_after_reasoning_without_think() -> None:
+    """``response_format`` with a reasoning parser: the content is the JSON after ``</think>``."""
+    gated = _parser(reasoning="qwen3", starts_in_reasoning=True)
+    assert _check(gated, 'Hmm.</think>\n{"a": 1}') == ('{"a": 1}', "Hmm.", [])
+    assert _check(gated, "Hmm, cut") == ("", "Hmm, cut", [])
+    # a grammar from the first token (no single-token </think>): the output is the answer
+    ungated = _parser(reasoning="deepseek_r1", starts_in_reasoning=False)
+    assert _check(ungated, '{"a": 1}') == ('{"a": 1}', "", [])
+    # the prompt opened <think> (no grammar): reasoning until </think>, as deepseek_r1
+    assert _check(gated, "<think>Hmm</think>Paris") == ("Paris", "Hmm", [])

@@ -21,6 +21,10 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
 class ChatOutputParser:
     """One choice's text through an optional reasoning parser, then an optional tool parser.
 
+    The tool parser sees only the answer: nothing while the output is (or may still be) the
+    reasoning, so a forced call's arguments are exactly the text the grammar constrained after
+    ``</think>``; an output whose reasoning never ends has no tool calls.
+
     Args:
         reasoning: splits reasoning from the answer, or None.
         tools: finds tool calls in the answer, or None (the answer is all content).
@@ -34,17 +38,28 @@ class ChatOutputParser:
     def has_tool_calls(self) -> bool:
         return self.tools is not None and self.tools.has_tool_calls
 
+    @property
+    def in_reasoning(self) -> bool:
+        """The output is inside its reasoning (after :meth:`finish`: it never left it), so it
+        has no answer yet (``content`` is null)."""
+        return self.reasoning is not None and self.reasoning.in_reasoning
+
+    def _answering(self) -> bool:
+        return self.reasoning is None or self.reasoning.reasoning_ended
+
     def feed(self, text: str) -> DeltaMessage:
         """The next piece of generated text -> what can be sent now."""
         reasoning, content = ("", text) if self.reasoning is None else self.reasoning.feed(text)
-        out = DeltaMessage(content=content) if self.tools is None else self.tools.feed(content)
+        if self.tools is None or not self._answering():
+            return DeltaMessage(content=content, reasoning=reasoning)
+        out = self.tools.feed(content)
         out.reasoning = reasoning
         return out
 
     def finish(self) -> DeltaMessage:
         """The end of the text -> the rest."""
         reasoning, content = ("", "") if self.reasoning is None else self.reasoning.finish()
-        if self.tools is None:
+        if self.tools is None or not self._answering():
             return DeltaMessage(content=content, reasoning=reasoning)
         out = self.tools.feed(content).extend(self.tools.finish())
         out.reasoning = reasoning

@@ -94,7 +94,9 @@ class RequiredToolParser(ToolParser):
 
 
 class NamedToolParser(ToolParser):
-    """The answer is the named function's arguments: one call, its text streamed as is."""
+    """The answer is the named function's arguments: one call, its text streamed as is. The
+    call opens with the answer (the first ``feed``); a choice whose answer never started (its
+    reasoning never ended) has none."""
 
     def __init__(self, name: str, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -103,7 +105,7 @@ class NamedToolParser(ToolParser):
 
     @property
     def has_tool_calls(self) -> bool:
-        return True
+        return bool(self.calls)
 
     def feed(self, text: str) -> DeltaMessage:
         out = DeltaMessage()

@@ -14,7 +14,14 @@ class ReasoningParser:
 
     ``feed(text) -> (reasoning, content)`` releases what is certain (a possible start of a
     tag is held back); ``finish()`` releases the rest. Whitespace right after ``</think>`` is
-    dropped from the answer.
+    dropped from the answer. A leading ``<think>`` is dropped; after it, or from the first
+    character when the output starts inside the reasoning, everything up to the first
+    ``</think>`` is reasoning, and an output that never closes it is all reasoning.
+
+    Args:
+        starts_in_reasoning: overrides the class's :attr:`starts_in_reasoning` for this
+            output (the chat plan sets it when the prompt opened ``<think>``, or from whether
+            the request's grammar waits for ``</think>``).
 
     Attributes:
         end_tag: the text that ends the reasoning.
@@ -25,7 +32,9 @@ class ReasoningParser:
     """True when the output starts inside the reasoning even without ``<think>`` (the
     template put it in the prompt); False when reasoning needs an explicit ``<think>``."""
 
-    def __init__(self) -> None:
+    def __init__(self, starts_in_reasoning: bool | None = None) -> None:
+        if starts_in_reasoning is not None:
+            self.starts_in_reasoning = starts_in_reasoning
         self._buf = ""
         self._state = "start"
 
@@ -33,6 +42,12 @@ class ReasoningParser:
     def reasoning_ended(self) -> bool:
         """``</think>`` has been seen (or the output was not reasoning at all)."""
         return self._state in ("after", "content")
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Inside the reasoning: ``<think>`` (or the start of an output that starts inside
+        it) seen, ``</think>`` not yet; after :meth:`finish`, the output was all reasoning."""
+        return self._state == "reasoning"
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
@@ -80,8 +95,11 @@ class ReasoningParser:
 
 
 class Qwen3ReasoningParser(ReasoningParser):
-    """``--reasoning-parser qwen3``: reasoning only when the output starts with ``<think>``
-    (Qwen3 writes it itself); an output without it is all answer."""
+    """``--reasoning-parser qwen3``: an output that starts with ``<think>`` (Qwen3 writes it
+    itself) is reasoning up to ``</think>``; an output without it is all answer, unless the
+    chat plan says the output starts inside the reasoning (``starts_in_reasoning``: the
+    prompt ends with an open ``<think>``, as newer Qwen3 thinking templates write it, or the
+    request's grammar applies only after ``</think>``)."""
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):

@@ -1,0 +1,160 @@
+"""The chat plan with ``--reasoning-parser qwen3`` (and the hermes tool parser) on canned
+outputs, with the real Qwen3 tokenizer: the parsers read the output as the grammar does
+(with a grammar gated on ``</think>``, everything before it is reasoning, ``<think>`` or not),
+so forced calls and ``response_format`` answers are only the text after ``</think>``; a
+choice whose reasoning never ends has ``content: null``; streamed deltas join to the message."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from surge.server.chat_tools import ChatPlan, plan_chat, prompt_opens_reasoning
+from surge.server.protocol import ChatCompletionRequest
+from tests.conftest import STORIES
+from tests.server.test_parsers import _pieces_by_token, _tokenizer
+
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+    {"type": "function", "function": {"name": "noop"}},
+]
+MSGS = [{"role": "user", "content": "Time?"}]
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "t", "schema": TIME}}
+
+
+def _plan(reasoning: str = "qwen3", tokenizer: Any = None, **fields: Any) -> ChatPlan:
+    body = ChatCompletionRequest.model_validate({"messages": MSGS, **fields})
+    return plan_chat(body, tokenizer or _tokenizer(), "hermes", reasoning)
+
+
+def _streamed(plan: ChatPlan, text: str, finish: str) -> tuple[dict[str, Any], str | None, list[dict]]:
+    """The message a client builds from the stream of ``text`` (token by token), the streamed
+    finish reason and the deltas."""
+    parser = plan.new_parser()
+    pieces = _pieces_by_token(text)
+    deltas, last = [], None
+    for i, piece in enumerate(pieces):
+        end = finish if i == len(pieces) - 1 else None
+        delta, last = plan.delta(parser, piece, i == 0, end)
+        deltas.append(delta)
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    calls: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        if "content" in d:
+            msg["content"] = (msg["content"] or "") + d["content"]
+        if "reasoning_content" in d:
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + d["reasoning_content"]
+        for t in d.get("tool_calls", []):
+            call = calls.setdefault(t["index"], {"id": t.get("id"), "type": "function", "function": {}})
+            fn = call["function"]
+            if "name" in t["function"]:
+                fn["name"] = t["function"]["name"]
+            fn["arguments"] = fn.get("arguments", "") + t["function"]["arguments"]
+    if calls:
+        msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return msg, last, deltas
+
+
+def _both(plan: ChatPlan, text: str, finish: str = "stop") -> tuple[dict[str, Any], str | None]:
+    """The non-streamed message and finish reason; the streamed ones must be the same (ids
+    aside; with tool calls, streamed chunks may carry ``content: ""``, the message null)."""
+    msg, reason = plan.message(text, finish)
+    streamed, streamed_reason, _ = _streamed(plan, text, finish)
+    streamed.setdefault("reasoning_content", None)
+    if "tool_calls" in streamed and streamed["content"] == "":
+        streamed["content"] = None
+    for a, b in zip(msg.get("tool_calls", []), streamed.get("tool_calls", []), strict=True):
+        b["id"] = a["id"]
+    assert (streamed, streamed_reason) == (msg, reason)
+    return msg, reason
+
+
+def _think_end_id() -> int:
+    return _tokenizer().convert_tokens_to_ids("</think>")
+
+
+@pytest.mark.parametrize("think", ["", "<think>\n"])
+def test_required_calls_after_reasoning(think: str) -> None:
+    plan = _plan(tools=TOOLS, tool_choice="required")
+    assert plan.structured_outputs is not None
+    assert plan.structured_outputs.reasoning_end_token_id == _think_end_id()
+    text = think + 'The zone is UTC.</think>\n\n[{"name": "get_time", "parameters": {"zone": "UTC"}}]'
+    msg, finish = _both(plan, text)
+    assert finish == "tool_calls"
+    assert msg["content"] is None and msg["reasoning_content"].strip() == "The zone is UTC."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [
+        ("get_time", {"zone": "UTC"})
+    ]
+
+
+def test_named_call_arguments_are_the_json_after_reasoning() -> None:
+    plan = _plan(tools=TOOLS, tool_choice=NAMED)
+    msg, finish = _both(plan, 'UTC or CET? UTC.</think>\n\n{"zone": "UTC"}')
+    assert finish == "tool_calls" and msg["reasoning_content"] == "UTC or CET? UTC."
+    (call,) = msg["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+
+
+def test_response_format_answer_is_the_json_after_reasoning() -> None:
+    plan = _plan(response_format=JSON_SCHEMA)
+    msg, _ = _both(plan, 'Say UTC.</think>\n{"zone": "UTC"}')
+    assert msg == {"role": "assistant", "content": '{"zone": "UTC"}', "reasoning_content": "Say UTC."}
+
+
+@pytest.mark.parametrize(
+    "fields", [{"tools": TOOLS, "tool_choice": "required"}, {"tools": TOOLS, "tool_choice": NAMED}]
+)
+def test_reasoning_that_never_ends_has_no_answer(fields: dict[str, Any]) -> None:
+    """Cut by ``max_tokens`` (or ended) inside the reasoning: no calls, ``content`` null, and
+    no streamed delta carries ``content``."""
+    plan = _plan(**fields)
+    text = 'Thinking about [{"name": "get_time"'
+    for finish in ("length", "stop"):
+        msg, reason = _both(plan, text, finish)
+        assert msg == {"role": "assistant", "content": None, "reasoning_content": text}
+        assert reason == finish
+        _, _, deltas = _streamed(plan, text, finish)
+        assert not any("content" in d for d in deltas), deltas
+    json_plan = _plan(response_format=JSON_SCHEMA)
+    assert _both(json_plan, "Hmm", "length")[0]["content"] is None
+
+
+def test_without_a_grammar_the_prompt_decides() -> None:
+    """No grammar: the output starts inside the reasoning only when the prompt opened
+    ``<think>`` (or the output writes it); otherwise it is all answer, as before."""
+    tok = _tokenizer()
+    plain = _plan()
+    assert plain.structured_outputs is None
+    text = "Paris.</think>\n\nParis"
+    assert _both(plain, text)[0] == {"role": "assistant", "content": text, "reasoning_content": None}
+    assert _both(plain, "<think>Hmm</think>Paris")[0]["content"] == "Paris"
+    opened_prompt = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    closed_prompt = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert prompt_opens_reasoning(tok, opened_prompt)
+    assert not prompt_opens_reasoning(tok, closed_prompt)
+    assert not prompt_opens_reasoning(tok, tok.encode("<|im_start|>assistant\n"))
+    opened = _plan()
+    opened.see_prompt(tok, opened_prompt)
+    assert _both(opened, text)[0] == {"role": "assistant", "content": "Paris", "reasoning_content": "Paris."}
+    assert _both(opened, "cut")[0] == {"role": "assistant", "content": None, "reasoning_content": "cut"}
+    closed = _plan()
+    closed.see_prompt(tok, closed_prompt)
+    assert _both(closed, text)[0]["content"] == text
+
+
+def test_grammar_from_the_first_token_means_no_reasoning_first() -> None:
+    """A tokenizer without a one-token ``</think>`` (stories): the grammar applies from the
+    first token, so even ``deepseek_r1`` (which starts inside the reasoning) reads the
+    output as the answer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(STORIES))
+    plan = _plan("deepseek_r1", tok, response_format=JSON_SCHEMA)
+    assert plan.structured_outputs is not None and plan.structured_outputs.reasoning_end_token_id is None
+    assert plan.message('{"zone": "UTC"}', "stop")[0]["content"] == '{"zone": "UTC"}'
+    plain = _plan("deepseek_r1", tok)
+    assert plain.message("never ends", "stop")[0]["reasoning_content"] == "never ends"

@@ -1,0 +1,179 @@
+"""Forced tool calls and ``response_format`` with ``--reasoning-parser qwen3`` over HTTP, on a
+tiny random Qwen3 with the real Qwen3 tokenizer and chat template (``--load-format dummy``).
+The grammar starts after the first ``</think>`` token, which a random model writes without
+``<think>``: everything before it must be ``reasoning_content`` and the answer after it the
+calls or the content, JSON that validates; streamed the same. ``logit_bias`` on ``</think>``
+decides where (or whether) it comes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.server.conftest import Server, start_server
+from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+
+THINK_END = 151668  # Qwen3's </think>
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
+]
+SCHEMAS = {"get_time": TIME, "noop": TOOLS[1]["function"]["parameters"]}
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "t", "schema": TIME}}
+BASE: dict[str, Any] = {"messages": [{"role": "user", "content": "Time?"}], "max_tokens": 40}
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if not QWEN3_DIR.is_dir():
+        pytest.skip("shared Qwen3 tokenizer assets not found")
+    model = make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-reasoning-model"))
+    srv = start_server(
+        tmp_path_factory.mktemp("serve-qwen3-reasoning"),
+        "--tool-call-parser",
+        "hermes",
+        "--reasoning-parser",
+        "qwen3",
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "1024",
+        model=model,
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def _post(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    r = httpx.post(srv.url + "/v1/chat/completions", json=BASE | body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return choice["message"], choice["finish_reason"]
+
+
+def _stream(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The message a client builds from the stream (``content`` stays null unless a delta
+    carries it; with calls, an empty streamed content counts as null)."""
+    r = httpx.post(srv.url + "/v1/chat/completions", json=BASE | body | {"stream": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    msg: dict[str, Any] = {"role": "assistant", "content": None, "reasoning_content": None}
+    calls: dict[int, dict[str, Any]] = {}
+    finish = ""
+    for event in r.text.strip().split("\n\n"):
+        if event.startswith(":") or event == "data: [DONE]":
+            continue
+        for c in json.loads(event.removeprefix("data: "))["choices"]:
+            d = c["delta"]
+            finish = c["finish_reason"] or finish
+            if "content" in d:
+                msg["content"] = (msg["content"] or "") + d["content"]
+            if "reasoning_content" in d:
+                msg["reasoning_content"] = (msg["reasoning_content"] or "") + d["reasoning_content"]
+            for t in d.get("tool_calls", []):
+                call = calls.setdefault(t["index"], {"type": "function", "function": {"arguments": ""}})
+                if "id" in t:
+                    call["id"] = t["id"]
+                if "name" in t["function"]:
+                    call["function"]["name"] = t["function"]["name"]
+                call["function"]["arguments"] += t["function"]["arguments"]
+    if calls:
+        msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        msg["content"] = msg["content"] or None
+    return msg, finish
+
+
+def _both(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The non-streamed message and finish reason; the stream (same seed) must match."""
+    msg, finish = _post(srv, body)
+    streamed, streamed_finish = _stream(srv, body)
+    for a, b in zip(msg.get("tool_calls", []), streamed.get("tool_calls", []), strict=True):
+        b["id"] = a["id"]
+    assert (streamed, streamed_finish) == (msg, finish)
+    return msg, finish
+
+
+def _valid_calls(msg: dict[str, Any]) -> list[str]:
+    names = []
+    for call in msg.get("tool_calls") or []:
+        name, args = call["function"]["name"], call["function"]["arguments"]
+        jsonschema.validate(json.loads(args), SCHEMAS[name])
+        names.append(name)
+    return names
+
+
+def test_forced_calls_after_think_end_without_think_start(qwen3_server: Server) -> None:
+    """``</think>`` first (no ``<think>``): no reasoning, the calls are the grammar's JSON."""
+    bias = {"logit_bias": {str(THINK_END): 100}, "temperature": 1.0, "seed": 0}
+    required = bias | {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    msg, finish = _both(qwen3_server, required)
+    assert finish == "tool_calls" and msg["content"] is None and msg["reasoning_content"] is None
+    assert len(_valid_calls(msg)) == 1
+    msg, finish = _both(qwen3_server, bias | {"tools": TOOLS, "tool_choice": NAMED})
+    assert finish == "tool_calls" and _valid_calls(msg) == ["get_time"]
+    msg, finish = _both(qwen3_server, bias | {"response_format": JSON_SCHEMA})
+    assert finish == "stop" and msg["reasoning_content"] is None
+    jsonschema.validate(json.loads(msg["content"]), TIME)
+
+
+def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
+    """A milder bias: some choices write text before ``</think>``; whatever they write, it is
+    reasoning and the calls (or the JSON content) validate."""
+    reasoned = 0
+    for seed in range(6):
+        body = {"logit_bias": {str(THINK_END): 4}, "temperature": 1.0, "seed": seed}
+        for extra in (
+            {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+            {"tools": TOOLS, "tool_choice": NAMED},
+            {"response_format": JSON_SCHEMA},
+        ):
+            msg, finish = _both(qwen3_server, body | extra)
+            assert "</think>" not in json.dumps(msg)
+            if finish == "length" and msg["content"] is None and "tool_calls" not in msg:
+                continue  # cut inside the reasoning
+            reasoned += bool(msg["reasoning_content"])
+            if "response_format" in extra:
+                assert finish == "stop"
+                jsonschema.validate(json.loads(msg["content"]), TIME)
+            else:
+                assert finish == "tool_calls" and msg["content"] is None and _valid_calls(msg)
+    assert reasoned, "some choices reasoned before </think>"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": TOOLS, "tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": NAMED},
+        {"response_format": JSON_SCHEMA},
+    ],
+)
+def test_reasoning_that_never_ends(qwen3_server: Server, extra: dict[str, Any]) -> None:
+    """No ``</think>`` before ``max_tokens``: the grammar never started, all of it is
+    reasoning, ``content`` is null and there are no calls (vLLM's answer too)."""
+    body = extra | {"logit_bias": {str(THINK_END): -100}, "max_tokens": 8, "seed": 0}
+    msg, finish = _both(qwen3_server, body)
+    assert finish == "length"
+    assert msg["content"] is None and "tool_calls" not in msg
+    assert msg["reasoning_content"]
+
+
+def test_prompt_that_opens_think(qwen3_server: Server) -> None:
+    """A template that writes ``<think>`` into the prompt (newer Qwen3 thinking templates): the
+    output is reasoning until ``</think>`` even without a grammar; without one it is all
+    reasoning. The same output under the stock template (no ``<think>``) is all answer."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n<think>\n"
+    )
+    body = {"logit_bias": {str(THINK_END): -100}, "max_tokens": 8, "seed": 0}
+    msg, finish = _both(qwen3_server, body | {"chat_template": template})
+    assert finish == "length" and msg["content"] is None and msg["reasoning_content"]
+    stock, _ = _both(qwen3_server, body)
+    assert stock["reasoning_content"] is None and stock["content"]
