@@ -66,7 +66,10 @@ def _as_float(name: str, value: object) -> float:
     """
     if not _is_real(value):
         raise ValueError(f"{name} must be a number, got {_got(value)}")
-    return float(value)  # type: ignore[arg-type]
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond float's range
+        raise ValueError(f"{name} must be a number within float range, got {_got(value)}") from None
 
 
 def _as_bool(name: str, value: object) -> bool:
@@ -86,6 +89,8 @@ def _as_ints(name: str, value: object) -> tuple[int, ...]:
     Raises:
         ValueError: not a list or tuple, or an element that is not an integer (a bool included).
     """
+    if isinstance(value, list | tuple) and set(map(type, value)) <= {int}:
+        return tuple(value)  # the common case, checked by exact type (150k ids: ms, not 100s of ms)
     if not isinstance(value, list | tuple) or not all(_is_int(v) for v in value):
         raise ValueError(f"{name} must be a list of integers, got {_got(value)}")
     return tuple(int(v) for v in value)
@@ -110,6 +115,10 @@ def _as_token_seqs(name: str, value: object) -> tuple[tuple[int, ...], ...]:
     Raises:
         ValueError: anything else.
     """
+    if isinstance(value, list | tuple) and all(
+        isinstance(w, list | tuple) and set(map(type, w)) <= {int} for w in value
+    ):
+        return tuple(tuple(w) for w in value)  # the common case, checked by exact type
     if not isinstance(value, list | tuple) or not all(
         isinstance(w, list | tuple) and all(_is_int(t) for t in w) for w in value
     ):
@@ -124,6 +133,12 @@ def _as_bias(name: str, value: object) -> dict[int, float]:
         ValueError: not a mapping, a key that is not an integer (a string such as ``"5"``
             included) or a value that is not a number.
     """
+    if (
+        isinstance(value, dict)
+        and set(map(type, value)) <= {int}
+        and set(map(type, value.values())) <= {float}
+    ):
+        return dict(value)  # the common case, checked by exact type
     if not isinstance(value, Mapping) or not all(_is_int(k) and _is_real(v) for k, v in value.items()):
         raise ValueError(f"{name} must be a dict of integer token ids to numbers, got {_got(value)}")
     return {int(k): float(v) for k, v in value.items()}

@@ -157,3 +157,17 @@ def test_max_model_len_cannot_exceed_the_model() -> None:
 def test_bad_model_folder_is_a_value_error(path: str) -> None:
     with pytest.raises(ValueError, match="model"):
         ModelConfig.from_pretrained(path)
+
+
+def test_a_number_beyond_float_range_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^temperature must be a number within float range"):
+        SamplingParams(temperature=10**400)
+
+
+def test_long_exact_type_lists_take_the_fast_path_with_the_same_result() -> None:
+    ids = list(range(100_000))
+    p = SamplingParams(allowed_token_ids=ids, bad_words_token_ids=[ids[:3]], logit_bias={5: 1.5, 6: -2.0})
+    assert p.allowed_token_ids == tuple(ids) and p.bad_words_token_ids == ((0, 1, 2),)
+    assert p.logit_bias == {5: 1.5, 6: -2.0}
+    with pytest.raises(ValueError, match=r"^allowed_token_ids must be "):
+        SamplingParams(allowed_token_ids=[*ids, True])
