@@ -27,11 +27,11 @@ class HermesToolParser(ToolParser):
         self._buf = ""
         self._call: JsonToolCall | None = None
         self._ws = ""
-        self._text = ""
+        self._pieces: list[str] = []  # joined only by malformed_text (``+=`` on an attribute copies)
         self._malformed = False
 
     def feed(self, text: str) -> DeltaMessage:
-        self._text += text
+        self._pieces.append(text)
         self._buf += text
         return self._process(final=False)
 
@@ -39,7 +39,7 @@ class HermesToolParser(ToolParser):
         return self._process(final=True)
 
     def malformed_text(self) -> str | None:
-        return self._text if self._malformed else None
+        return "".join(self._pieces) if self._malformed else None
 
     def _content(self, text: str, out: DeltaMessage, final: bool) -> None:
         if not self.calls:
