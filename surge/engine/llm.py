@@ -253,6 +253,7 @@ class LLM:
             self.engine.finish_in_flight()
         except Exception:
             logger.warning("the step in flight failed while aborting a generate() call", exc_info=True)
+        self.engine.take_request_errors()  # errors of these requests, recorded before the raise
 
     def _with_bad_word_ids(self, params: SamplingParams) -> SamplingParams:
         """``params`` with its ``bad_words`` tokenized into ``bad_words_token_ids``."""

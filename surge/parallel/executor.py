@@ -87,6 +87,10 @@ class _RemoteStep:
         if not self._answered:
             return ModelOutput()
         msg = self._executor._recv()
+        # An earlier step's answer still in the socket: its result() was interrupted (e.g. a
+        # KeyboardInterrupt in LLM.generate) after it was marked done; that step is settled.
+        while isinstance(msg, StepResult) and msg.step < self._step:
+            msg = self._executor._recv()
         if not isinstance(msg, StepResult) or msg.step != self._step:
             raise RuntimeError(f"step {self._step}: unexpected message from rank 0: {msg!r}")
         return ModelOutput(
