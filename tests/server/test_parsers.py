@@ -178,6 +178,20 @@ def test_llama3_json_calls_and_content() -> None:
     assert _check(_parser("llama3_json"), '{"not": "a call"}') == ('{"not": "a call"}', "", [])
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"name": "f", "parameters": {"a":',  # cut by max_tokens
+        '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "param',
+        '{"name": "f", "parameters": {"a": 1}} and then some text',
+    ],
+)
+def test_llama3_json_malformed_calls_are_content_when_not_streamed(answer: str) -> None:
+    """As vLLM's non-streamed llama3_json parser: calls that do not parse make the whole answer
+    content, with no tool calls."""
+    assert _collect([_parser("llama3_json")().parse(answer)]) == (answer, "", [])
+
+
 def test_reasoning_parsers() -> None:
     qwen3 = _parser(reasoning="qwen3")
     assert _check(qwen3, "<think>\nThe capital.\n</think>\n\nParis.") == ("Paris.", "\nThe capital.\n", [])

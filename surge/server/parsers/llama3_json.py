@@ -3,6 +3,8 @@ objects (separated by ``;``, optionally after ``<|python_tag|>``); any other ans
 
 from __future__ import annotations
 
+import json
+
 from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolParser
 
 PYTHON_TAG = "<|python_tag|>"
@@ -14,7 +16,10 @@ class Llama3JsonToolParser(ToolParser):
     The first non-space character decides: ``{`` (after an optional ``<|python_tag|>``)
     starts tool calls, anything else makes the whole answer content. Calls stream through
     :class:`JsonCallSequence`; if the answer turns out not to be calls (no name found), it is
-    released as content at the end.
+    released as content at the end. Calls whose text is not a ``;``-separated sequence of JSON
+    objects naming a function (cut by ``max_tokens``, invalid JSON) make the text malformed
+    (:meth:`malformed_text`): a non-streamed answer is then the whole text as content, as
+    vLLM's ``Llama3JsonToolParser.extract_tool_calls`` answers.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -30,6 +35,11 @@ class Llama3JsonToolParser(ToolParser):
 
     def finish(self) -> DeltaMessage:
         return self._process(final=True)
+
+    def malformed_text(self) -> str | None:
+        if self._mode != "calls" or not self.has_tool_calls or _well_formed(self._buf[self._start :]):
+            return None
+        return self._buf
 
     def _process(self, final: bool) -> DeltaMessage:
         out = DeltaMessage()
@@ -54,3 +64,26 @@ class Llama3JsonToolParser(ToolParser):
         if final and not self.has_tool_calls:
             out.content += self._buf
         return out
+
+
+def _well_formed(text: str) -> bool:
+    """Whether ``text`` is one or more JSON objects with a string ``name``, separated by ``;``
+    (whitespace around each allowed)."""
+    decoder = json.JSONDecoder()
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return False
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return False
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            return True
+        if text[i] != ";":
+            return False
+        i += 1
