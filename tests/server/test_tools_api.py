@@ -112,17 +112,22 @@ def test_named_tool_choice(client: openai.OpenAI) -> None:
         assert streamed == calls and finish == "tool_calls"
 
 
-def test_auto_goes_through_the_hermes_parser(client: openai.OpenAI) -> None:
+def _hermes_call_request(client: openai.OpenAI, max_tokens: int) -> dict[str, Any]:
+    """A chat request whose answer a regex forces to ``Sure. `` and one hermes get_weather call."""
     regex = r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "c"\}\}\n</tool_call>'
-    kwargs: dict[str, Any] = dict(
+    return dict(
         model=_model(client),
         messages=MSGS,
         tools=TOOLS,
-        max_tokens=100,
+        max_tokens=max_tokens,
         temperature=1.0,
         seed=1,
         extra_body={"structured_outputs": {"regex": regex}},
     )
+
+
+def test_auto_goes_through_the_hermes_parser(client: openai.OpenAI) -> None:
+    kwargs = _hermes_call_request(client, max_tokens=100)
     r = client.chat.completions.create(**kwargs)
     msg = r.choices[0].message
     assert msg.content == "Sure. "
@@ -140,16 +145,7 @@ def test_auto_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
     """A hermes call cut by max_tokens: not streamed, the answer is the raw text as content with
     no tool_calls (as vLLM; no arguments that do not parse); streamed, the call's deltas went out
     as generated (a stream cannot take them back)."""
-    regex = r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "c"\}\}\n</tool_call>'
-    kwargs: dict[str, Any] = dict(
-        model=_model(client),
-        messages=MSGS,
-        tools=TOOLS,
-        max_tokens=60,
-        temperature=1.0,
-        seed=1,
-        extra_body={"structured_outputs": {"regex": regex}},
-    )
+    kwargs = _hermes_call_request(client, max_tokens=60)
     raw = client.chat.completions.create(**kwargs | {"tool_choice": "none"}).choices[0].message.content
     assert raw is not None and raw.startswith('Sure. <tool_call>\n{"name": "get_weather", "arguments": {')
     r = client.chat.completions.create(**kwargs)
