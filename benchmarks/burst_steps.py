@@ -1,0 +1,126 @@
+"""The engine's steps while a burst of requests arrives, without HTTP (engine only).
+
+Builds one engine as ``surge serve`` would (``load_format="dummy"``, CUDA graphs, asynchronous
+scheduling on CUDA) and feeds it ``--c`` requests of ``--input-len`` random token ids, the
+``k``-th at ``k * --spacing-ms`` after the first (what an API process that takes in one request
+every ``spacing`` milliseconds hands the engine; 0 is all at once), each asking for
+``--output-len`` tokens with ``ignore_eos``. Between steps it adds every request whose time has
+come, as the engine process's loop does. Prints each of the first ``--show`` steps (start time,
+wall duration, requests and tokens scheduled, of which prefill), then each request's time from
+its arrival to its first token and the time until the last request had its first token.
+``--json`` appends one record per run.
+
+Run on the GPU host (from the repository root)::
+
+    python3 benchmarks/burst_steps.py --model .assets/qwen3-8b --quantization fp8 \\
+        --c 64 --input-len 32 --spacing-ms 1.4 0.4 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from surge.engine.llm_engine import LLMEngine, build_engine_config  # noqa: E402
+from surge.sampling_params import SamplingParams  # noqa: E402
+
+
+def run_burst(
+    engine: LLMEngine, c: int, input_len: int, output_len: int, spacing_s: float, seed: int, vocab: int
+) -> dict[str, object]:
+    """One burst (see the module docstring); returns the steps and the per-request TTFTs
+    (seconds, engine-side: the step that returned the token)."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(min(1000, vocab // 2), vocab, input_len).tolist() for _ in range(c)]
+    params = SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_tokens=output_len, ignore_eos=True)
+    steps: list[dict[str, float | int]] = []
+    first: dict[int, float] = {}
+    original = engine._schedule
+
+    def traced():  # type: ignore[no-untyped-def]
+        out = original()
+        new = sum(1 for s in out.scheduled if s.request.num_computed_tokens == 0)
+        prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
+        steps[-1].update(reqs=len(out.scheduled), tokens=out.num_scheduled_tokens, prefill=prefill, new=new)
+        return out
+
+    engine._schedule = traced  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    added = 0
+    try:
+        while added < c or engine.has_unfinished_requests():
+            now = time.perf_counter() - t0
+            while added < c and added * spacing_s <= now:
+                engine.add_request(f"b{seed}-{added}", prompts[added], params)
+                added += 1
+            if not engine.has_unfinished_requests():
+                time.sleep(max(0.0, added * spacing_s - now))
+                continue
+            steps.append({"start_ms": now * 1e3})
+            outs = engine.step()
+            end = time.perf_counter() - t0
+            steps[-1]["ms"] = (end - now) * 1e3
+            for o in outs:
+                k = int(o.request_id.rsplit("-", 1)[1])
+                if k not in first and o.new_token_ids:
+                    first[k] = end
+    finally:
+        engine._schedule = original  # type: ignore[method-assign]
+    ttft = [(first[k] - k * spacing_s) * 1e3 for k in range(c)]
+    return {
+        "spacing_ms": spacing_s * 1e3,
+        "steps": steps,
+        "ttft_ms": ttft,
+        "mean_ttft_ms": statistics.mean(ttft),
+        "last_first_token_ms": max(first.values()) * 1e3,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--c", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--spacing-ms", type=float, nargs="+", default=[1.4, 0.4, 0.0])
+    ap.add_argument("--rounds", type=int, default=2, help="bursts per spacing; the first warms up")
+    ap.add_argument("--show", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    engine = LLMEngine(
+        build_engine_config(args.model, dtype="bfloat16", load_format="dummy", quantization=args.quantization)
+    )
+    vocab = engine.config.model.vocab_size
+    for spacing in args.spacing_ms:
+        for rnd in range(args.rounds):
+            r = run_burst(engine, args.c, args.input_len, args.output_len, spacing / 1e3, rnd, vocab)
+            steps = r["steps"]
+            assert isinstance(steps, list)
+            print(
+                f"spacing {spacing} ms round {rnd}: mean TTFT {r['mean_ttft_ms']:.1f} ms, last first token at "
+                f"{r['last_first_token_ms']:.1f} ms, {len(steps)} steps",
+                flush=True,
+            )
+            if rnd == args.rounds - 1:
+                for s in steps[: args.show]:
+                    print(
+                        f"  step at {s['start_ms']:7.1f} ms: {s['ms']:6.2f} ms, {s.get('reqs', 0):3d} reqs "
+                        f"({s.get('new', 0)} new), {s.get('tokens', 0):5d} tokens ({s.get('prefill', 0)} prefill)"
+                    )
+                if args.json is not None:
+                    with args.json.open("a") as f:
+                        f.write(json.dumps({"c": args.c, "input_len": args.input_len, **r}) + "\n")
+            engine.reset_prefix_cache()
+
+
+if __name__ == "__main__":
+    main()
