@@ -55,6 +55,11 @@ float32 logits (the sampler's dtype then; it now gets the model's, not re-measur
 31.3 at 4 rows, and 22.1 against 45.9 at one row and k = 64; at 16 rows both took 42.1 us, and at
 64 rows 4096 was faster (90.3 against 106.1 us)."""
 
+TOPK_VARIANT_ROWS: tuple[int, ...] = (1, TOPK_FEW_ROWS + 1)
+"""Row counts that take each default ``chunk`` of :func:`topk_rows` once (see
+:func:`default_chunk`; the row count is otherwise only the launch grid, which Triton does not
+specialise on): a warm-up that runs these compiles every default variant."""
+
 TOPK_GROUP = 16
 """Logits per group of the candidate filter (see the module docstring): :func:`topk_rows`'
 default ``group``."""
@@ -165,6 +170,12 @@ def topk_supported(k: int, vocab: int) -> bool:
     return 2 <= k <= TOPK_MAX_K and k & (k - 1) == 0 and vocab >= k
 
 
+def default_chunk(rows: int) -> int:
+    """:func:`topk_rows`' ``chunk`` for a launch of ``rows`` rows when none is given:
+    :data:`TOPK_FEW_ROWS_CHUNK` up to :data:`TOPK_FEW_ROWS` rows, else :data:`TOPK_CHUNK`."""
+    return TOPK_FEW_ROWS_CHUNK if rows <= TOPK_FEW_ROWS else TOPK_CHUNK
+
+
 def topk_rows(
     logits: torch.Tensor, k: int, *, chunk: int | None = None, group: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +209,7 @@ def topk_rows(
     if not topk_supported(k, v):
         raise ValueError(f"k must be a power of two in 2..{min(TOPK_MAX_K, v)}, got {k} (V = {v})")
     if chunk is None:
-        chunk = TOPK_FEW_ROWS_CHUNK if logits.shape[0] <= TOPK_FEW_ROWS else TOPK_CHUNK
+        chunk = default_chunk(logits.shape[0])
     group = TOPK_GROUP if group is None else group
     for name, n in (("chunk", chunk), ("group", group)):
         if n < 1 or n & (n - 1):

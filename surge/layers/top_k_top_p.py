@@ -229,13 +229,20 @@ def warm_up_sample_top_k_window(
     vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> None:
     """Compile :func:`sample_top_k_window`'s kernels for ``[B, vocab_size]`` logits of ``dtype``
-    (the runner's: the model's dtype) at the windows of :data:`WARM_UP_WINDOWS`, with top-p and min-p each on and off,
-    on one-row dummies, so the first sampled step does not wait for Triton."""
+    (the runner's: the model's dtype) at the windows of :data:`WARM_UP_WINDOWS`, with top-p and
+    min-p each on and off, on dummies of each row count of
+    :data:`surge.kernels.topk.TOPK_VARIANT_ROWS` (one per default top-k chunk), so the first
+    sampled step does not wait for Triton. With one-row dummies only, the first step of more
+    than 4 sampled rows on a machine with an empty Triton cache compiled the other chunk's
+    kernels under load: every request of that burst waited 11.4 s (H200, session 16)."""
+    from surge.kernels.topk import TOPK_VARIANT_ROWS
+
     gen = torch.Generator(device=device).manual_seed(0)
-    logits = torch.randn(1, vocab_size, device=device, generator=gen).to(dtype)
-    temperature = torch.ones(1, device=device)
-    for window in WARM_UP_WINDOWS:
-        top_k = torch.full((1,), min(window, vocab_size), dtype=torch.int64, device=device)
-        for top_p in (None, torch.full((1,), 0.9, device=device)):
-            for min_p in (None, torch.full((1,), 0.05, device=device)):
-                sample_top_k_window(logits, temperature, top_k, top_p, min_p, window, gen, GREEDY_EPS)
+    for rows in TOPK_VARIANT_ROWS:
+        logits = torch.randn(rows, vocab_size, device=device, generator=gen).to(dtype)
+        temperature = torch.ones(rows, device=device)
+        for window in WARM_UP_WINDOWS:
+            top_k = torch.full((rows,), min(window, vocab_size), dtype=torch.int64, device=device)
+            for top_p in (None, torch.full((rows,), 0.9, device=device)):
+                for min_p in (None, torch.full((rows,), 0.05, device=device)):
+                    sample_top_k_window(logits, temperature, top_k, top_p, min_p, window, gen, GREEDY_EPS)

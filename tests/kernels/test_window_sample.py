@@ -285,6 +285,30 @@ def test_warm_up_runs_every_variant() -> None:
     warm_up_sample_top_k_window(1000, torch.device(DEVICE), torch.bfloat16)
 
 
+def test_warm_up_samples_at_row_counts_of_every_default_topk_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up's dummies take each chunk that ``topk_rows`` picks by row count, for every
+    window: one-row dummies alone left the larger batches' chunk to compile under load."""
+    import surge.layers.top_k_top_p as tkp
+    from surge.kernels.topk import TOPK_CHUNK, TOPK_FEW_ROWS_CHUNK, default_chunk
+
+    seen: set[tuple[int, int, torch.dtype]] = set()
+
+    def record(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, *rest: object) -> None:
+        rows = logits.shape[0]
+        assert temperature.shape == (rows,) and top_k.shape == (rows,)
+        seen.add((default_chunk(rows), int(rest[2]), logits.dtype))  # rest: top_p, min_p, window, ...
+
+    monkeypatch.setattr(tkp, "sample_top_k_window", record)
+    for dtype in (torch.float32, torch.bfloat16):
+        tkp.warm_up_sample_top_k_window(1000, torch.device("cpu"), dtype)
+    assert seen == {
+        (chunk, window, dtype)
+        for chunk in (TOPK_FEW_ROWS_CHUNK, TOPK_CHUNK)
+        for window in tkp.WARM_UP_WINDOWS
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_logits_draw_what_their_float32_copy_draws_on_cuda() -> None:
