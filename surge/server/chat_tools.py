@@ -99,8 +99,9 @@ class ChatPlan:
                     "function": {"name": t.name, "arguments": ""},
                 }
             calls[t.index]["function"]["arguments"] += t.arguments
-        no_answer = bool(calls) or parser.in_reasoning
-        msg: dict[str, Any] = {"role": "assistant", "content": d.content or (None if no_answer else "")}
+        # an empty answer is null under a parser, as vLLM's parsers give it (after a finished
+        # reasoning, next to tool calls, or in a reasoning cut short)
+        msg: dict[str, Any] = {"role": "assistant", "content": d.content or None}
         if self.reasoning:
             msg["reasoning_content"] = d.reasoning or None
         if calls:

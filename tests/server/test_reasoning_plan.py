@@ -158,3 +158,13 @@ def test_grammar_from_the_first_token_means_no_reasoning_first() -> None:
     assert plan.message('{"zone": "UTC"}', "stop")[0]["content"] == '{"zone": "UTC"}'
     plain = _plan("deepseek_r1", tok)
     assert plain.message("never ends", "stop")[0]["reasoning_content"] == "never ends"
+
+
+def test_an_empty_answer_after_the_reasoning_is_null() -> None:
+    """Generation that stops right after ``</think>`` answers ``content: null``, as vLLM's
+    parsers give it; without a reasoning parser an empty output stays ``""``."""
+    plan = _plan()
+    msg = plan.message("<think>just thinking</think>", "stop")[0]
+    assert msg == {"role": "assistant", "content": None, "reasoning_content": "just thinking"}
+    assert plan.message("", "stop")[0]["content"] is None
+    assert _plan(None).message("", "stop")[0]["content"] == ""
