@@ -162,7 +162,8 @@ def test_grammar_from_the_first_token_means_no_reasoning_first() -> None:
 
 def test_an_empty_answer_after_the_reasoning_is_null() -> None:
     """Generation that stops right after ``</think>`` answers ``content: null``, as vLLM's
-    parsers give it; without a reasoning parser an empty output stays ``""``."""
+    parsers give it (streamed, the final chunk may carry ``content: ""``, as with tool calls);
+    without a reasoning parser an empty output stays ``""``."""
     plan = _plan()
     msg = plan.message("<think>just thinking</think>", "stop")[0]
     assert msg == {"role": "assistant", "content": None, "reasoning_content": "just thinking"}
