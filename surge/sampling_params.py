@@ -269,7 +269,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         n: number of independent completions of the prompt (>= 1).
         max_tokens: the most tokens to generate (>= 1). With ``ignore_eos`` the request
-            produces exactly this many tokens.
+            produces exactly this many tokens. None: all the room the context leaves after the
+            prompt (``max_model_len`` minus its length), set when the engine takes the request
+            (:meth:`surge.engine.llm_engine.LLMEngine.add_request`), as vLLM does.
         min_tokens: EOS and stop token ids are suppressed until this many tokens exist.
         ignore_eos: keep generating after the EOS token.
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
@@ -318,7 +320,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     n: int = 1
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     ignore_eos: bool = False
     temperature: float | None = None
@@ -369,7 +371,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         for name in ("n", "max_tokens", "min_tokens", "top_k"):
-            if getattr(self, name) > _INT32_MAX:
+            if getattr(self, name) is not None and getattr(self, name) > _INT32_MAX:
                 raise ValueError(f"{name} must be at most {_INT32_MAX}, got {getattr(self, name)}")
         checks: list[tuple[bool, str]] = [
             (
@@ -377,10 +379,13 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"seed must be in [-2**63, 2**63), got {self.seed}",
             ),
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
-            (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (
+                self.max_tokens is None or self.max_tokens >= 1,
+                f"max_tokens must be at least 1, got {self.max_tokens}",
+            ),
             (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}"),
             (
-                self.min_tokens <= self.max_tokens,
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
             ),
             (
@@ -510,7 +515,7 @@ _BOOL = (bool,)
 _SEQ: tuple[type, ...] = ()
 _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "n": (_INT, _as_int),
-    "max_tokens": (_INT, _as_int),
+    "max_tokens": (_OPT_INT, _optional(_as_int)),
     "min_tokens": (_INT, _as_int),
     "ignore_eos": (_BOOL, _as_bool),
     "temperature": (_OPT_FLOAT, _optional(_as_float)),

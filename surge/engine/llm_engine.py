@@ -280,6 +280,8 @@ class LLMEngine:
                 "bad_words: tokenize them into bad_words_token_ids first (LLM and the server do)"
             )
         sampling_params = sampling_params.with_model_defaults(self.config.model.sampling_defaults)
+        if sampling_params.max_tokens is None:
+            sampling_params = self._fill_context(len(prompt_token_ids), sampling_params)
         request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
         if sampling_params.structured_outputs is None:
             self.scheduler.add_request(request)
@@ -296,6 +298,24 @@ class LLMEngine:
             num_kv_blocks=self.num_kv_blocks,
         )
         structured.add(request)
+
+    def _fill_context(self, num_prompt_tokens: int, params: SamplingParams) -> SamplingParams:
+        """``params`` with ``max_tokens=None`` set to the room the context leaves after a prompt
+        of ``num_prompt_tokens`` tokens (vLLM's rule for an unset ``max_tokens``).
+
+        Raises:
+            ValueError: the prompt leaves no room, or less than ``min_tokens``.
+        """
+        room = self.max_model_len - num_prompt_tokens
+        if room < max(1, params.min_tokens):
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, the "
+                f"prompt has {num_prompt_tokens} tokens, which leaves {max(room, 0)} for the completion "
+                f"(max_tokens unset{f', min_tokens {params.min_tokens}' if params.min_tokens else ''})."
+            )
+        import msgspec
+
+        return msgspec.structs.replace(params, max_tokens=room)
 
     def _structured_outputs(self) -> StructuredOutputManager:
         if self._structured is None:

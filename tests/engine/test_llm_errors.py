@@ -112,3 +112,18 @@ def test_a_request_the_engine_refuses_aborts_the_ones_added_before() -> None:
     with pytest.raises(ValueError):
         llm.generate(["Once upon a time", too_long], PARAMS)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_unset_max_tokens_fills_the_context() -> None:
+    """``max_tokens=None`` is all the room the context leaves after the prompt (vLLM's rule);
+    a prompt that leaves none, or less than ``min_tokens``, is refused with the lengths."""
+    llm = LLM(device="cpu", async_scheduling=False)
+    room = llm.engine.max_model_len - 3
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    out = llm.generate([[1, 300, 17]], params)[0].outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (room, "length")
+    with pytest.raises(ValueError, match="leaves 0 for the completion"):
+        llm.generate([[1] * llm.engine.max_model_len], params)
+    with pytest.raises(ValueError, match=f"leaves {room} for the completion"):
+        llm.generate([[1, 300, 17]], SamplingParams(max_tokens=None, min_tokens=room + 1))
+    assert not llm.engine.has_unfinished_requests()
