@@ -301,16 +301,19 @@ class LLMEngine:
 
     def _fill_context(self, num_prompt_tokens: int, params: SamplingParams) -> SamplingParams:
         """``params`` with ``max_tokens=None`` set to the room the context leaves after a prompt
-        of ``num_prompt_tokens`` tokens (vLLM's rule for an unset ``max_tokens``).
+        of ``num_prompt_tokens`` tokens (vLLM's rule for an unset ``max_tokens``), within what the
+        KV pool holds (as the server's unset ``max_tokens``).
 
         Raises:
             ValueError: the prompt leaves no room, or less than ``min_tokens``.
         """
-        room = self.max_model_len - num_prompt_tokens
+        fits = min(self.max_model_len, self.num_kv_blocks * self.block_size)
+        room = fits - num_prompt_tokens
         if room < max(1, params.min_tokens):
             raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, the "
-                f"prompt has {num_prompt_tokens} tokens, which leaves {max(room, 0)} for the completion "
+                f"This model's maximum context length is {self.max_model_len} tokens and the KV cache "
+                f"holds {self.num_kv_blocks * self.block_size}. However, the prompt has "
+                f"{num_prompt_tokens} tokens, which leaves {max(room, 0)} for the completion "
                 f"(max_tokens unset{f', min_tokens {params.min_tokens}' if params.min_tokens else ''})."
             )
         import msgspec

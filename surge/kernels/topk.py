@@ -58,7 +58,7 @@ float32 logits (the sampler's dtype then; it now gets the model's, not re-measur
 TOPK_VARIANT_ROWS: tuple[int, ...] = (1, TOPK_FEW_ROWS + 1)
 """Row counts that take each default ``chunk`` of :func:`topk_rows` once (see
 :func:`default_chunk`; the row count is otherwise only the launch grid, which Triton does not
-specialise on): a warm-up that runs these compiles every default variant."""
+specialise on): a warm-up that runs these at a given ``k`` compiles that ``k``'s default variants."""
 
 TOPK_GROUP = 16
 """Logits per group of the candidate filter (see the module docstring): :func:`topk_rows`'

@@ -99,9 +99,11 @@ class ChatPlan:
                     "function": {"name": t.name, "arguments": ""},
                 }
             calls[t.index]["function"]["arguments"] += t.arguments
-        # an empty answer is null under a parser, as vLLM's parsers give it (after a finished
-        # reasoning, next to tool calls, or in a reasoning cut short)
-        msg: dict[str, Any] = {"role": "assistant", "content": d.content or None}
+        # an empty answer is null next to tool calls and under a reasoning parser (after a
+        # finished reasoning, or in one cut short), as vLLM gives it; a tool parser alone that
+        # found no call gives the text as it is
+        null = bool(calls) or self.reasoning or parser.in_reasoning
+        msg: dict[str, Any] = {"role": "assistant", "content": d.content or (None if null else "")}
         if self.reasoning:
             msg["reasoning_content"] = d.reasoning or None
         if calls:

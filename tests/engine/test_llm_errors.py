@@ -127,3 +127,13 @@ def test_unset_max_tokens_fills_the_context() -> None:
     with pytest.raises(ValueError, match=f"leaves {room} for the completion"):
         llm.generate([[1, 300, 17]], SamplingParams(max_tokens=None, min_tokens=room + 1))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_unset_max_tokens_stays_within_the_kv_pool() -> None:
+    """A KV pool smaller than the context bounds the room as the server's unset max_tokens."""
+    llm = LLM(device="cpu", async_scheduling=False, num_kv_blocks=8)
+    pool = 8 * llm.engine.block_size
+    assert pool < llm.engine.max_model_len
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    out = llm.generate([[1, 300, 17]], params)[0].outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (pool - 3, "length")

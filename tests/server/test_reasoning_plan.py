@@ -169,3 +169,5 @@ def test_an_empty_answer_after_the_reasoning_is_null() -> None:
     assert msg == {"role": "assistant", "content": None, "reasoning_content": "just thinking"}
     assert plan.message("", "stop")[0]["content"] is None
     assert _plan(None).message("", "stop")[0]["content"] == ""
+    tools_only = _plan(None, tools=TOOLS)  # a tool parser that found no call: the text as it is
+    assert tools_only.message("", "stop")[0] == {"role": "assistant", "content": ""}
