@@ -167,19 +167,29 @@ class _Shutdown(Exception):
     """Raised by the stop-signal handler to leave the loop."""
 
 
-def _raise_shutdown(signum: int, frame: Any) -> None:
-    raise _Shutdown
+class _StopSignals:
+    """The engine process's stop signals: :data:`STOP_SIGNAL`, and SIGTERM once ``parent_pid``
+    is no longer this process's parent (while it is, the API process drains and then sends
+    :data:`STOP_SIGNAL`; SIGTERM is ignored).
 
+    The first stop raises :class:`_Shutdown` to leave the loop. Once :attr:`stopping` is set
+    (by that first stop, or by the process before it tells the API process it is ending, which
+    answers with :data:`STOP_SIGNAL`), a stop does nothing: a handler that raised inside the
+    clean-up would skip it and print a traceback.
+    """
 
-def _sigterm_handler(parent_pid: int) -> Callable[[int, Any], None]:
-    """SIGTERM: ignored while ``parent_pid`` is this process's parent (the API process drains,
-    then sends :data:`STOP_SIGNAL`); leave the loop once the parent is gone."""
+    def __init__(self, parent_pid: int) -> None:
+        self.parent_pid = parent_pid
+        self.stopping = False
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if os.getppid() != parent_pid:
+    def on_stop(self, signum: int, frame: Any) -> None:
+        if not self.stopping:
+            self.stopping = True
             raise _Shutdown
 
-    return on_sigterm
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getppid() != self.parent_pid:
+            self.on_stop(signum, frame)
 
 
 def set_parent_death_signal() -> None:
@@ -220,8 +230,9 @@ def run_engine_core(
         log_level: ``logging`` level of this process.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _sigterm_handler(parent_pid))
-    signal.signal(STOP_SIGNAL, _raise_shutdown)
+    stops = _StopSignals(parent_pid)
+    signal.signal(signal.SIGTERM, stops.on_sigterm)
+    signal.signal(STOP_SIGNAL, stops.on_stop)
     set_parent_death_signal()
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [engine] %(message)s")
     in_addrs = [input_address] if isinstance(input_address, str) else list(input_address)
@@ -255,11 +266,13 @@ def run_engine_core(
             # tensor-parallel rank's crash a RuntimeError)
             logger.error("engine start-up failed: %s", _one_line(e))
             logger.debug("engine start-up failed:\n%s", traceback.format_exc())
+            stops.stopping = True  # before the API process hears of it and stops this process
             out_sock.send(encoder.encode(EngineStartupError(_one_line(e), user_error=True)))
             exit_code = 2
             return
         except Exception as e:
             logger.error("engine start-up failed:\n%s", traceback.format_exc())
+            stops.stopping = True
             out_sock.send(encoder.encode(EngineStartupError(_one_line(e))))
             exit_code = 1
             return
@@ -287,10 +300,12 @@ def run_engine_core(
         logger.info("engine process exiting: the API process is gone")
     except Exception as e:
         logger.error("engine loop failed:\n%s", traceback.format_exc())
+        stops.stopping = True
         with contextlib.suppress(zmq.ZMQError):
             out_sock.send(encoder.encode(EngineFatalError(_one_line(e))), flags=zmq.NOBLOCK)
         exit_code = 1
     finally:
+        stops.stopping = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(STOP_SIGNAL, signal.SIG_IGN)
         close = getattr(engine, "close", None)
