@@ -267,8 +267,8 @@ async def render_chat(
 ) -> list[int]:
     """Token ids of ``messages`` (pydantic chat messages) under the request's chat template
     (``chat_template``) or else the server's (with ``tools``, OpenAI function definitions, when
-    given), rendered and tokenized (on the event loop when small, else on a tokenizer thread:
-    :class:`surge.server.tokenization.TokenizerWorker`).
+    given), rendered and tokenized on a tokenizer thread
+    (:class:`surge.server.tokenization.TokenizerWorker`).
 
     Args:
         bound: refuse a prompt surely longer than the context before tokenizing it all

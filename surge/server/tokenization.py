@@ -1,18 +1,18 @@
-"""Tokenization, chat templating and detokenization of whole requests, off the event loop
-except for small prompts.
+"""Tokenization, chat templating and detokenization of whole requests, on worker threads.
 
 The API process's event loop streams every client's tokens; a 10 MB prompt tokenized on it
-would freeze them all for seconds. :class:`TokenizerWorker` runs that work on worker threads
-(Hugging Face fast tokenizers release the GIL while they encode; a Jinja template does not, but
-Python switches threads every few milliseconds, so the loop keeps running either way).
+would freeze them all for seconds, and even a short prompt's template and tokenization hold it
+while a burst's other requests wait to be parsed and earlier requests' first tokens wait to be
+forwarded. :class:`TokenizerWorker` runs that work on worker threads (Hugging Face fast
+tokenizers release the GIL while they encode; a Jinja template does not, but Python switches
+threads every few milliseconds, so the loop keeps running either way).
 
-Small inputs are tokenized on the event loop itself: a prompt, or at most ``_INLINE_MAX_TEXTS``
-prompts, of at most ``inline_chars`` characters together; a chat of at most
-``_INLINE_MAX_MESSAGES`` messages whose size (:func:`_chat_size`: every value's characters plus
-``_MESSAGE_OVERHEAD`` per message, and the ``chat_template_kwargs``' JSON) is at most
-``inline_chars``, with the server's own template and no tools. That is a fraction of a millisecond, less than the trip to a thread costs in a burst, when the
-loop is busy with other requests and the worker waits for the GIL and then for the loop to run
-its continuation; inline, a request reaches the engine as soon as its handler runs.
+Every prompt takes a thread, however short. Session 15 had kept prompts of up to 2,048
+characters on the loop, which measured better in a CPU burst of 64; on the H200 (Qwen3-8B,
+FP8 weights, same lease, fresh servers) sending them to the threads instead lowered the mean
+TTFT of every C16 and C64 burst with 32-token prompts, by 8-41 % (C64/I32/O256: 137.6 -> 95.5
+ms, four runs each), and left the 256-token-prompt bursts within their spread
+(``benchmarks/results/h200-qwen3-8b-fp8/session17/``).
 
 Two pools, so that no client's work queues behind another's unbounded work: prompts of
 generation requests (bounded by the context, see below) on ``_GENERATION_THREADS`` threads, and
@@ -48,15 +48,6 @@ _BOUND_MARGIN = 16
 """Tokens a prefix may have beyond the whole text's count (the word split by the cut)."""
 _GENERATION_THREADS = 2
 """Threads tokenizing and templating the prompts of generation requests."""
-INLINE_CHARS = 2048
-"""Default :class:`TokenizerWorker` ``inline_chars``: about 500 tokens of English text, whose
-template and tokenization take 0.1-0.4 ms."""
-_INLINE_MAX_TEXTS = 4
-"""Most prompts of one request tokenized inline (each costs a tokenizer call however short)."""
-_INLINE_MAX_MESSAGES = 16
-"""Most chat messages rendered inline (each costs template work however short)."""
-_MESSAGE_OVERHEAD = 64
-"""Characters a message counts for beyond its values (the template's per-message markup)."""
 
 
 class TokenizerWorker:
@@ -66,8 +57,6 @@ class TokenizerWorker:
         tokenizer: the model's tokenizer.
         max_model_len: the context length in tokens (for the cheap bound).
         chat_template: a template overriding the tokenizer's, or None.
-        inline_chars: generation prompts of at most this many characters are tokenized on the
-            calling (event loop) thread; 0 sends every one to a worker thread.
     """
 
     def __init__(
@@ -75,12 +64,10 @@ class TokenizerWorker:
         tokenizer: PreTrainedTokenizerBase,
         max_model_len: int,
         chat_template: str | None,
-        inline_chars: int = INLINE_CHARS,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.chat_template = chat_template
-        self.inline_chars = inline_chars
         self._pool = ThreadPoolExecutor(max_workers=_GENERATION_THREADS, thread_name_prefix="surge-tokenizer")
         self._utility_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenize-route")
 
@@ -158,8 +145,6 @@ class TokenizerWorker:
         Raises:
             ApiError: 400 naming ``param`` when the text is surely longer than the context.
         """
-        if param is not None and len(text) <= self.inline_chars:
-            return self._encode(text, add_special_tokens, param)
         return await self.run(self._encode, text, add_special_tokens, param, utility=param is None)
 
     async def encode_many(
@@ -176,12 +161,6 @@ class TokenizerWorker:
         Raises:
             ApiError: 400 naming ``param`` when a text is surely longer than the context.
         """
-        if (
-            param is not None
-            and len(texts) <= _INLINE_MAX_TEXTS
-            and sum(len(t) for t in texts) <= self.inline_chars
-        ):
-            return self._encode_many(texts, add_special_tokens, param)
         return await self.run(
             self._encode_many, list(texts), add_special_tokens, param, utility=param is None
         )
@@ -222,58 +201,8 @@ class TokenizerWorker:
             bound,
             tools,
         )
-        if (
-            bound
-            and tools is None
-            and chat_template is None
-            and len(messages) <= _INLINE_MAX_MESSAGES
-            and _chat_size(messages, chat_template_kwargs, self.inline_chars) <= self.inline_chars
-        ):
-            return self._render_chat(*args)
         return await self.run(self._render_chat, *args, utility=not bound)
 
     async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         """The text of ``token_ids`` (on the ``/tokenize`` thread)."""
         return await self.run(self.tokenizer.decode, token_ids, skip_special_tokens, utility=True)
-
-
-def _chat_size(
-    messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None, limit: int
-) -> int:
-    """A bound on what a chat template's time grows with, in characters: every message value
-    (strings by length, anything else by its ``repr``) plus ``_MESSAGE_OVERHEAD`` per message,
-    plus the JSON of ``chat_template_kwargs`` (a template may render them). Stops counting once
-    past ``limit`` (returns ``limit + 1``), so a huge input costs no more than a small one here."""
-    size = 0
-    if chat_template_kwargs:
-        size += len(repr(chat_template_kwargs)) if _small(chat_template_kwargs, limit) else limit + 1
-    for m in messages:
-        size += _MESSAGE_OVERHEAD
-        for value in m.values():
-            if size > limit:
-                return limit + 1
-            if isinstance(value, str):
-                size += len(value)
-            elif value is not None:
-                size += len(repr(value)) if _small(value, limit) else limit + 1
-    return size if size <= limit else limit + 1
-
-
-def _small(value: Any, limit: int) -> bool:
-    """Whether ``value`` (parsed JSON) has at most ``limit`` items and string characters in all,
-    counted without building its ``repr``: a cheap guard before ``repr`` of a nested value."""
-    budget = limit
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        budget -= 1
-        if isinstance(v, str):
-            budget -= len(v)
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list | tuple):
-            stack.extend(v)
-        if budget < 0:
-            return False
-    return True
