@@ -41,8 +41,14 @@ import triton.language as tl
 _BLOCK_V = 1024
 """Logits per iteration of the (rare) full-row scans for ties beyond the window."""
 
+# Whether top-p and min-p are on is a runtime argument, not a ``tl.constexpr`` (and not
+# specialised by Triton, which would make a constant of an int equal to 1): the kernel's
+# variants are then only its window block (``BLOCK_W``) and dtypes, few enough for the start-up
+# warm-up to compile every one (``surge.layers.top_k_top_p.warm_up_sample_top_k_window``). Off,
+# each branch would only keep what it is given (top-p's cutoff would be ``kth``, min-p's floor 0).
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["has_top_p", "has_min_p"])
 def _kernel(
     vals_ptr,
     idx_ptr,
@@ -59,9 +65,9 @@ def _kernel(
     stride_idx,
     stride_logits,
     stride_noise,
+    has_top_p,
+    has_min_p,
     GREEDY_EPS: tl.constexpr,
-    HAS_TOP_P: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -99,7 +105,7 @@ def _kernel(
     e_kth = tl.exp(kth - x0)
     hidden_mass = tl.where(hidden > 0, hidden.to(tl.float32) * e_kth, 0.0)
     cutoff = kth
-    if HAS_TOP_P:
+    if has_top_p != 0:
         z = tl.sum(e, axis=0) + hidden_mass
         p = tl.load(top_p_ptr + row)
         thr = tl.where(p >= 1.0, float("inf"), p)  # off: float rounding never cuts
@@ -108,7 +114,7 @@ def _kernel(
         cutoff = tl.min(tl.where(keep_k & (before <= thr), x, float("inf")), axis=0)
     keep = in_w & (x >= cutoff)
     group = (hidden > 0) & (cutoff <= kth)
-    if HAS_MIN_P:
+    if has_min_p != 0:
         mp = tl.load(min_p_ptr + row)
         ek = tl.where(keep, e, 0.0)
         z2 = tl.sum(ek, axis=0) + tl.where(group, hidden_mass, 0.0)
@@ -218,9 +224,9 @@ def window_sample(
         idx.stride(0),
         logits.stride(0),
         noise.stride(0),
+        int(top_p is not None),
+        int(min_p is not None),
         GREEDY_EPS=greedy_eps,
-        HAS_TOP_P=top_p is not None,
-        HAS_MIN_P=min_p is not None,
         BLOCK_W=triton.next_power_of_2(w),
         BLOCK_V=_BLOCK_V,
         num_warps=4,

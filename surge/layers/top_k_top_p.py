@@ -197,20 +197,13 @@ def sample_top_k_window(
     Returns:
         ``[B]`` int64 token ids.
     """
-    from surge.kernels.topk import topk_rows, topk_supported
+    from surge.kernels.topk import topk_rows
     from surge.kernels.window_sample import window_sample
 
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    v = logits.shape[1]
-    width = min(v, _SAMPLE_WINDOW_ROUND * (window // _SAMPLE_WINDOW_ROUND + 1))
-    pow2 = 1 << (width - 1).bit_length()
-    if (
-        logits.is_cuda
-        and logits.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        and pow2 <= SAMPLE_TOPK_KERNEL_MAX
-        and topk_supported(pow2, v)
-    ):
+    width, pow2 = window_widths(window, logits.shape[1])
+    if pow2 is not None and logits.is_cuda and logits.dtype in (torch.float32, torch.float16, torch.bfloat16):
         vals, idx = topk_rows(logits, pow2)  # the same values as torch.topk, in two launches
         width = pow2
     else:
@@ -220,29 +213,48 @@ def sample_top_k_window(
     return window_sample(vals, idx, logits, temperature, top_k, top_p, min_p, noise, greedy_eps)
 
 
-WARM_UP_WINDOWS = (20, 50)
-"""``top_k`` windows whose kernel variants :func:`warm_up_sample_top_k_window` compiles (Qwen3's
-and Llama's generation-config ``top_k``; other windows compile on first use)."""
+def window_widths(window: int, vocab_size: int) -> tuple[int, int | None]:
+    """The top logits :func:`sample_top_k_window` takes for a batch's ``window``: ``(W', K)``
+    with ``W' = min(V, 16 * (window // 16 + 1))``, what ``torch.topk`` takes, and ``K`` the
+    power of two at least ``W'`` that :func:`surge.kernels.topk.topk_rows` takes instead on
+    CUDA, or None where it does not (``K`` above :data:`SAMPLE_TOPK_KERNEL_MAX`, or a ``K``
+    that ``topk_rows`` refuses for ``V``)."""
+    from surge.kernels.topk import topk_supported
+
+    width = min(vocab_size, _SAMPLE_WINDOW_ROUND * (window // _SAMPLE_WINDOW_ROUND + 1))
+    pow2 = 1 << (width - 1).bit_length()
+    return width, pow2 if pow2 <= SAMPLE_TOPK_KERNEL_MAX and topk_supported(pow2, vocab_size) else None
+
+
+WARM_UP_WINDOWS = (1, 20, 50, 100, 200, 400, 1000, TOP_K_WINDOW_MAX)
+"""``top_k`` windows whose kernel variants :func:`warm_up_sample_top_k_window` compiles: one per
+power-of-two block of the sampling kernel (``BLOCK_W`` of :mod:`surge.kernels.window_sample`)
+and per ``topk_rows`` width, which together cover every window up to
+:data:`TOP_K_WINDOW_MAX`. Larger ``top_k`` (and top-p without top-k) sort the whole row with
+torch, which compiles nothing."""
 
 
 def warm_up_sample_top_k_window(
     vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> None:
     """Compile :func:`sample_top_k_window`'s kernels for ``[B, vocab_size]`` logits of ``dtype``
-    (the runner's: the model's dtype) at the windows of :data:`WARM_UP_WINDOWS`, with top-p and
-    min-p each on and off, on dummies of each row count of
-    :data:`surge.kernels.topk.TOPK_VARIANT_ROWS` (one per default top-k chunk), so the first
-    sampled step does not wait for Triton. With one-row dummies only, the first step of more
-    than 4 sampled rows on a machine with an empty Triton cache compiled the other chunk's
-    kernels under load: every request of that burst waited 11.4 s (H200, session 16)."""
+    (the runner's: the model's dtype) at the windows of :data:`WARM_UP_WINDOWS`, so that no
+    request's ``top_k`` waits for Triton under load. A window that takes
+    :func:`surge.kernels.topk.topk_rows` is sampled on dummies of each row count of
+    :data:`surge.kernels.topk.TOPK_VARIANT_ROWS` (one per default top-k chunk): with one-row
+    dummies only, the first step of more than 4 sampled rows on a machine with an empty Triton
+    cache compiled the other chunk's kernels under load, and every request of that burst waited
+    11.4 s (H200, session 16). Top-p and min-p are runtime switches of the sampling kernel; both
+    are run on and off."""
     from surge.kernels.topk import TOPK_VARIANT_ROWS
 
     gen = torch.Generator(device=device).manual_seed(0)
-    for rows in TOPK_VARIANT_ROWS:
-        logits = torch.randn(rows, vocab_size, device=device, generator=gen).to(dtype)
-        temperature = torch.ones(rows, device=device)
-        for window in WARM_UP_WINDOWS:
+    for window in WARM_UP_WINDOWS:
+        _, pow2 = window_widths(window, vocab_size)
+        for rows in TOPK_VARIANT_ROWS if pow2 is not None else TOPK_VARIANT_ROWS[:1]:
+            logits = torch.randn(rows, vocab_size, device=device, generator=gen).to(dtype)
+            temperature = torch.ones(rows, device=device)
             top_k = torch.full((rows,), min(window, vocab_size), dtype=torch.int64, device=device)
-            for top_p in (None, torch.full((rows,), 0.9, device=device)):
-                for min_p in (None, torch.full((rows,), 0.05, device=device)):
-                    sample_top_k_window(logits, temperature, top_k, top_p, min_p, window, gen, GREEDY_EPS)
+            on = torch.full((rows,), 0.9, device=device), torch.full((rows,), 0.05, device=device)
+            for top_p, min_p in ((None, None), on):
+                sample_top_k_window(logits, temperature, top_k, top_p, min_p, window, gen, GREEDY_EPS)

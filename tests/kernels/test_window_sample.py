@@ -287,26 +287,51 @@ def test_warm_up_runs_every_variant() -> None:
 
 def test_warm_up_samples_at_row_counts_of_every_default_topk_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm-up's dummies take each chunk that ``topk_rows`` picks by row count, for every
-    window: one-row dummies alone left the larger batches' chunk to compile under load."""
+    window that ``topk_rows`` serves: one-row dummies alone left the larger batches' chunk to
+    compile under load. Top-p and min-p run both on and off."""
     import surge.layers.top_k_top_p as tkp
     from surge.kernels.topk import TOPK_CHUNK, TOPK_FEW_ROWS_CHUNK, default_chunk
 
-    seen: set[tuple[int, int, torch.dtype]] = set()
+    seen: set[tuple[int, int, torch.dtype, bool]] = set()
 
     def record(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, *rest: object) -> None:
         rows = logits.shape[0]
         assert temperature.shape == (rows,) and top_k.shape == (rows,)
-        seen.add((default_chunk(rows), int(rest[2]), logits.dtype))  # rest: top_p, min_p, window, ...
+        top_p, min_p, window = rest[:3]  # rest: top_p, min_p, window, ...
+        assert (top_p is None) == (min_p is None)
+        seen.add((default_chunk(rows), int(window), logits.dtype, top_p is None))  # type: ignore[call-overload]
 
+    vocab = 151_936
     monkeypatch.setattr(tkp, "sample_top_k_window", record)
     for dtype in (torch.float32, torch.bfloat16):
-        tkp.warm_up_sample_top_k_window(1000, torch.device("cpu"), dtype)
+        tkp.warm_up_sample_top_k_window(vocab, torch.device("cpu"), dtype)
     assert seen == {
-        (chunk, window, dtype)
-        for chunk in (TOPK_FEW_ROWS_CHUNK, TOPK_CHUNK)
+        (chunk, window, dtype, off)
         for window in tkp.WARM_UP_WINDOWS
+        for chunk in (
+            (TOPK_FEW_ROWS_CHUNK, TOPK_CHUNK)
+            if tkp.window_widths(window, vocab)[1] is not None
+            else (TOPK_FEW_ROWS_CHUNK,)
+        )
         for dtype in (torch.float32, torch.bfloat16)
+        for off in (True, False)
     }
+
+
+@pytest.mark.parametrize("vocab", [151_936, 128_256, 32_000, 1000])
+def test_warm_up_windows_cover_every_kernel_variant(vocab: int) -> None:
+    """Every ``top_k`` of the window path (1..TOP_K_WINDOW_MAX) compiles the same kernels as one
+    of the warm-up's windows: the same ``topk_rows`` width (or none) and the same power-of-two
+    block of the sampling kernel. A ``top_k`` outside them would compile under load."""
+    from surge.layers.top_k_top_p import TOP_K_WINDOW_MAX, WARM_UP_WINDOWS, window_widths
+
+    def variant(window: int) -> tuple[int | None, int]:
+        width, pow2 = window_widths(window, vocab)
+        taken = pow2 if pow2 is not None else width
+        return pow2, 1 << (taken - 1).bit_length()
+
+    every = {variant(k) for k in range(1, TOP_K_WINDOW_MAX + 1)}
+    assert {variant(k) for k in WARM_UP_WINDOWS} == every
 
 
 @pytest.mark.gpu
