@@ -69,6 +69,16 @@ def check_request_fits(
         )
 
 
+def room_for_output(
+    num_prompt_tokens: int, *, max_model_len: int, block_size: int, num_kv_blocks: int
+) -> int:
+    """Output tokens that fit after a prompt of ``num_prompt_tokens`` tokens: ``min(max_model_len,
+    num_kv_blocks * block_size) - num_prompt_tokens`` (zero or negative when none fit). What an
+    unset ``max_tokens`` becomes, in the API server and in :class:`surge.engine.llm_engine.LLMEngine`
+    alike; a request of that many output tokens passes :func:`check_request_fits`."""
+    return min(max_model_len, num_kv_blocks * block_size) - num_prompt_tokens
+
+
 class Scheduler:
     """Decides which requests compute how many tokens each step, and applies the results.
 

@@ -17,7 +17,7 @@ from surge.config import (
     resolve_device,
 )
 from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
-from surge.core.scheduler import Scheduler, check_request_fits
+from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request, token_ids_in_range
 from surge.sampling_params import SamplingParams
@@ -307,8 +307,12 @@ class LLMEngine:
         Raises:
             ValueError: the prompt leaves no room, or less than ``min_tokens``.
         """
-        fits = min(self.max_model_len, self.num_kv_blocks * self.block_size)
-        room = fits - num_prompt_tokens
+        room = room_for_output(
+            num_prompt_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+        )
         if room < max(1, params.min_tokens):
             raise ValueError(
                 f"This model's maximum context length is {self.max_model_len} tokens and the KV cache "

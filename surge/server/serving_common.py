@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
-from surge.core.scheduler import check_request_fits
+from surge.core.scheduler import check_request_fits, room_for_output
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
@@ -175,9 +175,14 @@ class ServerState:
             raise bad_request(str(e), param="max_tokens" if max_tokens_sent else prompt_param) from e
 
     def room_for_output(self, num_prompt_tokens: int) -> int:
-        """Output tokens that fit after a prompt of ``num_prompt_tokens`` (context and KV pool)."""
-        fits = min(self.max_model_len, self.num_kv_blocks * self.block_size)
-        return fits - num_prompt_tokens
+        """Output tokens that fit after a prompt of ``num_prompt_tokens`` (context and KV pool;
+        :func:`surge.core.scheduler.room_for_output`)."""
+        return room_for_output(
+            num_prompt_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+        )
 
 
 def start_generation(

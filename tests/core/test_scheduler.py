@@ -10,7 +10,7 @@ import pytest
 
 from surge.config import CacheConfig, SchedulerConfig
 from surge.core.outputs import EngineOutput, ModelOutput, SchedulerOutput
-from surge.core.scheduler import Scheduler
+from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
 from surge.request import Request, RequestStatus
 from surge.sampling_params import SamplingParams
 
@@ -419,3 +419,21 @@ def test_repeated_prompt_costs_one_step_of_at_most_one_block(prompt_len: int) ->
     assert 1 <= prompt_len - hit <= 8
     assert sched.get_stats().prefix_cache_hit_tokens - hits_before == hit
     assert outs[0].finished and outs[0].num_cached_tokens == hit
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_model_len", "block_size", "num_kv_blocks"),
+    [(10, 64, 16, 100), (10, 4096, 16, 8), (100, 128, 16, 100), (1, 33, 16, 2), (50, 40, 16, 100)],
+)
+def test_room_for_output_is_the_largest_max_tokens_that_fits(
+    prompt: int, max_model_len: int, block_size: int, num_kv_blocks: int
+) -> None:
+    """An unset ``max_tokens`` becomes this room (server and engine): it passes
+    ``check_request_fits`` and one token more does not; none when the prompt fills the room."""
+    limits = {"max_model_len": max_model_len, "block_size": block_size, "num_kv_blocks": num_kv_blocks}
+    room = room_for_output(prompt, **limits)
+    assert room == min(max_model_len, num_kv_blocks * block_size) - prompt
+    if room >= 1:
+        check_request_fits(prompt, room, **limits)
+    with pytest.raises(ValueError):
+        check_request_fits(prompt, max(room, 0) + 1, **limits)
