@@ -226,19 +226,34 @@ def window_widths(window: int, vocab_size: int) -> tuple[int, int | None]:
     return width, pow2 if pow2 <= SAMPLE_TOPK_KERNEL_MAX and topk_supported(pow2, vocab_size) else None
 
 
-WARM_UP_WINDOWS = (1, 20, 50, 100, 200, 400, 1000, TOP_K_WINDOW_MAX)
-"""``top_k`` windows whose kernel variants :func:`warm_up_sample_top_k_window` compiles: one per
-power-of-two block of the sampling kernel (``BLOCK_W`` of :mod:`surge.kernels.window_sample`)
-and per ``topk_rows`` width, which together cover every window up to
-:data:`TOP_K_WINDOW_MAX`. Larger ``top_k`` (and top-p without top-k) sort the whole row with
-torch, which compiles nothing."""
+def _window_variant(window: int, vocab_size: int) -> tuple[int | None, int, bool, bool, bool]:
+    """What a ``window`` compiles on CUDA: the ``topk_rows`` width (or None for ``torch.topk``),
+    the sampling kernel's ``BLOCK_W``, and Triton's specialisation of its width-valued int
+    arguments (the width and the contiguous ``vals``/``idx`` rows: a multiple of 16 or 1; the
+    ``noise`` rows, width + 2: a multiple of 16)."""
+    width, pow2 = window_widths(window, vocab_size)
+    taken = pow2 if pow2 is not None else width
+    return pow2, 1 << (taken - 1).bit_length(), taken % 16 == 0, (taken + 2) % 16 == 0, taken == 1
+
+
+def warm_up_windows(vocab_size: int) -> tuple[int, ...]:
+    """``top_k`` windows whose kernel variants :func:`warm_up_sample_top_k_window` compiles: the
+    smallest window of each variant (:func:`_window_variant`) among ``1 .. min(V,``
+    :data:`TOP_K_WINDOW_MAX` ``)``, so every window of the batch sampler compiles nothing under
+    load (8 windows for Qwen3's and Llama 3's vocabularies: 1, 16, 32, 64, 128, 256, 512, 1024).
+    Larger ``top_k`` (and top-p without top-k) sort the whole row with torch, which compiles
+    nothing."""
+    first: dict[tuple[int | None, int, bool, bool, bool], int] = {}
+    for window in range(1, min(TOP_K_WINDOW_MAX, vocab_size) + 1):
+        first.setdefault(_window_variant(window, vocab_size), window)
+    return tuple(first.values())
 
 
 def warm_up_sample_top_k_window(
     vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> None:
     """Compile :func:`sample_top_k_window`'s kernels for ``[B, vocab_size]`` logits of ``dtype``
-    (the runner's: the model's dtype) at the windows of :data:`WARM_UP_WINDOWS`, so that no
+    (the runner's: the model's dtype) at the windows of :func:`warm_up_windows`, so that no
     request's ``top_k`` waits for Triton under load. A window that takes
     :func:`surge.kernels.topk.topk_rows` is sampled on dummies of each row count of
     :data:`surge.kernels.topk.TOPK_VARIANT_ROWS` (one per default top-k chunk): with one-row
@@ -249,12 +264,12 @@ def warm_up_sample_top_k_window(
     from surge.kernels.topk import TOPK_VARIANT_ROWS
 
     gen = torch.Generator(device=device).manual_seed(0)
-    for window in WARM_UP_WINDOWS:
+    for window in warm_up_windows(vocab_size):
         _, pow2 = window_widths(window, vocab_size)
         for rows in TOPK_VARIANT_ROWS if pow2 is not None else TOPK_VARIANT_ROWS[:1]:
             logits = torch.randn(rows, vocab_size, device=device, generator=gen).to(dtype)
             temperature = torch.ones(rows, device=device)
-            top_k = torch.full((rows,), min(window, vocab_size), dtype=torch.int64, device=device)
+            top_k = torch.full((rows,), window, dtype=torch.int64, device=device)
             on = torch.full((rows,), 0.9, device=device), torch.full((rows,), 0.05, device=device)
             for top_p, min_p in ((None, None), on):
                 sample_top_k_window(logits, temperature, top_k, top_p, min_p, window, gen, GREEDY_EPS)

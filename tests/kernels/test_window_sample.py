@@ -307,7 +307,7 @@ def test_warm_up_samples_at_row_counts_of_every_default_topk_chunk(monkeypatch: 
         tkp.warm_up_sample_top_k_window(vocab, torch.device("cpu"), dtype)
     assert seen == {
         (chunk, window, dtype, off)
-        for window in tkp.WARM_UP_WINDOWS
+        for window in tkp.warm_up_windows(vocab)
         for chunk in (
             (TOPK_FEW_ROWS_CHUNK, TOPK_CHUNK)
             if tkp.window_widths(window, vocab)[1] is not None
@@ -318,20 +318,31 @@ def test_warm_up_samples_at_row_counts_of_every_default_topk_chunk(monkeypatch: 
     }
 
 
-@pytest.mark.parametrize("vocab", [151_936, 128_256, 32_000, 1000])
+@pytest.mark.parametrize("vocab", [151_936, 128_256, 50_257, 32_000, 1000, 100, 40])
 def test_warm_up_windows_cover_every_kernel_variant(vocab: int) -> None:
-    """Every ``top_k`` of the window path (1..TOP_K_WINDOW_MAX) compiles the same kernels as one
-    of the warm-up's windows: the same ``topk_rows`` width (or none) and the same power-of-two
-    block of the sampling kernel. A ``top_k`` outside them would compile under load."""
-    from surge.layers.top_k_top_p import TOP_K_WINDOW_MAX, WARM_UP_WINDOWS, window_widths
+    """Every ``top_k`` the window path serves (1..min(V, TOP_K_WINDOW_MAX)) compiles the same
+    kernels as one of the warm-up's windows. What Triton compiles per window, spelled out here
+    apart from the library: the ``topk_rows`` width on CUDA (a power of two up to 64), else the
+    ``torch.topk`` width ``min(V, 16 * (k // 16 + 1))``; the sampling kernel's power-of-two block of
+    that width; and the integer specialisations of that width (a multiple of 16, or 1) and of the
+    noise row's stride (width + 2, a multiple of 16). A ``top_k`` outside them would compile under
+    load."""
+    from surge.kernels.topk import topk_supported
+    from surge.layers.top_k_top_p import TOP_K_WINDOW_MAX, warm_up_windows
 
-    def variant(window: int) -> tuple[int | None, int]:
-        width, pow2 = window_widths(window, vocab)
-        taken = pow2 if pow2 is not None else width
-        return pow2, 1 << (taken - 1).bit_length()
+    def variant(k: int) -> tuple[object, ...]:
+        width = min(vocab, 16 * (k // 16 + 1))
+        pow2 = 1 << (width - 1).bit_length()
+        kernel = pow2 <= 64 and topk_supported(pow2, vocab)
+        taken = pow2 if kernel else width
+        block = 1 << (taken - 1).bit_length()
+        return kernel, block, taken % 16 == 0, taken == 1, (taken + 2) % 16 == 0
 
-    every = {variant(k) for k in range(1, TOP_K_WINDOW_MAX + 1)}
-    assert {variant(k) for k in WARM_UP_WINDOWS} == every
+    windows = warm_up_windows(vocab)
+    assert all(1 <= k <= min(vocab, TOP_K_WINDOW_MAX) for k in windows)
+    assert {variant(k) for k in windows} == {variant(k) for k in range(1, min(vocab, TOP_K_WINDOW_MAX) + 1)}
+    if vocab >= 2048:
+        assert windows == (1, 16, 32, 64, 128, 256, 512, 1024)
 
 
 @pytest.mark.gpu
