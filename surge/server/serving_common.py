@@ -16,7 +16,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
-from surge.core.scheduler import check_request_fits, room_for_output
+from surge.core.scheduler import check_request_fits
+from surge.core.scheduler import room_for_output as context_room
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
@@ -177,7 +178,7 @@ class ServerState:
     def room_for_output(self, num_prompt_tokens: int) -> int:
         """Output tokens that fit after a prompt of ``num_prompt_tokens`` (context and KV pool;
         :func:`surge.core.scheduler.room_for_output`)."""
-        return room_for_output(
+        return context_room(
             num_prompt_tokens,
             max_model_len=self.max_model_len,
             block_size=self.block_size,

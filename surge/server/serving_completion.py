@@ -38,7 +38,7 @@ from surge.server.token_rules import token_rules_of
 
 async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str | None]]:
     """The request's prompts as (token ids, text or None); text is tokenized by the
-    :class:`surge.server.tokenization.TokenizerWorker` (inline when small)."""
+    :class:`surge.server.tokenization.TokenizerWorker` on its threads."""
     p = body.prompt
     if isinstance(p, str):
         items: list[str | list[int]] = [p]

@@ -6,6 +6,7 @@ field."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -23,15 +24,27 @@ def tok():  # type: ignore[no-untyped-def]
     return load_tokenizer(QWEN3)
 
 
+_POOLS = {"surge-tokenizer": False, "surge-tokenize-route": True}
+"""Thread-name prefix of each pool -> whether it is the utility pool."""
+
+
 def _worker(tok, max_model_len: int = 4096) -> tuple[TokenizerWorker, list[tuple[str, bool]]]:  # type: ignore[no-untyped-def]
-    """A worker whose thread trips are recorded as (function name, utility pool)."""
+    """A worker whose work is recorded as (function name, utility pool) by the thread that ran
+    it: work run on the event loop's thread records no pool and fails the test."""
     w = TokenizerWorker(tok, max_model_len, None)
     trips: list[tuple[str, bool]] = []
     real = w.run
 
     async def spy(fn: Any, *args: Any, utility: bool = False) -> Any:
-        trips.append((fn.__name__, utility))
-        return await real(fn, *args, utility=utility)
+        def traced(*a: Any) -> Any:
+            name = threading.current_thread().name
+            pools = [u for prefix, u in _POOLS.items() if name.startswith(prefix + "_")]
+            assert pools == [utility], f"{fn.__name__} ran on thread {name!r}"
+            trips.append((fn.__name__, pools[0]))
+            return fn(*a)
+
+        traced.__name__ = fn.__name__
+        return await real(traced, *args, utility=utility)
 
     w.run = spy  # type: ignore[method-assign]
     return w, trips
