@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from surge.config import (
     CacheConfig,
     EngineConfig,
@@ -42,8 +44,6 @@ def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, Sampling
     """
     if params.n == 1:
         return [(request_id, params)]
-    import msgspec
-
     children = []
     for i in range(params.n):
         # Stay inside SamplingParams' seed range: wrap into [-2**63, 2**63).
@@ -320,8 +320,6 @@ class LLMEngine:
                 f"{num_prompt_tokens} tokens, which leaves {max(room, 0)} for the completion "
                 f"(max_tokens unset{f', min_tokens {params.min_tokens}' if params.min_tokens else ''})."
             )
-        import msgspec
-
         return msgspec.structs.replace(params, max_tokens=room)
 
     def _structured_outputs(self) -> StructuredOutputManager:
