@@ -13,10 +13,17 @@ reference of :mod:`surge.quant.fp8`, then times it inside a CUDA graph that runs
   candidate for decode shapes, ``TRITON_FASTER``);
 * ``fp8 triton (block)``: the same kernel with 128 x 128 block scales (FP8 checkpoints);
 * ``fp8 split-K default``: the split-K kernel (w8a16) with its untuned default config;
-* ``fp8 split-K (block)``: the split-K kernel with 128 x 128 block scales and the tiles the
-  engine would give a block checkpoint's layer (``surge.quant.fp8_linear.block_splitk_config``);
+* ``fp8 split-K (block)``, ``... a8``: the split-K kernel with 128 x 128 block scales and the
+  tiles the engine would give a block checkpoint's layer
+  (``surge.quant.fp8_linear.block_splitk_config``), w8a16 and w8a8 (``M <= 64``); above that,
+  ``fp8 split-K (block) <tiles>`` for the one-slice configs of ``LARGE_BLOCK_CONFIGS``
+  (candidates for ``BLOCK_PREFILL_TILES``);
 * ``fp8 F.scaled_mm block``: ``torch.nn.functional.scaled_mm`` with 1x128 activation and
-  128x128 weight block scales, where this torch/cuBLAS runs it (else the error is printed).
+  128x128 weight block scales, where this torch/cuBLAS runs it (else the error is printed),
+  the activations quantized per 128-column group by torch ops; ``... block gemm``: the same
+  GEMM on activations quantized beforehand (its own cost).
+
+``--paths WORD ...`` times only the paths whose label contains one of the words.
 
 At the end it prints the values of ``surge.quant.fp8_linear.TRITON_FASTER`` and
 ``SPLITK_BLOCK_FASTER`` these timings support: the shapes where the Triton kernel beat quant +
@@ -103,24 +110,40 @@ SHAPES = {
 }
 TINY = {"qkv": (96, 64), "o": (64, 64), "gate_up": (128, 64), "down": (64, 128)}
 BLOCK = (128, 128)
+LARGE_BLOCK_CONFIGS = [
+    ("a8 128x128x128 s3 w8", Fp8SplitKConfig(128, 128, 128, 1, 3, 8, a8=True)),
+    ("a8 128x128x128 s4 w8 tma", Fp8SplitKConfig(128, 128, 128, 1, 4, 8, a8=True, tma=True)),
+    ("a8 64x128x128 s4 w4", Fp8SplitKConfig(64, 128, 128, 1, 4, 4, a8=True)),
+    ("a8 128x256x128 s3 w8 tma", Fp8SplitKConfig(128, 256, 128, 1, 3, 8, a8=True, tma=True)),
+    ("a16 128x128x64 s3 w8", Fp8SplitKConfig(128, 128, 64, 1, 3, 8)),
+]
+"""Split-K FP8 GEMM configs (one ``K`` slice) timed with block scales above the decode sizes:
+candidates for a block checkpoint's prefill steps (w8a8: activations quantized per token)."""
 
 
-def block_scaled_mm(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """``F.scaled_mm`` with 1x128 activation blocks and 128x128 weight blocks (torch >= 2.9)."""
+def group_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token, per-128-column-group FP8 quantization in torch: ``(xq [M, K] e4m3, sx [M, K/128]
+    float32)`` with ``sx`` outer-dim-major (strides ``(1, M)``), as cuBLAS wants for 1x128."""
     m, k = x.shape
     xb = x.float().view(m, k // 128, 128)
     sx = (xb.abs().amax(-1) / 448.0).clamp(min=1e-12)  # [M, K/128]
     xq = (xb / sx[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(m, k)
+    return xq, sx.t().contiguous().t()
+
+
+def block_scaled_mm_q(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """``F.scaled_mm`` on pre-quantized 1x128 activations and 128x128 weight blocks (torch >= 2.9):
+    ``sw [N/128, K/128]`` (the checkpoint's layout) is passed transposed, ``[K/128, N/128]``
+    outer-dim-major, the layout cuBLAS wants for the ``[K, N]`` operand."""
     st = F.ScalingType
     return F.scaled_mm(
-        xq,
-        w.t(),
-        sx.t().contiguous().t(),  # outer-dim-major, as cuBLAS wants for 1x128
-        st.BlockWise1x128,
-        sw,
-        st.BlockWise128x128,
-        output_dtype=torch.bfloat16,
+        xq, w.t(), sx, st.BlockWise1x128, sw.t(), st.BlockWise128x128, output_dtype=torch.bfloat16
     )
+
+
+def block_scaled_mm(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """:func:`group_quant` (torch ops) then :func:`block_scaled_mm_q`."""
+    return block_scaled_mm_q(*group_quant(x), w, sw)
 
 
 def scaled_mm_fast_accum(x: torch.Tensor, w: torch.Tensor, scale_row: torch.Tensor) -> torch.Tensor:
@@ -134,9 +157,17 @@ def close(y: torch.Tensor, ref: torch.Tensor) -> bool:
 
 
 def bench_shape(
-    n: int, k: int, ms: list[int], block: tuple[int, int], copies: int, reps: int, check: bool
+    n: int,
+    k: int,
+    ms: list[int],
+    block: tuple[int, int],
+    copies: int,
+    reps: int,
+    check: bool,
+    only: list[str] | None = None,
 ) -> dict[int, dict[str, float]]:
-    """Check, then (unless ``check``) time every path at each ``M``; returns seconds per call."""
+    """Check, then (unless ``check``) time every path at each ``M`` (those whose label contains
+    one of ``only``'s words, when given); returns seconds per call."""
     dev = torch.device("cpu" if check else "cuda")
     full = [torch.randn(n, k, device=dev) * 0.02 for _ in range(copies)]
     ws_bf16 = [w.to(torch.bfloat16) for w in full]
@@ -153,6 +184,15 @@ def bench_shape(
         ref_c = (dequantize(*per_token_quant_fp8(x)) @ dequantize(*chan[0]).t()).to(x.dtype)
         ref_w = fp8_linear_reference(x, *chan[0], quantize_input=False)
         ref_b = fp8_linear_reference(x, *blk[0], block_size=block, quantize_input=False)
+        # w8a8 block references on the kernels' own quantized activations (see above): per
+        # token (the split-K kernel's a8 mode), per 128-column group (F.scaled_mm block)
+        deq_b = dequantize(*blk[0], block)
+        ref_b8 = (dequantize(*per_token_quant_fp8(x)) @ deq_b.t()).to(x.dtype)
+        ref_g = None
+        if k % 128 == 0:
+            xg, sg = group_quant(x)
+            xgf = xg.float().view(m, k // 128, 128) * sg.reshape(m, k // 128, 1)
+            ref_g = (xgf.view(m, k) @ deq_b.t()).to(x.dtype)
         paths: list[tuple[str, Callable[[int], torch.Tensor], torch.Tensor | None]] = [
             ("bf16 cuBLAS", lambda i, x=x: F.linear(x, ws_bf16[i]), None),
             (
@@ -175,8 +215,34 @@ def bench_shape(
                 ),
                 ref_b,
             ),
-            ("fp8 F.scaled_mm block", lambda i, x=x: block_scaled_mm(x, *blk[i]), ref_b),
+            (
+                "fp8 split-K (block) a8",
+                lambda i, x=x, c=block_splitk_config(m, n, k, block, True): fp8_linear_splitk(
+                    x, *blk[i], config=c, block_size=block
+                ),
+                ref_b8,
+            ),
+            ("fp8 F.scaled_mm block", lambda i, x=x: block_scaled_mm(x, *blk[i]), ref_g),
+            (
+                "fp8 F.scaled_mm block gemm",
+                lambda i, xg=group_quant(x) if k % 128 == 0 else None: block_scaled_mm_q(*xg, *blk[i]),
+                ref_g,
+            ),
         ]
+        if m > SPLITK_MAX_M:  # the decode tables stop at SPLITK_MAX_M
+            paths = [p for p in paths if p[0] not in ("fp8 split-K (block)", "fp8 split-K (block) a8")]
+        if m > SPLITK_MAX_M:  # prefill-sized candidates for block checkpoints: one K slice
+            for desc, cfg in LARGE_BLOCK_CONFIGS:
+                if cfg.tma and not tma_supported(dev):
+                    continue
+                paths.append(
+                    (
+                        f"fp8 split-K (block) {desc}",
+                        lambda i, x=x, c=cfg: fp8_linear_splitk(x, *blk[i], config=c, block_size=block),
+                        ref_b8 if cfg.a8 else ref_b,
+                    )
+                )
+        paths = [p for p in paths if not only or any(word in p[0] for word in only)]
         print(f"N={n} K={k} M={m}")
         times: dict[str, float] = {}
         for label, fn, ref in paths:
@@ -481,6 +547,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--check", action="store_true", help="CPU: correctness only, tiny shapes, interpreter")
+    ap.add_argument("--paths", nargs="+", help="only the paths whose label contains one of these words")
     ap.add_argument("--sweep", action="store_true", help="time the split-K FP8 GEMM's configs")
     ap.add_argument("--json", type=Path, help="--sweep: merge the results into this file")
     ap.add_argument("--emit", type=Path, help="print the table and SPLITK_MEASURED from a --json file")
@@ -518,22 +585,36 @@ def main() -> None:
     if args.check:
         for name in args.layers:
             print(name)
-            bench_shape(*TINY[name], [1, 5, 20], (32, 32), 1, 1, True)
+            bench_shape(*TINY[name], [1, 5, 20], (32, 32), 1, 1, True, args.paths)
         return
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
-    faster, block_faster = [], []
+    faster, block_faster, prefill = [], [], []
     for name in args.layers:
         n, k = SHAPES[name]
         print(name)
-        result = bench_shape(n, k, args.m, BLOCK, args.copies, args.reps, False)
+        result = bench_shape(n, k, args.m, BLOCK, args.copies, args.reps, False, args.paths)
         skinny = [t for m, t in result.items() if m <= SKINNY_MAX_M]
         a, b = "fp8 triton (channel)", "fp8 quant+_scaled_mm"
         if skinny and all(a in t and (b not in t or t[a] < t[b]) for t in skinny):
             faster.append((n, k))
         decode = [t for m, t in result.items() if m <= SPLITK_MAX_M]
-        a, b = "fp8 split-K (block)", "fp8 triton (block)"
-        if decode and all(a in t and (b not in t or t[a] < t[b]) for t in decode):
+        a, a8, b = "fp8 split-K (block)", "fp8 split-K (block) a8", "fp8 triton (block)"
+        if decode and all(
+            (a in t or a8 in t) and (b not in t or min(t.get(a, 1.0), t.get(a8, 1.0)) < t[b]) for t in decode
+        ):
             block_faster.append((n, k))
+        for m, t in sorted(result.items()):
+            if m > SPLITK_MAX_M:
+                big = {
+                    lb: v
+                    for lb, v in t.items()
+                    if lb.startswith("fp8 split-K (block) ") or "F.scaled_mm" in lb
+                }
+                if big:
+                    best = min(big, key=big.__getitem__)
+                    prefill.append(f"{name} M={m}: best {best} {big[best] * 1e6:.1f} us")
+            elif a in t and a8 in t:
+                prefill.append(f"{name} M={m}: block a16 {t[a] * 1e6:.1f} us, a8 {t[a8] * 1e6:.1f} us")
     print(
         f"\nTRITON_FASTER = frozenset({set(faster) if faster else 'set()'})  # (N, K), measured M <= {SKINNY_MAX_M}"
     )
@@ -541,6 +622,7 @@ def main() -> None:
         f"SPLITK_BLOCK_FASTER = frozenset({set(block_faster) if block_faster else 'set()'})"
         f"  # (N, K), measured M <= {SPLITK_MAX_M}"
     )
+    print("\n".join(prefill))
 
 
 if __name__ == "__main__":
