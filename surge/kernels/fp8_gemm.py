@@ -139,9 +139,9 @@ def check_fp8_gemm_args(
     out_dtype: torch.dtype | None = None,
 ) -> tuple[int, int, int, int, int, int]:
     """Validate the operands of an FP8-weight GEMM ``x [M, K] @ weight[N, K]^T`` (shared by
-    :func:`fp8_linear` and the split-K kernel's launcher). With ``x_scale``, ``x`` is already
-    quantized per token: float8_e4m3fn with float32 ``x_scale [M, 1]``, per-channel weight
-    scales only, and the output (and ``bias``) in ``out_dtype`` (fp16/bf16).
+    :func:`fp8_linear` and the split-K kernel's launcher). With ``x_scale`` (the split-K
+    kernel's w8a8 mode), ``x`` is already quantized per token: float8_e4m3fn with float32
+    ``x_scale [M, 1]``, and the output (and ``bias``) in ``out_dtype`` (fp16/bf16).
 
     Returns:
         ``(M, N, K, scale_bn, scale_bk, stride_sn)``: the scale's block shape (``1, 1`` and a
@@ -152,8 +152,8 @@ def check_fp8_gemm_args(
             float8_e4m3fn, a non-contiguous last dimension, operands on different devices, a
             non-float32 ``scale`` or one of the wrong shape, or a ``bias`` that is not a
             contiguous ``[N]`` in ``x``'s dtype (``out_dtype`` with ``x_scale``); with
-            ``x_scale``: ``x`` not e4m3, ``x_scale`` not a contiguous float32 ``[M, 1]``, block
-            scales, or ``out_dtype`` not fp16/bf16.
+            ``x_scale``: ``x`` not e4m3, ``x_scale`` not a contiguous float32 ``[M, 1]`` on
+            ``x``'s device, or ``out_dtype`` not fp16/bf16.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
@@ -166,8 +166,8 @@ def check_fp8_gemm_args(
             )
         if x_scale.shape != (m, 1) or x_scale.dtype != torch.float32 or not x_scale.is_contiguous():
             raise ValueError(f"x_scale must be a contiguous [{m}, 1] float32, got {tuple(x_scale.shape)}")
-        if x_scale.device != x.device or block_size is not None:
-            raise ValueError("x_scale must be on x's device and takes per-channel weight scales")
+        if x_scale.device != x.device:
+            raise ValueError("x_scale must be on x's device")
         act_dtype = out_dtype
     elif x.dtype not in _DTYPES:
         raise ValueError(f"x must be fp16/bf16/fp32, got {x.dtype}")

@@ -545,7 +545,7 @@ def fp8_linear_splitk(
             fresh one for this call (correct, but a zero-fill per call: the engine passes one).
         x_scale: ``[M, 1]`` float32 per-token scales of an ``x`` already quantized to
             float8_e4m3fn (e.g. by :func:`surge.kernels.add_rmsnorm.add_rmsnorm_fp8`): w8a8
-            only, per-channel weight scales only, nothing quantized here; the output (and
+            only (per-channel or block weight scales), nothing quantized here; the output (and
             ``bias``) then has ``out_dtype`` (fp16/bf16) instead of ``x``'s dtype.
         out_dtype: the output dtype with ``x_scale``; ignored without it.
         pdl: launch with programmatic dependent launch (sm90+ only, see

@@ -15,13 +15,15 @@ their kernel layout, and (3) runs the GEMM:
   (``M <= SKINNY_MAX_M``) of the weight shapes in :data:`TRITON_FASTER`, and shapes
   ``_scaled_mm`` cannot take (a dim not a multiple of 16, a non-bf16 model), which run the
   weight-only Triton kernel of :mod:`surge.kernels.fp8_gemm`;
-* block-wise scales (FP8 checkpoints with ``weight_block_size``): the weight-only Triton
-  kernel with its block scales, for every ``M`` (see ``docs/fp8.md`` for why), except decode
-  steps (``M <= SPLITK_MAX_M``) of the weight shapes in :data:`SPLITK_BLOCK_FASTER`, which run
-  the split-K FP8 GEMM (w8a16) with its block scales and :func:`block_splitk_config`'s tiles;
+* block-wise scales (FP8 checkpoints with ``weight_block_size``): the split-K FP8 GEMM with
+  its block scales: decode steps (``M <= SPLITK_MAX_M``) of the weight shapes in
+  :data:`SPLITK_BLOCK_FASTER` with :func:`block_splitk_config`'s tiles (w8a8 from
+  :data:`BLOCK_SPLITK_A8_FROM` tokens, else w8a16), larger steps with
+  :data:`BLOCK_PREFILL_TILES` (w8a8, one ``K`` slice); the weight-only Triton kernel with its
+  block scales where neither applies (other shapes, non-bf16 models);
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
   dequantize then matmul in float32, activations quantized per token exactly when the CUDA
-  path does (per-channel scales, not a weight-only decode kernel: :meth:`weight_only`).
+  path does (:meth:`weight_only`).
 
 Pre-quantized activations: when a step's path is w8a8 (:meth:`Fp8LinearMethod.wants_fp8_input`),
 the kernel that produces this layer's input (RMSNorm, SiLU-and-mul, see
@@ -161,20 +163,44 @@ def splitk_configs(n: int, k: int) -> tuple[Fp8SplitKConfig | None, ...]:
     return tuple(by_m)
 
 
-SPLITK_BLOCK_FASTER: frozenset[tuple[int, int]] = frozenset()
+SPLITK_BLOCK_FASTER: frozenset[tuple[int, int]] = frozenset(
+    {(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)}
+)
 """Weight shapes ``(N, K)`` of block-scaled FP8 checkpoints where the split-K FP8 GEMM with
-block scales (w8a16, :func:`block_splitk_config`) beat the weight-only Triton kernel at every
-measured ``M <= SPLITK_MAX_M`` on the H200. Empty until measured: ``benchmarks/fp8_gemm_bench.py``
-(its default mode, the ``fp8 split-K (block)`` rows) prints this set's new value."""
+block scales (:func:`block_splitk_config`) beat the weight-only Triton kernel at every
+measured ``M <= SPLITK_MAX_M`` on the H200: Qwen3-8B's four, measured at M = 1, 4, 16, 32 and 64
+(w8a8: qkv 15.1 against 25.1 us at M = 1, 14.9 against 60.4 at M = 64; gate_up 29.7 against
+41.9 and 32.2 against 114.0; ``benchmarks/fp8_gemm_bench.py``, its default mode, the ``fp8
+split-K (block)`` rows, in ``benchmarks/results/h200-qwen3-8b-fp8/session18/``)."""
+
+BLOCK_SPLITK_A8_FROM: int | None = 1
+"""The smallest token count from which a block-scaled layer's split-K decode steps run w8a8
+(activations quantized per token by the GEMM's launcher, block scales applied per ``K`` step)
+instead of w8a16; None: w8a16 at every decode size. On the H200 w8a8 was faster for every
+Qwen3-8B shape at every measured size, the quantization launch included (gate_up at M = 1:
+29.7 against 45.1 us; down 23.7 against 24.3; ``benchmarks/fp8_gemm_bench.py``, the ``fp8
+split-K (block)`` and ``... (block) a8`` rows)."""
+
+BLOCK_PREFILL_TILES: SplitKTiles | None = (128, 128, 128, 1, 4, 8, True, "kernel", True)
+"""The split-K config (one ``K`` slice, w8a8: activations quantized per token, block scales
+applied per ``K`` step) of a block-scaled layer's steps of more than ``SPLITK_MAX_M`` tokens
+(prefill and large mixed steps); None keeps the weight-only Triton kernel there, which converts
+every weight tile to bf16 in registers and ran about 2.4-3x slower than bf16 cuBLAS on the H200
+(gate_up at 8192 tokens: 5,712 us; this config 2,670; bf16 2,385; a whole 8192-token prefill
+step 451.9 -> 240.6 ms). Measured with ``benchmarks/fp8_gemm_bench.py`` (the ``fp8 split-K
+(block) a8 ...`` rows above ``M = 64``; cuBLAS's own block-scaled GEMM measured faster there,
+see ``docs/fp8.md``)."""
 
 
-def block_splitk_config(m: int, n: int, k: int, block_size: tuple[int, int]) -> Fp8SplitKConfig:
-    """The split-K launch for a ``[M, K] @ [N, K]^T`` step with ``(bn, bk)`` block scales: the
-    tiles that :func:`splitk_configs` gives the per-channel layer of that shape at ``M`` (its
-    measured ones), else :func:`surge.kernels.fp8_gemm_splitk.default_splitk_config`'s; always
-    w8a16 (a block checkpoint's layers are weight-only, see :meth:`Fp8LinearMethod.weight_only`)
-    and ``block_k`` at most ``bk``'s largest power-of-two divisor, so that every ``K`` step
-    lies in one scale block."""
+def block_splitk_config(
+    m: int, n: int, k: int, block_size: tuple[int, int], a8: bool = False
+) -> Fp8SplitKConfig:
+    """The split-K launch for a ``[M, K] @ [N, K]^T`` decode step with ``(bn, bk)`` block scales:
+    the tiles that :func:`splitk_configs` gives the per-channel layer of that shape at ``M`` (its
+    measured ones), else :func:`surge.kernels.fp8_gemm_splitk.default_splitk_config`'s; w8a16,
+    or w8a8 with ``a8`` (the launcher quantizes the activations per token; see
+    :data:`BLOCK_SPLITK_A8_FROM`), and ``block_k`` at most ``bk``'s largest power-of-two
+    divisor, so that every ``K`` step lies in one scale block."""
     from dataclasses import replace
 
     from surge.kernels.fp8_gemm_splitk import default_splitk_config
@@ -184,7 +210,21 @@ def block_splitk_config(m: int, n: int, k: int, block_size: tuple[int, int]) -> 
     if cfg is None:
         cfg = default_splitk_config(m, n, k)
     bk = block_size[1]
-    return replace(cfg, a8=False, block_k=min(cfg.block_k, bk & -bk))
+    return replace(cfg, a8=a8, block_k=min(cfg.block_k, bk & -bk))
+
+
+def block_prefill_config(block_size: tuple[int, int]) -> Fp8SplitKConfig | None:
+    """:data:`BLOCK_PREFILL_TILES` as a config, its ``block_k`` at most ``bk``'s largest
+    power-of-two divisor; None when unset."""
+    if BLOCK_PREFILL_TILES is None:
+        return None
+    from dataclasses import replace
+
+    from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig
+
+    cfg = Fp8SplitKConfig(*BLOCK_PREFILL_TILES)
+    bk = block_size[1]
+    return replace(cfg, block_k=min(cfg.block_k, bk & -bk))
 
 
 def _tma_where_supported(
@@ -246,6 +286,7 @@ class Fp8LinearMethod:
         self.triton_for_decode = False
         self.splitk_by_m: tuple[Fp8SplitKConfig | None, ...] = ()
         self.block_splitk_by_m: tuple[Fp8SplitKConfig, ...] = ()  # block scales, M = 0..SPLITK_MAX_M
+        self.block_prefill: Fp8SplitKConfig | None = None  # block scales, M > SPLITK_MAX_M
         self.splitk_workspace: SplitKWorkspace | None = None  # shared, set by process_fp8
 
     # ------------------------------------------------------------------ loading
@@ -323,12 +364,20 @@ class Fp8LinearMethod:
         layer.weight = nn.Parameter(q.contiguous(), requires_grad=False)
         layer.register_buffer("weight_scale", s.float().contiguous(), persistent=False)
         n, k = q.shape
-        if self.block_size is not None and not self.emulate and (n, k) in SPLITK_BLOCK_FASTER:
+        if self.block_size is not None:
+            # set under emulation too: :meth:`weight_only` reads which steps quantize their input
             bs = self.block_size
-            self.block_splitk_by_m = _tma_where_supported(
-                tuple(block_splitk_config(max(m, 1), n, k, bs) for m in range(SPLITK_MAX_M + 1)),
-                layer.weight,
-            )
+            a8_from = BLOCK_SPLITK_A8_FROM
+            if (n, k) in SPLITK_BLOCK_FASTER:
+                by_m = tuple(
+                    block_splitk_config(max(m, 1), n, k, bs, a8_from is not None and m >= a8_from)
+                    for m in range(SPLITK_MAX_M + 1)
+                )
+                self.block_splitk_by_m = by_m if self.emulate else _tma_where_supported(by_m, layer.weight)
+            pre = block_prefill_config(bs)
+            if pre is not None and not self.emulate:
+                pre = _tma_where_supported((pre,), layer.weight)[0]
+            self.block_prefill = pre
         if self.block_size is None:
             self.scale_row = layer.weight_scale.view(1, n)
             self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
@@ -340,6 +389,8 @@ class Fp8LinearMethod:
         """``(floats, counters)`` of the :class:`~surge.kernels.fp8_gemm_splitk.SplitKWorkspace`
         that this layer's ``"inline"`` split-K configs need (the largest over ``M``; ``(0, 0)``
         for none); :func:`surge.quant.loading.process_fp8` allocates one for all layers."""
+        if self.emulate:
+            return 0, 0
         inline = [
             (m, c)
             for by_m in (self.splitk_by_m, self.block_splitk_by_m)
@@ -357,10 +408,15 @@ class Fp8LinearMethod:
 
     def weight_only(self, m: int) -> bool:
         """Whether a step of ``m`` tokens takes a weight-only (w8a16: activations not quantized)
-        GEMM: block scales, a w8a16 entry of :attr:`splitk_by_m`, or the Triton decode kernel
-        (:attr:`triton_for_decode`). The emulation follows it, so it computes what the CUDA
+        GEMM: a w8a16 entry of :attr:`splitk_by_m` or :attr:`block_splitk_by_m`, the Triton
+        decode kernel (:attr:`triton_for_decode`), or a block-scaled layer's weight-only
+        kernel (no split-K entry for ``m``). The emulation follows it, so it computes what the CUDA
         path computes (the CUDA fallbacks for odd shapes and non-bf16 models aside)."""
         if self.block_size is not None:
+            if m < len(self.block_splitk_by_m):
+                return not self.block_splitk_by_m[m].a8
+            if m > SPLITK_MAX_M and self.block_prefill is not None:
+                return not self.block_prefill.a8
             return True
         cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
         if cfg is not None:
@@ -373,8 +429,9 @@ class Fp8LinearMethod:
         kernel producing them may pass :class:`Fp8Activations` instead (decided when a CUDA
         graph is captured, per token bucket). Under emulation: whenever :meth:`apply` would
         quantize the input itself."""
-        if self.block_size is not None:
-            return False
+        if self.block_size is not None:  # split-K w8a8 decode steps
+            by_m = self.block_splitk_by_m
+            return (self.emulate or dtype == torch.bfloat16) and m < len(by_m) and by_m[m].a8
         if self.emulate:
             return not self.weight_only(m)
         if dtype != torch.bfloat16:
@@ -405,13 +462,17 @@ class Fp8LinearMethod:
 
         m = x.shape[0]
         if self.block_size is not None:
-            if m < len(self.block_splitk_by_m) and x.dtype == torch.bfloat16:
-                from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
+            if x.dtype == torch.bfloat16:
+                by_m = self.block_splitk_by_m
+                cfg = by_m[m] if m < len(by_m) else self.block_prefill if m > SPLITK_MAX_M else None
+                if cfg is not None:
+                    from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
 
-                xc = x if x.stride(1) == 1 else x.contiguous()
-                cfg = self.block_splitk_by_m[m]
-                ws = self.splitk_workspace
-                return fp8_linear_splitk(xc, w, s, bias, config=cfg, block_size=self.block_size, workspace=ws)
+                    xc = x if x.stride(1) == 1 else x.contiguous()
+                    ws = self.splitk_workspace
+                    return fp8_linear_splitk(
+                        xc, w, s, bias, config=cfg, block_size=self.block_size, workspace=ws
+                    )
             return fp8_linear(x, w, s, bias, block_size=self.block_size)
         if m < len(self.splitk_by_m) and x.dtype == torch.bfloat16:
             cfg = self.splitk_by_m[m]
@@ -480,7 +541,8 @@ class Fp8LinearMethod:
             cfg: Fp8SplitKConfig | None = None
             if isinstance(x, Fp8Activations):
                 m = x.data.shape[0]
-                cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+                by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
+                cfg = by_m[m] if m < len(by_m) else None
                 if (
                     cfg is not None
                     and cfg.split_k > 1
@@ -495,6 +557,7 @@ class Fp8LinearMethod:
                         layer.weight_scale,
                         bias,
                         config=cfg,
+                        block_size=self.block_size,
                         x_scale=x.scale,
                         out_dtype=x.dtype,
                     )
@@ -517,8 +580,9 @@ class Fp8LinearMethod:
         if not self.wants_fp8_input(m, x.dtype):
             raise ValueError(f"fp8: this layer's path for {m} tokens does not take FP8 activations")
         if self.emulate:
-            return fp8_linear_reference(x, w, s, bias)
-        cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
+            return fp8_linear_reference(x, w, s, bias, block_size=self.block_size)
+        by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
+        cfg = by_m[m] if m < len(by_m) else None
         if cfg is not None:
             from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
 
@@ -528,6 +592,7 @@ class Fp8LinearMethod:
                 s,
                 bias,
                 config=cfg,
+                block_size=self.block_size,
                 x_scale=x.scale,
                 out_dtype=x.dtype,
                 workspace=self.splitk_workspace,

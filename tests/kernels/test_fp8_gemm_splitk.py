@@ -21,7 +21,13 @@ from surge.kernels.fp8_gemm_splitk import (
     splitk_workspace_size,
 )
 from surge.kernels.fp8_quant import per_token_quant_fp8
-from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
+from surge.quant.fp8 import (
+    Fp8Activations,
+    dequantize,
+    fp8_linear_reference,
+    quantize_block,
+    quantize_per_channel,
+)
 from tests.kernels.emit_utils import run_emit, splitk_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -484,6 +490,8 @@ def test_block_layers_take_split_k_for_decode_where_measured_faster(monkeypatch:
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(fp8_gemm_splitk, "fp8_linear_splitk", spy)
+    monkeypatch.setattr(fp8_linear, "BLOCK_SPLITK_A8_FROM", None)
+    monkeypatch.setattr(fp8_linear, "BLOCK_PREFILL_TILES", None)
     # a measured channel config for this shape at bucket 1, with a w8a8 mode and a block_k
     # larger than the scale block: the block path keeps its tiles but w8a16 and block_k 32
     monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", {(64, 128): {1: (16, 32, 64, 2, 2, 4, True)}})
@@ -509,6 +517,79 @@ def test_block_layers_take_split_k_for_decode_where_measured_faster(monkeypatch:
             assert all(not c.a8 and block[1] % c.block_k == 0 for c in method.block_splitk_by_m)
         else:
             assert calls == [] and method.block_splitk_by_m == ()
+
+
+def test_block_layers_w8a8_decode_and_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``BLOCK_SPLITK_A8_FROM`` and ``BLOCK_PREFILL_TILES`` set, a block-scaled layer's
+    decode steps from that size on run the split-K GEMM w8a8 (activations quantized per token,
+    block scales per ``K`` step), steps above ``SPLITK_MAX_M`` the prefill config (w8a8, one
+    ``K`` slice), smaller ones w8a16; each matches the reference that quantizes its input
+    exactly when :meth:`weight_only` says, and the CPU emulation takes the same choices."""
+    from surge.kernels import fp8_gemm_splitk
+    from surge.layers.linear import ReplicatedLinear
+    from surge.quant import fp8_linear
+    from surge.quant.config import Fp8Config
+
+    gen = torch.Generator().manual_seed(6)
+    block = (32, 32)
+    calls: list[Fp8SplitKConfig] = []
+    real = fp8_gemm_splitk.fp8_linear_splitk
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(kwargs["config"])  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fp8_gemm_splitk, "fp8_linear_splitk", spy)
+    monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", {(64, 128): {1: (16, 32, 64, 2, 2, 4, False)}})
+    monkeypatch.setattr(fp8_linear, "SPLITK_BLOCK_FASTER", frozenset({(64, 128)}))
+    monkeypatch.setattr(fp8_linear, "BLOCK_SPLITK_A8_FROM", 3)
+    monkeypatch.setattr(fp8_linear, "BLOCK_PREFILL_TILES", (32, 32, 64, 1, 2, 4, True, "kernel"))
+    w = torch.randn(64, 128, generator=gen) * 0.05
+    layers = {}
+    for emulate in (False, True):
+        layer = ReplicatedLinear(128, 64, dtype=torch.bfloat16).to("cpu" if emulate else DEVICE)
+        layer.weight.data.copy_(w)
+        method = fp8_linear.Fp8LinearMethod(Fp8Config("block", False, block), emulate=emulate)
+        method.process_weights(layer)
+        layer.quant_method = method
+        layers[emulate] = layer
+    cuda = layers[False].quant_method
+    assert isinstance(cuda, fp8_linear.Fp8LinearMethod)
+    assert cuda.block_prefill == Fp8SplitKConfig(32, 32, 32, 1, 2, 4, True)  # block_k inside the block
+    for m, a8 in (
+        (1, False),
+        (2, False),
+        (3, True),
+        (fp8_linear.SPLITK_MAX_M, True),
+        (fp8_linear.SPLITK_MAX_M + 1, True),
+    ):
+        assert cuda.weight_only(m) is not a8 and layers[True].quant_method.weight_only(m) is not a8
+        calls.clear()
+        x = torch.randn(m, 128, generator=gen).to(torch.bfloat16)
+        got = layers[False](x.to(DEVICE)).cpu()
+        assert len(calls) == 1 and calls[0].a8 is a8
+        if m > fp8_linear.SPLITK_MAX_M:
+            assert calls[0] == cuda.block_prefill
+        q = layers[False].weight.cpu(), layers[False].weight_scale.cpu()
+        if a8:  # on the kernel's own quantized activations (see the w8a8 test above)
+            xq, xs = per_token_quant_fp8(x.to(DEVICE))
+            want = (dequantize(xq.cpu(), xs.cpu()) @ dequantize(*q, block).t()).to(torch.bfloat16)
+        else:
+            want = fp8_linear_reference(x, *q, block_size=block, quantize_input=False)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+        emulated = layers[True](x)
+        ref = fp8_linear_reference(x, *q, block_size=block, quantize_input=a8)
+        assert torch.equal(emulated, ref)
+        # a w8a8 decode step also takes activations its producer quantized (same bits)
+        decode_a8 = a8 and m <= fp8_linear.SPLITK_MAX_M
+        assert cuda.wants_fp8_input(m, torch.bfloat16) is decode_a8
+        assert layers[True].quant_method.wants_fp8_input(m, torch.bfloat16) is decode_a8
+        if decode_a8:
+            act = Fp8Activations(*per_token_quant_fp8(x.to(DEVICE)), torch.bfloat16)
+            assert torch.equal(layers[False](act).cpu(), got)
+            act_cpu = Fp8Activations(act.data.cpu(), act.scale.cpu(), torch.bfloat16)
+            assert torch.equal(layers[True](act_cpu), fp8_linear_reference(act_cpu, *q, block_size=block))
+    assert layers[True].quant_method.splitk_workspace_need(64) == (0, 0)
 
 
 def _ulp_units(y: torch.Tensor, ref: torch.Tensor) -> float:

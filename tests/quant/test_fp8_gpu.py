@@ -142,14 +142,15 @@ def test_fp8_layer_takes_prequantized_activations_real_shapes(layer: str, m: int
 
 
 @pytest.mark.parametrize("layer", list(SHAPES))
-@pytest.mark.parametrize("m", [1, 5, 16, 64])
+@pytest.mark.parametrize("m", [1, 5, 16, 64, 512])
 def test_fp8_splitk_block_gemm_real_shapes(layer: str, m: int) -> None:
-    """The split-K GEMM with 128 x 128 block scales (FP8 checkpoints' decode path) against the
-    torch reference, with the engine's tiles and with split / ragged / w8a8 variants."""
+    """The split-K GEMM with 128 x 128 block scales (FP8 checkpoints' decode and prefill paths)
+    against the torch reference, with the engine's tiles (w8a16 and w8a8 decode tables, the
+    one-slice prefill config) and with split / ragged / w8a8 variants."""
     from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, fp8_linear_splitk
     from surge.kernels.fp8_quant import per_token_quant_fp8
     from surge.quant.fp8 import dequantize
-    from surge.quant.fp8_linear import block_splitk_config
+    from surge.quant.fp8_linear import block_prefill_config, block_splitk_config
 
     n, k = SHAPES[layer]
     block = (128, 128)
@@ -162,8 +163,12 @@ def test_fp8_splitk_block_gemm_real_shapes(layer: str, m: int) -> None:
     deq = dequantize(wb, sb, block)
     xq, xs = per_token_quant_fp8(x)
     block_m = 16 if m <= 16 else 64
+    prefill = block_prefill_config(block)
+    assert prefill is not None
     for cfg in (
         block_splitk_config(m, n, k, block),
+        block_splitk_config(m, n, k, block, a8=True),
+        prefill,
         Fp8SplitKConfig(block_m, 64, 128, 8, 4, 4),
         Fp8SplitKConfig(block_m, 32, 64, 3, 3, 4),  # ragged K slices, two steps per block
         Fp8SplitKConfig(block_m, 64, 128, 4, 4, 4, a8=True),
