@@ -14,8 +14,8 @@ split-K), masked tails; the standard tiled GEMM of the Triton matmul tutorial wi
 dequantizing load. Decode steps (``M <= 16``) are bound by reading the weight, so reading it
 in FP8 is what makes them faster; the engine uses this kernel for those shapes where it
 measured faster than ``torch._scaled_mm`` (:data:`surge.quant.fp8_linear.TRITON_FASTER`), for
-every block-wise layer, and where ``_scaled_mm`` cannot run (dims not multiples of 16, fp16
-outputs). The launch depends only on shapes: safe inside CUDA-graph capture.
+block-wise layers where the split-K kernel has no config (decode steps of unmeasured shapes,
+non-bf16 models), and where ``_scaled_mm`` cannot run (dims not multiples of 16, fp16 outputs). The launch depends only on shapes: safe inside CUDA-graph capture.
 """
 
 from __future__ import annotations

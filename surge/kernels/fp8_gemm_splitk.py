@@ -1,4 +1,5 @@
-"""Split-K FP8 GEMM for decode steps: ``y [M, N] = x [M, K] @ dequant(w_fp8 [N, K])^T (+ bias)``.
+"""Split-K FP8 GEMM for decode steps (and, with one ``K`` slice and large tiles, block-scaled
+layers' prefill steps): ``y [M, N] = x [M, K] @ dequant(w_fp8 [N, K])^T (+ bias)``.
 
 A decode step (``M`` up to a few dozen tokens) is bound by reading the weight once. Tiling only
 ``N`` gives too few programs to keep every SM's memory pipeline busy on Qwen3-8B's shapes

@@ -20,7 +20,7 @@ their kernel layout, and (3) runs the GEMM:
   :data:`SPLITK_BLOCK_FASTER` with :func:`block_splitk_config`'s tiles (w8a8 from
   :data:`BLOCK_SPLITK_A8_FROM` tokens, else w8a16), larger steps with
   :data:`BLOCK_PREFILL_TILES` (w8a8, one ``K`` slice); the weight-only Triton kernel with its
-  block scales where neither applies (other shapes, non-bf16 models);
+  block scales where neither applies (other shapes' decode steps, non-bf16 models);
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
   dequantize then matmul in float32, activations quantized per token exactly when the CUDA
   path does (:meth:`weight_only`).
@@ -167,11 +167,13 @@ SPLITK_BLOCK_FASTER: frozenset[tuple[int, int]] = frozenset(
     {(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)}
 )
 """Weight shapes ``(N, K)`` of block-scaled FP8 checkpoints where the split-K FP8 GEMM with
-block scales (:func:`block_splitk_config`) beat the weight-only Triton kernel at every
-measured ``M <= SPLITK_MAX_M`` on the H200: Qwen3-8B's four, measured at M = 1, 4, 16, 32 and 64
-(w8a8: qkv 15.1 against 25.1 us at M = 1, 14.9 against 60.4 at M = 64; gate_up 29.7 against
-41.9 and 32.2 against 114.0; ``benchmarks/fp8_gemm_bench.py``, its default mode, the ``fp8
-split-K (block)`` rows, in ``benchmarks/results/h200-qwen3-8b-fp8/session18/``)."""
+block scales (:func:`block_splitk_config`, w8a8 as :data:`BLOCK_SPLITK_A8_FROM` sets it) beat the
+weight-only Triton kernel at every measured ``M <= SPLITK_MAX_M`` on the H200: Qwen3-8B's four,
+measured at M = 1, 4, 16, 32 and 64 (qkv 15.1 against 25.1 us at M = 1, 14.9 against 60.5 at
+M = 64; gate_up 29.7 against 42.3 and 32.2 against 112.8; ``benchmarks/fp8_gemm_bench.py``, its
+default mode, the ``fp8 split-K (block)`` rows, ``benchmarks/results/h200-qwen3-8b-fp8/session18/``).
+The set assumes w8a8: w8a16 gate_up (45.0-46.2 us) lost to the weight-only kernel (41.8-42.3)
+at M = 1..16."""
 
 BLOCK_SPLITK_A8_FROM: int | None = 1
 """The smallest token count from which a block-scaled layer's split-K decode steps run w8a8
@@ -406,13 +408,17 @@ class Fp8LinearMethod:
 
     # ------------------------------------------------------------------ forward
 
-    def weight_only(self, m: int) -> bool:
-        """Whether a step of ``m`` tokens takes a weight-only (w8a16: activations not quantized)
-        GEMM: a w8a16 entry of :attr:`splitk_by_m` or :attr:`block_splitk_by_m`, the Triton
-        decode kernel (:attr:`triton_for_decode`), or a block-scaled layer's weight-only
-        kernel (no split-K entry for ``m``). The emulation follows it, so it computes what the CUDA
-        path computes (the CUDA fallbacks for odd shapes and non-bf16 models aside)."""
+    def weight_only(self, m: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+        """Whether a step of ``m`` tokens of ``dtype`` activations takes a weight-only (w8a16:
+        activations not quantized) GEMM: a w8a16 entry of :attr:`splitk_by_m` or
+        :attr:`block_splitk_by_m`, the Triton decode kernel (:attr:`triton_for_decode`), or a
+        block-scaled layer's weight-only kernel (no split-K config for ``m``, or a non-bf16
+        model, whose block layers always take it). The emulation follows it, so it computes what
+        the CUDA path computes (the per-channel CUDA fallbacks for odd shapes and non-bf16
+        models aside)."""
         if self.block_size is not None:
+            if dtype != torch.bfloat16:
+                return True
             if m < len(self.block_splitk_by_m):
                 return not self.block_splitk_by_m[m].a8
             if m > SPLITK_MAX_M and self.block_prefill is not None:
@@ -429,9 +435,9 @@ class Fp8LinearMethod:
         kernel producing them may pass :class:`Fp8Activations` instead (decided when a CUDA
         graph is captured, per token bucket). Under emulation: whenever :meth:`apply` would
         quantize the input itself."""
-        if self.block_size is not None:  # split-K w8a8 decode steps
+        if self.block_size is not None:  # split-K w8a8 decode steps of bf16 models
             by_m = self.block_splitk_by_m
-            return (self.emulate or dtype == torch.bfloat16) and m < len(by_m) and by_m[m].a8
+            return dtype == torch.bfloat16 and m < len(by_m) and by_m[m].a8
         if self.emulate:
             return not self.weight_only(m)
         if dtype != torch.bfloat16:
@@ -456,7 +462,12 @@ class Fp8LinearMethod:
             return self._apply_fp8(x, w, s, bias)
         if self.emulate:
             return fp8_linear_reference(
-                x, w, s, bias, block_size=self.block_size, quantize_input=not self.weight_only(x.shape[0])
+                x,
+                w,
+                s,
+                bias,
+                block_size=self.block_size,
+                quantize_input=not self.weight_only(x.shape[0], x.dtype),
             )
         from surge.kernels.fp8_gemm import fp8_linear
 

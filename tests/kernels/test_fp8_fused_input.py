@@ -66,8 +66,10 @@ def _norm(hidden: int, device: str) -> RMSNorm:
 
 def test_wants_fp8_input_follows_the_chosen_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only w8a8 steps (split-K ``a8`` buckets, ``_scaled_mm`` above the table) of a per-channel
-    bf16 layer want FP8 input: not w8a16 buckets, the Triton decode kernel, other dtypes, block
-    scales or an unquantized layer; under emulation, exactly where the layer quantizes."""
+    bf16 layer want FP8 input: not w8a16 buckets, the Triton decode kernel, other dtypes or an
+    unquantized layer; a block-scaled layer's w8a8 split-K decode steps do, its prefill steps
+    (above the table) and shapes without a split-K table do not; under emulation, exactly where
+    the layer quantizes."""
     monkeypatch.setattr(
         fp8_linear,
         "SPLITK_MEASURED",
@@ -86,7 +88,19 @@ def test_wants_fp8_input_follows_the_chosen_path(monkeypatch: pytest.MonkeyPatch
     assert not layer.wants_fp8_input(16, bf16) and layer.wants_fp8_input(17, bf16)
     assert not ReplicatedLinear(K, N, dtype=bf16).wants_fp8_input(1, bf16)
     block = _fp8_layer(ReplicatedLinear(K, N, dtype=bf16), emulate=False, scheme="block")
-    assert not block.wants_fp8_input(1, bf16) and not block.wants_fp8_input(300, bf16)
+    assert not block.wants_fp8_input(1, bf16) and not block.wants_fp8_input(300, bf16)  # no table
+    monkeypatch.setattr(fp8_linear, "SPLITK_BLOCK_FASTER", frozenset({(N, K)}))
+    monkeypatch.setattr(fp8_linear, "BLOCK_SPLITK_A8_FROM", 2)
+    for emulate in (False, True):
+        block = _fp8_layer(ReplicatedLinear(K, N, dtype=bf16), emulate=emulate, scheme="block")
+        assert [block.wants_fp8_input(m, bf16) for m in (1, 2, 64, 65, 300)] == [
+            False,
+            True,
+            True,
+            False,
+            False,
+        ]
+        assert not block.wants_fp8_input(2, torch.float32)
     emulated = _fp8_layer(ReplicatedLinear(K, N, dtype=bf16), emulate=True)
     assert emulated.wants_fp8_input(1, bf16) and emulated.wants_fp8_input(1, torch.float32)
 

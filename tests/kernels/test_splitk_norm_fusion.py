@@ -99,17 +99,30 @@ def test_fused_reduce_add_rmsnorm_is_bit_identical(
 
 
 @pytest.mark.parametrize("m", [1, 5])
-def test_fused_reduce_with_block_scales(m: int) -> None:
-    """Block-scaled weights (the scales applied per ``K`` step): no weight scale in the
-    partials, and the fused norm equals the unfused pair."""
+@pytest.mark.parametrize("a8", [False, True])
+def test_fused_reduce_with_block_scales(m: int, a8: bool) -> None:
+    """Block-scaled weights (the scales applied per ``K`` step), w8a16 or w8a8 (also on
+    pre-quantized activations): no weight scale in the partials, the token scales with w8a8,
+    and the fused norm (bf16 or FP8 output) equals the unfused pair."""
     n, k, block = 64, 128, (32, 32)
     x, _, _, bias, residual, norm_w = _problem(m, n, k, seed=11)
     wb, sb = (t.to(DEVICE) for t in quantize_block(torch.randn(n, k) * 0.05, block))
-    cfg = Fp8SplitKConfig(16, 32, 32, 2, 2, 4, reduce="kernel")
+    cfg = Fp8SplitKConfig(16, 32, 32, 2, 2, 4, a8=a8, reduce="kernel")
     y = fp8_linear_splitk(x, wb, sb, bias, config=cfg, block_size=block)
-    p = fp8_linear_splitk_partials(x, wb, sb, bias, config=cfg, block_size=block)
-    assert p.weight_scale is None
-    _assert_same(add_rmsnorm_partials(p, norm_w, 1e-6, residual), add_rmsnorm(y, norm_w, 1e-6, residual))
+    inputs = [fp8_linear_splitk_partials(x, wb, sb, bias, config=cfg, block_size=block)]
+    if a8:
+        xq, xs = per_token_quant_fp8(x)
+        inputs.append(
+            fp8_linear_splitk_partials(
+                xq, wb, sb, bias, config=cfg, block_size=block, x_scale=xs, out_dtype=BF16
+            )
+        )
+    for p in inputs:
+        assert p.weight_scale is None and (p.token_scale is not None) == a8
+        _assert_same(add_rmsnorm_partials(p, norm_w, 1e-6, residual), add_rmsnorm(y, norm_w, 1e-6, residual))
+        _assert_same(
+            add_rmsnorm_partials_fp8(p, norm_w, 1e-6, residual), add_rmsnorm_fp8(y, norm_w, 1e-6, residual)
+        )
 
 
 def test_partials_rejections() -> None:

@@ -271,7 +271,9 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
             for method, _ in methods:
                 method.splitk_workspace = ws
     if kw.pop("block_splitk_decode", False):  # as if SPLITK_BLOCK_FASTER held every shape
-        from surge.quant.fp8_linear import SPLITK_MAX_M, block_splitk_config
+        from surge.quant.fp8_linear import BLOCK_SPLITK_A8_FROM, SPLITK_MAX_M, block_splitk_config
+
+        a8_from = BLOCK_SPLITK_A8_FROM
 
         for m in runner.model.modules():
             if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
@@ -279,7 +281,8 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
                 bs = m.quant_method.block_size
                 assert bs is not None
                 m.quant_method.block_splitk_by_m = tuple(
-                    block_splitk_config(max(t, 1), n, k, bs) for t in range(SPLITK_MAX_M + 1)
+                    block_splitk_config(max(t, 1), n, k, bs, a8_from is not None and t >= a8_from)
+                    for t in range(SPLITK_MAX_M + 1)
                 )
     if kw.pop("triton_decode", False):
         for m in runner.model.modules():
