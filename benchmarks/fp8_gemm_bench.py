@@ -36,7 +36,7 @@ Run on the GPU host (from the repository root), about a minute::
     PYTHONPATH=. python3 benchmarks/fp8_gemm_bench.py --m 1 2 4 8 16 --layers o down
 
 On a CPU-only machine ``--check`` runs the correctness checks at tiny shapes under Triton's
-interpreter (no timings).
+interpreter (no timings), at ``M`` = 1, 5 and 20 or ``--m``'s (above 64: the prefill candidates).
 
 ``--sweep`` times the split-K FP8 GEMM (:mod:`surge.kernels.fp8_gemm_splitk`) over its tile,
 split-K, operand-mode (w8a16 / w8a8), reduction (a reduce kernel / inline in the last
@@ -232,9 +232,10 @@ def bench_shape(
         if m > SPLITK_MAX_M:  # the decode tables stop at SPLITK_MAX_M
             paths = [p for p in paths if p[0] not in ("fp8 split-K (block)", "fp8 split-K (block) a8")]
         if m > SPLITK_MAX_M:  # prefill-sized candidates for block checkpoints: one K slice
-            for desc, cfg in LARGE_BLOCK_CONFIGS:
-                if cfg.tma and not tma_supported(dev):
+            for desc, large in LARGE_BLOCK_CONFIGS:
+                if large.tma and not tma_supported(dev):
                     continue
+                cfg = replace(large, block_k=min(large.block_k, block[1] & -block[1]))
                 paths.append(
                     (
                         f"fp8 split-K (block) {desc}",
@@ -242,6 +243,8 @@ def bench_shape(
                         ref_b8 if cfg.a8 else ref_b,
                     )
                 )
+        if k % 128:  # cuBLAS's 1 x 128 / 128 x 128 block scaling needs K (and N) in 128s
+            paths = [p for p in paths if "F.scaled_mm" not in p[0]]
         paths = [p for p in paths if not only or any(word in p[0] for word in only)]
         print(f"N={n} K={k} M={m}")
         times: dict[str, float] = {}
@@ -572,6 +575,8 @@ def main() -> None:
         return
     if args.sweep:
         ms = [m for m in args.m if m <= SPLITK_BUCKETS[-1]] if "--m" in sys.argv else list(SPLITK_BUCKETS)
+        if not args.check and not torch.cuda.is_available():
+            sys.exit("fp8_gemm_bench.py: timings need a CUDA GPU; on CPU, --sweep --check checks the configs")
         if not args.check:
             print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
         merged = json.loads(args.json.read_text()) if args.json is not None and args.json.exists() else {}
@@ -583,10 +588,13 @@ def main() -> None:
                 args.json.write_text(json.dumps(merged, indent=1))
         return
     if args.check:
+        ms = args.m if "--m" in sys.argv else [1, 5, 20]
         for name in args.layers:
             print(name)
-            bench_shape(*TINY[name], [1, 5, 20], (32, 32), 1, 1, True, args.paths)
+            bench_shape(*TINY[name], ms, (32, 32), 1, 1, True, args.paths)
         return
+    if not torch.cuda.is_available():
+        sys.exit("fp8_gemm_bench.py: timings need a CUDA GPU; on CPU, --check runs the correctness checks")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     faster, block_faster, prefill = [], [], []
     for name in args.layers:

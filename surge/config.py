@@ -421,9 +421,16 @@ class EngineConfig:
         )
         check_tensor_parallel(self.model, self.parallel.tensor_parallel_size)
         if self.device == "cpu" and self.uses_fp8 and not self.fp8_emulation:
+            fp8 = self.model.fp8_config
+            what = (
+                "this model is an FP8 checkpoint (its config.json has quantization_config "
+                "quant_method 'fp8'), and fp8"
+                if fp8 is not None and fp8.from_checkpoint
+                else "fp8"
+            )
             raise ValueError(
-                "fp8 (quantization or kv_cache_dtype) needs a CUDA GPU of compute capability >= 8.9; "
-                "FP8 serving on CPU is not supported"
+                f"{what} (quantization or kv_cache_dtype) needs a CUDA GPU of compute capability >= 8.9; "
+                "FP8 on CPU is not supported (LLM(..., fp8_emulation=True) is a CPU test mode)"
             )
         _require(
             not self.fp8_emulation or self.device == "cpu",

@@ -190,7 +190,10 @@ def model_shape(
     fp8_checkpoint = isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "fp8"
     dt = str(dtype or ("fp8" if fp8_checkpoint else model_dt)).removeprefix("torch.")
     if dt not in DTYPE_BYTES or model_dt not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dt if dt not in DTYPE_BYTES else model_dt!r} for the roofline")
+        raise ValueError(
+            f"unknown dtype {dt if dt not in DTYPE_BYTES else model_dt!r} for the roofline "
+            f"(one of {', '.join(DTYPE_BYTES)})"
+        )
     if kv_cache_dtype not in (None, "auto", "fp8"):
         raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r} for the roofline (auto or fp8)")
     nbytes = DTYPE_BYTES[dt]

@@ -142,6 +142,16 @@ def test_fp8_refused_on_cpu_without_emulation(kwargs: dict[str, str]) -> None:
         LLM(device="cpu", **kwargs)  # type: ignore[arg-type]
 
 
+def test_fp8_checkpoint_refused_on_cpu_names_the_checkpoint(tmp_path: Path) -> None:
+    """An FP8 checkpoint on CPU (no flag given) is refused with a message that says the model's
+    config made it FP8, and names the CPU test mode."""
+    from tests.quant.helpers import fp8_checkpoint
+
+    fp8_checkpoint(DEFAULT_MODEL_DIR, tmp_path / "fp8", (4, 4))
+    with pytest.raises(ValueError, match="is an FP8 checkpoint .* compute capability >= 8.9.*fp8_emulation"):
+        LLM(model=str(tmp_path / "fp8"), device="cpu")
+
+
 @pytest.mark.parametrize("flag", [["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"]])
 def test_serve_fp8_on_cpu_is_one_line_error(flag: list[str]) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
