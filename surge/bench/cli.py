@@ -96,9 +96,12 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     _add_hardware_flags(p)
 
 
-def _add_grid_flags(p: argparse.ArgumentParser) -> None:
+def _add_grid_flags(p: argparse.ArgumentParser, preset_default: str = "none") -> None:
     p.add_argument(
-        "--preset", choices=["official-8b"], default=None, help="official-8b: the 30-point reference matrix"
+        "--preset",
+        choices=["official-8b"],
+        default=None,
+        help=f"official-8b: the 30-point reference matrix (default: {preset_default})",
     )
     p.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,4 (default: none)")
     p.add_argument(
@@ -226,7 +229,7 @@ def add_bench_parser(subparsers: Any) -> None:
         choices=["auto", "fp8"],
         help="KV cache dtype: auto (the model's) or fp8 (default auto)",
     )
-    _add_grid_flags(p)
+    _add_grid_flags(p, preset_default="official-8b when no --concurrency/--input-len/--output-len is given")
     g = p.add_argument_group("hardware (required: --gpu, or both --hbm-bandwidth and --peak-flops)")
     g.add_argument(
         "--gpu", default=None, help="known GPU name: h200, h100-sxm, a100-80gb, ... (default: none)"
