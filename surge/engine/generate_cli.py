@@ -39,24 +39,9 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument(
-        "--load-format",
-        default="auto",
-        choices=["auto", "safetensors", "dummy"],
-        help="auto: the folder's safetensors weights; dummy: random weights of the right shapes (benchmarks)",
-    )
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=["fp8"],
-        help="fp8: quantize a bf16 checkpoint's linear layers to FP8 at load (FP8 checkpoints need no flag); needs a GPU of compute capability >= 8.9",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", "fp8"],
-        help="KV cache dtype: auto (the model's) or fp8 (e4m3, about twice the tokens; GPU of compute capability >= 8.9)",
-    )
+    from surge.engine.cli_args import add_load_args
+
+    add_load_args(p)
     from surge.parallel.cli_args import add_parallel_args
 
     add_parallel_args(p, serve=False)

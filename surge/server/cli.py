@@ -150,24 +150,9 @@ def add_serve_parser(subparsers: Any) -> None:
         help="fraction of GPU memory to use (default 0.9)",
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument(
-        "--load-format",
-        default="auto",
-        choices=["auto", "safetensors", "dummy"],
-        help="auto: the folder's safetensors weights; dummy: random weights of the right shapes (benchmarks)",
-    )
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=["fp8"],
-        help="fp8: quantize a bf16 checkpoint's linear layers to FP8 at load (FP8 checkpoints need no flag); needs a GPU of compute capability >= 8.9",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", "fp8"],
-        help="KV cache dtype: auto (the model's) or fp8 (e4m3, about twice the tokens; GPU of compute capability >= 8.9)",
-    )
+    from surge.engine.cli_args import add_load_args
+
+    add_load_args(p)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"

@@ -1,0 +1,34 @@
+"""The model-loading flags shared by `surge serve` and `surge generate`."""
+
+from __future__ import annotations
+
+import argparse
+
+from surge.config import LOAD_FORMATS
+from surge.quant.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    """Add ``--load-format``, ``--quantization`` and ``--kv-cache-dtype`` (choices from
+    :data:`surge.config.LOAD_FORMATS`, :data:`surge.quant.config.QUANTIZATION_METHODS` and
+    :data:`~surge.quant.config.KV_CACHE_DTYPES`, the values the engine config validates)."""
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=list(LOAD_FORMATS),
+        help="auto or safetensors: the folder's weights; dummy: random weights of the right shapes (benchmarks)",
+    )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=list(QUANTIZATION_METHODS),
+        help="fp8: quantize a bf16 checkpoint's linear layers to FP8 at load (FP8 checkpoints need no "
+        "flag); needs a GPU of compute capability >= 8.9",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=list(KV_CACHE_DTYPES),
+        help="KV cache dtype: auto (the model's) or fp8 (e4m3, about twice the tokens; GPU of compute "
+        "capability >= 8.9)",
+    )
