@@ -390,7 +390,9 @@ class Fp8LinearMethod:
     def splitk_workspace_need(self, n: int) -> tuple[int, int]:
         """``(floats, counters)`` of the :class:`~surge.kernels.fp8_gemm_splitk.SplitKWorkspace`
         that this layer's ``"inline"`` split-K configs need (the largest over ``M``; ``(0, 0)``
-        for none); :func:`surge.quant.loading.process_fp8` allocates one for all layers."""
+        for none, and under emulation, which launches no kernel though it keeps the block tables
+        for :meth:`weight_only`); :func:`surge.quant.loading.process_fp8` allocates one for all
+        layers."""
         if self.emulate:
             return 0, 0
         inline = [

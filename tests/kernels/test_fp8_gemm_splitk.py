@@ -29,6 +29,7 @@ from surge.quant.fp8 import (
     quantize_per_channel,
 )
 from tests.kernels.emit_utils import run_emit, splitk_table
+from tests.kernels.splitk_spy import record_splitk_configs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -474,22 +475,13 @@ def test_block_layers_take_split_k_for_decode_where_measured_faster(monkeypatch:
     """A block-scaled layer whose shape is in ``SPLITK_BLOCK_FASTER`` runs decode steps through
     the split-K GEMM with its block scales (w8a16, ``block_k`` inside a scale block), larger
     steps through the weight-only Triton kernel; a shape not in it keeps that kernel for all."""
-    from surge.kernels import fp8_gemm_splitk
     from surge.layers.linear import ReplicatedLinear
     from surge.quant import fp8_linear
     from surge.quant.config import Fp8Config
 
     gen = torch.Generator().manual_seed(5)
     block = (32, 32)
-    calls: list[Fp8SplitKConfig] = []
-    real = fp8_gemm_splitk.fp8_linear_splitk
-
-    def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(kwargs["config"])  # type: ignore[arg-type]
-        assert kwargs["block_size"] == block
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fp8_gemm_splitk, "fp8_linear_splitk", spy)
+    calls = record_splitk_configs(monkeypatch, block)
     monkeypatch.setattr(fp8_linear, "BLOCK_SPLITK_A8_FROM", None)
     monkeypatch.setattr(fp8_linear, "BLOCK_PREFILL_TILES", None)
     # a measured channel config for this shape at bucket 1, with a w8a8 mode and a block_k
@@ -525,21 +517,13 @@ def test_block_layers_w8a8_decode_and_prefill(monkeypatch: pytest.MonkeyPatch) -
     block scales per ``K`` step), steps above ``SPLITK_MAX_M`` the prefill config (w8a8, one
     ``K`` slice), smaller ones w8a16; each matches the reference that quantizes its input
     exactly when :meth:`weight_only` says, and the CPU emulation takes the same choices."""
-    from surge.kernels import fp8_gemm_splitk
     from surge.layers.linear import ReplicatedLinear
     from surge.quant import fp8_linear
     from surge.quant.config import Fp8Config
 
     gen = torch.Generator().manual_seed(6)
     block = (32, 32)
-    calls: list[Fp8SplitKConfig] = []
-    real = fp8_gemm_splitk.fp8_linear_splitk
-
-    def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(kwargs["config"])  # type: ignore[arg-type]
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fp8_gemm_splitk, "fp8_linear_splitk", spy)
+    calls = record_splitk_configs(monkeypatch)
     monkeypatch.setattr(fp8_linear, "SPLITK_MEASURED", {(64, 128): {1: (16, 32, 64, 2, 2, 4, False)}})
     monkeypatch.setattr(fp8_linear, "SPLITK_BLOCK_FASTER", frozenset({(64, 128)}))
     monkeypatch.setattr(fp8_linear, "BLOCK_SPLITK_A8_FROM", 3)

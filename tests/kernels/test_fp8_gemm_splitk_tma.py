@@ -27,6 +27,7 @@ from surge.kernels.fp8_gemm_splitk import (
 from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
 from tests.kernels.emit_utils import run_emit, splitk_table
+from tests.kernels.splitk_spy import record_splitk_configs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -240,14 +241,7 @@ def test_engine_layer_runs_a_tma_entry_and_drops_it_where_tma_cannot_run(
             }
         },
     )
-    calls: list[Fp8SplitKConfig] = []
-    real = fp8_gemm_splitk.fp8_linear_splitk
-
-    def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(kwargs["config"])  # type: ignore[arg-type]
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fp8_gemm_splitk, "fp8_linear_splitk", spy)
+    calls = record_splitk_configs(monkeypatch)
     x = torch.randn(1, 128, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(DEVICE)
     results = {}
     for refuse in (False, True):
