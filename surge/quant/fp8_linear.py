@@ -410,6 +410,20 @@ class Fp8LinearMethod:
 
     # ------------------------------------------------------------------ forward
 
+    def _decode_config(self, m: int) -> Fp8SplitKConfig | None:
+        """The split-K config of a decode step of ``m`` tokens from :attr:`block_splitk_by_m`
+        (block scales) or :attr:`splitk_by_m`; None above the table or where it has none."""
+        by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
+        return by_m[m] if m < len(by_m) else None
+
+    def _block_config(self, m: int) -> Fp8SplitKConfig | None:
+        """A block-scaled layer's split-K config for a bf16 step of ``m`` tokens: its decode
+        table's entry, :attr:`block_prefill` above ``SPLITK_MAX_M``, or None (the weight-only
+        kernel)."""
+        if m > SPLITK_MAX_M:
+            return self.block_prefill
+        return self._decode_config(m)
+
     def weight_only(self, m: int, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Whether a step of ``m`` tokens of ``dtype`` activations takes a weight-only (w8a16:
         activations not quantized) GEMM: a w8a16 entry of :attr:`splitk_by_m` or
@@ -419,13 +433,8 @@ class Fp8LinearMethod:
         the CUDA path computes (the per-channel CUDA fallbacks for odd shapes and non-bf16
         models aside)."""
         if self.block_size is not None:
-            if dtype != torch.bfloat16:
-                return True
-            if m < len(self.block_splitk_by_m):
-                return not self.block_splitk_by_m[m].a8
-            if m > SPLITK_MAX_M and self.block_prefill is not None:
-                return not self.block_prefill.a8
-            return True
+            cfg = self._block_config(m) if dtype == torch.bfloat16 else None
+            return cfg is None or not cfg.a8
         cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None
         if cfg is not None:
             return not cfg.a8
@@ -438,8 +447,8 @@ class Fp8LinearMethod:
         graph is captured, per token bucket). Under emulation: whenever :meth:`apply` would
         quantize the input itself."""
         if self.block_size is not None:  # split-K w8a8 decode steps of bf16 models
-            by_m = self.block_splitk_by_m
-            return dtype == torch.bfloat16 and m < len(by_m) and by_m[m].a8
+            cfg = self._decode_config(m)
+            return dtype == torch.bfloat16 and cfg is not None and cfg.a8
         if self.emulate:
             return not self.weight_only(m)
         if dtype != torch.bfloat16:
@@ -475,17 +484,13 @@ class Fp8LinearMethod:
 
         m = x.shape[0]
         if self.block_size is not None:
-            if x.dtype == torch.bfloat16:
-                by_m = self.block_splitk_by_m
-                cfg = by_m[m] if m < len(by_m) else self.block_prefill if m > SPLITK_MAX_M else None
-                if cfg is not None:
-                    from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
+            cfg = self._block_config(m) if x.dtype == torch.bfloat16 else None
+            if cfg is not None:
+                from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
 
-                    xc = x if x.stride(1) == 1 else x.contiguous()
-                    ws = self.splitk_workspace
-                    return fp8_linear_splitk(
-                        xc, w, s, bias, config=cfg, block_size=self.block_size, workspace=ws
-                    )
+                xc = x if x.stride(1) == 1 else x.contiguous()
+                ws = self.splitk_workspace
+                return fp8_linear_splitk(xc, w, s, bias, config=cfg, block_size=self.block_size, workspace=ws)
             return fp8_linear(x, w, s, bias, block_size=self.block_size)
         if m < len(self.splitk_by_m) and x.dtype == torch.bfloat16:
             cfg = self.splitk_by_m[m]
@@ -554,8 +559,7 @@ class Fp8LinearMethod:
             cfg: Fp8SplitKConfig | None = None
             if isinstance(x, Fp8Activations):
                 m = x.data.shape[0]
-                by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
-                cfg = by_m[m] if m < len(by_m) else None
+                cfg = self._decode_config(m)
                 if (
                     cfg is not None
                     and cfg.split_k > 1
@@ -576,8 +580,7 @@ class Fp8LinearMethod:
                     )
             elif x.dtype == torch.bfloat16:
                 m = x.shape[0]
-                by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
-                cfg = by_m[m] if m < len(by_m) else None
+                cfg = self._decode_config(m)
                 if cfg is not None and cfg.split_k > 1 and cfg.reduce == "kernel":
                     from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk_partials
 
@@ -594,8 +597,7 @@ class Fp8LinearMethod:
             raise ValueError(f"fp8: this layer's path for {m} tokens does not take FP8 activations")
         if self.emulate:
             return fp8_linear_reference(x, w, s, bias, block_size=self.block_size)
-        by_m = self.splitk_by_m if self.block_size is None else self.block_splitk_by_m
-        cfg = by_m[m] if m < len(by_m) else None
+        cfg = self._decode_config(m)
         if cfg is not None:
             from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk
 
