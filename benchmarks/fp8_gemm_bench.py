@@ -21,7 +21,9 @@ reference of :mod:`surge.quant.fp8`, then times it inside a CUDA graph that runs
 * ``fp8 F.scaled_mm block``: ``torch.nn.functional.scaled_mm`` with 1x128 activation and
   128x128 weight block scales, where this torch/cuBLAS runs it (else the error is printed),
   the activations quantized per 128-column group by torch ops; ``... block gemm``: the same
-  GEMM on activations quantized beforehand (its own cost).
+  GEMM on activations quantized beforehand (its own cost); ``fp8 F.scaled_mm engine``: the engine's
+  path for block layers' prefill steps (``surge.quant.fp8_linear.block_scaled_mm_linear``: the
+  Triton group quantization, rows padded to 16, the GEMM).
 
 ``--paths WORD ...`` times only the paths whose label contains one of the words.
 
@@ -94,6 +96,7 @@ from surge.quant.fp8_linear import (
     SKINNY_MAX_M,
     SPLITK_BUCKETS,
     SPLITK_MAX_M,
+    block_scaled_mm_linear,
     block_splitk_config,
     scaled_mm_linear,
 )
@@ -228,6 +231,7 @@ def bench_shape(
                 lambda i, xg=group_quant(x) if k % 128 == 0 else None: block_scaled_mm_q(*xg, *blk[i]),
                 ref_g,
             ),
+            ("fp8 F.scaled_mm engine", lambda i, x=x: block_scaled_mm_linear(x, *blk[i], None), ref_g),
         ]
         if m > SPLITK_MAX_M:  # the decode tables stop at SPLITK_MAX_M
             paths = [p for p in paths if p[0] not in ("fp8 split-K (block)", "fp8 split-K (block) a8")]

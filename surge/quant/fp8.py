@@ -112,6 +112,31 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _to_fp8(x, scale), scale
 
 
+def quantize_per_token_group(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic activation quantization, one scale per row and ``group`` consecutive columns:
+    ``x [M, K] -> (fp8 [M, K], scale [M, K / group] float32)`` (cuBLAS's ``BlockWise1x128``
+    activation scaling for ``group`` 128; the reference of
+    :func:`surge.kernels.fp8_group_quant.per_token_group_quant_fp8`, which pads the rows and lays
+    the scales out outer-dim-major, the values being these).
+
+    Raises:
+        ValueError: ``x`` not 2-D, or ``K`` not a multiple of ``group``.
+    """
+    if x.dim() != 2 or x.shape[1] % group:
+        raise ValueError(f"x must be [M, K] with K a multiple of {group}, got {tuple(x.shape)}")
+    m, k = x.shape
+    xg = x.float().view(m, k // group, group)
+    scale = _scale_of(xg.abs().amax(dim=2))
+    return _to_fp8(xg, scale[:, :, None]).view(m, k), scale
+
+
+def dequantize_per_token_group(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q [M, K]`` fp8 times its group scales ``[M, K / group]`` (any strides), in float32."""
+    m, k = q.shape
+    groups = scale.shape[1]
+    return (q.float().view(m, groups, k // groups) * scale.float()[:, :, None]).view(m, k)
+
+
 def quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale for the whole tensor: ``-> (fp8, scale [] float32)``."""
     amax = weight.float().abs().amax()
@@ -172,22 +197,30 @@ def fp8_linear_reference(
     *,
     block_size: tuple[int, int] | None = None,
     quantize_input: bool = True,
+    input_group: int | None = None,
 ) -> torch.Tensor:
     """An FP8 linear layer in float32 torch: ``x [M, K] -> [M, N]`` in ``x``'s dtype.
 
     With ``quantize_input`` the activations are quantized per token first (the w8a8 GEMM of
-    ``torch._scaled_mm``); without it they stay in their dtype (the weight-only kernel of
-    :mod:`surge.kernels.fp8_gemm`). Then ``dequant(x) @ dequant(weight)^T (+ bias)``.
-    :class:`Fp8Activations` are already quantized: they are dequantized as they are
-    (``quantize_input`` is ignored) and the result has their ``dtype``.
+    ``torch._scaled_mm``), or per token and ``input_group`` columns with ``input_group``
+    (cuBLAS's block-scaled GEMM, ``BlockWise1x128``); without it they stay in their dtype (the
+    weight-only kernel of :mod:`surge.kernels.fp8_gemm`). Then ``dequant(x) @
+    dequant(weight)^T (+ bias)``. :class:`Fp8Activations` are already quantized: they are
+    dequantized as they are (``quantize_input`` is ignored) and the result has their ``dtype``.
 
     Args:
         weight: fp8 ``[N, K]``; scale: ``[N]`` or block scales (with ``block_size``).
+        input_group: columns per activation scale, a divisor of ``K``; None: one per token.
     """
     if isinstance(x, Fp8Activations):
         xf, dtype = dequantize(x.data, x.scale), x.dtype
     else:
-        xf = dequantize(*quantize_per_token(x)) if quantize_input else x.float()
+        if not quantize_input:
+            xf = x.float()
+        elif input_group is not None:
+            xf = dequantize_per_token_group(*quantize_per_token_group(x, input_group))
+        else:
+            xf = dequantize(*quantize_per_token(x))
         dtype = x.dtype
     out = xf @ dequantize(weight, scale, block_size).t()
     if bias is not None:

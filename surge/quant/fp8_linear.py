@@ -19,11 +19,18 @@ their kernel layout, and (3) runs the GEMM:
   its block scales: decode steps (``M <= SPLITK_MAX_M``) of the weight shapes in
   :data:`SPLITK_BLOCK_FASTER` with :func:`block_splitk_config`'s tiles (w8a8 from
   :data:`BLOCK_SPLITK_A8_FROM` tokens, else w8a16), larger steps with
-  :data:`BLOCK_PREFILL_TILES` (w8a8, one ``K`` slice); the weight-only Triton kernel with its
-  block scales where neither applies (other shapes' decode steps, non-bf16 models);
+  :data:`BLOCK_PREFILL_TILES` (w8a8, one ``K`` slice), or, for 128 x 128 blocks of a shape
+  cuBLAS takes (:func:`block_scaled_mm_eligible`) where the start-up probe
+  (:func:`block_scaled_mm_probe`) passed on the device, cuBLAS's block-scaled GEMM
+  (:func:`block_scaled_mm_linear`: activations quantized per token and 128-column group);
+  the weight-only Triton kernel with its block scales where none applies (other shapes'
+  decode steps, non-bf16 models);
 * on CPU (``emulate``, tests only): :func:`surge.quant.fp8.fp8_linear_reference`, i.e.
   dequantize then matmul in float32, activations quantized per token exactly when the CUDA
-  path does (:meth:`weight_only`).
+  path does (:meth:`weight_only`), per token and 128-column group where the CUDA path would
+  take cuBLAS's block-scaled GEMM by shape and step size (:meth:`block_scaled_mm_step`; the
+  probe is not consulted: on a GPU whose probe failed, those steps run per-token Triton and
+  differ from the emulation by the activation scales' granularity).
 
 Pre-quantized activations: when a step's path is w8a8 (:meth:`Fp8LinearMethod.wants_fp8_input`),
 the kernel that produces this layer's input (RMSNorm, SiLU-and-mul, see
@@ -40,6 +47,8 @@ second launch (``split_k > 1``, ``reduce == "kernel"``); the norm's kernel sums 
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,6 +67,8 @@ from surge.quant.fp8 import (
 if TYPE_CHECKING:
     from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, SplitKWorkspace
     from surge.layers.linear import _LinearBase
+
+logger = logging.getLogger("surge.quant")
 
 SKINNY_MAX_M = 16
 """Largest token count that may take the Triton kernel instead of ``_scaled_mm``."""
@@ -190,8 +201,152 @@ applied per ``K`` step) of a block-scaled layer's steps of more than ``SPLITK_MA
 every weight tile to bf16 in registers and ran about 2.4-3x slower than bf16 cuBLAS on the H200
 (gate_up at 8192 tokens: 5,712 us; this config 2,670; bf16 2,385; a whole 8192-token prefill
 step 451.9 -> 240.6 ms). Measured with ``benchmarks/fp8_gemm_bench.py`` (the ``fp8 split-K
-(block) a8 ...`` rows above ``M = 64``; cuBLAS's own block-scaled GEMM measured faster there,
-see ``docs/fp8.md``)."""
+(block) a8 ...`` rows above ``M = 64``). cuBLAS's own block-scaled GEMM measured faster there as
+a bare GEMM and replaces this config where it can (:func:`block_scaled_mm_eligible` and
+:func:`block_scaled_mm_probe`; see ``docs/fp8.md``)."""
+
+BLOCK_SCALED_MM_ROWS = 16
+"""Row multiple that a step's activations are padded to for cuBLAS's block-scaled GEMM
+(:func:`block_scaled_mm_linear`). On the H200 (torch 2.11, CUDA 13) it refused ``M`` = 1 (the
+scale tensor's strides) and 17 (``CUBLAS_STATUS_NOT_SUPPORTED``) and ran ``M`` = 100, 128, 512,
+2048 and 8192: the outer-dim-major activation scales need ``M`` in multiples of 4 (16-byte
+aligned columns). 16 keeps every step on the tested sizes (each piecewise-graph bucket is a
+multiple of 16 already) for at most 15 rows of extra work on steps of more than 64 tokens."""
+
+BLOCK_SCALED_MM_GROUP = 128
+"""Columns per activation scale of cuBLAS's block-scaled GEMM (``BlockWise1x128``)."""
+
+
+def block_scaled_mm_eligible(n: int, k: int, block_size: tuple[int, int]) -> bool:
+    """Whether a block-scaled ``[N, K]`` weight's shape fits cuBLAS's block-scaled GEMM: 128 x 128
+    blocks, ``N`` a multiple of 128, ``K`` a multiple of 512 (torch 2.11 refuses a ``K / 128``
+    that is not a multiple of 4: ``scale_b must have shape 4 x 2``, measured on the H200)."""
+    return tuple(block_size) == (128, 128) and n % 128 == 0 and k % 512 == 0
+
+
+def _scaled_mm_has_block_scaling() -> bool:
+    """Whether this torch has ``torch.nn.functional.scaled_mm`` with 1 x 128 and 128 x 128 block
+    scaling (torch >= 2.9)."""
+    f = torch.nn.functional
+    st = getattr(f, "ScalingType", None)
+    return (
+        hasattr(f, "scaled_mm")
+        and st is not None
+        and hasattr(st, "BlockWise1x128")
+        and hasattr(st, "BlockWise128x128")
+    )
+
+
+def cublas_block_scaled_mm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """cuBLAS's block-scaled FP8 GEMM, ``xq [M, K] @ weight [N, K]^T -> [M, N]`` of ``out_dtype``.
+
+    Args:
+        xq: float8_e4m3fn ``[M, K]`` contiguous, ``M`` a multiple of 4.
+        x_scale: float32 ``[M, K / 128]`` outer-dim-major (strides ``(1, M)``), per token and
+            128-column group (:func:`surge.kernels.fp8_group_quant.per_token_group_quant_fp8`).
+        weight: float8_e4m3fn ``[N, K]`` contiguous (passed transposed: the column-major operand).
+        weight_scale: float32 ``[N / 128, K / 128]`` contiguous block scales (passed transposed,
+            ``[K / 128, N / 128]`` outer-dim-major).
+        out_dtype: the output's dtype (bf16).
+
+    Raises:
+        whatever torch or cuBLAS raises for a shape or layout they do not take (see
+        :data:`BLOCK_SCALED_MM_ROWS`, :func:`block_scaled_mm_eligible`).
+    """
+    f = torch.nn.functional
+    st = f.ScalingType
+    return f.scaled_mm(
+        xq,
+        weight.t(),
+        x_scale,
+        st.BlockWise1x128,
+        weight_scale.t(),
+        st.BlockWise128x128,
+        output_dtype=out_dtype,
+    )
+
+
+def block_scaled_mm_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """A 128 x 128 block-scaled FP8 linear layer on cuBLAS: ``x [M, K] -> [M, N]`` in ``x``'s dtype.
+
+    ``x`` is quantized per token and 128-column group into ``M`` rows padded to a multiple of
+    :data:`BLOCK_SCALED_MM_ROWS` (zero rows), the GEMM runs on the padded rows
+    (:func:`cublas_block_scaled_mm`), the first ``M`` output rows are kept and ``bias`` is added.
+    Two launches, fixed shapes, no host sync: safe inside CUDA-graph capture.
+
+    Args:
+        x: ``[M, K]`` bf16, last dim contiguous (copied otherwise).
+        weight: float8_e4m3fn ``[N, K]`` contiguous; ``(N, K)`` eligible
+            (:func:`block_scaled_mm_eligible`).
+        weight_scale: float32 ``[N / 128, K / 128]`` contiguous.
+        bias: optional ``[N]`` in ``x``'s dtype.
+
+    Returns:
+        ``[M, N]`` in ``x``'s dtype, contiguous.
+    """
+    from surge.kernels.fp8_group_quant import per_token_group_quant_fp8
+
+    m = x.shape[0]
+    xq, xs = per_token_group_quant_fp8(x if x.stride(1) == 1 else x.contiguous(), BLOCK_SCALED_MM_ROWS)
+    out = cublas_block_scaled_mm(xq, xs, weight, weight_scale, x.dtype)[:m]
+    if bias is not None:
+        out += bias
+    return out
+
+
+@functools.cache
+def _block_scaled_mm_probe_on(index: int) -> bool:
+    """:func:`block_scaled_mm_probe` on ``cuda:index``, run once per device index (logged)."""
+    if not _scaled_mm_has_block_scaling():
+        logger.info(
+            "fp8: torch %s has no block-scaled F.scaled_mm; block prefill GEMMs run on Triton",
+            torch.__version__,
+        )
+        return False
+    block = (128, 128)
+    try:
+        dev = torch.device("cuda", index)
+        with torch.cuda.device(dev):
+            gen = torch.Generator(device=dev).manual_seed(0)
+            x = torch.randn(100, 512, generator=gen, device=dev).to(torch.bfloat16)
+            wq, ws = quantize_block(torch.randn(512, 512, generator=gen, device=dev) * 0.02, block)
+            got = block_scaled_mm_linear(x, wq, ws, None)
+            want = fp8_linear_reference(x, wq, ws, block_size=block, input_group=BLOCK_SCALED_MM_GROUP)
+            cos = torch.nn.functional.cosine_similarity(got.float(), want.float(), dim=-1).min().item()
+    except Exception as e:  # noqa: BLE001 -- any failure only means: keep the Triton path
+        logger.warning(
+            "fp8: cuBLAS block-scaled GEMM failed its probe on cuda:%d (%s); using Triton", index, e
+        )
+        return False
+    if not cos > 0.999:
+        logger.warning(
+            "fp8: cuBLAS block-scaled GEMM gave cosine %.5f in its probe on cuda:%d; using Triton", cos, index
+        )
+        return False
+    logger.info("fp8: cuBLAS block-scaled GEMM passed its probe on cuda:%d (cosine %.5f)", index, cos)
+    return True
+
+
+def block_scaled_mm_probe(device: torch.device) -> bool:
+    """Whether cuBLAS's block-scaled GEMM works on ``device``: False off CUDA; on CUDA, one
+    :func:`block_scaled_mm_linear` of 100 tokens (padded to 112) by a 512 x 512 weight with 128 x
+    128 blocks, against the dequantized float32 reference of the same quantized operands
+    (:func:`surge.quant.fp8.fp8_linear_reference` with ``input_group=128``): every row's cosine
+    must exceed 0.999 (the same operands give about 0.99999: bf16 output rounding). Run once per
+    device index (cached) when the first eligible layer is processed after loading, eagerly,
+    before any CUDA graph is captured; an exception (an old torch, a GPU or cuBLAS without
+    block scaling) or a low cosine is logged and gives False."""
+    if device.type != "cuda":
+        return False
+    return _block_scaled_mm_probe_on(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def block_splitk_config(
@@ -289,6 +444,7 @@ class Fp8LinearMethod:
         self.splitk_by_m: tuple[Fp8SplitKConfig | None, ...] = ()
         self.block_splitk_by_m: tuple[Fp8SplitKConfig, ...] = ()  # block scales, M = 0..SPLITK_MAX_M
         self.block_prefill: Fp8SplitKConfig | None = None  # block scales, M > SPLITK_MAX_M
+        self.block_scaled_mm = False  # cuBLAS's block-scaled GEMM instead of block_prefill
         self.splitk_workspace: SplitKWorkspace | None = None  # shared, set by process_fp8
 
     # ------------------------------------------------------------------ loading
@@ -380,6 +536,12 @@ class Fp8LinearMethod:
             if pre is not None and not self.emulate:
                 pre = _tma_where_supported((pre,), layer.weight)[0]
             self.block_prefill = pre
+            # the emulation mirrors the choice by shape alone (see the module docstring)
+            self.block_scaled_mm = (
+                pre is not None
+                and block_scaled_mm_eligible(n, k, bs)
+                and (self.emulate or block_scaled_mm_probe(q.device))
+            )
         if self.block_size is None:
             self.scale_row = layer.weight_scale.view(1, n)
             self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
@@ -423,6 +585,13 @@ class Fp8LinearMethod:
         if m > SPLITK_MAX_M:
             return self.block_prefill
         return self._decode_config(m)
+
+    def block_scaled_mm_step(self, m: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+        """Whether a step of ``m`` tokens of ``dtype`` activations runs cuBLAS's block-scaled GEMM
+        (:func:`block_scaled_mm_linear`, activations quantized per token and 128-column group)
+        instead of :attr:`block_prefill`: a bf16 step of more than ``SPLITK_MAX_M`` tokens of a
+        layer whose :attr:`block_scaled_mm` is set (decided in :meth:`process_weights`)."""
+        return self.block_scaled_mm and dtype == torch.bfloat16 and m > SPLITK_MAX_M
 
     def weight_only(self, m: int, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Whether a step of ``m`` tokens of ``dtype`` activations takes a weight-only (w8a16:
@@ -471,6 +640,7 @@ class Fp8LinearMethod:
         w, s = layer.weight, layer.weight_scale
         if isinstance(x, Fp8Activations):
             return self._apply_fp8(x, w, s, bias)
+        m = x.shape[0]
         if self.emulate:
             return fp8_linear_reference(
                 x,
@@ -478,12 +648,14 @@ class Fp8LinearMethod:
                 s,
                 bias,
                 block_size=self.block_size,
-                quantize_input=not self.weight_only(x.shape[0], x.dtype),
+                quantize_input=not self.weight_only(m, x.dtype),
+                input_group=BLOCK_SCALED_MM_GROUP if self.block_scaled_mm_step(m, x.dtype) else None,
             )
         from surge.kernels.fp8_gemm import fp8_linear
 
-        m = x.shape[0]
         if self.block_size is not None:
+            if self.block_scaled_mm_step(m, x.dtype):
+                return block_scaled_mm_linear(x, w, s, bias)
             cfg = self._block_config(m) if x.dtype == torch.bfloat16 else None
             if cfg is not None:
                 from surge.kernels.fp8_gemm_splitk import fp8_linear_splitk

@@ -178,6 +178,122 @@ def test_fp8_splitk_block_gemm_real_shapes(layer: str, m: int) -> None:
         assert _rel_err(got, want) < 1e-2, cfg
 
 
+def _block_layers(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[torch.nn.Module, torch.nn.Module, list[int]]:
+    """A Qwen3-8B-shaped layer with 128 x 128 block scales (blocks of very different magnitudes)
+    and a bias, as the engine runs it and as the emulation computes it (the same FP8 weights),
+    and the padded row counts of every cuBLAS block-scaled GEMM call (a spy)."""
+    from surge.layers.linear import ReplicatedLinear
+    from surge.quant import fp8_linear
+    from surge.quant.config import Fp8Config
+
+    calls: list[int] = []
+    real = fp8_linear.cublas_block_scaled_mm
+
+    def spy(*args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        calls.append(args[0].shape[0])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fp8_linear, "cublas_block_scaled_mm", spy)
+    n, k = SHAPES[layer]
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    mag = torch.exp(torch.randn(n // 128, k // 128, device="cuda", generator=gen) * 1.5)
+    w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
+    w *= mag.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) * 0.1
+    layers = []
+    for emulate in (False, True):
+        lin = ReplicatedLinear(k, n, bias=True, dtype=torch.bfloat16).cuda()
+        lin.weight.data.copy_(w)
+        assert lin.bias is not None
+        lin.bias.data.copy_(bias)
+        method = Fp8LinearMethod(Fp8Config("block", False, (128, 128)), emulate=emulate)
+        method.process_weights(lin)
+        lin.quant_method = method
+        layers.append(lin)
+    del w
+    cuda_method = layers[0].quant_method
+    assert isinstance(cuda_method, Fp8LinearMethod)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert cuda_method.block_scaled_mm, "cuBLAS block-scaled GEMM probe failed on sm90 (see the log)"
+    elif not cuda_method.block_scaled_mm:
+        pytest.skip("cuBLAS's block-scaled GEMM failed its probe on this GPU (Triton path instead)")
+    calls.clear()  # the start-up probe's own GEMM, when this test ran it first
+    return layers[0], layers[1], calls
+
+
+def _group_scaled_x(m: int, k: int, seed: int) -> torch.Tensor:
+    """``[M, K]`` bf16 whose 128-column groups differ in magnitude (e**(1.5 N(0, 1)))."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    mag = torch.exp(torch.randn(m, k // 128, device="cuda", generator=gen) * 1.5)
+    x = torch.randn(m, k, device="cuda", generator=gen) * mag.repeat_interleave(128, 1)
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("layer", list(SHAPES))
+@pytest.mark.parametrize("m", [65, 100, 512, 2048])
+def test_block_prefill_gemm_on_cublas_real_shapes(
+    layer: str, m: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 128 x 128 block-scaled layer's prefill step (``M > 64``) through
+    :class:`Fp8LinearMethod` takes cuBLAS's block-scaled GEMM on sm90 (asserted, with the rows
+    padded to a multiple of 16) and matches the CPU emulation's numerics (activations per token
+    and 128-column group) run on the same FP8 weights: per-row cosine >= 0.9999 and max error <=
+    2**-6 of the largest output. Both compute on the same quantized operands (the group
+    quantization kernel equals torch's up to a 1-ulp scale difference, checked here too), so
+    what is left is the fp32 summation order and the bf16 rounding of the output before the
+    bias add: about 1e-6 below 1 in cosine and one bf16 ulp (<= 2**-7 of the largest output).
+    Per-token activation scales on these inputs give a cosine near 0.9997 against the
+    emulation (activation rounding noise of e4m3), a wrong weight-scale layout far less."""
+    from surge.kernels.fp8_group_quant import per_token_group_quant_fp8
+    from surge.quant.fp8 import quantize_per_token_group
+
+    lin, emu, calls = _block_layers(layer, monkeypatch)
+    n, k = SHAPES[layer]
+    x = _group_scaled_x(m, k, seed=m)
+    q, s = per_token_group_quant_fp8(x, 16)
+    _, s_ref = quantize_per_token_group(x)
+    torch.testing.assert_close(s[:m], s_ref, rtol=3e-7, atol=0.0)
+    q_ref = (x.float().view(m, k // 128, 128) / s[:m, :, None]).clamp(-448.0, 448.0).to(FP8_DTYPE)
+    assert torch.equal(q[:m].view(torch.uint8), q_ref.view(m, k).view(torch.uint8))
+    got = lin(x)
+    assert calls == [-(-m // 16) * 16] and got.shape == (m, n)
+    want = emu(x)
+    cos = torch.nn.functional.cosine_similarity(got.float(), want.float(), dim=-1)
+    assert cos.min().item() >= 0.9999, cos.min().item()
+    assert _rel_err(got, want) <= 2**-6
+
+
+@pytest.mark.parametrize("m", [100, 512])
+def test_block_prefill_gemm_on_cublas_in_a_cuda_graph(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuBLAS block-scaled path (group quantization into fresh padded buffers, the GEMM, the
+    row slice and the bias add) captured in a CUDA graph, as the piecewise prefill graphs capture
+    it, replays with new inputs to the eager result (the same bits expected; checked up to the
+    summation order)."""
+    lin, _, calls = _block_layers("qkv", monkeypatch)
+    k = SHAPES["qkv"][1]
+    static = _group_scaled_x(m, k, seed=1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        lin(static)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lin(static)
+    fresh = _group_scaled_x(m, k, seed=2)
+    static.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = lin(fresh)
+    # the same bits expected; a different cuBLAS algorithm under capture would only change the
+    # summation order, while a stale input or buffer would change everything
+    cos = torch.nn.functional.cosine_similarity(out.float(), eager.float(), dim=-1)
+    assert cos.min().item() >= 0.99999 and _rel_err(out, eager) <= 2**-7
+    assert len(calls) == 3 and set(calls) == {-(-m // 16) * 16}
+
+
 def test_fp8_kv_write_and_attention_real_shapes() -> None:
     from surge.kernels.kv_write import fused_qk_norm_rope_kv_write
     from surge.kernels.paged_attention import paged_attention
