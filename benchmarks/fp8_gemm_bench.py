@@ -90,9 +90,14 @@ from surge.kernels.fp8_gemm_splitk import (
     splitk_workspace_size,
     tma_supported,
 )
-from surge.kernels.fp8_group_quant import per_token_group_quant_fp8
 from surge.kernels.fp8_quant import per_token_quant_fp8
-from surge.quant.fp8 import dequantize, fp8_linear_reference, quantize_block, quantize_per_channel
+from surge.quant.fp8 import (
+    dequantize,
+    fp8_linear_reference,
+    quantize_block,
+    quantize_per_channel,
+    quantize_per_token_group,
+)
 from surge.quant.fp8_linear import (
     SKINNY_MAX_M,
     SPLITK_BUCKETS,
@@ -126,12 +131,11 @@ candidates for a block checkpoint's prefill steps (w8a8: activations quantized p
 
 
 def group_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token, per-128-column-group FP8 quantization in torch: ``(xq [M, K] e4m3, sx [M, K/128]
-    float32)`` with ``sx`` outer-dim-major (strides ``(1, M)``), as cuBLAS wants for 1x128."""
-    m, k = x.shape
-    xb = x.float().view(m, k // 128, 128)
-    sx = (xb.abs().amax(-1) / 448.0).clamp(min=1e-12)  # [M, K/128]
-    xq = (xb / sx[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(m, k)
+    """Per-token, per-128-column-group FP8 quantization in torch (the engine's reference,
+    :func:`surge.quant.fp8.quantize_per_token_group`, IEEE divisions like the Triton kernel):
+    ``(xq [M, K] e4m3, sx [M, K/128] float32)`` with ``sx`` outer-dim-major (strides ``(1, M)``),
+    as cuBLAS wants for 1x128."""
+    xq, sx = quantize_per_token_group(x)
     return xq, sx.t().contiguous().t()
 
 
@@ -192,15 +196,11 @@ def bench_shape(
         # token (the split-K kernel's a8 mode), per 128-column group (F.scaled_mm block)
         deq_b = dequantize(*blk[0], block)
         ref_b8 = (dequantize(*per_token_quant_fp8(x)) @ deq_b.t()).to(x.dtype)
-        ref_g = ref_e = None
+        ref_g = None
         if k % 128 == 0:
             xg, sg = group_quant(x)
             xgf = xg.float().view(m, k // 128, 128) * sg.reshape(m, k // 128, 1)
             ref_g = (xgf.view(m, k) @ deq_b.t()).to(x.dtype)
-            # the engine's path quantizes with its Triton kernel (IEEE ``amax / 448``, see above)
-            xe, se = per_token_group_quant_fp8(x)
-            xef = xe.float().view(m, k // 128, 128) * se.reshape(m, k // 128, 1)
-            ref_e = (xef.view(m, k) @ deq_b.t()).to(x.dtype)
         paths: list[tuple[str, Callable[[int], torch.Tensor], torch.Tensor | None]] = [
             ("bf16 cuBLAS", lambda i, x=x: F.linear(x, ws_bf16[i]), None),
             (
@@ -236,7 +236,7 @@ def bench_shape(
                 lambda i, xg=group_quant(x) if k % 128 == 0 else None: block_scaled_mm_q(*xg, *blk[i]),
                 ref_g,
             ),
-            ("fp8 F.scaled_mm engine", lambda i, x=x: block_scaled_mm_linear(x, *blk[i], None), ref_e),
+            ("fp8 F.scaled_mm engine", lambda i, x=x: block_scaled_mm_linear(x, *blk[i], None), ref_g),
         ]
         if m > SPLITK_MAX_M:  # the decode tables stop at SPLITK_MAX_M
             paths = [p for p in paths if p[0] not in ("fp8 split-K (block)", "fp8 split-K (block) a8")]

@@ -6,7 +6,9 @@ and ``x_fp8 = clamp(x / scale, ±448)`` rounded to nearest even: the activation 
 cuBLAS's block-scaled FP8 GEMM with ``BlockWise1x128`` scaling
 (``torch.nn.functional.scaled_mm``, torch >= 2.9; see :func:`surge.quant.fp8_linear.block_scaled_mm_linear`).
 The divisions are IEEE-rounded (``div_rn``), as in :mod:`surge.kernels.fp8_quant`, so the result
-equals :func:`surge.quant.fp8.quantize_per_token_group` bit for bit.
+equals :func:`surge.quant.fp8.quantize_per_token_group` bit for bit on finite inputs. A NaN or
+inf in a group is not propagated alike: Triton's max ignores NaNs, so the kernel's scale stays
+finite where torch's becomes NaN (as with :mod:`surge.kernels.fp8_quant`'s per-token scales).
 
 Layout: cuBLAS wants the scales outer-dim-major, i.e. ``scale`` has strides ``(1, M_pad)``; it
 is allocated as ``[K / 128, M_pad]`` and returned transposed. Rows ``M .. M_pad - 1`` (padding

@@ -47,7 +47,6 @@ second launch (``split_k > 1``, ``reduce == "kernel"``); the norm's kernel sums 
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -210,8 +209,8 @@ BLOCK_SCALED_MM_ROWS = 16
 (:func:`block_scaled_mm_linear`). On the H200 (torch 2.11, CUDA 13) it refused ``M`` = 1 (the
 scale tensor's strides) and 17 (``CUBLAS_STATUS_NOT_SUPPORTED``) and ran ``M`` = 100, 128, 512,
 2048 and 8192: the outer-dim-major activation scales need ``M`` in multiples of 4 (16-byte
-aligned columns). 16 keeps every step on the tested sizes (each piecewise-graph bucket is a
-multiple of 16 already) for at most 15 rows of extra work on steps of more than 64 tokens."""
+aligned columns). 16 keeps every step on multiples of 16 (the GPU tests run 80, 112, 512 and
+2048 rows) for at most 15 rows of extra work on steps of more than 64 tokens."""
 
 BLOCK_SCALED_MM_GROUP = 128
 """Columns per activation scale of cuBLAS's block-scaled GEMM (``BlockWise1x128``)."""
@@ -279,8 +278,9 @@ def block_scaled_mm_linear(
 
     ``x`` is quantized per token and 128-column group into ``M`` rows padded to a multiple of
     :data:`BLOCK_SCALED_MM_ROWS` (zero rows), the GEMM runs on the padded rows
-    (:func:`cublas_block_scaled_mm`), the first ``M`` output rows are kept and ``bias`` is added.
-    Two launches, fixed shapes, no host sync: safe inside CUDA-graph capture.
+    (:func:`cublas_block_scaled_mm`), the first ``M`` output rows are kept and ``bias`` is added
+    to them in bf16 (one rounding more than the emulation, which adds it in float32 before
+    rounding). Two launches, fixed shapes, no host sync: safe inside CUDA-graph capture.
 
     Args:
         x: ``[M, K]`` bf16, last dim contiguous (copied otherwise).
@@ -291,9 +291,25 @@ def block_scaled_mm_linear(
 
     Returns:
         ``[M, N]`` in ``x``'s dtype, contiguous.
+
+    Raises:
+        ValueError: ``x`` not 2-D bf16, ``weight`` not float8_e4m3fn ``[N, K]`` of an eligible
+            shape with ``x``'s ``K``, or ``weight_scale`` not ``[N / 128, K / 128]`` float32.
     """
     from surge.kernels.fp8_group_quant import per_token_group_quant_fp8
 
+    if x.dim() != 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"x must be 2-D bf16, got {tuple(x.shape)} {x.dtype}")
+    n, k = weight.shape
+    if weight.dtype != FP8_DTYPE or k != x.shape[1] or not block_scaled_mm_eligible(n, k, (128, 128)):
+        raise ValueError(
+            f"weight must be float8_e4m3fn [N, K] with N % 128 == 0, K % 512 == 0 and K == {x.shape[1]}, "
+            f"got {tuple(weight.shape)} {weight.dtype}"
+        )
+    if weight_scale.dtype != torch.float32 or tuple(weight_scale.shape) != (n // 128, k // 128):
+        raise ValueError(
+            f"weight_scale must be float32 [{n // 128}, {k // 128}], got {tuple(weight_scale.shape)} {weight_scale.dtype}"
+        )
     m = x.shape[0]
     xq, xs = per_token_group_quant_fp8(x if x.stride(1) == 1 else x.contiguous(), BLOCK_SCALED_MM_ROWS)
     out = cublas_block_scaled_mm(xq, xs, weight, weight_scale, x.dtype)[:m]
@@ -302,51 +318,78 @@ def block_scaled_mm_linear(
     return out
 
 
-@functools.cache
-def _block_scaled_mm_probe_on(index: int) -> bool:
-    """:func:`block_scaled_mm_probe` on ``cuda:index``, run once per device index (logged)."""
+BLOCK_SCALED_MM_PROBE_COLUMNS = 256
+"""Output columns of a layer that :func:`block_scaled_mm_probe` checks against the reference."""
+
+
+def block_scaled_mm_probe(weight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Whether cuBLAS's block-scaled GEMM computes this layer right on its device.
+
+    One :func:`block_scaled_mm_linear` of 100 random bf16 tokens (padded to 112) by the layer's
+    own weight, whose first :data:`BLOCK_SCALED_MM_PROBE_COLUMNS` output columns are compared
+    with the dequantized float32 reference of the same quantized operands
+    (:func:`surge.quant.fp8.fp8_linear_reference` with ``input_group=128``): every row's cosine
+    must exceed 0.999 (the same operands give about 0.99999, the bf16 output's rounding; weight
+    scales passed untransposed gave 0.994). cuBLAS's refusals depend on the shape (the H200's
+    diagnostic, :data:`BLOCK_SCALED_MM_ROWS`), hence one probe per ``(N, K)`` and device:
+    :meth:`Fp8LinearMethod.process_weights` runs it after loading, eagerly, before any CUDA graph
+    is captured, and :func:`surge.quant.loading.process_fp8` passes each result on to the other
+    layers of that shape. An exception (a GPU or cuBLAS without block scaling) or a low cosine is
+    logged and gives False: that layer keeps the Triton prefill config.
+
+    Args:
+        weight: float8_e4m3fn ``[N, K]``, an eligible shape (:func:`block_scaled_mm_eligible`).
+        weight_scale: float32 ``[N / 128, K / 128]`` block scales.
+
+    Returns:
+        False off CUDA and without torch's block-scaled ``F.scaled_mm``.
+    """
+    n, k = weight.shape
     if not _scaled_mm_has_block_scaling():
         logger.info(
             "fp8: torch %s has no block-scaled F.scaled_mm; block prefill GEMMs run on Triton",
             torch.__version__,
         )
         return False
+    if weight.device.type != "cuda":
+        return False
     block = (128, 128)
+    cols = min(n, BLOCK_SCALED_MM_PROBE_COLUMNS)
     try:
-        dev = torch.device("cuda", index)
-        with torch.cuda.device(dev):
-            gen = torch.Generator(device=dev).manual_seed(0)
-            x = torch.randn(100, 512, generator=gen, device=dev).to(torch.bfloat16)
-            wq, ws = quantize_block(torch.randn(512, 512, generator=gen, device=dev) * 0.02, block)
-            got = block_scaled_mm_linear(x, wq, ws, None)
-            want = fp8_linear_reference(x, wq, ws, block_size=block, input_group=BLOCK_SCALED_MM_GROUP)
-            cos = torch.nn.functional.cosine_similarity(got.float(), want.float(), dim=-1).min().item()
-    except Exception as e:  # noqa: BLE001 -- any failure only means: keep the Triton path
+        gen = torch.Generator(device=weight.device).manual_seed(0)
+        x = torch.randn(100, k, generator=gen, device=weight.device).to(torch.bfloat16)
+        got = block_scaled_mm_linear(x, weight, weight_scale, None)[:, :cols]
+        head_scale = weight_scale[: cols // block[0]]
+        want = fp8_linear_reference(
+            x, weight[:cols], head_scale, block_size=block, input_group=BLOCK_SCALED_MM_GROUP
+        )
+        cos = torch.nn.functional.cosine_similarity(got.float(), want.float(), dim=-1).min().item()
+    except Exception:  # noqa: BLE001 -- any failure only means: keep the Triton path
         logger.warning(
-            "fp8: cuBLAS block-scaled GEMM failed its probe on cuda:%d (%s); using Triton", index, e
+            "fp8: cuBLAS block-scaled GEMM failed its probe for %d x %d on %s; using Triton",
+            n,
+            k,
+            weight.device,
+            exc_info=True,
         )
         return False
     if not cos > 0.999:
         logger.warning(
-            "fp8: cuBLAS block-scaled GEMM gave cosine %.5f in its probe on cuda:%d; using Triton", cos, index
+            "fp8: cuBLAS block-scaled GEMM gave cosine %.5f in its probe for %d x %d on %s; using Triton",
+            cos,
+            n,
+            k,
+            weight.device,
         )
         return False
-    logger.info("fp8: cuBLAS block-scaled GEMM passed its probe on cuda:%d (cosine %.5f)", index, cos)
+    logger.info(
+        "fp8: cuBLAS block-scaled GEMM passed its probe for %d x %d on %s (cosine %.5f)",
+        n,
+        k,
+        weight.device,
+        cos,
+    )
     return True
-
-
-def block_scaled_mm_probe(device: torch.device) -> bool:
-    """Whether cuBLAS's block-scaled GEMM works on ``device``: False off CUDA; on CUDA, one
-    :func:`block_scaled_mm_linear` of 100 tokens (padded to 112) by a 512 x 512 weight with 128 x
-    128 blocks, against the dequantized float32 reference of the same quantized operands
-    (:func:`surge.quant.fp8.fp8_linear_reference` with ``input_group=128``): every row's cosine
-    must exceed 0.999 (the same operands give about 0.99999: bf16 output rounding). Run once per
-    device index (cached) when the first eligible layer is processed after loading, eagerly,
-    before any CUDA graph is captured; an exception (an old torch, a GPU or cuBLAS without
-    block scaling) or a low cosine is logged and gives False."""
-    if device.type != "cuda":
-        return False
-    return _block_scaled_mm_probe_on(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def block_splitk_config(
@@ -500,10 +543,16 @@ class Fp8LinearMethod:
             layer.weight_scale = scale
 
     @torch.no_grad()
-    def process_weights(self, layer: _LinearBase) -> None:
+    def process_weights(
+        self, layer: _LinearBase, probed: dict[tuple[int, int, str], bool] | None = None
+    ) -> None:
         """After loading: quantize a non-FP8 weight (online mode, dummy weights: per channel,
         or block-wise for a block checkpoint's layout) or fold the loaded scales into the
-        kernel layout; then pick the GEMM path."""
+        kernel layout; then pick the GEMM path.
+
+        ``probed``: results of :func:`block_scaled_mm_probe` by ``(N, K, device)``, shared by the
+        layers of one model load (:func:`surge.quant.loading.process_fp8`): a shape already
+        probed is not probed again. None: probe this layer if it is eligible."""
         w = layer.weight
         if w.dtype != FP8_DTYPE:
             if self.block_size is not None:
@@ -537,11 +586,13 @@ class Fp8LinearMethod:
                 pre = _tma_where_supported((pre,), layer.weight)[0]
             self.block_prefill = pre
             # the emulation mirrors the choice by shape alone (see the module docstring)
-            self.block_scaled_mm = (
-                pre is not None
-                and block_scaled_mm_eligible(n, k, bs)
-                and (self.emulate or block_scaled_mm_probe(q.device))
-            )
+            self.block_scaled_mm = pre is not None and block_scaled_mm_eligible(n, k, bs)
+            if self.block_scaled_mm and not self.emulate:
+                probed = {} if probed is None else probed
+                key = (n, k, str(layer.weight.device))
+                if key not in probed:
+                    probed[key] = block_scaled_mm_probe(layer.weight, layer.weight_scale)
+                self.block_scaled_mm = probed[key]
         if self.block_size is None:
             self.scale_row = layer.weight_scale.view(1, n)
             self.use_scaled_mm = n % 16 == 0 and k % 16 == 0
@@ -602,6 +653,8 @@ class Fp8LinearMethod:
         the CUDA path computes (the per-channel CUDA fallbacks for odd shapes and non-bf16
         models aside)."""
         if self.block_size is not None:
+            if self.block_scaled_mm_step(m, dtype):  # cuBLAS: per-group FP8 activations
+                return False
             cfg = self._block_config(m) if dtype == torch.bfloat16 else None
             return cfg is None or not cfg.a8
         cfg = self.splitk_by_m[m] if m < len(self.splitk_by_m) else None

@@ -58,14 +58,17 @@ def attach_fp8(model: nn.Module, config: Fp8Config, *, emulate: bool, load_check
 
 
 def process_fp8(model: nn.Module) -> None:
-    """Step 3: every FP8 layer's :meth:`Fp8LinearMethod.process_weights`; then, if any layer
+    """Step 3: every FP8 layer's :meth:`Fp8LinearMethod.process_weights` (cuBLAS's block-scaled
+    GEMM probed once per weight shape and device, see
+    :func:`surge.quant.fp8_linear.block_scaled_mm_probe`); then, if any layer
     takes an ``"inline"`` split-K config, one
     :class:`~surge.kernels.fp8_gemm_splitk.SplitKWorkspace` sized for the largest need, shared
     by all layers (they run in order on one stream, and each call leaves it clean)."""
     methods: list[tuple[Fp8LinearMethod, int, torch.device]] = []
+    probed: dict[tuple[int, int, str], bool] = {}  # cuBLAS's block-scaled GEMM, per shape
     for module in model.modules():
         if isinstance(module, _LinearBase) and isinstance(module.quant_method, Fp8LinearMethod):
-            module.quant_method.process_weights(module)
+            module.quant_method.process_weights(module, probed)
             methods.append((module.quant_method, module.weight.shape[0], module.weight.device))
     needs = [(method.splitk_workspace_need(n), dev) for method, n, dev in methods]
     floats = max((f for (f, _), _ in needs), default=0)

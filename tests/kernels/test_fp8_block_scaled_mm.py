@@ -5,13 +5,15 @@ mirror (activations quantized per token and 128-column group exactly on those st
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
 from surge.layers.linear import ReplicatedLinear
 from surge.quant import fp8_linear
 from surge.quant.config import Fp8Config
-from surge.quant.fp8 import dequantize, dequantize_per_token_group, fp8_linear_reference
+from surge.quant.fp8 import dequantize, dequantize_per_token_group, fp8_linear_reference, quantize_block
 from surge.quant.fp8_linear import SPLITK_MAX_M, Fp8LinearMethod
 from tests.kernels.splitk_spy import record_splitk_configs
 
@@ -46,7 +48,13 @@ def _group_mags(k: int) -> torch.Tensor:
 
 
 def _layer(
-    n: int, k: int, block: tuple[int, int], emulate: bool, seed: int, bias: bool = False
+    n: int,
+    k: int,
+    block: tuple[int, int],
+    emulate: bool,
+    seed: int,
+    bias: bool = False,
+    probed: dict[tuple[int, int, str], bool] | None = None,
 ) -> ReplicatedLinear:
     """A block-scaled FP8 layer whose weight columns are scaled by the inverse of :func:`_x`'s
     group magnitudes, so that every group of the input matters as much to the output."""
@@ -57,7 +65,7 @@ def _layer(
         assert layer.bias is not None
         layer.bias.data.copy_(torch.randn(n, generator=gen) * 0.1)
     method = Fp8LinearMethod(Fp8Config("block", False, block), emulate=emulate)
-    method.process_weights(layer)
+    method.process_weights(layer, probed)
     layer.quant_method = method
     return layer
 
@@ -88,8 +96,10 @@ def test_prefill_steps_take_cublas_where_eligible_and_probed(monkeypatch: pytest
     padded to a multiple of 16 (then sliced back, bias added), smaller steps their unchanged
     path; the result equals the emulation's, which quantizes per 128-column group on exactly
     those steps."""
-    probed: list[torch.device] = []
-    monkeypatch.setattr(fp8_linear, "block_scaled_mm_probe", lambda dev: probed.append(dev) or True)
+    probed: list[tuple[int, ...]] = []
+    monkeypatch.setattr(
+        fp8_linear, "block_scaled_mm_probe", lambda w, s: probed.append(tuple(w.shape)) or True
+    )
     cublas: list[int] = []
     monkeypatch.setattr(fp8_linear, "cublas_block_scaled_mm", _fake_cublas(cublas))
     splitk = record_splitk_configs(monkeypatch)
@@ -139,8 +149,10 @@ def test_other_layers_keep_the_triton_prefill_config(
     """A failed probe, a ``K`` not in 512s or blocks other than 128 x 128: prefill steps keep
     :data:`BLOCK_PREFILL_TILES` (split-K, activations per token); the probe runs only for eligible
     shapes; the emulation follows the shape rule alone, never the probe."""
-    probed: list[torch.device] = []
-    monkeypatch.setattr(fp8_linear, "block_scaled_mm_probe", lambda dev: probed.append(dev) or probe)
+    probed: list[tuple[int, ...]] = []
+    monkeypatch.setattr(
+        fp8_linear, "block_scaled_mm_probe", lambda w, s: probed.append(tuple(w.shape)) or probe
+    )
     cublas: list[int] = []
     monkeypatch.setattr(fp8_linear, "cublas_block_scaled_mm", _fake_cublas(cublas))
     splitk = record_splitk_configs(monkeypatch, block)
@@ -165,7 +177,7 @@ def test_no_prefill_config_keeps_the_weight_only_kernel(monkeypatch: pytest.Monk
     """``BLOCK_PREFILL_TILES = None`` (prefill on the weight-only kernel) turns the cuBLAS path off
     too: it replaces that config's steps only."""
     monkeypatch.setattr(fp8_linear, "BLOCK_PREFILL_TILES", None)
-    monkeypatch.setattr(fp8_linear, "block_scaled_mm_probe", lambda dev: True)
+    monkeypatch.setattr(fp8_linear, "block_scaled_mm_probe", lambda w, s: True)
     for emulate in (False, True):
         layer = _layer(256, 512, BLOCK, emulate=emulate, seed=3)
         method = layer.quant_method
@@ -173,8 +185,59 @@ def test_no_prefill_config_keeps_the_weight_only_kernel(monkeypatch: pytest.Monk
         assert not method.block_scaled_mm and method.weight_only(SPLITK_MAX_M + 1)
 
 
-def test_probe_off_cuda_and_without_block_scaling(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not fp8_linear.block_scaled_mm_probe(torch.device("cpu"))
-    # a torch without block-scaled F.scaled_mm: False before touching any device
-    monkeypatch.setattr(fp8_linear, "_scaled_mm_has_block_scaling", lambda: False)
-    assert not fp8_linear._block_scaled_mm_probe_on.__wrapped__(0)
+def test_probe_off_cuda_and_without_block_scaling(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    w, s = quantize_block(torch.randn(256, 512) * 0.02, BLOCK)
+    with caplog.at_level(logging.INFO, logger="surge.quant"):
+        if fp8_linear._scaled_mm_has_block_scaling():
+            assert not fp8_linear.block_scaled_mm_probe(w, s)  # off CUDA: no GEMM, no log
+            assert caplog.text == ""
+        monkeypatch.setattr(fp8_linear, "_scaled_mm_has_block_scaling", lambda: False)
+        assert not fp8_linear.block_scaled_mm_probe(w, s)  # a torch without it: said once
+    assert "has no block-scaled F.scaled_mm" in caplog.text
+
+
+def test_one_probe_per_shape_and_device_in_a_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``process_weights`` with a shared ``probed`` dict (as :func:`surge.quant.loading.process_fp8`
+    passes it) probes each eligible ``(N, K)`` once and gives its result to every layer of that
+    shape; a failed shape keeps the Triton prefill config."""
+    probed: list[tuple[int, ...]] = []
+    monkeypatch.setattr(
+        fp8_linear, "block_scaled_mm_probe", lambda w, s: probed.append(tuple(w.shape)) or w.shape[0] == 256
+    )
+    results: dict[tuple[int, int, str], bool] = {}
+    layers = [
+        _layer(n, 512, BLOCK, emulate=False, seed=i, probed=results)
+        for i, n in enumerate((256, 384, 256, 384))
+    ]
+    assert probed == [(256, 512), (384, 512)]
+    assert [layer.quant_method.block_scaled_mm for layer in layers] == [True, False, True, False]  # type: ignore[union-attr]
+
+
+def test_an_a16_prefill_config_still_quantizes_the_cublas_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuBLAS steps are w8a8 (per-group activations) whatever ``BLOCK_PREFILL_TILES`` holds:
+    ``weight_only`` says so, so the emulation quantizes their input as the CUDA path does."""
+    tiles = list(fp8_linear.BLOCK_PREFILL_TILES or ())
+    tiles[6] = False  # a8 off
+    monkeypatch.setattr(fp8_linear, "BLOCK_PREFILL_TILES", tuple(tiles))
+    monkeypatch.setattr(fp8_linear, "block_scaled_mm_probe", lambda w, s: True)
+    for emulate in (False, True):
+        method = _layer(256, 512, BLOCK, emulate=emulate, seed=5).quant_method
+        assert isinstance(method, Fp8LinearMethod)
+        assert method.block_scaled_mm_step(SPLITK_MAX_M + 1) and not method.weight_only(SPLITK_MAX_M + 1)
+    emu = _layer(256, 512, BLOCK, emulate=True, seed=5)
+    x = _x(SPLITK_MAX_M + 1, 512, seed=6)
+    q = emu.weight, emu.weight_scale
+    assert torch.equal(emu(x), fp8_linear_reference(x, *q, block_size=BLOCK, input_group=128))
+
+
+def test_block_scaled_mm_linear_refuses_bad_operands() -> None:
+    w, s = quantize_block(torch.randn(256, 512) * 0.02, BLOCK)
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="x must be 2-D bf16"):
+        fp8_linear.block_scaled_mm_linear(x.float(), w, s, None)
+    with pytest.raises(ValueError, match="weight must be float8_e4m3fn"):
+        fp8_linear.block_scaled_mm_linear(x[:, :256].contiguous(), w, s, None)
+    with pytest.raises(ValueError, match=r"weight_scale must be float32 \[2, 4\]"):
+        fp8_linear.block_scaled_mm_linear(x, w, s[:1], None)
