@@ -120,8 +120,10 @@ def quantize_per_token_group(x: torch.Tensor, group: int = 128) -> tuple[torch.T
     the scales out outer-dim-major, the values being these).
 
     Raises:
-        ValueError: ``x`` not 2-D, or ``K`` not a multiple of ``group``.
+        ValueError: ``group < 1``, ``x`` not 2-D, or ``K`` not a multiple of ``group``.
     """
+    if group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
     if x.dim() != 2 or x.shape[1] % group:
         raise ValueError(f"x must be [M, K] with K a multiple of {group}, got {tuple(x.shape)}")
     m, k = x.shape
@@ -131,10 +133,19 @@ def quantize_per_token_group(x: torch.Tensor, group: int = 128) -> tuple[torch.T
 
 
 def dequantize_per_token_group(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``q [M, K]`` fp8 times its group scales ``[M, K / group]`` (any strides), in float32."""
+    """``q [M, K]`` fp8 times its group scales ``[M, K / group]`` (any strides), in float32.
+
+    Raises:
+        ValueError: ``q`` or ``scale`` not 2-D, their row counts differ, or ``K`` not a multiple
+            of ``scale``'s column count.
+    """
+    if q.dim() != 2 or scale.dim() != 2 or scale.shape[0] != q.shape[0] or not scale.shape[1]:
+        raise ValueError(f"need q [M, K] and scale [M, G], got {tuple(q.shape)} and {tuple(scale.shape)}")
     m, k = q.shape
     groups = scale.shape[1]
-    return (q.float().view(m, groups, k // groups) * scale.float()[:, :, None]).view(m, k)
+    if k % groups:
+        raise ValueError(f"q's K ({k}) is not a multiple of the {groups} scale groups")
+    return (q.float().reshape(m, groups, k // groups) * scale.float()[:, :, None]).reshape(m, k)
 
 
 def quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

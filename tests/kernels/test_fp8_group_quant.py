@@ -65,3 +65,13 @@ def test_group_quant_rejects_bad_inputs() -> None:
         quantize_per_token_group(torch.zeros(2, 192))
     q, s = per_token_group_quant_fp8(torch.zeros(0, 256, dtype=torch.bfloat16), 16)
     assert q.shape == (0, 256) and s.shape == (0, 2)
+
+
+def test_group_reference_rejects_bad_groups_and_scales() -> None:
+    with pytest.raises(ValueError, match="group must be >= 1"):
+        quantize_per_token_group(torch.zeros(2, 128), 0)
+    q, s = quantize_per_token_group(torch.randn(2, 256))
+    with pytest.raises(ValueError, match=r"need q \[M, K\] and scale \[M, G\]"):
+        dequantize_per_token_group(q, s[:1])
+    with pytest.raises(ValueError, match="not a multiple of the 3 scale groups"):
+        dequantize_per_token_group(q, torch.ones(2, 3))
