@@ -24,9 +24,9 @@ import triton
 import triton.language as tl
 
 from surge.kernels.pdl import pdl_wait, use_pdl
-from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
+from surge.quant.config import FP8_ACT_GROUP, FP8_E4M3_MAX, MIN_FP8_SCALE
 
-GROUP_SIZE = 128
+GROUP_SIZE = FP8_ACT_GROUP
 """Columns per activation scale (cuBLAS's ``BlockWise1x128``)."""
 
 _BLOCK_M = 16

@@ -25,6 +25,9 @@ FP8_E4M3_MAX = 448.0
 """Largest finite ``float8_e4m3fn`` value."""
 MIN_FP8_SCALE = 1e-12
 """Floor of a computed scale, so an all-zero row or block does not divide by zero."""
+FP8_ACT_GROUP = 128
+"""Columns per activation scale of cuBLAS's block-scaled GEMM (``BlockWise1x128``): the group of
+:func:`surge.kernels.fp8_group_quant.per_token_group_quant_fp8`."""
 MIN_FP8_CAPABILITY = (8, 9)
 """Oldest CUDA compute capability with FP8 tensor cores (Ada sm89, Hopper sm90)."""
 

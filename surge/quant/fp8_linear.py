@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from surge.quant.config import Fp8Config
+from surge.quant.config import FP8_ACT_GROUP, Fp8Config
 from surge.quant.fp8 import (
     FP8_DTYPE,
     Fp8Activations,
@@ -212,9 +212,6 @@ scale tensor's strides) and 17 (``CUBLAS_STATUS_NOT_SUPPORTED``) and ran ``M`` =
 aligned columns). 16 keeps every step on multiples of 16 (the GPU tests run 80, 112, 512 and
 2048 rows) for at most 15 rows of extra work on steps of more than 64 tokens."""
 
-BLOCK_SCALED_MM_GROUP = 128
-"""Columns per activation scale of cuBLAS's block-scaled GEMM (``BlockWise1x128``)."""
-
 
 def block_scaled_mm_eligible(n: int, k: int, block_size: tuple[int, int]) -> bool:
     """Whether a block-scaled ``[N, K]`` weight's shape fits cuBLAS's block-scaled GEMM: 128 x 128
@@ -329,8 +326,7 @@ def block_scaled_mm_probe(weight: torch.Tensor, weight_scale: torch.Tensor) -> b
     own weight, whose first :data:`BLOCK_SCALED_MM_PROBE_COLUMNS` output columns are compared
     with the dequantized float32 reference of the same quantized operands
     (:func:`surge.quant.fp8.fp8_linear_reference` with ``input_group=128``): every row's cosine
-    must exceed 0.999 (the same operands give about 0.99999, the bf16 output's rounding; weight
-    scales passed untransposed gave 0.994). cuBLAS's refusals depend on the shape (the H200's
+    must exceed 0.999 (the same operands give about 0.99999, the bf16 output's rounding). cuBLAS's refusals depend on the shape (the H200's
     diagnostic, :data:`BLOCK_SCALED_MM_ROWS`), hence one probe per ``(N, K)`` and device:
     :meth:`Fp8LinearMethod.process_weights` runs it after loading, eagerly, before any CUDA graph
     is captured, and :func:`surge.quant.loading.process_fp8` passes each result on to the other
@@ -360,9 +356,7 @@ def block_scaled_mm_probe(weight: torch.Tensor, weight_scale: torch.Tensor) -> b
         x = torch.randn(100, k, generator=gen, device=weight.device).to(torch.bfloat16)
         got = block_scaled_mm_linear(x, weight, weight_scale, None)[:, :cols]
         head_scale = weight_scale[: cols // block[0]]
-        want = fp8_linear_reference(
-            x, weight[:cols], head_scale, block_size=block, input_group=BLOCK_SCALED_MM_GROUP
-        )
+        want = fp8_linear_reference(x, weight[:cols], head_scale, block_size=block, input_group=FP8_ACT_GROUP)
         cos = torch.nn.functional.cosine_similarity(got.float(), want.float(), dim=-1).min().item()
     except Exception:  # noqa: BLE001 -- any failure only means: keep the Triton path
         logger.warning(
@@ -702,7 +696,7 @@ class Fp8LinearMethod:
                 bias,
                 block_size=self.block_size,
                 quantize_input=not self.weight_only(m, x.dtype),
-                input_group=BLOCK_SCALED_MM_GROUP if self.block_scaled_mm_step(m, x.dtype) else None,
+                input_group=FP8_ACT_GROUP if self.block_scaled_mm_step(m, x.dtype) else None,
             )
         from surge.kernels.fp8_gemm import fp8_linear
 
