@@ -25,8 +25,9 @@ _COMMON = dict(
 )
 
 
-def make_tiny_model(kind: str, path: Path, seed: int = 0) -> Path:
-    """Save a tiny random model of ``kind`` ("qwen3", "qwen2", "llama3") with the stories tokenizer."""
+def make_tiny_model(kind: str, path: Path, seed: int = 0, **overrides: object) -> Path:
+    """Save a tiny random model of ``kind`` ("qwen3", "qwen2", "llama3") with the stories tokenizer;
+    ``overrides`` replace fields of its config (e.g. ``hidden_size``)."""
     from transformers import (
         AutoModelForCausalLM,
         LlamaConfig,
@@ -34,13 +35,14 @@ def make_tiny_model(kind: str, path: Path, seed: int = 0) -> Path:
         Qwen3Config,
     )
 
+    common = {**_COMMON, **overrides}
     if kind == "qwen3":
-        config = Qwen3Config(**_COMMON, head_dim=16, tie_word_embeddings=False)
+        config = Qwen3Config(**{"head_dim": 16, "tie_word_embeddings": False, **common})
     elif kind == "qwen2":
-        config = Qwen2Config(**_COMMON, tie_word_embeddings=True)
+        config = Qwen2Config(**{"tie_word_embeddings": True, **common})
     elif kind == "llama3":
         config = LlamaConfig(
-            **_COMMON,
+            **common,
             tie_word_embeddings=False,
             rope_theta=500000.0,
             rope_scaling={

@@ -7,7 +7,9 @@ activations are not quantized, see ``Fp8LinearMethod.weight_only``), so TP=2 mus
 the greedy tokens of TP=1 and of Hugging Face run on the dequantized weights. (Online FP8 and
 per-tensor checkpoints quantize activations per token on each rank's shard of a row-parallel
 input, as vLLM does, so their TP=2 tokens may legitimately differ from TP=1's; they are not
-compared here.)
+compared here.) In bf16, where prefill steps of 128 x 128 block checkpoints take cuBLAS's
+block-scaled path (emulated here), TP=2's prompt log-probabilities must be as close to Hugging
+Face's as TP=1's.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from surge import LLM, SamplingParams
+from surge.quant.fp8_linear import SPLITK_MAX_M, block_scaled_mm_eligible
 from tests.engine.tiny_models import hf_greedy, make_tiny_model
 from tests.quant.helpers import fp8_checkpoint
 
@@ -51,3 +55,67 @@ def test_tp2_block_shards_not_on_block_boundaries_is_one_error(tmp_path: Path) -
     fp8_checkpoint(src, tmp_path / "fp8", (32, 32))
     with pytest.raises(ValueError, match=r"not a multiple of weight_block_size \[32, 32\]"):
         LLM(tmp_path / "fp8", device="cpu", dtype="float32", fp8_emulation=True, tensor_parallel_size=2)
+
+
+def _prompt_logprobs(llm: LLM, prompts: list[list[int]]) -> list[float]:
+    """Each prompt token's log-probability (after the first), prompts concatenated."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    out = []
+    for o, prompt in zip(llm.generate(prompts, params), prompts, strict=True):
+        assert o.prompt_logprobs is not None and o.prompt_logprobs[0] is None
+        out += [entry[tok].logprob for entry, tok in zip(o.prompt_logprobs[1:], prompt[1:], strict=True)]
+    return out
+
+
+def _hf_prompt_logprobs(model_dir: Path, prompts: list[list[int]]) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    out: list[float] = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            lp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            out += lp.gather(1, ids[0, 1:, None])[:, 0].tolist()
+    return out
+
+
+def test_tp2_bf16_block_checkpoint_on_the_cublas_path_is_as_close_to_hf_as_tp1(tmp_path: Path) -> None:
+    """A bf16 128 x 128-block checkpoint whose every GEMM shard is eligible for cuBLAS's
+    block-scaled path (N in 128s, K in 512s, at TP=1 and TP=2): its prefill steps (more than
+    ``SPLITK_MAX_M`` tokens) quantize activations per 128-column group, emulated on CPU as the
+    GPU path runs them. Greedy tokens are not compared between TP=1 and TP=2 (each rank rounds
+    its row-parallel partial sum to bf16 before the all-reduce, and FP8 activation quantization
+    downstream amplifies that on random weights); the prompt log-probabilities are, against
+    Hugging Face on the dequantized weights in fp32: TP=2 must be as close as TP=1, which
+    mis-sharded block scales would not be."""
+    dims = dict(
+        vocab_size=512,
+        hidden_size=1024,
+        intermediate_size=2048,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        initializer_range=0.02,
+    )
+    src = make_tiny_model("qwen3", tmp_path / "src", **dims)  # type: ignore[arg-type]
+    fp8_checkpoint(src, tmp_path / "fp8", (128, 128), dequantized=tmp_path / "deq")
+    qkv = (8 + 2 * 2) * 128
+    for tp in (1, 2):  # (N, K) of each shard: qkv, o, gate_up, down
+        for n, k in ((qkv // tp, 1024), (1024, 1024 // tp), (2 * 2048 // tp, 1024), (1024, 2048 // tp)):
+            assert block_scaled_mm_eligible(n, k, (128, 128)), (tp, n, k)
+    rng = random.Random(11)
+    prompts = [[1] + [rng.randrange(3, 512) for _ in range(n)] for n in (90, 70)]
+    assert all(len(p) > SPLITK_MAX_M for p in prompts)
+    kwargs = dict(device="cpu", dtype="bfloat16", fp8_emulation=True, enable_prefix_caching=False)
+    want = _hf_prompt_logprobs(tmp_path / "deq", prompts)
+    tp1 = _prompt_logprobs(LLM(tmp_path / "fp8", **kwargs), prompts)  # type: ignore[arg-type]
+    with LLM(tmp_path / "fp8", tensor_parallel_size=2, **kwargs) as llm:  # type: ignore[arg-type]
+        tp2 = _prompt_logprobs(llm, prompts)
+
+    def mean_abs(a: list[float], b: list[float]) -> float:
+        return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+    err1, err2, between = mean_abs(tp1, want), mean_abs(tp2, want), mean_abs(tp2, tp1)
+    print(f"mean |logprob - HF|: TP=1 {err1:.4f}, TP=2 {err2:.4f}; TP=2 - TP=1 {between:.4f}")
+    assert err2 <= 1.5 * err1 + 0.01, (err1, err2, between)
