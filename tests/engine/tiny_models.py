@@ -41,18 +41,18 @@ def make_tiny_model(kind: str, path: Path, seed: int = 0, **overrides: object) -
     elif kind == "qwen2":
         config = Qwen2Config(**{"tie_word_embeddings": True, **common})
     elif kind == "llama3":
-        config = LlamaConfig(
-            **common,
-            tie_word_embeddings=False,
-            rope_theta=500000.0,
-            rope_scaling={
+        llama3 = {
+            "tie_word_embeddings": False,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
                 "rope_type": "llama3",
                 "factor": 8.0,
                 "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 64,
             },
-        )
+        }
+        config = LlamaConfig(**{**llama3, **common})
     else:
         raise ValueError(kind)
     torch.manual_seed(seed)

@@ -89,3 +89,16 @@ def test_persistent_kernel_gives_the_chain_bits(small: dict[str, torch.Tensor]) 
     probe.mega(small, buf, cnt, LAYERS, 1, 0, False)()
     assert int(cnt.item()) == 4 * LAYERS  # one arrival per barrier, no timeout (2**30)
     assert torch.equal(buf, chained)
+
+
+def test_a_barrier_never_reached_is_reported_not_hung(small: dict[str, torch.Tensor]) -> None:
+    """Two programs that cannot be resident together (the interpreter runs them one after the
+    other): the first gives up on its first barrier after ``max_polls`` polls and sets bit 30,
+    which releases every later barrier of both programs; the launch returns and the counter
+    says so (the probe then reports the variant as hung)."""
+    buf = fresh()
+    cnt = torch.zeros(1, dtype=torch.int32)
+    probe.mega(small, buf, cnt, LAYERS, 2, 0, False, max_polls=4)()
+    value = int(cnt.item())
+    assert value & probe.HANG
+    assert value & (probe.HANG - 1) == 2 * 4 * LAYERS  # both programs arrived at every barrier
