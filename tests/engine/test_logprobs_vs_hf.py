@@ -17,7 +17,7 @@ import torch
 
 from surge import LLM, SamplingParams
 from surge.core.logprobs import PositionLogprobs
-from tests.engine.tiny_models import make_tiny_model
+from tests.engine.tiny_models import hf_logprobs, make_tiny_model
 
 TOL = 1e-4
 NEW_TOKENS = 10
@@ -40,12 +40,6 @@ def _prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
     return [[1] + [rng.randrange(3, 512) for _ in range(n)] for n in lengths]
 
 
-def _hf_logprobs(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    """``[len(ids), V]``: log-softmax of HF's logits at every position."""
-    with torch.no_grad():
-        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
-
-
 def _check_position(entry: PositionLogprobs, token: int, ref: torch.Tensor, k: int) -> None:
     """One position: exactly ``token`` and HF's top-k, each with HF's logprob and rank."""
     top = set(torch.topk(ref, k).indices.tolist()) if k else set()
@@ -58,7 +52,7 @@ def _check_position(entry: PositionLogprobs, token: int, ref: torch.Tensor, k: i
 def _check(
     hf: torch.nn.Module, prompt: list[int], out_ids: list[int], out_lps, prompt_lps, k: int, pk: int
 ) -> None:  # noqa: ANN001
-    ref = _hf_logprobs(hf, prompt + out_ids)
+    ref = hf_logprobs(hf, prompt + out_ids)
     if out_lps is not None:
         assert len(out_lps) == len(out_ids)
         for i, (token, entry) in enumerate(zip(out_ids, out_lps, strict=True)):
@@ -188,7 +182,7 @@ def test_logprobs_on_cuda_with_graphs_and_async(model_dir: Path, hf: torch.nn.Mo
     outs = llm.generate(prompts + prompts, [asking] * 4 + [plain] * 4)
     for prompt, out in zip(prompts, outs[:4], strict=True):
         c = out.outputs[0]
-        ref = _hf_logprobs(hf, prompt + c.token_ids)
+        ref = hf_logprobs(hf, prompt + c.token_ids)
         assert c.logprobs is not None and out.prompt_logprobs is not None
         for i, (token, entry) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
             assert entry[token].logprob == pytest.approx(float(ref[len(prompt) - 1 + i][token]), abs=tol)

@@ -77,3 +77,10 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
                 ids.append(int(logits.argmax()))
             results.append(ids[len(prompt) :])
     return results
+
+
+def hf_logprobs(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """``[len(ids), V]`` float32: log-softmax of the Hugging Face model ``hf``'s logits at every
+    position of the sequence ``ids`` (one forward pass, no gradients)."""
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)

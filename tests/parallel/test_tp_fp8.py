@@ -22,7 +22,7 @@ import torch
 
 from surge import LLM, SamplingParams
 from surge.quant.fp8_linear import SPLITK_MAX_M, Fp8LinearMethod, block_scaled_mm_eligible
-from tests.engine.tiny_models import hf_greedy, make_tiny_model
+from tests.engine.tiny_models import hf_greedy, hf_logprobs, make_tiny_model
 from tests.quant.helpers import fp8_checkpoint
 
 NEW_TOKENS = 8
@@ -68,15 +68,15 @@ def _prompt_logprobs(llm: LLM, prompts: list[list[int]]) -> list[float]:
 
 
 def _hf_prompt_logprobs(model_dir: Path, prompts: list[list[int]]) -> list[float]:
+    """Hugging Face's log-probability of each prompt token (after the first), fp32, prompts
+    concatenated."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     out: list[float] = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            lp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
-            out += lp.gather(1, ids[0, 1:, None])[:, 0].tolist()
+    for prompt in prompts:
+        lp = hf_logprobs(model, prompt)[:-1]
+        out += lp.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
     return out
 
 
