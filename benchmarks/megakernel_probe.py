@@ -463,7 +463,7 @@ def main() -> None:
         "--layouts",
         nargs="+",
         metavar="LAYOUT:BN:BK:STAGES",
-        help="instead: the chain with PDL per weight layout (rows or tiles) and tiles",
+        help="instead: the chain with PDL per weight layout (rows or tiles) and tile sizes",
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -480,8 +480,8 @@ def main() -> None:
     if args.layouts:
         layouts(w, buf, x0, args.layouts, args.layers, args.reps, gb, args.json)
         return
-    rows = []
     for g in args.grid:
+        # (name, flag, prefetch bytes): the flag is PDL for a chain, ld.acquire polls for mega
         variants = [("chain", False, 0), ("chain+pdl", True, 0)]
         if g:
             variants += [(f"mega-{poll}", poll == "ld", p) for poll in args.poll for p in args.prefetch]
@@ -499,13 +499,12 @@ def main() -> None:
             buf[:HIDDEN] = x0
             make(2)()
             torch.cuda.synchronize()
-            hung = name.startswith("mega") and bool(int(cnt.item()) & HANG)
             out = buf.clone()
             same = want is None or bool(torch.equal(out, want))
             want = out if want is None else want
-            t = time_graph(make(args.layers), args.reps) if not hung else float("nan")
-            if name.startswith("mega") and int(cnt.item()) & HANG:
-                hung = True
+            hung = name.startswith("mega") and bool(int(cnt.item()) & HANG)
+            t = float("nan") if hung else time_graph(make(args.layers), args.reps)
+            hung = hung or (name.startswith("mega") and bool(int(cnt.item()) & HANG))
             us = t / args.layers * 1e6
             r = {
                 "grid": g,
@@ -517,7 +516,6 @@ def main() -> None:
                 "hung": hung,
                 "nonzero": int((out != 0).sum().item()),
             }
-            rows.append(r)
             print(
                 f"G={g:4d} {name:<12s} prefetch {pf:5d} B: {us:7.2f} us/layer  {r['tb_s'] or 0:.3f} TB/s"
                 f"  {'same bits' if same else 'DIFFERENT'}{'  HUNG' if hung else ''}",

@@ -33,15 +33,18 @@ def small(monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
     }
 
 
-def x0() -> torch.Tensor:
-    return torch.randn(128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+def fresh() -> torch.Tensor:
+    """The probe's ``[2 * BUF]`` bf16 activation buffer at the start: 128 seeded random values,
+    then zeros."""
+    buf = torch.zeros(2 * BUF, dtype=torch.bfloat16)
+    buf[:128] = torch.randn(128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    return buf
 
 
 def reference(w: dict[str, torch.Tensor]) -> torch.Tensor:
     """The buffer after ``LAYERS`` layers: each phase's ``K / SPLIT`` slices of ``w @ x`` in fp32,
     rounded to bf16, the next phase reading slice 0 (the first ``K`` values) of them."""
-    buf = torch.zeros(2 * BUF, dtype=torch.bfloat16)
-    buf[:128] = x0()
+    buf = fresh()
     halves = (buf[:BUF], buf[BUF:])
     src = 0
     for layer in range(LAYERS):
@@ -53,12 +56,6 @@ def reference(w: dict[str, torch.Tensor]) -> torch.Tensor:
                 part = wt[:, s * sl : (s + 1) * sl] @ x[s * sl : (s + 1) * sl]
                 halves[1 - src][s * n : (s + 1) * n] = part.to(torch.bfloat16)
             src = 1 - src
-    return buf
-
-
-def fresh() -> torch.Tensor:
-    buf = torch.zeros(2 * BUF, dtype=torch.bfloat16)
-    buf[:128] = x0()
     return buf
 
 
@@ -87,7 +84,7 @@ def test_persistent_kernel_gives_the_chain_bits(small: dict[str, torch.Tensor]) 
     buf = fresh()
     cnt = torch.zeros(1, dtype=torch.int32)
     probe.mega(small, buf, cnt, LAYERS, 1, 0, False)()
-    assert int(cnt.item()) == 4 * LAYERS  # one arrival per barrier, no timeout (2**30)
+    assert int(cnt.item()) == 4 * LAYERS  # one arrival per barrier, no timeout (bit 30 clear)
     assert torch.equal(buf, chained)
 
 
