@@ -153,6 +153,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         num_kv_blocks=args.num_kv_blocks,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        stream_decode=args.stream_decode,
     )
     cuda = config.device.startswith("cuda")
     tmp = tempfile.mkdtemp(prefix="surge-tp-timing-")
@@ -257,6 +258,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         "device": config.device,
         "async_scheduling": config.async_scheduling,
         "enforce_eager": config.enforce_eager,
+        "stream_decode": config.stream_decode,
         "tp_all_reduce": args.tp_all_reduce,
         "steps": len(engine_rows),
         "batch": args.batch,
@@ -291,6 +293,12 @@ def main() -> None:
     p.add_argument("--tp-all-reduce", choices=("auto", "nccl"), default="auto")
     p.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights (quantized at load)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    p.add_argument(
+        "--stream-decode",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="FP8: one-token steps through the persistent stream kernel",
+    )
     p.add_argument(
         "--sample", action="store_true", help="temperature 0.6, top-k 20, top-p 0.95 instead of greedy"
     )

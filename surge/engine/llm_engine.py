@@ -79,6 +79,7 @@ def build_engine_config(
     kv_cache_dtype: str = "auto",
     fp8_emulation: bool = False,
     generation_config: str = "auto",
+    stream_decode: bool = False,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -91,7 +92,8 @@ def build_engine_config(
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
     ``generation_config`` is "auto" (the model's generation_config.json sampling defaults
-    apply to what a request leaves out) or "none".
+    apply to what a request leaves out) or "none". ``stream_decode`` is
+    :attr:`EngineConfig.stream_decode`.
 
     Raises:
         ValueError: a bad model folder or an out-of-range value (the message names it).
@@ -136,6 +138,7 @@ def build_engine_config(
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
         seed=seed,
+        stream_decode=stream_decode,
         fp8_emulation=fp8_emulation,
     )
     if config.uses_fp8:

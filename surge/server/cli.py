@@ -176,6 +176,13 @@ def add_serve_parser(subparsers: Any) -> None:
         help="disable CUDA graphs (decode and piecewise prefill graphs)",
     )
     p.add_argument(
+        "--stream-decode",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="FP8 (per-row scales, TP=1): run one-token decode steps through the persistent CUDA stream "
+        "kernel instead of one launch per GEMM",
+    )
+    p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -325,6 +332,7 @@ def run_serve(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         generation_config=args.generation_config,
+        stream_decode=args.stream_decode,
     )
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node

@@ -27,6 +27,7 @@ from surge.config import EngineConfig
 from surge.core.outputs import ModelOutput, SchedulerOutput
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
+from surge.layers.stream_decode import enable_stream_decode
 from surge.layers.top_k_top_p import warm_up_sample_top_k_window
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
@@ -245,6 +246,12 @@ class ModelRunner:
             torch.float8_e4m3fn if config.cache.kv_cache_dtype == "fp8" else mc.torch_dtype
         )
         self.model = load_model(mc, self.device, tp_rank, self.tp_size)
+        if config.uses_fp8 and config.stream_decode and self.device.type == "cuda":
+            why_not = enable_stream_decode(self.model, self.device, self.tp_size)
+            if why_not is None:
+                logger.info("start-up: one-token decode steps run the FP8 stream kernel")
+            else:
+                logger.info("start-up: FP8 stream kernel off (%s)", why_not)
         # after loading, which may convert weights on the host with every core
         torch.set_num_threads(engine_torch_threads(config))
         # The one stream every CUDA graph of this process is captured on (see init_kv_cache).

@@ -351,6 +351,9 @@ def test_fp8_kv_write_and_attention_real_shapes() -> None:
 
 
 def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: object) -> ModelRunner:
+    # the stream kernel only where a mode asks for it (it takes over one-token steps), never
+    # under the emulation (the reference)
+    stream = bool(kw.pop("stream_decode", False)) and not kw.get("emulate", False)
     mc = ModelConfig.from_pretrained(
         model_dir,
         dtype="bfloat16",
@@ -364,8 +367,10 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
         scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=4096),
         device="cuda",
         enforce_eager=eager,
+        stream_decode=stream,
     )
     runner = ModelRunner(cfg, TorchAttentionBackend() if torch_backend else None)
+    assert (runner.model.model.stream_decode is not None) == stream
     if kw.pop("splitk_decode", False):
         from dataclasses import replace
 
@@ -426,6 +431,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
     "mode",
     [
         {"quantization": "fp8"},
+        {"quantization": "fp8", "stream_decode": True},
         {"quantization": "fp8", "triton_decode": True},
         {"quantization": "fp8", "splitk_decode": True},
         {"quantization": "fp8", "splitk_decode": True, "reduce": "inline"},
@@ -436,6 +442,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
     ],
     ids=[
         "fp8-weights",
+        "fp8-weights-stream-decode",
         "fp8-weights-triton-decode",
         "fp8-weights-splitk-decode",
         "fp8-weights-splitk-inline-decode",

@@ -1,0 +1,169 @@
+"""The batch-1 stream-decode kernel (:mod:`surge.kernels.stream_decode`) on Qwen3-8B shapes.
+
+Builds ``--layers`` layers of FP8 weights (qkv, o, gate_up, down; random, per-row scales) and
+runs them as the engine does at one token: one launch for the first qkv (``KIND_NORM``), then
+per layer one launch of o (``KIND_INPUT``, the attention output), gate_up (``KIND_ADD_NORM``),
+down (``KIND_SILU``) and the next layer's qkv (``KIND_ADD_NORM``), with a stand-in for attention
+between launches (a bf16 copy of q). Checks 2 layers against
+:func:`surge.kernels.stream_decode.stream_reference` and times all layers in one CUDA graph.
+
+    python3 benchmarks/stream_decode_bench.py --layers 36 --json out.jsonl   # sm89+ GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gemm_bench import time_graph  # noqa: E402
+
+from surge.kernels.stream_decode import (  # noqa: E402
+    KIND_ADD_NORM,
+    KIND_INPUT,
+    KIND_NORM,
+    KIND_SILU,
+    StreamDecodeKernel,
+    StreamPhase,
+    pack_phases,
+    stream_reference,
+)
+
+HIDDEN, Q, KV, INTER = 4096, 4096, 1024, 12288
+
+
+def fp8_weight(n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``[n, k]`` weights quantized per row: (e4m3 weight, float32 scales)."""
+    w = torch.randn(n, k, device=dev) * k**-0.5
+    scale = w.abs().amax(dim=1) / 448.0
+    return (w / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
+
+
+def build(layers: int, dev: torch.device) -> tuple[list[list[StreamPhase]], dict[str, torch.Tensor]]:
+    """The per-launch phase lists of a step and the step's buffers."""
+    bf = torch.bfloat16
+    buf = {
+        "embed": torch.randn(HIDDEN, device=dev, dtype=bf),
+        "res_a": torch.zeros(HIDDEN, device=dev, dtype=bf),
+        "res_b": torch.zeros(HIDDEN, device=dev, dtype=bf),
+        "qkv": torch.zeros(Q + 2 * KV, device=dev, dtype=bf),
+        "attn": torch.zeros(Q, device=dev, dtype=bf),
+        "o": torch.zeros(HIDDEN, device=dev),
+        "gu": torch.zeros(2 * INTER, device=dev),
+        "down": torch.zeros(HIDDEN, device=dev),
+    }
+    norm_w = [(1 + 0.1 * torch.randn(HIDDEN, device=dev)).to(bf) for _ in range(2 * layers)]
+    ws = [
+        {
+            "qkv": fp8_weight(Q + 2 * KV, HIDDEN, dev),
+            "o": fp8_weight(HIDDEN, Q, dev),
+            "gate_up": fp8_weight(2 * INTER, HIDDEN, dev),
+            "down": fp8_weight(HIDDEN, INTER, dev),
+        }
+        for _ in range(layers)
+    ]
+    launches = [[StreamPhase(*ws[0]["qkv"], KIND_NORM, buf["qkv"], res_in=buf["embed"], norm_w=norm_w[0])]]
+    for layer in range(layers):
+        w = ws[layer]
+        res_in = buf["embed"] if layer == 0 else buf["res_b"]
+        group = [
+            StreamPhase(*w["o"], KIND_INPUT, buf["o"], x=buf["attn"]),
+            StreamPhase(
+                *w["gate_up"],
+                KIND_ADD_NORM,
+                buf["gu"],
+                x=buf["o"],
+                res_in=res_in,
+                res_out=buf["res_a"],
+                norm_w=norm_w[2 * layer + 1],
+            ),
+            StreamPhase(*w["down"], KIND_SILU, buf["down"], x=buf["gu"]),
+        ]
+        if layer + 1 < layers:
+            group.append(
+                StreamPhase(
+                    *ws[layer + 1]["qkv"],
+                    KIND_ADD_NORM,
+                    buf["qkv"],
+                    x=buf["down"],
+                    res_in=buf["res_a"],
+                    res_out=buf["res_b"],
+                    norm_w=norm_w[2 * layer + 2],
+                )
+            )
+        launches.append(group)
+    return launches, buf
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    kern = StreamDecodeKernel.compile(dev)
+    launches, buf = build(args.layers, dev)
+    tables = [pack_phases(g) for g in launches]
+    gb = sum(p.weight.numel() for g in launches for p in g) / 1e9
+
+    def attention_stand_in() -> None:
+        buf["attn"].copy_(buf["qkv"][:Q])
+
+    def run_kernel(n_launches: int) -> None:
+        kern.reset()
+        base = 0
+        for i in range(n_launches):
+            if i:
+                attention_stand_in()
+            kern.launch(tables[i], base)
+            base += len(launches[i])
+
+    def run_reference(n_launches: int) -> None:
+        for i in range(n_launches):
+            if i:
+                attention_stand_in()
+            stream_reference(launches[i])
+
+    # 2 layers (3 launches) against the reference
+    check = {}
+    for name, fn in (("ref", run_reference), ("kernel", run_kernel)):
+        for k in ("res_a", "res_b", "qkv", "attn", "o", "gu", "down"):
+            buf[k].zero_()
+        fn(3)
+        torch.cuda.synchronize()
+        check[name] = {k: buf[k].float().clone() for k in ("qkv", "down", "res_a", "res_b", "gu")}
+    res = {}
+    for k, ref in check["ref"].items():
+        got = check["kernel"][k]
+        cos = float(torch.nn.functional.cosine_similarity(got, ref, dim=0))
+        rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+        res[k] = {"cos": cos, "max_rel": rel}
+    print("2 layers vs reference:", json.dumps(res), "hung", kern.hung(), flush=True)
+
+    t = time_graph(lambda: run_kernel(len(launches)), args.reps)
+    t_gap = time_graph(lambda: [attention_stand_in() for _ in range(len(launches) - 1)], args.reps)
+    r = {
+        "layers": args.layers,
+        "gb": gb,
+        "us_per_layer": t / args.layers * 1e6,
+        "us_per_layer_without_stand_in": (t - t_gap) / args.layers * 1e6,
+        "tb_s_without_stand_in": gb / (t - t_gap) / 1e3,
+        "check_2_layers": res,
+        "hung": kern.hung(),
+    }
+    print(json.dumps(r), flush=True)
+    if args.json:
+        with args.json.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

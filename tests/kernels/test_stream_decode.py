@@ -1,0 +1,231 @@
+"""The persistent batch-1 FP8 stream kernel (:mod:`surge.kernels.stream_decode`): its launch
+table and its torch reference on CPU; the kernel against that reference on an sm89+ GPU."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from surge.kernels.stream_decode import (
+    KIND_ADD_NORM,
+    KIND_INPUT,
+    KIND_SILU,
+    XMAX,
+    StreamPhase,
+    check_phase,
+    pack_phases,
+    stream_input,
+    stream_reference,
+)
+
+BF = torch.bfloat16
+GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _weight(n: int, k: int, dev: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * k**-0.5
+    s = w.abs().amax(1) / 448.0
+    return (w / s[:, None]).to(torch.float8_e4m3fn).to(dev), s.float().to(dev)
+
+
+def _vec(k: int, dtype: torch.dtype, dev: str = "cpu", seed: int = 1, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(k, generator=g) * scale).to(dtype).to(dev)
+
+
+def test_pack_phases_lays_out_the_kernel_struct() -> None:
+    w, s = _weight(48, 32)
+    y = torch.zeros(48, dtype=BF)
+    res, nw, out = _vec(32, BF), _vec(32, BF, seed=2), torch.zeros(32, dtype=BF)
+    x = torch.zeros(32)
+    ph = StreamPhase(w, s, KIND_ADD_NORM, y, x=x, res_in=res, res_out=out, norm_w=nw, eps=1e-5)
+    row = pack_phases([ph])[0].tolist()
+    ptrs = [t.data_ptr() for t in (w, s, x, res, out, nw, y)]
+    assert row[:7] == ptrs
+    assert row[7] == 48 | (32 << 32)
+    assert row[8] == KIND_ADD_NORM | (1 << 32)  # bf16 output
+    assert struct.unpack("<f", struct.pack("<I", row[9]))[0] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"weight": torch.zeros(8, 32, dtype=BF)}, "float8_e4m3fn"),
+        ({"weight": torch.zeros(8, 24, dtype=torch.float8_e4m3fn)}, "multiple of 16"),
+        ({"weight": torch.zeros(8, XMAX + 16, dtype=torch.float8_e4m3fn)}, "at most"),
+        ({"weight_scale": torch.zeros(7)}, "weight_scale"),
+        ({"y": torch.zeros(8, dtype=torch.float16)}, "y must be"),
+        ({"x": None}, "needs x"),
+        ({"kind": 9}, "unknown"),
+    ],
+)
+def test_check_phase_refuses_what_the_kernel_cannot_run(bad: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {
+        "weight": torch.zeros(8, 32, dtype=torch.float8_e4m3fn),
+        "weight_scale": torch.ones(8),
+        "kind": KIND_INPUT,
+        "y": torch.zeros(8),
+        "x": torch.zeros(32, dtype=BF),
+    }
+    with pytest.raises(ValueError, match=message):
+        check_phase(StreamPhase(**{**base, **bad}))  # type: ignore[arg-type]
+
+
+def test_silu_input_is_huggingface_swiglu_in_bf16() -> None:
+    k = 64
+    y = torch.randn(2 * k) * 4
+    ph = StreamPhase(*_weight(16, k), KIND_SILU, torch.zeros(16), x=y)
+    x, res = stream_input(ph)
+    g, u = y[:k].to(BF), y[k:].to(BF)
+    want = torch.nn.functional.silu(g) * u  # bf16 ops, as the HF MLP computes them
+    assert res is None
+    torch.testing.assert_close(x, want.float(), rtol=0, atol=0)
+
+
+def test_add_norm_input_is_the_models_add_and_rmsnorm() -> None:
+    from surge.layers.norm import RMSNorm
+
+    k = 64
+    norm = RMSNorm(k, 1e-6, BF)
+    norm.weight.data = _vec(k, BF, seed=3, scale=0.3) + 1
+    res, y = _vec(k, BF, seed=4), torch.randn(k) * 2
+    ph = StreamPhase(
+        *_weight(16, k),
+        KIND_ADD_NORM,
+        torch.zeros(16),
+        x=y,
+        res_in=res,
+        res_out=torch.zeros(k, dtype=BF),
+        norm_w=norm.weight.data,
+        eps=1e-6,
+    )
+    x, new_res = stream_input(ph)
+    h = res + y.to(BF)
+    assert new_res is not None and torch.equal(new_res, h)
+    want = norm(h[None])[0]
+    torch.testing.assert_close(x, want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_reference_scales_inputs_so_fp16_products_cannot_overflow() -> None:
+    """Inputs of magnitude 1e4 (beyond fp16 once multiplied by an e4m3 weight of 448) and
+    1e-6 (fp16 subnormals) give the float32 product to fp16's relative precision."""
+    k, n = 256, 32
+    w, s = _weight(n, k)
+    for scale in (1e4, 1e-6):
+        x = _vec(k, BF, seed=5, scale=scale)
+        y = torch.zeros(n)
+        stream_reference([StreamPhase(w, s, KIND_INPUT, y, x=x)])
+        exact = (w.float() * s[:, None]) @ x.float()
+        assert torch.isfinite(y).all()
+        assert ((y - exact).abs().max() / exact.abs().max()).item() < 2e-3
+
+
+def _chain(n_q: int, hidden: int, inter: int, dev: str) -> tuple[list[StreamPhase], dict[str, torch.Tensor]]:
+    """o -> gate_up -> down -> qkv, as one engine launch (input: an attention output)."""
+    buf = {
+        "attn": _vec(hidden, BF, dev, seed=6),
+        "res": _vec(hidden, BF, dev, seed=7),
+        "res_a": torch.zeros(hidden, dtype=BF, device=dev),
+        "res_b": torch.zeros(hidden, dtype=BF, device=dev),
+        "o": torch.zeros(hidden, device=dev),
+        "gu": torch.zeros(2 * inter, device=dev),
+        "down": torch.zeros(hidden, device=dev),
+        "qkv": torch.zeros(n_q, dtype=BF, device=dev),
+    }
+    nw1, nw2 = _vec(hidden, BF, dev, seed=8, scale=0.2) + 1, _vec(hidden, BF, dev, seed=9, scale=0.2) + 1
+    phases = [
+        StreamPhase(*_weight(hidden, hidden, dev, 10), KIND_INPUT, buf["o"], x=buf["attn"]),
+        StreamPhase(
+            *_weight(2 * inter, hidden, dev, 11),
+            KIND_ADD_NORM,
+            buf["gu"],
+            x=buf["o"],
+            res_in=buf["res"],
+            res_out=buf["res_a"],
+            norm_w=nw1,
+        ),
+        StreamPhase(*_weight(hidden, inter, dev, 12), KIND_SILU, buf["down"], x=buf["gu"]),
+        StreamPhase(
+            *_weight(n_q, hidden, dev, 13),
+            KIND_ADD_NORM,
+            buf["qkv"],
+            x=buf["down"],
+            res_in=buf["res_a"],
+            res_out=buf["res_b"],
+            norm_w=nw2,
+        ),
+    ]
+    return phases, buf
+
+
+def test_reference_chain_matches_float32_layer_math() -> None:
+    """The reference's phases (fp16 inputs) against the same layer in float32 torch with bf16
+    roundings where the model has them."""
+    phases, buf = _chain(96, 64, 128, "cpu")
+    stream_reference(phases)
+    o = (phases[0].weight.float() * phases[0].weight_scale[:, None]) @ buf["attn"].float()
+    h = (buf["res"].float() + o.to(BF).float()).to(BF)
+    torch.testing.assert_close(buf["res_a"].float(), h.float(), rtol=2e-2, atol=2e-2)
+    assert torch.isfinite(buf["qkv"].float()).all() and buf["qkv"].abs().sum() > 0
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
+@pytest.mark.parametrize(
+    "n_q, hidden, inter",
+    [(6144, 4096, 12288), (6144, 4096, 14336), (96, 1040, 2064), (40, 64, 128)],
+    ids=["qwen3-8b", "llama-8b-inter", "partial-segments", "fewer-rows-than-warps"],
+)
+def test_kernel_matches_reference(n_q: int, hidden: int, inter: int) -> None:
+    from surge.kernels.stream_decode import StreamDecodeKernel
+
+    kern = StreamDecodeKernel.compile(torch.device("cuda"))
+    phases, buf = _chain(n_q, hidden, inter, "cuda")
+    stream_reference(phases)
+    want = {k: v.float().clone() for k, v in buf.items()}
+    for k in ("o", "gu", "down", "qkv", "res_a", "res_b"):
+        buf[k].zero_()
+    kern.reset()
+    kern.launch(pack_phases(phases), 0)
+    torch.cuda.synchronize()
+    assert not kern.hung()
+    for k in ("o", "gu", "down", "qkv"):
+        got, ref = buf[k].float(), want[k]
+        cos = torch.nn.functional.cosine_similarity(got, ref, dim=0).item()
+        rel = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert cos > 0.9999 and rel < 2e-2, (k, cos, rel)
+    assert torch.equal(buf["res_a"].float(), want["res_a"])  # same inputs, same bf16 add
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
+def test_kernel_in_a_cuda_graph_with_x0_and_phase_base() -> None:
+    """Two launches per step, the second fed an attention output through ``x0``, replayed from a
+    CUDA graph: the same values as eager launches."""
+    from surge.kernels.stream_decode import StreamDecodeKernel
+
+    kern = StreamDecodeKernel.compile(torch.device("cuda"))
+    phases, buf = _chain(512, 1024, 2048, "cuda")
+    first, rest = pack_phases(phases[:2]), pack_phases(phases[2:])
+    x0 = _vec(1024, BF, "cuda", seed=20)
+
+    def step() -> None:
+        kern.reset()
+        kern.launch(first, 0, x0)
+        kern.launch(rest, 2)
+
+    step()
+    torch.cuda.synchronize()
+    eager = buf["qkv"].clone()
+    buf["qkv"].zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not kern.hung()
+    assert torch.equal(buf["qkv"], eager)
+    stream_reference(phases, x0)
+    ref = buf["qkv"].float()
+    assert torch.nn.functional.cosine_similarity(eager.float(), ref, dim=0).item() > 0.9999
