@@ -13,6 +13,7 @@ from surge.layers.linear import QKVParallelLinear, RowParallelLinear
 from surge.layers.mlp import GatedMLP
 from surge.layers.norm import RMSNorm
 from surge.layers.rotary import RotaryEmbedding, rope_from_hf_config
+from surge.layers.stream_decode import StreamDecode
 from surge.quant.fp8 import SplitKPartials
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -101,7 +102,9 @@ class Qwen2DecoderLayer(nn.Module):
 
 
 class Qwen2Model(nn.Module):
-    """Embedding, decoder layers and the final norm."""
+    """Embedding, decoder layers and the final norm. ``stream_decode`` (set by the model runner where
+    eligible, :func:`surge.layers.stream_decode.enable_stream_decode`) runs one-token steps'
+    layers through the persistent FP8 kernel."""
 
     def __init__(self, cfg: ModelConfig, tp_rank: int, tp_size: int) -> None:
         super().__init__()
@@ -115,6 +118,7 @@ class Qwen2Model(nn.Module):
         next_norms = [*(layer.input_layernorm for layer in self.layers[1:]), self.norm]
         for layer, norm in zip(self.layers, next_norms, strict=True):
             norm.sums_partials_of(layer.mlp.down_proj)
+        self.stream_decode: StreamDecode | None = None
 
     def forward(
         self,
@@ -125,6 +129,10 @@ class Qwen2Model(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if self.stream_decode is not None and input_ids.shape[0] == 1:
+            hidden, residual = self.stream_decode(hidden, positions, kv_caches, metadata, backend)
+            hidden, _ = self.norm(hidden, residual)
+            return hidden
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, metadata, backend)

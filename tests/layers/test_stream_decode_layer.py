@@ -1,6 +1,6 @@
 """The stream-decode path of a decoder stack (:mod:`surge.layers.stream_decode`) on CPU: with the
-torch reference in place of the kernel, a one-token step of a tiny FP8 Qwen3 gives the eager
-path's logits; and the eligibility rules."""
+torch reference in place of the kernel, one-token steps of a tiny FP8 Qwen3 and Llama 3 give the
+eager path's logits; and the eligibility rules."""
 
 from __future__ import annotations
 
@@ -34,12 +34,14 @@ def _metadata(start: int, n: int, blocks: int, block_size: int = 16) -> Attentio
     )
 
 
-@pytest.fixture(scope="module")
-def fp8_qwen3(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, ModelConfig]:
-    """A tiny Qwen3 with FP8 weights (emulated), whose one-token steps run w8a16 (bf16
+@pytest.fixture(scope="module", params=["qwen3", "llama3"])
+def fp8_model(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[torch.nn.Module, ModelConfig]:
+    """A tiny Qwen3 or Llama 3 with FP8 weights (emulated), whose one-token steps run w8a16 (bf16
     activations, as the stream kernel takes them; the emulation's default at one token on CPU
     is per-token FP8 activations, about 2 % noise per linear)."""
-    d = make_tiny_model("qwen3", tmp_path_factory.mktemp("m") / "qwen3", torch_dtype="bfloat16")
+    d = make_tiny_model(request.param, tmp_path_factory.mktemp("m") / request.param, torch_dtype="bfloat16")
     mc = ModelConfig.from_pretrained(Path(d), dtype="bfloat16", quantization="fp8")
     model = load_model(mc, "cpu")
     for m in model.modules():
@@ -49,10 +51,10 @@ def fp8_qwen3(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module
     return model, mc
 
 
-def test_one_token_step_matches_the_eager_stack(fp8_qwen3: tuple[torch.nn.Module, ModelConfig]) -> None:
+def test_one_token_step_matches_the_eager_stack(fp8_model: tuple[torch.nn.Module, ModelConfig]) -> None:
     """Prefill 20 tokens, then decode 3 single tokens both ways from copies of the same cache:
     the logits agree to the stream path's fp16 input rounding (cosine >= 0.9999, same argmax)."""
-    model, mc = fp8_qwen3
+    model, mc = fp8_model
     stack = model.model
     assert stream_decode_unsupported(stack.layers, 1, torch.bfloat16) is None
     backend = TorchAttentionBackend()
@@ -81,14 +83,17 @@ def test_one_token_step_matches_the_eager_stack(fp8_qwen3: tuple[torch.nn.Module
     assert torch.equal(paths["eager"].argmax(-1), paths["stream"].argmax(-1))
 
 
-def test_eligibility_reasons(fp8_qwen3: tuple[torch.nn.Module, ModelConfig], tmp_path: Path) -> None:
-    model, _ = fp8_qwen3
+def test_eligibility_reasons(fp8_model: tuple[torch.nn.Module, ModelConfig], tmp_path: Path) -> None:
+    model, _ = fp8_model
     layers = model.model.layers
     assert "tensor-parallel" in str(stream_decode_unsupported(layers, 2, torch.bfloat16))
     assert "bf16" in str(stream_decode_unsupported(layers, 1, torch.float16))
     d = make_tiny_model("qwen3", tmp_path / "q", torch_dtype="bfloat16")
     plain = load_model(ModelConfig.from_pretrained(Path(d), dtype="bfloat16"), "cpu")
     assert "not FP8" in str(stream_decode_unsupported(plain.model.layers, 1, torch.bfloat16))
+    qwen2 = make_tiny_model("qwen2", tmp_path / "q2", torch_dtype="bfloat16")  # qkv bias
+    m2 = load_model(ModelConfig.from_pretrained(Path(qwen2), dtype="bfloat16", quantization="fp8"), "cpu")
+    assert "no bias" in str(stream_decode_unsupported(m2.model.layers, 1, torch.bfloat16))
     odd = make_tiny_model("qwen3", tmp_path / "odd", torch_dtype="bfloat16", intermediate_size=120)
     m = load_model(ModelConfig.from_pretrained(Path(odd), dtype="bfloat16", quantization="fp8"), "cpu")
     assert "input length 120" in str(stream_decode_unsupported(m.model.layers, 1, torch.bfloat16))
