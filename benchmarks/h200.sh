@@ -25,12 +25,12 @@ while [ $# -gt 0 ]; do
     --quantization) serve_extra+=(--quantization "$2"); roof_extra+=(--roofline-dtype "$2"); shift 2 ;;
     --kv-cache-dtype) serve_extra+=(--kv-cache-dtype "$2"); roof_extra+=(--roofline-kv-cache-dtype "$2"); shift 2 ;;
     --api-server-count) serve_extra+=(--api-server-count "$2"); shift 2 ;;
-    --stream-decode) serve_extra+=(--stream-decode); shift ;;
-    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype, --api-server-count, --stream-decode)" >&2; exit 2 ;;
+    --no-stream-decode) serve_extra+=(--no-stream-decode); shift ;;
+    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype, --api-server-count, --no-stream-decode)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] [--api-server-count N] [--stream-decode] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
+if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] [--api-server-count N] [--no-stream-decode] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
 model="$1"; out="$2"; interval="$3"; shift 3
 mkdir -p "$out"
 if python3 -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then

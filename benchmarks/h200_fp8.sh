@@ -8,7 +8,7 @@
 # STEPs:
 #   surge-fp8      the 30-point matrix, Surge --quantization fp8 (port 8240)      -> RUNS/surge-fp8/
 #   surge-fp8-kv8  the same with --kv-cache-dtype fp8 (port 8242)                 -> RUNS/surge-fp8-kv8/
-#   surge-fp8-stream the same as surge-fp8 with --stream-decode (port 8244)      -> RUNS/surge-fp8-stream/
+#   surge-fp8-chain the same with --no-stream-decode: one launch per GEMM at one token (port 8244) -> RUNS/surge-fp8-chain/
 #   surge-fp8-ckpt the same on an FP8 checkpoint's layout (128 x 128 block scales, as Qwen's
 #                  FP8 release; made by fp8_model_dir.py from MODEL_DIR, port 8243;
 #                  the roofline reads FP8 weights from its config)             -> RUNS/surge-fp8-ckpt/
@@ -27,7 +27,7 @@
 # nothing. Every matrix must end with 30/30 points at exact lengths.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  echo "usage: h200_fp8.sh MODEL_DIR RUNS {surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-stream|vllm-fp8|sweep|gemm|tests} [STOP_AFTER_S]" >&2
+  echo "usage: h200_fp8.sh MODEL_DIR RUNS {surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-chain|vllm-fp8|sweep|gemm|tests} [STOP_AFTER_S]" >&2
   exit 2
 fi
 model="$1"; runs="$2"; step="$3"; stop="${4:-380}"
@@ -39,7 +39,7 @@ complete() {  # complete DIR: the matrix in DIR has every planned point successf
 sys.exit(0 if d['num_successful'] == d['num_planned_points'] else 1)" "$1/summary.json"
 }
 case "$step" in
-  surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-stream|vllm-fp8)
+  surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-chain|vllm-fp8)
     if complete "$runs/$step"; then
       echo "h200_fp8.sh: $step is complete ($runs/$step/summary.json): nothing to run"; exit 0
     fi ;;
@@ -57,10 +57,10 @@ case "$step" in
     bash "$here/h200.sh" --port 8240 --quantization fp8 "$model" "$runs/$step" 1 \
       $(matrix_args "$runs/$step") --label surge-fp8
     ;;
-  surge-fp8-stream)
+  surge-fp8-chain)
     # shellcheck disable=SC2046
-    bash "$here/h200.sh" --port 8244 --quantization fp8 --stream-decode "$model" "$runs/$step" 1 \
-      $(matrix_args "$runs/$step") --label surge-fp8-stream
+    bash "$here/h200.sh" --port 8244 --quantization fp8 --no-stream-decode "$model" "$runs/$step" 1 \
+      $(matrix_args "$runs/$step") --label surge-fp8-chain
     ;;
   surge-fp8-kv8)
     # shellcheck disable=SC2046

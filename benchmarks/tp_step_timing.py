@@ -296,8 +296,8 @@ def main() -> None:
     p.add_argument(
         "--stream-decode",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="FP8: one-token steps through the persistent stream kernel",
+        default=True,
+        help="FP8: one-token steps through the persistent stream kernel (the engine's default)",
     )
     p.add_argument(
         "--sample", action="store_true", help="temperature 0.6, top-k 20, top-p 0.95 instead of greedy"

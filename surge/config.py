@@ -394,8 +394,8 @@ class EngineConfig:
             (:func:`surge.worker.model_runner.engine_torch_threads`).
         stream_decode: run one-token decode steps of an eligible FP8 model (one weight scale
             per row, tensor-parallel size 1, sm89+) through the persistent CUDA kernel of
-            :mod:`surge.layers.stream_decode` instead of one launch per GEMM (CLI
-            ``--stream-decode``).
+            :mod:`surge.layers.stream_decode` instead of one launch per GEMM (on by default;
+            CLI ``--no-stream-decode``).
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
             is refused; it is not a serving mode and no CLI flag sets it.
@@ -410,7 +410,7 @@ class EngineConfig:
     async_scheduling: bool = False
     seed: int = 0
     cpu_threads: int = 1
-    stream_decode: bool = False
+    stream_decode: bool = True
     fp8_emulation: bool = False
 
     def __post_init__(self) -> None:

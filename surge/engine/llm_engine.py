@@ -79,7 +79,7 @@ def build_engine_config(
     kv_cache_dtype: str = "auto",
     fp8_emulation: bool = False,
     generation_config: str = "auto",
-    stream_decode: bool = False,
+    stream_decode: bool = True,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 

@@ -55,7 +55,7 @@ _WARPS = 16
 _SEG = 4096
 XMAX = 16384
 """Largest ``k`` a phase may have (fp16 inputs in shared memory)."""
-_SMEM = 6 * XMAX  # dynamic shared memory: fp16 inputs and their float32 staging (bytes)
+_SMEM = 10 * XMAX  # dynamic shared memory: fp16 inputs, their float32 staging, norm weights (bytes)
 _FIELDS = 10
 _HANG = 1 << 30
 
@@ -132,8 +132,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 __device__ __forceinline__ void block_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
+// Block cta's first row of phase d: n * cta / G in 32 bits (n * G < 2^32 for any model).
+__device__ __forceinline__ int row0_of(const Phase& d, int cta, int G) {
+  return (int)((unsigned)d.n * (unsigned)cta / (unsigned)G);
+}
 __device__ __forceinline__ int rows_of(const Phase& d, int cta, int G) {
-  return (int)((long long)d.n * (cta + 1) / G - (long long)d.n * cta / G);
+  return row0_of(d, cta + 1, G) - row0_of(d, cta, G);
 }
 // The first task at or after t whose row exists (phases with fewer rows than warps skip).
 __device__ __forceinline__ bool seek(Task& t, const Phase* ph, int np, int cta, int G, int warp) {
@@ -154,9 +158,12 @@ __device__ __forceinline__ bool next_task(Task& t, const Phase* ph, int np, int 
   t.j += NW;
   return seek(t, ph, np, cta, G, warp);
 }
-__device__ __forceinline__ void load_seg(U4 (&r)[8], const Phase* ph, const Task& t, int cta, int G, int lane) {
+// Issues the loads of task t's 4 KiB weight segment (lane's 8 x 16 bytes) and of its row's scale.
+__device__ __forceinline__ void load_seg(U4 (&r)[8], float& scale, const Phase* ph, const Task& t, int cta, int G,
+                                         int lane) {
   const Phase& d = ph[t.p];
-  const long long row = (long long)d.n * cta / G + t.j;
+  const long long row = row0_of(d, cta, G) + t.j;
+  scale = __ldg(reinterpret_cast<const float*>(d.w_scale) + row);
   const unsigned char* src = reinterpret_cast<const unsigned char*>(d.w) + row * d.k + (long long)t.s * SEG;
   const int bytes = min(SEG, d.k - t.s * SEG);
 #pragma unroll
@@ -211,10 +218,11 @@ __device__ __forceinline__ void input4(const Phase& d, const unsigned short* xin
 
 // Builds phase d's input in xs (fp16, scaled by 2^-e, permuted so that 16-byte unit u of a
 // segment finds its values at halves [u * 8, u * 8 + 8) and [2048 + u * 8, ...)); returns 2^e.
-// The first pass stages the pre-norm values in xf (float32, shared memory), so that registers
-// stay free for the weights in flight and the second pass does not go back to L2.
-__device__ float build_x(const Phase& d, const void* x_override, unsigned short* xs, float* xf, float* red,
-                         int cta, int tid, int warp, int lane) {
+// The first pass stages the pre-norm values in xf and the norm weights in wf (float32, shared
+// memory), so that registers stay free for the weights in flight and the second pass does not go
+// back to L2.
+__device__ float build_x(const Phase& d, const void* x_override, unsigned short* xs, float* xf, float* wf,
+                         float* red, int cta, int tid, int warp, int lane) {
   const int k = d.k;
   const int kind = d.kind;
   const bool norm = kind == 1 || kind == 2;
@@ -231,6 +239,7 @@ __device__ float build_x(const Phase& d, const void* x_override, unsigned short*
     if (norm) {
       float w[4];
       bf16x4(nw + i, w);
+      *reinterpret_cast<float4*>(wf + i) = make_float4(w[0], w[1], w[2], w[3]);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         ss += v[c] * v[c];
@@ -271,10 +280,11 @@ __device__ float build_x(const Phase& d, const void* x_override, unsigned short*
     const float4 f = *reinterpret_cast<const float4*>(xf + i);
     float x[4] = {f.x, f.y, f.z, f.w};
     if (norm) {
-      float w[4];
-      bf16x4(nw + i, w);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) x[c] = bf16r(w[c] * bf16r(x[c] * inv)) * down;
+      const float4 w = *reinterpret_cast<const float4*>(wf + i);
+      x[0] = bf16r(w.x * bf16r(x[0] * inv)) * down;
+      x[1] = bf16r(w.y * bf16r(x[1] * inv)) * down;
+      x[2] = bf16r(w.z * bf16r(x[2] * inv)) * down;
+      x[3] = bf16r(w.w * bf16r(x[3] * inv)) * down;
     } else {
 #pragma unroll
       for (int c = 0; c < 4; ++c) x[c] *= down;
@@ -293,13 +303,15 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
   extern __shared__ __align__(16) unsigned char dyn[];
   unsigned short* xs = reinterpret_cast<unsigned short*>(dyn);       // [XMAX] fp16, permuted
   float* xf = reinterpret_cast<float*>(dyn + 2 * XMAX);              // [XMAX] float32 staging
+  float* wf = reinterpret_cast<float*>(dyn + 6 * XMAX);              // [XMAX] norm weights
   __shared__ float red[2 * NW];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
   const int G = gridDim.x, cta = blockIdx.x;
   Task nt{0, warp, 0};
   bool have = seek(nt, phases, num_phases, cta, G, warp);
   U4 nb[8];
-  if (have) load_seg(nb, phases, nt, cta, G, lane);
+  float nsc = 0.f;
+  if (have) load_seg(nb, nsc, phases, nt, cta, G, lane);
   for (int p = 0; p < num_phases; ++p) {
     const Phase& d = phases[p];
     if (p > 0) {
@@ -317,34 +329,37 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       }
       block_sync();
     }
-    const float up = build_x(d, (p == 0 && use_x0) ? (const void*)x0 : nullptr, xs, xf, red, cta, tid, warp, lane);
+    const float up = build_x(d, (p == 0 && use_x0) ? (const void*)x0 : nullptr, xs, xf, wf, red, cta, tid, warp, lane);
     block_sync();
-    const long long r0 = (long long)d.n * cta / G;
-    const float* wsc = reinterpret_cast<const float*>(d.w_scale);
+    const int r0 = row0_of(d, cta, G);
+    const int k = d.k;
+    const bool y_bf16 = d.y_bf16 != 0;
+    void* const yp = reinterpret_cast<void*>(d.y);
     float acc = 0.f;
     while (have && nt.p == p) {
       U4 cb[8];
 #pragma unroll
       for (int q = 0; q < 8; ++q) cb[q] = nb[q];
       const Task ct = nt;
+      const float csc = nsc;
       have = next_task(nt, phases, num_phases, cta, G, warp);
-      if (have) load_seg(nb, phases, nt, cta, G, lane);
+      if (have) load_seg(nb, nsc, phases, nt, cta, G, lane);
       const U4* xv = reinterpret_cast<const U4*>(xs + ct.s * SEG);
-      const int bytes = min(SEG, d.k - ct.s * SEG);
+      const int bytes = min(SEG, k - ct.s * SEG);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         const int u = lane + 32 * q;
         if (u * 16 < bytes) acc += dot16(cb[q], xv[u], xv[256 + u]);
       }
-      if ((ct.s + 1) * SEG >= d.k) {
+      if ((ct.s + 1) * SEG >= k) {
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) {
-          const float out = acc * wsc[r0 + ct.j] * up;
-          if (d.y_bf16)
-            reinterpret_cast<unsigned short*>(d.y)[r0 + ct.j] = to_bf16(out);
+          const float out = acc * csc * up;
+          if (y_bf16)
+            reinterpret_cast<unsigned short*>(yp)[r0 + ct.j] = to_bf16(out);
           else
-            reinterpret_cast<float*>(d.y)[r0 + ct.j] = out;
+            reinterpret_cast<float*>(yp)[r0 + ct.j] = out;
         }
         acc = 0.f;
       }
@@ -535,7 +550,7 @@ class StreamDecodeKernel:
         with torch.cuda.device(device):
             fn = compile_kernel(_SOURCE, "stream_decode")
             if not hasattr(fn, "set_shared_memory_config"):
-                raise RuntimeError("this torch's compiled kernels cannot be given 96 KiB of shared memory")
+                raise RuntimeError("this torch's compiled kernels cannot be given 160 KiB of shared memory")
             fn.set_shared_memory_config(_SMEM)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         counter = torch.zeros(1, dtype=torch.int32, device=device)

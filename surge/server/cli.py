@@ -178,9 +178,9 @@ def add_serve_parser(subparsers: Any) -> None:
     p.add_argument(
         "--stream-decode",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="FP8 (per-row scales, TP=1): run one-token decode steps through the persistent CUDA stream "
-        "kernel instead of one launch per GEMM",
+        "kernel instead of one launch per GEMM (default: on; --no-stream-decode turns it off)",
     )
     p.add_argument(
         "--async-scheduling",
