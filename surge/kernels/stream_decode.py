@@ -436,8 +436,20 @@ def check_phase(ph: StreamPhase) -> None:
     for name in need[ph.kind]:
         if getattr(ph, name) is None:
             raise ValueError(f"stream phase of kind {ph.kind} needs {name}")
-    if ph.kind == KIND_SILU and (ph.x is None or ph.x.numel() < 2 * k):
-        raise ValueError("a KIND_SILU phase reads [2k] float32 gate and up values")
+    # (tensor, dtype, least numel) of what this kind reads and writes besides weight and y
+    x_dtype = torch.bfloat16 if ph.kind == KIND_INPUT else torch.float32
+    x_len = 2 * k if ph.kind == KIND_SILU else k
+    operands = {"x": (x_dtype, x_len), "res_in": (torch.bfloat16, k), "res_out": (torch.bfloat16, k)}
+    operands["norm_w"] = (torch.bfloat16, k)
+    for name, (dtype, numel) in operands.items():
+        t = getattr(ph, name)
+        if t is None or (name == "x" and ph.kind == KIND_NORM):
+            continue
+        if t.dtype != dtype or t.numel() < numel or not t.is_contiguous() or t.device != ph.weight.device:
+            raise ValueError(
+                f"stream phase of kind {ph.kind}: {name} must be a contiguous {dtype} tensor of at least "
+                f"{numel} values on {ph.weight.device}"
+            )
 
 
 def pack_phases(phases: list[StreamPhase]) -> torch.Tensor:
@@ -539,22 +551,66 @@ class StreamDecodeKernel:
 
     @classmethod
     def compile(cls, device: torch.device) -> StreamDecodeKernel:
-        """NVRTC-compiles the kernel for ``device``. Raises ``RuntimeError`` where it cannot
-        (no NVRTC, a GPU older than sm89, a compile error)."""
+        """NVRTC-compiles the kernel for ``device`` and runs :meth:`self_test`. Raises
+        ``RuntimeError`` where it cannot (no NVRTC, a GPU older than sm89 or with less than
+        160 KiB of shared memory per block (Hopper has 227; Ada's 99 is too little), a compile
+        error, a failed self-test)."""
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
             raise RuntimeError(f"stream decode needs sm89+ (e4m3 conversion), not sm{major}{minor}")
         compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
         if compile_kernel is None:
             raise RuntimeError("this torch has no torch.cuda._compile_kernel (NVRTC)")
+        props = torch.cuda.get_device_properties(device)
+        optin = getattr(props, "shared_memory_per_block_optin", None)  # (set_shared_memory_config checks too)
+        if optin is not None and int(optin) < _SMEM:
+            raise RuntimeError(
+                f"stream decode needs {_SMEM // 1024} KiB of shared memory per block, this GPU has {optin // 1024}"
+            )
         with torch.cuda.device(device):
             fn = compile_kernel(_SOURCE, "stream_decode")
             if not hasattr(fn, "set_shared_memory_config"):
                 raise RuntimeError("this torch's compiled kernels cannot be given 160 KiB of shared memory")
             fn.set_shared_memory_config(_SMEM)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         counter = torch.zeros(1, dtype=torch.int32, device=device)
-        return cls(device=device, counter=counter, num_sms=sms, _fn=fn)
+        kernel = cls(device=device, counter=counter, num_sms=props.multi_processor_count, _fn=fn)
+        kernel.self_test()
+        return kernel
+
+    def self_test(self) -> None:
+        """Run two small phases (a norm and a SwiGLU, with a grid barrier between them) and compare
+        them with :func:`stream_reference`. Raises ``RuntimeError`` when a barrier timed out (the
+        blocks are not all resident at once: another kernel or an SM limit such as MPS holds
+        some multiprocessors) or the results differ; called by :meth:`compile`."""
+        dev, bf = self.device, torch.bfloat16
+        g = torch.Generator(device="cpu").manual_seed(0)
+        k, n = 512, 4 * self.num_sms + 3
+
+        def weight(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+            w = torch.randn(rows, cols, generator=g) * cols**-0.5
+            s = w.abs().amax(1).clamp_min(1e-6) / 448.0
+            return (w / s[:, None]).to(torch.float8_e4m3fn).to(dev), s.float().to(dev)
+
+        res = torch.randn(k, generator=g).to(bf).to(dev)
+        norm_w = (1 + 0.1 * torch.randn(k, generator=g)).to(bf).to(dev)
+        gu = torch.full((2 * k,), float("nan"), device=dev)
+        out = torch.full((n,), float("nan"), device=dev)
+        phases = [
+            StreamPhase(*weight(2 * k, k), KIND_NORM, gu, res_in=res, norm_w=norm_w),
+            StreamPhase(*weight(n, k), KIND_SILU, out, x=gu),
+        ]
+        self.reset()
+        self.launch(pack_phases(phases), 0)
+        torch.cuda.synchronize(dev)
+        if self.hung():
+            raise RuntimeError("self-test: a grid barrier timed out (not every block was resident)")
+        got = out.clone()
+        stream_reference(phases)
+        cos = float(torch.nn.functional.cosine_similarity(got, out, dim=0))
+        if not cos > 0.9999:
+            raise RuntimeError(
+                f"self-test: the kernel's output differs from the reference (cosine {cos:.6f})"
+            )
 
     def reset(self) -> None:
         """Zero the barrier counter (once per step, before its first launch)."""

@@ -230,9 +230,15 @@ def enable_stream_decode(model: Any, device: torch.device, tp_size: int) -> str 
     reason = stream_decode_unsupported(stack.layers, tp_size, stack.embed_tokens.weight.dtype)
     if reason is not None:
         return reason
+    if any(getattr(getattr(m, "quant_method", None), "emulate", False) for m in stack.modules()):
+        return "the FP8 weights are emulated (a test mode)"
     try:
         kernel = StreamDecodeKernel.compile(device)
-    except (RuntimeError, OSError) as e:  # no NVRTC library, an old GPU, a compile error
-        return f"the kernel did not compile: {e}"
-    stack.stream_decode = StreamDecode(stack.layers, kernel)
+    except Exception as e:  # noqa: BLE001 - an optional fast path: any failure here leaves the Triton path
+        # (no NVRTC library, an old GPU, a compile error, a failed self-test)
+        return f"the kernel is not usable here: {e}"
+    try:
+        stack.stream_decode = StreamDecode(stack.layers, kernel)
+    except ValueError as e:  # a tensor the launch table refuses
+        return f"the stack's tensors do not fit the kernel: {e}"
     return None

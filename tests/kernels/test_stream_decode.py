@@ -60,6 +60,8 @@ def test_pack_phases_lays_out_the_kernel_struct() -> None:
         ({"y": torch.zeros(8, dtype=torch.float16)}, "y must be"),
         ({"x": None}, "needs x"),
         ({"kind": 9}, "unknown"),
+        ({"x": torch.zeros(32)}, "x must be a contiguous torch.bfloat16"),  # KIND_INPUT reads bf16
+        ({"x": torch.zeros(16, dtype=BF)}, "at least 32"),
     ],
 )
 def test_check_phase_refuses_what_the_kernel_cannot_run(bad: dict[str, object], message: str) -> None:
@@ -169,6 +171,16 @@ def test_reference_chain_matches_float32_layer_math() -> None:
     o = (phases[0].weight.float() * phases[0].weight_scale[:, None]) @ buf["attn"].float()
     h = (buf["res"].float() + o.to(BF).float()).to(BF)
     torch.testing.assert_close(buf["res_a"].float(), h.float(), rtol=2e-2, atol=2e-2)
+    hf = buf["res_a"].float()
+    xn = (
+        (phases[1].norm_w.float() * (hf * torch.rsqrt(hf.pow(2).mean() + 1e-6)).to(BF).float()).to(BF).float()
+    )
+    gu = (phases[1].weight.float() * phases[1].weight_scale[:, None]) @ xn
+    assert torch.nn.functional.cosine_similarity(buf["gu"], gu, dim=0).item() > 0.9999
+    g, u = gu[:128].to(BF), gu[128:].to(BF)
+    act = (torch.nn.functional.silu(g) * u).float()
+    down = (phases[2].weight.float() * phases[2].weight_scale[:, None]) @ act
+    assert torch.nn.functional.cosine_similarity(buf["down"], down, dim=0).item() > 0.999
     assert torch.isfinite(buf["qkv"].float()).all() and buf["qkv"].abs().sum() > 0
 
 
@@ -216,10 +228,16 @@ def test_kernel_in_a_cuda_graph_with_x0_and_phase_base() -> None:
         kern.launch(first, 0, x0)
         kern.launch(rest, 2)
 
+    def poison() -> None:  # a phase that read before its producer finished would see NaNs
+        for name in ("o", "gu", "down", "qkv", "res_a", "res_b"):
+            buf[name].fill_(float("nan"))
+
+    poison()
     step()
     torch.cuda.synchronize()
     eager = buf["qkv"].clone()
-    buf["qkv"].zero_()
+    assert torch.isfinite(eager.float()).all()
+    poison()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()

@@ -83,6 +83,14 @@ def test_one_token_step_matches_the_eager_stack(fp8_model: tuple[torch.nn.Module
     assert torch.equal(paths["eager"].argmax(-1), paths["stream"].argmax(-1))
 
 
+def test_enable_refuses_a_cpu_device(fp8_model: tuple[torch.nn.Module, ModelConfig]) -> None:
+    from surge.layers.stream_decode import enable_stream_decode
+
+    model, _ = fp8_model
+    assert enable_stream_decode(model, torch.device("cpu"), 1) == "not a CUDA device"
+    assert model.model.stream_decode is None
+
+
 def test_eligibility_reasons(fp8_model: tuple[torch.nn.Module, ModelConfig], tmp_path: Path) -> None:
     model, _ = fp8_model
     layers = model.model.layers
