@@ -248,3 +248,36 @@ def test_kernel_in_a_cuda_graph_with_x0_and_phase_base() -> None:
     stream_reference(phases, x0)
     ref = buf["qkv"].float()
     assert torch.nn.functional.cosine_similarity(eager.float(), ref, dim=0).item() > 0.9999
+
+
+def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up self-test's own code (its phases, their packing, the comparison) on CPU, with
+    the reference standing in for the kernel; and that a wrong kernel output fails it."""
+    import surge.kernels.stream_decode as sd
+
+    kern = sd.StreamDecodeKernel(
+        device=torch.device("cpu"), counter=torch.zeros(1, dtype=torch.int32), num_sms=4
+    )
+    packed: list[list[StreamPhase]] = []
+    real_pack = sd.pack_phases
+
+    def pack(phases: list[StreamPhase]) -> torch.Tensor:
+        real_pack(phases)  # validates every operand
+        packed.append(phases)
+        return torch.zeros(len(phases), 10, dtype=torch.int64)
+
+    monkeypatch.setattr(sd, "pack_phases", pack)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(
+        sd.StreamDecodeKernel, "launch", lambda self, table, base, x0=None: sd.stream_reference(packed[-1])
+    )
+    kern.self_test()
+    assert len(packed) == 1 and [p.kind for p in packed[0]] == [sd.KIND_NORM, KIND_SILU]
+
+    def wrong(self: object, table: torch.Tensor, base: int, x0: object = None) -> None:
+        sd.stream_reference(packed[-1])
+        packed[-1][1].y.neg_()
+
+    monkeypatch.setattr(sd.StreamDecodeKernel, "launch", wrong)
+    with pytest.raises(RuntimeError, match="differs"):
+        kern.self_test()
