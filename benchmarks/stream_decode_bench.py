@@ -34,15 +34,14 @@ from surge.kernels.stream_decode import (  # noqa: E402
     pack_phases,
     stream_reference,
 )
+from surge.quant.fp8 import quantize_per_channel  # noqa: E402
 
 HIDDEN, Q, KV, INTER = 4096, 4096, 1024, 12288
 
 
 def fp8_weight(n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Random ``[n, k]`` weights quantized per row: (e4m3 weight, float32 scales)."""
-    w = torch.randn(n, k, device=dev) * k**-0.5
-    scale = w.abs().amax(dim=1) / 448.0
-    return (w / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
+    return quantize_per_channel(torch.randn(n, k, device=dev) * k**-0.5)
 
 
 def build(layers: int, dev: torch.device) -> tuple[list[list[StreamPhase]], dict[str, torch.Tensor]]:

@@ -40,11 +40,14 @@ Research's low-latency Llama decode (2025), written here for Surge's FP8 weights
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from surge.quant.fp8 import quantize_per_channel
 
 KIND_INPUT = 0
 KIND_NORM = 1
@@ -517,7 +520,7 @@ def stream_reference(phases: list[StreamPhase], x0: torch.Tensor | None = None) 
     for i, ph in enumerate(phases):
         x, new_res = stream_input(ph, x0 if i == 0 else None)
         bound = float(x.abs().max()) * 1.0001
-        e = 0 if bound == 0 else max(-40, min(40, _ceil_log2(bound / 16)))
+        e = 0 if bound == 0 else max(-40, min(40, math.ceil(math.log2(bound / 16))))
         xh = (x * 2.0**-e).half().float()
         acc = ph.weight.float() @ xh
         out = acc * ph.weight_scale.float() * 2.0**e
@@ -525,12 +528,6 @@ def stream_reference(phases: list[StreamPhase], x0: torch.Tensor | None = None) 
         if new_res is not None:
             assert ph.res_out is not None
             ph.res_out.reshape(-1).copy_(new_res)
-
-
-def _ceil_log2(v: float) -> int:
-    import math
-
-    return math.ceil(math.log2(v))
 
 
 @dataclass
@@ -587,9 +584,8 @@ class StreamDecodeKernel:
         k, n = 512, 4 * self.num_sms + 3
 
         def weight(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-            w = torch.randn(rows, cols, generator=g) * cols**-0.5
-            s = w.abs().amax(1).clamp_min(1e-6) / 448.0
-            return (w / s[:, None]).to(torch.float8_e4m3fn).to(dev), s.float().to(dev)
+            q, s = quantize_per_channel(torch.randn(rows, cols, generator=g) * cols**-0.5)
+            return q.to(dev), s.to(dev)
 
         res = torch.randn(k, generator=g).to(bf).to(dev)
         norm_w = (1 + 0.1 * torch.randn(k, generator=g)).to(bf).to(dev)

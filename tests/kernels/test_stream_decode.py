@@ -19,6 +19,7 @@ from surge.kernels.stream_decode import (
     stream_input,
     stream_reference,
 )
+from surge.quant.fp8 import quantize_per_channel
 
 BF = torch.bfloat16
 GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
@@ -26,9 +27,8 @@ GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 def _weight(n: int, k: int, dev: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * k**-0.5
-    s = w.abs().amax(1) / 448.0
-    return (w / s[:, None]).to(torch.float8_e4m3fn).to(dev), s.float().to(dev)
+    q, s = quantize_per_channel(torch.randn(n, k, generator=g) * k**-0.5)
+    return q.to(dev), s.to(dev)
 
 
 def _vec(k: int, dtype: torch.dtype, dev: str = "cpu", seed: int = 1, scale: float = 1.0) -> torch.Tensor:
