@@ -1,11 +1,11 @@
 """The batch-1 stream-decode kernel (:mod:`surge.kernels.stream_decode`) on Qwen3-8B shapes.
 
 Builds ``--layers`` layers of FP8 weights (qkv, o, gate_up, down; random, per-row scales) and
-runs them as the engine does at one token: one launch for the first qkv (``KIND_NORM``), then
-per layer one launch of o (``KIND_INPUT``, the attention output), gate_up (``KIND_ADD_NORM``),
-down (``KIND_SILU``) and the next layer's qkv (``KIND_ADD_NORM``), with a stand-in for attention
-between launches (a bf16 copy of q). Checks 2 layers against
-:func:`surge.kernels.stream_decode.stream_reference` and times all layers in one CUDA graph.
+runs them with the engine's own launch plan (:func:`surge.layers.stream_decode.plan_launches`):
+one launch for the first qkv, then per layer one launch of o, gate_up, down and the next layer's
+qkv, with a stand-in for attention between launches (a bf16 copy of q, passed as the launch's
+``x0``). Checks 2 layers against :func:`surge.kernels.stream_decode.stream_reference` and times
+all layers in one CUDA graph.
 
     python3 benchmarks/stream_decode_bench.py --layers 36 --json out.jsonl   # sm89+ GPU
 """
@@ -25,15 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemm_bench import time_graph  # noqa: E402
 
 from surge.kernels.stream_decode import (  # noqa: E402
-    KIND_ADD_NORM,
-    KIND_INPUT,
-    KIND_NORM,
-    KIND_SILU,
     StreamDecodeKernel,
     StreamPhase,
     pack_phases,
     stream_reference,
 )
+from surge.layers.stream_decode import StreamBuffers, StreamLayer, plan_launches  # noqa: E402
 from surge.quant.fp8 import quantize_per_channel  # noqa: E402
 
 HIDDEN, Q, KV, INTER = 4096, 4096, 1024, 12288
@@ -44,60 +41,25 @@ def fp8_weight(n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.T
     return quantize_per_channel(torch.randn(n, k, device=dev) * k**-0.5)
 
 
-def build(layers: int, dev: torch.device) -> tuple[list[list[StreamPhase]], dict[str, torch.Tensor]]:
+def build(layers: int, dev: torch.device) -> tuple[list[list[StreamPhase]], StreamBuffers]:
     """The per-launch phase lists of a step and the step's buffers."""
-    bf = torch.bfloat16
-    buf = {
-        "embed": torch.randn(HIDDEN, device=dev, dtype=bf),
-        "res_a": torch.zeros(HIDDEN, device=dev, dtype=bf),
-        "res_b": torch.zeros(HIDDEN, device=dev, dtype=bf),
-        "qkv": torch.zeros(Q + 2 * KV, device=dev, dtype=bf),
-        "attn": torch.zeros(Q, device=dev, dtype=bf),
-        "o": torch.zeros(HIDDEN, device=dev),
-        "gu": torch.zeros(2 * INTER, device=dev),
-        "down": torch.zeros(HIDDEN, device=dev),
-    }
-    norm_w = [(1 + 0.1 * torch.randn(HIDDEN, device=dev)).to(bf) for _ in range(2 * layers)]
-    ws = [
-        {
-            "qkv": fp8_weight(Q + 2 * KV, HIDDEN, dev),
-            "o": fp8_weight(HIDDEN, Q, dev),
-            "gate_up": fp8_weight(2 * INTER, HIDDEN, dev),
-            "down": fp8_weight(HIDDEN, INTER, dev),
-        }
+
+    def norm() -> tuple[torch.Tensor, float]:
+        return (1 + 0.1 * torch.randn(HIDDEN, device=dev)).to(torch.bfloat16), 1e-6
+
+    stack = [
+        StreamLayer(
+            fp8_weight(Q + 2 * KV, HIDDEN, dev),
+            fp8_weight(HIDDEN, Q, dev),
+            fp8_weight(2 * INTER, HIDDEN, dev),
+            fp8_weight(HIDDEN, INTER, dev),
+            norm(),
+            norm(),
+        )
         for _ in range(layers)
     ]
-    launches = [[StreamPhase(*ws[0]["qkv"], KIND_NORM, buf["qkv"], res_in=buf["embed"], norm_w=norm_w[0])]]
-    for layer in range(layers):
-        w = ws[layer]
-        res_in = buf["embed"] if layer == 0 else buf["res_b"]
-        group = [
-            StreamPhase(*w["o"], KIND_INPUT, buf["o"], x=buf["attn"]),
-            StreamPhase(
-                *w["gate_up"],
-                KIND_ADD_NORM,
-                buf["gu"],
-                x=buf["o"],
-                res_in=res_in,
-                res_out=buf["res_a"],
-                norm_w=norm_w[2 * layer + 1],
-            ),
-            StreamPhase(*w["down"], KIND_SILU, buf["down"], x=buf["gu"]),
-        ]
-        if layer + 1 < layers:
-            group.append(
-                StreamPhase(
-                    *ws[layer + 1]["qkv"],
-                    KIND_ADD_NORM,
-                    buf["qkv"],
-                    x=buf["down"],
-                    res_in=buf["res_a"],
-                    res_out=buf["res_b"],
-                    norm_w=norm_w[2 * layer + 2],
-                )
-            )
-        launches.append(group)
-    return launches, buf
+    buf = StreamBuffers.create(HIDDEN, Q + 2 * KV, INTER, dev)
+    return plan_launches(stack, buf), buf
 
 
 def main() -> None:
@@ -112,9 +74,11 @@ def main() -> None:
     launches, buf = build(args.layers, dev)
     tables = [pack_phases(g) for g in launches]
     gb = sum(p.weight.numel() for g in launches for p in g) / 1e9
+    embed = torch.randn(HIDDEN, device=dev, dtype=torch.bfloat16)
+    attn = torch.zeros(Q, device=dev, dtype=torch.bfloat16)
 
     def attention_stand_in() -> None:
-        buf["attn"].copy_(buf["qkv"][:Q])
+        attn.copy_(buf.qkv[:Q])
 
     def run_kernel(n_launches: int) -> None:
         kern.reset()
@@ -122,23 +86,24 @@ def main() -> None:
         for i in range(n_launches):
             if i:
                 attention_stand_in()
-            kern.launch(tables[i], base)
+            kern.launch(tables[i], base, attn if i else embed)
             base += len(launches[i])
 
     def run_reference(n_launches: int) -> None:
         for i in range(n_launches):
             if i:
                 attention_stand_in()
-            stream_reference(launches[i])
+            stream_reference(launches[i], attn if i else embed)
 
     # 2 layers (3 launches) against the reference
+    names = ("qkv", "act", "res_a", "res_b")
     check = {}
     for name, fn in (("ref", run_reference), ("kernel", run_kernel)):
-        for k in ("res_a", "res_b", "qkv", "attn", "o", "gu", "down"):
-            buf[k].zero_()
+        for k in names:
+            getattr(buf, k).fill_(float("nan"))
         fn(3)
         torch.cuda.synchronize()
-        check[name] = {k: buf[k].float().clone() for k in ("qkv", "down", "res_a", "res_b", "gu")}
+        check[name] = {k: getattr(buf, k).float().clone() for k in names}
     res = {}
     for k, ref in check["ref"].items():
         got = check["kernel"][k]

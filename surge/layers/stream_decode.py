@@ -7,13 +7,14 @@ attention kernel still applies the q/k norm and rotary and writes the K/V):
 
 * launch 0: ``x = rmsnorm(embedding) -> qkv of layer 0`` (the embedding is copied to the
   residual);
-* launch ``l + 1`` (after attention ``l``): ``o_l`` (the attention output) -> residual add +
-  post-attention norm -> ``gate_up_l`` -> SwiGLU -> ``down_l`` -> residual add + the next
-  layer's input norm -> ``qkv_{l+1}`` (the last launch stops after ``down``).
+* launch ``l + 1`` (after attention ``l``): ``o_l`` (the attention output; its epilogue adds
+  the residual) -> post-attention norm -> ``gate_up_l`` (its epilogue applies SwiGLU to row
+  pairs) -> ``down_l`` (its epilogue adds the residual) -> the next layer's input norm ->
+  ``qkv_{l+1}`` (the last launch stops after ``down``, with no add).
 
 The caller applies the final norm to the returned ``(hidden, residual)`` as the eager path does.
-The residual lives in two bf16 buffers used alternately (a block reads one while block 0
-writes the other). On CPU (tests) each launch runs :func:`~surge.kernels.stream_decode.
+The residual lives in two bf16 buffers used alternately, the epilogues' statistics in two
+float32 buffers (a phase reads one and writes the other). On CPU (tests) each launch runs :func:`~surge.kernels.stream_decode.
 stream_reference` instead, the same phases in torch.
 
 Eligible: FP8 weights with one scale per output row (``--quantization fp8`` on a bf16
@@ -25,16 +26,20 @@ and every GEMV's input length a multiple of 16 and at most
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from surge.kernels.stream_decode import (
-    KIND_ADD_NORM,
+    EPI_ADD,
+    EPI_SILU,
     KIND_INPUT,
     KIND_NORM,
-    KIND_SILU,
+    KIND_NORM_STATS,
+    KIND_STATS,
+    STATS_LEN,
     XMAX,
     StreamDecodeKernel,
     StreamPhase,
@@ -83,6 +88,117 @@ def stream_decode_unsupported(layers: Sequence[nn.Module], tp_size: int, dtype: 
     return None
 
 
+Rows = tuple[torch.Tensor, torch.Tensor]
+"""An FP8 linear's ``(weight [n, k] e4m3, weight_scale [n] float32)``."""
+Norm = tuple[torch.Tensor, float]
+"""An RMSNorm's ``(weight bf16 [hidden], eps)``."""
+
+
+@dataclass(frozen=True)
+class StreamLayer:
+    """The tensors of one decoder layer that the stream kernel reads."""
+
+    qkv: Rows
+    o: Rows
+    gate_up: Rows
+    down: Rows
+    input_norm: Norm
+    post_norm: Norm
+
+
+@dataclass(frozen=True)
+class StreamBuffers:
+    """What the launches of a step write: the residual (two bf16 ``[hidden]`` buffers used
+    alternately), qkv (bf16 ``[q + 2 kv]``, attention's input), the SwiGLU activations (bf16
+    ``[intermediate]``), the last ``down`` (float32 ``[hidden]``), two statistics buffers and a
+    bf16 stand-in for the inputs that each launch's ``x0`` replaces."""
+
+    res_a: torch.Tensor
+    res_b: torch.Tensor
+    qkv: torch.Tensor
+    act: torch.Tensor
+    down: torch.Tensor
+    stats: tuple[torch.Tensor, torch.Tensor]
+    x_stub: torch.Tensor
+
+    @classmethod
+    def create(cls, hidden: int, qkv: int, inter: int, device: torch.device) -> StreamBuffers:
+        """Zeroed buffers for a stack of ``hidden`` width, ``qkv`` outputs and ``inter``
+        SwiGLU width."""
+        bf, f32 = torch.bfloat16, torch.float32
+
+        def zeros(n: int, dtype: torch.dtype = bf) -> torch.Tensor:
+            return torch.zeros(n, dtype=dtype, device=device)
+
+        stats = (zeros(STATS_LEN, f32), zeros(STATS_LEN, f32))
+        return cls(
+            zeros(hidden),
+            zeros(hidden),
+            zeros(qkv),
+            zeros(inter),
+            zeros(hidden, f32),
+            stats,
+            zeros(max(hidden, qkv)),
+        )
+
+
+def plan_launches(layers: Sequence[StreamLayer], buf: StreamBuffers) -> list[list[StreamPhase]]:
+    """The phases of a one-token step's ``L + 1`` launches (see the module docstring); each
+    launch's first phase reads ``buf.x_stub``, which the launch's ``x0`` replaces (the embedding,
+    then each attention output)."""
+    s_add, s_act = buf.stats
+    first = layers[0]
+    launches = [
+        [StreamPhase(*first.qkv, KIND_NORM, buf.qkv, buf.x_stub, *first.input_norm, copy_out=buf.res_b)]
+    ]
+    for i, layer in enumerate(layers):
+        post_w, post_eps = layer.post_norm
+        group = [
+            StreamPhase(
+                *layer.o, KIND_INPUT, None, buf.x_stub, epilogue=EPI_ADD, res_in=buf.res_b, res_out=buf.res_a,
+                next_norm_w=post_w, stats_out=s_add,
+            ),
+            StreamPhase(
+                *layer.gate_up, KIND_NORM_STATS, buf.act, buf.res_a, post_w, post_eps, stats_in=s_add,
+                epilogue=EPI_SILU, stats_out=s_act,
+            ),
+        ]  # fmt: skip
+        if i + 1 == len(layers):
+            group.append(StreamPhase(*layer.down, KIND_STATS, buf.down, buf.act, stats_in=s_act))
+        else:
+            in_w, in_eps = layers[i + 1].input_norm
+            group += [
+                StreamPhase(
+                    *layer.down, KIND_STATS, None, buf.act, stats_in=s_act, epilogue=EPI_ADD, res_in=buf.res_a,
+                    res_out=buf.res_b, next_norm_w=in_w, stats_out=s_add,
+                ),
+                StreamPhase(*layers[i + 1].qkv, KIND_NORM_STATS, buf.qkv, buf.res_b, in_w, in_eps, stats_in=s_add),
+            ]  # fmt: skip
+        launches.append(group)
+    return launches
+
+
+def _stream_layer(layer: nn.Module) -> StreamLayer:
+    def rows(lin: nn.Module) -> Rows:
+        r = _fp8_rows(lin)
+        if r is None:
+            raise ValueError("stream decode needs FP8 per-row linears without bias")
+        return r
+
+    def norm(n: nn.Module) -> Norm:
+        return n.weight.data, float(n.eps)
+
+    attn, mlp = layer.self_attn, layer.mlp
+    return StreamLayer(
+        rows(attn.qkv_proj),
+        rows(attn.o_proj),
+        rows(mlp.gate_up_proj),
+        rows(mlp.down_proj),
+        norm(layer.input_layernorm),
+        norm(layer.post_attention_layernorm),
+    )
+
+
 class StreamDecode:
     """The stream-kernel forward of a decoder stack at one token (see the module docstring).
 
@@ -96,87 +212,15 @@ class StreamDecode:
     """
 
     def __init__(self, layers: Sequence[nn.Module], kernel: StreamDecodeKernel | None) -> None:
-        first = layers[0]
-        qkv_w = _fp8_rows(first.self_attn.qkv_proj)
-        if qkv_w is None:
-            raise ValueError("stream decode needs FP8 per-row linears")
-        dev = qkv_w[0].device
-        bf, f32 = torch.bfloat16, torch.float32
-        attn0 = first.self_attn
-        self.q_size, self.kv_size = attn0.qkv_proj.q_size, attn0.qkv_proj.kv_size
-        hidden = qkv_w[0].shape[1]
-        inter2 = first.mlp.gate_up_proj.weight.shape[0]
         self.kernel = kernel
         self.layers = list(layers)
-        self.res_a = torch.zeros(hidden, dtype=bf, device=dev)
-        self.res_b = torch.zeros(hidden, dtype=bf, device=dev)
-        self.qkv = torch.zeros(self.q_size + 2 * self.kv_size, dtype=bf, device=dev)
-        self.o = torch.zeros(hidden, dtype=f32, device=dev)
-        self.gate_up = torch.zeros(inter2, dtype=f32, device=dev)
-        self.down = torch.zeros(hidden, dtype=f32, device=dev)
-        # the attention output / embedding stand-ins of the reference path's phase lists
-        self._x_stub = torch.zeros(max(hidden, self.q_size), dtype=bf, device=dev)
-        self.launches = self._plan()
+        stream_layers = [_stream_layer(layer) for layer in self.layers]
+        qkv_proj = self.layers[0].self_attn.qkv_proj
+        self.q_size, self.kv_size = qkv_proj.q_size, qkv_proj.kv_size
+        qkv_w, gate_up_w = stream_layers[0].qkv[0], stream_layers[0].gate_up[0]
+        self.buf = StreamBuffers.create(qkv_w.shape[1], qkv_w.shape[0], gate_up_w.shape[0] // 2, qkv_w.device)
+        self.launches = plan_launches(stream_layers, self.buf)
         self.tables = [pack_phases(g) for g in self.launches] if kernel is not None else []
-
-    def _plan(self) -> list[list[StreamPhase]]:
-        def rows(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-            r = _fp8_rows(lin)
-            if r is None:
-                raise ValueError("stream decode needs FP8 per-row linears without bias")
-            return r
-
-        def norm(n: nn.Module) -> tuple[torch.Tensor, float]:
-            return n.weight.data, float(n.eps)
-
-        first = self.layers[0]
-        nw, eps = norm(first.input_layernorm)
-        launches = [
-            [
-                StreamPhase(
-                    *rows(first.self_attn.qkv_proj),
-                    KIND_NORM,
-                    self.qkv,
-                    res_in=self._x_stub,
-                    res_out=self.res_b,
-                    norm_w=nw,
-                    eps=eps,
-                )
-            ]
-        ]
-        for i, layer in enumerate(self.layers):
-            pw, peps = norm(layer.post_attention_layernorm)
-            group = [
-                StreamPhase(*rows(layer.self_attn.o_proj), KIND_INPUT, self.o, x=self._x_stub),
-                StreamPhase(
-                    *rows(layer.mlp.gate_up_proj),
-                    KIND_ADD_NORM,
-                    self.gate_up,
-                    x=self.o,
-                    res_in=self.res_b,
-                    res_out=self.res_a,
-                    norm_w=pw,
-                    eps=peps,
-                ),
-                StreamPhase(*rows(layer.mlp.down_proj), KIND_SILU, self.down, x=self.gate_up),
-            ]
-            if i + 1 < len(self.layers):
-                nxt = self.layers[i + 1]
-                iw, ieps = norm(nxt.input_layernorm)
-                group.append(
-                    StreamPhase(
-                        *rows(nxt.self_attn.qkv_proj),
-                        KIND_ADD_NORM,
-                        self.qkv,
-                        x=self.down,
-                        res_in=self.res_a,
-                        res_out=self.res_b,
-                        norm_w=iw,
-                        eps=ieps,
-                    )
-                )
-            launches.append(group)
-        return launches
 
     def _run(self, i: int, base: int, x0: torch.Tensor) -> None:
         if self.kernel is None:
@@ -209,13 +253,13 @@ class StreamDecode:
         base += len(self.launches[0])
         q_end, k_end = self.q_size, self.q_size + self.kv_size
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            qkv = self.qkv.view(1, -1)
+            qkv = self.buf.qkv.view(1, -1)
             out = layer.self_attn.attn(
                 positions, qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:], kv_cache, metadata, backend
             )
             self._run(i + 1, base, out.contiguous())
             base += len(self.launches[i + 1])
-        return self.down.to(torch.bfloat16).view(1, -1), self.res_a.view(1, -1)
+        return self.buf.down.to(torch.bfloat16).view(1, -1), self.buf.res_a.view(1, -1)
 
 
 def enable_stream_decode(model: Any, device: torch.device, tp_size: int) -> str | None:

@@ -9,13 +9,19 @@ import pytest
 import torch
 
 from surge.kernels.stream_decode import (
-    KIND_ADD_NORM,
+    EPI_ADD,
+    EPI_NONE,
+    EPI_SILU,
     KIND_INPUT,
-    KIND_SILU,
+    KIND_NORM,
+    KIND_NORM_STATS,
+    KIND_STATS,
+    STATS_LEN,
     XMAX,
     StreamPhase,
     check_phase,
     pack_phases,
+    stream_epilogue,
     stream_input,
     stream_reference,
 )
@@ -36,18 +42,38 @@ def _vec(k: int, dtype: torch.dtype, dev: str = "cpu", seed: int = 1, scale: flo
     return (torch.randn(k, generator=g) * scale).to(dtype).to(dev)
 
 
+def _stats(dev: str = "cpu") -> torch.Tensor:
+    return torch.zeros(STATS_LEN, device=dev)
+
+
 def test_pack_phases_lays_out_the_kernel_struct() -> None:
     w, s = _weight(48, 32)
+    x, nw, s_in, s_out = _vec(32, BF), _vec(32, BF, seed=2), _stats(), _stats()
+    res, out, nnw = _vec(48, BF, seed=3), torch.zeros(48, dtype=BF), _vec(48, BF, seed=4)
     y = torch.zeros(48, dtype=BF)
-    res, nw, out = _vec(32, BF), _vec(32, BF, seed=2), torch.zeros(32, dtype=BF)
-    x = torch.zeros(32)
-    ph = StreamPhase(w, s, KIND_ADD_NORM, y, x=x, res_in=res, res_out=out, norm_w=nw, eps=1e-5)
+    ph = StreamPhase(
+        w, s, KIND_NORM_STATS, y, x, nw, 1e-5, stats_in=s_in, epilogue=EPI_ADD,
+        res_in=res, res_out=out, next_norm_w=nnw, stats_out=s_out,
+    )  # fmt: skip
     row = pack_phases([ph])[0].tolist()
-    ptrs = [t.data_ptr() for t in (w, s, x, res, out, nw, y)]
-    assert row[:7] == ptrs
-    assert row[7] == 48 | (32 << 32)
-    assert row[8] == KIND_ADD_NORM | (1 << 32)  # bf16 output
-    assert struct.unpack("<f", struct.pack("<I", row[9]))[0] == pytest.approx(1e-5)
+    ptrs = (
+        [t.data_ptr() for t in (w, s, x, nw)] + [0] + [t.data_ptr() for t in (s_in, y, res, out, nnw, s_out)]
+    )
+    assert row[:11] == ptrs  # copy_out (unused) is null
+    assert row[11] == 48 | (32 << 32)
+    assert row[12] == KIND_NORM_STATS | (EPI_ADD << 32)
+    assert row[13] & 0xFFFFFFFF == 1  # bf16 output
+    assert struct.unpack("<f", struct.pack("<I", row[13] >> 32))[0] == pytest.approx(1e-5)
+
+
+def test_pack_phases_refuses_a_phase_reading_the_statistics_it_writes() -> None:
+    stats = _stats()
+    ph = StreamPhase(
+        *_weight(8, 32), KIND_STATS, torch.zeros(4, dtype=BF), _vec(32, BF), stats_in=stats,
+        epilogue=EPI_SILU, stats_out=stats,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="statistics buffer it reads"):
+        pack_phases([ph])
 
 
 @pytest.mark.parametrize(
@@ -58,10 +84,16 @@ def test_pack_phases_lays_out_the_kernel_struct() -> None:
         ({"weight": torch.zeros(8, XMAX + 16, dtype=torch.float8_e4m3fn)}, "at most"),
         ({"weight_scale": torch.zeros(7)}, "weight_scale"),
         ({"y": torch.zeros(8, dtype=torch.float16)}, "y must be"),
-        ({"x": None}, "needs x"),
-        ({"kind": 9}, "unknown"),
-        ({"x": torch.zeros(32)}, "x must be a contiguous torch.bfloat16"),  # KIND_INPUT reads bf16
+        ({"y": None}, "needs y"),
+        ({"kind": 9}, "unknown stream phase kind"),
+        ({"epilogue": 7}, "unknown stream phase epilogue"),
+        ({"kind": KIND_NORM}, "needs norm_w"),
+        ({"kind": KIND_STATS}, "needs stats_in"),
+        ({"epilogue": EPI_ADD, "y": None}, "needs res_in"),
+        ({"epilogue": EPI_SILU, "y": torch.zeros(8, dtype=BF), "stats_out": _stats()}, r"y must be .* \[4\]"),
+        ({"x": torch.zeros(32)}, "x must be a contiguous torch.bfloat16"),
         ({"x": torch.zeros(16, dtype=BF)}, "at least 32"),
+        ({"kind": KIND_STATS, "stats_in": torch.zeros(8)}, f"stats_in must be .* at least {STATS_LEN}"),
     ],
 )
 def test_check_phase_refuses_what_the_kernel_cannot_run(bad: dict[str, object], message: str) -> None:
@@ -76,39 +108,37 @@ def test_check_phase_refuses_what_the_kernel_cannot_run(bad: dict[str, object], 
         check_phase(StreamPhase(**{**base, **bad}))  # type: ignore[arg-type]
 
 
-def test_silu_input_is_huggingface_swiglu_in_bf16() -> None:
+def test_silu_epilogue_is_huggingface_swiglu_in_bf16() -> None:
     k = 64
-    y = torch.randn(2 * k) * 4
-    ph = StreamPhase(*_weight(16, k), KIND_SILU, torch.zeros(16), x=y)
-    x, res = stream_input(ph)
-    g, u = y[:k].to(BF), y[k:].to(BF)
+    out = torch.randn(2 * k) * 4
+    act = torch.zeros(k, dtype=BF)
+    ph = StreamPhase(
+        *_weight(2 * k, 16), KIND_INPUT, act, _vec(16, BF), epilogue=EPI_SILU, stats_out=_stats()
+    )
+    stream_epilogue(ph, out)
+    g, u = out[:k].to(BF), out[k:].to(BF)
     want = torch.nn.functional.silu(g) * u  # bf16 ops, as the HF MLP computes them
-    assert res is None
-    torch.testing.assert_close(x, want.float(), rtol=0, atol=0)
+    assert torch.equal(act, want)
 
 
-def test_add_norm_input_is_the_models_add_and_rmsnorm() -> None:
+def test_add_epilogue_then_norm_input_is_the_models_add_and_rmsnorm() -> None:
     from surge.layers.norm import RMSNorm
 
     k = 64
     norm = RMSNorm(k, 1e-6, BF)
     norm.weight.data = _vec(k, BF, seed=3, scale=0.3) + 1
-    res, y = _vec(k, BF, seed=4), torch.randn(k) * 2
-    ph = StreamPhase(
-        *_weight(16, k),
-        KIND_ADD_NORM,
-        torch.zeros(16),
-        x=y,
-        res_in=res,
-        res_out=torch.zeros(k, dtype=BF),
-        norm_w=norm.weight.data,
-        eps=1e-6,
+    res, out, new_res = _vec(k, BF, seed=4), torch.randn(k) * 2, torch.zeros(k, dtype=BF)
+    add = StreamPhase(
+        *_weight(k, 16), KIND_INPUT, None, _vec(16, BF), epilogue=EPI_ADD, res_in=res, res_out=new_res,
+        next_norm_w=norm.weight.data, stats_out=_stats(),
+    )  # fmt: skip
+    stream_epilogue(add, out)
+    h = res + out.to(BF)
+    assert torch.equal(new_res, h)
+    nxt = StreamPhase(
+        *_weight(16, k), KIND_NORM_STATS, torch.zeros(16), new_res, norm.weight.data, 1e-6, stats_in=_stats()
     )
-    x, new_res = stream_input(ph)
-    h = res + y.to(BF)
-    assert new_res is not None and torch.equal(new_res, h)
-    want = norm(h[None])[0]
-    torch.testing.assert_close(x, want.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(stream_input(nxt), norm(h[None])[0].float(), rtol=1e-2, atol=1e-2)
 
 
 def test_reference_scales_inputs_so_fp16_products_cannot_overflow() -> None:
@@ -126,40 +156,35 @@ def test_reference_scales_inputs_so_fp16_products_cannot_overflow() -> None:
 
 
 def _chain(n_q: int, hidden: int, inter: int, dev: str) -> tuple[list[StreamPhase], dict[str, torch.Tensor]]:
-    """o -> gate_up -> down -> qkv, as one engine launch (input: an attention output)."""
+    """o -> gate_up -> down -> qkv, as one engine launch (input: an attention output), with the
+    optional outputs of the ADD epilogues (``o``, ``down``) kept for the checks."""
     buf = {
         "attn": _vec(hidden, BF, dev, seed=6),
         "res": _vec(hidden, BF, dev, seed=7),
         "res_a": torch.zeros(hidden, dtype=BF, device=dev),
         "res_b": torch.zeros(hidden, dtype=BF, device=dev),
         "o": torch.zeros(hidden, device=dev),
-        "gu": torch.zeros(2 * inter, device=dev),
+        "act": torch.zeros(inter, dtype=BF, device=dev),
         "down": torch.zeros(hidden, device=dev),
         "qkv": torch.zeros(n_q, dtype=BF, device=dev),
     }
+    s0, s1 = _stats(dev), _stats(dev)
     nw1, nw2 = _vec(hidden, BF, dev, seed=8, scale=0.2) + 1, _vec(hidden, BF, dev, seed=9, scale=0.2) + 1
     phases = [
-        StreamPhase(*_weight(hidden, hidden, dev, 10), KIND_INPUT, buf["o"], x=buf["attn"]),
         StreamPhase(
-            *_weight(2 * inter, hidden, dev, 11),
-            KIND_ADD_NORM,
-            buf["gu"],
-            x=buf["o"],
-            res_in=buf["res"],
-            res_out=buf["res_a"],
-            norm_w=nw1,
+            *_weight(hidden, hidden, dev, 10), KIND_INPUT, buf["o"], buf["attn"], epilogue=EPI_ADD,
+            res_in=buf["res"], res_out=buf["res_a"], next_norm_w=nw1, stats_out=s0,
         ),
-        StreamPhase(*_weight(hidden, inter, dev, 12), KIND_SILU, buf["down"], x=buf["gu"]),
         StreamPhase(
-            *_weight(n_q, hidden, dev, 13),
-            KIND_ADD_NORM,
-            buf["qkv"],
-            x=buf["down"],
-            res_in=buf["res_a"],
-            res_out=buf["res_b"],
-            norm_w=nw2,
+            *_weight(2 * inter, hidden, dev, 11), KIND_NORM_STATS, buf["act"], buf["res_a"], nw1,
+            stats_in=s0, epilogue=EPI_SILU, stats_out=s1,
         ),
-    ]
+        StreamPhase(
+            *_weight(hidden, inter, dev, 12), KIND_STATS, buf["down"], buf["act"], stats_in=s1,
+            epilogue=EPI_ADD, res_in=buf["res_a"], res_out=buf["res_b"], next_norm_w=nw2, stats_out=s0,
+        ),
+        StreamPhase(*_weight(n_q, hidden, dev, 13), KIND_NORM_STATS, buf["qkv"], buf["res_b"], nw2, stats_in=s0),
+    ]  # fmt: skip
     return phases, buf
 
 
@@ -168,20 +193,28 @@ def test_reference_chain_matches_float32_layer_math() -> None:
     roundings where the model has them."""
     phases, buf = _chain(96, 64, 128, "cpu")
     stream_reference(phases)
-    o = (phases[0].weight.float() * phases[0].weight_scale[:, None]) @ buf["attn"].float()
-    h = (buf["res"].float() + o.to(BF).float()).to(BF)
-    torch.testing.assert_close(buf["res_a"].float(), h.float(), rtol=2e-2, atol=2e-2)
-    hf = buf["res_a"].float()
-    xn = (
-        (phases[1].norm_w.float() * (hf * torch.rsqrt(hf.pow(2).mean() + 1e-6)).to(BF).float()).to(BF).float()
-    )
-    gu = (phases[1].weight.float() * phases[1].weight_scale[:, None]) @ xn
-    assert torch.nn.functional.cosine_similarity(buf["gu"], gu, dim=0).item() > 0.9999
-    g, u = gu[:128].to(BF), gu[128:].to(BF)
-    act = (torch.nn.functional.silu(g) * u).float()
-    down = (phases[2].weight.float() * phases[2].weight_scale[:, None]) @ act
-    assert torch.nn.functional.cosine_similarity(buf["down"], down, dim=0).item() > 0.999
-    assert torch.isfinite(buf["qkv"].float()).all() and buf["qkv"].abs().sum() > 0
+
+    def lin(i: int, x: torch.Tensor) -> torch.Tensor:
+        return (phases[i].weight.float() * phases[i].weight_scale[:, None]) @ x.float()
+
+    def rmsnorm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        hf = h.float()
+        return (w.float() * (hf * torch.rsqrt(hf.pow(2).mean() + 1e-6)).to(BF).float()).to(BF)
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0).item()
+
+    o = lin(0, buf["attn"])
+    assert cos(buf["o"], o) > 0.9999
+    torch.testing.assert_close(buf["res_a"].float(), (buf["res"] + o.to(BF)).float(), rtol=2e-2, atol=2e-2)
+    gu = lin(1, rmsnorm(buf["res_a"], phases[1].norm_w))
+    act = torch.nn.functional.silu(gu[:128].to(BF)) * gu[128:].to(BF)
+    assert cos(buf["act"], act) > 0.999
+    down = lin(2, buf["act"])
+    assert cos(buf["down"], down) > 0.9999
+    assert torch.equal(buf["res_b"], buf["res_a"] + buf["down"].to(BF))
+    qkv = lin(3, rmsnorm(buf["res_b"], phases[3].norm_w))
+    assert cos(buf["qkv"], qkv) > 0.999
 
 
 @pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
@@ -197,24 +230,26 @@ def test_kernel_matches_reference(n_q: int, hidden: int, inter: int) -> None:
     phases, buf = _chain(n_q, hidden, inter, "cuda")
     stream_reference(phases)
     want = {k: v.float().clone() for k, v in buf.items()}
-    for k in ("o", "gu", "down", "qkv", "res_a", "res_b"):
-        buf[k].zero_()
+    outputs = ("o", "act", "down", "qkv", "res_a", "res_b")
+    for k in outputs:
+        buf[k].fill_(float("nan"))
     kern.reset()
     kern.launch(pack_phases(phases), 0)
     torch.cuda.synchronize()
     assert not kern.hung()
-    for k in ("o", "gu", "down", "qkv"):
+    for k in outputs:
         got, ref = buf[k].float(), want[k]
         cos = torch.nn.functional.cosine_similarity(got, ref, dim=0).item()
         rel = ((got - ref).abs().max() / ref.abs().max()).item()
         assert cos > 0.9999 and rel < 2e-2, (k, cos, rel)
-    # block 0's new residual is exactly the bf16 add of the input residual and its own o output
-    assert torch.equal(buf["res_a"], (buf["res"] + buf["o"].to(BF)))
+    # the epilogues' new residuals are exactly the bf16 adds of the residual and the kernel's outputs
+    assert torch.equal(buf["res_a"], buf["res"] + buf["o"].to(BF))
+    assert torch.equal(buf["res_b"], buf["res_a"] + buf["down"].to(BF))
 
 
 @pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
 def test_kernel_in_a_cuda_graph_with_x0_and_phase_base() -> None:
-    """Two launches per step, the second fed an attention output through ``x0``, replayed from a
+    """Two launches per step, the first fed an attention output through ``x0``, replayed from a
     CUDA graph: the same values as eager launches."""
     from surge.kernels.stream_decode import StreamDecodeKernel
 
@@ -229,7 +264,7 @@ def test_kernel_in_a_cuda_graph_with_x0_and_phase_base() -> None:
         kern.launch(rest, 2)
 
     def poison() -> None:  # a phase that read before its producer finished would see NaNs
-        for name in ("o", "gu", "down", "qkv", "res_a", "res_b"):
+        for name in ("o", "act", "down", "qkv", "res_a", "res_b"):
             buf[name].fill_(float("nan"))
 
     poison()
@@ -264,7 +299,7 @@ def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.Monke
     def pack(phases: list[StreamPhase]) -> torch.Tensor:
         real_pack(phases)  # validates every operand
         packed.append(phases)
-        return torch.zeros(len(phases), 10, dtype=torch.int64)
+        return torch.zeros(len(phases), 14, dtype=torch.int64)
 
     monkeypatch.setattr(sd, "pack_phases", pack)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -272,11 +307,18 @@ def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.Monke
         sd.StreamDecodeKernel, "launch", lambda self, table, base, x0=None: sd.stream_reference(packed[-1])
     )
     kern.self_test()
-    assert len(packed) == 1 and [p.kind for p in packed[0]] == [sd.KIND_NORM, KIND_SILU]
+    assert len(packed) == 1
+    assert [(p.kind, p.epilogue) for p in packed[0]] == [
+        (KIND_NORM, EPI_SILU),
+        (KIND_STATS, EPI_ADD),
+        (KIND_NORM_STATS, EPI_NONE),
+    ]
 
     def wrong(self: object, table: torch.Tensor, base: int, x0: object = None) -> None:
         sd.stream_reference(packed[-1])
-        packed[-1][1].y.neg_()
+        y = packed[-1][-1].y
+        assert y is not None
+        y.neg_()
 
     monkeypatch.setattr(sd.StreamDecodeKernel, "launch", wrong)
     with pytest.raises(RuntimeError, match="differs"):
