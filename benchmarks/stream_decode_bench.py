@@ -67,10 +67,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-pdl", action="store_true", help="ordinary launches, not programmatic dependent ones")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
     kern = StreamDecodeKernel.compile(dev)
+    if args.no_pdl:
+        kern.pdl = False
     launches, buf = build(args.layers, dev)
     tables = [pack_phases(g) for g in launches]
     gb = sum(p.weight.numel() for g in launches for p in g) / 1e9
@@ -116,6 +119,7 @@ def main() -> None:
     t_gap = time_graph(lambda: [attention_stand_in() for _ in range(len(launches) - 1)], args.reps)
     r = {
         "layers": args.layers,
+        "pdl": kern.pdl,
         "gb": gb,
         "us_per_layer": t / args.layers * 1e6,
         "us_per_layer_without_stand_in": (t - t_gap) / args.layers * 1e6,

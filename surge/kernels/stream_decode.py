@@ -44,7 +44,9 @@ Research's low-latency Llama decode (2025), written here for Surge's FP8 weights
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -347,6 +349,12 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
   U4 nb[8];
   float nsc = 0.f;
   if (have) load_seg(nb, nsc, phases, nt, cta, G, lane);
+#if __CUDA_ARCH__ >= 900
+  // Launched with programmatic dependent launch, the grid starts while its predecessor (the
+  // attention) finishes: the first weights are in flight; wait for its writes before any other
+  // load or store.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   for (int p = 0; p < num_phases; ++p) {
     const Phase& d = phases[p];
     if (p > 0) {
@@ -638,11 +646,17 @@ class StreamDecodeKernel:
         counter: int32 ``[1]``, the grid barrier's arrivals; zero it once per step
             (:meth:`reset`) and pass each launch its first phase's index in the step.
         num_sms: blocks per launch (one per multiprocessor).
+        pdl: launch with programmatic dependent launch (sm90+, through the driver's
+            ``cuLaunchKernelEx``): each launch may start while the previous kernel in the
+            stream (the attention) finishes, with its first weight segments in flight; the
+            kernel waits for that kernel's writes (``griddepcontrol.wait``) before reading
+            anything else. Set by :meth:`compile` where it works; off, launches are ordinary.
     """
 
     device: torch.device
     counter: torch.Tensor
     num_sms: int
+    pdl: bool = False
     _fn: Any = dataclasses.field(repr=False, default=None)
 
     @classmethod
@@ -662,7 +676,8 @@ class StreamDecodeKernel:
         with torch.cuda.device(device):
             fn = compile_kernel(_SOURCE, "stream_decode")
         counter = torch.zeros(1, dtype=torch.int32, device=device)
-        kernel = cls(device=device, counter=counter, num_sms=props.multi_processor_count, _fn=fn)
+        pdl = major >= 9 and _pdl_launcher() is not None and getattr(fn, "func", None) is not None
+        kernel = cls(device=device, counter=counter, num_sms=props.multi_processor_count, pdl=pdl, _fn=fn)
         kernel.self_test()
         return kernel
 
@@ -744,6 +759,78 @@ class StreamDecodeKernel:
             phase_base: how many phases of this step ran before (the counter's offset).
             x0: overrides the first phase's ``x``; bf16 ``[k]``, contiguous.
         """
-        args = [table, int(table.shape[0]), self.counter, phase_base]
-        args += [x0 if x0 is not None else table, int(x0 is not None)]
+        x = x0 if x0 is not None else table
+        if self.pdl:
+            _launch_pdl(self._fn.func, self.num_sms, table, self.counter, phase_base, x, x0 is not None)
+            return
+        args = [table, int(table.shape[0]), self.counter, phase_base, x, int(x0 is not None)]
         self._fn(grid=(self.num_sms, 1, 1), block=(_WARPS * 32, 1, 1), args=args, shared_mem=_SMEM)
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: a CUlaunchAttributeID, 4 bytes of padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    # CUlaunchConfig (cuda.h)
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def _pdl_launcher() -> Any:
+    """The driver's ``cuLaunchKernelEx`` (CUDA 12+), or None where there is none."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+def _launch_pdl(
+    func: Any,
+    blocks: int,
+    table: torch.Tensor,
+    counter: torch.Tensor,
+    base: int,
+    x: torch.Tensor,
+    use_x0: bool,
+) -> None:
+    """One launch of the kernel ``func`` (a CUfunction) on the current stream with the
+    programmatic-stream-serialization attribute. Raises ``RuntimeError`` on a driver error."""
+    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value = struct.pack("<i", 1)  # programmaticStreamSerializationAllowed
+    cfg = _LaunchConfig()
+    cfg.grid[:] = (blocks, 1, 1)
+    cfg.block[:] = (_WARPS * 32, 1, 1)
+    cfg.shared_mem = _SMEM
+    cfg.stream = torch.cuda.current_stream().cuda_stream
+    cfg.attrs = ctypes.pointer(attr)
+    cfg.num_attrs = 1
+    values = (
+        ctypes.c_void_p(table.data_ptr()),
+        ctypes.c_int(int(table.shape[0])),
+        ctypes.c_void_p(counter.data_ptr()),
+        ctypes.c_int(base),
+        ctypes.c_void_p(x.data_ptr()),
+        ctypes.c_int(int(use_x0)),
+    )
+    params = (ctypes.c_void_p * len(values))(
+        *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)
+    )
+    func_ptr = func.value if isinstance(func, ctypes.c_void_p) else func
+    err = _pdl_launcher()(ctypes.byref(cfg), func_ptr, params, None)
+    if err != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {err}")

@@ -323,3 +323,15 @@ def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.Monke
     monkeypatch.setattr(sd.StreamDecodeKernel, "launch", wrong)
     with pytest.raises(RuntimeError, match="differs"):
         kern.self_test()
+
+
+def test_pdl_launch_structs_match_the_driver_layout() -> None:
+    """``CUlaunchConfig`` and ``CUlaunchAttribute`` as cuda.h lays them out on 64-bit hosts."""
+    import ctypes
+
+    from surge.kernels.stream_decode import _LaunchAttribute, _LaunchConfig
+
+    assert ctypes.sizeof(_LaunchAttribute) == 72 and _LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(_LaunchConfig) == 56
+    assert (_LaunchConfig.shared_mem.offset, _LaunchConfig.stream.offset) == (24, 32)
+    assert (_LaunchConfig.attrs.offset, _LaunchConfig.num_attrs.offset) == (40, 48)
