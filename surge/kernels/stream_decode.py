@@ -95,6 +95,7 @@ _SOURCE = r"""
 #define EPMAX 2048
 #define THREADS (NW * 32)
 #define MAXV (XMAX / (THREADS * 4))
+#define STATS_UNROLL 8
 #define HANG (1u << 30)
 #define MAX_POLLS (1u << 26)
 
@@ -258,20 +259,33 @@ __device__ float build_x(const Phase& d, const unsigned short* xin, unsigned sho
       if (norm) ld_nc2(nw + i, wr[j]);
     }
   }
-  if (d.epi == 1) {
-    const int r0 = row0_of(d, cta, G), rows = min(rows_of(d, cta, G), EPMAX);
-    const unsigned short* rin = reinterpret_cast<const unsigned short*>(d.res_in);
-    const unsigned short* nnw = reinterpret_cast<const unsigned short*>(d.next_norm_w);
-    for (int j = tid; j < rows; j += THREADS) {
-      ep[2 * j] = ld_cg_u16(rin + r0 + j);
-      ep[2 * j + 1] = __ldg(nnw + r0 + j);
-    }
+  // the ADD epilogue's residual and norm weight of this block's rows: issued now, stored to
+  // shared memory at the end (a store here would wait for the load before the next issue)
+  const int ep_r0 = row0_of(d, cta, G), ep_rows = d.epi == 1 ? min(rows_of(d, cta, G), EPMAX) : 0;
+  const unsigned short* rin = reinterpret_cast<const unsigned short*>(d.res_in);
+  const unsigned short* nnw = reinterpret_cast<const unsigned short*>(d.next_norm_w);
+  unsigned short e_res = 0, e_nw = 0;
+  if (tid < ep_rows) {
+    e_res = ld_cg_u16(rin + ep_r0 + tid);
+    e_nw = __ldg(nnw + ep_r0 + tid);
   }
   float ss = 0.f, am = 0.f;
   if (kind >= 2) {
-    const float* st = reinterpret_cast<const float*>(d.stats_in);
-    for (int c = lane; c < G; c += 32) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(st) + c);
+    // all of a lane's loads issued before the first is used (one L2 round trip, not G / 32)
+    const float2* st = reinterpret_cast<const float2*>(d.stats_in);
+    float2 sv[STATS_UNROLL];
+#pragma unroll
+    for (int j = 0; j < STATS_UNROLL; ++j) {
+      const int c = lane + 32 * j;
+      sv[j] = c < G ? __ldcg(st + c) : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < STATS_UNROLL; ++j) {
+      ss += sv[j].x;
+      am = fmaxf(am, sv[j].y);
+    }
+    for (int c = lane + 32 * STATS_UNROLL; c < G; c += 32) {
+      const float2 v = __ldcg(st + c);
       ss += v.x;
       am = fmaxf(am, v.y);
     }
@@ -330,6 +344,14 @@ __device__ float build_x(const Phase& d, const unsigned short* xin, unsigned sho
         asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(cout + i), "r"(xr[j][0]), "r"(xr[j][1]) : "memory");
       }
     }
+  }
+  if (tid < ep_rows) {
+    ep[2 * tid] = e_res;
+    ep[2 * tid + 1] = e_nw;
+  }
+  for (int j = tid + THREADS; j < ep_rows; j += THREADS) {
+    ep[2 * j] = ld_cg_u16(rin + ep_r0 + j);
+    ep[2 * j + 1] = __ldg(nnw + ep_r0 + j);
   }
   return exp2f((float)e);
 }
