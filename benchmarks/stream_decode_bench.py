@@ -67,7 +67,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-pdl", action="store_true", help="ordinary launches, not programmatic dependent ones")
+    ap.add_argument(
+        "--no-pdl", action="store_true", help="ordinary launches, not programmatic dependent ones"
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
