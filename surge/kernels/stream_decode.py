@@ -85,7 +85,6 @@ STATS_LEN = 2048
 """Float32 values a statistics buffer holds: one (sum of squares, max) pair per block, for up to
 1024 multiprocessors."""
 _SMEM = 2 * XMAX + 4 * _EPMAX  # dynamic shared memory: fp16 inputs, staged residual/norm pairs (bytes)
-_FIELDS = 14
 _HANG = 1 << 30
 
 _SOURCE = r"""
