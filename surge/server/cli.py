@@ -211,17 +211,37 @@ def add_serve_parser(subparsers: Any) -> None:
 
 
 def _read_chat_template(value: str | None) -> str | None:
+    """The ``--chat-template`` flag's template: a file's text, or the value itself when it
+    looks like a Jinja template. Raises ``ValueError`` (one line) when the file cannot be
+    read, the value is neither, or the template does not parse, so a broken template stops
+    the server at start-up instead of failing every chat request."""
     if value is None:
         return None
     path = Path(value)
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # e.g. an inline template longer than a file name may be
+        is_file = False
+    if is_file:
         try:
-            return path.read_text()
+            template = path.read_text()
         except OSError as e:
             raise ValueError(f"--chat-template: cannot read {value!r}: {e.strerror}") from e
-    if "{" in value:
-        return value
-    raise ValueError(f"--chat-template: {value!r} is neither a file nor a template")
+    elif "{" in value:
+        template = value
+    else:
+        raise ValueError(f"--chat-template: {value!r} is neither a file nor a template")
+    try:  # the environment transformers renders chat templates with (its own extensions)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a transformers without it: the first chat request reports the error
+        return template
+    try:
+        _compile_jinja_template(template)
+    except Exception as e:  # noqa: BLE001 - jinja2's TemplateSyntaxError and its relatives
+        line = getattr(e, "lineno", None)
+        where = f" (line {line})" if line else ""
+        raise ValueError(f"--chat-template: the template does not parse{where}: {e}") from e
+    return template
 
 
 def default_max_connections() -> int:

@@ -39,6 +39,7 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--model", "/no/such/folder"], "no such folder"),
         (["--block-size", "12"], "block_size"),
         (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
+        (["--chat-template", "{% for m in messages %}{{ m.content }"], "does not parse"),
         (["--port", "99999"], "--port"),
         (["--api-key", "cl\u00e9"], "--api-key"),
         (["--max-request-body-bytes", "0"], "--max-request-body-bytes"),
@@ -68,3 +69,19 @@ def test_port_in_use() -> None:
         r = _serve("--port", str(port))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"surge: error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(tmp_path: Path) -> None:
+    """An inline template longer than a file name may be is a template, not an OSError; a
+    template file that does not parse is refused at start-up, naming the line."""
+    import json
+
+    from surge.server.cli import _read_chat_template
+
+    qwen3 = json.loads((REPO.parent / "shared/assets/models/qwen3-8b/tokenizer_config.json").read_text())
+    inline = qwen3["chat_template"]
+    assert len(inline) > 4096 and _read_chat_template(inline) == inline
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
+    with pytest.raises(ValueError, match=r"--chat-template: the template does not parse \(line 2\)"):
+        _read_chat_template(str(broken))
