@@ -225,6 +225,24 @@ def test_forced_required_and_named() -> None:
     assert _check(named, '{"a": 1}') == ("", "", [("f", '{"a": 1}')])
 
 
+@pytest.mark.parametrize(
+    ("kind", "answer"),
+    [
+        ("required", '[{"nam'),
+        ("required", '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {"b": "x'),
+        ("named", '{"city"'),
+    ],
+)
+def test_forced_calls_cut_by_max_tokens_are_content_when_not_streamed(kind: str, answer: str) -> None:
+    """``max_tokens`` cut the forced JSON: not streamed, the answer is its text as content with
+    no calls (no arguments a client's json.loads would choke on, no text dropped), as for the
+    auto parsers; after a reasoning, the reasoning stays apart."""
+    tools = RequiredToolParser(_ids()) if kind == "required" else NamedToolParser("f", _ids())
+    assert _collect([ChatOutputParser(None, tools).parse(answer)]) == (answer, "", [])
+    text = "Weather.</think>\n\n" + answer
+    assert _collect([_forced(kind)().parse(text)]) == (answer, "Weather.", [])
+
+
 def _forced(kind: str, starts_in_reasoning: bool | None = True) -> Callable[[], ChatOutputParser]:
     """qwen3 reasoning, then a forced ``tool_choice`` (``"required"`` or the named ``f``)."""
 

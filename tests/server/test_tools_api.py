@@ -112,6 +112,27 @@ def test_named_tool_choice(client: openai.OpenAI) -> None:
         assert streamed == calls and finish == "tool_calls"
 
 
+def test_forced_calls_cut_by_max_tokens(client: openai.OpenAI) -> None:
+    """A forced call that max_tokens cuts: not streamed, the JSON written so far comes back as
+    content with no tool_calls and finish_reason "length" (never arguments that fail to parse,
+    never dropped text); streamed, its pieces went out as generated."""
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in (named, "required"):
+        kwargs: dict[str, Any] = dict(
+            model=_model(client), messages=MSGS, tools=TOOLS, tool_choice=choice, seed=0, max_tokens=3
+        )
+        r = client.chat.completions.create(**kwargs)
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "length" and msg.tool_calls is None
+        assert msg.content and msg.content.lstrip().startswith("[" if choice == "required" else "{")
+        streamed, finish, _ = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+        assert finish == "length"
+        if choice == "required" and streamed:
+            assert msg.content.endswith(streamed[-1][1])
+        elif streamed:
+            assert streamed[0][1] == msg.content
+
+
 def _hermes_call_request(client: openai.OpenAI, max_tokens: int) -> dict[str, Any]:
     """A chat request whose answer a regex forces to ``Sure. `` and one hermes get_weather call."""
     regex = r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "c"\}\}\n</tool_call>'

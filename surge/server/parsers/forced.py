@@ -1,9 +1,14 @@
 """Tool calls forced by ``tool_choice``: ``required`` makes the model write a JSON array of
 ``{"name": ..., "parameters": {...}}`` objects, a named function makes it write that
-function's arguments object (both enforced by a grammar built from the tools' schemas)."""
+function's arguments object (both enforced by a grammar built from the tools' schemas).
+
+``max_tokens`` may still cut that JSON short: a non-streamed answer then gives the text as
+content with no tool calls (:meth:`~surge.server.parsers.base.ToolParser.malformed_text`), as
+for the ``auto`` parsers; a stream has already sent the pieces."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolCallDelta, ToolParser
@@ -92,6 +97,12 @@ class RequiredToolParser(ToolParser):
     def finish(self) -> DeltaMessage:
         return DeltaMessage(tool_calls=self._seq.update(self._buf, final=True))
 
+    def malformed_text(self) -> str | None:
+        """The array's text when it does not parse (``max_tokens`` cut it; the grammar allows
+        nothing else), so a non-streamed answer gives it as content instead of calls whose
+        arguments a client could not parse."""
+        return _unless_json(self._buf)
+
 
 class NamedToolParser(ToolParser):
     """The answer is the named function's arguments: one call, its text streamed as is. The
@@ -120,3 +131,19 @@ class NamedToolParser(ToolParser):
 
     def finish(self) -> DeltaMessage:
         return self.feed("")
+
+    def malformed_text(self) -> str | None:
+        """The arguments' text when they do not parse (``max_tokens`` cut them): a non-streamed
+        answer gives it as content, with no call."""
+        return _unless_json(self._args) if self.calls else None
+
+
+def _unless_json(text: str) -> str | None:
+    """``text`` unless it is empty or one whole JSON value."""
+    if not text.strip():
+        return None
+    try:
+        json.loads(text)
+    except ValueError:
+        return text
+    return None
