@@ -55,7 +55,11 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"server URL (default {DEFAULT_BASE_URL})")
     p.add_argument(
-        "--endpoint", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"]
+        "--endpoint",
+        default="/v1/chat/completions",
+        choices=["/v1/chat/completions", "/v1/completions"],
+        help="API route of the requests (default /v1/chat/completions; vLLM's bench serve defaults to "
+        "/v1/completions)",
     )
     p.add_argument("--model", default=None, help="model name sent in requests (default: first of /v1/models)")
     p.add_argument(
