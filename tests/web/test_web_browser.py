@@ -134,6 +134,9 @@ def test_max_tokens_auto_by_default(page: Any, web_server: Server) -> None:
     with page.expect_request("**/v1/chat/completions") as req:
         page.click("#send")
     assert "max_tokens" not in req.value.post_data_json
+    # untouched sliders and an empty top k leave the model's defaults (generation_config) to the server
+    assert not {"temperature", "top_p", "top_k"} & req.value.post_data_json.keys()
+    assert page.inner_text("#temperature-value") == "model default"
     m = wait_finished(page)
     assert page.locator(".msg.error").count() == 0
     assert m["state"] == "done" and m["finish"] == "length", m
@@ -164,6 +167,7 @@ def test_settings_history_new_chat_and_completion_mode(page: Any, web_server: Se
     assert body["model"] == page.eval_on_selector("#model", "el => el.value")
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["temperature"] == 0.5 and body["top_p"] == 0.9
+    assert page.inner_text("#temperature-value") == "0.50"
     assert body["top_k"] == 20 and body["seed"] == 7 and body["max_tokens"] == 8
     assert body["stop"] == ["The end", "STOP"]
     assert body["chat_template_kwargs"] == {"enable_thinking": False}

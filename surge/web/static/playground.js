@@ -40,10 +40,18 @@
 
   // ---------- settings ----------
 
+  /** A slider starts at "model default" and is not sent until moved, so the server applies
+   * the model's own default (its generation_config.json, as for any request that leaves the
+   * field out); once moved it shows and sends its value. */
   function showRange(input, digits) {
     const out = $(input.id + "-value");
-    const update = () => (out.textContent = Number(input.value).toFixed(digits));
-    input.addEventListener("input", update);
+    const update = () => {
+      out.textContent = input.dataset.touched ? Number(input.value).toFixed(digits) : "model default";
+    };
+    input.addEventListener("input", () => {
+      input.dataset.touched = "1";
+      update();
+    });
     update();
   }
   showRange(ui.temperature, 2);
@@ -64,9 +72,9 @@
       model: ui.model.value,
       stream: true,
       stream_options: { include_usage: true },
-      temperature: Number(ui.temperature.value),
-      top_p: Number(ui.topP.value),
     };
+    if (ui.temperature.dataset.touched) body.temperature = Number(ui.temperature.value);
+    if (ui.topP.dataset.touched) body.top_p = Number(ui.topP.value);
     const maxTokens = intOrNull(ui.maxTokens);
     if (maxTokens !== null) body.max_tokens = maxTokens;
     else if (!chat) body.max_tokens = null;
