@@ -8,6 +8,11 @@ qkv, with a stand-in for attention between launches (a bf16 copy of q, passed as
 all layers in one CUDA graph.
 
     python3 benchmarks/stream_decode_bench.py --layers 36 --json out.jsonl   # sm89+ GPU
+
+``--trace`` also replays one step of the kernel's diagnostic build (global-timer stamps per
+phase and block) and prints, per phase role (qkv, o, gate_up, down), the mean over layers of
+:func:`surge.kernels.stream_decode.phase_timeline`: how long blocks take to build an input and
+to stream their rows, how far the last block trails, and the barrier's latency.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,9 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemm_bench import time_graph  # noqa: E402
 
 from surge.kernels.stream_decode import (  # noqa: E402
+    EPI_ADD,
+    EPI_NONE,
+    EPI_SILU,
+    KIND_INPUT,
+    KIND_NORM,
+    KIND_NORM_STATS,
+    KIND_STATS,
     StreamDecodeKernel,
     StreamPhase,
     pack_phases,
+    phase_timeline,
     stream_reference,
 )
 from surge.layers.stream_decode import StreamBuffers, StreamLayer, plan_launches  # noqa: E402
@@ -69,6 +83,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--no-pdl", action="store_true", help="ordinary launches, not programmatic dependent ones"
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="also run the kernel's diagnostic build once and print each phase role's timeline",
     )
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -129,10 +148,79 @@ def main() -> None:
         "check_2_layers": res,
         "hung": kern.hung(),
     }
+    if args.trace:
+        r["timeline"] = trace(launches, tables, embed, attn, attention_stand_in, dev)
     print(json.dumps(r), flush=True)
     if args.json:
         with args.json.open("a") as f:
             f.write(json.dumps(r) + "\n")
+
+
+ROLES = {
+    (KIND_NORM, EPI_NONE): "qkv",
+    (KIND_NORM_STATS, EPI_NONE): "qkv",
+    (KIND_INPUT, EPI_ADD): "o",
+    (KIND_NORM_STATS, EPI_SILU): "gate_up",
+    (KIND_STATS, EPI_ADD): "down",
+    (KIND_STATS, EPI_NONE): "down",  # the last layer's (no residual add in the kernel)
+}
+
+
+def trace(
+    launches: list[list[StreamPhase]],
+    tables: list[torch.Tensor],
+    embed: torch.Tensor,
+    attn: torch.Tensor,
+    stand_in: Callable[[], None],
+    dev: torch.device,
+) -> dict[str, dict[str, float]]:
+    """A step of the kernel's diagnostic build, replayed from a CUDA graph; per phase role, the
+    mean over layers of :func:`phase_timeline`'s figures (us), with the role's weight
+    bytes over its mean span (TB/s)."""
+    kern = StreamDecodeKernel.compile(dev, trace=True)
+    phases = [ph for g in launches for ph in g]
+    stamps = torch.zeros(len(phases), kern.num_sms, 4, dtype=torch.int64, device=dev)
+    starts, base = set(), 0
+    for g in launches:
+        starts.add(base)
+        base += len(g)
+
+    def step() -> None:
+        kern.reset()
+        base = 0
+        for i, g in enumerate(launches):
+            if i:
+                stand_in()
+            kern.launch(tables[i], base, attn if i else embed, trace=stamps)
+            base += len(g)
+
+    step()  # eager warm-up, then the step as the engine runs it: replayed from a CUDA graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    rows = phase_timeline(stamps.cpu(), starts)
+    out: dict[str, dict[str, float]] = {}
+    for ph, row in zip(phases, rows, strict=True):
+        role = ROLES.get((ph.kind, ph.epilogue), f"kind {ph.kind}, epilogue {ph.epilogue}")
+        acc = out.setdefault(role, {"phases": 0.0, "gb": 0.0} | {k: 0.0 for k in row})
+        acc["phases"] += 1
+        acc["gb"] += ph.weight.numel() / 1e9
+        for k, v in row.items():
+            acc[k] += v
+    for acc in out.values():
+        n = acc.pop("phases")
+        acc["gb"] /= n
+        for k in list(acc):
+            if k != "gb":
+                acc[k] /= n
+        acc["tb_s_over_span"] = acc["gb"] / acc["span"] * 1e3 if acc["span"] > 0 else 0.0
+    for role, acc in out.items():
+        print(role, " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -357,7 +357,20 @@ __device__ float build_x(const Phase& d, const unsigned short* xin, unsigned sho
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counter, int phase_base,
-              const unsigned short* x0, int use_x0) {
+              const unsigned short* x0, int use_x0, u64* trace) {
+#ifdef TRACE
+  // Diagnostic build: thread 0 of each block stamps the global timer (ns) at four points of each
+  // phase into trace[phase_base + p][block][0..3]: released by the barrier, input built, rows
+  // done, arrived.
+#define STAMP(i)                                                                       \
+  if (tid == 0) {                                                                      \
+    u64 t;                                                                             \
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                              \
+    trace[((u64)(phase_base + p) * (u64)G + (u64)cta) * 4 + (i)] = t;                  \
+  }
+#else
+#define STAMP(i)
+#endif
   extern __shared__ __align__(16) unsigned char dyn[];
   unsigned short* xs = reinterpret_cast<unsigned short*>(dyn);       // [XMAX] fp16, permuted
   unsigned short* ep = reinterpret_cast<unsigned short*>(dyn + 2 * XMAX);  // [EPMAX][2] bf16
@@ -393,10 +406,12 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       }
       block_sync();
     }
+    STAMP(0)
     const unsigned short* xin =
         reinterpret_cast<const unsigned short*>((p == 0 && use_x0) ? (const void*)x0 : (const void*)d.x);
     const float up = build_x(d, xin, xs, ep, red, cta, G, tid, warp, lane);
     block_sync();
+    STAMP(1)
     const int r0 = row0_of(d, cta, G);
     const int k = d.k, ks = ksegs(d), epi = d.epi;
     const bool y_bf16 = d.y_bf16 != 0;
@@ -454,6 +469,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       red_e[NW + warp] = eam;
     }
     block_sync();
+    STAMP(2)
     if (tid == 0) {
       if (epi != 0) {
         float s = 0.f, a = 0.f;
@@ -467,6 +483,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       __threadfence();
       atomicAdd(counter, 1u);
     }
+    STAMP(3)
   }
 }
 """
@@ -658,6 +675,41 @@ def stream_reference(phases: list[StreamPhase], x0: torch.Tensor | None = None) 
         stream_epilogue(ph, acc * ph.weight_scale.float() * 2.0**e)
 
 
+def phase_timeline(stamps: torch.Tensor, launch_starts: set[int]) -> list[dict[str, float]]:
+    """What a :attr:`StreamDecodeKernel.trace` build's stamps say about each phase of a step.
+
+    Args:
+        stamps: int64 ``[P, G, 4]``, nanoseconds of the GPU's global timer: per phase and block,
+            when the block was released by the barrier (or the launch began), had built its
+            input, had done its rows, and had arrived at the next barrier.
+        launch_starts: the phases that begin a launch (their wait includes the kernel before).
+
+    Returns:
+        Per phase, in microseconds: ``build`` and ``rows`` (medians over blocks), ``rows_max``
+        (the slowest block's rows), ``tail`` (the last arrival after the median one), ``wait``
+        (median release after the previous phase's last arrival: the barrier's latency, or for
+        a launch's first phase the kernel between and the launch), ``span`` (last arrival after
+        the previous phase's last arrival; for phase 0 after its first release).
+    """
+    t = stamps.to(torch.float64) / 1e3
+    out = []
+    for p in range(t.shape[0]):
+        released, built, done, arrived = t[p, :, 0], t[p, :, 1], t[p, :, 2], t[p, :, 3]
+        prev_last = float(t[p - 1, :, 3].max()) if p else float(released.min())
+        out.append(
+            {
+                "build": float((built - released).median()),
+                "rows": float((done - built).median()),
+                "rows_max": float((done - built).max()),
+                "tail": float(arrived.max() - arrived.median()),
+                "wait": float(released.median()) - prev_last if p else 0.0,
+                "span": float(arrived.max()) - prev_last,
+                "launch_start": float(p in launch_starts),
+            }
+        )
+    return out
+
+
 @dataclass
 class StreamDecodeKernel:
     """The compiled kernel of one device and its launch state.
@@ -672,19 +724,22 @@ class StreamDecodeKernel:
             stream (the attention) finishes, with its first weight segments in flight; the
             kernel waits for that kernel's writes (``griddepcontrol.wait``) before reading
             anything else. Set by :meth:`compile` where it works; off, launches are ordinary.
+        trace: a diagnostic build that stamps each phase's timeline into the ``trace`` buffer
+            of :meth:`launch` (see :func:`phase_timeline`).
     """
 
     device: torch.device
     counter: torch.Tensor
     num_sms: int
     pdl: bool = False
+    trace: bool = False
     _fn: Any = dataclasses.field(repr=False, default=None)
 
     @classmethod
-    def compile(cls, device: torch.device) -> StreamDecodeKernel:
-        """NVRTC-compiles the kernel for ``device`` and runs :meth:`self_test`. Raises
-        ``RuntimeError`` where it cannot (no NVRTC, a GPU older than sm89, more than 1024
-        multiprocessors, a compile error, a failed self-test)."""
+    def compile(cls, device: torch.device, trace: bool = False) -> StreamDecodeKernel:
+        """NVRTC-compiles the kernel for ``device`` (the diagnostic build if ``trace``) and runs
+        :meth:`self_test`. Raises ``RuntimeError`` where it cannot (no NVRTC, a GPU older than
+        sm89, more than 1024 multiprocessors, a compile error, a failed self-test)."""
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
             raise RuntimeError(f"stream decode needs sm89+ (e4m3 conversion), not sm{major}{minor}")
@@ -695,10 +750,12 @@ class StreamDecodeKernel:
         if 2 * props.multi_processor_count > STATS_LEN:
             raise RuntimeError(f"stream decode supports up to {STATS_LEN // 2} multiprocessors")
         with torch.cuda.device(device):
-            fn = compile_kernel(_SOURCE, "stream_decode")
+            fn = compile_kernel(("#define TRACE\n" if trace else "") + _SOURCE, "stream_decode")
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         pdl = major >= 9 and _pdl_launcher() is not None and getattr(fn, "func", None) is not None
-        kernel = cls(device=device, counter=counter, num_sms=props.multi_processor_count, pdl=pdl, _fn=fn)
+        kernel = cls(
+            device=device, counter=counter, num_sms=props.multi_processor_count, pdl=pdl, trace=trace, _fn=fn
+        )
         kernel.self_test()
         return kernel
 
@@ -751,7 +808,10 @@ class StreamDecodeKernel:
             StreamPhase(*weight(n, k), KIND_NORM_STATS, out, res_out, nw2, stats_in=stats[1]),
         ]
         self.reset()
-        self.launch(pack_phases(phases), 0)
+        stamps = (
+            torch.zeros(len(phases), self.num_sms, 4, dtype=torch.int64, device=dev) if self.trace else None
+        )
+        self.launch(pack_phases(phases), 0, trace=stamps)
         torch.cuda.synchronize(dev)
         if self.hung():
             raise RuntimeError("self-test: a grid barrier timed out (not every block was resident)")
@@ -772,19 +832,44 @@ class StreamDecodeKernel:
         synchronizes."""
         return bool(int(self.counter.item()) & _HANG)
 
-    def launch(self, table: torch.Tensor, phase_base: int, x0: torch.Tensor | None = None) -> None:
+    def launch(
+        self,
+        table: torch.Tensor,
+        phase_base: int,
+        x0: torch.Tensor | None = None,
+        trace: torch.Tensor | None = None,
+    ) -> None:
         """Run the phases of ``table`` (rows of :func:`pack_phases`) on the current stream.
 
         Args:
             table: int64 ``[P, 14]``, a contiguous slice of a packed table.
             phase_base: how many phases of this step ran before (the counter's offset).
             x0: overrides the first phase's ``x``; bf16 ``[k]``, contiguous.
+            trace: int64 ``[phases of the step, num_sms, 4]`` on the device, where a
+                :attr:`trace` build stamps its timeline (ignored otherwise).
+
+        Raises:
+            ValueError: a :attr:`trace` build without a large enough ``trace`` buffer.
         """
         x = x0 if x0 is not None else table
+        if self.trace and (
+            trace is None
+            or trace.dtype != torch.int64
+            or trace.device.type != self.device.type
+            or (self.device.index is not None and trace.device.index != self.device.index)
+            or not trace.is_contiguous()
+            or trace.numel() < (phase_base + table.shape[0]) * self.num_sms * 4
+        ):
+            raise ValueError(
+                "a trace build needs a contiguous int64 [phases, num_sms, 4] trace buffer on its device"
+            )
+        stamps = trace if trace is not None else self.counter  # never written unless traced
         if self.pdl:
-            _launch_pdl(self._fn.func, self.num_sms, table, self.counter, phase_base, x, x0 is not None)
+            _launch_pdl(
+                self._fn.func, self.num_sms, table, self.counter, phase_base, x, x0 is not None, stamps
+            )
             return
-        args = [table, int(table.shape[0]), self.counter, phase_base, x, int(x0 is not None)]
+        args = [table, int(table.shape[0]), self.counter, phase_base, x, int(x0 is not None), stamps]
         self._fn(grid=(self.num_sms, 1, 1), block=(_WARPS * 32, 1, 1), args=args, shared_mem=_SMEM)
 
 
@@ -828,6 +913,7 @@ def _launch_pdl(
     base: int,
     x: torch.Tensor,
     use_x0: bool,
+    trace: torch.Tensor,
 ) -> None:
     """One launch of the kernel ``func`` (a CUfunction) on the current stream with the
     programmatic-stream-serialization attribute. Raises ``RuntimeError`` on a driver error."""
@@ -847,6 +933,7 @@ def _launch_pdl(
         ctypes.c_int(base),
         ctypes.c_void_p(x.data_ptr()),
         ctypes.c_int(int(use_x0)),
+        ctypes.c_void_p(trace.data_ptr()),
     )
     params = (ctypes.c_void_p * len(values))(
         *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)

@@ -21,6 +21,7 @@ from surge.kernels.stream_decode import (
     StreamPhase,
     check_phase,
     pack_phases,
+    phase_timeline,
     stream_epilogue,
     stream_input,
     stream_reference,
@@ -304,7 +305,9 @@ def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.Monke
     monkeypatch.setattr(sd, "pack_phases", pack)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(
-        sd.StreamDecodeKernel, "launch", lambda self, table, base, x0=None: sd.stream_reference(packed[-1])
+        sd.StreamDecodeKernel,
+        "launch",
+        lambda self, table, base, x0=None, trace=None: sd.stream_reference(packed[-1]),
     )
     kern.self_test()
     assert len(packed) == 1
@@ -314,7 +317,7 @@ def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.Monke
         (KIND_NORM_STATS, EPI_NONE),
     ]
 
-    def wrong(self: object, table: torch.Tensor, base: int, x0: object = None) -> None:
+    def wrong(self: object, table: torch.Tensor, base: int, x0: object = None, trace: object = None) -> None:
         sd.stream_reference(packed[-1])
         y = packed[-1][-1].y
         assert y is not None
@@ -323,6 +326,105 @@ def test_self_test_runs_its_phases_and_compares_on_cpu(monkeypatch: pytest.Monke
     monkeypatch.setattr(sd.StreamDecodeKernel, "launch", wrong)
     with pytest.raises(RuntimeError, match="differs"):
         kern.self_test()
+
+
+def test_a_trace_builds_self_test_gives_its_launch_a_trace_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace build's start-up self-test launches with a stamps buffer of its phases, which
+    :meth:`launch`'s check accepts (without one, compiling a trace build always failed)."""
+    import surge.kernels.stream_decode as sd
+
+    kern = sd.StreamDecodeKernel(
+        device=torch.device("cpu"), counter=torch.zeros(1, dtype=torch.int32), num_sms=4, trace=True
+    )
+    seen: list[torch.Tensor | None] = []
+    real_launch = sd.StreamDecodeKernel.launch
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def launch(
+        self: sd.StreamDecodeKernel, table: torch.Tensor, base: int, x0: object = None, trace: object = None
+    ):
+        assert trace is None or isinstance(trace, torch.Tensor)
+        seen.append(trace)
+        self._fn = lambda **kw: None  # the real launch's checks, then no kernel
+        real_launch(self, table, base, None, trace)
+        sd.stream_reference(phases[-1])
+
+    phases: list[list[StreamPhase]] = []
+    real_pack = sd.pack_phases
+
+    def pack(ph: list[StreamPhase]) -> torch.Tensor:
+        phases.append(ph)
+        return real_pack(ph)
+
+    monkeypatch.setattr(sd, "pack_phases", pack)
+    monkeypatch.setattr(sd.StreamDecodeKernel, "launch", launch)
+    kern.self_test()
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0].shape == (3, 4, 4) and seen[0].dtype == torch.int64
+
+
+def test_phase_timeline_reads_the_stamps_of_each_phase() -> None:
+    """Two phases of three blocks with hand-set stamps (ns): medians over blocks, the slowest
+    block, the last arrival's trail and the barrier's latency, in microseconds."""
+    us = 1000
+    stamps = (
+        torch.tensor(
+            [
+                # released, built, done, arrived
+                [[0, 2, 10, 11], [0, 3, 12, 13], [1, 3, 20, 21]],
+                [[24, 26, 30, 31], [25, 26, 31, 32], [25, 28, 33, 34]],
+            ],
+            dtype=torch.int64,
+        )
+        * us
+    )
+    first, second = phase_timeline(stamps, {0})
+    assert first == {
+        "build": 2.0, "rows": 9.0, "rows_max": 17.0, "tail": 8.0, "wait": 0.0, "span": 21.0, "launch_start": 1.0,
+    }  # fmt: skip
+    assert second == {
+        "build": 2.0, "rows": 5.0, "rows_max": 5.0, "tail": 2.0, "wait": 4.0, "span": 13.0, "launch_start": 0.0,
+    }  # fmt: skip
+
+
+def test_a_trace_build_refuses_a_launch_without_its_buffer() -> None:
+    import surge.kernels.stream_decode as sd
+
+    kern = sd.StreamDecodeKernel(
+        device=torch.device("cpu"), counter=torch.zeros(1, dtype=torch.int32), num_sms=4, trace=True
+    )
+    table = torch.zeros(2, 14, dtype=torch.int64)
+    with pytest.raises(ValueError, match="trace buffer"):
+        kern.launch(table, 1)
+    with pytest.raises(ValueError, match="trace buffer"):
+        kern.launch(table, 1, trace=torch.zeros(2, 4, 4, dtype=torch.int64))  # 3 phases needed
+    with pytest.raises(ValueError, match="trace buffer"):
+        kern.launch(table, 1, trace=torch.zeros(3, 4, 8, dtype=torch.int32))  # 4-byte stamps
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
+def test_trace_build_stamps_every_phase_in_barrier_order() -> None:
+    """The diagnostic build computes the same values and stamps each block's phases in order;
+    no block is released before every block has done the previous phase's rows."""
+    from surge.kernels.stream_decode import StreamDecodeKernel
+
+    kern = StreamDecodeKernel.compile(torch.device("cuda"), trace=True)
+    phases, buf = _chain(512, 1024, 2048, "cuda")
+    stream_reference(phases)
+    want = buf["qkv"].float().clone()
+    buf["qkv"].fill_(float("nan"))
+    stamps = torch.zeros(len(phases), kern.num_sms, 4, dtype=torch.int64, device="cuda")
+    kern.reset()
+    kern.launch(pack_phases(phases), 0, trace=stamps)
+    torch.cuda.synchronize()
+    assert torch.nn.functional.cosine_similarity(buf["qkv"].float(), want, dim=0).item() > 0.9999
+    t = stamps.cpu()
+    assert (t > 0).all()
+    assert (t[:, :, 1:] >= t[:, :, :-1]).all()  # released <= built <= done <= arrived
+    for p in range(1, len(phases)):
+        assert t[p, :, 0].min() >= t[p - 1, :, 2].max()
+    rows = phase_timeline(t, {0})
+    assert all(r["span"] > 0 for r in rows)
 
 
 def test_pdl_launch_structs_match_the_driver_layout() -> None:
