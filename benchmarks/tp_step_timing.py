@@ -154,6 +154,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         stream_decode=args.stream_decode,
+        stream_attention=args.stream_attention,
     )
     cuda = config.device.startswith("cuda")
     tmp = tempfile.mkdtemp(prefix="surge-tp-timing-")
@@ -259,6 +260,7 @@ def run_one(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         "async_scheduling": config.async_scheduling,
         "enforce_eager": config.enforce_eager,
         "stream_decode": config.stream_decode,
+        "stream_attention": config.stream_attention,
         "tp_all_reduce": args.tp_all_reduce,
         "steps": len(engine_rows),
         "batch": args.batch,
@@ -298,6 +300,11 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="FP8: one-token steps through the persistent stream kernel (the engine's default)",
+    )
+    p.add_argument(
+        "--stream-attention",
+        action="store_true",
+        help="FP8 stream kernel: attention inside it too (EngineConfig.stream_attention)",
     )
     p.add_argument(
         "--sample", action="store_true", help="temperature 0.6, top-k 20, top-p 0.95 instead of greedy"

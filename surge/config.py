@@ -396,6 +396,10 @@ class EngineConfig:
             per row, tensor-parallel size 1, sm89+) through the persistent CUDA kernel of
             :mod:`surge.layers.stream_decode` instead of one launch per GEMM (on by default;
             CLI ``--no-stream-decode``).
+        stream_attention: with ``stream_decode``, also run each layer's attention inside that
+            kernel, so a one-token step is one launch (bf16 KV cache, 128-wide heads, at most
+            four query heads per KV head; :meth:`surge.layers.stream_decode.StreamDecode.bind`).
+            Off by default (CLI ``--stream-attention``): measured faster at short contexts only.
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
             is refused; it is not a serving mode and no CLI flag sets it.
@@ -411,6 +415,7 @@ class EngineConfig:
     seed: int = 0
     cpu_threads: int = 1
     stream_decode: bool = True
+    stream_attention: bool = False
     fp8_emulation: bool = False
 
     def __post_init__(self) -> None:

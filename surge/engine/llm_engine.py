@@ -80,6 +80,7 @@ def build_engine_config(
     fp8_emulation: bool = False,
     generation_config: str = "auto",
     stream_decode: bool = True,
+    stream_attention: bool = False,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -92,8 +93,9 @@ def build_engine_config(
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
     ``generation_config`` is "auto" (the model's generation_config.json sampling defaults
-    apply to what a request leaves out) or "none". ``stream_decode`` is
-    :attr:`EngineConfig.stream_decode`.
+    apply to what a request leaves out) or "none". ``stream_decode`` and
+    ``stream_attention`` are :attr:`EngineConfig.stream_decode` and
+    :attr:`EngineConfig.stream_attention`.
 
     Raises:
         ValueError: a bad model folder or an out-of-range value (the message names it).
@@ -139,6 +141,7 @@ def build_engine_config(
         async_scheduling=async_scheduling,
         seed=seed,
         stream_decode=stream_decode,
+        stream_attention=stream_attention,
         fp8_emulation=fp8_emulation,
     )
     if config.uses_fp8:

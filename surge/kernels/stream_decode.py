@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,26 @@ struct Phase {
   u64 w, w_scale, x, norm_w, copy_out, stats_in, y, res_in, res_out, next_norm_w, stats_out;
   int n, k, kind, epi, y_bf16;
   float eps;
+  // attention phases (op OP_ATTEND, OP_MERGE; n = 0: no weight rows): x = qkv, y = the output
+  u64 k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part;
+  int op, heads, kv_heads, block_size, splits, qk_norm;
+  float scale, qk_eps;
+};
+#define OP_GEMV 0
+#define OP_ATTEND 1
+#define OP_MERGE 2
+#define HD 128
+#define GMAX 4
+#define PART (HD + 2)
+// block ids an attend block stages: what shared memory holds after its other buffers
+#define IDS ((2 * XMAX + 4 * EPMAX) / 4 - (GMAX + 2) * HD - NW * GMAX * PART)
+#define NEG_INF (__int_as_float(0xff800000u))
+// Step metadata of the one sequence (device pointers, passed per launch).
+struct Meta {
+  const int* seq_lens;
+  const int* block_table;
+  const long long* slot_mapping;
+  const long long* positions;
 };
 struct Task { int p, j, s; };
 
@@ -355,9 +376,185 @@ __device__ float build_x(const Phase& d, const unsigned short* xin, unsigned sho
   return exp2f((float)e);
 }
 
+// Attention of the one sequence over its paged K/V, one (KV head, split) per block: the split's
+// share of the context (the new token's K/V taken from registers: the block that owns it also
+// writes them to the cache). Qwen3's per-head q/k RMSNorm (qk_norm) and rotary (GPT-NeoX
+// halves, bf16 roundings as torch's) first. Writes the split's unnormalized output, running max
+// and sum (base-2 exponent of score * scale * log2 e) per query head into part[head][split].
+__device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int tid, int warp, int lane) {
+  const int S = d.splits, H = d.kv_heads, G = d.heads / H;
+  if (cta >= H * S) return;
+  const int h = cta / S, s = cta % S;
+  const int L = mt.seq_lens[0];
+  const long long pos = mt.positions[0];
+  const int C = (L + S - 1) / S;
+  const int t0 = s * C, t1 = min(L, t0 + C);
+  const bool owner = t0 <= L - 1 && L - 1 < t1;
+  float* qs = sm;              // [GMAX][HD], times scale * log2 e
+  float* kn = sm + GMAX * HD;  // [HD] the new token's k
+  float* vn = kn + HD;         // [HD] and v
+  float* wacc = vn + HD;       // [NW][GMAX][PART] per-warp results
+  int* ids = reinterpret_cast<int*>(wacc + NW * GMAX * PART);  // [IDS] the split's block ids
+  const unsigned short* qkv = reinterpret_cast<const unsigned short*>(d.x);
+  const int bs = d.block_size;
+  const int id0 = t0 / bs, n_ids = t1 > t0 ? (t1 - 1) / bs - id0 + 1 : 0;
+  const bool staged = n_ids <= IDS;  // else each token reads the block table itself
+  if (staged)
+    for (int i = tid; i < n_ids; i += THREADS) ids[i] = mt.block_table[id0 + i];
+  if (warp < G + 2) {
+    const bool isq = warp < G, isk = warp == G;
+    const int off = isq ? (h * G + warp) * HD : (d.heads + (isk ? 0 : H) + h) * HD;
+    float x[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) x[c] = bf(qkv[off + lane + 32 * c]);
+    if (warp <= G) {
+      if (d.qk_norm) {
+        float ss = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss / (float)HD + d.qk_eps);
+        const unsigned short* nw = reinterpret_cast<const unsigned short*>(isq ? d.q_norm_w : d.k_norm_w);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) x[c] = bf16r(bf(nw[lane + 32 * c]) * bf16r(x[c] * inv));
+      }
+      const float* cs = reinterpret_cast<const float*>(d.cos) + pos * (HD / 2);
+      const float* sn = reinterpret_cast<const float*>(d.sin) + pos * (HD / 2);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = lane + 32 * c;
+        const float co = bf16r(cs[i]), si = bf16r(sn[i]);
+        const float a = x[c], b = x[c + 2];
+        x[c] = bf16r(bf16r(a * co) - bf16r(b * si));
+        x[c + 2] = bf16r(bf16r(b * co) + bf16r(a * si));
+      }
+    }
+    const float qscale = d.scale * 1.4426950408889634f;
+    float* dst = isq ? qs + warp * HD : (isk ? kn : vn);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dst[lane + 32 * c] = isq ? x[c] * qscale : x[c];
+    const long long slot = mt.slot_mapping[0];
+    if (!isq && owner && slot >= 0) {  // slot -1: a padding token writes nothing
+      unsigned short* cache = reinterpret_cast<unsigned short*>(isk ? d.k_cache : d.v_cache);
+      const long long base = slot * (long long)(H * HD) + h * HD;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) cache[base + lane + 32 * c] = to_bf16(x[c]);
+    }
+  }
+  block_sync();
+  float qr[GMAX][4], m[GMAX], l[GMAX], acc[GMAX][4];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    m[g] = NEG_INF;
+    l[g] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      qr[g][c] = g < G ? qs[g * HD + 4 * lane + c] : 0.f;
+      acc[g][c] = 0.f;
+    }
+  }
+  const unsigned short* kc = reinterpret_cast<const unsigned short*>(d.k_cache);
+  const unsigned short* vc = reinterpret_cast<const unsigned short*>(d.v_cache);
+  for (int tb = t0 + warp; tb < t1; tb += 4 * NW) {
+    // four tokens per warp at a time: their loads in flight together
+    uint2 kr[4], vr[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int t = tb + u * NW;
+      kr[u] = vr[u] = make_uint2(0u, 0u);
+      if (t < t1 && t != L - 1) {
+        const int blk = staged ? ids[t / bs - id0] : mt.block_table[t / bs];
+        const long long slot = (long long)blk * bs + t % bs;
+        const long long idx = slot * (long long)(H * HD) + h * HD + 4 * lane;
+        kr[u] = __ldcg(reinterpret_cast<const uint2*>(kc + idx));
+        vr[u] = __ldcg(reinterpret_cast<const uint2*>(vc + idx));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int t = tb + u * NW;
+      if (t >= t1) break;
+      float kf[4], vf[4];
+      if (t == L - 1) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          kf[c] = kn[4 * lane + c];
+          vf[c] = vn[4 * lane + c];
+        }
+      } else {
+        kf[0] = lo_bf(kr[u].x); kf[1] = hi_bf(kr[u].x); kf[2] = lo_bf(kr[u].y); kf[3] = hi_bf(kr[u].y);
+        vf[0] = lo_bf(vr[u].x); vf[1] = hi_bf(vr[u].x); vf[2] = lo_bf(vr[u].y); vf[3] = hi_bf(vr[u].y);
+      }
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) {
+        if (g < G) {
+          float sc = qr[g][0] * kf[0] + qr[g][1] * kf[1] + qr[g][2] * kf[2] + qr[g][3] * kf[3];
+          sc = warp_sum(sc);
+          const float mn = fmaxf(m[g], sc);
+          const float corr = exp2f(m[g] - mn), pr = exp2f(sc - mn);
+          l[g] = l[g] * corr + pr;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[g][c] = acc[g][c] * corr + pr * vf[c];
+          m[g] = mn;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    if (g < G) {
+      float* w = wacc + (warp * GMAX + g) * PART;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) w[4 * lane + c] = acc[g][c];
+      if (lane == 0) {
+        w[HD] = m[g];
+        w[HD + 1] = l[g];
+      }
+    }
+  }
+  block_sync();
+  const int g = tid / HD, dim = tid % HD;
+  if (g < G) {
+    float M = NEG_INF;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, wacc[(w * GMAX + g) * PART + HD]);
+    float o = 0.f, ls = 0.f;
+    if (M != NEG_INF) {
+      for (int w = 0; w < NW; ++w) {
+        const float* r = wacc + (w * GMAX + g) * PART;
+        const float f = exp2f(r[HD] - M);  // 0 for a warp without tokens (max -inf)
+        o += r[dim] * f;
+        ls += r[HD + 1] * f;
+      }
+    }
+    float* out = reinterpret_cast<float*>(d.part) + ((long long)(h * G + g) * S + s) * PART;
+    out[dim] = o;
+    if (dim == 0) {
+      out[HD] = M;
+      out[HD + 1] = ls;
+    }
+  }
+}
+
+// The splits' results of each query head merged (one head per block): y[head] = bf16(o / l).
+__device__ void merge(const Phase& d, int cta, int tid) {
+  const int S = d.splits;
+  if (cta >= d.heads || tid >= HD) return;
+  const float* p = reinterpret_cast<const float*>(d.part) + (long long)cta * S * PART;
+  float M = NEG_INF;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(p + s * PART + HD));
+  float o = 0.f, ls = 0.f;
+  for (int s = 0; s < S; ++s) {
+    const float ms = __ldcg(p + s * PART + HD);
+    const float f = ms == NEG_INF ? 0.f : exp2f(ms - M);
+    o += __ldcg(p + s * PART + tid) * f;
+    ls += __ldcg(p + s * PART + HD + 1) * f;
+  }
+  reinterpret_cast<unsigned short*>(d.y)[cta * HD + tid] = to_bf16(o / ls);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counter, int phase_base,
-              const unsigned short* x0, int use_x0, u64* trace) {
+              const unsigned short* x0, int use_x0, u64* trace, const int* seq_lens,
+              const int* block_table, const long long* slot_mapping, const long long* positions) {
+  const Meta mt{seq_lens, block_table, slot_mapping, positions};
 #ifdef TRACE
   // Diagnostic build: thread 0 of each block stamps the global timer (ns) at four points of each
   // phase into trace[phase_base + p][block][0..3]: released by the barrier, input built, rows
@@ -407,6 +604,21 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       block_sync();
     }
     STAMP(0)
+    if (d.op != OP_GEMV) {
+      if (d.op == OP_ATTEND)
+        attend(d, mt, reinterpret_cast<float*>(dyn), cta, tid, warp, lane);
+      else
+        merge(d, cta, tid);
+      block_sync();
+      STAMP(1)
+      STAMP(2)
+      if (tid == 0) {
+        __threadfence();
+        atomicAdd(counter, 1u);
+      }
+      STAMP(3)
+      continue;
+    }
     const unsigned short* xin =
         reinterpret_cast<const unsigned short*>((p == 0 && use_x0) ? (const void*)x0 : (const void*)d.x);
     const float up = build_x(d, xin, xs, ep, red, cta, G, tid, warp, lane);
@@ -597,33 +809,155 @@ def check_phase(ph: StreamPhase) -> None:
             )
 
 
-def pack_phases(phases: list[StreamPhase]) -> torch.Tensor:
-    """The launch table: int64 ``[len(phases), 14]`` on the phases' device, one row per phase
-    laid out as the kernel's ``Phase`` struct (eleven pointers; ``n | k << 32``;
-    ``kind | epilogue << 32``; ``y_bf16 | eps << 32`` with eps as float32 bits). Raises
-    ``ValueError`` on a bad phase, or when a phase reads the statistics buffer it writes."""
+OP_ATTEND = 1
+"""An attention phase's first step: one block per (KV head, split) attends to its share of the
+context (see :class:`StreamAttention`)."""
+OP_MERGE = 2
+"""An attention phase's second step: one block per query head merges the splits."""
+HEAD_DIM = 128
+"""The head size attention phases support."""
+GROUP_MAX = 4
+"""The most query heads per KV head attention phases support."""
+
+
+@dataclass(frozen=True)
+class StreamAttention:
+    """A decode attention step of the one sequence inside a launch: ``op`` :data:`OP_ATTEND`
+    (per-head q/k RMSNorm if ``q_norm_w`` is given, rotary, the new K/V written to the caches
+    at the step's slot, then each (KV head, split) block's share of the context into
+    ``part``), or :data:`OP_MERGE` (``part`` merged into ``y``). The step's sequence length,
+    block table, slot and position come from the launch's :class:`StreamMeta`.
+
+    Attributes:
+        op: :data:`OP_ATTEND` or :data:`OP_MERGE`.
+        qkv: bf16 ``[(heads + 2 kv_heads) * 128]``, the qkv projection's output.
+        y: bf16 ``[heads * 128]``, the attention output (written by the merge).
+        k_cache, v_cache: bf16 ``[num_blocks, block_size, kv_heads, 128]``, contiguous.
+        cos, sin: float32 ``[max_position, 64]`` rotary tables.
+        q_norm_w, k_norm_w: bf16 ``[128]`` per-head RMSNorm weights, or None (no q/k norm).
+        part: float32 ``[heads * splits * 130]`` scratch: per head and split the unnormalized
+            output, the running max and the sum.
+        heads, kv_heads: query and KV heads (``heads / kv_heads`` at most :data:`GROUP_MAX`).
+        splits: context splits per KV head (``kv_heads * splits`` at most the blocks of a launch).
+        scale: the softmax scale. qk_eps: the q/k norm's epsilon.
+    """
+
+    op: int
+    qkv: torch.Tensor
+    y: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_norm_w: torch.Tensor | None
+    k_norm_w: torch.Tensor | None
+    part: torch.Tensor
+    heads: int
+    kv_heads: int
+    splits: int
+    scale: float
+    qk_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """The step's layout that attention phases read (device tensors, batch 1): ``seq_lens``
+    int32 ``[>= 1]`` (context after this token), ``block_table`` int32 ``[>= 1, width]`` (row 0
+    read), ``slot_mapping`` int64 ``[>= 1]`` (the new token's cache slot), ``positions`` int64
+    ``[>= 1]``."""
+
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+
+
+def check_attention(ph: StreamAttention) -> None:
+    """Raises ``ValueError`` unless ``ph`` has the shapes and dtypes the kernel needs."""
+    bf, f32, hd = torch.bfloat16, torch.float32, HEAD_DIM
+    if ph.op not in (OP_ATTEND, OP_MERGE):
+        raise ValueError(f"unknown attention op {ph.op}")
+    if ph.kv_heads < 1 or ph.heads % ph.kv_heads or ph.heads // ph.kv_heads > GROUP_MAX:
+        raise ValueError(f"attention needs heads / kv_heads in 1..{GROUP_MAX}, got {ph.heads}/{ph.kv_heads}")
+    if ph.splits < 1:
+        raise ValueError(f"attention splits must be positive, got {ph.splits}")
+    want = {
+        "qkv": (bf, (ph.heads + 2 * ph.kv_heads) * hd),
+        "y": (bf, ph.heads * hd),
+        "cos": (f32, hd // 2),
+        "sin": (f32, hd // 2),
+        "part": (f32, ph.heads * ph.splits * (hd + 2)),
+    }
+    if ph.q_norm_w is not None or ph.k_norm_w is not None:
+        want |= {"q_norm_w": (bf, hd), "k_norm_w": (bf, hd)}
+    for name, (dtype, numel) in want.items():
+        t = getattr(ph, name)
+        if t is None or t.dtype != dtype or t.numel() < numel or not t.is_contiguous():
+            raise ValueError(
+                f"stream attention: {name} must be a contiguous {dtype} tensor of at least {numel} values"
+            )
+    for name in ("k_cache", "v_cache"):
+        t = getattr(ph, name)
+        if t.dtype != bf or t.dim() != 4 or t.shape[2:] != (ph.kv_heads, hd) or not t.is_contiguous():
+            raise ValueError(
+                f"stream attention: {name} must be contiguous bf16 [blocks, block_size, {ph.kv_heads}, {hd}]"
+            )
+    if ph.cos.shape != ph.sin.shape or ph.cos.dim() != 2 or ph.cos.shape[1] != hd // 2:
+        raise ValueError(f"stream attention: cos and sin must be float32 [positions, {hd // 2}]")
+
+
+_ROW = 25  # int64 words of the kernel's Phase struct
+
+
+def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor:
+    """The launch table: int64 ``[len(phases), 25]`` on the phases' device, one row per phase
+    laid out as the kernel's ``Phase`` struct: eleven pointers; ``n | k << 32``;
+    ``kind | epilogue << 32``; ``y_bf16 | eps << 32`` (float32 bits); then seven attention
+    pointers (``k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part``), ``op | heads << 32``,
+    ``kv_heads | block_size << 32``, ``splits | qk_norm << 32``, ``scale | qk_eps << 32``
+    (GEMV phases: zeros). Raises ``ValueError`` on a bad phase, or when a phase reads the
+    statistics buffer it writes."""
+
+    def ptr(t: torch.Tensor | None) -> int:
+        return 0 if t is None else int(t.data_ptr())
+
+    def f32_bits(v: float) -> int:
+        return int(struct.unpack("<I", struct.pack("<f", v))[0])
+
     rows = []
+    device = None
     for i, ph in enumerate(phases):
+        if isinstance(ph, StreamAttention):
+            check_attention(ph)
+            device = device or ph.qkv.device
+            y = ph.y if ph.op == OP_MERGE else None
+            row = [0, 0, ptr(ph.qkv), 0, 0, 0, ptr(y), 0, 0, 0, 0, 0, 0, 0]
+            row += [
+                ptr(t) for t in (ph.k_cache, ph.v_cache, ph.cos, ph.sin, ph.q_norm_w, ph.k_norm_w, ph.part)
+            ]
+            row += [
+                ph.op | (ph.heads << 32),
+                ph.kv_heads | (int(ph.k_cache.shape[1]) << 32),
+                ph.splits | (int(ph.q_norm_w is not None) << 32),
+                f32_bits(ph.scale) | (f32_bits(ph.qk_eps) << 32),
+            ]
+            rows.append(row)
+            continue
         check_phase(ph)
+        device = device or ph.weight.device
         if (
             ph.stats_out is not None
             and ph.stats_in is not None
             and ph.stats_out.data_ptr() == ph.stats_in.data_ptr()
         ):
             raise ValueError(f"stream phase {i} writes the statistics buffer it reads")
-
-        def ptr(t: torch.Tensor | None) -> int:
-            return 0 if t is None else int(t.data_ptr())
-
-        eps_bits = struct.unpack("<I", struct.pack("<f", ph.eps))[0]
         y_bf16 = int(ph.y is not None and ph.y.dtype == torch.bfloat16)
         tensors = (ph.weight, ph.weight_scale, ph.x, ph.norm_w, ph.copy_out, ph.stats_in, ph.y)
         tensors += (ph.res_in, ph.res_out, ph.next_norm_w, ph.stats_out)
-        rows.append(
-            [ptr(t) for t in tensors]
-            + [ph.n | (ph.k << 32), ph.kind | (ph.epilogue << 32), y_bf16 | (eps_bits << 32)]
-        )
-    return torch.tensor(rows, dtype=torch.int64).to(phases[0].weight.device)
+        row = [ptr(t) for t in tensors]
+        row += [ph.n | (ph.k << 32), ph.kind | (ph.epilogue << 32), y_bf16 | (f32_bits(ph.eps) << 32)]
+        rows.append(row + [0] * (_ROW - len(row)))
+    return torch.tensor(rows, dtype=torch.int64).to(device)
 
 
 def stream_input(ph: StreamPhase, x0: torch.Tensor | None = None) -> torch.Tensor:
@@ -658,12 +992,76 @@ def stream_epilogue(ph: StreamPhase, out: torch.Tensor) -> None:
         ph.y.reshape(-1).copy_(out.to(ph.y.dtype))
 
 
-def stream_reference(phases: list[StreamPhase], x0: torch.Tensor | None = None) -> None:
+def attention_reference(ph: StreamAttention, meta: StreamMeta) -> None:
+    """What an attention phase computes, in torch (the tests' reference): for
+    :data:`OP_ATTEND`, q/k RMSNorm and rotary with the model's bf16 roundings (as
+    :class:`surge.layers.norm.RMSNorm` and :class:`surge.layers.rotary.RotaryEmbedding`), the
+    new K/V written at the slot (none at slot -1), and the whole attention written to ``y`` (scores and softmax
+    in float32); :data:`OP_MERGE` then has nothing left to do."""
+    if ph.op != OP_ATTEND:
+        return
+    bf, hd = torch.bfloat16, HEAD_DIM
+    h, hk = ph.heads, ph.kv_heads
+    qkv = ph.qkv.reshape(-1)[: (h + 2 * hk) * hd]
+    q = qkv[: h * hd].view(h, hd)
+    k = qkv[h * hd : (h + hk) * hd].view(hk, hd)
+    v = qkv[(h + hk) * hd :].view(hk, hd)
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ph.qk_eps)
+        return w * xf.to(bf)
+
+    if ph.q_norm_w is not None and ph.k_norm_w is not None:
+        q, k = norm(q, ph.q_norm_w), norm(k, ph.k_norm_w)
+    pos = int(meta.positions.reshape(-1)[0])
+    cos, sin = ph.cos[pos].to(bf), ph.sin[pos].to(bf)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    q, k = rotate(q), rotate(k)
+    slot = int(meta.slot_mapping.reshape(-1)[0])
+    bs = ph.k_cache.shape[1]
+    if slot >= 0:  # -1: a padding token writes nothing
+        ph.k_cache.view(-1, hk, hd)[slot] = k
+        ph.v_cache.view(-1, hk, hd)[slot] = v
+    n = int(meta.seq_lens.reshape(-1)[0])
+    blocks = meta.block_table[0].long()
+    t = torch.arange(n - 1, device=blocks.device)
+    slots = blocks[t // bs] * bs + t % bs
+    # the cached context, then the new token's own K/V (as the kernel takes them)
+    keys = torch.cat((ph.k_cache.view(-1, hk, hd)[slots], k[None])).float()  # [n, hk, hd]
+    vals = torch.cat((ph.v_cache.view(-1, hk, hd)[slots], v[None])).float()
+    group = h // hk
+    kk = keys.repeat_interleave(group, dim=1)  # [n, h, hd]
+    vv = vals.repeat_interleave(group, dim=1)
+    scores = torch.einsum("hd,nhd->hn", q.float(), kk) * ph.scale
+    out = torch.einsum("hn,nhd->hd", scores.softmax(-1), vv)
+    ph.y.reshape(-1)[: h * hd].copy_(out.reshape(-1).to(bf))
+
+
+def stream_reference(
+    phases: Sequence[StreamPhase | StreamAttention],
+    x0: torch.Tensor | None = None,
+    meta: StreamMeta | None = None,
+) -> None:
     """What :func:`stream_decode` computes, in torch (the tests' reference and the CPU path):
-    runs the phases in order, writing each ``y``, ``res_out`` and ``copy_out`` in place. The
+    runs the phases in order, writing each ``y``, ``res_out`` and ``copy_out`` in place (and,
+    for attention phases, the caches: :func:`attention_reference`, with ``meta``). The
     input is rounded to fp16 after the same power-of-two scaling as the kernel's; products are
-    summed in float32 (the kernel sums eight at a time in fp16)."""
+    summed in float32 (the kernel sums eight at a time in fp16).
+
+    Raises:
+        ValueError: an attention phase without ``meta``.
+    """
     for i, ph in enumerate(phases):
+        if isinstance(ph, StreamAttention):
+            if meta is None:
+                raise ValueError("attention phases need the step's StreamMeta")
+            attention_reference(ph, meta)
+            continue
         src = x0 if i == 0 else None
         x = stream_input(ph, src)
         if ph.kind == KIND_NORM and ph.copy_out is not None:
@@ -838,15 +1236,18 @@ class StreamDecodeKernel:
         phase_base: int,
         x0: torch.Tensor | None = None,
         trace: torch.Tensor | None = None,
+        meta: StreamMeta | None = None,
     ) -> None:
         """Run the phases of ``table`` (rows of :func:`pack_phases`) on the current stream.
 
         Args:
-            table: int64 ``[P, 14]``, a contiguous slice of a packed table.
+            table: int64 ``[P, 25]``, a contiguous slice of a packed table.
             phase_base: how many phases of this step ran before (the counter's offset).
             x0: overrides the first phase's ``x``; bf16 ``[k]``, contiguous.
             trace: int64 ``[phases of the step, num_sms, 4]`` on the device, where a
                 :attr:`trace` build stamps its timeline (ignored otherwise).
+            meta: the step's layout, which the table's attention phases read (required when
+                it has any; their tensors' addresses are what a CUDA graph captures).
 
         Raises:
             ValueError: a :attr:`trace` build without a large enough ``trace`` buffer.
@@ -864,12 +1265,18 @@ class StreamDecodeKernel:
                 "a trace build needs a contiguous int64 [phases, num_sms, 4] trace buffer on its device"
             )
         stamps = trace if trace is not None else self.counter  # never written unless traced
+        # without attention phases the kernel never reads these: any device address will do
+        m = (
+            (meta.seq_lens, meta.block_table, meta.slot_mapping, meta.positions)
+            if meta is not None
+            else (self.counter,) * 4
+        )
         if self.pdl:
             _launch_pdl(
-                self._fn.func, self.num_sms, table, self.counter, phase_base, x, x0 is not None, stamps
+                self._fn.func, self.num_sms, table, self.counter, phase_base, x, x0 is not None, stamps, m
             )
             return
-        args = [table, int(table.shape[0]), self.counter, phase_base, x, int(x0 is not None), stamps]
+        args = [table, int(table.shape[0]), self.counter, phase_base, x, int(x0 is not None), stamps, *m]
         self._fn(grid=(self.num_sms, 1, 1), block=(_WARPS * 32, 1, 1), args=args, shared_mem=_SMEM)
 
 
@@ -914,6 +1321,7 @@ def _launch_pdl(
     x: torch.Tensor,
     use_x0: bool,
     trace: torch.Tensor,
+    meta: tuple[torch.Tensor, ...],
 ) -> None:
     """One launch of the kernel ``func`` (a CUfunction) on the current stream with the
     programmatic-stream-serialization attribute. Raises ``RuntimeError`` on a driver error."""
@@ -934,6 +1342,7 @@ def _launch_pdl(
         ctypes.c_void_p(x.data_ptr()),
         ctypes.c_int(int(use_x0)),
         ctypes.c_void_p(trace.data_ptr()),
+        *(ctypes.c_void_p(t.data_ptr()) for t in meta),
     )
     params = (ctypes.c_void_p * len(values))(
         *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)

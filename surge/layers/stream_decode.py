@@ -12,6 +12,13 @@ attention kernel still applies the q/k norm and rotary and writes the K/V):
   pairs) -> ``down_l`` (its epilogue adds the residual) -> the next layer's input norm ->
   ``qkv_{l+1}`` (the last launch stops after ``down``, with no add).
 
+Bound to the KV caches (:meth:`StreamDecode.bind`; the model runner does so with
+``EngineConfig.stream_attention``, ``--stream-attention``), a step is instead one launch: each layer's
+attention runs inside the kernel too, as an attend phase (per KV head and context split: q/k
+norm, rotary, the new K/V written, the split's share of the context) and a merge phase before
+its ``o`` (:func:`plan_fused`), for bf16 caches, 128-wide heads and at most four query heads per
+KV head (:func:`attention_unsupported`).
+
 The caller applies the final norm to the returned ``(hidden, residual)`` as the eager path does.
 The residual lives in two bf16 buffers used alternately, the epilogues' statistics in two
 float32 buffers (a phase reads one and writes the other). On CPU (tests) each launch runs :func:`~surge.kernels.stream_decode.
@@ -25,6 +32,7 @@ and every GEMV's input length a multiple of 16 and at most
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,13 +43,19 @@ from torch import nn
 from surge.kernels.stream_decode import (
     EPI_ADD,
     EPI_SILU,
+    GROUP_MAX,
+    HEAD_DIM,
     KIND_INPUT,
     KIND_NORM,
     KIND_NORM_STATS,
     KIND_STATS,
+    OP_ATTEND,
+    OP_MERGE,
     STATS_LEN,
     XMAX,
+    StreamAttention,
     StreamDecodeKernel,
+    StreamMeta,
     StreamPhase,
     pack_phases,
     stream_reference,
@@ -178,6 +192,61 @@ def plan_launches(layers: Sequence[StreamLayer], buf: StreamBuffers) -> list[lis
     return launches
 
 
+def attention_unsupported(
+    layers: Sequence[nn.Module], kv_caches: Sequence[KVCache], num_sms: int
+) -> str | None:
+    """Why the stack's attention cannot run as phases of the stream kernel (None when it can):
+    bf16 contiguous caches, head size :data:`~surge.kernels.stream_decode.HEAD_DIM`, at most
+    :data:`~surge.kernels.stream_decode.GROUP_MAX` query heads per KV head, float32 rotary
+    tables of the whole head, and both or neither q/k norm."""
+    if len(kv_caches) != len(layers):
+        return "no KV cache per layer"
+    for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
+        a = layer.self_attn.attn
+        if (
+            a.head_dim != HEAD_DIM
+            or a.num_heads % a.num_kv_heads
+            or a.num_heads // a.num_kv_heads > GROUP_MAX
+        ):
+            return f"layer {i}: {a.num_heads} heads over {a.num_kv_heads} KV heads of size {a.head_dim}"
+        if a.num_kv_heads > num_sms:
+            return f"layer {i}: more KV heads than multiprocessors"
+        for c in (k_cache, v_cache):
+            if (
+                c.dtype != torch.bfloat16
+                or not c.is_contiguous()
+                or c.dim() != 4
+                or c.shape[2:]
+                != (
+                    a.num_kv_heads,
+                    HEAD_DIM,
+                )
+            ):
+                return f"layer {i}: the KV cache is not contiguous bf16 [blocks, block_size, kv_heads, {HEAD_DIM}]"
+        cos = a.rotary.cos_cache
+        if cos.dtype != torch.float32 or cos.dim() != 2 or cos.shape[1] != HEAD_DIM // 2:
+            return f"layer {i}: rotary over part of the head"
+        if (a.q_norm is None) != (a.k_norm is None):
+            return f"layer {i}: only one of the q/k norms"
+    return None
+
+
+def plan_fused(
+    layers: Sequence[StreamLayer],
+    attns: Sequence[tuple[StreamAttention, StreamAttention]],
+    buf: StreamBuffers,
+    attn_out: torch.Tensor,
+) -> list[StreamPhase | StreamAttention]:
+    """The phases of a one-token step as one launch: :func:`plan_launches`' launches in order,
+    each layer's attention (its attend and merge phases, ``attns[i]``) before its ``o``, which
+    reads ``attn_out`` (the merge's output) instead of the launch's ``x0``."""
+    launches = plan_launches(layers, buf)
+    phases: list[StreamPhase | StreamAttention] = list(launches[0])
+    for (attend, merge), group in zip(attns, launches[1:], strict=True):
+        phases += [attend, merge, dataclasses.replace(group[0], x=attn_out), *group[1:]]
+    return phases
+
+
 def _stream_layer(layer: nn.Module) -> StreamLayer:
     def rows(lin: nn.Module) -> Rows:
         r = _fp8_rows(lin)
@@ -219,8 +288,78 @@ class StreamDecode:
         self.q_size, self.kv_size = qkv_proj.q_size, qkv_proj.kv_size
         qkv_w, gate_up_w = stream_layers[0].qkv[0], stream_layers[0].gate_up[0]
         self.buf = StreamBuffers.create(qkv_w.shape[1], qkv_w.shape[0], gate_up_w.shape[0] // 2, qkv_w.device)
+        self.stream_layers = stream_layers
         self.launches = plan_launches(stream_layers, self.buf)
         self.tables = [pack_phases(g) for g in self.launches] if kernel is not None else []
+        self.fused: list[StreamPhase | StreamAttention] | None = None
+        self.fused_table: torch.Tensor | None = None
+        self.fused_caches: tuple[int, ...] = ()
+
+    def bind(self, kv_caches: Sequence[KVCache]) -> str | None:
+        """Plan the step as one launch with each layer's attention inside the kernel (its
+        attend and merge phases, :class:`~surge.kernels.stream_decode.StreamAttention`) over
+        ``kv_caches``, the caches every later call passes; call once they are allocated and
+        before any CUDA-graph capture. Returns None when bound, else why not (no kernel, or
+        :func:`attention_unsupported`); unbound, or called with other caches, a step runs
+        ``L + 1`` launches with the layers' attention between them."""
+        self.fused, self.fused_table, self.fused_caches = None, None, ()
+        if self.kernel is None:
+            return "no kernel (CPU)"
+        why = attention_unsupported(self.layers, kv_caches, self.kernel.num_sms)
+        if why is not None:
+            return why
+        splits = self.kernel.num_sms // self.layers[0].self_attn.attn.num_kv_heads
+        try:
+            fused = self.fused_plan(kv_caches, splits)
+            table = pack_phases(fused)
+        except ValueError as e:
+            return f"the attention tensors do not fit the kernel: {e}"
+        self.fused, self.fused_table = fused, table
+        self.fused_caches = tuple(int(c.data_ptr()) for kv in kv_caches for c in kv)
+        return None
+
+    def fused_plan(self, kv_caches: Sequence[KVCache], splits: int) -> list[StreamPhase | StreamAttention]:
+        """The one-launch plan of a step over ``kv_caches`` (:func:`plan_fused`), each layer's
+        attention in ``splits`` context splits per KV head; its output and scratch buffers are
+        allocated here. (:meth:`bind` packs it for the kernel; on CPU the tests run it through
+        :func:`~surge.kernels.stream_decode.stream_reference`.)"""
+        a0 = self.layers[0].self_attn.attn
+        dev = self.buf.qkv.device
+        attn_out = torch.zeros(a0.num_heads * HEAD_DIM, dtype=torch.bfloat16, device=dev)
+        part = torch.zeros(a0.num_heads * splits * (HEAD_DIM + 2), dtype=torch.float32, device=dev)
+        attns = []
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            a = layer.self_attn.attn
+            qn = None if a.q_norm is None else a.q_norm.weight.data
+            kn = None if a.k_norm is None else a.k_norm.weight.data
+            eps = 1e-6 if a.q_norm is None else float(a.q_norm.eps)
+            common = dict(
+                qkv=self.buf.qkv, y=attn_out, k_cache=k_cache, v_cache=v_cache, cos=a.rotary.cos_cache,
+                sin=a.rotary.sin_cache, q_norm_w=qn, k_norm_w=kn, part=part, heads=a.num_heads,
+                kv_heads=a.num_kv_heads, splits=splits, scale=float(a.scale), qk_eps=eps,
+            )  # fmt: skip
+            attns.append((StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)))
+        return plan_fused(self.stream_layers, attns, self.buf, attn_out)
+
+    def _fused_meta(
+        self, positions: torch.Tensor, kv_caches: Sequence[KVCache], metadata: AttentionMetadata
+    ) -> StreamMeta | None:
+        """The step's layout for the bound one-launch plan, or None when this call cannot
+        use it (other caches, or metadata of other dtypes or layout)."""
+        if self.fused_table is None or metadata.num_seqs != 1:
+            return None
+        if tuple(int(c.data_ptr()) for kv in kv_caches for c in kv) != self.fused_caches:
+            return None
+        bt = metadata.block_table
+        if (
+            metadata.seq_lens.dtype != torch.int32
+            or bt.dtype != torch.int32
+            or bt.stride(-1) != 1
+            or metadata.slot_mapping.dtype != torch.int64
+            or positions.dtype != torch.int64
+        ):
+            return None
+        return StreamMeta(metadata.seq_lens, bt, metadata.slot_mapping, positions)
 
     def _run(self, i: int, base: int, x0: torch.Tensor) -> None:
         if self.kernel is None:
@@ -246,6 +385,11 @@ class StreamDecode:
             ``(hidden, residual)``, bf16 ``[1, hidden]`` each: the last layer's MLP output and
             the residual stream before it, for the final add + norm.
         """
+        meta = self._fused_meta(positions, kv_caches, metadata) if self.kernel is not None else None
+        if self.kernel is not None and meta is not None and self.fused_table is not None:
+            self.kernel.reset()
+            self.kernel.launch(self.fused_table, 0, embedded.contiguous(), meta=meta)
+            return self.buf.down.to(torch.bfloat16).view(1, -1), self.buf.res_a.view(1, -1)
         if self.kernel is not None:
             self.kernel.reset()
         base = 0
@@ -286,3 +430,14 @@ def enable_stream_decode(model: Any, device: torch.device, tp_size: int) -> str 
     except ValueError as e:  # a tensor the launch table refuses
         return f"the stack's tensors do not fit the kernel: {e}"
     return None
+
+
+def bind_stream_kv(model: Any, kv_caches: Sequence[KVCache]) -> str | None:
+    """Give a model's :class:`StreamDecode` (if it has one) its KV caches
+    (:meth:`StreamDecode.bind`). Returns None when attention now runs inside the kernel, else
+    why not."""
+    stack = getattr(model, "model", None)
+    sd = getattr(stack, "stream_decode", None)
+    if sd is None:
+        return "no stream decode"
+    return sd.bind(kv_caches)

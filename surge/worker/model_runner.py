@@ -27,7 +27,7 @@ from surge.config import EngineConfig
 from surge.core.outputs import ModelOutput, SchedulerOutput
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
-from surge.layers.stream_decode import enable_stream_decode
+from surge.layers.stream_decode import bind_stream_kv, enable_stream_decode
 from surge.layers.top_k_top_p import warm_up_sample_top_k_window
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
@@ -503,6 +503,16 @@ class ModelRunner:
             )
             for _ in range(mc.num_hidden_layers)
         ]
+        if self.config.stream_attention and getattr(
+            getattr(self.model, "model", None), "stream_decode", None
+        ):
+            why_not = bind_stream_kv(self.model, self.kv_caches)
+            if why_not is None:
+                logger.info(
+                    "start-up: one-token steps run attention inside the FP8 stream kernel (one launch)"
+                )
+            else:
+                logger.info("start-up: attention outside the FP8 stream kernel (%s)", why_not)
         t0 = time.perf_counter()
         self.warm_up()
         if self.device.type == "cuda":

@@ -105,3 +105,93 @@ def test_eligibility_reasons(fp8_model: tuple[torch.nn.Module, ModelConfig], tmp
     odd = make_tiny_model("qwen3", tmp_path / "odd", torch_dtype="bfloat16", intermediate_size=120)
     m = load_model(ModelConfig.from_pretrained(Path(odd), dtype="bfloat16", quantization="fp8"), "cpu")
     assert "input length 120" in str(stream_decode_unsupported(m.model.layers, 1, torch.bfloat16))
+
+
+def test_one_launch_plan_puts_each_attention_before_its_o(
+    fp8_model: tuple[torch.nn.Module, ModelConfig],
+) -> None:
+    """plan_fused: the first qkv, then per layer attend, merge, o (reading the merge's output),
+    gate_up, down and the next qkv; the last layer ends at its down."""
+    from surge.kernels.stream_decode import KIND_INPUT, KIND_NORM
+    from surge.layers.stream_decode import plan_fused
+
+    model, _ = fp8_model
+    sd = StreamDecode(model.model.layers, None)
+    n = len(sd.stream_layers)
+    attns = [(f"attend{i}", f"merge{i}") for i in range(n)]
+    out = torch.zeros(8, dtype=torch.bfloat16)
+    phases = plan_fused(sd.stream_layers, attns, sd.buf, out)  # type: ignore[arg-type]
+    assert len(phases) == 1 + 6 * n - 1
+    assert phases[0].kind == KIND_NORM  # type: ignore[union-attr]
+    for i in range(n):
+        attend, merge, o = phases[1 + 6 * i : 4 + 6 * i]
+        assert (attend, merge) == attns[i]
+        assert o.kind == KIND_INPUT and o.x is out  # type: ignore[union-attr]
+        assert o.weight is sd.stream_layers[i].o[0]  # type: ignore[union-attr]
+
+
+def test_attention_stays_outside_the_kernel_where_it_cannot_run_inside(
+    fp8_model: tuple[torch.nn.Module, ModelConfig],
+) -> None:
+    from surge.layers.stream_decode import attention_unsupported
+
+    model, mc = fp8_model
+    layers = model.model.layers
+    shape = (4, 16, mc.num_key_value_heads, mc.head_dim)
+    caches = [
+        (torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16)) for _ in layers
+    ]
+    sd = StreamDecode(layers, None)
+    assert sd.bind(caches) == "no kernel (CPU)" and sd.fused_table is None
+    assert attention_unsupported(layers, caches[:-1], 132) == "no KV cache per layer"
+    assert f"of size {mc.head_dim}" in str(attention_unsupported(layers, caches, 132))  # tiny heads, not 128
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama3"])
+def test_one_launch_plan_in_torch_matches_the_eager_stack(kind: str, tmp_path: Path) -> None:
+    """The one-launch plan (attention phases included) of a tiny FP8 model with 128-wide heads,
+    run by the torch reference over a copy of the prefilled cache, gives the eager step's logits
+    (cosine >= 0.9999, same argmax) and writes the new token's K/V where the eager step does."""
+    from surge.kernels.stream_decode import StreamMeta, stream_reference
+    from surge.layers.stream_decode import attention_unsupported
+
+    d = make_tiny_model(
+        kind,
+        tmp_path / kind,
+        torch_dtype="bfloat16",
+        head_dim=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    mc = ModelConfig.from_pretrained(Path(d), dtype="bfloat16", quantization="fp8")
+    model = load_model(mc, "cpu")
+    for m in model.modules():
+        if getattr(m, "quant_method", None) is not None:
+            m.quant_method.triton_for_decode = True
+    stack = model.model
+    shape = (4, 16, mc.num_key_value_heads, mc.head_dim)
+    caches = [
+        (torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+        for _ in stack.layers
+    ]
+    assert attention_unsupported(stack.layers, caches, 132) is None
+    backend = TorchAttentionBackend()
+    prompt = torch.tensor([(5 * i + 3) % mc.vocab_size for i in range(20)])
+    with torch.inference_mode():
+        model(prompt, torch.arange(20), caches, _metadata(0, 20, 4), backend)
+        eager_kv = [(k.clone(), v.clone()) for k, v in caches]
+        md = _metadata(20, 1, 4)
+        eager = model.compute_logits(model(torch.tensor([7]), torch.tensor([20]), eager_kv, md, backend))[0]
+        sd = StreamDecode(stack.layers, None)
+        fused_kv = [(k.clone(), v.clone()) for k, v in caches]
+        phases = sd.fused_plan(fused_kv, splits=3)
+        meta = StreamMeta(md.seq_lens, md.block_table, md.slot_mapping, torch.tensor([20]))
+        stream_reference(phases, stack.embed_tokens(torch.tensor([7]))[0], meta)
+        hidden, _ = stack.norm(sd.buf.down.to(torch.bfloat16)[None], sd.buf.res_a[None])
+        fused = model.compute_logits(hidden)[0]
+    cos = torch.nn.functional.cosine_similarity(eager.float(), fused.float(), dim=0)
+    assert cos.item() >= 0.9999, cos
+    assert eager.argmax() == fused.argmax()
+    for (ek, ev), (fk, fv) in zip(eager_kv, fused_kv, strict=True):
+        torch.testing.assert_close(fk[1, 4], ek[1, 4], atol=2e-2, rtol=1e-2)  # position 20: block 1, slot 4
+        torch.testing.assert_close(fv[1, 4], ev[1, 4], atol=2e-2, rtol=1e-2)

@@ -354,6 +354,7 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
     # the stream kernel only where a mode asks for it (it takes over one-token steps), never
     # under the emulation (the reference)
     stream = bool(kw.pop("stream_decode", False)) and not kw.get("emulate", False)
+    stream_attention = bool(kw.pop("stream_attention", False)) and stream
     mc = ModelConfig.from_pretrained(
         model_dir,
         dtype="bfloat16",
@@ -368,6 +369,7 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
         device="cuda",
         enforce_eager=eager,
         stream_decode=stream,
+        stream_attention=stream_attention,
     )
     runner = ModelRunner(cfg, TorchAttentionBackend() if torch_backend else None)
     assert (runner.model.model.stream_decode is not None) == stream
@@ -414,6 +416,8 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
             if isinstance(m, _LinearBase) and isinstance(m.quant_method, Fp8LinearMethod):
                 m.quant_method.emulate = True
     runner.init_kv_cache(1024)
+    sd = runner.model.model.stream_decode
+    assert (sd is not None and sd.fused_table is not None) == stream_attention  # bound with the caches
     return runner
 
 
@@ -432,6 +436,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
     [
         {"quantization": "fp8"},
         {"quantization": "fp8", "stream_decode": True},
+        {"quantization": "fp8", "stream_decode": True, "stream_attention": True},
         {"quantization": "fp8", "triton_decode": True},
         {"quantization": "fp8", "splitk_decode": True},
         {"quantization": "fp8", "splitk_decode": True, "reduce": "inline"},
@@ -443,6 +448,7 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
     ids=[
         "fp8-weights",
         "fp8-weights-stream-decode",
+        "fp8-weights-stream-attention",
         "fp8-weights-triton-decode",
         "fp8-weights-splitk-decode",
         "fp8-weights-splitk-inline-decode",

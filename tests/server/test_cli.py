@@ -85,3 +85,19 @@ def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(
     broken.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
     with pytest.raises(ValueError, match=r"--chat-template: the template does not parse \(line 2\)"):
         _read_chat_template(str(broken))
+
+
+def test_stream_attention_flag_reaches_the_engine_config() -> None:
+    """``--stream-attention`` is off unless given, and build_engine_config carries it to EngineConfig."""
+    import argparse
+
+    from surge.engine.llm_engine import build_engine_config
+    from surge.server.cli import add_serve_parser
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve", "--model", "m"]).stream_attention is False
+    assert parser.parse_args(["serve", "--model", "m", "--stream-attention"]).stream_attention is True
+    bundled = Path(__file__).resolve().parents[2] / "surge" / "assets" / "stories260K"
+    assert build_engine_config(str(bundled), device="cpu", stream_attention=True).stream_attention is True
+    assert build_engine_config(str(bundled), device="cpu").stream_attention is False

@@ -1,0 +1,170 @@
+"""Attention phases of the stream kernel (:class:`surge.kernels.stream_decode.StreamAttention`):
+their torch reference against the model's attention layer on CPU, their packing, and the
+kernel against the reference on an sm89+ GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surge.kernels.stream_decode import (
+    HEAD_DIM,
+    OP_ATTEND,
+    OP_MERGE,
+    StreamAttention,
+    StreamMeta,
+    check_attention,
+    pack_phases,
+    stream_reference,
+)
+from surge.layers.attention import Attention
+from surge.layers.attention_backend import AttentionMetadata
+from surge.layers.norm import RMSNorm
+from surge.layers.rotary import RotaryEmbedding
+from surge.layers.torch_attention import TorchAttentionBackend
+
+BF = torch.bfloat16
+GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+class Case:
+    """One sequence of ``length`` tokens (the last one new) over a shuffled paged cache."""
+
+    def __init__(
+        self, heads: int, kv_heads: int, length: int, block_size: int, qk_norm: bool, splits: int, dev: str
+    ) -> None:
+        g = torch.Generator().manual_seed(length * 31 + heads)
+        hd = HEAD_DIM
+        blocks = -(-length // block_size) + 3
+        self.rotary = RotaryEmbedding(hd, 8192, base=1_000_000.0).to(dev)
+        self.q_norm = self.k_norm = None
+        if qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(hd, 1e-6, BF), RMSNorm(hd, 1e-6, BF)
+            self.q_norm.weight.data = (torch.rand(hd, generator=g) + 0.5).to(BF)
+            self.k_norm.weight.data = (torch.rand(hd, generator=g) + 0.5).to(BF)
+            self.q_norm, self.k_norm = self.q_norm.to(dev), self.k_norm.to(dev)
+        shape = (blocks, block_size, kv_heads, hd)
+        self.k_cache = torch.randn(shape, generator=g).to(BF).to(dev)
+        self.v_cache = torch.randn(shape, generator=g).to(BF).to(dev)
+        self.qkv = (torch.randn((heads + 2 * kv_heads) * hd, generator=g) * 2).to(BF).to(dev)
+        table = torch.randperm(blocks, generator=g).to(torch.int32)
+        pos = length - 1
+        slot = int(table[pos // block_size]) * block_size + pos % block_size
+        self.meta = StreamMeta(
+            torch.tensor([length], dtype=torch.int32, device=dev),
+            table[None].contiguous().to(dev),
+            torch.tensor([slot], dtype=torch.int64, device=dev),
+            torch.tensor([pos], dtype=torch.int64, device=dev),
+        )
+        self.heads, self.kv_heads, self.length = heads, kv_heads, length
+        self.y = torch.zeros(heads * hd, dtype=BF, device=dev)
+        self.part = torch.zeros(heads * splits * (hd + 2), dtype=torch.float32, device=dev)
+        self.splits = splits
+
+    def phases(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> list[StreamAttention]:
+        common = dict(
+            qkv=self.qkv, y=self.y, k_cache=k_cache, v_cache=v_cache, cos=self.rotary.cos_cache,
+            sin=self.rotary.sin_cache, q_norm_w=None if self.q_norm is None else self.q_norm.weight.data,
+            k_norm_w=None if self.k_norm is None else self.k_norm.weight.data, part=self.part, heads=self.heads,
+            kv_heads=self.kv_heads, splits=self.splits, scale=HEAD_DIM**-0.5, qk_eps=1e-6,
+        )  # fmt: skip
+        return [StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)]  # type: ignore[arg-type]
+
+    def layer_output(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """The model's attention layer (torch norms, rotary and backend) on the same step."""
+        hd, h, hk = HEAD_DIM, self.heads, self.kv_heads
+        attn = Attention(h, hk, hd, self.rotary, self.q_norm, self.k_norm)
+        md = AttentionMetadata(
+            num_tokens=1,
+            num_seqs=1,
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=self.meta.seq_lens.cpu(),
+            block_table=self.meta.block_table.cpu(),
+            slot_mapping=self.meta.slot_mapping.cpu(),
+            max_query_len=1,
+            max_seq_len=self.length,
+            query_start_loc_cpu=[0, 1],
+            seq_lens_cpu=[self.length],
+        )
+        qkv = self.qkv.cpu()[None]
+        q, k, v = qkv[:, : h * hd].clone(), qkv[:, h * hd : (h + hk) * hd].clone(), qkv[:, (h + hk) * hd :]
+        with torch.inference_mode():
+            return attn(self.meta.positions.cpu(), q, k, v, (k_cache, v_cache), md, TorchAttentionBackend())[
+                0
+            ]
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, length, block_size, qk_norm",
+    [(8, 2, 37, 16, True), (4, 4, 1, 16, False), (8, 2, 300, 32, False)],
+    ids=["qwen3-like", "first-token", "llama-like"],
+)
+def test_reference_is_the_models_attention_layer(
+    heads: int, kv_heads: int, length: int, block_size: int, qk_norm: bool
+) -> None:
+    """The reference writes the new K/V where the layer does, bit for bit, and its output is
+    the layer's (torch backend) up to float32 summation order."""
+    case = Case(heads, kv_heads, length, block_size, qk_norm, splits=3, dev="cpu")
+    k_ref, v_ref = case.k_cache.clone(), case.v_cache.clone()
+    want = case.layer_output(k_ref, v_ref)
+    stream_reference(case.phases(case.k_cache, case.v_cache), meta=case.meta)
+    assert torch.equal(case.k_cache, k_ref) and torch.equal(case.v_cache, v_ref)
+    torch.testing.assert_close(case.y.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_packing_and_checks() -> None:
+    case = Case(8, 2, 5, 16, True, splits=4, dev="cpu")
+    attend, merge = case.phases(case.k_cache, case.v_cache)
+    rows = pack_phases([attend, merge])
+    assert rows.shape == (2, 25)
+    a, m = rows.tolist()
+    assert a[2] == case.qkv.data_ptr() and a[6] == 0 and m[6] == case.y.data_ptr()
+    assert a[14] == case.k_cache.data_ptr() and a[20] == case.part.data_ptr()
+    assert a[21] == OP_ATTEND | (8 << 32) and m[21] == OP_MERGE | (8 << 32)
+    assert a[22] == 2 | (16 << 32) and a[23] == 4 | (1 << 32)
+    with pytest.raises(ValueError, match="heads / kv_heads"):
+        check_attention(StreamAttention(**{**attend.__dict__, "heads": 16}))  # 8 per KV head
+    with pytest.raises(ValueError, match="k_cache"):
+        check_attention(StreamAttention(**{**attend.__dict__, "k_cache": case.k_cache.float()}))
+    with pytest.raises(ValueError, match="part"):
+        check_attention(StreamAttention(**{**attend.__dict__, "part": case.part[:10]}))
+    with pytest.raises(ValueError, match="StreamMeta"):
+        stream_reference([attend])
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
+@pytest.mark.parametrize(
+    "heads, kv_heads, length, block_size, qk_norm",
+    [
+        (32, 8, 37, 16, True),
+        (32, 8, 1, 16, True),
+        (32, 8, 300, 16, True),
+        (32, 8, 8191, 16, True),
+        (8, 8, 130, 32, False),
+        (16, 8, 2000, 16, False),
+        (32, 8, 1, 16, True),
+    ],
+    ids=["qwen3-8b-short", "first-token", "qwen3-8b-300", "qwen3-8b-8k", "mha", "group2-2k", "padding-slot"],
+)
+def test_kernel_attention_matches_reference(
+    heads: int, kv_heads: int, length: int, block_size: int, qk_norm: bool, request: pytest.FixtureRequest
+) -> None:
+    from surge.kernels.stream_decode import StreamDecodeKernel
+
+    kern = StreamDecodeKernel.compile(torch.device("cuda"))
+    case = Case(heads, kv_heads, length, block_size, qk_norm, kern.num_sms // kv_heads, "cuda")
+    if request.node.callspec.id.startswith("padding-slot"):  # warm-up rows: slot -1, nothing written
+        case.meta.slot_mapping.fill_(-1)
+    k_ref, v_ref = case.k_cache.clone(), case.v_cache.clone()
+    stream_reference(case.phases(k_ref, v_ref), meta=case.meta)
+    want = case.y.clone()
+    case.y.fill_(float("nan"))
+    kern.reset()
+    kern.launch(pack_phases(case.phases(case.k_cache, case.v_cache)), 0, meta=case.meta)
+    torch.cuda.synchronize()
+    assert not kern.hung()
+    torch.testing.assert_close(case.k_cache, k_ref, atol=2e-2, rtol=1e-2)  # q/k norm: summation order
+    assert torch.equal(case.v_cache, v_ref)
+    cos = torch.nn.functional.cosine_similarity(case.y.float(), want.float(), dim=0)
+    assert cos.item() > 0.9999, cos
+    torch.testing.assert_close(case.y.float(), want.float(), atol=2e-2, rtol=2e-2)
