@@ -209,8 +209,8 @@ def attention_unsupported(
             or a.num_heads // a.num_kv_heads > GROUP_MAX
         ):
             return f"layer {i}: {a.num_heads} heads over {a.num_kv_heads} KV heads of size {a.head_dim}"
-        if a.num_kv_heads > num_sms:
-            return f"layer {i}: more KV heads than multiprocessors"
+        if a.num_heads > num_sms:  # the merge phase takes one block per query head
+            return f"layer {i}: more query heads ({a.num_heads}) than multiprocessors ({num_sms})"
         for c in (k_cache, v_cache):
             if (
                 c.dtype != torch.bfloat16
@@ -294,6 +294,8 @@ class StreamDecode:
         self.fused: list[StreamPhase | StreamAttention] | None = None
         self.fused_table: torch.Tensor | None = None
         self.fused_caches: tuple[int, ...] = ()
+        self.fused_calls = 0
+        """Calls that launched the one-launch plan (a CUDA graph's replays are not calls)."""
 
     def bind(self, kv_caches: Sequence[KVCache]) -> str | None:
         """Plan the step as one launch with each layer's attention inside the kernel (its
@@ -389,6 +391,7 @@ class StreamDecode:
         if self.kernel is not None and meta is not None and self.fused_table is not None:
             self.kernel.reset()
             self.kernel.launch(self.fused_table, 0, embedded.contiguous(), meta=meta)
+            self.fused_calls += 1
             return self.buf.down.to(torch.bfloat16).view(1, -1), self.buf.res_a.view(1, -1)
         if self.kernel is not None:
             self.kernel.reset()

@@ -44,8 +44,13 @@ class Case:
             self.k_norm.weight.data = (torch.rand(hd, generator=g) + 0.5).to(BF)
             self.q_norm, self.k_norm = self.q_norm.to(dev), self.k_norm.to(dev)
         shape = (blocks, block_size, kv_heads, hd)
-        self.k_cache = torch.randn(shape, generator=g).to(BF).to(dev)
-        self.v_cache = torch.randn(shape, generator=g).to(BF).to(dev)
+        # each cache a view behind a guard region of one slot's width, which nothing may write
+        self.guard = kv_heads * hd
+        n = blocks * block_size * kv_heads * hd
+        self.k_store = torch.randn(self.guard + n, generator=g).to(BF).to(dev)
+        self.v_store = torch.randn(self.guard + n, generator=g).to(BF).to(dev)
+        self.k_cache = self.k_store[self.guard :].view(shape)
+        self.v_cache = self.v_store[self.guard :].view(shape)
         self.qkv = (torch.randn((heads + 2 * kv_heads) * hd, generator=g) * 2).to(BF).to(dev)
         table = torch.randperm(blocks, generator=g).to(torch.int32)
         pos = length - 1
@@ -155,6 +160,7 @@ def test_kernel_attention_matches_reference(
     case = Case(heads, kv_heads, length, block_size, qk_norm, kern.num_sms // kv_heads, "cuda")
     if request.node.callspec.id.startswith("padding-slot"):  # warm-up rows: slot -1, nothing written
         case.meta.slot_mapping.fill_(-1)
+    guards = (case.k_store[: case.guard].clone(), case.v_store[: case.guard].clone())
     k_ref, v_ref = case.k_cache.clone(), case.v_cache.clone()
     stream_reference(case.phases(k_ref, v_ref), meta=case.meta)
     want = case.y.clone()
@@ -165,6 +171,9 @@ def test_kernel_attention_matches_reference(
     assert not kern.hung()
     torch.testing.assert_close(case.k_cache, k_ref, atol=2e-2, rtol=1e-2)  # q/k norm: summation order
     assert torch.equal(case.v_cache, v_ref)
+    assert torch.equal(case.k_store[: case.guard], guards[0]) and torch.equal(
+        case.v_store[: case.guard], guards[1]
+    )
     cos = torch.nn.functional.cosine_similarity(case.y.float(), want.float(), dim=0)
     assert cos.item() > 0.9999, cos
     torch.testing.assert_close(case.y.float(), want.float(), atol=2e-2, rtol=2e-2)

@@ -175,6 +175,9 @@ def test_one_launch_plan_in_torch_matches_the_eager_stack(kind: str, tmp_path: P
         for _ in stack.layers
     ]
     assert attention_unsupported(stack.layers, caches, 132) is None
+    assert "more query heads (4) than multiprocessors (2)" in str(
+        attention_unsupported(stack.layers, caches, 2)
+    )
     backend = TorchAttentionBackend()
     prompt = torch.tensor([(5 * i + 3) % mc.vocab_size for i in range(20)])
     with torch.inference_mode():

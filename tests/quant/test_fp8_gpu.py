@@ -418,6 +418,8 @@ def _runner(model_dir: Path, *, eager: bool, torch_backend: bool = False, **kw: 
     runner.init_kv_cache(1024)
     sd = runner.model.model.stream_decode
     assert (sd is not None and sd.fused_table is not None) == stream_attention  # bound with the caches
+    if stream_attention:  # the batch-1 graph captured the one-launch plan, not the fallback
+        assert sd is not None and sd.fused_calls > 0
     return runner
 
 
