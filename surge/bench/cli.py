@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -312,6 +313,22 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     return cfg
 
 
+def _check_result_file(path: Path) -> None:
+    """Make ``--result-file``'s folder and check that the file can be written there. Raises
+    ValueError naming the flag otherwise (a folder at that path, a parent that is a file, no
+    write permission)."""
+    if path.is_dir():
+        raise ValueError(
+            f"--result-file {path}: is a directory (give a file name, e.g. {path / 'result.json'})"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--result-file {path}: {e.strerror or e}") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--result-file {path}: not writable")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """``surge bench serve``: exit 0 when every request succeeded, 1 otherwise."""
     from surge.bench.report import format_result_table
@@ -331,11 +348,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         exact_length=args.ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
     )
+    if args.result_file:  # before the run, so that a bad path loses no results
+        _check_result_file(Path(args.result_file))
     result = run_serve(cfg, _command_line())
     print(format_result_table(result))
     if args.result_file:
         path = Path(args.result_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(result, indent=2)
         if path.name.endswith(".gz"):
             import gzip
@@ -372,6 +390,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     cfg = _serve_config(args, ignore_eos=True, exact_length=True)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.stop_after is not None and not args.stop_after >= 0:
+        raise ValueError(f"--stop-after must be >= 0 seconds, got {args.stop_after:g}")
     if args.launch:
         from surge.bench.launcher import check_launch_port
 

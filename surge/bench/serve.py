@@ -111,6 +111,8 @@ class ServeConfig:
             raise ValueError("--request-rate must be > 0 (or inf)")
         if not self.burstiness > 0:
             raise ValueError("--burstiness must be > 0")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
         if self.temperature is not None and not self.temperature >= 0:
@@ -123,7 +125,9 @@ def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
     try:
         ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key)
     except (OSError, ValueError) as e:
-        hint = " (pass --api-key)" if "401" in str(e) else ""
+        hint = ""
+        if "401" in str(e):
+            hint = " (pass --api-key)" if api_key is None else " (check --api-key)"
         raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")

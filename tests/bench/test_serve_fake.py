@@ -280,3 +280,62 @@ def test_roofline_column_with_fp8_weights_and_kv_cache() -> None:
         < w8["roofline_output_throughput"]
         < w8kv8["roofline_output_throughput"]
     )
+
+
+def test_bad_result_file_and_timeout_are_one_line_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --result-file that names a folder, or sits under a file, and a --request-timeout that is
+    not positive, are refused in one line before any request is sent (no results lost after a run)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    behaviour = Behaviour()
+    with FakeServer(behaviour) as s:
+        for extra, words in (
+            (("--result-file", str(tmp_path)), "is a directory"),
+            (("--result-file", str(blocker / "r.json")), "--result-file"),
+            (("--request-timeout", "0"), "--request-timeout must be > 0"),
+            (("--request-timeout", "-1"), "--request-timeout must be > 0"),
+        ):
+            rc = bench_main(_serve(s.url, "--num-prompts", "1", *extra))
+            err = capsys.readouterr().err
+            assert rc == 2 and err.startswith("surge: error:") and words in err and err.count("\n") == 1, err
+        assert behaviour.seen == 0  # refused before the first request
+        rc = bench_main(
+            _serve(s.url, "--num-prompts", "1", "--result-file", str(tmp_path / "new" / "r.json"))
+        )
+        assert rc == 0 and (tmp_path / "new" / "r.json").is_file()
+
+
+def test_matrix_refuses_a_negative_stop_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    behaviour = Behaviour()
+    with FakeServer(behaviour) as s:
+        grid = (
+            "--concurrency",
+            "1",
+            "--input-len",
+            "8",
+            "--output-len",
+            "8",
+            "--output-dir",
+            str(tmp_path / "m"),
+        )
+        rc = bench_main(
+            ["bench", "matrix", "--base-url", s.url, "--disable-tqdm", *grid, "--stop-after", "-5"]
+        )
+        err = capsys.readouterr().err
+    assert rc == 2 and "--stop-after must be >= 0 seconds, got -5" in err and err.count("\n") == 1
+    assert behaviour.seen == 0
+
+
+def test_a_401_hint_says_whether_a_key_was_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import surge.bench.serve as bs
+
+    def refuse(url: str, api_key: str | None) -> object:
+        raise OSError("HTTP Error 401: Unauthorized")
+
+    monkeypatch.setattr(bs, "get_json", refuse)
+    with pytest.raises(ValueError, match=r"401: Unauthorized \(pass --api-key\)$"):
+        bs.fetch_models("http://127.0.0.1:1", None)
+    with pytest.raises(ValueError, match=r"401: Unauthorized \(check --api-key\)$"):
+        bs.fetch_models("http://127.0.0.1:1", "wrong-key")
