@@ -333,6 +333,7 @@ class ServeOptions:
             first token.
         max_stop_strings: most ``stop`` strings per request.
         max_stop_string_length: longest ``stop`` string (characters).
+        max_choices_per_request: most choices (prompts times ``n``) of one completion request.
         web_ui: serve the playground and the dashboard (``--disable-web-ui`` turns them off).
         cors: CORS settings, or None (no CORS headers; the default).
         shutdown_timeout: seconds requests in flight may run on after SIGTERM / SIGINT.
@@ -361,6 +362,7 @@ class ServeOptions:
     sse_queued_interval: float = 5.0
     max_stop_strings: int = 64
     max_stop_string_length: int = 256
+    max_choices_per_request: int = 1024
     web_ui: bool = True
     cors: CorsOptions | None = None
     shutdown_timeout: float = 30.0
@@ -477,6 +479,7 @@ async def run_server(
         sse_queued_interval=options.sse_queued_interval,
         max_stop_strings=options.max_stop_strings,
         max_stop_string_length=options.max_stop_string_length,
+        max_choices_per_request=options.max_choices_per_request,
         log_requests=options.log_requests,
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:

@@ -84,6 +84,13 @@ def add_serve_parser(subparsers: Any) -> None:
         "--max-stop-strings", type=int, default=64, help="most stop strings per request (default 64)"
     )
     p.add_argument(
+        "--max-choices-per-request",
+        type=int,
+        default=1024,
+        help="most choices one completion request may ask for, prompts times n (default 1024), so that "
+        "one request cannot hold the queue for long",
+    )
+    p.add_argument(
         "--max-stop-string-length",
         type=int,
         default=256,
@@ -318,7 +325,13 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--log-interval must be positive, got {args.log_interval}")
     if args.max_connections is None:
         args.max_connections = default_max_connections()
-    for flag in ("max_request_body_bytes", "max_connections", "max_stop_strings", "max_stop_string_length"):
+    for flag in (
+        "max_request_body_bytes",
+        "max_connections",
+        "max_stop_strings",
+        "max_stop_string_length",
+        "max_choices_per_request",
+    ):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     for flag in ("header_read_timeout", "body_read_timeout", "engine_stall_timeout", "sse_queued_interval"):
@@ -387,6 +400,7 @@ def run_serve(args: argparse.Namespace) -> int:
         sse_queued_interval=args.sse_queued_interval,
         max_stop_strings=args.max_stop_strings,
         max_stop_string_length=args.max_stop_string_length,
+        max_choices_per_request=args.max_choices_per_request,
         web_ui=not args.disable_web_ui,
         cors=cors,
         shutdown_timeout=args.shutdown_timeout,

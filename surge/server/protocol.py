@@ -239,6 +239,16 @@ class SamplingRequestFields(RequestBody):
         )
 
     @property
+    def max_tokens_param(self) -> str:
+        """The field the output length came from, for errors that blame it:
+        ``max_completion_tokens`` when the request sent it (it wins), else ``max_tokens``."""
+        return (
+            "max_completion_tokens"
+            if getattr(self, "max_completion_tokens", None) is not None
+            else "max_tokens"
+        )
+
+    @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 

@@ -74,7 +74,13 @@ async def create_chat_completion(
     )
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
-    state.check_prompt(prompt_ids, max_tokens, prompt_param="messages", max_tokens_sent=body.max_tokens_sent)
+    state.check_prompt(
+        prompt_ids,
+        max_tokens,
+        prompt_param="messages",
+        max_tokens_sent=body.max_tokens_sent,
+        max_tokens_param=body.max_tokens_param,
+    )
     state.check_engine()
     request_id, gen = start_generation(state, request, body, "chatcmpl", arrival, first_needs_text=True)
     created = int(time.time())

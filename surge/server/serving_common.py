@@ -60,6 +60,7 @@ class ServerState:
         body_read_timeout: seconds allowed to receive a request body.
         max_stop_strings: most ``stop`` strings in one request.
         max_stop_string_length: longest ``stop`` string, in characters.
+        max_choices_per_request: most choices (prompts times ``n``) of one request.
         engine_stall_timeout: seconds without a finished engine step, while requests are
             pending, after which ``/health`` answers 503.
         sse_queued_interval: seconds between ``: queued`` SSE comments while a stream waits
@@ -89,6 +90,7 @@ class ServerState:
     body_read_timeout: float = 60.0
     max_stop_strings: int = 64
     max_stop_string_length: int = 256
+    max_choices_per_request: int = 1024
     engine_stall_timeout: float = 60.0
     sse_queued_interval: float = 5.0
     tool_call_parser: str | None = None
@@ -137,13 +139,20 @@ class ServerState:
             raise ApiError(503, f"The engine is not available: {self.client.dead_reason or 'not ready'}")
 
     def check_prompt(
-        self, token_ids: list[int], max_tokens: int, *, prompt_param: str, max_tokens_sent: bool
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        *,
+        prompt_param: str,
+        max_tokens_sent: bool,
+        max_tokens_param: str = "max_tokens",
     ) -> None:
         """Raise a 400 ApiError for a prompt that can never be served.
 
         A prompt that alone leaves no room for one output token is blamed on ``prompt_param``
         (``messages`` or ``prompt``) with its number of input tokens; only a ``max_tokens`` the
-        client sent is blamed on ``max_tokens``. The length is checked before the ids, so a
+        client sent is blamed on ``max_tokens_param`` (the field it came in: ``max_tokens`` or chat's
+        ``max_completion_tokens``). The length is checked before the ids, so a
         huge prompt costs nothing to refuse.
         """
         n = len(token_ids)
@@ -173,7 +182,7 @@ class ServerState:
                 num_kv_blocks=self.num_kv_blocks,
             )
         except ValueError as e:
-            raise bad_request(str(e), param="max_tokens" if max_tokens_sent else prompt_param) from e
+            raise bad_request(str(e), param=max_tokens_param if max_tokens_sent else prompt_param) from e
 
     def room_for_output(self, num_prompt_tokens: int) -> int:
         """Output tokens that fit after a prompt of ``num_prompt_tokens`` (context and KV pool;
@@ -376,7 +385,8 @@ def resolve_max_tokens(state: ServerState, req: SamplingRequestFields, num_promp
     if req.max_tokens_sent:
         assert requested is not None
         if requested < 1:
-            raise bad_request(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
+            param = req.max_tokens_param
+            raise bad_request(f"{param} must be at least 1, got {requested}", param=param)
         return requested
     return room if requested is None else min(requested, room)
 

@@ -48,6 +48,13 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[li
         items = [p]  # type: ignore[list-item]
     else:
         items = list(p)  # type: ignore[arg-type]
+    choices = len(items) * body.n
+    if choices > state.max_choices_per_request:
+        raise bad_request(
+            f"the request asks for {choices} choices ({len(items)} prompts x n={body.n}); at most "
+            f"{state.max_choices_per_request} are allowed (--max-choices-per-request).",
+            param="prompt" if len(items) > 1 else "n",
+        )
     add_special = body.add_special_tokens is not False
     texts = [item for item in items if isinstance(item, str)]
     # A prompt truncated to its last tokens may be longer than the context: no cheap bound then.

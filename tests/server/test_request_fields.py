@@ -432,8 +432,14 @@ def test_only_a_sent_max_tokens_is_blamed(server: Server) -> None:
     r = _post(server, CMPL, {"prompt": [5] * 200, "max_tokens": 400})
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "max_tokens" and "200 in the prompt" in err["message"]
-    r = _post(server, CHAT, {"messages": MSGS, "max_completion_tokens": 600})
+    r = _post(server, CHAT, {"messages": MSGS, "max_completion_tokens": 600})  # blamed as sent
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    r = _post(server, CHAT, {"messages": MSGS, "max_tokens": 600})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = _post(server, CHAT, {"messages": MSGS, "max_completion_tokens": -3})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_completion_tokens"
+    assert err["message"] == "max_completion_tokens must be at least 1, got -3"
     # the default max_tokens (16) is not the client's: it shrinks to the room left
     ok = _post(server, CMPL, {"prompt": [5] * 505, "ignore_eos": True})
     assert ok.status_code == 200, ok.text
@@ -547,3 +553,13 @@ def test_body_request_id(server: Server) -> None:
         headers={"X-Request-Id": "hdr"},
     )
     assert r.json()["id"] == "cmpl-hdr" and r.headers["x-request-id"] == "hdr"
+
+
+def test_choices_per_request_are_bounded(server: Server) -> None:
+    """Prompts times n over --max-choices-per-request (1024) is refused before tokenizing."""
+    r = _post(server, CMPL, {"prompt": ["Once upon a time"] * 9, "n": 128, "max_tokens": 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt"
+    assert "1152 choices (9 prompts x n=128); at most 1024" in err["message"]
+    ok = _post(server, CMPL, {"prompt": ["Once upon a time"] * 2, "n": 3, "max_tokens": 1})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 6
