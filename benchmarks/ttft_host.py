@@ -232,6 +232,7 @@ def main() -> None:
         max_model_len=max_len,
         vocab_size=vocab,
         tokenizer_worker=None,
+        max_choices_per_request=ServerState.max_choices_per_request,
     )
     runner = engine.runner
     gc.collect()  # as the engine and API processes do once started
