@@ -400,6 +400,8 @@ class EngineConfig:
             kernel, so a one-token step is one launch (bf16 KV cache, 128-wide heads, at most
             four query heads per KV head; :meth:`surge.layers.stream_decode.StreamDecode.bind`).
             Off by default (CLI ``--stream-attention``): measured faster at short contexts only.
+            Refused (ValueError) without FP8 weights, a CUDA device and ``stream_decode``, or with
+            an FP8 KV cache; a model the kernel cannot run attention for logs why at start-up.
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
             is refused; it is not a serving mode and no CLI flag sets it.
@@ -446,6 +448,16 @@ class EngineConfig:
             not self.fp8_emulation or self.device == "cpu",
             "fp8_emulation is a CPU test mode; it cannot be used on a GPU",
         )
+        if self.stream_attention:  # refused where it could have no effect, not ignored
+            _require(
+                self.device.startswith("cuda") and self.stream_decode and self.model.fp8_config is not None,
+                "stream_attention (--stream-attention) runs inside the FP8 stream kernel: it needs FP8 weights "
+                "(--quantization fp8 or an FP8 checkpoint) on a CUDA GPU, with --stream-decode on",
+            )
+            _require(
+                self.cache.kv_cache_dtype != "fp8",
+                "stream_attention (--stream-attention) needs a bf16 KV cache, not --kv-cache-dtype fp8",
+            )
 
     @property
     def uses_fp8(self) -> bool:

@@ -513,6 +513,10 @@ class ModelRunner:
                 )
             else:
                 logger.info("start-up: attention outside the FP8 stream kernel (%s)", why_not)
+        elif self.config.stream_attention:
+            logger.info(
+                "start-up: --stream-attention has no effect: the FP8 stream kernel is off (see above)"
+            )
         t0 = time.perf_counter()
         self.warm_up()
         if self.device.type == "cuda":

@@ -88,7 +88,7 @@ def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(
 
 
 def test_stream_attention_flag_reaches_the_engine_config() -> None:
-    """``--stream-attention`` is off unless given, and build_engine_config carries it to EngineConfig."""
+    """``--stream-attention`` is off unless given, and refused in one line where it could do nothing."""
     import argparse
 
     from surge.engine.llm_engine import build_engine_config
@@ -99,5 +99,9 @@ def test_stream_attention_flag_reaches_the_engine_config() -> None:
     assert parser.parse_args(["serve", "--model", "m"]).stream_attention is False
     assert parser.parse_args(["serve", "--model", "m", "--stream-attention"]).stream_attention is True
     bundled = Path(__file__).resolve().parents[2] / "surge" / "assets" / "stories260K"
-    assert build_engine_config(str(bundled), device="cpu", stream_attention=True).stream_attention is True
     assert build_engine_config(str(bundled), device="cpu").stream_attention is False
+    # never silently ignored: without FP8 weights on a GPU there is nothing for it to act on
+    with pytest.raises(ValueError, match="stream_attention .* needs FP8 weights"):
+        build_engine_config(str(bundled), device="cpu", stream_attention=True)
+    r = _serve("--model", str(bundled), "--stream-attention")
+    assert r.returncode != 0 and "--stream-attention" in r.stderr and "Traceback" not in r.stderr
