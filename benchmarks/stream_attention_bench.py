@@ -36,9 +36,6 @@ from stream_decode_bench import HIDDEN, KV, Q, build  # noqa: E402
 
 from surge.kernels.stream_decode import (  # noqa: E402
     HEAD_DIM,
-    OP_ATTEND,
-    OP_MERGE,
-    StreamAttention,
     StreamDecodeKernel,
     StreamMeta,
     StreamPhase,
@@ -48,7 +45,7 @@ from surge.layers.attention import Attention  # noqa: E402
 from surge.layers.attention_backend import AttentionMetadata  # noqa: E402
 from surge.layers.norm import RMSNorm  # noqa: E402
 from surge.layers.rotary import RotaryEmbedding  # noqa: E402
-from surge.layers.stream_decode import StreamLayer, plan_fused  # noqa: E402
+from surge.layers.stream_decode import StreamLayer, attention_phases, plan_fused  # noqa: E402
 from surge.worker.model_runner import default_attention_backend  # noqa: E402
 
 HEADS, KV_HEADS, BLOCK = Q // HEAD_DIM, KV // HEAD_DIM, 16
@@ -85,14 +82,7 @@ def main() -> None:
     splits = kern.num_sms // KV_HEADS
     attn_out = torch.zeros(Q, dtype=torch.bfloat16, device=dev)
     part = torch.zeros(HEADS * splits * (HEAD_DIM + 2), dtype=torch.float32, device=dev)
-    attns = []
-    for k_cache, v_cache in caches:
-        common = dict(
-            qkv=buf.qkv, y=attn_out, k_cache=k_cache, v_cache=v_cache, cos=rotary.cos_cache, sin=rotary.sin_cache,
-            q_norm_w=q_norm.weight.data, k_norm_w=k_norm.weight.data, part=part, heads=HEADS, kv_heads=KV_HEADS,
-            splits=splits, scale=HEAD_DIM**-0.5, qk_eps=1e-6,
-        )  # fmt: skip
-        attns.append((StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)))  # type: ignore[arg-type]
+    attns = [attention_phases(attn_layer, k, v, buf.qkv, attn_out, part, splits) for k, v in caches]
     layers = [_layer_of(launches, i) for i in range(args.layers)]
     fused = plan_fused(layers, attns, buf, attn_out)
     fused_table = pack_phases(fused)

@@ -231,6 +231,30 @@ def attention_unsupported(
     return None
 
 
+def attention_phases(
+    attn: nn.Module,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qkv: torch.Tensor,
+    out: torch.Tensor,
+    part: torch.Tensor,
+    splits: int,
+) -> tuple[StreamAttention, StreamAttention]:
+    """The attend and merge phases of one :class:`~surge.layers.attention.Attention` (its heads,
+    rotary tables, q/k norm weights and scale) over ``k_cache``/``v_cache`` (bf16 ``[blocks,
+    block_size, kv_heads, 128]``): reading ``qkv`` (bf16 ``[(heads + 2 kv_heads) * 128]``),
+    writing ``out`` (bf16 ``[heads * 128]``) through ``part`` (float32 ``[heads * splits * 130]``).
+    Shapes are checked when the phases are packed (:func:`~surge.kernels.stream_decode.pack_phases`)."""
+    qn = None if attn.q_norm is None else attn.q_norm.weight.data
+    kn = None if attn.k_norm is None else attn.k_norm.weight.data
+    common: dict[str, Any] = dict(
+        qkv=qkv, y=out, k_cache=k_cache, v_cache=v_cache, cos=attn.rotary.cos_cache, sin=attn.rotary.sin_cache,
+        q_norm_w=qn, k_norm_w=kn, part=part, heads=attn.num_heads, kv_heads=attn.num_kv_heads, splits=splits,
+        scale=float(attn.scale), qk_eps=1e-6 if attn.q_norm is None else float(attn.q_norm.eps),
+    )  # fmt: skip
+    return StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)
+
+
 def plan_fused(
     layers: Sequence[StreamLayer],
     attns: Sequence[tuple[StreamAttention, StreamAttention]],
@@ -292,6 +316,7 @@ class StreamDecode:
         self.launches = plan_launches(stream_layers, self.buf)
         self.tables = [pack_phases(g) for g in self.launches] if kernel is not None else []
         self.fused: list[StreamPhase | StreamAttention] | None = None
+        """The bound one-launch plan; held so that the buffers its packed table points to live."""
         self.fused_table: torch.Tensor | None = None
         self.fused_caches: tuple[int, ...] = ()
         self.fused_calls = 0
@@ -329,18 +354,10 @@ class StreamDecode:
         dev = self.buf.qkv.device
         attn_out = torch.zeros(a0.num_heads * HEAD_DIM, dtype=torch.bfloat16, device=dev)
         part = torch.zeros(a0.num_heads * splits * (HEAD_DIM + 2), dtype=torch.float32, device=dev)
-        attns = []
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            a = layer.self_attn.attn
-            qn = None if a.q_norm is None else a.q_norm.weight.data
-            kn = None if a.k_norm is None else a.k_norm.weight.data
-            eps = 1e-6 if a.q_norm is None else float(a.q_norm.eps)
-            common = dict(
-                qkv=self.buf.qkv, y=attn_out, k_cache=k_cache, v_cache=v_cache, cos=a.rotary.cos_cache,
-                sin=a.rotary.sin_cache, q_norm_w=qn, k_norm_w=kn, part=part, heads=a.num_heads,
-                kv_heads=a.num_kv_heads, splits=splits, scale=float(a.scale), qk_eps=eps,
-            )  # fmt: skip
-            attns.append((StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)))
+        attns = [
+            attention_phases(layer.self_attn.attn, k_cache, v_cache, self.buf.qkv, attn_out, part, splits)
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True)
+        ]
         return plan_fused(self.stream_layers, attns, self.buf, attn_out)
 
     def _fused_meta(
