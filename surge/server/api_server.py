@@ -1,6 +1,7 @@
 """The FastAPI app and the server's life: engine start, uvicorn, periodic stats, shutdown.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+(and ``GET /v1/models/{model}``, 404 ``model_not_found`` for a name not served),
 ``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
@@ -200,22 +201,28 @@ def build_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(state, body, request)
 
+    def model_card(name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "surge",
+            "root": state.model_path,
+            "parent": None,
+            "max_model_len": state.max_model_len,
+            "permission": [],
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "surge",
-                "root": state.model_path,
-                "parent": None,
-                "max_model_len": state.max_model_len,
-                "permission": [],
-            }
-            for name in state.served_model_names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_card(name) for name in state.served_model_names]}
+
+    # ``path``: served names may hold a slash (``Qwen/Qwen3-8B``), as the OpenAI SDK sends them
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> dict[str, Any]:
+        if model not in state.served_model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return model_card(model)
 
     # The API process's pid on /health lets a launcher check that it polls the server it started.
     pid_header = {"X-Surge-Pid": str(server_pid or os.getpid())}

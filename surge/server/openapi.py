@@ -48,7 +48,7 @@ _ERROR_SCHEMA: dict[str, Any] = {
 }
 _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-_MODEL_PATHS = _GENERATION_PATHS | {"/tokenize", "/detokenize"}
+_MODEL_PATHS = _GENERATION_PATHS | {"/tokenize", "/detokenize", "/v1/models/{model}"}
 
 
 def _error(description: str) -> dict[str, Any]:

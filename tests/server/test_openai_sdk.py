@@ -23,9 +23,15 @@ def model(client: openai.OpenAI) -> str:
     return models[0].id
 
 
-def test_models_and_misc_endpoints(server: Server, model: str) -> None:
+def test_models_and_misc_endpoints(server: Server, client: openai.OpenAI, model: str) -> None:
     data = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert data["id"] == model and data["root"].endswith("stories260K") and data["max_model_len"] == 512
+    card = client.models.retrieve(model)
+    assert card.id == model and card.object == "model" and card.owned_by == "surge"
+    missing = httpx.get(server.url + "/v1/models/org/no-such-model")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found"
+    assert "org/no-such-model" in missing.json()["error"]["message"]
     assert httpx.get(server.url + "/version").json()["version"]
     tok = httpx.post(server.url + "/tokenize", json={"prompt": PROMPT}).json()
     assert tok["count"] == len(tok["tokens"]) and tok["tokens"][0] == 1 and tok["max_model_len"] == 512

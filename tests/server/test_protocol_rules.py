@@ -53,6 +53,7 @@ def test_openapi_documents_what_the_server_does(server: Server) -> None:
         assert {"200", "400", "401", "404", "408", "413", "503"} <= set(responses)
         assert "text/event-stream" in responses["200"]["content"]
     assert "503" in schema["paths"]["/health"]["get"]["responses"]
+    assert "404" in schema["paths"]["/v1/models/{model}"]["get"]["responses"]
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
     temperature = next(s for s in props["temperature"]["anyOf"] if s.get("type") == "number")
     assert temperature["maximum"] == 100.0, "real constraints are in the schema"
