@@ -129,11 +129,16 @@ def test_unset_max_tokens_fills_the_context() -> None:
     assert not llm.engine.has_unfinished_requests()
 
 
-def test_unset_max_tokens_stays_within_the_kv_pool() -> None:
-    """A KV pool smaller than the context bounds the room as the server's unset max_tokens."""
-    llm = LLM(device="cpu", async_scheduling=False, num_kv_blocks=8)
+def test_unset_max_tokens_stays_within_the_kv_pool(caplog: pytest.LogCaptureFixture) -> None:
+    """A KV pool smaller than the context bounds the room as the server's unset max_tokens;
+    start-up warns that longer requests will be refused."""
+    with caplog.at_level("WARNING", logger="surge.engine"):
+        llm = LLM(device="cpu", async_scheduling=False, num_kv_blocks=8)
     pool = 8 * llm.engine.block_size
     assert pool < llm.engine.max_model_len
+    assert (
+        f"the KV pool holds {pool} tokens, fewer than max_model_len {llm.engine.max_model_len}" in caplog.text
+    )
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
     out = llm.generate([[1, 300, 17]], params)[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (pool - 3, "length")
