@@ -138,7 +138,19 @@ def add_bench_parser(subparsers: Any) -> None:
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
         "templated prompt (role headers included) has exactly this many tokens (default 256)",
     )
-    p.add_argument("--output-len", type=int, default=256, help="max_tokens of every request (default 256)")
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default 256; with --dataset sharegpt, default: each "
+        "conversation's reply length, as vLLM)",
+    )
+    p.add_argument(
+        "--sharegpt-output-len",
+        type=int,
+        default=None,
+        help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
+    )
     p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16)")
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
@@ -150,7 +162,7 @@ def add_bench_parser(subparsers: Any) -> None:
         "--exact-length",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="fail requests whose completion_tokens != --output-len (default: on with --ignore-eos)",
+        help="fail requests whose completion_tokens != the length they asked (default: on with --ignore-eos)",
     )
     p.add_argument(
         "--result-file",
@@ -334,12 +346,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from surge.bench.report import format_result_table
     from surge.bench.serve import run_serve
 
+    fixed = args.sharegpt_output_len
+    if fixed is not None and args.dataset != "sharegpt":
+        raise ValueError("--sharegpt-output-len applies to --dataset sharegpt (use --output-len)")
+    if fixed is not None and args.output_len is not None and args.output_len != fixed:
+        raise ValueError(
+            f"--output-len {args.output_len} and --sharegpt-output-len {fixed} disagree (give one)"
+        )
+    if args.dataset == "sharegpt" and fixed is None:
+        fixed = args.output_len
     cfg = _serve_config(
         args,
         dataset=args.dataset,
         dataset_path=args.dataset_path,
         input_len=args.input_len,
-        output_len=args.output_len,
+        output_len=256 if args.output_len is None else args.output_len,
+        sharegpt_output_len=fixed,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

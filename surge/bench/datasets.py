@@ -10,10 +10,15 @@ of ``--extra-body`` that change the prompt's tokens (``chat_template_kwargs`` su
 ``enable_thinking: false``, ``add_special_tokens``, ...) are counted as the server applies them
 (``options``, see :func:`surge.bench.tokens.prompt_options`).
 
-ShareGPT: the format of ``shared/assets/datasets/sharegpt/*.json`` (a list of
-``{"id", "conversations": [{"from": "human", "value": ...}, ...]}``); the first human turn is the
-prompt, shuffled with the seed; the output length is ``--output-len`` for every request (these files
-have no answers), prompts under 4 tokens or over the context are skipped (vLLM's filter).
+ShareGPT: a list of ``{"id", "conversations": [{"from": "human", "value": ...}, {"from": "gpt",
+...}, ...]}`` (vLLM's ``ShareGPT_V3_unfiltered_cleaned_split.json``), shuffled with the seed; the
+first human turn is the prompt. Output lengths follow vLLM's ``sharegpt`` dataset: a conversation
+with a reply (the turn after that human turn) asks as many tokens as its reply has, and is kept
+only when the prompt and the reply have at least 4 tokens each, the prompt at most 1,024 and both
+together at most 2,048 (vLLM's pruning); with a fixed length (vLLM's ``--sharegpt-output-len``)
+every request asks that many and prompts under 4 tokens or over the context are skipped. A
+conversation without a reply (``shared/assets/datasets/sharegpt/*.json`` keep only the prompts)
+asks ``--output-len``.
 """
 
 from __future__ import annotations
@@ -118,8 +123,22 @@ def random_requests(
     ]
 
 
-def load_sharegpt_prompts(path: str) -> list[str]:
-    """First human turn of every conversation in a ShareGPT JSON file.
+# vLLM's pruning of ShareGPT conversations whose reply gives the output length (tokens)
+SHAREGPT_MIN_LEN = 4
+SHAREGPT_MAX_PROMPT_LEN = 1024
+SHAREGPT_MAX_TOTAL_LEN = 2048
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A ShareGPT conversation's first human turn and the turn that answers it (None: none)."""
+
+    prompt: str
+    reply: str | None
+
+
+def load_sharegpt(path: str) -> list[Conversation]:
+    """The first human turn of every conversation in a ShareGPT JSON file, with its reply.
 
     Raises:
         ValueError: missing file or not the ShareGPT list format.
@@ -133,18 +152,29 @@ def load_sharegpt_prompts(path: str) -> list[str]:
         raise ValueError(f"--dataset-path {path}: not JSON ({e})") from None
     if not isinstance(data, list):
         raise ValueError(f"--dataset-path {path}: expected a list of conversations")
-    prompts: list[str] = []
+    out: list[Conversation] = []
     for item in data:
         convs = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(convs, list):
             continue
-        for turn in convs:
+        for i, turn in enumerate(convs):
             if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
-                prompts.append(turn["value"])
+                nxt = convs[i + 1] if i + 1 < len(convs) else None
+                reply = nxt.get("value") if isinstance(nxt, dict) and nxt.get("from") != "human" else None
+                out.append(Conversation(turn["value"], reply if isinstance(reply, str) else None))
                 break
-    if not prompts:
+    if not out:
         raise ValueError(f"--dataset-path {path}: no human turns found")
-    return prompts
+    return out
+
+
+def load_sharegpt_prompts(path: str) -> list[str]:
+    """First human turn of every conversation in a ShareGPT JSON file.
+
+    Raises:
+        ValueError: missing file or not the ShareGPT list format.
+    """
+    return [c.prompt for c in load_sharegpt(path)]
 
 
 def sharegpt_requests(
@@ -156,25 +186,41 @@ def sharegpt_requests(
     max_model_len: int | None = None,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    fixed_output_len: int | None = None,
 ) -> list[SampleRequest]:
-    """``num_prompts`` ShareGPT first turns (shuffled by ``seed``), each asking ``output_len`` tokens.
+    """``num_prompts`` ShareGPT first turns (shuffled by ``seed``) with their output lengths.
 
-    A prompt's length is counted as the server will see it (templated for ``chat``, under the
-    request fields ``options``).
+    A request asks ``fixed_output_len`` tokens when given, else its reply's token count (vLLM's
+    rule and pruning, see the module docstring), else (no reply) ``output_len``. A prompt's length
+    is counted as the server will see it (templated for ``chat``, under the request fields
+    ``options``); a reply's as plain text without special tokens.
 
     Raises:
         ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
     """
-    prompts = load_sharegpt_prompts(path)
+    conversations = load_sharegpt(path)
     encode = prompt_encoder(counter, chat, options)
-    order = np.random.default_rng(seed).permutation(len(prompts))
+    order = np.random.default_rng(seed).permutation(len(conversations))
     out: list[SampleRequest] = []
     for idx in order:
-        text = prompts[int(idx)]
-        n = len(encode(text))
-        if n < 4 or (max_model_len is not None and n + output_len > max_model_len):
+        conv = conversations[int(idx)]
+        n = len(encode(conv.prompt))
+        if fixed_output_len is None and conv.reply is not None:
+            want = len(counter.encode(conv.reply, add_special_tokens=False))
+            if (
+                n < SHAREGPT_MIN_LEN
+                or want < SHAREGPT_MIN_LEN
+                or n > SHAREGPT_MAX_PROMPT_LEN
+                or n + want > SHAREGPT_MAX_TOTAL_LEN
+            ):
+                continue
+        else:
+            want = output_len if fixed_output_len is None else fixed_output_len
+            if n < SHAREGPT_MIN_LEN:
+                continue
+        if max_model_len is not None and n + want > max_model_len:
             continue
-        out.append(SampleRequest(text, n, output_len))
+        out.append(SampleRequest(conv.prompt, n, want))
         if len(out) == num_prompts:
             return out
     raise ValueError(f"{path} has only {len(out)} usable prompts, {num_prompts} asked")

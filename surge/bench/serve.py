@@ -57,6 +57,8 @@ class ServeConfig:
     dataset_path: str | None = None
     input_len: int = 256
     output_len: int = 256
+    # --dataset sharegpt: every request asks this many tokens; None: each reply's length (vLLM)
+    sharegpt_output_len: int | None = None
     num_prompts: int = 16
     max_concurrency: int | None = None
     request_rate: float = math.inf
@@ -93,6 +95,10 @@ class ServeConfig:
             )
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
             raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
+        if self.sharegpt_output_len is not None and self.dataset != "sharegpt":
+            raise ValueError("--sharegpt-output-len applies to --dataset sharegpt")
+        if self.sharegpt_output_len is not None and self.sharegpt_output_len < 1:
+            raise ValueError(f"--sharegpt-output-len must be >= 1, got {self.sharegpt_output_len}")
         if self.roofline_tp < 1:
             raise ValueError(f"--roofline-tp must be >= 1, got {self.roofline_tp}")
         if self.roofline_tp > 1 and self.hardware is not None and not self.hardware.link_bandwidth > 0:
@@ -351,9 +357,23 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
     if cfg.dataset == "sharegpt":
         assert cfg.dataset_path is not None
         return sharegpt_requests(
-            counter, cfg.dataset_path, cfg.num_prompts, cfg.output_len, cfg.seed, max_model_len, chat, options
+            counter,
+            cfg.dataset_path,
+            cfg.num_prompts,
+            cfg.output_len,
+            cfg.seed,
+            max_model_len,
+            chat,
+            options,
+            cfg.sharegpt_output_len,
         )
     return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed, chat, options)
+
+
+def _one_length(samples: list[SampleRequest]) -> int | None:
+    """The output length every sample asks, or None when they differ (ShareGPT reply lengths)."""
+    lengths = {s.expected_output_len for s in samples}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None = None) -> dict[str, Any]:
@@ -451,7 +471,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "server_models": models,
         "dataset": cfg.dataset,
         "input_len": cfg.input_len if cfg.dataset == "random" else None,
-        "output_len": cfg.output_len,
+        # ShareGPT with reply lengths: per request in output_lens / the samples, no one length
+        "output_len": cfg.output_len if cfg.dataset == "random" else _one_length(samples),
         "num_prompts": cfg.num_prompts,
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,

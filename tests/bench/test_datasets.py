@@ -153,6 +153,40 @@ def test_sharegpt(stories: HFTokenCounter, tmp_path: Path) -> None:
         sharegpt_requests(stories, str(SHAREGPT), 10_000, 64, seed=1)
 
 
+def test_sharegpt_reply_lengths_as_vllm(stories: HFTokenCounter, tmp_path: Path) -> None:
+    """A conversation with a reply asks its reply's token count and is pruned as vLLM prunes
+    (under 4 tokens either side, a prompt over 1,024, both over 2,048); a fixed length overrides;
+    a conversation without a reply asks ``output_len``."""
+    words = " ".join(["once upon a time there was a little dog"] * 40)
+    rows = [
+        ("tell me a short story about a cat", "the cat sat on the mat and then it slept all day"),
+        ("hi", "a reply long enough to count here"),  # prompt under 4 tokens
+        ("what is the capital of france today", "ok"),  # reply under 4 tokens
+        (words * 4, "a reply of several tokens here"),  # prompt over 1,024 tokens
+        (words, words * 4),  # prompt + reply over 2,048 tokens
+        ("say something about the weather in spring", None),  # no reply: output_len
+    ]
+    data = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": p}] + ([{"from": "gpt", "value": r}] if r else []),
+        }
+        for i, (p, r) in enumerate(rows)
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    reqs = sharegpt_requests(stories, str(path), 2, 64, seed=0)
+    got = {r.prompt: r.expected_output_len for r in reqs}
+    reply = len(stories.encode(rows[0][1], add_special_tokens=False))
+    assert got == {rows[0][0]: reply, rows[5][0]: 64}
+    with pytest.raises(ValueError, match="only 2 usable prompts"):
+        sharegpt_requests(stories, str(path), 3, 64, seed=0)
+    # a fixed length: every prompt of 4+ tokens within the context asks it (the vLLM pruning is off)
+    fixed = sharegpt_requests(stories, str(path), 4, 64, seed=0, max_model_len=512, fixed_output_len=7)
+    assert {r.expected_output_len for r in fixed} == {7}
+    assert {r.prompt for r in fixed} == {rows[0][0], rows[2][0], rows[4][0], rows[5][0]}
+
+
 def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:
     # the first draw of a prompt is default_rng(seed).choice(pool, n - overhead)
     pool = stories.candidate_ids()

@@ -17,6 +17,7 @@ from conftest import BUNDLED_MODEL, SHAREGPT, bench_main
 from fake_server import CHAT_OVERHEAD, Behaviour, FakeServer, encode
 
 from surge.bench.serve import ServeConfig, run_serve
+from surge.bench.tokens import HFTokenCounter
 
 
 def _serve(url: str, *extra: str) -> list[str]:
@@ -186,6 +187,60 @@ def test_sharegpt_dataset_and_local_tokenizer() -> None:
     data = json.loads(SHAREGPT.read_text())
     firsts = {c["conversations"][0]["value"] for c in data}
     assert all(p in firsts for p in sent)
+
+
+def test_sharegpt_replies_give_the_output_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's rule: each request asks its reply's token count; --output-len or vLLM's
+    --sharegpt-output-len fixes one; the two disagreeing, or --sharegpt-output-len without
+    --dataset sharegpt, are one-line errors before any request."""
+    replies = [
+        "one two three four five six",
+        "a much longer reply than the first one with many more words in it",
+    ]
+    data = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": f"tell me about topic number {i} please"}]
+            + [{"from": "gpt", "value": r}],
+        }
+        for i, r in enumerate(replies)
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.01, itl=0.001)
+    sg = (
+        "--dataset",
+        "sharegpt",
+        "--dataset-path",
+        str(path),
+        "--num-prompts",
+        "2",
+        "--tokenizer",
+        str(BUNDLED_MODEL),
+    )
+    with FakeServer(b) as s:
+        assert bench_main(_serve(s.url, *sg, "--ignore-eos", "--result-file", str(out))) == 0
+        counter = HFTokenCounter(str(BUNDLED_MODEL))
+        want = sorted(len(counter.encode(r, add_special_tokens=False)) for r in replies)
+        sent = sorted(
+            int(e["body"]["max_completion_tokens"]) for e in b.log[1:] if e["path"].endswith("completions")
+        )
+        r = json.loads(out.read_text())
+        assert sent == want and sorted(r["output_lens"]) == want and r["output_len"] is None
+        for flag in ("--output-len", "--sharegpt-output-len"):
+            assert bench_main(_serve(s.url, *sg, flag, "5", "--result-file", str(out))) == 0
+            r = json.loads(out.read_text())
+            assert r["output_lens"] == [5, 5] and r["output_len"] == 5
+        seen = b.seen
+        for extra, words in (
+            (("--sharegpt-output-len", "5"), "--sharegpt-output-len applies to --dataset sharegpt"),
+            ((*sg, "--output-len", "4", "--sharegpt-output-len", "5"), "disagree"),
+        ):
+            rc = bench_main(_serve(s.url, *extra))
+            err = capsys.readouterr().err
+            assert rc == 2 and words in err and err.count("\n") == 1, err
+        assert b.seen == seen
 
 
 def test_roofline_column_with_known_gpu() -> None:
