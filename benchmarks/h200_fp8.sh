@@ -9,6 +9,12 @@
 #   surge-fp8      the 30-point matrix, Surge --quantization fp8 (port 8240)      -> RUNS/surge-fp8/
 #   surge-fp8-kv8  the same with --kv-cache-dtype fp8 (port 8242)                 -> RUNS/surge-fp8-kv8/
 #   surge-fp8-chain the same with --no-stream-decode: one launch per GEMM at one token (port 8244) -> RUNS/surge-fp8-chain/
+#   surge-fp8-sattn the same with --stream-attention: attention inside the stream kernel (port 8245)
+#                                                                                 -> RUNS/surge-fp8-sattn/
+#   stream-attn    --stream-attention against without it (about 6 min): the stream kernels' GPU
+#                  tests, stream_attention_bench.py at 32 to 8,192 tokens of context, then C1 at
+#                  I32/I4096 x O256/O1024 on fresh servers, with, without, with, without
+#                                        -> RUNS/stream-attn/ (tests.txt, attn.jsonl, c1-*/)
 #   surge-fp8-ckpt the same on an FP8 checkpoint's layout (128 x 128 block scales, as Qwen's
 #                  FP8 release; made by fp8_model_dir.py from MODEL_DIR, port 8243;
 #                  the roofline reads FP8 weights from its config)             -> RUNS/surge-fp8-ckpt/
@@ -27,7 +33,7 @@
 # nothing. Every matrix must end with 30/30 points at exact lengths.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  echo "usage: h200_fp8.sh MODEL_DIR RUNS {surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-chain|vllm-fp8|sweep|gemm|tests} [STOP_AFTER_S]" >&2
+  echo "usage: h200_fp8.sh MODEL_DIR RUNS {surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-chain|surge-fp8-sattn|vllm-fp8|sweep|gemm|tests|stream-attn} [STOP_AFTER_S]" >&2
   exit 2
 fi
 model="$1"; runs="$2"; step="$3"; stop="${4:-380}"
@@ -39,7 +45,7 @@ complete() {  # complete DIR: the matrix in DIR has every planned point successf
 sys.exit(0 if d['num_successful'] == d['num_planned_points'] else 1)" "$1/summary.json"
 }
 case "$step" in
-  surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-chain|vllm-fp8)
+  surge-fp8|surge-fp8-kv8|surge-fp8-ckpt|surge-fp8-chain|surge-fp8-sattn|vllm-fp8)
     if complete "$runs/$step"; then
       echo "h200_fp8.sh: $step is complete ($runs/$step/summary.json): nothing to run"; exit 0
     fi ;;
@@ -61,6 +67,30 @@ case "$step" in
     # shellcheck disable=SC2046
     bash "$here/h200.sh" --port 8244 --quantization fp8 --no-stream-decode "$model" "$runs/$step" 1 \
       $(matrix_args "$runs/$step") --label surge-fp8-chain
+    ;;
+  surge-fp8-sattn)
+    # shellcheck disable=SC2046
+    bash "$here/h200.sh" --port 8245 --quantization fp8 --stream-attention "$model" "$runs/$step" 1 \
+      $(matrix_args "$runs/$step") --label surge-fp8-sattn
+    ;;
+  stream-attn)
+    d="$runs/stream-attn"
+    mkdir -p "$d"
+    python3 -m pytest -q -p no:cacheprovider -o timeout=0 --tb=short tests/kernels/test_stream_attention.py \
+      tests/kernels/test_stream_decode.py 2>&1 | tail -n 5 | tee "$d/tests.txt"
+    python3 -m pytest -q -p no:cacheprovider -o timeout=0 --tb=short tests/quant/test_fp8_gpu.py -k stream \
+      2>&1 | tail -n 5 | tee -a "$d/tests.txt"
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." python3 "$here/stream_attention_bench.py" \
+      --contexts 32 288 1024 4096 8192 --json "$d/attn.jsonl" 2>&1 | tee "$d/attn.txt"
+    i=0
+    for v in with without with without; do
+      i=$((i + 1))
+      flag=(); [ "$v" = with ] && flag=(--stream-attention)
+      bash "$here/h200.sh" --port 8246 --quantization fp8 "${flag[@]}" "$model" "$d/c1-$i-$v" 1 \
+        --concurrency 1 --input-len 32,4096 --output-len 256,1024 --label "c1-$v" > "$d/c1-$i-$v.log" 2>&1
+      grep -h "stream kernel\|attention" "$d/c1-$i-$v/server.log" | head -n 3
+      grep '^| 1 |' "$d/c1-$i-$v/summary.md" | sed "s/^/$v /"
+    done
     ;;
   surge-fp8-kv8)
     # shellcheck disable=SC2046
