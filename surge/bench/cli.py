@@ -360,7 +360,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         dataset_path=args.dataset_path,
         input_len=args.input_len,
-        output_len=256 if args.output_len is None else args.output_len,
+        output_len=fixed or args.output_len or 256,
         sharegpt_output_len=fixed,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,

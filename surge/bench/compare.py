@@ -53,7 +53,8 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
             {
                 **data,
                 "concurrency": conc,
-                "input_len": data.get("input_len") or 0,
+                "input_len": data.get("input_len") or 0,  # ShareGPT: prompts of many lengths
+                "output_len": data.get("output_len") or 0,  # ShareGPT with its replies' lengths
                 "success": data.get("failed", 1) == 0 and not data.get("error"),
             }
         ]

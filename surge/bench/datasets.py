@@ -12,13 +12,15 @@ of ``--extra-body`` that change the prompt's tokens (``chat_template_kwargs`` su
 
 ShareGPT: a list of ``{"id", "conversations": [{"from": "human", "value": ...}, {"from": "gpt",
 ...}, ...]}`` (vLLM's ``ShareGPT_V3_unfiltered_cleaned_split.json``), shuffled with the seed; the
-first human turn is the prompt. Output lengths follow vLLM's ``sharegpt`` dataset: a conversation
-with a reply (the turn after that human turn) asks as many tokens as its reply has, and is kept
-only when the prompt and the reply have at least 4 tokens each, the prompt at most 1,024 and both
-together at most 2,048 (vLLM's pruning); with a fixed length (vLLM's ``--sharegpt-output-len``)
-every request asks that many and prompts under 4 tokens or over the context are skipped. A
-conversation without a reply (``shared/assets/datasets/sharegpt/*.json`` keep only the prompts)
-asks ``--output-len``.
+first human turn is the prompt and the turn after it the reply. As vLLM's ``sharegpt`` dataset:
+each request asks as many tokens as its reply has (counted as vLLM counts it, special tokens
+included) unless a fixed length is given (vLLM's ``--sharegpt-output-len``); conversations
+without a reply are dropped, and so are prompts under 4 tokens or over 1,024, prompts whose output
+takes them over 2,048 tokens, and (reply lengths only) replies under 4 tokens. Two differences: the
+prompt is counted as the server will see it (templated on the chat endpoint; vLLM counts the raw
+text), and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
+roles). A file without any reply (``shared/assets/datasets/sharegpt/*.json`` keep only the
+prompts) asks ``--output-len`` of every request.
 """
 
 from __future__ import annotations
@@ -191,36 +193,40 @@ def sharegpt_requests(
     """``num_prompts`` ShareGPT first turns (shuffled by ``seed``) with their output lengths.
 
     A request asks ``fixed_output_len`` tokens when given, else its reply's token count (vLLM's
-    rule and pruning, see the module docstring), else (no reply) ``output_len``. A prompt's length
-    is counted as the server will see it (templated for ``chat``, under the request fields
-    ``options``); a reply's as plain text without special tokens.
+    rule and pruning, see the module docstring), else (a file without replies) ``output_len``.
+    A prompt's length is counted as the server will see it (templated for ``chat``, under the
+    request fields ``options``); a reply's as vLLM counts it.
 
     Raises:
         ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
     """
     conversations = load_sharegpt(path)
     encode = prompt_encoder(counter, chat, options)
+    replies = any(c.reply is not None for c in conversations)
     order = np.random.default_rng(seed).permutation(len(conversations))
     out: list[SampleRequest] = []
     for idx in order:
         conv = conversations[int(idx)]
+        if replies and conv.reply is None:
+            continue  # vLLM keeps only conversations of two turns or more
         n = len(encode(conv.prompt))
-        if fixed_output_len is None and conv.reply is not None:
-            want = len(counter.encode(conv.reply, add_special_tokens=False))
-            if (
-                n < SHAREGPT_MIN_LEN
-                or want < SHAREGPT_MIN_LEN
-                or n > SHAREGPT_MAX_PROMPT_LEN
-                or n + want > SHAREGPT_MAX_TOTAL_LEN
-            ):
+        if fixed_output_len is not None:
+            want = fixed_output_len
+        elif conv.reply is not None:
+            # vLLM's count: tokenizer(reply).input_ids, special tokens (a BOS) included
+            want = len(counter.encode(conv.reply))
+            if want < SHAREGPT_MIN_LEN:
                 continue
         else:
-            want = output_len if fixed_output_len is None else fixed_output_len
-            if n < SHAREGPT_MIN_LEN:
-                continue
+            want = output_len
+        if n < SHAREGPT_MIN_LEN or n > SHAREGPT_MAX_PROMPT_LEN or n + want > SHAREGPT_MAX_TOTAL_LEN:
+            continue
         if max_model_len is not None and n + want > max_model_len:
             continue
         out.append(SampleRequest(conv.prompt, n, want))
         if len(out) == num_prompts:
             return out
-    raise ValueError(f"{path} has only {len(out)} usable prompts, {num_prompts} asked")
+    raise ValueError(
+        f"{path} has only {len(out)} usable prompts, {num_prompts} asked (vLLM's pruning: prompts of "
+        f"{SHAREGPT_MIN_LEN} to {SHAREGPT_MAX_PROMPT_LEN} tokens, at most {SHAREGPT_MAX_TOTAL_LEN} with the output)"
+    )

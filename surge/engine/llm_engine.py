@@ -245,13 +245,15 @@ class LLMEngine:
         self.max_model_len: int = config.scheduler.max_model_len
         if num_blocks * self.block_size < self.max_model_len:
             # served anyway (shorter requests fit); a longer one is a 400 that names both sizes
+            profiled = str(config.device).startswith("cuda") and not config.cache.num_kv_blocks
+            more = "--gpu-memory-utilization or --num-kv-blocks" if profiled else "--num-kv-blocks"
             logger.warning(
-                "start-up: the KV pool holds %d tokens, fewer than max_model_len %d: a request whose prompt "
-                "plus max_tokens exceeds %d tokens is refused (raise --gpu-memory-utilization or "
-                "--num-kv-blocks, or lower --max-model-len)",
+                "start-up: the KV cache holds %d tokens, fewer than max_model_len %d: a request whose prompt "
+                "plus max_tokens exceeds %d tokens is refused (raise %s, or lower --max-model-len)",
                 num_blocks * self.block_size,
                 self.max_model_len,
                 num_blocks * self.block_size,
+                more,
             )
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
         self._eos_token_ids = frozenset(config.model.eos_token_ids)

@@ -220,8 +220,7 @@ def build_app(
     # ``path``: served names may hold a slash (``Qwen/Qwen3-8B``), as the OpenAI SDK sends them
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str) -> dict[str, Any]:
-        if model not in state.served_model_names:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        state.check_model(model)
         return model_card(model)
 
     # The API process's pid on /health lets a launcher check that it polls the server it started.

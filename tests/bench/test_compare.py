@@ -111,6 +111,11 @@ def test_single_result_files_and_errors(tmp_path: Path, capsys: pytest.CaptureFi
     a.write_text(json.dumps({**common, "output_throughput": 100.0}))
     b.write_text(json.dumps({**common, "output_throughput": 121.0}))
     assert compare_points(load_points(a), load_points(b)).geomean == pytest.approx(1.21)
+    # ShareGPT results: prompts and (with reply lengths) outputs of many lengths, stored as null
+    sharegpt = {**common, "dataset": "sharegpt", "input_len": None, "output_len": None}
+    a.write_text(json.dumps({**sharegpt, "output_throughput": 100.0}))
+    b.write_text(json.dumps({**sharegpt, "output_throughput": 90.0}))
+    assert compare_points(load_points(a), load_points(b)).geomean == pytest.approx(0.9)
     assert bench_main(["bench", "compare", str(a), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("surge: error:") and err.count("\n") == 1

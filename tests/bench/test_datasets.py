@@ -154,17 +154,17 @@ def test_sharegpt(stories: HFTokenCounter, tmp_path: Path) -> None:
 
 
 def test_sharegpt_reply_lengths_as_vllm(stories: HFTokenCounter, tmp_path: Path) -> None:
-    """A conversation with a reply asks its reply's token count and is pruned as vLLM prunes
-    (under 4 tokens either side, a prompt over 1,024, both over 2,048); a fixed length overrides;
-    a conversation without a reply asks ``output_len``."""
-    words = " ".join(["once upon a time there was a little dog"] * 40)
+    """A conversation asks its reply's token count (BOS included, as vLLM counts it) and is pruned
+    as vLLM prunes: under 4 tokens either side, a prompt over 1,024, both over 2,048, no reply.
+    A fixed length overrides the reply and drops only the check on short outputs."""
+    words = " ".join(["once upon a time there was a little dog"] * 40)  # 441 tokens
     rows = [
         ("tell me a short story about a cat", "the cat sat on the mat and then it slept all day"),
         ("hi", "a reply long enough to count here"),  # prompt under 4 tokens
-        ("what is the capital of france today", "ok"),  # reply under 4 tokens
+        ("what is the capital of france today", "ok"),  # reply under 4 tokens (BOS + 2)
         (words * 4, "a reply of several tokens here"),  # prompt over 1,024 tokens
         (words, words * 4),  # prompt + reply over 2,048 tokens
-        ("say something about the weather in spring", None),  # no reply: output_len
+        ("say something about the weather in spring", None),  # no reply: dropped
     ]
     data = [
         {
@@ -175,16 +175,19 @@ def test_sharegpt_reply_lengths_as_vllm(stories: HFTokenCounter, tmp_path: Path)
     ]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data))
-    reqs = sharegpt_requests(stories, str(path), 2, 64, seed=0)
-    got = {r.prompt: r.expected_output_len for r in reqs}
-    reply = len(stories.encode(rows[0][1], add_special_tokens=False))
-    assert got == {rows[0][0]: reply, rows[5][0]: 64}
-    with pytest.raises(ValueError, match="only 2 usable prompts"):
-        sharegpt_requests(stories, str(path), 3, 64, seed=0)
-    # a fixed length: every prompt of 4+ tokens within the context asks it (the vLLM pruning is off)
-    fixed = sharegpt_requests(stories, str(path), 4, 64, seed=0, max_model_len=512, fixed_output_len=7)
+    reqs = sharegpt_requests(stories, str(path), 1, 64, seed=0)
+    assert [(r.prompt, r.expected_output_len) for r in reqs] == [
+        (rows[0][0], len(stories.encode(rows[0][1])))
+    ]
+    with pytest.raises(
+        ValueError, match="only 1 usable prompts.*4 to 1024 tokens, at most 2048 with the output"
+    ):
+        sharegpt_requests(stories, str(path), 2, 64, seed=0)
+    fixed = sharegpt_requests(stories, str(path), 3, 64, seed=0, fixed_output_len=7)
     assert {r.expected_output_len for r in fixed} == {7}
-    assert {r.prompt for r in fixed} == {rows[0][0], rows[2][0], rows[4][0], rows[5][0]}
+    assert {r.prompt for r in fixed} == {rows[0][0], rows[2][0], rows[4][0]}
+    with pytest.raises(ValueError, match="only 2 usable prompts"):  # 441 + 7 over the context
+        sharegpt_requests(stories, str(path), 3, 64, seed=0, max_model_len=300, fixed_output_len=7)
 
 
 def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:

@@ -136,9 +136,14 @@ def test_unset_max_tokens_stays_within_the_kv_pool(caplog: pytest.LogCaptureFixt
         llm = LLM(device="cpu", async_scheduling=False, num_kv_blocks=8)
     pool = 8 * llm.engine.block_size
     assert pool < llm.engine.max_model_len
-    assert (
-        f"the KV pool holds {pool} tokens, fewer than max_model_len {llm.engine.max_model_len}" in caplog.text
-    )
+    holds = f"the KV cache holds {pool} tokens, fewer than max_model_len {llm.engine.max_model_len}"
+    assert holds in caplog.text
+    assert "(raise --num-kv-blocks, or lower --max-model-len)" in caplog.text  # no GPU flag on CPU
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="surge.engine"):
+        roomy = LLM(device="cpu", async_scheduling=False)
+    assert roomy.engine.num_kv_blocks * roomy.engine.block_size >= roomy.engine.max_model_len
+    assert "fewer than max_model_len" not in caplog.text
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
     out = llm.generate([[1, 300, 17]], params)[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (pool - 3, "length")
