@@ -265,6 +265,7 @@ def build_app(
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
             check_template_kwargs(body.chat_template_kwargs)
+            state.check_chat_template(body.chat_template)
             ids = await render_chat(
                 state,
                 body.messages,
@@ -277,6 +278,14 @@ def build_app(
             )
         else:
             assert body.prompt is not None
+            chat_only = sorted(
+                {"add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs"}
+                & body.model_fields_set
+            )
+            if chat_only:  # they shape a chat prompt: with a plain prompt they would do nothing
+                raise bad_request(
+                    f"'{chat_only[0]}' applies to 'messages', not to 'prompt'", param=chat_only[0]
+                )
             # no context bound here: /tokenize counts texts of any length (clients use it to
             # find the ones that fit); the body limit bounds the work, done off the event loop
             ids = await state.tokenizer_worker.encode(
@@ -323,6 +332,7 @@ class ServeOptions:
         api_keys: bearer tokens accepted on /v1 routes; empty = no key needed.
         stream_interval: tokens per SSE event after the first (>= 1).
         chat_template: a Jinja template overriding the tokenizer's, or None.
+        trust_request_chat_template: accept a request's own ``chat_template`` (else a 400).
         tool_call_parser: ``hermes`` or ``llama3_json`` (tool calls of chat completions), or None.
         reasoning_parser: ``qwen3`` or ``deepseek_r1`` (``reasoning_content``), or None.
         log_interval: seconds between stats log lines.
@@ -354,6 +364,7 @@ class ServeOptions:
     api_keys: tuple[str, ...] = ()
     stream_interval: int = 1
     chat_template: str | None = None
+    trust_request_chat_template: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     log_interval: float = 10.0
@@ -474,6 +485,7 @@ async def run_server(
         vocab_size=info.vocab_size,
         stream_interval=options.stream_interval,
         chat_template=options.chat_template,
+        trust_request_chat_template=options.trust_request_chat_template,
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
         api_keys=options.api_keys,

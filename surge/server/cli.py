@@ -166,6 +166,12 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
     p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a request's own chat_template (a template is code the server runs: off by default, "
+        "so a request that sends one gets a 400, as vLLM)",
+    )
+    p.add_argument(
         "--tool-call-parser",
         default=None,
         choices=["hermes", "llama3_json"],
@@ -386,6 +392,7 @@ def run_serve(args: argparse.Namespace) -> int:
         api_keys=api_keys,
         stream_interval=args.stream_interval,
         chat_template=_read_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         log_interval=args.log_interval,

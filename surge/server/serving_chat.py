@@ -47,6 +47,7 @@ async def create_chat_completion(
     state.check_model(body.model)
     body.check_unimplemented()
     check_template_kwargs(body.chat_template_kwargs)
+    state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)
     lp = chat_options(body)
     if not body.messages:

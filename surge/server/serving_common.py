@@ -53,6 +53,7 @@ class ServerState:
         vocab_size: the model's vocabulary size (prompt token ids must be below it).
         stream_interval: tokens per SSE event after the first.
         chat_template: a template overriding the tokenizer's, or None.
+        trust_request_chat_template: accept a request's own ``chat_template`` (``--trust-request-chat-template``).
         api_keys: bearer tokens accepted on /v1 routes; empty = no key needed.
         created: server start time (Unix seconds).
         metrics_require_key: ``/metrics`` needs the API key too.
@@ -95,6 +96,7 @@ class ServerState:
     sse_queued_interval: float = 5.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    trust_request_chat_template: bool = False
     tokenizer_worker: TokenizerWorker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +118,17 @@ class ServerState:
         """Raise a 404 ApiError for a model name this server does not serve (None is accepted)."""
         if model is not None and model not in self.served_model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    def check_chat_template(self, template: str | None) -> None:
+        """Raise a 400 ApiError naming ``chat_template`` for a request's own template unless the
+        server trusts them: a Jinja template is code the server runs (one can loop for hours on
+        the tokenizer threads), so it is refused by default, as vLLM refuses it."""
+        if template is not None and not self.trust_request_chat_template:
+            raise bad_request(
+                "a chat_template in the request is refused: this server does not run request "
+                "templates (start it with --trust-request-chat-template to allow them)",
+                param="chat_template",
+            )
 
     def check_stop(self, stop: tuple[str, ...]) -> None:
         """Raise a 400 ApiError naming ``stop`` for a list over the server's bounds."""

@@ -134,7 +134,7 @@ def start_server(
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The shared server: bundled model, --stream-interval 1."""
-    srv = start_server(tmp_path_factory.mktemp("serve"))
+    """The shared server: bundled model, --stream-interval 1, request chat templates allowed."""
+    srv = start_server(tmp_path_factory.mktemp("serve"), "--trust-request-chat-template")
     yield srv
     assert srv.stop() == 0, srv.log()[-3000:]

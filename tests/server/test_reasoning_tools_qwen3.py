@@ -45,6 +45,7 @@ def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "dummy",
         "--max-model-len",
         "1024",
+        "--trust-request-chat-template",
         model=model,
     )
     yield srv

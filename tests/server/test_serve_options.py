@@ -213,3 +213,33 @@ def test_bad_auth_and_cors_flags_exit_2(args: tuple[str, ...], env: dict[str, st
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("surge: error:"), p.stderr
     assert "sk-good-one" not in p.stderr and "sk-other" not in p.stderr
+
+
+def test_request_chat_template_is_refused_without_the_flag(srv: Server) -> None:
+    """A Jinja template is code the server runs (one can loop for hours on the tokenizer
+    threads): a request's own chat_template is a 400 naming it, on chat and /tokenize, unless
+    the server runs with --trust-request-chat-template (the shared server's tests use it)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    slow = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}hi"
+    for path, body in (
+        ("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "chat_template": slow}),
+        ("/tokenize", {"messages": msgs, "chat_template": slow}),
+    ):
+        r = post(srv, path, body)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "chat_template", r.text
+        assert "--trust-request-chat-template" in err["message"]
+    assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2}).status_code == 200
+
+
+def test_tokenize_prompt_refuses_chat_only_fields(srv: Server) -> None:
+    """/tokenize with a plain prompt: the fields that shape a chat prompt would do nothing."""
+    for field, value in (
+        ("chat_template", "{{ 'x' }}"),
+        ("add_generation_prompt", False),
+        ("continue_final_message", True),
+        ("chat_template_kwargs", {"enable_thinking": False}),
+    ):
+        r = post(srv, "/tokenize", {"prompt": "Once upon", field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert post(srv, "/tokenize", {"prompt": "Once upon", "add_special_tokens": False}).status_code == 200
