@@ -19,6 +19,9 @@ _SEED_LIMIT = 2**63
 MAX_TEMPERATURE = 100.0
 """Largest accepted temperature (a finite bound; sampling is near-uniform long before it)."""
 MAX_REPETITION_PENALTY = 100.0
+# the smallest penalty, as far below 1 as the largest is above it: a penalty scales logits by at
+# most 100x either way (a tiny one, e.g. 1e-300, is 0 in float32 and made every logit inf or NaN)
+MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
 """Largest accepted repetition penalty."""
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
@@ -404,8 +407,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
             ),
             (
-                0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
-                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}",
+                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], "
+                f"got {self.repetition_penalty}",
             ),
             (all(s != "" for s in self.stop), "stop must not contain an empty string"),
             (

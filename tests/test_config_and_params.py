@@ -26,6 +26,9 @@ from surge.sampling_params import _FIELD_CHECKS, SamplingParams, StructuredOutpu
         ("stop_token_ids", (2**31,)),
         ("n", 0),
         ("min_tokens", 17),
+        ("repetition_penalty", 1e-300),  # 0 in float32: inf and NaN logits
+        ("repetition_penalty", 0.0099),
+        ("repetition_penalty", 100.5),
     ],
 )
 def test_out_of_range_sampling_params_name_the_field(field: str, value: object) -> None:

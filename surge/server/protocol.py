@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
+from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MIN_REPETITION_PENALTY
 from surge.server.errors import bad_request
 from surge.server.field_policy import (
     NULLABLE_CHAT_FIELDS,
@@ -139,7 +139,9 @@ class SamplingRequestFields(RequestBody):
     n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
+    repetition_penalty: float | None = Field(
+        default=None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
+    )
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     allowed_token_ids: list[_TokenId] | None = None
     bad_words: list[str] | None = None

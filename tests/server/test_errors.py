@@ -42,6 +42,9 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     (CHAT, {"messages": MSGS, "presence_penalty": 3}, 400, "presence_penalty"),
     (CHAT, {"messages": MSGS, "frequency_penalty": -5}, 400, "frequency_penalty"),
     (CHAT, {"messages": MSGS, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    # 0 in float32: every penalized logit became inf or NaN and the output "<s><s><s>"
+    (CMPL, {"prompt": "Once upon", "repetition_penalty": 1e-300}, 400, "repetition_penalty"),
+    (CMPL, {"prompt": "Once upon", "repetition_penalty": 0.009}, 400, "repetition_penalty"),
     (CHAT, {"messages": MSGS, "min_tokens": 50, "max_tokens": 10}, 400, "min_tokens"),
     (CHAT, {"messages": MSGS, "stop": 5}, 400, "stop"),
     (CHAT, {"messages": MSGS, "stop": [""]}, 400, "stop"),
