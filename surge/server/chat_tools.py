@@ -232,7 +232,12 @@ def plan_chat(
                 param="tool_choice",
             )
         if tool_choice == "required":
-            schema = required_schema(tools, parallel=getattr(body, "parallel_tool_calls", None) is not False)
+            try:
+                schema = required_schema(
+                    tools, parallel=getattr(body, "parallel_tool_calls", None) is not False
+                )
+            except RecursionError:  # walking the parameter schemas for local $refs
+                raise bad_request("a tool's parameters schema is nested too deeply", param="tools") from None
             tool_parser = RequiredToolParser
         else:
             fn = _named_choice(tool_choice, tools)["function"]

@@ -87,11 +87,21 @@ def _unset(value: Any) -> bool:
 
 
 def _false(value: Any) -> bool:
-    return value in (None, False)
+    return value is None or value is False  # strict: 0 is not false here either
 
 
 def _empty(value: Any) -> bool:
-    return value is None or value == "" or value == [] or value == {}
+    return value is None or (isinstance(value, (list, dict)) and not value)
+
+
+def _number_is(default: float) -> Callable[[Any], bool]:
+    """None, or a JSON number (not a boolean) equal to ``default``."""
+    return lambda v: v is None or (type(v) in (int, float) and v == default)
+
+
+def _int_is(default: int) -> Callable[[Any], bool]:
+    """None, or a JSON integer (not a boolean or a decimal) equal to ``default``."""
+    return lambda v: v is None or (type(v) is int and v == default)
 
 
 @dataclass(frozen=True)
@@ -111,19 +121,31 @@ class Refusal:
 
 REFUSALS: tuple[Refusal, ...] = (
     Refusal("use_beam_search", _false, "beam search is not supported"),
-    Refusal("length_penalty", lambda v: v in (None, 1, 1.0), "length_penalty applies to beam search only"),
-    Refusal("priority", lambda v: v in (None, 0), "priority scheduling is not supported"),
+    Refusal("length_penalty", _number_is(1.0), "length_penalty applies to beam search only"),
+    Refusal("priority", _int_is(0), "priority scheduling is not supported"),
     Refusal("lora_request", _unset, "LoRA adapters are not supported"),
     Refusal("lora", _unset, "LoRA adapters are not supported"),
-    Refusal("structural_tag", _unset, "structured outputs are not supported yet"),
-    Refusal("guided_decoding_backend", _unset, "structured outputs are not supported yet"),
-    Refusal("guided_whitespace_pattern", _unset, "structured outputs are not supported yet"),
+    Refusal(
+        "structural_tag",
+        _unset,
+        "structural tags are not supported (use response_format or structured_outputs)",
+    ),
+    Refusal(
+        "guided_decoding_backend",
+        _unset,
+        "the backend is always xgrammar (use response_format or structured_outputs)",
+    ),
+    Refusal(
+        "guided_whitespace_pattern",
+        _unset,
+        "a whitespace pattern is not supported (xgrammar's JSON whitespace)",
+    ),
     Refusal("functions", _empty, "function calling is not supported yet"),
     Refusal("function_call", lambda v: v in (None, "none", "auto"), "function calling is not supported yet"),
-    Refusal("best_of", lambda v: v in (None, 1), "best_of > 1 is not supported (use n)"),
-    Refusal("suffix", lambda v: v in (None, ""), "suffix (insertion) is not supported"),
+    Refusal("best_of", _int_is(1), "best_of must be 1 (each choice is sampled once; use n for more choices)"),
+    Refusal("suffix", lambda v: v is None or v == "", "suffix (insertion) is not supported"),
     Refusal("audio", _unset, "audio output is not supported"),
-    Refusal("modalities", lambda v: v is None or list(v) == ["text"], "only the text modality is supported"),
+    Refusal("modalities", lambda v: v is None or v == ["text"], "only the text modality is supported"),
     Refusal("prediction", _unset, "predicted outputs are not supported"),
     Refusal("web_search_options", _unset, "web search is not supported"),
     Refusal("reasoning_effort", _unset, "reasoning_effort is not supported"),

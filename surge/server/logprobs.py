@@ -87,6 +87,12 @@ def completion_options(body: Any) -> LogprobOptions:
     Raises:
         ApiError: 400 naming the field.
     """
+    if getattr(body, "top_logprobs", None) is not None:  # a chat field: here it would do nothing
+        raise bad_request(
+            "top_logprobs is a chat completions field: on /v1/completions 'logprobs' is the number of "
+            "top log probabilities per token",
+            param="top_logprobs",
+        )
     k = None if body.logprobs is None else _top_k(body.logprobs, "logprobs")
     return LogprobOptions(
         logprobs=k, prompt_logprobs=_prompt_logprobs(body), echo_logprobs=k if body.echo else None

@@ -97,6 +97,17 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CHAT, "reasoning_effort", "high"),
     (CMPL, "logits_processors", ["x"]),
     (CHAT, "cache_salt", "abc"),
+    # their defaults in another JSON type are not the default (no coercion; 5 was a 500)
+    (CHAT, "modalities", 5),
+    (CHAT, "modalities", "text"),
+    (CHAT, "length_penalty", True),
+    (CHAT, "priority", False),
+    (CMPL, "best_of", True),
+    (CMPL, "best_of", 1.0),
+    (CMPL, "use_beam_search", 0),
+    (CHAT, "return_token_ids", 0),
+    (CMPL, "mm_processor_kwargs", ""),
+    (CMPL, "top_logprobs", 3),  # chat's field: on completions it would do nothing
 ]
 
 
@@ -152,7 +163,9 @@ def test_check_unimplemented_names_the_first_refused_field_sent() -> None:
     with pytest.raises(ApiError) as e:
         bad.check_unimplemented()
     assert e.value.param == "best_of"
-    assert e.value.message == "'best_of' is not supported by Surge: best_of > 1 is not supported (use n)"
+    assert e.value.message == (
+        "'best_of' is not supported by Surge: best_of must be 1 (each choice is sampled once; use n for more choices)"
+    )
 
 
 # --- null: "not set" for the fields OpenAI declares nullable -------------------------------

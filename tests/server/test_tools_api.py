@@ -281,8 +281,16 @@ def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
 def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
     plain = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    deep = [{"type": "function", "function": {"name": "f", "parameters": _nested(200)}}]
     cases: list[tuple[openai.OpenAI, dict[str, Any], str]] = [
         (plain, {"tools": TOOLS}, "tool_choice"),  # auto without --tool-call-parser
         (client, {"tools": [{"type": "function", "function": {}}]}, "tools"),
@@ -305,6 +313,7 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
             },
             "tools",
         ),
+        (client, {"tools": deep, "tool_choice": "required"}, "tools"),  # was a 500 (RecursionError)
     ]
     for c, extra, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
