@@ -17,6 +17,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from surge.server.errors import bad_request
+
 MAX_REQUEST_ID_LEN = 256
 _HEADER = b"x-request-id"
 
@@ -79,9 +81,18 @@ def logged_request_id(scope: Scope) -> str:
 
 def request_id_of(request: Any, body_request_id: str | None = None) -> str:
     """The id of ``request``: its ``X-Request-Id``, else ``body_request_id`` (vLLM's body
-    field; then echoed in the header too), else the fresh id the middleware gave it."""
+    field; then echoed in the header too), else the fresh id the middleware gave it.
+
+    Raises:
+        ApiError: 400 naming ``request_id`` for a body id that is empty, longer than
+            ``MAX_REQUEST_ID_LEN`` or not printable ASCII (a header id like that is replaced).
+    """
+    if body_request_id is not None and not _valid(body_request_id):
+        raise bad_request(
+            f"request_id must be 1 to {MAX_REQUEST_ID_LEN} printable ASCII characters", param="request_id"
+        )
     rid = getattr(request.state, "request_id", None)
     from_client = bool(getattr(request.state, "request_id_from_client", False))
-    if not from_client and body_request_id is not None and _valid(body_request_id):
+    if not from_client and body_request_id is not None:
         request.state.request_id = rid = body_request_id
     return rid if isinstance(rid, str) else fresh_request_id()
