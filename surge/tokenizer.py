@@ -68,7 +68,8 @@ def check_chat_template_kwargs(chat_template_kwargs: Mapping[str, Any] | None) -
 FALLBACK_CHAT_TEMPLATE_DOC = (
     "Without a chat template, messages are rendered as one line per message, "
     '"<role>: <content>\\n", followed by "assistant:" when add_generation_prompt is true, '
-    "and encoded with the tokenizer's special tokens (e.g. BOS). Tools, when given, come first "
+    "and encoded with the tokenizer's special tokens (e.g. BOS) unless add_special_tokens is false. "
+    "Tools, when given, come first "
     'as one line "tools: <the tools as JSON>\\n".'
 )
 
@@ -171,14 +172,15 @@ def apply_chat_template(
     check_text: Callable[[str], None] | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     continue_final_message: bool = False,
-    add_special_tokens: bool = False,
+    add_special_tokens: bool | None = None,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
     The template (``chat_template`` if given, else the tokenizer's) is rendered to text
     and encoded without adding special tokens (the template writes its own, as vLLM does)
     unless ``add_special_tokens``. A tokenizer without a template uses the fallback
-    described by ``FALLBACK_CHAT_TEMPLATE_DOC``.
+    described by ``FALLBACK_CHAT_TEMPLATE_DOC``, which adds them unless ``add_special_tokens``
+    is False.
 
     Args:
         tokenizer: the tokenizer.
@@ -191,8 +193,9 @@ def apply_chat_template(
             Llama 3's templates).
         continue_final_message: leave the last message open (no end-of-turn after it), so the
             model continues it (transformers' ``continue_final_message``).
-        add_special_tokens: also add the tokenizer's special tokens (e.g. BOS) when encoding
-            the rendered text.
+        add_special_tokens: add the tokenizer's special tokens (e.g. BOS) when encoding the
+            rendered text: True / False, or None for the default (no for a template, which
+            writes its own; yes for the fallback, which writes none).
 
     Returns:
         The prompt token ids.
@@ -221,7 +224,7 @@ def apply_chat_template(
         text = "".join(lines)
         if check_text is not None:
             check_text(text)
-        return list(tokenizer.encode(text, add_special_tokens=True))
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens is not False))
     try:
         text = tokenizer.apply_chat_template(
             msgs,
@@ -238,7 +241,7 @@ def apply_chat_template(
         raise ValueError("chat template did not render to a string")
     if check_text is not None:
         check_text(text)
-    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    return list(tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)))
 
 
 def bad_words_token_ids(

@@ -152,7 +152,7 @@ class HFTokenCounter:
                 chat_template_kwargs=opts.get("chat_template_kwargs"),
                 tools=opts.get("tools"),
                 continue_final_message=opts.get("continue_final_message", False),
-                add_special_tokens=opts.get("add_special_tokens", False),
+                add_special_tokens=opts.get("add_special_tokens"),
             )
         except ValueError as e:
             if not opts:

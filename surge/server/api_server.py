@@ -274,7 +274,7 @@ def build_app(
                 bound=False,
                 chat_template=body.chat_template,
                 continue_final_message=body.continue_final_message,
-                add_special_tokens=bool(body.add_special_tokens),
+                add_special_tokens=body.add_special_tokens,
             )
         else:
             assert body.prompt is not None

@@ -62,7 +62,7 @@ async def create_chat_completion(
         bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
         chat_template=body.chat_template,
         continue_final_message=body.continue_final_message,
-        add_special_tokens=bool(body.add_special_tokens),
+        add_special_tokens=body.add_special_tokens,
     )
     prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens)
     plan.see_prompt(state.tokenizer, prompt_ids)

@@ -291,7 +291,7 @@ async def render_chat(
     bound: bool = True,
     chat_template: str | None = None,
     continue_final_message: bool = False,
-    add_special_tokens: bool = False,
+    add_special_tokens: bool | None = None,
 ) -> list[int]:
     """Token ids of ``messages`` (pydantic chat messages) under the request's chat template
     (``chat_template``) or else the server's (with ``tools``, OpenAI function definitions, when

@@ -112,7 +112,7 @@ class TokenizerWorker:
         chat_template_kwargs: dict[str, Any] | None,
         chat_template: str | None,
         continue_final_message: bool,
-        add_special_tokens: bool,
+        add_special_tokens: bool | None,
         bound: bool,
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
@@ -175,7 +175,7 @@ class TokenizerWorker:
         bound: bool = True,
         chat_template: str | None = None,
         continue_final_message: bool = False,
-        add_special_tokens: bool = False,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
         """Token ids of chat ``messages`` (plain dicts) under the request's ``chat_template``,
         else the server's (with ``tools``, OpenAI function definitions, when given; see

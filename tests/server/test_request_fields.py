@@ -581,3 +581,16 @@ def test_choices_per_request_are_bounded(server: Server) -> None:
     assert "1152 choices (9 prompts x n=128); at most 1024" in err["message"]
     ok = _post(server, CMPL, {"prompt": ["Once upon a time"] * 2, "n": 3, "max_tokens": 1})
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 6
+
+
+def test_chat_add_special_tokens_false_without_a_template(server: Server) -> None:
+    """The bundled model has no chat template: the fallback rendering adds BOS by default, and
+    ``add_special_tokens: false`` drops it (it was added either way), on chat and /tokenize."""
+    default = _post(server, "/tokenize", {"messages": MSGS}).json()["tokens"]
+    plain = _post(server, "/tokenize", {"messages": MSGS, "add_special_tokens": False}).json()["tokens"]
+    assert default[0] == 1 and plain == default[1:]
+    usage = [
+        _post(server, CHAT, {"messages": MSGS, "max_tokens": 1} | extra).json()["usage"]["prompt_tokens"]
+        for extra in ({}, {"add_special_tokens": False}, {"add_special_tokens": True})
+    ]
+    assert usage == [len(default), len(default) - 1, len(default)]
