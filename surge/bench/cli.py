@@ -134,7 +134,7 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--input-len",
         type=int,
-        default=256,
+        default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
         "templated prompt (role headers included) has exactly this many tokens (default 256)",
     )
@@ -325,20 +325,19 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     return cfg
 
 
-def _check_result_file(path: Path) -> None:
-    """Make ``--result-file``'s folder and check that the file can be written there. Raises
-    ValueError naming the flag otherwise (a folder at that path, a parent that is a file, no
-    write permission)."""
+def _check_output_file(path: Path, flag: str) -> None:
+    """Make the folder of ``flag``'s file (``--result-file``, ``--plot``) and check that the file
+    can be written there. Raises ValueError naming the flag otherwise (a folder at that path, a
+    parent that is a file, no write permission)."""
     if path.is_dir():
-        raise ValueError(
-            f"--result-file {path}: is a directory (give a file name, e.g. {path / 'result.json'})"
-        )
+        example = path / ("result.json" if flag == "--result-file" else "change.png")
+        raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. {example})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"--result-file {path}: {e.strerror or e}") from None
+        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"--result-file {path}: not writable")
+        raise ValueError(f"{flag} {path}: not writable")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -346,6 +345,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from surge.bench.report import format_result_table
     from surge.bench.serve import run_serve
 
+    for flag, value in (
+        ("--output-len", args.output_len),
+        ("--sharegpt-output-len", args.sharegpt_output_len),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.dataset == "sharegpt" and args.input_len is not None:
+        raise ValueError("--input-len applies to --dataset random (ShareGPT prompts keep their own lengths)")
+    if args.dataset != "sharegpt" and args.dataset_path is not None:
+        raise ValueError("--dataset-path applies to --dataset sharegpt (add --dataset sharegpt)")
     fixed = args.sharegpt_output_len
     if fixed is not None and args.dataset != "sharegpt":
         raise ValueError("--sharegpt-output-len applies to --dataset sharegpt (use --output-len)")
@@ -359,8 +368,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args,
         dataset=args.dataset,
         dataset_path=args.dataset_path,
-        input_len=args.input_len,
-        output_len=fixed or args.output_len or 256,
+        input_len=256 if args.input_len is None else args.input_len,
+        output_len=next(v for v in (fixed, args.output_len, 256) if v is not None),
         sharegpt_output_len=fixed,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
@@ -371,7 +380,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         save_detailed=args.save_detailed,
     )
     if args.result_file:  # before the run, so that a bad path loses no results
-        _check_result_file(Path(args.result_file))
+        _check_output_file(Path(args.result_file), "--result-file")
     result = run_serve(cfg, _command_line())
     print(format_result_table(result))
     if args.result_file:
@@ -450,6 +459,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         plot_comparison,
     )
 
+    if args.tie_pct is not None and not args.tie_pct >= 0:
+        raise ValueError(f"--tie-pct must be >= 0 (a percent), got {args.tie_pct}")
+    if args.plot:  # before any work, so a bad path is one line, not a traceback after the table
+        _check_output_file(Path(args.plot), "--plot")
     base, new = load_points(args.base), load_points(args.new)
     check_metric(args.metric, base, new)
     cmp = compare_points(base, new, args.metric, tie_pct=args.tie_pct)
@@ -457,9 +470,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"no point is valid in both {args.base} and {args.new}: nothing to compare")
     print(comparison_markdown(cmp, args.base, args.new), end="")
     if args.plot:
-        plot = Path(args.plot)
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        plot_comparison(cmp, plot)
+        try:
+            plot_comparison(cmp, Path(args.plot))
+        except OSError as e:
+            raise ValueError(f"--plot {args.plot}: {e.strerror or e}") from None
     return 0
 
 

@@ -91,7 +91,10 @@ def run_values(row: dict[str, Any], metric: str) -> list[float]:
     ]
 
 
-_NOT_METRICS = frozenset({"concurrency", "input_len", "output_len", "num_prompts", "repeats", "repeats_ok"})
+# the point's settings and request counts (a count of 0 has no ratio: failed is 0 on valid points)
+_NOT_METRICS = frozenset(
+    {"concurrency", "input_len", "output_len", "num_prompts", "repeats", "repeats_ok", "completed", "failed"}
+)
 
 
 def check_metric(metric: str, *runs: dict[Key, dict[str, Any]]) -> None:

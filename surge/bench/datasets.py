@@ -146,10 +146,16 @@ def load_sharegpt(path: str) -> list[Conversation]:
         ValueError: missing file or not the ShareGPT list format.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--dataset-path {path}: is a directory (give the ShareGPT JSON file)")
     if not p.is_file():
         raise ValueError(f"--dataset-path {path}: no such file")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--dataset-path {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"--dataset-path {path}: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--dataset-path {path}: not JSON ({e})") from None
     if not isinstance(data, list):
@@ -226,7 +232,9 @@ def sharegpt_requests(
         out.append(SampleRequest(conv.prompt, n, want))
         if len(out) == num_prompts:
             return out
+    context = f"; the server's max_model_len {max_model_len}" if max_model_len is not None else ""
     raise ValueError(
         f"{path} has only {len(out)} usable prompts, {num_prompts} asked (vLLM's pruning: prompts of "
-        f"{SHAREGPT_MIN_LEN} to {SHAREGPT_MAX_PROMPT_LEN} tokens, at most {SHAREGPT_MAX_TOTAL_LEN} with the output)"
+        f"{SHAREGPT_MIN_LEN} to {SHAREGPT_MAX_PROMPT_LEN} tokens, at most {SHAREGPT_MAX_TOTAL_LEN} with "
+        f"the output{context})"
     )

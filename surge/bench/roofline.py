@@ -171,7 +171,8 @@ def model_shape(
         kv_cache_dtype: ``fp8`` for a 1-byte KV cache; default (None or ``auto``) the model
             dtype (bf16 when the weights are FP8 and the config names no other).
     Raises:
-        ValueError: a required field is missing, a dtype is unknown or N < 1.
+        ValueError: a required field is missing, a dtype is unknown, N < 1 or N does not split
+            the heads and the MLP evenly.
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
@@ -184,6 +185,13 @@ def model_shape(
         vocab = int(cfg["vocab_size"])
     except (KeyError, TypeError) as e:
         raise ValueError(f"config.json lacks a field the roofline needs: {e}") from None
+    tp = tensor_parallel_size
+    # the split surge serve accepts (surge.config.check_tensor_parallel): no ceiling for one it refuses
+    if tp > 1 and (heads % tp or inter % tp or (kv_heads % tp if tp < kv_heads else tp % kv_heads)):
+        raise ValueError(
+            f"tensor_parallel_size {tp} does not split the model's {heads} attention heads, {kv_heads} "
+            f"key-value heads and intermediate_size {inter} evenly (surge serve refuses it too)"
+        )
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     model_dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
     qc = cfg.get("quantization_config")

@@ -95,6 +95,8 @@ class ServeConfig:
             )
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
             raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
         if self.sharegpt_output_len is not None and self.dataset != "sharegpt":
             raise ValueError("--sharegpt-output-len applies to --dataset sharegpt")
         if self.sharegpt_output_len is not None and self.sharegpt_output_len < 1:

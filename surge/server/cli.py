@@ -329,6 +329,11 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.log_interval <= 0:
         raise ValueError(f"--log-interval must be positive, got {args.log_interval}")
+    for name in args.served_model_name or ():
+        if not name.strip() or name != name.strip():
+            raise ValueError(
+                f"--served-model-name {name!r}: a name must be non-empty, without surrounding spaces"
+            )
     if args.max_connections is None:
         args.max_connections = default_max_connections()
     for flag in (

@@ -228,3 +228,23 @@ def test_plot_into_a_missing_folder(runs: tuple[Path, Path], tmp_path: Path) -> 
     png = tmp_path / "new" / "dir" / "cmp.png"
     assert bench_main(["bench", "compare", str(runs[0]), str(runs[1]), "--plot", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_plot_tie_and_metric_are_one_line(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --plot path that is a folder or sits under a file (was a traceback after the table), a
+    negative --tie-pct and a count as --metric are one-line errors before any output."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for extra, words in (
+        (["--plot", str(tmp_path)], "--plot"),
+        (["--plot", str(blocker / "x.png")], "--plot"),
+        (["--tie-pct", "-1"], "--tie-pct must be >= 0"),
+        (["--metric", "failed"], "unknown --metric 'failed'"),
+    ):
+        rc = bench_main(["bench", "compare", str(runs[0]), str(runs[1]), *extra])
+        captured = capsys.readouterr()
+        assert rc == 2 and captured.out == "", captured.out
+        assert captured.err.startswith("surge: error:") and words in captured.err
+        assert captured.err.count("\n") == 1, captured.err

@@ -109,6 +109,10 @@ def test_cli_prints_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main(["bench", "roofline", "--model", str(QWEN3_8B)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("surge: error:") and err.count("\n") == 1
+    # a split surge serve refuses has no ceiling either (32 heads, 8 KV heads)
+    assert bench_main(["bench", "roofline", "--model", str(QWEN3_8B), "--gpu", "h200", "-tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "tensor_parallel_size 3 does not split" in err and err.count("\n") == 1
 
 
 def test_tiny_model_figures_switch_units(capsys: pytest.CaptureFixture[str]) -> None:

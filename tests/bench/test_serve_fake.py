@@ -344,6 +344,8 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
     not positive, are refused in one line before any request is sent (no results lost after a run)."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b'[{"id": "\xff"}]')
     behaviour = Behaviour()
     with FakeServer(behaviour) as s:
         for extra, words in (
@@ -351,6 +353,16 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--result-file", str(blocker / "r.json")), "--result-file"),
             (("--request-timeout", "0"), "--request-timeout must be > 0"),
             (("--request-timeout", "-1"), "--request-timeout must be > 0"),
+            (("--output-len", "0"), "--output-len must be >= 1"),  # was run at 256 tokens
+            (("--seed", "-5"), "--seed must be >= 0"),
+            (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
+            (
+                ("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--input-len", "64"),
+                "--input-len applies",
+            ),
+            (("--dataset", "sharegpt", "--dataset-path", str(tmp_path)), "is a directory"),
+            (("--dataset", "sharegpt", "--dataset-path", str(blocker)), "not JSON"),
+            (("--dataset", "sharegpt", "--dataset-path", str(binary)), "not UTF-8"),
         ):
             rc = bench_main(_serve(s.url, "--num-prompts", "1", *extra))
             err = capsys.readouterr().err

@@ -44,6 +44,7 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--api-key", "cl\u00e9"], "--api-key"),
         (["--max-request-body-bytes", "0"], "--max-request-body-bytes"),
         (["--engine-stall-timeout", "-1"], "--engine-stall-timeout"),
+        (["--served-model-name", ""], "--served-model-name"),
     ],
 )
 def test_bad_flags_one_line(args: list[str], word: str) -> None:
