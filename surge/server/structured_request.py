@@ -35,10 +35,27 @@ def _json_text(value: Any, param: str) -> str:
     raise bad_request(f"{param} must be a JSON schema object", param=param)
 
 
+_RESPONSE_FORMAT_KEYS = {"text": ("type",), "json_object": ("type",), "json_schema": ("type", "json_schema")}
+# OpenAI's json_schema object (``json_schema``: the nested spelling some clients send for ``schema``)
+_JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict", "json_schema")
+
+
+def _no_unknown_keys(obj: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    """400 naming ``where.<key>`` for a key OpenAI does not define there (it would be ignored)."""
+    unknown = sorted(k for k in obj if k not in allowed)
+    if unknown:
+        raise bad_request(
+            f"{where}.{unknown[0]} is not a field of {where} (fields: {', '.join(allowed)})",
+            param=f"{where}.{unknown[0]}",
+        )
+
+
 def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
     if not isinstance(rf, dict):
         raise bad_request("response_format must be an object with a 'type'", param="response_format")
     kind = rf.get("type")
+    if isinstance(kind, str) and kind in _RESPONSE_FORMAT_KEYS:
+        _no_unknown_keys(rf, _RESPONSE_FORMAT_KEYS[kind], "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -50,6 +67,19 @@ def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
                 "response_format of type json_schema needs a 'json_schema' object "
                 '({"name": ..., "schema": {...}, "strict": ...})',
                 param="response_format.json_schema",
+            )
+        _no_unknown_keys(spec, _JSON_SCHEMA_KEYS, "response_format.json_schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):  # the grammar is always strict
+            raise bad_request(
+                "response_format.json_schema.strict must be true or false",
+                param="response_format.json_schema.strict",
+            )
+        description = spec.get("description")
+        if description is not None and not isinstance(description, str):
+            raise bad_request(
+                "response_format.json_schema.description must be a string",
+                param="response_format.json_schema.description",
             )
         schema = spec.get("schema", spec.get("json_schema"))
         if schema is None:

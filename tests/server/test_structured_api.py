@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import httpx
 import jsonschema
@@ -121,3 +122,39 @@ def test_structured_outputs_and_guided_on_completions(client: openai.OpenAI, ser
     metrics = httpx.get(server.url + "/metrics").text
     assert re.search(r'surge:structured_output_requests_total\{[^}]*kind="regex"[^}]*\} [1-9]', metrics)
     assert re.search(r"surge:grammar_compile_time_seconds_count\{[^}]*\} [1-9]", metrics)
+
+
+@pytest.mark.parametrize(
+    ("rf", "param"),
+    [
+        ({"type": "json_object", "extra": 1}, "response_format.extra"),
+        ({"type": "text", "json_schema": {}}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strcit": True}},
+            "response_format.json_schema.strcit",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "maybe"}},
+            "response_format.json_schema.strict",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"schema": {}, "description": 5}},
+            "response_format.json_schema.description",
+        ),
+    ],
+)
+def test_response_format_keys_are_checked(rf: dict[str, Any], param: str) -> None:
+    """A key OpenAI does not define in response_format would be ignored: a 400 naming it."""
+    from types import SimpleNamespace
+
+    from surge.server.errors import ApiError
+    from surge.server.structured_request import structured_outputs_of
+
+    with pytest.raises(ApiError) as e:
+        structured_outputs_of(SimpleNamespace(response_format=rf))
+    assert e.value.status == 400 and e.value.param == param, e.value.message
+    ok = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "description": "d", "schema": {}, "strict": False},
+    }
+    assert structured_outputs_of(SimpleNamespace(response_format=ok))[0] is not None
