@@ -91,6 +91,11 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     lp = completion_options(body)
     # echo with max_tokens 0 scores the prompt: the engine samples one token that is dropped.
     score_only = body.echo and body.max_tokens == 0
+    if score_only and body.min_tokens:  # else the check below would name the internal 1
+        raise bad_request(
+            f"min_tokens ({body.min_tokens}) must not exceed max_tokens (0: echo scores the prompt only)",
+            param="min_tokens",
+        )
     prompts = await _prompts(state, body)
     plans = []
     rules = token_rules_of(body, state.tokenizer, state.vocab_size)

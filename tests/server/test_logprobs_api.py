@@ -188,6 +188,10 @@ def test_echo_text_offset_counts_the_tokens_texts(server: Server) -> None:
     assert lp["tokens"] == ["<s>", " Once", " upon", " a", " time"]
     assert lp["text_offset"] == [0, 3, 8, 13, 15]
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    # max_tokens 0 with min_tokens: the message names the 0 sent, not the 1 sampled internally
+    r = httpx.post(server.url + "/v1/completions", json=body | {"min_tokens": 3}, timeout=120)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "min_tokens" and "max_tokens (0" in err["message"], r.text
 
 
 def test_completion_stream_echo_logprobs_equal_non_stream(client: openai.OpenAI) -> None:
