@@ -111,6 +111,8 @@ def _content_text(content: Any) -> str:
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+            elif isinstance(part, Mapping) and part.get("type") == "text":
+                raise ValueError("messages: a content part of type 'text' needs a string 'text'")
             else:
                 raise ValueError("messages: only content parts of type 'text' are supported")
         return "\n".join(texts)

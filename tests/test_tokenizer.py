@@ -158,8 +158,10 @@ def test_chat_template_fallback_and_errors(stories, qwen):
     assert stories.decode(ids, skip_special_tokens=True) == "user: Once upon\nassistant:"
     with pytest.raises(ValueError, match="empty"):
         apply_chat_template(stories, [])
-    with pytest.raises(ValueError, match="text"):
+    with pytest.raises(ValueError, match="only content parts of type 'text'"):
         apply_chat_template(stories, [{"role": "user", "content": [{"type": "image_url"}]}])
+    with pytest.raises(ValueError, match="needs a string 'text'"):
+        apply_chat_template(stories, [{"role": "user", "content": [{"type": "text", "text": None}]}])
     with pytest.raises(ValueError, match="role"):
         apply_chat_template(stories, [{"content": "x"}])
     with pytest.raises(ValueError, match="must not set"):

@@ -266,6 +266,12 @@ def build_app(
         if body.messages is not None:
             check_template_kwargs(body.chat_template_kwargs)
             state.check_chat_template(body.chat_template)
+            if body.continue_final_message and body.add_generation_prompt:  # named as on chat
+                raise bad_request(
+                    "continue_final_message and add_generation_prompt cannot both be true "
+                    "(set add_generation_prompt to false)",
+                    param="continue_final_message",
+                )
             ids = await render_chat(
                 state,
                 body.messages,

@@ -243,3 +243,6 @@ def test_tokenize_prompt_refuses_chat_only_fields(srv: Server) -> None:
         r = post(srv, "/tokenize", {"prompt": "Once upon", field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert post(srv, "/tokenize", {"prompt": "Once upon", "add_special_tokens": False}).status_code == 200
+    both = {"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}
+    r = post(srv, "/tokenize", both)  # add_generation_prompt defaults to true, as on chat
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
