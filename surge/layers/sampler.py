@@ -295,6 +295,13 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return logits
 
 
+def _unless_empty(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``after`` (``[B, V]`` logits with more tokens masked to -inf), except the rows it leaves
+    with no finite logit, which keep ``before``'s (no host sync: one reduction and a select)."""
+    empty = torch.isneginf(after).all(dim=-1, keepdim=True)
+    return torch.where(empty, before, after)
+
+
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Mask tokens whose probability is below ``min_p * max probability`` (Nguyen et al., 2024)."""
     probs = logits.softmax(dim=-1)
@@ -336,8 +343,11 @@ class Sampler(nn.Module):
         )
         if window is None or rules:
             logits = logits.float()
+        # A rule that would leave a row no token at all gives way (the grammar, applied before
+        # the sampler, over allowed_token_ids; both over min_tokens' and bad_words' bans): an
+        # all -inf row would sample NaN into token 0, whatever the constraints allowed.
         if md.allowed_mask is not None:
-            logits = logits.masked_fill(~md.allowed_mask, float("-inf"))
+            logits = _unless_empty(logits, logits.masked_fill(~md.allowed_mask, float("-inf")))
         if md.logit_bias_rows is not None:
             assert md.logit_bias_tokens is not None and md.logit_bias_values is not None
             logits = logits.index_put(
@@ -346,9 +356,10 @@ class Sampler(nn.Module):
         if md.repetition_penalties is not None:
             logits = apply_penalties(logits, md)
         if md.suppress_rows is not None:
-            logits = logits.index_put(
+            suppressed = logits.index_put(
                 (md.suppress_rows, md.suppress_tokens), torch.tensor(float("-inf"), device=logits.device)
             )
+            logits = _unless_empty(logits, suppressed)
         greedy_tokens = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
             assert greedy_tokens is not None

@@ -160,6 +160,47 @@ def test_rules_and_grammar_mask_compose() -> None:
     assert out.item() == 5
 
 
+def _bits(ok: list[int]) -> np.ndarray:
+    bits = np.zeros((1, (V + 31) // 32), dtype=np.int32)
+    for t in ok:
+        bits[0, t // 32] |= 1 << (t % 32)
+    return bits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_rule_that_leaves_no_token_gives_way(temperature: float) -> None:
+    """Constraints that together allow nothing sampled token 0 (an all -inf row): now the
+    grammar wins over allowed_token_ids, both over min_tokens' ban of EOS."""
+    step = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    eos = 2
+    # a finished grammar allows only EOS, min_tokens bans it: EOS, not token 0
+    done = Request(
+        "done", [1], SamplingParams(temperature=temperature, seed=1, min_tokens=8), eos_token_ids={eos}
+    )
+    out = step.sample(_logits(1), [done], StaticGrammarBitmask(_bits([eos]), ["done"]))
+    assert out.item() == eos
+    # allowed_token_ids only EOS and min_tokens: EOS
+    only = Request(
+        "only",
+        [1],
+        SamplingParams(temperature=temperature, seed=1, allowed_token_ids=(eos,), min_tokens=5),
+        eos_token_ids={eos},
+    )
+    assert step.sample(_logits(1, 1), [only]).item() == eos
+    # allowed_token_ids disjoint from the grammar: the grammar's token
+    apart = Request("apart", [1], SamplingParams(temperature=temperature, seed=1, allowed_token_ids=(5, 6)))
+    out = step.sample(_logits(1, 2), [apart], StaticGrammarBitmask(_bits([7, 9]), ["apart"]))
+    assert out.item() in (7, 9)
+    # rows that keep a token are untouched in the same batch
+    free = Request(
+        "free", [1], SamplingParams(temperature=temperature, seed=1, min_tokens=8), eos_token_ids={eos}
+    )
+    logits = _logits(2, 3)
+    logits[:, eos] = 100.0
+    both = step.sample(logits, [free, only])
+    assert both[0].item() != eos and both[1].item() == eos
+
+
 def test_logprobs_stay_raw_under_the_rules() -> None:
     """Logprobs are the log-softmax of the raw logits, before logit_bias, allowed_token_ids
     and bad words (vLLM's default); the sampled token is the one the rules chose."""
