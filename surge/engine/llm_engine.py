@@ -302,6 +302,10 @@ class LLMEngine:
             sampling_params = self._fill_context(len(prompt_token_ids), sampling_params)
         request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
         if sampling_params.structured_outputs is None:
+            if self._structured is not None and request_id in self._structured.waiting:
+                # a request of that id waits for its grammar: the scheduler would refuse it
+                # only at admission, inside step()
+                raise ValueError(f"request id {request_id!r} is already in use")
             self.scheduler.add_request(request)
             return
         # A request with a grammar waits outside the scheduler until it is compiled.
@@ -354,7 +358,12 @@ class LLMEngine:
         """Hand the requests whose grammar is compiled to the scheduler; record failures."""
         ready, failed = structured.take_ready()
         for request in ready:
-            self.scheduler.add_request(request)
+            try:
+                self.scheduler.add_request(request)
+            except ValueError as e:
+                # add_request refuses ids in use up front; a refusal here must fail this request,
+                # never the step (an exception out of step() ends the engine for every request)
+                failed.append((request.request_id, str(e)))
         self._request_errors += failed
 
     def take_request_errors(self) -> list[tuple[str, str]]:

@@ -74,10 +74,15 @@ class CompiledGrammarCache:
     def submit(self, params: StructuredOutputsParams) -> Future[Any]:
         """A future of the ``xgrammar.CompiledGrammar`` of ``params`` (done at once on a
         cache hit). A failed compilation raises ``ValueError`` from ``result()`` and is
-        not cached."""
+        not cached, nor is a compilation cancelled before it started (every request that
+        waited for it was aborted)."""
         key = params.key
         future = self._cache.get(key)
-        if future is not None and not (future.done() and future.exception() is not None):
+        if (
+            future is not None
+            and not future.cancelled()
+            and not (future.done() and future.exception() is not None)
+        ):
             self._cache.move_to_end(key)
             return future
         future = self._pool.submit(self._compile, params)

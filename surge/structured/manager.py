@@ -291,10 +291,13 @@ class StructuredOutputManager:
             concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def abort(self, request_ids: Iterable[str]) -> None:
-        """Forget requests (aborted or finished)."""
+        """Forget requests (aborted or finished). A compilation that no waiting request needs
+        any more and that has not started is cancelled, so it does not hold a compile thread."""
         for rid in request_ids:
-            self.waiting.pop(rid, None)
+            entry = self.waiting.pop(rid, None)
             self.grammars.pop(rid, None)
+            if entry is not None and not any(f is entry[1] for _, f in self.waiting.values()):
+                entry[1].cancel()  # no-op once it runs or is done
 
     def bitmask_for(
         self, sampled_request_ids: Iterable[str], previous: PreviousTokens | None = None

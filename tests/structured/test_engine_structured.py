@@ -14,6 +14,7 @@ import pytest
 
 from surge import LLM, SamplingParams
 from surge.engine.llm_engine import LLMEngine, build_engine_config
+from surge.request import Request
 from surge.sampling_params import StructuredOutputsParams
 from tests.conftest import STORIES
 from tests.structured.test_offline_constrained import REGEX, SCHEMA
@@ -115,6 +116,49 @@ def test_waiting_grammar_does_not_block_others_and_cache_by_key() -> None:
     engine.add_request("again", [1, 5, 6], SamplingParams(max_tokens=20, structured_outputs=so))
     _run(engine)
     assert engine.take_grammar_compile_times() == []
+
+
+def test_an_id_waiting_for_its_grammar_is_in_use() -> None:
+    """A plain request with the id of one waiting for its grammar is refused at add_request: it
+    was accepted, and the scheduler's refusal at admission, inside step(), ended the engine."""
+    engine = LLMEngine(build_engine_config(None, device="cpu"))
+    so = StructuredOutputsParams(regex="ab")
+    engine.add_request("a-0", [1, 5, 6], SamplingParams(max_tokens=4, structured_outputs=so))
+    with pytest.raises(ValueError, match="'a-0' is already in use"):
+        engine.add_request("a-0", [1, 5, 6], SamplingParams(max_tokens=50))
+    tokens = _run(engine)
+    assert set(tokens) == {"a-0"} and engine.take_request_errors() == []
+    assert not engine.has_unfinished_requests()
+
+
+def test_abort_cancels_a_compilation_nobody_waits_for() -> None:
+    """An aborted request's compilation that has not started is cancelled (it held the compile
+    thread); one another waiting request shares is kept; a cancelled key compiles anew later."""
+    import threading
+
+    from surge.structured.manager import StructuredOutputManager
+
+    manager = StructuredOutputManager(str(STORIES), 512, (2,), "cpu")
+    gate = threading.Event()
+    blocker = manager.cache._pool.submit(gate.wait)  # every compile thread busy
+    extra = [manager.cache._pool.submit(gate.wait) for _ in range(manager.cache._pool._max_workers - 1)]
+
+    def request(rid: str, regex: str) -> Request:
+        return Request(rid, [1, 5], SamplingParams(structured_outputs=StructuredOutputsParams(regex=regex)))
+
+    manager.add(request("lone", "a+"))
+    manager.add(request("shared-1", "b+"))
+    manager.add(request("shared-2", "b+"))
+    lone, shared = manager.waiting["lone"][1], manager.waiting["shared-1"][1]
+    manager.abort(["lone", "shared-1"])
+    assert lone.cancelled() and not shared.cancelled()
+    gate.set()
+    blocker.result(timeout=30)
+    for f in extra:
+        f.result(timeout=30)
+    assert shared.result(timeout=60) is not None
+    again = manager.cache.submit(StructuredOutputsParams(regex="a+"))  # not the cancelled future
+    assert again is not lone and again.result(timeout=60) is not None
 
 
 def test_compile_failure_is_a_request_error_and_abort_while_waiting() -> None:
