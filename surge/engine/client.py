@@ -367,12 +367,15 @@ class EngineClient:
 
         Raises:
             EngineDeadError: the engine is not running.
+            ValueError: ``request_id`` is in flight already (its outputs could not be told apart).
         """
         if not self.is_ready or self._in_sock is None:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
         if not self._sinks:  # the engine was idle: its stall clock starts now
             self._last_progress = time.monotonic()
         engine_id = request_id + self._id_suffix
+        if engine_id in self._sinks:  # never overwrite another request's routing
+            raise ValueError(f"request id {request_id!r} is already in use")
         self._sinks[engine_id] = _Sink(queue, index)
         self._num_sent += 1
         msg = AddRequest(

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -50,6 +51,11 @@ class InFlight:
     def __init__(self) -> None:
         self.draining = False
         self._gens: dict[str, Generation] = {}
+        self._serials = itertools.count()
+
+    def next_serial(self) -> int:
+        """A number no earlier call returned: makes a generation's engine request ids unique."""
+        return next(self._serials)
 
     def __len__(self) -> int:
         return len(self._gens)

@@ -111,6 +111,11 @@ class Generation:
             leading chunk).
         on_close: called once, by the first :meth:`abort` (which every handler calls when
             it is done with the generation, finished or not).
+        serial: a number no other generation of this process has
+            (:meth:`surge.server.drain.InFlight.next_serial`): engine request ids are
+            ``<base id>@<serial>[-<choice>]``, so no client id can collide with another
+            request's (a client's ``X-Request-Id: abc-0`` with the children ``abc-0``, ``abc-1``
+            of an ``n = 2`` request ``abc`` took over or crashed them).
     """
 
     def __init__(
@@ -122,7 +127,9 @@ class Generation:
         arrival_time: float,
         first_needs_text: bool = False,
         on_close: Callable[[], None] | None = None,
+        serial: int = 0,
     ) -> None:
+        self._serial = serial
         self._client = client
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
@@ -166,7 +173,8 @@ class Generation:
         self.prompts.append(info)
         if params.structured_outputs is not None:
             self._metrics.structured_request(params.structured_outputs.kind, params.n)
-        for child_id, child_params in split_n(base_id, params):
+        # the text after the id's last '@' is this process-unique serial (and the choice suffix)
+        for child_id, child_params in split_n(f"{base_id}@{self._serial}", params):
             index = len(self.choices)
             detok = IncrementalDetokenizer(
                 self._tokenizer,

@@ -247,6 +247,7 @@ def start_generation(
         arrival,
         first_needs_text=first_needs_text,
         on_close=closed,
+        serial=state.in_flight.next_serial(),
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

@@ -594,3 +594,40 @@ def test_chat_add_special_tokens_false_without_a_template(server: Server) -> Non
         for extra in ({}, {"add_special_tokens": False}, {"add_special_tokens": True})
     ]
     assert usage == [len(default), len(default) - 1, len(default)]
+
+
+def test_a_client_id_equal_to_another_requests_child_id(server: Server) -> None:
+    """``X-Request-Id: abc-0`` while an ``n = 2`` request ``abc`` streams: its children were
+    ``abc-0`` and ``abc-1`` in the engine, so the second request took over (or, with a grammar,
+    crashed) the first one's choice 0. Engine ids now carry a per-process serial: both finish."""
+    first = {
+        "prompt": PROMPT,
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream(
+        "POST", server.url + CMPL, json=first, headers={"X-Request-Id": "abc"}, timeout=120
+    ) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))  # abc is in flight
+        for extra in ({}, {"structured_outputs": {"regex": "(yes|no)"}}):
+            second = _post(
+                server, CMPL, {"prompt": PROMPT, "max_tokens": 4} | extra, headers={"X-Request-Id": "abc-0"}
+            )
+            assert second.status_code == 200 and second.json()["id"] == "cmpl-abc-0", second.text
+        finishes: dict[int, str] = {}
+        usage = None
+        for line in lines:
+            if line.startswith("data:") and line != "data: [DONE]":
+                event = json.loads(line[5:])
+                usage = event.get("usage") or usage
+                for choice in event["choices"]:
+                    if choice.get("finish_reason"):
+                        finishes[choice["index"]] = choice["finish_reason"]
+    assert finishes == {0: "length", 1: "length"} and usage["completion_tokens"] == 96, (finishes, usage)
+    assert httpx.get(server.url + "/health").status_code == 200
+    done = _post(server, CMPL, {"prompt": PROMPT, "max_tokens": 3, "n": 2}, headers={"X-Request-Id": "abc"})
+    assert done.status_code == 200 and [c["index"] for c in done.json()["choices"]] == [0, 1]
