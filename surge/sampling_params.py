@@ -19,10 +19,10 @@ _SEED_LIMIT = 2**63
 MAX_TEMPERATURE = 100.0
 """Largest accepted temperature (a finite bound; sampling is near-uniform long before it)."""
 MAX_REPETITION_PENALTY = 100.0
-# the smallest penalty, as far below 1 as the largest is above it: a penalty scales logits by at
-# most 100x either way (a tiny one, e.g. 1e-300, is 0 in float32 and made every logit inf or NaN)
-MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
 """Largest accepted repetition penalty."""
+MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
+"""Smallest accepted repetition penalty, as far below 1 as the largest is above it: a penalty
+scales logits by at most 100x either way (1e-300 is 0 in float32 and made every logit inf or NaN)."""
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
 _NEUTRAL: dict[str, float | int] = {

@@ -362,7 +362,9 @@ class LLMEngine:
                 self.scheduler.add_request(request)
             except ValueError as e:
                 # add_request refuses ids in use up front; a refusal here must fail this request,
-                # never the step (an exception out of step() ends the engine for every request)
+                # never the step (an exception out of step() ends the engine for every request).
+                # take_ready made its matcher (no other request of that id has one): drop it.
+                structured.grammars.pop(request.request_id, None)
                 failed.append((request.request_id, str(e)))
         self._request_errors += failed
 

@@ -326,8 +326,11 @@ class Sampler(nn.Module):
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata, constrained: bool = False) -> torch.Tensor:
         """Sample. ``logits`` are ``[B, V]`` (any float dtype, not modified); returns ``[B]`` int64.
+        ``constrained``: a grammar mask was applied to ``logits`` (then a rule that would leave a
+        row no token gives way, see below; without a grammar or ``allowed_token_ids`` no row can
+        lose every token, so nothing is checked).
 
         On CUDA, a batch with ``md.window_sample`` (the common case: temperature with top-k,
         optionally top-p and min-p, no seeds) takes :func:`sample_top_k_window`, which draws
@@ -347,7 +350,8 @@ class Sampler(nn.Module):
         # the sampler, over allowed_token_ids; both over min_tokens' and bad_words' bans): an
         # all -inf row would sample NaN into token 0, whatever the constraints allowed.
         if md.allowed_mask is not None:
-            logits = _unless_empty(logits, logits.masked_fill(~md.allowed_mask, float("-inf")))
+            allowed = logits.masked_fill(~md.allowed_mask, float("-inf"))
+            logits = _unless_empty(logits, allowed) if constrained else allowed
         if md.logit_bias_rows is not None:
             assert md.logit_bias_tokens is not None and md.logit_bias_values is not None
             logits = logits.index_put(
@@ -359,7 +363,8 @@ class Sampler(nn.Module):
             suppressed = logits.index_put(
                 (md.suppress_rows, md.suppress_tokens), torch.tensor(float("-inf"), device=logits.device)
             )
-            logits = _unless_empty(logits, suppressed)
+            restricted = constrained or md.allowed_mask is not None
+            logits = _unless_empty(logits, suppressed) if restricted else suppressed
         greedy_tokens = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
             assert greedy_tokens is not None

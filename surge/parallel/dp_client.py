@@ -201,11 +201,12 @@ class DPEngineClient:
             raise EngineDeadError(self.dead_reason or "the engine is not running")
         d = self._by_queue.get(queue)
         if d is None:
-            d = self._by_queue[queue] = self.pick_replica()
-        self.num_routed[d] += 1
+            d = self.pick_replica()
         self.replicas[d].add_request(
             request_id, prompt_token_ids, sampling_params, queue, index, arrival_time
         )
+        self._by_queue[queue] = d  # counted once the replica took it
+        self.num_routed[d] += 1
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests on whichever replica holds them (each ignores ids it does not hold)."""

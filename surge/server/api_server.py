@@ -284,10 +284,13 @@ def build_app(
             )
         else:
             assert body.prompt is not None
-            chat_only = sorted(
-                {"add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs"}
-                & body.model_fields_set
-            )
+            asked = {  # their defaults (and null) ask for nothing, as vLLM accepts them
+                "add_generation_prompt": body.add_generation_prompt is False,
+                "continue_final_message": body.continue_final_message is True,
+                "chat_template": body.chat_template is not None,
+                "chat_template_kwargs": bool(body.chat_template_kwargs),
+            }
+            chat_only = sorted(name for name, on in asked.items() if on)
             if chat_only:  # they shape a chat prompt: with a plain prompt they would do nothing
                 raise bad_request(
                     f"'{chat_only[0]}' applies to 'messages', not to 'prompt'", param=chat_only[0]

@@ -272,8 +272,9 @@ class ChatCompletionRequest(SamplingRequestFields):
     ``max_completion_tokens`` wins over ``max_tokens``; ``chat_template`` replaces the server's
     template for this request and ``chat_template_kwargs`` are passed to it (e.g.
     ``{"enable_thinking": false}`` for Qwen3); ``continue_final_message`` leaves the last
-    (assistant) message open for the model to continue; ``add_special_tokens`` (default false)
-    lets the tokenizer add its special tokens (e.g. BOS) on top of the template's.
+    (assistant) message open for the model to continue; ``add_special_tokens`` lets the
+    tokenizer add its special tokens (e.g. BOS) on top of the template's (unset: no, except for a
+    model without a chat template, whose fallback rendering adds them unless it is false).
     """
 
     null_is_unset: ClassVar[frozenset[str]] = NULLABLE_CHAT_FIELDS

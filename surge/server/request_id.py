@@ -34,7 +34,13 @@ def fresh_request_id() -> str:
 
 
 def _valid(value: str) -> bool:
-    return 0 < len(value) <= MAX_REQUEST_ID_LEN and value.isprintable() and value.isascii()
+    # no leading or trailing space: h11 refuses such a header value (the connection dropped)
+    return (
+        0 < len(value) <= MAX_REQUEST_ID_LEN
+        and value.isprintable()
+        and value.isascii()
+        and value == value.strip()
+    )
 
 
 class RequestIdMiddleware:
@@ -89,7 +95,9 @@ def request_id_of(request: Any, body_request_id: str | None = None) -> str:
     """
     if body_request_id is not None and not _valid(body_request_id):
         raise bad_request(
-            f"request_id must be 1 to {MAX_REQUEST_ID_LEN} printable ASCII characters", param="request_id"
+            f"request_id must be 1 to {MAX_REQUEST_ID_LEN} printable ASCII characters, without leading or "
+            "trailing spaces",
+            param="request_id",
         )
     rid = getattr(request.state, "request_id", None)
     from_client = bool(getattr(request.state, "request_id_from_client", False))

@@ -35,14 +35,20 @@ def _json_text(value: Any, param: str) -> str:
     raise bad_request(f"{param} must be a JSON schema object", param=param)
 
 
-_RESPONSE_FORMAT_KEYS = {"text": ("type",), "json_object": ("type",), "json_schema": ("type", "json_schema")}
+# ``schema`` with ``json_object``: the shape of llama.cpp, Together and Fireworks (a schema-bound JSON object)
+_RESPONSE_FORMAT_KEYS = {
+    "text": ("type",),
+    "json_object": ("type", "schema"),
+    "json_schema": ("type", "json_schema"),
+}
 # OpenAI's json_schema object (``json_schema``: the nested spelling some clients send for ``schema``)
 _JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict", "json_schema")
 
 
 def _no_unknown_keys(obj: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    """400 naming ``where.<key>`` for a key OpenAI does not define there (it would be ignored)."""
-    unknown = sorted(k for k in obj if k not in allowed)
+    """400 naming ``where.<key>`` for a key OpenAI does not define there (it would be ignored);
+    a key set to ``null`` counts as absent (clients dump unset fields so)."""
+    unknown = sorted(k for k, v in obj.items() if k not in allowed and v is not None)
     if unknown:
         raise bad_request(
             f"{where}.{unknown[0]} is not a field of {where} (fields: {', '.join(allowed)})",
@@ -59,6 +65,8 @@ def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
     if kind == "text":
         return None
     if kind == "json_object":
+        if rf.get("schema") is not None:
+            return StructuredOutputsParams(json=_json_text(rf["schema"], "response_format.schema"))
         return StructuredOutputsParams(json_object=True)
     if kind == "json_schema":
         spec = rf.get("json_schema")
@@ -149,7 +157,8 @@ def structured_outputs_of(body: Any) -> tuple[StructuredOutputsParams | None, st
     if rf is not None:
         params = _from_response_format(rf)
         if params is not None:
-            found.append(("response_format", params))
+            schema_shape = isinstance(rf, dict) and rf.get("type") == "json_object" and params.kind == "json"
+            found.append(("response_format.schema" if schema_shape else "response_format", params))
     so = getattr(body, "structured_outputs", None)
     if so is not None:
         found.append(("structured_outputs", _from_structured_outputs(so)))

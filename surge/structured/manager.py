@@ -276,6 +276,9 @@ class StructuredOutputManager:
             if error is not None:
                 failed.append((rid, str(error)))
                 continue
+            if rid in self.grammars:  # never replace an admitted request's matcher
+                failed.append((rid, f"request id {rid!r} is already in use"))
+                continue
             params = request.sampling_params.structured_outputs
             assert params is not None
             self.grammars[rid] = RequestGrammar(

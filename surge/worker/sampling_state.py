@@ -128,21 +128,24 @@ class StepSampler:
             self.cached = None
             self.logprob_rows = LogprobRows.build(requests, self.device)
         rows = self.logprob_rows
+        constrained = grammar is not None
         if rows is None:
-            return self._sample(logits, requests), None
+            return self._sample(logits, requests, constrained), None
         lp = rows.compute(logits)
-        sampled = self._sample(logits, requests)
+        sampled = self._sample(logits, requests, constrained)
         ids, lps = rows.finish(lp, sampled)
         return sampled, (rows, ids, lps)
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _sample(
+        self, logits: torch.Tensor, requests: list[Request], constrained: bool = False
+    ) -> torch.Tensor:
         if self.greedy:
             return logits.argmax(dim=-1)
         if self.fresh:
-            return self.sampler(logits, self.metadata(requests))
+            return self.sampler(logits, self.metadata(requests), constrained)
         if self.cached is None:
             self.cached = self.metadata(requests)
-        return self.sampler(logits, self.cached)
+        return self.sampler(logits, self.cached, constrained)
 
     def metadata(self, requests: list[Request]) -> SamplingMetadata:
         """The full :class:`SamplingMetadata` of ``requests`` (penalty inputs from the

@@ -567,7 +567,7 @@ def test_body_request_id(server: Server) -> None:
     )
     assert r.json()["id"] == "cmpl-hdr" and r.headers["x-request-id"] == "hdr"
     # a body id that could not be echoed as a header is a 400, not replaced by a fresh one
-    for bad in ("", "h\u00e9llo", "a\nb", "x" * 257):
+    for bad in ("", "h\u00e9llo", "a\nb", "x" * 257, " abc", "abc "):
         for path, body in ((CMPL, {"prompt": PROMPT}), (CHAT, {"messages": MSGS})):
             r = _post(server, path, body | {"max_tokens": 2, "request_id": bad})
             assert r.status_code == 400 and r.json()["error"]["param"] == "request_id", r.text

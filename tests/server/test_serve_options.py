@@ -243,6 +243,8 @@ def test_tokenize_prompt_refuses_chat_only_fields(srv: Server) -> None:
         r = post(srv, "/tokenize", {"prompt": "Once upon", field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert post(srv, "/tokenize", {"prompt": "Once upon", "add_special_tokens": False}).status_code == 200
+    defaults = {"add_generation_prompt": True, "continue_final_message": False, "chat_template": None}
+    assert post(srv, "/tokenize", {"prompt": "Once upon"} | defaults).status_code == 200  # ask for nothing
     both = {"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}
     r = post(srv, "/tokenize", both)  # add_generation_prompt defaults to true, as on chat
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text

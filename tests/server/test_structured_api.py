@@ -158,3 +158,15 @@ def test_response_format_keys_are_checked(rf: dict[str, Any], param: str) -> Non
         "json_schema": {"name": "x", "description": "d", "schema": {}, "strict": False},
     }
     assert structured_outputs_of(SimpleNamespace(response_format=ok))[0] is not None
+    # a key set to null is absent (clients dump unset fields); json_object with a schema binds it
+    nulls = {"type": "json_object", "json_schema": None, "schema": None}
+    assert structured_outputs_of(SimpleNamespace(response_format=nulls))[0].json_object
+    bound, field = structured_outputs_of(
+        SimpleNamespace(response_format={"type": "json_object", "schema": {"type": "integer"}})
+    )
+    assert json.loads(bound.json) == {"type": "integer"} and field == "response_format.schema"
+    with pytest.raises(ApiError) as e:
+        structured_outputs_of(
+            SimpleNamespace(response_format={"type": "json_object", "schema": {"type": "nope"}})
+        )
+    assert e.value.param == "response_format.schema"
