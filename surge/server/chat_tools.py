@@ -37,7 +37,7 @@ from surge.sampling_params import StructuredOutputsParams
 from surge.server.errors import bad_request
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
 from surge.server.parsers.base import ToolParser
-from surge.server.parsers.forced import NamedToolParser, RequiredToolParser, required_schema
+from surge.server.parsers.forced import NO_PARAMETERS, NamedToolParser, RequiredToolParser, required_schema
 from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
 from surge.server.structured_request import structured_outputs_of, validate
 
@@ -55,6 +55,8 @@ class ChatPlan:
         starts_in_reasoning: the output starts inside the reasoning (the grammar waits for
             ``</think>``, or the prompt opened ``<think>``: :meth:`see_prompt`); None: the
             reasoning parser's own default.
+        single_call: ``parallel_tool_calls: false``: only the first call is returned (the
+            ``required`` grammar allows one; under ``auto`` later calls are dropped, as vLLM).
     """
 
     tools: list[dict[str, Any]] | None
@@ -62,6 +64,7 @@ class ChatPlan:
     reasoning_parser: type[ReasoningParser] | None = None
     tool_parser: Callable[[], ToolParser] | None = None
     starts_in_reasoning: bool | None = None
+    single_call: bool = False
 
     @property
     def reasoning(self) -> bool:
@@ -92,6 +95,8 @@ class ChatPlan:
         d = parser.parse(text)
         calls: dict[int, dict[str, Any]] = {}
         for t in d.tool_calls:
+            if self.single_call and t.index > 0:
+                continue
             if t.name is not None:
                 calls[t.index] = {
                     "id": t.id,
@@ -122,8 +127,12 @@ class ChatPlan:
         d = parser.feed(text)
         if finish_reason is not None:
             d.extend(parser.finish())
-            if finish_reason == "stop" and parser.has_tool_calls:
+            # a call cut by a stop string is not a finished call (the message drops it so too)
+            malformed = parser.tools is not None and parser.tools.malformed_text() is not None
+            if finish_reason == "stop" and parser.has_tool_calls and not malformed:
                 finish_reason = "tool_calls"
+        if self.single_call:
+            d.tool_calls = [t for t in d.tool_calls if t.index == 0]
         return head | _delta_fields(d, parser.in_reasoning), finish_reason
 
 
@@ -241,7 +250,7 @@ def plan_chat(
             tool_parser = RequiredToolParser
         else:
             fn = _named_choice(tool_choice, tools)["function"]
-            schema = fn.get("parameters") or {"type": "object"}
+            schema = fn.get("parameters") or NO_PARAMETERS
             name = fn["name"]
             tool_parser = lambda: NamedToolParser(name)  # noqa: E731
         structured = StructuredOutputsParams(json=json.dumps(schema))
@@ -258,7 +267,8 @@ def plan_chat(
         if end_id is not None:
             structured = msgspec.structs.replace(structured, reasoning_end_token_id=end_id)
         starts_in_reasoning = end_id is not None
-    return ChatPlan(tools, structured, reasoning_cls, tool_parser, starts_in_reasoning)
+    single = tools is not None and getattr(body, "parallel_tool_calls", None) is False
+    return ChatPlan(tools, structured, reasoning_cls, tool_parser, starts_in_reasoning, single)
 
 
 def _single_token_id(tokenizer: Any, text: str) -> int | None:

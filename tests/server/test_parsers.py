@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from transformers import AutoTokenizer
 
+from surge.server.chat_tools import ChatPlan
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
 from surge.server.parsers.forced import NamedToolParser, RequiredToolParser
 from tests.conftest import SHARED
@@ -291,3 +292,68 @@ def test_json_answer_after_reasoning_without_think() -> None:
     assert _check(ungated, '{"a": 1}') == ('{"a": 1}', "", [])
     # the prompt opened <think> (no grammar): reasoning until </think>, as deepseek_r1
     assert _check(gated, "<think>Hmm</think>Paris") == ("Paris", "Hmm", [])
+
+
+def _plan(kind: str, single_call: bool = False) -> ChatPlan:
+    if kind == "named":
+        return ChatPlan([{}], None, tool_parser=lambda: NamedToolParser("f", _ids()), single_call=single_call)
+    return ChatPlan([{}], None, tool_parser=lambda: TOOL_PARSERS[kind](_ids()), single_call=single_call)
+
+
+def _stream(plan: ChatPlan, pieces: list[str], finish: str) -> tuple[list[dict], str | None]:
+    parser = plan.new_parser()
+    deltas, reason = [], None
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        delta, reason = plan.delta(parser, piece, i == 0, finish if last else None)
+        deltas.append(delta)
+    return deltas, reason
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        ("named", '{"zone": "'),
+        ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zone": "'),
+        ("hermes", '<tool_call>\n{"name": "get_time", '),
+    ],
+)
+def test_a_call_cut_by_a_stop_string_keeps_stop(kind: str, text: str) -> None:
+    """A stop string cut the call: streamed, the finish reason was "tool_calls" with arguments
+    that do not parse (a client loop would run them); now "stop", as the message says too."""
+    msg, reason = _plan(kind).message(text, "stop")
+    assert reason == "stop" and "tool_calls" not in msg
+    _, streamed = _stream(_plan(kind), [text[:5], text[5:]], "stop")
+    assert streamed == "stop"
+    whole = (
+        '{"zone": "UTC"}' if kind == "named" else '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
+    )
+    assert _plan(kind).message(whole, "stop")[1] == "tool_calls"
+    assert _stream(_plan(kind), [whole], "stop")[1] == "tool_calls"
+
+
+def test_a_named_call_opens_with_its_first_argument_text() -> None:
+    """An answer with no argument text (max_tokens 1 spent on </think>) has no call, not a call
+    whose arguments are "" (which no client can parse)."""
+    msg, reason = _plan("named").message("", "length")
+    assert "tool_calls" not in msg and reason == "length"
+    msg, reason = _plan("named").message("", "stop")
+    assert "tool_calls" not in msg and reason == "stop"
+    assert _stream(_plan("named"), [""], "stop") == ([{"role": "assistant", "content": ""}], "stop")
+    msg, _ = _plan("named").message(" ", "length")  # whitespace is not JSON either
+    assert "tool_calls" not in msg and msg["content"] == " "
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_under_auto() -> None:
+    """As vLLM's maybe_filter_parallel_tool_calls: streamed and not, only index 0."""
+    msg, reason = _plan("hermes", single_call=True).message(HERMES_TWO, "stop")
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_weather"] and reason == "tool_calls"
+    deltas, _ = _stream(_plan("hermes", single_call=True), _random_pieces(HERMES_TWO, 0), "stop")
+    names = [
+        t["function"].get("name")
+        for d in deltas
+        for t in d.get("tool_calls", [])
+        if t["function"].get("name")
+    ]
+    assert names == ["get_weather"]
+    assert len(_plan("hermes").message(HERMES_TWO, "stop")[0]["tool_calls"]) == 2

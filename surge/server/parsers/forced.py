@@ -13,6 +13,10 @@ from typing import Any
 
 from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolCallDelta, ToolParser
 
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+"""The arguments of a function without ``parameters``: none (OpenAI: "omitting parameters defines a
+function with an empty parameter list"); a bare ``{"type": "object"}`` would take any keys."""
+
 
 def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
     """The JSON schema of ``tool_choice: "required"``: an array of one or more calls (exactly
@@ -27,7 +31,7 @@ def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[
     defs: dict[str, Any] = {}
     for i, tool in enumerate(tools):
         fn = tool["function"]
-        params = fn.get("parameters") or {"type": "object"}
+        params = fn.get("parameters") or NO_PARAMETERS
         if _has_local_ref(params):
             defs[f"tool_{i}"] = _reroot(params, f"#/$defs/tool_{i}")
             params = {"$ref": f"#/$defs/tool_{i}"}
@@ -120,22 +124,29 @@ class NamedToolParser(ToolParser):
 
     def feed(self, text: str) -> DeltaMessage:
         out = DeltaMessage()
+        if not text:  # the call opens with its first argument text, never empty
+            return out
         if not self.calls:
             call = self._new_call()
             call.name = self._name
             out.tool_calls.append(ToolCallDelta(call.index, call.id, self._name, ""))
-        if text:
-            out.tool_calls.append(ToolCallDelta(0, arguments=text))
-            self._args += text
+        out.tool_calls.append(ToolCallDelta(0, arguments=text))
+        self._args += text
         return out
 
     def finish(self) -> DeltaMessage:
         return self.feed("")
 
     def malformed_text(self) -> str | None:
-        """The arguments' text when they do not parse (``max_tokens`` cut them): a non-streamed
-        answer gives it as content, with no call."""
-        return _unless_json(self._args) if self.calls else None
+        """The arguments' text when they do not parse (``max_tokens`` or a stop string cut
+        them): a non-streamed answer gives it as content, with no call."""
+        if not self.calls:
+            return None
+        try:
+            json.loads(self._args)
+        except ValueError:
+            return self._args
+        return None
 
 
 def _unless_json(text: str) -> str | None:
