@@ -176,15 +176,6 @@ def load_sharegpt(path: str) -> list[Conversation]:
     return out
 
 
-def load_sharegpt_prompts(path: str) -> list[str]:
-    """First human turn of every conversation in a ShareGPT JSON file.
-
-    Raises:
-        ValueError: missing file or not the ShareGPT list format.
-    """
-    return [c.prompt for c in load_sharegpt(path)]
-
-
 def sharegpt_requests(
     counter: TokenCounter,
     path: str,

@@ -49,7 +49,13 @@ from surge.server.guard import GuardConfig, RequestGuard
 from surge.server.http_protocol import guarded_h11_protocol
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
-from surge.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from surge.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    check_continue_final_message,
+)
 from surge.server.request_id import RequestIdMiddleware, logged_request_id
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
@@ -266,12 +272,7 @@ def build_app(
         if body.messages is not None:
             check_template_kwargs(body.chat_template_kwargs)
             state.check_chat_template(body.chat_template)
-            if body.continue_final_message and body.add_generation_prompt:  # named as on chat
-                raise bad_request(
-                    "continue_final_message and add_generation_prompt cannot both be true "
-                    "(set add_generation_prompt to false)",
-                    param="continue_final_message",
-                )
+            check_continue_final_message(body.continue_final_message, body.add_generation_prompt)
             ids = await render_chat(
                 state,
                 body.messages,

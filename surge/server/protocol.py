@@ -266,6 +266,17 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+def check_continue_final_message(continue_final_message: bool, add_generation_prompt: bool) -> None:
+    """Chat and ``/tokenize`` messages: a 400 naming ``continue_final_message`` when both it and
+    ``add_generation_prompt`` are true (the last message cannot stay open under a new header)."""
+    if continue_final_message and add_generation_prompt:
+        raise bad_request(
+            "continue_final_message and add_generation_prompt cannot both be true "
+            "(set add_generation_prompt to false)",
+            param="continue_final_message",
+        )
+
+
 class ChatCompletionRequest(SamplingRequestFields):
     """Body of ``POST /v1/chat/completions``.
 
@@ -303,12 +314,7 @@ class ChatCompletionRequest(SamplingRequestFields):
         super().check_unimplemented()
         if self.echo:
             raise bad_request("'echo' is not supported on chat completions by Surge yet", param="echo")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise bad_request(
-                "continue_final_message and add_generation_prompt cannot both be true "
-                "(set add_generation_prompt to false)",
-                param="continue_final_message",
-            )
+        check_continue_final_message(self.continue_final_message, self.add_generation_prompt)
 
     @property
     def requested_max_tokens(self) -> int | None:

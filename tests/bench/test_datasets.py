@@ -10,7 +10,7 @@ import pytest
 from conftest import BUNDLED_MODEL, QWEN3_8B, SHAREGPT
 from fake_server import Behaviour, FakeServer
 
-from surge.bench.datasets import load_sharegpt_prompts, random_requests, sharegpt_requests
+from surge.bench.datasets import load_sharegpt, random_requests, sharegpt_requests
 from surge.bench.tokens import HFTokenCounter, ServerTokenCounter, resolve_counter
 
 
@@ -134,8 +134,9 @@ def test_no_way_to_count() -> None:
 
 
 def test_sharegpt(stories: HFTokenCounter, tmp_path: Path) -> None:
-    prompts = load_sharegpt_prompts(str(SHAREGPT))
-    assert len(prompts) == 500 and prompts[0].startswith("How to stop automatic updates")
+    conversations = load_sharegpt(str(SHAREGPT))
+    assert len(conversations) == 500 and conversations[0].prompt.startswith("How to stop automatic updates")
+    assert all(c.reply is None for c in conversations)  # the bundled files keep only the prompts
     reqs = sharegpt_requests(stories, str(SHAREGPT), 10, 64, seed=1, max_model_len=512)
     assert len(reqs) == 10 and len({r.prompt for r in reqs}) == 10
     for r in reqs:
@@ -148,7 +149,7 @@ def test_sharegpt(stories: HFTokenCounter, tmp_path: Path) -> None:
     bad.write_text(json.dumps({"not": "a list"}))
     for path in (str(bad), str(tmp_path / "missing.json")):
         with pytest.raises(ValueError):
-            load_sharegpt_prompts(path)
+            load_sharegpt(path)
     with pytest.raises(ValueError, match="usable prompts"):
         sharegpt_requests(stories, str(SHAREGPT), 10_000, 64, seed=1)
 
