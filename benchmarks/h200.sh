@@ -14,7 +14,8 @@
 #   --quantization fp8    FP8 weights, quantized at load; the roofline counts FP8 weight bytes
 #   --kv-cache-dtype fp8  an FP8 KV cache; the roofline counts 1 byte per K/V value
 #   --api-server-count N  N API server processes on the port (default 1)
-#   --no-stream-decode    one launch per GEMM at one token; --stream-attention: attention inside the stream kernel
+#   --no-stream-decode    one launch per GEMM at one token; --stream-attention / --no-stream-attention: attention
+#                         inside the stream kernel required / never (default: the server's, wherever it can)
 # e.g. CUDA_VISIBLE_DEVICES=0 benchmarks/h200.sh --port 8240 --quantization fp8 .assets/qwen3-8b \
 #        runs/fp8 1 --preset official-8b --label surge-fp8
 set -euo pipefail
@@ -28,11 +29,12 @@ while [ $# -gt 0 ]; do
     --api-server-count) serve_extra+=(--api-server-count "$2"); shift 2 ;;
     --no-stream-decode) serve_extra+=(--no-stream-decode); shift ;;
     --stream-attention) serve_extra+=(--stream-attention); shift ;;
-    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype, --api-server-count, --no-stream-decode, --stream-attention)" >&2; exit 2 ;;
+    --no-stream-attention) serve_extra+=(--no-stream-attention); shift ;;
+    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype, --api-server-count, --no-stream-decode, --[no-]stream-attention)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] [--api-server-count N] [--no-stream-decode] [--stream-attention] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
+if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] [--api-server-count N] [--no-stream-decode] [--[no-]stream-attention] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
 model="$1"; out="$2"; interval="$3"; shift 3
 mkdir -p "$out"
 if python3 -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then

@@ -6,14 +6,15 @@
 # RUNS: where the results go, e.g. /tmp/fp8runs (one folder or file per step).
 # The GPU is the one CUDA_VISIBLE_DEVICES names: two steps can run at once on two GPUs.
 # STEPs:
-#   surge-fp8      the 30-point matrix, Surge --quantization fp8 (port 8240)      -> RUNS/surge-fp8/
+#   surge-fp8      the 30-point matrix, Surge --quantization fp8 (port 8240; since session 26 this
+#                  includes attention inside the stream kernel up to 2,048 tokens) -> RUNS/surge-fp8/
 #   surge-fp8-kv8  the same with --kv-cache-dtype fp8 (port 8242)                 -> RUNS/surge-fp8-kv8/
 #   surge-fp8-chain the same with --no-stream-decode: one launch per GEMM at one token (port 8244) -> RUNS/surge-fp8-chain/
-#   surge-fp8-sattn the same with --stream-attention: attention inside the stream kernel (port 8245)
+#   surge-fp8-sattn the same with --stream-attention (required, not just where it can; port 8245)
 #                                                                                 -> RUNS/surge-fp8-sattn/
 #   stream-attn    --stream-attention against without it (about 6 min): the stream kernels' GPU
 #                  tests, stream_attention_bench.py at 32 to 8,192 tokens of context, then C1 at
-#                  I32/I4096 x O256/O1024 on fresh servers, with, without, with, without
+#                  I32/I4096 x O256/O1024 on fresh servers, with, without (--no-stream-attention), with, without
 #                                        -> RUNS/stream-attn/ (tests.txt, attn.jsonl, c1-*/)
 #   surge-fp8-ckpt the same on an FP8 checkpoint's layout (128 x 128 block scales, as Qwen's
 #                  FP8 release; made by fp8_model_dir.py from MODEL_DIR, port 8243;
@@ -85,7 +86,7 @@ case "$step" in
     i=0
     for v in with without with without; do
       i=$((i + 1))
-      flag=(); [ "$v" = with ] && flag=(--stream-attention)
+      flag=(--no-stream-attention); [ "$v" = with ] && flag=(--stream-attention)
       bash "$here/h200.sh" --port 8246 --quantization fp8 "${flag[@]}" "$model" "$d/c1-$i-$v" 1 \
         --concurrency 1 --input-len 32,4096 --output-len 256,1024 --label "c1-$v" > "$d/c1-$i-$v.log" 2>&1
       grep -h "stream kernel\|attention" "$d/c1-$i-$v/server.log" | head -n 3

@@ -397,11 +397,14 @@ class EngineConfig:
             :mod:`surge.layers.stream_decode` instead of one launch per GEMM (on by default;
             CLI ``--no-stream-decode``).
         stream_attention: with ``stream_decode``, also run each layer's attention inside that
-            kernel, so a one-token step is one launch (bf16 KV cache, 128-wide heads, at most
-            four query heads per KV head; :meth:`surge.layers.stream_decode.StreamDecode.bind`).
-            Off by default (CLI ``--stream-attention``): measured faster at short contexts only.
-            Refused (ValueError) without FP8 weights, a CUDA device and ``stream_decode``, or with
-            an FP8 KV cache; a model the kernel cannot run attention for logs why at start-up.
+            kernel, so a one-token step of a context up to
+            :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN` tokens is one launch
+            (bf16 KV cache, 128-wide heads, at most four query heads per KV head;
+            :meth:`surge.layers.stream_decode.StreamDecode.bind`). None (the default): wherever
+            the stream kernel runs and can (start-up logs which, and why not); True (CLI
+            ``--stream-attention``): required, refused (ValueError) without FP8 weights, a CUDA
+            device and ``stream_decode``, or with an FP8 KV cache; False
+            (``--no-stream-attention``): never.
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
             is refused; it is not a serving mode and no CLI flag sets it.
@@ -417,7 +420,7 @@ class EngineConfig:
     seed: int = 0
     cpu_threads: int = 1
     stream_decode: bool = True
-    stream_attention: bool = False
+    stream_attention: bool | None = None
     fp8_emulation: bool = False
 
     def __post_init__(self) -> None:
@@ -448,7 +451,7 @@ class EngineConfig:
             not self.fp8_emulation or self.device == "cpu",
             "fp8_emulation is a CPU test mode; it cannot be used on a GPU",
         )
-        if self.stream_attention:  # refused where it could have no effect, not ignored
+        if self.stream_attention is True:  # asked for: refused where it could have no effect, not ignored
             _require(
                 self.device.startswith("cuda") and self.stream_decode and self.model.fp8_config is not None,
                 "stream_attention (--stream-attention) runs inside the FP8 stream kernel: it needs FP8 weights "

@@ -80,7 +80,7 @@ def build_engine_config(
     fp8_emulation: bool = False,
     generation_config: str = "auto",
     stream_decode: bool = True,
-    stream_attention: bool = False,
+    stream_attention: bool | None = None,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 

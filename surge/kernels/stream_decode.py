@@ -115,6 +115,8 @@ struct Phase {
 #define OP_MERGE 2
 #define HD 128
 #define GMAX 4
+#define TOK 4  // tokens per warp per attend step
+static_assert(GMAX * TOK == 16 && TOK == 4, "attend maps lane / 8 to a head and lane / 2 % 4 to a token");
 #define PART (HD + 2)
 // block ids an attend block stages: what shared memory holds after its other buffers
 #define IDS ((2 * XMAX + 4 * EPMAX) / 4 - (GMAX + 2) * HD - NW * GMAX * PART)
@@ -165,6 +167,9 @@ __device__ __forceinline__ float bf16r(float x) { return __uint_as_float(((unsig
 __device__ __forceinline__ float bf(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
 __device__ __forceinline__ float lo_bf(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi_bf(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
+  return (unsigned)to_bf16(lo) | ((unsigned)to_bf16(hi) << 16);
+}
 // L2-only loads for what other blocks wrote in this launch; .nc for what no launch writes.
 __device__ __forceinline__ void ld_cg2(const unsigned short* p, unsigned* v) {
   asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "l"(p));
@@ -376,6 +381,19 @@ __device__ float build_x(const Phase& d, const unsigned short* xin, unsigned sho
   return exp2f((float)e);
 }
 
+// One step of a warp's reduce-scatter: of its first 2 W values, a lane keeps the half its bit
+// 2 W selects and adds the partner's (lane ^ 2 W) copy of that half.
+template <int W>
+__device__ __forceinline__ void halve(float* v, int lane) {
+  const bool up = (lane & (2 * W)) != 0;
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    const float send = up ? v[j] : v[j + W];
+    const float keep = up ? v[j + W] : v[j];
+    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * W);
+  }
+}
+
 // Attention of the one sequence over its paged K/V, one (KV head, split) per block: the split's
 // share of the context (the new token's K/V taken from registers: the block that owns it also
 // writes them to the cache). Qwen3's per-head q/k RMSNorm (qk_norm) and rotary (GPT-NeoX
@@ -440,11 +458,13 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int t
     }
   }
   block_sync();
-  float qr[GMAX][4], m[GMAX], l[GMAX], acc[GMAX][4];
+  float qr[GMAX][4], acc[GMAX][4];
+  // the running max and sum of query head g_own = lane / 8, kept by that head's 8 lanes;
+  // acc by every lane (its 4 dims of each head)
+  float m_own = NEG_INF, l_own = 0.f;
+  const int g_own = lane >> 3, u_own = (lane >> 1) & 3;
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
-    m[g] = NEG_INF;
-    l[g] = 0.f;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       qr[g][c] = g < G ? qs[g * HD + 4 * lane + c] : 0.f;
@@ -453,11 +473,12 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int t
   }
   const unsigned short* kc = reinterpret_cast<const unsigned short*>(d.k_cache);
   const unsigned short* vc = reinterpret_cast<const unsigned short*>(d.v_cache);
-  for (int tb = t0 + warp; tb < t1; tb += 4 * NW) {
-    // four tokens per warp at a time: their loads in flight together
-    uint2 kr[4], vr[4];
+  // TOK tokens per warp at a time: their K/V loads in flight together, then one online-softmax
+  // update per query head over all of them
+  for (int tb = t0 + warp; tb < t1; tb += TOK * NW) {
+    uint2 kr[TOK], vr[TOK];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < TOK; ++u) {
       const int t = tb + u * NW;
       kr[u] = vr[u] = make_uint2(0u, 0u);
       if (t < t1 && t != L - 1) {
@@ -468,32 +489,68 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int t
         vr[u] = __ldcg(reinterpret_cast<const uint2*>(vc + idx));
       }
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int t = tb + u * NW;
-      if (t >= t1) break;
-      float kf[4], vf[4];
-      if (t == L - 1) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          kf[c] = kn[4 * lane + c];
-          vf[c] = vn[4 * lane + c];
-        }
-      } else {
-        kf[0] = lo_bf(kr[u].x); kf[1] = hi_bf(kr[u].x); kf[2] = lo_bf(kr[u].y); kf[3] = hi_bf(kr[u].y);
-        vf[0] = lo_bf(vr[u].x); vf[1] = hi_bf(vr[u].x); vf[2] = lo_bf(vr[u].y); vf[3] = hi_bf(vr[u].y);
+    // the next step's K/V lines into L2 while this one computes: lane 4 u + (K low, K high, V low, V high)
+    if (lane < 4 * TOK) {
+      const int t = tb + TOK * NW + (lane >> 2) * NW;
+      if (t < t1) {
+        const int blk = staged ? ids[t / bs - id0] : mt.block_table[t / bs];
+        const long long slot = (long long)blk * bs + t % bs;
+        const unsigned short* line = ((lane & 2) ? vc : kc) + slot * (long long)(H * HD) + h * HD + (lane & 1) * 64;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
       }
+    }
+    if (L - 1 >= tb && L - 1 < tb + TOK * NW && (L - 1 - tb) % NW == 0) {  // the new token, from shared
+      const int u = (L - 1 - tb) / NW;
+      const float* k4 = kn + 4 * lane;
+      const float* v4 = vn + 4 * lane;
 #pragma unroll
-      for (int g = 0; g < GMAX; ++g) {
-        if (g < G) {
-          float sc = qr[g][0] * kf[0] + qr[g][1] * kf[1] + qr[g][2] * kf[2] + qr[g][3] * kf[3];
-          sc = warp_sum(sc);
-          const float mn = fmaxf(m[g], sc);
-          const float corr = exp2f(m[g] - mn), pr = exp2f(sc - mn);
-          l[g] = l[g] * corr + pr;
+      for (int w = 0; w < TOK; ++w) {
+        if (w == u) {
+          kr[w] = make_uint2(pack_bf2(k4[0], k4[1]), pack_bf2(k4[2], k4[3]));
+          vr[w] = make_uint2(pack_bf2(v4[0], v4[1]), pack_bf2(v4[2], v4[3]));
+        }
+      }
+    }
+    // partial dot products (this lane's 4 dims) of every (head g, token u), reduced across the
+    // warp by halving exchanges: 16 sums in 16 shuffles, lane ending with pair j = lane / 2
+    float v[GMAX * TOK];
 #pragma unroll
-          for (int c = 0; c < 4; ++c) acc[g][c] = acc[g][c] * corr + pr * vf[c];
-          m[g] = mn;
+    for (int g = 0; g < GMAX; ++g) {
+#pragma unroll
+      for (int u = 0; u < TOK; ++u) {
+        v[g * TOK + u] = qr[g][0] * lo_bf(kr[u].x) + qr[g][1] * hi_bf(kr[u].x) + qr[g][2] * lo_bf(kr[u].y) +
+                         qr[g][3] * hi_bf(kr[u].y);
+      }
+    }
+    halve<8>(v, lane);
+    halve<4>(v, lane);
+    halve<2>(v, lane);
+    halve<1>(v, lane);
+    float s = v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+    if (tb + u_own * NW >= t1 || g_own >= G) s = NEG_INF;
+    float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    const float mn = fmaxf(m_own, mx);
+    const bool live = mn != NEG_INF;  // false only on the lanes of a head g >= G
+    const float p = live ? exp2f(s - mn) : 0.f;
+    const float corr = live ? exp2f(m_own - mn) : 1.f;
+    float ps = p + __shfl_xor_sync(0xffffffffu, p, 2);
+    ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+    l_own = l_own * corr + ps;
+    m_own = mn;
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+      if (g < G) {
+        const float cg = __shfl_sync(0xffffffffu, corr, g * 8);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[g][c] *= cg;
+#pragma unroll
+        for (int u = 0; u < TOK; ++u) {
+          const float pu = __shfl_sync(0xffffffffu, p, g * 8 + u * 2);
+          acc[g][0] += pu * lo_bf(vr[u].x);
+          acc[g][1] += pu * hi_bf(vr[u].x);
+          acc[g][2] += pu * lo_bf(vr[u].y);
+          acc[g][3] += pu * hi_bf(vr[u].y);
         }
       }
     }
@@ -504,9 +561,10 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int t
       float* w = wacc + (warp * GMAX + g) * PART;
 #pragma unroll
       for (int c = 0; c < 4; ++c) w[4 * lane + c] = acc[g][c];
+      const float mg = __shfl_sync(0xffffffffu, m_own, g * 8), lg = __shfl_sync(0xffffffffu, l_own, g * 8);
       if (lane == 0) {
-        w[HD] = m[g];
-        w[HD + 1] = l[g];
+        w[HD] = mg;
+        w[HD + 1] = lg;
       }
     }
   }

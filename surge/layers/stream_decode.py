@@ -17,7 +17,8 @@ Bound to the KV caches (:meth:`StreamDecode.bind`; the model runner does so with
 attention runs inside the kernel too, as an attend phase (per KV head and context split: q/k
 norm, rotary, the new K/V written, the split's share of the context) and a merge phase before
 its ``o`` (:func:`plan_fused`), for bf16 caches, 128-wide heads and at most four query heads per
-KV head (:func:`attention_unsupported`).
+KV head (:func:`attention_unsupported`), and for contexts up to :data:`FUSED_ATTENTION_MAX_LEN`
+tokens: a longer step runs the ``L + 1`` launches (the decode CUDA graphs capture both forms).
 
 The caller applies the final norm to the returned ``(hidden, residual)`` as the eager path does.
 The residual lives in two bf16 buffers used alternately, the epilogues' statistics in two
@@ -231,6 +232,16 @@ def attention_unsupported(
     return None
 
 
+FUSED_ATTENTION_MAX_LEN = 2048
+"""Longest context (tokens, ``metadata.max_seq_len``) a bound :class:`StreamDecode` runs with
+attention inside the kernel. Measured on the H200 (Qwen3-8B FP8, batch 1, session 26,
+``benchmarks/results/h200-qwen3-8b-fp8/session26/``): per layer, the one launch against the
+launch chain was -4.2 % at 288 tokens and -4.8 % at 1,024, +0.1 % at 4,096 and +7.5 % at 8,192
+(``stream_attention_bench.py``); served at C1, -1.1 % TPOT (3.05 against 3.09 ms) at a 32-token
+prompt with 256 out, -2.8 % with 1,024 out, but +3.0 % at a 4,096-token prompt. The attend phase
+has a quarter of the launch chain's blocks per KV head (one per SM) for the whole context."""
+
+
 def attention_phases(
     attn: nn.Module,
     k_cache: torch.Tensor,
@@ -327,7 +338,8 @@ class StreamDecode:
         attend and merge phases, :class:`~surge.kernels.stream_decode.StreamAttention`) over
         ``kv_caches``, the caches every later call passes; call once they are allocated and
         before any CUDA-graph capture. Returns None when bound, else why not (no kernel, or
-        :func:`attention_unsupported`); unbound, or called with other caches, a step runs
+        :func:`attention_unsupported`); unbound, called with other caches, or for a context
+        (``metadata.max_seq_len``) over :data:`FUSED_ATTENTION_MAX_LEN` tokens, a step runs
         ``L + 1`` launches with the layers' attention between them."""
         self.fused, self.fused_table, self.fused_caches = None, None, ()
         if self.kernel is None:
@@ -365,7 +377,11 @@ class StreamDecode:
     ) -> StreamMeta | None:
         """The step's layout for the bound one-launch plan, or None when this call cannot
         use it (other caches, or metadata of other dtypes or layout)."""
-        if self.fused_table is None or metadata.num_seqs != 1:
+        if (
+            self.fused_table is None
+            or metadata.num_seqs != 1
+            or metadata.max_seq_len > FUSED_ATTENTION_MAX_LEN
+        ):
             return None
         if tuple(int(c.data_ptr()) for kv in kv_caches for c in kv) != self.fused_caches:
             return None

@@ -106,6 +106,12 @@ class DecodeGraphRunner:
             any other (decode form, whose rows read each other's new K/V, or rows of which one
             completes a block that another may hold) the graph that writes K/V in a launch
             before attention.
+        short_context: for a bucket, a context length in tokens (or None): that bucket also
+            gets a graph captured with it as ``max_seq_len``, which a step whose longest
+            context is at most that long replays (the forward may take a path that only
+            short contexts gain from: the FP8 stream kernel's own attention,
+            :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN`). Asked at
+            :meth:`capture`, once the forward's paths are set.
 
     Attributes:
         token_i64: ``[3, max_bucket]`` int64 static rows: input ids, positions, slot mapping.
@@ -113,6 +119,8 @@ class DecodeGraphRunner:
         block_table: ``[max_bucket, max_blocks_per_seq]`` int32 static block table.
         capture_stream: the stream :meth:`capture` used (None before it).
         independent: the buckets captured twice (see ``independent_buckets``).
+        short: bucket -> the context length of its short-context graph (see
+            ``short_context``; filled by :meth:`capture`).
     """
 
     def __init__(
@@ -125,6 +133,7 @@ class DecodeGraphRunner:
         use_graphs: bool = True,
         capture_error_mode: str = "global",
         independent_buckets: Callable[[int], bool] | None = None,
+        short_context: Callable[[int], int | None] | None = None,
     ) -> None:
         self.forward = forward
         # buckets whose true decode steps (AttentionMetadata.independent_rows) get a graph of
@@ -140,7 +149,9 @@ class DecodeGraphRunner:
         # Rows a multiple of 4 long: both start 16-byte aligned.
         self.seq_i32 = torch.zeros(2, -(-(top + 1) // 4) * 4, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(top, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.short_context = short_context
+        self.short: dict[int, int] = {}
+        self._graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: tuple[int, int] | None = None
         self.capture_stream: torch.cuda.Stream | None = None
 
@@ -152,7 +163,7 @@ class DecodeGraphRunner:
     @property
     def captured(self) -> list[int]:
         """Buckets with a captured graph."""
-        return sorted({b for b, _ in self._graphs})
+        return sorted({key[0] for key in self._graphs})
 
     def bucket_for(self, num_seqs: int) -> int | None:
         """The bucket a pure-decode step of ``num_seqs`` sequences runs in (None: eager)."""
@@ -207,6 +218,11 @@ class DecodeGraphRunner:
                 share them (:meth:`surge.worker.model_runner.ModelRunner.init_kv_cache`); a new
                 stream and pool when None.
         """
+        self.short = {}
+        for bucket in self.buckets:
+            length = None if self.short_context is None else self.short_context(bucket)
+            if length is not None and length < self.max_model_len:
+                self.short[bucket] = length
         if not self.use_graphs:
             return
         self._pool = torch.cuda.graph_pool_handle() if pool is None else pool
@@ -215,11 +231,15 @@ class DecodeGraphRunner:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.inference_mode(), torch.cuda.stream(stream):
             for bucket in reversed(self.buckets):
-                for independent in (False, True) if bucket in self.independent else (False,):
+                variants = [
+                    (independent, short)
+                    for independent in ((False, True) if bucket in self.independent else (False,))
+                    for short in ((False, True) if bucket in self.short else (False,))
+                ]
+                for independent, short in variants:
                     self._reset_static(bucket)
-                    md = self._metadata(
-                        bucket, self.max_model_len, list(range(bucket + 1)), [1] * bucket, independent
-                    )
+                    longest = self.short[bucket] if short else self.max_model_len
+                    md = self._metadata(bucket, longest, list(range(bucket + 1)), [1] * bucket, independent)
                     ids, pos = self.token_i64[0, :bucket], self.token_i64[1, :bucket]
                     for _ in range(num_warmup):
                         self.forward(ids, pos, md)
@@ -229,7 +249,7 @@ class DecodeGraphRunner:
                         graph, pool=self._pool, stream=stream, capture_error_mode=self.capture_error_mode
                     ):
                         out = self.forward(ids, pos, md)
-                    self._graphs[bucket, independent] = (graph, out)
+                    self._graphs[bucket, independent, short] = (graph, out)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
@@ -249,8 +269,9 @@ class DecodeGraphRunner:
         self.block_table[: inputs.num_seqs, :width].copy_(inputs.block_table, non_blocking=True)
 
     def run(self, inputs: PreparedInputs) -> torch.Tensor:
-        """Fill the static buffers and replay the bucket's graph (or run the forward
-        eagerly on the static buffers when not captured).
+        """Fill the static buffers and replay the bucket's graph (its short-context one when
+        ``inputs.max_seq_len`` fits it), or run the forward eagerly on the static buffers, as
+        captured, when not captured.
 
         Returns:
             ``hidden [bucket, hidden_size]``; rows ``>= inputs.num_tokens`` are padding. With
@@ -259,12 +280,12 @@ class DecodeGraphRunner:
         self.fill(inputs)
         bucket = inputs.padded_seqs
         independent = inputs.independent_rows and bucket in self.independent
-        entry = self._graphs.get((bucket, independent))
+        short = bucket in self.short and inputs.max_seq_len <= self.short[bucket]
+        entry = self._graphs.get((bucket, independent, short))
         if entry is not None:
             entry[0].replay()
             return entry[1]
-        # As captured: the backend sees max_model_len as the longest context.
-        md = self._metadata(
-            bucket, self.max_model_len, inputs.query_start_loc_cpu, inputs.seq_lens_cpu, independent
-        )
+        # As captured: the backend sees max_model_len (or the short graph's length) as the longest context.
+        longest = self.short[bucket] if short else self.max_model_len
+        md = self._metadata(bucket, longest, inputs.query_start_loc_cpu, inputs.seq_lens_cpu, independent)
         return self.forward(self.token_i64[0, :bucket], self.token_i64[1, :bucket], md)

@@ -27,7 +27,7 @@ from surge.config import EngineConfig
 from surge.core.outputs import ModelOutput, SchedulerOutput
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
-from surge.layers.stream_decode import bind_stream_kv, enable_stream_decode
+from surge.layers.stream_decode import FUSED_ATTENTION_MAX_LEN, bind_stream_kv, enable_stream_decode
 from surge.layers.top_k_top_p import warm_up_sample_top_k_window
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
@@ -296,6 +296,7 @@ class ModelRunner:
                 sc.max_model_len,
                 capture_error_mode="thread_local" if self.tp_size > 1 else "global",
                 independent_buckets=self.attn_backend.fuses_decode_rope,
+                short_context=self._short_context,
             )
         self.piecewise: PiecewiseGraphRunner | None = None
         if self.graph_runner is not None and self.tp_size == 1:
@@ -489,6 +490,15 @@ class ModelRunner:
             md.top_k_window = None  # profile the full-sort top-k/top-p path (its temporaries are larger)
             self.sampler(logits, md)
 
+    def _short_context(self, bucket: int) -> int | None:
+        """The decode graphs' short-context length for ``bucket`` (tokens): batch 1 gets one
+        when the FP8 stream kernel runs attention itself (bound by ``--stream-attention``),
+        which it does only up to :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN`."""
+        sd = getattr(getattr(self.model, "model", None), "stream_decode", None)
+        if bucket != 1 or sd is None or getattr(sd, "fused_table", None) is None:
+            return None
+        return FUSED_ATTENTION_MAX_LEN
+
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate per-layer K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
         (zeros, in :attr:`kv_cache_dtype`) on the device, compile the eager kernels' variants
@@ -503,7 +513,7 @@ class ModelRunner:
             )
             for _ in range(mc.num_hidden_layers)
         ]
-        if self.config.stream_attention and getattr(
+        if self.config.stream_attention is not False and getattr(
             getattr(self.model, "model", None), "stream_decode", None
         ):
             why_not = bind_stream_kv(self.model, self.kv_caches)
@@ -513,7 +523,7 @@ class ModelRunner:
                 )
             else:
                 logger.info("start-up: attention outside the FP8 stream kernel (%s)", why_not)
-        elif self.config.stream_attention:
+        elif self.config.stream_attention:  # asked for explicitly
             logger.info(
                 "start-up: --stream-attention has no effect: the FP8 stream kernel is off (see above)"
             )

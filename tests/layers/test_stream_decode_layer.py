@@ -147,6 +147,38 @@ def test_attention_stays_outside_the_kernel_where_it_cannot_run_inside(
     assert f"of size {mc.head_dim}" in str(attention_unsupported(layers, caches, 132))  # tiny heads, not 128
 
 
+def test_one_launch_only_up_to_the_fused_attention_context(
+    fp8_model: tuple[torch.nn.Module, ModelConfig],
+) -> None:
+    """Bound (faked on CPU), a one-token step takes the one-launch plan for a context of at most
+    FUSED_ATTENTION_MAX_LEN tokens and the launch chain beyond it."""
+    from surge.layers.attention_backend import AttentionMetadata
+    from surge.layers.stream_decode import FUSED_ATTENTION_MAX_LEN
+
+    model, mc = fp8_model
+    shape = (4, 16, mc.num_key_value_heads, mc.head_dim)
+    caches = [
+        (torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+        for _ in model.model.layers
+    ]
+    sd = StreamDecode(model.model.layers, None)
+    sd.fused_table = torch.zeros(1, dtype=torch.int64)
+    sd.fused_caches = tuple(int(c.data_ptr()) for kv in caches for c in kv)
+
+    def meta(longest: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            num_tokens=1, num_seqs=1, query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=torch.tensor([longest], dtype=torch.int32), block_table=torch.zeros(1, 4, dtype=torch.int32),
+            slot_mapping=torch.zeros(1, dtype=torch.int64), max_query_len=1, max_seq_len=longest,
+            query_start_loc_cpu=[0, 1], seq_lens_cpu=[longest],
+        )  # fmt: skip
+
+    pos = torch.zeros(1, dtype=torch.int64)
+    assert sd._fused_meta(pos, caches, meta(FUSED_ATTENTION_MAX_LEN)) is not None
+    assert sd._fused_meta(pos, caches, meta(FUSED_ATTENTION_MAX_LEN + 1)) is None
+    assert sd._fused_meta(pos, caches[::-1], meta(8)) is None  # other caches
+
+
 @pytest.mark.parametrize("kind", ["qwen3", "llama3"])
 def test_one_launch_plan_in_torch_matches_the_eager_stack(kind: str, tmp_path: Path) -> None:
     """The one-launch plan (attention phases included) of a tiny FP8 model with 128-wide heads,

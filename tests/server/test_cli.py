@@ -89,7 +89,8 @@ def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(
 
 
 def test_stream_attention_flag_reaches_the_engine_config() -> None:
-    """``--stream-attention`` is off unless given, and refused in one line where it could do nothing."""
+    """``--stream-attention`` is tri-state (default: wherever it can run), and refused in one line
+    where it is asked for and could do nothing."""
     import argparse
 
     from surge.engine.llm_engine import build_engine_config
@@ -97,10 +98,14 @@ def test_stream_attention_flag_reaches_the_engine_config() -> None:
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
-    assert parser.parse_args(["serve", "--model", "m"]).stream_attention is False
+    assert parser.parse_args(["serve", "--model", "m"]).stream_attention is None
     assert parser.parse_args(["serve", "--model", "m", "--stream-attention"]).stream_attention is True
+    assert parser.parse_args(["serve", "--model", "m", "--no-stream-attention"]).stream_attention is False
     bundled = Path(__file__).resolve().parents[2] / "surge" / "assets" / "stories260K"
-    assert build_engine_config(str(bundled), device="cpu").stream_attention is False
+    assert (
+        build_engine_config(str(bundled), device="cpu").stream_attention is None
+    )  # a bf16 model: not refused
+    assert build_engine_config(str(bundled), device="cpu", stream_attention=False).stream_attention is False
     # never silently ignored: without FP8 weights on a GPU there is nothing for it to act on
     with pytest.raises(ValueError, match="stream_attention .* needs FP8 weights"):
         build_engine_config(str(bundled), device="cpu", stream_attention=True)

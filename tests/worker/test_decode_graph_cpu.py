@@ -10,7 +10,7 @@ import torch
 
 from surge.config import EngineConfig
 from surge.core.outputs import ScheduledRequest, SchedulerOutput
-from surge.layers.attention_backend import AttentionBackend
+from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.request import Request
 from surge.sampling_params import SamplingParams
@@ -178,3 +178,44 @@ def test_enforce_eager_config_reaches_runner() -> None:
     runner = make_runner(None)
     cfg: EngineConfig = dataclasses.replace(runner.config, enforce_eager=True)
     assert ModelRunner(cfg).graph_runner is None
+
+
+def test_short_context_graph_is_chosen_by_the_longest_context() -> None:
+    """A bucket with a short-context length replays (here: runs eagerly) its short form exactly
+    when the step's longest context fits it; other buckets, and a length not below
+    ``max_model_len``, get none."""
+    runner = make_runner(None, max_num_seqs=16)
+    sc = runner.config.scheduler
+    seen: list[int] = []
+
+    def forward(ids: torch.Tensor, pos: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        seen.append(md.max_seq_len)
+        return torch.zeros(ids.shape[0], 4)
+
+    buckets = decode_buckets(sc.max_num_seqs, sc.max_num_batched_tokens)
+    graphs = DecodeGraphRunner(
+        forward, runner.device, buckets, runner.max_blocks_per_seq, sc.max_model_len, use_graphs=False,
+        short_context=lambda b: 16 if b == 1 else None,
+    )  # fmt: skip
+    graphs.capture()
+    assert graphs.short == {1: 16}
+
+    def step(context: int, seqs: int = 1) -> int:
+        reqs = greedy_requests([[1] * (context + 1)] * seqs, 4)
+        for r in reqs:
+            r.block_ids = list(range(-(-context // runner.block_size) + 1))
+            r.num_computed_tokens = context
+        so = SchedulerOutput([ScheduledRequest(r, 1, True) for r in reqs], seqs)
+        with torch.inference_mode():
+            graphs.run(runner.inputs.prepare(so, graphs.bucket_for))
+        return seen.pop()
+
+    assert step(15) == 16  # context 16: the short form
+    assert step(16) == sc.max_model_len  # 17 tokens
+    assert step(3, seqs=2) == sc.max_model_len  # bucket 2 has no short form
+    never = DecodeGraphRunner(
+        forward, runner.device, buckets, runner.max_blocks_per_seq, sc.max_model_len, use_graphs=False,
+        short_context=lambda b: sc.max_model_len,
+    )  # fmt: skip
+    never.capture()
+    assert never.short == {}
