@@ -303,8 +303,10 @@ def main() -> None:
     )
     p.add_argument(
         "--stream-attention",
-        action="store_true",
-        help="FP8 stream kernel: attention inside it too (EngineConfig.stream_attention)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="FP8 stream kernel: attention inside it too (EngineConfig.stream_attention; default: the "
+        "engine's, wherever it can)",
     )
     p.add_argument(
         "--sample", action="store_true", help="temperature 0.6, top-k 20, top-p 0.95 instead of greedy"

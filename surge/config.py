@@ -403,7 +403,8 @@ class EngineConfig:
             :meth:`surge.layers.stream_decode.StreamDecode.bind`). None (the default): wherever
             the stream kernel runs and can (start-up logs which, and why not); True (CLI
             ``--stream-attention``): required, refused (ValueError) without FP8 weights, a CUDA
-            device and ``stream_decode``, or with an FP8 KV cache; False
+            device and ``stream_decode``, or with an FP8 KV cache, and at start-up where the
+            stream kernel or its attention phases cannot run (the model runner); False
             (``--no-stream-attention``): never.
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU

@@ -238,8 +238,8 @@ attention inside the kernel. Measured on the H200 (Qwen3-8B FP8, batch 1, sessio
 ``benchmarks/results/h200-qwen3-8b-fp8/session26/``): per layer, the one launch against the
 launch chain was -4.2 % at 288 tokens and -4.8 % at 1,024, +0.1 % at 4,096 and +7.5 % at 8,192
 (``stream_attention_bench.py``); served at C1, -1.1 % TPOT (3.05 against 3.09 ms) at a 32-token
-prompt with 256 out, -2.8 % with 1,024 out, but +3.0 % at a 4,096-token prompt. The attend phase
-has a quarter of the launch chain's blocks per KV head (one per SM) for the whole context."""
+prompt with 256 out, -2.8 % with 1,024 out, but +3.0 % at a 4,096-token prompt, where the bench
+said +0.1 to +1.0 % (it said -2.7 % at 2,048 and -4.4 % at 3,072-3,584 tokens: not measured served)."""
 
 
 def attention_phases(

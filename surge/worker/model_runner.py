@@ -250,6 +250,10 @@ class ModelRunner:
             why_not = enable_stream_decode(self.model, self.device, self.tp_size)
             if why_not is None:
                 logger.info("start-up: one-token decode steps run the FP8 stream kernel")
+            elif config.stream_attention is True:  # asked for, and it runs only inside that kernel
+                raise ValueError(
+                    f"--stream-attention needs the FP8 stream kernel, which cannot run here: {why_not}"
+                )
             else:
                 logger.info("start-up: FP8 stream kernel off (%s)", why_not)
         # after loading, which may convert weights on the host with every core
@@ -492,8 +496,9 @@ class ModelRunner:
 
     def _short_context(self, bucket: int) -> int | None:
         """The decode graphs' short-context length for ``bucket`` (tokens): batch 1 gets one
-        when the FP8 stream kernel runs attention itself (bound by ``--stream-attention``),
-        which it does only up to :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN`."""
+        when the FP8 stream kernel runs attention itself (``EngineConfig.stream_attention``),
+        which it does only up to :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN`
+        tokens of context."""
         sd = getattr(getattr(self.model, "model", None), "stream_decode", None)
         if bucket != 1 or sd is None or getattr(sd, "fused_table", None) is None:
             return None
@@ -519,14 +524,16 @@ class ModelRunner:
             why_not = bind_stream_kv(self.model, self.kv_caches)
             if why_not is None:
                 logger.info(
-                    "start-up: one-token steps run attention inside the FP8 stream kernel (one launch)"
+                    "start-up: one-token steps of contexts up to %d tokens run attention inside the FP8 "
+                    "stream kernel (one launch)",
+                    FUSED_ATTENTION_MAX_LEN,
+                )
+            elif self.config.stream_attention is True:
+                raise ValueError(
+                    f"--stream-attention cannot run attention inside the FP8 stream kernel: {why_not}"
                 )
             else:
                 logger.info("start-up: attention outside the FP8 stream kernel (%s)", why_not)
-        elif self.config.stream_attention:  # asked for explicitly
-            logger.info(
-                "start-up: --stream-attention has no effect: the FP8 stream kernel is off (see above)"
-            )
         t0 = time.perf_counter()
         self.warm_up()
         if self.device.type == "cuda":
