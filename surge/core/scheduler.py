@@ -34,7 +34,13 @@ from surge.request import Request, RequestStatus
 
 
 def check_request_fits(
-    num_prompt_tokens: int, max_tokens: int, *, max_model_len: int, block_size: int, num_kv_blocks: int
+    num_prompt_tokens: int,
+    max_tokens: int,
+    *,
+    max_model_len: int,
+    block_size: int,
+    num_kv_blocks: int,
+    max_tokens_name: str = "max_tokens",
 ) -> None:
     """Reject a request that can never be served, in words fit for an API error.
 
@@ -46,6 +52,7 @@ def check_request_fits(
         max_model_len: longest prompt + output, in tokens.
         block_size: tokens per KV block.
         num_kv_blocks: blocks in the whole KV pool.
+        max_tokens_name: what the message calls ``max_tokens`` (chat's ``max_completion_tokens``).
 
     Raises:
         ValueError: the prompt is empty, prompt + max_tokens exceeds ``max_model_len``, or the
@@ -58,14 +65,14 @@ def check_request_fits(
         raise ValueError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{total} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the completion). "
-            "Please reduce the length of the prompt or max_tokens."
+            f"Please reduce the length of the prompt or {max_tokens_name}."
         )
     blocks = cdiv(total, block_size)
     if blocks > num_kv_blocks:
         raise ValueError(
             f"The request needs {blocks} KV cache blocks ({total} tokens: {num_prompt_tokens} in the "
             f"prompt, {max_tokens} for the completion) but the KV cache holds only {num_kv_blocks} "
-            f"blocks ({num_kv_blocks * block_size} tokens). Please reduce the length of the prompt or max_tokens."
+            f"blocks ({num_kv_blocks * block_size} tokens). Please reduce the length of the prompt or {max_tokens_name}."
         )
 
 

@@ -53,7 +53,7 @@ class SamplingMetadata:
             some row samples, every sampling row has ``top_k`` in ``1..top_k_window``, and no
             row has its own seed (seeded rows keep the full-row hash noise).
         min_p: ``[B]`` float32, 0 = off.
-        seeds: ``[B]`` int64 per-request seeds modulo 2^63 (any value where ``seeded`` is False).
+        seeds: ``[B]`` int64 per-request seeds, as given (any value where ``seeded`` is False).
         seeded: ``[B]`` bool, rows that use their own seed.
         output_positions: ``[B]`` int64, index among the outputs of the token being sampled
             (the request's number of output tokens so far); part of the seeded hash.
@@ -130,7 +130,7 @@ class SamplingMetadata:
         if any(p.min_p > 0.0 for p in sampling_rows):
             md.min_p = tensor(np.array([p.min_p for p in params], dtype=np.float32))
         if any(p.seed is not None for p in sampling_rows):
-            md.seeds = tensor(np.array([(p.seed or 0) % (1 << 63) for p in params], dtype=np.int64))
+            md.seeds = tensor(np.array([p.seed or 0 for p in params], dtype=np.int64))  # [-2**63, 2**63)
             md.seeded = tensor(np.array([p.seed is not None for p in params], dtype=np.bool_))
             md.output_positions = tensor(num_out)
             md.all_seeded = all(p.seed is not None for p in sampling_rows)

@@ -72,6 +72,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "Invalid request body", None
     first = errors[0]
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
+        return "The request body is empty: send a JSON object", None
     if first.get("type") == "json_invalid":
         return f"Invalid JSON body: {first.get('msg', '')}", None
     if first.get("type") == "extra_forbidden" and loc:

@@ -52,7 +52,9 @@ async def create_chat_completion(
     lp = chat_options(body)
     if not body.messages:
         raise bad_request("messages must not be empty", param="messages")
-    plan = plan_chat(body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
+    # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
+    worker = state.tokenizer_worker
+    plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
     prompt_ids = await render_chat(
         state,
         body.messages,
@@ -67,12 +69,8 @@ async def create_chat_completion(
     prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens)
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
-    params = build_sampling_params(
-        body,
-        max_tokens,
-        plan.structured_outputs,
-        token_rules=token_rules_of(body, state.tokenizer, state.vocab_size),
-    )
+    rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
+    params = build_sampling_params(body, max_tokens, plan.structured_outputs, token_rules=rules)
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
     state.check_prompt(

@@ -193,6 +193,7 @@ class ServerState:
                 max_model_len=self.max_model_len,
                 block_size=self.block_size,
                 num_kv_blocks=self.num_kv_blocks,
+                max_tokens_name=max_tokens_param,
             )
         except ValueError as e:
             raise bad_request(str(e), param=max_tokens_param if max_tokens_sent else prompt_param) from e

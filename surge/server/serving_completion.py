@@ -33,6 +33,7 @@ from surge.server.serving_common import (
     usage_in_chunks,
     with_finish,
 )
+from surge.server.structured_request import structured_outputs_of
 from surge.server.token_rules import token_rules_of
 
 
@@ -98,10 +99,13 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         )
     prompts = await _prompts(state, body)
     plans = []
-    rules = token_rules_of(body, state.tokenizer, state.vocab_size)
+    # on a tokenizer thread, once for all prompts: a grammar's check may take xgrammar a while,
+    # and bad_words are tokenized
+    structured, _ = await state.tokenizer_worker.run(structured_outputs_of, body)
+    rules = await state.tokenizer_worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)
     for ids, text in prompts:
         max_tokens = 1 if score_only else resolve_max_tokens(state, body, len(ids))
-        params = build_sampling_params(body, max_tokens, token_rules=rules)
+        params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
                 params, logprobs=lp.logprobs, prompt_logprobs=lp.engine_prompt_logprobs

@@ -192,6 +192,41 @@ class _RegexScan:
         return most
 
 
+def repeat_cost(pattern: str) -> int:
+    """The sum, over the counted repetitions of ``pattern`` (``{m}``, ``{m,}``, ``{m,n}``; not
+    inside a character class or escaped), of the square of the count xgrammar expands (``n``,
+    else ``m``; counts over 10**6 taken as 10**6).
+
+    xgrammar 0.2.9 turns a JSON Schema ``pattern``'s counted repetition into that many copies, in
+    a time that grows with the square of the count (measured on this project's CI machine:
+    ``[a-z]{1,1000}`` 0.044 s, ``{1,2000}`` 0.17 s, ``{1,4000}`` 0.67 s, ``{1,20000}`` about 27 s;
+    repetitions in sequence add up, nested ones cost no more than the largest); a
+    ``guided_regex`` is not expanded so (``{1,20000}`` in 1 ms).
+    """
+    cost, i, n = 0, 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+        elif ch == "[":  # a class: its braces are literal
+            i += 1
+            if i < n and pattern[i] == "^":
+                i += 1
+            if i < n and pattern[i] == "]":
+                i += 1
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+        elif ch == "{" and (m := _QUANTIFIER.match(pattern, i)) is not None:
+            count = m.group(3) if m.group(3) else m.group(1)
+            bound = 10**6 if len(count) > 6 else min(int(count), 10**6)
+            cost += bound * bound
+            i = m.end()
+        else:
+            i += 1
+    return cost
+
+
 def _escape_problem(ch: str, in_class: bool) -> str | None:
     """What is wrong with the escape ``\\<ch>`` for xgrammar, or None."""
     if ch in "123456789":

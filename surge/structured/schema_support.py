@@ -23,7 +23,9 @@ instances that violate it; ``tests/structured/test_schema_support.py`` repeats t
   ``type: []``.
 - strings: ``pattern`` next to a supported ``format`` (a ``format`` outside
   :data:`SUPPORTED_FORMATS` is an annotation, as JSON Schema 2020-12 makes it by default); ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
-  ``pattern`` with a feature of :func:`~surge.structured.regex_support.regex_problem`.
+  ``pattern`` with a feature of :func:`~surge.structured.regex_support.regex_problem`; patterns
+  whose counted repetitions exceed :data:`MAX_PATTERN_REPEAT_COST` (enforceable, but too slow to
+  compile).
 - numbers: ``multipleOf`` (on integers it is enforced for an integer of at most 1,024 with no
   bounds or with both bounds spanning at most 10,000 integers, and ``multipleOf: 1`` always).
 - arrays: ``uniqueItems: true`` (unless ``maxItems`` is at most 1), ``contains``.
@@ -45,7 +47,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from surge.structured.regex_support import regex_problem
+from surge.structured.regex_support import regex_problem, repeat_cost
 
 SUPPORTED_FORMATS = frozenset(
     {
@@ -108,6 +110,10 @@ _TYPED_KEYWORDS = {
     "array": _ARRAY_KEYWORDS,
     "object": _OBJECT_KEYWORDS,
 }
+MAX_PATTERN_REPEAT_COST = 4_000_000
+"""Largest sum of :func:`~surge.structured.regex_support.repeat_cost` over a schema's ``pattern``
+strings: one ``{1,2000}``, about 0.17 s of xgrammar's JSON-schema conversion, which the API
+process and the engine each run once; beyond it a small schema could hold a CPU for minutes."""
 _OBJECT_HINTS = ("properties", "additionalProperties", "unevaluatedProperties")
 _ARRAY_HINTS = ("items", "prefixItems", "unevaluatedItems")
 
@@ -264,6 +270,7 @@ class _Walker:
         self.root = root
         self.seen: set[tuple[tuple[str, ...], str | None, bool]] = set()
         self.types: dict[int, frozenset[str] | None] = {}  # types_of by id of the subschema
+        self.repeat_cost = 0  # repeat_cost summed over the patterns walked
 
     # - $ref resolution and the types xgrammar can produce for a subschema -
 
@@ -561,6 +568,15 @@ class _Walker:
             problem = regex_problem(pattern)
             if problem is not None:
                 raise _unsupported(loc, "pattern", problem)
+            self.repeat_cost += repeat_cost(pattern)
+            if self.repeat_cost > MAX_PATTERN_REPEAT_COST:
+                raise _unsupported(
+                    loc,
+                    "pattern",
+                    f"its counted repetitions are too large to compile: the squares of the schema's "
+                    f"repetition counts sum to {self.repeat_cost}, at most {MAX_PATTERN_REPEAT_COST} "
+                    f"(one {{1,2000}}); use + or * for long runs",
+                )
 
     def check_integer(self, node: dict[str, Any], loc: tuple[str, ...]) -> None:
         m = node.get("multipleOf")

@@ -73,7 +73,9 @@ def check_enforceable(params: StructuredOutputsParams) -> None:
 
 
 def build_grammar(params: StructuredOutputsParams) -> Any:
-    """The ``xgrammar.Grammar`` of ``params`` (no tokenizer needed; milliseconds).
+    """The ``xgrammar.Grammar`` of ``params`` (no tokenizer needed; milliseconds, up to about
+    0.2 s for a schema at :data:`~surge.structured.schema_support.MAX_PATTERN_REPEAT_COST`; the
+    API process calls it on a tokenizer thread).
 
     JSON schemas are compiled with any whitespace allowed between tokens and
     ``strict_mode`` (no properties beyond the schema's), as vLLM does.

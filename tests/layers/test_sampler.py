@@ -175,6 +175,13 @@ def test_extreme_and_negative_seeds_are_accepted() -> None:
     ]
     out = Sampler()(logits, _md(params))
     assert out.shape == (3,) and ((out >= 0) & (out < V)).all()
+    # every int64 seed is its own: -1 and 2**63 - 1 (equal modulo 2**63) draw differently
+    flat = torch.zeros(1, V)
+    draws = [
+        Sampler()(flat.expand(64, V), _md([SamplingParams(temperature=1.0, seed=s)] * 64)).tolist()
+        for s in (-1, 2**63 - 1, 0, -(2**63))
+    ]
+    assert draws[0] != draws[1] and draws[2] != draws[3]
 
 
 def test_window_sample_is_chosen_on_the_host_for_the_common_case() -> None:

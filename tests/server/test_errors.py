@@ -195,6 +195,13 @@ def test_json_body_without_a_json_content_type_says_so(server: Server, content_t
     assert "Content-Type: application/json" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path", [CMPL, "/v1/chat/completions"])
+def test_an_empty_json_body_says_so(server: Server, path: str) -> None:
+    r = httpx.post(server.url + path, content=b"", headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "The request body is empty: send a JSON object", r.text
+
+
 def test_server_still_serves_after_bad_requests(server: Server) -> None:
     assert len(BAD_REQUESTS) >= 15
     for path, body, status, _ in BAD_REQUESTS:

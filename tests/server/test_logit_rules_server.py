@@ -201,6 +201,11 @@ def test_rules_with_a_grammar(server: Server) -> None:
         ("logit_bias", {"abc": 1}),
         ("logit_bias", {"99999": 1}),
         ("logit_bias", {"-1": 1}),
+        ("logit_bias", {" 5": 1}),
+        ("logit_bias", {"+5": 1}),
+        ("logit_bias", {"1_0": 1}),
+        ("logit_bias", {"\u0661\u0660": 1}),
+        ("logit_bias", {"10": -100, "010": 100}),
         ("logit_bias", {"5": 500}),
         ("logit_bias", {"5": -100.5}),
         ("allowed_token_ids", [99999]),
@@ -210,6 +215,7 @@ def test_rules_with_a_grammar(server: Server) -> None:
         ("bad_words", ["  "]),
         ("bad_words", "girl"),
         ("bad_words", ["w"] * 257),
+        ("bad_words", ["ok", "x" * 1025]),
     ],
 )
 def test_bad_token_rules_name_the_field(server: Server, path: str, field: str, value: Any) -> None:

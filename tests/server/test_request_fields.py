@@ -447,6 +447,7 @@ def test_only_a_sent_max_tokens_is_blamed(server: Server) -> None:
     assert r.status_code == 400 and err["param"] == "max_tokens" and "200 in the prompt" in err["message"]
     r = _post(server, CHAT, {"messages": MSGS, "max_completion_tokens": 600})  # blamed as sent
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    assert r.json()["error"]["message"].endswith("prompt or max_completion_tokens."), r.text
     r = _post(server, CHAT, {"messages": MSGS, "max_tokens": 600})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     r = _post(server, CHAT, {"messages": MSGS, "max_completion_tokens": -3})

@@ -170,3 +170,49 @@ def test_response_format_keys_are_checked(rf: dict[str, Any], param: str) -> Non
             SimpleNamespace(response_format={"type": "json_object", "schema": {"type": "nope"}})
         )
     assert e.value.param == "response_format.schema"
+
+
+def test_a_schema_too_slow_to_compile_is_a_400_naming_the_field(server: Server) -> None:
+    """A 200-byte schema whose pattern repeats 20,000 times took xgrammar about half a minute
+    (and held the event loop): refused before it is compiled, naming the field, on chat
+    (response_format, a tool's parameters) and completions alike; the server still answers."""
+    slow = {"type": "string", "pattern": "[a-z]{1,20000}"}
+    cases = [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MSGS,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": slow}},
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MSGS,
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": slow}},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "Once", "structured_outputs": {"json": slow}},
+            "structured_outputs.json",
+        ),
+    ]
+    for path, body, param in cases:
+        r = httpx.post(server.url + path, json=body | {"max_tokens": 4}, timeout=120)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and "too large to compile" in err["message"], err
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200

@@ -698,3 +698,45 @@ def test_large_oneof_is_checked_in_linear_time_or_refused() -> None:
     with pytest.raises(ValueError, match="65 branches are more than the 64"):
         check_json_schema(many)
     check_json_schema({"oneOf": many["oneOf"][:64]})
+
+
+def test_repeat_cost_counts_expanded_repetitions_only() -> None:
+    from surge.structured.regex_support import repeat_cost
+
+    assert repeat_cost("[a-z]{1,2000}") == 2000**2
+    assert repeat_cost("a{3}b{2,}c{1,4}") == 9 + 4 + 16  # {m}: m, {m,}: m, {m,n}: n
+    assert repeat_cost(r"\{1,5000\}") == 0  # escaped braces are literal
+    assert repeat_cost("[{1,5000}]x") == 0  # so are braces in a class
+    assert repeat_cost("[]{]{1,10}") == 100  # a class opening with ] ends at the next ]
+    assert repeat_cost("(a{1,60}){1,60}") == 2 * 3600
+    assert repeat_cost("x{" + "9" * 5000 + "}") == 10**12  # capped, not int() on 5,000 digits
+    assert repeat_cost("a+b*c?") == 0
+
+
+def test_patterns_too_slow_to_compile_are_refused_by_their_summed_cost() -> None:
+    """xgrammar's JSON-schema conversion expands counted repetitions in quadratic time
+    ({1,20000}: about half a minute): a schema whose patterns' squared counts sum past
+    MAX_PATTERN_REPEAT_COST is refused at the pattern that crosses it; the largest accepted
+    one compiles."""
+    from surge.structured.schema_support import MAX_PATTERN_REPEAT_COST
+
+    assert MAX_PATTERN_REPEAT_COST == 2000**2
+    largest = {"type": "string", "pattern": "[a-z]{1,2000}"}
+    check_json_schema(largest)
+    build_grammar(StructuredOutputsParams(json=json.dumps(largest)))
+    with pytest.raises(
+        ValueError, match=r"'pattern' at #/properties/b .*too large to compile.*sum to 4500000"
+    ):
+        check_json_schema(
+            {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "string", "pattern": "[a-z]{1,1500}"},
+                    "b": {"type": "string", "pattern": "[a-z]{1500}"},
+                },
+            }
+        )
+    with pytest.raises(ValueError, match="too large to compile"):
+        check_structured_outputs(
+            StructuredOutputsParams(json=json.dumps({"type": "string", "pattern": "[a-z]{1,20000}"}))
+        )
