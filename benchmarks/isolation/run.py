@@ -8,7 +8,9 @@ after another while two slow clients (headers trickled, body never finished) hol
 - a streaming and a non-streaming request with 100,000 stop strings;
 - a 10 MB prompt, a 10 MB ``/tokenize``, a 3 MB prompt, a 3 MB ``/tokenize``, 1M prompt token ids;
 - JSON nested 100,000 deep; lone surrogates in prompt, stop, model, a chat role, ``/tokenize``;
-- ``2**70`` in every numeric field.
+- ``2**70`` in every numeric field;
+- a JSON schema whose ``pattern`` repeats 20,000 times (xgrammar needs about 30 s for it), a 3.6 MB
+  bad word, 256 bad words of about 1,000 characters each.
 
 The result JSON has the canary's gap percentiles in each phase (milliseconds) and each hostile
 request's status and duration. Usage (from the repository root)::
@@ -144,6 +146,8 @@ def hostile_mix(base: str) -> list[tuple[str, str, bytes, bool]]:
     """The fixed hostile requests as (name, url, body bytes, streamed), built before anything runs."""
     cmpl, chat, tok = base + "/v1/completions", base + "/v1/chat/completions", base + "/tokenize"
     stops = [f"stop-{i}" for i in range(100_000)]
+    slow_schema = {"type": "string", "pattern": "[a-z]{1,20000}"}  # xgrammar: about 30 s to build
+    long_words = [f"{i} " + "hello world " * 83 for i in range(256)]  # 256 words of about 1,000 characters
 
     def js(obj: Any) -> bytes:
         return json.dumps(obj).encode()
@@ -172,6 +176,19 @@ def hostile_mix(base: str) -> list[tuple[str, str, bytes, bool]]:
             False,
         ),
         ("surrogate_tokenize", tok, b'{"prompt": "a\\udfff"}', False),
+        (
+            "schema_pattern_20k",
+            cmpl,
+            js({"prompt": "x", "max_tokens": 4, "structured_outputs": {"json": slow_schema}}),
+            False,
+        ),
+        (
+            "bad_words_3mb",
+            cmpl,
+            js({"prompt": "x", "max_tokens": 4, "bad_words": ["hello world " * 300_000]}),
+            False,
+        ),
+        ("bad_words_256x1k", cmpl, js({"prompt": "x", "max_tokens": 4, "bad_words": long_words}), False),
     ]
     for name in NUMERIC_FIELDS:
         mix.append((f"huge_{name}", cmpl, js({"prompt": "Once", "max_tokens": 4, name: 2**70}), False))
