@@ -386,12 +386,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.result_file:
         path = Path(args.result_file)
         text = json.dumps(result, indent=2)
-        if path.name.endswith(".gz"):
-            import gzip
+        try:
+            if path.name.endswith(".gz"):
+                import gzip
 
-            path.write_bytes(gzip.compress(text.encode(), mtime=0))
-        else:
-            path.write_text(text)
+                path.write_bytes(gzip.compress(text.encode(), mtime=0))
+            else:
+                path.write_text(text)
+        except OSError as e:  # the table above keeps the figures
+            raise ValueError(f"--result-file {path}: {e.strerror or e} (the result table is above)") from None
         print(f"result written to {path}")
     return 0 if result["failed"] == 0 else 1
 
@@ -469,6 +472,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not cmp.rows:
         raise ValueError(f"no point is valid in both {args.base} and {args.new}: nothing to compare")
     print(comparison_markdown(cmp, args.base, args.new), end="")
+    if cmp.mismatches:
+        print(
+            f"surge: warning: the runs were measured with different settings at {len(cmp.mismatches)} point(s) "
+            "(see the report's warning)",
+            file=sys.stderr,
+        )
     if args.plot:
         try:
             plot_comparison(cmp, Path(args.plot))

@@ -240,6 +240,10 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                     if msg is not None:
                         out.error = f"error in stream: {msg}"
                         return out
+    except TimeoutError:
+        total = getattr(getattr(session, "timeout", None), "total", None)
+        out.error = "the request timed out" + (f" (--request-timeout {total:g} s)" if total else "")
+        return out
     except Exception as e:  # network trouble of any kind is a failed request, not a crash
         out.error = f"{type(e).__name__}: {e}".strip()
         return out

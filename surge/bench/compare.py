@@ -46,7 +46,13 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
         raise ValueError(f"{path}: no summary.json or result file")
     data = read_json_file(p)
     if isinstance(data, dict) and isinstance(data.get("points"), list):
-        rows = data["points"]
+        # the run's settings on each row, so that compare_points can see two runs differ
+        rows = [
+            {**{k: data[k] for k in ("endpoint", "temperature") if k in data}, **r}
+            if isinstance(r, dict)
+            else r
+            for r in data["points"]
+        ]
     elif isinstance(data, dict) and "completed" in data:
         conc = data.get("concurrency") or data.get("max_concurrency") or data.get("num_prompts")
         rows = [
@@ -173,6 +179,8 @@ class Comparison:
     lower_is_better: bool
     tie_pct: float = DEFAULT_TIE_PCT
     rows: list[tuple[Key, float, float, float]] = field(default_factory=list)
+    mismatches: list[tuple[Key, str, Any, Any]] = field(default_factory=list)
+    """(point, setting, base value, new value) where the runs were measured differently."""
     only_base: list[Key] = field(default_factory=list)
     only_new: list[Key] = field(default_factory=list)
     neither: list[Key] = field(default_factory=list)
@@ -228,6 +236,10 @@ class Comparison:
         return verdicts.count("win"), verdicts.count("loss"), verdicts.count("tie")
 
 
+_SETTINGS = ("endpoint", "num_prompts", "request_rate", "burstiness", "max_concurrency", "temperature")
+"""Settings two runs should share at a point for its comparison to mean anything."""
+
+
 def compare_points(
     base: dict[Key, dict[str, Any]],
     new: dict[Key, dict[str, Any]],
@@ -238,7 +250,7 @@ def compare_points(
     points without repeats (default :data:`DEFAULT_TIE_PCT`)."""
     cmp = Comparison(
         metric,
-        lower_is_better=metric.endswith("_ms"),
+        lower_is_better=metric.endswith("_ms") or metric == "duration",
         tie_pct=DEFAULT_TIE_PCT if tie_pct is None else tie_pct,
     )
     for key in sorted(set(base) | set(new)):
@@ -246,6 +258,11 @@ def compare_points(
         vb, vn = _valid(b, metric), _valid(n, metric)
         if vb and vn:
             assert b is not None and n is not None
+            for name in _SETTINGS:
+                if name == "num_prompts" and ("repeats" in b or "repeats" in n):
+                    continue  # a matrix row's count is points x repeats
+                if name in b and name in n and b[name] != n[name]:
+                    cmp.mismatches.append((key, name, b[name], n[name]))
             ratio = float(n[metric]) / float(b[metric])
             cmp.rows.append((key, float(b[metric]), float(n[metric]), ratio))
             rb, rn = run_values(b, metric), run_values(n, metric)
@@ -278,6 +295,10 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
         "| C | I | O | base | new | change | verdict |",
         "|---:|---:|---:|---:|---:|---:|:---|",
     ]
+    if cmp.mismatches:
+        shown = "; ".join(f"{_label(k)} {name} {b!r} vs {n!r}" for k, name, b, n in cmp.mismatches[:5])
+        more = f" (and {len(cmp.mismatches) - 5} more)" if len(cmp.mismatches) > 5 else ""
+        lines[1:1] = ["", f"**Warning: the runs were measured differently:** {shown}{more}."]
     for key, vb, vn, r in cmp.rows:
         noise = " (in noise)" if key in cmp.ties else ""
         lines.append(

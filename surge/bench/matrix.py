@@ -302,6 +302,8 @@ def _write_summary(
         "launch": mcfg.launch,
         "server_restarts": info["restarts"],
         "seed": mcfg.serve.seed,
+        "temperature": mcfg.serve.temperature,
+        "extra_body": mcfg.serve.extra_body,
         "repeats": mcfg.repeats,
         "prefix_cache_reset": mcfg.reset_prefix_cache,
         "hardware": None
@@ -321,9 +323,29 @@ def _write_summary(
     return summary
 
 
+_RESUME_SAME = (
+    "base_url",
+    "endpoint",
+    "model",
+    "seed",
+    "temperature",
+    "extra_body",
+    "roofline_dtype",
+    "roofline_kv_cache_dtype",
+)
+"""Summary fields a ``--resume`` must share with the earlier run (a field the earlier summary
+lacks, or ``model`` when this run takes the server's, is not compared)."""
+
+
 def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, Any]]:
     """Successful rows of an earlier run in ``output_dir`` whose result files still exist
-    (and that ran as many repeats as asked now), by (C, I, O)."""
+    (and that ran as many repeats as asked now), by (C, I, O).
+
+    Raises:
+        ValueError: the earlier run was measured against another server, endpoint, model, seed,
+            temperature, extra body or roofline dtype (:data:`_RESUME_SAME`): its points would
+            be mixed with this run's under this run's settings.
+    """
     path = mcfg.output_dir / "summary.json"
     if not path.is_file():
         return {}
@@ -331,6 +353,24 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+    now = {
+        "base_url": mcfg.serve.base_url,
+        "endpoint": mcfg.serve.endpoint,
+        "model": mcfg.serve.model,
+        "seed": mcfg.serve.seed,
+        "temperature": mcfg.serve.temperature,
+        "extra_body": mcfg.serve.extra_body,
+        "roofline_dtype": mcfg.serve.roofline_dtype,
+        "roofline_kv_cache_dtype": mcfg.serve.roofline_kv_cache_dtype,
+    }
+    for name in _RESUME_SAME if isinstance(old, dict) else ():
+        if name == "model" and now[name] is None:
+            continue  # this run takes the server's model
+        if name in old and old[name] != now[name]:
+            raise ValueError(
+                f"--resume: {path} was measured with {name} {old[name]!r}, this run has {now[name]!r}; "
+                "resume with the same settings or write to another --output-dir"
+            )
     rows: dict[tuple[int, int, int], dict[str, Any]] = {}
     for r in old.get("points", []) if isinstance(old, dict) else []:
         try:

@@ -119,13 +119,22 @@ class ServeConfig:
             raise ValueError("--request-rate must be > 0 (or inf)")
         if not self.burstiness > 0:
             raise ValueError("--burstiness must be > 0")
-        if not self.request_timeout_s > 0:
-            raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")
+        if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
+            raise ValueError(
+                f"--request-timeout must be > 0 and finite (seconds), got {self.request_timeout_s:g}"
+            )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
+        if self.model_config is not None:  # read now, not after a run whose results it would lose
+            model_shape(
+                load_config(self.model_config),
+                self.roofline_dtype,
+                self.roofline_tp,
+                self.roofline_kv_cache_dtype,
+            )
 
 
 def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
@@ -285,6 +294,11 @@ def validate_results(
         if exact_length and r.output_len != r.expected_output_len:
             r.success = False
             r.error = f"{source} {r.output_len} != requested {r.expected_output_len}"
+            if source != "completion_tokens":  # text re-encoded whole need not give the server's tokens back
+                r.error += (
+                    " (the server sent no usage, so the text was re-tokenized, which can differ by a token or "
+                    "two: let it send stream_options.include_usage, or pass --no-exact-length)"
+                )
 
 
 def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float) -> dict[str, Any]:

@@ -248,3 +248,39 @@ def test_bad_plot_tie_and_metric_are_one_line(
         assert rc == 2 and captured.out == "", captured.out
         assert captured.err.startswith("surge: error:") and words in captured.err
         assert captured.err.count("\n") == 1, captured.err
+
+
+def test_duration_is_lower_is_better(runs: tuple[Path, Path]) -> None:
+    base = {(1, 8, 4): {**_pt(1, 8, 4, 10.0), "duration": 10.0}}
+    new = {(1, 8, 4): {**_pt(1, 8, 4, 10.0), "duration": 5.0}}
+    cmp = compare_points(base, new, "duration")
+    assert cmp.lower_is_better and cmp.wins_losses() == (1, 0, 0)
+
+
+def test_runs_measured_differently_are_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A burst run against a --request-rate 4 run (or chat against completions) is a comparison
+    of unlike things: the report and stderr say so, naming the setting."""
+    common = {"num_prompts": 16, "input_len": 16, "output_len": 32, "completed": 16, "failed": 0}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**common, "request_rate": "inf", "output_throughput": 100.0}))
+    b.write_text(json.dumps({**common, "request_rate": 4.0, "output_throughput": 10.0}))
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    cap = capsys.readouterr()
+    assert (
+        "**Warning: the runs were measured differently:** C16/I16/O32 request_rate 'inf' vs 4.0." in cap.out
+    )
+    assert cap.err.startswith("surge: warning:") and cap.err.count("\n") == 1
+    # matrix summaries carry the endpoint; a matrix row's num_prompts (points x repeats) is not compared
+    x = _write(tmp_path / "x", [{**_pt(1, 8, 4, 1.0), "num_prompts": 1, "repeats": 1}])
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "summary.json").write_text(
+        json.dumps(
+            {"endpoint": "/v1/completions", "points": [{**_pt(1, 8, 4, 1.0), "num_prompts": 3, "repeats": 3}]}
+        )
+    )
+    data = json.loads((x / "summary.json").read_text())
+    (x / "summary.json").write_text(json.dumps({**data, "endpoint": "/v1/chat/completions"}))
+    cmp = compare_points(load_points(x), load_points(tmp_path / "y"))
+    assert cmp.mismatches == [((1, 8, 4), "endpoint", "/v1/chat/completions", "/v1/completions")]
+    same = compare_points(load_points(x), load_points(x))
+    assert same.mismatches == []

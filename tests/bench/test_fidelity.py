@@ -268,6 +268,14 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = json.loads((out / "summary.json").read_text())
     assert [p["concurrency"] for p in summary["points"]] == [1, 2, 3] and summary["num_successful"] == 3
     assert "resuming: 1 point(s) already done" in capsys.readouterr().out
+    # points measured with other settings are not mixed in: a one-line error, nothing sent
+    with FakeServer(b) as s:
+        n = len(b.log)
+        for flags in (["--seed", "7"], ["--endpoint", "/v1/completions"], ["--temperature", "0"]):
+            assert _matrix(s.url, out, "--concurrency", "1,2,3,4", "--resume", *flags) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("surge: error: --resume:") and err.count("\n") == 1, err
+        assert len(b.log) == n
 
 
 def test_chat_prompt_length_is_exact_with_the_template() -> None:

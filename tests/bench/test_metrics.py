@@ -140,3 +140,22 @@ def test_result_table_omits_latencies_when_nothing_succeeded() -> None:
     assert "Failed requests:" in table and "HTTP 400: too long" in table
     result["completed"] = 1
     assert "Mean TTFT (ms):" in format_result_table(result)
+
+
+def test_a_wrong_re_tokenized_length_says_the_server_sent_no_usage() -> None:
+    from surge.bench.serve import validate_results
+
+    class Words:
+        def encode(self, text: str) -> list[int]:
+            return [0] * len(text.split())
+
+    usage = RequestResult(True, 4, 3, 2)
+    counted = RequestResult(True, 4, 3, None)
+    counted.generated_text = "one two"
+    right = RequestResult(True, 4, 2, None)
+    right.generated_text = "one two"
+    validate_results([usage, counted, right], Words(), exact_length=True)  # type: ignore[arg-type]
+    assert usage.error == "completion_tokens 2 != requested 3"
+    assert counted.error is not None and counted.error.startswith("re-tokenized output 2 != requested 3")
+    assert "the server sent no usage" in counted.error
+    assert right.success and right.output_len == 2

@@ -353,6 +353,8 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--result-file", str(blocker / "r.json")), "--result-file"),
             (("--request-timeout", "0"), "--request-timeout must be > 0"),
             (("--request-timeout", "-1"), "--request-timeout must be > 0"),
+            (("--request-timeout", "inf"), "--request-timeout must be > 0 and finite"),
+            (("--gpu", "h200", "--model-config", str(tmp_path / "nope")), "no config.json"),
             (("--output-len", "0"), "--output-len must be >= 1"),  # was run at 256 tokens
             (("--seed", "-5"), "--seed must be >= 0"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
@@ -406,3 +408,10 @@ def test_a_401_hint_says_whether_a_key_was_passed(monkeypatch: pytest.MonkeyPatc
         bs.fetch_models("http://127.0.0.1:1", None)
     with pytest.raises(ValueError, match=r"401: Unauthorized \(check --api-key\)$"):
         bs.fetch_models("http://127.0.0.1:1", "wrong-key")
+
+
+def test_a_request_timeout_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(Behaviour(ttft=2.0)) as s:
+        rc = bench_main(_serve(s.url, "--num-prompts", "1", "--request-timeout", "0.3"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "the request timed out (--request-timeout 0.3 s)" in err and err.count("\n") == 1, err
