@@ -415,3 +415,16 @@ def test_a_request_timeout_is_named(capsys: pytest.CaptureFixture[str]) -> None:
         rc = bench_main(_serve(s.url, "--num-prompts", "1", "--request-timeout", "0.3"))
     err = capsys.readouterr().err
     assert rc == 2 and "the request timed out (--request-timeout 0.3 s)" in err and err.count("\n") == 1, err
+
+
+def test_a_result_file_that_cannot_be_written_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """/proc passes the writability pre-check as root, then the write fails: one line, not a traceback
+    (a non-root run is refused by the pre-check, also in one line)."""
+    with FakeServer(Behaviour()) as s:
+        rc = bench_main(_serve(s.url, "--num-prompts", "1", "--result-file", "/proc/surge-result.json"))
+    err = capsys.readouterr().err
+    assert (
+        rc == 2
+        and err.startswith("surge: error: --result-file /proc/surge-result.json")
+        and err.count("\n") == 1
+    ), err
