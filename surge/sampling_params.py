@@ -16,6 +16,9 @@ GREEDY_EPS = 1e-5
 """Temperatures below this are greedy (argmax)."""
 _INT32_MAX = 2**31 - 1
 _SEED_LIMIT = 2**63
+MAX_N = 1 << 16
+"""Most choices per request (``n``): each is an engine request of its own (the API server caps
+``n`` at 128)."""
 MAX_TEMPERATURE = 100.0
 """Largest accepted temperature (a finite bound; sampling is near-uniform long before it)."""
 MAX_REPETITION_PENALTY = 100.0
@@ -175,6 +178,11 @@ _Check = Callable[[str, Any], Any]
 def _optional(check: _Check) -> _Check:
     """``check`` that lets None through."""
     return lambda name, value: None if value is None else check(name, value)
+
+
+def _none_empty(check: _Check) -> _Check:
+    """``check`` of a sequence field that takes None as empty (vLLM's Optional lists)."""
+    return lambda name, value: () if value is None else check(name, value)
 
 
 class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -382,6 +390,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"seed must be in [-2**63, 2**63), got {self.seed}",
             ),
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
+            (self.n <= MAX_N, f"n must be at most {MAX_N}, got {self.n}"),
             (
                 self.max_tokens is None or self.max_tokens >= 1,
                 f"max_tokens must be at least 1, got {self.max_tokens}",
@@ -527,8 +536,8 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "top_k": (_OPT_INT, _optional(_as_int)),
     "min_p": (_OPT_FLOAT, _optional(_as_float)),
     "seed": (_OPT_INT, _optional(_as_int)),
-    "stop_token_ids": (_SEQ, _as_ints),
-    "stop": (_SEQ, _as_strs),
+    "stop_token_ids": (_SEQ, _none_empty(_as_ints)),
+    "stop": (_SEQ, _none_empty(_as_strs)),
     "include_stop_str_in_output": (_BOOL, _as_bool),
     "skip_special_tokens": (_BOOL, _as_bool),
     "spaces_between_special_tokens": (_BOOL, _as_bool),
@@ -540,7 +549,7 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "structured_outputs": ((StructuredOutputsParams, type(None)), _optional(_as_structured)),
     "logit_bias": ((type(None),), _optional(_as_bias)),
     "allowed_token_ids": ((type(None),), _optional(_as_ints)),
-    "bad_words": (_SEQ, _as_strs),
+    "bad_words": (_SEQ, _none_empty(_as_strs)),
     "bad_words_token_ids": (_SEQ, _as_token_seqs),
     "model_default_fields": (_SEQ, _as_default_fields),
 }

@@ -89,6 +89,9 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     path = Path(model_dir)
     if not path.is_dir():
         raise ValueError(f"tokenizer: {str(path)!r} is not a directory")
+    files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((path / f).is_file() for f in files):  # transformers would build an empty tokenizer
+        raise ValueError(f"tokenizer: {str(path)!r} has no tokenizer files ({', '.join(files)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...

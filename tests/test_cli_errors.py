@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -218,3 +219,16 @@ def test_serve_refused_model_is_two_lines_and_exit_2(tmp_path: Path, api_servers
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert "Traceback" not in p.stderr, p.stderr
     assert "model.embed_tokens.weight" in p.stderr, p.stderr
+
+
+def test_generate_with_an_undecodable_prompt_is_one_line() -> None:
+    """A prompt argument that is not UTF-8 reaches Python as lone surrogates: refused in one line."""
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE, "generate", "--prompt", os.fsdecode(b"\xff\xfe"), "--max-tokens", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2 and p.stderr.startswith("surge: error:"), p.stderr
+    assert "lone surrogate" in p.stderr and "Traceback" not in p.stderr, p.stderr

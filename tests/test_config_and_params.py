@@ -68,13 +68,11 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("skip_special_tokens", "yes"),
     ("spaces_between_special_tokens", 0),
     # sequences
-    ("stop", None),
     ("stop", [1]),
     ("stop", b"x"),
     ("stop_token_ids", 5),
     ("stop_token_ids", [True]),
     ("stop_token_ids", (1.0,)),
-    ("stop_token_ids", None),
     ("allowed_token_ids", [1, 2.5]),
     ("allowed_token_ids", {1, 2}),
     ("bad_words", [None]),

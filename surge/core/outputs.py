@@ -179,6 +179,14 @@ class CompletionOutput:
     stop_reason: str | int | None = None
     logprobs: list[PositionLogprobs] | None = None
 
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the generated tokens' log-probabilities (natural log, raw logits, as the
+        ``logprobs`` report them), or None without ``SamplingParams.logprobs`` (as vLLM)."""
+        if self.logprobs is None:
+            return None
+        return sum(pos[t].logprob for t, pos in zip(self.token_ids, self.logprobs, strict=False) if t in pos)
+
 
 @dataclass(slots=True)
 class RequestOutput:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,18 +140,23 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
         Args:
-            prompts: a string, a list of token ids, or a list of either.
+            prompts: a string, a list of token ids, vLLM's ``{"prompt": ...}`` or
+                ``{"prompt_token_ids": [...]}`` dict, or a list of any of these.
             sampling_params: one for all prompts, one per prompt, or None (defaults).
+            use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here).
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
-            ValueError: a prompt that can never fit, mismatched list lengths, an invalid
+            TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
+            ValueError: a prompt of another type or with a lone surrogate, a prompt that can
+                never fit, mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
                 bad-word token id outside the vocabulary.
 
@@ -162,11 +167,17 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params_list = (
-            [sampling_params] * len(prompt_list)
-            if isinstance(sampling_params, SamplingParams)
-            else list(sampling_params)
-        )
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str | bytes):
+            params_list = list(sampling_params)
+        else:
+            raise TypeError(
+                f"sampling_params must be a SamplingParams or a list of them, got {type(sampling_params).__name__}"
+            )
+        for p in params_list:
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"sampling_params must be SamplingParams objects, got a {type(p).__name__}")
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params must be one object or one per prompt")
         for params in params_list:
@@ -180,7 +191,13 @@ class LLM:
         added: list[str] = []
         try:
             self._add_requests(prompt_list, params_list, results, children, added)
-            self._run(children, results)
+            if use_tqdm:
+                from tqdm import tqdm
+
+                with tqdm(total=len(children), desc="generate", unit="seq") as bar:
+                    self._run(children, results, bar.update)
+            else:
+                self._run(children, results)
         except BaseException:
             self._abort(added)
             raise
@@ -262,6 +279,10 @@ class LLM:
         ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         return msgspec.structs.replace(params, bad_words_token_ids=ids)
 
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (transformers), as vLLM's ``LLM.get_tokenizer``."""
+        return self.tokenizer
+
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -269,25 +290,50 @@ class LLM:
         *,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Apply the chat template to one conversation (a list of messages) or to a list of
         conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``).
 
         ``tools`` (OpenAI function definitions) are rendered by the template; parse the calls
         in the replies with :mod:`surge.server.parsers` (e.g. ``HermesToolParser``), or force
-        them with ``structured_outputs`` (see docs/structured-outputs.md).
+        them with ``structured_outputs`` (see docs/structured-outputs.md). ``chat_template``
+        replaces the tokenizer's; ``add_generation_prompt`` and ``continue_final_message`` are
+        the template's (:func:`surge.tokenizer.apply_chat_template`).
 
         Returns:
-            One :class:`RequestOutput` per conversation, in order.
+            One :class:`RequestOutput` per conversation, in order; its ``prompt`` is the
+            templated text.
+
+        Raises:
+            ValueError: as :meth:`generate`, or a template that cannot render the messages.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts: list[PromptType] = [
-            apply_chat_template(self.tokenizer, conv, chat_template_kwargs=chat_template_kwargs, tools=tools)  # type: ignore[arg-type]
+            apply_chat_template(
+                self.tokenizer,
+                conv,  # type: ignore[arg-type]
+                chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params)
+        results = self.generate(prompts, sampling_params)
+        for result in results:
+            result.prompt = self.tokenizer.decode(result.prompt_token_ids)
+        return results
 
-    def _run(self, children: dict[str, _Child], results: list[RequestOutput]) -> None:
+    def _run(
+        self,
+        children: dict[str, _Child],
+        results: list[RequestOutput],
+        finished: Callable[[int], object] | None = None,
+    ) -> None:
         pending = set(children)
         while pending:
             outputs = self.engine.step()
@@ -321,15 +367,41 @@ class LLM:
                 if child.finish_reason is not None:
                     child.detokenizer.flush()
                     pending.discard(out.request_id)
+                    if finished is not None:
+                        finished(1)
+
+
+def _prompt_of(p: Any) -> PromptType:
+    """One prompt: a string, a list of token ids, or vLLM's ``{"prompt": str}`` /
+    ``{"prompt_token_ids": [int]}`` dict. Raises ValueError for anything else, or a string
+    that is not valid Unicode text (a lone surrogate)."""
+    if isinstance(p, dict):
+        keys = set(p)
+        if keys == {"prompt"} and isinstance(p["prompt"], str):
+            p = p["prompt"]
+        elif keys == {"prompt_token_ids"} and isinstance(p["prompt_token_ids"], list):
+            p = p["prompt_token_ids"]
+        else:
+            raise ValueError(
+                f"a dict prompt must be {{'prompt': str}} or {{'prompt_token_ids': [int]}}, got keys {sorted(keys)}"
+            )
+    if isinstance(p, str):
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a prompt holds a lone surrogate (not valid Unicode text)") from None
+        return p
+    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return p
+    raise ValueError(
+        "each prompt must be a string, a list of token ids, or a {'prompt'/'prompt_token_ids': ...} dict"
+    )
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
-    if isinstance(prompts, str):
-        return [prompts]
+    if isinstance(prompts, str | dict):
+        return [_prompt_of(prompts)]
     items = list(prompts)
-    if items and all(isinstance(t, int) for t in items):
+    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return [items]  # type: ignore[list-item]
-    for p in items:
-        if not isinstance(p, str) and not (isinstance(p, list) and all(isinstance(t, int) for t in p)):
-            raise ValueError("each prompt must be a string or a list of token ids")
-    return items  # type: ignore[return-value]
+    return [_prompt_of(p) for p in items]

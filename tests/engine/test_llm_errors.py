@@ -147,3 +147,56 @@ def test_unset_max_tokens_stays_within_the_kv_pool(caplog: pytest.LogCaptureFixt
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
     out = llm.generate([[1, 300, 17]], params)[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (pool - 3, "length")
+
+
+def test_vllm_prompt_dicts_and_clear_errors_for_wrong_inputs(tmp_path: Any) -> None:
+    """vLLM's ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts are prompts (a single
+    dict was read as the list of its keys); a wrong sampling_params type, a lone surrogate or
+    another dict is a clear error before anything is added."""
+    llm = LLM(device="cpu", async_scheduling=False)
+    text = llm.generate("Once upon a time", PARAMS)[0]
+    ids = text.prompt_token_ids
+    for prompt in (
+        {"prompt": "Once upon a time"},
+        [{"prompt": "Once upon a time"}],
+        {"prompt_token_ids": ids},
+    ):
+        out = llm.generate(prompt, PARAMS)  # type: ignore[arg-type]
+        assert len(out) == 1 and out[0].prompt_token_ids == ids
+        assert out[0].outputs[0].token_ids == text.outputs[0].token_ids
+    with pytest.raises(ValueError, match="a dict prompt must be"):
+        llm.generate({"text": "x"}, PARAMS)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lone surrogate"):
+        llm.generate("a\udcff", PARAMS)
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams"):
+        llm.generate("Once", {"max_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got a NoneType"):
+        llm.generate(["a", "b"], [PARAMS, None])  # type: ignore[list-item]
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_vllm_api_shapes() -> None:
+    """``cumulative_logprob`` (the sum of the reported logprobs; None without them),
+    ``get_tokenizer``, ``use_tqdm``, ``chat``'s template options and its templated ``prompt``,
+    and None for vLLM's optional lists; ``n`` is bounded."""
+    llm = LLM(device="cpu", async_scheduling=False)
+    assert llm.get_tokenizer() is llm.tokenizer
+    with_lp = llm.generate("Once", SamplingParams(temperature=0, max_tokens=4, logprobs=0), use_tqdm=True)[0]
+    c = with_lp.outputs[0]
+    assert c.logprobs is not None and c.cumulative_logprob is not None
+    assert c.cumulative_logprob == pytest.approx(
+        sum(p[t].logprob for t, p in zip(c.token_ids, c.logprobs, strict=True))
+    )
+    assert c.cumulative_logprob < 0
+    assert llm.generate("Once", PARAMS)[0].outputs[0].cumulative_logprob is None
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    cont = llm.chat(msgs, PARAMS, add_generation_prompt=False, continue_final_message=True)[0]
+    assert cont.prompt is not None and cont.prompt.rstrip().endswith("Hello")
+    custom = llm.chat(
+        msgs[:1], PARAMS, chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    )[0]
+    assert custom.prompt is not None and custom.prompt.endswith("Hi|")
+    p = SamplingParams(stop=None, stop_token_ids=None, bad_words=None)
+    assert p.stop == () and p.stop_token_ids == () and p.bad_words == ()
+    with pytest.raises(ValueError, match="n must be at most 65536"):
+        SamplingParams(n=10**9)
