@@ -74,6 +74,16 @@ FALLBACK_CHAT_TEMPLATE_DOC = (
 )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Files one of which a model folder with a tokenizer holds (without any, transformers builds an
+empty tokenizer: prompts must then be token ids)."""
+
+
+def has_tokenizer_files(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` holds one of :data:`TOKENIZER_FILES`."""
+    return any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a Hugging Face model folder from local files only.
 
@@ -89,9 +99,6 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     path = Path(model_dir)
     if not path.is_dir():
         raise ValueError(f"tokenizer: {str(path)!r} is not a directory")
-    files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any((path / f).is_file() for f in files):  # transformers would build an empty tokenizer
-        raise ValueError(f"tokenizer: {str(path)!r} has no tokenizer files ({', '.join(files)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...

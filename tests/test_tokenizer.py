@@ -42,8 +42,6 @@ def _stream(tok, prompt_ids, out_ids, *, stop=(), step=1, stop_token_id=None, sk
 def test_load_tokenizer_errors(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         load_tokenizer(tmp_path / "missing")
-    with pytest.raises(ValueError, match="has no tokenizer files"):
-        load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("not json")
     with pytest.raises(ValueError, match="cannot load"):
         load_tokenizer(tmp_path)
@@ -229,11 +227,3 @@ def test_special_token_runs_keep_the_window_small(stories, qwen, skip) -> None:
         assert "".join(deltas) == d.text == tok.decode(ids, skip_special_tokens=skip)
         if skip:
             assert len(d._ids) <= len(text_ids) + 1
-
-
-def test_a_folder_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
-    """transformers builds an empty tokenizer (a vocabulary of one) for such a folder, and every
-    prompt then encoded to nothing: refused at load instead."""
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="has no tokenizer files"):
-        load_tokenizer(tmp_path)

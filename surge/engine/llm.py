@@ -16,7 +16,14 @@ from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
 from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.token_strings import TokenStrings
-from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, bad_words_token_ids, load_tokenizer
+from surge.tokenizer import (
+    TOKENIZER_FILES,
+    IncrementalDetokenizer,
+    apply_chat_template,
+    bad_words_token_ids,
+    has_tokenizer_files,
+    load_tokenizer,
+)
 
 PromptType = str | list[int]
 logger = logging.getLogger("surge.llm")
@@ -117,6 +124,8 @@ class LLM:
         )
         logger.info(describe_sampling_defaults(config.model.sampling_defaults, generation_config))
         self.tokenizer = load_tokenizer(config.model.model)
+        # without tokenizer files transformers builds an empty tokenizer: prompts must be token ids
+        self._text_prompts = has_tokenizer_files(config.model.model)
         self.token_strings = TokenStrings(self.tokenizer)
         self.engine = LLMEngine(config)
         self._next_id = 0
@@ -165,6 +174,11 @@ class LLM:
         next call starts clean.
         """
         prompt_list = _as_prompt_list(prompts)
+        if not self._text_prompts and any(isinstance(p, str) for p in prompt_list):
+            raise ValueError(
+                f"the model folder {self.engine.config.model.model} has no tokenizer files "
+                f"({', '.join(TOKENIZER_FILES)}): give prompts as token ids"
+            )
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -310,6 +324,10 @@ class LLM:
         Raises:
             ValueError: as :meth:`generate`, or a template that cannot render the messages.
         """
+        if not self._text_prompts:
+            raise ValueError(
+                f"the model folder {self.engine.config.model.model} has no tokenizer files: chat needs one"
+            )
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts: list[PromptType] = [
             apply_chat_template(

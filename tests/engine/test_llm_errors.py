@@ -200,3 +200,19 @@ def test_vllm_api_shapes() -> None:
     assert p.stop == () and p.stop_token_ids == () and p.bad_words == ()
     with pytest.raises(ValueError, match="n must be at most 65536"):
         SamplingParams(n=10**9)
+
+
+def test_a_folder_without_a_tokenizer_takes_token_ids_only(tmp_path: Any) -> None:
+    """transformers builds an empty tokenizer for a folder without tokenizer files, and every text
+    prompt encoded to nothing ("the prompt is empty"): text and chat are refused naming the
+    cause, token ids still work."""
+    from tests.models.helpers import make_hf_model
+
+    model = make_hf_model("qwen3", tmp_path / "qwen3")
+    llm = LLM(str(model), device="cpu", dtype="float32", async_scheduling=False)
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        llm.generate("Once upon a time", PARAMS)
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        llm.chat([{"role": "user", "content": "Hi"}], PARAMS)
+    out = llm.generate([[1, 5, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
