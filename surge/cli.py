@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from surge.config import TOKENIZER_FILES
+
 
 class CliError(ValueError):
     """A user mistake reported as one line on stderr with exit code 2 (a ValueError, so that it is
@@ -50,7 +52,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 MODEL_FILES_HINT = "a Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "--model") -> None:
@@ -80,9 +81,9 @@ def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "-
         raise CliError(f"{flag} {model}: not a folder (give {MODEL_FILES_HINT})")
     if not (path / "config.json").is_file():
         raise CliError(f"{flag} {model}: no config.json in the folder (give {MODEL_FILES_HINT})")
-    if not any((path / n).exists() for n in _TOKENIZER_FILES):
+    if not any((path / n).exists() for n in TOKENIZER_FILES):
         raise CliError(
-            f"{flag} {model}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES)}); "
+            f"{flag} {model}: the folder has no tokenizer ({', '.join(TOKENIZER_FILES)}); "
             "copy the model's tokenizer files into it"
         )
     if load_format == "dummy":

@@ -14,6 +14,10 @@ from surge.quant.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, Fp8Config,
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
 """The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Files one of which a model folder with a tokenizer holds (without any, transformers builds an
+empty tokenizer)."""
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")

@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from surge.config import TOKENIZER_FILES
 from surge.stop_strings import StopAutomaton
 
 _REPLACEMENT_CHAR = "\ufffd"
@@ -72,11 +73,6 @@ FALLBACK_CHAT_TEMPLATE_DOC = (
     "Tools, when given, come first "
     'as one line "tools: <the tools as JSON>\\n".'
 )
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""Files one of which a model folder with a tokenizer holds (without any, transformers builds an
-empty tokenizer: prompts must then be token ids)."""
 
 
 def has_tokenizer_files(model_dir: str | Path) -> bool:

@@ -353,16 +353,7 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    now = {
-        "base_url": mcfg.serve.base_url,
-        "endpoint": mcfg.serve.endpoint,
-        "model": mcfg.serve.model,
-        "seed": mcfg.serve.seed,
-        "temperature": mcfg.serve.temperature,
-        "extra_body": mcfg.serve.extra_body,
-        "roofline_dtype": mcfg.serve.roofline_dtype,
-        "roofline_kv_cache_dtype": mcfg.serve.roofline_kv_cache_dtype,
-    }
+    now = {name: getattr(mcfg.serve, name) for name in _RESUME_SAME}  # ServeConfig fields, as summarized
     for name in _RESUME_SAME if isinstance(old, dict) else ():
         if name == "model" and now[name] is None:
             continue  # this run takes the server's model

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from surge.config import TOKENIZER_FILES
 from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
@@ -17,7 +18,6 @@ from surge.generation_defaults import describe_sampling_defaults
 from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.token_strings import TokenStrings
 from surge.tokenizer import (
-    TOKENIZER_FILES,
     IncrementalDetokenizer,
     apply_chat_template,
     bad_words_token_ids,

@@ -357,6 +357,12 @@ class StreamDecode:
         self.fused_caches = tuple(int(c.data_ptr()) for kv in kv_caches for c in kv)
         return None
 
+    @property
+    def fused_max_len(self) -> int | None:
+        """The longest context (tokens) a step takes the one-launch plan for:
+        :data:`FUSED_ATTENTION_MAX_LEN` once bound (:meth:`bind`), else None."""
+        return None if self.fused_table is None else FUSED_ATTENTION_MAX_LEN
+
     def fused_plan(self, kv_caches: Sequence[KVCache], splits: int) -> list[StreamPhase | StreamAttention]:
         """The one-launch plan of a step over ``kv_caches`` (:func:`plan_fused`), each layer's
         attention in ``splits`` context splits per KV head; its output and scratch buffers are
@@ -376,12 +382,10 @@ class StreamDecode:
         self, positions: torch.Tensor, kv_caches: Sequence[KVCache], metadata: AttentionMetadata
     ) -> StreamMeta | None:
         """The step's layout for the bound one-launch plan, or None when this call cannot
-        use it (other caches, or metadata of other dtypes or layout)."""
-        if (
-            self.fused_table is None
-            or metadata.num_seqs != 1
-            or metadata.max_seq_len > FUSED_ATTENTION_MAX_LEN
-        ):
+        use it (other caches, a context over :attr:`fused_max_len`, or metadata of other dtypes
+        or layout)."""
+        longest = self.fused_max_len
+        if longest is None or metadata.num_seqs != 1 or metadata.max_seq_len > longest:
             return None
         if tuple(int(c.data_ptr()) for kv in kv_caches for c in kv) != self.fused_caches:
             return None

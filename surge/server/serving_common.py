@@ -27,7 +27,6 @@ from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
 from surge.server.request_id import request_id_of
-from surge.server.structured_request import structured_outputs_of
 from surge.server.tokenization import TokenizerWorker
 from surge.token_strings import TokenStrings
 from surge.tokenizer import check_chat_template_kwargs
@@ -345,12 +344,13 @@ def truncate_prompt(
 def build_sampling_params(
     req: SamplingRequestFields,
     max_tokens: int,
-    structured_outputs: StructuredOutputsParams | None = None,
+    structured_outputs: StructuredOutputsParams | None,
     *,
     token_rules: Mapping[str, Any],
 ) -> SamplingParams:
-    """The engine's SamplingParams of a request; its grammar is ``structured_outputs`` when
-    given, else the one the request's structured-output fields ask for. Sampling fields the
+    """The engine's SamplingParams of a request; its grammar is ``structured_outputs`` (the
+    checked one of :func:`~surge.server.structured_request.structured_outputs_of`, or chat's
+    plan, which adds forced tool calls; None: no grammar). Sampling fields the
     request leaves out stay unset, so the engine gives them the model's generation_config.json
     defaults. ``token_rules`` are the request's checked ``logit_bias``, ``allowed_token_ids``
     and ``bad_words`` (:func:`surge.server.token_rules.token_rules_of`).
@@ -358,8 +358,6 @@ def build_sampling_params(
     Raises:
         ApiError: 400 for an out-of-range value or an invalid grammar (the message names the field).
     """
-    if structured_outputs is None:
-        structured_outputs, _ = structured_outputs_of(req)
     try:
         return SamplingParams(
             **token_rules,

@@ -27,7 +27,7 @@ from surge.config import EngineConfig
 from surge.core.outputs import ModelOutput, SchedulerOutput
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.sampler import Sampler, SamplingMetadata
-from surge.layers.stream_decode import FUSED_ATTENTION_MAX_LEN, bind_stream_kv, enable_stream_decode
+from surge.layers.stream_decode import bind_stream_kv, enable_stream_decode
 from surge.layers.top_k_top_p import warm_up_sample_top_k_window
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
@@ -496,13 +496,10 @@ class ModelRunner:
 
     def _short_context(self, bucket: int) -> int | None:
         """The decode graphs' short-context length for ``bucket`` (tokens): batch 1 gets one
-        when the FP8 stream kernel runs attention itself (``EngineConfig.stream_attention``),
-        which it does only up to :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN`
-        tokens of context."""
+        when the FP8 stream kernel runs attention itself (``EngineConfig.stream_attention``), up
+        to its :attr:`~surge.layers.stream_decode.StreamDecode.fused_max_len`."""
         sd = getattr(getattr(self.model, "model", None), "stream_decode", None)
-        if bucket != 1 or sd is None or getattr(sd, "fused_table", None) is None:
-            return None
-        return FUSED_ATTENTION_MAX_LEN
+        return sd.fused_max_len if bucket == 1 and sd is not None else None
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate per-layer K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
@@ -526,7 +523,7 @@ class ModelRunner:
                 logger.info(
                     "start-up: one-token steps of contexts up to %d tokens run attention inside the FP8 "
                     "stream kernel (one launch)",
-                    FUSED_ATTENTION_MAX_LEN,
+                    self._short_context(1),
                 )
             elif self.config.stream_attention is True:
                 raise ValueError(
