@@ -47,6 +47,7 @@ from surge.engine.llm_engine import LLMEngine, build_engine_config
 from surge.server.protocol import CompletionRequest
 from surge.server.serving_common import ServerState, build_sampling_params
 from surge.server.serving_completion import _prompts
+from surge.server.structured_request import structured_outputs_of
 from surge.server.token_rules import token_rules_of
 from surge.tokenizer import IncrementalDetokenizer, load_tokenizer
 
@@ -149,7 +150,10 @@ def one_request(t: Timer, state: Any, engine: LLMEngine, tokenizer: Any, prompt:
     prompts = t.run("api: prompt ids (_prompts)", lambda: run_coroutine(_prompts(state, req)))
     ids = prompts[0][0]
     rules = token_rules_of(req, tokenizer, state.vocab_size)
-    params = t.run("api: sampling params", lambda: build_sampling_params(req, 16, token_rules=rules))
+    structured, _ = structured_outputs_of(req)
+    params = t.run(
+        "api: sampling params", lambda: build_sampling_params(req, 16, structured, token_rules=rules)
+    )
     t.run(
         "api: check_prompt",
         lambda: ServerState.check_prompt(state, ids, 16, prompt_param="prompt", max_tokens_sent=True),
