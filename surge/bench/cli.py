@@ -66,7 +66,11 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", default=None, help="local tokenizer folder (default: the server's /tokenize)"
     )
-    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set, as vLLM's bench; else none)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times (default 0)")
     p.add_argument(
         "--temperature",
@@ -288,6 +292,14 @@ def parse_extra_body(text: str | None) -> dict[str, Any] | None:
     return data
 
 
+def api_key_of(flag: str | None) -> str | None:
+    """The bench's API key: ``--api-key`` if given, else ``$OPENAI_API_KEY`` when set and not
+    empty (what vLLM's ``bench serve`` and the OpenAI clients read), else None (no header)."""
+    if flag is not None:
+        return flag
+    return os.environ.get("OPENAI_API_KEY") or None
+
+
 def _command_line() -> str:
     return shlex.join(["surge", *sys.argv[1:]]) if sys.argv else "surge"
 
@@ -310,7 +322,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "warmup": args.warmup,
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
-        "api_key": args.api_key,
+        "api_key": api_key_of(args.api_key),
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops),
         "model_config": args.model_config,
         "roofline_tp": args.roofline_tp,

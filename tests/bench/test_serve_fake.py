@@ -428,3 +428,24 @@ def test_a_result_file_that_cannot_be_written_is_one_line(capsys: pytest.Capture
         and err.startswith("surge: error: --result-file /proc/surge-result.json")
         and err.count("\n") == 1
     ), err
+
+
+@pytest.mark.parametrize(
+    ("env", "flag", "want"),
+    [("sk-env", None, "Bearer sk-env"), ("sk-env", "sk-flag", "Bearer sk-flag"), ("", None, None)],
+)
+def test_api_key_from_openai_api_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, flag: str | None, want: str | None
+) -> None:
+    """As vLLM's bench: ``$OPENAI_API_KEY`` is the key unless ``--api-key`` is given; an empty
+    variable sends no header. The key reaches every request, /v1/models included, and never
+    the result file."""
+    monkeypatch.setenv("OPENAI_API_KEY", env)
+    b = Behaviour(ttft=0.01, itl=0.005)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "3", "--num-prompts", "2", "--ignore-eos")
+        argv += ["--result-file", str(out), "--disable-tqdm"] + (["--api-key", flag] if flag else [])
+        assert bench_main(argv) == 0
+    assert b.log and all(entry["auth"] == want for entry in b.log), b.log
+    assert "sk-" not in out.read_text()
