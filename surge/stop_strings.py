@@ -96,6 +96,19 @@ class StopAutomaton:
         """Characters at the end of the fed text that could still start a stop string."""
         return self._depth[state]
 
+    def advance(self, state: int, text: str) -> int:
+        """Advance ``state`` over ``text`` without looking for matches (text in which no stop
+        string may end, such as the first ``min_tokens`` tokens' text): the state after it still
+        lets :meth:`feed` find a match that starts in ``text`` and ends after it."""
+        goto, fail = self._goto, self._fail
+        for ch in text:
+            nxt = goto[state].get(ch)
+            while nxt is None and state:
+                state = fail[state]
+                nxt = goto[state].get(ch)
+            state = nxt or 0
+        return state
+
     def feed(self, state: int, text: str) -> tuple[int, StopMatch | None]:
         """Advance ``state`` over ``text``.
 

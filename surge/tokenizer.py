@@ -347,6 +347,19 @@ class IncrementalDetokenizer:
     from one Aho-Corasick automaton (:mod:`surge.stop_strings`), so the cost per character does
     not grow with the number of stop strings.
 
+    ``min_tokens`` follows vLLM v1 (``BaseIncrementalDetokenizer.update`` and
+    ``check_stop_strings`` in ``vllm/v1/engine/detokenizer.py``): stop strings are looked for
+    only once more than ``min_tokens`` output tokens exist (EOS and stop tokens count), and a
+    match must end after the text of the first ``min_tokens`` tokens, but it may start inside it.
+    With ``min_tokens=3`` and ``stop=["ab"]``: "ab" inside the 3rd token's text never matches; a
+    3rd token ending in "a" and a 4th starting with "b" match, the text is cut before that "a"
+    (after the "b" with ``include_stop_str_in_output``); so does "xab" when the 2nd token ends
+    in "x" and the 3rd is "a". That early text goes through the automaton without matching, so
+    its possible stop-string prefix is held back as usual and a cut never reaches emitted text.
+    A character completed by a later token (UTF-8 split over tokens) is that token's text. An
+    :meth:`update` whose tokens cross the boundary is handled as two, the first ending with
+    token ``min_tokens``.
+
     Invariant: ``"".join(deltas) + flush() == text``.
 
     Args:
@@ -354,7 +367,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: the prompt (its last tokens give left context).
         skip_special_tokens: leave special tokens out of the text.
         stop: stop strings (non-empty).
-        min_tokens: stop strings are not matched before this many output tokens exist.
+        min_tokens: no stop string may end in the text of this many first output tokens.
         include_stop_str_in_output: keep a matched stop string, and the text of the EOS or stop
             token that ended the request, in the text (vLLM's flag).
         spaces_between_special_tokens: passed to ``tokenizer.decode``: slow (Python)
@@ -425,15 +438,15 @@ class IncrementalDetokenizer:
         if self._finished or not delta:
             return ""
         automaton = self._automaton
-        if automaton is None or self.num_output_tokens < self._min_tokens:
-            # No stop strings, or not yet: like vLLM, stop strings count only from min_tokens on.
-            out = self._pending + delta
-            self._pending = ""
-            self._state = 0
-            self._emitted.append(out)
-            return out
+        if automaton is None:
+            self._emitted.append(delta)
+            return delta
         buf = self._pending + delta
-        self._state, match = automaton.feed(self._state, delta)
+        if self.num_output_tokens <= self._min_tokens:
+            # The first min_tokens tokens' text: no match ends here, but one may start here.
+            self._state, match = automaton.advance(self._state, delta), None
+        else:
+            self._state, match = automaton.feed(self._state, delta)
         if match is not None:
             self._finished = True
             self.stop_matched = match.stop
@@ -461,6 +474,11 @@ class IncrementalDetokenizer:
             The new text ('' when everything new is held back).
         """
         ids = list(new_token_ids)
+        before = self.num_output_tokens
+        if self._automaton is not None and before < self._min_tokens < before + len(ids):
+            # The min_tokens boundary falls inside these tokens: no match may end before it.
+            cut = self._min_tokens - before
+            return self.update(ids[:cut]) + self.update(ids[cut:], stop_token_id)
         self.num_output_tokens += len(ids)
         if stop_token_id is not None and ids and ids[-1] == stop_token_id and not self._include_stop:
             ids.pop()

@@ -227,3 +227,105 @@ def test_special_token_runs_keep_the_window_small(stories, qwen, skip) -> None:
         assert "".join(deltas) == d.text == tok.decode(ids, skip_special_tokens=skip)
         if skip:
             assert len(d._ids) <= len(text_ids) + 1
+
+
+def _vllm_stop(
+    pieces: list[str], chunks: list[int], stop: str, min_tokens: int, include: bool
+) -> tuple[str, str | None]:
+    """vLLM v1's stop-string rule (``BaseIncrementalDetokenizer.update`` + ``check_stop_strings``),
+    for one stop string, over per-token texts delivered in ``chunks`` (tokens per update call)."""
+    text, n, i = "", 0, 0
+    for size in chunks:
+        check_from = len(text)
+        for piece in pieces[i : i + size]:
+            text, n = text + piece, n + 1
+            if n <= min_tokens:  # text of the first min_tokens tokens: no match may end in it
+                check_from = len(text)
+        i += size
+        if n > min_tokens and len(text) > check_from:
+            at = text.find(stop, max(0, check_from - len(stop) + 1))  # looks back len(stop) - 1
+            if at >= 0:
+                return text[: at + len(stop)] if include else text[:at], stop
+    return text, None
+
+
+@pytest.fixture(scope="module")
+def girl(stories) -> tuple[list[int], list[int], list[str]]:
+    """Prompt ids, output ids and each output token's text of ', there was a little girl.'."""
+    ids = stories.encode("Once upon a time, there was a little girl.", add_special_tokens=False)
+    prompt, out = [stories.bos_token_id, *ids[:4]], ids[4:]
+    d = IncrementalDetokenizer(stories, prompt)
+    pieces = [d.update([t]) for t in out]
+    assert pieces == [",", " there", " was", " a", " little", " g", "ir", "l", "."]
+    return prompt, out, pieces
+
+
+def _run_min_tokens(stories, girl, stop: str, min_tokens: int, include: bool, chunks: list[int]):
+    prompt, out, _ = girl
+    d = IncrementalDetokenizer(
+        stories, prompt, stop=(stop,), min_tokens=min_tokens, include_stop_str_in_output=include
+    )
+    deltas, i = [], 0
+    for size in chunks:
+        deltas.append(d.update(out[i : i + size]))
+        i += size
+        if d.stop_matched is not None:
+            break
+    deltas.append(d.flush())
+    assert "".join(deltas) == d.text
+    return d.text, d.stop_matched
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_straddling_min_tokens(stories, girl, include) -> None:
+    """Like vLLM, once more than ``min_tokens`` tokens exist a stop string may start inside the
+    first ``min_tokens`` tokens' text, provided it ends after it; one ending inside it never counts."""
+    ones = [1] * 9
+    # "little gi" starts in token 5 (" little"), ends in token 7 ("ir"): the 6th is the last gated
+    cut = ", there was a little gi" if include else ", there was a "
+    assert _run_min_tokens(stories, girl, "little gi", 6, include, ones) == (cut, "little gi")
+    # "gi": the 6th token's text ends in "g", the 7th starts with "i"
+    cut = ", there was a little gi" if include else ", there was a little "
+    assert _run_min_tokens(stories, girl, "gi", 6, include, ones) == (cut, "gi")
+    # " g" is the 6th token's whole text: inside the first min_tokens tokens, never matched
+    assert _run_min_tokens(stories, girl, " g", 6, include, ones) == (", there was a little girl.", None)
+    # a chunk that crosses the boundary: its gated part's text cannot hold a whole match
+    assert _run_min_tokens(stories, girl, " g", 6, include, [4, 3, 2]) == (", there was a little girl.", None)
+    assert _run_min_tokens(stories, girl, " gi", 6, include, [4, 3, 2])[1] == " gi"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_min_tokens_stop_strings_equal_vllm(stories, girl, include) -> None:
+    """Every substring of the output as the stop string, every ``min_tokens`` and several ways to
+    chunk the tokens: the text and the match equal vLLM's."""
+    _, _, pieces = girl
+    text = "".join(pieces)
+    stops = sorted({text[a:b] for a in range(len(text)) for b in range(a + 1, min(a + 12, len(text)) + 1)})
+    for chunks in ([1] * 9, [2, 2, 2, 2, 1], [3, 3, 3], [5, 4], [9]):
+        for min_tokens in range(10):
+            for stop in stops:
+                got = _run_min_tokens(stories, girl, stop, min_tokens, include, chunks)
+                want = _vllm_stop(pieces, chunks, stop, min_tokens, include)
+                assert got == want, (stop, min_tokens, chunks)
+
+
+def test_min_tokens_stop_token_id(stories, girl) -> None:
+    """The EOS / stop token that ends a request after ``min_tokens`` tokens stays out of the
+    text (in it with include_stop_str_in_output), and a chunk that crosses the boundary and
+    ends with it is split without losing it."""
+    prompt, out, _ = girl
+    eos = stories.eos_token_id
+    for include in (False, True):
+        d = IncrementalDetokenizer(
+            stories, prompt, stop=("xyz",), min_tokens=6, include_stop_str_in_output=include
+        )
+        text = d.update(out[:5]) + d.update([*out[5:], eos], stop_token_id=eos) + d.flush()
+        assert text == d.text == ", there was a little girl." and d.stop_matched is None
+        assert d.num_output_tokens == len(out) + 1
+        d = IncrementalDetokenizer(
+            stories, prompt, stop=("gi",), min_tokens=6, include_stop_str_in_output=include
+        )
+        text = d.update(out[:5]) + d.update([*out[5:], eos], stop_token_id=eos) + d.flush()
+        assert d.stop_matched == "gi" and text == d.text == (
+            ", there was a little gi" if include else ", there was a little "
+        )
