@@ -329,12 +329,14 @@ class LLM:
                 f"the model folder {self.engine.config.model.model} has no tokenizer files: chat needs one"
             )
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        texts: list[str] = []  # each conversation's rendered template, as vLLM's prompt
         prompts: list[PromptType] = [
             apply_chat_template(
                 self.tokenizer,
                 conv,  # type: ignore[arg-type]
                 chat_template=chat_template,
                 chat_template_kwargs=chat_template_kwargs,
+                check_text=texts.append,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -342,8 +344,8 @@ class LLM:
             for conv in conversations
         ]
         results = self.generate(prompts, sampling_params)
-        for result in results:
-            result.prompt = self.tokenizer.decode(result.prompt_token_ids)
+        for result, text in zip(results, texts, strict=True):
+            result.prompt = text
         return results
 
     def _run(

@@ -196,6 +196,9 @@ def test_vllm_api_shapes() -> None:
         msgs[:1], PARAMS, chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}"
     )[0]
     assert custom.prompt is not None and custom.prompt.endswith("Hi|")
+    # the prompt is the rendered template, as vLLM's, not the decoded ids (which add a space here)
+    spaced = "{{ bos_token }}{% for m in messages %}<|x|> {{ m['content'] }}\n\n{% endfor %}"
+    assert llm.chat(msgs[:1], PARAMS, chat_template=spaced)[0].prompt == "<s><|x|> Hi\n\n"
     p = SamplingParams(stop=None, stop_token_ids=None, bad_words=None)
     assert p.stop == () and p.stop_token_ids == () and p.bad_words == ()
     with pytest.raises(ValueError, match="n must be at most 65536"):
