@@ -113,7 +113,7 @@ class ChatPlan:
             msg["reasoning_content"] = d.reasoning or None
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
-            if finish_reason == "stop":
+            if finish_reason == "stop" and (parser.tools is None or parser.tools.calls_complete()):
                 finish_reason = "tool_calls"
         return msg, finish_reason
 
@@ -127,9 +127,9 @@ class ChatPlan:
         d = parser.feed(text)
         if finish_reason is not None:
             d.extend(parser.finish())
-            # a call cut by a stop string is not a finished call (the message drops it so too)
-            malformed = parser.tools is not None and parser.tools.malformed_text() is not None
-            if finish_reason == "stop" and parser.has_tool_calls and not malformed:
+            # a call cut by a stop string is not a finished call (the message says so too)
+            complete = parser.tools is None or parser.tools.calls_complete()
+            if finish_reason == "stop" and parser.has_tool_calls and complete:
                 finish_reason = "tool_calls"
         if self.single_call:
             d.tool_calls = [t for t in d.tool_calls if t.index == 0]

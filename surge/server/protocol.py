@@ -71,9 +71,11 @@ first element, so a long list is validated once (a plain union would try every f
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds one final chunk with the usage;
-    ``continuous_usage_stats`` (vLLM) puts the running usage in every chunk;
-    ``include_obfuscation`` is inert (Surge never pads chunks)."""
+    """``stream_options`` (only with ``stream: true``, else a 400 as in vLLM): ``include_usage``
+    adds one final chunk with the usage of every choice; ``continuous_usage_stats`` (vLLM), with
+    ``include_usage`` only (alone it adds nothing, as in vLLM), also puts in every choices chunk
+    the usage of that chunk's choice so far; ``include_obfuscation`` is inert (Surge never pads
+    chunks)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = False
@@ -230,8 +232,9 @@ class SamplingRequestFields(RequestBody):
 
     @property
     def continuous_usage(self) -> bool:
-        """vLLM's ``stream_options.continuous_usage_stats``: usage in every chunk."""
-        return bool(self.stream_options is not None and self.stream_options.continuous_usage_stats)
+        """vLLM's ``stream_options.continuous_usage_stats``, which counts only with
+        ``include_usage``: every choices chunk carries its own choice's usage so far."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def max_tokens_sent(self) -> bool:

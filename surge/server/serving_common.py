@@ -462,8 +462,9 @@ class ChunkEnvelope:
         gen: the generation, for usage figures.
         usage_in_chunks: what each choices chunk says in ``usage``: "omit" (no key), "null"
             (``stream_options.include_usage``: only the final chunk carries the usage, the
-            others ``"usage": null`` as in OpenAI's reference), or "running"
-            (``continuous_usage_stats``: the usage so far).
+            others ``"usage": null`` as in OpenAI's reference), or "running" (with
+            ``continuous_usage_stats`` too: the usage of the chunk's one choice so far,
+            :func:`choice_usage`, as in vLLM).
     """
 
     request_id: str
@@ -485,13 +486,19 @@ class ChunkEnvelope:
         JSON object ``{id, object, created, model, choices, *extra}``, its head encoded once per
         response."""
         if "usage" not in extra and self.usage_in_chunks != "omit":
-            running = self.usage_in_chunks == "running" and self.gen is not None
-            extra["usage"] = usage_dict(self.gen) if running else None  # type: ignore[arg-type]
+            extra["usage"] = self._running_usage(choices)
         parts = [self._head, _json_encode(choices)]
         for key, value in extra.items():
             parts.append(b"," + _json_encode(key) + b":" + _json_encode(value))
         parts.append(b"}\n\n")
         return b"".join(parts)
+
+    def _running_usage(self, choices: list[dict[str, Any]]) -> dict[str, int] | None:
+        """The ``usage`` of a choices chunk: with "running", that of the one choice it carries
+        (:func:`choice_usage`); else None."""
+        if self.usage_in_chunks != "running" or self.gen is None or len(choices) != 1:
+            return None
+        return choice_usage(self.gen, choices[0]["index"])
 
     def usage_chunk(self, gen: Generation) -> bytes:
         """The final ``include_usage`` event: no choices, the exact usage."""
@@ -499,10 +506,11 @@ class ChunkEnvelope:
 
 
 def usage_in_chunks(req: SamplingRequestFields) -> str:
-    """``ChunkEnvelope.usage_in_chunks`` for a request's ``stream_options``."""
-    if req.continuous_usage:
-        return "running"
-    return "null" if req.include_usage else "omit"
+    """``ChunkEnvelope.usage_in_chunks`` for a request's ``stream_options``: "running" only when
+    both ``include_usage`` and ``continuous_usage_stats`` are set (vLLM ignores the latter alone)."""
+    if not req.include_usage:
+        return "omit"
+    return "running" if req.continuous_usage else "null"
 
 
 def full_response(
@@ -617,4 +625,14 @@ async def collect(request: Request, gen: Generation) -> dict[int, tuple[str, str
 def usage_dict(gen: Generation) -> dict[str, int]:
     """OpenAI ``usage``: prompt tokens (once per prompt), completion tokens (all choices), total."""
     p, c = gen.prompt_tokens, gen.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def choice_usage(gen: Generation, index: int) -> dict[str, int]:
+    """The ``usage`` of choice ``index`` alone, as vLLM's ``continuous_usage_stats`` chunks give
+    it: the tokens of its prompt and the tokens it has generated so far (all those the server has
+    received, which may include tokens of the choice's next chunks when the engine's outputs for
+    it came in together), and their total."""
+    choice = gen.choices[index]
+    p, c = len(gen.prompts[choice.prompt_index].token_ids), choice.num_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

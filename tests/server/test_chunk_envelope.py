@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -11,8 +12,12 @@ from surge.server.serving_common import ChunkEnvelope
 
 
 class _Gen:
+    """Two choices of one 7-token prompt, which generated 2 and 1 tokens."""
+
     prompt_tokens = 7
     completion_tokens = 3
+    prompts = [SimpleNamespace(token_ids=[1] * 7)]
+    choices = [SimpleNamespace(prompt_index=0, num_tokens=2), SimpleNamespace(prompt_index=0, num_tokens=1)]
 
 
 def _whole(env: ChunkEnvelope, choices: list[dict[str, Any]], extra: dict[str, Any]) -> bytes:
@@ -28,8 +33,9 @@ def test_chunk_bytes(usage: str) -> None:
     ]
     extra: dict[str, Any] = {}
     if usage != "omit":
+        # continuous usage: the chunk's own choice (0), not the total of both
         extra["usage"] = (
-            {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10} if usage == "running" else None
+            {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9} if usage == "running" else None
         )
     assert env.chunk([dict(c) for c in choices]) == _whole(env, choices, extra)
     final = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}

@@ -227,21 +227,28 @@ def test_forced_required_and_named() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "answer"),
-    [
-        ("required", '[{"nam'),
-        ("required", '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {"b": "x'),
-        ("named", '{"city"'),
-    ],
+    "answer", ['[{"nam', '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {"b": "x']
 )
-def test_forced_calls_cut_by_max_tokens_are_content_when_not_streamed(kind: str, answer: str) -> None:
-    """``max_tokens`` cut the forced JSON: not streamed, the answer is its text as content with
-    no calls (no arguments a client's json.loads would choke on, no text dropped), as for the
-    auto parsers; after a reasoning, the reasoning stays apart."""
-    tools = RequiredToolParser(_ids()) if kind == "required" else NamedToolParser("f", _ids())
-    assert _collect([ChatOutputParser(None, tools).parse(answer)]) == (answer, "", [])
+def test_required_calls_cut_by_max_tokens_are_content_when_not_streamed(answer: str) -> None:
+    """``max_tokens`` cut the ``required`` array: not streamed, the answer is its text as content
+    with no calls (no arguments a client's json.loads would choke on, no text dropped), as for
+    the auto parsers; after a reasoning, the reasoning stays apart."""
+    assert _collect([ChatOutputParser(None, RequiredToolParser(_ids())).parse(answer)]) == (answer, "", [])
     text = "Weather.</think>\n\n" + answer
-    assert _collect([_forced(kind)().parse(text)]) == (answer, "Weather.", [])
+    assert _collect([_forced("required")().parse(text)]) == (answer, "Weather.", [])
+
+
+def test_named_call_cut_by_max_tokens_stays_the_call() -> None:
+    """A named call's arguments cut by ``max_tokens`` stay the call's, non-streamed as streamed
+    (vLLM's answer; the finish reason says "length"); after a reasoning, the reasoning stays apart."""
+    answer = '{"city"'
+    assert _collect([ChatOutputParser(None, NamedToolParser("f", _ids())).parse(answer)]) == (
+        "",
+        "",
+        [("f", answer)],
+    )
+    text = "Weather.</think>\n\n" + answer
+    assert _collect([_forced("named")().parse(text)]) == ("", "Weather.", [("f", answer)])
 
 
 def _forced(kind: str, starts_in_reasoning: bool | None = True) -> Callable[[], ChatOutputParser]:
@@ -320,9 +327,16 @@ def _stream(plan: ChatPlan, pieces: list[str], finish: str) -> tuple[list[dict],
 )
 def test_a_call_cut_by_a_stop_string_keeps_stop(kind: str, text: str) -> None:
     """A stop string cut the call: streamed, the finish reason was "tool_calls" with arguments
-    that do not parse (a client loop would run them); now "stop", as the message says too."""
+    that do not parse (a client loop would run them); now "stop", as the message says too (a
+    named call keeps its cut arguments as the call; an auto parser's text is content)."""
     msg, reason = _plan(kind).message(text, "stop")
-    assert reason == "stop" and "tool_calls" not in msg
+    if kind == "named":  # the cut arguments stay the call's (vLLM), streamed or not
+        assert reason == "stop" and msg["tool_calls"][0]["function"] == {
+            "name": "f",
+            "arguments": text,
+        }
+    else:
+        assert reason == "stop" and "tool_calls" not in msg
     _, streamed = _stream(_plan(kind), [text[:5], text[5:]], "stop")
     assert streamed == "stop"
     whole = (

@@ -123,6 +123,17 @@ def test_forced_calls_after_think_end_without_think_start(qwen3_server: Server) 
     jsonschema.validate(json.loads(msg["content"]), TIME)
 
 
+def test_named_call_cut_by_max_tokens_after_think_end(qwen3_server: Server) -> None:
+    """``</think>`` first, then ``max_tokens`` cuts the named call's arguments: streamed and not
+    alike (vLLM's answer), the call with the arguments written so far, ``content`` null and
+    finish_reason "length"."""
+    body = {"logit_bias": {str(THINK_END): 100}, "temperature": 1.0, "seed": 0, "max_tokens": 4}
+    msg, finish = _both(qwen3_server, body | {"tools": TOOLS, "tool_choice": NAMED})
+    assert finish == "length" and msg["content"] is None and msg["reasoning_content"] is None
+    [call] = msg["tool_calls"]
+    assert call["function"]["name"] == "get_time" and call["function"]["arguments"].startswith("{")
+
+
 def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
     """A milder bias: some choices write text before ``</think>``; whatever they write, it is
     reasoning and the calls (or the JSON content) validate."""

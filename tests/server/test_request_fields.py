@@ -473,12 +473,56 @@ def test_usage_null_in_every_chunk_but_the_last(server: Server, path: str) -> No
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
     # without include_usage no chunk has the key
     assert all("usage" not in c for c in _events(server, path, body)[:-1])
-    # continuous_usage_stats: the running usage in every chunk, growing to the total
+
+
+@pytest.mark.parametrize("path", [CHAT, CMPL])
+def test_continuous_usage_counts_the_chunks_own_choice(server: Server, path: str) -> None:
+    """``continuous_usage_stats`` with ``include_usage`` (vLLM): each choices chunk carries the
+    usage of its own choice (its prompt's tokens, the tokens it generated so far); the final
+    usage-only chunk still totals every choice (each prompt once)."""
+    if path == CHAT:
+        bodies: list[dict[str, Any]] = [{"messages": MSGS}]
+    else:  # two prompts of different lengths: a chunk counts its own prompt
+        bodies = [{"prompt": PROMPT}, {"prompt": PROMPT + " there was"}]
+    prompt_tokens = [
+        _post(server, path, b | {"max_tokens": 1}).json()["usage"]["prompt_tokens"] for b in bodies
+    ]
+    body: dict[str, Any] = bodies[0] if path == CHAT else {"prompt": [b["prompt"] for b in bodies]}
+    body |= {"max_tokens": 6, "ignore_eos": True, "n": 2}
     opts = {"include_usage": True, "continuous_usage_stats": True}
-    chunks = _events(server, path, body | {"stream_options": opts})[:-1]
-    counts = [c["usage"]["completion_tokens"] for c in chunks]
-    assert all(c["usage"]["prompt_tokens"] > 0 for c in chunks)
-    assert counts == sorted(counts) and counts[-1] == 12 and counts[0] >= 1
+    *chunks, final, done = _events(server, path, body | {"stream_options": opts})
+    assert done == "[DONE]" and final["choices"] == []
+    choices = 2 * len(bodies)
+    assert final["usage"] == {
+        "prompt_tokens": sum(prompt_tokens),
+        "completion_tokens": 6 * choices,
+        "total_tokens": sum(prompt_tokens) + 6 * choices,
+    }
+    counts: dict[int, list[int]] = {}
+    for c in chunks:
+        [choice] = c["choices"]
+        usage, p = c["usage"], prompt_tokens[choice["index"] // 2]
+        assert usage["prompt_tokens"] == p and usage["total_tokens"] == p + usage["completion_tokens"]
+        counts.setdefault(choice["index"], []).append(usage["completion_tokens"])
+    assert sorted(counts) == list(range(choices))
+    for seen in counts.values():
+        assert seen == sorted(seen) and seen[0] >= 1 and seen[-1] == 6, counts
+
+
+@pytest.mark.parametrize("path", [CHAT, CMPL])
+def test_continuous_usage_needs_include_usage_and_stream(server: Server, path: str) -> None:
+    """As in vLLM: ``continuous_usage_stats`` without ``include_usage`` adds no usage at all
+    (no key in the chunks, no usage chunk); without ``stream: true`` it is a 400 naming
+    ``stream_options``, as every stream option is."""
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    body |= {"max_tokens": 4, "ignore_eos": True}
+    for opts in ({"continuous_usage_stats": True}, {"include_usage": False, "continuous_usage_stats": True}):
+        *chunks, done = _events(server, path, body | {"stream_options": opts})
+        assert done == "[DONE]" and chunks and all("usage" not in c and c["choices"] for c in chunks)
+    r = _post(
+        server, path, body | {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
 
 
 def test_usage_null_via_sdk(client: openai.OpenAI) -> None:

@@ -112,25 +112,48 @@ def test_named_tool_choice(client: openai.OpenAI) -> None:
         assert streamed == calls and finish == "tool_calls"
 
 
-def test_forced_calls_cut_by_max_tokens(client: openai.OpenAI) -> None:
-    """A forced call that max_tokens cuts: not streamed, the JSON written so far comes back as
-    content with no tool_calls and finish_reason "length" (never arguments that fail to parse,
-    never dropped text); streamed, its pieces went out as generated."""
+def test_named_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
+    """A named call that max_tokens cuts is still that call, as vLLM answers it: not streamed,
+    ``tool_calls`` holds the function with the arguments written so far (JSON that does not
+    parse), ``content`` is null and finish_reason "length"; streamed, the same call's pieces
+    join to the same arguments, with the same finish reason (also for each of n choices)."""
     named: Any = {"type": "function", "function": {"name": "get_weather"}}
-    for choice in (named, "required"):
+    for seed, n in ((0, 1), (1, 2)):
         kwargs: dict[str, Any] = dict(
-            model=_model(client), messages=MSGS, tools=TOOLS, tool_choice=choice, seed=0, max_tokens=3
+            model=_model(client), messages=MSGS, tools=TOOLS, tool_choice=named, seed=seed, max_tokens=3, n=n
         )
         r = client.chat.completions.create(**kwargs)
-        msg = r.choices[0].message
-        assert r.choices[0].finish_reason == "length" and msg.tool_calls is None
-        assert msg.content and msg.content.lstrip().startswith("[" if choice == "required" else "{")
-        streamed, finish, _ = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
-        assert finish == "length"
-        if choice == "required" and streamed:
-            assert msg.content.endswith(streamed[-1][1])
-        elif streamed:
-            assert streamed[0][1] == msg.content
+        assert len(r.choices) == n
+        for choice in r.choices:
+            msg = choice.message
+            assert choice.finish_reason == "length" and msg.content is None
+            [call] = msg.tool_calls or []
+            assert call.type == "function" and call.id and call.function.name == "get_weather"
+            assert call.function.arguments.lstrip().startswith("{")
+            with pytest.raises(ValueError):
+                json.loads(call.function.arguments)
+        if n == 1:
+            streamed, finish, content = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+            assert streamed == [("get_weather", call.function.arguments)]
+            assert finish == "length" and content == ""
+
+
+def test_required_calls_cut_by_max_tokens(client: openai.OpenAI) -> None:
+    """``required`` calls that max_tokens cuts: not streamed, the JSON array written so far comes
+    back as content with no tool_calls and finish_reason "length" (the array's calls may not be
+    told apart; never arguments that fail to parse, never dropped text); streamed, the calls'
+    pieces went out as generated."""
+    kwargs: dict[str, Any] = dict(
+        model=_model(client), messages=MSGS, tools=TOOLS, tool_choice="required", seed=0, max_tokens=3
+    )
+    r = client.chat.completions.create(**kwargs)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "length" and msg.tool_calls is None
+    assert msg.content and msg.content.lstrip().startswith("[")
+    streamed, finish, _ = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+    assert finish == "length"
+    if streamed:
+        assert msg.content.endswith(streamed[-1][1])
 
 
 def _hermes_call_request(client: openai.OpenAI, max_tokens: int) -> dict[str, Any]:

@@ -69,7 +69,7 @@ class ChatOutputParser:
         """The whole text at once (non-streamed responses). When the tool parser finds a
         malformed call (JSON cut by ``max_tokens``, or invalid), the answer is its raw text as
         content with no tool calls, as vLLM's non-streamed parsers answer (a stream has already
-        sent the call's deltas)."""
+        sent the call's deltas); a named ``tool_choice``'s parser finds none malformed."""
         out = self.feed(text).extend(self.finish())
         raw = None if self.tools is None else self.tools.malformed_text()
         if raw is not None:

@@ -6,7 +6,8 @@ the same code fed the whole text at once, so the joined deltas of a stream equal
 where a tool parser finds its text malformed (:meth:`ToolParser.malformed_text`: a call whose
 JSON does not parse, e.g. cut by ``max_tokens``): the non-streamed result is then the whole
 text as content and no tool calls, as in vLLM, while a stream cannot take back the deltas it
-already sent.
+already sent. A named ``tool_choice`` keeps its cut arguments as the call either way (vLLM's
+answer too).
 """
 
 from __future__ import annotations
@@ -207,6 +208,12 @@ class ToolParser(abc.ABC):
         (JSON cut short by ``max_tokens``, or invalid), which a non-streamed answer then
         returns as content instead of the parse; None otherwise."""
         return None
+
+    def calls_complete(self) -> bool:
+        """After :meth:`finish`: whether every call it found parses, so that a "stop" finish
+        becomes "tool_calls" (a call cut by a stop string is not a finished call). By default,
+        whether :meth:`malformed_text` is None."""
+        return self.malformed_text() is None
 
     def _new_call(self) -> JsonToolCall:
         call = JsonToolCall(len([c for c in self.calls if c.started]), self._new_id())

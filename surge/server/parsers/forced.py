@@ -2,9 +2,12 @@
 ``{"name": ..., "parameters": {...}}`` objects, a named function makes it write that
 function's arguments object (both enforced by a grammar built from the tools' schemas).
 
-``max_tokens`` may still cut that JSON short: a non-streamed answer then gives the text as
-content with no tool calls (:meth:`~surge.server.parsers.base.ToolParser.malformed_text`), as
-for the ``auto`` parsers; a stream has already sent the pieces."""
+``max_tokens`` or a stop string may still cut that JSON short. A named call then keeps its cut
+arguments as the call, non-streamed as streamed (vLLM answers so; the finish reason is "length"
+or "stop", never "tool_calls"). A ``required``
+array that does not parse is, non-streamed, its text as content with no tool calls
+(:meth:`~surge.server.parsers.base.ToolParser.malformed_text`), as for the ``auto`` parsers; a
+stream has already sent the pieces."""
 
 from __future__ import annotations
 
@@ -138,15 +141,18 @@ class NamedToolParser(ToolParser):
         return self.feed("")
 
     def malformed_text(self) -> str | None:
-        """The arguments' text when they do not parse (``max_tokens`` or a stop string cut
-        them): a non-streamed answer gives it as content, with no call."""
-        if not self.calls:
-            return None
+        """Arguments that do not parse because ``max_tokens`` or a stop string cut them stay the
+        named call's, as the stream sent them and as vLLM answers (the finish reason says why):
+        None. Only an answer of whitespace alone, which holds no JSON at all, is content."""
+        return self._args if self.calls and not self._args.strip() else None
+
+    def calls_complete(self) -> bool:
+        """Whether the arguments parse (cut ones stay the call, but the finish is not "tool_calls")."""
         try:
             json.loads(self._args)
         except ValueError:
-            return self._args
-        return None
+            return False
+        return True
 
 
 def _unless_json(text: str) -> str | None:
