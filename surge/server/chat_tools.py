@@ -36,7 +36,7 @@ import msgspec
 from surge.sampling_params import StructuredOutputsParams
 from surge.server.errors import bad_request
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
-from surge.server.parsers.base import ToolParser
+from surge.server.parsers.base import ToolCallDelta, ToolParser
 from surge.server.parsers.forced import NO_PARAMETERS, NamedToolParser, RequiredToolParser, required_schema
 from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
 from surge.server.structured_request import structured_outputs_of, validate
@@ -163,8 +163,25 @@ def _delta_fields(d: DeltaMessage, in_reasoning: bool) -> dict[str, Any]:
     if d.content or not (d.reasoning or d.tool_calls or in_reasoning):
         out["content"] = d.content
     if d.tool_calls:
-        out["tool_calls"] = [t.to_openai() for t in d.tool_calls]
+        out["tool_calls"] = [t.to_openai() for t in merge_call_pieces(d.tool_calls)]
     return out
+
+
+def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """One entry per call in a streamed delta: consecutive pieces of the same ``index`` (a
+    call's opening piece and its first argument text, or several pieces a coalesced chunk
+    holds) become one, with the call's ``id`` and ``name`` and the joined arguments, as vLLM
+    streams them; clients that read ``delta.tool_calls[0]`` would otherwise miss a fragment."""
+    merged: list[ToolCallDelta] = []
+    for t in pieces:
+        last = merged[-1] if merged else None
+        if last is not None and last.index == t.index:
+            merged[-1] = ToolCallDelta(
+                t.index, last.id or t.id, last.name or t.name, last.arguments + t.arguments
+            )
+        else:
+            merged.append(t)
+    return merged
 
 
 def _check_tools(tools: Any) -> list[dict[str, Any]]:

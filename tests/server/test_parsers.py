@@ -371,3 +371,24 @@ def test_parallel_tool_calls_false_keeps_the_first_call_under_auto() -> None:
     ]
     assert names == ["get_weather"]
     assert len(_plan("hermes").message(HERMES_TWO, "stop")[0]["tool_calls"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        ("named", '{"zone": "UTC"}'),
+        ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'),
+    ],
+)
+def test_a_streamed_delta_has_one_entry_per_call(kind: str, text: str) -> None:
+    """A chunk that opens a call and carries its first argument text (or a whole call) has one
+    ``tool_calls`` entry for it, with the id, the name and the text, as vLLM streams it: a client
+    reading ``delta.tool_calls[0].function.arguments`` must not lose the first fragment."""
+    for cut in (len(text), 3, 20):
+        deltas, _ = _stream(_plan(kind), [text[:cut], text[cut:]], "stop")
+        entries = [t for d in deltas for t in d.get("tool_calls", [])]
+        for d in deltas:
+            indices = [t["index"] for t in d.get("tool_calls", [])]
+            assert len(indices) == len(set(indices)), d
+        assert entries[0]["id"] and entries[0]["function"]["name"] in ("f", "get_time")
+        assert "".join(t["function"]["arguments"] for t in entries) == '{"zone": "UTC"}'
