@@ -36,7 +36,7 @@ class Case:
         g = torch.Generator().manual_seed(length * 31 + heads)
         hd = HEAD_DIM
         blocks = -(-length // block_size) + 3
-        self.rotary = RotaryEmbedding(hd, 8192, base=1_000_000.0).to(dev)
+        self.rotary = RotaryEmbedding(hd, max(8192, length), base=1_000_000.0).to(dev)
         self.q_norm = self.k_norm = None
         if qk_norm:
             self.q_norm, self.k_norm = RMSNorm(hd, 1e-6, BF), RMSNorm(hd, 1e-6, BF)
@@ -148,8 +148,20 @@ def test_packing_and_checks() -> None:
         (8, 8, 130, 32, False),
         (16, 8, 2000, 16, False),
         (32, 8, 1, 16, True),
+        (4, 1, 100, 16, False),
+        (4, 1, 8500, 16, False),
     ],
-    ids=["qwen3-8b-short", "first-token", "qwen3-8b-300", "qwen3-8b-8k", "mha", "group2-2k", "padding-slot"],
+    ids=[
+        "qwen3-8b-short",
+        "first-token",
+        "qwen3-8b-300",
+        "qwen3-8b-8k",
+        "mha",
+        "group2-2k",
+        "padding-slot",
+        "mqa-100",
+        "mqa-8500",  # one KV head over every block: splits the context does not reach write nothing
+    ],
 )
 def test_kernel_attention_matches_reference(
     heads: int, kv_heads: int, length: int, block_size: int, qk_norm: bool, request: pytest.FixtureRequest
