@@ -357,8 +357,8 @@ class IncrementalDetokenizer:
     in "x" and the 3rd is "a". That early text goes through the automaton without matching, so
     its possible stop-string prefix is held back as usual and a cut never reaches emitted text.
     A character completed by a later token (UTF-8 split over tokens) is that token's text. An
-    :meth:`update` whose tokens cross the boundary is handled as two, the first ending with
-    token ``min_tokens``.
+    :meth:`update` with tokens inside the first ``min_tokens`` takes those one at a time (as
+    vLLM decodes them), then the rest as one.
 
     Invariant: ``"".join(deltas) + flush() == text``.
 
@@ -475,10 +475,15 @@ class IncrementalDetokenizer:
         """
         ids = list(new_token_ids)
         before = self.num_output_tokens
-        if self._automaton is not None and before < self._min_tokens < before + len(ids):
-            # The min_tokens boundary falls inside these tokens: no match may end before it.
-            cut = self._min_tokens - before
-            return self.update(ids[:cut]) + self.update(ids[cut:], stop_token_id)
+        if self._automaton is not None and before < self._min_tokens and len(ids) > 1:
+            # Tokens inside the first min_tokens, where no match may end, go one at a time: a
+            # chunk decoded whole holds back all its text when it ends inside a character, and
+            # that text would then reach the matcher with the tokens after the boundary.
+            cut = min(self._min_tokens - before, len(ids))
+            out = "".join(self.update([t]) for t in ids[: cut - 1])
+            if cut == len(ids):
+                return out + self.update(ids[-1:], stop_token_id)
+            return out + self.update(ids[cut - 1 : cut]) + self.update(ids[cut:], stop_token_id)
         self.num_output_tokens += len(ids)
         if stop_token_id is not None and ids and ids[-1] == stop_token_id and not self._include_stop:
             ids.pop()

@@ -329,3 +329,26 @@ def test_min_tokens_stop_token_id(stories, girl) -> None:
         assert d.stop_matched == "gi" and text == d.text == (
             ", there was a little gi" if include else ", there was a little "
         )
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_min_tokens_stop_strings_with_a_split_character_equal_vllm(stories, include) -> None:
+    """Output ' ab 日 cd', whose 日 is three byte tokens: a chunk of tokens ending inside it held
+    back all its text, and the text of tokens inside the first ``min_tokens`` then reached the
+    matcher after the boundary ("ab" matched with min_tokens 4). Every chunking and
+    ``min_tokens`` equals vLLM's per-token rule."""
+    prompt = [stories.bos_token_id, *stories.encode("Once upon a time", add_special_tokens=False)]
+    out = stories.encode("ab 日 cd", add_special_tokens=False)
+    d = IncrementalDetokenizer(stories, prompt)
+    pieces = [d.update([t]) for t in out]
+    assert d.flush() == "" and "".join(pieces) == " ab 日 cd" and pieces[3:6] == ["", "", "日"]
+    girl = (prompt, out, pieces)
+    for chunks in ([8], [4, 4], [3, 5], [1] * 8, [2, 3, 3]):
+        for min_tokens in range(9):
+            for stop in ("ab", "b ", " 日", "日 c", "cd", "ab 日"):
+                got = _run_min_tokens(stories, girl, stop, min_tokens, include, chunks)
+                assert got == _vllm_stop(pieces, chunks, stop, min_tokens, include), (
+                    stop,
+                    min_tokens,
+                    chunks,
+                )
