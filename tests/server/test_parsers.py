@@ -356,6 +356,15 @@ def test_a_named_call_opens_with_its_first_argument_text() -> None:
     assert _stream(_plan("named"), [""], "stop") == ([{"role": "assistant", "content": ""}], "stop")
     msg, _ = _plan("named").message(" ", "length")  # whitespace is not JSON either
     assert "tool_calls" not in msg and msg["content"] == " "
+    # streamed alike: held, then content (it was a call whose arguments were " ")
+    deltas, reason = _stream(_plan("named"), [" ", "\n"], "length")
+    assert (
+        all("tool_calls" not in d for d in deltas) and "".join(d.get("content", "") for d in deltas) == " \n"
+    )
+    # leading whitespace becomes the arguments' first fragment once the JSON starts
+    deltas, _ = _stream(_plan("named"), ["\n", '{"a"', ": 1}"], "stop")
+    args = [t["function"]["arguments"] for d in deltas for t in d.get("tool_calls", [])]
+    assert "".join(args) == '\n{"a": 1}' and _plan("named").message('\n{"a": 1}', "stop")[1] == "tool_calls"
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_under_auto() -> None:

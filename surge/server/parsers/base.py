@@ -34,6 +34,8 @@ def new_tool_call_id() -> str:
 class ToolCallDelta:
     """A piece of one tool call: the first piece of a call has its ``id`` and ``name`` (and
     empty ``arguments``); later pieces carry argument text that concatenates to a JSON value.
+    A streamed chunk merges a call's consecutive pieces into one entry
+    (:func:`surge.server.chat_tools.merge_call_pieces`).
 
     Attributes:
         index: the call's position among the choice's tool calls.

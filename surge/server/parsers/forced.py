@@ -113,8 +113,9 @@ class RequiredToolParser(ToolParser):
 
 class NamedToolParser(ToolParser):
     """The answer is the named function's arguments: one call, its text streamed as is. The
-    call opens with the answer (the first ``feed``); a choice whose answer never started (its
-    reasoning never ended) has none."""
+    call opens with the answer's first text that is not whitespace (leading whitespace is held
+    and becomes the arguments' first fragment); an answer of whitespace alone is content, and
+    a choice whose answer never started (its reasoning never ended) has no call."""
 
     def __init__(self, name: str, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -127,24 +128,27 @@ class NamedToolParser(ToolParser):
 
     def feed(self, text: str) -> DeltaMessage:
         out = DeltaMessage()
-        if not text:  # the call opens with its first argument text, never empty
-            return out
+        self._args += text
         if not self.calls:
+            if not self._args.strip():  # nothing but whitespace yet: no call, no arguments
+                return out
             call = self._new_call()
             call.name = self._name
             out.tool_calls.append(ToolCallDelta(call.index, call.id, self._name, ""))
-        out.tool_calls.append(ToolCallDelta(0, arguments=text))
-        self._args += text
+            text = self._args  # the held whitespace leads the first fragment
+        if text:
+            out.tool_calls.append(ToolCallDelta(0, arguments=text))
         return out
 
     def finish(self) -> DeltaMessage:
-        return self.feed("")
+        """An answer of whitespace alone (no call opened) is released as content."""
+        return DeltaMessage(content=self._args) if not self.calls else DeltaMessage()
 
     def malformed_text(self) -> str | None:
-        """Arguments that do not parse because ``max_tokens`` or a stop string cut them stay the
-        named call's, as the stream sent them and as vLLM answers (the finish reason says why):
-        None. Only an answer of whitespace alone, which holds no JSON at all, is content."""
-        return self._args if self.calls and not self._args.strip() else None
+        """None: arguments that do not parse because ``max_tokens`` or a stop string cut them
+        stay the named call's, as the stream sent them and as vLLM answers (the finish reason
+        says why); an answer of whitespace alone is already content (:meth:`finish`)."""
+        return None
 
     def calls_complete(self) -> bool:
         """Whether the arguments parse (cut ones stay the call, but the finish is not "tool_calls")."""
