@@ -144,7 +144,11 @@ def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         hint = ""
         if "401" in str(e):
-            hint = " (pass --api-key)" if api_key is None else " (check --api-key)"
+            hint = (
+                " (pass --api-key or set $OPENAI_API_KEY)"
+                if api_key is None
+                else " (check --api-key or $OPENAI_API_KEY)"
+            )
         raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")

@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the bench sends $OPENAI_API_KEY when --api-key is absent: a developer's key must not reach the
+# test servers (tests that want it set it themselves)
+os.environ.pop("OPENAI_API_KEY", None)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED_MODEL = REPO / "surge" / "assets" / "stories260K"

@@ -404,9 +404,9 @@ def test_a_401_hint_says_whether_a_key_was_passed(monkeypatch: pytest.MonkeyPatc
         raise OSError("HTTP Error 401: Unauthorized")
 
     monkeypatch.setattr(bs, "get_json", refuse)
-    with pytest.raises(ValueError, match=r"401: Unauthorized \(pass --api-key\)$"):
+    with pytest.raises(ValueError, match=r"401: Unauthorized \(pass --api-key or set \$OPENAI_API_KEY\)$"):
         bs.fetch_models("http://127.0.0.1:1", None)
-    with pytest.raises(ValueError, match=r"401: Unauthorized \(check --api-key\)$"):
+    with pytest.raises(ValueError, match=r"401: Unauthorized \(check --api-key or \$OPENAI_API_KEY\)$"):
         bs.fetch_models("http://127.0.0.1:1", "wrong-key")
 
 
