@@ -88,9 +88,9 @@ STATS_LEN = 2048
 _SMEM = 2 * XMAX + 4 * _EPMAX  # dynamic shared memory: fp16 inputs, staged residual/norm pairs (bytes)
 _HANG = 1 << 30
 MIN_SPLIT_TOKENS = 32
-"""Context tokens per split of an attend phase: a context of ``L`` tokens uses
-``clamp(ceil(L / MIN_SPLIT_TOKENS), 1, splits)`` of its blocks per KV head (the others return),
-so that a short context's merge reads few partials. On the H200 (Qwen3-8B, 16 splits) 32 against
+"""Sets how finely an attend phase splits a context: ``L`` tokens go in ``n = clamp(ceil(L /
+MIN_SPLIT_TOKENS), 1, splits)`` even shares of ``ceil(L / n)`` tokens, one block per share and KV
+head (the blocks past the last share return), so that a short context's merge reads few partials. On the H200 (Qwen3-8B, 16 splits) 32 against
 all 16 splits at every length: -1.54, -1.01, -0.78, -0.33 and -0.28 us per layer at 32, 160,
 288, 1,024 and 2,048 tokens (64: -1.50, -0.28, -0.51, -0.13, -0.16); served at C1/I32/O256 330.8
 against 326.2 tok/s (``benchmarks/results/h200-qwen3-8b-fp8/session27/attention-splits/``)."""
@@ -106,7 +106,7 @@ _SOURCE = r"""
 #define HANG (1u << 30)
 #define MAX_POLLS (1u << 26)
 #ifndef MIN_SPLIT_TOKENS
-#define MIN_SPLIT_TOKENS 64
+#error "MIN_SPLIT_TOKENS is defined by StreamDecodeKernel.compile"
 #endif
 
 typedef unsigned long long u64;
@@ -933,8 +933,9 @@ class StreamAttention:
             output, the running max and the sum.
         heads, kv_heads: query and KV heads (``heads / kv_heads`` at most :data:`GROUP_MAX`).
         splits: context splits per KV head (``kv_heads * splits`` at most the blocks of a launch);
-            a context of ``L`` tokens uses ``clamp(ceil(L / MIN_SPLIT_TOKENS), 1, splits)`` of
-            them, evenly (the other blocks return, and the merge reads only their partials).
+            a context of ``L`` tokens is cut into ``n = clamp(ceil(L / MIN_SPLIT_TOKENS), 1,
+            splits)`` even shares of ``ceil(L / n)`` tokens; the blocks past the last share
+            return at once and the merge reads only the partials written.
         scale: the softmax scale. qk_eps: the q/k norm's epsilon.
     """
 
