@@ -118,6 +118,8 @@ def test_refused_fields_name_themselves(server: Server, path: str, name: str, va
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == name and name in err["message"]
+    if name == "functions":  # the deprecated form: the message names the one to use
+        assert "use tools" in err["message"]
 
 
 def test_refused_fields_accept_their_defaults(server: Server) -> None:
