@@ -72,9 +72,9 @@ first element, so a long list is validated once (a plain union would try every f
 
 class StreamOptions(BaseModel):
     """``stream_options`` (only with ``stream: true``, else a 400 as in vLLM): ``include_usage``
-    adds one final chunk with the usage of every choice; ``continuous_usage_stats`` (vLLM), with
-    ``include_usage`` only (alone it adds nothing, as in vLLM), also puts in every choices chunk
-    the usage of that chunk's choice so far; ``include_obfuscation`` is inert (Surge never pads
+    adds one final chunk with the usage of every choice; ``continuous_usage_stats`` (vLLM), only
+    with ``include_usage`` (alone it is a 400: vLLM would ignore it), also puts in every choices
+    chunk the usage of that chunk's choice so far; ``include_obfuscation`` is inert (Surge never pads
     chunks)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -212,6 +212,16 @@ class SamplingRequestFields(RequestBody):
             raise bad_request(refused[1], param=refused[0])
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true", param="stream_options")
+        if (
+            self.stream_options is not None
+            and self.stream_options.continuous_usage_stats
+            and not self.include_usage
+        ):
+            # vLLM ignores it then; a field must work or be refused
+            raise bad_request(
+                "stream_options.continuous_usage_stats needs stream_options.include_usage: true",
+                param="stream_options.continuous_usage_stats",
+            )
         if self.truncate_prompt_tokens is not None and not (
             self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1
         ):
@@ -232,9 +242,9 @@ class SamplingRequestFields(RequestBody):
 
     @property
     def continuous_usage(self) -> bool:
-        """vLLM's ``stream_options.continuous_usage_stats``, which counts only with
-        ``include_usage``: every choices chunk carries its own choice's usage so far."""
-        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+        """vLLM's ``stream_options.continuous_usage_stats`` (validated to come with
+        ``include_usage``): every choices chunk carries its own choice's usage so far."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def max_tokens_sent(self) -> bool:

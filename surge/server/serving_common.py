@@ -506,8 +506,8 @@ class ChunkEnvelope:
 
 
 def usage_in_chunks(req: SamplingRequestFields) -> str:
-    """``ChunkEnvelope.usage_in_chunks`` for a request's ``stream_options``: "running" only when
-    both ``include_usage`` and ``continuous_usage_stats`` are set (vLLM ignores the latter alone)."""
+    """``ChunkEnvelope.usage_in_chunks`` for a request's ``stream_options``: "running" when
+    ``continuous_usage_stats`` is set (validation refuses it without ``include_usage``)."""
     if not req.include_usage:
         return "omit"
     return "running" if req.continuous_usage else "null"

@@ -513,14 +513,16 @@ def test_continuous_usage_counts_the_chunks_own_choice(server: Server, path: str
 
 @pytest.mark.parametrize("path", [CHAT, CMPL])
 def test_continuous_usage_needs_include_usage_and_stream(server: Server, path: str) -> None:
-    """As in vLLM: ``continuous_usage_stats`` without ``include_usage`` adds no usage at all
-    (no key in the chunks, no usage chunk); without ``stream: true`` it is a 400 naming
+    """``continuous_usage_stats`` without ``include_usage`` would do nothing (vLLM ignores it): a
+    400 naming it (it worked alone before); without ``stream: true`` it is a 400 naming
     ``stream_options``, as every stream option is."""
     body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
-    body |= {"max_tokens": 4, "ignore_eos": True}
+    body |= {"max_tokens": 4, "ignore_eos": True, "stream": True}
     for opts in ({"continuous_usage_stats": True}, {"include_usage": False, "continuous_usage_stats": True}):
-        *chunks, done = _events(server, path, body | {"stream_options": opts})
-        assert done == "[DONE]" and chunks and all("usage" not in c and c["choices"] for c in chunks)
+        r = _post(server, path, body | {"stream_options": opts})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "stream_options.continuous_usage_stats"
+    body.pop("stream")
     r = _post(
         server, path, body | {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     )
