@@ -87,6 +87,9 @@ STATS_LEN = 2048
 1024 multiprocessors."""
 _SMEM = 2 * XMAX + 4 * _EPMAX  # dynamic shared memory: fp16 inputs, staged residual/norm pairs (bytes)
 _HANG = 1 << 30
+HEADS_DONE = 32
+"""Where the per-KV-head attention arrival counters start in :attr:`StreamDecodeKernel.counter`
+(int32 words; the grid barrier's is word 0, 128 bytes away)."""
 MIN_SPLIT_TOKENS = 32
 """Sets how finely an attend phase splits a context: ``L`` tokens go in ``n = clamp(ceil(L /
 MIN_SPLIT_TOKENS), 1, splits)`` even shares of ``ceil(L / n)`` tokens, one block per share and KV
@@ -105,8 +108,8 @@ _SOURCE = r"""
 #define STATS_UNROLL 8
 #define HANG (1u << 30)
 #define MAX_POLLS (1u << 26)
-#ifndef MIN_SPLIT_TOKENS
-#error "MIN_SPLIT_TOKENS is defined by StreamDecodeKernel.compile"
+#if !defined(MIN_SPLIT_TOKENS) || !defined(HEADS_DONE)
+#error "MIN_SPLIT_TOKENS and HEADS_DONE are defined by StreamDecodeKernel.compile"
 #endif
 
 typedef unsigned long long u64;
@@ -115,14 +118,15 @@ struct Phase {
   u64 w, w_scale, x, norm_w, copy_out, stats_in, y, res_in, res_out, next_norm_w, stats_out;
   int n, k, kind, epi, y_bf16;
   float eps;
-  // attention phases (op OP_ATTEND, OP_MERGE; n = 0: no weight rows): x = qkv, y = the output
+  // attention phases (op OP_ATTEND; n = 0: no weight rows): x = qkv, y = the output
   u64 k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part;
   int op, heads, kv_heads, block_size, splits, qk_norm;
   float scale, qk_eps;
 };
 #define OP_GEMV 0
 #define OP_ATTEND 1
-#define OP_MERGE 2
+// counter[HEADS_DONE + h]: arrivals of KV head h's attention shares this step (apart from the
+// grid barrier's counter[0], another 128-byte line)
 #define HD 128
 #define GMAX 4
 #define TOK 4  // tokens per warp per attend step
@@ -410,7 +414,8 @@ __device__ __forceinline__ void halve(float* v, int lane) {
 // share of the context (the new token's K/V taken from registers: the block that owns it also
 // writes them to the cache). Qwen3's per-head q/k RMSNorm (qk_norm) and rotary (GPT-NeoX
 // halves, bf16 roundings as torch's) first. Writes the split's unnormalized output, running max
-// and sum (base-2 exponent of score * scale * log2 e) per query head into part[head][split].
+// and sum (base-2 exponent of score * scale * log2 e) per query head into part[head][split]; the
+// last split of the KV head to finish merges them into y (a context of one split writes y at once).
 // Tokens per split of a context of L tokens over at most S splits: one split per
 // MIN_SPLIT_TOKENS tokens (1 to S), so a short context's merge reads few partials. Splits
 // 0 .. ceil(L / C) - 1 hold tokens (split 0 also for L = 0); the others write no partial.
@@ -418,7 +423,8 @@ __device__ __forceinline__ int split_len(int S, int L) {
   const int used = max(1, min(S, (L + MIN_SPLIT_TOKENS - 1) / MIN_SPLIT_TOKENS));
   return max(1, (L + used - 1) / used);
 }
-__device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int tid, int warp, int lane) {
+__device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* heads_done, int cta, int tid, int warp,
+                       int lane) {
   const int S = d.splits, H = d.kv_heads, G = d.heads / H;
   if (cta >= H * S) return;
   const int h = cta / S, s = cta % S;
@@ -589,11 +595,11 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int t
     }
   }
   block_sync();
+  // the block's partial per query head: thread (g, dim) of g < G
   const int g = tid / HD, dim = tid % HD;
+  float M = NEG_INF, o = 0.f, ls = 0.f;
   if (g < G) {
-    float M = NEG_INF;
     for (int w = 0; w < NW; ++w) M = fmaxf(M, wacc[(w * GMAX + g) * PART + HD]);
-    float o = 0.f, ls = 0.f;
     if (M != NEG_INF) {
       for (int w = 0; w < NW; ++w) {
         const float* r = wacc + (w * GMAX + g) * PART;
@@ -602,31 +608,46 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, int cta, int t
         ls += r[HD + 1] * f;
       }
     }
-    float* out = reinterpret_cast<float*>(d.part) + ((long long)(h * G + g) * S + s) * PART;
+  }
+  unsigned short* y = reinterpret_cast<unsigned short*>(d.y);
+  const int used = max(1, (L + C - 1) / C);  // shares holding tokens (the blocks that got here)
+  if (used == 1) {  // the only share: its output is the attention's
+    if (g < G) y[(h * G + g) * HD + dim] = to_bf16(o / ls);
+    return;
+  }
+  float* part = reinterpret_cast<float*>(d.part);
+  if (g < G) {
+    float* out = part + ((long long)(h * G + g) * S + s) * PART;
     out[dim] = o;
     if (dim == 0) {
       out[HD] = M;
       out[HD + 1] = ls;
     }
   }
-}
-
-// The splits' results of each query head merged (one head per block): y[head] = bf16(o / l).
-__device__ void merge(const Phase& d, const Meta& mt, int cta, int tid) {
-  const int L = *mt.seq_len;
-  const int S = max(1, (L + split_len(d.splits, L) - 1) / split_len(d.splits, L));  // partials written
-  if (cta >= d.heads || tid >= HD) return;
-  const float* p = reinterpret_cast<const float*>(d.part) + (long long)cta * d.splits * PART;
-  float M = NEG_INF;
-  for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(p + s * PART + HD));
-  float o = 0.f, ls = 0.f;
-  for (int s = 0; s < S; ++s) {
-    const float ms = __ldcg(p + s * PART + HD);
-    const float f = ms == NEG_INF ? 0.f : exp2f(ms - M);
-    o += __ldcg(p + s * PART + tid) * f;
-    ls += __ldcg(p + s * PART + HD + 1) * f;
+  // the last of KV head h's shares to arrive merges them (the arrival count of a head grows by
+  // `used` per layer from the step's reset): one grid barrier fewer than a merge phase
+  __shared__ int last;
+  block_sync();
+  if (tid == 0) {
+    __threadfence();
+    const unsigned before = atomicAdd(heads_done + h, 1u);
+    last = (before + 1u) % (unsigned)used == 0u;
+    __threadfence();
   }
-  reinterpret_cast<unsigned short*>(d.y)[cta * HD + tid] = to_bf16(o / ls);
+  block_sync();
+  if (!last || g >= G) return;
+  const float* p = part + (long long)(h * G + g) * S * PART;
+  M = NEG_INF;
+  for (int i = 0; i < used; ++i) M = fmaxf(M, __ldcg(p + i * PART + HD));
+  o = 0.f;
+  ls = 0.f;
+  for (int i = 0; i < used; ++i) {
+    const float ms = __ldcg(p + i * PART + HD);
+    const float f = ms == NEG_INF ? 0.f : exp2f(ms - M);
+    o += __ldcg(p + i * PART + dim) * f;
+    ls += __ldcg(p + i * PART + HD + 1) * f;
+  }
+  y[(h * G + g) * HD + dim] = to_bf16(o / ls);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -699,10 +720,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     }
     STAMP(0)
     if (d.op != OP_GEMV) {
-      if (d.op == OP_ATTEND)
-        attend(d, mt, reinterpret_cast<float*>(dyn), cta, tid, warp, lane);
-      else
-        merge(d, mt, cta, tid);
+      attend(d, mt, reinterpret_cast<float*>(dyn), counter + HEADS_DONE, cta, tid, warp, lane);
       block_sync();
       STAMP(1)
       STAMP(2)
@@ -904,10 +922,7 @@ def check_phase(ph: StreamPhase) -> None:
 
 
 OP_ATTEND = 1
-"""An attention phase's first step: one block per (KV head, split) attends to its share of the
-context (see :class:`StreamAttention`)."""
-OP_MERGE = 2
-"""An attention phase's second step: one block per query head merges the splits."""
+"""The ``op`` of an attention phase's row in the launch table (a GEMV's is 0)."""
 HEAD_DIM = 128
 """The head size attention phases support."""
 GROUP_MAX = 4
@@ -916,16 +931,18 @@ GROUP_MAX = 4
 
 @dataclass(frozen=True)
 class StreamAttention:
-    """A decode attention step of the one sequence inside a launch: ``op`` :data:`OP_ATTEND`
-    (per-head q/k RMSNorm if ``q_norm_w`` is given, rotary, the new K/V written to the caches
-    at the step's slot, then each (KV head, split) block's share of the context into
-    ``part``), or :data:`OP_MERGE` (``part`` merged into ``y``). The step's sequence length,
-    block table, slot and position come from the launch's :class:`StreamMeta`.
+    """A decode attention step of the one sequence inside a launch, one phase: per-head q/k
+    RMSNorm if ``q_norm_w`` is given, rotary, the new K/V written to the caches at the step's
+    slot, then each (KV head, split) block's share of the context; a context of one share
+    writes ``y`` at once, else each share writes its partial to ``part`` and the last share of
+    each KV head to finish (arrival counters after the grid barrier's, zeroed per step by
+    :meth:`StreamDecodeKernel.reset`) merges them into ``y``, the classic "last block"
+    reduction of the CUDA samples' ``threadFenceReduction``. The step's sequence length, block
+    table, slot and position come from the launch's :class:`StreamMeta`.
 
     Attributes:
-        op: :data:`OP_ATTEND` or :data:`OP_MERGE`.
         qkv: bf16 ``[(heads + 2 kv_heads) * 128]``, the qkv projection's output.
-        y: bf16 ``[heads * 128]``, the attention output (written by the merge).
+        y: bf16 ``[heads * 128]``, the attention output.
         k_cache, v_cache: bf16 ``[num_blocks, block_size, kv_heads, 128]``, contiguous.
         cos, sin: float32 ``[max_position, 64]`` rotary tables.
         q_norm_w, k_norm_w: bf16 ``[128]`` per-head RMSNorm weights, or None (no q/k norm).
@@ -939,7 +956,6 @@ class StreamAttention:
         scale: the softmax scale. qk_eps: the q/k norm's epsilon.
     """
 
-    op: int
     qkv: torch.Tensor
     y: torch.Tensor
     k_cache: torch.Tensor
@@ -972,8 +988,6 @@ class StreamMeta:
 def check_attention(ph: StreamAttention) -> None:
     """Raises ``ValueError`` unless ``ph`` has the shapes and dtypes the kernel needs."""
     bf, f32, hd = torch.bfloat16, torch.float32, HEAD_DIM
-    if ph.op not in (OP_ATTEND, OP_MERGE):
-        raise ValueError(f"unknown attention op {ph.op}")
     if ph.kv_heads < 1 or ph.heads % ph.kv_heads or ph.heads // ph.kv_heads > GROUP_MAX:
         raise ValueError(f"attention needs heads / kv_heads in 1..{GROUP_MAX}, got {ph.heads}/{ph.kv_heads}")
     if ph.splits < 1:
@@ -1027,13 +1041,12 @@ def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor
         if isinstance(ph, StreamAttention):
             check_attention(ph)
             device = device or ph.qkv.device
-            y = ph.y if ph.op == OP_MERGE else None
-            row = [0, 0, ptr(ph.qkv), 0, 0, 0, ptr(y), 0, 0, 0, 0, 0, 0, 0]
+            row = [0, 0, ptr(ph.qkv), 0, 0, 0, ptr(ph.y), 0, 0, 0, 0, 0, 0, 0]
             row += [
                 ptr(t) for t in (ph.k_cache, ph.v_cache, ph.cos, ph.sin, ph.q_norm_w, ph.k_norm_w, ph.part)
             ]
             row += [
-                ph.op | (ph.heads << 32),
+                OP_ATTEND | (ph.heads << 32),
                 ph.kv_heads | (int(ph.k_cache.shape[1]) << 32),
                 ph.splits | (int(ph.q_norm_w is not None) << 32),
                 f32_bits(ph.scale) | (f32_bits(ph.qk_eps) << 32),
@@ -1090,13 +1103,10 @@ def stream_epilogue(ph: StreamPhase, out: torch.Tensor) -> None:
 
 
 def attention_reference(ph: StreamAttention, meta: StreamMeta) -> None:
-    """What an attention phase computes, in torch (the tests' reference): for
-    :data:`OP_ATTEND`, q/k RMSNorm and rotary with the model's bf16 roundings (as
-    :class:`surge.layers.norm.RMSNorm` and :class:`surge.layers.rotary.RotaryEmbedding`), the
-    new K/V written at the slot (none at slot -1), and the whole attention written to ``y`` (scores and softmax
-    in float32); :data:`OP_MERGE` then has nothing left to do."""
-    if ph.op != OP_ATTEND:
-        return
+    """What an attention phase computes, in torch (the tests' reference): q/k RMSNorm and
+    rotary with the model's bf16 roundings (as :class:`surge.layers.norm.RMSNorm` and
+    :class:`surge.layers.rotary.RotaryEmbedding`), the new K/V written at the slot (none at slot
+    -1), and the whole attention written to ``y`` (scores and softmax in float32)."""
     bf, hd = torch.bfloat16, HEAD_DIM
     h, hk = ph.heads, ph.kv_heads
     qkv = ph.qkv.reshape(-1)[: (h + 2 * hk) * hd]
@@ -1211,8 +1221,9 @@ class StreamDecodeKernel:
 
     Attributes:
         device: the CUDA device.
-        counter: int32 ``[1]``, the grid barrier's arrivals; zero it once per step
-            (:meth:`reset`) and pass each launch its first phase's index in the step.
+        counter: int32 ``[HEADS_DONE + STATS_LEN // 2]``: ``[0]`` the grid barrier's arrivals,
+            ``[HEADS_DONE + h]`` those of KV head ``h``'s attention shares; zero it once per
+            step (:meth:`reset`) and pass each launch its first phase's index in the step.
         num_sms: blocks per launch (one per multiprocessor).
         pdl: launch with programmatic dependent launch (sm90+, through the driver's
             ``cuLaunchKernelEx``): each launch may start while the previous kernel in the
@@ -1245,9 +1256,9 @@ class StreamDecodeKernel:
         if 2 * props.multi_processor_count > STATS_LEN:
             raise RuntimeError(f"stream decode supports up to {STATS_LEN // 2} multiprocessors")
         with torch.cuda.device(device):
-            defines = f"#define MIN_SPLIT_TOKENS {MIN_SPLIT_TOKENS}\n"
+            defines = f"#define MIN_SPLIT_TOKENS {MIN_SPLIT_TOKENS}\n#define HEADS_DONE {HEADS_DONE}\n"
             fn = compile_kernel(("#define TRACE\n" if trace else "") + defines + _SOURCE, "stream_decode")
-        counter = torch.zeros(1, dtype=torch.int32, device=device)
+        counter = torch.zeros(HEADS_DONE + STATS_LEN // 2, dtype=torch.int32, device=device)
         pdl = major >= 9 and _pdl_launcher() is not None and getattr(fn, "func", None) is not None
         kernel = cls(
             device=device, counter=counter, num_sms=props.multi_processor_count, pdl=pdl, trace=trace, _fn=fn
@@ -1320,13 +1331,13 @@ class StreamDecodeKernel:
             )
 
     def reset(self) -> None:
-        """Zero the barrier counter (once per step, before its first launch)."""
+        """Zero the barrier and attention counters (once per step, before its first launch)."""
         self.counter.zero_()
 
     def hung(self) -> bool:
         """Whether a barrier timed out since the last :meth:`reset` (blocks not co-resident);
         synchronizes."""
-        return bool(int(self.counter.item()) & _HANG)
+        return bool(int(self.counter[0].item()) & _HANG)
 
     def launch(
         self,

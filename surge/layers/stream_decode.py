@@ -14,9 +14,9 @@ attention kernel still applies the q/k norm and rotary and writes the K/V):
 
 Bound to the KV caches (:meth:`StreamDecode.bind`; the model runner does so with
 ``EngineConfig.stream_attention``, ``--stream-attention``), a step is instead one launch: each layer's
-attention runs inside the kernel too, as an attend phase (per KV head and context split: q/k
-norm, rotary, the new K/V written, the split's share of the context) and a merge phase before
-its ``o`` (:func:`plan_fused`), for bf16 caches, 128-wide heads and at most four query heads per
+attention runs inside the kernel too, as an attend phase before its ``o`` (per KV head and
+context split: q/k norm, rotary, the new K/V written, the split's share of the context, the
+splits merged by the last of them to finish; :func:`plan_fused`), for bf16 caches, 128-wide heads and at most four query heads per
 KV head (:func:`attention_unsupported`), and for contexts up to :data:`FUSED_ATTENTION_MAX_LEN`
 tokens: a longer step runs the ``L + 1`` launches (the decode CUDA graphs capture both forms).
 
@@ -50,8 +50,6 @@ from surge.kernels.stream_decode import (
     KIND_NORM,
     KIND_NORM_STATS,
     KIND_STATS,
-    OP_ATTEND,
-    OP_MERGE,
     STATS_LEN,
     XMAX,
     StreamAttention,
@@ -210,8 +208,8 @@ def attention_unsupported(
             or a.num_heads // a.num_kv_heads > GROUP_MAX
         ):
             return f"layer {i}: {a.num_heads} heads over {a.num_kv_heads} KV heads of size {a.head_dim}"
-        if a.num_heads > num_sms:  # the merge phase takes one block per query head
-            return f"layer {i}: more query heads ({a.num_heads}) than multiprocessors ({num_sms})"
+        if a.num_kv_heads > num_sms:  # an attend phase takes at least one block per KV head
+            return f"layer {i}: more KV heads ({a.num_kv_heads}) than multiprocessors ({num_sms})"
         for c in (k_cache, v_cache):
             if (
                 c.dtype != torch.bfloat16
@@ -250,8 +248,8 @@ def attention_phases(
     out: torch.Tensor,
     part: torch.Tensor,
     splits: int,
-) -> tuple[StreamAttention, StreamAttention]:
-    """The attend and merge phases of one :class:`~surge.layers.attention.Attention` (its heads,
+) -> StreamAttention:
+    """The attention phase of one :class:`~surge.layers.attention.Attention` (its heads,
     rotary tables, q/k norm weights and scale) over ``k_cache``/``v_cache`` (bf16 ``[blocks,
     block_size, kv_heads, 128]``): reading ``qkv`` (bf16 ``[(heads + 2 kv_heads) * 128]``),
     writing ``out`` (bf16 ``[heads * 128]``) through ``part`` (float32 ``[heads * splits * 130]``).
@@ -263,22 +261,22 @@ def attention_phases(
         q_norm_w=qn, k_norm_w=kn, part=part, heads=attn.num_heads, kv_heads=attn.num_kv_heads, splits=splits,
         scale=float(attn.scale), qk_eps=1e-6 if attn.q_norm is None else float(attn.q_norm.eps),
     )  # fmt: skip
-    return StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)
+    return StreamAttention(**common)
 
 
 def plan_fused(
     layers: Sequence[StreamLayer],
-    attns: Sequence[tuple[StreamAttention, StreamAttention]],
+    attns: Sequence[StreamAttention],
     buf: StreamBuffers,
     attn_out: torch.Tensor,
 ) -> list[StreamPhase | StreamAttention]:
     """The phases of a one-token step as one launch: :func:`plan_launches`' launches in order,
-    each layer's attention (its attend and merge phases, ``attns[i]``) before its ``o``, which
-    reads ``attn_out`` (the merge's output) instead of the launch's ``x0``."""
+    each layer's attention phase (``attns[i]``) before its ``o``, which reads ``attn_out`` (the
+    attention's output) instead of the launch's ``x0``."""
     launches = plan_launches(layers, buf)
     phases: list[StreamPhase | StreamAttention] = list(launches[0])
-    for (attend, merge), group in zip(attns, launches[1:], strict=True):
-        phases += [attend, merge, dataclasses.replace(group[0], x=attn_out), *group[1:]]
+    for attend, group in zip(attns, launches[1:], strict=True):
+        phases += [attend, dataclasses.replace(group[0], x=attn_out), *group[1:]]
     return phases
 
 
@@ -335,7 +333,7 @@ class StreamDecode:
 
     def bind(self, kv_caches: Sequence[KVCache]) -> str | None:
         """Plan the step as one launch with each layer's attention inside the kernel (its
-        attend and merge phases, :class:`~surge.kernels.stream_decode.StreamAttention`) over
+        attention phases, :class:`~surge.kernels.stream_decode.StreamAttention`) over
         ``kv_caches``, the caches every later call passes; call once they are allocated and
         before any CUDA-graph capture. Returns None when bound, else why not (no kernel, or
         :func:`attention_unsupported`); unbound, called with other caches, or for a context

@@ -9,8 +9,9 @@ import torch
 
 from surge.kernels.stream_decode import (
     HEAD_DIM,
+    HEADS_DONE,
+    MIN_SPLIT_TOKENS,
     OP_ATTEND,
-    OP_MERGE,
     StreamAttention,
     StreamMeta,
     check_attention,
@@ -66,14 +67,14 @@ class Case:
         self.part = torch.zeros(heads * splits * (hd + 2), dtype=torch.float32, device=dev)
         self.splits = splits
 
-    def phases(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> list[StreamAttention]:
+    def phases(self, k_cache: torch.Tensor, v_cache: torch.Tensor, layers: int = 1) -> list[StreamAttention]:
         common = dict(
             qkv=self.qkv, y=self.y, k_cache=k_cache, v_cache=v_cache, cos=self.rotary.cos_cache,
             sin=self.rotary.sin_cache, q_norm_w=None if self.q_norm is None else self.q_norm.weight.data,
             k_norm_w=None if self.k_norm is None else self.k_norm.weight.data, part=self.part, heads=self.heads,
             kv_heads=self.kv_heads, splits=self.splits, scale=HEAD_DIM**-0.5, qk_eps=1e-6,
         )  # fmt: skip
-        return [StreamAttention(OP_ATTEND, **common), StreamAttention(OP_MERGE, **common)]  # type: ignore[arg-type]
+        return [StreamAttention(**common)] * layers  # type: ignore[arg-type]
 
     def layer_output(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """The model's attention layer (torch norms, rotary and backend) on the same step."""
@@ -119,13 +120,13 @@ def test_reference_is_the_models_attention_layer(
 
 def test_packing_and_checks() -> None:
     case = Case(8, 2, 5, 16, True, splits=4, dev="cpu")
-    attend, merge = case.phases(case.k_cache, case.v_cache)
-    rows = pack_phases([attend, merge])
-    assert rows.shape == (2, 25)
-    a, m = rows.tolist()
-    assert a[2] == case.qkv.data_ptr() and a[6] == 0 and m[6] == case.y.data_ptr()
+    (attend,) = case.phases(case.k_cache, case.v_cache)
+    rows = pack_phases([attend])
+    assert rows.shape == (1, 25)
+    (a,) = rows.tolist()
+    assert a[2] == case.qkv.data_ptr() and a[6] == case.y.data_ptr()
     assert a[14] == case.k_cache.data_ptr() and a[20] == case.part.data_ptr()
-    assert a[21] == OP_ATTEND | (8 << 32) and m[21] == OP_MERGE | (8 << 32)
+    assert a[21] == OP_ATTEND | (8 << 32)
     assert a[22] == 2 | (16 << 32) and a[23] == 4 | (1 << 32)
     with pytest.raises(ValueError, match="heads / kv_heads"):
         check_attention(StreamAttention(**{**attend.__dict__, "heads": 16}))  # 8 per KV head
@@ -190,3 +191,35 @@ def test_kernel_attention_matches_reference(
     cos = torch.nn.functional.cosine_similarity(case.y.float(), want.float(), dim=0)
     assert cos.item() > 0.9999, cos
     torch.testing.assert_close(case.y.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
+@pytest.mark.parametrize("length", [20, 37, 300, 2000])
+def test_kernel_attention_in_consecutive_layers_and_steps(length: int) -> None:
+    """Three attention phases in one launch (as three layers' are in a step: the same inputs, so
+    the same result), then a second step after a reset and a third without one (the launch
+    continues the step): each layer's last share to arrive merges (the arrival counts of a KV
+    head grow by its shares per layer), and no layer merges before all its shares have written.
+    20 tokens: one share (no partials, no counting) when MIN_SPLIT_TOKENS >= 20."""
+    from surge.kernels.stream_decode import StreamDecodeKernel
+
+    kern = StreamDecodeKernel.compile(torch.device("cuda"))
+    case = Case(32, 8, length, 16, True, kern.num_sms // 8, "cuda")
+    stream_reference(case.phases(case.k_cache.clone(), case.v_cache.clone()), meta=case.meta)
+    want = case.y.clone()
+    table = pack_phases(case.phases(case.k_cache, case.v_cache, layers=3))
+    for step, (reset, base) in enumerate([(True, 0), (True, 0), (False, 3)]):
+        case.y.fill_(float("nan"))
+        case.part.fill_(float("nan"))
+        if reset:
+            kern.reset()
+        kern.launch(table, base, meta=case.meta)
+        torch.cuda.synchronize()
+        assert not kern.hung()
+        cos = torch.nn.functional.cosine_similarity(case.y.float(), want.float(), dim=0)
+        assert cos.item() > 0.9999, (step, cos)
+        torch.testing.assert_close(case.y.float(), want.float(), atol=2e-2, rtol=2e-2)
+    used = max(1, min(kern.num_sms // 8, -(-length // MIN_SPLIT_TOKENS)))
+    shares = -(-length // -(-length // used))  # the kernel's split_len: shares of ceil(L / used) tokens
+    counts = kern.counter[HEADS_DONE : HEADS_DONE + 8].tolist()
+    assert counts == [0 if shares == 1 else 6 * shares] * 8  # two launches of three layers since the reset

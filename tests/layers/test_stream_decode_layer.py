@@ -110,22 +110,22 @@ def test_eligibility_reasons(fp8_model: tuple[torch.nn.Module, ModelConfig], tmp
 def test_one_launch_plan_puts_each_attention_before_its_o(
     fp8_model: tuple[torch.nn.Module, ModelConfig],
 ) -> None:
-    """plan_fused: the first qkv, then per layer attend, merge, o (reading the merge's output),
-    gate_up, down and the next qkv; the last layer ends at its down."""
+    """plan_fused: the first qkv, then per layer its attention, o (reading the attention's
+    output), gate_up, down and the next qkv; the last layer ends at its down."""
     from surge.kernels.stream_decode import KIND_INPUT, KIND_NORM
     from surge.layers.stream_decode import plan_fused
 
     model, _ = fp8_model
     sd = StreamDecode(model.model.layers, None)
     n = len(sd.stream_layers)
-    attns = [(f"attend{i}", f"merge{i}") for i in range(n)]
+    attns = [f"attention{i}" for i in range(n)]
     out = torch.zeros(8, dtype=torch.bfloat16)
     phases = plan_fused(sd.stream_layers, attns, sd.buf, out)  # type: ignore[arg-type]
-    assert len(phases) == 1 + 6 * n - 1
+    assert len(phases) == 1 + 5 * n - 1
     assert phases[0].kind == KIND_NORM  # type: ignore[union-attr]
     for i in range(n):
-        attend, merge, o = phases[1 + 6 * i : 4 + 6 * i]
-        assert (attend, merge) == attns[i]
+        attention, o = phases[1 + 5 * i : 3 + 5 * i]
+        assert attention == attns[i]
         assert o.kind == KIND_INPUT and o.x is out  # type: ignore[union-attr]
         assert o.weight is sd.stream_layers[i].o[0]  # type: ignore[union-attr]
 
@@ -207,9 +207,8 @@ def test_one_launch_plan_in_torch_matches_the_eager_stack(kind: str, tmp_path: P
         for _ in stack.layers
     ]
     assert attention_unsupported(stack.layers, caches, 132) is None
-    assert "more query heads (4) than multiprocessors (2)" in str(
-        attention_unsupported(stack.layers, caches, 2)
-    )
+    assert attention_unsupported(stack.layers, caches, 2) is None  # one split per KV head
+    assert "more KV heads (2) than multiprocessors (1)" in str(attention_unsupported(stack.layers, caches, 1))
     backend = TorchAttentionBackend()
     prompt = torch.tensor([(5 * i + 3) % mc.vocab_size for i in range(20)])
     with torch.inference_mode():
