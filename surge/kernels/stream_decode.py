@@ -132,6 +132,7 @@ struct Phase {
 #define TOK 4  // tokens per warp per attend step
 static_assert(GMAX * TOK == 16 && TOK == 4, "attend maps lane / 8 to a head and lane / 2 % 4 to a token");
 #define PART (HD + 2)
+#define MERGE_MAX 16  // partials a merge loads at once (more: one at a time)
 // block ids an attend block stages: what shared memory holds after its other buffers
 #define IDS ((2 * XMAX + 4 * EPMAX) / 4 - (GMAX + 2) * HD - NW * GMAX * PART)
 #define NEG_INF (__int_as_float(0xff800000u))
@@ -638,14 +639,32 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
   if (!last || g >= G) return;
   const float* p = part + (long long)(h * G + g) * S * PART;
   M = NEG_INF;
-  for (int i = 0; i < used; ++i) M = fmaxf(M, __ldcg(p + i * PART + HD));
   o = 0.f;
   ls = 0.f;
-  for (int i = 0; i < used; ++i) {
-    const float ms = __ldcg(p + i * PART + HD);
-    const float f = ms == NEG_INF ? 0.f : exp2f(ms - M);
-    o += __ldcg(p + i * PART + dim) * f;
-    ls += __ldcg(p + i * PART + HD + 1) * f;
+  if (used <= MERGE_MAX) {  // every partial's loads in flight at once
+    float pm[MERGE_MAX], po[MERGE_MAX], pl[MERGE_MAX];
+#pragma unroll
+    for (int i = 0; i < MERGE_MAX; ++i) {
+      pm[i] = i < used ? __ldcg(p + i * PART + HD) : NEG_INF;
+      po[i] = i < used ? __ldcg(p + i * PART + dim) : 0.f;
+      pl[i] = i < used ? __ldcg(p + i * PART + HD + 1) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < MERGE_MAX; ++i) M = fmaxf(M, pm[i]);
+#pragma unroll
+    for (int i = 0; i < MERGE_MAX; ++i) {
+      const float f = pm[i] == NEG_INF ? 0.f : exp2f(pm[i] - M);
+      o += po[i] * f;
+      ls += pl[i] * f;
+    }
+  } else {
+    for (int i = 0; i < used; ++i) M = fmaxf(M, __ldcg(p + i * PART + HD));
+    for (int i = 0; i < used; ++i) {
+      const float ms = __ldcg(p + i * PART + HD);
+      const float f = ms == NEG_INF ? 0.f : exp2f(ms - M);
+      o += __ldcg(p + i * PART + dim) * f;
+      ls += __ldcg(p + i * PART + HD + 1) * f;
+    }
   }
   y[(h * G + g) * HD + dim] = to_bf16(o / ls);
 }
