@@ -625,14 +625,15 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
       out[HD + 1] = ls;
     }
   }
-  // the last of KV head h's shares to arrive merges them (the arrival count of a head grows by
-  // `used` per layer from the step's reset): one grid barrier fewer than a merge phase
+  // the last of KV head h's shares to arrive merges them and zeroes the head's count for the next
+  // layer (its arrival at the grid barrier publishes that): one grid barrier fewer than a merge phase
   __shared__ int last;
   block_sync();
   if (tid == 0) {
     __threadfence();
     const unsigned before = atomicAdd(heads_done + h, 1u);
-    last = (before + 1u) % (unsigned)used == 0u;
+    last = before + 1u == (unsigned)used;
+    if (last) __stcg(heads_done + h, 0u);  // nothing else touches it before the next layer
     __threadfence();
   }
   block_sync();
@@ -714,7 +715,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     const Phase& d = phases[p];
     if (p > 0) {
       if (tid == 0) {
-        const int len = d.op != OP_GEMV ? __ldg(seq_lens) : 0;  // in flight while it polls
+        const int len = d.op == OP_ATTEND ? __ldg(seq_lens) : 0;  // in flight while it polls
         const long long at = d.op == OP_ATTEND ? __ldg(positions) : 0;
         const unsigned target = (unsigned)G * (unsigned)(phase_base + p);
         unsigned polls = 0;
@@ -726,11 +727,13 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
             break;
           }
         }
-        if (d.op != OP_GEMV) seq_len = len;
-        if (d.op == OP_ATTEND) position = at;
+        if (d.op == OP_ATTEND) {
+          seq_len = len;
+          position = at;
+        }
       }
       block_sync();
-    } else if (d.op != OP_GEMV) {
+    } else if (d.op == OP_ATTEND) {
       if (tid == 0) {
         seq_len = __ldg(seq_lens);
         position = __ldg(positions);
@@ -738,7 +741,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       block_sync();
     }
     STAMP(0)
-    if (d.op != OP_GEMV) {
+    if (d.op == OP_ATTEND) {
       attend(d, mt, reinterpret_cast<float*>(dyn), counter + HEADS_DONE, cta, tid, warp, lane);
       block_sync();
       STAMP(1)
@@ -954,9 +957,10 @@ class StreamAttention:
     RMSNorm if ``q_norm_w`` is given, rotary, the new K/V written to the caches at the step's
     slot, then each (KV head, split) block's share of the context; a context of one share
     writes ``y`` at once, else each share writes its partial to ``part`` and the last share of
-    each KV head to finish (arrival counters after the grid barrier's, zeroed per step by
-    :meth:`StreamDecodeKernel.reset`) merges them into ``y``, the classic "last block"
-    reduction of the CUDA samples' ``threadFenceReduction``. The step's sequence length, block
+    each KV head to finish (arrival counters after the grid barrier's, zeroed by
+    :meth:`StreamDecodeKernel.reset` and by each head's last share) merges them into ``y``, the
+    classic "last block" reduction of the CUDA samples' ``threadFenceReduction``. Every share
+    of the phase must have a block (``kv_heads * splits`` at most the launch's blocks). The step's sequence length, block
     table, slot and position come from the launch's :class:`StreamMeta`.
 
     Attributes:

@@ -16,9 +16,9 @@ Bound to the KV caches (:meth:`StreamDecode.bind`; the model runner does so with
 ``EngineConfig.stream_attention``, ``--stream-attention``), a step is instead one launch: each layer's
 attention runs inside the kernel too, as an attend phase before its ``o`` (per KV head and
 context split: q/k norm, rotary, the new K/V written, the split's share of the context, the
-splits merged by the last of them to finish; :func:`plan_fused`), for bf16 caches, 128-wide heads and at most four query heads per
-KV head (:func:`attention_unsupported`), and for contexts up to :data:`FUSED_ATTENTION_MAX_LEN`
-tokens: a longer step runs the ``L + 1`` launches (the decode CUDA graphs capture both forms).
+splits merged by the last of them to finish; :func:`plan_fused`), for bf16 caches, 128-wide
+heads, at most four query heads per KV head and the same KV heads in every layer
+(:func:`attention_unsupported`), and for contexts up to :data:`FUSED_ATTENTION_MAX_LEN` tokens: a longer step runs the ``L + 1`` launches (the decode CUDA graphs capture both forms).
 
 The caller applies the final norm to the returned ``(hidden, residual)`` as the eager path does.
 The residual lives in two bf16 buffers used alternately, the epilogues' statistics in two
@@ -197,9 +197,11 @@ def attention_unsupported(
     """Why the stack's attention cannot run as phases of the stream kernel (None when it can):
     bf16 contiguous caches, head size :data:`~surge.kernels.stream_decode.HEAD_DIM`, at most
     :data:`~surge.kernels.stream_decode.GROUP_MAX` query heads per KV head, float32 rotary
-    tables of the whole head, and both or neither q/k norm."""
+    tables of the whole head, both or neither q/k norm, and the same KV heads in every layer
+    (the phases' splits come from layer 0's, and each layer's shares must all have a block)."""
     if len(kv_caches) != len(layers):
         return "no KV cache per layer"
+    kv_heads = layers[0].self_attn.attn.num_kv_heads if layers else 0
     for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
         a = layer.self_attn.attn
         if (
@@ -210,6 +212,8 @@ def attention_unsupported(
             return f"layer {i}: {a.num_heads} heads over {a.num_kv_heads} KV heads of size {a.head_dim}"
         if a.num_kv_heads > num_sms:  # an attend phase takes at least one block per KV head
             return f"layer {i}: more KV heads ({a.num_kv_heads}) than multiprocessors ({num_sms})"
+        if a.num_kv_heads != kv_heads:
+            return f"layer {i}: {a.num_kv_heads} KV heads where layer 0 has {kv_heads}"
         for c in (k_cache, v_cache):
             if (
                 c.dtype != torch.bfloat16

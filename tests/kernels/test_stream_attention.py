@@ -196,30 +196,48 @@ def test_kernel_attention_matches_reference(
 @pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
 @pytest.mark.parametrize("length", [20, 37, 300, 2000])
 def test_kernel_attention_in_consecutive_layers_and_steps(length: int) -> None:
-    """Three attention phases in one launch (as three layers' are in a step: the same inputs, so
-    the same result), then a second step after a reset and a third without one (the launch
-    continues the step): each layer's last share to arrive merges (the arrival counts of a KV
-    head grow by its shares per layer), and no layer merges before all its shares have written.
-    20 tokens: one share (no partials, no counting) when MIN_SPLIT_TOKENS >= 20."""
+    """Three layers' attention in one launch, each with its own qkv, caches and output but one
+    partials buffer (as in a step), over three launches (after a reset, after another, and one
+    continuing the step without a reset): each layer merges only once all its shares have
+    written (a merge of another layer's or a NaN partial would show) and leaves its KV heads'
+    counts at zero. 20 tokens: one share (no partials, no counting) when MIN_SPLIT_TOKENS >= 20."""
+    import dataclasses
+
     from surge.kernels.stream_decode import StreamDecodeKernel
 
     kern = StreamDecodeKernel.compile(torch.device("cuda"))
     case = Case(32, 8, length, 16, True, kern.num_sms // 8, "cuda")
-    stream_reference(case.phases(case.k_cache.clone(), case.v_cache.clone()), meta=case.meta)
-    want = case.y.clone()
-    table = pack_phases(case.phases(case.k_cache, case.v_cache, layers=3))
-    for step, (reset, base) in enumerate([(True, 0), (True, 0), (False, 3)]):
-        case.y.fill_(float("nan"))
+    g = torch.Generator().manual_seed(length)
+    base = case.phases(case.k_cache, case.v_cache)[0]
+    layers = [base] + [
+        dataclasses.replace(
+            base,
+            qkv=(torch.randn(case.qkv.numel(), generator=g) * 2).to(BF).cuda(),
+            k_cache=torch.randn(case.k_cache.shape, generator=g).to(BF).cuda(),
+            v_cache=torch.randn(case.v_cache.shape, generator=g).to(BF).cuda(),
+            y=torch.zeros_like(case.y),
+        )
+        for _ in range(2)
+    ]
+    wants = []
+    for ph in layers:
+        ref = dataclasses.replace(ph, k_cache=ph.k_cache.clone(), v_cache=ph.v_cache.clone(), y=ph.y.clone())
+        stream_reference([ref], meta=case.meta)
+        wants.append(ref.y)
+    table = pack_phases(layers)
+    for step, (reset, phase_base) in enumerate([(True, 0), (True, 0), (False, 3)]):
+        for ph in layers:
+            ph.y.fill_(float("nan"))
         case.part.fill_(float("nan"))
         if reset:
             kern.reset()
-        kern.launch(table, base, meta=case.meta)
+        kern.launch(table, phase_base, meta=case.meta)
         torch.cuda.synchronize()
         assert not kern.hung()
-        cos = torch.nn.functional.cosine_similarity(case.y.float(), want.float(), dim=0)
-        assert cos.item() > 0.9999, (step, cos)
-        torch.testing.assert_close(case.y.float(), want.float(), atol=2e-2, rtol=2e-2)
+        for i, (ph, want) in enumerate(zip(layers, wants, strict=True)):
+            cos = torch.nn.functional.cosine_similarity(ph.y.float(), want.float(), dim=0)
+            assert cos.item() > 0.9999, (step, i, cos)
+            torch.testing.assert_close(ph.y.float(), want.float(), atol=2e-2, rtol=2e-2)
+        assert kern.counter[HEADS_DONE : HEADS_DONE + 8].tolist() == [0] * 8
     used = max(1, min(kern.num_sms // 8, -(-length // MIN_SPLIT_TOKENS)))
-    shares = -(-length // -(-length // used))  # the kernel's split_len: shares of ceil(L / used) tokens
-    counts = kern.counter[HEADS_DONE : HEADS_DONE + 8].tolist()
-    assert counts == [0 if shares == 1 else 6 * shares] * 8  # two launches of three layers since the reset
+    assert (used == 1) == (length <= MIN_SPLIT_TOKENS)

@@ -209,6 +209,9 @@ def test_one_launch_plan_in_torch_matches_the_eager_stack(kind: str, tmp_path: P
     assert attention_unsupported(stack.layers, caches, 132) is None
     assert attention_unsupported(stack.layers, caches, 2) is None  # one split per KV head
     assert "more KV heads (2) than multiprocessors (1)" in str(attention_unsupported(stack.layers, caches, 1))
+    stack.layers[1].self_attn.attn.num_kv_heads = 4  # the phases' splits come from layer 0's KV heads
+    assert "layer 1: 4 KV heads where layer 0 has 2" in str(attention_unsupported(stack.layers, caches, 132))
+    stack.layers[1].self_attn.attn.num_kv_heads = 2
     backend = TorchAttentionBackend()
     prompt = torch.tensor([(5 * i + 3) % mc.vocab_size for i in range(20)])
     with torch.inference_mode():
