@@ -279,8 +279,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         n: number of independent completions of the prompt (>= 1).
-        max_tokens: the most tokens to generate (>= 1). With ``ignore_eos`` the request
-            produces exactly this many tokens. None: all the room the context leaves after the
+        max_tokens: the most tokens to generate (>= 0). With ``ignore_eos`` the request
+            produces exactly this many tokens. 0 computes the prompt only (for its
+            ``prompt_logprobs``: the server's ``echo`` with ``max_tokens: 0``): nothing is
+            sampled, the request ends with "length", and a prompt of ``max_model_len`` tokens
+            fits (vLLM refuses 0 here and samples one token that its server drops). None: all the room the context leaves after the
             prompt (``max_model_len`` minus its length), set when the engine takes the request
             (:meth:`surge.engine.llm_engine.LLMEngine.add_request`), as vLLM does.
         min_tokens: EOS and stop token ids are suppressed until this many tokens exist.
@@ -392,8 +395,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.n <= MAX_N, f"n must be at most {MAX_N}, got {self.n}"),
             (
-                self.max_tokens is None or self.max_tokens >= 1,
-                f"max_tokens must be at least 1, got {self.max_tokens}",
+                self.max_tokens is None or self.max_tokens >= 0,
+                f"max_tokens must be non-negative, got {self.max_tokens}",
             ),
             (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}"),
             (

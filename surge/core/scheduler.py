@@ -209,6 +209,9 @@ class Scheduler:
             request = self.running[i]
             pending = request.num_pending_outputs
             known = request.num_tokens + pending
+            if known == request.num_computed_tokens:
+                i += 1  # a max_tokens=0 request whose whole prompt is launched: nothing left
+                continue
             if pending and (
                 request.num_output_tokens + pending >= request.sampling_params.max_tokens or known >= max_len
             ):
@@ -223,7 +226,9 @@ class Scheduler:
                     break
             else:
                 budget -= num_new
-                sample = request.num_computed_tokens + num_new == known
+                sample = (
+                    request.num_computed_tokens + num_new == known and request.sampling_params.max_tokens > 0
+                )
                 scheduled.append(ScheduledRequest(request, num_new, sample))
                 i += 1
                 continue
@@ -260,7 +265,7 @@ class Scheduler:
                 request.first_scheduled_time = now
             self.running.append(request)
             budget -= num_new
-            sample = num_cached + num_new == request.num_tokens
+            sample = num_cached + num_new == request.num_tokens and request.sampling_params.max_tokens > 0
             scheduled.append(ScheduledRequest(request, num_new, sample))
 
     def advance(self, scheduler_output: SchedulerOutput) -> None:
@@ -305,8 +310,16 @@ class Scheduler:
         prompt_logprobs = self._num_prompt_logprobs > 0
         for s in scheduler_output.scheduled:
             request = s.request
-            if request.status != RequestStatus.RUNNING or not s.sample:
-                continue  # no token, or aborted / preempted / finished since schedule()
+            if request.status != RequestStatus.RUNNING:
+                continue  # aborted / preempted / finished since schedule()
+            if not s.sample:
+                if (
+                    request.sampling_params.max_tokens == 0
+                    and request.num_computed_tokens >= request.num_tokens
+                ):
+                    outputs.append(self._finish_prompt_only(request))
+                    finished.append(request)
+                continue  # no token
             request.num_pending_outputs -= 1
             token = model_output.sampled_token_ids[request.request_id]
             request.output_token_ids.append(token)
@@ -348,6 +361,26 @@ class Scheduler:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
         return outputs
+
+    def _finish_prompt_only(self, request: Request) -> EngineOutput:
+        """Finish a ``max_tokens=0`` request whose prompt is computed: "length", no token, its
+        prompt logprobs (when asked) and times."""
+        self._finish(request, RequestStatus.FINISHED_LENGTH)
+        out = EngineOutput(
+            request.request_id,
+            [],
+            finish_reason=RequestStatus.FINISHED_LENGTH.finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            finished_time=request.finished_time,
+            num_preemptions=request.num_preemptions,
+        )
+        if request.prompt_logprobs is not None:
+            out.prompt_logprobs = request.prompt_logprobs
+            request.prompt_logprobs_sent = True
+        return out
 
     def _store_prompt_logprobs(self, model_output: ModelOutput) -> None:
         """Append each request's newly computed prompt-token rows, skipping rows already

@@ -162,8 +162,9 @@ class Generation:
     ) -> None:
         """Send one prompt's ``params.n`` child requests to the engine.
 
-        With ``score_only`` (completions' ``echo`` with ``max_tokens: 0``) the engine
-        generates one token that is dropped: the choice has no text and no completion tokens.
+        With ``score_only`` (completions' ``echo`` with ``max_tokens: 0``, sent with
+        ``max_tokens=0``) the engine computes the prompt and samples nothing: the choice has
+        no text and no completion tokens.
 
         Raises:
             ApiError: 503 when the engine is not running.
@@ -356,7 +357,7 @@ class Generation:
         )
 
     def _on_score_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
-        """A score-only choice: its one generated token is dropped; it ends with "length"."""
+        """A score-only choice: the engine's one output (no token) ends it with "length"."""
         if out.finish_reason is None:
             self._client.abort_requests([choice.request_id])
         choice.finish_reason = "length"

@@ -164,23 +164,28 @@ class ServerState:
         A prompt that alone leaves no room for one output token is blamed on ``prompt_param``
         (``messages`` or ``prompt``) with its number of input tokens; only a ``max_tokens`` the
         client sent is blamed on ``max_tokens_param`` (the field it came in: ``max_tokens`` or chat's
-        ``max_completion_tokens``). The length is checked before the ids, so a
+        ``max_completion_tokens``). With ``max_tokens`` 0 (completions' ``echo`` scoring a
+        prompt) nothing is generated, so a prompt may fill the context (vLLM's rule: prompt +
+        max_tokens <= max_model_len). The length is checked before the ids, so a
         huge prompt costs nothing to refuse.
         """
         n = len(token_ids)
         if n == 0:
             raise bad_request("The prompt is empty (it must contain at least one token).", param=prompt_param)
         capacity = self.num_kv_blocks * self.block_size
-        if n >= self.max_model_len or n >= capacity:
+        room = 0 if max_tokens == 0 else 1  # the least the completion needs
+        if n + room > self.max_model_len or n + room > capacity:
             limit = (
                 f"maximum context length is {self.max_model_len} tokens"
-                if n >= self.max_model_len
+                if n + room > self.max_model_len
                 else f"KV cache holds only {capacity} tokens"
             )
+            left = (
+                ", which leaves no room for the completion" if n <= min(self.max_model_len, capacity) else ""
+            )
             raise bad_request(
-                f"This model's {limit}. However, your {prompt_param} has {n} input tokens, which "
-                "leaves no room for the completion. Please reduce the length of the "
-                f"{prompt_param}.",
+                f"This model's {limit}. However, your {prompt_param} has {n} input tokens{left}. "
+                f"Please reduce the length of the {prompt_param}.",
                 param=prompt_param,
             )
         if not token_ids_in_range(token_ids, self.vocab_size):

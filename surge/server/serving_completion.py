@@ -90,9 +90,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     body.check_unimplemented()
     state.check_stop(body.stop_list)
     lp = completion_options(body)
-    # echo with max_tokens 0 scores the prompt: the engine samples one token that is dropped.
+    # echo with max_tokens 0 scores the prompt: the engine computes it and samples nothing, so
+    # a prompt of max_model_len tokens fits (vLLM's rule: prompt + max_tokens <= max_model_len).
     score_only = body.echo and body.max_tokens == 0
-    if score_only and body.min_tokens:  # else the check below would name the internal 1
+    if score_only and body.min_tokens:
         raise bad_request(
             f"min_tokens ({body.min_tokens}) must not exceed max_tokens (0: echo scores the prompt only)",
             param="min_tokens",
@@ -104,7 +105,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     structured, _ = await state.tokenizer_worker.run(structured_outputs_of, body)
     rules = await state.tokenizer_worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)
     for ids, text in prompts:
-        max_tokens = 1 if score_only else resolve_max_tokens(state, body, len(ids))
+        max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
         params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(

@@ -96,3 +96,55 @@ def test_no_prefix_cache_hit_while_prompt_rows_are_missing() -> None:
     starts = {s.request.request_id: s.num_new_tokens for s in so.scheduled}
     assert starts["cached"] < len(prompt)  # served from the cache
     assert starts["scored"] == len(prompt)  # computed from token 0
+
+
+def _prompt_only_sched(budget: int) -> Scheduler:
+    """A context of 64 tokens and a pool of exactly 64 (8 blocks of 8)."""
+    return Scheduler(
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, max_model_len=64, watermark=0.0),
+        CacheConfig(block_size=8, enable_prefix_caching=False),
+        8,
+    )
+
+
+def test_max_tokens_zero_scores_a_prompt_of_the_whole_context_without_sampling() -> None:
+    """Completions' echo with max_tokens 0: a prompt of max_model_len tokens fits (its blocks
+    are the whole pool), no step samples it, and it ends with "length", no token, and every
+    prompt row."""
+    for budget in (64, 24):  # one step, or chunked
+        sched = _prompt_only_sched(budget)
+        req = Request("a", list(range(10, 74)), SamplingParams(max_tokens=0, prompt_logprobs=0))
+        sched.add_request(req)
+        outputs = []
+        while sched.has_unfinished_requests():
+            so = sched.schedule()
+            assert so.scheduled and not any(s.sample for s in so.scheduled)
+            outputs += sched.update(so, _executor(so))
+        (final,) = outputs
+        assert final.new_token_ids == [] and final.finish_reason == "length"
+        assert final.num_prompt_tokens == 64 and final.first_token_time is None
+        assert final.prompt_logprobs is not None
+        assert final.prompt_logprobs.token_ids == [[i] for i in range(1, 64)]
+        assert req.output_token_ids == [] and req.num_computed_tokens == 64
+        assert sched.kv.num_free_blocks == 8
+        assert sched.schedule().finished_request_ids == ["a"]
+
+
+def test_max_tokens_zero_under_asynchronous_scheduling() -> None:
+    """Launched but not yet applied, a prompt-only request is not scheduled again (no empty
+    chunk, no pending token); applying the step finishes it."""
+    sched = _prompt_only_sched(64)
+    req = Request("a", list(range(10, 74)), SamplingParams(max_tokens=0))
+    other = Request("b", [5, 6, 7], SamplingParams(max_tokens=2))
+    sched.add_request(req)
+    first = sched.schedule()
+    sched.advance(first)
+    assert req.num_pending_outputs == 0
+    sched.add_request(other)  # waits: the pool is full
+    second = sched.schedule()
+    assert [s.request.request_id for s in second.scheduled] == []
+    (final,) = sched.update(first, _executor(first))
+    assert final.request_id == "a" and final.finish_reason == "length" and final.new_token_ids == []
+    assert final.prompt_logprobs is None
+    third = sched.schedule()
+    assert third.finished_request_ids == ["a"] and [s.request.request_id for s in third.scheduled] == ["b"]

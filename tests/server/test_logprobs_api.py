@@ -177,6 +177,44 @@ def test_completion_logprobs_echo_and_scoring(client: openai.OpenAI) -> None:
     assert multi.choices[0].logprobs.token_logprobs[1:] == pytest.approx(sl.token_logprobs[1:], abs=1e-5)
 
 
+def test_scoring_a_prompt_of_the_whole_context(server: Server, client: openai.OpenAI) -> None:
+    """vLLM's rule: prompt + max_tokens <= max_model_len, so echo with max_tokens 0 scores a
+    prompt of exactly max_model_len tokens (streamed or not, with its prompt logprobs); one
+    token more is a 400 naming both lengths."""
+    limit = httpx.post(server.url + "/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+    ids = [3 + (7 * i) % 250 for i in range(limit)]
+    body: dict[str, Any] = {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0, "prompt_logprobs": 0}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert (data["usage"]["prompt_tokens"], data["usage"]["completion_tokens"]) == (limit, 0)
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == limit and lp["token_logprobs"][0] is None
+    assert all(isinstance(v, float) and v <= 0 for v in lp["token_logprobs"][1:])
+    plp = choice["prompt_logprobs"]
+    assert len(plp) == limit and plp[0] is None
+    assert [plp[j][str(ids[j])]["logprob"] for j in range(1, limit)] == pytest.approx(
+        lp["token_logprobs"][1:], abs=1e-5
+    )
+    stream = client.completions.create(
+        model=data["model"], prompt=ids, max_tokens=0, echo=True, logprobs=0, stream=True
+    )
+    chunks = [c.choices[0] for c in stream if c.choices]
+    assert [c.finish_reason for c in chunks][-1] == "length"
+    streamed = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
+    assert len(streamed) == limit and streamed[1:] == pytest.approx(lp["token_logprobs"][1:], abs=1e-5)
+    for extra in ({}, {"max_tokens": 1}):  # over the context, and no room for a token
+        over = body | {"prompt": ids + [5]} if not extra else body | extra | {"echo": False}
+        r = httpx.post(server.url + "/v1/completions", json=over, timeout=120)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "prompt", r.text
+        n = len(over["prompt"])
+        assert f"maximum context length is {limit} tokens" in err["message"]
+        assert f"{n} input tokens" in err["message"]
+
+
 def test_echo_text_offset_counts_the_tokens_texts(server: Server) -> None:
     """docs/openai-api.md's example: text_offset sums the lengths of the tokens as shown
     (decoded alone), as vLLM does; with echo the BOS and SentencePiece's leading space count,
