@@ -13,11 +13,12 @@ output parser that turns the generated text into ``content``, ``reasoning_conten
 - ``--reasoning-parser``: ``<think>...</think>`` becomes ``reasoning_content`` (unless
   ``chat_template_kwargs.enable_thinking`` is false); a grammar then applies only after the
   ``</think>`` token. The parser agrees with the grammar: with a grammar that waits for
-  ``</think>``, the output starts inside the reasoning (everything before ``</think>`` is
-  ``reasoning_content``, the constrained answer after it is the content or the forced calls),
-  with a grammar from the first token it does not; without a grammar, it also starts inside
-  the reasoning when the rendered prompt ends with an open ``<think>`` (templates that write
-  it for the model). A choice whose reasoning never ends has ``content: null`` and no calls.
+  ``</think>``, everything before a ``</think>`` is ``reasoning_content`` (``<think>`` or not)
+  and the constrained answer after it is the content or the forced calls; with a grammar from
+  the first token the output is the answer. An output that never writes ``</think>`` reads
+  the same with or without a grammar: reasoning when it opened with ``<think>`` or the
+  rendered prompt ends with an open ``<think>`` (templates that write it for the model; then
+  ``content: null`` and no calls), else all ``content`` (the grammar never started: no calls).
 
 Streamed through a parser, a chunk whose delta would carry nothing (the parser holds or took the
 text) is not sent (:func:`is_empty_delta`); the first chunk (with the role), the finishing one
@@ -52,11 +53,12 @@ class ChatPlan:
             ``tool_choice`` forces), or None.
         reasoning_parser: the reasoning parser's class, or None (no ``reasoning_content``).
         tool_parser: builds one choice's tool parser, or None (the answer is all content).
-        starts_in_reasoning: the output starts inside the reasoning (the grammar waits for
-            ``</think>``, or the prompt opened ``<think>``: :meth:`see_prompt`); None: the
-            reasoning parser's own default.
+        starts_in_reasoning: the output starts inside the reasoning (the prompt opened
+            ``<think>``: :meth:`see_prompt`); False under a grammar from the first token; None:
+            the reasoning parser's own default.
         single_call: ``parallel_tool_calls: false``: only the first call is returned (the
             ``required`` grammar allows one; under ``auto`` later calls are dropped, as vLLM).
+        reasoning_gated: the grammar waits for ``</think>`` (the reasoning parser's ``gated``).
     """
 
     tools: list[dict[str, Any]] | None
@@ -65,6 +67,7 @@ class ChatPlan:
     tool_parser: Callable[[], ToolParser] | None = None
     starts_in_reasoning: bool | None = None
     single_call: bool = False
+    reasoning_gated: bool = False
 
     @property
     def reasoning(self) -> bool:
@@ -73,8 +76,10 @@ class ChatPlan:
 
     def see_prompt(self, tokenizer: Any, prompt_ids: list[int]) -> None:
         """Note whether the rendered prompt ends inside an open ``<think>`` (the template
-        opened it for the model), unless a grammar already decides where the reasoning is."""
-        if self.reasoning_parser is None or self.structured_outputs is not None:
+        opened it for the model), unless a grammar from the first token makes it all answer."""
+        if self.reasoning_parser is None or (
+            self.structured_outputs is not None and not self.reasoning_gated
+        ):
             return
         if prompt_opens_reasoning(tokenizer, prompt_ids):
             self.starts_in_reasoning = True
@@ -83,7 +88,11 @@ class ChatPlan:
         """One choice's output parser; None when the output is plain content."""
         if self.reasoning_parser is None and self.tool_parser is None:
             return None
-        reasoning = None if self.reasoning_parser is None else self.reasoning_parser(self.starts_in_reasoning)
+        reasoning = (
+            None
+            if self.reasoning_parser is None
+            else self.reasoning_parser(self.starts_in_reasoning, gated=self.reasoning_gated)
+        )
         return ChatOutputParser(reasoning, None if self.tool_parser is None else self.tool_parser())
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
@@ -277,15 +286,18 @@ def plan_chat(
     if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
         reasoning_cls = REASONING_PARSERS[reasoning_parser]
     starts_in_reasoning = None
+    gated = False
     if structured is not None and reasoning_cls is not None:
         # the parser reads the output as the grammar does: free reasoning up to the first
         # </think> token, the constrained answer after it; or constrained from the start
         end_id = _single_token_id(tokenizer, THINK_END)
         if end_id is not None:
             structured = msgspec.structs.replace(structured, reasoning_end_token_id=end_id)
-        starts_in_reasoning = end_id is not None
+            gated = True
+        else:
+            starts_in_reasoning = False
     single = tools is not None and getattr(body, "parallel_tool_calls", None) is False
-    return ChatPlan(tools, structured, reasoning_cls, tool_parser, starts_in_reasoning, single)
+    return ChatPlan(tools, structured, reasoning_cls, tool_parser, starts_in_reasoning, single, gated)
 
 
 def _single_token_id(tokenizer: Any, text: str) -> int | None:

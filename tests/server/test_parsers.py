@@ -251,12 +251,13 @@ def test_named_call_cut_by_max_tokens_stays_the_call() -> None:
     assert _collect([_forced("named")().parse(text)]) == ("", "Weather.", [("f", answer)])
 
 
-def _forced(kind: str, starts_in_reasoning: bool | None = True) -> Callable[[], ChatOutputParser]:
-    """qwen3 reasoning, then a forced ``tool_choice`` (``"required"`` or the named ``f``)."""
+def _forced(kind: str, starts_in_reasoning: bool | None = None) -> Callable[[], ChatOutputParser]:
+    """qwen3 reasoning, then a forced ``tool_choice`` (``"required"`` or the named ``f``) whose
+    grammar waits for ``</think>`` (``gated``)."""
 
     def make() -> ChatOutputParser:
         tools = RequiredToolParser(_ids()) if kind == "required" else NamedToolParser("f", _ids())
-        return ChatOutputParser(REASONING_PARSERS["qwen3"](starts_in_reasoning), tools)
+        return ChatOutputParser(REASONING_PARSERS["qwen3"](starts_in_reasoning, gated=True), tools)
 
     return make
 
@@ -280,25 +281,50 @@ def test_forced_calls_after_reasoning_without_or_with_think(think: str, lead: st
 
 @pytest.mark.parametrize("kind", ["required", "named"])
 def test_forced_call_whose_reasoning_never_ends(kind: str) -> None:
-    """Cut (or stopped) before ``</think>``: all reasoning, no call, no answer."""
-    for text in ["Still thinking about [{", "<think>Still thinking {"]:
-        make = _forced(kind)
-        assert _check(make, text) == ("", text.removeprefix("<think>"), [])
+    """Cut (or stopped) before ``</think>``: no call, and the text reads as without the grammar
+    (as the plain chat path reads it): after ``<think>``, or when the prompt opened it, all
+    reasoning and no answer; otherwise all content (the grammar never started)."""
+    text = "Still thinking about [{"
+    assert _check(_forced(kind), text) == (text, "", [])
+    parser = _forced(kind)()
+    parser.parse(text)
+    assert not parser.in_reasoning and not parser.has_tool_calls
+    assert _check(_parser(reasoning="qwen3"), text) == (text, "", [])  # the plain chat path
+    for make, cut in [(_forced(kind), "<think>Still thinking {"), (_forced(kind, True), text)]:
+        assert _check(make, cut) == ("", cut.removeprefix("<think>"), [])
         parser = make()
-        parser.parse(text)
+        parser.parse(cut)
         assert parser.in_reasoning and not parser.has_tool_calls
 
 
+def test_gated_output_is_held_until_think_end_or_the_end() -> None:
+    """Streamed under a grammar that waits for ``</think>``, text without ``<think>`` is held
+    until ``</think>`` makes it reasoning or the end makes it content."""
+    parser = _forced("named")()
+    assert _collect([parser.feed("Weather"), parser.feed(" first.</thi")]) == ("", "", [])
+    assert _collect([parser.feed('nk>{"a": 1}')]) == ("", "Weather first.", [("f", '{"a": 1}')])
+    parser = _forced("named")()
+    assert _collect([parser.feed("Weather"), parser.feed(" first.")]) == ("", "", [])
+    assert _collect([parser.finish()]) == ("Weather first.", "", [])
+
+
 def test_json_answer_after_reasoning_without_think() -> None:
-    """``response_format`` with a reasoning parser: the content is the JSON after ``</think>``."""
-    gated = _parser(reasoning="qwen3", starts_in_reasoning=True)
+    """``response_format`` with a reasoning parser: the content is the JSON after ``</think>``;
+    an output that never writes it is content, as without the grammar."""
+
+    def gated() -> ChatOutputParser:
+        return ChatOutputParser(REASONING_PARSERS["qwen3"](gated=True), None)
+
     assert _check(gated, 'Hmm.</think>\n{"a": 1}') == ('{"a": 1}', "Hmm.", [])
-    assert _check(gated, "Hmm, cut") == ("", "Hmm, cut", [])
+    assert _check(gated, "Hmm, cut") == ("Hmm, cut", "", [])
     # a grammar from the first token (no single-token </think>): the output is the answer
     ungated = _parser(reasoning="deepseek_r1", starts_in_reasoning=False)
     assert _check(ungated, '{"a": 1}') == ('{"a": 1}', "", [])
-    # the prompt opened <think> (no grammar): reasoning until </think>, as deepseek_r1
     assert _check(gated, "<think>Hmm</think>Paris") == ("Paris", "Hmm", [])
+    # the prompt opened <think>: reasoning until </think>, as deepseek_r1, closed or not
+    opened = _parser(reasoning="qwen3", starts_in_reasoning=True)
+    assert _check(opened, "Hmm</think>Paris") == ("Paris", "Hmm", [])
+    assert _check(opened, "Hmm, cut") == ("", "Hmm, cut", [])
 
 
 def _plan(kind: str, single_call: bool = False) -> ChatPlan:

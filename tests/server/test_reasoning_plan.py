@@ -1,8 +1,8 @@
 """The chat plan with ``--reasoning-parser qwen3`` (and the hermes tool parser) on canned
 outputs, with the real Qwen3 tokenizer: the parsers read the output as the grammar does
 (with a grammar gated on ``</think>``, everything before it is reasoning, ``<think>`` or not),
-so forced calls and ``response_format`` answers are only the text after ``</think>``; a
-choice whose reasoning never ends has ``content: null``; streamed deltas join to the message."""
+so forced calls and ``response_format`` answers are only the text after ``</think>``; an
+output without ``</think>`` reads as on the plain chat path; streamed deltas join to the message."""
 
 from __future__ import annotations
 
@@ -106,21 +106,37 @@ def test_response_format_answer_is_the_json_after_reasoning() -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{"tools": TOOLS, "tool_choice": "required"}, {"tools": TOOLS, "tool_choice": NAMED}]
+    "fields",
+    [
+        {"tools": TOOLS, "tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": NAMED},
+        {"response_format": JSON_SCHEMA},
+    ],
 )
-def test_reasoning_that_never_ends_has_no_answer(fields: dict[str, Any]) -> None:
-    """Cut by ``max_tokens`` (or ended) inside the reasoning: no calls, ``content`` null, and
-    no streamed delta carries ``content``."""
-    plan = _plan(**fields)
+def test_output_that_never_closes_think_reads_as_the_plain_chat_path(fields: dict[str, Any]) -> None:
+    """Cut by ``max_tokens`` (or ended) before any ``</think>``: the grammar never started, so
+    the message is the plain chat path's, streamed or not, and has no calls: all content when
+    the output did not open ``<think>``; all reasoning (``content`` null, no streamed delta
+    carries ``content``) when it did, or when the prompt opened it."""
+    tok = _tokenizer()
+    opened_prompt = tok.encode("<|im_start|>assistant\n<think>\n")
     text = 'Thinking about [{"name": "get_time"'
     for finish in ("length", "stop"):
+        plan, plain = _plan(**fields), _plan()
         msg, reason = _both(plan, text, finish)
+        assert msg == {"role": "assistant", "content": text, "reasoning_content": None}
+        assert (msg, reason) == _both(plain, text, finish) and reason == finish
+        thought = "<think>" + text
+        msg, reason = _both(plan, thought, finish)
         assert msg == {"role": "assistant", "content": None, "reasoning_content": text}
-        assert reason == finish
-        _, _, deltas = _streamed(plan, text, finish)
+        assert (msg, reason) == _both(plain, thought, finish)
+        _, _, deltas = _streamed(plan, thought, finish)
         assert not any("content" in d for d in deltas), deltas
-    json_plan = _plan(response_format=JSON_SCHEMA)
-    assert _both(json_plan, "Hmm", "length")[0]["content"] is None
+        plan.see_prompt(tok, opened_prompt)
+        plain.see_prompt(tok, opened_prompt)
+        msg, _ = _both(plan, text, finish)
+        assert msg == {"role": "assistant", "content": None, "reasoning_content": text}
+        assert msg == _both(plain, text, finish)[0]
 
 
 def test_without_a_grammar_the_prompt_decides() -> None:

@@ -2,7 +2,8 @@
 tiny random Qwen3 with the real Qwen3 tokenizer and chat template (``--load-format dummy``).
 The grammar starts after the first ``</think>`` token, which a random model writes without
 ``<think>``: everything before it must be ``reasoning_content`` and the answer after it the
-calls or the content, JSON that validates; streamed the same. ``logit_bias`` on ``</think>``
+calls or the content, JSON that validates; streamed the same. An output that never writes
+``</think>`` reads as it would without the grammar. ``logit_bias`` on ``</think>``
 decides where (or whether) it comes."""
 
 from __future__ import annotations
@@ -167,13 +168,17 @@ def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
     ],
 )
 def test_reasoning_that_never_ends(qwen3_server: Server, extra: dict[str, Any]) -> None:
-    """No ``</think>`` before ``max_tokens``: the grammar never started, all of it is
-    reasoning, ``content`` is null and there are no calls (vLLM's answer too)."""
+    """No ``</think>`` (nor ``<think>``) before ``max_tokens``: the grammar never started, so the
+    answer is the plain chat path's (the same request without the grammar: ``tool_choice``
+    "none"), all ``content``, no reasoning and no calls, streamed or not."""
     body = extra | {"logit_bias": {str(THINK_END): -100}, "max_tokens": 8, "seed": 0}
     msg, finish = _both(qwen3_server, body)
     assert finish == "length"
-    assert msg["content"] is None and "tool_calls" not in msg
-    assert msg["reasoning_content"]
+    assert msg["content"] and msg["reasoning_content"] is None and "tool_calls" not in msg
+    plain = {k: v for k, v in body.items() if k != "response_format"}
+    if "tools" in plain:
+        plain["tool_choice"] = "none"
+    assert _both(qwen3_server, plain) == (msg, finish)
 
 
 def test_prompt_that_opens_think(qwen3_server: Server) -> None:
@@ -189,3 +194,8 @@ def test_prompt_that_opens_think(qwen3_server: Server) -> None:
     assert finish == "length" and msg["content"] is None and msg["reasoning_content"]
     stock, _ = _both(qwen3_server, body)
     assert stock["reasoning_content"] is None and stock["content"]
+    for extra in ({"tools": TOOLS, "tool_choice": NAMED}, {"response_format": JSON_SCHEMA}):
+        # a grammar that never started reads the same: reasoning here, content under the stock template
+        assert _both(qwen3_server, body | extra | {"chat_template": template}) == (msg, finish)
+        plain = body | ({"tools": TOOLS, "tool_choice": "none"} if "tools" in extra else {})
+        assert _both(qwen3_server, body | extra) == _both(qwen3_server, plain)

@@ -23,7 +23,8 @@ class ChatOutputParser:
 
     The tool parser sees only the answer: nothing while the output is (or may still be) the
     reasoning, so a forced call's arguments are exactly the text the grammar constrained after
-    ``</think>``; an output whose reasoning never ends has no tool calls.
+    ``</think>``; an output whose reasoning never ends has no tool calls, nor has one whose
+    grammar never started (:attr:`ReasoningParser.gate_never_opened`: its text is content).
 
     Args:
         reasoning: splits reasoning from the answer, or None.
@@ -59,7 +60,8 @@ class ChatOutputParser:
     def finish(self) -> DeltaMessage:
         """The end of the text -> the rest."""
         reasoning, content = ("", "") if self.reasoning is None else self.reasoning.finish()
-        if self.tools is None or not self._answering():
+        ungated = self.reasoning is not None and self.reasoning.gate_never_opened
+        if self.tools is None or not self._answering() or ungated:
             return DeltaMessage(content=content, reasoning=reasoning)
         out = self.tools.feed(content).extend(self.tools.finish())
         out.reasoning = reasoning

@@ -18,10 +18,17 @@ class ReasoningParser:
     character when the output starts inside the reasoning, everything up to the first
     ``</think>`` is reasoning, and an output that never closes it is all reasoning.
 
+    With ``gated`` (the request's grammar applies only after ``</think>``) an output that
+    neither starts inside the reasoning nor opens it with ``<think>`` is reasoning up to a
+    ``</think>`` if one comes (the grammar's reading); one that never closes it reads as
+    without the grammar: all answer (:attr:`gate_never_opened`). Until either is known the
+    text is held back, so a stream says what the whole text says.
+
     Args:
         starts_in_reasoning: overrides the class's :attr:`starts_in_reasoning` for this
-            output (the chat plan sets it when the prompt opened ``<think>``, or from whether
-            the request's grammar waits for ``</think>``).
+            output (the chat plan sets it when the prompt opened ``<think>``, or False for a
+            grammar that applies from the first token).
+        gated: a grammar waits for ``</think>`` (see above).
 
     Attributes:
         end_tag: the text that ends the reasoning.
@@ -32,11 +39,14 @@ class ReasoningParser:
     """True when the output starts inside the reasoning even without ``<think>`` (the
     template put it in the prompt); False when reasoning needs an explicit ``<think>``."""
 
-    def __init__(self, starts_in_reasoning: bool | None = None) -> None:
+    def __init__(self, starts_in_reasoning: bool | None = None, gated: bool = False) -> None:
         if starts_in_reasoning is not None:
             self.starts_in_reasoning = starts_in_reasoning
+        self._gated = gated
         self._buf = ""
         self._state = "start"
+        self._gate_never_opened = False
+        self._scanned = 0  # gated: where in the held text </think> may still start
 
     @property
     def reasoning_ended(self) -> bool:
@@ -46,8 +56,15 @@ class ReasoningParser:
     @property
     def in_reasoning(self) -> bool:
         """Inside the reasoning: ``<think>`` (or the start of an output that starts inside
-        it) seen, ``</think>`` not yet; after :meth:`finish`, the output was all reasoning."""
-        return self._state == "reasoning"
+        it) seen, ``</think>`` not yet, or (``gated``) maybe so, until the output ends; after
+        :meth:`finish`, the output was all reasoning."""
+        return self._state in ("reasoning", "gated")
+
+    @property
+    def gate_never_opened(self) -> bool:
+        """After :meth:`finish`: a ``gated`` output ended without ``</think>``, so it is all
+        answer, text the grammar never constrained."""
+        return self._gate_never_opened
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
@@ -68,7 +85,20 @@ class ReasoningParser:
                     continue
                 if THINK_START.startswith(head) and not final:
                     return reasoning, content  # may still become <think>
-                self._state = "reasoning" if self.starts_in_reasoning else "content"
+                if self.starts_in_reasoning:
+                    self._state = "reasoning"
+                else:
+                    self._state = "gated" if self._gated else "content"
+                continue
+            if self._state == "gated":
+                if buf.find(THINK_END, self._scanned) >= 0:
+                    self._state = "reasoning"
+                    continue
+                if not final:
+                    self._scanned = max(0, len(buf) - len(THINK_END) + 1)  # scan each text once
+                    return reasoning, content  # held until </think> or the end decides
+                self._state = "content"
+                self._gate_never_opened = True
                 continue
             if self._state == "reasoning":
                 i = buf.find(THINK_END)
