@@ -97,7 +97,7 @@ class ChatPlan:
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The non-streamed ``message`` of one choice and its finish reason ("tool_calls"
-        when the model called tools and stopped)."""
+        when the model called tools and stopped, except for a named ``tool_choice``: "stop")."""
         parser = self.new_parser()
         if parser is None:
             return {"role": "assistant", "content": text}, finish_reason
@@ -122,7 +122,13 @@ class ChatPlan:
             msg["reasoning_content"] = d.reasoning or None
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
-            if finish_reason == "stop" and (parser.tools is None or parser.tools.calls_complete()):
+            tools = parser.tools
+            if (
+                finish_reason == "stop"
+                and tools is not None
+                and tools.finishes_as_tool_calls
+                and tools.calls_complete()
+            ):
                 finish_reason = "tool_calls"
         return msg, finish_reason
 
@@ -136,9 +142,16 @@ class ChatPlan:
         d = parser.feed(text)
         if finish_reason is not None:
             d.extend(parser.finish())
-            # a call cut by a stop string is not a finished call (the message says so too)
-            complete = parser.tools is None or parser.tools.calls_complete()
-            if finish_reason == "stop" and parser.has_tool_calls and complete:
+            # a call cut by a stop string is not a finished call (the message says so too),
+            # and a named tool_choice's call keeps "stop"
+            tools = parser.tools
+            if (
+                finish_reason == "stop"
+                and parser.has_tool_calls
+                and tools is not None
+                and tools.finishes_as_tool_calls
+                and tools.calls_complete()
+            ):
                 finish_reason = "tool_calls"
         if self.single_call:
             d.tool_calls = [t for t in d.tool_calls if t.index == 0]

@@ -368,8 +368,35 @@ def test_a_call_cut_by_a_stop_string_keeps_stop(kind: str, text: str) -> None:
     whole = (
         '{"zone": "UTC"}' if kind == "named" else '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
     )
-    assert _plan(kind).message(whole, "stop")[1] == "tool_calls"
-    assert _stream(_plan(kind), [whole], "stop")[1] == "tool_calls"
+    finished = "stop" if kind == "named" else "tool_calls"  # a named tool_choice keeps "stop"
+    assert _plan(kind).message(whole, "stop")[1] == finished
+    assert _stream(_plan(kind), [whole], "stop")[1] == finished
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_only_auto_and_required_calls_finish_as_tool_calls(finish: str) -> None:
+    """OpenAI and vLLM: complete ``auto`` and ``required`` calls finish with "tool_calls", a
+    forced named function with the engine's reason ("stop"), streamed and not."""
+    required = '[{"name": "f", "parameters": {}}]'
+    plans = {
+        "named": (_plan("named"), '{"zone": "UTC"}', finish),
+        "hermes": (
+            _plan("hermes"),
+            '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
+            "tool_calls",
+        ),
+        "required": (
+            ChatPlan([{}], None, tool_parser=lambda: RequiredToolParser(_ids())),
+            required,
+            "tool_calls",
+        ),
+    }
+    for plan, text, expected in plans.values():
+        expected = finish if finish == "length" else expected
+        msg, reason = plan.message(text, finish)
+        assert msg["tool_calls"] and reason == expected
+        for cut in (len(text), 4):
+            assert _stream(plan, [text[:cut], text[cut:]], finish)[1] == expected
 
 
 def test_a_named_call_opens_with_its_first_argument_text() -> None:
@@ -390,7 +417,7 @@ def test_a_named_call_opens_with_its_first_argument_text() -> None:
     # leading whitespace becomes the arguments' first fragment once the JSON starts
     deltas, _ = _stream(_plan("named"), ["\n", '{"a"', ": 1}"], "stop")
     args = [t["function"]["arguments"] for d in deltas for t in d.get("tool_calls", [])]
-    assert "".join(args) == '\n{"a": 1}' and _plan("named").message('\n{"a": 1}', "stop")[1] == "tool_calls"
+    assert "".join(args) == '\n{"a": 1}' and _plan("named").message('\n{"a": 1}', "stop")[1] == "stop"
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_under_auto() -> None:

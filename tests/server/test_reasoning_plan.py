@@ -94,7 +94,7 @@ def test_required_calls_after_reasoning(think: str) -> None:
 def test_named_call_arguments_are_the_json_after_reasoning() -> None:
     plan = _plan(tools=TOOLS, tool_choice=NAMED)
     msg, finish = _both(plan, 'UTC or CET? UTC.</think>\n\n{"zone": "UTC"}')
-    assert finish == "tool_calls" and msg["reasoning_content"] == "UTC or CET? UTC."
+    assert finish == "stop" and msg["reasoning_content"] == "UTC or CET? UTC."
     (call,) = msg["tool_calls"]
     assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
 

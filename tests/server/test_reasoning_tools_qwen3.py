@@ -118,7 +118,7 @@ def test_forced_calls_after_think_end_without_think_start(qwen3_server: Server) 
     assert finish == "tool_calls" and msg["content"] is None and msg["reasoning_content"] is None
     assert len(_valid_calls(msg)) == 1
     msg, finish = _both(qwen3_server, bias | {"tools": TOOLS, "tool_choice": NAMED})
-    assert finish == "tool_calls" and _valid_calls(msg) == ["get_time"]
+    assert finish == "stop" and _valid_calls(msg) == ["get_time"]  # a named call keeps "stop"
     msg, finish = _both(qwen3_server, bias | {"response_format": JSON_SCHEMA})
     assert finish == "stop" and msg["reasoning_content"] is None
     jsonschema.validate(json.loads(msg["content"]), TIME)
@@ -155,7 +155,9 @@ def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
                 assert finish == "stop"
                 jsonschema.validate(json.loads(msg["content"]), TIME)
             else:
-                assert finish == "tool_calls" and msg["content"] is None and _valid_calls(msg)
+                named = extra["tool_choice"] == NAMED  # a named call keeps "stop"
+                assert finish == ("stop" if named else "tool_calls")
+                assert msg["content"] is None and _valid_calls(msg)
     assert reasoned, "some choices reasoned before </think>"
 
 

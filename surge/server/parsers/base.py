@@ -187,7 +187,12 @@ class ToolParser(abc.ABC):
 
     Attributes:
         calls: the tool calls found so far.
+        finishes_as_tool_calls: whether a "stop" finish with complete calls becomes
+            "tool_calls" (OpenAI and vLLM: for ``auto`` and ``required`` calls, not for a named
+            ``tool_choice``, which keeps "stop").
     """
+
+    finishes_as_tool_calls = True
 
     def __init__(self, new_id: Callable[[], str] = new_tool_call_id) -> None:
         self._new_id = new_id
@@ -213,8 +218,8 @@ class ToolParser(abc.ABC):
 
     def calls_complete(self) -> bool:
         """After :meth:`finish`: whether every call it found parses, so that a "stop" finish
-        becomes "tool_calls" (a call cut by a stop string is not a finished call). By default,
-        whether :meth:`malformed_text` is None."""
+        becomes "tool_calls" (a call cut by a stop string is not a finished call; see
+        :attr:`finishes_as_tool_calls`). By default, whether :meth:`malformed_text` is None."""
         return self.malformed_text() is None
 
     def _new_call(self) -> JsonToolCall:

@@ -2,6 +2,9 @@
 ``{"name": ..., "parameters": {...}}`` objects, a named function makes it write that
 function's arguments object (both enforced by a grammar built from the tools' schemas).
 
+A complete ``required`` answer finishes with "tool_calls"; a named call keeps the engine's
+"stop", as OpenAI and vLLM answer a forced named function.
+
 ``max_tokens`` or a stop string may still cut that JSON short. A named call then keeps its cut
 arguments as the call, non-streamed as streamed (vLLM answers so; the finish reason is "length"
 or "stop", never "tool_calls"). A ``required``
@@ -115,7 +118,10 @@ class NamedToolParser(ToolParser):
     """The answer is the named function's arguments: one call, its text streamed as is. The
     call opens with the answer's first text that is not whitespace (leading whitespace is held
     and becomes the arguments' first fragment); an answer of whitespace alone is content, and
-    a choice whose answer never started (its reasoning never ended) has no call."""
+    a choice whose answer never started (its reasoning never ended) has no call. A complete
+    call finishes with "stop", not "tool_calls" (OpenAI and vLLM for a named function)."""
+
+    finishes_as_tool_calls = False
 
     def __init__(self, name: str, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -151,7 +157,7 @@ class NamedToolParser(ToolParser):
         return None
 
     def calls_complete(self) -> bool:
-        """Whether the arguments parse (cut ones stay the call, but the finish is not "tool_calls")."""
+        """Whether the arguments parse (cut ones stay the call)."""
         try:
             json.loads(self._args)
         except ValueError:
