@@ -162,7 +162,8 @@ def test_hermes_malformed_call_is_content_when_not_streamed(answer: str) -> None
     come back); the reasoning stays apart."""
     assert _collect([_parser("hermes")().parse(answer)]) == (answer, "", [])
     text = "<think>Call f.</think>\n\n" + answer
-    assert _collect([_parser("hermes", "qwen3")().parse(text)]) == (answer, "Call f.", [])
+    # the answer after </think> keeps its leading whitespace (vLLM)
+    assert _collect([_parser("hermes", "qwen3")().parse(text)]) == ("\n\n" + answer, "Call f.", [])
 
 
 def test_hermes_cut_after_a_complete_call_is_a_call() -> None:
@@ -195,20 +196,39 @@ def test_llama3_json_malformed_calls_are_content_when_not_streamed(answer: str) 
 
 def test_reasoning_parsers() -> None:
     qwen3 = _parser(reasoning="qwen3")
-    assert _check(qwen3, "<think>\nThe capital.\n</think>\n\nParis.") == ("Paris.", "\nThe capital.\n", [])
+    # the answer is all the text after </think>, as vLLM's partition gives it
+    assert _check(qwen3, "<think>\nThe capital.\n</think>\n\nParis.") == (
+        "\n\nParis.",
+        "\nThe capital.\n",
+        [],
+    )
     assert _check(qwen3, "Paris, no thinking.") == ("Paris, no thinking.", "", [])
     assert _check(qwen3, "<think>cut short") == ("", "cut short", [])
     r1 = _parser(reasoning="deepseek_r1")
     assert _check(r1, "Hmm, France.</think>Paris") == ("Paris", "Hmm, France.", [])
-    assert _check(r1, "<think>Hmm</think>\nParis") == ("Paris", "Hmm", [])
+    assert _check(r1, "<think>Hmm</think>\nParis") == ("\nParis", "Hmm", [])
     assert _check(r1, "never ends") == ("", "never ends", [])
+
+
+@pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
+def test_the_answer_keeps_the_whitespace_after_think_end(reasoning: str) -> None:
+    """vLLM's parsers answer ``model_output.partition("</think>")[2]``: Qwen3's ``</think>\n\n``
+    leaves ``"\n\n"`` at the start of the answer, streamed (in any pieces) as not streamed,
+    also when nothing else follows."""
+    make = _parser(reasoning=reasoning)
+    assert _check(make, "<think>\nHmm.\n</think>\n\nParis.\n") == ("\n\nParis.\n", "\nHmm.\n", [])
+    assert _check(make, "<think>Hmm.</think>\n\n") == ("\n\n", "Hmm.", [])
+    assert _check(make, "<think>Hmm.</think> \t") == (" \t", "Hmm.", [])
+    parser = make()
+    pieces = [parser.feed(p) for p in ["<think>Hmm.</think>", "\n", "\n", "Paris."]] + [parser.finish()]
+    assert [d.content for d in pieces] == ["", "\n", "\n", "Paris.", ""]
 
 
 def test_reasoning_then_hermes_call() -> None:
     text = "<think>I need the weather.</think>\n\n" + HERMES_TWO
     content, reasoning, calls = _check(_parser("hermes", "qwen3"), text)
     assert reasoning == "I need the weather."
-    assert content == "Let me check both.\n\n"
+    assert content == "\n\nLet me check both.\n\n"
     assert [name for name, _ in calls] == ["get_weather", "get_time"]
 
 
@@ -235,7 +255,7 @@ def test_required_calls_cut_by_max_tokens_are_content_when_not_streamed(answer: 
     the auto parsers; after a reasoning, the reasoning stays apart."""
     assert _collect([ChatOutputParser(None, RequiredToolParser(_ids())).parse(answer)]) == (answer, "", [])
     text = "Weather.</think>\n\n" + answer
-    assert _collect([_forced("required")().parse(text)]) == (answer, "Weather.", [])
+    assert _collect([_forced("required")().parse(text)]) == ("\n\n" + answer, "Weather.", [])
 
 
 def test_named_call_cut_by_max_tokens_stays_the_call() -> None:
@@ -248,7 +268,7 @@ def test_named_call_cut_by_max_tokens_stays_the_call() -> None:
         [("f", answer)],
     )
     text = "Weather.</think>\n\n" + answer
-    assert _collect([_forced("named")().parse(text)]) == ("", "Weather.", [("f", answer)])
+    assert _collect([_forced("named")().parse(text)]) == ("", "Weather.", [("f", "\n\n" + answer)])
 
 
 def _forced(kind: str, starts_in_reasoning: bool | None = None) -> Callable[[], ChatOutputParser]:
@@ -276,7 +296,9 @@ def test_forced_calls_after_reasoning_without_or_with_think(think: str, lead: st
     calls = [("f", '{"a": 1}'), ("g", "{}")]
     assert _check(_forced("required"), required) == ("", lead + reasoning, calls)
     named = think + reasoning + '</think>\n\n{"a": [1, "</think>"]}'
-    assert _check(_forced("named"), named) == ("", lead + reasoning, [("f", '{"a": [1, "</think>"]}')])
+    # the arguments are the text after </think>, its whitespace first (vLLM's named call)
+    args = '\n\n{"a": [1, "</think>"]}'
+    assert _check(_forced("named"), named) == ("", lead + reasoning, [("f", args)])
 
 
 @pytest.mark.parametrize("kind", ["required", "named"])
@@ -315,7 +337,7 @@ def test_json_answer_after_reasoning_without_think() -> None:
     def gated() -> ChatOutputParser:
         return ChatOutputParser(REASONING_PARSERS["qwen3"](gated=True), None)
 
-    assert _check(gated, 'Hmm.</think>\n{"a": 1}') == ('{"a": 1}', "Hmm.", [])
+    assert _check(gated, 'Hmm.</think>\n{"a": 1}') == ('\n{"a": 1}', "Hmm.", [])
     assert _check(gated, "Hmm, cut") == ("Hmm, cut", "", [])
     # a grammar from the first token (no single-token </think>): the output is the answer
     ungated = _parser(reasoning="deepseek_r1", starts_in_reasoning=False)

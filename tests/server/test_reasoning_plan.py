@@ -96,13 +96,13 @@ def test_named_call_arguments_are_the_json_after_reasoning() -> None:
     msg, finish = _both(plan, 'UTC or CET? UTC.</think>\n\n{"zone": "UTC"}')
     assert finish == "stop" and msg["reasoning_content"] == "UTC or CET? UTC."
     (call,) = msg["tool_calls"]
-    assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+    assert call["function"] == {"name": "get_time", "arguments": '\n\n{"zone": "UTC"}'}  # as vLLM
 
 
 def test_response_format_answer_is_the_json_after_reasoning() -> None:
     plan = _plan(response_format=JSON_SCHEMA)
     msg, _ = _both(plan, 'Say UTC.</think>\n{"zone": "UTC"}')
-    assert msg == {"role": "assistant", "content": '{"zone": "UTC"}', "reasoning_content": "Say UTC."}
+    assert msg == {"role": "assistant", "content": '\n{"zone": "UTC"}', "reasoning_content": "Say UTC."}
 
 
 @pytest.mark.parametrize(
@@ -155,11 +155,33 @@ def test_without_a_grammar_the_prompt_decides() -> None:
     assert not prompt_opens_reasoning(tok, tok.encode("<|im_start|>assistant\n"))
     opened = _plan()
     opened.see_prompt(tok, opened_prompt)
-    assert _both(opened, text)[0] == {"role": "assistant", "content": "Paris", "reasoning_content": "Paris."}
+    assert _both(opened, text)[0] == {
+        "role": "assistant",
+        "content": "\n\nParis",
+        "reasoning_content": "Paris.",
+    }
     assert _both(opened, "cut")[0] == {"role": "assistant", "content": None, "reasoning_content": "cut"}
     closed = _plan()
     closed.see_prompt(tok, closed_prompt)
     assert _both(closed, text)[0]["content"] == text
+
+
+def test_answer_after_think_end_is_unstripped_streamed_and_not() -> None:
+    """Qwen3 writes ``</think>\n\n``: the message's content starts with ``"\n\n"`` (vLLM's
+    partition) and the streamed content deltas join to it; an answer of whitespace alone is
+    that whitespace, and only an output that ends at ``</think>`` has ``content: null``."""
+    plan = _plan()
+    text = "<think>\nThe capital of France.\n</think>\n\nParis."
+    msg, _ = _both(plan, text)
+    assert msg == {
+        "role": "assistant",
+        "content": "\n\nParis.",
+        "reasoning_content": "\nThe capital of France.\n",
+    }
+    _, _, deltas = _streamed(plan, text, "stop")
+    assert "".join(d.get("content", "") for d in deltas) == msg["content"]
+    assert _both(plan, "<think>Hmm</think>\n\n")[0]["content"] == "\n\n"
+    assert plan.message("<think>Hmm</think>", "stop")[0]["content"] is None
 
 
 def test_grammar_from_the_first_token_means_no_reasoning_first() -> None:

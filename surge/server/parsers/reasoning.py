@@ -13,8 +13,9 @@ class ReasoningParser:
     """Splits a choice's text into reasoning and answer, streaming.
 
     ``feed(text) -> (reasoning, content)`` releases what is certain (a possible start of a
-    tag is held back); ``finish()`` releases the rest. Whitespace right after ``</think>`` is
-    dropped from the answer. A leading ``<think>`` is dropped; after it, or from the first
+    tag is held back); ``finish()`` releases the rest. The answer is everything after
+    ``</think>``, whitespace included (vLLM's ``partition``: Qwen3 writes ``</think>\n\n``, so
+    its answer starts with ``"\n\n"``). A leading ``<think>`` is dropped; after it, or from the first
     character when the output starts inside the reasoning, everything up to the first
     ``</think>`` is reasoning, and an output that never closes it is all reasoning.
 
@@ -51,7 +52,7 @@ class ReasoningParser:
     @property
     def reasoning_ended(self) -> bool:
         """``</think>`` has been seen (or the output was not reasoning at all)."""
-        return self._state in ("after", "content")
+        return self._state == "content"
 
     @property
     def in_reasoning(self) -> bool:
@@ -109,14 +110,6 @@ class ReasoningParser:
                     return reasoning, content
                 reasoning += buf[:i]
                 self._buf = buf[i + len(THINK_END) :]
-                self._state = "after"
-                continue
-            if self._state == "after":
-                stripped = buf.lstrip()
-                if not stripped:
-                    self._buf = "" if final else buf
-                    return reasoning, content
-                self._buf = stripped
                 self._state = "content"
                 continue
             content += buf
