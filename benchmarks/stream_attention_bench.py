@@ -2,7 +2,8 @@
 the same step with the Triton decode attention between launches, at several context lengths.
 
 Builds ``--layers`` Qwen3-8B-shaped layers (random FP8 weights as in ``stream_decode_bench.py``,
-Qwen3's q/k norms, 32 query heads over 8 KV heads of 128, bf16 paged caches of block size 16)
+Qwen3's q/k norms, 32 query heads over 8 KV heads of 128, paged caches of block size 16: bf16,
+or FP8 with ``--kv-cache-dtype fp8``, per-layer scales 0.5 and 0.25, on the kernel's FP8 build)
 and one sequence whose context is each of ``--contexts`` tokens (the last one new). Per
 context it runs the two plans of :class:`surge.layers.stream_decode.StreamDecode` on the same
 tensors:
@@ -57,10 +58,12 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[32, 288, 1024, 4096, 8192])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default="bf16")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    kern = StreamDecodeKernel.compile(dev)
+    fp8 = args.kv_cache_dtype == "fp8"
+    kern = StreamDecodeKernel.compile(dev, kv_fp8=fp8)
     launches, buf = build(args.layers, dev)
     tables = [pack_phases(g) for g in launches]
     rotary = RotaryEmbedding(HEAD_DIM, max(args.contexts) + 1, base=1_000_000.0).to(dev)
@@ -71,12 +74,15 @@ def main() -> None:
     for norm in (q_norm, k_norm):
         norm.weight.data = (1 + 0.1 * torch.randn(HEAD_DIM, device=dev)).to(torch.bfloat16)
     attn_layer = Attention(HEADS, KV_HEADS, HEAD_DIM, rotary, q_norm, k_norm)
+    if fp8:
+        attn_layer.k_scale, attn_layer.v_scale = 0.5, 0.25
     backend = default_attention_backend(dev)
     backend.reserve(1, KV_HEADS, dev)
     blocks = -(-max(args.contexts) // BLOCK) + 1
     shape = (blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     caches = [
-        (torch.randn(shape, device=dev).to(torch.bfloat16), torch.randn(shape, device=dev).to(torch.bfloat16))
+        (torch.randn(shape, device=dev).to(kv_dtype), torch.randn(shape, device=dev).to(kv_dtype))
         for _ in range(args.layers)
     ]
     splits = kern.num_sms // KV_HEADS
@@ -138,6 +144,7 @@ def main() -> None:
         r = {
             "context": n,
             "layers": args.layers,
+            "kv_cache_dtype": args.kv_cache_dtype,
             "us_per_layer_launches": t_launches / args.layers * 1e6,
             "us_per_layer_one_launch": t_one / args.layers * 1e6,
             "change_pct": (t_one / t_launches - 1) * 100,

@@ -403,11 +403,11 @@ class EngineConfig:
         stream_attention: with ``stream_decode``, also run each layer's attention inside that
             kernel, so a one-token step of a context up to
             :data:`~surge.layers.stream_decode.FUSED_ATTENTION_MAX_LEN` tokens is one launch
-            (bf16 KV cache, 128-wide heads, at most four query heads per KV head;
+            (bf16 or FP8 KV cache, 128-wide heads, at most four query heads per KV head;
             :meth:`surge.layers.stream_decode.StreamDecode.bind`). None (the default): wherever
             the stream kernel runs and can (start-up logs which, and why not); True (CLI
             ``--stream-attention``): required, refused (ValueError) without FP8 weights, a CUDA
-            device and ``stream_decode``, or with an FP8 KV cache, and at start-up where the
+            device and ``stream_decode``, and at start-up where the
             stream kernel or its attention phases cannot run (the model runner); False
             (``--no-stream-attention``): never.
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
@@ -461,10 +461,6 @@ class EngineConfig:
                 self.device.startswith("cuda") and self.stream_decode and self.model.fp8_config is not None,
                 "stream_attention (--stream-attention) runs inside the FP8 stream kernel: it needs FP8 weights "
                 "(--quantization fp8 or an FP8 checkpoint) on a CUDA GPU, with --stream-decode on",
-            )
-            _require(
-                self.cache.kv_cache_dtype != "fp8",
-                "stream_attention (--stream-attention) needs a bf16 KV cache, not --kv-cache-dtype fp8",
             )
 
     @property

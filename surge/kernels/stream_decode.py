@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from surge.quant.fp8 import quantize_per_channel
+from surge.quant.fp8 import quantize_kv, quantize_per_channel
 
 KIND_INPUT = 0
 """Input kind: ``x`` as it is (bf16 ``[k]``, e.g. the attention output)."""
@@ -108,8 +108,8 @@ _SOURCE = r"""
 #define STATS_UNROLL 8
 #define HANG (1u << 30)
 #define MAX_POLLS (1u << 26)
-#if !defined(MIN_SPLIT_TOKENS) || !defined(HEADS_DONE)
-#error "MIN_SPLIT_TOKENS and HEADS_DONE are defined by StreamDecodeKernel.compile"
+#if !defined(MIN_SPLIT_TOKENS) || !defined(HEADS_DONE) || !defined(KV_FP8)
+#error "MIN_SPLIT_TOKENS, HEADS_DONE and KV_FP8 are defined by StreamDecodeKernel.compile"
 #endif
 
 typedef unsigned long long u64;
@@ -122,6 +122,9 @@ struct Phase {
   u64 k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part;
   int op, heads, kv_heads, block_size, splits, qk_norm;
   float scale, qk_eps;
+  // an FP8 (e4m3) KV cache (kv_fp8 = 1): dequantization multipliers and their inverses
+  float k_scale, v_scale, k_inv, v_inv;
+  int kv_fp8, pad0;
 };
 #define OP_GEMV 0
 #define OP_ATTEND 1
@@ -186,6 +189,29 @@ __device__ __forceinline__ float lo_bf(unsigned v) { return __uint_as_float(v <<
 __device__ __forceinline__ float hi_bf(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
 __device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
   return (unsigned)to_bf16(lo) | ((unsigned)to_bf16(hi) << 16);
+}
+// the fp16 in the low half of h, in float32
+__device__ __forceinline__ float h2f(unsigned h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h & 0xffffu)));
+  return f;
+}
+// e4m3 -> bf16 is exact (3 mantissa bits, exponents 2^-9 .. 2^8): four cache bytes to the
+// four bf16 values a bf16 cache's 8-byte load gives (byte i -> value i)
+__device__ __forceinline__ uint2 e4m3x4_to_bf16x4(unsigned v) {
+  const unsigned lo = cvt_e4m3x2(v & 0xffffu), hi = cvt_e4m3x2(v >> 16);
+  return make_uint2(pack_bf2(h2f(lo), h2f(lo >> 16)),
+                    pack_bf2(h2f(hi), h2f(hi >> 16)));
+}
+// x * inv clamped to the e4m3 range and rounded to nearest even, as torch's .to(float8_e4m3fn)
+// after clamp (quantize_kv): the byte, and its value back in float32
+__device__ __forceinline__ unsigned char to_e4m3(float x, float inv, float& back) {
+  unsigned short b;
+  const float q = fminf(fmaxf(x * inv, -448.f), 448.f);
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(0.f), "f"(q));
+  const unsigned h = cvt_e4m3x2(b);
+  back = h2f(h);
+  return (unsigned char)(b & 0xffu);
 }
 // L2-only loads for what other blocks wrote in this launch; .nc for what no launch writes.
 __device__ __forceinline__ void ld_cg2(const unsigned short* p, unsigned* v) {
@@ -424,6 +450,7 @@ __device__ __forceinline__ int split_len(int S, int L) {
   const int used = max(1, min(S, (L + MIN_SPLIT_TOKENS - 1) / MIN_SPLIT_TOKENS));
   return max(1, (L + used - 1) / used);
 }
+template <bool FP8>  // the cache: e4m3 (d.kv_fp8) or bf16
 __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* heads_done, int cta, int tid, int warp,
                        int lane) {
   const int S = d.splits, H = d.kv_heads, G = d.heads / H;
@@ -472,16 +499,30 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
         x[c + 2] = bf16r(bf16r(b * co) + bf16r(a * si));
       }
     }
-    const float qscale = d.scale * 1.4426950408889634f;
+    // an FP8 cache's K scale goes into q's (scores of the stored K), its V scale onto the output
+    const float qscale = d.scale * 1.4426950408889634f * (FP8 ? d.k_scale : 1.f);
     float* dst = isq ? qs + warp * HD : (isk ? kn : vn);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) dst[lane + 32 * c] = isq ? x[c] * qscale : x[c];
     const long long slot = mt.slot_mapping[0];
-    if (!isq && owner && slot >= 0) {  // slot -1: a padding token writes nothing
-      unsigned short* cache = reinterpret_cast<unsigned short*>(isk ? d.k_cache : d.v_cache);
-      const long long base = slot * (long long)(H * HD) + h * HD;
+    const bool write = !isq && owner && slot >= 0;  // slot -1: a padding token writes nothing
+    const long long base = slot * (long long)(H * HD) + h * HD;
+    if (FP8 && !isq) {  // the new K/V as stored: e4m3 bytes, and their values for the attention
+      unsigned char* cache = reinterpret_cast<unsigned char*>(isk ? d.k_cache : d.v_cache);
+      const float inv = isk ? d.k_inv : d.v_inv;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) cache[base + lane + 32 * c] = to_bf16(x[c]);
+      for (int c = 0; c < 4; ++c) {
+        float back;
+        const unsigned char b = to_e4m3(x[c], inv, back);
+        if (write) cache[base + lane + 32 * c] = b;
+        dst[lane + 32 * c] = back;
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dst[lane + 32 * c] = isq ? x[c] * qscale : x[c];
+      if (write) {
+        unsigned short* cache = reinterpret_cast<unsigned short*>(isk ? d.k_cache : d.v_cache);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cache[base + lane + 32 * c] = to_bf16(x[c]);
+      }
     }
   }
   block_sync();
@@ -498,8 +539,9 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
       acc[g][c] = 0.f;
     }
   }
-  const unsigned short* kc = reinterpret_cast<const unsigned short*>(d.k_cache);
-  const unsigned short* vc = reinterpret_cast<const unsigned short*>(d.v_cache);
+  const unsigned char* kc = reinterpret_cast<const unsigned char*>(d.k_cache);
+  const unsigned char* vc = reinterpret_cast<const unsigned char*>(d.v_cache);
+  constexpr int esz = FP8 ? 1 : 2;  // bytes per cached value
   // TOK tokens per warp at a time: their K/V loads in flight together, then one online-softmax
   // update per query head over all of them
   for (int tb = t0 + warp; tb < t1; tb += TOK * NW) {
@@ -512,8 +554,13 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
         const int blk = staged ? ids[t / bs - id0] : mt.block_table[t / bs];
         const long long slot = (long long)blk * bs + t % bs;
         const long long idx = slot * (long long)(H * HD) + h * HD + 4 * lane;
-        kr[u] = __ldcg(reinterpret_cast<const uint2*>(kc + idx));
-        vr[u] = __ldcg(reinterpret_cast<const uint2*>(vc + idx));
+        if (FP8) {
+          kr[u] = e4m3x4_to_bf16x4(__ldcg(reinterpret_cast<const unsigned*>(kc + idx)));
+          vr[u] = e4m3x4_to_bf16x4(__ldcg(reinterpret_cast<const unsigned*>(vc + idx)));
+        } else {
+          kr[u] = __ldcg(reinterpret_cast<const uint2*>(kc + 2 * idx));
+          vr[u] = __ldcg(reinterpret_cast<const uint2*>(vc + 2 * idx));
+        }
       }
     }
     // the next step's K/V lines into L2 while this one computes: lane 4 u + (K low, K high, V low, V high)
@@ -522,7 +569,8 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
       if (t < t1) {
         const int blk = staged ? ids[t / bs - id0] : mt.block_table[t / bs];
         const long long slot = (long long)blk * bs + t % bs;
-        const unsigned short* line = ((lane & 2) ? vc : kc) + slot * (long long)(H * HD) + h * HD + (lane & 1) * 64;
+        const unsigned char* line =
+            ((lane & 2) ? vc : kc) + (slot * (long long)(H * HD) + h * HD + (lane & 1) * 64) * esz;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
       }
     }
@@ -609,6 +657,7 @@ __device__ void attend(const Phase& d, const Meta& mt, float* sm, unsigned* head
         ls += r[HD + 1] * f;
       }
     }
+    if (FP8) o *= d.v_scale;
   }
   unsigned short* y = reinterpret_cast<unsigned short*>(d.y);
   const int used = max(1, (L + C - 1) / C);  // shares holding tokens (the blocks that got here)
@@ -742,7 +791,12 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     }
     STAMP(0)
     if (d.op == OP_ATTEND) {
-      attend(d, mt, reinterpret_cast<float*>(dyn), counter + HEADS_DONE, cta, tid, warp, lane);
+      // one cache dtype per build (both in one kernel spill registers): a table of the other
+      // marks the launch hung (StreamDecodeKernel.hung) and computes nothing
+      if (d.kv_fp8 == KV_FP8)
+        attend<KV_FP8 != 0>(d, mt, reinterpret_cast<float*>(dyn), counter + HEADS_DONE, cta, tid, warp, lane);
+      else if (tid == 0)
+        atomicOr(counter, HANG);
       block_sync();
       STAMP(1)
       STAMP(2)
@@ -966,7 +1020,9 @@ class StreamAttention:
     Attributes:
         qkv: bf16 ``[(heads + 2 kv_heads) * 128]``, the qkv projection's output.
         y: bf16 ``[heads * 128]``, the attention output.
-        k_cache, v_cache: bf16 ``[num_blocks, block_size, kv_heads, 128]``, contiguous.
+        k_cache, v_cache: bf16 or float8_e4m3fn ``[num_blocks, block_size, kv_heads, 128]``,
+            contiguous, both of one dtype. An FP8 cache stores ``clamp(x / scale, ±448)`` in e4m3
+            (as :func:`surge.quant.fp8.quantize_kv`) and is read as ``value * scale``.
         cos, sin: float32 ``[max_position, 64]`` rotary tables.
         q_norm_w, k_norm_w: bf16 ``[128]`` per-head RMSNorm weights, or None (no q/k norm).
         part: float32 ``[heads * splits * 130]`` scratch: per head and split the unnormalized
@@ -977,6 +1033,7 @@ class StreamAttention:
             splits)`` even shares of ``ceil(L / n)`` tokens; the blocks past the last share
             return at once and the merge reads only the partials written.
         scale: the softmax scale. qk_eps: the q/k norm's epsilon.
+        k_scale, v_scale: an FP8 cache's dequantization multipliers (positive; ignored for bf16).
     """
 
     qkv: torch.Tensor
@@ -993,6 +1050,13 @@ class StreamAttention:
     splits: int
     scale: float
     qk_eps: float = 1e-6
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    @property
+    def kv_fp8(self) -> bool:
+        """Whether the caches are FP8 (e4m3)."""
+        return self.k_cache.dtype == torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -1030,26 +1094,39 @@ def check_attention(ph: StreamAttention) -> None:
             raise ValueError(
                 f"stream attention: {name} must be a contiguous {dtype} tensor of at least {numel} values"
             )
+    kv_dtype = ph.k_cache.dtype
     for name in ("k_cache", "v_cache"):
         t = getattr(ph, name)
-        if t.dtype != bf or t.dim() != 4 or t.shape[2:] != (ph.kv_heads, hd) or not t.is_contiguous():
+        if (
+            t.dtype not in (bf, torch.float8_e4m3fn)
+            or t.dtype != kv_dtype
+            or t.dim() != 4
+            or t.shape[2:] != (ph.kv_heads, hd)
+            or not t.is_contiguous()
+        ):
             raise ValueError(
-                f"stream attention: {name} must be contiguous bf16 [blocks, block_size, {ph.kv_heads}, {hd}]"
+                f"stream attention: {name} must be contiguous bf16 or float8_e4m3fn [blocks, block_size, "
+                f"{ph.kv_heads}, {hd}], both caches of one dtype"
             )
+    if ph.kv_fp8 and not (ph.k_scale > 0.0 and ph.v_scale > 0.0):
+        raise ValueError(
+            f"stream attention: k_scale and v_scale must be positive, got {ph.k_scale}, {ph.v_scale}"
+        )
     if ph.cos.shape != ph.sin.shape or ph.cos.dim() != 2 or ph.cos.shape[1] != hd // 2:
         raise ValueError(f"stream attention: cos and sin must be float32 [positions, {hd // 2}]")
 
 
-_ROW = 25  # int64 words of the kernel's Phase struct
+_ROW = 28  # int64 words of the kernel's Phase struct
 
 
 def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor:
-    """The launch table: int64 ``[len(phases), 25]`` on the phases' device, one row per phase
+    """The launch table: int64 ``[len(phases), 28]`` on the phases' device, one row per phase
     laid out as the kernel's ``Phase`` struct: eleven pointers; ``n | k << 32``;
     ``kind | epilogue << 32``; ``y_bf16 | eps << 32`` (float32 bits); then seven attention
     pointers (``k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part``), ``op | heads << 32``,
-    ``kv_heads | block_size << 32``, ``splits | qk_norm << 32``, ``scale | qk_eps << 32``
-    (GEMV phases: zeros). Raises ``ValueError`` on a bad phase, or when a phase reads the
+    ``kv_heads | block_size << 32``, ``splits | qk_norm << 32``, ``scale | qk_eps << 32``,
+    ``k_scale | v_scale << 32``, ``1 / k_scale | 1 / v_scale << 32`` (float32 bits; 1 for a
+    bf16 cache), ``kv_fp8`` (GEMV phases: zeros). Raises ``ValueError`` on a bad phase, or when a phase reads the
     statistics buffer it writes."""
 
     def ptr(t: torch.Tensor | None) -> int:
@@ -1073,6 +1150,12 @@ def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor
                 ph.kv_heads | (int(ph.k_cache.shape[1]) << 32),
                 ph.splits | (int(ph.q_norm_w is not None) << 32),
                 f32_bits(ph.scale) | (f32_bits(ph.qk_eps) << 32),
+            ]
+            ks, vs = (ph.k_scale, ph.v_scale) if ph.kv_fp8 else (1.0, 1.0)
+            row += [
+                f32_bits(ks) | (f32_bits(vs) << 32),
+                f32_bits(1.0 / ks) | (f32_bits(1.0 / vs) << 32),
+                int(ph.kv_fp8),
             ]
             rows.append(row)
             continue
@@ -1154,6 +1237,9 @@ def attention_reference(ph: StreamAttention, meta: StreamMeta) -> None:
     q, k = rotate(q), rotate(k)
     slot = int(meta.slot_mapping.reshape(-1)[0])
     bs = ph.k_cache.shape[1]
+    ks, vs = (ph.k_scale, ph.v_scale) if ph.kv_fp8 else (1.0, 1.0)
+    if ph.kv_fp8:  # stored as e4m3, and the attention reads the stored values
+        k, v = quantize_kv(k, ks), quantize_kv(v, vs)
     if slot >= 0:  # -1: a padding token writes nothing
         ph.k_cache.view(-1, hk, hd)[slot] = k
         ph.v_cache.view(-1, hk, hd)[slot] = v
@@ -1162,8 +1248,8 @@ def attention_reference(ph: StreamAttention, meta: StreamMeta) -> None:
     t = torch.arange(n - 1, device=blocks.device)
     slots = blocks[t // bs] * bs + t % bs
     # the cached context, then the new token's own K/V (as the kernel takes them)
-    keys = torch.cat((ph.k_cache.view(-1, hk, hd)[slots], k[None])).float()  # [n, hk, hd]
-    vals = torch.cat((ph.v_cache.view(-1, hk, hd)[slots], v[None])).float()
+    keys = torch.cat((ph.k_cache.view(-1, hk, hd)[slots], k[None])).float() * ks  # [n, hk, hd]
+    vals = torch.cat((ph.v_cache.view(-1, hk, hd)[slots], v[None])).float() * vs
     group = h // hk
     kk = keys.repeat_interleave(group, dim=1)  # [n, h, hd]
     vv = vals.repeat_interleave(group, dim=1)
@@ -1255,6 +1341,9 @@ class StreamDecodeKernel:
             anything else. Set by :meth:`compile` where it works; off, launches are ordinary.
         trace: a diagnostic build that stamps each phase's timeline into the ``trace`` buffer
             of :meth:`launch` (see :func:`phase_timeline`).
+        kv_fp8: the build whose attention phases read FP8 (e4m3) caches; the other reads bf16
+            ones. (Both in one build spill registers.) A launch whose table has attention
+            phases of the other dtype computes no attention and leaves :meth:`hung` true.
     """
 
     device: torch.device
@@ -1262,11 +1351,13 @@ class StreamDecodeKernel:
     num_sms: int
     pdl: bool = False
     trace: bool = False
+    kv_fp8: bool = False
     _fn: Any = dataclasses.field(repr=False, default=None)
 
     @classmethod
-    def compile(cls, device: torch.device, trace: bool = False) -> StreamDecodeKernel:
-        """NVRTC-compiles the kernel for ``device`` (the diagnostic build if ``trace``) and runs
+    def compile(cls, device: torch.device, trace: bool = False, kv_fp8: bool = False) -> StreamDecodeKernel:
+        """NVRTC-compiles the kernel for ``device`` (the diagnostic build if ``trace``; attention
+        over FP8 caches if ``kv_fp8``, else bf16) and runs
         :meth:`self_test`. Raises ``RuntimeError`` where it cannot (no NVRTC, a GPU older than
         sm89, more than 1024 multiprocessors, a compile error, a failed self-test)."""
         major, minor = torch.cuda.get_device_capability(device)
@@ -1279,12 +1370,21 @@ class StreamDecodeKernel:
         if 2 * props.multi_processor_count > STATS_LEN:
             raise RuntimeError(f"stream decode supports up to {STATS_LEN // 2} multiprocessors")
         with torch.cuda.device(device):
-            defines = f"#define MIN_SPLIT_TOKENS {MIN_SPLIT_TOKENS}\n#define HEADS_DONE {HEADS_DONE}\n"
+            defines = (
+                f"#define MIN_SPLIT_TOKENS {MIN_SPLIT_TOKENS}\n#define HEADS_DONE {HEADS_DONE}\n"
+                f"#define KV_FP8 {int(kv_fp8)}\n"
+            )
             fn = compile_kernel(("#define TRACE\n" if trace else "") + defines + _SOURCE, "stream_decode")
         counter = torch.zeros(HEADS_DONE + STATS_LEN // 2, dtype=torch.int32, device=device)
         pdl = major >= 9 and _pdl_launcher() is not None and getattr(fn, "func", None) is not None
         kernel = cls(
-            device=device, counter=counter, num_sms=props.multi_processor_count, pdl=pdl, trace=trace, _fn=fn
+            device=device,
+            counter=counter,
+            num_sms=props.multi_processor_count,
+            pdl=pdl,
+            trace=trace,
+            kv_fp8=kv_fp8,
+            _fn=fn,
         )
         kernel.self_test()
         return kernel

@@ -16,7 +16,7 @@ Bound to the KV caches (:meth:`StreamDecode.bind`; the model runner does so with
 ``EngineConfig.stream_attention``, ``--stream-attention``), a step is instead one launch: each layer's
 attention runs inside the kernel too, as an attend phase before its ``o`` (per KV head and
 context split: q/k norm, rotary, the new K/V written, the split's share of the context, the
-splits merged by the last of them to finish; :func:`plan_fused`), for bf16 caches, 128-wide
+splits merged by the last of them to finish; :func:`plan_fused`), for bf16 or FP8 (e4m3) caches, 128-wide
 heads, at most four query heads per KV head and the same KV heads in every layer
 (:func:`attention_unsupported`), and for contexts up to :data:`FUSED_ATTENTION_MAX_LEN` tokens: a longer step runs the ``L + 1`` launches (the decode CUDA graphs capture both forms).
 
@@ -195,7 +195,7 @@ def attention_unsupported(
     layers: Sequence[nn.Module], kv_caches: Sequence[KVCache], num_sms: int
 ) -> str | None:
     """Why the stack's attention cannot run as phases of the stream kernel (None when it can):
-    bf16 contiguous caches, head size :data:`~surge.kernels.stream_decode.HEAD_DIM`, at most
+    contiguous caches, all bf16 or all float8_e4m3fn, head size :data:`~surge.kernels.stream_decode.HEAD_DIM`, at most
     :data:`~surge.kernels.stream_decode.GROUP_MAX` query heads per KV head, float32 rotary
     tables of the whole head, both or neither q/k norm, and the same KV heads in every layer
     (the phases' splits come from layer 0's, and each layer's shares must all have a block)."""
@@ -214,18 +214,19 @@ def attention_unsupported(
             return f"layer {i}: more KV heads ({a.num_kv_heads}) than multiprocessors ({num_sms})"
         if a.num_kv_heads != kv_heads:
             return f"layer {i}: {a.num_kv_heads} KV heads where layer 0 has {kv_heads}"
+        kv_dtype = kv_caches[0][0].dtype
         for c in (k_cache, v_cache):
             if (
-                c.dtype != torch.bfloat16
+                c.dtype not in (torch.bfloat16, torch.float8_e4m3fn)
+                or c.dtype != kv_dtype
                 or not c.is_contiguous()
                 or c.dim() != 4
-                or c.shape[2:]
-                != (
-                    a.num_kv_heads,
-                    HEAD_DIM,
-                )
+                or c.shape[2:] != (a.num_kv_heads, HEAD_DIM)
             ):
-                return f"layer {i}: the KV cache is not contiguous bf16 [blocks, block_size, kv_heads, {HEAD_DIM}]"
+                return (
+                    f"layer {i}: the KV cache is not contiguous bf16 or float8_e4m3fn "
+                    f"[blocks, block_size, kv_heads, {HEAD_DIM}] of layer 0's dtype"
+                )
         cos = a.rotary.cos_cache
         if cos.dtype != torch.float32 or cos.dim() != 2 or cos.shape[1] != HEAD_DIM // 2:
             return f"layer {i}: rotary over part of the head"
@@ -254,8 +255,8 @@ def attention_phases(
     splits: int,
 ) -> StreamAttention:
     """The attention phase of one :class:`~surge.layers.attention.Attention` (its heads,
-    rotary tables, q/k norm weights and scale) over ``k_cache``/``v_cache`` (bf16 ``[blocks,
-    block_size, kv_heads, 128]``): reading ``qkv`` (bf16 ``[(heads + 2 kv_heads) * 128]``),
+    rotary tables, q/k norm weights, scale and FP8 cache scales) over ``k_cache``/``v_cache``
+    (bf16 or float8_e4m3fn ``[blocks, block_size, kv_heads, 128]``): reading ``qkv`` (bf16 ``[(heads + 2 kv_heads) * 128]``),
     writing ``out`` (bf16 ``[heads * 128]``) through ``part`` (float32 ``[heads * splits * 130]``).
     Shapes are checked when the phases are packed (:func:`~surge.kernels.stream_decode.pack_phases`)."""
     qn = None if attn.q_norm is None else attn.q_norm.weight.data
@@ -264,6 +265,7 @@ def attention_phases(
         qkv=qkv, y=out, k_cache=k_cache, v_cache=v_cache, cos=attn.rotary.cos_cache, sin=attn.rotary.sin_cache,
         q_norm_w=qn, k_norm_w=kn, part=part, heads=attn.num_heads, kv_heads=attn.num_kv_heads, splits=splits,
         scale=float(attn.scale), qk_eps=1e-6 if attn.q_norm is None else float(attn.q_norm.eps),
+        k_scale=float(attn.k_scale), v_scale=float(attn.v_scale),
     )  # fmt: skip
     return StreamAttention(**common)
 
@@ -349,6 +351,12 @@ class StreamDecode:
         why = attention_unsupported(self.layers, kv_caches, self.kernel.num_sms)
         if why is not None:
             return why
+        kv_fp8 = kv_caches[0][0].dtype == torch.float8_e4m3fn
+        if self.kernel.kv_fp8 != kv_fp8:  # one cache dtype per build
+            try:
+                self.kernel = StreamDecodeKernel.compile(self.kernel.device, kv_fp8=kv_fp8)
+            except Exception as e:  # noqa: BLE001 - as in enable_stream_decode: the launch chain stays
+                return f"the kernel for {kv_caches[0][0].dtype} caches did not build: {e}"
         splits = self.kernel.num_sms // self.layers[0].self_attn.attn.num_kv_heads
         try:
             fused = self.fused_plan(kv_caches, splits)

@@ -200,7 +200,7 @@ def add_serve_parser(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="with the FP8 stream kernel: run each layer's attention inside it too, one launch per one-token "
-        "step up to 2048 tokens of context (bf16 KV cache, 128-wide heads). Default: wherever it can; "
+        "step up to 2048 tokens of context (bf16 or FP8 KV cache, 128-wide heads). Default: wherever it can; "
         "--stream-attention requires it (an error where it cannot run), --no-stream-attention turns it off",
     )
     p.add_argument(
