@@ -176,7 +176,8 @@ class EngineClient:
 
     Attributes:
         info: the engine's :class:`EngineReady` message once started.
-        stats: the latest :class:`SchedulerStats` snapshot (None before the first batch).
+        stats: the latest :class:`SchedulerStats` snapshot: the ready message's (the KV pool at
+            start-up), then each batch's (None before the engine is ready).
         on_grammar_compile_time: called with the seconds of each grammar compilation the
             engine reports (the server's histogram), or None.
         pid: the engine process id once started.
@@ -319,6 +320,8 @@ class EngineClient:
                 raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
             await asyncio.sleep(0.005)
         self.info = msg
+        if msg.stats is not None:  # the KV pool's figures from start-up, before any batch
+            self.stats = msg.stats
         if self._proc is not None:
             self._loop.add_reader(self._proc.sentinel, self._on_process_exit)
         else:

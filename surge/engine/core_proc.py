@@ -4,8 +4,8 @@ Protocol (all messages msgpack-encoded msgspec structs):
 
 - API -> engine (PUSH -> PULL, ``input_address``): :class:`AddRequest`, :class:`AbortRequest` or
   :class:`ResetPrefixCache`.
-- engine -> API (PUSH -> PULL, ``output_address``): first one :class:`EngineReady` or
-  :class:`EngineStartupError`, then :class:`EngineOutputs` batches (new tokens of each request
+- engine -> API (PUSH -> PULL, ``output_address``): first one :class:`EngineReady` (with the
+  start-up :class:`SchedulerStats`) or :class:`EngineStartupError`, then :class:`EngineOutputs` batches (new tokens of each request
   after a step, requests the engine rejected, and a :class:`SchedulerStats` snapshot).
 
 The API process binds both sockets before it starts this process, which connects. With several
@@ -106,6 +106,9 @@ class EngineReady(msgspec.Struct, tag=True, array_like=True):
         num_kv_blocks, block_size: the KV pool (``num_kv_blocks * block_size`` tokens).
         vocab_size: the model's vocabulary size.
         device: the device the engine runs on.
+        stats: the scheduler's snapshot at start-up (the whole KV pool free), so the engine
+            gauges show the pool before the first :class:`EngineOutputs`; None from an engine
+            without ``get_stats``.
     """
 
     pid: int
@@ -115,6 +118,7 @@ class EngineReady(msgspec.Struct, tag=True, array_like=True):
     block_size: int
     vocab_size: int
     device: str
+    stats: SchedulerStats | None = None
 
 
 class EngineStartupError(msgspec.Struct, tag=True, array_like=True):
@@ -286,6 +290,7 @@ def run_engine_core(
                     block_size=engine.block_size,
                     vocab_size=config.model.vocab_size,
                     device=config.device,
+                    stats=engine.get_stats() if hasattr(engine, "get_stats") else None,
                 )
             )
         )

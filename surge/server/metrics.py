@@ -2,7 +2,8 @@
 
 Request metrics (counters, latency histograms) are observed in the API process as outputs
 arrive; engine gauges (running, waiting, KV usage, preemptions) come from the latest
-:class:`SchedulerStats` snapshot the engine sends with every output batch. ``surge:engine_up``
+:class:`SchedulerStats` snapshot the engine sends with its ready message (the KV pool at
+start-up) and with every output batch. ``surge:engine_up``
 is 1 while the engine is running; once it is gone the engine gauges read 0 (its last snapshot no
 longer describes anything). Prompt tokens are counted when their prefill is done (a prompt's
 first output token), not when the request arrives.

@@ -91,6 +91,10 @@ def _metric(text: str, name: str, replica: str) -> float:
 def test_serve_dp2_spreads_requests_and_matches_dp1(tmp_path: Path) -> None:
     srv = start_server(tmp_path, "-dp", "2")
     try:
+        fresh = httpx.get(srv.url + "/metrics").text  # before any request: each replica's whole pool
+        for replica in ("0", "1"):
+            assert _metric(fresh, "surge:kv_cache_total_blocks", replica) == 4096
+            assert _metric(fresh, "surge:kv_cache_free_blocks", replica) == 4096
         prompts = [f"Once upon a time {i}" for i in range(6)]
 
         async def run_all() -> list[str]:

@@ -61,6 +61,17 @@ def test_stale_ipc_folder_removed(keyed: tuple[Server, Path]) -> None:
     assert not stale.exists()
 
 
+def test_kv_gauges_before_any_request(keyed: tuple[Server, Path]) -> None:
+    """A fresh server's KV gauges show the pool from start-up (the engine's ready message), not
+    0 / 0 until the first request (this module's first request comes later)."""
+    srv, _ = keyed
+    text = httpx.get(srv.url + "/metrics", headers=AUTH).text
+    assert _metric(text, "surge:kv_cache_total_blocks")[1] == 4096  # start_server's --num-kv-blocks
+    assert _metric(text, "surge:kv_cache_free_blocks")[1] == 4096
+    assert _metric(text, "surge:kv_cache_usage_perc")[1] == 0
+    assert _metric(text, "surge:num_requests_running")[1] == 0
+
+
 def test_key_scope_and_checked_before_the_body(keyed: tuple[Server, Path]) -> None:
     srv, _ = keyed
     for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})):
