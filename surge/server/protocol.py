@@ -210,6 +210,11 @@ class SamplingRequestFields(RequestBody):
         )
         if refused is not None:
             raise bad_request(refused[1], param=refused[0])
+        if type(self.best_of) is int and self.best_of < self.n:  # best_of 1 (allowed) with n > 1
+            raise bad_request(
+                f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}",
+                param="best_of",
+            )
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true", param="stream_options")
         if (

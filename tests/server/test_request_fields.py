@@ -122,6 +122,20 @@ def test_refused_fields_name_themselves(server: Server, path: str, name: str, va
         assert "use tools" in err["message"]
 
 
+@pytest.mark.parametrize("path", [CMPL, CHAT])
+def test_best_of_below_n_is_a_400_naming_best_of(server: Server, path: str) -> None:
+    """OpenAI and vLLM refuse best_of < n; best_of 1 with n 1 (or best_of left out) is fine."""
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    r = _post(server, path, body | {"n": 2, "best_of": 1, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "best_of" and err["type"] == "invalid_request_error"
+    assert err["message"] == "best_of must be greater than or equal to n, got n=2 and best_of=1"
+    for ok in ({"n": 1, "best_of": 1}, {"n": 2}, {"n": 2, "best_of": None}):
+        r = _post(server, path, body | ok | {"max_tokens": 2})
+        assert r.status_code == 200, (ok, r.text)
+
+
 def test_refused_fields_accept_their_defaults(server: Server) -> None:
     defaults = {
         "use_beam_search": False,
