@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -481,9 +480,9 @@ async def run_server(
     state = ServerState(
         client=client,
         tokenizer=tokenizer,
-        # the label is a name, never a folder path: the served name, else the folder's name
+        # the label is the served model name (the first), as in vLLM: what /v1/models lists
         metrics=ServerMetrics(
-            options.served_model_names[0] if options.served_model_names else Path(config.model.model).name,
+            names[0],
             lambda: client.stats,
             client.get_replica_stats if isinstance(client, DPEngineClient) else None,
             lambda: client.is_ready,

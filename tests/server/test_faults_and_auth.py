@@ -90,7 +90,9 @@ def test_key_scope_and_checked_before_the_body(keyed: tuple[Server, Path]) -> No
     assert httpx.get(srv.url + "/metrics").status_code == 401
     text = httpx.get(srv.url + "/metrics", headers=AUTH).text
     labels, _ = _metric(text, "surge:engine_up")
-    assert labels == 'model_name="stories260K"', "the label is the model's name, not a folder path"
+    served = httpx.get(srv.url + "/v1/models", headers=AUTH).json()["data"][0]["id"]
+    assert served.endswith("stories260K") and served != "stories260K"  # the model path
+    assert labels == f'model_name="{served}"', "the label is the served model name, as in vLLM"
 
 
 def test_stopped_engine(keyed: tuple[Server, Path]) -> None:
