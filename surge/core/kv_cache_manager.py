@@ -68,7 +68,9 @@ class BlockPool:
             ValueError: fewer than ``n`` blocks are free (callers check first).
         """
         if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} KV blocks, only {len(self._free)} free")
+            raise ValueError(
+                f"cannot allocate {n} KV block{'' if n == 1 else 's'}, only {len(self._free)} free"
+            )
         out = []
         pop = self._free.popitem
         refs = self.ref_counts

@@ -33,6 +33,11 @@ from surge.core.outputs import EngineOutput, ModelOutput, ScheduledRequest, Sche
 from surge.request import Request, RequestStatus
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 block"``, ``"2 blocks"``: a count and its noun, for messages."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def check_request_fits(
     num_prompt_tokens: int,
     max_tokens: int,
@@ -71,8 +76,9 @@ def check_request_fits(
     if blocks > num_kv_blocks:
         raise ValueError(
             f"The request needs {blocks} KV cache blocks ({total} tokens: {num_prompt_tokens} in the "
-            f"prompt, {max_tokens} for the completion) but the KV cache holds only {num_kv_blocks} "
-            f"blocks ({num_kv_blocks * block_size} tokens). Please reduce the length of the prompt or {max_tokens_name}."
+            f"prompt, {max_tokens} for the completion) but the KV cache holds only "
+            f"{_count(num_kv_blocks, 'block')} ({_count(num_kv_blocks * block_size, 'token')}). "
+            f"Please reduce the length of the prompt or {max_tokens_name}."
         )
 
 

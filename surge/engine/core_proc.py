@@ -398,7 +398,7 @@ def _busy_loop(
                     errors.append(RequestError(msg.request_id, str(e)))
             elif isinstance(msg, ResetPrefixCache):
                 n = engine.reset_prefix_cache()
-                logger.info("prefix cache reset: %d cached blocks evicted", n)
+                logger.info("prefix cache reset: %d cached block%s evicted", n, "" if n == 1 else "s")
             else:
                 engine.abort_requests(msg.request_ids)
                 if num_clients > 1:

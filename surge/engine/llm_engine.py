@@ -226,10 +226,11 @@ class LLMEngine:
             else:
                 how = "sized from the CPU KV budget"
             logger.info(
-                "start-up: KV pool %s in %.1f s: %d blocks x %d tokens = %d tokens (%.2f GiB, kv_cache_dtype %s)",
+                "start-up: KV pool %s in %.1f s: %d block%s x %d tokens = %d tokens (%.2f GiB, kv_cache_dtype %s)",
                 how,
                 time.perf_counter() - t0,
                 num_blocks,
+                "" if num_blocks == 1 else "s",
                 config.cache.block_size,
                 num_blocks * config.cache.block_size,
                 num_blocks * per_block / 2**30 if isinstance(per_block, int) else 0.0,

@@ -167,9 +167,10 @@ class TPExecutor:
                 self._procs[rank] = proc
             self.num_kv_blocks, self.worker_pids = self._wait_ready(start_timeout_s)
             logger.info(
-                "tensor-parallel ranks ready (pids %s), KV pool %d blocks per rank",
+                "tensor-parallel ranks ready (pids %s), KV pool %d block%s per rank",
                 ", ".join(str(p) for _, p in sorted(self.worker_pids.items())),
                 self.num_kv_blocks,
+                "" if self.num_kv_blocks == 1 else "s",
             )
         except BaseException:
             self.close()

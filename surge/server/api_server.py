@@ -517,13 +517,14 @@ async def run_server(
     url_host = f"[{host}]" if ":" in host else host
     logger.info(
         "engine ready (pid %d): model %s (served as %s), device %s, max_model_len %d, "
-        "KV cache %d blocks x %d tokens = %d tokens",
+        "KV cache %d block%s x %d tokens = %d tokens",
         info.pid,
         config.model.model,
         ", ".join(names),
         info.device,
         info.max_model_len,
         info.num_kv_blocks,
+        "" if info.num_kv_blocks == 1 else "s",
         info.block_size,
         info.num_kv_blocks * info.block_size,
     )

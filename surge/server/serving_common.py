@@ -183,8 +183,10 @@ class ServerState:
             left = (
                 ", which leaves no room for the completion" if n <= min(self.max_model_len, capacity) else ""
             )
+            has = "have" if prompt_param == "messages" else "has"  # your messages have, your prompt has
             raise bad_request(
-                f"This model's {limit}. However, your {prompt_param} has {n} input tokens{left}. "
+                f"This model's {limit}. However, your {prompt_param} {has} {n} input "
+                f"token{'' if n == 1 else 's'}{left}. "
                 f"Please reduce the length of the {prompt_param}.",
                 param=prompt_param,
             )

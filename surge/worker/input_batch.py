@@ -345,9 +345,10 @@ class InputPreparer:
         slots, known = self.rows.slots(requests)
         for i in np.flatnonzero(known < num_blocks):
             req = requests[int(i)]
+            held = len(req.block_ids)
             raise ValueError(
-                f"request {req.request_id!r} has {len(req.block_ids)} KV blocks, needs {int(num_blocks[i])} "
-                f"for {int(seq_lens[i])} tokens"
+                f"request {req.request_id!r} has {held} KV block{'' if held == 1 else 's'}, "
+                f"needs {int(num_blocks[i])} for {int(seq_lens[i])} tokens"
             )
 
         if self._copy_done is not None:

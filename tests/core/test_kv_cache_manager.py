@@ -71,6 +71,9 @@ def test_block_pool_rejects_double_release_and_overallocation() -> None:
     pool.release(b, keep_hash=False)
     with pytest.raises(RuntimeError):
         pool.release(b, keep_hash=False)
+    pool.allocate(2)
+    with pytest.raises(ValueError, match="cannot allocate 1 KV block, only 0 free"):
+        pool.allocate(1)
 
 
 def test_prefix_hit_on_shared_prefix() -> None:

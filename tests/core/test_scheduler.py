@@ -272,6 +272,13 @@ def test_request_larger_than_pool_rejected() -> None:
     assert sched.num_waiting == 1
 
 
+def test_a_pool_of_one_block_is_one_block_in_the_message() -> None:
+    with pytest.raises(ValueError, match=r"holds only 1 block \(8 tokens\)\. Please"):
+        check_request_fits(4, 8, max_model_len=1024, block_size=8, num_kv_blocks=1)
+    with pytest.raises(ValueError, match=r"holds only 1 block \(1 token\)\. Please"):
+        check_request_fits(1, 1, max_model_len=1024, block_size=1, num_kv_blocks=1)
+
+
 def test_abort_running_and_waiting_frees_blocks() -> None:
     sched = _make(budget=1024, num_blocks=10, max_num_seqs=2)
     for i in range(3):

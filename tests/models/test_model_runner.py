@@ -65,7 +65,7 @@ def test_execute_errors_and_non_sampling_chunks() -> None:
     with pytest.raises(RuntimeError, match="init_kv_cache"):
         runner.execute(so)
     runner.init_kv_cache(8)
-    with pytest.raises(ValueError, match="KV blocks"):
+    with pytest.raises(ValueError, match="has 1 KV block, needs 2 for 20 tokens"):
         runner.execute(so)
     r.block_ids = [0, 1, 2]
     assert runner.execute(so).sampled_token_ids == {}

@@ -448,13 +448,14 @@ def test_prompt_alone_too_long_names_the_prompt(server: Server) -> None:
             r = _post(server, CMPL, {"prompt": ids} | extra)
             err = r.json()["error"]
             assert r.status_code == 400 and err["param"] == "prompt", r.text
-            assert f"{len(ids)} input tokens" in err["message"]
+            assert f"your prompt has {len(ids)} input tokens" in err["message"]
     msgs = [{"role": "user", "content": "the cat sat " * 300}]
     n = _post(server, "/tokenize", {"messages": msgs}).json()["count"]
     assert n > 512
     r = _post(server, CHAT, {"messages": msgs, "max_tokens": 5})
     err = r.json()["error"]
-    assert r.status_code == 400 and err["param"] == "messages" and f"{n} input tokens" in err["message"]
+    assert r.status_code == 400 and err["param"] == "messages"
+    assert f"your messages have {n} input tokens" in err["message"]  # not "your messages has"
 
 
 def test_only_a_sent_max_tokens_is_blamed(server: Server) -> None:
