@@ -150,6 +150,15 @@ def add_bench_parser(subparsers: Any) -> None:
         "conversation's reply length, as vLLM)",
     )
     p.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="--dataset random: draw each request's input and output lengths uniformly from "
+        "[L * (1 - r), L * (1 + r)] (vLLM's option; 0 <= r < 1; default 0: every request exactly "
+        "--input-len / --output-len); each prompt has exactly its drawn length, the roofline column "
+        "uses the nominal lengths",
+    )
+    p.add_argument(
         "--sharegpt-output-len",
         type=int,
         default=None,
@@ -383,6 +392,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         input_len=256 if args.input_len is None else args.input_len,
         output_len=next(v for v in (fixed, args.output_len, 256) if v is not None),
         sharegpt_output_len=fixed,
+        random_range_ratio=args.random_range_ratio,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

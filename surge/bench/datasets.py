@@ -104,6 +104,12 @@ def exact_length_prompt(
     raise ValueError(f"could not build a prompt of exactly {n_tokens} tokens")
 
 
+def range_bounds(length: int, ratio: float) -> tuple[int, int]:
+    """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset:
+    integers in ``[int(length * (1 - ratio)), int(length * (1 + ratio))]``, at least 1."""
+    return max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
+
+
 def random_requests(
     counter: TokenCounter,
     num_prompts: int,
@@ -112,17 +118,43 @@ def random_requests(
     seed: int,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    range_ratio: float = 0.0,
 ) -> list[SampleRequest]:
     """``num_prompts`` random prompts of exactly ``input_len`` tokens as the server counts them
     (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
-    tokens."""
+    tokens. With ``range_ratio`` r > 0 (vLLM's ``--random-range-ratio``) each request's input and
+    output lengths are drawn uniformly from :func:`range_bounds` instead (integers, seeded by
+    ``seed``), and each prompt still has exactly its drawn length.
+
+    Raises:
+        ValueError: a count or length below 1, r outside [0, 1), or a drawn input length below
+            the tokenizer's or chat template's minimum.
+    """
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --output-len must be >= 1")
+    if not 0.0 <= range_ratio < 1.0:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
     rng = np.random.default_rng(seed)
-    return [
-        SampleRequest(exact_length_prompt(counter, rng, input_len, chat, options), input_len, output_len)
-        for _ in range(num_prompts)
-    ]
+    if range_ratio == 0.0:  # the fixed lengths draw nothing else: the same prompts as before the option
+        in_lens, out_lens = [input_len] * num_prompts, [output_len] * num_prompts
+    else:
+        lengths = np.random.default_rng([seed, 1])  # its own stream: the prompts' draws stay as they are
+        (in_lo, in_hi), (out_lo, out_hi) = (
+            range_bounds(input_len, range_ratio),
+            range_bounds(output_len, range_ratio),
+        )
+        in_lens = [int(v) for v in lengths.integers(in_lo, in_hi + 1, size=num_prompts)]
+        out_lens = [int(v) for v in lengths.integers(out_lo, out_hi + 1, size=num_prompts)]
+    out: list[SampleRequest] = []
+    for n_in, n_out in zip(in_lens, out_lens, strict=True):
+        try:
+            prompt = exact_length_prompt(counter, rng, n_in, chat, options)
+        except ValueError as e:
+            if range_ratio == 0.0:
+                raise
+            raise ValueError(f"--random-range-ratio {range_ratio} drew {e}") from None
+        out.append(SampleRequest(prompt, n_in, n_out))
+    return out
 
 
 # vLLM's pruning of ShareGPT conversations whose reply gives the output length (tokens)

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
-from surge.bench.datasets import SampleRequest, random_requests, sharegpt_requests
+from surge.bench.datasets import SampleRequest, random_requests, range_bounds, sharegpt_requests
 from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
@@ -57,6 +57,8 @@ class ServeConfig:
     dataset_path: str | None = None
     input_len: int = 256
     output_len: int = 256
+    # --dataset random: per-request lengths uniform in [L (1 - r), L (1 + r)] (vLLM's option); 0: exact
+    random_range_ratio: float = 0.0
     # --dataset sharegpt: every request asks this many tokens; None: each reply's length (vLLM)
     sharegpt_output_len: int | None = None
     num_prompts: int = 16
@@ -97,6 +99,10 @@ class ServeConfig:
             raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if not 0.0 <= self.random_range_ratio < 1.0:
+            raise ValueError(f"--random-range-ratio must be in [0, 1), got {self.random_range_ratio}")
+        if self.random_range_ratio and self.dataset != "random":
+            raise ValueError("--random-range-ratio applies to --dataset random")
         if self.sharegpt_output_len is not None and self.dataset != "sharegpt":
             raise ValueError("--sharegpt-output-len applies to --dataset sharegpt")
         if self.sharegpt_output_len is not None and self.sharegpt_output_len < 1:
@@ -387,7 +393,16 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             options,
             cfg.sharegpt_output_len,
         )
-    return random_requests(counter, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed, chat, options)
+    return random_requests(
+        counter,
+        cfg.num_prompts,
+        cfg.input_len,
+        cfg.output_len,
+        cfg.seed,
+        chat,
+        options,
+        cfg.random_range_ratio,
+    )
 
 
 def _one_length(samples: list[SampleRequest]) -> int | None:
@@ -419,11 +434,19 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if counter is None:
         counter = _counter_for(cfg, base, model, entry)
     max_model_len = entry.get("max_model_len")
-    if max_model_len and cfg.dataset == "random" and cfg.input_len + cfg.output_len > int(max_model_len):
-        raise ValueError(
-            f"--input-len {cfg.input_len} + --output-len {cfg.output_len} exceeds the server's "
-            f"max_model_len {max_model_len}"
-        )
+    if max_model_len and cfg.dataset == "random":
+        longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
+        longest_out = range_bounds(cfg.output_len, cfg.random_range_ratio)[1]
+        if longest_in + longest_out > int(max_model_len):
+            ranged = (
+                f" (up to {longest_in} + {longest_out} with --random-range-ratio)"
+                if cfg.random_range_ratio
+                else ""
+            )
+            raise ValueError(
+                f"--input-len {cfg.input_len} + --output-len {cfg.output_len}{ranged} exceeds the server's "
+                f"max_model_len {max_model_len}"
+            )
     samples = build_samples(cfg, counter, int(max_model_len) if max_model_len else None)
     api_url = base + cfg.endpoint
 
@@ -493,6 +516,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "input_len": cfg.input_len if cfg.dataset == "random" else None,
         # ShareGPT with reply lengths: per request in output_lens / the samples, no one length
         "output_len": cfg.output_len if cfg.dataset == "random" else _one_length(samples),
+        "random_range_ratio": cfg.random_range_ratio if cfg.dataset == "random" else None,
         "num_prompts": cfg.num_prompts,
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,

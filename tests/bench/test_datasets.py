@@ -10,7 +10,7 @@ import pytest
 from conftest import BUNDLED_MODEL, QWEN3_8B, SHAREGPT
 from fake_server import Behaviour, FakeServer
 
-from surge.bench.datasets import load_sharegpt, random_requests, sharegpt_requests
+from surge.bench.datasets import load_sharegpt, random_requests, range_bounds, sharegpt_requests
 from surge.bench.tokens import HFTokenCounter, ServerTokenCounter, resolve_counter
 
 
@@ -197,3 +197,38 @@ def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:
     first = np.random.default_rng(11).choice(pool, size=4)
     text = random_requests(stories, 1, 5, 1, seed=11)[0].prompt
     assert text.split()[0] in stories.decode([int(i) for i in first])
+
+
+def test_range_ratio_draws_lengths_in_vllms_bounds_each_prompt_exact(stories: HFTokenCounter) -> None:
+    """``--random-range-ratio`` (vLLM's random dataset): per-request input and output lengths
+    uniform in [int(L (1 - r)), int(L (1 + r))], each prompt exactly its drawn length as the
+    server counts it, the same draws for the same seed; r = 0 keeps the fixed-length prompts."""
+    assert (
+        range_bounds(100, 0.5) == (50, 150)
+        and range_bounds(3, 0.9) == (1, 5)
+        and range_bounds(8, 0) == (8, 8)
+    )
+    reqs = random_requests(stories, 40, 100, 20, seed=5, range_ratio=0.5)
+    ins = [r.prompt_len for r in reqs]
+    outs = [r.expected_output_len for r in reqs]
+    assert all(50 <= n <= 150 for n in ins) and all(10 <= n <= 30 for n in outs)
+    assert len(set(ins)) > 10 and len(set(outs)) > 5  # not one length
+    assert min(ins) < 75 and max(ins) > 125  # spread over the range, not bunched
+    for r in reqs:
+        assert len(stories.encode(r.prompt)) == r.prompt_len
+    again = random_requests(stories, 40, 100, 20, seed=5, range_ratio=0.5)
+    assert [(r.prompt, r.expected_output_len) for r in again] == [
+        (r.prompt, r.expected_output_len) for r in reqs
+    ]
+    fixed = random_requests(stories, 3, 40, 5, seed=7)
+    assert [r.prompt for r in random_requests(stories, 3, 40, 5, seed=7, range_ratio=0.0)] == [
+        r.prompt for r in fixed
+    ]
+    for bad in (-0.1, 1.0, 2.0):
+        with pytest.raises(ValueError, match="--random-range-ratio must be in"):
+            random_requests(stories, 1, 40, 5, seed=0, range_ratio=bad)
+
+
+def test_range_ratio_below_the_chat_template_minimum_names_the_option(qwen: HFTokenCounter) -> None:
+    with pytest.raises(ValueError, match=r"--random-range-ratio 0\.9 drew input length"):
+        random_requests(qwen, 20, 12, 5, seed=0, chat=True, range_ratio=0.9)

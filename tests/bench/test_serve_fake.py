@@ -449,3 +449,28 @@ def test_api_key_from_openai_api_key(
         assert bench_main(argv) == 0
     assert b.log and all(entry["auth"] == want for entry in b.log), b.log
     assert "sk-" not in out.read_text()
+
+
+def test_random_range_ratio_per_request_lengths_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``--random-range-ratio`` every request asks its own drawn output length and is held
+    to it (exact-length validation per request), and the result records the ratio and the
+    per-request lengths; the option is refused with ShareGPT and outside [0, 1)."""
+    out = tmp_path / "r.json"
+    with FakeServer(Behaviour()) as s:
+        args = _serve(s.url, "--input-len", "40", "--output-len", "12", "--num-prompts", "12", "--ignore-eos")
+        rc = bench_main(args + ["--random-range-ratio", "0.5", "--result-file", str(out)])
+        assert rc == 0
+        r = json.loads(out.read_text())
+        assert (r["completed"], r["failed"], r["random_range_ratio"]) == (12, 0, 0.5)
+        assert all(20 <= n <= 60 for n in r["input_lens"]) and len(set(r["input_lens"])) > 3
+        assert all(6 <= n <= 18 for n in r["output_lens"]) and len(set(r["output_lens"])) > 3
+        assert r["total_output_tokens"] == sum(r["output_lens"])
+        assert bench_main(args + ["--random-range-ratio", "1.0"]) == 2
+        assert "--random-range-ratio must be in [0, 1), got 1.0" in capsys.readouterr().err
+        sharegpt = _serve(
+            s.url, "--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--random-range-ratio", "0.2"
+        )
+        assert bench_main(sharegpt) == 2
+        assert "--random-range-ratio applies to --dataset random" in capsys.readouterr().err
