@@ -192,7 +192,9 @@ def apply_chat_template(
 
     Args:
         tokenizer: the tokenizer.
-        messages: ``[{"role": ..., "content": str | [{"type": "text", "text": ...}]}, ...]``.
+        messages: ``[{"role": ..., "content": str | [{"type": "text", "text": ...}]}, ...]``;
+            a ``developer`` message is rendered as ``system`` by a template that does not name
+            the developer role (OpenAI's newer name for system instructions).
         add_generation_prompt: end with the assistant turn header.
         chat_template: a Jinja template overriding the tokenizer's.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
@@ -217,6 +219,10 @@ def apply_chat_template(
     check_chat_template_kwargs(chat_template_kwargs)
     kwargs = dict(chat_template_kwargs or {})
     template = chat_template if chat_template is not None else tokenizer.chat_template
+    if template and "developer" not in template:
+        # OpenAI's "developer" role is its newer name for "system"; a template that does not know
+        # it (Qwen3's renders only system, user, assistant and tool) would drop the message
+        msgs = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in msgs]
     if continue_final_message and add_generation_prompt:
         raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     if not template:

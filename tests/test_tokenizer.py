@@ -352,3 +352,22 @@ def test_min_tokens_stop_strings_with_a_split_character_equal_vllm(stories, incl
                     min_tokens,
                     chunks,
                 )
+
+
+def test_developer_role_is_system_for_templates_that_do_not_know_it(qwen):
+    """OpenAI's ``developer`` role (its newer name for system instructions) reaches the prompt:
+    Qwen3's template renders only system/user/assistant/tool roles and would drop it, so it is
+    rendered as ``system``; a template that names the role gets it unchanged."""
+    msgs = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "hi"}]
+    text = qwen.decode(apply_chat_template(qwen, msgs, chat_template_kwargs={"enable_thinking": False}))
+    assert text.startswith("<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>user\nhi<|im_end|>")
+    own = "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}{# developer #}"
+    assert (
+        qwen.decode(apply_chat_template(qwen, msgs, chat_template=own))
+        == "developer:Answer in French.;user:hi;"
+    )
+    plain = "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}"
+    assert (
+        qwen.decode(apply_chat_template(qwen, msgs, chat_template=plain))
+        == "system:Answer in French.;user:hi;"
+    )
