@@ -20,9 +20,10 @@ output parser that turns the generated text into ``content``, ``reasoning_conten
   rendered prompt ends with an open ``<think>`` (templates that write it for the model; then
   ``content: null`` and no calls), else all ``content`` (the grammar never started: no calls).
 
-Streamed through a parser, a chunk whose delta would carry nothing (the parser holds or took the
-text) is not sent (:func:`is_empty_delta`); the first chunk (with the role), the finishing one
-and any chunk carrying logprobs entries always are.
+Streamed, each choice opens with a chunk of its own that carries only the role
+(``{"role": "assistant", "content": ""}``, as vLLM). Through a parser, a chunk whose delta would
+carry nothing (the parser holds or took the text) is not sent (:func:`is_empty_delta`); the
+finishing one and any chunk carrying logprobs entries always are.
 """
 
 from __future__ import annotations
@@ -133,12 +134,12 @@ class ChatPlan:
         return msg, finish_reason
 
     def delta(
-        self, parser: ChatOutputParser | None, text: str, first: bool, finish_reason: str | None
+        self, parser: ChatOutputParser | None, text: str, finish_reason: str | None
     ) -> tuple[dict[str, Any], str | None]:
-        """One streamed ``delta`` of a choice (from its next ``text``) and its finish reason."""
-        head: dict[str, Any] = {"role": "assistant"} if first else {}
+        """One streamed ``delta`` of a choice (from its next ``text``) and its finish reason (the
+        role rides on a chunk of its own before the choice's first delta)."""
         if parser is None:
-            return head | {"content": text}, finish_reason
+            return {"content": text}, finish_reason
         d = parser.feed(text)
         if finish_reason is not None:
             d.extend(parser.finish())
@@ -155,7 +156,7 @@ class ChatPlan:
                 finish_reason = "tool_calls"
         if self.single_call:
             d.tool_calls = [t for t in d.tool_calls if t.index == 0]
-        return head | _delta_fields(d, parser.in_reasoning), finish_reason
+        return _delta_fields(d, parser.in_reasoning), finish_reason
 
 
 def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:

@@ -5,9 +5,10 @@ Shared by chat and completions. Each choice (one engine request; ``n`` choices p
 ``asyncio.Queue``; :meth:`Generation.deltas` drains it and yields the deltas to send:
 
 - a choice's first delta goes out as soon as its first token exists; for chat
-  (``first_needs_text``) as soon as it has text: the chat delta carries the role, and a
-  role-only chunk with empty content is not counted as a token by vLLM's benchmark client, so a
-  first token whose text is held back (e.g. a possible stop-string prefix) waits for the next;
+  (``first_needs_text``) as soon as it has text: chat sends it right after the choice's role
+  chunk (``{"role": "assistant", "content": ""}``, which vLLM's benchmark client does not count
+  as a token), and an empty ``content`` there would count as the first token, so a first token
+  whose text is held back (e.g. a possible stop-string prefix) waits for the next;
 - then one delta every ``stream_interval`` tokens, and always the final one, which carries the
   finish reason; no token is dropped: a delta carries all text since the last one. A later
   delta goes out on time even when its text is held back (an unfinished UTF-8 character or a
@@ -107,8 +108,8 @@ class Generation:
         stream_interval: tokens per delta after the first (>= 1); non-streaming callers pass
             a huge value so that only the first and final deltas are produced.
         arrival_time: ``time.monotonic()`` when the HTTP request arrived.
-        first_needs_text: hold a choice's first delta until it has text (chat: no role-only
-            leading chunk).
+        first_needs_text: hold a choice's first delta until it has text (chat: the first
+            content chunk, after the role chunk, carries text).
         on_close: called once, by the first :meth:`abort` (which every handler calls when
             it is done with the generation, finished or not).
         serial: a number no other generation of this process has
@@ -321,7 +322,7 @@ class Generation:
         elif choice.sent_first and choice.unsent_tokens < self._interval:
             return None
         elif not choice.sent_first and not choice.pending and self._first_needs_text:
-            return None  # the first chat delta (with the role) waits for text: no role-only chunk
+            return None  # the first chat delta (after the role chunk) waits for text
         delta = ChoiceDelta(
             choice.index,
             choice.prompt_index,

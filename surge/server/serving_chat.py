@@ -121,11 +121,22 @@ async def create_chat_completion(
 
     parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
 
+    def role_chunk(index: int) -> bytes:
+        """A choice's first chunk, as vLLM and OpenAI send it: the role and empty content (with
+        ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM)."""
+        choice = {"index": index, "delta": _ROLE_DELTA, "logprobs": None, "finish_reason": None}
+        if env.usage_in_chunks != "running":
+            return env.chunk([choice])
+        p = len(gen.prompts[gen.choices[index].prompt_index].token_ids)
+        return env.chunk([choice], usage={"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p})
+
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
         for d in deltas:
+            if d.first:
+                chunks.append(role_chunk(d.index))
             parser = parsers.get(d.index)
-            delta, finish = plan.delta(parser, d.text, d.first, d.finish_reason)
+            delta, finish = plan.delta(parser, d.text, d.finish_reason)
             logprobs = logprobs_of(d.logprobs)
             if parser is not None and finish is None and is_empty_delta(delta) and not _has_entries(logprobs):
                 # the parser took the text (a tool call's markup, a reasoning tag) and released
@@ -139,6 +150,9 @@ async def create_chat_completion(
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
+
+
+_ROLE_DELTA = {"role": "assistant", "content": ""}
 
 
 def _has_entries(logprobs: dict[str, Any] | None) -> bool:

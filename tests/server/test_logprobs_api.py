@@ -102,10 +102,16 @@ def test_chat_stream_equals_non_stream_and_n(client: openai.OpenAI) -> None:
     )
     full = client.chat.completions.create(**kw)
     rows: dict[int, list[Any]] = {0: [], 1: []}
+    roles: list[int] = []
     for chunk in client.chat.completions.create(**kw, stream=True):
         for c in chunk.choices:
+            if c.delta.role is not None:  # each choice's role chunk (vLLM: logprobs null)
+                assert c.logprobs is None and c.delta.content == "" and not rows[c.index]
+                roles.append(c.index)
+                continue
             assert c.logprobs is not None
             rows[c.index] += _chat_rows(c.logprobs.content)
+    assert sorted(roles) == [0, 1]
     for choice in full.choices:
         assert len(choice.logprobs.content) == 16
         _same_rows(rows[choice.index], _chat_rows(choice.logprobs.content))
@@ -282,7 +288,7 @@ def test_prompt_logprobs_raw_http(server: Server, path: str) -> None:
 
 
 def _stream_rows(srv: Server, body: dict[str, Any]) -> list[tuple[str, list[str], str | None]]:
-    """Each SSE chunk's (text, row tokens, finish_reason) of a chat stream."""
+    """Each SSE chunk's (text, row tokens, finish_reason) of a chat stream, after the role chunk."""
     out = []
     with httpx.stream(
         "POST", srv.url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60
@@ -291,6 +297,9 @@ def _stream_rows(srv: Server, body: dict[str, Any]) -> list[tuple[str, list[str]
             if not line.startswith("data: {"):
                 continue
             for c in json.loads(line[6:])["choices"]:
+                if c["delta"].get("role"):  # the role chunk, as vLLM: no text, logprobs null
+                    assert c["delta"] == {"role": "assistant", "content": ""} and c["logprobs"] is None
+                    continue
                 rows = [e["token"] for e in c["logprobs"]["content"]]
                 out.append((c["delta"].get("content", ""), rows, c["finish_reason"]))
     return out

@@ -360,7 +360,7 @@ def _stream(plan: ChatPlan, pieces: list[str], finish: str) -> tuple[list[dict],
     deltas, reason = [], None
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
-        delta, reason = plan.delta(parser, piece, i == 0, finish if last else None)
+        delta, reason = plan.delta(parser, piece, finish if last else None)
         deltas.append(delta)
     return deltas, reason
 
@@ -428,7 +428,7 @@ def test_a_named_call_opens_with_its_first_argument_text() -> None:
     assert "tool_calls" not in msg and reason == "length"
     msg, reason = _plan("named").message("", "stop")
     assert "tool_calls" not in msg and reason == "stop"
-    assert _stream(_plan("named"), [""], "stop") == ([{"role": "assistant", "content": ""}], "stop")
+    assert _stream(_plan("named"), [""], "stop") == ([{"content": ""}], "stop")
     msg, _ = _plan("named").message(" ", "length")  # whitespace is not JSON either
     assert "tool_calls" not in msg and msg["content"] == " "
     # streamed alike: held, then content (it was a call whose arguments were " ")

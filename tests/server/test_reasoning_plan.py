@@ -39,7 +39,7 @@ def _streamed(plan: ChatPlan, text: str, finish: str) -> tuple[dict[str, Any], s
     deltas, last = [], None
     for i, piece in enumerate(pieces):
         end = finish if i == len(pieces) - 1 else None
-        delta, last = plan.delta(parser, piece, i == 0, end)
+        delta, last = plan.delta(parser, piece, end)
         deltas.append(delta)
     msg: dict[str, Any] = {"role": "assistant", "content": None}
     calls: dict[int, dict[str, Any]] = {}

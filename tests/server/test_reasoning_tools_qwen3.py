@@ -62,7 +62,7 @@ def _post(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def _stream(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The message a client builds from the stream (``content`` stays null unless a delta
-    carries it; with calls, an empty streamed content counts as null)."""
+    after the role chunk carries it; with calls, an empty streamed content counts as null)."""
     r = httpx.post(srv.url + "/v1/chat/completions", json=BASE | body | {"stream": True}, timeout=120)
     assert r.status_code == 200, r.text
     msg: dict[str, Any] = {"role": "assistant", "content": None, "reasoning_content": None}
@@ -74,6 +74,9 @@ def _stream(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
         for c in json.loads(event.removeprefix("data: "))["choices"]:
             d = c["delta"]
             finish = c["finish_reason"] or finish
+            if "role" in d:  # each choice's first chunk, as vLLM: the role and empty content
+                assert d == {"role": "assistant", "content": ""} and c["finish_reason"] is None
+                continue
             if "content" in d:
                 msg["content"] = (msg["content"] or "") + d["content"]
             if "reasoning_content" in d:

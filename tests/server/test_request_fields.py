@@ -496,7 +496,8 @@ def test_usage_null_in_every_chunk_but_the_last(server: Server, path: str) -> No
 def test_continuous_usage_counts_the_chunks_own_choice(server: Server, path: str) -> None:
     """``continuous_usage_stats`` with ``include_usage`` (vLLM): each choices chunk carries the
     usage of its own choice (its prompt's tokens, the tokens it generated so far); the final
-    usage-only chunk still totals every choice (each prompt once)."""
+    usage-only chunk still totals every choice (each prompt once). A chat choice's role chunk
+    counts none generated, as vLLM's."""
     if path == CHAT:
         bodies: list[dict[str, Any]] = [{"messages": MSGS}]
     else:  # two prompts of different lengths: a chunk counts its own prompt
@@ -523,6 +524,9 @@ def test_continuous_usage_counts_the_chunks_own_choice(server: Server, path: str
         counts.setdefault(choice["index"], []).append(usage["completion_tokens"])
     assert sorted(counts) == list(range(choices))
     for seen in counts.values():
+        if path == CHAT:
+            assert seen[0] == 0, counts  # the role chunk
+            seen = seen[1:]
         assert seen == sorted(seen) and seen[0] >= 1 and seen[-1] == 6, counts
 
 

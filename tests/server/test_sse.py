@@ -85,8 +85,11 @@ def check_framing(
         assert finished.get(i, 0) == 0, "no chunk of a choice after its finish_reason"
         if obj == "chat.completion.chunk":
             delta = ch["delta"]
-            if i not in texts:
-                assert delta.get("role") == "assistant", "role rides on the first chunk"
+            if i not in texts:  # each choice opens with the role chunk, as vLLM and OpenAI
+                assert delta == {"role": "assistant", "content": ""}, delta
+                assert ch["logprobs"] is None and ch["finish_reason"] is None
+            else:
+                assert "role" not in delta, "the role is on the first chunk only"
             piece = delta.get("content") or ""
         else:
             piece = ch["text"]
@@ -119,8 +122,9 @@ def test_stream_framing_and_interval(sse_server: tuple[int, Server], server: Ser
     assert events[-2]["usage"] == reference["usage"]
     assert reference["usage"]["completion_tokens"] == MAX_TOKENS
     assert content[-1]["choices"][0]["finish_reason"] == "length"
-    # first token at once, then every `interval` tokens, then the final one
-    assert 2 <= len(content) <= 1 + math.ceil((MAX_TOKENS - 1) / interval)
+    # first token at once, then every `interval` tokens, then the final one (chat: after the role chunk)
+    role = 1 if kind == "chat" else 0
+    assert 2 + role <= len(content) <= 1 + role + math.ceil((MAX_TOKENS - 1) / interval)
 
     events = stream(srv, path, body | {"stream": True})
     texts, _ = check_framing(events, obj, 1, include_usage=False)
@@ -148,6 +152,33 @@ def test_stream_n2_indices(sse_server: tuple[int, Server]) -> None:
     plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     full = httpx.post(srv.url + "/v1/completions", json=plain, headers=AUTH, timeout=120).json()
     assert [c["text"] for c in full["choices"]] == [texts[0], texts[1]]
+
+
+def test_chat_stream_n2_opens_each_choice_with_the_role(sse_server: tuple[int, Server]) -> None:
+    """Chat, n = 2: each choice's first chunk is ``{"role": "assistant", "content": ""}`` (logprobs
+    and finish_reason null, as vLLM and OpenAI), its later chunks carry no role, and each
+    choice's joined content equals the non-streamed message."""
+    _, srv = sse_server
+    body = {
+        "messages": [{"role": "user", "content": "Tom had a"}],
+        "max_tokens": 17,
+        "temperature": 0.9,
+        "seed": 5,
+        "n": 2,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    events = stream(srv, "/v1/chat/completions", body)
+    texts, content = check_framing(events, "chat.completion.chunk", 2, include_usage=False)
+    for i in range(2):
+        mine = [c["choices"][0] for c in content if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""} and len(mine) >= 2
+        assert mine[0]["logprobs"] is None and mine[0]["finish_reason"] is None
+        assert mine[1]["delta"]["content"], "the first content chunk carries text"
+        assert all("role" not in c["delta"] for c in mine[1:])
+    plain = {k: v for k, v in body.items() if k != "stream"}
+    full = httpx.post(srv.url + "/v1/chat/completions", json=plain, headers=AUTH, timeout=120).json()
+    assert [c["message"]["content"] for c in full["choices"]] == [texts[0], texts[1]]
 
 
 @pytest.mark.parametrize("sse_server", [4, 16], indirect=True)
