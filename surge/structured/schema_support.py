@@ -20,7 +20,8 @@ instances that violate it; ``tests/structured/test_schema_support.py`` repeats t
   proven disjoint (xgrammar then enforces ``anyOf``); an assertion next to ``$ref``, ``const``,
   ``enum``, ``anyOf``, ``oneOf`` or ``allOf`` (a ``type`` that every value already has is
   accepted); an assertion in a schema without ``type`` that xgrammar reads as "any value";
-  ``type: []``.
+  ``type: []``; a schema nested deeper than :data:`MAX_SCHEMA_DEPTH` or whose nesting costs more
+  than :data:`MAX_NESTING_COST` (enforceable, but too slow to compile).
 - strings: ``pattern`` next to a supported ``format`` (a ``format`` outside
   :data:`SUPPORTED_FORMATS` is an annotation, as JSON Schema 2020-12 makes it by default); ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
   ``pattern`` with a feature of :func:`~surge.structured.regex_support.regex_problem`; patterns
@@ -114,7 +115,42 @@ MAX_PATTERN_REPEAT_COST = 4_000_000
 """Largest sum of :func:`~surge.structured.regex_support.repeat_cost` over a schema's ``pattern``
 strings: one ``{1,2000}``, about 0.17 s of xgrammar's JSON-schema conversion, which the API
 process and the engine each run once; beyond it a small schema could hold a CPU for minutes."""
+MAX_SCHEMA_DEPTH = 64
+"""Most levels of subschemas in a JSON schema: a subschema under ``anyOf``/``oneOf``/``allOf``,
+``not``, ``items``, ``prefixItems``, ``properties``, ``additionalProperties``, ``$defs``... or
+reached through a ``$ref`` is one level below its parent (a ``$ref`` cycle counts once). Real
+schemas stay far below (OpenAI's strict mode allows 10 levels of object nesting)."""
+
+MAX_NESTING_COST = 1_000_000
+"""Largest sum, over a schema's subschemas, of the square of each one's depth below the root of
+its document (``$ref`` is not followed: xgrammar compiles each ``$ref`` target once, as a rule of
+its own). xgrammar's JSON-schema conversion takes time growing with that sum: 400 nested
+``anyOf`` (a 12 KB schema) took 4 s of the API process's grammar check on a 2-core machine, and
+at the limit it takes about 0.3 s. Nesting moved into ``$defs`` and reached by ``$ref`` costs
+nothing here."""
 _OBJECT_HINTS = ("properties", "additionalProperties", "unevaluatedProperties")
+_ONE_SUBSCHEMA = (
+    "not",
+    "if",
+    "then",
+    "else",
+    "items",
+    "additionalItems",
+    "unevaluatedItems",
+    "contains",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+)
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = (
+    "properties",
+    "patternProperties",
+    "dependentSchemas",
+    "dependencies",
+    "$defs",
+    "definitions",
+)
 _ARRAY_HINTS = ("items", "prefixItems", "unevaluatedItems")
 
 
@@ -129,9 +165,107 @@ def check_json_schema(schema: Any) -> None:
             the schema as a JSON pointer (``#/properties/tags``) and why.
     """
     try:
+        _check_nesting(schema)
         _Walker(schema).walk(schema, (), None, False)
     except RecursionError:
         raise ValueError("the schema is nested too deeply") from None
+
+
+# --- nesting: depth and compile cost ---------------------------------------------------------
+
+
+def _subschemas(node: dict[str, Any]) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """The object subschemas directly below ``node`` (any keyword that holds a schema, whether
+    or not xgrammar compiles it), each with its location relative to ``node``."""
+    found: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+    for key in _ONE_SUBSCHEMA:
+        value = node.get(key)
+        if isinstance(value, dict):
+            found.append(((key,), value))
+    for key in _SUBSCHEMA_LISTS:
+        value = node.get(key)
+        if isinstance(value, list):
+            found.extend(((key, str(i)), x) for i, x in enumerate(value) if isinstance(x, dict))
+    for key in _SUBSCHEMA_MAPS:
+        value = node.get(key)
+        if isinstance(value, dict):
+            found.extend(((key, str(name)), x) for name, x in value.items() if isinstance(x, dict))
+    return found
+
+
+def _short_pointer(loc: tuple[str, ...]) -> str:
+    text = _pointer(loc)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _too_deep(loc: tuple[str, ...]) -> ValueError:
+    return ValueError(
+        f"the schema is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of subschemas "
+        f"(anyOf, items, properties, $ref...) at {_short_pointer(loc)}"
+    )
+
+
+def _check_nesting(schema: Any) -> None:
+    """Refuse a schema deeper than :data:`MAX_SCHEMA_DEPTH` (following local ``$ref``) or whose
+    nesting costs more than :data:`MAX_NESTING_COST` to compile; linear in the schema's size."""
+    if not isinstance(schema, dict):
+        return
+    cost = 0
+    has_ref = False
+    stack: list[tuple[dict[str, Any], tuple[str, ...], int]] = [(schema, (), 0)]
+    while stack:  # the document's own tree, without following $ref
+        node, loc, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _too_deep(loc)
+        cost += depth * depth
+        if cost > MAX_NESTING_COST:
+            raise ValueError(
+                f"the schema is too large and too deeply nested to compile quickly: its subschemas' "
+                f"depths squared sum to more than {MAX_NESTING_COST:,} (at {_short_pointer(loc)}); "
+                "flatten it, or move nested subschemas into $defs and $ref them"
+            )
+        has_ref = has_ref or isinstance(node.get("$ref"), str)
+        stack.extend((sub, (*loc, *part), depth + 1) for part, sub in reversed(_subschemas(node)))
+    if has_ref:
+        _RefDepth(schema).height(schema, (), 0)
+
+
+class _RefDepth:
+    """The depth of a schema with its local ``$ref`` targets counted as subschemas."""
+
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.root = root
+        self.heights: dict[int, int] = {}  # levels at and below a subschema, by its id
+        self.active: set[int] = set()  # the subschemas on the current path (a $ref cycle stops)
+
+    def height(self, node: dict[str, Any], loc: tuple[str, ...], depth: int) -> int:
+        """Levels at and below ``node``, found at ``depth``.
+
+        Raises:
+            ValueError: a subschema lies deeper than :data:`MAX_SCHEMA_DEPTH`.
+        """
+        key = id(node)
+        known = self.heights.get(key)
+        if known is not None:
+            if depth + known - 1 > MAX_SCHEMA_DEPTH:
+                raise _too_deep(loc)
+            return known
+        if key in self.active:
+            return 0
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _too_deep(loc)
+        self.active.add(key)
+        below = 0
+        for part, sub in _subschemas(node):
+            below = max(below, self.height(sub, (*loc, *part), depth + 1))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            found = _resolve(self.root, ref)
+            if found is not None and isinstance(found[0], dict):
+                below = max(below, self.height(found[0], found[1], depth + 1))
+        self.active.discard(key)
+        self.heights[key] = below + 1
+        return below + 1
 
 
 # --- JSON schema walk ----------------------------------------------------------------------
@@ -143,6 +277,23 @@ def _pointer(loc: tuple[str, ...]) -> str:
 
 def _unsupported(loc: tuple[str, ...], keyword: str, why: str) -> ValueError:
     return ValueError(f"keyword {keyword!r} at {_pointer(loc)} is not supported: {why}")
+
+
+def _resolve(root: Any, ref: str) -> tuple[Any, tuple[str, ...]] | None:
+    """The subschema a local ``$ref`` (``#`` or ``#/...``) points at and its location, or None."""
+    if ref == "#":
+        return root, ()
+    node, loc = root, ()
+    for raw in ref[2:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+        loc = (*loc, part)
+    return node, loc
 
 
 def _is_number(value: Any) -> bool:
@@ -276,19 +427,7 @@ class _Walker:
 
     def resolve(self, ref: str) -> tuple[Any, tuple[str, ...]] | None:
         """The subschema a local ``$ref`` points at and its location, or None."""
-        if ref == "#":
-            return self.root, ()
-        node, loc = self.root, ()
-        for raw in ref[2:].split("/"):
-            part = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-            loc = (*loc, part)
-        return node, loc
+        return _resolve(self.root, ref)
 
     def target(self, node: Any) -> Any:
         """``node`` with its local ``$ref`` chain followed (None when broken or circular)."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from surge.sampling_params import StructuredOutputsParams
@@ -106,11 +109,56 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
         raise ValueError(f"invalid {kind}: {clean_error(e)}") from e
 
 
+VERDICT_CACHE_SIZE = 1024
+"""Most verdicts :func:`check_structured_outputs` keeps (least recently used first out); each
+is keyed by a 32-byte digest, so the cache stays small whatever the schemas' size."""
+_verdicts: OrderedDict[tuple[str, bytes], str | None] = OrderedDict()
+_verdicts_lock = threading.Lock()
+
+
+def _verdict_key(params: StructuredOutputsParams) -> tuple[str, bytes]:
+    """The kind and a digest of the grammar's text; a JSON schema by its canonical JSON (no
+    whitespace between tokens, the keys in their order), so that a schema sent again, however
+    it is spaced, hits the same verdict."""
+    kind = params.kind
+    if kind == "json":
+        assert params.json is not None
+        try:
+            text = json.dumps(json.loads(params.json), ensure_ascii=False, separators=(",", ":"))
+        except (ValueError, RecursionError):
+            text = params.json
+    elif kind == "choice":
+        text = json.dumps(list(params.choice or ()), ensure_ascii=False)
+    else:
+        text = params.regex or params.grammar or ""
+    return kind, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
 def check_structured_outputs(params: StructuredOutputsParams) -> None:
     """Raise ValueError when ``params`` does not describe a valid grammar that xgrammar
     enforces in full.
 
+    The verdict is cached (:data:`VERDICT_CACHE_SIZE` grammars, by their canonical text): the
+    same schema sent again costs no xgrammar work.
+
     Raises:
         ValueError: as :func:`build_grammar`.
     """
-    build_grammar(params)
+    key = _verdict_key(params)
+    verdict: str | None = None
+    with _verdicts_lock:
+        hit = key in _verdicts
+        if hit:
+            _verdicts.move_to_end(key)
+            verdict = _verdicts[key]
+    if not hit:
+        try:
+            build_grammar(params)
+        except ValueError as e:
+            verdict = str(e)
+        with _verdicts_lock:
+            _verdicts[key] = verdict
+            while len(_verdicts) > VERDICT_CACHE_SIZE:
+                _verdicts.popitem(last=False)
+    if verdict is not None:
+        raise ValueError(verdict)

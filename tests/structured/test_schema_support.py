@@ -740,3 +740,127 @@ def test_patterns_too_slow_to_compile_are_refused_by_their_summed_cost() -> None
         check_structured_outputs(
             StructuredOutputsParams(json=json.dumps({"type": "string", "pattern": "[a-z]{1,20000}"}))
         )
+
+
+def _nested(keyword: str, depth: int) -> dict[str, Any]:
+    """A schema whose deepest subschema is ``depth`` levels below the root, each level under
+    ``keyword``."""
+    node: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth):
+        node = {
+            "anyOf": {"anyOf": [{"type": "null"}, node]},
+            "oneOf": {"oneOf": [{"type": "null"}, node]},
+            "allOf": {"allOf": [node]},
+            "not": {"not": node},
+            "items": {"type": "array", "items": node},
+            "prefixItems": {"type": "array", "prefixItems": [node]},
+            "properties": {"type": "object", "properties": {"a": node}},
+            "additionalProperties": {"type": "object", "additionalProperties": node},
+            "$defs": {"$defs": {"a": node}},
+        }[keyword]
+    return node
+
+
+@pytest.mark.parametrize(
+    "keyword",
+    ["anyOf", "oneOf", "allOf", "not", "items", "prefixItems", "properties", "additionalProperties", "$defs"],
+)
+def test_schema_nesting_depth_is_bounded_over_every_subschema_keyword(keyword: str) -> None:
+    """anyOf nested 400 deep (a 12 KB schema) took xgrammar 4 s to convert (time growing as the
+    cube of the depth) and passed; now any schema deeper than MAX_SCHEMA_DEPTH is refused before
+    xgrammar sees it, whatever keyword nests it."""
+    from surge.structured.schema_support import MAX_SCHEMA_DEPTH
+
+    for depth in (MAX_SCHEMA_DEPTH + 1, 400):
+        with pytest.raises(ValueError, match=f"nested too deeply: more than {MAX_SCHEMA_DEPTH} levels"):
+            check_json_schema(_nested(keyword, depth))
+    try:
+        check_json_schema(_nested(keyword, MAX_SCHEMA_DEPTH))
+    except ValueError as e:  # refused for what it uses (not, a lone $defs...), never for its depth
+        assert "nested too deeply" not in str(e)
+
+
+def test_schema_depth_counts_ref_targets_and_stops_at_cycles() -> None:
+    from surge.structured.schema_support import MAX_SCHEMA_DEPTH
+
+    def chain(n: int) -> dict[str, Any]:
+        defs = {f"a{i}": {"anyOf": [{"type": "null"}, {"$ref": f"#/$defs/a{i + 1}"}]} for i in range(n)}
+        return {"$defs": {**defs, f"a{n}": {"type": "integer"}}, "$ref": "#/$defs/a0"}
+
+    check_json_schema(chain(MAX_SCHEMA_DEPTH // 2 - 1))
+    with pytest.raises(ValueError, match="nested too deeply"):
+        check_json_schema(chain(MAX_SCHEMA_DEPTH))
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    check_json_schema(tree)
+
+
+def test_deep_and_wide_schemas_are_refused_by_their_nesting_cost() -> None:
+    """Within the depth limit, xgrammar's conversion still grows with the schema's size times its
+    depth squared (64 levels with 50 properties each: 0.6 s for 90 KB, and a 4 MiB body could hold
+    far more): refused past MAX_NESTING_COST; the same levels moved into $defs cost nothing; the
+    worst schema accepted converts well under a second."""
+    import time
+
+    def wide(width: int, depth: int) -> dict[str, Any]:
+        node: dict[str, Any] = {"type": "integer"}
+        for _ in range(depth):
+            props = {"a": node, **{f"p{i}": {"type": "string"} for i in range(width)}}
+            node = {"type": "object", "properties": props}
+        return node
+
+    with pytest.raises(ValueError, match="too deeply nested to compile quickly"):
+        check_json_schema(wide(50, 64))
+    with pytest.raises(ValueError, match="too deeply nested to compile quickly"):
+        check_json_schema(wide(200, 30))
+    defs: dict[str, Any] = {"l0": {"type": "integer"}}
+    for i in range(1, 31):
+        props = {"a": {"$ref": f"#/$defs/l{i - 1}"}, **{f"p{j}": {"type": "string"} for j in range(200)}}
+        defs[f"l{i}"] = {"type": "object", "properties": props}
+    check_json_schema({"$defs": defs, "$ref": "#/$defs/l30"})
+    for depth, width in ((64, 10), (32, 86), (16, 667)):  # the widest accepted at each depth
+        check_json_schema(wide(width, depth))
+        with pytest.raises(ValueError, match="too deeply nested"):
+            check_json_schema(wide(width + 2, depth))
+        start = time.perf_counter()
+        build_grammar(StructuredOutputsParams(json=json.dumps(wide(width, depth))))
+        assert time.perf_counter() - start < 2
+
+
+def test_structured_output_verdicts_are_cached_by_canonical_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schema sent again (however it is spaced) costs no xgrammar work, valid or not; the
+    cache is bounded."""
+    import surge.structured.validate as validate
+
+    calls: list[str] = []
+    real = validate.build_grammar
+
+    def counting(params: StructuredOutputsParams) -> Any:
+        calls.append(params.kind)
+        return real(params)
+
+    monkeypatch.setattr(validate, "build_grammar", counting)
+    monkeypatch.setattr(validate, "_verdicts", type(validate._verdicts)())
+    good = {"type": "object", "properties": {"n": {"type": "integer", "description": "a cache test"}}}
+    check_structured_outputs(StructuredOutputsParams(json=json.dumps(good)))
+    check_structured_outputs(StructuredOutputsParams(json=json.dumps(good, indent=2)))
+    assert len(calls) == 1
+    bad = json.dumps({"type": "array", "uniqueItems": True, "description": "a cache test"})
+    for _ in range(2):
+        with pytest.raises(ValueError, match="'uniqueItems' at #"):
+            check_structured_outputs(StructuredOutputsParams(json=bad))
+    assert len(calls) == 2
+    check_structured_outputs(StructuredOutputsParams(regex="a+"))
+    check_structured_outputs(StructuredOutputsParams(regex="a+"))
+    assert len(calls) == 3
+    monkeypatch.setattr(validate, "VERDICT_CACHE_SIZE", 4)
+    for i in range(10):
+        check_structured_outputs(StructuredOutputsParams(choice=(str(i),)))
+    assert len(validate._verdicts) == 4
