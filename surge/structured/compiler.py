@@ -11,7 +11,7 @@ from typing import Any
 
 from surge.sampling_params import StructuredOutputsParams
 from surge.structured.cpus import available_cpus
-from surge.structured.validate import build_grammar
+from surge.structured.validate import build_grammar, clean_error
 
 logger = logging.getLogger("surge.structured")
 
@@ -120,7 +120,7 @@ class CompiledGrammarCache:
         try:
             compiled = compiler.compile_grammar(grammar)
         except Exception as e:
-            raise ValueError(f"cannot compile the {params.kind} grammar: {e}") from e
+            raise ValueError(f"the {params.kind} grammar cannot be compiled: {clean_error(e)}") from e
         self.compile_times.append(time.perf_counter() - t0)
         return compiled
 

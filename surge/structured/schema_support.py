@@ -45,6 +45,7 @@ keywords such as ``discriminator``) are accepted, as are keywords without effect
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -224,10 +225,73 @@ def _check_nesting(schema: Any) -> None:
                 f"depths squared sum to more than {MAX_NESTING_COST:,} (at {_short_pointer(loc)}); "
                 "flatten it, or move nested subschemas into $defs and $ref them"
             )
+        _check_values(node, loc)
         has_ref = has_ref or isinstance(node.get("$ref"), str)
         stack.extend((sub, (*loc, *part), depth + 1) for part, sub in reversed(_subschemas(node)))
     if has_ref:
         _RefDepth(schema).height(schema, (), 0)
+
+
+_COUNT_KEYWORDS = (
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
+_COUNT_MAX = 2**31 - 1
+"""The largest length or count xgrammar 0.2.9 takes."""
+_BOUND_PAIRS = (
+    ("minLength", "maxLength"),
+    ("minItems", "maxItems"),
+    ("minProperties", "maxProperties"),
+    ("minContains", "maxContains"),
+    ("minimum", "maximum"),
+)
+
+
+def _short_value(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_values(node: dict[str, Any], loc: tuple[str, ...]) -> None:
+    """Refuse keyword values that are malformed or contradict each other: a length or count that
+    is not a non-negative integer (xgrammar reads ``maxLength: -1`` as no limit, fails on
+    ``minLength: -3`` with an assertion, and takes ``minItems: -1``), a minimum above its maximum,
+    a ``pattern`` or ``format`` that is not a string, a ``required`` that is not a list of strings.
+    Checked on every subschema, compiled or not."""
+    for keyword in _COUNT_KEYWORDS:
+        if keyword in node:
+            value = node[keyword]
+            if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _COUNT_MAX):
+                raise ValueError(
+                    f"keyword {keyword!r} at {_short_pointer(loc)} must be a non-negative integer "
+                    f"(at most {_COUNT_MAX}), got {_short_value(value)}"
+                )
+    for low, high in _BOUND_PAIRS:
+        lo, hi = node.get(low), node.get(high)
+        if _is_number(lo) and _is_number(hi) and lo > hi:
+            raise ValueError(
+                f"keyword {low!r} at {_short_pointer(loc)} is greater than {high!r} "
+                f"({_short_value(lo)} > {_short_value(hi)}): no value matches"
+            )
+    for keyword in ("pattern", "format"):
+        if keyword in node and not isinstance(node[keyword], str):
+            raise ValueError(
+                f"keyword {keyword!r} at {_short_pointer(loc)} must be a string, got {_short_value(node[keyword])}"
+            )
+    required = node.get("required")
+    if "required" in node and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise ValueError(
+            f"keyword 'required' at {_short_pointer(loc)} must be a list of strings, got {_short_value(required)}"
+        )
 
 
 class _RefDepth:

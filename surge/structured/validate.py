@@ -16,13 +16,40 @@ from surge.structured.schema_support import check_json_schema
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 """``json_object``: any JSON object (properties of any name and value)."""
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*(Check failed: .*? is false: )?")
+_XGR_CHECK = re.compile(r"Check failed: \(.*?\) is false:?\s*")
+_XGR_SOURCE = re.compile(r"\S*/\S+\.(?:cc|cpp|h|hpp):\d+:?\s*")
+# picojson's assertion when a keyword's value has another JSON type than xgrammar reads
+_XGR_TYPE_MISMATCH = re.compile(r"type mismatch! call is<type>\(\) before get<type>\(\).*?is<([\w:]+)>\(\)")
+_PICOJSON_TYPES = {
+    "std::string": "a string",
+    "double": "a number",
+    "int64_t": "an integer",
+    "bool": "a boolean",
+    "picojson::array": "an array",
+    "array": "an array",
+    "picojson::object": "an object",
+    "object": "an object",
+}
+_ERROR_MAX_CHARS = 300
 
 
 def clean_error(e: BaseException) -> str:
-    """xgrammar's error message without its C++ source location, on one line."""
-    text = str(e).strip()
+    """xgrammar's error message, short and on one line, without its C++ source locations,
+    ``Check failed`` conditions, the echoed JSON text or picojson's type assertions (a keyword's
+    value of the wrong type reads "a keyword's value has the wrong type (expected a string)")."""
+    text = " ".join(str(e).split())
+    mismatch = _XGR_TYPE_MISMATCH.search(text)
+    if mismatch is not None:
+        expected = _PICOJSON_TYPES.get(mismatch.group(1), "another type")
+        return f"a keyword's value has the wrong type (expected {expected})"
     text = _XGR_PREFIX.sub("", text)
-    return " ".join(text.split()) or type(e).__name__
+    text = _XGR_CHECK.sub("", text)
+    text = _XGR_SOURCE.sub("", text)
+    text = re.sub(r"^\[[0-9:]+\]\s*", "", text)
+    text = text.split(" The JSON string is:")[0].strip()
+    if len(text) > _ERROR_MAX_CHARS:
+        text = text[: _ERROR_MAX_CHARS - 3] + "..."
+    return text or type(e).__name__
 
 
 def ebnf_string_literal(text: str) -> str:

@@ -261,3 +261,50 @@ def test_a_schema_nested_too_deeply_is_a_400_naming_the_field(server: Server) ->
         timeout=60,
     )
     assert ok.status_code == 200, ok.text
+
+
+def test_negative_lengths_are_a_400_naming_the_field_and_the_keyword(server: Server) -> None:
+    """minLength -3 reached the engine and came back as a 400 with param null and xgrammar's C++
+    assertion; maxLength -1 was a 200 with an unbounded string; pattern 5 read "type mismatch!":
+    each is refused in the API process, naming the field, the keyword and its location."""
+    cases = [
+        (
+            {"type": "string", "minLength": -3},
+            "response_format",
+            "response_format.json_schema.schema",
+            "'minLength' at #",
+        ),
+        (
+            {"type": "object", "properties": {"name": {"type": "string", "maxLength": -1}}},
+            "response_format",
+            "response_format.json_schema.schema",
+            "'maxLength' at #/properties/name",
+        ),
+        (
+            {"type": "object", "properties": {"s": {"type": "string", "minLength": -3}}},
+            "tool",
+            "tools",
+            "'minLength'",
+        ),
+        ({"type": "array", "minItems": -1}, "guided_json", "guided_json", "'minItems' at #"),
+        (
+            {"type": "string", "pattern": 5},
+            "response_format",
+            "response_format.json_schema.schema",
+            "'pattern'",
+        ),
+    ]
+    for schema, how, param, keyword in cases:
+        body: dict[str, Any] = {"messages": MSGS, "max_tokens": 4}
+        if how == "response_format":
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        elif how == "tool":
+            body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+            body["tool_choice"] = {"type": "function", "function": {"name": "f"}}
+        else:
+            body["guided_json"] = schema
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and keyword in err["message"], err
+        assert "Check failed" not in err["message"] and ".cc" not in err["message"], err

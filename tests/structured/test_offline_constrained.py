@@ -117,6 +117,15 @@ def test_invalid_grammar_raises_value_error() -> None:
         llm.generate("Once", SamplingParams(structured_outputs=StructuredOutputsParams(json="{bad")))
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams(regex="a", choice=["b"])
+    # a negative length failed an xgrammar assertion in the engine ("Check failed", a C++ path);
+    # a pattern of another type read as picojson's "type mismatch!"
+    for schema, message in (
+        ({"type": "string", "minLength": -3}, "'minLength' at # must be a non-negative integer"),
+        ({"type": "string", "pattern": 5}, "'pattern' at # must be a string"),
+    ):
+        with pytest.raises(ValueError, match=message) as e:
+            llm.generate("Once", SamplingParams(structured_outputs=StructuredOutputsParams(json=schema)))
+        assert "Check failed" not in str(e.value) and ".cc" not in str(e.value)
     # the engine still serves afterwards
     assert llm.generate("Once", SamplingParams(max_tokens=3, ignore_eos=True))[0].outputs[0].token_ids
 

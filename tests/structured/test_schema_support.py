@@ -864,3 +864,67 @@ def test_structured_output_verdicts_are_cached_by_canonical_json(monkeypatch: py
     for i in range(10):
         check_structured_outputs(StructuredOutputsParams(choice=(str(i),)))
     assert len(validate._verdicts) == 4
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string", "minLength": -3}, "'minLength' at # must be a non-negative integer"),
+        (
+            {"type": "object", "properties": {"name": {"type": "string", "maxLength": -1}}},
+            "'maxLength' at #/properties/name must be a non-negative integer",
+        ),
+        ({"type": "array", "minItems": -1}, "'minItems' at # must be a non-negative integer"),
+        ({"type": "array", "maxItems": 2.5}, "'maxItems' at # must be a non-negative integer"),
+        ({"type": "object", "minProperties": True}, "'minProperties' at # must be a non-negative integer"),
+        ({"type": "object", "maxProperties": "3"}, "'maxProperties' at # must be a non-negative integer"),
+        ({"type": "array", "minContains": -1}, "'minContains' at # must be a non-negative integer"),
+        ({"type": "array", "maxContains": None}, "'maxContains' at # must be a non-negative integer"),
+        ({"type": "string", "maxLength": 2**31}, "at most 2147483647"),
+        (
+            {"$defs": {"s": {"type": "string", "minLength": -1}}, "$ref": "#/$defs/s"},
+            r"'minLength' at #/\$defs/s must",
+        ),
+        ({"type": "string", "minLength": 5, "maxLength": 3}, "'minLength' at # is greater than 'maxLength'"),
+        ({"type": "array", "minItems": 2, "maxItems": 1}, "'minItems' at # is greater than 'maxItems'"),
+        ({"type": "integer", "minimum": 5, "maximum": 3.5}, "'minimum' at # is greater than 'maximum'"),
+        ({"type": "string", "pattern": 5}, "'pattern' at # must be a string, got 5"),
+        ({"type": "string", "format": ["date"]}, "'format' at # must be a string"),
+        (
+            {"type": "object", "properties": {"a": {}}, "required": [5]},
+            "'required' at # must be a list of strings",
+        ),
+    ],
+)
+def test_malformed_lengths_and_counts_are_refused_with_their_location(schema: Any, message: str) -> None:
+    """xgrammar read maxLength -1 as "no limit" (a 200 with an unbounded string), took minItems -1,
+    and failed on minLength -3 with a C++ assertion in the engine; a pattern of another type was
+    picojson's "type mismatch!": each is refused, naming the keyword and where it is."""
+    with pytest.raises(ValueError, match=message) as e:
+        check_structured_outputs(StructuredOutputsParams(json=json.dumps(schema)))
+    assert "Check failed" not in str(e.value) and "mismatch" not in str(e.value)
+
+
+def test_xgrammar_errors_are_cleaned_of_cpp_details() -> None:
+    from surge.structured.validate import clean_error
+
+    raw = {
+        "[23:04:02] /project/cpp/grammar_functor.cc:2469: Check failed: (lower >= 0 && (upper == -1 || "
+        "upper >= lower)) is false: Invalid repetition range {-3, -1}\n": "Invalid repetition range {-3, -1}",
+        '"type mismatch! call is<type>() before get<type>()" && is<std::string>()': (
+            "a keyword's value has the wrong type (expected a string)"
+        ),
+        "[23:04:12] /project/cpp/json_schema_converter.cc:5077: Check failed: (error.empty()) is false: "
+        'Failed to parse JSON: syntax error near: Infinity}. The JSON string is:{"minimum": Infinity}\n': (
+            "Failed to parse JSON: syntax error near: Infinity}."
+        ),
+        "[23:04:12] /project/cpp/json_schema_converter.cc:5088: Cannot find field 'x' in #/x\n": (
+            "Cannot find field 'x' in #/x"
+        ),
+    }
+    for text, clean in raw.items():
+        assert clean_error(RuntimeError(text)) == clean
+    assert len(clean_error(RuntimeError("x" * 5000))) == 300
+    with pytest.raises(ValueError) as e:  # a compile failure the checks do not catch: still clean
+        check_structured_outputs(StructuredOutputsParams(json='{"type": "number", "minimum": Infinity}'))
+    assert ".cc" not in str(e.value) and "JSON string is" not in str(e.value)
