@@ -40,6 +40,7 @@ from surge.engine.core_proc import EngineFactory
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
 from surge.request import token_ids_in_range
+from surge.server.chat_tools import _check_tools as check_tools
 from surge.server.cors import CorsOptions
 from surge.server.drain import DrainMiddleware, ShutdownError
 from surge.server.errors import ApiError, bad_request, error_body, error_response
@@ -279,6 +280,7 @@ def build_app(
                 body.messages,
                 body.add_generation_prompt,
                 body.chat_template_kwargs,
+                None if body.tools is None else check_tools(body.tools),
                 bound=False,
                 chat_template=body.chat_template,
                 continue_final_message=body.continue_final_message,
@@ -291,6 +293,7 @@ def build_app(
                 "continue_final_message": body.continue_final_message is True,
                 "chat_template": body.chat_template is not None,
                 "chat_template_kwargs": bool(body.chat_template_kwargs),
+                "tools": body.tools is not None,
             }
             chat_only = sorted(name for name, on in asked.items() if on)
             if chat_only:  # they shape a chat prompt: with a plain prompt they would do nothing

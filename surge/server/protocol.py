@@ -365,11 +365,14 @@ class CompletionRequest(SamplingRequestFields):
 
 
 class TokenizeRequest(RequestBody):
-    """Body of ``POST /tokenize``: a ``prompt`` string, or chat ``messages``."""
+    """Body of ``POST /tokenize``: a ``prompt`` string, or chat ``messages`` (with ``tools``,
+    rendered by the chat template as chat completions render them)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    # checked by surge.server.chat_tools, as on chat completions
+    tools: Any = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -347,3 +347,28 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=_model(client), prompt="x", extra_body={"tools": TOOLS})
     assert e.value.body["param"] == "tools"  # type: ignore[index]
+
+
+def test_tokenize_counts_messages_with_tools_as_chat_completions_do(tool_server: Server) -> None:
+    """/tokenize refused a `tools` field (chat prompts with tools could not be counted); as in
+    vLLM it renders them through the chat template, and the count is the chat completion's
+    prompt_tokens; the same checks apply, and with a plain prompt tools are a 400."""
+    url = tool_server.url
+    with_tools = httpx.post(url + "/tokenize", json={"messages": MSGS, "tools": TOOLS}, timeout=60)
+    assert with_tools.status_code == 200, with_tools.text
+    plain = httpx.post(url + "/tokenize", json={"messages": MSGS}, timeout=60).json()
+    assert with_tools.json()["count"] > plain["count"]
+    for choice in ("none", "required"):
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 1},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == with_tools.json()["count"]
+    for bad in ([{"type": "function", "function": {"name": ""}}], {"get_weather": {}}):
+        r = httpx.post(url + "/tokenize", json={"messages": MSGS, "tools": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    r = httpx.post(url + "/tokenize", json={"prompt": "Weather?", "tools": TOOLS}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert httpx.post(url + "/tokenize", json={"messages": MSGS, "tools": None}, timeout=60).json() == plain
