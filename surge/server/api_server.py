@@ -40,7 +40,7 @@ from surge.engine.core_proc import EngineFactory
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
 from surge.request import token_ids_in_range
-from surge.server.chat_tools import _check_tools as check_tools
+from surge.server.chat_tools import check_tools
 from surge.server.cors import CorsOptions
 from surge.server.drain import DrainMiddleware, ShutdownError
 from surge.server.errors import ApiError, bad_request, error_body, error_response

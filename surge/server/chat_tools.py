@@ -207,7 +207,14 @@ def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
     return merged
 
 
-def _check_tools(tools: Any) -> list[dict[str, Any]]:
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
+    ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name and,
+    if given, an object ``parameters``.
+
+    Raises:
+        ApiError: a 400 naming ``tools`` for anything else.
+    """
     if not isinstance(tools, list):
         raise bad_request("tools must be a list of function definitions", param="tools")
     names = set()
@@ -253,7 +260,7 @@ def plan_chat(
     Raises:
         ApiError: 400 naming ``tools``, ``tool_choice`` or the structured-output field.
     """
-    tools = None if body.tools is None else _check_tools(body.tools)
+    tools = None if body.tools is None else check_tools(body.tools)
     tool_choice = body.tool_choice
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
