@@ -26,6 +26,7 @@ prompts) asks ``--output-len`` of every request.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,11 @@ def sharegpt_requests(
     conversations = load_sharegpt(path)
     encode = prompt_encoder(counter, chat, options)
     replies = any(c.reply is not None for c in conversations)
+    if not replies and fixed_output_len is None:  # documented, but easy to miss: say it
+        print(
+            f"surge: note: {path} has no replies; every request asks --output-len {output_len}",
+            file=sys.stderr,
+        )
     order = np.random.default_rng(seed).permutation(len(conversations))
     out: list[SampleRequest] = []
     for idx in order:

@@ -155,6 +155,8 @@ def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
                 if api_key is None
                 else " (check --api-key or $OPENAI_API_KEY)"
             )
+        elif "404" in str(e) and base_url.rstrip("/").endswith("/v1"):
+            hint = f" (--base-url is the server's root: {base_url.rstrip('/')[: -len('/v1')]})"
         raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")

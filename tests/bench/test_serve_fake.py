@@ -168,7 +168,9 @@ def test_poisson_arrivals_and_concurrency_limit() -> None:
         assert sum(1 for a, e in zip(starts, ends, strict=True) if a <= t < e) <= 2
 
 
-def test_sharegpt_dataset_and_local_tokenizer() -> None:
+def test_sharegpt_dataset_and_local_tokenizer(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shared ShareGPT file (first turns only, no replies) gives prompts from its first
+    turns, each asking --output-len, and says so on stderr; a fixed length says nothing."""
     b = Behaviour(ttft=0.01, itl=0.001)
     with FakeServer(b) as s:
         cfg = ServeConfig(
@@ -187,6 +189,15 @@ def test_sharegpt_dataset_and_local_tokenizer() -> None:
     data = json.loads(SHAREGPT.read_text())
     firsts = {c["conversations"][0]["value"] for c in data}
     assert all(p in firsts for p in sent)
+    assert (
+        f"surge: note: {SHAREGPT} has no replies; every request asks --output-len 4"
+        in capsys.readouterr().err
+    )
+    with FakeServer(Behaviour()) as s:
+        run_serve(
+            ServeConfig(**{**cfg.__dict__, "base_url": s.url, "sharegpt_output_len": 4, "num_prompts": 1})
+        )
+    assert "no replies" not in capsys.readouterr().err
 
 
 def test_sharegpt_replies_give_the_output_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -474,3 +485,13 @@ def test_random_range_ratio_per_request_lengths_end_to_end(
         )
         assert bench_main(sharegpt) == 2
         assert "--random-range-ratio applies to --dataset random" in capsys.readouterr().err
+
+
+def test_a_base_url_ending_in_v1_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--base-url http://host:port/v1`` (the OpenAI client's base URL) reaches ``/v1/v1/models``:
+    the one-line error says that ``--base-url`` is the server's root and gives it."""
+    with FakeServer(Behaviour()) as s:
+        assert bench_main(_serve(s.url + "/v1", "--num-prompts", "1")) == 2
+    err = capsys.readouterr().err
+    assert "404" in err and f"(--base-url is the server's root: {s.url})" in err, err
+    assert "Traceback" not in err
