@@ -20,8 +20,9 @@ instances that violate it; ``tests/structured/test_schema_support.py`` repeats t
   proven disjoint (xgrammar then enforces ``anyOf``); an assertion next to ``$ref``, ``const``,
   ``enum``, ``anyOf``, ``oneOf`` or ``allOf`` (a ``type`` that every value already has is
   accepted); an assertion in a schema without ``type`` that xgrammar reads as "any value";
-  ``type: []``; a schema nested deeper than :data:`MAX_SCHEMA_DEPTH` or whose nesting costs more
-  than :data:`MAX_NESTING_COST` (enforceable, but too slow to compile).
+  ``type: []``; a schema nested deeper than :data:`MAX_SCHEMA_DEPTH`, with more than
+  :data:`MAX_SUBSCHEMAS` subschemas or whose nesting costs more than :data:`MAX_NESTING_COST`
+  (enforceable, but too slow to compile).
 - strings: ``pattern`` next to a supported ``format`` (a ``format`` outside
   :data:`SUPPORTED_FORMATS` is an annotation, as JSON Schema 2020-12 makes it by default); ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
   ``pattern`` with a feature of :func:`~surge.structured.regex_support.regex_problem`; patterns
@@ -129,6 +130,11 @@ its own). xgrammar's JSON-schema conversion takes time growing with that sum: 40
 ``anyOf`` (a 12 KB schema) took 4 s of the API process's grammar check on a 2-core machine, and
 at the limit it takes about 0.3 s. Nesting moved into ``$defs`` and reached by ``$ref`` costs
 nothing here."""
+MAX_SUBSCHEMAS = 20_000
+"""Most object subschemas a JSON schema may hold (the root included; ``$ref`` not followed).
+xgrammar's conversion time grows with their number even when the schema is flat: 100,000
+``anyOf`` branches (4 MiB) took 3.6 s of the API process's grammar check on a 2-core machine,
+20,000 about 0.5 s. (OpenAI's structured outputs allow 5,000 object properties in all.)"""
 _OBJECT_HINTS = ("properties", "additionalProperties", "unevaluatedProperties")
 _ONE_SUBSCHEMA = (
     "not",
@@ -207,17 +213,25 @@ def _too_deep(loc: tuple[str, ...]) -> ValueError:
 
 
 def _check_nesting(schema: Any) -> None:
-    """Refuse a schema deeper than :data:`MAX_SCHEMA_DEPTH` (following local ``$ref``) or whose
-    nesting costs more than :data:`MAX_NESTING_COST` to compile; linear in the schema's size."""
+    """Refuse a schema deeper than :data:`MAX_SCHEMA_DEPTH` (following local ``$ref``), with more
+    than :data:`MAX_SUBSCHEMAS` subschemas, or whose nesting costs more than
+    :data:`MAX_NESTING_COST` to compile; linear in the schema's size."""
     if not isinstance(schema, dict):
         return
     cost = 0
+    count = 0
     has_ref = False
     stack: list[tuple[dict[str, Any], tuple[str, ...], int]] = [(schema, (), 0)]
     while stack:  # the document's own tree, without following $ref
         node, loc, depth = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
             raise _too_deep(loc)
+        count += 1
+        if count > MAX_SUBSCHEMAS:
+            raise ValueError(
+                f"the schema has more than {MAX_SUBSCHEMAS:,} subschemas (anyOf branches, properties, "
+                f"items...; the one past the limit at {_short_pointer(loc)}): split the task or simplify the schema"
+            )
         cost += depth * depth
         if cost > MAX_NESTING_COST:
             raise ValueError(

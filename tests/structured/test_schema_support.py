@@ -928,3 +928,24 @@ def test_xgrammar_errors_are_cleaned_of_cpp_details() -> None:
     with pytest.raises(ValueError) as e:  # a compile failure the checks do not catch: still clean
         check_structured_outputs(StructuredOutputsParams(json='{"type": "number", "minimum": Infinity}'))
     assert ".cc" not in str(e.value) and "JSON string is" not in str(e.value)
+
+
+def test_flat_schemas_are_refused_past_max_subschemas() -> None:
+    """A flat schema's conversion still grows with its subschemas (100,000 anyOf branches with
+    patterns, 4 MiB: 3.6 s of the check): MAX_SUBSCHEMAS of them pass (the root counts), one
+    more is refused, naming where; $ref targets are counted where they stand, once."""
+    from surge.structured.schema_support import MAX_SUBSCHEMAS
+
+    def flat(n: int) -> dict[str, Any]:
+        return {"anyOf": [{"type": "string", "pattern": f"^a{i}$"} for i in range(n)]}
+
+    check_json_schema(flat(MAX_SUBSCHEMAS - 1))
+    with pytest.raises(ValueError, match=rf"more than {MAX_SUBSCHEMAS:,} subschemas .* at #/anyOf/"):
+        check_json_schema(flat(MAX_SUBSCHEMAS))
+    props = {
+        "type": "object",
+        "properties": {f"p{i}": {"$ref": "#/$defs/s"} for i in range(MAX_SUBSCHEMAS - 3)},
+    }
+    check_json_schema(
+        {**props, "$defs": {"s": {"type": "string"}}}
+    )  # the root, the $defs entry, the properties
