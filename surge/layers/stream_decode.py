@@ -456,10 +456,11 @@ class StreamDecode:
         return self.buf.down.to(torch.bfloat16).view(1, -1), self.buf.res_a.view(1, -1)
 
 
-def enable_stream_decode(model: Any, device: torch.device, tp_size: int) -> str | None:
+def enable_stream_decode(model: Any, device: torch.device, tp_size: int, kv_fp8: bool = False) -> str | None:
     """Give ``model.model`` (a decoder stack with ``layers`` and a ``stream_decode`` slot) a
-    :class:`StreamDecode` on the compiled kernel. Returns None when enabled, else why not (not
-    eligible, or the kernel did not compile here)."""
+    :class:`StreamDecode` on the compiled kernel: its build for FP8 KV caches if ``kv_fp8``
+    (the caches it will be bound to; :meth:`StreamDecode.bind` rebuilds it for other ones).
+    Returns None when enabled, else why not (not eligible, or the kernel did not compile here)."""
     stack = getattr(model, "model", None)
     if stack is None or not hasattr(stack, "stream_decode"):
         return "the model has no stream-decode path"
@@ -471,7 +472,7 @@ def enable_stream_decode(model: Any, device: torch.device, tp_size: int) -> str 
     if any(getattr(getattr(m, "quant_method", None), "emulate", False) for m in stack.modules()):
         return "the FP8 weights are emulated (a test mode)"
     try:
-        kernel = StreamDecodeKernel.compile(device)
+        kernel = StreamDecodeKernel.compile(device, kv_fp8=kv_fp8)
     except Exception as e:  # noqa: BLE001 - an optional fast path: any failure here leaves the Triton path
         # (no NVRTC library, an old GPU, a compile error, a failed self-test)
         return f"the kernel is not usable here: {e}"

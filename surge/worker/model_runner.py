@@ -247,7 +247,9 @@ class ModelRunner:
         )
         self.model = load_model(mc, self.device, tp_rank, self.tp_size)
         if config.uses_fp8 and config.stream_decode and self.device.type == "cuda":
-            why_not = enable_stream_decode(self.model, self.device, self.tp_size)
+            why_not = enable_stream_decode(
+                self.model, self.device, self.tp_size, kv_fp8=self.kv_cache_dtype == torch.float8_e4m3fn
+            )
             if why_not is None:
                 logger.info("start-up: one-token decode steps run the FP8 stream kernel")
             elif config.stream_attention is True:  # asked for, and it runs only inside that kernel
