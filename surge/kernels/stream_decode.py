@@ -20,7 +20,11 @@ fp16 products of an e4m3 weight (``|w| <= 448``) and an input cannot overflow) f
 ``rmsnorm(x) * norm_w`` with Hugging Face's bf16 roundings (:data:`KIND_NORM`,
 :data:`KIND_NORM_STATS`). The scale needs the largest value and the norm its sum of squares
 before any value is written: the STATS kinds read them from the previous phase (one pair per
-block), so their build is one pass over ``x`` with no block barrier.
+block), so their build is one pass over ``x``. Warp 0 alone reads those pairs and shares their
+sums after a block barrier: read by every warp of every block, the pairs' few L2 lines took
+``16 G`` requests each at once, and the builds took 2.2 us per layer longer (H200, Qwen3-8B:
+``stream_decode_bench.py`` 67.98 -> 65.77 us per layer; served C1/I32/O256 335.0 -> 344.8 tok/s,
+``benchmarks/results/h200-qwen3-8b-fp8/session30/``).
 
 Each finished row ends in an *epilogue* run by the warp's lane 0: store ``out`` to ``y``
 (:data:`EPI_NONE`); or add it to the residual, ``h = bf16(res_in + bf16(out))`` to ``res_out``
@@ -339,26 +343,37 @@ __device__ float build_x(const Phase& d, const unsigned short* xin, unsigned sho
   }
   float ss = 0.f, am = 0.f;
   if (kind >= 2) {
-    // all of a lane's loads issued before the first is used (one L2 round trip, not G / 32)
-    const float2* st = reinterpret_cast<const float2*>(d.stats_in);
-    float2 sv[STATS_UNROLL];
+    // warp 0 alone reads the previous phase's G statistics pairs and shares their sums: with every
+    // warp of every block reading them, their few L2 lines took 16 x G requests each at once
+    if (warp == 0) {
+      // all of a lane's loads issued before the first is used (one L2 round trip, not G / 32)
+      const float2* st = reinterpret_cast<const float2*>(d.stats_in);
+      float2 sv[STATS_UNROLL];
 #pragma unroll
-    for (int j = 0; j < STATS_UNROLL; ++j) {
-      const int c = lane + 32 * j;
-      sv[j] = c < G ? __ldcg(st + c) : make_float2(0.f, 0.f);
-    }
+      for (int j = 0; j < STATS_UNROLL; ++j) {
+        const int c = lane + 32 * j;
+        sv[j] = c < G ? __ldcg(st + c) : make_float2(0.f, 0.f);
+      }
 #pragma unroll
-    for (int j = 0; j < STATS_UNROLL; ++j) {
-      ss += sv[j].x;
-      am = fmaxf(am, sv[j].y);
+      for (int j = 0; j < STATS_UNROLL; ++j) {
+        ss += sv[j].x;
+        am = fmaxf(am, sv[j].y);
+      }
+      for (int c = lane + 32 * STATS_UNROLL; c < G; c += 32) {
+        const float2 v = __ldcg(st + c);
+        ss += v.x;
+        am = fmaxf(am, v.y);
+      }
+      ss = warp_sum(ss);
+      am = warp_max(am);
+      if (lane == 0) {
+        red[0] = ss;
+        red[NW] = am;
+      }
     }
-    for (int c = lane + 32 * STATS_UNROLL; c < G; c += 32) {
-      const float2 v = __ldcg(st + c);
-      ss += v.x;
-      am = fmaxf(am, v.y);
-    }
-    ss = warp_sum(ss);
-    am = warp_max(am);
+    block_sync();
+    ss = red[0];
+    am = red[NW];
   } else {
 #pragma unroll
     for (int j = 0; j < MAXV; ++j) {
