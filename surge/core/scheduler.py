@@ -295,7 +295,8 @@ class Scheduler:
         sampled tokens, finish requests.
 
         Stop checks, in order: EOS (unless ``ignore_eos``) or a stop token id, once at least
-        ``min_tokens`` tokens exist -> "stop"; ``max_tokens`` reached -> "length";
+        ``min_tokens`` tokens exist (at once for a request with ``structured_outputs`` or
+        ``allowed_token_ids``, whose constraints can leave the sampler no other token) -> "stop"; ``max_tokens`` reached -> "length";
         ``max_model_len`` reached -> "length". Requests that were aborted, preempted or
         finished since ``schedule`` are skipped (their token of this step is dropped).
 
@@ -335,7 +336,11 @@ class Scheduler:
             n_out = request.num_output_tokens
             status: RequestStatus | None = None
             stop_token: int | None = None
-            if n_out >= params.min_tokens and (
+            # Under min_tokens the sampler bans EOS and the stop ids unless the request's grammar or
+            # allowed_token_ids leave it no other token, so a constrained request that samples one
+            # anyway has ended (its grammar is complete): it stops instead of padding with EOS.
+            constrained = params.structured_outputs is not None or params.allowed_token_ids is not None
+            if (n_out >= params.min_tokens or constrained) and (
                 (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
             ):
                 status, stop_token = RequestStatus.FINISHED_STOPPED, token

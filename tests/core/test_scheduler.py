@@ -351,6 +351,20 @@ def test_min_tokens_suppresses_eos_stop() -> None:
     assert finals["a"].finish_reason == "stop" and r.num_output_tokens == 4
 
 
+def test_min_tokens_gives_way_to_constraints_that_leave_only_eos() -> None:
+    """A request whose allowed_token_ids (or grammar) left the sampler only EOS under min_tokens
+    stops at it ("stop", EOS counted once) instead of padding the output with EOS up to
+    min_tokens; an unconstrained one keeps min_tokens."""
+    sched = _make()
+    sched.add_request(_req("a", 5, max_tokens=10, min_tokens=6, allowed_token_ids=(7, EOS)))
+    sched.add_request(_req("b", 5, max_tokens=10, min_tokens=6))
+    reqs = {r.request_id: r for r in sched.waiting}
+    finals = _run(sched, lambda r: EOS if r.num_output_tokens >= 2 else 7)
+    assert finals["a"].finish_reason == "stop" and finals["a"].stop_token_id == EOS
+    assert reqs["a"].output_token_ids == [7, 7, EOS]
+    assert finals["b"].finish_reason == "stop" and reqs["b"].num_output_tokens == 6
+
+
 def test_stop_token_ids() -> None:
     sched = _make()
     sched.add_request(_req("a", 5, max_tokens=10, stop_token_ids=[9]))

@@ -215,3 +215,18 @@ def test_compile_thread_budget_leaves_the_cpus_to_the_engine() -> None:
     for cpus in range(1, 200):
         workers, threads = compile_thread_budget(cpus)
         assert 1 <= workers * threads <= max(1, cpus // 8)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_min_tokens_gives_way_to_a_finished_grammar(async_scheduling: bool) -> None:
+    """A choice grammar that ends before ``min_tokens`` stops the request at its EOS ("stop",
+    the EOS counted once) instead of padding the output with EOS tokens up to ``min_tokens``."""
+    llm = LLM(STORIES, device="cpu", async_scheduling=async_scheduling)
+    choice = StructuredOutputsParams(choice=["no"])
+    base = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=choice)
+    padded = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=6, structured_outputs=choice)
+    plain, with_min = (o.outputs[0] for o in llm.generate(["Once upon a time"] * 2, [base, padded]))
+    assert with_min.text == plain.text == "no"
+    assert with_min.finish_reason == plain.finish_reason == "stop"
+    assert with_min.token_ids == plain.token_ids
+    assert with_min.token_ids.count(with_min.token_ids[-1]) == 1
