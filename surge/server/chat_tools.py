@@ -60,6 +60,9 @@ class ChatPlan:
         single_call: ``parallel_tool_calls: false``: only the first call is returned (the
             ``required`` grammar allows one; under ``auto`` later calls are dropped, as vLLM).
         reasoning_gated: the grammar waits for ``</think>`` (the reasoning parser's ``gated``).
+        reasoning_field: the server has a reasoning parser, so a non-streamed message carries
+            ``reasoning_content`` (null) even when the request turned the parser off
+            (``chat_template_kwargs.enable_thinking: false``): one message shape per server.
     """
 
     tools: list[dict[str, Any]] | None
@@ -69,6 +72,7 @@ class ChatPlan:
     starts_in_reasoning: bool | None = None
     single_call: bool = False
     reasoning_gated: bool = False
+    reasoning_field: bool = False
 
     @property
     def reasoning(self) -> bool:
@@ -101,7 +105,10 @@ class ChatPlan:
         when the model called tools and stopped, except for a named ``tool_choice``: "stop")."""
         parser = self.new_parser()
         if parser is None:
-            return {"role": "assistant", "content": text}, finish_reason
+            msg: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning_field:
+                msg["reasoning_content"] = None
+            return msg, finish_reason
         d = parser.parse(text)
         calls: dict[int, dict[str, Any]] = {}
         for t in d.tool_calls:
@@ -118,8 +125,8 @@ class ChatPlan:
         # finished reasoning, or in one cut short), as vLLM gives it; a tool parser alone that
         # found no call gives the text as it is
         null = bool(calls) or self.reasoning or parser.in_reasoning
-        msg: dict[str, Any] = {"role": "assistant", "content": d.content or (None if null else "")}
-        if self.reasoning:
+        msg = {"role": "assistant", "content": d.content or (None if null else "")}
+        if self.reasoning or self.reasoning_field:
             msg["reasoning_content"] = d.reasoning or None
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
@@ -318,7 +325,16 @@ def plan_chat(
         else:
             starts_in_reasoning = False
     single = tools is not None and getattr(body, "parallel_tool_calls", None) is False
-    return ChatPlan(tools, structured, reasoning_cls, tool_parser, starts_in_reasoning, single, gated)
+    return ChatPlan(
+        tools,
+        structured,
+        reasoning_cls,
+        tool_parser,
+        starts_in_reasoning,
+        single,
+        gated,
+        reasoning_field=reasoning_parser is not None,
+    )
 
 
 def _single_token_id(tokenizer: Any, text: str) -> int | None:
