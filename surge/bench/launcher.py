@@ -18,11 +18,14 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 PID_HEADER = "X-Surge-Pid"
@@ -74,6 +77,28 @@ def port_in_use(host: str, port: int, timeout_s: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While active, SIGTERM raises ``SystemExit(143)`` in the main thread, so that ``finally``
+    blocks run (a launched server is stopped) instead of the process dying where it stands;
+    further SIGTERMs are ignored while it unwinds. A no-op off the main thread, where signal
+    handlers cannot be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ServerLauncher:

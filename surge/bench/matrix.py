@@ -26,6 +26,7 @@ matrix goes on) and stopped at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from surge.bench.launcher import ServerLauncher
+from surge.bench.launcher import ServerLauncher, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
 from surge.bench.results import write_result
 from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
@@ -427,6 +428,9 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     total = len(todo)
     t_start = time.monotonic()
     no_reset_said = False
+    stack = contextlib.ExitStack()
+    if launcher is not None:  # a SIGTERM stops the launched server too
+        stack.enter_context(sigterm_raises())
     try:
         if launcher is not None:
             launcher.start()
@@ -481,6 +485,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     finally:
         if launcher is not None:
             launcher.stop()
+        stack.close()
     rows = ordered_rows()
     if not summary:
         summary = _write_summary(mcfg, rows, info, command)

@@ -269,3 +269,34 @@ def test_matrix_roofline_in_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[st
     roof = point_roofline(shape, lookup_gpu("h200"), 2, 8, 4).output_throughput
     assert summary["points"][0]["roofline_output_throughput"] == pytest.approx(roof)
     capsys.readouterr()
+
+
+def test_sigterm_stops_the_launched_server(tmp_path: Path) -> None:
+    """SIGTERM to `surge bench matrix --launch` exits 143 and takes the server it launched down
+    with it (before, the server outlived the bench and kept its port)."""
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    port = free_port()
+    out = tmp_path / "m"
+    launch = f"{sys.executable} {FAKE} --port {port} --itl 0.05"
+    argv = [sys.executable, "-m", "surge.cli", "bench", "matrix", "--base-url", f"http://127.0.0.1:{port}"]
+    argv += ["--launch", launch, "--disable-tqdm", "--concurrency", "1", "--input-len", "8"]
+    argv += ["--output-len", "400", "--repeats", "5", "--output-dir", str(out), "--server-timeout", "60"]
+    bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    healthy = False
+    while time.monotonic() < deadline and not healthy:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                healthy = r.status == 200
+        except OSError:
+            time.sleep(0.2)
+    assert healthy, bench.communicate(timeout=5)[0]
+    time.sleep(1.0)  # a point is running
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=60) == 143
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
