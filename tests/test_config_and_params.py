@@ -173,3 +173,15 @@ def test_long_exact_type_lists_take_the_fast_path_with_the_same_result() -> None
     assert p.logit_bias == {5: 1.5, 6: -2.0}
     with pytest.raises(ValueError, match=r"^allowed_token_ids must be "):
         SamplingParams(allowed_token_ids=[*ids, True])
+
+
+def test_a_token_budget_no_step_can_use_is_lowered() -> None:
+    """``max_num_batched_tokens`` above ``max_num_seqs x max_model_len`` is lowered to it (a huge
+    value was allocated by the start-up profile until the kernel killed the engine); below, kept."""
+    from surge.engine.llm_engine import build_engine_config
+
+    huge = build_engine_config(None, max_num_batched_tokens=10**9, device="cpu")
+    sc = huge.scheduler
+    assert sc.max_num_batched_tokens == sc.max_num_seqs * sc.max_model_len
+    small = build_engine_config(None, max_num_seqs=2, max_num_batched_tokens=300, device="cpu")
+    assert small.scheduler.max_num_batched_tokens == 300

@@ -210,6 +210,14 @@ def set_parent_death_signal() -> None:
         pass
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: ``MemoryError`` (numpy's too), torch's
+    ``OutOfMemoryError``, or a CPU allocator's ``RuntimeError`` ("can't allocate memory")."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
@@ -275,6 +283,17 @@ def run_engine_core(
             exit_code = 2
             return
         except Exception as e:
+            if _out_of_memory(e):  # sizes asked for (KV blocks, sequences): one line, no traceback
+                message = (
+                    f"out of memory at start-up ({_one_line(e)}): lower --num-kv-blocks, --max-num-seqs, "
+                    "--max-num-batched-tokens or --max-model-len (or --gpu-memory-utilization)"
+                )
+                logger.error("engine start-up failed: %s", message)
+                logger.debug("engine start-up failed:\n%s", traceback.format_exc())
+                stops.stopping = True
+                out_sock.send(encoder.encode(EngineStartupError(message, user_error=True)))
+                exit_code = 2
+                return
             logger.error("engine start-up failed:\n%s", traceback.format_exc())
             stops.stopping = True
             out_sock.send(encoder.encode(EngineStartupError(_one_line(e))))

@@ -118,6 +118,16 @@ def build_engine_config(
         master_port=master_port,
         all_reduce=tp_all_reduce,
     )
+    # A step holds at most max_num_seqs requests of at most max_model_len tokens: a larger token
+    # budget can never be used, only allocated (the start-up profile runs a step that size)
+    useful = max_num_seqs * model_config.max_model_len if max_num_seqs >= 1 else max_num_batched_tokens
+    if max_num_batched_tokens > useful:
+        logger.info(
+            "max_num_batched_tokens %d lowered to %d (max_num_seqs x max_model_len): a step can hold no more",
+            max_num_batched_tokens,
+            useful,
+        )
+        max_num_batched_tokens = useful
     resolved = resolve_device(device)
     if async_scheduling is None:
         async_scheduling = resolved.startswith("cuda")

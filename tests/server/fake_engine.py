@@ -64,6 +64,16 @@ class FakeEngine:
         return SchedulerStats(n, 0, n / 64, 64 - n, 64, 0)
 
 
+class OutOfMemoryEngine:
+    """An engine whose construction runs out of memory, like a KV pool too large for the host."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 2048000000000 bytes. Error code 12 (Cannot allocate memory)"
+        )
+
+
 class BrokenEngine:
     """An engine whose construction fails, like a model folder with bad weights."""
 

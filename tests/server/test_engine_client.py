@@ -17,7 +17,7 @@ from surge.engine.client import EngineClient, EngineDeadError, EngineStartError
 from surge.engine.core_proc import RequestError
 from surge.sampling_params import SamplingParams
 from tests.server.conftest import REPO, pid_alive
-from tests.server.fake_engine import BrokenEngine, FakeEngine
+from tests.server.fake_engine import BrokenEngine, FakeEngine, OutOfMemoryEngine
 
 
 def _config() -> EngineConfig:
@@ -109,6 +109,19 @@ def test_engine_start_failure_is_one_line() -> None:
         client = EngineClient(_config(), engine_factory=BrokenEngine, log_level=40)
         with pytest.raises(EngineStartError, match="ValueError: weights file is corrupt$"):
             await client.start()
+
+    asyncio.run(main())
+
+
+def test_engine_out_of_memory_at_start_up_is_a_user_error() -> None:
+    """An allocation that fails at start-up (a huge --num-kv-blocks or --max-num-seqs) is one line
+    naming the sizing flags, a user error (exit code 2 for the CLI), not a traceback."""
+
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=OutOfMemoryEngine, log_level=40)
+        with pytest.raises(EngineStartError, match="^out of memory at start-up .*--num-kv-blocks") as info:
+            await client.start()
+        assert info.value.user_error and "\n" not in str(info.value)
 
     asyncio.run(main())
 
