@@ -67,6 +67,8 @@ def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "-
     """
     if model is None:
         return
+    if not model.strip():
+        raise CliError(f"{flag} is empty (give {MODEL_FILES_HINT})")
     path = Path(model)
     if not path.exists():
         parts = model.split("/")

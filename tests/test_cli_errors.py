@@ -40,6 +40,7 @@ def _one_line_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
 @pytest.mark.parametrize("command", [["serve"], ["generate", "--prompt", "x"]])
 def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     _one_line_error(_surge(*command, "--model", str(tmp_path / "nope")), "--model", "no such folder")
+    _one_line_error(_surge(*command, "--model", ""), "--model is empty")
     _one_line_error(_surge(*command, "--model", "Qwen/Qwen3-8B"), "local folders only", "--model DIR")
     f = tmp_path / "file"
     f.write_text("x")

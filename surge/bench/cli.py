@@ -353,6 +353,11 @@ def _check_output_file(path: Path, flag: str) -> None:
     if path.is_dir():
         example = path / ("result.json" if flag == "--result-file" else "change.png")
         raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. {example})")
+    from surge.bench.results import file_in_the_way
+
+    blocker = file_in_the_way(path.parent)
+    if blocker is not None:
+        raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -488,6 +493,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--tie-pct must be >= 0 (a percent), got {args.tie_pct}")
     if args.plot:  # before any work, so a bad path is one line, not a traceback after the table
         _check_output_file(Path(args.plot), "--plot")
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        ext = Path(args.plot).suffix.lstrip(".").lower()
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if ext and ext not in formats:
+            raise ValueError(
+                f"--plot {args.plot}: .{ext} is not an image format (give one of {', '.join(sorted(formats))})"
+            )
     base, new = load_points(args.base), load_points(args.new)
     check_metric(args.metric, base, new)
     cmp = compare_points(base, new, args.metric, tie_pct=args.tie_pct)

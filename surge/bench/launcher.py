@@ -62,7 +62,11 @@ def command_port(argv: list[str]) -> int | None:
 def check_launch_port(command: str, base_url: str) -> None:
     """Raise ValueError when the ``--launch`` command's ``--port`` differs from ``--base-url``'s."""
     _, port = url_host_port(base_url)
-    launch_port = command_port(shlex.split(command))
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:  # an unbalanced quote
+        raise ValueError(f"--launch {command!r}: {e}") from None
+    launch_port = command_port(argv)
     if launch_port is not None and launch_port != port:
         raise ValueError(
             f"--launch starts the server on port {launch_port} but --base-url {base_url} uses port {port}; "
@@ -112,7 +116,10 @@ class ServerLauncher:
     """
 
     def __init__(self, command: str, base_url: str, health_timeout_s: float, log_path: Path) -> None:
-        self.argv = shlex.split(command)
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as e:  # an unbalanced quote
+            raise ValueError(f"--launch {command!r}: {e}") from None
         if not self.argv:
             raise ValueError("--launch command is empty")
         self.base_url = base_url.rstrip("/")

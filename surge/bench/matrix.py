@@ -41,7 +41,7 @@ import numpy as np
 
 from surge.bench.launcher import ServerLauncher, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
-from surge.bench.results import write_result
+from surge.bench.results import file_in_the_way, write_result
 from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
 from surge.bench.tokens import TokenCounter
 
@@ -76,8 +76,11 @@ PRESETS = {"official-8b": official_8b_points}
 
 def parse_int_list(text: str, flag: str) -> list[int]:
     """``"1,4,16"`` -> ``[1, 4, 16]``. Raises ValueError naming ``flag`` on a bad or non-positive value."""
+    items = text.split(",")
+    if len(items) > 1 and not all(x.strip() for x in items):
+        raise ValueError(f"{flag} has an empty item in {text!r} (give comma-separated integers, e.g. 1,4,16)")
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in items if x.strip()]
     except ValueError:
         raise ValueError(f"{flag} expects comma-separated integers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
@@ -390,12 +393,17 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     out = mcfg.output_dir
     if mcfg.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {mcfg.repeats}")
+    if not (mcfg.server_timeout_s > 0 and math.isfinite(mcfg.server_timeout_s)):
+        raise ValueError(f"--server-timeout must be > 0 and finite (seconds), got {mcfg.server_timeout_s}")
     if mcfg.points:
         point_seed(mcfg.serve.seed, mcfg.points[0])  # a bad seed fails here, before any server start
+    blocker = file_in_the_way(out)
+    if blocker is not None:
+        raise ValueError(f"--output-dir {out}: {blocker} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"--output-dir {out}: {e}") from None
+        raise ValueError(f"--output-dir {out}: {e.strerror or e}") from None
     previous = _previous_rows(mcfg) if mcfg.resume else {}
     todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
     if previous:

@@ -43,6 +43,15 @@ def _round_times(value: Any) -> Any:
     return value
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The first of ``folder`` and its parents that exists as something other than a folder
+    (so that ``folder`` cannot be made), or None."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
 def write_result(out_dir: Path, stem: str, result: dict[str, Any]) -> str:
     """Write ``stem.json`` (scalars) and, when the result has per-request lists,
     ``stem.requests.json.gz`` (times rounded to 1 us); returns the name of the JSON file."""

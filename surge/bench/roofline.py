@@ -143,7 +143,11 @@ class ModelShape:
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read ``config.json`` from a model folder (or the file itself). Raises ValueError if absent/bad."""
+    if str(path) == "":
+        raise ValueError("the model path is empty: give a model folder or its config.json")
     p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{path}: no such folder or file (give a model folder or its config.json)")
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():

@@ -240,6 +240,7 @@ def test_bad_plot_tie_and_metric_are_one_line(
     for extra, words in (
         (["--plot", str(tmp_path)], "--plot"),
         (["--plot", str(blocker / "x.png")], "--plot"),
+        (["--plot", str(tmp_path / "out.txt")], ".txt is not an image format"),
         (["--tie-pct", "-1"], "--tie-pct must be >= 0"),
         (["--metric", "failed"], "unknown --metric 'failed'"),
     ):

@@ -34,7 +34,7 @@ def test_official_preset() -> None:
                 assert (c, i, o) in keys
     assert grid_points([1, 2], [3], [4, 5])[1].stem == "C1_I3_O5"
     assert parse_int_list("1, 4,16", "--c") == [1, 4, 16]
-    for bad in ("", "a", "0", "1,-2"):
+    for bad in ("", "a", "0", "1,-2", "1,,2", "1,2,"):
         with pytest.raises(ValueError):
             parse_int_list(bad, "--c")
 
@@ -300,3 +300,38 @@ def test_sigterm_stops_the_launched_server(tmp_path: Path) -> None:
     assert bench.wait(timeout=60) == 143
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_output_dir_under_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    argv = ["bench", "matrix", "--base-url", "http://127.0.0.1:1", "--concurrency", "1", "--input-len", "8"]
+    rc = bench_main([*argv, "--output-len", "4", "--output-dir", str(blocker / "sub")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--output-dir {blocker / 'sub'}: {blocker} is a file, not a folder" in err, err
+
+
+def test_launch_and_server_timeout_mistakes_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "bench",
+        "matrix",
+        "--base-url",
+        "http://127.0.0.1:18125",
+        "--concurrency",
+        "1",
+        "--input-len",
+        "8",
+    ]
+    argv += ["--output-len", "4", "--output-dir", str(tmp_path / "m")]
+    for extra, words in (
+        (
+            ["--launch", "surge serve --port '18125"],
+            '--launch "surge serve --port \'18125": No closing quotation',
+        ),
+        (["--launch", "surge serve --port 18125", "--server-timeout", "0"], "--server-timeout must be > 0"),
+    ):
+        rc = bench_main([*argv, *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and words in err and err.count("\n") == 1, err

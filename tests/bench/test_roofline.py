@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import BUNDLED_MODEL, QWEN3_8B, SHARED, bench_main
 
@@ -180,3 +182,12 @@ def test_tensor_parallel_halves_reads_and_adds_link_traffic() -> None:
         point_roofline(two, H200, 1, 256, 1024)
     sixteen = model_shape(cfg, tensor_parallel_size=16)  # more GPUs than KV heads: one head each
     assert sixteen.kv_bytes_per_token == one.kv_bytes_per_token // 8
+
+
+def test_load_config_names_a_missing_or_empty_path(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such folder or file"):
+        load_config(tmp_path / "nope")
+    with pytest.raises(ValueError, match="empty"):
+        load_config("")
+    with pytest.raises(ValueError, match="no config.json"):
+        load_config(tmp_path)

@@ -361,11 +361,11 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
     with FakeServer(behaviour) as s:
         for extra, words in (
             (("--result-file", str(tmp_path)), "is a directory"),
-            (("--result-file", str(blocker / "r.json")), "--result-file"),
+            (("--result-file", str(blocker / "r.json")), f"{blocker} is a file, not a folder"),
             (("--request-timeout", "0"), "--request-timeout must be > 0"),
             (("--request-timeout", "-1"), "--request-timeout must be > 0"),
             (("--request-timeout", "inf"), "--request-timeout must be > 0 and finite"),
-            (("--gpu", "h200", "--model-config", str(tmp_path / "nope")), "no config.json"),
+            (("--gpu", "h200", "--model-config", str(tmp_path / "nope")), "no such folder or file"),
             (("--output-len", "0"), "--output-len must be >= 1"),  # was run at 256 tokens
             (("--seed", "-5"), "--seed must be >= 0"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
