@@ -83,8 +83,9 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help="JSON object merged into every request body, e.g. '{\"top_k\": 1}'; its fields that change "
-        "the prompt's tokens (chat_template_kwargs, add_special_tokens, ...) count in --input-len "
-        "(default: none)",
+        "the prompt's tokens (chat_template_kwargs, add_special_tokens, ...) count in --input-len; "
+        "the fields the benchmark sends itself (model, messages/prompt, max_tokens, "
+        "max_completion_tokens, stream, stream_options) are refused (default: none)",
     )
     p.add_argument(
         "--label",

@@ -45,6 +45,20 @@ WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than 
 WARMUP_MAX_OUTPUT = 32
 
 
+_OWN_FIELDS: dict[str, str] = {
+    "model": "give --model",
+    "messages": "the prompts come from --dataset",
+    "prompt": "the prompts come from --dataset",
+    "max_tokens": "give --output-len",
+    "max_completion_tokens": "give --output-len",
+    "stream": "it always streams (TTFT and ITL are measured on the stream)",
+    "stream_options": "it always asks for usage",
+}
+"""Request fields the client sets (:func:`surge.bench.client.build_payload`) that ``--extra-body``
+may not replace: a body would otherwise carry two lengths (the server takes
+``max_completion_tokens``), or stop streaming."""
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything one benchmark run needs. Lengths in tokens, times in seconds, rate in requests/s."""
@@ -133,6 +147,10 @@ class ServeConfig:
             raise ValueError("--warmup must be >= 0")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        for key in sorted(set(self.extra_body or ()) & set(_OWN_FIELDS)):
+            raise ValueError(
+                f"--extra-body sets {key!r}, which the benchmark sends itself: {_OWN_FIELDS[key]}"
+            )
         prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose
             model_shape(

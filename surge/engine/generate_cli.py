@@ -54,8 +54,10 @@ def run_generate(args: argparse.Namespace) -> int:
     Raises:
         CliError: a bad model folder (checked before torch is imported).
     """
-    from surge.cli import check_model_dir
+    from surge.cli import CliError, check_model_dir
 
+    if args.max_tokens < 1:  # as the server answers max_tokens 0 (an empty completion is no answer)
+        raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     check_model_dir(args.model, args.load_format)
     from surge.engine.llm import LLM
     from surge.sampling_params import SamplingParams

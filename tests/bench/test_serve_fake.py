@@ -367,6 +367,8 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--request-timeout", "inf"), "--request-timeout must be > 0 and finite"),
             (("--gpu", "h200", "--model-config", str(tmp_path / "nope")), "no such folder or file"),
             (("--output-len", "0"), "--output-len must be >= 1"),  # was run at 256 tokens
+            (("--extra-body", '{"max_tokens": 3}'), "--extra-body sets 'max_tokens'"),  # had no effect
+            (("--extra-body", '{"stream": false}'), "--extra-body sets 'stream'"),
             (("--seed", "-5"), "--seed must be >= 0"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
             (

@@ -128,6 +128,7 @@ def test_generate_cli_prints_golden_text() -> None:
     [
         ["generate", "--model", "/nonexistent/model", "--prompt", "x"],
         ["generate", "--prompt", "x", "--max-tokens", "zero"],
+        ["generate", "--prompt", "x", "--max-tokens", "0"],  # printed an empty line, exit 0
         ["generate", "--prompt", "x", "--temperature", "-1"],
         ["generate"],
     ],
