@@ -152,21 +152,29 @@ class ModelConfig:
         if dtype == "auto":
             hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
             dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"
-        try:
-            num_heads = int(hf["num_attention_heads"])
-            hidden = int(hf["hidden_size"])
-            cfg_max_len = int(hf.get("max_position_embeddings", 2048))
-            values = dict(
-                vocab_size=int(hf["vocab_size"]),
-                hidden_size=hidden,
-                num_hidden_layers=int(hf["num_hidden_layers"]),
-                num_attention_heads=num_heads,
-                num_key_value_heads=int(hf.get("num_key_value_heads") or num_heads),
-                head_dim=int(hf.get("head_dim") or hidden // num_heads),
-                intermediate_size=int(hf["intermediate_size"]),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"model: {cfg_path} lacks a valid field: {e}") from e
+        def positive(name: str, default: Any = None) -> int:
+            """``hf[name]`` (or ``default`` when absent or null) as a positive integer."""
+            value = hf.get(name)
+            if value is None:
+                value = default
+            if value is None:
+                raise ValueError(f"model: {cfg_path} lacks {name}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
+                raise ValueError(f"model: {cfg_path}: {name} must be a positive integer, got {value!r}")
+            return int(value)
+
+        num_heads = positive("num_attention_heads")
+        hidden = positive("hidden_size")
+        cfg_max_len = positive("max_position_embeddings", 2048)
+        values = dict(
+            vocab_size=positive("vocab_size"),
+            hidden_size=hidden,
+            num_hidden_layers=positive("num_hidden_layers"),
+            num_attention_heads=num_heads,
+            num_key_value_heads=positive("num_key_value_heads", num_heads),
+            head_dim=positive("head_dim", hidden // num_heads),
+            intermediate_size=positive("intermediate_size"),
+        )
         if max_model_len is None:
             max_model_len = cfg_max_len
         _require(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -185,3 +186,32 @@ def test_a_token_budget_no_step_can_use_is_lowered() -> None:
     assert sc.max_num_batched_tokens == sc.max_num_seqs * sc.max_model_len
     small = build_engine_config(None, max_num_seqs=2, max_num_batched_tokens=300, device="cpu")
     assert small.scheduler.max_num_batched_tokens == 300
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("num_attention_heads", 0, "num_attention_heads must be a positive integer, got 0"),
+        ("num_hidden_layers", "five", "num_hidden_layers must be a positive integer, got 'five'"),
+        ("hidden_size", None, "lacks hidden_size"),
+        ("vocab_size", True, "vocab_size must be a positive integer"),
+    ],
+)
+def test_config_fields_are_named_when_invalid(tmp_path: Any, field: str, value: Any, words: str) -> None:
+    """A bad config.json field is named (a zero head count was blamed on the tokenizer, a string
+    layer count said only "invalid literal for int()")."""
+    import json
+    import shutil
+
+    from surge.config import DEFAULT_MODEL_DIR
+
+    folder = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    if value is None:
+        cfg.pop(field)
+    else:
+        cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=words):
+        ModelConfig.from_pretrained(str(folder))
