@@ -152,6 +152,7 @@ class ModelConfig:
         if dtype == "auto":
             hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
             dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"
+
         def positive(name: str, default: Any = None) -> int:
             """``hf[name]`` (or ``default`` when absent or null) as a positive integer."""
             value = hf.get(name)
@@ -159,7 +160,12 @@ class ModelConfig:
                 value = default
             if value is None:
                 raise ValueError(f"model: {cfg_path} lacks {name}")
-            if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or value != int(value)
+                or value < 1
+            ):
                 raise ValueError(f"model: {cfg_path}: {name} must be a positive integer, got {value!r}")
             return int(value)
 

@@ -98,8 +98,8 @@ def resolve_hardware(
     """
     base = lookup_gpu(gpu) if gpu else None
     for flag, v in (("--hbm-bandwidth", hbm_bandwidth), ("--peak-flops", peak_flops)):
-        if v is not None and not v > 0:
-            raise ValueError(f"{flag} must be > 0, got {v}")
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{flag} must be > 0 and finite, got {v}")
     if base is None:
         if hbm_bandwidth is None and peak_flops is None:
             return None
@@ -122,8 +122,8 @@ def with_link_bandwidth(hw: Hardware, link_bandwidth: float | None) -> Hardware:
     """
     if link_bandwidth is None:
         return hw
-    if not link_bandwidth > 0:
-        raise ValueError(f"--link-bandwidth must be > 0, got {link_bandwidth}")
+    if not (link_bandwidth > 0 and math.isfinite(link_bandwidth)):
+        raise ValueError(f"--link-bandwidth must be > 0 and finite, got {link_bandwidth}")
     return Hardware(hw.name, hw.hbm_bandwidth, hw.peak_flops, link_bandwidth)
 
 

@@ -69,7 +69,8 @@ def test_hardware_resolution() -> None:
     assert resolve_hardware(None, None, None) is None
     assert resolve_hardware("h200", 5e12, None).hbm_bandwidth == 5e12
     assert resolve_hardware(None, 1e12, 1e14).name == "custom"
-    for args in (("tpu-v9", None, None), (None, 1e12, None), (None, -1.0, 1e14)):
+    inf = float("inf")  # a ceiling of 0 ms per step was printed
+    for args in (("tpu-v9", None, None), (None, 1e12, None), (None, -1.0, 1e14), ("h200", inf, None)):
         with pytest.raises(ValueError):
             resolve_hardware(*args)
 
