@@ -433,7 +433,9 @@ class LLMEngine:
         model_output = self.runner.execute(scheduler_output)
         if scheduler_output.is_empty:
             return []
-        return self.scheduler.update(scheduler_output, model_output)
+        return self._unfinished_grammars(
+            scheduler_output, self.scheduler.update(scheduler_output, model_output)
+        )
 
     def _step_async(self) -> list[EngineOutput]:
         outputs: list[EngineOutput] = []
@@ -469,7 +471,41 @@ class LLMEngine:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return []
-        return self.scheduler.update(in_flight.scheduler_output, in_flight.handle.result())
+        so = in_flight.scheduler_output
+        return self._unfinished_grammars(so, self.scheduler.update(so, in_flight.handle.result()))
+
+    def _unfinished_grammars(self, so: SchedulerOutput, outputs: list[EngineOutput]) -> list[EngineOutput]:
+        """``outputs`` less those that end a request with a stop token its grammar rejected, which
+        become request errors (:meth:`take_request_errors`) instead of a "stop".
+
+        Such a grammar had reached a dead end (no token can continue it: an impossible pattern or
+        schema), so the sampler gave way and the output is not what the request asked for; a
+        grammar that ends at a stop token it accepts, or a user stop id it allows, is a "stop"."""
+        structured = self._structured
+        if structured is None or not structured.grammars:
+            return outputs
+        kept: list[EngineOutput] = []
+        by_id: dict[str, Request] | None = None
+        for out in outputs:
+            g = structured.grammars.get(out.request_id) if out.finish_reason == "stop" else None
+            if g is not None:
+                if by_id is None:
+                    by_id = {s.request.request_id: s.request for s in so.scheduled}
+                request = by_id.get(out.request_id)
+                if request is not None:
+                    g.catch_up(request.output_token_ids)
+                    if g.active and g.failed:
+                        self._request_errors.append(
+                            (
+                                out.request_id,
+                                "structured output: no token can continue the grammar after "
+                                f"{request.num_output_tokens - 1} generated tokens (a pattern, schema or grammar "
+                                "that nothing satisfies from there)",
+                            )
+                        )
+                        continue
+            kept.append(out)
+        return kept
 
     def finish_in_flight(self) -> list[EngineOutput]:
         """Wait for the step in flight (asynchronous scheduling), if any, and apply it now

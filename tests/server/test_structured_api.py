@@ -308,3 +308,31 @@ def test_negative_lengths_are_a_400_naming_the_field_and_the_keyword(server: Ser
         err = r.json()["error"]
         assert err["param"] == param and keyword in err["message"], err
         assert "Check failed" not in err["message"] and ".cc" not in err["message"], err
+
+
+def test_a_schema_nothing_satisfies_is_a_400_not_a_stop(client: openai.OpenAI, server: Server) -> None:
+    """A string pattern no character matches: the output was '"' with finish_reason "stop" (invalid
+    JSON); now a 400 naming the dead end, streamed as an error event, and the server keeps serving."""
+    import httpx
+
+    rf = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[^\\s\\S]"}},
+    }
+    body = {
+        "model": client.models.list().data[0].id,
+        "messages": MSGS,
+        "max_tokens": 20,
+        "response_format": rf,
+    }
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "no token can continue the grammar" in r.json()["error"]["message"], (
+        r.text
+    )
+    with httpx.stream(
+        "POST", server.url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60
+    ) as s:
+        events = [line for line in s.iter_lines() if line.startswith("data:")]
+    assert "no token can continue the grammar" in events[-1], events  # an error event ends the stream
+    ok = client.chat.completions.create(model=body["model"], messages=MSGS, max_tokens=3)  # type: ignore[arg-type]
+    assert ok.choices[0].finish_reason in ("stop", "length")

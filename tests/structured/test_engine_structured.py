@@ -230,3 +230,21 @@ def test_min_tokens_gives_way_to_a_finished_grammar(async_scheduling: bool) -> N
     assert with_min.finish_reason == plain.finish_reason == "stop"
     assert with_min.token_ids == plain.token_ids
     assert with_min.token_ids.count(with_min.token_ids[-1]) == 1
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_grammar_at_a_dead_end_is_an_error_not_a_stop(async_scheduling: bool) -> None:
+    """A regex that no token can continue after "a" ended with EOS and "stop" (the sampler gave
+    way, the output broke the constraint); now the request fails, naming the grammar. A grammar
+    that completes still stops normally, and the engine keeps serving."""
+    llm = LLM(STORIES, device="cpu", async_scheduling=async_scheduling)
+    dead = SamplingParams(
+        temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex=r"a[^\s\S]")
+    )
+    with pytest.raises(ValueError, match="no token can continue the grammar"):
+        llm.generate(["Once upon a time"], dead)
+    ok = SamplingParams(
+        temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["yes"])
+    )
+    out = llm.generate(["Once upon a time"], ok)[0].outputs[0]
+    assert out.text == "yes" and out.finish_reason == "stop"
