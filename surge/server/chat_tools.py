@@ -216,8 +216,9 @@ def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
-    ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name and,
-    if given, an object ``parameters``.
+    ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
+    tool has and, if given, ``parameters`` that are an object schema (``"type": "object"`` or no
+    type).
 
     Raises:
         ApiError: a 400 naming ``tools`` for anything else.
@@ -238,9 +239,20 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise bad_request(f"tools[{i}].function.name must be a non-empty string", param="tools")
+        if name in names:  # calls could not say which definition they meant
+            raise bad_request(
+                f"tools[{i}].function.name {name!r} is already the name of another tool", param="tools"
+            )
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
+        if isinstance(params, dict) and params.get("type", "object") != "object":
+            # arguments are a JSON object (OpenAI refuses other schemas): a string or array schema
+            # gave arguments that callers cannot pass as keyword arguments
+            raise bad_request(
+                f'tools[{i}].function.parameters must have "type": "object", got {params.get("type")!r}',
+                param="tools",
+            )
         names.add(name)
     return tools
 

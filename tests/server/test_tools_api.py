@@ -341,6 +341,13 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
             "tools",
         ),
         (client, {"tools": deep, "tool_choice": "required"}, "tools"),  # was a 500 (RecursionError)
+        # arguments that are not an object, and two tools of one name, were accepted
+        (
+            client,
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+            "tools",
+        ),
+        (client, {"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
     ]
     for c, extra, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
