@@ -214,6 +214,10 @@ def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
     return merged
 
 
+_FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
+"""The fields of an OpenAI function definition (``tools[].function``)."""
+
+
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
     ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
@@ -235,6 +239,12 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
         ):
             raise bad_request(
                 f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', param="tools"
+            )
+        unknown = sorted(set(fn) - _FUNCTION_KEYS)
+        if unknown:  # would be ignored
+            raise bad_request(
+                f"tools[{i}].function has an unknown field {unknown[0]!r} (known: {', '.join(sorted(_FUNCTION_KEYS))})",
+                param="tools",
             )
         name = fn.get("name")
         if not isinstance(name, str) or not name:

@@ -95,9 +95,10 @@ def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
                 "response_format.json_schema needs a 'schema'", param="response_format.json_schema.schema"
             )
         name = spec.get("name")
-        if name is not None and not isinstance(name, str):
+        if not isinstance(name, str) or not name:  # required by OpenAI and vLLM
             raise bad_request(
-                "response_format.json_schema.name must be a string", param="response_format.json_schema.name"
+                "response_format.json_schema.name must be a non-empty string (the schema's name)",
+                param="response_format.json_schema.name",
             )
         return StructuredOutputsParams(json=_json_text(schema, "response_format.json_schema.schema"))
     raise bad_request(

@@ -57,10 +57,16 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
         CHAT,
         {
             "messages": MSGS,
-            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "x"}}},
         },
         400,
         "schema",
+    ),
+    (
+        CHAT,
+        {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        400,
+        "name",
     ),
     (CHAT, {"messages": MSGS, "response_format": {"type": "xml"}}, 400, "response_format"),
     (CHAT, {"messages": MSGS, "response_format": "json"}, 400, "response_format"),

@@ -138,7 +138,7 @@ def test_structured_outputs_and_guided_on_completions(client: openai.OpenAI, ser
             "response_format.json_schema.strict",
         ),
         (
-            {"type": "json_schema", "json_schema": {"schema": {}, "description": 5}},
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "description": 5}},
             "response_format.json_schema.description",
         ),
     ],

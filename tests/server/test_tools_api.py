@@ -348,6 +348,11 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
             "tools",
         ),
         (client, {"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+        (
+            client,
+            {"tools": [{"type": "function", "function": {"name": "f", "foo": 1}}]},
+            "tools",
+        ),  # was ignored
     ]
     for c, extra, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
