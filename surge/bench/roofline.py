@@ -187,8 +187,18 @@ def model_shape(
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         inter = int(cfg["intermediate_size"])
         vocab = int(cfg["vocab_size"])
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"config.json lacks a field the roofline needs: {e}") from None
+    for name, value in (
+        ("hidden_size", hidden),
+        ("num_hidden_layers", layers),
+        ("num_attention_heads", heads),
+        ("num_key_value_heads", kv_heads),
+        ("intermediate_size", inter),
+        ("vocab_size", vocab),
+    ):
+        if value < 1:  # surge serve refuses such a config too
+            raise ValueError(f"config.json: {name} must be a positive integer, got {value}")
     tp = tensor_parallel_size
     # the split surge serve accepts (surge.config.check_tensor_parallel): no ceiling for one it refuses
     if tp > 1 and (heads % tp or inter % tp or (kv_heads % tp if tp < kv_heads else tp % kv_heads)):

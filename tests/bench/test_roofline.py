@@ -192,3 +192,10 @@ def test_load_config_names_a_missing_or_empty_path(tmp_path: Path) -> None:
         load_config("")
     with pytest.raises(ValueError, match="no config.json"):
         load_config(tmp_path)
+
+
+def test_a_config_with_zero_heads_is_refused() -> None:
+    """It printed a full table of ceilings; serving refuses such a config."""
+    cfg = {**load_config(QWEN3_8B), "num_attention_heads": 0}
+    with pytest.raises(ValueError, match="num_attention_heads must be a positive integer, got 0"):
+        model_shape(cfg)
