@@ -147,9 +147,10 @@ class ServeConfig:
             raise ValueError("--warmup must be >= 0")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
-        for key in sorted(set(self.extra_body or ()) & set(_OWN_FIELDS)):
+        clash = sorted(set(self.extra_body or ()) & set(_OWN_FIELDS))
+        if clash:
             raise ValueError(
-                f"--extra-body sets {key!r}, which the benchmark sends itself: {_OWN_FIELDS[key]}"
+                f"--extra-body sets {clash[0]!r}, which the benchmark sends itself: {_OWN_FIELDS[clash[0]]}"
             )
         prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose

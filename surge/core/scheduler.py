@@ -296,9 +296,10 @@ class Scheduler:
 
         Stop checks, in order: EOS (unless ``ignore_eos``) or a stop token id, once at least
         ``min_tokens`` tokens exist (at once for a request with ``structured_outputs`` or
-        ``allowed_token_ids``, whose constraints can leave the sampler no other token) -> "stop"; ``max_tokens`` reached -> "length";
-        ``max_model_len`` reached -> "length". Requests that were aborted, preempted or
-        finished since ``schedule`` are skipped (their token of this step is dropped).
+        ``allowed_token_ids``, whose constraints can leave the sampler no other token) -> "stop";
+        ``max_tokens`` reached -> "length"; ``max_model_len`` reached -> "length". Requests that
+        were aborted, preempted or finished since ``schedule`` are skipped (their token of this
+        step is dropped).
 
         Returns:
             One output per request that got a token this step, in schedule order.
@@ -339,9 +340,12 @@ class Scheduler:
             # Under min_tokens the sampler bans EOS and the stop ids unless the request's grammar or
             # allowed_token_ids leave it no other token, so a constrained request that samples one
             # anyway has ended (its grammar is complete): it stops instead of padding with EOS.
-            constrained = params.structured_outputs is not None or params.allowed_token_ids is not None
-            if (n_out >= params.min_tokens or constrained) and (
+            if (
                 (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+            ) and (
+                n_out >= params.min_tokens
+                or params.structured_outputs is not None
+                or params.allowed_token_ids is not None
             ):
                 status, stop_token = RequestStatus.FINISHED_STOPPED, token
             elif n_out >= params.max_tokens or request.num_tokens >= max_len:
