@@ -435,6 +435,7 @@ def compile_probe(mt: int, bf16: bool, warp_build: bool, smem: int) -> object:
 
 
 def main() -> None:
+    """Parse the flags (see the module docstring) and run every variant asked for."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--reps", type=int, default=30)
