@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.generation_defaults import load_sampling_defaults
-from surge.quant.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, Fp8Config, parse_fp8_config
+from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
 """The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
@@ -254,10 +254,7 @@ class CacheConfig:
             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
         )
         _require(self.cpu_kv_cache_bytes > 0, "cpu_kv_cache_bytes must be positive")
-        _require(
-            self.kv_cache_dtype in KV_CACHE_DTYPES,
-            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
-        )
+        object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
 
 
 @dataclass(frozen=True)
@@ -456,15 +453,16 @@ class EngineConfig:
         check_tensor_parallel(self.model, self.parallel.tensor_parallel_size)
         if self.device == "cpu" and self.uses_fp8 and not self.fp8_emulation:
             fp8 = self.model.fp8_config
-            what = (
-                "this model is an FP8 checkpoint (its config.json has quantization_config "
-                "quant_method 'fp8'), and fp8"
-                if fp8 is not None and fp8.from_checkpoint
-                else "fp8"
-            )
+            asked = []
+            if fp8 is not None and fp8.from_checkpoint:
+                asked.append("this FP8 checkpoint (config.json: quantization_config.quant_method 'fp8')")
+            elif self.model.quantization == "fp8":
+                asked.append("quantization fp8 (--quantization fp8)")
+            if self.cache.kv_cache_dtype == "fp8":
+                asked.append("kv_cache_dtype fp8 (--kv-cache-dtype fp8)")
             raise ValueError(
-                f"{what} (quantization or kv_cache_dtype) needs a CUDA GPU of compute capability >= 8.9; "
-                "FP8 on CPU is not supported (LLM(..., fp8_emulation=True) is a CPU test mode)"
+                f"{' and '.join(asked)} need{'s' if len(asked) == 1 else ''} a CUDA GPU of compute capability "
+                ">= 8.9; FP8 does not run on CPU (LLM(..., fp8_emulation=True) emulates it there, for tests)"
             )
         _require(
             not self.fp8_emulation or self.device == "cpu",

@@ -215,3 +215,19 @@ def test_config_fields_are_named_when_invalid(tmp_path: Any, field: str, value: 
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=words):
         ModelConfig.from_pretrained(str(folder))
+
+
+def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
+    """vLLM's ``fp8_e4m3`` is Surge's ``fp8`` (its FP8 cache is e4m3); ``fp8_e5m2`` is refused with
+    the names it takes (``--kv-cache-dtype fp8_e4m3`` was an invalid choice)."""
+    import argparse
+
+    from surge.config import CacheConfig
+    from surge.engine.cli_args import add_load_args
+
+    assert CacheConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype == "fp8"
+    with pytest.raises(ValueError, match=r"one of auto, fp8, fp8_e4m3 \(fp8 is e4m3\), got 'fp8_e5m2'"):
+        CacheConfig(kv_cache_dtype="fp8_e5m2")
+    p = argparse.ArgumentParser()
+    add_load_args(p)
+    assert p.parse_args(["--kv-cache-dtype", "fp8_e4m3"]).kv_cache_dtype == "fp8_e4m3"

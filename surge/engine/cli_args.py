@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from surge.config import LOAD_FORMATS
-from surge.quant.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-cache-dtype",
         default="auto",
-        choices=list(KV_CACHE_DTYPES),
+        choices=[*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES],
         help="KV cache dtype: auto (the model's) or fp8 (e4m3, about twice the tokens; GPU of compute "
-        "capability >= 8.9)",
+        "capability >= 8.9); fp8_e4m3 is the same (vLLM's name)",
     )

@@ -21,6 +21,23 @@ from typing import Any
 
 QUANTIZATION_METHODS = ("fp8",)
 KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
+"""vLLM's spellings of the KV cache dtypes Surge has (its ``fp8`` is e4m3)."""
+
+
+def kv_cache_dtype_name(value: str) -> str:
+    """``value`` as one of :data:`KV_CACHE_DTYPES` (``fp8_e4m3`` is ``fp8``).
+
+    Raises:
+        ValueError: another value, e.g. vLLM's ``fp8_e5m2`` (Surge's FP8 cache is e4m3).
+    """
+    name = KV_CACHE_DTYPE_ALIASES.get(value, value)
+    if name not in KV_CACHE_DTYPES:
+        choices = ", ".join((*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES))
+        raise ValueError(f"kv_cache_dtype must be one of {choices} (fp8 is e4m3), got {value!r}")
+    return name
+
+
 FP8_E4M3_MAX = 448.0
 """Largest finite ``float8_e4m3fn`` value."""
 MIN_FP8_SCALE = 1e-12
@@ -64,15 +81,74 @@ def checkpoint_quant_method(hf_config: dict[str, Any]) -> str | None:
     """The ``quant_method`` of ``config.json``'s ``quantization_config`` (lower case), or None.
 
     Raises:
-        ValueError: ``quantization_config`` is present but not an object with a string
-            ``quant_method``.
+        ValueError: ``quantization_config`` is present but not an object, or its
+            ``quant_method`` is missing or not a string.
     """
     qc = hf_config.get("quantization_config")
     if qc is None:
         return None
-    if not isinstance(qc, dict) or not isinstance(qc.get("quant_method"), str):
+    if not isinstance(qc, dict):
+        raise ValueError(
+            f"model: config.json's quantization_config must be an object, got {type(qc).__name__}"
+        )
+    method = qc.get("quant_method")
+    if method is None:
         raise ValueError("model: config.json's quantization_config has no quant_method")
-    return str(qc["quant_method"]).lower()
+    if not isinstance(method, str):
+        raise ValueError(f"model: quantization_config quant_method must be a string, got {method!r}")
+    return method.lower()
+
+
+def _option(qc: dict[str, Any], key: str, default: str) -> str:
+    """``qc[key]`` in lower case; ``default`` when absent or null (as Hugging Face and vLLM read it).
+
+    Raises:
+        ValueError: a value that is not a string.
+    """
+    value = qc.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"model: fp8 quantization_config {key} must be a string, got {value!r}")
+    return value.lower()
+
+
+def _skipped_modules(qc: dict[str, Any]) -> tuple[str, ...]:
+    """``modules_to_not_convert`` (or ``ignored_layers``): a list of module names.
+
+    Raises:
+        ValueError: not a list of strings (a bare string would match by its characters).
+    """
+    for key in ("modules_to_not_convert", "ignored_layers"):
+        value = qc.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list | tuple) or not all(isinstance(m, str) for m in value):
+            raise ValueError(
+                f"model: fp8 quantization_config {key} must be a list of module names, got {value!r}"
+            )
+        if value:
+            return tuple(value)
+    return ()
+
+
+def _block_size(block: Any) -> tuple[int, int]:
+    """``weight_block_size`` as ``(rows, cols)``.
+
+    Raises:
+        ValueError: not a list of two positive integers.
+    """
+    if (
+        not isinstance(block, list | tuple)
+        or len(block) != 2
+        or not all(
+            isinstance(b, int | float) and not isinstance(b, bool) and b == int(b) and b > 0 for b in block
+        )
+    ):
+        raise ValueError(
+            f"model: fp8 weight_block_size must be two positive integers [rows, cols], got {block!r}"
+        )
+    return int(block[0]), int(block[1])
 
 
 def parse_fp8_config(hf_config: dict[str, Any], quantization: str | None) -> Fp8Config | None:
@@ -97,22 +173,18 @@ def parse_fp8_config(hf_config: dict[str, Any], quantization: str | None) -> Fp8
             f"model: quantization_config quant_method {method!r} is not supported (supported: fp8)"
         )
     qc: dict[str, Any] = hf_config["quantization_config"]
-    fmt = str(qc.get("fmt", "e4m3")).lower()
+    fmt = _option(qc, "fmt", "e4m3")
     if fmt != "e4m3":
         raise ValueError(f"model: fp8 checkpoint fmt {fmt!r} is not supported (supported: e4m3)")
-    scheme = str(qc.get("activation_scheme", "dynamic")).lower()
+    scheme = _option(qc, "activation_scheme", "dynamic")
     if scheme != "dynamic":
         raise ValueError(f"model: fp8 activation_scheme {scheme!r} is not supported (supported: dynamic)")
-    skip = tuple(str(m) for m in (qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()))
+    skip = _skipped_modules(qc)
     block = qc.get("weight_block_size")
     if block is None:
         return Fp8Config(scheme="tensor", from_checkpoint=True, modules_to_not_convert=skip)
-    try:
-        rows, cols = (int(b) for b in block)
-    except (TypeError, ValueError):
-        raise ValueError(f"model: weight_block_size must be [rows, cols], got {block!r}") from None
     return Fp8Config(
-        scheme="block", from_checkpoint=True, block_size=(rows, cols), modules_to_not_convert=skip
+        scheme="block", from_checkpoint=True, block_size=_block_size(block), modules_to_not_convert=skip
     )
 
 

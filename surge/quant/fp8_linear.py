@@ -459,6 +459,43 @@ def _part_sizes(layer: _LinearBase) -> list[int]:
     return [layer.out_features_local]
 
 
+def _check_scales(loaded: torch.Tensor, what: str) -> None:
+    """Refuse weight scales that are not all finite and positive (NaN scales gave NaN logits).
+
+    Raises:
+        ValueError: naming ``what`` and the first bad value.
+    """
+    values = loaded.float()
+    bad = ~(torch.isfinite(values) & (values > 0))
+    if bool(bad.any()):
+        raise ValueError(f"{what} must be finite and positive, got {values[bad].reshape(-1)[0].item()}")
+
+
+def _block_scale_shape(
+    layer: _LinearBase, shard_id: str | int | None, block: tuple[int, int]
+) -> tuple[int | None, int | None]:
+    """The ``[rows, cols]`` a checkpoint's ``weight_scale_inv`` must have for one stored tensor of
+    ``layer`` (the whole weight, or part ``shard_id``): one scale per block of its full,
+    unsharded size. None where the layer cannot tell (k/v rows when KV heads are replicated)."""
+    from surge.layers.linear import ReplicatedLinear, RowParallelLinear
+
+    bn, bk = block
+    tp = layer.tp_size
+    cols = layer.in_features_local * (tp if isinstance(layer, RowParallelLinear) else 1)
+    rows: int | None
+    if isinstance(layer, RowParallelLinear | ReplicatedLinear):
+        rows = layer.out_features_local
+    elif shard_id is None:
+        rows = layer.out_features_local * tp
+    elif shard_id == "q":
+        rows = layer.q_size * tp  # type: ignore[attr-defined]
+    elif shard_id in ("k", "v"):
+        rows = None if tp > 1 else layer.kv_size  # type: ignore[attr-defined]
+    else:
+        rows = layer.output_sizes_local[int(shard_id)] * tp  # type: ignore[attr-defined]
+    return (None if rows is None else -(-rows // bn)), -(-cols // bk)
+
+
 class Fp8LinearMethod:
     """FP8 weights for one linear layer (see the module docstring).
 
@@ -486,29 +523,63 @@ class Fp8LinearMethod:
 
     # ------------------------------------------------------------------ loading
 
-    def create_weights(self, layer: _LinearBase) -> None:
+    def check_block_layout(self, layer: _LinearBase, name: str) -> None:
+        """Refuse block-wise scales on a layer whose parts or input size are not multiples of the
+        block (checked for dummy weights too, so a benchmark config fails as its checkpoint would).
+
+        Raises:
+            ValueError: naming the layer ``name``, its full sizes and, under tensor parallelism,
+                the sizes per rank.
+        """
+        from surge.layers.linear import ReplicatedLinear, RowParallelLinear
+
+        if self.block_size is None:
+            return
+        bn, bk = self.block_size
+        parts, in_local = _part_sizes(layer), layer.in_features_local
+        if any(p % bn for p in parts) or in_local % bk:
+            tp = layer.tp_size
+            per_rank = f" ({parts} x {in_local} per rank at tensor_parallel_size {tp})" if tp > 1 else ""
+            full_in = in_local * tp if isinstance(layer, RowParallelLinear) else in_local
+            full_parts = (
+                parts if isinstance(layer, RowParallelLinear | ReplicatedLinear) else [p * tp for p in parts]
+            )
+            raise ValueError(
+                f"fp8: {name or type(layer).__name__} with output parts {full_parts} x input {full_in}{per_rank} "
+                f"is not a multiple of weight_block_size {list(self.block_size)}"
+            )
+
+    def create_weights(self, layer: _LinearBase, name: str = "") -> None:
         """Before loading an FP8 checkpoint: an e4m3 ``weight`` and the checkpoint's scale
         parameter (``weight_scale_inv``, block-wise, or ``weight_scale``, one per stored
         tensor), each loaded through the layer's own TP-aware ``weight_loader``.
 
         Raises:
             ValueError: block-wise scales on a layer whose parts or input size are not
-                multiples of the block.
+                multiples of the block (:meth:`check_block_layout`). While loading: a weight
+                stored in another dtype than float8_e4m3fn, a scale tensor of the wrong shape, or
+                a scale that is not finite and positive.
         """
+        self.check_block_layout(layer, name)
         out_local, in_local = layer.weight.shape
         dev = layer.weight.device
         weight = nn.Parameter(
             torch.empty(out_local, in_local, dtype=FP8_DTYPE, device=dev), requires_grad=False
         )
-        weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]
+
+        def load_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+            if loaded.dtype != FP8_DTYPE:
+                raise ValueError(
+                    f"the weight is stored as {str(loaded.dtype).removeprefix('torch.')}, but an fp8 "
+                    "checkpoint's quantized layers hold float8_e4m3fn (list the layer in "
+                    "quantization_config.modules_to_not_convert if it is meant to stay unquantized)"
+                )
+            layer.weight_loader(param, loaded, shard_id)
+
+        weight.weight_loader = load_weight  # type: ignore[attr-defined]
         layer.weight = weight
         if self.block_size is not None:
             bn, bk = self.block_size
-            if any(p % bn for p in _part_sizes(layer)) or in_local % bk:
-                raise ValueError(
-                    f"fp8: {type(layer).__name__} with parts {_part_sizes(layer)} x {in_local} is not a "
-                    f"multiple of weight_block_size {list(self.block_size)}"
-                )
             # Rows expanded to one per output channel while loading, so the layer's row slicing
             # (TP shards, stacked parts) applies unchanged; process_weights folds them back.
             scale = nn.Parameter(
@@ -518,6 +589,16 @@ class Fp8LinearMethod:
             def load_block(
                 param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
             ) -> None:
+                _check_scales(loaded, "weight_scale_inv")
+                expected = _block_scale_shape(layer, shard_id, (bn, bk))
+                got = tuple(loaded.shape)
+                if len(got) != 2 or any(e is not None and g != e for g, e in zip(got, expected, strict=True)):
+                    want = ", ".join("?" if e is None else str(e) for e in expected)
+                    part = "" if shard_id is None else f" (part {shard_id})"
+                    raise ValueError(
+                        f"weight_scale_inv{part} has shape {list(got)}, expected [{want}]: one scale per "
+                        f"{bn} x {bk} block of the weight"
+                    )
                 layer.weight_loader(param, loaded.float().repeat_interleave(bn, 0), shard_id)
 
             scale.weight_loader = load_block  # type: ignore[attr-defined]
@@ -531,6 +612,7 @@ class Fp8LinearMethod:
             ) -> None:
                 if loaded.numel() != 1:
                     raise ValueError(f"weight_scale must be one value, got shape {tuple(loaded.shape)}")
+                _check_scales(loaded, "weight_scale")
                 param.data[_shard_index(layer, shard_id)] = loaded.reshape(()).float()
 
             scale.weight_loader = load_tensor  # type: ignore[attr-defined]

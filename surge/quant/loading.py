@@ -35,12 +35,50 @@ _KV_SCALE_SUFFIXES = {
 }
 
 
+_FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""Surge's fused linear layers and the checkpoint modules each one stacks."""
+
+
+def _kept_unquantized(name: str, skips: tuple[str, ...]) -> bool:
+    """Whether ``modules_to_not_convert`` (name fragments) keeps layer ``name`` in the model
+    dtype. A fused layer is kept when its own name or every one of its checkpoint parts is
+    listed (checkpoints name the parts: ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``,
+    ``up_proj``).
+
+    Raises:
+        ValueError: some but not all parts of a fused layer are listed (as vLLM refuses them:
+            a fused layer has one precision).
+    """
+    if any(skip in name for skip in skips):
+        return True
+    base, _, leaf = name.rpartition(".")
+    parts = _FUSED_PARTS.get(leaf)
+    if parts is None:
+        return False
+    listed = [p for p in parts if any(skip in f"{base}.{p}" for skip in skips)]
+    if not listed:
+        return False
+    if len(listed) < len(parts):
+        missing = [p for p in parts if p not in listed]
+        raise ValueError(
+            f"model: quantization_config keeps {', '.join(f'{base}.{p}' for p in listed)} unquantized but not "
+            f"{', '.join(f'{base}.{p}' for p in missing)}; they are one fused layer ({name}), so list all of "
+            f"{', '.join(parts)} or none"
+        )
+    return True
+
+
 def fp8_layers(model: nn.Module, config: Fp8Config) -> list[tuple[str, _LinearBase]]:
-    """The ``(name, layer)`` of every linear layer FP8 applies to."""
+    """The ``(name, layer)`` of every linear layer FP8 applies to.
+
+    Raises:
+        ValueError: ``modules_to_not_convert`` lists some but not all parts of a fused layer.
+    """
+    skips = config.modules_to_not_convert
     return [
         (name, m)
         for name, m in model.named_modules()
-        if isinstance(m, _LinearBase) and not any(skip in name for skip in config.modules_to_not_convert)
+        if isinstance(m, _LinearBase) and not _kept_unquantized(name, skips)
     ]
 
 
@@ -48,12 +86,14 @@ def attach_fp8(model: nn.Module, config: Fp8Config, *, emulate: bool, load_check
     """Step 1: a quant method per FP8 layer; FP8 parameters when ``load_checkpoint``.
 
     Raises:
-        ValueError: a block-quantized layer whose sizes are not multiples of the block.
+        ValueError: a block-quantized layer whose sizes are not multiples of the block (also with
+            dummy weights), or a fused layer partly listed in ``modules_to_not_convert``.
     """
-    for _, layer in fp8_layers(model, config):
+    for name, layer in fp8_layers(model, config):
         method = Fp8LinearMethod(config, emulate)
+        method.check_block_layout(layer, name)
         if load_checkpoint and config.from_checkpoint:
-            method.create_weights(layer)
+            method.create_weights(layer, name)
         layer.quant_method = method
 
 

@@ -23,6 +23,7 @@ def fp8_checkpoint(
     block: tuple[int, int] | None,
     kv_scales: dict[int, tuple[float, float]] | None = None,
     dequantized: Path | None = None,
+    keep: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Copy the HF folder ``src`` to ``dst`` with FP8 linear weights.
 
@@ -30,6 +31,8 @@ def fp8_checkpoint(
     ``weight_block_size``; None writes one ``weight_scale`` per tensor. ``kv_scales`` adds
     ``model.layers.{i}.self_attn.k_scale``/``v_scale``. ``dequantized`` also writes a float32
     copy whose weights are the dequantized FP8 ones (the exact reference of the FP8 model).
+    ``keep``: name fragments of linear weights left unquantized, listed in the config's
+    ``modules_to_not_convert``.
     Returns the FP8 checkpoint's tensors.
     """
     shutil.copytree(src, dst)
@@ -38,7 +41,7 @@ def fp8_checkpoint(
     out: dict[str, torch.Tensor] = {}
     deq: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        if name.endswith(LINEAR_SUFFIXES):
+        if name.endswith(LINEAR_SUFFIXES) and not any(k in name for k in keep):
             if block is not None:
                 q, s = quantize_block(t, block)
                 out[name], out[name + "_scale_inv"] = q, s
@@ -57,6 +60,8 @@ def fp8_checkpoint(
     qc: dict[str, object] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8"}
     if block is not None:
         qc["weight_block_size"] = list(block)
+    if keep:
+        qc["modules_to_not_convert"] = list(keep)
     cfg["quantization_config"] = qc
     (dst / "config.json").write_text(json.dumps(cfg))
     if dequantized is not None:

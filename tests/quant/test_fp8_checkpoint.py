@@ -168,3 +168,110 @@ def test_parse_fp8_config_layouts() -> None:
     assert parse_fp8_config(skip, None) == Fp8Config("tensor", True, None, ("lm_head",))
     with pytest.raises(ValueError, match="quantization must be"):
         parse_fp8_config({}, "int4")
+
+
+@pytest.mark.parametrize(
+    "qc,match",
+    [
+        ([{"quant_method": "fp8"}], "quantization_config must be an object, got list"),
+        ("fp8", "quantization_config must be an object, got str"),
+        ({"quant_method": 8}, "quant_method must be a string, got 8"),
+        ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"}, "must be a list of module names"),
+        ({"quant_method": "fp8", "ignored_layers": [1]}, "ignored_layers must be a list of module names"),
+        ({"quant_method": "fp8", "weight_block_size": "88"}, "two positive integers"),
+        ({"quant_method": "fp8", "weight_block_size": [128.9, 128]}, "two positive integers"),
+        ({"quant_method": "fp8", "weight_block_size": [True, True]}, "two positive integers"),
+        ({"quant_method": "fp8", "weight_block_size": [0, 128]}, "two positive integers"),
+        ({"quant_method": "fp8", "fmt": 3}, "fmt must be a string"),
+    ],
+)
+def test_quantization_config_values_are_checked(qc: object, match: str) -> None:
+    """A string where a list belongs was read by its characters (``"lm_head"`` skipped every
+    layer with an "a" in its name), ``"88"`` became an 8 x 8 block and 128.9 a 128."""
+    with pytest.raises(ValueError, match=match):
+        parse_fp8_config({"quantization_config": qc}, None)
+
+
+def test_null_fp8_options_take_their_defaults() -> None:
+    """``activation_scheme: null`` and ``fmt: null`` mean the defaults (dynamic, e4m3), as
+    Hugging Face and vLLM read them; integral floats are block sizes."""
+    qc = {"quant_method": "fp8", "activation_scheme": None, "fmt": None, "weight_block_size": [128.0, 64]}
+    assert parse_fp8_config({"quantization_config": qc}, None) == Fp8Config("block", True, (128, 64))
+
+
+def test_unquantized_parts_of_a_fused_layer(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """Checkpoints name the parts (q_proj, k_proj, v_proj): all of them listed keep the fused
+    qkv_proj in the model dtype (it reported missing scales); some of them is refused by name."""
+    parts = tuple(f"model.layers.0.self_attn.{p}_proj" for p in "qkv") + ("model.layers.1.mlp.gate_proj",)
+    fp8_checkpoint(tiny_qwen3, tmp_path / "fp8", (32, 32), keep=parts[:3])
+    model = load_model(ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu")
+    kept = model.model.layers[0].self_attn.qkv_proj
+    assert kept.weight.dtype == torch.float32 and not isinstance(kept.quant_method, Fp8LinearMethod)
+    assert model.model.layers[1].self_attn.qkv_proj.weight.dtype == FP8_DTYPE
+    fp8_checkpoint(tiny_qwen3, tmp_path / "half", (32, 32), keep=parts[3:])
+    with pytest.raises(ValueError, match=r"mlp\.gate_proj unquantized but not .*mlp\.up_proj.*list all of"):
+        load_model(ModelConfig.from_pretrained(tmp_path / "half"), "cpu")
+
+
+def _rewrite(folder: Path, name: str, tensor: torch.Tensor) -> None:
+    from safetensors.torch import load_file, save_file
+
+    (f,) = folder.glob("*.safetensors")
+    tensors = load_file(str(f))
+    assert name in tensors
+    tensors[name] = tensor
+    save_file(tensors, str(f))
+
+
+@pytest.mark.parametrize(
+    "name,make,match",
+    [
+        (
+            "model.layers.0.mlp.down_proj.weight_scale_inv",
+            lambda t: torch.ones(t.shape[1], t.shape[0]),
+            r"weight_scale_inv has shape \[\d+, \d+\], expected \[\d+, \d+\]: one scale per 32 x 32 block",
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.weight_scale_inv",
+            lambda t: torch.full_like(t, float("nan")),
+            "weight_scale_inv must be finite and positive, got nan",
+        ),
+        ("model.layers.1.mlp.up_proj.weight_scale_inv", lambda t: -t, "must be finite and positive, got -"),
+        (
+            "model.layers.0.self_attn.k_proj.weight",
+            lambda t: t.float().to(torch.bfloat16),
+            "stored as bfloat16, but an fp8 checkpoint's quantized layers hold float8_e4m3fn",
+        ),
+    ],
+)
+def test_bad_checkpoint_tensors_are_named(
+    tiny_qwen3: Path, tmp_path: Path, name: str, make: object, match: str
+) -> None:
+    """A transposed block scale was reported in the loader's expanded rows; NaN or negative
+    scales and bf16 weights under an fp8 config loaded without a word (NaN logits, garbage)."""
+    tensors = fp8_checkpoint(tiny_qwen3, tmp_path / "fp8", (32, 32))
+    _rewrite(tmp_path / "fp8", name, make(tensors[name]))  # type: ignore[operator]
+    with pytest.raises(ValueError, match=match) as err:
+        load_model(ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu")
+    assert name in str(err.value)
+
+
+def test_per_tensor_scale_must_be_positive(tiny_qwen3: Path, tmp_path: Path) -> None:
+    fp8_checkpoint(tiny_qwen3, tmp_path / "fp8", None)
+    _rewrite(tmp_path / "fp8", "model.layers.0.mlp.down_proj.weight_scale", torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="weight_scale must be finite and positive, got 0.0"):
+        load_model(ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu")
+
+
+def test_dummy_weights_refuse_what_the_checkpoint_would(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """The block-size check ran only when reading a checkpoint, so a benchmark config served with
+    dummy weights that its real checkpoint could not; the error names the layer."""
+    fp8_checkpoint(tiny_qwen3, tmp_path / "fp8", (32, 32))
+    cfg = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = [48, 48]
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(cfg))
+    mc = ModelConfig.from_pretrained(tmp_path / "fp8", load_format="dummy")
+    with pytest.raises(
+        ValueError, match=r"model\.layers\.0\.self_attn\.qkv_proj with output parts .* is not a multiple"
+    ):
+        load_model(mc, "cpu")

@@ -136,9 +136,21 @@ def test_fp8_kv_pool_holds_twice_the_tokens(caplog: pytest.LogCaptureFixture) ->
     assert gib[0] == gib[1] == "0.00", lines  # 1 MiB: the same bytes, twice the tokens
 
 
-@pytest.mark.parametrize("kwargs", [{"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}])
-def test_fp8_refused_on_cpu_without_emulation(kwargs: dict[str, str]) -> None:
-    with pytest.raises(ValueError, match="needs a CUDA GPU of compute capability >= 8.9"):
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"quantization": "fp8"}, r"^quantization fp8 \(--quantization fp8\) needs"),
+        ({"kv_cache_dtype": "fp8"}, r"^kv_cache_dtype fp8 \(--kv-cache-dtype fp8\) needs"),
+        (
+            {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+            r"^quantization fp8 \(--quantization fp8\) and kv_cache_dtype fp8 \(--kv-cache-dtype fp8\) need a",
+        ),
+    ],
+)
+def test_fp8_refused_on_cpu_without_emulation(kwargs: dict[str, str], named: str) -> None:
+    """The refusal names what was asked for, as the parameter and its flag (it said "quantization
+    or kv_cache_dtype" whichever was given)."""
+    with pytest.raises(ValueError, match=named + ".*compute capability >= 8.9"):
         LLM(device="cpu", **kwargs)  # type: ignore[arg-type]
 
 
@@ -148,7 +160,7 @@ def test_fp8_checkpoint_refused_on_cpu_names_the_checkpoint(tmp_path: Path) -> N
     from tests.quant.helpers import fp8_checkpoint
 
     fp8_checkpoint(DEFAULT_MODEL_DIR, tmp_path / "fp8", (4, 4))
-    with pytest.raises(ValueError, match="is an FP8 checkpoint .* compute capability >= 8.9.*fp8_emulation"):
+    with pytest.raises(ValueError, match="^this FP8 checkpoint .* compute capability >= 8.9.*fp8_emulation"):
         LLM(model=str(tmp_path / "fp8"), device="cpu")
 
 
