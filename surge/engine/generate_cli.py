@@ -35,10 +35,20 @@ def add_generate_parser(subparsers: Any) -> None:
         help="auto: sampling defaults from the model's generation_config.json (default); none: ignore them",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS up to --max-tokens")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: cuda when a GPU is visible, else cpu (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model dtype (auto: the config's torch_dtype) (default: %(default)s)",
+    )
     from surge.engine.cli_args import add_load_args
 
     add_load_args(p)

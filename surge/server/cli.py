@@ -37,8 +37,8 @@ def add_serve_parser(subparsers: Any) -> None:
         "--api-key",
         action="append",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics "
-        "and the API docs (printable ASCII); repeat the flag or give a comma list for several keys "
+        help="require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics, "
+        "the API docs and the web pages' static files (printable ASCII); repeat the flag or give a comma list for several keys "
         "(default: the SURGE_API_KEY environment variable, else no key)",
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
@@ -156,11 +156,21 @@ def add_serve_parser(subparsers: Any) -> None:
         default=0.9,
         help="fraction of GPU memory to use (default 0.9)",
     )
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model dtype (auto: the config's torch_dtype) (default: %(default)s)",
+    )
     from surge.engine.cli_args import add_load_args
 
     add_load_args(p)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: cuda when a GPU is visible, else cpu (default: %(default)s)",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
