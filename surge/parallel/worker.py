@@ -180,8 +180,14 @@ def run_worker(config: EngineConfig, spec: WorkerSpec) -> None:
         try:
             runner, num_blocks = _start(config, spec)
         except Exception as e:
-            logger.error("worker start-up failed:\n%s", traceback.format_exc())
-            push.send(encoder.encode(WorkerStartupError(spec.rank, _one_line(e), type(e) is ValueError)))
+            user_error = type(e) is ValueError  # a bad model folder or setting: one line, as in one process
+            if user_error:
+                logger.error("worker start-up failed: %s", _one_line(e))
+                logger.debug("worker start-up failed:\n%s", traceback.format_exc())
+            else:
+                logger.error("worker start-up failed:\n%s", traceback.format_exc())
+            message = (str(e).strip().splitlines() or [""])[0] if user_error else _one_line(e)
+            push.send(encoder.encode(WorkerStartupError(spec.rank, message or _one_line(e), user_error)))
             exit_code = 1
             return
         push.send(encoder.encode(WorkerReady(spec.rank, os.getpid(), num_blocks)))

@@ -15,6 +15,7 @@ Face's as TP=1's.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,15 @@ def test_tp2_block_shards_not_on_block_boundaries_is_one_error(tmp_path: Path) -
     32 x 32 blocks, so the start-up error names the layer and the block size."""
     src = make_tiny_model("qwen3", tmp_path / "src")
     fp8_checkpoint(src, tmp_path / "fp8", (32, 32))
-    with pytest.raises(ValueError, match=r"not a multiple of weight_block_size \[32, 32\]"):
+    with pytest.raises(ValueError) as err:
         LLM(tmp_path / "fp8", device="cpu", dtype="float32", fp8_emulation=True, tensor_parallel_size=2)
+    # the layer by name, its full sizes and the per-rank ones; no exception type in the line
+    assert re.fullmatch(
+        r"tensor-parallel rank \d: fp8: model\.layers\.\d+\.self_attn\.qkv_proj with output parts \[\d+, 32, 32\] x "
+        r"input \d+ \(\[\d+, 16, 16\] x \d+ per rank at tensor_parallel_size 2\) is not a multiple of "
+        r"weight_block_size \[32, 32\]",
+        str(err.value),
+    ), str(err.value)
 
 
 def _prompt_logprobs(llm: LLM, prompts: list[list[int]]) -> list[float]:
