@@ -235,6 +235,11 @@ class LLMEngine:
                 how = "sized by a profiling run"
             else:
                 how = "sized from the CPU KV budget"
+            cap = getattr(runner, "max_num_seqs", 0) * getattr(runner, "max_blocks_per_seq", 0)
+            if not config.cache.num_kv_blocks and isinstance(cap, int) and num_blocks == cap > 0:
+                # the budget holds more: the pool stops at what max_num_seqs sequences could ever use
+                budget = "memory left after the profiling run" if "profiling" in how else "CPU KV budget"
+                how = f"capped at max_num_seqs x ceil(max_model_len / block_size) (the {budget} holds more)"
             logger.info(
                 "start-up: KV pool %s in %.1f s: %d block%s x %d tokens = %d tokens (%.2f GiB, kv_cache_dtype %s)",
                 how,

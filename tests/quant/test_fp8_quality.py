@@ -178,3 +178,23 @@ def test_serve_fp8_on_cpu_is_one_line_error(flag: list[str]) -> None:
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(lines) == 1 and lines[0].startswith("surge: error:") and "CUDA GPU" in lines[0], r.stderr
+
+
+def test_kv_pool_line_says_when_max_num_seqs_caps_it(caplog: pytest.LogCaptureFixture) -> None:
+    """A CPU budget that holds more than max_num_seqs sequences could use gives a pool of just
+    that, and the start-up line says so (it said "sized from the CPU KV budget", so an FP8 cache
+    showed the same tokens at half the GiB instead of twice the tokens)."""
+    mc = ModelConfig.from_pretrained(None, dtype="bfloat16")
+    cfg = EngineConfig(
+        model=mc,
+        cache=CacheConfig(cpu_kv_cache_bytes=1 << 30),
+        scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=2),
+    )
+    with caplog.at_level(logging.INFO, logger="surge.engine"):
+        engine = LLMEngine(cfg)
+    line = next(r.getMessage() for r in caplog.records if "start-up: KV pool" in r.getMessage())
+    assert engine.num_kv_blocks == 2 * 4  # two sequences of 64 tokens in 16-token blocks
+    assert (
+        "KV pool capped at max_num_seqs x ceil(max_model_len / block_size) (the CPU KV budget holds more)"
+        in line
+    )
