@@ -253,12 +253,16 @@ def add_bench_parser(subparsers: Any) -> None:
         "--gpu NAME, or both --hbm-bandwidth and --peak-flops.",
     )
     p.add_argument("--model", required=True, help="model folder or config.json")
-    p.add_argument("--dtype", default=None, help="weight dtype, e.g. bfloat16 or fp8 (default: the config's)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="weight dtype, e.g. bfloat16 or fp8; auto: the config's (default: the config's)",
+    )
     p.add_argument(
         "--kv-cache-dtype",
         default=None,
-        choices=["auto", "fp8"],
-        help="KV cache dtype: auto (the model's) or fp8 (default auto)",
+        choices=["auto", "fp8", "fp8_e4m3"],
+        help="KV cache dtype: auto (the model's) or fp8 (fp8_e4m3, vLLM's name, is the same) (default auto)",
     )
     _add_grid_flags(p, preset_default="official-8b when no --concurrency/--input-len/--output-len is given")
     g = p.add_argument_group("hardware (required: --gpu, or both --hbm-bandwidth and --peak-flops)")

@@ -210,14 +210,20 @@ def model_shape(
     model_dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
     qc = cfg.get("quantization_config")
     fp8_checkpoint = isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "fp8"
+    if dtype == "auto":  # surge serve's --dtype default: the config's own
+        dtype = None
     dt = str(dtype or ("fp8" if fp8_checkpoint else model_dt)).removeprefix("torch.")
     if dt not in DTYPE_BYTES or model_dt not in DTYPE_BYTES:
         raise ValueError(
             f"unknown dtype {dt if dt not in DTYPE_BYTES else model_dt!r} for the roofline "
             f"(one of {', '.join(DTYPE_BYTES)})"
         )
+    if kv_cache_dtype == "fp8_e4m3":  # vLLM's name of the same cache
+        kv_cache_dtype = "fp8"
     if kv_cache_dtype not in (None, "auto", "fp8"):
-        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r} for the roofline (auto or fp8)")
+        raise ValueError(
+            f"unknown kv_cache_dtype {kv_cache_dtype!r} for the roofline (auto, fp8 or fp8_e4m3)"
+        )
     nbytes = DTYPE_BYTES[dt]
     # FP8 weights: only the linear layers are FP8; the rest keeps the model dtype (bf16 at most).
     rest_bytes = nbytes if dt != "fp8" else (DTYPE_BYTES[model_dt] if model_dt != "fp8" else 2)

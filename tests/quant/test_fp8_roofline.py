@@ -32,6 +32,9 @@ def test_fp8_weights_and_kv_bytes() -> None:
     assert 500 < c1 < 520  # the issue's ~515 tok/s batch-1 ceiling
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         model_shape(cfg, kv_cache_dtype="int8")
+    # serve's --dtype default and vLLM's KV name are accepted (they were "unknown dtype 'auto'")
+    assert model_shape(cfg, "auto") == fp8
+    assert model_shape(cfg, kv_cache_dtype="fp8_e4m3") == model_shape(cfg, kv_cache_dtype="fp8")
 
 
 def test_fp8_config_matches_qwen3_8b() -> None:
