@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ class LLM:
         dtype: "auto" (the config's), "float32", "bfloat16" or "float16".
         device: "auto" (CUDA when available), "cpu" or "cuda".
         load_format: "auto" (safetensors) or "dummy" (random weights, reproducible by seed).
-        seed: seed of dummy weights and of unseeded sampling.
+        seed: seed of dummy weights and of unseeded sampling (None: a random one, as vLLM).
         block_size: tokens per KV block.
         num_kv_blocks: KV pool size in blocks; None sizes it from memory.
         max_num_seqs: most sequences in one step.
@@ -83,7 +83,7 @@ class LLM:
         dtype: str = "auto",
         device: str = "auto",
         load_format: str = "auto",
-        seed: int = 0,
+        seed: int | None = 0,
         block_size: int = 16,
         num_kv_blocks: int | None = None,
         max_num_seqs: int = 256,
@@ -129,10 +129,17 @@ class LLM:
         self.token_strings = TokenStrings(self.tokenizer)
         self.engine = LLMEngine(config)
         self._next_id = 0
+        self._closed = False
 
     def close(self) -> None:
-        """Stop the engine's worker processes (tensor parallelism). Idempotent."""
+        """Stop the engine's worker processes (tensor parallelism). Idempotent; a closed ``LLM``
+        refuses :meth:`generate` and :meth:`chat` (``RuntimeError``), with or without workers."""
+        self._closed = True
         self.engine.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM is closed (close() or the end of its with block); make a new one")
 
     def __enter__(self) -> LLM:
         return self
@@ -168,11 +175,13 @@ class LLM:
                 never fit, mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
                 bad-word token id outside the vocabulary.
+            RuntimeError: the ``LLM`` is closed (:meth:`close`).
 
         Whatever exception leaves this call (an engine step that fails, a KeyboardInterrupt)
         first aborts the requests it added, so the engine is left with none of them and the
         next call starts clean.
         """
+        self._check_open()
         prompt_list = _as_prompt_list(prompts)
         if not self._text_prompts and any(isinstance(p, str) for p in prompt_list):
             raise ValueError(
@@ -287,11 +296,14 @@ class LLM:
         self.engine.take_request_errors()  # errors of these requests, recorded before the raise
 
     def _with_bad_word_ids(self, params: SamplingParams) -> SamplingParams:
-        """``params`` with its ``bad_words`` tokenized into ``bad_words_token_ids``."""
-        if not params.bad_words or params.bad_words_token_ids:
+        """``params`` with its ``bad_words`` tokenized and added to ``bad_words_token_ids`` (both
+        apply: ``bad_words`` was dropped when ids were given too)."""
+        if not params.bad_words:
             return params
         ids = bad_words_token_ids(self.tokenizer, params.bad_words)
-        return msgspec.structs.replace(params, bad_words_token_ids=ids)
+        given = [tuple(w) for w in params.bad_words_token_ids]
+        merged = given + [tuple(w) for w in ids if tuple(w) not in given]
+        return msgspec.structs.replace(params, bad_words_token_ids=tuple(merged))
 
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (transformers), as vLLM's ``LLM.get_tokenizer``."""
@@ -323,7 +335,9 @@ class LLM:
 
         Raises:
             ValueError: as :meth:`generate`, or a template that cannot render the messages.
+            RuntimeError: the ``LLM`` is closed.
         """
+        self._check_open()
         if not self._text_prompts:
             raise ValueError(
                 f"the model folder {self.engine.config.model.model} has no tokenizer files: chat needs one"
@@ -421,6 +435,12 @@ def _prompt_of(p: Any) -> PromptType:
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, str | dict):
         return [_prompt_of(prompts)]
+    if isinstance(prompts, bytes | bytearray | memoryview) or not isinstance(prompts, Iterable):
+        # bytes iterate as ints: they were taken for token ids
+        raise ValueError(
+            "prompts must be a string, a list of token ids, a {'prompt'/'prompt_token_ids': ...} dict, or a "
+            f"list of those; got {type(prompts).__name__}"
+        )
     items = list(prompts)
     if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return [items]  # type: ignore[list-item]

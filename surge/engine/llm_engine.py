@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -52,12 +53,28 @@ def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, Sampling
     return children
 
 
+def _check_types(ints: dict[str, int | None], bools: dict[str, bool | None]) -> None:
+    """Refuse arguments of the wrong type with a message naming them (a float ``block_size`` or a
+    string ``max_model_len`` failed deep inside, and ``enable_prefix_caching="no"`` was true).
+    None is let through here; the fields that cannot be None are refused by their configs.
+
+    Raises:
+        ValueError: the first argument that is not an int (not a bool) or a bool.
+    """
+    for name, value in ints.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    for name, value in bools.items():
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def build_engine_config(
     model: str | None = None,
     *,
     dtype: str = "auto",
     load_format: str = "auto",
-    seed: int = 0,
+    seed: int | None = 0,
     device: str = "auto",
     block_size: int = 16,
     num_kv_blocks: int | None = None,
@@ -98,8 +115,31 @@ def build_engine_config(
     :attr:`EngineConfig.stream_attention`.
 
     Raises:
-        ValueError: a bad model folder or an out-of-range value (the message names it).
+        ValueError: a bad model folder, a value of the wrong type or out of range (the message
+            names it).
     """
+    _check_types(
+        ints={
+            "seed": seed,
+            "block_size": block_size,
+            "num_kv_blocks": num_kv_blocks,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_model_len": max_model_len,
+            "tensor_parallel_size": tensor_parallel_size,
+            "data_parallel_size": data_parallel_size,
+        },
+        bools={
+            "enable_prefix_caching": enable_prefix_caching,
+            "enforce_eager": enforce_eager,
+            "async_scheduling": async_scheduling,
+            "fp8_emulation": fp8_emulation,
+        },
+    )
+    if seed is None:  # as vLLM: an unseeded engine (dummy weights and unseeded sampling differ per run)
+        seed = secrets.randbelow(2**31)
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
     model_config = ModelConfig.from_pretrained(
         model,
         dtype=dtype,

@@ -1,0 +1,77 @@
+"""The offline API's edges that a vLLM user hits: prompt types that are not prompts, ``bad_words``
+next to ``bad_words_token_ids``, and an ``LLM`` used after ``close()``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from surge import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[LLM]:
+    with LLM(device="cpu") as model:
+        yield model
+
+
+@pytest.mark.parametrize("prompts", [b"Once", bytearray(b"Once"), 5, None])
+def test_prompts_that_are_not_prompts_are_refused(llm: LLM, prompts: object) -> None:
+    """``b"Once"`` iterated as ints and ran as the token ids 79, 110, 99, 101; an int or None
+    raised "'int' object is not iterable"."""
+    with pytest.raises(ValueError, match="prompts must be a string, a list of token ids"):
+        llm.generate(prompts, GREEDY)  # type: ignore[arg-type]
+
+
+def test_bad_words_apply_next_to_bad_word_ids(llm: LLM) -> None:
+    """``bad_words`` were dropped when ``bad_words_token_ids`` were given too."""
+    text = llm.generate("Once upon a time", GREEDY)[0].outputs[0].text
+    word = text.split()[1]  # a word greedy decoding generates
+    ids = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, bad_words_token_ids=[[5]])
+    both = SamplingParams(
+        temperature=0.0, max_tokens=8, ignore_eos=True, bad_words=[word], bad_words_token_ids=[[5]]
+    )
+    assert word in llm.generate("Once upon a time", ids)[0].outputs[0].text
+    out = llm.generate("Once upon a time", both)[0].outputs[0]
+    assert word not in out.text.split() and 5 not in out.token_ids
+
+
+def test_a_closed_llm_refuses_work() -> None:
+    """Without workers, generate() after close() still ran; with tensor-parallel workers it
+    raised WorkerDiedError. Both now refuse the same way."""
+    model = LLM(device="cpu")
+    model.close()
+    model.close()  # idempotent
+    for call in (
+        lambda: model.generate("Once", GREEDY),
+        lambda: model.chat([{"role": "user", "content": "hi"}]),
+    ):
+        with pytest.raises(RuntimeError, match="this LLM is closed"):
+            call()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"seed": "1"}, "seed must be an integer, got '1'"),
+        ({"seed": 2**70}, r"seed must be in \[0, 2\*\*63\)"),
+        ({"block_size": 16.0}, "block_size must be an integer, got 16.0"),
+        ({"max_model_len": "64"}, "max_model_len must be an integer, got '64'"),
+        ({"max_num_seqs": True}, "max_num_seqs must be an integer, got True"),
+        ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false, got 'no'"),
+    ],
+)
+def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], match: str) -> None:
+    """They failed deep inside (torch's manual_seed, a comparison of str and int), and
+    ``enable_prefix_caching="no"`` turned caching on."""
+    with pytest.raises(ValueError, match=match):
+        LLM(device="cpu", **kwargs)  # type: ignore[arg-type]
+
+
+def test_seed_none_is_an_unseeded_engine() -> None:
+    """As vLLM's ``seed=None`` (it raised in torch.manual_seed)."""
+    with LLM(device="cpu", seed=None) as model:
+        assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
