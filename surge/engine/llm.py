@@ -172,7 +172,8 @@ class LLM:
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
             ValueError: a prompt of another type or with a lone surrogate, a prompt that can
-                never fit, mismatched list lengths, an invalid
+                never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
+                with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
                 bad-word token id outside the vocabulary.
             RuntimeError: the ``LLM`` is closed (:meth:`close`).
@@ -260,6 +261,11 @@ class LLM:
             results.append(
                 RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids, [])
             )
+            room = self.engine.config.scheduler.max_model_len - len(token_ids)
+            if params.max_tokens is not None and 0 < room < params.max_tokens:
+                # as vLLM's offline LLM: generation ends at the context limit ("length"); the
+                # server refuses such a request, as vLLM's server does
+                params = msgspec.structs.replace(params, max_tokens=room)
             for index, (child_id, child_params) in enumerate(split_n(request_id, params)):
                 if index > 0 and child_params.prompt_logprobs is not None:
                     # The prompt's logprobs are the same for every child: the first computes them.

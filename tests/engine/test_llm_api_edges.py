@@ -75,3 +75,13 @@ def test_seed_none_is_an_unseeded_engine() -> None:
     """As vLLM's ``seed=None`` (it raised in torch.manual_seed)."""
     with LLM(device="cpu", seed=None) as model:
         assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
+
+
+def test_max_tokens_past_the_context_ends_there(llm: LLM) -> None:
+    """As vLLM's offline LLM: the output stops at max_model_len with "length" (it raised "This
+    model's maximum context length is 512 tokens"); the server still refuses such a request."""
+    limit = llm.engine.config.scheduler.max_model_len
+    params = SamplingParams(temperature=0.0, max_tokens=limit + 100, ignore_eos=True)
+    out = llm.generate("Once upon a time", params)[0]
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == limit

@@ -104,8 +104,11 @@ def test_n_returns_n_completions(llm: LLM) -> None:
 
 
 def test_impossible_request_is_rejected(llm: LLM) -> None:
+    """A prompt that alone fills the context can never run (a max_tokens past the context only
+    ends the output there, as in vLLM's offline API: test_llm_api_edges.py)."""
+    limit = llm.engine.config.scheduler.max_model_len
     with pytest.raises(ValueError, match="context length"):
-        llm.generate("Once upon a time", SamplingParams(max_tokens=10_000))
+        llm.generate([[1] * (limit + 1)], SamplingParams(max_tokens=4))
     # The engine is still usable afterwards.
     assert llm.generate("Once", SamplingParams(max_tokens=3, ignore_eos=True))[0].outputs[0].token_ids
 
