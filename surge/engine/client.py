@@ -90,11 +90,13 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def remove_stale_ipc_dirs(tmp_dir: str | None = None) -> list[str]:
-    """Remove this user's ``surge-ipc-<pid>-*`` folders whose API process no longer runs.
+def remove_stale_ipc_dirs(tmp_dir: str | None = None, prefix: str = _IPC_PREFIX) -> list[str]:
+    """Remove this user's ``<prefix><pid>-*`` folders (``surge-ipc-`` by default; the API server
+    supervisor's ``surge-metrics-`` too) whose process no longer runs (a SIGKILL left them).
 
     Args:
         tmp_dir: where to look (default ``tempfile.gettempdir()``).
+        prefix: the folders' name prefix, up to the pid.
 
     Returns:
         The removed folders.
@@ -106,9 +108,9 @@ def remove_stale_ipc_dirs(tmp_dir: str | None = None) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        if not name.startswith(_IPC_PREFIX):
+        if not name.startswith(prefix):
             continue
-        pid_text = name[len(_IPC_PREFIX) :].split("-", 1)[0]
+        pid_text = name[len(prefix) :].split("-", 1)[0]
         path = os.path.join(base, name)
         try:
             if not pid_text.isdigit() or os.stat(path).st_uid != os.getuid():

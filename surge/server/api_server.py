@@ -243,9 +243,11 @@ def build_app(
             return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
         stalled = state.client.seconds_without_progress()
         if stalled > state.engine_stall_timeout:
+            pending = state.client.num_inflight
             reason = (
-                f"the engine has finished no step for {stalled:.0f} s while {state.client.num_inflight} "
-                f"requests are pending (--engine-stall-timeout {state.engine_stall_timeout:g})"
+                f"the engine has finished no step for {stalled:.0f} s while {pending} "
+                f"request{'' if pending == 1 else 's'} of this API process {'is' if pending == 1 else 'are'} "
+                f"pending (--engine-stall-timeout {state.engine_stall_timeout:g})"
             )
             return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
         return Response(status_code=200, headers=pid_header)

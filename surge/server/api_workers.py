@@ -47,6 +47,10 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """The variable prometheus_client reads, at import, to keep its values in shared files."""
 
 
+_METRICS_PREFIX = "surge-metrics-"
+"""Name prefix of the supervisor's shared Prometheus folder (``<prefix><pid>-*``)."""
+
+
 def bind_reuseport(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (every API process binds one).
 
@@ -148,8 +152,10 @@ def serve_with_api_workers(
     ctx = multiprocessing.get_context("spawn")
     for path in remove_stale_ipc_dirs():
         logger.info("removed the IPC folder %s of an API process that is gone", path)
+    for path in remove_stale_ipc_dirs(prefix=_METRICS_PREFIX):
+        logger.info("removed the metrics folder %s of an API server supervisor that is gone", path)
     ipc_dir = tempfile.mkdtemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-")
-    metrics_dir = tempfile.mkdtemp(prefix=f"surge-metrics-{os.getpid()}-")
+    metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{os.getpid()}-")
     port = sock.getsockname()[1]
     options = _with_port(options, port)
     engines: list[multiprocessing.process.BaseProcess] = []
