@@ -325,6 +325,7 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Apply the chat template to one conversation (a list of messages) or to a list of
         conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``).
@@ -333,7 +334,8 @@ class LLM:
         in the replies with :mod:`surge.server.parsers` (e.g. ``HermesToolParser``), or force
         them with ``structured_outputs`` (see docs/structured-outputs.md). ``chat_template``
         replaces the tokenizer's; ``add_generation_prompt`` and ``continue_final_message`` are
-        the template's (:func:`surge.tokenizer.apply_chat_template`).
+        the template's (:func:`surge.tokenizer.apply_chat_template`); ``use_tqdm`` is
+        :meth:`generate`'s.
 
         Returns:
             One :class:`RequestOutput` per conversation, in order; its ``prompt`` is the
@@ -363,7 +365,7 @@ class LLM:
             )
             for conv in conversations
         ]
-        results = self.generate(prompts, sampling_params)
+        results = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
         for result, text in zip(results, texts, strict=True):
             result.prompt = text
         return results

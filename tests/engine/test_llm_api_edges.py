@@ -85,3 +85,11 @@ def test_max_tokens_past_the_context_ends_there(llm: LLM) -> None:
     out = llm.generate("Once upon a time", params)[0]
     assert out.outputs[0].finish_reason == "length"
     assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == limit
+
+
+def test_chat_takes_use_tqdm(llm: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    """As vLLM's LLM.chat (it was an unexpected keyword argument)."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    out = llm.chat([{"role": "user", "content": "hi"}], params, use_tqdm=True)
+    assert len(out[0].outputs[0].token_ids) == 3
+    assert "100%" in capsys.readouterr().err
