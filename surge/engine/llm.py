@@ -59,7 +59,8 @@ class LLM:
         enforce_eager: no CUDA graphs.
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
         tensor_parallel_size: shard the model over this many worker processes (GPUs); they
-            stop with :meth:`close` or at interpreter exit.
+            stop with :meth:`close` or at interpreter exit. They are spawned, so a script
+            that uses more than one guards its entry point with ``if __name__ == "__main__":``.
         tp_all_reduce: "nccl" (the default) or "auto" (a peer-memory one-shot all-reduce for
             decode-sized tensors where the GPUs allow it, NCCL for the rest; on two H200s it
             made a batch-1 decode step 3 % slower, benchmarks/results/h200x2/README.md).
