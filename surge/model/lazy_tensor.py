@@ -13,6 +13,22 @@ from typing import Any
 
 import torch
 
+_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+"""safetensors' dtype names (``get_dtype()``) as torch dtypes."""
+
 
 class LazyTensor:
     """A tensor of a safetensors file, read on indexing.
@@ -24,6 +40,14 @@ class LazyTensor:
     def __init__(self, tensor_slice: Any) -> None:
         self._slice = tensor_slice
         self.shape = torch.Size(tensor_slice.get_shape())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The stored dtype, from the file's header (nothing is read)."""
+        name = self._slice.get_dtype()
+        if name not in _DTYPES:
+            return self.materialize().dtype
+        return _DTYPES[name]
 
     def dim(self) -> int:
         return len(self.shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from surge.config import ModelConfig
@@ -36,3 +37,26 @@ def test_lazy_tensor_reads_only_what_is_indexed(tmp_path: Path) -> None:
     out.copy_(lazy)  # whole-tensor use reads it all
     assert torch.equal(out, full)
     assert torch.equal(lazy.float(), full)
+
+
+def test_fp8_weights_are_read_lazily_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FP8 weight loader checks the stored dtype from the header, without reading the whole
+    tensor on every rank (``.dtype`` fell through to ``materialize()``)."""
+    from surge.model.loader import load_model
+    from tests.quant.helpers import fp8_checkpoint
+
+    src = make_tiny_model("qwen3", tmp_path / "src")
+    fp8_checkpoint(src, tmp_path / "fp8", (16, 16))  # whole blocks in each rank's k/v shard
+    read: list[tuple[int, ...]] = []
+    original = LazyTensor.materialize
+
+    def counted(self: LazyTensor) -> torch.Tensor:
+        out = original(self)
+        if out.dtype == torch.float8_e4m3fn:
+            read.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(LazyTensor, "materialize", counted)
+    model = load_model(ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu", tp_rank=0, tp_size=2)
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    assert read == []  # no FP8 weight read whole
