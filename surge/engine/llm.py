@@ -262,10 +262,11 @@ class LLM:
             results.append(
                 RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids, [])
             )
-            room = self.engine.config.scheduler.max_model_len - len(token_ids)
-            if params.max_tokens is not None and 0 < room < params.max_tokens:
-                # as vLLM's offline LLM: generation ends at the context limit ("length"); the
-                # server refuses such a request, as vLLM's server does
+            room = self.engine.room_for_output(len(token_ids))
+            if params.max_tokens is not None and max(1, params.min_tokens) <= room < params.max_tokens:
+                # as vLLM's offline LLM: generation ends at the context limit ("length"), here also
+                # at what the KV pool holds, as for an unset max_tokens; less room than min_tokens
+                # is refused by the engine. The server refuses both, as vLLM's server does.
                 params = msgspec.structs.replace(params, max_tokens=room)
             for index, (child_id, child_params) in enumerate(split_n(request_id, params)):
                 if index > 0 and child_params.prompt_logprobs is not None:

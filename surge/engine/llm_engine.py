@@ -377,6 +377,16 @@ class LLMEngine:
         )
         structured.add(request)
 
+    def room_for_output(self, num_prompt_tokens: int) -> int:
+        """Output tokens that fit after a prompt of ``num_prompt_tokens`` tokens, in the context and
+        the KV pool (:func:`surge.core.scheduler.room_for_output`; zero or negative when none)."""
+        return room_for_output(
+            num_prompt_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+        )
+
     def _fill_context(self, num_prompt_tokens: int, params: SamplingParams) -> SamplingParams:
         """``params`` with ``max_tokens=None`` set to the room the context leaves after a prompt
         of ``num_prompt_tokens`` tokens (vLLM's rule for an unset ``max_tokens``), within what the
@@ -385,12 +395,7 @@ class LLMEngine:
         Raises:
             ValueError: the prompt leaves no room, or less than ``min_tokens``.
         """
-        room = room_for_output(
-            num_prompt_tokens,
-            max_model_len=self.max_model_len,
-            block_size=self.block_size,
-            num_kv_blocks=self.num_kv_blocks,
-        )
+        room = self.room_for_output(num_prompt_tokens)
         if room < max(1, params.min_tokens):
             raise ValueError(
                 f"This model's maximum context length is {self.max_model_len} tokens and the KV cache "

@@ -93,3 +93,18 @@ def test_chat_takes_use_tqdm(llm: LLM, capsys: pytest.CaptureFixture[str]) -> No
     out = llm.chat([{"role": "user", "content": "hi"}], params, use_tqdm=True)
     assert len(out[0].outputs[0].token_ids) == 3
     assert "100%" in capsys.readouterr().err
+
+
+def test_clipping_respects_min_tokens_and_the_kv_pool() -> None:
+    """min_tokens past the room is refused with the context message (it said "min_tokens (80)
+    must not exceed max_tokens (59)", a max_tokens the user never set); a pool smaller than the
+    context ends the output where the pool is full, as an unset max_tokens does."""
+    small = LLM(device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
+        small.generate("Once upon a time", SamplingParams(max_tokens=100, min_tokens=80))
+    small.close()
+    with LLM(device="cpu", num_kv_blocks=8) as pool:  # 128 tokens of KV, context 512
+        params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+        out = pool.generate("Once upon a time", params)[0]
+        assert out.outputs[0].finish_reason == "length"
+        assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 8 * 16
