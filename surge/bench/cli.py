@@ -48,8 +48,9 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--roofline-kv-cache-dtype",
         default=None,
-        choices=["auto", "fp8"],
-        help="the server's KV cache dtype for the roofline: auto (the model's) or fp8 (default auto)",
+        choices=["auto", "fp8", "fp8_e4m3"],
+        help="the server's KV cache dtype for the roofline: auto (the model's) or fp8 (fp8_e4m3, vLLM's name, "
+        "is the same) (default auto)",
     )
 
 

@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from surge.quant.config import KV_CACHE_DTYPE_ALIASES
+
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
 
 
@@ -218,8 +220,8 @@ def model_shape(
             f"unknown dtype {dt if dt not in DTYPE_BYTES else model_dt!r} for the roofline "
             f"(one of {', '.join(DTYPE_BYTES)})"
         )
-    if kv_cache_dtype == "fp8_e4m3":  # vLLM's name of the same cache
-        kv_cache_dtype = "fp8"
+    if kv_cache_dtype in KV_CACHE_DTYPE_ALIASES:  # vLLM's names of Surge's caches
+        kv_cache_dtype = KV_CACHE_DTYPE_ALIASES[kv_cache_dtype]
     if kv_cache_dtype not in (None, "auto", "fp8"):
         raise ValueError(
             f"unknown kv_cache_dtype {kv_cache_dtype!r} for the roofline (auto, fp8 or fp8_e4m3)"

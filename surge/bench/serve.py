@@ -125,13 +125,14 @@ class ServeConfig:
             raise ValueError(f"--roofline-tp must be >= 1, got {self.roofline_tp}")
         if self.roofline_tp > 1 and self.hardware is not None and not self.hardware.link_bandwidth > 0:
             raise ValueError(f"--roofline-tp: no GPU link bandwidth known for {self.hardware.name}")
-        if self.roofline_dtype is not None and self.roofline_dtype.removeprefix("torch.") not in DTYPE_BYTES:
+        dtype = self.roofline_dtype
+        if dtype is not None and dtype != "auto" and dtype.removeprefix("torch.") not in DTYPE_BYTES:
             raise ValueError(
-                f"--roofline-dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.roofline_dtype!r}"
+                f"--roofline-dtype must be auto or one of {', '.join(DTYPE_BYTES)}, got {dtype!r}"
             )
-        if self.roofline_kv_cache_dtype not in (None, "auto", "fp8"):
+        if self.roofline_kv_cache_dtype not in (None, "auto", "fp8", "fp8_e4m3"):
             raise ValueError(
-                f"--roofline-kv-cache-dtype must be auto or fp8, got {self.roofline_kv_cache_dtype!r}"
+                f"--roofline-kv-cache-dtype must be auto, fp8 or fp8_e4m3, got {self.roofline_kv_cache_dtype!r}"
             )
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("--max-concurrency must be >= 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import secrets
 import time
 from collections.abc import Iterable
@@ -53,20 +54,18 @@ def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, Sampling
     return children
 
 
-def _check_types(ints: dict[str, int | None], bools: dict[str, bool | None]) -> None:
-    """Refuse arguments of the wrong type with a message naming them (a float ``block_size`` or a
-    string ``max_model_len`` failed deep inside, and ``enable_prefix_caching="no"`` was true).
-    None is let through here; the fields that cannot be None are refused by their configs.
+def _int_arg(name: str, value: int | None) -> int | None:
+    """``value`` as an int (NumPy integers too), None as is.
 
     Raises:
-        ValueError: the first argument that is not an int (not a bool) or a bool.
+        ValueError: naming ``name``, for a bool, a float, a string or anything else (a float
+            ``block_size`` or a string ``max_model_len`` failed deep inside).
     """
-    for name, value in ints.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    for name, value in bools.items():
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def build_engine_config(
@@ -118,28 +117,26 @@ def build_engine_config(
         ValueError: a bad model folder, a value of the wrong type or out of range (the message
             names it).
     """
-    _check_types(
-        ints={
-            "seed": seed,
-            "block_size": block_size,
-            "num_kv_blocks": num_kv_blocks,
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "max_model_len": max_model_len,
-            "tensor_parallel_size": tensor_parallel_size,
-            "data_parallel_size": data_parallel_size,
-        },
-        bools={
-            "enable_prefix_caching": enable_prefix_caching,
-            "enforce_eager": enforce_eager,
-            "async_scheduling": async_scheduling,
-            "fp8_emulation": fp8_emulation,
-        },
-    )
+    seed = _int_arg("seed", seed)
+    block_size = _int_arg("block_size", block_size)  # type: ignore[assignment]
+    num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks)
+    max_num_seqs = _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
+    max_num_batched_tokens = _int_arg("max_num_batched_tokens", max_num_batched_tokens)  # type: ignore[assignment]
+    max_model_len = _int_arg("max_model_len", max_model_len)
+    tensor_parallel_size = _int_arg("tensor_parallel_size", tensor_parallel_size)  # type: ignore[assignment]
+    data_parallel_size = _int_arg("data_parallel_size", data_parallel_size)  # type: ignore[assignment]
+    for name, flag in (
+        ("enable_prefix_caching", enable_prefix_caching),
+        ("enforce_eager", enforce_eager),
+        ("async_scheduling", async_scheduling),
+        ("fp8_emulation", fp8_emulation),
+    ):
+        if flag is not None and not isinstance(flag, bool):
+            raise ValueError(f"{name} must be true or false, got {flag!r}")
     if seed is None:  # as vLLM: an unseeded engine (dummy weights and unseeded sampling differ per run)
         seed = secrets.randbelow(2**31)
-    if not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+        logger.info("seed None: this engine's seed is %d (pass it to reproduce the run)", seed)
+    seed %= 2**63  # any integer (vLLM takes negative ones); torch's generators take [0, 2**63)
     model_config = ModelConfig.from_pretrained(
         model,
         dtype=dtype,
@@ -275,8 +272,9 @@ class LLMEngine:
                 how = "sized by a profiling run"
             else:
                 how = "sized from the CPU KV budget"
-            cap = getattr(runner, "max_num_seqs", 0) * getattr(runner, "max_blocks_per_seq", 0)
-            if not config.cache.num_kv_blocks and isinstance(cap, int) and num_blocks == cap > 0:
+            sched = config.scheduler
+            cap = sched.max_num_seqs * -(-sched.max_model_len // config.cache.block_size)
+            if not config.cache.num_kv_blocks and num_blocks == cap:
                 # the budget holds more: the pool stops at what max_num_seqs sequences could ever use
                 budget = "memory left after the profiling run" if "profiling" in how else "CPU KV budget"
                 how = f"capped at max_num_seqs x ceil(max_model_len / block_size) (the {budget} holds more)"

@@ -154,5 +154,5 @@ def init_dummy_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
             param.fill_(1.0)
         else:
             gen = torch.Generator(device=param.device)
-            gen.manual_seed(seed * 1_000_003 + i)
+            gen.manual_seed((seed * 1_000_003 + i) % 2**63)  # within torch's range for any seed
             param.normal_(0.0, std, generator=gen)

@@ -31,7 +31,7 @@ def kv_cache_dtype_name(value: str) -> str:
     Raises:
         ValueError: another value, e.g. vLLM's ``fp8_e5m2`` (Surge's FP8 cache is e4m3).
     """
-    name = KV_CACHE_DTYPE_ALIASES.get(value, value)
+    name = KV_CACHE_DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
     if name not in KV_CACHE_DTYPES:
         choices = ", ".join((*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES))
         raise ValueError(f"kv_cache_dtype must be one of {choices} (fp8 is e4m3), got {value!r}")

@@ -460,15 +460,16 @@ def _part_sizes(layer: _LinearBase) -> list[int]:
 
 
 def _check_scales(loaded: torch.Tensor, what: str) -> None:
-    """Refuse weight scales that are not all finite and positive (NaN scales gave NaN logits).
+    """Refuse weight scales that are not finite or are negative (NaN scales gave NaN logits); a
+    zero scale (an all-zero block) is allowed, as vLLM allows it.
 
     Raises:
         ValueError: naming ``what`` and the first bad value.
     """
     values = loaded.float()
-    bad = ~(torch.isfinite(values) & (values > 0))
+    bad = ~(torch.isfinite(values) & (values >= 0))
     if bool(bad.any()):
-        raise ValueError(f"{what} must be finite and positive, got {values[bad].reshape(-1)[0].item()}")
+        raise ValueError(f"{what} must be finite and not negative, got {values[bad].reshape(-1)[0].item()}")
 
 
 def _block_scale_shape(

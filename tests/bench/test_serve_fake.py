@@ -327,6 +327,8 @@ def test_roofline_column_with_fp8_weights_and_kv_cache() -> None:
         for bad in (dict(roofline_dtype="int4"), dict(roofline_kv_cache_dtype="fp16")):
             with pytest.raises(ValueError, match="--roofline-"):
                 ServeConfig(**base, **bad).validate()
+        # serve's --dtype default and vLLM's KV name, as bench roofline takes them (they were refused)
+        ServeConfig(**base, roofline_dtype="auto", roofline_kv_cache_dtype="fp8_e4m3").validate()
     for r, dt, kv in ((plain, None, None), (w8, "fp8", None), (w8kv8, "fp8", "fp8")):
         shape = model_shape(cfg, dt, 1, kv)
         assert r["roofline_output_throughput"] == pytest.approx(

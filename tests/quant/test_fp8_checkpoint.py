@@ -234,9 +234,13 @@ def _rewrite(folder: Path, name: str, tensor: torch.Tensor) -> None:
         (
             "model.layers.0.self_attn.o_proj.weight_scale_inv",
             lambda t: torch.full_like(t, float("nan")),
-            "weight_scale_inv must be finite and positive, got nan",
+            "weight_scale_inv must be finite and not negative, got nan",
         ),
-        ("model.layers.1.mlp.up_proj.weight_scale_inv", lambda t: -t, "must be finite and positive, got -"),
+        (
+            "model.layers.1.mlp.up_proj.weight_scale_inv",
+            lambda t: -t,
+            "must be finite and not negative, got -",
+        ),
         (
             "model.layers.0.self_attn.k_proj.weight",
             lambda t: t.float().to(torch.bfloat16),
@@ -256,11 +260,14 @@ def test_bad_checkpoint_tensors_are_named(
     assert name in str(err.value)
 
 
-def test_per_tensor_scale_must_be_positive(tiny_qwen3: Path, tmp_path: Path) -> None:
+def test_per_tensor_scale_must_be_finite(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """An infinite scale is refused; a zero one (an all-zero tensor) loads, as in vLLM."""
     fp8_checkpoint(tiny_qwen3, tmp_path / "fp8", None)
-    _rewrite(tmp_path / "fp8", "model.layers.0.mlp.down_proj.weight_scale", torch.tensor([0.0]))
-    with pytest.raises(ValueError, match="weight_scale must be finite and positive, got 0.0"):
+    _rewrite(tmp_path / "fp8", "model.layers.0.mlp.down_proj.weight_scale", torch.tensor([float("inf")]))
+    with pytest.raises(ValueError, match="weight_scale must be finite and not negative, got inf"):
         load_model(ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu")
+    _rewrite(tmp_path / "fp8", "model.layers.0.mlp.down_proj.weight_scale", torch.tensor([0.0]))
+    load_model(ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu")
 
 
 def test_dummy_weights_refuse_what_the_checkpoint_would(tiny_qwen3: Path, tmp_path: Path) -> None:
