@@ -246,12 +246,12 @@ class TPExecutor:
 
     @property
     def bytes_per_block(self) -> int:
-        """Bytes of one KV block on each rank (its share of the KV heads, all layers)."""
+        """Bytes of one KV block on each rank (its share of the KV heads, all layers), in the KV
+        cache dtype (1 byte per value with ``kv_cache_dtype="fp8"``, as the ranks' runners)."""
         mc = self.config.model
         kv_heads = max(1, mc.num_key_value_heads // self.tp_size)
-        return (
-            2 * mc.num_hidden_layers * self.config.cache.block_size * kv_heads * mc.head_dim * mc.dtype_bytes
-        )
+        itemsize = 1 if self.config.cache.kv_cache_dtype == "fp8" else mc.dtype_bytes
+        return 2 * mc.num_hidden_layers * self.config.cache.block_size * kv_heads * mc.head_dim * itemsize
 
     def determine_num_kv_blocks(self) -> int:
         """The KV pool every rank can hold: the MIN over ranks of their own sizing."""

@@ -144,3 +144,27 @@ def test_tp2_bf16_block_checkpoint_on_the_cublas_path_is_as_close_to_hf_as_tp1(
     err1, err2, between = mean_abs(tp1, want), mean_abs(tp2, want), mean_abs(tp2, tp1)
     print(f"mean |logprob - HF|: TP=1 {err1:.4f}, TP=2 {err2:.4f}; TP=2 - TP=1 {between:.4f}")
     assert err2 <= 1.5 * err1 + 0.01, (err1, err2, between)
+
+
+def test_executor_counts_fp8_kv_blocks_in_bytes_of_fp8() -> None:
+    """The start-up line's GiB under tensor parallelism used the model dtype for an FP8 cache
+    (twice the real size); a rank's runner counts 1 byte per value."""
+    from types import SimpleNamespace
+
+    from surge.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from surge.parallel.executor import TPExecutor
+    from surge.worker.model_runner import ModelRunner
+
+    mc = ModelConfig.from_pretrained(None, dtype="bfloat16")
+    sizes = {}
+    for kv in ("auto", "fp8"):
+        cfg = EngineConfig(
+            model=mc,
+            cache=CacheConfig(kv_cache_dtype=kv),
+            scheduler=SchedulerConfig(max_model_len=64),
+            fp8_emulation=kv == "fp8",
+        )
+        fake = SimpleNamespace(config=cfg, tp_size=1)
+        sizes[kv] = TPExecutor.bytes_per_block.fget(fake)  # type: ignore[attr-defined]
+        assert sizes[kv] == ModelRunner(cfg).bytes_per_block
+    assert sizes["auto"] == 2 * sizes["fp8"]
