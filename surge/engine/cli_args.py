@@ -8,6 +8,22 @@ from surge.config import LOAD_FORMATS
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """Add ``--device`` and ``--dtype``, shared by `surge serve` and `surge generate`."""
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: cuda when a GPU is visible, else cpu (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model dtype (auto: the config's torch_dtype) (default: %(default)s)",
+    )
+
+
 def add_load_args(p: argparse.ArgumentParser) -> None:
     """Add ``--load-format``, ``--quantization`` and ``--kv-cache-dtype`` (choices from
     :data:`surge.config.LOAD_FORMATS`, :data:`surge.quant.config.QUANTIZATION_METHODS` and

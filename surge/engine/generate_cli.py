@@ -37,20 +37,9 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS up to --max-tokens")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=["auto", "cpu", "cuda"],
-        help="auto: cuda when a GPU is visible, else cpu (default: %(default)s)",
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="model dtype (auto: the config's torch_dtype) (default: %(default)s)",
-    )
-    from surge.engine.cli_args import add_load_args
+    from surge.engine.cli_args import add_device_args, add_load_args
 
+    add_device_args(p)
     add_load_args(p)
     from surge.parallel.cli_args import add_parallel_args
 

@@ -156,21 +156,10 @@ def add_serve_parser(subparsers: Any) -> None:
         default=0.9,
         help="fraction of GPU memory to use (default 0.9)",
     )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="model dtype (auto: the config's torch_dtype) (default: %(default)s)",
-    )
-    from surge.engine.cli_args import add_load_args
+    from surge.engine.cli_args import add_device_args, add_load_args
 
+    add_device_args(p)
     add_load_args(p)
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=["auto", "cpu", "cuda"],
-        help="auto: cuda when a GPU is visible, else cpu (default: %(default)s)",
-    )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
