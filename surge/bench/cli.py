@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
+
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
 
@@ -48,7 +50,7 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--roofline-kv-cache-dtype",
         default=None,
-        choices=["auto", "fp8", "fp8_e4m3"],
+        choices=[*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES],
         help="the server's KV cache dtype for the roofline: auto (the model's) or fp8 (fp8_e4m3, vLLM's name, "
         "is the same) (default auto)",
     )
@@ -262,7 +264,7 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--kv-cache-dtype",
         default=None,
-        choices=["auto", "fp8", "fp8_e4m3"],
+        choices=[*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES],
         help="KV cache dtype: auto (the model's) or fp8 (fp8_e4m3, vLLM's name, is the same) (default auto)",
     )
     _add_grid_flags(p, preset_default="official-8b when no --concurrency/--input-len/--output-len is given")

@@ -39,6 +39,7 @@ from surge.bench.datasets import SampleRequest, random_requests, range_bounds, s
 from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
+from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
@@ -130,10 +131,11 @@ class ServeConfig:
             raise ValueError(
                 f"--roofline-dtype must be auto or one of {', '.join(DTYPE_BYTES)}, got {dtype!r}"
             )
-        if self.roofline_kv_cache_dtype not in (None, "auto", "fp8", "fp8_e4m3"):
-            raise ValueError(
-                f"--roofline-kv-cache-dtype must be auto, fp8 or fp8_e4m3, got {self.roofline_kv_cache_dtype!r}"
-            )
+        if self.roofline_kv_cache_dtype is not None:
+            try:
+                kv_cache_dtype_name(self.roofline_kv_cache_dtype)
+            except ValueError as e:
+                raise ValueError(f"--roofline-kv-cache-dtype: {e}") from None
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("--max-concurrency must be >= 1")
         if not self.request_rate > 0:
