@@ -171,8 +171,9 @@ def free_port() -> int:
 def drive(url: str, streams: int, tokens: int, model: str) -> dict[str, Any]:
     """Send ``streams`` concurrent chat streams of ``tokens`` tokens with surge bench's client.
 
-    Returns: duration (s), output tokens, events, client CPU seconds, ITL median, TPOT and TTFT
-    (ms), errors.
+    Returns: duration (s), output tokens, events, client CPU seconds, ITL median and P99, the
+    share of ITLs over 4/3 of the median (delivery jitter: late events followed by early ones),
+    TPOT and TTFT (ms), errors.
     """
     from surge.bench.client import RequestInput
     from surge.bench.serve import run_requests
@@ -192,6 +193,7 @@ def drive(url: str, streams: int, tokens: int, model: str) -> dict[str, Any]:
     )
     cpu = time.process_time() - cpu0
     itls = [x for r in results for x in r.itl]
+    itl_median = statistics.median(itls) if itls else 0.0
     events = sum(len(r.itl) + (1 if r.success else 0) for r in results)
     errors = [r.error for r in results if not r.success]
     out_tokens = sum(r.output_len for r in results if r.success)
@@ -202,7 +204,9 @@ def drive(url: str, streams: int, tokens: int, model: str) -> dict[str, Any]:
         "output_tokens": out_tokens,
         "events": events,
         "client_cpu_s": cpu,
-        "itl_median_ms": 1e3 * statistics.median(itls) if itls else None,
+        "itl_median_ms": 1e3 * itl_median if itls else None,
+        "itl_p99_ms": 1e3 * statistics.quantiles(itls, n=100)[98] if len(itls) > 1 else None,
+        "itl_late_share": sum(x > 4 / 3 * itl_median for x in itls) / len(itls) if itls else None,
         "tpot_mean_ms": 1e3 * statistics.fmean(tpots) if tpots else None,
         "ttft_mean_ms": 1e3 * statistics.fmean(ttfts) if ttfts else None,
         "ttft_max_ms": 1e3 * max(ttfts) if ttfts else None,

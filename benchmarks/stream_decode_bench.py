@@ -31,13 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemm_bench import time_graph  # noqa: E402
 
 from surge.kernels.stream_decode import (  # noqa: E402
-    EPI_ADD,
-    EPI_NONE,
-    EPI_SILU,
-    KIND_INPUT,
-    KIND_NORM,
-    KIND_NORM_STATS,
-    KIND_STATS,
     StreamDecodeKernel,
     StreamPhase,
     pack_phases,
@@ -156,14 +149,8 @@ def main() -> None:
             f.write(json.dumps(r) + "\n")
 
 
-ROLES = {
-    (KIND_NORM, EPI_NONE): "qkv",
-    (KIND_NORM_STATS, EPI_NONE): "qkv",
-    (KIND_INPUT, EPI_ADD): "o",
-    (KIND_NORM_STATS, EPI_SILU): "gate_up",
-    (KIND_STATS, EPI_ADD): "down",
-    (KIND_STATS, EPI_NONE): "down",  # the last layer's (no residual add in the kernel)
-}
+ROLES = ("o", "gate_up", "down", "qkv")
+"""The roles of a layer launch's phases, in order (launch 0 holds the first layer's qkv alone)."""
 
 
 def trace(
@@ -204,8 +191,8 @@ def trace(
     torch.cuda.synchronize()
     rows = phase_timeline(stamps.cpu(), starts)
     out: dict[str, dict[str, float]] = {}
-    for ph, row in zip(phases, rows, strict=True):
-        role = ROLES.get((ph.kind, ph.epilogue), f"kind {ph.kind}, epilogue {ph.epilogue}")
+    roles = ["qkv"] + [ROLES[j] for g in launches[1:] for j in range(len(g))]
+    for ph, role, row in zip(phases, roles, rows, strict=True):
         acc = out.setdefault(role, {"phases": 0.0, "gb": 0.0} | {k: 0.0 for k in row})
         acc["phases"] += 1
         acc["gb"] += ph.weight.numel() / 1e9

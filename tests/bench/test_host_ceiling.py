@@ -33,6 +33,8 @@ def test_client_mode_counts_every_event() -> None:
     assert run["num_errors"] == 0
     assert run["output_tokens"] == 8 * 20 and run["events"] == 8 * 20  # one token per event
     assert run["client_cpu_us_per_event"] > 0 and run["events_per_s"] > 0
+    assert run["itl_p99_ms"] >= run["itl_median_ms"] > 0
+    assert 0 <= run["itl_late_share"] < 1
 
 
 def test_api_mode_delivers_every_token(tmp_path: Path) -> None:
