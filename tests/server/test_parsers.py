@@ -258,6 +258,35 @@ def test_required_calls_cut_by_max_tokens_are_content_when_not_streamed(answer: 
     assert _collect([_forced("required")().parse(text)]) == ("\n\n" + answer, "Weather.", [])
 
 
+def _required() -> ChatOutputParser:
+    return ChatOutputParser(None, RequiredToolParser(_ids()))
+
+
+@pytest.mark.parametrize(
+    ("make", "answer"),
+    [
+        (_required, '[{"name": "f", "parameters": {}}, {"name": "g", "'),
+        (_required, '[{"name": "g",'),
+        (_required, '[{"name": "g", "para'),
+        (_parser("hermes"), '<tool_call>\n{"name": "g", "argu'),
+        (_parser("llama3_json"), '{"name": "g"'),
+    ],
+)
+def test_a_streamed_call_cut_after_its_name_has_no_made_up_arguments(
+    make: Callable[[], ChatOutputParser], answer: str
+) -> None:
+    """``max_tokens`` cut a call after its name, before its arguments: streamed, the call's
+    arguments are what was generated of them (nothing), not a ``{}`` that parses as a complete
+    call without arguments (and need not validate against the tool's schema)."""
+    for pieces in ([answer], [*answer]):
+        parser = make()
+        calls = _collect([parser.feed(p) for p in pieces] + [parser.finish()])[2]
+        assert calls[-1] == ("g", "")
+    # a closed call without arguments is still a call with none
+    assert _check(_required, '[{"name": "g"}]')[2] == [("g", "{}")]
+    assert _check(_parser("hermes"), '<tool_call>{"name": "g"}</tool_call>')[2] == [("g", "{}")]
+
+
 def test_named_call_cut_by_max_tokens_stays_the_call() -> None:
     """A named call's arguments cut by ``max_tokens`` stay the call's, non-streamed as streamed
     (vLLM's answer; the finish reason says "length"); after a reasoning, the reasoning stays apart."""

@@ -87,6 +87,14 @@ def partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
+def _is_object(text: str) -> bool:
+    """Whether ``text`` (whitespace around it aside) is a whole JSON object."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 class JsonToolCall:
     """Streams one ``{"name": ..., "arguments" | "parameters": {...}}`` object as tool-call
     deltas: the name as soon as it is complete, then the arguments' JSON text as it grows.
@@ -139,7 +147,11 @@ class JsonToolCall:
                 return out  # whitespace before the value may still grow
             if m is None:
                 if complete:
-                    self._release("{}", out)
+                    # a closed object without arguments (``{"name": "f"}``) calls f with none; one
+                    # cut short after its name (``{"name": "f", "par``) wrote no arguments: none
+                    # are released, rather than a ``{}`` the model never wrote
+                    if _is_object(text):
+                        self._release("{}", out)
                     self._done = True
                 return out
             self._args_start = m.end()
