@@ -65,3 +65,35 @@ def test_ref_keys_inside_instance_values_are_left_alone() -> None:
     moved = schema["$defs"]["tool_0"]
     assert moved["properties"]["a"]["$ref"] == "#/$defs/tool_0/$defs/A"
     assert moved["properties"]["b"]["const"] == {"$ref": "#/not/a/schema"}
+
+
+def test_properties_named_like_keywords_are_schemas() -> None:
+    """A parameter called ``default``, ``enum``, ``const`` or ``examples`` is a schema like any
+    other: its ``$ref`` follows the tool into ``$defs`` (it was left pointing at the array's
+    root: a 400, or, for ``#``, the parameter took the array of calls' schema)."""
+    params = {
+        "type": "object",
+        "properties": {
+            "default": {"$ref": "#/$defs/Mode"},
+            "enum": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+            "$ref": {"type": "string", "maxLength": 3},
+        },
+        "required": ["default", "enum", "$ref"],
+        "$defs": {"Mode": {"enum": ["fast", "slow"]}},
+    }
+    schema = required_schema([_tool("f", params)])
+    moved = schema["$defs"]["tool_0"]
+    assert moved["properties"]["default"] == {"$ref": "#/$defs/tool_0/$defs/Mode"}
+    assert moved["properties"]["enum"]["anyOf"][0] == {"$ref": "#/$defs/tool_0"}
+    assert moved["properties"]["$ref"] == params["properties"]["$ref"]
+    grammar = build_grammar(StructuredOutputsParams(json=json.dumps(schema)))
+
+    def accepts(args: dict) -> bool:  # type: ignore[type-arg]
+        return bool(
+            xgr_testing._is_grammar_accept_string(grammar, json.dumps([{"name": "f", "parameters": args}]))
+        )
+
+    inner = {"default": "slow", "enum": None, "$ref": "b"}
+    assert accepts({"default": "fast", "enum": inner, "$ref": "a"})
+    assert not accepts({"default": "fast", "enum": [{"name": "f", "parameters": inner}], "$ref": "a"})
+    assert not accepts({"default": "medium", "enum": None, "$ref": "a"})

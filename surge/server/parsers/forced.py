@@ -61,23 +61,34 @@ def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[
 
 _DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
 """Schema keywords whose values are instances, not schemas (a ``$ref`` key there is data)."""
+_NAMED_SUBSCHEMAS = frozenset(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"))
+"""Schema keywords whose values map names to subschemas: there a key is a name, never a keyword
+(a property called ``default`` or ``enum`` is a schema like any other)."""
 
 
-def _has_local_ref(node: Any) -> bool:
-    """Whether a schema holds a ``$ref`` to ``#`` or ``#/...`` (outside instance values)."""
+def _has_local_ref(node: Any, names: bool = False) -> bool:
+    """Whether a schema holds a ``$ref`` to ``#`` or ``#/...`` (outside instance values);
+    ``names``: ``node`` maps names to subschemas."""
     if isinstance(node, dict):
+        if names:
+            return any(_has_local_ref(v) for v in node.values())
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
             return True
-        return any(_has_local_ref(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+        return any(
+            _has_local_ref(v, k in _NAMED_SUBSCHEMAS) for k, v in node.items() if k not in _DATA_KEYWORDS
+        )
     if isinstance(node, list):
         return any(_has_local_ref(v) for v in node)
     return False
 
 
-def _reroot(node: Any, root: str) -> Any:
-    """A copy of a schema whose local ``$ref``s point below ``root`` (a JSON pointer)."""
+def _reroot(node: Any, root: str, names: bool = False) -> Any:
+    """A copy of a schema whose local ``$ref``s point below ``root`` (a JSON pointer);
+    ``names``: ``node`` maps names to subschemas."""
     if isinstance(node, dict):
+        if names:
+            return {k: _reroot(v, root) for k, v in node.items()}
         out = {}
         for k, v in node.items():
             if k == "$ref" and isinstance(v, str) and v.startswith("#"):
@@ -85,7 +96,7 @@ def _reroot(node: Any, root: str) -> Any:
             elif k in _DATA_KEYWORDS:
                 out[k] = v
             else:
-                out[k] = _reroot(v, root)
+                out[k] = _reroot(v, root, k in _NAMED_SUBSCHEMAS)
         return out
     if isinstance(node, list):
         return [_reroot(v, root) for v in node]
