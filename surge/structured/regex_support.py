@@ -24,9 +24,10 @@ def regex_problem(pattern: str) -> str | None:
     other ``(?...)`` group modifiers (named and ``(?:`` groups, and a leading ``(?i)``, are fine),
     letter escapes other than ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\x \\u \\c`` (xgrammar
     matches ``\\A``, ``\\Z``, ``\\z``, ``\\h``... as the letter itself, ``\\a`` and ``\\e`` as control
-    characters), a digit escape in a character class, and a ``^`` or ``$`` that is not at the
-    start or the end of the match (xgrammar ignores it; anchors at the ends of alternatives are
-    fine).
+    characters), a UTF-16 surrogate escape (``\\ud83d``: xgrammar never matches the character a
+    surrogate pair spells), a digit escape in a character class, and a ``^`` or ``$`` that is not
+    at the start or the end of the match (xgrammar ignores it; anchors at the ends of alternatives
+    are fine).
     xgrammar matches the whole string in both uses (JSON Schema ``pattern`` and a
     ``guided_regex``), so anchors at the ends change nothing.
     """
@@ -100,7 +101,7 @@ class _RegexScan:
             if start + 1 >= len(p):
                 self.i = len(p)
                 return None  # a trailing backslash: xgrammar rejects it
-            problem = _escape_problem(p[start + 1], in_class=False)
+            problem = _escape_problem(p[start + 1], in_class=False) or _surrogate_escape(p, start)
             if problem is not None:
                 return f"{problem} at position {start}"
             self.i = start + 2
@@ -122,7 +123,7 @@ class _RegexScan:
             j += 1
         while j < len(p) and p[j] != "]":
             if p[j] == "\\" and j + 1 < len(p):
-                problem = _escape_problem(p[j + 1], in_class=True)
+                problem = _escape_problem(p[j + 1], in_class=True) or _surrogate_escape(p, j)
                 if problem is not None:
                     return f"{problem} at position {j}"
                 j += 2
@@ -225,6 +226,21 @@ def repeat_cost(pattern: str) -> int:
         else:
             i += 1
     return cost
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def _surrogate_escape(pattern: str, at: int) -> str | None:
+    """What is wrong with a ``\\uD800`` to ``\\uDFFF`` escape at ``at``, or None: xgrammar reads it
+    as a code point of its own and emits bytes that are not UTF-8 (the text shows U+FFFD), so a
+    surrogate pair never matches the character it spells."""
+    m = _SURROGATE_ESCAPE.match(pattern, at)
+    if m is None:
+        return None
+    return (
+        f"the UTF-16 surrogate escape '\\u{m.group(1)}' (no UTF-8 text holds one; write the character itself)"
+    )
 
 
 def _escape_problem(ch: str, in_class: bool) -> str | None:

@@ -570,6 +570,8 @@ REGEX_REFUSED = [
     ("(^a)+", "repeated group"),
     ("(a$){2}", "repeated group"),
     ("^*a", "quantified anchor"),
+    ("\\ud83d\\ude00", "surrogate escape '\\ud83d'"),  # 😀 spelled as a surrogate pair
+    ("x[\\ud800-\\udbff][\\uDC00-\\uDFFF]", "surrogate escape '\\ud800' (no UTF-8 text holds one"),
 ]
 REGEX_ACCEPTED = [
     "\\d{3}-\\d{4}",
@@ -604,6 +606,19 @@ def test_regex_problem_finds_what_xgrammar_drops(pattern: str, words: str) -> No
 @pytest.mark.parametrize("pattern", REGEX_ACCEPTED)
 def test_regex_problem_accepts_what_xgrammar_enforces(pattern: str) -> None:
     assert regex_problem(pattern) is None
+
+
+def test_surrogate_escapes_never_match_the_character_they_spell() -> None:
+    """Why a surrogate escape is refused: JSON Schema's regexes (ECMA-262) read a pair as the
+    character it spells, xgrammar each half as a code point of its own, so the pair never
+    matches 😀 (the model wrote bytes that are not UTF-8 instead)."""
+    import xgrammar as xgr
+
+    assert not xgr_testing._is_grammar_accept_string(xgr.Grammar.from_regex("\\ud83d\\ude00"), "\U0001f600")
+    schema = {"type": "string", "pattern": "\\ud83d\\ude00"}
+    with pytest.raises(ValueError, match="surrogate escape"):
+        check_structured_outputs(StructuredOutputsParams(json=json.dumps(schema)))
+    assert regex_problem("\\u00e9\\ud7ff\\ue000[\\u4e00-\\u9fff]\\\\ud83d") is None
 
 
 @pytest.mark.parametrize(("regex", "bad"), [("a^b", "ab"), ("a$b", "ab"), ("(^a)+", "aa"), ("a\\Z", "aZ")])
