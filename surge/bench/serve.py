@@ -140,8 +140,8 @@ class ServeConfig:
             raise ValueError("--max-concurrency must be >= 1")
         if not self.request_rate > 0:
             raise ValueError("--request-rate must be > 0 (or inf)")
-        if not self.burstiness > 0:
-            raise ValueError("--burstiness must be > 0")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise ValueError(f"--burstiness must be > 0 and finite, got {self.burstiness:g}")
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
             raise ValueError(
                 f"--request-timeout must be > 0 and finite (seconds), got {self.request_timeout_s:g}"

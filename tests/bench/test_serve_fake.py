@@ -372,6 +372,8 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--extra-body", '{"max_tokens": 3}'), "--extra-body sets 'max_tokens'"),  # had no effect
             (("--extra-body", '{"stream": false}'), "--extra-body sets 'stream'"),
             (("--seed", "-5"), "--seed must be >= 0"),
+            # gamma gaps of an infinite shape are NaN: was "cannot convert float NaN to integer" mid-run
+            (("--request-rate", "5", "--burstiness", "inf"), "--burstiness must be > 0 and finite"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
             (
                 ("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--input-len", "64"),
