@@ -14,6 +14,9 @@ Repeats: ``--repeats R`` runs each point R times (fresh prompts each time); the 
 the mean over the runs and the spread (population std, min, max) of the main metrics, and the
 per-run values under ``runs`` (``surge bench compare`` uses them as the noise of the point).
 
+Percentiles: each run reports those of ``--percentiles`` and always P99, which the summary's
+columns show.
+
 Written to ``--output-dir``: per run ``C{C}_I{I}_O{O}.json`` (``..._r{k}.json`` with repeats; the
 aggregates) and ``*.requests.json.gz`` (the per-request lists, see :mod:`surge.bench.results`),
 ``summary.json``, ``summary.md``, ``throughput.png`` and ``latency.png`` (and ``server.log`` with
@@ -273,6 +276,8 @@ def _run_point(
             max_concurrency=pt.concurrency,
             request_rate=math.inf,
             seed=seed,
+            # the summary's P99 columns need P99 whatever --percentiles asks (the file keeps all)
+            percentiles=tuple(sorted({*mcfg.serve.percentiles, 99.0})),
             extra={
                 "concurrency": pt.concurrency,
                 "matrix_point": pt.stem,

@@ -237,6 +237,22 @@ def test_matrix_repeats_statistics_and_gzip(tmp_path: Path) -> None:
     assert "±" in (out / "summary.md").read_text()
 
 
+def test_matrix_summary_has_p99_whatever_percentiles_asks(tmp_path: Path) -> None:
+    """--percentiles 50,90 adds P50/P90 to each point's file; the summary's P99 columns are
+    still filled (they were n/a: the runs computed no P99)."""
+    out = tmp_path / "m"
+    with FakeServer(Behaviour(ttft=0.005, itl=0.002)) as s:
+        assert _matrix(s.url, out, "--concurrency", "2", "--percentiles", "50,90") == 0
+    (row,) = json.loads((out / "summary.json").read_text())["points"]
+    for key in ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"):
+        assert isinstance(row[key], float) and row[key] > 0, (key, row[key])
+    r = load_result(out / row["result_file"])
+    assert r["p50_ttft_ms"] > 0 and r["p90_itl_ms"] > 0 and r["p99_ttft_ms"] == row["p99_ttft_ms"]
+    (line,) = [x for x in (out / "summary.md").read_text().splitlines() if x.startswith("| 2 | 8 | 4 |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert "n/a" not in cells[:11], line  # only the roofline columns (no --gpu) are n/a
+
+
 def test_combine_runs_by_hand() -> None:
     pt = MatrixPoint(2, 8, 4)
     runs = [
