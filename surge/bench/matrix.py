@@ -297,11 +297,18 @@ def _run_point(
     return result, error, counter
 
 
+def _summary_hardware(serve: ServeConfig) -> dict[str, Any] | None:
+    """The roofline's GPU as ``summary.json`` names it (None without one)."""
+    hw = serve.hardware
+    if hw is None:
+        return None
+    return {"name": hw.name, "hbm_bandwidth": hw.hbm_bandwidth, "peak_flops": hw.peak_flops}
+
+
 def _write_summary(
     mcfg: MatrixConfig, rows: list[dict[str, Any]], info: dict[str, Any], command: str
 ) -> dict[str, Any]:
     """Write ``summary.json`` and ``summary.md`` for the rows so far (called after every point)."""
-    hw = mcfg.serve.hardware
     summary: dict[str, Any] = {
         "date": info["date"],
         "command": command,
@@ -315,9 +322,8 @@ def _write_summary(
         "extra_body": mcfg.serve.extra_body,
         "repeats": mcfg.repeats,
         "prefix_cache_reset": mcfg.reset_prefix_cache,
-        "hardware": None
-        if hw is None
-        else {"name": hw.name, "hbm_bandwidth": hw.hbm_bandwidth, "peak_flops": hw.peak_flops},
+        "hardware": _summary_hardware(mcfg.serve),
+        "roofline_tp": mcfg.serve.roofline_tp,
         "roofline_dtype": mcfg.serve.roofline_dtype,
         "roofline_kv_cache_dtype": mcfg.serve.roofline_kv_cache_dtype,
         "num_points": len(rows),
@@ -339,11 +345,14 @@ _RESUME_SAME = (
     "seed",
     "temperature",
     "extra_body",
+    "hardware",
+    "roofline_tp",
     "roofline_dtype",
     "roofline_kv_cache_dtype",
 )
 """Summary fields a ``--resume`` must share with the earlier run (a field the earlier summary
-lacks, or ``model`` when this run takes the server's, is not compared)."""
+lacks, or ``model`` when this run takes the server's, is not compared): the roofline's settings
+too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'."""
 
 
 def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, Any]]:
@@ -352,8 +361,9 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
 
     Raises:
         ValueError: the earlier run was measured against another server, endpoint, model, seed,
-            temperature, extra body or roofline dtype (:data:`_RESUME_SAME`): its points would
-            be mixed with this run's under this run's settings.
+            temperature or extra body, or with another roofline GPU, TP size or dtype
+            (:data:`_RESUME_SAME`): its points would be mixed with this run's under this run's
+            settings.
     """
     path = mcfg.output_dir / "summary.json"
     if not path.is_file():
@@ -362,7 +372,10 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    now = {name: getattr(mcfg.serve, name) for name in _RESUME_SAME}  # ServeConfig fields, as summarized
+    now = {  # ServeConfig fields, as summarized
+        name: _summary_hardware(mcfg.serve) if name == "hardware" else getattr(mcfg.serve, name)
+        for name in _RESUME_SAME
+    }
     for name in _RESUME_SAME if isinstance(old, dict) else ():
         if name == "model" and now[name] is None:
             continue  # this run takes the server's model

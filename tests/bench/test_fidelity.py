@@ -294,6 +294,36 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
         assert len(b.log) == n
 
 
+def test_matrix_resume_refuses_another_roofline_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The kept points' roofline columns would be another GPU's than the new points' (and than
+    the summary's ``hardware``): --resume with another --gpu or --roofline-tp is refused."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "m"
+    cfg = tmp_path / "cfg" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text((BUNDLED_MODEL / "config.json").read_text())
+    roof = ["--model-config", str(cfg), "--gpu", "h200"]
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--stop-after", "0", *roof) == 1
+        capsys.readouterr()
+        n = len(b.log)
+        for flags in (["--gpu", "b200"], ["--gpu", "h200", "--roofline-tp", "2"], []):
+            assert (
+                _matrix(s.url, out, "--concurrency", "1,2", "--resume", "--model-config", str(cfg), *flags)
+                == 2
+            )
+            err = capsys.readouterr().err
+            assert err.startswith("surge: error: --resume:") and err.count("\n") == 1, err
+            assert "hardware" in err or "roofline_tp" in err, err
+        assert len(b.log) == n  # nothing sent
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--resume", *roof) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["hardware"]["name"] == "NVIDIA H200" and summary["roofline_tp"] == 1
+    assert all(p["roofline_output_throughput"] for p in summary["points"])
+
+
 def test_chat_prompt_length_is_exact_with_the_template() -> None:
     """On the bundled model, the templated chat prompt has exactly the asked number of tokens."""
     from surge.bench.tokens import HFTokenCounter
