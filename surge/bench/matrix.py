@@ -351,7 +351,8 @@ _RESUME_SAME = (
     "roofline_kv_cache_dtype",
 )
 """Summary fields a ``--resume`` must share with the earlier run (a field the earlier summary
-lacks, or ``model`` when this run takes the server's, is not compared): the roofline's settings
+lacks is not compared; ``model``, when this run takes the server's, is compared with the model
+the server serves once it answers, :func:`_check_served_model`): the roofline's settings
 too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'."""
 
 
@@ -400,13 +401,42 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
     return rows
 
 
+def _previous_model(mcfg: MatrixConfig) -> str | None:
+    """The ``model`` of the earlier run's ``summary.json`` in ``output_dir``, or None."""
+    try:
+        old = json.loads((mcfg.output_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    model = old.get("model") if isinstance(old, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def _check_served_model(mcfg: MatrixConfig, previous_model: str | None) -> None:
+    """For a ``--resume`` without ``--model``: the model the server serves (the first of its
+    ``/v1/models``, the one this run measures) must be the earlier run's.
+
+    Raises:
+        ValueError: the server serves another model (one line, as the other resume checks).
+    """
+    if previous_model is None or mcfg.serve.model is not None:
+        return
+    served = fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)["data"][0].get("id")
+    if served != previous_model:
+        raise ValueError(
+            f"--resume: {mcfg.output_dir / 'summary.json'} was measured with model {previous_model!r}, "
+            f"the server at {mcfg.serve.base_url} serves {served!r}; resume with the same settings or "
+            "write to another --output-dir"
+        )
+
+
 def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     """Run every point, write the artifacts, return the summary dict (``points`` holds the rows).
 
     The summary files are rewritten after every point, so an interrupted run keeps what it measured.
     Raises:
         ValueError: the output folder cannot be created, the server (without ``--launch``) cannot
-            be reached, or the first server start fails.
+            be reached, the first server start fails, or a ``--resume`` finds a folder measured
+            with other settings or against another model.
     """
     out = mcfg.output_dir
     if mcfg.repeats < 1:
@@ -426,8 +456,10 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
     if previous:
         print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
+    previous_model = _previous_model(mcfg) if previous and todo else None
     if not mcfg.launch and todo:
         fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
+        _check_served_model(mcfg, previous_model)
     launcher = (
         ServerLauncher(mcfg.launch, mcfg.serve.base_url, mcfg.server_timeout_s, out / "server.log")
         if mcfg.launch and todo
@@ -460,6 +492,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     try:
         if launcher is not None:
             launcher.start()
+            _check_served_model(mcfg, previous_model)
         for n, pt in enumerate(todo, 1):
             if n > 1 and mcfg.stop_after_s is not None and time.monotonic() - t_start > mcfg.stop_after_s:
                 print(f"[matrix] --stop-after {mcfg.stop_after_s:g} s reached: {total - n + 1} point(s) left")

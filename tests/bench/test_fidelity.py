@@ -294,6 +294,30 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
         assert len(b.log) == n
 
 
+def test_matrix_resume_refuses_a_server_of_another_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --model the run measures the server's first model: a folder measured against
+    another model is refused before any request, as one with another --model is."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "m"
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--stop-after", "0") == 1
+        summary_path = out / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        assert summary["model"] == "fake-model"
+        summary_path.write_text(json.dumps({**summary, "model": "other-model"}))  # measured elsewhere
+        capsys.readouterr()
+        n = len(b.log)
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--resume") == 2
+        err = capsys.readouterr().err
+        assert err.startswith("surge: error: --resume:") and err.count("\n") == 1, err
+        assert "'other-model'" in err and "'fake-model'" in err
+        assert len(b.log) == n  # nothing sent
+        summary_path.write_text(json.dumps(summary))
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--resume") == 0
+
+
 def test_matrix_resume_refuses_another_roofline_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
