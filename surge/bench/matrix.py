@@ -456,7 +456,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
     if previous:
         print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
-    previous_model = _previous_model(mcfg) if previous and todo else None
+    previous_model = _previous_model(mcfg) if previous else None
     if not mcfg.launch and todo:
         fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
         _check_served_model(mcfg, previous_model)
@@ -468,7 +468,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     new_rows: dict[tuple[int, int, int], dict[str, Any]] = {}
     info: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "model": mcfg.serve.model,
+        "model": mcfg.serve.model or previous_model,  # the kept points' model, also when none is left to run
         "restarts": 0,
     }
 

@@ -318,6 +318,16 @@ def test_matrix_resume_refuses_a_server_of_another_model(
         assert _matrix(s.url, out, "--concurrency", "1,2", "--resume") == 0
 
 
+def test_matrix_resume_with_nothing_left_keeps_the_model(tmp_path: Path) -> None:
+    """A --resume that finds every point done rewrites summary.json with the kept points'
+    model (it wrote null, and a later --resume could no longer tell another model apart)."""
+    out = tmp_path / "m"
+    with FakeServer(Behaviour(ttft=0.005, itl=0.001)) as s:
+        assert _matrix(s.url, out, "--concurrency", "1") == 0
+        assert _matrix(s.url, out, "--concurrency", "1", "--resume") == 0
+    assert json.loads((out / "summary.json").read_text())["model"] == "fake-model"
+
+
 def test_matrix_resume_refuses_another_roofline_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
