@@ -42,12 +42,30 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: {shown})".strip()
 
 
+VLLM_FLAG_HINTS = {
+    "--backend": "--endpoint /v1/chat/completions or /v1/completions",
+    "--save-result": "--result-file FILE",
+    "--result-dir": "--result-file DIR/FILE",
+    "--result-filename": "--result-file FILE",
+    "--percentile-metrics": "nothing: TTFT, TPOT, ITL and E2EL are always reported",
+    "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
+}
+"""``vllm bench serve`` flags that Surge spells otherwise or does without, and what to use instead:
+an unrecognized one gets this hint in the error line (exact equivalents are aliases instead, e.g.
+``--dataset-name``, ``--random-input-len``, ``--metric-percentiles``)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments:"):
+            given = {a.split("=", 1)[0] for a in message.split(":", 1)[1].split()}
+            hints = [f"{flag}: use {use}" for flag, use in VLLM_FLAG_HINTS.items() if flag in given]
+            if hints:
+                message += " (vLLM's " + "; ".join(hints) + ")"
         self.exit(2, f"surge: error: {message}\n")
 
 

@@ -143,6 +143,36 @@ def test_a_missing_sub_command_is_named_by_its_choices() -> None:
     assert "required: {generate,serve,bench}" in p.stderr, p.stderr
 
 
+def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
+    from surge.cli import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "serve",
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "12",
+            "--random-output-len",
+            "7",
+            "--metric-percentiles",
+            "50,99",
+        ]
+    )
+    assert (args.dataset, args.input_len, args.output_len, args.percentiles) == ("random", 12, 7, "50,99")
+    p = _surge("bench", "serve", "--backend", "openai-chat", "--save-result", "--result-dir=/tmp")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--backend: use --endpoint",
+        "--save-result: use --result-file",
+        "--result-dir: use --result-file",
+    ):
+        assert hint in p.stderr, p.stderr
+    p = _surge("bench", "serve", "--bogus-flag")
+    assert p.returncode == 2 and "vLLM" not in p.stderr, p.stderr  # no hint for a flag vLLM lacks too
+
+
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     from surge.cli import build_parser
 

@@ -98,7 +98,12 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up requests with other prompts (default 1)"
     )
-    p.add_argument("--percentiles", default="99", help="comma-separated percentiles to report (default 99)")
+    p.add_argument(
+        "--percentiles",
+        "--metric-percentiles",
+        default="99",
+        help="comma-separated percentiles to report (default 99); --metric-percentiles is vLLM's spelling",
+    )
     p.add_argument(
         "--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:500 tpot:50 e2el:10000"
     )
@@ -136,22 +141,29 @@ def add_bench_parser(subparsers: Any) -> None:
     p = sub.add_parser("serve", help="benchmark one workload against an OpenAI-compatible server")
     _add_client_flags(p)
     p.add_argument(
-        "--dataset", choices=["random", "sharegpt"], default="random", help="prompts (default random)"
+        "--dataset",
+        "--dataset-name",
+        choices=["random", "sharegpt"],
+        default="random",
+        help="prompts (default random); --dataset-name is vLLM's spelling",
     )
     p.add_argument("--dataset-path", default=None, help="ShareGPT JSON file (for --dataset sharegpt)")
     p.add_argument(
         "--input-len",
+        "--random-input-len",
         type=int,
         default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
-        "templated prompt (role headers included) has exactly this many tokens (default 256)",
+        "templated prompt (role headers included) has exactly this many tokens (default 256); "
+        "--random-input-len is vLLM's spelling",
     )
     p.add_argument(
         "--output-len",
+        "--random-output-len",
         type=int,
         default=None,
         help="max_tokens of every request (default 256; with --dataset sharegpt, default: each "
-        "conversation's reply length, as vLLM)",
+        "conversation's reply length, as vLLM); --random-output-len is vLLM's spelling",
     )
     p.add_argument(
         "--random-range-ratio",
