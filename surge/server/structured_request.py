@@ -89,6 +89,11 @@ def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
                 "response_format.json_schema.description must be a string",
                 param="response_format.json_schema.description",
             )
+        if spec.get("schema") is not None and spec.get("json_schema") is not None:
+            raise bad_request(
+                "response_format.json_schema has both 'schema' and 'json_schema' (vLLM's alias of it); send one",
+                param="response_format.json_schema.json_schema",
+            )
         schema = spec.get("schema", spec.get("json_schema"))
         if schema is None:
             raise bad_request(

@@ -141,6 +141,13 @@ def test_structured_outputs_and_guided_on_completions(client: openai.OpenAI, ser
             {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "description": 5}},
             "response_format.json_schema.description",
         ),
+        (  # both spellings of the schema: one would be ignored
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {}, "json_schema": {"type": "string"}},
+            },
+            "response_format.json_schema.json_schema",
+        ),
     ],
 )
 def test_response_format_keys_are_checked(rf: dict[str, Any], param: str) -> None:
