@@ -88,6 +88,14 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._head_bytes = 0
+            # Bytes of the next request that came with the previous one (pipelined) are parsed
+            # only now, and no data_received follows if the client sends nothing more: its
+            # clock starts here, or a partial head would wait for the keep-alive timeout.
+            buffered = len(self.conn.trailing_data[0])
+            if buffered and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self._head_bytes = buffered
+                if self._header_timer is None:
+                    self._arm_header_timer()
 
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()
