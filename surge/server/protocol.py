@@ -198,7 +198,11 @@ class SamplingRequestFields(RequestBody):
     def check_unimplemented(self) -> None:
         """Raise a 400 ApiError naming the first refused field the request asks for."""
         checks: list[tuple[str, bool]] = [
-            ("return_tokens_as_token_ids", self.return_tokens_as_token_ids not in (None, False)),
+            # strict, as the refusals: 0 is not false (``0 in (None, False)`` would be True)
+            (
+                "return_tokens_as_token_ids",
+                self.return_tokens_as_token_ids is not None and self.return_tokens_as_token_ids is not False,
+            ),
         ]
         for name, asked in checks:
             if asked:

@@ -106,6 +106,8 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CMPL, "best_of", 1.0),
     (CMPL, "use_beam_search", 0),
     (CHAT, "return_token_ids", 0),
+    (CMPL, "return_tokens_as_token_ids", 0),
+    (CHAT, "return_tokens_as_token_ids", 0.0),
     (CMPL, "mm_processor_kwargs", ""),
     (CMPL, "top_logprobs", 3),  # chat's field: on completions it would do nothing
 ]
