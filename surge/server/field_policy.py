@@ -90,8 +90,12 @@ def _false(value: Any) -> bool:
     return value is None or value is False  # strict: 0 is not false here either
 
 
-def _empty(value: Any) -> bool:
-    return value is None or (isinstance(value, (list, dict)) and not value)
+def _empty_list(value: Any) -> bool:
+    return value is None or value == []  # strict: an empty object is not an empty list
+
+
+def _empty_dict(value: Any) -> bool:
+    return value is None or value == {}
 
 
 def _number_is(default: float) -> Callable[[Any], bool]:
@@ -140,7 +144,7 @@ REFUSALS: tuple[Refusal, ...] = (
         _unset,
         "a whitespace pattern is not supported (xgrammar's JSON whitespace)",
     ),
-    Refusal("functions", _empty, "the deprecated functions field is not supported: use tools"),
+    Refusal("functions", _empty_list, "the deprecated functions field is not supported: use tools"),
     Refusal(
         "function_call",
         lambda v: v in (None, "none", "auto"),
@@ -155,14 +159,14 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("reasoning_effort", _unset, "reasoning_effort is not supported"),
     Refusal("verbosity", _unset, "verbosity is not supported"),
     Refusal("documents", _unset, "documents (RAG chat templates) are not supported"),
-    Refusal("mm_processor_kwargs", _empty, "multimodal inputs are not supported"),
-    Refusal("media_io_kwargs", _empty, "multimodal inputs are not supported"),
+    Refusal("mm_processor_kwargs", _empty_dict, "multimodal inputs are not supported"),
+    Refusal("media_io_kwargs", _empty_dict, "multimodal inputs are not supported"),
     Refusal("prompt_embeds", _unset, "prompt embeddings are not supported"),
-    Refusal("logits_processors", _empty, "custom logits processors are not supported"),
+    Refusal("logits_processors", _empty_list, "custom logits processors are not supported"),
     Refusal("return_token_ids", _false, "return_token_ids is not supported"),
     Refusal("cache_salt", _unset, "cache_salt is not supported"),
     Refusal("kv_transfer_params", _unset, "KV transfer is not supported"),
-    Refusal("vllm_xargs", _empty, "vllm_xargs is not supported"),
+    Refusal("vllm_xargs", _empty_dict, "vllm_xargs is not supported"),
 )
 """Fields refused with a 400 naming them when their value asks for something Surge does not do."""
 

@@ -109,6 +109,10 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CMPL, "return_tokens_as_token_ids", 0),
     (CHAT, "return_tokens_as_token_ids", 0.0),
     (CMPL, "mm_processor_kwargs", ""),
+    (CHAT, "functions", {}),  # a list: an empty object is not its empty default
+    (CMPL, "logits_processors", {}),
+    (CHAT, "mm_processor_kwargs", []),  # an object
+    (CMPL, "vllm_xargs", []),
     (CMPL, "top_logprobs", 3),  # chat's field: on completions it would do nothing
 ]
 
