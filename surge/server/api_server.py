@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.message
 import gc
 import logging
 import os
@@ -171,8 +172,9 @@ def build_app(
         message, param = _validation_message(exc)
         content_type = request.headers.get("content-type", "")
         errors = exc.errors()
-        if "json" not in content_type.lower() and errors and tuple(errors[0].get("loc", ())) == ("body",):
-            # FastAPI did not parse a body sent as a form or plain text: say so, not "not a dict"
+        if not _parsed_as_json(content_type) and errors and tuple(errors[0].get("loc", ())) == ("body",):
+            # FastAPI did not parse a body sent as a form, plain text or `text/json`: say so,
+            # not "not a dict"
             message = (
                 "The request body must be a JSON object sent with 'Content-Type: application/json' "
                 f"(this request's Content-Type: {content_type or 'none'!r})"
@@ -322,6 +324,20 @@ def build_app(
     if web_ui:
         mount_web_ui(app)
     return app
+
+
+def _parsed_as_json(content_type: str) -> bool:
+    """Whether FastAPI parses a body of this ``Content-Type`` as JSON: its own rule,
+    ``application/json`` or ``application/*+json`` (parameters allowed; a body without the
+    header is not parsed, FastAPI's strict content type)."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
 
 
 def _json_response(obj: Any) -> Response:

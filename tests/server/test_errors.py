@@ -190,7 +190,10 @@ def test_schema_the_grammar_cannot_enforce_is_a_400_naming_the_field(
     assert err["message"].startswith(f"{param}: {says}"), err["message"]
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "text/json", "application/jsonx"],
+)
 def test_json_body_without_a_json_content_type_says_so(server: Server, content_type: str | None) -> None:
     """curl -d sends a JSON body as a form: the 400 names the missing JSON Content-Type."""
     headers = {"content-type": content_type} if content_type else {}
@@ -199,6 +202,17 @@ def test_json_body_without_a_json_content_type_says_so(server: Server, content_t
     )
     assert r.status_code == 400, r.text
     assert "Content-Type: application/json" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "application/vnd.api+json"])
+def test_json_content_types_fastapi_parses_are_served(server: Server, content_type: str) -> None:
+    r = httpx.post(
+        server.url + CMPL,
+        content=b'{"prompt": "x", "max_tokens": 2}',
+        headers={"content-type": content_type},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("path", [CMPL, "/v1/chat/completions"])
