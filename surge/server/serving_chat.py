@@ -17,6 +17,7 @@ from surge.server.logprobs import chat_content, chat_options, vllm_prompt_logpro
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_common import (
     ChunkEnvelope,
+    Cooperative,
     ServerState,
     build_sampling_params,
     check_template_kwargs,
@@ -100,7 +101,9 @@ async def create_chat_completion(
     if not body.stream:
         results = await collect(request, gen)
         choices = []
+        turn = Cooperative()
         for i, (text, finish, stop) in sorted(results.items()):
+            await turn.pause()
             message, finish = plan.message(text, finish)
             choices.append(
                 {

@@ -21,6 +21,7 @@ from surge.server.logprobs import (
 from surge.server.protocol import CompletionRequest
 from surge.server.serving_common import (
     ChunkEnvelope,
+    Cooperative,
     ServerState,
     build_sampling_params,
     collect,
@@ -148,16 +149,28 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         parts.append(builder.build(rows or LogprobsLists()))
         return CompletionLogprobs.join(parts)
 
+    prompt_logprobs_built: dict[int, list[dict[str, Any] | None]] = {}
+
     def prompt_logprobs_of(index: int) -> dict[str, Any]:
+        """The choice's ``prompt_logprobs``, built once per prompt: its ``n`` choices share
+        them (they are equal across choices)."""
         if lp.prompt_logprobs is None:
             return {}
-        rows = gen.choices[index].prompt_logprobs
-        return {"prompt_logprobs": vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)}
+        prompt_index = gen.choices[index].prompt_index
+        built = prompt_logprobs_built.get(prompt_index)
+        if built is None:
+            rows = gen.choices[index].prompt_logprobs
+            built = prompt_logprobs_built[prompt_index] = vllm_prompt_logprobs(
+                rows, lp.prompt_logprobs, strings
+            )
+        return {"prompt_logprobs": built}
 
     if not body.stream:
         results = await collect(request, gen)
         choices = []
+        turn = Cooperative()
         for i, (text, finish, stop) in sorted(results.items()):
+            await turn.pause()
             if body.echo:
                 text = echo_text(gen.choices[i].prompt_index) + text
             tracker = gen.choices[i].logprobs

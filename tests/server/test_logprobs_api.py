@@ -6,6 +6,9 @@ stop-string hold-back; bad values are a 400 naming the field."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -370,3 +373,48 @@ def test_token_strings_bytes_of_partial_characters() -> None:
     ids = tok.encode("日本", add_special_tokens=False)
     raw = [b for i in ids for b in strings.get(i)[1]]
     assert bytes(raw).decode("utf-8").strip() == "日本"
+
+
+_HOSTILE = """
+import json, sys, httpx
+body = {"messages": [{"role": "user", "content": "Tell me a story"}], "n": 128, "max_tokens": 200,
+        "logprobs": True, "top_logprobs": 20, "ignore_eos": True}
+r = httpx.post(sys.argv[1] + "/v1/chat/completions", json=body, timeout=120)
+choices = r.json()["choices"]
+print(json.dumps([r.status_code, len(choices), sorted({len(c["logprobs"]["content"]) for c in choices})]))
+"""
+
+
+def test_a_large_non_streamed_logprobs_answer_does_not_stall_other_streams(server: Server) -> None:
+    """128 choices x 200 tokens x 20 top logprobs make a 30 MB chat answer: it is built with
+    pauses for the event loop and encoded by msgspec, so another client's stream keeps flowing
+    (it stalled 1.7 s while the answer was built and encoded with json.dumps). The big answer
+    is read by another process, whose parsing would hold this one's GIL."""
+    hostile = subprocess.Popen(
+        [sys.executable, "-c", _HOSTILE, server.url], stdout=subprocess.PIPE, text=True
+    )
+    gaps: list[float] = []
+    body = {"prompt": PROMPT, "max_tokens": 150, "stream": True, **EXACT}
+    while hostile.poll() is None:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            last = time.monotonic()
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+    out, _ = hostile.communicate(timeout=120)
+    assert json.loads(out) == [200, 128, [200]], out
+    assert len(gaps) > 100
+    assert max(gaps) < 0.5, f"a canary stream stalled {max(gaps) * 1e3:.0f} ms"
+
+
+def test_prompt_logprobs_are_shared_by_the_choices_of_a_prompt(server: Server) -> None:
+    body = {"prompt": [PROMPT, "Lily"], "n": 3, "max_tokens": 1, "prompt_logprobs": 2}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    plp = [c["prompt_logprobs"] for c in r.json()["choices"]]
+    assert plp[0] == plp[1] == plp[2] and plp[3] == plp[4] == plp[5] and plp[0] != plp[3]
+    assert plp[0][0] is None and len(plp[0]) == len(
+        httpx.post(server.url + "/tokenize", json={"prompt": PROMPT}, timeout=60).json()["tokens"]
+    )
