@@ -10,6 +10,8 @@ opens a connection and sends its request line and headers a byte at a time (slow
   nothing at all, is simply closed).
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
+- **Malformed requests**: a request h11 cannot parse gets uvicorn's 400 as an OpenAI error body
+  (uvicorn's is plain text).
 
 The body read timeout and size limit live in :mod:`surge.server.guard`.
 """
@@ -96,6 +98,26 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
                 self._head_bytes = buffered
                 if self._header_timer is None:
                     self._arm_header_timer()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 cannot parse (a malformed request line or
+            header, two Content-Lengths, a TLS handshake...), as an OpenAI error body instead
+            of plain text."""
+            body = json.dumps(error_body(400, msg)).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            ):
+                output = self.conn.send(event)
+                if output:
+                    self.transport.write(output)
+            self.transport.close()
 
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -82,3 +83,29 @@ def test_pipelined_complete_requests_are_both_answered(port: int) -> None:
         answer = _read_until_closed(s)
     assert answer.count(b"HTTP/1.1 200") == 2, answer
     assert b"408" not in answer
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64,  # a TLS ClientHello
+    ],
+)
+def test_a_malformed_request_gets_an_openai_error_body(port: int, request_bytes: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request_bytes)
+        answer = _read_until_closed(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    assert b"content-type: application/json" in head.lower(), head
+    assert json.loads(body) == {
+        "error": {
+            "message": "Invalid HTTP request received.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": 400,
+        }
+    }
