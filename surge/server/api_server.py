@@ -149,6 +149,7 @@ def build_app(
             metrics_require_key=state.metrics_require_key,
             max_body_bytes=state.max_request_body_bytes,
             body_read_timeout=state.body_read_timeout,
+            in_flight=state.in_flight,
         ),
     )
     if cors is not None:

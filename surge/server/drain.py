@@ -52,6 +52,23 @@ class InFlight:
         self.draining = False
         self._gens: dict[str, Generation] = {}
         self._serials = itertools.count()
+        self.body_readers: set[asyncio.Task[None]] = set()
+        """Tasks waiting for a piece of a request body (:class:`surge.server.guard.RequestGuard`)."""
+        self._stopped_readers: set[asyncio.Task[None]] = set()
+
+    def stop_body_reads(self) -> None:
+        """Cancel the tasks waiting for a request body: at shutdown a client trickling its body
+        gets a 503 at once instead of holding the exit until uvicorn cancels it (with a traceback)."""
+        for task in self.body_readers:
+            self._stopped_readers.add(task)
+            task.cancel()
+
+    def body_read_stopped(self, task: asyncio.Task[None]) -> bool:
+        """Whether :meth:`stop_body_reads` cancelled ``task`` (then forgotten)."""
+        if task in self._stopped_readers:
+            self._stopped_readers.discard(task)
+            return True
+        return False
 
     def next_serial(self) -> int:
         """A number no earlier call returned: makes a generation's engine request ids unique."""
@@ -83,6 +100,7 @@ class InFlight:
         """Refuse new requests, wait up to ``timeout`` seconds for those in flight, then end the
         rest with a :class:`ShutdownError`. Returns how many had to be ended."""
         self.draining = True
+        self.stop_body_reads()
         if self._gens:
             logger.info(
                 "shutting down: refusing new requests, waiting up to %gs for %d in flight",

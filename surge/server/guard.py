@@ -30,6 +30,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.server.auth import is_authorized, needs_key
+from surge.server.drain import DRAINED_PATHS_PREFIXES, SHUTDOWN_CODE, InFlight
 from surge.server.errors import error_body
 from surge.server.request_id import logged_request_id
 
@@ -85,12 +86,16 @@ class GuardConfig:
         metrics_require_key: ``/metrics`` needs the key too.
         max_body_bytes: largest request body, in bytes.
         body_read_timeout: seconds allowed to receive a whole body.
+        in_flight: the server's drain state: while draining, a drained route's body is not
+            waited for (the drain gate answers 503), and a body read under way when the drain
+            starts is answered with a 503 at once.
     """
 
     api_keys: tuple[str, ...] = ()
     metrics_require_key: bool = False
     max_body_bytes: int = 4 * 1024 * 1024
     body_read_timeout: float = 60.0
+    in_flight: InFlight | None = None
 
 
 async def send_error(
@@ -176,13 +181,26 @@ class RequestGuard:
                 scope=scope,
             )
             return
+        in_flight = cfg.in_flight
+        if in_flight is not None and in_flight.draining and scope["path"].startswith(DRAINED_PATHS_PREFIXES):
+            await self.app(scope, receive, send)  # the drain gate answers 503, body unread
+            return
+        task = asyncio.current_task()
+        readers = in_flight.body_readers if in_flight is not None and task is not None else None
         chunks: list[bytes] = []
         size = 0
         more = True
         try:
             async with asyncio.timeout(cfg.body_read_timeout):
                 while more:
-                    message = await receive()
+                    if readers is None:
+                        message = await receive()
+                    else:
+                        readers.add(task)  # type: ignore[arg-type]
+                        try:
+                            message = await receive()
+                        finally:
+                            readers.discard(task)  # type: ignore[arg-type]
                     if message["type"] == "http.disconnect":
                         return
                     piece = message.get("body", b"")
@@ -206,6 +224,14 @@ class RequestGuard:
                 f"The request body did not arrive within {cfg.body_read_timeout:g} s.",
                 close=True,
                 scope=scope,
+            )
+            return
+        except asyncio.CancelledError:
+            if in_flight is None or task is None or not in_flight.body_read_stopped(task):
+                raise
+            task.uncancel()  # the drain stopped the read: answer, do not die
+            await send_error(
+                send, 503, "The server is shutting down.", code=SHUTDOWN_CODE, close=True, scope=scope
             )
             return
         body = b"".join(chunks)

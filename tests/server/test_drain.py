@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -188,3 +189,31 @@ def _second_sigint(srv: Server) -> None:
     assert reader.check_terminal() == "shutdown-event"
     assert srv.stop() == 0
     assert "Traceback" not in srv.log()
+
+
+def test_a_body_still_arriving_at_shutdown_gets_a_503(tmp_path) -> None:
+    """A client trickling its body when SIGTERM comes gets a 503 at once; the server exits
+    without waiting for it (uvicorn's graceful timeout cancelled it with a traceback)."""
+    srv = start_server(tmp_path, "--shutdown-timeout", "3")
+    try:
+        body = b'{"prompt": "Once upon a time", "max_tokens": 2}'
+        trickler = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        trickler.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body[:10]
+        )
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while chunk := trickler.recv(4096):
+            answer += chunk
+        trickler.close()
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "server_shutting_down"
+        assert srv.proc.wait(30) == 0
+        assert time.monotonic() - t0 < 3.0  # nothing in flight: no drain wait, no graceful timeout
+        assert srv.stop() == 0
+        assert "Traceback" not in srv.log(), srv.log()[-3000:]
+    finally:
+        _kill(srv)
