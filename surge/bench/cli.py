@@ -258,7 +258,12 @@ def add_bench_parser(subparsers: Any) -> None:
         help="a change smaller than this %% is a tie when a point has no repeats to measure its noise "
         "(default 2)",
     )
-    p.add_argument("--plot", default=None, help="write a PNG of the per-point change (default: none)")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="write a plot of the per-point change (PNG, or the format its extension names; "
+        "no extension: FILE.png) (default: none)",
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser(
@@ -488,7 +493,15 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         resume=args.resume,
         stop_after_s=args.stop_after,
     )
-    summary = run_matrix(mcfg, _command_line())
+    try:
+        summary = run_matrix(mcfg, _command_line())
+    except KeyboardInterrupt:
+        print(
+            f"surge: interrupted; the finished points are in {args.output_dir}: the same command with "
+            "--resume runs the rest",
+            file=sys.stderr,
+        )
+        raise
     # summary.md ends with its "N/P points successful." line (and the failed points' errors)
     print((Path(args.output_dir) / "summary.md").read_text(), end="")
     print(f"artifacts in {args.output_dir}")
@@ -511,11 +524,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.tie_pct is not None and not args.tie_pct >= 0:
         raise ValueError(f"--tie-pct must be >= 0 (a percent), got {args.tie_pct}")
-    if args.plot:  # before any work, so a bad path is one line, not a traceback after the table
-        _check_output_file(Path(args.plot), "--plot")
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None and not plot.suffix and not plot.is_dir():  # matplotlib would add .png silently
+        plot = plot.with_name(plot.name + ".png")
+    if plot is not None:  # before any work, so a bad path is one line, not a traceback after the table
+        _check_output_file(plot, "--plot")
         from matplotlib.backend_bases import FigureCanvasBase
 
-        ext = Path(args.plot).suffix.lstrip(".").lower()
+        ext = plot.suffix.lstrip(".").lower()
         formats = FigureCanvasBase.get_supported_filetypes()
         if ext and ext not in formats:
             raise ValueError(
@@ -533,11 +549,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             "(see the report's warning)",
             file=sys.stderr,
         )
-    if args.plot:
+    if plot is not None:
         try:
-            plot_comparison(cmp, Path(args.plot))
+            plot_comparison(cmp, plot)
         except OSError as e:
             raise ValueError(f"--plot {args.plot}: {e.strerror or e}") from None
+        print(f"surge: plot written to {plot}", file=sys.stderr)
     return 0
 
 

@@ -230,6 +230,15 @@ def test_plot_into_a_missing_folder(runs: tuple[Path, Path], tmp_path: Path) -> 
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plot_without_extension_is_a_png_named_so(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench_main(["bench", "compare", str(runs[0]), str(runs[1]), "--plot", str(tmp_path / "cmp")]) == 0
+    png = tmp_path / "cmp.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "cmp").exists()
+    assert f"plot written to {png}" in capsys.readouterr().err
+
+
 def test_bad_plot_tie_and_metric_are_one_line(
     runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

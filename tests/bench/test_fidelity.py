@@ -421,3 +421,24 @@ def test_launcher_rejects_a_foreign_health_answer(tmp_path: Path) -> None:
         assert not launcher._is_ours(1)
     finally:
         launcher.stop()
+
+
+def test_matrix_interrupted_names_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in a matrix exits 130 with one line saying where the finished points are and that
+    --resume runs the rest (it exited silently)."""
+    import surge.bench.matrix as matrix
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    from surge.cli import main
+
+    monkeypatch.setattr(matrix, "run_matrix", interrupted)
+    out = tmp_path / "m"
+    with FakeServer(Behaviour(ttft=0.005, itl=0.001)) as s:
+        argv = ["bench", "matrix", "--base-url", s.url, "--output-dir", str(out), "--concurrency", "1"]
+        assert main([*argv, "--input-len", "8", "--output-len", "4"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"finished points are in {out}" in err and "--resume" in err, err
