@@ -356,9 +356,10 @@ the server serves once it answers, :func:`_check_served_model`): the roofline's 
 too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'."""
 
 
-def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, Any]]:
+def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[str, Any]], str | None]:
     """Successful rows of an earlier run in ``output_dir`` whose result files still exist
-    (and that ran as many repeats as asked now), by (C, I, O).
+    (and that ran as many repeats as asked now), by (C, I, O), and the earlier run's ``model``
+    (None when its summary names none).
 
     Raises:
         ValueError: the earlier run was measured against another server, endpoint, model, seed,
@@ -368,11 +369,11 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
     """
     path = mcfg.output_dir / "summary.json"
     if not path.is_file():
-        return {}
+        return {}, None
     try:
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return {}
+        return {}, None
     now = {  # ServeConfig fields, as summarized
         name: _summary_hardware(mcfg.serve) if name == "hardware" else getattr(mcfg.serve, name)
         for name in _RESUME_SAME
@@ -398,29 +399,25 @@ def _previous_rows(mcfg: MatrixConfig) -> dict[tuple[int, int, int], dict[str, A
             and all(isinstance(f, str) and (mcfg.output_dir / f).is_file() for f in files)
         ):
             rows[key] = r
-    return rows
-
-
-def _previous_model(mcfg: MatrixConfig) -> str | None:
-    """The ``model`` of the earlier run's ``summary.json`` in ``output_dir``, or None."""
-    try:
-        old = json.loads((mcfg.output_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
     model = old.get("model") if isinstance(old, dict) else None
-    return model if isinstance(model, str) else None
+    return rows, model if isinstance(model, str) else None
 
 
-def _check_served_model(mcfg: MatrixConfig, previous_model: str | None) -> None:
+def _check_served_model(
+    mcfg: MatrixConfig, previous_model: str | None, models: dict[str, Any] | None = None
+) -> None:
     """For a ``--resume`` without ``--model``: the model the server serves (the first of its
-    ``/v1/models``, the one this run measures) must be the earlier run's.
+    ``/v1/models``, the one this run measures; ``models`` is that answer when the caller has
+    it, else it is fetched) must be the earlier run's.
 
     Raises:
         ValueError: the server serves another model (one line, as the other resume checks).
     """
     if previous_model is None or mcfg.serve.model is not None:
         return
-    served = fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)["data"][0].get("id")
+    if models is None:
+        models = fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)
+    served = models["data"][0].get("id")
     if served != previous_model:
         raise ValueError(
             f"--resume: {mcfg.output_dir / 'summary.json'} was measured with model {previous_model!r}, "
@@ -452,14 +449,15 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--output-dir {out}: {e.strerror or e}") from None
-    previous = _previous_rows(mcfg) if mcfg.resume else {}
+    previous, previous_model = _previous_rows(mcfg) if mcfg.resume else ({}, None)
+    if not previous:
+        previous_model = None
     todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
     if previous:
         print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
-    previous_model = _previous_model(mcfg) if previous else None
     if not mcfg.launch and todo:
-        fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
-        _check_served_model(mcfg, previous_model)
+        models = fetch_models(mcfg.serve.base_url, mcfg.serve.api_key)  # fail once, up front, if unreachable
+        _check_served_model(mcfg, previous_model, models)
     launcher = (
         ServerLauncher(mcfg.launch, mcfg.serve.base_url, mcfg.server_timeout_s, out / "server.log")
         if mcfg.launch and todo
