@@ -197,16 +197,6 @@ class SamplingRequestFields(RequestBody):
 
     def check_unimplemented(self) -> None:
         """Raise a 400 ApiError naming the first refused field the request asks for."""
-        checks: list[tuple[str, bool]] = [
-            # strict, as the refusals: 0 is not false (``0 in (None, False)`` would be True)
-            (
-                "return_tokens_as_token_ids",
-                self.return_tokens_as_token_ids is not None and self.return_tokens_as_token_ids is not False,
-            ),
-        ]
-        for name, asked in checks:
-            if asked:
-                raise bad_request(f"'{name}' is not supported by Surge yet", param=name)
         # A refused field left out keeps its default, which every refusal allows (a test
         # checks it): only the fields the client sent can be refused.
         refused = first_refused(
