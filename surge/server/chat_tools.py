@@ -221,8 +221,8 @@ _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
     ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
-    tool has and, if given, ``parameters`` that are an object schema (``"type": "object"`` or no
-    type).
+    tool has, a string ``description`` and a boolean ``strict`` if given, and ``parameters`` that
+    are an object schema (``"type": "object"`` or no type) if given.
 
     Raises:
         ApiError: a 400 naming ``tools`` for anything else.
@@ -253,6 +253,10 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
             raise bad_request(
                 f"tools[{i}].function.name {name!r} is already the name of another tool", param="tools"
             )
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise bad_request(f"tools[{i}].function.description must be a string", param="tools")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise bad_request(f"tools[{i}].function.strict must be true or false", param="tools")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", param="tools")

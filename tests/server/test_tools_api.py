@@ -353,6 +353,8 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
             {"tools": [{"type": "function", "function": {"name": "f", "foo": 1}}]},
             "tools",
         ),  # was ignored
+        (client, {"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools"),
+        (client, {"tools": [{"type": "function", "function": {"name": "f", "description": 7}}]}, "tools"),
     ]
     for c, extra, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
