@@ -176,6 +176,10 @@ def test_llama3_json_calls_and_content() -> None:
     text = '<|python_tag|>{"name": "f", "parameters": {"a": 1, "s": "x;y}"}}; {"name": "g", "parameters": {}}'
     assert _check(_parser("llama3_json"), text) == ("", "", [("f", '{"a": 1, "s": "x;y}"}'), ("g", "{}")])
     assert _check(_parser("llama3_json"), ' {"name": "f", "parameters": {"a": 1}}')[2] == [("f", '{"a": 1}')]
+    # a trailing ";" (or several): calls streamed and not streamed alike (it was content when not streamed)
+    for tail in (";", "; ", ";\n;"):
+        answer = '{"name": "f", "parameters": {"a": 1}}' + tail
+        assert _check(_parser("llama3_json"), answer) == ("", "", [("f", '{"a": 1}')])
     assert _check(_parser("llama3_json"), "Hello {there}") == ("Hello {there}", "", [])
     assert _check(_parser("llama3_json"), '{"not": "a call"}') == ('{"not": "a call"}', "", [])
 

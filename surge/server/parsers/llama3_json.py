@@ -67,23 +67,20 @@ class Llama3JsonToolParser(ToolParser):
 
 
 def _well_formed(text: str) -> bool:
-    """Whether ``text`` is one or more JSON objects with a string ``name``, separated by ``;``
-    (whitespace around each allowed)."""
+    """Whether ``text`` is one or more JSON objects with a string ``name``, with only whitespace and
+    ``;`` around them: what :class:`JsonCallSequence` streams as calls, so that a streamed and a
+    non-streamed answer agree (a trailing ``;`` was a call streamed and content otherwise)."""
     decoder = json.JSONDecoder()
-    i, n = 0, len(text)
+    i, n, calls = 0, len(text), 0
     while True:
-        while i < n and text[i].isspace():
+        while i < n and (text[i].isspace() or text[i] == ";"):
             i += 1
+        if i == n:
+            return calls > 0
         try:
             obj, i = decoder.raw_decode(text, i)
         except ValueError:
             return False
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return False
-        while i < n and text[i].isspace():
-            i += 1
-        if i == n:
-            return True
-        if text[i] != ";":
-            return False
-        i += 1
+        calls += 1
