@@ -10,7 +10,7 @@ after another while two slow clients (headers trickled, body never finished) hol
 - JSON nested 100,000 deep; lone surrogates in prompt, stop, model, a chat role, ``/tokenize``;
 - ``2**70`` in every numeric field;
 - a JSON schema whose ``pattern`` repeats 20,000 times (xgrammar needs about 30 s for it), a 3.6 MB
-  bad word, 256 bad words of about 1,000 characters each.
+  bad word, 256 bad words of about 1,000 characters each, and those with ``n: 128``.
 
 The result JSON has the canary's gap percentiles in each phase (milliseconds) and each hostile
 request's status and duration. Usage (from the repository root)::
@@ -189,6 +189,12 @@ def hostile_mix(base: str) -> list[tuple[str, str, bytes, bool]]:
             False,
         ),
         ("bad_words_256x1k", cmpl, js({"prompt": "x", "max_tokens": 4, "bad_words": long_words}), False),
+        (
+            "n128_bad_words_256x1k",
+            cmpl,
+            js({"prompt": "x", "max_tokens": 4, "n": 128, "bad_words": long_words}),
+            False,
+        ),
     ]
     for name in NUMERIC_FIELDS:
         mix.append((f"huge_{name}", cmpl, js({"prompt": "Once", "max_tokens": 4, name: 2**70}), False))

@@ -50,6 +50,7 @@ from surge.engine.core_proc import (
     ResetPrefixCache,
     run_engine_core,
 )
+from surge.engine.llm_engine import choice_ids
 from surge.sampling_params import SamplingParams
 
 logger = logging.getLogger("surge.engine.client")
@@ -365,26 +366,38 @@ class EngineClient:
         index: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """Send one single-sequence request; its outputs go to ``queue`` tagged with ``index``.
+        """Send a request; its outputs go to ``queue`` tagged with ``index``.
 
-        A rejection by the engine arrives on the queue as a :class:`RequestError`; an engine
-        death as an :class:`EngineDeadError`. The queue gets nothing after a finished output.
+        With ``sampling_params.n > 1`` the engine runs its ``n`` choices
+        (:func:`~surge.engine.llm_engine.split_n`'s ids ``f"{request_id}-{i}"``, which the
+        outputs carry), tagged ``index``, ``index + 1``, ...; the parameters cross the socket once.
+        A rejection by the engine arrives on the queue as a :class:`RequestError` (one per
+        choice); an engine death as an :class:`EngineDeadError`. The queue gets nothing more for
+        a choice after its finished output.
 
         Raises:
             EngineDeadError: the engine is not running.
-            ValueError: ``request_id`` is in flight already (its outputs could not be told apart).
+            ValueError: a choice's id is in flight already (its outputs could not be told apart).
         """
         if not self.is_ready or self._in_sock is None:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
         if not self._sinks:  # the engine was idle: its stall clock starts now
             self._last_progress = time.monotonic()
-        engine_id = request_id + self._id_suffix
-        if engine_id in self._sinks:  # never overwrite another request's routing
-            raise ValueError(f"request id {request_id!r} is already in use")
-        self._sinks[engine_id] = _Sink(queue, index)
-        self._num_sent += 1
+        n = sampling_params.n
+        engine_ids = [rid + self._id_suffix for rid in choice_ids(request_id, n)]
+        taken = next((e for e in engine_ids if e in self._sinks), None)
+        if taken is not None:  # never overwrite another request's routing
+            raise ValueError(f"request id {taken.removesuffix(self._id_suffix)!r} is already in use")
+        for i, engine_id in enumerate(engine_ids):
+            self._sinks[engine_id] = _Sink(queue, index + i)
+        self._num_sent += n
         msg = AddRequest(
-            engine_id, prompt_token_ids, sampling_params, arrival_time or time.monotonic(), self._client_index
+            engine_ids[0] if n == 1 else request_id + self._id_suffix,
+            prompt_token_ids,
+            sampling_params,
+            arrival_time or time.monotonic(),
+            self._client_index,
+            engine_ids if n > 1 else [],
         )
         self._send(msgspec.msgpack.encode(msg))
 

@@ -40,16 +40,29 @@ most for a compilation to finish instead of spinning."""
 def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
     """Fan a request with ``n > 1`` out into ``n`` single-sequence child requests.
 
-    Child ``i`` has id ``f"{request_id}-{i}"`` (the request id itself when ``n == 1``) and,
-    when the request is seeded, seed ``seed + i`` (wrapped into the int64 range) so the samples
-    differ but stay reproducible.
-    The children share the prompt's KV blocks through prefix caching, and the parent's checked
-    fields: each is a shallow copy with only ``n`` and ``seed`` set, not checked again (a
-    ``msgspec.structs.replace`` re-ran every check, 16 ms per child for 256 long ``bad_words``,
+    Child ``i`` has id ``f"{request_id}-{i}"`` (:func:`choice_ids`) and the params of
+    :func:`choice_params`. Returns ``[(request_id, params)]`` when ``n == 1``.
+    """
+    return list(zip(choice_ids(request_id, params.n), choice_params(params), strict=True))
+
+
+def choice_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's ``n`` choices: ``f"{request_id}-{i}"``, or ``[request_id]`` for one."""
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+
+
+def choice_params(params: SamplingParams) -> list[SamplingParams]:
+    """The single-sequence params of a request's ``params.n`` choices (``[params]`` for one).
+
+    Choice ``i`` is a shallow copy with ``n`` 1 and, when the request is seeded, seed
+    ``seed + i`` (wrapped into the int64 range) so the samples differ but stay reproducible.
+    The choices share the prompt's KV blocks through prefix caching, and the parent's checked
+    fields (its token lists are the parent's objects): a copy is not checked again (a
+    ``msgspec.structs.replace`` re-ran every check, 16 ms per choice for 256 long ``bad_words``,
     2 s on the API's event loop for ``n: 128``).
     """
     if params.n == 1:
-        return [(request_id, params)]
+        return [params]
     children = []
     for i in range(params.n):
         # Stay inside SamplingParams' seed range: wrap into [-2**63, 2**63).
@@ -57,7 +70,7 @@ def split_n(request_id: str, params: SamplingParams) -> list[tuple[str, Sampling
         child = copy.copy(params)  # no __post_init__: the parent's fields are checked already
         msgspec.structs.force_setattr(child, "n", 1)
         msgspec.structs.force_setattr(child, "seed", seed)
-        children.append((f"{request_id}-{i}", child))
+        children.append(child)
     return children
 
 

@@ -176,7 +176,9 @@ class Generation:
         if params.structured_outputs is not None:
             self._metrics.structured_request(params.structured_outputs.kind, params.n)
         # the text after the id's last '@' is this process-unique serial (and the choice suffix)
-        for child_id, child_params in split_n(f"{base_id}@{self._serial}", params):
+        request_id = f"{base_id}@{self._serial}"
+        first = len(self.choices)
+        for child_id, child_params in split_n(request_id, params):
             index = len(self.choices)
             detok = IncrementalDetokenizer(
                 self._tokenizer,
@@ -200,12 +202,12 @@ class Generation:
             self.choices.append(choice)
             info.choices.append(index)
             self._num_unfinished += 1
-            try:
-                self._client.add_request(
-                    child_id, token_ids, child_params, self._queue, index, arrival_time=self._arrival
-                )
-            except EngineDeadError as e:
-                raise ApiError(503, f"The engine is not available: {e}") from e
+        try:  # one message for all n choices: the engine fans them out
+            self._client.add_request(
+                request_id, token_ids, params, self._queue, first, arrival_time=self._arrival
+            )
+        except EngineDeadError as e:
+            raise ApiError(503, f"The engine is not available: {e}") from e
 
     def abort(self, count_as_finished: bool = True) -> None:
         """Abort every unfinished choice in the engine.

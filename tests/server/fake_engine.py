@@ -11,7 +11,8 @@ from surge.sampling_params import SamplingParams
 
 
 class FakeEngine:
-    """Emits token ``(prompt[-1] + k) % 500 + 3`` at output position k; rejects prompts with token 999.
+    """Emits token ``(prompt[-1] + k + seed) % 500 + 3`` at output position k (seed 0 when unset);
+    rejects prompts with token 999 and, as the real engine, params with ``n != 1``.
 
     A prompt starting with token 666 makes ``step`` raise (a crashed engine).
     """
@@ -26,6 +27,8 @@ class FakeEngine:
     def add_request(self, request_id, prompt_token_ids, sampling_params, arrival_time=None) -> None:
         if 999 in prompt_token_ids:
             raise ValueError("token 999 is not allowed")
+        if sampling_params.n != 1:
+            raise ValueError("LLMEngine.add_request takes n=1")
         if request_id in self._reqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._reqs[request_id] = (list(prompt_token_ids), sampling_params, 0)
@@ -40,7 +43,7 @@ class FakeEngine:
         for rid, (prompt, params, k) in list(self._reqs.items()):
             if prompt[0] == 666:
                 raise RuntimeError("simulated engine failure")
-            tok = (prompt[-1] + k) % 500 + 3
+            tok = (prompt[-1] + k + (params.seed or 0)) % 500 + 3
             k += 1
             done = k >= params.max_tokens
             out = EngineOutput(rid, [tok], num_prompt_tokens=len(prompt))

@@ -80,6 +80,46 @@ def test_routing_rejection_abort_and_idle() -> None:
     asyncio.run(main())
 
 
+def test_n_choices_cross_the_socket_once() -> None:
+    """A request of n choices is one message; the engine fans it out into split_n's ids and
+    seeds, and each choice's outputs come back tagged with its own index."""
+
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=FakeEngine)
+        await client.start()
+        sent: list[bytes] = []
+        send = client._send
+        client._send = lambda buf: (sent.append(bytes(buf)), send(buf))[1]  # type: ignore[method-assign]
+        try:
+            q: asyncio.Queue = asyncio.Queue()
+            params = SamplingParams(n=3, max_tokens=2, seed=10, bad_words_token_ids=[[4, 5]])
+            client.add_request("p", [5, 7], params, q, index=2)
+            assert len(sent) == 1 and client.num_inflight == 3
+            got: dict[int, list[int]] = {}
+            while len(got) < 3 or any(len(v) < 2 for v in got.values()):
+                index, item = await asyncio.wait_for(q.get(), 10)
+                assert isinstance(item, EngineOutput), item
+                assert item.request_id == f"p-{index - 2}"
+                got.setdefault(index, []).extend(item.new_token_ids)
+            # choice i has seed 10 + i: its tokens are shifted by i
+            assert got == {2 + i: [(7 + k + 10 + i) % 500 + 3 for k in range(2)] for i in range(3)}
+            assert client.num_inflight == 0
+            # an id in flight is refused before anything is sent
+            client.add_request("busy", [1], SamplingParams(max_tokens=10**6), asyncio.Queue())
+            with pytest.raises(ValueError, match="'busy' is already in use"):
+                client.add_request("busy", [1], SamplingParams(max_tokens=1), asyncio.Queue())
+            # a rejection reaches every choice
+            q2: asyncio.Queue = asyncio.Queue()
+            client.add_request("bad", [999], SamplingParams(n=2, max_tokens=2), q2)
+            errors = [await asyncio.wait_for(q2.get(), 10) for _ in range(2)]
+            assert sorted(i for i, _ in errors) == [0, 1]
+            assert all(isinstance(e, RequestError) and "999" in e.message for _, e in errors)
+        finally:
+            await client.shutdown()
+
+    asyncio.run(main())
+
+
 def test_engine_crash_fails_inflight_requests() -> None:
     async def main() -> None:
         client = EngineClient(_config(), engine_factory=FakeEngine)
@@ -157,3 +197,25 @@ def test_engine_exits_when_parent_dies() -> None:
     while pid_alive(engine_pid):
         assert time.monotonic() < deadline, "the engine process outlived its parent"
         time.sleep(0.05)
+
+
+def test_add_request_refuses_ids_that_do_not_match_n() -> None:
+    """The engine loop's fan-out: n ids for n choices, else every id gets an error (never a guess);
+    each id is routed back to the API process that sent it."""
+    from surge.engine.core_proc import AddRequest, _add_request
+
+    engine = FakeEngine(_config())
+    errors: list[RequestError] = []
+    client_of: dict[str, int] = {}
+    _add_request(
+        engine, AddRequest("p", [1], SamplingParams(n=3), None, 1, ["p-0", "p-1"]), errors, client_of
+    )
+    assert [e.request_id for e in errors] == ["p-0", "p-1"] and "n=3" in errors[0].message
+    assert client_of == {"p-0": 1, "p-1": 1} and not engine.has_unfinished_requests()
+    errors.clear()
+    _add_request(
+        engine, AddRequest("q", [1], SamplingParams(n=2, seed=5), None, 0, ["q-0", "q-1"]), errors, None
+    )
+    assert not errors and {rid: p.seed for rid, (_, p, _) in engine._reqs.items()} == {"q-0": 5, "q-1": 6}
+    _add_request(engine, AddRequest("r", [1], SamplingParams(n=2)), errors, None)  # n=2 without ids
+    assert [e.request_id for e in errors] == ["r"]
