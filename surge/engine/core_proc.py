@@ -41,7 +41,6 @@ import zmq
 
 from surge.config import EngineConfig
 from surge.core.outputs import EngineOutput, SchedulerStats
-from surge.engine.llm_engine import choice_params
 from surge.sampling_params import SamplingParams
 
 logger = logging.getLogger("surge.engine")
@@ -58,8 +57,8 @@ working engine from a wedged one (seconds)."""
 class AddRequest(msgspec.Struct, tag=True, array_like=True):
     """Queue a request: one sequence, or with ``sampling_params.n > 1`` its ``n`` choices.
 
-    The engine fans ``n`` choices out itself (:func:`~surge.engine.llm_engine.choice_params`),
-    so the parameters cross the socket and are decoded once: ``n: 128`` with 256 long
+    The engine fans ``n`` choices out itself (``LLMEngine.add_choices``), so the parameters
+    cross the socket, are decoded and are checked once: ``n: 128`` with 256 long
     ``bad_words`` sent 183 MB of token lists as one message per choice and stopped every stream
     for 7.5 s.
 
@@ -154,8 +153,8 @@ class EngineOutputs(msgspec.Struct, tag=True, array_like=True):
         stats: the scheduler after the step.
         grammar_compile_times: seconds of each grammar compilation finished since the
             previous batch (sent to API process 0 only, so each is counted once).
-        num_added: ``AddRequest`` messages the engine has received from this batch's API
-            process so far: the API process's requests sent and not yet counted in ``stats``
+        num_added: requests (choices of an ``AddRequest`` with ``choice_ids``, else one) the
+            engine has received from this batch's API process so far: the API process's requests sent and not yet counted in ``stats``
             are its sent ones minus this.
     """
 
@@ -445,22 +444,21 @@ def _busy_loop(
 def _add_request(
     engine: Any, msg: AddRequest, errors: list[RequestError], client_of: dict[str, int] | None
 ) -> None:
-    """Queue ``msg``'s request, or its choices (``choice_ids``); a choice the engine rejects
-    gets a :class:`RequestError` in ``errors``. ``client_of`` (several API processes) learns
-    which process each id came from."""
+    """Queue ``msg``'s request, or its choices (``choice_ids``, through ``engine.add_choices``,
+    which checks the request once); a request or choice the engine rejects gets a
+    :class:`RequestError` in ``errors``. ``client_of`` (several API processes) learns which
+    process each id came from."""
     ids = msg.choice_ids or [msg.request_id]
     if client_of is not None:
         client_of.update(dict.fromkeys(ids, msg.client_index))
-    n = msg.sampling_params.n
-    if len(ids) != n:  # the API sends n ids for n choices; anything else is a bug: refuse, not guess
-        reason = f"{len(ids)} request id(s) for a request of n={n} choices"
-        errors.extend(RequestError(rid, reason) for rid in ids)
-        return
-    for rid, params in zip(ids, choice_params(msg.sampling_params), strict=True):
-        try:
-            engine.add_request(rid, msg.prompt_token_ids, params, msg.arrival_time)
-        except ValueError as e:
-            errors.append(RequestError(rid, str(e)))
+    try:
+        if msg.choice_ids:
+            refused = engine.add_choices(ids, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time)
+            errors.extend(RequestError(rid, message) for rid, message in refused)
+        else:
+            engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time)
+    except ValueError as e:  # the request (every choice of it) is refused
+        errors.extend(RequestError(rid, str(e)) for rid in ids)
 
 
 def _send_split(

@@ -361,6 +361,45 @@ class LLMEngine:
         """
         if sampling_params.n != 1:
             raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
+        self._queue(
+            request_id, prompt_token_ids, self._checked(prompt_token_ids, sampling_params), arrival_time
+        )
+
+    def add_choices(
+        self,
+        request_ids: list[str],
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> list[tuple[str, str]]:
+        """Queue a request's ``n`` choices as ``n`` single-sequence requests of ids
+        ``request_ids`` (:func:`choice_params`: seed ``seed + i``), checking the request once: its
+        token lists are checked and its model defaults applied before the fan-out, not once per
+        choice (``n: 128`` with 256 long ``bad_words`` took 3.8 s of the engine loop that way).
+
+        Returns:
+            ``(request_id, message)`` of each choice refused (all of them when the request is).
+
+        Raises:
+            ValueError: ``len(request_ids) != sampling_params.n`` (a caller's bug, not a request's).
+        """
+        if len(request_ids) != sampling_params.n:
+            raise ValueError(f"{len(request_ids)} request ids for a request of n={sampling_params.n} choices")
+        try:
+            parent = self._checked(prompt_token_ids, sampling_params)
+        except ValueError as e:
+            return [(rid, str(e)) for rid in request_ids]
+        refused = []
+        for rid, params in zip(request_ids, choice_params(parent), strict=True):
+            try:
+                self._queue(rid, prompt_token_ids, params, arrival_time)
+            except ValueError as e:
+                refused.append((rid, str(e)))
+        return refused
+
+    def _checked(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> SamplingParams:
+        """``sampling_params`` checked against the vocabulary, with the model's defaults and an
+        unset ``max_tokens`` filled in (see :meth:`add_request` for the errors raised)."""
         vocab = self.config.model.vocab_size
         if not token_ids_in_range(prompt_token_ids, vocab):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
@@ -374,6 +413,17 @@ class LLMEngine:
         sampling_params = sampling_params.with_model_defaults(self.config.model.sampling_defaults)
         if sampling_params.max_tokens is None:
             sampling_params = self._fill_context(len(prompt_token_ids), sampling_params)
+        return sampling_params
+
+    def _queue(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None,
+    ) -> None:
+        """Hand a checked single-sequence request to the scheduler, or to the grammar compiler
+        first (raises ValueError for an id in use or a request that can never fit)."""
         request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
         if sampling_params.structured_outputs is None:
             if self._structured is not None and request_id in self._structured.waiting:

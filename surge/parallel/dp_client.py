@@ -92,7 +92,7 @@ class DPEngineClient:
     Attributes:
         replicas: one :class:`EngineClient` per replica, by replica rank.
         info: replica 0's ready message with the smallest KV pool of all, once started.
-        num_routed: requests sent to each replica since start.
+        num_routed: requests (prompts, whatever their ``n``) sent to each replica since start.
     """
 
     def __init__(

@@ -123,3 +123,33 @@ def test_bad_token_ids_are_value_errors(llm: LLM) -> None:
     engine = LLMEngine(build_engine_config(None, device="cpu"))
     with pytest.raises(ValueError, match="bad_words"):  # the engine has no tokenizer
         engine.add_request("r", [1, 2], SamplingParams(bad_words=["girl"]))
+
+
+def test_add_choices_checks_the_request_once_and_fans_it_out() -> None:
+    """LLMEngine.add_choices (the engine process's n > 1 path): a request refused is refused for
+    every choice; the choices get seeds seed + i, the model's defaults and the parent's token
+    lists (the same objects: nothing is copied or checked again per choice); an id in use is
+    refused for that choice only."""
+    engine = LLMEngine(build_engine_config(None, device="cpu"))
+    vocab = engine.config.model.vocab_size
+    words = ((1, 2, 3), (4,))
+    refused = engine.add_choices(
+        ["a-0", "a-1"], [1, 2], SamplingParams(n=2, bad_words_token_ids=((1, vocab),))
+    )
+    assert [rid for rid, _ in refused] == ["a-0", "a-1"] and "bad_words" in refused[0][1]
+    assert not engine.has_unfinished_requests()
+    parent = SamplingParams(n=3, seed=7, max_tokens=4, bad_words_token_ids=words)
+    assert engine.add_choices(["b-0", "b-1", "b-2"], [1, 2], parent) == []
+    reqs = [engine.scheduler.requests[f"b-{i}"] for i in range(3)]
+    assert [r.sampling_params.seed for r in reqs] == [7, 8, 9]
+    assert all(r.sampling_params.n == 1 for r in reqs)
+    assert all(
+        r.sampling_params.bad_words_token_ids is reqs[0].sampling_params.bad_words_token_ids for r in reqs
+    )
+    assert engine.add_choices(["c-0", "b-1"], [1, 2], SamplingParams(n=2, max_tokens=4)) == [
+        ("b-1", "request id 'b-1' is already in use")
+    ]
+    with pytest.raises(ValueError, match="n=3"):
+        engine.add_choices(["d-0"], [1], SamplingParams(n=3))
+    while engine.has_unfinished_requests():
+        engine.step()

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from surge.config import EngineConfig
 from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.engine.llm_engine import choice_params
 from surge.sampling_params import SamplingParams
 
 
@@ -32,6 +33,20 @@ class FakeEngine:
         if request_id in self._reqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._reqs[request_id] = (list(prompt_token_ids), sampling_params, 0)
+
+    def add_choices(self, request_ids, prompt_token_ids, sampling_params, arrival_time=None) -> list:
+        """As ``LLMEngine.add_choices``: the request is checked once, then fanned out."""
+        if len(request_ids) != sampling_params.n:
+            raise ValueError(f"{len(request_ids)} request ids for a request of n={sampling_params.n} choices")
+        if 999 in prompt_token_ids:
+            return [(rid, "token 999 is not allowed") for rid in request_ids]
+        refused = []
+        for rid, params in zip(request_ids, choice_params(sampling_params), strict=True):
+            try:
+                self.add_request(rid, prompt_token_ids, params, arrival_time)
+            except ValueError as e:
+                refused.append((rid, str(e)))
+        return refused
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
