@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +158,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] = False,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -165,7 +166,9 @@ class LLM:
             prompts: a string, a list of token ids, vLLM's ``{"prompt": ...}`` or
                 ``{"prompt_token_ids": [...]}`` dict, or a list of any of these.
             sampling_params: one for all prompts, one per prompt, or None (defaults).
-            use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here).
+            use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here), or
+                as in vLLM a callable that makes it, called with ``total=`` the number of
+                sequences (e.g. ``functools.partial(tqdm, desc="mine")``).
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
@@ -217,9 +220,13 @@ class LLM:
         try:
             self._add_requests(prompt_list, params_list, results, children, added)
             if use_tqdm:
-                from tqdm import tqdm
+                if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
+                    progress = use_tqdm(total=len(children))
+                else:
+                    from tqdm import tqdm
 
-                with tqdm(total=len(children), desc="generate", unit="seq") as bar:
+                    progress = tqdm(total=len(children), desc="generate", unit="seq")
+                with progress as bar:
                     self._run(children, results, bar.update)
             else:
                 self._run(children, results)
@@ -263,6 +270,21 @@ class LLM:
                 RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids, [])
             )
             room = self.engine.room_for_output(len(token_ids))
+            if params.max_tokens and room < max(1, params.min_tokens):
+                # max_tokens would be cut to fit: name what cannot be (the prompt, or min_tokens)
+                engine = self.engine
+                limits = (
+                    f"this model's maximum context length is {engine.max_model_len} tokens and the KV "
+                    f"cache holds {engine.num_kv_blocks * engine.block_size}"
+                )
+                if room < 1:
+                    raise ValueError(
+                        f"the prompt has {len(token_ids)} tokens: {limits}, which leaves no room for output"
+                    )
+                raise ValueError(
+                    f"the prompt has {len(token_ids)} tokens: {limits}, which leaves {room} for output, "
+                    f"less than min_tokens ({params.min_tokens})"
+                )
             if params.max_tokens is not None and max(1, params.min_tokens) <= room < params.max_tokens:
                 # as vLLM's offline LLM: generation ends at the context limit ("length"), here also
                 # at what the KV pool holds, as for an unset max_tokens; less room than min_tokens
@@ -327,7 +349,7 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] = False,
     ) -> list[RequestOutput]:
         """Apply the chat template to one conversation (a list of messages) or to a list of
         conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``).
@@ -415,16 +437,33 @@ class LLM:
                         finished(1)
 
 
+def _token_ids(p: Any) -> list[int] | None:
+    """``p`` as a list of token ids when it is a list or tuple of integers (NumPy integers too,
+    as ``SamplingParams`` takes them; never a bool), else None."""
+    if isinstance(p, list | tuple) and all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in p
+    ):
+        return [int(t) for t in p]
+    return None
+
+
 def _prompt_of(p: Any) -> PromptType:
-    """One prompt: a string, a list of token ids, or vLLM's ``{"prompt": str}`` /
+    """One prompt: a string, a list (or tuple) of token ids, or vLLM's ``{"prompt": str}`` /
     ``{"prompt_token_ids": [int]}`` dict. Raises ValueError for anything else, or a string
     that is not valid Unicode text (a lone surrogate)."""
     if isinstance(p, dict):
         keys = set(p)
-        if keys == {"prompt"} and isinstance(p["prompt"], str):
+        if keys == {"prompt"}:
+            if not isinstance(p["prompt"], str):
+                raise ValueError(
+                    f"a dict prompt's 'prompt' must be a string, got {type(p['prompt']).__name__}"
+                )
             p = p["prompt"]
-        elif keys == {"prompt_token_ids"} and isinstance(p["prompt_token_ids"], list):
-            p = p["prompt_token_ids"]
+        elif keys == {"prompt_token_ids"}:
+            ids = _token_ids(p["prompt_token_ids"])
+            if ids is None:
+                raise ValueError("a dict prompt's 'prompt_token_ids' must be a list of integers")
+            return ids
         else:
             raise ValueError(
                 f"a dict prompt must be {{'prompt': str}} or {{'prompt_token_ids': [int]}}, got keys {sorted(keys)}"
@@ -435,10 +474,12 @@ def _prompt_of(p: Any) -> PromptType:
         except UnicodeEncodeError:
             raise ValueError("a prompt holds a lone surrogate (not valid Unicode text)") from None
         return p
-    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return p
+    ids = _token_ids(p)
+    if ids is not None:
+        return ids
     raise ValueError(
-        "each prompt must be a string, a list of token ids, or a {'prompt'/'prompt_token_ids': ...} dict"
+        "each prompt must be a string, a list of integer token ids, or a {'prompt'/'prompt_token_ids': ...} dict; "
+        f"got {type(p).__name__}"
     )
 
 
@@ -452,6 +493,7 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
             f"list of those; got {type(prompts).__name__}"
         )
     items = list(prompts)
-    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-        return [items]  # type: ignore[list-item]
+    ids = _token_ids(items)
+    if items and ids is not None:
+        return [ids]
     return [_prompt_of(p) for p in items]

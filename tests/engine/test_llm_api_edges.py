@@ -3,9 +3,12 @@ next to ``bad_words_token_ids``, and an ``LLM`` used after ``close()``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+from tqdm import tqdm
 
 from surge import LLM, SamplingParams
 
@@ -94,13 +97,40 @@ def test_chat_takes_use_tqdm(llm: LLM, capsys: pytest.CaptureFixture[str]) -> No
     assert "100%" in capsys.readouterr().err
 
 
+def test_use_tqdm_takes_a_callable(llm: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    """As vLLM: a callable makes the bar, with the caller's own keywords (it was taken as True)."""
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    llm.generate(["Once", "upon"], params, use_tqdm=functools.partial(tqdm, desc="mine"))
+    err = capsys.readouterr().err
+    assert "mine" in err and "2/2" in err and "generate" not in err
+
+
+def test_token_id_prompts_as_tuples_and_numpy_integers(llm: LLM) -> None:
+    """Token ids in a tuple or as NumPy integers are token ids (both were refused as "each prompt
+    must be ..." or "got keys ['prompt_token_ids']"); wrong values name what is wrong."""
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    ids = llm.generate({"prompt_token_ids": [1, 400]}, params)[0].outputs[0].token_ids
+    for prompt in ({"prompt_token_ids": (1, 400)}, [[np.int64(1), 400]], np.array([1, 400])):
+        out = llm.generate(prompt, params)[0]
+        assert out.prompt_token_ids == [1, 400] and out.outputs[0].token_ids == ids
+    with pytest.raises(ValueError, match="'prompt_token_ids' must be a list of integers"):
+        llm.generate({"prompt_token_ids": "1 400"}, params)
+    with pytest.raises(ValueError, match="'prompt' must be a string, got int"):
+        llm.generate({"prompt": 5}, params)
+
+
 def test_clipping_respects_min_tokens_and_the_kv_pool() -> None:
     """min_tokens past the room is refused with the context message (it said "min_tokens (80)
     must not exceed max_tokens (59)", a max_tokens the user never set); a pool smaller than the
     context ends the output where the pool is full, as an unset max_tokens does."""
     small = LLM(device="cpu", max_model_len=64)
-    with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
+    with pytest.raises(
+        ValueError, match="maximum context length is 64 tokens.*less than min_tokens \\(80\\)"
+    ):
         small.generate("Once upon a time", SamplingParams(max_tokens=100, min_tokens=80))
+    # the prompt alone: the message names the prompt, not a max_tokens that would be cut anyway
+    with pytest.raises(ValueError, match="the prompt has 70 tokens: .* leaves no room for output"):
+        small.generate({"prompt_token_ids": [1] * 70}, SamplingParams(max_tokens=4))
     small.close()
     with LLM(device="cpu", num_kv_blocks=8) as pool:  # 128 tokens of KV, context 512
         params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
