@@ -21,6 +21,13 @@ def add_serve_parser(subparsers: Any) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a Hugging Face model folder over an OpenAI-compatible HTTP API.",
     )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="Hugging Face model folder, as in `vllm serve MODEL` (the same as --model)",
+    )
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
@@ -174,7 +181,14 @@ def add_serve_parser(subparsers: Any) -> None:
         "--tool-call-parser",
         default=None,
         choices=["hermes", "llama3_json"],
-        help="parse tool calls of chat completions: hermes (Qwen2.5/Qwen3 <tool_call>) or llama3_json",
+        help="parse tool calls of chat completions: hermes (Qwen2.5/Qwen3 <tool_call>) or llama3_json; "
+        'it enables tool_choice "auto"',
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='vLLM\'s switch for tool_choice "auto": here --tool-call-parser enables it, and this flag '
+        "only checks that one is given",
     )
     p.add_argument(
         "--reasoning-parser",
@@ -322,6 +336,14 @@ def run_serve(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad flag value or model folder (printed as one line by ``surge.cli``).
     """
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+        args.model = args.model_tag
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json), as in vLLM"
+        )
     if args.api_server_count < 1:
         raise ValueError(f"--api-server-count must be at least 1, got {args.api_server_count}")
     if args.stream_interval < 1:
@@ -356,7 +378,8 @@ def run_serve(args: argparse.Namespace) -> int:
     cors = cors_options(args)
     from surge.cli import check_model_dir
 
-    check_model_dir(args.model, args.load_format)  # before torch is imported: a wrong path fails at once
+    # before torch is imported: a wrong path fails at once
+    check_model_dir(args.model, args.load_format, flag="MODEL" if args.model_tag is not None else "--model")
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     from surge.engine.llm_engine import build_engine_config
