@@ -365,12 +365,15 @@ class EngineClient:
         queue: asyncio.Queue[QueueItem],
         index: int = 0,
         arrival_time: float | None = None,
+        prompt_logprobs_once: bool = False,
     ) -> None:
         """Send a request; its outputs go to ``queue`` tagged with ``index``.
 
         With ``sampling_params.n > 1`` the engine runs its ``n`` choices
         (:func:`~surge.engine.llm_engine.split_n`'s ids ``f"{request_id}-{i}"``, which the
         outputs carry), tagged ``index``, ``index + 1``, ...; the parameters cross the socket once.
+        ``prompt_logprobs_once``: only the first choice's outputs carry ``prompt_logprobs``
+        (:class:`~surge.engine.core_proc.AddRequest`).
         A rejection by the engine arrives on the queue as a :class:`RequestError` (one per
         choice); an engine death as an :class:`EngineDeadError`. The queue gets nothing more for
         a choice after its finished output.
@@ -398,6 +401,7 @@ class EngineClient:
             arrival_time or time.monotonic(),
             self._client_index,
             engine_ids if n > 1 else [],
+            prompt_logprobs_once and n > 1,
         )
         self._send(msgspec.msgpack.encode(msg))
 

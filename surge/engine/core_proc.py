@@ -70,6 +70,10 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
         client_index: the API process that sent it (its outputs go back there); 0 with one.
         choice_ids: with ``n > 1``, the ``n`` choices' unique ids, in choice order (their
             outputs and errors carry them); empty for one sequence.
+        prompt_logprobs_once: with ``choice_ids`` and ``prompt_logprobs``, only the first
+            choice computes the prompt's logprobs (the same for every choice; the others can
+            then reuse cached prompt blocks): the API process gives them to the other choices
+            (a non-streamed answer, built once all choices are done).
     """
 
     request_id: str
@@ -78,6 +82,7 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     arrival_time: float | None = None
     client_index: int = 0
     choice_ids: list[str] = []
+    prompt_logprobs_once: bool = False
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):
@@ -453,7 +458,9 @@ def _add_request(
         client_of.update(dict.fromkeys(ids, msg.client_index))
     try:
         if msg.choice_ids:
-            refused = engine.add_choices(ids, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time)
+            refused = engine.add_choices(
+                ids, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time, msg.prompt_logprobs_once
+            )
             errors.extend(RequestError(rid, message) for rid, message in refused)
         else:
             engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time)

@@ -371,11 +371,15 @@ class LLMEngine:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
+        prompt_logprobs_once: bool = False,
     ) -> list[tuple[str, str]]:
         """Queue a request's ``n`` choices as ``n`` single-sequence requests of ids
         ``request_ids`` (:func:`choice_params`: seed ``seed + i``), checking the request once: its
         token lists are checked and its model defaults applied before the fan-out, not once per
         choice (``n: 128`` with 256 long ``bad_words`` took 3.8 s of the engine loop that way).
+        With ``prompt_logprobs_once`` only the first choice computes ``prompt_logprobs`` (the
+        caller shares them; the prompt's logits were computed ``n`` times, and a request asking
+        for them never reads cached prompt blocks).
 
         Returns:
             ``(request_id, message)`` of each choice refused (all of them when the request is).
@@ -390,7 +394,9 @@ class LLMEngine:
         except ValueError as e:
             return [(rid, str(e)) for rid in request_ids]
         refused = []
-        for rid, params in zip(request_ids, choice_params(parent), strict=True):
+        for i, (rid, params) in enumerate(zip(request_ids, choice_params(parent), strict=True)):
+            if i > 0 and prompt_logprobs_once and params.prompt_logprobs is not None:
+                msgspec.structs.force_setattr(params, "prompt_logprobs", None)  # a copy of its own
             try:
                 self._queue(rid, prompt_token_ids, params, arrival_time)
             except ValueError as e:

@@ -191,8 +191,10 @@ class DPEngineClient:
         queue: asyncio.Queue[QueueItem],
         index: int = 0,
         arrival_time: float | None = None,
+        prompt_logprobs_once: bool = False,
     ) -> None:
-        """Send one request to a replica (see the module docstring for which).
+        """Send one request to a replica (see the module docstring for which), as
+        :meth:`EngineClient.add_request`.
 
         Raises:
             EngineDeadError: a replica is not running.
@@ -203,7 +205,7 @@ class DPEngineClient:
         if d is None:
             d = self.pick_replica()
         self.replicas[d].add_request(
-            request_id, prompt_token_ids, sampling_params, queue, index, arrival_time
+            request_id, prompt_token_ids, sampling_params, queue, index, arrival_time, prompt_logprobs_once
         )
         self._by_queue[queue] = d  # counted once the replica took it
         self.num_routed[d] += 1

@@ -160,8 +160,13 @@ class Generation:
         params: SamplingParams,
         text: str | None = None,
         score_only: bool = False,
+        share_prompt_logprobs: bool = False,
     ) -> None:
         """Send one prompt's ``params.n`` child requests to the engine.
+
+        With ``share_prompt_logprobs`` (an answer built once every choice is done: not streamed)
+        only the first choice computes ``prompt_logprobs`` and every choice of the prompt gets
+        them when they arrive; streamed, each choice's first delta needs its own.
 
         With ``score_only`` (completions' ``echo`` with ``max_tokens: 0``, sent with
         ``max_tokens=0``) the engine computes the prompt and samples nothing: the choice has
@@ -204,7 +209,13 @@ class Generation:
             self._num_unfinished += 1
         try:  # one message for all n choices: the engine fans them out
             self._client.add_request(
-                request_id, token_ids, params, self._queue, first, arrival_time=self._arrival
+                request_id,
+                token_ids,
+                params,
+                self._queue,
+                first,
+                arrival_time=self._arrival,
+                prompt_logprobs_once=share_prompt_logprobs,
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e
@@ -275,8 +286,10 @@ class Generation:
                 yield out
 
     def _on_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
-        if out.prompt_logprobs is not None:
-            choice.prompt_logprobs = out.prompt_logprobs
+        if out.prompt_logprobs is not None:  # the prompt's: every choice of it may take them
+            for index in self.prompts[choice.prompt_index].choices:
+                if self.choices[index].prompt_logprobs is None:
+                    self.choices[index].prompt_logprobs = out.prompt_logprobs
         if choice.score_only:
             return self._on_score_output(choice, out, now)
         n_new = len(out.new_token_ids)

@@ -86,7 +86,7 @@ async def create_chat_completion(
     created = int(time.time())
     log_request_start(state, request_id, params, prompt_ids)
     try:
-        gen.add_prompt(request_id, prompt_ids, params)
+        gen.add_prompt(request_id, prompt_ids, params, share_prompt_logprobs=not body.stream)
     except Exception:
         gen.abort()
         raise

@@ -121,7 +121,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         for j, (ids, text, params) in enumerate(plans):
             prompt_id = request_id if len(plans) == 1 else f"{request_id}-p{j}"
             log_request_start(state, prompt_id, params, ids)
-            gen.add_prompt(prompt_id, ids, params, text, score_only)
+            gen.add_prompt(prompt_id, ids, params, text, score_only, share_prompt_logprobs=not body.stream)
     except Exception:
         gen.abort()
         raise

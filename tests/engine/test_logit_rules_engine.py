@@ -153,3 +153,22 @@ def test_add_choices_checks_the_request_once_and_fans_it_out() -> None:
         engine.add_choices(["d-0"], [1], SamplingParams(n=3))
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def test_add_choices_computes_prompt_logprobs_once_when_asked() -> None:
+    """prompt_logprobs_once: only the first choice asks for the prompt's logprobs (its outputs
+    carry them); without it every choice computes them (a streamed answer needs each)."""
+    engine = LLMEngine(build_engine_config(None, device="cpu"))
+    params = SamplingParams(n=3, max_tokens=2, prompt_logprobs=1)
+    engine.add_choices(["a-0", "a-1", "a-2"], [1, 2, 3], params, prompt_logprobs_once=True)
+    engine.add_choices(["b-0", "b-1"], [1, 2, 3], SamplingParams(n=2, max_tokens=2, prompt_logprobs=1))
+    assert [engine.scheduler.requests[f"a-{i}"].sampling_params.prompt_logprobs for i in range(3)] == [
+        1,
+        None,
+        None,
+    ]
+    assert params.prompt_logprobs == 1  # the caller's params are not changed
+    with_rows: set[str] = set()
+    while engine.has_unfinished_requests():
+        with_rows |= {o.request_id for o in engine.step() if o.prompt_logprobs is not None}
+    assert with_rows == {"a-0", "b-0", "b-1"}

@@ -34,7 +34,9 @@ class FakeEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._reqs[request_id] = (list(prompt_token_ids), sampling_params, 0)
 
-    def add_choices(self, request_ids, prompt_token_ids, sampling_params, arrival_time=None) -> list:
+    def add_choices(
+        self, request_ids, prompt_token_ids, sampling_params, arrival_time=None, prompt_logprobs_once=False
+    ) -> list:
         """As ``LLMEngine.add_choices``: the request is checked once, then fanned out."""
         if len(request_ids) != sampling_params.n:
             raise ValueError(f"{len(request_ids)} request ids for a request of n={sampling_params.n} choices")
