@@ -31,6 +31,13 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--peak-flops", type=float, default=None, help="dense bf16 peak in FLOP/s (e.g. 7.9e14)")
     g.add_argument(
+        "--peak-flops-fp8",
+        type=float,
+        default=None,
+        help="dense FP8 peak in FLOP/s for FP8 weights' prefill GEMMs (e.g. 1.435e15; default: --gpu's, "
+        "else --peak-flops)",
+    )
+    g.add_argument(
         "--model-config",
         default=None,
         help="model folder or config.json for the roofline (default: a known local model folder)",
@@ -302,6 +309,13 @@ def add_bench_parser(subparsers: Any) -> None:
         help="dense bf16 peak in FLOP/s, e.g. 7.9e14 (default: none)",
     )
     g.add_argument(
+        "--peak-flops-fp8",
+        type=float,
+        default=None,
+        help="dense FP8 peak in FLOP/s for FP8 weights' prefill GEMMs, e.g. 1.435e15 (default: --gpu's, "
+        "else --peak-flops)",
+    )
+    g.add_argument(
         "-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs sharing the model (default 1)"
     )
     g.add_argument(
@@ -357,7 +371,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
-        "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops),
+        "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8),
         "model_config": args.model_config,
         "roofline_tp": args.roofline_tp,
         "roofline_dtype": args.roofline_dtype,
@@ -575,7 +589,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
         with_link_bandwidth,
     )
 
-    hw = resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops)
+    hw = resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8)
     if hw is None:
         raise ValueError("the roofline needs --gpu NAME or both --hbm-bandwidth and --peak-flops")
     hw = with_link_bandwidth(hw, args.link_bandwidth)

@@ -302,7 +302,12 @@ def _summary_hardware(serve: ServeConfig) -> dict[str, Any] | None:
     hw = serve.hardware
     if hw is None:
         return None
-    return {"name": hw.name, "hbm_bandwidth": hw.hbm_bandwidth, "peak_flops": hw.peak_flops}
+    return {
+        "name": hw.name,
+        "hbm_bandwidth": hw.hbm_bandwidth,
+        "peak_flops": hw.peak_flops,
+        "peak_flops_fp8": hw.peak_flops_fp8,
+    }
 
 
 def _write_summary(

@@ -15,9 +15,11 @@ Model side, from ``config.json`` shapes (dense Llama / Qwen2 / Qwen3 decoders):
 Point ceiling for a burst point (C concurrent requests, I prompt tokens, O output tokens each; every
 request starts at t=0, so the fastest schedule prefills all of them in one pass, then decodes C at once):
 
-- prefill (emits each request's first token): ``t_prefill = max(2 * P * C * I / peak_flops,
-  (W + C * I * kv_bytes_per_token) / bandwidth)``, the compute bound of design §6, but never below
-  one read of the weights;
+- prefill (emits each request's first token): ``t_prefill = max(2 * C * I * ((P - P8) / peak_flops
+  + P8 / peak_flops_fp8), (W + C * I * kv_bytes_per_token) / bandwidth)``, the compute bound of
+  design §6, but never below one read of the weights. ``P8`` counts the linear layers' weights when
+  they are FP8 (their GEMMs run on FP8 tensor cores, at the GPU's FP8 peak; 0 otherwise, and the
+  bf16 peak stands in on a GPU without one);
 - decode step k = 1 .. O-1 (batch C, context I + k per request):
   ``t_step(k) = (W + C * (I + k) * kv_bytes_per_token) / bandwidth``, summed in closed form:
   ``t_decode = ((O-1) * W + C * kv * ((O-1) * I + (O-1) * O / 2)) / bandwidth``;
@@ -40,6 +42,7 @@ gives ~280 tok/s (design §6 quotes 278 from a 3.6 ms step rounded up).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -53,24 +56,32 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "float": 4, "bfloat16": 2, "float16
 
 @dataclass(frozen=True)
 class Hardware:
-    """A GPU's ceilings: HBM read bandwidth in bytes/s and dense bf16 peak in FLOP/s."""
+    """A GPU's ceilings: HBM read bandwidth in bytes/s, dense bf16 and FP8 (e4m3) peaks in FLOP/s."""
 
     name: str
     hbm_bandwidth: float
     peak_flops: float
     link_bandwidth: float = 0.0  # GPU-to-GPU bytes/s per direction (NVLink); 0 = unknown
+    peak_flops_fp8: float = 0.0  # 0 = no FP8 tensor cores known: FP8 GEMMs count at peak_flops
+
+    @property
+    def fp8_flops(self) -> float:
+        """The FLOP/s of FP8 GEMMs: ``peak_flops_fp8``, or ``peak_flops`` when unknown."""
+        return self.peak_flops_fp8 or self.peak_flops
 
 
-# H200: measured on the reference machine (issue 5). The others: vendor datasheet figures (dense bf16).
-# Link bandwidth: NVLink per direction per GPU, datasheet (not measured).
+# H200: measured on the reference machine (bandwidth and bf16 peak in issue 5; the FP8 peak,
+# torch._scaled_mm at 8192^3, by benchmarks/peak_flops.py: benchmarks/results/h200-peak-flops/).
+# The others: vendor datasheet figures (dense bf16 and FP8). Link bandwidth: NVLink per direction
+# per GPU, datasheet (not measured). A100s have no FP8 tensor cores (Surge's FP8 needs sm89+).
 KNOWN_GPUS: dict[str, Hardware] = {
-    "h200": Hardware("NVIDIA H200", 4.24e12, 7.9e14, 4.5e11),
-    "h100-sxm": Hardware("NVIDIA H100 SXM", 3.35e12, 9.89e14, 4.5e11),
-    "h100-pcie": Hardware("NVIDIA H100 PCIe", 2.0e12, 7.56e14),
+    "h200": Hardware("NVIDIA H200", 4.24e12, 7.9e14, 4.5e11, 1.435e15),
+    "h100-sxm": Hardware("NVIDIA H100 SXM", 3.35e12, 9.89e14, 4.5e11, 1.979e15),
+    "h100-pcie": Hardware("NVIDIA H100 PCIe", 2.0e12, 7.56e14, 0.0, 1.513e15),
     "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 2.039e12, 3.12e14, 3.0e11),
     "a100-40gb": Hardware("NVIDIA A100 40GB", 1.555e12, 3.12e14),
-    "l40s": Hardware("NVIDIA L40S", 8.64e11, 3.62e14),
-    "b200": Hardware("NVIDIA B200", 8.0e12, 2.25e15, 9.0e11),
+    "l40s": Hardware("NVIDIA L40S", 8.64e11, 3.62e14, 0.0, 7.33e14),
+    "b200": Hardware("NVIDIA B200", 8.0e12, 2.25e15, 9.0e11, 4.5e15),
 }
 _ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb"}
 
@@ -91,28 +102,39 @@ def lookup_gpu(name: str) -> Hardware:
 
 
 def resolve_hardware(
-    gpu: str | None, hbm_bandwidth: float | None, peak_flops: float | None
+    gpu: str | None,
+    hbm_bandwidth: float | None,
+    peak_flops: float | None,
+    peak_flops_fp8: float | None = None,
 ) -> Hardware | None:
     """Hardware from flags: explicit numbers win over ``--gpu`` defaults; None when neither is given.
+    ``--peak-flops-fp8`` is optional (without it and a known GPU, FP8 GEMMs count at the bf16 peak).
 
     Raises:
         ValueError: a non-positive number, only one of the two numbers without ``--gpu``, or an unknown GPU.
     """
     base = lookup_gpu(gpu) if gpu else None
-    for flag, v in (("--hbm-bandwidth", hbm_bandwidth), ("--peak-flops", peak_flops)):
+    for flag, v in (
+        ("--hbm-bandwidth", hbm_bandwidth),
+        ("--peak-flops", peak_flops),
+        ("--peak-flops-fp8", peak_flops_fp8),
+    ):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise ValueError(f"{flag} must be > 0 and finite, got {v}")
     if base is None:
         if hbm_bandwidth is None and peak_flops is None:
+            if peak_flops_fp8 is not None:
+                raise ValueError("--peak-flops-fp8 needs --gpu NAME or both --hbm-bandwidth and --peak-flops")
             return None
         if hbm_bandwidth is None or peak_flops is None:
             raise ValueError("pass both --hbm-bandwidth and --peak-flops, or --gpu NAME")
-        return Hardware("custom", hbm_bandwidth, peak_flops)
+        return Hardware("custom", hbm_bandwidth, peak_flops, 0.0, peak_flops_fp8 or 0.0)
     return Hardware(
         base.name,
         hbm_bandwidth if hbm_bandwidth is not None else base.hbm_bandwidth,
         peak_flops if peak_flops is not None else base.peak_flops,
         base.link_bandwidth,
+        peak_flops_fp8 if peak_flops_fp8 is not None else base.peak_flops_fp8,
     )
 
 
@@ -126,7 +148,7 @@ def with_link_bandwidth(hw: Hardware, link_bandwidth: float | None) -> Hardware:
         return hw
     if not (link_bandwidth > 0 and math.isfinite(link_bandwidth)):
         raise ValueError(f"--link-bandwidth must be > 0 and finite, got {link_bandwidth}")
-    return Hardware(hw.name, hw.hbm_bandwidth, hw.peak_flops, link_bandwidth)
+    return dataclasses.replace(hw, link_bandwidth=link_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,7 @@ class ModelShape:
     num_layers: int
     tensor_parallel_size: int = 1  # N: the figures above are per GPU when N > 1
     comm_bytes_per_token: float = 0.0  # per GPU over its link, per token of a step (N > 1)
+    fp8_matmul_params: int = 0  # P8: the part of P in FP8 linear layers (their GEMMs run in FP8)
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -260,6 +283,7 @@ def model_shape(
         num_layers=layers,
         tensor_parallel_size=n,
         comm_bytes_per_token=2 * ring * (2 * layers + 1) * hidden * rest_bytes + ring * vocab * rest_bytes,
+        fp8_matmul_params=linear // n if dt == "fp8" else 0,
     )
 
 
@@ -318,7 +342,9 @@ def point_roofline(
     if c < 1 or o < 1 or i < 0:
         raise ValueError(f"bad point C={c} I={i} O={o}")
     w, kv, bw = shape.weight_bytes, shape.kv_bytes_per_token, hw.hbm_bandwidth
-    prefill = max(2.0 * shape.matmul_params * c * i / hw.peak_flops, (w + c * i * kv) / bw)
+    p8 = shape.fp8_matmul_params
+    flop_s = 2.0 * c * i * ((shape.matmul_params - p8) / hw.peak_flops + p8 / hw.fp8_flops)
+    prefill = max(flop_s, (w + c * i * kv) / bw)
     steps = o - 1
     decode = (steps * w + c * kv * (steps * i + steps * o / 2.0)) / bw
     if shape.tensor_parallel_size > 1:
@@ -380,8 +406,9 @@ def format_roofline_table(shape: ModelShape, hw: Hardware, points: list[PointRoo
         f"model: {format_count(shape.num_params)} params, W = {format_bytes(shape.weight_bytes)} read per "
         f"step{per}, {shape.kv_bytes_per_token:,} KV bytes/token{per}"
         + (f", {shape.comm_bytes_per_token:,.0f} link bytes/token per step" if tp > 1 else ""),
-        f"hardware: {hw.name}, {hw.hbm_bandwidth / 1e12:.3f} TB/s, {hw.peak_flops / 1e12:.1f} TFLOP/s; "
-        f"decode step of batch 1 >= {format_seconds(step)}",
+        f"hardware: {hw.name}, {hw.hbm_bandwidth / 1e12:.3f} TB/s, {hw.peak_flops / 1e12:.1f} TFLOP/s"
+        + (f" (FP8 GEMMs {hw.fp8_flops / 1e12:.1f})" if shape.fp8_matmul_params else "")
+        + f"; decode step of batch 1 >= {format_seconds(step)}",
         "",
         "| C | I | O | prefill ms | decode ms | output tok/s | total tok/s |",
         "|---:|---:|---:|---:|---:|---:|---:|",

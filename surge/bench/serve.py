@@ -356,6 +356,7 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
         "name": cfg.hardware.name,
         "hbm_bandwidth": cfg.hardware.hbm_bandwidth,
         "peak_flops": cfg.hardware.peak_flops,
+        "peak_flops_fp8": cfg.hardware.peak_flops_fp8,
     }
     # What the ceiling assumed the server reads: weight bytes per step and KV bytes per token.
     out["roofline_model"] = {

@@ -83,3 +83,34 @@ def test_roofline_cli_fp8() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "W = 8.191 GB" in r.stdout and "73,728 KV bytes/token" in r.stdout
+
+
+def test_fp8_prefill_counts_the_fp8_peak() -> None:
+    """FP8 linear layers' prefill FLOPs run at the GPU's FP8 peak (the LM head and the rest at the
+    bf16 one); they counted at the bf16 peak, which understated a long prompt's FP8 ceiling."""
+    from surge.bench.roofline import lookup_gpu, resolve_hardware
+
+    cfg = load_config(FP8_CONFIG)
+    fp8, bf16 = model_shape(cfg), model_shape(cfg, "bfloat16")
+    assert bf16.fp8_matmul_params == 0
+    assert fp8.fp8_matmul_params == pytest.approx(6.95e9, rel=2e-3)  # the linear layers, not the LM head
+    h200 = lookup_gpu("h200")
+    assert (h200.peak_flops, h200.peak_flops_fp8) == (7.9e14, 1.435e15)
+    c, i = 4, 4096
+    prefill = point_roofline(fp8, h200, c, i, 256).prefill_s
+    expected = (
+        2 * c * i * ((fp8.matmul_params - fp8.fp8_matmul_params) / 7.9e14 + fp8.fp8_matmul_params / 1.435e15)
+    )
+    assert prefill == pytest.approx(expected)
+    assert point_roofline(fp8, H200, c, i, 256).prefill_s == pytest.approx(
+        2 * c * i * fp8.matmul_params / 7.9e14
+    )
+    assert point_roofline(bf16, h200, c, i, 256).prefill_s == point_roofline(bf16, H200, c, i, 256).prefill_s
+    # flags: an explicit FP8 peak wins over --gpu's; it needs a GPU or both other numbers
+    assert resolve_hardware("h200", None, None, 1e15).peak_flops_fp8 == 1e15
+    assert resolve_hardware(None, 1e12, 1e14, 2e14).fp8_flops == 2e14
+    assert resolve_hardware(None, 1e12, 1e14).fp8_flops == 1e14  # unknown: the bf16 peak
+    with pytest.raises(ValueError, match="--peak-flops-fp8 needs"):
+        resolve_hardware(None, None, None, 1e15)
+    with pytest.raises(ValueError, match="--peak-flops-fp8 must be > 0"):
+        resolve_hardware("h200", None, None, -1.0)
