@@ -155,3 +155,12 @@ def test_numpy_integers_are_integers() -> None:
         assert (
             model.engine.config.cache.block_size == 16 and type(model.engine.config.cache.block_size) is int
         )
+
+
+def test_trust_remote_code_is_taken_and_checked() -> None:
+    """vLLM scripts pass trust_remote_code=True (it was an unexpected keyword argument); Surge runs
+    no model folder's code, so it changes nothing, but a non-bool is still refused."""
+    with LLM(device="cpu", trust_remote_code=True) as model:
+        assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
+    with pytest.raises(ValueError, match="trust_remote_code must be True or False"):
+        LLM(device="cpu", trust_remote_code="yes")  # type: ignore[arg-type]
