@@ -166,6 +166,12 @@ UNENFORCEABLE_GRAMMARS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (CMPL, {"prompt": "x", "guided_regex": "a^b"}, "guided_regex", "unsupported regex: '^' at position 1"),
     (
+        CMPL,
+        {"prompt": "x", "structured_outputs": {"choice": [str(i) for i in range(3000)]}},
+        "structured_outputs.choice",
+        "invalid choice: at most 2,048 options, got 3,000",
+    ),
+    (
         CHAT,
         {
             "messages": MSGS,

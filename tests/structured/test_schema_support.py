@@ -964,3 +964,20 @@ def test_flat_schemas_are_refused_past_max_subschemas() -> None:
     check_json_schema(
         {**props, "$defs": {"s": {"type": "string"}}}
     )  # the root, the $defs entry, the properties
+
+
+def test_choice_limits() -> None:
+    """A choice of over 2,048 options or 65,536 characters is refused before xgrammar sees it
+    (40,000 options stalled every stream for seconds per step at n: 128, and a 2.8 MB list held the
+    one compile worker for 70 s); a list at both limits compiles."""
+    from surge.structured.validate import MAX_CHOICE_CHARS, MAX_CHOICE_OPTIONS
+
+    at_limit = tuple(
+        f"{i:05d}" + "x" * (MAX_CHOICE_CHARS // MAX_CHOICE_OPTIONS - 5) for i in range(MAX_CHOICE_OPTIONS)
+    )
+    assert sum(map(len, at_limit)) == MAX_CHOICE_CHARS
+    check_structured_outputs(StructuredOutputsParams(choice=at_limit))
+    with pytest.raises(ValueError, match="invalid choice: at most 2,048 options, got 2,049"):
+        check_structured_outputs(StructuredOutputsParams(choice=tuple(str(i) for i in range(2049))))
+    with pytest.raises(ValueError, match="at most 65,536 characters together, got 65,537"):
+        check_structured_outputs(StructuredOutputsParams(choice=(*at_limit[:-1], at_limit[-1] + "y")))
