@@ -118,7 +118,7 @@ async def create_chat_completion(
         if lp.prompt_logprobs is not None:
             rows = gen.choices[0].prompt_logprobs
             extra["prompt_logprobs"] = vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)
-        return full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
+        return await full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
 

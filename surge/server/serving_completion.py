@@ -184,7 +184,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
                 }
                 | prompt_logprobs_of(i)
             )
-        return full_response(request_id, "text_completion", created, model, choices, gen)
+        return await full_response(request_id, "text_completion", created, model, choices, gen)
 
     env = ChunkEnvelope(request_id, "text_completion", created, model, gen, usage_in_chunks(body))
 

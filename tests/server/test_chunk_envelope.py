@@ -43,3 +43,51 @@ def test_chunk_bytes(usage: str) -> None:
     assert env.chunk([], usage=None, prompt_logprobs=[None, {"1": 2}]) == _whole(
         env, [], {"usage": None, "prompt_logprobs": [None, {"1": 2}]}
     )
+
+
+def test_full_response_is_encoded_piece_by_piece_with_pauses() -> None:
+    """A large non-streamed answer is encoded one choice at a time, letting the event loop run
+    between them (a 1 GB answer encoded in one call stopped every other stream for seconds); the
+    body is the same JSON as the whole dict's, with ``extra`` fields after ``usage``."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from surge.server.serving_common import full_response
+
+    gen = SimpleNamespace(prompt_tokens=3, completion_tokens=5)
+    big = [
+        {"index": i, "text": "x" * 200_000, "logprobs": {"tokens": [{"t": "a", "p": -0.5}] * 20_000}}
+        for i in range(100)
+    ]
+
+    async def main() -> tuple[bytes, int]:
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        resp = await full_response("r", "text_completion", 7, "m", big, gen, prompt_logprobs=[None, {"1": 2}])  # type: ignore[arg-type]
+        done = True
+        await task
+        return resp.body, ticks - before
+
+    body, ticks = asyncio.run(main())
+    assert ticks > 1, "the event loop ran while the answer was encoded"
+    assert json.loads(body) == {
+        "id": "r",
+        "object": "text_completion",
+        "created": 7,
+        "model": "m",
+        "choices": big,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+        "prompt_logprobs": [None, {"1": 2}],
+    }
+    assert list(json.loads(body))[-2:] == ["usage", "prompt_logprobs"]
