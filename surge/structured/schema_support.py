@@ -212,14 +212,24 @@ def _too_deep(loc: tuple[str, ...]) -> ValueError:
     )
 
 
+MAX_ENUM_VALUES = 2048
+"""Most ``enum`` values in a schema, all its ``enum`` lists together: as a ``choice``'s options
+(:data:`surge.structured.validate.MAX_CHOICE_OPTIONS`), every row under the grammar pays for them at
+every step (10,000 strings: about 7 ms per row and step on a 2-core machine)."""
+MAX_ENUM_CHARS = 65_536
+"""Most characters of a schema's ``enum`` values together, as JSON text."""
+
+
 def _check_nesting(schema: Any) -> None:
     """Refuse a schema deeper than :data:`MAX_SCHEMA_DEPTH` (following local ``$ref``), with more
-    than :data:`MAX_SUBSCHEMAS` subschemas, or whose nesting costs more than
-    :data:`MAX_NESTING_COST` to compile; linear in the schema's size."""
+    than :data:`MAX_SUBSCHEMAS` subschemas, whose nesting costs more than
+    :data:`MAX_NESTING_COST` to compile, or with more than :data:`MAX_ENUM_VALUES` ``enum``
+    values or :data:`MAX_ENUM_CHARS` characters of them; linear in the schema's size."""
     if not isinstance(schema, dict):
         return
     cost = 0
     count = 0
+    enum_values = enum_chars = 0
     has_ref = False
     stack: list[tuple[dict[str, Any], tuple[str, ...], int]] = [(schema, (), 0)]
     while stack:  # the document's own tree, without following $ref
@@ -240,6 +250,16 @@ def _check_nesting(schema: Any) -> None:
                 "flatten it, or move nested subschemas into $defs and $ref them"
             )
         _check_values(node, loc)
+        enum = node.get("enum")
+        if isinstance(enum, list):
+            enum_values += len(enum)
+            enum_chars += sum(len(json.dumps(v, ensure_ascii=False)) for v in enum)
+            if enum_values > MAX_ENUM_VALUES or enum_chars > MAX_ENUM_CHARS:
+                raise ValueError(
+                    f"the schema's enum lists hold more than {MAX_ENUM_VALUES:,} values or "
+                    f"{MAX_ENUM_CHARS:,} characters together (at {_short_pointer(loc)}): every token "
+                    "generated under the grammar pays for them"
+                )
         has_ref = has_ref or isinstance(node.get("$ref"), str)
         stack.extend((sub, (*loc, *part), depth + 1) for part, sub in reversed(_subschemas(node)))
     if has_ref:
