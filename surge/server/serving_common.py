@@ -21,7 +21,7 @@ from surge.core.scheduler import room_for_output as context_room
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
-from surge.server.drain import InFlight, ShutdownError
+from surge.server.drain import InFlight
 from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.metrics import ServerMetrics
@@ -596,10 +596,9 @@ async def stream_response(
     ``queued_interval`` seconds until the first token, then the chunks.
 
     Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``. An
-    error once the stream has started (an engine rejection, the engine's death) is sent as one
-    ``data: {"error": ...}`` event and the stream ends without ``[DONE]``, except at shutdown
-    (:class:`ShutdownError`), where ``[DONE]`` follows. A client disconnect aborts the request
-    in the engine.
+    error once the stream has started (an engine rejection, the engine's death, a shutdown:
+    :class:`~surge.server.drain.ShutdownError`) is sent as one ``data: {"error": ...}`` event, then ``[DONE]``, as
+    vLLM ends such a stream. A client disconnect aborts the request in the engine.
     """
     iterator = gen.deltas().__aiter__()
 
@@ -625,8 +624,7 @@ async def stream_response(
             yield SSE_DONE
         except ApiError as e:
             yield sse(error_body(e.status, e.message, param=e.param, code=e.code))
-            if isinstance(e, ShutdownError):
-                yield SSE_DONE
+            yield SSE_DONE  # as vLLM: the error event, then the end of the stream
         finally:
             gen.abort()
 
