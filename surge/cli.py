@@ -49,6 +49,7 @@ VLLM_FLAG_HINTS = {
     "--result-filename": "--result-file FILE",
     "--percentile-metrics": "nothing: TTFT, TPOT, ITL and E2EL are always reported",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
+    "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
     "--enable-chunked-prefill": "nothing: chunked prefill is always on",
     "--swap-space": "nothing: preempted requests are recomputed, not swapped",
     "--disable-log-stats": "--log-interval SECONDS to space the stats lines",
@@ -58,7 +59,7 @@ VLLM_FLAG_HINTS = {
 """``vllm bench serve`` and ``vllm serve`` flags that Surge spells otherwise or does without, and
 what to use instead: an unrecognized one gets this hint in the error line (exact equivalents are
 aliases instead, e.g. ``--dataset-name``, ``--random-input-len``, ``--metric-percentiles``, or
-accepted, e.g. ``surge serve MODEL``, ``--enable-auto-tool-choice``, ``--trust-remote-code``)."""
+accepted, e.g. ``surge serve MODEL``, ``--enable-auto-tool-choice``)."""
 
 
 class _Parser(argparse.ArgumentParser):

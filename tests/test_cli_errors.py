@@ -267,8 +267,8 @@ def test_generate_with_an_undecodable_prompt_is_one_line() -> None:
 
 def test_vllm_serve_spellings() -> None:
     """`surge serve MODEL` as `vllm serve MODEL`; --enable-auto-tool-choice needs a parser (as in
-    vLLM) instead of being an unknown flag; --trust-remote-code is taken; vLLM flags Surge does
-    without get a hint."""
+    vLLM) instead of being an unknown flag; vLLM flags Surge does without (--trust-remote-code:
+    it runs no model folder's code) are refused with a hint, never taken and ignored."""
     _one_line_error(_surge("serve", "/nonexistent/model"), "MODEL /nonexistent/model: no such folder")
     _one_line_error(_surge("serve", "/a", "--model", "/b"), "two models given: '/a' and --model '/b'")
     _one_line_error(
@@ -280,7 +280,11 @@ def test_vllm_serve_spellings() -> None:
         ["serve", "/m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     )
     assert (args.model_tag, args.enable_auto_tool_choice, args.tool_call_parser) == ("/m", True, "hermes")
-    assert build_parser().parse_args(["serve", "--trust-remote-code"]).trust_remote_code is True
-    p = _surge("serve", "--swap-space", "4", "--enable-chunked-prefill")
+    p = _surge("serve", "--trust-remote-code", "--swap-space", "4", "--enable-chunked-prefill")
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    assert "--swap-space: use nothing" in p.stderr and "--enable-chunked-prefill: use nothing" in p.stderr
+    for hint in (
+        "--trust-remote-code: use nothing",
+        "--swap-space: use nothing",
+        "--enable-chunked-prefill: use nothing",
+    ):
+        assert hint in p.stderr, p.stderr

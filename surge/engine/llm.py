@@ -73,10 +73,6 @@ class LLM:
         generation_config: "auto": the model's generation_config.json sampling defaults
             (temperature, top_p, top_k, min_p, repetition_penalty) apply to the fields a
             ``SamplingParams`` leaves out; "none": they do not.
-        trust_remote_code: vLLM's permission to run a model folder's own Python code, taken so
-            that vLLM scripts run; Surge never runs such code (its supported architectures are
-            its own code, tokenizers load from their files), so it changes nothing, and a
-            folder that needs its code fails to load either way.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -105,10 +101,7 @@ class LLM:
         kv_cache_dtype: str = "auto",
         fp8_emulation: bool = False,
         generation_config: str = "auto",
-        trust_remote_code: bool = False,
     ) -> None:
-        if not isinstance(trust_remote_code, bool):
-            raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
         config = build_engine_config(
             None if model is None else str(model),
             dtype=dtype,

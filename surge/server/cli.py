@@ -185,12 +185,6 @@ def add_serve_parser(subparsers: Any) -> None:
         'it enables tool_choice "auto"',
     )
     p.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="vLLM's permission to run a model folder's own code, accepted so that vLLM command lines "
-        "work: Surge never runs such code (its architectures are its own), so it changes nothing",
-    )
-    p.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help='vLLM\'s switch for tool_choice "auto": here --tool-call-parser enables it, and this flag '
