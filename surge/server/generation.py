@@ -1,7 +1,7 @@
 """One HTTP request's generation: its child requests in the engine, turned into text deltas.
 
 Shared by chat and completions. Each choice (one engine request; ``n`` choices per prompt via
-:func:`split_n`) has an :class:`IncrementalDetokenizer`. Outputs of all choices arrive on one
+:func:`~surge.engine.llm_engine.choice_ids`) has an :class:`IncrementalDetokenizer`. Outputs of all choices arrive on one
 ``asyncio.Queue``; :meth:`Generation.deltas` drains it and yields the deltas to send:
 
 - a choice's first delta goes out as soon as its first token exists; for chat
@@ -36,7 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from surge.core.logprobs import LogprobsLists
 from surge.core.outputs import EngineOutput
 from surge.engine.client import EngineClient, EngineDeadError, QueueItem
-from surge.engine.llm_engine import split_n
+from surge.engine.llm_engine import choice_ids
 from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.server.errors import ApiError
 from surge.server.logprobs import LogprobTracker
@@ -183,16 +183,16 @@ class Generation:
         # the text after the id's last '@' is this process-unique serial (and the choice suffix)
         request_id = f"{base_id}@{self._serial}"
         first = len(self.choices)
-        for child_id, child_params in split_n(request_id, params):
+        for child_id in choice_ids(request_id, params.n):  # the choices differ only by id and seed
             index = len(self.choices)
             detok = IncrementalDetokenizer(
                 self._tokenizer,
                 token_ids,
-                skip_special_tokens=child_params.skip_special_tokens,
-                stop=child_params.stop,
-                min_tokens=child_params.min_tokens,
-                include_stop_str_in_output=child_params.include_stop_str_in_output,
-                spaces_between_special_tokens=child_params.spaces_between_special_tokens,
+                skip_special_tokens=params.skip_special_tokens,
+                stop=params.stop,
+                min_tokens=params.min_tokens,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
             choice = ChoiceState(
                 index,
@@ -200,9 +200,9 @@ class Generation:
                 prompt_index,
                 detok,
                 score_only=score_only,
-                stop_token_ids=child_params.stop_token_ids,
+                stop_token_ids=params.stop_token_ids,
             )
-            if child_params.logprobs is not None and not score_only:
+            if params.logprobs is not None and not score_only:
                 choice.logprobs = LogprobTracker()
             self.choices.append(choice)
             info.choices.append(index)
