@@ -125,8 +125,16 @@ def _content_text(content: Any) -> str:
     raise ValueError("messages: content must be a string or a list of text parts")
 
 
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+"""A chat message's reasoning: the name templates read first, then vLLM's."""
+
+
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Copy chat messages with every ``content`` turned into a plain string.
+    """Copy chat messages with every ``content`` turned into a plain string, and a message's
+    reasoning under both of its names: a string ``reasoning`` (vLLM's name, which clients
+    written for vLLM send back in the history) fills a ``reasoning_content`` that is not a
+    string (the name chat templates such as Qwen3's read), and ``reasoning_content`` fills
+    ``reasoning``, as vLLM passes them; whatever transformers version renders the template.
 
     Raises:
         ValueError: a message is not a mapping with a string ``role``, or has non-text content.
@@ -137,6 +145,9 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         msg = dict(m)
         msg["content"] = _content_text(m.get("content"))
+        reasoning = next((m[k] for k in _REASONING_KEYS if isinstance(m.get(k), str)), None)
+        if reasoning is not None:
+            msg.update(dict.fromkeys(_REASONING_KEYS, reasoning))
         if msg.get("tool_calls"):
             msg["tool_calls"] = _template_tool_calls(msg["tool_calls"], i)
         out.append(msg)

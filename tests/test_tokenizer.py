@@ -371,3 +371,25 @@ def test_developer_role_is_system_for_templates_that_do_not_know_it(qwen):
         qwen.decode(apply_chat_template(qwen, msgs, chat_template=plain))
         == "system:Answer in French.;user:hi;"
     )
+
+
+def test_reasoning_in_the_history_reaches_the_template_under_both_names(qwen):
+    """An assistant message's reasoning, sent back as ``reasoning`` (vLLM's name, what its
+    responses carry) or ``reasoning_content`` (the older name), reaches the template under both
+    names, as vLLM passes it: Qwen3's template reads ``reasoning_content`` and renders it inside
+    ``<think>`` for a turn after the last user message; another template may read ``reasoning``.
+    A null one (an SDK message object dumped with its unset fields) is no reasoning."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    both = "{% for m in messages %}{{ m.role }}:{{ m.reasoning }}|{{ m.reasoning_content }};{% endfor %}"
+    for key in ("reasoning", "reasoning_content"):
+        msgs = [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [call], key: "Call f."},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ]
+        text = qwen.decode(apply_chat_template(qwen, msgs))
+        assert "<|im_start|>assistant\n<think>\nCall f.\n</think>\n\n<tool_call>" in text, text
+        rendered = qwen.decode(apply_chat_template(qwen, msgs, chat_template=both))
+        assert rendered.split(";")[1] == "assistant:Call f.|Call f.", rendered
+    nulls = [{"role": "user", "content": "hi", "reasoning": None, "reasoning_content": None}]
+    assert qwen.decode(apply_chat_template(qwen, nulls, chat_template=both)) == "user:|;"

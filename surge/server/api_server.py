@@ -367,7 +367,7 @@ class ServeOptions:
         chat_template: a Jinja template overriding the tokenizer's, or None.
         trust_request_chat_template: accept a request's own ``chat_template`` (else a 400).
         tool_call_parser: ``hermes`` or ``llama3_json`` (tool calls of chat completions), or None.
-        reasoning_parser: ``qwen3`` or ``deepseek_r1`` (``reasoning_content``), or None.
+        reasoning_parser: ``qwen3`` or ``deepseek_r1`` (``reasoning`` / ``reasoning_content``), or None.
         log_interval: seconds between stats log lines.
         access_log: log every HTTP request.
         engine_log_level: ``logging`` level of the engine process.

@@ -1,7 +1,9 @@
 """What a chat completion does with ``tools``, ``tool_choice``, the reasoning parser and a
 grammar: the tools the template renders, the grammar sent to the engine, and the per-choice
-output parser that turns the generated text into ``content``, ``reasoning_content`` and
-``tool_calls`` (streamed as deltas or whole).
+output parser that turns the generated text into ``content``, the reasoning and ``tool_calls``
+(streamed as deltas or whole). The reasoning goes out under two names with the same value:
+``reasoning`` (vLLM's name since it renamed the field, and the only one vLLM sends now) and
+``reasoning_content`` (the older name, which DeepSeek's API and many clients read).
 
 - ``tool_choice: "none"``: tools are rendered, the output is content.
 - ``"auto"`` (the default with tools): the server's ``--tool-call-parser`` finds the calls the
@@ -10,10 +12,10 @@ output parser that turns the generated text into ``content``, ``reasoning_conten
   calls (a JSON array of ``{"name", "parameters"}``, or the named function's arguments), so
   the arguments always validate; no parser flag is needed. ``parallel_tool_calls: false``
   limits ``required`` to one call.
-- ``--reasoning-parser``: ``<think>...</think>`` becomes ``reasoning_content`` (unless
+- ``--reasoning-parser``: ``<think>...</think>`` becomes the reasoning (unless
   ``chat_template_kwargs.enable_thinking`` is false); a grammar then applies only after the
   ``</think>`` token. The parser agrees with the grammar: with a grammar that waits for
-  ``</think>``, everything before a ``</think>`` is ``reasoning_content`` (``<think>`` or not)
+  ``</think>``, everything before a ``</think>`` is the reasoning (``<think>`` or not)
   and the constrained answer after it is the content or the forced calls; with a grammar from
   the first token the output is the answer. An output that never writes ``</think>`` reads
   the same with or without a grammar: reasoning when it opened with ``<think>`` or the
@@ -52,7 +54,7 @@ class ChatPlan:
         tools: the function definitions for the chat template, or None.
         structured_outputs: the grammar for the engine (the request's, or the one
             ``tool_choice`` forces), or None.
-        reasoning_parser: the reasoning parser's class, or None (no ``reasoning_content``).
+        reasoning_parser: the reasoning parser's class, or None (no reasoning fields).
         tool_parser: builds one choice's tool parser, or None (the answer is all content).
         starts_in_reasoning: the output starts inside the reasoning (the prompt opened
             ``<think>``: :meth:`see_prompt`); False under a grammar from the first token; None:
@@ -61,7 +63,7 @@ class ChatPlan:
             ``required`` grammar allows one; under ``auto`` later calls are dropped, as vLLM).
         reasoning_gated: the grammar waits for ``</think>`` (the reasoning parser's ``gated``).
         reasoning_field: the server has a reasoning parser, so a non-streamed message carries
-            ``reasoning_content`` (null) even when the request turned the parser off
+            ``reasoning`` and ``reasoning_content`` (null) even when the request turned the parser off
             (``chat_template_kwargs.enable_thinking: false``): one message shape per server.
     """
 
@@ -76,7 +78,7 @@ class ChatPlan:
 
     @property
     def reasoning(self) -> bool:
-        """Whether ``reasoning_content`` is reported."""
+        """Whether the reasoning (``reasoning``, ``reasoning_content``) is reported."""
         return self.reasoning_parser is not None
 
     def see_prompt(self, tokenizer: Any, prompt_ids: list[int]) -> None:
@@ -107,7 +109,7 @@ class ChatPlan:
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
             if self.reasoning_field:
-                msg["reasoning_content"] = None
+                msg.update(reasoning_fields(None))
             return msg, finish_reason
         d = parser.parse(text)
         calls: dict[int, dict[str, Any]] = {}
@@ -127,7 +129,7 @@ class ChatPlan:
         null = bool(calls) or self.reasoning or parser.in_reasoning
         msg = {"role": "assistant", "content": d.content or (None if null else "")}
         if self.reasoning or self.reasoning_field:
-            msg["reasoning_content"] = d.reasoning or None
+            msg.update(reasoning_fields(d.reasoning or None))
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
             tools = parser.tools
@@ -166,6 +168,13 @@ class ChatPlan:
         return _delta_fields(d, parser.in_reasoning), finish_reason
 
 
+def reasoning_fields(reasoning: str | None) -> dict[str, str | None]:
+    """A message's or delta's reasoning under both of its names: ``reasoning`` (vLLM's since
+    it renamed ``reasoning_content``; clients written for vLLM read only it) and
+    ``reasoning_content`` (DeepSeek's and vLLM's older name, which other clients read)."""
+    return {"reasoning": reasoning, "reasoning_content": reasoning}
+
+
 def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
     """Whether a rendered chat prompt ends with ``<think>`` (and whitespace): the template
     opened the reasoning, so the output starts inside it."""
@@ -179,7 +188,7 @@ def is_empty_delta(delta: dict[str, Any]) -> bool:
     chunk for such a delta unless it ends the choice or carries logprobs entries, as vLLM
     skips a parser's empty deltas."""
     return not (
-        delta.get("role") or delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+        delta.get("role") or delta.get("content") or delta.get("reasoning") or delta.get("tool_calls")
     )
 
 
@@ -189,7 +198,7 @@ def _delta_fields(d: DeltaMessage, in_reasoning: bool) -> dict[str, Any]:
     message's ``content`` is null."""
     out: dict[str, Any] = {}
     if d.reasoning:
-        out["reasoning_content"] = d.reasoning
+        out.update(reasoning_fields(d.reasoning))
     if d.content or not (d.reasoning or d.tool_calls or in_reasoning):
         out["content"] = d.content
     if d.tool_calls:

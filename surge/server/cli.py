@@ -194,7 +194,7 @@ def add_serve_parser(subparsers: Any) -> None:
         "--reasoning-parser",
         default=None,
         choices=["qwen3", "deepseek_r1"],
-        help="move <think>...</think> of chat completions into reasoning_content",
+        help="move <think>...</think> of chat completions into reasoning (and reasoning_content)",
     )
     p.add_argument(
         "--enforce-eager",

@@ -46,8 +46,11 @@ def _streamed(plan: ChatPlan, text: str, finish: str) -> tuple[dict[str, Any], s
     for d in deltas:
         if "content" in d:
             msg["content"] = (msg["content"] or "") + d["content"]
-        if "reasoning_content" in d:
-            msg["reasoning_content"] = msg.get("reasoning_content", "") + d["reasoning_content"]
+        if "reasoning" in d:  # under both names, as vLLM's and DeepSeek's clients read it
+            assert d["reasoning_content"] == d["reasoning"], d
+            for key in ("reasoning", "reasoning_content"):
+                msg[key] = msg.get(key, "") + d[key]
+        assert ("reasoning" in d) == ("reasoning_content" in d), d
         for t in d.get("tool_calls", []):
             call = calls.setdefault(t["index"], {"id": t.get("id"), "type": "function", "function": {}})
             fn = call["function"]
@@ -64,6 +67,7 @@ def _both(plan: ChatPlan, text: str, finish: str = "stop") -> tuple[dict[str, An
     aside; with tool calls, streamed chunks may carry ``content: ""``, the message null)."""
     msg, reason = plan.message(text, finish)
     streamed, streamed_reason, _ = _streamed(plan, text, finish)
+    streamed.setdefault("reasoning", None)
     streamed.setdefault("reasoning_content", None)
     if "tool_calls" in streamed and streamed["content"] == "":
         streamed["content"] = None
@@ -71,6 +75,12 @@ def _both(plan: ChatPlan, text: str, finish: str = "stop") -> tuple[dict[str, An
         b["id"] = a["id"]
     assert (streamed, streamed_reason) == (msg, reason)
     return msg, reason
+
+
+def _msg(content: str | None, reasoning: str | None) -> dict[str, Any]:
+    """A message with its reasoning under both names (``reasoning``: vLLM's; ``reasoning_content``:
+    DeepSeek's and vLLM's older one)."""
+    return {"role": "assistant", "content": content, "reasoning": reasoning, "reasoning_content": reasoning}
 
 
 def _think_end_id() -> int:
@@ -102,7 +112,7 @@ def test_named_call_arguments_are_the_json_after_reasoning() -> None:
 def test_response_format_answer_is_the_json_after_reasoning() -> None:
     plan = _plan(response_format=JSON_SCHEMA)
     msg, _ = _both(plan, 'Say UTC.</think>\n{"zone": "UTC"}')
-    assert msg == {"role": "assistant", "content": '\n{"zone": "UTC"}', "reasoning_content": "Say UTC."}
+    assert msg == _msg('\n{"zone": "UTC"}', "Say UTC.")
 
 
 @pytest.mark.parametrize(
@@ -124,18 +134,18 @@ def test_output_that_never_closes_think_reads_as_the_plain_chat_path(fields: dic
     for finish in ("length", "stop"):
         plan, plain = _plan(**fields), _plan()
         msg, reason = _both(plan, text, finish)
-        assert msg == {"role": "assistant", "content": text, "reasoning_content": None}
+        assert msg == _msg(text, None)
         assert (msg, reason) == _both(plain, text, finish) and reason == finish
         thought = "<think>" + text
         msg, reason = _both(plan, thought, finish)
-        assert msg == {"role": "assistant", "content": None, "reasoning_content": text}
+        assert msg == _msg(None, text)
         assert (msg, reason) == _both(plain, thought, finish)
         _, _, deltas = _streamed(plan, thought, finish)
         assert not any("content" in d for d in deltas), deltas
         plan.see_prompt(tok, opened_prompt)
         plain.see_prompt(tok, opened_prompt)
         msg, _ = _both(plan, text, finish)
-        assert msg == {"role": "assistant", "content": None, "reasoning_content": text}
+        assert msg == _msg(None, text)
         assert msg == _both(plain, text, finish)[0]
 
 
@@ -146,7 +156,7 @@ def test_without_a_grammar_the_prompt_decides() -> None:
     plain = _plan()
     assert plain.structured_outputs is None
     text = "Paris.</think>\n\nParis"
-    assert _both(plain, text)[0] == {"role": "assistant", "content": text, "reasoning_content": None}
+    assert _both(plain, text)[0] == _msg(text, None)
     assert _both(plain, "<think>Hmm</think>Paris")[0]["content"] == "Paris"
     opened_prompt = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
     closed_prompt = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -155,12 +165,8 @@ def test_without_a_grammar_the_prompt_decides() -> None:
     assert not prompt_opens_reasoning(tok, tok.encode("<|im_start|>assistant\n"))
     opened = _plan()
     opened.see_prompt(tok, opened_prompt)
-    assert _both(opened, text)[0] == {
-        "role": "assistant",
-        "content": "\n\nParis",
-        "reasoning_content": "Paris.",
-    }
-    assert _both(opened, "cut")[0] == {"role": "assistant", "content": None, "reasoning_content": "cut"}
+    assert _both(opened, text)[0] == _msg("\n\nParis", "Paris.")
+    assert _both(opened, "cut")[0] == _msg(None, "cut")
     closed = _plan()
     closed.see_prompt(tok, closed_prompt)
     assert _both(closed, text)[0]["content"] == text
@@ -173,11 +179,7 @@ def test_answer_after_think_end_is_unstripped_streamed_and_not() -> None:
     plan = _plan()
     text = "<think>\nThe capital of France.\n</think>\n\nParis."
     msg, _ = _both(plan, text)
-    assert msg == {
-        "role": "assistant",
-        "content": "\n\nParis.",
-        "reasoning_content": "\nThe capital of France.\n",
-    }
+    assert msg == _msg("\n\nParis.", "\nThe capital of France.\n")
     _, _, deltas = _streamed(plan, text, "stop")
     assert "".join(d.get("content", "") for d in deltas) == msg["content"]
     assert _both(plan, "<think>Hmm</think>\n\n")[0]["content"] == "\n\n"
@@ -204,7 +206,7 @@ def test_an_empty_answer_after_the_reasoning_is_null() -> None:
     without a reasoning parser an empty output stays ``""``."""
     plan = _plan()
     msg = plan.message("<think>just thinking</think>", "stop")[0]
-    assert msg == {"role": "assistant", "content": None, "reasoning_content": "just thinking"}
+    assert msg == _msg(None, "just thinking")
     assert plan.message("", "stop")[0]["content"] is None
     assert _plan(None).message("", "stop")[0]["content"] == ""
     tools_only = _plan(None, tools=TOOLS)  # a tool parser that found no call: the text as it is

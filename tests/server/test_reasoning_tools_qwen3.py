@@ -65,7 +65,7 @@ def _stream(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     after the role chunk carries it; with calls, an empty streamed content counts as null)."""
     r = httpx.post(srv.url + "/v1/chat/completions", json=BASE | body | {"stream": True}, timeout=120)
     assert r.status_code == 200, r.text
-    msg: dict[str, Any] = {"role": "assistant", "content": None, "reasoning_content": None}
+    msg: dict[str, Any] = {"role": "assistant", "content": None, "reasoning": None, "reasoning_content": None}
     calls: dict[int, dict[str, Any]] = {}
     finish = ""
     for event in r.text.strip().split("\n\n"):
@@ -79,8 +79,10 @@ def _stream(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
                 continue
             if "content" in d:
                 msg["content"] = (msg["content"] or "") + d["content"]
-            if "reasoning_content" in d:
-                msg["reasoning_content"] = (msg["reasoning_content"] or "") + d["reasoning_content"]
+            assert d.get("reasoning") == d.get("reasoning_content"), d  # vLLM's name and the older one
+            for key in ("reasoning", "reasoning_content"):
+                if key in d:
+                    msg[key] = (msg[key] or "") + d[key]
             for t in d.get("tool_calls", []):
                 call = calls.setdefault(t["index"], {"type": "function", "function": {"arguments": ""}})
                 if "id" in t:

@@ -1,7 +1,8 @@
 """Tool calling and reasoning over HTTP with the openai SDK against `surge serve
 --tool-call-parser hermes --reasoning-parser qwen3` (bundled model): forced calls
 (required, named) always parse with valid arguments, streamed calls arrive name first and
-join to the non-streamed ones, auto calls go through the hermes parser, reasoning_content."""
+join to the non-streamed ones, auto calls go through the hermes parser, the reasoning (as
+``reasoning`` and ``reasoning_content``)."""
 
 from __future__ import annotations
 
@@ -271,14 +272,17 @@ def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI)
     msg: Any = r.choices[0].message
     assert msg.content in ("\n\nyes", "\n\nno")  # the answer after </think>, unstripped (vLLM)
     assert 1 <= len(msg.reasoning_content) <= 12
+    # vLLM's name (the only one vLLM sends now) and the older one, which other clients read
+    assert msg.reasoning == msg.reasoning_content
     stream = client.chat.completions.create(**kwargs, stream=True)
     reasoning, content = "", ""
     for chunk in stream:
         for c in chunk.choices:
             delta: Any = c.delta
-            reasoning += getattr(delta, "reasoning_content", None) or ""
+            assert getattr(delta, "reasoning", None) == getattr(delta, "reasoning_content", None)
+            reasoning += getattr(delta, "reasoning", None) or ""
             content += delta.content or ""
-    assert (reasoning, content) == (msg.reasoning_content, msg.content)
+    assert (reasoning, content) == (msg.reasoning, msg.content)
     off_kwargs = kwargs | {
         "extra_body": {
             "structured_outputs": {"regex": regex},
@@ -288,7 +292,8 @@ def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI)
     off = client.chat.completions.create(**off_kwargs)
     assert (off.choices[0].message.content or "").startswith("<think>")
     # the server's parser is off for this request, but the message keeps its shape (null)
-    assert (off.choices[0].message.model_extra or {}).get("reasoning_content", "absent") is None
+    extra = off.choices[0].message.model_extra or {}
+    assert (extra.get("reasoning", "absent"), extra.get("reasoning_content", "absent")) == (None, None)
     history: list[Any] = [
         *MSGS,
         {
