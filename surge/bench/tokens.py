@@ -48,7 +48,9 @@ _JSON_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", bool: "t
 def prompt_options(extra_body: Mapping[str, Any] | None, chat: bool) -> dict[str, Any]:
     """The fields of ``--extra-body`` that change how the server tokenizes the prompt (for the
     chat endpoint :data:`CHAT_PROMPT_FIELDS`, else :data:`COMPLETION_PROMPT_FIELDS`); a field
-    set to null is the server's default and left out.
+    set to null is the server's default and left out. A chat ``reasoning_effort`` becomes the
+    ``chat_template_kwargs`` the server renders with (``reasoning_effort``, and
+    ``enable_thinking`` false for ``"none"``), which ``/tokenize`` takes.
 
     Raises:
         ValueError: such a field of the wrong JSON type (the server would refuse every request).
@@ -64,6 +66,15 @@ def prompt_options(extra_body: Mapping[str, Any] | None, chat: bool) -> dict[str
                 f"--extra-body: {name!r} must be {_JSON_TYPE_NAMES[kind]}, got {json.dumps(value)}"
             )
         out[name] = value
+    effort = (extra_body or {}).get("reasoning_effort") if chat else None
+    if effort is not None:
+        # the chat template sees it as the server passes it (Surge and vLLM): as a template
+        # variable, and Qwen3's enable_thinking switch (false for "none"); the request's own
+        # chat_template_kwargs win
+        if not isinstance(effort, str):
+            raise ValueError(f"--extra-body: 'reasoning_effort' must be a string, got {json.dumps(effort)}")
+        kwargs = {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+        out["chat_template_kwargs"] = kwargs | out.get("chat_template_kwargs", {})
     return out
 
 

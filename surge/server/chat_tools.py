@@ -344,7 +344,7 @@ def plan_chat(
             tool_parser = lambda: NamedToolParser(name)  # noqa: E731
         structured = StructuredOutputsParams(json=json.dumps(schema))
         validate(structured, "tools")
-    kwargs = body.chat_template_kwargs or {}
+    kwargs = body.template_kwargs or {}
     reasoning_cls = None
     if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
         reasoning_cls = REASONING_PARSERS[reasoning_parser]

@@ -156,7 +156,6 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("modalities", lambda v: v is None or v == ["text"], "only the text modality is supported"),
     Refusal("prediction", _unset, "predicted outputs are not supported"),
     Refusal("web_search_options", _unset, "web search is not supported"),
-    Refusal("reasoning_effort", _unset, "reasoning_effort is not supported"),
     Refusal("verbosity", _unset, "verbosity is not supported"),
     Refusal("documents", _unset, "documents (RAG chat templates) are not supported"),
     Refusal("mm_processor_kwargs", _empty_dict, "multimodal inputs are not supported"),

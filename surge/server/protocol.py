@@ -18,7 +18,7 @@ is dropped before validation, exactly as if it had been left out.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -68,6 +68,10 @@ Prompt = Annotated[
 ]
 """A completion prompt: text, texts, token ids, or lists of token ids. The form is picked from the
 first element, so a long list is validated once (a plain union would try every form)."""
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""Chat ``reasoning_effort``: OpenAI's values (those of vLLM's field)."""
 
 
 class StreamOptions(BaseModel):
@@ -309,12 +313,12 @@ class ChatCompletionRequest(SamplingRequestFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False
+    reasoning_effort: ReasoningEffort | None = None
     # refused unless left at their defaults (field_policy.REFUSALS)
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
     documents: Any = None
     mm_processor_kwargs: Any = None
@@ -331,6 +335,20 @@ class ChatCompletionRequest(SamplingRequestFields):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's extra variables: ``chat_template_kwargs``, with ``reasoning_effort``
+        as vLLM passes it: the value itself as the template variable ``reasoning_effort``, and
+        ``enable_thinking`` false for ``"none"``, true for any other effort (Qwen3's switch); a
+        variable the request's ``chat_template_kwargs`` set wins."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        effort = {
+            "reasoning_effort": self.reasoning_effort,
+            "enable_thinking": self.reasoning_effort != "none",
+        }
+        return effort | (self.chat_template_kwargs or {})
 
 
 class CompletionRequest(SamplingRequestFields):

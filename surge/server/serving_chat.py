@@ -47,7 +47,7 @@ async def create_chat_completion(
     arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
-    check_template_kwargs(body.chat_template_kwargs)
+    check_template_kwargs(body.template_kwargs)
     state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)
     lp = chat_options(body)
@@ -60,7 +60,7 @@ async def create_chat_completion(
         state,
         body.messages,
         body.add_generation_prompt,
-        body.chat_template_kwargs,
+        body.template_kwargs,
         plan.tools,
         bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
         chat_template=body.chat_template,

@@ -67,6 +67,14 @@ def test_chat_template_kwargs_of_extra_body_are_counted_qwen3(qwen: HFTokenCount
 
     options = prompt_options({**NO_THINK, "top_k": 1}, chat=True)
     assert options == NO_THINK  # only the fields that change the prompt
+    # reasoning_effort "none" turns the thinking off as the server renders it (vLLM's mapping)
+    none = prompt_options({"reasoning_effort": "none"}, chat=True)
+    assert none["chat_template_kwargs"] == {"reasoning_effort": "none", "enable_thinking": False}
+    assert len(qwen.encode_chat("x", none)) == len(qwen.encode_chat("x", options))
+    assert prompt_options({"reasoning_effort": "low"} | NO_THINK, chat=True)["chat_template_kwargs"] == {
+        "reasoning_effort": "low",
+        "enable_thinking": False,  # the request's own chat_template_kwargs win
+    }
     assert len(qwen.encode_chat("x", options)) == len(qwen.encode_chat("x")) + 4
     for r in random_requests(qwen, 3, 100, 5, seed=0, chat=True, options=options):
         assert server_count(r.prompt, {"enable_thinking": False}) == 100 == r.prompt_len

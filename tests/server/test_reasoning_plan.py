@@ -211,3 +211,27 @@ def test_an_empty_answer_after_the_reasoning_is_null() -> None:
     assert _plan(None).message("", "stop")[0]["content"] == ""
     tools_only = _plan(None, tools=TOOLS)  # a tool parser that found no call: the text as it is
     assert tools_only.message("", "stop")[0] == {"role": "assistant", "content": ""}
+
+
+def test_reasoning_effort_is_passed_to_the_template_as_vllm_does() -> None:
+    """``reasoning_effort`` (OpenAI's field, which vLLM honours): the template gets it as a
+    variable and Qwen3's ``enable_thinking`` switch, off for ``"none"`` (then the parser is off
+    too: everything is content), on for any other effort; ``chat_template_kwargs`` win. An
+    effort outside OpenAI's values is refused by name."""
+    tok = _tokenizer()
+    body = ChatCompletionRequest.model_validate({"messages": MSGS, "reasoning_effort": "none"})
+    assert body.template_kwargs == {"reasoning_effort": "none", "enable_thinking": False}
+    off = plan_chat(body, tok, "hermes", "qwen3")
+    assert not off.reasoning and off.message("<think>Hmm</think>Hi", "stop")[0] == _msg(
+        "<think>Hmm</think>Hi", None
+    )
+    high = _plan(reasoning_effort="high")
+    assert high.reasoning and high.message("<think>Hmm</think>Hi", "stop")[0] == _msg("Hi", "Hmm")
+    both = {"messages": MSGS, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    assert ChatCompletionRequest.model_validate(both).template_kwargs == {
+        "reasoning_effort": "none",
+        "enable_thinking": True,
+    }
+    assert ChatCompletionRequest.model_validate({"messages": MSGS}).template_kwargs is None
+    with pytest.raises(ValueError, match="reasoning_effort"):
+        ChatCompletionRequest.model_validate({"messages": MSGS, "reasoning_effort": "extreme"})

@@ -206,3 +206,26 @@ def test_prompt_that_opens_think(qwen3_server: Server) -> None:
         assert _both(qwen3_server, body | extra | {"chat_template": template}) == (msg, finish)
         plain = body | ({"tools": TOOLS, "tool_choice": "none"} if "tools" in extra else {})
         assert _both(qwen3_server, body | extra) == _both(qwen3_server, plain)
+
+
+def test_reasoning_effort_switches_qwen3_thinking(qwen3_server: Server) -> None:
+    """``reasoning_effort`` reaches Qwen3's template as vLLM passes it: ``"none"`` renders the
+    prompt of ``enable_thinking: false`` (its empty think block) and turns the parser off (a
+    ``<think>`` the model writes stays in ``content``); another effort is the thinking prompt,
+    parsed. A value outside OpenAI's is a 400 naming the field."""
+    think = {"logit_bias": {str(THINK_END - 1): 100}, "max_tokens": 3}  # <think>, then more of it
+
+    def answer(extra: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        r = httpx.post(qwen3_server.url + "/v1/chat/completions", json=BASE | think | extra, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"], r.json()["usage"]["prompt_tokens"]
+
+    default_msg, default_len = answer({})
+    off_msg, off_len = answer({"chat_template_kwargs": {"enable_thinking": False}})
+    none_msg, none_len = answer({"reasoning_effort": "none"})
+    high_msg, high_len = answer({"reasoning_effort": "high"})
+    assert none_len == off_len > default_len == high_len
+    assert none_msg == off_msg and none_msg["content"].startswith("<think>") and none_msg["reasoning"] is None
+    assert high_msg == default_msg and high_msg["content"] is None and high_msg["reasoning"]
+    r = httpx.post(qwen3_server.url + "/v1/chat/completions", json=BASE | {"reasoning_effort": "huge"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text

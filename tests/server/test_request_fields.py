@@ -94,7 +94,6 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CMPL, "suffix", "end"),
     (CHAT, "audio", {"voice": "alloy"}),
     (CHAT, "modalities", ["text", "audio"]),
-    (CHAT, "reasoning_effort", "high"),
     (CMPL, "logits_processors", ["x"]),
     (CHAT, "cache_salt", "abc"),
     # their defaults in another JSON type are not the default (no coercion; 5 was a 500)
