@@ -65,6 +65,9 @@ class ChatPlan:
         reasoning_field: the server has a reasoning parser, so a non-streamed message carries
             ``reasoning`` and ``reasoning_content`` (null) even when the request turned the parser off
             (``chat_template_kwargs.enable_thinking: false``): one message shape per server.
+        include_reasoning: vLLM's ``include_reasoning``; False: the reasoning is parsed out of
+            the answer as usual but not returned (the fields are null; no streamed delta
+            carries it, and a chunk left with nothing else is not sent).
     """
 
     tools: list[dict[str, Any]] | None
@@ -75,6 +78,7 @@ class ChatPlan:
     single_call: bool = False
     reasoning_gated: bool = False
     reasoning_field: bool = False
+    include_reasoning: bool = True
 
     @property
     def reasoning(self) -> bool:
@@ -129,7 +133,7 @@ class ChatPlan:
         null = bool(calls) or self.reasoning or parser.in_reasoning
         msg = {"role": "assistant", "content": d.content or (None if null else "")}
         if self.reasoning or self.reasoning_field:
-            msg.update(reasoning_fields(d.reasoning or None))
+            msg.update(reasoning_fields((d.reasoning if self.include_reasoning else None) or None))
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
             tools = parser.tools
@@ -165,7 +169,11 @@ class ChatPlan:
                 finish_reason = "tool_calls"
         if self.single_call:
             d.tool_calls = [t for t in d.tool_calls if t.index == 0]
-        return _delta_fields(d, parser.in_reasoning), finish_reason
+        out = _delta_fields(d, parser.in_reasoning)
+        if not self.include_reasoning:
+            for key in reasoning_fields(None):
+                out.pop(key, None)
+        return out, finish_reason
 
 
 def reasoning_fields(reasoning: str | None) -> dict[str, str | None]:
@@ -369,6 +377,7 @@ def plan_chat(
         single,
         gated,
         reasoning_field=reasoning_parser is not None,
+        include_reasoning=body.include_reasoning,
     )
 
 

@@ -314,6 +314,7 @@ class ChatCompletionRequest(SamplingRequestFields):
     continue_final_message: bool = False
     echo: bool = False
     reasoning_effort: ReasoningEffort | None = None
+    include_reasoning: bool = True
     # refused unless left at their defaults (field_policy.REFUSALS)
     audio: Any = None
     modalities: Any = None

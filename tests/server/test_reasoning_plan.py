@@ -235,3 +235,17 @@ def test_reasoning_effort_is_passed_to_the_template_as_vllm_does() -> None:
     assert ChatCompletionRequest.model_validate({"messages": MSGS}).template_kwargs is None
     with pytest.raises(ValueError, match="reasoning_effort"):
         ChatCompletionRequest.model_validate({"messages": MSGS, "reasoning_effort": "extreme"})
+
+
+def test_include_reasoning_false_parses_the_reasoning_out_and_drops_it() -> None:
+    """vLLM's ``include_reasoning: false``: the answer is what it would be, the reasoning is
+    not returned (null fields; no streamed delta carries it, so a delta of reasoning alone is
+    empty and its chunk is not sent)."""
+    plan = _plan(include_reasoning=False)
+    text = "<think>\nThe capital of France.\n</think>\n\nParis."
+    msg, _ = _both(plan, text)
+    assert msg == _msg("\n\nParis.", None)
+    _, _, deltas = _streamed(plan, text, "stop")
+    assert not any("reasoning" in d or "reasoning_content" in d for d in deltas), deltas
+    assert _both(plan, "<think>cut", "length")[0] == _msg(None, None)
+    assert _plan().message(text, "stop")[0] == _msg("\n\nParis.", "\nThe capital of France.\n")

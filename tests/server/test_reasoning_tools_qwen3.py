@@ -229,3 +229,20 @@ def test_reasoning_effort_switches_qwen3_thinking(qwen3_server: Server) -> None:
     assert high_msg == default_msg and high_msg["content"] is None and high_msg["reasoning"]
     r = httpx.post(qwen3_server.url + "/v1/chat/completions", json=BASE | {"reasoning_effort": "huge"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+
+
+def test_include_reasoning_false_over_http(qwen3_server: Server) -> None:
+    """vLLM's ``include_reasoning: false``: the reasoning is parsed out and not returned, streamed
+    or not; a stream of reasoning alone is the role chunk and the final one."""
+    body = {"logit_bias": {str(THINK_END - 1): 100}, "max_tokens": 4, "include_reasoning": False}
+    msg, finish = _both(qwen3_server, body)
+    assert finish == "length" and msg["content"] is None and msg["reasoning"] is None
+    r = httpx.post(
+        qwen3_server.url + "/v1/chat/completions", json=BASE | body | {"stream": True}, timeout=120
+    )
+    events = [e for e in r.text.strip().split("\n\n") if not e.startswith(":")]
+    assert events.pop() == "data: [DONE]" and len(events) == 2, events
+    deltas = [json.loads(e.removeprefix("data: "))["choices"][0]["delta"] for e in events]
+    assert deltas == [{"role": "assistant", "content": ""}, {}], deltas
+    r = httpx.post(qwen3_server.url + "/v1/chat/completions", json=BASE | {"include_reasoning": "no"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "include_reasoning", r.text
