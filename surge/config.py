@@ -20,7 +20,21 @@ empty tokenizer)."""
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+"""vLLM's other spellings of the model dtypes (``--dtype half``, ``LLM(..., dtype="float")``)."""
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+def dtype_name(value: str) -> str:
+    """``value`` as one of :data:`DTYPES` (vLLM's ``half`` is ``float16``, ``float`` is ``float32``).
+
+    Raises:
+        ValueError: another value, naming the choices.
+    """
+    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {value!r}")
+    return name
 
 
 def _require(ok: bool, message: str) -> None:
@@ -148,7 +162,7 @@ class ModelConfig:
         _require(isinstance(hf, dict), f"model: {cfg_path} is not a JSON object")
         archs = hf.get("architectures") or []
         _require(bool(archs), f"model: {cfg_path} names no architectures")
-        _require(dtype in DTYPES, f"dtype must be one of {DTYPES}, got {dtype!r}")
+        dtype = dtype_name(dtype)
         if dtype == "auto":
             hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
             dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"

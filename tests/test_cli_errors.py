@@ -288,3 +288,23 @@ def test_vllm_serve_spellings() -> None:
         "--enable-chunked-prefill: use nothing",
     ):
         assert hint in p.stderr, p.stderr
+
+
+def test_vllm_dtype_spellings() -> None:
+    """vLLM's ``--dtype half`` and ``--dtype float`` (and ``LLM(dtype="half")``) are float16 and
+    float32, on `surge serve` and `surge generate`; another spelling is refused naming the choices."""
+    from surge.cli import build_parser
+    from surge.engine.llm_engine import build_engine_config
+
+    parser = build_parser()
+    for command in (["serve"], ["generate", "--prompt", "x"]):
+        for given, resolved in (("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16")):
+            args = parser.parse_args([*command, "--dtype", given])
+            config = build_engine_config(str(STORIES), dtype=args.dtype, device="cpu", num_kv_blocks=8)
+            assert config.model.dtype == resolved
+    with pytest.raises(
+        ValueError, match=r"dtype must be one of auto, float32, bfloat16, float16, half, float"
+    ):
+        build_engine_config(str(STORIES), dtype="fp16", device="cpu")
+    p = _surge("serve", "--dtype", "fp16")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "'half'" in p.stderr, p.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from surge.config import LOAD_FORMATS
+from surge.config import DTYPE_ALIASES, DTYPES, LOAD_FORMATS
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 
@@ -19,8 +19,9 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="model dtype (auto: the config's torch_dtype) (default: %(default)s)",
+        choices=[*DTYPES, *DTYPE_ALIASES],
+        help="model dtype (auto: the config's torch_dtype); half and float are vLLM's names of "
+        "float16 and float32 (default: %(default)s)",
     )
 
 

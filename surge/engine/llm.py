@@ -47,7 +47,8 @@ class LLM:
 
     Args:
         model: a Hugging Face model folder; None = the bundled stories260K model.
-        dtype: "auto" (the config's), "float32", "bfloat16" or "float16".
+        dtype: "auto" (the config's), "float32", "bfloat16" or "float16" (vLLM's "half"
+            and "float" are "float16" and "float32").
         device: "auto" (CUDA when available), "cpu" or "cuda".
         load_format: "auto" (safetensors) or "dummy" (random weights, reproducible by seed).
         seed: seed of dummy weights and of unseeded sampling (None: a random one, as vLLM).
