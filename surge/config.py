@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from surge.generation_defaults import load_sampling_defaults
+from surge.generation_defaults import generation_config_mode, load_sampling_defaults
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
@@ -145,7 +145,7 @@ class ModelConfig:
 
         ``quantization`` is "fp8" or None; a checkpoint whose ``quantization_config`` has
         ``quant_method: "fp8"`` is FP8 whatever it says. With ``generation_config="auto"`` its ``generation_config.json`` gives the sampling
-        defaults; "none" ignores them.
+        defaults; "none" (or vLLM's "vllm") ignores them.
 
         Raises:
             ValueError: the folder, its config.json or a field is missing or unsupported
@@ -163,6 +163,7 @@ class ModelConfig:
         archs = hf.get("architectures") or []
         _require(bool(archs), f"model: {cfg_path} names no architectures")
         dtype = dtype_name(dtype)
+        generation_config = generation_config_mode(generation_config)
         if dtype == "auto":
             hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
             dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"

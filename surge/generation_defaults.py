@@ -5,7 +5,8 @@ model folder's ``generation_config.json`` may set ``temperature``, ``top_p``, ``
 ``min_p`` and ``repetition_penalty``; those present (and not null) become the defaults of every
 request that does not give its own value. ``do_sample`` is not read (as in vLLM): a model that
 ships ``temperature`` samples with it. ``"none"`` turns this off, leaving the neutral defaults
-(temperature 1, no top-p / top-k / min-p, no repetition penalty).
+(temperature 1, no top-p / top-k / min-p, no repetition penalty); ``"vllm"``, vLLM's name for that
+(``--generation-config vllm``: vLLM's own defaults), is the same.
 """
 
 from __future__ import annotations
@@ -15,8 +16,24 @@ from pathlib import Path
 from typing import Any
 
 GENERATION_CONFIG_MODES = ("auto", "none")
+GENERATION_CONFIG_ALIASES = {"vllm": "none"}
+"""vLLM's spelling of ``none``: its ``--generation-config vllm`` ignores the model's file too."""
 MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 """SamplingParams fields a model's generation_config.json may give defaults for."""
+
+
+def generation_config_mode(value: str) -> str:
+    """``value`` as one of :data:`GENERATION_CONFIG_MODES` (vLLM's ``vllm`` is ``none``).
+
+    Raises:
+        ValueError: another value (vLLM's third form, a folder holding a generation config, is
+            not taken: the model folder's own file is the one read), naming the choices.
+    """
+    mode = GENERATION_CONFIG_ALIASES.get(value, value) if isinstance(value, str) else value
+    if mode not in GENERATION_CONFIG_MODES:
+        choices = ", ".join((*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES))
+        raise ValueError(f"generation_config must be one of {choices}, got {value!r}")
+    return mode
 
 
 def load_sampling_defaults(model_dir: str | Path, mode: str = "auto") -> dict[str, float | int]:
@@ -24,7 +41,8 @@ def load_sampling_defaults(model_dir: str | Path, mode: str = "auto") -> dict[st
 
     Args:
         model_dir: the Hugging Face model folder.
-        mode: "auto" (read ``generation_config.json``) or "none" (no defaults).
+        mode: "auto" (read ``generation_config.json``) or "none" (no defaults; "vllm" is the
+            same).
 
     Returns:
         Field name -> value for the fields of ``MODEL_DEFAULT_FIELDS`` the file sets, checked
@@ -34,8 +52,7 @@ def load_sampling_defaults(model_dir: str | Path, mode: str = "auto") -> dict[st
         ValueError: an unknown ``mode``, an unreadable file, or a value out of range (the
             message names the file and the field).
     """
-    if mode not in GENERATION_CONFIG_MODES:
-        raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, got {mode!r}")
+    mode = generation_config_mode(mode)
     path = Path(model_dir) / "generation_config.json"
     if mode == "none" or not path.is_file():
         return {}

@@ -34,8 +34,24 @@ def test_load_sampling_defaults(tmp_path: Path) -> None:
     assert load_sampling_defaults(DEFAULT_MODEL_DIR) == {}  # the bundled model sets none
     assert "top_p=0.95" in describe_sampling_defaults({"top_p": 0.95}, "auto")
     assert "none" in describe_sampling_defaults({}, "none")
-    with pytest.raises(ValueError, match="generation_config"):
-        load_sampling_defaults(model, "vllm")
+    with pytest.raises(ValueError, match="generation_config must be one of auto, none, vllm"):
+        load_sampling_defaults(model, str(tmp_path))  # vLLM's folder form: not taken
+
+
+def test_vllm_spelling_of_generation_config_none(tmp_path: Path) -> None:
+    """vLLM's ``--generation-config vllm`` (its own defaults: the model's file ignored) is ``none``,
+    on `surge serve`, `surge generate`, ``LLM(generation_config="vllm")`` and the model config."""
+    from surge.cli import build_parser
+    from surge.config import ModelConfig
+
+    model = _model(tmp_path, {"temperature": 0.6, "top_k": 20})
+    assert load_sampling_defaults(model, "vllm") == {}
+    parser = build_parser()
+    for command in (["serve"], ["generate", "--prompt", "x"]):
+        mode = parser.parse_args([*command, "--generation-config", "vllm"]).generation_config
+        config = ModelConfig.from_pretrained(model, generation_config=mode)
+        assert (config.generation_config, config.sampling_defaults) == ("none", {})
+    assert ModelConfig.from_pretrained(model).sampling_defaults == {"temperature": 0.6, "top_k": 20}
 
 
 @pytest.mark.parametrize(

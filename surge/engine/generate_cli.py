@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
+
 
 def add_generate_parser(subparsers: Any) -> None:
     """Register `surge generate` on an argparse sub-parser collection."""
@@ -31,8 +33,9 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument(
         "--generation-config",
         default="auto",
-        choices=["auto", "none"],
-        help="auto: sampling defaults from the model's generation_config.json (default); none: ignore them",
+        choices=[*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES],
+        help="auto: sampling defaults from the model's generation_config.json (default); none (or vllm, "
+        "vLLM's name): ignore them",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS up to --max-tokens")

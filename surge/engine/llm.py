@@ -73,7 +73,7 @@ class LLM:
             dequantized values); FP8 on CPU is refused without it.
         generation_config: "auto": the model's generation_config.json sampling defaults
             (temperature, top_p, top_k, min_p, repetition_penalty) apply to the fields a
-            ``SamplingParams`` leaves out; "none": they do not.
+            ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -125,7 +125,9 @@ class LLM:
             fp8_emulation=fp8_emulation,
             generation_config=generation_config,
         )
-        logger.info(describe_sampling_defaults(config.model.sampling_defaults, generation_config))
+        logger.info(
+            describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
+        )
         self.tokenizer = load_tokenizer(config.model.model)
         # without tokenizer files transformers builds an empty tokenizer: prompts must be token ids
         self._text_prompts = has_tokenizer_files(config.model.model)

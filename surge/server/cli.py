@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
 from surge.server.auth import parse_api_keys
 from surge.server.cors import CorsOptions
 
@@ -133,9 +134,9 @@ def add_serve_parser(subparsers: Any) -> None:
     p.add_argument(
         "--generation-config",
         default="auto",
-        choices=["auto", "none"],
+        choices=[*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES],
         help="auto: sampling defaults from the model's generation_config.json apply to fields a "
-        "request leaves out (default); none: ignore them",
+        "request leaves out (default); none (or vllm, vLLM's name): ignore them",
     )
     p.add_argument(
         "--disable-log-requests", action="store_true", help="no log line per request start and end"
