@@ -55,6 +55,10 @@ VLLM_FLAG_HINTS = {
     "--disable-log-stats": "--log-interval SECONDS to space the stats lines",
     "--tokenizer": "a model folder that holds its tokenizer",
     "--download-dir": "a local model folder (Surge never downloads)",
+    "--uvicorn-log-level": "--log-level LEVEL (uvicorn's lines follow it)",
+    "--disable-uvicorn-access-log": "nothing: the access log is off unless --access-log",
+    "--enable-log-requests": "nothing: each request's start and end are logged unless --disable-log-requests",
+    "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
 }
 """``vllm bench serve`` and ``vllm serve`` flags that Surge spells otherwise or does without, and
 what to use instead: an unrecognized one gets this hint in the error line (exact equivalents are

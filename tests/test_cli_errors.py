@@ -308,3 +308,30 @@ def test_vllm_dtype_spellings() -> None:
         build_engine_config(str(STORIES), dtype="fp16", device="cpu")
     p = _surge("serve", "--dtype", "fp16")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "'half'" in p.stderr, p.stderr
+
+
+def test_vllm_prefix_caching_switch_and_logging_hints() -> None:
+    """``--enable-prefix-caching`` is vLLM's switch (on by default, as there), with its
+    ``--no-enable-prefix-caching``; vLLM's logging and logprobs flags Surge does without name
+    what to use instead."""
+    from surge.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).enable_prefix_caching is True
+    assert parser.parse_args(["serve", "--enable-prefix-caching"]).enable_prefix_caching is True
+    assert parser.parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
+    p = _surge(
+        "serve",
+        "--uvicorn-log-level=warning",
+        "--disable-uvicorn-access-log",
+        "--enable-log-requests",
+        "--max-logprobs=5",
+    )
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--uvicorn-log-level: use --log-level",
+        "--disable-uvicorn-access-log: use nothing",
+        "--enable-log-requests: use nothing",
+        "--max-logprobs: use nothing",
+    ):
+        assert hint in p.stderr, p.stderr

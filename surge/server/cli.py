@@ -223,7 +223,13 @@ def add_serve_parser(subparsers: Any) -> None:
         default=None,
         help="schedule step k+1 while the GPU runs step k (default: on with CUDA, off on CPU)",
     )
-    p.add_argument("--no-enable-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share the KV blocks of equal prompt prefixes between requests, as vLLM's flag; "
+        "--no-enable-prefix-caching turns it off",
+    )
     p.add_argument(
         "--log-interval", type=float, default=10.0, help="seconds between stats log lines (default 10)"
     )
@@ -400,7 +406,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_enable_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling,
         **parallel_kwargs(args),
