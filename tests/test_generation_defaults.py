@@ -115,8 +115,13 @@ def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFix
     plain = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, repetition_penalty=1.0)
     plain_text = auto.generate(prompt, plain)[0].outputs[0].text
     assert plain_text != left_out  # the explicit value wins
+    defaults = auto.get_default_sampling_params()  # vLLM's method
+    assert (defaults.temperature, defaults.repetition_penalty, defaults.top_p) == (0.0, 1.4, 1.0)
+    taken = msgspec.structs.replace(defaults, max_tokens=n, ignore_eos=True)
+    assert auto.generate(prompt, taken)[0].outputs[0].text == left_out
     off = LLM(model, device="cpu", num_kv_blocks=256, generation_config="none")
     assert off.sampling_defaults == {}
+    assert off.get_default_sampling_params() == SamplingParams()
     greedy = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
     assert off.generate(prompt, greedy)[0].outputs[0].text == plain_text
     # `surge generate`: the model's defaults when the flags are left out

@@ -157,6 +157,13 @@ class LLM:
         """The model's sampling defaults in force (field -> value; empty with "none")."""
         return dict(self.engine.config.model.sampling_defaults)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: a :class:`SamplingParams` holding the model's sampling defaults in force
+        (:attr:`sampling_defaults`: its ``generation_config.json`` values with
+        ``generation_config="auto"``), its other fields at their defaults (``max_tokens`` 16).
+        ``SamplingParams`` is immutable: derive others with ``msgspec.structs.replace``."""
+        return SamplingParams(**self.sampling_defaults)  # type: ignore[arg-type]
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
