@@ -103,6 +103,10 @@ class LLM:
         fp8_emulation: bool = False,
         generation_config: str = "auto",
     ) -> None:
+        if model is not None:  # the command line's checks and messages (a hub id: download it first)
+            from surge.cli import check_model_dir
+
+            check_model_dir(str(model), load_format, flag="model")
         config = build_engine_config(
             None if model is None else str(model),
             dtype=dtype,

@@ -4,13 +4,16 @@ next to ``bad_words_token_ids``, and an ``LLM`` used after ``close()``."""
 from __future__ import annotations
 
 import functools
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tqdm import tqdm
 
 from surge import LLM, SamplingParams
+from surge.config import DEFAULT_MODEL_DIR as STORIES
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -162,3 +165,31 @@ def test_trust_remote_code_is_refused_by_name() -> None:
     (naming it) rather than taken and ignored."""
     with pytest.raises(TypeError, match="trust_remote_code"):
         LLM(device="cpu", trust_remote_code=True)  # type: ignore[call-arg]
+
+
+def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> None:
+    """``LLM("Qwen/Qwen3-0.6B")``, a vLLM user's first call, said only "is not a directory"; a
+    folder without tokenizer files ended on transformers' cut-off "from one of: ". The offline API
+    now runs the command line's checks: a hub id is told to download the model first."""
+    with pytest.raises(
+        ValueError, match=r"^model Qwen/Qwen3-0\.6B: no such folder\. Surge loads local folders only"
+    ) as e:
+        LLM("Qwen/Qwen3-0.6B", device="cpu")
+    assert "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR" in str(e.value)
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(STORIES / name, no_tokenizer / name)
+    with pytest.raises(
+        ValueError, match=r"the folder has no tokenizer \(tokenizer\.json, .*copy the model's tokenizer"
+    ):
+        LLM(no_tokenizer, device="cpu")
+    truncated = tmp_path / "truncated"
+    shutil.copytree(STORIES, truncated)
+    weights = truncated / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model\.safetensors cannot be read: .*\(truncated\)"):
+        LLM(truncated, device="cpu")
+    with LLM(truncated, device="cpu", load_format="dummy", max_model_len=32) as dummy:  # weights not read
+        assert len(dummy.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
