@@ -52,11 +52,20 @@ def check_chat_template_kwargs(chat_template_kwargs: Mapping[str, Any] | None) -
     """Refuse template variables that :func:`apply_chat_template` passes itself.
 
     Raises:
-        ValueError: ``chat_template_kwargs`` sets a name of :data:`RESERVED_TEMPLATE_KWARGS`
-            (the message names them all).
+        ValueError: ``chat_template_kwargs`` is not a mapping of string names (the offline
+            ``LLM.chat`` takes any object; a string failed as "dictionary update sequence
+            element #0 has length 1"), or sets a name of :data:`RESERVED_TEMPLATE_KWARGS` (the
+            message names them all).
     """
-    if not chat_template_kwargs:
+    if chat_template_kwargs is None:
         return
+    if not isinstance(chat_template_kwargs, Mapping) or not all(
+        isinstance(k, str) for k in chat_template_kwargs
+    ):
+        raise ValueError(
+            "chat_template_kwargs must be a dict of template variable names to values, e.g. "
+            f'{{"enable_thinking": False}}, got {type(chat_template_kwargs).__name__} {chat_template_kwargs!r:.80}'
+        )
     bad = sorted(RESERVED_TEMPLATE_KWARGS.intersection(chat_template_kwargs))
     if bad:
         raise ValueError(

@@ -193,3 +193,15 @@ def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> 
         LLM(truncated, device="cpu")
     with LLM(truncated, device="cpu", load_format="dummy", max_model_len=32) as dummy:  # weights not read
         assert len(dummy.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
+
+
+@pytest.mark.parametrize("kwargs", ["enable_thinking", ["enable_thinking"], {1: True}])
+def test_chat_template_kwargs_that_are_not_a_dict_of_names_are_named(llm: LLM, kwargs: object) -> None:
+    """A string failed as "dictionary update sequence element #0 has length 1; 2 is required", a
+    non-string key deep inside the template call."""
+    with pytest.raises(ValueError, match="chat_template_kwargs must be a dict of template variable names"):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs=kwargs)  # type: ignore[arg-type]
+    out = llm.chat(
+        [{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert len(out[0].outputs[0].token_ids) == 8
