@@ -335,3 +335,19 @@ def test_vllm_prefix_caching_switch_and_logging_hints() -> None:
         "--max-logprobs: use nothing",
     ):
         assert hint in p.stderr, p.stderr
+
+
+def test_python_dash_m_surge_is_the_surge_command() -> None:
+    """``python -m surge`` failed with "'surge' is a package and cannot be directly executed"."""
+    p = subprocess.run(
+        [sys.executable, "-m", "surge", "serve", "--dtype", "fp16"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stderr.startswith("surge: error: argument --dtype"), p.stderr
+    p = subprocess.run(
+        [sys.executable, "-m", "surge", "--version"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and p.stdout.startswith("surge "), p.stdout
