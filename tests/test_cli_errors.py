@@ -351,3 +351,32 @@ def test_python_dash_m_surge_is_the_surge_command() -> None:
         [sys.executable, "-m", "surge", "--version"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert p.returncode == 0 and p.stdout.startswith("surge "), p.stdout
+
+
+def test_vllm_human_readable_token_counts() -> None:
+    """`vllm serve ... --max-model-len 32k` (decimal k/m/g, binary K/M/G) was refused as an invalid
+    int; so was ``--max-num-batched-tokens 16K``."""
+    from surge.cli import build_parser
+    from surge.engine.cli_args import token_count
+
+    cases = {
+        "4096": 4096,
+        "32k": 32_000,
+        "25.6k": 25_600,
+        "1.001k": 1_001,
+        "32K": 32_768,
+        "1M": 2**20,
+        "2m": 2 * 10**6,
+    }
+    for text, value in cases.items():
+        assert token_count(text) == value, text
+    for bad in ("1.5K", "32kb", "auto", "", "k"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a token count"):
+            token_count(bad)
+    args = build_parser().parse_args(["serve", "--max-model-len", "32k", "--max-num-batched-tokens", "16K"])
+    assert (args.max_model_len, args.max_num_batched_tokens) == (32_000, 16_384)
+    p = _surge("serve", "--max-model-len", "32kb")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("surge: error: argument --max-model-len: '32kb' is not a token count"), (
+        p.stderr
+    )

@@ -3,9 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import re
+from decimal import Decimal
 
 from surge.config import DTYPE_ALIASES, DTYPES, LOAD_FORMATS
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
+
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count(value: str) -> int:
+    """An argparse type for token counts, as vLLM's ``--max-model-len`` and
+    ``--max-num-batched-tokens`` take them: an integer, or a number with a suffix, decimal in
+    lower case (``32k`` = 32,000, ``25.6k`` = 25,600, ``1m``) and binary in upper case (``32K`` =
+    32,768, ``1M`` = 1,048,576; whole numbers only).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, with the accepted forms.
+    """
+    text = value.strip()
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG])", text)
+    if match is not None and (match[2].islower() or "." not in match[1]):
+        return int(Decimal(match[1]) * _SUFFIXES[match[2]])  # exact: 1.001k is 1,001
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a token count: give an integer, or one with vLLM's suffixes "
+        "(32k = 32,000, 32K = 32,768; k/m/g decimal, K/M/G binary)"
+    )
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,8 @@ from surge.server.cors import CorsOptions
 
 def add_serve_parser(subparsers: Any) -> None:
     """Register `surge serve` on an argparse sub-parser collection."""
+    from surge.engine.cli_args import add_device_args, add_load_args, token_count
+
     p = subparsers.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
@@ -149,10 +151,16 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step (default 256)")
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=8192, help="token budget of one step (default 8192)"
+        "--max-num-batched-tokens",
+        type=token_count,
+        default=8192,
+        help="token budget of one step; 8k = 8,000, 8K = 8,192 as in vLLM (default 8192)",
     )
     p.add_argument(
-        "--max-model-len", type=int, default=None, help="longest prompt + output (default: the model's)"
+        "--max-model-len",
+        type=token_count,
+        default=None,
+        help="longest prompt + output; 32k = 32,000, 32K = 32,768 as in vLLM (default: the model's)",
     )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default 16)")
     p.add_argument(
@@ -164,8 +172,6 @@ def add_serve_parser(subparsers: Any) -> None:
         default=0.9,
         help="fraction of GPU memory to use (default 0.9)",
     )
-    from surge.engine.cli_args import add_device_args, add_load_args
-
     add_device_args(p)
     add_load_args(p)
     p.add_argument(
