@@ -135,7 +135,10 @@ class HFTokenCounter:
         try:
             self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:
-            raise ValueError(f"cannot load a tokenizer from {path}: {type(e).__name__}: {e}") from None
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""  # one line on the CLI
+            raise ValueError(
+                f"cannot load a tokenizer from {path}: {type(e).__name__}: {first_line}"
+            ) from None
         self.tok.model_max_length = 1 << 40  # we count long prompts on purpose; silence the length warning
         self.name = path
         self._pool: np.ndarray | None = None
@@ -317,6 +320,11 @@ def resolve_counter(
     if tokenizer:
         if not Path(tokenizer).is_dir():
             raise ValueError(f"--tokenizer {tokenizer}: not a folder")
+        if not is_tokenizer_dir(tokenizer):
+            raise ValueError(
+                f"--tokenizer {tokenizer}: the folder has no tokenizer files "
+                "(tokenizer.json, tokenizer_config.json, tokenizer.model or vocab.json)"
+            )
         print(f"[bench] loading the tokenizer of {tokenizer} to count prompt tokens", flush=True)
         return HFTokenCounter(tokenizer)
     local = model_root if is_tokenizer_dir(model_root) else None

@@ -141,6 +141,20 @@ def test_no_way_to_count() -> None:
         resolve_counter("http://127.0.0.1:1", "m", "/nonexistent/dir", None)
 
 
+def test_a_tokenizer_folder_without_tokenizer_files_is_one_line(tmp_path: Path) -> None:
+    """`--tokenizer` pointing at a folder without tokenizer files (a weights-only copy) printed
+    transformers' five-line error after `surge: error:`; it is one line naming the files now, and a
+    folder whose tokenizer does not load gives its error's first line only."""
+    with pytest.raises(
+        ValueError, match=r"^--tokenizer \S+: the folder has no tokenizer files \(tokenizer\.json"
+    ):
+        resolve_counter("http://127.0.0.1:1", "m", str(tmp_path), None)
+    (tmp_path / "tokenizer_config.json").write_text("{}")  # present, but no vocabulary to build from
+    with pytest.raises(ValueError, match=r"^cannot load a tokenizer from ") as e:
+        resolve_counter("http://127.0.0.1:1", "m", str(tmp_path), None)
+    assert "\n" not in str(e.value), str(e.value)
+
+
 def test_sharegpt(stories: HFTokenCounter, tmp_path: Path) -> None:
     conversations = load_sharegpt(str(SHAREGPT))
     assert len(conversations) == 500 and conversations[0].prompt.startswith("How to stop automatic updates")
