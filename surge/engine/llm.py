@@ -161,6 +161,18 @@ class LLM:
         """The model's sampling defaults in force (field -> value; empty with "none")."""
         return dict(self.engine.config.model.sampling_defaults)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached prompt prefix (between calls no request holds a block, so
+        the next :meth:`generate` computes its prompts from scratch, as a benchmark's fresh
+        point needs). Returns True (vLLM's success flag; Surge's reset cannot fail).
+
+        Raises:
+            RuntimeError: the ``LLM`` is closed (:meth:`close`).
+        """
+        self._check_open()
+        self.engine.reset_prefix_cache()
+        return True
+
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: a :class:`SamplingParams` holding the model's sampling defaults in force
         (:attr:`sampling_defaults`: its ``generation_config.json`` values with

@@ -54,6 +54,7 @@ def test_a_closed_llm_refuses_work() -> None:
     for call in (
         lambda: model.generate("Once", GREEDY),
         lambda: model.chat([{"role": "user", "content": "hi"}]),
+        model.reset_prefix_cache,
     ):
         with pytest.raises(RuntimeError, match="this LLM is closed"):
             call()
@@ -205,3 +206,13 @@ def test_chat_template_kwargs_that_are_not_a_dict_of_names_are_named(llm: LLM, k
         [{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs={"enable_thinking": False}
     )
     assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_reset_prefix_cache_as_vllm(llm: LLM) -> None:
+    """vLLM's ``LLM.reset_prefix_cache()`` raised AttributeError: a repeated prompt hits the cache,
+    and after a reset it is computed again."""
+    prompt = "Once upon a time there was a little girl named Lily who loved to play in the park"
+    llm.generate(prompt, GREEDY)
+    assert llm.generate(prompt, GREEDY)[0].num_cached_tokens > 0
+    assert llm.reset_prefix_cache() is True
+    assert llm.generate(prompt, GREEDY)[0].num_cached_tokens == 0
