@@ -1,7 +1,7 @@
 """API keys: which keys the server accepts, which routes need one, and how a request shows it.
 
 With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KEY`` environment
-variable) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health``
+variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health``
 (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
 documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
 ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The scheme
@@ -35,7 +35,8 @@ def validate_api_key(key: str, source: str = "--api-key") -> None:
 
     Args:
         key: the key.
-        source: where it came from (``--api-key`` or ``SURGE_API_KEY``), for the message.
+        source: where it came from (``--api-key``, ``SURGE_API_KEY`` or ``VLLM_API_KEY``), for
+            the message.
 
     Raises:
         ValueError: the key is empty or has a character outside printable ASCII (one line that
@@ -51,13 +52,17 @@ def validate_api_key(key: str, source: str = "--api-key") -> None:
         )
 
 
-def parse_api_keys(flag_values: Sequence[str] | None, env_value: str | None) -> tuple[str, ...]:
+def parse_api_keys(
+    flag_values: Sequence[str] | None, env_value: str | None, vllm_env_value: str | None = None
+) -> tuple[str, ...]:
     """The keys of ``--api-key`` (repeatable, each a comma-separated list), else of the
-    ``SURGE_API_KEY`` environment variable's value (also a comma list); empty = no auth.
+    ``SURGE_API_KEY`` environment variable's value (also a comma list), else of vLLM's
+    ``VLLM_API_KEY`` (so that a vLLM deployment's key keeps the server closed); empty = no auth.
 
     Args:
         flag_values: the ``--api-key`` values, or None when the flag was not given.
         env_value: the value of ``SURGE_API_KEY``, or None when it is not set.
+        vllm_env_value: the value of ``VLLM_API_KEY``, or None when it is not set.
 
     Raises:
         ValueError: an empty key or one with a character outside printable ASCII
@@ -67,6 +72,8 @@ def parse_api_keys(flag_values: Sequence[str] | None, env_value: str | None) -> 
         source, values = "--api-key", list(flag_values)
     elif env_value is not None:
         source, values = "SURGE_API_KEY", [env_value]
+    elif vllm_env_value is not None:
+        source, values = "VLLM_API_KEY", [vllm_env_value]
     else:
         return ()
     keys: list[str] = []

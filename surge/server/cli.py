@@ -49,7 +49,7 @@ def add_serve_parser(subparsers: Any) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics, "
         "the API docs and the web pages' static files (printable ASCII); repeat the flag or give a comma list for several keys "
-        "(default: the SURGE_API_KEY environment variable, else no key)",
+        "(default: the SURGE_API_KEY environment variable, else vLLM's VLLM_API_KEY, else no key)",
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
     p.add_argument(
@@ -387,7 +387,7 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be non-negative, got {args.shutdown_timeout}")
-    api_keys = parse_api_keys(args.api_key, os.environ.get("SURGE_API_KEY"))
+    api_keys = parse_api_keys(args.api_key, os.environ.get("SURGE_API_KEY"), os.environ.get("VLLM_API_KEY"))
     cors = cors_options(args)
     from surge.cli import check_model_dir
 

@@ -107,6 +107,7 @@ def start_server(
     ]
     full_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))
     full_env.pop("SURGE_API_KEY", None)
+    full_env.pop("VLLM_API_KEY", None)
     full_env |= env or {}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -185,6 +185,7 @@ def test_cors_off_by_default(server: Server) -> None:
 def _serve_fails(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ, PYTHONPATH=str(REPO))
     full_env.pop("SURGE_API_KEY", None)
+    full_env.pop("VLLM_API_KEY", None)
     full_env |= env or {}
     return subprocess.run(
         [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", "--port", "0", *args],
@@ -203,6 +204,7 @@ def _serve_fails(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
         (("--api-key", "sk-good-one", "--api-key", " "), None),
         (("--api-key", "sk-good-one sk-other"), None),
         ((), {"SURGE_API_KEY": ""}),
+        ((), {"VLLM_API_KEY": ""}),  # read (as vLLM does) when neither the flag nor SURGE_API_KEY is set
         (("--allow-credentials",), None),
         (("--allowed-origins", "[not json"), None),
     ],
