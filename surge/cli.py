@@ -59,6 +59,11 @@ VLLM_FLAG_HINTS = {
     "--disable-uvicorn-access-log": "nothing: the access log is off unless --access-log",
     "--enable-log-requests": "nothing: each request's start and end are logged unless --disable-log-requests",
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
+    "--num-warmups": "--warmup N",
+    "--served-model-name": "--model NAME (the model name the benchmark sends)",
+    "--top-k": """--extra-body '{"top_k": K}'""",
+    "--top-p": """--extra-body '{"top_p": P}'""",
+    "--min-p": """--extra-body '{"min_p": P}'""",
 }
 """``vllm bench serve`` and ``vllm serve`` flags that Surge spells otherwise or does without, and
 what to use instead: an unrecognized one gets this hint in the error line (exact equivalents are

@@ -380,3 +380,19 @@ def test_vllm_human_readable_token_counts() -> None:
     assert p.stderr.startswith("surge: error: argument --max-model-len: '32kb' is not a token count"), (
         p.stderr
     )
+
+
+def test_vllm_bench_sampling_and_warmup_flags_are_hinted() -> None:
+    """`vllm bench serve`'s --num-warmups, --served-model-name and --top-k/--top-p/--min-p have
+    Surge spellings; they were bare "unrecognized arguments"."""
+    p = _surge(
+        "bench", "serve", "--num-warmups", "2", "--served-model-name", "m", "--top-k", "5", "--min-p=0.1"
+    )
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--num-warmups: use --warmup N",
+        "--served-model-name: use --model NAME",
+        """--top-k: use --extra-body '{"top_k": K}'""",
+        """--min-p: use --extra-body '{"min_p": P}'""",
+    ):
+        assert hint in p.stderr, p.stderr

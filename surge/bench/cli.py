@@ -64,7 +64,16 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"server URL (default {DEFAULT_BASE_URL})")
+    p.add_argument("--base-url", default=None, help=f"server URL (default {DEFAULT_BASE_URL})")
+    p.add_argument(
+        "--host", default=None, help="vLLM's spelling: the server is http://HOST:PORT (default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="vLLM's spelling: the server is http://HOST:PORT (default 8000)",
+    )
     p.add_argument(
         "--endpoint",
         default="/v1/chat/completions",
@@ -352,6 +361,27 @@ def _command_line() -> str:
     return shlex.join(["surge", *sys.argv[1:]]) if sys.argv else "surge"
 
 
+def base_url_of(args: argparse.Namespace) -> str:
+    """The server's URL: ``--base-url``, or vLLM's ``--host`` / ``--port`` (``http://HOST:PORT``,
+    127.0.0.1 and 8000 for the one left out), else :data:`DEFAULT_BASE_URL`.
+
+    Raises:
+        ValueError: ``--base-url`` together with ``--host`` or ``--port`` (vLLM takes the URL and
+            drops the others; here neither is dropped silently), or a port outside [1, 65535].
+    """
+    if args.host is None and args.port is None:
+        return args.base_url or DEFAULT_BASE_URL
+    if args.base_url is not None:
+        raise ValueError("give --base-url or --host/--port, not both")
+    port = 8000 if args.port is None else args.port
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port must be in [1, 65535], got {port}")
+    host = args.host or "127.0.0.1"
+    if ":" in host and not host.startswith("["):  # an IPv6 address
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     from surge.bench.metrics import parse_goodput, parse_percentiles
     from surge.bench.roofline import resolve_hardware
@@ -362,7 +392,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "temperature": args.temperature,
         "extra_body": parse_extra_body(args.extra_body),
         "label": args.label,
-        "base_url": args.base_url,
+        "base_url": base_url_of(args),
         "endpoint": args.endpoint,
         "model": args.model,
         "tokenizer": args.tokenizer,
@@ -495,7 +525,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if args.launch:
         from surge.bench.launcher import check_launch_port
 
-        check_launch_port(args.launch, args.base_url)
+        check_launch_port(args.launch, cfg.base_url)
     mcfg = MatrixConfig(
         tuple(points),
         cfg,

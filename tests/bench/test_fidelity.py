@@ -78,6 +78,22 @@ def test_chunk_rule_multi_token_chunks() -> None:
     assert r["mean_tpot_ms"] == pytest.approx(1000 * (r["latencies"][0] - r["ttfts"][0]) / 8)
 
 
+def test_vllm_host_and_port_flags_name_the_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`vllm bench serve --host H --port P` was refused as unrecognized arguments; they make
+    http://H:P (--base-url with either is refused: neither is dropped silently)."""
+    argv = ["bench", "serve", "--disable-tqdm", "--input-len", "8", "--output-len", "4", "--num-prompts", "2"]
+    out = tmp_path / "r.json"
+    with FakeServer(Behaviour()) as s:
+        assert (
+            bench_main(argv + ["--host", "127.0.0.1", "--port", str(s.port), "--result-file", str(out)]) == 0
+        )
+        assert bench_main(argv + ["--port", str(s.port)]) == 0  # --host defaults to 127.0.0.1, as vLLM's
+        assert len(s.behaviour.log) >= 4
+        assert bench_main(argv + ["--base-url", s.url, "--port", str(s.port)]) == 2
+    assert "give --base-url or --host/--port, not both" in capsys.readouterr().err
+    assert load_result(out)["base_url"] == s.url
+
+
 def test_client_settings_and_result_fields(tmp_path: Path) -> None:
     b = Behaviour(ttft=0.01, itl=0.002)
     out = tmp_path / "r.json.gz"
