@@ -21,8 +21,9 @@ instances that violate it; ``tests/structured/test_schema_support.py`` repeats t
   ``enum``, ``anyOf``, ``oneOf`` or ``allOf`` (a ``type`` that every value already has is
   accepted); an assertion in a schema without ``type`` that xgrammar reads as "any value";
   ``type: []``; a schema nested deeper than :data:`MAX_SCHEMA_DEPTH`, with more than
-  :data:`MAX_SUBSCHEMAS` subschemas or whose nesting costs more than :data:`MAX_NESTING_COST`
-  (enforceable, but too slow to compile).
+  :data:`MAX_SUBSCHEMAS` subschemas, whose nesting costs more than :data:`MAX_NESTING_COST` or
+  whose optional properties cost more than :data:`MAX_OPTIONAL_PROPERTY_COST` (enforceable, but
+  too slow to compile).
 - strings: ``pattern`` next to a supported ``format`` (a ``format`` outside
   :data:`SUPPORTED_FORMATS` is an annotation, as JSON Schema 2020-12 makes it by default); ``minLength``/``maxLength`` next to ``pattern`` or a supported ``format``; a
   ``pattern`` with a feature of :func:`~surge.structured.regex_support.regex_problem`; patterns
@@ -130,11 +131,21 @@ its own). xgrammar's JSON-schema conversion takes time growing with that sum: 40
 ``anyOf`` (a 12 KB schema) took 4 s of the API process's grammar check on a 2-core machine, and
 at the limit it takes about 0.3 s. Nesting moved into ``$defs`` and reached by ``$ref`` costs
 nothing here."""
-MAX_SUBSCHEMAS = 20_000
+MAX_SUBSCHEMAS = 5_000
 """Most object subschemas a JSON schema may hold (the root included; ``$ref`` not followed).
 xgrammar's conversion time grows with their number even when the schema is flat: 100,000
 ``anyOf`` branches (4 MiB) took 3.6 s of the API process's grammar check on a 2-core machine,
-20,000 about 0.5 s. (OpenAI's structured outputs allow 5,000 object properties in all.)"""
+and the engine's compilation with the tokenizer (on the one compile worker every structured
+request waits for) grows faster: 16,000 properties took 10 s of it, 4,000 about 0.5 s. OpenAI's
+structured outputs allow 5,000 object properties in all."""
+MAX_OPTIONAL_PROPERTY_COST = 250_000
+"""Largest sum, over a schema's objects, of the square of the number of its ``properties`` that
+``required`` does not name (``$ref`` not followed). xgrammar chains an object's optional
+properties into one rule per property, each of which may start with the next, and the engine's
+compilation with the tokenizer grows about with the cube of such a chain: 500 optional
+properties in one object took 0.1 s on a 2-core machine, 1,000 took 1.7 s, 2,000 (a 60 KB
+schema) 20 s, 3,000 50 s, while every later structured request of any client waited for the one
+compile worker. At the limit: one object of 500 optional properties."""
 _OBJECT_HINTS = ("properties", "additionalProperties", "unevaluatedProperties")
 _ONE_SUBSCHEMA = (
     "not",
@@ -223,12 +234,14 @@ MAX_ENUM_CHARS = 65_536
 def _check_nesting(schema: Any) -> None:
     """Refuse a schema deeper than :data:`MAX_SCHEMA_DEPTH` (following local ``$ref``), with more
     than :data:`MAX_SUBSCHEMAS` subschemas, whose nesting costs more than
-    :data:`MAX_NESTING_COST` to compile, or with more than :data:`MAX_ENUM_VALUES` ``enum``
+    :data:`MAX_NESTING_COST` to compile, whose optional properties cost more than
+    :data:`MAX_OPTIONAL_PROPERTY_COST`, or with more than :data:`MAX_ENUM_VALUES` ``enum``
     values or :data:`MAX_ENUM_CHARS` characters of them; linear in the schema's size."""
     if not isinstance(schema, dict):
         return
     cost = 0
     count = 0
+    optional_cost = 0
     enum_values = enum_chars = 0
     has_ref = False
     stack: list[tuple[dict[str, Any], tuple[str, ...], int]] = [(schema, (), 0)]
@@ -250,6 +263,20 @@ def _check_nesting(schema: Any) -> None:
                 "flatten it, or move nested subschemas into $defs and $ref them"
             )
         _check_values(node, loc)
+        properties = node.get("properties")
+        if isinstance(properties, dict) and properties:
+            required = node.get("required")
+            named = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
+            optional = sum(1 for name in properties if name not in named)
+            optional_cost += optional * optional
+            if optional_cost > MAX_OPTIONAL_PROPERTY_COST:
+                raise ValueError(
+                    f"the schema has too many optional properties to compile quickly: the squares of its "
+                    f"objects' counts of properties not in 'required' sum to more than "
+                    f"{MAX_OPTIONAL_PROPERTY_COST:,} (one object of 500; {optional:,} at "
+                    f"{_short_pointer(loc)}): list more of them in 'required' (allowing null where a "
+                    "value may be missing, as OpenAI's strict mode does) or split the schema"
+                )
         enum = node.get("enum")
         if isinstance(enum, list):
             enum_values += len(enum)

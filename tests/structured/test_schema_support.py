@@ -831,19 +831,19 @@ def test_deep_and_wide_schemas_are_refused_by_their_nesting_cost() -> None:
         node: dict[str, Any] = {"type": "integer"}
         for _ in range(depth):
             props = {"a": node, **{f"p{i}": {"type": "string"} for i in range(width)}}
-            node = {"type": "object", "properties": props}
+            node = {"type": "object", "properties": props, "required": list(props)}
         return node
 
     with pytest.raises(ValueError, match="too deeply nested to compile quickly"):
         check_json_schema(wide(50, 64))
     with pytest.raises(ValueError, match="too deeply nested to compile quickly"):
-        check_json_schema(wide(200, 30))
+        check_json_schema(wide(150, 30))
     defs: dict[str, Any] = {"l0": {"type": "integer"}}
     for i in range(1, 31):
-        props = {"a": {"$ref": f"#/$defs/l{i - 1}"}, **{f"p{j}": {"type": "string"} for j in range(200)}}
-        defs[f"l{i}"] = {"type": "object", "properties": props}
+        props = {"a": {"$ref": f"#/$defs/l{i - 1}"}, **{f"p{j}": {"type": "string"} for j in range(150)}}
+        defs[f"l{i}"] = {"type": "object", "properties": props, "required": list(props)}
     check_json_schema({"$defs": defs, "$ref": "#/$defs/l30"})
-    for depth, width in ((64, 10), (32, 86), (16, 667)):  # the widest accepted at each depth
+    for depth, width in ((64, 10), (32, 86)):  # the widest accepted at each depth (at 16: MAX_SUBSCHEMAS)
         check_json_schema(wide(width, depth))
         with pytest.raises(ValueError, match="too deeply nested"):
             check_json_schema(wide(width + 2, depth))
@@ -960,13 +960,51 @@ def test_flat_schemas_are_refused_past_max_subschemas() -> None:
     check_json_schema(flat(MAX_SUBSCHEMAS - 1))
     with pytest.raises(ValueError, match=rf"more than {MAX_SUBSCHEMAS:,} subschemas .* at #/anyOf/"):
         check_json_schema(flat(MAX_SUBSCHEMAS))
+    names = [f"p{i}" for i in range(MAX_SUBSCHEMAS - 3)]
     props = {
         "type": "object",
-        "properties": {f"p{i}": {"$ref": "#/$defs/s"} for i in range(MAX_SUBSCHEMAS - 3)},
+        "properties": {name: {"$ref": "#/$defs/s"} for name in names},
+        "required": names,
     }
     check_json_schema(
         {**props, "$defs": {"s": {"type": "string"}}}
     )  # the root, the $defs entry, the properties
+
+
+def test_optional_properties_are_refused_past_their_cost() -> None:
+    """xgrammar chains an object's optional properties, and the engine's compilation with the
+    tokenizer grows about with the cube of the chain (2,000 optional properties, a 60 KB schema:
+    20 s of the one compile worker every structured request waits for; 500: 0.1 s). The squares
+    of the objects' optional counts may sum to MAX_OPTIONAL_PROPERTY_COST: one object of 500 or
+    four of 250 pass, one more property is refused, naming the object; required properties,
+    and a malformed 'required' (refused for itself), do not count as optional."""
+    from surge.structured.schema_support import MAX_OPTIONAL_PROPERTY_COST
+
+    assert MAX_OPTIONAL_PROPERTY_COST == 500 * 500
+
+    def obj(n: int, required: int = 0) -> dict[str, Any]:
+        names = [f"p{i}" for i in range(n)]
+        return {
+            "type": "object",
+            "properties": {k: {"type": "boolean"} for k in names},
+            "required": names[:required],
+        }
+
+    def nested(k: int, n: int) -> dict[str, Any]:
+        names = [f"o{j}" for j in range(k)]
+        return {"type": "object", "properties": {name: obj(n) for name in names}, "required": names}
+
+    check_json_schema(obj(500))
+    with pytest.raises(ValueError, match=r"too many optional properties .*; 501 at #\)"):
+        check_json_schema(obj(501))
+    check_json_schema(obj(1500, required=1000))
+    check_json_schema(nested(4, 250))
+    with pytest.raises(ValueError, match=r"too many optional properties .*; 251 at #/properties/o\d\)"):
+        check_json_schema(nested(4, 251))
+    with pytest.raises(ValueError, match="keyword 'required' at # must be a list of strings"):
+        check_json_schema({**obj(10), "required": [{"a": 1}]})
+    with pytest.raises(ValueError, match="too many optional properties"):  # as a forced tool call's grammar
+        check_structured_outputs(StructuredOutputsParams(json=json.dumps({"anyOf": [obj(400), obj(400)]})))
 
 
 def test_choice_limits() -> None:
