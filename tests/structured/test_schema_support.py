@@ -1007,6 +1007,26 @@ def test_optional_properties_are_refused_past_their_cost() -> None:
         check_structured_outputs(StructuredOutputsParams(json=json.dumps({"anyOf": [obj(400), obj(400)]})))
 
 
+def test_grammar_rule_limit() -> None:
+    """An EBNF grammar holds at most MAX_GRAMMAR_RULES rules as xgrammar normalizes it: a chain
+    of 4,000 rules (86 KB) held the one engine compile worker 30 s. The limit counts the rules
+    xgrammar adds (a repetition's); a long sequence inside one rule is fine."""
+    from surge.structured.validate import MAX_GRAMMAR_RULES
+
+    def chain(n: int) -> str:  # n + 2 rules
+        return "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} | "a"' for i in range(n)) + f'\nr{n} ::= "b"'
+
+    check_structured_outputs(StructuredOutputsParams(grammar=chain(MAX_GRAMMAR_RULES - 2)))
+    with pytest.raises(ValueError, match=r"the grammar has 1,025 rules .* at most 1,024"):
+        check_structured_outputs(StructuredOutputsParams(grammar=chain(MAX_GRAMMAR_RULES - 1)))
+    with pytest.raises(ValueError, match=r"the grammar has 4,002 rules"):
+        build_grammar(StructuredOutputsParams(grammar=chain(4000)))
+    repeated = chain(MAX_GRAMMAR_RULES - 3) + '\nr_x ::= "c"{2,5}'  # the repetition adds a rule
+    with pytest.raises(ValueError, match=r"the grammar has 1,025 rules"):
+        build_grammar(StructuredOutputsParams(grammar=repeated))
+    build_grammar(StructuredOutputsParams(grammar="root ::= " + " ".join("[ab]" for _ in range(20_000))))
+
+
 def test_choice_limits() -> None:
     """A choice of over 2,048 options or 65,536 characters is refused before xgrammar sees it
     (40,000 options stalled every stream for seconds per step at n: 128, and a 2.8 MB list held the
