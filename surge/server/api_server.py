@@ -44,7 +44,15 @@ from surge.request import token_ids_in_range
 from surge.server.chat_tools import check_tools
 from surge.server.cors import CorsOptions
 from surge.server.drain import DrainMiddleware, ShutdownError
-from surge.server.errors import ApiError, bad_request, error_body, error_response
+from surge.server.errors import (
+    MAX_MESSAGE_CHARS,
+    MAX_PARAM_CHARS,
+    ApiError,
+    bad_request,
+    clip,
+    error_body,
+    error_response,
+)
 from surge.server.fast_json import FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
 from surge.server.http_protocol import guarded_h11_protocol
@@ -94,7 +102,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def log_rejection(request: Request, status: int, message: str, param: str | None) -> None:
     """Log a rejected request (4xx) at INFO, and a 5xx answer at WARNING: method, path, status,
     the request id that the response's ``X-Request-Id`` header carries (the client's or a fresh
-    one), the field at fault and the reason."""
+    one), the field at fault and the reason, clipped as in the answer
+    (:data:`~surge.server.errors.MAX_PARAM_CHARS`, :data:`~surge.server.errors.MAX_MESSAGE_CHARS`)."""
     level = logging.INFO if status < 500 else logging.WARNING
     logger.log(
         level,
@@ -103,8 +112,8 @@ def log_rejection(request: Request, status: int, message: str, param: str | None
         request.url.path,
         status,
         logged_request_id(request.scope),
-        f" [{param}]" if param else "",
-        message,
+        f" [{clip(param, MAX_PARAM_CHARS)}]" if param else "",
+        clip(message, MAX_MESSAGE_CHARS),
     )
 
 

@@ -15,6 +15,19 @@ _TYPES = {
 }
 
 
+MAX_MESSAGE_CHARS = 2048
+"""Most characters of an error's ``message`` in an answer or a log line: a message may echo
+what the client sent (an unknown field's name, a model name, a ``logit_bias`` key), and a 4 MiB
+name made a 4 MiB error body and two such log lines per request."""
+MAX_PARAM_CHARS = 256
+"""Most characters of an error's ``param`` (a field name the client may have made up)."""
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in ``...`` when it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ApiError(Exception):
     """An error answered with an OpenAI error body.
 
@@ -36,12 +49,13 @@ class ApiError(Exception):
 def error_body(
     status: int, message: str, *, param: str | None = None, code: str | int | None = None
 ) -> dict[str, Any]:
-    """The OpenAI error object for ``status``."""
+    """The OpenAI error object for ``status``; ``message`` and ``param`` clipped to
+    :data:`MAX_MESSAGE_CHARS` and :data:`MAX_PARAM_CHARS` characters."""
     return {
         "error": {
-            "message": message,
+            "message": clip(message, MAX_MESSAGE_CHARS),
             "type": _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error"),
-            "param": param,
+            "param": None if param is None else clip(param, MAX_PARAM_CHARS),
             "code": code if code is not None else status,
         }
     }

@@ -241,3 +241,33 @@ def test_server_still_serves_after_bad_requests(server: Server) -> None:
     r = httpx.post(server.url + CHAT, json={"messages": MSGS, "max_tokens": 3, "stream": True}, timeout=60)
     assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        (CMPL, {"prompt": "x", "k" * 1_000_000: 1}, 400),  # an unknown field: message and param
+        (CMPL, {"prompt": "x", "model": "m" * 1_000_000}, 404),
+        (CMPL, {"prompt": "x", "logit_bias": {"9" * 1_000_000: 1}}, 400),
+        (CMPL, {"prompt": "x", "stream": True, "stream_options": {"s" * 1_000_000: 1}}, 400),
+        (CHAT, {"messages": MSGS, "response_format": {"type": "json_object", "r" * 1_000_000: 1}}, 400),
+    ],
+)
+def test_an_error_echoing_a_huge_client_string_is_clipped(
+    server: Server, path: str, body: dict[str, Any], status: int
+) -> None:
+    """A message or param that echoes what the client sent is clipped (2,048 and 256 characters,
+    ending in "..."), in the answer and in the server's log line: a 1 MB field name made a 2 MB
+    answer and a 2 MB log line per request (a 4 MiB body, 8 MB)."""
+    from surge.server.errors import MAX_MESSAGE_CHARS, MAX_PARAM_CHARS
+
+    r = _post(server, path, body)
+    assert r.status_code == status, r.text[:300]
+    err = r.json()["error"]
+    assert len(r.content) < MAX_MESSAGE_CHARS + MAX_PARAM_CHARS + 200
+    assert err["message"].endswith("...") and len(err["message"]) == MAX_MESSAGE_CHARS
+    assert err["param"] is not None and len(err["param"]) <= MAX_PARAM_CHARS
+    request_id = r.headers["x-request-id"]
+    lines = [line for line in server.log().splitlines() if f"(request id {request_id})" in line]
+    assert len(lines) == 1 and len(lines[0]) < MAX_MESSAGE_CHARS + MAX_PARAM_CHARS + 300, lines[0][:300]
+    assert httpx.get(server.url + "/health").status_code == 200
