@@ -92,7 +92,9 @@ rules of its own). The engine's compilation with the tokenizer grows faster than
 where rules start with other rules or follow each other: a chain of 4,000 rules ``r_i ::= r_{i+1}
 | "a"`` (86 KB) held the one compile worker 30 s on a 2-core machine, and a sequence of 20,000
 (540 KB) 73 s, while every later structured request of any client waited; 1,000 such rules take
-0.1-0.3 s. Rules inline (a sequence of 20,000 character classes in one rule) cost far less."""
+0.1-0.3 s. Rules inline (a sequence of 20,000 character classes in one rule) cost far less.
+This bounds the grammar's size, not its compile time, which also depends on the vocabulary: with
+Qwen3's, 400 rules ``r_i ::= r_{i+1} r_{i+1} | "a"`` took 88 s (docs/server-limits.md)."""
 
 
 def _check_grammar_size(grammar: Any) -> None:
