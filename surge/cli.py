@@ -88,7 +88,18 @@ class _Parser(argparse.ArgumentParser):
 MODEL_FILES_HINT = "a Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
 
 
-def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "--model") -> None:
+def no_tokenizer_message(flag: str, model: str) -> str:
+    """The one line for a model folder without tokenizer files (``flag``: how the folder was
+    given, e.g. ``--model``)."""
+    return (
+        f"{flag} {model}: the folder has no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+        "copy the model's tokenizer files into it"
+    )
+
+
+def check_model_dir(
+    model: str | None, load_format: str = "auto", flag: str = "--model", tokenizer: bool = True
+) -> None:
     """Check a model folder given on the command line, without importing torch.
 
     ``None`` (the bundled model) passes. Raises CliError with one line in the CLI's spelling:
@@ -97,7 +108,9 @@ def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "-
     without ``*.safetensors`` weights, a broken weights index, or a weights file that cannot
     be read (a truncated file, a corrupt header: see
     :func:`surge.model.weight_files.check_safetensors_header`, which reads headers only). The
-    weights are not looked at with ``--load-format dummy``.
+    weights are not looked at with ``--load-format dummy``; the tokenizer files not with
+    ``tokenizer=False`` (the offline ``LLM``, which takes token-id prompts from a folder without
+    them: :func:`no_tokenizer_message` is then its error when no tokenizer can be built).
     """
     if model is None:
         return
@@ -117,11 +130,8 @@ def check_model_dir(model: str | None, load_format: str = "auto", flag: str = "-
         raise CliError(f"{flag} {model}: not a folder (give {MODEL_FILES_HINT})")
     if not (path / "config.json").is_file():
         raise CliError(f"{flag} {model}: no config.json in the folder (give {MODEL_FILES_HINT})")
-    if not any((path / n).exists() for n in TOKENIZER_FILES):
-        raise CliError(
-            f"{flag} {model}: the folder has no tokenizer ({', '.join(TOKENIZER_FILES)}); "
-            "copy the model's tokenizer files into it"
-        )
+    if tokenizer and not any((path / n).exists() for n in TOKENIZER_FILES):
+        raise CliError(no_tokenizer_message(flag, model))
     if load_format == "dummy":
         return
     if not any(path.glob("*.safetensors")):

@@ -46,7 +46,9 @@ class LLM:
     """Offline batched generation on one engine, in this process (no server, no ZMQ).
 
     Args:
-        model: a Hugging Face model folder; None = the bundled stories260K model.
+        model: a Hugging Face model folder; None = the bundled stories260K model. A folder
+            without tokenizer files takes token-id prompts only, if transformers can build an
+            empty tokenizer for the model (else the missing files are the error).
         dtype: "auto" (the config's), "float32", "bfloat16" or "float16" (vLLM's "half"
             and "float" are "float16" and "float32").
         device: "auto" (CUDA when available), "cpu" or "cuda".
@@ -106,7 +108,8 @@ class LLM:
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
             from surge.cli import check_model_dir
 
-            check_model_dir(str(model), load_format, flag="model")
+            # no tokenizer files needed: an empty tokenizer still takes token-id prompts
+            check_model_dir(str(model), load_format, flag="model", tokenizer=False)
         config = build_engine_config(
             None if model is None else str(model),
             dtype=dtype,
@@ -132,9 +135,17 @@ class LLM:
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
         )
-        self.tokenizer = load_tokenizer(config.model.model)
-        # without tokenizer files transformers builds an empty tokenizer: prompts must be token ids
+        # without tokenizer files transformers builds an empty tokenizer for some models (prompts
+        # must then be token ids) and fails for others (then the folder's lack is the error)
         self._text_prompts = has_tokenizer_files(config.model.model)
+        try:
+            self.tokenizer = load_tokenizer(config.model.model)
+        except ValueError:
+            if self._text_prompts:
+                raise
+            from surge.cli import no_tokenizer_message
+
+            raise ValueError(no_tokenizer_message("model", str(model))) from None
         self.token_strings = TokenStrings(self.tokenizer)
         self.engine = LLMEngine(config)
         self._next_id = 0
