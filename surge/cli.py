@@ -98,7 +98,7 @@ def no_tokenizer_message(flag: str, model: str) -> str:
 
 
 def check_model_dir(
-    model: str | None, load_format: str = "auto", flag: str = "--model", tokenizer: bool = True
+    model: str | None, load_format: str = "auto", flag: str = "--model", offline_api: bool = False
 ) -> None:
     """Check a model folder given on the command line, without importing torch.
 
@@ -108,9 +108,11 @@ def check_model_dir(
     without ``*.safetensors`` weights, a broken weights index, or a weights file that cannot
     be read (a truncated file, a corrupt header: see
     :func:`surge.model.weight_files.check_safetensors_header`, which reads headers only). The
-    weights are not looked at with ``--load-format dummy``; the tokenizer files not with
-    ``tokenizer=False`` (the offline ``LLM``, which takes token-id prompts from a folder without
-    them: :func:`no_tokenizer_message` is then its error when no tokenizer can be built).
+    weights are not looked at with ``--load-format dummy``. ``offline_api``: the checks of
+    ``LLM(model)`` (``flag`` ``"model"``), whose messages spell its arguments (``model=DIR``,
+    ``load_format="dummy"``) and which does not need tokenizer files (it takes token-id prompts
+    from a folder without them: :func:`no_tokenizer_message` is its error when no tokenizer can
+    be built).
     """
     if model is None:
         return
@@ -123,20 +125,21 @@ def check_model_dir(
             raise CliError(
                 f"{flag} {model}: no such folder. Surge loads local folders only and works offline; "
                 f"download the model first (e.g. `huggingface-cli download {model} --local-dir DIR`) "
-                f"and pass {flag} DIR"
+                f"and pass {flag}{'=' if offline_api else ' '}DIR"
             )
         raise CliError(f"{flag} {model}: no such folder (give {MODEL_FILES_HINT})")
     if not path.is_dir():
         raise CliError(f"{flag} {model}: not a folder (give {MODEL_FILES_HINT})")
     if not (path / "config.json").is_file():
         raise CliError(f"{flag} {model}: no config.json in the folder (give {MODEL_FILES_HINT})")
-    if tokenizer and not any((path / n).exists() for n in TOKENIZER_FILES):
+    if not offline_api and not any((path / n).exists() for n in TOKENIZER_FILES):
         raise CliError(no_tokenizer_message(flag, model))
     if load_format == "dummy":
         return
     if not any(path.glob("*.safetensors")):
+        dummy = 'load_format="dummy"' if offline_api else "--load-format dummy"
         raise CliError(
-            f"{flag} {model}: the folder has no *.safetensors weights; pass --load-format dummy "
+            f"{flag} {model}: the folder has no *.safetensors weights; pass {dummy} "
             "for random weights of the same shapes"
         )
     from surge.model.weight_files import check_weight_files

@@ -109,7 +109,7 @@ class LLM:
             from surge.cli import check_model_dir
 
             # no tokenizer files needed: an empty tokenizer still takes token-id prompts
-            check_model_dir(str(model), load_format, flag="model", tokenizer=False)
+            check_model_dir(str(model), load_format, flag="model", offline_api=True)
         config = build_engine_config(
             None if model is None else str(model),
             dtype=dtype,

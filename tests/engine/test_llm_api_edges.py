@@ -176,7 +176,7 @@ def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> 
         ValueError, match=r"^model Qwen/Qwen3-0\.6B: no such folder\. Surge loads local folders only"
     ) as e:
         LLM("Qwen/Qwen3-0.6B", device="cpu")
-    assert "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR" in str(e.value)
+    assert "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR`) and pass model=DIR" in str(e.value)
     no_tokenizer = tmp_path / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -194,6 +194,12 @@ def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> 
         LLM(truncated, device="cpu")
     with LLM(truncated, device="cpu", load_format="dummy", max_model_len=32) as dummy:  # weights not read
         assert len(dummy.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
+    # the messages spell LLM's arguments, not the command line's flags
+    weights.unlink()
+    with pytest.raises(
+        ValueError, match=r"no \*\.safetensors weights; pass load_format=\"dummy\" for random"
+    ):
+        LLM(truncated, device="cpu")
 
 
 @pytest.mark.parametrize("kwargs", ["enable_thinking", ["enable_thinking"], {1: True}])
