@@ -13,6 +13,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from surge.config import TOKENIZER_FILES
+from surge.parallel_encode import encode_text
 from surge.stop_strings import StopAutomaton
 
 _REPLACEMENT_CHAR = "\ufffd"
@@ -258,7 +259,7 @@ def apply_chat_template(
         text = "".join(lines)
         if check_text is not None:
             check_text(text)
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens is not False))
+        return encode_text(tokenizer, text, add_special_tokens is not False)
     try:
         text = tokenizer.apply_chat_template(
             msgs,
@@ -275,7 +276,7 @@ def apply_chat_template(
         raise ValueError("chat template did not render to a string")
     if check_text is not None:
         check_text(text)
-    return list(tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)))
+    return encode_text(tokenizer, text, bool(add_special_tokens))
 
 
 def bad_words_token_ids(

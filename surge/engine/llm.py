@@ -16,6 +16,7 @@ from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
+from surge.parallel_encode import encode_text
 from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.token_strings import TokenStrings
 from surge.tokenizer import (
@@ -300,7 +301,7 @@ class LLM:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
         """
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
-            token_ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
+            token_ids = encode_text(self.tokenizer, prompt, True) if isinstance(prompt, str) else list(prompt)
             request_id = f"llm-{self._next_id}"
             self._next_id += 1
             results.append(

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from surge.parallel_encode import encode_text
 from surge.server.errors import bad_request
 from surge.tokenizer import apply_chat_template
 
@@ -87,7 +88,7 @@ class TokenizerWorker:
         cut = _BOUND_CHARS_PER_TOKEN * (limit + _BOUND_MARGIN)
         if len(text) <= cut:
             return
-        n = len(self.tokenizer.encode(text[:cut], add_special_tokens=False))
+        n = len(encode_text(self.tokenizer, text[:cut], False))
         if n > limit + _BOUND_MARGIN:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens, but the prompt has more "
@@ -98,7 +99,7 @@ class TokenizerWorker:
     def _encode(self, text: str, add_special_tokens: bool, param: str | None) -> list[int]:
         if param is not None:
             self._check_bound(text, param)
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return encode_text(self.tokenizer, text, add_special_tokens)
 
     def _encode_many(
         self, texts: Sequence[str], add_special_tokens: bool, param: str | None
