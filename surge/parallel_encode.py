@@ -4,13 +4,15 @@ A Hugging Face fast tokenizer encodes one text on one core. In session 34's H200
 ms passed between a 4,096-token chat request's arrival and the engine's first schedule, against
 2-3 ms for a 32-token one; one encode of such a prompt takes 14-25 ms on the development CPU, and
 its prefill about 100 ms. ``encode_batch`` encodes several texts at once on the tokenizer's own
-thread pool (Rust's rayon, all cores), so :func:`encode_text` cuts a long text into pieces at points where the tokenizer's pre-tokenizer
-starts a new word anyway, encodes the pieces as a batch and joins them. The ids are the same as
-one ``tokenizer.encode(text)`` call, by construction:
+thread pool (Rust's rayon, all cores), so :func:`encode_text` cuts a long text into pieces at
+points where the tokenizer's pre-tokenizer starts a new word anyway, encodes the pieces as a
+batch and joins them. The ids are the same as one ``tokenizer.encode(text)`` call, by
+construction:
 
 - The pre-tokenizer must be byte-level BPE's split by one of :data:`SAFE_SPLIT_PATTERNS` (Qwen2
   and Qwen3's, Llama 3's) followed by ``ByteLevel`` without a prefix space, the normalizer none or
-  NFC, the model BPE, and no added token may hold whitespace or strip its neighbours
+  NFC, the model BPE without dropout; no added token may hold whitespace, strip its neighbours or
+  be ``single_word``; no truncation or padding is set and special tokens are not split
   (:func:`split_safe`). Anything else is encoded whole.
 - A piece starts at a space that follows a non-space character and precedes an ASCII letter
   (:func:`split_points`). Every alternative of those patterns stops before such a space (letters,
@@ -25,25 +27,33 @@ one ``tokenizer.encode(text)`` call, by construction:
 
 The test suite checks this against ``tokenizer.encode`` on generated texts of letters, digits,
 punctuation, contractions, whitespace runs, newlines, non-Latin scripts, combining marks, emoji
-and special tokens, cut as finely as every word (``tests/test_parallel_encode.py``). Measured on
-the 2-core development machine (``benchmarks/results/parallel-encode-cpu/``): 1.4x at 8,192
-tokens, 1.5-1.8x at 16,384 and 32,768, within the noise at 2,048-4,096; not measured on a GPU
-host.
+and special tokens, cut as finely as every word (``tests/test_parallel_encode.py``).
+
+Measured (``benchmarks/results/parallel-encode-cpu/``), on the 2-core development machine only:
+one encode against the pieces, 1.4x faster at 8,192 tokens, 1.5-1.8x at 16,384 and 32,768, within
+the noise at 2,048-4,096 tokens. Through a CPU server, a 12,000-token prompt's time to the
+engine's first schedule did not improve (the CPU engine's threads likely held both cores). Not
+measured on a GPU host, where it is meant to shorten long prompts' time to first token.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from tokenizers import Encoding
 from transformers import PreTrainedTokenizerBase
 
-PARALLEL_MIN_CHARS = 8_192
-"""Texts shorter than this (in characters; about 2,000 tokens) are encoded whole: their
-encoding costs about as much as starting the pieces."""
+PARALLEL_MIN_CHARS = 16_384
+"""Texts shorter than this (in characters; about 3,300 tokens of random words) are encoded whole:
+on two cores the pieces broke even at about 20,000 characters and lost at 10,656 in two runs of
+three (``benchmarks/results/parallel-encode-cpu/``)."""
 PIECE_CHARS = 2_048
-"""Target characters per piece (a piece ends at the first split point after this many)."""
+"""Target characters per piece (a piece ends at the first split point at or after this many)."""
+
+_SPLIT_POINT = re.compile(r"(?<=\S) (?=[A-Za-z])")
+"""A space after a non-space character (``str.isspace``'s whitespace) and before an ASCII letter."""
 
 SAFE_SPLIT_PATTERNS: frozenset[str] = frozenset(
     {
@@ -84,7 +94,9 @@ def _byte_level_split(pre: dict[str, Any] | None) -> bool:
 
 def split_safe(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether :func:`encode_text` may split this tokenizer's texts (the conditions of the module
-    docstring); a few tens of microseconds, so it is checked per long text, not cached.
+    docstring). It reads every added token: about 25 us for Qwen3's 26, 350 us for Llama 3's 256,
+    so a caller that encodes many texts computes it once and passes it to :func:`encode_text`
+    (Surge never changes a tokenizer after loading it).
 
     Args:
         tokenizer: a transformers tokenizer; only fast (Rust-backed) ones qualify.
@@ -99,14 +111,12 @@ def split_safe(tokenizer: PreTrainedTokenizerBase) -> bool:
         return False
     if not _byte_level_split(_state(backend.pre_tokenizer)) or type(backend.model).__name__ != "BPE":
         return False
+    if backend.model.dropout:  # random merges: two encodes of one text differ anyway
+        return False
     for added in tokenizer.added_tokens_decoder.values():
         if added.lstrip or added.rstrip or added.single_word or any(c.isspace() for c in added.content):
             return False
     return True
-
-
-def _is_ascii_letter(c: str) -> bool:
-    return ("a" <= c <= "z") or ("A" <= c <= "Z")
 
 
 def split_points(text: str, piece_chars: int = PIECE_CHARS) -> list[int]:
@@ -122,16 +132,13 @@ def split_points(text: str, piece_chars: int = PIECE_CHARS) -> list[int]:
         Increasing character offsets, the first one 0.
     """
     points = [0]
-    n = len(text)
     i = piece_chars
-    while i < n - 1:
-        j = text.find(" ", i)
-        while j != -1 and j < n - 1 and not (not text[j - 1].isspace() and _is_ascii_letter(text[j + 1])):
-            j = text.find(" ", j + 1)
-        if j == -1 or j >= n - 1:
+    while i < len(text):
+        m = _SPLIT_POINT.search(text, i)
+        if m is None:
             break
-        points.append(j)
-        i = j + piece_chars
+        points.append(m.start())
+        i = m.start() + piece_chars
     return points
 
 
@@ -140,6 +147,7 @@ def encode_text(
     text: str,
     add_special_tokens: bool,
     *,
+    splittable: bool | None = None,
     min_chars: int = PARALLEL_MIN_CHARS,
     piece_chars: int = PIECE_CHARS,
 ) -> list[int]:
@@ -151,13 +159,15 @@ def encode_text(
         tokenizer: a transformers tokenizer.
         text: the text.
         add_special_tokens: add the tokenizer's special tokens (e.g. BOS) as ``encode`` does.
+        splittable: :func:`split_safe` of ``tokenizer`` computed once by the caller, or None
+            to check it here (only for a text of ``min_chars`` or more).
         min_chars: shortest text that is split (tests lower it).
         piece_chars: target piece length in characters.
 
     Returns:
         The token ids.
     """
-    if len(text) >= min_chars and split_safe(tokenizer):
+    if len(text) >= min_chars and (split_safe(tokenizer) if splittable is None else splittable):
         points = split_points(text, piece_chars)
         if len(points) > 1:
             backend = tokenizer.backend_tokenizer

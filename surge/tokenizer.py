@@ -202,6 +202,7 @@ def apply_chat_template(
     tools: Sequence[Mapping[str, Any]] | None = None,
     continue_final_message: bool = False,
     add_special_tokens: bool | None = None,
+    splittable: bool | None = None,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
@@ -227,6 +228,8 @@ def apply_chat_template(
         add_special_tokens: add the tokenizer's special tokens (e.g. BOS) when encoding the
             rendered text: True / False, or None for the default (no for a template, which
             writes its own; yes for the fallback, which writes none).
+        splittable: :func:`surge.parallel_encode.split_safe` of ``tokenizer`` if the caller
+            computed it once, else None (checked here for a long text).
 
     Returns:
         The prompt token ids.
@@ -259,7 +262,7 @@ def apply_chat_template(
         text = "".join(lines)
         if check_text is not None:
             check_text(text)
-        return encode_text(tokenizer, text, add_special_tokens is not False)
+        return encode_text(tokenizer, text, add_special_tokens is not False, splittable=splittable)
     try:
         text = tokenizer.apply_chat_template(
             msgs,
@@ -276,7 +279,7 @@ def apply_chat_template(
         raise ValueError("chat template did not render to a string")
     if check_text is not None:
         check_text(text)
-    return encode_text(tokenizer, text, bool(add_special_tokens))
+    return encode_text(tokenizer, text, bool(add_special_tokens), splittable=splittable)
 
 
 def bad_words_token_ids(

@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Regex, pre_tokenizers
+from tokenizers import AddedToken, Regex, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerBase
 
 from surge.parallel_encode import SAFE_SPLIT_PATTERNS, encode_text, split_points, split_safe
@@ -94,7 +94,13 @@ def tok() -> PreTrainedTokenizerBase:
 
 @pytest.fixture(scope="module")
 def llama_tok() -> PreTrainedTokenizerBase:
-    return llama3_split(qwen3())
+    """Llama 3's split regex, and a post-processor that adds a BOS as Llama 3's does."""
+    tok = llama3_split(qwen3())
+    bos = "<|endoftext|>"
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.convert_tokens_to_ids(bos))]
+    )
+    return tok
 
 
 def test_the_qwen3_tokenizer_is_split_and_sentencepiece_is_not(tok: PreTrainedTokenizerBase) -> None:
@@ -113,13 +119,16 @@ def test_pieces_give_the_ids_of_one_encode(
 
 
 @SETTINGS
-@given(text=texts, piece=st.sampled_from([1, 5]))
-def test_pieces_give_the_ids_of_one_encode_under_llama3s_pattern(
-    llama_tok: PreTrainedTokenizerBase, text: str, piece: int
+@given(text=texts, piece=st.sampled_from([1, 5]), add=st.booleans())
+def test_pieces_give_the_ids_of_one_encode_under_llama3s_pattern_and_bos(
+    llama_tok: PreTrainedTokenizerBase, text: str, piece: int, add: bool
 ) -> None:
     assert split_safe(llama_tok)
-    got = encode_text(llama_tok, text, False, min_chars=1, piece_chars=piece)
-    assert got == list(llama_tok.encode(text, add_special_tokens=False))
+    want = list(llama_tok.encode(text, add_special_tokens=add))
+    assert (
+        want[:1] == [llama_tok.convert_tokens_to_ids("<|endoftext|>")] or not add
+    )  # one BOS, from the post-processor
+    assert encode_text(llama_tok, text, add, min_chars=1, piece_chars=piece) == want
 
 
 def test_a_long_random_chat_prompt_is_cut_into_pieces_and_keeps_its_ids(tok: PreTrainedTokenizerBase) -> None:
@@ -142,6 +151,9 @@ def test_split_points_are_at_least_a_piece_apart() -> None:
     points = split_points(text, 100)
     assert points[0] == 0 and all(b - a >= 100 for a, b in zip(points, points[1:], strict=False))
     assert split_points("no-split-point-here" * 10, 5) == [0]
+    indented = ("        " * 4 + "{\n") * 300 + "end x"  # indentation: spaces before spaces or braces
+    assert split_points(indented, 10) == [0, len(indented) - 2]
+    assert split_points("1 " * 500, 10) == [0]  # a space before a digit is not a cut point
 
 
 def test_an_added_token_that_strips_its_neighbours_keeps_the_text_whole() -> None:
@@ -162,6 +174,7 @@ def test_an_added_token_that_strips_its_neighbours_keeps_the_text_whole() -> Non
         lambda t: t.add_tokens([AddedToken("two words", normalized=False)]),
         lambda t: setattr(t, "split_special_tokens", True),
         lambda t: t.backend_tokenizer.enable_truncation(16),
+        lambda t: setattr(t.backend_tokenizer.model, "dropout", 0.1),
         lambda t: setattr(
             t.backend_tokenizer, "pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=True)
         ),
@@ -180,6 +193,7 @@ def test_an_added_token_that_strips_its_neighbours_keeps_the_text_whole() -> Non
         "added-token-with-a-space",
         "split-special-tokens",
         "truncation",
+        "bpe-dropout",
         "byte-level-prefix-space",
         "other-regex",
     ],

@@ -16,7 +16,7 @@ from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
-from surge.parallel_encode import encode_text
+from surge.parallel_encode import encode_text, split_safe
 from surge.sampling_params import SamplingParams, stop_reason_of
 from surge.token_strings import TokenStrings
 from surge.tokenizer import (
@@ -148,6 +148,7 @@ class LLM:
 
             raise ValueError(no_tokenizer_message("model", str(model))) from None
         self.token_strings = TokenStrings(self.tokenizer)
+        self._splittable = split_safe(self.tokenizer)  # long prompts encoded in pieces
         self.engine = LLMEngine(config)
         self._next_id = 0
         self._closed = False
@@ -301,7 +302,11 @@ class LLM:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
         """
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
-            token_ids = encode_text(self.tokenizer, prompt, True) if isinstance(prompt, str) else list(prompt)
+            token_ids = (
+                encode_text(self.tokenizer, prompt, True, splittable=self._splittable)
+                if isinstance(prompt, str)
+                else list(prompt)
+            )
             request_id = f"llm-{self._next_id}"
             self._next_id += 1
             results.append(
@@ -424,6 +429,7 @@ class LLM:
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                splittable=self._splittable,
             )
             for conv in conversations
         ]

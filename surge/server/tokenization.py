@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from surge.parallel_encode import encode_text
+from surge.parallel_encode import encode_text, split_safe
 from surge.server.errors import bad_request
 from surge.tokenizer import apply_chat_template
 
@@ -69,6 +69,7 @@ class TokenizerWorker:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.chat_template = chat_template
+        self.splittable = split_safe(tokenizer)  # long texts are encoded in pieces (surge.parallel_encode)
         self._pool = ThreadPoolExecutor(max_workers=_GENERATION_THREADS, thread_name_prefix="surge-tokenizer")
         self._utility_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenize-route")
 
@@ -88,7 +89,7 @@ class TokenizerWorker:
         cut = _BOUND_CHARS_PER_TOKEN * (limit + _BOUND_MARGIN)
         if len(text) <= cut:
             return
-        n = len(encode_text(self.tokenizer, text[:cut], False))
+        n = len(encode_text(self.tokenizer, text[:cut], False, splittable=self.splittable))
         if n > limit + _BOUND_MARGIN:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens, but the prompt has more "
@@ -99,7 +100,7 @@ class TokenizerWorker:
     def _encode(self, text: str, add_special_tokens: bool, param: str | None) -> list[int]:
         if param is not None:
             self._check_bound(text, param)
-        return encode_text(self.tokenizer, text, add_special_tokens)
+        return encode_text(self.tokenizer, text, add_special_tokens, splittable=self.splittable)
 
     def _encode_many(
         self, texts: Sequence[str], add_special_tokens: bool, param: str | None
@@ -128,6 +129,7 @@ class TokenizerWorker:
                 add_special_tokens=add_special_tokens,
                 check_text=(lambda text: self._check_bound(text, "messages")) if bound else None,
                 tools=tools,
+                splittable=self.splittable,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
