@@ -67,7 +67,8 @@ class ChatPlan:
             (``chat_template_kwargs.enable_thinking: false``): one message shape per server.
         include_reasoning: vLLM's ``include_reasoning``; False: the reasoning is parsed out of
             the answer as usual but not returned (the fields are null; no streamed delta
-            carries it, and a chunk left with nothing else is not sent).
+            carries it, and a chunk left with nothing else is not sent), and a grammar
+            applies from the first token (no reasoning first), as in vLLM.
     """
 
     tools: list[dict[str, Any]] | None
@@ -360,8 +361,10 @@ def plan_chat(
     gated = False
     if structured is not None and reasoning_cls is not None:
         # the parser reads the output as the grammar does: free reasoning up to the first
-        # </think> token, the constrained answer after it; or constrained from the start
-        end_id = _single_token_id(tokenizer, THINK_END)
+        # </think> token, the constrained answer after it; or constrained from the start, also
+        # when the request does not want the reasoning (include_reasoning: false), as vLLM's
+        # ChatCompletionRequest.resolve_reasoning_ended decides
+        end_id = _single_token_id(tokenizer, THINK_END) if body.include_reasoning else None
         if end_id is not None:
             structured = msgspec.structs.replace(structured, reasoning_end_token_id=end_id)
             gated = True

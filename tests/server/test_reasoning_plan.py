@@ -249,3 +249,20 @@ def test_include_reasoning_false_parses_the_reasoning_out_and_drops_it() -> None
     assert not any("reasoning" in d or "reasoning_content" in d for d in deltas), deltas
     assert _both(plan, "<think>cut", "length")[0] == _msg(None, None)
     assert _plan().message(text, "stop")[0] == _msg("\n\nParis.", "\nThe capital of France.\n")
+
+
+def test_include_reasoning_false_constrains_from_the_first_token() -> None:
+    """With a grammar and ``include_reasoning: false`` the grammar applies from the first token
+    (no free reasoning before it), as vLLM's ``resolve_reasoning_ended`` decides: the whole
+    output is the constrained answer."""
+    gated = _plan(response_format=JSON_SCHEMA)
+    assert (
+        gated.structured_outputs is not None
+        and gated.structured_outputs.reasoning_end_token_id == _think_end_id()
+    )
+    plan = _plan(response_format=JSON_SCHEMA, include_reasoning=False)
+    assert plan.structured_outputs is not None and plan.structured_outputs.reasoning_end_token_id is None
+    assert not plan.reasoning_gated and plan.starts_in_reasoning is False
+    assert _both(plan, '{"zone": "UTC"}')[0] == _msg('{"zone": "UTC"}', None)
+    forced = _plan(tools=TOOLS, tool_choice="required", include_reasoning=False)
+    assert forced.structured_outputs is not None and forced.structured_outputs.reasoning_end_token_id is None
