@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from surge.reasoning_effort import template_kwargs_with_effort
+
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
@@ -68,13 +70,10 @@ def prompt_options(extra_body: Mapping[str, Any] | None, chat: bool) -> dict[str
         out[name] = value
     effort = (extra_body or {}).get("reasoning_effort") if chat else None
     if effort is not None:
-        # the chat template sees it as the server passes it (Surge and vLLM): as a template
-        # variable, and Qwen3's enable_thinking switch (false for "none"); the request's own
-        # chat_template_kwargs win
+        # the chat template sees it as the server passes it (Surge and vLLM)
         if not isinstance(effort, str):
             raise ValueError(f"--extra-body: 'reasoning_effort' must be a string, got {json.dumps(effort)}")
-        kwargs = {"reasoning_effort": effort, "enable_thinking": effort != "none"}
-        out["chat_template_kwargs"] = kwargs | out.get("chat_template_kwargs", {})
+        out["chat_template_kwargs"] = template_kwargs_with_effort(out.get("chat_template_kwargs"), effort)
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from surge.reasoning_effort import template_kwargs_with_effort
 from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MIN_REPETITION_PENALTY
 from surge.server.errors import bad_request
 from surge.server.field_policy import (
@@ -342,14 +343,9 @@ class ChatCompletionRequest(SamplingRequestFields):
         """The chat template's extra variables: ``chat_template_kwargs``, with ``reasoning_effort``
         as vLLM passes it: the value itself as the template variable ``reasoning_effort``, and
         ``enable_thinking`` false for ``"none"``, true for any other effort (Qwen3's switch); a
-        variable the request's ``chat_template_kwargs`` set wins."""
-        if self.reasoning_effort is None:
-            return self.chat_template_kwargs
-        effort = {
-            "reasoning_effort": self.reasoning_effort,
-            "enable_thinking": self.reasoning_effort != "none",
-        }
-        return effort | (self.chat_template_kwargs or {})
+        variable the request's ``chat_template_kwargs`` set wins
+        (:func:`surge.reasoning_effort.template_kwargs_with_effort`)."""
+        return template_kwargs_with_effort(self.chat_template_kwargs, self.reasoning_effort)
 
 
 class CompletionRequest(SamplingRequestFields):
