@@ -173,33 +173,77 @@ class SamplingMetadata:
             md.suppress_rows = tensor(np.array(rows, dtype=np.int64))
             md.suppress_tokens = tensor(np.array(toks, dtype=np.int64))
         if any(p.logit_bias for p in params):
-            bias = [
-                (i, t, v)
-                for i, p in enumerate(params)
-                for t, v in (p.logit_bias or {}).items()
-                if 0 <= t < vocab_size
-            ]
-            if bias:
-                md.logit_bias_rows = tensor(np.array([b[0] for b in bias], dtype=np.int64))
-                md.logit_bias_tokens = tensor(np.array([b[1] for b in bias], dtype=np.int64))
-                md.logit_bias_values = tensor(np.array([b[2] for b in bias], dtype=np.float32))
+            bias = _logit_bias_entries(params, vocab_size)
+            if bias is not None:
+                md.logit_bias_rows, md.logit_bias_tokens, md.logit_bias_values = map(tensor, bias)
         if any(p.allowed_token_ids is not None for p in params):
-            allowed = [
-                (i, t)
-                for i, p in enumerate(params)
-                for t in (p.allowed_token_ids or ())
-                if 0 <= t < vocab_size
-            ]
-            limited = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
+            limited = np.array(
+                [i for i, p in enumerate(params) if p.allowed_token_ids is not None], dtype=np.int64
+            )
             mask = torch.ones(len(params), vocab_size, dtype=torch.bool, device=device)
-            mask[tensor(np.array(limited, dtype=np.int64))] = False
-            if allowed:
-                mask[
-                    tensor(np.array([a[0] for a in allowed], dtype=np.int64)),
-                    tensor(np.array([a[1] for a in allowed], dtype=np.int64)),
-                ] = True
+            mask[tensor(limited)] = False
+            allowed = _allowed_entries(params, vocab_size)
+            if allowed is not None:
+                mask[tensor(allowed[0]), tensor(allowed[1])] = True
             md.allowed_mask = mask
         return md
+
+
+def _logit_bias_entries(
+    params: Sequence[SamplingParams], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(rows int64, tokens int64, values float32)`` of the batch's ``logit_bias`` entries
+    inside the vocabulary, or None when there are none.
+
+    Each distinct bias is converted once (a request's ``n`` choices share their parent's dict)
+    and its rows are laid out by NumPy: as Python tuples, ``n: 128`` choices with a bias on
+    each of Qwen3's 151,936 tokens took 9 s of the engine loop while every other request waited.
+    """
+    arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    rows: list[np.ndarray] = []
+    tokens: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for i, p in enumerate(params):
+        bias = p.logit_bias
+        if not bias:
+            continue
+        pair = arrays.get(id(bias))
+        if pair is None:
+            t = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+            v = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+            inside = (t >= 0) & (t < vocab_size)
+            pair = arrays[id(bias)] = (t[inside], v[inside])
+        rows.append(np.full(len(pair[0]), i, dtype=np.int64))
+        tokens.append(pair[0])
+        values.append(pair[1])
+    if not rows or not sum(len(r) for r in rows):
+        return None
+    return np.concatenate(rows), np.concatenate(tokens), np.concatenate(values)
+
+
+def _allowed_entries(
+    params: Sequence[SamplingParams], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(rows int64, tokens int64)`` of the batch's ``allowed_token_ids`` inside the
+    vocabulary, or None when there are none. Each distinct list is converted once and its rows
+    laid out by NumPy (``n: 128`` choices sharing 151,936 ids took 6 s of the engine loop as
+    Python tuples)."""
+    arrays: dict[int, np.ndarray] = {}
+    rows: list[np.ndarray] = []
+    tokens: list[np.ndarray] = []
+    for i, p in enumerate(params):
+        ids = p.allowed_token_ids
+        if not ids:
+            continue
+        t = arrays.get(id(ids))
+        if t is None:
+            t = np.fromiter(ids, dtype=np.int64, count=len(ids))
+            t = arrays[id(ids)] = t[(t >= 0) & (t < vocab_size)]
+        rows.append(np.full(len(t), i, dtype=np.int64))
+        tokens.append(t)
+    if not rows or not sum(len(r) for r in rows):
+        return None
+    return np.concatenate(rows), np.concatenate(tokens)
 
 
 def banned_bad_word_tokens(
