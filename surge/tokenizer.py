@@ -116,7 +116,7 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """A message's content as one string: a string, or the text parts of a list joined by newlines."""
     if content is None:
         return ""
@@ -154,7 +154,7 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         msg = dict(m)
-        msg["content"] = _content_text(m.get("content"))
+        msg["content"] = content_text(m.get("content"))
         reasoning = next((m[k] for k in _REASONING_KEYS if isinstance(m.get(k), str)), None)
         if reasoning is not None:
             msg.update(dict.fromkeys(_REASONING_KEYS, reasoning))

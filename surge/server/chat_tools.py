@@ -44,6 +44,7 @@ from surge.server.parsers.base import ToolCallDelta, ToolParser
 from surge.server.parsers.forced import NO_PARAMETERS, NamedToolParser, RequiredToolParser, required_schema
 from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
 from surge.server.structured_request import structured_outputs_of, validate
+from surge.tokenizer import content_text
 
 
 @dataclass
@@ -69,6 +70,10 @@ class ChatPlan:
             the answer as usual but not returned (the fields are null; no streamed delta
             carries it, and a chunk left with nothing else is not sent), and a grammar
             applies from the first token (no reasoning first), as in vLLM.
+        continues_reasoning: the request continues (``continue_final_message``) a message
+            that opened ``<think>`` without closing it: the prompt ends inside the reasoning,
+            so the output starts there (:meth:`see_prompt`), as vLLM's ``is_reasoning_end``
+            reads the prompt.
     """
 
     tools: list[dict[str, Any]] | None
@@ -80,6 +85,7 @@ class ChatPlan:
     reasoning_gated: bool = False
     reasoning_field: bool = False
     include_reasoning: bool = True
+    continues_reasoning: bool = False
 
     @property
     def reasoning(self) -> bool:
@@ -88,12 +94,13 @@ class ChatPlan:
 
     def see_prompt(self, tokenizer: Any, prompt_ids: list[int]) -> None:
         """Note whether the rendered prompt ends inside an open ``<think>`` (the template
-        opened it for the model), unless a grammar from the first token makes it all answer."""
+        opened it for the model, or the continued final message did:
+        :attr:`continues_reasoning`), unless a grammar from the first token makes it all answer."""
         if self.reasoning_parser is None or (
             self.structured_outputs is not None and not self.reasoning_gated
         ):
             return
-        if prompt_opens_reasoning(tokenizer, prompt_ids):
+        if self.continues_reasoning or prompt_opens_reasoning(tokenizer, prompt_ids):
             self.starts_in_reasoning = True
 
     def new_parser(self) -> ChatOutputParser | None:
@@ -189,6 +196,17 @@ def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
     opened the reasoning, so the output starts inside it."""
     tail = tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False)
     return tail.rstrip().endswith(THINK_START)
+
+
+def opens_reasoning(content: Any) -> bool:
+    """Whether a message's content (a string or text parts) opens ``<think>`` without closing
+    it after: continued (``continue_final_message``), the output is inside the reasoning.
+    False for content the chat template will refuse (its error is reported there)."""
+    try:
+        text = content_text(content)
+    except ValueError:
+        return False
+    return text.rfind(THINK_START) > text.rfind(THINK_END)
 
 
 def is_empty_delta(delta: dict[str, Any]) -> bool:
@@ -381,6 +399,7 @@ def plan_chat(
         gated,
         reasoning_field=reasoning_parser is not None,
         include_reasoning=body.include_reasoning,
+        continues_reasoning=body.continue_final_message and opens_reasoning(body.messages[-1].content),
     )
 
 

@@ -172,6 +172,30 @@ def test_without_a_grammar_the_prompt_decides() -> None:
     assert _both(closed, text)[0]["content"] == text
 
 
+@pytest.mark.parametrize("content", ["<think>\nLet me", [{"type": "text", "text": "<think>\nLet me"}]])
+def test_a_continued_message_with_an_open_think_continues_the_reasoning(content: Any) -> None:
+    """``continue_final_message`` on an assistant message that opened ``<think>`` without
+    closing it: the model continues the reasoning, so its output is reasoning up to
+    ``</think>`` (vLLM's ``is_reasoning_end`` on the prompt; it was all content, with the tag in
+    it). A continued message whose reasoning is closed, or that has none, is continued as the
+    answer."""
+    tok = _tokenizer()
+    text = " more.</think>\n\nParis"
+
+    def plan(final: Any) -> ChatPlan:
+        msgs = [*MSGS, {"role": "assistant", "content": final}]
+        body = ChatCompletionRequest.model_validate(
+            {"messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
+        )
+        p = plan_chat(body, tok, "hermes", "qwen3")
+        p.see_prompt(tok, tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n<think>\nLet me"))
+        return p
+
+    assert _both(plan(content), text)[0] == _msg("\n\nParis", " more.")
+    assert _both(plan("<think>\nHm</think>\n\nThe"), " end")[0] == _msg(" end", None)
+    assert _both(plan("The"), text)[0]["content"] == text
+
+
 def test_answer_after_think_end_is_unstripped_streamed_and_not() -> None:
     """Qwen3 writes ``</think>\n\n``: the message's content starts with ``"\n\n"`` (vLLM's
     partition) and the streamed content deltas join to it; an answer of whitespace alone is
