@@ -439,6 +439,9 @@ class EngineConfig:
         fp8_emulation: tests only: allow FP8 weights / KV cache on CPU, computed by
             quantize-then-dequantize in torch (:mod:`surge.quant.fp8`). Without it, FP8 on CPU
             is refused; it is not a serving mode and no CLI flag sets it.
+        grammar_compile_timeout: seconds one structured-output grammar may take to compile
+            (> 0; 60 by default; CLI ``--grammar-compile-timeout``): past it the compile worker
+            process is killed and the request fails (:mod:`surge.structured.compiler`).
     """
 
     model: ModelConfig
@@ -453,9 +456,16 @@ class EngineConfig:
     stream_decode: bool = True
     stream_attention: bool | None = None
     fp8_emulation: bool = False
+    grammar_compile_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         _require(self.cpu_threads >= 1, f"cpu_threads must be positive, got {self.cpu_threads}")
+        _require(
+            not isinstance(self.grammar_compile_timeout, bool)
+            and isinstance(self.grammar_compile_timeout, int | float)
+            and 0 < self.grammar_compile_timeout < float("inf"),
+            f"grammar_compile_timeout must be a positive number of seconds, got {self.grammar_compile_timeout!r}",
+        )
         _require(
             self.device == "cpu" or self.device.startswith("cuda"),
             f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}",

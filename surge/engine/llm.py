@@ -77,6 +77,10 @@ class LLM:
         generation_config: "auto": the model's generation_config.json sampling defaults
             (temperature, top_p, top_k, min_p, repetition_penalty) apply to the fields a
             ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not.
+        grammar_compile_timeout: seconds one structured-output grammar may take to compile
+            (> 0); a request whose grammar takes longer fails. Grammars compile in worker
+            processes started with "spawn" on the first one, so a script that uses structured
+            outputs guards its entry point with ``if __name__ == "__main__":``.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -105,6 +109,7 @@ class LLM:
         kv_cache_dtype: str = "auto",
         fp8_emulation: bool = False,
         generation_config: str = "auto",
+        grammar_compile_timeout: float = 60.0,
     ) -> None:
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
             from surge.cli import check_model_dir
@@ -132,6 +137,7 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype,
             fp8_emulation=fp8_emulation,
             generation_config=generation_config,
+            grammar_compile_timeout=grammar_compile_timeout,
         )
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)

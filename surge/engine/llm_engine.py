@@ -117,6 +117,7 @@ def build_engine_config(
     generation_config: str = "auto",
     stream_decode: bool = True,
     stream_attention: bool | None = None,
+    grammar_compile_timeout: float = 60.0,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -131,7 +132,8 @@ def build_engine_config(
     ``generation_config`` is "auto" (the model's generation_config.json sampling defaults
     apply to what a request leaves out) or "none". ``stream_decode`` and
     ``stream_attention`` are :attr:`EngineConfig.stream_decode` and
-    :attr:`EngineConfig.stream_attention`.
+    :attr:`EngineConfig.stream_attention`; ``grammar_compile_timeout`` is
+    :attr:`EngineConfig.grammar_compile_timeout` (seconds).
 
     Raises:
         ValueError: a bad model folder, a value of the wrong type or out of range (the message
@@ -210,6 +212,7 @@ def build_engine_config(
         stream_decode=stream_decode,
         stream_attention=stream_attention,
         fp8_emulation=fp8_emulation,
+        grammar_compile_timeout=grammar_compile_timeout,
     )
     if config.uses_fp8:
         require_fp8_gpu(config.device)
@@ -246,8 +249,9 @@ class LLMEngine:
     step is applied before the next one (``SamplingParams.needs_previous_token``).
 
     Requests with ``structured_outputs`` wait in :mod:`surge.structured` until their grammar
-    is compiled (in a thread pool), then join the scheduler; each step that samples one
-    carries a :class:`~surge.structured.manager.GrammarBitmask` the sampler applies.
+    is compiled (in a worker process, :mod:`surge.structured.compiler`), then join the
+    scheduler; each step that samples one carries a
+    :class:`~surge.structured.manager.GrammarBitmask` the sampler applies.
 
     Attributes:
         config: the engine configuration.
@@ -485,7 +489,11 @@ class LLMEngine:
 
             mc = self.config.model
             self._structured = StructuredOutputManager(
-                mc.model, mc.vocab_size, tuple(mc.eos_token_ids), self.config.device
+                mc.model,
+                mc.vocab_size,
+                tuple(mc.eos_token_ids),
+                self.config.device,
+                self.config.grammar_compile_timeout,
             )
         return self._structured
 
@@ -666,7 +674,10 @@ class LLMEngine:
             check()
 
     def close(self) -> None:
-        """Stop the executor's worker processes, if it has any. Idempotent."""
+        """Stop the executor's worker processes, if it has any, and the grammar compile
+        workers. Idempotent."""
+        if self._structured is not None:
+            self._structured.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()

@@ -224,6 +224,14 @@ def add_serve_parser(subparsers: Any) -> None:
         "--stream-attention requires it (an error where it cannot run), --no-stream-attention turns it off",
     )
     p.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds one structured-output grammar may take to compile, in a worker process that is "
+        "killed past it; the request then fails (default 60)",
+    )
+    p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -381,7 +389,13 @@ def run_serve(args: argparse.Namespace) -> int:
     ):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    for flag in ("header_read_timeout", "body_read_timeout", "engine_stall_timeout", "sse_queued_interval"):
+    for flag in (
+        "header_read_timeout",
+        "body_read_timeout",
+        "engine_stall_timeout",
+        "sse_queued_interval",
+        "grammar_compile_timeout",
+    ):
         value = getattr(args, flag)
         if not 0 < value < float("inf"):
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}")
@@ -421,6 +435,7 @@ def run_serve(args: argparse.Namespace) -> int:
         generation_config=args.generation_config,
         stream_decode=args.stream_decode,
         stream_attention=args.stream_attention,
+        grammar_compile_timeout=args.grammar_compile_timeout,
     )
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node

@@ -1,17 +1,35 @@
-"""The engine's grammar compiler: xgrammar tokenizer info, a thread pool, a cache by key."""
+"""The engine's grammar compiler: compile worker processes with a time limit, the engine's
+xgrammar tokenizer info, a cache by key."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import multiprocessing
+import queue
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import msgspec
+
 from surge.sampling_params import StructuredOutputsParams
+from surge.structured.compile_worker import (
+    CompileDone,
+    CompileFailed,
+    CompileJob,
+    CompileWorkerSpec,
+    WorkerMessage,
+    WorkerReady,
+    grammar_name,
+    make_tokenizer_info,
+    run_compile_worker,
+)
 from surge.structured.cpus import available_cpus
-from surge.structured.validate import build_grammar, clean_error
 
 logger = logging.getLogger("surge.structured")
 
@@ -25,31 +43,76 @@ that takes the cores they run on stalls every stream (measured: README of
 ``benchmarks/results/h200-qwen3-8b/features/``)."""
 
 
+WORKER_START_TIMEOUT_S = 120.0
+"""Seconds a compile worker may take to start (import xgrammar and transformers, build the
+tokenizer info: about 3 s for Qwen3's tokenizer on a 2-core machine) before its job fails."""
+
+
 def compile_thread_budget(cpus: int) -> tuple[int, int]:
     """``(workers, threads_per_compile)`` for ``cpus`` CPUs: ``workers`` concurrent
-    compilations of one xgrammar thread each, ``cpus // CPUS_PER_COMPILE_THREAD`` of them
-    (1 to 4); ``workers * threads_per_compile`` never exceeds that budget."""
+    compilations (worker processes) of one xgrammar thread each,
+    ``cpus // CPUS_PER_COMPILE_THREAD`` of them (1 to 4); ``workers * threads_per_compile``
+    never exceeds that budget."""
     return max(1, min(4, cpus // CPUS_PER_COMPILE_THREAD)), 1
 
 
-class CompiledGrammarCache:
-    """Compiles grammars off the engine loop and caches them by ``StructuredOutputsParams.key``.
+class _Worker:
+    """One compile worker process (None until started, and after it was stopped) and the
+    engine's end of its pipe."""
 
-    The xgrammar ``TokenizerInfo`` is built from the model folder's tokenizer (byte-level
-    BPE such as Qwen3's, or byte-fallback SentencePiece such as stories260K's) with the
-    model's vocabulary size (the LM head may be wider than the tokenizer: the padded ids
-    are never allowed) and the model's EOS ids as stop tokens. It is built lazily, in the
-    pool, by the first compilation: an engine that never sees a grammar never loads it.
+    __slots__ = ("index", "process", "conn")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn: Connection | None = None
+
+    def stop(self) -> None:
+        """Kill the process (SIGKILL: it holds nothing to save) and close the pipe."""
+        process, conn = self.process, self.conn
+        self.process = self.conn = None
+        if process is not None:
+            process.kill()
+            process.join(5.0)
+        if conn is not None:
+            conn.close()
+
+
+class CompiledGrammarCache:
+    """Compiles grammars in worker processes, with a time limit, and caches them by
+    ``StructuredOutputsParams.key``.
+
+    Each job runs on one of ``max_workers`` pool threads, which owns one worker process
+    (:func:`~surge.structured.compile_worker.run_compile_worker`, started with the "spawn"
+    context on its first job and after it was stopped). The worker builds the grammar, compiles
+    it with one xgrammar thread, refuses a grammar that accepts no text, and sends back the
+    compiled grammar's JSON, which the engine deserializes with its own tokenizer info (1-5 ms
+    for a JSON schema under Qwen3's vocabulary). A compilation that runs longer than
+    ``compile_timeout`` is stopped by killing its worker: a thread could not be stopped, and a
+    few hostile grammars (a valid 400-rule EBNF grammar took 88 s with Qwen3's vocabulary) held
+    every compile thread while all other structured requests waited.
+
+    The xgrammar ``TokenizerInfo`` (here and in each worker) is built from the model folder's
+    tokenizer (byte-level BPE such as Qwen3's, or byte-fallback SentencePiece such as
+    stories260K's) with the model's vocabulary size (the LM head may be wider than the
+    tokenizer: the padded ids are never allowed) and the model's EOS ids as stop tokens. Both
+    are built by the first compilation: an engine that never sees a grammar starts no worker
+    and never loads them.
 
     Args:
         tokenizer_dir: the model folder (its tokenizer files).
         vocab_size: the model's vocabulary size (logits width).
         stop_token_ids: the model's EOS ids; a finished grammar allows only these.
+        compile_timeout: seconds one compilation may run (> 0; worker start-up not counted).
         max_workers: concurrent compilations (default: :func:`compile_thread_budget`).
+        worker_hook: tests only: :attr:`CompileWorkerSpec.hook` of the workers.
 
     Attributes:
-        compile_times: seconds of each finished compilation not yet taken by
-            :meth:`take_compile_times` (for the grammar compile-time histogram).
+        compile_times: seconds of each finished compilation (measured in the worker) not yet
+            taken by :meth:`take_compile_times` (for the grammar compile-time histogram).
+
+    Raises:
+        ValueError: ``compile_timeout`` is not a positive finite number.
     """
 
     def __init__(
@@ -57,25 +120,44 @@ class CompiledGrammarCache:
         tokenizer_dir: str,
         vocab_size: int,
         stop_token_ids: tuple[int, ...],
+        compile_timeout: float = 60.0,
         max_workers: int | None = None,
+        worker_hook: str | None = None,
     ) -> None:
-        self._tokenizer_dir = tokenizer_dir
-        self._vocab_size = vocab_size
-        self._stop_token_ids = list(stop_token_ids)
-        workers, self._compiler_threads = compile_thread_budget(available_cpus())
-        self._pool = ThreadPoolExecutor(
-            max_workers=max_workers or workers, thread_name_prefix="surge-grammar"
+        if not 0 < compile_timeout < math.inf:
+            raise ValueError(
+                f"grammar_compile_timeout must be a positive number of seconds, got {compile_timeout}"
+            )
+        workers, threads = compile_thread_budget(available_cpus())
+        workers = max_workers or workers
+        self._spec = CompileWorkerSpec(
+            tokenizer_dir=tokenizer_dir,
+            vocab_size=vocab_size,
+            stop_token_ids=tuple(stop_token_ids),
+            threads=threads,
+            hook=worker_hook,
         )
-        self._lock = threading.Lock()
-        self._compiler: Any = None
+        self._timeout = compile_timeout
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="surge-grammar")
+        self._workers = [_Worker(i) for i in range(workers)]
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        for worker in self._workers:
+            self._idle.put(worker)
+        self._lock = threading.Lock()  # worker starts and stops against shutdown
+        self._closed = False
+        self._info_lock = threading.Lock()
+        self._info: Any = None
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(WorkerMessage)
         self._cache: OrderedDict[tuple[str, Any], Future[Any]] = OrderedDict()
         self.compile_times: list[float] = []
 
     def submit(self, params: StructuredOutputsParams) -> Future[Any]:
         """A future of the ``xgrammar.CompiledGrammar`` of ``params`` (done at once on a
-        cache hit). A failed compilation raises ``ValueError`` from ``result()`` and is
-        not cached, nor is a compilation cancelled before it started (every request that
-        waited for it was aborted)."""
+        cache hit). A refused grammar raises ``ValueError`` from ``result()`` (invalid, not
+        compilable, accepting no text, or over the time limit), a worker that died or could
+        not start ``RuntimeError``; neither is cached, nor is a compilation cancelled before
+        it started (every request that waited for it was aborted)."""
         key = params.key
         future = self._cache.get(key)
         if (
@@ -92,37 +174,131 @@ class CompiledGrammarCache:
         return future
 
     def tokenizer_info(self) -> Any:
-        """The xgrammar ``TokenizerInfo`` (built on first use)."""
-        return self._get_compiler().tokenizer_info
-
-    def _get_compiler(self) -> Any:
-        with self._lock:
-            if self._compiler is None:
-                import xgrammar as xgr
-
-                from surge.tokenizer import load_tokenizer
-
+        """The engine's xgrammar ``TokenizerInfo`` (built on first use)."""
+        with self._info_lock:
+            if self._info is None:
                 t0 = time.perf_counter()
-                tokenizer = load_tokenizer(self._tokenizer_dir)
-                info = xgr.TokenizerInfo.from_huggingface(
-                    tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
-                )
-                self._compiler = xgr.GrammarCompiler(
-                    info, max_threads=self._compiler_threads, cache_enabled=False
-                )
-                logger.info("grammar compiler ready (tokenizer info in %.2f s)", time.perf_counter() - t0)
-            return self._compiler
+                self._info = make_tokenizer_info(self._spec)
+                logger.info("grammar tokenizer info ready in %.2f s", time.perf_counter() - t0)
+            return self._info
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the compile workers started and not stopped."""
+        with self._lock:
+            return [
+                w.process.pid for w in self._workers if w.process is not None and w.process.pid is not None
+            ]
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
-        grammar = build_grammar(params)  # ValueError for a bad spec
-        compiler = self._get_compiler()
-        t0 = time.perf_counter()
+        worker = self._idle.get()  # never waits: one worker per pool thread
         try:
-            compiled = compiler.compile_grammar(grammar)
-        except Exception as e:
-            raise ValueError(f"the {params.kind} grammar cannot be compiled: {clean_error(e)}") from e
-        self.compile_times.append(time.perf_counter() - t0)
+            return self._compile_on(worker, params)
+        finally:
+            self._idle.put(worker)
+
+    def _compile_on(self, worker: _Worker, params: StructuredOutputsParams) -> Any:
+        import xgrammar as xgr
+
+        conn, process = self._ready_worker(worker)
+        with contextlib.suppress(
+            OSError
+        ):  # the worker is gone or shutdown closed the pipe: _receive says which
+            conn.send_bytes(self._encoder.encode(CompileJob(params)))
+        reply = self._receive(
+            worker, conn, process, self._timeout, f"compiling the {grammar_name(params)} grammar"
+        )
+        if reply is None:
+            with self._lock:
+                worker.stop()
+            logger.warning(
+                "grammar compile worker %d killed: a %s grammar ran past %g s (--grammar-compile-timeout)",
+                worker.index,
+                grammar_name(params),
+                self._timeout,
+            )
+            raise ValueError(
+                f"the {grammar_name(params)} grammar took longer than {self._timeout:g} s to compile "
+                "(--grammar-compile-timeout)"
+            )
+        if isinstance(reply, CompileFailed):
+            raise ValueError(reply.message)
+        if not isinstance(reply, CompileDone):
+            raise RuntimeError(f"unexpected message from a grammar compile worker: {type(reply).__name__}")
+        compiled = xgr.CompiledGrammar.deserialize_json(reply.compiled_json, self.tokenizer_info())
+        self.compile_times.append(reply.seconds)
         return compiled
+
+    def _ready_worker(self, worker: _Worker) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+        """``worker``'s pipe and process, once the process runs and is ready; it is started
+        here when it is not running (the engine's tokenizer info is built meanwhile).
+
+        Raises:
+            RuntimeError: the cache is shut down, or the worker could not start.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is shutting down")
+            if worker.process is not None and worker.conn is not None and worker.process.is_alive():
+                return worker.conn, worker.process
+            worker.stop()
+            ctx = multiprocessing.get_context("spawn")
+            conn, child = ctx.Pipe()
+            process = ctx.Process(
+                target=run_compile_worker,
+                args=(self._spec, child),
+                name=f"surge-grammar-{worker.index}",
+                daemon=True,
+            )
+            worker.process, worker.conn = process, conn
+            t0 = time.perf_counter()
+            process.start()
+            child.close()
+        self.tokenizer_info()
+        reply = self._receive(worker, conn, process, WORKER_START_TIMEOUT_S, "starting")
+        if not isinstance(reply, WorkerReady):
+            with self._lock:
+                worker.stop()
+            if reply is None:
+                raise RuntimeError(
+                    f"the grammar compile worker did not start within {WORKER_START_TIMEOUT_S:g} s"
+                )
+            reason = reply.message if isinstance(reply, CompileFailed) else type(reply).__name__
+            raise RuntimeError(f"the grammar compile worker could not start: {reason}")
+        logger.info("grammar compile worker %d ready in %.2f s", worker.index, time.perf_counter() - t0)
+        return conn, process
+
+    def _receive(
+        self,
+        worker: _Worker,
+        conn: Connection,
+        process: multiprocessing.process.BaseProcess,
+        timeout: float,
+        doing: str,
+    ) -> WorkerMessage | None:
+        """``process``'s next message on ``conn``, or None after ``timeout`` seconds.
+
+        Raises:
+            RuntimeError: the worker exited (killed from outside, crashed, or stopped by
+                :meth:`shutdown`); it is stopped, to be started again by the next job.
+        """
+        try:
+            if not wait([conn, process.sentinel], timeout):
+                return None
+            return self._decoder.decode(conn.recv_bytes())
+        except (EOFError, OSError):  # the worker is gone, or shutdown closed the pipe
+            pass
+        with self._lock:
+            closed = self._closed
+            process.join(1.0)
+            if worker.process is process:
+                worker.stop()
+        if closed:
+            raise RuntimeError("the engine is shutting down")
+        message = (
+            f"the grammar compile worker exited unexpectedly while {doing} (exit code {process.exitcode})"
+        )
+        logger.warning("%s; it starts again with the next grammar", message)
+        raise RuntimeError(message)
 
     def take_compile_times(self) -> list[float]:
         """Compile times (seconds) recorded since the last call."""
@@ -130,5 +306,10 @@ class CompiledGrammarCache:
         return times
 
     def shutdown(self) -> None:
-        """Stop the pool (running compilations finish)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the pool (compilations not started are cancelled) and kill the workers (a
+        running compilation's future fails with ``RuntimeError``). Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for worker in self._workers:
+                worker.stop()

@@ -229,14 +229,17 @@ class StructuredOutputManager:
     """Everything grammar-related in the engine process.
 
     Requests with ``SamplingParams.structured_outputs`` wait here, outside the scheduler,
-    while their grammar compiles in the pool; :meth:`take_ready` hands the compiled ones to
-    the scheduler (in arrival order), so other requests keep stepping meanwhile.
+    while their grammar compiles in a worker process (:class:`CompiledGrammarCache`);
+    :meth:`take_ready` hands the compiled ones to the scheduler (in arrival order), so other
+    requests keep stepping meanwhile.
 
     Args:
         tokenizer_dir: the model folder (its tokenizer).
         vocab_size: the model's vocabulary size ``V`` (logits width).
         eos_token_ids: the model's EOS ids.
         device: where logits live.
+        compile_timeout: seconds one grammar compilation may run
+            (:attr:`~surge.config.EngineConfig.grammar_compile_timeout`).
 
     Attributes:
         waiting: request_id -> (request, future of its compiled grammar), in arrival order.
@@ -244,9 +247,14 @@ class StructuredOutputManager:
     """
 
     def __init__(
-        self, tokenizer_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...], device: Any
+        self,
+        tokenizer_dir: str,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        device: Any,
+        compile_timeout: float = 60.0,
     ) -> None:
-        self.cache = CompiledGrammarCache(tokenizer_dir, vocab_size, eos_token_ids)
+        self.cache = CompiledGrammarCache(tokenizer_dir, vocab_size, eos_token_ids, compile_timeout)
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(t for t in eos_token_ids if 0 <= t < vocab_size)
         self.device = device
@@ -256,6 +264,10 @@ class StructuredOutputManager:
         self._stop_row = _stop_row(self.eos_token_ids, self.buffer.width)
         self._fill_threads = max(1, min(MAX_FILL_THREADS, available_cpus() // 2))
         self._batch_matchers: dict[int, Any] = {}  # by thread count
+
+    def close(self) -> None:
+        """Kill the compile workers; requests still waiting for a grammar fail. Idempotent."""
+        self.cache.shutdown()
 
     def add(self, request: Request) -> None:
         """Start compiling the request's grammar (or find it in the cache) and hold it."""

@@ -44,6 +44,8 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--api-key", "cl\u00e9"], "--api-key"),
         (["--max-request-body-bytes", "0"], "--max-request-body-bytes"),
         (["--engine-stall-timeout", "-1"], "--engine-stall-timeout"),
+        (["--grammar-compile-timeout", "0"], "--grammar-compile-timeout"),
+        (["--grammar-compile-timeout", "inf"], "--grammar-compile-timeout"),
         (["--served-model-name", ""], "--served-model-name"),
     ],
 )

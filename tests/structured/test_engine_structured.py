@@ -80,7 +80,9 @@ def test_free_rows_unchanged_by_constrained_rows(engine_args: dict[str, Any], as
         assert mixed.engine.get_stats().num_preemptions_total > 0
 
 
-def _run(engine: LLMEngine, limit: int = 500) -> dict[str, list[int]]:
+def _run(engine: LLMEngine, limit: int = 5000) -> dict[str, list[int]]:
+    """Step ``engine`` until it has no request left (at most ``limit`` steps; an idle step
+    waits up to 5 ms for a grammar, and the first grammar starts a compile worker, ~3 s)."""
     tokens: dict[str, list[int]] = {}
     for _ in range(limit):
         if not engine.has_unfinished_requests():

@@ -1,0 +1,177 @@
+"""Grammar compilation in worker processes: the same masks as a compilation in this process, a
+time limit that kills the worker, recovery from a worker killed from outside, no process until
+the first grammar, and grammars that accept no text refused at compile time."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from surge.engine.llm_engine import LLMEngine, build_engine_config
+from surge.sampling_params import SamplingParams, StructuredOutputsParams
+from surge.structured.compile_worker import CompileWorkerSpec, compile_grammar, make_tokenizer_info
+from surge.structured.compiler import CompiledGrammarCache
+from tests.conftest import STORIES
+from tests.structured.compile_hooks import SLOW_REGEX
+from tests.structured.test_offline_constrained import REGEX, SCHEMA
+
+VOCAB = 512
+EOS = (2,)
+HOOK = "tests.structured.compile_hooks:sleep_on_slow_regex"
+TIMEOUT_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def cache() -> Iterator[CompiledGrammarCache]:
+    """One worker with the slow-regex hook and a 0.5 s limit, started by a first grammar."""
+    cache = CompiledGrammarCache(str(STORIES), VOCAB, EOS, TIMEOUT_S, max_workers=1, worker_hook=HOOK)
+    cache.submit(StructuredOutputsParams(regex="a+")).result(timeout=60)
+    yield cache
+    cache.shutdown()
+
+
+def _walk(compiled: Any, steps: int = 40) -> list[np.ndarray]:
+    """The next-token bitmasks along the path that always takes the last allowed token (at most
+    ``steps`` tokens, or until the grammar terminates)."""
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, VOCAB)
+    masks = []
+    for _ in range(steps):
+        if matcher.is_terminated():
+            break
+        matcher.fill_next_token_bitmask(bitmask)
+        row = bitmask.numpy()[0].copy()
+        masks.append(row)
+        allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:VOCAB])
+        assert matcher.accept_token(int(allowed[-1]))
+    return masks
+
+
+def test_the_worker_gives_the_masks_of_a_compilation_here(cache: CompiledGrammarCache) -> None:
+    import xgrammar as xgr
+
+    spec = CompileWorkerSpec(tokenizer_dir=str(STORIES), vocab_size=VOCAB, stop_token_ids=EOS)
+    here = xgr.GrammarCompiler(make_tokenizer_info(spec), max_threads=1, cache_enabled=False)
+    for params in [
+        StructuredOutputsParams(json=json.dumps(SCHEMA)),
+        StructuredOutputsParams(regex=REGEX),
+        StructuredOutputsParams(choice=("yes", "no")),
+    ]:
+        expected = _walk(compile_grammar(here, VOCAB, params))
+        got = _walk(cache.submit(params).result(timeout=60))
+        assert len(expected) > 1 and len(got) == len(expected)
+        assert all((g == e).all() for g, e in zip(got, expected, strict=True))
+    assert all(0 < t < 5 for t in cache.take_compile_times())
+
+
+def test_a_compilation_past_the_limit_kills_the_worker_and_the_next_one_runs(
+    cache: CompiledGrammarCache,
+) -> None:
+    (pid,) = cache.worker_pids()
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as e:
+        cache.submit(StructuredOutputsParams(regex=SLOW_REGEX)).result(timeout=30)
+    assert str(e.value) == "the regex grammar took longer than 0.5 s to compile (--grammar-compile-timeout)"
+    assert time.monotonic() - t0 < 5
+    assert cache.worker_pids() == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+    assert cache.submit(StructuredOutputsParams(regex="b+")).result(timeout=60) is not None
+    assert len(cache.worker_pids()) == 1 and cache.worker_pids() != [pid]
+    # a failure is not cached: the same grammar is tried again (and fails again)
+    with pytest.raises(ValueError, match="took longer than 0.5 s"):
+        cache.submit(StructuredOutputsParams(regex=SLOW_REGEX)).result(timeout=30)
+
+
+def test_a_worker_killed_from_outside_fails_its_job_and_is_restarted_and_shutdown_kills() -> None:
+    cache = CompiledGrammarCache(str(STORIES), VOCAB, EOS, 60.0, max_workers=1, worker_hook=HOOK)
+    cache.submit(StructuredOutputsParams(regex="c+")).result(timeout=60)  # the worker is ready
+    (pid,) = cache.worker_pids()
+    slow = cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
+    time.sleep(0.3)  # the job is in the worker
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(
+        RuntimeError, match=r"exited unexpectedly while compiling the regex grammar \(exit code -9\)"
+    ):
+        slow.result(timeout=30)
+    assert cache.submit(StructuredOutputsParams(regex="d+")).result(timeout=60) is not None
+    (pid,) = cache.worker_pids()
+    slow = cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
+    time.sleep(0.3)
+    cache.shutdown()
+    with pytest.raises(RuntimeError, match="the engine is shutting down"):
+        slow.result(timeout=10)
+    assert cache.worker_pids() == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+    cache.shutdown()  # idempotent
+
+
+def test_no_worker_nor_tokenizer_info_before_the_first_grammar() -> None:
+    engine = LLMEngine(build_engine_config(None, device="cpu", grammar_compile_timeout=7))
+    engine.add_request("free", [1, 5], SamplingParams(max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine._structured is None
+    children = set(multiprocessing.active_children())  # the module's cache may have one
+    cache = CompiledGrammarCache(str(STORIES), VOCAB, EOS)
+    assert cache.worker_pids() == [] and cache._info is None
+    assert set(multiprocessing.active_children()) == children
+    cache.shutdown()
+    engine.add_request(
+        "nothing",
+        [1, 5],
+        SamplingParams(structured_outputs=StructuredOutputsParams(grammar="root ::= root")),
+    )
+    structured = engine._structured
+    assert structured is not None and structured.cache._timeout == 7
+    for _ in range(5000):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+    assert engine.take_request_errors() == [
+        (
+            "nothing",
+            "the ebnf grammar accepts no text: no token can start it (a rule that refers to itself "
+            "before anything else, such as root ::= root, needs an alternative that does not)",
+        )
+    ]
+    engine.close()
+    assert structured.cache.worker_pids() == []
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    ["root ::= root", 'root ::= a\na ::= a "x"', 'root ::= a | b\na ::= b "x"\nb ::= a "y"'],
+)
+def test_a_grammar_that_accepts_no_text_is_refused(cache: CompiledGrammarCache, grammar: str) -> None:
+    with pytest.raises(ValueError, match="^the ebnf grammar accepts no text: "):
+        cache.submit(StructuredOutputsParams(grammar=grammar)).result(timeout=60)
+
+
+@pytest.mark.parametrize(
+    "grammar", ['root ::= ""', 'root ::= "a" root', 'root ::= a\na ::= a "x" | "y"', 'root ::= "x"*']
+)
+def test_grammars_that_accept_text_pass_the_check(cache: CompiledGrammarCache, grammar: str) -> None:
+    """The empty string (only a stop token allowed) and left recursion with a base case compile;
+    ``root ::= "a" root`` has no finite text but can start, and is left to the request."""
+    assert cache.submit(StructuredOutputsParams(grammar=grammar)).result(timeout=60) is not None
+
+
+def test_the_timeout_must_be_positive() -> None:
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="grammar_compile_timeout must be a positive number of seconds"):
+            build_engine_config(None, device="cpu", grammar_compile_timeout=bad)
+        with pytest.raises(ValueError, match="grammar_compile_timeout"):
+            CompiledGrammarCache(str(STORIES), VOCAB, EOS, bad)
+    assert build_engine_config(None, device="cpu").grammar_compile_timeout == 60.0
