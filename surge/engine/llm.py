@@ -79,8 +79,8 @@ class LLM:
             ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not.
         grammar_compile_timeout: seconds one structured-output grammar may take to compile
             (> 0); a request whose grammar takes longer fails. Grammars compile in worker
-            processes started with "spawn" on the first one, so a script that uses structured
-            outputs guards its entry point with ``if __name__ == "__main__":``.
+            processes (fresh interpreters started on the first grammar; a script needs no
+            ``if __name__ == "__main__":`` guard for them).
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.

@@ -1,7 +1,9 @@
 """A grammar compile worker process and its messages.
 
-The engine's :class:`~surge.structured.compiler.CompiledGrammarCache` starts these (the
-"spawn" context) and sends each one :class:`CompileJob` at a time over a pipe; a worker answers
+The engine's :class:`~surge.structured.compiler.CompiledGrammarCache` starts these
+(``python -m surge.structured.compile_worker FD NAME``: a fresh interpreter with one end of a
+socket pair as descriptor ``FD``), sends each its :class:`CompileWorkerSpec`, then one
+:class:`CompileJob` at a time; a worker answers
 :class:`CompileDone` (the compiled grammar as xgrammar's JSON serialization) or
 :class:`CompileFailed`. A process, unlike a thread, can be killed: a compilation that runs past
 the engine's limit ends with its worker (:attr:`~surge.config.EngineConfig.grammar_compile_timeout`).
@@ -154,7 +156,7 @@ def _set_parent_death_signal(sig: int) -> None:
 
 
 def run_compile_worker(spec: CompileWorkerSpec, conn: Connection) -> None:
-    """Entry point of a compile worker (a ``multiprocessing`` spawn target).
+    """The loop of a compile worker (:func:`main` runs it with the spec it receives).
 
     Builds the tokenizer info and an xgrammar compiler of ``spec.threads`` threads (no cache:
     the engine caches), sends :class:`WorkerReady` (or :class:`CompileFailed` and returns when
@@ -198,3 +200,25 @@ def run_compile_worker(spec: CompileWorkerSpec, conn: Connection) -> None:
                 f"the {grammar_name(job.params)} grammar cannot be compiled: {clean_error(e)}"
             )
         conn.send_bytes(encoder.encode(reply))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m surge.structured.compile_worker FD NAME``: read the
+    :class:`CompileWorkerSpec` from the socket inherited as descriptor ``FD`` and run
+    :func:`run_compile_worker` on it (``NAME`` only labels the process for ``ps``). Returns the
+    exit status: 0, or 2 for bad arguments or a spec that cannot be read."""
+    if len(argv) < 1 or not argv[0].isdigit():
+        print("usage: python -m surge.structured.compile_worker FD [NAME]", file=sys.stderr)
+        return 2
+    conn = Connection(int(argv[0]))
+    try:
+        spec = msgspec.msgpack.decode(conn.recv_bytes(), type=CompileWorkerSpec)
+    except (EOFError, OSError, msgspec.DecodeError) as e:
+        print(f"surge grammar compile worker: no spec from the engine ({e})", file=sys.stderr)
+        return 2
+    run_compile_worker(spec, conn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,8 +6,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing
+import os
 import queue
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -27,7 +30,6 @@ from surge.structured.compile_worker import (
     WorkerReady,
     grammar_name,
     make_tokenizer_info,
-    run_compile_worker,
 )
 from surge.structured.cpus import available_cpus
 
@@ -56,24 +58,56 @@ def compile_thread_budget(cpus: int) -> tuple[int, int]:
     return max(1, min(4, cpus // CPUS_PER_COMPILE_THREAD)), 1
 
 
+def start_worker_process(name: str) -> tuple[subprocess.Popen[bytes], Connection]:
+    """Start ``python -m surge.structured.compile_worker`` and return it with the engine's end
+    of its socket pair (the worker's end is passed as an inherited descriptor).
+
+    A fresh interpreter, not a ``multiprocessing`` "spawn" child: spawn re-imports the parent's
+    ``__main__``, so an offline script without an ``if __name__ == "__main__":`` guard would
+    re-run itself in every worker. The child gets this process's ``sys.path`` as its
+    ``PYTHONPATH`` (what spawn passes too), so it imports the same ``surge``.
+
+    Raises:
+        OSError: the interpreter could not be started.
+    """
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "surge.structured.compile_worker", str(theirs.fileno()), name],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,  # a Ctrl-C to the terminal reaches the engine, which stops it
+            env=env,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return process, Connection(ours.detach())
+
+
 class _Worker:
     """One compile worker process (None until started, and after it was stopped) and the
-    engine's end of its pipe."""
+    engine's end of its socket."""
 
     __slots__ = ("index", "process", "conn")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.process: multiprocessing.process.BaseProcess | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
 
     def stop(self) -> None:
-        """Kill the process (SIGKILL: it holds nothing to save) and close the pipe."""
+        """Kill the process (SIGKILL: it holds nothing to save) and close the socket."""
         process, conn = self.process, self.conn
         self.process = self.conn = None
         if process is not None:
             process.kill()
-            process.join(5.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5.0)
         if conn is not None:
             conn.close()
 
@@ -83,8 +117,8 @@ class CompiledGrammarCache:
     ``StructuredOutputsParams.key``.
 
     Each job runs on one of ``max_workers`` pool threads, which owns one worker process
-    (:func:`~surge.structured.compile_worker.run_compile_worker`, started with the "spawn"
-    context on its first job and after it was stopped). The worker builds the grammar, compiles
+    (:func:`~surge.structured.compile_worker.run_compile_worker` in a fresh interpreter,
+    :func:`start_worker_process`, started on its first job and after it was stopped). The worker builds the grammar, compiles
     it with one xgrammar thread, refuses a grammar that accepts no text, and sends back the
     compiled grammar's JSON, which the engine deserializes with its own tokenizer info (1-5 ms
     for a JSON schema under Qwen3's vocabulary). A compilation that runs longer than
@@ -185,9 +219,7 @@ class CompiledGrammarCache:
     def worker_pids(self) -> list[int]:
         """Process ids of the compile workers started and not stopped."""
         with self._lock:
-            return [
-                w.process.pid for w in self._workers if w.process is not None and w.process.pid is not None
-            ]
+            return [w.process.pid for w in self._workers if w.process is not None]
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         worker = self._idle.get()  # never waits: one worker per pool thread
@@ -228,7 +260,7 @@ class CompiledGrammarCache:
         self.compile_times.append(reply.seconds)
         return compiled
 
-    def _ready_worker(self, worker: _Worker) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+    def _ready_worker(self, worker: _Worker) -> tuple[Connection, subprocess.Popen[bytes]]:
         """``worker``'s pipe and process, once the process runs and is ready; it is started
         here when it is not running (the engine's tokenizer info is built meanwhile).
 
@@ -238,21 +270,17 @@ class CompiledGrammarCache:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the engine is shutting down")
-            if worker.process is not None and worker.conn is not None and worker.process.is_alive():
+            if worker.process is not None and worker.conn is not None and worker.process.poll() is None:
                 return worker.conn, worker.process
             worker.stop()
-            ctx = multiprocessing.get_context("spawn")
-            conn, child = ctx.Pipe()
-            process = ctx.Process(
-                target=run_compile_worker,
-                args=(self._spec, child),
-                name=f"surge-grammar-{worker.index}",
-                daemon=True,
-            )
-            worker.process, worker.conn = process, conn
             t0 = time.perf_counter()
-            process.start()
-            child.close()
+            try:
+                process, conn = start_worker_process(f"surge-grammar-{worker.index}")
+            except OSError as e:
+                raise RuntimeError(f"the grammar compile worker could not start: {e}") from e
+            worker.process, worker.conn = process, conn
+            with contextlib.suppress(OSError):  # a worker that died at once: _receive says so
+                conn.send_bytes(self._encoder.encode(self._spec))
         self.tokenizer_info()
         reply = self._receive(worker, conn, process, WORKER_START_TIMEOUT_S, "starting")
         if not isinstance(reply, WorkerReady):
@@ -271,7 +299,7 @@ class CompiledGrammarCache:
         self,
         worker: _Worker,
         conn: Connection,
-        process: multiprocessing.process.BaseProcess,
+        process: subprocess.Popen[bytes],
         timeout: float,
         doing: str,
     ) -> WorkerMessage | None:
@@ -282,20 +310,21 @@ class CompiledGrammarCache:
                 :meth:`shutdown`); it is stopped, to be started again by the next job.
         """
         try:
-            if not wait([conn, process.sentinel], timeout):
+            if not wait([conn], timeout):  # a worker that exits closes its end: EOF
                 return None
             return self._decoder.decode(conn.recv_bytes())
         except (EOFError, OSError):  # the worker is gone, or shutdown closed the pipe
             pass
         with self._lock:
             closed = self._closed
-            process.join(1.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(1.0)
             if worker.process is process:
                 worker.stop()
         if closed:
             raise RuntimeError("the engine is shutting down")
         message = (
-            f"the grammar compile worker exited unexpectedly while {doing} (exit code {process.exitcode})"
+            f"the grammar compile worker exited unexpectedly while {doing} (exit code {process.returncode})"
         )
         logger.warning("%s; it starts again with the next grammar", message)
         raise RuntimeError(message)

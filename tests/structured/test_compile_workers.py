@@ -5,9 +5,10 @@ the first grammar, and grammars that accept no text refused at compile time."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -123,10 +124,8 @@ def test_no_worker_nor_tokenizer_info_before_the_first_grammar() -> None:
     while engine.has_unfinished_requests():
         engine.step()
     assert engine._structured is None
-    children = set(multiprocessing.active_children())  # the module's cache may have one
     cache = CompiledGrammarCache(str(STORIES), VOCAB, EOS)
     assert cache.worker_pids() == [] and cache._info is None
-    assert set(multiprocessing.active_children()) == children
     cache.shutdown()
     engine.add_request(
         "nothing",
@@ -175,3 +174,24 @@ def test_the_timeout_must_be_positive() -> None:
         with pytest.raises(ValueError, match="grammar_compile_timeout"):
             CompiledGrammarCache(str(STORIES), VOCAB, EOS, bad)
     assert build_engine_config(None, device="cpu").grammar_compile_timeout == 60.0
+
+
+def test_a_script_without_a_main_guard_compiles_grammars(tmp_path: Any) -> None:
+    """The workers are fresh interpreters (``python -m surge.structured.compile_worker``), not
+    "spawn" children, which re-import the parent's ``__main__``: a script that compiles at
+    import time would start its own workers in each of them and fail."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from surge.sampling_params import StructuredOutputsParams\n"
+        "from surge.structured.compiler import CompiledGrammarCache\n"
+        f"cache = CompiledGrammarCache({str(STORIES)!r}, {VOCAB}, {EOS!r}, max_workers=1)\n"
+        "compiled = cache.submit(StructuredOutputsParams(regex='a+')).result(timeout=60)\n"
+        "print('compiled', compiled is not None, len(cache.worker_pids()))\n"
+        "cache.shutdown()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "compiled True 1"
