@@ -325,7 +325,9 @@ def build_app(
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> Response:
         state.check_model(body.model)
-        vocab = len(state.tokenizer)
+        # every id a prompt may carry or the model may sample: the model's vocabulary, padding
+        # included (Qwen3's ids 151,669-151,935 decode to "", as in vLLM), or the tokenizer's
+        vocab = max(len(state.tokenizer), state.vocab_size)
         if not token_ids_in_range(body.tokens, vocab):
             raise bad_request(f"token ids must be in [0, {vocab})", param="tokens")
         return _json_response({"prompt": await state.tokenizer_worker.decode(body.tokens)})

@@ -246,3 +246,14 @@ def test_include_reasoning_false_over_http(qwen3_server: Server) -> None:
     assert deltas == [{"role": "assistant", "content": ""}, {}], deltas
     r = httpx.post(qwen3_server.url + "/v1/chat/completions", json=BASE | {"include_reasoning": "no"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "include_reasoning", r.text
+
+
+def test_detokenize_takes_the_padded_vocabulary(qwen3_server: Server) -> None:
+    """Ids past the tokenizer (151,669) but inside the model's vocabulary (151,936) are valid in
+    prompts and can be sampled; ``/detokenize`` decodes them to "" as vLLM does, and refuses ids
+    past the model's vocabulary."""
+    r = httpx.post(qwen3_server.url + "/detokenize", json={"tokens": [151900, 9707, 151935]})
+    assert r.status_code == 200 and r.json() == {"prompt": "Hello"}, r.text
+    r = httpx.post(qwen3_server.url + "/detokenize", json={"tokens": [151936]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text
+    assert "[0, 151936)" in r.json()["error"]["message"]
