@@ -144,7 +144,7 @@ def _load_hook(path: str | None) -> Callable[[StructuredOutputsParams], None] | 
 
 def _set_parent_death_signal(sig: int) -> None:
     """Ask Linux to send ``sig`` to this process when the thread that started it ends (the
-    engine's dispatcher thread lives as long as the pool; no-op elsewhere)."""
+    engine's compile pool thread that started it lives as long as the pool; no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -161,7 +161,8 @@ def run_compile_worker(spec: CompileWorkerSpec, conn: Connection) -> None:
     Builds the tokenizer info and an xgrammar compiler of ``spec.threads`` threads (no cache:
     the engine caches), sends :class:`WorkerReady` (or :class:`CompileFailed` and returns when
     that fails), then answers each :class:`CompileJob` until the pipe closes. SIGINT is
-    ignored (Ctrl-C reaches the whole process group; the engine stops its workers).
+    ignored (the worker runs in its own session, so a terminal's Ctrl-C does not reach it; the
+    engine stops its workers).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_parent_death_signal(signal.SIGKILL)

@@ -45,6 +45,9 @@ that takes the cores they run on stalls every stream (measured: README of
 ``benchmarks/results/h200-qwen3-8b/features/``)."""
 
 
+_MAX_WAIT_S = 3600.0
+"""Longest single wait on a worker's socket, in seconds (longer limits wait in several)."""
+
 WORKER_START_TIMEOUT_S = 120.0
 """Seconds a compile worker may take to start (import xgrammar and transformers, build the
 tokenizer info: about 3 s for Qwen3's tokenizer on a 2-core machine) before its job fails."""
@@ -65,7 +68,8 @@ def start_worker_process(name: str) -> tuple[subprocess.Popen[bytes], Connection
     A fresh interpreter, not a ``multiprocessing`` "spawn" child: spawn re-imports the parent's
     ``__main__``, so an offline script without an ``if __name__ == "__main__":`` guard would
     re-run itself in every worker. The child gets this process's ``sys.path`` as its
-    ``PYTHONPATH`` (what spawn passes too), so it imports the same ``surge``.
+    ``PYTHONPATH`` (what spawn passes too) and runs with ``-P`` (no working directory first on
+    its path), so it imports the same ``surge``.
 
     Raises:
         OSError: the interpreter could not be started.
@@ -75,7 +79,9 @@ def start_worker_process(name: str) -> tuple[subprocess.Popen[bytes], Connection
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "surge.structured.compile_worker", str(theirs.fileno()), name],
+            # -P: the working directory is not put first on sys.path, so the worker imports the
+            # engine's surge (and xgrammar, json, ...), not a folder of that name where it runs
+            [sys.executable, "-P", "-m", "surge.structured.compile_worker", str(theirs.fileno()), name],
             stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
             start_new_session=True,  # a Ctrl-C to the terminal reaches the engine, which stops it
@@ -116,15 +122,18 @@ class CompiledGrammarCache:
     """Compiles grammars in worker processes, with a time limit, and caches them by
     ``StructuredOutputsParams.key``.
 
-    Each job runs on one of ``max_workers`` pool threads, which owns one worker process
+    Each job runs on one of ``max_workers`` pool threads and takes one idle worker process
     (:func:`~surge.structured.compile_worker.run_compile_worker` in a fresh interpreter,
-    :func:`start_worker_process`, started on its first job and after it was stopped). The worker builds the grammar, compiles
-    it with one xgrammar thread, refuses a grammar that accepts no text, and sends back the
-    compiled grammar's JSON, which the engine deserializes with its own tokenizer info (1-5 ms
-    for a JSON schema under Qwen3's vocabulary). A compilation that runs longer than
-    ``compile_timeout`` is stopped by killing its worker: a thread could not be stopped, and a
-    few hostile grammars (a valid 400-rule EBNF grammar took 88 s with Qwen3's vocabulary) held
-    every compile thread while all other structured requests waited.
+    :func:`start_worker_process`, started by the first job that takes it and again after it was
+    stopped). The worker builds the grammar, compiles it with one xgrammar thread, refuses a
+    grammar that accepts no text, and sends back the compiled grammar's JSON, which the engine
+    deserializes with its own tokenizer info (1-5 ms for a small JSON schema under Qwen3's
+    vocabulary; 88 ms for one of 80 properties, 2.8 MB of JSON). An exchange cut short by an
+    exception stops its worker, so that no reply is ever read by the next job. A compilation
+    that runs longer than ``compile_timeout`` is stopped by killing its worker: a thread could
+    not be stopped, and a valid 400-rule EBNF grammar held a compile thread for 88 s with
+    Qwen3's vocabulary. The limit bounds each grammar's cost, not the wait behind it: the
+    workers are few and take jobs first in first out.
 
     The xgrammar ``TokenizerInfo`` (here and in each worker) is built from the model folder's
     tokenizer (byte-level BPE such as Qwen3's, or byte-fallback SentencePiece such as
@@ -232,13 +241,15 @@ class CompiledGrammarCache:
         import xgrammar as xgr
 
         conn, process = self._ready_worker(worker)
-        with contextlib.suppress(
-            OSError
-        ):  # the worker is gone or shutdown closed the pipe: _receive says which
-            conn.send_bytes(self._encoder.encode(CompileJob(params)))
-        reply = self._receive(
-            worker, conn, process, self._timeout, f"compiling the {grammar_name(params)} grammar"
-        )
+        try:
+            with contextlib.suppress(OSError):  # the worker is gone or shutdown closed the pipe
+                conn.send_bytes(self._encoder.encode(CompileJob(params)))
+            reply = self._receive(
+                worker, conn, process, self._timeout, f"compiling the {grammar_name(params)} grammar"
+            )
+        except BaseException:
+            self._stop_if_current(worker, process)  # its reply would answer the next job
+            raise
         if reply is None:
             with self._lock:
                 worker.stop()
@@ -255,6 +266,7 @@ class CompiledGrammarCache:
         if isinstance(reply, CompileFailed):
             raise ValueError(reply.message)
         if not isinstance(reply, CompileDone):
+            self._stop_if_current(worker, process)
             raise RuntimeError(f"unexpected message from a grammar compile worker: {type(reply).__name__}")
         compiled = xgr.CompiledGrammar.deserialize_json(reply.compiled_json, self.tokenizer_info())
         self.compile_times.append(reply.seconds)
@@ -281,8 +293,12 @@ class CompiledGrammarCache:
             worker.process, worker.conn = process, conn
             with contextlib.suppress(OSError):  # a worker that died at once: _receive says so
                 conn.send_bytes(self._encoder.encode(self._spec))
-        self.tokenizer_info()
-        reply = self._receive(worker, conn, process, WORKER_START_TIMEOUT_S, "starting")
+        try:
+            self.tokenizer_info()  # built while the worker starts
+            reply = self._receive(worker, conn, process, WORKER_START_TIMEOUT_S, "starting")
+        except BaseException:
+            self._stop_if_current(worker, process)  # its WorkerReady would answer the next job
+            raise
         if not isinstance(reply, WorkerReady):
             with self._lock:
                 worker.stop()
@@ -309,9 +325,13 @@ class CompiledGrammarCache:
             RuntimeError: the worker exited (killed from outside, crashed, or stopped by
                 :meth:`shutdown`); it is stopped, to be started again by the next job.
         """
+        deadline = time.monotonic() + timeout
         try:
-            if not wait([conn], timeout):  # a worker that exits closes its end: EOF
-                return None
+            # a worker that exits closes its end (EOF); waits are cut to an hour each, as
+            # poll() takes milliseconds in a C int (a limit of 1e7 s raised OverflowError)
+            while not wait([conn], min(deadline - time.monotonic(), _MAX_WAIT_S)):
+                if time.monotonic() >= deadline:
+                    return None
             return self._decoder.decode(conn.recv_bytes())
         except (EOFError, OSError):  # the worker is gone, or shutdown closed the pipe
             pass
@@ -328,6 +348,13 @@ class CompiledGrammarCache:
         )
         logger.warning("%s; it starts again with the next grammar", message)
         raise RuntimeError(message)
+
+    def _stop_if_current(self, worker: _Worker, process: subprocess.Popen[bytes]) -> None:
+        """Stop ``worker`` if ``process`` is still its process (an exchange with it was cut
+        short: a reply left unread would be taken by the next job as its own)."""
+        with self._lock:
+            if worker.process is process:
+                worker.stop()
 
     def take_compile_times(self) -> list[float]:
         """Compile times (seconds) recorded since the last call."""

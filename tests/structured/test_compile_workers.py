@@ -195,3 +195,58 @@ def test_a_script_without_a_main_guard_compiles_grammars(tmp_path: Any) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "compiled True 1"
+
+
+def _first_tokens(compiled: Any) -> set[int]:
+    """The ids a compiled grammar allows as its first token."""
+    (mask,) = _walk(compiled, steps=1)
+    return set(np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:VOCAB]).tolist())
+
+
+def test_an_exchange_cut_short_stops_its_worker_so_no_job_reads_another_jobs_reply() -> None:
+    """The engine's tokenizer info failing once while a worker starts (its WorkerReady still on
+    the socket) must not shift replies by one: each later regex gets its own grammar. Before, the
+    next job read WorkerReady and the one after got the previous job's grammar."""
+    import xgrammar as xgr
+
+    spec = CompileWorkerSpec(tokenizer_dir=str(STORIES), vocab_size=VOCAB, stop_token_ids=EOS)
+    here = xgr.GrammarCompiler(make_tokenizer_info(spec), max_threads=1, cache_enabled=False)
+    cache = CompiledGrammarCache(str(STORIES), VOCAB, EOS, 1e7, max_workers=1)  # 1e7 s: no OverflowError
+    real = cache.tokenizer_info
+    calls = []
+
+    def flaky() -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("transient")
+        return real()
+
+    cache.tokenizer_info = flaky  # type: ignore[method-assign]
+    try:
+        with pytest.raises(MemoryError, match="transient"):
+            cache.submit(StructuredOutputsParams(regex="a+")).result(timeout=60)
+        assert cache.worker_pids() == []  # stopped with its unread reply
+        for regex in ("b+", "c+", "d+"):
+            params = StructuredOutputsParams(regex=regex)
+            got = _first_tokens(cache.submit(params).result(timeout=60))
+            assert got == _first_tokens(compile_grammar(here, VOCAB, params)), regex
+    finally:
+        cache.shutdown()
+
+
+def test_the_worker_does_not_import_from_its_working_directory(tmp_path: Any) -> None:
+    """A folder named ``surge`` where the engine runs (another checkout) is not what the worker
+    imports (``python -P``): it gets the engine's ``sys.path``."""
+    cwd = tmp_path / "elsewhere"
+    (cwd / "surge").mkdir(parents=True)
+    (cwd / "surge" / "__init__.py").write_text("raise ImportError('the wrong surge')\n")
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        cache = CompiledGrammarCache(str(STORIES), VOCAB, EOS, max_workers=1)
+        try:
+            assert cache.submit(StructuredOutputsParams(regex="a+")).result(timeout=60) is not None
+        finally:
+            cache.shutdown()
+    finally:
+        os.chdir(old)
