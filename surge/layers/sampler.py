@@ -14,7 +14,7 @@ seeded with the engine seed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,8 +159,8 @@ class SamplingMetadata:
         if suppressed is not None:
             md.suppress_rows, md.suppress_tokens = map(tensor, suppressed)
         if any(p.logit_bias for p in params):
-            bias = _logit_bias_entries(params, vocab_size)
-            if bias is not None:
+            bias = _row_entries([p.logit_bias for p in params], vocab_size)
+            if bias is not None and bias[2] is not None:
                 md.logit_bias_rows, md.logit_bias_tokens, md.logit_bias_values = map(tensor, bias)
         if any(p.allowed_token_ids is not None for p in params):
             limited = np.array(
@@ -168,7 +168,7 @@ class SamplingMetadata:
             )
             mask = torch.ones(len(params), vocab_size, dtype=torch.bool, device=device)
             mask[tensor(limited)] = False
-            allowed = _allowed_entries(params, vocab_size)
+            allowed = _row_entries([p.allowed_token_ids for p in params], vocab_size)
             if allowed is not None:
                 mask[tensor(allowed[0]), tensor(allowed[1])] = True
             md.allowed_mask = mask
@@ -232,61 +232,45 @@ def _suppressed_entries(
     return np.concatenate(rows), np.concatenate(tokens)
 
 
-def _logit_bias_entries(
-    params: Sequence[SamplingParams], vocab_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(rows int64, tokens int64, values float32)`` of the batch's ``logit_bias`` entries
-    inside the vocabulary, or None when there are none.
+def _row_entries(
+    items: Sequence[Mapping[int, float] | Sequence[int] | None], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """``(rows int64, tokens int64, values float32 or None)`` of per-row token sets inside the
+    vocabulary, or None when there are none.
 
-    Each distinct bias is converted once (a request's ``n`` choices share their parent's dict)
-    and its rows are laid out by NumPy: as Python tuples, ``n: 128`` choices with a bias on
-    each of Qwen3's 151,936 tokens took 9 s of the engine loop while every other request waited.
+    Args:
+        items: per batch row, a ``{token: value}`` dict (``logit_bias``: values returned), a
+            token list (``allowed_token_ids``: values None), or None / empty for no entries.
+        vocab_size: tokens outside ``[0, vocab_size)`` are dropped.
+
+    Each distinct dict or list is converted once (a request's ``n`` choices share their
+    parent's) and its rows are laid out by NumPy: as Python tuples, ``n: 128`` choices with a
+    bias on each of Qwen3's 151,936 tokens took 9 s of the engine loop (``allowed_token_ids``
+    of them all 6 s) while every other request waited.
     """
-    arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    arrays: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
     rows: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
     values: list[np.ndarray] = []
-    for i, p in enumerate(params):
-        bias = p.logit_bias
-        if not bias:
+    for i, item in enumerate(items):
+        if not item:
             continue
-        pair = arrays.get(id(bias))
+        pair = arrays.get(id(item))
         if pair is None:
-            t = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-            v = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+            keys = item.keys() if isinstance(item, Mapping) else item
+            t = np.fromiter(keys, dtype=np.int64, count=len(item))
             inside = (t >= 0) & (t < vocab_size)
-            pair = arrays[id(bias)] = (t[inside], v[inside])
+            v = None
+            if isinstance(item, Mapping):
+                v = np.fromiter(item.values(), dtype=np.float32, count=len(item))[inside]
+            pair = arrays[id(item)] = (t[inside], v)
         rows.append(np.full(len(pair[0]), i, dtype=np.int64))
         tokens.append(pair[0])
-        values.append(pair[1])
+        if pair[1] is not None:
+            values.append(pair[1])
     if not rows or not sum(len(r) for r in rows):
         return None
-    return np.concatenate(rows), np.concatenate(tokens), np.concatenate(values)
-
-
-def _allowed_entries(
-    params: Sequence[SamplingParams], vocab_size: int
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(rows int64, tokens int64)`` of the batch's ``allowed_token_ids`` inside the
-    vocabulary, or None when there are none. Each distinct list is converted once and its rows
-    laid out by NumPy (``n: 128`` choices sharing 151,936 ids took 6 s of the engine loop as
-    Python tuples)."""
-    arrays: dict[int, np.ndarray] = {}
-    rows: list[np.ndarray] = []
-    tokens: list[np.ndarray] = []
-    for i, p in enumerate(params):
-        ids = p.allowed_token_ids
-        if not ids:
-            continue
-        t = arrays.get(id(ids))
-        if t is None:
-            t = np.fromiter(ids, dtype=np.int64, count=len(ids))
-            t = arrays[id(ids)] = t[(t >= 0) & (t < vocab_size)]
-        rows.append(np.full(len(t), i, dtype=np.int64))
-        tokens.append(t)
-    if not rows or not sum(len(r) for r in rows):
-        return None
-    return np.concatenate(rows), np.concatenate(tokens)
+    return np.concatenate(rows), np.concatenate(tokens), np.concatenate(values) if values else None
 
 
 def banned_bad_word_tokens(
