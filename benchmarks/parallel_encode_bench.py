@@ -29,6 +29,9 @@ from surge.tokenizer import load_tokenizer
 
 
 def main() -> None:
+    """Parse the flags, time one ``encode`` against :func:`encode_text`'s pieces per prompt length
+    (milliseconds, medians over prompts and rounds) and print one JSON line per length; exits 2
+    on a bad flag (argparse)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", required=True, help="a model folder with tokenizer files")
     ap.add_argument(
