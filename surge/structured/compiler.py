@@ -127,8 +127,10 @@ class CompiledGrammarCache:
     :func:`start_worker_process`, started by the first job that takes it and again after it was
     stopped). The worker builds the grammar, compiles it with one xgrammar thread, refuses a
     grammar that accepts no text, and sends back the compiled grammar's JSON, which the engine
-    deserializes with its own tokenizer info (1-5 ms for a small JSON schema under Qwen3's
-    vocabulary; 88 ms for one of 80 properties, 2.8 MB of JSON). An exchange cut short by an
+    deserializes with its own tokenizer info. The round trip costs little for a small grammar
+    and a lot for a large one: on 2 CPUs with Qwen3's vocabulary, a 2-property JSON schema took
+    17-18 ms against 13-14 ms compiled in-process, an 80-property one (1.96 MB of JSON) 96-99 ms
+    against 18 (``benchmarks/grammar_worker_bench.py``, ``benchmarks/results/grammar-workers-cpu/``). An exchange cut short by an
     exception stops its worker, so that no reply is ever read by the next job. A compilation
     that runs longer than ``compile_timeout`` is stopped by killing its worker: a thread could
     not be stopped, and a valid 400-rule EBNF grammar held a compile thread for 88 s with
