@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -17,11 +17,28 @@ __all__ = [
     "LogprobsLists",
     "ModelOutput",
     "PositionLogprobs",
+    "RequestFailure",
     "RequestOutput",
     "ScheduledRequest",
     "SchedulerOutput",
     "SchedulerStats",
 ]
+
+
+class RequestFailure(NamedTuple):
+    """A request the engine ended with an error after ``add_request`` returned.
+
+    Attributes:
+        request_id: the request.
+        message: one line for the client (the HTTP error body's message).
+        status: the HTTP status it maps to: 400 when the request is at fault (its grammar was
+            refused, or reached a dead end), 500 when the server is (a grammar compile worker
+            that died or could not start).
+    """
+
+    request_id: str
+    message: str
+    status: int = 400
 
 
 @dataclass(slots=True)

@@ -100,13 +100,16 @@ EngineInput = AddRequest | AbortRequest | ResetPrefixCache
 
 
 class RequestError(msgspec.Struct, array_like=True):
-    """The engine rejected a request (``LLMEngine.add_request`` raised ValueError).
+    """The engine rejected a request (``LLMEngine.add_request`` raised ValueError), or ended
+    it with an error later (:class:`~surge.core.outputs.RequestFailure`).
 
-    Attributes: request_id; message (suitable for an HTTP 400 body).
+    Attributes: request_id; message (suitable for an HTTP error body); status (the HTTP status:
+    400 for the request's fault, 500 for the server's).
     """
 
     request_id: str
     message: str
+    status: int = 400
 
 
 class EngineReady(msgspec.Struct, tag=True, array_like=True):
@@ -433,7 +436,7 @@ def _busy_loop(
         outputs = engine.step() if stepped else []
         compile_times: list[float] = []
         if late_errors is not None:  # grammars that failed to compile
-            errors += [RequestError(rid, message) for rid, message in late_errors()]
+            errors += [RequestError(f.request_id, f.message, f.status) for f in late_errors()]
             compile_times = engine.take_grammar_compile_times()
         heartbeat = stepped and time.monotonic() - last_sent > _HEARTBEAT_S
         if outputs or errors or got_input or compile_times or heartbeat:

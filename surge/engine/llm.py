@@ -225,7 +225,8 @@ class LLM:
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
                 bad-word token id outside the vocabulary.
-            RuntimeError: the ``LLM`` is closed (:meth:`close`).
+            RuntimeError: the ``LLM`` is closed (:meth:`close`), or a grammar compile worker
+                died or could not start.
 
         Whatever exception leaves this call (an engine step that fails, a KeyboardInterrupt)
         first aborts the requests it added, so the engine is left with none of them and the
@@ -454,8 +455,8 @@ class LLM:
         while pending:
             outputs = self.engine.step()
             errors = self.engine.take_request_errors()
-            if errors:
-                raise ValueError(errors[0][1])  # generate() aborts the call's requests
+            if errors:  # generate() aborts the call's requests
+                raise (ValueError if errors[0].status < 500 else RuntimeError)(errors[0].message)
             if not outputs and not self.engine.has_unfinished_requests():
                 break
             for out in outputs:

@@ -21,7 +21,7 @@ from surge.config import (
     SchedulerConfig,
     resolve_device,
 )
-from surge.core.outputs import EngineOutput, SchedulerOutput, SchedulerStats
+from surge.core.outputs import EngineOutput, RequestFailure, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request, token_ids_in_range
@@ -342,7 +342,7 @@ class LLMEngine:
         self._defer_grammar: bool = bool(getattr(runner, "defers_grammar_masks", False))
         # Built on the first request with a grammar: an engine without one pays nothing.
         self._structured: StructuredOutputManager | None = None
-        self._request_errors: list[tuple[str, str]] = []
+        self._request_errors: list[RequestFailure] = []
 
     def add_request(
         self,
@@ -508,12 +508,13 @@ class LLMEngine:
                 # never the step (an exception out of step() ends the engine for every request).
                 # take_ready made its matcher (no other request of that id has one): drop it.
                 structured.grammars.pop(request.request_id, None)
-                failed.append((request.request_id, str(e)))
+                failed.append(RequestFailure(request.request_id, str(e)))
         self._request_errors += failed
 
-    def take_request_errors(self) -> list[tuple[str, str]]:
-        """``(request_id, message)`` of requests rejected after :meth:`add_request` returned
-        (a grammar that failed to compile), since the last call."""
+    def take_request_errors(self) -> list[RequestFailure]:
+        """The requests ended with an error after :meth:`add_request` returned (a grammar that
+        was refused or reached a dead end: status 400; a compile worker that failed: 500),
+        since the last call."""
         errors, self._request_errors = self._request_errors, []
         return errors
 
@@ -628,7 +629,7 @@ class LLMEngine:
                     g.catch_up(request.output_token_ids)
                     if g.active and g.failed:
                         self._request_errors.append(
-                            (
+                            RequestFailure(
                                 out.request_id,
                                 "structured output: no token can continue the grammar after "
                                 f"{request.num_output_tokens - 1} generated tokens (a pattern, schema or grammar "

@@ -252,7 +252,8 @@ class Generation:
         """Yield lists of deltas until every choice has finished.
 
         Raises:
-            ApiError: 400 when the engine rejected a request; 503 when the engine died.
+            ApiError: 400 when the engine rejected a request (500 when its grammar compile worker
+                failed: the status the engine sent); 503 when the engine died.
         """
         queue = self._queue
         while self._num_unfinished > 0:
@@ -279,9 +280,9 @@ class Generation:
                 elif isinstance(item, EngineDeadError):
                     self.abort(count_as_finished=False)
                     raise ApiError(503, f"The engine is not available: {item}")
-                else:  # RequestError: the engine rejected the request
+                else:  # RequestError: the engine rejected the request (or its grammar worker failed)
                     self.abort(count_as_finished=False)
-                    raise ApiError(400, item.message)
+                    raise ApiError(item.status, item.message)
             if out:
                 yield out
 

@@ -93,6 +93,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             if path in _MODEL_PATHS:
                 responses["404"] = _error("The `model` is not served here.")
             if path in _GENERATION_PATHS:
+                responses["500"] = _error("A server fault ended the request (a grammar compile worker died).")
                 responses["503"] = _error("The engine is not running.")
                 ok = responses.setdefault("200", {"description": "Successful Response"})
                 ok.setdefault("content", {})["text/event-stream"] = {

@@ -135,7 +135,9 @@ class CompiledGrammarCache:
     that runs longer than ``compile_timeout`` is stopped by killing its worker: a thread could
     not be stopped, and a valid 400-rule EBNF grammar held a compile thread for 88 s with
     Qwen3's vocabulary. The limit bounds each grammar's cost, not the wait behind it: the
-    workers are few and take jobs first in first out.
+    workers are few and take jobs first in first out. A refused grammar (over the limit, or
+    accepting no text) is remembered like a compiled one, so a client that sends it again
+    costs no worker time.
 
     The xgrammar ``TokenizerInfo`` (here and in each worker) is built from the model folder's
     tokenizer (byte-level BPE such as Qwen3's, or byte-fallback SentencePiece such as
@@ -200,15 +202,17 @@ class CompiledGrammarCache:
     def submit(self, params: StructuredOutputsParams) -> Future[Any]:
         """A future of the ``xgrammar.CompiledGrammar`` of ``params`` (done at once on a
         cache hit). A refused grammar raises ``ValueError`` from ``result()`` (invalid, not
-        compilable, accepting no text, or over the time limit), a worker that died or could
-        not start ``RuntimeError``; neither is cached, nor is a compilation cancelled before
+        compilable, accepting no text, or over the time limit); the refusal is cached like a
+        compiled grammar, so the same grammar sent again fails at once instead of holding a
+        worker for the time limit again. A worker that died or could not start raises
+        ``RuntimeError``; that failure is not cached, nor is a compilation cancelled before
         it started (every request that waited for it was aborted)."""
         key = params.key
         future = self._cache.get(key)
         if (
             future is not None
             and not future.cancelled()
-            and not (future.done() and future.exception() is not None)
+            and not (future.done() and not isinstance(future.exception(), ValueError | None))
         ):
             self._cache.move_to_end(key)
             return future
@@ -263,7 +267,7 @@ class CompiledGrammarCache:
             )
             raise ValueError(
                 f"the {grammar_name(params)} grammar took longer than {self._timeout:g} s to compile "
-                "(--grammar-compile-timeout)"
+                "(--grammar-compile-timeout); sent again, it is refused at once"
             )
         if isinstance(reply, CompileFailed):
             raise ValueError(reply.message)

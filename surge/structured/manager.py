@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from surge.core.outputs import RequestFailure
 from surge.request import Request
 from surge.structured.bitmask import StepMaskBuffer
 from surge.structured.compiler import CompiledGrammarCache
@@ -275,21 +276,24 @@ class StructuredOutputManager:
         assert params is not None
         self.waiting[request.request_id] = (request, self.cache.submit(params))
 
-    def take_ready(self) -> tuple[list[Request], list[tuple[str, str]]]:
+    def take_ready(self) -> tuple[list[Request], list[RequestFailure]]:
         """The waiting requests whose grammar is compiled (in arrival order, their matchers
-        created), and ``(request_id, message)`` of those whose compilation failed."""
+        created), and the failures of those whose compilation failed: status 400 for a grammar
+        refused (``ValueError``: not compilable, accepting no text, over the time limit), 500
+        for a server fault (``RuntimeError``: a compile worker that died or could not start,
+        the engine shutting down)."""
         ready: list[Request] = []
-        failed: list[tuple[str, str]] = []
+        failed: list[RequestFailure] = []
         for rid, (request, future) in list(self.waiting.items()):
             if not future.done():
                 continue
             del self.waiting[rid]
             error = future.exception()
             if error is not None:
-                failed.append((rid, str(error)))
+                failed.append(RequestFailure(rid, str(error), 400 if isinstance(error, ValueError) else 500))
                 continue
             if rid in self.grammars:  # never replace an admitted request's matcher
-                failed.append((rid, f"request id {rid!r} is already in use"))
+                failed.append(RequestFailure(rid, f"request id {rid!r} is already in use"))
                 continue
             params = request.sampling_params.structured_outputs
             assert params is not None

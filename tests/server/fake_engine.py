@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 
 from surge.config import EngineConfig
-from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.core.outputs import EngineOutput, RequestFailure, SchedulerStats
 from surge.engine.llm_engine import choice_params
 from surge.sampling_params import SamplingParams
 
@@ -15,7 +15,9 @@ class FakeEngine:
     """Emits token ``(prompt[-1] + k + seed) % 500 + 3`` at output position k (seed 0 when unset);
     rejects prompts with token 999 and, as the real engine, params with ``n != 1``.
 
-    A prompt starting with token 666 makes ``step`` raise (a crashed engine).
+    A prompt starting with token 666 makes ``step`` raise (a crashed engine); one starting with
+    token 777 (778) is ended by its first step with a late error of status 500 (400), as a
+    grammar whose compile worker died (that was refused) is.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -24,6 +26,7 @@ class FakeEngine:
         self.block_size = config.cache.block_size
         self.max_model_len = config.scheduler.max_model_len
         self._reqs: dict[str, tuple[list[int], SamplingParams, int]] = {}
+        self._late: list[RequestFailure] = []
 
     def add_request(self, request_id, prompt_token_ids, sampling_params, arrival_time=None) -> None:
         if 999 in prompt_token_ids:
@@ -60,6 +63,11 @@ class FakeEngine:
         for rid, (prompt, params, k) in list(self._reqs.items()):
             if prompt[0] == 666:
                 raise RuntimeError("simulated engine failure")
+            if prompt[0] in (777, 778):
+                del self._reqs[rid]
+                status = 500 if prompt[0] == 777 else 400
+                self._late.append(RequestFailure(rid, f"simulated late failure {status}", status))
+                continue
             tok = (prompt[-1] + k + (params.seed or 0)) % 500 + 3
             k += 1
             done = k >= params.max_tokens
@@ -71,6 +79,13 @@ class FakeEngine:
                 self._reqs[rid] = (prompt, params, k)
             outs.append(out)
         return outs
+
+    def take_request_errors(self) -> list[RequestFailure]:
+        late, self._late = self._late, []
+        return late
+
+    def take_grammar_compile_times(self) -> list[float]:
+        return []
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._reqs)

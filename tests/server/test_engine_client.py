@@ -120,6 +120,28 @@ def test_n_choices_cross_the_socket_once() -> None:
     asyncio.run(main())
 
 
+def test_late_errors_keep_their_status() -> None:
+    """A request the engine ends with an error after accepting it (a grammar refused: 400; its
+    compile worker dead: 500) reaches its queue as a RequestError with that status."""
+
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=FakeEngine)
+        await client.start()
+        try:
+            got = {}
+            for rid, first in (("server", 777), ("client", 778)):
+                q: asyncio.Queue = asyncio.Queue()
+                client.add_request(rid, [first, 5], SamplingParams(max_tokens=3), q)
+                got[rid] = (await asyncio.wait_for(q.get(), 10))[1]
+            assert got["server"] == RequestError("server", "simulated late failure 500", 500)
+            assert got["client"] == RequestError("client", "simulated late failure 400", 400)
+            assert client.num_inflight == 0
+        finally:
+            await client.shutdown()
+
+    asyncio.run(main())
+
+
 def test_engine_crash_fails_inflight_requests() -> None:
     async def main() -> None:
         client = EngineClient(_config(), engine_factory=FakeEngine)

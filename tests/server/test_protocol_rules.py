@@ -50,7 +50,7 @@ def test_openapi_documents_what_the_server_does(server: Server) -> None:
     assert len(ids) == len(set(ids)), "operation ids are unique"
     for path in (CMPL, CHAT):
         responses = schema["paths"][path]["post"]["responses"]
-        assert {"200", "400", "401", "404", "408", "413", "503"} <= set(responses)
+        assert {"200", "400", "401", "404", "408", "413", "500", "503"} <= set(responses)
         assert "text/event-stream" in responses["200"]["content"]
     assert "503" in schema["paths"]["/health"]["get"]["responses"]
     assert "404" in schema["paths"]["/v1/models/{model}"]["get"]["responses"]

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from surge.core.outputs import RequestFailure
 from surge.engine.llm_engine import LLMEngine, build_engine_config
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
 from surge.structured.compile_worker import CompileWorkerSpec, compile_grammar, make_tokenizer_info
@@ -82,16 +83,21 @@ def test_a_compilation_past_the_limit_kills_the_worker_and_the_next_one_runs(
     t0 = time.monotonic()
     with pytest.raises(ValueError) as e:
         cache.submit(StructuredOutputsParams(regex=SLOW_REGEX)).result(timeout=30)
-    assert str(e.value) == "the regex grammar took longer than 0.5 s to compile (--grammar-compile-timeout)"
+    assert str(e.value) == (
+        "the regex grammar took longer than 0.5 s to compile (--grammar-compile-timeout); "
+        "sent again, it is refused at once"
+    )
     assert time.monotonic() - t0 < 5
     assert cache.worker_pids() == []
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped
     assert cache.submit(StructuredOutputsParams(regex="b+")).result(timeout=60) is not None
     assert len(cache.worker_pids()) == 1 and cache.worker_pids() != [pid]
-    # a failure is not cached: the same grammar is tried again (and fails again)
-    with pytest.raises(ValueError, match="took longer than 0.5 s"):
-        cache.submit(StructuredOutputsParams(regex=SLOW_REGEX)).result(timeout=30)
+    # the refusal is cached: the same grammar fails at once, and no worker is killed for it again
+    (pid,) = cache.worker_pids()
+    again = cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
+    assert again.done() and isinstance(again.exception(), ValueError)
+    assert str(again.exception()) == str(e.value) and cache.worker_pids() == [pid]
 
 
 def test_a_worker_killed_from_outside_fails_its_job_and_is_restarted_and_shutdown_kills() -> None:
@@ -107,7 +113,8 @@ def test_a_worker_killed_from_outside_fails_its_job_and_is_restarted_and_shutdow
         slow.result(timeout=30)
     assert cache.submit(StructuredOutputsParams(regex="d+")).result(timeout=60) is not None
     (pid,) = cache.worker_pids()
-    slow = cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
+    killed, slow = slow, cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
+    assert slow is not killed  # a server fault is not cached: the grammar goes to the new worker
     time.sleep(0.3)
     cache.shutdown()
     with pytest.raises(RuntimeError, match="the engine is shutting down"):
@@ -139,7 +146,7 @@ def test_no_worker_nor_tokenizer_info_before_the_first_grammar() -> None:
             break
         engine.step()
     assert engine.take_request_errors() == [
-        (
+        RequestFailure(
             "nothing",
             "the ebnf grammar accepts no text: no token can start it (a rule that refers to itself "
             "before anything else, such as root ::= root, needs an alternative that does not)",

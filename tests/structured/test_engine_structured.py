@@ -171,8 +171,8 @@ def test_compile_failure_is_a_request_error_and_abort_while_waiting() -> None:
     engine.add_request("free", [1, 5], SamplingParams(max_tokens=4, ignore_eos=True))
     tokens = _run(engine)
     errors = engine.take_request_errors()
-    assert [rid for rid, _ in errors] == ["bad"]
-    assert "regex" in errors[0][1]
+    assert [e.request_id for e in errors] == ["bad"]
+    assert "regex" in errors[0].message and errors[0].status == 400
     assert len(tokens["free"]) == 4
     engine.add_request(
         "gone", [1, 5], SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
@@ -250,3 +250,43 @@ def test_a_grammar_at_a_dead_end_is_an_error_not_a_stop(async_scheduling: bool) 
     )
     out = llm.generate(["Once upon a time"], ok)[0].outputs[0]
     assert out.text == "yes" and out.finish_reason == "stop"
+
+
+def test_compile_failures_carry_the_status_of_whose_fault_it_is() -> None:
+    """A refused grammar (ValueError) fails its request with status 400; a compile worker that
+    died or could not start (RuntimeError) with 500, the server's fault."""
+    from surge.core.outputs import RequestFailure
+    from surge.structured.manager import StructuredOutputManager
+
+    manager = StructuredOutputManager(str(STORIES), 512, (2,), "cpu")
+    outcomes: dict[str, Exception] = {
+        "refused": ValueError("the regex grammar accepts no text"),
+        "crashed": RuntimeError("the grammar compile worker exited unexpectedly"),
+    }
+    for rid, error in outcomes.items():
+        future: Future[Any] = Future()
+        future.set_exception(error)
+        params = SamplingParams(structured_outputs=StructuredOutputsParams(regex=f"{rid}+"))
+        manager.waiting[rid] = (Request(rid, [1, 5], params), future)
+    ready, failed = manager.take_ready()
+    assert ready == [] and manager.waiting == {}
+    assert failed == [
+        RequestFailure("refused", "the regex grammar accepts no text", 400),
+        RequestFailure("crashed", "the grammar compile worker exited unexpectedly", 500),
+    ]
+    manager.close()
+
+
+def test_offline_generate_raises_runtime_error_for_a_server_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LLM.generate`` raises ValueError for a request's fault (status 400) and RuntimeError
+    for the server's (500), and leaves no request behind either way."""
+    from surge.core.outputs import RequestFailure
+
+    llm = LLM(STORIES, device="cpu")
+    for status, kind in ((400, ValueError), (500, RuntimeError)):
+        failures = [RequestFailure("any", f"failed with {status}", status)]
+        monkeypatch.setattr(llm.engine, "take_request_errors", lambda f=failures: f)
+        with pytest.raises(kind, match=f"^failed with {status}$"):
+            llm.generate([[1, 5]], SamplingParams(max_tokens=2))
+        assert not llm.engine.has_unfinished_requests()
+    llm.close()
