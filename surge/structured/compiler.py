@@ -13,8 +13,10 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -95,6 +97,72 @@ def start_worker_process(name: str) -> tuple[subprocess.Popen[bytes], Connection
     return process, Connection(ours.detach())
 
 
+class CompilePool:
+    """A first-in-first-out pool of daemon threads running jobs into futures: the compile jobs'
+    threads, like ``concurrent.futures.ThreadPoolExecutor``'s but daemons, so that an
+    interpreter that exits while a compilation runs (an offline ``LLM`` never closed, or a
+    ``generate`` interrupted) does not wait for it: the executor's threads are joined at exit,
+    and one waiting on a hostile grammar's worker held the exit for the whole time limit.
+
+    Args:
+        max_workers: threads (>= 1), started at once.
+        name: the threads' name prefix.
+    """
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers = max_workers
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._closed = False
+        for i in range(max_workers):
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """A future of ``fn(*args)``, run by the next free thread.
+
+        Raises:
+            RuntimeError: the pool is shut down.
+        """
+        if self._closed:
+            raise RuntimeError("the engine is shutting down")
+        future: Future[Any] = Future()
+        self._jobs.put((future, lambda: fn(*args)))
+        return future
+
+    def shutdown(self) -> None:
+        """Cancel the jobs not started and let the threads end after their current job."""
+        self._closed = True
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in range(self.max_workers):
+            self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as e:  # the job's failure is its future's
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+            del job, future, call
+
+
+def _stop_workers(closed: threading.Event, workers: list[_Worker]) -> None:
+    """Mark the cache closed (a job cut short says "shutting down", not that its worker died)
+    and kill ``workers``' processes: the cache's finalizer, at exit or when it is collected."""
+    closed.set()
+    for worker in workers:
+        worker.stop()
+
+
 class _Worker:
     """One compile worker process (None until started, and after it was stopped) and the
     engine's end of its socket."""
@@ -122,7 +190,9 @@ class CompiledGrammarCache:
     """Compiles grammars in worker processes, with a time limit, and caches them by
     ``StructuredOutputsParams.key``.
 
-    Each job runs on one of ``max_workers`` pool threads and takes one idle worker process
+    Each job runs on one of ``max_workers`` threads of a :class:`CompilePool` (daemons, so an
+    interpreter that exits without :meth:`shutdown` does not wait for a compilation; a
+    finalizer kills the workers then) and takes one idle worker process
     (:func:`~surge.structured.compile_worker.run_compile_worker` in a fresh interpreter,
     :func:`start_worker_process`, started by the first job that takes it and again after it was
     stopped). The worker builds the grammar, compiles it with one xgrammar thread, refuses a
@@ -185,13 +255,15 @@ class CompiledGrammarCache:
             hook=worker_hook,
         )
         self._timeout = compile_timeout
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="surge-grammar")
+        self._pool = CompilePool(workers, "surge-grammar")
         self._workers = [_Worker(i) for i in range(workers)]
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         for worker in self._workers:
             self._idle.put(worker)
         self._lock = threading.Lock()  # worker starts and stops against shutdown
-        self._closed = False
+        self._closed = threading.Event()  # shutdown(), or the finalizer at exit
+        # an interpreter that exits without shutdown() kills the workers (its threads are daemons)
+        self._finalizer = weakref.finalize(self, _stop_workers, self._closed, self._workers)
         self._info_lock = threading.Lock()
         self._info: Any = None
         self._encoder = msgspec.msgpack.Encoder()
@@ -286,7 +358,7 @@ class CompiledGrammarCache:
             RuntimeError: the cache is shut down, or the worker could not start.
         """
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 raise RuntimeError("the engine is shutting down")
             if worker.process is not None and worker.conn is not None and worker.process.poll() is None:
                 return worker.conn, worker.process
@@ -342,7 +414,7 @@ class CompiledGrammarCache:
         except (EOFError, OSError):  # the worker is gone, or shutdown closed the pipe
             pass
         with self._lock:
-            closed = self._closed
+            closed = self._closed.is_set()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(1.0)
             if worker.process is process:
@@ -371,7 +443,7 @@ class CompiledGrammarCache:
         """Stop the pool (compilations not started are cancelled) and kill the workers (a
         running compilation's future fails with ``RuntimeError``). Idempotent."""
         with self._lock:
-            self._closed = True
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._closed.set()
+            self._pool.shutdown()
             for worker in self._workers:
                 worker.stop()

@@ -204,6 +204,44 @@ def test_a_script_without_a_main_guard_compiles_grammars(tmp_path: Any) -> None:
     assert done.stdout.strip().splitlines()[-1] == "compiled True 1"
 
 
+def test_a_script_that_exits_during_a_compilation_exits_at_once(tmp_path: Any) -> None:
+    """A script that leaves while a compilation runs (no ``shutdown``: an offline ``LLM`` never
+    closed, a ``generate`` interrupted) exits without waiting for it, and its worker is killed.
+    Before, the interpreter joined the compile thread, which waited for the worker up to the
+    time limit (here 60 s)."""
+    script = tmp_path / "leaves.py"
+    script.write_text(
+        "import time\n"
+        "from surge.sampling_params import StructuredOutputsParams\n"
+        "from surge.structured.compiler import CompiledGrammarCache\n"
+        f"cache = CompiledGrammarCache({str(STORIES)!r}, {VOCAB}, {EOS!r}, 60.0, max_workers=1, "
+        f"worker_hook={HOOK!r})\n"
+        "cache.submit(StructuredOutputsParams(regex='a+')).result(timeout=60)\n"
+        f"slow = cache.submit(StructuredOutputsParams(regex={SLOW_REGEX!r}))\n"
+        "time.sleep(0.5)\n"
+        "print(cache.worker_pids()[0], flush=True)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    waited = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    pid = int(done.stdout.strip().splitlines()[-1])
+    assert waited < 30, f"the script took {waited:.1f} s to exit"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("the compile worker outlived the script")
+
+
 def _first_tokens(compiled: Any) -> set[int]:
     """The ids a compiled grammar allows as its first token."""
     (mask,) = _walk(compiled, steps=1)
@@ -257,3 +295,33 @@ def test_the_worker_does_not_import_from_its_working_directory(tmp_path: Any) ->
             cache.shutdown()
     finally:
         os.chdir(old)
+
+
+def test_the_compile_pool_runs_jobs_in_order_and_cancels_the_rest_at_shutdown() -> None:
+    import threading
+
+    from surge.structured.compiler import CompilePool
+
+    pool = CompilePool(1, "test-pool")
+    gate = threading.Event()
+    blocker = pool.submit(gate.wait, 30)
+    order: list[int] = []
+    jobs = [pool.submit(order.append, i) for i in range(3)]
+    failing = pool.submit(int, "x")
+    gate.set()
+    assert blocker.result(timeout=10) is True
+    assert [j.result(timeout=10) for j in jobs] == [None, None, None] and order == [0, 1, 2]
+    with pytest.raises(ValueError, match="invalid literal"):
+        failing.result(timeout=10)
+    gate.clear()
+    started = threading.Event()
+    running = pool.submit(lambda: (started.set(), gate.wait(30))[1])
+    queued = pool.submit(order.append, 3)
+    assert started.wait(10)  # the thread has taken the first job
+    pool.shutdown()
+    assert queued.cancelled() and not running.cancelled()
+    gate.set()
+    assert running.result(timeout=10) is True and order == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="shutting down"):
+        pool.submit(order.append, 4)
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("test-pool"))

@@ -70,4 +70,4 @@ def test_fill_threads_follow_the_available_cpus(
     assert MAX_FILL_THREADS == 4
     assert manager._fill_threads == threads
     workers, _ = compiler_module.compile_thread_budget(cpus)
-    assert manager.cache._pool._max_workers == workers
+    assert manager.cache._pool.max_workers == workers

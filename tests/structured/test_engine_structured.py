@@ -143,7 +143,7 @@ def test_abort_cancels_a_compilation_nobody_waits_for() -> None:
     manager = StructuredOutputManager(str(STORIES), 512, (2,), "cpu")
     gate = threading.Event()
     blocker = manager.cache._pool.submit(gate.wait)  # every compile thread busy
-    extra = [manager.cache._pool.submit(gate.wait) for _ in range(manager.cache._pool._max_workers - 1)]
+    extra = [manager.cache._pool.submit(gate.wait) for _ in range(manager.cache._pool.max_workers - 1)]
 
     def request(rid: str, regex: str) -> Request:
         return Request(rid, [1, 5], SamplingParams(structured_outputs=StructuredOutputsParams(regex=regex)))
