@@ -5,7 +5,9 @@ Decode batches rarely change from one step to the next, so the per-row tensors o
 :class:`~surge.layers.sampler.SamplingMetadata` are built once per batch composition (the
 tuple of sampled request ids) and reused; an all-greedy batch needs none and is one
 argmax. Rows whose inputs change every step (penalties, per-request seeds, ``min_tokens``,
-bad words of several tokens) make the batch rebuild its metadata every step. Which rows ask
+bad words of several tokens) make the batch rebuild its metadata every step; the dense rows
+of large ``logit_bias`` dicts and ``allowed_token_ids`` lists are kept between those builds
+(:class:`~surge.layers.sampler.DenseRuleRows`) while their requests stay in the batch. Which rows ask
 for logprobs is decided with the composition too (:class:`~surge.worker.logprobs.LogprobRows`),
 so a batch where none asks pays nothing for the feature.
 """
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from surge.layers.sampler import Sampler, SamplingMetadata
+from surge.layers.sampler import DenseRuleRows, Sampler, SamplingMetadata
 from surge.request import Request
 from surge.sampling_params import GREEDY_EPS, SamplingParams
 from surge.worker.logprobs import LogprobRows
@@ -64,6 +66,10 @@ class StepSampler:
 
     Attributes:
         penalty_states: request_id -> incremental penalty inputs (requests with penalties).
+        dense_rules: the dense device rows of the large token rules (``logit_bias``,
+            ``allowed_token_ids`` of at least ``V / DENSE_RULE_DIVISOR`` tokens) of the last
+            built batch, one ``[V]`` row per distinct rule set; each build releases the rows of
+            requests no longer in the batch.
         greedy: the current composition is all greedy with nothing per step (argmax).
         fresh: the current composition needs new tensors every step.
         cached: the reused metadata of the current composition, if any.
@@ -75,6 +81,7 @@ class StepSampler:
         self.vocab_size = vocab_size
         self.device = device
         self.penalty_states: dict[str, _PenaltyState] = {}
+        self.dense_rules = DenseRuleRows()
         self._zero_counts: torch.Tensor | None = None
         self._zero_mask: torch.Tensor | None = None
         self._key: tuple[str, ...] | None = None
@@ -162,6 +169,7 @@ class StepSampler:
             self.vocab_size,
             self.device,
             penalty_tensors=penalty,
+            dense_rules=self.dense_rules,
         )
 
     def _penalty_tensors(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import torch
 
 from surge.engine.llm_engine import choice_params
-from surge.layers.sampler import Sampler, SamplingMetadata, banned_bad_word_tokens
+from surge.layers import sampler as sampler_module
+from surge.layers.sampler import (
+    DenseRuleRows,
+    Sampler,
+    SamplingMetadata,
+    apply_logit_bias,
+    banned_bad_word_tokens,
+)
 from surge.request import Request
 from surge.sampling_params import SamplingParams
 from surge.structured.manager import StaticGrammarBitmask
@@ -249,7 +257,8 @@ def test_whole_vocabulary_rules_of_many_choices_are_converted_once(monkeypatch: 
     """``n: 128`` choices sharing a ``logit_bias`` on each of Qwen3's 151,936 tokens (a 2 MB
     body), or an ``allowed_token_ids`` of them all, convert the shared rules once per build, not
     once per choice (as Python tuples per choice they took 9 s and 6 s of the engine loop, every
-    other stream waiting). The tensors are those of one row each, repeated."""
+    other stream waiting), into one dense ``[V]`` row for the 128 rows (not 19 M sparse
+    entries); the mask rows are that row, repeated."""
     vocab = 151_936
     bias = {t: (t % 7) - 3.0 for t in range(vocab)}
     allowed = tuple(range(0, vocab, 2))
@@ -265,17 +274,129 @@ def test_whole_vocabulary_rules_of_many_choices_are_converted_once(monkeypatch: 
         md = SamplingMetadata.build(params, [[1]] * n, [[]] * n, [()] * n, vocab, "cpu")
         assert calls == conversions, (rules.keys(), calls)
         monkeypatch.undo()
-        one = SamplingMetadata.build([children[0]], [[1]], [[]], [()], vocab, "cpu")
         if "logit_bias" in rules:
-            assert md.logit_bias_rows is not None and one.logit_bias_rows is not None
-            assert torch.equal(md.logit_bias_rows, torch.arange(1, 129).repeat_interleave(vocab))
-            assert torch.equal(md.logit_bias_tokens, one.logit_bias_tokens.repeat(128))
-            assert torch.equal(md.logit_bias_values, one.logit_bias_values.repeat(128))
+            assert md.logit_bias_rows is None  # no per-row entries
+            assert md.logit_bias_dense is not None and len(md.logit_bias_dense) == 1
+            rows, row = md.logit_bias_dense[0]
+            assert torch.equal(rows, torch.arange(1, 129))
+            assert row.shape == (vocab,) and row.dtype == torch.float32
+            assert torch.equal(row, torch.tensor([(t % 7) - 3.0 for t in range(vocab)]))
         else:
-            assert md.allowed_mask is not None and one.allowed_mask is not None
+            assert md.allowed_mask is not None
             assert md.allowed_mask[0].all() and md.allowed_mask[-1].all()
-            assert torch.equal(md.allowed_mask[1:-1], one.allowed_mask.expand(128, vocab))
-            assert one.allowed_mask[0].tolist() == [t % 2 == 0 for t in range(vocab)]
+            expect = torch.arange(vocab) % 2 == 0
+            assert torch.equal(md.allowed_mask[1:-1], expect.expand(128, vocab))
+
+
+def _reference_logit_rules(
+    logits: torch.Tensor, items: list[dict[int, float] | tuple[int, ...] | None], vocab: int
+) -> torch.Tensor:
+    """Per-row loop over the rules: a bias dict's values added to the float32 logits one token
+    at a time, or -inf outside an allowed list (tokens outside the vocabulary dropped)."""
+    out = logits.clone()
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            for t, v in item.items():
+                if 0 <= t < vocab:
+                    out[i, t] += torch.tensor(v, dtype=torch.float32)
+        elif item is not None:
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[[t for t in item if 0 <= t < vocab]] = True
+            out[i] = out[i].masked_fill(~keep, float("-inf"))
+    return out
+
+
+def _int_bits(t: torch.Tensor) -> torch.Tensor:
+    """The float32 tensor's bit patterns (so -0.0 differs from 0.0)."""
+    return t.view(torch.int32)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dense_and_sparse_rules_give_identical_bits(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random batches mixing small and large (dense) ``logit_bias`` dicts and
+    ``allowed_token_ids`` lists, some shared by several rows, with ids outside the vocabulary
+    and logits of -0.0, 0.0 and infinities: the biased logits equal, bit for bit, both a per-token
+    reference and the all-sparse layout (a divisor of 0: nothing is dense), and
+    so do the allowed masks and the sampled tokens."""
+    rng = np.random.default_rng(seed)
+    vocab = 64
+    logits = torch.from_numpy(rng.standard_normal((12, vocab)).astype(np.float32) * 4)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf")])
+    logits.view(-1)[torch.from_numpy(rng.choice(logits.numel(), 40, replace=False))] = specials.repeat(10)
+
+    def bias_dict(size: int) -> dict[int, float]:
+        toks = rng.choice(vocab + 8, size, replace=False)  # a few beyond the vocabulary
+        vals = rng.uniform(-100, 100, size)
+        vals[:2] = (0.0, -0.0)
+        return {int(t): float(v) for t, v in zip(toks, vals, strict=True)}
+
+    shared_big, shared_small = bias_dict(vocab), bias_dict(3)
+    unbiased = next(t for t in range(vocab) if t not in shared_big)
+    logits[[0, 4, 9], unbiased] = -0.0  # a dense row's other tokens keep -0.0 as it is
+    before = logits.clone()
+    big_allowed = tuple(int(t) for t in rng.choice(vocab + 8, vocab // 2, replace=False))
+    biases: list[dict[int, float] | None] = [
+        shared_big, None, shared_small, bias_dict(40), shared_big, bias_dict(5),
+        None, shared_small, bias_dict(vocab // 8), shared_big, bias_dict(vocab // 8 - 1), None,
+    ]  # fmt: skip
+    allowed: list[tuple[int, ...] | None] = [
+        None, big_allowed, None, (1, 2, 70), big_allowed, None,
+        tuple(range(0, vocab, 3)), None, None, (5,), None, big_allowed,
+    ]  # fmt: skip
+    params = []
+    for i, (b, a) in enumerate(zip(biases, allowed, strict=True)):
+        p = SamplingParams(temperature=1.0, seed=i, logit_bias=b, allowed_token_ids=a)
+        # share the very objects, as a request's choices do (construction copies them)
+        msgspec.structs.force_setattr(p, "logit_bias", b)
+        msgspec.structs.force_setattr(p, "allowed_token_ids", a)
+        params.append(p)
+    n = len(params)
+    dense = SamplingMetadata.build(params, [[]] * n, [[]] * n, [()] * n, vocab, "cpu")
+    assert dense.logit_bias_dense is not None and dense.logit_bias_rows is not None  # both layouts
+    assert [r.tolist() for r, _ in dense.logit_bias_dense] == [[0, 4, 9], [3], [8]]
+    monkeypatch.setattr(sampler_module, "DENSE_RULE_DIVISOR", 0)  # no rule set is large
+    sparse = SamplingMetadata.build(params, [[]] * n, [[]] * n, [()] * n, vocab, "cpu")
+    monkeypatch.undo()
+    assert sparse.logit_bias_dense is None
+    biased = apply_logit_bias(logits, dense)
+    assert torch.equal(_int_bits(biased), _int_bits(apply_logit_bias(logits, sparse)))
+    assert torch.equal(_int_bits(biased), _int_bits(_reference_logit_rules(logits, list(biases), vocab)))
+    assert dense.allowed_mask is not None and sparse.allowed_mask is not None
+    assert torch.equal(dense.allowed_mask, sparse.allowed_mask)
+    masked = _reference_logit_rules(torch.zeros(n, vocab), list(allowed), vocab)
+    assert torch.equal(dense.allowed_mask, ~torch.isneginf(masked))
+    sane = logits.nan_to_num(posinf=50.0, neginf=-50.0)  # no inf - inf: every row samples
+    assert torch.equal(Sampler(seed=0)(sane, dense), Sampler(seed=0)(sane, sparse))
+    assert torch.equal(_int_bits(logits), _int_bits(before)), "the caller's logits are not modified"
+
+
+def test_dense_rows_are_kept_between_builds_while_their_requests_stay() -> None:
+    """A seeded batch is rebuilt every step: its large shared rules are converted once, kept
+    while the requests sample, and released by the first build without them."""
+    vocab = 4_000
+    bias = {t: 100.0 for t in range(0, vocab, 2)}
+    allowed = tuple(range(vocab // 2))
+    children = choice_params(
+        SamplingParams(n=4, temperature=1.0, seed=1, logit_bias=bias, allowed_token_ids=allowed)
+    )
+    reqs = [Request(f"c{i}", [1], p) for i, p in enumerate(children)]
+    other = Request("o", [1], SamplingParams(temperature=1.0, seed=9, logit_bias={3: 2.0}))
+    step = StepSampler(Sampler(seed=0), vocab, torch.device("cpu"))
+    logits = torch.zeros(5, vocab)
+    for _ in range(3):
+        out = step.sample(logits, [*reqs, other])
+        assert step.fresh
+        assert all(0 <= t < vocab // 2 and t % 2 == 0 for t in out[:4].tolist())
+    assert step.dense_rules.conversions == 2 and step.dense_rules.num_rows == 2  # bias + allowed
+    step.sample(logits[:1], [other])  # the choices finished: their rows go
+    assert step.dense_rules.num_rows == 0
+    # without a cache, each build converts its rules again (once per distinct rule set)
+    rules = DenseRuleRows()
+    for _ in range(2):
+        SamplingMetadata.build(children, [[1]] * 4, [[]] * 4, [()] * 4, vocab, "cpu", dense_rules=rules)
+    assert rules.conversions == 2
+    SamplingMetadata.build(children, [[1]] * 4, [[]] * 4, [()] * 4, vocab, "cpu")
+    assert rules.conversions == 2
 
 
 def test_many_stop_token_ids_under_min_tokens_are_converted_once(monkeypatch: pytest.MonkeyPatch) -> None:
