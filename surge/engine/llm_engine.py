@@ -608,26 +608,30 @@ class LLMEngine:
         return self._unfinished_grammars(so, self.scheduler.update(so, in_flight.handle.result()))
 
     def _unfinished_grammars(self, so: SchedulerOutput, outputs: list[EngineOutput]) -> list[EngineOutput]:
-        """``outputs`` less those that end a request with a stop token its grammar rejected, which
-        become request errors (:meth:`take_request_errors`) instead of a "stop".
+        """``outputs`` less those of requests whose grammar rejected a token: each such request
+        becomes a request error (:meth:`take_request_errors`, status 400) instead of a "stop"
+        (or, under ``ignore_eos``, a run of stop tokens up to ``max_tokens``), and is aborted
+        if it has not finished.
 
         Such a grammar had reached a dead end (no token can continue it: an impossible pattern or
-        schema), so the sampler gave way and the output is not what the request asked for; a
-        grammar that ends at a stop token it accepts, or a user stop id it allows, is a "stop"."""
+        schema); its row then allowed only the stop tokens, which the grammar rejects, so the
+        output is not what the request asked for. A grammar that ends at a stop token it
+        accepts, or a user stop id it allows, is a "stop"."""
         structured = self._structured
         if structured is None or not structured.grammars:
             return outputs
         kept: list[EngineOutput] = []
         by_id: dict[str, Request] | None = None
+        dead: list[str] = []
         for out in outputs:
-            g = structured.grammars.get(out.request_id) if out.finish_reason == "stop" else None
-            if g is not None:
+            g = structured.grammars.get(out.request_id)
+            if g is not None and g.active:
                 if by_id is None:
                     by_id = {s.request.request_id: s.request for s in so.scheduled}
                 request = by_id.get(out.request_id)
                 if request is not None:
                     g.catch_up(request.output_token_ids)
-                    if g.active and g.failed:
+                    if g.failed:
                         self._request_errors.append(
                             RequestFailure(
                                 out.request_id,
@@ -636,8 +640,12 @@ class LLMEngine:
                                 "that nothing satisfies from there)",
                             )
                         )
+                        if out.finish_reason is None:
+                            dead.append(out.request_id)
                         continue
             kept.append(out)
+        if dead:
+            self.abort_requests(dead)
         return kept
 
     def finish_in_flight(self) -> list[EngineOutput]:

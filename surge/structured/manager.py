@@ -339,7 +339,8 @@ class StructuredOutputManager:
     ) -> int:
         """Advance the matchers of ``requests`` and pack the masks of their constrained rows
         into :attr:`buffer`: the grammar's allowed tokens, or only the stop tokens for a
-        finished or failed grammar. Free rows get no mask row.
+        finished or failed grammar, or one at a dead end (no token allowed, not even a stop
+        token). Free rows get no mask row.
 
         A request with a pending output (``Request.num_pending_outputs``: sampled by the
         step in flight, asynchronous scheduling) takes it from ``previous()``, which is
@@ -397,6 +398,14 @@ class StructuredOutputManager:
         else:
             for j, matcher in enumerate(matchers):
                 matcher.fill_next_token_bitmask(mask, j)
+        if m:
+            # a grammar at a dead end allows no token, not even a stop token: its row would be left
+            # unmasked by the sampler (which gives way to an empty row) and stream one token the
+            # grammar forbids; it gets the stop row instead, and the stop token, which the matcher
+            # rejects, fails the request (LLMEngine._unfinished_grammars) with nothing streamed
+            dead = torch.nonzero(~mask[:m].any(dim=1)).flatten()
+            if len(dead):
+                mask[dead] = self._stop_row
         if stop_rows:
             mask[m:] = self._stop_row
             rows += stop_rows

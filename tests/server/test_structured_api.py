@@ -342,5 +342,9 @@ def test_a_schema_nothing_satisfies_is_a_400_not_a_stop(client: openai.OpenAI, s
         events = [line for line in s.iter_lines() if line.startswith("data:")]
     # an error event, then [DONE], ends the stream (as vLLM)
     assert "no token can continue the grammar" in events[-2] and events[-1] == "data: [DONE]", events
+    # what was streamed before it is what the grammar took: the string's quote, and no token after
+    # the dead end (the sampler used to give way to the empty mask row and stream one)
+    deltas = [json.loads(e[5:])["choices"][0]["delta"] for e in events[:-2]]
+    assert "".join(d.get("content") or "" for d in deltas) == '"', events
     ok = client.chat.completions.create(model=body["model"], messages=MSGS, max_tokens=3)  # type: ignore[arg-type]
     assert ok.choices[0].finish_reason in ("stop", "length")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -290,3 +291,42 @@ def test_offline_generate_raises_runtime_error_for_a_server_fault(monkeypatch: p
             llm.generate([[1, 5]], SamplingParams(max_tokens=2))
         assert not llm.engine.has_unfinished_requests()
     llm.close()
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True], ids=["eos", "ignore_eos"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_grammar_at_a_dead_end_outputs_no_token_it_forbids(
+    async_scheduling: bool, ignore_eos: bool
+) -> None:
+    """At a dead end (no token allowed, not even a stop token) the row used to be left unmasked
+    by the sampler and one forbidden token was output (and streamed) before the error; now the
+    row allows only the stop tokens, so every token the request output is one the grammar took.
+    Under ``ignore_eos`` the request used to run to ``max_tokens`` on stop tokens and end with
+    "length", no error; now it fails at the dead end too."""
+    import xgrammar as xgr
+
+    engine = LLMEngine(build_engine_config(None, device="cpu", async_scheduling=async_scheduling))
+    params = SamplingParams(
+        temperature=1.0,
+        seed=3,
+        max_tokens=200,
+        ignore_eos=ignore_eos,
+        structured_outputs=StructuredOutputsParams(regex=r"a[^\s\S]"),
+    )
+    engine.add_request("dead", [1, 5, 9], params)
+    emitted: list[int] = []
+    deadline = time.monotonic() + 120  # the grammar compiles meanwhile (a worker starts)
+    while engine.has_unfinished_requests() and time.monotonic() < deadline:
+        outputs = engine.step()
+        emitted += [t for out in outputs if out.request_id == "dead" for t in out.new_token_ids]
+        if not outputs:
+            time.sleep(0.01)
+    errors = engine.take_request_errors()
+    assert [(e.request_id, e.status) for e in errors] == [("dead", 400)]
+    assert "no token can continue the grammar" in errors[0].message
+    structured = engine._structured
+    assert structured is not None and emitted
+    matcher = xgr.GrammarMatcher(structured.cache.submit(params.structured_outputs).result(timeout=60))
+    assert all(matcher.accept_token(t) for t in emitted), emitted
+    assert not engine.has_unfinished_requests()
+    engine.close()
