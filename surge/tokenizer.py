@@ -116,8 +116,27 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+TEXT_PART_KEYS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+"""The content part types read as text, and the key holding each one's text, as vLLM reads
+them: OpenAI's ``text`` and ``refusal`` (an assistant message replayed from an OpenAI
+conversation may carry one), the Responses API's ``input_text`` / ``output_text``, and
+``thinking``."""
+
+
 def content_text(content: Any) -> str:
-    """A message's content as one string: a string, or the text parts of a list joined by newlines."""
+    """A message's content as one string: a string, or the text parts of a list
+    (:data:`TEXT_PART_KEYS`) joined by newlines.
+
+    Raises:
+        ValueError: a part of another type (images, audio: not supported), or a text part
+            without a string under its key.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
@@ -125,12 +144,17 @@ def content_text(content: Any) -> str:
     if isinstance(content, Sequence):
         texts: list[str] = []
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif isinstance(part, Mapping) and part.get("type") == "text":
-                raise ValueError("messages: a content part of type 'text' needs a string 'text'")
-            else:
-                raise ValueError("messages: only content parts of type 'text' are supported")
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            key = TEXT_PART_KEYS.get(kind) if isinstance(kind, str) else None
+            if key is None:
+                raise ValueError(
+                    "messages: only text content parts (of type 'text', 'refusal', 'input_text', "
+                    "'output_text' or 'thinking') are supported"
+                )
+            text = part.get(key)
+            if not isinstance(text, str):
+                raise ValueError(f"messages: a content part of type {kind!r} needs a string {key!r}")
+            texts.append(text)
         return "\n".join(texts)
     raise ValueError("messages: content must be a string or a list of text parts")
 

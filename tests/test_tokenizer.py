@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from surge.config import DEFAULT_MODEL_DIR  # noqa: E402
-from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, load_tokenizer  # noqa: E402
+from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, content_text, load_tokenizer  # noqa: E402
 
 QWEN3_DIR = Path(__file__).resolve().parents[2] / "shared" / "assets" / "models" / "qwen3-8b"
 
@@ -159,10 +159,23 @@ def test_chat_template_fallback_and_errors(stories, qwen):
     assert stories.decode(ids, skip_special_tokens=True) == "user: Once upon\nassistant:"
     with pytest.raises(ValueError, match="empty"):
         apply_chat_template(stories, [])
-    with pytest.raises(ValueError, match="only content parts of type 'text'"):
+    with pytest.raises(ValueError, match=r"only text content parts \(of type 'text', 'refusal'"):
         apply_chat_template(stories, [{"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(ValueError, match="needs a string 'text'"):
         apply_chat_template(stories, [{"role": "user", "content": [{"type": "text", "text": None}]}])
+    with pytest.raises(ValueError, match="type 'refusal' needs a string 'refusal'"):
+        apply_chat_template(stories, [{"role": "assistant", "content": [{"type": "refusal", "text": "no"}]}])
+    # vLLM's text-like parts: an OpenAI refusal, the Responses API's input/output text, thinking
+    parts = [
+        {"type": "refusal", "refusal": "I can't."},
+        {"type": "output_text", "text": "Ask"},
+        {"type": "input_text", "text": "me"},
+        {"type": "thinking", "thinking": "later"},
+    ]
+    assert content_text(parts) == "I can't.\nAsk\nme\nlater"
+    replayed = [{"role": "user", "content": "x"}, {"role": "assistant", "content": parts[:1]}]
+    plain = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "I can't."}]
+    assert apply_chat_template(qwen, replayed) == apply_chat_template(qwen, plain)
     with pytest.raises(ValueError, match="role"):
         apply_chat_template(stories, [{"content": "x"}])
     with pytest.raises(ValueError, match="must not set"):

@@ -273,7 +273,8 @@ class SamplingRequestFields(RequestBody):
 
 
 class ChatMessage(BaseModel):
-    """One chat message: ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts.
+    """One chat message: ``content`` is a string or a list of text parts (``{"type": "text", "text": ...}``,
+    ``refusal``, ``input_text``, ``output_text``, ``thinking``: :data:`surge.tokenizer.TEXT_PART_KEYS`).
 
     Other keys (``name``, ``tool_calls``, ``tool_call_id``, ...) are passed to the chat template.
     """
