@@ -14,9 +14,10 @@ from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_n
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
 """The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""Files one of which a model folder with a tokenizer holds (without any, transformers builds an
-empty tokenizer)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""Vocabulary files one of which a model folder with a tokenizer holds (without any, transformers
+builds an empty tokenizer; ``tokenizer_config.json`` alone gave a 26-token one that encodes
+every text to nothing)."""
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -85,6 +85,10 @@ FALLBACK_CHAT_TEMPLATE_DOC = (
 )
 
 
+_PROBE_TEXT = "Hello world"
+"""Text every working tokenizer encodes to at least one token (checked at load)."""
+
+
 def has_tokenizer_files(model_dir: str | Path) -> bool:
     """Whether ``model_dir`` holds one of :data:`TOKENIZER_FILES`."""
     return any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES)
@@ -100,7 +104,8 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         The transformers tokenizer (never reads the network: ``local_files_only=True``).
 
     Raises:
-        ValueError: the folder does not exist or holds no loadable tokenizer.
+        ValueError: the folder does not exist or holds no loadable tokenizer, or its tokenizer
+            files load as one that encodes text to no tokens.
     """
     path = Path(model_dir)
     if not path.is_dir():
@@ -110,6 +115,12 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"tokenizer: cannot load a tokenizer from {str(path)!r}: {first_line}") from e
+    if has_tokenizer_files(path) and not tokenizer.encode(_PROBE_TEXT, add_special_tokens=False):
+        # a tokenizer that drops every text: prompts would reach the model as their special tokens
+        raise ValueError(
+            f"tokenizer: the tokenizer of {str(path)!r} encodes text to no tokens: its vocabulary "
+            "files are incomplete or empty; copy the model's tokenizer files into the folder"
+        )
     # The engine, not the tokenizer, decides what fits (max_model_len); without this,
     # transformers warns on every prompt longer than the tokenizer's own model_max_length.
     tokenizer.model_max_length = 1 << 62

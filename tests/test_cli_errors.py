@@ -53,6 +53,10 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     shutil.copy(STORIES / "config.json", no_tok)
     shutil.copy(STORIES / "model.safetensors", no_tok)
     _one_line_error(_surge(*command, "--model", str(no_tok)), "has no tokenizer")
+    # tokenizer_config.json alone is no tokenizer: transformers built a 26-token one from it that
+    # encoded every prompt to nothing, and the server started
+    shutil.copy(STORIES / "tokenizer_config.json", no_tok)
+    _one_line_error(_surge(*command, "--model", str(no_tok)), "has no tokenizer")
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):

@@ -406,3 +406,16 @@ def test_reasoning_in_the_history_reaches_the_template_under_both_names(qwen):
         assert rendered.split(";")[1] == "assistant:Call f.|Call f.", rendered
     nulls = [{"role": "user", "content": "hi", "reasoning": None, "reasoning_content": None}]
     assert qwen.decode(apply_chat_template(qwen, nulls, chat_template=both)) == "user:|;"
+
+
+def test_a_tokenizer_that_encodes_text_to_nothing_is_refused(tmp_path: Path) -> None:
+    """Vocabulary files that load as a tokenizer dropping every text (an empty BPE vocabulary)
+    are refused at load: prompts would reach the model as their special tokens alone."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(vocab={"<s>": 0}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="encodes text to no tokens: its vocabulary files are incomplete"):
+        load_tokenizer(tmp_path)

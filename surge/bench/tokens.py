@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from surge.config import TOKENIZER_FILES
 from surge.reasoning_effort import template_kwargs_with_effort
 
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
@@ -107,8 +108,7 @@ def is_tokenizer_dir(path: str | os.PathLike[str] | None) -> bool:
     if not path:
         return False
     p = Path(path)
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    return p.is_dir() and any((p / n).exists() for n in names)
+    return p.is_dir() and any((p / n).exists() for n in TOKENIZER_FILES)
 
 
 def _vocab_pool(tok: Any) -> np.ndarray:
@@ -321,8 +321,7 @@ def resolve_counter(
             raise ValueError(f"--tokenizer {tokenizer}: not a folder")
         if not is_tokenizer_dir(tokenizer):
             raise ValueError(
-                f"--tokenizer {tokenizer}: the folder has no tokenizer files "
-                "(tokenizer.json, tokenizer_config.json, tokenizer.model or vocab.json)"
+                f"--tokenizer {tokenizer}: the folder has no tokenizer files ({', '.join(TOKENIZER_FILES)})"
             )
         print(f"[bench] loading the tokenizer of {tokenizer} to count prompt tokens", flush=True)
         return HFTokenCounter(tokenizer)

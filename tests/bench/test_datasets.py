@@ -149,7 +149,10 @@ def test_a_tokenizer_folder_without_tokenizer_files_is_one_line(tmp_path: Path) 
         ValueError, match=r"^--tokenizer \S+: the folder has no tokenizer files \(tokenizer\.json"
     ):
         resolve_counter("http://127.0.0.1:1", "m", str(tmp_path), None)
-    (tmp_path / "tokenizer_config.json").write_text("{}")  # present, but no vocabulary to build from
+    (tmp_path / "tokenizer_config.json").write_text("{}")  # no vocabulary: still no tokenizer
+    with pytest.raises(ValueError, match=r"^--tokenizer \S+: the folder has no tokenizer files"):
+        resolve_counter("http://127.0.0.1:1", "m", str(tmp_path), None)
+    (tmp_path / "vocab.json").write_text("{}")  # a vocabulary without its merges.txt
     with pytest.raises(ValueError, match=r"^cannot load a tokenizer from ") as e:
         resolve_counter("http://127.0.0.1:1", "m", str(tmp_path), None)
     assert "\n" not in str(e.value), str(e.value)
