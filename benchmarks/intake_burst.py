@@ -300,6 +300,11 @@ def main() -> None:
     ap.add_argument("--log", default="/tmp/intake_burst_server.log")
     ap.add_argument("--cprofile", help="cProfile the API process over the last burst into this file")
     ap.add_argument("--json", action="store_true", help="also print each burst's figures as JSON")
+    ap.add_argument(
+        "--serve-flags",
+        default="",
+        help="more `surge serve` flags, one string (e.g. '--enable-log-requests')",
+    )
     args = ap.parse_args()
 
     port = free_port()
@@ -309,6 +314,7 @@ def main() -> None:
         "--max-num-seqs", str(args.concurrency), "--num-kv-blocks", "4096", "--log-interval", "3600",
         "--disable-web-ui", "--stream-interval", "1",
     ]  # fmt: skip
+    flags += args.serve_flags.split()
     own = ["--step-us", str(int(args.step_ms * 1000)), "--concurrency", str(args.concurrency)]
     own += ["--cprofile", args.cprofile] if args.cprofile else []
     with open(args.log, "wb") as log:
