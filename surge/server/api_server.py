@@ -383,6 +383,7 @@ class ServeOptions:
         access_log: log every HTTP request.
         engine_log_level: ``logging`` level of the engine process.
         metrics_require_key: ``/metrics`` needs the API key too.
+        metrics_prefix: the metric names' prefix, ``surge`` or ``vllm`` (vLLM's names).
         max_request_body_bytes: largest request body (bytes); larger ones get a 413.
         header_read_timeout: seconds to receive a request's line and headers (else 408).
         body_read_timeout: seconds to receive a request's body (else 408).
@@ -415,6 +416,7 @@ class ServeOptions:
     access_log: bool = False
     engine_log_level: int = logging.INFO
     metrics_require_key: bool = False
+    metrics_prefix: str = "surge"
     max_request_body_bytes: int = 4 * 1024 * 1024
     header_read_timeout: float = 10.0
     body_read_timeout: float = 60.0
@@ -520,6 +522,7 @@ async def run_server(
             client.get_replica_stats if isinstance(client, DPEngineClient) else None,
             lambda: client.is_ready,
             multiprocess_dir=metrics_dir,
+            prefix=options.metrics_prefix,
         ),
         served_model_names=tuple(names),
         model_path=config.model.model,

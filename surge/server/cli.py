@@ -13,6 +13,7 @@ from typing import Any
 from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
 from surge.server.auth import parse_api_keys
 from surge.server.cors import CorsOptions
+from surge.server.metrics import METRICS_PREFIXES
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -52,6 +53,13 @@ def add_serve_parser(subparsers: Any) -> None:
         "(default: the SURGE_API_KEY environment variable, else vLLM's VLLM_API_KEY, else no key)",
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
+    p.add_argument(
+        "--metrics-prefix",
+        choices=METRICS_PREFIXES,
+        default="surge",
+        help="the /metrics names' prefix: surge (surge:num_requests_running, ...) or vllm (vLLM's names "
+        "of the same metrics, e.g. vllm:num_requests_waiting, for dashboards and autoscalers written for vLLM)",
+    )
     p.add_argument(
         "--max-request-body-bytes",
         type=int,
@@ -456,6 +464,7 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         engine_log_level=level,
         metrics_require_key=args.metrics_require_key,
+        metrics_prefix=args.metrics_prefix,
         max_request_body_bytes=args.max_request_body_bytes,
         header_read_timeout=args.header_read_timeout,
         body_read_timeout=args.body_read_timeout,

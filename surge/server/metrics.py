@@ -35,6 +35,11 @@ _ITL_BUCKETS = (
 _GRAMMAR_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+METRICS_PREFIXES = ("surge", "vllm")
+"""The metric name prefixes ``--metrics-prefix`` takes: Surge's own, or vLLM's (the metrics
+that both servers have carry the same name after the prefix)."""
+
+
 class _EngineStatsCollector(Collector):
     """Exports the latest SchedulerStats as gauges and counters at scrape time."""
 
@@ -44,7 +49,9 @@ class _EngineStatsCollector(Collector):
         model_name: str,
         get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
         engine_up: Callable[[], bool] = lambda: True,
+        prefix: str = "surge",
     ) -> None:
+        self._prefix = prefix
         self._get_stats = get_stats
         self._model_name = model_name
         self._get_replica_stats = get_replica_stats
@@ -53,7 +60,7 @@ class _EngineStatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = self._engine_up()
         g = GaugeMetricFamily(
-            "surge:engine_up", "1 while the engine is running, else 0.", labels=["model_name"]
+            f"{self._prefix}:engine_up", "1 while the engine is running, else 0.", labels=["model_name"]
         )
         g.add_metric([self._model_name], 1 if up else 0)
         yield g
@@ -82,7 +89,7 @@ class _EngineStatsCollector(Collector):
     def _samples(self, s: SchedulerStats | None, labels: list[str], values: list[str]) -> Iterator[Metric]:
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"surge:{name}", doc, labels=labels)
+            g = GaugeMetricFamily(f"{self._prefix}:{name}", doc, labels=labels)
             g.add_metric(values, value)
             return g
 
@@ -93,7 +100,7 @@ class _EngineStatsCollector(Collector):
         )
         yield gauge("kv_cache_free_blocks", "Free KV cache blocks.", s.num_free_blocks if s else 0)
         yield gauge("kv_cache_total_blocks", "KV cache blocks in the pool.", s.num_total_blocks if s else 0)
-        c = CounterMetricFamily("surge:num_preemptions", "Preemptions since start.", labels=labels)
+        c = CounterMetricFamily(f"{self._prefix}:num_preemptions", "Preemptions since start.", labels=labels)
         c.add_metric(values, s.num_preemptions_total if s else 0)
         yield c
         for name, doc, value in (
@@ -108,7 +115,7 @@ class _EngineStatsCollector(Collector):
                 s.prefix_cache_query_tokens if s else 0,
             ),
         ):
-            c = CounterMetricFamily(f"surge:{name}", doc, labels=labels)
+            c = CounterMetricFamily(f"{self._prefix}:{name}", doc, labels=labels)
             c.add_metric(values, value)
             yield c
 
@@ -127,6 +134,12 @@ class ServerMetrics:
         multiprocess_dir: the folder of prometheus_client's multiprocess mode when this is one
             of several API processes (the counters and histograms of all of them are then
             rendered; the process was started with ``PROMETHEUS_MULTIPROC_DIR`` set to it).
+        prefix: the metric names' prefix, ``surge`` (``surge:num_requests_running``) or
+            ``vllm`` (``--metrics-prefix vllm``: the names vLLM gives the same metrics, for
+            dashboards and autoscalers written for vLLM).
+
+    Raises:
+        ValueError: ``prefix`` is not one of :data:`METRICS_PREFIXES`.
     """
 
     def __init__(
@@ -136,20 +149,24 @@ class ServerMetrics:
         get_replica_stats: Callable[[], list[SchedulerStats | None]] | None = None,
         engine_up: Callable[[], bool] = lambda: True,
         multiprocess_dir: str | None = None,
+        prefix: str = "surge",
     ) -> None:
+        if prefix not in METRICS_PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {', '.join(METRICS_PREFIXES)}, got {prefix!r}")
+        self.prefix = prefix
         self.registry = CollectorRegistry()
         self._multiprocess_dir = multiprocess_dir
         self._get_stats = lambda: get_stats() if engine_up() else None
         reg, lbl = self.registry, ["model_name"]
         self._model_name = model_name
         self._prompt_tokens = Counter(
-            "surge:prompt_tokens", "Prompt tokens processed.", lbl, registry=reg
+            f"{prefix}:prompt_tokens", "Prompt tokens processed.", lbl, registry=reg
         ).labels(model_name)
         self._generation_tokens = Counter(
-            "surge:generation_tokens", "Generated tokens.", lbl, registry=reg
+            f"{prefix}:generation_tokens", "Generated tokens.", lbl, registry=reg
         ).labels(model_name)
         self._success = Counter(
-            "surge:request_success",
+            f"{prefix}:request_success",
             "Finished requests by finish reason.",
             [*lbl, "finished_reason"],
             registry=reg,
@@ -158,40 +175,42 @@ class ServerMetrics:
             r: self._success.labels(model_name, r) for r in ("stop", "length", "abort")
         }
         self.ttft = Histogram(
-            "surge:time_to_first_token_seconds",
+            f"{prefix}:time_to_first_token_seconds",
             "Time to first token (s).",
             lbl,
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         ).labels(model_name)
         self.itl = Histogram(
-            "surge:inter_token_latency_seconds",
+            f"{prefix}:inter_token_latency_seconds",
             "Time between tokens (s).",
             lbl,
             buckets=_ITL_BUCKETS,
             registry=reg,
         ).labels(model_name)
         self.e2e = Histogram(
-            "surge:e2e_request_latency_seconds",
+            f"{prefix}:e2e_request_latency_seconds",
             "End-to-end request latency (s).",
             lbl,
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         ).labels(model_name)
         self.grammar_compile_time = Histogram(
-            "surge:grammar_compile_time_seconds",
+            f"{prefix}:grammar_compile_time_seconds",
             "Time to compile one structured-output grammar in the engine (s).",
             lbl,
             buckets=_GRAMMAR_BUCKETS,
             registry=reg,
         ).labels(model_name)
         self._structured = Counter(
-            "surge:structured_output_requests",
+            f"{prefix}:structured_output_requests",
             "Requests constrained by a grammar, by kind (json, regex, choice, grammar, json_object).",
             [*lbl, "kind"],
             registry=reg,
         )
-        self._engine_collector = _EngineStatsCollector(get_stats, model_name, get_replica_stats, engine_up)
+        self._engine_collector = _EngineStatsCollector(
+            get_stats, model_name, get_replica_stats, engine_up, prefix
+        )
         self.registry.register(self._engine_collector)
         self._last_log_time = time.monotonic()
         self.total_prompt_tokens = 0

@@ -7,7 +7,7 @@
   const PERIOD_MS = 1000; // scrape period
   const SPAN_S = 120; // seconds of history drawn
   const WINDOW_S = 10; // window of latency percentiles and the prefix cache hit rate
-  const P = "surge:";
+  let P = "surge:"; // the metric name prefix: "vllm:" under --metrics-prefix vllm (read from the scrape)
 
   const CHARTS = [
     { id: "requests", title: "Requests", series: [["running", "Running", "--c1"], ["waiting", "Waiting", "--c2"]], integer: true },
@@ -155,7 +155,9 @@
         throw new Error("/metrics needs the server's API key.");
       }
       if (!r.ok) throw new Error(await C.errorMessage(r));
-      const sample = derive(C.parsePrometheus(await r.text()), t);
+      const parsed = C.parsePrometheus(await r.text());
+      if (parsed.some((x) => x.name === "vllm:engine_up")) P = "vllm:";
+      const sample = derive(parsed, t);
       history.push(sample);
       while (history.length && t - history[0].t > SPAN_S + 2) history.shift();
       dash.samples++;

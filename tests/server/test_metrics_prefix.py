@@ -1,0 +1,68 @@
+"""``--metrics-prefix vllm``: the same metrics under vLLM's names, for dashboards and autoscalers
+written for vLLM (``vllm:num_requests_waiting``, ``vllm:time_to_first_token_seconds``, ...)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from surge.core.outputs import SchedulerStats
+from surge.server.metrics import ServerMetrics
+from tests.server.conftest import start_server
+
+VLLM_NAMES = (  # names vLLM 0.26 exports for these metrics (vllm/v1/metrics/loggers.py)
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket",
+)
+
+
+def _names(metrics: ServerMetrics) -> set[str]:
+    text = metrics.render().decode()
+    return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M)}
+
+
+def test_the_prefix_renames_every_metric_and_nothing_else() -> None:
+    stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
+    ours = ServerMetrics("m", lambda: stats)
+    theirs = ServerMetrics("m", lambda: stats, prefix="vllm")
+    for m in (ours, theirs):
+        m.ttft.observe(0.1)
+        m.add_generation_tokens(5)
+    surge_names, vllm_names = _names(ours), _names(theirs)
+    assert all(n.startswith("surge:") for n in surge_names)
+    assert {n.replace("surge:", "vllm:", 1) for n in surge_names} == vllm_names
+    assert set(VLLM_NAMES) <= vllm_names
+    assert re.search(r'^vllm:num_requests_waiting\{model_name="m"\} 3\.0$', theirs.render().decode(), re.M)
+    with pytest.raises(ValueError, match="metrics prefix must be one of surge, vllm"):
+        ServerMetrics("m", lambda: stats, prefix="sglang")
+
+
+def test_a_server_started_with_the_flag_exports_vllms_names(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--metrics-prefix", "vllm", "--api-server-count", "2")
+    try:
+        deadline = time.monotonic() + 60  # /health answers once one API process serves
+        while srv.log().count("serving on http") < 2:  # a stop before the second serves exits 1
+            assert time.monotonic() < deadline, srv.log()[-2000:]
+            time.sleep(0.1)
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 3}, timeout=60)
+        assert r.status_code == 200, r.text
+        text = httpx.get(srv.url + "/metrics").text
+    finally:
+        assert srv.stop() == 0
+    names = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M)}
+    assert set(VLLM_NAMES) <= names and not any(n.startswith("surge:") for n in names), sorted(names)
+    assert re.search(r'^vllm:generation_tokens_total\{model_name="[^"]+"\} 3\.0$', text, re.M), text
