@@ -183,6 +183,8 @@ class EngineClient:
             start-up), then each batch's (None before the engine is ready).
         on_grammar_compile_time: called with the seconds of each grammar compilation the
             engine reports (the server's histogram), or None.
+        on_dead: called once with the reason when the engine dies or fails (not when the
+            server shuts it down), after the in-flight requests got their error; or None.
         pid: the engine process id once started.
     """
 
@@ -207,6 +209,7 @@ class EngineClient:
         self.info: EngineReady | None = None
         self.stats: SchedulerStats | None = None
         self.on_grammar_compile_time: Callable[[float], None] | None = None
+        self.on_dead: Callable[[str], None] | None = None
         self._sinks: dict[str, _Sink] = {}
         self._dead_reason: str | None = None
         self._proc: multiprocessing.process.BaseProcess | None = None
@@ -507,6 +510,8 @@ class EngineClient:
         for sink in self._sinks.values():
             sink.queue.put_nowait((sink.index, err))
         self._sinks.clear()
+        if not self._closing and self.on_dead is not None:
+            self.on_dead(reason)
 
     def _terminate_at_exit(self) -> None:
         """If the API process exits without :meth:`shutdown`, do not leave (or wait on) the engine."""

@@ -384,6 +384,8 @@ class ServeOptions:
         engine_log_level: ``logging`` level of the engine process.
         metrics_require_key: ``/metrics`` needs the API key too.
         metrics_prefix: the metric names' prefix, ``surge`` or ``vllm`` (vLLM's names).
+        keep_alive_on_engine_death: after the engine dies, stay up answering 503 instead of
+            exiting with code 1 (vLLM's ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``).
         max_request_body_bytes: largest request body (bytes); larger ones get a 413.
         header_read_timeout: seconds to receive a request's line and headers (else 408).
         body_read_timeout: seconds to receive a request's body (else 408).
@@ -417,6 +419,7 @@ class ServeOptions:
     engine_log_level: int = logging.INFO
     metrics_require_key: bool = False
     metrics_prefix: str = "surge"
+    keep_alive_on_engine_death: bool = False
     max_request_body_bytes: int = 4 * 1024 * 1024
     header_read_timeout: float = 10.0
     body_read_timeout: float = 60.0
@@ -476,7 +479,8 @@ async def run_server(
 
     Returns:
         The exit code: 0 after a clean shutdown, 2 when the engine refused the configuration or
-        the model folder, 1 when it failed to start otherwise.
+        the model folder, 1 when it failed to start otherwise, or died while serving (unless
+        ``options.keep_alive_on_engine_death``).
 
     Raises:
         ValueError: the model folder has no loadable tokenizer.
@@ -591,6 +595,28 @@ async def run_server(
     )
     drain_task: asyncio.Task[int] | None = None
 
+    engine_died = False
+
+    def on_engine_dead(reason: str) -> None:
+        """vLLM's behaviour: a server whose engine died exits (code 1) so that a restart policy
+        brings it back, once its in-flight requests have their 503; with
+        ``--keep-alive-on-engine-death`` it stays up, answering 503 (``/health`` too)."""
+        nonlocal engine_died
+        if options.keep_alive_on_engine_death or engine_died or drain_task is not None:
+            return
+        engine_died = True
+        logger.error(
+            "%s: the server exits (exit code 1; --keep-alive-on-engine-death keeps it up, answering 503)",
+            reason,
+        )
+        server.should_exit = True
+
+    engine_clients = client.replicas if isinstance(client, DPEngineClient) else [client]
+    for engine_client in engine_clients:
+        engine_client.on_dead = on_engine_dead
+    if not client.is_ready:  # it died between its start and here
+        on_engine_dead("the engine is gone")
+
     async def drain_then_exit() -> int:
         try:
             return await state.in_flight.drain(options.shutdown_timeout)
@@ -627,7 +653,7 @@ async def run_server(
             drain_task.cancel()
         await client.shutdown()
     logger.info("shut down")
-    return 0
+    return 1 if engine_died else 0
 
 
 class _Server(uvicorn.Server):

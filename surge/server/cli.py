@@ -54,6 +54,12 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
     p.add_argument(
+        "--keep-alive-on-engine-death",
+        action="store_true",
+        help="when the engine dies, stay up answering 503 (/health too) instead of exiting with code 1 "
+        "as vLLM does (for a supervisor that restarts from health checks)",
+    )
+    p.add_argument(
         "--metrics-prefix",
         choices=METRICS_PREFIXES,
         default="surge",
@@ -465,6 +471,7 @@ def run_serve(args: argparse.Namespace) -> int:
         engine_log_level=level,
         metrics_require_key=args.metrics_require_key,
         metrics_prefix=args.metrics_prefix,
+        keep_alive_on_engine_death=args.keep_alive_on_engine_death,
         max_request_body_bytes=args.max_request_body_bytes,
         header_read_timeout=args.header_read_timeout,
         body_read_timeout=args.body_read_timeout,

@@ -1,4 +1,5 @@
-"""Killing the engine process: /health turns 503 and open requests end with an error within seconds."""
+"""Killing the engine process: open requests end with an error within seconds; the server then exits
+with code 1 (as vLLM), or, with --keep-alive-on-engine-death, stays up with /health at 503."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import aiohttp
@@ -52,18 +54,37 @@ async def _scenario(url: str, engine_pid: int) -> tuple[list[dict], dict, float]
     return results, plain_result, killed_at
 
 
-def test_engine_death_fails_requests_and_health(tmp_path) -> None:
+def _check_failed_requests(results: list[dict], plain: dict, killed_at: float) -> None:
+    for r in results:
+        events = r["events"]
+        assert r["ended"] - killed_at < 5.0
+        assert events[-1] == "[DONE]", "a failed stream ends with the error, then [DONE] (as vLLM)"
+        assert "error" in events[-2] and events[-2]["error"]["code"] == 503
+        assert all("error" not in e for e in events[:-2])
+    assert plain["status"] == 503 and "engine" in plain["body"]["error"]["message"]
+    assert plain["ended"] - killed_at < 5.0
+
+
+def test_engine_death_ends_requests_then_the_server(tmp_path) -> None:
+    """As vLLM: the server exits (code 1) once its requests have their error, so that a restart
+    policy brings it back; it used to stay up answering 503 forever."""
     srv = start_server(tmp_path)
+    results, plain, killed_at = asyncio.run(_scenario(srv.url, srv.engine_pid))
+    _check_failed_requests(results, plain, killed_at)
+    try:
+        code = srv.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        srv.stop()
+        raise AssertionError("the server outlived its engine") from None
+    assert code == 1, srv.log()[-3000:]
+    assert "the server exits (exit code 1" in srv.log()
+
+
+def test_engine_death_kept_alive_fails_requests_and_health(tmp_path) -> None:
+    srv = start_server(tmp_path, "--keep-alive-on-engine-death")
     try:
         results, plain, killed_at = asyncio.run(_scenario(srv.url, srv.engine_pid))
-        for r in results:
-            events = r["events"]
-            assert r["ended"] - killed_at < 5.0
-            assert events[-1] == "[DONE]", "a failed stream ends with the error, then [DONE] (as vLLM)"
-            assert "error" in events[-2] and events[-2]["error"]["code"] == 503
-            assert all("error" not in e for e in events[:-2])
-        assert plain["status"] == 503 and "engine" in plain["body"]["error"]["message"]
-        assert plain["ended"] - killed_at < 5.0
+        _check_failed_requests(results, plain, killed_at)
         deadline = time.monotonic() + 5
         while httpx.get(srv.url + "/health").status_code != 503:
             assert time.monotonic() < deadline
