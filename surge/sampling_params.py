@@ -318,6 +318,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             model's raw logits (before penalties, temperature, top-k/p), as vLLM's default.
         prompt_logprobs: None, or return the log-probability of each prompt token after the
             first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
+        truncate_prompt_tokens: keep only the last this many prompt tokens (vLLM's left
+            truncation; -1: the last ``max_model_len``), or None. Applied by
+            :meth:`surge.LLM.generate` / ``chat`` after tokenizing; the server takes the request
+            field of the same name.
         structured_outputs: a grammar the output must follow (JSON schema, regex, choice,
             EBNF or any JSON object), or None.
         model_default_fields: the model-default fields the caller left out (set on construction).
@@ -352,6 +356,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: tuple[int, ...] | None = None
@@ -431,6 +436,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             (
                 self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
                 f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+            ),
+            (
+                self.truncate_prompt_tokens is None
+                or self.truncate_prompt_tokens == -1
+                or 1 <= self.truncate_prompt_tokens <= _INT32_MAX,
+                f"truncate_prompt_tokens must be -1 or in [1, {_INT32_MAX}], got {self.truncate_prompt_tokens}",
             ),
             (
                 all(0 <= t <= _INT32_MAX for t in self.stop_token_ids),
@@ -549,6 +560,7 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "repetition_penalty": (_OPT_FLOAT, _optional(_as_float)),
     "logprobs": (_OPT_INT, _optional(_as_int)),
     "prompt_logprobs": (_OPT_INT, _optional(_as_int)),
+    "truncate_prompt_tokens": (_OPT_INT, _optional(_as_int)),
     "structured_outputs": ((StructuredOutputsParams, type(None)), _optional(_as_structured)),
     "logit_bias": ((type(None),), _optional(_as_bias)),
     "allowed_token_ids": ((type(None),), _optional(_as_ints)),

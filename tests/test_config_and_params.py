@@ -55,6 +55,8 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("logprobs", 1.0),
     ("prompt_logprobs", True),
     ("prompt_logprobs", "5"),
+    ("truncate_prompt_tokens", True),
+    ("truncate_prompt_tokens", 2.0),
     # floats: int or float, no bool, no None unless declared
     ("temperature", True),
     ("temperature", "0.5"),

@@ -204,6 +204,10 @@ class CompletionOutput:
             return None
         return sum(pos[t].logprob for t, pos in zip(self.token_ids, self.logprobs, strict=False) if t in pos)
 
+    def finished(self) -> bool:
+        """Whether the sequence has ended (a ``finish_reason`` is set), as vLLM's method."""
+        return self.finish_reason is not None
+
 
 @dataclass(slots=True)
 class RequestOutput:
@@ -217,6 +221,9 @@ class RequestOutput:
         num_cached_tokens: prompt tokens served from the prefix cache.
         prompt_logprobs: with ``SamplingParams.prompt_logprobs``, None for the first prompt
             token then one dict per prompt token.
+        metrics: always None: the offline API keeps no per-request timings (vLLM's V1 engine
+            leaves its ``RequestOutput.metrics`` None too unless stats logging is on); the
+            attribute exists so that code written for vLLM reads it.
     """
 
     request_id: str
@@ -225,6 +232,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    metrics: None = None
 
     @property
     def finished(self) -> bool:

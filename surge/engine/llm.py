@@ -110,7 +110,10 @@ class LLM:
         fp8_emulation: bool = False,
         generation_config: str = "auto",
         grammar_compile_timeout: float = 60.0,
+        **unexpected: Any,
     ) -> None:
+        if unexpected:
+            raise TypeError(_unexpected_argument(next(iter(unexpected))))
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
             from surge.cli import check_model_dir
 
@@ -314,6 +317,15 @@ class LLM:
                 if isinstance(prompt, str)
                 else list(prompt)
             )
+            keep = params.truncate_prompt_tokens
+            if keep is not None:  # vLLM's left truncation: the last `keep` tokens
+                keep = self.engine.max_model_len if keep == -1 else keep
+                if keep > self.engine.max_model_len:
+                    raise ValueError(
+                        f"truncate_prompt_tokens ({keep}) is larger than this model's maximum context "
+                        f"length ({self.engine.max_model_len} tokens)"
+                    )
+                token_ids = token_ids[-keep:]
             request_id = f"llm-{self._next_id}"
             self._next_id += 1
             results.append(
@@ -498,12 +510,56 @@ def _token_ids(p: Any) -> list[int] | None:
     return None
 
 
+_TEXT_ONLY_KEYS = frozenset({"multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids"})
+"""Optional keys of vLLM's ``TextPrompt`` / ``TokensPrompt`` for multimodal models: taken when
+absent, None or empty."""
+
+_LLM_ONLY_HINTS = {
+    "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
+    "tokenizer": "a model folder that holds its tokenizer",
+    "disable_log_stats": "nothing: the offline API logs no periodic stats",
+}
+"""vLLM ``LLM(...)`` arguments with no ``surge serve`` counterpart in
+:data:`surge.cli.VLLM_FLAG_HINTS`, and what to use instead."""
+
+
+def _unexpected_argument(name: str) -> str:
+    """The TypeError message for ``LLM(name=...)``: for an argument of vLLM's ``LLM`` that Surge
+    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead."""
+    from surge.cli import VLLM_FLAG_HINTS
+
+    hint = _LLM_ONLY_HINTS.get(name) or VLLM_FLAG_HINTS.get("--" + name.replace("_", "-"))
+    if hint is None:
+        return f"LLM() got an unexpected keyword argument {name!r}"
+    if hint.startswith("nothing: "):
+        return f"LLM() does not take vLLM's {name!r}: leave it out ({hint.removeprefix('nothing: ')})"
+    return f"LLM() does not take vLLM's {name!r}: use {hint}"
+
+
 def _prompt_of(p: Any) -> PromptType:
     """One prompt: a string, a list (or tuple) of token ids, or vLLM's ``{"prompt": str}`` /
-    ``{"prompt_token_ids": [int]}`` dict. Raises ValueError for anything else, or a string
-    that is not valid Unicode text (a lone surrogate)."""
+    ``{"prompt_token_ids": [int]}`` dict (``TextPrompt`` / ``TokensPrompt``; a tokens prompt may
+    carry its ``prompt`` text, which is not tokenized again and not reported; the multimodal keys
+    may be there when empty, ``cache_salt`` when None). Raises ValueError for anything else, or a
+    string that is not valid Unicode text (a lone surrogate)."""
     if isinstance(p, dict):
         keys = set(p)
+        for name in _TEXT_ONLY_KEYS & keys:  # vLLM's optional keys: absent or empty here
+            if p[name]:
+                raise ValueError(f"a dict prompt's {name!r} is not supported: Surge serves text-only models")
+            keys.discard(name)
+        if "cache_salt" in keys:
+            if p["cache_salt"] is not None:
+                raise ValueError(
+                    "a dict prompt's 'cache_salt' is not supported: the prefix cache is shared by all requests"
+                )
+            keys.discard("cache_salt")
+        if keys == {"prompt", "prompt_token_ids"}:  # vLLM's TokensPrompt with its text: the ids count
+            if not isinstance(p["prompt"], str):
+                raise ValueError(
+                    f"a dict prompt's 'prompt' must be a string, got {type(p['prompt']).__name__}"
+                )
+            keys = {"prompt_token_ids"}
         if keys == {"prompt"}:
             if not isinstance(p["prompt"], str):
                 raise ValueError(

@@ -165,7 +165,65 @@ def test_trust_remote_code_is_refused_by_name() -> None:
     """Surge runs no model folder's code: vLLM's permission would change nothing, so it is refused
     (naming it) rather than taken and ignored."""
     with pytest.raises(TypeError, match="trust_remote_code"):
-        LLM(device="cpu", trust_remote_code=True)  # type: ignore[call-arg]
+        LLM(device="cpu", trust_remote_code=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"trust_remote_code": True}, r"vLLM's 'trust_remote_code': leave it out \(Surge runs its own code"),
+        ({"tokenizer": "x"}, "vLLM's 'tokenizer': use a model folder that holds its tokenizer"),
+        (
+            {"max_logprobs": 5},
+            r"vLLM's 'max_logprobs': leave it out \(logprobs and prompt_logprobs take up to 20",
+        ),
+        ({"swap_space": 4}, r"vLLM's 'swap_space': leave it out \(preempted requests are recomputed"),
+        ({"tokenizer_mod": "auto"}, "^LLM\\(\\) got an unexpected keyword argument 'tokenizer_mod'$"),
+    ],
+)
+def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, object], message: str) -> None:
+    """A ported script's ``LLM(model, trust_remote_code=True)`` got Python's bare "unexpected
+    keyword argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
+    with pytest.raises(TypeError, match=message):
+        LLM(device="cpu", **kwargs)
+
+
+def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
+    """vLLM's TokensPrompt may carry its text; the multimodal keys may be there empty; outputs have
+    ``metrics`` and ``CompletionOutput.finished()`` as in vLLM."""
+    ids = [1, 400, 3]
+    plain = llm.generate([ids], GREEDY)[0]
+    for prompt in (
+        {"prompt_token_ids": ids, "prompt": "whatever"},
+        {"prompt_token_ids": ids, "multi_modal_data": None, "mm_processor_kwargs": {}},
+        {"prompt_token_ids": ids, "cache_salt": None},
+    ):
+        out = llm.generate(prompt, GREEDY)[0]
+        assert out.prompt_token_ids == ids and out.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert llm.generate({"prompt": "Once", "multi_modal_data": None}, GREEDY)[0].prompt == "Once"
+    with pytest.raises(ValueError, match="'multi_modal_data' is not supported: Surge serves text-only"):
+        llm.generate({"prompt": "Once", "multi_modal_data": {"image": object()}}, GREEDY)
+    with pytest.raises(ValueError, match="'cache_salt' is not supported"):
+        llm.generate({"prompt": "Once", "cache_salt": "tenant-1"}, GREEDY)
+    with pytest.raises(ValueError, match="'prompt' must be a string"):
+        llm.generate({"prompt": 5, "prompt_token_ids": ids}, GREEDY)
+    assert plain.metrics is None and plain.finished and plain.outputs[0].finished()
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
+    """vLLM's ``SamplingParams.truncate_prompt_tokens``: the last k prompt tokens (-1: the last
+    ``max_model_len``), the same output as the truncated prompt itself."""
+    ids = list(range(10, 40))
+    keep = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, truncate_prompt_tokens=5)
+    out = llm.generate([ids], keep)[0]
+    assert out.prompt_token_ids == ids[-5:]
+    assert out.outputs[0].token_ids == llm.generate([ids[-5:]], GREEDY)[0].outputs[0].token_ids[:4]
+    whole = SamplingParams(max_tokens=1, truncate_prompt_tokens=-1)
+    assert llm.generate([ids], whole)[0].prompt_token_ids == ids
+    with pytest.raises(ValueError, match="larger than this model's maximum context length"):
+        llm.generate([ids], SamplingParams(max_tokens=1, truncate_prompt_tokens=llm.engine.max_model_len + 1))
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1 or in"):
+        SamplingParams(truncate_prompt_tokens=0)
 
 
 def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> None:
