@@ -219,9 +219,10 @@ class DenseRuleRows:
     device; each entry holds the rule set itself, so its id is not reused while the entry
     lives. Rule sets are taken as immutable once in a request (``SamplingParams`` checks them
     on construction). :meth:`release_unused`, called at the end of each build, drops the rows
-    that build did not use: the memory of a finished request's rules (``4 V`` bytes per
-    distinct bias dict, ``V`` per allowed list) is released at the first build without it,
-    i.e. when the batch composition changes.
+    that build did not use, and :meth:`retain` those of the requests no longer in the batch
+    when it changes (also when no build follows: a greedy or empty batch): the memory of a
+    finished request's rules (``4 V`` bytes per distinct bias dict, ``V`` per allowed list) is
+    released when the batch composition changes.
     """
 
     def __init__(self) -> None:
@@ -252,6 +253,14 @@ class DenseRuleRows:
         for key in self._rows.keys() - self._used:
             del self._rows[key]
         self._used.clear()
+
+    def retain(self, rules: Iterable[object]) -> None:
+        """Drop the rows of every rule set not in ``rules`` (the rule sets of the batch now
+        running; called when the batch changes, also when no build follows: a greedy or empty
+        batch builds nothing, and would otherwise hold a finished request's rows)."""
+        keep = {id(r) for r in rules if r}
+        for key in [k for k in self._rows if k[0] not in keep]:
+            del self._rows[key]
 
     @property
     def num_rows(self) -> int:

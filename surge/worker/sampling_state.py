@@ -91,9 +91,14 @@ class StepSampler:
         self.logprob_rows: LogprobRows | None = None
 
     def drop(self, request_ids: Iterable[str]) -> None:
-        """Forget the penalty state of finished requests."""
+        """Forget the penalty state of finished requests; when none of the last batch is left,
+        the dense rule rows too (an idle engine holds none, and an offline caller that changes a
+        ``logit_bias`` dict between ``generate`` calls gets it converted again)."""
+        request_ids = set(request_ids)
         for request_id in request_ids:
             self.penalty_states.pop(request_id, None)
+        if self._key is not None and request_ids.issuperset(self._key):
+            self.dense_rules.retain(())
 
     def sample(self, logits: torch.Tensor, requests: list[Request], grammar: Any = None) -> torch.Tensor:
         """``logits [S, V] -> [S]`` int64 token ids.
@@ -126,6 +131,10 @@ class StepSampler:
         if key != self._key:
             params = [r.sampling_params for r in requests]
             self._key = key
+            if self.dense_rules.num_rows:  # rows of requests no longer in the batch go
+                self.dense_rules.retain(
+                    [p.logit_bias for p in params] + [p.allowed_token_ids for p in params]
+                )
             self.fresh = any(needs_fresh_sampling_tensors(p) for p in params)
             self.greedy = (
                 not self.fresh

@@ -399,6 +399,30 @@ def test_dense_rows_are_kept_between_builds_while_their_requests_stay() -> None:
     assert rules.conversions == 2
 
 
+def test_dense_rows_go_when_no_build_follows() -> None:
+    """A batch that turns greedy (no build) or empty (no step) held the finished requests' rows
+    (``4 V`` bytes each, and their dicts) until the next build; now the batch change, or the
+    last request's drop, releases them. A dict changed in place between two offline calls is then
+    converted again, not served from a stale row."""
+    vocab = 4_000
+    bias = {t: 100.0 for t in range(0, vocab, 2)}
+    biased = Request("b", [1], SamplingParams(temperature=1.0, seed=1, logit_bias=bias))
+    greedy = Request("g", [1], SamplingParams(temperature=0.0))
+    step = StepSampler(Sampler(seed=0), vocab, torch.device("cpu"))
+    logits = torch.zeros(2, vocab)
+    step.sample(logits, [biased, greedy])
+    assert step.dense_rules.num_rows == 1
+    step.sample(logits[:1], [greedy])  # greedy: no build
+    assert step.greedy and step.dense_rules.num_rows == 0
+    step.sample(logits, [biased, greedy])
+    assert step.dense_rules.num_rows == 1
+    step.drop(["b", "g"])  # the batch is gone: no step follows
+    assert step.dense_rules.num_rows == 0
+    bias.update({t: -100.0 for t in range(0, vocab, 2)} | {1: 100.0})  # changed in place
+    again = Request("b2", [1], SamplingParams(temperature=1.0, seed=1, logit_bias=bias))
+    assert step.sample(logits[:1], [again]).tolist() == [1]
+
+
 def test_many_stop_token_ids_under_min_tokens_are_converted_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """``n: 128`` choices sharing 150,000 ``stop_token_ids`` under ``min_tokens`` (a 1 MB body)
     ban them every step until ``min_tokens``: the shared list and EOS set are converted once per
