@@ -602,13 +602,19 @@ async def run_server(
         brings it back, once its in-flight requests have their 503; with
         ``--keep-alive-on-engine-death`` it stays up, answering 503 (``/health`` too)."""
         nonlocal engine_died
-        if options.keep_alive_on_engine_death or engine_died or drain_task is not None:
+        if options.keep_alive_on_engine_death or engine_died:
             return
         engine_died = True
+        if drain_task is not None:  # stopping already: the drain ends; the exit code says it died
+            return
         logger.error(
             "%s: the server exits (exit code 1; --keep-alive-on-engine-death keeps it up, answering 503)",
             reason,
         )
+        state.in_flight.draining = True  # new requests get a 503 while the server stops
+        # requests on other (healthy) data-parallel replicas end now, with an error event, not
+        # cut off by the server's stop
+        state.in_flight.fail_all(ShutdownError(f"The engine is not available: {reason}; the server exits."))
         server.should_exit = True
 
     engine_clients = client.replicas if isinstance(client, DPEngineClient) else [client]
