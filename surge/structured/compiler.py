@@ -40,6 +40,11 @@ logger = logging.getLogger("surge.structured")
 CACHE_SIZE = 512
 """Compiled grammars kept (least recently used dropped first)."""
 
+TIMEOUT_REFUSAL_TTL_S = 600.0
+"""Seconds a grammar refused for running past ``--grammar-compile-timeout`` stays refused at
+once when sent again; then it is compiled again (the limit may have been hit on a busy host).
+Other refusals (a grammar that accepts no text, one xgrammar cannot compile) are for good."""
+
 CPUS_PER_COMPILE_THREAD = 8
 """The compilations together use at most one thread per this many CPUs (at least one): the
 engine loop, the mask fill's threads and the API process need the rest, and a compilation
@@ -113,6 +118,7 @@ class CompilePool:
         self.max_workers = max_workers
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
         self._closed = False
+        self._lock = threading.Lock()  # a submit never queues behind shutdown's stop markers
         for i in range(max_workers):
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
 
@@ -122,24 +128,29 @@ class CompilePool:
         Raises:
             RuntimeError: the pool is shut down.
         """
-        if self._closed:
-            raise RuntimeError("the engine is shutting down")
         future: Future[Any] = Future()
-        self._jobs.put((future, lambda: fn(*args)))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is shutting down")
+            self._jobs.put((future, lambda: fn(*args)))
         return future
 
     def shutdown(self) -> None:
-        """Cancel the jobs not started and let the threads end after their current job."""
-        self._closed = True
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job[0].cancel()
-        for _ in range(self.max_workers):
-            self._jobs.put(None)
+        """Cancel the jobs not started and let the threads end after their current job.
+        Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+            for _ in range(self.max_workers):
+                self._jobs.put(None)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -155,12 +166,18 @@ class CompilePool:
             del job, future, call
 
 
-def _stop_workers(closed: threading.Event, workers: list[_Worker]) -> None:
-    """Mark the cache closed (a job cut short says "shutting down", not that its worker died)
-    and kill ``workers``' processes: the cache's finalizer, at exit or when it is collected."""
+def _stop_workers(
+    closed: threading.Event, lock: threading.Lock, pool: CompilePool, workers: list[_Worker]
+) -> None:
+    """Mark the cache closed (a job cut short says "shutting down", not that its worker died),
+    stop its pool's threads and kill ``workers``' processes, under the cache's ``lock``: the
+    cache's finalizer, at exit or when it is collected without :meth:`CompiledGrammarCache.shutdown`.
+    None of the arguments refers back to the cache."""
     closed.set()
-    for worker in workers:
-        worker.stop()
+    with lock:
+        pool.shutdown()
+        for worker in workers:
+            worker.stop()
 
 
 class _Worker:
@@ -263,12 +280,15 @@ class CompiledGrammarCache:
         self._lock = threading.Lock()  # worker starts and stops against shutdown
         self._closed = threading.Event()  # shutdown(), or the finalizer at exit
         # an interpreter that exits without shutdown() kills the workers (its threads are daemons)
-        self._finalizer = weakref.finalize(self, _stop_workers, self._closed, self._workers)
+        self._finalizer = weakref.finalize(
+            self, _stop_workers, self._closed, self._lock, self._pool, self._workers
+        )
         self._info_lock = threading.Lock()
         self._info: Any = None
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(WorkerMessage)
         self._cache: OrderedDict[tuple[str, Any], Future[Any]] = OrderedDict()
+        self._timed_out: dict[tuple[str, Any], float] = {}  # key -> monotonic time of the refusal
         self.compile_times: list[float] = []
 
     def submit(self, params: StructuredOutputsParams) -> Future[Any]:
@@ -276,11 +296,16 @@ class CompiledGrammarCache:
         cache hit). A refused grammar raises ``ValueError`` from ``result()`` (invalid, not
         compilable, accepting no text, or over the time limit); the refusal is cached like a
         compiled grammar, so the same grammar sent again fails at once instead of holding a
-        worker for the time limit again. A worker that died or could not start raises
+        worker for the time limit again (a refusal for the time limit, which a busy host may
+        cause, for :data:`TIMEOUT_REFUSAL_TTL_S` only). A worker that died or could not start raises
         ``RuntimeError``; that failure is not cached, nor is a compilation cancelled before
         it started (every request that waited for it was aborted)."""
         key = params.key
         future = self._cache.get(key)
+        timed_out = self._timed_out.get(key)
+        if timed_out is not None and time.monotonic() - timed_out > TIMEOUT_REFUSAL_TTL_S:
+            del self._timed_out[key]  # it may have run late on a busy host: compile it again
+            future = None
         if (
             future is not None
             and not future.cancelled()
@@ -291,7 +316,7 @@ class CompiledGrammarCache:
         future = self._pool.submit(self._compile, params)
         self._cache[key] = future
         if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+            self._timed_out.pop(self._cache.popitem(last=False)[0], None)
         return future
 
     def tokenizer_info(self) -> Any:
@@ -331,6 +356,7 @@ class CompiledGrammarCache:
         if reply is None:
             with self._lock:
                 worker.stop()
+            self._timed_out[params.key] = time.monotonic()
             logger.warning(
                 "grammar compile worker %d killed: a %s grammar ran past %g s (--grammar-compile-timeout)",
                 worker.index,
@@ -339,7 +365,8 @@ class CompiledGrammarCache:
             )
             raise ValueError(
                 f"the {grammar_name(params)} grammar took longer than {self._timeout:g} s to compile "
-                "(--grammar-compile-timeout); sent again, it is refused at once"
+                f"(--grammar-compile-timeout); sent again within {TIMEOUT_REFUSAL_TTL_S / 60:g} minutes, "
+                "it is refused at once"
             )
         if isinstance(reply, CompileFailed):
             raise ValueError(reply.message)

@@ -20,7 +20,7 @@ from surge.core.outputs import RequestFailure
 from surge.engine.llm_engine import LLMEngine, build_engine_config
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
 from surge.structured.compile_worker import CompileWorkerSpec, compile_grammar, make_tokenizer_info
-from surge.structured.compiler import CompiledGrammarCache
+from surge.structured.compiler import TIMEOUT_REFUSAL_TTL_S, CompiledGrammarCache
 from tests.conftest import STORIES
 from tests.structured.compile_hooks import SLOW_REGEX
 from tests.structured.test_offline_constrained import REGEX, SCHEMA
@@ -85,7 +85,7 @@ def test_a_compilation_past_the_limit_kills_the_worker_and_the_next_one_runs(
         cache.submit(StructuredOutputsParams(regex=SLOW_REGEX)).result(timeout=30)
     assert str(e.value) == (
         "the regex grammar took longer than 0.5 s to compile (--grammar-compile-timeout); "
-        "sent again, it is refused at once"
+        "sent again within 10 minutes, it is refused at once"
     )
     assert time.monotonic() - t0 < 5
     assert cache.worker_pids() == []
@@ -98,6 +98,12 @@ def test_a_compilation_past_the_limit_kills_the_worker_and_the_next_one_runs(
     again = cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
     assert again.done() and isinstance(again.exception(), ValueError)
     assert str(again.exception()) == str(e.value) and cache.worker_pids() == [pid]
+    # ... for TIMEOUT_REFUSAL_TTL_S: then it is compiled again (the limit may have been the host's)
+    cache._timed_out[StructuredOutputsParams(regex=SLOW_REGEX).key] -= TIMEOUT_REFUSAL_TTL_S + 1
+    retried = cache.submit(StructuredOutputsParams(regex=SLOW_REGEX))
+    assert retried is not again
+    with pytest.raises(ValueError, match="took longer than 0.5 s"):
+        retried.result(timeout=30)
 
 
 def test_a_worker_killed_from_outside_fails_its_job_and_is_restarted_and_shutdown_kills() -> None:
