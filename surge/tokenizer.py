@@ -104,8 +104,11 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         The transformers tokenizer (never reads the network: ``local_files_only=True``).
 
     Raises:
-        ValueError: the folder does not exist or holds no loadable tokenizer, or its tokenizer
-            files load as one that encodes text to no tokens.
+        ValueError: the folder does not exist or holds no loadable tokenizer, or its vocabulary
+            files (:data:`~surge.config.TOKENIZER_FILES`) load as a tokenizer that encodes text
+            to no tokens. A folder without any of them may load as an empty tokenizer (the
+            offline ``LLM`` then takes token-id prompts only; ``surge serve`` refuses such a
+            folder before loading it).
     """
     path = Path(model_dir)
     if not path.is_dir():
