@@ -132,3 +132,40 @@ def test_serve_dp2_spreads_requests_and_matches_dp1(tmp_path: Path) -> None:
     llm = LLM(device="cpu")
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     assert texts == [o.outputs[0].text for o in llm.generate(prompts, params)]
+
+
+def test_a_dead_replica_ends_every_stream_before_the_server_exits(tmp_path: Path) -> None:
+    """One replica's death stops the server (code 1, as vLLM), and every open stream, on the
+    healthy replica too, ends with an error event and ``[DONE]``: the server's stop used to cut
+    the healthy replica's longer streams off after uvicorn's 3 s grace, with neither."""
+    srv = start_server(tmp_path, "-dp", "2")
+    m = re.search(r"2 replicas ready \(engine pids (\d+), (\d+)\)", srv.log())
+    assert m, "the server logs its replicas' engine pids"
+
+    async def streams() -> list[list[str]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+            async def one(i: int) -> list[str]:
+                body = {"prompt": f"Story {i}", "max_tokens": 480, "ignore_eos": True, "stream": True}
+                async with session.post(srv.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    return [line.decode().strip() async for line in resp.content if line.startswith(b"data:")]
+
+            tasks = [asyncio.create_task(one(i)) for i in range(8)]
+            await asyncio.sleep(0.3)
+            os.kill(int(m.group(2)), signal.SIGKILL)
+            return await asyncio.gather(*tasks)
+
+    try:
+        results = asyncio.run(streams())
+        code = srv.proc.wait(30)
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
+    assert code == 1, srv.log()[-3000:]
+    for events in results:
+        assert events[-1] == "data: [DONE]", events[-3:]
+        last = json.loads(events[-2][len("data: ") :])
+        assert "error" in last or last["choices"][0]["finish_reason"] == "length", events[-3:]
+    # the healthy replica's streams end now too (they would have run on to their 480 tokens)
+    assert sum("error" in json.loads(e[-2][len("data: ") :]) for e in results) >= 6
