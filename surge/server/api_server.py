@@ -495,6 +495,11 @@ async def run_server(
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, this_task.cancel)
+    # a stop signal between the engine's start and the drain handler below is kept and acted on
+    # then (it used to kill the process: one of several API processes stopped while it started
+    # made the whole server exit with code 1)
+    pending_signals: list[signal.Signals] = []
+    started = False
     try:
         if attach is None:
             logger.info(
@@ -505,6 +510,7 @@ async def run_server(
                 "attaching to the engine process(es) (pids %s)", ", ".join(str(a.engine_pid) for a in attach)
             )
         info = await client.start()
+        started = True
     except EngineStartError as e:
         logger.error("the engine failed to start: %s", e)
         return 2 if e.user_error else 1
@@ -514,7 +520,10 @@ async def run_server(
         return 0
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+            if started:
+                loop.add_signal_handler(sig, pending_signals.append, sig)
+            else:
+                loop.remove_signal_handler(sig)
     names = options.served_model_names or (config.model.model,)
     state = ServerState(
         client=client,
@@ -645,6 +654,8 @@ async def run_server(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+    for sig in pending_signals:
+        on_signal(sig)
     logger.info("Surge %s serving on http://%s:%d (OpenAI API under /v1)", surge.__version__, url_host, port)
     if options.web_ui:
         logger.info(

@@ -11,13 +11,17 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.server.conftest import Server, pid_alive, start_server
+from tests.server.conftest import REPO, Server, pid_alive, start_server
 
 KEY = "sk-env-key-77"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -217,3 +221,45 @@ def test_a_body_still_arriving_at_shutdown_gets_a_503(tmp_path) -> None:
         assert "Traceback" not in srv.log(), srv.log()[-3000:]
     finally:
         _kill(srv)
+
+
+def test_a_stop_signal_while_the_server_starts_is_a_clean_stop(tmp_path: Path) -> None:
+    """SIGTERM after the engine started but before the drain handler was installed killed the
+    process (-15): one of several API processes stopped while it started made ``surge serve``
+    exit with code 1. The signal is now kept and acted on once the handler is there: a clean
+    drain, exit code 0."""
+    script = tmp_path / "early_stop.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import asyncio, os, signal, socket, sys
+            import surge.server.api_server as api
+            from surge.config import EngineConfig, ModelConfig, SchedulerConfig
+            from tests.server.fake_engine import FakeEngine
+
+            build_app = api.build_app
+
+            def build_app_then_stop(*args, **kwargs):  # inside the gap: after start, before the handler
+                os.kill(os.getpid(), signal.SIGTERM)
+                return build_app(*args, **kwargs)
+
+            if __name__ == "__main__":  # the engine process is a spawned child: it imports this file
+                api.build_app = build_app_then_stop
+                config = EngineConfig(
+                    model=ModelConfig.from_pretrained(None), scheduler=SchedulerConfig(max_model_len=512)
+                )
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", 0))
+                sock.listen()
+                code = asyncio.run(api.run_server(config, api.ServeOptions(), sock, engine_factory=FakeEngine))
+                print("exit code", code, flush=True)
+                sys.exit(code)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    assert "exit code 0" in done.stdout
