@@ -377,3 +377,19 @@ def test_api_key_kept_in_session_storage(page: Any, tmp_path: Path) -> None:
         assert page.input_value("#api-key") == "sekret"
     finally:
         assert srv.stop() == 0
+
+
+def test_dashboard_reads_vllm_metric_names(page: Any, tmp_path: Path) -> None:
+    """Under ``--metrics-prefix vllm`` every metric is ``vllm:*``: the dashboard finds its series
+    under that prefix (it read ``surge:*`` only)."""
+    srv = start_server(tmp_path, "--metrics-prefix", "vllm")
+    try:
+        for _ in range(3):
+            body = {"prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True}
+            assert httpx.post(srv.url + "/v1/completions", json=body, timeout=60).status_code == 200
+        page.goto(srv.url + "/dashboard")
+        page.wait_for_function("window.surgeDashboard && window.surgeDashboard.samples >= 2")
+        page.wait_for_function("document.querySelector('[data-tile=finished] .v').textContent === '3'")
+        assert page.evaluate("window.surgeDashboard.errors") == 0
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
