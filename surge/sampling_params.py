@@ -319,9 +319,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         prompt_logprobs: None, or return the log-probability of each prompt token after the
             first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
         truncate_prompt_tokens: keep only the last this many prompt tokens (vLLM's left
-            truncation; -1: the last ``max_model_len``), or None. Applied by
-            :meth:`surge.LLM.generate` / ``chat`` after tokenizing; the server takes the request
-            field of the same name.
+            truncation; -1: the last ``max_model_len``), or None (:func:`truncated_prompt`).
+            Applied by ``LLMEngine.add_request`` / ``add_choices`` (and by :meth:`surge.LLM.generate`
+            before them, which reports the prompt it ran); the server truncates with the request
+            field of the same name before it builds these parameters.
         structured_outputs: a grammar the output must follow (JSON schema, regex, choice,
             EBNF or any JSON object), or None.
         model_default_fields: the model-default fields the caller left out (set on construction).
@@ -573,6 +574,23 @@ int, float or bool; None where allowed; none for a sequence field, where only an
 needs none), and the check that raises ``ValueError`` for a wrong type or returns the value
 normalized (tuples of Python ints / strings, a dict of int -> float, Python ints and floats
 for NumPy scalars)."""
+
+
+def truncated_prompt(
+    token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+) -> list[int]:
+    """The last ``truncate_prompt_tokens`` of ``token_ids`` (vLLM's left truncation; -1 means
+    ``max_model_len``), or ``token_ids`` itself when None.
+
+    Raises:
+        ValueError: ``truncate_prompt_tokens`` exceeds ``max_model_len`` (tokens).
+    """
+    if truncate_prompt_tokens is None:
+        return token_ids
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if keep > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens ({keep}) must not exceed max_model_len ({max_model_len})")
+    return token_ids[-keep:]
 
 
 def stop_reason_of(stop_token_id: int | None, stop_token_ids: tuple[int, ...]) -> int | None:

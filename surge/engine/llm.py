@@ -17,7 +17,7 @@ from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel_encode import encode_text, split_safe
-from surge.sampling_params import SamplingParams, stop_reason_of
+from surge.sampling_params import SamplingParams, stop_reason_of, truncated_prompt
 from surge.token_strings import TokenStrings
 from surge.tokenizer import (
     IncrementalDetokenizer,
@@ -317,19 +317,17 @@ class LLM:
                 if isinstance(prompt, str)
                 else list(prompt)
             )
-            keep = params.truncate_prompt_tokens
-            if keep is not None:  # vLLM's left truncation: the last `keep` tokens
-                keep = self.engine.max_model_len if keep == -1 else keep
-                if keep > self.engine.max_model_len:
-                    raise ValueError(
-                        f"truncate_prompt_tokens ({keep}) is larger than this model's maximum context "
-                        f"length ({self.engine.max_model_len} tokens)"
-                    )
-                token_ids = token_ids[-keep:]
+            # the engine truncates too; here first, so that the result reports the prompt it ran
+            token_ids = truncated_prompt(token_ids, params.truncate_prompt_tokens, self.engine.max_model_len)
             request_id = f"llm-{self._next_id}"
             self._next_id += 1
             results.append(
-                RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids, [])
+                RequestOutput(
+                    request_id,
+                    prompt if isinstance(prompt, str) else getattr(prompt, "text", None),
+                    token_ids,
+                    [],
+                )
             )
             room = self.engine.room_for_output(len(token_ids))
             if params.max_tokens and room < max(1, params.min_tokens):
@@ -510,6 +508,15 @@ def _token_ids(p: Any) -> list[int] | None:
     return None
 
 
+class TextedTokenIds(list[int]):
+    """A prompt of token ids given with its text (vLLM's ``TokensPrompt`` with ``prompt``): the
+    ids are what runs; ``text`` is reported as :attr:`RequestOutput.prompt`, not tokenized."""
+
+    def __init__(self, token_ids: list[int], text: str) -> None:
+        super().__init__(token_ids)
+        self.text = text
+
+
 _TEXT_ONLY_KEYS = frozenset({"multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids"})
 """Optional keys of vLLM's ``TextPrompt`` / ``TokensPrompt`` for multimodal models: taken when
 absent, None or empty."""
@@ -539,7 +546,7 @@ def _unexpected_argument(name: str) -> str:
 def _prompt_of(p: Any) -> PromptType:
     """One prompt: a string, a list (or tuple) of token ids, or vLLM's ``{"prompt": str}`` /
     ``{"prompt_token_ids": [int]}`` dict (``TextPrompt`` / ``TokensPrompt``; a tokens prompt may
-    carry its ``prompt`` text, which is not tokenized again and not reported; the multimodal keys
+    carry its ``prompt`` text, which is not tokenized but reported: :class:`TextedTokenIds`; the multimodal keys
     may be there when empty, ``cache_salt`` when None). Raises ValueError for anything else, or a
     string that is not valid Unicode text (a lone surrogate)."""
     if isinstance(p, dict):
@@ -554,12 +561,15 @@ def _prompt_of(p: Any) -> PromptType:
                     "a dict prompt's 'cache_salt' is not supported: the prefix cache is shared by all requests"
                 )
             keys.discard("cache_salt")
-        if keys == {"prompt", "prompt_token_ids"}:  # vLLM's TokensPrompt with its text: the ids count
+        if keys == {"prompt", "prompt_token_ids"}:  # vLLM's TokensPrompt with its text
             if not isinstance(p["prompt"], str):
                 raise ValueError(
                     f"a dict prompt's 'prompt' must be a string, got {type(p['prompt']).__name__}"
                 )
-            keys = {"prompt_token_ids"}
+            ids = _token_ids(p["prompt_token_ids"])
+            if ids is None:
+                raise ValueError("a dict prompt's 'prompt_token_ids' must be a list of integers")
+            return TextedTokenIds(ids, p["prompt"])
         if keys == {"prompt"}:
             if not isinstance(p["prompt"], str):
                 raise ValueError(

@@ -25,7 +25,7 @@ from surge.core.outputs import EngineOutput, RequestFailure, SchedulerOutput, Sc
 from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request, token_ids_in_range
-from surge.sampling_params import SamplingParams
+from surge.sampling_params import SamplingParams, truncated_prompt
 
 logger = logging.getLogger("surge.engine")
 
@@ -357,7 +357,8 @@ class LLMEngine:
         (``config.model.sampling_defaults``, from generation_config.json).
 
         Raises:
-            ValueError: ``n != 1``, a token id outside the vocabulary (prompt, ``logit_bias``,
+            ValueError: ``n != 1``, ``truncate_prompt_tokens`` over ``max_model_len``, a token
+                id outside the vocabulary (prompt, ``logit_bias``,
                 ``allowed_token_ids``, bad words), ``bad_words`` without their
                 ``bad_words_token_ids``, a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
@@ -365,6 +366,9 @@ class LLMEngine:
         """
         if sampling_params.n != 1:
             raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
+        prompt_token_ids = truncated_prompt(
+            prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
+        )
         self._queue(
             request_id, prompt_token_ids, self._checked(prompt_token_ids, sampling_params), arrival_time
         )
@@ -394,6 +398,9 @@ class LLMEngine:
         if len(request_ids) != sampling_params.n:
             raise ValueError(f"{len(request_ids)} request ids for a request of n={sampling_params.n} choices")
         try:
+            prompt_token_ids = truncated_prompt(
+                prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
+            )
             parent = self._checked(prompt_token_ids, sampling_params)
         except ValueError as e:
             return [(rid, str(e)) for rid in request_ids]

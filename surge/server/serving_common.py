@@ -20,7 +20,7 @@ from surge.core.scheduler import check_request_fits
 from surge.core.scheduler import room_for_output as context_room
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
-from surge.sampling_params import SamplingParams, StructuredOutputsParams
+from surge.sampling_params import SamplingParams, StructuredOutputsParams, truncated_prompt
 from surge.server.drain import InFlight
 from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
@@ -337,15 +337,10 @@ def truncate_prompt(
     Raises:
         ApiError: 400 naming ``truncate_prompt_tokens`` when it exceeds ``max_model_len``.
     """
-    if truncate_prompt_tokens is None:
-        return token_ids
-    k = state.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-    if k > state.max_model_len:
-        raise bad_request(
-            f"truncate_prompt_tokens ({k}) must not exceed max_model_len ({state.max_model_len})",
-            param="truncate_prompt_tokens",
-        )
-    return token_ids[-k:]
+    try:
+        return truncated_prompt(token_ids, truncate_prompt_tokens, state.max_model_len)
+    except ValueError as e:
+        raise bad_request(str(e), param="truncate_prompt_tokens") from None
 
 
 def build_sampling_params(

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from tqdm import tqdm
@@ -201,6 +202,7 @@ def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
         out = llm.generate(prompt, GREEDY)[0]
         assert out.prompt_token_ids == ids and out.outputs[0].token_ids == plain.outputs[0].token_ids
     assert llm.generate({"prompt": "Once", "multi_modal_data": None}, GREEDY)[0].prompt == "Once"
+    assert llm.generate({"prompt_token_ids": ids, "prompt": "its text"}, GREEDY)[0].prompt == "its text"
     with pytest.raises(ValueError, match="'multi_modal_data' is not supported: Surge serves text-only"):
         llm.generate({"prompt": "Once", "multi_modal_data": {"image": object()}}, GREEDY)
     with pytest.raises(ValueError, match="'cache_salt' is not supported"):
@@ -217,13 +219,25 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
     keep = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, truncate_prompt_tokens=5)
     out = llm.generate([ids], keep)[0]
     assert out.prompt_token_ids == ids[-5:]
-    assert out.outputs[0].token_ids == llm.generate([ids[-5:]], GREEDY)[0].outputs[0].token_ids[:4]
+    out_tokens = llm.generate([ids[-5:]], GREEDY)[0].outputs[0].token_ids[:4]
+    assert out.outputs[0].token_ids == out_tokens
     whole = SamplingParams(max_tokens=1, truncate_prompt_tokens=-1)
     assert llm.generate([ids], whole)[0].prompt_token_ids == ids
-    with pytest.raises(ValueError, match="larger than this model's maximum context length"):
+    with pytest.raises(
+        ValueError, match=r"truncate_prompt_tokens \(513\) must not exceed max_model_len \(512\)"
+    ):
         llm.generate([ids], SamplingParams(max_tokens=1, truncate_prompt_tokens=llm.engine.max_model_len + 1))
     with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1 or in"):
         SamplingParams(truncate_prompt_tokens=0)
+    # the engine honours the field itself (a caller of LLMEngine, not only LLM)
+    engine = llm.engine
+    engine.add_choices(["t-0", "t-1"], ids, msgspec.structs.replace(keep, n=2))
+    engine.add_request("t", ids[-5:], msgspec.structs.replace(keep, truncate_prompt_tokens=None))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert tokens["t-0"] == tokens["t"] == out_tokens
 
 
 def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> None:
