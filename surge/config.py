@@ -10,6 +10,7 @@ from typing import Any
 
 from surge.generation_defaults import generation_config_mode, load_sampling_defaults
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
+from surge.rope_params import rope_params
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
 """The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
@@ -57,7 +58,7 @@ class ModelConfig:
         load_format: "auto" / "safetensors" (read weights) or "dummy" (random weights).
         seed: seed of dummy weights.
         max_model_len: longest prompt + output, in tokens.
-        hf_config: the parsed ``config.json``.
+        hf_config: the parsed ``config.json``, with ``hf_overrides`` applied.
         eos_token_ids: token ids that end generation (config and generation config).
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
         head_dim, intermediate_size: model shapes.
@@ -141,8 +142,15 @@ class ModelConfig:
         max_model_len: int | None = None,
         quantization: str | None = None,
         generation_config: str = "auto",
+        hf_overrides: dict[str, Any] | None = None,
     ) -> ModelConfig:
         """Read a Hugging Face model folder (None = the bundled default model).
+
+        ``hf_overrides`` replaces top-level keys of ``config.json`` before anything is read
+        from it, as vLLM's ``--hf-overrides`` does (e.g. ``{"rope_scaling": {"rope_type":
+        "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}`` for Qwen3's long
+        context). ``max_model_len`` may reach the length the rotary scaling supports
+        (:mod:`surge.rope_params`), which is also its default.
 
         ``quantization`` is "fp8" or None; a checkpoint whose ``quantization_config`` has
         ``quant_method: "fp8"`` is FP8 whatever it says. With ``generation_config="auto"`` its ``generation_config.json`` gives the sampling
@@ -161,6 +169,12 @@ class ModelConfig:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"model: cannot read {cfg_path}: {e}") from e
         _require(isinstance(hf, dict), f"model: {cfg_path} is not a JSON object")
+        if hf_overrides:
+            _require(
+                isinstance(hf_overrides, dict) and all(isinstance(k, str) for k in hf_overrides),
+                f"hf_overrides must be a JSON object, got {hf_overrides!r}",
+            )
+            hf = {**hf, **hf_overrides}
         archs = hf.get("architectures") or []
         _require(bool(archs), f"model: {cfg_path} names no architectures")
         dtype = dtype_name(dtype)
@@ -187,7 +201,12 @@ class ModelConfig:
 
         num_heads = positive("num_attention_heads")
         hidden = positive("hidden_size")
-        cfg_max_len = positive("max_position_embeddings", 2048)
+        positive("max_position_embeddings", 2048)
+        try:
+            rope = rope_params(hf)
+        except ValueError as e:
+            where = f"{cfg_path} with hf_overrides" if hf_overrides else str(cfg_path)
+            raise ValueError(f"model: {where}: {e}") from e
         values = dict(
             vocab_size=positive("vocab_size"),
             hidden_size=hidden,
@@ -198,10 +217,11 @@ class ModelConfig:
             intermediate_size=positive("intermediate_size"),
         )
         if max_model_len is None:
-            max_model_len = cfg_max_len
+            max_model_len = rope.max_len
         _require(
-            max_model_len <= cfg_max_len,
-            f"max_model_len ({max_model_len}) exceeds the model's max_position_embeddings ({cfg_max_len})",
+            max_model_len <= rope.max_len,
+            f"max_model_len ({max_model_len}) exceeds the model's maximum ({rope.max_len}: "
+            f"{rope.max_len_source})",
         )
         fp8 = parse_fp8_config(hf, quantization)
         return cls(
@@ -473,8 +493,8 @@ class EngineConfig:
         )
         _require(
             self.scheduler.max_model_len <= self.model.max_model_len,
-            f"max_model_len ({self.scheduler.max_model_len}) exceeds the model's "
-            f"max_position_embeddings ({self.model.max_model_len})",
+            f"the scheduler's max_model_len ({self.scheduler.max_model_len}) exceeds the "
+            f"model's ({self.model.max_model_len})",
         )
         check_tensor_parallel(self.model, self.parallel.tensor_parallel_size)
         if self.device == "cpu" and self.uses_fp8 and not self.fp8_emulation:

@@ -400,3 +400,27 @@ def test_vllm_bench_sampling_and_warmup_flags_are_hinted() -> None:
         """--min-p: use --extra-body '{"min_p": P}'""",
     ):
         assert hint in p.stderr, p.stderr
+
+
+def test_hf_overrides_is_a_json_object_and_reaches_the_config() -> None:
+    """vLLM's ``--hf-overrides JSON`` (how Qwen3's YaRN long context is turned on) is parsed by
+    `surge serve` and `surge generate`; text that is not a JSON object is one line, exit 2, and so
+    is a rope setting Surge does not compute."""
+    from surge.cli import build_parser
+
+    yarn = '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}'
+    for command in (["serve"], ["generate", "--prompt", "x"]):
+        args = build_parser().parse_args([*command, "--hf-overrides", yarn])
+        assert args.hf_overrides == json.loads(yarn)
+    dynamic = '{"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}'
+    for args, words in (
+        (["serve", "--hf-overrides", "[1]"], "argument --hf-overrides: must be a JSON object, got list"),
+        (["generate", "--prompt", "x", "--hf-overrides", "{bad"], "argument --hf-overrides: not JSON"),
+        (
+            ["serve", "--device", "cpu", "--port", "1", "--hf-overrides", dynamic],
+            "config.json with hf_overrides: rope_type 'dynamic' is not supported",
+        ),
+    ):
+        p = _surge(*args)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith("surge: error: ") and words in p.stderr, p.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -244,3 +245,47 @@ def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
     p = argparse.ArgumentParser()
     add_load_args(p)
     assert p.parse_args(["--kv-cache-dtype", "fp8_e4m3"]).kv_cache_dtype == "fp8_e4m3"
+
+
+QWEN3_8B = Path(__file__).resolve().parents[1].parent / "shared" / "assets" / "models" / "qwen3-8b"
+QWEN3_YARN = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+
+
+def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
+    """Qwen3's documented long-context mode (``--hf-overrides`` with a YaRN ``rope_scaling``): the
+    default and largest ``max_model_len`` become original x factor (131,072 for Qwen3-8B, whose
+    config says 40,960), as vLLM derives it; it used to be refused as an unsupported rope type."""
+    plain = ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy")
+    assert plain.max_model_len == 40_960
+    yarn = ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=QWEN3_YARN)
+    assert yarn.max_model_len == 131_072
+    assert yarn.hf_config["rope_scaling"]["rope_type"] == "yarn"
+    assert yarn.hf_config["num_hidden_layers"] == plain.num_hidden_layers  # the other keys kept
+    with pytest.raises(
+        ValueError,
+        match=r"max_model_len \(131073\) exceeds the model's maximum \(131072: "
+        r"original_max_position_embeddings 32768 x yarn factor 4\)",
+    ):
+        ModelConfig.from_pretrained(
+            QWEN3_8B, load_format="dummy", hf_overrides=QWEN3_YARN, max_model_len=131_073
+        )
+    linear = {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    assert (
+        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=linear).max_model_len
+        == 81_920
+    )
+    flat = {"max_position_embeddings": 1024}  # a flat override replaces the key as it is
+    assert ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=flat).max_model_len == 1024
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic' is not supported"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": -4}}, "factor must be positive"),
+        ([("rope_theta", 1.0)], "hf_overrides must be a JSON object"),
+    ],
+)
+def test_bad_rope_settings_and_overrides_are_named(overrides: Any, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=overrides)

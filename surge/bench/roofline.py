@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES
+from surge.rope_params import rope_params
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
 
@@ -288,26 +289,31 @@ def model_shape(
 
 
 def context_warning(cfg: dict[str, Any], points: list[tuple[int, int, int]]) -> str | None:
-    """One line naming the ``(C, I, O)`` points whose ``I + O`` exceeds the config's
-    ``max_position_embeddings``, or None (also when the config gives no context length).
+    """One line naming the ``(C, I, O)`` points whose ``I + O`` exceeds the config's context
+    (``max_position_embeddings``, times the rotary scaling factor where the config scales it:
+    :func:`surge.rope_params.rope_params`), or None (also when the config gives no context
+    length, or a rotary setting Surge does not read).
 
     Such a point's ceiling is still arithmetic (what the bytes and FLOPs would allow), so the
     roofline warns rather than refuses: the default grid is the fixed reference matrix (up to
     I + O = 8,192), computed for any model, and a server may extend the context (rope scaling)
     beyond ``max_position_embeddings``.
     """
-    try:
-        limit = int(cfg["max_position_embeddings"])
-    except (KeyError, TypeError, ValueError):
+    if cfg.get("max_position_embeddings") is None:
         return None
+    try:
+        rope = rope_params(cfg)
+    except (TypeError, ValueError):
+        return None
+    limit = rope.max_len
     over = [(c, i, o) for c, i, o in points if i + o > limit]
     if not over:
         return None
     shown = ", ".join(f"C{c}/I{i}/O{o}" for c, i, o in over[:3])
     more = f" and {len(over) - 3} more" if len(over) > 3 else ""
     return (
-        f"{len(over)} of {len(points)} points need more than the model's max_position_embeddings "
-        f"({limit:,} tokens of prompt + output): {shown}{more}; a server of this config cannot run "
+        f"{len(over)} of {len(points)} points need more than the model's context ({limit:,} tokens "
+        f"of prompt + output, {rope.max_len_source}): {shown}{more}; a server of this config cannot run "
         "them as they are, their ceilings are arithmetic only"
     )
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from decimal import Decimal
+from typing import Any
 
 from surge.config import DTYPE_ALIASES, DTYPES, LOAD_FORMATS
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
@@ -33,6 +35,21 @@ def token_count(value: str) -> int:
     )
 
 
+def json_object(value: str) -> dict[str, Any]:
+    """An argparse type for a JSON object (``--hf-overrides '{"rope_scaling": {...}}'``).
+
+    Raises:
+        argparse.ArgumentTypeError: text that is not JSON, or JSON that is not an object.
+    """
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {value!r}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(data).__name__}: {value!r}")
+    return data
+
+
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """Add ``--device`` and ``--dtype``, shared by `surge serve` and `surge generate`."""
     p.add_argument(
@@ -51,7 +68,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
-    """Add ``--load-format``, ``--quantization`` and ``--kv-cache-dtype`` (choices from
+    """Add ``--load-format``, ``--quantization``, ``--kv-cache-dtype`` and ``--hf-overrides`` (choices from
     :data:`surge.config.LOAD_FORMATS`, :data:`surge.quant.config.QUANTIZATION_METHODS` and
     :data:`~surge.quant.config.KV_CACHE_DTYPES`, the values the engine config validates)."""
     p.add_argument(
@@ -73,4 +90,13 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         choices=[*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES],
         help="KV cache dtype: auto (the model's) or fp8 (e4m3, about twice the tokens; GPU of compute "
         "capability >= 8.9); fp8_e4m3 is the same (vLLM's name)",
+    )
+    p.add_argument(
+        "--hf-overrides",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="a JSON object whose keys replace the model config.json's, as in vLLM, e.g. "
+        """'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": """
+        """32768}}' for Qwen3's 131,072-token context""",
     )

@@ -74,6 +74,7 @@ def run_generate(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         generation_config=args.generation_config,
+        hf_overrides=args.hf_overrides,
     )
     temperature = args.temperature
     if temperature is None and "temperature" not in llm.sampling_defaults:

@@ -81,6 +81,8 @@ class LLM:
             (> 0); a request whose grammar takes longer fails. Grammars compile in worker
             processes (fresh interpreters started on the first grammar; a script needs no
             ``if __name__ == "__main__":`` guard for them).
+        hf_overrides: top-level ``config.json`` keys to replace, as vLLM's ``hf_overrides``
+            (e.g. a YaRN ``rope_scaling`` for a longer context; see ``docs/models.md``).
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -110,6 +112,7 @@ class LLM:
         fp8_emulation: bool = False,
         generation_config: str = "auto",
         grammar_compile_timeout: float = 60.0,
+        hf_overrides: dict[str, Any] | None = None,
         **unexpected: Any,
     ) -> None:
         if unexpected:
@@ -141,6 +144,7 @@ class LLM:
             fp8_emulation=fp8_emulation,
             generation_config=generation_config,
             grammar_compile_timeout=grammar_compile_timeout,
+            hf_overrides=hf_overrides,
         )
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)

@@ -118,6 +118,7 @@ def build_engine_config(
     stream_decode: bool = True,
     stream_attention: bool | None = None,
     grammar_compile_timeout: float = 60.0,
+    hf_overrides: dict[str, Any] | None = None,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -133,7 +134,8 @@ def build_engine_config(
     apply to what a request leaves out) or "none". ``stream_decode`` and
     ``stream_attention`` are :attr:`EngineConfig.stream_decode` and
     :attr:`EngineConfig.stream_attention`; ``grammar_compile_timeout`` is
-    :attr:`EngineConfig.grammar_compile_timeout` (seconds).
+    :attr:`EngineConfig.grammar_compile_timeout` (seconds). ``hf_overrides`` replaces top-level
+    keys of the model's ``config.json`` (:meth:`~surge.config.ModelConfig.from_pretrained`).
 
     Raises:
         ValueError: a bad model folder, a value of the wrong type or out of range (the message
@@ -167,6 +169,7 @@ def build_engine_config(
         max_model_len=max_model_len,
         quantization=quantization,
         generation_config=generation_config,
+        hf_overrides=hf_overrides,
     )
     parallel = ParallelConfig(
         tensor_parallel_size=tensor_parallel_size,

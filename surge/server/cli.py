@@ -447,6 +447,7 @@ def run_serve(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         generation_config=args.generation_config,
+        hf_overrides=args.hf_overrides,
         stream_decode=args.stream_decode,
         stream_attention=args.stream_attention,
         grammar_compile_timeout=args.grammar_compile_timeout,

@@ -145,7 +145,8 @@ def test_points_longer_than_the_context_warn(capsys: pytest.CaptureFixture[str])
     captured = capsys.readouterr()
     assert rc == 0 and captured.out.count("\n| ") == 9
     assert captured.err.startswith("surge: warning: 6 of 8 points need more than the model's ")
-    assert "max_position_embeddings (512 tokens" in captured.err and "C1/I256/O4096" in captured.err
+    assert "context (512 tokens of prompt + output, max_position_embeddings 512)" in captured.err
+    assert "C1/I256/O4096" in captured.err
     assert "and 3 more" in captured.err and captured.err.count("\n") == 1
     rc = bench_main(
         ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200"]

@@ -294,3 +294,17 @@ def test_reset_prefix_cache_as_vllm(llm: LLM) -> None:
     assert llm.generate(prompt, GREEDY)[0].num_cached_tokens > 0
     assert llm.reset_prefix_cache() is True
     assert llm.generate(prompt, GREEDY)[0].num_cached_tokens == 0
+
+
+def test_hf_overrides_with_yarn_serves_past_the_configs_context(llm: LLM) -> None:
+    """``LLM(hf_overrides=...)`` as in vLLM: a YaRN ``rope_scaling`` doubles the bundled model's
+    512-token context, so a 600-token prompt runs where the plain model refuses it."""
+    prompt = {"prompt_token_ids": [1] + [300 + i % 200 for i in range(599)]}
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    with pytest.raises(ValueError, match="512"):
+        llm.generate(prompt, params, use_tqdm=False)
+    yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}
+    with LLM(device="cpu", hf_overrides=yarn) as long:
+        assert long.engine.config.model.max_model_len == 1024
+        (out,) = long.generate(prompt, params, use_tqdm=False)
+        assert len(out.outputs[0].token_ids) == 4

@@ -18,7 +18,13 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 )
 
 from surge.layers.norm import RMSNorm  # noqa: E402
-from surge.layers.rotary import default_inv_freq, llama3_inv_freq, rope_from_hf_config  # noqa: E402
+from surge.layers.rotary import (  # noqa: E402
+    default_inv_freq,
+    llama3_inv_freq,
+    rope_from_hf_config,
+    yarn_inv_freq,
+)
+from surge.rope_params import rope_params  # noqa: E402
 
 LLAMA3 = {
     "rope_type": "llama3",
@@ -27,6 +33,18 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+"""Qwen3's documented long-context setting, at a tiny original length."""
+
+YARN_VARIANTS = [
+    YARN,
+    {**YARN, "attention_factor": 0.8},
+    {**YARN, "beta_fast": 16, "beta_slow": 2},
+    {**YARN, "mscale": 0.707, "mscale_all_dim": 1.0},
+    {**YARN, "truncate": False},
+    {"rope_type": "yarn", "factor": 2.5},  # original: max_position_embeddings
+]
 
 
 def _hf_config(head_dim: int, scaling: dict | None, theta: float) -> LlamaConfig:
@@ -51,7 +69,19 @@ def test_llama3_inv_freq_equals_transformers() -> None:
     assert not torch.allclose(got, default_inv_freq(64, 500000.0))
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["default", "llama3"])
+@pytest.mark.parametrize("scaling", YARN_VARIANTS)
+def test_yarn_inv_freq_and_attention_factor_equal_transformers(scaling: dict) -> None:
+    cfg = _hf_config(64, dict(scaling), 1_000_000.0)
+    ref, ref_factor = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    params = rope_params(cfg.to_dict())
+    assert params.rope_type == "yarn"
+    got, factor = yarn_inv_freq(64, params.theta, params.scaling)
+    assert torch.equal(got, ref)
+    assert factor == pytest.approx(ref_factor, rel=1e-12)
+    assert not torch.allclose(got, default_inv_freq(64, 1_000_000.0))
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN], ids=["default", "llama3", "yarn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_matches_transformers(scaling: dict | None, dtype: torch.dtype) -> None:
     head_dim, theta = 32, 500000.0
@@ -77,8 +107,38 @@ def test_rotary_reads_old_and_new_config_forms() -> None:
     a = rope_from_hf_config(new, 16, 32)
     b = rope_from_hf_config(old, 16, 32)
     assert torch.equal(a.cos_cache, b.cos_cache)
-    with pytest.raises(ValueError, match="yarn"):
-        rope_from_hf_config({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, 16, 32)
+    with pytest.raises(ValueError, match=r"rope_type 'dynamic' is not supported \(supported: .*yarn"):
+        rope_from_hf_config({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, 16, 32)
+
+
+def test_a_rope_scaling_override_wins_over_rope_parameters() -> None:
+    """A folder saved by transformers 5 gives ``rope_parameters``; ``--hf-overrides`` with vLLM's
+    ``rope_scaling`` key must still take effect (the theta kept from ``rope_parameters``)."""
+    hf = {"rope_parameters": {"rope_theta": 1000.0, "rope_type": "default"}, "max_position_embeddings": 64}
+    plain = rope_params(hf)
+    scaled = rope_params({**hf, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    assert (plain.rope_type, plain.max_len) == ("default", 64)
+    assert (scaled.rope_type, scaled.theta, scaled.max_len) == ("yarn", 1000.0, 256)
+    a = rope_from_hf_config({**hf, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 16, 256)
+    b = rope_from_hf_config(hf, 16, 256)
+    assert not torch.allclose(a.cos_cache, b.cos_cache)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "words"),
+    [
+        ({"rope_type": "linear"}, "factor must be a number"),
+        ({"rope_type": "linear", "factor": 0}, "factor must be positive"),
+        ({"rope_type": "yarn", "factor": "4"}, "factor must be a number, got '4'"),
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": -1}, "beta_fast must be positive"),
+        ({"rope_type": "yarn", "factor": 4.0, "truncate": "no"}, "truncate must be true or false"),
+        ({"rope_type": "llama3", "factor": 8.0}, "llama3 lacks the key 'low_freq_factor'"),
+        ("yarn", "rope_scaling must be an object or null"),
+    ],
+)
+def test_bad_rope_scaling_is_named(scaling: object, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        rope_params({"rope_scaling": scaling, "max_position_embeddings": 64})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

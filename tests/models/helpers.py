@@ -25,14 +25,15 @@ _COMMON = dict(
     eos_token_id=2,
 )
 
-KINDS = ("qwen3", "qwen2", "llama3", "llama_tied")
+KINDS = ("qwen3", "qwen2", "llama3", "llama_tied", "qwen3_yarn")
 
 
 def make_hf_model(kind: str, path: Path, seed: int = 0) -> Path:
     """Save a tiny random HF model of ``kind`` (see ``KINDS``) to ``path`` with save_pretrained.
 
     qwen3: 3 layers, head_dim 32 (q/k norm). qwen2: qkv bias, vocab 300. llama3: llama3 rope
-    scaling, sharded safetensors. llama_tied: tied embeddings, 4 layers.
+    scaling, sharded safetensors. llama_tied: tied embeddings, 4 layers. qwen3_yarn: qwen3 with
+    YaRN rope scaling (factor 8 over an original 32 positions, so most test prompts run past it).
     """
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -59,6 +60,16 @@ def make_hf_model(kind: str, path: Path, seed: int = 0) -> Path:
             },
         )
         shard = "60KB"
+    elif kind == "qwen3_yarn":
+        yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32}
+        config = Qwen3Config(
+            **_COMMON,
+            vocab_size=512,
+            num_hidden_layers=2,
+            head_dim=32,
+            tie_word_embeddings=False,
+            rope_scaling=yarn,
+        )
     elif kind == "llama_tied":
         config = LlamaConfig(**_COMMON, vocab_size=256, num_hidden_layers=4, tie_word_embeddings=True)
     else:
