@@ -105,7 +105,7 @@ def test_graph_decode_bf16_qwen3_8b_shape_close_to_torch_reference(tmp_path: Pat
     assert len(replays) > 8
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "llama3"])
+@pytest.mark.parametrize("kind", ["qwen3", "llama3", "qwen3_yarn"])
 def test_greedy_tokens_equal_hf_with_graphs(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("transformers")
     path = make_hf_model(kind, tmp_path / kind)
