@@ -196,6 +196,11 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
         choice: the output is exactly one of these strings.
         grammar: an EBNF grammar (xgrammar's dialect of GBNF, rule ``root``).
         json_object: any JSON object (OpenAI's ``response_format: json_object``).
+        structural_tag: an xgrammar structural tag, as JSON text (a dict is serialized on
+            construction): free text with tagged, constrained parts, e.g. tool calls in a
+            model's own syntax. Either xgrammar's form (``{"type": "structural_tag", "format":
+            {...}}``) or the older one (``{"structures": [{"begin", "schema", "end"}, ...],
+            "triggers": [...]}``), as vLLM takes them.
         reasoning_end_token_id: when set, the grammar applies only after the model has
             generated this token (the end of its reasoning, e.g. ``</think>``); before it,
             the output is free.
@@ -211,6 +216,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool = False
+    structural_tag: str | None = None
     reasoning_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
@@ -227,6 +233,8 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
 
         if isinstance(self.json, dict | list | bool):
             msgspec.structs.force_setattr(self, "json", _json.dumps(self.json))
+        if isinstance(self.structural_tag, dict):
+            msgspec.structs.force_setattr(self, "structural_tag", _json.dumps(self.structural_tag))
         if isinstance(self.choice, list):
             msgspec.structs.force_setattr(self, "choice", tuple(self.choice))
         kinds = [
@@ -236,6 +244,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
                 ("regex", self.regex),
                 ("choice", self.choice),
                 ("grammar", self.grammar),
+                ("structural_tag", self.structural_tag),
             )
             if value is not None
         ]
@@ -243,21 +252,24 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
             kinds.append("json_object")
         if len(kinds) != 1:
             raise ValueError(
-                "structured_outputs must set exactly one of json, regex, choice, grammar or json_object"
-                + (f" (got {', '.join(kinds)})" if kinds else "")
+                "structured_outputs must set exactly one of json, regex, choice, grammar, json_object "
+                "or structural_tag" + (f" (got {', '.join(kinds)})" if kinds else "")
             )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
             raise ValueError("structured_outputs.choice must be a non-empty list of strings")
-        for name in ("json", "regex", "grammar"):
+        for name in ("json", "regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string")
 
     @property
     def kind(self) -> str:
-        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        """Which constraint is set: "json", "regex", "choice", "grammar", "json_object" or
+        "structural_tag"."""
         if self.json is not None:
             return "json"
+        if self.structural_tag is not None:
+            return "structural_tag"
         if self.regex is not None:
             return "regex"
         if self.choice is not None:
@@ -270,7 +282,13 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
     def key(self) -> tuple[str, str | tuple[str, ...]]:
         """The grammar's cache key: ``(kind, spec)`` (the reasoning gate is not part of it)."""
         kind = self.kind
-        value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        value = {
+            "json": self.json,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "structural_tag": self.structural_tag,
+        }
         return kind, value.get(kind) or ""
 
 

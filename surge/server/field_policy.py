@@ -132,7 +132,8 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(
         "structural_tag",
         _unset,
-        "structural tags are not supported (use response_format or structured_outputs)",
+        "a top-level structural_tag is not read (send response_format "
+        '{"type": "structural_tag", ...} or structured_outputs.structural_tag)',
     ),
     Refusal(
         "guided_decoding_backend",

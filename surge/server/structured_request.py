@@ -15,7 +15,7 @@ from surge.sampling_params import StructuredOutputsParams
 from surge.server.errors import bad_request
 from surge.structured.validate import check_structured_outputs
 
-_STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 def _json_text(value: Any, param: str) -> str:
@@ -40,6 +40,8 @@ _RESPONSE_FORMAT_KEYS = {
     "text": ("type",),
     "json_object": ("type", "schema"),
     "json_schema": ("type", "json_schema"),
+    # vLLM's two forms: xgrammar's ``format``, or the older ``structures`` with ``triggers``
+    "structural_tag": ("type", "format", "structures", "triggers"),
 }
 # OpenAI's json_schema object (``json_schema``: the nested spelling some clients send for ``schema``)
 _JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict", "json_schema")
@@ -106,8 +108,18 @@ def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
                 param="response_format.json_schema.name",
             )
         return StructuredOutputsParams(json=_json_text(schema, "response_format.json_schema.schema"))
+    if kind == "structural_tag":
+        has_format, has_structures = rf.get("format") is not None, rf.get("structures") is not None
+        if has_format == has_structures:
+            raise bad_request(
+                "response_format of type structural_tag needs either 'format' (an xgrammar structural "
+                "tag format) or 'structures' with 'triggers'",
+                param="response_format",
+            )
+        return StructuredOutputsParams(structural_tag=json.dumps(rf))
     raise bad_request(
-        f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        "response_format type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
+        f"got {kind!r}",
         param="response_format.type",
     )
 
@@ -138,6 +150,12 @@ def _single(kind: str, value: Any, param: str) -> StructuredOutputsParams:
         if value is not True:
             raise bad_request(f"{param} must be true", param=param)
         return StructuredOutputsParams(json_object=True)
+    if kind == "structural_tag":  # JSON text in vLLM; an object is taken too
+        if isinstance(value, dict):
+            return StructuredOutputsParams(structural_tag=json.dumps(value))
+        if not isinstance(value, str) or not value:
+            raise bad_request(f"{param} must be a structural tag (JSON text or an object)", param=param)
+        return StructuredOutputsParams(structural_tag=value)
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise bad_request(f"{param} must be a non-empty list of strings", param=param)
@@ -150,8 +168,9 @@ def _single(kind: str, value: Any, param: str) -> StructuredOutputsParams:
 def structured_outputs_of(body: Any) -> tuple[StructuredOutputsParams | None, str | None]:
     """The grammar a request asks for, and the name of the field that asked.
 
-    Sources: ``response_format`` (``json_object`` or ``json_schema``), ``structured_outputs``
-    (vLLM: one of ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``), and
+    Sources: ``response_format`` (``json_object``, ``json_schema`` or vLLM's ``structural_tag``),
+    ``structured_outputs`` (vLLM: one of ``json``, ``regex``, ``choice``, ``grammar``,
+    ``json_object``, ``structural_tag``), and
     ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``. At most one
     may be given. The grammar is validated.
 

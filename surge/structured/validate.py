@@ -109,6 +109,72 @@ def _check_grammar_size(grammar: Any) -> None:
         )
 
 
+def _structural_tag_spec(text: str) -> dict[str, Any]:
+    """The parsed structural tag of ``text``, its embedded JSON schemas and regexes checked as
+    :func:`check_enforceable` checks whole ones (a keyword xgrammar would drop inside a tag is
+    refused as it is outside).
+
+    Raises:
+        ValueError: not a JSON object, or an embedded schema or regex that cannot be enforced;
+            the message locates it (``format.content.json_schema``, ``structures[1].schema``).
+    """
+    try:
+        spec = json.loads(text)
+    except RecursionError:
+        raise ValueError("invalid structural_tag: nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"invalid structural_tag: not JSON ({e})") from None
+    if not isinstance(spec, dict):
+        raise ValueError("invalid structural_tag: it must be a JSON object")
+
+    def schema_at(schema: Any, where: str) -> None:
+        try:
+            check_json_schema(schema)
+        except ValueError as e:
+            raise ValueError(f"invalid structural_tag: {where}: {e}") from None
+
+    if "structures" in spec:  # the older form: JSON schemas between begin and end strings
+        structures, triggers = spec["structures"], spec.get("triggers")
+        if not isinstance(structures, list) or not structures:
+            raise ValueError("invalid structural_tag: structures must be a non-empty list")
+        if (
+            not isinstance(triggers, list)
+            or not triggers
+            or not all(isinstance(t, str) and t for t in triggers)
+        ):
+            raise ValueError("invalid structural_tag: triggers must be a non-empty list of non-empty strings")
+        for i, item in enumerate(structures):
+            if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("begin", "end")):
+                raise ValueError(f"invalid structural_tag: structures[{i}] needs string 'begin' and 'end'")
+            if "schema" not in item:
+                raise ValueError(f"invalid structural_tag: structures[{i}] needs a 'schema'")
+            schema_at(item["schema"], f"structures[{i}].schema")
+        return spec
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{where}[{i}]")
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if kind == "json_schema" and "json_schema" in node:
+                schema_at(node["json_schema"], f"{where}.json_schema")
+                return
+            if kind == "regex" and isinstance(node.get("pattern"), str):
+                problem = regex_problem(node["pattern"])
+                if problem is not None:
+                    raise ValueError(f"invalid structural_tag: {where}.pattern: unsupported regex: {problem}")
+                return
+            for key, value in node.items():
+                walk(value, f"{where}.{key}" if where else key)
+
+    try:
+        walk(spec, "")
+    except RecursionError:
+        raise ValueError("invalid structural_tag: nested too deeply") from None
+    return spec
+
+
 def check_enforceable(params: StructuredOutputsParams) -> None:
     """Refuse a JSON schema or regex that uses what xgrammar would silently drop (a keyword
     such as ``uniqueItems``, a regex lookahead...), so that it is refused instead of ignored
@@ -129,6 +195,9 @@ def check_enforceable(params: StructuredOutputsParams) -> None:
         except ValueError:
             return  # not JSON: xgrammar says why
         check_json_schema(schema)
+    elif params.kind == "structural_tag":
+        assert params.structural_tag is not None
+        _structural_tag_spec(params.structural_tag)
     elif params.kind == "regex":
         assert params.regex is not None
         problem = regex_problem(params.regex)
@@ -152,7 +221,10 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     API process calls it on a tokenizer thread).
 
     JSON schemas are compiled with any whitespace allowed between tokens and
-    ``strict_mode`` (no properties beyond the schema's), as vLLM does.
+    ``strict_mode`` (no properties beyond the schema's), as vLLM does. A structural tag is
+    built by xgrammar's ``Grammar.from_structural_tag`` (its older ``structures``/``triggers``
+    form through the deprecated pair of arguments, as vLLM does); it may embed EBNF, so it is
+    held to :data:`MAX_GRAMMAR_RULES` too.
 
     Raises:
         ValueError: the schema, regex or grammar is invalid, asks for what the grammar
@@ -176,6 +248,17 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
         if kind == "grammar":
             assert params.grammar is not None
             grammar = xgr.Grammar.from_ebnf(params.grammar)
+        elif kind == "structural_tag":
+            assert params.structural_tag is not None
+            spec = _structural_tag_spec(params.structural_tag)
+            if "structures" in spec:
+                tags = [
+                    xgr.StructuralTagItem(begin=t["begin"], schema=json.dumps(t["schema"]), end=t["end"])
+                    for t in spec["structures"]
+                ]
+                grammar = xgr.Grammar.from_structural_tag(tags, spec["triggers"])
+            else:
+                grammar = xgr.Grammar.from_structural_tag(params.structural_tag)
         else:
             return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False, strict_mode=False)
     except Exception as e:  # xgrammar raises RuntimeError / ValueError / InvalidJSONError
@@ -204,6 +287,8 @@ def _verdict_key(params: StructuredOutputsParams) -> tuple[str, bytes]:
             text = params.json
     elif kind == "choice":
         text = json.dumps(list(params.choice or ()), ensure_ascii=False)
+    elif kind == "structural_tag":
+        text = params.structural_tag or ""
     else:
         text = params.regex or params.grammar or ""
     return kind, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()

@@ -348,3 +348,129 @@ def test_a_schema_nothing_satisfies_is_a_400_not_a_stop(client: openai.OpenAI, s
     assert "".join(d.get("content") or "" for d in deltas) == '"', events
     ok = client.chat.completions.create(model=body["model"], messages=MSGS, max_tokens=3)  # type: ignore[arg-type]
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+PETS = {"enum": ["cat", "dog", "bird"]}
+TAGGED = {
+    "type": "structural_tag",
+    "format": {
+        "type": "tag",
+        "begin": "<f>",
+        "content": {"type": "json_schema", "json_schema": PETS},
+        "end": "</f>",
+    },
+}
+"""xgrammar's structural tag format: one tag from the start, a JSON value of ``PETS`` inside (a
+schema without objects: inside a tag xgrammar allows any whitespace between JSON tokens, as in
+vLLM, and the small model can spend its tokens on it)."""
+
+
+def test_response_format_structural_tag(client: openai.OpenAI) -> None:
+    """vLLM's ``response_format: {"type": "structural_tag", "format": ...}`` (refused before): the
+    output is the tag with a JSON value of the schema between begin and end, streamed or not."""
+    model = client.models.list().data[0].id
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=model,
+            messages=MSGS,  # type: ignore[arg-type]
+            response_format=TAGGED,  # type: ignore[arg-type]
+            temperature=1.0,
+            seed=seed,
+            max_tokens=200,
+        )
+        text = r.choices[0].message.content or ""
+        assert r.choices[0].finish_reason == "stop", text
+        assert text.startswith("<f>") and text.endswith("</f>"), text
+        jsonschema.validate(json.loads(text[3:-4]), PETS)
+    stream = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(TAGGED)}},
+        temperature=1.0,
+        seed=5,
+        max_tokens=200,
+        stream=True,
+    )
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert text.startswith("<f>") and text.endswith("</f>"), text
+    jsonschema.validate(json.loads(text[3:-4]), PETS)
+
+
+def test_legacy_structural_tag_is_free_text_until_a_trigger(client: openai.OpenAI) -> None:
+    """The older form (``structures`` + ``triggers``, as vLLM's tool-call paths send it): free text,
+    and after a trigger the tagged JSON; a structured_outputs object is taken as JSON text is."""
+    legacy = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+        "triggers": ["<f>"],
+    }
+    model = client.models.list().data[0].id
+    r = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        extra_body={"response_format": legacy},
+        temperature=0.0,
+        max_tokens=20,
+    )
+    free = r.choices[0].text
+    assert r.choices[0].finish_reason == "length" and "<f>" not in free
+    plain = client.completions.create(model=model, prompt="Once upon a time", temperature=0.0, max_tokens=20)
+    assert free == plain.choices[0].text  # nothing constrained before a trigger
+    r = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        extra_body={"structured_outputs": {"structural_tag": legacy}},
+        temperature=0.0,
+        max_tokens=20,
+    )
+    assert r.choices[0].text == free
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"response_format": {"type": "structural_tag"}}, "response_format", "either 'format'"),
+        (
+            {"response_format": {"type": "structural_tag", "format": {"type": "nope"}}},
+            "response_format",
+            "Format type not recognized",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "structural_tag",
+                    "format": {
+                        "type": "tag",
+                        "begin": "<f>",
+                        "content": {"type": "json_schema", "json_schema": {"uniqueItems": True}},
+                        "end": "</f>",
+                    },
+                }
+            },
+            "response_format",
+            "format.content.json_schema: keyword 'uniqueItems'",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": "{not json"}},
+            "structured_outputs.structural_tag",
+            "not JSON",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": {"structures": [{"begin": "a"}], "triggers": ["a"]}}},
+            "structured_outputs.structural_tag",
+            "structures[0] needs string 'begin' and 'end'",
+        ),
+        ({"structural_tag": "{}"}, "structural_tag", "top-level structural_tag is not read"),
+    ],
+)
+def test_bad_structural_tags_are_a_400_naming_the_field(
+    server: Server, body: dict[str, Any], param: str, words: str
+) -> None:
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": MSGS, "max_tokens": 5, **body},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
