@@ -403,6 +403,8 @@ class ServeOptions:
         log_requests: log one line when each request starts and one when it ends.
         api_server_count: API server processes sharing the engine(s) (see
             :mod:`surge.server.api_workers`).
+        return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
+            leave ``return_tokens_as_token_ids`` unset (vLLM's flag).
     """
 
     host: str = "127.0.0.1"
@@ -434,6 +436,7 @@ class ServeOptions:
     shutdown_timeout: float = 30.0
     log_requests: bool = True
     api_server_count: int = 1
+    return_tokens_as_token_ids: bool = False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -559,6 +562,7 @@ async def run_server(
         max_stop_string_length=options.max_stop_string_length,
         max_choices_per_request=options.max_choices_per_request,
         log_requests=options.log_requests,
+        return_tokens_as_token_ids=options.return_tokens_as_token_ids,
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe

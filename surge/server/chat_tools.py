@@ -212,8 +212,8 @@ def opens_reasoning(content: Any) -> bool:
 def is_empty_delta(delta: dict[str, Any]) -> bool:
     """Whether a streamed chat ``delta`` carries nothing: no role, no content text, no
     reasoning text and no tool call (``{"content": ""}`` is empty). A parsed stream sends no
-    chunk for such a delta unless it ends the choice or carries logprobs entries, as vLLM
-    skips a parser's empty deltas."""
+    chunk for such a delta unless it ends the choice or carries logprobs entries or token ids
+    (``return_token_ids``), as vLLM skips a parser's empty deltas."""
     return not (
         delta.get("role") or delta.get("content") or delta.get("reasoning") or delta.get("tool_calls")
     )

@@ -218,6 +218,13 @@ def add_serve_parser(subparsers: Any) -> None:
         help="move <think>...</think> of chat completions into reasoning (and reasoning_content)",
     )
     p.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="vLLM's flag: name logprob tokens 'token_id:<id>' (chat's token and top_logprobs tokens, "
+        "completions' tokens and top_logprobs keys) in requests that leave return_tokens_as_token_ids "
+        "unset; a request's own value wins",
+    )
+    p.add_argument(
         "--enforce-eager",
         action="store_true",
         help="disable CUDA graphs (decode and piecewise prefill graphs)",
@@ -487,6 +494,7 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         log_requests=not args.disable_log_requests,
         api_server_count=args.api_server_count,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import bind_reuseport, serve_with_api_workers

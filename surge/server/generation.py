@@ -21,7 +21,10 @@ Shared by chat and completions. Each choice (one engine request; ``n`` choices p
 
 With logprobs, a delta also carries the rows of the tokens whose text it completes
 (:class:`~surge.server.logprobs.LogprobTracker`), and a choice's first delta the prompt's
-rows when they were asked for.
+rows when they were asked for. With ``return_token_ids`` (vLLM) a delta carries the ids of the
+tokens received since the choice's previous delta, whatever text they have released, so the
+joined ids are exactly the generated tokens (the EOS or stop token, and the tokens of a matched
+stop string, included: those the usage counts).
 """
 
 from __future__ import annotations
@@ -49,7 +52,11 @@ _MAX_BATCH_SECONDS = 0.005
 
 @dataclass(slots=True)
 class ChoiceState:
-    """Progress of one choice (one engine request)."""
+    """Progress of one choice (one engine request).
+
+    ``token_ids`` holds every generated token id when the request asked for them
+    (``return_token_ids``; else None), ``num_ids_sent`` how many of them deltas have carried.
+    """
 
     index: int
     request_id: str
@@ -68,6 +75,8 @@ class ChoiceState:
     score_only: bool = False
     first_token_time: float = 0.0
     engine_times: tuple[float, float] | None = None
+    token_ids: list[int] | None = None
+    num_ids_sent: int = 0
 
 
 @dataclass(slots=True)
@@ -75,7 +84,9 @@ class ChoiceDelta:
     """Text to send for one choice. ``first`` marks its first delta; ``finish_reason`` its last.
 
     ``logprobs`` holds the rows of the tokens whose text this delta completes (None when the
-    request did not ask); ``prompt_logprobs`` the prompt's rows, on the first delta.
+    request did not ask); ``prompt_logprobs`` the prompt's rows, on the first delta;
+    ``token_ids`` the ids of the tokens received since the choice's previous delta (None
+    without ``return_token_ids``).
     """
 
     index: int
@@ -86,6 +97,7 @@ class ChoiceDelta:
     stop_reason: str | int | None = None
     logprobs: LogprobsLists | None = None
     prompt_logprobs: LogprobsLists | None = None
+    token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +129,8 @@ class Generation:
             ``<base id>@<serial>[-<choice>]``, so no client id can collide with another
             request's (a client's ``X-Request-Id: abc-0`` with the children ``abc-0``, ``abc-1``
             of an ``n = 2`` request ``abc`` took over or crashed them).
+        return_token_ids: keep each choice's generated token ids (``ChoiceState.token_ids``)
+            and hand them out with its deltas (vLLM's ``return_token_ids``).
     """
 
     def __init__(
@@ -129,8 +143,10 @@ class Generation:
         first_needs_text: bool = False,
         on_close: Callable[[], None] | None = None,
         serial: int = 0,
+        return_token_ids: bool = False,
     ) -> None:
         self._serial = serial
+        self._return_token_ids = return_token_ids
         self._client = client
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
@@ -201,6 +217,7 @@ class Generation:
                 detok,
                 score_only=score_only,
                 stop_token_ids=params.stop_token_ids,
+                token_ids=[] if self._return_token_ids else None,
             )
             if params.logprobs is not None and not score_only:
                 choice.logprobs = LogprobTracker()
@@ -307,6 +324,8 @@ class Generation:
         choice.last_token_time = now
         choice.num_tokens += n_new
         choice.unsent_tokens += n_new
+        if choice.token_ids is not None:
+            choice.token_ids.extend(out.new_token_ids)
         metrics.add_generation_tokens(n_new)
         detok = choice.detokenizer
         tracker = choice.logprobs
@@ -351,6 +370,10 @@ class Generation:
             delta.logprobs = tracker.take(final=choice.finish_reason is not None)
         if delta.first:
             delta.prompt_logprobs = choice.prompt_logprobs
+        ids = choice.token_ids
+        if ids is not None:
+            delta.token_ids = ids[choice.num_ids_sent :]
+            choice.num_ids_sent = len(ids)
         choice.sent_first = True
         choice.pending = ""
         choice.unsent_tokens = 0
@@ -388,4 +411,5 @@ class Generation:
             "length",
             None,
             prompt_logprobs=choice.prompt_logprobs,
+            token_ids=None if choice.token_ids is None else [],
         )

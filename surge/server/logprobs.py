@@ -160,13 +160,43 @@ class LogprobTracker:
         return out
 
 
+TOKEN_ID_PREFIX = "token_id:"
+"""vLLM's ``return_tokens_as_token_ids`` names a token ``"token_id:<id>"``."""
+
+
+class TokenIdStrings:
+    """Token names for vLLM's ``return_tokens_as_token_ids``: ``"token_id:<id>"`` for a token's
+    text, so that a token whose text is ambiguous (a piece of a UTF-8 character, two ids with
+    one text) is still identified. Its ``bytes`` stay the token's own
+    (:class:`~surge.token_strings.TokenStrings`).
+
+    Args:
+        strings: the server's token texts and bytes (shared cache).
+    """
+
+    __slots__ = ("_strings",)
+
+    def __init__(self, strings: TokenStrings) -> None:
+        self._strings = strings
+
+    def text(self, token_id: int) -> str:
+        """``"token_id:<id>"``."""
+        return f"{TOKEN_ID_PREFIX}{token_id}"
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        """``("token_id:<id>", the token's own bytes)``."""
+        return self.text(token_id), self._strings.get(token_id)[1]
+
+
 def _lp(value: float) -> float:
     return value if value >= _FLOOR else _FLOOR  # -inf and NaN -> the floor
 
 
-def chat_content(rows: LogprobsLists, top: int, strings: TokenStrings) -> list[dict[str, Any]]:
+def chat_content(
+    rows: LogprobsLists, top: int, strings: TokenStrings | TokenIdStrings
+) -> list[dict[str, Any]]:
     """OpenAI chat ``logprobs.content``: per token ``{token, logprob, bytes, top_logprobs}``
-    with the ``top`` most likely alternatives."""
+    with the ``top`` most likely alternatives (``token`` as ``strings`` name it)."""
     out = []
     for ids, lps in zip(rows.token_ids, rows.logprobs, strict=True):
         text, raw = strings.get(ids[0])
@@ -183,11 +213,13 @@ class CompletionLogprobs:
     """The legacy completions ``logprobs`` object of one choice, built incrementally.
 
     ``text_offset`` counts characters of the tokens' texts from the start of the choice's
-    text (the echoed prompt first, with ``echo``), carried across streamed chunks.
+    text (the echoed prompt first, with ``echo``), carried across streamed chunks; a token's
+    text is what ``strings`` name it (``"token_id:<id>"`` with ``return_tokens_as_token_ids``,
+    whose lengths vLLM counts too).
     """
 
     top: int
-    strings: TokenStrings
+    strings: TokenStrings | TokenIdStrings
     offset: int = 0
 
     def build(self, rows: LogprobsLists, first_is_null: bool = False) -> dict[str, Any]:

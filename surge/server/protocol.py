@@ -177,6 +177,10 @@ class SamplingRequestFields(RequestBody):
     logprobs: Any = None
     top_logprobs: Any = None
     prompt_logprobs: Any = None
+    # vLLM's token ids: ``prompt_token_ids`` and each choice's ``token_ids`` in the response;
+    # logprob tokens as ``"token_id:<id>"`` (None: the server's --return-tokens-as-token-ids)
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     # checked by surge.server.chat_tools (chat only)
     tools: Any = None
     tool_choice: Any = None
@@ -194,8 +198,6 @@ class SamplingRequestFields(RequestBody):
     lora_request: Any = None
     lora: Any = None
     logits_processors: Any = None
-    return_tokens_as_token_ids: Any = None
-    return_token_ids: Any = None
     cache_salt: Any = None
     kv_transfer_params: Any = None
     vllm_xargs: Any = None

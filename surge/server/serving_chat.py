@@ -92,11 +92,13 @@ async def create_chat_completion(
         raise
     model = state.model_name
     strings = state.token_strings
+    names = state.logprob_tokens(body)
+    return_ids = bool(body.return_token_ids)
 
     def logprobs_of(rows: LogprobsLists | None) -> dict[str, Any] | None:
         if lp.logprobs is None:
             return None
-        return {"content": chat_content(rows or LogprobsLists(), lp.logprobs, strings)}
+        return {"content": chat_content(rows or LogprobsLists(), lp.logprobs, names)}
 
     if not body.stream:
         results = await collect(request, gen)
@@ -105,19 +107,22 @@ async def create_chat_completion(
         for i, (text, finish, stop) in sorted(results.items()):
             await turn.pause()
             message, finish = plan.message(text, finish)
-            choices.append(
-                {
-                    "index": i,
-                    "message": message,
-                    "logprobs": logprobs_of(_all_rows(gen, i)),
-                    "finish_reason": finish,
-                    "stop_reason": stop,
-                }
-            )
-        extra = {}
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs_of(_all_rows(gen, i)),
+                "finish_reason": finish,
+                "stop_reason": stop,
+            }
+            if return_ids:  # vLLM: every generated id, the EOS or stop token included
+                choice["token_ids"] = gen.choices[i].token_ids
+            choices.append(choice)
+        extra: dict[str, Any] = {}
         if lp.prompt_logprobs is not None:
             rows = gen.choices[0].prompt_logprobs
             extra["prompt_logprobs"] = vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)
+        if return_ids:  # vLLM: the templated prompt's ids, once, at the top level
+            extra["prompt_token_ids"] = prompt_ids
         return await full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
@@ -126,12 +131,16 @@ async def create_chat_completion(
 
     def role_chunk(index: int) -> bytes:
         """A choice's first chunk, as vLLM and OpenAI send it: the role and empty content (with
-        ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM)."""
+        ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM; with
+        ``return_token_ids``, the prompt's ids at the top level, as vLLM's role chunks)."""
         choice = {"index": index, "delta": _ROLE_DELTA, "logprobs": None, "finish_reason": None}
-        if env.usage_in_chunks != "running":
-            return env.chunk([choice])
-        p = len(gen.prompts[gen.choices[index].prompt_index].token_ids)
-        return env.chunk([choice], usage={"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p})
+        extra: dict[str, Any] = {}
+        if env.usage_in_chunks == "running":
+            p = len(prompt_ids)
+            extra["usage"] = {"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p}
+        if return_ids:
+            extra["prompt_token_ids"] = prompt_ids
+        return env.chunk([choice], **extra)
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
@@ -141,13 +150,22 @@ async def create_chat_completion(
             parser = parsers.get(d.index)
             delta, finish = plan.delta(parser, d.text, d.finish_reason)
             logprobs = logprobs_of(d.logprobs)
-            if parser is not None and finish is None and is_empty_delta(delta) and not _has_entries(logprobs):
+            if (
+                parser is not None
+                and finish is None
+                and is_empty_delta(delta)
+                and not _has_entries(logprobs)
+                and not d.token_ids
+            ):
                 # the parser took the text (a tool call's markup, a reasoning tag) and released
-                # nothing yet: no chunk, as in vLLM
+                # nothing yet: no chunk, as in vLLM (which sends it with return_token_ids, so
+                # that the streamed ids hold every token)
                 continue
             choice = with_finish({"index": d.index, "delta": delta}, d)
             choice["finish_reason"] = finish
             choice["logprobs"] = logprobs
+            if d.token_ids is not None:
+                choice["token_ids"] = d.token_ids
             chunks.append(env.chunk([choice]))
         return chunks
 

@@ -24,6 +24,7 @@ from surge.sampling_params import SamplingParams, StructuredOutputsParams, trunc
 from surge.server.drain import InFlight
 from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
+from surge.server.logprobs import TokenIdStrings
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
 from surge.server.request_id import request_id_of
@@ -70,6 +71,8 @@ class ServerState:
         reasoning_parser: name of the reasoning parser (``--reasoning-parser``), or None.
         in_flight: the generations in flight and the drain flag.
         log_requests: log one line when a request starts and one when it ends.
+        return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
+            leave ``return_tokens_as_token_ids`` unset (``--return-tokens-as-token-ids``, vLLM's).
     """
 
     client: EngineClient
@@ -96,6 +99,7 @@ class ServerState:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     trust_request_chat_template: bool = False
+    return_tokens_as_token_ids: bool = False
     tokenizer_worker: TokenizerWorker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +116,16 @@ class ServerState:
     def token_strings(self) -> TokenStrings:
         """Text and bytes of single tokens (for logprobs), cached per token id."""
         return TokenStrings(self.tokenizer)
+
+    def logprob_tokens(self, req: SamplingRequestFields) -> TokenStrings | TokenIdStrings:
+        """What names a token in a request's ``logprobs`` (``token``, completions' ``tokens``
+        and ``top_logprobs`` keys): its text, or ``"token_id:<id>"`` with vLLM's
+        ``return_tokens_as_token_ids`` (the request's value, else the server's default).
+        ``prompt_logprobs`` keep the text in ``decoded_token`` either way, as in vLLM."""
+        as_ids = req.return_tokens_as_token_ids
+        if as_ids is None:
+            as_ids = self.return_tokens_as_token_ids
+        return TokenIdStrings(self.token_strings) if as_ids else self.token_strings
 
     def check_model(self, model: str | None) -> None:
         """Raise a 404 ApiError for a model name this server does not serve (None is accepted)."""
@@ -255,6 +269,7 @@ def start_generation(
         first_needs_text=first_needs_text,
         on_close=closed,
         serial=state.in_flight.next_serial(),
+        return_token_ids=bool(body.return_token_ids),
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

@@ -134,13 +134,15 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         return state.tokenizer.decode(info.token_ids, skip_special_tokens=True)
 
     strings = state.token_strings
+    names = state.logprob_tokens(body)
+    return_ids = bool(body.return_token_ids)
     offsets: dict[int, CompletionLogprobs] = {}
 
     def logprobs_of(index: int, rows: LogprobsLists | None, first: bool) -> dict[str, Any] | None:
         """The choice's ``logprobs`` for ``rows`` (the echoed prompt's first, on its first part)."""
         if lp.logprobs is None:
             return None
-        builder = offsets.setdefault(index, CompletionLogprobs(lp.logprobs, strings))
+        builder = offsets.setdefault(index, CompletionLogprobs(lp.logprobs, names))
         parts = []
         if first and body.echo:
             choice = gen.choices[index]
@@ -165,6 +167,18 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             )
         return {"prompt_logprobs": built}
 
+    def token_ids_of(index: int, token_ids: list[int] | None, first: bool) -> dict[str, Any]:
+        """vLLM's ``return_token_ids`` fields of a choice: its prompt's ids (on its first
+        chunk) and ``token_ids``, the generated ids (streamed: those since its last chunk; an
+        echoed prompt's ids are in ``prompt_token_ids`` only)."""
+        if not return_ids:
+            return {}
+        fields: dict[str, Any] = {}
+        if first:
+            fields["prompt_token_ids"] = gen.prompts[gen.choices[index].prompt_index].token_ids
+        fields["token_ids"] = token_ids
+        return fields
+
     if not body.stream:
         results = await collect(request, gen)
         choices = []
@@ -183,6 +197,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
                     "stop_reason": stop,
                 }
                 | prompt_logprobs_of(i)
+                | token_ids_of(i, gen.choices[i].token_ids, True)
             )
         return await full_response(request_id, "text_completion", created, model, choices, gen)
 
@@ -194,6 +209,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             text = echo_text(d.prompt_index) + d.text if (body.echo and d.first) else d.text
             choice = with_finish({"index": d.index, "text": text}, d)
             choice["logprobs"] = logprobs_of(d.index, d.logprobs, d.first)
+            choice |= token_ids_of(d.index, d.token_ids, d.first)
             chunks.append(env.chunk([choice]))
         return chunks
 
