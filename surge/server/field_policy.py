@@ -164,7 +164,6 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("logits_processors", _empty_list, "custom logits processors are not supported"),
     Refusal("return_token_ids", _false, "return_token_ids is not supported"),
     Refusal("return_tokens_as_token_ids", _false, "token ids as token strings are not supported"),
-    Refusal("cache_salt", _unset, "cache_salt is not supported"),
     Refusal("kv_transfer_params", _unset, "KV transfer is not supported"),
     Refusal("vllm_xargs", _empty_dict, "vllm_xargs is not supported"),
 )

@@ -117,6 +117,8 @@ class Generation:
             ``<base id>@<serial>[-<choice>]``, so no client id can collide with another
             request's (a client's ``X-Request-Id: abc-0`` with the children ``abc-0``, ``abc-1``
             of an ``n = 2`` request ``abc`` took over or crashed them).
+        cache_salt: the request's ``cache_salt`` (vLLM's), sent with each of its prompts: only
+            requests with the same salt share prefix-cache blocks (None: no salt).
     """
 
     def __init__(
@@ -129,8 +131,10 @@ class Generation:
         first_needs_text: bool = False,
         on_close: Callable[[], None] | None = None,
         serial: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         self._serial = serial
+        self._cache_salt = cache_salt
         self._client = client
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
@@ -216,6 +220,7 @@ class Generation:
                 first,
                 arrival_time=self._arrival,
                 prompt_logprobs_once=share_prompt_logprobs,
+                cache_salt=self._cache_salt,
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e

@@ -255,6 +255,7 @@ def start_generation(
         first_needs_text=first_needs_text,
         on_close=closed,
         serial=state.in_flight.next_serial(),
+        cache_salt=body.cache_salt,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen
