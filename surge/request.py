@@ -68,6 +68,9 @@ class Request:
             prompt tokens ``1, 2, ...`` (a ``LogprobsLists``; a recompute after preemption
             does not add them twice), else None.
         prompt_logprobs_sent: the stored rows went out with the first output.
+        cache_salt: vLLM's ``cache_salt``: a non-empty string that enters the prefix-cache hash
+            of the request's first block (so of every block, through the chain), or None. Only
+            requests with the same salt (or none) share cached blocks.
     """
 
     __slots__ = (
@@ -88,6 +91,7 @@ class Request:
         "num_preemptions",
         "prompt_logprobs",
         "prompt_logprobs_sent",
+        "cache_salt",
     )
 
     def __init__(
@@ -97,6 +101,7 @@ class Request:
         sampling_params: SamplingParams,
         eos_token_ids: frozenset[int] = frozenset(),
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -115,6 +120,7 @@ class Request:
         self.num_preemptions = 0
         self.prompt_logprobs: LogprobsLists | None = None
         self.prompt_logprobs_sent = False
+        self.cache_salt = cache_salt
         if sampling_params.prompt_logprobs is not None:
             self.prompt_logprobs = LogprobsLists()
 

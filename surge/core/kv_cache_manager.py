@@ -11,6 +11,10 @@ cached content sit in the free list in LRU order and are evicted (their hash dro
 when the block is allocated again. Hashes are Python's built-in 64-bit tuple hash (fast,
 deterministic for ints, not cryptographic): an accidental collision is negligible, but a
 crafted one could reuse another prompt's K/V; use a cryptographic hash if that matters.
+
+A request's ``cache_salt`` (vLLM's multi-tenant isolation) enters the hash of its first block:
+that block's parent is the hash of the salt instead of the root, and the chain carries it on, so
+requests with different salts (or one with and one without) never share a cached block.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from collections import OrderedDict
 from surge.request import Request
 
 _ROOT_HASH = 0
-"""Parent hash of a request's first block."""
+"""Parent hash of a request's first block (without a ``cache_salt``)."""
+
+
+def root_hash(cache_salt: str | None) -> int:
+    """Parent hash of the first block of a request with ``cache_salt`` (None: no salt)."""
+    return _ROOT_HASH if cache_salt is None else hash((_ROOT_HASH, "cache_salt", cache_salt))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -217,10 +226,11 @@ class KVCacheManager:
         return 1.0 - self.pool.num_free / self.pool.num_blocks
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
-        """The chained hashes of the request's first ``num_blocks`` full blocks (cached per request)."""
+        """The chained hashes of the request's first ``num_blocks`` full blocks (cached per request;
+        the first block's parent is :func:`root_hash` of its ``cache_salt``)."""
         hashes = self._req_hashes.setdefault(request.request_id, [])
         bs = self.block_size
-        parent = hashes[-1] if hashes else _ROOT_HASH
+        parent = hashes[-1] if hashes else root_hash(request.cache_salt)
         first = len(hashes)
         # Blocks wholly inside the prompt slice it directly (one copy per block, no method call).
         prompt = request.prompt_token_ids

@@ -216,7 +216,8 @@ class LLM:
 
         Args:
             prompts: a string, a list of token ids, vLLM's ``{"prompt": ...}`` or
-                ``{"prompt_token_ids": [...]}`` dict, or a list of any of these.
+                ``{"prompt_token_ids": [...]}`` dict (with an optional ``cache_salt`` string: only
+                prompts of the same salt share prefix-cache blocks), or a list of any of these.
             sampling_params: one for all prompts, one per prompt, or None (defaults).
             use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here), or
                 as in vLLM a callable that makes it, called with ``total=`` the number of
@@ -240,7 +241,8 @@ class LLM:
         next call starts clean.
         """
         self._check_open()
-        prompt_list = _as_prompt_list(prompts)
+        salted = _as_prompt_list(prompts)
+        prompt_list = [prompt for prompt, _ in salted]
         if not self._text_prompts and any(isinstance(p, str) for p in prompt_list):
             raise ValueError(
                 f"the model folder {self.engine.config.model.model} has no tokenizer files "
@@ -271,7 +273,8 @@ class LLM:
         children: dict[str, _Child] = {}
         added: list[str] = []
         try:
-            self._add_requests(prompt_list, params_list, results, children, added)
+            salts = [salt for _, salt in salted]
+            self._add_requests(prompt_list, params_list, salts, results, children, added)
             if use_tqdm:
                 if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
                     progress = use_tqdm(total=len(children))
@@ -305,17 +308,19 @@ class LLM:
         self,
         prompt_list: list[PromptType],
         params_list: list[SamplingParams],
+        salts: list[str | None],
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
     ) -> None:
         """Add one engine request per prompt and choice, appending to ``results`` (one empty
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
+        ``salts``: each prompt's ``cache_salt`` (None: none).
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
         """
-        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+        for i, (prompt, params, salt) in enumerate(zip(prompt_list, params_list, salts, strict=True)):
             token_ids = (
                 encode_text(self.tokenizer, prompt, True, splittable=self._splittable)
                 if isinstance(prompt, str)
@@ -358,7 +363,7 @@ class LLM:
                 if index > 0 and child_params.prompt_logprobs is not None:
                     # The prompt's logprobs are the same for every child: the first computes them.
                     child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
-                self.engine.add_request(child_id, token_ids, child_params)
+                self.engine.add_request(child_id, token_ids, child_params, cache_salt=salt)
                 added.append(child_id)
                 detok = IncrementalDetokenizer(
                     self.tokenizer,
@@ -547,12 +552,15 @@ def _unexpected_argument(name: str) -> str:
     return f"LLM() does not take vLLM's {name!r}: use {hint}"
 
 
-def _prompt_of(p: Any) -> PromptType:
-    """One prompt: a string, a list (or tuple) of token ids, or vLLM's ``{"prompt": str}`` /
-    ``{"prompt_token_ids": [int]}`` dict (``TextPrompt`` / ``TokensPrompt``; a tokens prompt may
-    carry its ``prompt`` text, which is not tokenized but reported: :class:`TextedTokenIds`; the multimodal keys
-    may be there when empty, ``cache_salt`` when None). Raises ValueError for anything else, or a
-    string that is not valid Unicode text (a lone surrogate)."""
+def _prompt_of(p: Any) -> tuple[PromptType, str | None]:
+    """One prompt and its ``cache_salt``: a string, a list (or tuple) of token ids, or vLLM's
+    ``{"prompt": str}`` / ``{"prompt_token_ids": [int]}`` dict (``TextPrompt`` / ``TokensPrompt``;
+    a tokens prompt may carry its ``prompt`` text, which is not tokenized but reported:
+    :class:`TextedTokenIds`; the multimodal keys may be there when empty). A dict's
+    ``cache_salt`` is a string (None or ``""``: no salt, as in vLLM's offline API); only prompts
+    with the same salt share prefix-cache blocks. Raises ValueError for anything else (a salt
+    that is not a string too), or a string that is not valid Unicode text (a lone surrogate)."""
+    salt = None
     if isinstance(p, dict):
         keys = set(p)
         for name in _TEXT_ONLY_KEYS & keys:  # vLLM's optional keys: absent or empty here
@@ -560,10 +568,10 @@ def _prompt_of(p: Any) -> PromptType:
                 raise ValueError(f"a dict prompt's {name!r} is not supported: Surge serves text-only models")
             keys.discard(name)
         if "cache_salt" in keys:
-            if p["cache_salt"] is not None:
-                raise ValueError(
-                    "a dict prompt's 'cache_salt' is not supported: the prefix cache is shared by all requests"
-                )
+            salt = p["cache_salt"]
+            if salt is not None and not isinstance(salt, str):
+                raise ValueError(f"a dict prompt's 'cache_salt' must be a string, got {type(salt).__name__}")
+            salt = salt or None
             keys.discard("cache_salt")
         if keys == {"prompt", "prompt_token_ids"}:  # vLLM's TokensPrompt with its text
             if not isinstance(p["prompt"], str):
@@ -573,7 +581,7 @@ def _prompt_of(p: Any) -> PromptType:
             ids = _token_ids(p["prompt_token_ids"])
             if ids is None:
                 raise ValueError("a dict prompt's 'prompt_token_ids' must be a list of integers")
-            return TextedTokenIds(ids, p["prompt"])
+            return TextedTokenIds(ids, p["prompt"]), salt
         if keys == {"prompt"}:
             if not isinstance(p["prompt"], str):
                 raise ValueError(
@@ -584,7 +592,7 @@ def _prompt_of(p: Any) -> PromptType:
             ids = _token_ids(p["prompt_token_ids"])
             if ids is None:
                 raise ValueError("a dict prompt's 'prompt_token_ids' must be a list of integers")
-            return ids
+            return ids, salt
         else:
             raise ValueError(
                 f"a dict prompt must be {{'prompt': str}} or {{'prompt_token_ids': [int]}}, got keys {sorted(keys)}"
@@ -594,17 +602,18 @@ def _prompt_of(p: Any) -> PromptType:
             p.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("a prompt holds a lone surrogate (not valid Unicode text)") from None
-        return p
+        return p, salt
     ids = _token_ids(p)
     if ids is not None:
-        return ids
+        return ids, None
     raise ValueError(
         "each prompt must be a string, a list of integer token ids, or a {'prompt'/'prompt_token_ids': ...} dict; "
         f"got {type(p).__name__}"
     )
 
 
-def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[tuple[PromptType, str | None]]:
+    """Each prompt of ``prompts`` with its ``cache_salt`` (:func:`_prompt_of`)."""
     if isinstance(prompts, str | dict):
         return [_prompt_of(prompts)]
     if isinstance(prompts, bytes | bytearray | memoryview) or not isinstance(prompts, Iterable):
@@ -616,5 +625,5 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     items = list(prompts)
     ids = _token_ids(items)
     if items and ids is not None:
-        return [ids]
+        return [(ids, None)]
     return [_prompt_of(p) for p in items]

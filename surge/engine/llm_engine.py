@@ -353,11 +353,13 @@ class LLMEngine:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue one single-sequence request (use :func:`split_n` for ``n > 1``).
 
         Sampling fields the caller left out take the model's defaults
-        (``config.model.sampling_defaults``, from generation_config.json).
+        (``config.model.sampling_defaults``, from generation_config.json). ``cache_salt``
+        (vLLM's): only requests with the same salt share prefix-cache blocks (None: no salt).
 
         Raises:
             ValueError: ``n != 1``, ``truncate_prompt_tokens`` over ``max_model_len``, a token
@@ -373,7 +375,11 @@ class LLMEngine:
             prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
         )
         self._queue(
-            request_id, prompt_token_ids, self._checked(prompt_token_ids, sampling_params), arrival_time
+            request_id,
+            prompt_token_ids,
+            self._checked(prompt_token_ids, sampling_params),
+            arrival_time,
+            cache_salt,
         )
 
     def add_choices(
@@ -383,6 +389,7 @@ class LLMEngine:
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
         prompt_logprobs_once: bool = False,
+        cache_salt: str | None = None,
     ) -> list[tuple[str, str]]:
         """Queue a request's ``n`` choices as ``n`` single-sequence requests of ids
         ``request_ids`` (:func:`choice_params`: seed ``seed + i``), checking the request once: its
@@ -390,7 +397,7 @@ class LLMEngine:
         choice (``n: 128`` with 256 long ``bad_words`` took 3.8 s of the engine loop that way).
         With ``prompt_logprobs_once`` only the first choice computes ``prompt_logprobs`` (the
         caller shares them; the prompt's logits were computed ``n`` times, and a request asking
-        for them never reads cached prompt blocks).
+        for them never reads cached prompt blocks). ``cache_salt`` is :meth:`add_request`'s.
 
         Returns:
             ``(request_id, message)`` of each choice refused (all of them when the request is).
@@ -412,7 +419,7 @@ class LLMEngine:
             if i > 0 and prompt_logprobs_once and params.prompt_logprobs is not None:
                 msgspec.structs.force_setattr(params, "prompt_logprobs", None)  # a copy of its own
             try:
-                self._queue(rid, prompt_token_ids, params, arrival_time)
+                self._queue(rid, prompt_token_ids, params, arrival_time, cache_salt)
             except ValueError as e:
                 refused.append((rid, str(e)))
         return refused
@@ -441,10 +448,13 @@ class LLMEngine:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float | None,
+        cache_salt: str | None = None,
     ) -> None:
         """Hand a checked single-sequence request to the scheduler, or to the grammar compiler
         first (raises ValueError for an id in use or a request that can never fit)."""
-        request = Request(request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time)
+        request = Request(
+            request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time, cache_salt
+        )
         if sampling_params.structured_outputs is None:
             if self._structured is not None and request_id in self._structured.waiting:
                 # a request of that id waits for its grammar: the scheduler would refuse it

@@ -163,7 +163,6 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("media_io_kwargs", _empty_dict, "multimodal inputs are not supported"),
     Refusal("prompt_embeds", _unset, "prompt embeddings are not supported"),
     Refusal("logits_processors", _empty_list, "custom logits processors are not supported"),
-    Refusal("cache_salt", _unset, "cache_salt is not supported"),
     Refusal("kv_transfer_params", _unset, "KV transfer is not supported"),
     Refusal("vllm_xargs", _empty_dict, "vllm_xargs is not supported"),
 )

@@ -131,6 +131,8 @@ class Generation:
             of an ``n = 2`` request ``abc`` took over or crashed them).
         return_token_ids: keep each choice's generated token ids (``ChoiceState.token_ids``)
             and hand them out with its deltas (vLLM's ``return_token_ids``).
+        cache_salt: the request's ``cache_salt`` (vLLM's), sent with each of its prompts: only
+            requests with the same salt share prefix-cache blocks (None: no salt).
     """
 
     def __init__(
@@ -144,9 +146,11 @@ class Generation:
         on_close: Callable[[], None] | None = None,
         serial: int = 0,
         return_token_ids: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
         self._serial = serial
         self._return_token_ids = return_token_ids
+        self._cache_salt = cache_salt
         self._client = client
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
@@ -233,6 +237,7 @@ class Generation:
                 first,
                 arrival_time=self._arrival,
                 prompt_logprobs_once=share_prompt_logprobs,
+                cache_salt=self._cache_salt,
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e

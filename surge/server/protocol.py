@@ -157,6 +157,7 @@ class SamplingRequestFields(RequestBody):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     add_special_tokens: bool | None = None
     request_id: str | None = None
+    cache_salt: str | None = None  # vLLM's: non-empty; only requests with the same salt share cached blocks
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     # inert (field_policy.INERT_FIELDS)
@@ -198,7 +199,6 @@ class SamplingRequestFields(RequestBody):
     lora_request: Any = None
     lora: Any = None
     logits_processors: Any = None
-    cache_salt: Any = None
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
 
@@ -216,6 +216,8 @@ class SamplingRequestFields(RequestBody):
                 f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}",
                 param="best_of",
             )
+        if self.cache_salt == "":  # as vLLM (null is unset)
+            raise bad_request("cache_salt must be a non-empty string if provided", param="cache_salt")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true", param="stream_options")
         if (

@@ -270,6 +270,7 @@ def start_generation(
         on_close=closed,
         serial=state.in_flight.next_serial(),
         return_token_ids=bool(body.return_token_ids),
+        cache_salt=body.cache_salt,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

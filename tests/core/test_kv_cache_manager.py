@@ -107,6 +107,27 @@ def test_different_first_block_gives_no_hit() -> None:
     assert kv.get_computed_blocks(b) == ([], 0)
 
 
+def test_cache_salt_isolates_prefixes() -> None:
+    """vLLM's cache_salt: the salt enters the first block's hash, so the same tokens hit only
+    under the same salt (and an unsalted request never hits a salted one's blocks, or back)."""
+    kv = KVCacheManager(40, BS, enable_prefix_caching=True)
+    tokens = list(range(1, 34))  # 4 full blocks + 1 token
+    a = Request("a", tokens, SamplingParams(max_tokens=4), cache_salt="tenant-a")
+    _compute(kv, a)
+    others = {}
+    for salt in ("tenant-b", None):
+        other = Request(f"b-{salt}", tokens, SamplingParams(max_tokens=4), cache_salt=salt)
+        assert kv.get_computed_blocks(other) == ([], 0), salt
+        _compute(kv, other)  # its own blocks, under its own hashes
+        assert not set(other.block_ids) & set(a.block_ids)
+        others[salt] = other
+    same = Request("c", tokens[:17] + [99] * 10, SamplingParams(max_tokens=4), cache_salt="tenant-a")
+    assert kv.get_computed_blocks(same) == (a.block_ids[:2], 16)  # the chain carries the salt on
+    b_again = Request("d", tokens, SamplingParams(max_tokens=4), cache_salt="tenant-b")
+    assert kv.get_computed_blocks(b_again) == (others["tenant-b"].block_ids[:4], 32)
+    assert kv.get_computed_blocks(_req("e", tokens)) == (others[None].block_ids[:4], 32)
+
+
 def test_whole_prompt_is_never_cached() -> None:
     kv = KVCacheManager(20, BS, enable_prefix_caching=True)
     a = _req("a", list(range(1, 17)))  # exactly 2 blocks

@@ -205,8 +205,6 @@ def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
     assert llm.generate({"prompt_token_ids": ids, "prompt": "its text"}, GREEDY)[0].prompt == "its text"
     with pytest.raises(ValueError, match="'multi_modal_data' is not supported: Surge serves text-only"):
         llm.generate({"prompt": "Once", "multi_modal_data": {"image": object()}}, GREEDY)
-    with pytest.raises(ValueError, match="'cache_salt' is not supported"):
-        llm.generate({"prompt": "Once", "cache_salt": "tenant-1"}, GREEDY)
     with pytest.raises(ValueError, match="'prompt' must be a string"):
         llm.generate({"prompt": 5, "prompt_token_ids": ids}, GREEDY)
     assert plain.metrics is None and plain.finished and plain.outputs[0].finished()
@@ -308,3 +306,27 @@ def test_hf_overrides_with_yarn_serves_past_the_configs_context(llm: LLM) -> Non
         assert long.engine.config.model.max_model_len == 1024
         (out,) = long.generate(prompt, params, use_tqdm=False)
         assert len(out.outputs[0].token_ids) == 4
+
+
+def test_cache_salt_isolates_prefix_cache_hits(llm: LLM) -> None:
+    """vLLM's ``cache_salt`` of a ``TextPrompt`` / ``TokensPrompt`` (refused before): the same
+    prompt hits the prefix cache only under the same salt; ``None`` and ``""`` are no salt (as in
+    vLLM's offline API); a salt that is not a string is refused."""
+    text = "Once upon a time there was a little girl named Lily who loved to play in the park"
+    ids = llm.generate(text, GREEDY)[0].prompt_token_ids
+    assert len(ids) > llm.engine.block_size  # a full block to share
+    llm.reset_prefix_cache()
+
+    def cached(prompt: object) -> int:
+        return llm.generate(prompt, GREEDY)[0].num_cached_tokens  # type: ignore[arg-type]
+
+    assert cached({"prompt": text, "cache_salt": "tenant-a"}) == 0
+    assert cached({"prompt": text, "cache_salt": "tenant-a"}) > 0
+    assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-a"}) > 0  # the same tokens
+    assert cached({"prompt_token_ids": ids, "prompt": text, "cache_salt": "tenant-b"}) == 0
+    assert cached(text) == 0  # no salt: none of the salted blocks
+    assert cached({"prompt": text, "cache_salt": ""}) > 0 and cached({"prompt": text, "cache_salt": None}) > 0
+    same = llm.generate([{"prompt": text, "cache_salt": "tenant-c"}] * 2, GREEDY)  # one batch
+    assert [o.outputs[0].token_ids for o in same] == [llm.generate(text, GREEDY)[0].outputs[0].token_ids] * 2
+    with pytest.raises(ValueError, match="'cache_salt' must be a string, got int"):
+        llm.generate({"prompt": text, "cache_salt": 5}, GREEDY)

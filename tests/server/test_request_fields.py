@@ -4,6 +4,8 @@ field, request ids and streaming usage, against the shared live server (bundled 
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from typing import Any
 
 import httpx
@@ -95,7 +97,6 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CHAT, "audio", {"voice": "alloy"}),
     (CHAT, "modalities", ["text", "audio"]),
     (CMPL, "logits_processors", ["x"]),
-    (CHAT, "cache_salt", "abc"),
     # their defaults in another JSON type are not the default (no coercion; 5 was a 500)
     (CHAT, "modalities", 5),
     (CHAT, "modalities", "text"),
@@ -187,6 +188,53 @@ def test_check_unimplemented_names_the_first_refused_field_sent() -> None:
     assert e.value.message == (
         "'best_of' is not supported by Surge: best_of must be 1 (each choice is sampled once; use n for more choices)"
     )
+
+
+# --- cache_salt (vLLM's prefix-cache isolation) ---------------------------------------------
+
+
+def _prefix_cache_hits(srv: Server) -> float:
+    text = httpx.get(srv.url + "/metrics").text
+    m = re.search(r"^surge:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M)
+    assert m, text
+    return float(m.group(1))
+
+
+def test_cache_salt_isolates_the_prefix_cache(server: Server) -> None:
+    """vLLM's ``cache_salt`` (refused before): the same prompt hits the prefix cache only under the
+    same salt; a salted prompt never hits an unsalted one's blocks. Both endpoints take it."""
+    prompt = f"{uuid.uuid4().hex} Once upon a time there was a little girl who loved to play outside."
+    assert len(_tokens(server, prompt)) > 40  # full KV blocks (16 tokens) to share
+
+    def hits(salt: str | None) -> float:
+        before = _prefix_cache_hits(server)
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": 2} | ({"cache_salt": salt} if salt else {})
+        r = _post(server, CMPL, body)
+        assert r.status_code == 200, r.text
+        return _prefix_cache_hits(server) - before
+
+    assert hits("tenant-a") == 0
+    assert hits("tenant-a") > 0
+    assert hits("tenant-b") == 0
+    assert hits(None) == 0
+    assert hits(None) > 0 and hits("tenant-b") > 0
+    r = _post(
+        server, CHAT, {"messages": MSGS, "max_tokens": 2, "cache_salt": "tenant-a", "n": 2, "stream": True}
+    )
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text
+
+
+@pytest.mark.parametrize("path", [CMPL, CHAT])
+@pytest.mark.parametrize("value", ["", 5, ["a"]])
+def test_cache_salt_must_be_a_non_empty_string(server: Server, path: str, value: Any) -> None:
+    """As vLLM: an empty or non-string salt is a 400 naming ``cache_salt``; ``null`` is no salt."""
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    r = _post(server, path, body | {"cache_salt": value, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "cache_salt" and "string" in err["message"], err  # not "not supported"
+    r = _post(server, path, body | {"cache_salt": None, "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 # --- null: "not set" for the fields OpenAI declares nullable -------------------------------
