@@ -68,6 +68,8 @@ class Request:
             prompt tokens ``1, 2, ...`` (a ``LogprobsLists``; a recompute after preemption
             does not add them twice), else None.
         prompt_logprobs_sent: the stored rows went out with the first output.
+        priority: the scheduling priority under the ``priority`` policy (lower runs earlier;
+            ties by ``arrival_time``); 0 under ``fcfs``.
     """
 
     __slots__ = (
@@ -88,6 +90,7 @@ class Request:
         "num_preemptions",
         "prompt_logprobs",
         "prompt_logprobs_sent",
+        "priority",
     )
 
     def __init__(
@@ -97,6 +100,7 @@ class Request:
         sampling_params: SamplingParams,
         eos_token_ids: frozenset[int] = frozenset(),
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -115,6 +119,7 @@ class Request:
         self.num_preemptions = 0
         self.prompt_logprobs: LogprobsLists | None = None
         self.prompt_logprobs_sent = False
+        self.priority = priority
         if sampling_params.prompt_logprobs is not None:
             self.prompt_logprobs = LogprobsLists()
 
