@@ -369,6 +369,7 @@ class EngineClient:
         index: int = 0,
         arrival_time: float | None = None,
         prompt_logprobs_once: bool = False,
+        priority: int = 0,
     ) -> None:
         """Send a request; its outputs go to ``queue`` tagged with ``index``.
 
@@ -376,7 +377,8 @@ class EngineClient:
         (:func:`~surge.engine.llm_engine.split_n`'s ids ``f"{request_id}-{i}"``, which the
         outputs carry), tagged ``index``, ``index + 1``, ...; the parameters cross the socket once.
         ``prompt_logprobs_once``: only the first choice's outputs carry ``prompt_logprobs``
-        (:class:`~surge.engine.core_proc.AddRequest`).
+        (:class:`~surge.engine.core_proc.AddRequest`). ``priority``: the scheduling priority
+        (lower first) under the ``priority`` policy.
         A rejection by the engine arrives on the queue as a :class:`RequestError` (one per
         choice); an engine death as an :class:`EngineDeadError`. The queue gets nothing more for
         a choice after its finished output.
@@ -405,6 +407,7 @@ class EngineClient:
             self._client_index,
             engine_ids if n > 1 else [],
             prompt_logprobs_once and n > 1,
+            priority,
         )
         self._send(msgspec.msgpack.encode(msg))
 

@@ -74,6 +74,8 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
             choice computes the prompt's logprobs (the same for every choice; the others can
             then reuse cached prompt blocks): the API process gives them to the other choices
             (a non-streamed answer, built once all choices are done).
+        priority: the scheduling priority (lower first) under the ``priority`` policy; must be
+            0 under ``fcfs`` (the engine refuses another value).
     """
 
     request_id: str
@@ -83,6 +85,7 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     client_index: int = 0
     choice_ids: list[str] = []
     prompt_logprobs_once: bool = False
+    priority: int = 0
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):
@@ -462,11 +465,18 @@ def _add_request(
     try:
         if msg.choice_ids:
             refused = engine.add_choices(
-                ids, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time, msg.prompt_logprobs_once
+                ids,
+                msg.prompt_token_ids,
+                msg.sampling_params,
+                msg.arrival_time,
+                msg.prompt_logprobs_once,
+                msg.priority,
             )
             errors.extend(RequestError(rid, message) for rid, message in refused)
         else:
-            engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time)
+            engine.add_request(
+                msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time, msg.priority
+            )
     except ValueError as e:  # the request (every choice of it) is refused
         errors.extend(RequestError(rid, str(e)) for rid in ids)
 

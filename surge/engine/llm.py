@@ -81,6 +81,9 @@ class LLM:
             (> 0); a request whose grammar takes longer fails. Grammars compile in worker
             processes (fresh interpreters started on the first grammar; a script needs no
             ``if __name__ == "__main__":`` guard for them).
+        scheduling_policy: "fcfs" (arrival order; the default) or "priority" (by each
+            request's ``priority``, lower first, then arrival: :meth:`generate`'s ``priority``),
+            as vLLM's.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -110,6 +113,7 @@ class LLM:
         fp8_emulation: bool = False,
         generation_config: str = "auto",
         grammar_compile_timeout: float = 60.0,
+        scheduling_policy: str = "fcfs",
         **unexpected: Any,
     ) -> None:
         if unexpected:
@@ -141,6 +145,7 @@ class LLM:
             fp8_emulation=fp8_emulation,
             generation_config=generation_config,
             grammar_compile_timeout=grammar_compile_timeout,
+            scheduling_policy=scheduling_policy,
         )
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
@@ -207,6 +212,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., Any] = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -217,13 +223,17 @@ class LLM:
             use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here), or
                 as in vLLM a callable that makes it, called with ``total=`` the number of
                 sequences (e.g. ``functools.partial(tqdm, desc="mine")``).
+            priority: one integer per prompt (its choices share it), as vLLM's: with
+                ``LLM(scheduling_policy="priority")`` lower values are scheduled first (ties by
+                the order of the prompts) and preempted last; under "fcfs" every value must be 0.
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
-            ValueError: a prompt of another type or with a lone surrogate, a prompt that can
+            ValueError: a prompt of another type or with a lone surrogate, a ``priority`` that is
+                not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
@@ -257,6 +267,16 @@ class LLM:
                 raise TypeError(f"sampling_params must be SamplingParams objects, got a {type(p).__name__}")
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params must be one object or one per prompt")
+        if priority is None:
+            priorities = [0] * len(prompt_list)
+        elif isinstance(priority, Sequence) and not isinstance(priority, str | bytes):
+            priorities = list(priority)
+            if len(priorities) != len(prompt_list):
+                raise ValueError(
+                    f"priority must be one integer per prompt: {len(priorities)} for {len(prompt_list)} prompts"
+                )
+        else:
+            raise ValueError(f"priority must be a list of integers, one per prompt, got {priority!r}")
         for params in params_list:
             if params.structured_outputs is not None:
                 from surge.structured.validate import check_structured_outputs
@@ -267,7 +287,7 @@ class LLM:
         children: dict[str, _Child] = {}
         added: list[str] = []
         try:
-            self._add_requests(prompt_list, params_list, results, children, added)
+            self._add_requests(prompt_list, params_list, priorities, results, children, added)
             if use_tqdm:
                 if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
                     progress = use_tqdm(total=len(children))
@@ -301,17 +321,20 @@ class LLM:
         self,
         prompt_list: list[PromptType],
         params_list: list[SamplingParams],
+        priorities: list[int],
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
     ) -> None:
-        """Add one engine request per prompt and choice, appending to ``results`` (one empty
+        """Add one engine request per prompt and choice (of the prompt's priority), appending to ``results`` (one empty
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
         """
-        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+        for i, (prompt, params, priority) in enumerate(
+            zip(prompt_list, params_list, priorities, strict=True)
+        ):
             token_ids = (
                 encode_text(self.tokenizer, prompt, True, splittable=self._splittable)
                 if isinstance(prompt, str)
@@ -354,7 +377,7 @@ class LLM:
                 if index > 0 and child_params.prompt_logprobs is not None:
                     # The prompt's logprobs are the same for every child: the first computes them.
                     child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
-                self.engine.add_request(child_id, token_ids, child_params)
+                self.engine.add_request(child_id, token_ids, child_params, priority=priority)
                 added.append(child_id)
                 detok = IncrementalDetokenizer(
                     self.tokenizer,

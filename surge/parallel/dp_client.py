@@ -192,6 +192,7 @@ class DPEngineClient:
         index: int = 0,
         arrival_time: float | None = None,
         prompt_logprobs_once: bool = False,
+        priority: int = 0,
     ) -> None:
         """Send one request to a replica (see the module docstring for which), as
         :meth:`EngineClient.add_request`.
@@ -205,7 +206,14 @@ class DPEngineClient:
         if d is None:
             d = self.pick_replica()
         self.replicas[d].add_request(
-            request_id, prompt_token_ids, sampling_params, queue, index, arrival_time, prompt_logprobs_once
+            request_id,
+            prompt_token_ids,
+            sampling_params,
+            queue,
+            index,
+            arrival_time,
+            prompt_logprobs_once,
+            priority,
         )
         self._by_queue[queue] = d  # counted once the replica took it
         self.num_routed[d] += 1

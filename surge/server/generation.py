@@ -117,6 +117,8 @@ class Generation:
             ``<base id>@<serial>[-<choice>]``, so no client id can collide with another
             request's (a client's ``X-Request-Id: abc-0`` with the children ``abc-0``, ``abc-1``
             of an ``n = 2`` request ``abc`` took over or crashed them).
+        priority: the request's ``priority`` (lower first under ``--scheduling-policy
+            priority``; checked by :meth:`ServerState.check_priority`).
     """
 
     def __init__(
@@ -129,8 +131,10 @@ class Generation:
         first_needs_text: bool = False,
         on_close: Callable[[], None] | None = None,
         serial: int = 0,
+        priority: int = 0,
     ) -> None:
         self._serial = serial
+        self._priority = priority
         self._client = client
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
@@ -216,6 +220,7 @@ class Generation:
                 first,
                 arrival_time=self._arrival,
                 prompt_logprobs_once=share_prompt_logprobs,
+                priority=self._priority,
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e

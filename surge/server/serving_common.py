@@ -70,6 +70,7 @@ class ServerState:
         reasoning_parser: name of the reasoning parser (``--reasoning-parser``), or None.
         in_flight: the generations in flight and the drain flag.
         log_requests: log one line when a request starts and one when it ends.
+        scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
     """
 
     client: EngineClient
@@ -96,6 +97,7 @@ class ServerState:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     trust_request_chat_template: bool = False
+    scheduling_policy: str = "fcfs"
     tokenizer_worker: TokenizerWorker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +129,16 @@ class ServerState:
                 "a chat_template in the request is refused: this server does not run request "
                 "templates (start it with --trust-request-chat-template to allow them)",
                 param="chat_template",
+            )
+
+    def check_priority(self, priority: int) -> None:
+        """Raise a 400 ApiError naming ``priority`` for a priority other than 0 unless the
+        server schedules by priority (``--scheduling-policy priority``): fcfs would ignore it."""
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise bad_request(
+                f"priority {priority} needs priority scheduling: this server schedules first come, "
+                "first served (start it with --scheduling-policy priority), so priority must be 0",
+                param="priority",
             )
 
     def check_stop(self, stop: tuple[str, ...]) -> None:
@@ -255,6 +267,7 @@ def start_generation(
         first_needs_text=first_needs_text,
         on_close=closed,
         serial=state.in_flight.next_serial(),
+        priority=body.priority,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

@@ -28,7 +28,9 @@ class FakeEngine:
         self._reqs: dict[str, tuple[list[int], SamplingParams, int]] = {}
         self._late: list[RequestFailure] = []
 
-    def add_request(self, request_id, prompt_token_ids, sampling_params, arrival_time=None) -> None:
+    def add_request(
+        self, request_id, prompt_token_ids, sampling_params, arrival_time=None, priority=0
+    ) -> None:
         if 999 in prompt_token_ids:
             raise ValueError("token 999 is not allowed")
         if sampling_params.n != 1:
@@ -38,7 +40,13 @@ class FakeEngine:
         self._reqs[request_id] = (list(prompt_token_ids), sampling_params, 0)
 
     def add_choices(
-        self, request_ids, prompt_token_ids, sampling_params, arrival_time=None, prompt_logprobs_once=False
+        self,
+        request_ids,
+        prompt_token_ids,
+        sampling_params,
+        arrival_time=None,
+        prompt_logprobs_once=False,
+        priority=0,
     ) -> list:
         """As ``LLMEngine.add_choices``: the request is checked once, then fanned out."""
         if len(request_ids) != sampling_params.n:
