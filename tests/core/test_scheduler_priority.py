@@ -3,6 +3,8 @@ model outputs (no torch): waiting order, preemption victims, where a preempted r
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from surge.config import CacheConfig, SchedulerConfig
@@ -195,3 +197,51 @@ def test_priority_queue_ties_keep_insertion_order() -> None:
     assert not q
     with pytest.raises(IndexError):
         q.popleft()
+
+
+def test_priority_preemption_under_asynchronous_scheduling_keeps_exact_lengths() -> None:
+    """Schedule k+1 before update(k), as the engine does: requests of a worse priority admitted
+    first, then better ones arriving, so that victims have a token in flight (dropped) or were
+    already scheduled in the step being built (given back): every request still ends with
+    exactly max_tokens tokens and no block leaks."""
+    sched = _make("priority", budget=40, num_blocks=10, max_num_seqs=6)
+    arrivals: dict[int, list[Request]] = {}
+    want = {}
+    for i in range(12):
+        n = 3 + 6 * (i % 3)
+        want[f"r{i}"] = n
+        request = Request(
+            f"r{i}",
+            list(range(10, 22 + i)),
+            SamplingParams(max_tokens=n, ignore_eos=True),
+            arrival_time=float(i),
+            priority=9 - i,  # each later one is better
+        )
+        arrivals.setdefault(2 * i, []).append(request)
+    counts: Counter[str] = Counter()
+    in_flight: SchedulerOutput | None = None
+    dropped_pending = 0
+    for step in range(1000):
+        for request in arrivals.get(step, []):
+            sched.add_request(request)
+        so = sched.schedule()
+        for x in so.scheduled:  # a chunk within the known + pending tokens, and its blocks held
+            r = x.request
+            assert r.num_computed_tokens + x.num_new_tokens <= r.num_tokens + r.num_pending_outputs
+            assert len(r.block_ids) * sched.block_size >= r.num_computed_tokens + x.num_new_tokens
+        dropped_pending += sum(1 for rid in so.preempted_request_ids if in_flight and rid in _ids(in_flight))
+        launched = None if so.is_empty else so
+        if launched is not None:
+            sched.advance(so)
+        if in_flight is not None:
+            outs = sched.update(
+                in_flight, ModelOutput({s.request.request_id: 7 for s in in_flight.scheduled if s.sample})
+            )
+            for out in outs:
+                counts[out.request_id] += len(out.new_token_ids)
+        in_flight = launched
+        if in_flight is None and not sched.has_unfinished_requests() and step > 2 * 11:
+            break
+    assert dict(counts) == want
+    assert sched.num_preemptions_total > 0 and dropped_pending > 0
+    assert sched.kv.num_free_blocks == sched.kv.num_total_blocks
