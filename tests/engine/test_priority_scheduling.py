@@ -126,3 +126,26 @@ def test_add_request_message_carries_the_priority_to_the_scheduler(by_priority: 
     assert [e.request_id for e in errors] == ["f-0", "f-1"]
     assert "needs the priority scheduling policy" in errors[0].message
     assert not fcfs.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_priority_preemption_keeps_greedy_outputs(async_scheduling: bool) -> None:
+    """A pool too small for all eight: priority preemption recomputes requests (with a token in
+    flight under asynchronous scheduling) and every output stays the unpressured fcfs one."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [
+        f"Once upon a time there was a {w}"
+        for w in ("cat", "dog", "girl", "boy", "tree", "bird", "king", "frog")
+    ]
+    with LLM(device="cpu") as roomy:
+        want = [o.outputs[0].token_ids for o in roomy.generate(prompts, params)]
+    with LLM(
+        device="cpu",
+        scheduling_policy="priority",
+        num_kv_blocks=12,
+        enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
+    ) as tight:
+        got = tight.generate(prompts, params, priority=[3, -1, 2, 0, 5, 1, 4, -2])
+        assert tight.engine.scheduler.num_preemptions_total > 0
+    assert [o.outputs[0].token_ids for o in got] == want
