@@ -6,7 +6,7 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from surge.generation_defaults import generation_config_mode, load_sampling_defaults
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
@@ -25,6 +25,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other spellings of the model dtypes (``--dtype half``, ``LLM(..., dtype="float")``)."""
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
+"""vLLM's ``--scheduling-policy`` values: ``fcfs`` (arrival order) or ``priority`` (a request's
+``priority``, lower first, then arrival; see :class:`surge.core.scheduler.Scheduler`)."""
 
 
 def dtype_name(value: str) -> str:
@@ -302,12 +306,17 @@ class SchedulerConfig:
         max_num_batched_tokens: the token budget of one step (prefill chunks + decodes).
         max_model_len: longest prompt + output, in tokens.
         watermark: fraction of KV blocks kept free when admitting new requests.
+        scheduling_policy: ``fcfs`` (waiting requests in arrival order; a request that cannot
+            get a block preempts the latest admitted) or ``priority`` (waiting requests by
+            ``(priority, arrival)``, lower first; the running request of the largest
+            ``(priority, arrival)`` is preempted), as vLLM's ``--scheduling-policy``.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
     watermark: float = 0.01
+    scheduling_policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be positive, got {self.max_num_seqs}")
@@ -317,6 +326,10 @@ class SchedulerConfig:
         )
         _require(self.max_model_len >= 1, f"max_model_len must be positive, got {self.max_model_len}")
         _require(0.0 <= self.watermark < 1.0, f"watermark must be in [0, 1), got {self.watermark}")
+        _require(
+            self.scheduling_policy in SCHEDULING_POLICIES,
+            f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}",
+        )
 
 
 @dataclass(frozen=True)

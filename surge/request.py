@@ -71,6 +71,8 @@ class Request:
         cache_salt: vLLM's ``cache_salt``: a non-empty string that enters the prefix-cache hash
             of the request's first block (so of every block, through the chain), or None. Only
             requests with the same salt (or none) share cached blocks.
+        priority: the scheduling priority under the ``priority`` policy (lower runs earlier;
+            ties by ``arrival_time``); 0 under ``fcfs``.
     """
 
     __slots__ = (
@@ -92,6 +94,7 @@ class Request:
         "prompt_logprobs",
         "prompt_logprobs_sent",
         "cache_salt",
+        "priority",
     )
 
     def __init__(
@@ -102,6 +105,7 @@ class Request:
         eos_token_ids: frozenset[int] = frozenset(),
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -121,6 +125,7 @@ class Request:
         self.prompt_logprobs: LogprobsLists | None = None
         self.prompt_logprobs_sent = False
         self.cache_salt = cache_salt
+        self.priority = priority
         if sampling_params.prompt_logprobs is not None:
             self.prompt_logprobs = LogprobsLists()
 

@@ -4,13 +4,20 @@ The engine loop is ``schedule()`` -> executor -> ``update()``. Design (``shared/
 after vLLM v1's unified scheduler and Sarathi-Serve's chunked prefill, arXiv:2403.02310):
 
 - Every step has one token budget (``max_num_batched_tokens``). Running requests go first
-  (a decode takes 1 token, a partly prefilled prompt a chunk), then waiting requests in FCFS
-  order take chunks of what is left.
+  (a decode takes 1 token, a partly prefilled prompt a chunk), then waiting requests in the
+  policy's order take chunks of what is left.
 - A request is admitted by the blocks its first chunk needs, keeping a small watermark of
   free blocks; it is never reserved its worst case.
 - When a running request cannot get a block, the most recently admitted running request is
   preempted by recompute (blocks freed, progress reset, output kept, back to the front of
   the waiting queue).
+- The ``priority`` policy (``SchedulerConfig.scheduling_policy``, vLLM's
+  ``--scheduling-policy priority``) changes only the order: the waiting queue is a heap by
+  ``(priority, arrival_time)`` (lower first), the preempted request is the running one of the
+  largest ``(priority, arrival_time)`` (a request already scheduled in this step gives its
+  tokens back; when it is the request that needs the block, the requests after it are still
+  scheduled), and a preempted request goes back into the heap by its own key. A waiting
+  request never preempts running ones, whatever its priority.
 - Asynchronous scheduling (vLLM's ``--async-scheduling``, SGLang's overlap scheduler): the
   engine may schedule step k+1 before step k's sampled ids are back. :meth:`Scheduler.advance`
   marks a launched step's tokens as computed and its samples as pending
@@ -22,10 +29,12 @@ after vLLM v1's unified scheduler and Sarathi-Serve's chunked prefill, arXiv:240
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from operator import attrgetter
 
 from surge.config import CacheConfig, SchedulerConfig
 from surge.core.kv_cache_manager import KVCacheManager, cdiv
@@ -92,11 +101,67 @@ def room_for_output(
     return min(max_model_len, num_kv_blocks * block_size) - num_prompt_tokens
 
 
+_priority_key = attrgetter("priority", "arrival_time")
+
+
+class PriorityQueue:
+    """The waiting queue of the ``priority`` policy: a heap by ``(priority, arrival_time)``,
+    lower first, ties in insertion order.
+
+    It has the deque methods the scheduler uses, so the ``fcfs`` policy keeps its plain
+    ``collections.deque`` and pays nothing. ``append`` and ``appendleft`` both insert by the
+    key (a preempted request goes back by its own priority and arrival, as in vLLM: a priority
+    queue has no front to put it at); ``[0]`` is the head; iteration is in queue order.
+    """
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._seq = 0  # insertion counter: breaks ties without comparing requests
+
+    def append(self, request: Request) -> None:
+        """Insert ``request`` by ``(priority, arrival_time)``; O(log n)."""
+        heapq.heappush(self._heap, (request.priority, request.arrival_time, self._seq, request))
+        self._seq += 1
+
+    appendleft = append
+
+    def popleft(self) -> Request:
+        """Remove and return the head. Raises IndexError when empty."""
+        return heapq.heappop(self._heap)[3]
+
+    def __getitem__(self, index: int) -> Request:
+        """The ``index``-th request in queue order: the head (0) in O(1), others by a sort.
+        Raises IndexError past the end."""
+        if index == 0:
+            return self._heap[0][3]
+        return sorted(self._heap)[index][3]
+
+    def remove(self, request: Request) -> None:
+        """Remove ``request`` (an abort); O(n). Raises ValueError when it is not queued."""
+        for i, entry in enumerate(self._heap):
+            if entry[3] is request:
+                del self._heap[i]
+                heapq.heapify(self._heap)
+                return
+        raise ValueError(f"request {request.request_id!r} is not in the waiting queue")
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (entry[3] for entry in sorted(self._heap))
+
+
 class Scheduler:
     """Decides which requests compute how many tokens each step, and applies the results.
 
     Args:
-        config: budget and sequence limits.
+        config: budget and sequence limits, and the scheduling policy.
         cache_config: ``block_size`` and ``enable_prefix_caching``.
         num_kv_blocks: blocks in the KV pool (the runner sized it).
 
@@ -109,7 +174,8 @@ class Scheduler:
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(num_kv_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
         self.watermark_blocks = math.ceil(config.watermark * num_kv_blocks)
-        self.waiting: deque[Request] = deque()
+        self._by_priority = config.scheduling_policy == "priority"
+        self.waiting: deque[Request] | PriorityQueue = PriorityQueue() if self._by_priority else deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
@@ -128,7 +194,8 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def add_request(self, request: Request) -> None:
-        """Queue a new request (FCFS).
+        """Queue a new request: at the back (``fcfs``) or by its ``(priority, arrival_time)``
+        (``priority``).
 
         Raises:
             ValueError: the id is already in use, the prompt is empty, prompt + max_tokens
@@ -176,7 +243,8 @@ class Scheduler:
             self._num_prompt_logprobs -= 1
 
     def _preempt(self, request: Request) -> None:
-        """Preempt by recompute: free blocks, reset progress (output kept), front of the queue.
+        """Preempt by recompute: free blocks, reset progress (output kept), front of the queue
+        (under ``priority``: back into the heap by its own key).
 
         A token still in flight for it is dropped (``update`` skips the request); it is
         sampled again after the recompute."""
@@ -225,7 +293,15 @@ class Scheduler:
                 continue
             num_new = min(known - request.num_computed_tokens, budget)
             while not self.kv.allocate_slots(request, num_new):
-                victim = self.running.pop()
+                if self._by_priority:
+                    victim = max(reversed(self.running), key=_priority_key)  # ties: the latest admitted
+                    j = self.running.index(victim)
+                    del self.running[j]
+                    if j < i:  # already passed in this step: its tokens go back to the budget
+                        i -= 1
+                        budget += self._unschedule(scheduled, victim)
+                else:
+                    victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted_request_ids.append(victim.request_id)
                 if victim is request:
@@ -238,14 +314,26 @@ class Scheduler:
                 scheduled.append(ScheduledRequest(request, num_new, sample))
                 i += 1
                 continue
+            if self._by_priority:
+                continue  # it preempted itself (the worst running one): the next one is at i now
             break  # the request itself was preempted: it was the last running one
 
-        # 2. Waiting requests, FCFS, while budget, sequence slots and blocks allow.
+        # 2. Waiting requests in queue order, while budget, sequence slots and blocks allow.
         if not out.preempted_request_ids:
             self._admit_waiting(budget, now, scheduled)
 
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in scheduled)
         return out
+
+    @staticmethod
+    def _unschedule(scheduled: list[ScheduledRequest], request: Request) -> int:
+        """Drop ``request`` from this step's ``scheduled`` (a ``priority`` preemption of a
+        request passed earlier in the step); returns the tokens it had (0 if it had none)."""
+        for k, s in enumerate(scheduled):
+            if s.request is request:
+                del scheduled[k]
+                return s.num_new_tokens
+        return 0
 
     def _admit_waiting(self, budget: int, now: float, scheduled: list[ScheduledRequest]) -> None:
         max_seqs = self.config.max_num_seqs
@@ -260,7 +348,7 @@ class Scheduler:
             # The watermark keeps a few blocks for running requests; a lone request may use all.
             reserved = self.watermark_blocks if self.running else 0
             if not self.kv.allocate_slots(request, num_new, cached_blocks, num_reserved_blocks=reserved):
-                break  # strict FCFS: nobody overtakes the head of the queue
+                break  # strict order: nobody overtakes the head of the queue
             self.waiting.popleft()
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING

@@ -370,6 +370,7 @@ class EngineClient:
         arrival_time: float | None = None,
         prompt_logprobs_once: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Send a request; its outputs go to ``queue`` tagged with ``index``.
 
@@ -379,6 +380,8 @@ class EngineClient:
         ``prompt_logprobs_once``: only the first choice's outputs carry ``prompt_logprobs``
         (:class:`~surge.engine.core_proc.AddRequest`). ``cache_salt``: only requests with the
         same salt share prefix-cache blocks (None: no salt).
+        (:class:`~surge.engine.core_proc.AddRequest`). ``priority``: the scheduling priority
+        (lower first) under the ``priority`` policy.
         A rejection by the engine arrives on the queue as a :class:`RequestError` (one per
         choice); an engine death as an :class:`EngineDeadError`. The queue gets nothing more for
         a choice after its finished output.
@@ -408,6 +411,7 @@ class EngineClient:
             engine_ids if n > 1 else [],
             prompt_logprobs_once and n > 1,
             cache_salt,
+            priority,
         )
         self._send(msgspec.msgpack.encode(msg))
 

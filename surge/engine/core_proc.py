@@ -76,6 +76,8 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
             (a non-streamed answer, built once all choices are done).
         cache_salt: vLLM's ``cache_salt`` (a non-empty string, or None): only requests with the
             same salt share prefix-cache blocks.
+        priority: the scheduling priority (lower first) under the ``priority`` policy; must be
+            0 under ``fcfs`` (the engine refuses another value).
     """
 
     request_id: str
@@ -86,6 +88,7 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     choice_ids: list[str] = []
     prompt_logprobs_once: bool = False
     cache_salt: str | None = None
+    priority: int = 0
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):
@@ -471,11 +474,17 @@ def _add_request(
                 msg.arrival_time,
                 msg.prompt_logprobs_once,
                 msg.cache_salt,
+                msg.priority,
             )
             errors.extend(RequestError(rid, message) for rid, message in refused)
         else:
             engine.add_request(
-                msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.arrival_time, msg.cache_salt
+                msg.request_id,
+                msg.prompt_token_ids,
+                msg.sampling_params,
+                msg.arrival_time,
+                msg.cache_salt,
+                msg.priority,
             )
     except ValueError as e:  # the request (every choice of it) is refused
         errors.extend(RequestError(rid, str(e)) for rid in ids)

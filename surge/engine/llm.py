@@ -83,6 +83,9 @@ class LLM:
             ``if __name__ == "__main__":`` guard for them).
         hf_overrides: top-level ``config.json`` keys to replace, as vLLM's ``hf_overrides``
             (e.g. a YaRN ``rope_scaling`` for a longer context; see ``docs/models.md``).
+        scheduling_policy: "fcfs" (arrival order; the default) or "priority" (by each
+            request's ``priority``, lower first, then arrival: :meth:`generate`'s ``priority``),
+            as vLLM's.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -113,6 +116,7 @@ class LLM:
         generation_config: str = "auto",
         grammar_compile_timeout: float = 60.0,
         hf_overrides: dict[str, Any] | None = None,
+        scheduling_policy: str = "fcfs",
         **unexpected: Any,
     ) -> None:
         if unexpected:
@@ -145,6 +149,7 @@ class LLM:
             generation_config=generation_config,
             grammar_compile_timeout=grammar_compile_timeout,
             hf_overrides=hf_overrides,
+            scheduling_policy=scheduling_policy,
         )
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
@@ -211,6 +216,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., Any] = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -222,13 +228,17 @@ class LLM:
             use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here), or
                 as in vLLM a callable that makes it, called with ``total=`` the number of
                 sequences (e.g. ``functools.partial(tqdm, desc="mine")``).
+            priority: one integer per prompt (its choices share it), as vLLM's: with
+                ``LLM(scheduling_policy="priority")`` lower values are scheduled first (ties by
+                the order of the prompts) and preempted last; under "fcfs" every value must be 0.
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
-            ValueError: a prompt of another type or with a lone surrogate, a prompt that can
+            ValueError: a prompt of another type or with a lone surrogate, a ``priority`` that is
+                not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
@@ -263,6 +273,16 @@ class LLM:
                 raise TypeError(f"sampling_params must be SamplingParams objects, got a {type(p).__name__}")
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params must be one object or one per prompt")
+        if priority is None:
+            priorities = [0] * len(prompt_list)
+        elif isinstance(priority, Sequence) and not isinstance(priority, str | bytes):
+            priorities = list(priority)
+            if len(priorities) != len(prompt_list):
+                raise ValueError(
+                    f"priority must be one integer per prompt: {len(priorities)} for {len(prompt_list)} prompts"
+                )
+        else:
+            raise ValueError(f"priority must be a list of integers, one per prompt, got {priority!r}")
         for params in params_list:
             if params.structured_outputs is not None:
                 from surge.structured.validate import check_structured_outputs
@@ -274,7 +294,7 @@ class LLM:
         added: list[str] = []
         try:
             salts = [salt for _, salt in salted]
-            self._add_requests(prompt_list, params_list, salts, results, children, added)
+            self._add_requests(prompt_list, params_list, salts, priorities, results, children, added)
             if use_tqdm:
                 if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
                     progress = use_tqdm(total=len(children))
@@ -309,18 +329,22 @@ class LLM:
         prompt_list: list[PromptType],
         params_list: list[SamplingParams],
         salts: list[str | None],
+        priorities: list[int],
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
     ) -> None:
         """Add one engine request per prompt and choice, appending to ``results`` (one empty
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
-        ``salts``: each prompt's ``cache_salt`` (None: none).
+        ``salts``: each prompt's ``cache_salt`` (None: none); ``priorities``: each prompt's
+        scheduling priority.
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
         """
-        for i, (prompt, params, salt) in enumerate(zip(prompt_list, params_list, salts, strict=True)):
+        for i, (prompt, params, salt, priority) in enumerate(
+            zip(prompt_list, params_list, salts, priorities, strict=True)
+        ):
             token_ids = (
                 encode_text(self.tokenizer, prompt, True, splittable=self._splittable)
                 if isinstance(prompt, str)
@@ -363,7 +387,7 @@ class LLM:
                 if index > 0 and child_params.prompt_logprobs is not None:
                     # The prompt's logprobs are the same for every child: the first computes them.
                     child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
-                self.engine.add_request(child_id, token_ids, child_params, cache_salt=salt)
+                self.engine.add_request(child_id, token_ids, child_params, cache_salt=salt, priority=priority)
                 added.append(child_id)
                 detok = IncrementalDetokenizer(
                     self.tokenizer,

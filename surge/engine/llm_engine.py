@@ -119,6 +119,7 @@ def build_engine_config(
     stream_attention: bool | None = None,
     grammar_compile_timeout: float = 60.0,
     hf_overrides: dict[str, Any] | None = None,
+    scheduling_policy: str = "fcfs",
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -136,6 +137,8 @@ def build_engine_config(
     :attr:`EngineConfig.stream_attention`; ``grammar_compile_timeout`` is
     :attr:`EngineConfig.grammar_compile_timeout` (seconds). ``hf_overrides`` replaces top-level
     keys of the model's ``config.json`` (:meth:`~surge.config.ModelConfig.from_pretrained`).
+    :attr:`EngineConfig.grammar_compile_timeout` (seconds); ``scheduling_policy`` is
+    :attr:`SchedulerConfig.scheduling_policy` (``fcfs`` or ``priority``).
 
     Raises:
         ValueError: a bad model folder, a value of the wrong type or out of range (the message
@@ -206,6 +209,7 @@ def build_engine_config(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=model_config.max_model_len,
+            scheduling_policy=scheduling_policy,  # type: ignore[arg-type]  # validated there
         ),
         parallel=parallel,
         device=resolved,
@@ -354,15 +358,19 @@ class LLMEngine:
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue one single-sequence request (use :func:`split_n` for ``n > 1``).
 
         Sampling fields the caller left out take the model's defaults
         (``config.model.sampling_defaults``, from generation_config.json). ``cache_salt``
         (vLLM's): only requests with the same salt share prefix-cache blocks (None: no salt).
+        (``config.model.sampling_defaults``, from generation_config.json). ``priority`` orders
+        it under the ``priority`` scheduling policy (lower first, then ``arrival_time``).
 
         Raises:
-            ValueError: ``n != 1``, ``truncate_prompt_tokens`` over ``max_model_len``, a token
+            ValueError: ``n != 1``, a ``priority`` that is not an integer, or not 0 under the
+                ``fcfs`` policy, ``truncate_prompt_tokens`` over ``max_model_len``, a token
                 id outside the vocabulary (prompt, ``logit_bias``,
                 ``allowed_token_ids``, bad words), ``bad_words`` without their
                 ``bad_words_token_ids``, a request that
@@ -371,6 +379,7 @@ class LLMEngine:
         """
         if sampling_params.n != 1:
             raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
+        priority = self._checked_priority(priority)
         prompt_token_ids = truncated_prompt(
             prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
         )
@@ -380,6 +389,7 @@ class LLMEngine:
             self._checked(prompt_token_ids, sampling_params),
             arrival_time,
             cache_salt,
+            priority,
         )
 
     def add_choices(
@@ -390,6 +400,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         prompt_logprobs_once: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> list[tuple[str, str]]:
         """Queue a request's ``n`` choices as ``n`` single-sequence requests of ids
         ``request_ids`` (:func:`choice_params`: seed ``seed + i``), checking the request once: its
@@ -398,6 +409,8 @@ class LLMEngine:
         With ``prompt_logprobs_once`` only the first choice computes ``prompt_logprobs`` (the
         caller shares them; the prompt's logits were computed ``n`` times, and a request asking
         for them never reads cached prompt blocks). ``cache_salt`` is :meth:`add_request`'s.
+        for them never reads cached prompt blocks). ``priority`` is :meth:`add_request`'s, for
+        every choice.
 
         Returns:
             ``(request_id, message)`` of each choice refused (all of them when the request is).
@@ -408,6 +421,7 @@ class LLMEngine:
         if len(request_ids) != sampling_params.n:
             raise ValueError(f"{len(request_ids)} request ids for a request of n={sampling_params.n} choices")
         try:
+            priority = self._checked_priority(priority)
             prompt_token_ids = truncated_prompt(
                 prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
             )
@@ -419,10 +433,27 @@ class LLMEngine:
             if i > 0 and prompt_logprobs_once and params.prompt_logprobs is not None:
                 msgspec.structs.force_setattr(params, "prompt_logprobs", None)  # a copy of its own
             try:
-                self._queue(rid, prompt_token_ids, params, arrival_time, cache_salt)
+                self._queue(rid, prompt_token_ids, params, arrival_time, cache_salt, priority)
             except ValueError as e:
                 refused.append((rid, str(e)))
         return refused
+
+    def _checked_priority(self, priority: int) -> int:
+        """``priority`` as an int (a NumPy integer too).
+
+        Raises:
+            ValueError: not an integer (a bool is not one), or not 0 under the ``fcfs`` policy
+                (which would ignore it).
+        """
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        priority = int(priority)
+        if priority and self.config.scheduler.scheduling_policy != "priority":
+            raise ValueError(
+                f"priority {priority} needs the priority scheduling policy (LLM(scheduling_policy="
+                "'priority') or surge serve --scheduling-policy priority); under fcfs it must be 0"
+            )
+        return priority
 
     def _checked(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> SamplingParams:
         """``sampling_params`` checked against the vocabulary, with the model's defaults and an
@@ -449,11 +480,18 @@ class LLMEngine:
         sampling_params: SamplingParams,
         arrival_time: float | None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Hand a checked single-sequence request to the scheduler, or to the grammar compiler
         first (raises ValueError for an id in use or a request that can never fit)."""
         request = Request(
-            request_id, prompt_token_ids, sampling_params, self._eos_token_ids, arrival_time, cache_salt
+            request_id,
+            prompt_token_ids,
+            sampling_params,
+            self._eos_token_ids,
+            arrival_time,
+            cache_salt,
+            priority,
         )
         if sampling_params.structured_outputs is None:
             if self._structured is not None and request_id in self._structured.waiting:

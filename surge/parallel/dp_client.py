@@ -193,6 +193,7 @@ class DPEngineClient:
         arrival_time: float | None = None,
         prompt_logprobs_once: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Send one request to a replica (see the module docstring for which), as
         :meth:`EngineClient.add_request`.
@@ -214,6 +215,7 @@ class DPEngineClient:
             arrival_time,
             prompt_logprobs_once,
             cache_salt,
+            priority,
         )
         self._by_queue[queue] = d  # counted once the replica took it
         self.num_routed[d] += 1

@@ -563,6 +563,7 @@ async def run_server(
         max_choices_per_request=options.max_choices_per_request,
         log_requests=options.log_requests,
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
+        scheduling_policy=config.scheduler.scheduling_policy,
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
@@ -570,7 +571,7 @@ async def run_server(
     url_host = f"[{host}]" if ":" in host else host
     logger.info(
         "engine ready (pid %d): model %s (served as %s), device %s, max_model_len %d, "
-        "KV cache %d block%s x %d tokens = %d tokens",
+        "KV cache %d block%s x %d tokens = %d tokens, scheduling policy %s",
         info.pid,
         config.model.model,
         ", ".join(names),
@@ -580,6 +581,7 @@ async def run_server(
         "" if info.num_kv_blocks == 1 else "s",
         info.block_size,
         info.num_kv_blocks * info.block_size,
+        config.scheduler.scheduling_policy,
     )
     logger.info(describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config))
     app = build_app(

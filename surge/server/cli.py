@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from surge.config import SCHEDULING_POLICIES
 from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
 from surge.server.auth import parse_api_keys
 from surge.server.cors import CorsOptions
@@ -164,6 +165,14 @@ def add_serve_parser(subparsers: Any) -> None:
         help="tokens per streamed event after the first one (default 1)",
     )
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step (default 256)")
+    p.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=list(SCHEDULING_POLICIES),
+        help="fcfs: requests in arrival order, a request's priority must be 0 (default); priority: "
+        "by each request's priority field (lower first, then arrival), and under memory pressure "
+        "the running request of the largest priority is preempted, as vLLM's",
+    )
     p.add_argument(
         "--max-num-batched-tokens",
         type=token_count,
@@ -446,6 +455,7 @@ def run_serve(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager,

@@ -126,7 +126,6 @@ class Refusal:
 REFUSALS: tuple[Refusal, ...] = (
     Refusal("use_beam_search", _false, "beam search is not supported"),
     Refusal("length_penalty", _number_is(1.0), "length_penalty applies to beam search only"),
-    Refusal("priority", _int_is(0), "priority scheduling is not supported"),
     Refusal("lora_request", _unset, "LoRA adapters are not supported"),
     Refusal("lora", _unset, "LoRA adapters are not supported"),
     Refusal(

@@ -133,6 +133,8 @@ class Generation:
             and hand them out with its deltas (vLLM's ``return_token_ids``).
         cache_salt: the request's ``cache_salt`` (vLLM's), sent with each of its prompts: only
             requests with the same salt share prefix-cache blocks (None: no salt).
+        priority: the request's ``priority`` (lower first under ``--scheduling-policy
+            priority``; checked by :meth:`ServerState.check_priority`).
     """
 
     def __init__(
@@ -147,10 +149,12 @@ class Generation:
         serial: int = 0,
         return_token_ids: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         self._serial = serial
         self._return_token_ids = return_token_ids
         self._cache_salt = cache_salt
+        self._priority = priority
         self._client = client
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
@@ -238,6 +242,7 @@ class Generation:
                 arrival_time=self._arrival,
                 prompt_logprobs_once=share_prompt_logprobs,
                 cache_salt=self._cache_salt,
+                priority=self._priority,
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e

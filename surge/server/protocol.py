@@ -138,6 +138,9 @@ class SamplingRequestFields(RequestBody):
     top_k: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     min_p: float | None = Field(default=None, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT)
+    # vLLM's: lower runs earlier under --scheduling-policy priority; not 0 under fcfs is a 400
+    # (ServerState.check_priority)
+    priority: int = Field(default=0, ge=-(2**63), le=MAX_INT)
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]] | None = None
     include_stop_str_in_output: bool = False
@@ -195,7 +198,6 @@ class SamplingRequestFields(RequestBody):
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
-    priority: Any = None
     lora_request: Any = None
     lora: Any = None
     logits_processors: Any = None

@@ -47,6 +47,7 @@ async def create_chat_completion(
     arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
+    state.check_priority(body.priority)
     check_template_kwargs(body.template_kwargs)
     state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)

@@ -73,6 +73,7 @@ class ServerState:
         log_requests: log one line when a request starts and one when it ends.
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (``--return-tokens-as-token-ids``, vLLM's).
+        scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
     """
 
     client: EngineClient
@@ -100,6 +101,7 @@ class ServerState:
     reasoning_parser: str | None = None
     trust_request_chat_template: bool = False
     return_tokens_as_token_ids: bool = False
+    scheduling_policy: str = "fcfs"
     tokenizer_worker: TokenizerWorker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +143,16 @@ class ServerState:
                 "a chat_template in the request is refused: this server does not run request "
                 "templates (start it with --trust-request-chat-template to allow them)",
                 param="chat_template",
+            )
+
+    def check_priority(self, priority: int) -> None:
+        """Raise a 400 ApiError naming ``priority`` for a priority other than 0 unless the
+        server schedules by priority (``--scheduling-policy priority``): fcfs would ignore it."""
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise bad_request(
+                f"priority {priority} needs priority scheduling: this server schedules first come, "
+                "first served (start it with --scheduling-policy priority), so priority must be 0",
+                param="priority",
             )
 
     def check_stop(self, stop: tuple[str, ...]) -> None:
@@ -271,6 +283,7 @@ def start_generation(
         serial=state.in_flight.next_serial(),
         return_token_ids=bool(body.return_token_ids),
         cache_salt=body.cache_salt,
+        priority=body.priority,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

@@ -89,6 +89,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
+    state.check_priority(body.priority)
     state.check_stop(body.stop_list)
     lp = completion_options(body)
     # echo with max_tokens 0 scores the prompt: the engine computes it and samples nothing, so

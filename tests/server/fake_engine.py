@@ -29,7 +29,7 @@ class FakeEngine:
         self._late: list[RequestFailure] = []
 
     def add_request(
-        self, request_id, prompt_token_ids, sampling_params, arrival_time=None, cache_salt=None
+        self, request_id, prompt_token_ids, sampling_params, arrival_time=None, cache_salt=None, priority=0
     ) -> None:
         if 999 in prompt_token_ids:
             raise ValueError("token 999 is not allowed")
@@ -47,6 +47,7 @@ class FakeEngine:
         arrival_time=None,
         prompt_logprobs_once=False,
         cache_salt=None,
+        priority=0,
     ) -> list:
         """As ``LLMEngine.add_choices``: the request is checked once, then fanned out."""
         if len(request_ids) != sampling_params.n:

@@ -47,6 +47,7 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--grammar-compile-timeout", "0"], "--grammar-compile-timeout"),
         (["--grammar-compile-timeout", "inf"], "--grammar-compile-timeout"),
         (["--served-model-name", ""], "--served-model-name"),
+        (["--scheduling-policy", "lifo"], "--scheduling-policy"),
     ],
 )
 def test_bad_flags_one_line(args: list[str], word: str) -> None:
