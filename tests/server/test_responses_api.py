@@ -17,6 +17,7 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from surge.server.protocol_responses import ResponsesRequest
 from tests.server.conftest import Server, start_server
 
 PROMPT = "Once upon a time"
@@ -57,6 +58,14 @@ def _comparable(response: Response) -> dict[str, Any]:
         for part in item.get("content") or ():
             part.pop("parsed", None)  # the SDK's stream helper adds it
     return out
+
+
+def test_every_field_is_in_the_docs() -> None:
+    """Every field of the Responses body is honoured, inert or refused in the docs' table."""
+    doc = (Path(__file__).parents[2] / "docs" / "openai-api.md").read_text()
+    section = doc[doc.index("## Responses API") : doc.index("**The response**")]
+    for name in ResponsesRequest.model_fields:
+        assert f"`{name}`" in section, f"ResponsesRequest.{name} is not in docs/openai-api.md"
 
 
 @pytest.mark.parametrize("max_tokens", [1, 7])
