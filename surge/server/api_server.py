@@ -1,6 +1,7 @@
 """The FastAPI app and the server's life: engine start, uvicorn, periodic stats, shutdown.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(and ``GET`` / ``DELETE /v1/responses/{id}`` for stored responses), ``GET /v1/models``
 (and ``GET /v1/models/{model}``, 404 ``model_not_found`` for a name not served),
 ``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
@@ -65,10 +66,12 @@ from surge.server.protocol import (
     TokenizeRequest,
     check_continue_final_message,
 )
+from surge.server.protocol_responses import ResponsesRequest
 from surge.server.request_id import RequestIdMiddleware, logged_request_id
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
+from surge.server.serving_responses import create_response, delete_response, retrieve_response
 from surge.tokenizer import load_tokenizer
 from surge.web.ui import mount_web_ui
 
@@ -220,6 +223,18 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(state, body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(state, body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        return await retrieve_response(state, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def forget_response(response_id: str) -> dict[str, Any]:
+        return delete_response(state, response_id)
 
     def model_card(name: str) -> dict[str, Any]:
         return {

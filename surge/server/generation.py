@@ -55,7 +55,8 @@ class ChoiceState:
     """Progress of one choice (one engine request).
 
     ``token_ids`` holds every generated token id when the request asked for them
-    (``return_token_ids``; else None), ``num_ids_sent`` how many of them deltas have carried.
+    (``return_token_ids``; else None), ``num_ids_sent`` how many of them deltas have carried;
+    ``num_cached_tokens`` the prompt tokens the engine served from its prefix cache.
     """
 
     index: int
@@ -77,6 +78,7 @@ class ChoiceState:
     engine_times: tuple[float, float] | None = None
     token_ids: list[int] | None = None
     num_ids_sent: int = 0
+    num_cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -332,6 +334,8 @@ class Generation:
         elif n_new:
             metrics.itl.observe((now - choice.last_token_time) / n_new)
         choice.last_token_time = now
+        if out.num_cached_tokens > choice.num_cached_tokens:
+            choice.num_cached_tokens = out.num_cached_tokens
         choice.num_tokens += n_new
         choice.unsent_tokens += n_new
         if choice.token_ids is not None:

@@ -47,8 +47,17 @@ _ERROR_SCHEMA: dict[str, Any] = {
     },
 }
 _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 _MODEL_PATHS = _GENERATION_PATHS | {"/tokenize", "/detokenize", "/v1/models/{model}"}
+_SSE_DESCRIPTION = (
+    "With `stream: true`: `data: {chunk}` events, `: queued` comments while waiting for the first "
+    "token, then `data: [DONE]`."
+)
+_RESPONSES_SSE_DESCRIPTION = (
+    "With `stream: true`: `event: <type>` / `data: {event}` Responses API events, from "
+    "`response.created` to `response.completed` (or `error` and `response.failed`), with `: queued` "
+    "comments while waiting for the first token."
+)
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -98,9 +107,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 ok = responses.setdefault("200", {"description": "Successful Response"})
                 ok.setdefault("content", {})["text/event-stream"] = {
                     "schema": {"type": "string"},
-                    "description": "With `stream: true`: `data: {chunk}` events, `: queued` comments "
-                    "while waiting for the first token, then `data: [DONE]`.",
+                    "description": _RESPONSES_SSE_DESCRIPTION
+                    if path == "/v1/responses"
+                    else _SSE_DESCRIPTION,
                 }
+            if path == "/v1/responses/{response_id}":
+                responses["404"] = _error("No stored response has this id.")
             if path == "/metrics":
                 responses["200"] = {
                     "description": "Prometheus metrics in the text exposition format.",

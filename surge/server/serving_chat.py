@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -10,10 +11,11 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from surge.core.logprobs import LogprobsLists
-from surge.server.chat_tools import is_empty_delta, plan_chat
+from surge.sampling_params import SamplingParams
+from surge.server.chat_tools import ChatPlan, is_empty_delta, plan_chat
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta, Generation
-from surge.server.logprobs import chat_content, chat_options, vllm_prompt_logprobs
+from surge.server.logprobs import LogprobOptions, chat_content, chat_options, vllm_prompt_logprobs
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_common import (
     ChunkEnvelope,
@@ -35,16 +37,47 @@ from surge.server.serving_common import (
 from surge.server.token_rules import token_rules_of
 
 
-async def create_chat_completion(
-    state: ServerState, body: ChatCompletionRequest, request: Request
-) -> Response:
-    """Serve one chat completion request, streamed (SSE) or not.
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request checked, rendered and sent to the engine (:func:`start_chat`).
+
+    Attributes:
+        request_id: the response id (``<prefix>-<id>``).
+        gen: the generation running in the engine (the caller must consume or abort it).
+        plan: how the output is parsed (tools, reasoning, grammar).
+        prompt_ids: the templated prompt's token ids.
+        params: the engine's sampling parameters.
+        lp: the request's logprob options.
+        created: Unix time (seconds) of the response.
+    """
+
+    request_id: str
+    gen: Generation
+    plan: ChatPlan
+    prompt_ids: list[int]
+    params: SamplingParams
+    lp: LogprobOptions
+    created: int
+
+
+async def start_chat(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    request: Request,
+    prefix: str,
+    arrival: float,
+    *,
+    separator: str = "-",
+) -> PreparedChat:
+    """Check a chat request, render its prompt and send it to the engine: what chat
+    completions and the Responses API (which builds a :class:`ChatCompletionRequest` from its
+    own body) share. ``prefix`` and ``separator`` start the response id (``chatcmpl-``,
+    ``resp_``).
 
     Raises:
-        ApiError: 400 for a bad request, 404 for an unknown model, 503 when the engine is gone.
-        ClientGone: the client disconnected before a non-streamed answer was ready.
+        ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
+            model, 503 when the engine is gone.
     """
-    arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_priority(body.priority)
@@ -83,7 +116,9 @@ async def create_chat_completion(
         max_tokens_param=body.max_tokens_param,
     )
     state.check_engine()
-    request_id, gen = start_generation(state, request, body, "chatcmpl", arrival, first_needs_text=True)
+    request_id, gen = start_generation(
+        state, request, body, prefix, arrival, first_needs_text=True, separator=separator
+    )
     created = int(time.time())
     log_request_start(state, request_id, params, prompt_ids)
     try:
@@ -91,6 +126,21 @@ async def create_chat_completion(
     except Exception:
         gen.abort()
         raise
+    return PreparedChat(request_id, gen, plan, prompt_ids, params, lp, created)
+
+
+async def create_chat_completion(
+    state: ServerState, body: ChatCompletionRequest, request: Request
+) -> Response:
+    """Serve one chat completion request, streamed (SSE) or not.
+
+    Raises:
+        ApiError: 400 for a bad request, 404 for an unknown model, 503 when the engine is gone.
+        ClientGone: the client disconnected before a non-streamed answer was ready.
+    """
+    prepared = await start_chat(state, body, request, "chatcmpl", time.monotonic())
+    request_id, gen, plan, prompt_ids = prepared.request_id, prepared.gen, prepared.plan, prepared.prompt_ids
+    lp, created = prepared.lp, prepared.created
     model = state.model_name
     strings = state.token_strings
     names = state.logprob_tokens(body)

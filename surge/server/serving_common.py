@@ -28,6 +28,7 @@ from surge.server.logprobs import TokenIdStrings
 from surge.server.metrics import ServerMetrics
 from surge.server.protocol import SamplingRequestFields
 from surge.server.request_id import request_id_of
+from surge.server.response_store import ResponseStore
 from surge.server.tokenization import TokenizerWorker
 from surge.token_strings import TokenStrings
 from surge.tokenizer import check_chat_template_kwargs
@@ -74,6 +75,7 @@ class ServerState:
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (``--return-tokens-as-token-ids``, vLLM's).
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
+        responses: the Responses API's stored responses (``store: true``), in memory.
     """
 
     client: EngineClient
@@ -103,6 +105,7 @@ class ServerState:
     return_tokens_as_token_ids: bool = False
     scheduling_policy: str = "fcfs"
     tokenizer_worker: TokenizerWorker = field(init=False)
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     def __post_init__(self) -> None:
         self.tokenizer_worker = TokenizerWorker(self.tokenizer, self.max_model_len, self.chat_template)
@@ -249,13 +252,15 @@ def start_generation(
     arrival: float,
     *,
     first_needs_text: bool = False,
+    separator: str = "-",
 ) -> tuple[str, Generation]:
     """A new :class:`Generation` for one HTTP request, tracked in ``state.in_flight`` until it
-    closes, and its request id: ``<prefix>-<X-Request-Id, body request_id or a fresh id>``
-    (with a random suffix if a request in flight already has that id). ``first_needs_text``
-    is :class:`Generation`'s (chat)."""
+    closes, and its request id: ``<prefix><separator><X-Request-Id, body request_id or a fresh
+    id>`` (``separator`` "-", or "_" for the Responses API's ``resp_...``; with a random suffix
+    if a request in flight already has that id). ``first_needs_text`` is :class:`Generation`'s
+    (chat)."""
     stream = bool(body.stream)
-    request_id = state.in_flight.unique_id(f"{prefix}-{request_id_of(request, body.request_id)}")
+    request_id = state.in_flight.unique_id(f"{prefix}{separator}{request_id_of(request, body.request_id)}")
     interval = state.stream_interval if stream else NO_STREAM_INTERVAL
 
     def closed() -> None:
@@ -615,6 +620,10 @@ async def stream_response(
     make_chunks: Callable[[list[ChoiceDelta]], list[bytes]],
     usage_chunk: Callable[[], bytes] | None,
     queued_interval: float = 5.0,
+    *,
+    opening: list[bytes] | None = None,
+    closing: Callable[[], list[bytes]] | None = None,
+    on_error: Callable[[ApiError], list[bytes]] | None = None,
 ) -> StreamingResponse:
     """Stream a generation: the headers go out now, then ``: queued`` comments every
     ``queued_interval`` seconds until the first token, then the chunks.
@@ -623,11 +632,17 @@ async def stream_response(
     error once the stream has started (an engine rejection, the engine's death, a shutdown:
     :class:`~surge.server.drain.ShutdownError`) is sent as one ``data: {"error": ...}`` event, then ``[DONE]``, as
     vLLM ends such a stream. A client disconnect aborts the request in the engine.
+
+    The Responses API streams other events: ``opening`` goes out first (before any ``: queued``
+    comment), ``closing()`` replaces the usage chunk and ``[DONE]`` at the end, and
+    ``on_error(error)`` gives the events of an error.
     """
     iterator = gen.deltas().__aiter__()
 
     async def events() -> AsyncIterator[bytes]:
         try:
+            for event in opening or ():
+                yield event
             first_step = asyncio.ensure_future(iterator.__anext__())
             try:
                 while not (await asyncio.wait((first_step,), timeout=queued_interval))[0]:
@@ -643,10 +658,18 @@ async def stream_response(
             async for deltas in iterator:
                 for chunk in make_chunks(deltas):
                     yield chunk
+            if closing is not None:
+                for event in closing():
+                    yield event
+                return
             if usage_chunk is not None:
                 yield usage_chunk()
             yield SSE_DONE
         except ApiError as e:
+            if on_error is not None:
+                for event in on_error(e):
+                    yield event
+                return
             yield sse(error_body(e.status, e.message, param=e.param, code=e.code))
             yield SSE_DONE  # as vLLM: the error event, then the end of the stream
         finally:

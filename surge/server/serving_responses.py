@@ -1,0 +1,571 @@
+"""``POST /v1/responses`` (OpenAI's Responses API), served by the chat path, and the stored
+responses (``GET`` / ``DELETE /v1/responses/{id}``).
+
+The request becomes a chat completion request
+(:func:`surge.server.protocol_responses.chat_body`), which :func:`~surge.server.serving_chat.start_chat`
+checks, renders and sends to the engine; its text goes through the chat plan's parsers
+(reasoning, tool calls) and comes back as Responses output items: a ``reasoning`` item, a
+``message`` with one ``output_text`` part, and ``function_call`` items, in that order.
+Streamed, the events are those vLLM and OpenAI send (``response.created``,
+``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``, the
+text, reasoning and function-call argument deltas and their ``done`` events,
+``response.output_item.done``, then ``response.completed``, whose response is the one a
+non-streamed request gets: as in vLLM it is ``response.completed`` also when the status is
+``incomplete``), each with its ``sequence_number``; an error after the stream started is an
+``error`` event followed by ``response.failed``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from surge.core.logprobs import LogprobsLists
+from surge.server.errors import ApiError, bad_request
+from surge.server.generation import ChoiceDelta
+from surge.server.logprobs import chat_content
+from surge.server.parsers.reasoning import THINK_END
+from surge.server.protocol import ChatCompletionRequest
+from surge.server.protocol_responses import ResponsesRequest, chat_body, responses_param
+from surge.server.response_store import StoredResponse
+from surge.server.serving_chat import PreparedChat, start_chat
+from surge.server.serving_common import ServerState, collect, stream_response
+
+_json_encode = msgspec.json.Encoder().encode
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """Validate the chat body built from a Responses request.
+
+    Raises:
+        ApiError: 400 naming the (Responses) field whose value chat refuses.
+    """
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(x) for x in first.get("loc", ())]
+        param = responses_param(loc[0] if loc else None)
+        where = ".".join([param or "", *loc[1:]]) if loc else ""
+        raise bad_request(f"{where}: {first.get('msg', 'invalid value')}", param=param) from None
+
+
+async def create_response(state: ServerState, body: ResponsesRequest, request: Request) -> Response:
+    """Serve one Responses API request, streamed (SSE) or not, and store it when ``store``.
+
+    Raises:
+        ApiError: 400 for a bad request (``param`` names the Responses field), 404 for an
+            unknown model or ``previous_response_id``, 503 when the engine is gone.
+        ClientGone: the client disconnected before a non-streamed answer was ready.
+    """
+    arrival = time.monotonic()
+    history: list[dict[str, Any]] = []
+    if body.previous_response_id is not None:
+        previous = state.responses.get(body.previous_response_id)
+        if previous is None:
+            raise ApiError(
+                404,
+                f"Previous response with id '{body.previous_response_id}' not found (Surge keeps "
+                "responses stored with store: true in memory, the newest ones only).",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        history = previous.conversation
+    chat_dict, conversation = chat_body(body, history, body.model)
+    if state.reasoning_parser is not None:
+        chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
+    chat = _chat_request(chat_dict)
+    try:
+        prepared = await start_chat(state, chat, request, "resp", arrival, separator="_")
+    except ApiError as e:
+        name = responses_param(e.param)
+        if e.param is not None and name is not None and name != e.param and e.param != "messages":
+            e.message = e.message.replace(e.param, name)  # "max_completion_tokens must be..."
+        e.param = name
+        raise
+    shape = _ResponseShape(state, body, chat, prepared)
+    if not body.stream:
+        results = await collect(request, prepared.gen)
+        text, finish, _ = results.get(0, ("", None, None))
+        message, finish = prepared.plan.message(text, finish)
+        output = _output_items(message, shape.all_logprobs())
+        response = shape.final(output, finish, message)
+        _store(state, body, response, conversation, message)
+        return Response(_json_encode(response), media_type="application/json")
+
+    events = _StreamEvents(shape)
+    parser = prepared.plan.new_parser()
+
+    def make_events(deltas: list[ChoiceDelta]) -> list[bytes]:
+        out: list[bytes] = []
+        for d in deltas:
+            delta, finish = prepared.plan.delta(parser, d.text, d.finish_reason)
+            out.extend(events.feed(delta, shape.logprobs_of(d.logprobs)))
+            if finish is not None:
+                events.finish_reason = finish
+        return out
+
+    def closing() -> list[bytes]:
+        out = events.close_item()
+        if not events.items:  # nothing generated: one empty message, as the non-streamed answer
+            out.extend(events.empty_message())
+        message = events.message()
+        response = shape.final(events.items, events.finish_reason, message)
+        _store(state, body, response, conversation, message)
+        out.append(events.event("response.completed", response=response))
+        return out
+
+    def on_error(error: ApiError) -> list[bytes]:
+        failed = shape.base("failed", events.items)
+        failed["error"] = {"code": str(error.code), "message": error.message}
+        return [
+            events.event("error", code=str(error.code), message=error.message, param=error.param),
+            events.event("response.failed", response=failed),
+        ]
+
+    opening = [
+        events.event("response.created", response=shape.base("in_progress", [])),
+        events.event("response.in_progress", response=shape.base("in_progress", [])),
+    ]
+    return await stream_response(
+        request,
+        prepared.gen,
+        make_events,
+        None,
+        state.sse_queued_interval,
+        opening=opening,
+        closing=closing,
+        on_error=on_error,
+    )
+
+
+def _store(
+    state: ServerState,
+    body: ResponsesRequest,
+    response: dict[str, Any],
+    conversation: list[dict[str, Any]],
+    message: dict[str, Any],
+) -> None:
+    """Keep a finished response (``store: true``) with its conversation, the output turn last."""
+    if not body.store:
+        return
+    turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("reasoning"):
+        turn["reasoning"] = message["reasoning"]
+    if message.get("tool_calls"):
+        turn["tool_calls"] = message["tool_calls"]
+    state.responses.put(response["id"], StoredResponse(response, [*conversation, turn]))
+
+
+class _ResponseShape:
+    """The parts of one request's Response object that do not depend on its output."""
+
+    def __init__(
+        self, state: ServerState, body: ResponsesRequest, chat: ChatCompletionRequest, prepared: PreparedChat
+    ) -> None:
+        self.state = state
+        self.body = body
+        self.prepared = prepared
+        self.names = state.logprob_tokens(chat)
+        self.created_at = prepared.created
+
+    @property
+    def id(self) -> str:
+        return self.prepared.request_id
+
+    def logprobs_of(self, rows: LogprobsLists | None) -> list[dict[str, Any]] | None:
+        """``output_text`` logprobs entries of these rows (None when not asked for)."""
+        top = self.prepared.lp.logprobs
+        if top is None:
+            return None
+        return chat_content(rows or LogprobsLists(), top, self.names)
+
+    def all_logprobs(self) -> list[dict[str, Any]] | None:
+        tracker = self.prepared.gen.choices[0].logprobs
+        return self.logprobs_of(None if tracker is None else tracker.rows)
+
+    def base(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+        """The Response object with this status and output (usage null until the end)."""
+        b = self.body
+        text = (
+            b.text
+            if b.text is not None and b.text.get("format") is not None
+            else {"format": {"type": "text"}}
+        )
+        reasoning = None if b.reasoning is None else {"effort": b.reasoning.get("effort"), "summary": None}
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "max_tool_calls": None,
+            "metadata": b.metadata,
+            "model": self.state.model_name,
+            "output": output,
+            "parallel_tool_calls": b.parallel_tool_calls is not False,
+            "previous_response_id": b.previous_response_id,
+            "reasoning": reasoning,
+            "service_tier": b.service_tier or "auto",
+            "store": b.store,
+            "temperature": b.temperature,
+            "text": text,
+            "tool_choice": b.tool_choice if b.tool_choice is not None else ("auto" if b.tools else "none"),
+            "tools": b.tools or [],
+            "top_logprobs": b.top_logprobs,
+            "top_p": b.top_p,
+            "truncation": b.truncation,
+            "usage": None,
+            "user": b.user,
+        }
+
+    def final(
+        self, output: list[dict[str, Any]], finish_reason: str | None, message: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The finished Response: ``incomplete`` (reason ``max_output_tokens``) when the output
+        was cut by its length limit, else ``completed``; with the exact usage."""
+        incomplete = finish_reason == "length"
+        response = self.base("incomplete" if incomplete else "completed", output)
+        if incomplete:
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        gen = self.prepared.gen
+        choice = gen.choices[0]
+        p, c = gen.prompt_tokens, gen.completion_tokens
+        response["usage"] = {
+            "input_tokens": p,
+            "input_tokens_details": {"cached_tokens": choice.num_cached_tokens},
+            "output_tokens": c,
+            "output_tokens_details": {"reasoning_tokens": self._reasoning_tokens(message)},
+            "total_tokens": p + c,
+        }
+        return response
+
+    def _reasoning_tokens(self, message: dict[str, Any]) -> int:
+        """Generated tokens up to and including the one that ended the reasoning (all of them
+        when it never ended), 0 without reasoning."""
+        ids = self.prepared.gen.choices[0].token_ids
+        if not message.get("reasoning") or ids is None:
+            return 0
+        end_id = self.state.tokenizer.convert_tokens_to_ids(THINK_END)
+        return ids.index(end_id) + 1 if end_id in ids else len(ids)
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text or status != "in_progress" else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
+
+
+def _message_item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _output_items(message: dict[str, Any], logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A chat message (the chat plan's parse of the whole text) as Responses output items."""
+    items: list[dict[str, Any]] = []
+    if message.get("reasoning"):
+        items.append(_reasoning_item(_new_id("rs"), message["reasoning"], "completed"))
+    if message.get("content") or not message.get("tool_calls"):
+        text = message.get("content") or ""
+        if text or not items:
+            items.append(_message_item(_new_id("msg"), [_text_part(text, logprobs)], "completed"))
+    for call in message.get("tool_calls") or ():
+        fn = call["function"]
+        items.append(_call_item(_new_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
+    return items
+
+
+class _StreamEvents:
+    """Chat deltas (the chat plan's streamed parse) as Responses SSE events.
+
+    One output item is open at a time: text of another kind (reasoning, answer text, a new
+    tool call) closes it and opens the next. :attr:`items` are the closed items, as the final
+    response lists them.
+    """
+
+    def __init__(self, shape: _ResponseShape) -> None:
+        self.shape = shape
+        self.sequence = 0
+        self.items: list[dict[str, Any]] = []
+        self.finish_reason: str | None = None
+        self._kind: str | None = None  # "reasoning", "message", "call" or None
+        self._id = ""
+        self._text = ""
+        self._call: tuple[str, str] = ("", "")  # call_id, name
+        self._call_index = -1
+        self._logprobs: list[dict[str, Any]] | None = None
+        self._pending: list[dict[str, Any]] = []
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        """One SSE event (``event: <type>`` and its JSON, with the next ``sequence_number``)."""
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + _json_encode(payload) + b"\n\n"
+
+    @property
+    def _index(self) -> int:
+        return len(self.items)
+
+    def feed(self, delta: dict[str, Any], logprobs: list[dict[str, Any]] | None) -> list[bytes]:
+        """The events of one chat delta (reasoning, then content, then tool calls)."""
+        out: list[bytes] = []
+        if logprobs:
+            self._pending.extend(logprobs)
+        if delta.get("reasoning"):
+            out.extend(self._open("reasoning"))
+            self._text += delta["reasoning"]
+            out.append(
+                self.event(
+                    "response.reasoning_text.delta",
+                    item_id=self._id,
+                    output_index=self._index,
+                    content_index=0,
+                    delta=delta["reasoning"],
+                )
+            )
+        if delta.get("content"):
+            out.extend(self._open("message"))
+            self._text += delta["content"]
+            entries, self._pending = self._pending, []
+            if self._logprobs is not None:
+                self._logprobs.extend(entries)
+            out.append(
+                self.event(
+                    "response.output_text.delta",
+                    item_id=self._id,
+                    output_index=self._index,
+                    content_index=0,
+                    delta=delta["content"],
+                    logprobs=entries,
+                )
+            )
+        for call in delta.get("tool_calls") or ():
+            fn = call.get("function", {})
+            if self._kind != "call" or call["index"] != self._call_index:
+                out.extend(self.close_item())
+                self._call_index = call["index"]
+                self._call = (call.get("id") or _new_id("call"), fn.get("name") or "")
+                out.extend(self._open("call"))
+            if fn.get("arguments"):
+                self._text += fn["arguments"]
+                out.append(
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=self._id,
+                        output_index=self._index,
+                        delta=fn["arguments"],
+                    )
+                )
+        return out
+
+    def _open(self, kind: str) -> list[bytes]:
+        """Close the open item unless it is of ``kind`` (a call is opened by its caller after
+        closing), then open a new one."""
+        if self._kind == kind and kind != "call":
+            return []
+        out = self.close_item() if kind != "call" else []
+        self._kind, self._text = kind, ""
+        index = self._index
+        if kind == "reasoning":
+            self._id = _new_id("rs")
+            out.append(
+                self.event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=_reasoning_item(self._id, "", "in_progress"),
+                )
+            )
+            part = {"type": "reasoning_text", "text": ""}
+            out.append(
+                self.event(
+                    "response.content_part.added",
+                    item_id=self._id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+        elif kind == "message":
+            self._id = _new_id("msg")
+            self._logprobs = [] if self.shape.prepared.lp.logprobs is not None else None
+            out.append(
+                self.event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=_message_item(self._id, [], "in_progress"),
+                )
+            )
+            out.append(
+                self.event(
+                    "response.content_part.added",
+                    item_id=self._id,
+                    output_index=index,
+                    content_index=0,
+                    part=_text_part("", None if self._logprobs is None else []),
+                )
+            )
+        else:
+            self._id = _new_id("fc")
+            call_id, name = self._call
+            out.append(
+                self.event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=_call_item(self._id, call_id, name, "", "in_progress"),
+                )
+            )
+        return out
+
+    def close_item(self) -> list[bytes]:
+        """The ``done`` events of the open item (none open: none), which joins :attr:`items`."""
+        kind, index, text = self._kind, self._index, self._text
+        if kind is None:
+            return []
+        self._kind = None
+        out: list[bytes] = []
+        if kind == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            out.append(
+                self.event(
+                    "response.reasoning_text.done",
+                    item_id=self._id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                )
+            )
+            out.append(
+                self.event(
+                    "response.content_part.done",
+                    item_id=self._id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+            item = _reasoning_item(self._id, text, "completed")
+        elif kind == "message":
+            if self._logprobs is not None:
+                self._logprobs.extend(self._pending)
+                self._pending = []
+            part = _text_part(text, self._logprobs)
+            out.append(
+                self.event(
+                    "response.output_text.done",
+                    item_id=self._id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                    logprobs=self._logprobs or [],
+                )
+            )
+            out.append(
+                self.event(
+                    "response.content_part.done",
+                    item_id=self._id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+            item = _message_item(self._id, [part], "completed")
+        else:
+            call_id, name = self._call
+            out.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=self._id,
+                    output_index=index,
+                    name=name,
+                    arguments=text,
+                )
+            )
+            item = _call_item(self._id, call_id, name, text, "completed")
+        self.items.append(item)
+        out.append(self.event("response.output_item.done", output_index=index, item=item))
+        return out
+
+    def empty_message(self) -> list[bytes]:
+        """The events of an empty ``message`` item (an output with no text at all)."""
+        return self._open("message") + self.close_item()
+
+    def message(self) -> dict[str, Any]:
+        """The closed items as one chat assistant message (what the store keeps)."""
+        message: dict[str, Any] = {"content": None}
+        calls = []
+        for item in self.items:
+            if item["type"] == "reasoning":
+                message["reasoning"] = (message.get("reasoning") or "") + item["content"][0]["text"]
+            elif item["type"] == "message":
+                message["content"] = (message["content"] or "") + item["content"][0]["text"]
+            else:
+                fn = {"name": item["name"], "arguments": item["arguments"]}
+                calls.append({"id": item["call_id"], "type": "function", "function": fn})
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+
+async def retrieve_response(state: ServerState, response_id: str) -> Response:
+    """``GET /v1/responses/{id}``: a stored response.
+
+    Raises:
+        ApiError: 404 when no response of that id is stored (never stored, ``store: false``,
+            forgotten as the store filled, or from before a restart).
+    """
+    stored = state.responses.get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return Response(_json_encode(stored.response), media_type="application/json")
+
+
+def delete_response(state: ServerState, response_id: str) -> dict[str, Any]:
+    """``DELETE /v1/responses/{id}``: forget a stored response.
+
+    Raises:
+        ApiError: 404 when no response of that id is stored.
+    """
+    if not state.responses.delete(response_id):
+        raise _not_found(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"Response with id '{response_id}' not found (Surge keeps responses stored with store: true "
+        "in memory, the newest ones only).",
+        param="response_id",
+        code="response_not_found",
+    )

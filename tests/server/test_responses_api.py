@@ -1,0 +1,326 @@
+"""``POST /v1/responses`` (OpenAI's Responses API) through the official openai SDK against a
+live `surge serve` of the bundled model: text, streamed and not, exact lengths and the
+``incomplete`` status, instructions and input items, structured outputs, logprobs, the
+in-memory store (``GET`` / ``DELETE``, ``previous_response_id``) and the refused fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+
+from surge.server.protocol_responses import ResponsesRequest
+from tests.server.conftest import Server, start_server
+
+PROMPT = "Once upon a time"
+CHOICE = {
+    "type": "object",
+    "properties": {"name": {"enum": ["Lily", "Tom"]}, "age": {"enum": [3, 4]}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def _stream(client: openai.OpenAI, **kw: Any) -> tuple[list[ResponseStreamEvent], Response]:
+    """Every typed event of a streamed response (the SDK's helper) and its final response."""
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    return events, final
+
+
+def _comparable(response: Response) -> dict[str, Any]:
+    """A response without what differs between two runs of one request (ids, time, cache hits)."""
+    out = response.model_dump()
+    for key in ("id", "created_at"):
+        out.pop(key)
+    out["usage"]["input_tokens_details"].pop("cached_tokens")
+    for item in out["output"]:
+        item.pop("id")
+        for part in item.get("content") or ():
+            part.pop("parsed", None)  # the SDK's stream helper adds it
+    return out
+
+
+def test_every_field_is_in_the_docs() -> None:
+    """Every field of the Responses body is honoured, inert or refused in the docs' table."""
+    doc = (Path(__file__).parents[2] / "docs" / "openai-api.md").read_text()
+    section = doc[doc.index("## Responses API") : doc.index("**The response**")]
+    for name in ResponsesRequest.model_fields:
+        assert f"`{name}`" in section, f"ResponsesRequest.{name} is not in docs/openai-api.md"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7])
+def test_non_streamed_exact_length_is_incomplete(client: openai.OpenAI, model: str, max_tokens: int) -> None:
+    r = client.responses.create(
+        model=model,
+        input=PROMPT,
+        max_output_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == model
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == max_tokens and r.max_output_tokens == max_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + max_tokens
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    [item] = r.output
+    assert item.type == "message" and item.role == "assistant"
+    [part] = item.content
+    assert part.type == "output_text" and part.annotations == [] and part.text == r.output_text
+    assert r.output_text and r.temperature == 0 and r.tools == [] and r.text.format.type == "text"
+    # the chat path serves it: the same prompt (a user message) and greedy tokens
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_completion_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.choices[0].message.content == r.output_text
+    assert chat.usage.prompt_tokens == r.usage.input_tokens
+
+
+def test_completed_status_when_the_model_stops(client: openai.OpenAI, model: str) -> None:
+    r = client.responses.create(
+        model=model, input=PROMPT, max_output_tokens=200, temperature=0, extra_body={"stop": ["."]}
+    )
+    assert r.status == "completed" and r.incomplete_details is None
+    assert 0 < r.usage.output_tokens < 200 and "." not in r.output_text
+
+
+def test_streamed_events_parse_and_end_in_the_non_streamed_response(
+    client: openai.OpenAI, model: str
+) -> None:
+    kw: dict[str, Any] = dict(
+        model=model,
+        input=PROMPT,
+        instructions="Tell a story.",
+        max_output_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    full = client.responses.create(**kw)
+    events, final = _stream(client, **kw)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    created = events[0].response
+    assert created.status == "in_progress" and created.id == final.id and created.output == []
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    item_id = events[2].item.id
+    assert all(d.item_id == item_id and d.output_index == 0 and d.content_index == 0 for d in deltas)
+    assert "".join(d.delta for d in deltas) == full.output_text == final.output_text
+    assert events[-4].text == full.output_text and events[-2].item.id == item_id == final.output[0].id
+    assert final.status == "incomplete" and final.usage.output_tokens == 12
+    assert _comparable(final) == _comparable(full)
+    # create(stream=True) gives the same typed events
+    raw = list(client.responses.create(**kw, stream=True))
+    assert [e.type for e in raw] == kinds
+
+
+def test_instructions_and_input_items_render_as_chat_messages(
+    server: Server, client: openai.OpenAI, model: str
+) -> None:
+    """``instructions`` is a system message first; message items of every role and content
+    form are the chat messages they name (the prompt counts as /tokenize counts them)."""
+    items = [
+        {"role": "developer", "content": "Use short words."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPT}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": " there was a cat.", "annotations": []}],
+        },
+        {"role": "user", "content": "What next?"},
+    ]
+    r = client.responses.create(
+        model=model, input=items, instructions="Be kind.", max_output_tokens=4, temperature=0
+    )
+    messages = [
+        {"role": "system", "content": "Be kind."},
+        {"role": "developer", "content": "Use short words."},
+        {"role": "user", "content": PROMPT},
+        {"role": "assistant", "content": " there was a cat."},
+        {"role": "user", "content": "What next?"},
+    ]
+    count = httpx.post(server.url + "/tokenize", json={"messages": messages}, timeout=60).json()["count"]
+    assert r.usage.input_tokens == count and r.instructions == "Be kind."
+    chat = client.chat.completions.create(
+        model=model, messages=messages, max_completion_tokens=4, temperature=0
+    )
+    assert chat.choices[0].message.content == r.output_text
+
+
+def test_json_schema_text_format(client: openai.OpenAI, model: str) -> None:
+    fmt = {"type": "json_schema", "name": "child", "schema": CHOICE, "strict": True}
+    r = client.responses.create(model=model, input=PROMPT, max_output_tokens=60, text={"format": fmt})
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(r.output_text), CHOICE)
+    events, final = _stream(client, model=model, input=PROMPT, max_output_tokens=60, text={"format": fmt})
+    jsonschema.validate(json.loads(final.output_text), CHOICE)
+    obj = client.responses.create(
+        model=model,
+        input=PROMPT,
+        max_output_tokens=60,
+        text={"format": {"type": "json_object"}},
+        temperature=0,
+    )
+    assert obj.status == "incomplete" or isinstance(json.loads(obj.output_text), dict)
+
+
+def test_output_text_logprobs(client: openai.OpenAI, model: str) -> None:
+    kw: dict[str, Any] = dict(
+        model=model,
+        input=PROMPT,
+        max_output_tokens=6,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    r = client.responses.create(**kw)
+    lps = r.output[0].content[0].logprobs
+    assert len(lps) == 6 and all(len(lp.top_logprobs) == 2 for lp in lps)
+    assert "".join(lp.token for lp in lps) == r.output_text
+    events, final = _stream(client, **kw)
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in lps]
+    assert [lp.token for lp in final.output[0].content[0].logprobs] == [lp.token for lp in lps]
+    plain = client.responses.create(model=model, input=PROMPT, max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs is None
+
+
+def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenAI, model: str) -> None:
+    first = client.responses.create(model=model, input=PROMPT, max_output_tokens=5, temperature=0)
+    assert first.store is True
+    got = client.responses.retrieve(first.id)
+    assert got.model_dump() == first.model_dump()
+    second = client.responses.create(
+        model=model, input="And then?", previous_response_id=first.id, max_output_tokens=3, temperature=0
+    )
+    assert second.previous_response_id == first.id
+    messages = [
+        {"role": "user", "content": PROMPT},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And then?"},
+    ]
+    count = httpx.post(server.url + "/tokenize", json={"messages": messages}, timeout=60).json()["count"]
+    assert second.usage.input_tokens == count
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.retrieve(first.id)
+    assert e.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=model, input="x", previous_response_id=first.id)
+    assert e.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model=model, input=PROMPT, max_output_tokens=2, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    events, final = _stream(client, model=model, input=PROMPT, max_output_tokens=3)
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools"),
+        ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+        ({"background": True}, "background"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        (
+            {"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]},
+            "input[0].encrypted_content",
+        ),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
+        ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}},
+            "text.format.schema",
+        ),
+        ({"text": {"verbosity": "high"}}, "text.verbosity"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"max_tool_calls": 2}, "max_tool_calls"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"top_k": "a"}, "top_k"),
+        ({"cache_salt": "s"}, "cache_salt"),
+        ({"max_output_token": 5}, "max_output_token"),
+        ({"model": "other"}, "model"),
+    ],
+)
+def test_refused_fields_are_named(server: Server, model: str, body: dict[str, Any], param: str) -> None:
+    r = httpx.post(server.url + "/v1/responses", json={"model": model, "input": "hi"} | body, timeout=60)
+    assert r.status_code in (400, 404), r.text
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_error_mid_stream_is_an_error_event_then_response_failed(tmp_path: Path) -> None:
+    """The engine dies while a response streams: the stream ends with an ``error`` event and
+    ``response.failed`` (the response with status "failed" and its error), both typed by the
+    SDK, as OpenAI ends a failed stream."""
+    srv = start_server(tmp_path)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        stream = client.responses.create(
+            input=PROMPT,
+            model=client.models.list().data[0].id,
+            max_output_tokens=480,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        events = []
+        for event in stream:
+            events.append(event)
+            if event.type == "response.output_text.delta" and len(events) == 5:
+                os.kill(srv.engine_pid, signal.SIGKILL)  # after the first token's events
+    finally:
+        srv.stop()
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2].code == "503" and "engine" in events[-2].message
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.code == "503" and failed.id == events[0].response.id
+    assert [e.sequence_number for e in events] == list(range(len(events)))

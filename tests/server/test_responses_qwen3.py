@@ -1,0 +1,220 @@
+"""``POST /v1/responses`` with ``--reasoning-parser qwen3 --tool-call-parser hermes`` on a tiny
+random Qwen3 with the real Qwen3 tokenizer and chat template: forced function calls
+(``tool_choice`` named or ``required``, grammar-driven, so random weights write valid
+arguments) as ``function_call`` items, their round trip (``function_call`` and
+``function_call_output`` input items), and the reasoning as a ``reasoning`` item with its
+token count; every streamed event parsed by the openai SDK."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import Server, start_server
+from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+
+THINK_END = 151668  # Qwen3's </think>
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+TOOLS: list[Any] = [
+    {"type": "function", "name": "get_time", "description": "The time.", "parameters": TIME, "strict": True},
+    {"type": "function", "name": "noop", "parameters": {"type": "object", "properties": {}}},
+]
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS]
+# </think> first: the grammar (after it) writes the calls at once
+FORCED: dict[str, Any] = {"logit_bias": {str(THINK_END): 100}, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if not QWEN3_DIR.is_dir():
+        pytest.skip("shared Qwen3 tokenizer assets not found")
+    model = make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-responses-model"))
+    srv = start_server(
+        tmp_path_factory.mktemp("serve-qwen3-responses"),
+        "--tool-call-parser",
+        "hermes",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "qwen3",
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "1024",
+        model=model,
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(qwen3_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=qwen3_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def _calls(response: Any) -> list[Any]:
+    return [item for item in response.output if item.type == "function_call"]
+
+
+def _stream(client: openai.OpenAI, **kw: Any) -> tuple[list[Any], Any]:
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    return events, final
+
+
+def test_named_function_call_and_its_round_trip(
+    qwen3_server: Server, client: openai.OpenAI, model: str
+) -> None:
+    kw: dict[str, Any] = dict(
+        model=model,
+        input="What time is it?",
+        tools=TOOLS,
+        tool_choice={"type": "function", "name": "get_time"},
+        max_output_tokens=40,
+        temperature=1.0,
+        extra_body=FORCED,
+    )
+    r = client.responses.create(**kw)
+    [call] = _calls(r)
+    assert call.name == "get_time" and call.status == "completed" and call.id.startswith("fc_")
+    jsonschema.validate(json.loads(call.arguments), TIME)
+    assert r.status == "completed" and r.output_text == ""
+    assert [t.name for t in r.tools] == ["get_time", "noop"] and r.tool_choice.name == "get_time"
+
+    events, final = _stream(client, **kw)
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert "response.function_call_arguments.delta" in kinds
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    done = events[-3]
+    [streamed] = _calls(final)
+    assert done.arguments == streamed.arguments == call.arguments and done.name == "get_time"
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == call.arguments and events[2].item.call_id == streamed.call_id
+
+    # the round trip: the call and its output as input items render as the chat messages
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"time": "12:00"}'}
+    items = [
+        {"role": "user", "content": "What time is it?"},
+        call.model_dump(exclude_none=True),
+        output,
+    ]
+    answer = client.responses.create(
+        model=model, input=items, tools=TOOLS, tool_choice="none", max_output_tokens=5
+    )
+    assert answer.status in ("completed", "incomplete") and answer.output
+    fn = {"name": "get_time", "arguments": call.arguments}
+    messages = [
+        {"role": "user", "content": "What time is it?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call.call_id, "type": "function", "function": fn}],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": '{"time": "12:00"}'},
+    ]
+    count = httpx.post(
+        qwen3_server.url + "/tokenize", json={"messages": messages, "tools": CHAT_TOOLS}, timeout=60
+    ).json()["count"]
+    assert answer.usage.input_tokens == count
+    # the same turn through the store: previous_response_id brings the call back
+    again = client.responses.create(
+        model=model,
+        input=[output],
+        previous_response_id=r.id,
+        tools=TOOLS,
+        tool_choice="none",
+        max_output_tokens=5,
+    )
+    assert again.usage.input_tokens == count
+
+
+def test_required_calls_one_when_not_parallel(client: openai.OpenAI, model: str) -> None:
+    r = client.responses.create(
+        model=model,
+        input="Time?",
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=60,
+        extra_body=FORCED,
+    )
+    [call] = _calls(r)
+    assert call.name in ("get_time", "noop") and r.parallel_tool_calls is False
+    if call.name == "get_time":
+        jsonschema.validate(json.loads(call.arguments), TIME)
+
+
+def test_reasoning_item_and_reasoning_tokens(client: openai.OpenAI, model: str) -> None:
+    """An assistant message left ``incomplete`` after ``<think>`` is continued (as vLLM), inside
+    the reasoning: with ``</think>`` banned, the output is all reasoning."""
+    kw: dict[str, Any] = dict(
+        model=model,
+        input=[
+            {"role": "user", "content": "Think."},
+            {"type": "message", "role": "assistant", "content": "<think>\n", "status": "incomplete"},
+        ],
+        max_output_tokens=6,
+        extra_body={"logit_bias": {str(THINK_END): -100}, "ignore_eos": True, "seed": 1},
+        temperature=1.0,
+    )
+    r = client.responses.create(**kw)
+    [item] = r.output
+    assert item.type == "reasoning" and item.content[0].type == "reasoning_text" and item.content[0].text
+    assert r.usage.output_tokens_details.reasoning_tokens == 6 == r.usage.output_tokens
+    assert r.status == "incomplete" and r.output_text == ""
+    events, final = _stream(client, **kw)
+    kinds = [e.type for e in events]
+    assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
+    text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert final.output[0].content[0].text == text == item.content[0].text
+    assert final.usage.output_tokens_details.reasoning_tokens == 6
+
+
+def test_reasoning_then_answer(client: openai.OpenAI, model: str) -> None:
+    """``</think>`` after some reasoning: a reasoning item, then the message (json_schema
+    constrains the answer after ``</think>``), streamed the same. ``logit_bias`` makes
+    ``</think>`` likely but not certain: the first seed that writes some reasoning first is
+    checked (seeded sampling: the same seeds every run)."""
+    fmt = {"type": "json_schema", "name": "t", "schema": TIME, "strict": True}
+    for seed in range(8):
+        kw: dict[str, Any] = dict(
+            model=model,
+            input="Time zone?",
+            text={"format": fmt},
+            max_output_tokens=40,
+            extra_body={"logit_bias": {str(THINK_END): 3}, "seed": seed},
+            temperature=1.0,
+        )
+        r = client.responses.create(**kw)
+        if [item.type for item in r.output] == ["reasoning", "message"]:
+            break
+    else:
+        raise AssertionError(f"no seed wrote reasoning then </think>: {r.output}")
+    jsonschema.validate(json.loads(r.output_text), TIME)
+    reasoning_tokens = r.usage.output_tokens_details.reasoning_tokens
+    assert 2 <= reasoning_tokens < r.usage.output_tokens
+    events, final = _stream(client, **kw)
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == r.output_text
+    assert final.output[0].content[0].text == r.output[0].content[0].text
+    assert final.usage.output_tokens_details.reasoning_tokens == reasoning_tokens
+    kinds = [e.type for e in events]
+    first_text = kinds.index("response.output_text.delta")
+    assert kinds.index("response.reasoning_text.done") < first_text
