@@ -285,7 +285,8 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
         ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"top_k": "a"}, "top_k"),
-        ({"cache_salt": "s"}, "cache_salt"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"priority": 3}, "priority"),  # under --scheduling-policy fcfs
         ({"max_output_token": 5}, "max_output_token"),
         ({"model": "other"}, "model"),
     ],
