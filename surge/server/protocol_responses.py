@@ -13,7 +13,8 @@ as they are, so they are checked, honoured or refused exactly as on chat. A chat
 
 Refused with a 400 naming the field: built-in tools (``web_search``, ``file_search``,
 ``code_interpreter``, ``mcp``, ...), ``background: true``, non-text input parts (images, files,
-audio), encrypted reasoning, ``include`` values other than ``message.output_text.logprobs``,
+audio), encrypted reasoning on input, ``include`` values other than ``message.output_text.logprobs``
+and ``reasoning.encrypted_content`` (:data:`ENCRYPTED_REASONING_INCLUDE`),
 ``truncation: "auto"``, ``reasoning.summary``, ``text.verbosity``, ``max_tool_calls``, ``prompt``
 (stored prompt templates) and ``conversation``.
 """
@@ -29,7 +30,11 @@ from surge.server.errors import bad_request
 from surge.server.protocol import MAX_TOKEN_COUNT, ReasoningEffort, RequestBody
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-"""The one ``include`` value Surge serves: each ``output_text`` part's token logprobs."""
+"""The ``include`` value that adds each ``output_text`` part's token logprobs."""
+ENCRYPTED_REASONING_INCLUDE = "reasoning.encrypted_content"
+"""An ``include`` value taken as vLLM takes it (stateless clients such as Codex send it with
+``store: false`` to replay the reasoning): Surge never encrypts, a reasoning item's text is
+always in its ``content`` (which is what to send back) and ``encrypted_content`` stays null."""
 
 CHAT_PASSTHROUGH_FIELDS = (
     "top_k",
@@ -187,9 +192,10 @@ class ResponsesRequest(RequestBody):
                 param="truncation",
             )
         for value in self.include or ():
-            if value != LOGPROBS_INCLUDE:
+            if value not in (LOGPROBS_INCLUDE, ENCRYPTED_REASONING_INCLUDE):
                 raise bad_request(
-                    f"include value {value!r} is not supported by Surge (only {LOGPROBS_INCLUDE!r})",
+                    f"include value {value!r} is not supported by Surge (only {LOGPROBS_INCLUDE!r} "
+                    f"and {ENCRYPTED_REASONING_INCLUDE!r}, whose reasoning comes as plain content)",
                     param="include",
                 )
         if self.top_logprobs and not self.wants_logprobs:

@@ -268,7 +268,7 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
             {"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]},
             "input[0].encrypted_content",
         ),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["file_search_call.results"]}, "include"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
         ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),

@@ -185,6 +185,12 @@ def test_reasoning_item_and_reasoning_tokens(client: openai.OpenAI, model: str) 
     text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert final.output[0].content[0].text == text == item.content[0].text
     assert final.usage.output_tokens_details.reasoning_tokens == 6
+    # Codex's stateless loop (store false, the encrypted reasoning asked for): taken as vLLM takes
+    # it; the reasoning comes as plain content, which is what goes back in the next input
+    stateless = client.responses.create(**kw, store=False, include=["reasoning.encrypted_content"])
+    [item] = stateless.output
+    assert item.type == "reasoning" and item.encrypted_content is None
+    assert item.content[0].text == r.output[0].content[0].text
 
 
 def test_reasoning_then_answer(client: openai.OpenAI, model: str) -> None:
