@@ -159,11 +159,18 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--dataset",
         "--dataset-name",
-        choices=["random", "sharegpt"],
+        choices=["random", "sharegpt", "custom", "prefix_repetition"],
         default="random",
-        help="prompts (default random); --dataset-name is vLLM's spelling",
+        help="prompts (default random): random tokens, ShareGPT first turns, custom (a JSONL file of "
+        "prompts) or prefix_repetition (random prompts over a few shared prefixes), as vLLM's datasets of "
+        "those names; --dataset-name is vLLM's spelling",
     )
-    p.add_argument("--dataset-path", default=None, help="ShareGPT JSON file (for --dataset sharegpt)")
+    p.add_argument(
+        "--dataset-path",
+        default=None,
+        help='ShareGPT JSON file (--dataset sharegpt) or JSONL file, one {"prompt": ...} object a line '
+        "(--dataset custom) (default: none)",
+    )
     p.add_argument(
         "--input-len",
         "--random-input-len",
@@ -179,7 +186,9 @@ def add_bench_parser(subparsers: Any) -> None:
         type=int,
         default=None,
         help="max_tokens of every request (default 256; with --dataset sharegpt, default: each "
-        "conversation's reply length, as vLLM); --random-output-len is vLLM's spelling",
+        "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
+        "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len) as in vLLM; "
+        "--random-output-len is vLLM's spelling",
     )
     p.add_argument(
         "--random-range-ratio",
@@ -189,6 +198,54 @@ def add_bench_parser(subparsers: Any) -> None:
         "[L * (1 - r), L * (1 + r)] (vLLM's option; 0 <= r < 1; default 0: every request exactly "
         "--input-len / --output-len); each prompt has exactly its drawn length, the roofline column "
         "uses the nominal lengths",
+    )
+    p.add_argument(
+        "--random-prefix-len",
+        type=int,
+        default=None,
+        help="--dataset random: every prompt begins with the same random prefix of this many tokens and has "
+        "exactly this + --input-len tokens as the server counts them (vLLM's option; default 0); no roofline "
+        "column, since the server may reuse the cached prefix",
+    )
+    p.add_argument(
+        "--custom-output-len",
+        type=int,
+        default=None,
+        help='--dataset custom: max_tokens of every request, or -1 for each line\'s "output_tokens" '
+        "(vLLM's option; default 256, or --output-len)",
+    )
+    p.add_argument(
+        "--skip-chat-template",
+        action="store_true",
+        help="--dataset custom on /v1/completions: send each prompt as it is instead of rendered with the "
+        "model's chat template (vLLM's option; on the chat endpoint the server applies the template, "
+        "so the prompt is always sent as it is) (default off)",
+    )
+    g = p.add_argument_group("prefix_repetition dataset (vLLM's options)")
+    g.add_argument(
+        "--prefix-repetition-prefix-len",
+        type=int,
+        default=None,
+        help="tokens of each shared prefix (default 256)",
+    )
+    g.add_argument(
+        "--prefix-repetition-suffix-len",
+        type=int,
+        default=None,
+        help="tokens after the prefix, BOS or chat template included: each prompt has exactly prefix + suffix "
+        "tokens as the server counts them (default 256)",
+    )
+    g.add_argument(
+        "--prefix-repetition-num-prefixes",
+        type=int,
+        default=None,
+        help="distinct prefixes; --num-prompts are spread over them as evenly as possible (default 10)",
+    )
+    g.add_argument(
+        "--prefix-repetition-output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default 128, or --output-len)",
     )
     p.add_argument(
         "--sharegpt-output-len",
@@ -443,30 +500,72 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for flag, value in (
         ("--output-len", args.output_len),
         ("--sharegpt-output-len", args.sharegpt_output_len),
+        ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    if args.dataset == "sharegpt" and args.input_len is not None:
-        raise ValueError("--input-len applies to --dataset random (ShareGPT prompts keep their own lengths)")
-    if args.dataset != "sharegpt" and args.dataset_path is not None:
-        raise ValueError("--dataset-path applies to --dataset sharegpt (add --dataset sharegpt)")
-    fixed = args.sharegpt_output_len
-    if fixed is not None and args.dataset != "sharegpt":
-        raise ValueError("--sharegpt-output-len applies to --dataset sharegpt (use --output-len)")
-    if fixed is not None and args.output_len is not None and args.output_len != fixed:
+    dataset = args.dataset
+    if dataset != "random" and args.input_len is not None:
+        own = {
+            "sharegpt": "ShareGPT prompts keep their own lengths",
+            "custom": "custom prompts keep their own lengths",
+            "prefix_repetition": "use --prefix-repetition-prefix-len and --prefix-repetition-suffix-len",
+        }
+        raise ValueError(f"--input-len applies to --dataset random ({own[dataset]})")
+    if dataset not in ("sharegpt", "custom") and args.dataset_path is not None:
         raise ValueError(
-            f"--output-len {args.output_len} and --sharegpt-output-len {fixed} disagree (give one)"
+            f"--dataset-path applies to --dataset sharegpt or custom (--dataset {dataset} builds its prompts)"
         )
-    if args.dataset == "sharegpt" and fixed is None:
-        fixed = args.output_len
+    own_flags = {
+        "random": {"--random-prefix-len": args.random_prefix_len},
+        "sharegpt": {"--sharegpt-output-len": args.sharegpt_output_len},
+        "custom": {
+            "--custom-output-len": args.custom_output_len,
+            "--skip-chat-template": args.skip_chat_template,
+        },
+        "prefix_repetition": {
+            "--prefix-repetition-prefix-len": args.prefix_repetition_prefix_len,
+            "--prefix-repetition-suffix-len": args.prefix_repetition_suffix_len,
+            "--prefix-repetition-num-prefixes": args.prefix_repetition_num_prefixes,
+            "--prefix-repetition-output-len": args.prefix_repetition_output_len,
+        },
+    }
+    for owner, flags in own_flags.items():
+        for flag, value in flags.items():
+            if owner != dataset and value is not None and value is not False:  # 0 is given, too
+                use = " (use --output-len)" if flag.endswith("-output-len") else ""
+                raise ValueError(f"{flag} applies to --dataset {owner}{use}")
+    # vLLM's dataset-specific output lengths; --output-len sets them all (vLLM), two must agree
+    fixed = {
+        "sharegpt": ("--sharegpt-output-len", args.sharegpt_output_len),
+        "custom": ("--custom-output-len", args.custom_output_len),
+        "prefix_repetition": ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
+    }.get(dataset, ("", None))
+    if fixed[1] is not None and args.output_len is not None and args.output_len != fixed[1]:
+        raise ValueError(f"--output-len {args.output_len} and {fixed[0]} {fixed[1]} disagree (give one)")
+    own_output = args.output_len if fixed[1] is None else fixed[1]
+    default_output = {"prefix_repetition": 128}.get(dataset, 256)  # vLLM's defaults
+    output_len = next(v for v in (own_output, default_output) if v is not None)
     cfg = _serve_config(
         args,
-        dataset=args.dataset,
+        dataset=dataset,
         dataset_path=args.dataset_path,
         input_len=256 if args.input_len is None else args.input_len,
-        output_len=next(v for v in (fixed, args.output_len, 256) if v is not None),
-        sharegpt_output_len=fixed,
+        output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
+        sharegpt_output_len=own_output if dataset == "sharegpt" else None,
         random_range_ratio=args.random_range_ratio,
+        random_prefix_len=0 if args.random_prefix_len is None else args.random_prefix_len,
+        custom_output_len=output_len if dataset == "custom" else 256,
+        skip_chat_template=args.skip_chat_template,
+        prefix_repetition_prefix_len=256
+        if args.prefix_repetition_prefix_len is None
+        else args.prefix_repetition_prefix_len,
+        prefix_repetition_suffix_len=256
+        if args.prefix_repetition_suffix_len is None
+        else args.prefix_repetition_suffix_len,
+        prefix_repetition_num_prefixes=10
+        if args.prefix_repetition_num_prefixes is None
+        else args.prefix_repetition_num_prefixes,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

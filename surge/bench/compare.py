@@ -236,8 +236,24 @@ class Comparison:
         return verdicts.count("win"), verdicts.count("loss"), verdicts.count("tie")
 
 
-_SETTINGS = ("endpoint", "num_prompts", "request_rate", "burstiness", "max_concurrency", "temperature")
-"""Settings two runs should share at a point for its comparison to mean anything."""
+_SETTINGS = (
+    "endpoint",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "temperature",
+    "dataset",
+    "dataset_path",
+    "random_prefix_len",
+    "custom_output_len",
+    "skip_chat_template",
+    "prefix_repetition_prefix_len",
+    "prefix_repetition_suffix_len",
+    "prefix_repetition_num_prefixes",
+)
+"""Settings two runs should share at a point for its comparison to mean anything (a run's
+dataset and its settings: ``bench serve`` results record them; matrix points are random)."""
 
 
 def compare_points(

@@ -1,4 +1,5 @@
-"""Benchmark prompts: ``random`` (exact token counts) and ``sharegpt`` (first human turns).
+"""Benchmark prompts: ``random`` (exact token counts), ``sharegpt`` (first human turns), ``custom``
+(a JSONL file of prompts) and ``prefix_repetition`` (random prompts over shared prefixes).
 
 Random (``shared/design.md`` §5): token ids drawn with ``numpy.random.default_rng(seed)`` from the
 tokenizer's non-special vocabulary, decoded, re-encoded and adjusted until the text has exactly
@@ -21,6 +22,14 @@ prompt is counted as the server will see it (templated on the chat endpoint; vLL
 text), and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
 roles). A file without any reply (``shared/assets/datasets/sharegpt/*.json`` keep only the
 prompts) asks ``--output-len`` of every request.
+
+Shared prefixes (vLLM's ``--random-prefix-len`` and ``prefix_repetition``): a random text of exactly N
+tokens counted without special tokens (:func:`shared_prefix`), then a space and the prompt's own random
+tokens, the whole prompt exact as the server counts it (N + the input or suffix length, which covers
+the BOS or chat template). A prompt is kept only when the server's tokens still hold the prefix's N
+ids at the same place (after the BOS or the template's header), so the prefix is really shared.
+
+Custom (vLLM's ``CustomDataset``): see :func:`custom_requests`.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import numpy as np
 from surge.bench.tokens import TokenCounter
 
 MAX_ADJUST_ROUNDS = 30
+PREFIX_ATTEMPTS = 20  # draws of a prompt whose random part must leave a shared prefix's tokens as they are
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,8 @@ def exact_length_prompt(
     n_tokens: int,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    head: str = "",
+    keep: Callable[[list[int]], bool] | None = None,
 ) -> str:
     """A random text of exactly ``n_tokens`` tokens as the server counts it.
 
@@ -77,26 +89,33 @@ def exact_length_prompt(
     ``options`` are the request fields that change the count (see :func:`prompt_encoder`).
     Draws ids from ``counter.candidate_ids()``, decodes, re-counts and trims or extends the id
     list by the difference until the count is exact (restarting with fresh draws if it cycles).
+    With ``head`` the text is ``head`` followed by the random part (``head``'s tokens count in
+    ``n_tokens``), and a text is taken only when ``keep`` (if given) accepts its token ids as the
+    server counts them (restarting with fresh draws otherwise).
+
     Raises:
         ValueError: ``n_tokens`` is below the fixed overhead (a BOS, or the chat template's own
-            tokens plus one), or no exact text was found.
+            tokens plus one; with ``head``, its tokens plus one), or no exact text was found.
     """
     pool = counter.candidate_ids()
     if len(pool) == 0:
         raise ValueError("the tokenizer has no non-special vocabulary to draw from")
     encode = prompt_encoder(counter, chat, options)
-    overhead = len(encode(""))
-    minimum = overhead + 1 if chat else max(overhead, 1)
+    overhead = len(encode(head))
+    minimum = overhead + 1 if chat or head else max(overhead, 1)
     if n_tokens < minimum:
         what = "the chat template's" if chat else "the tokenizer's"
         raise ValueError(f"input length {n_tokens} is below {what} minimum of {minimum}")
-    for _attempt in range(5):
+    for _attempt in range(PREFIX_ATTEMPTS if keep is not None else 5):
         ids = [int(i) for i in rng.choice(pool, size=n_tokens - overhead)]
         for _ in range(MAX_ADJUST_ROUNDS):
-            text = counter.decode(ids)
-            count = len(encode(text))
+            text = head + counter.decode(ids)
+            tokens = encode(text)
+            count = len(tokens)
             if count == n_tokens:
-                return text
+                if keep is None or keep(tokens):
+                    return text
+                break  # the random part changed the head's tokens: draw again
             diff = n_tokens - count
             if diff < 0:
                 ids = ids[: max(len(ids) + diff, 0)]
@@ -120,21 +139,27 @@ def random_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     range_ratio: float = 0.0,
+    prefix_len: int = 0,
 ) -> list[SampleRequest]:
     """``num_prompts`` random prompts of exactly ``input_len`` tokens as the server counts them
     (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
     tokens. With ``range_ratio`` r > 0 (vLLM's ``--random-range-ratio``) each request's input and
     output lengths are drawn uniformly from :func:`range_bounds` instead (integers, seeded by
-    ``seed``), and each prompt still has exactly its drawn length.
+    ``seed``), and each prompt still has exactly its drawn length. With ``prefix_len`` N > 0
+    (vLLM's ``--random-prefix-len``) every prompt begins with the same :func:`shared_prefix` of N
+    tokens and has exactly N + its input length tokens as the server counts them (the input
+    length covers the random part, the BOS or chat template, and the separator after the prefix).
 
     Raises:
-        ValueError: a count or length below 1, r outside [0, 1), or a drawn input length below
-            the tokenizer's or chat template's minimum.
+        ValueError: a count or length below 1 (N below 0), r outside [0, 1), or a drawn input
+            length below the tokenizer's or chat template's minimum.
     """
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --output-len must be >= 1")
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    if prefix_len < 0:
+        raise ValueError(f"--random-prefix-len must be >= 0, got {prefix_len}")
     rng = np.random.default_rng(seed)
     if range_ratio == 0.0:  # the fixed lengths draw nothing else: the same prompts as before the option
         in_lens, out_lens = [input_len] * num_prompts, [output_len] * num_prompts
@@ -146,6 +171,21 @@ def random_requests(
         )
         in_lens = [int(v) for v in lengths.integers(in_lo, in_hi + 1, size=num_prompts)]
         out_lens = [int(v) for v in lengths.integers(out_lo, out_hi + 1, size=num_prompts)]
+    if prefix_len:
+        prefix = shared_prefix(counter, np.random.default_rng([seed, 2]), prefix_len, chat, options)
+        least = prefix.least_rest(counter, chat, options)
+        if min(in_lens) < least:
+            drew = f"--random-range-ratio {range_ratio} drew " if range_ratio else ""
+            raise ValueError(
+                f"{drew}--input-len {min(in_lens)} is below the minimum of {least} with --random-prefix-len "
+                f"{prefix_len} (one random token after the prefix, with the BOS or chat template's tokens)"
+            )
+        return [
+            SampleRequest(
+                prefix.prompt(counter, rng, prefix_len + n_in, chat, options), prefix_len + n_in, n_out
+            )
+            for n_in, n_out in zip(in_lens, out_lens, strict=True)
+        ]
     out: list[SampleRequest] = []
     for n_in, n_out in zip(in_lens, out_lens, strict=True):
         try:
@@ -155,6 +195,261 @@ def random_requests(
                 raise
             raise ValueError(f"--random-range-ratio {range_ratio} drew {e}") from None
         out.append(SampleRequest(prompt, n_in, n_out))
+    return out
+
+
+PREFIX_SEPARATOR = " "
+"""Put between a shared prefix and a prompt's own tokens, so that the first of these does not merge
+with the prefix's last token (BPE pre-tokenizers split at spaces)."""
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A random text of ``len(ids)`` tokens that prompts begin with.
+
+    ``ids`` are its tokens counted without special tokens, ``offset`` where they sit in the
+    server's tokens of a prompt that begins with it (after a BOS, or the chat template's header).
+    """
+
+    text: str
+    ids: tuple[int, ...]
+    offset: int
+
+    def keeps(self, tokens: list[int]) -> bool:
+        """True when a prompt's tokens (as the server counts them) hold the prefix's tokens."""
+        return tuple(tokens[self.offset : self.offset + len(self.ids)]) == self.ids
+
+    def least_rest(self, counter: TokenCounter, chat: bool, options: Mapping[str, Any] | None) -> int:
+        """The fewest tokens a prompt may have besides the prefix's (the BOS or chat template, the
+        separator and one random token), as the server counts them."""
+        return len(prompt_encoder(counter, chat, options)(self.text + PREFIX_SEPARATOR)) + 1 - len(self.ids)
+
+    def prompt(
+        self,
+        counter: TokenCounter,
+        rng: np.random.Generator,
+        n_tokens: int,
+        chat: bool,
+        options: Mapping[str, Any] | None,
+    ) -> str:
+        """A prompt of exactly ``n_tokens`` tokens as the server counts it: this prefix, the
+        separator, then random tokens; the server's tokens hold the prefix's at ``offset``.
+
+        Raises:
+            ValueError: ``n_tokens`` below ``len(ids) + least_rest``, or no such text was found.
+        """
+        try:
+            return exact_length_prompt(
+                counter, rng, n_tokens, chat, options, head=self.text + PREFIX_SEPARATOR, keep=self.keeps
+            )
+        except ValueError as e:
+            raise ValueError(f"{e} (after a shared prefix of {len(self.ids)} tokens)") from None
+
+
+def shared_prefix(
+    counter: TokenCounter,
+    rng: np.random.Generator,
+    n_tokens: int,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> SharedPrefix:
+    """A random text of exactly ``n_tokens`` tokens counted without special tokens (as vLLM's
+    random and prefix-repetition datasets count a prefix), placed where its tokens stay the same
+    at the start of a prompt (completions, or the user message of a chat request).
+
+    Raises:
+        ValueError: ``n_tokens`` below 1, or no such text was found.
+    """
+    if n_tokens < 1:
+        raise ValueError(f"a shared prefix needs at least 1 token, got {n_tokens}")
+    bare = {"add_special_tokens": False}
+    encode = prompt_encoder(counter, chat, options)
+    for _attempt in range(5):
+        text = exact_length_prompt(counter, rng, n_tokens, False, bare)
+        ids = tuple(counter.encode(text, add_special_tokens=False))
+        whole = encode(text + PREFIX_SEPARATOR)
+        for offset in range(len(whole) - n_tokens + 1):
+            if tuple(whole[offset : offset + n_tokens]) == ids:
+                return SharedPrefix(text, ids, offset)
+    raise ValueError(f"could not build a shared prefix of {n_tokens} tokens that prompts keep")
+
+
+def prefix_repetition_requests(
+    counter: TokenCounter,
+    num_prompts: int,
+    prefix_len: int,
+    suffix_len: int,
+    num_prefixes: int,
+    output_len: int,
+    seed: int,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> list[SampleRequest]:
+    """vLLM's ``prefix_repetition`` dataset: ``num_prefixes`` :func:`shared_prefix` texts of
+    ``prefix_len`` tokens, each followed by random suffixes; every prompt has exactly
+    ``prefix_len + suffix_len`` tokens as the server counts them (the suffix length covers the
+    BOS or chat template and the separator) and asks ``output_len`` tokens. The ``num_prompts``
+    prompts are spread over the prefixes as evenly as possible (vLLM sends ``num_prefixes *
+    (num_prompts // num_prefixes)``, dropping the rest) and shuffled with ``seed``.
+
+    Raises:
+        ValueError: a length or count below 1, fewer prompts than prefixes (as vLLM), or a
+            suffix below the BOS's or chat template's minimum.
+    """
+    for flag, value in (
+        ("--prefix-repetition-prefix-len", prefix_len),
+        ("--prefix-repetition-suffix-len", suffix_len),
+        ("--prefix-repetition-num-prefixes", num_prefixes),
+        ("--prefix-repetition-output-len", output_len),
+        ("--num-prompts", num_prompts),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if num_prompts < num_prefixes:
+        raise ValueError(
+            f"--num-prompts {num_prompts} is below --prefix-repetition-num-prefixes {num_prefixes} "
+            "(every prefix needs a prompt)"
+        )
+    prefix_rng, rng = np.random.default_rng([seed, 2]), np.random.default_rng(seed)
+    out: list[SampleRequest] = []
+    for k in range(num_prefixes):
+        prefix = shared_prefix(counter, prefix_rng, prefix_len, chat, options)
+        least = prefix.least_rest(counter, chat, options)
+        if suffix_len < least:
+            raise ValueError(
+                f"--prefix-repetition-suffix-len {suffix_len} is below the minimum of {least} (one random "
+                "token after the prefix, with the BOS or chat template's tokens)"
+            )
+        count = num_prompts // num_prefixes + (1 if k < num_prompts % num_prefixes else 0)
+        for _ in range(count):
+            prompt = prefix.prompt(counter, rng, prefix_len + suffix_len, chat, options)
+            out.append(SampleRequest(prompt, prefix_len + suffix_len, output_len))
+    order = np.random.default_rng([seed, 3]).permutation(len(out))
+    return [out[int(i)] for i in order]
+
+
+def _read_text(path: str, what: str) -> str:
+    """The text of ``--dataset-path``. Raises ValueError naming the flag (no file, a folder,
+    unreadable, not UTF-8); ``what`` names the expected file in the folder message."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--dataset-path {path}: is a directory (give the {what})")
+    if not p.is_file():
+        raise ValueError(f"--dataset-path {path}: no such file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--dataset-path {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"--dataset-path {path}: {e.strerror or e}") from None
+
+
+@dataclass(frozen=True)
+class CustomPrompt:
+    """One line of a custom dataset: its ``prompt``, its ``output_tokens`` (None: absent; any
+    JSON value otherwise, checked when used) and its line number (1-based)."""
+
+    prompt: str
+    output_tokens: Any
+    line: int
+
+
+def load_custom(path: str) -> list[CustomPrompt]:
+    """The lines of a custom JSONL dataset (vLLM's ``custom``): one JSON object per line with a
+    ``prompt`` string and optionally ``output_tokens``; blank lines are skipped, other keys
+    ignored.
+
+    Raises:
+        ValueError: missing or unreadable file, a line that is not a JSON object, a line without
+            a non-empty ``prompt`` string, or no line at all (one line naming the file and line).
+    """
+    out: list[CustomPrompt] = []
+    for n, line in enumerate(_read_text(path, "JSONL file").splitlines(), start=1):
+        if not line.strip():
+            continue
+        hint = " (a custom dataset is JSON Lines: one object a line)" if line.lstrip()[:1] == "[" else ""
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--dataset-path {path}: line {n}: not JSON ({e}){hint}") from None
+        if not isinstance(item, dict):
+            raise ValueError(f'--dataset-path {path}: line {n}: expected a JSON object with a "prompt"{hint}')
+        prompt = item.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            got = 'no "prompt"' if "prompt" not in item else f'"prompt" {json.dumps(prompt)[:40]}'
+            raise ValueError(
+                f"--dataset-path {path}: line {n}: {got} (every line needs a non-empty prompt string)"
+            )
+        out.append(CustomPrompt(prompt, item.get("output_tokens"), n))
+    if not out:
+        raise ValueError(f"--dataset-path {path}: no prompts (expected one JSON object per line)")
+    return out
+
+
+def _output_tokens(path: str, item: CustomPrompt) -> int:
+    """A line's ``output_tokens`` (``--custom-output-len -1``). Raises ValueError naming the line."""
+    value = item.output_tokens
+    if value is None:
+        raise ValueError(
+            f'--dataset-path {path}: line {item.line} has no "output_tokens" (--custom-output-len -1 takes '
+            "each line's; give a length instead)"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f'--dataset-path {path}: line {item.line}: "output_tokens" must be an integer >= 1, got '
+            f"{json.dumps(value)}"
+        )
+    return value
+
+
+def custom_requests(
+    counter: TokenCounter,
+    path: str,
+    num_prompts: int,
+    output_len: int | None,
+    seed: int,
+    max_model_len: int | None = None,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
+    skip_chat_template: bool = False,
+) -> list[SampleRequest]:
+    """``num_prompts`` prompts of a custom JSONL file (:func:`load_custom`), shuffled by ``seed``.
+
+    Each asks ``output_len`` tokens, or (None: vLLM's ``--custom-output-len -1``) its line's
+    ``output_tokens``. As vLLM, a completions prompt is the prompt rendered with the model's chat
+    template (the user message, with the generation prompt) unless ``skip_chat_template``; on the
+    chat endpoint the prompt is the user message and the server applies the template (vLLM's
+    client would apply it a second time). Lengths are counted as the server will see the prompt.
+
+    Raises:
+        ValueError: an unusable file or line, fewer prompts than ``num_prompts`` (vLLM would
+            repeat some), or a prompt whose length and output exceed ``max_model_len``.
+    """
+    items = load_custom(path)
+    if output_len is None:
+        for item in items:
+            _output_tokens(path, item)
+    if len(items) < num_prompts:
+        raise ValueError(
+            f"{path} has {len(items)} prompts, --num-prompts {num_prompts} asked (vLLM would send some "
+            f"twice; give --num-prompts {len(items)} or fewer)"
+        )
+    encode = prompt_encoder(counter, chat, options)
+    order = np.random.default_rng(seed).permutation(len(items))[:num_prompts]
+    out: list[SampleRequest] = []
+    for idx in order:
+        item = items[int(idx)]
+        text = item.prompt
+        if not chat and not skip_chat_template:
+            text = counter.render_chat(text)
+        n = len(encode(text))
+        want = _output_tokens(path, item) if output_len is None else output_len
+        if max_model_len is not None and n + want > max_model_len:
+            raise ValueError(
+                f"{path} line {item.line}: a prompt of {n} tokens and {want} output tokens exceed the "
+                f"server's max_model_len {max_model_len}"
+            )
+        out.append(SampleRequest(text, n, want))
     return out
 
 
@@ -178,17 +473,9 @@ def load_sharegpt(path: str) -> list[Conversation]:
     Raises:
         ValueError: missing file or not the ShareGPT list format.
     """
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--dataset-path {path}: is a directory (give the ShareGPT JSON file)")
-    if not p.is_file():
-        raise ValueError(f"--dataset-path {path}: no such file")
+    text = _read_text(path, "ShareGPT JSON file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--dataset-path {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ValueError(f"--dataset-path {path}: {e.strerror or e}") from None
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"--dataset-path {path}: not JSON ({e})") from None
     if not isinstance(data, list):

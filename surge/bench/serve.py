@@ -35,13 +35,21 @@ import numpy as np
 from tqdm import tqdm
 
 from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
-from surge.bench.datasets import SampleRequest, random_requests, range_bounds, sharegpt_requests
+from surge.bench.datasets import (
+    SampleRequest,
+    custom_requests,
+    prefix_repetition_requests,
+    random_requests,
+    range_bounds,
+    sharegpt_requests,
+)
 from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
 from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
+DATASETS = ("random", "sharegpt", "custom", "prefix_repetition")
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
 
@@ -76,6 +84,17 @@ class ServeConfig:
     random_range_ratio: float = 0.0
     # --dataset sharegpt: every request asks this many tokens; None: each reply's length (vLLM)
     sharegpt_output_len: int | None = None
+    # --dataset random: a prefix of this many tokens shared by every prompt, before its input_len (vLLM)
+    random_prefix_len: int = 0
+    # --dataset custom (vLLM's): output tokens of every request, or -1: each line's output_tokens
+    custom_output_len: int = 256
+    # --dataset custom on /v1/completions: send the prompt as it is, not rendered with the chat template
+    skip_chat_template: bool = False
+    # --dataset prefix_repetition (vLLM's): prompts of prefix + suffix tokens over num_prefixes prefixes;
+    # each asks output_len tokens
+    prefix_repetition_prefix_len: int = 256
+    prefix_repetition_suffix_len: int = 256
+    prefix_repetition_num_prefixes: int = 10
     num_prompts: int = 16
     max_concurrency: int | None = None
     request_rate: float = math.inf
@@ -102,10 +121,35 @@ class ServeConfig:
 
     def validate(self) -> None:
         """Raises ValueError with a one-line message on a bad value."""
-        if self.dataset not in ("random", "sharegpt"):
-            raise ValueError(f"--dataset must be random or sharegpt, got {self.dataset!r}")
-        if self.dataset == "sharegpt" and not self.dataset_path:
-            raise ValueError("--dataset sharegpt needs --dataset-path FILE")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.dataset in ("sharegpt", "custom") and not self.dataset_path:
+            what = "a ShareGPT JSON file" if self.dataset == "sharegpt" else "a JSONL file of prompts"
+            raise ValueError(f"--dataset {self.dataset} needs --dataset-path FILE ({what})")
+        if self.dataset_path is not None and self.dataset not in ("sharegpt", "custom"):
+            raise ValueError(f"--dataset-path applies to --dataset sharegpt or custom, not {self.dataset}")
+        if self.random_prefix_len < 0:
+            raise ValueError(f"--random-prefix-len must be >= 0, got {self.random_prefix_len}")
+        if self.random_prefix_len and self.dataset != "random":
+            raise ValueError("--random-prefix-len applies to --dataset random")
+        if self.custom_output_len != -1 and self.custom_output_len < 1:
+            raise ValueError(
+                f"--custom-output-len must be >= 1, or -1 for each line's output_tokens, got {self.custom_output_len}"
+            )
+        if self.skip_chat_template and self.dataset != "custom":
+            raise ValueError("--skip-chat-template applies to --dataset custom")
+        for flag, value in (
+            ("--prefix-repetition-prefix-len", self.prefix_repetition_prefix_len),
+            ("--prefix-repetition-suffix-len", self.prefix_repetition_suffix_len),
+            ("--prefix-repetition-num-prefixes", self.prefix_repetition_num_prefixes),
+        ):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if self.dataset == "prefix_repetition" and self.num_prompts < self.prefix_repetition_num_prefixes:
+            raise ValueError(
+                f"--num-prompts {self.num_prompts} is below --prefix-repetition-num-prefixes "
+                f"{self.prefix_repetition_num_prefixes} (every prefix needs a prompt)"
+            )
         if self.endpoint not in ("/v1/chat/completions", "/v1/completions"):
             raise ValueError(
                 f"--endpoint must be /v1/chat/completions or /v1/completions, got {self.endpoint!r}"
@@ -342,8 +386,8 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
         "hardware": None,
         "roofline_model": None,
     }
-    if cfg.hardware is None or cfg.dataset != "random":
-        return out
+    if cfg.hardware is None or cfg.dataset != "random" or cfg.random_prefix_len:
+        return out  # prompts of many lengths, or a prefix the server may not prefill again
     src = cfg.model_config or local_dir
     if src is None:
         return out
@@ -395,7 +439,7 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
 
 
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
-    """The timed prompts of ``cfg`` (random or ShareGPT).
+    """The timed prompts of ``cfg`` (random, ShareGPT, custom or prefix repetition).
 
     Lengths are counted as the server sees the prompt: on the chat endpoint the templated
     prompt (random prompts have exactly ``input_len`` tokens including the template's), with
@@ -418,6 +462,31 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             options,
             cfg.sharegpt_output_len,
         )
+    if cfg.dataset == "custom":
+        assert cfg.dataset_path is not None
+        return custom_requests(
+            counter,
+            cfg.dataset_path,
+            cfg.num_prompts,
+            None if cfg.custom_output_len == -1 else cfg.custom_output_len,
+            cfg.seed,
+            max_model_len,
+            chat,
+            options,
+            cfg.skip_chat_template,
+        )
+    if cfg.dataset == "prefix_repetition":
+        return prefix_repetition_requests(
+            counter,
+            cfg.num_prompts,
+            cfg.prefix_repetition_prefix_len,
+            cfg.prefix_repetition_suffix_len,
+            cfg.prefix_repetition_num_prefixes,
+            cfg.output_len,
+            cfg.seed,
+            chat,
+            options,
+        )
     return random_requests(
         counter,
         cfg.num_prompts,
@@ -427,7 +496,37 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
         chat,
         options,
         cfg.random_range_ratio,
+        cfg.random_prefix_len,
     )
+
+
+def _input_len(cfg: ServeConfig) -> int | None:
+    """The result's ``input_len``: random's ``--input-len`` (without ``--random-prefix-len``), the
+    prefix-repetition prompts' length, else None (prompts of many lengths)."""
+    if cfg.dataset == "random":
+        return cfg.input_len
+    if cfg.dataset == "prefix_repetition":
+        return cfg.prefix_repetition_prefix_len + cfg.prefix_repetition_suffix_len
+    return None
+
+
+def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
+    """The result's fields of the dataset's own settings (vLLM's flag names), None for another
+    dataset, so that ``bench compare`` can tell runs apart."""
+    mine = {
+        "random": {"random_prefix_len": cfg.random_prefix_len},
+        "custom": {"custom_output_len": cfg.custom_output_len, "skip_chat_template": cfg.skip_chat_template},
+        "prefix_repetition": {
+            "prefix_repetition_prefix_len": cfg.prefix_repetition_prefix_len,
+            "prefix_repetition_suffix_len": cfg.prefix_repetition_suffix_len,
+            "prefix_repetition_num_prefixes": cfg.prefix_repetition_num_prefixes,
+            "prefix_repetition_output_len": cfg.output_len,
+        },
+    }
+    out: dict[str, Any] = {}
+    for dataset, fields in mine.items():
+        out.update({k: (v if dataset == cfg.dataset else None) for k, v in fields.items()})
+    return out
 
 
 def _one_length(samples: list[SampleRequest]) -> int | None:
@@ -462,14 +561,23 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if max_model_len and cfg.dataset == "random":
         longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
         longest_out = range_bounds(cfg.output_len, cfg.random_range_ratio)[1]
-        if longest_in + longest_out > int(max_model_len):
+        if cfg.random_prefix_len + longest_in + longest_out > int(max_model_len):
             ranged = (
                 f" (up to {longest_in} + {longest_out} with --random-range-ratio)"
                 if cfg.random_range_ratio
                 else ""
             )
+            prefix = f"--random-prefix-len {cfg.random_prefix_len} + " if cfg.random_prefix_len else ""
             raise ValueError(
-                f"--input-len {cfg.input_len} + --output-len {cfg.output_len}{ranged} exceeds the server's "
+                f"{prefix}--input-len {cfg.input_len} + --output-len {cfg.output_len}{ranged} exceeds the "
+                f"server's max_model_len {max_model_len}"
+            )
+    if max_model_len and cfg.dataset == "prefix_repetition":
+        total = cfg.prefix_repetition_prefix_len + cfg.prefix_repetition_suffix_len + cfg.output_len
+        if total > int(max_model_len):
+            raise ValueError(
+                f"--prefix-repetition-prefix-len {cfg.prefix_repetition_prefix_len} + -suffix-len "
+                f"{cfg.prefix_repetition_suffix_len} + output {cfg.output_len} exceeds the server's "
                 f"max_model_len {max_model_len}"
             )
     samples = build_samples(cfg, counter, int(max_model_len) if max_model_len else None)
@@ -538,10 +646,12 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "tokenizer_id": counter.name,
         "server_models": models,
         "dataset": cfg.dataset,
-        "input_len": cfg.input_len if cfg.dataset == "random" else None,
+        "dataset_path": cfg.dataset_path,
+        "input_len": _input_len(cfg),
         # ShareGPT with reply lengths: per request in output_lens / the samples, no one length
         "output_len": cfg.output_len if cfg.dataset == "random" else _one_length(samples),
         "random_range_ratio": cfg.random_range_ratio if cfg.dataset == "random" else None,
+        **_dataset_settings(cfg),
         "num_prompts": cfg.num_prompts,
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,

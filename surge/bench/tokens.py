@@ -98,6 +98,12 @@ class TokenCounter(Protocol):
         """Text of ``ids`` (special tokens skipped)."""
         ...
 
+    def render_chat(self, text: str) -> str:
+        """The model's chat template rendered for ``text`` as the single user message, with the
+        generation prompt, as text (special tokens written out): what vLLM's benchmark sends as a
+        completions prompt for its ``custom`` dataset."""
+        ...
+
     def candidate_ids(self) -> np.ndarray:
         """int64 ``[n]``: the non-special vocabulary random prompts are drawn from."""
         ...
@@ -174,6 +180,14 @@ class HFTokenCounter:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
+
+    def render_chat(self, text: str) -> str:
+        """Rendered by :func:`surge.tokenizer.apply_chat_template` (the text it tokenizes)."""
+        from surge.tokenizer import apply_chat_template
+
+        rendered: list[str] = []
+        apply_chat_template(self.tok, [{"role": "user", "content": text}], check_text=rendered.append)
+        return rendered[0]
 
     def candidate_ids(self) -> np.ndarray:
         if self._pool is None:
@@ -261,6 +275,11 @@ class ServerTokenCounter:
     def decode(self, ids: list[int]) -> str:
         ans = post_json(f"{self.base_url}/detokenize", {"model": self.model, "tokens": ids}, self.api_key)
         return str(ans["prompt"])
+
+    def render_chat(self, text: str) -> str:
+        """``/detokenize`` of the chat prompt's ``/tokenize`` ids (Surge's and vLLM's
+        ``/detokenize`` write special tokens out)."""
+        return self.decode(self.encode_chat(text))
 
     def candidate_ids(self) -> np.ndarray:
         if self._pool is None:

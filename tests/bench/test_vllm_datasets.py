@@ -1,0 +1,355 @@
+"""vLLM's ``custom`` and ``prefix_repetition`` datasets and ``--random-prefix-len`` in ``bench serve``.
+
+Prompt construction with real tokenizers (the server's own template code for chat prompts), the
+one-line refusals of bad combinations, the result's record of the dataset, and one run of each
+against ``surge serve`` of the bundled model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BUNDLED_MODEL, QWEN3_8B, REPO, SHAREGPT, bench_main
+from fake_server import CHAT_OVERHEAD, Behaviour, FakeServer, free_port
+
+from surge.bench.compare import compare_points, load_points
+from surge.bench.datasets import (
+    custom_requests,
+    load_custom,
+    prefix_repetition_requests,
+    random_requests,
+    shared_prefix,
+)
+from surge.bench.tokens import HFTokenCounter
+
+
+@pytest.fixture(scope="module")
+def stories() -> HFTokenCounter:
+    return HFTokenCounter(str(BUNDLED_MODEL))
+
+
+@pytest.fixture(scope="module")
+def qwen() -> HFTokenCounter:
+    return HFTokenCounter(str(QWEN3_8B))
+
+
+def _server_ids(counter: HFTokenCounter, prompt: str, chat: bool) -> list[int]:
+    """The prompt's tokens as the server counts them (chat: Surge's template code)."""
+    return counter.encode_chat(prompt) if chat else counter.encode(prompt)
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("name", ["stories", "qwen"])
+def test_random_prefix_is_shared_and_the_total_is_exact(
+    name: str, chat: bool, request: pytest.FixtureRequest
+) -> None:
+    """``--random-prefix-len 24 --input-len 40``: every prompt has exactly 24 + 40 tokens as the
+    server counts it (template included on the chat endpoint), the prefix's 24 token ids sit at
+    the same place in every prompt (after the BOS or the template's header), and the prompts
+    differ after it."""
+    counter: HFTokenCounter = request.getfixturevalue(name)
+    reqs = random_requests(counter, 6, 40, 5, seed=3, chat=chat, prefix_len=24)
+    prefix = shared_prefix(counter, np.random.default_rng([3, 2]), 24, chat)
+    assert len(prefix.ids) == 24 and counter.encode(prefix.text, add_special_tokens=False) == list(prefix.ids)
+    ids = [_server_ids(counter, r.prompt, chat) for r in reqs]
+    for r, toks in zip(reqs, ids, strict=True):
+        assert len(toks) == r.prompt_len == 64 and r.expected_output_len == 5
+        assert tuple(toks[prefix.offset : prefix.offset + 24]) == prefix.ids
+        assert r.prompt.startswith(prefix.text)
+    shared = prefix.offset + 24
+    assert all(_common_len(ids[0], t) >= shared for t in ids[1:]) and len({tuple(t) for t in ids}) == 6
+    again = random_requests(counter, 6, 40, 5, seed=3, chat=chat, prefix_len=24)
+    assert [r.prompt for r in again] == [r.prompt for r in reqs]
+
+
+def test_random_prefix_zero_keeps_the_prompts_and_ranges_add_the_prefix(stories: HFTokenCounter) -> None:
+    plain = [r.prompt for r in random_requests(stories, 3, 40, 5, seed=7)]
+    assert [r.prompt for r in random_requests(stories, 3, 40, 5, seed=7, prefix_len=0)] == plain
+    reqs = random_requests(stories, 20, 40, 10, seed=1, range_ratio=0.5, prefix_len=16)
+    assert all(16 + 20 <= r.prompt_len <= 16 + 60 for r in reqs) and len({r.prompt_len for r in reqs}) > 3
+    assert all(len(stories.encode(r.prompt)) == r.prompt_len for r in reqs)
+    with pytest.raises(
+        ValueError, match="--input-len 2 is below the minimum of 3 with --random-prefix-len 16"
+    ):
+        random_requests(stories, 2, 2, 5, seed=0, prefix_len=16)
+    with pytest.raises(ValueError, match="--random-prefix-len must be >= 0"):
+        random_requests(stories, 2, 20, 5, seed=0, prefix_len=-1)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_prefix_repetition_groups_share_their_prefix(qwen: HFTokenCounter, chat: bool) -> None:
+    """16 prompts over 3 prefixes: 6, 5 and 5 prompts (vLLM would send 15), each exactly 30 + 40
+    tokens as the server counts it; the prompts of a prefix share its tokens, the prefixes differ,
+    and the order is shuffled (seeded)."""
+    reqs = prefix_repetition_requests(qwen, 16, 30, 40, 3, 7, seed=0, chat=chat)
+    assert len(reqs) == 16 and {r.expected_output_len for r in reqs} == {7}
+    ids = [_server_ids(qwen, r.prompt, chat) for r in reqs]
+    assert {len(t) for t in ids} == {70} and {r.prompt_len for r in reqs} == {70}
+    rng = np.random.default_rng([0, 2])  # the prefixes' stream, drawn one after another
+    prefixes = [shared_prefix(qwen, rng, 30, chat) for _ in range(3)]
+    sizes = sorted(sum(1 for r in reqs if r.prompt.startswith(p.text)) for p in prefixes)
+    assert sizes == [5, 5, 6]
+    for p in prefixes:
+        members = [t for r, t in zip(reqs, ids, strict=True) if r.prompt.startswith(p.text)]
+        assert all(tuple(t[p.offset : p.offset + 30]) == p.ids for t in members)
+        assert len({tuple(t) for t in members}) == len(members)  # the suffixes differ
+    assert len({p.ids for p in prefixes}) == 3
+    first_group = [i for i, r in enumerate(reqs) if r.prompt.startswith(prefixes[0].text)]
+    assert first_group != list(range(6))  # shuffled, not grouped
+    again = prefix_repetition_requests(qwen, 16, 30, 40, 3, 7, seed=0, chat=chat)
+    assert [r.prompt for r in again] == [r.prompt for r in reqs]
+
+
+def test_prefix_repetition_refusals(stories: HFTokenCounter) -> None:
+    with pytest.raises(ValueError, match="--num-prompts 2 is below --prefix-repetition-num-prefixes 3"):
+        prefix_repetition_requests(stories, 2, 8, 8, 3, 4, seed=0)
+    with pytest.raises(ValueError, match="--prefix-repetition-suffix-len 1 is below the minimum of 3"):
+        prefix_repetition_requests(stories, 3, 8, 1, 3, 4, seed=0)
+    with pytest.raises(ValueError, match="--prefix-repetition-prefix-len must be >= 1"):
+        prefix_repetition_requests(stories, 3, 0, 8, 3, 4, seed=0)
+
+
+def _jsonl(path: Path, rows: list[object]) -> str:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_custom_prompts_templated_as_vllm(qwen: HFTokenCounter, tmp_path: Path) -> None:
+    """vLLM's custom dataset: one ``{"prompt"}`` per line, shuffled with the seed. On
+    /v1/completions the prompt is rendered with the chat template unless --skip-chat-template; on
+    the chat endpoint it is the user message (the server templates it). Lengths as the server
+    counts them; --custom-output-len -1 takes each line's ``output_tokens``."""
+    rows = [
+        {"prompt": f"What is the capital of country number {i}?", "output_tokens": 10 + i} for i in range(6)
+    ]
+    path = _jsonl(tmp_path / "p.jsonl", [*rows[:3], "", *rows[3:]])  # a blank line is skipped
+    items = load_custom(path)
+    assert [i.prompt for i in items] == [r["prompt"] for r in rows] and items[3].line == 5
+    templated = custom_requests(qwen, path, 4, 32, seed=0)
+    raw = custom_requests(qwen, path, 4, 32, seed=0, skip_chat_template=True)
+    chat = custom_requests(qwen, path, 4, 32, seed=0, chat=True)
+    assert [r.prompt for r in raw] == [r.prompt for r in chat]
+    assert len({r.prompt for r in raw}) == 4 and [r.prompt for r in raw] != [r["prompt"] for r in rows[:4]]
+    for t, r, c in zip(templated, raw, chat, strict=True):
+        assert t.prompt.startswith("<|im_start|>user\n" + r.prompt + "<|im_end|>\n<|im_start|>assistant\n")
+        assert t.prompt_len == len(qwen.encode(t.prompt)) == len(qwen.encode_chat(r.prompt)) == c.prompt_len
+        assert r.prompt_len == len(qwen.encode(r.prompt)) < t.prompt_len
+        assert t.expected_output_len == r.expected_output_len == c.expected_output_len == 32
+    per_line = custom_requests(qwen, path, 6, None, seed=0, skip_chat_template=True)
+    assert sorted(r.expected_output_len for r in per_line) == list(range(10, 16))
+    by_prompt = {r["prompt"]: r["output_tokens"] for r in rows}
+    assert all(by_prompt[r.prompt] == r.expected_output_len for r in per_line)
+
+
+@pytest.mark.parametrize(
+    ("rows", "num", "out", "words"),
+    [
+        ([{"prompt": "a b c"}, {"text": "x"}], 1, 8, 'line 2: no "prompt" (every line needs'),
+        ([{"prompt": "a b c"}, {"prompt": ""}], 1, 8, 'line 2: "prompt" ""'),
+        (['[{"prompt": "a"}]'], 1, 8, 'line 1: expected a JSON object with a "prompt" (a custom dataset'),
+        (["[", '{"prompt": "a"}', "]"], 1, 8, "line 1: not JSON"),
+        (["{bad"], 1, 8, "line 1: not JSON"),
+        ([{"prompt": "a"}, {"prompt": "b"}], 3, 8, "has 2 prompts, --num-prompts 3 asked"),
+        ([{"prompt": "a", "output_tokens": 4}, {"prompt": "b"}], 1, None, 'line 2 has no "output_tokens"'),
+        (
+            [{"prompt": "a", "output_tokens": "4"}],
+            1,
+            None,
+            '"output_tokens" must be an integer >= 1, got "4"',
+        ),
+        ([{"prompt": "a", "output_tokens": 0}], 1, None, '"output_tokens" must be an integer >= 1, got 0'),
+        ([{"prompt": "a " * 100}], 1, 8, "exceed the server's max_model_len 50"),
+    ],
+)
+def test_custom_refusals(
+    stories: HFTokenCounter, tmp_path: Path, rows: list[object], num: int, out: int | None, words: str
+) -> None:
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(ValueError) as e:
+        custom_requests(stories, path, num, out, seed=0, max_model_len=50)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    if rows[0] in ("[", '[{"prompt": "a"}]'):
+        assert "is JSON Lines: one object a line" in str(e.value)
+
+
+def _serve(url: str, *extra: str) -> list[str]:
+    return ["bench", "serve", "--base-url", url, "--disable-tqdm", *extra]
+
+
+def test_bad_combinations_are_one_line_before_any_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = _jsonl(tmp_path / "good.jsonl", [{"prompt": "w1 w2 w3"}, {"prompt": "w4 w5"}])
+    noprompt = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "w1"}, {"question": "w2"}])
+    custom = ("--dataset", "custom", "--dataset-path", good)
+    prefix = ("--dataset", "prefix_repetition")
+    with FakeServer(Behaviour()) as s:
+        for extra, words in (
+            (("--dataset", "custom"), "--dataset custom needs --dataset-path FILE"),
+            (("--dataset", "custom", "--dataset-path", str(tmp_path / "no.jsonl")), "no such file"),
+            (("--dataset", "custom", "--dataset-path", noprompt), 'line 2: no "prompt"'),
+            (("--dataset-path", good), "--dataset-path applies to --dataset sharegpt or custom"),
+            ((*prefix, "--dataset-path", good), "--dataset-path applies to --dataset sharegpt or custom"),
+            ((*custom, "--input-len", "8"), "--input-len applies to --dataset random"),
+            (
+                (*prefix, "--input-len", "8"),
+                "--input-len applies to --dataset random (use --prefix-repetition",
+            ),
+            ((*custom, "--random-prefix-len", "4"), "--random-prefix-len applies to --dataset random"),
+            (("--random-prefix-len", "-1"), "--random-prefix-len must be >= 0"),
+            (("--skip-chat-template",), "--skip-chat-template applies to --dataset custom"),
+            (("--custom-output-len", "5"), "--custom-output-len applies to --dataset custom"),
+            (("--custom-output-len", "0"), "--custom-output-len applies to --dataset custom"),
+            ((*prefix, "--sharegpt-output-len", "5"), "--sharegpt-output-len applies to --dataset sharegpt"),
+            (("--prefix-repetition-prefix-len", "8"), "--prefix-repetition-prefix-len applies to --dataset"),
+            (
+                (
+                    "--dataset",
+                    "sharegpt",
+                    "--dataset-path",
+                    str(SHAREGPT),
+                    "--prefix-repetition-output-len",
+                    "4",
+                ),
+                "--prefix-repetition-output-len applies to --dataset prefix_repetition",
+            ),
+            ((*custom, "--custom-output-len", "0"), "--custom-output-len must be >= 1, or -1"),
+            (
+                (*custom, "--custom-output-len", "5", "--output-len", "6"),
+                "--output-len 6 and --custom-output-len 5",
+            ),
+            ((*custom, "--custom-output-len", "-1"), 'has no "output_tokens"'),
+            ((*custom, "--num-prompts", "3"), "has 2 prompts, --num-prompts 3 asked"),
+            ((*prefix, "--num-prompts", "4"), "--num-prompts 4 is below --prefix-repetition-num-prefixes 10"),
+            (
+                (*prefix, "--prefix-repetition-num-prefixes", "0"),
+                "--prefix-repetition-num-prefixes must be >= 1",
+            ),
+            ((*prefix, "--prefix-repetition-output-len", "0"), "--prefix-repetition-output-len must be >= 1"),
+            ((*prefix, "--prefix-repetition-suffix-len", "3"), "--prefix-repetition-suffix-len 3 is below"),
+            (
+                (*prefix, "--prefix-repetition-prefix-len", "4000", "--num-prompts", "10"),
+                "exceeds the server's max_model_len 4096",
+            ),
+            (("--random-prefix-len", "4000"), "--random-prefix-len 4000 + --input-len 256"),
+        ):
+            rc = bench_main(_serve(s.url, *extra))
+            err = capsys.readouterr().err
+            assert rc == 2 and err.startswith("surge: error:") and words in err and err.count("\n") == 1, (
+                extra,
+                err,
+            )
+        assert s.behaviour.seen == 0  # refused before the first request
+
+
+def test_results_record_the_dataset_and_compare_tells_them_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Against the fake server (word tokens, a chat template of CHAT_OVERHEAD tokens): a custom run
+    with each line's output length, a prefix-repetition run and a random run with a prefix; each
+    result records its dataset's settings, and comparing two of them warns."""
+    rows = [{"prompt": f"w{10 + i} w{20 + i} w{30 + i}", "output_tokens": 3 + i} for i in range(4)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    files = {k: tmp_path / f"{k}.json" for k in ("custom", "rep", "rand", "rand0")}
+    with FakeServer(Behaviour()) as s:
+        common = ("--ignore-eos", "--num-prompts", "4", "--warmup", "0")
+        argv = ("--dataset", "custom", "--dataset-path", path, "--custom-output-len", "-1")
+        assert bench_main(_serve(s.url, *common, *argv, "--result-file", str(files["custom"]))) == 0
+        sent = [e["body"]["messages"][0]["content"] for e in s.behaviour.log]
+        assert sorted(sent) == sorted(r["prompt"] for r in rows)  # the user message, not templated again
+        rep = ("--dataset", "prefix_repetition", "--prefix-repetition-prefix-len", "12")
+        rep += ("--prefix-repetition-suffix-len", "20", "--prefix-repetition-num-prefixes", "2")
+        assert bench_main(_serve(s.url, *common, *rep, "--result-file", str(files["rep"]))) == 0
+        rand = ("--input-len", "32", "--output-len", "4", "--result-file")
+        assert bench_main(_serve(s.url, *common, "--random-prefix-len", "12", *rand, str(files["rand"]))) == 0
+        assert bench_main(_serve(s.url, *common, *rand, str(files["rand0"]))) == 0
+    custom, rep_r, rand_r = (json.loads(files[k].read_text()) for k in ("custom", "rep", "rand"))
+    assert custom["dataset"] == "custom" and custom["dataset_path"] == path
+    assert (custom["custom_output_len"], custom["skip_chat_template"], custom["random_prefix_len"]) == (
+        -1,
+        False,
+        None,
+    )
+    assert sorted(custom["output_lens"]) == [3, 4, 5, 6] and custom["output_len"] is None
+    assert custom["input_lens"] == [1 + 3 + CHAT_OVERHEAD] * 4 and custom["failed"] == 0  # BOS, 3 words
+    assert (rep_r["dataset"], rep_r["input_len"], rep_r["output_len"]) == ("prefix_repetition", 32, 128)
+    assert (rep_r["prefix_repetition_prefix_len"], rep_r["prefix_repetition_num_prefixes"]) == (12, 2)
+    assert rep_r["input_lens"] == [32] * 4 and rep_r["custom_output_len"] is None
+    assert (rand_r["random_prefix_len"], rand_r["input_len"], rand_r["input_lens"]) == (12, 32, [44] * 4)
+    assert rand_r["prefix_repetition_prefix_len"] is None and rand_r["dataset_path"] is None
+    cmp = compare_points(load_points(files["rand0"]), load_points(files["rand"]))
+    assert [(name, b, n) for _, name, b, n in cmp.mismatches] == [("random_prefix_len", 0, 12)]
+
+
+def _metric(base: str, name: str) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_end_to_end_against_the_bundled_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``surge serve`` of the bundled model: a custom run on /v1/completions (the prompts rendered
+    with the model's chat template through the server's /tokenize and /detokenize) and a
+    prefix-repetition run on the chat endpoint; the server counts exactly the benchmark's prompt
+    lengths, and the repeated prefixes hit its prefix cache."""
+    from surge.bench.launcher import ServerLauncher
+
+    monkeypatch.chdir(REPO)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    path = _jsonl(
+        tmp_path / "p.jsonl", [{"prompt": f"Once upon a time there was a cat number {i}."} for i in range(5)]
+    )
+    launch = f"{sys.executable} -m surge.cli serve --port {port}"
+    with ServerLauncher(launch, base, 240.0, tmp_path / "server.log") as server:
+        server.start()
+        custom = tmp_path / "custom.json"
+        argv = [
+            "--dataset",
+            "custom",
+            "--dataset-path",
+            path,
+            "--num-prompts",
+            "4",
+            "--custom-output-len",
+            "6",
+        ]
+        argv += ["--endpoint", "/v1/completions", "--ignore-eos", "--result-file", str(custom)]
+        assert bench_main(_serve(base, *argv)) == 0
+        r = json.loads(custom.read_text())
+        assert r["tokenizer_id"].endswith("/tokenize") and r["failed"] == 0 and r["output_lens"] == [6] * 4
+        # the server's usage.prompt_tokens: the templated prompt ("user: ...\nassistant:") with its BOS
+        assert all(
+            n > len(f"Once upon a time there was a cat number {i}.".split()) + 3
+            for i, n in enumerate(r["input_lens"])
+        )
+        out = capsys.readouterr().out
+        assert "warning" not in out  # the server counted the prompt tokens the benchmark built
+        hits = _metric(base, "surge:prefix_cache_hits")
+        rep = tmp_path / "rep.json"
+        argv = [
+            "--dataset",
+            "prefix_repetition",
+            "--prefix-repetition-prefix-len",
+            "48",
+            "--num-prompts",
+            "4",
+        ]
+        argv += ["--prefix-repetition-suffix-len", "24", "--prefix-repetition-num-prefixes", "2"]
+        argv += ["--prefix-repetition-output-len", "4", "--max-concurrency", "1", "--ignore-eos"]
+        assert bench_main(_serve(base, *argv, "--result-file", str(rep))) == 0
+        r = json.loads(rep.read_text())
+        assert r["failed"] == 0 and r["input_lens"] == [72] * 4  # counted by the server, template included
+        assert _metric(base, "surge:prefix_cache_hits") - hits >= 2 * 32  # two repeats, >= 2 blocks each
+        assert "warning" not in capsys.readouterr().out
