@@ -81,7 +81,17 @@ def rope_params(hf_config: dict[str, Any]) -> RopeParams:
     if theta is None:
         theta = hf_config.get("rope_theta", 10000.0)
     theta = _number("rope_theta", theta)
-    rope_type = str(merged.pop("rope_type", None) or merged.pop("type", None) or "default")
+    # the type as rope_scaling spells it (rope_type, or the older type) wins over rope_parameters'
+    # (an override's {"type": "yarn"} over a transformers 5 folder's {"rope_type": "default"})
+    given = scaling or {}
+    rope_type = str(
+        given.get("rope_type")
+        or given.get("type")
+        or params.get("rope_type")
+        or params.get("type")
+        or "default"
+    )
+    merged.pop("rope_type", None)
     merged.pop("type", None)
     max_pos = hf_config.get("max_position_embeddings")
     max_pos = 2048 if max_pos is None else int(_number("max_position_embeddings", max_pos))
