@@ -480,6 +480,11 @@ def test_legacy_structural_tag_is_free_text_until_a_trigger(client: openai.OpenA
             "response_format.triggers",
             "belongs to the older structural tag form",
         ),
+        (  # the same in structured_outputs' JSON text: xgrammar ignored the key
+            {"structured_outputs": {"structural_tag": json.dumps(TAGGED | {"triggers": ["<f>"]})}},
+            "structured_outputs.structural_tag",
+            "unknown key 'triggers'",
+        ),
     ],
 )
 def test_bad_structural_tags_are_a_400_naming_the_field(
