@@ -25,6 +25,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other spellings of the model dtypes (``--dtype half``, ``LLM(..., dtype="float")``)."""
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+MAX_MODEL_LEN = 2**31 - 1
+"""The longest ``max_model_len`` Surge takes, in tokens: positions and sequence lengths are int32
+on the device (a context a rotary scaling or ``hf_overrides`` derives beyond it is refused)."""
 SchedulingPolicy = Literal["fcfs", "priority"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 """vLLM's ``--scheduling-policy`` values: ``fcfs`` (arrival order) or ``priority`` (a request's
@@ -222,10 +225,20 @@ class ModelConfig:
         )
         if max_model_len is None:
             max_model_len = rope.max_len
+            _require(
+                max_model_len <= MAX_MODEL_LEN,
+                f"the model's context ({max_model_len:,} tokens: {rope.max_len_source}) exceeds "
+                f"{MAX_MODEL_LEN:,}, the longest Surge runs (int32 positions): set max_model_len (--max-model-len)",
+            )
         _require(
             max_model_len <= rope.max_len,
             f"max_model_len ({max_model_len}) exceeds the model's maximum ({rope.max_len}: "
             f"{rope.max_len_source})",
+        )
+        _require(
+            max_model_len <= MAX_MODEL_LEN,
+            f"max_model_len ({max_model_len:,}) exceeds {MAX_MODEL_LEN:,}, the longest Surge runs "
+            "(int32 positions)",
         )
         fp8 = parse_fp8_config(hf, quantization)
         return cls(

@@ -64,6 +64,15 @@ def _number(name: str, value: Any, positive: bool = True) -> float:
     return float(value)
 
 
+def _context(base: int, factor: float, what: str) -> int:
+    """``base x factor`` in tokens (the context a scaling reaches). Raises ValueError when the
+    product is not a finite number (a huge factor)."""
+    length = base * factor
+    if not math.isfinite(length):
+        raise ValueError(f"rope scaling: {what} is not a finite number of tokens")
+    return int(length)
+
+
 def rope_params(hf_config: dict[str, Any]) -> RopeParams:
     """Read and check the rotary settings of a parsed ``config.json``.
 
@@ -81,7 +90,17 @@ def rope_params(hf_config: dict[str, Any]) -> RopeParams:
     if theta is None:
         theta = hf_config.get("rope_theta", 10000.0)
     theta = _number("rope_theta", theta)
-    rope_type = str(merged.pop("rope_type", None) or merged.pop("type", None) or "default")
+    # the type as rope_scaling spells it (rope_type, or the older type) wins over rope_parameters'
+    # (an override's {"type": "yarn"} over a transformers 5 folder's {"rope_type": "default"})
+    given = scaling or {}
+    rope_type = str(
+        given.get("rope_type")
+        or given.get("type")
+        or params.get("rope_type")
+        or params.get("type")
+        or "default"
+    )
+    merged.pop("rope_type", None)
     merged.pop("type", None)
     max_pos = hf_config.get("max_position_embeddings")
     max_pos = 2048 if max_pos is None else int(_number("max_position_embeddings", max_pos))
@@ -93,7 +112,7 @@ def rope_params(hf_config: dict[str, Any]) -> RopeParams:
             "linear",
             theta,
             merged,
-            int(max_pos * factor),
+            _context(max_pos, factor, "max_position_embeddings x factor"),
             f"max_position_embeddings {max_pos} x linear factor {factor:g}",
         )
     if rope_type == "llama3":
@@ -122,7 +141,7 @@ def rope_params(hf_config: dict[str, Any]) -> RopeParams:
             "yarn",
             theta,
             merged,
-            int(original * factor),
+            _context(original, factor, "original_max_position_embeddings x factor"),
             f"original_max_position_embeddings {original} x yarn factor {factor:g}",
         )
     raise ValueError(f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")

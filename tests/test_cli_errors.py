@@ -424,3 +424,19 @@ def test_hf_overrides_is_a_json_object_and_reaches_the_config() -> None:
         p = _surge(*args)
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
         assert p.stderr.startswith("surge: error: ") and words in p.stderr, p.stderr
+
+
+def test_a_context_past_int32_from_hf_overrides_is_one_line() -> None:
+    """A rotary scaling (or ``max_position_embeddings``) given with ``--hf-overrides`` whose
+    context is past 2**31 - 1 tokens, or not finite, is one line, exit 2: it was an
+    ``OverflowError`` traceback while the rotary cache was built (or an allocation of the whole
+    context's table)."""
+    huge = '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1e30}}'
+    infinite = '{"rope_scaling": {"rope_type": "linear", "factor": 1e308}, "max_position_embeddings": 100000}'
+    for overrides, words in (
+        (huge, "exceeds 2,147,483,647, the longest Surge runs (int32 positions): set max_model_len"),
+        (infinite, "max_position_embeddings x factor is not a finite number of tokens"),
+    ):
+        p = _surge("generate", "--prompt", "x", "--device", "cpu", "--hf-overrides", overrides)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith("surge: error: ") and words in p.stderr, p.stderr

@@ -289,3 +289,26 @@ def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
 def test_bad_rope_settings_and_overrides_are_named(overrides: Any, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=overrides)
+
+
+def test_a_derived_context_past_int32_needs_an_explicit_max_model_len() -> None:
+    """Surge's positions are int32: a context a scaling derives past 2**31 - 1 tokens is refused
+    as the default ``max_model_len`` (it built a rotary table that long, or raised OverflowError),
+    while an explicit, smaller ``max_model_len`` still runs the scaled model."""
+    huge = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1e30}}
+    with pytest.raises(ValueError, match=r"exceeds 2,147,483,647, the longest Surge runs"):
+        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=huge)
+    assert (
+        ModelConfig.from_pretrained(
+            QWEN3_8B, load_format="dummy", hf_overrides=huge, max_model_len=4096
+        ).max_model_len
+        == 4096
+    )
+    with pytest.raises(ValueError, match=r"max_model_len \(2,147,483,648\) exceeds 2,147,483,647"):
+        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=huge, max_model_len=2**31)
+    with pytest.raises(ValueError, match="x factor is not a finite number of tokens"):
+        ModelConfig.from_pretrained(
+            QWEN3_8B,
+            load_format="dummy",
+            hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 1e308}},
+        )

@@ -379,9 +379,8 @@ class EngineClient:
         outputs carry), tagged ``index``, ``index + 1``, ...; the parameters cross the socket once.
         ``prompt_logprobs_once``: only the first choice's outputs carry ``prompt_logprobs``
         (:class:`~surge.engine.core_proc.AddRequest`). ``cache_salt``: only requests with the
-        same salt share prefix-cache blocks (None: no salt).
-        (:class:`~surge.engine.core_proc.AddRequest`). ``priority``: the scheduling priority
-        (lower first) under the ``priority`` policy.
+        same salt share prefix-cache blocks (None: no salt). ``priority``: the scheduling
+        priority (lower first) under the ``priority`` policy.
         A rejection by the engine arrives on the queue as a :class:`RequestError` (one per
         choice); an engine death as an :class:`EngineDeadError`. The queue gets nothing more for
         a choice after its finished output.

@@ -136,9 +136,9 @@ def build_engine_config(
     ``stream_attention`` are :attr:`EngineConfig.stream_decode` and
     :attr:`EngineConfig.stream_attention`; ``grammar_compile_timeout`` is
     :attr:`EngineConfig.grammar_compile_timeout` (seconds). ``hf_overrides`` replaces top-level
-    keys of the model's ``config.json`` (:meth:`~surge.config.ModelConfig.from_pretrained`).
-    :attr:`EngineConfig.grammar_compile_timeout` (seconds); ``scheduling_policy`` is
-    :attr:`SchedulerConfig.scheduling_policy` (``fcfs`` or ``priority``).
+    keys of the model's ``config.json`` (:meth:`~surge.config.ModelConfig.from_pretrained`);
+    ``scheduling_policy`` is :attr:`SchedulerConfig.scheduling_policy` (``fcfs`` or
+    ``priority``).
 
     Raises:
         ValueError: a bad model folder, a value of the wrong type or out of range (the message
@@ -365,8 +365,8 @@ class LLMEngine:
         Sampling fields the caller left out take the model's defaults
         (``config.model.sampling_defaults``, from generation_config.json). ``cache_salt``
         (vLLM's): only requests with the same salt share prefix-cache blocks (None: no salt).
-        (``config.model.sampling_defaults``, from generation_config.json). ``priority`` orders
-        it under the ``priority`` scheduling policy (lower first, then ``arrival_time``).
+        ``priority`` orders it under the ``priority`` scheduling policy (lower first, then
+        ``arrival_time``).
 
         Raises:
             ValueError: ``n != 1``, a ``priority`` that is not an integer, or not 0 under the
@@ -408,9 +408,8 @@ class LLMEngine:
         choice (``n: 128`` with 256 long ``bad_words`` took 3.8 s of the engine loop that way).
         With ``prompt_logprobs_once`` only the first choice computes ``prompt_logprobs`` (the
         caller shares them; the prompt's logits were computed ``n`` times, and a request asking
-        for them never reads cached prompt blocks). ``cache_salt`` is :meth:`add_request`'s.
-        for them never reads cached prompt blocks). ``priority`` is :meth:`add_request`'s, for
-        every choice.
+        for them never reads cached prompt blocks). ``cache_salt`` and ``priority`` are
+        :meth:`add_request`'s, for every choice.
 
         Returns:
             ``(request_id, message)`` of each choice refused (all of them when the request is).

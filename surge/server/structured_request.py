@@ -109,14 +109,21 @@ def _from_response_format(rf: Any) -> StructuredOutputsParams | None:
             )
         return StructuredOutputsParams(json=_json_text(schema, "response_format.json_schema.schema"))
     if kind == "structural_tag":
-        has_format, has_structures = rf.get("format") is not None, rf.get("structures") is not None
+        tag = {k: v for k, v in rf.items() if v is not None}  # a null key is unset, as elsewhere
+        has_format, has_structures = "format" in tag, "structures" in tag
         if has_format == has_structures:
             raise bad_request(
                 "response_format of type structural_tag needs either 'format' (an xgrammar structural "
                 "tag format) or 'structures' with 'triggers'",
                 param="response_format",
             )
-        return StructuredOutputsParams(structural_tag=json.dumps(rf))
+        if has_format and "triggers" in tag:  # xgrammar's format form has no triggers: never read
+            raise bad_request(
+                "response_format.triggers belongs to the older structural tag form (with 'structures'); "
+                "the 'format' form puts its triggers inside the format (e.g. triggered_tags)",
+                param="response_format.triggers",
+            )
+        return StructuredOutputsParams(structural_tag=json.dumps(tag))
     raise bad_request(
         "response_format type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
         f"got {kind!r}",

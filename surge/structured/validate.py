@@ -109,13 +109,20 @@ def _check_grammar_size(grammar: Any) -> None:
         )
 
 
+_FORMAT_TAG_KEYS = frozenset({"type", "format"})
+"""Top-level keys of xgrammar's structural tag (``{"type": "structural_tag", "format": ...}``)."""
+_LEGACY_TAG_KEYS = frozenset({"type", "structures", "triggers"})
+"""Top-level keys of the older structural tag form (``structures`` with ``triggers``)."""
+
+
 def _structural_tag_spec(text: str) -> dict[str, Any]:
     """The parsed structural tag of ``text``, its embedded JSON schemas and regexes checked as
     :func:`check_enforceable` checks whole ones (a keyword xgrammar would drop inside a tag is
     refused as it is outside).
 
     Raises:
-        ValueError: not a JSON object, or an embedded schema or regex that cannot be enforced;
+        ValueError: not a JSON object, a top-level key neither form reads (``triggers`` beside
+            ``format``), or an embedded schema or regex that cannot be enforced;
             the message locates it (``format.content.json_schema``, ``structures[1].schema``).
     """
     try:
@@ -133,6 +140,14 @@ def _structural_tag_spec(text: str) -> dict[str, Any]:
         except ValueError as e:
             raise ValueError(f"invalid structural_tag: {where}: {e}") from None
 
+    form_keys = _LEGACY_TAG_KEYS if "structures" in spec else _FORMAT_TAG_KEYS
+    unknown = sorted(set(spec) - form_keys)
+    if unknown:  # neither form reads it (xgrammar would ignore it)
+        raise ValueError(
+            f"invalid structural_tag: unknown key {unknown[0]!r} (the format form has "
+            "'type' and 'format', its triggers inside the format, e.g. triggered_tags; the older "
+            "form has 'structures' and 'triggers')"
+        )
     if "structures" in spec:  # the older form: JSON schemas between begin and end strings
         structures, triggers = spec["structures"], spec.get("triggers")
         if not isinstance(structures, list) or not structures:

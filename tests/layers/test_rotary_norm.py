@@ -124,6 +124,23 @@ def test_a_rope_scaling_override_wins_over_rope_parameters() -> None:
     assert not torch.allclose(a.cos_cache, b.cos_cache)
 
 
+def test_an_old_style_type_in_a_rope_scaling_override_wins_over_rope_parameters() -> None:
+    """The older spelling ``{"type": "yarn"}`` (Qwen2.5's documented one) given with
+    ``--hf-overrides`` to a transformers 5 folder (``rope_parameters`` with ``rope_type``
+    "default"): the override's type wins; it was read as "default", so YaRN and its longer
+    context were silently dropped."""
+    hf = {"rope_parameters": {"rope_theta": 1000.0, "rope_type": "default"}, "max_position_embeddings": 64}
+    scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    scaled = rope_params({**hf, "rope_scaling": scaling})
+    assert (scaled.rope_type, scaled.theta, scaled.max_len) == ("yarn", 1000.0, 256)
+    assert "type" not in scaled.scaling and "rope_type" not in scaled.scaling
+    saved_yarn = {
+        "rope_parameters": {"rope_theta": 1000.0, "type": "yarn", "factor": 2.0},
+        "max_position_embeddings": 64,
+    }
+    assert rope_params(saved_yarn).rope_type == "yarn"  # rope_parameters' own type still read
+
+
 @pytest.mark.parametrize(
     ("scaling", "words"),
     [

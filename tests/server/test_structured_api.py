@@ -396,6 +396,20 @@ def test_response_format_structural_tag(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(text[3:-4]), PETS)
 
 
+def test_a_null_key_of_the_other_structural_tag_form_is_unset(server: Server) -> None:
+    """``"structures": null`` next to ``format`` (a client that serializes both forms' keys) is
+    the ``format`` form, as a null field is unset elsewhere; it was a 400 saying ``structures``
+    must be a non-empty list."""
+    body = {"messages": MSGS, "max_tokens": 200, "temperature": 1.0, "seed": 0}
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json=body | {"response_format": TAGGED | {"structures": None, "triggers": None}},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].startswith("<f>"), r.text
+
+
 def test_legacy_structural_tag_is_free_text_until_a_trigger(client: openai.OpenAI) -> None:
     """The older form (``structures`` + ``triggers``, as vLLM's tool-call paths send it): free text,
     and after a trigger the tagged JSON; a structured_outputs object is taken as JSON text is."""
@@ -461,6 +475,16 @@ def test_legacy_structural_tag_is_free_text_until_a_trigger(client: openai.OpenA
             "structures[0] needs string 'begin' and 'end'",
         ),
         ({"structural_tag": "{}"}, "structural_tag", "top-level structural_tag is not read"),
+        (  # the format form has no triggers: they were silently ignored
+            {"response_format": TAGGED | {"triggers": ["<f>"]}},
+            "response_format.triggers",
+            "belongs to the older structural tag form",
+        ),
+        (  # the same in structured_outputs' JSON text: xgrammar ignored the key
+            {"structured_outputs": {"structural_tag": json.dumps(TAGGED | {"triggers": ["<f>"]})}},
+            "structured_outputs.structural_tag",
+            "unknown key 'triggers'",
+        ),
     ],
 )
 def test_bad_structural_tags_are_a_400_naming_the_field(
