@@ -94,7 +94,13 @@ class PacedEngine:
         self._next = time.monotonic()
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: Any, arrival: Any = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: Any,
+        arrival: Any = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         self._waiting[request_id] = [params.max_tokens, 0, len(prompt_token_ids)]
 
