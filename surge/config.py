@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -546,6 +547,25 @@ class EngineConfig:
                 "stream_attention (--stream-attention) runs inside the FP8 stream kernel: it needs FP8 weights "
                 "(--quantization fp8 or an FP8 checkpoint) on a CUDA GPU, with --stream-decode on",
             )
+
+    def shared_settings(self) -> dict[str, str]:
+        """What every rank of a tensor-parallel group must agree on, by name: the model's
+        ``config.json`` (with ``--hf-overrides``, as a digest), dtype, quantization, weights,
+        ``max_model_len``, block size, KV cache dtype and TP size. A worker on another host
+        builds its config from its own command line; the engine compares these (not the model
+        folder's path, which may differ between hosts) and refuses a rank started otherwise."""
+        m = self.model
+        config_json = json.dumps(m.hf_config, sort_keys=True, default=str).encode()
+        return {
+            "config.json (with --hf-overrides)": hashlib.sha256(config_json).hexdigest()[:16],
+            "dtype": m.dtype,
+            "quantization": str(m.quantization),
+            "load format": "dummy" if m.load_format == "dummy" else "the folder's weights",
+            "max_model_len": str(m.max_model_len),
+            "block size": str(self.cache.block_size),
+            "KV cache dtype": self.cache.kv_cache_dtype,
+            "tensor-parallel size": str(self.parallel.tensor_parallel_size),
+        }
 
     @property
     def uses_fp8(self) -> bool:

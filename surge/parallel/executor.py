@@ -200,12 +200,29 @@ class TPExecutor:
                     error = ValueError if msg.user_error else RuntimeError
                     raise error(f"tensor-parallel rank {msg.rank}: {msg.message}")
                 if isinstance(msg, WorkerReady):
+                    self._check_settings(msg)
                     ready[msg.rank] = msg
             if not events:
                 self._check_alive()
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"tensor-parallel workers did not start within {timeout_s:.0f} s")
         return min(r.num_kv_blocks for r in ready.values()), {r.rank: r.pid for r in ready.values()}
+
+    def _check_settings(self, msg: WorkerReady) -> None:
+        """Refuse a rank whose shared settings differ from this engine's (a worker host started
+        with another model, dtype or ``--hf-overrides``, which would run but compute garbage).
+
+        Raises:
+            ValueError: naming the first setting that differs, with both values.
+        """
+        ours = self.config.shared_settings()
+        for name, value in ours.items():
+            theirs = msg.settings.get(name)
+            if theirs != value:
+                raise ValueError(
+                    f"tensor-parallel rank {msg.rank} was started with {name} {theirs}, this node with "
+                    f"{value}: start every node with the same model and flags"
+                )
 
     def _check_alive(self, besides: int | None = None, grace_s: float = 0.0) -> None:
         """Raise :class:`WorkerDiedError` naming a dead rank other than ``besides``; with

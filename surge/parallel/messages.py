@@ -94,11 +94,14 @@ WorkerInput = StepMessage | InitKVCache | ShutdownWorkers
 
 
 class WorkerReady(msgspec.Struct, tag=True, array_like=True):
-    """A rank loaded its shard. Attributes: rank; pid; num_kv_blocks (the MIN over ranks)."""
+    """A rank loaded its shard. Attributes: rank; pid; num_kv_blocks (the MIN over ranks);
+    settings: the rank's :meth:`~surge.config.EngineConfig.shared_settings`, which the engine
+    compares with its own (a rank on another host was started by its own command line)."""
 
     rank: int
     pid: int
     num_kv_blocks: int
+    settings: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class WorkerStartupError(msgspec.Struct, tag=True, array_like=True):

@@ -190,7 +190,7 @@ def run_worker(config: EngineConfig, spec: WorkerSpec) -> None:
             push.send(encoder.encode(WorkerStartupError(spec.rank, message or _one_line(e), user_error)))
             exit_code = 1
             return
-        push.send(encoder.encode(WorkerReady(spec.rank, os.getpid(), num_blocks)))
+        push.send(encoder.encode(WorkerReady(spec.rank, os.getpid(), num_blocks, config.shared_settings())))
         try:
             _loop(runner, config, spec, sub, push, encoder, monitor)
         except _EngineGone:
