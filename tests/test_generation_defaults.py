@@ -175,6 +175,7 @@ def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFix
         quantization=None,
         kv_cache_dtype="auto",
         generation_config="auto",
+        hf_overrides=None,
     )
     assert run_generate(args) == 0
     assert capsys.readouterr().out == left_out + "\n"
