@@ -64,6 +64,10 @@ VLLM_FLAG_HINTS = {
     "--top-k": """--extra-body '{"top_k": K}'""",
     "--top-p": """--extra-body '{"top_p": P}'""",
     "--min-p": """--extra-body '{"min_p": P}'""",
+    "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
+    "--num-prompts is refused, so give --num-prompts N of at most its prompts",
+    "--disable-shuffle": "nothing: sharegpt and custom prompts are always in --seed's shuffled order, the same "
+    "for every run with that seed",
 }
 """``vllm bench serve`` and ``vllm serve`` flags that Surge spells otherwise or does without, and
 what to use instead: an unrecognized one gets this hint in the error line (exact equivalents are

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import reprlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -611,7 +611,34 @@ def truncated_prompt(
     return token_ids[-keep:]
 
 
-def stop_reason_of(stop_token_id: int | None, stop_token_ids: tuple[int, ...]) -> int | None:
-    """vLLM's ``stop_reason`` for the token that ended a request: its id for a
-    ``stop_token_ids`` hit, None for the model's own EOS (or when no token ended it)."""
-    return stop_token_id if stop_token_id is not None and stop_token_id in stop_token_ids else None
+def reported_stop_ids(
+    params: SamplingParams, eos_token_ids: Iterable[int], primary_eos: int | None
+) -> frozenset[int]:
+    """The token ids whose stop vLLM reports as ``stop_reason`` (the id) for a request.
+
+    As vLLM 0.26 (``SamplingParams.update_from_generation_config`` and ``check_stop``): the
+    primary EOS (the tokenizer's ``eos_token_id``) is checked first and reports None, even when
+    ``stop_token_ids`` lists it; the model's other EOS ids (``config.json`` and
+    ``generation_config.json``) count as stop token ids, so they report their id. Under
+    ``ignore_eos`` no EOS ends the request by itself: only ``stop_token_ids`` report (the
+    primary EOS too, when listed there).
+
+    Args:
+        params: the request's sampling parameters (``stop_token_ids``, ``ignore_eos``).
+        eos_token_ids: the model's EOS ids (:attr:`surge.config.ModelConfig.eos_token_ids`).
+        primary_eos: the tokenizer's EOS id; None without a tokenizer (a folder of token-id
+            prompts), where, as in vLLM without a tokenizer, every EOS id reports its id. An id
+            that is not one of ``eos_token_ids`` counts as None: only those end a request as EOS
+            in Surge (a stop on it is a ``stop_token_ids`` hit and reports its id).
+    """
+    if params.ignore_eos:
+        return frozenset(params.stop_token_ids)
+    eos = frozenset(eos_token_ids)
+    return (frozenset(params.stop_token_ids) | eos) - ({primary_eos} & eos)
+
+
+def stop_reason_of(stop_token_id: int | None, stop_ids: Collection[int]) -> int | None:
+    """vLLM's ``stop_reason`` for the token that ended a request: its id when it is one of
+    ``stop_ids`` (:func:`reported_stop_ids`), None for the primary EOS (or when no token ended
+    it)."""
+    return stop_token_id if stop_token_id is not None and stop_token_id in stop_ids else None

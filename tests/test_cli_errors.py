@@ -402,6 +402,18 @@ def test_vllm_bench_sampling_and_warmup_flags_are_hinted() -> None:
         assert hint in p.stderr, p.stderr
 
 
+def test_vllm_bench_dataset_order_flags_are_hinted() -> None:
+    """`vllm bench serve`'s --no-oversample and --disable-shuffle: Surge does without either (it
+    never repeats a prompt, and its order is the seed's); they were bare "unrecognized arguments"."""
+    p = _surge("bench", "serve", "--dataset", "custom", "--no-oversample", "--disable-shuffle")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--no-oversample: use nothing: Surge never sends a prompt twice",
+        "--disable-shuffle: use nothing: sharegpt and custom prompts are always in --seed's shuffled order",
+    ):
+        assert hint in p.stderr, p.stderr
+
+
 def test_hf_overrides_is_a_json_object_and_reaches_the_config() -> None:
     """vLLM's ``--hf-overrides JSON`` (how Qwen3's YaRN long context is turned on) is parsed by
     `surge serve` and `surge generate`; text that is not a JSON object is one line, exit 2, and so

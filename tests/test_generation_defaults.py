@@ -13,7 +13,7 @@ import pytest
 
 from surge.config import DEFAULT_MODEL_DIR
 from surge.generation_defaults import describe_sampling_defaults, load_sampling_defaults
-from surge.sampling_params import SamplingParams, stop_reason_of
+from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason_of
 from surge.server.auth import bearer_token, is_authorized, parse_api_keys
 
 
@@ -96,9 +96,39 @@ def test_explicit_values_win() -> None:
 
 
 def test_stop_reason_of() -> None:
-    assert stop_reason_of(None, ()) is None
-    assert stop_reason_of(2, ()) is None  # the model's EOS
-    assert stop_reason_of(7, (7, 9)) == 7
+    assert stop_reason_of(None, frozenset()) is None
+    assert stop_reason_of(2, frozenset()) is None  # the model's EOS
+    assert stop_reason_of(7, frozenset({7, 9})) == 7
+    # vLLM: the tokenizer's EOS (2) reports null even when listed; the model's other EOS ids
+    # (generation_config) count as stop token ids; ignore_eos leaves only stop_token_ids
+    eos = (2, 426)
+    assert reported_stop_ids(SamplingParams(), eos, 2) == {426}
+    assert reported_stop_ids(SamplingParams(stop_token_ids=[2, 7]), eos, 2) == {7, 426}
+    assert reported_stop_ids(SamplingParams(ignore_eos=True), eos, 2) == set()
+    assert reported_stop_ids(SamplingParams(ignore_eos=True, stop_token_ids=[2]), eos, 2) == {2}
+    assert reported_stop_ids(SamplingParams(), eos, None) == {2, 426}  # no tokenizer: no primary EOS
+    # a tokenizer EOS that is no model EOS ends nothing by itself: listed, it is a stop token id
+    assert reported_stop_ids(SamplingParams(stop_token_ids=[0]), eos, 0) == {0, 2, 426}
+
+
+def test_llm_stop_reason_of_eos_ids(tmp_path: Path) -> None:
+    """The offline LLM reports stop_reason as the server (and vLLM) does: null for the tokenizer's
+    EOS, the id for generation_config's other EOS ids."""
+    from surge import LLM
+
+    dot = 426  # the bundled tokenizer's ".": an EOS id of the copy's generation_config only
+    llm = LLM(_model(tmp_path, {"eos_token_id": [2, dot]}), device="cpu", num_kv_blocks=256)
+    prompt = "Once upon a time"
+    ended = llm.generate(prompt, SamplingParams(max_tokens=5, logit_bias={dot: 100.0}, n=2))[0]
+    assert [(o.finish_reason, o.stop_reason, o.token_ids) for o in ended.outputs] == [
+        ("stop", dot, [dot])
+    ] * 2
+    eos = SamplingParams(max_tokens=5, logit_bias={2: 100.0}, stop_token_ids=[2])
+    out = llm.generate(prompt, eos)[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", None)
+    ignored = msgspec.structs.replace(eos, ignore_eos=True)
+    out = llm.generate(prompt, ignored)[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", 2)
 
 
 def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -221,6 +221,14 @@ def add_bench_parser(subparsers: Any) -> None:
         "model's chat template (vLLM's option; on the chat endpoint the server applies the template, "
         "so the prompt is always sent as it is) (default off)",
     )
+    p.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="""--dataset custom on /v1/completions: a JSON object of template variables the prompts are rendered """
+        """with, e.g. '{"enable_thinking": false}' (vLLM's option; on the chat endpoint the server renders: use """
+        """--extra-body '{"chat_template_kwargs": ...}')""",
+    )
     g = p.add_argument_group("prefix_repetition dataset (vLLM's options)")
     g.add_argument(
         "--prefix-repetition-prefix-len",
@@ -393,16 +401,17 @@ def add_bench_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_roofline)
 
 
-def parse_extra_body(text: str | None) -> dict[str, Any] | None:
-    """``--extra-body``: a JSON object, or None. Raises ValueError naming the flag otherwise."""
+def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, Any] | None:
+    """``--extra-body`` (or another JSON-object ``flag``): a JSON object, or None. Raises
+    ValueError naming the flag otherwise."""
     if text is None:
         return None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--extra-body must be a JSON object: {e}") from None
+        raise ValueError(f"{flag} must be a JSON object: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--extra-body must be a JSON object, got {type(data).__name__}")
+        raise ValueError(f"{flag} must be a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -522,6 +531,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "custom": {
             "--custom-output-len": args.custom_output_len,
             "--skip-chat-template": args.skip_chat_template,
+            "--chat-template-kwargs": args.chat_template_kwargs,
         },
         "prefix_repetition": {
             "--prefix-repetition-prefix-len": args.prefix_repetition_prefix_len,
@@ -557,6 +567,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         random_prefix_len=0 if args.random_prefix_len is None else args.random_prefix_len,
         custom_output_len=output_len if dataset == "custom" else 256,
         skip_chat_template=args.skip_chat_template,
+        chat_template_kwargs=parse_extra_body(args.chat_template_kwargs, "--chat-template-kwargs"),
         prefix_repetition_prefix_len=256
         if args.prefix_repetition_prefix_len is None
         else args.prefix_repetition_prefix_len,

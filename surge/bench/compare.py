@@ -248,6 +248,7 @@ _SETTINGS = (
     "random_prefix_len",
     "custom_output_len",
     "skip_chat_template",
+    "chat_template_kwargs",
     "prefix_repetition_prefix_len",
     "prefix_repetition_suffix_len",
     "prefix_repetition_num_prefixes",

@@ -412,12 +412,14 @@ def custom_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     skip_chat_template: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[SampleRequest]:
     """``num_prompts`` prompts of a custom JSONL file (:func:`load_custom`), shuffled by ``seed``.
 
     Each asks ``output_len`` tokens, or (None: vLLM's ``--custom-output-len -1``) its line's
     ``output_tokens``. As vLLM, a completions prompt is the prompt rendered with the model's chat
-    template (the user message, with the generation prompt) unless ``skip_chat_template``; on the
+    template (the user message, with the generation prompt, and the template variables
+    ``chat_template_kwargs``: vLLM's ``--chat-template-kwargs``) unless ``skip_chat_template``; on the
     chat endpoint the prompt is the user message and the server applies the template (vLLM's
     client would apply it a second time). Lengths are counted as the server will see the prompt.
 
@@ -441,7 +443,7 @@ def custom_requests(
         item = items[int(idx)]
         text = item.prompt
         if not chat and not skip_chat_template:
-            text = counter.render_chat(text)
+            text = counter.render_chat(text, chat_template_kwargs)
         n = len(encode(text))
         want = _output_tokens(path, item) if output_len is None else output_len
         if max_model_len is not None and n + want > max_model_len:

@@ -90,6 +90,8 @@ class ServeConfig:
     custom_output_len: int = 256
     # --dataset custom on /v1/completions: send the prompt as it is, not rendered with the chat template
     skip_chat_template: bool = False
+    # --dataset custom on /v1/completions: the template variables the prompt is rendered with (vLLM's)
+    chat_template_kwargs: dict[str, Any] | None = None
     # --dataset prefix_repetition (vLLM's): prompts of prefix + suffix tokens over num_prefixes prefixes;
     # each asks output_len tokens
     prefix_repetition_prefix_len: int = 256
@@ -138,6 +140,21 @@ class ServeConfig:
             )
         if self.skip_chat_template and self.dataset != "custom":
             raise ValueError("--skip-chat-template applies to --dataset custom")
+        if self.chat_template_kwargs is not None:
+            if self.dataset != "custom":
+                raise ValueError(
+                    "--chat-template-kwargs applies to --dataset custom (prompts the benchmark renders with "
+                    """the chat template); for the server's rendering use --extra-body '{"chat_template_kwargs": ...}'"""
+                )
+            if self.endpoint == CHAT_ENDPOINT:
+                raise ValueError(
+                    "--chat-template-kwargs renders custom prompts for /v1/completions; on the chat endpoint "
+                    """the server applies the template: use --extra-body '{"chat_template_kwargs": ...}'"""
+                )
+            if self.skip_chat_template:
+                raise ValueError(
+                    "--chat-template-kwargs and --skip-chat-template: the template is skipped (give one)"
+                )
         for flag, value in (
             ("--prefix-repetition-prefix-len", self.prefix_repetition_prefix_len),
             ("--prefix-repetition-suffix-len", self.prefix_repetition_suffix_len),
@@ -474,6 +491,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             chat,
             options,
             cfg.skip_chat_template,
+            cfg.chat_template_kwargs,
         )
     if cfg.dataset == "prefix_repetition":
         return prefix_repetition_requests(
@@ -515,7 +533,11 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
     dataset, so that ``bench compare`` can tell runs apart."""
     mine = {
         "random": {"random_prefix_len": cfg.random_prefix_len},
-        "custom": {"custom_output_len": cfg.custom_output_len, "skip_chat_template": cfg.skip_chat_template},
+        "custom": {
+            "custom_output_len": cfg.custom_output_len,
+            "skip_chat_template": cfg.skip_chat_template,
+            "chat_template_kwargs": cfg.chat_template_kwargs,
+        },
         "prefix_repetition": {
             "prefix_repetition_prefix_len": cfg.prefix_repetition_prefix_len,
             "prefix_repetition_suffix_len": cfg.prefix_repetition_suffix_len,

@@ -98,10 +98,15 @@ class TokenCounter(Protocol):
         """Text of ``ids`` (special tokens skipped)."""
         ...
 
-    def render_chat(self, text: str) -> str:
+    def render_chat(self, text: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> str:
         """The model's chat template rendered for ``text`` as the single user message, with the
-        generation prompt, as text (special tokens written out): what vLLM's benchmark sends as a
-        completions prompt for its ``custom`` dataset."""
+        generation prompt and the template variables ``chat_template_kwargs`` (vLLM's
+        ``--chat-template-kwargs``), as text (special tokens written out): what vLLM's benchmark
+        sends as a completions prompt for its ``custom`` dataset.
+
+        Raises:
+            ValueError: the kwargs are refused (one line naming ``--chat-template-kwargs``).
+        """
         ...
 
     def candidate_ids(self) -> np.ndarray:
@@ -181,12 +186,22 @@ class HFTokenCounter:
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
 
-    def render_chat(self, text: str) -> str:
+    def render_chat(self, text: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> str:
         """Rendered by :func:`surge.tokenizer.apply_chat_template` (the text it tokenizes)."""
         from surge.tokenizer import apply_chat_template
 
         rendered: list[str] = []
-        apply_chat_template(self.tok, [{"role": "user", "content": text}], check_text=rendered.append)
+        try:
+            apply_chat_template(
+                self.tok,
+                [{"role": "user", "content": text}],
+                chat_template_kwargs=chat_template_kwargs,
+                check_text=rendered.append,
+            )
+        except ValueError as e:
+            if chat_template_kwargs is None:
+                raise
+            raise ValueError(f"--chat-template-kwargs: {e}") from None
         return rendered[0]
 
     def candidate_ids(self) -> np.ndarray:
@@ -276,10 +291,26 @@ class ServerTokenCounter:
         ans = post_json(f"{self.base_url}/detokenize", {"model": self.model, "tokens": ids}, self.api_key)
         return str(ans["prompt"])
 
-    def render_chat(self, text: str) -> str:
+    def render_chat(self, text: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> str:
         """``/detokenize`` of the chat prompt's ``/tokenize`` ids (Surge's and vLLM's
         ``/detokenize`` write special tokens out)."""
-        return self.decode(self.encode_chat(text))
+        if chat_template_kwargs is None:
+            return self.decode(self.encode_chat(text))
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": text}],
+            "add_generation_prompt": True,
+            "chat_template_kwargs": dict(chat_template_kwargs),
+        }
+        try:
+            ans = post_json(f"{self.base_url}/tokenize", body, self.api_key)
+        except urllib.error.HTTPError as e:
+            if not 400 <= e.code < 500:
+                raise
+            raise ValueError(
+                f"--chat-template-kwargs: the server's /tokenize refused them: HTTP {e.code}: {_error_text(e)}"
+            ) from None
+        return self.decode([int(t) for t in ans["tokens"]])
 
     def candidate_ids(self) -> np.ndarray:
         if self._pool is None:

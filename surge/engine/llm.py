@@ -17,7 +17,7 @@ from surge.core.outputs import CompletionOutput, RequestOutput
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel_encode import encode_text, split_safe
-from surge.sampling_params import SamplingParams, stop_reason_of, truncated_prompt
+from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason_of, truncated_prompt
 from surge.token_strings import TokenStrings
 from surge.tokenizer import (
     IncrementalDetokenizer,
@@ -37,7 +37,7 @@ class _Child:
     index: int
     detokenizer: IncrementalDetokenizer
     token_ids: list[int]
-    stop_token_ids: tuple[int, ...] = ()
+    stop_ids: frozenset[int] = frozenset()
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[PositionLogprobs] | None = None
@@ -166,6 +166,9 @@ class LLM:
 
             raise ValueError(no_tokenizer_message("model", str(model))) from None
         self.token_strings = TokenStrings(self.tokenizer)
+        # stop_reason null for this EOS, as vLLM (surge.sampling_params.reported_stop_ids); an
+        # empty tokenizer's eos_token_id (a folder without tokenizer files) names no real token
+        self._primary_eos: int | None = self.tokenizer.eos_token_id if self._text_prompts else None
         self._splittable = split_safe(self.tokenizer)  # long prompts encoded in pieces
         self.engine = LLMEngine(config)
         self._next_id = 0
@@ -403,7 +406,9 @@ class LLM:
                     index,
                     detok,
                     [],
-                    stop_token_ids=child_params.stop_token_ids,
+                    stop_ids=reported_stop_ids(
+                        child_params, self.engine.config.model.eos_token_ids, self._primary_eos
+                    ),
                     logprobs=[] if child_params.logprobs is not None else None,
                 )
 
@@ -523,7 +528,7 @@ class LLM:
                     child.stop_reason = child.detokenizer.stop_matched
                 elif out.finish_reason is not None:
                     child.finish_reason = out.finish_reason
-                    child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_token_ids)
+                    child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_ids)
                 if child.finish_reason is not None:
                     child.detokenizer.flush()
                     pending.discard(out.request_id)

@@ -579,6 +579,7 @@ async def run_server(
         log_requests=options.log_requests,
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
         scheduling_policy=config.scheduler.scheduling_policy,
+        eos_token_ids=config.model.eos_token_ids,
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe

@@ -158,7 +158,9 @@ class ChatPlan:
         self, parser: ChatOutputParser | None, text: str, finish_reason: str | None
     ) -> tuple[dict[str, Any], str | None]:
         """One streamed ``delta`` of a choice (from its next ``text``) and its finish reason (the
-        role rides on a chunk of its own before the choice's first delta)."""
+        role rides on a chunk of its own before the choice's first delta). A delta that carries
+        nothing is ``{}`` (not ``{"content": ""}``) while the parser holds text or once the
+        choice has tool calls, as vLLM sends it."""
         if parser is None:
             return {"content": text}, finish_reason
         d = parser.feed(text)
@@ -181,6 +183,11 @@ class ChatPlan:
         if not self.include_reasoning:
             for key in reasoning_fields(None):
                 out.pop(key, None)
+        if is_empty_delta(out) and (finish_reason is None or parser.has_tool_calls):
+            # the parser holds the text (tool-call markup): vLLM's empty DeltaMessage, no
+            # content key (sent only with logprobs entries or token ids, or as the final delta of
+            # a choice with calls, whose message content is null)
+            return {}, finish_reason
         return out, finish_reason
 
 

@@ -40,7 +40,7 @@ from surge.core.logprobs import LogprobsLists
 from surge.core.outputs import EngineOutput
 from surge.engine.client import EngineClient, EngineDeadError, QueueItem
 from surge.engine.llm_engine import choice_ids
-from surge.sampling_params import SamplingParams, stop_reason_of
+from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason_of
 from surge.server.errors import ApiError
 from surge.server.logprobs import LogprobTracker
 from surge.server.metrics import ServerMetrics
@@ -56,14 +56,16 @@ class ChoiceState:
 
     ``token_ids`` holds every generated token id when the request asked for them
     (``return_token_ids``; else None), ``num_ids_sent`` how many of them deltas have carried;
-    ``num_cached_tokens`` the prompt tokens the engine served from its prefix cache.
+    ``num_cached_tokens`` the prompt tokens the engine served from its prefix cache;
+    ``stop_ids`` the tokens whose stop reports their id as ``stop_reason``
+    (:func:`surge.sampling_params.reported_stop_ids`).
     """
 
     index: int
     request_id: str
     prompt_index: int
     detokenizer: IncrementalDetokenizer
-    stop_token_ids: tuple[int, ...] = ()
+    stop_ids: frozenset[int] = frozenset()
     num_tokens: int = 0
     unsent_tokens: int = 0
     pending: str = ""
@@ -137,6 +139,8 @@ class Generation:
             requests with the same salt share prefix-cache blocks (None: no salt).
         priority: the request's ``priority`` (lower first under ``--scheduling-policy
             priority``; checked by :meth:`ServerState.check_priority`).
+        eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``):
+            those other than the tokenizer's EOS report their id as ``stop_reason``, as in vLLM.
     """
 
     def __init__(
@@ -152,7 +156,9 @@ class Generation:
         return_token_ids: bool = False,
         cache_salt: str | None = None,
         priority: int = 0,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
+        self._eos_token_ids = eos_token_ids
         self._serial = serial
         self._return_token_ids = return_token_ids
         self._cache_salt = cache_salt
@@ -226,7 +232,7 @@ class Generation:
                 prompt_index,
                 detok,
                 score_only=score_only,
-                stop_token_ids=params.stop_token_ids,
+                stop_ids=reported_stop_ids(params, self._eos_token_ids, self._tokenizer.eos_token_id),
                 token_ids=[] if self._return_token_ids else None,
             )
             if params.logprobs is not None and not score_only:
@@ -356,7 +362,7 @@ class Generation:
             choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
         elif out.finish_reason is not None:
             choice.finish_reason = out.finish_reason
-            choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_token_ids)
+            choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_ids)
         if out.first_scheduled_time is not None and out.first_token_time is not None:
             choice.engine_times = (out.first_scheduled_time, out.first_token_time)
         if choice.finish_reason is not None:

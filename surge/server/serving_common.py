@@ -75,6 +75,8 @@ class ServerState:
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (``--return-tokens-as-token-ids``, vLLM's).
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
+        eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
+            stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
         responses: the Responses API's stored responses (``store: true``), in memory.
     """
 
@@ -104,6 +106,7 @@ class ServerState:
     trust_request_chat_template: bool = False
     return_tokens_as_token_ids: bool = False
     scheduling_policy: str = "fcfs"
+    eos_token_ids: tuple[int, ...] = ()
     tokenizer_worker: TokenizerWorker = field(init=False)
     responses: ResponseStore = field(default_factory=ResponseStore)
 
@@ -289,6 +292,7 @@ def start_generation(
         return_token_ids=bool(body.return_token_ids),
         cache_salt=body.cache_salt,
         priority=body.priority,
+        eos_token_ids=state.eos_token_ids,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

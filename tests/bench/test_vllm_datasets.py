@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import BUNDLED_MODEL, QWEN3_8B, REPO, SHAREGPT, bench_main
-from fake_server import CHAT_OVERHEAD, Behaviour, FakeServer, free_port
+from fake_server import CHAT_OVERHEAD, NO_THINK_OVERHEAD, Behaviour, FakeServer, free_port
 
 from surge.bench.compare import compare_points, load_points
 from surge.bench.datasets import (
@@ -150,6 +150,24 @@ def test_custom_prompts_templated_as_vllm(qwen: HFTokenCounter, tmp_path: Path) 
     assert all(by_prompt[r.prompt] == r.expected_output_len for r in per_line)
 
 
+def test_custom_chat_template_kwargs_as_vllm(qwen: HFTokenCounter, tmp_path: Path) -> None:
+    """vLLM's --chat-template-kwargs: a custom prompt for /v1/completions is rendered with these
+    template variables (Qwen3's enable_thinking false: the empty think block), counted as the
+    server counts the text; variables the template may not take are one line naming the flag."""
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(3)])
+    plain = custom_requests(qwen, path, 3, 16, seed=1)
+    off = custom_requests(qwen, path, 3, 16, seed=1, chat_template_kwargs={"enable_thinking": False})
+    raw = custom_requests(qwen, path, 3, 16, seed=1, skip_chat_template=True)
+    for p, o, r in zip(plain, off, raw, strict=True):
+        assert o.prompt == p.prompt + "<think>\n\n</think>\n\n" and "<think>" not in p.prompt
+        assert o.prompt_len == len(qwen.encode(o.prompt)) > p.prompt_len
+        kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+        assert o.prompt_len == len(qwen.encode_chat(r.prompt, kwargs))
+    with pytest.raises(ValueError) as e:
+        custom_requests(qwen, path, 3, 16, seed=1, chat_template_kwargs={"messages": []})
+    assert str(e.value).startswith("--chat-template-kwargs: chat_template_kwargs must not set messages")
+
+
 @pytest.mark.parametrize(
     ("rows", "num", "out", "words"),
     [
@@ -192,6 +210,7 @@ def test_bad_combinations_are_one_line_before_any_request(
     noprompt = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "w1"}, {"question": "w2"}])
     custom = ("--dataset", "custom", "--dataset-path", good)
     prefix = ("--dataset", "prefix_repetition")
+    completions = ("--endpoint", "/v1/completions")
     with FakeServer(Behaviour()) as s:
         for extra, words in (
             (("--dataset", "custom"), "--dataset custom needs --dataset-path FILE"),
@@ -207,6 +226,16 @@ def test_bad_combinations_are_one_line_before_any_request(
             ((*custom, "--random-prefix-len", "4"), "--random-prefix-len applies to --dataset random"),
             (("--random-prefix-len", "-1"), "--random-prefix-len must be >= 0"),
             (("--skip-chat-template",), "--skip-chat-template applies to --dataset custom"),
+            (("--chat-template-kwargs", "{}"), "--chat-template-kwargs applies to --dataset custom"),
+            ((*custom, "--chat-template-kwargs", "[1]"), "--chat-template-kwargs must be a JSON object"),
+            (
+                (*custom, "--chat-template-kwargs", "{}"),
+                """the server applies the template: use --extra-body '{"chat_template_kwargs": ...}'""",
+            ),
+            (
+                (*custom, *completions, "--skip-chat-template", "--chat-template-kwargs", "{}"),
+                "--chat-template-kwargs and --skip-chat-template",
+            ),
             (("--custom-output-len", "5"), "--custom-output-len applies to --dataset custom"),
             (("--custom-output-len", "0"), "--custom-output-len applies to --dataset custom"),
             ((*prefix, "--sharegpt-output-len", "5"), "--sharegpt-output-len applies to --dataset sharegpt"),
@@ -288,6 +317,33 @@ def test_results_record_the_dataset_and_compare_tells_them_apart(
     assert rand_r["prefix_repetition_prefix_len"] is None and rand_r["dataset_path"] is None
     cmp = compare_points(load_points(files["rand0"]), load_points(files["rand"]))
     assert [(name, b, n) for _, name, b, n in cmp.mismatches] == [("random_prefix_len", 0, 12)]
+
+
+def test_chat_template_kwargs_render_completions_prompts_and_are_recorded(tmp_path: Path) -> None:
+    """A custom run on /v1/completions with --chat-template-kwargs sends the prompts rendered with
+    them (the fake template's empty think block), counts them so, and records them; compare warns
+    against a run without."""
+    rows = [{"prompt": f"w{10 + i} w{20 + i} w{30 + i}"} for i in range(3)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    files = {k: tmp_path / f"{k}.json" for k in ("off", "plain")}
+    common = ("--dataset", "custom", "--dataset-path", path, "--endpoint", "/v1/completions", "--ignore-eos")
+    common += ("--num-prompts", "3", "--warmup", "0", "--output-len", "2")
+    with FakeServer(Behaviour()) as s:
+        off = ("--chat-template-kwargs", '{"enable_thinking": false}', "--result-file", str(files["off"]))
+        assert bench_main(_serve(s.url, *common, *off)) == 0
+        sent = [e["body"]["prompt"] for e in s.behaviour.log]
+        assert bench_main(_serve(s.url, *common, "--result-file", str(files["plain"]))) == 0
+    overhead = " w2" * (CHAT_OVERHEAD + NO_THINK_OVERHEAD)
+    assert sorted(sent) == sorted(r["prompt"] + overhead for r in rows)
+    off_r, plain_r = (json.loads(files[k].read_text()) for k in ("off", "plain"))
+    assert (
+        off_r["chat_template_kwargs"] == {"enable_thinking": False}
+        and plain_r["chat_template_kwargs"] is None
+    )
+    assert off_r["input_lens"] == [1 + 3 + CHAT_OVERHEAD + NO_THINK_OVERHEAD] * 3
+    assert plain_r["input_lens"] == [1 + 3 + CHAT_OVERHEAD] * 3
+    cmp = compare_points(load_points(files["plain"]), load_points(files["off"]))
+    assert [name for _, name, _, _ in cmp.mismatches] == ["chat_template_kwargs"]
 
 
 def _metric(base: str, name: str) -> float:

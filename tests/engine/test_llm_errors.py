@@ -219,3 +219,12 @@ def test_a_folder_without_a_tokenizer_takes_token_ids_only(tmp_path: Any) -> Non
         llm.chat([{"role": "user", "content": "Hi"}], PARAMS)
     out = llm.generate([[1, 5, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+    # no tokenizer, no primary EOS: the model's EOS reports its id (vLLM without a tokenizer); the
+    # empty tokenizer's own eos_token_id (an id it made up) is no EOS, listed it is a stop id
+    (eos,) = llm.engine.config.model.eos_token_ids
+    made_up = llm.tokenizer.eos_token_id
+    assert made_up is not None and made_up != eos
+    for bias, stops in ((eos, ()), (made_up, (made_up,))):
+        params = SamplingParams(temperature=0, max_tokens=3, logit_bias={bias: 100.0}, stop_token_ids=stops)
+        done = llm.generate([[1, 5, 7]], params)[0].outputs[0]
+        assert (done.finish_reason, done.stop_reason, done.token_ids) == ("stop", bias, [bias])

@@ -85,29 +85,50 @@ def test_generation_config_defaults_apply_and_explicit_values_win(srv: Server) -
     assert plain != default  # an explicit value wins over the model's
 
 
-def test_eos_stop_reason_is_null(srv: Server) -> None:
+def test_eos_stop_reason_as_vllm(srv: Server) -> None:
+    """vLLM 0.26's stop_reason for EOS ids: null for the tokenizer's EOS (2), even when
+    stop_token_ids lists it; the id for the generation_config's other EOS ids (DOT), which vLLM
+    merges into stop_token_ids; under ignore_eos only stop_token_ids stop."""
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEYS[2], max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=100)
     c = r.choices[0]
-    assert c.finish_reason == "stop" and c.model_extra["stop_reason"] is None and "." not in c.text
+    assert c.finish_reason == "stop" and c.model_extra["stop_reason"] == DOT and "." not in c.text
     assert r.usage.completion_tokens < 100
     chat = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Tim"}], max_tokens=100
+        model=model, messages=[{"role": "user", "content": "Tim"}], max_tokens=100, n=2
     )
-    assert chat.choices[0].finish_reason == "stop" and chat.choices[0].model_extra["stop_reason"] is None
+    assert [(ch.finish_reason, ch.model_extra["stop_reason"]) for ch in chat.choices] == [("stop", DOT)] * 2
     chunks = list(
         client.completions.create(model=model, prompt="Once upon a time", max_tokens=100, stream=True)
     )
     last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][0].choices[0]
-    assert last.finish_reason == "stop" and last.model_extra["stop_reason"] is None
+    assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == DOT
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.text
+    streamed_chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Tim"}], max_tokens=100, n=2, stream=True
+    )
+    finals = {
+        ch.choices[0].index: ch.choices[0]
+        for ch in streamed_chat
+        if ch.choices and ch.choices[0].finish_reason
+    }
+    assert sorted((i, f.model_extra["stop_reason"]) for i, f in finals.items()) == [(0, DOT), (1, DOT)]
     # with include_stop_str_in_output the EOS token's text is kept
     kept = post(srv, "/v1/completions", {"prompt": "Once upon a time", "include_stop_str_in_output": True})
     assert kept.json()["choices"][0]["text"] == c.text + "."
-    # a stop_token_ids hit on the same token reports the id
-    hit = post(srv, "/v1/completions", {"prompt": "Once upon a time", "stop_token_ids": [DOT]}).json()
-    assert hit["choices"][0]["stop_reason"] == DOT
+    # the tokenizer's EOS reports null, also when stop_token_ids lists it (vLLM checks it first)
+    eos = {"prompt": "Once upon a time", "logit_bias": {"2": 100}, "max_tokens": 5}
+    for extra in ({}, {"stop_token_ids": [2]}, {"stop_token_ids": [2], "stream": True}):
+        r2 = post(srv, "/v1/completions", eos | extra)
+        body = r2.json() if "stream" not in extra else json.loads(r2.text.split("data: ")[-2])
+        assert (body["choices"][0]["finish_reason"], body["choices"][0]["stop_reason"]) == ("stop", None)
+    # under ignore_eos no EOS stops by itself: a listed id reports itself, the others run on
+    ignored = post(srv, "/v1/completions", eos | {"ignore_eos": True, "stop_token_ids": [2]}).json()
+    assert (ignored["choices"][0]["finish_reason"], ignored["choices"][0]["stop_reason"]) == ("stop", 2)
+    dots = {"prompt": "Once upon a time", "logit_bias": {str(DOT): 100}, "max_tokens": 3, "ignore_eos": True}
+    ran = post(srv, "/v1/completions", dots).json()["choices"][0]
+    assert (ran["finish_reason"], ran["stop_reason"], ran["text"]) == ("length", None, "...")
 
 
 @pytest.mark.parametrize(

@@ -259,6 +259,30 @@ def test_parsed_streams_send_no_empty_chunks(tool_server: Server) -> None:
         assert len(streamed) == usage["completion_tokens"]
 
 
+def test_held_chunks_carry_no_content_key(tool_server: Server) -> None:
+    """A chunk sent while the hermes parser holds a call's markup (it carries logprobs entries or
+    return_token_ids ids) has the delta ``{}``, as vLLM's empty DeltaMessage, not
+    ``{"content": ""}``; nor does the final chunk of a choice with calls: after the role chunk no
+    delta carries an empty content, so the joined content stays null as the message's."""
+    regex = r'<tool_call>\n\{"name": "get_time", "arguments": \{"zone": "UTC"\}\}\n</tool_call>'
+    body: dict[str, Any] = dict(
+        messages=MSGS, tools=TOOLS, max_tokens=120, seed=2, structured_outputs={"regex": regex}
+    )
+    for extra in ({"logprobs": True}, {"return_token_ids": True}):
+        full = httpx.post(tool_server.url + "/v1/chat/completions", json=body | extra, timeout=120).json()
+        msg = full["choices"][0]["message"]
+        assert msg["content"] is None and msg["tool_calls"][0]["function"]["name"] == "get_time"
+        choices, _ = _events(tool_server, body | extra)
+        assert choices[-1]["finish_reason"] == "tool_calls"
+        held = [c["delta"] for c in choices[1:] if not _delta_carries(c)]
+        assert held and all(d == {} for d in held), held
+        joined = None
+        for c in choices[1:]:
+            if "content" in c["delta"]:
+                joined = (joined or "") + c["delta"]["content"]
+        assert joined is None
+
+
 def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI) -> None:
     regex = r"<think>[a-z ]{1,12}</think>\n\n(yes|no)"
     kwargs: dict[str, Any] = dict(
