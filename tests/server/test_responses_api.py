@@ -252,6 +252,42 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
+    server: Server, client: openai.OpenAI, model: str
+) -> None:
+    """``GET /v1/responses/{id}?stream=true`` used to answer the stored JSON, which the SDK's
+    ``retrieve(id, stream=True)`` read as a stream of no events; ``include`` was dropped, and
+    ``POST .../cancel`` was a bare "Not Found" even for a stored response."""
+    first = client.responses.create(model=model, input=PROMPT, max_output_tokens=2)
+    url = f"{server.url}/v1/responses/{first.id}"
+    for params, param in [
+        ({"stream": "true"}, "stream"),
+        ({"stream": "true", "starting_after": "2"}, "stream"),
+        ({"starting_after": "2"}, "starting_after"),
+        ({"include[]": "message.output_text.logprobs"}, "include"),
+    ]:
+        r = httpx.get(url, params=params, timeout=60)
+        assert r.status_code == 400, (params, r.text)
+        assert r.json()["error"]["param"] == param
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.retrieve(first.id, stream=True)
+    assert e.value.body["param"] == "stream"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.retrieve(first.id, include=["message.output_text.logprobs"])
+    assert e.value.body["param"] == "include"
+    assert client.responses.retrieve(first.id, stream=False).id == first.id
+    got = httpx.get(url, params={"include_obfuscation": "false"}, timeout=60)
+    assert got.status_code == 200 and got.json()["id"] == first.id
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.cancel(first.id)
+    assert e.value.body["param"] == "response_id"
+    assert "Cannot cancel a synchronous response" in e.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.cancel("resp_unknown")
+    assert e.value.body["param"] == "response_id"
+    assert client.responses.retrieve(first.id).id == first.id  # still stored
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
