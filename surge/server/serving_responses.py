@@ -87,7 +87,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
     chat = _chat_request(chat_dict)
     try:
-        prepared = await start_chat(state, chat, request, "resp", arrival, separator="_")
+        prepared = await start_chat(
+            state, chat, request, "resp", arrival, separator="_", prompt_param="input"
+        )
     except ApiError as e:
         name = responses_param(e.param)
         if e.param is not None and name is not None and name != e.param and e.param != "messages":

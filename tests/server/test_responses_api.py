@@ -335,6 +335,23 @@ def test_refused_fields_are_named(server: Server, model: str, body: dict[str, An
     assert set(error) == {"message", "type", "param", "code"}
 
 
+def test_whole_prompt_errors_name_input_not_chat_messages(server: Server, model: str) -> None:
+    """An empty input and an input longer than the context are 400s whose message, not only
+    their ``param``, names ``input``: they used to say "messages must not be empty" and "your
+    messages have N input tokens", the chat field the input was turned into."""
+    url = server.url + "/v1/responses"
+    r = httpx.post(url, json={"model": model, "input": []}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input" and error["message"] == "input must not be empty", error
+    max_len = httpx.get(server.url + "/v1/models", timeout=60).json()["data"][0]["max_model_len"]
+    r = httpx.post(url, json={"model": model, "input": "Once " * max_len, "max_output_tokens": 1}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input", error
+    assert "your input has" in error["message"] and "messages" not in error["message"], error
+
+
 def test_error_mid_stream_is_an_error_event_then_response_failed(tmp_path: Path) -> None:
     """The engine dies while a response streams: the stream ends with an ``error`` event and
     ``response.failed`` (the response with status "failed" and its error), both typed by the
