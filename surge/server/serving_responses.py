@@ -33,7 +33,12 @@ from surge.server.generation import ChoiceDelta
 from surge.server.logprobs import chat_content
 from surge.server.parsers.reasoning import THINK_END
 from surge.server.protocol import ChatCompletionRequest
-from surge.server.protocol_responses import ResponsesRequest, chat_body, responses_param
+from surge.server.protocol_responses import (
+    ResponsesRequest,
+    chat_body,
+    responses_param,
+    responses_tools_message,
+)
 from surge.server.response_store import StoredResponse
 from surge.server.serving_chat import PreparedChat, start_chat
 from surge.server.serving_common import ServerState, collect, stream_response
@@ -94,6 +99,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         name = responses_param(e.param)
         if e.param is not None and name is not None and name != e.param and e.param != "messages":
             e.message = e.message.replace(e.param, name)  # "max_completion_tokens must be..."
+        if name == "tools":
+            e.message = responses_tools_message(e.message)
         e.param = name
         raise
     shape = _ResponseShape(state, body, chat, prepared)

@@ -352,6 +352,39 @@ def test_whole_prompt_errors_name_input_not_chat_messages(server: Server, model:
     assert "your input has" in error["message"] and "messages" not in error["message"], error
 
 
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "tools[0] has chat completions' nested shape",
+        ),
+        ([{"type": "function", "name": ""}], "tools[0].name must be a non-empty string"),
+        ([{"type": "function", "name": "f", "foo": 1}], "tools[0] has an unknown field 'foo'"),
+        (
+            [
+                {"type": "function", "name": "f"},
+                {"type": "function", "name": "f", "parameters": {"type": "array"}},
+            ],
+            "tools[1].name 'f' is already the name of another tool",
+        ),
+    ],
+)
+def test_tool_errors_name_the_flat_tool_paths(
+    server: Server, model: str, tools: list[dict[str, Any]], message: str
+) -> None:
+    """A function tool's error names its path in the Responses API's flat tool
+    (``tools[0].name``), not in the chat tool it became (``tools[0].function.name``); a tool
+    in chat completions' nested shape, a common slip, is told so (it was "tools[0].function has
+    an unknown field 'function'")."""
+    body = {"model": model, "input": "hi", "tools": tools}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools" and error["message"].startswith(message), error
+    assert ".function" not in error["message"], error
+
+
 def test_error_mid_stream_is_an_error_event_then_response_failed(tmp_path: Path) -> None:
     """The engine dies while a response streams: the stream ends with an ``error`` event and
     ``response.failed`` (the response with status "failed" and its error), both typed by the
