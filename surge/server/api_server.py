@@ -71,7 +71,12 @@ from surge.server.request_id import RequestIdMiddleware, logged_request_id
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
-from surge.server.serving_responses import create_response, delete_response, retrieve_response
+from surge.server.serving_responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    retrieve_response,
+)
 from surge.tokenizer import load_tokenizer
 from surge.web.ui import mount_web_ui
 
@@ -229,8 +234,12 @@ def build_app(
         return await create_response(state, body, request)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> Response:
-        return await retrieve_response(state, response_id)
+    async def get_response(response_id: str, request: Request) -> Response:
+        return await retrieve_response(state, response_id, request.query_params)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_stored_response(response_id: str) -> Response:
+        cancel_response(state, response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def forget_response(response_id: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ and ``reasoning.encrypted_content`` (:data:`ENCRYPTED_REASONING_INCLUDE`),
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -263,9 +264,22 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                 "web_search, file_search, code_interpreter and mcp are not supported)",
                 param="tools",
             )
+        if "function" in tool and "name" not in tool:
+            raise bad_request(
+                f"tools[{i}] has chat completions' nested shape "
+                '({"type": "function", "function": {...}}): the Responses API takes flat function '
+                'tools ({"type": "function", "name": ..., "parameters": ...})',
+                param="tools",
+            )
         fn = {k: v for k, v in tool.items() if k != "type" and v is not None}
         out.append({"type": "function", "function": fn})
     return out
+
+
+def responses_tools_message(message: str) -> str:
+    """A chat error about ``tools`` with its paths as the Responses API's flat tools have them
+    (``tools[0].function.name`` -> ``tools[0].name``)."""
+    return re.sub(r"(tools\[\d+\])\.function\b", r"\1", message)
 
 
 def chat_tool_choice(tool_choice: Any) -> Any:

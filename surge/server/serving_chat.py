@@ -68,11 +68,14 @@ async def start_chat(
     arrival: float,
     *,
     separator: str = "-",
+    prompt_param: str = "messages",
 ) -> PreparedChat:
     """Check a chat request, render its prompt and send it to the engine: what chat
     completions and the Responses API (which builds a :class:`ChatCompletionRequest` from its
     own body) share. ``prefix`` and ``separator`` start the response id (``chatcmpl-``,
-    ``resp_``).
+    ``resp_``); ``prompt_param`` is the field the errors about the whole prompt (empty, too
+    long for the context) name, in their message as in their ``param`` (the Responses API:
+    ``input``).
 
     Raises:
         ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
@@ -86,7 +89,7 @@ async def start_chat(
     state.check_stop(body.stop_list)
     lp = chat_options(body)
     if not body.messages:
-        raise bad_request("messages must not be empty", param="messages")
+        raise bad_request(f"{prompt_param} must not be empty", param=prompt_param)
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
     worker = state.tokenizer_worker
     plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
@@ -111,7 +114,7 @@ async def start_chat(
     state.check_prompt(
         prompt_ids,
         max_tokens,
-        prompt_param="messages",
+        prompt_param=prompt_param,
         max_tokens_sent=body.max_tokens_sent,
         max_tokens_param=body.max_tokens_param,
     )

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 import msgspec
 from fastapi import Request
@@ -32,7 +33,12 @@ from surge.server.generation import ChoiceDelta
 from surge.server.logprobs import chat_content
 from surge.server.parsers.reasoning import THINK_END
 from surge.server.protocol import ChatCompletionRequest
-from surge.server.protocol_responses import ResponsesRequest, chat_body, responses_param
+from surge.server.protocol_responses import (
+    ResponsesRequest,
+    chat_body,
+    responses_param,
+    responses_tools_message,
+)
 from surge.server.response_store import StoredResponse
 from surge.server.serving_chat import PreparedChat, start_chat
 from surge.server.serving_common import ServerState, collect, stream_response
@@ -86,11 +92,15 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
     chat = _chat_request(chat_dict)
     try:
-        prepared = await start_chat(state, chat, request, "resp", arrival, separator="_")
+        prepared = await start_chat(
+            state, chat, request, "resp", arrival, separator="_", prompt_param="input"
+        )
     except ApiError as e:
         name = responses_param(e.param)
         if e.param is not None and name is not None and name != e.param and e.param != "messages":
             e.message = e.message.replace(e.param, name)  # "max_completion_tokens must be..."
+        if name == "tools":
+            e.message = responses_tools_message(e.message)
         e.param = name
         raise
     shape = _ResponseShape(state, body, chat, prepared)
@@ -537,17 +547,68 @@ class _StreamEvents:
         return message
 
 
-async def retrieve_response(state: ServerState, response_id: str) -> Response:
-    """``GET /v1/responses/{id}``: a stored response.
+async def retrieve_response(state: ServerState, response_id: str, query: Mapping[str, str]) -> Response:
+    """``GET /v1/responses/{id}``: a stored response, as it was returned.
+
+    Of OpenAI's query parameters, ``stream=false`` and ``include_obfuscation`` (Surge never
+    pads events) are taken; ``stream=true`` and ``starting_after`` (replaying the events of a
+    background response, which Surge does not run, as vLLM streams only those) and
+    ``include`` (the stored response is the one its request's ``include`` shaped) are refused.
 
     Raises:
-        ApiError: 404 when no response of that id is stored (never stored, ``store: false``,
-            forgotten as the store filled, or from before a restart).
+        ApiError: 400 naming the refused query parameter; 404 when no response of that id is
+            stored (never stored, ``store: false``, forgotten as the store filled, or from
+            before a restart).
     """
+    _check_retrieve_query(query)
     stored = state.responses.get(response_id)
     if stored is None:
         raise _not_found(response_id)
     return Response(_json_encode(stored.response), media_type="application/json")
+
+
+def _check_retrieve_query(query: Mapping[str, str]) -> None:
+    """Refuse the query parameters of ``GET /v1/responses/{id}`` that Surge cannot honour.
+
+    Raises:
+        ApiError: 400 naming ``stream``, ``starting_after`` or ``include``.
+    """
+    stream = query.get("stream")
+    if stream is not None and stream.lower() not in ("false", "0"):
+        raise bad_request(
+            "stream=true replays the events of a background response, and Surge runs none "
+            "(background is refused): retrieve the stored response without stream",
+            param="stream",
+        )
+    if "starting_after" in query:
+        raise bad_request(
+            "starting_after is for streaming a background response, which Surge does not run",
+            param="starting_after",
+        )
+    for name in ("include", "include[]"):
+        if name in query:
+            raise bad_request(
+                "include is not supported when retrieving: the stored response is returned as it "
+                "was created (send include with the request that creates it)",
+                param="include",
+            )
+
+
+def cancel_response(state: ServerState, response_id: str) -> NoReturn:
+    """``POST /v1/responses/{id}/cancel``: only a background response can be cancelled, and
+    Surge runs none (as vLLM answers for a response that is not in the background).
+
+    Raises:
+        ApiError: 400 for a stored response (it is finished), 404 when none of that id is
+            stored.
+    """
+    if state.responses.get(response_id) is None:
+        raise _not_found(response_id)
+    raise bad_request(
+        "Cannot cancel a synchronous response: only background responses can be cancelled, "
+        "and Surge runs none",
+        param="response_id",
+    )
 
 
 def delete_response(state: ServerState, response_id: str) -> dict[str, Any]:

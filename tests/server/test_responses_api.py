@@ -252,6 +252,42 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
+    server: Server, client: openai.OpenAI, model: str
+) -> None:
+    """``GET /v1/responses/{id}?stream=true`` used to answer the stored JSON, which the SDK's
+    ``retrieve(id, stream=True)`` read as a stream of no events; ``include`` was dropped, and
+    ``POST .../cancel`` was a bare "Not Found" even for a stored response."""
+    first = client.responses.create(model=model, input=PROMPT, max_output_tokens=2)
+    url = f"{server.url}/v1/responses/{first.id}"
+    for params, param in [
+        ({"stream": "true"}, "stream"),
+        ({"stream": "true", "starting_after": "2"}, "stream"),
+        ({"starting_after": "2"}, "starting_after"),
+        ({"include[]": "message.output_text.logprobs"}, "include"),
+    ]:
+        r = httpx.get(url, params=params, timeout=60)
+        assert r.status_code == 400, (params, r.text)
+        assert r.json()["error"]["param"] == param
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.retrieve(first.id, stream=True)
+    assert e.value.body["param"] == "stream"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.retrieve(first.id, include=["message.output_text.logprobs"])
+    assert e.value.body["param"] == "include"
+    assert client.responses.retrieve(first.id, stream=False).id == first.id
+    got = httpx.get(url, params={"include_obfuscation": "false"}, timeout=60)
+    assert got.status_code == 200 and got.json()["id"] == first.id
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.cancel(first.id)
+    assert e.value.body["param"] == "response_id"
+    assert "Cannot cancel a synchronous response" in e.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.cancel("resp_unknown")
+    assert e.value.body["param"] == "response_id"
+    assert client.responses.retrieve(first.id).id == first.id  # still stored
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -297,6 +333,56 @@ def test_refused_fields_are_named(server: Server, model: str, body: dict[str, An
     error = r.json()["error"]
     assert error["param"] == param, error
     assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_whole_prompt_errors_name_input_not_chat_messages(server: Server, model: str) -> None:
+    """An empty input and an input longer than the context are 400s whose message, not only
+    their ``param``, names ``input``: they used to say "messages must not be empty" and "your
+    messages have N input tokens", the chat field the input was turned into."""
+    url = server.url + "/v1/responses"
+    r = httpx.post(url, json={"model": model, "input": []}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input" and error["message"] == "input must not be empty", error
+    max_len = httpx.get(server.url + "/v1/models", timeout=60).json()["data"][0]["max_model_len"]
+    r = httpx.post(url, json={"model": model, "input": "Once " * max_len, "max_output_tokens": 1}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input", error
+    assert "your input has" in error["message"] and "messages" not in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "tools[0] has chat completions' nested shape",
+        ),
+        ([{"type": "function", "name": ""}], "tools[0].name must be a non-empty string"),
+        ([{"type": "function", "name": "f", "foo": 1}], "tools[0] has an unknown field 'foo'"),
+        (
+            [
+                {"type": "function", "name": "f"},
+                {"type": "function", "name": "f", "parameters": {"type": "array"}},
+            ],
+            "tools[1].name 'f' is already the name of another tool",
+        ),
+    ],
+)
+def test_tool_errors_name_the_flat_tool_paths(
+    server: Server, model: str, tools: list[dict[str, Any]], message: str
+) -> None:
+    """A function tool's error names its path in the Responses API's flat tool
+    (``tools[0].name``), not in the chat tool it became (``tools[0].function.name``); a tool
+    in chat completions' nested shape, a common slip, is told so (it was "tools[0].function has
+    an unknown field 'function'")."""
+    body = {"model": model, "input": "hi", "tools": tools}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools" and error["message"].startswith(message), error
+    assert ".function" not in error["message"], error
 
 
 def test_error_mid_stream_is_an_error_event_then_response_failed(tmp_path: Path) -> None:
