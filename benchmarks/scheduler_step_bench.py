@@ -22,7 +22,9 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
+import surge
 from surge.config import CacheConfig, SchedulerConfig
 from surge.core.outputs import ModelOutput
 from surge.core.scheduler import Scheduler
@@ -65,6 +67,7 @@ def measure(running: int, policy: str, steps: int, warmup: int = 200) -> dict[st
                 add()
     times.sort()
     return {
+        "surge": str(Path(surge.__file__).parent.parent),
         "policy": policy,
         "running": running,
         "steps": steps,
