@@ -4,13 +4,19 @@ The device tensors live in the model runner; this module only decides which bloc
 request owns (``request.block_ids``, its block table). Blocks hold ``block_size`` tokens each.
 
 Prefix caching follows vLLM's automatic prefix caching (v1 ``KVCacheManager``): every full
-block of a request's tokens gets a chained hash ``hash((parent_hash, tuple(block_tokens)))``;
-a table maps hashes to the block holding that content, so a later request with the same
-prefix reuses the blocks instead of recomputing them. Unreferenced blocks that still hold
-cached content sit in the free list in LRU order and are evicted (their hash dropped) only
-when the block is allocated again. Hashes are Python's built-in 64-bit tuple hash (fast,
-deterministic for ints, not cryptographic): an accidental collision is negligible, but a
-crafted one could reuse another prompt's K/V; use a cryptographic hash if that matters.
+block of a request's tokens gets a chained hash, SHA-256 of the parent's hash and the block's
+token ids (:func:`block_hash`); a table maps hashes to the block holding that content, so a
+later request with the same prefix reuses the blocks instead of recomputing them. Unreferenced
+blocks that still hold cached content sit in the free list in LRU order and are evicted (their
+hash dropped) only when the block is allocated again.
+
+The hash is cryptographic, as vLLM's default (``--prefix-caching-hash-algo sha256``): with
+Python's built-in tuple hash (64 bits, a fixed function of the ints) a client could compute a
+block of other tokens with the hash of a known prompt's block (a system prompt, say), send it
+first, and have later requests with that prompt read its K/V (cache poisoning, vLLM's
+CVE-2025-25183). SHA-256 costs about 0.57 us per block on this project's 2-core CPU VM (147 us
+for a 4,096-token prompt against 59 us with the tuple hash, 1.17 ms against 0.46 ms for 32,768;
+``benchmarks/results/prefix-hash-cpu/``), once per block.
 
 A request's ``cache_salt`` (vLLM's multi-tenant isolation) enters the hash of its first block:
 that block's parent is the hash of the salt instead of the root, and the chain carries it on, so
@@ -19,17 +25,28 @@ requests with different salts (or one with and one without) never share a cached
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
+from hashlib import sha256
 
 from surge.request import Request
 
-_ROOT_HASH = 0
+_ROOT_HASH = bytes(32)
 """Parent hash of a request's first block (without a ``cache_salt``)."""
 
 
-def root_hash(cache_salt: str | None) -> int:
+def root_hash(cache_salt: str | None) -> bytes:
     """Parent hash of the first block of a request with ``cache_salt`` (None: no salt)."""
-    return _ROOT_HASH if cache_salt is None else hash((_ROOT_HASH, "cache_salt", cache_salt))
+    if cache_salt is None:
+        return _ROOT_HASH
+    return sha256(b"cache_salt\0" + cache_salt.encode("utf-8", "surrogatepass")).digest()
+
+
+def block_hash(parent: bytes, token_bytes: bytes) -> bytes:
+    """The 32-byte hash of a full block: SHA-256 of its parent's hash and its token ids as
+    int32 (``array("i", ids).tobytes()``, which :meth:`KVCacheManager._block_hashes` builds
+    once per run of blocks)."""
+    return sha256(parent + token_bytes).digest()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -58,8 +75,8 @@ class BlockPool:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self.block_hashes: list[int | None] = [None] * num_blocks
-        self.hash_to_block: dict[int, int] = {}
+        self.block_hashes: list[bytes | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
@@ -146,13 +163,13 @@ class BlockPool:
             if self.block_hashes[block_id] is None:
                 self._free.move_to_end(block_id, last=False)
 
-    def register(self, block_id: int, block_hash: int) -> None:
+    def register(self, block_id: int, block_hash: bytes) -> None:
         """Record that ``block_id`` holds the content ``block_hash`` (first holder wins)."""
         if block_hash not in self.hash_to_block and self.block_hashes[block_id] is None:
             self.hash_to_block[block_hash] = block_id
             self.block_hashes[block_id] = block_hash
 
-    def register_all(self, block_ids: list[int], block_hashes: list[int]) -> None:
+    def register_all(self, block_ids: list[int], block_hashes: list[bytes]) -> None:
         """:meth:`register` each block of ``block_ids`` with the hash at the same index."""
         table = self.hash_to_block
         hashes = self.block_hashes
@@ -204,7 +221,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
-        self._req_hashes: dict[str, list[int]] = {}
+        self._req_hashes: dict[str, list[bytes]] = {}
         self._req_num_registered: dict[str, int] = {}
         self.prefix_cache_hit_tokens = 0
         """Tokens served from the prefix cache at admissions, since start."""
@@ -225,22 +242,27 @@ class KVCacheManager:
         """Fraction (0..1) of blocks referenced by requests."""
         return 1.0 - self.pool.num_free / self.pool.num_blocks
 
-    def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
-        """The chained hashes of the request's first ``num_blocks`` full blocks (cached per request;
-        the first block's parent is :func:`root_hash` of its ``cache_salt``)."""
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
+        """The chained hashes (:func:`block_hash`) of the request's first ``num_blocks`` full
+        blocks (cached per request; the first block's parent is :func:`root_hash` of its
+        ``cache_salt``)."""
         hashes = self._req_hashes.setdefault(request.request_id, [])
         bs = self.block_size
         parent = hashes[-1] if hashes else root_hash(request.cache_salt)
         first = len(hashes)
-        # Blocks wholly inside the prompt slice it directly (one copy per block, no method call).
+        # Blocks wholly inside the prompt: their ids as int32 bytes in one C-level conversion,
+        # then one slice per block.
         prompt = request.prompt_token_ids
         in_prompt = min(num_blocks, len(prompt) // bs)
         append = hashes.append
-        for start in range(first * bs, in_prompt * bs, bs):
-            parent = hash((parent, tuple(prompt[start : start + bs])))
-            append(parent)
+        if in_prompt > first:
+            data = array("i", prompt[first * bs : in_prompt * bs]).tobytes()
+            step = 4 * bs
+            for start in range(0, len(data), step):
+                parent = sha256(parent + data[start : start + step]).digest()
+                append(parent)
         for i in range(max(first, in_prompt), num_blocks):
-            parent = hash((parent, tuple(request.token_ids_slice(i * bs, (i + 1) * bs))))
+            parent = block_hash(parent, array("i", request.token_ids_slice(i * bs, (i + 1) * bs)).tobytes())
             append(parent)
         return hashes
 

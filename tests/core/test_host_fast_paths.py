@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
+import struct
 
 import pytest
 
@@ -57,7 +59,7 @@ def test_pool_loops_match_the_single_block_calls() -> None:
             blocks = a.allocate(n)
             assert b.allocate(n) == blocks
             # Some hashes repeat an earlier block's content: the first holder keeps it.
-            hashes = [hash((rng.randrange(40), i)) for i in range(n)]
+            hashes = [bytes([rng.randrange(40), i]) for i in range(n)]
             for blk, h in zip(blocks, hashes, strict=True):
                 a.register(blk, h)
             b.register_all(blocks, hashes)
@@ -80,9 +82,12 @@ def test_block_hashes_chain_over_prompt_and_outputs(num_outputs: int) -> None:
     req = Request("r", [rng.randrange(1000) for _ in range(70)], SamplingParams(max_tokens=64))
     req.output_token_ids = [rng.randrange(1000) for _ in range(num_outputs)]
     tokens = req.prompt_token_ids + req.output_token_ids
-    expected, parent = [], 0
+    # SHA-256 chain (vLLM's default hash; Python's tuple hash let a client craft a colliding
+    # block and poison a known prompt's cache): parent hash, then the block's ids as int32
+    expected, parent = [], bytes(32)
     for i in range(len(tokens) // bs):
-        parent = hash((parent, tuple(tokens[i * bs : (i + 1) * bs])))
+        block = tokens[i * bs : (i + 1) * bs]
+        parent = hashlib.sha256(parent + struct.pack(f"<{bs}i", *block)).digest()
         expected.append(parent)
     kv = KVCacheManager(32, bs, enable_prefix_caching=True)
     # Built in two calls (as a running request is), then all at once in a fresh manager.
