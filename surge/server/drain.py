@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -77,10 +78,14 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._gens)
 
-    def unique_id(self, base: str) -> str:
+    def unique_id(self, base: str, reserved: Container[str] = ()) -> str:
         """``base``, or ``base`` plus a random suffix when a request in flight already has it
-        (two clients may send the same ``X-Request-Id``; engine ids must be unique)."""
-        return base if base not in self._gens else f"{base}-{uuid.uuid4().hex[:8]}"
+        (two clients may send the same ``X-Request-Id``; engine ids must be unique) or it is in
+        ``reserved`` (e.g. the ids of stored Responses API responses, which a later request
+        with the same ``X-Request-Id`` must not replace)."""
+        if base not in self._gens and base not in reserved:
+            return base
+        return f"{base}-{uuid.uuid4().hex[:8]}"
 
     def add(self, request_id: str, gen: Generation) -> None:
         """Track ``gen`` until :meth:`remove`."""

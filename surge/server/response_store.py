@@ -45,6 +45,9 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._items
+
     def put(self, response_id: str, stored: StoredResponse) -> None:
         """Store (or replace) a response, forgetting the oldest when full."""
         self._items[response_id] = stored

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,13 +70,15 @@ async def start_chat(
     *,
     separator: str = "-",
     prompt_param: str = "messages",
+    reserved_ids: Container[str] = (),
 ) -> PreparedChat:
     """Check a chat request, render its prompt and send it to the engine: what chat
     completions and the Responses API (which builds a :class:`ChatCompletionRequest` from its
     own body) share. ``prefix`` and ``separator`` start the response id (``chatcmpl-``,
     ``resp_``); ``prompt_param`` is the field the errors about the whole prompt (empty, too
     long for the context) name, in their message as in their ``param`` (the Responses API:
-    ``input``).
+    ``input``); the response id is not one of ``reserved_ids`` (the Responses API's stored
+    ids: a client's repeated ``X-Request-Id`` gets a suffixed id instead of replacing one).
 
     Raises:
         ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
@@ -120,7 +123,14 @@ async def start_chat(
     )
     state.check_engine()
     request_id, gen = start_generation(
-        state, request, body, prefix, arrival, first_needs_text=True, separator=separator
+        state,
+        request,
+        body,
+        prefix,
+        arrival,
+        first_needs_text=True,
+        separator=separator,
+        reserved=reserved_ids,
     )
     created = int(time.time())
     log_request_start(state, request_id, params, prompt_ids)

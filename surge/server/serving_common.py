@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -256,14 +256,17 @@ def start_generation(
     *,
     first_needs_text: bool = False,
     separator: str = "-",
+    reserved: Container[str] = (),
 ) -> tuple[str, Generation]:
     """A new :class:`Generation` for one HTTP request, tracked in ``state.in_flight`` until it
     closes, and its request id: ``<prefix><separator><X-Request-Id, body request_id or a fresh
     id>`` (``separator`` "-", or "_" for the Responses API's ``resp_...``; with a random suffix
-    if a request in flight already has that id). ``first_needs_text`` is :class:`Generation`'s
-    (chat)."""
+    if a request in flight already has that id, or ``reserved`` holds it). ``first_needs_text``
+    is :class:`Generation`'s (chat)."""
     stream = bool(body.stream)
-    request_id = state.in_flight.unique_id(f"{prefix}{separator}{request_id_of(request, body.request_id)}")
+    request_id = state.in_flight.unique_id(
+        f"{prefix}{separator}{request_id_of(request, body.request_id)}", reserved
+    )
     interval = state.stream_interval if stream else NO_STREAM_INTERVAL
 
     def closed() -> None:

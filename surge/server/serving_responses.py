@@ -93,7 +93,14 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     chat = _chat_request(chat_dict)
     try:
         prepared = await start_chat(
-            state, chat, request, "resp", arrival, separator="_", prompt_param="input"
+            state,
+            chat,
+            request,
+            "resp",
+            arrival,
+            separator="_",
+            prompt_param="input",
+            reserved_ids=state.responses,  # a stored response is never replaced by a later id
         )
     except ApiError as e:
         name = responses_param(e.param)

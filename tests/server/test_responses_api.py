@@ -252,6 +252,23 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def test_a_repeated_request_id_never_replaces_a_stored_response(client: openai.OpenAI, model: str) -> None:
+    """The id is ``resp_<X-Request-Id>``: a second request with the same header (a client's fixed
+    id, a proxy's retry) used to replace the stored response, so ``previous_response_id``
+    continued another conversation; it now gets a suffixed id."""
+    headers = {"X-Request-Id": "fixed-id"}
+    first = client.responses.create(
+        model=model, input=PROMPT, max_output_tokens=3, temperature=0, extra_headers=headers
+    )
+    assert first.id == "resp_fixed-id"
+    second = client.responses.create(
+        model=model, input="Another story.", max_output_tokens=4, temperature=0, extra_headers=headers
+    )
+    assert second.id.startswith("resp_fixed-id-") and second.id != first.id
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    assert client.responses.retrieve(second.id).model_dump() == second.model_dump()
+
+
 def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
     server: Server, client: openai.OpenAI, model: str
 ) -> None:
