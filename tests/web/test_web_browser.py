@@ -393,3 +393,34 @@ def test_dashboard_reads_vllm_metric_names(page: Any, tmp_path: Path) -> None:
         assert page.evaluate("window.surgeDashboard.errors") == 0
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_a_server_that_goes_away_is_said_in_words(page: Any, web_server: Server) -> None:
+    """A stream cut before ``[DONE]`` (the server died or a proxy closed it) is an error, not a
+    finished answer; a server that cannot be reached gets a sentence instead of the browser's
+    bare "Failed to fetch"."""
+    open_playground(page, web_server)
+    delta = {"choices": [{"index": 0, "delta": {"content": "Once upon"}, "finish_reason": None}]}
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=f"data: {json.dumps(delta)}\n\n"
+        ),
+    )
+    page.fill("#prompt", "Tell me a story")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "error" and m["text"] == "Once upon", m  # the part that came stays
+    error = page.locator(".msg.error .body").text_content()
+    assert "connection to the server was lost before the end of the answer" in error, error
+    assert "[DONE]" in error
+
+    page.unroute("**/v1/chat/completions")
+    page.route("**/v1/chat/completions", lambda route: route.abort("connectionrefused"))
+    page.fill("#prompt", "Hello?")
+    page.click("#send")
+    page.wait_for_function("document.querySelectorAll('.msg.error').length === 2")
+    error = page.locator(".msg.error .body").nth(1).text_content()
+    assert error.startswith(f"Cannot reach the server at {web_server.url} (")
+    assert error.endswith("is it running?")
+    assert page.locator("#send").is_visible()

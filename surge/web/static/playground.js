@@ -315,7 +315,7 @@
     const ticker = setInterval(() => showStats(view, run), 250);
     let outcome = "done";
     try {
-      const r = await fetch(url, {
+      const r = await C.fetchOrExplain(url, {
         method: "POST",
         headers: C.headers(true),
         body: JSON.stringify(body),
