@@ -424,3 +424,42 @@ def test_a_server_that_goes_away_is_said_in_words(page: Any, web_server: Server)
     assert error.startswith(f"Cannot reach the server at {web_server.url} (")
     assert error.endswith("is it running?")
     assert page.locator("#send").is_visible()
+
+
+def test_a_setting_that_is_not_a_whole_number_is_refused(page: Any, web_server: Server) -> None:
+    """Seed, top k and max tokens that are not whole numbers stop the send with a message that
+    names the field (they were left out of the request without a word: 3.5 max tokens became
+    "auto", a 1.5 seed a random one)."""
+    open_playground(page, web_server)
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if "/v1/chat/completions" in r.url else None)
+    page.fill("#prompt", "Hello")
+    for field, value, label in [("#seed", "1.5", "Seed"), ("#max_tokens", "3.5", "Max tokens")]:
+        page.fill(field, value)
+        page.click("#send")
+        error = page.locator(".msg.error .body").last
+        error.wait_for()
+        assert (
+            error.text_content() == f"{label} must be a whole number, not {value} (or empty for the default)."
+        )
+        assert page.evaluate("document.activeElement.id") == field[1:]
+        assert page.get_attribute(field, "aria-invalid") == "true"
+        page.fill(field, "")
+        assert page.get_attribute(field, "aria-invalid") is None
+        page.click("#new-chat")
+    page.focus("#top_k")
+    page.keyboard.type("1e")  # the browser's value is "" for text that is not a number
+    page.click("#send")
+    page.locator(".msg.error").wait_for()
+    assert (
+        page.locator(".msg.error .body").text_content()
+        == "Top k must be a whole number (or empty for the default)."
+    )
+    assert sent == [] and page.locator(".msg.user").count() == 0
+    assert page.input_value("#prompt") == "Hello"
+    page.fill("#top_k", "")
+    page.fill("#seed", "7")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["seed"] == 7 and "top_k" not in req.value.post_data_json
+    assert wait_finished(page)["state"] == "done"

@@ -57,16 +57,26 @@
   showRange(ui.temperature, 2);
   showRange(ui.topP, 2);
 
-  function intOrNull(input) {
+  /** The whole number in a number field, null when it is empty. Throws (and marks and focuses
+   * the field) when it holds anything else, so a setting is never silently left out: the browser
+   * gives "" for text it cannot read as a number ("1e"), which `validity.badInput` tells apart. */
+  function intOrNull(input, label) {
     const v = input.value.trim();
-    if (v === "") return null;
+    if (v === "" && !input.validity.badInput) return null;
     const n = Number(v);
-    return Number.isInteger(n) ? n : null;
+    if (v !== "" && Number.isSafeInteger(n)) return n;
+    input.setAttribute("aria-invalid", "true");
+    input.focus();
+    throw new Error(`${label} must be a whole number${v ? `, not ${v}` : ""} (or empty for the default).`);
+  }
+  for (const input of [ui.topK, ui.maxTokens, ui.seed]) {
+    input.addEventListener("input", () => input.removeAttribute("aria-invalid"));
   }
 
   /** The request fields common to both endpoints, from the settings panel. An empty max tokens
    * ("auto") asks for all the room left in the context: chat's default; completions default to
-   * 16, so they send max_tokens: null (vLLM's "all the room left"). */
+   * 16, so they send max_tokens: null (vLLM's "all the room left"). Throws on a field that is
+   * not a whole number. */
   function samplingFields(chat) {
     const body = {
       model: ui.model.value,
@@ -75,12 +85,12 @@
     };
     if (ui.temperature.dataset.touched) body.temperature = Number(ui.temperature.value);
     if (ui.topP.dataset.touched) body.top_p = Number(ui.topP.value);
-    const maxTokens = intOrNull(ui.maxTokens);
+    const maxTokens = intOrNull(ui.maxTokens, "Max tokens");
     if (maxTokens !== null) body.max_tokens = maxTokens;
     else if (!chat) body.max_tokens = null;
-    const topK = intOrNull(ui.topK);
+    const topK = intOrNull(ui.topK, "Top k");
     if (topK !== null) body.top_k = topK;
-    const seed = intOrNull(ui.seed);
+    const seed = intOrNull(ui.seed, "Seed");
     if (seed !== null) body.seed = seed;
     const stops = ui.stop.value.split("\n").filter((s) => s.length > 0);
     if (stops.length) body.stop = stops;
@@ -289,7 +299,13 @@
       }
     }
     const chat = state.mode === "chat";
-    const body = samplingFields(chat);
+    let body;
+    try {
+      body = samplingFields(chat);
+    } catch (e) {
+      addError(e.message); // nothing is sent; the prompt stays in the box
+      return;
+    }
     let url;
     if (chat) {
       state.history.push({ role: "user", content: text });
