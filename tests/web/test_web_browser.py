@@ -463,3 +463,37 @@ def test_a_setting_that_is_not_a_whole_number_is_refused(page: Any, web_server: 
         page.click("#send")
     assert req.value.post_data_json["seed"] == 7 and "top_k" not in req.value.post_data_json
     assert wait_finished(page)["state"] == "done"
+
+
+def test_phone_width(browser: Any, web_server: Server) -> None:
+    """At 375 px neither page scrolls sideways (the top bar was 406 px wide), and the playground
+    shows the chat and its composer on the first screen (the whole settings panel came first):
+    the settings fold open from a Settings button."""
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(web_server.url + "/dashboard")
+        page.wait_for_function("window.surgeDashboard && window.surgeDashboard.samples >= 1")
+        assert page.evaluate("document.documentElement.scrollWidth") == 375
+        open_playground(page, web_server)
+        assert page.evaluate("document.documentElement.scrollWidth") == 375
+        assert page.locator("#health-label").is_visible()
+        send = page.locator("#send").bounding_box()
+        assert send is not None and send["y"] + send["height"] <= 740  # no scrolling to reach it
+        assert page.evaluate("window.scrollY") == 0
+        toggle = page.locator("#settings-toggle")
+        assert (
+            not page.locator("#temperature").is_visible() and toggle.get_attribute("aria-expanded") == "false"
+        )
+        toggle.click()
+        assert page.locator("#temperature").is_visible() and toggle.get_attribute("aria-expanded") == "true"
+        page.fill("#max_tokens", "5")
+        toggle.click()
+        assert not page.locator("#temperature").is_visible()
+        page.fill("#prompt", "Hello")
+        page.click("#send")
+        m = wait_finished(page)
+        assert m["state"] == "done" and m["tokens"] == "5", m
+    finally:
+        context.close()

@@ -28,6 +28,8 @@
     send: $("send"),
     stopBtn: $("stop-btn"),
     newChat: $("new-chat"),
+    sidebar: $("sidebar"),
+    settingsToggle: $("settings-toggle"),
     modeButtons: [...document.querySelectorAll("#mode button")],
   };
 
@@ -412,6 +414,11 @@
   ui.prompt.addEventListener("input", autoSize);
   ui.stopBtn.addEventListener("click", stop);
   ui.newChat.addEventListener("click", newChat);
+  // narrow screens only (CSS): the settings fold open under the New chat row
+  ui.settingsToggle.addEventListener("click", () => {
+    const open = ui.sidebar.classList.toggle("open");
+    ui.settingsToggle.setAttribute("aria-expanded", String(open));
+  });
   for (const b of ui.modeButtons) b.addEventListener("click", () => setMode(b.dataset.mode));
 
   C.watchHealth($("health-dot"), $("health-label"));
