@@ -497,3 +497,40 @@ def test_phone_width(browser: Any, web_server: Server) -> None:
         assert m["state"] == "done" and m["tokens"] == "5", m
     finally:
         context.close()
+
+
+def test_right_to_left_text(page: Any, web_server: Server) -> None:
+    """Arabic or Hebrew reads right to left in the prompt box, the messages and the reasoning
+    (every message was left to right: "مرحبا!" showed its "!" on the wrong side); English stays
+    left to right and code stays left to right inside a right-to-left answer."""
+    open_playground(page, web_server)
+    rtl = "(sel) => [...document.querySelectorAll(sel)].map(e => getComputedStyle(e).direction)"
+
+    def chunk(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+    answers = [
+        [
+            chunk({"reasoning_content": "أفكر"}),
+            chunk({"content": "مرحبا!\n```\nprint(1)\n```\nشكرا."}, "stop"),
+        ],
+        [chunk({"content": "Hello!"}, "stop")],
+    ]
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(answers.pop(0))
+        ),
+    )
+    page.fill("#prompt", "كيف حالك؟")
+    assert page.evaluate(rtl, "#prompt") == ["rtl"]
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    page.fill("#prompt", "How are you?")
+    assert page.evaluate(rtl, "#prompt") == ["ltr"]
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    assert page.evaluate(rtl, ".msg.user .body") == ["rtl", "ltr"]
+    assert page.evaluate(rtl, ".msg.assistant .body") == ["rtl", "ltr"]
+    assert page.evaluate(rtl, ".msg.assistant .reasoning-text") == ["rtl", "ltr"]
+    assert page.evaluate(rtl, ".msg.assistant pre") == ["ltr"]

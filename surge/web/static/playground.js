@@ -157,6 +157,7 @@
     const msg = C.el("div", "msg user");
     msg.appendChild(C.el("div", "role", label));
     const body = C.el("div", "body");
+    body.dir = "auto"; // Arabic or Hebrew text reads right to left
     C.renderText(body, text);
     msg.appendChild(body);
     ui.inner.appendChild(msg);
@@ -181,8 +182,10 @@
     reasoning.hidden = true;
     const summary = C.el("summary", null, "Reasoning");
     const reasoningText = C.el("div", "reasoning-text");
+    reasoningText.dir = "auto";
     reasoning.append(summary, reasoningText);
     const body = C.el("div", "body streaming");
+    body.dir = "auto";
     const stats = C.el("div", "stats");
     const view = {
       msg,
