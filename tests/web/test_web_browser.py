@@ -534,3 +534,25 @@ def test_right_to_left_text(page: Any, web_server: Server) -> None:
     assert page.evaluate(rtl, ".msg.assistant .body") == ["rtl", "ltr"]
     assert page.evaluate(rtl, ".msg.assistant .reasoning-text") == ["rtl", "ltr"]
     assert page.evaluate(rtl, ".msg.assistant pre") == ["ltr"]
+
+
+def test_focus_stays_in_the_prompt_box_after_send_and_stop(page: Any, web_server: Server) -> None:
+    """Clicking Send or Stop hides that button: its focus goes to the prompt box (it fell to the
+    page's body, so the next Enter or keystroke went nowhere)."""
+    open_playground(page, web_server)
+    focused = "document.activeElement.id"
+    page.fill("#max_tokens", "400")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Tell me a story")
+    page.click("#send")
+    page.wait_for_function(f"() => Number(({LAST})().dataset.events || 0) >= 1")
+    assert page.evaluate(focused) == "prompt"
+    page.click("#stop-btn")
+    assert wait_finished(page)["state"] == "stopped"
+    assert page.evaluate(focused) == "prompt"
+    page.keyboard.type("Again")  # straight into the prompt box
+    assert page.input_value("#prompt") == "Again"
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelectorAll('.msg.user').length === 2")
+    assert page.locator(".msg.user .body").last.text_content() == "Again"
+    page.wait_for_function("!document.getElementById('send').hidden")  # answered (or refused)

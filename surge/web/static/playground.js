@@ -214,9 +214,14 @@
 
   // ---------- one streamed request ----------
 
+  /** Swap Send and Stop. The button being hidden hands its focus to the prompt box (a hidden
+   * button drops it to the page), so Enter and typing still reach the prompt. */
   function setBusy(busy) {
+    const hiding = busy ? ui.send : ui.stopBtn;
+    const hadFocus = document.activeElement === hiding;
     ui.send.hidden = busy;
     ui.stopBtn.hidden = !busy;
+    if (hadFocus) ui.prompt.focus();
   }
 
   /** Live numbers of one answer: timing from the send, token events, usage and finish reason. */
