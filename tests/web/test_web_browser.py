@@ -556,3 +556,21 @@ def test_focus_stays_in_the_prompt_box_after_send_and_stop(page: Any, web_server
     page.wait_for_function("document.querySelectorAll('.msg.user').length === 2")
     assert page.locator(".msg.user .body").last.text_content() == "Again"
     page.wait_for_function("!document.getElementById('send').hidden")  # answered (or refused)
+
+
+def test_a_stop_string_can_be_a_line_break(page: Any, web_server: Server) -> None:
+    """Each line of the stop box is one stop string, so a line break could not be one (vLLM's
+    and OpenAI's usual ``stop: ["\\n"]``): ``\\n`` and ``\\t`` in a line are a line break and a
+    tab, ``\\\\`` one backslash."""
+    open_playground(page, web_server)
+    page.click("#mode [data-mode=completion]")
+    page.fill("#stop", "\\n\nThe end\\\\n\nEnd\\t")
+    page.fill("#seed", "0")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Once upon a time")
+    with page.expect_request("**/v1/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["stop"] == ["\n", "The end\\n", "End\t"]
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["finish"] == "stop", m
+    assert m["text"] and "\n" not in m["text"]

@@ -75,6 +75,12 @@
     input.addEventListener("input", () => input.removeAttribute("aria-invalid"));
   }
 
+  /** A stop string as typed: `\n` is a line break, `\t` a tab and `\\` one backslash (a line
+   * break cannot be typed otherwise: each line of the box is one stop string). */
+  function unescapeStop(line) {
+    return line.replace(/\\([nt\\])/g, (_, c) => (c === "n" ? "\n" : c === "t" ? "\t" : "\\"));
+  }
+
   /** The request fields common to both endpoints, from the settings panel. An empty max tokens
    * ("auto") asks for all the room left in the context: chat's default; completions default to
    * 16, so they send max_tokens: null (vLLM's "all the room left"). Throws on a field that is
@@ -94,7 +100,10 @@
     if (topK !== null) body.top_k = topK;
     const seed = intOrNull(ui.seed, "Seed");
     if (seed !== null) body.seed = seed;
-    const stops = ui.stop.value.split("\n").filter((s) => s.length > 0);
+    const stops = ui.stop.value
+      .split("\n")
+      .filter((s) => s.length > 0)
+      .map(unescapeStop);
     if (stops.length) body.stop = stops;
     if (ui.ignoreEos.checked) body.ignore_eos = true;
     return body;
