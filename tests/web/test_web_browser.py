@@ -574,3 +574,40 @@ def test_a_stop_string_can_be_a_line_break(page: Any, web_server: Server) -> Non
     m = wait_finished(page)
     assert m["state"] == "done" and m["finish"] == "stop", m
     assert m["text"] and "\n" not in m["text"]
+
+
+def test_an_answer_that_ended_while_reasoning_shows_the_reasoning(page: Any, web_server: Server) -> None:
+    """A reasoning model cut by max tokens before its answer (Qwen3 with a small max tokens) gets
+    its reasoning unfolded instead of an empty answer box under a folded "Reasoning"."""
+    open_playground(page, web_server)
+
+    def chunk(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+    answers = [
+        [
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"reasoning_content": "Let me think."}, "length"),
+        ],
+        [chunk({"reasoning_content": "Easy."}), chunk({"content": "4"}, "stop")],
+    ]
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(answers.pop(0))
+        ),
+    )
+    page.fill("#prompt", "Think hard")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["finish"] == "length" and m["text"] == "", m
+    reasoning = page.locator(".msg.assistant details.reasoning")
+    assert reasoning.get_attribute("open") is not None
+    assert reasoning.locator(".reasoning-text").is_visible()
+    assert not page.locator(".msg.assistant .body").is_visible()
+    page.fill("#prompt", "2+2?")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["text"] == "4"
+    assert reasoning.nth(1).get_attribute("open") is None  # with an answer it stays folded
+    assert page.locator(".msg.assistant .body").nth(1).is_visible()

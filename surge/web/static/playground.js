@@ -378,6 +378,11 @@
       view.body.classList.remove("streaming");
       if (run.reasoning) view.summary.textContent = `Reasoning (${run.reasoning.length} characters)`;
       paint(view, run);
+      if (run.reasoning && !run.text) {
+        // it ended (max tokens, Stop) while still reasoning: show that instead of an empty answer
+        view.reasoning.open = true;
+        view.body.hidden = true;
+      }
       if (chat && epoch === state.epoch) {
         if (run.text) state.history.push({ role: "assistant", content: run.text });
         else state.history.pop(); // an empty or failed answer: drop the unanswered question
