@@ -611,3 +611,27 @@ def test_an_answer_that_ended_while_reasoning_shows_the_reasoning(page: Any, web
     assert m["text"] == "4"
     assert reasoning.nth(1).get_attribute("open") is None  # with an answer it stays folded
     assert page.locator(".msg.assistant .body").nth(1).is_visible()
+
+
+def test_a_moved_slider_can_go_back_to_the_model_default(page: Any, web_server: Server) -> None:
+    """Temperature and top p are sent only once moved; their reset button leaves them out of the
+    request again (once moved, only a reload brought "model default" back)."""
+    open_playground(page, web_server)
+    assert not page.locator("#temperature-reset").is_visible()
+    set_range(page, "#temperature", 1.5)
+    set_range(page, "#top_p", 0.5)
+    page.fill("#max_tokens", "2")
+    page.fill("#prompt", "Hi")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["temperature"] == 1.5 and req.value.post_data_json["top_p"] == 0.5
+    wait_finished(page)
+    page.click("#temperature-reset")
+    assert page.inner_text("#temperature-value") == "model default"
+    assert not page.locator("#temperature-reset").is_visible()
+    assert page.inner_text("#top_p-value") == "0.50"
+    page.fill("#prompt", "Hi again")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert "temperature" not in req.value.post_data_json and req.value.post_data_json["top_p"] == 0.5
+    assert wait_finished(page)["state"] == "done"

@@ -44,15 +44,25 @@
 
   /** A slider starts at "model default" and is not sent until moved, so the server applies
    * the model's own default (its generation_config.json, as for any request that leaves the
-   * field out); once moved it shows and sends its value. */
+   * field out); once moved it shows and sends its value, and its reset button brings the
+   * model's default back. */
   function showRange(input, digits) {
     const out = $(input.id + "-value");
+    const reset = $(input.id + "-reset");
     const update = () => {
       out.textContent = input.dataset.touched ? Number(input.value).toFixed(digits) : "model default";
+      reset.hidden = !input.dataset.touched;
     };
     input.addEventListener("input", () => {
       input.dataset.touched = "1";
       update();
+    });
+    reset.addEventListener("click", (e) => {
+      e.preventDefault(); // inside the label: no click on the slider
+      delete input.dataset.touched;
+      input.value = input.defaultValue;
+      update();
+      input.focus();
     });
     update();
   }
