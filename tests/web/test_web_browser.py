@@ -358,6 +358,12 @@ def test_api_key_kept_in_session_storage(page: Any, tmp_path: Path) -> None:
         page.goto(srv.url + "/")
         page.wait_for_selector("#key-field", state="visible")
         assert "needs an API key" in page.locator("#key-notice").text_content()
+        # styled as the other fields' labels: its hint apart, not one run-on "API key kept for this tab only"
+        label_style = "sel => getComputedStyle(document.querySelector(sel)).display"
+        assert page.evaluate(label_style, "#key-field .label") == page.evaluate(
+            label_style, "#system-field .label"
+        )
+        assert page.evaluate(label_style, "#key-field .label") == "flex"
         assert page.locator("#model option").count() == 0
         page.fill("#api-key", "wrong")
         page.wait_for_function("document.getElementById('key-notice').textContent.includes('refused')")
