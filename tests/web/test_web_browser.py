@@ -358,6 +358,12 @@ def test_api_key_kept_in_session_storage(page: Any, tmp_path: Path) -> None:
         page.goto(srv.url + "/")
         page.wait_for_selector("#key-field", state="visible")
         assert "needs an API key" in page.locator("#key-notice").text_content()
+        # styled as the other fields' labels: its hint apart, not one run-on "API key kept for this tab only"
+        label_style = "sel => getComputedStyle(document.querySelector(sel)).display"
+        assert page.evaluate(label_style, "#key-field .label") == page.evaluate(
+            label_style, "#system-field .label"
+        )
+        assert page.evaluate(label_style, "#key-field .label") == "flex"
         assert page.locator("#model option").count() == 0
         page.fill("#api-key", "wrong")
         page.wait_for_function("document.getElementById('key-notice').textContent.includes('refused')")
@@ -393,3 +399,245 @@ def test_dashboard_reads_vllm_metric_names(page: Any, tmp_path: Path) -> None:
         assert page.evaluate("window.surgeDashboard.errors") == 0
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_a_server_that_goes_away_is_said_in_words(page: Any, web_server: Server) -> None:
+    """A stream cut before ``[DONE]`` (the server died or a proxy closed it) is an error, not a
+    finished answer; a server that cannot be reached gets a sentence instead of the browser's
+    bare "Failed to fetch"."""
+    open_playground(page, web_server)
+    delta = {"choices": [{"index": 0, "delta": {"content": "Once upon"}, "finish_reason": None}]}
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=f"data: {json.dumps(delta)}\n\n"
+        ),
+    )
+    page.fill("#prompt", "Tell me a story")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "error" and m["text"] == "Once upon", m  # the part that came stays
+    error = page.locator(".msg.error .body").text_content()
+    assert "connection to the server was lost before the end of the answer" in error, error
+    assert "[DONE]" in error
+
+    page.unroute("**/v1/chat/completions")
+    page.route("**/v1/chat/completions", lambda route: route.abort("connectionrefused"))
+    page.fill("#prompt", "Hello?")
+    page.click("#send")
+    page.wait_for_function("document.querySelectorAll('.msg.error').length === 2")
+    error = page.locator(".msg.error .body").nth(1).text_content()
+    assert error.startswith(f"Cannot reach the server at {web_server.url} (")
+    assert error.endswith("is it running?")
+    assert page.locator("#send").is_visible()
+
+
+def test_a_setting_that_is_not_a_whole_number_is_refused(page: Any, web_server: Server) -> None:
+    """Seed, top k and max tokens that are not whole numbers stop the send with a message that
+    names the field (they were left out of the request without a word: 3.5 max tokens became
+    "auto", a 1.5 seed a random one)."""
+    open_playground(page, web_server)
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if "/v1/chat/completions" in r.url else None)
+    page.fill("#prompt", "Hello")
+    for field, value, label in [("#seed", "1.5", "Seed"), ("#max_tokens", "3.5", "Max tokens")]:
+        page.fill(field, value)
+        page.click("#send")
+        error = page.locator(".msg.error .body").last
+        error.wait_for()
+        assert (
+            error.text_content() == f"{label} must be a whole number, not {value} (or empty for the default)."
+        )
+        assert page.evaluate("document.activeElement.id") == field[1:]
+        assert page.get_attribute(field, "aria-invalid") == "true"
+        page.fill(field, "")
+        assert page.get_attribute(field, "aria-invalid") is None
+        page.click("#new-chat")
+    page.focus("#top_k")
+    page.keyboard.type("1e")  # the browser's value is "" for text that is not a number
+    page.click("#send")
+    page.locator(".msg.error").wait_for()
+    assert (
+        page.locator(".msg.error .body").text_content()
+        == "Top k must be a whole number (or empty for the default)."
+    )
+    assert sent == [] and page.locator(".msg.user").count() == 0
+    assert page.input_value("#prompt") == "Hello"
+    page.fill("#top_k", "")
+    page.fill("#seed", "7")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["seed"] == 7 and "top_k" not in req.value.post_data_json
+    assert wait_finished(page)["state"] == "done"
+
+
+def test_phone_width(browser: Any, web_server: Server) -> None:
+    """At 375 px neither page scrolls sideways (the top bar was 406 px wide), and the playground
+    shows the chat and its composer on the first screen (the whole settings panel came first):
+    the settings fold open from a Settings button."""
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(web_server.url + "/dashboard")
+        page.wait_for_function("window.surgeDashboard && window.surgeDashboard.samples >= 1")
+        assert page.evaluate("document.documentElement.scrollWidth") == 375
+        open_playground(page, web_server)
+        assert page.evaluate("document.documentElement.scrollWidth") == 375
+        assert page.locator("#health-label").is_visible()
+        send = page.locator("#send").bounding_box()
+        assert send is not None and send["y"] + send["height"] <= 740  # no scrolling to reach it
+        assert page.evaluate("window.scrollY") == 0
+        toggle = page.locator("#settings-toggle")
+        assert (
+            not page.locator("#temperature").is_visible() and toggle.get_attribute("aria-expanded") == "false"
+        )
+        toggle.click()
+        assert page.locator("#temperature").is_visible() and toggle.get_attribute("aria-expanded") == "true"
+        page.fill("#max_tokens", "5")
+        toggle.click()
+        assert not page.locator("#temperature").is_visible()
+        page.fill("#prompt", "Hello")
+        page.click("#send")
+        m = wait_finished(page)
+        assert m["state"] == "done" and m["tokens"] == "5", m
+    finally:
+        context.close()
+
+
+def test_right_to_left_text(page: Any, web_server: Server) -> None:
+    """Arabic or Hebrew reads right to left in the prompt box, the messages and the reasoning
+    (every message was left to right: "مرحبا!" showed its "!" on the wrong side); English stays
+    left to right and code stays left to right inside a right-to-left answer."""
+    open_playground(page, web_server)
+    rtl = "(sel) => [...document.querySelectorAll(sel)].map(e => getComputedStyle(e).direction)"
+
+    def chunk(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+    answers = [
+        [
+            chunk({"reasoning_content": "أفكر"}),
+            chunk({"content": "مرحبا!\n```\nprint(1)\n```\nشكرا."}, "stop"),
+        ],
+        [chunk({"content": "Hello!"}, "stop")],
+    ]
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(answers.pop(0))
+        ),
+    )
+    page.fill("#prompt", "كيف حالك؟")
+    assert page.evaluate(rtl, "#prompt") == ["rtl"]
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    page.fill("#prompt", "How are you?")
+    assert page.evaluate(rtl, "#prompt") == ["ltr"]
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    assert page.evaluate(rtl, ".msg.user .body") == ["rtl", "ltr"]
+    assert page.evaluate(rtl, ".msg.assistant .body") == ["rtl", "ltr"]
+    assert page.evaluate(rtl, ".msg.assistant .reasoning-text") == ["rtl", "ltr"]
+    assert page.evaluate(rtl, ".msg.assistant pre") == ["ltr"]
+
+
+def test_focus_stays_in_the_prompt_box_after_send_and_stop(page: Any, web_server: Server) -> None:
+    """Clicking Send or Stop hides that button: its focus goes to the prompt box (it fell to the
+    page's body, so the next Enter or keystroke went nowhere)."""
+    open_playground(page, web_server)
+    focused = "document.activeElement.id"
+    page.fill("#max_tokens", "400")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Tell me a story")
+    page.click("#send")
+    page.wait_for_function(f"() => Number(({LAST})().dataset.events || 0) >= 1")
+    assert page.evaluate(focused) == "prompt"
+    page.click("#stop-btn")
+    assert wait_finished(page)["state"] == "stopped"
+    assert page.evaluate(focused) == "prompt"
+    page.keyboard.type("Again")  # straight into the prompt box
+    assert page.input_value("#prompt") == "Again"
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelectorAll('.msg.user').length === 2")
+    assert page.locator(".msg.user .body").last.text_content() == "Again"
+    page.wait_for_function("!document.getElementById('send').hidden")  # answered (or refused)
+
+
+def test_a_stop_string_can_be_a_line_break(page: Any, web_server: Server) -> None:
+    """Each line of the stop box is one stop string, so a line break could not be one (vLLM's
+    and OpenAI's usual ``stop: ["\\n"]``): ``\\n`` and ``\\t`` in a line are a line break and a
+    tab, ``\\\\`` one backslash."""
+    open_playground(page, web_server)
+    page.click("#mode [data-mode=completion]")
+    page.fill("#stop", "\\n\nThe end\\\\n\nEnd\\t")
+    page.fill("#seed", "0")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Once upon a time")
+    with page.expect_request("**/v1/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["stop"] == ["\n", "The end\\n", "End\t"]
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["finish"] == "stop", m
+    assert m["text"] and "\n" not in m["text"]
+
+
+def test_an_answer_that_ended_while_reasoning_shows_the_reasoning(page: Any, web_server: Server) -> None:
+    """A reasoning model cut by max tokens before its answer (Qwen3 with a small max tokens) gets
+    its reasoning unfolded instead of an empty answer box under a folded "Reasoning"."""
+    open_playground(page, web_server)
+
+    def chunk(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+    answers = [
+        [
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"reasoning_content": "Let me think."}, "length"),
+        ],
+        [chunk({"reasoning_content": "Easy."}), chunk({"content": "4"}, "stop")],
+    ]
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(answers.pop(0))
+        ),
+    )
+    page.fill("#prompt", "Think hard")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["finish"] == "length" and m["text"] == "", m
+    reasoning = page.locator(".msg.assistant details.reasoning")
+    assert reasoning.get_attribute("open") is not None
+    assert reasoning.locator(".reasoning-text").is_visible()
+    assert not page.locator(".msg.assistant .body").is_visible()
+    page.fill("#prompt", "2+2?")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["text"] == "4"
+    assert reasoning.nth(1).get_attribute("open") is None  # with an answer it stays folded
+    assert page.locator(".msg.assistant .body").nth(1).is_visible()
+
+
+def test_a_moved_slider_can_go_back_to_the_model_default(page: Any, web_server: Server) -> None:
+    """Temperature and top p are sent only once moved; their reset button leaves them out of the
+    request again (once moved, only a reload brought "model default" back)."""
+    open_playground(page, web_server)
+    assert not page.locator("#temperature-reset").is_visible()
+    set_range(page, "#temperature", 1.5)
+    set_range(page, "#top_p", 0.5)
+    page.fill("#max_tokens", "2")
+    page.fill("#prompt", "Hi")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["temperature"] == 1.5 and req.value.post_data_json["top_p"] == 0.5
+    wait_finished(page)
+    page.click("#temperature-reset")
+    assert page.inner_text("#temperature-value") == "model default"
+    assert not page.locator("#temperature-reset").is_visible()
+    assert page.inner_text("#top_p-value") == "0.50"
+    page.fill("#prompt", "Hi again")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert "temperature" not in req.value.post_data_json and req.value.post_data_json["top_p"] == 0.5
+    assert wait_finished(page)["state"] == "done"

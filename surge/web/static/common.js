@@ -78,18 +78,47 @@ const SurgeCommon = (() => {
     if (last < text.length) appendInline(container, text.slice(last));
   }
 
+  /** An Error named "ConnectionError": the server could not be reached or the connection broke. */
+  function connectionError(message) {
+    const e = new Error(message);
+    e.name = "ConnectionError";
+    return e;
+  }
+
+  /**
+   * fetch(), but a request that cannot reach the server (the browser's bare "Failed to fetch")
+   * throws a ConnectionError that says so. An abort still throws the AbortError.
+   */
+  async function fetchOrExplain(url, init) {
+    try {
+      return await fetch(url, init);
+    } catch (e) {
+      if (e.name === "AbortError") throw e;
+      throw connectionError(`Cannot reach the server at ${location.origin} (${e.message}): is it running?`);
+    }
+  }
+
   /**
    * Read a `text/event-stream` response and call onData(parsedJson) for every `data:` event until
-   * `[DONE]` or the end of the body. Comment lines (": ...") are skipped.
-   * Throws when an event's data is not JSON.
+   * `[DONE]`. Comment lines (": ...") are skipped.
+   * Throws when an event's data is not JSON, and a ConnectionError when the connection breaks or
+   * the body ends before `[DONE]` (the server went away: the answer is cut short).
    */
   async function readSSE(response, onData) {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
+    const lost = "The connection to the server was lost before the end of the answer";
     let buf = "";
     for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (e) {
+        if (e.name === "AbortError") throw e;
+        throw connectionError(`${lost} (${e.message}).`);
+      }
+      const { value, done } = chunk;
+      if (done) throw connectionError(`${lost}: the stream ended without [DONE].`);
       buf += decoder.decode(value, { stream: true });
       buf = buf.replace(/\r\n?/g, "\n");
       let cut;
@@ -234,6 +263,7 @@ const SurgeCommon = (() => {
     headers,
     el,
     renderText,
+    fetchOrExplain,
     readSSE,
     errorMessage,
     parsePrometheus,

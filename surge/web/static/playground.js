@@ -28,6 +28,8 @@
     send: $("send"),
     stopBtn: $("stop-btn"),
     newChat: $("new-chat"),
+    sidebar: $("sidebar"),
+    settingsToggle: $("settings-toggle"),
     modeButtons: [...document.querySelectorAll("#mode button")],
   };
 
@@ -42,31 +44,57 @@
 
   /** A slider starts at "model default" and is not sent until moved, so the server applies
    * the model's own default (its generation_config.json, as for any request that leaves the
-   * field out); once moved it shows and sends its value. */
+   * field out); once moved it shows and sends its value, and its reset button brings the
+   * model's default back. */
   function showRange(input, digits) {
     const out = $(input.id + "-value");
+    const reset = $(input.id + "-reset");
     const update = () => {
       out.textContent = input.dataset.touched ? Number(input.value).toFixed(digits) : "model default";
+      reset.hidden = !input.dataset.touched;
     };
     input.addEventListener("input", () => {
       input.dataset.touched = "1";
       update();
+    });
+    reset.addEventListener("click", (e) => {
+      e.preventDefault(); // inside the label: no click on the slider
+      delete input.dataset.touched;
+      input.value = input.defaultValue;
+      update();
+      input.focus();
     });
     update();
   }
   showRange(ui.temperature, 2);
   showRange(ui.topP, 2);
 
-  function intOrNull(input) {
+  /** The whole number in a number field, null when it is empty. Throws (and marks and focuses
+   * the field) when it holds anything else, so a setting is never silently left out: the browser
+   * gives "" for text it cannot read as a number ("1e"), which `validity.badInput` tells apart. */
+  function intOrNull(input, label) {
     const v = input.value.trim();
-    if (v === "") return null;
+    if (v === "" && !input.validity.badInput) return null;
     const n = Number(v);
-    return Number.isInteger(n) ? n : null;
+    if (v !== "" && Number.isSafeInteger(n)) return n;
+    input.setAttribute("aria-invalid", "true");
+    input.focus();
+    throw new Error(`${label} must be a whole number${v ? `, not ${v}` : ""} (or empty for the default).`);
+  }
+  for (const input of [ui.topK, ui.maxTokens, ui.seed]) {
+    input.addEventListener("input", () => input.removeAttribute("aria-invalid"));
+  }
+
+  /** A stop string as typed: `\n` is a line break, `\t` a tab and `\\` one backslash (a line
+   * break cannot be typed otherwise: each line of the box is one stop string). */
+  function unescapeStop(line) {
+    return line.replace(/\\([nt\\])/g, (_, c) => (c === "n" ? "\n" : c === "t" ? "\t" : "\\"));
   }
 
   /** The request fields common to both endpoints, from the settings panel. An empty max tokens
    * ("auto") asks for all the room left in the context: chat's default; completions default to
-   * 16, so they send max_tokens: null (vLLM's "all the room left"). */
+   * 16, so they send max_tokens: null (vLLM's "all the room left"). Throws on a field that is
+   * not a whole number. */
   function samplingFields(chat) {
     const body = {
       model: ui.model.value,
@@ -75,14 +103,17 @@
     };
     if (ui.temperature.dataset.touched) body.temperature = Number(ui.temperature.value);
     if (ui.topP.dataset.touched) body.top_p = Number(ui.topP.value);
-    const maxTokens = intOrNull(ui.maxTokens);
+    const maxTokens = intOrNull(ui.maxTokens, "Max tokens");
     if (maxTokens !== null) body.max_tokens = maxTokens;
     else if (!chat) body.max_tokens = null;
-    const topK = intOrNull(ui.topK);
+    const topK = intOrNull(ui.topK, "Top k");
     if (topK !== null) body.top_k = topK;
-    const seed = intOrNull(ui.seed);
+    const seed = intOrNull(ui.seed, "Seed");
     if (seed !== null) body.seed = seed;
-    const stops = ui.stop.value.split("\n").filter((s) => s.length > 0);
+    const stops = ui.stop.value
+      .split("\n")
+      .filter((s) => s.length > 0)
+      .map(unescapeStop);
     if (stops.length) body.stop = stops;
     if (ui.ignoreEos.checked) body.ignore_eos = true;
     return body;
@@ -145,6 +176,7 @@
     const msg = C.el("div", "msg user");
     msg.appendChild(C.el("div", "role", label));
     const body = C.el("div", "body");
+    body.dir = "auto"; // Arabic or Hebrew text reads right to left
     C.renderText(body, text);
     msg.appendChild(body);
     ui.inner.appendChild(msg);
@@ -169,8 +201,10 @@
     reasoning.hidden = true;
     const summary = C.el("summary", null, "Reasoning");
     const reasoningText = C.el("div", "reasoning-text");
+    reasoningText.dir = "auto";
     reasoning.append(summary, reasoningText);
     const body = C.el("div", "body streaming");
+    body.dir = "auto";
     const stats = C.el("div", "stats");
     const view = {
       msg,
@@ -199,9 +233,14 @@
 
   // ---------- one streamed request ----------
 
+  /** Swap Send and Stop. The button being hidden hands its focus to the prompt box (a hidden
+   * button drops it to the page), so Enter and typing still reach the prompt. */
   function setBusy(busy) {
+    const hiding = busy ? ui.send : ui.stopBtn;
+    const hadFocus = document.activeElement === hiding;
     ui.send.hidden = busy;
     ui.stopBtn.hidden = !busy;
+    if (hadFocus) ui.prompt.focus();
   }
 
   /** Live numbers of one answer: timing from the send, token events, usage and finish reason. */
@@ -289,7 +328,13 @@
       }
     }
     const chat = state.mode === "chat";
-    const body = samplingFields(chat);
+    let body;
+    try {
+      body = samplingFields(chat);
+    } catch (e) {
+      addError(e.message); // nothing is sent; the prompt stays in the box
+      return;
+    }
     let url;
     if (chat) {
       state.history.push({ role: "user", content: text });
@@ -315,7 +360,7 @@
     const ticker = setInterval(() => showStats(view, run), 250);
     let outcome = "done";
     try {
-      const r = await fetch(url, {
+      const r = await C.fetchOrExplain(url, {
         method: "POST",
         headers: C.headers(true),
         body: JSON.stringify(body),
@@ -343,6 +388,11 @@
       view.body.classList.remove("streaming");
       if (run.reasoning) view.summary.textContent = `Reasoning (${run.reasoning.length} characters)`;
       paint(view, run);
+      if (run.reasoning && !run.text) {
+        // it ended (max tokens, Stop) while still reasoning: show that instead of an empty answer
+        view.reasoning.open = true;
+        view.body.hidden = true;
+      }
       if (chat && epoch === state.epoch) {
         if (run.text) state.history.push({ role: "assistant", content: run.text });
         else state.history.pop(); // an empty or failed answer: drop the unanswered question
@@ -396,6 +446,11 @@
   ui.prompt.addEventListener("input", autoSize);
   ui.stopBtn.addEventListener("click", stop);
   ui.newChat.addEventListener("click", newChat);
+  // narrow screens only (CSS): the settings fold open under the New chat row
+  ui.settingsToggle.addEventListener("click", () => {
+    const open = ui.sidebar.classList.toggle("open");
+    ui.settingsToggle.setAttribute("aria-expanded", String(open));
+  });
   for (const b of ui.modeButtons) b.addEventListener("click", () => setMode(b.dataset.mode));
 
   C.watchHealth($("health-dot"), $("health-label"));
