@@ -67,9 +67,12 @@ def _calls(response: Any) -> list[Any]:
 
 
 def _stream(client: openai.OpenAI, **kw: Any) -> tuple[list[Any], Any]:
+    """The SDK's stream helper: its events and the final response (an ``incomplete`` one ends
+    with ``response.incomplete``, as OpenAI sends it, whose response is the final one)."""
     with client.responses.stream(**kw) as stream:
         events = list(stream)
-        final = stream.get_final_response()
+        last = events[-1]
+        final = last.response if last.type == "response.incomplete" else stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))
     return events, final
 
