@@ -15,7 +15,8 @@ its response is the one a non-streamed request gets), each with its ``sequence_n
 error after the stream started is an ``error`` event followed by ``response.failed``.
 
 An output cut by ``max_output_tokens`` marks the item it was writing (the last) ``incomplete``,
-as OpenAI does.
+as OpenAI does. A ``tool_choice: "required"`` array cut short is its ``function_call`` items (the
+last with the arguments written so far), streamed or not: the stream has sent them as items.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     if not body.stream:
         results = await collect(request, prepared.gen)
         text, finish, _ = results.get(0, ("", None, None))
-        message, finish = prepared.plan.message(text, finish)
+        message, finish = prepared.plan.message(text, finish, keep_cut_forced_calls=True)
         output = _output_items(message, shape.all_logprobs())
         response = shape.final(output, finish, message)
         _store(state, body, response, conversation, message)

@@ -164,6 +164,41 @@ def test_required_calls_one_when_not_parallel(client: openai.OpenAI, model: str)
         jsonschema.validate(json.loads(call.arguments), TIME)
 
 
+def test_required_calls_cut_by_max_output_tokens_are_calls_streamed_or_not(
+    client: openai.OpenAI, model: str
+) -> None:
+    """A ``required`` array cut by ``max_output_tokens`` used to be a ``message`` with the array's
+    text unstreamed but ``function_call`` items streamed, and with a strict tool the SDK's stream
+    helper raised ``JSONDecodeError`` at ``response.completed`` (it parses a strict tool's
+    arguments there). Now both are the calls, the cut one ``incomplete``, and the stream ends
+    with ``response.incomplete``."""
+    kw: dict[str, Any] = dict(
+        model=model,
+        input="Time?",
+        tools=[TOOLS[0]],  # strict
+        tool_choice="required",
+        max_output_tokens=12,
+        temperature=1.0,
+        extra_body=FORCED,
+    )
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output and all(o.type == "function_call" and o.name == "get_time" for o in r.output)
+    *done, cut = r.output
+    assert cut.status == "incomplete" and all(o.status == "completed" for o in done)
+    events, final = _stream(client, **kw)  # the helper parses nothing: no JSONDecodeError
+    assert events[-1].type == "response.incomplete"
+
+    def shape(items: list[Any]) -> list[tuple[str, str, str, str]]:
+        return [(o.type, o.name, o.arguments, o.status) for o in items]
+
+    assert shape(final.output) == shape(r.output)
+    assert shape([e.item for e in events if e.type == "response.output_item.done"]) == shape(r.output)
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == "".join(
+        o.arguments for o in r.output
+    )
+
+
 def test_reasoning_item_and_reasoning_tokens(client: openai.OpenAI, model: str) -> None:
     """An assistant message left ``incomplete`` after ``<think>`` is continued (as vLLM), inside
     the reasoning: with ``</think>`` banned, the output is all reasoning."""
