@@ -304,7 +304,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             fits (vLLM refuses 0 here and samples one token that its server drops). None: all the room the context leaves after the
             prompt (``max_model_len`` minus its length), set when the engine takes the request
             (:meth:`surge.engine.llm_engine.LLMEngine.add_request`), as vLLM does.
-        min_tokens: EOS and stop token ids are suppressed until this many tokens exist.
+        min_tokens: EOS and stop token ids are suppressed until this many tokens exist (the
+            EOS ids under ``ignore_eos`` too, as in vLLM).
         ignore_eos: keep generating after the EOS token.
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
             ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` may be

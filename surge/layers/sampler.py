@@ -70,7 +70,8 @@ class SamplingMetadata:
         output_token_counts: ``[B, V]`` float32, occurrences of each token in the output.
         prompt_mask: ``[B, V]`` bool, tokens present in the prompt.
         suppress_rows, suppress_tokens: ``[S]`` int64 pairs whose logits are set to -inf
-            (EOS and stop ids of requests still under ``min_tokens``, and banned bad words).
+            (EOS and stop ids of requests still under ``min_tokens``, ``ignore_eos`` or not, and
+            banned bad words).
         logit_bias_rows, logit_bias_tokens, logit_bias_values: ``[L]`` (int64, int64, float32)
             biases added to the logits (``logit_bias``) of rows whose dict has fewer than
             ``vocab_size / DENSE_RULE_DIVISOR`` entries.
@@ -311,15 +312,16 @@ def _suppressed_entries(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(rows int64, tokens int64)`` of the tokens each row may not sample this step (sorted
     per row, inside the vocabulary), or None when there are none: before ``min_tokens``, the
-    ``stop_token_ids`` and (without ``ignore_eos``) the EOS tokens; and the last tokens of the
-    bad words the output is about to complete.
+    ``stop_token_ids`` and the EOS tokens (under ``ignore_eos`` too: vLLM 0.26 bans its
+    ``all_stop_token_ids``, which always hold the EOS ids); and the last tokens of the bad words
+    the output is about to complete.
 
     The ``min_tokens`` ban of each distinct stop list and EOS set is converted once per build
     (a request's ``n`` choices share their parent's list) and laid out by NumPy: as per-row
     Python sets, ``n: 128`` choices sharing 150,000 ``stop_token_ids`` took 1-3 s of the engine
     loop per step until ``min_tokens``, every other request waiting.
     """
-    bans: dict[tuple[int, bool, frozenset[int]], np.ndarray] = {}
+    bans: dict[tuple[int, frozenset[int]], np.ndarray] = {}
     rows: list[np.ndarray] = []  # rows before min_tokens (their bad words merged in)
     tokens: list[np.ndarray] = []
     word_rows: list[int] = []  # rows with bad words only: a few tokens, kept as Python ints
@@ -336,8 +338,8 @@ def _suppressed_entries(
                     word_rows.append(i)
                     word_tokens.append(t)
             continue
-        eos = frozenset() if p.ignore_eos else frozenset(eos_token_ids[i])
-        key = (id(p.stop_token_ids), p.ignore_eos, eos)
+        eos = frozenset(eos_token_ids[i])
+        key = (id(p.stop_token_ids), eos)
         banned = bans.get(key)
         if banned is None:
             stops = np.fromiter(p.stop_token_ids, dtype=np.int64, count=len(p.stop_token_ids))

@@ -55,8 +55,8 @@ _SSE_DESCRIPTION = (
 )
 _RESPONSES_SSE_DESCRIPTION = (
     "With `stream: true`: `event: <type>` / `data: {event}` Responses API events, from "
-    "`response.created` to `response.completed` (or `error` and `response.failed`), with `: queued` "
-    "comments while waiting for the first token."
+    "`response.created` to `response.completed` (`response.incomplete` when `max_output_tokens` cut "
+    "it; or `error` and `response.failed`), with `: queued` comments while waiting for the first token."
 )
 
 

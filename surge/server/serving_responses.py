@@ -9,10 +9,14 @@ checks, renders and sends to the engine; its text goes through the chat plan's p
 Streamed, the events are those vLLM and OpenAI send (``response.created``,
 ``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``, the
 text, reasoning and function-call argument deltas and their ``done`` events,
-``response.output_item.done``, then ``response.completed``, whose response is the one a
-non-streamed request gets: as in vLLM it is ``response.completed`` also when the status is
-``incomplete``), each with its ``sequence_number``; an error after the stream started is an
-``error`` event followed by ``response.failed``.
+``response.output_item.done``, then ``response.completed``, or ``response.incomplete`` when the
+status is ``incomplete`` as OpenAI sends it, where vLLM sends ``response.completed`` either way;
+its response is the one a non-streamed request gets), each with its ``sequence_number``; an
+error after the stream started is an ``error`` event followed by ``response.failed``.
+
+An output cut by ``max_output_tokens`` marks the item it was writing (the last) ``incomplete``,
+as OpenAI does. A ``tool_choice: "required"`` array cut short is its ``function_call`` items (the
+last with the arguments written so far), streamed or not: the stream has sent them as items.
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     if not body.stream:
         results = await collect(request, prepared.gen)
         text, finish, _ = results.get(0, ("", None, None))
-        message, finish = prepared.plan.message(text, finish)
+        message, finish = prepared.plan.message(text, finish, keep_cut_forced_calls=True)
         output = _output_items(message, shape.all_logprobs())
         response = shape.final(output, finish, message)
         _store(state, body, response, conversation, message)
@@ -133,13 +137,14 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         return out
 
     def closing() -> list[bytes]:
-        out = events.close_item()
+        status = "incomplete" if _cut_short(events.finish_reason) else "completed"
+        out = events.close_item(status)  # the item open at the end is the one cut
         if not events.items:  # nothing generated: one empty message, as the non-streamed answer
-            out.extend(events.empty_message())
+            out.extend(events.empty_message(status))
         message = events.message()
         response = shape.final(events.items, events.finish_reason, message)
         _store(state, body, response, conversation, message)
-        out.append(events.event("response.completed", response=response))
+        out.append(events.event(f"response.{response['status']}", response=response))
         return out
 
     def on_error(error: ApiError) -> list[bytes]:
@@ -164,6 +169,12 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         closing=closing,
         on_error=on_error,
     )
+
+
+def _cut_short(finish_reason: str | None) -> bool:
+    """Whether an output with this finish reason is ``incomplete`` (its length limit cut it:
+    ``max_output_tokens`` or the context)."""
+    return finish_reason == "length"
 
 
 def _store(
@@ -254,11 +265,14 @@ class _ResponseShape:
         self, output: list[dict[str, Any]], finish_reason: str | None, message: dict[str, Any]
     ) -> dict[str, Any]:
         """The finished Response: ``incomplete`` (reason ``max_output_tokens``) when the output
-        was cut by its length limit, else ``completed``; with the exact usage."""
-        incomplete = finish_reason == "length"
+        was cut by its length limit, its last item (the one cut) ``incomplete`` too, as OpenAI
+        marks it; else ``completed``; with the exact usage."""
+        incomplete = _cut_short(finish_reason)
         response = self.base("incomplete" if incomplete else "completed", output)
         if incomplete:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
+            if output:
+                output[-1]["status"] = "incomplete"
         gen = self.prepared.gen
         choice = gen.choices[0]
         p, c = gen.prompt_tokens, gen.completion_tokens
@@ -464,8 +478,9 @@ class _StreamEvents:
             )
         return out
 
-    def close_item(self) -> list[bytes]:
-        """The ``done`` events of the open item (none open: none), which joins :attr:`items`."""
+    def close_item(self, status: str = "completed") -> list[bytes]:
+        """The ``done`` events of the open item (none open: none), which joins :attr:`items`
+        with this ``status`` (``incomplete``: the output was cut in it)."""
         kind, index, text = self._kind, self._index, self._text
         if kind is None:
             return []
@@ -491,7 +506,7 @@ class _StreamEvents:
                     part=part,
                 )
             )
-            item = _reasoning_item(self._id, text, "completed")
+            item = _reasoning_item(self._id, text, status)
         elif kind == "message":
             if self._logprobs is not None:
                 self._logprobs.extend(self._pending)
@@ -516,7 +531,7 @@ class _StreamEvents:
                     part=part,
                 )
             )
-            item = _message_item(self._id, [part], "completed")
+            item = _message_item(self._id, [part], status)
         else:
             call_id, name = self._call
             out.append(
@@ -528,14 +543,14 @@ class _StreamEvents:
                     arguments=text,
                 )
             )
-            item = _call_item(self._id, call_id, name, text, "completed")
+            item = _call_item(self._id, call_id, name, text, status)
         self.items.append(item)
         out.append(self.event("response.output_item.done", output_index=index, item=item))
         return out
 
-    def empty_message(self) -> list[bytes]:
+    def empty_message(self, status: str = "completed") -> list[bytes]:
         """The events of an empty ``message`` item (an output with no text at all)."""
-        return self._open("message") + self.close_item()
+        return self._open("message") + self.close_item(status)
 
     def message(self) -> dict[str, Any]:
         """The closed items as one chat assistant message (what the store keeps)."""

@@ -59,6 +59,21 @@ def test_eos_stops_with_stop_and_min_tokens_is_honoured(comma_eos_model: Path) -
         assert len(out.token_ids) == 40
 
 
+def test_min_tokens_bans_eos_under_ignore_eos(comma_eos_model: Path) -> None:
+    """As vLLM 0.26 (its min-tokens processor bans ``all_stop_token_ids``, which hold the EOS
+    ids under ``ignore_eos`` too): no EOS among the first ``min_tokens`` tokens, then EOS may
+    come (and does not end the request)."""
+    llm = LLM(comma_eos_model, device="cpu")
+    params = SamplingParams(
+        temperature=0.0, max_tokens=12, min_tokens=5, ignore_eos=True, logit_bias={432: 100.0}
+    )
+    out = llm.generate("Once upon a time", params)[0].outputs[0]
+    assert len(out.token_ids) == 12
+    assert 432 not in out.token_ids[:5]
+    assert out.token_ids[5:] == [432] * 7
+    assert out.finish_reason == "length"
+
+
 def test_stop_token_ids_and_stop_strings(llm: LLM) -> None:
     greedy = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=64))[0]
     text = greedy.outputs[0].text

@@ -115,8 +115,11 @@ def test_min_tokens_suppresses_eos_and_stop_ids() -> None:
     eos = [(2,), (2,), (2,)]
     md = _md([params] * 3, outputs=[[], [1], [1, 1]], eos=eos)
     assert Sampler()(logits, md).tolist() == [9, 9, 2]
+    # Under ignore_eos too (vLLM 0.26 bans its all_stop_token_ids, which hold the EOS ids).
     ignore = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
-    assert Sampler()(logits[:1], _md([ignore], eos=eos[:1])).tolist() == [2]
+    assert Sampler()(logits[:1], _md([ignore], eos=eos[:1])).tolist() == [7]
+    md = _md([ignore] * 2, outputs=[[1], [1, 1]], eos=eos[:2])
+    assert Sampler()(logits[:2], md).tolist() == [7, 2]
 
 
 def test_seeded_rows_do_not_depend_on_the_batch() -> None:

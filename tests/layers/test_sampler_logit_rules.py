@@ -444,7 +444,7 @@ def test_many_stop_token_ids_under_min_tokens_are_converted_once(monkeypatch: py
     assert md.suppress_rows is not None and md.suppress_tokens is not None
     assert torch.equal(md.suppress_rows, torch.arange(n).repeat_interleave(len(banned)))
     assert torch.equal(md.suppress_tokens, torch.tensor(banned).repeat(n))
-    # past min_tokens nothing is banned; ignore_eos keeps EOS; bad words join the ban
+    # past min_tokens nothing is banned; ignore_eos bans EOS too (vLLM); bad words join the ban
     done = SamplingMetadata.build(children[:1], [[1]], [[7] * 5], [eos], vocab, "cpu")
     assert done.suppress_rows is None
     mixed = [
@@ -453,8 +453,8 @@ def test_many_stop_token_ids_under_min_tokens_are_converted_once(monkeypatch: py
     ]
     md = SamplingMetadata.build(mixed, [[1]] * 2, [[7]] * 2, [eos] * 2, vocab, "cpu")
     assert md.suppress_rows is not None and md.suppress_tokens is not None
-    assert md.suppress_rows.tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
-    assert md.suppress_tokens.tolist() == [5, 9, 3, 4, 5, 9, 151_643, 151_645]
+    assert md.suppress_rows.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert md.suppress_tokens.tolist() == [5, 9, 151_643, 151_645, 3, 4, 5, 9, 151_643, 151_645]
 
 
 @pytest.mark.gpu

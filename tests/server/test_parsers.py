@@ -214,6 +214,24 @@ def test_reasoning_parsers() -> None:
     assert _check(r1, "never ends") == ("", "never ends", [])
 
 
+def test_qwen3_reads_think_end_as_vllm_0_26() -> None:
+    """vLLM 0.26's qwen3 parser starts inside the reasoning and drops a ``</think>`` it meets in
+    the answer: an output that starts with ``</think>`` has an empty reasoning, and every later
+    ``</think>`` leaves the answer; DeepSeek-R1's ``partition`` keeps them as text."""
+    qwen3 = _parser(reasoning="qwen3")
+    assert _check(qwen3, "</think></think></think></think>") == ("", "", [])
+    assert _check(qwen3, "</think></think>Paris</think>.") == ("Paris.", "", [])
+    assert _check(qwen3, "\n</think>\n\n</think>Paris") == ("\n\nParis", "", [])
+    assert _check(qwen3, "<think>Hmm.</think>\n\n</think>Paris </thi") == ("\n\nParis </thi", "Hmm.", [])
+    assert _check(qwen3, "</thin") == ("</thin", "", [])  # not the tag: the answer
+    parser = qwen3()
+    pieces = [parser.feed(p) for p in ["</think>", "</think>", "Par", "is <", "/think>."]] + [parser.finish()]
+    assert [d.content for d in pieces] == ["", "", "Par", "is ", ".", ""]
+    assert parser.reasoning is not None and parser.reasoning.reasoning_ended
+    r1 = _parser(reasoning="deepseek_r1")
+    assert _check(r1, "</think></think>Paris") == ("</think>Paris", "", [])
+
+
 @pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
 def test_the_answer_keeps_the_whitespace_after_think_end(reasoning: str) -> None:
     """vLLM's parsers answer ``model_output.partition("</think>")[2]``: Qwen3's ``</think>\n\n``

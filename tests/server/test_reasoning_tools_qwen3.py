@@ -129,6 +129,24 @@ def test_forced_calls_after_think_end_without_think_start(qwen3_server: Server) 
     jsonschema.validate(json.loads(msg["content"]), TIME)
 
 
+def test_leading_think_end_is_an_empty_reasoning_with_or_without_a_grammar(qwen3_server: Server) -> None:
+    """``</think>`` first, then more of them (no ``<think>``): vLLM 0.26's qwen3 parser starts
+    inside the reasoning, which the first ``</think>`` ends (empty), and drops the later ones from
+    the answer. Without a grammar the answer used to be ``"</think></think>..."`` while the
+    forced grammar's reading (reasoning up to the first ``</think>``) had none; both now read
+    the output as vLLM does, streamed or not."""
+    body = {"logit_bias": {str(THINK_END): 100}, "max_tokens": 4, "seed": 0}
+    for extra in ({}, {"tools": TOOLS, "tool_choice": "auto"}):
+        msg, finish = _post(qwen3_server, body | extra)
+        assert finish == "length" and "tool_calls" not in msg
+        assert msg["content"] is None and msg["reasoning_content"] is None  # four </think>, all tags
+        streamed, finish = _stream(qwen3_server, body | extra)  # its last chunk may carry content ""
+        assert finish == "length" and streamed["content"] in (None, "") and streamed["reasoning"] is None
+    msg, finish = _post(qwen3_server, body | {"tools": TOOLS, "tool_choice": "required"})
+    assert finish == "length" and msg["reasoning_content"] is None and "</think>" not in json.dumps(msg)
+    assert msg["content"].startswith("[")  # the cut array's text (chat's unstreamed answer)
+
+
 def test_named_call_cut_by_max_tokens_after_think_end(qwen3_server: Server) -> None:
     """``</think>`` first, then ``max_tokens`` cuts the named call's arguments: streamed and not
     alike (vLLM's answer), the call with the arguments written so far, ``content`` null and

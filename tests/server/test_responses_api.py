@@ -40,10 +40,13 @@ def model(client: openai.OpenAI) -> str:
 
 
 def _stream(client: openai.OpenAI, **kw: Any) -> tuple[list[ResponseStreamEvent], Response]:
-    """Every typed event of a streamed response (the SDK's helper) and its final response."""
+    """Every typed event of a streamed response (the SDK's helper) and its final response (an
+    ``incomplete`` one ends with ``response.incomplete``, as OpenAI sends it: the helper's
+    ``get_final_response()`` wants ``response.completed``, so it comes from that event)."""
     with client.responses.stream(**kw) as stream:
         events = list(stream)
-        final = stream.get_final_response()
+        last = events[-1]
+        final = last.response if last.type == "response.incomplete" else stream.get_final_response()
     return events, final
 
 
@@ -84,6 +87,7 @@ def test_non_streamed_exact_length_is_incomplete(client: openai.OpenAI, model: s
     assert r.usage.output_tokens_details.reasoning_tokens == 0
     [item] = r.output
     assert item.type == "message" and item.role == "assistant"
+    assert item.status == "incomplete"  # the item the cut happened in, as OpenAI marks it
     [part] = item.content
     assert part.type == "output_text" and part.annotations == [] and part.text == r.output_text
     assert r.output_text and r.temperature == 0 and r.tools == [] and r.text.format.type == "text"
@@ -131,7 +135,7 @@ def test_streamed_events_parse_and_end_in_the_non_streamed_response(
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
-        "response.completed",
+        "response.incomplete",  # as OpenAI ends an incomplete response (vLLM: response.completed)
     ]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -142,6 +146,7 @@ def test_streamed_events_parse_and_end_in_the_non_streamed_response(
     assert all(d.item_id == item_id and d.output_index == 0 and d.content_index == 0 for d in deltas)
     assert "".join(d.delta for d in deltas) == full.output_text == final.output_text
     assert events[-4].text == full.output_text and events[-2].item.id == item_id == final.output[0].id
+    assert events[-2].item.status == final.output[0].status == full.output[0].status == "incomplete"
     assert final.status == "incomplete" and final.usage.output_tokens == 12
     assert _comparable(final) == _comparable(full)
     # create(stream=True) gives the same typed events

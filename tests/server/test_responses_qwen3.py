@@ -67,9 +67,12 @@ def _calls(response: Any) -> list[Any]:
 
 
 def _stream(client: openai.OpenAI, **kw: Any) -> tuple[list[Any], Any]:
+    """The SDK's stream helper: its events and the final response (an ``incomplete`` one ends
+    with ``response.incomplete``, as OpenAI sends it, whose response is the final one)."""
     with client.responses.stream(**kw) as stream:
         events = list(stream)
-        final = stream.get_final_response()
+        last = events[-1]
+        final = last.response if last.type == "response.incomplete" else stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))
     return events, final
 
@@ -159,6 +162,41 @@ def test_required_calls_one_when_not_parallel(client: openai.OpenAI, model: str)
     assert call.name in ("get_time", "noop") and r.parallel_tool_calls is False
     if call.name == "get_time":
         jsonschema.validate(json.loads(call.arguments), TIME)
+
+
+def test_required_calls_cut_by_max_output_tokens_are_calls_streamed_or_not(
+    client: openai.OpenAI, model: str
+) -> None:
+    """A ``required`` array cut by ``max_output_tokens`` used to be a ``message`` with the array's
+    text unstreamed but ``function_call`` items streamed, and with a strict tool the SDK's stream
+    helper raised ``JSONDecodeError`` at ``response.completed`` (it parses a strict tool's
+    arguments there). Now both are the calls, the cut one ``incomplete``, and the stream ends
+    with ``response.incomplete``."""
+    kw: dict[str, Any] = dict(
+        model=model,
+        input="Time?",
+        tools=[TOOLS[0]],  # strict
+        tool_choice="required",
+        max_output_tokens=12,
+        temperature=1.0,
+        extra_body=FORCED,
+    )
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output and all(o.type == "function_call" and o.name == "get_time" for o in r.output)
+    *done, cut = r.output
+    assert cut.status == "incomplete" and all(o.status == "completed" for o in done)
+    events, final = _stream(client, **kw)  # the helper parses nothing: no JSONDecodeError
+    assert events[-1].type == "response.incomplete"
+
+    def shape(items: list[Any]) -> list[tuple[str, str, str, str]]:
+        return [(o.type, o.name, o.arguments, o.status) for o in items]
+
+    assert shape(final.output) == shape(r.output)
+    assert shape([e.item for e in events if e.type == "response.output_item.done"]) == shape(r.output)
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == "".join(
+        o.arguments for o in r.output
+    )
 
 
 def test_reasoning_item_and_reasoning_tokens(client: openai.OpenAI, model: str) -> None:

@@ -10,7 +10,8 @@ arguments as the call, non-streamed as streamed (vLLM answers so; the finish rea
 or "stop", never "tool_calls"). A ``required``
 array that does not parse is, non-streamed, its text as content with no tool calls
 (:meth:`~surge.server.parsers.base.ToolParser.malformed_text`), as for the ``auto`` parsers; a
-stream has already sent the pieces."""
+stream has already sent the pieces. The Responses API keeps the cut calls, streamed or not
+(``ChatPlan.message``'s ``keep_cut_forced_calls``), as its stream sends them as items."""
 
 from __future__ import annotations
 

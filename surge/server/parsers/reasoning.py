@@ -39,6 +39,12 @@ class ReasoningParser:
     starts_in_reasoning = False
     """True when the output starts inside the reasoning even without ``<think>`` (the
     template put it in the prompt); False when reasoning needs an explicit ``<think>``."""
+    absorbs_end_tags = False
+    """True (Qwen3, as vLLM 0.26's qwen3 parser): an output that starts with ``</think>`` had an
+    empty reasoning, and every ``</think>`` in the answer after the reasoning ended is dropped
+    (vLLM's parser absorbs a ``</think>`` it meets in its content state), except under ``gated``,
+    where the answer is the text the grammar constrained. False: ``</think>`` in the answer is
+    text (vLLM's ``partition``, DeepSeek-R1)."""
 
     def __init__(self, starts_in_reasoning: bool | None = None, gated: bool = False) -> None:
         if starts_in_reasoning is not None:
@@ -48,6 +54,7 @@ class ReasoningParser:
         self._state = "start"
         self._gate_never_opened = False
         self._scanned = 0  # gated: where in the held text </think> may still start
+        self._absorbing = False  # the reasoning ended: later </think> tags are dropped
 
     @property
     def reasoning_ended(self) -> bool:
@@ -84,8 +91,14 @@ class ReasoningParser:
                     self._buf = head[len(THINK_START) :]
                     self._state = "reasoning"
                     continue
-                if THINK_START.startswith(head) and not final:
-                    return reasoning, content  # may still become <think>
+                if self.absorbs_end_tags and head.startswith(THINK_END):
+                    # vLLM 0.26's qwen3 output starts inside the reasoning: this ends it, empty
+                    self._buf = head[len(THINK_END) :]
+                    self._end_reasoning()
+                    continue
+                ends = self.absorbs_end_tags and THINK_END.startswith(head)
+                if (THINK_START.startswith(head) or ends) and not final:
+                    return reasoning, content  # may still become <think> (or </think>)
                 if self.starts_in_reasoning:
                     self._state = "reasoning"
                 else:
@@ -110,11 +123,22 @@ class ReasoningParser:
                     return reasoning, content
                 reasoning += buf[:i]
                 self._buf = buf[i + len(THINK_END) :]
-                self._state = "content"
+                self._end_reasoning()
                 continue
+            if self._absorbing:
+                buf = buf.replace(THINK_END, "")
+                keep = 0 if final else partial_suffix(buf, THINK_END)
+                content += buf[: len(buf) - keep]
+                self._buf = buf[len(buf) - keep :]
+                return reasoning, content
             content += buf
             self._buf = ""
             return reasoning, content
+
+    def _end_reasoning(self) -> None:
+        """``</think>`` ended the reasoning: the rest is the answer."""
+        self._state = "content"
+        self._absorbing = self.absorbs_end_tags and not self._gated
 
 
 class Qwen3ReasoningParser(ReasoningParser):
@@ -122,7 +146,11 @@ class Qwen3ReasoningParser(ReasoningParser):
     itself) is reasoning up to ``</think>``; an output without it is all answer, unless the
     chat plan says the output starts inside the reasoning (``starts_in_reasoning``: the
     prompt ends with an open ``<think>``, as newer Qwen3 thinking templates write it, or the
-    request's grammar applies only after ``</think>``)."""
+    request's grammar applies only after ``</think>``), or it starts with ``</think>`` (an empty
+    reasoning, as vLLM 0.26 reads it). After the reasoning, a ``</think>`` in the answer is
+    dropped, as vLLM 0.26 drops it (:attr:`absorbs_end_tags`)."""
+
+    absorbs_end_tags = True
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
