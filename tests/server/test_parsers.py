@@ -232,6 +232,20 @@ def test_qwen3_reads_think_end_as_vllm_0_26() -> None:
     assert _check(r1, "</think></think>Paris") == ("</think>Paris", "", [])
 
 
+def test_qwen3_drops_think_end_left_to_right_however_the_stream_splits() -> None:
+    """The text on both sides of a dropped ``</think>`` never joins into a new tag: the answer
+    ``<</think>/think>`` is ``</think>`` as vLLM's lexer reads it left to right, streamed in
+    any pieces (a ``<`` held as a possible tag start used to meet ``/think>`` after the
+    dropped tag, and the stream lost a ``</think>`` the whole answer kept)."""
+    text = "<think>a</think>b<</think>/think>c"
+    qwen3 = _parser(reasoning="qwen3")
+    assert _check(qwen3, text) == ("b</think>c", "a", [])
+    for pieces in (["<think>a</think>b<", "</think>/think>c"], ["<think>a</think>b<</think>", "/think>c"]):
+        parser = qwen3()
+        deltas = [parser.feed(p) for p in pieces] + [parser.finish()]
+        assert _collect(deltas) == ("b</think>c", "a", [])
+
+
 @pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
 def test_the_answer_keeps_the_whitespace_after_think_end(reasoning: str) -> None:
     """vLLM's parsers answer ``model_output.partition("</think>")[2]``: Qwen3's ``</think>\n\n``

@@ -126,7 +126,13 @@ class ReasoningParser:
                 self._end_reasoning()
                 continue
             if self._absorbing:
-                buf = buf.replace(THINK_END, "")
+                # left to right, as vLLM's lexer: the text around a dropped tag does not join
+                # into a new one ("<</think>/think>" is "</think>", however it was split)
+                i = buf.find(THINK_END)
+                if i >= 0:
+                    content += buf[:i]
+                    self._buf = buf[i + len(THINK_END) :]
+                    continue
                 keep = 0 if final else partial_suffix(buf, THINK_END)
                 content += buf[: len(buf) - keep]
                 self._buf = buf[len(buf) - keep :]
