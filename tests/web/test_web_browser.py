@@ -641,3 +641,27 @@ def test_a_moved_slider_can_go_back_to_the_model_default(page: Any, web_server: 
         page.click("#send")
     assert "temperature" not in req.value.post_data_json and req.value.post_data_json["top_p"] == 0.5
     assert wait_finished(page)["state"] == "done"
+
+
+def test_dashboard_tiles_go_stale_when_metrics_cannot_be_read(page: Any, web_server: Server) -> None:
+    """While /metrics cannot be read the tiles and charts are greyed and a live note says their
+    values are stale (they kept their last values looking live, only a banner said so); the next
+    good scrape clears it."""
+    page.goto(web_server.url + "/dashboard")
+    page.wait_for_function("window.surgeDashboard && window.surgeDashboard.samples >= 1")
+    assert page.evaluate("document.querySelector('main.dash').classList.contains('stale')") is False
+    assert page.get_attribute("#dash-stale", "aria-live") == "polite"
+    page.route("**/metrics", lambda route: route.abort("connectionrefused"))
+    page.wait_for_function("document.querySelector('main.dash').classList.contains('stale')")
+    note = page.locator("#dash-stale").text_content() or ""
+    assert note.startswith("The values below are stale: last read at "), note
+    assert page.locator("#dash-error").is_visible()
+    assert float(page.eval_on_selector("#tiles", "el => getComputedStyle(el).opacity")) < 1
+    assert float(page.eval_on_selector("#charts", "el => getComputedStyle(el).opacity")) < 1
+    samples = page.evaluate("window.surgeDashboard.samples")
+    page.unroute("**/metrics")
+    page.wait_for_function(f"window.surgeDashboard.samples > {samples}")
+    assert page.evaluate("document.querySelector('main.dash').classList.contains('stale')") is False
+    assert page.locator("#dash-stale").text_content() == ""
+    assert not page.locator("#dash-error").is_visible()
+    assert float(page.eval_on_selector("#tiles", "el => getComputedStyle(el).opacity")) == 1

@@ -146,6 +146,20 @@
     box.textContent = text || "";
   }
 
+  // Tiles and charts that still show the last good scrape are greyed (class "stale") and said
+  // so in a live note until a scrape succeeds again.
+  let lastGood = null; // Date of the last scrape that succeeded
+  function setStale(stale) {
+    const main = document.querySelector("main.dash");
+    if (main.classList.contains("stale") === stale) return;
+    main.classList.toggle("stale", stale);
+    $("dash-stale").textContent = stale
+      ? lastGood
+        ? `The values below are stale: last read at ${lastGood.toLocaleTimeString()}.`
+        : "No values yet: /metrics has not been read."
+      : "";
+  }
+
   async function scrape() {
     const t = performance.now() / 1000;
     try {
@@ -162,11 +176,14 @@
       while (history.length && t - history[0].t > SPAN_S + 2) history.shift();
       dash.samples++;
       dash.latest = sample;
+      lastGood = new Date();
       showError("");
+      setStale(false);
       render();
     } catch (e) {
       dash.errors++;
       showError(`Cannot read /metrics: ${e.message || e}`);
+      setStale(true);
     }
   }
 
