@@ -665,3 +665,19 @@ def test_dashboard_tiles_go_stale_when_metrics_cannot_be_read(page: Any, web_ser
     assert page.locator("#dash-stale").text_content() == ""
     assert not page.locator("#dash-error").is_visible()
     assert float(page.eval_on_selector("#tiles", "el => getComputedStyle(el).opacity")) == 1
+
+
+def test_mode_buttons_say_which_mode_is_on(page: Any, web_server: Server) -> None:
+    """The Chat and Completion buttons carry ``aria-pressed`` in step with the mode, in a group
+    named Mode (only a CSS class showed the active one: a screen reader could not tell)."""
+    open_playground(page, web_server)
+    chat = page.get_by_role("button", name="Chat", exact=True, pressed=True)
+    completion = page.get_by_role("button", name="Completion", exact=True, pressed=False)
+    assert chat.count() == 1 and completion.count() == 1
+    assert page.get_by_role("group", name="Mode").count() == 1
+    completion.click()
+    assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "true"
+    assert page.get_attribute("#mode [data-mode=chat]", "aria-pressed") == "false"
+    page.click("#mode [data-mode=chat]")
+    assert page.get_attribute("#mode [data-mode=chat]", "aria-pressed") == "true"
+    assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "false"

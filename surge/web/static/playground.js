@@ -416,7 +416,10 @@
   function setMode(mode) {
     if (mode === state.mode) return;
     state.mode = mode;
-    for (const b of ui.modeButtons) b.classList.toggle("active", b.dataset.mode === mode);
+    for (const b of ui.modeButtons) {
+      b.classList.toggle("active", b.dataset.mode === mode);
+      b.setAttribute("aria-pressed", String(b.dataset.mode === mode)); // read by screen readers
+    }
     const chat = mode === "chat";
     ui.systemField.hidden = !chat;
     ui.thinking.disabled = !chat;
