@@ -681,3 +681,46 @@ def test_mode_buttons_say_which_mode_is_on(page: Any, web_server: Server) -> Non
     page.click("#mode [data-mode=chat]")
     assert page.get_attribute("#mode [data-mode=chat]", "aria-pressed") == "true"
     assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "false"
+
+
+def test_phone_width_fits_the_placeholder_and_the_dashboard_title(browser: Any, web_server: Server) -> None:
+    """At 375 px the prompt box is as tall as its two-line placeholder (one row cut the second
+    line off) and the dashboard's title stays on one line (it wrapped)."""
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        open_playground(page, web_server)
+        # the height the placeholder needs: a copy of the box (same width) holding it as text
+        fits = """() => {
+            const box = document.querySelector('#prompt');
+            const copy = box.cloneNode();
+            copy.style.height = 'auto';
+            copy.style.position = 'absolute';
+            copy.style.width = box.getBoundingClientRect().width + 'px';
+            copy.value = box.placeholder;
+            box.parentNode.insertBefore(copy, box);
+            const need = copy.scrollHeight;
+            copy.remove();
+            return [box.clientHeight, need];
+        }"""
+        have, need = page.evaluate(fits)
+        assert have >= need, (have, need)
+        page.click("#settings-toggle")
+        page.click("#mode [data-mode=completion]")  # another placeholder
+        page.click("#settings-toggle")
+        have, need = page.evaluate(fits)
+        assert have >= need, (have, need)
+        page.goto(web_server.url + "/dashboard")
+        page.wait_for_function("window.surgeDashboard && window.surgeDashboard.samples >= 1")
+        lines = page.evaluate(
+            """() => {
+            const r = document.createRange();
+            r.selectNodeContents(document.querySelector('.dash-head h1'));
+            return new Set([...r.getClientRects()].map((x) => Math.round(x.top))).size;
+        }"""
+        )
+        assert lines == 1
+        assert page.evaluate("document.documentElement.scrollWidth") == 375
+    finally:
+        context.close()

@@ -426,12 +426,19 @@
     ui.prompt.placeholder = chat
       ? "Send a message (Enter to send, Shift+Enter for a new line)"
       : "A raw prompt to continue (Enter to send, Shift+Enter for a new line)";
+    autoSize();
     newChat();
   }
 
+  /** Fits the prompt box's height (px, up to 220) to its text or, while empty, to its
+   * placeholder (two lines on a phone: one row cut it off). */
   function autoSize() {
-    ui.prompt.style.height = "auto";
-    ui.prompt.style.height = Math.min(ui.prompt.scrollHeight + 2, 220) + "px";
+    const p = ui.prompt;
+    const empty = !p.value;
+    if (empty) p.value = p.placeholder;
+    p.style.height = "auto";
+    p.style.height = Math.min(p.scrollHeight + 2, 220) + "px";
+    if (empty) p.value = "";
   }
 
   // ---------- wiring ----------
@@ -447,6 +454,7 @@
     }
   });
   ui.prompt.addEventListener("input", autoSize);
+  window.addEventListener("resize", autoSize);
   ui.stopBtn.addEventListener("click", stop);
   ui.newChat.addEventListener("click", newChat);
   // narrow screens only (CSS): the settings fold open under the New chat row
@@ -458,5 +466,6 @@
 
   C.watchHealth($("health-dot"), $("health-label"));
   loadModels();
+  autoSize();
   ui.prompt.focus();
 })();
