@@ -685,8 +685,9 @@ def test_mode_buttons_say_which_mode_is_on(page: Any, web_server: Server) -> Non
 
 def test_phone_width_fits_the_placeholder_and_the_dashboard_title(browser: Any, web_server: Server) -> None:
     """At 375 px the prompt box is as tall as its two-line placeholder (one row cut the second
-    line off) and the dashboard's title stays on one line (it wrapped)."""
-    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
+    line off) and the dashboard's title stays on one line (it wrapped). A narrow window with a
+    mouse: a touch screen's placeholder is shorter (``test_enter_adds_a_line_on_a_touch_screen``)."""
+    context = browser.new_context(viewport={"width": 375, "height": 740})
     try:
         page = context.new_page()
         page.set_default_timeout(30_000)
@@ -722,5 +723,36 @@ def test_phone_width_fits_the_placeholder_and_the_dashboard_title(browser: Any, 
         )
         assert lines == 1
         assert page.evaluate("document.documentElement.scrollWidth") == 375
+    finally:
+        context.close()
+
+
+def test_enter_adds_a_line_on_a_touch_screen(browser: Any, web_server: Server) -> None:
+    """On a phone (a coarse pointer, a touch keyboard) Enter adds a line and the Send button sends,
+    as in common chat apps (Enter sent the message: a phone's keyboard has no Shift+Enter); with a
+    mouse Enter still sends (``test_max_tokens_5``)."""
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        open_playground(page, web_server)
+        assert page.evaluate("matchMedia('(pointer: coarse)').matches") is True
+        assert page.get_attribute("#prompt", "placeholder") == "Send a message"
+        sent: list[str] = []
+        page.on("request", lambda r: sent.append(r.url) if "/v1/chat/completions" in r.url else None)
+        page.click("#settings-toggle")
+        page.fill("#max_tokens", "5")
+        page.click("#settings-toggle")
+        page.tap("#prompt")
+        page.keyboard.type("Hello")
+        page.keyboard.press("Enter")
+        page.keyboard.type("there")
+        assert page.input_value("#prompt") == "Hello\nthere"
+        assert page.locator(".msg.user").count() == 0
+        page.tap("#send")
+        m = wait_finished(page)
+        assert m["state"] == "done" and m["tokens"] == "5", m
+        assert len(sent) == 1
+        assert page.locator(".msg.user .body").first.text_content() == "Hello\nthere"
     finally:
         context.close()

@@ -423,11 +423,19 @@
     const chat = mode === "chat";
     ui.systemField.hidden = !chat;
     ui.thinking.disabled = !chat;
-    ui.prompt.placeholder = chat
-      ? "Send a message (Enter to send, Shift+Enter for a new line)"
-      : "A raw prompt to continue (Enter to send, Shift+Enter for a new line)";
+    ui.prompt.placeholder = placeholder();
     autoSize();
     newChat();
+  }
+
+  // On a touch screen (a phone's keyboard) Enter adds a line and the Send button sends, as in
+  // common chat apps; with a keyboard and mouse Enter sends and Shift+Enter adds a line.
+  const touch = window.matchMedia("(pointer: coarse)");
+
+  /** The prompt box's placeholder for the current mode and input device. */
+  function placeholder() {
+    const what = state.mode === "chat" ? "Send a message" : "A raw prompt to continue";
+    return touch.matches ? what : `${what} (Enter to send, Shift+Enter for a new line)`;
   }
 
   /** Fits the prompt box's height (px, up to 220) to its text or, while empty, to its
@@ -448,7 +456,7 @@
     send();
   });
   ui.prompt.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !touch.matches) {
       e.preventDefault();
       send();
     }
@@ -465,7 +473,12 @@
   for (const b of ui.modeButtons) b.addEventListener("click", () => setMode(b.dataset.mode));
 
   C.watchHealth($("health-dot"), $("health-label"));
+  touch.addEventListener("change", () => {
+    ui.prompt.placeholder = placeholder();
+    autoSize();
+  });
   loadModels();
+  ui.prompt.placeholder = placeholder();
   autoSize();
   ui.prompt.focus();
 })();
