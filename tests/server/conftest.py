@@ -133,6 +133,29 @@ def start_server(
     return Server(proc, port, log_path, int(m.group(1)))
 
 
+def serve_tiny_qwen3(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str, max_model_len: int = 1024
+) -> Iterator[Server]:
+    """A module fixture's body: a tiny random Qwen3 with the real Qwen3 tokenizer (dummy weights)
+    served with ``flags``, stopped cleanly at the end; skipped where the shared assets are absent."""
+    from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+
+    if not QWEN3_DIR.is_dir():
+        pytest.skip("shared Qwen3 tokenizer assets not found")
+    model = make_qwen3_vocab_model(tmp_path_factory.mktemp(f"qwen3-{name}-model"))
+    srv = start_server(
+        tmp_path_factory.mktemp(f"serve-qwen3-{name}"),
+        *flags,
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        str(max_model_len),
+        model=model,
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The shared server: bundled model, --stream-interval 1, request chat templates allowed."""

@@ -16,8 +16,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.conftest import Server, start_server
-from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+from tests.server.conftest import Server, serve_tiny_qwen3
 
 THINK_END = 151668  # Qwen3's </think>
 TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
@@ -33,24 +32,15 @@ BASE: dict[str, Any] = {"messages": [{"role": "user", "content": "Time?"}], "max
 
 @pytest.fixture(scope="module")
 def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not QWEN3_DIR.is_dir():
-        pytest.skip("shared Qwen3 tokenizer assets not found")
-    model = make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-reasoning-model"))
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-qwen3-reasoning"),
+    yield from serve_tiny_qwen3(
+        tmp_path_factory,
+        "reasoning",
         "--tool-call-parser",
         "hermes",
         "--reasoning-parser",
         "qwen3",
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "1024",
         "--trust-request-chat-template",
-        model=model,
     )
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
 
 
 def _post(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:

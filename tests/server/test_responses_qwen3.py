@@ -16,8 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import Server, start_server
-from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+from tests.server.conftest import Server, serve_tiny_qwen3
 
 THINK_END = 151668  # Qwen3's </think>
 TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
@@ -32,24 +31,15 @@ FORCED: dict[str, Any] = {"logit_bias": {str(THINK_END): 100}, "seed": 0}
 
 @pytest.fixture(scope="module")
 def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not QWEN3_DIR.is_dir():
-        pytest.skip("shared Qwen3 tokenizer assets not found")
-    model = make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-responses-model"))
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-qwen3-responses"),
+    yield from serve_tiny_qwen3(
+        tmp_path_factory,
+        "responses",
         "--tool-call-parser",
         "hermes",
         "--enable-auto-tool-choice",
         "--reasoning-parser",
         "qwen3",
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "1024",
-        model=model,
     )
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from surge import LLM, SamplingParams
-from tests.server.conftest import Server, start_server
-from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+from tests.server.conftest import Server, serve_tiny_qwen3
+from tests.structured.conftest import QWEN3_DIR
 
 PROMPT = "Once upon a time"
 MSGS = [{"role": "user", "content": "Tell me a story"}]
@@ -205,22 +205,14 @@ def test_completion_logprob_tokens_as_token_ids(server: Server) -> None:
 def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A tiny random Qwen3 with the real tokenizer, a reasoning parser and
     ``--return-tokens-as-token-ids``."""
-    if not QWEN3_DIR.is_dir():
-        pytest.skip("shared Qwen3 tokenizer assets not found")
-    model = make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-token-ids-model"))
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-qwen3-token-ids"),
+    yield from serve_tiny_qwen3(
+        tmp_path_factory,
+        "token-ids",
         "--reasoning-parser",
         "qwen3",
         "--return-tokens-as-token-ids",
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "512",
-        model=model,
+        max_model_len=512,
     )
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
 
 
 @pytest.mark.parametrize("include_reasoning", [True, False])
