@@ -30,7 +30,10 @@ def run_emit(
         text=True,
         timeout=300,
         cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+        },
     )
     assert r.returncode == 0, r.stderr
     return r

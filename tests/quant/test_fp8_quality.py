@@ -166,7 +166,11 @@ def test_fp8_checkpoint_refused_on_cpu_names_the_checkpoint(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("flag", [["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"]])
 def test_serve_fp8_on_cpu_is_one_line_error(flag: list[str]) -> None:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     r = subprocess.run(
         [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", *flag],
         capture_output=True,

@@ -246,6 +246,7 @@ def _triton_runner(path: Path, backend: AttentionBackend, static: bool) -> Model
         model=mc,
         cache=CacheConfig(block_size=16, num_kv_blocks=1024),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024),
+        device="cuda" if torch.cuda.is_available() else "cpu",  # Triton's interpreter on CPU
         enforce_eager=True,
     )
     runner = ModelRunner(cfg, backend)
