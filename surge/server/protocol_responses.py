@@ -431,10 +431,17 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
                     f"{where}.encrypted_content: Surge does not encrypt reasoning; pass its content",
                     param=f"{where}.encrypted_content",
                 )
-            parts = item.get("content") or item.get("summary") or []
+            key = "content" if item.get("content") else "summary"
+            parts = item.get(key) or []
             if not isinstance(parts, list):
-                raise bad_request(f"{where}.content must be a list", param=f"{where}.content")
-            text = "\n".join(p.get("text", "") for p in parts if isinstance(p, dict))
+                raise bad_request(f"{where}.{key} must be a list", param=f"{where}.{key}")
+            for j, p in enumerate(parts):
+                if not isinstance(p, dict) or not isinstance(p.get("text"), str):
+                    raise bad_request(
+                        f"{where}.{key}[{j}] must be an object with a string 'text'",
+                        param=f"{where}.{key}[{j}]",
+                    )
+            text = "\n".join(p["text"] for p in parts)
             prev = _last_assistant(messages)
             if prev is not None and "reasoning" not in prev:
                 prev["reasoning"] = text

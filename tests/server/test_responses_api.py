@@ -322,6 +322,17 @@ def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
             "input[0].content[0]",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        # a reasoning part whose text is not a string (once a 500), or is not an object (once skipped)
+        (
+            {"input": [{"type": "reasoning", "content": [{"type": "reasoning_text", "text": 5}]}]},
+            "input[0].content[0]",
+        ),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": None}]}]},
+            "input[0].summary[0]",
+        ),
+        ({"input": [{"type": "reasoning", "summary": ["thought"]}]}, "input[0].summary[0]"),
+        ({"input": [{"type": "reasoning", "summary": "thought"}]}, "input[0].summary"),
         (
             {"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]},
             "input[0].encrypted_content",
