@@ -408,7 +408,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
                 raise bad_request(f"{where} needs string name, arguments and call_id", param=where)
             try:
                 json.loads(args or "{}")
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the parser's depth: not JSON to us
                 raise bad_request(
                     f"{where}.arguments is not valid JSON", param=f"{where}.arguments"
                 ) from None

@@ -333,6 +333,11 @@ def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
         ),
         ({"input": [{"type": "reasoning", "summary": ["thought"]}]}, "input[0].summary[0]"),
         ({"input": [{"type": "reasoning", "summary": "thought"}]}, "input[0].summary"),
+        # arguments nested past the JSON parser's depth (a RecursionError, once a 500)
+        (
+            {"input": [{"type": "function_call", "name": "f", "call_id": "c", "arguments": "[" * 100_000}]},
+            "input[0].arguments",
+        ),
         (
             {"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]},
             "input[0].encrypted_content",
