@@ -90,7 +90,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
                 param="previous_response_id",
                 code="previous_response_not_found",
             )
-        history = previous.conversation
+        history = previous.messages()
     chat_dict, conversation = chat_body(body, history, body.model)
     if state.reasoning_parser is not None:
         chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
@@ -121,8 +121,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         message, finish = prepared.plan.message(text, finish, keep_cut_forced_calls=True)
         output = _output_items(message, shape.all_logprobs())
         response = shape.final(output, finish, message)
-        _store(state, body, response, conversation, message)
-        return Response(_json_encode(response), media_type="application/json")
+        encoded = _json_encode(response)
+        _store(state, body, response, conversation, message, encoded)
+        return Response(encoded, media_type="application/json")
 
     events = _StreamEvents(shape)
     parser = prepared.plan.new_parser()
@@ -183,8 +184,10 @@ def _store(
     response: dict[str, Any],
     conversation: list[dict[str, Any]],
     message: dict[str, Any],
+    encoded: bytes | None = None,
 ) -> None:
-    """Keep a finished response (``store: true``) with its conversation, the output turn last."""
+    """Keep a finished response (``store: true``) with its conversation, the output turn last
+    (``encoded``: the response's JSON when already encoded)."""
     if not body.store:
         return
     turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
@@ -192,7 +195,9 @@ def _store(
         turn["reasoning"] = message["reasoning"]
     if message.get("tool_calls"):
         turn["tool_calls"] = message["tool_calls"]
-    state.responses.put(response["id"], StoredResponse(response, [*conversation, turn]))
+    if encoded is None:
+        encoded = _json_encode(response)
+    state.responses.put(response["id"], StoredResponse(encoded, _json_encode([*conversation, turn])))
 
 
 class _ResponseShape:
@@ -586,7 +591,7 @@ async def retrieve_response(state: ServerState, response_id: str, query: Mapping
     stored = state.responses.get(response_id)
     if stored is None:
         raise _not_found(response_id)
-    return Response(_json_encode(stored.response), media_type="application/json")
+    return Response(stored.response, media_type="application/json")
 
 
 def _check_retrieve_query(query: Mapping[str, str]) -> None:

@@ -18,6 +18,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from surge.server.protocol_responses import ResponsesRequest
+from surge.server.response_store import MAX_STORED_BYTES, ResponseStore, StoredResponse
 from tests.server.conftest import Server, start_server
 
 PROMPT = "Once upon a time"
@@ -255,6 +256,30 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
         client.responses.retrieve(unstored.id)
     events, final = _stream(client, model=model, input=PROMPT, max_output_tokens=3)
     assert client.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_the_store_is_bounded_in_bytes_not_only_in_count() -> None:
+    """The store keeps at most ``max_bytes`` of JSON, the oldest forgotten first (the newest
+    alone may be larger): bounded only by its 1,024 responses, 1,024 requests each echoing a
+    4 MiB ``metadata`` (or ``user``, or a schema's ``description``) held 4 GiB of the API
+    process, several times that for metadata of many tiny strings (Python objects)."""
+    assert 0 < MAX_STORED_BYTES <= 512 * 1024 * 1024
+    store = ResponseStore(capacity=8, max_bytes=100)
+    for i in range(3):
+        store.put(f"r{i}", StoredResponse(b"x" * 30, b"[]"))  # 32 bytes each
+    assert len(store) == 3 and store.nbytes == 96
+    store.put("r3", StoredResponse(b"x" * 30, b"[]"))
+    assert "r0" not in store and len(store) == 3 and store.nbytes == 96
+    store.put("r3", StoredResponse(b"x" * 10, b"[]"))  # replaced: counted once
+    assert len(store) == 3 and store.nbytes == 76
+    store.put("big", StoredResponse(b"x" * 500, b"[]"))
+    assert list(store._items) == ["big"] and store.nbytes == 502
+    assert store.get("big") == StoredResponse(b"x" * 500, b"[]")
+    assert store.delete("big") and not store.delete("big") and store.nbytes == 0
+    store = ResponseStore(capacity=2, max_bytes=10**6)
+    for i in range(3):
+        store.put(f"r{i}", StoredResponse(b"{}", b"[]"))
+    assert list(store._items) == ["r1", "r2"] and store.nbytes == 8
 
 
 def test_a_repeated_request_id_never_replaces_a_stored_response(client: openai.OpenAI, model: str) -> None:
