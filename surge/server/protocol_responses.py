@@ -9,7 +9,8 @@ become chat's nested ones, ``text.format`` becomes ``response_format``, ``reason
 ``message.output_text.logprobs`` with ``top_logprobs`` chat's ``logprobs`` / ``top_logprobs``.
 vLLM's extra sampling fields (``top_k``, ``seed``, ``stop``, ``ignore_eos``, ...) are passed
 as they are, so they are checked, honoured or refused exactly as on chat. A chat error's
-``param`` is given back under the Responses name of the field (:func:`responses_param`).
+``param`` is given back under the Responses name of the field (:func:`responses_param`), and the
+chat fields its message names too (:func:`responses_message`).
 
 Refused with a 400 naming the field: built-in tools (``web_search``, ``file_search``,
 ``code_interpreter``, ``mcp``, ...), ``background: true``, non-text input parts (images, files,
@@ -274,6 +275,26 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         fn = {k: v for k, v in tool.items() if k != "type" and v is not None}
         out.append({"type": "function", "function": fn})
     return out
+
+
+_MESSAGE_NAMES = {
+    "response_format.json_schema.schema": "text.format.schema",
+    "response_format.json_schema": "text.format",
+    "response_format.schema": "text.format.schema",
+    "response_format": "text.format",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "reasoning_effort": "reasoning.effort",
+}
+"""Chat fields a chat error's message may name, and their Responses names."""
+_CHAT_NAME = re.compile(r"\b(" + "|".join(re.escape(k) for k in _MESSAGE_NAMES) + r")\b")
+
+
+def responses_message(message: str) -> str:
+    """A chat error's message with the chat fields it names spelled as the Responses API
+    names them (``response_format`` -> ``text.format``, ``max_tokens`` -> ``max_output_tokens``,
+    ``reasoning_effort`` -> ``reasoning.effort``), whatever field its ``param`` names."""
+    return _CHAT_NAME.sub(lambda m: _MESSAGE_NAMES[m.group(1)], message)
 
 
 def responses_tools_message(message: str) -> str:

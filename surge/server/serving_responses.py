@@ -40,6 +40,7 @@ from surge.server.protocol import ChatCompletionRequest
 from surge.server.protocol_responses import (
     ResponsesRequest,
     chat_body,
+    responses_message,
     responses_param,
     responses_tools_message,
 )
@@ -110,6 +111,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         name = responses_param(e.param)
         if e.param is not None and name is not None and name != e.param and e.param != "messages":
             e.message = e.message.replace(e.param, name)  # "max_completion_tokens must be..."
+        e.message = responses_message(e.message)  # "... got response_format and structured_outputs"
         if name == "tools":
             e.message = responses_tools_message(e.message)
         e.param = name

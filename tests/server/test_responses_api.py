@@ -416,6 +416,33 @@ def test_whole_prompt_errors_name_input_not_chat_messages(server: Server, model:
 
 
 @pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        (
+            {"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a+"}},
+            "structured_outputs",
+            "only one structured output may be asked for, got text.format and structured_outputs",
+        ),
+        (
+            {"max_output_tokens": 5, "min_tokens": 6},
+            "min_tokens",
+            "min_tokens (6) must not exceed max_output_tokens (5)",
+        ),
+    ],
+)
+def test_error_messages_name_responses_fields_whatever_the_param(
+    server: Server, model: str, body: dict[str, Any], param: str, message: str
+) -> None:
+    """A chat error whose ``param`` is the same on both APIs still named, in its message, the
+    chat fields it was turned into ("got response_format and structured_outputs", "must not
+    exceed max_tokens"): the Responses request has neither."""
+    r = httpx.post(server.url + "/v1/responses", json={"model": model, "input": "hi"} | body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"] == message, error
+
+
+@pytest.mark.parametrize(
     ("tools", "message"),
     [
         (
