@@ -297,6 +297,38 @@ def responses_message(message: str) -> str:
     return _CHAT_NAME.sub(lambda m: _MESSAGE_NAMES[m.group(1)], message)
 
 
+_CHAT_MESSAGE = re.compile(r"\bmessages\[(\d+)\]\.?")
+
+
+def responses_messages_error(message: str, instructions: bool, history: int) -> tuple[str, str]:
+    """A chat error about ``messages[i]`` told as the Responses request has it, and the field
+    to name: the ``instructions`` (message 0 when given), the stored conversation of
+    ``previous_response_id`` (the ``history`` messages after them: a response cut by
+    ``max_output_tokens`` in a function call stores arguments that do not parse) or the
+    ``input`` (its items merge into messages, so no index is given).
+
+    Args:
+        message: the chat error's message (``messages[2].tool_calls: arguments are not ...``).
+        instructions: whether the request has ``instructions``.
+        history: how many messages the stored conversation holds (0 without one).
+    """
+    params: list[str] = []
+
+    def where(m: re.Match[str]) -> str:
+        i = int(m.group(1)) - instructions
+        if i < 0:
+            params.append("instructions")
+            return "instructions: "
+        if i < history:
+            params.append("previous_response_id")
+            return f"previous_response_id: message {i} of its stored conversation: "
+        params.append("input")
+        return "input: "
+
+    text = _CHAT_MESSAGE.sub(where, message)
+    return text, params[0] if params else "input"
+
+
 def responses_tools_message(message: str) -> str:
     """A chat error about ``tools`` with its paths as the Responses API's flat tools have them
     (``tools[0].function.name`` -> ``tools[0].name``)."""

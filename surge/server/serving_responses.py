@@ -41,6 +41,7 @@ from surge.server.protocol_responses import (
     ResponsesRequest,
     chat_body,
     responses_message,
+    responses_messages_error,
     responses_param,
     responses_tools_message,
 )
@@ -114,6 +115,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         e.message = responses_message(e.message)  # "... got response_format and structured_outputs"
         if name == "tools":
             e.message = responses_tools_message(e.message)
+        if e.param == "messages":  # "messages[2].tool_calls: ...": the stored conversation's, or the input's
+            e.message, name = responses_messages_error(e.message, body.instructions is not None, len(history))
         e.param = name
         raise
     shape = _ResponseShape(state, body, chat, prepared)

@@ -442,6 +442,39 @@ def test_error_messages_name_responses_fields_whatever_the_param(
     assert error["param"] == param and error["message"] == message, error
 
 
+def test_an_error_in_the_stored_conversation_names_previous_response_id(server: Server, model: str) -> None:
+    """A response cut by ``max_output_tokens`` inside a forced call stores arguments that do not
+    parse, and continuing it is a 400 (as on vLLM, which parses them to render the history too).
+    That 400 named ``input`` and the chat request's ``messages[2]``, neither of which the client
+    sent: it names ``previous_response_id`` and the message of its stored conversation."""
+    url = server.url + "/v1/responses"
+    tool = {
+        "type": "function",
+        "name": "f",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    body = {"model": model, "input": "hi", "max_output_tokens": 3, "tools": [tool]}
+    first = httpx.post(url, json=body | {"tool_choice": {"type": "function", "name": "f"}}, timeout=60).json()
+    call = first["output"][-1]
+    assert first["status"] == "incomplete" and call["type"] == "function_call", first
+    with pytest.raises(ValueError):
+        json.loads(call["arguments"])
+    for instructions in (None, "Be brief."):
+        more = {
+            "model": model,
+            "input": "go on",
+            "previous_response_id": first["id"],
+            "instructions": instructions,
+        }
+        r = httpx.post(url, json=more, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "previous_response_id", error
+        assert error["message"].startswith(
+            "previous_response_id: message 1 of its stored conversation: tool_calls: arguments are not valid JSON"
+        ), error
+
+
 @pytest.mark.parametrize(
     ("tools", "message"),
     [
