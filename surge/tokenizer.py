@@ -223,6 +223,10 @@ def _template_tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
+            except RecursionError:
+                raise ValueError(
+                    f"messages[{index}].tool_calls: arguments are nested too deeply to parse as JSON"
+                ) from None
             except ValueError as e:
                 raise ValueError(f"messages[{index}].tool_calls: arguments are not valid JSON: {e}") from e
         out.append({**call, "function": {**fn, "arguments": args}})

@@ -9,7 +9,8 @@ become chat's nested ones, ``text.format`` becomes ``response_format``, ``reason
 ``message.output_text.logprobs`` with ``top_logprobs`` chat's ``logprobs`` / ``top_logprobs``.
 vLLM's extra sampling fields (``top_k``, ``seed``, ``stop``, ``ignore_eos``, ...) are passed
 as they are, so they are checked, honoured or refused exactly as on chat. A chat error's
-``param`` is given back under the Responses name of the field (:func:`responses_param`).
+``param`` is given back under the Responses name of the field (:func:`responses_param`), and the
+chat fields its message names too (:func:`responses_message`).
 
 Refused with a 400 naming the field: built-in tools (``web_search``, ``file_search``,
 ``code_interpreter``, ``mcp``, ...), ``background: true``, non-text input parts (images, files,
@@ -276,6 +277,58 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return out
 
 
+_MESSAGE_NAMES = {
+    "response_format.json_schema.schema": "text.format.schema",
+    "response_format.json_schema": "text.format",
+    "response_format.schema": "text.format.schema",
+    "response_format": "text.format",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "reasoning_effort": "reasoning.effort",
+}
+"""Chat fields a chat error's message may name, and their Responses names."""
+_CHAT_NAME = re.compile(r"\b(" + "|".join(re.escape(k) for k in _MESSAGE_NAMES) + r")\b")
+
+
+def responses_message(message: str) -> str:
+    """A chat error's message with the chat fields it names spelled as the Responses API
+    names them (``response_format`` -> ``text.format``, ``max_tokens`` -> ``max_output_tokens``,
+    ``reasoning_effort`` -> ``reasoning.effort``), whatever field its ``param`` names."""
+    return _CHAT_NAME.sub(lambda m: _MESSAGE_NAMES[m.group(1)], message)
+
+
+_CHAT_MESSAGE = re.compile(r"\bmessages\[(\d+)\]\.?")
+
+
+def responses_messages_error(message: str, instructions: bool, history: int) -> tuple[str, str]:
+    """A chat error about ``messages[i]`` told as the Responses request has it, and the field
+    to name: the ``instructions`` (message 0 when given), the stored conversation of
+    ``previous_response_id`` (the ``history`` messages after them: a response cut by
+    ``max_output_tokens`` in a function call stores arguments that do not parse) or the
+    ``input`` (its items merge into messages, so no index is given).
+
+    Args:
+        message: the chat error's message (``messages[2].tool_calls: arguments are not ...``).
+        instructions: whether the request has ``instructions``.
+        history: how many messages the stored conversation holds (0 without one).
+    """
+    params: list[str] = []
+
+    def where(m: re.Match[str]) -> str:
+        i = int(m.group(1)) - instructions
+        if i < 0:
+            params.append("instructions")
+            return "instructions: "
+        if i < history:
+            params.append("previous_response_id")
+            return f"previous_response_id: message {i} of its stored conversation: "
+        params.append("input")
+        return "input: "
+
+    text = _CHAT_MESSAGE.sub(where, message)
+    return text, params[0] if params else "input"
+
+
 def responses_tools_message(message: str) -> str:
     """A chat error about ``tools`` with its paths as the Responses API's flat tools have them
     (``tools[0].function.name`` -> ``tools[0].name``)."""
@@ -408,7 +461,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
                 raise bad_request(f"{where} needs string name, arguments and call_id", param=where)
             try:
                 json.loads(args or "{}")
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the parser's depth: not JSON to us
                 raise bad_request(
                     f"{where}.arguments is not valid JSON", param=f"{where}.arguments"
                 ) from None
@@ -431,10 +484,17 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
                     f"{where}.encrypted_content: Surge does not encrypt reasoning; pass its content",
                     param=f"{where}.encrypted_content",
                 )
-            parts = item.get("content") or item.get("summary") or []
+            key = "content" if item.get("content") else "summary"
+            parts = item.get(key) or []
             if not isinstance(parts, list):
-                raise bad_request(f"{where}.content must be a list", param=f"{where}.content")
-            text = "\n".join(p.get("text", "") for p in parts if isinstance(p, dict))
+                raise bad_request(f"{where}.{key} must be a list", param=f"{where}.{key}")
+            for j, p in enumerate(parts):
+                if not isinstance(p, dict) or not isinstance(p.get("text"), str):
+                    raise bad_request(
+                        f"{where}.{key}[{j}] must be an object with a string 'text'",
+                        param=f"{where}.{key}[{j}]",
+                    )
+            text = "\n".join(p["text"] for p in parts)
             prev = _last_assistant(messages)
             if prev is not None and "reasoning" not in prev:
                 prev["reasoning"] = text

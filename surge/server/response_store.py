@@ -1,9 +1,11 @@
 """The in-memory store of Responses API responses (``store: true``): what
 ``GET /v1/responses/{id}`` returns and what ``previous_response_id`` continues.
 
-It lives in the API process and holds the newest :data:`MAX_STORED_RESPONSES` responses (the
-oldest is forgotten first); nothing survives a restart, and with several API processes
-(``--api-server-count``) each has its own store.
+It lives in the API process and holds the newest :data:`MAX_STORED_RESPONSES` responses, at most
+:data:`MAX_STORED_BYTES` of them (the oldest is forgotten first); nothing survives a restart, and
+with several API processes (``--api-server-count``) each has its own store. Each response is kept
+as its JSON bytes, so what the store holds is what it counts: a response of many small objects
+(a 4 MiB ``metadata`` of tiny strings) would take several times its JSON size as Python objects.
 """
 
 from __future__ import annotations
@@ -12,34 +14,57 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 MAX_STORED_RESPONSES = 1024
 """Most responses the store keeps; storing one more forgets the oldest."""
+MAX_STORED_BYTES = 256 * 1024 * 1024
+"""Most bytes (the responses' and their conversations' JSON) the store keeps; storing past it
+forgets the oldest responses until it fits, though the newest one is always kept. Without it,
+1,024 requests each echoing 4 MiB (``metadata``, ``user``, a schema's ``description``) held
+4 GiB of the API process."""
+
+_decode = msgspec.json.Decoder().decode
 
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """One stored response.
+    """One stored response, as JSON.
 
     Attributes:
-        response: the Response object as it was returned (a JSON-ready dict).
-        conversation: the chat messages of its input (the conversation it continued, without
-            ``instructions``, as OpenAI does not carry them over) and of its output, which a
-            request with ``previous_response_id`` set to it renders before its own input.
+        response: the Response object's JSON, as it was returned.
+        conversation: the JSON list of the chat messages of its input (the conversation it
+            continued, without ``instructions``, as OpenAI does not carry them over) and of its
+            output, which a request with ``previous_response_id`` set to it renders before its
+            own input.
     """
 
-    response: dict[str, Any]
-    conversation: list[dict[str, Any]]
+    response: bytes
+    conversation: bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds (both JSON texts)."""
+        return len(self.response) + len(self.conversation)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """A fresh copy of :attr:`conversation` as chat messages."""
+        return _decode(self.conversation)
 
 
 class ResponseStore:
-    """The newest :data:`MAX_STORED_RESPONSES` responses by id (least recently stored first out).
+    """The newest responses by id, at most ``capacity`` of them and ``max_bytes`` together
+    (least recently stored first out; the newest is kept even alone over ``max_bytes``).
 
     Args:
         capacity: most responses kept (>= 1).
+        max_bytes: most bytes kept (:attr:`StoredResponse.size` summed).
     """
 
-    def __init__(self, capacity: int = MAX_STORED_RESPONSES) -> None:
+    def __init__(self, capacity: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES) -> None:
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
 
     def __len__(self) -> int:
@@ -48,12 +73,19 @@ class ResponseStore:
     def __contains__(self, response_id: object) -> bool:
         return response_id in self._items
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the stored responses."""
+        return self._bytes
+
     def put(self, response_id: str, stored: StoredResponse) -> None:
-        """Store (or replace) a response, forgetting the oldest when full."""
+        """Store (or replace) a response, forgetting the oldest while over the count or bytes."""
+        self.delete(response_id)
         self._items[response_id] = stored
-        self._items.move_to_end(response_id)
-        while len(self._items) > self._capacity:
-            self._items.popitem(last=False)
+        self._bytes += stored.size
+        while len(self._items) > self._capacity or (self._bytes > self._max_bytes and len(self._items) > 1):
+            _, old = self._items.popitem(last=False)
+            self._bytes -= old.size
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None (never stored, or forgotten)."""
@@ -61,4 +93,8 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         """Forget a response; False when it was not there."""
-        return self._items.pop(response_id, None) is not None
+        old = self._items.pop(response_id, None)
+        if old is None:
+            return False
+        self._bytes -= old.size
+        return True

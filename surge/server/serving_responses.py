@@ -40,6 +40,8 @@ from surge.server.protocol import ChatCompletionRequest
 from surge.server.protocol_responses import (
     ResponsesRequest,
     chat_body,
+    responses_message,
+    responses_messages_error,
     responses_param,
     responses_tools_message,
 )
@@ -90,7 +92,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
                 param="previous_response_id",
                 code="previous_response_not_found",
             )
-        history = previous.conversation
+        history = previous.messages()
     chat_dict, conversation = chat_body(body, history, body.model)
     if state.reasoning_parser is not None:
         chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
@@ -110,8 +112,11 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         name = responses_param(e.param)
         if e.param is not None and name is not None and name != e.param and e.param != "messages":
             e.message = e.message.replace(e.param, name)  # "max_completion_tokens must be..."
+        e.message = responses_message(e.message)  # "... got response_format and structured_outputs"
         if name == "tools":
             e.message = responses_tools_message(e.message)
+        if e.param == "messages":  # "messages[2].tool_calls: ...": the stored conversation's, or the input's
+            e.message, name = responses_messages_error(e.message, body.instructions is not None, len(history))
         e.param = name
         raise
     shape = _ResponseShape(state, body, chat, prepared)
@@ -121,8 +126,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         message, finish = prepared.plan.message(text, finish, keep_cut_forced_calls=True)
         output = _output_items(message, shape.all_logprobs())
         response = shape.final(output, finish, message)
-        _store(state, body, response, conversation, message)
-        return Response(_json_encode(response), media_type="application/json")
+        encoded = _json_encode(response)
+        _store(state, body, response, conversation, message, encoded)
+        return Response(encoded, media_type="application/json")
 
     events = _StreamEvents(shape)
     parser = prepared.plan.new_parser()
@@ -183,8 +189,10 @@ def _store(
     response: dict[str, Any],
     conversation: list[dict[str, Any]],
     message: dict[str, Any],
+    encoded: bytes | None = None,
 ) -> None:
-    """Keep a finished response (``store: true``) with its conversation, the output turn last."""
+    """Keep a finished response (``store: true``) with its conversation, the output turn last
+    (``encoded``: the response's JSON when already encoded)."""
     if not body.store:
         return
     turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
@@ -192,7 +200,9 @@ def _store(
         turn["reasoning"] = message["reasoning"]
     if message.get("tool_calls"):
         turn["tool_calls"] = message["tool_calls"]
-    state.responses.put(response["id"], StoredResponse(response, [*conversation, turn]))
+    if encoded is None:
+        encoded = _json_encode(response)
+    state.responses.put(response["id"], StoredResponse(encoded, _json_encode([*conversation, turn])))
 
 
 class _ResponseShape:
@@ -586,7 +596,7 @@ async def retrieve_response(state: ServerState, response_id: str, query: Mapping
     stored = state.responses.get(response_id)
     if stored is None:
         raise _not_found(response_id)
-    return Response(_json_encode(stored.response), media_type="application/json")
+    return Response(stored.response, media_type="application/json")
 
 
 def _check_retrieve_query(query: Mapping[str, str]) -> None:

@@ -25,6 +25,8 @@ def _json_text(value: Any, param: str) -> str:
     if isinstance(value, str):
         try:
             parsed = json.loads(value)
+        except RecursionError:
+            raise bad_request(f"{param} is nested too deeply to parse as JSON", param=param) from None
         except ValueError as e:
             raise bad_request(f"{param} is not valid JSON: {e}", param=param) from e
         if not isinstance(parsed, dict | bool):

@@ -75,6 +75,28 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     (CHAT, {"messages": MSGS, "guided_json": "{bad"}, 400, "guided_json"),
     (CHAT, {"messages": MSGS, "guided_grammar": "root ::= foo"}, 400, "guided_grammar"),
     (CHAT, {"messages": MSGS, "structured_outputs": {}}, 400, "structured_outputs"),
+    # JSON text nested past the parser's depth: a RecursionError, once a 500
+    (CHAT, {"messages": MSGS, "guided_json": "[" * 100_000}, 400, "guided_json is nested too deeply"),
+    (
+        CMPL,
+        {"prompt": "x", "structured_outputs": {"json": "[" * 100_000}},
+        400,
+        "structured_outputs.json is nested too deeply",
+    ),
+    (
+        CHAT,
+        {
+            "messages": [
+                *MSGS,
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": "f", "arguments": "[" * 100_000}}],
+                },
+            ]
+        },
+        400,
+        "arguments are nested too deeply",
+    ),
     (CHAT, {"messages": MSGS, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, "exactly one"),
     (
         CHAT,

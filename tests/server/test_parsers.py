@@ -541,3 +541,55 @@ def test_a_streamed_delta_has_one_entry_per_call(kind: str, text: str) -> None:
             assert len(indices) == len(set(indices)), d
         assert entries[0]["id"] and entries[0]["function"]["name"] in ("f", "get_time")
         assert "".join(t["function"]["arguments"] for t in entries) == '{"zone": "UTC"}'
+
+
+DEEP = "[" * 3000  # nested past the depth of Python's JSON parser (a RecursionError, not a ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer"),
+    [
+        ("required", '[{"name": "f", "parameters": {"a": ' + DEEP),
+        ("required", '[{"name": "f", "parameters": {"a": ' + DEEP + "]" * 3000 + "}}]"),
+        ("named", '{"a": ' + DEEP),
+        ("named", '{"a": ' + DEEP + "]" * 3000 + "}"),
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": ' + DEEP + "]" * 3000 + "}}\n</tool_call>"),
+        ("hermes", '<tool_call>\n{"arguments": {"a": ' + DEEP + "]" * 3000 + '}, "name": "f"}\n</tool_call>'),
+        ("llama3_json", '{"name": "f", "parameters": {"a": ' + DEEP + "]" * 3000 + "}}"),
+        ("llama3_json", '{"name": "f", "parameters": {"a": ' + DEEP),
+    ],
+    ids=[
+        "required-cut",
+        "required",
+        "named-cut",
+        "named",
+        "hermes",
+        "hermes-name-last",
+        "llama3",
+        "llama3-cut",
+    ],
+)
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_arguments_nested_past_the_json_parser_are_parsed_as_cut_json(
+    kind: str, answer: str, finish: str
+) -> None:
+    """A model can write arguments nested deeper than ``json`` parses (a client's ``logit_bias``
+    on ``[``, with ``tool_choice: "required"`` over an array parameter, made the tiny Qwen3 write
+    1,700 of them): the answer is read as JSON that does not parse (cut), never a
+    RecursionError, which was a 500 for a non-streamed chat completion and a stream cut off
+    without its end (chat and Responses)."""
+    plan = (
+        ChatPlan([{}], None, tool_parser=lambda: RequiredToolParser(_ids()))
+        if kind == "required"
+        else _plan(kind)
+    )
+    for keep in (False, True):
+        message, _ = plan.message(answer, finish, keep_cut_forced_calls=keep)
+        calls = message.get("tool_calls") or []
+        assert (message["content"] or "") + "".join(c["function"]["arguments"] for c in calls) != ""
+    for pieces in ([answer], _random_pieces(answer, 0)):
+        deltas, _ = _stream(plan, pieces, finish)
+        streamed = "".join(d.get("content") or "" for d in deltas) + "".join(
+            t["function"].get("arguments") or "" for d in deltas for t in d.get("tool_calls") or ()
+        )
+        assert DEEP in streamed

@@ -18,6 +18,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from surge.server.protocol_responses import ResponsesRequest
+from surge.server.response_store import MAX_STORED_BYTES, ResponseStore, StoredResponse
 from tests.server.conftest import Server, start_server
 
 PROMPT = "Once upon a time"
@@ -257,6 +258,30 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def test_the_store_is_bounded_in_bytes_not_only_in_count() -> None:
+    """The store keeps at most ``max_bytes`` of JSON, the oldest forgotten first (the newest
+    alone may be larger): bounded only by its 1,024 responses, 1,024 requests each echoing a
+    4 MiB ``metadata`` (or ``user``, or a schema's ``description``) held 4 GiB of the API
+    process, several times that for metadata of many tiny strings (Python objects)."""
+    assert 0 < MAX_STORED_BYTES <= 512 * 1024 * 1024
+    store = ResponseStore(capacity=8, max_bytes=100)
+    for i in range(3):
+        store.put(f"r{i}", StoredResponse(b"x" * 30, b"[]"))  # 32 bytes each
+    assert len(store) == 3 and store.nbytes == 96
+    store.put("r3", StoredResponse(b"x" * 30, b"[]"))
+    assert "r0" not in store and len(store) == 3 and store.nbytes == 96
+    store.put("r3", StoredResponse(b"x" * 10, b"[]"))  # replaced: counted once
+    assert len(store) == 3 and store.nbytes == 76
+    store.put("big", StoredResponse(b"x" * 500, b"[]"))
+    assert list(store._items) == ["big"] and store.nbytes == 502
+    assert store.get("big") == StoredResponse(b"x" * 500, b"[]")
+    assert store.delete("big") and not store.delete("big") and store.nbytes == 0
+    store = ResponseStore(capacity=2, max_bytes=10**6)
+    for i in range(3):
+        store.put(f"r{i}", StoredResponse(b"{}", b"[]"))
+    assert list(store._items) == ["r1", "r2"] and store.nbytes == 8
+
+
 def test_a_repeated_request_id_never_replaces_a_stored_response(client: openai.OpenAI, model: str) -> None:
     """The id is ``resp_<X-Request-Id>``: a second request with the same header (a client's fixed
     id, a proxy's retry) used to replace the stored response, so ``previous_response_id``
@@ -322,6 +347,22 @@ def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
             "input[0].content[0]",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        # a reasoning part whose text is not a string (once a 500), or is not an object (once skipped)
+        (
+            {"input": [{"type": "reasoning", "content": [{"type": "reasoning_text", "text": 5}]}]},
+            "input[0].content[0]",
+        ),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": None}]}]},
+            "input[0].summary[0]",
+        ),
+        ({"input": [{"type": "reasoning", "summary": ["thought"]}]}, "input[0].summary[0]"),
+        ({"input": [{"type": "reasoning", "summary": "thought"}]}, "input[0].summary"),
+        # arguments nested past the JSON parser's depth (a RecursionError, once a 500)
+        (
+            {"input": [{"type": "function_call", "name": "f", "call_id": "c", "arguments": "[" * 100_000}]},
+            "input[0].arguments",
+        ),
         (
             {"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]},
             "input[0].encrypted_content",
@@ -372,6 +413,66 @@ def test_whole_prompt_errors_name_input_not_chat_messages(server: Server, model:
     error = r.json()["error"]
     assert error["param"] == "input", error
     assert "your input has" in error["message"] and "messages" not in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        (
+            {"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a+"}},
+            "structured_outputs",
+            "only one structured output may be asked for, got text.format and structured_outputs",
+        ),
+        (
+            {"max_output_tokens": 5, "min_tokens": 6},
+            "min_tokens",
+            "min_tokens (6) must not exceed max_output_tokens (5)",
+        ),
+    ],
+)
+def test_error_messages_name_responses_fields_whatever_the_param(
+    server: Server, model: str, body: dict[str, Any], param: str, message: str
+) -> None:
+    """A chat error whose ``param`` is the same on both APIs still named, in its message, the
+    chat fields it was turned into ("got response_format and structured_outputs", "must not
+    exceed max_tokens"): the Responses request has neither."""
+    r = httpx.post(server.url + "/v1/responses", json={"model": model, "input": "hi"} | body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"] == message, error
+
+
+def test_an_error_in_the_stored_conversation_names_previous_response_id(server: Server, model: str) -> None:
+    """A response cut by ``max_output_tokens`` inside a forced call stores arguments that do not
+    parse, and continuing it is a 400 (as on vLLM, which parses them to render the history too).
+    That 400 named ``input`` and the chat request's ``messages[2]``, neither of which the client
+    sent: it names ``previous_response_id`` and the message of its stored conversation."""
+    url = server.url + "/v1/responses"
+    tool = {
+        "type": "function",
+        "name": "f",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    body = {"model": model, "input": "hi", "max_output_tokens": 3, "tools": [tool]}
+    first = httpx.post(url, json=body | {"tool_choice": {"type": "function", "name": "f"}}, timeout=60).json()
+    call = first["output"][-1]
+    assert first["status"] == "incomplete" and call["type"] == "function_call", first
+    with pytest.raises(ValueError):
+        json.loads(call["arguments"])
+    for instructions in (None, "Be brief."):
+        more = {
+            "model": model,
+            "input": "go on",
+            "previous_response_id": first["id"],
+            "instructions": instructions,
+        }
+        r = httpx.post(url, json=more, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "previous_response_id", error
+        assert error["message"].startswith(
+            "previous_response_id: message 1 of its stored conversation: tool_calls: arguments are not valid JSON"
+        ), error
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ class JsonToolCall:
         try:
             value, end = _DECODER.raw_decode(raw)
             whole = isinstance(value, dict | list) or complete
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: as cut JSON
             whole, end = False, 0
         if whole:
             self._release(raw[:end], out)
@@ -180,7 +180,7 @@ class JsonToolCall:
         """A complete call whose name is not its first key: parse it whole."""
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return
@@ -271,7 +271,7 @@ class JsonCallSequence:
                 self._call = self._parser._new_call()
             try:
                 _, end = _DECODER.raw_decode(text, self._pos)
-            except ValueError:
+            except (ValueError, RecursionError):  # not whole yet (or nested past the parser's depth)
                 out += self._call.update(text[self._pos :], complete=final)
                 return out
             out += self._call.update(text[self._pos : end], complete=True)

@@ -172,7 +172,7 @@ class NamedToolParser(ToolParser):
         """Whether the arguments parse (cut ones stay the call)."""
         try:
             json.loads(self._args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         return True
 
@@ -183,6 +183,6 @@ def _unless_json(text: str) -> str | None:
         return None
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: as JSON cut short
         return text
     return None

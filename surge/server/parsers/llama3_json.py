@@ -79,7 +79,7 @@ def _well_formed(text: str) -> bool:
             return calls > 0
         try:
             obj, i = decoder.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return False
