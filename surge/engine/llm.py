@@ -33,9 +33,14 @@ logger = logging.getLogger("surge.llm")
 
 @dataclass(slots=True)
 class _Child:
+    """One engine request of a :meth:`LLM.generate` call: choice ``index`` of prompt ``parent``.
+    ``detokenizer`` and ``decode`` (token id -> text, for logprobs) are None under
+    ``SamplingParams(detokenize=False)``."""
+
     parent: int
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None
+    decode: Callable[[int], str] | None
     token_ids: list[int]
     stop_ids: frozenset[int] = frozenset()
     finish_reason: str | None = None
@@ -316,7 +321,7 @@ class LLM:
             results[child.parent].outputs.append(
                 CompletionOutput(
                     child.index,
-                    child.detokenizer.text,
+                    "" if child.detokenizer is None else child.detokenizer.text,
                     child.token_ids,
                     child.finish_reason,
                     child.stop_reason,
@@ -392,19 +397,24 @@ class LLM:
                     child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
                 self.engine.add_request(child_id, token_ids, child_params, cache_salt=salt, priority=priority)
                 added.append(child_id)
-                detok = IncrementalDetokenizer(
-                    self.tokenizer,
-                    token_ids,
-                    skip_special_tokens=child_params.skip_special_tokens,
-                    stop=child_params.stop,
-                    min_tokens=child_params.min_tokens,
-                    include_stop_str_in_output=child_params.include_stop_str_in_output,
-                    spaces_between_special_tokens=child_params.spaces_between_special_tokens,
+                detok = (
+                    IncrementalDetokenizer(
+                        self.tokenizer,
+                        token_ids,
+                        skip_special_tokens=child_params.skip_special_tokens,
+                        stop=child_params.stop,
+                        min_tokens=child_params.min_tokens,
+                        include_stop_str_in_output=child_params.include_stop_str_in_output,
+                        spaces_between_special_tokens=child_params.spaces_between_special_tokens,
+                    )
+                    if child_params.detokenize
+                    else None  # vLLM's detokenize=False: no text, no decoded logprob tokens
                 )
                 children[child_id] = _Child(
                     i,
                     index,
                     detok,
+                    self.token_strings.text if child_params.detokenize else None,
                     [],
                     stop_ids=reported_stop_ids(
                         child_params, self.engine.config.model.eos_token_ids, self._primary_eos
@@ -513,24 +523,27 @@ class LLM:
                     continue
                 child.token_ids.extend(out.new_token_ids)
                 if child.logprobs is not None and out.logprobs is not None:
-                    child.logprobs.extend(position_logprobs(out.logprobs, self.token_strings.text))
+                    child.logprobs.extend(position_logprobs(out.logprobs, child.decode))
                 if out.prompt_logprobs is not None:
                     result = results[child.parent]
                     result.prompt_logprobs = [None]
-                    result.prompt_logprobs += position_logprobs(out.prompt_logprobs, self.token_strings.text)
-                child.detokenizer.update(out.new_token_ids, out.stop_token_id)
+                    result.prompt_logprobs += position_logprobs(out.prompt_logprobs, child.decode)
+                detokenizer = child.detokenizer
+                if detokenizer is not None:
+                    detokenizer.update(out.new_token_ids, out.stop_token_id)
                 results[child.parent].num_cached_tokens = max(
                     results[child.parent].num_cached_tokens, out.num_cached_tokens
                 )
-                if child.detokenizer.stop_matched is not None:
+                if detokenizer is not None and detokenizer.stop_matched is not None:
                     self.engine.abort_requests([out.request_id])
                     child.finish_reason = "stop"
-                    child.stop_reason = child.detokenizer.stop_matched
+                    child.stop_reason = detokenizer.stop_matched
                 elif out.finish_reason is not None:
                     child.finish_reason = out.finish_reason
                     child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_ids)
                 if child.finish_reason is not None:
-                    child.detokenizer.flush()
+                    if detokenizer is not None:
+                        detokenizer.flush()
                     pending.discard(out.request_id)
                     if finished is not None:
                         finished(1)

@@ -210,6 +210,27 @@ def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
     assert plain.metrics is None and plain.finished and plain.outputs[0].finished()
 
 
+def test_detokenize_false_gives_token_ids_without_text(llm: LLM) -> None:
+    """vLLM's ``SamplingParams(detokenize=False)`` was a TypeError: the same tokens and logprobs,
+    no text and no decoded tokens; ``stop`` strings need the text, so they are refused with it."""
+    fields = dict(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1, prompt_logprobs=1, n=2)
+    decoded = llm.generate("Once upon", SamplingParams(**fields))[0]  # type: ignore[arg-type]
+    raw = llm.generate("Once upon", SamplingParams(detokenize=False, **fields))[0]  # type: ignore[arg-type]
+    assert decoded.outputs[0].text and [o.text for o in raw.outputs] == ["", ""]
+    for got, want in zip(raw.outputs, decoded.outputs, strict=True):
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason == "length"
+        assert got.logprobs is not None and want.logprobs is not None
+        assert [{t: lp.logprob for t, lp in pos.items()} for pos in got.logprobs] == [
+            {t: lp.logprob for t, lp in pos.items()} for pos in want.logprobs
+        ]
+        assert {lp.decoded_token for pos in got.logprobs for lp in pos.values()} == {None}
+    assert raw.prompt_logprobs is not None and decoded.prompt_logprobs is not None
+    assert raw.prompt_logprobs[0] is None and len(raw.prompt_logprobs) == len(decoded.prompt_logprobs)
+    assert {lp.decoded_token for pos in raw.prompt_logprobs[1:] if pos for lp in pos.values()} == {None}
+    with pytest.raises(ValueError, match="stop strings need the decoded text: leave detokenize at True"):
+        SamplingParams(detokenize=False, stop=["."])
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
     """vLLM's ``SamplingParams.truncate_prompt_tokens``: the last k prompt tokens (-1: the last
     ``max_model_len``), the same output as the truncated prompt itself."""
