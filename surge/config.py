@@ -35,13 +35,18 @@ SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 ``priority``, lower first, then arrival; see :class:`surge.core.scheduler.Scheduler`)."""
 
 
-def dtype_name(value: str) -> str:
-    """``value`` as one of :data:`DTYPES` (vLLM's ``half`` is ``float16``, ``float`` is ``float32``).
+def dtype_name(value: object) -> str:
+    """``value`` as one of :data:`DTYPES` (vLLM's ``half`` is ``float16``, ``float`` is ``float32``;
+    a ``torch.dtype``, as vLLM's ``LLM(dtype=torch.bfloat16)`` takes, is its name).
 
     Raises:
-        ValueError: another value, naming the choices.
+        ValueError: another value, naming the choices (e.g. ``torch.float64``).
     """
-    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # no torch import here
+        value_name: object = str(value).removeprefix("torch.")
+    else:
+        value_name = value
+    name = DTYPE_ALIASES.get(value_name, value_name) if isinstance(value_name, str) else value_name
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {value!r}")
     return name
@@ -144,7 +149,7 @@ class ModelConfig:
         cls,
         model: str | Path | None = None,
         *,
-        dtype: str = "auto",
+        dtype: object = "auto",
         load_format: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
@@ -152,7 +157,8 @@ class ModelConfig:
         generation_config: str = "auto",
         hf_overrides: dict[str, Any] | None = None,
     ) -> ModelConfig:
-        """Read a Hugging Face model folder (None = the bundled default model).
+        """Read a Hugging Face model folder (None = the bundled default model) in ``dtype``
+        (:func:`dtype_name`: a name, an alias or a ``torch.dtype``; "auto" is the config's).
 
         ``hf_overrides`` replaces top-level keys of ``config.json`` before anything is read
         from it, as vLLM's ``--hf-overrides`` does (e.g. ``{"rope_scaling": {"rope_type":

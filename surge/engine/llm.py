@@ -7,7 +7,7 @@ import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -26,6 +26,9 @@ from surge.tokenizer import (
     has_tokenizer_files,
     load_tokenizer,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 PromptType = str | list[int]
 logger = logging.getLogger("surge.llm")
@@ -56,7 +59,8 @@ class LLM:
             without tokenizer files takes token-id prompts only, if transformers can build an
             empty tokenizer for the model (else the missing files are the error).
         dtype: "auto" (the config's), "float32", "bfloat16" or "float16" (vLLM's "half"
-            and "float" are "float16" and "float32").
+            and "float" are "float16" and "float32"), or one of those as a ``torch.dtype``
+            (``torch.bfloat16``), as vLLM takes it.
         device: "auto" (CUDA when available), "cpu" or "cuda".
         load_format: "auto" (safetensors) or "dummy" (random weights, reproducible by seed).
         seed: seed of dummy weights and of unseeded sampling (None: a random one, as vLLM).
@@ -100,7 +104,7 @@ class LLM:
         self,
         model: str | Path | None = None,
         *,
-        dtype: str = "auto",
+        dtype: str | torch.dtype = "auto",
         device: str = "auto",
         load_format: str = "auto",
         seed: int | None = 0,

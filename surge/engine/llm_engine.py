@@ -30,6 +30,8 @@ from surge.sampling_params import SamplingParams, truncated_prompt
 logger = logging.getLogger("surge.engine")
 
 if TYPE_CHECKING:
+    import torch
+
     from surge.structured.manager import StructuredOutputManager
 
 _GRAMMAR_WAIT_S = 0.005
@@ -91,7 +93,7 @@ def _int_arg(name: str, value: int | None) -> int | None:
 def build_engine_config(
     model: str | None = None,
     *,
-    dtype: str = "auto",
+    dtype: str | torch.dtype = "auto",
     load_format: str = "auto",
     seed: int | None = 0,
     device: str = "auto",

@@ -231,6 +231,19 @@ def test_detokenize_false_gives_token_ids_without_text(llm: LLM) -> None:
         SamplingParams(detokenize=False, stop=["."])
 
 
+def test_torch_dtypes_are_taken_as_in_vllm() -> None:
+    """A ported script's ``LLM(model, dtype=torch.bfloat16)`` (vLLM takes a ``torch.dtype``) was
+    refused as not one of the dtype names; another torch dtype is refused naming the choices."""
+    import torch
+
+    for given, name in ((torch.bfloat16, "bfloat16"), (torch.half, "float16"), (torch.float32, "float32")):
+        with LLM(device="cpu", dtype=given, num_kv_blocks=8) as model:
+            assert model.engine.config.model.dtype == name
+            assert model.generate("Once", GREEDY)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"dtype must be one of auto, .*, got torch\.float64$"):
+        LLM(device="cpu", dtype=torch.float64)
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
     """vLLM's ``SamplingParams.truncate_prompt_tokens``: the last k prompt tokens (-1: the last
     ``max_model_len``), the same output as the truncated prompt itself."""
