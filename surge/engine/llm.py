@@ -580,18 +580,22 @@ _LLM_ONLY_HINTS = {
     "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
     "tokenizer": "a model folder that holds its tokenizer",
     "disable_log_stats": "nothing: the offline API logs no periodic stats",
+    "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
+    "served_model_name": "nothing: the offline API names no model",
 }
-"""vLLM ``LLM(...)`` arguments with no ``surge serve`` counterpart in
-:data:`surge.cli.VLLM_FLAG_HINTS`, and what to use instead."""
+"""vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
+command line (or that have none there), and what to use instead."""
 
 
 def _unexpected_argument(name: str) -> str:
     """The TypeError message for ``LLM(name=...)``: for an argument of vLLM's ``LLM`` that Surge
-    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead."""
+    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead. A command-line
+    hint that names flags (``--top-k``'s ``--extra-body``) is no use to a Python caller: such a name
+    gets Python's own message."""
     from surge.cli import VLLM_FLAG_HINTS
 
     hint = _LLM_ONLY_HINTS.get(name) or VLLM_FLAG_HINTS.get("--" + name.replace("_", "-"))
-    if hint is None:
+    if hint is None or "--" in hint:
         return f"LLM() got an unexpected keyword argument {name!r}"
     if hint.startswith("nothing: "):
         return f"LLM() does not take vLLM's {name!r}: leave it out ({hint.removeprefix('nothing: ')})"

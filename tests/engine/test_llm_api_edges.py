@@ -180,6 +180,20 @@ def test_trust_remote_code_is_refused_by_name() -> None:
         ),
         ({"swap_space": 4}, r"vLLM's 'swap_space': leave it out \(preempted requests are recomputed"),
         ({"tokenizer_mod": "auto"}, "^LLM\\(\\) got an unexpected keyword argument 'tokenizer_mod'$"),
+        # the command line's hints for these spoke of the benchmark and its flags
+        (
+            {"tokenizer_mode": "auto"},
+            r"vLLM's 'tokenizer_mode': leave it out \(the model folder's tokenizer is",
+        ),
+        (
+            {"served_model_name": "m"},
+            r"vLLM's 'served_model_name': leave it out \(the offline API names no model",
+        ),
+        ({"top_k": 5}, "^LLM\\(\\) got an unexpected keyword argument 'top_k'$"),
+        (
+            {"enable_log_requests": True},
+            "^LLM\\(\\) got an unexpected keyword argument 'enable_log_requests'$",
+        ),
     ],
 )
 def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, object], message: str) -> None:
