@@ -58,6 +58,9 @@ class LLM:
         model: a Hugging Face model folder; None = the bundled stories260K model. A folder
             without tokenizer files takes token-id prompts only, if transformers can build an
             empty tokenizer for the model (else the missing files are the error).
+        tokenizer: vLLM's: None or the model folder itself (a script's ``LLM(path,
+            tokenizer=path)``); Surge reads the model folder's tokenizer, so another folder is
+            refused.
         dtype: "auto" (the config's), "float32", "bfloat16" or "float16" (vLLM's "half"
             and "float" are "float16" and "float32"), or one of those as a ``torch.dtype``
             (``torch.bfloat16``), as vLLM takes it.
@@ -104,6 +107,7 @@ class LLM:
         self,
         model: str | Path | None = None,
         *,
+        tokenizer: str | Path | None = None,
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
         load_format: str = "auto",
@@ -160,6 +164,7 @@ class LLM:
             hf_overrides=hf_overrides,
             scheduling_policy=scheduling_policy,
         )
+        _check_tokenizer_folder(tokenizer, config.model.model)
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
         )
@@ -578,13 +583,30 @@ absent, None or empty."""
 
 _LLM_ONLY_HINTS = {
     "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "tokenizer": "a model folder that holds its tokenizer",
     "disable_log_stats": "nothing: the offline API logs no periodic stats",
     "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
 }
 """vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
 command line (or that have none there), and what to use instead."""
+
+
+def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:
+    """Refuse a vLLM ``LLM(tokenizer=...)`` that is not None or ``model_dir`` (the same folder,
+    however spelled): the model folder's own tokenizer is the one Surge reads.
+
+    Raises:
+        ValueError: another folder, or a value that is not a path.
+    """
+    if tokenizer is None:
+        return
+    if not isinstance(tokenizer, str | Path):
+        raise ValueError(f"tokenizer must be a folder path or None, got {type(tokenizer).__name__}")
+    if Path(tokenizer).expanduser().resolve() != Path(model_dir).resolve():
+        raise ValueError(
+            f"tokenizer {str(tokenizer)!r} is not the model folder {model_dir}: Surge reads the model "
+            "folder's own tokenizer; copy the tokenizer files into it and leave tokenizer out"
+        )
 
 
 def _unexpected_argument(name: str) -> str:

@@ -173,7 +173,6 @@ def test_trust_remote_code_is_refused_by_name() -> None:
     ("kwargs", "message"),
     [
         ({"trust_remote_code": True}, r"vLLM's 'trust_remote_code': leave it out \(Surge runs its own code"),
-        ({"tokenizer": "x"}, "vLLM's 'tokenizer': use a model folder that holds its tokenizer"),
         (
             {"max_logprobs": 5},
             r"vLLM's 'max_logprobs': leave it out \(logprobs and prompt_logprobs take up to 20",
@@ -201,6 +200,19 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
     keyword argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
     with pytest.raises(TypeError, match=message):
         LLM(device="cpu", **kwargs)
+
+
+def test_tokenizer_may_name_the_model_folder(tmp_path: Path) -> None:
+    """A ported script's ``LLM(path, tokenizer=path)`` was a TypeError: the model folder, however
+    spelled, is taken; another folder is refused, saying that the model folder's tokenizer is read."""
+    with LLM(STORIES, tokenizer=f"{STORIES}/.", device="cpu", num_kv_blocks=8) as model:
+        assert model.generate("Once", GREEDY)[0].outputs[0].token_ids
+    with LLM(tokenizer=STORIES, device="cpu", num_kv_blocks=8) as model:  # the bundled model's folder
+        assert model.generate("Once", GREEDY)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"is not the model folder .*: Surge reads the model folder's own"):
+        LLM(STORIES, tokenizer=tmp_path, device="cpu")
+    with pytest.raises(ValueError, match="tokenizer must be a folder path or None, got int"):
+        LLM(STORIES, tokenizer=5, device="cpu")  # type: ignore[arg-type]
 
 
 def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
