@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,6 +234,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., Any] = False,
         priority: Sequence[int] | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -248,13 +249,18 @@ class LLM:
             priority: one integer per prompt (its choices share it), as vLLM's: with
                 ``LLM(scheduling_policy="priority")`` lower values are scheduled first (ties by
                 the order of the prompts) and preempted last; under "fcfs" every value must be 0.
+            tokenization_kwargs: vLLM's overrides of the text prompts' ``tokenizer.encode``;
+                only ``add_special_tokens`` (a bool, True by default; False adds no BOS, e.g.
+                to a prompt rendered with its chat template already) is taken
+                (:func:`_add_special_tokens`); truncate with ``SamplingParams.truncate_prompt_tokens``.
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
-            ValueError: a prompt of another type or with a lone surrogate, a ``priority`` that is
+            ValueError: ``tokenization_kwargs`` with another key or a value that is not a bool,
+                a prompt of another type or with a lone surrogate, a ``priority`` that is
                 not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
@@ -268,6 +274,7 @@ class LLM:
         next call starts clean.
         """
         self._check_open()
+        add_special_tokens = _add_special_tokens(tokenization_kwargs)
         salted = _as_prompt_list(prompts)
         prompt_list = [prompt for prompt, _ in salted]
         if not self._text_prompts and any(isinstance(p, str) for p in prompt_list):
@@ -311,7 +318,9 @@ class LLM:
         added: list[str] = []
         try:
             salts = [salt for _, salt in salted]
-            self._add_requests(prompt_list, params_list, salts, priorities, results, children, added)
+            self._add_requests(
+                prompt_list, params_list, salts, priorities, add_special_tokens, results, children, added
+            )
             if use_tqdm:
                 if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
                     progress = use_tqdm(total=len(children))
@@ -347,6 +356,7 @@ class LLM:
         params_list: list[SamplingParams],
         salts: list[str | None],
         priorities: list[int],
+        add_special_tokens: bool,
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
@@ -354,7 +364,8 @@ class LLM:
         """Add one engine request per prompt and choice, appending to ``results`` (one empty
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
         ``salts``: each prompt's ``cache_salt`` (None: none); ``priorities``: each prompt's
-        scheduling priority.
+        scheduling priority; ``add_special_tokens``: whether text prompts get the tokenizer's
+        special tokens (BOS).
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
@@ -363,7 +374,7 @@ class LLM:
             zip(prompt_list, params_list, salts, priorities, strict=True)
         ):
             token_ids = (
-                encode_text(self.tokenizer, prompt, True, splittable=self._splittable)
+                encode_text(self.tokenizer, prompt, add_special_tokens, splittable=self._splittable)
                 if isinstance(prompt, str)
                 else list(prompt)
             )
@@ -589,6 +600,31 @@ _LLM_ONLY_HINTS = {
 }
 """vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
 command line (or that have none there), and what to use instead."""
+
+
+def _add_special_tokens(tokenization_kwargs: object) -> bool:
+    """The ``add_special_tokens`` of vLLM's ``generate(..., tokenization_kwargs=...)`` (True when
+    it is None or leaves the key out).
+
+    Raises:
+        ValueError: not a dict, a key other than ``add_special_tokens`` (vLLM's truncation keys
+            included: Surge truncates with ``SamplingParams.truncate_prompt_tokens``), or a value
+            that is not a bool.
+    """
+    if tokenization_kwargs is None:
+        return True
+    if not isinstance(tokenization_kwargs, Mapping):
+        raise ValueError(f"tokenization_kwargs must be a dict, got {type(tokenization_kwargs).__name__}")
+    others = sorted(map(str, set(tokenization_kwargs) - {"add_special_tokens"}))
+    if others:
+        raise ValueError(
+            f"tokenization_kwargs takes only 'add_special_tokens', got {others} (truncate a prompt with "
+            "SamplingParams(truncate_prompt_tokens=k))"
+        )
+    value = tokenization_kwargs.get("add_special_tokens", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"tokenization_kwargs['add_special_tokens'] must be a bool, got {value!r}")
+    return value
 
 
 def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:

@@ -202,6 +202,22 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
         LLM(device="cpu", **kwargs)
 
 
+def test_tokenization_kwargs_add_special_tokens(llm: LLM) -> None:
+    """vLLM's ``generate(..., tokenization_kwargs={"add_special_tokens": False})`` (a prompt that
+    holds its BOS already) was a TypeError: the text is encoded without the BOS, as the ids show;
+    vLLM's other keys are refused by name rather than ignored."""
+    ids = llm.tokenizer.encode("Once upon", add_special_tokens=False)
+    plain = llm.generate("Once upon", GREEDY, tokenization_kwargs={"add_special_tokens": True})[0]
+    assert plain.prompt_token_ids == [llm.tokenizer.bos_token_id, *ids]
+    bare = llm.generate(["Once upon"], GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
+    assert bare.prompt_token_ids == ids and bare.prompt == "Once upon"
+    assert bare.outputs[0].token_ids == llm.generate([ids], GREEDY)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"takes only 'add_special_tokens', got \['truncation'\] \(truncate"):
+        llm.generate("Once", GREEDY, tokenization_kwargs={"truncation": True})
+    with pytest.raises(ValueError, match=r"\['add_special_tokens'\] must be a bool, got 0"):
+        llm.generate("Once", GREEDY, tokenization_kwargs={"add_special_tokens": 0})
+
+
 def test_tokenizer_may_name_the_model_folder(tmp_path: Path) -> None:
     """A ported script's ``LLM(path, tokenizer=path)`` was a TypeError: the model folder, however
     spelled, is taken; another folder is refused, saying that the model folder's tokenizer is read."""
