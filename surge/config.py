@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -309,9 +310,14 @@ class CacheConfig:
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
             f"num_kv_blocks must be positive, got {self.num_kv_blocks}",
         )
+        utilization = self.gpu_memory_utilization
         _require(
-            0.0 < self.gpu_memory_utilization <= 1.0,
-            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+            not isinstance(utilization, bool) and isinstance(utilization, numbers.Real),
+            f"gpu_memory_utilization must be a number, got {utilization!r}",
+        )
+        _require(
+            0.0 < utilization <= 1.0,
+            f"gpu_memory_utilization must be in (0, 1], got {utilization}",
         )
         _require(self.cpu_kv_cache_bytes > 0, "cpu_kv_cache_bytes must be positive")
         object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))

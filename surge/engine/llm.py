@@ -67,12 +67,13 @@ class LLM:
         device: "auto" (CUDA when available), "cpu" or "cuda".
         load_format: "auto" (safetensors) or "dummy" (random weights, reproducible by seed).
         seed: seed of dummy weights and of unseeded sampling (None: a random one, as vLLM).
-        block_size: tokens per KV block.
+        block_size: tokens per KV block (None: 16, as vLLM's None on CUDA).
         num_kv_blocks: KV pool size in blocks; None sizes it from memory.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step.
         max_model_len: longest prompt + output; None = the model's maximum.
-        enable_prefix_caching: share the KV blocks of equal prompt prefixes.
+        enable_prefix_caching: share the KV blocks of equal prompt prefixes (None: True, as vLLM's
+            None).
         enforce_eager: no CUDA graphs.
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
         tensor_parallel_size: shard the model over this many worker processes (GPUs); they
@@ -112,12 +113,12 @@ class LLM:
         device: str = "auto",
         load_format: str = "auto",
         seed: int | None = 0,
-        block_size: int = 16,
+        block_size: int | None = 16,
         num_kv_blocks: int | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
+        enable_prefix_caching: bool | None = True,
         enforce_eager: bool = False,
         gpu_memory_utilization: float = 0.9,
         async_scheduling: bool | None = None,

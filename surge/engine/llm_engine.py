@@ -97,13 +97,13 @@ def build_engine_config(
     load_format: str = "auto",
     seed: int | None = 0,
     device: str = "auto",
-    block_size: int = 16,
+    block_size: int | None = 16,
     num_kv_blocks: int | None = None,
     gpu_memory_utilization: float = 0.9,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
     max_model_len: int | None = None,
-    enable_prefix_caching: bool = True,
+    enable_prefix_caching: bool | None = True,
     enforce_eager: bool = False,
     async_scheduling: bool | None = None,
     tensor_parallel_size: int = 1,
@@ -125,7 +125,8 @@ def build_engine_config(
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
-    ``max_model_len=None`` takes the model's ``max_position_embeddings``;
+    ``max_model_len=None`` takes the model's ``max_position_embeddings``; ``block_size=None`` is
+    16 and ``enable_prefix_caching=None`` is True (vLLM's None: its defaults);
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
     and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
     to ``master_port`` are :class:`~surge.config.ParallelConfig`'s (``tp_all_reduce`` is its
@@ -147,7 +148,10 @@ def build_engine_config(
             names it).
     """
     seed = _int_arg("seed", seed)
-    block_size = _int_arg("block_size", block_size)  # type: ignore[assignment]
+    # vLLM's None for these two (its EngineArgs defaults): the platform's block size (16 on
+    # CUDA, Surge's on every device) and prefix caching on
+    block_size = 16 if block_size is None else _int_arg("block_size", block_size)  # type: ignore[assignment]
+    enable_prefix_caching = True if enable_prefix_caching is None else enable_prefix_caching
     num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks)
     max_num_seqs = _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
     max_num_batched_tokens = _int_arg("max_num_batched_tokens", max_num_batched_tokens)  # type: ignore[assignment]

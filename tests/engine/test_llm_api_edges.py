@@ -69,6 +69,8 @@ def test_a_closed_llm_refuses_work() -> None:
         ({"max_model_len": "64"}, "max_model_len must be an integer, got '64'"),
         ({"max_num_seqs": True}, "max_num_seqs must be an integer, got True"),
         ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false, got 'no'"),
+        ({"gpu_memory_utilization": "0.9"}, "gpu_memory_utilization must be a number, got '0.9'"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization must be a number, got True"),
     ],
 )
 def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], match: str) -> None:
@@ -76,6 +78,16 @@ def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], ma
     ``enable_prefix_caching="no"`` turned caching on."""
     with pytest.raises(ValueError, match=match):
         LLM(device="cpu", **kwargs)  # type: ignore[arg-type]
+
+
+def test_vllm_none_block_size_and_prefix_caching_are_the_defaults() -> None:
+    """vLLM's ``LLM(block_size=None, enable_prefix_caching=None)`` (its defaults: the platform's
+    block size, caching on) failed comparing None with an int, and None turned caching off."""
+    with LLM(device="cpu", block_size=None, enable_prefix_caching=None, num_kv_blocks=16) as model:
+        assert model.engine.config.cache.block_size == 16
+        prompt = list(range(10, 50))
+        model.generate([prompt], GREEDY)
+        assert model.generate([prompt], GREEDY)[0].num_cached_tokens == 32
 
 
 def test_seed_none_is_an_unseeded_engine() -> None:
