@@ -596,7 +596,8 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     _require(
-        device == "cpu" or device.startswith("cuda"), f"device must be auto, cpu or cuda, got {device!r}"
+        device == "cpu" or (isinstance(device, str) and device.startswith("cuda")),
+        f"device must be auto, cpu or cuda, got {device!r}",
     )
     if device.startswith("cuda"):
         _require(torch.cuda.is_available(), "device: cuda was asked for but no GPU is visible")

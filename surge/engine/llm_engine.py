@@ -100,8 +100,8 @@ def build_engine_config(
     block_size: int | None = 16,
     num_kv_blocks: int | None = None,
     gpu_memory_utilization: float = 0.9,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int | None = 256,
+    max_num_batched_tokens: int | None = 8192,
     max_model_len: int | None = None,
     enable_prefix_caching: bool | None = True,
     enforce_eager: bool = False,
@@ -125,8 +125,9 @@ def build_engine_config(
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
-    ``max_model_len=None`` takes the model's ``max_position_embeddings``; ``block_size=None`` is
-    16 and ``enable_prefix_caching=None`` is True (vLLM's None: its defaults);
+    ``max_model_len=None`` takes the model's ``max_position_embeddings``; ``block_size``,
+    ``max_num_seqs``, ``max_num_batched_tokens`` and ``enable_prefix_caching`` None are their
+    defaults (16, 256, 8192, True), as vLLM's None leaves them to the engine;
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
     and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
     to ``master_port`` are :class:`~surge.config.ParallelConfig`'s (``tp_all_reduce`` is its
@@ -148,14 +149,21 @@ def build_engine_config(
             names it).
     """
     seed = _int_arg("seed", seed)
-    # vLLM's None for these two (its EngineArgs defaults): the platform's block size (16 on
-    # CUDA, Surge's on every device) and prefix caching on
+    # vLLM's None for these (its EngineArgs defaults, left to the engine): Surge's defaults
     block_size = 16 if block_size is None else _int_arg("block_size", block_size)  # type: ignore[assignment]
+    max_num_seqs = 256 if max_num_seqs is None else _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
+    max_num_batched_tokens = (
+        8192 if max_num_batched_tokens is None else _int_arg("max_num_batched_tokens", max_num_batched_tokens)
+    )  # type: ignore[assignment]
     enable_prefix_caching = True if enable_prefix_caching is None else enable_prefix_caching
     num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks)
-    max_num_seqs = _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
-    max_num_batched_tokens = _int_arg("max_num_batched_tokens", max_num_batched_tokens)  # type: ignore[assignment]
     max_model_len = _int_arg("max_model_len", max_model_len)
+    for name, size in (
+        ("tensor_parallel_size", tensor_parallel_size),
+        ("data_parallel_size", data_parallel_size),
+    ):
+        if size is None:  # vLLM's are integers too (1 by default)
+            raise ValueError(f"{name} must be an integer, got None")
     tensor_parallel_size = _int_arg("tensor_parallel_size", tensor_parallel_size)  # type: ignore[assignment]
     data_parallel_size = _int_arg("data_parallel_size", data_parallel_size)  # type: ignore[assignment]
     for name, flag in (

@@ -71,6 +71,7 @@ def test_a_closed_llm_refuses_work() -> None:
         ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false, got 'no'"),
         ({"gpu_memory_utilization": "0.9"}, "gpu_memory_utilization must be a number, got '0.9'"),
         ({"gpu_memory_utilization": True}, "gpu_memory_utilization must be a number, got True"),
+        ({"tensor_parallel_size": None}, "tensor_parallel_size must be an integer, got None"),
     ],
 )
 def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], match: str) -> None:
@@ -81,10 +82,15 @@ def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], ma
 
 
 def test_vllm_none_block_size_and_prefix_caching_are_the_defaults() -> None:
-    """vLLM's ``LLM(block_size=None, enable_prefix_caching=None)`` (its defaults: the platform's
-    block size, caching on) failed comparing None with an int, and None turned caching off."""
-    with LLM(device="cpu", block_size=None, enable_prefix_caching=None, num_kv_blocks=16) as model:
+    """vLLM's ``LLM(block_size=None, max_num_seqs=None, ..., enable_prefix_caching=None)`` (its
+    defaults, left to its engine) failed comparing None with an int, and None turned caching off."""
+    nones = dict(block_size=None, max_num_seqs=None, max_num_batched_tokens=None, enable_prefix_caching=None)
+    with LLM(device="cpu", num_kv_blocks=16, **nones) as model:  # type: ignore[arg-type]
         assert model.engine.config.cache.block_size == 16
+        assert model.engine.config.scheduler.max_num_seqs == 256
+        assert model.engine.config.scheduler.max_num_batched_tokens == 8192
+    with pytest.raises(ValueError, match="device must be auto, cpu or cuda, got None"):
+        LLM(device=None)  # type: ignore[arg-type]
         prompt = list(range(10, 50))
         model.generate([prompt], GREEDY)
         assert model.generate([prompt], GREEDY)[0].num_cached_tokens == 32
