@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,13 +36,18 @@ SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 ``priority``, lower first, then arrival; see :class:`surge.core.scheduler.Scheduler`)."""
 
 
-def dtype_name(value: str) -> str:
-    """``value`` as one of :data:`DTYPES` (vLLM's ``half`` is ``float16``, ``float`` is ``float32``).
+def dtype_name(value: object) -> str:
+    """``value`` as one of :data:`DTYPES` (vLLM's ``half`` is ``float16``, ``float`` is ``float32``;
+    a ``torch.dtype``, as vLLM's ``LLM(dtype=torch.bfloat16)`` takes, is its name).
 
     Raises:
-        ValueError: another value, naming the choices.
+        ValueError: another value, naming the choices (e.g. ``torch.float64``).
     """
-    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # no torch import here
+        value_name: object = str(value).removeprefix("torch.")
+    else:
+        value_name = value
+    name = DTYPE_ALIASES.get(value_name, value_name) if isinstance(value_name, str) else value_name
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {value!r}")
     return name
@@ -144,7 +150,7 @@ class ModelConfig:
         cls,
         model: str | Path | None = None,
         *,
-        dtype: str = "auto",
+        dtype: object = "auto",
         load_format: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
@@ -152,7 +158,8 @@ class ModelConfig:
         generation_config: str = "auto",
         hf_overrides: dict[str, Any] | None = None,
     ) -> ModelConfig:
-        """Read a Hugging Face model folder (None = the bundled default model).
+        """Read a Hugging Face model folder (None = the bundled default model) in ``dtype``
+        (:func:`dtype_name`: a name, an alias or a ``torch.dtype``; "auto" is the config's).
 
         ``hf_overrides`` replaces top-level keys of ``config.json`` before anything is read
         from it, as vLLM's ``--hf-overrides`` does (e.g. ``{"rope_scaling": {"rope_type":
@@ -303,9 +310,14 @@ class CacheConfig:
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
             f"num_kv_blocks must be positive, got {self.num_kv_blocks}",
         )
+        utilization = self.gpu_memory_utilization
         _require(
-            0.0 < self.gpu_memory_utilization <= 1.0,
-            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+            not isinstance(utilization, bool) and isinstance(utilization, numbers.Real),
+            f"gpu_memory_utilization must be a number, got {utilization!r}",
+        )
+        _require(
+            0.0 < utilization <= 1.0,
+            f"gpu_memory_utilization must be in (0, 1], got {utilization}",
         )
         _require(self.cpu_kv_cache_bytes > 0, "cpu_kv_cache_bytes must be positive")
         object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
@@ -584,7 +596,8 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     _require(
-        device == "cpu" or device.startswith("cuda"), f"device must be auto, cpu or cuda, got {device!r}"
+        device == "cpu" or (isinstance(device, str) and device.startswith("cuda")),
+        f"device must be auto, cpu or cuda, got {device!r}",
     )
     if device.startswith("cuda"):
         _require(torch.cuda.is_available(), "device: cuda was asked for but no GPU is visible")

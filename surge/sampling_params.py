@@ -321,6 +321,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         stop: strings that end the request; matched by the detokenizer, excluded from text.
         include_stop_str_in_output: keep the matched stop string (and the text of a final
             EOS or stop token) in the text.
+        detokenize: False leaves the output undecoded, as vLLM's: the offline API's
+            ``CompletionOutput.text`` is ``""`` and every logprob's ``decoded_token`` None (the
+            token ids are as with True); ``stop`` strings need True. The server always decodes
+            (no request field sets it).
         skip_special_tokens: leave special tokens out of the text.
         spaces_between_special_tokens: passed to the tokenizer's ``decode`` (slow tokenizers
             put spaces around kept special tokens; fast ones never do).
@@ -369,6 +373,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
+    detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     presence_penalty: float = 0.0
@@ -449,6 +454,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"got {self.repetition_penalty}",
             ),
             (all(s != "" for s in self.stop), "stop must not contain an empty string"),
+            (
+                self.detokenize or not self.stop,
+                "stop strings need the decoded text: leave detokenize at True to use stop",
+            ),
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
@@ -573,6 +582,7 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "stop_token_ids": (_SEQ, _none_empty(_as_ints)),
     "stop": (_SEQ, _none_empty(_as_strs)),
     "include_stop_str_in_output": (_BOOL, _as_bool),
+    "detokenize": (_BOOL, _as_bool),
     "skip_special_tokens": (_BOOL, _as_bool),
     "spaces_between_special_tokens": (_BOOL, _as_bool),
     "presence_penalty": (_FLOAT, _as_float),

@@ -69,6 +69,7 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     # bools
     ("ignore_eos", 1),
     ("include_stop_str_in_output", None),
+    ("detokenize", 1),
     ("skip_special_tokens", "yes"),
     ("spaces_between_special_tokens", 0),
     # sequences

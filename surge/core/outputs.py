@@ -182,11 +182,13 @@ class CompletionOutput:
 
     Attributes:
         index: choice index in ``[0, n)``.
-        text: the generated text (stop strings and stop tokens excluded).
+        text: the generated text (stop strings and stop tokens excluded); ``""`` under
+            ``SamplingParams(detokenize=False)``.
         token_ids: the generated token ids (a final EOS or stop token included).
         finish_reason: "stop" or "length".
         stop_reason: the stop string or stop token id that ended it, if any.
-        logprobs: with ``SamplingParams.logprobs``, one dict per token of ``token_ids``.
+        logprobs: with ``SamplingParams.logprobs``, one dict per token of ``token_ids`` (each
+            ``decoded_token`` None under ``detokenize=False``).
     """
 
     index: int

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -27,15 +27,23 @@ from surge.tokenizer import (
     load_tokenizer,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 PromptType = str | list[int]
 logger = logging.getLogger("surge.llm")
 
 
 @dataclass(slots=True)
 class _Child:
+    """One engine request of a :meth:`LLM.generate` call: choice ``index`` of prompt ``parent``.
+    ``detokenizer`` and ``decode`` (token id -> text, for logprobs) are None under
+    ``SamplingParams(detokenize=False)``."""
+
     parent: int
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None
+    decode: Callable[[int], str] | None
     token_ids: list[int]
     stop_ids: frozenset[int] = frozenset()
     finish_reason: str | None = None
@@ -50,17 +58,23 @@ class LLM:
         model: a Hugging Face model folder; None = the bundled stories260K model. A folder
             without tokenizer files takes token-id prompts only, if transformers can build an
             empty tokenizer for the model (else the missing files are the error).
+        tokenizer: vLLM's: None or the model folder itself (a script's ``LLM(path,
+            tokenizer=path)``); Surge reads the model folder's tokenizer, so another folder is
+            refused.
         dtype: "auto" (the config's), "float32", "bfloat16" or "float16" (vLLM's "half"
-            and "float" are "float16" and "float32").
+            and "float" are "float16" and "float32"), or one of those as a ``torch.dtype``
+            (``torch.bfloat16``), as vLLM takes it.
         device: "auto" (CUDA when available), "cpu" or "cuda".
         load_format: "auto" (safetensors) or "dummy" (random weights, reproducible by seed).
         seed: seed of dummy weights and of unseeded sampling (None: a random one, as vLLM).
-        block_size: tokens per KV block.
+        block_size: tokens per KV block (None: 16, as vLLM's None on CUDA).
         num_kv_blocks: KV pool size in blocks; None sizes it from memory.
-        max_num_seqs: most sequences in one step.
-        max_num_batched_tokens: token budget of one step.
+        max_num_seqs: most sequences in one step (None: 256, where vLLM's None lets its engine
+            choose).
+        max_num_batched_tokens: token budget of one step (None: 8192, likewise).
         max_model_len: longest prompt + output; None = the model's maximum.
-        enable_prefix_caching: share the KV blocks of equal prompt prefixes.
+        enable_prefix_caching: share the KV blocks of equal prompt prefixes (None: True, as vLLM's
+            None).
         enforce_eager: no CUDA graphs.
         async_scheduling: overlap the host's scheduling with the GPU (None: on for CUDA).
         tensor_parallel_size: shard the model over this many worker processes (GPUs); they
@@ -95,16 +109,17 @@ class LLM:
         self,
         model: str | Path | None = None,
         *,
-        dtype: str = "auto",
+        tokenizer: str | Path | None = None,
+        dtype: str | torch.dtype = "auto",
         device: str = "auto",
         load_format: str = "auto",
         seed: int | None = 0,
-        block_size: int = 16,
+        block_size: int | None = 16,
         num_kv_blocks: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int | None = 256,
+        max_num_batched_tokens: int | None = 8192,
         max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
+        enable_prefix_caching: bool | None = True,
         enforce_eager: bool = False,
         gpu_memory_utilization: float = 0.9,
         async_scheduling: bool | None = None,
@@ -151,6 +166,7 @@ class LLM:
             hf_overrides=hf_overrides,
             scheduling_policy=scheduling_policy,
         )
+        _check_tokenizer_folder(tokenizer, config.model.model)
         logger.info(
             describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
         )
@@ -220,6 +236,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., Any] = False,
         priority: Sequence[int] | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -234,13 +251,18 @@ class LLM:
             priority: one integer per prompt (its choices share it), as vLLM's: with
                 ``LLM(scheduling_policy="priority")`` lower values are scheduled first (ties by
                 the order of the prompts) and preempted last; under "fcfs" every value must be 0.
+            tokenization_kwargs: vLLM's overrides of the text prompts' ``tokenizer.encode``;
+                only ``add_special_tokens`` (a bool, True by default; False adds no BOS, e.g.
+                to a prompt rendered with its chat template already) is taken
+                (:func:`_add_special_tokens`); truncate with ``SamplingParams.truncate_prompt_tokens``.
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
-            ValueError: a prompt of another type or with a lone surrogate, a ``priority`` that is
+            ValueError: ``tokenization_kwargs`` with another key or a value that is not a bool,
+                a prompt of another type or with a lone surrogate, a ``priority`` that is
                 not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
@@ -254,6 +276,7 @@ class LLM:
         next call starts clean.
         """
         self._check_open()
+        add_special_tokens = _add_special_tokens(tokenization_kwargs)
         salted = _as_prompt_list(prompts)
         prompt_list = [prompt for prompt, _ in salted]
         if not self._text_prompts and any(isinstance(p, str) for p in prompt_list):
@@ -297,7 +320,9 @@ class LLM:
         added: list[str] = []
         try:
             salts = [salt for _, salt in salted]
-            self._add_requests(prompt_list, params_list, salts, priorities, results, children, added)
+            self._add_requests(
+                prompt_list, params_list, salts, priorities, add_special_tokens, results, children, added
+            )
             if use_tqdm:
                 if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
                     progress = use_tqdm(total=len(children))
@@ -316,7 +341,7 @@ class LLM:
             results[child.parent].outputs.append(
                 CompletionOutput(
                     child.index,
-                    child.detokenizer.text,
+                    "" if child.detokenizer is None else child.detokenizer.text,
                     child.token_ids,
                     child.finish_reason,
                     child.stop_reason,
@@ -333,6 +358,7 @@ class LLM:
         params_list: list[SamplingParams],
         salts: list[str | None],
         priorities: list[int],
+        add_special_tokens: bool,
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
@@ -340,7 +366,8 @@ class LLM:
         """Add one engine request per prompt and choice, appending to ``results`` (one empty
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
         ``salts``: each prompt's ``cache_salt`` (None: none); ``priorities``: each prompt's
-        scheduling priority.
+        scheduling priority; ``add_special_tokens``: whether text prompts get the tokenizer's
+        special tokens (BOS).
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
@@ -349,7 +376,7 @@ class LLM:
             zip(prompt_list, params_list, salts, priorities, strict=True)
         ):
             token_ids = (
-                encode_text(self.tokenizer, prompt, True, splittable=self._splittable)
+                encode_text(self.tokenizer, prompt, add_special_tokens, splittable=self._splittable)
                 if isinstance(prompt, str)
                 else list(prompt)
             )
@@ -392,19 +419,24 @@ class LLM:
                     child_params = msgspec.structs.replace(child_params, prompt_logprobs=None)
                 self.engine.add_request(child_id, token_ids, child_params, cache_salt=salt, priority=priority)
                 added.append(child_id)
-                detok = IncrementalDetokenizer(
-                    self.tokenizer,
-                    token_ids,
-                    skip_special_tokens=child_params.skip_special_tokens,
-                    stop=child_params.stop,
-                    min_tokens=child_params.min_tokens,
-                    include_stop_str_in_output=child_params.include_stop_str_in_output,
-                    spaces_between_special_tokens=child_params.spaces_between_special_tokens,
+                detok = (
+                    IncrementalDetokenizer(
+                        self.tokenizer,
+                        token_ids,
+                        skip_special_tokens=child_params.skip_special_tokens,
+                        stop=child_params.stop,
+                        min_tokens=child_params.min_tokens,
+                        include_stop_str_in_output=child_params.include_stop_str_in_output,
+                        spaces_between_special_tokens=child_params.spaces_between_special_tokens,
+                    )
+                    if child_params.detokenize
+                    else None  # vLLM's detokenize=False: no text, no decoded logprob tokens
                 )
                 children[child_id] = _Child(
                     i,
                     index,
                     detok,
+                    self.token_strings.text if child_params.detokenize else None,
                     [],
                     stop_ids=reported_stop_ids(
                         child_params, self.engine.config.model.eos_token_ids, self._primary_eos
@@ -513,24 +545,27 @@ class LLM:
                     continue
                 child.token_ids.extend(out.new_token_ids)
                 if child.logprobs is not None and out.logprobs is not None:
-                    child.logprobs.extend(position_logprobs(out.logprobs, self.token_strings.text))
+                    child.logprobs.extend(position_logprobs(out.logprobs, child.decode))
                 if out.prompt_logprobs is not None:
                     result = results[child.parent]
                     result.prompt_logprobs = [None]
-                    result.prompt_logprobs += position_logprobs(out.prompt_logprobs, self.token_strings.text)
-                child.detokenizer.update(out.new_token_ids, out.stop_token_id)
+                    result.prompt_logprobs += position_logprobs(out.prompt_logprobs, child.decode)
+                detokenizer = child.detokenizer
+                if detokenizer is not None:
+                    detokenizer.update(out.new_token_ids, out.stop_token_id)
                 results[child.parent].num_cached_tokens = max(
                     results[child.parent].num_cached_tokens, out.num_cached_tokens
                 )
-                if child.detokenizer.stop_matched is not None:
+                if detokenizer is not None and detokenizer.stop_matched is not None:
                     self.engine.abort_requests([out.request_id])
                     child.finish_reason = "stop"
-                    child.stop_reason = child.detokenizer.stop_matched
+                    child.stop_reason = detokenizer.stop_matched
                 elif out.finish_reason is not None:
                     child.finish_reason = out.finish_reason
                     child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_ids)
                 if child.finish_reason is not None:
-                    child.detokenizer.flush()
+                    if detokenizer is not None:
+                        detokenizer.flush()
                     pending.discard(out.request_id)
                     if finished is not None:
                         finished(1)
@@ -561,20 +596,66 @@ absent, None or empty."""
 
 _LLM_ONLY_HINTS = {
     "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "tokenizer": "a model folder that holds its tokenizer",
     "disable_log_stats": "nothing: the offline API logs no periodic stats",
+    "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
+    "served_model_name": "nothing: the offline API names no model",
 }
-"""vLLM ``LLM(...)`` arguments with no ``surge serve`` counterpart in
-:data:`surge.cli.VLLM_FLAG_HINTS`, and what to use instead."""
+"""vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
+command line (or that have none there), and what to use instead."""
+
+
+def _add_special_tokens(tokenization_kwargs: object) -> bool:
+    """The ``add_special_tokens`` of vLLM's ``generate(..., tokenization_kwargs=...)`` (True when
+    it is None or leaves the key out).
+
+    Raises:
+        ValueError: not a dict, a key other than ``add_special_tokens`` (vLLM's truncation keys
+            included: Surge truncates with ``SamplingParams.truncate_prompt_tokens``), or a value
+            that is not a bool.
+    """
+    if tokenization_kwargs is None:
+        return True
+    if not isinstance(tokenization_kwargs, Mapping):
+        raise ValueError(f"tokenization_kwargs must be a dict, got {type(tokenization_kwargs).__name__}")
+    others = sorted(map(str, set(tokenization_kwargs) - {"add_special_tokens"}))
+    if others:
+        raise ValueError(
+            f"tokenization_kwargs takes only 'add_special_tokens', got {others} (truncate a prompt with "
+            "SamplingParams(truncate_prompt_tokens=k))"
+        )
+    value = tokenization_kwargs.get("add_special_tokens", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"tokenization_kwargs['add_special_tokens'] must be a bool, got {value!r}")
+    return value
+
+
+def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:
+    """Refuse a vLLM ``LLM(tokenizer=...)`` that is not None or ``model_dir`` (the same folder,
+    however spelled): the model folder's own tokenizer is the one Surge reads.
+
+    Raises:
+        ValueError: another folder, or a value that is not a path.
+    """
+    if tokenizer is None:
+        return
+    if not isinstance(tokenizer, str | Path):
+        raise ValueError(f"tokenizer must be a folder path or None, got {type(tokenizer).__name__}")
+    if Path(tokenizer).expanduser().resolve() != Path(model_dir).resolve():
+        raise ValueError(
+            f"tokenizer {str(tokenizer)!r} is not the model folder {model_dir}: Surge reads the model "
+            "folder's own tokenizer; copy the tokenizer files into it and leave tokenizer out"
+        )
 
 
 def _unexpected_argument(name: str) -> str:
     """The TypeError message for ``LLM(name=...)``: for an argument of vLLM's ``LLM`` that Surge
-    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead."""
+    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead. A command-line
+    hint that names flags (``--top-k``'s ``--extra-body``) is no use to a Python caller: such a name
+    gets Python's own message."""
     from surge.cli import VLLM_FLAG_HINTS
 
     hint = _LLM_ONLY_HINTS.get(name) or VLLM_FLAG_HINTS.get("--" + name.replace("_", "-"))
-    if hint is None:
+    if hint is None or "--" in hint:
         return f"LLM() got an unexpected keyword argument {name!r}"
     if hint.startswith("nothing: "):
         return f"LLM() does not take vLLM's {name!r}: leave it out ({hint.removeprefix('nothing: ')})"

@@ -30,6 +30,8 @@ from surge.sampling_params import SamplingParams, truncated_prompt
 logger = logging.getLogger("surge.engine")
 
 if TYPE_CHECKING:
+    import torch
+
     from surge.structured.manager import StructuredOutputManager
 
 _GRAMMAR_WAIT_S = 0.005
@@ -91,17 +93,17 @@ def _int_arg(name: str, value: int | None) -> int | None:
 def build_engine_config(
     model: str | None = None,
     *,
-    dtype: str = "auto",
+    dtype: str | torch.dtype = "auto",
     load_format: str = "auto",
     seed: int | None = 0,
     device: str = "auto",
-    block_size: int = 16,
+    block_size: int | None = 16,
     num_kv_blocks: int | None = None,
     gpu_memory_utilization: float = 0.9,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int | None = 256,
+    max_num_batched_tokens: int | None = 8192,
     max_model_len: int | None = None,
-    enable_prefix_caching: bool = True,
+    enable_prefix_caching: bool | None = True,
     enforce_eager: bool = False,
     async_scheduling: bool | None = None,
     tensor_parallel_size: int = 1,
@@ -123,7 +125,9 @@ def build_engine_config(
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
-    ``max_model_len=None`` takes the model's ``max_position_embeddings``;
+    ``max_model_len=None`` takes the model's ``max_position_embeddings``; ``block_size``,
+    ``max_num_seqs``, ``max_num_batched_tokens`` and ``enable_prefix_caching`` None are their
+    defaults (16, 256, 8192, True), as vLLM's None leaves them to the engine;
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
     and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
     to ``master_port`` are :class:`~surge.config.ParallelConfig`'s (``tp_all_reduce`` is its
@@ -145,11 +149,21 @@ def build_engine_config(
             names it).
     """
     seed = _int_arg("seed", seed)
-    block_size = _int_arg("block_size", block_size)  # type: ignore[assignment]
+    # vLLM's None for these (its EngineArgs defaults, left to the engine): Surge's defaults
+    block_size = 16 if block_size is None else _int_arg("block_size", block_size)  # type: ignore[assignment]
+    max_num_seqs = 256 if max_num_seqs is None else _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
+    max_num_batched_tokens = (
+        8192 if max_num_batched_tokens is None else _int_arg("max_num_batched_tokens", max_num_batched_tokens)
+    )  # type: ignore[assignment]
+    enable_prefix_caching = True if enable_prefix_caching is None else enable_prefix_caching
     num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks)
-    max_num_seqs = _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
-    max_num_batched_tokens = _int_arg("max_num_batched_tokens", max_num_batched_tokens)  # type: ignore[assignment]
     max_model_len = _int_arg("max_model_len", max_model_len)
+    for name, size in (
+        ("tensor_parallel_size", tensor_parallel_size),
+        ("data_parallel_size", data_parallel_size),
+    ):
+        if size is None:  # vLLM's are integers too (1 by default)
+            raise ValueError(f"{name} must be an integer, got None")
     tensor_parallel_size = _int_arg("tensor_parallel_size", tensor_parallel_size)  # type: ignore[assignment]
     data_parallel_size = _int_arg("data_parallel_size", data_parallel_size)  # type: ignore[assignment]
     for name, flag in (

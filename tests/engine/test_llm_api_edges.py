@@ -69,6 +69,9 @@ def test_a_closed_llm_refuses_work() -> None:
         ({"max_model_len": "64"}, "max_model_len must be an integer, got '64'"),
         ({"max_num_seqs": True}, "max_num_seqs must be an integer, got True"),
         ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false, got 'no'"),
+        ({"gpu_memory_utilization": "0.9"}, "gpu_memory_utilization must be a number, got '0.9'"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization must be a number, got True"),
+        ({"tensor_parallel_size": None}, "tensor_parallel_size must be an integer, got None"),
     ],
 )
 def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], match: str) -> None:
@@ -76,6 +79,21 @@ def test_llm_arguments_of_the_wrong_type_are_named(kwargs: dict[str, object], ma
     ``enable_prefix_caching="no"`` turned caching on."""
     with pytest.raises(ValueError, match=match):
         LLM(device="cpu", **kwargs)  # type: ignore[arg-type]
+
+
+def test_vllm_none_block_size_and_prefix_caching_are_the_defaults() -> None:
+    """vLLM's ``LLM(block_size=None, max_num_seqs=None, ..., enable_prefix_caching=None)`` (its
+    defaults, left to its engine) failed comparing None with an int, and None turned caching off."""
+    nones = dict(block_size=None, max_num_seqs=None, max_num_batched_tokens=None, enable_prefix_caching=None)
+    with LLM(device="cpu", num_kv_blocks=16, **nones) as model:  # type: ignore[arg-type]
+        assert model.engine.config.cache.block_size == 16
+        assert model.engine.config.scheduler.max_num_seqs == 256
+        assert model.engine.config.scheduler.max_num_batched_tokens == 8192
+    with pytest.raises(ValueError, match="device must be auto, cpu or cuda, got None"):
+        LLM(device=None)  # type: ignore[arg-type]
+        prompt = list(range(10, 50))
+        model.generate([prompt], GREEDY)
+        assert model.generate([prompt], GREEDY)[0].num_cached_tokens == 32
 
 
 def test_seed_none_is_an_unseeded_engine() -> None:
@@ -173,13 +191,26 @@ def test_trust_remote_code_is_refused_by_name() -> None:
     ("kwargs", "message"),
     [
         ({"trust_remote_code": True}, r"vLLM's 'trust_remote_code': leave it out \(Surge runs its own code"),
-        ({"tokenizer": "x"}, "vLLM's 'tokenizer': use a model folder that holds its tokenizer"),
         (
             {"max_logprobs": 5},
             r"vLLM's 'max_logprobs': leave it out \(logprobs and prompt_logprobs take up to 20",
         ),
         ({"swap_space": 4}, r"vLLM's 'swap_space': leave it out \(preempted requests are recomputed"),
         ({"tokenizer_mod": "auto"}, "^LLM\\(\\) got an unexpected keyword argument 'tokenizer_mod'$"),
+        # the command line's hints for these spoke of the benchmark and its flags
+        (
+            {"tokenizer_mode": "auto"},
+            r"vLLM's 'tokenizer_mode': leave it out \(the model folder's tokenizer is",
+        ),
+        (
+            {"served_model_name": "m"},
+            r"vLLM's 'served_model_name': leave it out \(the offline API names no model",
+        ),
+        ({"top_k": 5}, "^LLM\\(\\) got an unexpected keyword argument 'top_k'$"),
+        (
+            {"enable_log_requests": True},
+            "^LLM\\(\\) got an unexpected keyword argument 'enable_log_requests'$",
+        ),
     ],
 )
 def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, object], message: str) -> None:
@@ -187,6 +218,35 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
     keyword argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
     with pytest.raises(TypeError, match=message):
         LLM(device="cpu", **kwargs)
+
+
+def test_tokenization_kwargs_add_special_tokens(llm: LLM) -> None:
+    """vLLM's ``generate(..., tokenization_kwargs={"add_special_tokens": False})`` (a prompt that
+    holds its BOS already) was a TypeError: the text is encoded without the BOS, as the ids show;
+    vLLM's other keys are refused by name rather than ignored."""
+    ids = llm.tokenizer.encode("Once upon", add_special_tokens=False)
+    plain = llm.generate("Once upon", GREEDY, tokenization_kwargs={"add_special_tokens": True})[0]
+    assert plain.prompt_token_ids == [llm.tokenizer.bos_token_id, *ids]
+    bare = llm.generate(["Once upon"], GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
+    assert bare.prompt_token_ids == ids and bare.prompt == "Once upon"
+    assert bare.outputs[0].token_ids == llm.generate([ids], GREEDY)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"takes only 'add_special_tokens', got \['truncation'\] \(truncate"):
+        llm.generate("Once", GREEDY, tokenization_kwargs={"truncation": True})
+    with pytest.raises(ValueError, match=r"\['add_special_tokens'\] must be a bool, got 0"):
+        llm.generate("Once", GREEDY, tokenization_kwargs={"add_special_tokens": 0})
+
+
+def test_tokenizer_may_name_the_model_folder(tmp_path: Path) -> None:
+    """A ported script's ``LLM(path, tokenizer=path)`` was a TypeError: the model folder, however
+    spelled, is taken; another folder is refused, saying that the model folder's tokenizer is read."""
+    with LLM(STORIES, tokenizer=f"{STORIES}/.", device="cpu", num_kv_blocks=8) as model:
+        assert model.generate("Once", GREEDY)[0].outputs[0].token_ids
+    with LLM(tokenizer=STORIES, device="cpu", num_kv_blocks=8) as model:  # the bundled model's folder
+        assert model.generate("Once", GREEDY)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"is not the model folder .*: Surge reads the model folder's own"):
+        LLM(STORIES, tokenizer=tmp_path, device="cpu")
+    with pytest.raises(ValueError, match="tokenizer must be a folder path or None, got int"):
+        LLM(STORIES, tokenizer=5, device="cpu")  # type: ignore[arg-type]
 
 
 def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
@@ -208,6 +268,40 @@ def test_vllm_prompt_dicts_and_output_fields(llm: LLM) -> None:
     with pytest.raises(ValueError, match="'prompt' must be a string"):
         llm.generate({"prompt": 5, "prompt_token_ids": ids}, GREEDY)
     assert plain.metrics is None and plain.finished and plain.outputs[0].finished()
+
+
+def test_detokenize_false_gives_token_ids_without_text(llm: LLM) -> None:
+    """vLLM's ``SamplingParams(detokenize=False)`` was a TypeError: the same tokens and logprobs,
+    no text and no decoded tokens; ``stop`` strings need the text, so they are refused with it."""
+    fields = dict(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1, prompt_logprobs=1, n=2)
+    decoded = llm.generate("Once upon", SamplingParams(**fields))[0]  # type: ignore[arg-type]
+    raw = llm.generate("Once upon", SamplingParams(detokenize=False, **fields))[0]  # type: ignore[arg-type]
+    assert decoded.outputs[0].text and [o.text for o in raw.outputs] == ["", ""]
+    for got, want in zip(raw.outputs, decoded.outputs, strict=True):
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason == "length"
+        assert got.logprobs is not None and want.logprobs is not None
+        assert [{t: lp.logprob for t, lp in pos.items()} for pos in got.logprobs] == [
+            {t: lp.logprob for t, lp in pos.items()} for pos in want.logprobs
+        ]
+        assert {lp.decoded_token for pos in got.logprobs for lp in pos.values()} == {None}
+    assert raw.prompt_logprobs is not None and decoded.prompt_logprobs is not None
+    assert raw.prompt_logprobs[0] is None and len(raw.prompt_logprobs) == len(decoded.prompt_logprobs)
+    assert {lp.decoded_token for pos in raw.prompt_logprobs[1:] if pos for lp in pos.values()} == {None}
+    with pytest.raises(ValueError, match="stop strings need the decoded text: leave detokenize at True"):
+        SamplingParams(detokenize=False, stop=["."])
+
+
+def test_torch_dtypes_are_taken_as_in_vllm() -> None:
+    """A ported script's ``LLM(model, dtype=torch.bfloat16)`` (vLLM takes a ``torch.dtype``) was
+    refused as not one of the dtype names; another torch dtype is refused naming the choices."""
+    import torch
+
+    for given, name in ((torch.bfloat16, "bfloat16"), (torch.half, "float16"), (torch.float32, "float32")):
+        with LLM(device="cpu", dtype=given, num_kv_blocks=8) as model:
+            assert model.engine.config.model.dtype == name
+            assert model.generate("Once", GREEDY)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"dtype must be one of auto, .*, got torch\.float64$"):
+        LLM(device="cpu", dtype=torch.float64)
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
