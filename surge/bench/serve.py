@@ -3,10 +3,12 @@
 Flow (vLLM ``bench serve``): ask ``/v1/models``; build the prompts; send ``warmup`` untimed requests
 one after another (prompts from another seed, same input length, at most 32 output tokens; a failed
 warm-up aborts the run); then take ``t0 = perf_counter()`` and release the requests (all at once for
-``request_rate = inf``, else with gamma-distributed gaps of mean ``1/request_rate`` and shape
-``burstiness``, Poisson for 1.0), each waiting on the ``max_concurrency`` semaphore before its own clock
-starts; ``duration`` ends when the last request ends. Results are validated (exact output length when
-asked), aggregated by :mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
+``request_rate = inf``, else at gamma-distributed gaps of mean ``1/request_rate`` and shape
+``burstiness``, Poisson for 1.0, the first request's included, scaled so that the last request is
+released at exactly ``num_prompts / request_rate`` s, as vLLM: :func:`arrival_offsets`), each waiting
+on the ``max_concurrency`` semaphore before its own clock starts; ``duration`` ends when the last
+request ends. Results are validated (exact output length when asked), aggregated by
+:mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
 
 Prompt length reported per request (``input_lens``, ``total_input_tokens``): the server's
 ``usage.prompt_tokens`` when it sends usage, else the dataset's count. On the chat endpoint random
@@ -259,15 +261,34 @@ def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
     raise ValueError(f"the server does not serve model {model!r}; it serves {served}")
 
 
+def arrival_offsets(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
+    """Seconds after the run's ``t0`` at which each of ``n`` requests is released (vLLM's
+    ``get_request``).
+
+    ``rate`` inf releases all at 0. Otherwise every request, the first included, waits a
+    gamma(shape=``burstiness``, mean ``1/rate``) gap after the one before, and the cumulative
+    schedule is scaled so that the last release is at exactly ``n / rate`` s: runs of any seed
+    span the same time, so their throughputs compare.
+    """
+    if math.isinf(rate):
+        return [0.0] * n
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    offsets = np.cumsum(gaps)
+    if n and offsets[-1] > 0:
+        offsets *= (n / rate) / offsets[-1]
+    return [float(t) for t in offsets]
+
+
 async def _arrivals(
-    items: Sequence[RequestInput], rate: float, burstiness: float, rng: np.random.Generator
+    items: Sequence[RequestInput], offsets: Sequence[float], t0: float
 ) -> AsyncIterator[RequestInput]:
-    """Yield requests at ``rate`` req/s with gamma(shape=burstiness) gaps (vLLM ``get_request``)."""
-    theta = 1.0 / (rate * burstiness) if math.isfinite(rate) else 0.0
-    for item in items:
+    """Yield each request at ``t0 + offset`` (``perf_counter`` seconds; at once when that moment
+    has passed), so late wake-ups do not add up; nothing is awaited after the last one."""
+    for item, offset in zip(items, offsets, strict=True):
+        wait = t0 + offset - time.perf_counter()
+        if offset > 0 and wait > 0:
+            await asyncio.sleep(wait)
         yield item
-        if math.isfinite(rate):
-            await asyncio.sleep(float(rng.gamma(shape=burstiness, scale=theta)))
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -333,10 +354,10 @@ async def run_requests(
             pbar.update(1)
             return res
 
-        rng = np.random.default_rng(seed)
+        offsets = arrival_offsets(len(inputs), request_rate, burstiness, np.random.default_rng(seed))
         t0 = time.perf_counter()
         tasks: list[asyncio.Task[RequestResult]] = []
-        async for req in _arrivals(inputs, request_rate, burstiness, rng):
+        async for req in _arrivals(inputs, offsets, t0):
             tasks.append(asyncio.create_task(limited(req, time.perf_counter())))
         results = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
