@@ -35,6 +35,7 @@ Custom (vLLM's ``CustomDataset``): see :func:`custom_requests`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -126,8 +127,9 @@ def exact_length_prompt(
 
 def range_bounds(length: int, ratio: float) -> tuple[int, int]:
     """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset:
-    integers in ``[int(length * (1 - ratio)), int(length * (1 + ratio))]``, at least 1."""
-    return max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
+    integers in ``[floor(length * (1 - ratio)), ceil(length * (1 + ratio))]``, at least 1 (so the
+    mean drawn length is ``length`` when the bounds are whole, as in vLLM)."""
+    return max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
 
 
 def random_requests(
