@@ -1,4 +1,5 @@
-"""Async streaming requests against an OpenAI-compatible server, timed the way vLLM's ``bench serve`` is.
+"""Async streaming requests against an OpenAI-compatible server, timed the way vLLM's ``bench serve`` is
+(but for which chat chunks count: :func:`counts_as_output`).
 
 One function per request (``send_request``): it is called after the concurrency semaphore, reads
 ``time.perf_counter()`` first thing, and returns a :class:`~surge.bench.metrics.RequestResult`.
@@ -142,7 +143,11 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 
 def counts_as_output(choice: Any, chat: bool) -> bool:
-    """vLLM's chunk rule: does this choice carry output (and so count for TTFT, ITL and E2EL)?
+    """Does this choice carry output (and so count for TTFT, ITL and E2EL)?
+
+    vLLM 0.26's client counts every chat chunk with ``choices`` (the role-only one gives its TTFT,
+    the first token then a near-zero ITL gap); this rule leaves out the chunks without output, so
+    that TTFT ends at the first token whenever the server sends the role chunk (README).
 
     Completions: every choice counts (its text may be empty, e.g. a special token). Chat: the
     delta must carry non-empty ``content``, ``reasoning_content``, ``reasoning`` or
@@ -174,7 +179,7 @@ def _chunk_text(choice: dict[str, Any]) -> str:
 async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestResult:
     """Send one streaming request and time it (TTFT, ITL per chunk, E2EL; seconds, perf_counter).
 
-    Only chunks that carry output count (:func:`counts_as_output`, vLLM's rule): the first one
+    Only chunks that carry output count (:func:`counts_as_output`): the first one
     gives TTFT, each later one an ITL gap, the last one E2EL. Never raises for server or network
     trouble: any such problem gives ``success=False`` with the reason in ``error`` (HTTP status and
     body, exception, error object in the stream, or no content).

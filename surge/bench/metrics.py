@@ -3,9 +3,11 @@
 The definitions follow vLLM's ``bench serve`` (``vllm/benchmarks/serve.py``: ``calculate_metrics``)
 exactly, as written down in ``shared/design.md`` §5:
 
-- TTFT: first SSE chunk with non-empty ``choices`` minus the request's start (seconds).
-- ITL: the gap before every later choices chunk (per chunk, not per token).
-- E2EL: the last choices chunk minus the start.
+- TTFT: first SSE chunk that carries output minus the request's start (seconds); on the chat
+  endpoint a role-only chunk does not count, unlike vLLM's client
+  (:func:`surge.bench.client.counts_as_output`).
+- ITL: the gap before every later output chunk (per chunk, not per token).
+- E2EL: the last output chunk minus the start.
 - output_len: ``usage.completion_tokens`` (else the re-tokenized text).
 - TPOT = (E2EL - TTFT) / (output_len - 1), only for output_len > 1.
 - Failed requests are left out of every latency list and of the token sums (their output_len
