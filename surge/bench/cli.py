@@ -280,6 +280,12 @@ def add_bench_parser(subparsers: Any) -> None:
         help="write the result JSON here (gzipped if it ends in .gz; default: none)",
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
+    p.add_argument(
+        "--request-id-prefix",
+        default=None,
+        help="timed request i sends the header X-Request-Id: PREFIX{i}, which the server names it after "
+        "(vLLM's option; default: bench-, 8 random hex digits, -)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("matrix", help="run a grid of burst points and write summary, tables and plots")
@@ -584,6 +590,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         exact_length=args.ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
+        request_id_prefix=args.request_id_prefix,
     )
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")

@@ -90,6 +90,7 @@ class RequestInput:
     api_key: str | None = None
     temperature: float | None = None
     extra_body: dict[str, Any] | None = None
+    request_id: str | None = None  # sent as the X-Request-Id header (vLLM's --request-id-prefix + index)
 
 
 def build_payload(req: RequestInput) -> dict[str, Any]:
@@ -188,6 +189,8 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     headers = {"Content-Type": "application/json"}
     if req.api_key:
         headers["Authorization"] = f"Bearer {req.api_key}"
+    if req.request_id is not None:
+        headers["X-Request-Id"] = req.request_id
     payload = build_payload(req)
     chat = req.api_url.endswith(CHAT_ENDPOINT)
     st = time.perf_counter()

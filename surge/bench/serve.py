@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +52,7 @@ from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_
 from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
+MAX_REQUEST_ID_LEN = 256  # the longest X-Request-Id the server takes (surge.server.request_id's limit)
 DATASETS = ("random", "sharegpt", "custom", "prefix_repetition")
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
@@ -121,6 +123,8 @@ class ServeConfig:
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
     extra_body: dict[str, Any] | None = None  # merged into every request body (e.g. {"top_k": 1})
     label: str | None = None  # result label; default the backend name (vLLM's --label)
+    # timed request i sends X-Request-Id PREFIX{i} (vLLM's --request-id-prefix); None: a fresh bench-XXXXXXXX-
+    request_id_prefix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
 
     def validate(self) -> None:
@@ -211,6 +215,18 @@ class ServeConfig:
             )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        prefix = self.request_id_prefix
+        if prefix is not None:
+            longest = len(prefix) + len(str(self.num_prompts - 1))
+            if not ((prefix + "0").isprintable() and prefix.isascii() and prefix == prefix.lstrip()):
+                raise ValueError(
+                    f"--request-id-prefix {prefix!r}: a request id is printable ASCII without leading spaces"
+                )
+            if longest > MAX_REQUEST_ID_LEN:
+                raise ValueError(
+                    f"--request-id-prefix is {len(prefix)} characters: the ids would be up to {longest}, "
+                    f"over the {MAX_REQUEST_ID_LEN} a server takes"
+                )
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         clash = sorted(set(self.extra_body or ()) & set(_OWN_FIELDS))
@@ -653,7 +669,10 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         if cfg.warmup
         else []
     )
-    inputs = [to_input(s) for s in samples]
+    id_prefix = cfg.request_id_prefix
+    if id_prefix is None:  # vLLM's default: bench-, 8 random hex digits, -
+        id_prefix = f"bench-{uuid.uuid4().hex[:8]}-"
+    inputs = [replace(to_input(s), request_id=f"{id_prefix}{i}") for i, s in enumerate(samples)]
     results, duration, warm = run_async(
         run_requests(
             inputs,
@@ -705,6 +724,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "temperature": cfg.temperature,
         "extra_body": cfg.extra_body,
         "warmup": cfg.warmup,
+        "request_id_prefix": id_prefix,
         "goodput_slo_ms": dict(cfg.goodput) or None,
         **cfg.extra,
     }

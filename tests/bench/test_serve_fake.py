@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,41 @@ def test_exact_length_off_accepts_short_streams() -> None:
         r = run_serve(cfg)
     assert r["failed"] == 0 and r["output_lens"] == [5]
     assert b.log[0]["auth"] == "Bearer sk-test"
+
+
+def test_request_id_prefix_names_each_timed_request(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --request-id-prefix: timed request i sends X-Request-Id PREFIX{i} (the warm-up none);
+    by default a fresh bench-XXXXXXXX- as vLLM; an id the server would refuse is refused first."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            input_len=8,
+            output_len=3,
+            num_prompts=3,
+            disable_tqdm=True,
+            request_id_prefix="run7-",
+        )
+        r = run_serve(cfg)
+        assert r["failed"] == 0 and r["request_id_prefix"] == "run7-"
+        posts = [e for e in b.log if e["path"].endswith("/completions")]
+        assert posts[0]["request_id"] is None  # the warm-up
+        assert sorted(e["request_id"] for e in posts[1:]) == ["run7-0", "run7-1", "run7-2"]
+        b.log.clear()
+        r = run_serve(replace(cfg, request_id_prefix=None, warmup=0))
+        ids = sorted(e["request_id"] for e in b.log if e["path"].endswith("/completions"))
+        prefix = r["request_id_prefix"]
+        assert re.fullmatch(r"bench-[0-9a-f]{8}-", prefix) and ids == [f"{prefix}{i}" for i in range(3)]
+        seen = b.seen
+        for bad, words in (
+            ("x" * 256, "over the 256"),
+            (" lead", "printable ASCII"),
+            ("é-", "printable ASCII"),
+        ):
+            rc = bench_main(_serve(s.url, "--num-prompts", "2", "--request-id-prefix", bad))
+            err = capsys.readouterr().err
+            assert rc == 2 and "--request-id-prefix" in err and words in err and err.count("\n") == 1, err
+        assert b.seen == seen
 
 
 def test_poisson_arrivals_and_concurrency_limit() -> None:
