@@ -267,6 +267,20 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = burst")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
+    p.add_argument(
+        "--ramp-up-strategy",
+        choices=["linear", "exponential"],
+        default=None,
+        help="raise the request rate from --ramp-up-start-rps (first request) to --ramp-up-end-rps (last), "
+        "linearly or geometrically in the request's index, instead of --request-rate (vLLM's option; "
+        "default: none)",
+    )
+    p.add_argument(
+        "--ramp-up-start-rps", type=int, default=None, help="--ramp-up-strategy's first rate, requests/s"
+    )
+    p.add_argument(
+        "--ramp-up-end-rps", type=int, default=None, help="--ramp-up-strategy's last rate, requests/s"
+    )
     p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (default off)")
     p.add_argument(
         "--exact-length",
@@ -587,6 +601,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
+        ramp_up_strategy=args.ramp_up_strategy,
+        ramp_up_start_rps=args.ramp_up_start_rps,
+        ramp_up_end_rps=args.ramp_up_end_rps,
         ignore_eos=args.ignore_eos,
         exact_length=args.ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,

@@ -105,6 +105,10 @@ class ServeConfig:
     max_concurrency: int | None = None
     request_rate: float = math.inf
     burstiness: float = 1.0
+    # vLLM's --ramp-up-strategy (linear or exponential) from --ramp-up-start-rps to --ramp-up-end-rps
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: int | None = None
+    ramp_up_end_rps: int | None = None
     seed: int = 0
     ignore_eos: bool = True
     exact_length: bool = True
@@ -207,6 +211,7 @@ class ServeConfig:
             raise ValueError("--max-concurrency must be >= 1")
         if not self.request_rate > 0:
             raise ValueError("--request-rate must be > 0 (or inf)")
+        self._validate_ramp_up()
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"--burstiness must be > 0 and finite, got {self.burstiness:g}")
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
@@ -243,6 +248,32 @@ class ServeConfig:
                 self.roofline_kv_cache_dtype,
             )
 
+    def _validate_ramp_up(self) -> None:
+        start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
+        if self.ramp_up_strategy is None:
+            if start is not None or end is not None:
+                raise ValueError("--ramp-up-start-rps and --ramp-up-end-rps apply with --ramp-up-strategy")
+            return
+        if self.ramp_up_strategy not in RAMP_UP_STRATEGIES:
+            raise ValueError(
+                f"--ramp-up-strategy must be one of {', '.join(RAMP_UP_STRATEGIES)}, got {self.ramp_up_strategy!r}"
+            )
+        if not math.isinf(self.request_rate):
+            raise ValueError("--ramp-up-strategy sets the request rate: give no --request-rate (as vLLM)")
+        if start is None or end is None:
+            raise ValueError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+        if start < 1:  # vLLM takes 0 and then fails on the first request's rate of 0
+            raise ValueError(f"--ramp-up-start-rps must be >= 1, got {start}")
+        if end < start:
+            raise ValueError(f"--ramp-up-end-rps {end} is below --ramp-up-start-rps {start}")
+
+    def ramp_up(self) -> RampUp | None:
+        """The ramp-up of a validated config, or None without ``--ramp-up-strategy``."""
+        if self.ramp_up_strategy is None:
+            return None
+        assert self.ramp_up_start_rps is not None and self.ramp_up_end_rps is not None
+        return RampUp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
+
 
 def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
     """The server's ``GET /v1/models`` answer. Raises ValueError when it cannot be reached."""
@@ -277,22 +308,65 @@ def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
     raise ValueError(f"the server does not serve model {model!r}; it serves {served}")
 
 
-def arrival_offsets(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
+RAMP_UP_STRATEGIES = ("linear", "exponential")
+
+
+@dataclass(frozen=True)
+class RampUp:
+    """vLLM's ``--ramp-up-strategy``: the request rate (requests/s) goes from ``start_rps`` for the
+    first request to ``end_rps`` for the last, linearly or geometrically in the request's index."""
+
+    strategy: str  # one of RAMP_UP_STRATEGIES
+    start_rps: int
+    end_rps: int
+
+    def rates(self, n: int) -> list[float]:
+        """The rate (requests/s) of the gap before each of ``n`` requests."""
+        out = []
+        for i in range(n):
+            progress = i / max(n - 1, 1)
+            if self.strategy == "linear":
+                out.append(self.start_rps + (self.end_rps - self.start_rps) * progress)
+            else:
+                out.append(self.start_rps * (self.end_rps / self.start_rps) ** progress)
+        return out
+
+
+def arrival_offsets(
+    n: int, rate: float, burstiness: float, rng: np.random.Generator, ramp_up: RampUp | None = None
+) -> list[float]:
     """Seconds after the run's ``t0`` at which each of ``n`` requests is released (vLLM's
     ``get_request``).
 
     ``rate`` inf releases all at 0. Otherwise every request, the first included, waits a
     gamma(shape=``burstiness``, mean ``1/rate``) gap after the one before, and the cumulative
     schedule is scaled so that the last release is at exactly ``n / rate`` s: runs of any seed
-    span the same time, so their throughputs compare.
+    span the same time, so their throughputs compare. With ``ramp_up`` (``rate`` is then unused)
+    the gap before request i has the mean ``1 / ramp_up.rates(n)[i]`` and nothing is scaled.
     """
-    if math.isinf(rate):
+    if ramp_up is None and math.isinf(rate):
         return [0.0] * n
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    rates = np.asarray(ramp_up.rates(n) if ramp_up is not None else [rate] * n, dtype=np.float64)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness), size=n)
     offsets = np.cumsum(gaps)
-    if n and offsets[-1] > 0:
+    if ramp_up is None and n and offsets[-1] > 0:
         offsets *= (n / rate) / offsets[-1]
     return [float(t) for t in offsets]
+
+
+def rps_change_events(ramp_up: RampUp, n: int, released: Sequence[float]) -> list[dict[str, Any]]:
+    """vLLM's ``rps_change_events`` of a ramp-up: ``{"rps": r, "timestamp": ISO time}`` for the start
+    rate, then for every whole rate reached, stamped with the release of the first request that
+    reached it (``released``: each request's release, seconds since the epoch)."""
+    events = [{"rps": ramp_up.start_rps, "timestamp": datetime.fromtimestamp(released[0]).isoformat()}]
+    last = ramp_up.start_rps
+    for rate, at in zip(ramp_up.rates(n), released, strict=True):
+        whole = int(rate)
+        if whole > last:
+            stamp = datetime.fromtimestamp(at).isoformat()
+            events.extend({"rps": r, "timestamp": stamp} for r in range(last + 1, whole + 1))
+            last = whole
+    return events
 
 
 async def _arrivals(
@@ -347,11 +421,15 @@ async def run_requests(
     seed: int,
     timeout_s: float,
     disable_tqdm: bool = False,
+    ramp_up: RampUp | None = None,
+    released: list[float] | None = None,
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
-    """Send warm-ups (untimed, one after another), then the timed requests.
+    """Send warm-ups (untimed, one after another), then the timed requests (at ``request_rate``, or
+    at the rates of ``ramp_up``: :func:`arrival_offsets`).
 
     Each timed request's ``queue_time`` is the time from its release to the moment the
-    concurrency semaphore let it start (vLLM's ``client_queue_time``).
+    concurrency semaphore let it start (vLLM's ``client_queue_time``). ``released``, when given,
+    gets each timed request's release time (seconds since the epoch).
     Returns:
         (timed results in input order, duration in seconds, warm-up results).
     """
@@ -370,10 +448,13 @@ async def run_requests(
             pbar.update(1)
             return res
 
-        offsets = arrival_offsets(len(inputs), request_rate, burstiness, np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        offsets = arrival_offsets(len(inputs), request_rate, burstiness, rng, ramp_up)
         t0 = time.perf_counter()
         tasks: list[asyncio.Task[RequestResult]] = []
         async for req in _arrivals(inputs, offsets, t0):
+            if released is not None:
+                released.append(time.time())
             tasks.append(asyncio.create_task(limited(req, time.perf_counter())))
         results = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
@@ -673,6 +754,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if id_prefix is None:  # vLLM's default: bench-, 8 random hex digits, -
         id_prefix = f"bench-{uuid.uuid4().hex[:8]}-"
     inputs = [replace(to_input(s), request_id=f"{id_prefix}{i}") for i, s in enumerate(samples)]
+    ramp_up = cfg.ramp_up()
+    released: list[float] = []
     results, duration, warm = run_async(
         run_requests(
             inputs,
@@ -683,6 +766,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             cfg.seed,
             cfg.request_timeout_s,
             cfg.disable_tqdm,
+            ramp_up,
+            released,
         )
     )
     validate_results(warm, counter, cfg.exact_length)
@@ -718,6 +803,9 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.max_concurrency,
+        "ramp_up_strategy": cfg.ramp_up_strategy,
+        "ramp_up_start_rps": cfg.ramp_up_start_rps,
+        "ramp_up_end_rps": cfg.ramp_up_end_rps,
         "seed": cfg.seed,
         "ignore_eos": cfg.ignore_eos,
         "exact_length": cfg.exact_length,
@@ -728,6 +816,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "goodput_slo_ms": dict(cfg.goodput) or None,
         **cfg.extra,
     }
+    if ramp_up is not None:
+        result["rps_change_events"] = rps_change_events(ramp_up, len(inputs), released)
     result.update(metrics_to_json(m, duration))
     result.update(_roofline_fields(cfg, local_dir, m.output_throughput))
     result["input_lens"] = [r.prompt_len for r in results]

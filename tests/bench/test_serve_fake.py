@@ -182,6 +182,29 @@ def test_request_id_prefix_names_each_timed_request(capsys: pytest.CaptureFixtur
         assert b.seen == seen
 
 
+def test_ramp_up_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --ramp-up-strategy/--ramp-up-start-rps/--ramp-up-end-rps run and land in the result
+    with vLLM's keys (ramp_up_*, rps_change_events); the requests leave in dataset order."""
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        args = ["--input-len", "8", "--output-len", "2", "--num-prompts", "5", "--warmup", "0"]
+        ramp = ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "50", "--ramp-up-end-rps", "52"]
+        assert bench_main(_serve(s.url, *args, *ramp, "--result-file", str(out))) == 0
+        assert f"{'Request rate ramp-up (RPS):':<40} linear 50 -> 52" in capsys.readouterr().out
+        assert bench_main(_serve(s.url, *args, "--request-rate", "40")) == 0
+        assert f"{'Request rate configured (RPS):':<40} 40.00" in capsys.readouterr().out  # as vLLM
+    r = json.loads(out.read_text())
+    assert (r["completed"], r["ramp_up_strategy"], r["ramp_up_start_rps"], r["ramp_up_end_rps"]) == (
+        5,
+        "linear",
+        50,
+        52,
+    )
+    assert [e["rps"] for e in r["rps_change_events"]] == [50, 51, 52]  # rates 50, 50.5, 51, 51.5, 52
+    assert r["start_times"] == sorted(r["start_times"])
+
+
 def test_poisson_arrivals_and_concurrency_limit() -> None:
     b = Behaviour(ttft=0.01, itl=0.005)
     with FakeServer(b) as s:
