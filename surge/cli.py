@@ -47,7 +47,7 @@ VLLM_FLAG_HINTS = {
     "--save-result": "--result-file FILE",
     "--result-dir": "--result-file DIR/FILE",
     "--result-filename": "--result-file FILE",
-    "--percentile-metrics": "nothing: TTFT, TPOT, ITL and E2EL are always reported",
+    "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
     "--enable-chunked-prefill": "nothing: chunked prefill is always on",

@@ -295,6 +295,12 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.add_argument(
+        "--percentile-metrics",
+        default=None,
+        help="comma-separated latencies whose mean, median, std and --percentiles are reported, from "
+        "ttft,tpot,itl,e2el (vLLM's option; default: all four, where vLLM's is ttft,tpot,itl)",
+    )
+    p.add_argument(
         "--request-id-prefix",
         default=None,
         help="timed request i sends the header X-Request-Id: PREFIX{i}, which the server names it after "
@@ -523,6 +529,7 @@ def _check_output_file(path: Path, flag: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``surge bench serve``: exit 0 when every request succeeded, 1 otherwise."""
+    from surge.bench.metrics import LATENCY_METRICS, parse_percentile_metrics
     from surge.bench.report import format_result_table
     from surge.bench.serve import run_serve
 
@@ -608,6 +615,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         exact_length=args.ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
         request_id_prefix=args.request_id_prefix,
+        percentile_metrics=LATENCY_METRICS
+        if args.percentile_metrics is None
+        else parse_percentile_metrics(args.percentile_metrics),
     )
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")

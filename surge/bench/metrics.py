@@ -118,6 +118,23 @@ def parse_percentiles(text: str) -> list[float]:
     return vals
 
 
+def parse_percentile_metrics(text: str) -> tuple[str, ...]:
+    """Parse vLLM's ``--percentile-metrics`` (``"ttft,tpot,itl,e2el"``) into metric names.
+
+    Raises:
+        ValueError: a name outside ttft, tpot, itl, e2el, or no name at all.
+    """
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in LATENCY_METRICS:
+            raise ValueError(
+                f"--percentile-metrics takes names from {','.join(LATENCY_METRICS)}, got {name!r}"
+            )
+    if not names:
+        raise ValueError("--percentile-metrics is empty")
+    return tuple(dict.fromkeys(names))
+
+
 def percentile_key(p: float) -> str:
     """vLLM's field-name spelling of a percentile: 99 -> "99", 99.9 -> "99.9"."""
     return str(int(p)) if float(p).is_integer() else str(p)
@@ -253,8 +270,12 @@ def compute_metrics(
     )
 
 
-def metrics_to_json(m: BenchmarkMetrics, duration: float) -> dict[str, Any]:
-    """The vLLM result-JSON fields for ``m`` (``duration``, ``completed``, ``mean_ttft_ms``, ...)."""
+def metrics_to_json(
+    m: BenchmarkMetrics, duration: float, latency_metrics: Sequence[str] = LATENCY_METRICS
+) -> dict[str, Any]:
+    """The vLLM result-JSON fields for ``m`` (``duration``, ``completed``, ``mean_ttft_ms``, ...),
+    with the mean, median, std and percentiles of the ``latency_metrics`` only (vLLM's
+    ``--percentile-metrics``)."""
     out: dict[str, Any] = {
         "duration": duration,
         "completed": m.completed,
@@ -268,5 +289,5 @@ def metrics_to_json(m: BenchmarkMetrics, duration: float) -> dict[str, Any]:
         "max_output_tokens_per_s": m.max_output_tokens_per_s,
         "max_concurrent_requests": m.max_concurrent_requests,
     }
-    out.update(m.latency_stats)
+    out.update((k, v) for k, v in m.latency_stats.items() if k.rsplit("_", 2)[-2] in latency_metrics)
     return out

@@ -46,7 +46,7 @@ from surge.bench.datasets import (
     range_bounds,
     sharegpt_requests,
 )
-from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
+from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
 from surge.quant.config import kv_cache_dtype_name
@@ -114,6 +114,8 @@ class ServeConfig:
     exact_length: bool = True
     warmup: int = 1
     percentiles: tuple[float, ...] = (99.0,)
+    # the latencies whose mean, median, std and percentiles are reported (vLLM's --percentile-metrics)
+    percentile_metrics: tuple[str, ...] = LATENCY_METRICS
     goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms) SLOs
     api_key: str | None = None
     save_detailed: bool = False
@@ -220,6 +222,11 @@ class ServeConfig:
             )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        bad = [name for name in self.percentile_metrics if name not in LATENCY_METRICS]
+        if bad or not self.percentile_metrics:
+            raise ValueError(
+                f"--percentile-metrics takes names from {','.join(LATENCY_METRICS)}, got {','.join(bad) or 'none'}"
+            )
         prefix = self.request_id_prefix
         if prefix is not None:
             longest = len(prefix) + len(str(self.num_prompts - 1))
@@ -818,7 +825,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     }
     if ramp_up is not None:
         result["rps_change_events"] = rps_change_events(ramp_up, len(inputs), released)
-    result.update(metrics_to_json(m, duration))
+    result.update(metrics_to_json(m, duration, cfg.percentile_metrics))
     result.update(_roofline_fields(cfg, local_dir, m.output_throughput))
     result["input_lens"] = [r.prompt_len for r in results]
     result["output_lens"] = m.output_lens

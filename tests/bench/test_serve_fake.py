@@ -182,6 +182,35 @@ def test_request_id_prefix_names_each_timed_request(capsys: pytest.CaptureFixtur
         assert b.seen == seen
 
 
+def test_percentile_metrics_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --percentile-metrics (often copied with its command lines) selects the latencies of
+    the table and the result, with --metric-percentiles; a bad name is one line, exit 2."""
+    out = tmp_path / "r.json"
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        args = _serve(s.url, "--input-len", "8", "--output-len", "3", "--num-prompts", "2", "--ignore-eos")
+        extra = [
+            "--percentile-metrics",
+            "ttft,itl",
+            "--metric-percentiles",
+            "50,90",
+            "--result-file",
+            str(out),
+        ]
+        assert bench_main(args + extra) == 0
+        table = capsys.readouterr().out
+        assert "Mean TTFT (ms):" in table and "P90 ITL (ms):" in table
+        assert "TPOT" not in table and "E2EL" not in table
+        assert bench_main(args + ["--percentile-metrics", "ttft,goodput"]) == 2
+        err = capsys.readouterr().err
+        assert "--percentile-metrics takes names from ttft,tpot,itl,e2el, got 'goodput'" in err
+        assert err.count("\n") == 1
+    r = json.loads(out.read_text())
+    assert {k for k in r if k.endswith("_ms")} - {"goodput_slo_ms"} == {
+        f"{stat}_{name}_ms" for stat in ("mean", "median", "std", "p50", "p90") for name in ("ttft", "itl")
+    }
+    assert len(r["latencies"]) == 2  # the per-request lists stay
+
+
 def test_ramp_up_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM's --ramp-up-strategy/--ramp-up-start-rps/--ramp-up-end-rps run and land in the result
     with vLLM's keys (ramp_up_*, rps_change_events); the requests leave in dataset order."""
