@@ -95,13 +95,16 @@ class RequestInput:
 
 def build_payload(req: RequestInput) -> dict[str, Any]:
     """The JSON body, as vLLM's client builds it: streaming with usage; chat sends
-    ``messages`` and ``max_completion_tokens``, completions ``prompt`` and ``max_tokens``."""
+    ``messages`` and ``max_completion_tokens``, completions ``prompt``, ``max_tokens`` and
+    ``repetition_penalty`` 1.0 (so a model's default penalty from its ``generation_config.json``
+    does not apply there, as under vLLM's client; ``--extra-body`` may set another)."""
     body: dict[str, Any] = {"model": req.model}
     if req.api_url.endswith(CHAT_ENDPOINT):
         body["messages"] = [{"role": "user", "content": req.prompt}]
         body["max_completion_tokens"] = req.output_len
     else:
         body["prompt"] = req.prompt
+        body["repetition_penalty"] = 1.0
         body["max_tokens"] = req.output_len
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
