@@ -177,7 +177,7 @@ def add_bench_parser(subparsers: Any) -> None:
         type=int,
         default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
-        "templated prompt (role headers included) has exactly this many tokens (default 256); "
+        "templated prompt (role headers included) has exactly this many tokens (default 256; vLLM's 1024); "
         "--random-input-len is vLLM's spelling",
     )
     p.add_argument(
@@ -185,7 +185,7 @@ def add_bench_parser(subparsers: Any) -> None:
         "--random-output-len",
         type=int,
         default=None,
-        help="max_tokens of every request (default 256; with --dataset sharegpt, default: each "
+        help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
         "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len) as in vLLM; "
         "--random-output-len is vLLM's spelling",
@@ -261,7 +261,7 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
     )
-    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16)")
+    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16; vLLM's 1000)")
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
