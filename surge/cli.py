@@ -47,6 +47,10 @@ VLLM_FLAG_HINTS = {
     "--save-result": "--result-file FILE",
     "--result-dir": "--result-file DIR/FILE",
     "--result-filename": "--result-file FILE",
+    "--append-result": "--result-file FILE (one run a file)",
+    "--ready-check-timeout-sec": "nothing: the benchmark first asks the server's /v1/models and stops in one line "
+    "when it cannot be reached",
+    "--logprobs": """--extra-body '{"logprobs": N}'""",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",

@@ -173,6 +173,14 @@ def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
         "--result-dir: use --result-file",
     ):
         assert hint in p.stderr, p.stderr
+    p = _surge("bench", "serve", "--ready-check-timeout-sec", "60", "--logprobs", "1", "--append-result")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--ready-check-timeout-sec: use nothing: the benchmark first asks the server's /v1/models",
+        """--logprobs: use --extra-body '{"logprobs": N}'""",
+        "--append-result: use --result-file FILE",
+    ):
+        assert hint in p.stderr, p.stderr
     p = _surge("bench", "serve", "--bogus-flag")
     assert p.returncode == 2 and "vLLM" not in p.stderr, p.stderr  # no hint for a flag vLLM lacks too
 
