@@ -216,6 +216,11 @@ class ServeConfig:
         self._validate_ramp_up()
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"--burstiness must be > 0 and finite, got {self.burstiness:g}")
+        if self.burstiness != 1.0 and math.isinf(self.request_rate) and self.ramp_up_strategy is None:
+            raise ValueError(
+                "--burstiness shapes the gaps of --request-rate R (or of --ramp-up-strategy); without either "
+                "every request is sent at once"
+            )
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
             raise ValueError(
                 f"--request-timeout must be > 0 and finite (seconds), got {self.request_timeout_s:g}"

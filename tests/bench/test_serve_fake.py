@@ -463,6 +463,8 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--seed", "-5"), "--seed must be >= 0"),
             # gamma gaps of an infinite shape are NaN: was "cannot convert float NaN to integer" mid-run
             (("--request-rate", "5", "--burstiness", "inf"), "--burstiness must be > 0 and finite"),
+            # vLLM ignores it without a rate: the run was a burst all the same
+            (("--burstiness", "0.5"), "--burstiness shapes the gaps of --request-rate R"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
             (
                 ("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--input-len", "64"),
