@@ -192,12 +192,11 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--random-range-ratio",
-        type=float,
-        default=0.0,
+        default=None,
         help="--dataset random: draw each request's input and output lengths uniformly from "
-        "[L * (1 - r), L * (1 + r)] (vLLM's option; 0 <= r < 1; default 0: every request exactly "
-        "--input-len / --output-len); each prompt has exactly its drawn length, the roofline column "
-        "uses the nominal lengths",
+        '[L * (1 - r), L * (1 + r)] (vLLM\'s option; 0 <= r < 1, or as vLLM \'{"input": r, "output": r2}\'; '
+        "default 0: every request exactly --input-len / --output-len); each prompt has exactly its drawn "
+        "length, the roofline column uses the nominal lengths",
     )
     p.add_argument(
         "--random-prefix-len",
@@ -441,6 +440,35 @@ def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, 
     return data
 
 
+def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
+    """``--random-range-ratio``: a number r, or vLLM's JSON object ``{"input": r, "output": r2}``.
+
+    Returns:
+        (input ratio, output ratio or None for the same); (0.0, None) when not given.
+    Raises:
+        ValueError: neither form, or an object without both numbers (the message names the flag).
+    """
+    if text is None:
+        return 0.0, None
+    try:
+        return float(text), None
+    except ValueError:
+        pass
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if (
+        not isinstance(data, dict)
+        or set(data) != {"input", "output"}
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in data.values())
+    ):
+        raise ValueError(
+            f"""--random-range-ratio takes a number or '{{"input": R, "output": R}}', got {text!r}"""
+        )
+    return float(data["input"]), float(data["output"])
+
+
 def api_key_of(flag: str | None) -> str | None:
     """The bench's API key: ``--api-key`` if given, else ``$OPENAI_API_KEY`` when set and not
     empty (what vLLM's ``bench serve`` and the OpenAI clients read), else None (no header)."""
@@ -540,6 +568,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    in_ratio, out_ratio = parse_range_ratio(args.random_range_ratio)
     dataset = args.dataset
     if dataset != "random" and args.input_len is not None:
         own = {
@@ -590,7 +619,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         input_len=256 if args.input_len is None else args.input_len,
         output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
         sharegpt_output_len=own_output if dataset == "sharegpt" else None,
-        random_range_ratio=args.random_range_ratio,
+        random_range_ratio=in_ratio,
+        random_output_range_ratio=out_ratio,
         random_prefix_len=0 if args.random_prefix_len is None else args.random_prefix_len,
         custom_output_len=output_len if dataset == "custom" else 256,
         skip_chat_template=args.skip_chat_template,

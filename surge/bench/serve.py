@@ -86,6 +86,8 @@ class ServeConfig:
     output_len: int = 256
     # --dataset random: per-request lengths uniform in [L (1 - r), L (1 + r)] (vLLM's option); 0: exact
     random_range_ratio: float = 0.0
+    # --dataset random: the output lengths' own ratio (vLLM's '{"input": r, "output": r2}'); None: random_range_ratio
+    random_output_range_ratio: float | None = None
     # --dataset sharegpt: every request asks this many tokens; None: each reply's length (vLLM)
     sharegpt_output_len: int | None = None
     # --dataset random: a prefix of this many tokens shared by every prompt, before its input_len (vLLM)
@@ -187,9 +189,10 @@ class ServeConfig:
             raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
-        if not 0.0 <= self.random_range_ratio < 1.0:
-            raise ValueError(f"--random-range-ratio must be in [0, 1), got {self.random_range_ratio}")
-        if self.random_range_ratio and self.dataset != "random":
+        for ratio in (self.random_range_ratio, self.output_range_ratio):
+            if not 0.0 <= ratio < 1.0:
+                raise ValueError(f"--random-range-ratio must be in [0, 1), got {ratio}")
+        if (self.random_range_ratio or self.output_range_ratio) and self.dataset != "random":
             raise ValueError("--random-range-ratio applies to --dataset random")
         if self.sharegpt_output_len is not None and self.dataset != "sharegpt":
             raise ValueError("--sharegpt-output-len applies to --dataset sharegpt")
@@ -259,6 +262,13 @@ class ServeConfig:
                 self.roofline_tp,
                 self.roofline_kv_cache_dtype,
             )
+
+    @property
+    def output_range_ratio(self) -> float:
+        """The ratio the output lengths of ``--dataset random`` are drawn with."""
+        if self.random_output_range_ratio is None:
+            return self.random_range_ratio
+        return self.random_output_range_ratio
 
     def _validate_ramp_up(self) -> None:
         start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
@@ -645,6 +655,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
         options,
         cfg.random_range_ratio,
         cfg.random_prefix_len,
+        cfg.output_range_ratio,
     )
 
 
@@ -681,6 +692,16 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
     return out
 
 
+def _range_ratio_field(cfg: ServeConfig) -> float | dict[str, float] | None:
+    """The result's ``random_range_ratio``: the ratio, vLLM's ``{"input": r, "output": r2}`` when the
+    two differ, None for another dataset."""
+    if cfg.dataset != "random":
+        return None
+    if cfg.output_range_ratio != cfg.random_range_ratio:
+        return {"input": cfg.random_range_ratio, "output": cfg.output_range_ratio}
+    return cfg.random_range_ratio
+
+
 def _one_length(samples: list[SampleRequest]) -> int | None:
     """The output length every sample asks, or None when they differ (ShareGPT reply lengths)."""
     lengths = {s.expected_output_len for s in samples}
@@ -712,11 +733,11 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     max_model_len = entry.get("max_model_len")
     if max_model_len and cfg.dataset == "random":
         longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
-        longest_out = range_bounds(cfg.output_len, cfg.random_range_ratio)[1]
+        longest_out = range_bounds(cfg.output_len, cfg.output_range_ratio)[1]
         if cfg.random_prefix_len + longest_in + longest_out > int(max_model_len):
             ranged = (
                 f" (up to {longest_in} + {longest_out} with --random-range-ratio)"
-                if cfg.random_range_ratio
+                if cfg.random_range_ratio or cfg.output_range_ratio
                 else ""
             )
             prefix = f"--random-prefix-len {cfg.random_prefix_len} + " if cfg.random_prefix_len else ""
@@ -809,7 +830,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "input_len": _input_len(cfg),
         # ShareGPT with reply lengths: per request in output_lens / the samples, no one length
         "output_len": cfg.output_len if cfg.dataset == "random" else _one_length(samples),
-        "random_range_ratio": cfg.random_range_ratio if cfg.dataset == "random" else None,
+        "random_range_ratio": _range_ratio_field(cfg),
         **_dataset_settings(cfg),
         "num_prompts": cfg.num_prompts,
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,

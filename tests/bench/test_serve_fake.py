@@ -582,6 +582,20 @@ def test_random_range_ratio_per_request_lengths_end_to_end(
         )
         assert bench_main(sharegpt) == 2
         assert "--random-range-ratio applies to --dataset random" in capsys.readouterr().err
+        # vLLM's other form: a ratio for the inputs and one for the outputs
+        out2 = tmp_path / "r2.json"
+        ratios = '{"input": 0, "output": 0.5}'
+        assert bench_main(args + ["--random-range-ratio", ratios, "--result-file", str(out2)]) == 0
+        r = json.loads(out2.read_text())
+        assert r["random_range_ratio"] == {"input": 0.0, "output": 0.5} and r["input_lens"] == [40] * 12
+        assert all(6 <= n <= 18 for n in r["output_lens"]) and len(set(r["output_lens"])) > 3
+        for bad in ('{"input": 0.2}', '{"input": 0.2, "output": "x"}', "[0.2]", "wide"):
+            assert bench_main(args + ["--random-range-ratio", bad]) == 2
+            err = capsys.readouterr().err
+            assert """--random-range-ratio takes a number or '{"input": R, "output": R}'""" in err, err
+            assert err.count("\n") == 1
+        assert bench_main(args + ["--random-range-ratio", '{"input": 0.2, "output": 1.5}']) == 2
+        assert "--random-range-ratio must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_a_base_url_ending_in_v1_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
