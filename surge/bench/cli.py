@@ -280,7 +280,13 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--ramp-up-end-rps", type=int, default=None, help="--ramp-up-strategy's last rate, requests/s"
     )
-    p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (default off)")
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ask the server to ignore EOS, so that every request runs to its length (default: on with "
+        "--dataset random, as vLLM's bench serve, off with the others)",
+    )
     p.add_argument(
         "--exact-length",
         action=argparse.BooleanOptionalAction,
@@ -569,6 +575,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     in_ratio, out_ratio = parse_range_ratio(args.random_range_ratio)
+    # vLLM's bench serve sets ignore_eos for its random dataset: every request runs to its length
+    ignore_eos = args.dataset == "random" if args.ignore_eos is None else args.ignore_eos
     dataset = args.dataset
     if dataset != "random" and args.input_len is not None:
         own = {
@@ -641,8 +649,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ramp_up_strategy=args.ramp_up_strategy,
         ramp_up_start_rps=args.ramp_up_start_rps,
         ramp_up_end_rps=args.ramp_up_end_rps,
-        ignore_eos=args.ignore_eos,
-        exact_length=args.ignore_eos if args.exact_length is None else args.exact_length,
+        ignore_eos=ignore_eos,
+        exact_length=ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
         request_id_prefix=args.request_id_prefix,
         percentile_metrics=LATENCY_METRICS

@@ -182,6 +182,29 @@ def test_request_id_prefix_names_each_timed_request(capsys: pytest.CaptureFixtur
         assert b.seen == seen
 
 
+def test_ignore_eos_is_on_by_default_for_random_prompts_as_vllm(tmp_path: Path) -> None:
+    """vLLM 0.26's bench serve sets ignore_eos for its random dataset; without it a run of the same
+    command stopped at EOS, with fewer output tokens than vLLM's. --no-ignore-eos turns it off, and
+    other datasets keep it off unless asked."""
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        base = _serve(s.url, "--output-len", "3", "--num-prompts", "2", "--warmup", "0")
+
+        def sent(*extra: str) -> list[bool | None]:
+            b.log.clear()
+            assert bench_main([*base, *extra, "--result-file", str(out)]) == 0
+            return [e["body"].get("ignore_eos") for e in b.log if e["path"].endswith("/completions")]
+
+        assert sent("--input-len", "8") == [True, True]
+        r = json.loads(out.read_text())
+        assert (r["ignore_eos"], r["exact_length"]) == (True, True)  # held to the length, as with the flag
+        assert sent("--input-len", "8", "--no-ignore-eos") == [None, None]
+        assert json.loads(out.read_text())["exact_length"] is False
+        assert sent("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT)) == [None, None]
+        assert sent("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--ignore-eos") == [True, True]
+
+
 def test_percentile_metrics_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM's --percentile-metrics (often copied with its command lines) selects the latencies of
     the table and the result, with --metric-percentiles; a bad name is one line, exit 2."""
