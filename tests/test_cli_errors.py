@@ -408,6 +408,14 @@ def test_vllm_bench_sampling_and_warmup_flags_are_hinted() -> None:
         """--min-p: use --extra-body '{"min_p": P}'""",
     ):
         assert hint in p.stderr, p.stderr
+    p = _surge("bench", "serve", "--repetition-penalty", "1.1", "--presence-penalty=0.5", "--header", "A=b")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        """--repetition-penalty: use --extra-body '{"repetition_penalty": R}'""",
+        """--presence-penalty: use --extra-body '{"presence_penalty": P}'""",
+        "--header: use --api-key KEY",
+    ):
+        assert hint in p.stderr, p.stderr
 
 
 def test_vllm_bench_dataset_order_flags_are_hinted() -> None:
