@@ -47,7 +47,11 @@ VLLM_FLAG_HINTS = {
     "--save-result": "--result-file FILE",
     "--result-dir": "--result-file DIR/FILE",
     "--result-filename": "--result-file FILE",
-    "--percentile-metrics": "nothing: TTFT, TPOT, ITL and E2EL are always reported",
+    "--append-result": "--result-file FILE (one run a file)",
+    "--ready-check-timeout-sec": "nothing: the benchmark first asks the server's /v1/models and stops in one line "
+    "when it cannot be reached",
+    "--logprobs": """--extra-body '{"logprobs": N}'""",
+    "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
     "--enable-chunked-prefill": "nothing: chunked prefill is always on",
@@ -64,6 +68,10 @@ VLLM_FLAG_HINTS = {
     "--top-k": """--extra-body '{"top_k": K}'""",
     "--top-p": """--extra-body '{"top_p": P}'""",
     "--min-p": """--extra-body '{"min_p": P}'""",
+    "--frequency-penalty": """--extra-body '{"frequency_penalty": F}'""",
+    "--presence-penalty": """--extra-body '{"presence_penalty": P}'""",
+    "--repetition-penalty": """--extra-body '{"repetition_penalty": R}'""",
+    "--header": "--api-key KEY for the Authorization header (the benchmark sends no other header)",
     "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
     "--num-prompts is refused, so give --num-prompts N of at most its prompts",
     "--disable-shuffle": "nothing: sharegpt and custom prompts are always in --seed's shuffled order, the same "

@@ -173,6 +173,14 @@ def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
         "--result-dir: use --result-file",
     ):
         assert hint in p.stderr, p.stderr
+    p = _surge("bench", "serve", "--ready-check-timeout-sec", "60", "--logprobs", "1", "--append-result")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--ready-check-timeout-sec: use nothing: the benchmark first asks the server's /v1/models",
+        """--logprobs: use --extra-body '{"logprobs": N}'""",
+        "--append-result: use --result-file FILE",
+    ):
+        assert hint in p.stderr, p.stderr
     p = _surge("bench", "serve", "--bogus-flag")
     assert p.returncode == 2 and "vLLM" not in p.stderr, p.stderr  # no hint for a flag vLLM lacks too
 
@@ -398,6 +406,14 @@ def test_vllm_bench_sampling_and_warmup_flags_are_hinted() -> None:
         "--served-model-name: use --model NAME",
         """--top-k: use --extra-body '{"top_k": K}'""",
         """--min-p: use --extra-body '{"min_p": P}'""",
+    ):
+        assert hint in p.stderr, p.stderr
+    p = _surge("bench", "serve", "--repetition-penalty", "1.1", "--presence-penalty=0.5", "--header", "A=b")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        """--repetition-penalty: use --extra-body '{"repetition_penalty": R}'""",
+        """--presence-penalty: use --extra-body '{"presence_penalty": P}'""",
+        "--header: use --api-key KEY",
     ):
         assert hint in p.stderr, p.stderr
 

@@ -177,7 +177,7 @@ def add_bench_parser(subparsers: Any) -> None:
         type=int,
         default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
-        "templated prompt (role headers included) has exactly this many tokens (default 256); "
+        "templated prompt (role headers included) has exactly this many tokens (default 256; vLLM's 1024); "
         "--random-input-len is vLLM's spelling",
     )
     p.add_argument(
@@ -185,19 +185,18 @@ def add_bench_parser(subparsers: Any) -> None:
         "--random-output-len",
         type=int,
         default=None,
-        help="max_tokens of every request (default 256; with --dataset sharegpt, default: each "
+        help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
         "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len) as in vLLM; "
         "--random-output-len is vLLM's spelling",
     )
     p.add_argument(
         "--random-range-ratio",
-        type=float,
-        default=0.0,
+        default=None,
         help="--dataset random: draw each request's input and output lengths uniformly from "
-        "[L * (1 - r), L * (1 + r)] (vLLM's option; 0 <= r < 1; default 0: every request exactly "
-        "--input-len / --output-len); each prompt has exactly its drawn length, the roofline column "
-        "uses the nominal lengths",
+        '[L * (1 - r), L * (1 + r)] (vLLM\'s option; 0 <= r < 1, or as vLLM \'{"input": r, "output": r2}\'; '
+        "default 0: every request exactly --input-len / --output-len); each prompt has exactly its drawn "
+        "length, the roofline column uses the nominal lengths",
     )
     p.add_argument(
         "--random-prefix-len",
@@ -261,13 +260,33 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
     )
-    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16)")
+    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16; vLLM's 1000)")
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = burst")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
-    p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (default off)")
+    p.add_argument(
+        "--ramp-up-strategy",
+        choices=["linear", "exponential"],
+        default=None,
+        help="raise the request rate from --ramp-up-start-rps (first request) to --ramp-up-end-rps (last), "
+        "linearly or geometrically in the request's index, instead of --request-rate (vLLM's option; "
+        "default: none)",
+    )
+    p.add_argument(
+        "--ramp-up-start-rps", type=int, default=None, help="--ramp-up-strategy's first rate, requests/s"
+    )
+    p.add_argument(
+        "--ramp-up-end-rps", type=int, default=None, help="--ramp-up-strategy's last rate, requests/s"
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ask the server to ignore EOS, so that every request runs to its length (default: on with "
+        "--dataset random, as vLLM's bench serve, off with the others)",
+    )
     p.add_argument(
         "--exact-length",
         action=argparse.BooleanOptionalAction,
@@ -280,6 +299,18 @@ def add_bench_parser(subparsers: Any) -> None:
         help="write the result JSON here (gzipped if it ends in .gz; default: none)",
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
+    p.add_argument(
+        "--percentile-metrics",
+        default=None,
+        help="comma-separated latencies whose mean, median, std and --percentiles are reported, from "
+        "ttft,tpot,itl,e2el (vLLM's option; default: all four, where vLLM's is ttft,tpot,itl)",
+    )
+    p.add_argument(
+        "--request-id-prefix",
+        default=None,
+        help="timed request i sends the header X-Request-Id: PREFIX{i}, which the server names it after "
+        "(vLLM's option; default: bench-, 8 random hex digits, -)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("matrix", help="run a grid of burst points and write summary, tables and plots")
@@ -415,6 +446,35 @@ def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, 
     return data
 
 
+def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
+    """``--random-range-ratio``: a number r, or vLLM's JSON object ``{"input": r, "output": r2}``.
+
+    Returns:
+        (input ratio, output ratio or None for the same); (0.0, None) when not given.
+    Raises:
+        ValueError: neither form, or an object without both numbers (the message names the flag).
+    """
+    if text is None:
+        return 0.0, None
+    try:
+        return float(text), None
+    except ValueError:
+        pass
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if (
+        not isinstance(data, dict)
+        or set(data) != {"input", "output"}
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in data.values())
+    ):
+        raise ValueError(
+            f"""--random-range-ratio takes a number or '{{"input": R, "output": R}}', got {text!r}"""
+        )
+    return float(data["input"]), float(data["output"])
+
+
 def api_key_of(flag: str | None) -> str | None:
     """The bench's API key: ``--api-key`` if given, else ``$OPENAI_API_KEY`` when set and not
     empty (what vLLM's ``bench serve`` and the OpenAI clients read), else None (no header)."""
@@ -503,6 +563,7 @@ def _check_output_file(path: Path, flag: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``surge bench serve``: exit 0 when every request succeeded, 1 otherwise."""
+    from surge.bench.metrics import LATENCY_METRICS, parse_percentile_metrics
     from surge.bench.report import format_result_table
     from surge.bench.serve import run_serve
 
@@ -513,6 +574,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    in_ratio, out_ratio = parse_range_ratio(args.random_range_ratio)
+    # vLLM's bench serve sets ignore_eos for its random dataset: every request runs to its length
+    ignore_eos = args.dataset == "random" if args.ignore_eos is None else args.ignore_eos
     dataset = args.dataset
     if dataset != "random" and args.input_len is not None:
         own = {
@@ -563,7 +627,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         input_len=256 if args.input_len is None else args.input_len,
         output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
         sharegpt_output_len=own_output if dataset == "sharegpt" else None,
-        random_range_ratio=args.random_range_ratio,
+        random_range_ratio=in_ratio,
+        random_output_range_ratio=out_ratio,
         random_prefix_len=0 if args.random_prefix_len is None else args.random_prefix_len,
         custom_output_len=output_len if dataset == "custom" else 256,
         skip_chat_template=args.skip_chat_template,
@@ -581,9 +646,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
-        ignore_eos=args.ignore_eos,
-        exact_length=args.ignore_eos if args.exact_length is None else args.exact_length,
+        ramp_up_strategy=args.ramp_up_strategy,
+        ramp_up_start_rps=args.ramp_up_start_rps,
+        ramp_up_end_rps=args.ramp_up_end_rps,
+        ignore_eos=ignore_eos,
+        exact_length=ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
+        request_id_prefix=args.request_id_prefix,
+        percentile_metrics=LATENCY_METRICS
+        if args.percentile_metrics is None
+        else parse_percentile_metrics(args.percentile_metrics),
     )
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")

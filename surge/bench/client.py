@@ -1,4 +1,5 @@
-"""Async streaming requests against an OpenAI-compatible server, timed the way vLLM's ``bench serve`` is.
+"""Async streaming requests against an OpenAI-compatible server, timed the way vLLM's ``bench serve`` is
+(but for which chat chunks count: :func:`counts_as_output`).
 
 One function per request (``send_request``): it is called after the concurrency semaphore, reads
 ``time.perf_counter()`` first thing, and returns a :class:`~surge.bench.metrics.RequestResult`.
@@ -89,17 +90,21 @@ class RequestInput:
     api_key: str | None = None
     temperature: float | None = None
     extra_body: dict[str, Any] | None = None
+    request_id: str | None = None  # sent as the X-Request-Id header (vLLM's --request-id-prefix + index)
 
 
 def build_payload(req: RequestInput) -> dict[str, Any]:
     """The JSON body, as vLLM's client builds it: streaming with usage; chat sends
-    ``messages`` and ``max_completion_tokens``, completions ``prompt`` and ``max_tokens``."""
+    ``messages`` and ``max_completion_tokens``, completions ``prompt``, ``max_tokens`` and
+    ``repetition_penalty`` 1.0 (so a model's default penalty from its ``generation_config.json``
+    does not apply there, as under vLLM's client; ``--extra-body`` may set another)."""
     body: dict[str, Any] = {"model": req.model}
     if req.api_url.endswith(CHAT_ENDPOINT):
         body["messages"] = [{"role": "user", "content": req.prompt}]
         body["max_completion_tokens"] = req.output_len
     else:
         body["prompt"] = req.prompt
+        body["repetition_penalty"] = 1.0
         body["max_tokens"] = req.output_len
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
@@ -142,7 +147,11 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 
 def counts_as_output(choice: Any, chat: bool) -> bool:
-    """vLLM's chunk rule: does this choice carry output (and so count for TTFT, ITL and E2EL)?
+    """Does this choice carry output (and so count for TTFT, ITL and E2EL)?
+
+    vLLM 0.26's client counts every chat chunk with ``choices`` (the role-only one gives its TTFT,
+    the first token then a near-zero ITL gap); this rule leaves out the chunks without output, so
+    that TTFT ends at the first token whenever the server sends the role chunk (README).
 
     Completions: every choice counts (its text may be empty, e.g. a special token). Chat: the
     delta must carry non-empty ``content``, ``reasoning_content``, ``reasoning`` or
@@ -174,7 +183,7 @@ def _chunk_text(choice: dict[str, Any]) -> str:
 async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestResult:
     """Send one streaming request and time it (TTFT, ITL per chunk, E2EL; seconds, perf_counter).
 
-    Only chunks that carry output count (:func:`counts_as_output`, vLLM's rule): the first one
+    Only chunks that carry output count (:func:`counts_as_output`): the first one
     gives TTFT, each later one an ITL gap, the last one E2EL. Never raises for server or network
     trouble: any such problem gives ``success=False`` with the reason in ``error`` (HTTP status and
     body, exception, error object in the stream, or no content).
@@ -183,6 +192,8 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     headers = {"Content-Type": "application/json"}
     if req.api_key:
         headers["Authorization"] = f"Bearer {req.api_key}"
+    if req.request_id is not None:
+        headers["X-Request-Id"] = req.request_id
     payload = build_payload(req)
     chat = req.api_url.endswith(CHAT_ENDPOINT)
     st = time.perf_counter()

@@ -35,6 +35,7 @@ Custom (vLLM's ``CustomDataset``): see :func:`custom_requests`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -126,8 +127,9 @@ def exact_length_prompt(
 
 def range_bounds(length: int, ratio: float) -> tuple[int, int]:
     """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset:
-    integers in ``[int(length * (1 - ratio)), int(length * (1 + ratio))]``, at least 1."""
-    return max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
+    integers in ``[floor(length * (1 - ratio)), ceil(length * (1 + ratio))]``, at least 1 (so the
+    mean drawn length is ``length`` when the bounds are whole, as in vLLM)."""
+    return max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
 
 
 def random_requests(
@@ -140,12 +142,15 @@ def random_requests(
     options: Mapping[str, Any] | None = None,
     range_ratio: float = 0.0,
     prefix_len: int = 0,
+    output_range_ratio: float | None = None,
 ) -> list[SampleRequest]:
     """``num_prompts`` random prompts of exactly ``input_len`` tokens as the server counts them
     (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
     tokens. With ``range_ratio`` r > 0 (vLLM's ``--random-range-ratio``) each request's input and
     output lengths are drawn uniformly from :func:`range_bounds` instead (integers, seeded by
-    ``seed``), and each prompt still has exactly its drawn length. With ``prefix_len`` N > 0
+    ``seed``), and each prompt still has exactly its drawn length; ``output_range_ratio`` (vLLM's
+    ``{"input": r, "output": r2}`` form) draws the output lengths with its own ratio instead of r.
+    With ``prefix_len`` N > 0
     (vLLM's ``--random-prefix-len``) every prompt begins with the same :func:`shared_prefix` of N
     tokens and has exactly N + its input length tokens as the server counts them (the input
     length covers the random part, the BOS or chat template, and the separator after the prefix).
@@ -156,18 +161,22 @@ def random_requests(
     """
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --output-len must be >= 1")
-    if not 0.0 <= range_ratio < 1.0:
-        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    out_ratio = range_ratio if output_range_ratio is None else output_range_ratio
+    for ratio in (range_ratio, out_ratio):
+        if not 0.0 <= ratio < 1.0:
+            raise ValueError(f"--random-range-ratio must be in [0, 1), got {ratio}")
     if prefix_len < 0:
         raise ValueError(f"--random-prefix-len must be >= 0, got {prefix_len}")
     rng = np.random.default_rng(seed)
-    if range_ratio == 0.0:  # the fixed lengths draw nothing else: the same prompts as before the option
+    if (
+        range_ratio == 0.0 and out_ratio == 0.0
+    ):  # fixed lengths draw nothing: the prompts as before the option
         in_lens, out_lens = [input_len] * num_prompts, [output_len] * num_prompts
     else:
         lengths = np.random.default_rng([seed, 1])  # its own stream: the prompts' draws stay as they are
         (in_lo, in_hi), (out_lo, out_hi) = (
             range_bounds(input_len, range_ratio),
-            range_bounds(output_len, range_ratio),
+            range_bounds(output_len, out_ratio),
         )
         in_lens = [int(v) for v in lengths.integers(in_lo, in_hi + 1, size=num_prompts)]
         out_lens = [int(v) for v in lengths.integers(out_lo, out_hi + 1, size=num_prompts)]

@@ -3,9 +3,11 @@
 The definitions follow vLLM's ``bench serve`` (``vllm/benchmarks/serve.py``: ``calculate_metrics``)
 exactly, as written down in ``shared/design.md`` §5:
 
-- TTFT: first SSE chunk with non-empty ``choices`` minus the request's start (seconds).
-- ITL: the gap before every later choices chunk (per chunk, not per token).
-- E2EL: the last choices chunk minus the start.
+- TTFT: first SSE chunk that carries output minus the request's start (seconds); on the chat
+  endpoint a role-only chunk does not count, unlike vLLM's client
+  (:func:`surge.bench.client.counts_as_output`).
+- ITL: the gap before every later output chunk (per chunk, not per token).
+- E2EL: the last output chunk minus the start.
 - output_len: ``usage.completion_tokens`` (else the re-tokenized text).
 - TPOT = (E2EL - TTFT) / (output_len - 1), only for output_len > 1.
 - Failed requests are left out of every latency list and of the token sums (their output_len
@@ -114,6 +116,23 @@ def parse_percentiles(text: str) -> list[float]:
     if not vals:
         raise ValueError("--percentiles is empty")
     return vals
+
+
+def parse_percentile_metrics(text: str) -> tuple[str, ...]:
+    """Parse vLLM's ``--percentile-metrics`` (``"ttft,tpot,itl,e2el"``) into metric names.
+
+    Raises:
+        ValueError: a name outside ttft, tpot, itl, e2el, or no name at all.
+    """
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in LATENCY_METRICS:
+            raise ValueError(
+                f"--percentile-metrics takes names from {','.join(LATENCY_METRICS)}, got {name!r}"
+            )
+    if not names:
+        raise ValueError("--percentile-metrics is empty")
+    return tuple(dict.fromkeys(names))
 
 
 def percentile_key(p: float) -> str:
@@ -251,8 +270,12 @@ def compute_metrics(
     )
 
 
-def metrics_to_json(m: BenchmarkMetrics, duration: float) -> dict[str, Any]:
-    """The vLLM result-JSON fields for ``m`` (``duration``, ``completed``, ``mean_ttft_ms``, ...)."""
+def metrics_to_json(
+    m: BenchmarkMetrics, duration: float, latency_metrics: Sequence[str] = LATENCY_METRICS
+) -> dict[str, Any]:
+    """The vLLM result-JSON fields for ``m`` (``duration``, ``completed``, ``mean_ttft_ms``, ...),
+    with the mean, median, std and percentiles of the ``latency_metrics`` only (vLLM's
+    ``--percentile-metrics``)."""
     out: dict[str, Any] = {
         "duration": duration,
         "completed": m.completed,
@@ -266,5 +289,5 @@ def metrics_to_json(m: BenchmarkMetrics, duration: float) -> dict[str, Any]:
         "max_output_tokens_per_s": m.max_output_tokens_per_s,
         "max_concurrent_requests": m.max_concurrent_requests,
     }
-    out.update(m.latency_stats)
+    out.update((k, v) for k, v in m.latency_stats.items() if k.rsplit("_", 2)[-2] in latency_metrics)
     return out

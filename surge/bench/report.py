@@ -30,6 +30,11 @@ def format_result_table(result: dict[str, Any]) -> str:
     row("Failed requests:", result["failed"])
     if result.get("max_concurrency") is not None:
         row("Maximum request concurrency:", result["max_concurrency"])
+    if result.get("ramp_up_strategy") is not None:
+        ramp = f"{result['ramp_up_strategy']} {result['ramp_up_start_rps']} -> {result['ramp_up_end_rps']}"
+        row("Request rate ramp-up (RPS):", ramp)
+    elif result.get("request_rate") not in (None, "inf"):
+        row("Request rate configured (RPS):", float(result["request_rate"]))
     row("Benchmark duration (s):", float(result["duration"]))
     row("Total input tokens:", result["total_input_tokens"])
     row("Total generated tokens:", result["total_output_tokens"])

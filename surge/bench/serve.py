@@ -3,10 +3,12 @@
 Flow (vLLM ``bench serve``): ask ``/v1/models``; build the prompts; send ``warmup`` untimed requests
 one after another (prompts from another seed, same input length, at most 32 output tokens; a failed
 warm-up aborts the run); then take ``t0 = perf_counter()`` and release the requests (all at once for
-``request_rate = inf``, else with gamma-distributed gaps of mean ``1/request_rate`` and shape
-``burstiness``, Poisson for 1.0), each waiting on the ``max_concurrency`` semaphore before its own clock
-starts; ``duration`` ends when the last request ends. Results are validated (exact output length when
-asked), aggregated by :mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
+``request_rate = inf``, else at gamma-distributed gaps of mean ``1/request_rate`` and shape
+``burstiness``, Poisson for 1.0, the first request's included, scaled so that the last request is
+released at exactly ``num_prompts / request_rate`` s, as vLLM: :func:`arrival_offsets`), each waiting
+on the ``max_concurrency`` semaphore before its own clock starts; ``duration`` ends when the last
+request ends. Results are validated (exact output length when asked), aggregated by
+:mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
 
 Prompt length reported per request (``input_lens``, ``total_input_tokens``): the server's
 ``usage.prompt_tokens`` when it sends usage, else the dataset's count. On the chat endpoint random
@@ -24,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,12 +46,13 @@ from surge.bench.datasets import (
     range_bounds,
     sharegpt_requests,
 )
-from surge.bench.metrics import RequestResult, compute_metrics, metrics_to_json
+from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
 from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
+MAX_REQUEST_ID_LEN = 256  # the longest X-Request-Id the server takes (surge.server.request_id's limit)
 DATASETS = ("random", "sharegpt", "custom", "prefix_repetition")
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
@@ -82,6 +86,8 @@ class ServeConfig:
     output_len: int = 256
     # --dataset random: per-request lengths uniform in [L (1 - r), L (1 + r)] (vLLM's option); 0: exact
     random_range_ratio: float = 0.0
+    # --dataset random: the output lengths' own ratio (vLLM's '{"input": r, "output": r2}'); None: random_range_ratio
+    random_output_range_ratio: float | None = None
     # --dataset sharegpt: every request asks this many tokens; None: each reply's length (vLLM)
     sharegpt_output_len: int | None = None
     # --dataset random: a prefix of this many tokens shared by every prompt, before its input_len (vLLM)
@@ -101,11 +107,17 @@ class ServeConfig:
     max_concurrency: int | None = None
     request_rate: float = math.inf
     burstiness: float = 1.0
+    # vLLM's --ramp-up-strategy (linear or exponential) from --ramp-up-start-rps to --ramp-up-end-rps
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: int | None = None
+    ramp_up_end_rps: int | None = None
     seed: int = 0
     ignore_eos: bool = True
     exact_length: bool = True
     warmup: int = 1
     percentiles: tuple[float, ...] = (99.0,)
+    # the latencies whose mean, median, std and percentiles are reported (vLLM's --percentile-metrics)
+    percentile_metrics: tuple[str, ...] = LATENCY_METRICS
     goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms) SLOs
     api_key: str | None = None
     save_detailed: bool = False
@@ -119,6 +131,8 @@ class ServeConfig:
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
     extra_body: dict[str, Any] | None = None  # merged into every request body (e.g. {"top_k": 1})
     label: str | None = None  # result label; default the backend name (vLLM's --label)
+    # timed request i sends X-Request-Id PREFIX{i} (vLLM's --request-id-prefix); None: a fresh bench-XXXXXXXX-
+    request_id_prefix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
 
     def validate(self) -> None:
@@ -175,9 +189,10 @@ class ServeConfig:
             raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
-        if not 0.0 <= self.random_range_ratio < 1.0:
-            raise ValueError(f"--random-range-ratio must be in [0, 1), got {self.random_range_ratio}")
-        if self.random_range_ratio and self.dataset != "random":
+        for ratio in (self.random_range_ratio, self.output_range_ratio):
+            if not 0.0 <= ratio < 1.0:
+                raise ValueError(f"--random-range-ratio must be in [0, 1), got {ratio}")
+        if (self.random_range_ratio or self.output_range_ratio) and self.dataset != "random":
             raise ValueError("--random-range-ratio applies to --dataset random")
         if self.sharegpt_output_len is not None and self.dataset != "sharegpt":
             raise ValueError("--sharegpt-output-len applies to --dataset sharegpt")
@@ -201,14 +216,37 @@ class ServeConfig:
             raise ValueError("--max-concurrency must be >= 1")
         if not self.request_rate > 0:
             raise ValueError("--request-rate must be > 0 (or inf)")
+        self._validate_ramp_up()
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"--burstiness must be > 0 and finite, got {self.burstiness:g}")
+        if self.burstiness != 1.0 and math.isinf(self.request_rate) and self.ramp_up_strategy is None:
+            raise ValueError(
+                "--burstiness shapes the gaps of --request-rate R (or of --ramp-up-strategy); without either "
+                "every request is sent at once"
+            )
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
             raise ValueError(
                 f"--request-timeout must be > 0 and finite (seconds), got {self.request_timeout_s:g}"
             )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        bad = [name for name in self.percentile_metrics if name not in LATENCY_METRICS]
+        if bad or not self.percentile_metrics:
+            raise ValueError(
+                f"--percentile-metrics takes names from {','.join(LATENCY_METRICS)}, got {','.join(bad) or 'none'}"
+            )
+        prefix = self.request_id_prefix
+        if prefix is not None:
+            longest = len(prefix) + len(str(self.num_prompts - 1))
+            if not ((prefix + "0").isprintable() and prefix.isascii() and prefix == prefix.lstrip()):
+                raise ValueError(
+                    f"--request-id-prefix {prefix!r}: a request id is printable ASCII without leading spaces"
+                )
+            if longest > MAX_REQUEST_ID_LEN:
+                raise ValueError(
+                    f"--request-id-prefix is {len(prefix)} characters: the ids would be up to {longest}, "
+                    f"over the {MAX_REQUEST_ID_LEN} a server takes"
+                )
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         clash = sorted(set(self.extra_body or ()) & set(_OWN_FIELDS))
@@ -224,6 +262,39 @@ class ServeConfig:
                 self.roofline_tp,
                 self.roofline_kv_cache_dtype,
             )
+
+    @property
+    def output_range_ratio(self) -> float:
+        """The ratio the output lengths of ``--dataset random`` are drawn with."""
+        if self.random_output_range_ratio is None:
+            return self.random_range_ratio
+        return self.random_output_range_ratio
+
+    def _validate_ramp_up(self) -> None:
+        start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
+        if self.ramp_up_strategy is None:
+            if start is not None or end is not None:
+                raise ValueError("--ramp-up-start-rps and --ramp-up-end-rps apply with --ramp-up-strategy")
+            return
+        if self.ramp_up_strategy not in RAMP_UP_STRATEGIES:
+            raise ValueError(
+                f"--ramp-up-strategy must be one of {', '.join(RAMP_UP_STRATEGIES)}, got {self.ramp_up_strategy!r}"
+            )
+        if not math.isinf(self.request_rate):
+            raise ValueError("--ramp-up-strategy sets the request rate: give no --request-rate (as vLLM)")
+        if start is None or end is None:
+            raise ValueError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+        if start < 1:  # vLLM takes 0 and then fails on the first request's rate of 0
+            raise ValueError(f"--ramp-up-start-rps must be >= 1, got {start}")
+        if end < start:
+            raise ValueError(f"--ramp-up-end-rps {end} is below --ramp-up-start-rps {start}")
+
+    def ramp_up(self) -> RampUp | None:
+        """The ramp-up of a validated config, or None without ``--ramp-up-strategy``."""
+        if self.ramp_up_strategy is None:
+            return None
+        assert self.ramp_up_start_rps is not None and self.ramp_up_end_rps is not None
+        return RampUp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
 
 def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
@@ -259,15 +330,77 @@ def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
     raise ValueError(f"the server does not serve model {model!r}; it serves {served}")
 
 
+RAMP_UP_STRATEGIES = ("linear", "exponential")
+
+
+@dataclass(frozen=True)
+class RampUp:
+    """vLLM's ``--ramp-up-strategy``: the request rate (requests/s) goes from ``start_rps`` for the
+    first request to ``end_rps`` for the last, linearly or geometrically in the request's index."""
+
+    strategy: str  # one of RAMP_UP_STRATEGIES
+    start_rps: int
+    end_rps: int
+
+    def rates(self, n: int) -> list[float]:
+        """The rate (requests/s) of the gap before each of ``n`` requests."""
+        out = []
+        for i in range(n):
+            progress = i / max(n - 1, 1)
+            if self.strategy == "linear":
+                out.append(self.start_rps + (self.end_rps - self.start_rps) * progress)
+            else:
+                out.append(self.start_rps * (self.end_rps / self.start_rps) ** progress)
+        return out
+
+
+def arrival_offsets(
+    n: int, rate: float, burstiness: float, rng: np.random.Generator, ramp_up: RampUp | None = None
+) -> list[float]:
+    """Seconds after the run's ``t0`` at which each of ``n`` requests is released (vLLM's
+    ``get_request``).
+
+    ``rate`` inf releases all at 0. Otherwise every request, the first included, waits a
+    gamma(shape=``burstiness``, mean ``1/rate``) gap after the one before, and the cumulative
+    schedule is scaled so that the last release is at exactly ``n / rate`` s: runs of any seed
+    span the same time, so their throughputs compare. With ``ramp_up`` (``rate`` is then unused)
+    the gap before request i has the mean ``1 / ramp_up.rates(n)[i]`` and nothing is scaled.
+    """
+    if ramp_up is None and math.isinf(rate):
+        return [0.0] * n
+    rates = np.asarray(ramp_up.rates(n) if ramp_up is not None else [rate] * n, dtype=np.float64)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness), size=n)
+    offsets = np.cumsum(gaps)
+    if ramp_up is None and n and offsets[-1] > 0:
+        offsets *= (n / rate) / offsets[-1]
+    return [float(t) for t in offsets]
+
+
+def rps_change_events(ramp_up: RampUp, n: int, released: Sequence[float]) -> list[dict[str, Any]]:
+    """vLLM's ``rps_change_events`` of a ramp-up: ``{"rps": r, "timestamp": ISO time}`` for the start
+    rate, then for every whole rate reached, stamped with the release of the first request that
+    reached it (``released``: each request's release, seconds since the epoch)."""
+    events = [{"rps": ramp_up.start_rps, "timestamp": datetime.fromtimestamp(released[0]).isoformat()}]
+    last = ramp_up.start_rps
+    for rate, at in zip(ramp_up.rates(n), released, strict=True):
+        whole = int(rate)
+        if whole > last:
+            stamp = datetime.fromtimestamp(at).isoformat()
+            events.extend({"rps": r, "timestamp": stamp} for r in range(last + 1, whole + 1))
+            last = whole
+    return events
+
+
 async def _arrivals(
-    items: Sequence[RequestInput], rate: float, burstiness: float, rng: np.random.Generator
+    items: Sequence[RequestInput], offsets: Sequence[float], t0: float
 ) -> AsyncIterator[RequestInput]:
-    """Yield requests at ``rate`` req/s with gamma(shape=burstiness) gaps (vLLM ``get_request``)."""
-    theta = 1.0 / (rate * burstiness) if math.isfinite(rate) else 0.0
-    for item in items:
+    """Yield each request at ``t0 + offset`` (``perf_counter`` seconds; at once when that moment
+    has passed), so late wake-ups do not add up; nothing is awaited after the last one."""
+    for item, offset in zip(items, offsets, strict=True):
+        wait = t0 + offset - time.perf_counter()
+        if offset > 0 and wait > 0:
+            await asyncio.sleep(wait)
         yield item
-        if math.isfinite(rate):
-            await asyncio.sleep(float(rng.gamma(shape=burstiness, scale=theta)))
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -310,11 +443,15 @@ async def run_requests(
     seed: int,
     timeout_s: float,
     disable_tqdm: bool = False,
+    ramp_up: RampUp | None = None,
+    released: list[float] | None = None,
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
-    """Send warm-ups (untimed, one after another), then the timed requests.
+    """Send warm-ups (untimed, one after another), then the timed requests (at ``request_rate``, or
+    at the rates of ``ramp_up``: :func:`arrival_offsets`).
 
     Each timed request's ``queue_time`` is the time from its release to the moment the
-    concurrency semaphore let it start (vLLM's ``client_queue_time``).
+    concurrency semaphore let it start (vLLM's ``client_queue_time``). ``released``, when given,
+    gets each timed request's release time (seconds since the epoch).
     Returns:
         (timed results in input order, duration in seconds, warm-up results).
     """
@@ -334,9 +471,12 @@ async def run_requests(
             return res
 
         rng = np.random.default_rng(seed)
+        offsets = arrival_offsets(len(inputs), request_rate, burstiness, rng, ramp_up)
         t0 = time.perf_counter()
         tasks: list[asyncio.Task[RequestResult]] = []
-        async for req in _arrivals(inputs, request_rate, burstiness, rng):
+        async for req in _arrivals(inputs, offsets, t0):
+            if released is not None:
+                released.append(time.time())
             tasks.append(asyncio.create_task(limited(req, time.perf_counter())))
         results = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
@@ -515,6 +655,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
         options,
         cfg.random_range_ratio,
         cfg.random_prefix_len,
+        cfg.output_range_ratio,
     )
 
 
@@ -551,6 +692,16 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
     return out
 
 
+def _range_ratio_field(cfg: ServeConfig) -> float | dict[str, float] | None:
+    """The result's ``random_range_ratio``: the ratio, vLLM's ``{"input": r, "output": r2}`` when the
+    two differ, None for another dataset."""
+    if cfg.dataset != "random":
+        return None
+    if cfg.output_range_ratio != cfg.random_range_ratio:
+        return {"input": cfg.random_range_ratio, "output": cfg.output_range_ratio}
+    return cfg.random_range_ratio
+
+
 def _one_length(samples: list[SampleRequest]) -> int | None:
     """The output length every sample asks, or None when they differ (ShareGPT reply lengths)."""
     lengths = {s.expected_output_len for s in samples}
@@ -582,11 +733,11 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     max_model_len = entry.get("max_model_len")
     if max_model_len and cfg.dataset == "random":
         longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
-        longest_out = range_bounds(cfg.output_len, cfg.random_range_ratio)[1]
+        longest_out = range_bounds(cfg.output_len, cfg.output_range_ratio)[1]
         if cfg.random_prefix_len + longest_in + longest_out > int(max_model_len):
             ranged = (
                 f" (up to {longest_in} + {longest_out} with --random-range-ratio)"
-                if cfg.random_range_ratio
+                if cfg.random_range_ratio or cfg.output_range_ratio
                 else ""
             )
             prefix = f"--random-prefix-len {cfg.random_prefix_len} + " if cfg.random_prefix_len else ""
@@ -632,7 +783,12 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         if cfg.warmup
         else []
     )
-    inputs = [to_input(s) for s in samples]
+    id_prefix = cfg.request_id_prefix
+    if id_prefix is None:  # vLLM's default: bench-, 8 random hex digits, -
+        id_prefix = f"bench-{uuid.uuid4().hex[:8]}-"
+    inputs = [replace(to_input(s), request_id=f"{id_prefix}{i}") for i, s in enumerate(samples)]
+    ramp_up = cfg.ramp_up()
+    released: list[float] = []
     results, duration, warm = run_async(
         run_requests(
             inputs,
@@ -643,6 +799,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             cfg.seed,
             cfg.request_timeout_s,
             cfg.disable_tqdm,
+            ramp_up,
+            released,
         )
     )
     validate_results(warm, counter, cfg.exact_length)
@@ -672,22 +830,28 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "input_len": _input_len(cfg),
         # ShareGPT with reply lengths: per request in output_lens / the samples, no one length
         "output_len": cfg.output_len if cfg.dataset == "random" else _one_length(samples),
-        "random_range_ratio": cfg.random_range_ratio if cfg.dataset == "random" else None,
+        "random_range_ratio": _range_ratio_field(cfg),
         **_dataset_settings(cfg),
         "num_prompts": cfg.num_prompts,
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.max_concurrency,
+        "ramp_up_strategy": cfg.ramp_up_strategy,
+        "ramp_up_start_rps": cfg.ramp_up_start_rps,
+        "ramp_up_end_rps": cfg.ramp_up_end_rps,
         "seed": cfg.seed,
         "ignore_eos": cfg.ignore_eos,
         "exact_length": cfg.exact_length,
         "temperature": cfg.temperature,
         "extra_body": cfg.extra_body,
         "warmup": cfg.warmup,
+        "request_id_prefix": id_prefix,
         "goodput_slo_ms": dict(cfg.goodput) or None,
         **cfg.extra,
     }
-    result.update(metrics_to_json(m, duration))
+    if ramp_up is not None:
+        result["rps_change_events"] = rps_change_events(ramp_up, len(inputs), released)
+    result.update(metrics_to_json(m, duration, cfg.percentile_metrics))
     result.update(_roofline_fields(cfg, local_dir, m.output_throughput))
     result["input_lens"] = [r.prompt_len for r in results]
     result["output_lens"] = m.output_lens

@@ -141,7 +141,15 @@ def make_app(b: Behaviour) -> web.Application:
         chat = req.path.endswith("/chat/completions")
         mode = b.script[b.seen] if b.seen < len(b.script) else b.default
         b.seen += 1
-        b.log.append({"path": req.path, "body": body, "mode": mode, "auth": req.headers.get("Authorization")})
+        b.log.append(
+            {
+                "path": req.path,
+                "body": body,
+                "mode": mode,
+                "auth": req.headers.get("Authorization"),
+                "request_id": req.headers.get("X-Request-Id"),
+            }
+        )
         if b.die_after is not None and b.seen > b.die_after:
             if req.transport is not None:  # the client sees the drop before the process is gone
                 req.transport.abort()

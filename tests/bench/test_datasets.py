@@ -226,11 +226,12 @@ def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:
 
 def test_range_ratio_draws_lengths_in_vllms_bounds_each_prompt_exact(stories: HFTokenCounter) -> None:
     """``--random-range-ratio`` (vLLM's random dataset): per-request input and output lengths
-    uniform in [int(L (1 - r)), int(L (1 + r))], each prompt exactly its drawn length as the
+    uniform in [floor(L (1 - r)), ceil(L (1 + r))], each prompt exactly its drawn length as the
     server counts it, the same draws for the same seed; r = 0 keeps the fixed-length prompts."""
     assert (
         range_bounds(100, 0.5) == (50, 150)
-        and range_bounds(3, 0.9) == (1, 5)
+        and range_bounds(3, 0.9) == (1, 6)  # vLLM: floor(0.3) = 0 (raised to 1), ceil(5.7) = 6
+        and range_bounds(256, 0.1) == (230, 282)  # was (230, 281): a mean 0.5 token under vLLM's 256
         and range_bounds(8, 0) == (8, 8)
     )
     reqs = random_requests(stories, 40, 100, 20, seed=5, range_ratio=0.5)

@@ -10,6 +10,7 @@ from surge.bench.metrics import (
     max_output_tokens_per_second,
     metrics_to_json,
     parse_goodput,
+    parse_percentile_metrics,
     parse_percentiles,
 )
 
@@ -100,6 +101,21 @@ def test_json_field_names() -> None:
     )
     for k in names.split():
         assert k in j, k
+
+
+def test_percentile_metrics_select_the_reported_latencies() -> None:
+    """vLLM's --percentile-metrics: only the named latencies get mean, median, std and percentiles."""
+    m = compute_metrics(_results(), duration=2.0, percentiles=[50, 99.9])
+    j = metrics_to_json(m, 2.0, parse_percentile_metrics("TTFT, e2el,ttft"))
+    latency = sorted(k for k in j if k.endswith("_ms"))
+    assert latency == sorted(
+        f"{stat}_{name}_ms" for stat in ("mean", "median", "std", "p50", "p99.9") for name in ("ttft", "e2el")
+    )
+    assert j["mean_ttft_ms"] == m.latency_stats["mean_ttft_ms"] and j["completed"] == 3
+    assert parse_percentile_metrics("ttft,tpot,itl,e2el") == ("ttft", "tpot", "itl", "e2el")
+    for bad, words in (("ttft,latency", "got 'latency'"), (" , ", "is empty")):
+        with pytest.raises(ValueError, match=words):
+            parse_percentile_metrics(bad)
 
 
 def test_parsers() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,116 @@ def test_exact_length_off_accepts_short_streams() -> None:
         r = run_serve(cfg)
     assert r["failed"] == 0 and r["output_lens"] == [5]
     assert b.log[0]["auth"] == "Bearer sk-test"
+
+
+def test_request_id_prefix_names_each_timed_request(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --request-id-prefix: timed request i sends X-Request-Id PREFIX{i} (the warm-up none);
+    by default a fresh bench-XXXXXXXX- as vLLM; an id the server would refuse is refused first."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            input_len=8,
+            output_len=3,
+            num_prompts=3,
+            disable_tqdm=True,
+            request_id_prefix="run7-",
+        )
+        r = run_serve(cfg)
+        assert r["failed"] == 0 and r["request_id_prefix"] == "run7-"
+        posts = [e for e in b.log if e["path"].endswith("/completions")]
+        assert posts[0]["request_id"] is None  # the warm-up
+        assert sorted(e["request_id"] for e in posts[1:]) == ["run7-0", "run7-1", "run7-2"]
+        b.log.clear()
+        r = run_serve(replace(cfg, request_id_prefix=None, warmup=0))
+        ids = sorted(e["request_id"] for e in b.log if e["path"].endswith("/completions"))
+        prefix = r["request_id_prefix"]
+        assert re.fullmatch(r"bench-[0-9a-f]{8}-", prefix) and ids == [f"{prefix}{i}" for i in range(3)]
+        seen = b.seen
+        for bad, words in (
+            ("x" * 256, "over the 256"),
+            (" lead", "printable ASCII"),
+            ("é-", "printable ASCII"),
+        ):
+            rc = bench_main(_serve(s.url, "--num-prompts", "2", "--request-id-prefix", bad))
+            err = capsys.readouterr().err
+            assert rc == 2 and "--request-id-prefix" in err and words in err and err.count("\n") == 1, err
+        assert b.seen == seen
+
+
+def test_ignore_eos_is_on_by_default_for_random_prompts_as_vllm(tmp_path: Path) -> None:
+    """vLLM 0.26's bench serve sets ignore_eos for its random dataset; without it a run of the same
+    command stopped at EOS, with fewer output tokens than vLLM's. --no-ignore-eos turns it off, and
+    other datasets keep it off unless asked."""
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        base = _serve(s.url, "--output-len", "3", "--num-prompts", "2", "--warmup", "0")
+
+        def sent(*extra: str) -> list[bool | None]:
+            b.log.clear()
+            assert bench_main([*base, *extra, "--result-file", str(out)]) == 0
+            return [e["body"].get("ignore_eos") for e in b.log if e["path"].endswith("/completions")]
+
+        assert sent("--input-len", "8") == [True, True]
+        r = json.loads(out.read_text())
+        assert (r["ignore_eos"], r["exact_length"]) == (True, True)  # held to the length, as with the flag
+        assert sent("--input-len", "8", "--no-ignore-eos") == [None, None]
+        assert json.loads(out.read_text())["exact_length"] is False
+        assert sent("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT)) == [None, None]
+        assert sent("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--ignore-eos") == [True, True]
+
+
+def test_percentile_metrics_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --percentile-metrics (often copied with its command lines) selects the latencies of
+    the table and the result, with --metric-percentiles; a bad name is one line, exit 2."""
+    out = tmp_path / "r.json"
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        args = _serve(s.url, "--input-len", "8", "--output-len", "3", "--num-prompts", "2", "--ignore-eos")
+        extra = [
+            "--percentile-metrics",
+            "ttft,itl",
+            "--metric-percentiles",
+            "50,90",
+            "--result-file",
+            str(out),
+        ]
+        assert bench_main(args + extra) == 0
+        table = capsys.readouterr().out
+        assert "Mean TTFT (ms):" in table and "P90 ITL (ms):" in table
+        assert "TPOT" not in table and "E2EL" not in table
+        assert bench_main(args + ["--percentile-metrics", "ttft,goodput"]) == 2
+        err = capsys.readouterr().err
+        assert "--percentile-metrics takes names from ttft,tpot,itl,e2el, got 'goodput'" in err
+        assert err.count("\n") == 1
+    r = json.loads(out.read_text())
+    assert {k for k in r if k.endswith("_ms")} - {"goodput_slo_ms"} == {
+        f"{stat}_{name}_ms" for stat in ("mean", "median", "std", "p50", "p90") for name in ("ttft", "itl")
+    }
+    assert len(r["latencies"]) == 2  # the per-request lists stay
+
+
+def test_ramp_up_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --ramp-up-strategy/--ramp-up-start-rps/--ramp-up-end-rps run and land in the result
+    with vLLM's keys (ramp_up_*, rps_change_events); the requests leave in dataset order."""
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        args = ["--input-len", "8", "--output-len", "2", "--num-prompts", "5", "--warmup", "0"]
+        ramp = ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "50", "--ramp-up-end-rps", "52"]
+        assert bench_main(_serve(s.url, *args, *ramp, "--result-file", str(out))) == 0
+        assert f"{'Request rate ramp-up (RPS):':<40} linear 50 -> 52" in capsys.readouterr().out
+        assert bench_main(_serve(s.url, *args, "--request-rate", "40")) == 0
+        assert f"{'Request rate configured (RPS):':<40} 40.00" in capsys.readouterr().out  # as vLLM
+    r = json.loads(out.read_text())
+    assert (r["completed"], r["ramp_up_strategy"], r["ramp_up_start_rps"], r["ramp_up_end_rps"]) == (
+        5,
+        "linear",
+        50,
+        52,
+    )
+    assert [e["rps"] for e in r["rps_change_events"]] == [50, 51, 52]  # rates 50, 50.5, 51, 51.5, 52
+    assert r["start_times"] == sorted(r["start_times"])
 
 
 def test_poisson_arrivals_and_concurrency_limit() -> None:
@@ -374,6 +486,8 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--seed", "-5"), "--seed must be >= 0"),
             # gamma gaps of an infinite shape are NaN: was "cannot convert float NaN to integer" mid-run
             (("--request-rate", "5", "--burstiness", "inf"), "--burstiness must be > 0 and finite"),
+            # vLLM ignores it without a rate: the run was a burst all the same
+            (("--burstiness", "0.5"), "--burstiness shapes the gaps of --request-rate R"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
             (
                 ("--dataset", "sharegpt", "--dataset-path", str(SHAREGPT), "--input-len", "64"),
@@ -491,6 +605,20 @@ def test_random_range_ratio_per_request_lengths_end_to_end(
         )
         assert bench_main(sharegpt) == 2
         assert "--random-range-ratio applies to --dataset random" in capsys.readouterr().err
+        # vLLM's other form: a ratio for the inputs and one for the outputs
+        out2 = tmp_path / "r2.json"
+        ratios = '{"input": 0, "output": 0.5}'
+        assert bench_main(args + ["--random-range-ratio", ratios, "--result-file", str(out2)]) == 0
+        r = json.loads(out2.read_text())
+        assert r["random_range_ratio"] == {"input": 0.0, "output": 0.5} and r["input_lens"] == [40] * 12
+        assert all(6 <= n <= 18 for n in r["output_lens"]) and len(set(r["output_lens"])) > 3
+        for bad in ('{"input": 0.2}', '{"input": 0.2, "output": "x"}', "[0.2]", "wide"):
+            assert bench_main(args + ["--random-range-ratio", bad]) == 2
+            err = capsys.readouterr().err
+            assert """--random-range-ratio takes a number or '{"input": R, "output": R}'""" in err, err
+            assert err.count("\n") == 1
+        assert bench_main(args + ["--random-range-ratio", '{"input": 0.2, "output": 1.5}']) == 2
+        assert "--random-range-ratio must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_a_base_url_ending_in_v1_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,3 +45,13 @@ def test_payloads() -> None:
     comp = build_payload(RequestInput("http://h/v1/completions", "m", "hi", 3, 7, False))
     assert comp["prompt"] == "hi" and comp["max_tokens"] == 7 and "ignore_eos" not in comp
     assert "max_completion_tokens" not in comp
+    # vLLM's completions client pins the penalty: a model's default one (a generation_config.json
+    # such as Qwen2.5-Instruct's 1.05) would otherwise slow every step of Surge's run only
+    assert comp["repetition_penalty"] == 1.0 and "repetition_penalty" not in chat
+    extra = {"repetition_penalty": 1.1}
+    assert (
+        build_payload(RequestInput("http://h/v1/completions", "m", "hi", 3, 7, extra_body=extra))[
+            "repetition_penalty"
+        ]
+        == 1.1
+    )
