@@ -57,11 +57,17 @@ class ScheduledRequest:
         num_new_tokens: tokens to compute this step (>= 1).
         sample: True when this chunk reaches the end of the known tokens, so the executor
             samples one new token; a prompt chunk that stops short samples nothing.
+        completes: this chunk reaches the end of the known tokens (``sample`` unless
+            ``max_tokens`` is 0). Applying such a chunk of a ``max_tokens=0`` request, whose
+            chunks sample nothing, finishes it; with asynchronous scheduling its
+            ``num_computed_tokens`` reaches the end as soon as the last chunk is launched,
+            while the steps before it may still be applied.
     """
 
     request: Request
     num_new_tokens: int
     sample: bool
+    completes: bool = False
 
 
 @dataclass(slots=True)

@@ -308,10 +308,9 @@ class Scheduler:
                     break
             else:
                 budget -= num_new
-                sample = (
-                    request.num_computed_tokens + num_new == known and request.sampling_params.max_tokens > 0
-                )
-                scheduled.append(ScheduledRequest(request, num_new, sample))
+                completes = request.num_computed_tokens + num_new == known
+                sample = completes and request.sampling_params.max_tokens > 0
+                scheduled.append(ScheduledRequest(request, num_new, sample, completes))
                 i += 1
                 continue
             if self._by_priority:
@@ -359,8 +358,9 @@ class Scheduler:
                 request.first_scheduled_time = now
             self.running.append(request)
             budget -= num_new
-            sample = num_cached + num_new == request.num_tokens and request.sampling_params.max_tokens > 0
-            scheduled.append(ScheduledRequest(request, num_new, sample))
+            completes = num_cached + num_new == request.num_tokens
+            sample = completes and request.sampling_params.max_tokens > 0
+            scheduled.append(ScheduledRequest(request, num_new, sample, completes))
 
     def advance(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a launched step as computed before its results are known (asynchronous
@@ -409,10 +409,10 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # aborted / preempted / finished since schedule()
             if not s.sample:
-                if (
-                    request.sampling_params.max_tokens == 0
-                    and request.num_computed_tokens >= request.num_tokens
-                ):
+                # The step of the last chunk, not num_computed_tokens: under asynchronous
+                # scheduling that counts the chunks launched after this step too, whose prompt
+                # rows would be lost.
+                if s.completes and request.sampling_params.max_tokens == 0:
                     outputs.append(self._finish_prompt_only(request))
                     finished.append(request)
                 continue  # no token

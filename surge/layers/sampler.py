@@ -7,8 +7,9 @@ Sampling draws with the exponential race (the Gumbel-max trick in another form, 
 vLLM): ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` i.i.d. picks ``i`` with probability
 ``p_i``. For a request with a seed, ``E`` comes from a counter-based hash of
 ``(seed, output position, vocab index)`` (Salmon et al., 2011, "Parallel random numbers:
-as easy as 1, 2, 3"; the mixing function is a MurmurHash-style finalizer), so its tokens do
-not depend on the rest of the batch. Other requests draw from one ``torch.Generator``
+as easy as 1, 2, 3"; the mixing function is a MurmurHash-style finalizer), so its draws do
+not depend on the rest of the batch (its tokens then do not either, as long as its logits do
+not: see ``seed`` in docs/openai-api.md). Other requests draw from one ``torch.Generator``
 seeded with the engine seed.
 """
 

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
+from surge.config import CacheConfig, SchedulerConfig
+from surge.core.logprobs import LogprobsLists
 from surge.core.outputs import ModelOutput, SchedulerOutput
 from surge.core.scheduler import Scheduler
 from surge.request import Request, RequestStatus
+from surge.sampling_params import SamplingParams
 from tests.core.test_scheduler import EOS, _make, _req
 
 
@@ -130,3 +134,129 @@ def test_pending_token_is_not_hashed_into_the_prefix_cache() -> None:
     so3 = sched.schedule()  # position 3's id is known now: block 0 is registered
     assert sched.kv._req_num_registered["a"] == 1
     assert so3.scheduled[0].num_new_tokens == 1
+
+
+def _random_async_workload(seed: int) -> None:
+    """One seeded workload driven as the engine drives asynchronous scheduling (schedule k,
+    advance k, update k - 1): random prompts (half of them sharing a prefix), ``max_tokens``
+    0 to 20 (prompt scoring included), ``min_tokens``, EOS, ``ignore_eos``, prompt logprobs,
+    aborts, either policy, a context just long enough, a tiny pool (preemption) and budget
+    (chunks). Every request gets exactly its tokens, finish reason and prompt rows; no block
+    leaks."""
+    rng = random.Random(seed)
+    bs, policy = rng.choice([8, 16]), rng.choice(["fcfs", "priority"])
+    bases = [[rng.randrange(3, 50) for _ in range(40)] for _ in range(2)]
+    specs = []
+    for _ in range(rng.randint(1, 25)):
+        plen = rng.randint(1, 40)
+        prompt = (
+            bases[rng.randrange(2)][:plen]
+            if rng.random() < 0.5
+            else [rng.randrange(3, 50) for _ in range(plen)]
+        )
+        mt = 0 if rng.random() < 0.15 else rng.randint(1, 20)
+        specs.append(
+            {
+                "prompt": prompt,
+                "mt": mt,
+                "min": rng.choice([0, rng.randint(0, mt)]),
+                "ignore": rng.random() < 0.3,
+                "eos": rng.randrange(mt + 2) if rng.random() < 0.5 else None,
+                "arrival": rng.randint(0, 20),
+                "abort": rng.randint(0, 30) if rng.random() < 0.15 else None,
+                "priority": rng.randint(-2, 2) if policy == "priority" else 0,
+                "plp": rng.random() < 0.4,
+            }
+        )
+    max_len = max(len(s["prompt"]) + s["mt"] for s in specs) + rng.choice([0, 0, 5])
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=rng.choice([1, 2, 4, 32]),
+            max_num_batched_tokens=rng.choice([1, 3, 5, 16, 48]),
+            max_model_len=max_len,
+            watermark=rng.choice([0.0, 0.01, 0.1]),
+            scheduling_policy=policy,  # type: ignore[arg-type]
+        ),
+        CacheConfig(block_size=bs, enable_prefix_caching=rng.random() < 0.7),
+        max(-(-(len(s["prompt"]) + s["mt"]) // bs) for s in specs) + rng.randint(0, 4),
+    )
+
+    def token(i: int, index: int) -> int:
+        return EOS if index == specs[i]["eos"] else 100 + (index * 7 + seed) % 37
+
+    requests: dict[int, Request] = {}
+    aborted: set[int] = set()
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    prompt_rows: dict[str, list[list[int]]] = {}
+    in_flight: tuple[SchedulerOutput, ModelOutput] | None = None
+    step = 0
+    while step <= 30 or in_flight is not None or sched.has_unfinished_requests():
+        assert step < 5000, "no progress"
+        for i, s in enumerate(specs):
+            if s["arrival"] == step:
+                params = SamplingParams(
+                    max_tokens=s["mt"],
+                    min_tokens=s["min"],
+                    ignore_eos=s["ignore"],
+                    prompt_logprobs=0 if s["plp"] else None,
+                )
+                requests[i] = Request(f"r{i}", s["prompt"], params, frozenset({EOS}), priority=s["priority"])
+                sched.add_request(requests[i])
+            if s["abort"] is not None and s["arrival"] + s["abort"] == step:
+                if not requests[i].is_finished:
+                    aborted.add(i)
+                sched.abort_requests([f"r{i}"])
+        so = sched.schedule()
+        out = ModelOutput()  # what the executor computes, known when the step is launched
+        for x in so.scheduled:
+            r = x.request
+            i = int(r.request_id[1:])
+            if x.sample:
+                out.sampled_token_ids[r.request_id] = token(i, r.num_output_tokens + r.num_pending_outputs)
+            start = r.num_computed_tokens
+            hi = min(start + x.num_new_tokens, r.num_prompt_tokens - 1)
+            if r.prompt_logprobs is not None and hi > start:
+                rows = range(start + 1, hi + 1)
+                out.prompt_logprobs[r.request_id] = (
+                    start + 1,
+                    LogprobsLists([[j] for j in rows], [[0.0]] * len(rows), [1] * len(rows)),
+                )
+        launched = None
+        if not so.is_empty:
+            sched.advance(so)
+            launched = (so, out)
+        if in_flight is not None:
+            for o in sched.update(*in_flight):
+                tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.prompt_logprobs is not None:
+                    prompt_rows[o.request_id] = list(o.prompt_logprobs.token_ids)
+                if o.finish_reason is not None:
+                    reasons[o.request_id] = o.finish_reason
+        in_flight = launched
+        held = Counter(b for r in sched.running for b in r.block_ids)
+        assert all(sched.kv.pool.ref_counts[b] == held[b] for b in range(sched.kv.num_total_blocks))
+        step += 1
+    assert sched.kv.num_free_blocks == sched.kv.num_total_blocks
+    for i, s in enumerate(specs):
+        if i in aborted:
+            continue
+        want, reason = [], "length"
+        for index in range(s["mt"]):
+            want.append(token(i, index))
+            if want[-1] == EOS and not s["ignore"] and index + 1 >= s["min"]:
+                reason = "stop"
+                break
+        rid = f"r{i}"
+        assert (requests[i].output_token_ids, tokens.get(rid, []), reasons.get(rid)) == (
+            want,
+            want,
+            reason,
+        ), (seed, i)
+        if s["plp"]:
+            assert prompt_rows.get(rid) == [[j] for j in range(1, len(s["prompt"]))], (seed, i)
+
+
+def test_random_workloads_under_asynchronous_scheduling_are_exact() -> None:
+    for seed in range(300):
+        _random_async_workload(seed)

@@ -148,3 +148,28 @@ def test_max_tokens_zero_under_asynchronous_scheduling() -> None:
     assert final.prompt_logprobs is None
     third = sched.schedule()
     assert third.finished_request_ids == ["a"] and [s.request.request_id for s in third.scheduled] == ["b"]
+
+
+def test_max_tokens_zero_in_chunks_under_asynchronous_scheduling_keeps_every_prompt_row() -> None:
+    """A prompt-only request of several chunks ends when the step of its last chunk is applied,
+    not the step before (whose update comes after the last chunk is launched): echo with
+    max_tokens 0 and logprobs under asynchronous scheduling lost the rows of the last chunk."""
+    sched = _prompt_only_sched(24)
+    req = Request("a", list(range(10, 74)), SamplingParams(max_tokens=0, prompt_logprobs=0))
+    sched.add_request(req)
+    outputs = []
+    in_flight: tuple[SchedulerOutput, ModelOutput] | None = None
+    while in_flight is not None or sched.has_unfinished_requests():
+        so = sched.schedule()  # step k, then advance(k), then update(k - 1), as the engine does
+        launched = None
+        if not so.is_empty:
+            launched = (so, _executor(so))
+            sched.advance(so)
+        if in_flight is not None:
+            outputs += sched.update(*in_flight)
+        in_flight = launched
+    (final,) = outputs
+    assert final.finish_reason == "length" and final.new_token_ids == []
+    assert final.prompt_logprobs is not None
+    assert final.prompt_logprobs.token_ids == [[i] for i in range(1, 64)]
+    assert sched.kv.num_free_blocks == 8

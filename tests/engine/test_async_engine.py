@@ -91,3 +91,19 @@ def test_abort_while_in_flight_frees_everything() -> None:
     assert got["r0"] == got["r2"] == 20 and got["r1"] < 20
     kv = engine.scheduler.kv
     assert kv.num_free_blocks == kv.num_total_blocks
+
+
+def test_prompt_scoring_in_chunks_keeps_every_prompt_row() -> None:
+    """``max_tokens=0`` with ``prompt_logprobs`` (completions' echo of a scored prompt) over
+    several chunks: under asynchronous scheduling every prompt row arrives, the same rows as
+    the synchronous engine (the rows of the last chunk were lost when an earlier chunk's
+    update finished the request)."""
+    prompt = _prompts(7, (53,))[0]
+    rows = []
+    for mode in (False, True):
+        llm = LLM(device="cpu", async_scheduling=mode, max_num_batched_tokens=16)
+        out = llm.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
+        assert out.outputs[0].token_ids == [] and out.outputs[0].finish_reason == "length"
+        assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+        rows.append([None if r is None else sorted(r) for r in out.prompt_logprobs])
+    assert rows[0] == rows[1]

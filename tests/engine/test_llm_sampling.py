@@ -109,6 +109,27 @@ def test_seed_is_independent_of_the_batch(llm: LLM) -> None:
     assert different[0].outputs[0].token_ids != alone
 
 
+def test_seeded_and_greedy_tokens_survive_preemption_and_prefix_hits() -> None:
+    """docs/openai-api.md (`seed`): on CPU a seeded or greedy request gives the same tokens alone
+    and in a batch whose small KV pool preempts it (recompute) and serves prefix-cache hits."""
+    small = LLM(device="cpu", num_kv_blocks=6, block_size=16, max_num_batched_tokens=32, max_num_seqs=8)
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=40, seed=7, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=30, seed=11, n=2, ignore_eos=True),
+    ]
+    prompts = ["Once upon a time, Lily", "Once upon a time, Tim", "Once upon a time, the dog"]
+    alone = [small.generate([p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    before = small.engine.get_stats().num_preemptions_total
+    loaded = small.generate(prompts * 2, params * 2)
+    stats = small.engine.get_stats()
+    assert stats.num_preemptions_total > before and stats.prefix_cache_hit_tokens > 0
+    assert stats.num_free_blocks == stats.num_total_blocks
+    for i, out in enumerate(loaded):
+        want = [c.token_ids for c in alone[i % 3].outputs]
+        assert [c.token_ids for c in out.outputs] == want, i
+
+
 def test_n_returns_n_completions(llm: LLM) -> None:
     out = llm.generate(
         "Lily and Tim", SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=16, ignore_eos=True)
