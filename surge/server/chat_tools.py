@@ -114,23 +114,20 @@ class ChatPlan:
         )
         return ChatOutputParser(reasoning, None if self.tool_parser is None else self.tool_parser())
 
-    def message(
-        self, text: str, finish_reason: str | None, keep_cut_forced_calls: bool = False
-    ) -> tuple[dict[str, Any], str | None]:
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The non-streamed ``message`` of one choice and its finish reason ("tool_calls"
         when the model called tools and stopped, except for a named ``tool_choice``: "stop").
 
-        ``keep_cut_forced_calls``: a ``tool_choice: "required"`` array cut short (by
-        ``max_tokens`` or a stop string) keeps its calls, the last with the arguments written so
-        far, as a stream sends them (the Responses API, whose stream has sent them as
-        ``function_call`` items), instead of chat's content with the array's text."""
+        A forced call (``tool_choice`` ``"required"`` or named) cut short by ``max_tokens`` or a
+        stop string keeps its calls, the last with the arguments written so far, and the
+        engine's finish reason, as :meth:`delta` streams them."""
         parser = self.new_parser()
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
             if self.reasoning_field:
                 msg.update(reasoning_fields(None))
             return msg, finish_reason
-        d = parser.parse(text, keep_cut_forced_calls and isinstance(parser.tools, RequiredToolParser))
+        d = parser.parse(text)
         calls: dict[int, dict[str, Any]] = {}
         for t in d.tool_calls:
             if self.single_call and t.index > 0:

@@ -15,8 +15,9 @@ its response is the one a non-streamed request gets), each with its ``sequence_n
 error after the stream started is an ``error`` event followed by ``response.failed``.
 
 An output cut by ``max_output_tokens`` marks the item it was writing (the last) ``incomplete``,
-as OpenAI does. A ``tool_choice: "required"`` array cut short is its ``function_call`` items (the
-last with the arguments written so far), streamed or not: the stream has sent them as items.
+as OpenAI does. A forced call (``tool_choice`` ``"required"`` or named) cut short is its
+``function_call`` items (the last with the arguments written so far), streamed or not: the
+stream has sent them as items.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     if not body.stream:
         results = await collect(request, prepared.gen)
         text, finish, _ = results.get(0, ("", None, None))
-        message, finish = prepared.plan.message(text, finish, keep_cut_forced_calls=True)
+        message, finish = prepared.plan.message(text, finish)
         output = _output_items(message, shape.all_logprobs())
         response = shape.final(output, finish, message)
         encoded = _json_encode(response)

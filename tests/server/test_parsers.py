@@ -283,15 +283,31 @@ def test_forced_required_and_named() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer", ['[{"nam', '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {"b": "x']
+    ("answer", "calls"),
+    [
+        ('[{"nam', []),
+        (
+            '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {"b": "x',
+            [("f", '{"a": 1}'), ("g", '{"b": "x')],
+        ),
+        ('[{"name": "f", "parameters": {"a": 1}}, {"na', [("f", '{"a": 1}')]),
+    ],
 )
-def test_required_calls_cut_by_max_tokens_are_content_when_not_streamed(answer: str) -> None:
-    """``max_tokens`` cut the ``required`` array: not streamed, the answer is its text as content
-    with no calls (no arguments a client's json.loads would choke on, no text dropped), as for
-    the auto parsers; after a reasoning, the reasoning stays apart."""
-    assert _collect([ChatOutputParser(None, RequiredToolParser(_ids())).parse(answer)]) == (answer, "", [])
-    text = "Weather.</think>\n\n" + answer
-    assert _collect([_forced("required")().parse(text)]) == ("\n\n" + answer, "Weather.", [])
+@pytest.mark.parametrize("lead", ["", "Weather.</think>\n\n"])
+def test_required_calls_cut_short_read_the_same_streamed_and_not(
+    answer: str, calls: list[tuple[str, str]], lead: str
+) -> None:
+    """``max_tokens`` or a stop string cut the ``required`` array: not streamed, the answer is
+    the calls the stream sends (the last with the arguments written so far), not the array's
+    text as content (which a stream never sent); text before a call's name is complete opens no
+    call; after a reasoning, the reasoning stays apart."""
+    make = _forced("required") if lead else (lambda: ChatOutputParser(None, RequiredToolParser(_ids())))
+    text = lead + answer
+    whole = _collect([make().parse(text)])
+    assert whole[1:] == ("Weather." if lead else "", calls)
+    for pieces in ([text], [*text], *(_random_pieces(text, s) for s in range(3))):
+        parser = make()
+        assert _collect([parser.feed(p) for p in pieces] + [parser.finish()]) == whole
 
 
 def _required() -> ChatOutputParser:
@@ -583,10 +599,9 @@ def test_arguments_nested_past_the_json_parser_are_parsed_as_cut_json(
         if kind == "required"
         else _plan(kind)
     )
-    for keep in (False, True):
-        message, _ = plan.message(answer, finish, keep_cut_forced_calls=keep)
-        calls = message.get("tool_calls") or []
-        assert (message["content"] or "") + "".join(c["function"]["arguments"] for c in calls) != ""
+    message, _ = plan.message(answer, finish)
+    calls = message.get("tool_calls") or []
+    assert (message["content"] or "") + "".join(c["function"]["arguments"] for c in calls) != ""
     for pieces in ([answer], _random_pieces(answer, 0)):
         deltas, _ = _stream(plan, pieces, finish)
         streamed = "".join(d.get("content") or "" for d in deltas) + "".join(

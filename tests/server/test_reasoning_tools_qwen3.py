@@ -132,9 +132,13 @@ def test_leading_think_end_is_an_empty_reasoning_with_or_without_a_grammar(qwen3
         assert msg["content"] is None and msg["reasoning_content"] is None  # four </think>, all tags
         streamed, finish = _stream(qwen3_server, body | extra)  # its last chunk may carry content ""
         assert finish == "length" and streamed["content"] in (None, "") and streamed["reasoning"] is None
-    msg, finish = _post(qwen3_server, body | {"tools": TOOLS, "tool_choice": "required"})
+    required = body | {"tools": TOOLS, "tool_choice": "required"}
+    msg, finish = _post(qwen3_server, required)
     assert finish == "length" and msg["reasoning_content"] is None and "</think>" not in json.dumps(msg)
-    assert msg["content"].startswith("[")  # the cut array's text (chat's unstreamed answer)
+    # the cut array reads as the stream sends it: the calls begun, none yet here, no content
+    streamed, streamed_finish = _stream(qwen3_server, required)
+    assert msg["content"] is None and streamed["content"] in (None, "") and streamed_finish == finish
+    assert msg.get("tool_calls") == streamed.get("tool_calls") is None
 
 
 def test_named_call_cut_by_max_tokens_after_think_end(qwen3_server: Server) -> None:

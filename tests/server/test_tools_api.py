@@ -141,22 +141,41 @@ def test_named_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
             assert finish == "length" and content == ""
 
 
-def test_required_calls_cut_by_max_tokens(client: openai.OpenAI) -> None:
-    """``required`` calls that max_tokens cuts: not streamed, the JSON array written so far comes
-    back as content with no tool_calls and finish_reason "length" (the array's calls may not be
-    told apart; never arguments that fail to parse, never dropped text); streamed, the calls'
-    pieces went out as generated."""
+KEYS = ['"city"', '"unit"', '"zone"']
+"""Stop strings that cut a forced call inside its arguments: the first key of either tool."""
+
+
+@pytest.mark.parametrize(
+    ("choice", "cut"),
+    [
+        ("required", {"max_tokens": 40}),
+        ("required", {"max_tokens": 80, "stop": KEYS}),
+        ({"type": "function", "function": {"name": "get_weather"}}, {"max_tokens": 80, "stop": KEYS}),
+    ],
+    ids=["required-length", "required-stop", "named-stop"],
+)
+def test_forced_calls_cut_short_read_the_same_streamed_and_not(
+    client: openai.OpenAI, choice: Any, cut: dict[str, Any]
+) -> None:
+    """A forced call that ``max_tokens`` or a stop string cuts inside its arguments: not
+    streamed, ``tool_calls`` holds the calls written so far, the last with the arguments written
+    so far (JSON that does not parse), ``content`` is null, and the finish reason is the
+    engine's ("length" or "stop", never "tool_calls": the calls are not complete); streamed, the
+    same calls with the same finish reason. (A ``required`` array used to come back as
+    ``content`` with no calls when not streamed, while the stream sent the calls.)"""
     kwargs: dict[str, Any] = dict(
-        model=_model(client), messages=MSGS, tools=TOOLS, tool_choice="required", seed=0, max_tokens=3
+        model=_model(client), messages=MSGS, tools=TOOLS, tool_choice=choice, seed=0, **cut
     )
     r = client.chat.completions.create(**kwargs)
     msg = r.choices[0].message
-    assert r.choices[0].finish_reason == "length" and msg.tool_calls is None
-    assert msg.content and msg.content.lstrip().startswith("[")
-    streamed, finish, _ = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
-    assert finish == "length"
-    if streamed:
-        assert msg.content.endswith(streamed[-1][1])
+    calls = [(t.function.name, t.function.arguments) for t in msg.tool_calls or []]
+    reason = "stop" if "stop" in cut else "length"
+    assert r.choices[0].finish_reason == reason and msg.content is None and calls, msg
+    assert calls[-1][1].lstrip().startswith("{")
+    with pytest.raises(ValueError):
+        json.loads(calls[-1][1])
+    streamed, finish, content = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+    assert streamed == calls and finish == reason and content == ""
 
 
 def _hermes_call_request(client: openai.OpenAI, max_tokens: int) -> dict[str, Any]:

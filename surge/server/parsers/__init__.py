@@ -67,15 +67,14 @@ class ChatOutputParser:
         out.reasoning = reasoning
         return out
 
-    def parse(self, text: str, keep_cut_calls: bool = False) -> DeltaMessage:
+    def parse(self, text: str) -> DeltaMessage:
         """The whole text at once (non-streamed responses). When the tool parser finds a
         malformed call (JSON cut by ``max_tokens``, or invalid), the answer is its raw text as
         content with no tool calls, as vLLM's non-streamed parsers answer (a stream has already
-        sent the call's deltas); a named ``tool_choice``'s parser finds none malformed.
-        ``keep_cut_calls``: the calls stay, the last with the arguments written so far, as a
-        stream sends them (the Responses API's answer)."""
+        sent the call's deltas); a forced ``tool_choice``'s parser finds none malformed (its cut
+        calls stay, as streamed)."""
         out = self.feed(text).extend(self.finish())
-        raw = None if self.tools is None or keep_cut_calls else self.tools.malformed_text()
+        raw = None if self.tools is None else self.tools.malformed_text()
         if raw is not None:
             out = DeltaMessage(content=raw, reasoning=out.reasoning)
         return out

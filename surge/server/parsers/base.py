@@ -6,8 +6,8 @@ the same code fed the whole text at once, so the joined deltas of a stream equal
 where a tool parser finds its text malformed (:meth:`ToolParser.malformed_text`: a call whose
 JSON does not parse, e.g. cut by ``max_tokens``): the non-streamed result is then the whole
 text as content and no tool calls, as in vLLM, while a stream cannot take back the deltas it
-already sent. A named ``tool_choice`` keeps its cut arguments as the call either way (vLLM's
-answer too).
+already sent. A forced ``tool_choice`` (``required`` or named) keeps its cut calls, streamed or
+not, so both read the same (:mod:`surge.server.parsers.forced`).
 """
 
 from __future__ import annotations

@@ -5,13 +5,15 @@ function's arguments object (both enforced by a grammar built from the tools' sc
 A complete ``required`` answer finishes with "tool_calls"; a named call keeps the engine's
 "stop", as OpenAI and vLLM answer a forced named function.
 
-``max_tokens`` or a stop string may still cut that JSON short. A named call then keeps its cut
-arguments as the call, non-streamed as streamed (vLLM answers so; the finish reason is "length"
-or "stop", never "tool_calls"). A ``required``
-array that does not parse is, non-streamed, its text as content with no tool calls
-(:meth:`~surge.server.parsers.base.ToolParser.malformed_text`), as for the ``auto`` parsers; a
-stream has already sent the pieces. The Responses API keeps the cut calls, streamed or not
-(``ChatPlan.message``'s ``keep_cut_forced_calls``), as its stream sends them as items."""
+``max_tokens`` or a stop string may still cut that JSON short. The calls written so far then
+stay the answer's calls, the last with the arguments written so far (JSON that does not parse),
+non-streamed as streamed: a stream has sent their pieces and cannot take them back, and a client
+must read the same calls either way. The finish reason is the engine's ("length" or "stop"),
+never "tool_calls", which says the calls are complete. A named call reads so in vLLM too; vLLM's
+``required`` answer differs between its two paths (streamed: the cut calls and "tool_calls";
+not streamed: no calls, content ``""``), and Surge gives both its stream's calls with the
+engine's reason. Text cut before a call's name is complete opens no call and is not content
+(the stream has not sent it either). The Responses API marks such a call ``incomplete``."""
 
 from __future__ import annotations
 
@@ -120,10 +122,14 @@ class RequiredToolParser(ToolParser):
         return DeltaMessage(tool_calls=self._seq.update(self._buf, final=True))
 
     def malformed_text(self) -> str | None:
-        """The array's text when it does not parse (``max_tokens`` cut it; the grammar allows
-        nothing else), so a non-streamed answer gives it as content instead of calls whose
-        arguments a client could not parse."""
-        return _unless_json(self._buf)
+        """None: an array that ``max_tokens`` or a stop string cut (the grammar allows nothing
+        else that does not parse) stays its calls, the last with the arguments written so far,
+        as the stream sent them; the finish reason says it was cut (:meth:`calls_complete`)."""
+        return None
+
+    def calls_complete(self) -> bool:
+        """Whether the whole array parses (a cut one keeps the engine's finish reason)."""
+        return _unless_json(self._buf) is None
 
 
 class NamedToolParser(ToolParser):
