@@ -17,11 +17,16 @@ error after the stream started is an ``error`` event followed by ``response.fail
 An output cut by ``max_output_tokens`` marks the item it was writing (the last) ``incomplete``,
 as OpenAI does. A forced call (``tool_choice`` ``"required"`` or named) cut short is its
 ``function_call`` items (the last with the arguments written so far), streamed or not: the
-stream has sent them as items.
+stream has sent them as items. A ``function_call`` whose arguments are not JSON (a stop string
+cut them) is never ``completed``: it and the response are ``incomplete``
+(``incomplete_details.reason`` null: OpenAI names no reason for a stop string), so a client that
+runs the calls of a completed response (the OpenAI Agents SDK) never gets arguments it cannot
+parse.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping
@@ -144,7 +149,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         return out
 
     def closing() -> list[bytes]:
-        status = "incomplete" if _cut_short(events.finish_reason) else "completed"
+        cut = _cut_short(events.finish_reason) or events.open_call_cut()
+        status = "incomplete" if cut else "completed"
         out = events.close_item(status)  # the item open at the end is the one cut
         if not events.items:  # nothing generated: one empty message, as the non-streamed answer
             out.extend(events.empty_message(status))
@@ -182,6 +188,22 @@ def _cut_short(finish_reason: str | None) -> bool:
     """Whether an output with this finish reason is ``incomplete`` (its length limit cut it:
     ``max_output_tokens`` or the context)."""
     return finish_reason == "length"
+
+
+def _arguments_cut(arguments: str) -> bool:
+    """Whether a ``function_call``'s arguments are not one JSON value (a stop string or the
+    length limit cut them; a forced call's grammar allows nothing else that does not parse)."""
+    try:
+        json.loads(arguments)
+    except (ValueError, RecursionError):  # nested past the parser's depth: as JSON cut short
+        return True
+    return False
+
+
+def _ends_in_cut_call(output: list[dict[str, Any]]) -> bool:
+    """Whether the last output item is a ``function_call`` whose arguments were cut (only the
+    last item can be: a call's item is closed when the next one opens, its JSON complete)."""
+    return bool(output) and output[-1]["type"] == "function_call" and _arguments_cut(output[-1]["arguments"])
 
 
 def _store(
@@ -277,11 +299,13 @@ class _ResponseShape:
     ) -> dict[str, Any]:
         """The finished Response: ``incomplete`` (reason ``max_output_tokens``) when the output
         was cut by its length limit, its last item (the one cut) ``incomplete`` too, as OpenAI
-        marks it; else ``completed``; with the exact usage."""
-        incomplete = _cut_short(finish_reason)
+        marks it; also ``incomplete`` (reason null) when it ends in a ``function_call`` whose
+        arguments a stop string cut (not JSON); else ``completed``; with the exact usage."""
+        length = _cut_short(finish_reason)
+        incomplete = length or _ends_in_cut_call(output)
         response = self.base("incomplete" if incomplete else "completed", output)
         if incomplete:
-            response["incomplete_details"] = {"reason": "max_output_tokens"}
+            response["incomplete_details"] = {"reason": "max_output_tokens" if length else None}
             if output:
                 output[-1]["status"] = "incomplete"
         gen = self.prepared.gen
@@ -558,6 +582,11 @@ class _StreamEvents:
         self.items.append(item)
         out.append(self.event("response.output_item.done", output_index=index, item=item))
         return out
+
+    def open_call_cut(self) -> bool:
+        """Whether the open item is a ``function_call`` whose arguments so far are not JSON
+        (the output ends in it: they were cut)."""
+        return self._kind == "call" and _arguments_cut(self._text)
 
     def empty_message(self, status: str = "completed") -> list[bytes]:
         """The events of an empty ``message`` item (an output with no text at all)."""

@@ -19,6 +19,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from surge.server.protocol_responses import ResponsesRequest
 from surge.server.response_store import MAX_STORED_BYTES, ResponseStore, StoredResponse
+from surge.server.serving_responses import _ends_in_cut_call
 from tests.server.conftest import Server, start_server
 
 PROMPT = "Once upon a time"
@@ -62,6 +63,29 @@ def _comparable(response: Response) -> dict[str, Any]:
         for part in item.get("content") or ():
             part.pop("parsed", None)  # the SDK's stream helper adds it
     return out
+
+
+@pytest.mark.parametrize(
+    ("output", "cut"),
+    [
+        ([{"type": "function_call", "arguments": '{"zone": "UTC"}'}], False),
+        (
+            [{"type": "function_call", "arguments": "{}"}, {"type": "function_call", "arguments": '{"zone'}],
+            True,
+        ),
+        ([{"type": "function_call", "arguments": ""}], True),  # cut right after its name
+        ([{"type": "function_call", "arguments": "[" * 5000}], True),  # past json's depth: no RecursionError
+        ([{"type": "message", "content": []}], False),
+        ([], False),
+    ],
+)
+def test_only_a_last_call_whose_arguments_are_not_json_is_cut(
+    output: list[dict[str, Any]], cut: bool
+) -> None:
+    """What makes a response that a stop string ended ``incomplete``: its last item is a
+    ``function_call`` whose arguments are not JSON; a stop string after a whole call (or in
+    text) leaves it ``completed``."""
+    assert _ends_in_cut_call(output) is cut
 
 
 def test_every_field_is_in_the_docs() -> None:

@@ -189,6 +189,43 @@ def test_required_calls_cut_by_max_output_tokens_are_calls_streamed_or_not(
     )
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_time"}])
+def test_a_call_cut_by_a_stop_string_is_incomplete_streamed_or_not(
+    client: openai.OpenAI, model: str, choice: Any
+) -> None:
+    """A forced call that a stop string cuts inside its arguments was a ``function_call`` marked
+    ``completed`` in a ``completed`` response, with arguments that are not JSON: the OpenAI
+    Agents SDK runs the calls of a completed response and its parse of the arguments failed,
+    and the SDK's stream helper raised ``JSONDecodeError`` at ``response.completed`` (it parses a
+    strict tool's arguments there). Now the call and the response are ``incomplete``
+    (``incomplete_details.reason`` null: not the length limit), streamed or not, and the stream
+    ends with ``response.incomplete``."""
+    kw: dict[str, Any] = dict(
+        model=model,
+        input="Time?",
+        tools=[TOOLS[0]],  # strict
+        tool_choice=choice,
+        max_output_tokens=60,
+        extra_body=FORCED | {"stop": ['"zone"']},
+    )
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason is None
+    *done, cut = r.output
+    assert cut.type == "function_call" and cut.name == "get_time" and cut.status == "incomplete", r.output
+    assert all(o.status == "completed" for o in done)
+    with pytest.raises(ValueError):
+        json.loads(cut.arguments)
+    events, final = _stream(client, **kw)  # the helper parses nothing: no JSONDecodeError
+    assert events[-1].type == "response.incomplete" and final.incomplete_details.reason is None
+
+    def shape(items: list[Any]) -> list[tuple[str, str | None, str | None, str]]:
+        return [(o.type, getattr(o, "name", None), getattr(o, "arguments", None), o.status) for o in items]
+
+    assert shape(final.output) == shape(r.output)
+    assert shape([e.item for e in events if e.type == "response.output_item.done"]) == shape(r.output)
+
+
 def test_reasoning_item_and_reasoning_tokens(client: openai.OpenAI, model: str) -> None:
     """An assistant message left ``incomplete`` after ``<think>`` is continued (as vLLM), inside
     the reasoning: with ``</think>`` banned, the output is all reasoning."""
