@@ -114,20 +114,25 @@ class ChatPlan:
         )
         return ChatOutputParser(reasoning, None if self.tool_parser is None else self.tool_parser())
 
-    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    def message(
+        self, text: str, finish_reason: str | None, as_streamed: bool = False
+    ) -> tuple[dict[str, Any], str | None]:
         """The non-streamed ``message`` of one choice and its finish reason ("tool_calls"
         when the model called tools and stopped, except for a named ``tool_choice``: "stop").
 
         A forced call (``tool_choice`` ``"required"`` or named) cut short by ``max_tokens`` or a
         stop string keeps its calls, the last with the arguments written so far, and the
-        engine's finish reason, as :meth:`delta` streams them."""
+        engine's finish reason, as :meth:`delta` streams them. A ``--tool-call-parser`` call
+        that does not parse (cut, or invalid JSON) makes the answer its raw text as content,
+        as vLLM answers a chat completion, unless ``as_streamed``: then it is the calls the
+        stream sends (the Responses API, whose stream has sent them as items)."""
         parser = self.new_parser()
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
             if self.reasoning_field:
                 msg.update(reasoning_fields(None))
             return msg, finish_reason
-        d = parser.parse(text)
+        d = parser.parse(text, as_streamed)
         calls: dict[int, dict[str, Any]] = {}
         for t in d.tool_calls:
             if self.single_call and t.index > 0:

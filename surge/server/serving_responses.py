@@ -15,9 +15,11 @@ its response is the one a non-streamed request gets), each with its ``sequence_n
 error after the stream started is an ``error`` event followed by ``response.failed``.
 
 An output cut by ``max_output_tokens`` marks the item it was writing (the last) ``incomplete``,
-as OpenAI does. A forced call (``tool_choice`` ``"required"`` or named) cut short is its
-``function_call`` items (the last with the arguments written so far), streamed or not: the
-stream has sent them as items. A ``function_call`` whose arguments are not JSON (a stop string
+as OpenAI does. A call cut short (forced by ``tool_choice``, or found by the
+``--tool-call-parser``) is its ``function_call`` items (the last with the arguments written so
+far), streamed or not: the stream has sent them as items, and the unstreamed answer is the
+stream's items (where chat's unstreamed answer to an ``auto`` call that does not parse is the raw
+text, as vLLM's). A ``function_call`` whose arguments are not JSON (a stop string
 cut them) is never ``completed``: it and the response are ``incomplete``
 (``incomplete_details.reason`` null: OpenAI names no reason for a stop string), so a client that
 runs the calls of a completed response (the OpenAI Agents SDK) never gets arguments it cannot
@@ -129,7 +131,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     if not body.stream:
         results = await collect(request, prepared.gen)
         text, finish, _ = results.get(0, ("", None, None))
-        message, finish = prepared.plan.message(text, finish)
+        message, finish = prepared.plan.message(text, finish, as_streamed=True)
         output = _output_items(message, shape.all_logprobs())
         response = shape.final(output, finish, message)
         encoded = _json_encode(response)

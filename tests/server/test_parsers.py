@@ -310,6 +310,36 @@ def test_required_calls_cut_short_read_the_same_streamed_and_not(
         assert _collect([parser.feed(p) for p in pieces] + [parser.finish()]) == whole
 
 
+@pytest.mark.parametrize(
+    ("kind", "answer"),
+    [
+        ("hermes", 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": "x'),
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": tru}}\n</tool_call>'),
+        ("hermes", "<tool_call>\n{bad}\n</tool_call>"),
+        ("llama3_json", '{"name": "f", "parameters": {"a": '),
+        ("named", '{"a": "x'),
+    ],
+)
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_a_message_as_streamed_is_the_joined_stream(kind: str, answer: str, finish: str) -> None:
+    """``as_streamed`` (the Responses API's unstreamed answer): calls that do not parse stay the
+    calls the stream sent, where chat's unstreamed answer is the raw text (vLLM's)."""
+    plan = _plan(kind)
+    msg, reason = plan.message(answer, finish, as_streamed=True)
+    for pieces in ([answer], _random_pieces(answer, 1)):
+        deltas, streamed_reason = _stream(plan, pieces, finish)
+        content = "".join(d.get("content") or "" for d in deltas)
+        calls: dict[int, list[str]] = {}
+        for d in deltas:
+            for t in d.get("tool_calls") or ():
+                calls.setdefault(t["index"], ["", ""])
+                calls[t["index"]][0] += t["function"].get("name") or ""
+                calls[t["index"]][1] += t["function"].get("arguments") or ""
+        assert (msg["content"] or "", reason) == (content, streamed_reason)
+        got = [[c["function"]["name"], c["function"]["arguments"]] for c in msg.get("tool_calls") or ()]
+        assert got == [calls[i] for i in sorted(calls)]
+
+
 def _required() -> ChatOutputParser:
     return ChatOutputParser(None, RequiredToolParser(_ids()))
 

@@ -226,6 +226,50 @@ def test_a_call_cut_by_a_stop_string_is_incomplete_streamed_or_not(
     assert shape([e.item for e in events if e.type == "response.output_item.done"]) == shape(r.output)
 
 
+@pytest.mark.parametrize("cut", [{"max_output_tokens": 38}, {"extra_body": {"stop": ['"zone"']}}])
+def test_an_auto_call_cut_short_is_the_same_items_streamed_or_not(
+    client: openai.OpenAI, model: str, cut: dict[str, Any]
+) -> None:
+    """A hermes call (``tool_choice: "auto"``) cut inside its arguments: the stream sends the text
+    before it as a ``message`` and the call as a ``function_call`` item, and the unstreamed
+    answer used to be one ``message`` holding the raw ``<tool_call>`` markup instead (chat's
+    unstreamed answer, as vLLM's): the same request gave different items streamed and not. Both
+    are now the stream's items, the cut call ``incomplete`` and the response ``incomplete``."""
+    regex = r'Sure\. <tool_call>\n\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}\n</tool_call>'
+    body = FORCED | {"structured_outputs": {"regex": regex}} | cut.get("extra_body", {})
+    kw: dict[str, Any] = dict(
+        model=model,
+        input="Time?",
+        tools=[TOOLS[0]],
+        tool_choice="auto",
+        max_output_tokens=cut.get("max_output_tokens", 80),
+        extra_body=body,
+    )
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and [o.type for o in r.output] == ["message", "function_call"], r.output
+    message, call = r.output
+    assert message.content[0].text == "Sure. " and call.name == "get_time" and call.status == "incomplete"
+    assert call.arguments.startswith("{")  # '{"zone": "UTC' (38 tokens) or '{' (the stop string)
+    with pytest.raises(ValueError):
+        json.loads(call.arguments)
+    events, final = _stream(client, **kw)
+    assert events[-1].type == "response.incomplete"
+
+    def shape(items: list[Any]) -> list[tuple[Any, ...]]:
+        return [
+            (
+                o.type,
+                o.status,
+                getattr(o, "arguments", None),
+                o.content[0].text if o.type == "message" else None,
+            )
+            for o in items
+        ]
+
+    assert shape(final.output) == shape(r.output)
+    assert final.incomplete_details == r.incomplete_details
+
+
 def test_reasoning_item_and_reasoning_tokens(client: openai.OpenAI, model: str) -> None:
     """An assistant message left ``incomplete`` after ``<think>`` is continued (as vLLM), inside
     the reasoning: with ``</think>`` banned, the output is all reasoning."""

@@ -67,14 +67,15 @@ class ChatOutputParser:
         out.reasoning = reasoning
         return out
 
-    def parse(self, text: str) -> DeltaMessage:
+    def parse(self, text: str, as_streamed: bool = False) -> DeltaMessage:
         """The whole text at once (non-streamed responses). When the tool parser finds a
         malformed call (JSON cut by ``max_tokens``, or invalid), the answer is its raw text as
         content with no tool calls, as vLLM's non-streamed parsers answer (a stream has already
         sent the call's deltas); a forced ``tool_choice``'s parser finds none malformed (its cut
-        calls stay, as streamed)."""
+        calls stay, as streamed). ``as_streamed``: the answer is what the stream sends, malformed
+        calls included (the Responses API, whose stream sends them as items)."""
         out = self.feed(text).extend(self.finish())
-        raw = None if self.tools is None else self.tools.malformed_text()
+        raw = None if self.tools is None or as_streamed else self.tools.malformed_text()
         if raw is not None:
             out = DeltaMessage(content=raw, reasoning=out.reasoning)
         return out
