@@ -424,3 +424,56 @@ def test_cache_salt_isolates_prefix_cache_hits(llm: LLM) -> None:
     assert [o.outputs[0].token_ids for o in same] == [llm.generate(text, GREEDY)[0].outputs[0].token_ids] * 2
     with pytest.raises(ValueError, match="'cache_salt' must be a string, got int"):
         llm.generate({"prompt": text, "cache_salt": 5}, GREEDY)
+
+
+def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None:
+    """A ported script's ``generate(..., lora_request=None)`` and ``chat(..., lora_request=None,
+    chat_template_content_format="string", tokenization_kwargs=...)`` were Python's bare
+    "unexpected keyword argument": vLLM's defaults are taken (the same tokens as without them),
+    ``chat``'s ``tokenization_kwargs`` encodes the rendered text as vLLM's (here, without a chat
+    template, the fallback's BOS goes), and what Surge cannot do is refused by name."""
+    messages = [{"role": "user", "content": "hi"}]
+    plain = llm.generate("Once upon", GREEDY)[0]
+    same = llm.generate("Once upon", GREEDY, lora_request=None, mm_processor_kwargs={})[0]
+    assert same.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert llm.generate(["Once", "upon"], GREEDY, lora_request=[None, None])[1].outputs[0].token_ids
+    chat = llm.chat(messages, GREEDY)[0]
+    for content_format in ("auto", "string"):
+        again = llm.chat(
+            messages,
+            GREEDY,
+            lora_request=None,
+            chat_template_content_format=content_format,
+            tokenization_kwargs={"add_special_tokens": True},
+            mm_processor_kwargs=None,
+        )[0]
+        assert again.prompt_token_ids == chat.prompt_token_ids
+        assert again.outputs[0].token_ids == chat.outputs[0].token_ids
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert llm.chat(parts, GREEDY, chat_template_content_format="string")[0].prompt == chat.prompt
+    bare = llm.chat(messages, GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
+    assert chat.prompt_token_ids[0] == llm.tokenizer.bos_token_id
+    assert bare.prompt_token_ids == chat.prompt_token_ids[1:]
+    refused = [
+        (lambda: llm.generate("Once", GREEDY, lora_request=object()), "lora_request is not supported: Surge"),
+        (lambda: llm.chat(messages, GREEDY, lora_request=object()), "lora_request is not supported"),
+        (
+            lambda: llm.generate("Once", GREEDY, mm_processor_kwargs={"fps": 1}),
+            "mm_processor_kwargs is not supported: Surge serves text-only models",
+        ),
+        (
+            lambda: llm.chat(messages, GREEDY, chat_template_content_format="openai"),
+            r"chat_template_content_format='openai' is not supported: .* use 'string' or 'auto'",
+        ),
+        (
+            lambda: llm.chat(messages, GREEDY, chat_template_content_format="text"),
+            "chat_template_content_format must be 'auto' or 'string'",
+        ),
+        (
+            lambda: llm.chat(messages, GREEDY, tokenization_kwargs={"truncation": True}),
+            r"tokenization_kwargs takes only 'add_special_tokens', got \['truncation'\]",
+        ),
+    ]
+    for call, message in refused:
+        with pytest.raises(ValueError, match=message):
+            call()
