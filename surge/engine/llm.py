@@ -101,8 +101,16 @@ class LLM:
             request's ``priority``, lower first, then arrival: :meth:`generate`'s ``priority``),
             as vLLM's.
 
+    vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
+    ``revision``, ``tokenizer_revision`` and ``compilation_config`` are taken at the values that
+    ask for nothing Surge lacks (``runner="generate"``, ``pipeline_parallel_size=1``, ``revision=None``,
+    ...: :data:`_VLLM_DEFAULT_ONLY`); another value is a ``ValueError`` that says what to use. Other
+    vLLM arguments Surge does without (``trust_remote_code``, ``swap_space``, ``task``, ...) are a
+    ``TypeError`` that says so.
+
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
+        TypeError: an argument that is not Surge's (a vLLM one with what to use instead).
     """
 
     def __init__(
@@ -134,6 +142,8 @@ class LLM:
         scheduling_policy: str = "fcfs",
         **unexpected: Any,
     ) -> None:
+        for name in [n for n in unexpected if n in _VLLM_DEFAULT_ONLY]:
+            _check_vllm_default(name, unexpected.pop(name))
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
@@ -624,9 +634,53 @@ _LLM_ONLY_HINTS = {
     "disable_log_stats": "nothing: the offline API logs no periodic stats",
     "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
+    "task": "nothing: Surge's LLM generates text, and vLLM 0.26 has no 'task' either (its runner=\"generate\")",
 }
 """vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
 command line (or that have none there), and what to use instead."""
+
+
+_VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {
+    "runner": (("auto", "generate"), "Surge's LLM generates text only (no pooling or draft runner)"),
+    "convert": (("auto", "none"), "Surge converts no model into a pooling model"),
+    "pipeline_parallel_size": (
+        (1,),
+        "Surge has no pipeline parallelism: shard the model with tensor_parallel_size instead",
+    ),
+    "data_parallel_size": (
+        (1,),
+        "the offline LLM runs one engine (vLLM's refuses more too): serve replicas with `surge serve -dp N`",
+    ),
+    "revision": (
+        (None,),
+        "Surge loads a local model folder only: download that revision and give its folder as model",
+    ),
+    "tokenizer_revision": (
+        (None,),
+        "Surge reads the model folder's own tokenizer: put that revision's tokenizer files in it",
+    ),
+    "compilation_config": (
+        (None, 0, {}),  # 0: vLLM's CompilationMode.NONE; {}: its defaults
+        "Surge runs no torch.compile: its CUDA graphs are its own (enforce_eager=True turns them off)",
+    ),
+}
+"""vLLM ``LLM(...)`` arguments that Surge takes only at a value that asks for nothing beyond
+what it does (vLLM's default, or its equivalent): the accepted values and, for any other, why
+not and what to use instead (:func:`_check_vllm_default`)."""
+
+
+def _check_vllm_default(name: str, value: object) -> None:
+    """Take vLLM's ``LLM(name=value)`` when ``value`` is one of :data:`_VLLM_DEFAULT_ONLY`'s
+    for ``name`` (of the same type: ``True`` is not ``1``).
+
+    Raises:
+        ValueError: another value, with the reason and what to use instead.
+    """
+    accepted, reason = _VLLM_DEFAULT_ONLY[name]
+    if any(value is ok or (type(value) is type(ok) and value == ok) for ok in accepted):
+        return
+    shown = ", ".join(repr(ok) for ok in accepted[:-1]) + " or " * (len(accepted) > 1) + repr(accepted[-1])
+    raise ValueError(f"LLM() takes vLLM's {name!r} only as {shown}, got {value!r}: {reason}")
 
 
 def _add_special_tokens(tokenization_kwargs: object, *, default: bool | None) -> bool | None:

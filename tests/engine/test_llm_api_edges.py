@@ -211,6 +211,7 @@ def test_trust_remote_code_is_refused_by_name() -> None:
             {"enable_log_requests": True},
             "^LLM\\(\\) got an unexpected keyword argument 'enable_log_requests'$",
         ),
+        ({"task": "generate"}, r"vLLM's 'task': leave it out \(Surge's LLM generates text, and vLLM 0.26"),
     ],
 )
 def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, object], message: str) -> None:
@@ -218,6 +219,46 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
     keyword argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
     with pytest.raises(TypeError, match=message):
         LLM(device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"runner": "pooling"},
+            r"'runner' only as 'auto' or 'generate', got 'pooling': Surge's LLM generates",
+        ),
+        ({"convert": "embed"}, r"'convert' only as 'auto' or 'none', got 'embed'"),
+        (
+            {"pipeline_parallel_size": 2},
+            r"'pipeline_parallel_size' only as 1, got 2: .* shard the model with tensor_parallel_size",
+        ),
+        ({"pipeline_parallel_size": True}, r"'pipeline_parallel_size' only as 1, got True"),
+        ({"data_parallel_size": 2}, r"'data_parallel_size' only as 1, got 2: .*surge serve -dp N"),
+        ({"revision": "main"}, r"'revision' only as None, got 'main': Surge loads a local model folder only"),
+        ({"tokenizer_revision": "v1"}, r"'tokenizer_revision' only as None, got 'v1'"),
+        (
+            {"compilation_config": 3},
+            r"'compilation_config' only as None, 0 or \{\}, got 3: Surge runs no torch.compile: .*enforce_eager",
+        ),
+        ({"compilation_config": {"cudagraph_capture_sizes": [1]}}, r"'compilation_config' only as None"),
+    ],
+)
+def test_vllm_arguments_taken_at_their_default_only(kwargs: dict[str, object], message: str) -> None:
+    """A ported script's ``LLM(model, runner="generate", pipeline_parallel_size=1, revision=None,
+    compilation_config=0)`` was Python's bare "unexpected keyword argument": the values that ask
+    for nothing Surge lacks are taken, any other is refused with what to use instead."""
+    with pytest.raises(ValueError, match=message):
+        LLM(device="cpu", **kwargs)
+
+
+def test_vllm_arguments_at_their_default_are_taken() -> None:
+    """The other half of :func:`test_vllm_arguments_taken_at_their_default_only`."""
+    defaults = dict(runner="generate", convert="none", pipeline_parallel_size=1, data_parallel_size=1)
+    with LLM(device="cpu", revision=None, tokenizer_revision=None, compilation_config=0, **defaults) as model:
+        assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
+    with LLM(device="cpu", runner="auto", convert="auto", compilation_config={}) as model:
+        assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
 
 
 def test_tokenization_kwargs_add_special_tokens(llm: LLM) -> None:
