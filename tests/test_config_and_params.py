@@ -285,6 +285,11 @@ def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic' is not supported"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": -4}}, "factor must be positive"),
         ([("rope_theta", 1.0)], "hf_overrides must be a JSON object"),
+        ([], r"hf_overrides must be a JSON object, got \[\]"),  # was taken: an empty list is falsy
+        (
+            lambda config: config,
+            "hf_overrides must be a dict of config.json keys .* pass the keys it sets as a dict",
+        ),
     ],
 )
 def test_bad_rope_settings_and_overrides_are_named(overrides: Any, words: str) -> None:

@@ -96,7 +96,8 @@ class LLM:
             processes (fresh interpreters started on the first grammar; a script needs no
             ``if __name__ == "__main__":`` guard for them).
         hf_overrides: top-level ``config.json`` keys to replace, as vLLM's ``hf_overrides``
-            (e.g. a YaRN ``rope_scaling`` for a longer context; see README.md).
+            (e.g. a YaRN ``rope_scaling`` for a longer context; see README.md): a dict (vLLM's
+            callable on the transformers config is refused: pass the keys it sets).
         scheduling_policy: "fcfs" (arrival order; the default) or "priority" (by each
             request's ``priority``, lower first, then arrival: :meth:`generate`'s ``priority``),
             as vLLM's.
