@@ -518,3 +518,14 @@ def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None
     for call, message in refused:
         with pytest.raises(ValueError, match=message):
             call()
+
+
+def test_output_kind_final_only_gives_the_final_output(llm: LLM) -> None:
+    """vLLM's ``SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY)`` (msgspec's "Unexpected
+    keyword argument" before): vLLM's LLM runs every request so, and so does Surge's."""
+    from surge.sampling_params import RequestOutputKind
+
+    final = msgspec.structs.replace(GREEDY, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=None)
+    out = llm.generate("Once upon", final)[0].outputs[0]
+    assert out.token_ids == llm.generate("Once upon", GREEDY)[0].outputs[0].token_ids
+    assert out.finish_reason == "length" and len(out.token_ids) == 8
