@@ -103,9 +103,11 @@ class LLM:
             as vLLM's.
 
     vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
-    ``revision``, ``tokenizer_revision`` and ``compilation_config`` are taken at the values that
-    ask for nothing Surge lacks (``runner="generate"``, ``pipeline_parallel_size=1``, ``revision=None``,
-    ...: :data:`_VLLM_DEFAULT_ONLY`); another value is a ``ValueError`` that says what to use. Other
+    ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
+    ``speculative_config``, ``cpu_offload_gb``, ``disable_custom_all_reduce`` and a few more are
+    taken at the values that ask for nothing Surge lacks (``runner="generate"``,
+    ``pipeline_parallel_size=1``, ``revision=None``, ``enable_lora=False``, ...:
+    :data:`_VLLM_DEFAULT_ONLY`); another value is a ``ValueError`` that says what to use. Other
     vLLM arguments Surge does without (``trust_remote_code``, ``swap_space``, ``task``, ...) are a
     ``TypeError`` that says so.
 
@@ -636,6 +638,8 @@ _LLM_ONLY_HINTS = {
     "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
     "task": "nothing: Surge's LLM generates text, and vLLM 0.26 has no 'task' either (its runner=\"generate\")",
+    "max_loras": "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)",
+    "max_lora_rank": "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)",
 }
 """vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
 command line (or that have none there), and what to use instead."""
@@ -663,6 +667,27 @@ _VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {
     "compilation_config": (
         (None, 0, {}),  # 0: vLLM's CompilationMode.NONE; {}: its defaults
         "Surge runs no torch.compile: its CUDA graphs are its own (enforce_eager=True turns them off)",
+    ),
+    "enable_lora": (
+        (False,),
+        "Surge serves no LoRA adapters: merge the adapter into the model's weights and load that folder",
+    ),
+    "speculative_config": ((None,), "Surge has no speculative decoding"),
+    "kv_cache_memory_bytes": (
+        (None,),
+        "size the KV cache with num_kv_blocks=N (N blocks of block_size tokens)",
+    ),
+    "cpu_offload_gb": ((0, 0.0), "Surge keeps every weight on the device"),
+    "hf_token": ((None, False), "Surge loads local model folders only and never downloads"),
+    "limit_mm_per_prompt": ((None, {}), "Surge serves text-only models"),
+    "mm_processor_kwargs": ((None, {}), "Surge serves text-only models"),
+    "disable_custom_all_reduce": (
+        (True,),
+        'Surge\'s default tp_all_reduce="nccl" is NCCL only; tp_all_reduce="auto" adds its own one-shot all-reduce',
+    ),
+    "distributed_executor_backend": (
+        (None, "mp"),
+        'Surge runs its tensor-parallel workers as processes it spawns itself (vLLM\'s "mp")',
     ),
 }
 """vLLM ``LLM(...)`` arguments that Surge takes only at a value that asks for nothing beyond

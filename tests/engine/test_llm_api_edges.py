@@ -242,6 +242,12 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
             r"'compilation_config' only as None, 0 or \{\}, got 3: Surge runs no torch.compile: .*enforce_eager",
         ),
         ({"compilation_config": {"cudagraph_capture_sizes": [1]}}, r"'compilation_config' only as None"),
+        ({"enable_lora": True}, r"'enable_lora' only as False, got True: Surge serves no LoRA adapters"),
+        ({"speculative_config": {"method": "ngram"}}, r"'speculative_config' only as None, .*no speculative"),
+        ({"kv_cache_memory_bytes": 2**30}, r"'kv_cache_memory_bytes' only as None, .*num_kv_blocks=N"),
+        ({"cpu_offload_gb": 4}, r"'cpu_offload_gb' only as 0 or 0.0, got 4"),
+        ({"disable_custom_all_reduce": False}, r"'disable_custom_all_reduce' only as True, .*tp_all_reduce"),
+        ({"distributed_executor_backend": "ray"}, r"'distributed_executor_backend' only as None or 'mp'"),
     ],
 )
 def test_vllm_arguments_taken_at_their_default_only(kwargs: dict[str, object], message: str) -> None:
@@ -254,7 +260,21 @@ def test_vllm_arguments_taken_at_their_default_only(kwargs: dict[str, object], m
 
 def test_vllm_arguments_at_their_default_are_taken() -> None:
     """The other half of :func:`test_vllm_arguments_taken_at_their_default_only`."""
-    defaults = dict(runner="generate", convert="none", pipeline_parallel_size=1, data_parallel_size=1)
+    defaults = dict(
+        runner="generate",
+        convert="none",
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        enable_lora=False,
+        speculative_config=None,
+        kv_cache_memory_bytes=None,
+        cpu_offload_gb=0,
+        hf_token=None,
+        limit_mm_per_prompt={},
+        mm_processor_kwargs=None,
+        disable_custom_all_reduce=True,
+        distributed_executor_backend="mp",
+    )
     with LLM(device="cpu", revision=None, tokenizer_revision=None, compilation_config=0, **defaults) as model:
         assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
     with LLM(device="cpu", runner="auto", convert="auto", compilation_config={}) as model:
