@@ -515,6 +515,13 @@ def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None
     bare = llm.chat(messages, GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
     assert chat.prompt_token_ids[0] == llm.tokenizer.bos_token_id
     assert bare.prompt_token_ids == chat.prompt_token_ids[1:]
+    template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"  # writes no BOS
+    templated = llm.chat(messages, GREEDY, chat_template=template)[0]
+    assert templated.prompt_token_ids[0] != llm.tokenizer.bos_token_id
+    with_bos = llm.chat(
+        messages, GREEDY, chat_template=template, tokenization_kwargs={"add_special_tokens": True}
+    )[0]
+    assert with_bos.prompt_token_ids == [llm.tokenizer.bos_token_id, *templated.prompt_token_ids]
     refused = [
         (lambda: llm.generate("Once", GREEDY, lora_request=object()), "lora_request is not supported: Surge"),
         (lambda: llm.chat(messages, GREEDY, lora_request=object()), "lora_request is not supported"),
