@@ -173,7 +173,8 @@ class ModelConfig:
 
         Raises:
             ValueError: the folder, its config.json or a field is missing or unsupported
-                (including a checkpoint quantization other than FP8).
+                (including a checkpoint quantization other than FP8), or ``hf_overrides`` is not
+                a dict of string keys (vLLM's callable form included).
         """
         path = Path(model) if model is not None else DEFAULT_MODEL_DIR
         _require(path.is_dir(), f"model: {str(path)!r} is not a directory")
@@ -184,7 +185,13 @@ class ModelConfig:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"model: cannot read {cfg_path}: {e}") from e
         _require(isinstance(hf, dict), f"model: {cfg_path} is not a JSON object")
-        if hf_overrides:
+        if hf_overrides is not None:
+            _require(
+                not callable(hf_overrides),
+                "hf_overrides must be a dict of config.json keys to replace: vLLM's callable on the "
+                "transformers config is not supported; pass the keys it sets as a dict (e.g. "
+                '{"rope_scaling": {...}})',
+            )
             _require(
                 isinstance(hf_overrides, dict) and all(isinstance(k, str) for k in hf_overrides),
                 f"hf_overrides must be a JSON object, got {hf_overrides!r}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 import reprlib
@@ -161,6 +162,45 @@ def _as_structured(name: str, value: object) -> StructuredOutputsParams:
     return value
 
 
+class RequestOutputKind(enum.Enum):
+    """vLLM's ``RequestOutputKind``: which outputs of a request are returned. Surge's offline
+    :meth:`surge.LLM.generate` returns each request's final output once, which is what
+    ``CUMULATIVE`` (the default) and ``FINAL_ONLY`` both give there (vLLM's ``LLM`` runs every
+    request as ``FINAL_ONLY``); ``DELTA`` (the new tokens of each step, for streaming) is refused
+    by :class:`SamplingParams`. The server picks its own outputs (its ``stream`` field)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+def _as_output_kind(name: str, value: object) -> RequestOutputKind:
+    """``value``, which must be a :class:`RequestOutputKind`.
+
+    Raises:
+        ValueError: ``value`` is of another type (its int or name included).
+    """
+    if not isinstance(value, RequestOutputKind):
+        raise ValueError(f"{name} must be a surge.sampling_params.RequestOutputKind, got {_got(value)}")
+    return value
+
+
+def _as_extra_args(name: str, value: object) -> None:
+    """vLLM's ``extra_args`` (arguments for custom sampling plugins) when empty: None.
+
+    Raises:
+        ValueError: not a dict, or a dict with keys: Surge has no sampling plugins to read them.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a dict or None, got {_got(value)}")
+    if value:
+        raise ValueError(
+            f"{name} must be None or empty: it carries arguments for vLLM's custom sampling plugins, "
+            f"which Surge does not have (got keys {sorted(map(str, value))})"
+        )
+    return None
+
+
 def _as_default_fields(name: str, value: object) -> tuple[str, ...]:
     """``value`` (a list or tuple of names of ``MODEL_DEFAULT_FIELDS``) as a tuple.
 
@@ -204,11 +244,19 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
         reasoning_end_token_id: when set, the grammar applies only after the model has
             generated this token (the end of its reasoning, e.g. ``</think>``); before it,
             the output is free.
+        disable_any_whitespace: vLLM's name for how ``json`` and ``json_object`` outputs are
+            spaced: True (Surge's default, unlike vLLM's False) generates compact JSON (``", "``
+            and ``": "`` separators, no other whitespace); False allows any whitespace between
+            JSON tokens, as vLLM's xgrammar backend does by default. The other kinds have no JSON
+            tokens to space.
+        whitespace_pattern: vLLM's option of its outlines backend: None only (Surge compiles
+            with xgrammar; ``disable_any_whitespace`` picks the spacing).
 
     Raises:
         ValueError: no constraint or more than one, an empty field, or a field of the wrong
-            type (``json_object`` not a bool, ``reasoning_end_token_id`` not a non-negative
-            integer or None).
+            type (``json_object`` or ``disable_any_whitespace`` not a bool,
+            ``reasoning_end_token_id`` not a non-negative integer or None), or a
+            ``whitespace_pattern``.
     """
 
     json: str | None = None
@@ -218,11 +266,20 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
     json_object: bool = False
     structural_tag: str | None = None
     reasoning_end_token_id: int | None = None
+    disable_any_whitespace: bool = True
+    whitespace_pattern: str | None = None
 
     def __post_init__(self) -> None:
         import json as _json
 
         _as_bool("structured_outputs.json_object", self.json_object)
+        _as_bool("structured_outputs.disable_any_whitespace", self.disable_any_whitespace)
+        if self.whitespace_pattern is not None:
+            raise ValueError(
+                "structured_outputs.whitespace_pattern is not supported: it is an option of vLLM's outlines "
+                "backend, and Surge compiles with xgrammar (disable_any_whitespace=False allows any whitespace "
+                "between JSON tokens, True, the default, none)"
+            )
         if self.reasoning_end_token_id is not None:
             token = _as_int("structured_outputs.reasoning_end_token_id", self.reasoning_end_token_id)
             if not 0 <= token <= _INT32_MAX:
@@ -279,8 +336,15 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
         return "json_object"
 
     @property
-    def key(self) -> tuple[str, str | tuple[str, ...]]:
-        """The grammar's cache key: ``(kind, spec)`` (the reasoning gate is not part of it)."""
+    def any_whitespace(self) -> bool:
+        """Whether the grammar allows any whitespace between JSON tokens (``json`` and
+        ``json_object`` with ``disable_any_whitespace=False``; False for the other kinds)."""
+        return not self.disable_any_whitespace and self.kind in ("json", "json_object")
+
+    @property
+    def key(self) -> tuple[str, str | tuple[str, ...], bool]:
+        """The grammar's cache key: ``(kind, spec, any_whitespace)`` (the reasoning gate is not
+        part of it)."""
         kind = self.kind
         value = {
             "json": self.json,
@@ -289,7 +353,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
             "grammar": self.grammar,
             "structural_tag": self.structural_tag,
         }
-        return kind, value.get(kind) or ""
+        return kind, value.get(kind) or "", self.any_whitespace
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -348,6 +412,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             field of the same name before it builds these parameters.
         structured_outputs: a grammar the output must follow (JSON schema, regex, choice,
             EBNF or any JSON object), or None.
+        output_kind: vLLM's :class:`RequestOutputKind`: ``CUMULATIVE`` (the default) or
+            ``FINAL_ONLY``, both the final output in the offline API; ``DELTA`` is refused.
+        extra_args: vLLM's arguments for custom sampling plugins: None or empty only (Surge has
+            no plugins to read them; an empty dict becomes None).
         model_default_fields: the model-default fields the caller left out (set on construction).
 
     Raises:
@@ -387,6 +455,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict[str, Any] | None = None
     model_default_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -488,6 +558,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                     and all(0 <= t <= _INT32_MAX for t in self.allowed_token_ids)
                 ),
                 f"allowed_token_ids must be a non-empty list of token ids in [0, {_INT32_MAX}]",
+            ),
+            (
+                self.output_kind is not RequestOutputKind.DELTA,
+                "output_kind DELTA is not supported: the offline API returns each request's final output "
+                "(leave output_kind out, or FINAL_ONLY)",
             ),
             (all(w.strip() for w in self.bad_words), "bad_words must not contain an empty word"),
             (
@@ -596,6 +671,8 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "allowed_token_ids": ((type(None),), _optional(_as_ints)),
     "bad_words": (_SEQ, _none_empty(_as_strs)),
     "bad_words_token_ids": (_SEQ, _as_token_seqs),
+    "output_kind": ((RequestOutputKind,), _as_output_kind),
+    "extra_args": ((type(None),), _as_extra_args),
     "model_default_fields": (_SEQ, _as_default_fields),
 }
 """Each SamplingParams field (in field order): the exact types that need no check (a bare

@@ -12,7 +12,7 @@ import pytest
 
 from surge.config import ModelConfig
 from surge.engine.llm_engine import split_n
-from surge.sampling_params import _FIELD_CHECKS, SamplingParams, StructuredOutputsParams
+from surge.sampling_params import _FIELD_CHECKS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 @pytest.mark.parametrize(
@@ -90,6 +90,10 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("structured_outputs", {"regex": "a"}),
     ("model_default_fields", "temperature"),
     ("model_default_fields", ("temperature", "seed")),
+    ("output_kind", 2),
+    ("output_kind", "FINAL_ONLY"),
+    ("extra_args", []),
+    ("extra_args", {"my_plugin": 1}),
 ]
 
 
@@ -102,6 +106,21 @@ def test_every_field_has_a_type_check() -> None:
 def test_wrong_types_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"^{field} must be "):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_vllm_output_kind_and_extra_args() -> None:
+    """``SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, extra_args={})`` of a ported
+    script was msgspec's "Unexpected keyword argument": the kinds that give the final output are
+    taken, and an empty ``extra_args`` is None; streaming's DELTA and plugin arguments are refused
+    by name."""
+    assert SamplingParams().output_kind is RequestOutputKind.CUMULATIVE
+    final = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, extra_args={})
+    assert final.output_kind is RequestOutputKind.FINAL_ONLY and final.extra_args is None
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(final), type=SamplingParams) == final
+    with pytest.raises(ValueError, match="output_kind DELTA is not supported: the offline API returns"):
+        SamplingParams(output_kind=RequestOutputKind.DELTA)
+    with pytest.raises(ValueError, match=r"extra_args must be None or empty: .* \(got keys \['a'\]\)"):
+        SamplingParams(extra_args={"a": 1})
 
 
 @pytest.mark.parametrize(
@@ -285,6 +304,11 @@ def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic' is not supported"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": -4}}, "factor must be positive"),
         ([("rope_theta", 1.0)], "hf_overrides must be a JSON object"),
+        ([], r"hf_overrides must be a JSON object, got \[\]"),  # was taken: an empty list is falsy
+        (
+            lambda config: config,
+            "hf_overrides must be a dict of config.json keys .* pass the keys it sets as a dict",
+        ),
     ],
 )
 def test_bad_rope_settings_and_overrides_are_named(overrides: Any, words: str) -> None:

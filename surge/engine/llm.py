@@ -96,13 +96,24 @@ class LLM:
             processes (fresh interpreters started on the first grammar; a script needs no
             ``if __name__ == "__main__":`` guard for them).
         hf_overrides: top-level ``config.json`` keys to replace, as vLLM's ``hf_overrides``
-            (e.g. a YaRN ``rope_scaling`` for a longer context; see README.md).
+            (e.g. a YaRN ``rope_scaling`` for a longer context; see README.md): a dict (vLLM's
+            callable on the transformers config is refused: pass the keys it sets).
         scheduling_policy: "fcfs" (arrival order; the default) or "priority" (by each
             request's ``priority``, lower first, then arrival: :meth:`generate`'s ``priority``),
             as vLLM's.
 
+    vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
+    ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
+    ``speculative_config``, ``cpu_offload_gb``, ``disable_custom_all_reduce`` and a few more are
+    taken at the values that ask for nothing Surge lacks (``runner="generate"``,
+    ``pipeline_parallel_size=1``, ``revision=None``, ``enable_lora=False``, ...:
+    :data:`_VLLM_DEFAULT_ONLY`); another value is a ``ValueError`` that says what to use. Other
+    vLLM arguments Surge does without (``trust_remote_code``, ``swap_space``, ``task``, ...) are a
+    ``TypeError`` that says so.
+
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
+        TypeError: an argument that is not Surge's (a vLLM one with what to use instead).
     """
 
     def __init__(
@@ -134,6 +145,8 @@ class LLM:
         scheduling_policy: str = "fcfs",
         **unexpected: Any,
     ) -> None:
+        for name in [n for n in unexpected if n in _VLLM_DEFAULT_ONLY]:
+            _check_vllm_default(name, unexpected.pop(name))
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
@@ -237,6 +250,8 @@ class LLM:
         use_tqdm: bool | Callable[..., Any] = False,
         priority: Sequence[int] | None = None,
         tokenization_kwargs: Mapping[str, Any] | None = None,
+        lora_request: object = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -255,6 +270,9 @@ class LLM:
                 only ``add_special_tokens`` (a bool, True by default; False adds no BOS, e.g.
                 to a prompt rendered with its chat template already) is taken
                 (:func:`_add_special_tokens`); truncate with ``SamplingParams.truncate_prompt_tokens``.
+            lora_request: vLLM's; None (or a list of None, one per prompt) only, as Surge serves
+                no LoRA adapters (:func:`_check_no_lora`).
+            mm_processor_kwargs: vLLM's; None or empty only, as Surge serves text-only models.
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
@@ -262,7 +280,8 @@ class LLM:
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
             ValueError: ``tokenization_kwargs`` with another key or a value that is not a bool,
-                a prompt of another type or with a lone surrogate, a ``priority`` that is
+                a ``lora_request`` or ``mm_processor_kwargs`` that asks for something, a prompt
+                of another type or with a lone surrogate, a ``priority`` that is
                 not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
@@ -276,7 +295,9 @@ class LLM:
         next call starts clean.
         """
         self._check_open()
-        add_special_tokens = _add_special_tokens(tokenization_kwargs)
+        add_special_tokens = _add_special_tokens(tokenization_kwargs, default=True)
+        _check_no_lora(lora_request)
+        _check_no_mm_processor_kwargs(mm_processor_kwargs)
         salted = _as_prompt_list(prompts)
         prompt_list = [prompt for prompt, _ in salted]
         if not self._text_prompts and any(isinstance(p, str) for p in prompt_list):
@@ -472,34 +493,51 @@ class LLM:
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-        sampling_params: SamplingParams | None = None,
-        *,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = False,
+        lora_request: object = None,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-        use_tqdm: bool | Callable[..., Any] = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Apply the chat template to one conversation (a list of messages) or to a list of
-        conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``).
+        conversations, and generate one reply per conversation (like vLLM's ``LLM.chat``, whose
+        argument order this keeps).
 
         ``tools`` (OpenAI function definitions) are rendered by the template; parse the calls
         in the replies with :mod:`surge.server.parsers` (e.g. ``HermesToolParser``), or force
         them with ``structured_outputs`` (see docs/structured-outputs.md). ``chat_template``
         replaces the tokenizer's; ``add_generation_prompt`` and ``continue_final_message`` are
         the template's (:func:`surge.tokenizer.apply_chat_template`); ``use_tqdm`` is
-        :meth:`generate`'s.
+        :meth:`generate`'s, and so are ``lora_request`` and ``mm_processor_kwargs`` (None only).
+        ``chat_template_content_format``: vLLM's "string" (each message's content reaches the
+        template as one string, its text parts joined by newlines) or "auto", which is "string"
+        here (vLLM's "auto" picks "openai" for a template that loops over content parts, as
+        multimodal models' do; the text-only templates of the models Surge serves read strings).
+        ``tokenization_kwargs``: ``{"add_special_tokens": bool}`` as in :meth:`generate`,
+        applied to the rendered text (default: no special tokens for a template, which writes
+        its own; the tokenizer's for the fallback without one, as vLLM's chat defaults).
 
         Returns:
             One :class:`RequestOutput` per conversation, in order; its ``prompt`` is the
             templated text.
 
         Raises:
-            ValueError: as :meth:`generate`, or a template that cannot render the messages.
+            ValueError: as :meth:`generate`, a template that cannot render the messages, or a
+                ``chat_template_content_format`` other than "auto" or "string" (vLLM's "openai",
+                content as a list of parts, is not supported).
             RuntimeError: the ``LLM`` is closed.
         """
         self._check_open()
+        _check_content_format(chat_template_content_format)
+        add_special_tokens = _add_special_tokens(tokenization_kwargs, default=None)
+        _check_no_lora(lora_request)
+        _check_no_mm_processor_kwargs(mm_processor_kwargs)
         if not self._text_prompts:
             raise ValueError(
                 f"the model folder {self.engine.config.model.model} has no tokenizer files: chat needs one"
@@ -516,6 +554,7 @@ class LLM:
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                add_special_tokens=add_special_tokens,
                 splittable=self._splittable,
             )
             for conv in conversations
@@ -599,14 +638,81 @@ _LLM_ONLY_HINTS = {
     "disable_log_stats": "nothing: the offline API logs no periodic stats",
     "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
+    "task": "nothing: Surge's LLM generates text, and vLLM 0.26 has no 'task' either (its runner=\"generate\")",
+    "max_loras": "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)",
+    "max_lora_rank": "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)",
 }
 """vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
 command line (or that have none there), and what to use instead."""
 
 
-def _add_special_tokens(tokenization_kwargs: object) -> bool:
-    """The ``add_special_tokens`` of vLLM's ``generate(..., tokenization_kwargs=...)`` (True when
-    it is None or leaves the key out).
+_VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {
+    "runner": (("auto", "generate"), "Surge's LLM generates text only (no pooling or draft runner)"),
+    "convert": (("auto", "none"), "Surge converts no model into a pooling model"),
+    "pipeline_parallel_size": (
+        (1,),
+        "Surge has no pipeline parallelism: shard the model with tensor_parallel_size instead",
+    ),
+    "data_parallel_size": (
+        (1,),
+        "the offline LLM runs one engine (vLLM's refuses more too): serve replicas with `surge serve -dp N`",
+    ),
+    "revision": (
+        (None,),
+        "Surge loads a local model folder only: download that revision and give its folder as model",
+    ),
+    "tokenizer_revision": (
+        (None,),
+        "Surge reads the model folder's own tokenizer: put that revision's tokenizer files in it",
+    ),
+    "compilation_config": (
+        (None, 0, {}),  # 0: vLLM's CompilationMode.NONE; {}: its defaults
+        "Surge runs no torch.compile: its CUDA graphs are its own (enforce_eager=True turns them off)",
+    ),
+    "enable_lora": (
+        (False,),
+        "Surge serves no LoRA adapters: merge the adapter into the model's weights and load that folder",
+    ),
+    "speculative_config": ((None,), "Surge has no speculative decoding"),
+    "kv_cache_memory_bytes": (
+        (None,),
+        "size the KV cache with num_kv_blocks=N (N blocks of block_size tokens)",
+    ),
+    "cpu_offload_gb": ((0, 0.0), "Surge keeps every weight on the device"),
+    "hf_token": ((None, False), "Surge loads local model folders only and never downloads"),
+    "limit_mm_per_prompt": ((None, {}), "Surge serves text-only models"),
+    "mm_processor_kwargs": ((None, {}), "Surge serves text-only models"),
+    "disable_custom_all_reduce": (
+        (True,),
+        'Surge\'s default tp_all_reduce="nccl" is NCCL only; tp_all_reduce="auto" adds its own one-shot all-reduce',
+    ),
+    "distributed_executor_backend": (
+        (None, "mp"),
+        'Surge runs its tensor-parallel workers as processes it spawns itself (vLLM\'s "mp")',
+    ),
+}
+"""vLLM ``LLM(...)`` arguments that Surge takes only at a value that asks for nothing beyond
+what it does (vLLM's default, or its equivalent): the accepted values and, for any other, why
+not and what to use instead (:func:`_check_vllm_default`)."""
+
+
+def _check_vllm_default(name: str, value: object) -> None:
+    """Take vLLM's ``LLM(name=value)`` when ``value`` is one of :data:`_VLLM_DEFAULT_ONLY`'s
+    for ``name`` (of the same type: ``True`` is not ``1``).
+
+    Raises:
+        ValueError: another value, with the reason and what to use instead.
+    """
+    accepted, reason = _VLLM_DEFAULT_ONLY[name]
+    if any(value is ok or (type(value) is type(ok) and value == ok) for ok in accepted):
+        return
+    shown = ", ".join(repr(ok) for ok in accepted[:-1]) + " or " * (len(accepted) > 1) + repr(accepted[-1])
+    raise ValueError(f"LLM() takes vLLM's {name!r} only as {shown}, got {value!r}: {reason}")
+
+
+def _add_special_tokens(tokenization_kwargs: object, *, default: bool | None) -> bool | None:
+    """The ``add_special_tokens`` of vLLM's ``generate(..., tokenization_kwargs=...)`` (and
+    ``chat``'s): ``default`` when it is None or leaves the key out.
 
     Raises:
         ValueError: not a dict, a key other than ``add_special_tokens`` (vLLM's truncation keys
@@ -614,7 +720,7 @@ def _add_special_tokens(tokenization_kwargs: object) -> bool:
             that is not a bool.
     """
     if tokenization_kwargs is None:
-        return True
+        return default
     if not isinstance(tokenization_kwargs, Mapping):
         raise ValueError(f"tokenization_kwargs must be a dict, got {type(tokenization_kwargs).__name__}")
     others = sorted(map(str, set(tokenization_kwargs) - {"add_special_tokens"}))
@@ -623,10 +729,64 @@ def _add_special_tokens(tokenization_kwargs: object) -> bool:
             f"tokenization_kwargs takes only 'add_special_tokens', got {others} (truncate a prompt with "
             "SamplingParams(truncate_prompt_tokens=k))"
         )
-    value = tokenization_kwargs.get("add_special_tokens", True)
+    if "add_special_tokens" not in tokenization_kwargs:
+        return default
+    value = tokenization_kwargs["add_special_tokens"]
     if not isinstance(value, bool):
         raise ValueError(f"tokenization_kwargs['add_special_tokens'] must be a bool, got {value!r}")
     return value
+
+
+def _check_no_lora(lora_request: object) -> None:
+    """Take vLLM's ``lora_request`` when it asks for no adapter: None, or a list (tuple) of None
+    (one per prompt).
+
+    Raises:
+        ValueError: anything else: Surge serves no LoRA adapters.
+    """
+    if lora_request is None:
+        return
+    if isinstance(lora_request, list | tuple) and all(r is None for r in lora_request):
+        return
+    raise ValueError(
+        "lora_request is not supported: Surge serves no LoRA adapters (merge the adapter into the "
+        "model's weights and load that folder, or leave lora_request None)"
+    )
+
+
+def _check_no_mm_processor_kwargs(mm_processor_kwargs: object) -> None:
+    """Take vLLM's ``mm_processor_kwargs`` when None or empty.
+
+    Raises:
+        ValueError: anything else: Surge serves text-only models, with no multimodal processor.
+    """
+    if mm_processor_kwargs is None or (isinstance(mm_processor_kwargs, Mapping) and not mm_processor_kwargs):
+        return
+    raise ValueError("mm_processor_kwargs is not supported: Surge serves text-only models (leave it None)")
+
+
+CHAT_CONTENT_FORMATS = ("auto", "string")
+"""The ``chat_template_content_format`` values :meth:`LLM.chat` takes (both render each
+message's content as one string)."""
+
+
+def _check_content_format(content_format: object) -> None:
+    """Take vLLM's ``chat_template_content_format`` "auto" or "string".
+
+    Raises:
+        ValueError: "openai" (content as a list of parts: not supported) or another value.
+    """
+    if content_format in CHAT_CONTENT_FORMATS:
+        return
+    if content_format == "openai":
+        raise ValueError(
+            "chat_template_content_format='openai' is not supported: Surge renders each message's "
+            "content as one string (its text parts joined by newlines); use 'string' or 'auto'"
+        )
+    raise ValueError(
+        f"chat_template_content_format must be 'auto' or 'string' (vLLM's 'openai' is not supported), "
+        f"got {content_format!r}"
+    )
 
 
 def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:

@@ -235,8 +235,9 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     0.2 s for a schema at :data:`~surge.structured.schema_support.MAX_PATTERN_REPEAT_COST`; the
     API process calls it on a tokenizer thread).
 
-    JSON schemas are compiled with any whitespace allowed between tokens and
-    ``strict_mode`` (no properties beyond the schema's), as vLLM does. A structural tag is
+    JSON schemas are compiled with ``strict_mode`` (no properties beyond the schema's), as vLLM
+    does, and compact (no whitespace between JSON tokens beyond xgrammar's ``", "`` and ``": "``
+    separators) unless ``params.disable_any_whitespace`` is False (any whitespace, vLLM's default). A structural tag is
     built by xgrammar's ``Grammar.from_structural_tag`` (its older ``structures``/``triggers``
     form through the deprecated pair of arguments, as vLLM does); it may embed EBNF, so it is
     held to :data:`MAX_GRAMMAR_RULES` too.
@@ -253,7 +254,9 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     try:
         if kind == "json":
             assert params.json is not None
-            return xgr.Grammar.from_json_schema(params.json, any_whitespace=False, strict_mode=True)
+            return xgr.Grammar.from_json_schema(
+                params.json, any_whitespace=params.any_whitespace, strict_mode=True
+            )
         if kind == "regex":
             assert params.regex is not None
             return xgr.Grammar.from_regex(params.regex)
@@ -275,7 +278,9 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
             else:
                 grammar = xgr.Grammar.from_structural_tag(params.structural_tag)
         else:
-            return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False, strict_mode=False)
+            return xgr.Grammar.from_json_schema(
+                JSON_OBJECT_SCHEMA, any_whitespace=params.any_whitespace, strict_mode=False
+            )
     except Exception as e:  # xgrammar raises RuntimeError / ValueError / InvalidJSONError
         raise ValueError(f"invalid {kind}: {clean_error(e)}") from e
     _check_grammar_size(grammar)

@@ -211,6 +211,7 @@ def test_trust_remote_code_is_refused_by_name() -> None:
             {"enable_log_requests": True},
             "^LLM\\(\\) got an unexpected keyword argument 'enable_log_requests'$",
         ),
+        ({"task": "generate"}, r"vLLM's 'task': leave it out \(Surge's LLM generates text, and vLLM 0.26"),
     ],
 )
 def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, object], message: str) -> None:
@@ -218,6 +219,66 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
     keyword argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
     with pytest.raises(TypeError, match=message):
         LLM(device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"runner": "pooling"},
+            r"'runner' only as 'auto' or 'generate', got 'pooling': Surge's LLM generates",
+        ),
+        ({"convert": "embed"}, r"'convert' only as 'auto' or 'none', got 'embed'"),
+        (
+            {"pipeline_parallel_size": 2},
+            r"'pipeline_parallel_size' only as 1, got 2: .* shard the model with tensor_parallel_size",
+        ),
+        ({"pipeline_parallel_size": True}, r"'pipeline_parallel_size' only as 1, got True"),
+        ({"data_parallel_size": 2}, r"'data_parallel_size' only as 1, got 2: .*surge serve -dp N"),
+        ({"revision": "main"}, r"'revision' only as None, got 'main': Surge loads a local model folder only"),
+        ({"tokenizer_revision": "v1"}, r"'tokenizer_revision' only as None, got 'v1'"),
+        (
+            {"compilation_config": 3},
+            r"'compilation_config' only as None, 0 or \{\}, got 3: Surge runs no torch.compile: .*enforce_eager",
+        ),
+        ({"compilation_config": {"cudagraph_capture_sizes": [1]}}, r"'compilation_config' only as None"),
+        ({"enable_lora": True}, r"'enable_lora' only as False, got True: Surge serves no LoRA adapters"),
+        ({"speculative_config": {"method": "ngram"}}, r"'speculative_config' only as None, .*no speculative"),
+        ({"kv_cache_memory_bytes": 2**30}, r"'kv_cache_memory_bytes' only as None, .*num_kv_blocks=N"),
+        ({"cpu_offload_gb": 4}, r"'cpu_offload_gb' only as 0 or 0.0, got 4"),
+        ({"disable_custom_all_reduce": False}, r"'disable_custom_all_reduce' only as True, .*tp_all_reduce"),
+        ({"distributed_executor_backend": "ray"}, r"'distributed_executor_backend' only as None or 'mp'"),
+    ],
+)
+def test_vllm_arguments_taken_at_their_default_only(kwargs: dict[str, object], message: str) -> None:
+    """A ported script's ``LLM(model, runner="generate", pipeline_parallel_size=1, revision=None,
+    compilation_config=0)`` was Python's bare "unexpected keyword argument": the values that ask
+    for nothing Surge lacks are taken, any other is refused with what to use instead."""
+    with pytest.raises(ValueError, match=message):
+        LLM(device="cpu", **kwargs)
+
+
+def test_vllm_arguments_at_their_default_are_taken() -> None:
+    """The other half of :func:`test_vllm_arguments_taken_at_their_default_only`."""
+    defaults = dict(
+        runner="generate",
+        convert="none",
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        enable_lora=False,
+        speculative_config=None,
+        kv_cache_memory_bytes=None,
+        cpu_offload_gb=0,
+        hf_token=None,
+        limit_mm_per_prompt={},
+        mm_processor_kwargs=None,
+        disable_custom_all_reduce=True,
+        distributed_executor_backend="mp",
+    )
+    with LLM(device="cpu", revision=None, tokenizer_revision=None, compilation_config=0, **defaults) as model:
+        assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
+    with LLM(device="cpu", runner="auto", convert="auto", compilation_config={}) as model:
+        assert len(model.generate("Once", GREEDY)[0].outputs[0].token_ids) == 8
 
 
 def test_tokenization_kwargs_add_special_tokens(llm: LLM) -> None:
@@ -424,3 +485,74 @@ def test_cache_salt_isolates_prefix_cache_hits(llm: LLM) -> None:
     assert [o.outputs[0].token_ids for o in same] == [llm.generate(text, GREEDY)[0].outputs[0].token_ids] * 2
     with pytest.raises(ValueError, match="'cache_salt' must be a string, got int"):
         llm.generate({"prompt": text, "cache_salt": 5}, GREEDY)
+
+
+def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None:
+    """A ported script's ``generate(..., lora_request=None)`` and ``chat(..., lora_request=None,
+    chat_template_content_format="string", tokenization_kwargs=...)`` were Python's bare
+    "unexpected keyword argument": vLLM's defaults are taken (the same tokens as without them),
+    ``chat``'s ``tokenization_kwargs`` encodes the rendered text as vLLM's (here, without a chat
+    template, the fallback's BOS goes), and what Surge cannot do is refused by name."""
+    messages = [{"role": "user", "content": "hi"}]
+    plain = llm.generate("Once upon", GREEDY)[0]
+    same = llm.generate("Once upon", GREEDY, lora_request=None, mm_processor_kwargs={})[0]
+    assert same.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert llm.generate(["Once", "upon"], GREEDY, lora_request=[None, None])[1].outputs[0].token_ids
+    chat = llm.chat(messages, GREEDY)[0]
+    for content_format in ("auto", "string"):
+        again = llm.chat(
+            messages,
+            GREEDY,
+            lora_request=None,
+            chat_template_content_format=content_format,
+            tokenization_kwargs={"add_special_tokens": True},
+            mm_processor_kwargs=None,
+        )[0]
+        assert again.prompt_token_ids == chat.prompt_token_ids
+        assert again.outputs[0].token_ids == chat.outputs[0].token_ids
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert llm.chat(parts, GREEDY, chat_template_content_format="string")[0].prompt == chat.prompt
+    bare = llm.chat(messages, GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
+    assert chat.prompt_token_ids[0] == llm.tokenizer.bos_token_id
+    assert bare.prompt_token_ids == chat.prompt_token_ids[1:]
+    template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"  # writes no BOS
+    templated = llm.chat(messages, GREEDY, chat_template=template)[0]
+    assert templated.prompt_token_ids[0] != llm.tokenizer.bos_token_id
+    with_bos = llm.chat(
+        messages, GREEDY, chat_template=template, tokenization_kwargs={"add_special_tokens": True}
+    )[0]
+    assert with_bos.prompt_token_ids == [llm.tokenizer.bos_token_id, *templated.prompt_token_ids]
+    refused = [
+        (lambda: llm.generate("Once", GREEDY, lora_request=object()), "lora_request is not supported: Surge"),
+        (lambda: llm.chat(messages, GREEDY, lora_request=object()), "lora_request is not supported"),
+        (
+            lambda: llm.generate("Once", GREEDY, mm_processor_kwargs={"fps": 1}),
+            "mm_processor_kwargs is not supported: Surge serves text-only models",
+        ),
+        (
+            lambda: llm.chat(messages, GREEDY, chat_template_content_format="openai"),
+            r"chat_template_content_format='openai' is not supported: .* use 'string' or 'auto'",
+        ),
+        (
+            lambda: llm.chat(messages, GREEDY, chat_template_content_format="text"),
+            "chat_template_content_format must be 'auto' or 'string'",
+        ),
+        (
+            lambda: llm.chat(messages, GREEDY, tokenization_kwargs={"truncation": True}),
+            r"tokenization_kwargs takes only 'add_special_tokens', got \['truncation'\]",
+        ),
+    ]
+    for call, message in refused:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_output_kind_final_only_gives_the_final_output(llm: LLM) -> None:
+    """vLLM's ``SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY)`` (msgspec's "Unexpected
+    keyword argument" before): vLLM's LLM runs every request so, and so does Surge's."""
+    from surge.sampling_params import RequestOutputKind
+
+    final = msgspec.structs.replace(GREEDY, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=None)
+    out = llm.generate("Once upon", final)[0].outputs[0]
+    assert out.token_ids == llm.generate("Once upon", GREEDY)[0].outputs[0].token_ids
+    assert out.finish_reason == "length" and len(out.token_ids) == 8

@@ -159,3 +159,42 @@ def test_llm_chat_renders_tools_and_forces_a_call() -> None:
     assert [d.name for d in deltas.tool_calls if d.name] == ["get_time"]
     args = "".join(d.arguments for d in deltas.tool_calls)
     assert json.loads(args)["zone"] in ("UTC", "CET")
+
+
+def test_vllm_whitespace_options() -> None:
+    """vLLM's ``StructuredOutputsParams(disable_any_whitespace=..., whitespace_pattern=...)`` was
+    msgspec's "Unexpected keyword argument". ``disable_any_whitespace`` is honoured for JSON
+    (True, Surge's default: compact; False: any whitespace between JSON tokens, vLLM's default),
+    with a grammar cache entry of its own; ``whitespace_pattern`` (vLLM's outlines option) is
+    refused by name."""
+    from xgrammar import testing as xgr_testing
+
+    from surge.structured.validate import build_grammar
+
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    spaced = '{\n  "a": 1\n}'
+    compact = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    loose = StructuredOutputsParams(json=schema, disable_any_whitespace=False)
+    assert StructuredOutputsParams(json=schema) == compact and compact.key != loose.key
+
+    def accepts(so: StructuredOutputsParams, text: str) -> bool:
+        return bool(xgr_testing._is_grammar_accept_string(build_grammar(so), text))
+
+    assert accepts(compact, '{"a": 1}') and not accepts(compact, spaced)
+    assert accepts(loose, '{"a": 1}') and accepts(loose, spaced)
+    any_object = StructuredOutputsParams(json_object=True, disable_any_whitespace=False)
+    assert accepts(any_object, '{ "b" : [ 1 ] }')
+    assert not accepts(StructuredOutputsParams(json_object=True), '{ "b" : [ 1 ] }')
+    regex = StructuredOutputsParams(regex="a b", disable_any_whitespace=False)
+    assert regex.key == StructuredOutputsParams(regex="a b").key  # no JSON tokens to space
+
+    llm = LLM(device="cpu")
+    for out in llm.generate(["Once upon a time"] * 3, [_params(loose, s, 200) for s in range(3)]):
+        if out.outputs[0].finish_reason == "stop":
+            assert isinstance(json.loads(out.outputs[0].text)["a"], int)
+        else:
+            assert out.outputs[0].text.lstrip().startswith("{")
+    with pytest.raises(ValueError, match="disable_any_whitespace must be a boolean, got int 0"):
+        StructuredOutputsParams(json=schema, disable_any_whitespace=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"whitespace_pattern is not supported: .*vLLM's outlines"):
+        StructuredOutputsParams(json=schema, whitespace_pattern=r"[ ]?")
