@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from surge.sampling_params import StructuredOutputsParams
 from surge.server.errors import bad_request
 from surge.structured.validate import check_structured_outputs
@@ -137,7 +139,14 @@ def _from_structured_outputs(so: Any) -> StructuredOutputsParams:
     param = "structured_outputs"
     if not isinstance(so, dict):
         raise bad_request("structured_outputs must be an object", param=param)
-    unknown = sorted(k for k, v in so.items() if k not in _STRUCTURED_KEYS and v not in (None, False))
+    spacing = so.get("disable_any_whitespace")
+    if spacing is not None and not isinstance(spacing, bool):
+        raise bad_request(
+            f"structured_outputs.disable_any_whitespace must be a boolean, got {type(spacing).__name__}",
+            param=f"{param}.disable_any_whitespace",
+        )
+    known = (*_STRUCTURED_KEYS, "disable_any_whitespace")
+    unknown = sorted(k for k, v in so.items() if k not in known and v not in (None, False))
     if unknown:
         raise bad_request(
             f"structured_outputs.{unknown[0]} is not supported by Surge (use one of {', '.join(_STRUCTURED_KEYS)})",
@@ -149,7 +158,11 @@ def _from_structured_outputs(so: Any) -> StructuredOutputsParams:
             f"structured_outputs must set exactly one of {', '.join(_STRUCTURED_KEYS)}", param=param
         )
     key = set_keys[0]
-    return _single(key, so[key], f"{param}.{key}")
+    params = _single(key, so[key], f"{param}.{key}")
+    if spacing is None:
+        return params
+    # vLLM's spacing switch: False allows any whitespace between JSON tokens (vLLM's default)
+    return msgspec.structs.replace(params, disable_any_whitespace=spacing)
 
 
 def _single(kind: str, value: Any, param: str) -> StructuredOutputsParams:

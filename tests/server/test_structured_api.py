@@ -179,6 +179,31 @@ def test_response_format_keys_are_checked(rf: dict[str, Any], param: str) -> Non
     assert e.value.param == "response_format.schema"
 
 
+def test_structured_outputs_disable_any_whitespace_is_honoured() -> None:
+    """vLLM's ``structured_outputs.disable_any_whitespace``: ``false`` (vLLM's default, sent by
+    clients that dump the whole dict) was accepted and silently ignored (compact JSON); it now
+    allows any whitespace, ``true`` (a 400 before) keeps the compact grammar, and a non-bool
+    is a 400 naming it."""
+    from types import SimpleNamespace
+
+    from surge.server.errors import ApiError
+    from surge.server.structured_request import structured_outputs_of
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+    def params(**extra: Any) -> Any:
+        so = {"json": schema, "json_object": None, "disable_fallback": False, **extra}
+        return structured_outputs_of(SimpleNamespace(structured_outputs=so))[0]
+
+    assert params().disable_any_whitespace and not params().any_whitespace
+    assert params(disable_any_whitespace=True).disable_any_whitespace
+    loose = params(disable_any_whitespace=False)
+    assert not loose.disable_any_whitespace and loose.any_whitespace and loose.json == params().json
+    with pytest.raises(ApiError) as e:
+        params(disable_any_whitespace="no")
+    assert e.value.status == 400 and e.value.param == "structured_outputs.disable_any_whitespace"
+
+
 def test_a_schema_too_slow_to_compile_is_a_400_naming_the_field(server: Server) -> None:
     """A 200-byte schema whose pattern repeats 20,000 times took xgrammar about half a minute
     (and held the event loop): refused before it is compiled, naming the field, on chat
