@@ -254,7 +254,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
 
     Raises:
         ValueError: no constraint or more than one, an empty field, or a field of the wrong
-            type (``json_object`` or ``disable_any_whitespace`` not a bool,
+            type (``json_object`` not a bool or None, ``disable_any_whitespace`` not a bool,
             ``reasoning_end_token_id`` not a non-negative integer or None), or a
             ``whitespace_pattern``.
     """
@@ -272,6 +272,8 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         import json as _json
 
+        if self.json_object is None:  # vLLM's default: not set
+            msgspec.structs.force_setattr(self, "json_object", False)
         _as_bool("structured_outputs.json_object", self.json_object)
         _as_bool("structured_outputs.disable_any_whitespace", self.disable_any_whitespace)
         if self.whitespace_pattern is not None:

@@ -194,6 +194,8 @@ def test_vllm_whitespace_options() -> None:
             assert isinstance(json.loads(out.outputs[0].text)["a"], int)
         else:
             assert out.outputs[0].text.lstrip().startswith("{")
+    # vLLM's default json_object=None is "not set" (it was refused as not a boolean)
+    assert not StructuredOutputsParams(json=schema, json_object=None).json_object  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="disable_any_whitespace must be a boolean, got int 0"):
         StructuredOutputsParams(json=schema, disable_any_whitespace=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"whitespace_pattern is not supported: .*vLLM's outlines"):
