@@ -638,7 +638,9 @@ async def stream_response(
     Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``. An
     error once the stream has started (an engine rejection, the engine's death, a shutdown:
     :class:`~surge.server.drain.ShutdownError`) is sent as one ``data: {"error": ...}`` event, then ``[DONE]``, as
-    vLLM ends such a stream. A client disconnect aborts the request in the engine.
+    vLLM ends such a stream; so is any other exception raised while the stream is produced (a
+    bug: its traceback is logged once, the client gets a 500 "Internal server error" event). A
+    client disconnect aborts the request in the engine.
 
     The Responses API streams other events: ``opening`` goes out first (before any ``: queued``
     comment), ``closing()`` replaces the usage chunk and ``[DONE]`` at the end, and
@@ -672,12 +674,17 @@ async def stream_response(
             if usage_chunk is not None:
                 yield usage_chunk()
             yield SSE_DONE
-        except ApiError as e:
+        except Exception as e:  # noqa: BLE001 - every stream ends with an error event, never a cut socket
+            if isinstance(e, ApiError):
+                error = e
+            else:  # a bug of ours (a parser, the detokenizer, a chunk builder): log it, answer a 500
+                logger.exception("internal error while streaming %s", request.url.path)
+                error = ApiError(500, "Internal server error")
             if on_error is not None:
-                for event in on_error(e):
+                for event in on_error(error):
                     yield event
                 return
-            yield sse(error_body(e.status, e.message, param=e.param, code=e.code))
+            yield sse(error_body(error.status, error.message, param=error.param, code=error.code))
             yield SSE_DONE  # as vLLM: the error event, then the end of the stream
         finally:
             gen.abort()
