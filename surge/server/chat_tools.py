@@ -43,7 +43,7 @@ from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputPars
 from surge.server.parsers.base import ToolCallDelta, ToolParser
 from surge.server.parsers.forced import NO_PARAMETERS, NamedToolParser, RequiredToolParser, required_schema
 from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
-from surge.server.structured_request import structured_outputs_of, validate
+from surge.server.structured_request import grammar_param, structured_outputs_of, validate
 from surge.tokenizer import content_text
 
 
@@ -74,6 +74,9 @@ class ChatPlan:
             that opened ``<think>`` without closing it: the prompt ends inside the reasoning,
             so the output starts there (:meth:`see_prompt`), as vLLM's ``is_reasoning_end``
             reads the prompt.
+        grammar_param: the request field that carried ``structured_outputs`` (e.g.
+            ``structured_outputs.grammar``; ``tools`` for a forced tool call), named by an error
+            the engine reports about the grammar later.
     """
 
     tools: list[dict[str, Any]] | None
@@ -86,6 +89,7 @@ class ChatPlan:
     reasoning_field: bool = False
     include_reasoning: bool = True
     continues_reasoning: bool = False
+    grammar_param: str | None = None
 
     @property
     def reasoning(self) -> bool:
@@ -353,7 +357,8 @@ def plan_chat(
         )
     if tool_choice != "none" and not tools:
         raise bad_request("tool_choice needs tools", param="tool_choice")
-    structured, _ = structured_outputs_of(body)
+    structured, field = structured_outputs_of(body)
+    grammar = None if structured is None or field is None else grammar_param(structured, field)
     tool_parser: Callable[[], ToolParser] | None = None
     if tool_choice == "auto":
         if tool_call_parser is None:
@@ -385,6 +390,7 @@ def plan_chat(
             tool_parser = lambda: NamedToolParser(name)  # noqa: E731
         structured = StructuredOutputsParams(json=json.dumps(schema))
         validate(structured, "tools")
+        grammar = "tools"
     kwargs = body.template_kwargs or {}
     reasoning_cls = None
     if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
@@ -414,6 +420,7 @@ def plan_chat(
         reasoning_field=reasoning_parser is not None,
         include_reasoning=body.include_reasoning,
         continues_reasoning=body.continue_final_message and opens_reasoning(body.messages[-1].content),
+        grammar_param=grammar,
     )
 
 

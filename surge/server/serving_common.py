@@ -257,12 +257,14 @@ def start_generation(
     first_needs_text: bool = False,
     separator: str = "-",
     reserved: Container[str] = (),
+    grammar_param: str | None = None,
 ) -> tuple[str, Generation]:
     """A new :class:`Generation` for one HTTP request, tracked in ``state.in_flight`` until it
     closes, and its request id: ``<prefix><separator><X-Request-Id, body request_id or a fresh
     id>`` (``separator`` "-", or "_" for the Responses API's ``resp_...``; with a random suffix
     if a request in flight already has that id, or ``reserved`` holds it). ``first_needs_text``
-    is :class:`Generation`'s (chat)."""
+    and ``grammar_param`` (the field that carried the request's grammar) are
+    :class:`Generation`'s."""
     stream = bool(body.stream)
     request_id = state.in_flight.unique_id(
         f"{prefix}{separator}{request_id_of(request, body.request_id)}", reserved
@@ -296,6 +298,7 @@ def start_generation(
         cache_salt=body.cache_salt,
         priority=body.priority,
         eos_token_ids=state.eos_token_ids,
+        grammar_param=grammar_param,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen

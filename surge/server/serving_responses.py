@@ -121,7 +121,11 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         raise
     shape = _ResponseShape(state, body, chat, prepared)
     if not body.stream:
-        results = await collect(request, prepared.gen)
+        try:
+            results = await collect(request, prepared.gen)
+        except ApiError as e:  # a grammar the engine refused: named as the Responses field
+            e.param = responses_param(e.param)
+            raise
         text, finish, _ = results.get(0, ("", None, None))
         message, finish = prepared.plan.message(text, finish, keep_cut_forced_calls=True)
         output = _output_items(message, shape.all_logprobs())
@@ -157,7 +161,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         failed = shape.base("failed", events.items)
         failed["error"] = {"code": str(error.code), "message": error.message}
         return [
-            events.event("error", code=str(error.code), message=error.message, param=error.param),
+            events.event(
+                "error", code=str(error.code), message=error.message, param=responses_param(error.param)
+            ),
             events.event("response.failed", response=failed),
         ]
 
