@@ -83,6 +83,11 @@ from surge.web.ui import mount_web_ui
 logger = logging.getLogger("surge.server")
 
 
+_NESTED_OBJECT_FIELDS = ("stream_options",)
+"""Request fields that are objects of named keys (no list, no union): a bad key's value is named
+by its dotted path (``stream_options.include_obfuscation``); other errors name the top field."""
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -104,6 +109,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     msg = f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg", "invalid body"))
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    if len(loc) > 1 and loc[0] in _NESTED_OBJECT_FIELDS:  # stream_options.include_usage, not stream_options
+        return msg, f"{loc[0]}.{loc[1]}"
     return msg, (loc[0] if loc else None)
 
 

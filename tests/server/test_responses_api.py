@@ -335,6 +335,20 @@ def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
     assert client.responses.retrieve(first.id).id == first.id  # still stored
 
 
+def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server, model: str) -> None:
+    """``stream_options: {"include_obfuscation": {}}`` said "include_obfuscation is not
+    supported (only include_obfuscation ...)": the message now says what the option takes."""
+    body = {"model": model, "input": "hi", "stream": True, "stream_options": {"include_obfuscation": {}}}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "stream_options.include_obfuscation", error
+    assert error["message"].startswith("stream_options.include_obfuscation must be true, false or null"), (
+        error
+    )
+    assert "not supported" not in error["message"], error
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
