@@ -271,12 +271,35 @@ def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 """The fields of an OpenAI function definition (``tools[].function``)."""
 
+MAX_TOOL_PARAMETERS_DEPTH = 256
+"""Most levels of JSON objects and arrays in one tool's ``parameters``: the chat template
+renders them recursively (``tojson``), and Qwen3's ran out of Python's recursion limit at 800
+levels ("chat template error: maximum recursion depth exceeded", a 400 that named ``messages``).
+A schema compiled to a grammar (``tool_choice`` required or named) is bounded more tightly, at
+64 levels of subschemas."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests objects and arrays more than ``limit`` levels deep (no
+    recursion: a walk with a stack)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
     ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
     tool has, a string ``description`` and a boolean ``strict`` if given, and ``parameters`` that
-    are an object schema (``"type": "object"`` or no type) if given.
+    are an object schema (``"type": "object"`` or no type) nested at most
+    :data:`MAX_TOOL_PARAMETERS_DEPTH` levels, if given.
 
     Raises:
         ApiError: a 400 naming ``tools`` for anything else.
@@ -314,6 +337,12 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
+        if isinstance(params, dict) and _deeper_than(params, MAX_TOOL_PARAMETERS_DEPTH):
+            raise bad_request(
+                f"tools[{i}].function.parameters is nested too deeply: more than "
+                f"{MAX_TOOL_PARAMETERS_DEPTH} levels of JSON objects and arrays",
+                param="tools",
+            )
         if isinstance(params, dict) and params.get("type", "object") != "object":
             # arguments are a JSON object (OpenAI refuses other schemas): a string or array schema
             # gave arguments that callers cannot pass as keyword arguments
