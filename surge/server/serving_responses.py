@@ -45,6 +45,7 @@ from surge.server.protocol_responses import (
     responses_param,
     responses_tools_message,
 )
+from surge.server.request_id import check_path_segment_id
 from surge.server.response_store import StoredResponse
 from surge.server.serving_chat import PreparedChat, start_chat
 from surge.server.serving_common import ServerState, collect, stream_response
@@ -97,6 +98,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     if state.reasoning_parser is not None:
         chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
     chat = _chat_request(chat_dict)
+    check_path_segment_id(request, chat.request_id)  # resp_<id> is a path segment of GET/DELETE
     try:
         prepared = await start_chat(
             state,
