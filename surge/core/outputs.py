@@ -34,11 +34,14 @@ class RequestFailure(NamedTuple):
         status: the HTTP status it maps to: 400 when the request is at fault (its grammar was
             refused, or reached a dead end), 500 when the server is (a grammar compile worker
             that died or could not start).
+        grammar: the request's grammar is at fault (refused, or reached a dead end): the API
+            names the request field that carried it.
     """
 
     request_id: str
     message: str
     status: int = 400
+    grammar: bool = False
 
 
 @dataclass(slots=True)

@@ -110,12 +110,14 @@ class RequestError(msgspec.Struct, array_like=True):
     it with an error later (:class:`~surge.core.outputs.RequestFailure`).
 
     Attributes: request_id; message (suitable for an HTTP error body); status (the HTTP status:
-    400 for the request's fault, 500 for the server's).
+    400 for the request's fault, 500 for the server's); grammar (the request's grammar is at
+    fault: the API names the field that carried it).
     """
 
     request_id: str
     message: str
     status: int = 400
+    grammar: bool = False
 
 
 class EngineReady(msgspec.Struct, tag=True, array_like=True):
@@ -442,7 +444,7 @@ def _busy_loop(
         outputs = engine.step() if stepped else []
         compile_times: list[float] = []
         if late_errors is not None:  # grammars that failed to compile
-            errors += [RequestError(f.request_id, f.message, f.status) for f in late_errors()]
+            errors += [RequestError(f.request_id, f.message, f.status, f.grammar) for f in late_errors()]
             compile_times = engine.take_grammar_compile_times()
         heartbeat = stepped and time.monotonic() - last_sent > _HEARTBEAT_S
         if outputs or errors or got_input or compile_times or heartbeat:

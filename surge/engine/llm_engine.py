@@ -709,6 +709,7 @@ class LLMEngine:
                                 "structured output: no token can continue the grammar after "
                                 f"{request.num_output_tokens - 1} generated tokens (a pattern, schema or grammar "
                                 "that nothing satisfies from there)",
+                                grammar=True,
                             )
                         )
                         if out.finish_reason is None:

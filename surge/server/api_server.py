@@ -83,6 +83,11 @@ from surge.web.ui import mount_web_ui
 logger = logging.getLogger("surge.server")
 
 
+_NESTED_OBJECT_FIELDS = ("stream_options",)
+"""Request fields that are objects of named keys (no list, no union): a bad key's value is named
+by its dotted path (``stream_options.include_obfuscation``); other errors name the top field."""
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -104,6 +109,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     msg = f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg", "invalid body"))
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    if len(loc) > 1 and loc[0] in _NESTED_OBJECT_FIELDS:  # stream_options.include_usage, not stream_options
+        return msg, f"{loc[0]}.{loc[1]}"
     return msg, (loc[0] if loc else None)
 
 
@@ -154,7 +161,9 @@ def build_app(
             await state.client.shutdown()
             state.tokenizer_worker.close()
 
-    app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan)
+    # no 307 to the path without its trailing slash (an empty body, which curl and httpx do not
+    # follow): ``DELETE /v1/responses/`` is a 404 error body, as OpenAI answers an unknown URL
+    app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan, redirect_slashes=False)
     app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
     # Added innermost first: the drain gate (503), the API key and body limits (RequestGuard),
     # CORS (a browser's preflight carries no key), then the request id, which every response echoes.
@@ -203,10 +212,13 @@ def build_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        log_rejection(request, exc.status_code, str(exc.detail), None)
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # no route: say which, as OpenAI does
+            message = f"Invalid URL ({request.method} {request.url.path})"
+        log_rejection(request, exc.status_code, message, None)
         # keep the exception's headers: a 405 names the allowed methods in ``Allow``
         return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+            error_body(exc.status_code, message), status_code=exc.status_code, headers=exc.headers
         )
 
     @app.exception_handler(ClientGone)

@@ -43,7 +43,7 @@ from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputPars
 from surge.server.parsers.base import ToolCallDelta, ToolParser
 from surge.server.parsers.forced import NO_PARAMETERS, NamedToolParser, RequiredToolParser, required_schema
 from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
-from surge.server.structured_request import structured_outputs_of, validate
+from surge.server.structured_request import grammar_param, structured_outputs_of, validate
 from surge.tokenizer import content_text
 
 
@@ -74,6 +74,9 @@ class ChatPlan:
             that opened ``<think>`` without closing it: the prompt ends inside the reasoning,
             so the output starts there (:meth:`see_prompt`), as vLLM's ``is_reasoning_end``
             reads the prompt.
+        grammar_param: the request field that carried ``structured_outputs`` (e.g.
+            ``structured_outputs.grammar``; ``tools`` for a forced tool call), named by an error
+            the engine reports about the grammar later.
     """
 
     tools: list[dict[str, Any]] | None
@@ -86,6 +89,7 @@ class ChatPlan:
     reasoning_field: bool = False
     include_reasoning: bool = True
     continues_reasoning: bool = False
+    grammar_param: str | None = None
 
     @property
     def reasoning(self) -> bool:
@@ -269,12 +273,35 @@ def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 """The fields of an OpenAI function definition (``tools[].function``)."""
 
+MAX_TOOL_PARAMETERS_DEPTH = 256
+"""Most levels of JSON objects and arrays in one tool's ``parameters``: the chat template
+renders them recursively (``tojson``), and Qwen3's ran out of Python's recursion limit at 800
+levels ("chat template error: maximum recursion depth exceeded", a 400 that named ``messages``).
+A schema compiled to a grammar (``tool_choice`` required or named) is bounded more tightly, at
+64 levels of subschemas."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests objects and arrays more than ``limit`` levels deep (no
+    recursion: a walk with a stack)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
     ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
     tool has, a string ``description`` and a boolean ``strict`` if given, and ``parameters`` that
-    are an object schema (``"type": "object"`` or no type) if given.
+    are an object schema (``"type": "object"`` or no type) nested at most
+    :data:`MAX_TOOL_PARAMETERS_DEPTH` levels, if given.
 
     Raises:
         ApiError: a 400 naming ``tools`` for anything else.
@@ -312,6 +339,12 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
+        if isinstance(params, dict) and _deeper_than(params, MAX_TOOL_PARAMETERS_DEPTH):
+            raise bad_request(
+                f"tools[{i}].function.parameters is nested too deeply: more than "
+                f"{MAX_TOOL_PARAMETERS_DEPTH} levels of JSON objects and arrays",
+                param="tools",
+            )
         if isinstance(params, dict) and params.get("type", "object") != "object":
             # arguments are a JSON object (OpenAI refuses other schemas): a string or array schema
             # gave arguments that callers cannot pass as keyword arguments
@@ -355,7 +388,8 @@ def plan_chat(
         )
     if tool_choice != "none" and not tools:
         raise bad_request("tool_choice needs tools", param="tool_choice")
-    structured, _ = structured_outputs_of(body)
+    structured, field = structured_outputs_of(body)
+    grammar = None if structured is None or field is None else grammar_param(structured, field)
     tool_parser: Callable[[], ToolParser] | None = None
     if tool_choice == "auto":
         if tool_call_parser is None:
@@ -387,6 +421,7 @@ def plan_chat(
             tool_parser = lambda: NamedToolParser(name)  # noqa: E731
         structured = StructuredOutputsParams(json=json.dumps(schema))
         validate(structured, "tools")
+        grammar = "tools"
     kwargs = body.template_kwargs or {}
     reasoning_cls = None
     if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
@@ -416,6 +451,7 @@ def plan_chat(
         reasoning_field=reasoning_parser is not None,
         include_reasoning=body.include_reasoning,
         continues_reasoning=body.continue_final_message and opens_reasoning(body.messages[-1].content),
+        grammar_param=grammar,
     )
 
 

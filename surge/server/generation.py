@@ -141,6 +141,9 @@ class Generation:
             priority``; checked by :meth:`ServerState.check_priority`).
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``):
             those other than the tokenizer's EOS report their id as ``stop_reason``, as in vLLM.
+        grammar_param: the request field that carried its grammar (``structured_outputs.grammar``,
+            ``tools``, ...): the ``param`` of the error when the engine refuses the grammar later
+            (it does not compile, or reaches a dead end), streamed or not.
     """
 
     def __init__(
@@ -157,7 +160,9 @@ class Generation:
         cache_salt: str | None = None,
         priority: int = 0,
         eos_token_ids: tuple[int, ...] = (),
+        grammar_param: str | None = None,
     ) -> None:
+        self._grammar_param = grammar_param
         self._eos_token_ids = eos_token_ids
         self._serial = serial
         self._return_token_ids = return_token_ids
@@ -288,7 +293,8 @@ class Generation:
 
         Raises:
             ApiError: 400 when the engine rejected a request (500 when its grammar compile worker
-                failed: the status the engine sent); 503 when the engine died.
+                failed: the status the engine sent; naming ``grammar_param`` when the grammar
+                was at fault); 503 when the engine died.
         """
         queue = self._queue
         while self._num_unfinished > 0:
@@ -317,7 +323,8 @@ class Generation:
                     raise ApiError(503, f"The engine is not available: {item}")
                 else:  # RequestError: the engine rejected the request (or its grammar worker failed)
                     self.abort(count_as_finished=False)
-                    raise ApiError(item.status, item.message)
+                    param = self._grammar_param if item.grammar else None
+                    raise ApiError(item.status, item.message, param=param)
             if out:
                 yield out
 

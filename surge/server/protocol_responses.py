@@ -211,11 +211,17 @@ class ResponsesRequest(RequestBody):
                     "stream_options can only be set when stream is true", param="stream_options"
                 )
             for key, value in self.stream_options.items():
-                if key != "include_obfuscation" or not isinstance(value, bool | None):
+                if key != "include_obfuscation":
                     raise bad_request(
                         f"stream_options.{key} is not supported (only include_obfuscation, inert: "
                         "Surge never pads events)",
                         param=f"stream_options.{key}",
+                    )
+                if not isinstance(value, bool | None):
+                    raise bad_request(
+                        "stream_options.include_obfuscation must be true, false or null, got "
+                        f"{type(value).__name__} (it is inert: Surge never pads events)",
+                        param="stream_options.include_obfuscation",
                     )
 
     @property

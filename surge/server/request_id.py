@@ -85,6 +85,26 @@ def logged_request_id(scope: Scope) -> str:
     return rid if isinstance(rid, str) else "-"
 
 
+def check_path_segment_id(request: Any, body_request_id: str | None) -> None:
+    """Refuse a client id with ``/`` for a request whose id becomes a URL path segment (the
+    Responses API: ``resp_<id>`` is what ``GET`` / ``DELETE /v1/responses/{id}`` take, and no
+    encoding of ``/`` reaches a path parameter, so the stored response could not be read back).
+    The id is the one :func:`request_id_of` takes: ``X-Request-Id``, else the body's ``request_id``.
+
+    Raises:
+        ApiError: 400 naming ``X-Request-Id`` or ``request_id``, whichever holds the ``/``.
+    """
+    from_client = bool(getattr(request.state, "request_id_from_client", False))
+    rid = getattr(request.state, "request_id", None) if from_client else body_request_id
+    if isinstance(rid, str) and "/" in rid:
+        param = "X-Request-Id" if from_client else "request_id"
+        raise bad_request(
+            f"{param} must not contain '/' here: the response id (resp_<id>) is a URL path segment "
+            "of GET and DELETE /v1/responses/{response_id}",
+            param=param,
+        )
+
+
 def request_id_of(request: Any, body_request_id: str | None = None) -> str:
     """The id of ``request``: its ``X-Request-Id``, else ``body_request_id`` (vLLM's body
     field; then echoed in the header too), else the fresh id the middleware gave it.

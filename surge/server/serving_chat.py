@@ -131,6 +131,7 @@ async def start_chat(
         first_needs_text=True,
         separator=separator,
         reserved=reserved_ids,
+        grammar_param=plan.grammar_param,
     )
     created = int(time.time())
     log_request_start(state, request_id, params, prompt_ids)

@@ -257,12 +257,14 @@ def start_generation(
     first_needs_text: bool = False,
     separator: str = "-",
     reserved: Container[str] = (),
+    grammar_param: str | None = None,
 ) -> tuple[str, Generation]:
     """A new :class:`Generation` for one HTTP request, tracked in ``state.in_flight`` until it
     closes, and its request id: ``<prefix><separator><X-Request-Id, body request_id or a fresh
     id>`` (``separator`` "-", or "_" for the Responses API's ``resp_...``; with a random suffix
     if a request in flight already has that id, or ``reserved`` holds it). ``first_needs_text``
-    is :class:`Generation`'s (chat)."""
+    and ``grammar_param`` (the field that carried the request's grammar) are
+    :class:`Generation`'s."""
     stream = bool(body.stream)
     request_id = state.in_flight.unique_id(
         f"{prefix}{separator}{request_id_of(request, body.request_id)}", reserved
@@ -296,6 +298,7 @@ def start_generation(
         cache_salt=body.cache_salt,
         priority=body.priority,
         eos_token_ids=state.eos_token_ids,
+        grammar_param=grammar_param,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen
@@ -638,7 +641,9 @@ async def stream_response(
     Events: the chunks of every delta batch, the usage chunk if asked, then ``[DONE]``. An
     error once the stream has started (an engine rejection, the engine's death, a shutdown:
     :class:`~surge.server.drain.ShutdownError`) is sent as one ``data: {"error": ...}`` event, then ``[DONE]``, as
-    vLLM ends such a stream. A client disconnect aborts the request in the engine.
+    vLLM ends such a stream; so is any other exception raised while the stream is produced (a
+    bug: its traceback is logged once, the client gets a 500 "Internal server error" event). A
+    client disconnect aborts the request in the engine.
 
     The Responses API streams other events: ``opening`` goes out first (before any ``: queued``
     comment), ``closing()`` replaces the usage chunk and ``[DONE]`` at the end, and
@@ -672,12 +677,17 @@ async def stream_response(
             if usage_chunk is not None:
                 yield usage_chunk()
             yield SSE_DONE
-        except ApiError as e:
+        except Exception as e:  # noqa: BLE001 - every stream ends with an error event, never a cut socket
+            if isinstance(e, ApiError):
+                error = e
+            else:  # a bug of ours (a parser, the detokenizer, a chunk builder): log it, answer a 500
+                logger.exception("internal error while streaming %s", request.url.path)
+                error = ApiError(500, "Internal server error")
             if on_error is not None:
-                for event in on_error(e):
+                for event in on_error(error):
                     yield event
                 return
-            yield sse(error_body(e.status, e.message, param=e.param, code=e.code))
+            yield sse(error_body(error.status, error.message, param=error.param, code=error.code))
             yield SSE_DONE  # as vLLM: the error event, then the end of the stream
         finally:
             gen.abort()

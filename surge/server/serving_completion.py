@@ -34,7 +34,7 @@ from surge.server.serving_common import (
     usage_in_chunks,
     with_finish,
 )
-from surge.server.structured_request import structured_outputs_of
+from surge.server.structured_request import grammar_param, structured_outputs_of
 from surge.server.token_rules import token_rules_of
 
 
@@ -104,7 +104,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     plans = []
     # on a tokenizer thread, once for all prompts: a grammar's check may take xgrammar a while,
     # and bad_words are tokenized
-    structured, _ = await state.tokenizer_worker.run(structured_outputs_of, body)
+    structured, field = await state.tokenizer_worker.run(structured_outputs_of, body)
     rules = await state.tokenizer_worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)
     for ids, text in prompts:
         max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
@@ -116,7 +116,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)
         plans.append((ids, text, params))
     state.check_engine()
-    request_id, gen = start_generation(state, request, body, "cmpl", arrival)
+    grammar = None if structured is None or field is None else grammar_param(structured, field)
+    request_id, gen = start_generation(state, request, body, "cmpl", arrival, grammar_param=grammar)
     created = int(time.time())
     try:
         for j, (ids, text, params) in enumerate(plans):

@@ -53,6 +53,7 @@ from surge.server.protocol_responses import (
     responses_param,
     responses_tools_message,
 )
+from surge.server.request_id import check_path_segment_id
 from surge.server.response_store import StoredResponse
 from surge.server.serving_chat import PreparedChat, start_chat
 from surge.server.serving_common import ServerState, collect, stream_response
@@ -105,6 +106,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     if state.reasoning_parser is not None:
         chat_dict["return_token_ids"] = True  # to count the reasoning's tokens exactly
     chat = _chat_request(chat_dict)
+    check_path_segment_id(request, chat.request_id)  # resp_<id> is a path segment of GET/DELETE
     try:
         prepared = await start_chat(
             state,
@@ -129,7 +131,11 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         raise
     shape = _ResponseShape(state, body, chat, prepared)
     if not body.stream:
-        results = await collect(request, prepared.gen)
+        try:
+            results = await collect(request, prepared.gen)
+        except ApiError as e:  # a grammar the engine refused: named as the Responses field
+            e.param = responses_param(e.param)
+            raise
         text, finish, _ = results.get(0, ("", None, None))
         message, finish = prepared.plan.message(text, finish, as_streamed=True)
         output = _output_items(message, shape.all_logprobs())
@@ -166,7 +172,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         failed = shape.base("failed", events.items)
         failed["error"] = {"code": str(error.code), "message": error.message}
         return [
-            events.event("error", code=str(error.code), message=error.message, param=error.param),
+            events.event(
+                "error", code=str(error.code), message=error.message, param=responses_param(error.param)
+            ),
             events.event("response.failed", response=failed),
         ]
 

@@ -223,15 +223,22 @@ def structured_outputs_of(body: Any) -> tuple[StructuredOutputsParams | None, st
     return params, field
 
 
+def grammar_param(params: StructuredOutputsParams, field: str) -> str:
+    """The request field an error about the grammar ``params`` names: ``field`` (as
+    :func:`structured_outputs_of` returns it, or ``tools``) with the kind where the field holds
+    several (``structured_outputs.regex``, ``response_format.json_schema.schema``)."""
+    if field == "structured_outputs":
+        return f"structured_outputs.{params.kind}"
+    if field == "response_format" and params.kind == "json":
+        return "response_format.json_schema.schema"
+    return field
+
+
 def validate(params: StructuredOutputsParams, field: str) -> None:
     """Raise a 400 naming ``field`` (with the kind, e.g. ``structured_outputs.regex``) when
     the grammar is invalid."""
     try:
         check_structured_outputs(params)
     except ValueError as e:
-        param = field
-        if field == "structured_outputs":
-            param = f"structured_outputs.{params.kind}"
-        elif field == "response_format" and params.kind == "json":
-            param = "response_format.json_schema.schema"
+        param = grammar_param(params, field)
         raise bad_request(f"{param}: {e}", param=param) from e

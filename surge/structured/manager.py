@@ -290,7 +290,8 @@ class StructuredOutputManager:
             del self.waiting[rid]
             error = future.exception()
             if error is not None:
-                failed.append(RequestFailure(rid, str(error), 400 if isinstance(error, ValueError) else 500))
+                refused = isinstance(error, ValueError)  # the grammar's fault; else the server's
+                failed.append(RequestFailure(rid, str(error), 400 if refused else 500, grammar=refused))
                 continue
             if rid in self.grammars:  # never replace an admitted request's matcher
                 failed.append(RequestFailure(rid, f"request id {rid!r} is already in use"))

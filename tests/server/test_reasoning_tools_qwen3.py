@@ -269,3 +269,37 @@ def test_detokenize_takes_the_padded_vocabulary(qwen3_server: Server) -> None:
     r = httpx.post(qwen3_server.url + "/detokenize", json={"tokens": [151936]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text
     assert "[0, 151936)" in r.json()["error"]["message"]
+
+
+def _deep_tool_body(levels: int, path: str) -> bytes:
+    """A request to ``path`` whose one tool's ``parameters`` nest ``levels`` objects, as JSON
+    text (``json.dumps`` of the client runs out of recursion first; the server's parser takes it)."""
+    inner = (
+        '{"type": "object", "properties": {"a": ' * (levels - 1) + '{"type": "object"}' + "}}" * (levels - 1)
+    )
+    if path == "/v1/responses":
+        tool = f'{{"type": "function", "name": "f", "parameters": {inner}}}'
+        return f'{{"input": "hi", "max_output_tokens": 2, "tools": [{tool}]}}'.encode()
+    tool = f'{{"type": "function", "function": {{"name": "f", "parameters": {inner}}}}}'
+    limit = "" if path == "/tokenize" else '"max_tokens": 2, '
+    return f'{{"messages": [{{"role": "user", "content": "hi"}}], {limit}"tools": [{tool}]}}'.encode()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/tokenize"])
+def test_tool_parameters_nested_too_deeply_name_the_tool(qwen3_server: Server, path: str) -> None:
+    """A tool whose ``parameters`` nest 400 objects (800 JSON levels) ran Qwen3's chat template
+    out of Python's recursion limit: a 400 "chat template error: maximum recursion depth
+    exceeded" naming ``messages`` (``input`` on the Responses API). It is a 400 naming ``tools``
+    and the tool; a deep but bounded one still renders."""
+    headers = {"Content-Type": "application/json"}
+    r = httpx.post(qwen3_server.url + path, content=_deep_tool_body(400, path), headers=headers, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    where = "tools[0].parameters" if path == "/v1/responses" else "tools[0].function.parameters"
+    assert error["param"] == "tools" and error["message"].startswith(f"{where} is nested too deeply"), error
+    # 127 objects (254 levels, within the limit) render (counted by /tokenize: the prompt is
+    # longer than the tiny model's context)
+    ok = httpx.post(
+        qwen3_server.url + "/tokenize", content=_deep_tool_body(127, "/tokenize"), headers=headers, timeout=60
+    )
+    assert ok.status_code == 200 and ok.json()["count"] > 1024, ok.text

@@ -601,6 +601,20 @@ def test_continuous_usage_needs_include_usage_and_stream(server: Server, path: s
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
 
 
+@pytest.mark.parametrize("path", [CHAT, CMPL])
+@pytest.mark.parametrize("opts", [{"include_obfuscation": {}}, {"include_usage": "yes"}])
+def test_a_stream_option_of_the_wrong_type_is_named(server: Server, path: str, opts: dict[str, Any]) -> None:
+    """``stream_options.include_obfuscation: {}`` was a 400 naming only ``stream_options``: the
+    param is the option itself, and the message says what it takes."""
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    r = _post(server, path, body | {"max_tokens": 2, "stream": True, "stream_options": opts})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    key = f"stream_options.{next(iter(opts))}"
+    assert error["param"] == key and error["message"].startswith(f"{key}: "), error
+    assert "boolean" in error["message"], error
+
+
 def test_usage_null_via_sdk(client: openai.OpenAI) -> None:
     model = client.models.list().data[0].id
     chunks = list(

@@ -10,6 +10,7 @@ import os
 import signal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import jsonschema
@@ -323,6 +324,58 @@ def test_a_repeated_request_id_never_replaces_a_stored_response(client: openai.O
     assert client.responses.retrieve(second.id).model_dump() == second.model_dump()
 
 
+def test_a_request_id_with_a_slash_is_refused_as_a_response_id(server: Server, model: str) -> None:
+    """``X-Request-Id: a/b`` stored a response ``resp_a/b`` that ``GET`` and ``DELETE
+    /v1/responses/{id}`` could not reach (``/`` splits the path, encoded or not): a 400 naming the
+    header (or the body's ``request_id``). Chat completions take such an id as before."""
+    url = server.url + "/v1/responses"
+    body = {"model": model, "input": PROMPT, "max_output_tokens": 2}
+    for headers, extra, param in [
+        ({"X-Request-Id": "a/b"}, {}, "X-Request-Id"),
+        ({}, {"request_id": "a/b"}, "request_id"),
+    ]:
+        r = httpx.post(url, json=body | extra, headers=headers, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and "must not contain '/'" in error["message"], error
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = httpx.post(
+        server.url + "/v1/chat/completions", json=chat, headers={"X-Request-Id": "a/b"}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["id"] == "chatcmpl-a/b", r.text
+    # other characters are taken, and the stored response is reachable with its id quoted
+    r = httpx.post(url, json=body, headers={"X-Request-Id": "a?b#c%d"}, timeout=60)
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    assert rid.startswith("resp_a?b#c%d")
+    assert httpx.get(f"{url}/{quote(rid, safe='')}").json()["id"] == rid
+    assert httpx.delete(f"{url}/{quote(rid, safe='')}").json()["deleted"] is True
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("DELETE", "/v1/responses/"),
+        ("GET", "/v1/responses/"),
+        ("POST", "/v1/responses/x/cancel/"),
+        ("POST", "/v1/chat/completions/"),
+    ],
+)
+def test_a_trailing_slash_is_a_404_error_body(server: Server, method: str, path: str) -> None:
+    """``DELETE /v1/responses/`` answered a 307 with an empty body (to ``/v1/responses``, which
+    curl and httpx do not follow): a 404 OpenAI error body naming the URL, as OpenAI answers."""
+    r = httpx.request(method, server.url + path, json={} if method == "POST" else None, timeout=60)
+    assert r.status_code == 404, (r.status_code, r.headers, r.text)
+    assert r.json() == {
+        "error": {
+            "message": f"Invalid URL ({method} {path})",
+            "type": "not_found_error",
+            "param": None,
+            "code": 404,
+        }
+    }
+
+
 def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
     server: Server, client: openai.OpenAI, model: str
 ) -> None:
@@ -357,6 +410,20 @@ def test_retrieve_refuses_streaming_and_include_and_cancel_is_refused(
         client.responses.cancel("resp_unknown")
     assert e.value.body["param"] == "response_id"
     assert client.responses.retrieve(first.id).id == first.id  # still stored
+
+
+def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server, model: str) -> None:
+    """``stream_options: {"include_obfuscation": {}}`` said "include_obfuscation is not
+    supported (only include_obfuscation ...)": the message now says what the option takes."""
+    body = {"model": model, "input": "hi", "stream": True, "stream_options": {"include_obfuscation": {}}}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "stream_options.include_obfuscation", error
+    assert error["message"].startswith("stream_options.include_obfuscation must be true, false or null"), (
+        error
+    )
+    assert "not supported" not in error["message"], error
 
 
 @pytest.mark.parametrize(

@@ -375,6 +375,87 @@ def test_a_schema_nothing_satisfies_is_a_400_not_a_stop(client: openai.OpenAI, s
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+LEFT_RECURSIVE = 'root ::= root | root "a"'
+"""A grammar the API's check takes and the engine's compile refuses (it is left-recursive)."""
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "Once", "structured_outputs": {"grammar": LEFT_RECURSIVE}}, None),
+        ("/v1/completions", {"prompt": "Once", "guided_grammar": LEFT_RECURSIVE}, None),
+        ("/v1/chat/completions", {"messages": MSGS, "structured_outputs": {"grammar": LEFT_RECURSIVE}}, None),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MSGS,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[^\\s\\S]"}},
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MSGS,
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"a": {"type": "string", "pattern": "[^\\s\\S]"}},
+                                "required": ["a"],
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tools",
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": "Hi",
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {"type": "string", "pattern": "[^\\s\\S]"},
+                    }
+                },
+            },
+            "text.format.schema",
+        ),
+    ],
+)
+def test_a_grammar_the_engine_refuses_names_its_field(
+    server: Server, path: str, body: dict[str, Any], param: str | None
+) -> None:
+    """The engine refuses a grammar after the request went to it (it does not compile, or it
+    reaches a dead end): the error named no field (``param: null``), streamed or not; it names
+    the field that carried the grammar."""
+    if param is None:
+        param = "guided_grammar" if "guided_grammar" in body else "structured_outputs.grammar"
+    limit = {"max_output_tokens": 8} if path == "/v1/responses" else {"max_tokens": 8}
+    r = httpx.post(server.url + path, json=body | limit, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    with httpx.stream("POST", server.url + path, json=body | limit | {"stream": True}, timeout=60) as s:
+        data = [line[len("data: ") :] for line in s.iter_lines() if line.startswith("data: ")]
+    if path == "/v1/responses":
+        error = next(json.loads(d) for d in data if json.loads(d)["type"] == "error")
+        assert (error["code"], error["param"]) == ("400", param), data
+    else:
+        assert data[-1] == "[DONE]", data
+        error = json.loads(data[-2])["error"]
+        assert (error["code"], error["param"]) == (400, param), data
+
+
 PETS = {"enum": ["cat", "dog", "bird"]}
 TAGGED = {
     "type": "structural_tag",

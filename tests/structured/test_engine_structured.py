@@ -254,8 +254,8 @@ def test_a_grammar_at_a_dead_end_is_an_error_not_a_stop(async_scheduling: bool) 
 
 
 def test_compile_failures_carry_the_status_of_whose_fault_it_is() -> None:
-    """A refused grammar (ValueError) fails its request with status 400; a compile worker that
-    died or could not start (RuntimeError) with 500, the server's fault."""
+    """A refused grammar (ValueError) fails its request with status 400, the grammar's fault; a
+    compile worker that died or could not start (RuntimeError) with 500, the server's fault."""
     from surge.core.outputs import RequestFailure
     from surge.structured.manager import StructuredOutputManager
 
@@ -272,8 +272,8 @@ def test_compile_failures_carry_the_status_of_whose_fault_it_is() -> None:
     ready, failed = manager.take_ready()
     assert ready == [] and manager.waiting == {}
     assert failed == [
-        RequestFailure("refused", "the regex grammar accepts no text", 400),
-        RequestFailure("crashed", "the grammar compile worker exited unexpectedly", 500),
+        RequestFailure("refused", "the regex grammar accepts no text", 400, grammar=True),
+        RequestFailure("crashed", "the grammar compile worker exited unexpectedly", 500, grammar=False),
     ]
     manager.close()
 
