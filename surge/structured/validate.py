@@ -235,7 +235,8 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     0.2 s for a schema at :data:`~surge.structured.schema_support.MAX_PATTERN_REPEAT_COST`; the
     API process calls it on a tokenizer thread).
 
-    JSON schemas are compiled with any whitespace allowed between tokens and
+    JSON schemas are compiled compactly (``", "`` and ``": "`` separators, no other
+    whitespace, none before the document; vLLM allows any whitespace) and with
     ``strict_mode`` (no properties beyond the schema's), as vLLM does. A structural tag is
     built by xgrammar's ``Grammar.from_structural_tag`` (its older ``structures``/``triggers``
     form through the deprecated pair of arguments, as vLLM does); it may embed EBNF, so it is
