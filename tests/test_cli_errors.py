@@ -177,7 +177,9 @@ def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     for hint in (
         "--ready-check-timeout-sec: use nothing: the benchmark first asks the server's /v1/models",
-        """--logprobs: use --extra-body '{"logprobs": N}'""",
+        # the default chat endpoint's logprobs is a boolean: {"logprobs": N} alone is a 400 there
+        """--logprobs: use --extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint""",
+        """'{"logprobs": N}' with --endpoint /v1/completions""",
         "--append-result: use --result-file FILE",
     ):
         assert hint in p.stderr, p.stderr
