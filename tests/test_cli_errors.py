@@ -231,6 +231,18 @@ def test_roofline_help_names_the_hardware_flags(capsys: pytest.CaptureFixture[st
     assert "model folder or config.json (required)" in out and "config.json (default: none)" not in out
 
 
+def test_generate_help_says_when_it_samples(capsys: pytest.CaptureFixture[str]) -> None:
+    """`surge generate` samples with the model's generation_config.json defaults (Qwen3's
+    temperature 0.6): its description must not promise greedy output for every model."""
+    from surge.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "greedy by default" not in out
+    assert "greedy unless --temperature or the model's generation_config.json" in out
+
+
 @pytest.mark.parametrize("api_servers", ["1", "2"])
 def test_serve_refused_model_is_two_lines_and_exit_2(tmp_path: Path, api_servers: str) -> None:
     """A folder that passes the up-front checks but that the engine refuses while building (a
