@@ -50,7 +50,8 @@ VLLM_FLAG_HINTS = {
     "--append-result": "--result-file FILE (one run a file)",
     "--ready-check-timeout-sec": "nothing: the benchmark first asks the server's /v1/models and stops in one line "
     "when it cannot be reached",
-    "--logprobs": """--extra-body '{"logprobs": N}'""",
+    "--logprobs": """--extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint (its logprobs """
+    """is a boolean), '{"logprobs": N}' with --endpoint /v1/completions""",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",

@@ -177,7 +177,9 @@ def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     for hint in (
         "--ready-check-timeout-sec: use nothing: the benchmark first asks the server's /v1/models",
-        """--logprobs: use --extra-body '{"logprobs": N}'""",
+        # the default chat endpoint's logprobs is a boolean: {"logprobs": N} alone is a 400 there
+        """--logprobs: use --extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint""",
+        """'{"logprobs": N}' with --endpoint /v1/completions""",
         "--append-result: use --result-file FILE",
     ):
         assert hint in p.stderr, p.stderr
@@ -227,6 +229,18 @@ def test_roofline_help_names_the_hardware_flags(capsys: pytest.CaptureFixture[st
     assert "--gpu" in out and "--hbm-bandwidth" in out and "--peak-flops" in out
     assert "required: --gpu, or both --hbm-bandwidth and --peak-flops" in out
     assert "model folder or config.json (required)" in out and "config.json (default: none)" not in out
+
+
+def test_generate_help_says_when_it_samples(capsys: pytest.CaptureFixture[str]) -> None:
+    """`surge generate` samples with the model's generation_config.json defaults (Qwen3's
+    temperature 0.6): its description must not promise greedy output for every model."""
+    from surge.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "greedy by default" not in out
+    assert "greedy unless --temperature or the model's generation_config.json" in out
 
 
 @pytest.mark.parametrize("api_servers", ["1", "2"])

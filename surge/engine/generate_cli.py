@@ -13,7 +13,8 @@ def add_generate_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate one completion offline",
-        description="Generate a completion for one prompt (greedy by default) and print it.",
+        description="Generate a completion for one prompt and print it: greedy unless --temperature or the "
+        "model's generation_config.json (Qwen3's: temperature 0.6, top-k 20, top-p 0.95) sets sampling.",
     )
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
     p.add_argument("--prompt", required=True, help="the prompt text")

@@ -236,8 +236,9 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     API process calls it on a tokenizer thread).
 
     JSON schemas are compiled with ``strict_mode`` (no properties beyond the schema's), as vLLM
-    does, and compact (no whitespace between JSON tokens beyond xgrammar's ``", "`` and ``": "``
-    separators) unless ``params.disable_any_whitespace`` is False (any whitespace, vLLM's default). A structural tag is
+    does, and compactly (``", "`` and ``": "`` separators, no other whitespace, none before the
+    document) unless ``params.disable_any_whitespace`` is False (any whitespace between JSON
+    tokens, vLLM's default). A structural tag is
     built by xgrammar's ``Grammar.from_structural_tag`` (its older ``structures``/``triggers``
     form through the deprecated pair of arguments, as vLLM does); it may embed EBNF, so it is
     held to :data:`MAX_GRAMMAR_RULES` too.
