@@ -8,13 +8,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from surge.config import TOKENIZER_FILES
 from surge.parallel_encode import encode_text
 from surge.stop_strings import StopAutomaton
+
+if TYPE_CHECKING:
+    from surge.sampling_params import SamplingParams
 
 _REPLACEMENT_CHAR = "\ufffd"
 _INITIAL_PREFIX_TOKENS = 5
@@ -476,6 +479,22 @@ class IncrementalDetokenizer:
         self._finished = False
         self.stop_matched: str | None = None
         self.num_output_tokens = 0
+
+    @classmethod
+    def for_params(
+        cls, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> IncrementalDetokenizer:
+        """The detokenizer of one choice that samples with ``params`` (its special-token,
+        stop-string and ``min_tokens`` settings), after ``prompt_token_ids``."""
+        return cls(
+            tokenizer,
+            prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+            min_tokens=params.min_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
 
     @property
     def text(self) -> str:

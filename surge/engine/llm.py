@@ -441,15 +441,7 @@ class LLM:
                 self.engine.add_request(child_id, token_ids, child_params, cache_salt=salt, priority=priority)
                 added.append(child_id)
                 detok = (
-                    IncrementalDetokenizer(
-                        self.tokenizer,
-                        token_ids,
-                        skip_special_tokens=child_params.skip_special_tokens,
-                        stop=child_params.stop,
-                        min_tokens=child_params.min_tokens,
-                        include_stop_str_in_output=child_params.include_stop_str_in_output,
-                        spaces_between_special_tokens=child_params.spaces_between_special_tokens,
-                    )
+                    IncrementalDetokenizer.for_params(self.tokenizer, token_ids, child_params)
                     if child_params.detokenize
                     else None  # vLLM's detokenize=False: no text, no decoded logprob tokens
                 )

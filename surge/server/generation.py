@@ -222,15 +222,7 @@ class Generation:
         first = len(self.choices)
         for child_id in choice_ids(request_id, params.n):  # the choices differ only by id and seed
             index = len(self.choices)
-            detok = IncrementalDetokenizer(
-                self._tokenizer,
-                token_ids,
-                skip_special_tokens=params.skip_special_tokens,
-                stop=params.stop,
-                min_tokens=params.min_tokens,
-                include_stop_str_in_output=params.include_stop_str_in_output,
-                spaces_between_special_tokens=params.spaces_between_special_tokens,
-            )
+            detok = IncrementalDetokenizer.for_params(self._tokenizer, token_ids, params)
             choice = ChoiceState(
                 index,
                 child_id,
