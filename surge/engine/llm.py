@@ -152,6 +152,12 @@ class LLM:
     ) -> None:
         for name in [n for n in unexpected if n in _VLLM_DEFAULT_ONLY]:
             _check_vllm_default(name, unexpected.pop(name))
+            if name == "disable_custom_all_reduce" and tp_all_reduce == "auto":
+                raise ValueError(
+                    "LLM() got disable_custom_all_reduce=True and tp_all_reduce='auto', which "
+                    "contradict each other: 'auto' adds Surge's own one-shot all-reduce; leave "
+                    "tp_all_reduce out (NCCL only) or drop disable_custom_all_reduce"
+                )
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
         self.chat_template = _load_chat_template(chat_template)

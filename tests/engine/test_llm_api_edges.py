@@ -558,6 +558,13 @@ def test_output_kind_final_only_gives_the_final_output(llm: LLM) -> None:
     assert out.finish_reason == "length" and len(out.token_ids) == 8
 
 
+def test_disable_custom_all_reduce_contradicting_tp_all_reduce_is_refused() -> None:
+    """``LLM(disable_custom_all_reduce=True, tp_all_reduce="auto")`` was taken, the vLLM flag
+    silently having no effect; both are named now (NCCL-only ``tp_all_reduce`` agrees with it)."""
+    with pytest.raises(ValueError, match=r"disable_custom_all_reduce=True and tp_all_reduce='auto'"):
+        LLM(device="cpu", disable_custom_all_reduce=True, tp_all_reduce="auto")
+
+
 def test_llm_chat_template_is_chats_default(tmp_path: Path) -> None:
     """vLLM's ``LLM(chat_template=...)`` was a TypeError: a template file or its text is read
     and parsed at once, and applies to ``chat`` unless the call gives its own."""
