@@ -201,6 +201,60 @@ def _as_extra_args(name: str, value: object) -> None:
     return None
 
 
+def _as_thinking_budget(name: str, value: object) -> None:
+    """vLLM's ``thinking_token_budget`` when unlimited (None or -1): None.
+
+    Raises:
+        ValueError: any other value: Surge does not count or cap reasoning tokens.
+    """
+    if type(value) is int and value == -1:
+        return None
+    raise ValueError(
+        f"{name} must be None or -1 (unlimited), got {_got(value)}: Surge does not cap the tokens of a "
+        "model's reasoning (bound the whole output with max_tokens, or turn thinking off with "
+        "chat_template_kwargs={'enable_thinking': False})"
+    )
+
+
+def _as_no_repetition_detection(name: str, value: object) -> None:
+    """vLLM's ``repetition_detection`` when None.
+
+    Raises:
+        ValueError: any other value: Surge does not detect repeated n-grams.
+    """
+    raise ValueError(
+        f"{name} must be None, got {_got(value)}: Surge does not end a request on repeated n-grams "
+        "(bound the output with max_tokens, or discourage repeats with repetition_penalty)"
+    )
+
+
+def _as_no_logprob_token_ids(name: str, value: object) -> None:
+    """vLLM's ``logprob_token_ids`` when empty: None.
+
+    Raises:
+        ValueError: a non-empty list: Surge returns the most likely alternatives only.
+    """
+    if isinstance(value, list | tuple) and not value:
+        return None
+    raise ValueError(
+        f"{name} must be None or empty, got {_got(value)}: Surge returns the log-probabilities of the "
+        "sampled token and of the most likely alternatives only (use logprobs=k, k <= "
+        f"{MAX_LOGPROBS})"
+    )
+
+
+def _as_no_cache_choice(name: str, value: object) -> None:
+    """vLLM's ``skip_reading_prefix_cache`` when None (the engine decides).
+
+    Raises:
+        ValueError: True or False: Surge has no per-request choice of reading the prefix cache.
+    """
+    raise ValueError(
+        f"{name} must be None, got {_got(value)}: Surge has no per-request choice of reading the "
+        "prefix cache (turn it off for every request with LLM(enable_prefix_caching=False))"
+    )
+
+
 def _as_default_fields(name: str, value: object) -> tuple[str, ...]:
     """``value`` (a list or tuple of names of ``MODEL_DEFAULT_FIELDS``) as a tuple.
 
@@ -418,6 +472,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             ``FINAL_ONLY``, both the final output in the offline API; ``DELTA`` is refused.
         extra_args: vLLM's arguments for custom sampling plugins: None or empty only (Surge has
             no plugins to read them; an empty dict becomes None).
+        skip_clone: vLLM's hint that these params need not be copied per request: any bool
+            (Surge never copies them: they are frozen).
+        thinking_token_budget: vLLM's cap on reasoning tokens: None or -1 (unlimited, kept as
+            None) only; Surge does not count reasoning tokens.
+        repetition_detection: vLLM's early stop on repeated n-grams: None only.
+        logprob_token_ids: vLLM's log-probabilities of chosen token ids: None or empty only
+            (an empty list becomes None); use ``logprobs``.
+        skip_reading_prefix_cache: vLLM's per-request prefix-cache choice: None only (the
+            engine decides).
         model_default_fields: the model-default fields the caller left out (set on construction).
 
     Raises:
@@ -459,6 +522,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None
+    skip_clone: bool = False
+    thinking_token_budget: int | None = None
+    repetition_detection: None = None
+    logprob_token_ids: tuple[int, ...] | None = None
+    skip_reading_prefix_cache: bool | None = None
     model_default_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -675,6 +743,11 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "bad_words_token_ids": (_SEQ, _as_token_seqs),
     "output_kind": ((RequestOutputKind,), _as_output_kind),
     "extra_args": ((type(None),), _as_extra_args),
+    "skip_clone": (_BOOL, _as_bool),
+    "thinking_token_budget": ((type(None),), _as_thinking_budget),
+    "repetition_detection": ((type(None),), _as_no_repetition_detection),
+    "logprob_token_ids": ((type(None),), _as_no_logprob_token_ids),
+    "skip_reading_prefix_cache": ((type(None),), _as_no_cache_choice),
     "model_default_fields": (_SEQ, _as_default_fields),
 }
 """Each SamplingParams field (in field order): the exact types that need no check (a bare

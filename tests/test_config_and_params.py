@@ -94,7 +94,48 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("output_kind", "FINAL_ONLY"),
     ("extra_args", []),
     ("extra_args", {"my_plugin": 1}),
+    ("skip_clone", 1),
+    ("thinking_token_budget", 100),
+    ("thinking_token_budget", 0),
+    ("thinking_token_budget", -1.0),
+    ("repetition_detection", {"max_pattern_size": 4, "min_count": 3}),
+    ("logprob_token_ids", [5, 7]),
+    ("logprob_token_ids", 5),
+    ("skip_reading_prefix_cache", True),
+    ("skip_reading_prefix_cache", False),
 ]
+
+
+def test_vllm_fields_that_ask_for_nothing_are_taken() -> None:
+    """vLLM 0.26's skip_clone (a hint), thinking_token_budget=-1 (unlimited) and the empty or
+    None values of the others are taken, normalized to Surge's defaults."""
+    p = SamplingParams(
+        skip_clone=True,
+        thinking_token_budget=-1,
+        repetition_detection=None,
+        logprob_token_ids=[],
+        skip_reading_prefix_cache=None,
+    )
+    assert p.skip_clone is True
+    assert p.thinking_token_budget is None
+    assert p.logprob_token_ids is None
+    assert p.skip_reading_prefix_cache is None
+    assert SamplingParams(thinking_token_budget=None).thinking_token_budget is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "advice"),
+    [
+        ("thinking_token_budget", 64, "max_tokens"),
+        ("repetition_detection", object(), "repetition_penalty"),
+        ("logprob_token_ids", [5], "logprobs=k"),
+        ("skip_reading_prefix_cache", True, "enable_prefix_caching=False"),
+    ],
+)
+def test_vllm_fields_that_ask_for_more_say_what_to_use(field: str, value: object, advice: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must be None") as e:
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+    assert advice in str(e.value)
 
 
 def test_every_field_has_a_type_check() -> None:

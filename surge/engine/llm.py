@@ -101,6 +101,10 @@ class LLM:
         scheduling_policy: "fcfs" (arrival order; the default) or "priority" (by each
             request's ``priority``, lower first, then arrival: :meth:`generate`'s ``priority``),
             as vLLM's.
+        chat_template: vLLM's: a Jinja chat template file, or the template text (a value with
+            a ``{``), or None; :meth:`chat` applies it when its own ``chat_template`` is None
+            (vLLM 0.26 loads it into ``llm.chat_template`` but its ``chat`` does not use it).
+            Read and parsed here, as the server's ``--chat-template``.
 
     vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
     ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
@@ -143,12 +147,20 @@ class LLM:
         grammar_compile_timeout: float = 60.0,
         hf_overrides: dict[str, Any] | None = None,
         scheduling_policy: str = "fcfs",
+        chat_template: str | Path | None = None,
         **unexpected: Any,
     ) -> None:
         for name in [n for n in unexpected if n in _VLLM_DEFAULT_ONLY]:
             _check_vllm_default(name, unexpected.pop(name))
+            if name == "disable_custom_all_reduce" and tp_all_reduce == "auto":
+                raise ValueError(
+                    "LLM() got disable_custom_all_reduce=True and tp_all_reduce='auto', which "
+                    "contradict each other: 'auto' adds Surge's own one-shot all-reduce; leave "
+                    "tp_all_reduce out (NCCL only) or drop disable_custom_all_reduce"
+                )
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
+        self.chat_template = _load_chat_template(chat_template)
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
             from surge.cli import check_model_dir
 
@@ -504,7 +516,7 @@ class LLM:
         ``tools`` (OpenAI function definitions) are rendered by the template; parse the calls
         in the replies with :mod:`surge.server.parsers` (e.g. ``HermesToolParser``), or force
         them with ``structured_outputs`` (see docs/structured-outputs.md). ``chat_template``
-        replaces the tokenizer's; ``add_generation_prompt`` and ``continue_final_message`` are
+        replaces the tokenizer's (None: the ``LLM``'s own ``chat_template``, if it was given one); ``add_generation_prompt`` and ``continue_final_message`` are
         the template's (:func:`surge.tokenizer.apply_chat_template`); ``use_tqdm`` is
         :meth:`generate`'s, and so are ``lora_request`` and ``mm_processor_kwargs`` (None only).
         ``chat_template_content_format``: vLLM's "string" (each message's content reaches the
@@ -540,7 +552,7 @@ class LLM:
             apply_chat_template(
                 self.tokenizer,
                 conv,  # type: ignore[arg-type]
-                chat_template=chat_template,
+                chat_template=self.chat_template if chat_template is None else chat_template,
                 chat_template_kwargs=chat_template_kwargs,
                 check_text=texts.append,
                 tools=tools,
@@ -686,6 +698,26 @@ _VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {
 """vLLM ``LLM(...)`` arguments that Surge takes only at a value that asks for nothing beyond
 what it does (vLLM's default, or its equivalent): the accepted values and, for any other, why
 not and what to use instead (:func:`_check_vllm_default`)."""
+
+
+def _load_chat_template(chat_template: object) -> str | None:
+    """``LLM(chat_template=...)``'s template text: a file's text, or the value itself when it
+    looks like a template (:func:`surge.server.cli._read_chat_template`), or None.
+
+    Raises:
+        ValueError: not a string, path or None; a file that cannot be read, a value that is
+            neither a file nor a template, or a template that does not parse.
+    """
+    if chat_template is None:
+        return None
+    if not isinstance(chat_template, str | Path):
+        raise ValueError(
+            f"chat_template must be a template file's path, the template text or None, "
+            f"got {type(chat_template).__name__}"
+        )
+    from surge.server.cli import _read_chat_template
+
+    return _read_chat_template(str(chat_template), name="chat_template")
 
 
 def _check_vllm_default(name: str, value: object) -> None:

@@ -276,6 +276,8 @@ def build_app(
     # ``path``: served names may hold a slash (``Qwen/Qwen3-8B``), as the OpenAI SDK sends them
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str) -> dict[str, Any]:
+        if not model:  # ``/v1/models/``: a trailing slash, no name: no route, as the other URLs
+            raise StarletteHTTPException(status_code=404)
         state.check_model(model)
         return model_card(model)
 

@@ -295,9 +295,10 @@ def add_serve_parser(subparsers: Any) -> None:
     p.set_defaults(func=run_serve)
 
 
-def _read_chat_template(value: str | None) -> str | None:
+def _read_chat_template(value: str | None, name: str = "--chat-template") -> str | None:
     """The ``--chat-template`` flag's template: a file's text, or the value itself when it
-    looks like a Jinja template. Raises ``ValueError`` (one line) when the file cannot be
+    looks like a Jinja template. Raises ``ValueError`` (one line, starting with ``name``: the
+    flag, or the offline ``LLM(chat_template=...)``'s argument) when the file cannot be
     read, the value is neither, or the template does not parse, so a broken template stops
     the server at start-up instead of failing every chat request."""
     if value is None:
@@ -311,11 +312,11 @@ def _read_chat_template(value: str | None) -> str | None:
         try:
             template = path.read_text()
         except OSError as e:
-            raise ValueError(f"--chat-template: cannot read {value!r}: {e.strerror}") from e
+            raise ValueError(f"{name}: cannot read {value!r}: {e.strerror}") from e
     elif "{" in value:
         template = value
     else:
-        raise ValueError(f"--chat-template: {value!r} is neither a file nor a template")
+        raise ValueError(f"{name}: {value!r} is neither a file nor a template")
     try:  # the environment transformers renders chat templates with (its own extensions)
         from transformers.utils.chat_template_utils import _compile_jinja_template
     except ImportError:  # a transformers without it: the first chat request reports the error
@@ -325,7 +326,7 @@ def _read_chat_template(value: str | None) -> str | None:
     except Exception as e:  # noqa: BLE001 - jinja2's TemplateSyntaxError and its relatives
         line = getattr(e, "lineno", None)
         where = f" (line {line})" if line else ""
-        raise ValueError(f"--chat-template: the template does not parse{where}: {e}") from e
+        raise ValueError(f"{name}: the template does not parse{where}: {e}") from e
     return template
 
 

@@ -556,3 +556,36 @@ def test_output_kind_final_only_gives_the_final_output(llm: LLM) -> None:
     out = llm.generate("Once upon", final)[0].outputs[0]
     assert out.token_ids == llm.generate("Once upon", GREEDY)[0].outputs[0].token_ids
     assert out.finish_reason == "length" and len(out.token_ids) == 8
+
+
+def test_disable_custom_all_reduce_contradicting_tp_all_reduce_is_refused() -> None:
+    """``LLM(disable_custom_all_reduce=True, tp_all_reduce="auto")`` was taken, the vLLM flag
+    silently having no effect; both are named now (NCCL-only ``tp_all_reduce`` agrees with it)."""
+    with pytest.raises(ValueError, match=r"disable_custom_all_reduce=True and tp_all_reduce='auto'"):
+        LLM(device="cpu", disable_custom_all_reduce=True, tp_all_reduce="auto")
+
+
+def test_llm_chat_template_is_chats_default(tmp_path: Path) -> None:
+    """vLLM's ``LLM(chat_template=...)`` was a TypeError: a template file or its text is read
+    and parsed at once, and applies to ``chat`` unless the call gives its own."""
+    messages = [{"role": "user", "content": "hi"}]
+    template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    other = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    for given in (template, path, str(path)):
+        with LLM(device="cpu", chat_template=given) as model:
+            assert model.chat_template == template
+            assert model.chat(messages, GREEDY)[0].prompt == "hi|"
+            assert model.chat(messages, GREEDY, chat_template=other)[0].prompt == "[hi]"
+    refused = [
+        (
+            str(tmp_path / "missing.jinja"),
+            r"^chat_template: '.*missing.jinja' is neither a file nor a template",
+        ),
+        ("{% for m in messages %}", "^chat_template: the template does not parse"),
+        (5, "^chat_template must be a template file's path, the template text or None, got int"),
+    ]
+    for value, match in refused:
+        with pytest.raises(ValueError, match=match):
+            LLM(device="cpu", chat_template=value)

@@ -359,11 +359,13 @@ def test_a_request_id_with_a_slash_is_refused_as_a_response_id(server: Server, m
         ("GET", "/v1/responses/"),
         ("POST", "/v1/responses/x/cancel/"),
         ("POST", "/v1/chat/completions/"),
+        ("GET", "/v1/models/"),
     ],
 )
 def test_a_trailing_slash_is_a_404_error_body(server: Server, method: str, path: str) -> None:
     """``DELETE /v1/responses/`` answered a 307 with an empty body (to ``/v1/responses``, which
-    curl and httpx do not follow): a 404 OpenAI error body naming the URL, as OpenAI answers."""
+    curl and httpx do not follow): a 404 OpenAI error body naming the URL, as OpenAI answers.
+    ``GET /v1/models/`` was a model_not_found for the model ''."""
     r = httpx.request(method, server.url + path, json={} if method == "POST" else None, timeout=60)
     assert r.status_code == 404, (r.status_code, r.headers, r.text)
     assert r.json() == {
