@@ -18,6 +18,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_REPETITION = 6
 
     @property
     def is_finished(self) -> bool:
@@ -25,7 +26,8 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        """OpenAI finish reason: "stop", "length", "abort", or None while unfinished."""
+        """OpenAI finish reason: "stop", "length", "abort", vLLM's "repetition"
+        (``SamplingParams.repetition_detection``), or None while unfinished."""
         return _FINISH_REASONS.get(self)
 
 
@@ -33,6 +35,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_REPETITION: "repetition",
 }
 
 

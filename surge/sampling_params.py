@@ -6,7 +6,7 @@ import enum
 import math
 import numbers
 import reprlib
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -216,16 +216,28 @@ def _as_thinking_budget(name: str, value: object) -> None:
     )
 
 
-def _as_no_repetition_detection(name: str, value: object) -> None:
-    """vLLM's ``repetition_detection`` when None.
+def _as_repetition_detection(name: str, value: object) -> RepetitionDetectionParams | None:
+    """``value`` (a :class:`RepetitionDetectionParams` or a dict of its fields) as the params,
+    or None when it detects nothing (``max_pattern_size`` 0, vLLM's "disabled").
 
     Raises:
-        ValueError: any other value: Surge does not detect repeated n-grams.
+        ValueError: another type, an unknown key, or values vLLM refuses (see the class).
     """
-    raise ValueError(
-        f"{name} must be None, got {_got(value)}: Surge does not end a request on repeated n-grams "
-        "(bound the output with max_tokens, or discourage repeats with repetition_penalty)"
-    )
+    if isinstance(value, dict):
+        unknown = sorted(str(k) for k in value if k not in RepetitionDetectionParams.__struct_fields__)
+        if unknown:
+            raise ValueError(
+                f"{name} has unknown keys {unknown}: it takes max_pattern_size, min_pattern_size, min_count"
+            )
+        for key, v in value.items():
+            if type(v) is not int:
+                raise ValueError(f"{name}.{key} must be an integer, got {_got(v)}")
+        value = RepetitionDetectionParams(**value)
+    if not isinstance(value, RepetitionDetectionParams):
+        raise ValueError(
+            f"{name} must be a RepetitionDetectionParams, a dict of its fields or None, got {_got(value)}"
+        )
+    return value if value.max_pattern_size > 0 else None
 
 
 def _as_no_logprob_token_ids(name: str, value: object) -> None:
@@ -412,6 +424,79 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
         return kind, value.get(kind) or "", self.any_whitespace
 
 
+class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Ends a request whose output ends with a repeated n-gram (vLLM 0.26's
+    ``RepetitionDetectionParams``, checked as its scheduler's ``check_sequence_repetition``).
+
+    After each generated token, for every pattern length ``L`` from ``min_pattern_size`` to
+    ``max_pattern_size``: when the output's last ``L * min_count`` tokens are the same ``L``
+    tokens ``min_count`` times over, the request ends with finish reason ``"repetition"`` (stop
+    reason ``"repetition_detected"``). Not before ``min_tokens`` outputs, and a stop token or
+    the length limit on the same token wins, as in vLLM.
+
+    Attributes:
+        max_pattern_size: the longest pattern checked, in tokens; 0 turns detection off.
+        min_pattern_size: the shortest, in tokens (0 means 1).
+        min_count: how many times the pattern must stand back to back (>= 2 when detection is on).
+
+    Raises:
+        ValueError: on construction, vLLM's checks: a negative size, ``min_pattern_size`` above
+            ``max_pattern_size``, ``min_count`` below 2 with detection on, or a size or count
+            above 2**31 - 1.
+    """
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"repetition_detection.{name} must be an integer, got {_got(value)}")
+            if value > _INT32_MAX:
+                raise ValueError(f"repetition_detection.{name} must be at most {_INT32_MAX}, got {value}")
+        if (
+            self.max_pattern_size < 0
+            or self.min_pattern_size < 0
+            or self.min_pattern_size > self.max_pattern_size
+        ):
+            raise ValueError(
+                "repetition_detection: max_pattern_size and min_pattern_size must be >= 0, with "
+                f"min_pattern_size <= max_pattern_size (got {self.min_pattern_size} and {self.max_pattern_size}); "
+                "set both to 0 to turn detection off"
+            )
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise ValueError(
+                f"repetition_detection.min_count must be at least 2 when max_pattern_size is set, got "
+                f"{self.min_count} (set max_pattern_size to 0 to turn detection off)"
+            )
+
+    def detects(self, token_ids: Sequence[int]) -> bool:
+        """Whether ``token_ids`` (a request's output so far) ends with some pattern of
+        ``min_pattern_size..max_pattern_size`` tokens repeated ``min_count`` times back to back.
+
+        Cost: one comparison per pattern length on ordinary text (the last token against the
+        one a pattern earlier); a full check, ``size * min_count`` tokens, only where that matches.
+        """
+        count = self.min_count
+        if self.max_pattern_size <= 0 or count < 2:
+            return False
+        n = len(token_ids)
+        for size in range(max(1, self.min_pattern_size), self.max_pattern_size + 1):
+            span = size * count
+            if span > n:
+                return False
+            if token_ids[n - 1] != token_ids[n - 1 - size]:
+                continue  # the usual case: one comparison per length
+            tail = token_ids[n - size :]
+            if all(
+                token_ids[n - span + k * size : n - span + (k + 1) * size] == tail for k in range(count - 1)
+            ):
+                return True
+        return False
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """How to sample the tokens of one request (names follow vLLM's ``SamplingParams``).
 
@@ -476,7 +561,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             (Surge never copies them: they are frozen).
         thinking_token_budget: vLLM's cap on reasoning tokens: None or -1 (unlimited, kept as
             None) only; Surge does not count reasoning tokens.
-        repetition_detection: vLLM's early stop on repeated n-grams: None only.
+        repetition_detection: vLLM's early stop on a repeated n-gram at the output's end
+            (:class:`RepetitionDetectionParams`, or a dict of its fields), or None. One that
+            detects nothing (``max_pattern_size`` 0) becomes None.
         logprob_token_ids: vLLM's log-probabilities of chosen token ids: None or empty only
             (an empty list becomes None); use ``logprobs``.
         skip_reading_prefix_cache: vLLM's per-request prefix-cache choice: None only (the
@@ -524,7 +611,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     extra_args: dict[str, Any] | None = None
     skip_clone: bool = False
     thinking_token_budget: int | None = None
-    repetition_detection: None = None
+    repetition_detection: RepetitionDetectionParams | None = None
     logprob_token_ids: tuple[int, ...] | None = None
     skip_reading_prefix_cache: bool | None = None
     model_default_fields: tuple[str, ...] = ()
@@ -745,7 +832,7 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "extra_args": ((type(None),), _as_extra_args),
     "skip_clone": (_BOOL, _as_bool),
     "thinking_token_budget": ((type(None),), _as_thinking_budget),
-    "repetition_detection": ((type(None),), _as_no_repetition_detection),
+    "repetition_detection": ((type(None),), _optional(_as_repetition_detection)),
     "logprob_token_ids": ((type(None),), _as_no_logprob_token_ids),
     "skip_reading_prefix_cache": ((type(None),), _as_no_cache_choice),
     "model_default_fields": (_SEQ, _as_default_fields),
@@ -800,8 +887,16 @@ def reported_stop_ids(
     return (frozenset(params.stop_token_ids) | eos) - ({primary_eos} & eos)
 
 
-def stop_reason_of(stop_token_id: int | None, stop_ids: Collection[int]) -> int | None:
+REPETITION_STOP_REASON = "repetition_detected"
+"""vLLM's ``stop_reason`` of a request that ``repetition_detection`` ended."""
+
+
+def stop_reason_of(
+    stop_token_id: int | None, stop_ids: Collection[int], finish_reason: str | None = None
+) -> int | str | None:
     """vLLM's ``stop_reason`` for the token that ended a request: its id when it is one of
     ``stop_ids`` (:func:`reported_stop_ids`), None for the primary EOS (or when no token ended
-    it)."""
+    it); :data:`REPETITION_STOP_REASON` when ``finish_reason`` is "repetition"."""
+    if finish_reason == "repetition":
+        return REPETITION_STOP_REASON
     return stop_token_id if stop_token_id is not None and stop_token_id in stop_ids else None

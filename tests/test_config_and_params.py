@@ -12,7 +12,13 @@ import pytest
 
 from surge.config import ModelConfig
 from surge.engine.llm_engine import split_n
-from surge.sampling_params import _FIELD_CHECKS, RequestOutputKind, SamplingParams, StructuredOutputsParams
+from surge.sampling_params import (
+    _FIELD_CHECKS,
+    RepetitionDetectionParams,
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +104,7 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("thinking_token_budget", 100),
     ("thinking_token_budget", 0),
     ("thinking_token_budget", -1.0),
-    ("repetition_detection", {"max_pattern_size": 4, "min_count": 3}),
+    ("repetition_detection", 5),
     ("logprob_token_ids", [5, 7]),
     ("logprob_token_ids", 5),
     ("skip_reading_prefix_cache", True),
@@ -127,7 +133,6 @@ def test_vllm_fields_that_ask_for_nothing_are_taken() -> None:
     ("field", "value", "advice"),
     [
         ("thinking_token_budget", 64, "max_tokens"),
-        ("repetition_detection", object(), "repetition_penalty"),
         ("logprob_token_ids", [5], "logprobs=k"),
         ("skip_reading_prefix_cache", True, "enable_prefix_caching=False"),
     ],
@@ -136,6 +141,64 @@ def test_vllm_fields_that_ask_for_more_say_what_to_use(field: str, value: object
     with pytest.raises(ValueError, match=rf"^{field} must be None") as e:
         SamplingParams(**{field: value})  # type: ignore[arg-type]
     assert advice in str(e.value)
+
+
+def _repeats_reference(tokens: list[int], max_size: int, min_size: int, count: int) -> bool:
+    """The definition, spelled out: some pattern length L in [max(1, min_size), max_size] whose
+    last L * count tokens are count copies of the last L."""
+    for size in range(max(1, min_size), max_size + 1):
+        if size * count <= len(tokens) and tokens[len(tokens) - size * count :] == tokens[-size:] * count:
+            return True
+    return False
+
+
+def test_repetition_detection_matches_its_definition() -> None:
+    rng = np.random.default_rng(0)
+    hits = 0
+    for trial in range(3000):
+        max_size = int(rng.integers(1, 7))
+        min_size = int(rng.integers(0, max_size + 1))
+        count = int(rng.integers(2, 5))
+        # few distinct tokens and pasted patterns, so that repeats are common
+        tokens = [int(t) for t in rng.integers(0, 3, size=int(rng.integers(0, 12)))]
+        if trial % 2:
+            tokens += [int(t) for t in rng.integers(0, 3, size=int(rng.integers(1, 5)))] * count
+        params = RepetitionDetectionParams(
+            max_pattern_size=max_size, min_pattern_size=min_size, min_count=count
+        )
+        expected = _repeats_reference(tokens, max_size, min_size, count)
+        assert params.detects(tokens) == expected, (tokens, params)
+        hits += expected
+    assert 300 < hits < 2700  # both outcomes exercised
+
+
+def test_repetition_detection_fields_and_vllm_checks() -> None:
+    p = SamplingParams(repetition_detection={"max_pattern_size": 8, "min_pattern_size": 2, "min_count": 3})
+    assert p.repetition_detection == RepetitionDetectionParams(
+        max_pattern_size=8, min_pattern_size=2, min_count=3
+    )
+    # vLLM's "disabled" form is None; it survives the engine's msgpack boundary
+    assert SamplingParams(repetition_detection=RepetitionDetectionParams()).repetition_detection is None
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams)
+    assert wire.repetition_detection == p.repetition_detection
+    for bad, match in [
+        ({"max_pattern_size": -1}, "must be >= 0"),
+        (
+            {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2},
+            "min_pattern_size <= max_pattern_size",
+        ),
+        ({"max_pattern_size": 2, "min_count": 1}, "min_count must be at least 2"),
+        ({"max_pattern_size": 2**31, "min_count": 2}, "at most"),
+        ({"max_pattern_size": 4}, r"^repetition_detection.min_count must be at least 2"),
+        ({"max_pattern_size": 4, "min_count": 3.0}, r"^repetition_detection.min_count must be an integer"),
+        (
+            {"max_pattern_size": True, "min_count": 3},
+            r"^repetition_detection.max_pattern_size must be an integer",
+        ),
+        ({"max_pattern_size": 4, "min_count": 3, "window": 9}, r"unknown keys \['window'\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(repetition_detection=bad)
 
 
 def test_every_field_has_a_type_check() -> None:

@@ -129,7 +129,7 @@ class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     Attributes:
         request_id: the request.
         new_token_ids: tokens generated this step (usually one).
-        finish_reason: "stop", "length" or "abort" once finished, else None.
+        finish_reason: "stop", "length", "abort" or "repetition" once finished, else None.
         stop_token_id: the EOS or stop token that ended it, if any (it is part of
             ``new_token_ids``; the detokenizer leaves it out of the text).
         num_prompt_tokens: prompt length in tokens.
@@ -194,7 +194,7 @@ class CompletionOutput:
         text: the generated text (stop strings and stop tokens excluded); ``""`` under
             ``SamplingParams(detokenize=False)``.
         token_ids: the generated token ids (a final EOS or stop token included).
-        finish_reason: "stop" or "length".
+        finish_reason: "stop", "length" or "repetition".
         stop_reason: the stop string or stop token id that ended it, if any.
         logprobs: with ``SamplingParams.logprobs``, one dict per token of ``token_ids`` (each
             ``decoded_token`` None under ``detokenize=False``).

@@ -385,7 +385,9 @@ class Scheduler:
         Stop checks, in order: EOS (unless ``ignore_eos``) or a stop token id, once at least
         ``min_tokens`` tokens exist (at once for a request with ``structured_outputs`` or
         ``allowed_token_ids``, whose constraints can leave the sampler no other token) -> "stop";
-        ``max_tokens`` reached -> "length"; ``max_model_len`` reached -> "length". Requests that
+        ``max_tokens`` reached -> "length"; ``max_model_len`` reached -> "length"; the output's end
+        repeats an n-gram (``repetition_detection``, once ``min_tokens`` tokens exist) ->
+        "repetition", as vLLM 0.26's ``check_stop``. Requests that
         were aborted, preempted or finished since ``schedule`` are skipped (their token of this
         step is dropped).
 
@@ -438,6 +440,12 @@ class Scheduler:
                 status, stop_token = RequestStatus.FINISHED_STOPPED, token
             elif n_out >= params.max_tokens or request.num_tokens >= max_len:
                 status = RequestStatus.FINISHED_LENGTH
+            elif (
+                params.repetition_detection is not None
+                and n_out >= params.min_tokens
+                and params.repetition_detection.detects(request.output_token_ids)
+            ):
+                status = RequestStatus.FINISHED_REPETITION
             out = EngineOutput(
                 request.request_id,
                 [token],

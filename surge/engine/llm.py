@@ -605,7 +605,7 @@ class LLM:
                     child.stop_reason = detokenizer.stop_matched
                 elif out.finish_reason is not None:
                     child.finish_reason = out.finish_reason
-                    child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_ids)
+                    child.stop_reason = stop_reason_of(out.stop_token_id, child.stop_ids, out.finish_reason)
                 if child.finish_reason is not None:
                     if detokenizer is not None:
                         detokenizer.flush()

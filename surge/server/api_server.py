@@ -83,9 +83,10 @@ from surge.web.ui import mount_web_ui
 logger = logging.getLogger("surge.server")
 
 
-_NESTED_OBJECT_FIELDS = ("stream_options",)
+_NESTED_OBJECT_FIELDS = ("stream_options", "repetition_detection")
 """Request fields that are objects of named keys (no list, no union): a bad key's value is named
-by its dotted path (``stream_options.include_obfuscation``); other errors name the top field."""
+by its dotted path (``stream_options.include_obfuscation``, ``repetition_detection.min_count``);
+other errors name the top field."""
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

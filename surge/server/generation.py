@@ -361,7 +361,7 @@ class Generation:
             choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
         elif out.finish_reason is not None:
             choice.finish_reason = out.finish_reason
-            choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_ids)
+            choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_ids, out.finish_reason)
         if out.first_scheduled_time is not None and out.first_token_time is not None:
             choice.engine_times = (out.first_scheduled_time, out.first_token_time)
         if choice.finish_reason is not None:

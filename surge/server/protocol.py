@@ -88,6 +88,18 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None
 
 
+class RepetitionDetection(BaseModel):
+    """vLLM's ``repetition_detection``: end the output, with finish reason ``"repetition"``
+    and stop reason ``"repetition_detected"``, once its last tokens repeat one pattern of
+    ``min_pattern_size``..``max_pattern_size`` tokens ``min_count`` times back to back
+    (:class:`surge.sampling_params.RepetitionDetectionParams` checks the combination)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_pattern_size: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+    min_pattern_size: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+    min_count: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+
+
 def _admits_null(prop: dict[str, Any]) -> bool:
     """Whether a property's JSON schema accepts ``null`` (an ``Any`` field has no type at all)."""
     if not {"type", "anyOf", "oneOf", "allOf", "$ref", "const", "enum"} & prop.keys():
@@ -158,6 +170,7 @@ class SamplingRequestFields(RequestBody):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    repetition_detection: RepetitionDetection | None = None
     add_special_tokens: bool | None = None
     request_id: str | None = None
     cache_salt: str | None = None  # vLLM's: non-empty; only requests with the same salt share cached blocks

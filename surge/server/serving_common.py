@@ -425,10 +425,15 @@ def build_sampling_params(
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=req.repetition_penalty,
             structured_outputs=structured_outputs,
+            repetition_detection=(
+                None if req.repetition_detection is None else req.repetition_detection.model_dump()
+            ),
         )
     except ValueError as e:
-        field = str(e).split(" ", 1)[0]
-        raise bad_request(str(e), param=field if field in type(req).model_fields else None) from e
+        field = str(e).split(" ", 1)[0].rstrip(":")  # "min_p", "repetition_detection.min_count"
+        raise bad_request(
+            str(e), param=field if field.split(".")[0] in type(req).model_fields else None
+        ) from e
 
 
 def resolve_max_tokens(state: ServerState, req: SamplingRequestFields, num_prompt_tokens: int) -> int:

@@ -374,6 +374,32 @@ def test_stop_token_ids() -> None:
     assert r.output_token_ids == [7, 7, 9]
 
 
+def test_repetition_detection_gives_repetition_after_min_tokens() -> None:
+    """vLLM 0.26's check_stop order: a repeated n-gram at the output's end finishes the request
+    with "repetition" once min_tokens outputs exist; a stop token or the length limit on the
+    same token wins; a request without detection runs on."""
+    cycle = [7, 8, 9]
+
+    def tokens(r: Request) -> int:
+        return cycle[r.num_output_tokens % 3]
+
+    detect = {"max_pattern_size": 4, "min_count": 3}
+    sched = _make()
+    sched.add_request(_req("a", 5, max_tokens=30, repetition_detection=detect))
+    sched.add_request(_req("b", 5, max_tokens=30, repetition_detection=detect, min_tokens=11))
+    sched.add_request(_req("c", 5, max_tokens=9, repetition_detection=detect))  # length on the 9th
+    sched.add_request(_req("d", 5, max_tokens=9, repetition_detection=detect, stop_token_ids=[9]))
+    sched.add_request(_req("e", 5, max_tokens=30))
+    reqs = {r.request_id: r for r in sched.waiting}
+    finals = _run(sched, tokens)
+    assert finals["a"].finish_reason == "repetition" and finals["a"].stop_token_id is None
+    assert reqs["a"].output_token_ids == cycle * 3
+    assert finals["b"].finish_reason == "repetition" and reqs["b"].num_output_tokens == 11
+    assert finals["c"].finish_reason == "length" and reqs["c"].num_output_tokens == 9
+    assert finals["d"].finish_reason == "stop" and reqs["d"].num_output_tokens == 3
+    assert finals["e"].finish_reason == "length" and reqs["e"].num_output_tokens == 30
+
+
 def test_prefix_cache_hit_on_shared_long_prefix() -> None:
     shared = list(range(1000, 1064))  # 8 full blocks
 

@@ -46,6 +46,34 @@ def test_bad_words_apply_next_to_bad_word_ids(llm: LLM) -> None:
     assert word not in out.text.split() and 5 not in out.token_ids
 
 
+def test_repetition_detection_offline(llm: LLM) -> None:
+    """vLLM 0.26's ``repetition_detection`` offline: a two-token loop (allowed_token_ids, greedy
+    picks by the model) ends once its pattern stands min_count times, with vLLM's finish and stop
+    reasons; the same request without it runs to max_tokens."""
+    from surge.sampling_params import RepetitionDetectionParams
+
+    allowed = [5, 6]
+    base = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, allowed_token_ids=allowed)
+    free = llm.generate("Once upon a time", base)[0].outputs[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 48
+    detect = RepetitionDetectionParams(max_pattern_size=4, min_count=3)
+    # where the scheduler must stop: the first prefix of the free run that ends in a repeat
+    ends = [n for n in range(1, 49) if detect.detects(free.token_ids[:n])]
+    assert ends, free.token_ids  # greedy decoding over two tokens loops (checked, not assumed)
+    params = msgspec.structs.replace(base, repetition_detection=detect)
+    out = llm.generate("Once upon a time", params)[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("repetition", "repetition_detected")
+    assert out.token_ids == free.token_ids[: ends[0]]
+    as_dict = SamplingParams(
+        temperature=0.0,
+        max_tokens=48,
+        ignore_eos=True,
+        allowed_token_ids=allowed,
+        repetition_detection={"max_pattern_size": 4, "min_count": 3},
+    )
+    assert llm.generate("Once upon a time", as_dict)[0].outputs[0].token_ids == out.token_ids
+
+
 def test_a_closed_llm_refuses_work() -> None:
     """Without workers, generate() after close() still ran; with tensor-parallel workers it
     raised WorkerDiedError. Both now refuse the same way."""

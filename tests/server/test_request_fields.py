@@ -357,6 +357,56 @@ def test_stop_reason(server: Server, kind: str) -> None:
     assert (finish, stop) == ("length", None)
 
 
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_repetition_detection_ends_a_repeating_output(server: Server, kind: str) -> None:
+    """vLLM 0.26's repetition_detection: an output made to repeat one token (allowed_token_ids)
+    ends after min_count copies with finish_reason "repetition" and stop_reason
+    "repetition_detected", streamed or not; min_tokens holds it back; the engine's counter of
+    finished requests has the reason."""
+    path = CHAT if kind == "chat" else CMPL
+    token = _tokens(server, " the")[-1]
+    base: dict[str, Any] = ({"messages": MSGS} if kind == "chat" else {"prompt": PROMPT}) | {
+        "max_tokens": 40,
+        "allowed_token_ids": [token],
+        "return_token_ids": True,
+        "repetition_detection": {"max_pattern_size": 3, "min_count": 4},
+    }
+    full = _post(server, path, base).json()
+    text, finish, stop = _choice(full, kind)
+    assert (finish, stop) == ("repetition", "repetition_detected")
+    assert full["choices"][0]["token_ids"] == [token] * 4
+    assert full["usage"]["completion_tokens"] == 4
+    assert _streamed(_events(server, path, base), kind) == (text, "repetition", "repetition_detected")
+    held = _post(server, path, base | {"min_tokens": 9}).json()
+    assert (
+        held["choices"][0]["token_ids"] == [token] * 9 and held["choices"][0]["finish_reason"] == "repetition"
+    )
+    # detection that finds nothing, or turned off (max_pattern_size 0), leaves the length limit
+    for off in ({"max_pattern_size": 3, "min_count": 41}, {"max_pattern_size": 0}):
+        r = _post(server, path, base | {"repetition_detection": off}).json()
+        assert (r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]) == ("length", 40)
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    assert re.search(r'request_success_total\{[^}]*finished_reason="repetition"[^}]*\} [1-9]', metrics)
+
+
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [
+        ({"max_pattern_size": 3}, "repetition_detection.min_count"),
+        ({"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}, "repetition_detection"),
+        ({"max_pattern_size": -1, "min_count": 2}, "repetition_detection.max_pattern_size"),
+        ({"max_pattern_size": 3, "min_count": 2, "window": 4}, "repetition_detection.window"),
+        ({"max_pattern_size": "3", "min_count": 2}, "repetition_detection.max_pattern_size"),
+        (3, "repetition_detection"),
+    ],
+)
+def test_bad_repetition_detection_is_a_400_naming_it(server: Server, value: Any, param: str) -> None:
+    r = _post(server, CMPL, {"prompt": PROMPT, "max_tokens": 2, "repetition_detection": value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "repetition_detection" in err["message"], err
+
+
 def test_stop_reason_openai_sdk(client: openai.OpenAI) -> None:
     model = client.models.list().data[0].id
     r = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0, stop=["girl"])
