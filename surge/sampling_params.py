@@ -845,10 +845,11 @@ for NumPy scalars)."""
 
 
 def truncated_prompt(
-    token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+    token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int, side: str = "left"
 ) -> list[int]:
-    """The last ``truncate_prompt_tokens`` of ``token_ids`` (vLLM's left truncation; -1 means
-    ``max_model_len``), or ``token_ids`` itself when None.
+    """The last ``truncate_prompt_tokens`` of ``token_ids`` (vLLM's default left truncation; -1
+    means ``max_model_len``), or the first ones with ``side="right"`` (vLLM's
+    ``truncation_side``), or ``token_ids`` itself when None.
 
     Raises:
         ValueError: ``truncate_prompt_tokens`` exceeds ``max_model_len`` (tokens).
@@ -858,7 +859,7 @@ def truncated_prompt(
     keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
     if keep > max_model_len:
         raise ValueError(f"truncate_prompt_tokens ({keep}) must not exceed max_model_len ({max_model_len})")
-    return token_ids[-keep:]
+    return token_ids[:keep] if side == "right" else token_ids[-keep:]
 
 
 def reported_stop_ids(

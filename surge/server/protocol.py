@@ -170,6 +170,7 @@ class SamplingRequestFields(RequestBody):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    truncation_side: Literal["left", "right"] | None = None  # vLLM's: the end truncate_prompt_tokens cuts
     repetition_detection: RepetitionDetection | None = None
     add_special_tokens: bool | None = None
     request_id: str | None = None

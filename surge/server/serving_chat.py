@@ -107,7 +107,7 @@ async def start_chat(
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
     )
-    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens)
+    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens, body.truncation_side)
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized

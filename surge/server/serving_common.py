@@ -373,16 +373,17 @@ async def render_chat(
 
 
 def truncate_prompt(
-    state: ServerState, token_ids: list[int], truncate_prompt_tokens: int | None
+    state: ServerState, token_ids: list[int], truncate_prompt_tokens: int | None, side: str | None = None
 ) -> list[int]:
-    """Keep the last ``truncate_prompt_tokens`` tokens of a prompt (vLLM's left truncation;
-    -1 means ``max_model_len``); None keeps it whole.
+    """Keep the last ``truncate_prompt_tokens`` tokens of a prompt (vLLM's default left
+    truncation; -1 means ``max_model_len``), or the first ones when ``side`` (the request's
+    ``truncation_side``) is "right"; None keeps it whole.
 
     Raises:
         ApiError: 400 naming ``truncate_prompt_tokens`` when it exceeds ``max_model_len``.
     """
     try:
-        return truncated_prompt(token_ids, truncate_prompt_tokens, state.max_model_len)
+        return truncated_prompt(token_ids, truncate_prompt_tokens, state.max_model_len, side or "left")
     except ValueError as e:
         raise bad_request(str(e), param="truncate_prompt_tokens") from None
 

@@ -70,10 +70,12 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[li
     for item in items:
         if isinstance(item, str):
             ids = next(encoded)
-            kept = truncate_prompt(state, ids, body.truncate_prompt_tokens)
+            kept = truncate_prompt(state, ids, body.truncate_prompt_tokens, body.truncation_side)
             out.append((kept, item if len(kept) == len(ids) else None))
         else:
-            out.append((truncate_prompt(state, list(item), body.truncate_prompt_tokens), None))
+            out.append(
+                (truncate_prompt(state, list(item), body.truncate_prompt_tokens, body.truncation_side), None)
+            )
     return out
 
 

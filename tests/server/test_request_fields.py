@@ -449,6 +449,34 @@ def test_truncate_prompt_tokens_of_a_prompt_longer_than_the_context(server: Serv
     assert r.json()["usage"]["prompt_tokens"] == 50
 
 
+def test_truncation_side_picks_the_end_that_is_kept(server: Server) -> None:
+    """vLLM's truncation_side: "left" (the default) keeps the last k prompt tokens, "right"
+    the first k, on completions (text and token ids, seen through echo and prompt_token_ids)
+    and chat; alone it cuts nothing; another value is a 400 naming it."""
+    long = PROMPT + " there was a little girl named Lily who liked to play"
+    ids = _tokens(server, long)
+    base = {"max_tokens": 1, "return_token_ids": True, "truncate_prompt_tokens": 5}
+    for prompt in (long, ids):
+        full = _post(server, CMPL, {"prompt": prompt, "max_tokens": 1, "return_token_ids": True}).json()
+        whole = full["choices"][0]["prompt_token_ids"]  # the text's: with its BOS
+        for side, kept in ((None, whole[-5:]), ("left", whole[-5:]), ("right", whole[:5])):
+            body = base | {"prompt": prompt} | ({} if side is None else {"truncation_side": side})
+            r = _post(server, CMPL, body)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["prompt_token_ids"] == kept, (prompt, side)
+    r = _post(server, CMPL, {"prompt": ids, "max_tokens": 1, "truncation_side": "right"})
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    msgs = [{"role": "user", "content": long}]
+    chat = {"messages": msgs, "max_tokens": 1, "return_token_ids": True}
+    whole = _post(server, CHAT, chat).json()["prompt_token_ids"]
+    for side, kept in (("left", whole[-4:]), ("right", whole[:4])):
+        r = _post(server, CHAT, chat | {"truncate_prompt_tokens": 4, "truncation_side": side})
+        assert r.json()["prompt_token_ids"] == kept, side
+    for path, body in ((CMPL, {"prompt": PROMPT}), (CHAT, {"messages": MSGS})):
+        r = _post(server, path, body | {"truncate_prompt_tokens": 2, "truncation_side": "middle"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncation_side", r.text
+
+
 def test_truncate_prompt_tokens_bounds(server: Server) -> None:
     for k in (0, -2):
         r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": k})
