@@ -328,7 +328,7 @@ def build_app(
             check_template_kwargs(body.chat_template_kwargs)
             state.check_chat_template(body.chat_template)
             check_continue_final_message(body.continue_final_message, body.add_generation_prompt)
-            ids = await render_chat(
+            ids, _ = await render_chat(
                 state,
                 body.messages,
                 body.add_generation_prompt,

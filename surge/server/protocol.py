@@ -337,6 +337,7 @@ class ChatCompletionRequest(SamplingRequestFields):
     echo: bool = False
     reasoning_effort: ReasoningEffort | None = None
     include_reasoning: bool = True
+    return_prompt_text: bool | None = None  # vLLM's: the templated prompt's text in the response
     # refused unless left at their defaults (field_policy.REFUSALS)
     audio: Any = None
     modalities: Any = None

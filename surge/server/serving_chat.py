@@ -47,6 +47,7 @@ class PreparedChat:
         gen: the generation running in the engine (the caller must consume or abort it).
         plan: how the output is parsed (tools, reasoning, grammar).
         prompt_ids: the templated prompt's token ids.
+        prompt_text: the templated prompt's text (before ``truncate_prompt_tokens``).
         params: the engine's sampling parameters.
         lp: the request's logprob options.
         created: Unix time (seconds) of the response.
@@ -56,6 +57,7 @@ class PreparedChat:
     gen: Generation
     plan: ChatPlan
     prompt_ids: list[int]
+    prompt_text: str
     params: SamplingParams
     lp: LogprobOptions
     created: int
@@ -96,7 +98,7 @@ async def start_chat(
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
     worker = state.tokenizer_worker
     plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
-    prompt_ids = await render_chat(
+    prompt_ids, prompt_text = await render_chat(
         state,
         body.messages,
         body.add_generation_prompt,
@@ -140,7 +142,7 @@ async def start_chat(
     except Exception:
         gen.abort()
         raise
-    return PreparedChat(request_id, gen, plan, prompt_ids, params, lp, created)
+    return PreparedChat(request_id, gen, plan, prompt_ids, prompt_text, params, lp, created)
 
 
 async def create_chat_completion(
@@ -188,16 +190,20 @@ async def create_chat_completion(
             extra["prompt_logprobs"] = vllm_prompt_logprobs(rows, lp.prompt_logprobs, strings)
         if return_ids:  # vLLM: the templated prompt's ids, once, at the top level
             extra["prompt_token_ids"] = prompt_ids
+        if body.return_prompt_text:  # vLLM: the templated prompt's text, at the top level
+            extra["prompt_text"] = prepared.prompt_text
         return await full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
 
     parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
+    text_sent: list[bool] = []  # return_prompt_text: the first role chunk of all carried it
 
     def role_chunk(index: int) -> bytes:
         """A choice's first chunk, as vLLM and OpenAI send it: the role and empty content (with
         ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM; with
-        ``return_token_ids``, the prompt's ids at the top level, as vLLM's role chunks)."""
+        ``return_token_ids``, the prompt's ids at the top level, as vLLM's role chunks; with
+        ``return_prompt_text``, the templated prompt's text, on the first role chunk only, as vLLM)."""
         choice = {"index": index, "delta": _ROLE_DELTA, "logprobs": None, "finish_reason": None}
         extra: dict[str, Any] = {}
         if env.usage_in_chunks == "running":
@@ -205,6 +211,9 @@ async def create_chat_completion(
             extra["usage"] = {"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p}
         if return_ids:
             extra["prompt_token_ids"] = prompt_ids
+        if body.return_prompt_text and not text_sent:
+            extra["prompt_text"] = prepared.prompt_text
+            text_sent.append(True)
         return env.chunk([choice], **extra)
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:

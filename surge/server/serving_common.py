@@ -344,8 +344,9 @@ async def render_chat(
     chat_template: str | None = None,
     continue_final_message: bool = False,
     add_special_tokens: bool | None = None,
-) -> list[int]:
-    """Token ids of ``messages`` (pydantic chat messages) under the request's chat template
+) -> tuple[list[int], str]:
+    """Token ids and rendered text (vLLM's ``prompt_text``) of ``messages`` (pydantic chat
+    messages) under the request's chat template
     (``chat_template``) or else the server's (with ``tools``, OpenAI function definitions, when
     given), rendered and tokenized on a tokenizer thread
     (:class:`surge.server.tokenization.TokenizerWorker`).

@@ -117,9 +117,16 @@ class TokenizerWorker:
         add_special_tokens: bool | None,
         bound: bool,
         tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
+    ) -> tuple[list[int], str]:
+        rendered: list[str] = []
+
+        def check(text: str) -> None:
+            rendered.append(text)
+            if bound:
+                self._check_bound(text, "messages")
+
         try:
-            return apply_chat_template(
+            ids = apply_chat_template(
                 self.tokenizer,
                 messages,
                 add_generation_prompt=add_generation_prompt,
@@ -127,12 +134,13 @@ class TokenizerWorker:
                 chat_template_kwargs=chat_template_kwargs,
                 continue_final_message=continue_final_message,
                 add_special_tokens=add_special_tokens,
-                check_text=(lambda text: self._check_bound(text, "messages")) if bound else None,
+                check_text=check,
                 tools=tools,
                 splittable=self.splittable,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
+        return ids, rendered[0]
 
     async def encode(
         self, text: str, *, add_special_tokens: bool = True, param: str | None = "prompt"
@@ -179,8 +187,8 @@ class TokenizerWorker:
         chat_template: str | None = None,
         continue_final_message: bool = False,
         add_special_tokens: bool | None = None,
-    ) -> list[int]:
-        """Token ids of chat ``messages`` (plain dicts) under the request's ``chat_template``,
+    ) -> tuple[list[int], str]:
+        """Token ids and text of chat ``messages`` (plain dicts) under the request's ``chat_template``,
         else the server's (with ``tools``, OpenAI function definitions, when given; see
         :func:`surge.tokenizer.apply_chat_template` for the options).
 

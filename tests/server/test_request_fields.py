@@ -477,6 +477,25 @@ def test_truncation_side_picks_the_end_that_is_kept(server: Server) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncation_side", r.text
 
 
+def test_return_prompt_text(server: Server) -> None:
+    """vLLM's chat return_prompt_text: the templated prompt's text at the top level of the
+    response, or of the first streamed chunk only (n=2 too); absent unless asked."""
+    body: dict[str, Any] = {"messages": MSGS, "max_tokens": 2, "return_token_ids": True}
+    plain = _post(server, CHAT, body).json()
+    assert "prompt_text" not in plain
+    asked = _post(server, CHAT, body | {"return_prompt_text": True}).json()
+    text = asked["prompt_text"]
+    assert MSGS[0]["content"] in text
+    # the bundled model has no template: its fallback rendering adds the BOS to the text's tokens
+    ids = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": True}).json()["tokens"]
+    assert ids == asked["prompt_token_ids"]
+    events = _events(server, CHAT, body | {"return_prompt_text": True, "n": 2})
+    carried = [e.get("prompt_text") for e in events[:-1]]
+    assert carried[0] == text and all("prompt_text" not in e for e in events[1:-1])
+    r = _post(server, CHAT, body | {"return_prompt_text": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_prompt_text"
+
+
 def test_truncate_prompt_tokens_bounds(server: Server) -> None:
     for k in (0, -2):
         r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": k})
