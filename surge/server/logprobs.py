@@ -63,7 +63,8 @@ def _prompt_logprobs(body: Any) -> int | None:
 
 def chat_options(body: Any) -> LogprobOptions:
     """Options of a chat request: ``logprobs`` (bool), ``top_logprobs`` (0..20, needs
-    ``logprobs: true``), ``prompt_logprobs`` (0..20, not with ``stream``).
+    ``logprobs: true``), ``prompt_logprobs`` (0..20, not with ``stream``; with ``echo`` and not
+    streamed, ``top_logprobs`` (0 when unset) unless sent, as vLLM's chat ``echo``).
 
     Raises:
         ApiError: 400 naming the field.
@@ -75,9 +76,10 @@ def chat_options(body: Any) -> LogprobOptions:
         top = _top_k(body.top_logprobs, "top_logprobs")
         if not body.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-    return LogprobOptions(
-        logprobs=(top or 0) if body.logprobs else None, prompt_logprobs=_prompt_logprobs(body)
-    )
+    prompt = _prompt_logprobs(body)
+    if prompt is None and getattr(body, "echo", False) and not body.stream:
+        prompt = top or 0  # vLLM: echo asks for the prompt's logprobs, top_logprobs of them
+    return LogprobOptions(logprobs=(top or 0) if body.logprobs else None, prompt_logprobs=prompt)
 
 
 def completion_options(body: Any) -> LogprobOptions:

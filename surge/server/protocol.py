@@ -31,6 +31,7 @@ from surge.server.field_policy import (
     REFUSED_FIELDS,
     first_refused,
 )
+from surge.tokenizer import content_text
 
 MAX_INT = 2**63 - 1
 """Largest value of an integer field without a tighter bound (int64, as the engine stores them)."""
@@ -349,16 +350,29 @@ class ChatCompletionRequest(SamplingRequestFields):
     media_io_kwargs: Any = None
 
     def check_unimplemented(self) -> None:
-        """As for every request, plus ``echo`` (supported on completions only) and
-        ``continue_final_message`` with ``add_generation_prompt``."""
+        """As for every request, plus ``continue_final_message`` with ``add_generation_prompt``."""
         super().check_unimplemented()
-        if self.echo:
-            raise bad_request("'echo' is not supported on chat completions by Surge yet", param="echo")
         check_continue_final_message(self.continue_final_message, self.add_generation_prompt)
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def echo_text(self) -> str:
+        """vLLM's chat ``echo``: the text the answer's content starts with, the last message's
+        content when that message has the answer's role (``assistant``, or the last message's own
+        role under ``add_generation_prompt: false``, as vLLM's ``get_chat_request_role``), else
+        (and without ``echo``) ``""``. Text parts are joined by newlines."""
+        if not self.echo or not self.messages:
+            return ""
+        last = self.messages[-1]
+        if self.add_generation_prompt and last.role != "assistant":
+            return ""
+        try:
+            return content_text(last.content)
+        except ValueError:
+            return ""  # a part the template refuses: its 400 comes from rendering
 
     @property
     def template_kwargs(self) -> dict[str, Any] | None:

@@ -161,6 +161,7 @@ async def create_chat_completion(
     strings = state.token_strings
     names = state.logprob_tokens(body)
     return_ids = bool(body.return_token_ids)
+    echo = body.echo_text
 
     def logprobs_of(rows: LogprobsLists | None) -> dict[str, Any] | None:
         if lp.logprobs is None:
@@ -174,6 +175,8 @@ async def create_chat_completion(
         for i, (text, finish, stop) in sorted(results.items()):
             await turn.pause()
             message, finish = plan.message(text, finish)
+            if echo:  # vLLM: the echoed message first, whatever the answer holds
+                message["content"] = echo + (message.get("content") or "")
             choice: dict[str, Any] = {
                 "index": i,
                 "message": message,
@@ -199,16 +202,21 @@ async def create_chat_completion(
     parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
     text_sent: list[bool] = []  # return_prompt_text: the first role chunk of all carried it
 
+    def running_usage() -> dict[str, Any]:
+        """With ``continuous_usage_stats``, the usage of a chunk sent before any token: the
+        prompt's tokens and none generated, as vLLM."""
+        if env.usage_in_chunks != "running":
+            return {}
+        p = len(prompt_ids)
+        return {"usage": {"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p}}
+
     def role_chunk(index: int) -> bytes:
         """A choice's first chunk, as vLLM and OpenAI send it: the role and empty content (with
         ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM; with
         ``return_token_ids``, the prompt's ids at the top level, as vLLM's role chunks; with
         ``return_prompt_text``, the templated prompt's text, on the first role chunk only, as vLLM)."""
         choice = {"index": index, "delta": _ROLE_DELTA, "logprobs": None, "finish_reason": None}
-        extra: dict[str, Any] = {}
-        if env.usage_in_chunks == "running":
-            p = len(prompt_ids)
-            extra["usage"] = {"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p}
+        extra = running_usage()
         if return_ids:
             extra["prompt_token_ids"] = prompt_ids
         if body.return_prompt_text and not text_sent:
@@ -221,6 +229,14 @@ async def create_chat_completion(
         for d in deltas:
             if d.first:
                 chunks.append(role_chunk(d.index))
+                if echo:  # vLLM: the echoed message in a chunk of its own after the role
+                    echoed = {
+                        "index": d.index,
+                        "delta": {"content": echo},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    chunks.append(env.chunk([echoed], **running_usage()))
             parser = parsers.get(d.index)
             delta, finish = plan.delta(parser, d.text, d.finish_reason)
             logprobs = logprobs_of(d.logprobs)

@@ -117,7 +117,6 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     (CHAT, {"messages": MSGS, "top_logprobs": 3}, 400, "logprobs"),
     (CHAT, {"messages": MSGS, "logit_bias": {"5": 500}}, 400, "logit_bias"),
     (CHAT, {"messages": MSGS, "chat_template_kwargs": {"tokenize": True}}, 400, "tokenize"),
-    (CHAT, {"messages": MSGS, "echo": True}, 400, "echo"),
     (CHAT, {"messages": MSGS, "model": "no-such-model"}, 404, "does not exist"),
     (CMPL, {"prompt": "x", "max_tokens": 600}, 400, "maximum context length is 512 tokens"),
     (CMPL, {"prompt": []}, 400, "prompt"),

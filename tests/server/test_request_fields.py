@@ -496,6 +496,42 @@ def test_return_prompt_text(server: Server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "return_prompt_text"
 
 
+def test_chat_echo_prepends_the_continued_message(server: Server) -> None:
+    """vLLM's chat echo: the last message's content starts the answer when it has the answer's
+    role (an assistant turn continued, or any last message under add_generation_prompt false),
+    in a chunk of its own after the role chunk when streamed; a user's last message is not
+    echoed under add_generation_prompt. Not streamed, echo asks for the prompt's logprobs
+    (top_logprobs of them, 0 when unset), as vLLM."""
+    partial = "Once upon a time, there was a"
+    msgs = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": partial}]
+    base: dict[str, Any] = {
+        "messages": msgs,
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
+    ref = _post(server, CHAT, base).json()
+    new = ref["choices"][0]["message"]["content"]
+    assert "prompt_logprobs" not in ref or ref["prompt_logprobs"] is None
+    r = _post(server, CHAT, base | {"echo": True}).json()
+    assert r["choices"][0]["message"]["content"] == partial + new
+    assert r["usage"] == ref["usage"]
+    rows = r["prompt_logprobs"]
+    assert len(rows) == r["usage"]["prompt_tokens"] and rows[0] is None and len(rows[1]) in (1, 2)
+    top = _post(server, CHAT, base | {"echo": True, "logprobs": True, "top_logprobs": 3}).json()
+    assert 3 <= len(top["prompt_logprobs"][1]) <= 4  # the prompt token, and the 3 most likely
+    events = _events(server, CHAT, base | {"echo": True})
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""} and deltas[1] == {"content": partial}
+    assert "".join(d.get("content") or "" for d in deltas) == partial + new
+    # a user's last message under add_generation_prompt: nothing to echo
+    plain = {"messages": MSGS, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    a = _post(server, CHAT, plain).json()["choices"][0]["message"]["content"]
+    assert _post(server, CHAT, plain | {"echo": True}).json()["choices"][0]["message"]["content"] == a
+
+
 def test_truncate_prompt_tokens_bounds(server: Server) -> None:
     for k in (0, -2):
         r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": k})
