@@ -159,17 +159,19 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--dataset",
         "--dataset-name",
-        choices=["random", "sharegpt", "custom", "prefix_repetition"],
+        choices=["random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt"],
         default="random",
         help="prompts (default random): random tokens, ShareGPT first turns, custom (a JSONL file of "
-        "prompts) or prefix_repetition (random prompts over a few shared prefixes), as vLLM's datasets of "
-        "those names; --dataset-name is vLLM's spelling",
+        "prompts), prefix_repetition (random prompts over a few shared prefixes), sonnet (lines of a text "
+        "file) or burstgpt (the lengths of a BurstGPT trace's rows), as vLLM's datasets of those names; "
+        "--dataset-name is vLLM's spelling",
     )
     p.add_argument(
         "--dataset-path",
         default=None,
-        help='ShareGPT JSON file (--dataset sharegpt) or JSONL file, one {"prompt": ...} object a line '
-        "(--dataset custom) (default: none)",
+        help='ShareGPT JSON file (--dataset sharegpt), JSONL file, one {"prompt": ...} object a line '
+        "(--dataset custom), text file (--dataset sonnet, e.g. vLLM's benchmarks/sonnet.txt) or BurstGPT "
+        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) (default: none)",
     )
     p.add_argument(
         "--input-len",
@@ -178,7 +180,7 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
         "templated prompt (role headers included) has exactly this many tokens (default 256; vLLM's 1024); "
-        "--random-input-len is vLLM's spelling",
+        "sets --sonnet-input-len with --dataset sonnet, as vLLM; --random-input-len is vLLM's spelling",
     )
     p.add_argument(
         "--output-len",
@@ -187,7 +189,8 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
-        "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len) as in vLLM; "
+        "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len, "
+        "--sonnet-output-len) as in vLLM; "
         "--random-output-len is vLLM's spelling",
     )
     p.add_argument(
@@ -254,6 +257,27 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="max_tokens of every request (default 128, or --output-len)",
     )
+    g = p.add_argument_group("sonnet dataset (vLLM's options)")
+    g.add_argument(
+        "--sonnet-input-len",
+        type=int,
+        default=None,
+        help="the most tokens of a prompt as the server counts it (chat template included); the number of "
+        "lines is this over the lines' mean length, as vLLM (default 550, or --input-len)",
+    )
+    g.add_argument(
+        "--sonnet-prefix-len",
+        type=int,
+        default=None,
+        help="about this many tokens of every prompt, with the instruction, are the file's first lines "
+        "(default 200)",
+    )
+    g.add_argument(
+        "--sonnet-output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default 150, or --output-len)",
+    )
     p.add_argument(
         "--sharegpt-output-len",
         type=int,
@@ -285,7 +309,7 @@ def add_bench_parser(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="ask the server to ignore EOS, so that every request runs to its length (default: on with "
-        "--dataset random, as vLLM's bench serve, off with the others)",
+        "--dataset random, as vLLM's bench serve, off with the others, burstgpt's and sonnet's included)",
     )
     p.add_argument(
         "--exact-length",
@@ -565,12 +589,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``surge bench serve``: exit 0 when every request succeeded, 1 otherwise."""
     from surge.bench.metrics import LATENCY_METRICS, parse_percentile_metrics
     from surge.bench.report import format_result_table
-    from surge.bench.serve import run_serve
+    from surge.bench.serve import FILE_DATASET_NAMES, FILE_DATASETS, run_serve
 
     for flag, value in (
         ("--output-len", args.output_len),
         ("--sharegpt-output-len", args.sharegpt_output_len),
         ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
+        ("--sonnet-output-len", args.sonnet_output_len),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -578,16 +603,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # vLLM's bench serve sets ignore_eos for its random dataset: every request runs to its length
     ignore_eos = args.dataset == "random" if args.ignore_eos is None else args.ignore_eos
     dataset = args.dataset
-    if dataset != "random" and args.input_len is not None:
+    if dataset not in ("random", "sonnet") and args.input_len is not None:
         own = {
             "sharegpt": "ShareGPT prompts keep their own lengths",
             "custom": "custom prompts keep their own lengths",
             "prefix_repetition": "use --prefix-repetition-prefix-len and --prefix-repetition-suffix-len",
+            "burstgpt": "each row's Request tokens is its prompt's length, as vLLM",
         }
-        raise ValueError(f"--input-len applies to --dataset random ({own[dataset]})")
-    if dataset not in ("sharegpt", "custom") and args.dataset_path is not None:
+        raise ValueError(f"--input-len applies to --dataset random or sonnet ({own[dataset]})")
+    if dataset == "burstgpt" and args.output_len is not None:
         raise ValueError(
-            f"--dataset-path applies to --dataset sharegpt or custom (--dataset {dataset} builds its prompts)"
+            "--output-len applies to the other datasets (--dataset burstgpt: each row's Response tokens is "
+            "its request's output length, as vLLM)"
+        )
+    if dataset not in FILE_DATASETS and args.dataset_path is not None:
+        raise ValueError(
+            f"--dataset-path applies to --dataset {FILE_DATASET_NAMES} (--dataset {dataset} builds "
+            "its prompts)"
+        )
+    if (
+        args.sonnet_input_len is not None
+        and args.input_len is not None
+        and args.sonnet_input_len != args.input_len
+    ):
+        raise ValueError(
+            f"--input-len {args.input_len} and --sonnet-input-len {args.sonnet_input_len} disagree (give one)"
         )
     own_flags = {
         "random": {"--random-prefix-len": args.random_prefix_len},
@@ -603,6 +643,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--prefix-repetition-num-prefixes": args.prefix_repetition_num_prefixes,
             "--prefix-repetition-output-len": args.prefix_repetition_output_len,
         },
+        "sonnet": {
+            "--sonnet-input-len": args.sonnet_input_len,
+            "--sonnet-prefix-len": args.sonnet_prefix_len,
+            "--sonnet-output-len": args.sonnet_output_len,
+        },
     }
     for owner, flags in own_flags.items():
         for flag, value in flags.items():
@@ -614,17 +659,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "sharegpt": ("--sharegpt-output-len", args.sharegpt_output_len),
         "custom": ("--custom-output-len", args.custom_output_len),
         "prefix_repetition": ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
+        "sonnet": ("--sonnet-output-len", args.sonnet_output_len),
     }.get(dataset, ("", None))
     if fixed[1] is not None and args.output_len is not None and args.output_len != fixed[1]:
         raise ValueError(f"--output-len {args.output_len} and {fixed[0]} {fixed[1]} disagree (give one)")
     own_output = args.output_len if fixed[1] is None else fixed[1]
-    default_output = {"prefix_repetition": 128}.get(dataset, 256)  # vLLM's defaults
+    default_output = {"prefix_repetition": 128, "sonnet": 150}.get(dataset, 256)  # vLLM's defaults
     output_len = next(v for v in (own_output, default_output) if v is not None)
     cfg = _serve_config(
         args,
         dataset=dataset,
         dataset_path=args.dataset_path,
-        input_len=256 if args.input_len is None else args.input_len,
+        input_len=256 if args.input_len is None or dataset != "random" else args.input_len,
         output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
         sharegpt_output_len=own_output if dataset == "sharegpt" else None,
         random_range_ratio=in_ratio,
@@ -642,6 +688,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prefix_repetition_num_prefixes=10
         if args.prefix_repetition_num_prefixes is None
         else args.prefix_repetition_num_prefixes,
+        sonnet_input_len=next(v for v in (args.sonnet_input_len, args.input_len, 550) if v is not None),
+        sonnet_prefix_len=200 if args.sonnet_prefix_len is None else args.sonnet_prefix_len,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

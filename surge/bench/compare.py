@@ -255,6 +255,8 @@ _SETTINGS = (
     "prefix_repetition_prefix_len",
     "prefix_repetition_suffix_len",
     "prefix_repetition_num_prefixes",
+    "sonnet_input_len",
+    "sonnet_prefix_len",
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
 dataset and its settings: ``bench serve`` results record them; matrix points are random)."""

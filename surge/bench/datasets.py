@@ -1,5 +1,6 @@
 """Benchmark prompts: ``random`` (exact token counts), ``sharegpt`` (first human turns), ``custom``
-(a JSONL file of prompts) and ``prefix_repetition`` (random prompts over shared prefixes).
+(a JSONL file of prompts), ``prefix_repetition`` (random prompts over shared prefixes), ``sonnet``
+(lines drawn from a text file) and ``burstgpt`` (the lengths of BurstGPT trace rows).
 
 Random (``shared/design.md`` §5): token ids drawn with ``numpy.random.default_rng(seed)`` from the
 tokenizer's non-special vocabulary, decoded, re-encoded and adjusted until the text has exactly
@@ -29,13 +30,17 @@ tokens, the whole prompt exact as the server counts it (N + the input or suffix 
 the BOS or chat template). A prompt is kept only when the server's tokens still hold the prefix's N
 ids at the same place (after the BOS or the template's header), so the prefix is really shared.
 
-Custom (vLLM's ``CustomDataset``): see :func:`custom_requests`.
+Custom (vLLM's ``CustomDataset``): see :func:`custom_requests`. Sonnet and BurstGPT (vLLM's
+``SonnetDataset`` and ``BurstGPTDataset``): see :func:`sonnet_requests` and :func:`burstgpt_requests`.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -565,3 +570,249 @@ def sharegpt_requests(
         f"{SHAREGPT_MIN_LEN} to {SHAREGPT_MAX_PROMPT_LEN} tokens, at most {SHAREGPT_MAX_TOTAL_LEN} with "
         f"the output{context})"
     )
+
+
+SONNET_INSTRUCTION = "Pick as many lines as you can from these poem lines:\n"
+"""The text every sonnet prompt begins with, before its lines (vLLM's)."""
+SONNET_MAX_REJECTIONS = 1000
+"""Draws of a sonnet prompt over ``--sonnet-input-len`` in a row before giving up (vLLM draws forever)."""
+
+
+def load_lines(path: str) -> list[str]:
+    """The lines of a text file as Python's ``readlines`` gives them (each with its newline, blank
+    lines kept), as vLLM's sonnet dataset reads its file.
+
+    Raises:
+        ValueError: missing or unreadable file, or no line at all (one line naming the file).
+    """
+    lines = io.StringIO(_read_text(path, "text file")).readlines()
+    if not lines:
+        raise ValueError(f"--dataset-path {path}: no lines (the sonnet dataset draws a text file's lines)")
+    return lines
+
+
+def sonnet_requests(
+    counter: TokenCounter,
+    path: str,
+    num_prompts: int,
+    input_len: int,
+    prefix_len: int,
+    output_len: int,
+    seed: int,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> list[SampleRequest]:
+    """vLLM's ``sonnet`` dataset: ``num_prompts`` prompts of :data:`SONNET_INSTRUCTION` followed by
+    lines of the text file ``path`` (:func:`load_lines`), each asking ``output_len`` tokens.
+
+    As vLLM: a line's length is its token count with special tokens (a BOS counts), ``L`` the mean
+    over the file's lines, ``B`` the instruction's length as the server counts it (chat-templated);
+    a prompt has ``max(round((input_len - B) / L), 1)`` lines, of which the file's first
+    ``max(round((prefix_len - B) / L), 0)`` lines (the prefix every prompt shares) and the rest
+    drawn with replacement by ``random.Random(seed).choices`` (vLLM seeds Python's ``random`` with
+    ``--seed``); a draw whose prompt has more than ``input_len`` tokens is drawn again, so prompts
+    have up to ``input_len`` tokens. On /v1/completions the prompt is sent rendered with the model's
+    chat template (as vLLM); on the chat endpoint it is the user message. ``prompt_len`` is counted
+    as the server sees the prompt (under the request fields ``options``).
+
+    Raises:
+        ValueError: an unusable file, a length or count out of range, ``input_len`` not above
+            ``B``, or no prompt of at most ``input_len`` tokens in :data:`SONNET_MAX_REJECTIONS`
+            draws in a row (vLLM would loop forever).
+    """
+    for flag, value, least in (
+        ("--num-prompts", num_prompts, 1),
+        ("--sonnet-input-len", input_len, 1),
+        ("--sonnet-prefix-len", prefix_len, 0),
+        ("--sonnet-output-len", output_len, 1),
+    ):
+        if value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    lines = load_lines(path)
+    line_lens: dict[str, int] = {}
+    for line in lines:
+        if line not in line_lens:
+            line_lens[line] = len(counter.encode(line))
+    mean = sum(line_lens[line] for line in lines) / len(lines)
+    if mean <= 0:
+        raise ValueError(f"--dataset-path {path}: the lines have no tokens (blank lines only)")
+    encode = prompt_encoder(counter, chat, options)
+
+    def sent(prompt: str) -> str:  # what the request carries
+        return prompt if chat else counter.render_chat(prompt)
+
+    base = len(encode(sent(SONNET_INSTRUCTION)))
+    if input_len <= base:
+        raise ValueError(
+            f"--sonnet-input-len {input_len} must be above the {base} tokens of the instruction alone "
+            "(as the server counts it, chat template included)"
+        )
+    n_lines = max(round((input_len - base) / mean), 1)
+    n_prefix = max(round((prefix_len - base) / mean), 0)
+    prefix = lines[:n_prefix]
+    n_drawn = n_lines - n_prefix  # vLLM's: none when the prefix takes all the lines
+    rng = random.Random(seed)
+    out: list[SampleRequest] = []
+    rejected = 0
+    while len(out) < num_prompts:
+        drawn = rng.choices(lines, k=n_drawn) if n_drawn > 0 else []
+        text = sent(SONNET_INSTRUCTION + "".join(prefix + drawn))
+        n = len(encode(text))
+        if n <= input_len:
+            out.append(SampleRequest(text, n, output_len))
+            rejected = 0
+            continue
+        rejected += 1
+        if n_drawn <= 0:
+            raise ValueError(
+                f"--sonnet-prefix-len {prefix_len}: the instruction and the file's first {len(prefix)} lines "
+                f"take {n} tokens, over --sonnet-input-len {input_len} (lower --sonnet-prefix-len)"
+            )
+        if rejected >= SONNET_MAX_REJECTIONS:
+            raise ValueError(
+                f"--dataset-path {path}: no draw of {n_drawn} lines (after {len(prefix)} prefix lines) fit "
+                f"--sonnet-input-len {input_len} in {SONNET_MAX_REJECTIONS} tries (the lines average "
+                f"{mean:.1f} tokens, the instruction takes {base}); raise --sonnet-input-len"
+            )
+    return out
+
+
+BURSTGPT_MODEL = "GPT-4"
+"""The BurstGPT rows vLLM keeps (its ``Model`` column); the others are left out."""
+BURSTGPT_COLUMNS = ("Model", "Request tokens", "Response tokens")
+
+
+@dataclass(frozen=True)
+class BurstRow:
+    """One kept BurstGPT row: its token counts and its line in the file (1-based, the header is 1)."""
+
+    request_tokens: int
+    response_tokens: int
+    line: int
+
+
+def _count_cell(path: str, line: int, column: str, cell: str) -> int:
+    """A token count of a BurstGPT row (an integer, ``12.0`` too). Raises ValueError naming it."""
+    text = cell.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise ValueError(f"--dataset-path {path}: line {line}: {column!r} must be an integer, got {cell!r}")
+    return int(value)
+
+
+def load_burstgpt(path: str) -> list[BurstRow]:
+    """The rows vLLM's ``burstgpt`` dataset keeps from a BurstGPT CSV file (its header names the
+    columns :data:`BURSTGPT_COLUMNS`, e.g. BurstGPT's ``Timestamp,Model,Request tokens,Response
+    tokens,Total tokens,Log Type``): ``Model`` :data:`BURSTGPT_MODEL` and ``Response tokens`` > 0
+    (a failed request has none), in the file's order; blank lines are skipped.
+
+    Raises:
+        ValueError: missing or unreadable file, no header or a header without those columns, a
+            kept row whose token counts are not integers, or no row kept (one line naming the file).
+    """
+    reader = csv.reader(io.StringIO(_read_text(path, "BurstGPT CSV file"), newline=""))
+    header = next(reader, None)
+    missing = [c for c in BURSTGPT_COLUMNS if header is None or c not in header]
+    if header is None or missing:
+        got = ",".join(header)[:80] if header else "nothing"
+        raise ValueError(
+            f"--dataset-path {path}: not a BurstGPT CSV file: its header has no {', '.join(repr(c) for c in missing)} "
+            f"column (found {got!r})"
+        )
+    model_col, request_col, response_col = (header.index(c) for c in BURSTGPT_COLUMNS)
+    width = max(model_col, request_col, response_col) + 1
+    out: list[BurstRow] = []
+    for row in reader:
+        if not row:
+            continue
+        line = reader.line_num
+        if len(row) < width:
+            raise ValueError(
+                f"--dataset-path {path}: line {line}: {len(row)} fields, the header has {len(header)}"
+            )
+        if row[model_col] != BURSTGPT_MODEL:
+            continue
+        response = _count_cell(path, line, BURSTGPT_COLUMNS[2], row[response_col])
+        if response <= 0:
+            continue
+        out.append(BurstRow(_count_cell(path, line, BURSTGPT_COLUMNS[1], row[request_col]), response, line))
+    if not out:
+        raise ValueError(
+            f"--dataset-path {path}: no row of Model {BURSTGPT_MODEL} with Response tokens > 0 (vLLM's filter)"
+        )
+    return out
+
+
+def burstgpt_requests(
+    counter: TokenCounter,
+    path: str,
+    num_prompts: int,
+    seed: int,
+    max_model_len: int | None = None,
+    chat: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> list[SampleRequest]:
+    """vLLM's ``burstgpt`` dataset: ``num_prompts`` rows of a BurstGPT CSV file
+    (:func:`load_burstgpt`), each a request of its ``Request tokens`` prompt tokens asking its
+    ``Response tokens``.
+
+    Rows are picked as vLLM's ``DataFrame.sample(n, random_state=seed)``
+    (``numpy.random.RandomState(seed).choice``), without replacement unless ``num_prompts`` exceeds
+    the rows (then with, as vLLM), so a seed picks vLLM's rows. Each prompt is a random text of
+    exactly its row's request tokens as the server counts it (:func:`exact_length_prompt`, seeded
+    by ``seed``; chat-templated on the chat endpoint, under the request fields ``options``), where
+    vLLM decodes the ids ``(i + j) % vocab_size`` and counts the row's number whatever the server
+    counts. Rows the server could not take are left out before the pick, with a note on stderr:
+    request tokens below the least prompt (an empty one with a BOS or the chat template's tokens),
+    or request and response tokens over ``max_model_len``.
+
+    Raises:
+        ValueError: an unusable file, no row left, ``num_prompts`` below 1 or a seed of 2**32 or
+            more (``RandomState``'s range).
+    """
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if seed >= 2**32:
+        raise ValueError(f"--seed must be below 2**32 with --dataset burstgpt (vLLM's row pick), got {seed}")
+    rows = load_burstgpt(path)
+    overhead = len(prompt_encoder(counter, chat, options)(""))
+    least = overhead + 1 if chat else max(overhead, 1)  # exact_length_prompt's minimum
+    short = [r for r in rows if r.request_tokens < least]
+    over = [
+        r
+        for r in rows
+        if r.request_tokens >= least
+        and max_model_len is not None
+        and r.request_tokens + r.response_tokens > max_model_len
+    ]
+    if short or over:
+        left = {r.line for r in short + over}
+        rows = [r for r in rows if r.line not in left]
+        why = []
+        if short:
+            why.append(f"{len(short)} with Request tokens below the least prompt of {least}")
+        if over:
+            why.append(
+                f"{len(over)} over the server's max_model_len {max_model_len} with their Response tokens"
+            )
+        if not rows:
+            raise ValueError(f"--dataset-path {path}: no usable row ({'; '.join(why)})")
+        print(
+            f"surge: note: {path}: {len(short) + len(over)} {BURSTGPT_MODEL} rows left out ({'; '.join(why)})",
+            file=sys.stderr,
+        )
+    picked = np.random.RandomState(seed).choice(len(rows), size=num_prompts, replace=num_prompts > len(rows))
+    rng = np.random.default_rng(seed)
+    out: list[SampleRequest] = []
+    for idx in picked:
+        row = rows[int(idx)]
+        prompt = exact_length_prompt(counter, rng, row.request_tokens, chat, options)
+        out.append(SampleRequest(prompt, row.request_tokens, row.response_tokens))
+    return out

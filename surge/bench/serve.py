@@ -40,11 +40,13 @@ from tqdm import tqdm
 from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
 from surge.bench.datasets import (
     SampleRequest,
+    burstgpt_requests,
     custom_requests,
     prefix_repetition_requests,
     random_requests,
     range_bounds,
     sharegpt_requests,
+    sonnet_requests,
 )
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
@@ -53,7 +55,15 @@ from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
 MAX_REQUEST_ID_LEN = 256  # the longest X-Request-Id the server takes (surge.server.request_id's limit)
-DATASETS = ("random", "sharegpt", "custom", "prefix_repetition")
+DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt")
+FILE_DATASETS = {
+    "sharegpt": "a ShareGPT JSON file",
+    "custom": "a JSONL file of prompts",
+    "sonnet": "a text file whose lines the prompts are drawn from",
+    "burstgpt": "a BurstGPT CSV file",
+}
+"""The datasets read from ``--dataset-path``, and what the file is."""
+FILE_DATASET_NAMES = "sharegpt, custom, sonnet or burstgpt"
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
 
@@ -103,6 +113,10 @@ class ServeConfig:
     prefix_repetition_prefix_len: int = 256
     prefix_repetition_suffix_len: int = 256
     prefix_repetition_num_prefixes: int = 10
+    # --dataset sonnet (vLLM's): prompts of up to sonnet_input_len tokens whose first lines (about
+    # sonnet_prefix_len tokens with the instruction) are shared; each asks output_len tokens
+    sonnet_input_len: int = 550
+    sonnet_prefix_len: int = 200
     num_prompts: int = 16
     max_concurrency: int | None = None
     request_rate: float = math.inf
@@ -139,11 +153,20 @@ class ServeConfig:
         """Raises ValueError with a one-line message on a bad value."""
         if self.dataset not in DATASETS:
             raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        if self.dataset in ("sharegpt", "custom") and not self.dataset_path:
-            what = "a ShareGPT JSON file" if self.dataset == "sharegpt" else "a JSONL file of prompts"
-            raise ValueError(f"--dataset {self.dataset} needs --dataset-path FILE ({what})")
-        if self.dataset_path is not None and self.dataset not in ("sharegpt", "custom"):
-            raise ValueError(f"--dataset-path applies to --dataset sharegpt or custom, not {self.dataset}")
+        if self.dataset in FILE_DATASETS and not self.dataset_path:
+            raise ValueError(
+                f"--dataset {self.dataset} needs --dataset-path FILE ({FILE_DATASETS[self.dataset]})"
+            )
+        if self.dataset_path is not None and self.dataset not in FILE_DATASETS:
+            raise ValueError(f"--dataset-path applies to --dataset {FILE_DATASET_NAMES}, not {self.dataset}")
+        if self.sonnet_input_len < 1:
+            raise ValueError(f"--sonnet-input-len must be >= 1, got {self.sonnet_input_len}")
+        if self.sonnet_prefix_len < 0:
+            raise ValueError(f"--sonnet-prefix-len must be >= 0, got {self.sonnet_prefix_len}")
+        if self.dataset == "burstgpt" and self.seed >= 2**32:
+            raise ValueError(
+                f"--seed must be below 2**32 with --dataset burstgpt (vLLM's row pick), got {self.seed}"
+            )
         if self.random_prefix_len < 0:
             raise ValueError(f"--random-prefix-len must be >= 0, got {self.random_prefix_len}")
         if self.random_prefix_len and self.dataset != "random":
@@ -596,7 +619,7 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
 
 
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
-    """The timed prompts of ``cfg`` (random, ShareGPT, custom or prefix repetition).
+    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet or BurstGPT).
 
     Lengths are counted as the server sees the prompt: on the chat endpoint the templated
     prompt (random prompts have exactly ``input_len`` tokens including the template's), with
@@ -633,6 +656,24 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.skip_chat_template,
             cfg.chat_template_kwargs,
         )
+    if cfg.dataset == "sonnet":
+        assert cfg.dataset_path is not None
+        return sonnet_requests(
+            counter,
+            cfg.dataset_path,
+            cfg.num_prompts,
+            cfg.sonnet_input_len,
+            cfg.sonnet_prefix_len,
+            cfg.output_len,
+            cfg.seed,
+            chat,
+            options,
+        )
+    if cfg.dataset == "burstgpt":
+        assert cfg.dataset_path is not None
+        return burstgpt_requests(
+            counter, cfg.dataset_path, cfg.num_prompts, cfg.seed, max_model_len, chat, options
+        )
     if cfg.dataset == "prefix_repetition":
         return prefix_repetition_requests(
             counter,
@@ -661,7 +702,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
 
 def _input_len(cfg: ServeConfig) -> int | None:
     """The result's ``input_len``: random's ``--input-len`` (without ``--random-prefix-len``), the
-    prefix-repetition prompts' length, else None (prompts of many lengths)."""
+    prefix-repetition prompts' length, else None (prompts of many lengths; sonnet's are up to
+    ``sonnet_input_len``, which the result records)."""
     if cfg.dataset == "random":
         return cfg.input_len
     if cfg.dataset == "prefix_repetition":
@@ -684,6 +726,11 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
             "prefix_repetition_suffix_len": cfg.prefix_repetition_suffix_len,
             "prefix_repetition_num_prefixes": cfg.prefix_repetition_num_prefixes,
             "prefix_repetition_output_len": cfg.output_len,
+        },
+        "sonnet": {
+            "sonnet_input_len": cfg.sonnet_input_len,
+            "sonnet_prefix_len": cfg.sonnet_prefix_len,
+            "sonnet_output_len": cfg.output_len,
         },
     }
     out: dict[str, Any] = {}
@@ -745,6 +792,15 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
                 f"{prefix}--input-len {cfg.input_len} + --output-len {cfg.output_len}{ranged} exceeds the "
                 f"server's max_model_len {max_model_len}"
             )
+    if (
+        max_model_len
+        and cfg.dataset == "sonnet"
+        and cfg.sonnet_input_len + cfg.output_len > int(max_model_len)
+    ):
+        raise ValueError(
+            f"--sonnet-input-len {cfg.sonnet_input_len} + --sonnet-output-len {cfg.output_len} exceeds the "
+            f"server's max_model_len {max_model_len}"
+        )
     if max_model_len and cfg.dataset == "prefix_repetition":
         total = cfg.prefix_repetition_prefix_len + cfg.prefix_repetition_suffix_len + cfg.output_len
         if total > int(max_model_len):

@@ -216,12 +216,18 @@ def test_bad_combinations_are_one_line_before_any_request(
             (("--dataset", "custom"), "--dataset custom needs --dataset-path FILE"),
             (("--dataset", "custom", "--dataset-path", str(tmp_path / "no.jsonl")), "no such file"),
             (("--dataset", "custom", "--dataset-path", noprompt), 'line 2: no "prompt"'),
-            (("--dataset-path", good), "--dataset-path applies to --dataset sharegpt or custom"),
-            ((*prefix, "--dataset-path", good), "--dataset-path applies to --dataset sharegpt or custom"),
+            (
+                ("--dataset-path", good),
+                "--dataset-path applies to --dataset sharegpt, custom, sonnet or burstgpt",
+            ),
+            (
+                (*prefix, "--dataset-path", good),
+                "--dataset-path applies to --dataset sharegpt, custom, sonnet or burstgpt",
+            ),
             ((*custom, "--input-len", "8"), "--input-len applies to --dataset random"),
             (
                 (*prefix, "--input-len", "8"),
-                "--input-len applies to --dataset random (use --prefix-repetition",
+                "--input-len applies to --dataset random or sonnet (use --prefix-repetition",
             ),
             ((*custom, "--random-prefix-len", "4"), "--random-prefix-len applies to --dataset random"),
             (("--random-prefix-len", "-1"), "--random-prefix-len must be >= 0"),
@@ -356,9 +362,10 @@ def test_end_to_end_against_the_bundled_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``surge serve`` of the bundled model: a custom run on /v1/completions (the prompts rendered
-    with the model's chat template through the server's /tokenize and /detokenize) and a
-    prefix-repetition run on the chat endpoint; the server counts exactly the benchmark's prompt
-    lengths, and the repeated prefixes hit its prefix cache."""
+    with the model's chat template through the server's /tokenize and /detokenize), a
+    prefix-repetition run on the chat endpoint, a sonnet run on /v1/completions and a burstgpt run
+    on the chat endpoint; the server counts exactly the benchmark's prompt lengths, and the
+    repeated prefixes hit its prefix cache."""
     from surge.bench.launcher import ServerLauncher
 
     monkeypatch.chdir(REPO)
@@ -408,4 +415,27 @@ def test_end_to_end_against_the_bundled_model(
         r = json.loads(rep.read_text())
         assert r["failed"] == 0 and r["input_lens"] == [72] * 4  # counted by the server, template included
         assert _metric(base, "surge:prefix_cache_hits") - hits >= 2 * 32  # two repeats, >= 2 blocks each
+        assert "warning" not in capsys.readouterr().out
+        # sonnet on /v1/completions (templated through the server) and burstgpt on the chat endpoint
+        poem = tmp_path / "poem.txt"
+        poem.write_text("".join(f"Once upon a time a cat number {i} sat on the mat.\n" for i in range(30)))
+        argv = ["--dataset", "sonnet", "--dataset-path", str(poem), "--sonnet-input-len", "120"]
+        argv += ["--sonnet-prefix-len", "50", "--output-len", "4", "--num-prompts", "3", "--ignore-eos"]
+        son = tmp_path / "son.json"
+        assert (
+            bench_main(_serve(base, *argv, "--endpoint", "/v1/completions", "--result-file", str(son))) == 0
+        )
+        r = json.loads(son.read_text())
+        assert r["failed"] == 0 and all(n <= 120 for n in r["input_lens"]) and r["output_lens"] == [4] * 3
+        rows = "".join(f"{i},GPT-4,{30 + 7 * i},{3 + i},0,Conversation log\n" for i in range(5))
+        (tmp_path / "b.csv").write_text(
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + rows
+        )
+        burst = tmp_path / "burst.json"
+        argv = ["--dataset", "burstgpt", "--dataset-path", str(tmp_path / "b.csv"), "--num-prompts", "4"]
+        assert bench_main(_serve(base, *argv, "--ignore-eos", "--result-file", str(burst))) == 0
+        r = json.loads(burst.read_text())
+        assert r["failed"] == 0 and sorted(zip(r["input_lens"], r["output_lens"], strict=True)) == sorted(
+            (30 + 7 * int(i), 3 + int(i)) for i in np.random.RandomState(0).choice(5, size=4, replace=False)
+        )  # the server counted each row's Request tokens, template included
         assert "warning" not in capsys.readouterr().out
