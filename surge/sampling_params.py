@@ -29,6 +29,8 @@ MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
 scales logits by at most 100x either way (1e-300 is 0 in float32 and made every logit inf or NaN)."""
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
+MAX_LOGPROB_TOKEN_IDS = 128
+"""The most token ids ``logprob_token_ids`` may list (vLLM 0.26's ``MAX_LOGPROB_TOKEN_IDS``)."""
 _NEUTRAL: dict[str, float | int] = {
     "temperature": 1.0,
     "top_p": 1.0,
@@ -240,19 +242,14 @@ def _as_repetition_detection(name: str, value: object) -> RepetitionDetectionPar
     return value if value.max_pattern_size > 0 else None
 
 
-def _as_no_logprob_token_ids(name: str, value: object) -> None:
-    """vLLM's ``logprob_token_ids`` when empty: None.
+def _as_logprob_token_ids(name: str, value: object) -> tuple[int, ...] | None:
+    """vLLM's ``logprob_token_ids`` as a tuple of ints (an empty list: None).
 
     Raises:
-        ValueError: a non-empty list: Surge returns the most likely alternatives only.
+        ValueError: not a list or tuple of integers (see :func:`_as_ints`).
     """
-    if isinstance(value, list | tuple) and not value:
-        return None
-    raise ValueError(
-        f"{name} must be None or empty, got {_got(value)}: Surge returns the log-probabilities of the "
-        "sampled token and of the most likely alternatives only (use logprobs=k, k <= "
-        f"{MAX_LOGPROBS})"
-    )
+    ids = _as_ints(name, value)
+    return ids or None
 
 
 def _as_no_cache_choice(name: str, value: object) -> None:
@@ -564,8 +561,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         repetition_detection: vLLM's early stop on a repeated n-gram at the output's end
             (:class:`RepetitionDetectionParams`, or a dict of its fields), or None. One that
             detects nothing (``max_pattern_size`` 0) becomes None.
-        logprob_token_ids: vLLM's log-probabilities of chosen token ids: None or empty only
-            (an empty list becomes None); use ``logprobs``.
+        logprob_token_ids: vLLM 0.26's log-probabilities of chosen token ids: each generated
+            token's logprob entry lists these ids (at most :data:`MAX_LOGPROB_TOKEN_IDS`, each
+            in the vocabulary) in this order instead of the most likely alternatives;
+            ``logprobs``, when set too, must equal their number (vLLM's rule). An empty list
+            becomes None. :attr:`num_logprobs` counts them.
         skip_reading_prefix_cache: vLLM's per-request prefix-cache choice: None only (the
             engine decides).
         model_default_fields: the model-default fields the caller left out (set on construction).
@@ -717,6 +717,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 f"allowed_token_ids must be a non-empty list of token ids in [0, {_INT32_MAX}]",
             ),
             (
+                self.logprob_token_ids is None
+                or (
+                    len(self.logprob_token_ids) <= MAX_LOGPROB_TOKEN_IDS
+                    and all(0 <= t <= _INT32_MAX for t in self.logprob_token_ids)
+                ),
+                f"logprob_token_ids must list at most {MAX_LOGPROB_TOKEN_IDS} token ids in [0, {_INT32_MAX}]",
+            ),
+            (
+                self.logprob_token_ids is None
+                or self.logprobs is None
+                or self.logprobs == len(self.logprob_token_ids),
+                f"logprob_token_ids: when logprobs is set too it must equal their number, got logprobs="
+                f"{self.logprobs} and {len(self.logprob_token_ids or ())} ids",
+            ),
+            (
                 self.output_kind is not RequestOutputKind.DELTA,
                 "output_kind DELTA is not supported: the offline API returns each request's final output "
                 "(leave output_kind out, or FINAL_ONLY)",
@@ -758,14 +773,24 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         logits (such a batch is never sampled by a bare argmax)."""
         return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """How many entries each generated token's logprobs list besides the token itself:
+        ``logprobs``, else the number of ``logprob_token_ids``, else None (none asked; vLLM's
+        ``num_logprobs``)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return None if self.logprob_token_ids is None else len(self.logprob_token_ids)
+
     def token_ids_in_vocab(self, vocab_size: int) -> str | None:
         """The name of the first field holding a token id outside ``[0, vocab_size)``, or None."""
-        if not self.has_logit_rules:
+        if not self.has_logit_rules and self.logprob_token_ids is None:
             return None
         fields: list[tuple[str, Iterable[int]]] = [
             ("logit_bias", self.logit_bias or ()),
             ("allowed_token_ids", self.allowed_token_ids or ()),
             ("bad_words", (t for w in self.bad_words_token_ids for t in w)),
+            ("logprob_token_ids", self.logprob_token_ids or ()),
         ]
         for name, ids in fields:
             if any(t >= vocab_size for t in ids):
@@ -833,7 +858,7 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "skip_clone": (_BOOL, _as_bool),
     "thinking_token_budget": ((type(None),), _as_thinking_budget),
     "repetition_detection": ((type(None),), _optional(_as_repetition_detection)),
-    "logprob_token_ids": ((type(None),), _as_no_logprob_token_ids),
+    "logprob_token_ids": ((type(None),), _as_logprob_token_ids),
     "skip_reading_prefix_cache": ((type(None),), _as_no_cache_choice),
     "model_default_fields": (_SEQ, _as_default_fields),
 }

@@ -105,7 +105,7 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("thinking_token_budget", 0),
     ("thinking_token_budget", -1.0),
     ("repetition_detection", 5),
-    ("logprob_token_ids", [5, 7]),
+    ("logprob_token_ids", [5, 7.0]),
     ("logprob_token_ids", 5),
     ("skip_reading_prefix_cache", True),
     ("skip_reading_prefix_cache", False),
@@ -133,7 +133,6 @@ def test_vllm_fields_that_ask_for_nothing_are_taken() -> None:
     ("field", "value", "advice"),
     [
         ("thinking_token_budget", 64, "max_tokens"),
-        ("logprob_token_ids", [5], "logprobs=k"),
         ("skip_reading_prefix_cache", True, "enable_prefix_caching=False"),
     ],
 )
@@ -199,6 +198,23 @@ def test_repetition_detection_fields_and_vllm_checks() -> None:
     ]:
         with pytest.raises(ValueError, match=match):
             SamplingParams(repetition_detection=bad)
+
+
+def test_logprob_token_ids_checks_and_count() -> None:
+    """vLLM 0.26's logprob_token_ids: a tuple of ids counted by num_logprobs; logprobs, when set
+    too, must equal their number; at most 128, each a token id."""
+    p = SamplingParams(logprob_token_ids=[5, 7])
+    assert p.logprob_token_ids == (5, 7) and p.num_logprobs == 2 and p.logprobs is None
+    assert SamplingParams(logprobs=3).num_logprobs == 3 and SamplingParams().num_logprobs is None
+    assert SamplingParams(logprobs=2, logprob_token_ids=(5, 7)).num_logprobs == 2
+    assert SamplingParams(logprob_token_ids=[]).logprob_token_ids is None
+    with pytest.raises(ValueError, match="must equal their number"):
+        SamplingParams(logprobs=1, logprob_token_ids=[5, 7])
+    with pytest.raises(ValueError, match="at most 128"):
+        SamplingParams(logprob_token_ids=list(range(129)))
+    with pytest.raises(ValueError, match="^logprob_token_ids must"):
+        SamplingParams(logprob_token_ids=[-1])
+    assert SamplingParams(logprob_token_ids=[5, 60]).token_ids_in_vocab(50) == "logprob_token_ids"
 
 
 def test_every_field_has_a_type_check() -> None:

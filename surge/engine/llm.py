@@ -466,7 +466,7 @@ class LLM:
                     stop_ids=reported_stop_ids(
                         child_params, self.engine.config.model.eos_token_ids, self._primary_eos
                     ),
-                    logprobs=[] if child_params.logprobs is not None else None,
+                    logprobs=[] if child_params.num_logprobs is not None else None,
                 )
 
     def _abort(self, request_ids: list[str]) -> None:

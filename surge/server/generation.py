@@ -232,7 +232,7 @@ class Generation:
                 stop_ids=reported_stop_ids(params, self._eos_token_ids, self._tokenizer.eos_token_id),
                 token_ids=[] if self._return_token_ids else None,
             )
-            if params.logprobs is not None and not score_only:
+            if params.num_logprobs is not None and not score_only:
                 choice.logprobs = LogprobTracker()
             self.choices.append(choice)
             info.choices.append(index)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.core.logprobs import LogprobsLists
-from surge.sampling_params import MAX_LOGPROBS
+from surge.sampling_params import MAX_LOGPROB_TOKEN_IDS, MAX_LOGPROBS
 from surge.server.errors import bad_request
 from surge.token_strings import TokenStrings
 
@@ -31,11 +31,20 @@ class LogprobOptions:
         prompt_logprobs: vLLM's ``prompt_logprobs`` top-k, or None.
         echo_logprobs: completions with ``echo`` and ``logprobs``: the prompt's rows come
             first in ``logprobs`` with this top-k (None otherwise).
+        token_ids: vLLM's ``logprob_token_ids``: each generated token's alternatives are these
+            ids, in this order, instead of the top-k (``logprobs`` is then their number).
     """
 
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     echo_logprobs: int | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """The ``logprobs`` to ask the engine for: None when ``token_ids`` list the entries
+        (``SamplingParams.logprob_token_ids`` then asks for them)."""
+        return None if self.token_ids is not None else self.logprobs
 
     @property
     def engine_prompt_logprobs(self) -> int | None:
@@ -61,10 +70,36 @@ def _prompt_logprobs(body: Any) -> int | None:
     return k
 
 
-def chat_options(body: Any) -> LogprobOptions:
+def _listed_ids(body: Any, vocab_size: int) -> tuple[int, ...] | None:
+    """The request's ``logprob_token_ids`` (None when absent or empty, as vLLM).
+
+    Raises:
+        ApiError: 400 naming ``logprob_token_ids``: more than :data:`MAX_LOGPROB_TOKEN_IDS`, or
+            an id outside the vocabulary (vLLM's checks).
+    """
+    ids = getattr(body, "logprob_token_ids", None)
+    if not ids:
+        return None
+    if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+        raise bad_request(
+            f"logprob_token_ids lists {len(ids)} token ids, more than the {MAX_LOGPROB_TOKEN_IDS} allowed",
+            param="logprob_token_ids",
+        )
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(
+            f"logprob_token_ids holds token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}",
+            param="logprob_token_ids",
+        )
+    return tuple(dict.fromkeys(ids))  # a repeated id is one entry, as in vLLM's dict
+
+
+def chat_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
     """Options of a chat request: ``logprobs`` (bool), ``top_logprobs`` (0..20, needs
     ``logprobs: true``), ``prompt_logprobs`` (0..20, not with ``stream``; with ``echo`` and not
-    streamed, ``top_logprobs`` (0 when unset) unless sent, as vLLM's chat ``echo``).
+    streamed, ``top_logprobs`` (0 when unset) unless sent, as vLLM's chat ``echo``), vLLM's
+    ``logprob_token_ids`` (needs ``logprobs: true``; they replace the top-k; ``vocab_size``
+    bounds the ids).
 
     Raises:
         ApiError: 400 naming the field.
@@ -79,12 +114,21 @@ def chat_options(body: Any) -> LogprobOptions:
     prompt = _prompt_logprobs(body)
     if prompt is None and getattr(body, "echo", False) and not body.stream:
         prompt = top or 0  # vLLM: echo asks for the prompt's logprobs, top_logprobs of them
+    listed = _listed_ids(body, vocab_size)
+    if listed is not None:
+        if not body.logprobs:
+            raise bad_request(
+                "when using logprob_token_ids, logprobs must be set to true", param="logprob_token_ids"
+            )
+        return LogprobOptions(logprobs=len(listed), prompt_logprobs=prompt, token_ids=listed)
     return LogprobOptions(logprobs=(top or 0) if body.logprobs else None, prompt_logprobs=prompt)
 
 
-def completion_options(body: Any) -> LogprobOptions:
+def completion_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
     """Options of a completions request: ``logprobs`` (0..20; with ``echo`` the prompt's
-    rows too), ``prompt_logprobs`` (0..20, not with ``stream``).
+    rows too), ``prompt_logprobs`` (0..20, not with ``stream``), vLLM's ``logprob_token_ids``
+    (needs ``logprobs``, whose top-k then applies to the echoed prompt rows only;
+    ``vocab_size`` bounds the ids).
 
     Raises:
         ApiError: 400 naming the field.
@@ -96,9 +140,19 @@ def completion_options(body: Any) -> LogprobOptions:
             param="top_logprobs",
         )
     k = None if body.logprobs is None else _top_k(body.logprobs, "logprobs")
-    return LogprobOptions(
-        logprobs=k, prompt_logprobs=_prompt_logprobs(body), echo_logprobs=k if body.echo else None
-    )
+    echo = k if body.echo else None
+    listed = _listed_ids(body, vocab_size)
+    if listed is not None:
+        if k is None:
+            raise bad_request("when using logprob_token_ids, logprobs must be set", param="logprob_token_ids")
+        if body.echo and body.max_tokens == 0:
+            raise bad_request(
+                "logprob_token_ids is not supported when echo is true and max_tokens is 0: no token is "
+                "generated",
+                param="logprob_token_ids",
+            )
+        return LogprobOptions(len(listed), _prompt_logprobs(body), echo, listed)
+    return LogprobOptions(logprobs=k, prompt_logprobs=_prompt_logprobs(body), echo_logprobs=echo)
 
 
 class LogprobTracker:

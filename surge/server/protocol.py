@@ -196,6 +196,7 @@ class SamplingRequestFields(RequestBody):
     logprobs: Any = None
     top_logprobs: Any = None
     prompt_logprobs: Any = None
+    logprob_token_ids: list[int] | None = None  # vLLM's: these ids' logprobs instead of the top-k
     # vLLM's token ids: ``prompt_token_ids`` and each choice's ``token_ids`` in the response;
     # logprob tokens as ``"token_id:<id>"`` (None: the server's --return-tokens-as-token-ids)
     return_token_ids: bool | None = None

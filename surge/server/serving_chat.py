@@ -92,7 +92,7 @@ async def start_chat(
     check_template_kwargs(body.template_kwargs)
     state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)
-    lp = chat_options(body)
+    lp = chat_options(body, state.vocab_size)
     if not body.messages:
         raise bad_request(f"{prompt_param} must not be empty", param=prompt_param)
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
@@ -115,7 +115,12 @@ async def start_chat(
     rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
     params = build_sampling_params(body, max_tokens, plan.structured_outputs, token_rules=rules)
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
-        params = msgspec.structs.replace(params, logprobs=lp.logprobs, prompt_logprobs=lp.prompt_logprobs)
+        params = msgspec.structs.replace(
+            params,
+            logprobs=lp.engine_logprobs,
+            logprob_token_ids=lp.token_ids,
+            prompt_logprobs=lp.prompt_logprobs,
+        )
     state.check_prompt(
         prompt_ids,
         max_tokens,

@@ -93,7 +93,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     body.check_unimplemented()
     state.check_priority(body.priority)
     state.check_stop(body.stop_list)
-    lp = completion_options(body)
+    lp = completion_options(body, state.vocab_size)
     # echo with max_tokens 0 scores the prompt: the engine computes it and samples nothing, so
     # a prompt of max_model_len tokens fits (vLLM's rule: prompt + max_tokens <= max_model_len).
     score_only = body.echo and body.max_tokens == 0
@@ -113,7 +113,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
-                params, logprobs=lp.logprobs, prompt_logprobs=lp.engine_prompt_logprobs
+                params,
+                logprobs=lp.engine_logprobs,
+                logprob_token_ids=lp.token_ids,
+                prompt_logprobs=lp.engine_prompt_logprobs,
             )
         state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)
         plans.append((ids, text, params))

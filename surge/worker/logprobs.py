@@ -8,6 +8,9 @@ tokens strictly more likely) and the ``k`` most likely tokens in rank order, pac
 - ``ids [R, k + 2]`` int64: the actual token, the top-k ids, then the actual token's rank;
 - ``lps [R, k + 1]`` float32: the actual token's log-probability, then the top-k's.
 
+A request with vLLM's ``logprob_token_ids`` gets its listed ids (in its order) where the top-k
+would be.
+
 Only the rows that ask are computed, and nothing at all in a step where no request asks:
 the runner decides that from host state (:class:`LogprobRows` is rebuilt only when the
 batch composition changes, and prompt positions only when the scheduler says a request
@@ -56,25 +59,46 @@ class LogprobRows:
     Attributes:
         rows: ``[R]`` int64 device indices into the sampled rows, or None when every row asks.
         row_ids: the ``R`` sampled-row indices on the host.
-        ks: each asking row's ``logprobs`` (top-k size).
-        k_max: ``max(ks)``, the top-k computed for all of them.
+        ks: each asking row's number of entries (``SamplingParams.num_logprobs``).
+        k_max: ``max(ks)``, the width computed for all of them.
+        listed: ``[R, k_max]`` int64 device ids of the rows that list their ids
+            (``logprob_token_ids``, padded with 0), or None when no row lists any.
+        use_listed: ``[R, 1]`` bool device mask of those rows (None with ``listed``).
+        k_top: the top-k computed for the other rows (``max`` of their ``ks``; 0 if none).
     """
 
     rows: torch.Tensor | None
     row_ids: list[int]
     ks: list[int]
     k_max: int
+    listed: torch.Tensor | None = None
+    use_listed: torch.Tensor | None = None
+    k_top: int = 0
 
     @classmethod
     def build(cls, requests: list[Request], device: torch.device) -> LogprobRows | None:
         """The asking rows of ``requests`` (the sampled requests in row order), or None
         when none asks."""
-        row_ids = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+        row_ids = [i for i, r in enumerate(requests) if r.sampling_params.num_logprobs is not None]
         if not row_ids:
             return None
-        ks = [requests[i].sampling_params.logprobs or 0 for i in row_ids]
+        params = [requests[i].sampling_params for i in row_ids]
+        ks = [p.num_logprobs or 0 for p in params]
         rows = None if len(row_ids) == len(requests) else to_device(row_ids, device)
-        return cls(rows, row_ids, ks, max(ks))
+        k_max = max(ks)
+        if all(p.logprob_token_ids is None for p in params):
+            return cls(rows, row_ids, ks, k_max, k_top=k_max)
+        flat: list[int] = []
+        mask: list[int] = []
+        for p in params:
+            ids = p.logprob_token_ids or ()
+            flat.extend(ids)
+            flat.extend([0] * (k_max - len(ids)))
+            mask.append(int(p.logprob_token_ids is not None))
+        k_top = max((k for k, p in zip(ks, params, strict=True) if p.logprob_token_ids is None), default=0)
+        listed = to_device(flat, device).view(len(params), k_max)
+        use_listed = to_device(mask, device).view(len(params), 1).bool()
+        return cls(rows, row_ids, ks, k_max, listed, use_listed, k_top)
 
     def compute(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-softmax of the asking rows of ``logits [S, V]`` (call before anything may
@@ -83,10 +107,25 @@ class LogprobRows:
         return torch.log_softmax(rows.float(), dim=-1)
 
     def finish(self, lp: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pack the sampled tokens' log-probabilities, ranks and top-k from ``lp`` (from
-        :meth:`compute`) and ``sampled [S]``: ``(ids [R, k_max + 2], lps [R, k_max + 1])``."""
+        """Pack the sampled tokens' log-probabilities, ranks and top-k (or listed ids) from
+        ``lp`` (from :meth:`compute`) and ``sampled [S]``: ``(ids [R, k_max + 2], lps [R,
+        k_max + 1])``; a listing row's entries are its ids in its order."""
         tokens = sampled if self.rows is None else sampled.index_select(0, self.rows)
-        return pack_logprobs(lp, tokens, self.k_max)
+        if self.listed is None:
+            return pack_logprobs(lp, tokens, self.k_max)
+        assert self.use_listed is not None
+        ids, lps = pack_logprobs(lp, tokens, 0)  # [R, 2] (token, rank), [R, 1]
+        alt_ids = self.listed
+        alt_lps = lp.gather(1, self.listed)
+        if self.k_top:
+            top_lp, top_ids = lp.topk(self.k_top, dim=-1)
+            pad = self.k_max - self.k_top
+            if pad:
+                top_lp = torch.nn.functional.pad(top_lp, (0, pad))
+                top_ids = torch.nn.functional.pad(top_ids, (0, pad))
+            alt_ids = torch.where(self.use_listed, alt_ids, top_ids)
+            alt_lps = torch.where(self.use_listed, alt_lps, top_lp)
+        return torch.cat([ids[:, :1], alt_ids, ids[:, 1:]], dim=1), torch.cat([lps, alt_lps], dim=1)
 
 
 @dataclass

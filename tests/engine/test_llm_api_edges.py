@@ -74,6 +74,26 @@ def test_repetition_detection_offline(llm: LLM) -> None:
     assert llm.generate("Once upon a time", as_dict)[0].outputs[0].token_ids == out.token_ids
 
 
+def test_logprob_token_ids_offline(llm: LLM) -> None:
+    """vLLM 0.26's logprob_token_ids offline: each position's dict holds the sampled token (its
+    logprob and rank as with top-k) then the listed ids, with the same values top-k gives."""
+    listed = [9, 5, 300]
+    base = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    wide = llm.generate("Once upon a time", msgspec.structs.replace(base, logprobs=20))[0].outputs[0]
+    out = llm.generate("Once upon a time", msgspec.structs.replace(base, logprob_token_ids=listed))[
+        0
+    ].outputs[0]
+    assert out.token_ids == wide.token_ids and out.logprobs is not None and wide.logprobs is not None
+    for token, got, ref in zip(out.token_ids, out.logprobs, wide.logprobs, strict=True):
+        assert list(got)[0] == token and set(got) == {token, *listed}
+        assert (got[token].logprob, got[token].rank) == pytest.approx((ref[token].logprob, ref[token].rank))
+        for t in listed:
+            if t in ref:
+                assert got[t].logprob == pytest.approx(ref[t].logprob, abs=1e-5)
+    with pytest.raises(ValueError, match="logprob_token_ids: token ids must be in"):
+        llm.generate("Once", msgspec.structs.replace(base, logprob_token_ids=[10**6]))
+
+
 def test_a_closed_llm_refuses_work() -> None:
     """Without workers, generate() after close() still ran; with tensor-parallel workers it
     raised WorkerDiedError. Both now refuse the same way."""

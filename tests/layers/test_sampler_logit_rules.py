@@ -238,6 +238,46 @@ def test_logprobs_stay_raw_under_the_rules() -> None:
     assert lps[1, 0].item() == pytest.approx(raw[1].max().item(), abs=1e-5)
 
 
+def test_logprob_token_ids_replace_the_top_k_row_by_row() -> None:
+    """vLLM's logprob_token_ids: a row that lists ids gets those ids' raw logprobs in its order
+    (padding past its count is cut on the host); rows next to it keep their top-k, a row
+    without logprobs stays out; the sampled token's logprob and rank are as ever."""
+    from surge.worker.logprobs import StepLogprobs
+
+    step = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    logits = _logits(4, seed=5)
+    listed = (7, 3, 41, 3, 0)
+    reqs = [
+        Request("top", [1], SamplingParams(temperature=0.0, logprobs=2)),
+        Request("listed", [1], SamplingParams(temperature=0.0, logprob_token_ids=listed)),
+        Request("none", [1], SamplingParams(temperature=0.0)),
+        Request("short", [1], SamplingParams(temperature=0.0, logprobs=1, logprob_token_ids=[9])),
+    ]
+    sampled, lp = step.sample_with_logprobs(logits.clone(), reqs)
+    assert lp is not None
+    raw = torch.log_softmax(logits, dim=-1)
+    rows, _ids, _lps = lp
+    host = StepLogprobs(lp, None).lists([r.request_id for r in reqs])[0]
+    assert set(host) == {"top", "listed", "short"}
+    for i, name, alternatives in (
+        (0, "top", raw[0].topk(2).indices.tolist()),
+        (1, "listed", list(listed)),
+        (3, "short", [9]),
+    ):
+        row = host[name]
+        token = int(sampled[i])
+        assert row.token_ids[0] == [token, *alternatives], name
+        want = [raw[i, token].item()] + [raw[i, t].item() for t in alternatives]
+        assert row.logprobs[0] == pytest.approx(want, abs=1e-5), name
+        assert row.ranks[0] == int((raw[i] > raw[i, token]).sum()) + 1
+    # a batch where every asking row lists ids computes no top-k at all
+    only = [reqs[1], reqs[3]]
+    step2 = StepSampler(Sampler(seed=0), V, torch.device("cpu"))
+    _, lp2 = step2.sample_with_logprobs(logits[[1, 3]].clone(), only)
+    assert lp2 is not None and lp2[0].k_top == 0
+    assert StepLogprobs(lp2, None).lists(["listed", "short"])[0]["listed"].token_ids[0][1:] == list(listed)
+
+
 def _count_fromiter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Patches ``np.fromiter`` to record the length of each conversion (the sampler converts
     each distinct rule set with it)."""

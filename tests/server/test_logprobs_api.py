@@ -354,7 +354,82 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "logprobs": "many"}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": -2}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MSGS, "logprob_token_ids": [5]}, "logprob_token_ids"),
+    (
+        "/v1/chat/completions",
+        {"messages": MSGS, "logprobs": True, "logprob_token_ids": [10**6]},
+        "logprob_token_ids",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": MSGS, "logprobs": True, "logprob_token_ids": [-1]},
+        "logprob_token_ids",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": MSGS, "logprobs": True, "logprob_token_ids": "5"},
+        "logprob_token_ids",
+    ),
+    ("/v1/completions", {"prompt": "x", "logprob_token_ids": [5]}, "logprob_token_ids"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "logprobs": 1, "logprob_token_ids": list(range(129))},
+        "logprob_token_ids",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "logprobs": 1, "logprob_token_ids": [5], "echo": True, "max_tokens": 0},
+        "logprob_token_ids",
+    ),
 ]
+
+
+def test_logprob_token_ids_list_the_asked_tokens(server: Server) -> None:
+    """vLLM's logprob_token_ids: every generated token's alternatives are the listed ids' raw
+    logprobs, in their order (a repeated id once), instead of the top-k; the sampled token's
+    entry is as without them; streamed equals non-streamed; on completions the echoed
+    prompt rows keep the logprobs top-k."""
+    listed = [9, 5, 300, 5]
+    chat = {"messages": MSGS, "max_tokens": 5, **GREEDY, **EXACT, "logprobs": True}
+    plain = httpx.post(
+        server.url + "/v1/chat/completions", json=chat | {"top_logprobs": 20}, timeout=60
+    ).json()
+    asked = httpx.post(
+        server.url + "/v1/chat/completions", json=chat | {"logprob_token_ids": listed}, timeout=60
+    ).json()
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    names = [TokenStrings(tok).get(t)[0] for t in (9, 5, 300)]
+    for p, a in zip(
+        plain["choices"][0]["logprobs"]["content"], asked["choices"][0]["logprobs"]["content"], strict=True
+    ):
+        assert (a["token"], a["logprob"]) == (p["token"], p["logprob"])
+        assert [t["token"] for t in a["top_logprobs"]] == names
+        for t in a["top_logprobs"]:  # where the top 20 name the same token, the same value
+            same = [q["logprob"] for q in p["top_logprobs"] if q["token"] == t["token"]]
+            assert not same or t["logprob"] == pytest.approx(same[0], abs=1e-5)
+    stream = httpx.post(
+        server.url + "/v1/chat/completions",
+        json=chat | {"logprob_token_ids": listed, "stream": True},
+        timeout=60,
+    ).text
+    streamed = [
+        c
+        for line in stream.splitlines()
+        if line.startswith("data: {")
+        for ch in json.loads(line[6:])["choices"]
+        if ch.get("logprobs")
+        for c in ch["logprobs"]["content"]
+    ]
+    assert [[t["token"] for t in c["top_logprobs"]] for c in streamed] == [names] * 5
+    cmpl = {"prompt": PROMPT, "max_tokens": 3, **GREEDY, **EXACT, "logprobs": 2, "echo": True}
+    r = httpx.post(
+        server.url + "/v1/completions", json=cmpl | {"logprob_token_ids": listed}, timeout=60
+    ).json()
+    lp = r["choices"][0]["logprobs"]
+    n_prompt = r["usage"]["prompt_tokens"]
+    assert all(top is None or len(top) <= 3 for top in lp["top_logprobs"][:n_prompt])  # echo: top-2
+    for token, top in zip(lp["tokens"][n_prompt:], lp["top_logprobs"][n_prompt:], strict=True):
+        assert list(top)[:3] == names and set(top) == {*names, token}  # the sampled token too, as ever
 
 
 @pytest.mark.parametrize(("path", "body", "param"), BAD)
