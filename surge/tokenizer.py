@@ -248,6 +248,7 @@ def apply_chat_template(
     continue_final_message: bool = False,
     add_special_tokens: bool | None = None,
     splittable: bool | None = None,
+    documents: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
@@ -275,6 +276,9 @@ def apply_chat_template(
             writes its own; yes for the fallback, which writes none).
         splittable: :func:`surge.parallel_encode.split_safe` of ``tokenizer`` if the caller
             computed it once, else None (checked here for a long text).
+        documents: vLLM's RAG ``documents`` (dicts, e.g. ``title`` and ``text``), passed to the
+            template as ``documents`` (templates that do not read them render as without);
+            the fallback rendering of a model without a template lists them first.
 
     Returns:
         The prompt token ids.
@@ -296,10 +300,13 @@ def apply_chat_template(
         raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     if not template:
         lines = [f"{m['role']}: {m['content']}\n" for m in msgs]
-        if tools:
+        if tools or documents:
             import json
 
-            lines.insert(0, f"tools: {json.dumps(list(tools), ensure_ascii=False)}\n")
+            if documents:
+                lines.insert(0, f"documents: {json.dumps(list(documents), ensure_ascii=False)}\n")
+            if tools:
+                lines.insert(0, f"tools: {json.dumps(list(tools), ensure_ascii=False)}\n")
         if continue_final_message:
             lines[-1] = lines[-1][:-1]
         if add_generation_prompt:
@@ -316,6 +323,7 @@ def apply_chat_template(
             continue_final_message=continue_final_message,
             tokenize=False,
             tools=list(tools) if tools else None,
+            documents=list(documents) if documents else None,
             **kwargs,
         )
     except Exception as e:  # jinja2 TemplateError, TypeError from user kwargs, ...

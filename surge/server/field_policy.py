@@ -157,12 +157,12 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("prediction", _unset, "predicted outputs are not supported"),
     Refusal("web_search_options", _unset, "web search is not supported"),
     Refusal("verbosity", _unset, "verbosity is not supported"),
-    Refusal("documents", _unset, "documents (RAG chat templates) are not supported"),
     Refusal("mm_processor_kwargs", _empty_dict, "multimodal inputs are not supported"),
     Refusal("media_io_kwargs", _empty_dict, "multimodal inputs are not supported"),
     Refusal("prompt_embeds", _unset, "prompt embeddings are not supported"),
     Refusal("logits_processors", _empty_list, "custom logits processors are not supported"),
     Refusal("kv_transfer_params", _unset, "KV transfer is not supported"),
+    Refusal("ec_transfer_params", _unset, "encoder-cache transfer is not supported"),
     Refusal("vllm_xargs", _empty_dict, "vllm_xargs is not supported"),
 )
 """Fields refused with a 400 naming them when their value asks for something Surge does not do."""

@@ -217,6 +217,7 @@ class SamplingRequestFields(RequestBody):
     lora_request: Any = None
     lora: Any = None
     logits_processors: Any = None
+    ec_transfer_params: Any = None
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
 
@@ -340,13 +341,13 @@ class ChatCompletionRequest(SamplingRequestFields):
     reasoning_effort: ReasoningEffort | None = None
     include_reasoning: bool = True
     return_prompt_text: bool | None = None  # vLLM's: the templated prompt's text in the response
+    documents: list[dict[str, str]] | None = None  # vLLM's RAG documents, passed to the chat template
     # refused unless left at their defaults (field_policy.REFUSALS)
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
     verbosity: Any = None
-    documents: Any = None
     mm_processor_kwargs: Any = None
     media_io_kwargs: Any = None
 

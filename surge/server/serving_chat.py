@@ -108,6 +108,7 @@ async def start_chat(
         chat_template=body.chat_template,
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
+        documents=body.documents,
     )
     prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens, body.truncation_side)
     plan.see_prompt(state.tokenizer, prompt_ids)

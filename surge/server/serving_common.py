@@ -344,6 +344,7 @@ async def render_chat(
     chat_template: str | None = None,
     continue_final_message: bool = False,
     add_special_tokens: bool | None = None,
+    documents: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], str]:
     """Token ids and rendered text (vLLM's ``prompt_text``) of ``messages`` (pydantic chat
     messages) under the request's chat template
@@ -354,8 +355,8 @@ async def render_chat(
     Args:
         bound: refuse a prompt surely longer than the context before tokenizing it all
             (``/tokenize`` passes False: it counts texts of any length).
-        chat_template, continue_final_message, add_special_tokens: the request's options
-            (:func:`surge.tokenizer.apply_chat_template`).
+        chat_template, continue_final_message, add_special_tokens, documents: the request's
+            options (:func:`surge.tokenizer.apply_chat_template`).
 
     Raises:
         ApiError: 400 naming ``messages`` when the template cannot render them, or when the
@@ -370,6 +371,7 @@ async def render_chat(
         chat_template=chat_template,
         continue_final_message=continue_final_message,
         add_special_tokens=add_special_tokens,
+        documents=documents,
     )
 
 

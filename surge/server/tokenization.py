@@ -117,6 +117,7 @@ class TokenizerWorker:
         add_special_tokens: bool | None,
         bound: bool,
         tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
     ) -> tuple[list[int], str]:
         rendered: list[str] = []
 
@@ -137,6 +138,7 @@ class TokenizerWorker:
                 check_text=check,
                 tools=tools,
                 splittable=self.splittable,
+                documents=documents,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
@@ -187,6 +189,7 @@ class TokenizerWorker:
         chat_template: str | None = None,
         continue_final_message: bool = False,
         add_special_tokens: bool | None = None,
+        documents: list[dict[str, Any]] | None = None,
     ) -> tuple[list[int], str]:
         """Token ids and text of chat ``messages`` (plain dicts) under the request's ``chat_template``,
         else the server's (with ``tools``, OpenAI function definitions, when given; see
@@ -196,7 +199,8 @@ class TokenizerWorker:
             messages, add_generation_prompt, chat_template_kwargs: as for
                 :func:`surge.tokenizer.apply_chat_template`.
             bound: apply the cheap context bound; False runs on the ``/tokenize`` thread.
-            chat_template, continue_final_message, add_special_tokens: the request's options.
+            chat_template, continue_final_message, add_special_tokens, documents: the request's
+                options.
 
         Raises:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
@@ -211,6 +215,7 @@ class TokenizerWorker:
             add_special_tokens,
             bound,
             tools,
+            documents,
         )
         return await self.run(self._render_chat, *args, utility=not bound)
 

@@ -114,6 +114,8 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CHAT, "mm_processor_kwargs", []),  # an object
     (CMPL, "vllm_xargs", []),
     (CMPL, "top_logprobs", 3),  # chat's field: on completions it would do nothing
+    (CHAT, "ec_transfer_params", {"x": 1}),
+    (CMPL, "ec_transfer_params", {}),
 ]
 
 
@@ -532,6 +534,23 @@ def test_chat_echo_prepends_the_continued_message(server: Server) -> None:
     assert _post(server, CHAT, plain | {"echo": True}).json()["choices"][0]["message"]["content"] == a
 
 
+def test_chat_documents_reach_the_template(server: Server) -> None:
+    """vLLM's RAG documents: passed to the chat template as ``documents`` (a template that
+    reads them renders them; the bundled model's fallback rendering lists them first); not a
+    list of objects is a 400 naming it."""
+    docs = [{"title": "Lily", "text": "Lily liked to play."}, {"title": "Ben", "text": "Ben had a dog."}]
+    template = "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}{{ messages[-1].content }}"
+    body: dict[str, Any] = {"messages": MSGS, "max_tokens": 2, "return_prompt_text": True}
+    r = _post(server, CHAT, body | {"documents": docs, "chat_template": template}).json()
+    assert r["prompt_text"] == "[Lily: Lily liked to play.][Ben: Ben had a dog.]" + MSGS[0]["content"]
+    fallback = _post(server, CHAT, body | {"documents": docs}).json()["prompt_text"]
+    assert fallback.startswith("documents: ") and "Ben had a dog." in fallback
+    assert _post(server, CHAT, body).json()["prompt_text"] == fallback.split("\n", 1)[1]
+    for bad in ("a document", [1], [{"title": 5}]):
+        r2 = _post(server, CHAT, body | {"documents": bad})
+        assert r2.status_code == 400 and r2.json()["error"]["param"] == "documents", r2.text
+
+
 def test_truncate_prompt_tokens_bounds(server: Server) -> None:
     for k in (0, -2):
         r = _post(server, CMPL, {"prompt": PROMPT, "truncate_prompt_tokens": k})
@@ -588,7 +607,7 @@ def test_reserved_chat_template_kwargs_name_the_field(server: Server) -> None:
         ({"tools": []}, {}),
         ({"messages": []}, {"chat_template": template}),
         ({"add_generation_prompt": False, "enable_thinking": False}, {}),
-        ({"documents": [{"text": "x"}]}, {}),  # the refused documents field, by another door
+        ({"documents": [{"text": "x"}]}, {}),  # the documents field, by another door
     ):
         for path in (CHAT, "/tokenize"):
             r = _post(server, path, {"messages": MSGS, "chat_template_kwargs": kwargs} | extra)
