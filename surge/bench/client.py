@@ -6,7 +6,9 @@ One function per request (``send_request``): it is called after the concurrency 
 The SSE stream is parsed by :class:`SSEParser`, which copes with lines split across TCP reads,
 ``\\r\\n`` line ends, comments (``: ping``), multi-line ``data:`` fields and ``data: [DONE]``.
 An error object inside a 200 stream (``{"error": {...}}`` or ``{"object": "error"}``) fails the request
-with its message as the reason.
+with its message as the reason, and so does a stream that ends without ``data: [DONE]`` (a server
+that stopped or a connection dropped mid-answer: a close-delimited body, or a chunked one ended
+cleanly, raises nothing in aiohttp).
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     Only chunks that carry output count (:func:`counts_as_output`): the first one
     gives TTFT, each later one an ITL gap, the last one E2EL. Never raises for server or network
     trouble: any such problem gives ``success=False`` with the reason in ``error`` (HTTP status and
-    body, exception, error object in the stream, or no content).
+    body, exception, error object in the stream, no ``[DONE]`` at its end, or no content).
     """
     out = RequestResult(prompt_len=req.prompt_len, expected_output_len=req.output_len)
     headers = {"Content-Type": "application/json"}
@@ -242,8 +244,11 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                             out.prompt_len = int(usage["prompt_tokens"])
                 if done:
                     break
-            for ev in parser.flush():
-                if ev.strip() != "[DONE]":
+            if not done:
+                for ev in parser.flush():  # the stream's end may close its last event
+                    if ev.strip() == "[DONE]":
+                        done = True
+                        break
                     try:
                         msg = _error_message(parse_event(ev))
                     except ValueError:
@@ -251,6 +256,9 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                     if msg is not None:
                         out.error = f"error in stream: {msg}"
                         return out
+            if not done:  # the server stopped or the connection dropped mid-answer
+                out.error = f"the stream ended without data: [DONE] after {len(text_parts)} output chunk(s)"
+                return out
     except TimeoutError:
         total = getattr(getattr(session, "timeout", None), "total", None)
         out.error = "the request timed out" + (f" (--request-timeout {total:g} s)" if total else "")
