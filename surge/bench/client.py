@@ -175,6 +175,37 @@ def counts_as_output(choice: Any, chat: bool) -> bool:
     return content == "" and "role" not in delta
 
 
+def _choices_problem(choices: Any) -> str:
+    """Why a chunk's non-empty ``choices`` is not the one choice (index 0) a request of ``n`` = 1
+    streams: several choices, another index, or not a list of objects."""
+    if type(choices) is not list:
+        return f"choices is not a list: {str(choices)[:100]!r}"
+    if len(choices) > 1:
+        return f"{len(choices)} choices in one chunk (the benchmark asks one choice per request)"
+    if type(choices[0]) is not dict:
+        return f"a choice is not an object: {str(choices[0])[:100]!r}"
+    return f"choice index {choices[0].get('index')!r} (the benchmark asks one choice per request)"
+
+
+def _read_usage(usage: Any, out: RequestResult) -> str | None:
+    """Take a usage object's token counts into ``out`` (``completion_tokens`` as ``output_len``,
+    ``prompt_tokens`` as ``prompt_len``); a count that is not a non-negative integer is not taken,
+    and the reason is returned (None when all is well)."""
+    if type(usage) is not dict:
+        return f"usage is not an object: {str(usage)[:100]!r}"
+    counts = {}
+    for key in ("completion_tokens", "prompt_tokens"):
+        value = usage.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"usage.{key} {value!r} is not a token count"
+        counts[key] = value
+    if counts["completion_tokens"] is not None:
+        out.output_len = counts["completion_tokens"]
+    if counts["prompt_tokens"] is not None:
+        out.prompt_len = counts["prompt_tokens"]
+    return None
+
+
 def _chunk_text(choice: dict[str, Any]) -> str:
     delta = choice.get("delta")
     if isinstance(delta, dict):
@@ -188,7 +219,9 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     Only chunks that carry output count (:func:`counts_as_output`): the first one
     gives TTFT, each later one an ITL gap, the last one E2EL. Never raises for server or network
     trouble: any such problem gives ``success=False`` with the reason in ``error`` (HTTP status and
-    body, exception, error object in the stream, no ``[DONE]`` at its end, or no content).
+    body, exception, error object in the stream, a malformed chunk (not JSON; choices other than one
+    of index 0; a usage count that is not a non-negative integer), no ``[DONE]`` at its end, or no
+    content).
     """
     out = RequestResult(prompt_len=req.prompt_len, expected_output_len=req.output_len)
     headers = {"Content-Type": "application/json"}
@@ -228,20 +261,25 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                         out.error = f"error in stream: {msg}"
                         return out
                     choices = data.get("choices")
-                    if choices and counts_as_output(choices[0], chat):
-                        if not got_choice:
-                            out.ttft = ts - st
-                            got_choice = True
-                        else:
-                            out.itl.append(ts - last_ts)
-                        last_ts = ts
-                        text_parts.append(_chunk_text(choices[0]))
+                    if choices:
+                        choice = choices[0] if type(choices) is list and len(choices) == 1 else None
+                        if type(choice) is not dict or choice.get("index", 0) != 0:
+                            out.error = f"malformed chunk: {_choices_problem(choices)}"
+                            return out
+                        if counts_as_output(choice, chat):
+                            if not got_choice:
+                                out.ttft = ts - st
+                                got_choice = True
+                            else:
+                                out.itl.append(ts - last_ts)
+                            last_ts = ts
+                            text_parts.append(_chunk_text(choice))
                     usage = data.get("usage")
-                    if isinstance(usage, dict):
-                        if usage.get("completion_tokens") is not None:
-                            out.output_len = int(usage["completion_tokens"])
-                        if usage.get("prompt_tokens") is not None:
-                            out.prompt_len = int(usage["prompt_tokens"])
+                    if usage is not None:
+                        problem = _read_usage(usage, out)
+                        if problem:
+                            out.error = f"malformed chunk: {problem}"
+                            return out
                 if done:
                     break
             if not done:

@@ -254,6 +254,11 @@ class ServeConfig:
             raise ValueError(
                 f"--extra-body sets {clash[0]!r}, which the benchmark sends itself: {_OWN_FIELDS[clash[0]]}"
             )
+        n = (self.extra_body or {}).get("n", 1)
+        if n != 1 or type(n) is not int:  # the client fails a stream of several choices
+            raise ValueError(
+                f"--extra-body sets 'n' to {n!r}: the benchmark times one choice per request (give no n)"
+            )
         prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose
             model_shape(

@@ -139,6 +139,52 @@ BROKEN: dict[str, tuple[Behaviour, str]] = {
         lambda chat, body: stream([_role(chat)] * chat + [event(usage(0)), event("[DONE]")]),
         "no content chunk received",
     ),
+    "a negative completion_tokens": (
+        lambda chat, body: stream([*tokens(chat, N), event(usage(-N)), event("[DONE]")]),
+        f"malformed chunk: usage.completion_tokens {-N} is not a token count",
+    ),
+    "a fractional completion_tokens": (
+        lambda chat, body: stream([*tokens(chat, N), event(usage(N + 0.5)), event("[DONE]")]),
+        f"malformed chunk: usage.completion_tokens {N + 0.5} is not a token count",
+    ),
+    "a text completion_tokens": (
+        lambda chat, body: stream([*tokens(chat, N), event(usage("three")), event("[DONE]")]),
+        "malformed chunk: usage.completion_tokens 'three' is not a token count",
+    ),
+    "a list prompt_tokens": (
+        lambda chat, body: stream([*tokens(chat, N), event(usage(N, [5])), event("[DONE]")]),
+        "malformed chunk: usage.prompt_tokens [5] is not a token count",
+    ),
+    "a usage that is not an object": (
+        lambda chat, body: stream([*tokens(chat, N), event({"choices": [], "usage": N}), event("[DONE]")]),
+        "malformed chunk: usage is not an object: '3'",
+    ),
+    "two choices in one chunk": (
+        lambda chat, body: stream(
+            [event({"choices": [token(chat, " w1")["choices"][0], token(chat, " w1", 1)["choices"][0]]})]
+            + [event(usage(N)), event("[DONE]")]
+        ),
+        "malformed chunk: 2 choices in one chunk (the benchmark asks one choice per request)",
+    ),
+    "a chunk of choice index 1": (
+        lambda chat, body: stream(
+            [event(token(chat, " w1")), event(token(chat, " w1", 1)), *tokens(chat, N - 1)]
+            + [event(usage(N)), event("[DONE]")]
+        ),
+        "malformed chunk: choice index 1 (the benchmark asks one choice per request)",
+    ),
+    "a null choice": (
+        lambda chat, body: stream(
+            [*tokens(chat, N), event({"choices": [None]}), event(usage(N)), event("[DONE]")]
+        ),
+        "malformed chunk: a choice is not an object: 'None'",
+    ),
+    "choices that are not a list": (
+        lambda chat, body: stream(
+            [event({"choices": {"0": token(chat, " w1")}}), event(usage(N)), event("[DONE]")]
+        ),
+        "malformed chunk: choices is not a list: ",
+    ),
     "an empty 200 stream": (
         lambda chat, body: response(200, b"", "text/event-stream"),
         "the stream ended without data: [DONE] after 0 output chunk(s)",
@@ -209,3 +255,16 @@ def test_a_cut_stream_fails_the_run_without_the_length_check(
     assert r["errors"] == ["", "the stream ended without data: [DONE] after 2 output chunk(s)", ""]
     assert r["output_lens"] == [N, 0, N] and r["total_output_tokens"] == 2 * N
     assert "1 failed request(s)" in capsys.readouterr().out
+
+
+def test_extra_body_n_is_refused_before_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stream of n choices fails every request (above): say so at once, in one line."""
+    with HostileServer([]) as s:
+        rc = bench_main(["bench", "serve", "--base-url", s.url, "--extra-body", '{"n": 2}'])
+        assert s.seen == 0
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert (
+        err
+        == "surge: error: --extra-body sets 'n' to 2: the benchmark times one choice per request (give no n)\n"
+    )
