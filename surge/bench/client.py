@@ -175,6 +175,22 @@ def counts_as_output(choice: Any, chat: bool) -> bool:
     return content == "" and "role" not in delta
 
 
+def _answer_text(body: bytes, reason: str | None) -> str:
+    """A non-stream answer for an error string: the message of an error object, else the body's
+    first 300 characters on one line (undecodable bytes replaced), or ``reason`` (the HTTP reason
+    phrase) and ``(empty body)`` when there is none."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if not text:
+        return f"{reason or ''} (empty body)".lstrip()
+    try:
+        msg = _error_message(parse_event(text))
+    except (ValueError, RecursionError):
+        msg = None
+    if msg is None or msg.startswith("malformed chunk"):
+        msg = text
+    return msg[:300].replace("\r", " ").replace("\n", " ")
+
+
 def _choices_problem(choices: Any) -> str:
     """Why a chunk's non-empty ``choices`` is not the one choice (index 0) a request of ``n`` = 1
     streams: several choices, another index, or not a list of objects."""
@@ -239,8 +255,11 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     try:
         async with session.post(req.api_url, json=payload, headers=headers) as resp:
             if resp.status != 200:
-                body = (await resp.text())[:300].replace("\n", " ")
-                out.error = f"HTTP {resp.status}: {body}"
+                out.error = f"HTTP {resp.status}: {_answer_text(await resp.read(), resp.reason)}"
+                return out
+            if resp.content_type == "application/json":  # a whole answer: no stream to time
+                text = _answer_text(await resp.read(), None)
+                out.error = f"the server answered application/json, not an event stream: {text}"
                 return out
             parser = SSEParser()
             done = False

@@ -113,13 +113,32 @@ def _no_answer(chat: bool, body: dict[str, Any]) -> list[Piece]:
 BROKEN: dict[str, tuple[Behaviour, str]] = {
     "HTTP 400 with an OpenAI error": (
         lambda chat, body: response(
-            400, json.dumps({"error": {"message": "bad max_tokens", "code": 400}}).encode()
+            400,
+            json.dumps(
+                {"error": {"message": "bad max_tokens", "type": "BadRequestError", "code": 400}}
+            ).encode(),
         ),
-        "HTTP 400: {",
+        "HTTP 400: bad max_tokens",
     ),
     "HTTP 500 with a text body": (
-        lambda chat, body: response(500, b"<html>Internal Server Error</html>", "text/html"),
+        lambda chat, body: response(500, b"<html>Internal\nServer Error</html>", "text/html"),
         "HTTP 500: <html>Internal Server Error</html>",
+    ),
+    "HTTP 500 with bytes that are not UTF-8": (
+        lambda chat, body: response(500, b"\xff\xfeboom", "text/plain"),
+        "HTTP 500: \ufffd\ufffdboom",
+    ),
+    "HTTP 503 with an empty body": (
+        lambda chat, body: response(503, b"", reason="Service Unavailable"),
+        "HTTP 503: Service Unavailable (empty body)",
+    ),
+    "an error object as a 200 JSON answer": (
+        lambda chat, body: response(200, json.dumps({"object": "error", "message": "overloaded"}).encode()),
+        "the server answered application/json, not an event stream: overloaded",
+    ),
+    "a whole completion as a 200 JSON answer": (
+        lambda chat, body: response(200, json.dumps({"choices": [], "usage": usage(N)["usage"]}).encode()),
+        'the server answered application/json, not an event stream: {"choices": [], "usage": {',
     ),
     "a stream cut inside an HTTP chunk": (
         lambda chat, body: stream([*tokens(chat, 2)], end=False),
