@@ -1,13 +1,13 @@
 """A raw-socket HTTP/1.1 server that misbehaves on purpose, for the benchmark client's tests.
 
-It answers ``GET /v1/models``, ``POST /tokenize`` and ``POST /detokenize`` like :mod:`fake_server` (same word-level
-tokenizer), and each ``POST /v1/chat/completions`` or ``/v1/completions`` with the next behaviour
-of ``script`` (then ``default``): a function ``(chat, body) -> list of pieces``, each written
-on its own after a short pause (a float piece waits that many seconds instead), then the
-connection is closed. The byte pieces are the
-raw HTTP response, so a behaviour can cut a stream, drop ``[DONE]``, send a bad status line or
-close without answering. Helpers build the usual parts: :func:`stream` (a chunked or
-close-delimited ``text/event-stream``), :func:`event`, :func:`token`, :func:`usage`.
+It answers ``GET /v1/models``, ``POST /tokenize`` and ``POST /detokenize`` like :mod:`fake_server`
+(same word-level tokenizer; the first two answers can be replaced), and each ``POST
+/v1/chat/completions`` or ``/v1/completions`` with the next behaviour of ``script`` (then
+``default``): a function ``(chat, body) -> list of pieces``, each written on its own after a short
+pause (a float piece waits that many seconds instead), then the connection is closed. The byte
+pieces are the raw HTTP response, so a behaviour can cut a stream, drop ``[DONE]``, send a bad
+status line or close without answering. Helpers build the usual parts: :func:`stream` (a chunked
+or close-delimited ``text/event-stream``), :func:`event`, :func:`token`, :func:`usage`.
 
 Runs on 127.0.0.1 at a free port in a background thread (:class:`HostileServer`).
 """
@@ -88,9 +88,17 @@ class HostileServer:
     """The server in a background thread; ``url`` is its base URL, ``seen`` the completion
     requests it took."""
 
-    def __init__(self, script: list[Behaviour], default: Behaviour = ok) -> None:
+    def __init__(
+        self,
+        script: list[Behaviour],
+        default: Behaviour = ok,
+        models: Any = None,
+        tokenize: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
         self.script = list(script)
         self.default = default
+        self.models = models  # the /v1/models answer; None: fake-model
+        self.tokenize = tokenize  # the /tokenize answer of a request body; None: fake_server's
         self.seen = 0
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -145,8 +153,11 @@ class HostileServer:
     def _answer(self, method: str, path: str, body: dict[str, Any]) -> list[Piece]:
         if method == "GET" and path == "/v1/models":
             entry = {"id": "fake-model", "object": "model", "root": "/nonexistent", "max_model_len": 4096}
-            return response(200, json.dumps({"object": "list", "data": [entry]}).encode())
+            models = {"object": "list", "data": [entry]} if self.models is None else self.models
+            return response(200, json.dumps(models).encode())
         if method == "POST" and path == "/tokenize":
+            if self.tokenize is not None:
+                return response(200, json.dumps(self.tokenize(body)).encode())
             toks = prompt_tokens(body, "messages" in body)
             return response(
                 200, json.dumps({"tokens": toks, "count": len(toks), "max_model_len": 4096}).encode()

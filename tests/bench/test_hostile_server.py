@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import bench_main
+from fake_server import prompt_tokens
 from hostile_server import (
     Behaviour,
     HostileServer,
@@ -287,3 +288,43 @@ def test_extra_body_n_is_refused_before_the_run(capsys: pytest.CaptureFixture[st
         err
         == "surge: error: --extra-body sets 'n' to 2: the benchmark times one choice per request (give no n)\n"
     )
+
+
+def _fake_tokenize(body: dict[str, Any]) -> dict[str, Any]:
+    toks = prompt_tokens(body, "messages" in body)
+    return {"tokens": toks, "count": len(toks), "max_model_len": 4096}
+
+
+# answers before the run that must stop it in one line naming what is wrong (not a traceback)
+BAD_SETUP: dict[str, tuple[dict[str, Any], str]] = {
+    "model names instead of objects": (
+        {"models": {"data": ["m"]}},
+        '/v1/models answered no list of models with ids: {"data": ["m"]}',
+    ),
+    "a model object instead of a list": (
+        {"models": {"data": {"id": "m"}}},
+        '/v1/models answered no list of models with ids: {"data": {"id": "m"}}',
+    ),
+    "a max_model_len in words": (
+        {"models": {"data": [{"id": "m", "max_model_len": "big"}]}},
+        'the server\'s /v1/models gives a max_model_len that is not a token count: "big"',
+    ),
+    "null token ids": (
+        {"tokenize": lambda body: {"tokens": [None, *_fake_tokenize(body)["tokens"]]}},
+        'the server\'s /tokenize answered no list of token ids: {"tokens": [null, ',
+    ),
+    "a max_model_len of /tokenize in words": (
+        {"tokenize": lambda body: {**_fake_tokenize(body), "max_model_len": "x"}},
+        'the server\'s /tokenize gives a max_model_len that is not a token count: "x"',
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_SETUP))
+def test_a_bad_answer_before_the_run_is_one_line(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    server_args, reason = BAD_SETUP[name]
+    with HostileServer([], **server_args) as s:
+        rc = bench_main(["bench", "serve", "--base-url", s.url, "--num-prompts", "1", "--input-len", "8"])
+        assert s.seen == 0
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and reason in err, err
