@@ -13,6 +13,7 @@ cleanly, raises nothing in aiohttp).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -229,6 +230,25 @@ def _chunk_text(choice: dict[str, Any]) -> str:
     return str(choice.get("text") or "")
 
 
+DRAIN_AFTER_DONE_S = 1.0
+"""How long a request waits, after ``data: [DONE]``, for the end of the body (seconds)."""
+
+
+async def _drain(content: aiohttp.StreamReader) -> None:
+    """Read what follows ``data: [DONE]`` up to the body's end, which a sound server sends at once
+    (the chunked encoding's last chunk), so that aiohttp hands the connection back to the pool
+    instead of closing it: the next request then starts on it, as under vLLM's client (which reads
+    every stream to its end), without a TCP connect inside its TTFT. A body that has not ended
+    within :data:`DRAIN_AFTER_DONE_S`, or a connection lost meanwhile, only costs that connection:
+    the request has its answer."""
+    try:
+        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
+            while await content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+
+
 async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestResult:
     """Send one streaming request and time it (TTFT, ITL per chunk, E2EL; seconds, perf_counter).
 
@@ -316,6 +336,8 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
             if not done:  # the server stopped or the connection dropped mid-answer
                 out.error = f"the stream ended without data: [DONE] after {len(text_parts)} output chunk(s)"
                 return out
+            if not resp.content.at_eof():
+                await _drain(resp.content)
     except TimeoutError:
         total = getattr(getattr(session, "timeout", None), "total", None)
         out.error = "the request timed out" + (f" (--request-timeout {total:g} s)" if total else "")

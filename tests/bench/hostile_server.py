@@ -6,7 +6,8 @@ It answers ``GET /v1/models``, ``POST /tokenize`` and ``POST /detokenize`` like 
 ``default``): a function ``(chat, body) -> list of pieces``, each written on its own after a short
 pause (a float piece waits that many seconds instead), then the connection is closed. The byte
 pieces are the raw HTTP response, so a behaviour can cut a stream, drop ``[DONE]``, send a bad
-status line or close without answering. Helpers build the usual parts: :func:`stream` (a chunked
+status line or close without answering; an answer without ``Connection: close`` keeps the
+connection for the next request. Helpers build the usual parts: :func:`stream` (a chunked
 or close-delimited ``text/event-stream``), :func:`event`, :func:`token`, :func:`usage`.
 
 Runs on 127.0.0.1 at a free port in a background thread (:class:`HostileServer`).
@@ -52,11 +53,16 @@ def tokens(chat: bool, n: int) -> list[bytes]:
     return [event(token(chat, f" w{100 + i}")) for i in range(n)]
 
 
-def stream(events: list[bytes], chunked: bool = True, end: bool = True) -> list[Piece]:
+def stream(
+    events: list[bytes], chunked: bool = True, end: bool = True, keep_alive: bool = False
+) -> list[Piece]:
     """A 200 ``text/event-stream`` response carrying ``events``: HTTP chunked (ended by the
     zero-length chunk unless ``end`` is false: the connection then drops mid-body) or
-    close-delimited (``chunked`` false: the body ends when the connection closes)."""
-    head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+    close-delimited (``chunked`` false: the body ends when the connection closes). With
+    ``keep_alive`` (chunked only) the server keeps the connection for the next request."""
+    head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    if not (keep_alive and chunked):
+        head += "Connection: close\r\n"
     if not chunked:
         return [(head + "\r\n").encode(), *events]
     pieces: list[Piece] = [(head + "Transfer-Encoding: chunked\r\n\r\n").encode()]
@@ -86,7 +92,7 @@ def ok(chat: bool, body: dict[str, Any]) -> list[Piece]:
 
 class HostileServer:
     """The server in a background thread; ``url`` is its base URL, ``seen`` the completion
-    requests it took."""
+    requests it took, ``connections`` the TCP connections it accepted."""
 
     def __init__(
         self,
@@ -100,6 +106,7 @@ class HostileServer:
         self.models = models  # the /v1/models answer; None: fake-model
         self.tokenize = tokenize  # the /tokenize answer of a request body; None: fake_server's
         self.seen = 0
+        self.connections = 0  # TCP connections accepted
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
@@ -129,23 +136,31 @@ class HostileServer:
         self._thread.join(10)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-            method, path = head.split(" ", 2)[:2]
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            body = json.loads(await reader.readexactly(length)) if length else {}
-            for piece in self._answer(method, path, body):
-                if isinstance(piece, float):
-                    await asyncio.sleep(piece)
-                    continue
-                writer.write(piece)
-                await writer.drain()
-                await asyncio.sleep(0.002)  # pieces arrive in separate reads
+            keep_alive = True
+            while keep_alive:  # requests on this connection, until an answer closes it
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                method, path = head.split(" ", 2)[:2]
+                length = 0
+                for line in head.split("\r\n")[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                pieces = self._answer(method, path, body)
+                first = pieces[0] if pieces else None
+                keep_alive = isinstance(first, bytes) and b"Connection: close" not in first
+                for piece in pieces:
+                    if isinstance(piece, float):
+                        await asyncio.sleep(piece)
+                        continue
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.002)  # pieces arrive in separate reads
         except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:  # the server stops (asyncio would log a cancelled handler)
             pass
         finally:
             writer.close()

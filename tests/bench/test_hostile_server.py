@@ -26,6 +26,7 @@ from hostile_server import (
     usage,
 )
 
+from surge.bench import client
 from surge.bench.client import RequestInput, send_request
 from surge.bench.metrics import RequestResult, compute_metrics
 from surge.bench.serve import validate_results
@@ -223,7 +224,7 @@ BROKEN: dict[str, tuple[Behaviour, str]] = {
         f"the stream ended without data: [DONE] after {N} output chunk(s)",
     ),
     "closed without an answer": (_no_answer, "ServerDisconnectedError"),
-    "not HTTP": (lambda chat, body: [b"NOT HTTP\r\n\r\n"], "ClientResponseError"),
+    "not HTTP": (lambda chat, body: [b"NOT HTTP\r\n\r\n"], "ClientResponseError: 400, message="),
 }
 
 
@@ -328,3 +329,69 @@ def test_a_bad_answer_before_the_run_is_one_line(name: str, capsys: pytest.Captu
         assert s.seen == 0
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and reason in err, err
+
+
+def test_a_failed_warm_up_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """aiohttp's message for a bad status line spans several lines: the error stays one."""
+    with HostileServer([lambda chat, body: [b"NOT HTTP\r\n\r\n"]]) as s:
+        rc = bench_main(
+            [
+                "bench",
+                "serve",
+                "--base-url",
+                s.url,
+                "--disable-tqdm",
+                "--num-prompts",
+                "1",
+                "--input-len",
+                "8",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("surge: error: warm-up request failed: ClientResponseError: 400")
+    assert err.count("\n") == 1, err
+
+
+def _done_then(after: list[Piece], end: bool = True) -> Behaviour:
+    """A sound kept-alive stream up to ``[DONE]``, then ``after`` before the body's end."""
+
+    def behaviour(chat: bool, body: dict[str, Any]) -> list[Piece]:
+        pieces = stream([*tokens(chat, N), event(usage(N)), event("[DONE]")], keep_alive=True)
+        return [*pieces[:-1], *after, *pieces[-1:]] if end else [*pieces[:-1], *after]
+
+    return behaviour
+
+
+def _send_many(server: HostileServer, n: int) -> list[RequestResult]:
+    async def go() -> list[RequestResult]:
+        connector = aiohttp.TCPConnector(limit=1)  # as make_session's, with --max-concurrency 1
+        async with aiohttp.ClientSession(connector=connector) as session:
+            req = RequestInput(server.url + "/v1/completions", "fake-model", "w1 w2", 3, N)
+            return [await send_request(session, req) for _ in range(n)]
+
+    return asyncio.run(go())
+
+
+def test_the_connection_is_kept_when_the_body_ends_after_done() -> None:
+    """Surge's server often sends the chunked body's end in a read after [DONE]: leaving then made
+    aiohttp close the connection, and the next request paid a TCP connect inside its TTFT
+    (vLLM's client reads every body to its end and keeps one connection)."""
+    with HostileServer([], default=_done_then([0.03])) as s:
+        results = _send_many(s, 3)
+        assert s.connections == 1
+    assert all(r.success for r in results), [r.error for r in results]
+
+
+def test_what_follows_done_never_fails_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After [DONE] the answer is whole: more data, a body that never ends, or a dropped
+    connection cost at most the connection (and DRAIN_AFTER_DONE_S of waiting)."""
+    monkeypatch.setattr(client, "DRAIN_AFTER_DONE_S", 0.2)
+    chunk = event(token(False, " w9"))
+    for behaviour in (
+        _done_then([b"%x\r\n%s\r\n" % (len(chunk), chunk)]),  # an event after [DONE]
+        _done_then([5.0], end=False),  # no end of the body
+        _done_then([], end=False),  # the connection drops before the body's end
+    ):
+        with HostileServer([], default=behaviour) as s:
+            results = _send_many(s, 2)
+        assert all(r.success and r.output_len == N for r in results), [r.error for r in results]
