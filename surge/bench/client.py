@@ -6,11 +6,14 @@ One function per request (``send_request``): it is called after the concurrency 
 The SSE stream is parsed by :class:`SSEParser`, which copes with lines split across TCP reads,
 ``\\r\\n`` line ends, comments (``: ping``), multi-line ``data:`` fields and ``data: [DONE]``.
 An error object inside a 200 stream (``{"error": {...}}`` or ``{"object": "error"}``) fails the request
-with its message as the reason.
+with its message as the reason, and so does a stream that ends without ``data: [DONE]`` (a server
+that stopped or a connection dropped mid-answer: a close-delimited body, or a chunked one ended
+cleanly, raises nothing in aiohttp).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -173,11 +176,77 @@ def counts_as_output(choice: Any, chat: bool) -> bool:
     return content == "" and "role" not in delta
 
 
+def _answer_text(body: bytes, reason: str | None) -> str:
+    """A non-stream answer for an error string: the message of an error object, else the body's
+    first 300 characters on one line (undecodable bytes replaced), or ``reason`` (the HTTP reason
+    phrase) and ``(empty body)`` when there is none."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if not text:
+        return f"{reason or ''} (empty body)".lstrip()
+    try:
+        msg = _error_message(parse_event(text))
+    except (ValueError, RecursionError):
+        msg = None
+    if msg is None or msg.startswith("malformed chunk"):
+        msg = text
+    return msg[:300].replace("\r", " ").replace("\n", " ")
+
+
+def _choices_problem(choices: Any) -> str:
+    """Why a chunk's non-empty ``choices`` is not the one choice (index 0) a request of ``n`` = 1
+    streams: several choices, another index, or not a list of objects."""
+    if type(choices) is not list:
+        return f"choices is not a list: {str(choices)[:100]!r}"
+    if len(choices) > 1:
+        return f"{len(choices)} choices in one chunk (the benchmark asks one choice per request)"
+    if type(choices[0]) is not dict:
+        return f"a choice is not an object: {str(choices[0])[:100]!r}"
+    return f"choice index {choices[0].get('index')!r} (the benchmark asks one choice per request)"
+
+
+def _read_usage(usage: Any, out: RequestResult) -> str | None:
+    """Take a usage object's token counts into ``out`` (``completion_tokens`` as ``output_len``,
+    ``prompt_tokens`` as ``prompt_len``); a count that is not a non-negative integer is not taken,
+    and the reason is returned (None when all is well)."""
+    if type(usage) is not dict:
+        return f"usage is not an object: {str(usage)[:100]!r}"
+    counts = {}
+    for key in ("completion_tokens", "prompt_tokens"):
+        value = usage.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"usage.{key} {value!r} is not a token count"
+        counts[key] = value
+    if counts["completion_tokens"] is not None:
+        out.output_len = counts["completion_tokens"]
+    if counts["prompt_tokens"] is not None:
+        out.prompt_len = counts["prompt_tokens"]
+    return None
+
+
 def _chunk_text(choice: dict[str, Any]) -> str:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         return str(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or "")
     return str(choice.get("text") or "")
+
+
+DRAIN_AFTER_DONE_S = 1.0
+"""How long a request waits, after ``data: [DONE]``, for the end of the body (seconds)."""
+
+
+async def _drain(content: aiohttp.StreamReader) -> None:
+    """Read what follows ``data: [DONE]`` up to the body's end, which a sound server sends at once
+    (the chunked encoding's last chunk), so that aiohttp hands the connection back to the pool
+    instead of closing it: the next request then starts on it, as under vLLM's client (which reads
+    every stream to its end), without a TCP connect inside its TTFT. A body that has not ended
+    within :data:`DRAIN_AFTER_DONE_S`, or a connection lost meanwhile, only costs that connection:
+    the request has its answer."""
+    try:
+        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
+            while await content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
 
 
 async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestResult:
@@ -186,7 +255,9 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     Only chunks that carry output count (:func:`counts_as_output`): the first one
     gives TTFT, each later one an ITL gap, the last one E2EL. Never raises for server or network
     trouble: any such problem gives ``success=False`` with the reason in ``error`` (HTTP status and
-    body, exception, error object in the stream, or no content).
+    body, exception, error object in the stream, a malformed chunk (not JSON; choices other than one
+    of index 0; a usage count that is not a non-negative integer), no ``[DONE]`` at its end, or no
+    content).
     """
     out = RequestResult(prompt_len=req.prompt_len, expected_output_len=req.output_len)
     headers = {"Content-Type": "application/json"}
@@ -204,8 +275,11 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     try:
         async with session.post(req.api_url, json=payload, headers=headers) as resp:
             if resp.status != 200:
-                body = (await resp.text())[:300].replace("\n", " ")
-                out.error = f"HTTP {resp.status}: {body}"
+                out.error = f"HTTP {resp.status}: {_answer_text(await resp.read(), resp.reason)}"
+                return out
+            if resp.content_type == "application/json":  # a whole answer: no stream to time
+                text = _answer_text(await resp.read(), None)
+                out.error = f"the server answered application/json, not an event stream: {text}"
                 return out
             parser = SSEParser()
             done = False
@@ -226,24 +300,32 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                         out.error = f"error in stream: {msg}"
                         return out
                     choices = data.get("choices")
-                    if choices and counts_as_output(choices[0], chat):
-                        if not got_choice:
-                            out.ttft = ts - st
-                            got_choice = True
-                        else:
-                            out.itl.append(ts - last_ts)
-                        last_ts = ts
-                        text_parts.append(_chunk_text(choices[0]))
+                    if choices:
+                        choice = choices[0] if type(choices) is list and len(choices) == 1 else None
+                        if type(choice) is not dict or choice.get("index", 0) != 0:
+                            out.error = f"malformed chunk: {_choices_problem(choices)}"
+                            return out
+                        if counts_as_output(choice, chat):
+                            if not got_choice:
+                                out.ttft = ts - st
+                                got_choice = True
+                            else:
+                                out.itl.append(ts - last_ts)
+                            last_ts = ts
+                            text_parts.append(_chunk_text(choice))
                     usage = data.get("usage")
-                    if isinstance(usage, dict):
-                        if usage.get("completion_tokens") is not None:
-                            out.output_len = int(usage["completion_tokens"])
-                        if usage.get("prompt_tokens") is not None:
-                            out.prompt_len = int(usage["prompt_tokens"])
+                    if usage is not None:
+                        problem = _read_usage(usage, out)
+                        if problem:
+                            out.error = f"malformed chunk: {problem}"
+                            return out
                 if done:
                     break
-            for ev in parser.flush():
-                if ev.strip() != "[DONE]":
+            if not done:
+                for ev in parser.flush():  # the stream's end may close its last event
+                    if ev.strip() == "[DONE]":
+                        done = True
+                        break
                     try:
                         msg = _error_message(parse_event(ev))
                     except ValueError:
@@ -251,6 +333,11 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                     if msg is not None:
                         out.error = f"error in stream: {msg}"
                         return out
+            if not done:  # the server stopped or the connection dropped mid-answer
+                out.error = f"the stream ended without data: [DONE] after {len(text_parts)} output chunk(s)"
+                return out
+            if not resp.content.at_eof():
+                await _drain(resp.content)
     except TimeoutError:
         total = getattr(getattr(session, "timeout", None), "total", None)
         out.error = "the request timed out" + (f" (--request-timeout {total:g} s)" if total else "")

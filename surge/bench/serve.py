@@ -24,6 +24,7 @@ semaphore), ``errors``; ``generated_texts`` with ``save_detailed``.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 import uuid
@@ -50,7 +51,14 @@ from surge.bench.datasets import (
 )
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
-from surge.bench.tokens import TokenCounter, get_json, is_tokenizer_dir, prompt_options, resolve_counter
+from surge.bench.tokens import (
+    TokenCounter,
+    get_json,
+    is_tokenizer_dir,
+    max_model_len_of,
+    prompt_options,
+    resolve_counter,
+)
 from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
@@ -277,6 +285,11 @@ class ServeConfig:
             raise ValueError(
                 f"--extra-body sets {clash[0]!r}, which the benchmark sends itself: {_OWN_FIELDS[clash[0]]}"
             )
+        n = (self.extra_body or {}).get("n", 1)
+        if n != 1 or type(n) is not int:  # the client fails a stream of several choices
+            raise ValueError(
+                f"--extra-body sets 'n' to {n!r}: the benchmark times one choice per request (give no n)"
+            )
         prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose
             model_shape(
@@ -337,6 +350,11 @@ def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
         raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")
+    data = ans["data"]
+    if not isinstance(data, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("id"), str) for e in data
+    ):
+        raise ValueError(f"{base_url}/v1/models answered no list of models with ids: {json.dumps(ans)[:200]}")
     return ans
 
 
@@ -777,11 +795,11 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     local_dir = _local_model_dir(cfg, entry)
     if counter is None:
         counter = _counter_for(cfg, base, model, entry)
-    max_model_len = entry.get("max_model_len")
+    max_model_len = max_model_len_of(entry, "/v1/models")
     if max_model_len and cfg.dataset == "random":
         longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
         longest_out = range_bounds(cfg.output_len, cfg.output_range_ratio)[1]
-        if cfg.random_prefix_len + longest_in + longest_out > int(max_model_len):
+        if cfg.random_prefix_len + longest_in + longest_out > max_model_len:
             ranged = (
                 f" (up to {longest_in} + {longest_out} with --random-range-ratio)"
                 if cfg.random_range_ratio or cfg.output_range_ratio
@@ -803,13 +821,13 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         )
     if max_model_len and cfg.dataset == "prefix_repetition":
         total = cfg.prefix_repetition_prefix_len + cfg.prefix_repetition_suffix_len + cfg.output_len
-        if total > int(max_model_len):
+        if total > max_model_len:
             raise ValueError(
                 f"--prefix-repetition-prefix-len {cfg.prefix_repetition_prefix_len} + -suffix-len "
                 f"{cfg.prefix_repetition_suffix_len} + output {cfg.output_len} exceeds the server's "
                 f"max_model_len {max_model_len}"
             )
-    samples = build_samples(cfg, counter, int(max_model_len) if max_model_len else None)
+    samples = build_samples(cfg, counter, max_model_len)
     api_url = base + cfg.endpoint
 
     def to_input(s: SampleRequest) -> RequestInput:

@@ -251,9 +251,9 @@ class ServerTokenCounter:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         options = {} if add_special_tokens else {"add_special_tokens": False}
         ans = self._tokenize({"model": self.model, "prompt": text, **options}, options)
-        if ans.get("max_model_len") is not None:
-            self.max_model_len = int(ans["max_model_len"])
-        return [int(t) for t in ans["tokens"]]
+        ids = token_ids(ans, "/tokenize")
+        self.max_model_len = max_model_len_of(ans, "/tokenize") or self.max_model_len
+        return ids
 
     def encode_chat(self, text: str, options: Mapping[str, Any] | None = None) -> list[int]:
         """``/tokenize`` of the chat request, with the request fields ``options`` sent as they
@@ -268,8 +268,7 @@ class ServerTokenCounter:
             "add_generation_prompt": True,
             **(options or {}),
         }
-        ans = self._tokenize(body, options or {})
-        return [int(t) for t in ans["tokens"]]
+        return token_ids(self._tokenize(body, options or {}), "/tokenize")
 
     def _tokenize(self, body: dict[str, Any], options: Mapping[str, Any]) -> Any:
         """``POST /tokenize``. A refusal (4xx) of a body carrying ``options`` is a ValueError
@@ -289,7 +288,10 @@ class ServerTokenCounter:
 
     def decode(self, ids: list[int]) -> str:
         ans = post_json(f"{self.base_url}/detokenize", {"model": self.model, "tokens": ids}, self.api_key)
-        return str(ans["prompt"])
+        prompt = ans.get("prompt") if isinstance(ans, dict) else None
+        if not isinstance(prompt, str):
+            raise ValueError(f"the server's /detokenize answered no prompt text: {_excerpt(ans)}")
+        return prompt
 
     def render_chat(self, text: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> str:
         """``/detokenize`` of the chat prompt's ``/tokenize`` ids (Surge's and vLLM's
@@ -310,7 +312,7 @@ class ServerTokenCounter:
             raise ValueError(
                 f"--chat-template-kwargs: the server's /tokenize refused them: HTTP {e.code}: {_error_text(e)}"
             ) from None
-        return self.decode([int(t) for t in ans["tokens"]])
+        return self.decode(token_ids(ans, "/tokenize"))
 
     def candidate_ids(self) -> np.ndarray:
         if self._pool is None:
@@ -321,6 +323,40 @@ class ServerTokenCounter:
             ids.difference_update(self.encode(""))  # BOS or other added specials
             self._pool = np.asarray(sorted(ids), dtype=np.int64)
         return self._pool
+
+
+def _excerpt(value: Any) -> str:
+    """``value`` as JSON text, cut to 200 characters (for an error message)."""
+    return json.dumps(value)[:200]
+
+
+def token_ids(ans: Any, where: str) -> list[int]:
+    """The ``tokens`` of a ``/tokenize`` answer ``ans`` from ``where``.
+
+    Raises:
+        ValueError: no list of token ids (non-negative integers) there, with the answer's start.
+    """
+    tokens = ans.get("tokens") if isinstance(ans, dict) else None
+    if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+        raise ValueError(f"the server's {where} answered no list of token ids: {_excerpt(ans)}")
+    return tokens
+
+
+def max_model_len_of(ans: Any, where: str) -> int | None:
+    """The ``max_model_len`` of a server's answer ``ans`` (a ``/tokenize`` answer or a
+    ``/v1/models`` entry) from ``where``, None when it gives none.
+
+    Raises:
+        ValueError: a ``max_model_len`` that is not a positive integer.
+    """
+    value = ans.get("max_model_len") if isinstance(ans, dict) else None
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise ValueError(
+            f"the server's {where} gives a max_model_len that is not a token count: {_excerpt(value)}"
+        )
+    return value
 
 
 def _error_text(e: urllib.error.HTTPError) -> str:
