@@ -201,19 +201,16 @@ def _as_extra_args(name: str, value: object) -> None:
     return None
 
 
-def _as_thinking_budget(name: str, value: object) -> None:
-    """vLLM's ``thinking_token_budget`` when unlimited (None or -1): None.
+def _as_thinking_budget(name: str, value: object) -> int | None:
+    """vLLM's ``thinking_token_budget``: a non-negative int, or -1 (unlimited, as None).
 
     Raises:
-        ValueError: any other value: Surge does not count or cap reasoning tokens.
+        ValueError: a bool, a float, not an integer, or below -1.
     """
-    if type(value) is int and value == -1:
-        return None
-    raise ValueError(
-        f"{name} must be None or -1 (unlimited), got {_got(value)}: Surge does not cap the tokens of a "
-        "model's reasoning (bound the whole output with max_tokens, or turn thinking off with "
-        "chat_template_kwargs={'enable_thinking': False})"
-    )
+    budget = _as_int(name, value)
+    if budget < -1:
+        raise ValueError(f"{name} must be a non-negative integer or -1 (unlimited), got {budget}")
+    return None if budget == -1 else budget
 
 
 def _as_no_repetition_detection(name: str, value: object) -> None:
@@ -474,8 +471,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             no plugins to read them; an empty dict becomes None).
         skip_clone: vLLM's hint that these params need not be copied per request: any bool
             (Surge never copies them: they are frozen).
-        thinking_token_budget: vLLM's cap on reasoning tokens: None or -1 (unlimited, kept as
-            None) only; Surge does not count reasoning tokens.
+        thinking_token_budget: vLLM's cap on the tokens generated inside the reasoning section
+            (>= 0; None or -1: unlimited, kept as None): once reached, the reasoning-end tokens
+            (``</think>``) are forced (:mod:`surge.core.thinking_budget`). Needs the engine's
+            reasoning delimiters (``surge serve --reasoning-parser``,
+            ``LLM(reasoning_parser=...)``); without them a request with a budget is refused.
         repetition_detection: vLLM's early stop on repeated n-grams: None only.
         logprob_token_ids: vLLM's log-probabilities of chosen token ids: None or empty only
             (an empty list becomes None); use ``logprobs``.
@@ -700,12 +700,20 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     @property
+    def needs_host_outputs(self) -> bool:
+        """True when a step that samples this request must be applied before the next one is
+        scheduled, even where a grammar mask could wait for its token on the device: token
+        history (:attr:`needs_token_history`) or a ``thinking_token_budget`` (the scheduler
+        decides a forced reasoning end from every output token)."""
+        return self.needs_token_history or self.thinking_token_budget is not None
+
+    @property
     def needs_previous_token(self) -> bool:
-        """True when the next token's sampling depends on the previous token's id: token
-        history (:attr:`needs_token_history`) or a grammar (its token mask follows the
+        """True when the next token's sampling depends on the previous token's id: host
+        outputs (:attr:`needs_host_outputs`) or a grammar (its token mask follows the
         output). Asynchronous scheduling applies such a request's step before scheduling
         the next one."""
-        return self.structured_outputs is not None or self.needs_token_history
+        return self.structured_outputs is not None or self.needs_host_outputs
 
 
 _INT = (int,)

@@ -89,6 +89,9 @@ class SchedulerOutput:
         grammar: the token mask of the step's constrained rows, to apply to the logits
             before sampling (a :class:`surge.structured.manager.GrammarBitmask`; set by the
             engine), or None when no sampled request has a grammar.
+        forced_tokens: request_id -> the token its row must produce this step (a
+            ``thinking_token_budget`` that is spent forces the reasoning end: the sampler
+            overwrites the row's sampled id), or None when no row is forced.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -98,6 +101,7 @@ class SchedulerOutput:
     advanced: bool = False
     any_prompt_logprobs: bool = False
     grammar: Any = None
+    forced_tokens: dict[str, int] | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -181,6 +181,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.num_preemptions_total = 0
         self._num_prompt_logprobs = 0  # unfinished requests that ask for prompt_logprobs
+        self._num_thinking = 0  # unfinished requests with a thinking_token_budget
 
     @property
     def num_running(self) -> int:
@@ -216,6 +217,8 @@ class Scheduler:
         self.waiting.append(request)
         if request.prompt_logprobs is not None:
             self._num_prompt_logprobs += 1
+        if request.thinking is not None:
+            self._num_thinking += 1
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests now: free their blocks, mark them FINISHED_ABORTED, drop them from the queues.
@@ -241,6 +244,8 @@ class Scheduler:
         self._finished_ids.append(request.request_id)
         if request.prompt_logprobs is not None:
             self._num_prompt_logprobs -= 1
+        if request.thinking is not None:
+            self._num_thinking -= 1
 
     def _preempt(self, request: Request) -> None:
         """Preempt by recompute: free blocks, reset progress (output kept), front of the queue
@@ -322,7 +327,27 @@ class Scheduler:
             self._admit_waiting(budget, now, scheduled)
 
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in scheduled)
+        if self._num_thinking:
+            out.forced_tokens = self._forced_tokens(scheduled)
         return out
+
+    @staticmethod
+    def _forced_tokens(scheduled: list[ScheduledRequest]) -> dict[str, int] | None:
+        """The reasoning-end token each sampled request whose ``thinking_token_budget`` is spent
+        must produce this step (None when none must). Such requests' steps are applied before
+        the next is scheduled (``SamplingParams.needs_host_outputs``), so their outputs are
+        complete here."""
+        forced: dict[str, int] | None = None
+        for s in scheduled:
+            thinking = s.request.thinking
+            if thinking is None or not s.sample:
+                continue
+            token = thinking.forced_token(s.request.output_token_ids)
+            if token is not None:
+                if forced is None:
+                    forced = {}
+                forced[s.request.request_id] = token
+        return forced
 
     @staticmethod
     def _unschedule(scheduled: list[ScheduledRequest], request: Request) -> int:

@@ -23,6 +23,7 @@ from surge.config import (
 )
 from surge.core.outputs import EngineOutput, RequestFailure, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
+from surge.core.thinking_budget import THINKING_BUDGET_NEEDS_REASONING, ThinkingBudget
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request, token_ids_in_range
 from surge.sampling_params import SamplingParams, truncated_prompt
@@ -261,7 +262,8 @@ class LLMEngine:
     ``runner.execute_async()`` -> ``scheduler.advance()``, then ``update()`` of the step
     launched before it: the host schedules and prepares step k+1 while the GPU runs step
     k, and :meth:`step` returns the outputs of step k. A step that samples a request whose
-    sampling needs every token id on the host (``SamplingParams.needs_token_history``) is
+    sampling needs every token id on the host (``SamplingParams.needs_host_outputs``: penalties,
+    seeds, ``min_tokens``, a ``thinking_token_budget``) is
     applied before the next one is scheduled. A request with a grammar needs only its
     previous token, for its mask: with a runner that ``defers_grammar_masks`` the next step is
     scheduled and its forward launched first, and the mask waits for the previous step's
@@ -387,7 +389,8 @@ class LLMEngine:
                 ``fcfs`` policy, ``truncate_prompt_tokens`` over ``max_model_len``, a token
                 id outside the vocabulary (prompt, ``logit_bias``,
                 ``allowed_token_ids``, bad words), ``bad_words`` without their
-                ``bad_words_token_ids``, a request that
+                ``bad_words_token_ids``, a ``thinking_token_budget`` without the engine's
+                ``reasoning_tokens``, a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
                 than the pool holds).
         """
@@ -506,6 +509,13 @@ class LLMEngine:
             cache_salt,
             priority,
         )
+        if sampling_params.thinking_token_budget is not None:
+            reasoning = self.config.reasoning_tokens
+            if reasoning is None:
+                raise ValueError(THINKING_BUDGET_NEEDS_REASONING)
+            request.thinking = ThinkingBudget(
+                reasoning, sampling_params.thinking_token_budget, prompt_token_ids
+            )
         if sampling_params.structured_outputs is None:
             if self._structured is not None and request_id in self._structured.waiting:
                 # a request of that id waits for its grammar: the scheduler would refuse it
@@ -653,7 +663,7 @@ class LLMEngine:
             if not scheduler_output.is_empty:
                 if self._defer_grammar:
                     exact = any(
-                        s.sample and s.request.sampling_params.needs_token_history
+                        s.sample and s.request.sampling_params.needs_host_outputs
                         for s in scheduler_output.scheduled
                     )
                 else:

@@ -83,6 +83,7 @@ class StepEncoder:
             list(so.preempted_request_ids),
             list(so.finished_request_ids),
             so.any_prompt_logprobs,
+            forced_tokens=so.forced_tokens,
         )
         if so.grammar is not None:  # filled here, applied by every rank
             sampled = [s.request for s in so.scheduled if s.sample]
@@ -154,4 +155,5 @@ class StepDecoder:
             finished_request_ids=msg.finished_request_ids,
             any_prompt_logprobs=msg.any_prompt_logprobs,
             grammar=grammar,
+            forced_tokens=msg.forced_tokens,
         )

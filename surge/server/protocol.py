@@ -158,6 +158,9 @@ class SamplingRequestFields(RequestBody):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    # vLLM's: tokens generated inside the reasoning before </think> is forced (-1: unlimited);
+    # needs --reasoning-parser (ServerState.check_thinking_budget)
+    thinking_token_budget: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     add_special_tokens: bool | None = None
     request_id: str | None = None
     cache_salt: str | None = None  # vLLM's: non-empty; only requests with the same salt share cached blocks

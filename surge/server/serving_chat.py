@@ -87,6 +87,7 @@ async def start_chat(
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_priority(body.priority)
+    state.check_thinking_budget(body.thinking_token_budget)
     check_template_kwargs(body.template_kwargs)
     state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)

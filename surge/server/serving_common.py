@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from surge.core.scheduler import check_request_fits
 from surge.core.scheduler import room_for_output as context_room
+from surge.core.thinking_budget import THINKING_BUDGET_NEEDS_REASONING
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams, truncated_prompt
@@ -160,6 +161,13 @@ class ServerState:
                 "first served (start it with --scheduling-policy priority), so priority must be 0",
                 param="priority",
             )
+
+    def check_thinking_budget(self, budget: int | None) -> None:
+        """Raise a 400 ApiError naming ``thinking_token_budget`` for a budget (not None or -1)
+        without ``--reasoning-parser``: with no reasoning delimiters there is nothing to count
+        or force (vLLM refuses it too)."""
+        if budget is not None and budget != -1 and self.reasoning_parser is None:
+            raise bad_request(THINKING_BUDGET_NEEDS_REASONING, param="thinking_token_budget")
 
     def check_stop(self, stop: tuple[str, ...]) -> None:
         """Raise a 400 ApiError naming ``stop`` for a list over the server's bounds."""
@@ -425,6 +433,7 @@ def build_sampling_params(
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=req.repetition_penalty,
             structured_outputs=structured_outputs,
+            thinking_token_budget=req.thinking_token_budget,
         )
     except ValueError as e:
         field = str(e).split(" ", 1)[0]

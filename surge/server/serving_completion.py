@@ -90,6 +90,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_priority(body.priority)
+    state.check_thinking_budget(body.thinking_token_budget)
     state.check_stop(body.stop_list)
     lp = completion_options(body)
     # echo with max_tokens 0 scores the prompt: the engine computes it and samples nothing, so

@@ -1,0 +1,141 @@
+"""vLLM's ``thinking_token_budget`` through the offline API and the engine, on a tiny random
+Qwen3 with the real Qwen3 tokenizer (``<think>`` 151667, ``</think>`` 151668, one token each):
+a prompt that opens ``<think>`` puts the output inside the reasoning (random weights never write
+``</think>`` themselves), and a spent budget forces ``</think>`` as the next token, with
+asynchronous scheduling or without, after preemption, and for ``n`` choices, while requests
+without a budget in the same batch sample what they sample alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from surge import LLM, SamplingParams
+from surge.core.outputs import SchedulerOutput
+from surge.parallel.step_codec import StepDecoder, StepEncoder
+from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+
+THINK, END = 151667, 151668
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not QWEN3_DIR.is_dir():
+        pytest.skip("shared Qwen3 tokenizer assets not found")
+    return make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-thinking"))
+
+
+def _llm(model_dir: Path, **kwargs: object) -> LLM:
+    return LLM(str(model_dir), load_format="dummy", device="cpu", max_model_len=256, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path) -> LLM:
+    return _llm(model_dir, reasoning_parser="qwen3")
+
+
+@pytest.fixture(scope="module")
+def prompt(llm: LLM) -> dict[str, list[int]]:
+    ids = llm.get_tokenizer().encode("Question: why?\n<think>")
+    assert ids[-1] == THINK
+    return {"prompt_token_ids": ids}
+
+
+def _ids(llm: LLM, prompts: list[dict[str, list[int]]], params: list[SamplingParams]) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+
+
+def greedy(budget: int | None, max_tokens: int = 12) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, thinking_token_budget=budget
+    )
+
+
+def test_budget_n_gives_n_reasoning_tokens_then_the_end(llm: LLM, prompt: dict[str, list[int]]) -> None:
+    free = _ids(llm, [prompt], [greedy(None)])[0]
+    assert END not in free  # the random model never ends its reasoning itself
+    for n in (1, 3, 7):
+        out = _ids(llm, [prompt], [greedy(n)])[0]
+        assert out[:n] == free[:n] and out[n] == END, (n, out)
+
+
+def test_budget_zero_ends_the_reasoning_at_once(llm: LLM, prompt: dict[str, list[int]]) -> None:
+    assert _ids(llm, [prompt], [greedy(0)])[0][0] == END
+
+
+def test_budget_past_the_output_forces_nothing(llm: LLM, prompt: dict[str, list[int]]) -> None:
+    assert _ids(llm, [prompt], [greedy(12)]) == _ids(llm, [prompt], [greedy(None)])
+    assert _ids(llm, [prompt], [greedy(-1)]) == _ids(llm, [prompt], [greedy(None)])
+
+
+def test_a_prompt_without_open_reasoning_is_not_counted(llm: LLM) -> None:
+    plain = {"prompt_token_ids": llm.get_tokenizer().encode("Question: why?\n<think>x</think>")}
+    assert _ids(llm, [plain], [greedy(0)]) == _ids(llm, [plain], [greedy(None)])
+
+
+def test_requests_without_budget_in_the_batch_are_unaffected(llm: LLM, prompt: dict[str, list[int]]) -> None:
+    other = {"prompt_token_ids": llm.get_tokenizer().encode("Tell me a story")}
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
+    alone = _ids(llm, [other, prompt], [sampled, sampled])
+    mixed = _ids(llm, [other, prompt, prompt], [sampled, sampled, greedy(2)])
+    assert mixed[:2] == alone
+    assert mixed[2][2] == END
+
+
+def test_async_scheduling_gives_the_same_tokens(
+    model_dir: Path, llm: LLM, prompt: dict[str, list[int]]
+) -> None:
+    other = {"prompt_token_ids": llm.get_tokenizer().encode("Tell me a story")}
+    params = [
+        greedy(4),
+        greedy(None),
+        SamplingParams(max_tokens=12, temperature=1.0, seed=9, thinking_token_budget=2),
+    ]
+    prompts = [prompt, other, prompt]
+    sync = _ids(llm, prompts, params)
+    assert sync[0][4] == END and sync[2][2] == END
+    with _llm(model_dir, reasoning_parser="qwen3", async_scheduling=True) as async_llm:
+        assert async_llm.engine.async_scheduling
+        assert _ids(async_llm, prompts, params) == sync
+
+
+def test_preempted_requests_keep_their_budget(
+    model_dir: Path, llm: LLM, prompt: dict[str, list[int]]
+) -> None:
+    params = [greedy(b, max_tokens=40) for b in (5, 9, 20, 30)]
+    expected = _ids(llm, [prompt] * 4, params)
+    # 4 requests of up to 3 blocks each in 7 blocks: some are preempted and recomputed
+    with _llm(model_dir, reasoning_parser="qwen3", num_kv_blocks=7) as small:
+        assert _ids(small, [prompt] * 4, params) == expected
+        assert small.engine.scheduler.num_preemptions_total > 0
+    for out, b in zip(expected, (5, 9, 20, 30), strict=True):
+        assert out[b] == END
+
+
+def test_every_choice_has_its_budget(llm: LLM, prompt: dict[str, list[int]]) -> None:
+    params = SamplingParams(n=3, max_tokens=8, temperature=1.0, seed=1, thinking_token_budget=3)
+    (out,) = llm.generate([prompt], params)
+    assert [c.token_ids[3] for c in out.outputs] == [END] * 3
+
+
+def test_a_budget_needs_a_reasoning_parser(model_dir: Path, prompt: dict[str, list[int]]) -> None:
+    with _llm(model_dir) as plain:
+        with pytest.raises(ValueError, match="thinking_token_budget is set but no reasoning parser"):
+            plain.generate([prompt], greedy(3))
+        assert _ids(plain, [prompt], [greedy(-1)])[0]  # unlimited asks for nothing
+    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3, got 'r1'"):
+        _llm(model_dir, reasoning_parser="r1")
+
+
+def test_forced_tokens_reach_every_rank() -> None:
+    """The tensor-parallel step message carries the engine's forced tokens to the workers."""
+    from surge.core.outputs import ScheduledRequest
+    from surge.request import Request
+
+    req = Request("a", [1, 2], SamplingParams(max_tokens=4))
+    so = SchedulerOutput([ScheduledRequest(req, 2, True)], 2, forced_tokens={"a": END})
+    msg = StepEncoder().encode(so)
+    assert StepDecoder(frozenset()).decode(msg).forced_tokens == {"a": END}
+    so.forced_tokens = None
+    assert StepDecoder(frozenset()).decode(StepEncoder().encode(so)).forced_tokens is None
