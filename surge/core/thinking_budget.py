@@ -37,6 +37,15 @@ THINKING_BUDGET_NEEDS_REASONING = (
 """The refusal of a budget where the engine has no :class:`ReasoningTokens` (vLLM refuses it too)."""
 
 
+THINKING_BUDGET_BREAKS_GRAMMAR = (
+    "thinking_token_budget cannot be combined with a grammar that applies from the first token when "
+    "the prompt opens the reasoning (a <think> it does not close): the forced reasoning end would break "
+    "the grammar; let the grammar wait for </think> (chat with include_reasoning true) or leave the budget out"
+)
+"""The refusal of a budget whose forced end a grammar would reject (vLLM forces it over the
+grammar, which then fails mid-output)."""
+
+
 class ReasoningTokens(msgspec.Struct, frozen=True, array_like=True):
     """The token ids that open and close the reasoning section.
 
@@ -65,6 +74,12 @@ def reasoning_tokens_of(tokenizer: object, start: str, end: str) -> ReasoningTok
     if not ids[0] or not ids[1]:
         raise ValueError(f"the reasoning delimiters {start!r} / {end!r} tokenize to no token")
     return ReasoningTokens(ids[0], ids[1])
+
+
+def opens_reasoning(tokens: ReasoningTokens, prompt_token_ids: Sequence[int]) -> bool:
+    """The prompt's last reasoning start is not closed: the output starts inside the reasoning."""
+    last_start = _rfind(prompt_token_ids, tokens.start)
+    return last_start >= 0 and last_start > _rfind(prompt_token_ids, tokens.end)
 
 
 def _ends_with(tokens: Sequence[int], end: int, seq: tuple[int, ...]) -> bool:
@@ -97,9 +112,12 @@ class ThinkingBudget:
     def __init__(self, tokens: ReasoningTokens, budget: int, prompt_token_ids: Sequence[int]) -> None:
         self._tokens = tokens
         self.budget = budget
-        last_start = _rfind(prompt_token_ids, tokens.start)
-        in_think = last_start >= 0 and last_start > _rfind(prompt_token_ids, tokens.end)
-        count = len(prompt_token_ids) - last_start - len(tokens.start) if in_think else 0
+        in_think = opens_reasoning(tokens, prompt_token_ids)
+        count = (
+            len(prompt_token_ids) - _rfind(prompt_token_ids, tokens.start) - len(tokens.start)
+            if in_think
+            else 0
+        )
         self._initial = (in_think, count)
         self._reset()
 

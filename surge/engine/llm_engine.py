@@ -23,7 +23,11 @@ from surge.config import (
 )
 from surge.core.outputs import EngineOutput, RequestFailure, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
-from surge.core.thinking_budget import THINKING_BUDGET_NEEDS_REASONING, ThinkingBudget
+from surge.core.thinking_budget import (
+    THINKING_BUDGET_BREAKS_GRAMMAR,
+    THINKING_BUDGET_NEEDS_REASONING,
+    ThinkingBudget,
+)
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request, token_ids_in_range
 from surge.sampling_params import SamplingParams, truncated_prompt
@@ -390,7 +394,8 @@ class LLMEngine:
                 id outside the vocabulary (prompt, ``logit_bias``,
                 ``allowed_token_ids``, bad words), ``bad_words`` without their
                 ``bad_words_token_ids``, a ``thinking_token_budget`` without the engine's
-                ``reasoning_tokens``, a request that
+                ``reasoning_tokens`` (or with a grammar from the first token after a prompt that
+                opens the reasoning, which the forced end would break), a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
                 than the pool holds).
         """
@@ -516,6 +521,13 @@ class LLMEngine:
             request.thinking = ThinkingBudget(
                 reasoning, sampling_params.thinking_token_budget, prompt_token_ids
             )
+            grammar = sampling_params.structured_outputs
+            if (
+                grammar is not None
+                and grammar.reasoning_end_token_id is None
+                and request.thinking.in_reasoning
+            ):
+                raise ValueError(THINKING_BUDGET_BREAKS_GRAMMAR)
         if sampling_params.structured_outputs is None:
             if self._structured is not None and request_id in self._structured.waiting:
                 # a request of that id waits for its grammar: the scheduler would refuse it

@@ -110,6 +110,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     for ids, text in prompts:
         max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
         params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
+        state.check_thinking_budget_grammar(params, ids)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
                 params, logprobs=lp.logprobs, prompt_logprobs=lp.engine_prompt_logprobs

@@ -7,13 +7,16 @@ without a budget in the same batch sample what they sample alone."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from surge import LLM, SamplingParams
 from surge.core.outputs import SchedulerOutput
 from surge.parallel.step_codec import StepDecoder, StepEncoder
+from surge.sampling_params import StructuredOutputsParams
 from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
 
 THINK, END = 151667, 151668
@@ -126,6 +129,37 @@ def test_a_budget_needs_a_reasoning_parser(model_dir: Path, prompt: dict[str, li
         assert _ids(plain, [prompt], [greedy(-1)])[0]  # unlimited asks for nothing
     with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3, got 'r1'"):
         _llm(model_dir, reasoning_parser="r1")
+
+
+def test_a_grammar_from_the_first_token_inside_the_reasoning_is_refused(
+    llm: LLM, prompt: dict[str, list[int]]
+) -> None:
+    """The forced </think> would break a grammar that constrains the output from its first token
+    (it failed mid-output as "no token can continue the grammar"): refused up front; a grammar
+    gated on </think> starts right after the forced end; a prompt outside the reasoning is fine."""
+    schema = '{"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}'
+    params = SamplingParams(max_tokens=40, temperature=0.0, thinking_token_budget=2)
+    with pytest.raises(ValueError, match="thinking_token_budget cannot be combined with a grammar"):
+        llm.generate(
+            [prompt], msgspec.structs.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
+        )
+    gated = StructuredOutputsParams(json=schema, reasoning_end_token_id=END)
+    (out,) = llm.generate([prompt], msgspec.structs.replace(params, structured_outputs=gated))
+    ids = list(out.outputs[0].token_ids)
+    assert ids[2] == END and out.outputs[0].finish_reason == "stop"
+    assert json.loads(llm.get_tokenizer().decode(ids[3:], skip_special_tokens=True))["zone"] in ("UTC", "CET")
+    closed = {"prompt_token_ids": llm.get_tokenizer().encode("Question: why?")}
+    free = StructuredOutputsParams(json=schema)
+    (out,) = llm.generate([closed], msgspec.structs.replace(params, structured_outputs=free))
+    assert json.loads(out.outputs[0].text)
+
+
+def test_the_forced_token_has_its_own_logprob(llm: LLM, prompt: dict[str, list[int]]) -> None:
+    (out,) = llm.generate(
+        [prompt], SamplingParams(max_tokens=4, temperature=0.0, thinking_token_budget=1, logprobs=2)
+    )
+    assert out.outputs[0].token_ids[1] == END
+    assert END in out.outputs[0].logprobs[1]  # the sampled token's entry is the forced one's
 
 
 def test_forced_tokens_reach_every_rank() -> None:

@@ -112,6 +112,33 @@ def test_a_grammar_gated_on_the_end_starts_where_the_budget_ends(qwen3_server: S
     assert (streamed["reasoning"], streamed["content"]) == (msg["reasoning"], msg["content"])
 
 
+def test_a_grammar_from_the_first_token_inside_the_reasoning_is_a_400(qwen3_server: Server) -> None:
+    """The forced </think> would break a grammar that applies from the first token (chat with
+    include_reasoning false, or completions) when the prompt opens the reasoning."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": TIME}}
+    for path, body in (
+        (CHAT, CHAT_BASE | {"response_format": fmt, "include_reasoning": False}),
+        (CMPL, CMPL_BASE | {"response_format": fmt}),
+    ):
+        r = httpx.post(
+            qwen3_server.url + path, json=body | {"thinking_token_budget": 2, "max_tokens": 40}, timeout=60
+        )
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "thinking_token_budget" and "grammar" in err["message"], err
+        assert (
+            httpx.post(qwen3_server.url + path, json=body | {"max_tokens": 40}, timeout=60).status_code == 200
+        )
+    # a completions prompt outside the reasoning: the grammar and the budget agree
+    ok = CMPL_BASE | {
+        "prompt": "Question: why?",
+        "response_format": fmt,
+        "thinking_token_budget": 2,
+        "max_tokens": 40,
+    }
+    jsonschema.validate(json.loads(_post(qwen3_server, CMPL, ok)["text"]), TIME)
+
+
 @pytest.mark.parametrize("path", [CHAT, CMPL])
 @pytest.mark.parametrize("value", [True, -2, 1.5, "3", 2**40])
 def test_a_bad_budget_is_a_400_naming_it(qwen3_server: Server, path: str, value: object) -> None:
