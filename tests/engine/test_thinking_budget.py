@@ -162,6 +162,16 @@ def test_the_forced_token_has_its_own_logprob(llm: LLM, prompt: dict[str, list[i
     assert END in out.outputs[0].logprobs[1]  # the sampled token's entry is the forced one's
 
 
+def test_tensor_parallel_ranks_force_the_same_end(model_dir: Path) -> None:
+    """TP=2 on CPU (gloo) with asynchronous scheduling: the engine's forced tokens reach both
+    ranks in the step message (dummy weights differ from TP=1's, so only the positions are checked)."""
+    with _llm(model_dir, reasoning_parser="qwen3", tensor_parallel_size=2, async_scheduling=True) as tp:
+        p = {"prompt_token_ids": tp.get_tokenizer().encode("Question: why?\n<think>")}
+        outs = _ids(tp, [p] * 3, [greedy(0, 8), greedy(3, 8), greedy(None, 8)])
+    assert outs[0][0] == END and outs[1][3] == END and END not in outs[2]
+    assert outs[1][:3] == outs[2][:3]
+
+
 def test_forced_tokens_reach_every_rank() -> None:
     """The tensor-parallel step message carries the engine's forced tokens to the workers."""
     from surge.core.outputs import ScheduledRequest
