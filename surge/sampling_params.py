@@ -700,20 +700,18 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     @property
-    def needs_host_outputs(self) -> bool:
-        """True when a step that samples this request must be applied before the next one is
-        scheduled, even where a grammar mask could wait for its token on the device: token
-        history (:attr:`needs_token_history`) or a ``thinking_token_budget`` (the scheduler
-        decides a forced reasoning end from every output token)."""
-        return self.needs_token_history or self.thinking_token_budget is not None
-
-    @property
     def needs_previous_token(self) -> bool:
-        """True when the next token's sampling depends on the previous token's id: host
-        outputs (:attr:`needs_host_outputs`) or a grammar (its token mask follows the
-        output). Asynchronous scheduling applies such a request's step before scheduling
-        the next one."""
-        return self.structured_outputs is not None or self.needs_host_outputs
+        """True when the next token's sampling depends on the previous token's id: token
+        history (:attr:`needs_token_history`), a grammar (its token mask follows the output) or
+        a ``thinking_token_budget`` (its forced reasoning end does). Asynchronous scheduling
+        applies such a request's step before scheduling the next one, unless the runner reads
+        the previous token from the step in flight at the last moment (``defers_grammar_masks``:
+        a grammar or a budget)."""
+        return (
+            self.structured_outputs is not None
+            or self.thinking_token_budget is not None
+            or self.needs_token_history
+        )
 
 
 _INT = (int,)

@@ -144,10 +144,10 @@ def test_thinking_token_budget_is_a_count_or_minus_one() -> None:
     for budget in (0, 1, 100, np.int64(7)):
         p = SamplingParams(thinking_token_budget=budget)  # type: ignore[arg-type]
         assert p.thinking_token_budget == budget and type(p.thinking_token_budget) is int
-        assert p.needs_host_outputs and p.needs_previous_token and not p.needs_token_history
+        assert p.needs_previous_token and not p.needs_token_history  # the last token, not all
         assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
     assert SamplingParams(thinking_token_budget=-1).thinking_token_budget is None
-    assert not SamplingParams(thinking_token_budget=-1).needs_host_outputs
+    assert not SamplingParams(thinking_token_budget=-1).needs_previous_token
     with pytest.raises(ValueError, match=r"^thinking_token_budget must be a non-negative integer or -1"):
         SamplingParams(thinking_token_budget=-2)
 

@@ -39,6 +39,7 @@ from operator import attrgetter
 from surge.config import CacheConfig, SchedulerConfig
 from surge.core.kv_cache_manager import KVCacheManager, cdiv
 from surge.core.outputs import EngineOutput, ModelOutput, ScheduledRequest, SchedulerOutput, SchedulerStats
+from surge.core.thinking_budget import ForcedTokens
 from surge.request import Request, RequestStatus
 
 
@@ -327,27 +328,11 @@ class Scheduler:
             self._admit_waiting(budget, now, scheduled)
 
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in scheduled)
-        if self._num_thinking:
-            out.forced_tokens = self._forced_tokens(scheduled)
+        if self._num_thinking:  # requests with a thinking_token_budget: the sampler asks them
+            thinking = [s.request for s in scheduled if s.sample and s.request.thinking is not None]
+            if thinking:
+                out.forced_tokens = ForcedTokens(thinking)
         return out
-
-    @staticmethod
-    def _forced_tokens(scheduled: list[ScheduledRequest]) -> dict[str, int] | None:
-        """The reasoning-end token each sampled request whose ``thinking_token_budget`` is spent
-        must produce this step (None when none must). Such requests' steps are applied before
-        the next is scheduled (``SamplingParams.needs_host_outputs``), so their outputs are
-        complete here."""
-        forced: dict[str, int] | None = None
-        for s in scheduled:
-            thinking = s.request.thinking
-            if thinking is None or not s.sample:
-                continue
-            token = thinking.forced_token(s.request.output_token_ids)
-            if token is not None:
-                if forced is None:
-                    forced = {}
-                forced[s.request.request_id] = token
-        return forced
 
     @staticmethod
     def _unschedule(scheduled: list[ScheduledRequest], request: Request) -> int:

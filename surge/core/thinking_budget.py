@@ -4,11 +4,13 @@ section, after which the reasoning-end token sequence (``</think>``) is forced.
 The reasoning delimiters are the token ids of the server's ``--reasoning-parser`` (or the
 offline ``LLM(reasoning_parser=...)``) strings, tokenized with the model's tokenizer
 (:class:`ReasoningTokens`, carried by ``EngineConfig.reasoning_tokens``). Each request with a
-budget gets a :class:`ThinkingBudget`; the scheduler asks it, when it schedules a step that
-samples the request, which token (if any) the step must produce, and the sampler overwrites
-that row's sampled id (``SchedulerOutput.forced_tokens``). The decision needs every output
-token, so such a request's step is applied before the next is scheduled
-(``SamplingParams.needs_host_outputs``), as penalties are. No torch here.
+budget gets a :class:`ThinkingBudget`; a step that samples such requests carries a
+:class:`ForcedTokens` (``SchedulerOutput.forced_tokens``), which the sampler asks, after the
+forward is launched, which token (if any) each row must be, and then overwrites those rows'
+sampled ids. The decision needs the previous token: with asynchronous scheduling it is read
+from the step in flight at that moment, as a grammar mask reads it (with tensor parallelism,
+whose step message is built at launch, such a step is applied before the next one instead:
+``SamplingParams.needs_previous_token``). No torch here.
 
 Semantics (vLLM 0.26's ``ThinkingBudgetStateHolder``, without speculative decoding):
 
@@ -25,9 +27,13 @@ Semantics (vLLM 0.26's ``ThinkingBudgetStateHolder``, without speculative decodi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    from surge.request import Request
 
 THINKING_BUDGET_NEEDS_REASONING = (
     "thinking_token_budget is set but no reasoning parser is configured: start the server with "
@@ -82,12 +88,6 @@ def opens_reasoning(tokens: ReasoningTokens, prompt_token_ids: Sequence[int]) ->
     return last_start >= 0 and last_start > _rfind(prompt_token_ids, tokens.end)
 
 
-def _ends_with(tokens: Sequence[int], end: int, seq: tuple[int, ...]) -> bool:
-    """``tokens[:end]`` ends with ``seq``."""
-    n = len(seq)
-    return end >= n and tuple(tokens[end - n : end]) == seq
-
-
 def _rfind(tokens: Sequence[int], seq: tuple[int, ...]) -> int:
     """Index of the last occurrence of ``seq`` in ``tokens``, or -1."""
     n = len(seq)
@@ -107,7 +107,18 @@ class ThinkingBudget:
             reasoning).
     """
 
-    __slots__ = ("_tokens", "budget", "_initial", "_seen", "_in_think", "_count", "_forced")
+    __slots__ = (
+        "_tokens",
+        "budget",
+        "_initial",
+        "_window",
+        "_seen",
+        "_ahead",
+        "_recent",
+        "_in_think",
+        "_count",
+        "_forced",
+    )
 
     def __init__(self, tokens: ReasoningTokens, budget: int, prompt_token_ids: Sequence[int]) -> None:
         self._tokens = tokens
@@ -119,26 +130,38 @@ class ThinkingBudget:
             else 0
         )
         self._initial = (in_think, count)
+        self._window = max(len(tokens.start), len(tokens.end))
         self._reset()
 
     def _reset(self) -> None:
-        self._seen = 0
+        self._seen = 0  # output tokens fed (the one ahead included)
+        self._ahead: int | None = None  # a pending token fed before it is in the outputs
+        self._recent: tuple[int, ...] = ()  # the last tokens fed, to match the delimiters
         self._in_think, self._count = self._initial
         self._forced = -1  # -1: not forcing; else how many end tokens were forced so far
         if self._in_think and self._count >= self.budget:
             self._forced = 0
 
-    def forced_token(self, output_token_ids: Sequence[int]) -> int | None:
+    def forced_token(self, output_token_ids: Sequence[int], pending: int | None = None) -> int | None:
         """The token the next sampled position must be (an end-sequence token), or None.
 
-        ``output_token_ids`` are all the request's output tokens so far; each call feeds
-        only those not seen before (outputs that shrank are fed again from the start).
+        ``output_token_ids`` are all the request's output tokens so far; ``pending`` the token
+        after them that a step in flight sampled (asynchronous scheduling), if any. Each call
+        feeds only the tokens not fed before; a pending token fed earlier is checked once it is
+        in the outputs, and outputs that do not continue what was fed (fewer tokens, or another
+        token where the pending one was: preemption dropped it) are fed again from the start.
         """
-        if len(output_token_ids) < self._seen:
+        n = len(output_token_ids)
+        if n < self._seen or (self._ahead is not None and output_token_ids[self._seen - 1] != self._ahead):
             self._reset()
-        for i in range(self._seen, len(output_token_ids)):
-            self._feed(output_token_ids, i)
-        self._seen = len(output_token_ids)
+        self._ahead = None
+        for i in range(self._seen, n):
+            self._feed(output_token_ids[i])
+        self._seen = n
+        if pending is not None:
+            self._feed(pending)
+            self._seen += 1
+            self._ahead = pending
         if self._forced < 0:
             return None
         return self._tokens.end[self._forced]
@@ -148,20 +171,80 @@ class ThinkingBudget:
         """Inside the reasoning after the tokens fed so far (forcing its end included)."""
         return self._in_think
 
-    def _feed(self, outputs: Sequence[int], i: int) -> None:
+    def _feed(self, token: int) -> None:
         end = self._tokens.end
-        if self._forced >= 0:  # outputs[i] is the forced end token
+        self._recent = (*self._recent[1 - self._window :], token) if self._window > 1 else (token,)
+        if self._forced >= 0:  # the forced end token
             self._forced += 1
             if self._forced == len(end):
                 self._forced = -1
                 self._in_think, self._count = False, 0
             return
         if self._in_think:
-            if _ends_with(outputs, i + 1, end):  # the model ended its reasoning itself
+            if self._recent[-len(end) :] == end:  # the model ended its reasoning itself
                 self._in_think, self._count = False, 0
                 return
             self._count += 1
-        elif _ends_with(outputs, i + 1, self._tokens.start):
+        elif self._recent[-len(self._tokens.start) :] == self._tokens.start:
             self._in_think, self._count = True, 0
         if self._in_think and self._count >= self.budget:
             self._forced = 0
+
+
+class ForcedTokens:
+    """The reasoning-end tokens of one step's rows (``SchedulerOutput.forced_tokens``): built by
+    the scheduler from the sampled requests that have a budget, decided when the sampler asks
+    (:meth:`resolve`), after the step's forward is launched. A request whose previous token is
+    still in flight (asynchronous scheduling) takes it from ``pending_ids`` (the step in
+    flight's ``sampled_token_ids``, set by the engine), which waits for that step's ids then,
+    as a grammar mask does; the others are decided from their outputs.
+
+    Args:
+        requests: the step's sampled requests whose ``thinking`` is set.
+    """
+
+    __slots__ = ("_requests", "_has_pending", "pending_ids", "_resolved")
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self._requests = list(requests)
+        self._has_pending = [r.num_pending_outputs > 0 for r in self._requests]
+        self.pending_ids: Callable[[], Mapping[str, int]] | None = None
+        self._resolved: dict[str, int] | None = None
+
+    @classmethod
+    def fixed(cls, forced: Mapping[str, int]) -> ForcedTokens:
+        """Already decided tokens (a tensor-parallel worker's, from the step message)."""
+        out = cls(())
+        out._resolved = dict(forced)
+        return out
+
+    @property
+    def needs_pending(self) -> bool:
+        """Some request's previous token is in flight (``pending_ids`` must be set)."""
+        return any(self._has_pending)
+
+    def resolve(self) -> dict[str, int]:
+        """request_id -> the token its row must be (empty when none is forced); decided once.
+
+        Raises:
+            RuntimeError: a request has a token in flight and no ``pending_ids`` to read it.
+        """
+        if self._resolved is not None:
+            return self._resolved
+        pending_ids = None
+        if self.needs_pending:
+            if self.pending_ids is None:
+                raise RuntimeError(
+                    "a thinking budget's previous token is in flight, but no step to read it from"
+                )
+            pending_ids = self.pending_ids()
+        forced: dict[str, int] = {}
+        for request, has_pending in zip(self._requests, self._has_pending, strict=True):
+            thinking = request.thinking
+            assert thinking is not None
+            pending = pending_ids[request.request_id] if has_pending and pending_ids is not None else None
+            token = thinking.forced_token(request.output_token_ids, pending)
+            if token is not None:
+                forced[request.request_id] = token
+        self._resolved = forced
+        return forced

@@ -266,12 +266,12 @@ class LLMEngine:
     ``runner.execute_async()`` -> ``scheduler.advance()``, then ``update()`` of the step
     launched before it: the host schedules and prepares step k+1 while the GPU runs step
     k, and :meth:`step` returns the outputs of step k. A step that samples a request whose
-    sampling needs every token id on the host (``SamplingParams.needs_host_outputs``: penalties,
-    seeds, ``min_tokens``, a ``thinking_token_budget``) is
+    sampling needs every token id on the host (``SamplingParams.needs_token_history``) is
     applied before the next one is scheduled. A request with a grammar needs only its
     previous token, for its mask: with a runner that ``defers_grammar_masks`` the next step is
     scheduled and its forward launched first, and the mask waits for the previous step's
-    ids inside the sampler (see docs/architecture.md, "Structured outputs"); with other
+    ids inside the sampler (see docs/architecture.md, "Structured outputs"), and so does a
+    request with a ``thinking_token_budget`` (its forced reasoning end); with other
     executors (tensor parallelism, whose mask is filled when the step is published) such a
     step is applied before the next one (``SamplingParams.needs_previous_token``).
 
@@ -619,12 +619,13 @@ class LLMEngine:
 
     def _schedule(self) -> SchedulerOutput:
         """``scheduler.schedule()``, plus the grammar work when requests carry grammars:
-        admit compiled requests, forget finished ones, attach the step's token mask."""
+        admit compiled requests, forget finished ones, attach the step's token mask; and for
+        requests with a thinking budget whose previous token is in flight, where to read it."""
         structured = self._structured
         if structured is None:
-            return self.scheduler.schedule()
+            return self._with_pending_ids(self.scheduler.schedule())
         self._admit_compiled(structured)
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._with_pending_ids(self.scheduler.schedule())
         structured.abort(scheduler_output.finished_request_ids)
         if scheduler_output.is_empty and structured.waiting and self._in_flight is None:
             structured.wait(_GRAMMAR_WAIT_S)  # nothing to run until a grammar is ready
@@ -634,6 +635,15 @@ class LLMEngine:
                 [s.request.request_id for s in scheduler_output.scheduled if s.sample],
                 in_flight.handle.sampled_token_ids if in_flight is not None and self._defer_grammar else None,
             )
+        return scheduler_output
+
+    def _with_pending_ids(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
+        """Give the step's :class:`~surge.core.thinking_budget.ForcedTokens` the ids of the step
+        in flight, when one of its requests' previous token is there (asynchronous scheduling
+        with a runner that defers grammar masks; otherwise such a step was applied first)."""
+        forced = scheduler_output.forced_tokens
+        if forced is not None and forced.needs_pending and self._in_flight is not None:
+            forced.pending_ids = self._in_flight.handle.sampled_token_ids
         return scheduler_output
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
@@ -675,7 +685,7 @@ class LLMEngine:
             if not scheduler_output.is_empty:
                 if self._defer_grammar:
                     exact = any(
-                        s.sample and s.request.sampling_params.needs_host_outputs
+                        s.sample and s.request.sampling_params.needs_token_history
                         for s in scheduler_output.scheduled
                     )
                 else:

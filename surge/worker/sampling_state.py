@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from surge.core.thinking_budget import ForcedTokens
 from surge.layers.sampler import DenseRuleRows, Sampler, SamplingMetadata
 from surge.request import Request
 from surge.sampling_params import GREEDY_EPS, SamplingParams
@@ -105,7 +106,7 @@ class StepSampler:
         logits: torch.Tensor,
         requests: list[Request],
         grammar: Any = None,
-        forced: dict[str, int] | None = None,
+        forced: ForcedTokens | None = None,
     ) -> torch.Tensor:
         """``logits [S, V] -> [S]`` int64 token ids.
 
@@ -118,9 +119,10 @@ class StepSampler:
         is reused; an all-greedy batch of that kind without ``logit_bias``,
         ``allowed_token_ids`` or bad words needs no tensors at all and is one argmax.
 
-        ``forced`` (``SchedulerOutput.forced_tokens``: request_id -> token) overwrites those
-        rows' sampled ids after sampling (a spent ``thinking_token_budget``'s reasoning end),
-        whatever the logits, masks and sampling settings said.
+        ``forced`` (``SchedulerOutput.forced_tokens``) is asked once the rows are sampled which
+        of them a spent ``thinking_token_budget`` forces to the reasoning end (it may wait for
+        the previous step's ids then), and those rows' sampled ids are overwritten, whatever the
+        logits, masks and sampling settings said.
         """
         return self.sample_with_logprobs(logits, requests, grammar, forced)[0]
 
@@ -129,7 +131,7 @@ class StepSampler:
         logits: torch.Tensor,
         requests: list[Request],
         grammar: Any = None,
-        forced: dict[str, int] | None = None,
+        forced: ForcedTokens | None = None,
     ) -> tuple[torch.Tensor, tuple[LogprobRows, torch.Tensor, torch.Tensor] | None]:
         """:meth:`sample`, plus the logprobs of the rows that ask for them (computed from
         the raw ``logits`` before sampling touches them; see :mod:`surge.worker.logprobs`).
@@ -162,19 +164,22 @@ class StepSampler:
         constrained = grammar is not None
         if rows is None:
             sampled = self._sample(logits, requests, constrained)
-            if forced:
+            if forced is not None:
                 self._force(sampled, requests, forced)
             return sampled, None
         lp = rows.compute(logits)
         sampled = self._sample(logits, requests, constrained)
-        if forced:
+        if forced is not None:
             self._force(sampled, requests, forced)
         ids, lps = rows.finish(lp, sampled)
         return sampled, (rows, ids, lps)
 
-    def _force(self, sampled: torch.Tensor, requests: list[Request], forced: dict[str, int]) -> None:
-        """Overwrite the sampled ids of the ``forced`` rows, in place (one small copy to the
-        device, only on a step that forces a row)."""
+    def _force(self, sampled: torch.Tensor, requests: list[Request], forced_tokens: ForcedTokens) -> None:
+        """Overwrite the sampled ids of the rows a spent budget forces, in place (one small copy
+        to the device, only on a step that forces a row)."""
+        forced = forced_tokens.resolve()
+        if not forced:
+            return
         rows = [i for i, r in enumerate(requests) if r.request_id in forced]
         if not rows:
             return

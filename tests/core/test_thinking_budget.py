@@ -72,6 +72,49 @@ def test_outputs_fed_again_from_the_start_give_the_same_answer() -> None:
     assert state.forced_token([10, 11, END]) is None and not state.in_reasoning
 
 
+def test_a_pending_token_is_fed_ahead_and_checked_when_it_lands() -> None:
+    """Asynchronous scheduling: the previous token is still in flight when the next one is
+    decided; it is fed ahead, and outputs that disagree with it (preemption dropped it, another
+    token took its place) are fed again from the start."""
+    state = ThinkingBudget(ONE, 2, [START])
+    assert state.forced_token([], pending=10) is None
+    assert state.forced_token([10], pending=11) == END  # 10 landed; 11 is the second token
+    assert state.forced_token([10, 11], pending=END) is None  # the forced end, in flight
+    assert not state.in_reasoning
+    # the token in flight was dropped and another sampled in its place
+    state = ThinkingBudget(ONE, 2, [START])
+    assert state.forced_token([10], pending=END) is None  # had the model ended it...
+    assert state.forced_token([10, 11]) == END  # ...no: 11 landed there, the count is 2
+
+
+def test_forced_tokens_read_the_step_in_flight_only_when_asked() -> None:
+    from surge.core.thinking_budget import ForcedTokens
+    from surge.request import Request
+    from surge.sampling_params import SamplingParams
+
+    done, flying = (Request(rid, [START], SamplingParams(thinking_token_budget=1)) for rid in ("a", "b"))
+    for r in (done, flying):
+        r.thinking = ThinkingBudget(ONE, 1, r.prompt_token_ids)
+    done.output_token_ids = [10]
+    flying.num_pending_outputs = 1
+    calls: list[int] = []
+
+    def pending_ids() -> dict[str, int]:
+        calls.append(1)
+        return {"b": 12}
+
+    forced = ForcedTokens([done, flying])
+    assert forced.needs_pending
+    with pytest.raises(RuntimeError, match="in flight"):
+        forced.resolve()
+    forced.pending_ids = pending_ids
+    assert not calls  # nothing waits before the sampler asks
+    assert forced.resolve() == {"a": END, "b": END} and forced.resolve() == {"a": END, "b": END}
+    assert calls == [1]
+    assert not ForcedTokens([done]).needs_pending
+    assert ForcedTokens.fixed({"x": 5}).resolve() == {"x": 5}
+
+
 def test_empty_delimiters_are_refused() -> None:
     with pytest.raises(ValueError, match="must not be empty"):
         ReasoningTokens((), (END,))

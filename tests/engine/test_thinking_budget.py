@@ -103,13 +103,39 @@ def test_async_scheduling_gives_the_same_tokens(
         assert _ids(async_llm, prompts, params) == sync
 
 
+def test_async_steps_with_a_budget_are_not_applied_first(
+    model_dir: Path, prompt: dict[str, list[int]]
+) -> None:
+    """With asynchronous scheduling a request with a budget does not make its step exact (applied
+    before the next is scheduled): the sampler reads its previous token from the step in flight,
+    as a grammar mask does, so the host keeps scheduling ahead of the device."""
+    from surge.engine.llm_engine import LLMEngine
+
+    with _llm(model_dir, reasoning_parser="qwen3", async_scheduling=True) as async_llm:
+        engine: LLMEngine = async_llm.engine
+        engine.add_request("a", prompt["prompt_token_ids"], greedy(3, 8))
+        tokens: list[int] = []
+        exact: list[bool] = []
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens += out.new_token_ids
+            if engine._in_flight is not None:
+                exact.append(engine._in_flight.exact)
+        assert tokens[3] == END and len(tokens) == 8
+        assert exact and not any(exact)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_preempted_requests_keep_their_budget(
-    model_dir: Path, llm: LLM, prompt: dict[str, list[int]]
+    model_dir: Path, llm: LLM, prompt: dict[str, list[int]], async_scheduling: bool
 ) -> None:
     params = [greedy(b, max_tokens=40) for b in (5, 9, 20, 30)]
     expected = _ids(llm, [prompt] * 4, params)
-    # 4 requests of up to 3 blocks each in 7 blocks: some are preempted and recomputed
-    with _llm(model_dir, reasoning_parser="qwen3", num_kv_blocks=7) as small:
+    # 4 requests of up to 3 blocks each in 7 blocks: some are preempted and recomputed (with
+    # asynchronous scheduling, dropping a token in flight that a budget may have read ahead)
+    with _llm(
+        model_dir, reasoning_parser="qwen3", num_kv_blocks=7, async_scheduling=async_scheduling
+    ) as small:
         assert _ids(small, [prompt] * 4, params) == expected
         assert small.engine.scheduler.num_preemptions_total > 0
     for out, b in zip(expected, (5, 9, 20, 30), strict=True):
@@ -175,11 +201,14 @@ def test_tensor_parallel_ranks_force_the_same_end(model_dir: Path) -> None:
 def test_forced_tokens_reach_every_rank() -> None:
     """The tensor-parallel step message carries the engine's forced tokens to the workers."""
     from surge.core.outputs import ScheduledRequest
+    from surge.core.thinking_budget import ForcedTokens
     from surge.request import Request
 
     req = Request("a", [1, 2], SamplingParams(max_tokens=4))
-    so = SchedulerOutput([ScheduledRequest(req, 2, True)], 2, forced_tokens={"a": END})
+    so = SchedulerOutput([ScheduledRequest(req, 2, True)], 2, forced_tokens=ForcedTokens.fixed({"a": END}))
     msg = StepEncoder().encode(so)
-    assert StepDecoder(frozenset()).decode(msg).forced_tokens == {"a": END}
-    so.forced_tokens = None
-    assert StepDecoder(frozenset()).decode(StepEncoder().encode(so)).forced_tokens is None
+    assert msg.forced_tokens == {"a": END}
+    assert StepDecoder(frozenset()).decode(msg).forced_tokens.resolve() == {"a": END}
+    for none in (None, ForcedTokens.fixed({})):  # nothing forced: nothing sent
+        so.forced_tokens = none
+        assert StepDecoder(frozenset()).decode(StepEncoder().encode(so)).forced_tokens is None
