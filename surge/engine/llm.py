@@ -167,6 +167,10 @@ class LLM:
                 )
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
+        if reasoning_parser is not None:  # before the model loads
+            from surge.server.parsers import check_reasoning_parser
+
+            check_reasoning_parser(reasoning_parser)
         self.chat_template = _load_chat_template(chat_template)
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
             from surge.cli import check_model_dir

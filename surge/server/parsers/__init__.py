@@ -34,12 +34,16 @@ def reasoning_tokens(tokenizer: Any, reasoning_parser: str) -> ReasoningTokens:
     Raises:
         ValueError: an unknown parser name, or a delimiter that tokenizes to nothing.
     """
-    cls = REASONING_PARSERS.get(reasoning_parser)
-    if cls is None:
+    check_reasoning_parser(reasoning_parser)
+    return reasoning_tokens_of(tokenizer, THINK_START, REASONING_PARSERS[reasoning_parser].end_tag)
+
+
+def check_reasoning_parser(reasoning_parser: object) -> None:
+    """Raise ValueError unless ``reasoning_parser`` names a reasoning parser."""
+    if not isinstance(reasoning_parser, str) or reasoning_parser not in REASONING_PARSERS:
         raise ValueError(
             f"reasoning_parser must be one of {', '.join(sorted(REASONING_PARSERS))}, got {reasoning_parser!r}"
         )
-    return reasoning_tokens_of(tokenizer, THINK_START, cls.end_tag)
 
 
 class ChatOutputParser:
@@ -107,6 +111,7 @@ class ChatOutputParser:
 
 __all__ = [
     "REASONING_PARSERS",
+    "check_reasoning_parser",
     "reasoning_tokens",
     "TOOL_PARSERS",
     "ChatOutputParser",
