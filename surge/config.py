@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from surge.core.thinking_budget import ReasoningTokens
 from surge.generation_defaults import generation_config_mode, load_sampling_defaults
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
@@ -509,6 +510,10 @@ class EngineConfig:
         grammar_compile_timeout: seconds one structured-output grammar may take to compile
             (> 0; 60 by default; CLI ``--grammar-compile-timeout``): past it the compile worker
             process is killed and the request fails (:mod:`surge.structured.compiler`).
+        reasoning_tokens: the token ids that open and close the model's reasoning (from
+            ``surge serve --reasoning-parser`` or ``LLM(reasoning_parser=...)``), which a
+            request's ``thinking_token_budget`` needs; None: no reasoning configured, and a
+            request with a budget is refused (:mod:`surge.core.thinking_budget`).
     """
 
     model: ModelConfig
@@ -524,6 +529,7 @@ class EngineConfig:
     stream_attention: bool | None = None
     fp8_emulation: bool = False
     grammar_compile_timeout: float = 60.0
+    reasoning_tokens: ReasoningTokens | None = None
 
     def __post_init__(self) -> None:
         _require(self.cpu_threads >= 1, f"cpu_threads must be positive, got {self.cpu_threads}")

@@ -6,6 +6,7 @@ import enum
 import time
 
 from surge.core.logprobs import LogprobsLists
+from surge.core.thinking_budget import ThinkingBudget
 from surge.sampling_params import SamplingParams
 
 
@@ -76,6 +77,8 @@ class Request:
             requests with the same salt (or none) share cached blocks.
         priority: the scheduling priority under the ``priority`` policy (lower runs earlier;
             ties by ``arrival_time``); 0 under ``fcfs``.
+        thinking: with ``SamplingParams.thinking_token_budget``, its reasoning state (set by
+            ``LLMEngine``, read by the scheduler to force the reasoning end), else None.
     """
 
     __slots__ = (
@@ -98,6 +101,7 @@ class Request:
         "prompt_logprobs_sent",
         "cache_salt",
         "priority",
+        "thinking",
     )
 
     def __init__(
@@ -129,6 +133,7 @@ class Request:
         self.prompt_logprobs_sent = False
         self.cache_salt = cache_salt
         self.priority = priority
+        self.thinking: ThinkingBudget | None = None
         if sampling_params.prompt_logprobs is not None:
             self.prompt_logprobs = LogprobsLists()
 

@@ -203,19 +203,16 @@ def _as_extra_args(name: str, value: object) -> None:
     return None
 
 
-def _as_thinking_budget(name: str, value: object) -> None:
-    """vLLM's ``thinking_token_budget`` when unlimited (None or -1): None.
+def _as_thinking_budget(name: str, value: object) -> int | None:
+    """vLLM's ``thinking_token_budget``: a non-negative int, or -1 (unlimited, as None).
 
     Raises:
-        ValueError: any other value: Surge does not count or cap reasoning tokens.
+        ValueError: a bool, a float, not an integer, or below -1.
     """
-    if type(value) is int and value == -1:
-        return None
-    raise ValueError(
-        f"{name} must be None or -1 (unlimited), got {_got(value)}: Surge does not cap the tokens of a "
-        "model's reasoning (bound the whole output with max_tokens, or turn thinking off with "
-        "chat_template_kwargs={'enable_thinking': False})"
-    )
+    budget = _as_int(name, value)
+    if budget < -1:
+        raise ValueError(f"{name} must be a non-negative integer or -1 (unlimited), got {budget}")
+    return None if budget == -1 else budget
 
 
 def _as_repetition_detection(name: str, value: object) -> RepetitionDetectionParams | None:
@@ -556,8 +553,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             no plugins to read them; an empty dict becomes None).
         skip_clone: vLLM's hint that these params need not be copied per request: any bool
             (Surge never copies them: they are frozen).
-        thinking_token_budget: vLLM's cap on reasoning tokens: None or -1 (unlimited, kept as
-            None) only; Surge does not count reasoning tokens.
+        thinking_token_budget: vLLM's cap on the tokens generated inside the reasoning section
+            (>= 0; None or -1: unlimited, kept as None): once reached, the reasoning-end tokens
+            (``</think>``) are forced (:mod:`surge.core.thinking_budget`). Needs the engine's
+            reasoning delimiters (``surge serve --reasoning-parser``,
+            ``LLM(reasoning_parser=...)``); without them a request with a budget is refused.
         repetition_detection: vLLM's early stop on a repeated n-gram at the output's end
             (:class:`RepetitionDetectionParams`, or a dict of its fields), or None. One that
             detects nothing (``max_pattern_size`` 0) becomes None.
@@ -814,10 +814,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def needs_previous_token(self) -> bool:
         """True when the next token's sampling depends on the previous token's id: token
-        history (:attr:`needs_token_history`) or a grammar (its token mask follows the
-        output). Asynchronous scheduling applies such a request's step before scheduling
-        the next one."""
-        return self.structured_outputs is not None or self.needs_token_history
+        history (:attr:`needs_token_history`), a grammar (its token mask follows the output) or
+        a ``thinking_token_budget`` (its forced reasoning end does). Asynchronous scheduling
+        applies such a request's step before scheduling the next one, unless the runner reads
+        the previous token from the step in flight at the last moment (``defers_grammar_masks``:
+        a grammar or a budget)."""
+        return (
+            self.structured_outputs is not None
+            or self.thinking_token_budget is not None
+            or self.needs_token_history
+        )
 
 
 _INT = (int,)

@@ -101,9 +101,9 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("extra_args", []),
     ("extra_args", {"my_plugin": 1}),
     ("skip_clone", 1),
-    ("thinking_token_budget", 100),
-    ("thinking_token_budget", 0),
+    ("thinking_token_budget", True),
     ("thinking_token_budget", -1.0),
+    ("thinking_token_budget", "5"),
     ("repetition_detection", 5),
     ("logprob_token_ids", [5, 7.0]),
     ("logprob_token_ids", 5),
@@ -132,7 +132,6 @@ def test_vllm_fields_that_ask_for_nothing_are_taken() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "advice"),
     [
-        ("thinking_token_budget", 64, "max_tokens"),
         ("skip_reading_prefix_cache", True, "enable_prefix_caching=False"),
     ],
 )
@@ -215,6 +214,21 @@ def test_logprob_token_ids_checks_and_count() -> None:
     with pytest.raises(ValueError, match="^logprob_token_ids must"):
         SamplingParams(logprob_token_ids=[-1])
     assert SamplingParams(logprob_token_ids=[5, 60]).token_ids_in_vocab(50) == "logprob_token_ids"
+
+
+def test_thinking_token_budget_is_a_count_or_minus_one() -> None:
+    """vLLM 0.26's ``thinking_token_budget`` (was refused unless None/-1): a count >= 0 is kept
+    (the engine forces the reasoning end once it is spent), -1 is unlimited (None), below -1
+    is refused by name; it crosses the process boundary as it is."""
+    for budget in (0, 1, 100, np.int64(7)):
+        p = SamplingParams(thinking_token_budget=budget)  # type: ignore[arg-type]
+        assert p.thinking_token_budget == budget and type(p.thinking_token_budget) is int
+        assert p.needs_previous_token and not p.needs_token_history  # the last token, not all
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
+    assert SamplingParams(thinking_token_budget=-1).thinking_token_budget is None
+    assert not SamplingParams(thinking_token_budget=-1).needs_previous_token
+    with pytest.raises(ValueError, match=r"^thinking_token_budget must be a non-negative integer or -1"):
+        SamplingParams(thinking_token_budget=-2)
 
 
 def test_every_field_has_a_type_check() -> None:

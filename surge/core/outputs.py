@@ -89,6 +89,10 @@ class SchedulerOutput:
         grammar: the token mask of the step's constrained rows, to apply to the logits
             before sampling (a :class:`surge.structured.manager.GrammarBitmask`; set by the
             engine), or None when no sampled request has a grammar.
+        forced_tokens: the step's rows whose request has a ``thinking_token_budget`` (a
+            :class:`surge.core.thinking_budget.ForcedTokens`: the sampler asks it which rows a
+            spent budget forces to the reasoning end, and overwrites their sampled ids), or None
+            when no sampled request has one.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -98,6 +102,7 @@ class SchedulerOutput:
     advanced: bool = False
     any_prompt_logprobs: bool = False
     grammar: Any = None
+    forced_tokens: Any = None
 
     @property
     def is_empty(self) -> bool:

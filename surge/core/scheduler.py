@@ -39,6 +39,7 @@ from operator import attrgetter
 from surge.config import CacheConfig, SchedulerConfig
 from surge.core.kv_cache_manager import KVCacheManager, cdiv
 from surge.core.outputs import EngineOutput, ModelOutput, ScheduledRequest, SchedulerOutput, SchedulerStats
+from surge.core.thinking_budget import ForcedTokens
 from surge.request import Request, RequestStatus
 
 
@@ -181,6 +182,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.num_preemptions_total = 0
         self._num_prompt_logprobs = 0  # unfinished requests that ask for prompt_logprobs
+        self._num_thinking = 0  # unfinished requests with a thinking_token_budget
 
     @property
     def num_running(self) -> int:
@@ -216,6 +218,8 @@ class Scheduler:
         self.waiting.append(request)
         if request.prompt_logprobs is not None:
             self._num_prompt_logprobs += 1
+        if request.thinking is not None:
+            self._num_thinking += 1
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests now: free their blocks, mark them FINISHED_ABORTED, drop them from the queues.
@@ -241,6 +245,8 @@ class Scheduler:
         self._finished_ids.append(request.request_id)
         if request.prompt_logprobs is not None:
             self._num_prompt_logprobs -= 1
+        if request.thinking is not None:
+            self._num_thinking -= 1
 
     def _preempt(self, request: Request) -> None:
         """Preempt by recompute: free blocks, reset progress (output kept), front of the queue
@@ -322,6 +328,10 @@ class Scheduler:
             self._admit_waiting(budget, now, scheduled)
 
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in scheduled)
+        if self._num_thinking:  # requests with a thinking_token_budget: the sampler asks them
+            thinking = [s.request for s in scheduled if s.sample and s.request.thinking is not None]
+            if thinking:
+                out.forced_tokens = ForcedTokens(thinking)
         return out
 
     @staticmethod

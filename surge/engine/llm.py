@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -105,6 +106,11 @@ class LLM:
             a ``{``), or None; :meth:`chat` applies it when its own ``chat_template`` is None
             (vLLM 0.26 loads it into ``llm.chat_template`` but its ``chat`` does not use it).
             Read and parsed here, as the server's ``--chat-template``.
+        reasoning_parser: vLLM's: "qwen3" or "deepseek_r1" (the model's ``<think>`` /
+            ``</think>``, tokenized with its tokenizer), which a ``SamplingParams``'s
+            ``thinking_token_budget`` needs (the reasoning end is forced once that many tokens
+            were generated inside the reasoning); None: a budget is refused (``ValueError``).
+            The outputs' text is not split: ``<think>`` ... ``</think>`` stays in it, as vLLM's.
 
     vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
     ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
@@ -148,6 +154,7 @@ class LLM:
         hf_overrides: dict[str, Any] | None = None,
         scheduling_policy: str = "fcfs",
         chat_template: str | Path | None = None,
+        reasoning_parser: str | None = None,
         **unexpected: Any,
     ) -> None:
         for name in [n for n in unexpected if n in _VLLM_DEFAULT_ONLY]:
@@ -160,6 +167,10 @@ class LLM:
                 )
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
+        if reasoning_parser is not None:  # before the model loads
+            from surge.server.parsers import check_reasoning_parser
+
+            check_reasoning_parser(reasoning_parser)
         self.chat_template = _load_chat_template(chat_template)
         if model is not None:  # the command line's checks and messages (a hub id: download it first)
             from surge.cli import check_model_dir
@@ -211,6 +222,12 @@ class LLM:
         # empty tokenizer's eos_token_id (a folder without tokenizer files) names no real token
         self._primary_eos: int | None = self.tokenizer.eos_token_id if self._text_prompts else None
         self._splittable = split_safe(self.tokenizer)  # long prompts encoded in pieces
+        if reasoning_parser is not None:
+            from surge.server.parsers import reasoning_tokens
+
+            config = dataclasses.replace(
+                config, reasoning_tokens=reasoning_tokens(self.tokenizer, reasoning_parser)
+            )
         self.engine = LLMEngine(config)
         self._next_id = 0
         self._closed = False

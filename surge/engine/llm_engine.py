@@ -23,6 +23,11 @@ from surge.config import (
 )
 from surge.core.outputs import EngineOutput, RequestFailure, SchedulerOutput, SchedulerStats
 from surge.core.scheduler import Scheduler, check_request_fits, room_for_output
+from surge.core.thinking_budget import (
+    THINKING_BUDGET_BREAKS_GRAMMAR,
+    THINKING_BUDGET_NEEDS_REASONING,
+    ThinkingBudget,
+)
 from surge.quant.config import require_fp8_gpu
 from surge.request import Request, token_ids_in_range
 from surge.sampling_params import SamplingParams, truncated_prompt
@@ -265,7 +270,8 @@ class LLMEngine:
     applied before the next one is scheduled. A request with a grammar needs only its
     previous token, for its mask: with a runner that ``defers_grammar_masks`` the next step is
     scheduled and its forward launched first, and the mask waits for the previous step's
-    ids inside the sampler (see docs/architecture.md, "Structured outputs"); with other
+    ids inside the sampler (see docs/architecture.md, "Structured outputs"), and so does a
+    request with a ``thinking_token_budget`` (its forced reasoning end); with other
     executors (tensor parallelism, whose mask is filled when the step is published) such a
     step is applied before the next one (``SamplingParams.needs_previous_token``).
 
@@ -387,7 +393,9 @@ class LLMEngine:
                 ``fcfs`` policy, ``truncate_prompt_tokens`` over ``max_model_len``, a token
                 id outside the vocabulary (prompt, ``logit_bias``,
                 ``allowed_token_ids``, bad words), ``bad_words`` without their
-                ``bad_words_token_ids``, a request that
+                ``bad_words_token_ids``, a ``thinking_token_budget`` without the engine's
+                ``reasoning_tokens`` (or with a grammar from the first token after a prompt that
+                opens the reasoning, which the forced end would break), a request that
                 can never fit (prompt + max_tokens over ``max_model_len``, or more blocks
                 than the pool holds).
         """
@@ -506,6 +514,20 @@ class LLMEngine:
             cache_salt,
             priority,
         )
+        if sampling_params.thinking_token_budget is not None:
+            reasoning = self.config.reasoning_tokens
+            if reasoning is None:
+                raise ValueError(THINKING_BUDGET_NEEDS_REASONING)
+            request.thinking = ThinkingBudget(
+                reasoning, sampling_params.thinking_token_budget, prompt_token_ids
+            )
+            grammar = sampling_params.structured_outputs
+            if (
+                grammar is not None
+                and grammar.reasoning_end_token_id is None
+                and request.thinking.in_reasoning
+            ):
+                raise ValueError(THINKING_BUDGET_BREAKS_GRAMMAR)
         if sampling_params.structured_outputs is None:
             if self._structured is not None and request_id in self._structured.waiting:
                 # a request of that id waits for its grammar: the scheduler would refuse it
@@ -597,12 +619,13 @@ class LLMEngine:
 
     def _schedule(self) -> SchedulerOutput:
         """``scheduler.schedule()``, plus the grammar work when requests carry grammars:
-        admit compiled requests, forget finished ones, attach the step's token mask."""
+        admit compiled requests, forget finished ones, attach the step's token mask; and for
+        requests with a thinking budget whose previous token is in flight, where to read it."""
         structured = self._structured
         if structured is None:
-            return self.scheduler.schedule()
+            return self._with_pending_ids(self.scheduler.schedule())
         self._admit_compiled(structured)
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._with_pending_ids(self.scheduler.schedule())
         structured.abort(scheduler_output.finished_request_ids)
         if scheduler_output.is_empty and structured.waiting and self._in_flight is None:
             structured.wait(_GRAMMAR_WAIT_S)  # nothing to run until a grammar is ready
@@ -612,6 +635,15 @@ class LLMEngine:
                 [s.request.request_id for s in scheduler_output.scheduled if s.sample],
                 in_flight.handle.sampled_token_ids if in_flight is not None and self._defer_grammar else None,
             )
+        return scheduler_output
+
+    def _with_pending_ids(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
+        """Give the step's :class:`~surge.core.thinking_budget.ForcedTokens` the ids of the step
+        in flight, when one of its requests' previous token is there (asynchronous scheduling
+        with a runner that defers grammar masks; otherwise such a step was applied first)."""
+        forced = scheduler_output.forced_tokens
+        if forced is not None and forced.needs_pending and self._in_flight is not None:
+            forced.pending_ids = self._in_flight.handle.sampled_token_ids
         return scheduler_output
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:

@@ -67,6 +67,8 @@ class StepMessage(msgspec.Struct, tag=True, array_like=True):
         grammar_mask: the step's grammar token mask (``[len(grammar_request_ids), ceil(V / 32)]``
             int32, bytes), filled by the engine; empty when no sampled request has a grammar.
         grammar_request_ids: the requests of the mask's rows.
+        forced_tokens: as in ``SchedulerOutput`` (a spent ``thinking_token_budget``'s reasoning
+            end), decided by the engine so every rank samples the same ids.
     """
 
     step: int
@@ -78,6 +80,7 @@ class StepMessage(msgspec.Struct, tag=True, array_like=True):
     any_prompt_logprobs: bool = False
     grammar_mask: bytes = b""
     grammar_request_ids: list[str] = msgspec.field(default_factory=list)
+    forced_tokens: dict[str, int] | None = None
 
 
 class InitKVCache(msgspec.Struct, tag=True, array_like=True):

@@ -10,6 +10,7 @@ which mirrors every live request as a :class:`~surge.request.Request` and rebuil
 from __future__ import annotations
 
 from surge.core.outputs import ScheduledRequest, SchedulerOutput
+from surge.core.thinking_budget import ForcedTokens
 from surge.parallel.messages import NewRequestData, ScheduledData, StepMessage
 from surge.request import Request
 
@@ -83,6 +84,8 @@ class StepEncoder:
             list(so.preempted_request_ids),
             list(so.finished_request_ids),
             so.any_prompt_logprobs,
+            # decided now: a step with a budget is applied before the next is scheduled here
+            forced_tokens=None if so.forced_tokens is None else so.forced_tokens.resolve() or None,
         )
         if so.grammar is not None:  # filled here, applied by every rank
             sampled = [s.request for s in so.scheduled if s.sample]
@@ -154,4 +157,5 @@ class StepDecoder:
             finished_request_ids=msg.finished_request_ids,
             any_prompt_logprobs=msg.any_prompt_logprobs,
             grammar=grammar,
+            forced_tokens=None if msg.forced_tokens is None else ForcedTokens.fixed(msg.forced_tokens),
         )

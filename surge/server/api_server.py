@@ -590,6 +590,7 @@ async def run_server(
         trust_request_chat_template=options.trust_request_chat_template,
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
+        reasoning_tokens=config.reasoning_tokens,
         api_keys=options.api_keys,
         created=int(time.time()),
         metrics_require_key=options.metrics_require_key,

@@ -475,6 +475,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
         return run_worker_node(config, log_level=level)
     tokenizer = load_tokenizer(config.model.model)  # fail fast on a folder without a tokenizer
+    if args.reasoning_parser is not None:  # what a request's thinking_token_budget counts and forces
+        from dataclasses import replace
+
+        from surge.server.parsers import reasoning_tokens
+
+        config = replace(config, reasoning_tokens=reasoning_tokens(tokenizer, args.reasoning_parser))
     options = ServeOptions(
         host=args.host,
         port=args.port,

@@ -173,6 +173,9 @@ class SamplingRequestFields(RequestBody):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     truncation_side: Literal["left", "right"] | None = None  # vLLM's: the end truncate_prompt_tokens cuts
     repetition_detection: RepetitionDetection | None = None
+    # vLLM's: tokens generated inside the reasoning before </think> is forced (-1: unlimited);
+    # needs --reasoning-parser (ServerState.check_thinking_budget)
+    thinking_token_budget: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     add_special_tokens: bool | None = None
     request_id: str | None = None
     cache_salt: str | None = None  # vLLM's: non-empty; only requests with the same salt share cached blocks

@@ -89,6 +89,7 @@ async def start_chat(
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_priority(body.priority)
+    state.check_thinking_budget(body.thinking_token_budget)
     check_template_kwargs(body.template_kwargs)
     state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)
@@ -115,6 +116,7 @@ async def start_chat(
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
     params = build_sampling_params(body, max_tokens, plan.structured_outputs, token_rules=rules)
+    state.check_thinking_budget_grammar(params, prompt_ids)
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(
             params,

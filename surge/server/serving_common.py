@@ -18,6 +18,12 @@ from transformers import PreTrainedTokenizerBase
 
 from surge.core.scheduler import check_request_fits
 from surge.core.scheduler import room_for_output as context_room
+from surge.core.thinking_budget import (
+    THINKING_BUDGET_BREAKS_GRAMMAR,
+    THINKING_BUDGET_NEEDS_REASONING,
+    ReasoningTokens,
+    opens_reasoning,
+)
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams, truncated_prompt
@@ -70,6 +76,7 @@ class ServerState:
         tokenizer_worker: tokenization and chat templates off the event loop (built here).
         tool_call_parser: name of the tool-call parser (``--tool-call-parser``), or None.
         reasoning_parser: name of the reasoning parser (``--reasoning-parser``), or None.
+        reasoning_tokens: its delimiters' token ids (``EngineConfig.reasoning_tokens``), or None.
         in_flight: the generations in flight and the drain flag.
         log_requests: log one line when a request starts and one when it ends.
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
@@ -103,6 +110,7 @@ class ServerState:
     sse_queued_interval: float = 5.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    reasoning_tokens: ReasoningTokens | None = None
     trust_request_chat_template: bool = False
     return_tokens_as_token_ids: bool = False
     scheduling_policy: str = "fcfs"
@@ -160,6 +168,27 @@ class ServerState:
                 "first served (start it with --scheduling-policy priority), so priority must be 0",
                 param="priority",
             )
+
+    def check_thinking_budget(self, budget: int | None) -> None:
+        """Raise a 400 ApiError naming ``thinking_token_budget`` for a budget (not None or -1)
+        without ``--reasoning-parser``: with no reasoning delimiters there is nothing to count
+        or force (vLLM refuses it too)."""
+        if budget is not None and budget != -1 and self.reasoning_parser is None:
+            raise bad_request(THINKING_BUDGET_NEEDS_REASONING, param="thinking_token_budget")
+
+    def check_thinking_budget_grammar(self, params: SamplingParams, prompt_token_ids: list[int]) -> None:
+        """Raise a 400 ApiError naming ``thinking_token_budget`` when its forced reasoning end would
+        break the request's grammar: one that applies from the first token (not gated on
+        ``</think>``) after a prompt that opens the reasoning (the engine refuses it too)."""
+        grammar = params.structured_outputs
+        if (
+            params.thinking_token_budget is not None
+            and grammar is not None
+            and grammar.reasoning_end_token_id is None
+            and self.reasoning_tokens is not None
+            and opens_reasoning(self.reasoning_tokens, prompt_token_ids)
+        ):
+            raise bad_request(THINKING_BUDGET_BREAKS_GRAMMAR, param="thinking_token_budget")
 
     def check_stop(self, stop: tuple[str, ...]) -> None:
         """Raise a 400 ApiError naming ``stop`` for a list over the server's bounds."""
@@ -432,6 +461,7 @@ def build_sampling_params(
             repetition_detection=(
                 None if req.repetition_detection is None else req.repetition_detection.model_dump()
             ),
+            thinking_token_budget=req.thinking_token_budget,
         )
     except ValueError as e:
         field = str(e).split(" ", 1)[0].rstrip(":")  # "min_p", "repetition_detection.min_count"

@@ -92,6 +92,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     state.check_model(body.model)
     body.check_unimplemented()
     state.check_priority(body.priority)
+    state.check_thinking_budget(body.thinking_token_budget)
     state.check_stop(body.stop_list)
     lp = completion_options(body, state.vocab_size)
     # echo with max_tokens 0 scores the prompt: the engine computes it and samples nothing, so
@@ -111,6 +112,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     for ids, text in prompts:
         max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
         params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
+        state.check_thinking_budget_grammar(params, ids)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
                 params,

@@ -632,7 +632,7 @@ class ModelRunner:
             samples = logits is not None
             if logits is not None:
                 sampled, sample_lp = self.step_sampler.sample_with_logprobs(
-                    logits, requests, scheduler_output.grammar
+                    logits, requests, scheduler_output.grammar, scheduler_output.forced_tokens
                 )
                 del logits
             prompt_lp = None

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from surge.core.thinking_budget import ForcedTokens
 from surge.layers.sampler import DenseRuleRows, Sampler, SamplingMetadata
 from surge.request import Request
 from surge.sampling_params import GREEDY_EPS, SamplingParams
@@ -100,7 +101,13 @@ class StepSampler:
         if self._key is not None and request_ids.issuperset(self._key):
             self.dense_rules.retain(())
 
-    def sample(self, logits: torch.Tensor, requests: list[Request], grammar: Any = None) -> torch.Tensor:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        grammar: Any = None,
+        forced: ForcedTokens | None = None,
+    ) -> torch.Tensor:
         """``logits [S, V] -> [S]`` int64 token ids.
 
         ``grammar`` (a :class:`surge.structured.manager.GrammarBitmask`, or None) first sets
@@ -111,16 +118,26 @@ class StepSampler:
         ``min_tokens``, bad words of several tokens), the last step's :class:`SamplingMetadata`
         is reused; an all-greedy batch of that kind without ``logit_bias``,
         ``allowed_token_ids`` or bad words needs no tensors at all and is one argmax.
+
+        ``forced`` (``SchedulerOutput.forced_tokens``) is asked once the rows are sampled which
+        of them a spent ``thinking_token_budget`` forces to the reasoning end (it may wait for
+        the previous step's ids then), and those rows' sampled ids are overwritten, whatever the
+        logits, masks and sampling settings said.
         """
-        return self.sample_with_logprobs(logits, requests, grammar)[0]
+        return self.sample_with_logprobs(logits, requests, grammar, forced)[0]
 
     def sample_with_logprobs(
-        self, logits: torch.Tensor, requests: list[Request], grammar: Any = None
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        grammar: Any = None,
+        forced: ForcedTokens | None = None,
     ) -> tuple[torch.Tensor, tuple[LogprobRows, torch.Tensor, torch.Tensor] | None]:
         """:meth:`sample`, plus the logprobs of the rows that ask for them (computed from
         the raw ``logits`` before sampling touches them; see :mod:`surge.worker.logprobs`).
         A ``grammar`` mask is applied first, so a constrained row's logprobs are those of
-        the masked logits (as in vLLM).
+        the masked logits (as in vLLM); a ``forced`` row's sampled token is the forced one,
+        its logprob that token's.
 
         Returns:
             ``(token ids [S] int64, None or (rows, ids [R, k + 2], lps [R, k + 1]))``.
@@ -146,11 +163,30 @@ class StepSampler:
         rows = self.logprob_rows
         constrained = grammar is not None
         if rows is None:
-            return self._sample(logits, requests, constrained), None
+            sampled = self._sample(logits, requests, constrained)
+            if forced is not None:
+                self._force(sampled, requests, forced)
+            return sampled, None
         lp = rows.compute(logits)
         sampled = self._sample(logits, requests, constrained)
+        if forced is not None:
+            self._force(sampled, requests, forced)
         ids, lps = rows.finish(lp, sampled)
         return sampled, (rows, ids, lps)
+
+    def _force(self, sampled: torch.Tensor, requests: list[Request], forced_tokens: ForcedTokens) -> None:
+        """Overwrite the sampled ids of the rows a spent budget forces, in place (one small copy
+        to the device, only on a step that forces a row)."""
+        forced = forced_tokens.resolve()
+        if not forced:
+            return
+        rows = [i for i, r in enumerate(requests) if r.request_id in forced]
+        if not rows:
+            return
+        tokens = [forced[requests[i].request_id] for i in rows]
+        index = torch.tensor(rows, dtype=torch.long).to(sampled.device, non_blocking=True)
+        values = torch.tensor(tokens, dtype=sampled.dtype).to(sampled.device, non_blocking=True)
+        sampled.index_copy_(0, index, values)
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], constrained: bool = False

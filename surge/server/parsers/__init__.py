@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from surge.core.thinking_budget import ReasoningTokens, reasoning_tokens_of
 from surge.server.parsers.base import DeltaMessage, ToolCallDelta, ToolParser, new_tool_call_id
 from surge.server.parsers.hermes import HermesToolParser
 from surge.server.parsers.llama3_json import Llama3JsonToolParser
-from surge.server.parsers.reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ReasoningParser
+from surge.server.parsers.reasoning import (
+    THINK_START,
+    DeepSeekR1ReasoningParser,
+    Qwen3ReasoningParser,
+    ReasoningParser,
+)
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
@@ -16,6 +24,26 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "qwen3": Qwen3ReasoningParser,
     "deepseek_r1": DeepSeekR1ReasoningParser,
 }
+
+
+def reasoning_tokens(tokenizer: Any, reasoning_parser: str) -> ReasoningTokens:
+    """The token ids of ``reasoning_parser``'s delimiters (``<think>`` / ``</think>``) in
+    ``tokenizer``'s vocabulary: what a request's ``thinking_token_budget`` counts and forces
+    (``EngineConfig.reasoning_tokens``).
+
+    Raises:
+        ValueError: an unknown parser name, or a delimiter that tokenizes to nothing.
+    """
+    check_reasoning_parser(reasoning_parser)
+    return reasoning_tokens_of(tokenizer, THINK_START, REASONING_PARSERS[reasoning_parser].end_tag)
+
+
+def check_reasoning_parser(reasoning_parser: object) -> None:
+    """Raise ValueError unless ``reasoning_parser`` names a reasoning parser."""
+    if not isinstance(reasoning_parser, str) or reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"reasoning_parser must be one of {', '.join(sorted(REASONING_PARSERS))}, got {reasoning_parser!r}"
+        )
 
 
 class ChatOutputParser:
@@ -83,6 +111,8 @@ class ChatOutputParser:
 
 __all__ = [
     "REASONING_PARSERS",
+    "check_reasoning_parser",
+    "reasoning_tokens",
     "TOOL_PARSERS",
     "ChatOutputParser",
     "DeltaMessage",
