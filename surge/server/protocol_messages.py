@@ -82,10 +82,26 @@ def messages_param(param: str | None) -> str | None:
     return param
 
 
+_CHAT_PHRASES = (
+    ('tool_choice "auto"', 'tool_choice {"type": "auto"} (the default with tools)'),
+    (
+        '(use "required", a named function or "none" otherwise)',
+        '(use {"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"} otherwise)',
+    ),
+    (
+        "tool_choice required or a named function cannot be combined with another structured output",
+        'tool_choice {"type": "any"} or {"type": "tool"} cannot be combined with output_config.format',
+    ),
+)
+"""Chat errors' words for chat's ``tool_choice`` values, and the Messages API's."""
+
+
 def messages_message(message: str) -> str:
     """A chat error's message with the chat fields it names spelled as the Messages API has them
     (``tools[0].function.name`` -> ``tools[0].name``), and without the index of a chat message
     (which is not the request's)."""
+    for chat, ours in _CHAT_PHRASES:
+        message = message.replace(chat, ours)
     message = _CHAT_NAME.sub(lambda m: _PARAM_NAMES[m.group(1)], message)
     message = re.sub(r"(tools\[\d+\])\.function\b", r"\1", message)
     return _MESSAGES_INDEX.sub("messages", message)

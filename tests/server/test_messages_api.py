@@ -6,6 +6,7 @@ the Anthropic error bodies that name the field at fault."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from surge.server.drain import DrainMiddleware, InFlight
 from surge.server.protocol_messages import MessagesBody, MessagesRequest, chat_messages
 from tests.server.conftest import Server, start_server
 
@@ -207,6 +209,26 @@ def test_bad_requests_are_anthropic_errors_naming_the_field(
     assert named in error["error"]["message"], error
 
 
+def test_tool_choice_errors_speak_anthropic(srv: Server) -> None:
+    """Tools ask for ``{"type": "auto"}`` by default, as in Anthropic's API (and vLLM), which needs
+    ``--tool-call-parser``: the 400 says so in the Messages API's words, not chat's."""
+    tools = [{"name": "get_time", "input_schema": {"type": "object"}}]
+    r = _post(srv, BASE | {"max_tokens": 5, "tools": tools})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and '{"type": "auto"}' in message and '{"type": "any"}' in message, message
+    assert '"required"' not in message
+    schema_format = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+    r = _post(
+        srv,
+        BASE
+        | {"max_tokens": 5, "tools": tools, "tool_choice": {"type": "any"}, "output_config": schema_format},
+    )
+    message = r.json()["error"]["message"]
+    assert (
+        r.status_code == 400 and "output_config.format" in message and "structured output" not in message
+    ), message
+
+
 def test_unknown_model_is_an_anthropic_404(srv: Server) -> None:
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = _post(srv, BASE | {"model": "claude-nope", "max_tokens": 5}, path)
@@ -295,3 +317,33 @@ def test_openapi_documents_anthropic_errors(srv: Server) -> None:
     assert "text/event-stream" in schema["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]
     chat = schema["paths"]["/v1/chat/completions"]["post"]["responses"]["400"]["content"]
     assert chat["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+
+
+def test_a_draining_server_answers_the_messages_routes_with_anthropic_errors() -> None:
+    """The drain gate's 503 (a shutdown under way) is Anthropic's body on the Messages API's
+    routes (``overloaded_error``: a client retries elsewhere), OpenAI's elsewhere."""
+    in_flight = InFlight()
+    in_flight.draining = True
+
+    async def never(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("a draining server does not serve")
+
+    def answer(path: str) -> dict[str, Any]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {"type": "http", "path": path, "method": "POST", "headers": []}
+        asyncio.run(DrainMiddleware(never, in_flight)(scope, receive, send))
+        assert sent[0]["status"] == 503
+        return json.loads(sent[1]["body"])
+
+    message = {"type": "overloaded_error", "message": "The server is shutting down."}
+    assert (
+        answer("/v1/messages") == answer("/v1/messages/count_tokens") == {"type": "error", "error": message}
+    )
+    assert answer("/v1/chat/completions")["error"]["code"] == "server_shutting_down"
