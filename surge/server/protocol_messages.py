@@ -321,6 +321,13 @@ def chat_messages(body: MessagesBody) -> tuple[list[dict[str, Any]], bool]:
     if system:
         out.insert(0, {"role": "system", "content": system})
     continues = bool(body.messages) and body.messages[-1].get("role") == "assistant"
+    if continues and "tool_calls" in out[-1]:
+        last = len(body.messages) - 1
+        raise bad_request(
+            f"messages[{last}]: the last message is the assistant's with tool_use blocks, whose "
+            "tool_result blocks must come in a user message after it (a prefill is text)",
+            param=f"messages[{last}]",
+        )
     return out, continues
 
 

@@ -196,6 +196,19 @@ def test_api_key_in_x_api_key_or_bearer_only_on_messages_routes(srv: Server) -> 
         ({"max_tokens": 5, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
         ({"max_tokens": 5, "system": [{"type": "image"}]}, "system[0]"),
         ({"max_tokens": 5, "tools": [{"input_schema": {"type": "object"}}]}, "tools[0].name"),
+        (
+            {
+                "max_tokens": 5,
+                "messages": [
+                    {"role": "user", "content": "Time?"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                    },
+                ],
+            },
+            "messages[1]",
+        ),
     ],
 )
 def test_bad_requests_are_anthropic_errors_naming_the_field(
