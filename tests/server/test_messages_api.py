@@ -87,8 +87,12 @@ def _assembled(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             open_index = None
     assert open_index is None
     for block in blocks:
-        if block["type"] == "tool_use":
-            block["input"] = json.loads(block.pop("partial", "{}"))
+        if block["type"] == "tool_use":  # arguments cut short are no object: {} as unstreamed
+            partial = block.pop("partial", "{}")
+            try:
+                block["input"] = json.loads(partial)
+            except ValueError:
+                block["input"] = {}
     delta = events[-2][1]
     message.update(delta["delta"], content=blocks, usage=delta["usage"])
     return message

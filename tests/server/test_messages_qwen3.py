@@ -110,6 +110,22 @@ def test_forced_tool_use_and_its_round_trip(srv: Server, choice: dict[str, Any])
     )
 
 
+def test_a_tool_call_cut_by_max_tokens_is_no_tool_use(srv: Server) -> None:
+    """A forced call that ``max_tokens`` cuts is its ``tool_use`` block with ``input`` ``{}`` (the
+    arguments so far are no JSON object) and ``stop_reason: max_tokens``; streamed the same."""
+    body = {
+        "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_time"},
+        "thinking": OFF,
+        "max_tokens": 3,
+    }
+    m = _post(srv, body)
+    assert m["stop_reason"] == "max_tokens" and m["usage"]["output_tokens"] == 3
+    [use] = m["content"]
+    assert use["type"] == "tool_use" and use["name"] == "get_time" and use["input"] == {}
+    _same(_stream(srv, body), m)
+
+
 def test_thinking_switches_qwen3_reasoning(srv: Server) -> None:
     """``thinking`` enabled (or left out: the template's default) renders Qwen3's thinking prompt,
     disabled its empty think block (more prompt tokens; the parser is off and the output is
