@@ -10,12 +10,13 @@ function tools; ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` becomes
 ``required`` / named / ``none``, and its ``disable_parallel_tool_use`` ``parallel_tool_calls:
 false``; ``max_tokens`` ``max_completion_tokens``; ``stop_sequences`` ``stop``; ``thinking``
 ``{"type": "enabled"}`` / ``{"type": "disabled"}`` the chat template's ``enable_thinking``
-(Qwen3's switch; vLLM 0.26 ignores ``thinking``); ``output_config`` ``response_format`` and
+(Qwen3's switch; vLLM 0.26 ignores ``thinking``; ``display: "omitted"`` sends thinking blocks
+without their text); ``output_config`` ``response_format`` and
 ``reasoning_effort`` (vLLM's). A last message from the assistant is continued (Anthropic's
 prefill), not answered.
 
-Accepted as inert (Anthropic clients send them routinely): ``metadata``, ``cache_control`` on
-blocks and tools (Surge caches prefixes by itself), ``citations: null`` on a text block,
+Accepted as inert (Anthropic clients send them routinely): ``metadata``, ``service_tier``,
+``cache_control`` (top-level, on blocks and on tools: Surge caches prefixes by itself), ``citations: null`` on a text block,
 ``signature`` on a thinking block, ``redacted_thinking`` blocks (opaque, skipped as vLLM skips
 them) and ``thinking.budget_tokens`` (Surge does not cap the reasoning: ``max_tokens`` bounds the
 whole output); Claude Code's ``x-anthropic-billing-header`` system block is dropped, as vLLM drops
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -139,11 +140,20 @@ class MessagesBody(RequestBody):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
-    # inert: labels for the caller's records (Anthropic's user_id)
+    # inert: labels for the caller's records (Anthropic's user_id); prompt caching (Surge caches
+    # prefixes by itself) and the service tier (one server, one tier)
     metadata: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
     # vLLM's extras, passed to the chat request as sent
     chat_template_kwargs: dict[str, Any] | None = None
     kv_transfer_params: Any = None
+
+
+def thinking_omitted(body: MessagesBody) -> bool:
+    """Whether ``thinking.display`` is ``omitted``: the ``thinking`` blocks come without their
+    text (``""``, the signature kept), as Anthropic redacts them."""
+    return body.thinking is not None and body.thinking.get("display") == "omitted"
 
 
 class MessagesRequest(MessagesBody):
@@ -400,7 +410,11 @@ def _enable_thinking(thinking: dict[str, Any]) -> bool | None:
         ApiError: 400 naming ``thinking...`` for another shape.
     """
     kind = thinking.get("type")
-    keys = {"enabled": {"type", "budget_tokens"}, "disabled": {"type"}, "adaptive": {"type"}}
+    keys = {
+        "enabled": {"type", "budget_tokens", "display"},
+        "disabled": {"type"},
+        "adaptive": {"type", "display"},
+    }
     if kind not in keys:
         raise bad_request(
             f"thinking.type must be 'enabled', 'disabled' or 'adaptive', got {kind!r}", param="thinking.type"
@@ -408,6 +422,8 @@ def _enable_thinking(thinking: dict[str, Any]) -> bool | None:
     for key in thinking:
         if key not in keys[kind]:
             raise bad_request(f"thinking.{key} is not a field of {kind!r} thinking", param=f"thinking.{key}")
+    if thinking.get("display") not in (None, "summarized", "omitted"):
+        raise bad_request("thinking.display must be 'summarized' or 'omitted'", param="thinking.display")
     budget = thinking.get("budget_tokens")
     if kind == "enabled" and (type(budget) is not int or budget < 1):
         raise bad_request(

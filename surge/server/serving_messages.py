@@ -4,7 +4,8 @@ vLLM serves it), served by the chat path.
 The request becomes a chat completion request (:func:`surge.server.protocol_messages.chat_body`),
 which :func:`~surge.server.serving_chat.start_chat` checks, renders and sends to the engine; its
 text goes through the chat plan's parsers (reasoning, tool calls) and comes back as content
-blocks: ``thinking`` (its ``signature`` a random token, as vLLM's: Surge signs nothing), ``text``
+blocks: ``thinking`` (its ``signature`` a random token, as vLLM's: Surge signs nothing; its text
+``""`` under ``thinking.display: "omitted"``), ``text``
 and ``tool_use`` (``input`` the parsed arguments), in the order the model wrote them. Both
 answers are built by one :class:`_Blocks` from the same parse, so the streamed blocks and
 ``stop_reason`` are those of the unstreamed answer. ``stop_reason``: ``max_tokens`` when the
@@ -44,6 +45,7 @@ from surge.server.protocol_messages import (
     chat_body,
     messages_message,
     messages_param,
+    thinking_omitted,
 )
 from surge.server.serving_chat import start_chat
 from surge.server.serving_common import (
@@ -108,7 +110,7 @@ async def create_message(state: ServerState, body: MessagesRequest, request: Req
         except ApiError as e:
             raise _renamed(e) from None
         text, finish, stop = results.get(0, ("", None, None))
-        blocks = _Blocks()
+        blocks = _Blocks(thinking_omitted(body))
         delta, finish = plan.delta(plan.new_parser(), text, finish)
         blocks.feed(delta)
         blocks.close()
@@ -126,7 +128,7 @@ async def create_message(state: ServerState, body: MessagesRequest, request: Req
         }
         return Response(_json_encode(message), media_type="application/json")
 
-    blocks = _Blocks()
+    blocks = _Blocks(thinking_omitted(body))
     parser = plan.new_parser()
     ending: dict[str, Any] = {"finish": None, "stop": None}
 
@@ -227,7 +229,8 @@ class _Blocks:
     closes it and opens the next. :attr:`blocks` are the closed blocks, as the answer lists them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking  # thinking.display "omitted": no thinking text sent
         self.blocks: list[dict[str, Any]] = []
         self._kind: str | None = None  # "thinking", "text", "tool_use" or None
         self._text = ""
@@ -243,9 +246,9 @@ class _Blocks:
         out: list[bytes] = []
         if delta.get("reasoning"):
             out.extend(self._open("thinking"))
-            out.append(
-                self._delta({"type": "thinking_delta", "thinking": delta["reasoning"]}, delta["reasoning"])
-            )
+            if not self.omit_thinking:
+                thinking = delta["reasoning"]
+                out.append(self._delta({"type": "thinking_delta", "thinking": thinking}, thinking))
         if delta.get("content"):
             out.extend(self._open("text"))
             out.append(self._delta({"type": "text_delta", "text": delta["content"]}, delta["content"]))

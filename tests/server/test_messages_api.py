@@ -139,7 +139,8 @@ def test_stop_sequence_names_the_sequence(srv: Server) -> None:
 def test_prefill_is_continued_and_count_tokens_matches(srv: Server) -> None:
     """A last assistant message is continued (Anthropic's prefill): the answer is the text after
     it. ``count_tokens`` of the same body (sampling fields included) is the answer's
-    ``input_tokens``; a system prompt (text blocks with ``cache_control``, inert) counts."""
+    ``input_tokens``; a system prompt (text blocks with ``cache_control``, inert) counts;
+    ``metadata``, ``service_tier`` and the top-level ``cache_control`` are inert."""
     body = {
         "system": [{"type": "text", "text": "Be kind.", "cache_control": {"type": "ephemeral"}}],
         "messages": [
@@ -148,6 +149,8 @@ def test_prefill_is_continued_and_count_tokens_matches(srv: Server) -> None:
         ],
         "max_tokens": 6,
         "metadata": {"user_id": "u1"},
+        "cache_control": {"type": "ephemeral"},
+        "service_tier": "standard_only",
     }
     m = _message(srv, body)
     counted = _post(srv, body, "/v1/messages/count_tokens")
@@ -198,6 +201,9 @@ def test_api_key_in_x_api_key_or_bearer_only_on_messages_routes(srv: Server) -> 
         ({"max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "s"}]}, "tools[0].type"),
         ({"max_tokens": 5, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
         ({"max_tokens": 5, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+        ({"max_tokens": 5, "thinking": {"type": "between_tools"}}, "thinking.type"),
+        ({"max_tokens": 5, "thinking": {"type": "adaptive", "display": "full"}}, "thinking.display"),
+        ({"max_tokens": 5, "speed": "fast"}, "speed"),
         ({"max_tokens": 5, "system": [{"type": "image"}]}, "system[0]"),
         ({"max_tokens": 5, "tools": [{"input_schema": {"type": "object"}}]}, "tools[0].name"),
         (

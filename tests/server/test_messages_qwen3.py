@@ -147,3 +147,11 @@ def test_thinking_switches_qwen3_reasoning(srv: Server) -> None:
     assert block["type"] == "thinking" and block["thinking"] and block["signature"]
     assert m["stop_reason"] == "max_tokens" and m["usage"]["output_tokens"] == 5
     _same(_stream(srv, body), m)
+    # display "omitted": the block without its text, the signature kept, streamed the same
+    hidden = body | {"thinking": on["thinking"] | {"display": "omitted"}}
+    m = _post(srv, hidden)
+    assert [(b["type"], b["thinking"]) for b in m["content"]] == [("thinking", "")] and m["content"][0][
+        "signature"
+    ]
+    assert m["usage"]["output_tokens"] == 5
+    _same(_stream(srv, hidden), m)
