@@ -17,6 +17,7 @@ import pytest
 
 from surge.server.drain import DrainMiddleware, InFlight
 from surge.server.protocol_messages import MessagesBody, MessagesRequest, chat_messages
+from surge.server.serving_messages import _Blocks
 from tests.server.conftest import Server, start_server
 
 KEY = "sk-anthropic-test"
@@ -370,3 +371,60 @@ def test_a_draining_server_answers_the_messages_routes_with_anthropic_errors() -
         answer("/v1/messages") == answer("/v1/messages/count_tokens") == {"type": "error", "error": message}
     )
     assert answer("/v1/chat/completions")["error"]["code"] == "server_shutting_down"
+
+
+def _call(index: int, arguments: str, name: str | None = None) -> dict[str, Any]:
+    fn: dict[str, Any] = {"arguments": arguments}
+    if name is not None:
+        fn["name"] = name
+    call: dict[str, Any] = {"index": index, "function": fn}
+    if name is not None:
+        call["id"] = f"call_{index}"
+    return call
+
+
+@pytest.mark.parametrize(
+    ("finish", "stop", "arguments", "reason"),
+    [
+        ("tool_calls", None, ['{"zone": ', '"UTC"}'], ("tool_use", None)),  # an "auto" call
+        ("stop", None, ['{"zone": "UTC"}'], ("tool_use", None)),  # a named call keeps chat's "stop"
+        ("length", None, ['{"zone": "U'], ("max_tokens", None)),
+        ("stop", "UT", ['{"zone": "'], ("stop_sequence", "UT")),
+        ("stop", None, ["[1, 2]"], ("end_turn", None)),  # no JSON object: no input to run
+    ],
+)
+def test_blocks_and_stop_reason_of_an_answer(
+    finish: str, stop: str | None, arguments: list[str], reason: tuple[str, str | None]
+) -> None:
+    """Text, then a tool call: a text block, then a ``tool_use`` block whose ``input`` is the
+    arguments' JSON object (``{}`` when they are none), and the stop reason the engine's finish
+    and the call decide; the events index the blocks in order."""
+    blocks = _Blocks()
+    events = blocks.feed({"content": "Let me check."})
+    events += blocks.feed({"tool_calls": [_call(0, arguments[0], "get_time")]})
+    for piece in arguments[1:]:
+        events += blocks.feed({"tool_calls": [_call(0, piece)]})
+    events += blocks.close()
+    parsed = [json.loads(e.split(b"\ndata: ")[1]) for e in events]
+    assert [(p["type"], p.get("index")) for p in parsed] == [
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        *[("content_block_delta", 1)] * len(arguments),
+        ("content_block_stop", 1),
+    ]
+    try:
+        expected = json.loads("".join(arguments))
+    except ValueError:
+        expected = {}
+    assert blocks.blocks == [
+        {"type": "text", "text": "Let me check."},
+        {
+            "type": "tool_use",
+            "id": "call_0",
+            "name": "get_time",
+            "input": expected if isinstance(expected, dict) else {},
+        },
+    ]
+    assert blocks.stop_reason(finish, stop) == reason
