@@ -1,12 +1,13 @@
 """The FastAPI app and the server's life: engine start, uvicorn, periodic stats, shutdown.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
-(and ``GET`` / ``DELETE /v1/responses/{id}`` for stored responses), ``GET /v1/models``
+(and ``GET`` / ``DELETE /v1/responses/{id}`` for stored responses), ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens`` (Anthropic's Messages API), ``GET /v1/models``
 (and ``GET /v1/models/{model}``, 404 ``model_not_found`` for a name not served),
 ``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
-``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
-a client mistake is a 4xx, never a 500.
+``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body
+(Anthropic's on the Messages API's routes); a client mistake is a 4xx, never a 500.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from surge.server.errors import (
     bad_request,
     clip,
     error_body,
-    error_response,
+    error_body_for,
 )
 from surge.server.fast_json import FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
@@ -66,11 +67,13 @@ from surge.server.protocol import (
     TokenizeRequest,
     check_continue_final_message,
 )
+from surge.server.protocol_messages import MessagesBody, MessagesRequest
 from surge.server.protocol_responses import ResponsesRequest
 from surge.server.request_id import RequestIdMiddleware, logged_request_id
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
+from surge.server.serving_messages import count_tokens, create_message
 from surge.server.serving_responses import (
     cancel_response,
     create_response,
@@ -190,10 +193,17 @@ def build_app(
         )
     app.add_middleware(RequestIdMiddleware)
 
+    def answer_error(
+        request: Request, status: int, message: str, param: str | None = None, **kw: Any
+    ) -> JSONResponse:
+        """The error body of this route's API (Anthropic's on ``/v1/messages``, else OpenAI's)."""
+        body = error_body_for(request.url.path, status, message, param=param, code=kw.pop("code", None))
+        return JSONResponse(body, status_code=status, **kw)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         log_rejection(request, exc.status, exc.message, exc.param)
-        return error_response(exc)
+        return answer_error(request, exc.status, exc.message, exc.param, code=exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -209,7 +219,7 @@ def build_app(
             )
             param = None
         log_rejection(request, 400, message, param)
-        return error_response(bad_request(message, param))
+        return answer_error(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -218,9 +228,7 @@ def build_app(
             message = f"Invalid URL ({request.method} {request.url.path})"
         log_rejection(request, exc.status_code, message, None)
         # keep the exception's headers: a 405 names the allowed methods in ``Allow``
-        return JSONResponse(
-            error_body(exc.status_code, message), status_code=exc.status_code, headers=exc.headers
-        )
+        return answer_error(request, exc.status_code, message, headers=exc.headers)
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -229,7 +237,7 @@ def build_app(
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("internal error while serving %s", request.url.path)
-        return JSONResponse(error_body(500, "Internal server error"), status_code=500)
+        return answer_error(request, 500, "Internal server error")
 
     # The API key (when set) is checked by RequestGuard before the body is read; see
     # surge/server/auth.py for the routes that stay open.
@@ -245,6 +253,14 @@ def build_app(
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await create_response(state, body, request)
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        return await create_message(state, body, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(body: MessagesBody) -> dict[str, int]:
+        return await count_tokens(state, body)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> Response:

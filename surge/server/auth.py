@@ -4,7 +4,9 @@ With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KE
 variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health``
 (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
 documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
-``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The scheme
+``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The Messages API's routes
+(``/v1/messages``, ``/v1/messages/count_tokens``) also take the key as Anthropic's clients send
+it, ``x-api-key: KEY`` (vLLM 0.26 takes only the bearer token there). The scheme
 name is case-insensitive and one or more spaces or tabs may follow it (RFC 7235). The check runs in
 :class:`surge.server.guard.RequestGuard` before the body is read, so a client without the key
 gets a 401 whatever it sends. Keys are compared in constant time and never appear in a log
@@ -103,7 +105,12 @@ def needs_key(path: str, *, metrics_require_key: bool) -> bool:
 def is_authorized(authorization: bytes | None, api_keys: Sequence[str]) -> bool:
     """Whether an ``Authorization`` header value (raw bytes) carries ``Bearer <key>`` for one of
     ``api_keys``. Each key is compared in constant time on bytes, so any header bytes are safe."""
-    token = bearer_token(authorization)
+    return is_key(bearer_token(authorization), api_keys)
+
+
+def is_key(token: bytes | None, api_keys: Sequence[str]) -> bool:
+    """Whether ``token`` (raw header bytes: a bearer token, or the Messages API's ``x-api-key``
+    value) is one of ``api_keys``, each compared in constant time."""
     if token is None:
         return False
     ok = False

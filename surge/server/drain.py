@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from surge.server.errors import ApiError, error_body
+from surge.server.errors import ApiError, error_body_for
 
 if TYPE_CHECKING:
     from surge.server.generation import Generation
@@ -140,7 +140,8 @@ class DrainMiddleware:
             and self.in_flight.draining
             and scope.get("path", "").startswith(DRAINED_PATHS_PREFIXES)
         ):
-            body = json.dumps(error_body(503, "The server is shutting down.", code=SHUTDOWN_CODE)).encode()
+            message = "The server is shutting down."
+            body = json.dumps(error_body_for(scope["path"], 503, message, code=SHUTDOWN_CODE)).encode()
             await send(
                 {
                     "type": "http.response.start",

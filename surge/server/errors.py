@@ -71,3 +71,45 @@ def error_response(err: ApiError) -> JSONResponse:
 def bad_request(message: str, param: str | None = None) -> ApiError:
     """A 400 ApiError."""
     return ApiError(400, message, param=param)
+
+
+ANTHROPIC_PATHS: frozenset[str] = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+"""The routes of Anthropic's Messages API: their errors are Anthropic's body
+(:func:`anthropic_error_body`), and they take the API key in ``x-api-key`` too."""
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error ``type`` for an HTTP status (``api_error`` for other 5xx)."""
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def anthropic_error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """Anthropic's error object, ``{"type": "error", "error": {"type", "message"}}``. It has no
+    ``param``: a message that does not name the field at fault starts with it
+    (``"max_tokens: Field required"``); clipped as :func:`error_body` clips."""
+    if param is not None and param not in message:
+        message = f"{clip(param, MAX_PARAM_CHARS)}: {message}"
+    return {
+        "type": "error",
+        "error": {"type": anthropic_error_type(status), "message": clip(message, MAX_MESSAGE_CHARS)},
+    }
+
+
+def error_body_for(
+    path: str, status: int, message: str, *, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    """The error object a request to ``path`` gets: Anthropic's on :data:`ANTHROPIC_PATHS`,
+    else OpenAI's (:func:`error_body`)."""
+    if path in ANTHROPIC_PATHS:
+        return anthropic_error_body(status, message, param=param)
+    return error_body(status, message, param=param, code=code)

@@ -3,7 +3,8 @@
 In order, before any byte of the body is parsed:
 
 1. **API key** (when set): a route that needs it (:func:`surge.server.auth.needs_key`) without
-   ``Authorization: Bearer KEY`` gets a 401, whatever its body.
+   ``Authorization: Bearer KEY`` (or, on the Messages API's routes, Anthropic's ``x-api-key:
+   KEY``) gets a 401, whatever its body.
 2. **Body size**: a ``Content-Length`` above ``max_body_bytes`` gets a 413 at once; a chunked
    body is counted as it arrives and cut with a 413 at the limit.
 3. **Body read time**: the whole body must arrive within ``body_read_timeout`` seconds, else a
@@ -13,7 +14,8 @@ In order, before any byte of the body is parsed:
    A body that may hold one (a quick byte search) is parsed and checked; a 400 names the
    top-level field that holds it.
 
-The body is then handed to the app in one piece; later ``receive()`` calls (disconnect
+Every error here is the body of the route's API (Anthropic's on the Messages API's routes,
+:func:`surge.server.errors.error_body_for`). The body is then handed to the app in one piece; later ``receive()`` calls (disconnect
 detection) go to the server as usual. Header read time and the connection cap are enforced one
 level lower, in :mod:`surge.server.http_protocol`.
 """
@@ -29,9 +31,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from surge.server.auth import is_authorized, needs_key
+from surge.server.auth import is_authorized, is_key, needs_key
 from surge.server.drain import DRAINED_PATHS_PREFIXES, SHUTDOWN_CODE, InFlight
-from surge.server.errors import error_body
+from surge.server.errors import ANTHROPIC_PATHS, error_body_for
 from surge.server.request_id import logged_request_id
 
 logger = logging.getLogger("surge.server")
@@ -122,7 +124,8 @@ async def send_error(
             f" [{param}]" if param else "",
             message,
         )
-    body = json.dumps(error_body(status, message, param=param, code=code)).encode()
+    path = scope.get("path", "") if scope is not None else ""
+    body = json.dumps(error_body_for(path, status, message, param=param, code=code)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -150,10 +153,13 @@ class RequestGuard:
             return
         cfg = self.config
         authorization: bytes | None = None
+        x_api_key: bytes | None = None
         content_length: int | None = None
         for name, value in scope["headers"]:
             if name == b"authorization" and authorization is None:
                 authorization = value
+            elif name == b"x-api-key" and x_api_key is None:
+                x_api_key = value
             elif name == b"content-length":
                 try:
                     content_length = int(value)
@@ -163,6 +169,7 @@ class RequestGuard:
             cfg.api_keys
             and needs_key(scope["path"], metrics_require_key=cfg.metrics_require_key)
             and not is_authorized(authorization, cfg.api_keys)
+            and not (scope["path"] in ANTHROPIC_PATHS and is_key(x_api_key, cfg.api_keys))
         ):
             # Say nothing about the body: an unauthenticated client learns nothing else.
             too_big = content_length is not None and content_length > _DRAIN_FACTOR * cfg.max_body_bytes

@@ -6,7 +6,8 @@ same operation id, with a ``Duplicate Operation ID`` warning. Here the schema is
 one view of each route per method, each with its own operation id (``health_health_get``,
 ``health_health_head``), and post-processed once:
 
-- every error response is the OpenAI error object (``ErrorResponse``);
+- every error response is the OpenAI error object (``ErrorResponse``), Anthropic's on the
+  Messages API's routes (``AnthropicErrorResponse``);
 - routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large);
 - every route but the open ones documents 401 (``--api-key``); model routes 404 (unknown
   ``model``); generation routes 503 (engine gone) and their ``text/event-stream`` 200;
@@ -29,6 +30,7 @@ from fastapi.utils import generate_unique_id
 from starlette.routing import BaseRoute
 
 from surge.server.auth import OPEN_PATHS
+from surge.server.errors import ANTHROPIC_PATHS
 
 _ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -46,9 +48,29 @@ _ERROR_SCHEMA: dict[str, Any] = {
         }
     },
 }
+_ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
 _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
-_MODEL_PATHS = _GENERATION_PATHS | {"/tokenize", "/detokenize", "/v1/models/{model}"}
+_ANTHROPIC_ERROR_REF = {
+    "application/json": {"schema": {"$ref": "#/components/schemas/AnthropicErrorResponse"}}
+}
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+_MODEL_PATHS = _GENERATION_PATHS | {
+    "/tokenize",
+    "/detokenize",
+    "/v1/models/{model}",
+    "/v1/messages/count_tokens",
+}
 _SSE_DESCRIPTION = (
     "With `stream: true`: `data: {chunk}` events, `: queued` comments while waiting for the first "
     "token, then `data: [DONE]`."
@@ -58,10 +80,22 @@ _RESPONSES_SSE_DESCRIPTION = (
     "`response.created` to `response.completed` (`response.incomplete` when `max_output_tokens` cut "
     "it; or `error` and `response.failed`), with `: queued` comments while waiting for the first token."
 )
+_MESSAGES_SSE_DESCRIPTION = (
+    "With `stream: true`: `event: <type>` / `data: {event}` Anthropic Messages API events, from "
+    "`message_start` to `message_stop` (or an `error` event), with `: queued` comments while waiting "
+    "for the first token."
+)
 
 
-def _error(description: str) -> dict[str, Any]:
+_SSE_DESCRIPTIONS = {"/v1/responses": _RESPONSES_SSE_DESCRIPTION, "/v1/messages": _MESSAGES_SSE_DESCRIPTION}
+
+
+def _openai_error(description: str) -> dict[str, Any]:
     return {"description": description, "content": _ERROR_REF}
+
+
+def _anthropic_error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": _ANTHROPIC_ERROR_REF}
 
 
 def _one_method_routes(routes: list[BaseRoute]) -> Iterator[BaseRoute]:
@@ -89,12 +123,15 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["ErrorResponse"] = _ERROR_SCHEMA
+    schemas["AnthropicErrorResponse"] = _ANTHROPIC_ERROR_SCHEMA
     for path, operations in schema.get("paths", {}).items():
         for op in operations.values():
+            _error = _anthropic_error if path in ANTHROPIC_PATHS else _openai_error
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             if "requestBody" in op:
-                responses["400"] = _error("Invalid request: the message and `param` name the field.")
+                names = "the message names" if path in ANTHROPIC_PATHS else "the message and `param` name"
+                responses["400"] = _error(f"Invalid request: {names} the field.")
                 responses["408"] = _error("The body did not arrive within --body-read-timeout.")
                 responses["413"] = _error("The body is larger than --max-request-body-bytes.")
             if path not in OPEN_PATHS:
@@ -107,12 +144,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 ok = responses.setdefault("200", {"description": "Successful Response"})
                 ok.setdefault("content", {})["text/event-stream"] = {
                     "schema": {"type": "string"},
-                    "description": _RESPONSES_SSE_DESCRIPTION
-                    if path == "/v1/responses"
-                    else _SSE_DESCRIPTION,
+                    "description": _SSE_DESCRIPTIONS.get(path, _SSE_DESCRIPTION),
                 }
             if path == "/v1/responses/{response_id}":
-                responses["404"] = _error("No stored response has this id.")
+                responses["404"] = _openai_error("No stored response has this id.")
             if path == "/metrics":
                 responses["200"] = {
                     "description": "Prometheus metrics in the text exposition format.",
@@ -120,7 +155,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 }
             if path == "/health":
                 responses["200"] = {"description": "The engine is up and stepping (an empty body)."}
-                responses["503"] = _error("The engine is down, or stalled while requests are pending.")
+                responses["503"] = _openai_error("The engine is down, or stalled while requests are pending.")
     return schema
 
 

@@ -1,7 +1,7 @@
 """A bug of ours raised while a stream is produced (after its first events went out) ends the
 stream with an OpenAI error event, as vLLM does, instead of cutting the connection: chat and
 completions send ``data: {"error": ...}`` then ``data: [DONE]``; the Responses API sends its
-``error`` event then ``response.failed``. The traceback is logged once by the server."""
+``error`` event then ``response.failed``; the Messages API Anthropic's ``error`` event. The traceback is logged once by the server."""
 
 from __future__ import annotations
 
@@ -134,3 +134,19 @@ def test_a_bug_mid_responses_stream_ends_with_error_and_response_failed(
     failed = json.loads(events[-1][1])["response"]
     assert failed["status"] == "failed" and failed["error"]["message"] == "Internal server error"
     assert "internal error while streaming /v1/responses" in log.read_text()
+
+
+def test_a_bug_mid_messages_stream_ends_with_an_anthropic_error_event(
+    failing_server: tuple[str, Path],
+) -> None:
+    url, log = failing_server
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    events = _events(url, "/v1/messages", body)
+    names = [name for name, _ in events]
+    assert names[0] == "message_start" and "content_block_delta" in names, names
+    assert names[-1] == "error" and "message_stop" not in names
+    assert json.loads(events[-1][1]) == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "Internal server error"},
+    }
+    assert "internal error while streaming /v1/messages" in log.read_text()
