@@ -64,8 +64,11 @@ _PARAM_NAMES = {
     "response_format": "output_config.format",
     "reasoning_effort": "output_config.effort",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+    "thinking_token_budget": "thinking.budget_tokens",
 }
-_CHAT_NAME = re.compile(r"\b(max_completion_tokens|response_format|reasoning_effort|parallel_tool_calls)\b")
+_CHAT_NAME = re.compile(
+    r"\b(max_completion_tokens|response_format|reasoning_effort|parallel_tool_calls|thinking_token_budget)\b"
+)
 _MESSAGES_INDEX = re.compile(r"\bmessages\[\d+\]")
 
 
@@ -427,8 +430,7 @@ def _enable_thinking(thinking: dict[str, Any]) -> bool | None:
     budget = thinking.get("budget_tokens")
     if kind == "enabled" and (type(budget) is not int or budget < 1):
         raise bad_request(
-            "thinking.budget_tokens must be a positive integer (Surge does not cap the reasoning "
-            "with it: max_tokens bounds the whole output)",
+            "thinking.budget_tokens must be a positive integer",
             param="thinking.budget_tokens",
         )
     return None if kind == "adaptive" else kind == "enabled"
@@ -472,9 +474,11 @@ def _output_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def chat_body(body: MessagesBody) -> dict[str, Any]:
+def chat_body(body: MessagesBody, *, cap_thinking: bool = False) -> dict[str, Any]:
     """The chat completion body that serves ``body`` (to validate as a
-    :class:`~surge.server.protocol.ChatCompletionRequest`).
+    :class:`~surge.server.protocol.ChatCompletionRequest`). With ``cap_thinking`` (the server
+    has a reasoning parser, so it knows where the reasoning ends) ``thinking.budget_tokens``
+    becomes vLLM's ``thinking_token_budget``: ``</think>`` is forced once it is spent.
 
     Raises:
         ApiError: 400 naming the Messages field at fault.
@@ -503,6 +507,8 @@ def chat_body(body: MessagesBody) -> dict[str, Any]:
         enable = _enable_thinking(body.thinking)
         if enable is not None:
             kwargs.setdefault("enable_thinking", enable)
+        if cap_thinking and enable:  # the reasoning's delimiters are known: its budget is a cap
+            chat["thinking_token_budget"] = body.thinking["budget_tokens"]
     if kwargs or body.chat_template_kwargs is not None:
         chat["chat_template_kwargs"] = kwargs
     if body.output_config is not None:

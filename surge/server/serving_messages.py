@@ -59,14 +59,17 @@ from surge.server.serving_common import (
 _json_encode = msgspec.json.Encoder().encode
 
 
-def _chat_request(body: MessagesBody) -> ChatCompletionRequest:
-    """The chat request that serves ``body``, validated.
+def _chat_request(body: MessagesBody, state: ServerState) -> ChatCompletionRequest:
+    """The chat request that serves ``body``, validated (``thinking.budget_tokens`` caps the
+    reasoning when the server has a reasoning parser).
 
     Raises:
         ApiError: 400 naming the Messages field whose value chat refuses.
     """
     try:
-        return ChatCompletionRequest.model_validate(chat_body(body))
+        return ChatCompletionRequest.model_validate(
+            chat_body(body, cap_thinking=state.reasoning_parser is not None)
+        )
     except ValidationError as e:
         first = e.errors()[0]
         loc = [str(x) for x in first.get("loc", ())]
@@ -92,7 +95,7 @@ async def create_message(state: ServerState, body: MessagesRequest, request: Req
         ClientGone: the client disconnected before a non-streamed answer was ready.
     """
     arrival = time.monotonic()
-    chat = _chat_request(body)
+    chat = _chat_request(body, state)
     try:
         prepared = await start_chat(state, chat, request, "msg", arrival, separator="_")
     except ApiError as e:
@@ -183,7 +186,7 @@ async def count_tokens(state: ServerState, body: MessagesBody) -> dict[str, int]
     Raises:
         ApiError: 400 naming the Messages field at fault, 404 for an unknown model.
     """
-    chat = _chat_request(body)
+    chat = _chat_request(body, state)
     try:
         state.check_model(chat.model)
         chat.check_unimplemented()

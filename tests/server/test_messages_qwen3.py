@@ -155,3 +155,20 @@ def test_thinking_switches_qwen3_reasoning(srv: Server) -> None:
     ]
     assert m["usage"]["output_tokens"] == 5
     _same(_stream(srv, hidden), m)
+
+
+def test_thinking_budget_tokens_caps_the_reasoning(srv: Server) -> None:
+    """On a server with a reasoning parser, ``thinking.budget_tokens`` is vLLM's
+    thinking_token_budget: once spent (the prefill's newline after ``<think>`` counts, as in
+    vLLM), ``</think>`` is forced and the rest is the answer, streamed the same; a large budget
+    leaves the reasoning to run to max_tokens."""
+    prefill = {"messages": [USER, {"role": "assistant", "content": "<think>\n"}], "max_tokens": 12}
+    capped = prefill | {"thinking": {"type": "enabled", "budget_tokens": 3}}
+    m = _post(srv, capped)
+    # the random model's reasoning here is newlines, which the qwen3 parser trims away (as
+    # vLLM's): the forced end shows as an answer, which an uncapped reasoning never reaches
+    assert [b["type"] for b in m["content"]][-1] == "text", m
+    assert m["stop_reason"] == "max_tokens" and m["usage"]["output_tokens"] == 12
+    _same(_stream(srv, capped), m)
+    free = _post(srv, prefill | {"thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert [b["type"] for b in free["content"]] == ["thinking"]
