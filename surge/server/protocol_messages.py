@@ -18,8 +18,8 @@ prefill), not answered.
 Accepted as inert (Anthropic clients send them routinely): ``metadata``, ``service_tier``,
 ``cache_control`` (top-level, on blocks and on tools: Surge caches prefixes by itself), ``citations: null`` on a text block,
 ``signature`` on a thinking block, ``redacted_thinking`` blocks (opaque, skipped as vLLM skips
-them) and ``thinking.budget_tokens`` (Surge does not cap the reasoning: ``max_tokens`` bounds the
-whole output); Claude Code's ``x-anthropic-billing-header`` system block is dropped, as vLLM drops
+them) and ``thinking.budget_tokens`` where the server has no reasoning parser (with one it
+caps the reasoning: :func:`chat_body`); Claude Code's ``x-anthropic-billing-header`` system block is dropped, as vLLM drops
 it (:data:`BILLING_HEADER`). Refused with a 400 naming the field: unknown fields, ``image`` / ``document`` and
 other non-text blocks, server tools (a tool ``type`` other than ``custom``), ``tool_result`` in
 an assistant turn and ``tool_use`` in a user's.
