@@ -3,7 +3,8 @@
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
 (and ``GET`` / ``DELETE /v1/responses/{id}`` for stored responses), ``GET /v1/models``
 (and ``GET /v1/models/{model}``, 404 ``model_not_found`` for a name not served),
-``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
+``GET /health`` (200 only while the engine is ready; ``GET`` / ``POST /ping`` answers the
+same, vLLM's SageMaker health check), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
 a client mistake is a 4xx, never a 500.
@@ -285,8 +286,9 @@ def build_app(
     # The API process's pid on /health lets a launcher check that it polls the server it started.
     pid_header = {"X-Surge-Pid": str(server_pid or os.getpid())}
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health() -> Response:
+    def health_response() -> Response:
+        """``/health``'s answer: 200 with an empty body while the engine is up and stepping,
+        else a 503 error body that says why (draining, engine not ready or dead, stalled)."""
         if state.in_flight.draining:
             return JSONResponse(error_body(503, "The server is shutting down."), status_code=503)
         if not state.client.is_ready:
@@ -302,6 +304,15 @@ def build_app(
             )
             return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
         return Response(status_code=200, headers=pid_header)
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health() -> Response:
+        return health_response()
+
+    # vLLM's SageMaker health check: /health's answer (status, body, headers), GET or POST
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        return health_response()
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:

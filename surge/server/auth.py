@@ -1,8 +1,8 @@
 """API keys: which keys the server accepts, which routes need one, and how a request shows it.
 
 With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KEY`` environment
-variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health``
-(load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
+variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health`` and
+``/ping`` (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
 documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
 ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The scheme
 name is case-insensitive and one or more spaces or tabs may follow it (RFC 7235). The check runs in
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from surge.web.ui import is_web_ui_path
 
 OPEN_PATHS: frozenset[str] = frozenset(
-    {"/health", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    {"/health", "/ping", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 )
 """Routes served without the API key (``/metrics`` only without ``--metrics-require-key``)."""
 
