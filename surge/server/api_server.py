@@ -5,7 +5,9 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/r
 (and ``GET /v1/models/{model}``, 404 ``model_not_found`` for a name not served),
 ``GET /health`` (200 only while the engine is ready; ``GET`` / ``POST /ping`` answers the
 same, vLLM's SageMaker health check), ``GET /metrics`` (Prometheus),
-``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
+``POST /tokenize``, ``POST /detokenize``, ``POST /v1/chat/completions/render`` and
+``POST /v1/completions/render`` (vLLM's: the prompt rendered, nothing generated),
+``GET /version``, and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
 a client mistake is a 4xx, never a 500.
 """
@@ -72,6 +74,7 @@ from surge.server.request_id import RequestIdMiddleware, logged_request_id
 from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
+from surge.server.serving_render import render_chat_completion, render_completion
 from surge.server.serving_responses import (
     cancel_response,
     create_response,
@@ -242,6 +245,15 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(state, body, request)
+
+    # vLLM's render API: the prompt as the generation endpoint would send it, nothing generated
+    @app.post("/v1/chat/completions/render")
+    async def chat_completions_render(body: ChatCompletionRequest, request: Request) -> Response:
+        return await render_chat_completion(state, body, request)
+
+    @app.post("/v1/completions/render")
+    async def completions_render(body: CompletionRequest, request: Request) -> Response:
+        return await render_completion(state, body, request)
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
@@ -615,6 +627,7 @@ async def run_server(
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
+        sampling_defaults=dict(config.model.sampling_defaults),
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe

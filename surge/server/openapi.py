@@ -48,7 +48,13 @@ _ERROR_SCHEMA: dict[str, Any] = {
 }
 _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
-_MODEL_PATHS = _GENERATION_PATHS | {"/tokenize", "/detokenize", "/v1/models/{model}"}
+_MODEL_PATHS = _GENERATION_PATHS | {
+    "/tokenize",
+    "/detokenize",
+    "/v1/models/{model}",
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
+}
 _SSE_DESCRIPTION = (
     "With `stream: true`: `data: {chunk}` events, `: queued` comments while waiting for the first "
     "token, then `data: [DONE]`."

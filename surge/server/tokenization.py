@@ -117,6 +117,7 @@ class TokenizerWorker:
         add_special_tokens: bool | None,
         bound: bool,
         tools: list[dict[str, Any]] | None = None,
+        on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> tuple[list[int], str]:
         rendered: list[str] = []
 
@@ -137,6 +138,7 @@ class TokenizerWorker:
                 check_text=check,
                 tools=tools,
                 splittable=self.splittable,
+                on_generation_spans=on_generation_spans,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
@@ -187,6 +189,7 @@ class TokenizerWorker:
         chat_template: str | None = None,
         continue_final_message: bool = False,
         add_special_tokens: bool | None = None,
+        on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> tuple[list[int], str]:
         """Token ids and text of chat ``messages`` (plain dicts) under the request's ``chat_template``,
         else the server's (with ``tools``, OpenAI function definitions, when given; see
@@ -197,6 +200,8 @@ class TokenizerWorker:
                 :func:`surge.tokenizer.apply_chat_template`.
             bound: apply the cheap context bound; False runs on the ``/tokenize`` thread.
             chat_template, continue_final_message, add_special_tokens: the request's options.
+            on_generation_spans: called on the worker thread with the text's assistant spans
+                when the template marks them (:func:`surge.tokenizer.apply_chat_template`).
 
         Raises:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
@@ -211,6 +216,7 @@ class TokenizerWorker:
             add_special_tokens,
             bound,
             tools,
+            on_generation_spans,
         )
         return await self.run(self._render_chat, *args, utility=not bound)
 

@@ -1,7 +1,10 @@
-"""vLLM 0.26's small serving routes: ``/ping`` (its SageMaker health check)."""
+"""vLLM 0.26's small serving routes: ``/ping`` (its SageMaker health check), the render API
+(``/v1/completions/render``, ``/v1/chat/completions/render``)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -12,7 +15,7 @@ from fastapi.testclient import TestClient
 from surge.server.api_server import build_app
 from surge.server.drain import InFlight
 from surge.server.serving_common import ServerState
-from tests.server.conftest import Server
+from tests.server.conftest import Server, serve_tiny_qwen3
 
 KEY = "sk-test"
 
@@ -83,3 +86,209 @@ def test_ping_on_a_live_server_and_its_schema(server: Server) -> None:
     assert set(paths["/ping"]) == {"get", "post"}
     assert "503" in paths["/ping"]["post"]["responses"]
     assert "401" not in paths["/ping"]["get"]["responses"]
+
+
+# --- the render API ---------------------------------------------------------------------------
+
+CMPL_RENDER = "/v1/completions/render"
+CHAT_RENDER = "/v1/chat/completions/render"
+GENERATE_REQUEST_KEYS = [  # vLLM's GenerateRequest, in its order
+    "request_id",
+    "token_ids",
+    "assistant_tokens_mask",
+    "token_offsets",
+    "features",
+    "sampling_params",
+    "model",
+    "stream",
+    "stream_options",
+    "cache_salt",
+    "priority",
+    "kv_transfer_params",
+    "ec_transfer_params",
+]
+# assistant text in {% generation %} blocks, as transformers' return_assistant_tokens_mask reads it
+GEN_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}A: {% generation %}{{ m.content }}"
+    "{% endgeneration %}\n{% else %}U: {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}"
+)
+TALK = [
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Once upon a time"},
+    {"role": "user", "content": "More"},
+]
+
+
+def _requests_done(srv: Server) -> float:
+    text = httpx.get(srv.url + "/metrics").text
+    return sum(float(v) for v in re.findall(r"^surge:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def test_completions_render_is_the_prompt_the_engine_would_get(server: Server) -> None:
+    done = _requests_done(server)
+    text = "Once upon a time, there was a cat"
+    r = httpx.post(server.url + CMPL_RENDER, json={"prompt": text, "max_tokens": 5, "temperature": 0.25})
+    assert r.status_code == 200, r.text
+    [out] = r.json()
+    assert list(out) == GENERATE_REQUEST_KEYS
+    tokens = httpx.post(server.url + "/tokenize", json={"prompt": text}).json()["tokens"]
+    assert out["token_ids"] == tokens
+    assert out["request_id"].startswith("cmpl-") and out["token_offsets"] is None
+    assert out["assistant_tokens_mask"] is None and out["features"] is None
+    assert out["sampling_params"]["max_tokens"] == 5 and out["sampling_params"]["temperature"] == 0.25
+    assert out["stream"] is False and out["stream_options"] is None and out["priority"] == 0
+    # the same ids as the completion's own prompt
+    gen = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": text, "max_tokens": 1, "return_token_ids": True},
+        timeout=60,
+    ).json()
+    assert gen["choices"][0]["prompt_token_ids"] == out["token_ids"]
+    assert _requests_done(server) == done + 1, "render sent nothing to the engine"
+
+
+def test_completions_render_offsets_truncation_and_several_prompts(server: Server) -> None:
+    texts = ["Once upon a time", "Hi"]
+    body = {"prompt": texts, "return_token_offsets": True, "truncate_prompt_tokens": 3}
+    r = httpx.post(server.url + CMPL_RENDER, json=body, headers={"X-Request-Id": "abc"})
+    assert r.status_code == 200, r.text
+    outs = r.json()
+    assert [o["request_id"] for o in outs] == ["cmpl-abc-p0", "cmpl-abc-p1"]
+    for text, out in zip(texts, outs, strict=True):
+        whole = httpx.post(server.url + "/tokenize", json={"prompt": text}).json()["tokens"]
+        assert out["token_ids"] == whole[-3:]  # left truncation keeps the last tokens
+        offsets = out["token_offsets"]
+        assert len(offsets) == len(out["token_ids"])
+        pieces = [text[s:e] for s, e in offsets]
+        assert "".join(pieces) in text and all(s <= e for s, e in offsets)
+    assert [texts[0][s:e] for s, e in outs[0]["token_offsets"]] == [" upon", " a", " time"]
+    # right truncation keeps the first tokens (the BOS the tokenizer adds has (0, 0))
+    right = httpx.post(server.url + CMPL_RENDER, json=body | {"prompt": texts[0], "truncation_side": "right"})
+    [out] = right.json()
+    assert out["token_offsets"][0] == [0, 0] and len(out["token_ids"]) == 3
+    # token ids have no text: no offsets
+    ids = httpx.post(server.url + CMPL_RENDER, json={"prompt": [1, 2, 3], "return_token_offsets": True})
+    assert ids.json()[0]["token_ids"] == [1, 2, 3] and ids.json()[0]["token_offsets"] is None
+
+
+def test_chat_render_matches_the_chat_endpoint(server: Server) -> None:
+    body: dict[str, Any] = {
+        "messages": TALK,
+        "chat_template": GEN_TEMPLATE,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_prompt_text": True,
+        "return_token_offsets": True,
+    }
+    r = httpx.post(server.url + CHAT_RENDER, json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert list(out) == [*GENERATE_REQUEST_KEYS, "prompt_text"]
+    assert out["request_id"].startswith("chatcmpl-")
+    assert out["stream"] is True and out["stream_options"]["include_usage"] is True
+    assert out["assistant_tokens_mask"] is None, "not asked for"
+    plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "return_token_offsets")}
+    gen = httpx.post(
+        server.url + "/v1/chat/completions", json=plain | {"return_token_ids": True}, timeout=60
+    ).json()
+    assert out["token_ids"] == gen["prompt_token_ids"]
+    assert out["prompt_text"] == gen["prompt_text"] == "U: Hi there\nA: Once upon a timeU: More\nA:"
+    text = out["prompt_text"]
+    assert [text[s:e] for s, e in out["token_offsets"]][-2:] == ["A", ":"]
+
+
+def test_chat_render_assistant_tokens_mask(server: Server) -> None:
+    body: dict[str, Any] = {
+        "messages": TALK,
+        "chat_template": GEN_TEMPLATE,
+        "return_assistant_tokens_mask": True,
+    }
+    out = httpx.post(server.url + CHAT_RENDER, json=body | {"return_token_offsets": True}).json()
+    mask, offsets, text = (
+        out["assistant_tokens_mask"],
+        out["token_offsets"],
+        "U: Hi there\nA: Once upon a timeU: More\nA:",
+    )
+    assert len(mask) == len(out["token_ids"]) == len(offsets)
+    marked = "".join(text[s:e] for (s, e), m in zip(offsets, mask, strict=True) if m)
+    assert marked.strip() == "Once upon a time", (marked, mask)
+    # truncation cuts the mask as it cuts the ids
+    cut = httpx.post(server.url + CHAT_RENDER, json=body | {"truncate_prompt_tokens": 8}).json()
+    assert cut["assistant_tokens_mask"] == mask[-8:] and cut["token_ids"] == out["token_ids"][-8:]
+    # a template without {% generation %} blocks, and continue_final_message: null (as vLLM)
+    plain = httpx.post(server.url + CHAT_RENDER, json=body | {"chat_template": "{{ messages[0].content }}"})
+    assert plain.status_code == 200 and plain.json()["assistant_tokens_mask"] is None
+    cont = body | {"messages": TALK[:2], "add_generation_prompt": False, "continue_final_message": True}
+    r = httpx.post(server.url + CHAT_RENDER, json=cont)
+    assert r.status_code == 200 and r.json()["assistant_tokens_mask"] is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "Hi", "return_token_offsets": True}, "return_token_offsets"),
+        ("/v1/chat/completions", {"messages": TALK, "return_token_offsets": True}, "return_token_offsets"),
+        (
+            "/v1/chat/completions",
+            {"messages": TALK, "return_assistant_tokens_mask": True},
+            "return_assistant_tokens_mask",
+        ),
+        (CMPL_RENDER, {"prompt": "Hi", "return_assistant_tokens_mask": True}, "return_assistant_tokens_mask"),
+        (CMPL_RENDER, {"prompt": "Hi", "use_beam_search": True}, "use_beam_search"),
+        (CHAT_RENDER, {"messages": TALK, "temperature": -1}, "temperature"),
+        (CHAT_RENDER, {"messages": TALK, "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
+        (CHAT_RENDER, {"messages": []}, "messages"),
+    ],
+)
+def test_render_only_fields_and_bad_requests(
+    server: Server, path: str, body: dict[str, Any], param: str
+) -> None:
+    """The generation endpoints refuse what only the render endpoints return (vLLM ignores it
+    there); the render endpoints refuse what their generation endpoint refuses."""
+    r = httpx.post(server.url + path, json=body | {"max_tokens": 2}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    ok = httpx.post(
+        server.url + path, json=body | {param: None if param != "messages" else TALK, "max_tokens": 2}
+    )
+    if param in ("return_token_offsets", "use_beam_search"):
+        assert ok.status_code == 200, ok.text  # null is unset
+
+
+def test_render_needs_the_key_and_no_engine() -> None:
+    app = _app(ready=False, dead_reason="gone")
+    for path in (CMPL_RENDER, CHAT_RENDER):
+        r = app.post(path, json={"prompt": "x"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from serve_tiny_qwen3(tmp_path_factory, "render", "--tool-call-parser", "hermes")
+
+
+def test_chat_render_with_qwen3_template_and_tools(qwen3_server: Server) -> None:
+    """Qwen3's own template (tools, enable_thinking), as the chat endpoint renders it; its
+    byte-level tokenizer's offsets cover the templated text."""
+    tool = {
+        "type": "function",
+        "function": {"name": "now", "parameters": {"type": "object", "properties": {}}},
+    }
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "What time is it? Ünïcödé ✓"}],
+        "tools": [tool],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "return_prompt_text": True,
+        "max_tokens": 2,
+    }
+    out = httpx.post(qwen3_server.url + CHAT_RENDER, json=body | {"return_token_offsets": True}).json()
+    gen = httpx.post(
+        qwen3_server.url + "/v1/chat/completions", json=body | {"return_token_ids": True}, timeout=120
+    ).json()
+    assert out["token_ids"] == gen["prompt_token_ids"]
+    text = out["prompt_text"]
+    assert text == gen["prompt_text"] and '"name": "now"' in text and "<think>\n\n</think>" in text
+    assert "".join(text[s:e] for s, e in out["token_offsets"]) == text
+    assert out["sampling_params"]["structured_outputs"] is None
