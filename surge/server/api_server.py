@@ -7,7 +7,7 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/r
 same, vLLM's SageMaker health check), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``POST /v1/chat/completions/render`` and
 ``POST /v1/completions/render`` (vLLM's: the prompt rendered, nothing generated),
-``GET /version``, and the web UI (``GET /``,
+``GET /version``, ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``), and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
 a client mistake is a 4xx, never a 500.
 """
@@ -144,6 +144,7 @@ def build_app(
     web_ui: bool = True,
     cors: CorsOptions | None = None,
     server_pid: int | None = None,
+    tokenizer_info: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -154,6 +155,7 @@ def build_app(
         cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
         server_pid: the pid ``/health`` names (default this process; one of several API
             processes names the ``surge serve`` process that started it).
+        tokenizer_info: serve ``GET /tokenizer_info`` (``--enable-tokenizer-info-endpoint``).
     """
 
     @asynccontextmanager
@@ -394,10 +396,50 @@ def build_app(
             raise bad_request(f"token ids must be in [0, {vocab})", param="tokens")
         return _json_response({"prompt": await state.tokenizer_worker.decode(body.tokens)})
 
+    if tokenizer_info:  # vLLM's, behind its flag: the chat template and the tokenizer's settings
+
+        @app.get("/tokenizer_info")
+        async def get_tokenizer_info() -> Response:
+            info = await state.tokenizer_worker.run(
+                tokenizer_config, state.tokenizer, state.chat_template, utility=True
+            )
+            return _json_response(info)
+
     install_openapi(app)
     if web_ui:
         mount_web_ui(app)
     return app
+
+
+def tokenizer_config(tokenizer: PreTrainedTokenizerBase, chat_template: str | None) -> dict[str, Any]:
+    """``GET /tokenizer_info``'s answer, vLLM's: the tokenizer's ``init_kwargs`` (its
+    ``tokenizer_config.json`` settings as loaded) without the ``vocab_file`` and ``merges_file``
+    paths, each added token as its text, ``tokenizer_class`` (the loaded class's name) and
+    ``chat_template``, the template chat requests are rendered with (``--chat-template``, else the
+    tokenizer's; left out when there is none)."""
+
+    def plain(obj: Any) -> Any:
+        if isinstance(obj, (str, int, float, bool)) or obj is None:
+            return obj
+        if hasattr(obj, "content"):  # an AddedToken
+            return obj.content
+        if isinstance(obj, dict):
+            return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        return str(obj)  # a setting of another type: its text, rather than a failed answer
+
+    config = dict(getattr(tokenizer, "init_kwargs", None) or {})
+    config.pop("vocab_file", None)
+    config.pop("merges_file", None)
+    info = plain(config)
+    info["tokenizer_class"] = type(tokenizer).__name__
+    template = chat_template if chat_template is not None else tokenizer.chat_template
+    if template:
+        info["chat_template"] = template
+    else:
+        info.pop("chat_template", None)
+    return info
 
 
 def _parsed_as_json(content_type: str) -> bool:
@@ -467,6 +509,7 @@ class ServeOptions:
             :mod:`surge.server.api_workers`).
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (vLLM's flag).
+        enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (vLLM's flag).
     """
 
     host: str = "127.0.0.1"
@@ -499,6 +542,7 @@ class ServeOptions:
     log_requests: bool = True
     api_server_count: int = 1
     return_tokens_as_token_ids: bool = False
+    enable_tokenizer_info_endpoint: bool = False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -654,6 +698,7 @@ async def run_server(
         web_ui=options.web_ui,
         cors=options.cors,
         server_pid=server_pid,
+        tokenizer_info=options.enable_tokenizer_info_endpoint,
     )
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.

@@ -2,7 +2,8 @@
 
 With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KEY`` environment
 variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health`` and
-``/ping`` (load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
+``/ping`` (load balancers), ``/version``, ``/tokenizer_info`` (with
+``--enable-tokenizer-info-endpoint``, as vLLM's, outside its ``/v1`` key check), ``/metrics`` (unless ``--metrics-require-key``), the API
 documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
 ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The scheme
 name is case-insensitive and one or more spaces or tabs may follow it (RFC 7235). The check runs in
@@ -20,7 +21,17 @@ from collections.abc import Sequence
 from surge.web.ui import is_web_ui_path
 
 OPEN_PATHS: frozenset[str] = frozenset(
-    {"/health", "/ping", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    {
+        "/health",
+        "/ping",
+        "/tokenizer_info",
+        "/version",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+    }
 )
 """Routes served without the API key (``/metrics`` only without ``--metrics-require-key``)."""
 

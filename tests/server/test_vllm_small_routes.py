@@ -1,5 +1,6 @@
 """vLLM 0.26's small serving routes: ``/ping`` (its SageMaker health check), the render API
-(``/v1/completions/render``, ``/v1/chat/completions/render``)."""
+(``/v1/completions/render``, ``/v1/chat/completions/render``), ``/tokenizer_info`` (behind
+``--enable-tokenizer-info-endpoint``)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ from fastapi.testclient import TestClient
 from surge.server.api_server import build_app
 from surge.server.drain import InFlight
 from surge.server.serving_common import ServerState
-from tests.server.conftest import Server, serve_tiny_qwen3
+from surge.server.tokenization import TokenizerWorker
+from surge.tokenizer import load_tokenizer
+from tests.server.conftest import STORIES, Server, serve_tiny_qwen3
 
 KEY = "sk-test"
 
 
 def _app(
-    *, ready: bool = True, dead_reason: str | None = None, in_flight: InFlight | None = None, **extra: Any
+    *,
+    ready: bool = True,
+    dead_reason: str | None = None,
+    in_flight: InFlight | None = None,
+    tokenizer_info: bool = False,
+    **extra: Any,
 ) -> TestClient:
     """The app over a stub state (no engine, no lifespan): enough for the routes that only read
     the engine client's health and the server's settings. The server has ``--api-key sk-test``."""
@@ -41,7 +49,7 @@ def _app(
         engine_stall_timeout=60.0,
         **extra,
     )
-    return TestClient(build_app(cast(ServerState, state), web_ui=False))
+    return TestClient(build_app(cast(ServerState, state), web_ui=False, tokenizer_info=tokenizer_info))
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
@@ -266,7 +274,9 @@ def test_render_needs_the_key_and_no_engine() -> None:
 
 @pytest.fixture(scope="module")
 def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from serve_tiny_qwen3(tmp_path_factory, "render", "--tool-call-parser", "hermes")
+    yield from serve_tiny_qwen3(
+        tmp_path_factory, "render", "--tool-call-parser", "hermes", "--enable-tokenizer-info-endpoint"
+    )
 
 
 def test_chat_render_with_qwen3_template_and_tools(qwen3_server: Server) -> None:
@@ -292,3 +302,42 @@ def test_chat_render_with_qwen3_template_and_tools(qwen3_server: Server) -> None
     assert text == gen["prompt_text"] and '"name": "now"' in text and "<think>\n\n</think>" in text
     assert "".join(text[s:e] for s, e in out["token_offsets"]) == text
     assert out["sampling_params"]["structured_outputs"] is None
+
+
+# --- /tokenizer_info ----------------------------------------------------------------------------
+
+
+def _stories_app(chat_template: str | None, *, tokenizer_info: bool = True) -> TestClient:
+    tokenizer = load_tokenizer(str(STORIES))
+    worker = TokenizerWorker(tokenizer, 512, chat_template)
+    return _app(
+        tokenizer=tokenizer,
+        tokenizer_worker=worker,
+        chat_template=chat_template,
+        tokenizer_info=tokenizer_info,
+    )
+
+
+def test_tokenizer_info_needs_the_flag() -> None:
+    assert _stories_app(None, tokenizer_info=False).get("/tokenizer_info").status_code == 404
+
+
+def test_tokenizer_info_answers_the_tokenizer_config_without_the_key() -> None:
+    info = _stories_app(None).get("/tokenizer_info")
+    assert info.status_code == 200, info.text  # the stub server has --api-key: none needed (vLLM)
+    body = info.json()
+    assert body["tokenizer_class"] == "TokenizersBackend"
+    assert body["bos_token"] == "<s>" and body["eos_token"] == "</s>" and body["model_max_length"] == 512
+    assert body["added_tokens_decoder"]["0"] == "<unk>", "added tokens as their text"
+    assert "vocab_file" not in body and "merges_file" not in body
+    assert "chat_template" not in body, "the bundled tokenizer has no template"
+    # the server's --chat-template is the template chat requests get: it is the one named
+    assert _stories_app("{{ messages }}").get("/tokenizer_info").json()["chat_template"] == "{{ messages }}"
+
+
+def test_tokenizer_info_of_qwen3(qwen3_server: Server) -> None:
+    body = httpx.get(qwen3_server.url + "/tokenizer_info").json()
+    assert body["tokenizer_class"] == "Qwen2Tokenizer" and body["eos_token"] == "<|im_end|>"
+    assert "<|im_start|>" in body["chat_template"] and "tools" in body["chat_template"]
+    assert "vocab_file" not in body and "merges_file" not in body
+    assert body["added_tokens_decoder"]["151643"] == "<|endoftext|>"
