@@ -7,7 +7,8 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/r
 same, vLLM's SageMaker health check), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``POST /v1/chat/completions/render`` and
 ``POST /v1/completions/render`` (vLLM's: the prompt rendered, nothing generated),
-``GET /version``, ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``), and the web UI (``GET /``,
+``GET /version``, ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``),
+``GET /load`` (vLLM's count of requests being served, see :mod:`surge.server.load`), and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body;
 a client mistake is a 4xx, never a 500.
 """
@@ -60,6 +61,7 @@ from surge.server.errors import (
 from surge.server.fast_json import FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
 from surge.server.http_protocol import guarded_h11_protocol
+from surge.server.load import LoadTrackingMiddleware, ServerLoad
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
 from surge.server.protocol import (
@@ -145,6 +147,7 @@ def build_app(
     cors: CorsOptions | None = None,
     server_pid: int | None = None,
     tokenizer_info: bool = False,
+    load_tracking: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -156,6 +159,8 @@ def build_app(
         server_pid: the pid ``/health`` names (default this process; one of several API
             processes names the ``surge serve`` process that started it).
         tokenizer_info: serve ``GET /tokenizer_info`` (``--enable-tokenizer-info-endpoint``).
+        load_tracking: count the requests ``GET /load`` answers (``--enable-server-load-tracking``;
+            else it answers 0, as vLLM's).
     """
 
     @asynccontextmanager
@@ -172,8 +177,12 @@ def build_app(
     # follow): ``DELETE /v1/responses/`` is a 404 error body, as OpenAI answers an unknown URL
     app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan, redirect_slashes=False)
     app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
-    # Added innermost first: the drain gate (503), the API key and body limits (RequestGuard),
-    # CORS (a browser's preflight carries no key), then the request id, which every response echoes.
+    # Added innermost first: the load count (only requests let through), the drain gate (503),
+    # the API key and body limits (RequestGuard), CORS (a browser's preflight carries no key),
+    # then the request id, which every response echoes.
+    load = ServerLoad()
+    if load_tracking:
+        app.add_middleware(LoadTrackingMiddleware, load=load)
     app.add_middleware(DrainMiddleware, in_flight=state.in_flight)
     app.add_middleware(
         RequestGuard,
@@ -339,6 +348,10 @@ def build_app(
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/load")
+    async def server_load() -> dict[str, int]:
+        return {"server_load": load.count}
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -510,6 +523,7 @@ class ServeOptions:
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (vLLM's flag).
         enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (vLLM's flag).
+        enable_server_load_tracking: count the requests ``GET /load`` answers (vLLM's flag).
     """
 
     host: str = "127.0.0.1"
@@ -543,6 +557,7 @@ class ServeOptions:
     api_server_count: int = 1
     return_tokens_as_token_ids: bool = False
     enable_tokenizer_info_endpoint: bool = False
+    enable_server_load_tracking: bool = False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -699,6 +714,7 @@ async def run_server(
         cors=options.cors,
         server_pid=server_pid,
         tokenizer_info=options.enable_tokenizer_info_endpoint,
+        load_tracking=options.enable_server_load_tracking,
     )
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.

@@ -2,7 +2,7 @@
 
 With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KEY`` environment
 variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health`` and
-``/ping`` (load balancers), ``/version``, ``/tokenizer_info`` (with
+``/ping`` (load balancers), ``/load``, ``/version``, ``/tokenizer_info`` (with
 ``--enable-tokenizer-info-endpoint``, as vLLM's, outside its ``/v1`` key check), ``/metrics`` (unless ``--metrics-require-key``), the API
 documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
 ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The scheme
@@ -24,6 +24,7 @@ OPEN_PATHS: frozenset[str] = frozenset(
     {
         "/health",
         "/ping",
+        "/load",
         "/tokenizer_info",
         "/version",
         "/metrics",

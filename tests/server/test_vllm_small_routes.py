@@ -1,10 +1,15 @@
 """vLLM 0.26's small serving routes: ``/ping`` (its SageMaker health check), the render API
 (``/v1/completions/render``, ``/v1/chat/completions/render``), ``/tokenizer_info`` (behind
-``--enable-tokenizer-info-endpoint``)."""
+``--enable-tokenizer-info-endpoint``), ``/load`` (counted with ``--enable-server-load-tracking``)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
@@ -15,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from surge.server.api_server import build_app
 from surge.server.drain import InFlight
+from surge.server.load import LoadTrackingMiddleware, ServerLoad, counts_as_load
 from surge.server.serving_common import ServerState
 from surge.server.tokenization import TokenizerWorker
 from surge.tokenizer import load_tokenizer
@@ -275,7 +281,12 @@ def test_render_needs_the_key_and_no_engine() -> None:
 @pytest.fixture(scope="module")
 def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     yield from serve_tiny_qwen3(
-        tmp_path_factory, "render", "--tool-call-parser", "hermes", "--enable-tokenizer-info-endpoint"
+        tmp_path_factory,
+        "render",
+        "--tool-call-parser",
+        "hermes",
+        "--enable-tokenizer-info-endpoint",
+        "--enable-server-load-tracking",
     )
 
 
@@ -341,3 +352,113 @@ def test_tokenizer_info_of_qwen3(qwen3_server: Server) -> None:
     assert "<|im_start|>" in body["chat_template"] and "tools" in body["chat_template"]
     assert "vocab_file" not in body and "merges_file" not in body
     assert body["added_tokens_decoder"]["151643"] == "<|endoftext|>"
+
+
+# --- /load --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "counted"),
+    [
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/v1/completions", True),
+        ("POST", "/v1/responses", True),
+        ("GET", "/v1/responses/resp_1", True),
+        ("POST", "/v1/responses/resp_1/cancel", True),
+        ("DELETE", "/v1/responses/resp_1", False),
+        ("GET", "/v1/responses/", False),
+        ("POST", "/v1/chat/completions/render", False),
+        ("POST", "/tokenize", False),
+        ("GET", "/v1/models", False),
+    ],
+)
+def test_which_requests_count_as_load(method: str, path: str, counted: bool) -> None:
+    """vLLM's load_aware_call routes, among those Surge serves."""
+    assert counts_as_load(method, path) is counted
+
+
+def test_load_counts_a_request_until_its_response_is_sent() -> None:
+    async def scenario() -> list[int]:
+        load = ServerLoad()
+        release = asyncio.Event()
+        seen: list[int] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            seen.append(load.count)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await release.wait()  # a stream still sending
+            seen.append(load.count)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if scope["path"] == "/v1/completions":
+                raise RuntimeError("a failure after the answer")
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            pass
+
+        mw = LoadTrackingMiddleware(app, load)
+        chat = asyncio.create_task(
+            mw({"type": "http", "method": "POST", "path": "/v1/chat/completions"}, receive, send)
+        )
+        cmpl = asyncio.create_task(
+            mw({"type": "http", "method": "POST", "path": "/v1/completions"}, receive, send)
+        )
+        other = asyncio.create_task(
+            mw({"type": "http", "method": "POST", "path": "/tokenize"}, receive, send)
+        )
+        while len(seen) < 3:
+            await asyncio.sleep(0)
+        during = load.count
+        release.set()
+        await chat
+        with pytest.raises(RuntimeError):
+            await cmpl
+        await other
+        return [during, load.count]
+
+    during, after = asyncio.run(scenario())
+    assert (during, after) == (2, 0), "the two generation requests, not /tokenize; none left after"
+
+
+def test_load_without_tracking_is_zero_and_open(server: Server) -> None:
+    """vLLM answers /load without its flag, with 0; no key is needed (outside /v1)."""
+    assert httpx.get(server.url + "/load").json() == {"server_load": 0}
+    assert _app().get("/load").json() == {"server_load": 0}  # the stub server has --api-key
+
+
+def _wait_load(url: str, want: int) -> None:
+    deadline = time.monotonic() + 60
+    while (got := httpx.get(url + "/load").json()) != {"server_load": want}:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+
+
+def test_load_counts_the_requests_being_served(qwen3_server: Server) -> None:
+    """With the engine stopped (SIGSTOP), a stream and a plain request wait for their tokens:
+    both are counted until their responses are sent; a refused request is not left counted."""
+    url = qwen3_server.url
+    assert httpx.get(url + "/load").json() == {"server_load": 0}
+    body = {"prompt": "Hi", "max_tokens": 8}
+    results: list[int] = []
+
+    def post(extra: dict[str, Any]) -> None:
+        r = httpx.post(url + "/v1/completions", json=body | extra, timeout=120)
+        results.append(r.status_code)
+
+    os.kill(qwen3_server.engine_pid, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=post, args=(extra,)) for extra in ({}, {"stream": True})]
+        for t in threads:
+            t.start()
+        _wait_load(url, 2)
+        bad = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "temperature": -1})
+        assert bad.status_code == 400
+        assert httpx.get(url + "/load").json() == {"server_load": 2}
+    finally:
+        os.kill(qwen3_server.engine_pid, signal.SIGCONT)
+    for t in threads:
+        t.join(120)
+    assert results == [200, 200]
+    _wait_load(url, 0)
