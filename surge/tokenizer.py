@@ -6,6 +6,7 @@ All of this runs in the API process; the engine only ever sees token ids.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,6 +181,19 @@ _REASONING_KEYS = ("reasoning_content", "reasoning")
 """A chat message's reasoning: the name templates read first, then vLLM's."""
 
 
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+"""A chat template's ``{% generation %}`` tag, which marks the assistant's text (transformers'
+``return_assistant_tokens_mask``)."""
+
+
+def chat_adds_special_tokens(template: str | None, add_special_tokens: bool | None) -> bool:
+    """Whether :func:`apply_chat_template` encodes the rendered text with the tokenizer's special
+    tokens (e.g. BOS): a template writes its own, so only when ``add_special_tokens`` is true; the
+    fallback rendering of a tokenizer without a template (``template`` None or empty) writes none,
+    so unless it is false."""
+    return bool(add_special_tokens) if template else add_special_tokens is not False
+
+
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Copy chat messages with every ``content`` turned into a plain string, and a message's
     reasoning under both of its names: a string ``reasoning`` (vLLM's name, which clients
@@ -249,6 +263,7 @@ def apply_chat_template(
     add_special_tokens: bool | None = None,
     splittable: bool | None = None,
     documents: Sequence[Mapping[str, Any]] | None = None,
+    on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
@@ -279,6 +294,11 @@ def apply_chat_template(
         documents: vLLM's RAG ``documents`` (dicts, e.g. ``title`` and ``text``), passed to the
             template as ``documents`` (templates that do not read them render as without);
             the fallback rendering of a model without a template lists them first.
+        on_generation_spans: called with the character spans ``(start, end)`` of the rendered
+            text that the template's ``{% generation %}`` blocks wrote (the assistant's text),
+            in order, only for a template that has such tags, under ``continue_final_message``
+            false (transformers refuses the two together) and when a second rendering that
+            records the spans gives the same text; never called otherwise.
 
     Returns:
         The prompt token ids.
@@ -314,7 +334,9 @@ def apply_chat_template(
         text = "".join(lines)
         if check_text is not None:
             check_text(text)
-        return encode_text(tokenizer, text, add_special_tokens is not False, splittable=splittable)
+        return encode_text(
+            tokenizer, text, chat_adds_special_tokens(template, add_special_tokens), splittable=splittable
+        )
     try:
         text = tokenizer.apply_chat_template(
             msgs,
@@ -332,7 +354,52 @@ def apply_chat_template(
         raise ValueError("chat template did not render to a string")
     if check_text is not None:
         check_text(text)
-    return encode_text(tokenizer, text, bool(add_special_tokens), splittable=splittable)
+    if on_generation_spans is not None and not continue_final_message and _GENERATION_TAG.search(template):
+        spans = _generation_spans(
+            tokenizer,
+            msgs,
+            template,
+            text,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            kwargs=kwargs,
+        )
+        if spans is not None:
+            on_generation_spans(spans)
+    return encode_text(
+        tokenizer, text, chat_adds_special_tokens(template, add_special_tokens), splittable=splittable
+    )
+
+
+def _generation_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    msgs: list[dict[str, Any]],
+    template: str,
+    text: str,
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] | None,
+    kwargs: Mapping[str, Any],
+) -> list[tuple[int, int]] | None:
+    """The ``{% generation %}`` spans of ``template`` rendered over ``msgs`` (transformers'
+    ``render_jinja_template``, with the variables ``tokenizer.apply_chat_template`` passes), or
+    None when that rendering fails or differs from ``text``."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:
+        rendered, indices = render_jinja_template(
+            conversations=[msgs],
+            tools=list(tools) if tools else None,
+            chat_template=template,
+            return_assistant_tokens_mask=True,
+            add_generation_prompt=add_generation_prompt,
+            **{**tokenizer.special_tokens_map, **kwargs},
+        )
+    except Exception:  # the plain rendering succeeded: no mask rather than a failed request
+        return None
+    if rendered[0] != text:
+        return None
+    return [(int(start), int(end)) for start, end in indices[0]]
 
 
 def bad_words_token_ids(

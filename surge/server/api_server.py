@@ -4,8 +4,12 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/r
 (and ``GET`` / ``DELETE /v1/responses/{id}`` for stored responses), ``POST /v1/messages`` and
 ``POST /v1/messages/count_tokens`` (Anthropic's Messages API), ``GET /v1/models``
 (and ``GET /v1/models/{model}``, 404 ``model_not_found`` for a name not served),
-``GET /health`` (200 only while the engine is ready), ``GET /metrics`` (Prometheus),
-``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the web UI (``GET /``,
+``GET /health`` (200 only while the engine is ready; ``GET`` / ``POST /ping`` answers the
+same, vLLM's SageMaker health check), ``GET /metrics`` (Prometheus),
+``POST /tokenize``, ``POST /detokenize``, ``POST /v1/chat/completions/render`` and
+``POST /v1/completions/render`` (vLLM's: the prompt rendered, nothing generated),
+``GET /version``, ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``),
+``GET /load`` (vLLM's count of requests being served, see :mod:`surge.server.load`), and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body
 (Anthropic's on the Messages API's routes); a client mistake is a 4xx, never a 500.
 """
@@ -58,6 +62,7 @@ from surge.server.errors import (
 from surge.server.fast_json import FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
 from surge.server.http_protocol import guarded_h11_protocol
+from surge.server.load import LoadTrackingMiddleware, ServerLoad
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
 from surge.server.protocol import (
@@ -74,6 +79,7 @@ from surge.server.serving_chat import create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
 from surge.server.serving_messages import count_tokens, create_message
+from surge.server.serving_render import render_chat_completion, render_completion
 from surge.server.serving_responses import (
     cancel_response,
     create_response,
@@ -143,6 +149,8 @@ def build_app(
     web_ui: bool = True,
     cors: CorsOptions | None = None,
     server_pid: int | None = None,
+    tokenizer_info: bool = False,
+    load_tracking: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -153,6 +161,9 @@ def build_app(
         cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
         server_pid: the pid ``/health`` names (default this process; one of several API
             processes names the ``surge serve`` process that started it).
+        tokenizer_info: serve ``GET /tokenizer_info`` (``--enable-tokenizer-info-endpoint``).
+        load_tracking: count the requests ``GET /load`` answers (``--enable-server-load-tracking``;
+            else it answers 0, as vLLM's).
     """
 
     @asynccontextmanager
@@ -169,8 +180,12 @@ def build_app(
     # follow): ``DELETE /v1/responses/`` is a 404 error body, as OpenAI answers an unknown URL
     app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan, redirect_slashes=False)
     app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
-    # Added innermost first: the drain gate (503), the API key and body limits (RequestGuard),
-    # CORS (a browser's preflight carries no key), then the request id, which every response echoes.
+    # Added innermost first: the load count (only requests let through), the drain gate (503),
+    # the API key and body limits (RequestGuard), CORS (a browser's preflight carries no key),
+    # then the request id, which every response echoes.
+    load = ServerLoad()
+    if load_tracking:
+        app.add_middleware(LoadTrackingMiddleware, load=load)
     app.add_middleware(DrainMiddleware, in_flight=state.in_flight)
     app.add_middleware(
         RequestGuard,
@@ -250,6 +265,15 @@ def build_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(state, body, request)
 
+    # vLLM's render API: the prompt as the generation endpoint would send it, nothing generated
+    @app.post("/v1/chat/completions/render")
+    async def chat_completions_render(body: ChatCompletionRequest, request: Request) -> Response:
+        return await render_chat_completion(state, body, request)
+
+    @app.post("/v1/completions/render")
+    async def completions_render(body: CompletionRequest, request: Request) -> Response:
+        return await render_completion(state, body, request)
+
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await create_response(state, body, request)
@@ -301,8 +325,9 @@ def build_app(
     # The API process's pid on /health lets a launcher check that it polls the server it started.
     pid_header = {"X-Surge-Pid": str(server_pid or os.getpid())}
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health() -> Response:
+    def health_response() -> Response:
+        """``/health``'s answer: 200 with an empty body while the engine is up and stepping,
+        else a 503 error body that says why (draining, engine not ready or dead, stalled)."""
         if state.in_flight.draining:
             return JSONResponse(error_body(503, "The server is shutting down."), status_code=503)
         if not state.client.is_ready:
@@ -319,6 +344,15 @@ def build_app(
             return JSONResponse(error_body(503, reason), status_code=503, headers=pid_header)
         return Response(status_code=200, headers=pid_header)
 
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health() -> Response:
+        return health_response()
+
+    # vLLM's SageMaker health check: /health's answer (status, body, headers), GET or POST
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        return health_response()
+
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
         try:
@@ -330,6 +364,10 @@ def build_app(
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/load")
+    async def server_load() -> dict[str, int]:
+        return {"server_load": load.count}
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -387,10 +425,50 @@ def build_app(
             raise bad_request(f"token ids must be in [0, {vocab})", param="tokens")
         return _json_response({"prompt": await state.tokenizer_worker.decode(body.tokens)})
 
+    if tokenizer_info:  # vLLM's, behind its flag: the chat template and the tokenizer's settings
+
+        @app.get("/tokenizer_info")
+        async def get_tokenizer_info() -> Response:
+            info = await state.tokenizer_worker.run(
+                tokenizer_config, state.tokenizer, state.chat_template, utility=True
+            )
+            return _json_response(info)
+
     install_openapi(app)
     if web_ui:
         mount_web_ui(app)
     return app
+
+
+def tokenizer_config(tokenizer: PreTrainedTokenizerBase, chat_template: str | None) -> dict[str, Any]:
+    """``GET /tokenizer_info``'s answer, vLLM's: the tokenizer's ``init_kwargs`` (its
+    ``tokenizer_config.json`` settings as loaded) without the ``vocab_file`` and ``merges_file``
+    paths, each added token as its text, ``tokenizer_class`` (the loaded class's name) and
+    ``chat_template``, the template chat requests are rendered with (``--chat-template``, else the
+    tokenizer's; left out when there is none)."""
+
+    def plain(obj: Any) -> Any:
+        if isinstance(obj, (str, int, float, bool)) or obj is None:
+            return obj
+        if hasattr(obj, "content"):  # an AddedToken
+            return obj.content
+        if isinstance(obj, dict):
+            return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        return str(obj)  # a setting of another type: its text, rather than a failed answer
+
+    config = dict(getattr(tokenizer, "init_kwargs", None) or {})
+    config.pop("vocab_file", None)
+    config.pop("merges_file", None)
+    info = plain(config)
+    info["tokenizer_class"] = type(tokenizer).__name__
+    template = chat_template if chat_template is not None else tokenizer.chat_template
+    if template:
+        info["chat_template"] = template
+    else:
+        info.pop("chat_template", None)
+    return info
 
 
 def _parsed_as_json(content_type: str) -> bool:
@@ -460,6 +538,8 @@ class ServeOptions:
             :mod:`surge.server.api_workers`).
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (vLLM's flag).
+        enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (vLLM's flag).
+        enable_server_load_tracking: count the requests ``GET /load`` answers (vLLM's flag).
     """
 
     host: str = "127.0.0.1"
@@ -492,6 +572,8 @@ class ServeOptions:
     log_requests: bool = True
     api_server_count: int = 1
     return_tokens_as_token_ids: bool = False
+    enable_tokenizer_info_endpoint: bool = False
+    enable_server_load_tracking: bool = False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -621,6 +703,7 @@ async def run_server(
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
+        sampling_defaults=dict(config.model.sampling_defaults),
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
@@ -647,6 +730,8 @@ async def run_server(
         web_ui=options.web_ui,
         cors=options.cors,
         server_pid=server_pid,
+        tokenizer_info=options.enable_tokenizer_info_endpoint,
+        load_tracking=options.enable_server_load_tracking,
     )
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.

@@ -1,8 +1,9 @@
 """API keys: which keys the server accepts, which routes need one, and how a request shows it.
 
 With ``--api-key`` (repeatable, each value a comma list; else the ``SURGE_API_KEY`` environment
-variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health``
-(load balancers), ``/version``, ``/metrics`` (unless ``--metrics-require-key``), the API
+variable, else vLLM's ``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` except the open ones: ``/health`` and
+``/ping`` (load balancers), ``/load``, ``/version``, ``/tokenizer_info`` (with
+``--enable-tokenizer-info-endpoint``, as vLLM's, outside its ``/v1`` key check), ``/metrics`` (unless ``--metrics-require-key``), the API
 documentation (``/docs``, ``/redoc``, ``/openapi.json``) and the web UI's static pages (``/``,
 ``/dashboard``, ``/ui/*``: they hold no data and ask the user for the key themselves). The Messages API's routes
 (``/v1/messages``, ``/v1/messages/count_tokens``) also take the key as Anthropic's clients send
@@ -22,7 +23,18 @@ from collections.abc import Sequence
 from surge.web.ui import is_web_ui_path
 
 OPEN_PATHS: frozenset[str] = frozenset(
-    {"/health", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    {
+        "/health",
+        "/ping",
+        "/load",
+        "/tokenizer_info",
+        "/version",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+    }
 )
 """Routes served without the API key (``/metrics`` only without ``--metrics-require-key``)."""
 

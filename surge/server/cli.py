@@ -234,6 +234,18 @@ def add_serve_parser(subparsers: Any) -> None:
         "unset; a request's own value wins",
     )
     p.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="vLLM's flag: serve GET /tokenizer_info (the tokenizer's configuration and the chat "
+        "template; open without the API key, as in vLLM)",
+    )
+    p.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="vLLM's flag: count the requests being served on the generation routes, which GET /load "
+        "answers (without it /load answers 0, as in vLLM)",
+    )
+    p.add_argument(
         "--enforce-eager",
         action="store_true",
         help="disable CUDA graphs (decode and piecewise prefill graphs)",
@@ -512,6 +524,8 @@ def run_serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         api_server_count=args.api_server_count,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+        enable_server_load_tracking=args.enable_server_load_tracking,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import bind_reuseport, serve_with_api_workers

@@ -11,7 +11,7 @@ one view of each route per method, each with its own operation id (``health_heal
 - routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large);
 - every route but the open ones documents 401 (``--api-key``); model routes 404 (unknown
   ``model``); generation routes 503 (engine gone) and their ``text/event-stream`` 200;
-  ``/health`` its empty 200 and its 503; ``/metrics`` its Prometheus text.
+  ``/health`` and ``/ping`` their empty 200 and their 503; ``/metrics`` its Prometheus text.
 
 Field constraints (bounds, strict types) come from the pydantic models in
 :mod:`surge.server.protocol`.
@@ -70,6 +70,8 @@ _MODEL_PATHS = _GENERATION_PATHS | {
     "/detokenize",
     "/v1/models/{model}",
     "/v1/messages/count_tokens",
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
 }
 _SSE_DESCRIPTION = (
     "With `stream: true`: `data: {chunk}` events, `: queued` comments while waiting for the first "
@@ -153,7 +155,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                     "description": "Prometheus metrics in the text exposition format.",
                     "content": {"text/plain": {"schema": {"type": "string"}}},
                 }
-            if path == "/health":
+            if path in ("/health", "/ping"):
                 responses["200"] = {"description": "The engine is up and stepping (an empty body)."}
                 responses["503"] = _openai_error("The engine is down, or stalled while requests are pending.")
     return schema

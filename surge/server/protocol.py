@@ -179,6 +179,8 @@ class SamplingRequestFields(RequestBody):
     add_special_tokens: bool | None = None
     request_id: str | None = None
     cache_salt: str | None = None  # vLLM's: non-empty; only requests with the same salt share cached blocks
+    # vLLM's: per-token character offsets, on the render endpoints only (refuse_render_only)
+    return_token_offsets: bool | None = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     # inert (field_policy.INERT_FIELDS)
@@ -259,6 +261,23 @@ class SamplingRequestFields(RequestBody):
                 f"truncate_prompt_tokens must be -1 or at least 1, got {self.truncate_prompt_tokens}",
                 param="truncate_prompt_tokens",
             )
+
+    RENDER_ONLY: ClassVar[tuple[str, ...]] = ("return_token_offsets",)
+    """Fields that ask for something only the render endpoints (``/v1/completions/render``,
+    ``/v1/chat/completions/render``) return."""
+
+    def refuse_render_only(self) -> None:
+        """A generation endpoint's 400 naming the first render-only field set to true (vLLM
+        ignores them there; Surge refuses a field it would not honour)."""
+        for name in self.RENDER_ONLY:
+            if getattr(self, name):
+                path = (
+                    "/v1/chat/completions" if isinstance(self, ChatCompletionRequest) else "/v1/completions"
+                )
+                raise bad_request(
+                    f"'{name}' is honoured by {path}/render only (it renders the prompt without generating)",
+                    param=name,
+                )
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -345,6 +364,8 @@ class ChatCompletionRequest(SamplingRequestFields):
     include_reasoning: bool = True
     return_prompt_text: bool | None = None  # vLLM's: the templated prompt's text in the response
     documents: list[dict[str, str]] | None = None  # vLLM's RAG documents, passed to the chat template
+    # vLLM's: the per-token 0/1 mask of the template's {% generation %} text, render endpoint only
+    return_assistant_tokens_mask: bool = False
     # refused unless left at their defaults (field_policy.REFUSALS)
     audio: Any = None
     modalities: Any = None
@@ -353,6 +374,8 @@ class ChatCompletionRequest(SamplingRequestFields):
     verbosity: Any = None
     mm_processor_kwargs: Any = None
     media_io_kwargs: Any = None
+
+    RENDER_ONLY: ClassVar[tuple[str, ...]] = ("return_token_offsets", "return_assistant_tokens_mask")
 
     def check_unimplemented(self) -> None:
         """As for every request, plus ``continue_final_message`` with ``add_generation_prompt``."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,94 @@ class PreparedChat:
     created: int
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request checked and its prompt rendered (:func:`prepare_chat`), nothing sent yet.
+
+    Attributes:
+        plan: how the output is parsed (tools, reasoning, grammar).
+        prompt_ids: the templated prompt's token ids (after ``truncate_prompt_tokens``).
+        prompt_text: the templated prompt's text (before ``truncate_prompt_tokens``).
+        params: the engine's sampling parameters.
+        lp: the request's logprob options.
+    """
+
+    plan: ChatPlan
+    prompt_ids: list[int]
+    prompt_text: str
+    params: SamplingParams
+    lp: LogprobOptions
+
+
+async def prepare_chat(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    *,
+    prompt_param: str = "messages",
+    render: bool,
+    on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
+) -> ChatPrompt:
+    """Check a chat request and render its prompt as the engine would get it: what chat
+    completions, the Responses API and ``/v1/chat/completions/render`` (``render`` true: the
+    render-only fields are allowed) share. ``prompt_param`` is the field the errors about the
+    whole prompt (empty, too long for the context) name; ``on_generation_spans`` gets the
+    assistant spans of a template that marks them (:func:`surge.tokenizer.apply_chat_template`).
+
+    Raises:
+        ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
+            model.
+    """
+    state.check_model(body.model)
+    body.check_unimplemented()
+    if not render:
+        body.refuse_render_only()
+    state.check_priority(body.priority)
+    state.check_thinking_budget(body.thinking_token_budget)
+    check_template_kwargs(body.template_kwargs)
+    state.check_chat_template(body.chat_template)
+    state.check_stop(body.stop_list)
+    lp = chat_options(body, state.vocab_size)
+    if not body.messages:
+        raise bad_request(f"{prompt_param} must not be empty", param=prompt_param)
+    # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
+    worker = state.tokenizer_worker
+    plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
+    prompt_ids, prompt_text = await render_chat(
+        state,
+        body.messages,
+        body.add_generation_prompt,
+        body.template_kwargs,
+        plan.tools,
+        bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
+        chat_template=body.chat_template,
+        continue_final_message=body.continue_final_message,
+        add_special_tokens=body.add_special_tokens,
+        documents=body.documents,
+        on_generation_spans=on_generation_spans,
+    )
+    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens, body.truncation_side)
+    plan.see_prompt(state.tokenizer, prompt_ids)
+    max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
+    rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
+    params = build_sampling_params(body, max_tokens, plan.structured_outputs, token_rules=rules)
+    state.check_thinking_budget_grammar(params, prompt_ids)
+    if lp.logprobs is not None or lp.prompt_logprobs is not None:
+        params = msgspec.structs.replace(
+            params,
+            logprobs=lp.engine_logprobs,
+            logprob_token_ids=lp.token_ids,
+            prompt_logprobs=lp.prompt_logprobs,
+        )
+    state.check_prompt(
+        prompt_ids,
+        max_tokens,
+        prompt_param=prompt_param,
+        max_tokens_sent=body.max_tokens_sent,
+        max_tokens_param=body.max_tokens_param,
+    )
+    return ChatPrompt(plan, prompt_ids, prompt_text, params, lp)
+
+
 async def start_chat(
     state: ServerState,
     body: ChatCompletionRequest,
@@ -86,51 +174,7 @@ async def start_chat(
         ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
             model, 503 when the engine is gone.
     """
-    state.check_model(body.model)
-    body.check_unimplemented()
-    state.check_priority(body.priority)
-    state.check_thinking_budget(body.thinking_token_budget)
-    check_template_kwargs(body.template_kwargs)
-    state.check_chat_template(body.chat_template)
-    state.check_stop(body.stop_list)
-    lp = chat_options(body, state.vocab_size)
-    if not body.messages:
-        raise bad_request(f"{prompt_param} must not be empty", param=prompt_param)
-    # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
-    worker = state.tokenizer_worker
-    plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
-    prompt_ids, prompt_text = await render_chat(
-        state,
-        body.messages,
-        body.add_generation_prompt,
-        body.template_kwargs,
-        plan.tools,
-        bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
-        chat_template=body.chat_template,
-        continue_final_message=body.continue_final_message,
-        add_special_tokens=body.add_special_tokens,
-        documents=body.documents,
-    )
-    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens, body.truncation_side)
-    plan.see_prompt(state.tokenizer, prompt_ids)
-    max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
-    rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
-    params = build_sampling_params(body, max_tokens, plan.structured_outputs, token_rules=rules)
-    state.check_thinking_budget_grammar(params, prompt_ids)
-    if lp.logprobs is not None or lp.prompt_logprobs is not None:
-        params = msgspec.structs.replace(
-            params,
-            logprobs=lp.engine_logprobs,
-            logprob_token_ids=lp.token_ids,
-            prompt_logprobs=lp.prompt_logprobs,
-        )
-    state.check_prompt(
-        prompt_ids,
-        max_tokens,
-        prompt_param=prompt_param,
-        max_tokens_sent=body.max_tokens_sent,
-        max_tokens_param=body.max_tokens_param,
-    )
+    prompt = await prepare_chat(state, body, prompt_param=prompt_param, render=False)
     state.check_engine()
     request_id, gen = start_generation(
         state,
@@ -141,16 +185,18 @@ async def start_chat(
         first_needs_text=True,
         separator=separator,
         reserved=reserved_ids,
-        grammar_param=plan.grammar_param,
+        grammar_param=prompt.plan.grammar_param,
     )
     created = int(time.time())
-    log_request_start(state, request_id, params, prompt_ids)
+    log_request_start(state, request_id, prompt.params, prompt.prompt_ids)
     try:
-        gen.add_prompt(request_id, prompt_ids, params, share_prompt_logprobs=not body.stream)
+        gen.add_prompt(request_id, prompt.prompt_ids, prompt.params, share_prompt_logprobs=not body.stream)
     except Exception:
         gen.abort()
         raise
-    return PreparedChat(request_id, gen, plan, prompt_ids, prompt_text, params, lp, created)
+    return PreparedChat(
+        request_id, gen, prompt.plan, prompt.prompt_ids, prompt.prompt_text, prompt.params, prompt.lp, created
+    )
 
 
 async def create_chat_completion(

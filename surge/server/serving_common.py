@@ -85,6 +85,9 @@ class ServerState:
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
             stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
         responses: the Responses API's stored responses (``store: true``), in memory.
+        sampling_defaults: the model's sampling defaults in force (field -> value,
+            ``EngineConfig.model.sampling_defaults``), which the engine gives the fields a
+            request leaves out; the render endpoints report them.
     """
 
     client: EngineClient
@@ -115,6 +118,7 @@ class ServerState:
     return_tokens_as_token_ids: bool = False
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     tokenizer_worker: TokenizerWorker = field(init=False)
     responses: ResponseStore = field(default_factory=ResponseStore)
 
@@ -374,6 +378,7 @@ async def render_chat(
     continue_final_message: bool = False,
     add_special_tokens: bool | None = None,
     documents: list[dict[str, Any]] | None = None,
+    on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
 ) -> tuple[list[int], str]:
     """Token ids and rendered text (vLLM's ``prompt_text``) of ``messages`` (pydantic chat
     messages) under the request's chat template
@@ -386,6 +391,8 @@ async def render_chat(
             (``/tokenize`` passes False: it counts texts of any length).
         chat_template, continue_final_message, add_special_tokens, documents: the request's
             options (:func:`surge.tokenizer.apply_chat_template`).
+        on_generation_spans: called (on the worker thread) with the assistant spans of a
+            template that marks them (:func:`surge.tokenizer.apply_chat_template`).
 
     Raises:
         ApiError: 400 naming ``messages`` when the template cannot render them, or when the
@@ -401,6 +408,7 @@ async def render_chat(
         continue_final_message=continue_final_message,
         add_special_tokens=add_special_tokens,
         documents=documents,
+        on_generation_spans=on_generation_spans,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -10,10 +11,12 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from surge.core.logprobs import LogprobsLists
+from surge.sampling_params import SamplingParams
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta
 from surge.server.logprobs import (
     CompletionLogprobs,
+    LogprobOptions,
     completion_options,
     vllm_prompt_logprobs,
     with_first_prompt_token,
@@ -38,8 +41,11 @@ from surge.server.structured_request import grammar_param, structured_outputs_of
 from surge.server.token_rules import token_rules_of
 
 
-async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str | None]]:
-    """The request's prompts as (token ids, text or None); text is tokenized by the
+async def _prompts(
+    state: ServerState, body: CompletionRequest
+) -> list[tuple[list[int], str | None, str | None]]:
+    """The request's prompts as (token ids after ``truncate_prompt_tokens``, text when whole or
+    None, text as given or None for token ids); text is tokenized by the
     :class:`surge.server.tokenization.TokenizerWorker` on its threads."""
     p = body.prompt
     if isinstance(p, str):
@@ -66,31 +72,66 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[li
         if texts
         else []
     )
-    out: list[tuple[list[int], str | None]] = []
+    out: list[tuple[list[int], str | None, str | None]] = []
     for item in items:
         if isinstance(item, str):
             ids = next(encoded)
             kept = truncate_prompt(state, ids, body.truncate_prompt_tokens, body.truncation_side)
-            out.append((kept, item if len(kept) == len(ids) else None))
+            out.append((kept, item if len(kept) == len(ids) else None, item))
         else:
-            out.append(
-                (truncate_prompt(state, list(item), body.truncate_prompt_tokens, body.truncation_side), None)
-            )
+            ids = truncate_prompt(state, list(item), body.truncate_prompt_tokens, body.truncation_side)
+            out.append((ids, None, None))
     return out
 
 
-async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
-    """Serve one completion request (one or more prompts, ``n`` choices each), streamed or not.
+@dataclass(frozen=True)
+class CompletionPrompt:
+    """One prompt of a completion request, checked and tokenized (:func:`prepare_completion`).
 
-    Choice ``index`` is ``prompt_index * n + i``.
+    Attributes:
+        token_ids: its token ids (after ``truncate_prompt_tokens``).
+        text: its text when it was given as text and kept whole, else None.
+        source: its text as given, or None for token ids.
+        params: the engine's sampling parameters.
+    """
+
+    token_ids: list[int]
+    text: str | None
+    source: str | None
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class PreparedCompletion:
+    """A completion request checked and its prompts tokenized (:func:`prepare_completion`).
+
+    Attributes:
+        prompts: the prompts in order.
+        grammar: the field that carried the request's grammar, or None.
+        score_only: ``echo`` with ``max_tokens`` 0 (the prompt is scored, nothing sampled).
+        lp: the request's logprob options.
+    """
+
+    prompts: list[CompletionPrompt]
+    grammar: str | None
+    score_only: bool
+    lp: LogprobOptions
+
+
+async def prepare_completion(
+    state: ServerState, body: CompletionRequest, *, render: bool
+) -> PreparedCompletion:
+    """Check a completion request and tokenize its prompts as the engine would get them: what
+    ``/v1/completions`` and ``/v1/completions/render`` (``render`` true: the render-only fields
+    are allowed) share.
 
     Raises:
-        ApiError: 400 for a bad request, 404 for an unknown model, 503 when the engine is gone.
-        ClientGone: the client disconnected before a non-streamed answer was ready.
+        ApiError: 400 for a bad request (``param`` names the field), 404 for an unknown model.
     """
-    arrival = time.monotonic()
     state.check_model(body.model)
     body.check_unimplemented()
+    if not render:
+        body.refuse_render_only()
     state.check_priority(body.priority)
     state.check_thinking_budget(body.thinking_token_budget)
     state.check_stop(body.stop_list)
@@ -109,7 +150,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     # and bad_words are tokenized
     structured, field = await state.tokenizer_worker.run(structured_outputs_of, body)
     rules = await state.tokenizer_worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)
-    for ids, text in prompts:
+    for ids, text, source in prompts:
         max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
         params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
         state.check_thinking_budget_grammar(params, ids)
@@ -121,16 +162,33 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
                 prompt_logprobs=lp.engine_prompt_logprobs,
             )
         state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)
-        plans.append((ids, text, params))
-    state.check_engine()
+        plans.append(CompletionPrompt(ids, text, source, params))
     grammar = None if structured is None or field is None else grammar_param(structured, field)
-    request_id, gen = start_generation(state, request, body, "cmpl", arrival, grammar_param=grammar)
+    return PreparedCompletion(plans, grammar, score_only, lp)
+
+
+async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
+    """Serve one completion request (one or more prompts, ``n`` choices each), streamed or not.
+
+    Choice ``index`` is ``prompt_index * n + i``.
+
+    Raises:
+        ApiError: 400 for a bad request, 404 for an unknown model, 503 when the engine is gone.
+        ClientGone: the client disconnected before a non-streamed answer was ready.
+    """
+    arrival = time.monotonic()
+    prepared = await prepare_completion(state, body, render=False)
+    plans, score_only, lp = prepared.prompts, prepared.score_only, prepared.lp
+    state.check_engine()
+    request_id, gen = start_generation(state, request, body, "cmpl", arrival, grammar_param=prepared.grammar)
     created = int(time.time())
     try:
-        for j, (ids, text, params) in enumerate(plans):
+        for j, p in enumerate(plans):
             prompt_id = request_id if len(plans) == 1 else f"{request_id}-p{j}"
-            log_request_start(state, prompt_id, params, ids)
-            gen.add_prompt(prompt_id, ids, params, text, score_only, share_prompt_logprobs=not body.stream)
+            log_request_start(state, prompt_id, p.params, p.token_ids)
+            gen.add_prompt(
+                prompt_id, p.token_ids, p.params, p.text, score_only, share_prompt_logprobs=not body.stream
+            )
     except Exception:
         gen.abort()
         raise

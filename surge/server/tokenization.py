@@ -118,6 +118,7 @@ class TokenizerWorker:
         bound: bool,
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
+        on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> tuple[list[int], str]:
         rendered: list[str] = []
 
@@ -139,6 +140,7 @@ class TokenizerWorker:
                 tools=tools,
                 splittable=self.splittable,
                 documents=documents,
+                on_generation_spans=on_generation_spans,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e
@@ -190,6 +192,7 @@ class TokenizerWorker:
         continue_final_message: bool = False,
         add_special_tokens: bool | None = None,
         documents: list[dict[str, Any]] | None = None,
+        on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> tuple[list[int], str]:
         """Token ids and text of chat ``messages`` (plain dicts) under the request's ``chat_template``,
         else the server's (with ``tools``, OpenAI function definitions, when given; see
@@ -201,6 +204,8 @@ class TokenizerWorker:
             bound: apply the cheap context bound; False runs on the ``/tokenize`` thread.
             chat_template, continue_final_message, add_special_tokens, documents: the request's
                 options.
+            on_generation_spans: called on the worker thread with the text's assistant spans
+                when the template marks them (:func:`surge.tokenizer.apply_chat_template`).
 
         Raises:
             ApiError: 400 naming ``messages`` when the template cannot render them or the
@@ -216,6 +221,7 @@ class TokenizerWorker:
             bound,
             tools,
             documents,
+            on_generation_spans,
         )
         return await self.run(self._render_chat, *args, utility=not bound)
 
