@@ -324,6 +324,35 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.add_argument(
+        "--plot-timeline",
+        action="store_true",
+        help="draw each request's TTFT and inter-token gaps on a time line into R.timeline.png next to "
+        "--result-file R.json (vLLM's option; vLLM writes HTML with plotly, Surge a PNG with matplotlib) "
+        "(default off)",
+    )
+    p.add_argument(
+        "--timeline-itl-thresholds",
+        default=None,
+        metavar="LOW,HIGH",
+        help="--plot-timeline's colours: ITL gaps below LOW ms green, below HIGH ms orange, else red "
+        "(vLLM's option; default 25,50)",
+    )
+    p.add_argument(
+        "--plot-dataset-stats",
+        action="store_true",
+        help="histograms of the prompt, output and total tokens per request into R.dataset_stats.png next "
+        "to --result-file R.json (vLLM's option) (default off)",
+    )
+    p.add_argument(
+        "--metadata",
+        nargs="*",
+        default=None,
+        metavar="KEY=VALUE",
+        help="strings recorded in the result, e.g. --metadata version=0.3.3 tp=1: each as a top-level "
+        "field, as vLLM (a key the result has keeps the result's value), and all under 'metadata' "
+        "(default: none)",
+    )
+    p.add_argument(
         "--percentile-metrics",
         default=None,
         help="comma-separated latencies whose mean, median, std and --percentiles are reported, from "
@@ -468,6 +497,25 @@ def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, 
     if not isinstance(data, dict):
         raise ValueError(f"{flag} must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def parse_metadata(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """vLLM's ``--metadata KEY=VALUE ...``: (key, value) pairs, both stripped as vLLM does.
+
+    Raises:
+        ValueError: an item without ``=``, an empty key, or a key given twice (the message names
+            the flag and the item).
+    """
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--metadata {item!r}: give KEY=VALUE, e.g. --metadata version=0.3.3 tp=1")
+        if key in pairs:
+            raise ValueError(f"--metadata {key}: given twice")
+        pairs[key] = value.strip()
+    return tuple(pairs.items())
 
 
 def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
@@ -700,13 +748,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ignore_eos=ignore_eos,
         exact_length=ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
+        metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,
         percentile_metrics=LATENCY_METRICS
         if args.percentile_metrics is None
         else parse_percentile_metrics(args.percentile_metrics),
     )
+    from surge.bench.plots import parse_itl_thresholds, plot_path
+
+    if args.timeline_itl_thresholds is not None and not args.plot_timeline:
+        raise ValueError("--timeline-itl-thresholds applies with --plot-timeline")
+    thresholds = parse_itl_thresholds(args.timeline_itl_thresholds or "25,50")
+    plots = [
+        (flag, kind)
+        for flag, kind, on in (
+            ("--plot-timeline", "timeline", args.plot_timeline),
+            ("--plot-dataset-stats", "dataset_stats", args.plot_dataset_stats),
+        )
+        if on
+    ]
+    if plots and not args.result_file:
+        raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")
+        for flag, kind in plots:
+            _check_output_file(plot_path(Path(args.result_file), kind), flag)
     result = run_serve(cfg, _command_line())
     print(format_result_table(result))
     if args.result_file:
@@ -722,7 +788,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as e:  # the table above keeps the figures
             raise ValueError(f"--result-file {path}: {e.strerror or e} (the result table is above)") from None
         print(f"result written to {path}")
+        _write_plots(result, path, plots, thresholds)
     return 0 if result["failed"] == 0 else 1
+
+
+def _write_plots(
+    result: dict[str, Any], result_file: Path, plots: list[tuple[str, str]], thresholds: tuple[float, float]
+) -> None:
+    """Write ``--plot-timeline`` / ``--plot-dataset-stats`` next to ``result_file``; a plot that
+    cannot be written is one warning line on stderr (the result file is already written), as vLLM."""
+    from surge.bench.plots import plot_dataset_stats, plot_path, plot_timeline
+
+    for flag, kind in plots:
+        target = plot_path(result_file, kind)
+        try:
+            if kind == "timeline":
+                plot_timeline(result, target, thresholds)
+            else:
+                plot_dataset_stats(result, target)
+        except OSError as e:
+            print(f"surge: warning: {flag} {target}: {e.strerror or e}", file=sys.stderr)
+            continue
+        print(f"{flag.removeprefix('--plot-').replace('-', ' ')} plot written to {target}")
 
 
 def _grid(args: argparse.Namespace) -> list[Any]:

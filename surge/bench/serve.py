@@ -156,6 +156,8 @@ class ServeConfig:
     # timed request i sends X-Request-Id PREFIX{i} (vLLM's --request-id-prefix); None: a fresh bench-XXXXXXXX-
     request_id_prefix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
+    # vLLM's --metadata KEY=VALUE: (key, value) strings recorded in the result (see apply_metadata)
+    metadata: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> None:
         """Raises ValueError with a one-line message on a bad value."""
@@ -937,4 +939,27 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     result["errors"] = [r.error for r in results]
     if cfg.save_detailed:
         result["generated_texts"] = [r.generated_text for r in results]
+    for key in apply_metadata(result, cfg.metadata):
+        print(
+            f"[bench] warning: --metadata {key}: the result's own {key!r} field is kept (the value is "
+            "under 'metadata')",
+            flush=True,
+        )
     return result
+
+
+def apply_metadata(result: dict[str, Any], metadata: Sequence[tuple[str, str]]) -> list[str]:
+    """Record vLLM's ``--metadata KEY=VALUE`` pairs in ``result``: each as a top-level string
+    field, as vLLM's ``bench serve`` does, and all of them under ``"metadata"``. A key that names
+    one of the result's own fields does not replace it (vLLM's measured fields win too).
+
+    Returns:
+        the keys that were not set at the top level because the result has them.
+    """
+    if not metadata:
+        return []
+    kept = [key for key, _ in metadata if key in result or key == "metadata"]
+    for key, value in metadata:
+        result.setdefault(key, value)
+    result["metadata"] = dict(metadata)
+    return kept

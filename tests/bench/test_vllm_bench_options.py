@@ -1,0 +1,141 @@
+"""vLLM 0.26 ``bench serve`` options: --metadata, --plot-timeline, --plot-dataset-stats, and the
+one-line hints of the options Surge does without."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import bench_main
+from fake_server import Behaviour, FakeServer
+
+from surge.bench.plots import parse_itl_thresholds, plot_path, timeline_spans
+from surge.bench.serve import apply_metadata
+
+
+def _serve(url: str, *extra: str) -> list[str]:
+    return ["bench", "serve", "--base-url", url, "--disable-tqdm", "--warmup", "0", *extra]
+
+
+def test_metadata_lands_in_the_result_as_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM records --metadata KEY=VALUE as top-level string fields of the result JSON; Surge does
+    too (and under 'metadata'), keeps its own field where a key names one (with a warning), and
+    refuses a bad item before any request."""
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        rc = bench_main(
+            [*argv, "--result-file", str(out), "--metadata", "version=0.3.3", " tp = 1 ", "seed=9"]
+        )
+        assert rc == 0
+        r = json.loads(out.read_text())
+        assert (r["version"], r["tp"], r["seed"]) == ("0.3.3", "1", 0)
+        assert r["metadata"] == {"version": "0.3.3", "tp": "1", "seed": "9"}
+        assert "--metadata seed: the result's own 'seed' field is kept" in capsys.readouterr().out
+        seen = b.seen
+        for bad in ("noequals", "=x"):
+            rc = bench_main([*argv, "--metadata", bad])
+            err = capsys.readouterr().err
+            assert rc == 2 and "--metadata" in err and "KEY=VALUE" in err and err.count("\n") == 1, err
+        rc = bench_main([*argv, "--metadata", "a=1", "a=2"])
+        assert rc == 2 and "given twice" in capsys.readouterr().err
+        assert b.seen == seen  # refused before any request
+
+
+def test_apply_metadata_without_pairs_adds_nothing() -> None:
+    r: dict[str, object] = {"seed": 0}
+    assert apply_metadata(r, ()) == [] and r == {"seed": 0}
+    assert apply_metadata(r, (("metadata", "x"),)) == ["metadata"] and r["metadata"] == {"metadata": "x"}
+
+
+def test_plot_timeline_and_dataset_stats_write_pngs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --plot-timeline (HTML there, a matplotlib PNG here) and --plot-dataset-stats write
+    next to the result file; --timeline-itl-thresholds sets the colours' bounds."""
+    out = tmp_path / "run.json.gz"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "4", "--num-prompts", "3")
+        rc = bench_main(
+            [*argv, "--result-file", str(out), "--plot-timeline", "--timeline-itl-thresholds", "1,5"]
+            + ["--plot-dataset-stats"]
+        )
+        assert rc == 0, capsys.readouterr().err
+        for name in ("run.timeline.png", "run.dataset_stats.png"):
+            png = tmp_path / name
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        stdout = capsys.readouterr().out
+        assert f"timeline plot written to {tmp_path / 'run.timeline.png'}" in stdout
+        seen = b.seen
+        for extra, words in (
+            (["--plot-timeline"], "--plot-timeline writes its PNG next to --result-file"),
+            (["--plot-dataset-stats"], "--plot-dataset-stats writes its PNG next to --result-file"),
+            (["--timeline-itl-thresholds", "1,2"], "--timeline-itl-thresholds applies with --plot-timeline"),
+            (
+                ["--plot-timeline", "--timeline-itl-thresholds", "50,25", "--result-file", str(out)],
+                "LOW,HIGH",
+            ),
+            (["--plot-timeline", "--result-file", str(tmp_path / "d.json")], "is a directory"),
+        ):
+            (tmp_path / "d.timeline.png").mkdir(exist_ok=True)
+            rc = bench_main([*argv, *extra])
+            err = capsys.readouterr().err
+            assert rc == 2 and words in err and err.count("\n") == 1, (extra, err)
+        assert b.seen == seen  # refused before any request
+
+
+def test_timeline_spans_classify_and_merge_gaps() -> None:
+    result = {
+        "start_times": [10.0, 10.5, 11.0],
+        "ttfts": [0.2, 0.1, 0.0],
+        "itls": [[0.01, 0.01, 0.03, 0.1], [0.06], []],
+        "errors": ["", "", "HTTP 500: boom"],
+    }
+    rows, failed = timeline_spans(result, parse_itl_thresholds("25,50"))
+    assert failed == 1
+    assert rows[0] == [
+        (0.0, 0.2, -1),
+        (0.2, pytest.approx(0.02), 0),  # two green gaps merged into one span
+        (pytest.approx(0.22), 0.03, 1),
+        (pytest.approx(0.25), 0.1, 2),
+    ]
+    assert rows[1] == [(0.5, 0.1, -1), (pytest.approx(0.6), 0.06, 2)]
+    assert plot_path(Path("a/r.json"), "timeline") == Path("a/r.timeline.png")
+    assert plot_path(Path("r"), "dataset_stats") == Path("r.dataset_stats.png")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--use-beam-search"], "--use-beam-search: use nothing: Surge has no beam search"),
+        (["--lora-modules", "a", "b", "--lora-assignment", "random"], "Surge serves no LoRA adapters"),
+        (["--profile"], "--profile: use nothing"),
+        (["--skip-tokenizer-init"], "--skip-tokenizer-init: use nothing"),
+        (["--no-stream"], "--no-stream: use nothing"),
+        (["--enable-multimodal-chat"], "text prompts only"),
+        (["--custom-ensure-client-side-data"], "text prompts only"),
+        (["--random-batch-size", "4"], "no embeddings or reranker benchmark"),
+        (["--insecure-nothing-such"], None),
+        (["--hf-name", "x", "--hf-split", "train"], "hf dataset options: Surge's bench serve has the random"),
+        (["--random-mm-limit-mm-per-prompt", "{}"], "random-mm dataset options"),
+        (["--spec-bench-output-len", "3", "--timed-trace-sec-multiplier", "2"], "spec_bench, timed_trace"),
+        (["--dataset-name", "hf"], "no Hugging Face, multimodal, ASR or trace datasets"),
+    ],
+)
+def test_vllm_options_surge_lacks_get_a_one_line_hint(flags: list[str], words: str | None) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "surge", "bench", "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    if words is None:
+        assert "vLLM" not in p.stderr, p.stderr
+    else:
+        assert words in p.stderr, p.stderr
