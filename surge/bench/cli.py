@@ -175,23 +175,34 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--input-len",
-        "--random-input-len",
         type=int,
         default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
         "templated prompt (role headers included) has exactly this many tokens (default 256; vLLM's 1024); "
-        "sets --sonnet-input-len with --dataset sonnet, as vLLM; --random-input-len is vLLM's spelling",
+        "sets --random-input-len, and --sonnet-input-len with --dataset sonnet, as vLLM",
     )
     p.add_argument(
         "--output-len",
-        "--random-output-len",
         type=int,
         default=None,
         help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
-        "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len, "
-        "--sonnet-output-len) as in vLLM; "
-        "--random-output-len is vLLM's spelling",
+        "output length (--random-output-len, --sharegpt-output-len, --custom-output-len, "
+        "--prefix-repetition-output-len, --sonnet-output-len) as in vLLM",
+    )
+    p.add_argument(
+        "--random-input-len",
+        type=int,
+        default=None,
+        help="--dataset random: --input-len (vLLM's option of that dataset only; the two must agree when "
+        "both are given) (default 256)",
+    )
+    p.add_argument(
+        "--random-output-len",
+        type=int,
+        default=None,
+        help="--dataset random: --output-len (vLLM's option of that dataset only; the two must agree when "
+        "both are given) (default 256)",
     )
     p.add_argument(
         "--random-range-ratio",
@@ -641,6 +652,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     for flag, value in (
         ("--output-len", args.output_len),
+        ("--random-output-len", args.random_output_len),
         ("--sharegpt-output-len", args.sharegpt_output_len),
         ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
         ("--sonnet-output-len", args.sonnet_output_len),
@@ -677,8 +689,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--input-len {args.input_len} and --sonnet-input-len {args.sonnet_input_len} disagree (give one)"
         )
+    if (
+        args.random_input_len is not None
+        and args.input_len is not None
+        and args.random_input_len != args.input_len
+    ):
+        raise ValueError(
+            f"--input-len {args.input_len} and --random-input-len {args.random_input_len} disagree (give one)"
+        )
     own_flags = {
-        "random": {"--random-prefix-len": args.random_prefix_len},
+        "random": {
+            "--random-input-len": args.random_input_len,
+            "--random-output-len": args.random_output_len,
+            "--random-prefix-len": args.random_prefix_len,
+        },
         "sharegpt": {"--sharegpt-output-len": args.sharegpt_output_len},
         "custom": {
             "--custom-output-len": args.custom_output_len,
@@ -701,9 +725,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for flag, value in flags.items():
             if owner != dataset and value is not None and value is not False:  # 0 is given, too
                 use = " (use --output-len)" if flag.endswith("-output-len") else ""
+                if flag == "--random-input-len" and dataset == "sonnet":
+                    use = " (use --input-len or --sonnet-input-len)"
                 raise ValueError(f"{flag} applies to --dataset {owner}{use}")
     # vLLM's dataset-specific output lengths; --output-len sets them all (vLLM), two must agree
     fixed = {
+        "random": ("--random-output-len", args.random_output_len),
         "sharegpt": ("--sharegpt-output-len", args.sharegpt_output_len),
         "custom": ("--custom-output-len", args.custom_output_len),
         "prefix_repetition": ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
@@ -718,7 +745,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args,
         dataset=dataset,
         dataset_path=args.dataset_path,
-        input_len=256 if args.input_len is None or dataset != "random" else args.input_len,
+        input_len=next(v for v in (args.input_len, args.random_input_len, 256) if v is not None)
+        if dataset == "random"
+        else 256,
         output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
         sharegpt_output_len=own_output if dataset == "sharegpt" else None,
         random_range_ratio=in_ratio,

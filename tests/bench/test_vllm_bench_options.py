@@ -139,3 +139,43 @@ def test_vllm_options_surge_lacks_get_a_one_line_hint(flags: list[str], words: s
         assert "vLLM" not in p.stderr, p.stderr
     else:
         assert words in p.stderr, p.stderr
+
+
+def test_random_input_and_output_len_are_the_random_datasets_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26 has --input-len/--output-len (every dataset's) and --random-input-len/
+    --random-output-len (the random dataset's only): with --dataset random they are the same
+    lengths; with another dataset vLLM ignores the random ones, Surge refuses them in one line
+    (they used to be aliases, so --dataset sonnet --random-input-len changed the sonnet length)."""
+    sonnet = tmp_path / "sonnet.txt"
+    sonnet.write_text("".join(f"w{i} w{i + 1} w{i + 2}\n" for i in range(20)))
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--num-prompts", "2", "--result-file", str(out))
+        assert bench_main([*argv, "--random-input-len", "12", "--random-output-len", "3"]) == 0
+        r = json.loads(out.read_text())
+        assert (r["input_len"], r["output_len"], r["input_lens"], r["output_lens"]) == (
+            12,
+            3,
+            [12, 12],
+            [3, 3],
+        )
+        assert bench_main([*argv, "--input-len", "10", "--random-input-len", "10"]) == 0
+        assert json.loads(out.read_text())["input_lens"] == [10, 10]
+        seen = b.seen
+        sonnet_argv = [*argv, "--dataset", "sonnet", "--dataset-path", str(sonnet)]
+        for extra, words in (
+            (
+                [*sonnet_argv, "--random-input-len", "100"],
+                "--random-input-len applies to --dataset random (use --input-len or --sonnet-input-len)",
+            ),
+            ([*sonnet_argv, "--random-output-len", "5"], "--random-output-len applies to --dataset random"),
+            ([*argv, "--input-len", "12", "--random-input-len", "10"], "disagree"),
+            ([*argv, "--output-len", "4", "--random-output-len", "3"], "disagree"),
+        ):
+            rc = bench_main(extra)
+            err = capsys.readouterr().err
+            assert rc == 2 and words in err and err.count("\n") == 1, (extra, err)
+        assert b.seen == seen
