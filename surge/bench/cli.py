@@ -90,6 +90,11 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set, as vLLM's bench; else none)",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not check an https server's TLS certificate (a self-signed one), as vLLM's option (default off)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times (default 0)")
     p.add_argument(
         "--temperature",
@@ -610,6 +615,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
+        "insecure": args.insecure,
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8),
         "model_config": args.model_config,
         "roofline_tp": args.roofline_tp,

@@ -4,6 +4,8 @@ one-line hints of the options Surge does without."""
 from __future__ import annotations
 
 import json
+import shutil
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from conftest import bench_main
 from fake_server import Behaviour, FakeServer
 
+from surge.bench.matrix import reset_prefix_cache
 from surge.bench.plots import parse_itl_thresholds, plot_path, timeline_spans
 from surge.bench.serve import apply_metadata
 
@@ -179,3 +182,43 @@ def test_random_input_and_output_len_are_the_random_datasets_own(
             err = capsys.readouterr().err
             assert rc == 2 and words in err and err.count("\n") == 1, (extra, err)
         assert b.seen == seen
+
+
+def _self_signed_server_context(tmp_path: Path) -> ssl.SSLContext:
+    """A server TLS context with a fresh self-signed certificate (the openssl command line)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=surge-test"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def test_insecure_benchmarks_an_https_server_with_a_self_signed_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --insecure skips the TLS certificate check of every call (/v1/models, /tokenize, the
+    timed requests, bench matrix's /reset_prefix_cache); without it such a server is refused in
+    one line before the run."""
+    b = Behaviour(ttft=0.001, itl=0.001, reset_route=True)
+    out = tmp_path / "r.json"
+    with FakeServer(b, _self_signed_server_context(tmp_path)) as s:
+        assert s.url.startswith("https://")
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        rc = bench_main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and "CERTIFICATE_VERIFY_FAILED" in err and err.count("\n") == 1, err
+        assert b.seen == 0
+        assert bench_main([*argv, "--insecure", "--result-file", str(out)]) == 0
+        r = json.loads(out.read_text())
+        assert (r["completed"], r["failed"], r["input_lens"]) == (2, 0, [8, 8])  # counted by its /tokenize
+        assert b.seen == 2
+        assert reset_prefix_cache(s.url, None, insecure=True) is True and b.resets == 1
+        assert reset_prefix_cache(s.url, None) is None  # unverified: cannot be reached
