@@ -48,18 +48,18 @@ def _itl_class(gap: float, thresholds: tuple[float, float]) -> int:
 
 def timeline_spans(
     result: dict[str, Any], thresholds: tuple[float, float]
-) -> tuple[list[list[tuple[float, float, int]]], int]:
-    """Per successful request (in the result's order), its spans ``(start, width, cls)`` in
-    seconds from the first request's start: class -1 is the TTFT, 0/1/2 an ITL gap below, between
-    or above ``thresholds`` (seconds). Consecutive gaps of one class are merged into one span (the
-    picture is the same; a long run has far fewer rectangles). Returns the spans and the number of
-    failed requests left out (they have no token times)."""
+) -> tuple[list[tuple[int, list[tuple[float, float, int]]]], int]:
+    """Per successful request, its index in the result and its spans ``(start, width, cls)`` in
+    seconds from the first such request's start: class -1 is the TTFT, 0/1/2 an ITL gap below,
+    between or above ``thresholds`` (seconds). Consecutive gaps of one class are merged into one
+    span (the picture is the same; a long run has far fewer rectangles). Returns those and the
+    number of failed requests left out (they have no token times)."""
     starts = result["start_times"]
     ok = [i for i, err in enumerate(result["errors"]) if not err]
     if not ok:
         return [], len(starts)
     t0 = min(starts[i] for i in ok)
-    rows: list[list[tuple[float, float, int]]] = []
+    rows: list[tuple[int, list[tuple[float, float, int]]]] = []
     for i in ok:
         t = starts[i] - t0
         ttft = result["ttfts"][i]
@@ -73,14 +73,15 @@ def timeline_spans(
             else:
                 spans.append((t, gap, cls))
             t += gap
-        rows.append(spans)
+        rows.append((i, spans))
     return rows, len(starts) - len(ok)
 
 
 def plot_timeline(result: dict[str, Any], path: Path, thresholds: tuple[float, float]) -> None:
-    """One row per successful request: its TTFT, then its ITL gaps coloured by ``thresholds``
-    (seconds; green below the first, orange between, red above the second, as vLLM's). PNG
-    (matplotlib, Agg backend). Raises OSError when ``path`` cannot be written."""
+    """One row per request (its index in the result, 0 on top), drawn for the successful ones:
+    its TTFT, then its ITL gaps coloured by ``thresholds`` (seconds; green below the first,
+    orange between, red above the second, as vLLM's). PNG (matplotlib, Agg backend). Raises
+    OSError when ``path`` cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,13 +92,14 @@ def plot_timeline(result: dict[str, Any], path: Path, thresholds: tuple[float, f
     lo, hi = (f"{t * 1000:g}" for t in thresholds)
     labels = ("TTFT", f"ITL < {lo} ms", f"{lo} ms <= ITL < {hi} ms", f"ITL >= {hi} ms")
     colors = (TTFT_COLOR, *ITL_COLORS)
-    fig, ax = plt.subplots(figsize=(12, min(max(3.0, 0.25 * len(rows) + 1.5), 40.0)))
-    for y, spans in enumerate(rows):
+    n = len(result["start_times"])
+    fig, ax = plt.subplots(figsize=(12, min(max(3.0, 0.25 * n + 1.5), 40.0)))
+    for y, spans in rows:
         for cls in range(-1, 3):
             bars = [(s, w) for s, w, c in spans if c == cls]
             if bars:
                 ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=colors[cls + 1], linewidth=0)
-    ax.set_ylim(len(rows) - 0.5, -0.5)  # request 0 on top, as vLLM's
+    ax.set_ylim(max(n, 1) - 0.5, -0.5)  # request 0 on top, as vLLM's
     ax.set_xlabel("time since the first request's start (s)")
     ax.set_ylabel("request")
     title = f"{len(rows)} requests" + (f" ({failed} failed, not shown)" if failed else "")

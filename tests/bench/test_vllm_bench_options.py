@@ -15,7 +15,7 @@ from conftest import bench_main
 from fake_server import Behaviour, FakeServer
 
 from surge.bench.matrix import reset_prefix_cache
-from surge.bench.plots import parse_itl_thresholds, plot_path, timeline_spans
+from surge.bench.plots import parse_itl_thresholds, plot_path, plot_timeline, timeline_spans
 from surge.bench.serve import apply_metadata
 
 
@@ -92,7 +92,7 @@ def test_plot_timeline_and_dataset_stats_write_pngs(
         assert b.seen == seen  # refused before any request
 
 
-def test_timeline_spans_classify_and_merge_gaps() -> None:
+def test_timeline_spans_classify_and_merge_gaps(tmp_path: Path) -> None:
     result = {
         "start_times": [10.0, 10.5, 11.0],
         "ttfts": [0.2, 0.1, 0.0],
@@ -101,13 +101,17 @@ def test_timeline_spans_classify_and_merge_gaps() -> None:
     }
     rows, failed = timeline_spans(result, parse_itl_thresholds("25,50"))
     assert failed == 1
-    assert rows[0] == [
+    assert [i for i, _ in rows] == [0, 1]
+    assert rows[0][1] == [
         (0.0, 0.2, -1),
         (0.2, pytest.approx(0.02), 0),  # two green gaps merged into one span
         (pytest.approx(0.22), 0.03, 1),
         (pytest.approx(0.25), 0.1, 2),
     ]
-    assert rows[1] == [(0.5, 0.1, -1), (pytest.approx(0.6), 0.06, 2)]
+    assert rows[1][1] == [(0.5, 0.1, -1), (pytest.approx(0.6), 0.06, 2)]
+    failed = {**result, "errors": ["boom"] * 3}
+    plot_timeline(failed, tmp_path / "t.png", (0.025, 0.05))  # every request failed: an empty plot
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     assert plot_path(Path("a/r.json"), "timeline") == Path("a/r.timeline.png")
     assert plot_path(Path("r"), "dataset_stats") == Path("r.dataset_stats.png")
 
