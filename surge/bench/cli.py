@@ -364,7 +364,7 @@ def add_bench_parser(subparsers: Any) -> None:
         nargs="*",
         default=None,
         metavar="KEY=VALUE",
-        help="strings recorded in the result, e.g. --metadata version=0.3.3 tp=1: each as a top-level "
+        help="strings recorded in --result-file, e.g. --metadata version=0.3.3 tp=1: each as a top-level "
         "field, as vLLM (a key the result has keeps the result's value), and all under 'metadata' "
         "(default: none)",
     )
@@ -804,6 +804,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ]
     if plots and not args.result_file:
         raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")
+    if args.metadata and not args.result_file:
+        raise ValueError("--metadata is recorded in the result file: give --result-file FILE.json")
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")
         for flag, kind in plots:

@@ -41,11 +41,13 @@ def test_metadata_lands_in_the_result_as_vllm(tmp_path: Path, capsys: pytest.Cap
         assert "--metadata seed: the result's own 'seed' field is kept" in capsys.readouterr().out
         seen = b.seen
         for bad in ("noequals", "=x"):
-            rc = bench_main([*argv, "--metadata", bad])
+            rc = bench_main([*argv, "--result-file", str(out), "--metadata", bad])
             err = capsys.readouterr().err
             assert rc == 2 and "--metadata" in err and "KEY=VALUE" in err and err.count("\n") == 1, err
-        rc = bench_main([*argv, "--metadata", "a=1", "a=2"])
+        rc = bench_main([*argv, "--result-file", str(out), "--metadata", "a=1", "a=2"])
         assert rc == 2 and "given twice" in capsys.readouterr().err
+        rc = bench_main([*argv, "--metadata", "a=1"])  # nowhere to record it: not dropped silently
+        assert rc == 2 and "--metadata is recorded in the result file" in capsys.readouterr().err
         assert b.seen == seen  # refused before any request
 
 
