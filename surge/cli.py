@@ -77,11 +77,48 @@ VLLM_FLAG_HINTS = {
     "--num-prompts is refused, so give --num-prompts N of at most its prompts",
     "--disable-shuffle": "nothing: sharegpt and custom prompts are always in --seed's shuffled order, the same "
     "for every run with that seed",
+    "--use-beam-search": "nothing: Surge has no beam search (its requests sample one sequence each)",
+    "--profile": "nothing: Surge's server has no profiler endpoint (profile `surge serve` with an outside "
+    "profiler, e.g. nsys)",
+    "--lora-modules": "nothing: Surge serves no LoRA adapters",
+    "--lora-assignment": "nothing: Surge serves no LoRA adapters",
+    "--skip-tokenizer-init": "nothing: Surge always loads the tokenizer (the benchmark counts prompt tokens "
+    "with --tokenizer or the server's /tokenize)",
+    "--self-timed": "nothing: Surge has no timed_trace dataset; --request-rate, --burstiness or "
+    "--ramp-up-strategy time the requests",
+    "--no-self-timed": "nothing: Surge has no timed_trace dataset",
+    "--no-stream": "nothing: Surge reads local dataset files only (no Hugging Face datasets to stream)",
+    "--enable-multimodal-chat": "nothing: Surge's benchmark sends text prompts only",
+    "--custom-ensure-client-side-data": "nothing: Surge's custom dataset is text prompts only",
+    "--random-batch-size": "nothing: Surge has no embeddings or reranker benchmark",
+    "--no-reranker": "nothing: Surge has no embeddings or reranker benchmark",
 }
 """``vllm bench serve`` and ``vllm serve`` flags that Surge spells otherwise or does without, and
 what to use instead: an unrecognized one gets this hint in the error line (exact equivalents are
-aliases instead, e.g. ``--dataset-name``, ``--random-input-len``, ``--metric-percentiles``, or
+aliases instead, e.g. ``--dataset-name``, ``--metric-percentiles``, or
 accepted, e.g. ``surge serve MODEL``, ``--enable-auto-tool-choice``)."""
+
+VLLM_DATASET_FLAG_PREFIXES = {
+    "--hf-name": "hf",
+    "--hf-subset": "hf",
+    "--hf-split": "hf",
+    "--hf-output-len": "hf",
+    "--random-mm-": "random-mm",
+    "--spec-bench-": "spec_bench",
+    "--speed-bench-": "speed_bench",
+    "--timed-trace-": "timed_trace",
+    "--blazedit-": "blazedit (hf)",
+    "--asr-": "ASR (hf, custom_audio)",
+    "--bfcl-": "bfcl (hf)",
+}
+"""Prefixes of ``vllm bench serve``'s options of datasets Surge lacks (whole names for ``--hf-*``,
+as ``vllm serve`` has ``--hf-token``, ``--hf-overrides`` ...), and the dataset's name: an
+unrecognized flag with such a prefix is hinted with :data:`VLLM_DATASETS_HINT`."""
+
+VLLM_DATASETS_HINT = (
+    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet and burstgpt datasets, "
+    "text only, from local files (no Hugging Face, multimodal, ASR or trace datasets)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,8 +130,20 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments:"):
             given = {a.split("=", 1)[0] for a in message.split(":", 1)[1].split()}
             hints = [f"{flag}: use {use}" for flag, use in VLLM_FLAG_HINTS.items() if flag in given]
+            datasets = sorted(
+                {
+                    name
+                    for flag in given
+                    for prefix, name in VLLM_DATASET_FLAG_PREFIXES.items()
+                    if flag.startswith(prefix)
+                }
+            )
+            if datasets:
+                hints.append(f"{', '.join(datasets)} dataset options: {VLLM_DATASETS_HINT}")
             if hints:
                 message += " (vLLM's " + "; ".join(hints) + ")"
+        elif "invalid choice:" in message and message.startswith("argument --dataset/--dataset-name"):
+            message += f" ({VLLM_DATASETS_HINT})"
         self.exit(2, f"surge: error: {message}\n")
 
 

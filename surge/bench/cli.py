@@ -90,6 +90,11 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set, as vLLM's bench; else none)",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not check an https server's TLS certificate (a self-signed one), as vLLM's option (default off)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times (default 0)")
     p.add_argument(
         "--temperature",
@@ -175,23 +180,34 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--input-len",
-        "--random-input-len",
         type=int,
         default=None,
         help="prompt tokens of the random dataset, as the server counts them: on the chat endpoint the "
         "templated prompt (role headers included) has exactly this many tokens (default 256; vLLM's 1024); "
-        "sets --sonnet-input-len with --dataset sonnet, as vLLM; --random-input-len is vLLM's spelling",
+        "sets --random-input-len, and --sonnet-input-len with --dataset sonnet, as vLLM",
     )
     p.add_argument(
         "--output-len",
-        "--random-output-len",
         type=int,
         default=None,
         help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
-        "output length (--sharegpt-output-len, --custom-output-len, --prefix-repetition-output-len, "
-        "--sonnet-output-len) as in vLLM; "
-        "--random-output-len is vLLM's spelling",
+        "output length (--random-output-len, --sharegpt-output-len, --custom-output-len, "
+        "--prefix-repetition-output-len, --sonnet-output-len) as in vLLM",
+    )
+    p.add_argument(
+        "--random-input-len",
+        type=int,
+        default=None,
+        help="--dataset random: --input-len (vLLM's option of that dataset only; the two must agree when "
+        "both are given) (default 256)",
+    )
+    p.add_argument(
+        "--random-output-len",
+        type=int,
+        default=None,
+        help="--dataset random: --output-len (vLLM's option of that dataset only; the two must agree when "
+        "both are given) (default 256)",
     )
     p.add_argument(
         "--random-range-ratio",
@@ -323,6 +339,35 @@ def add_bench_parser(subparsers: Any) -> None:
         help="write the result JSON here (gzipped if it ends in .gz; default: none)",
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
+    p.add_argument(
+        "--plot-timeline",
+        action="store_true",
+        help="draw each request's TTFT and inter-token gaps on a time line into R.timeline.png next to "
+        "--result-file R.json (vLLM's option; vLLM writes HTML with plotly, Surge a PNG with matplotlib) "
+        "(default off)",
+    )
+    p.add_argument(
+        "--timeline-itl-thresholds",
+        default=None,
+        metavar="LOW,HIGH",
+        help="--plot-timeline's colours: ITL gaps below LOW ms green, below HIGH ms orange, else red "
+        "(vLLM's option; default 25,50)",
+    )
+    p.add_argument(
+        "--plot-dataset-stats",
+        action="store_true",
+        help="histograms of the prompt, output and total tokens per request into R.dataset_stats.png next "
+        "to --result-file R.json (vLLM's option) (default off)",
+    )
+    p.add_argument(
+        "--metadata",
+        nargs="*",
+        default=None,
+        metavar="KEY=VALUE",
+        help="strings recorded in --result-file, e.g. --metadata version=0.3.3 tp=1: each as a top-level "
+        "field, as vLLM (a key the result has keeps the result's value), and all under 'metadata' "
+        "(default: none)",
+    )
     p.add_argument(
         "--percentile-metrics",
         default=None,
@@ -470,6 +515,25 @@ def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, 
     return data
 
 
+def parse_metadata(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """vLLM's ``--metadata KEY=VALUE ...``: (key, value) pairs, both stripped as vLLM does.
+
+    Raises:
+        ValueError: an item without ``=``, an empty key, or a key given twice (the message names
+            the flag and the item).
+    """
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--metadata {item!r}: give KEY=VALUE, e.g. --metadata version=0.3.3 tp=1")
+        if key in pairs:
+            raise ValueError(f"--metadata {key}: given twice")
+        pairs[key] = value.strip()
+    return tuple(pairs.items())
+
+
 def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
     """``--random-range-ratio``: a number r, or vLLM's JSON object ``{"input": r, "output": r2}``.
 
@@ -551,6 +615,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
+        "insecure": args.insecure,
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8),
         "model_config": args.model_config,
         "roofline_tp": args.roofline_tp,
@@ -593,6 +658,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     for flag, value in (
         ("--output-len", args.output_len),
+        ("--random-output-len", args.random_output_len),
         ("--sharegpt-output-len", args.sharegpt_output_len),
         ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
         ("--sonnet-output-len", args.sonnet_output_len),
@@ -629,8 +695,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--input-len {args.input_len} and --sonnet-input-len {args.sonnet_input_len} disagree (give one)"
         )
+    if (
+        args.random_input_len is not None
+        and args.input_len is not None
+        and args.random_input_len != args.input_len
+    ):
+        raise ValueError(
+            f"--input-len {args.input_len} and --random-input-len {args.random_input_len} disagree (give one)"
+        )
     own_flags = {
-        "random": {"--random-prefix-len": args.random_prefix_len},
+        "random": {
+            "--random-input-len": args.random_input_len,
+            "--random-output-len": args.random_output_len,
+            "--random-prefix-len": args.random_prefix_len,
+        },
         "sharegpt": {"--sharegpt-output-len": args.sharegpt_output_len},
         "custom": {
             "--custom-output-len": args.custom_output_len,
@@ -653,9 +731,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for flag, value in flags.items():
             if owner != dataset and value is not None and value is not False:  # 0 is given, too
                 use = " (use --output-len)" if flag.endswith("-output-len") else ""
+                if flag == "--random-input-len" and dataset == "sonnet":
+                    use = " (use --input-len or --sonnet-input-len)"
                 raise ValueError(f"{flag} applies to --dataset {owner}{use}")
     # vLLM's dataset-specific output lengths; --output-len sets them all (vLLM), two must agree
     fixed = {
+        "random": ("--random-output-len", args.random_output_len),
         "sharegpt": ("--sharegpt-output-len", args.sharegpt_output_len),
         "custom": ("--custom-output-len", args.custom_output_len),
         "prefix_repetition": ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
@@ -670,7 +751,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args,
         dataset=dataset,
         dataset_path=args.dataset_path,
-        input_len=256 if args.input_len is None or dataset != "random" else args.input_len,
+        input_len=next(v for v in (args.input_len, args.random_input_len, 256) if v is not None)
+        if dataset == "random"
+        else 256,
         output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
         sharegpt_output_len=own_output if dataset == "sharegpt" else None,
         random_range_ratio=in_ratio,
@@ -700,13 +783,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ignore_eos=ignore_eos,
         exact_length=ignore_eos if args.exact_length is None else args.exact_length,
         save_detailed=args.save_detailed,
+        metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,
         percentile_metrics=LATENCY_METRICS
         if args.percentile_metrics is None
         else parse_percentile_metrics(args.percentile_metrics),
     )
+    from surge.bench.plots import parse_itl_thresholds, plot_path
+
+    if args.timeline_itl_thresholds is not None and not args.plot_timeline:
+        raise ValueError("--timeline-itl-thresholds applies with --plot-timeline")
+    thresholds = parse_itl_thresholds(args.timeline_itl_thresholds or "25,50")
+    plots = [
+        (flag, kind)
+        for flag, kind, on in (
+            ("--plot-timeline", "timeline", args.plot_timeline),
+            ("--plot-dataset-stats", "dataset_stats", args.plot_dataset_stats),
+        )
+        if on
+    ]
+    if plots and not args.result_file:
+        raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")
+    if args.metadata and not args.result_file:
+        raise ValueError("--metadata is recorded in the result file: give --result-file FILE.json")
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")
+        for flag, kind in plots:
+            _check_output_file(plot_path(Path(args.result_file), kind), flag)
     result = run_serve(cfg, _command_line())
     print(format_result_table(result))
     if args.result_file:
@@ -722,7 +825,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as e:  # the table above keeps the figures
             raise ValueError(f"--result-file {path}: {e.strerror or e} (the result table is above)") from None
         print(f"result written to {path}")
+        _write_plots(result, path, plots, thresholds)
     return 0 if result["failed"] == 0 else 1
+
+
+def _write_plots(
+    result: dict[str, Any], result_file: Path, plots: list[tuple[str, str]], thresholds: tuple[float, float]
+) -> None:
+    """Write ``--plot-timeline`` / ``--plot-dataset-stats`` next to ``result_file``; a plot that
+    cannot be written is one warning line on stderr (the result file is already written), as vLLM."""
+    from surge.bench.plots import plot_dataset_stats, plot_path, plot_timeline
+
+    for flag, kind in plots:
+        target = plot_path(result_file, kind)
+        try:
+            if kind == "timeline":
+                plot_timeline(result, target, thresholds)
+            else:
+                plot_dataset_stats(result, target)
+        except OSError as e:
+            print(f"surge: warning: {flag} {target}: {e.strerror or e}", file=sys.stderr)
+            continue
+        print(f"{flag.removeprefix('--plot-').replace('-', ' ')} plot written to {target}")
 
 
 def _grid(args: argparse.Namespace) -> list[Any]:

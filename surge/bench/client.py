@@ -4,11 +4,12 @@
 One function per request (``send_request``): it is called after the concurrency semaphore, reads
 ``time.perf_counter()`` first thing, and returns a :class:`~surge.bench.metrics.RequestResult`.
 The SSE stream is parsed by :class:`SSEParser`, which copes with lines split across TCP reads,
-``\\r\\n`` line ends, comments (``: ping``), multi-line ``data:`` fields and ``data: [DONE]``.
-An error object inside a 200 stream (``{"error": {...}}`` or ``{"object": "error"}``) fails the request
-with its message as the reason, and so does a stream that ends without ``data: [DONE]`` (a server
-that stopped or a connection dropped mid-answer: a close-delimited body, or a chunked one ended
-cleanly, raises nothing in aiohttp).
+``\\r\\n`` and bare ``\\r`` line ends, comments (``: ping``), multi-line ``data:`` fields and ``data: [DONE]``.
+An error object inside a 200 stream (``{"error": {...}}`` or ``{"object": "error"}``), or an event
+named ``error`` (``event: error``, whatever its data), fails the request with its message as the
+reason, and so does a stream that ends without ``data: [DONE]`` (a server that stopped or a
+connection dropped mid-answer: a close-delimited body, or a chunked one ended cleanly, raises
+nothing in aiohttp; a body without any event is quoted in the reason).
 """
 
 from __future__ import annotations
@@ -29,16 +30,32 @@ COMPLETIONS_ENDPOINT = "/v1/completions"
 ENDPOINTS: tuple[str, ...] = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
 
 
+class ErrorEvent(str):
+    """The data of an SSE event whose ``event:`` field is ``error`` (a ``str``, so that it is
+    parsed like any other event's data; its type says that the server named it an error)."""
+
+
+HEAD_BYTES = 300
+"""How many of a body's first bytes :class:`SSEParser` keeps, to quote a body without events."""
+
+
 class SSEParser:
-    """Incremental Server-Sent-Events parser (WHATWG ``text/event-stream`` rules, ``data`` field only).
+    """Incremental Server-Sent-Events parser (WHATWG ``text/event-stream`` rules: the ``data`` and
+    ``event`` fields; lines end in ``\\n``, ``\\r\\n`` or a bare ``\\r``).
 
     ``feed(bytes)`` returns the ``data`` payloads of every event completed by that piece; bytes of an
-    unfinished line or event are kept for the next call.
+    unfinished line or event are kept for the next call. An event named ``error`` (``event:
+    error``) comes back as an :class:`ErrorEvent`. ``events`` counts the events returned so far
+    and ``head`` keeps the body's first :data:`HEAD_BYTES` bytes (to quote a body without any).
     """
 
     def __init__(self) -> None:
         self._buf = b""
         self._data: list[str] = []
+        self._error = False  # the current event's type is "error"
+        self._skip_lf = False  # the last piece ended in \r: a \n that starts the next one ends no line
+        self.events = 0
+        self.head = b""
 
     def feed(self, chunk: bytes) -> list[str]:
         """Add raw bytes; return the data strings of the events they complete (in order).
@@ -46,32 +63,46 @@ class SSEParser:
         The piece is split into lines once (no re-slicing of the buffer per line), so a read
         holding many events costs one pass over its bytes.
         """
+        if len(self.head) < HEAD_BYTES:
+            self.head += chunk[: HEAD_BYTES - len(self.head)]
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
         buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:  # CRLF or a bare CR ends a line, as LF does
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         self._buf = lines.pop()  # the unfinished last line (b"" after a line end)
         events: list[str] = []
         data = self._data
         for raw in lines:
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
             if not raw:
                 if data:
-                    events.append("\n".join(data))
+                    text = "\n".join(data)
+                    events.append(ErrorEvent(text) if self._error else text)
                     data = self._data = []
+                self._error = False
                 continue
             if raw.startswith(b"data:"):
                 value = raw[6:] if raw.startswith(b"data: ") else raw[5:]
                 data.append(value.decode("utf-8", errors="replace"))
             elif raw == b"data":
                 data.append("")
+            elif raw.startswith(b"event:"):
+                self._error = raw[6:].strip() == b"error"
             # comments (":...") and other fields are ignored
+        self.events += len(events)
         return events
 
     def flush(self) -> list[str]:
         """End of stream: return a last event not followed by a blank line, if any."""
         events = self.feed(b"\n\n") if self._buf else []
         if self._data:
-            events.append("\n".join(self._data))
+            text = "\n".join(self._data)
+            events.append(ErrorEvent(text) if self._error else text)
+            self.events += 1
             self._data = []
         return events
 
@@ -130,6 +161,8 @@ def parse_event(ev: str) -> Any:
         return _decode_json(ev)
     except msgspec.DecodeError:
         return json.loads(ev)
+    except TypeError:  # a str subclass (ErrorEvent), which msgspec does not take
+        return parse_event(str(ev))
 
 
 def _error_message(data: Any) -> str | None:
@@ -174,6 +207,13 @@ def counts_as_output(choice: Any, chat: bool) -> bool:
         if delta.get(k):
             return True
     return content == "" and "role" not in delta
+
+
+def _error_event_text(ev: str) -> str:
+    """The reason of an ``event: error`` whose data is no error object: ``(event: error)`` and the
+    data's first 300 characters on one line."""
+    text = ev.strip()[:300].replace("\r", " ").replace("\n", " ")
+    return f"(event: error) {text}" if text else "(event: error) with empty data"
 
 
 def _answer_text(body: bytes, reason: str | None) -> str:
@@ -293,9 +333,14 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                     try:
                         data = parse_event(ev)
                     except ValueError:
-                        out.error = f"malformed SSE data: {ev[:200]!r}"
+                        if type(ev) is ErrorEvent:
+                            out.error = f"error in stream: {_error_event_text(ev)}"
+                        else:
+                            out.error = f"malformed SSE data: {ev[:200]!r}"
                         return out
                     msg = _error_message(data)
+                    if type(ev) is ErrorEvent and (msg is None or type(data) is not dict):
+                        msg = _error_event_text(ev)
                     if msg is not None:
                         out.error = f"error in stream: {msg}"
                         return out
@@ -327,14 +372,19 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                         done = True
                         break
                     try:
-                        msg = _error_message(parse_event(ev))
+                        data = parse_event(ev)
+                        msg = _error_message(data)
                     except ValueError:
-                        msg = f"malformed SSE data: {ev[:200]!r}"
+                        data, msg = None, f"malformed SSE data: {ev[:200]!r}"
+                    if type(ev) is ErrorEvent and (msg is None or type(data) is not dict):
+                        msg = _error_event_text(ev)
                     if msg is not None:
                         out.error = f"error in stream: {msg}"
                         return out
             if not done:  # the server stopped or the connection dropped mid-answer
                 out.error = f"the stream ended without data: [DONE] after {len(text_parts)} output chunk(s)"
+                if parser.events == 0 and parser.head.strip():  # not an event stream at all
+                    out.error += f"; its body has no data: line: {_answer_text(parser.head, None)}"
                 return out
             if not resp.content.at_eof():
                 await _drain(resp.content)

@@ -142,6 +142,7 @@ class ServeConfig:
     percentile_metrics: tuple[str, ...] = LATENCY_METRICS
     goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms) SLOs
     api_key: str | None = None
+    insecure: bool = False  # vLLM's --insecure: no TLS certificate check of an https server
     save_detailed: bool = False
     hardware: Hardware | None = None
     model_config: str | None = None  # config.json or folder for the roofline; default: a known local folder
@@ -156,6 +157,8 @@ class ServeConfig:
     # timed request i sends X-Request-Id PREFIX{i} (vLLM's --request-id-prefix); None: a fresh bench-XXXXXXXX-
     request_id_prefix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
+    # vLLM's --metadata KEY=VALUE: (key, value) strings recorded in the result (see apply_metadata)
+    metadata: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> None:
         """Raises ValueError with a one-line message on a bad value."""
@@ -333,10 +336,11 @@ class ServeConfig:
         return RampUp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
 
-def fetch_models(base_url: str, api_key: str | None) -> dict[str, Any]:
-    """The server's ``GET /v1/models`` answer. Raises ValueError when it cannot be reached."""
+def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> dict[str, Any]:
+    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check). Raises
+    ValueError when it cannot be reached."""
     try:
-        ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key)
+        ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
     except (OSError, ValueError) as e:
         hint = ""
         if "401" in str(e):
@@ -458,12 +462,16 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return runner.run(coro)
 
 
-def make_session(max_concurrency: int | None, timeout_s: float) -> aiohttp.ClientSession:
+def make_session(
+    max_concurrency: int | None, timeout_s: float, insecure: bool = False
+) -> aiohttp.ClientSession:
     """The HTTP session of a run, with vLLM ``bench serve``'s settings: environment proxies
-    honoured (``trust_env``), keep-alive connections reused, and at most ``max_concurrency``
-    connections (in all and per host; unlimited without a concurrency limit)."""
+    honoured (``trust_env``), keep-alive connections reused, at most ``max_concurrency``
+    connections (in all and per host; unlimited without a concurrency limit), and an https
+    server's certificate checked unless ``insecure`` (vLLM's ``--insecure``)."""
     limit = max_concurrency or 0
     connector = aiohttp.TCPConnector(
+        ssl=not insecure,
         limit=limit,
         limit_per_host=limit,
         ttl_dns_cache=300,
@@ -486,17 +494,19 @@ async def run_requests(
     disable_tqdm: bool = False,
     ramp_up: RampUp | None = None,
     released: list[float] | None = None,
+    insecure: bool = False,
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
     """Send warm-ups (untimed, one after another), then the timed requests (at ``request_rate``, or
     at the rates of ``ramp_up``: :func:`arrival_offsets`).
 
     Each timed request's ``queue_time`` is the time from its release to the moment the
     concurrency semaphore let it start (vLLM's ``client_queue_time``). ``released``, when given,
-    gets each timed request's release time (seconds since the epoch).
+    gets each timed request's release time (seconds since the epoch). ``insecure``: no TLS
+    certificate check (:func:`make_session`).
     Returns:
         (timed results in input order, duration in seconds, warm-up results).
     """
-    async with make_session(max_concurrency, timeout_s) as session:
+    async with make_session(max_concurrency, timeout_s, insecure) as session:
         warm = [await send_request(session, w) for w in warmups]
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         pbar = tqdm(total=len(inputs), disable=disable_tqdm, desc="requests")
@@ -622,7 +632,7 @@ def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
 
 def _counter_for(cfg: ServeConfig, base: str, model: str, entry: dict[str, Any]) -> TokenCounter:
     root = cfg.tokenizer or (cfg.model if is_tokenizer_dir(cfg.model) else entry.get("root"))
-    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key)
+    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key, cfg.insecure)
 
 
 def make_counter(cfg: ServeConfig) -> TokenCounter:
@@ -632,7 +642,7 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
         ValueError: unreachable server or no way to count tokens.
     """
     base = cfg.base_url.rstrip("/")
-    entry = _model_entry(fetch_models(base, cfg.api_key), cfg.model)
+    entry = _model_entry(fetch_models(base, cfg.api_key, cfg.insecure), cfg.model)
     return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
 
 
@@ -789,7 +799,7 @@ def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None 
 def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> dict[str, Any]:
     cfg.validate()
     base = cfg.base_url.rstrip("/")
-    models = fetch_models(base, cfg.api_key)
+    models = fetch_models(base, cfg.api_key, cfg.insecure)
     entry = _model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
     local_dir = _local_model_dir(cfg, entry)
@@ -875,6 +885,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             cfg.disable_tqdm,
             ramp_up,
             released,
+            cfg.insecure,
         )
     )
     validate_results(warm, counter, cfg.exact_length)
@@ -937,4 +948,27 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     result["errors"] = [r.error for r in results]
     if cfg.save_detailed:
         result["generated_texts"] = [r.generated_text for r in results]
+    for key in apply_metadata(result, cfg.metadata):
+        print(
+            f"[bench] warning: --metadata {key}: the result's own {key!r} field is kept (the value is "
+            "under 'metadata')",
+            flush=True,
+        )
     return result
+
+
+def apply_metadata(result: dict[str, Any], metadata: Sequence[tuple[str, str]]) -> list[str]:
+    """Record vLLM's ``--metadata KEY=VALUE`` pairs in ``result``: each as a top-level string
+    field, as vLLM's ``bench serve`` does, and all of them under ``"metadata"``. A key that names
+    one of the result's own fields does not replace it (vLLM's measured fields win too).
+
+    Returns:
+        the keys that were not set at the top level because the result has them.
+    """
+    if not metadata:
+        return []
+    kept = [key for key, _ in metadata if key in result or key == "metadata"]
+    for key, value in metadata:
+        result.setdefault(key, value)
+    result["metadata"] = dict(metadata)
+    return kept

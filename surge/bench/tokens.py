@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -210,8 +211,22 @@ class HFTokenCounter:
         return self._pool
 
 
-def post_json(url: str, body: dict[str, Any], api_key: str | None = None, timeout: float = 60.0) -> Any:
-    """POST JSON and return the decoded JSON answer.
+def tls_context(insecure: bool) -> ssl.SSLContext | None:
+    """The TLS context of the benchmark's ``urllib`` requests: None (the default, which verifies
+    an https server's certificate and host name) or, with vLLM's ``--insecure``, one that checks
+    neither (a server with a self-signed certificate)."""
+    if not insecure:
+        return None
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def post_json(
+    url: str, body: dict[str, Any], api_key: str | None = None, timeout: float = 60.0, insecure: bool = False
+) -> Any:
+    """POST JSON and return the decoded JSON answer (``insecure``: :func:`tls_context`).
 
     Raises:
         OSError: network trouble or a non-2xx status (``urllib.error.HTTPError`` is an ``OSError``).
@@ -220,15 +235,16 @@ def post_json(url: str, body: dict[str, Any], api_key: str | None = None, timeou
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=tls_context(insecure)) as resp:
         return json.loads(resp.read())
 
 
-def get_json(url: str, api_key: str | None = None, timeout: float = 30.0) -> Any:
-    """GET and decode JSON. Raises ``OSError`` on network trouble or a non-2xx status."""
+def get_json(url: str, api_key: str | None = None, timeout: float = 30.0, insecure: bool = False) -> Any:
+    """GET and decode JSON (``insecure``: :func:`tls_context`). Raises ``OSError`` on network
+    trouble or a non-2xx status."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     req = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=tls_context(insecure)) as resp:
         return json.loads(resp.read())
 
 
@@ -238,12 +254,21 @@ class ServerTokenCounter:
 
     ``pool`` is the vocabulary to draw from: a local tokenizer's when one is known, otherwise the
     distinct ids the server gives for a fixed pseudo-random ASCII text (documented fallback).
+    ``insecure``: skip the TLS certificate check (vLLM's ``--insecure``, :func:`tls_context`).
     """
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, pool: np.ndarray | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        pool: np.ndarray | None = None,
+        insecure: bool = False,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
+        self.insecure = insecure
         self.name = f"{self.base_url}/tokenize"
         self._pool = pool
         self.max_model_len: int | None = None
@@ -274,7 +299,7 @@ class ServerTokenCounter:
         """``POST /tokenize``. A refusal (4xx) of a body carrying ``options`` is a ValueError
         saying so; other failures stay ``OSError`` (the server went away)."""
         try:
-            return post_json(f"{self.base_url}/tokenize", body, self.api_key)
+            return post_json(f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure)
         except urllib.error.HTTPError as e:
             if not options or not 400 <= e.code < 500:
                 raise
@@ -287,7 +312,12 @@ class ServerTokenCounter:
             ) from None
 
     def decode(self, ids: list[int]) -> str:
-        ans = post_json(f"{self.base_url}/detokenize", {"model": self.model, "tokens": ids}, self.api_key)
+        ans = post_json(
+            f"{self.base_url}/detokenize",
+            {"model": self.model, "tokens": ids},
+            self.api_key,
+            insecure=self.insecure,
+        )
         prompt = ans.get("prompt") if isinstance(ans, dict) else None
         if not isinstance(prompt, str):
             raise ValueError(f"the server's /detokenize answered no prompt text: {_excerpt(ans)}")
@@ -305,7 +335,7 @@ class ServerTokenCounter:
             "chat_template_kwargs": dict(chat_template_kwargs),
         }
         try:
-            ans = post_json(f"{self.base_url}/tokenize", body, self.api_key)
+            ans = post_json(f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure)
         except urllib.error.HTTPError as e:
             if not 400 <= e.code < 500:
                 raise
@@ -376,11 +406,13 @@ def _error_text(e: urllib.error.HTTPError) -> str:
     return (body.strip().splitlines() or [str(e.reason)])[0][:300]
 
 
-def server_tokenize_works(base_url: str, model: str, api_key: str | None = None) -> bool:
+def server_tokenize_works(
+    base_url: str, model: str, api_key: str | None = None, insecure: bool = False
+) -> bool:
     """True when ``POST {base_url}/tokenize`` answers with a token list."""
     try:
         ans = post_json(
-            f"{base_url.rstrip('/')}/tokenize", {"model": model, "prompt": "hello"}, api_key, 10.0
+            f"{base_url.rstrip('/')}/tokenize", {"model": model, "prompt": "hello"}, api_key, 10.0, insecure
         )
         return isinstance(ans, dict) and isinstance(ans.get("tokens"), list)
     except (OSError, ValueError):
@@ -393,6 +425,7 @@ def resolve_counter(
     tokenizer: str | None,
     model_root: str | None,
     api_key: str | None = None,
+    insecure: bool = False,
 ) -> TokenCounter:
     """Pick the token counter: ``--tokenizer DIR``, else the server's ``/tokenize``, else a local folder.
 
@@ -412,13 +445,13 @@ def resolve_counter(
         print(f"[bench] loading the tokenizer of {tokenizer} to count prompt tokens", flush=True)
         return HFTokenCounter(tokenizer)
     local = model_root if is_tokenizer_dir(model_root) else None
-    if server_tokenize_works(base_url, model, api_key):
+    if server_tokenize_works(base_url, model, api_key, insecure):
         print(f"[bench] counting prompt tokens with the server's {base_url.rstrip('/')}/tokenize", flush=True)
         pool = None
         if local:
             print(f"[bench] loading the tokenizer of {local} for its vocabulary", flush=True)
             pool = HFTokenCounter(local).candidate_ids()
-        return ServerTokenCounter(base_url, model, api_key, pool)
+        return ServerTokenCounter(base_url, model, api_key, pool, insecure)
     if local:
         print(f"[bench] the server has no /tokenize: loading the tokenizer of {local}", flush=True)
         return HFTokenCounter(local)

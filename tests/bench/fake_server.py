@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -243,10 +244,11 @@ def make_app(b: Behaviour) -> web.Application:
 class FakeServer:
     """The fake server on 127.0.0.1 in a background thread; ``url`` is its base URL."""
 
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(self, behaviour: Behaviour, ssl_context: ssl.SSLContext | None = None) -> None:
         self.behaviour = behaviour
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{self.port}"
+        self._ssl_context = ssl_context  # serve https with this context's certificate
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -259,7 +261,7 @@ class FakeServer:
     async def _start(self) -> None:
         self._runner = web.AppRunner(make_app(self.behaviour))
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl_context).start()
 
     def __exit__(self, *exc: object) -> None:
         assert self._runner is not None

@@ -74,6 +74,13 @@ SOUND: dict[str, Behaviour] = {
     "empty choices chunks": lambda chat, body: stream(
         [event({"choices": []}), *tokens(chat, N), event({"choices": []}), event(usage(N)), event("[DONE]")]
     ),
+    # WHATWG SSE: a bare CR ends a line too (also split from a following LF across TCP writes)
+    "bare CR line ends": lambda chat, body: stream(
+        [e.replace(b"\n", b"\r") for e in (*tokens(chat, N), event(usage(N)), event("[DONE]"))]
+    ),
+    "CRLF line ends split between CR and LF": lambda chat, body: stream(
+        _split([e.replace(b"\n", b"\r\n") for e in (*tokens(chat, N), event(usage(N)), event("[DONE]"))], 5)
+    ),
     "usage in the last token's chunk": lambda chat, body: stream(
         [*tokens(chat, N - 1), event({**token(chat, " w9"), "usage": usage(N)["usage"]}), event("[DONE]")]
     ),
@@ -151,6 +158,27 @@ BROKEN: dict[str, tuple[Behaviour, str]] = {
             [*tokens(chat, 1), event({"error": {"message": "boom", "code": 500}}), event("[DONE]")]
         ),
         "error in stream: boom",
+    ),
+    "an error event without an error object": (
+        lambda chat, body: stream(
+            [*tokens(chat, 1), b'event: error\ndata: {"message": "overloaded", "code": 503}\n\n']
+            + [event("[DONE]")]
+        ),
+        'error in stream: (event: error) {"message": "overloaded", "code": 503}',
+    ),
+    "an error event whose data is text": (
+        lambda chat, body: stream(
+            [*tokens(chat, 1), b"event: error\ndata: upstream gone\n\n", event("[DONE]")]
+        ),
+        "error in stream: (event: error) upstream gone",
+    ),
+    "an error event at the end without its blank line": (
+        lambda chat, body: stream([*tokens(chat, N), b"event: error\ndata: null"]),
+        "error in stream: (event: error) null",
+    ),
+    "an event stream without data lines": (
+        lambda chat, body: response(200, b"<html>maintenance\nwindow</html>", "text/event-stream"),
+        "after 0 output chunk(s); its body has no data: line: <html>maintenance window</html>",
     ),
     "a chunk that is not JSON": (
         lambda chat, body: stream([*tokens(chat, 1), b"data: hello\n\n", event("[DONE]")]),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from surge.bench.client import RequestInput, SSEParser, build_payload
+from surge.bench.client import ErrorEvent, RequestInput, SSEParser, build_payload
 
 STREAM = b'data: {"a": 1}\n\n: ping\n\ndata: {"b":\r\ndata: 2}\r\n\r\nevent: x\ndata: [DONE]\n\n'
 EXPECTED = ['{"a": 1}', '{"b":\n2}', "[DONE]"]
@@ -27,6 +27,23 @@ def test_byte_by_byte_and_unterminated_tail() -> None:
     assert events == EXPECTED
     p = SSEParser()
     assert p.feed(b"data: tail") == [] and p.flush() == ["tail"]
+
+
+def test_bare_cr_line_ends_at_every_split_point() -> None:
+    """WHATWG: CR, LF and CRLF all end a line; a CRLF split between two reads is one line end."""
+    data = b'data: {"a": 1}\r\rdata: {"b":\rdata: 2}\r\n\r\n: ping\r\rdata: [DONE]\r\r'
+    for cut in range(len(data) + 1):
+        p = SSEParser()
+        assert p.feed(data[:cut]) + p.feed(data[cut:]) + p.flush() == EXPECTED, cut
+
+
+def test_error_events_are_marked_and_the_head_is_kept() -> None:
+    p = SSEParser()
+    events = p.feed(b"event: error\ndata: boom\n\ndata: {}\n\nevent: message\ndata: x\n\n")
+    assert events == ["boom", "{}", "x"] and [type(e) is ErrorEvent for e in events] == [True, False, False]
+    assert p.events == 3 and p.head.startswith(b"event: error")
+    p = SSEParser()
+    assert p.feed(b"<html>" * 100) == [] and p.flush() == [] and p.events == 0 and len(p.head) == 300
 
 
 def test_multibyte_split() -> None:

@@ -1,0 +1,230 @@
+"""vLLM 0.26 ``bench serve`` options: --metadata, --plot-timeline, --plot-dataset-stats, and the
+one-line hints of the options Surge does without."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import bench_main
+from fake_server import Behaviour, FakeServer
+
+from surge.bench.matrix import reset_prefix_cache
+from surge.bench.plots import parse_itl_thresholds, plot_path, plot_timeline, timeline_spans
+from surge.bench.serve import apply_metadata
+
+
+def _serve(url: str, *extra: str) -> list[str]:
+    return ["bench", "serve", "--base-url", url, "--disable-tqdm", "--warmup", "0", *extra]
+
+
+def test_metadata_lands_in_the_result_as_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM records --metadata KEY=VALUE as top-level string fields of the result JSON; Surge does
+    too (and under 'metadata'), keeps its own field where a key names one (with a warning), and
+    refuses a bad item before any request."""
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        rc = bench_main(
+            [*argv, "--result-file", str(out), "--metadata", "version=0.3.3", " tp = 1 ", "seed=9"]
+        )
+        assert rc == 0
+        r = json.loads(out.read_text())
+        assert (r["version"], r["tp"], r["seed"]) == ("0.3.3", "1", 0)
+        assert r["metadata"] == {"version": "0.3.3", "tp": "1", "seed": "9"}
+        assert "--metadata seed: the result's own 'seed' field is kept" in capsys.readouterr().out
+        seen = b.seen
+        for bad in ("noequals", "=x"):
+            rc = bench_main([*argv, "--result-file", str(out), "--metadata", bad])
+            err = capsys.readouterr().err
+            assert rc == 2 and "--metadata" in err and "KEY=VALUE" in err and err.count("\n") == 1, err
+        rc = bench_main([*argv, "--result-file", str(out), "--metadata", "a=1", "a=2"])
+        assert rc == 2 and "given twice" in capsys.readouterr().err
+        rc = bench_main([*argv, "--metadata", "a=1"])  # nowhere to record it: not dropped silently
+        assert rc == 2 and "--metadata is recorded in the result file" in capsys.readouterr().err
+        assert b.seen == seen  # refused before any request
+
+
+def test_apply_metadata_without_pairs_adds_nothing() -> None:
+    r: dict[str, object] = {"seed": 0}
+    assert apply_metadata(r, ()) == [] and r == {"seed": 0}
+    assert apply_metadata(r, (("metadata", "x"),)) == ["metadata"] and r["metadata"] == {"metadata": "x"}
+
+
+def test_plot_timeline_and_dataset_stats_write_pngs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --plot-timeline (HTML there, a matplotlib PNG here) and --plot-dataset-stats write
+    next to the result file; --timeline-itl-thresholds sets the colours' bounds."""
+    out = tmp_path / "run.json.gz"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "4", "--num-prompts", "3")
+        rc = bench_main(
+            [*argv, "--result-file", str(out), "--plot-timeline", "--timeline-itl-thresholds", "1,5"]
+            + ["--plot-dataset-stats"]
+        )
+        assert rc == 0, capsys.readouterr().err
+        for name in ("run.timeline.png", "run.dataset_stats.png"):
+            png = tmp_path / name
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        stdout = capsys.readouterr().out
+        assert f"timeline plot written to {tmp_path / 'run.timeline.png'}" in stdout
+        seen = b.seen
+        for extra, words in (
+            (["--plot-timeline"], "--plot-timeline writes its PNG next to --result-file"),
+            (["--plot-dataset-stats"], "--plot-dataset-stats writes its PNG next to --result-file"),
+            (["--timeline-itl-thresholds", "1,2"], "--timeline-itl-thresholds applies with --plot-timeline"),
+            (
+                ["--plot-timeline", "--timeline-itl-thresholds", "50,25", "--result-file", str(out)],
+                "LOW,HIGH",
+            ),
+            (["--plot-timeline", "--result-file", str(tmp_path / "d.json")], "is a directory"),
+        ):
+            (tmp_path / "d.timeline.png").mkdir(exist_ok=True)
+            rc = bench_main([*argv, *extra])
+            err = capsys.readouterr().err
+            assert rc == 2 and words in err and err.count("\n") == 1, (extra, err)
+        assert b.seen == seen  # refused before any request
+
+
+def test_timeline_spans_classify_and_merge_gaps(tmp_path: Path) -> None:
+    result = {
+        "start_times": [10.0, 10.5, 11.0],
+        "ttfts": [0.2, 0.1, 0.0],
+        "itls": [[0.01, 0.01, 0.03, 0.1], [0.06], []],
+        "errors": ["", "", "HTTP 500: boom"],
+    }
+    rows, failed = timeline_spans(result, parse_itl_thresholds("25,50"))
+    assert failed == 1
+    assert [i for i, _ in rows] == [0, 1]
+    assert rows[0][1] == [
+        (0.0, 0.2, -1),
+        (0.2, pytest.approx(0.02), 0),  # two green gaps merged into one span
+        (pytest.approx(0.22), 0.03, 1),
+        (pytest.approx(0.25), 0.1, 2),
+    ]
+    assert rows[1][1] == [(0.5, 0.1, -1), (pytest.approx(0.6), 0.06, 2)]
+    failed = {**result, "errors": ["boom"] * 3}
+    plot_timeline(failed, tmp_path / "t.png", (0.025, 0.05))  # every request failed: an empty plot
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert plot_path(Path("a/r.json"), "timeline") == Path("a/r.timeline.png")
+    assert plot_path(Path("r"), "dataset_stats") == Path("r.dataset_stats.png")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--use-beam-search"], "--use-beam-search: use nothing: Surge has no beam search"),
+        (["--lora-modules", "a", "b", "--lora-assignment", "random"], "Surge serves no LoRA adapters"),
+        (["--profile"], "--profile: use nothing"),
+        (["--skip-tokenizer-init"], "--skip-tokenizer-init: use nothing"),
+        (["--no-stream"], "--no-stream: use nothing"),
+        (["--enable-multimodal-chat"], "text prompts only"),
+        (["--custom-ensure-client-side-data"], "text prompts only"),
+        (["--random-batch-size", "4"], "no embeddings or reranker benchmark"),
+        (["--insecure-nothing-such"], None),
+        (["--hf-name", "x", "--hf-split", "train"], "hf dataset options: Surge's bench serve has the random"),
+        (["--random-mm-limit-mm-per-prompt", "{}"], "random-mm dataset options"),
+        (["--spec-bench-output-len", "3", "--timed-trace-sec-multiplier", "2"], "spec_bench, timed_trace"),
+        (["--dataset-name", "hf"], "no Hugging Face, multimodal, ASR or trace datasets"),
+    ],
+)
+def test_vllm_options_surge_lacks_get_a_one_line_hint(flags: list[str], words: str | None) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "surge", "bench", "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    if words is None:
+        assert "vLLM" not in p.stderr, p.stderr
+    else:
+        assert words in p.stderr, p.stderr
+
+
+def test_random_input_and_output_len_are_the_random_datasets_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26 has --input-len/--output-len (every dataset's) and --random-input-len/
+    --random-output-len (the random dataset's only): with --dataset random they are the same
+    lengths; with another dataset vLLM ignores the random ones, Surge refuses them in one line
+    (they used to be aliases, so --dataset sonnet --random-input-len changed the sonnet length)."""
+    sonnet = tmp_path / "sonnet.txt"
+    sonnet.write_text("".join(f"w{i} w{i + 1} w{i + 2}\n" for i in range(20)))
+    out = tmp_path / "r.json"
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--num-prompts", "2", "--result-file", str(out))
+        assert bench_main([*argv, "--random-input-len", "12", "--random-output-len", "3"]) == 0
+        r = json.loads(out.read_text())
+        assert (r["input_len"], r["output_len"], r["input_lens"], r["output_lens"]) == (
+            12,
+            3,
+            [12, 12],
+            [3, 3],
+        )
+        assert bench_main([*argv, "--input-len", "10", "--random-input-len", "10"]) == 0
+        assert json.loads(out.read_text())["input_lens"] == [10, 10]
+        seen = b.seen
+        sonnet_argv = [*argv, "--dataset", "sonnet", "--dataset-path", str(sonnet)]
+        for extra, words in (
+            (
+                [*sonnet_argv, "--random-input-len", "100"],
+                "--random-input-len applies to --dataset random (use --input-len or --sonnet-input-len)",
+            ),
+            ([*sonnet_argv, "--random-output-len", "5"], "--random-output-len applies to --dataset random"),
+            ([*argv, "--input-len", "12", "--random-input-len", "10"], "disagree"),
+            ([*argv, "--output-len", "4", "--random-output-len", "3"], "disagree"),
+        ):
+            rc = bench_main(extra)
+            err = capsys.readouterr().err
+            assert rc == 2 and words in err and err.count("\n") == 1, (extra, err)
+        assert b.seen == seen
+
+
+def _self_signed_server_context(tmp_path: Path) -> ssl.SSLContext:
+    """A server TLS context with a fresh self-signed certificate (the openssl command line)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=surge-test"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def test_insecure_benchmarks_an_https_server_with_a_self_signed_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --insecure skips the TLS certificate check of every call (/v1/models, /tokenize, the
+    timed requests, bench matrix's /reset_prefix_cache); without it such a server is refused in
+    one line before the run."""
+    b = Behaviour(ttft=0.001, itl=0.001, reset_route=True)
+    out = tmp_path / "r.json"
+    with FakeServer(b, _self_signed_server_context(tmp_path)) as s:
+        assert s.url.startswith("https://")
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        rc = bench_main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and "CERTIFICATE_VERIFY_FAILED" in err and err.count("\n") == 1, err
+        assert b.seen == 0
+        assert bench_main([*argv, "--insecure", "--result-file", str(out)]) == 0
+        r = json.loads(out.read_text())
+        assert (r["completed"], r["failed"], r["input_lens"]) == (2, 0, [8, 8])  # counted by its /tokenize
+        assert b.seen == 2
+        assert reset_prefix_cache(s.url, None, insecure=True) is True and b.resets == 1
+        assert reset_prefix_cache(s.url, None) is None  # unverified: cannot be reached
