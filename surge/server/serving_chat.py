@@ -110,7 +110,7 @@ async def start_chat(
         add_special_tokens=body.add_special_tokens,
         documents=body.documents,
     )
-    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens, body.truncation_side)
+    prompt_ids = truncate_prompt(state, prompt_ids, body)
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized

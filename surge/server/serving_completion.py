@@ -70,12 +70,10 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[li
     for item in items:
         if isinstance(item, str):
             ids = next(encoded)
-            kept = truncate_prompt(state, ids, body.truncate_prompt_tokens, body.truncation_side)
+            kept = truncate_prompt(state, ids, body)
             out.append((kept, item if len(kept) == len(ids) else None))
         else:
-            out.append(
-                (truncate_prompt(state, list(item), body.truncate_prompt_tokens, body.truncation_side), None)
-            )
+            out.append((truncate_prompt(state, list(item), body), None))
     return out
 
 
