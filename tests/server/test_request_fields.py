@@ -504,7 +504,7 @@ def test_truncation_side_picks_the_end_that_is_kept(server: Server) -> None:
 
 def test_return_prompt_text(server: Server) -> None:
     """vLLM's chat return_prompt_text: the templated prompt's text at the top level of the
-    response, or of the first streamed chunk only (n=2 too); absent unless asked."""
+    response, or of each choice's first streamed chunk (n=2 too); absent unless asked."""
     body: dict[str, Any] = {"messages": MSGS, "max_tokens": 2, "return_token_ids": True}
     plain = _post(server, CHAT, body).json()
     assert "prompt_text" not in plain
@@ -514,9 +514,13 @@ def test_return_prompt_text(server: Server) -> None:
     # the bundled model has no template: its fallback rendering adds the BOS to the text's tokens
     ids = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": True}).json()["tokens"]
     assert ids == asked["prompt_token_ids"]
+    # streamed: each choice's role chunk, as vLLM's (it was the first chunk of all only, which
+    # may be choice 1's: a client reading choice 0's first chunk found none)
     events = _events(server, CHAT, body | {"return_prompt_text": True, "n": 2})
-    carried = [e.get("prompt_text") for e in events[:-1]]
-    assert carried[0] == text and all("prompt_text" not in e for e in events[1:-1])
+    role_chunks = [e for e in events[:-1] if e["choices"] and "role" in e["choices"][0]["delta"]]
+    assert sorted(e["choices"][0]["index"] for e in role_chunks) == [0, 1]
+    assert all(e.get("prompt_text") == text for e in role_chunks)
+    assert all("prompt_text" not in e for e in events[:-1] if e not in role_chunks)
     r = _post(server, CHAT, body | {"return_prompt_text": "yes"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "return_prompt_text"
 
