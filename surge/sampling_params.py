@@ -541,7 +541,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         prompt_logprobs: None, or return the log-probability of each prompt token after the
             first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
         truncate_prompt_tokens: keep only the last this many prompt tokens (vLLM's left
-            truncation; -1: the last ``max_model_len``), or None (:func:`truncated_prompt`).
+            truncation; -1: as many as ``max_model_len`` leaves after ``max_tokens``, all of it
+            when ``max_tokens`` is None), or None (:func:`truncated_prompt`).
             Applied by ``LLMEngine.add_request`` / ``add_choices`` (and by :meth:`surge.LLM.generate`
             before them, which reports the prompt it ran); the server truncates with the request
             field of the same name before it builds these parameters.
@@ -876,18 +877,27 @@ for NumPy scalars)."""
 
 
 def truncated_prompt(
-    token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int, side: str = "left"
+    token_ids: list[int],
+    truncate_prompt_tokens: int | None,
+    max_model_len: int,
+    side: str = "left",
+    max_tokens: int | None = None,
 ) -> list[int]:
-    """The last ``truncate_prompt_tokens`` of ``token_ids`` (vLLM's default left truncation; -1
-    means ``max_model_len``), or the first ones with ``side="right"`` (vLLM's
-    ``truncation_side``), or ``token_ids`` itself when None.
+    """The last ``truncate_prompt_tokens`` of ``token_ids`` (vLLM's default left truncation), or
+    the first ones with ``side="right"`` (vLLM's ``truncation_side``), or ``token_ids`` itself
+    when None. -1 keeps what the context leaves after ``max_tokens`` output tokens (vLLM 0.26's
+    ``max_model_len - max_tokens``; None or below 0 reserves nothing; at least 1 token is kept,
+    so that a request with no room is refused by the length check that follows).
 
     Raises:
         ValueError: ``truncate_prompt_tokens`` exceeds ``max_model_len`` (tokens).
     """
     if truncate_prompt_tokens is None:
         return token_ids
-    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if truncate_prompt_tokens == -1:
+        keep = max(1, max_model_len - max(0, max_tokens or 0))
+    else:
+        keep = truncate_prompt_tokens
     if keep > max_model_len:
         raise ValueError(f"truncate_prompt_tokens ({keep}) must not exceed max_model_len ({max_model_len})")
     return token_ids[:keep] if side == "right" else token_ids[-keep:]

@@ -431,7 +431,12 @@ class LLM:
                 else list(prompt)
             )
             # the engine truncates too; here first, so that the result reports the prompt it ran
-            token_ids = truncated_prompt(token_ids, params.truncate_prompt_tokens, self.engine.max_model_len)
+            token_ids = truncated_prompt(
+                token_ids,
+                params.truncate_prompt_tokens,
+                self.engine.max_model_len,
+                max_tokens=params.max_tokens,
+            )
             request_id = f"llm-{self._next_id}"
             self._next_id += 1
             results.append(

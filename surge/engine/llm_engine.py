@@ -403,7 +403,10 @@ class LLMEngine:
             raise ValueError("LLMEngine.add_request takes n=1; split n > 1 with split_n()")
         priority = self._checked_priority(priority)
         prompt_token_ids = truncated_prompt(
-            prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
+            prompt_token_ids,
+            sampling_params.truncate_prompt_tokens,
+            self.max_model_len,
+            max_tokens=sampling_params.max_tokens,
         )
         self._queue(
             request_id,
@@ -444,7 +447,10 @@ class LLMEngine:
         try:
             priority = self._checked_priority(priority)
             prompt_token_ids = truncated_prompt(
-                prompt_token_ids, sampling_params.truncate_prompt_tokens, self.max_model_len
+                prompt_token_ids,
+                sampling_params.truncate_prompt_tokens,
+                self.max_model_len,
+                max_tokens=sampling_params.max_tokens,
             )
             parent = self._checked(prompt_token_ids, sampling_params)
         except ValueError as e:

@@ -128,7 +128,7 @@ async def prepare_chat(
         documents=body.documents,
         on_generation_spans=on_generation_spans,
     )
-    prompt_ids = truncate_prompt(state, prompt_ids, body.truncate_prompt_tokens, body.truncation_side)
+    prompt_ids = truncate_prompt(state, prompt_ids, body)
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
@@ -254,7 +254,6 @@ async def create_chat_completion(
     env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
 
     parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
-    text_sent: list[bool] = []  # return_prompt_text: the first role chunk of all carried it
 
     def running_usage() -> dict[str, Any]:
         """With ``continuous_usage_stats``, the usage of a chunk sent before any token: the
@@ -268,14 +267,13 @@ async def create_chat_completion(
         """A choice's first chunk, as vLLM and OpenAI send it: the role and empty content (with
         ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM; with
         ``return_token_ids``, the prompt's ids at the top level, as vLLM's role chunks; with
-        ``return_prompt_text``, the templated prompt's text, on the first role chunk only, as vLLM)."""
+        ``return_prompt_text``, the templated prompt's text: each choice's role chunk, as vLLM's)."""
         choice = {"index": index, "delta": _ROLE_DELTA, "logprobs": None, "finish_reason": None}
         extra = running_usage()
         if return_ids:
             extra["prompt_token_ids"] = prompt_ids
-        if body.return_prompt_text and not text_sent:
+        if body.return_prompt_text:
             extra["prompt_text"] = prepared.prompt_text
-            text_sent.append(True)
         return env.chunk([choice], **extra)
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:

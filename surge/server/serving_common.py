@@ -412,18 +412,24 @@ async def render_chat(
     )
 
 
-def truncate_prompt(
-    state: ServerState, token_ids: list[int], truncate_prompt_tokens: int | None, side: str | None = None
-) -> list[int]:
-    """Keep the last ``truncate_prompt_tokens`` tokens of a prompt (vLLM's default left
-    truncation; -1 means ``max_model_len``), or the first ones when ``side`` (the request's
-    ``truncation_side``) is "right"; None keeps it whole.
+def truncate_prompt(state: ServerState, token_ids: list[int], req: SamplingRequestFields) -> list[int]:
+    """A prompt cut to the request's ``truncate_prompt_tokens`` (None keeps it whole): its last
+    tokens (vLLM's default left truncation), or its first ones when ``truncation_side`` is
+    "right". -1 keeps what the context leaves after the request's ``max_tokens`` (vLLM 0.26's
+    ``max_model_len - max_tokens``, 16 on completions when left out, nothing reserved on chat
+    when left out).
 
     Raises:
         ApiError: 400 naming ``truncate_prompt_tokens`` when it exceeds ``max_model_len``.
     """
     try:
-        return truncated_prompt(token_ids, truncate_prompt_tokens, state.max_model_len, side or "left")
+        return truncated_prompt(
+            token_ids,
+            req.truncate_prompt_tokens,
+            state.max_model_len,
+            req.truncation_side or "left",
+            req.requested_max_tokens,
+        )
     except ValueError as e:
         raise bad_request(str(e), param="truncate_prompt_tokens") from None
 

@@ -76,10 +76,10 @@ async def _prompts(
     for item in items:
         if isinstance(item, str):
             ids = next(encoded)
-            kept = truncate_prompt(state, ids, body.truncate_prompt_tokens, body.truncation_side)
+            kept = truncate_prompt(state, ids, body)
             out.append((kept, item if len(kept) == len(ids) else None, item))
         else:
-            ids = truncate_prompt(state, list(item), body.truncate_prompt_tokens, body.truncation_side)
+            ids = truncate_prompt(state, list(item), body)
             out.append((ids, None, None))
     return out
 

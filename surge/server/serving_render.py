@@ -108,7 +108,11 @@ def _generate_request(
 def _cut(state: ServerState, body: SamplingRequestFields, items: list[Any]) -> list[Any]:
     """``items`` (one per token of the whole prompt) cut as ``truncate_prompt_tokens`` cuts the ids."""
     return truncated_prompt(
-        items, body.truncate_prompt_tokens, state.max_model_len, body.truncation_side or "left"
+        items,
+        body.truncate_prompt_tokens,
+        state.max_model_len,
+        body.truncation_side or "left",
+        body.requested_max_tokens,
     )
 
 

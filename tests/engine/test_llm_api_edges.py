@@ -424,6 +424,13 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
     assert out.outputs[0].token_ids == out_tokens
     whole = SamplingParams(max_tokens=1, truncate_prompt_tokens=-1)
     assert llm.generate([ids], whole)[0].prompt_token_ids == ids
+    # -1 leaves max_tokens of room (vLLM 0.26's max_model_len - max_tokens), so that it runs
+    over = [10 + i % 400 for i in range(llm.engine.max_model_len + 50)]
+    room = SamplingParams(max_tokens=4, ignore_eos=True, truncate_prompt_tokens=-1)
+    cut = llm.generate([over], room)[0]
+    assert (
+        cut.prompt_token_ids == over[-(llm.engine.max_model_len - 4) :] and len(cut.outputs[0].token_ids) == 4
+    )
     with pytest.raises(
         ValueError, match=r"truncate_prompt_tokens \(513\) must not exceed max_model_len \(512\)"
     ):

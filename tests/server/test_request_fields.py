@@ -451,6 +451,29 @@ def test_truncate_prompt_tokens_of_a_prompt_longer_than_the_context(server: Serv
     assert r.json()["usage"]["prompt_tokens"] == 50
 
 
+def test_truncate_prompt_tokens_minus_one_leaves_room_for_the_output(server: Server) -> None:
+    """vLLM 0.26's truncate_prompt_tokens -1 keeps max_model_len - max_tokens prompt tokens (the
+    chat's max_completion_tokens too; 16 on completions when left out), from either end: it kept
+    max_model_len tokens, so every prompt it cut left no room and was a 400."""
+    context = 512
+    ids = [10 + i % 400 for i in range(context + 300)]  # ids of the 512-token vocabulary
+    for side, keep in (("left", lambda k: ids[-k:]), ("right", lambda k: ids[:k])):
+        for extra, out in (({"max_tokens": 4}, 4), ({}, 16)):
+            body = {"prompt": ids, "truncate_prompt_tokens": -1, "truncation_side": side} | extra
+            r = _post(server, CMPL, body | {"return_token_ids": True, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["prompt_token_ids"] == keep(context - out), (side, extra)
+            assert r.json()["usage"]["completion_tokens"] == out
+    msgs = [{"role": "user", "content": "once upon a time " * 2000}]
+    for field in ("max_tokens", "max_completion_tokens"):
+        r = _post(server, CHAT, {"messages": msgs, field: 3, "truncate_prompt_tokens": -1})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == context - 3
+    # a chat request without max_tokens keeps the whole context: no room is left for the output
+    r = _post(server, CHAT, {"messages": msgs, "truncate_prompt_tokens": -1})
+    assert r.status_code == 400 and "no room" in r.json()["error"]["message"], r.text
+
+
 def test_truncation_side_picks_the_end_that_is_kept(server: Server) -> None:
     """vLLM's truncation_side: "left" (the default) keeps the last k prompt tokens, "right"
     the first k, on completions (text and token ids, seen through echo and prompt_token_ids)
@@ -481,7 +504,7 @@ def test_truncation_side_picks_the_end_that_is_kept(server: Server) -> None:
 
 def test_return_prompt_text(server: Server) -> None:
     """vLLM's chat return_prompt_text: the templated prompt's text at the top level of the
-    response, or of the first streamed chunk only (n=2 too); absent unless asked."""
+    response, or of each choice's first streamed chunk (n=2 too); absent unless asked."""
     body: dict[str, Any] = {"messages": MSGS, "max_tokens": 2, "return_token_ids": True}
     plain = _post(server, CHAT, body).json()
     assert "prompt_text" not in plain
@@ -491,9 +514,13 @@ def test_return_prompt_text(server: Server) -> None:
     # the bundled model has no template: its fallback rendering adds the BOS to the text's tokens
     ids = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": True}).json()["tokens"]
     assert ids == asked["prompt_token_ids"]
+    # streamed: each choice's role chunk, as vLLM's (it was the first chunk of all only, which
+    # may be choice 1's: a client reading choice 0's first chunk found none)
     events = _events(server, CHAT, body | {"return_prompt_text": True, "n": 2})
-    carried = [e.get("prompt_text") for e in events[:-1]]
-    assert carried[0] == text and all("prompt_text" not in e for e in events[1:-1])
+    role_chunks = [e for e in events[:-1] if e["choices"] and "role" in e["choices"][0]["delta"]]
+    assert sorted(e["choices"][0]["index"] for e in role_chunks) == [0, 1]
+    assert all(e.get("prompt_text") == text for e in role_chunks)
+    assert all("prompt_text" not in e for e in events[:-1] if e not in role_chunks)
     r = _post(server, CHAT, body | {"return_prompt_text": "yes"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "return_prompt_text"
 
