@@ -100,6 +100,16 @@ class _Parser(argparse.ArgumentParser):
 
 MODEL_FILES_HINT = "a Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
 
+OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
+"""Weight files of other formats (PyTorch pickles: ``pytorch_model.bin``, Meta's
+``consolidated.00.pth``; llama.cpp's GGUF) that Surge does not load: named in the error so that a
+user who has them learns why the model does not load, rather than being pointed at dummy weights."""
+
+SAFETENSORS_ONLY = (
+    "Surge loads *.safetensors weights only (download the model's safetensors files, or convert: "
+    "transformers' from_pretrained then save_pretrained writes them)"
+)
+
 
 def no_tokenizer_message(flag: str, model: str) -> str:
     """The one line for a model folder without tokenizer files (``flag``: how the folder was
@@ -117,9 +127,10 @@ def check_model_dir(
 
     ``None`` (the bundled model) passes. Raises CliError with one line in the CLI's spelling:
     a missing folder (with a hint when it looks like a Hugging Face hub id: only local folders
-    work, offline), a file, a folder without ``config.json``, without tokenizer files, or
-    without ``*.safetensors`` weights, a broken weights index, or a weights file that cannot
-    be read (a truncated file, a corrupt header: see
+    work, offline), a file (a PyTorch or GGUF weights file said to be one), a folder without
+    ``config.json``, without tokenizer files, or without ``*.safetensors`` weights (naming the
+    PyTorch or GGUF weights it holds instead, which Surge does not load), a broken weights
+    index, or a weights file that cannot be read (a truncated file, a corrupt header: see
     :func:`surge.model.weight_files.check_safetensors_header`, which reads headers only). The
     weights are not looked at with ``--load-format dummy``. ``offline_api``: the checks of
     ``LLM(model)`` (``flag`` ``"model"``), whose messages spell its arguments (``model=DIR``,
@@ -142,6 +153,11 @@ def check_model_dir(
             )
         raise CliError(f"{flag} {model}: no such folder (give {MODEL_FILES_HINT})")
     if not path.is_dir():
+        if path.suffix.lower() in OTHER_WEIGHT_SUFFIXES:
+            raise CliError(
+                f"{flag} {model}: a {path.suffix} weights file, not a folder; give {MODEL_FILES_HINT}: "
+                f"{SAFETENSORS_ONLY}"
+            )
         raise CliError(f"{flag} {model}: not a folder (give {MODEL_FILES_HINT})")
     if not (path / "config.json").is_file():
         raise CliError(f"{flag} {model}: no config.json in the folder (give {MODEL_FILES_HINT})")
@@ -150,6 +166,12 @@ def check_model_dir(
     if load_format == "dummy":
         return
     if not any(path.glob("*.safetensors")):
+        others = sorted(f.name for f in path.iterdir() if f.suffix.lower() in OTHER_WEIGHT_SUFFIXES)
+        if others:
+            listed = ", ".join(others[:2]) + (f" and {len(others) - 2} more" if len(others) > 2 else "")
+            raise CliError(
+                f"{flag} {model}: the folder has {listed} but no *.safetensors weights; {SAFETENSORS_ONLY}"
+            )
         dummy = 'load_format="dummy"' if offline_api else "--load-format dummy"
         raise CliError(
             f"{flag} {model}: the folder has no *.safetensors weights; pass {dummy} "

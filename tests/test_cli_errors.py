@@ -62,6 +62,14 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(STORIES / name, no_weights)
     _one_line_error(_surge(*command, "--model", str(no_weights)), "--load-format dummy")
+    # PyTorch (or GGUF) weights: said so, not "pass --load-format dummy" (random weights)
+    (no_weights / "pytorch_model.bin").write_bytes(b"x")
+    p = _surge(*command, "--model", str(no_weights))
+    _one_line_error(p, "pytorch_model.bin but no *.safetensors", "loads *.safetensors weights only")
+    assert "dummy" not in p.stderr, p.stderr
+    gguf = tmp_path / "model-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF")
+    _one_line_error(_surge(*command, "--model", str(gguf)), "a .gguf weights file, not a folder", "only")
 
 
 def _copy_of_stories(tmp_path: Path, name: str) -> Path:
