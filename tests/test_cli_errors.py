@@ -48,6 +48,18 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     _one_line_error(_surge(*command, "--model", str(empty)), "no config.json")
+    # `huggingface-cli download ORG/NAME` without --local-dir: the cache folder names its snapshot
+    hub = tmp_path / "models--Qwen--Qwen3-8B"
+    for rev in ("1111", "2222"):
+        (hub / "snapshots" / rev).mkdir(parents=True)
+        shutil.copy(STORIES / "config.json", hub / "snapshots" / rev)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("2222")
+    _one_line_error(
+        _surge(*command, "--model", str(hub)),
+        "hub cache folder",
+        f"pass --model {hub / 'snapshots' / '2222'}",
+    )
     no_tok = tmp_path / "no_tok"
     no_tok.mkdir()
     shutil.copy(STORIES / "config.json", no_tok)
