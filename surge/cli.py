@@ -149,6 +149,16 @@ class _Parser(argparse.ArgumentParser):
 
 MODEL_FILES_HINT = "a Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
 
+OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
+"""Weight files of other formats (PyTorch pickles: ``pytorch_model.bin``, Meta's
+``consolidated.00.pth``; llama.cpp's GGUF) that Surge does not load: named in the error so that a
+user who has them learns why the model does not load, rather than being pointed at dummy weights."""
+
+SAFETENSORS_ONLY = (
+    "Surge loads *.safetensors weights only (download the model's safetensors files, or convert: "
+    "transformers' from_pretrained then save_pretrained writes them)"
+)
+
 
 def no_tokenizer_message(flag: str, model: str) -> str:
     """The one line for a model folder without tokenizer files (``flag``: how the folder was
@@ -159,6 +169,25 @@ def no_tokenizer_message(flag: str, model: str) -> str:
     )
 
 
+def hub_cache_snapshot(path: Path) -> Path | None:
+    """The model folder inside ``path`` when ``path`` is a Hugging Face hub cache folder
+    (``models--ORG--NAME``, which ``huggingface-cli download`` without ``--local-dir`` fills):
+    the snapshot ``refs/main`` names, else the only snapshot holding a ``config.json``; None
+    when ``path`` is not such a folder or the snapshot to use is not clear."""
+    snapshots = path / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = path / "refs" / "main"
+    try:
+        main = ref.read_text().strip() if ref.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        main = ""
+    if main and (snapshots / main / "config.json").is_file():
+        return snapshots / main
+    found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
+    return found[0] if len(found) == 1 else None
+
+
 def check_model_dir(
     model: str | None, load_format: str = "auto", flag: str = "--model", offline_api: bool = False
 ) -> None:
@@ -166,9 +195,11 @@ def check_model_dir(
 
     ``None`` (the bundled model) passes. Raises CliError with one line in the CLI's spelling:
     a missing folder (with a hint when it looks like a Hugging Face hub id: only local folders
-    work, offline), a file, a folder without ``config.json``, without tokenizer files, or
-    without ``*.safetensors`` weights, a broken weights index, or a weights file that cannot
-    be read (a truncated file, a corrupt header: see
+    work, offline), a file (a PyTorch or GGUF weights file said to be one), a folder without
+    ``config.json`` (a Hugging Face hub cache folder is answered with its snapshot folder),
+    without tokenizer files, or without ``*.safetensors`` weights (naming the PyTorch or GGUF
+    weights it holds instead, which Surge does not load), a broken weights index, or a weights
+    file that cannot be read (a truncated file, a corrupt header: see
     :func:`surge.model.weight_files.check_safetensors_header`, which reads headers only). The
     weights are not looked at with ``--load-format dummy``. ``offline_api``: the checks of
     ``LLM(model)`` (``flag`` ``"model"``), whose messages spell its arguments (``model=DIR``,
@@ -191,14 +222,31 @@ def check_model_dir(
             )
         raise CliError(f"{flag} {model}: no such folder (give {MODEL_FILES_HINT})")
     if not path.is_dir():
+        if path.suffix.lower() in OTHER_WEIGHT_SUFFIXES:
+            raise CliError(
+                f"{flag} {model}: a {path.suffix} weights file, not a folder; give {MODEL_FILES_HINT}: "
+                f"{SAFETENSORS_ONLY}"
+            )
         raise CliError(f"{flag} {model}: not a folder (give {MODEL_FILES_HINT})")
     if not (path / "config.json").is_file():
+        snapshot = hub_cache_snapshot(path)
+        if snapshot is not None:
+            raise CliError(
+                f"{flag} {model}: a Hugging Face hub cache folder, whose files are under snapshots/; "
+                f"pass {flag}{'=' if offline_api else ' '}{snapshot}"
+            )
         raise CliError(f"{flag} {model}: no config.json in the folder (give {MODEL_FILES_HINT})")
     if not offline_api and not any((path / n).exists() for n in TOKENIZER_FILES):
         raise CliError(no_tokenizer_message(flag, model))
     if load_format == "dummy":
         return
     if not any(path.glob("*.safetensors")):
+        others = sorted(f.name for f in path.iterdir() if f.suffix.lower() in OTHER_WEIGHT_SUFFIXES)
+        if others:
+            listed = ", ".join(others[:2]) + (f" and {len(others) - 2} more" if len(others) > 2 else "")
+            raise CliError(
+                f"{flag} {model}: the folder has {listed} but no *.safetensors weights; {SAFETENSORS_ONLY}"
+            )
         dummy = 'load_format="dummy"' if offline_api else "--load-format dummy"
         raise CliError(
             f"{flag} {model}: the folder has no *.safetensors weights; pass {dummy} "

@@ -48,6 +48,18 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     _one_line_error(_surge(*command, "--model", str(empty)), "no config.json")
+    # `huggingface-cli download ORG/NAME` without --local-dir: the cache folder names its snapshot
+    hub = tmp_path / "models--Qwen--Qwen3-8B"
+    for rev in ("1111", "2222"):
+        (hub / "snapshots" / rev).mkdir(parents=True)
+        shutil.copy(STORIES / "config.json", hub / "snapshots" / rev)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("2222")
+    _one_line_error(
+        _surge(*command, "--model", str(hub)),
+        "hub cache folder",
+        f"pass --model {hub / 'snapshots' / '2222'}",
+    )
     no_tok = tmp_path / "no_tok"
     no_tok.mkdir()
     shutil.copy(STORIES / "config.json", no_tok)
@@ -62,6 +74,14 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(STORIES / name, no_weights)
     _one_line_error(_surge(*command, "--model", str(no_weights)), "--load-format dummy")
+    # PyTorch (or GGUF) weights: said so, not "pass --load-format dummy" (random weights)
+    (no_weights / "pytorch_model.bin").write_bytes(b"x")
+    p = _surge(*command, "--model", str(no_weights))
+    _one_line_error(p, "pytorch_model.bin but no *.safetensors", "loads *.safetensors weights only")
+    assert "dummy" not in p.stderr, p.stderr
+    gguf = tmp_path / "model-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF")
+    _one_line_error(_surge(*command, "--model", str(gguf)), "a .gguf weights file, not a folder", "only")
 
 
 def _copy_of_stories(tmp_path: Path, name: str) -> Path:

@@ -21,6 +21,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any
@@ -203,7 +204,10 @@ class TPExecutor:
                     self._check_settings(msg)
                     ready[msg.rank] = msg
             if not events:
-                self._check_alive()
+                try:
+                    self._check_alive()
+                except WorkerDiedError as e:
+                    raise WorkerDiedError(f"{e}{_unguarded_script_hint()}") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"tensor-parallel workers did not start within {timeout_s:.0f} s")
         return min(r.num_kv_blocks for r in ready.values()), {r.rank: r.pid for r in ready.values()}
@@ -330,3 +334,29 @@ class TPExecutor:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
+
+
+def _unguarded_script_hint() -> str:
+    """What to add to "a rank died" during start-up when the program is a user's script: a worker
+    is a ``spawn`` child, which imports that script first (as ``__mp_main__``), so a script that
+    creates ``LLM(tensor_parallel_size=N)`` outside ``if __name__ == "__main__":`` makes every
+    worker try to start workers of its own, and multiprocessing ends it (its long traceback is
+    printed above). "" where no user's script is imported: a process that is itself a child (the
+    engine process of ``surge serve``), Surge's own entry points (``python -m surge``, the
+    ``surge`` command, which guard theirs), and a program without a file (an interactive
+    session, a notebook)."""
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if (
+        not main_file
+        or multiprocessing.parent_process() is not None
+        or (spec is not None and spec.name.partition(".")[0] == "surge")
+        or os.path.basename(main_file) == "surge"
+    ):
+        return ""
+    return (
+        f" during start-up (its error is above). Each worker imports {main_file} first: if it creates"
+        ' LLM(tensor_parallel_size > 1) outside `if __name__ == "__main__":`, put that code under it'
+        " (docs/parallel.md)"
+    )

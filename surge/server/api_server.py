@@ -412,8 +412,12 @@ def build_app(
             ids = await state.tokenizer_worker.encode(
                 body.prompt, add_special_tokens=body.add_special_tokens is not False, param=None
             )
+        # vLLM's token_strs: each id's vocabulary string (null unless asked, as vLLM answers)
+        strs = await state.tokenizer_worker.token_strings(ids) if body.return_token_strs else None
         # encoded by msgspec: FastAPI's encoder would walk a long token list on the event loop
-        return _json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+        return _json_response(
+            {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len, "token_strs": strs}
+        )
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> Response:

@@ -51,13 +51,29 @@ _METRICS_PREFIX = "surge-metrics-"
 """Name prefix of the supervisor's shared Prometheus folder (``<prefix><pid>-*``)."""
 
 
-def bind_reuseport(host: str, port: int) -> socket.socket:
+def bind_reuseport(host: str, port: int, *, check_free: bool = False) -> socket.socket:
     """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (every API process binds one).
+
+    Args:
+        check_free: first check that no socket is bound to the address (the supervisor's
+            fail-fast check). ``SO_REUSEPORT`` alone lets the bind succeed next to any socket
+            of the same user that set it too, so a second ``surge serve --api-server-count N``
+            on the port of a running one would start and take half of its connections; a bind
+            without it fails on a busy port, as vLLM's single listening socket does.
 
     Raises:
         ValueError: the address cannot be bound (one readable line).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if check_free and port != 0:  # port 0: the kernel picks a free one
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+        finally:
+            probe.close()
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -530,7 +530,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.api_server_count > 1:
         from surge.server.api_workers import bind_reuseport, serve_with_api_workers
 
-        sock = bind_reuseport(args.host, args.port)
+        sock = bind_reuseport(args.host, args.port, check_free=True)
         try:
             return serve_with_api_workers(config, options, sock)
         finally:

@@ -451,6 +451,8 @@ class TokenizeRequest(RequestBody):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: also answer each token's vocabulary string (``token_strs``); null is false
+    return_token_strs: bool | None = None
 
 
 class DetokenizeRequest(RequestBody):

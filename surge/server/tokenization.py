@@ -225,6 +225,13 @@ class TokenizerWorker:
         )
         return await self.run(self._render_chat, *args, utility=not bound)
 
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each id's string in the tokenizer's vocabulary, as ``convert_ids_to_tokens`` gives it
+        (byte-level BPE's ``"Ġword"``, SentencePiece's ``"▁word"``; vLLM's ``/tokenize``
+        ``token_strs``), on the ``/tokenize`` thread. ``token_ids`` are the tokenizer's own
+        output, so every id has a string."""
+        return await self.run(self.tokenizer.convert_ids_to_tokens, token_ids, utility=True)
+
     async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         """The text of ``token_ids`` (on the ``/tokenize`` thread)."""
         return await self.run(self.tokenizer.decode, token_ids, skip_special_tokens, utility=True)

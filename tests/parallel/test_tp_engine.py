@@ -105,6 +105,29 @@ def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
         llm.close()
 
 
+def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path: Path) -> None:
+    """A script that creates LLM(tensor_parallel_size=2) outside ``if __name__ == "__main__":``:
+    each spawned worker imports it and dies in multiprocessing's bootstrapping error; the script's
+    own error named only "rank N died (exit code 1)" under 140 lines of tracebacks. Its last line
+    now names the script and the guard (docs/parallel.md)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from surge import LLM, SamplingParams\n"
+        "llm = LLM(tensor_parallel_size=2)\n"
+        "print(llm.generate('Hello', SamplingParams(max_tokens=2))[0].outputs[0].text)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert last.startswith("surge.parallel.executor.WorkerDiedError: tensor-parallel worker rank"), last
+    assert f"Each worker imports {script} first" in last and 'if __name__ == "__main__":' in last, last
+
+
 class _FakeProc:
     """A worker process that dies after ``lives`` liveness checks (None: never)."""
 

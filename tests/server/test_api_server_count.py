@@ -211,3 +211,38 @@ def test_bad_api_server_count_is_one_line(count: str) -> None:
     )  # fmt: skip
     assert out.returncode != 0
     assert "--api-server-count must be at least 1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_port_another_api_server_group_holds_is_busy(tmp_path: Path) -> None:
+    """A second `surge serve --api-server-count 2` on the port of a running one: its
+    SO_REUSEPORT bind succeeded next to the running server's SO_REUSEPORT sockets, so it started
+    and the kernel gave it half of the other server's connections. Now it stops at once with one
+    line, as on any busy port. (The running server here is what its API processes hold: a
+    listening SO_REUSEPORT socket of this user.)"""
+    import subprocess
+    import sys
+
+    from surge.server.api_workers import bind_reuseport
+
+    held = bind_reuseport("127.0.0.1", 0)
+    held.listen()
+    port = held.getsockname()[1]
+    cmd = [sys.executable, "-m", "surge.cli", "serve", "--api-server-count", "2", "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its engine and API processes too, if it starts them
+    )
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("the second server started on the busy port") from None
+    finally:
+        held.close()
+    assert proc.returncode == 2, err
+    assert err == f"surge: error: cannot listen on 127.0.0.1:{port}: Address already in use\n", err

@@ -271,6 +271,42 @@ def test_detokenize_takes_the_padded_vocabulary(qwen3_server: Server) -> None:
     assert "[0, 151936)" in r.json()["error"]["message"]
 
 
+def test_tokenize_returns_token_strs_as_vllm(qwen3_server: Server) -> None:
+    """vLLM's ``return_token_strs`` (prompt and messages forms): ``token_strs`` are the
+    vocabulary's strings of the ids (byte-level BPE's ``Ġ``/``Ċ`` kept); null when not asked, as
+    vLLM answers; a non-boolean is a 400 naming it. It was an unknown field (a 400)."""
+    url = qwen3_server.url + "/tokenize"
+    r = httpx.post(url, json={"prompt": "Hello world", "return_token_strs": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "tokens": [9707, 1879],
+        "count": 2,
+        "max_model_len": 1024,
+        "token_strs": ["Hello", "Ġworld"],
+    }
+    for asked in ({}, {"return_token_strs": False}, {"return_token_strs": None}):
+        r = httpx.post(url, json={"prompt": "Hello world"} | asked, timeout=60)
+        assert r.status_code == 200 and r.json()["token_strs"] is None, r.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True}
+    r = httpx.post(url, json=chat, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["token_strs"] == [
+        "<|im_start|>",
+        "user",
+        "Ċ",
+        "hi",
+        "<|im_end|>",
+        "Ċ",
+        "<|im_start|>",
+        "assistant",
+        "Ċ",
+    ]
+    assert len(body["token_strs"]) == body["count"] == len(body["tokens"])
+    r = httpx.post(url, json={"prompt": "x", "return_token_strs": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
+
+
 def _deep_tool_body(levels: int, path: str) -> bytes:
     """A request to ``path`` whose one tool's ``parameters`` nest ``levels`` objects, as JSON
     text (``json.dumps`` of the client runs out of recursion first; the server's parser takes it)."""
