@@ -29,6 +29,10 @@ MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
 scales logits by at most 100x either way (1e-300 is 0 in float32 and made every logit inf or NaN)."""
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's and vLLM's limit)."""
+MAX_REPETITION_PATTERN = 256
+"""The longest ``repetition_detection.max_pattern_size`` (tokens). vLLM has no bound; here each
+generated token checks every pattern length up to it in the engine loop, so a hostile value
+(2**31 - 1) would cost every step about 1 ms per 2,000 output tokens of such a request."""
 MAX_LOGPROB_TOKEN_IDS = 128
 """The most token ids ``logprob_token_ids`` may list (vLLM 0.26's ``MAX_LOGPROB_TOKEN_IDS``)."""
 _NEUTRAL: dict[str, float | int] = {
@@ -435,8 +439,8 @@ class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
 
     Raises:
         ValueError: on construction, vLLM's checks: a negative size, ``min_pattern_size`` above
-            ``max_pattern_size``, ``min_count`` below 2 with detection on, or a size or count
-            above 2**31 - 1.
+            ``max_pattern_size``, ``min_count`` below 2 with detection on, a count above
+            2**31 - 1; and Surge's bound: ``max_pattern_size`` above :data:`MAX_REPETITION_PATTERN`.
     """
 
     max_pattern_size: int = 0
@@ -450,6 +454,11 @@ class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"repetition_detection.{name} must be an integer, got {_got(value)}")
             if value > _INT32_MAX:
                 raise ValueError(f"repetition_detection.{name} must be at most {_INT32_MAX}, got {value}")
+        if self.max_pattern_size > MAX_REPETITION_PATTERN:
+            raise ValueError(
+                f"repetition_detection.max_pattern_size must be at most {MAX_REPETITION_PATTERN} tokens "
+                f"(each generated token checks every pattern length up to it), got {self.max_pattern_size}"
+            )
         if (
             self.max_pattern_size < 0
             or self.min_pattern_size < 0

@@ -187,6 +187,10 @@ def test_repetition_detection_fields_and_vllm_checks() -> None:
         ),
         ({"max_pattern_size": 2, "min_count": 1}, "min_count must be at least 2"),
         ({"max_pattern_size": 2**31, "min_count": 2}, "at most"),
+        (
+            {"max_pattern_size": 257, "min_count": 2},
+            r"^repetition_detection.max_pattern_size must be at most 256",
+        ),
         ({"max_pattern_size": 4}, r"^repetition_detection.min_count must be at least 2"),
         ({"max_pattern_size": 4, "min_count": 3.0}, r"^repetition_detection.min_count must be an integer"),
         (

@@ -172,7 +172,7 @@ class ServerMetrics:
             registry=reg,
         )
         self._success_by_reason = {
-            r: self._success.labels(model_name, r) for r in ("stop", "length", "abort")
+            r: self._success.labels(model_name, r) for r in ("stop", "length", "abort", "repetition")
         }
         self.ttft = Histogram(
             f"{prefix}:time_to_first_token_seconds",

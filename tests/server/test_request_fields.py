@@ -366,6 +366,8 @@ def test_repetition_detection_ends_a_repeating_output(server: Server, kind: str)
     "repetition_detected", streamed or not; min_tokens holds it back; the engine's counter of
     finished requests has the reason."""
     path = CHAT if kind == "chat" else CMPL
+    # the reason's series is there from the start, as vLLM's finish-reason counters
+    assert 'finished_reason="repetition"' in httpx.get(server.url + "/metrics", timeout=30).text
     token = _tokens(server, " the")[-1]
     base: dict[str, Any] = ({"messages": MSGS} if kind == "chat" else {"prompt": PROMPT}) | {
         "max_tokens": 40,
@@ -397,6 +399,7 @@ def test_repetition_detection_ends_a_repeating_output(server: Server, kind: str)
         ({"max_pattern_size": 3}, "repetition_detection.min_count"),
         ({"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}, "repetition_detection"),
         ({"max_pattern_size": -1, "min_count": 2}, "repetition_detection.max_pattern_size"),
+        ({"max_pattern_size": 257, "min_count": 2}, "repetition_detection.max_pattern_size"),
         ({"max_pattern_size": 3, "min_count": 2, "window": 4}, "repetition_detection.window"),
         ({"max_pattern_size": "3", "min_count": 2}, "repetition_detection.max_pattern_size"),
         (3, "repetition_detection"),
