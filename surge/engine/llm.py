@@ -253,14 +253,27 @@ class LLM:
         """The model's sampling defaults in force (field -> value; empty with "none")."""
         return dict(self.engine.config.model.sampling_defaults)
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """vLLM's: forget every cached prompt prefix (between calls no request holds a block, so
         the next :meth:`generate` computes its prompts from scratch, as a benchmark's fresh
         point needs). Returns True (vLLM's success flag; Surge's reset cannot fail).
 
+        Args:
+            reset_running_requests: vLLM's (preempt running requests to free their blocks too):
+                taken either way, as no request runs between calls of the offline ``LLM``.
+            reset_connector: vLLM's (reset a KV connector's cache too): taken either way, as
+                Surge has no KV connector.
+
         Raises:
+            TypeError: an argument that is not a bool.
             RuntimeError: the ``LLM`` is closed (:meth:`close`).
         """
+        for name, value in (
+            ("reset_running_requests", reset_running_requests),
+            ("reset_connector", reset_connector),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"reset_prefix_cache()'s {name} must be a bool, got {value!r}")
         self._check_open()
         self.engine.reset_prefix_cache()
         return True

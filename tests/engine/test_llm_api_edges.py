@@ -504,6 +504,23 @@ def test_reset_prefix_cache_as_vllm(llm: LLM) -> None:
     assert llm.generate(prompt, GREEDY)[0].num_cached_tokens == 0
 
 
+def test_reset_prefix_cache_takes_vllms_arguments(llm: LLM) -> None:
+    """vLLM 0.26's ``reset_prefix_cache(reset_running_requests=..., reset_connector=...)`` was a
+    TypeError (unexpected keyword argument): both are taken, and the cache is still reset."""
+    prompt = "Once upon a time there was a little girl named Lily who loved to play in the park"
+    for kwargs in (
+        {"reset_running_requests": True},
+        {"reset_running_requests": False, "reset_connector": True},
+    ):
+        llm.generate(prompt, GREEDY)
+        assert llm.generate(prompt, GREEDY)[0].num_cached_tokens > 0
+        assert llm.reset_prefix_cache(**kwargs) is True
+        assert llm.generate(prompt, GREEDY)[0].num_cached_tokens == 0
+    assert llm.reset_prefix_cache(True, False) is True  # vLLM's positional order
+    with pytest.raises(TypeError, match="reset_running_requests must be a bool, got 'yes'"):
+        llm.reset_prefix_cache(reset_running_requests="yes")  # type: ignore[arg-type]
+
+
 def test_hf_overrides_with_yarn_serves_past_the_configs_context(llm: LLM) -> None:
     """``LLM(hf_overrides=...)`` as in vLLM: a YaRN ``rope_scaling`` doubles the bundled model's
     512-token context, so a 600-token prompt runs where the plain model refuses it."""
