@@ -529,6 +529,35 @@ class LLM:
         """The model's tokenizer (transformers), as vLLM's ``LLM.get_tokenizer``."""
         return self.tokenizer
 
+    def get_world_size(self, include_dp: bool = True) -> int:
+        """vLLM's: how many GPUs (ranks) the model runs on, its ``tensor_parallel_size``. The
+        offline ``LLM`` runs one engine (no data parallelism, as vLLM's ``LLM``), so
+        ``include_dp`` changes nothing.
+
+        Raises:
+            TypeError: ``include_dp`` is not a bool.
+        """
+        if not isinstance(include_dp, bool):
+            raise TypeError(f"get_world_size()'s include_dp must be a bool, got {include_dp!r}")
+        return self.engine.config.parallel.tensor_parallel_size
+
+    def reset_mm_cache(self) -> None:
+        """vLLM's: forget cached multimodal inputs. Surge serves text-only models and keeps no
+        such cache, so there is nothing to forget: a script's call does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        """Called only for a name that ``LLM`` lacks: for a method or attribute of vLLM's ``LLM``
+        that Surge does without (``beam_search``, ``embed``, ``sleep``, ``llm_engine``, ...:
+        :data:`_VLLM_ONLY_MEMBERS`), the ``AttributeError`` says why and what to use instead.
+        It stays an ``AttributeError``, so ``hasattr(llm, "beam_search")`` is False, as code
+        that probes vLLM's features expects."""
+        hint = _VLLM_ONLY_MEMBERS.get(name)
+        if hint is None:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
+            )
+        raise AttributeError(f"Surge's LLM has no {name!r} (vLLM's LLM.{name}): {hint}", name=name, obj=self)
+
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -683,6 +712,52 @@ _LLM_ONLY_HINTS = {
 }
 """vLLM ``LLM(...)`` arguments whose hint in :data:`surge.cli.VLLM_FLAG_HINTS` speaks of the
 command line (or that have none there), and what to use instead."""
+
+
+_POOLING = (
+    "Surge serves generative models only: it has no pooling runner (embeddings, classification, scores)"
+)
+_WEIGHTS = "Surge loads the weights once, from the model folder: save new weights to a folder and make a new LLM on it"
+_QUEUE = "use generate() (or chat()), which adds the prompts and runs them to completion in one call"
+_VLLM_ONLY_MEMBERS: dict[str, str] = {
+    "beam_search": (
+        "Surge has no beam search; sample candidates with SamplingParams(n=k, logprobs=0) and keep "
+        "the one of highest cumulative_logprob"
+    ),
+    "encode": _POOLING,
+    "embed": _POOLING,
+    "classify": _POOLING,
+    "score": _POOLING,
+    "reward": _POOLING,
+    "sleep": "Surge cannot free a live LLM's GPU memory: close() it, drop it (del llm) and make a new one",
+    "wake_up": "Surge has no sleep mode: make a new LLM where vLLM's script wakes one up",
+    "start_profile": (
+        "Surge has no built-in profiler: wrap generate() in torch.profiler.profile() (one GPU) or run "
+        "the script under nsys"
+    ),
+    "stop_profile": "Surge has no built-in profiler (see start_profile)",
+    "collective_rpc": "Surge runs no caller's function in its engine or workers",
+    "apply_model": "Surge runs no caller's function on its model",
+    "enqueue": _QUEUE,
+    "enqueue_chat": _QUEUE,
+    "wait_for_completion": _QUEUE,
+    "get_metrics": (
+        "the offline LLM keeps no Prometheus metrics: llm.engine.get_stats() gives a snapshot (running "
+        "and waiting requests, KV-cache usage, preemptions, prefix-cache hits), and `surge serve` "
+        "exports vLLM's metrics at GET /metrics"
+    ),
+    "init_weight_transfer_engine": _WEIGHTS,
+    "start_weight_update": _WEIGHTS,
+    "start_draft_weight_update": _WEIGHTS,
+    "update_weights": _WEIGHTS,
+    "finish_weight_update": _WEIGHTS,
+    "llm_engine": (
+        "Surge's engine is llm.engine (its own LLMEngine, without vLLM's API); the tokenizer is "
+        "llm.get_tokenizer()"
+    ),
+}
+"""Public methods and attributes of vLLM 0.26's ``LLM`` (and its earlier ``reward``) that Surge's lacks, and why or what to
+use instead (:meth:`LLM.__getattr__`'s message)."""
 
 
 _VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {

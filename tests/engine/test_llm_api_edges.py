@@ -661,3 +661,47 @@ def test_llm_chat_template_is_chats_default(tmp_path: Path) -> None:
     for value, match in refused:
         with pytest.raises(ValueError, match=match):
             LLM(device="cpu", chat_template=value)
+
+
+def test_vllm_world_size_and_mm_cache_calls(llm: LLM) -> None:
+    """vLLM's ``get_world_size()`` and ``reset_mm_cache()`` were AttributeErrors: the first is
+    the tensor-parallel size (one engine: ``include_dp`` changes nothing), the second has no
+    cache to forget in a text-only engine and does nothing."""
+    assert llm.get_world_size() == 1 and llm.get_world_size(include_dp=False) == 1
+    with pytest.raises(TypeError, match="include_dp must be a bool"):
+        llm.get_world_size(include_dp="no")  # type: ignore[arg-type]
+    assert llm.reset_mm_cache() is None
+    assert llm.generate("Once", GREEDY)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("beam_search", r"no beam search; sample candidates with SamplingParams\(n=k, logprobs=0\)"),
+        ("embed", "Surge serves generative models only"),
+        ("encode", "Surge serves generative models only"),
+        ("classify", "Surge serves generative models only"),
+        ("score", "Surge serves generative models only"),
+        ("sleep", r"close\(\) it, drop it \(del llm\) and make a new one"),
+        ("wake_up", "Surge has no sleep mode"),
+        ("start_profile", r"torch.profiler.profile\(\)"),
+        ("collective_rpc", "runs no caller's function"),
+        ("apply_model", "runs no caller's function"),
+        ("enqueue", r"use generate\(\) \(or chat\(\)\)"),
+        ("wait_for_completion", r"use generate\(\) \(or chat\(\)\)"),
+        ("get_metrics", r"llm.engine.get_stats\(\)"),
+        ("update_weights", "make a new LLM on it"),
+        ("llm_engine", "Surge's engine is llm.engine"),
+    ],
+)
+def test_vllm_members_surge_lacks_say_what_to_use(llm: LLM, name: str, message: str) -> None:
+    """vLLM ``LLM`` methods Surge does without gave Python's bare "'LLM' object has no attribute":
+    the AttributeError now names vLLM's member, why, and what to use; ``hasattr`` stays False
+    (code that probes vLLM's features takes the path without them)."""
+    with pytest.raises(
+        AttributeError, match=rf"Surge's LLM has no '{name}' \(vLLM's LLM.{name}\): .*{message}"
+    ):
+        getattr(llm, name)
+    assert not hasattr(llm, name)
+    with pytest.raises(AttributeError, match="^'LLM' object has no attribute 'no_such_member'$"):
+        llm.no_such_member  # type: ignore[attr-defined]  # noqa: B018
