@@ -203,6 +203,8 @@ class CompletionOutput:
         stop_reason: the stop string or stop token id that ended it, if any.
         logprobs: with ``SamplingParams.logprobs``, one dict per token of ``token_ids`` (each
             ``decoded_token`` None under ``detokenize=False``).
+        lora_request: always None: Surge serves no LoRA adapters (vLLM's field, so that code
+            written for vLLM reads it).
     """
 
     index: int
@@ -211,6 +213,7 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: str | int | None = None
     logprobs: list[PositionLogprobs] | None = None
+    lora_request: None = None
 
     @property
     def cumulative_logprob(self) -> float | None:
@@ -240,6 +243,11 @@ class RequestOutput:
         metrics: always None: the offline API keeps no per-request timings (vLLM's V1 engine
             leaves its ``RequestOutput.metrics`` None too unless stats logging is on); the
             attribute exists so that code written for vLLM reads it.
+        lora_request: always None: Surge serves no LoRA adapters.
+        encoder_prompt, encoder_prompt_token_ids: always None: Surge serves decoder-only models
+            (vLLM's encoder-decoder fields).
+        kv_transfer_params, ec_transfer_params: always None: Surge has no KV or encoder-cache
+            connector (vLLM's disaggregated serving fields).
     """
 
     request_id: str
@@ -249,6 +257,11 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     metrics: None = None
+    lora_request: None = None
+    encoder_prompt: None = None
+    encoder_prompt_token_ids: None = None
+    kv_transfer_params: None = None
+    ec_transfer_params: None = None
 
     @property
     def finished(self) -> bool:

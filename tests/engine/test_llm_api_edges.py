@@ -705,3 +705,20 @@ def test_vllm_members_surge_lacks_say_what_to_use(llm: LLM, name: str, message: 
     assert not hasattr(llm, name)
     with pytest.raises(AttributeError, match="^'LLM' object has no attribute 'no_such_member'$"):
         llm.no_such_member  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_vllm_output_fields_surge_has_no_use_for_are_none(llm: LLM) -> None:
+    """vLLM's ``RequestOutput.lora_request``, ``encoder_prompt``, ``encoder_prompt_token_ids``,
+    ``kv_transfer_params``, ``ec_transfer_params`` and ``CompletionOutput.lora_request`` were
+    AttributeErrors for a script that reads or prints them: they are None (no LoRA adapters,
+    decoder-only models, no KV connector), as in vLLM for such a request."""
+    out = llm.generate("Once", GREEDY)[0]
+    for name in (
+        "lora_request",
+        "encoder_prompt",
+        "encoder_prompt_token_ids",
+        "kv_transfer_params",
+        "ec_transfer_params",
+    ):
+        assert getattr(out, name) is None, name
+    assert out.outputs[0].lora_request is None
