@@ -752,12 +752,17 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "update_weights": _WEIGHTS,
     "finish_weight_update": _WEIGHTS,
     "llm_engine": (
-        "Surge's engine is llm.engine (its own LLMEngine, without vLLM's API); the tokenizer is "
-        "llm.get_tokenizer()"
+        "Surge's engine is llm.engine (its own LLMEngine, without vLLM's API): its settings are "
+        "llm.engine.config (e.g. llm.engine.config.model.max_model_len), the tokenizer is llm.get_tokenizer()"
+    ),
+    "set_tokenizer": (
+        "Surge reads the model folder's own tokenizer: copy the tokenizer files into the model folder "
+        "and make the LLM on it"
     ),
 }
-"""Public methods and attributes of vLLM 0.26's ``LLM`` (and its earlier ``reward``) that Surge's lacks, and why or what to
-use instead (:meth:`LLM.__getattr__`'s message)."""
+"""Public methods and attributes of vLLM 0.26's ``LLM`` (and the earlier ``reward`` and
+``set_tokenizer``) that Surge's lacks, and why or what to use instead (:meth:`LLM.__getattr__`'s
+message)."""
 
 
 _VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {

@@ -691,7 +691,8 @@ def test_vllm_world_size_and_mm_cache_calls(llm: LLM) -> None:
         ("wait_for_completion", r"use generate\(\) \(or chat\(\)\)"),
         ("get_metrics", r"llm.engine.get_stats\(\)"),
         ("update_weights", "make a new LLM on it"),
-        ("llm_engine", "Surge's engine is llm.engine"),
+        ("llm_engine", r"Surge's engine is llm.engine .*llm.engine.config.model.max_model_len"),
+        ("set_tokenizer", "copy the tokenizer files into the model folder"),
     ],
 )
 def test_vllm_members_surge_lacks_say_what_to_use(llm: LLM, name: str, message: str) -> None:
