@@ -231,6 +231,10 @@ class LLM:
         self.engine = LLMEngine(config)
         self._next_id = 0
         self._closed = False
+        # requests of enqueue() calls that wait_for_completion() has not run yet (children's
+        # ``parent`` indexes _queued_results)
+        self._queued_results: list[RequestOutput] = []
+        self._queued_children: dict[str, _Child] = {}
 
     def close(self) -> None:
         """Stop the engine's worker processes (tensor parallelism). Idempotent; a closed ``LLM``
@@ -337,6 +341,31 @@ class LLM:
         next call starts clean.
         """
         self._check_open()
+        if self._queued_children:
+            raise RuntimeError(
+                f"{len(self._queued_results)} prompts were enqueued (enqueue()) and not run: run them "
+                "with wait_for_completion() before generate() or chat()"
+            )
+        results, children = self._submit(
+            prompts, sampling_params, priority, tokenization_kwargs, lora_request, mm_processor_kwargs
+        )
+        self._run_to_end(results, children, use_tqdm, "generate")
+        return results
+
+    def _submit(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: Sequence[int] | None,
+        tokenization_kwargs: Mapping[str, Any] | None,
+        lora_request: object,
+        mm_processor_kwargs: Mapping[str, Any] | None,
+        added_prompt: Callable[[int], object] | None = None,
+    ) -> tuple[list[RequestOutput], dict[str, _Child]]:
+        """Check :meth:`generate`'s arguments (its ``Raises``) and add its requests to the engine:
+        one :class:`RequestOutput` per prompt (no outputs yet) and the engine requests (choices)
+        by id. ``added_prompt(1)`` is called after each prompt is added. A failure aborts the
+        requests added so far."""
         add_special_tokens = _add_special_tokens(tokenization_kwargs, default=True)
         _check_no_lora(lora_request)
         _check_no_mm_processor_kwargs(mm_processor_kwargs)
@@ -384,21 +413,46 @@ class LLM:
         try:
             salts = [salt for _, salt in salted]
             self._add_requests(
-                prompt_list, params_list, salts, priorities, add_special_tokens, results, children, added
+                prompt_list,
+                params_list,
+                salts,
+                priorities,
+                add_special_tokens,
+                results,
+                children,
+                added,
+                added_prompt,
             )
+        except BaseException:
+            self._abort(added)
+            raise
+        return results, children
+
+    def _run_to_end(
+        self,
+        results: list[RequestOutput],
+        children: dict[str, _Child],
+        use_tqdm: bool | Callable[..., Any],
+        desc: str,
+    ) -> None:
+        """Run the engine until every request of ``children`` has finished and fill ``results``
+        with their outputs (by choice index). ``use_tqdm``: :meth:`generate`'s progress bar
+        (``desc``: its label). Whatever exception leaves first aborts every request of
+        ``children``."""
+        try:
             if use_tqdm:
                 if callable(use_tqdm):  # the caller's keywords (a partial's desc) stay theirs
                     progress = use_tqdm(total=len(children))
                 else:
                     from tqdm import tqdm
 
-                    progress = tqdm(total=len(children), desc="generate", unit="seq")
+                    progress = tqdm(total=len(children), desc=desc, unit="seq")
                 with progress as bar:
                     self._run(children, results, bar.update)
             else:
                 self._run(children, results)
         except BaseException:
-            self._abort(added)
+            self._abort(list(children))
             raise
         for child in children.values():
             results[child.parent].outputs.append(
@@ -413,6 +467,89 @@ class LLM:
             )
         for result in results:
             result.outputs.sort(key=lambda o: o.index)
+
+    def enqueue(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: object = None,
+        priority: Sequence[int] | None = None,
+        use_tqdm: bool | Callable[..., Any] = False,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """vLLM 0.26's: add prompts to the engine without running them; :meth:`wait_for_completion`
+        runs every enqueued prompt (of all ``enqueue`` calls, batched together) and returns
+        their outputs. The arguments are :meth:`generate`'s, in vLLM's ``enqueue`` order;
+        ``use_tqdm`` is a bar over the prompts added (off by default, as :meth:`generate`'s).
+
+        Returns:
+            The request id of each prompt, in order: its :attr:`RequestOutput.request_id`.
+
+        Raises:
+            As :meth:`generate` (nothing of a call that raises stays enqueued).
+        """
+        self._check_open()
+        if use_tqdm:
+            if callable(use_tqdm):
+                progress = use_tqdm(total=len(_as_prompt_list(prompts)))
+            else:
+                from tqdm import tqdm
+
+                progress = tqdm(total=len(_as_prompt_list(prompts)), desc="enqueue", unit="prompt")
+            with progress as bar:
+                results, children = self._submit(
+                    prompts,
+                    sampling_params,
+                    priority,
+                    tokenization_kwargs,
+                    lora_request,
+                    mm_processor_kwargs,
+                    bar.update,
+                )
+        else:
+            results, children = self._submit(
+                prompts, sampling_params, priority, tokenization_kwargs, lora_request, mm_processor_kwargs
+            )
+        offset = len(self._queued_results)
+        for child in children.values():
+            child.parent += offset
+        self._queued_results.extend(results)
+        self._queued_children.update(children)
+        return [result.request_id for result in results]
+
+    def wait_for_completion(
+        self,
+        output_type: type | tuple[type, ...] | None = None,
+        *,
+        use_tqdm: bool | Callable[..., Any] = False,
+    ) -> list[RequestOutput]:
+        """vLLM 0.26's: run every prompt of the :meth:`enqueue` calls since the last call to the
+        end, batched together, and return their outputs in the order they were enqueued (an empty
+        list when none waits).
+
+        Args:
+            output_type: vLLM's filter on the output type: None, :class:`RequestOutput` or a tuple
+                holding it (Surge's outputs are all ``RequestOutput``: it has no pooling outputs).
+            use_tqdm: as :meth:`generate`'s.
+
+        Raises:
+            ValueError: an ``output_type`` that leaves ``RequestOutput`` out.
+            RuntimeError: the ``LLM`` is closed, or as :meth:`generate` (then every enqueued
+                request is aborted: none stays enqueued).
+        """
+        self._check_open()
+        types = output_type if isinstance(output_type, tuple) else (output_type,)
+        if output_type is not None and not any(
+            isinstance(t, type) and issubclass(RequestOutput, t) for t in types
+        ):
+            raise ValueError(
+                f"wait_for_completion()'s output_type must be None or RequestOutput (Surge's LLM gives no "
+                f"pooling outputs), got {output_type!r}"
+            )
+        results, children = self._queued_results, self._queued_children
+        self._queued_results, self._queued_children = [], {}
+        self._run_to_end(results, children, use_tqdm, "wait_for_completion")
         return results
 
     def _add_requests(
@@ -425,12 +562,13 @@ class LLM:
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
+        added_prompt: Callable[[int], object] | None = None,
     ) -> None:
         """Add one engine request per prompt and choice, appending to ``results`` (one empty
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
         ``salts``: each prompt's ``cache_salt`` (None: none); ``priorities``: each prompt's
         scheduling priority; ``add_special_tokens``: whether text prompts get the tokenizer's
-        special tokens (BOS).
+        special tokens (BOS); ``added_prompt(1)``: called after each prompt's requests are added.
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
@@ -503,6 +641,8 @@ class LLM:
                     ),
                     logprobs=[] if child_params.num_logprobs is not None else None,
                 )
+            if added_prompt is not None:
+                added_prompt(1)
 
     def _abort(self, request_ids: list[str]) -> None:
         """Abort ``request_ids`` (a :meth:`generate` that raised) and settle the step in
@@ -718,7 +858,6 @@ _POOLING = (
     "Surge serves generative models only: it has no pooling runner (embeddings, classification, scores)"
 )
 _WEIGHTS = "Surge loads the weights once, from the model folder: save new weights to a folder and make a new LLM on it"
-_QUEUE = "use generate() (or chat()), which adds the prompts and runs them to completion in one call"
 _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "beam_search": (
         "Surge has no beam search; sample candidates with SamplingParams(n=k, logprobs=0) and keep "
@@ -738,9 +877,11 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "stop_profile": "Surge has no built-in profiler (see start_profile)",
     "collective_rpc": "Surge runs no caller's function in its engine or workers",
     "apply_model": "Surge runs no caller's function on its model",
-    "enqueue": _QUEUE,
-    "enqueue_chat": _QUEUE,
-    "wait_for_completion": _QUEUE,
+    "enqueue_chat": (
+        "render each conversation with llm.get_tokenizer().apply_chat_template(messages, tokenize=False, "
+        "add_generation_prompt=True) and enqueue() the texts with tokenization_kwargs={'add_special_tokens': False}, "
+        "or run them with chat()"
+    ),
     "get_metrics": (
         "the offline LLM keeps no Prometheus metrics: llm.engine.get_stats() gives a snapshot (running "
         "and waiting requests, KV-cache usage, preemptions, prefix-cache hits), and `surge serve` "

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from surge import LLM, SamplingParams
 from surge.config import DEFAULT_MODEL_DIR as STORIES
+from surge.core.outputs import RequestOutput
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -687,8 +688,7 @@ def test_vllm_world_size_and_mm_cache_calls(llm: LLM) -> None:
         ("start_profile", r"torch.profiler.profile\(\)"),
         ("collective_rpc", "runs no caller's function"),
         ("apply_model", "runs no caller's function"),
-        ("enqueue", r"use generate\(\) \(or chat\(\)\)"),
-        ("wait_for_completion", r"use generate\(\) \(or chat\(\)\)"),
+        ("enqueue_chat", r"apply_chat_template\(.*enqueue\(\) the texts"),
         ("get_metrics", r"llm.engine.get_stats\(\)"),
         ("update_weights", "make a new LLM on it"),
         ("llm_engine", r"Surge's engine is llm.engine .*llm.engine.config.model.max_model_len"),
@@ -723,3 +723,42 @@ def test_vllm_output_fields_surge_has_no_use_for_are_none(llm: LLM) -> None:
     ):
         assert getattr(out, name) is None, name
     assert out.outputs[0].lora_request is None
+
+
+def test_enqueue_and_wait_for_completion_as_vllm(llm: LLM) -> None:
+    """vLLM 0.26's ``enqueue()`` / ``wait_for_completion()`` were AttributeErrors: prompts of
+    several ``enqueue`` calls run together and come back in the order enqueued, with the ids
+    ``enqueue`` returned and the outputs ``generate`` gives; nothing stays queued after."""
+    prompts = ["Once upon a time", [1, 400, 3], {"prompt": "The cat"}]
+    expected = llm.generate(prompts, GREEDY)
+    two = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, n=2)
+    ids = llm.enqueue(prompts[:2], GREEDY) + llm.enqueue(prompts[2:], [two])
+    assert len(set(ids)) == 3
+    outs = llm.wait_for_completion()
+    assert [o.request_id for o in outs] == ids
+    assert [o.prompt_token_ids for o in outs] == [e.prompt_token_ids for e in expected]
+    assert [o.outputs[0].text for o in outs[:2]] == [e.outputs[0].text for e in expected[:2]]
+    assert [c.index for c in outs[2].outputs] == [0, 1]
+    assert outs[2].outputs[0].token_ids == expected[2].outputs[0].token_ids[:4]
+    assert llm.wait_for_completion(RequestOutput) == []
+    assert llm.wait_for_completion((RequestOutput,)) == []
+
+
+def test_enqueue_edges(llm: LLM) -> None:
+    """A prompt that ``enqueue`` refuses leaves nothing queued; ``generate`` with prompts queued
+    is refused (their outputs would be lost) until ``wait_for_completion``; an ``output_type``
+    other than ``RequestOutput`` is named."""
+    with pytest.raises(ValueError, match="each prompt must be a string"):
+        llm.enqueue(["Once", 5], GREEDY)  # type: ignore[list-item]
+    assert llm.wait_for_completion() == []
+    ids = llm.enqueue("Once upon a time", GREEDY)
+    with pytest.raises(
+        RuntimeError, match=r"1 prompts were enqueued .* wait_for_completion\(\) before generate\(\)"
+    ):
+        llm.generate("Once", GREEDY)
+    with pytest.raises(RuntimeError, match="wait_for_completion"):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY)
+    with pytest.raises(ValueError, match="output_type must be None or RequestOutput"):
+        llm.wait_for_completion(dict)
+    assert [o.request_id for o in llm.wait_for_completion(use_tqdm=False)] == ids
+    assert llm.generate("Once", GREEDY)[0].outputs[0].token_ids
