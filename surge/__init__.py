@@ -1,10 +1,20 @@
 """Surge: an LLM serving engine with a paged KV cache and continuous batching."""
 
+from surge.core.outputs import CompletionOutput, RequestOutput
+from surge.inputs import TextPrompt, TokensPrompt
 from surge.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -105,6 +105,8 @@ def test_a_closed_llm_refuses_work() -> None:
         lambda: model.generate("Once", GREEDY),
         lambda: model.chat([{"role": "user", "content": "hi"}]),
         model.reset_prefix_cache,
+        lambda: model.enqueue("Once", GREEDY),
+        model.wait_for_completion,
     ):
         with pytest.raises(RuntimeError, match="this LLM is closed"):
             call()
@@ -762,3 +764,21 @@ def test_enqueue_edges(llm: LLM) -> None:
         llm.wait_for_completion(dict)
     assert [o.request_id for o in llm.wait_for_completion(use_tqdm=False)] == ids
     assert llm.generate("Once", GREEDY)[0].outputs[0].token_ids
+
+
+def test_vllm_top_level_names_import(llm: LLM) -> None:
+    """``from vllm import TokensPrompt, TextPrompt, RequestOutput, CompletionOutput`` ported as
+    ``from surge import ...`` was an ImportError: the prompt dicts build the dicts ``generate``
+    takes, and the outputs are of the exported types."""
+    import surge
+    from surge import CompletionOutput, TextPrompt, TokensPrompt
+    from surge import RequestOutput as Exported
+
+    ids = [1, 400, 3]
+    assert TokensPrompt(prompt_token_ids=ids) == {"prompt_token_ids": ids}
+    outs = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids, prompt="its text"), TextPrompt(prompt="Once")], GREEDY
+    )
+    assert outs[0].prompt == "its text" and outs[0].prompt_token_ids == ids and outs[1].prompt == "Once"
+    assert all(isinstance(o, Exported) and isinstance(o.outputs[0], CompletionOutput) for o in outs)
+    assert {"RequestOutput", "CompletionOutput", "TextPrompt", "TokensPrompt"} <= set(surge.__all__)
