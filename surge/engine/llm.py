@@ -742,6 +742,85 @@ class LLM:
             RuntimeError: the ``LLM`` is closed.
         """
         self._check_open()
+        prompts, texts = self._render_chat(
+            messages,
+            chat_template,
+            chat_template_content_format,
+            add_generation_prompt,
+            continue_final_message,
+            tools,
+            chat_template_kwargs,
+            tokenization_kwargs,
+            lora_request,
+            mm_processor_kwargs,
+        )
+        results = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        for result, text in zip(results, texts, strict=True):
+            result.prompt = text
+        return results
+
+    def enqueue_chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = False,
+        lora_request: object = None,
+        priority: Sequence[int] | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """vLLM 0.26's: :meth:`chat`'s conversations rendered and added as :meth:`enqueue` adds
+        prompts (``priority`` is :meth:`generate`'s, one per conversation; ``use_tqdm`` a bar over
+        the conversations added); :meth:`wait_for_completion` runs them, each output's ``prompt``
+        the templated text, as :meth:`chat`'s. The arguments are in vLLM's ``enqueue_chat``
+        order.
+
+        Returns:
+            The request id of each conversation, in order.
+
+        Raises:
+            As :meth:`chat` (nothing of a call that raises stays enqueued).
+        """
+        self._check_open()
+        prompts, texts = self._render_chat(
+            messages,
+            chat_template,
+            chat_template_content_format,
+            add_generation_prompt,
+            continue_final_message,
+            tools,
+            chat_template_kwargs,
+            tokenization_kwargs,
+            lora_request,
+            mm_processor_kwargs,
+        )
+        ids = self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm)
+        if ids:
+            for result, text in zip(self._queued_results[-len(ids) :], texts, strict=True):
+                result.prompt = text
+        return ids
+
+    def _render_chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        chat_template: str | None,
+        chat_template_content_format: str,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None,
+        tokenization_kwargs: Mapping[str, Any] | None,
+        lora_request: object,
+        mm_processor_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[list[PromptType], list[str]]:
+        """:meth:`chat`'s checks and its conversations rendered: each one's prompt (as
+        :meth:`generate` takes it) and its templated text."""
         _check_content_format(chat_template_content_format)
         add_special_tokens = _add_special_tokens(tokenization_kwargs, default=None)
         _check_no_lora(lora_request)
@@ -767,10 +846,7 @@ class LLM:
             )
             for conv in conversations
         ]
-        results = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-        for result, text in zip(results, texts, strict=True):
-            result.prompt = text
-        return results
+        return prompts, texts
 
     def _run(
         self,
@@ -877,11 +953,6 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "stop_profile": "Surge has no built-in profiler (see start_profile)",
     "collective_rpc": "Surge runs no caller's function in its engine or workers",
     "apply_model": "Surge runs no caller's function on its model",
-    "enqueue_chat": (
-        "render each conversation with llm.get_tokenizer().apply_chat_template(messages, tokenize=False, "
-        "add_generation_prompt=True) and enqueue() the texts with tokenization_kwargs={'add_special_tokens': False}, "
-        "or run them with chat()"
-    ),
     "get_metrics": (
         "the offline LLM keeps no Prometheus metrics: llm.engine.get_stats() gives a snapshot (running "
         "and waiting requests, KV-cache usage, preemptions, prefix-cache hits), and `surge serve` "

@@ -690,7 +690,6 @@ def test_vllm_world_size_and_mm_cache_calls(llm: LLM) -> None:
         ("start_profile", r"torch.profiler.profile\(\)"),
         ("collective_rpc", "runs no caller's function"),
         ("apply_model", "runs no caller's function"),
-        ("enqueue_chat", r"apply_chat_template\(.*enqueue\(\) the texts"),
         ("get_metrics", r"llm.engine.get_stats\(\)"),
         ("update_weights", "make a new LLM on it"),
         ("llm_engine", r"Surge's engine is llm.engine .*llm.engine.config.model.max_model_len"),
@@ -782,3 +781,23 @@ def test_vllm_top_level_names_import(llm: LLM) -> None:
     assert outs[0].prompt == "its text" and outs[0].prompt_token_ids == ids and outs[1].prompt == "Once"
     assert all(isinstance(o, Exported) and isinstance(o.outputs[0], CompletionOutput) for o in outs)
     assert {"RequestOutput", "CompletionOutput", "TextPrompt", "TokensPrompt"} <= set(surge.__all__)
+
+
+def test_enqueue_chat_as_vllm(llm: LLM) -> None:
+    """vLLM 0.26's ``enqueue_chat()`` was an AttributeError: conversations are rendered as
+    ``chat()`` renders them and run by ``wait_for_completion()`` next to enqueued prompts, each
+    output's ``prompt`` the templated text; a bad argument leaves nothing queued."""
+    one = [{"role": "user", "content": "hi"}]
+    two = [{"role": "user", "content": "tell me a story"}]
+    expected = llm.chat([one, two], GREEDY)
+    ids = llm.enqueue("Once upon a time", GREEDY) + llm.enqueue_chat([one, two], GREEDY, priority=[0, 0])
+    outs = llm.wait_for_completion()
+    assert [o.request_id for o in outs] == ids and outs[0].prompt == "Once upon a time"
+    assert [(o.prompt, o.prompt_token_ids, o.outputs[0].text) for o in outs[1:]] == [
+        (e.prompt, e.prompt_token_ids, e.outputs[0].text) for e in expected
+    ]
+    with pytest.raises(ValueError, match="chat_template_content_format='openai' is not supported"):
+        llm.enqueue_chat(one, GREEDY, chat_template_content_format="openai")
+    with pytest.raises(ValueError, match="priority must be one integer per prompt: 1 for 2 prompts"):
+        llm.enqueue_chat([one, two], GREEDY, priority=[0])
+    assert llm.enqueue_chat([], GREEDY) == [] and llm.wait_for_completion() == []
