@@ -956,7 +956,7 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "get_metrics": (
         "the offline LLM keeps no Prometheus metrics: llm.engine.get_stats() gives a snapshot (running "
         "and waiting requests, KV-cache usage, preemptions, prefix-cache hits), and `surge serve` "
-        "exports vLLM's metrics at GET /metrics"
+        "exports Prometheus metrics at GET /metrics (vLLM's names with --metrics-prefix vllm)"
     ),
     "init_weight_transfer_engine": _WEIGHTS,
     "start_weight_update": _WEIGHTS,

@@ -690,7 +690,10 @@ def test_vllm_world_size_and_mm_cache_calls(llm: LLM) -> None:
         ("start_profile", r"torch.profiler.profile\(\)"),
         ("collective_rpc", "runs no caller's function"),
         ("apply_model", "runs no caller's function"),
-        ("get_metrics", r"llm.engine.get_stats\(\)"),
+        (
+            "get_metrics",
+            r"llm.engine.get_stats\(\).*GET /metrics \(vLLM's names with --metrics-prefix vllm\)",
+        ),
         ("update_weights", "make a new LLM on it"),
         ("llm_engine", r"Surge's engine is llm.engine .*llm.engine.config.model.max_model_len"),
         ("set_tokenizer", "copy the tokenizer files into the model folder"),
