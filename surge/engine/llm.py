@@ -31,6 +31,8 @@ from surge.tokenizer import (
 if TYPE_CHECKING:
     import torch
 
+    from surge.metrics_reader import Metric
+
 PromptType = str | list[int]
 logger = logging.getLogger("surge.llm")
 
@@ -111,6 +113,9 @@ class LLM:
             ``thinking_token_budget`` needs (the reasoning end is forced once that many tokens
             were generated inside the reasoning); None: a budget is refused (``ValueError``).
             The outputs' text is not split: ``<think>`` ... ``</think>`` stays in it, as vLLM's.
+        disable_log_stats: vLLM's (a bool; default True, as vLLM's ``LLM``): the offline
+            ``LLM`` logs no periodic stats either way, and :meth:`get_metrics` counts either way
+            (vLLM's needs False).
 
     vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
     ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
@@ -155,6 +160,7 @@ class LLM:
         scheduling_policy: str = "fcfs",
         chat_template: str | Path | None = None,
         reasoning_parser: str | None = None,
+        disable_log_stats: bool = True,
         **unexpected: Any,
     ) -> None:
         for name in [n for n in unexpected if n in _VLLM_DEFAULT_ONLY]:
@@ -167,6 +173,8 @@ class LLM:
                 )
         if unexpected:
             raise TypeError(_unexpected_argument(next(iter(unexpected))))
+        if not isinstance(disable_log_stats, bool):
+            raise ValueError(f"disable_log_stats must be true or false, got {disable_log_stats!r}")
         if reasoning_parser is not None:  # before the model loads
             from surge.server.parsers import check_reasoning_parser
 
@@ -235,6 +243,10 @@ class LLM:
         # ``parent`` indexes _queued_results)
         self._queued_results: list[RequestOutput] = []
         self._queued_children: dict[str, _Child] = {}
+        # get_metrics()'s counts: finished engine requests (each of n choices is one)
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._finished: dict[str, int] = dict.fromkeys(("stop", "length", "abort", "repetition"), 0)
 
     def close(self) -> None:
         """Stop the engine's worker processes (tensor parallelism). Idempotent; a closed ``LLM``
@@ -681,6 +693,42 @@ class LLM:
             raise TypeError(f"get_world_size()'s include_dp must be a bool, got {include_dp!r}")
         return self.engine.config.parallel.tensor_parallel_size
 
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's: a snapshot of the engine's metrics under vLLM's names, as
+        :mod:`surge.metrics_reader` objects labelled ``model_name`` (the model folder) and
+        ``engine`` ("0"): the gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``
+        and ``vllm:kv_cache_usage_perc`` (0..1), and the counters since the ``LLM`` started
+        ``vllm:num_preemptions``, ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``
+        (prompt tokens), ``vllm:prompt_tokens`` and ``vllm:generation_tokens`` (of finished
+        requests) and ``vllm:request_success`` (finished requests, by ``finished_reason``; each of
+        ``n`` choices is one request). vLLM's histograms are left out: the offline ``LLM``
+        keeps no per-request timings. It counts whatever ``disable_log_stats`` says (vLLM's
+        needs False).
+        """
+        from surge.metrics_reader import Counter, Gauge
+
+        stats = self.engine.get_stats()
+        model = self.engine.config.model.model
+
+        def labels(**more: str) -> dict[str, str]:  # each metric its own dict
+            return {"model_name": model, "engine": "0", **more}
+
+        metrics: list[Metric] = [
+            Gauge("vllm:num_requests_running", labels(), float(stats.num_running)),
+            Gauge("vllm:num_requests_waiting", labels(), float(stats.num_waiting)),
+            Gauge("vllm:kv_cache_usage_perc", labels(), stats.kv_cache_usage),
+            Counter("vllm:num_preemptions", labels(), stats.num_preemptions_total),
+            Counter("vllm:prefix_cache_queries", labels(), stats.prefix_cache_query_tokens),
+            Counter("vllm:prefix_cache_hits", labels(), stats.prefix_cache_hit_tokens),
+            Counter("vllm:prompt_tokens", labels(), self._prompt_tokens),
+            Counter("vllm:generation_tokens", labels(), self._generation_tokens),
+        ]
+        metrics += [
+            Counter("vllm:request_success", labels(finished_reason=reason), count)
+            for reason, count in self._finished.items()
+        ]
+        return metrics
+
     def reset_mm_cache(self) -> None:
         """vLLM's: forget cached multimodal inputs. Surge serves text-only models and keeps no
         such cache, so there is nothing to forget: a script's call does nothing."""
@@ -889,6 +937,9 @@ class LLM:
                 if child.finish_reason is not None:
                     if detokenizer is not None:
                         detokenizer.flush()
+                    self._prompt_tokens += len(results[child.parent].prompt_token_ids)
+                    self._generation_tokens += len(child.token_ids)
+                    self._finished[child.finish_reason] = self._finished.get(child.finish_reason, 0) + 1
                     pending.discard(out.request_id)
                     if finished is not None:
                         finished(1)
@@ -919,7 +970,6 @@ absent, None or empty."""
 
 _LLM_ONLY_HINTS = {
     "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "disable_log_stats": "nothing: the offline API logs no periodic stats",
     "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
     "task": "nothing: Surge's LLM generates text, and vLLM 0.26 has no 'task' either (its runner=\"generate\")",
@@ -953,11 +1003,6 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "stop_profile": "Surge has no built-in profiler (see start_profile)",
     "collective_rpc": "Surge runs no caller's function in its engine or workers",
     "apply_model": "Surge runs no caller's function on its model",
-    "get_metrics": (
-        "the offline LLM keeps no Prometheus metrics: llm.engine.get_stats() gives a snapshot (running "
-        "and waiting requests, KV-cache usage, preemptions, prefix-cache hits), and `surge serve` "
-        "exports Prometheus metrics at GET /metrics (vLLM's names with --metrics-prefix vllm)"
-    ),
     "init_weight_transfer_engine": _WEIGHTS,
     "start_weight_update": _WEIGHTS,
     "start_draft_weight_update": _WEIGHTS,

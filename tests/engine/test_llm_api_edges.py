@@ -690,10 +690,6 @@ def test_vllm_world_size_and_mm_cache_calls(llm: LLM) -> None:
         ("start_profile", r"torch.profiler.profile\(\)"),
         ("collective_rpc", "runs no caller's function"),
         ("apply_model", "runs no caller's function"),
-        (
-            "get_metrics",
-            r"llm.engine.get_stats\(\).*GET /metrics \(vLLM's names with --metrics-prefix vllm\)",
-        ),
         ("update_weights", "make a new LLM on it"),
         ("llm_engine", r"Surge's engine is llm.engine .*llm.engine.config.model.max_model_len"),
         ("set_tokenizer", "copy the tokenizer files into the model folder"),
@@ -804,3 +800,43 @@ def test_enqueue_chat_as_vllm(llm: LLM) -> None:
     with pytest.raises(ValueError, match="priority must be one integer per prompt: 1 for 2 prompts"):
         llm.enqueue_chat([one, two], GREEDY, priority=[0])
     assert llm.enqueue_chat([], GREEDY) == [] and llm.wait_for_completion() == []
+
+
+def test_get_metrics_as_vllm() -> None:
+    """vLLM's ``LLM(disable_log_stats=False)`` was a TypeError and ``get_metrics()`` an
+    AttributeError: the metrics come back as vLLM's reader objects under vLLM's names, the
+    counters grow by what a call did (each of n choices is one request)."""
+    from surge.metrics_reader import Counter, Gauge
+
+    with pytest.raises(ValueError, match="disable_log_stats must be true or false, got 'no'"):
+        LLM(device="cpu", disable_log_stats="no")
+    with LLM(device="cpu", disable_log_stats=False) as model:
+
+        def values() -> dict[tuple[str, str], float]:
+            metrics = model.get_metrics()
+            assert all(m.labels["model_name"] == str(STORIES) and m.labels["engine"] == "0" for m in metrics)
+            gauges = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+            assert all(isinstance(m, Gauge if m.name in gauges else Counter) for m in metrics)
+            return {(m.name, m.labels.get("finished_reason", "")): m.value for m in metrics}
+
+        before = values()
+        assert before[("vllm:generation_tokens", "")] == 0 and before[("vllm:request_success", "length")] == 0
+        prompt = "Once upon a time there was a little girl named Lily who loved to play in the park"
+        two = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, n=2)
+        out = model.generate(
+            [prompt, prompt], [two, SamplingParams(temperature=0.0, max_tokens=3, stop_token_ids=[])]
+        )
+        after = values()
+        reasons = [c.finish_reason for o in out for c in o.outputs]
+        assert after[("vllm:generation_tokens", "")] == sum(len(c.token_ids) for o in out for c in o.outputs)
+        assert after[("vllm:prompt_tokens", "")] == 3 * len(out[0].prompt_token_ids)
+        assert sum(after[("vllm:request_success", r)] for r in ("stop", "length")) == 3
+        assert after[("vllm:request_success", "length")] == reasons.count("length")
+        assert after[("vllm:prefix_cache_queries", "")] == 3 * len(out[0].prompt_token_ids)
+        assert after[("vllm:num_requests_running", "")] == 0 and after[("vllm:num_requests_waiting", "")] == 0
+        again = model.generate(prompt, SamplingParams(temperature=0.0, max_tokens=1))[0]
+        assert again.num_cached_tokens > 0
+        hits = values()[("vllm:prefix_cache_hits", "")] - after[("vllm:prefix_cache_hits", "")]
+        assert hits == again.num_cached_tokens
+    with LLM(device="cpu", disable_log_stats=True) as model:
+        assert model.get_metrics()
