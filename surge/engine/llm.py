@@ -345,7 +345,8 @@ class LLM:
                 with ``finish_reason`` "length", as in vLLM's offline API), mismatched list lengths, an invalid
                 grammar in ``structured_outputs``, or a ``logit_bias`` / ``allowed_token_ids`` /
                 bad-word token id outside the vocabulary.
-            RuntimeError: the ``LLM`` is closed (:meth:`close`), or a grammar compile worker
+            RuntimeError: the ``LLM`` is closed (:meth:`close`), prompts of :meth:`enqueue` wait
+                (run them with :meth:`wait_for_completion` first), or a grammar compile worker
                 died or could not start.
 
         Whatever exception leaves this call (an engine step that fails, a KeyboardInterrupt)
