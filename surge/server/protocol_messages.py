@@ -180,7 +180,7 @@ def _block(block: Any, where: str) -> tuple[str, dict[str, Any]]:
             does not take (``image``, ``document``, server tool blocks, ...).
     """
     kind = block.get("type") if isinstance(block, dict) else None
-    if kind not in _BLOCK_KEYS:
+    if not isinstance(kind, str) or kind not in _BLOCK_KEYS:  # a list or object type is unhashable
         what = "images" if kind == "image" else f"{kind!r} blocks"
         raise bad_request(
             f"{where} has type {kind!r}: Surge serves text models and does not take {what} "
@@ -383,7 +383,7 @@ def _chat_tool_choice(choice: dict[str, Any]) -> tuple[Any, bool | None]:
         ApiError: 400 naming ``tool_choice...`` for another shape.
     """
     kind = choice.get("type")
-    if kind not in _TOOL_CHOICE_KEYS:
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICE_KEYS:
         raise bad_request(
             f"tool_choice.type must be 'auto', 'any', 'tool' or 'none', got {kind!r}",
             param="tool_choice.type",
@@ -418,7 +418,7 @@ def _enable_thinking(thinking: dict[str, Any]) -> bool | None:
         "disabled": {"type"},
         "adaptive": {"type", "display"},
     }
-    if kind not in keys:
+    if not isinstance(kind, str) or kind not in keys:
         raise bad_request(
             f"thinking.type must be 'enabled', 'disabled' or 'adaptive', got {kind!r}", param="thinking.type"
         )
