@@ -70,16 +70,23 @@ _CHAT_NAME = re.compile(
     r"\b(max_completion_tokens|response_format|reasoning_effort|parallel_tool_calls|thinking_token_budget)\b"
 )
 _MESSAGES_INDEX = re.compile(r"\bmessages\[\d+\]")
+_CHAT_SCHEMA = "response_format.json_schema.schema"
+_MESSAGES_SCHEMA = "output_config.format.schema"
+"""Where chat's ``response_format`` holds the schema of ``output_config.format``, and where the
+Messages API holds it."""
 
 
 def messages_param(param: str | None) -> str | None:
     """The Messages API name of a chat request field named by an error (``max_completion_tokens``
-    -> ``max_tokens``, ``stop`` -> ``stop_sequences``, ``messages[3]...`` -> ``messages``: the chat
+    -> ``max_tokens``, ``stop`` -> ``stop_sequences``, ``response_format.json_schema.schema`` ->
+    ``output_config.format.schema``, ``messages[3]...`` -> ``messages``: the chat
     messages are not the request's, one for one)."""
     if param is None:
         return None
     if param.startswith("messages"):
         return "messages"
+    if param == _CHAT_SCHEMA:
+        return _MESSAGES_SCHEMA
     top = param.split(".", 1)[0].split("[", 1)[0]
     if top in _PARAM_NAMES:
         return _PARAM_NAMES[top]
@@ -87,6 +94,7 @@ def messages_param(param: str | None) -> str | None:
 
 
 _CHAT_PHRASES = (
+    (_CHAT_SCHEMA, _MESSAGES_SCHEMA),
     ('tool_choice "auto"', 'tool_choice {"type": "auto"} (the default with tools)'),
     (
         '(use "required", a named function or "none" otherwise)',
@@ -102,11 +110,13 @@ _CHAT_PHRASES = (
 
 def messages_message(message: str) -> str:
     """A chat error's message with the chat fields it names spelled as the Messages API has them
-    (``tools[0].function.name`` -> ``tools[0].name``), and without the index of a chat message
+    (``tools[0].function.name`` -> ``tools[0].name``, ``tools[0].function.parameters`` ->
+    ``tools[0].input_schema``), and without the index of a chat message
     (which is not the request's)."""
     for chat, ours in _CHAT_PHRASES:
         message = message.replace(chat, ours)
     message = _CHAT_NAME.sub(lambda m: _PARAM_NAMES[m.group(1)], message)
+    message = re.sub(r"(tools\[\d+\])\.function\.parameters\b", r"\1.input_schema", message)
     message = re.sub(r"(tools\[\d+\])\.function\b", r"\1", message)
     return _MESSAGES_INDEX.sub("messages", message)
 
