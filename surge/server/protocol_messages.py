@@ -70,16 +70,23 @@ _CHAT_NAME = re.compile(
     r"\b(max_completion_tokens|response_format|reasoning_effort|parallel_tool_calls|thinking_token_budget)\b"
 )
 _MESSAGES_INDEX = re.compile(r"\bmessages\[\d+\]")
+_CHAT_SCHEMA = "response_format.json_schema.schema"
+_MESSAGES_SCHEMA = "output_config.format.schema"
+"""Where chat's ``response_format`` holds the schema of ``output_config.format``, and where the
+Messages API holds it."""
 
 
 def messages_param(param: str | None) -> str | None:
     """The Messages API name of a chat request field named by an error (``max_completion_tokens``
-    -> ``max_tokens``, ``stop`` -> ``stop_sequences``, ``messages[3]...`` -> ``messages``: the chat
+    -> ``max_tokens``, ``stop`` -> ``stop_sequences``, ``response_format.json_schema.schema`` ->
+    ``output_config.format.schema``, ``messages[3]...`` -> ``messages``: the chat
     messages are not the request's, one for one)."""
     if param is None:
         return None
     if param.startswith("messages"):
         return "messages"
+    if param == _CHAT_SCHEMA:
+        return _MESSAGES_SCHEMA
     top = param.split(".", 1)[0].split("[", 1)[0]
     if top in _PARAM_NAMES:
         return _PARAM_NAMES[top]
@@ -87,6 +94,7 @@ def messages_param(param: str | None) -> str | None:
 
 
 _CHAT_PHRASES = (
+    (_CHAT_SCHEMA, _MESSAGES_SCHEMA),
     ('tool_choice "auto"', 'tool_choice {"type": "auto"} (the default with tools)'),
     (
         '(use "required", a named function or "none" otherwise)',
@@ -102,11 +110,13 @@ _CHAT_PHRASES = (
 
 def messages_message(message: str) -> str:
     """A chat error's message with the chat fields it names spelled as the Messages API has them
-    (``tools[0].function.name`` -> ``tools[0].name``), and without the index of a chat message
+    (``tools[0].function.name`` -> ``tools[0].name``, ``tools[0].function.parameters`` ->
+    ``tools[0].input_schema``), and without the index of a chat message
     (which is not the request's)."""
     for chat, ours in _CHAT_PHRASES:
         message = message.replace(chat, ours)
     message = _CHAT_NAME.sub(lambda m: _PARAM_NAMES[m.group(1)], message)
+    message = re.sub(r"(tools\[\d+\])\.function\.parameters\b", r"\1.input_schema", message)
     message = re.sub(r"(tools\[\d+\])\.function\b", r"\1", message)
     return _MESSAGES_INDEX.sub("messages", message)
 
@@ -180,7 +190,7 @@ def _block(block: Any, where: str) -> tuple[str, dict[str, Any]]:
             does not take (``image``, ``document``, server tool blocks, ...).
     """
     kind = block.get("type") if isinstance(block, dict) else None
-    if kind not in _BLOCK_KEYS:
+    if not isinstance(kind, str) or kind not in _BLOCK_KEYS:  # a list or object type is unhashable
         what = "images" if kind == "image" else f"{kind!r} blocks"
         raise bad_request(
             f"{where} has type {kind!r}: Surge serves text models and does not take {what} "
@@ -383,7 +393,7 @@ def _chat_tool_choice(choice: dict[str, Any]) -> tuple[Any, bool | None]:
         ApiError: 400 naming ``tool_choice...`` for another shape.
     """
     kind = choice.get("type")
-    if kind not in _TOOL_CHOICE_KEYS:
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICE_KEYS:
         raise bad_request(
             f"tool_choice.type must be 'auto', 'any', 'tool' or 'none', got {kind!r}",
             param="tool_choice.type",
@@ -418,7 +428,7 @@ def _enable_thinking(thinking: dict[str, Any]) -> bool | None:
         "disabled": {"type"},
         "adaptive": {"type", "display"},
     }
-    if kind not in keys:
+    if not isinstance(kind, str) or kind not in keys:
         raise bad_request(
             f"thinking.type must be 'enabled', 'disabled' or 'adaptive', got {kind!r}", param="thinking.type"
         )

@@ -208,6 +208,23 @@ def test_api_key_in_x_api_key_or_bearer_only_on_messages_routes(srv: Server) -> 
         ({"max_tokens": 5, "system": [{"type": "image"}]}, "system[0]"),
         ({"max_tokens": 5, "tools": [{"input_schema": {"type": "object"}}]}, "tools[0].name"),
         (
+            {"max_tokens": 5, "output_config": {"format": {"type": "json_schema", "schema": {"type": "x"}}}},
+            "output_config.format.schema:",
+        ),
+        # chat's tools[0].function.parameters is the Messages API's tools[0].input_schema
+        (
+            {"max_tokens": 5, "tools": [{"name": "f", "input_schema": {"type": "string"}}]},
+            "tools[0].input_schema",
+        ),
+        # a type that is a list or an object (unhashable) is refused as any unknown type
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": []}]}]},
+            "messages[0].content[0]",
+        ),
+        ({"max_tokens": 5, "system": [{"type": {}}]}, "system[0]"),
+        ({"max_tokens": 5, "tool_choice": {"type": ["auto"]}}, "tool_choice.type"),
+        ({"max_tokens": 5, "thinking": {"type": {"enabled": True}}}, "thinking.type"),
+        (
             {
                 "max_tokens": 5,
                 "messages": [
