@@ -50,6 +50,7 @@ from surge.server.protocol_messages import (
 from surge.server.serving_chat import start_chat
 from surge.server.serving_common import (
     ServerState,
+    build_sampling_params,
     check_template_kwargs,
     collect,
     render_chat,
@@ -190,6 +191,9 @@ async def count_tokens(state: ServerState, body: MessagesBody) -> dict[str, int]
     try:
         state.check_model(chat.model)
         chat.check_unimplemented()
+        # the sampling fields (stop_sequences, top_p, ...) a /v1/messages call would refuse
+        state.check_stop(chat.stop_list)
+        build_sampling_params(chat, 1, None, token_rules={})
         check_template_kwargs(chat.template_kwargs)
         worker = state.tokenizer_worker
         plan = await worker.run(

@@ -445,3 +445,13 @@ def test_blocks_and_stop_reason_of_an_answer(
         },
     ]
     assert blocks.stop_reason(finish, stop) == reason
+
+
+def test_count_tokens_refuses_the_stop_sequences_a_message_refuses(srv: Server) -> None:
+    """An empty stop sequence is a 400 naming stop_sequences on both routes (count_tokens said
+    200 to a body /v1/messages refuses)."""
+    body = BASE | {"max_tokens": 4, "stop_sequences": [""]}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        r = _post(srv, body, path)
+        assert r.status_code == 400, (path, r.text)
+        assert "stop_sequences" in r.json()["error"]["message"], (path, r.text)
