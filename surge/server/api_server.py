@@ -519,6 +519,9 @@ _INVOCATIONS_OPENAPI: dict[str, Any] = {
 }
 """``/invocations``' body in the OpenAPI schema: a chat completions or a completions body."""
 
+SAGEMAKER_ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+"""The header SageMaker names a request's LoRA adapter in (``/invocations``)."""
+
 _NO_HANDLER = (
     "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', "
     "'CompletionRequest'] (/invocations serves a chat completions body, with 'messages', or a "
@@ -531,7 +534,9 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
     body when it has ``messages`` (vLLM tries chat first), else a completions body when it has
     ``prompt``. Unlike vLLM, which tries the next kind when a body does not validate (and
     answers "Cannot find suitable handler" when none does), a body of one kind with a bad field
-    gets that endpoint's 400 naming the field.
+    gets that endpoint's 400 naming the field. SageMaker's LoRA adapter header
+    (:data:`SAGEMAKER_ADAPTER_HEADER`) replaces the body's ``model``, as vLLM's SageMaker layer
+    does: Surge serves no adapter, so any name but a served model's is the usual 404.
 
     Raises:
         ApiError: 400 for a body that is not a JSON object of either kind (vLLM's message).
@@ -549,6 +554,9 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
         data = await request.json()
     except json.JSONDecodeError:
         raise bad_request("Invalid JSON body: JSON decode error") from None  # the other routes' words
+    adapter = request.headers.get(SAGEMAKER_ADAPTER_HEADER)
+    if adapter is not None and isinstance(data, dict):  # vLLM's: the header's adapter is the model
+        data["model"] = adapter
     kind: type[ChatCompletionRequest] | type[CompletionRequest]
     if isinstance(data, dict) and "messages" in data:
         kind = ChatCompletionRequest

@@ -106,6 +106,18 @@ def test_invocations_names_the_bad_field_of_the_kind_it_picked(server: Server) -
     assert _error(httpx.post(url, json={"prompt": "word " * 2000}, timeout=30))["param"] == "prompt"
 
 
+def test_invocations_takes_the_model_from_sagemakers_adapter_header(server: Server) -> None:
+    # vLLM's SageMaker layer puts the adapter named in this header in the body's `model`
+    header = "X-Amzn-SageMaker-Adapter-Identifier"
+    body = {"prompt": "Once", "max_tokens": 2, "model": "whatever the body says"}
+    r = httpx.post(server.url + "/invocations", json=body, headers={header: "my-lora"}, timeout=30)
+    error = _error(r, 404)
+    assert error["param"] == "model" and "my-lora" in error["message"]
+    served = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    r = httpx.post(server.url + "/invocations", json=body, headers={header: served}, timeout=30)
+    assert r.status_code == 200 and r.json()["model"] == served, r.text
+
+
 def test_invocations_refuses_a_body_that_is_not_json(server: Server) -> None:
     url = server.url + "/invocations"
     r = httpx.post(url, content=b'{"prompt": "x"}', headers={"content-type": "text/plain"}, timeout=30)
