@@ -8,6 +8,9 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/r
 same, vLLM's SageMaker health check), ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``POST /v1/chat/completions/render`` and
 ``POST /v1/completions/render`` (vLLM's: the prompt rendered, nothing generated),
+``POST /v1/chat/completions/batch`` (vLLM's: several conversations in one non-streamed answer),
+``POST /invocations`` (vLLM's SageMaker route: a chat completions or completions body, keyed
+like the ``/v1`` routes),
 ``GET /version``, ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``),
 ``GET /load`` (vLLM's count of requests being served, see :mod:`surge.server.load`), and the web UI (``GET /``,
 ``GET /dashboard``, ``/ui/*``; see ``surge.web``). Every error is an OpenAI error body
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import email.message
 import gc
+import json
 import logging
 import os
 import signal
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import pydantic
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,6 +71,7 @@ from surge.server.load import LoadTrackingMiddleware, ServerLoad
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
 from surge.server.protocol import (
+    BatchChatCompletionRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -75,7 +81,7 @@ from surge.server.protocol import (
 from surge.server.protocol_messages import MessagesBody, MessagesRequest
 from surge.server.protocol_responses import ResponsesRequest
 from surge.server.request_id import RequestIdMiddleware, logged_request_id
-from surge.server.serving_chat import create_chat_completion
+from surge.server.serving_chat import create_batch_chat_completion, create_chat_completion
 from surge.server.serving_common import ClientGone, ServerState, check_template_kwargs, render_chat
 from surge.server.serving_completion import create_completion
 from surge.server.serving_messages import count_tokens, create_message
@@ -98,7 +104,9 @@ by its dotted path (``stream_options.include_obfuscation``, ``repetition_detecti
 other errors name the top field."""
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> tuple[str, str | None]:
+    """The 400's message and ``param`` for a body pydantic refused (``batch``: the body of
+    ``/v1/chat/completions/batch``, whose errors inside a conversation name ``messages[i]``)."""
     errors = exc.errors()
     if not errors:
         return "Invalid request body", None
@@ -121,6 +129,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     if len(loc) > 1 and loc[0] in _NESTED_OBJECT_FIELDS:  # stream_options.include_usage, not stream_options
         return msg, f"{loc[0]}.{loc[1]}"
+    if batch and len(loc) > 1 and loc[0] == "messages" and loc[1].isdigit():  # the conversation at fault
+        return msg, f"messages[{loc[1]}]"
     return msg, (loc[0] if loc else None)
 
 
@@ -222,7 +232,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = _validation_message(exc, batch=request.url.path == BATCH_CHAT_PATH)
         content_type = request.headers.get("content-type", "")
         errors = exc.errors()
         if not _parsed_as_json(content_type) and errors and tuple(errors[0].get("loc", ())) == ("body",):
@@ -263,6 +273,20 @@ def build_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(state, body, request)
+
+    @app.post(BATCH_CHAT_PATH)
+    async def chat_completions_batch(body: BatchChatCompletionRequest, request: Request) -> Response:
+        return await create_batch_chat_completion(state, body, request)
+
+    @app.post("/invocations", openapi_extra=_INVOCATIONS_OPENAPI)
+    async def invocations(request: Request) -> Response:
+        """vLLM's SageMaker route: a chat completions body (with ``messages``) is served as
+        ``/v1/chat/completions`` serves it, a completions body (with ``prompt``) as
+        ``/v1/completions``, streamed or not."""
+        body = await _invocation_body(request)
+        if isinstance(body, ChatCompletionRequest):
+            return await create_chat_completion(state, body, request)
         return await create_completion(state, body, request)
 
     # vLLM's render API: the prompt as the generation endpoint would send it, nothing generated
@@ -473,6 +497,78 @@ def tokenizer_config(tokenizer: PreTrainedTokenizerBase, chat_template: str | No
     else:
         info.pop("chat_template", None)
     return info
+
+
+BATCH_CHAT_PATH = "/v1/chat/completions/batch"
+"""vLLM 0.26's batch chat completions (:func:`surge.server.serving_chat.create_batch_chat_completion`)."""
+
+_INVOCATIONS_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        {"$ref": "#/components/schemas/ChatCompletionRequest"},
+                        {"$ref": "#/components/schemas/CompletionRequest"},
+                    ]
+                }
+            }
+        },
+    }
+}
+"""``/invocations``' body in the OpenAPI schema: a chat completions or a completions body."""
+
+SAGEMAKER_ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+"""The header SageMaker names a request's LoRA adapter in (``/invocations``)."""
+
+_NO_HANDLER = (
+    "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', "
+    "'CompletionRequest'] (/invocations serves a chat completions body, with 'messages', or a "
+    "completions body, with 'prompt')"
+)
+
+
+async def _invocation_body(request: Request) -> ChatCompletionRequest | CompletionRequest:
+    """``/invocations``' body as the request it is, picked as vLLM picks it: a chat completions
+    body when it has ``messages`` (vLLM tries chat first), else a completions body when it has
+    ``prompt``. Unlike vLLM, which tries the next kind when a body does not validate (and
+    answers "Cannot find suitable handler" when none does), a body of one kind with a bad field
+    gets that endpoint's 400 naming the field. SageMaker's LoRA adapter header
+    (:data:`SAGEMAKER_ADAPTER_HEADER`) replaces the body's ``model``, as vLLM's SageMaker layer
+    does: Surge serves no adapter, so any name but a served model's is the usual 404.
+
+    Raises:
+        ApiError: 400 for a body that is not a JSON object of either kind (vLLM's message).
+        RequestValidationError: a field of the chosen kind is wrong (the usual 400 naming it).
+    """
+    content_type = request.headers.get("content-type", "")
+    if not _parsed_as_json(content_type):
+        raise bad_request(
+            "The request body must be a JSON object sent with 'Content-Type: application/json' "
+            f"(this request's Content-Type: {content_type or 'none'!r})"
+        )
+    if not await request.body():
+        raise bad_request("The request body is empty: send a JSON object")
+    try:
+        data = await request.json()
+    except json.JSONDecodeError:
+        raise bad_request("Invalid JSON body: JSON decode error") from None  # the other routes' words
+    adapter = request.headers.get(SAGEMAKER_ADAPTER_HEADER)
+    if adapter is not None and isinstance(data, dict):  # vLLM's: the header's adapter is the model
+        data["model"] = adapter
+    kind: type[ChatCompletionRequest] | type[CompletionRequest]
+    if isinstance(data, dict) and "messages" in data:
+        kind = ChatCompletionRequest
+    elif isinstance(data, dict) and "prompt" in data:
+        kind = CompletionRequest
+    else:
+        raise bad_request(_NO_HANDLER)
+    try:
+        return kind.model_validate(data)
+    except pydantic.ValidationError as e:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
 
 
 def _parsed_as_json(content_type: str) -> bool:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("surge.server")
 
 SHUTDOWN_CODE = "server_shutting_down"
-DRAINED_PATHS_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+DRAINED_PATHS_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
 """Routes that refuse new requests while draining."""
 
 

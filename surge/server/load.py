@@ -2,7 +2,8 @@
 
 ``/load`` answers ``{"server_load": N}``: N is the number of requests this API process is serving
 on the routes vLLM counts that Surge has (``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/responses``, ``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``), from the
+``POST /v1/chat/completions/batch``, ``POST /invocations`` (which vLLM counts as the route it
+dispatches to), ``POST /v1/responses``, ``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``), from the
 moment their body has arrived and passed the API key and body checks until their response has been
 sent in full (a stream's last event) or failed. Without the flag nothing is counted and ``/load``
 answers 0, as in vLLM. With several API processes (``--api-server-count``) each counts its own
@@ -13,7 +14,13 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-_COUNTED_POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_COUNTED_POSTS = (
+    "/v1/chat/completions",
+    "/v1/chat/completions/batch",
+    "/v1/completions",
+    "/v1/responses",
+    "/invocations",
+)
 _RESPONSES = "/v1/responses/"
 
 

@@ -64,15 +64,22 @@ _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/Erro
 _ANTHROPIC_ERROR_REF = {
     "application/json": {"schema": {"$ref": "#/components/schemas/AnthropicErrorResponse"}}
 }
-_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
-_MODEL_PATHS = _GENERATION_PATHS | {
-    "/tokenize",
-    "/detokenize",
-    "/v1/models/{model}",
-    "/v1/messages/count_tokens",
-    "/v1/completions/render",
-    "/v1/chat/completions/render",
-}
+_GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/invocations"}
+)
+_UNSTREAMED_GENERATION_PATHS = frozenset({"/v1/chat/completions/batch"})
+_MODEL_PATHS = (
+    _GENERATION_PATHS
+    | _UNSTREAMED_GENERATION_PATHS
+    | {
+        "/tokenize",
+        "/detokenize",
+        "/v1/models/{model}",
+        "/v1/messages/count_tokens",
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+    }
+)
 _SSE_DESCRIPTION = (
     "With `stream: true`: `data: {chunk}` events, `: queued` comments while waiting for the first "
     "token, then `data: [DONE]`."
@@ -140,9 +147,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["401"] = _error("Missing or wrong API key (only when the server has --api-key).")
             if path in _MODEL_PATHS:
                 responses["404"] = _error("The `model` is not served here.")
-            if path in _GENERATION_PATHS:
+            if path in _GENERATION_PATHS | _UNSTREAMED_GENERATION_PATHS:
                 responses["500"] = _error("A server fault ended the request (a grammar compile worker died).")
                 responses["503"] = _error("The engine is not running.")
+            if path in _GENERATION_PATHS:
                 ok = responses.setdefault("200", {"description": "Successful Response"})
                 ok.setdefault("content", {})["text/event-stream"] = {
                     "schema": {"type": "string"},

@@ -412,6 +412,63 @@ class ChatCompletionRequest(SamplingRequestFields):
         return template_kwargs_with_effort(self.chat_template_kwargs, self.reasoning_effort)
 
 
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """Body of ``POST /v1/chat/completions/batch`` (vLLM 0.26's): chat completions' fields, with
+    ``messages`` a list of conversations (each a list of chat messages). Each conversation is
+    rendered and generated as its own chat completion (:meth:`conversation`), all of them in the
+    engine at once; the answer has one choice per conversation, ``index`` = its position.
+
+    As in vLLM: no streaming, no tools, ``n`` 1 (:meth:`check_batch`); also no
+    ``prompt_logprobs`` (chat answers them once, at the top level, for its one prompt).
+    """
+
+    messages: list[list[ChatMessage]]  # type: ignore[assignment]
+
+    def check_batch(self, max_conversations: int) -> None:
+        """Raise a 400 ApiError naming the field of what a batch cannot do.
+
+        Args:
+            max_conversations: the most conversations of one request
+                (``--max-choices-per-request``).
+        """
+        if not self.messages:
+            raise bad_request("messages must hold at least one conversation", param="messages")
+        if len(self.messages) > max_conversations:
+            raise bad_request(
+                f"the request has {len(self.messages)} conversations; at most {max_conversations} "
+                "are allowed (--max-choices-per-request).",
+                param="messages",
+            )
+        if self.stream:
+            raise bad_request(
+                "Batch chat completions do not support streaming: set stream to false (or leave it out)",
+                param="stream",
+            )
+        if self.n != 1:
+            raise bad_request(
+                "Batch chat completions do not support `n > 1`. Please set `n` to 1.", param="n"
+            )
+        if self.tools:
+            raise bad_request("Batch chat completions do not support tools: leave tools out", param="tools")
+        if self.tool_choice not in (None, "none"):
+            raise bad_request(
+                'Batch chat completions do not support tools: tool_choice may only be "none"',
+                param="tool_choice",
+            )
+        if self.prompt_logprobs is not None:
+            raise bad_request(
+                "Batch chat completions do not return prompt_logprobs: leave prompt_logprobs out",
+                param="prompt_logprobs",
+            )
+
+    def conversation(self, index: int) -> ChatCompletionRequest:
+        """Conversation ``index`` as a chat completion request of its own: the same fields (the
+        same ones set), ``messages`` that conversation. Not validated again: every field was."""
+        values = dict(self)
+        values["messages"] = self.messages[index]
+        return ChatCompletionRequest.model_construct(_fields_set=set(self.model_fields_set), **values)
+
+
 class CompletionRequest(SamplingRequestFields):
     """Body of ``POST /v1/completions``: ``prompt`` is a string, strings, token ids, or lists of ids.
 

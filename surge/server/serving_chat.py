@@ -14,10 +14,10 @@ from fastapi.responses import Response
 from surge.core.logprobs import LogprobsLists
 from surge.sampling_params import SamplingParams
 from surge.server.chat_tools import ChatPlan, is_empty_delta, plan_chat
-from surge.server.errors import bad_request
+from surge.server.errors import ApiError, bad_request
 from surge.server.generation import ChoiceDelta, Generation
 from surge.server.logprobs import LogprobOptions, chat_content, chat_options, vllm_prompt_logprobs
-from surge.server.protocol import ChatCompletionRequest
+from surge.server.protocol import BatchChatCompletionRequest, ChatCompletionRequest
 from surge.server.serving_common import (
     ChunkEnvelope,
     Cooperative,
@@ -313,6 +313,102 @@ async def create_chat_completion(
 
     usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
+
+
+async def create_batch_chat_completion(
+    state: ServerState, body: BatchChatCompletionRequest, request: Request
+) -> Response:
+    """Serve ``POST /v1/chat/completions/batch`` (vLLM 0.26's): every conversation checked and
+    rendered as a chat completion of its own, then all sent to the engine together (they run in
+    the same steps), answered in one non-streamed chat completion whose choice ``index`` is the
+    conversation's position, with the usage of them all. One bad conversation refuses the whole
+    request before anything is generated (a 400 naming ``messages[i]``), as one engine error
+    fails it all; a client that disconnects aborts every conversation in the engine.
+
+    Raises:
+        ApiError: 400 for a bad request, 404 for an unknown model, 503 when the engine is gone.
+        ClientGone: the client disconnected before the answer was ready.
+    """
+    arrival = time.monotonic()
+    body.check_batch(state.max_choices_per_request)
+    conversations = [body.conversation(i) for i in range(len(body.messages))]
+    prompts: list[ChatPrompt] = []
+    for i, conv in enumerate(conversations):
+        try:
+            prompts.append(await prepare_chat(state, conv, prompt_param=f"messages[{i}]", render=False))
+        except ApiError as e:
+            raise _in_conversation(e, i) from None
+    state.check_engine()
+    request_id, gen = start_generation(
+        state,
+        request,
+        body,
+        "chatcmpl",
+        arrival,
+        first_needs_text=True,
+        grammar_param=prompts[0].plan.grammar_param,
+    )
+    created = int(time.time())
+    try:
+        for i, prompt in enumerate(prompts):
+            prompt_id = f"{request_id}-p{i}"
+            log_request_start(state, prompt_id, prompt.params, prompt.prompt_ids)
+            gen.add_prompt(prompt_id, prompt.prompt_ids, prompt.params)
+    except Exception:
+        gen.abort()
+        raise
+    lp = prompts[0].lp  # the same options for every conversation: they come from the shared fields
+    names = state.logprob_tokens(body)
+    return_ids = bool(body.return_token_ids)
+    results = await collect(request, gen)
+    choices = []
+    turn = Cooperative()
+    for i, (text, finish, stop) in sorted(results.items()):
+        await turn.pause()
+        prompt = prompts[i]
+        message, finish = prompt.plan.message(text, finish)
+        echo = conversations[i].echo_text
+        if echo:
+            message["content"] = echo + (message.get("content") or "")
+        rows = _all_rows(gen, i)
+        choice: dict[str, Any] = {
+            "index": i,
+            "message": message,
+            "logprobs": None
+            if lp.logprobs is None
+            else {"content": chat_content(rows or LogprobsLists(), lp.logprobs, names)},
+            "finish_reason": finish,
+            "stop_reason": stop,
+        }
+        if return_ids:  # vLLM's choice token_ids; the prompt's ids per choice (one prompt each)
+            choice["token_ids"] = gen.choices[i].token_ids
+            choice["prompt_token_ids"] = prompt.prompt_ids
+        if body.return_prompt_text:
+            choice["prompt_text"] = prompt.prompt_text
+        choices.append(choice)
+    return await full_response(request_id, "chat.completion", created, state.model_name, choices, gen)
+
+
+def _in_conversation(error: ApiError, index: int) -> ApiError:
+    """A batch conversation's error naming the conversation: an error about its messages (the
+    template refused them, the prompt is too long) names ``messages[index]`` as its ``param`` and
+    in its message, and one that blames the output length (which the conversation's prompt
+    leaves no room for) says which conversation; errors about other fields are those of every
+    conversation, and unchanged."""
+    where = f"messages[{index}]"
+    param = error.param
+    if param == "messages":
+        param = where
+    elif param not in (where, "max_tokens", "max_completion_tokens"):
+        return error
+    message = error.message
+    if where in message:
+        pass
+    elif message.startswith("messages"):  # "messages: ..." / "messages must ..." of the one conversation
+        message = where + message[len("messages") :]
+    else:
+        message = f"{where}: {message}"
+    return ApiError(error.status, message, param=param, code=error.code)
 
 
 _ROLE_DELTA = {"role": "assistant", "content": ""}
