@@ -98,9 +98,13 @@ def test_async_scheduling_gives_the_same_tokens(
     prompts = [prompt, other, prompt]
     sync = _ids(llm, prompts, params)
     assert sync[0][4] == END and sync[2][2] == END
+    # the seeded request makes every step of its batch exact (applied before the next); the greedy
+    # pair alone runs on the fast asynchronous path, where the budget reads the step in flight
+    fast = _ids(llm, prompts[:2], params[:2])
     with _llm(model_dir, reasoning_parser="qwen3", async_scheduling=True) as async_llm:
         assert async_llm.engine.async_scheduling
         assert _ids(async_llm, prompts, params) == sync
+        assert _ids(async_llm, prompts[:2], params[:2]) == fast
 
 
 def test_async_steps_with_a_budget_are_not_applied_first(
