@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from surge.core.thinking_budget import ReasoningTokens
-from surge.generation_defaults import generation_config_mode, load_sampling_defaults
+from surge.generation_defaults import generation_config_mode, load_sampling_defaults, override_max_tokens
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
 
@@ -81,8 +81,12 @@ class ModelConfig:
             checkpoint, which sets it by itself) or None.
         generation_config: "auto" (the folder's generation_config.json gives sampling
             defaults) or "none".
-        sampling_defaults: the model's sampling defaults in force (field -> value), see
-            :mod:`surge.generation_defaults`.
+        sampling_defaults: the model's sampling defaults in force (field -> value, ``max_tokens``
+            from ``max_new_tokens`` included), see :mod:`surge.generation_defaults`.
+        override_generation_config: vLLM's ``--override-generation-config`` (keys merged over
+            the file's into ``sampling_defaults``), as given.
+        max_tokens_cap: the server-wide cap on every request's output (the override's
+            ``max_new_tokens``, vLLM's ``override_max_tokens``), or None.
     """
 
     model: str
@@ -103,6 +107,8 @@ class ModelConfig:
     quantization: str | None = None
     generation_config: str = "auto"
     sampling_defaults: dict[str, float | int] = field(default_factory=dict, hash=False, compare=False)
+    override_generation_config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    max_tokens_cap: int | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -158,6 +164,7 @@ class ModelConfig:
         quantization: str | None = None,
         generation_config: str = "auto",
         hf_overrides: dict[str, Any] | None = None,
+        override_generation_config: dict[str, Any] | None = None,
     ) -> ModelConfig:
         """Read a Hugging Face model folder (None = the bundled default model) in ``dtype``
         (:func:`dtype_name`: a name, an alias or a ``torch.dtype``; "auto" is the config's).
@@ -170,7 +177,9 @@ class ModelConfig:
 
         ``quantization`` is "fp8" or None; a checkpoint whose ``quantization_config`` has
         ``quant_method: "fp8"`` is FP8 whatever it says. With ``generation_config="auto"`` its ``generation_config.json`` gives the sampling
-        defaults; "none" (or vLLM's "vllm") ignores them.
+        defaults; "none" (or vLLM's "vllm") ignores them. ``override_generation_config``
+        (vLLM's) sets those defaults over the file's, and its ``max_new_tokens`` caps every
+        served request's output (:mod:`surge.generation_defaults`).
 
         Raises:
             ValueError: the folder, its config.json or a field is missing or unsupported
@@ -268,7 +277,9 @@ class ModelConfig:
             hf_config=hf,
             eos_token_ids=_read_eos_ids(path, hf),
             generation_config=generation_config,
-            sampling_defaults=load_sampling_defaults(path, generation_config),
+            sampling_defaults=load_sampling_defaults(path, generation_config, override_generation_config),
+            override_generation_config=dict(override_generation_config or {}),
+            max_tokens_cap=override_max_tokens(override_generation_config),
             **values,
         )
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from surge.config import DEFAULT_MODEL_DIR
-from surge.generation_defaults import describe_sampling_defaults, load_sampling_defaults
+from surge.generation_defaults import describe_sampling_defaults, load_sampling_defaults, override_max_tokens
 from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason_of
 from surge.server.auth import bearer_token, is_authorized, parse_api_keys
 
@@ -61,6 +61,46 @@ def test_vllm_spelling_of_generation_config_none(tmp_path: Path) -> None:
 def test_bad_generation_config_names_the_field(tmp_path: Path, gen: dict, word: str) -> None:
     with pytest.raises(ValueError, match=word):
         load_sampling_defaults(_model(tmp_path, gen))
+
+
+def test_max_new_tokens_and_override_generation_config(tmp_path: Path) -> None:
+    """As vLLM's ``get_diff_sampling_param``: the file's ``max_new_tokens`` is the default
+    ``max_tokens``; ``override_generation_config`` is merged over the file's values (a null drops
+    one; alone under "none"/"vllm"), and only its ``max_new_tokens`` is a cap."""
+    from surge.config import ModelConfig
+
+    model = _model(tmp_path, {"temperature": 0.6, "top_k": 20, "max_new_tokens": 7})
+    assert load_sampling_defaults(model) == {"temperature": 0.6, "top_k": 20, "max_tokens": 7}
+    over = {"temperature": 0.2, "top_k": None, "max_new_tokens": 5}
+    assert load_sampling_defaults(model, "auto", over) == {"temperature": 0.2, "max_tokens": 5}
+    assert load_sampling_defaults(model, "vllm", {"top_p": 0.5}) == {"top_p": 0.5}
+    assert override_max_tokens(over) == 5 and override_max_tokens({"top_p": 0.5}) is None
+    config = ModelConfig.from_pretrained(model)
+    assert (config.sampling_defaults["max_tokens"], config.max_tokens_cap) == (7, None)
+    config = ModelConfig.from_pretrained(model, generation_config="none", override_generation_config=over)
+    assert (config.sampling_defaults, config.max_tokens_cap) == ({"temperature": 0.2, "max_tokens": 5}, 5)
+    assert "capped at 5" in describe_sampling_defaults(config.sampling_defaults, "none", 5, overridden=True)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"top_p": 2}, "override_generation_config: top_p must be in"),
+        ({"max_new_tokens": 0}, "override_generation_config: max_new_tokens must be an integer"),
+        ({"max_new_tokens": 2.5}, "override_generation_config: max_new_tokens must be an integer"),
+        ({"temperature": "hot"}, "override_generation_config: temperature must be a number"),
+        ({"do_sample": True}, "override_generation_config: unsupported key 'do_sample'"),
+        ([1], "override_generation_config must be a JSON object"),
+    ],
+)
+def test_bad_override_generation_config_names_the_key(override: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_sampling_defaults(DEFAULT_MODEL_DIR, "auto", override)  # type: ignore[arg-type]
+
+
+def test_bad_max_new_tokens_in_the_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="generation_config.json: max_new_tokens must be an integer"):
+        load_sampling_defaults(_model(tmp_path, {"max_new_tokens": -1}))
 
 
 def test_explicit_values_win() -> None:
@@ -181,6 +221,24 @@ def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().out == left_out + "\n"
     assert run_generate(argparse.Namespace(**{**vars(args), "generation_config": "none"})) == 0
     assert capsys.readouterr().out == plain_text + "\n"
+
+
+def test_llm_default_max_tokens_from_generation_config(tmp_path: Path) -> None:
+    """vLLM's offline ``LLM``: the file's ``max_new_tokens`` (or the override's) is
+    ``get_default_sampling_params().max_tokens``, which ``generate`` without params uses."""
+    from surge import LLM
+
+    model = _model(tmp_path, {"eos_token_id": 2, "max_new_tokens": 7})
+    llm = LLM(model, device="cpu", num_kv_blocks=256, override_generation_config={"temperature": 0.0})
+    assert llm.get_default_sampling_params() == SamplingParams(max_tokens=7, temperature=0.0)
+    out = llm.generate([[1, 5, 6]])[0].outputs[0]
+    assert len(out.token_ids) <= 7 and (out.finish_reason == "length") == (len(out.token_ids) == 7), out
+    llm.close()
+    over = LLM(model, device="cpu", num_kv_blocks=256, override_generation_config={"max_new_tokens": 3})
+    assert over.get_default_sampling_params().max_tokens == 3
+    over.close()
+    with pytest.raises(ValueError, match="override_generation_config: top_k must be"):
+        LLM(model, device="cpu", num_kv_blocks=256, override_generation_config={"top_k": -5})
 
 
 def test_api_key_parsing() -> None:

@@ -93,7 +93,11 @@ class LLM:
             dequantized values); FP8 on CPU is refused without it.
         generation_config: "auto": the model's generation_config.json sampling defaults
             (temperature, top_p, top_k, min_p, repetition_penalty) apply to the fields a
-            ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not.
+            ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not. The file's
+            ``max_new_tokens`` is :meth:`get_default_sampling_params`'s ``max_tokens``.
+        override_generation_config: vLLM's: a dict of those fields and ``max_new_tokens``
+            merged over the file's values (alone under "none"; a None value drops the file's),
+            checked like a request's (ValueError naming the key).
         grammar_compile_timeout: seconds one structured-output grammar may take to compile
             (> 0); a request whose grammar takes longer fails. Grammars compile in worker
             processes (fresh interpreters started on the first grammar; a script needs no
@@ -158,6 +162,7 @@ class LLM:
         grammar_compile_timeout: float = 60.0,
         hf_overrides: dict[str, Any] | None = None,
         scheduling_policy: str = "fcfs",
+        override_generation_config: dict[str, Any] | None = None,
         chat_template: str | Path | None = None,
         reasoning_parser: str | None = None,
         disable_log_stats: bool = True,
@@ -209,10 +214,15 @@ class LLM:
             grammar_compile_timeout=grammar_compile_timeout,
             hf_overrides=hf_overrides,
             scheduling_policy=scheduling_policy,
+            override_generation_config=override_generation_config,
         )
         _check_tokenizer_folder(tokenizer, config.model.model)
         logger.info(
-            describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config)
+            describe_sampling_defaults(
+                config.model.sampling_defaults,
+                config.model.generation_config,
+                overridden=bool(config.model.override_generation_config),
+            )
         )
         # without tokenizer files transformers builds an empty tokenizer for some models (prompts
         # must then be token ids) and fails for others (then the folder's lack is the error)
@@ -297,7 +307,9 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: a :class:`SamplingParams` holding the model's sampling defaults in force
         (:attr:`sampling_defaults`: its ``generation_config.json`` values with
-        ``generation_config="auto"``), its other fields at their defaults (``max_tokens`` 16).
+        ``generation_config="auto"``, ``max_new_tokens`` as ``max_tokens``, and
+        ``override_generation_config``'s over them), its other fields at their defaults
+        (``max_tokens`` 16).
         ``SamplingParams`` is immutable: derive others with ``msgspec.structs.replace``."""
         return SamplingParams(**self.sampling_defaults)  # type: ignore[arg-type]
 
@@ -317,7 +329,8 @@ class LLM:
             prompts: a string, a list of token ids, vLLM's ``{"prompt": ...}`` or
                 ``{"prompt_token_ids": [...]}`` dict (with an optional ``cache_salt`` string: only
                 prompts of the same salt share prefix-cache blocks), or a list of any of these.
-            sampling_params: one for all prompts, one per prompt, or None (defaults).
+            sampling_params: one for all prompts, one per prompt, or None
+                (:meth:`get_default_sampling_params`).
             use_tqdm: a progress bar (stderr) over the finished sequences (vLLM's; off here), or
                 as in vLLM a callable that makes it, called with ``total=`` the number of
                 sequences (e.g. ``functools.partial(tqdm, desc="mine")``).
@@ -389,8 +402,8 @@ class LLM:
                 f"the model folder {self.engine.config.model.model} has no tokenizer files "
                 f"({', '.join(TOKENIZER_FILES)}): give prompts as token ids"
             )
-        if sampling_params is None:
-            sampling_params = SamplingParams()
+        if sampling_params is None:  # vLLM's: the model's defaults (max_new_tokens as max_tokens)
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)
         elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str | bytes):

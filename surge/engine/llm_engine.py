@@ -127,6 +127,7 @@ def build_engine_config(
     grammar_compile_timeout: float = 60.0,
     hf_overrides: dict[str, Any] | None = None,
     scheduling_policy: str = "fcfs",
+    override_generation_config: dict[str, Any] | None = None,
 ) -> EngineConfig:
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
@@ -141,7 +142,8 @@ def build_engine_config(
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
     ``generation_config`` is "auto" (the model's generation_config.json sampling defaults
-    apply to what a request leaves out) or "none". ``stream_decode`` and
+    apply to what a request leaves out) or "none"; ``override_generation_config`` is vLLM's
+    (:mod:`surge.generation_defaults`). ``stream_decode`` and
     ``stream_attention`` are :attr:`EngineConfig.stream_decode` and
     :attr:`EngineConfig.stream_attention`; ``grammar_compile_timeout`` is
     :attr:`EngineConfig.grammar_compile_timeout` (seconds). ``hf_overrides`` replaces top-level
@@ -192,6 +194,7 @@ def build_engine_config(
         quantization=quantization,
         generation_config=generation_config,
         hf_overrides=hf_overrides,
+        override_generation_config=override_generation_config,
     )
     parallel = ParallelConfig(
         tensor_parallel_size=tensor_parallel_size,

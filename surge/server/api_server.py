@@ -804,6 +804,7 @@ async def run_server(
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),
+        max_tokens_cap=config.model.max_tokens_cap,
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
@@ -823,7 +824,14 @@ async def run_server(
         info.num_kv_blocks * info.block_size,
         config.scheduler.scheduling_policy,
     )
-    logger.info(describe_sampling_defaults(config.model.sampling_defaults, config.model.generation_config))
+    logger.info(
+        describe_sampling_defaults(
+            config.model.sampling_defaults,
+            config.model.generation_config,
+            config.model.max_tokens_cap,
+            overridden=bool(config.model.override_generation_config),
+        )
+    )
     app = build_app(
         state,
         log_interval=options.log_interval,

@@ -19,7 +19,7 @@ from surge.server.metrics import METRICS_PREFIXES
 
 def add_serve_parser(subparsers: Any) -> None:
     """Register `surge serve` on an argparse sub-parser collection."""
-    from surge.engine.cli_args import add_device_args, add_load_args, token_count
+    from surge.engine.cli_args import add_device_args, add_load_args, json_object, token_count
 
     p = subparsers.add_parser(
         "serve",
@@ -154,6 +154,16 @@ def add_serve_parser(subparsers: Any) -> None:
         choices=[*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES],
         help="auto: sampling defaults from the model's generation_config.json apply to fields a "
         "request leaves out (default); none (or vllm, vLLM's name): ignore them",
+    )
+    p.add_argument(
+        "--override-generation-config",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's: a JSON object of temperature, top_p, top_k, min_p, repetition_penalty and "
+        "max_new_tokens merged over the model's generation_config.json (alone with "
+        "--generation-config none); its max_new_tokens also caps every request's max_tokens, e.g. "
+        """'{"temperature": 0.5, "max_new_tokens": 1024}'""",
     )
     p.add_argument(
         "--disable-log-requests", action="store_true", help="no log line per request start and end"
@@ -478,6 +488,7 @@ def run_serve(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         generation_config=args.generation_config,
         hf_overrides=args.hf_overrides,
+        override_generation_config=args.override_generation_config,
         stream_decode=args.stream_decode,
         stream_attention=args.stream_attention,
         grammar_compile_timeout=args.grammar_compile_timeout,

@@ -132,7 +132,9 @@ async def prepare_chat(
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
     rules = await worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)  # bad_words: tokenized
-    params = build_sampling_params(body, max_tokens, plan.structured_outputs, token_rules=rules)
+    params = build_sampling_params(
+        body, state.capped_max_tokens(max_tokens), plan.structured_outputs, token_rules=rules
+    )
     state.check_thinking_budget_grammar(params, prompt_ids)
     if lp.logprobs is not None or lp.prompt_logprobs is not None:
         params = msgspec.structs.replace(

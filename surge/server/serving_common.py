@@ -87,7 +87,10 @@ class ServerState:
         responses: the Responses API's stored responses (``store: true``), in memory.
         sampling_defaults: the model's sampling defaults in force (field -> value,
             ``EngineConfig.model.sampling_defaults``), which the engine gives the fields a
-            request leaves out; the render endpoints report them.
+            request leaves out; the render endpoints report them. Its ``max_tokens`` (the
+            file's ``max_new_tokens``) is the output length of a chat request that sends none.
+        max_tokens_cap: the most tokens any request may generate (``--override-generation-config``'s
+            ``max_new_tokens``, vLLM's ``override_max_tokens``), or None.
     """
 
     client: EngineClient
@@ -119,6 +122,7 @@ class ServerState:
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    max_tokens_cap: int | None = None
     tokenizer_worker: TokenizerWorker = field(init=False)
     responses: ResponseStore = field(default_factory=ResponseStore)
 
@@ -268,6 +272,11 @@ class ServerState:
             )
         except ValueError as e:
             raise bad_request(str(e), param=max_tokens_param if max_tokens_sent else prompt_param) from e
+
+    def capped_max_tokens(self, max_tokens: int) -> int:
+        """``max_tokens`` (:func:`resolve_max_tokens`) at most ``max_tokens_cap``, the length
+        a request generates."""
+        return max_tokens if self.max_tokens_cap is None else min(max_tokens, self.max_tokens_cap)
 
     def room_for_output(self, num_prompt_tokens: int) -> int:
         """Output tokens that fit after a prompt of ``num_prompt_tokens`` (context and KV pool;
@@ -486,8 +495,12 @@ def build_sampling_params(
 
 def resolve_max_tokens(state: ServerState, req: SamplingRequestFields, num_prompt_tokens: int) -> int:
     """The output length of a request: the ``max_tokens`` the client sent; else the endpoint's
-    default (16 on completions) or, without one, all the room left after the prompt (at
-    least 1, so that a prompt with no room is reported by ``check_prompt``).
+    default (16 on completions) or, without one, the model's default (its generation_config.json
+    ``max_new_tokens``, ``sampling_defaults["max_tokens"]``) or all the room left after the
+    prompt, whichever is less (at least 1, so that a prompt with no room is reported by
+    ``check_prompt``). ``check_prompt`` checks this length; the request then generates at most
+    :meth:`ServerState.capped_max_tokens` of it (vLLM checks the request's own ``max_tokens``
+    against the context, then ``get_max_tokens`` caps it).
 
     Raises:
         ApiError: 400 naming ``max_tokens`` for a value below 1.
@@ -499,8 +512,13 @@ def resolve_max_tokens(state: ServerState, req: SamplingRequestFields, num_promp
         if requested < 1:
             param = req.max_tokens_param
             raise bad_request(f"{param} must be at least 1, got {requested}", param=param)
-        return requested
-    return room if requested is None else min(requested, room)
+        resolved = requested
+    elif requested is not None:
+        resolved = min(requested, room)
+    else:
+        default = state.sampling_defaults.get("max_tokens")
+        resolved = room if default is None else min(int(default), room)
+    return resolved
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -152,7 +152,9 @@ async def prepare_completion(
     rules = await state.tokenizer_worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)
     for ids, text, source in prompts:
         max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
-        params = build_sampling_params(body, max_tokens, structured, token_rules=rules)
+        params = build_sampling_params(
+            body, state.capped_max_tokens(max_tokens), structured, token_rules=rules
+        )
         state.check_thinking_budget_grammar(params, ids)
         if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
             params = msgspec.structs.replace(
