@@ -500,7 +500,7 @@ class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
         return False
 
 
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+class SamplingParams(msgspec.Struct, kw_only=True):
     """How to sample the tokens of one request (names follow vLLM's ``SamplingParams``).
 
     Attributes:
@@ -562,7 +562,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         extra_args: vLLM's arguments for custom sampling plugins: None or empty only (Surge has
             no plugins to read them; an empty dict becomes None).
         skip_clone: vLLM's hint that these params need not be copied per request: any bool
-            (Surge never copies them: they are frozen).
+            (``LLM`` makes one shallow copy per distinct object it is given, which is cheap).
         thinking_token_budget: vLLM's cap on the tokens generated inside the reasoning section
             (>= 0; None or -1: unlimited, kept as None): once reached, the reasoning-end tokens
             (``</think>``) are forced (:mod:`surge.core.thinking_budget`). Needs the engine's
@@ -755,6 +755,29 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """vLLM-style assignment (``params.max_tokens = 256``, as vLLM's examples do with
+        ``llm.get_default_sampling_params()``), checked and normalized as on construction: the
+        params are rebuilt with the new value and take its fields. A field set this way is an
+        explicit value, so the model's default no longer replaces it (it leaves
+        ``model_default_fields``); setting a model-default field to None asks for the default
+        again. The engine never assigns (it derives copies with ``msgspec.structs.replace``), and
+        :meth:`surge.LLM.enqueue` keeps a copy, so an assignment after submitting changes nothing
+        already submitted.
+
+        Raises:
+            AttributeError: ``name`` is not a field.
+            ValueError: the value is of the wrong type or out of range (the params are unchanged).
+        """
+        if name not in self.__struct_fields__:
+            raise AttributeError(f"SamplingParams has no field {name!r}")
+        changes: dict[str, Any] = {name: value}
+        if name != "model_default_fields" and name in self.model_default_fields:
+            changes["model_default_fields"] = tuple(f for f in self.model_default_fields if f != name)
+        checked = msgspec.structs.replace(self, **changes)
+        for field in self.__struct_fields__:
+            msgspec.structs.force_setattr(self, field, getattr(checked, field))
 
     def with_model_defaults(self, defaults: Mapping[str, float | int]) -> SamplingParams:
         """These params with the model's defaults in the fields the caller left out.

@@ -235,6 +235,30 @@ def test_thinking_token_budget_is_a_count_or_minus_one() -> None:
         SamplingParams(thinking_token_budget=-2)
 
 
+def test_assignment_is_checked_as_construction() -> None:
+    """vLLM scripts assign (``sp = llm.get_default_sampling_params(); sp.max_tokens = 256``): an
+    assignment is checked and normalized as on construction, a bad one leaves the params as they
+    were, a model-default field set explicitly stops taking the model's default (None asks for
+    it again), and an unknown name is an AttributeError."""
+    p = SamplingParams()
+    p.max_tokens = 256
+    p.stop_token_ids = [5, np.int64(7)]  # type: ignore[assignment]
+    assert p.max_tokens == 256 and p.stop_token_ids == (5, 7)
+    assert "temperature" in p.model_default_fields
+    p.temperature = 0.5
+    assert p.temperature == 0.5 and "temperature" not in p.model_default_fields
+    p.temperature = None  # type: ignore[assignment]
+    assert "temperature" in p.model_default_fields and p.temperature == 1.0
+    before = msgspec.structs.asdict(p)
+    for name, bad in (("top_p", 2.0), ("max_tokens", -1), ("min_tokens", 300), ("n", True)):
+        with pytest.raises(ValueError, match=name):
+            setattr(p, name, bad)
+        assert msgspec.structs.asdict(p) == before, name
+    with pytest.raises(AttributeError, match="no field 'max_new_tokens'"):
+        p.max_new_tokens = 5  # type: ignore[attr-defined]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
+
+
 def test_every_field_has_a_type_check() -> None:
     assert tuple(_FIELD_CHECKS) == SamplingParams.__struct_fields__
     assert {name for name, _ in _WRONG_TYPES} == set(SamplingParams.__struct_fields__)

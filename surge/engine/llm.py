@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import numbers
@@ -310,7 +311,7 @@ class LLM:
         ``generation_config="auto"``, ``max_new_tokens`` as ``max_tokens``, and
         ``override_generation_config``'s over them), its other fields at their defaults
         (``max_tokens`` 16).
-        ``SamplingParams`` is immutable: derive others with ``msgspec.structs.replace``."""
+        Assign to it as in vLLM's examples (``sp.max_tokens = 256``: checked as on construction)."""
         return SamplingParams(**self.sampling_defaults)  # type: ignore[arg-type]
 
     def generate(
@@ -432,6 +433,13 @@ class LLM:
                 from surge.structured.validate import check_structured_outputs
 
                 check_structured_outputs(params.structured_outputs)
+        # a copy per distinct object: SamplingParams take vLLM-style assignment, and one made
+        # after submitting (before wait_for_completion) must not reach these requests
+        copies: dict[int, SamplingParams] = {}
+        for p in params_list:
+            if id(p) not in copies:
+                copies[id(p)] = copy.copy(p)
+        params_list = [copies[id(p)] for p in params_list]
         params_list = [self._with_bad_word_ids(p) for p in params_list]
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}

@@ -95,6 +95,24 @@ def test_logprob_token_ids_offline(llm: LLM) -> None:
         llm.generate("Once", msgspec.structs.replace(base, logprob_token_ids=[10**6]))
 
 
+def test_assigned_sampling_params_as_vllm_examples(llm: LLM) -> None:
+    """vLLM's examples assign to the default params; an assignment after enqueue() does not
+    reach the queued request (vLLM clones the params on submission)."""
+    sp = llm.get_default_sampling_params()
+    sp.max_tokens = 5
+    sp.ignore_eos = True
+    assert len(llm.generate("Once upon a time", sp)[0].outputs[0].token_ids) == 5
+    # every model-default field explicit: the engine keeps the object it is given
+    own = SamplingParams(
+        max_tokens=5, ignore_eos=True, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0
+    )
+    llm.enqueue("Once upon a time", own)
+    own.max_tokens = 9
+    [queued] = llm.wait_for_completion()
+    assert len(queued.outputs[0].token_ids) == 5
+    assert len(llm.generate("Once upon a time", own)[0].outputs[0].token_ids) == 9
+
+
 def test_a_closed_llm_refuses_work() -> None:
     """Without workers, generate() after close() still ran; with tensor-parallel workers it
     raised WorkerDiedError. Both now refuse the same way."""
