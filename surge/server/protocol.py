@@ -48,6 +48,19 @@ class RequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class NullIsUnsetBody(RequestBody):
+    """A request body whose every ``null`` means "not set": dropped before validation, so the
+    field keeps its default (the Responses and Messages APIs, whose SDKs send ``null`` for
+    options left out)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
 def _prompt_kind(value: Any) -> str:
     """Which form of ``prompt`` a value is, from its type and its first element."""
     if isinstance(value, list) and value:

@@ -31,10 +31,10 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, RequestBody
+from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody
 
 _INERT_BLOCK_KEYS = frozenset({"cache_control"})
 """Keys any content block may carry and that change nothing here (prompt caching hints)."""
@@ -121,7 +121,7 @@ def messages_message(message: str) -> str:
     return _MESSAGES_INDEX.sub("messages", message)
 
 
-class MessagesBody(RequestBody):
+class MessagesBody(NullIsUnsetBody):
     """The fields of a Messages request (``null`` is "not set" for every one), as
     ``/v1/messages/count_tokens`` takes them: the same body as ``/v1/messages``, whose sampling
     fields (``max_tokens``, ``stream``, ``temperature``, ...) are checked but count nothing.
@@ -132,13 +132,6 @@ class MessagesBody(RequestBody):
     ``chat_template_kwargs`` and ``kv_transfer_params`` (checked by the chat request they are
     passed to).
     """
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_unset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
     model: str | None = None
     messages: list[dict[str, Any]]

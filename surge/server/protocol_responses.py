@@ -26,10 +26,10 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, ReasoningEffort, RequestBody
+from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody, ReasoningEffort
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The ``include`` value that adds each ``output_text`` part's token logprobs."""
@@ -94,7 +94,7 @@ def responses_param(param: str | None) -> str | None:
     return param
 
 
-class ResponsesRequest(RequestBody):
+class ResponsesRequest(NullIsUnsetBody):
     """Body of ``POST /v1/responses``; ``null`` is "not set" for every field.
 
     Attributes are OpenAI's (``input``, ``instructions``, ``max_output_tokens``, ``tools``,
@@ -103,13 +103,6 @@ class ResponsesRequest(RequestBody):
     response in the server's bounded in-memory store for ``GET /v1/responses/{id}`` and
     ``previous_response_id``.
     """
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_unset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
     model: str | None = None
     input: str | list[dict[str, Any]]
