@@ -23,7 +23,7 @@ from surge.core.thinking_budget import ForcedTokens
 from surge.layers.sampler import DenseRuleRows, Sampler, SamplingMetadata
 from surge.request import Request
 from surge.sampling_params import GREEDY_EPS, SamplingParams
-from surge.worker.logprobs import LogprobRows
+from surge.worker.logprobs import LogprobRows, to_device
 
 
 def needs_fresh_sampling_tensors(p: SamplingParams) -> bool:
@@ -175,8 +175,9 @@ class StepSampler:
         return sampled, (rows, ids, lps)
 
     def _force(self, sampled: torch.Tensor, requests: list[Request], forced_tokens: ForcedTokens) -> None:
-        """Overwrite the sampled ids of the rows a spent budget forces, in place (one small copy
-        to the device, only on a step that forces a row)."""
+        """Overwrite the sampled ids of the rows a spent budget forces, in place (two small copies
+        to the device through pinned memory, so the host does not wait for the step; only on a
+        step that forces a row)."""
         forced = forced_tokens.resolve()
         if not forced:
             return
@@ -184,8 +185,8 @@ class StepSampler:
         if not rows:
             return
         tokens = [forced[requests[i].request_id] for i in rows]
-        index = torch.tensor(rows, dtype=torch.long).to(sampled.device, non_blocking=True)
-        values = torch.tensor(tokens, dtype=sampled.dtype).to(sampled.device, non_blocking=True)
+        index = to_device(rows, sampled.device)
+        values = to_device(tokens, sampled.device).to(sampled.dtype)
         sampled.index_copy_(0, index, values)
 
     def _sample(
