@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# What sessions without a GPU left for the next session with one (H200, torch 2.11 + CUDA 13). Run on the
+# GPU host from the repository root, with Surge's dependencies importable:
+#   benchmarks/gpu_pending.sh OUT_DIR [MODEL_DIR]
+# 1. The CUDA paths written since the last GPU run (`d85a240`, benchmarks/results/h200-gpu-tests/session38):
+#    the forced `</think>` overwrite and the listed-id logprob gather (eager, CUDA graphs, asynchronous
+#    scheduling must agree), the sampler's logit rules, and the worker and logprob tests that cover them.
+#    Log: OUT_DIR/tests.txt.
+# 2. With MODEL_DIR (the Qwen3-8B config and tokenizer): the four-point bf16 regression check
+#    (C1 and C64 x I32 x O256 and O1024, dummy weights, fresh server) through benchmarks/h200.sh, to compare
+#    with benchmarks/results/h200-qwen3-8b/session34-bf16. Output: OUT_DIR/bf16-4pt.
+# Update the list below when a session without a GPU adds or changes a CUDA path, and empty it (with the
+# results committed under benchmarks/results/h200-gpu-tests/) once it has run.
+set -uo pipefail
+out="${1:?usage: benchmarks/gpu_pending.sh OUT_DIR [MODEL_DIR]}"; model="${2:-}"
+mkdir -p "$out"
+python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "gpu_pending.sh: no CUDA device here" >&2; exit 2; }
+tests=(
+  tests/engine/test_thinking_budget_gpu.py
+  tests/layers/test_sampler_logit_rules.py
+  tests/worker/test_gpu.py
+  tests/engine/test_logprobs_vs_hf.py
+  tests/engine/test_llm_api_edges.py
+)
+PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider -o timeout=0 -rfEs --tb=short "${tests[@]}" \
+  2>&1 | tee "$out/tests.txt"
+rc=${PIPESTATUS[0]}
+if [ -n "$model" ]; then
+  bash "$(dirname "$0")/h200.sh" "$model" "$out/bf16-4pt" 1 --concurrency 1,64 --input-len 32 \
+    --output-len 256,1024 --label surge-bf16-pending || rc=1
+fi
+exit "$rc"
