@@ -440,10 +440,11 @@ async def _arrivals(
     items: Sequence[RequestInput], offsets: Sequence[float], t0: float
 ) -> AsyncIterator[RequestInput]:
     """Yield each request at ``t0 + offset`` (``perf_counter`` seconds; at once when that moment
-    has passed), so late wake-ups do not add up; nothing is awaited after the last one."""
+    has passed), so late wake-ups do not add up, and never before it (uvloop's timers, in whole
+    milliseconds, wake up to half a millisecond early: the rest is slept again); nothing is awaited
+    after the last one."""
     for item, offset in zip(items, offsets, strict=True):
-        wait = t0 + offset - time.perf_counter()
-        if offset > 0 and wait > 0:
+        while offset > 0 and (wait := t0 + offset - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         yield item
 
