@@ -84,9 +84,6 @@ VLLM_FLAG_HINTS = {
     "--lora-assignment": "nothing: Surge serves no LoRA adapters",
     "--skip-tokenizer-init": "nothing: Surge always loads the tokenizer (the benchmark counts prompt tokens "
     "with --tokenizer or the server's /tokenize)",
-    "--self-timed": "nothing: Surge has no timed_trace dataset; --request-rate, --burstiness or "
-    "--ramp-up-strategy time the requests",
-    "--no-self-timed": "nothing: Surge has no timed_trace dataset",
     "--no-stream": "nothing: Surge reads local dataset files only (no Hugging Face datasets to stream)",
     "--enable-multimodal-chat": "nothing: Surge's benchmark sends text prompts only",
     "--custom-ensure-client-side-data": "nothing: Surge's custom dataset is text prompts only",
@@ -106,7 +103,6 @@ VLLM_DATASET_FLAG_PREFIXES = {
     "--random-mm-": "random-mm",
     "--spec-bench-": "spec_bench",
     "--speed-bench-": "speed_bench",
-    "--timed-trace-": "timed_trace",
     "--blazedit-": "blazedit (hf)",
     "--asr-": "ASR (hf, custom_audio)",
     "--bfcl-": "bfcl (hf)",
@@ -116,8 +112,8 @@ as ``vllm serve`` has ``--hf-token``, ``--hf-overrides`` ...), and the dataset's
 unrecognized flag with such a prefix is hinted with :data:`VLLM_DATASETS_HINT`."""
 
 VLLM_DATASETS_HINT = (
-    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet and burstgpt datasets, "
-    "text only, from local files (no Hugging Face, multimodal, ASR or trace datasets)"
+    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet, burstgpt and timed_trace "
+    "datasets, text only, from local files (no Hugging Face, multimodal or ASR datasets)"
 )
 
 

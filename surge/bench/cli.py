@@ -164,19 +164,22 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--dataset",
         "--dataset-name",
-        choices=["random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt"],
+        choices=["random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt", "timed_trace"],
         default="random",
         help="prompts (default random): random tokens, ShareGPT first turns, custom (a JSONL file of "
         "prompts), prefix_repetition (random prompts over a few shared prefixes), sonnet (lines of a text "
-        "file) or burstgpt (the lengths of a BurstGPT trace's rows), as vLLM's datasets of those names; "
-        "--dataset-name is vLLM's spelling",
+        "file), burstgpt (the lengths of a BurstGPT trace's rows) or timed_trace (the replay of a timed "
+        "request trace: each row's lengths, shared prefix blocks and send time), as vLLM's datasets of those "
+        "names; --dataset-name is vLLM's spelling",
     )
     p.add_argument(
         "--dataset-path",
         default=None,
         help='ShareGPT JSON file (--dataset sharegpt), JSONL file, one {"prompt": ...} object a line '
-        "(--dataset custom), text file (--dataset sonnet, e.g. vLLM's benchmarks/sonnet.txt) or BurstGPT "
-        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) (default: none)",
+        "(--dataset custom), text file (--dataset sonnet, e.g. vLLM's benchmarks/sonnet.txt), BurstGPT "
+        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) or JSONL trace, one "
+        '{"timestamp", "input_length", "output_length", "hash_ids"} row a line (--dataset timed_trace, e.g. '
+        "a Mooncake trace) (default: none)",
     )
     p.add_argument(
         "--input-len",
@@ -294,6 +297,40 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="max_tokens of every request (default 150, or --output-len)",
     )
+    g = p.add_argument_group("timed_trace dataset (vLLM's options)")
+    g.add_argument(
+        "--timed-trace-chunk-hash-size",
+        type=int,
+        default=None,
+        help="tokens per hash id of a row's hash_ids: rows sharing leading hash ids share that prefix "
+        "(default 16, the Qwen/Alibaba traces'; Moonshot's Mooncake traces use 512)",
+    )
+    g.add_argument(
+        "--timed-trace-sec-multiplier",
+        type=float,
+        default=None,
+        help="seconds per unit of the trace's timestamps: 0.001 for milliseconds (default 1)",
+    )
+    for name, field in (
+        ("timestamp", "timestamp"),
+        ("input-length", "input_length"),
+        ("output-length", "output_length"),
+        ("hash-ids", "hash_ids"),
+    ):
+        g.add_argument(
+            f"--timed-trace-label-{name}",
+            default=None,
+            help=f"the JSON field of a row's {field.replace('_', ' ')} (default {field})",
+        )
+    g.add_argument(
+        "--self-timed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send each request at its row's timestamp (times --timed-trace-sec-multiplier) after the start, "
+        "waiting on --max-concurrency if given; --no-self-timed sends the trace's requests on the "
+        "--request-rate schedule instead (vLLM's option; default on with --dataset timed_trace, which "
+        "alone takes it)",
+    )
     p.add_argument(
         "--sharegpt-output-len",
         type=int,
@@ -325,7 +362,8 @@ def add_bench_parser(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="ask the server to ignore EOS, so that every request runs to its length (default: on with "
-        "--dataset random, as vLLM's bench serve, off with the others, burstgpt's and sonnet's included)",
+        "--dataset random and timed_trace, as vLLM's bench serve, off with the others, burstgpt's and "
+        "sonnet's included)",
     )
     p.add_argument(
         "--exact-length",
@@ -630,6 +668,22 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     return cfg
 
 
+def _timed_trace_options(args: argparse.Namespace) -> Any:
+    """The ``--timed-trace-*`` flags as :class:`surge.bench.timed_trace.TimedTraceOptions`, vLLM's
+    default for each one not given."""
+    from surge.bench.timed_trace import TimedTraceOptions
+
+    given = {
+        "chunk_hash_size": args.timed_trace_chunk_hash_size,
+        "sec_multiplier": args.timed_trace_sec_multiplier,
+        "label_timestamp": args.timed_trace_label_timestamp,
+        "label_input_length": args.timed_trace_label_input_length,
+        "label_output_length": args.timed_trace_label_output_length,
+        "label_hash_ids": args.timed_trace_label_hash_ids,
+    }
+    return TimedTraceOptions(**{k: v for k, v in given.items() if v is not None})
+
+
 def _check_output_file(path: Path, flag: str) -> None:
     """Make the folder of ``flag``'s file (``--result-file``, ``--plot``) and check that the file
     can be written there. Raises ValueError naming the flag otherwise (a folder at that path, a
@@ -666,20 +720,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     in_ratio, out_ratio = parse_range_ratio(args.random_range_ratio)
-    # vLLM's bench serve sets ignore_eos for its random dataset: every request runs to its length
-    ignore_eos = args.dataset == "random" if args.ignore_eos is None else args.ignore_eos
+    # vLLM's bench serve sets ignore_eos for its random and timed_trace datasets: every request runs
+    # to its length
+    ignore_eos = args.dataset in ("random", "timed_trace") if args.ignore_eos is None else args.ignore_eos
     dataset = args.dataset
+    if dataset != "timed_trace" and args.self_timed is not None:
+        raise ValueError("--self-timed/--no-self-timed applies to --dataset timed_trace (as vLLM)")
     if dataset not in ("random", "sonnet") and args.input_len is not None:
         own = {
             "sharegpt": "ShareGPT prompts keep their own lengths",
             "custom": "custom prompts keep their own lengths",
             "prefix_repetition": "use --prefix-repetition-prefix-len and --prefix-repetition-suffix-len",
             "burstgpt": "each row's Request tokens is its prompt's length, as vLLM",
+            "timed_trace": "each row's input length and hash_ids make its prompt, as vLLM",
         }
         raise ValueError(f"--input-len applies to --dataset random or sonnet ({own[dataset]})")
-    if dataset == "burstgpt" and args.output_len is not None:
+    if dataset in ("burstgpt", "timed_trace") and args.output_len is not None:
+        column = "Response tokens" if dataset == "burstgpt" else "output length"
         raise ValueError(
-            "--output-len applies to the other datasets (--dataset burstgpt: each row's Response tokens is "
+            f"--output-len applies to the other datasets (--dataset {dataset}: each row's {column} is "
             "its request's output length, as vLLM)"
         )
     if dataset not in FILE_DATASETS and args.dataset_path is not None:
@@ -725,6 +784,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--sonnet-input-len": args.sonnet_input_len,
             "--sonnet-prefix-len": args.sonnet_prefix_len,
             "--sonnet-output-len": args.sonnet_output_len,
+        },
+        "timed_trace": {
+            "--timed-trace-chunk-hash-size": args.timed_trace_chunk_hash_size,
+            "--timed-trace-sec-multiplier": args.timed_trace_sec_multiplier,
+            "--timed-trace-label-timestamp": args.timed_trace_label_timestamp,
+            "--timed-trace-label-input-length": args.timed_trace_label_input_length,
+            "--timed-trace-label-output-length": args.timed_trace_label_output_length,
+            "--timed-trace-label-hash-ids": args.timed_trace_label_hash_ids,
         },
     }
     for owner, flags in own_flags.items():
@@ -773,6 +840,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else args.prefix_repetition_num_prefixes,
         sonnet_input_len=next(v for v in (args.sonnet_input_len, args.input_len, 550) if v is not None),
         sonnet_prefix_len=200 if args.sonnet_prefix_len is None else args.sonnet_prefix_len,
+        timed_trace=_timed_trace_options(args),
+        self_timed=dataset == "timed_trace" and args.self_timed is not False,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

@@ -257,6 +257,9 @@ _SETTINGS = (
     "prefix_repetition_num_prefixes",
     "sonnet_input_len",
     "sonnet_prefix_len",
+    "self_timed",
+    "timed_trace_chunk_hash_size",
+    "timed_trace_sec_multiplier",
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
 dataset and its settings: ``bench serve`` results record them; matrix points are random)."""

@@ -32,6 +32,7 @@ ids at the same place (after the BOS or the template's header), so the prefix is
 
 Custom (vLLM's ``CustomDataset``): see :func:`custom_requests`. Sonnet and BurstGPT (vLLM's
 ``SonnetDataset`` and ``BurstGPTDataset``): see :func:`sonnet_requests` and :func:`burstgpt_requests`.
+vLLM's ``timed_trace`` (the replay of a timed request trace) is :mod:`surge.bench.timed_trace`.
 """
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ PREFIX_ATTEMPTS = 20  # draws of a prompt whose random part must leave a shared 
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """One benchmark prompt. ``prompt_len`` in tokens as counted for a completions prompt."""
+    """One benchmark prompt. ``prompt_len`` in tokens as counted for a completions prompt;
+    ``timestamp``: when a timed trace sends it, seconds after the start of the run (None: the
+    arrival schedule of ``--request-rate`` decides)."""
 
     prompt: str
     prompt_len: int
     expected_output_len: int
+    timestamp: float | None = None
 
 
 def prompt_encoder(

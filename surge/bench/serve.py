@@ -5,8 +5,9 @@ one after another (prompts from another seed, same input length, at most 32 outp
 warm-up aborts the run); then take ``t0 = perf_counter()`` and release the requests (all at once for
 ``request_rate = inf``, else at gamma-distributed gaps of mean ``1/request_rate`` and shape
 ``burstiness``, Poisson for 1.0, the first request's included, scaled so that the last request is
-released at exactly ``num_prompts / request_rate`` s, as vLLM: :func:`arrival_offsets`), each waiting
-on the ``max_concurrency`` semaphore before its own clock starts; ``duration`` ends when the last
+released at exactly ``num_prompts / request_rate`` s, as vLLM: :func:`arrival_offsets`; a timed
+trace's at their rows' timestamps, vLLM's ``--self-timed``: :func:`trace_offsets`), never before their
+time, each waiting on the ``max_concurrency`` semaphore before its own clock starts; ``duration`` ends when the last
 request ends. Results are validated (exact output length when asked), aggregated by
 :mod:`surge.bench.metrics`, and returned as a vLLM-style result dict.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -51,6 +53,7 @@ from surge.bench.datasets import (
 )
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
+from surge.bench.timed_trace import TimedTraceOptions, timed_trace_requests
 from surge.bench.tokens import (
     TokenCounter,
     get_json,
@@ -63,15 +66,16 @@ from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
 MAX_REQUEST_ID_LEN = 256  # the longest X-Request-Id the server takes (surge.server.request_id's limit)
-DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt")
+DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt", "timed_trace")
 FILE_DATASETS = {
     "sharegpt": "a ShareGPT JSON file",
     "custom": "a JSONL file of prompts",
     "sonnet": "a text file whose lines the prompts are drawn from",
     "burstgpt": "a BurstGPT CSV file",
+    "timed_trace": "a JSONL request trace, one row a line with its timestamp, lengths and hash_ids",
 }
 """The datasets read from ``--dataset-path``, and what the file is."""
-FILE_DATASET_NAMES = "sharegpt, custom, sonnet or burstgpt"
+FILE_DATASET_NAMES = "sharegpt, custom, sonnet, burstgpt or timed_trace"
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
 
@@ -125,6 +129,11 @@ class ServeConfig:
     # sonnet_prefix_len tokens with the instruction) are shared; each asks output_len tokens
     sonnet_input_len: int = 550
     sonnet_prefix_len: int = 200
+    # --dataset timed_trace (vLLM's --timed-trace-* flags): how the trace's rows are read and timed
+    timed_trace: TimedTraceOptions = TimedTraceOptions()
+    # vLLM's --self-timed: send each request at its trace row's timestamp instead of on the
+    # --request-rate schedule (only with --dataset timed_trace, where the CLI turns it on by default)
+    self_timed: bool = False
     num_prompts: int = 16
     max_concurrency: int | None = None
     request_rate: float = math.inf
@@ -174,6 +183,11 @@ class ServeConfig:
             raise ValueError(f"--sonnet-input-len must be >= 1, got {self.sonnet_input_len}")
         if self.sonnet_prefix_len < 0:
             raise ValueError(f"--sonnet-prefix-len must be >= 0, got {self.sonnet_prefix_len}")
+        if self.dataset != "timed_trace" and self.timed_trace != TimedTraceOptions():
+            raise ValueError("the --timed-trace-* options apply to --dataset timed_trace")
+        self.timed_trace.validate()
+        if self.self_timed:
+            self._validate_self_timed()
         if self.dataset == "burstgpt" and self.seed >= 2**32:
             raise ValueError(
                 f"--seed must be below 2**32 with --dataset burstgpt (vLLM's row pick), got {self.seed}"
@@ -309,6 +323,27 @@ class ServeConfig:
             return self.random_range_ratio
         return self.random_output_range_ratio
 
+    def _validate_self_timed(self) -> None:
+        """vLLM's ``--self-timed``: the trace's timestamps set the arrivals, so the flags of the
+        ``--request-rate`` schedule are refused (vLLM ignores them)."""
+        if self.dataset != "timed_trace":
+            raise ValueError("--self-timed applies to --dataset timed_trace (as vLLM)")
+        given = [
+            flag
+            for flag, on in (
+                ("--request-rate", not math.isinf(self.request_rate)),
+                ("--burstiness", self.burstiness != 1.0),
+                ("--ramp-up-strategy", self.ramp_up_strategy is not None),
+            )
+            if on
+        ]
+        if given:
+            raise ValueError(
+                f"{given[0]}: --dataset timed_trace sends each request at its row's timestamp (--self-timed, "
+                "the default; vLLM ignores the rate then); give --no-self-timed to send the trace's requests "
+                f"on the {given[0]} schedule instead"
+            )
+
     def _validate_ramp_up(self) -> None:
         start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
         if self.ramp_up_strategy is None:
@@ -436,14 +471,30 @@ def rps_change_events(ramp_up: RampUp, n: int, released: Sequence[float]) -> lis
     return events
 
 
+def trace_offsets(samples: Sequence[SampleRequest]) -> list[float]:
+    """vLLM's ``--self-timed`` schedule: each request leaves at its sample's ``timestamp`` (seconds
+    after the run's ``t0``; the trace's times are not shifted, so a trace whose first row is at 5 s
+    waits 5 s first), in the samples' order: a row timed before the one above it leaves right
+    after it (as vLLM).
+
+    Raises:
+        ValueError: a sample without a timestamp.
+    """
+    times = [s.timestamp for s in samples]
+    if any(t is None for t in times):
+        raise ValueError("--self-timed needs a timestamp on every request (--dataset timed_trace)")
+    return [float(t) for t in times if t is not None]
+
+
 async def _arrivals(
     items: Sequence[RequestInput], offsets: Sequence[float], t0: float
 ) -> AsyncIterator[RequestInput]:
     """Yield each request at ``t0 + offset`` (``perf_counter`` seconds; at once when that moment
-    has passed), so late wake-ups do not add up; nothing is awaited after the last one."""
+    has passed), so late wake-ups do not add up, and never before it (uvloop's timers, in whole
+    milliseconds, wake up to half a millisecond early: the rest is slept again); nothing is awaited
+    after the last one."""
     for item, offset in zip(items, offsets, strict=True):
-        wait = t0 + offset - time.perf_counter()
-        if offset > 0 and wait > 0:
+        while offset > 0 and (wait := t0 + offset - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         yield item
 
@@ -495,9 +546,11 @@ async def run_requests(
     ramp_up: RampUp | None = None,
     released: list[float] | None = None,
     insecure: bool = False,
+    offsets: Sequence[float] | None = None,
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
     """Send warm-ups (untimed, one after another), then the timed requests (at ``request_rate``, or
-    at the rates of ``ramp_up``: :func:`arrival_offsets`).
+    at the rates of ``ramp_up``: :func:`arrival_offsets`; or, given ``offsets``, request i at
+    ``offsets[i]`` seconds after the start: a trace's times, :func:`trace_offsets`).
 
     Each timed request's ``queue_time`` is the time from its release to the moment the
     concurrency semaphore let it start (vLLM's ``client_queue_time``). ``released``, when given,
@@ -521,8 +574,9 @@ async def run_requests(
             pbar.update(1)
             return res
 
-        rng = np.random.default_rng(seed)
-        offsets = arrival_offsets(len(inputs), request_rate, burstiness, rng, ramp_up)
+        if offsets is None:
+            rng = np.random.default_rng(seed)
+            offsets = arrival_offsets(len(inputs), request_rate, burstiness, rng, ramp_up)
         t0 = time.perf_counter()
         tasks: list[asyncio.Task[RequestResult]] = []
         async for req in _arrivals(inputs, offsets, t0):
@@ -647,7 +701,8 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
 
 
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
-    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet or BurstGPT).
+    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet, BurstGPT or
+    a timed trace, whose samples carry their send times).
 
     Lengths are counted as the server sees the prompt: on the chat endpoint the templated
     prompt (random prompts have exactly ``input_len`` tokens including the template's), with
@@ -701,6 +756,18 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
         assert cfg.dataset_path is not None
         return burstgpt_requests(
             counter, cfg.dataset_path, cfg.num_prompts, cfg.seed, max_model_len, chat, options
+        )
+    if cfg.dataset == "timed_trace":
+        assert cfg.dataset_path is not None
+        return timed_trace_requests(
+            counter,
+            cfg.dataset_path,
+            cfg.num_prompts,
+            cfg.timed_trace,
+            cfg.seed,
+            max_model_len,
+            chat,
+            options,
         )
     if cfg.dataset == "prefix_repetition":
         return prefix_repetition_requests(
@@ -759,6 +826,14 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
             "sonnet_input_len": cfg.sonnet_input_len,
             "sonnet_prefix_len": cfg.sonnet_prefix_len,
             "sonnet_output_len": cfg.output_len,
+        },
+        "timed_trace": {
+            "timed_trace_chunk_hash_size": cfg.timed_trace.chunk_hash_size,
+            "timed_trace_sec_multiplier": cfg.timed_trace.sec_multiplier,
+            "timed_trace_label_timestamp": cfg.timed_trace.label_timestamp,
+            "timed_trace_label_input_length": cfg.timed_trace.label_input_length,
+            "timed_trace_label_output_length": cfg.timed_trace.label_output_length,
+            "timed_trace_label_hash_ids": cfg.timed_trace.label_hash_ids,
         },
     }
     out: dict[str, Any] = {}
@@ -872,6 +947,13 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         id_prefix = f"bench-{uuid.uuid4().hex[:8]}-"
     inputs = [replace(to_input(s), request_id=f"{id_prefix}{i}") for i, s in enumerate(samples)]
     ramp_up = cfg.ramp_up()
+    trace_times = trace_offsets(samples) if cfg.self_timed else None
+    if trace_times:
+        print(
+            f"surge: note: replaying the trace's times: {len(trace_times)} requests, the first "
+            f"{trace_times[0]:.3f} s and the last {max(trace_times):.3f} s after the start",
+            file=sys.stderr,
+        )
     released: list[float] = []
     results, duration, warm = run_async(
         run_requests(
@@ -886,6 +968,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             ramp_up,
             released,
             cfg.insecure,
+            trace_times,
         )
     )
     validate_results(warm, counter, cfg.exact_length)
@@ -924,6 +1007,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "ramp_up_strategy": cfg.ramp_up_strategy,
         "ramp_up_start_rps": cfg.ramp_up_start_rps,
         "ramp_up_end_rps": cfg.ramp_up_end_rps,
+        "self_timed": cfg.self_timed,
         "seed": cfg.seed,
         "ignore_eos": cfg.ignore_eos,
         "exact_length": cfg.exact_length,

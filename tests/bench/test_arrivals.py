@@ -68,6 +68,32 @@ def test_requests_leave_on_the_schedule_and_nothing_waits_after_the_last(
     assert clock.sleeps == pytest.approx([0.5, 0.05, 1.35, 1.95])  # nothing after "d"
 
 
+def test_no_request_leaves_before_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop's timers count whole milliseconds, so ``asyncio.sleep(w)`` can return up to half a
+    millisecond before ``w`` has passed: the rest is slept again, and a request never leaves before
+    ``t0 + offset`` (a trace's replay or a rate's schedule)."""
+    clock = SimpleNamespace(now=100.0, sleeps=[])
+
+    async def early_sleep(seconds: float) -> None:
+        clock.sleeps.append(seconds)
+        clock.now += max(seconds - 0.0004, seconds / 2)  # every wake-up early
+
+    monkeypatch.setattr(serve, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(serve, "asyncio", SimpleNamespace(sleep=early_sleep))
+
+    async def collect() -> list[tuple[str, float]]:
+        out = []
+        async for item in serve._arrivals(["a", "b", "c"], [0.0, 0.25, 1.0], 100.0):
+            out.append((item, clock.now - 100.0))
+        return out
+
+    sent = asyncio.run(collect())
+    assert [item for item, _ in sent] == ["a", "b", "c"]
+    for (_, at), due in zip(sent, [0.0, 0.25, 1.0], strict=True):
+        assert due <= at < due + 0.001
+    assert clock.sleeps[0] == pytest.approx(0.25) and len(clock.sleeps) > 2
+
+
 def test_ramp_up_rates_by_hand() -> None:
     """vLLM's ramp-up: request i of n gets start + (end - start) * i / (n - 1) (linear) or
     start * (end / start) ** (i / (n - 1)) (exponential) requests/s."""
