@@ -104,7 +104,6 @@ VLLM_DATASET_FLAG_PREFIXES = {
     "--hf-split": "hf",
     "--hf-output-len": "hf",
     "--random-mm-": "random-mm",
-    "--spec-bench-": "spec_bench",
     "--speed-bench-": "speed_bench",
     "--timed-trace-": "timed_trace",
     "--blazedit-": "blazedit (hf)",
@@ -116,7 +115,8 @@ as ``vllm serve`` has ``--hf-token``, ``--hf-overrides`` ...), and the dataset's
 unrecognized flag with such a prefix is hinted with :data:`VLLM_DATASETS_HINT`."""
 
 VLLM_DATASETS_HINT = (
-    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet and burstgpt datasets, "
+    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet, burstgpt and spec_bench "
+    "datasets, "
     "text only, from local files (no Hugging Face, multimodal, ASR or trace datasets)"
 )
 

@@ -164,19 +164,21 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--dataset",
         "--dataset-name",
-        choices=["random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt"],
+        choices=["random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt", "spec_bench"],
         default="random",
         help="prompts (default random): random tokens, ShareGPT first turns, custom (a JSONL file of "
         "prompts), prefix_repetition (random prompts over a few shared prefixes), sonnet (lines of a text "
-        "file) or burstgpt (the lengths of a BurstGPT trace's rows), as vLLM's datasets of those names; "
-        "--dataset-name is vLLM's spelling",
+        "file), burstgpt (the lengths of a BurstGPT trace's rows) or spec_bench (the first turns of an "
+        "MT-Bench-style question file), as vLLM's datasets of those names; --dataset-name is vLLM's spelling",
     )
     p.add_argument(
         "--dataset-path",
         default=None,
         help='ShareGPT JSON file (--dataset sharegpt), JSONL file, one {"prompt": ...} object a line '
-        "(--dataset custom), text file (--dataset sonnet, e.g. vLLM's benchmarks/sonnet.txt) or BurstGPT "
-        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) (default: none)",
+        "(--dataset custom), text file (--dataset sonnet, e.g. vLLM's benchmarks/sonnet.txt), BurstGPT "
+        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) or question JSONL file, one "
+        '{"turns": [...], "category": ...} object a line (--dataset spec_bench, e.g. Spec-Bench\'s or '
+        "MT-Bench's question.jsonl) (default: none)",
     )
     p.add_argument(
         "--input-len",
@@ -193,7 +195,7 @@ def add_bench_parser(subparsers: Any) -> None:
         help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
         "output length (--random-output-len, --sharegpt-output-len, --custom-output-len, "
-        "--prefix-repetition-output-len, --sonnet-output-len) as in vLLM",
+        "--prefix-repetition-output-len, --sonnet-output-len, --spec-bench-output-len) as in vLLM",
     )
     p.add_argument(
         "--random-input-len",
@@ -293,6 +295,18 @@ def add_bench_parser(subparsers: Any) -> None:
         type=int,
         default=None,
         help="max_tokens of every request (default 150, or --output-len)",
+    )
+    g = p.add_argument_group("spec_bench dataset (vLLM's options)")
+    g.add_argument(
+        "--spec-bench-output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default 256, or --output-len)",
+    )
+    g.add_argument(
+        "--spec-bench-category",
+        default=None,
+        help="only the questions of this category, e.g. writing or math_reasoning (default: all)",
     )
     p.add_argument(
         "--sharegpt-output-len",
@@ -662,6 +676,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("--sharegpt-output-len", args.sharegpt_output_len),
         ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
         ("--sonnet-output-len", args.sonnet_output_len),
+        ("--spec-bench-output-len", args.spec_bench_output_len),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -675,6 +690,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "custom": "custom prompts keep their own lengths",
             "prefix_repetition": "use --prefix-repetition-prefix-len and --prefix-repetition-suffix-len",
             "burstgpt": "each row's Request tokens is its prompt's length, as vLLM",
+            "spec_bench": "questions keep their own lengths",
         }
         raise ValueError(f"--input-len applies to --dataset random or sonnet ({own[dataset]})")
     if dataset == "burstgpt" and args.output_len is not None:
@@ -726,7 +742,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--sonnet-prefix-len": args.sonnet_prefix_len,
             "--sonnet-output-len": args.sonnet_output_len,
         },
+        "spec_bench": {
+            "--spec-bench-output-len": args.spec_bench_output_len,
+            "--spec-bench-category": args.spec_bench_category,
+        },
     }
+    if dataset == "spec_bench" and args.skip_chat_template:
+        raise ValueError(
+            "--skip-chat-template: vLLM's spec_bench renders every question with the chat template on "
+            "/v1/completions whatever this flag says (its dataset takes no such option); Surge refuses it "
+            "rather than send other prompts (on the chat endpoint the question is the user message)"
+        )
     for owner, flags in own_flags.items():
         for flag, value in flags.items():
             if owner != dataset and value is not None and value is not False:  # 0 is given, too
@@ -741,6 +767,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "custom": ("--custom-output-len", args.custom_output_len),
         "prefix_repetition": ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
         "sonnet": ("--sonnet-output-len", args.sonnet_output_len),
+        "spec_bench": ("--spec-bench-output-len", args.spec_bench_output_len),
     }.get(dataset, ("", None))
     if fixed[1] is not None and args.output_len is not None and args.output_len != fixed[1]:
         raise ValueError(f"--output-len {args.output_len} and {fixed[0]} {fixed[1]} disagree (give one)")
@@ -773,6 +800,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else args.prefix_repetition_num_prefixes,
         sonnet_input_len=next(v for v in (args.sonnet_input_len, args.input_len, 550) if v is not None),
         sonnet_prefix_len=200 if args.sonnet_prefix_len is None else args.sonnet_prefix_len,
+        spec_bench_category=args.spec_bench_category,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

@@ -257,6 +257,7 @@ _SETTINGS = (
     "prefix_repetition_num_prefixes",
     "sonnet_input_len",
     "sonnet_prefix_len",
+    "spec_bench_category",
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
 dataset and its settings: ``bench serve`` results record them; matrix points are random)."""

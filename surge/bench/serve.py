@@ -50,6 +50,7 @@ from surge.bench.datasets import (
     sonnet_requests,
 )
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
+from surge.bench.question_datasets import spec_bench_requests
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.tokens import (
     TokenCounter,
@@ -63,15 +64,16 @@ from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
 MAX_REQUEST_ID_LEN = 256  # the longest X-Request-Id the server takes (surge.server.request_id's limit)
-DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt")
+DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt", "spec_bench")
 FILE_DATASETS = {
     "sharegpt": "a ShareGPT JSON file",
     "custom": "a JSONL file of prompts",
     "sonnet": "a text file whose lines the prompts are drawn from",
     "burstgpt": "a BurstGPT CSV file",
+    "spec_bench": 'a question JSONL file, one {"turns": [...], "category": ...} object a line',
 }
 """The datasets read from ``--dataset-path``, and what the file is."""
-FILE_DATASET_NAMES = "sharegpt, custom, sonnet or burstgpt"
+FILE_DATASET_NAMES = "sharegpt, custom, sonnet, burstgpt or spec_bench"
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
 
@@ -125,6 +127,8 @@ class ServeConfig:
     # sonnet_prefix_len tokens with the instruction) are shared; each asks output_len tokens
     sonnet_input_len: int = 550
     sonnet_prefix_len: int = 200
+    # --dataset spec_bench (vLLM's): only the questions of this category; None: all
+    spec_bench_category: str | None = None
     num_prompts: int = 16
     max_concurrency: int | None = None
     request_rate: float = math.inf
@@ -174,6 +178,8 @@ class ServeConfig:
             raise ValueError(f"--sonnet-input-len must be >= 1, got {self.sonnet_input_len}")
         if self.sonnet_prefix_len < 0:
             raise ValueError(f"--sonnet-prefix-len must be >= 0, got {self.sonnet_prefix_len}")
+        if self.spec_bench_category is not None and self.dataset != "spec_bench":
+            raise ValueError("--spec-bench-category applies to --dataset spec_bench")
         if self.dataset == "burstgpt" and self.seed >= 2**32:
             raise ValueError(
                 f"--seed must be below 2**32 with --dataset burstgpt (vLLM's row pick), got {self.seed}"
@@ -647,7 +653,8 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
 
 
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
-    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet or BurstGPT).
+    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet, BurstGPT or
+    spec_bench).
 
     Lengths are counted as the server sees the prompt: on the chat endpoint the templated
     prompt (random prompts have exactly ``input_len`` tokens including the template's), with
@@ -694,6 +701,18 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.sonnet_prefix_len,
             cfg.output_len,
             cfg.seed,
+            chat,
+            options,
+        )
+    if cfg.dataset == "spec_bench":
+        assert cfg.dataset_path is not None
+        return spec_bench_requests(
+            counter,
+            cfg.dataset_path,
+            cfg.num_prompts,
+            cfg.output_len,
+            cfg.spec_bench_category,
+            max_model_len,
             chat,
             options,
         )
@@ -759,6 +778,10 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
             "sonnet_input_len": cfg.sonnet_input_len,
             "sonnet_prefix_len": cfg.sonnet_prefix_len,
             "sonnet_output_len": cfg.output_len,
+        },
+        "spec_bench": {
+            "spec_bench_category": cfg.spec_bench_category,
+            "spec_bench_output_len": cfg.output_len,
         },
     }
     out: dict[str, Any] = {}

@@ -132,7 +132,7 @@ def test_timeline_spans_classify_and_merge_gaps(tmp_path: Path) -> None:
         (["--insecure-nothing-such"], None),
         (["--hf-name", "x", "--hf-split", "train"], "hf dataset options: Surge's bench serve has the random"),
         (["--random-mm-limit-mm-per-prompt", "{}"], "random-mm dataset options"),
-        (["--spec-bench-output-len", "3", "--timed-trace-sec-multiplier", "2"], "spec_bench, timed_trace"),
+        (["--speed-bench-output-len", "3", "--timed-trace-sec-multiplier", "2"], "speed_bench, timed_trace"),
         (["--dataset-name", "hf"], "no Hugging Face, multimodal, ASR or trace datasets"),
     ],
 )
