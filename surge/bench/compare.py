@@ -258,6 +258,9 @@ _SETTINGS = (
     "sonnet_input_len",
     "sonnet_prefix_len",
     "spec_bench_category",
+    "hf_name",
+    "hf_split",
+    "hf_subset",
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
 dataset and its settings: ``bench serve`` results record them; matrix points are random)."""
