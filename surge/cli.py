@@ -84,7 +84,8 @@ VLLM_FLAG_HINTS = {
     "--lora-assignment": "nothing: Surge serves no LoRA adapters",
     "--skip-tokenizer-init": "nothing: Surge always loads the tokenizer (the benchmark counts prompt tokens "
     "with --tokenizer or the server's /tokenize)",
-    "--no-stream": "nothing: Surge reads local dataset files only (no Hugging Face datasets to stream)",
+    "--no-stream": "nothing: Surge reads a local dataset whole and shuffles it as vLLM's --no-stream does (vLLM's "
+    "streaming order is the same below 1,000 rows)",
     "--enable-multimodal-chat": "nothing: Surge's benchmark sends text prompts only",
     "--custom-ensure-client-side-data": "nothing: Surge's custom dataset is text prompts only",
     "--random-batch-size": "nothing: Surge has no embeddings or reranker benchmark",
@@ -96,24 +97,19 @@ aliases instead, e.g. ``--dataset-name``, ``--metric-percentiles``, or
 accepted, e.g. ``surge serve MODEL``, ``--enable-auto-tool-choice``)."""
 
 VLLM_DATASET_FLAG_PREFIXES = {
-    "--hf-name": "hf",
-    "--hf-subset": "hf",
-    "--hf-split": "hf",
-    "--hf-output-len": "hf",
     "--random-mm-": "random-mm",
-    "--spec-bench-": "spec_bench",
     "--speed-bench-": "speed_bench",
     "--blazedit-": "blazedit (hf)",
     "--asr-": "ASR (hf, custom_audio)",
     "--bfcl-": "bfcl (hf)",
 }
-"""Prefixes of ``vllm bench serve``'s options of datasets Surge lacks (whole names for ``--hf-*``,
-as ``vllm serve`` has ``--hf-token``, ``--hf-overrides`` ...), and the dataset's name: an
+"""Prefixes of ``vllm bench serve``'s options of datasets Surge lacks, and the dataset's name: an
 unrecognized flag with such a prefix is hinted with :data:`VLLM_DATASETS_HINT`."""
 
 VLLM_DATASETS_HINT = (
-    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet, burstgpt and timed_trace "
-    "datasets, text only, from local files (no Hugging Face, multimodal or ASR datasets)"
+    "Surge's bench serve has the random, sharegpt, custom, prefix_repetition, sonnet, burstgpt, spec_bench, hf "
+    "(MT-Bench and ShareGPT-format conversations) and timed_trace datasets, text only, from local files (no hub "
+    "downloads, and no multimodal or ASR datasets)"
 )
 
 

@@ -164,22 +164,36 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--dataset",
         "--dataset-name",
-        choices=["random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt", "timed_trace"],
+        choices=[
+            "random",
+            "sharegpt",
+            "custom",
+            "prefix_repetition",
+            "sonnet",
+            "burstgpt",
+            "spec_bench",
+            "hf",
+            "timed_trace",
+        ],
         default="random",
         help="prompts (default random): random tokens, ShareGPT first turns, custom (a JSONL file of "
         "prompts), prefix_repetition (random prompts over a few shared prefixes), sonnet (lines of a text "
-        "file), burstgpt (the lengths of a BurstGPT trace's rows) or timed_trace (the replay of a timed "
-        "request trace: each row's lengths, shared prefix blocks and send time), as vLLM's datasets of those "
-        "names; --dataset-name is vLLM's spelling",
+        "file), burstgpt (the lengths of a BurstGPT trace's rows), spec_bench (the first turns of an "
+        "MT-Bench-style question file), hf (a local copy of MT-Bench or of ShareGPT-format conversations) or "
+        "timed_trace (the replay of a timed request trace: each row's lengths, shared prefix blocks and send "
+        "time), as vLLM's datasets of those names; --dataset-name is vLLM's spelling",
     )
     p.add_argument(
         "--dataset-path",
         default=None,
         help='ShareGPT JSON file (--dataset sharegpt), JSONL file, one {"prompt": ...} object a line '
         "(--dataset custom), text file (--dataset sonnet, e.g. vLLM's benchmarks/sonnet.txt), BurstGPT "
-        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) or JSONL trace, one "
-        '{"timestamp", "input_length", "output_length", "hash_ids"} row a line (--dataset timed_trace, e.g. '
-        "a Mooncake trace) (default: none)",
+        "CSV file (--dataset burstgpt, e.g. BurstGPT_without_fails_2.csv) or question JSONL file, one "
+        '{"turns": [...], "category": ...} object a line (--dataset spec_bench, e.g. Spec-Bench\'s or '
+        "MT-Bench's question.jsonl), or with --dataset hf a local copy of the dataset --hf-name names (a JSON or "
+        "JSONL file, or a folder of them such as a hub snapshot; vLLM's hub id here means --hf-name), or JSONL "
+        'trace, one {"timestamp", "input_length", "output_length", "hash_ids"} row a line (--dataset '
+        "timed_trace, e.g. a Mooncake trace) (default: none)",
     )
     p.add_argument(
         "--input-len",
@@ -196,7 +210,7 @@ def add_bench_parser(subparsers: Any) -> None:
         help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
         "output length (--random-output-len, --sharegpt-output-len, --custom-output-len, "
-        "--prefix-repetition-output-len, --sonnet-output-len) as in vLLM",
+        "--prefix-repetition-output-len, --sonnet-output-len, --spec-bench-output-len, --hf-output-len) as in vLLM",
     )
     p.add_argument(
         "--random-input-len",
@@ -238,8 +252,8 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--skip-chat-template",
         action="store_true",
-        help="--dataset custom on /v1/completions: send each prompt as it is instead of rendered with the "
-        "model's chat template (vLLM's option; on the chat endpoint the server applies the template, "
+        help="--dataset custom or hf (MT-Bench) on /v1/completions: send each prompt as it is instead of "
+        "rendered with the model's chat template (vLLM's option; on the chat endpoint the server applies the template, "
         "so the prompt is always sent as it is) (default off)",
     )
     p.add_argument(
@@ -330,6 +344,43 @@ def add_bench_parser(subparsers: Any) -> None:
         "waiting on --max-concurrency if given; --no-self-timed sends the trace's requests on the "
         "--request-rate schedule instead (vLLM's option; default on with --dataset timed_trace, which "
         "alone takes it)",
+    )
+    g = p.add_argument_group("spec_bench dataset (vLLM's options)")
+    g.add_argument(
+        "--spec-bench-output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default 256, or --output-len)",
+    )
+    g.add_argument(
+        "--spec-bench-category",
+        default=None,
+        help="only the questions of this category, e.g. writing or math_reasoning (default: all)",
+    )
+    g = p.add_argument_group("hf dataset (vLLM's options; local copies only)")
+    g.add_argument(
+        "--hf-name",
+        default=None,
+        help="the hub id of the dataset at --dataset-path: philschmid/mt-bench (MT-Bench) or "
+        "Aeala/ShareGPT_Vicuna_unfiltered (ShareGPT-format conversations) (default: --dataset-path)",
+    )
+    g.add_argument(
+        "--hf-split",
+        default=None,
+        help="the split read: a folder's files whose names carry it, as datasets infers splits; a single file "
+        "is train (default train; vLLM's conversations need it given)",
+    )
+    g.add_argument(
+        "--hf-subset",
+        default=None,
+        help="only default: Surge reads no dataset card's subsets (give the subset's own folder) (default: none)",
+    )
+    g.add_argument(
+        "--hf-output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default: MT-Bench 256, conversations each reply's length; or "
+        "--output-len)",
     )
     p.add_argument(
         "--sharegpt-output-len",
@@ -716,6 +767,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("--sharegpt-output-len", args.sharegpt_output_len),
         ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
         ("--sonnet-output-len", args.sonnet_output_len),
+        ("--spec-bench-output-len", args.spec_bench_output_len),
+        ("--hf-output-len", args.hf_output_len),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -733,6 +786,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "prefix_repetition": "use --prefix-repetition-prefix-len and --prefix-repetition-suffix-len",
             "burstgpt": "each row's Request tokens is its prompt's length, as vLLM",
             "timed_trace": "each row's input length and hash_ids make its prompt, as vLLM",
+            "spec_bench": "questions keep their own lengths",
+            "hf": "the dataset's prompts keep their own lengths",
         }
         raise ValueError(f"--input-len applies to --dataset random or sonnet ({own[dataset]})")
     if dataset in ("burstgpt", "timed_trace") and args.output_len is not None:
@@ -771,7 +826,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "sharegpt": {"--sharegpt-output-len": args.sharegpt_output_len},
         "custom": {
             "--custom-output-len": args.custom_output_len,
-            "--skip-chat-template": args.skip_chat_template,
             "--chat-template-kwargs": args.chat_template_kwargs,
         },
         "prefix_repetition": {
@@ -793,7 +847,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--timed-trace-label-output-length": args.timed_trace_label_output_length,
             "--timed-trace-label-hash-ids": args.timed_trace_label_hash_ids,
         },
+        "spec_bench": {
+            "--spec-bench-output-len": args.spec_bench_output_len,
+            "--spec-bench-category": args.spec_bench_category,
+        },
+        "hf": {
+            "--hf-name": args.hf_name,
+            "--hf-split": args.hf_split,
+            "--hf-subset": args.hf_subset,
+            "--hf-output-len": args.hf_output_len,
+        },
     }
+    if dataset == "spec_bench" and args.skip_chat_template:
+        raise ValueError(
+            "--skip-chat-template: vLLM's spec_bench renders every question with the chat template on "
+            "/v1/completions whatever this flag says (its dataset takes no such option); Surge refuses it "
+            "rather than send other prompts (on the chat endpoint the question is the user message)"
+        )
     for owner, flags in own_flags.items():
         for flag, value in flags.items():
             if owner != dataset and value is not None and value is not False:  # 0 is given, too
@@ -808,6 +878,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "custom": ("--custom-output-len", args.custom_output_len),
         "prefix_repetition": ("--prefix-repetition-output-len", args.prefix_repetition_output_len),
         "sonnet": ("--sonnet-output-len", args.sonnet_output_len),
+        "spec_bench": ("--spec-bench-output-len", args.spec_bench_output_len),
+        "hf": ("--hf-output-len", args.hf_output_len),
     }.get(dataset, ("", None))
     if fixed[1] is not None and args.output_len is not None and args.output_len != fixed[1]:
         raise ValueError(f"--output-len {args.output_len} and {fixed[0]} {fixed[1]} disagree (give one)")
@@ -842,6 +914,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sonnet_prefix_len=200 if args.sonnet_prefix_len is None else args.sonnet_prefix_len,
         timed_trace=_timed_trace_options(args),
         self_timed=dataset == "timed_trace" and args.self_timed is not False,
+        spec_bench_category=args.spec_bench_category,
+        hf_name=args.hf_name,
+        hf_split=args.hf_split,
+        hf_subset=args.hf_subset,
+        hf_output_len=own_output if dataset == "hf" else None,
         num_prompts=args.num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,

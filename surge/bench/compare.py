@@ -260,6 +260,10 @@ _SETTINGS = (
     "self_timed",
     "timed_trace_chunk_hash_size",
     "timed_trace_sec_multiplier",
+    "spec_bench_category",
+    "hf_name",
+    "hf_split",
+    "hf_subset",
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
 dataset and its settings: ``bench serve`` results record them; matrix points are random)."""

@@ -51,7 +51,9 @@ from surge.bench.datasets import (
     sharegpt_requests,
     sonnet_requests,
 )
+from surge.bench.hf_datasets import DEFAULT_SPLIT, check_local_path, hf_dataset_kind, hf_requests
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
+from surge.bench.question_datasets import spec_bench_requests
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
 from surge.bench.timed_trace import TimedTraceOptions, timed_trace_requests
 from surge.bench.tokens import (
@@ -66,16 +68,28 @@ from surge.quant.config import kv_cache_dtype_name
 
 T = TypeVar("T")
 MAX_REQUEST_ID_LEN = 256  # the longest X-Request-Id the server takes (surge.server.request_id's limit)
-DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "sonnet", "burstgpt", "timed_trace")
+DATASETS = (
+    "random",
+    "sharegpt",
+    "custom",
+    "prefix_repetition",
+    "sonnet",
+    "burstgpt",
+    "timed_trace",
+    "spec_bench",
+    "hf",
+)
 FILE_DATASETS = {
     "sharegpt": "a ShareGPT JSON file",
     "custom": "a JSONL file of prompts",
     "sonnet": "a text file whose lines the prompts are drawn from",
     "burstgpt": "a BurstGPT CSV file",
+    "spec_bench": 'a question JSONL file, one {"turns": [...], "category": ...} object a line',
+    "hf": "a local copy of the Hugging Face dataset --hf-name names: a JSON or JSONL file, or a folder of them",
     "timed_trace": "a JSONL request trace, one row a line with its timestamp, lengths and hash_ids",
 }
 """The datasets read from ``--dataset-path``, and what the file is."""
-FILE_DATASET_NAMES = "sharegpt, custom, sonnet, burstgpt or timed_trace"
+FILE_DATASET_NAMES = "sharegpt, custom, sonnet, burstgpt, spec_bench, hf or timed_trace"
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
 
@@ -134,6 +148,14 @@ class ServeConfig:
     # vLLM's --self-timed: send each request at its trace row's timestamp instead of on the
     # --request-rate schedule (only with --dataset timed_trace, where the CLI turns it on by default)
     self_timed: bool = False
+    # --dataset spec_bench (vLLM's): only the questions of this category; None: all
+    spec_bench_category: str | None = None
+    # --dataset hf (vLLM's): the hub id of the local copy at dataset_path (None: dataset_path is the id),
+    # its split (None: train) and subset; each request's output tokens (None: the dataset's default)
+    hf_name: str | None = None
+    hf_split: str | None = None
+    hf_subset: str | None = None
+    hf_output_len: int | None = None
     num_prompts: int = 16
     max_concurrency: int | None = None
     request_rate: float = math.inf
@@ -188,6 +210,22 @@ class ServeConfig:
         self.timed_trace.validate()
         if self.self_timed:
             self._validate_self_timed()
+        if self.spec_bench_category is not None and self.dataset != "spec_bench":
+            raise ValueError("--spec-bench-category applies to --dataset spec_bench")
+        hf = {
+            "--hf-name": self.hf_name,
+            "--hf-split": self.hf_split,
+            "--hf-subset": self.hf_subset,
+            "--hf-output-len": self.hf_output_len,
+        }
+        for flag, value in hf.items():
+            if value is not None and self.dataset != "hf":
+                raise ValueError(f"{flag} applies to --dataset hf")
+        if self.hf_output_len is not None and self.hf_output_len < 1:
+            raise ValueError(f"--hf-output-len must be >= 1, got {self.hf_output_len}")
+        if self.dataset == "hf" and self.dataset_path:
+            hf_dataset_kind(self.dataset_path, self.hf_name)
+            check_local_path(self.dataset_path, self.hf_name)
         if self.dataset == "burstgpt" and self.seed >= 2**32:
             raise ValueError(
                 f"--seed must be below 2**32 with --dataset burstgpt (vLLM's row pick), got {self.seed}"
@@ -200,8 +238,8 @@ class ServeConfig:
             raise ValueError(
                 f"--custom-output-len must be >= 1, or -1 for each line's output_tokens, got {self.custom_output_len}"
             )
-        if self.skip_chat_template and self.dataset != "custom":
-            raise ValueError("--skip-chat-template applies to --dataset custom")
+        if self.skip_chat_template and self.dataset not in ("custom", "hf"):
+            raise ValueError("--skip-chat-template applies to --dataset custom or hf")
         if self.chat_template_kwargs is not None:
             if self.dataset != "custom":
                 raise ValueError(
@@ -701,8 +739,8 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
 
 
 def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | None) -> list[SampleRequest]:
-    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet, BurstGPT or
-    a timed trace, whose samples carry their send times).
+    """The timed prompts of ``cfg`` (random, ShareGPT, custom, prefix repetition, sonnet, BurstGPT,
+    spec_bench, hf or a timed trace, whose samples carry their send times).
 
     Lengths are counted as the server sees the prompt: on the chat endpoint the templated
     prompt (random prompts have exactly ``input_len`` tokens including the template's), with
@@ -749,6 +787,34 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.sonnet_prefix_len,
             cfg.output_len,
             cfg.seed,
+            chat,
+            options,
+        )
+    if cfg.dataset == "hf":
+        assert cfg.dataset_path is not None
+        return hf_requests(
+            counter,
+            cfg.dataset_path,
+            cfg.hf_name,
+            cfg.hf_split,
+            cfg.hf_subset,
+            cfg.num_prompts,
+            cfg.hf_output_len,
+            cfg.seed,
+            max_model_len,
+            chat,
+            options,
+            cfg.skip_chat_template,
+        )
+    if cfg.dataset == "spec_bench":
+        assert cfg.dataset_path is not None
+        return spec_bench_requests(
+            counter,
+            cfg.dataset_path,
+            cfg.num_prompts,
+            cfg.output_len,
+            cfg.spec_bench_category,
+            max_model_len,
             chat,
             options,
         )
@@ -835,10 +901,22 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
             "timed_trace_label_output_length": cfg.timed_trace.label_output_length,
             "timed_trace_label_hash_ids": cfg.timed_trace.label_hash_ids,
         },
+        "spec_bench": {
+            "spec_bench_category": cfg.spec_bench_category,
+            "spec_bench_output_len": cfg.output_len,
+        },
+        "hf": {
+            "hf_name": cfg.hf_name,
+            "hf_split": cfg.hf_split or DEFAULT_SPLIT,
+            "hf_subset": cfg.hf_subset,
+            "hf_output_len": cfg.hf_output_len,
+        },
     }
     out: dict[str, Any] = {}
     for dataset, fields in mine.items():
         out.update({k: (v if dataset == cfg.dataset else None) for k, v in fields.items()})
+    if cfg.dataset == "hf":  # MT-Bench's, as custom's
+        out["skip_chat_template"] = cfg.skip_chat_template
     return out
 
 

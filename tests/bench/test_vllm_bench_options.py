@@ -130,10 +130,13 @@ def test_timeline_spans_classify_and_merge_gaps(tmp_path: Path) -> None:
         (["--custom-ensure-client-side-data"], "text prompts only"),
         (["--random-batch-size", "4"], "no embeddings or reranker benchmark"),
         (["--insecure-nothing-such"], None),
-        (["--hf-name", "x", "--hf-split", "train"], "hf dataset options: Surge's bench serve has the random"),
+        (
+            ["--blazedit-min-distance", "1"],
+            "blazedit (hf) dataset options: Surge's bench serve has the random",
+        ),
         (["--random-mm-limit-mm-per-prompt", "{}"], "random-mm dataset options"),
-        (["--spec-bench-output-len", "3", "--speed-bench-x", "2"], "spec_bench, speed_bench dataset options"),
-        (["--dataset-name", "hf"], "no Hugging Face, multimodal or ASR datasets"),
+        (["--speed-bench-output-len", "3", "--bfcl-x", "2"], "bfcl (hf), speed_bench dataset options"),
+        (["--dataset-name", "speed_bench"], "(no hub downloads, and no multimodal or ASR datasets)"),
     ],
 )
 def test_vllm_options_surge_lacks_get_a_one_line_hint(flags: list[str], words: str | None) -> None:

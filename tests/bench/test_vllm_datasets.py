@@ -218,11 +218,11 @@ def test_bad_combinations_are_one_line_before_any_request(
             (("--dataset", "custom", "--dataset-path", noprompt), 'line 2: no "prompt"'),
             (
                 ("--dataset-path", good),
-                "--dataset-path applies to --dataset sharegpt, custom, sonnet, burstgpt or timed_trace",
+                "--dataset-path applies to --dataset sharegpt, custom, sonnet, burstgpt, spec_bench, hf or timed_trace",
             ),
             (
                 (*prefix, "--dataset-path", good),
-                "--dataset-path applies to --dataset sharegpt, custom, sonnet, burstgpt or timed_trace",
+                "--dataset-path applies to --dataset sharegpt, custom, sonnet, burstgpt, spec_bench, hf or timed_trace",
             ),
             ((*custom, "--input-len", "8"), "--input-len applies to --dataset random"),
             (
