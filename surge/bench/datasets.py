@@ -13,7 +13,8 @@ of ``--extra-body`` that change the prompt's tokens (``chat_template_kwargs`` su
 (``options``, see :func:`surge.bench.tokens.prompt_options`).
 
 ShareGPT: a list of ``{"id", "conversations": [{"from": "human", "value": ...}, {"from": "gpt",
-...}, ...]}`` (vLLM's ``ShareGPT_V3_unfiltered_cleaned_split.json``), shuffled with the seed; the
+...}, ...]}`` (vLLM's ``ShareGPT_V3_unfiltered_cleaned_split.json``), in vLLM's order: the
+conversations of two turns or more, shuffled by Python's ``random`` seeded with the seed; the
 first human turn is the prompt and the turn after it the reply. As vLLM's ``sharegpt`` dataset:
 each request asks as many tokens as its reply has (counted as vLLM counts it, special tokens
 included) unless a fixed length is given (vLLM's ``--sharegpt-output-len``); conversations
@@ -21,7 +22,8 @@ without a reply are dropped, and so are prompts under 4 tokens or over 1,024, pr
 takes them over 2,048 tokens, and (reply lengths only) replies under 4 tokens. Two differences: the
 prompt is counted as the server will see it (templated on the chat endpoint; vLLM counts the raw
 text), and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
-roles). A file without any reply (``shared/assets/datasets/sharegpt/*.json`` keep only the
+roles; a conversation without a human turn is left out before the shuffle, so a file with one
+orders the rest otherwise than vLLM). A file without any reply (``shared/assets/datasets/sharegpt/*.json`` keep only the
 prompts) asks ``--output-len`` of every request.
 
 Shared prefixes (vLLM's ``--random-prefix-len`` and ``prefix_repetition``): a random text of exactly N
@@ -432,7 +434,8 @@ def custom_requests(
     skip_chat_template: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[SampleRequest]:
-    """``num_prompts`` prompts of a custom JSONL file (:func:`load_custom`), shuffled by ``seed``.
+    """``num_prompts`` prompts of a custom JSONL file (:func:`load_custom`), in vLLM's order (the
+    lines shuffled by Python's ``random`` seeded with ``seed``).
 
     Each asks ``output_len`` tokens, or (None: vLLM's ``--custom-output-len -1``) its line's
     ``output_tokens``. As vLLM, a completions prompt is the prompt rendered with the model's chat
@@ -455,10 +458,11 @@ def custom_requests(
             f"twice; give --num-prompts {len(items)} or fewer)"
         )
     encode = prompt_encoder(counter, chat, options)
-    order = np.random.default_rng(seed).permutation(len(items))[:num_prompts]
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)  # vLLM's order: Python's random seeded with --seed
     out: list[SampleRequest] = []
-    for idx in order:
-        item = items[int(idx)]
+    for idx in order[:num_prompts]:
+        item = items[idx]
         text = item.prompt
         if not chat and not skip_chat_template:
             text = counter.render_chat(text, chat_template_kwargs)
@@ -481,10 +485,12 @@ SHAREGPT_MAX_TOTAL_LEN = 2048
 
 @dataclass(frozen=True)
 class Conversation:
-    """A ShareGPT conversation's first human turn and the turn that answers it (None: none)."""
+    """A ShareGPT conversation's first human turn and the turn that answers it (None: none), and
+    how many turns the conversation has (vLLM shuffles only those of two turns or more)."""
 
     prompt: str
     reply: str | None
+    turns: int = 1
 
 
 def load_sharegpt(path: str) -> list[Conversation]:
@@ -509,7 +515,7 @@ def load_sharegpt(path: str) -> list[Conversation]:
             if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
                 nxt = convs[i + 1] if i + 1 < len(convs) else None
                 reply = nxt.get("value") if isinstance(nxt, dict) and nxt.get("from") != "human" else None
-                out.append(Conversation(turn["value"], reply if isinstance(reply, str) else None))
+                out.append(Conversation(turn["value"], reply if isinstance(reply, str) else None, len(convs)))
                 break
     if not out:
         raise ValueError(f"--dataset-path {path}: no human turns found")
@@ -545,11 +551,13 @@ def sharegpt_requests(
             f"surge: note: {path} has no replies; every request asks --output-len {output_len}",
             file=sys.stderr,
         )
-    order = np.random.default_rng(seed).permutation(len(conversations))
+    # vLLM's order: the conversations of two turns or more, shuffled by Python's random seeded with
+    # --seed (a file without replies, which vLLM could not use, has all its conversations shuffled)
+    pool = [c for c in conversations if c.turns >= 2] if replies else list(conversations)
+    random.Random(seed).shuffle(pool)
     out: list[SampleRequest] = []
-    for idx in order:
-        conv = conversations[int(idx)]
-        if replies and conv.reply is None:
+    for conv in pool:
+        if conv.reply is None and replies:
             continue  # vLLM keeps only conversations of two turns or more
         n = len(encode(conv.prompt))
         if fixed_output_len is not None:

@@ -8,6 +8,7 @@ against ``surge serve`` of the bundled model.
 from __future__ import annotations
 
 import json
+import random
 import sys
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,7 @@ from surge.bench.datasets import (
     prefix_repetition_requests,
     random_requests,
     shared_prefix,
+    sharegpt_requests,
 )
 from surge.bench.tokens import HFTokenCounter
 
@@ -148,6 +150,44 @@ def test_custom_prompts_templated_as_vllm(qwen: HFTokenCounter, tmp_path: Path) 
     assert sorted(r.expected_output_len for r in per_line) == list(range(10, 16))
     by_prompt = {r["prompt"]: r["output_tokens"] for r in rows}
     assert all(by_prompt[r.prompt] == r.expected_output_len for r in per_line)
+
+
+def _vllm_shuffled(rows: list[dict], seed: int) -> list[dict]:
+    """vLLM 0.26's order of a custom or ShareGPT dataset's rows (``CustomDataset.load_data`` and
+    ``ShareGPTDataset.load_data``, restated): Python's global ``random`` seeded, then shuffled."""
+    rows = list(rows)
+    random.seed(seed)
+    random.shuffle(rows)
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_custom_and_sharegpt_orders_are_vllms(stories: HFTokenCounter, tmp_path: Path, seed: int) -> None:
+    """The same --seed picks the same prompts in the same order as vLLM's custom and sharegpt
+    datasets: vLLM shuffles the rows with Python's ``random``, ShareGPT's after dropping the
+    conversations of fewer than two turns (which changes every later position)."""
+    rows = [{"prompt": f"tell me a short story about the number {i} and a cat"} for i in range(12)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    got = custom_requests(stories, path, 8, 16, seed=seed, skip_chat_template=True)
+    assert [r.prompt for r in got] == [r["prompt"] for r in _vllm_shuffled(rows, seed)[:8]]
+
+    def turn(who: str, text: str) -> dict:
+        return {"from": who, "value": text}
+
+    data = [
+        {
+            "id": str(i),
+            "conversations": [turn("human", f"tell me a short story about the number {i} and a dog")]
+            + ([turn("gpt", f"once upon a time the number {i} met a dog in the park")] if i % 3 else []),
+        }
+        for i in range(15)
+    ]
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps(data))
+    kept = [d for d in data if len(d["conversations"]) >= 2]  # vLLM's filter, before its shuffle
+    want = [d["conversations"][0]["value"] for d in _vllm_shuffled(kept, seed)[:6]]
+    got = sharegpt_requests(stories, str(sharegpt), 6, 64, seed=seed)
+    assert [r.prompt for r in got] == want
 
 
 def test_custom_chat_template_kwargs_as_vllm(qwen: HFTokenCounter, tmp_path: Path) -> None:
