@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ import msgspec
 import zmq
 
 from surge.config import EngineConfig
+from surge.parallel.launch import Endpoints, rank_device
 from surge.parallel.messages import (
     InitKVCache,
     KVCacheReady,
@@ -80,6 +82,36 @@ class WorkerSpec:
     parent_pid: int | None
     log_level: int = logging.INFO
     step_timing_path: str | None = None
+
+
+def start_worker(
+    config: EngineConfig,
+    rank: int,
+    ep: Endpoints,
+    parent_pid: int | None,
+    log_level: int = logging.INFO,
+    step_timing_path: str | None = None,
+) -> multiprocessing.process.BaseProcess:
+    """Spawn global tensor-parallel ``rank``'s worker on this host (a daemon process named
+    ``surge-tp{rank}`` running :func:`run_worker`, on :func:`~surge.parallel.launch.rank_device`),
+    connected to the group's addresses ``ep``; the other arguments are :class:`WorkerSpec`'s.
+    Returns the started process."""
+    spec = WorkerSpec(
+        rank=rank,
+        world_size=config.parallel.tensor_parallel_size,
+        local_device=rank_device(config, rank),
+        dist_init_method=ep.dist_init_method,
+        step_address=ep.step_connect,
+        result_address=ep.result_connect,
+        parent_pid=parent_pid,
+        log_level=log_level,
+        step_timing_path=step_timing_path,
+    )
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_worker, args=(config, spec), name=f"surge-tp{rank}", daemon=True
+    )
+    proc.start()
+    return proc
 
 
 def _one_line(e: BaseException) -> str:
