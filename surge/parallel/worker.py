@@ -48,6 +48,7 @@ from surge.parallel.messages import (
 )
 from surge.parallel.step_clock import StepClock
 from surge.parallel.step_codec import StepDecoder
+from surge.parent_death import set_parent_death_signal
 
 logger = logging.getLogger("surge.parallel.worker")
 
@@ -119,19 +120,6 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def _set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def init_distributed(spec: WorkerSpec, timeout_s: float = 600.0) -> None:
     """Join the tensor-parallel process group of ``spec`` (NCCL on CUDA, gloo on CPU).
 
@@ -187,7 +175,7 @@ def run_worker(config: EngineConfig, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.parent_pid is not None:  # a SIGTERM to the process group: the engine stops us (a message)
         signal.signal(signal.SIGTERM, _sigterm_unless_orphaned(spec.parent_pid))
-    _set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s %(levelname)s [tp{spec.rank}] %(message)s")
     ctx = zmq.Context(io_threads=1)
     sub = ctx.socket(zmq.SUB)

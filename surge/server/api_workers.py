@@ -39,7 +39,8 @@ from typing import Any
 
 from surge.config import EngineConfig
 from surge.engine.client import _IPC_PREFIX, EngineAttachment, remove_stale_ipc_dirs
-from surge.engine.core_proc import STOP_SIGNAL, EngineFactory, run_engine_core, set_parent_death_signal
+from surge.engine.core_proc import STOP_SIGNAL, EngineFactory, run_engine_core
+from surge.parent_death import set_parent_death_signal
 from surge.server.listen import bind_reuseport
 
 logger = logging.getLogger("surge.server")
