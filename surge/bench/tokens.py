@@ -274,6 +274,13 @@ class ServerTokenCounter:
         self.max_model_len: int | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``/tokenize`` of ``text`` as a completions prompt; remembers the ``max_model_len`` the
+        server reports.
+
+        Raises:
+            ValueError: the server refused ``add_special_tokens`` or answered no token ids.
+            OSError: the request failed (as :func:`post_json`).
+        """
         options = {} if add_special_tokens else {"add_special_tokens": False}
         ans = self._tokenize({"model": self.model, "prompt": text, **options}, options)
         ids = token_ids(ans, "/tokenize")
@@ -312,6 +319,12 @@ class ServerTokenCounter:
             ) from None
 
     def decode(self, ids: list[int]) -> str:
+        """``/detokenize`` of ``ids``.
+
+        Raises:
+            ValueError: the answer has no ``prompt`` text.
+            OSError: the request failed (as :func:`post_json`).
+        """
         ans = post_json(
             f"{self.base_url}/detokenize",
             {"model": self.model, "tokens": ids},

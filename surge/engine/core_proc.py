@@ -41,6 +41,7 @@ import zmq
 
 from surge.config import EngineConfig
 from surge.core.outputs import EngineOutput, SchedulerStats
+from surge.parent_death import set_parent_death_signal
 from surge.sampling_params import SamplingParams
 
 logger = logging.getLogger("surge.engine")
@@ -218,20 +219,6 @@ class _StopSignals:
     def on_sigterm(self, signum: int, frame: Any) -> None:
         if os.getppid() != self.parent_pid:
             self.on_stop(signum, frame)
-
-
-def set_parent_death_signal() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def _out_of_memory(e: BaseException) -> bool:

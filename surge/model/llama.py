@@ -140,6 +140,9 @@ class LlamaModel(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        """``input_ids [T]``, ``positions [T]`` and one ``(k_cache, v_cache)`` per layer -> the
+        hidden states after the final norm, ``[T, hidden]`` (a one-token step through
+        :attr:`stream_decode` when set)."""
         hidden = self.embed_tokens(input_ids)
         if self.stream_decode is not None and input_ids.shape[0] == 1:
             hidden, residual = self.stream_decode(hidden, positions, kv_caches, metadata, backend)

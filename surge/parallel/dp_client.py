@@ -123,6 +123,7 @@ class DPEngineClient:
 
     @property
     def pid(self) -> int | None:
+        """Replica 0's engine process pid (None before it has started)."""
         return self.replicas[0].pid
 
     @property
@@ -140,6 +141,7 @@ class DPEngineClient:
 
     @property
     def num_inflight(self) -> int:
+        """Requests sent to any replica and not finished yet."""
         return sum(r.num_inflight for r in self.replicas)
 
     @property

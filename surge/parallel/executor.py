@@ -31,7 +31,7 @@ import zmq
 
 from surge.config import EngineConfig
 from surge.core.outputs import ModelOutput, SchedulerOutput
-from surge.parallel.launch import endpoints, rank_device
+from surge.parallel.launch import endpoints
 from surge.parallel.messages import (
     InitKVCache,
     KVCacheReady,
@@ -43,7 +43,7 @@ from surge.parallel.messages import (
     WorkerStartupError,
 )
 from surge.parallel.step_codec import StepEncoder
-from surge.parallel.worker import WorkerSpec, run_worker
+from surge.parallel.worker import start_worker
 
 logger = logging.getLogger("surge.parallel")
 
@@ -147,25 +147,13 @@ class TPExecutor:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(WorkerOutput)
         self._steps = StepEncoder()
-        mp = multiprocessing.get_context("spawn")
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         atexit.register(self.close)
         try:
             for rank in pc.local_ranks:
-                spec = WorkerSpec(
-                    rank=rank,
-                    world_size=self.tp_size,
-                    local_device=rank_device(config, rank),
-                    dist_init_method=ep.dist_init_method,
-                    step_address=ep.step_connect,
-                    result_address=ep.result_connect,
-                    parent_pid=os.getpid(),
-                    log_level=log_level,
-                    step_timing_path=step_timing_path,
+                self._procs[rank] = start_worker(
+                    config, rank, ep, os.getpid(), log_level=log_level, step_timing_path=step_timing_path
                 )
-                proc = mp.Process(target=run_worker, args=(config, spec), name=f"surge-tp{rank}", daemon=True)
-                proc.start()
-                self._procs[rank] = proc
             self.num_kv_blocks, self.worker_pids = self._wait_ready(start_timeout_s)
             logger.info(
                 "tensor-parallel ranks ready (pids %s), KV pool %d block%s per rank",

@@ -10,14 +10,13 @@ to the engine drops, or on SIGINT / SIGTERM.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import signal
 import time
 from typing import Any
 
 from surge.config import EngineConfig
-from surge.parallel.launch import endpoints, rank_device
-from surge.parallel.worker import WorkerSpec, run_worker
+from surge.parallel.launch import endpoints
+from surge.parallel.worker import start_worker
 
 logger = logging.getLogger("surge.parallel")
 
@@ -32,22 +31,7 @@ def run_worker_node(config: EngineConfig, log_level: int = logging.INFO) -> int:
     if pc.node_rank == 0:
         raise ValueError("run_worker_node: node 0 runs the server, not a worker node")
     ep = endpoints(config, None)
-    mp = multiprocessing.get_context("spawn")
-    procs: list[Any] = []
-    for rank in pc.local_ranks:
-        spec = WorkerSpec(
-            rank=rank,
-            world_size=pc.tensor_parallel_size,
-            local_device=rank_device(config, rank),
-            dist_init_method=ep.dist_init_method,
-            step_address=ep.step_connect,
-            result_address=ep.result_connect,
-            parent_pid=None,
-            log_level=log_level,
-        )
-        proc = mp.Process(target=run_worker, args=(config, spec), name=f"surge-tp{rank}", daemon=True)
-        proc.start()
-        procs.append(proc)
+    procs = [start_worker(config, rank, ep, parent_pid=None, log_level=log_level) for rank in pc.local_ranks]
     logger.info(
         "node %d of %d: tensor-parallel ranks %s started, engine at %s",
         pc.node_rank,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ import msgspec
 import zmq
 
 from surge.config import EngineConfig
+from surge.parallel.launch import Endpoints, rank_device
 from surge.parallel.messages import (
     InitKVCache,
     KVCacheReady,
@@ -46,6 +48,7 @@ from surge.parallel.messages import (
 )
 from surge.parallel.step_clock import StepClock
 from surge.parallel.step_codec import StepDecoder
+from surge.parent_death import set_parent_death_signal
 
 logger = logging.getLogger("surge.parallel.worker")
 
@@ -82,22 +85,39 @@ class WorkerSpec:
     step_timing_path: str | None = None
 
 
+def start_worker(
+    config: EngineConfig,
+    rank: int,
+    ep: Endpoints,
+    parent_pid: int | None,
+    log_level: int = logging.INFO,
+    step_timing_path: str | None = None,
+) -> multiprocessing.process.BaseProcess:
+    """Spawn global tensor-parallel ``rank``'s worker on this host (a daemon process named
+    ``surge-tp{rank}`` running :func:`run_worker`, on :func:`~surge.parallel.launch.rank_device`),
+    connected to the group's addresses ``ep``; the other arguments are :class:`WorkerSpec`'s.
+    Returns the started process."""
+    spec = WorkerSpec(
+        rank=rank,
+        world_size=config.parallel.tensor_parallel_size,
+        local_device=rank_device(config, rank),
+        dist_init_method=ep.dist_init_method,
+        step_address=ep.step_connect,
+        result_address=ep.result_connect,
+        parent_pid=parent_pid,
+        log_level=log_level,
+        step_timing_path=step_timing_path,
+    )
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_worker, args=(config, spec), name=f"surge-tp{rank}", daemon=True
+    )
+    proc.start()
+    return proc
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
-
-
-def _set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def init_distributed(spec: WorkerSpec, timeout_s: float = 600.0) -> None:
@@ -155,7 +175,7 @@ def run_worker(config: EngineConfig, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.parent_pid is not None:  # a SIGTERM to the process group: the engine stops us (a message)
         signal.signal(signal.SIGTERM, _sigterm_unless_orphaned(spec.parent_pid))
-    _set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s %(levelname)s [tp{spec.rank}] %(message)s")
     ctx = zmq.Context(io_threads=1)
     sub = ctx.socket(zmq.SUB)

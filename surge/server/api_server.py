@@ -676,24 +676,6 @@ class ServeOptions:
     enable_server_load_tracking: bool = False
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind the listening socket now, so a busy port fails before the engine starts.
-
-    Raises:
-        ValueError: the address cannot be bound (one readable line).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-    sock.set_inheritable(True)
-    return sock
-
-
 async def run_server(
     config: EngineConfig,
     options: ServeOptions,

@@ -39,7 +39,9 @@ from typing import Any
 
 from surge.config import EngineConfig
 from surge.engine.client import _IPC_PREFIX, EngineAttachment, remove_stale_ipc_dirs
-from surge.engine.core_proc import STOP_SIGNAL, EngineFactory, run_engine_core, set_parent_death_signal
+from surge.engine.core_proc import STOP_SIGNAL, EngineFactory, run_engine_core
+from surge.parent_death import set_parent_death_signal
+from surge.server.listen import bind_reuseport
 
 logger = logging.getLogger("surge.server")
 
@@ -49,40 +51,6 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _METRICS_PREFIX = "surge-metrics-"
 """Name prefix of the supervisor's shared Prometheus folder (``<prefix><pid>-*``)."""
-
-
-def bind_reuseport(host: str, port: int, *, check_free: bool = False) -> socket.socket:
-    """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (every API process binds one).
-
-    Args:
-        check_free: first check that no socket is bound to the address (the supervisor's
-            fail-fast check). ``SO_REUSEPORT`` alone lets the bind succeed next to any socket
-            of the same user that set it too, so a second ``surge serve --api-server-count N``
-            on the port of a running one would start and take half of its connections; a bind
-            without it fails on a busy port, as vLLM's single listening socket does.
-
-    Raises:
-        ValueError: the address cannot be bound (one readable line).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    if check_free and port != 0:  # port 0: the kernel picks a free one
-        probe = socket.socket(family, socket.SOCK_STREAM)
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-        finally:
-            probe.close()
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-    return sock
 
 
 def run_api_process(

@@ -464,7 +464,8 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     from surge.engine.llm_engine import build_engine_config
     from surge.parallel.cli_args import parallel_kwargs
-    from surge.server.api_server import ServeOptions, bind_socket, run_server
+    from surge.server.api_server import ServeOptions, run_server
+    from surge.server.listen import bind_reuseport, bind_socket
     from surge.tokenizer import load_tokenizer
 
     config = build_engine_config(
@@ -539,7 +540,7 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_server_load_tracking=args.enable_server_load_tracking,
     )
     if args.api_server_count > 1:
-        from surge.server.api_workers import bind_reuseport, serve_with_api_workers
+        from surge.server.api_workers import serve_with_api_workers
 
         sock = bind_reuseport(args.host, args.port, check_free=True)
         try:

@@ -24,6 +24,11 @@ class FastJSONRequest(Request):
     """A Starlette request whose ``json()`` parses with msgspec (cached like Starlette's)."""
 
     async def json(self) -> Any:
+        """The body parsed once by msgspec, then cached.
+
+        Raises:
+            json.JSONDecodeError: the body is not valid JSON (FastAPI answers 400).
+        """
         if not hasattr(self, "_json"):
             body = await self.body()
             try:
@@ -37,6 +42,7 @@ class FastJSONRoute(APIRoute):
     """An APIRoute whose handler sees a :class:`FastJSONRequest`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """FastAPI's handler, given each request as a :class:`FastJSONRequest`."""
         handler = super().get_route_handler()
 
         async def fast_json_handler(request: Request) -> Response:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from surge.core.logprobs import LogprobsLists
-from surge.sampling_params import MAX_LOGPROB_TOKEN_IDS, MAX_LOGPROBS
+from surge.sampling_params import MAX_LOGPROB_TOKEN_IDS, MAX_LOGPROBS, SamplingParams
 from surge.server.errors import bad_request
 from surge.token_strings import TokenStrings
 
@@ -51,6 +53,19 @@ class LogprobOptions:
         """The ``prompt_logprobs`` to ask the engine for (the larger of the two uses)."""
         ks = [k for k in (self.prompt_logprobs, self.echo_logprobs) if k is not None]
         return max(ks) if ks else None
+
+    def engine_params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the logprobs fields the engine is asked for (:attr:`engine_logprobs`,
+        ``logprob_token_ids`` = :attr:`token_ids`, :attr:`engine_prompt_logprobs`); ``params``
+        itself when the request asks for no logprobs."""
+        if self.logprobs is None and self.engine_prompt_logprobs is None:
+            return params
+        return msgspec.structs.replace(
+            params,
+            logprobs=self.engine_logprobs,
+            logprob_token_ids=self.token_ids,
+            prompt_logprobs=self.engine_prompt_logprobs,
+        )
 
 
 def _top_k(value: Any, name: str) -> int:

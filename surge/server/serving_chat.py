@@ -7,7 +7,6 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -136,13 +135,7 @@ async def prepare_chat(
         body, state.capped_max_tokens(max_tokens), plan.structured_outputs, token_rules=rules
     )
     state.check_thinking_budget_grammar(params, prompt_ids)
-    if lp.logprobs is not None or lp.prompt_logprobs is not None:
-        params = msgspec.structs.replace(
-            params,
-            logprobs=lp.engine_logprobs,
-            logprob_token_ids=lp.token_ids,
-            prompt_logprobs=lp.prompt_logprobs,
-        )
+    params = lp.engine_params(params)
     state.check_prompt(
         prompt_ids,
         max_tokens,

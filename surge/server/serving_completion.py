@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -156,13 +155,7 @@ async def prepare_completion(
             body, state.capped_max_tokens(max_tokens), structured, token_rules=rules
         )
         state.check_thinking_budget_grammar(params, ids)
-        if lp.logprobs is not None or lp.engine_prompt_logprobs is not None:
-            params = msgspec.structs.replace(
-                params,
-                logprobs=lp.engine_logprobs,
-                logprob_token_ids=lp.token_ids,
-                prompt_logprobs=lp.engine_prompt_logprobs,
-            )
+        params = lp.engine_params(params)
         state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)
         plans.append(CompletionPrompt(ids, text, source, params))
     grammar = None if structured is None or field is None else grammar_param(structured, field)

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from surge.parent_death import set_parent_death_signal
 from surge.sampling_params import StructuredOutputsParams
 from surge.structured.validate import build_grammar, clean_error
 
@@ -142,19 +143,6 @@ def _load_hook(path: str | None) -> Callable[[StructuredOutputsParams], None] | 
     return hook
 
 
-def _set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send ``sig`` to this process when the thread that started it ends (the
-    engine's compile pool thread that started it lives as long as the pool; no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def run_compile_worker(spec: CompileWorkerSpec, conn: Connection) -> None:
     """The loop of a compile worker (:func:`main` runs it with the spec it receives).
 
@@ -165,7 +153,7 @@ def run_compile_worker(spec: CompileWorkerSpec, conn: Connection) -> None:
     engine stops its workers).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)  # the pool thread that started it lives as long as the pool
     encoder = msgspec.msgpack.Encoder()
     decoder = msgspec.msgpack.Decoder(CompileJob)
     try:

@@ -190,22 +190,29 @@ class PreparedInputs:
 
     @property
     def input_ids(self) -> torch.Tensor:
+        """``[padded_tokens]`` int64 token ids (row 0 of :attr:`token_i64`)."""
         return self.token_i64[0]
 
     @property
     def positions(self) -> torch.Tensor:
+        """``[padded_tokens]`` int64 positions in their sequences (row 1 of :attr:`token_i64`)."""
         return self.token_i64[1]
 
     @property
     def slot_mapping(self) -> torch.Tensor:
+        """``[padded_tokens]`` int64 KV cache slots, ``block_id * block_size + offset``; -1 for
+        padding (row 2 of :attr:`token_i64`)."""
         return self.token_i64[2]
 
     @property
     def query_start_loc(self) -> torch.Tensor:
+        """``[padded_seqs + 1]`` int32 cumulative query lengths (row 0 of :attr:`seq_i32`)."""
         return self.seq_i32[0, : self.padded_seqs + 1]
 
     @property
     def seq_lens(self) -> torch.Tensor:
+        """``[padded_seqs]`` int32 KV lengths once this step's tokens are written (row 1 of
+        :attr:`seq_i32`)."""
         return self.seq_i32[1, : self.padded_seqs]
 
 

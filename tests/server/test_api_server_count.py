@@ -222,7 +222,7 @@ def test_a_port_another_api_server_group_holds_is_busy(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from surge.server.api_workers import bind_reuseport
+    from surge.server.listen import bind_reuseport
 
     held = bind_reuseport("127.0.0.1", 0)
     held.listen()
