@@ -397,6 +397,7 @@ def build_app(
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> Response:
         state.check_model(body.model)
+        body.check_unimplemented()
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:

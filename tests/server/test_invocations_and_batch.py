@@ -236,6 +236,7 @@ def test_batch_echo_and_prompt_text_are_per_conversation(server: Server) -> None
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"use_beam_search": True}, "use_beam_search"),
+        ({"early_stopping": True}, "early_stopping"),  # vLLM's beam-search option of this body
         ({"max_tokenz": 3}, "max_tokenz"),
         ({"temperature": -1}, "temperature"),
     ],
@@ -254,6 +255,7 @@ def test_batch_accepts_tool_choice_none_and_no_tools(server: Server) -> None:
         "tool_choice": "none",
         "tools": [],
         "stream": False,
+        "early_stopping": False,  # vLLM's default: taken (it was an unknown field)
     }
     r = httpx.post(server.url + BATCH, json=body, timeout=30)
     assert r.status_code == 200, r.text
