@@ -260,10 +260,12 @@ def chat_content(
     out = []
     for ids, lps in zip(rows.token_ids, rows.logprobs, strict=True):
         text, raw = strings.get(ids[0])
-        alternatives = [{"token": text, "logprob": _lp(lps[0]), "bytes": raw}] if listed else []
-        for t, lp in zip(ids[1 : top + 1], lps[1 : top + 1], strict=True):
-            if listed and t == ids[0]:
-                continue
+        pairs = zip(ids[1 : top + 1], lps[1 : top + 1], strict=True)
+        alternatives = []
+        if listed:
+            alternatives.append({"token": text, "logprob": _lp(lps[0]), "bytes": raw})
+            pairs = ((t, lp) for t, lp in pairs if t != ids[0])
+        for t, lp in pairs:
             t_text, t_raw = strings.get(t)
             alternatives.append({"token": t_text, "logprob": _lp(lp), "bytes": t_raw})
         out.append({"token": text, "logprob": _lp(lps[0]), "bytes": raw, "top_logprobs": alternatives})
