@@ -265,6 +265,22 @@ def _as_no_cache_choice(name: str, value: object) -> None:
     )
 
 
+def _as_nested_logprobs(name: str, value: object) -> bool:
+    """vLLM's ``flat_logprobs`` when False (logprobs as a list of dicts, vLLM's default).
+
+    Raises:
+        ValueError: any other value: Surge returns logprobs only as lists of dicts, not vLLM's
+            ``FlatLogprobs`` container (whose flat ``token_ids``, ``logprobs``, ... lists a
+            caller asking for it would read).
+    """
+    if value is False:
+        return False
+    raise ValueError(
+        f"{name} must be False, got {_got(value)}: Surge returns logprobs as a list of dicts "
+        "token_id -> Logprob per position (vLLM's default), not vLLM's FlatLogprobs"
+    )
+
+
 def _as_default_fields(name: str, value: object) -> tuple[str, ...]:
     """``value`` (a list or tuple of names of ``MODEL_DEFAULT_FIELDS``) as a tuple.
 
@@ -578,6 +594,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             becomes None. :attr:`num_logprobs` counts them.
         skip_reading_prefix_cache: vLLM's per-request prefix-cache choice: None only (the
             engine decides).
+        flat_logprobs: vLLM's choice of its ``FlatLogprobs`` container for the logprobs: False
+            only (a list of dicts, as vLLM's default).
         model_default_fields: the model-default fields the caller left out (set on construction).
 
     Raises:
@@ -624,6 +642,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     repetition_detection: RepetitionDetectionParams | None = None
     logprob_token_ids: tuple[int, ...] | None = None
     skip_reading_prefix_cache: bool | None = None
+    flat_logprobs: bool = False
     model_default_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -899,6 +918,7 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "repetition_detection": ((type(None),), _optional(_as_repetition_detection)),
     "logprob_token_ids": ((type(None),), _as_logprob_token_ids),
     "skip_reading_prefix_cache": ((type(None),), _as_no_cache_choice),
+    "flat_logprobs": ((), _as_nested_logprobs),
     "model_default_fields": (_SEQ, _as_default_fields),
 }
 """Each SamplingParams field (in field order): the exact types that need no check (a bare

@@ -109,6 +109,9 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("logprob_token_ids", 5),
     ("skip_reading_prefix_cache", True),
     ("skip_reading_prefix_cache", False),
+    ("flat_logprobs", True),
+    ("flat_logprobs", 0),
+    ("flat_logprobs", None),
 ]
 
 
@@ -121,8 +124,10 @@ def test_vllm_fields_that_ask_for_nothing_are_taken() -> None:
         repetition_detection=None,
         logprob_token_ids=[],
         skip_reading_prefix_cache=None,
+        flat_logprobs=False,
     )
     assert p.skip_clone is True
+    assert p.flat_logprobs is False
     assert p.thinking_token_budget is None
     assert p.logprob_token_ids is None
     assert p.skip_reading_prefix_cache is None
@@ -133,10 +138,11 @@ def test_vllm_fields_that_ask_for_nothing_are_taken() -> None:
     ("field", "value", "advice"),
     [
         ("skip_reading_prefix_cache", True, "enable_prefix_caching=False"),
+        ("flat_logprobs", True, "list of dicts"),
     ],
 )
 def test_vllm_fields_that_ask_for_more_say_what_to_use(field: str, value: object, advice: str) -> None:
-    with pytest.raises(ValueError, match=rf"^{field} must be None") as e:
+    with pytest.raises(ValueError, match=rf"^{field} must be (None|False)") as e:
         SamplingParams(**{field: value})  # type: ignore[arg-type]
     assert advice in str(e.value)
 

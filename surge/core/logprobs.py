@@ -58,7 +58,9 @@ def position_logprobs(
     rows: LogprobsLists, decode: Callable[[int], str] | None = None
 ) -> list[PositionLogprobs]:
     """vLLM-style dicts, one per row: the actual token (with its rank) first, then the top-k
-    with ranks 1..k (the actual token keeps its own entry when it is among them).
+    with ranks 1..k, or vLLM's ``logprob_token_ids`` with ranks 1..n, their positions. An id
+    seen twice keeps its first place and takes its last entry, as vLLM 0.26's dict does (the
+    actual token among them gets the rank of its position there).
 
     Args:
         rows: the rows.
@@ -68,7 +70,6 @@ def position_logprobs(
     for ids, lps, rank in zip(rows.token_ids, rows.logprobs, rows.ranks, strict=True):
         entry: PositionLogprobs = {ids[0]: Logprob(lps[0], rank, decode(ids[0]) if decode else None)}
         for r, (t, lp) in enumerate(zip(ids[1:], lps[1:], strict=True), start=1):
-            if t not in entry:
-                entry[t] = Logprob(lp, r, decode(t) if decode else None)
+            entry[t] = Logprob(lp, r, decode(t) if decode else None)
         out.append(entry)
     return out

@@ -238,10 +238,7 @@ def build_app(
         if not _parsed_as_json(content_type) and errors and tuple(errors[0].get("loc", ())) == ("body",):
             # FastAPI did not parse a body sent as a form, plain text or `text/json`: say so,
             # not "not a dict"
-            message = (
-                "The request body must be a JSON object sent with 'Content-Type: application/json' "
-                f"(this request's Content-Type: {content_type or 'none'!r})"
-            )
+            message = _not_json_message(content_type)
             param = None
         log_rejection(request, 400, message, param)
         return answer_error(request, 400, message, param)
@@ -400,6 +397,7 @@ def build_app(
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> Response:
         state.check_model(body.model)
+        body.check_unimplemented()
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' or 'messages'")
         if body.messages is not None:
@@ -544,10 +542,7 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
     """
     content_type = request.headers.get("content-type", "")
     if not _parsed_as_json(content_type):
-        raise bad_request(
-            "The request body must be a JSON object sent with 'Content-Type: application/json' "
-            f"(this request's Content-Type: {content_type or 'none'!r})"
-        )
+        raise bad_request(_not_json_message(content_type))
     if not await request.body():
         raise bad_request("The request body is empty: send a JSON object")
     try:
@@ -569,6 +564,17 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
     except pydantic.ValidationError as e:
         errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
         raise RequestValidationError(errors) from None
+
+
+def _not_json_message(content_type: str) -> str:
+    """The 400's message for a body not sent as JSON: vLLM 0.26's words first (its
+    ``validate_json_request``, whose error its handler answers with a 400, not the 415 its
+    OpenAPI schema lists), then what this request sent and what to send."""
+    return (
+        "Unsupported Media Type: Only 'application/json' is allowed (this request's Content-Type: "
+        f"{content_type or 'none'!r}); send the body as a JSON object with "
+        "'Content-Type: application/json'"
+    )
 
 
 def _parsed_as_json(content_type: str) -> bool:

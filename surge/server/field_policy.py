@@ -126,6 +126,8 @@ class Refusal:
 REFUSALS: tuple[Refusal, ...] = (
     Refusal("use_beam_search", _false, "beam search is not supported"),
     Refusal("length_penalty", _number_is(1.0), "length_penalty applies to beam search only"),
+    # vLLM 0.26 declares it on its batch chat body only
+    Refusal("early_stopping", _false, "early_stopping applies to beam search only"),
     Refusal("lora_request", _unset, "LoRA adapters are not supported"),
     Refusal("lora", _unset, "LoRA adapters are not supported"),
     Refusal(

@@ -264,15 +264,23 @@ def _lp(value: float) -> float:
 
 
 def chat_content(
-    rows: LogprobsLists, top: int, strings: TokenStrings | TokenIdStrings
+    rows: LogprobsLists, top: int, strings: TokenStrings | TokenIdStrings, listed: bool = False
 ) -> list[dict[str, Any]]:
     """OpenAI chat ``logprobs.content``: per token ``{token, logprob, bytes, top_logprobs}``
-    with the ``top`` most likely alternatives (``token`` as ``strings`` name it)."""
+    with the ``top`` most likely alternatives (``token`` as ``strings`` name it).
+
+    With ``listed`` (vLLM's ``logprob_token_ids``: the rows' alternatives are the chosen ids),
+    ``top_logprobs`` is the sampled token, then the chosen ids but the sampled one, as vLLM
+    0.26 lists them (its per-token dict keyed by id, the sampled token inserted first)."""
     out = []
     for ids, lps in zip(rows.token_ids, rows.logprobs, strict=True):
         text, raw = strings.get(ids[0])
+        pairs = zip(ids[1 : top + 1], lps[1 : top + 1], strict=True)
         alternatives = []
-        for t, lp in zip(ids[1 : top + 1], lps[1 : top + 1], strict=True):
+        if listed:
+            alternatives.append({"token": text, "logprob": _lp(lps[0]), "bytes": raw})
+            pairs = ((t, lp) for t, lp in pairs if t != ids[0])
+        for t, lp in pairs:
             t_text, t_raw = strings.get(t)
             alternatives.append({"token": t_text, "logprob": _lp(lp), "bytes": t_raw})
         out.append({"token": text, "logprob": _lp(lps[0]), "bytes": raw, "top_logprobs": alternatives})
@@ -295,7 +303,9 @@ class CompletionLogprobs:
 
     def build(self, rows: LogprobsLists, first_is_null: bool = False) -> dict[str, Any]:
         """``{tokens, token_logprobs, top_logprobs, text_offset}`` of ``rows``; with
-        ``first_is_null`` the first row is a prompt's first token (no logprob)."""
+        ``first_is_null`` the first row is a prompt's first token (no logprob). Each
+        ``top_logprobs`` dict holds the sampled token first, then the alternatives (a text
+        seen twice keeps its first place and its last value), as vLLM 0.26 builds it."""
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top_logprobs: list[dict[str, float] | None] = []
@@ -310,11 +320,9 @@ class CompletionLogprobs:
                 top_logprobs.append(None)
                 continue
             token_logprobs.append(_lp(lps[0]))
-            entry = {
-                self.strings.text(t): _lp(lp)
-                for t, lp in zip(ids[1 : self.top + 1], lps[1 : self.top + 1], strict=True)
-            }
-            entry.setdefault(text, _lp(lps[0]))
+            entry = {text: _lp(lps[0])}  # the sampled token first, as vLLM's dict
+            for t, lp in zip(ids[1 : self.top + 1], lps[1 : self.top + 1], strict=True):
+                entry[self.strings.text(t)] = _lp(lp)
             top_logprobs.append(entry)
         return {
             "tokens": tokens,

@@ -436,6 +436,8 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
     """
 
     messages: list[list[ChatMessage]]  # type: ignore[assignment]
+    # vLLM's beam-search option of this body: refused unless false (field_policy.REFUSALS)
+    early_stopping: Any = None
 
     def check_batch(self, max_conversations: int) -> None:
         """Raise a 400 ApiError naming the field of what a batch cannot do.
@@ -446,6 +448,10 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
         """
         if not self.messages:
             raise bad_request("messages must hold at least one conversation", param="messages")
+        if "early_stopping" in self.model_fields_set:  # the conversations do not carry it
+            refused = first_refused({"early_stopping": self.early_stopping})
+            if refused is not None:
+                raise bad_request(refused[1], param=refused[0])
         if len(self.messages) > max_conversations:
             raise bad_request(
                 f"the request has {len(self.messages)} conversations; at most {max_conversations} "
@@ -476,10 +482,13 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
 
     def conversation(self, index: int) -> ChatCompletionRequest:
         """Conversation ``index`` as a chat completion request of its own: the same fields (the
-        same ones set), ``messages`` that conversation. Not validated again: every field was."""
+        same ones set, but the batch's own ``early_stopping``, checked on the batch), ``messages``
+        that conversation. Not validated again: every field was."""
         values = dict(self)
+        del values["early_stopping"]
         values["messages"] = self.messages[index]
-        return ChatCompletionRequest.model_construct(_fields_set=set(self.model_fields_set), **values)
+        fields_set = self.model_fields_set - {"early_stopping"}
+        return ChatCompletionRequest.model_construct(_fields_set=fields_set, **values)
 
 
 class CompletionRequest(SamplingRequestFields):
@@ -523,6 +532,17 @@ class TokenizeRequest(RequestBody):
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: also answer each token's vocabulary string (``token_strs``); null is false
     return_token_strs: bool | None = None
+    # vLLM's chat-form multimodal options: refused unless left at their defaults (REFUSALS)
+    mm_processor_kwargs: Any = None
+    media_io_kwargs: Any = None
+
+    def check_unimplemented(self) -> None:
+        """Raise a 400 ApiError naming the first refused field the request asks for (a
+        multimodal option other than null or ``{}``)."""
+        sent = {"mm_processor_kwargs", "media_io_kwargs"} & self.model_fields_set
+        refused = first_refused({name: getattr(self, name) for name in sorted(sent)})
+        if refused is not None:
+            raise bad_request(refused[1], param=refused[0])
 
 
 class DetokenizeRequest(RequestBody):

@@ -129,8 +129,8 @@ class MessagesBody(NullIsUnsetBody):
     Attributes are Anthropic's (``model``, ``messages``, ``system``, ``max_tokens``,
     ``stop_sequences``, ``stream``, ``temperature``, ``top_p``, ``top_k``, ``metadata``,
     ``tools``, ``tool_choice``, ``thinking``, ``output_config``) and vLLM's
-    ``chat_template_kwargs`` and ``kv_transfer_params`` (checked by the chat request they are
-    passed to).
+    ``chat_template_kwargs``, ``kv_transfer_params`` and ``ec_transfer_params`` (checked by the
+    chat request they are passed to).
     """
 
     model: str | None = None
@@ -154,6 +154,7 @@ class MessagesBody(NullIsUnsetBody):
     # vLLM's extras, passed to the chat request as sent
     chat_template_kwargs: dict[str, Any] | None = None
     kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
 
 
 def thinking_omitted(body: MessagesBody) -> bool:
@@ -495,7 +496,7 @@ def chat_body(body: MessagesBody, *, cap_thinking: bool = False) -> dict[str, An
         chat["max_completion_tokens"] = body.max_tokens
     if body.stop_sequences is not None:
         chat["stop"] = body.stop_sequences
-    for name in ("temperature", "top_p", "top_k", "kv_transfer_params"):
+    for name in ("temperature", "top_p", "top_k", "kv_transfer_params", "ec_transfer_params"):
         if getattr(body, name) is not None:
             chat[name] = getattr(body, name)
     tools = _chat_tools(body.tools)

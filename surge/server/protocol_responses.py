@@ -63,6 +63,7 @@ CHAT_PASSTHROUGH_FIELDS = (
     "priority",
     "cache_salt",
     "kv_transfer_params",
+    "ec_transfer_params",
     "vllm_xargs",
     "mm_processor_kwargs",
     "media_io_kwargs",
@@ -160,6 +161,7 @@ class ResponsesRequest(NullIsUnsetBody):
     priority: Any = None
     cache_salt: Any = None
     kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
     vllm_xargs: Any = None
     mm_processor_kwargs: Any = None
     media_io_kwargs: Any = None

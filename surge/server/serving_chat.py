@@ -215,7 +215,9 @@ async def create_chat_completion(
     def logprobs_of(rows: LogprobsLists | None) -> dict[str, Any] | None:
         if lp.logprobs is None:
             return None
-        return {"content": chat_content(rows or LogprobsLists(), lp.logprobs, names)}
+        return {
+            "content": chat_content(rows or LogprobsLists(), lp.logprobs, names, lp.token_ids is not None)
+        }
 
     if not body.stream:
         results = await collect(request, gen)
@@ -371,7 +373,9 @@ async def create_batch_chat_completion(
             "message": message,
             "logprobs": None
             if lp.logprobs is None
-            else {"content": chat_content(rows or LogprobsLists(), lp.logprobs, names)},
+            else {
+                "content": chat_content(rows or LogprobsLists(), lp.logprobs, names, lp.token_ids is not None)
+            },
             "finish_reason": finish,
             "stop_reason": stop,
         }

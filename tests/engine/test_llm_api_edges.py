@@ -91,6 +91,13 @@ def test_logprob_token_ids_offline(llm: LLM) -> None:
         for t in listed:
             if t in ref:
                 assert got[t].logprob == pytest.approx(ref[t].logprob, abs=1e-5)
+    # the sampled token among the listed ids keeps its first place and takes the rank of its
+    # position in the list, as vLLM 0.26's dict (the same entry written twice)
+    first = out.token_ids[0]
+    again = msgspec.structs.replace(base, max_tokens=1, logprob_token_ids=[9, first, 5])
+    got = llm.generate("Once upon a time", again)[0].outputs[0].logprobs
+    assert got is not None and list(got[0]) == [first, 9, 5]
+    assert got[0][first].rank == 2 and got[0][first].logprob == pytest.approx(out.logprobs[0][first].logprob)
     with pytest.raises(ValueError, match="logprob_token_ids: token ids must be in"):
         llm.generate("Once", msgspec.structs.replace(base, logprob_token_ids=[10**6]))
 

@@ -385,10 +385,11 @@ BAD = [
 
 
 def test_logprob_token_ids_list_the_asked_tokens(server: Server) -> None:
-    """vLLM's logprob_token_ids: every generated token's alternatives are the listed ids' raw
-    logprobs, in their order (a repeated id once), instead of the top-k; the sampled token's
-    entry is as without them; streamed equals non-streamed; on completions the echoed
-    prompt rows keep the logprobs top-k."""
+    """vLLM's logprob_token_ids: every generated token's alternatives are the sampled token,
+    then the listed ids' raw logprobs in their order (a repeated id, or the sampled one, once),
+    instead of the top-k, as vLLM 0.26 lists them; the sampled token's entry is as without
+    them; streamed equals non-streamed; on completions the echoed prompt rows keep the
+    logprobs top-k."""
     listed = [9, 5, 300, 5]
     chat = {"messages": MSGS, "max_tokens": 5, **GREEDY, **EXACT, "logprobs": True}
     plain = httpx.post(
@@ -402,8 +403,10 @@ def test_logprob_token_ids_list_the_asked_tokens(server: Server) -> None:
     for p, a in zip(
         plain["choices"][0]["logprobs"]["content"], asked["choices"][0]["logprobs"]["content"], strict=True
     ):
-        assert (a["token"], a["logprob"]) == (p["token"], p["logprob"])
-        assert [t["token"] for t in a["top_logprobs"]] == names
+        # equal up to float32 rounding: the second request hits the prefix cache
+        assert a["token"] == p["token"] and a["logprob"] == pytest.approx(p["logprob"], abs=1e-5)
+        assert [t["token"] for t in a["top_logprobs"]] == [a["token"], *names]
+        assert a["top_logprobs"][0] == {k: a[k] for k in ("token", "logprob", "bytes")}  # no rounding
         for t in a["top_logprobs"]:  # where the top 20 name the same token, the same value
             same = [q["logprob"] for q in p["top_logprobs"] if q["token"] == t["token"]]
             assert not same or t["logprob"] == pytest.approx(same[0], abs=1e-5)
@@ -420,7 +423,20 @@ def test_logprob_token_ids_list_the_asked_tokens(server: Server) -> None:
         if ch.get("logprobs")
         for c in ch["logprobs"]["content"]
     ]
-    assert [[t["token"] for t in c["top_logprobs"]] for c in streamed] == [names] * 5
+    assert [[t["token"] for t in c["top_logprobs"]] for c in streamed] == [
+        [c["token"], *names] for c in streamed
+    ]
+    assert len(streamed) == 5
+    # the sampled token among the listed ids keeps the first place and is not listed twice
+    by_id = chat | {"max_tokens": 1, "return_tokens_as_token_ids": True}
+    first = httpx.post(server.url + "/v1/chat/completions", json=by_id, timeout=60).json()
+    sampled = first["choices"][0]["logprobs"]["content"][0]["token"]  # "token_id:<id>"
+    ids = [9, int(sampled.removeprefix("token_id:")), 5]
+    again = httpx.post(
+        server.url + "/v1/chat/completions", json=by_id | {"logprob_token_ids": ids}, timeout=60
+    ).json()
+    top = again["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert [t["token"] for t in top] == [sampled, "token_id:9", "token_id:5"]
     cmpl = {"prompt": PROMPT, "max_tokens": 3, **GREEDY, **EXACT, "logprobs": 2, "echo": True}
     r = httpx.post(
         server.url + "/v1/completions", json=cmpl | {"logprob_token_ids": listed}, timeout=60
@@ -429,7 +445,7 @@ def test_logprob_token_ids_list_the_asked_tokens(server: Server) -> None:
     n_prompt = r["usage"]["prompt_tokens"]
     assert all(top is None or len(top) <= 3 for top in lp["top_logprobs"][:n_prompt])  # echo: top-2
     for token, top in zip(lp["tokens"][n_prompt:], lp["top_logprobs"][n_prompt:], strict=True):
-        assert list(top)[:3] == names and set(top) == {*names, token}  # the sampled token too, as ever
+        assert list(top) == list(dict.fromkeys([token, *names]))  # the sampled token first, as vLLM
 
 
 @pytest.mark.parametrize(("path", "body", "param"), BAD)

@@ -158,6 +158,39 @@ def test_refused_fields_accept_their_defaults(server: Server) -> None:
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "name", "value", "reason"),
+    [
+        ("/tokenize", {"messages": MSGS}, "mm_processor_kwargs", {"fps": 1}, "multimodal"),
+        ("/tokenize", {"messages": MSGS}, "media_io_kwargs", {"video": {"n": 1}}, "multimodal"),
+        ("/tokenize", {"prompt": PROMPT}, "media_io_kwargs", {"video": {"n": 1}}, "multimodal"),
+        ("/v1/responses", {"input": PROMPT}, "ec_transfer_params", {"x": 1}, "encoder-cache"),
+        (
+            "/v1/messages",
+            {"max_tokens": 2, "messages": MSGS},
+            "ec_transfer_params",
+            {"x": 1},
+            "encoder-cache",
+        ),
+    ],
+)
+def test_vllm_options_of_tokenize_responses_and_messages(
+    server: Server, path: str, body: dict[str, Any], name: str, value: Any, reason: str
+) -> None:
+    """vLLM 0.26 declares these fields on its /tokenize (chat form), Responses and Messages
+    requests: their defaults are accepted (they were "unknown fields"), another value is
+    refused naming the field and why, as on chat completions."""
+    for default in (None, {}) if name != "ec_transfer_params" else (None,):
+        r = _post(server, path, body | {name: default})
+        assert r.status_code == 200, r.text
+    r = _post(server, path, body | {name: value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert f"'{name}' is not supported by Surge" in err["message"] and reason in err["message"]
+    if path != "/v1/messages":  # Anthropic's error body has no param
+        assert err["param"] == name
+
+
 def test_every_declared_field_is_accounted_for() -> None:
     """A field the protocol declares is honoured (listed in the docs), refused or inert."""
     doc = (__import__("pathlib").Path(__file__).parents[2] / "docs" / "openai-api.md").read_text()
