@@ -509,3 +509,53 @@ def test_a_context_past_int32_from_hf_overrides_is_one_line() -> None:
         p = _surge("generate", "--prompt", "x", "--device", "cpu", "--hf-overrides", overrides)
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
         assert p.stderr.startswith("surge: error: ") and words in p.stderr, p.stderr
+
+
+def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line ``surge ARGV`` prints while parsing its flags (exit code 2)."""
+    from surge.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surge: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[str]) -> None:
+    """`vllm serve` flags such as -pp, --enable-lora and --kv-cache-memory-bytes were bare
+    "unrecognized arguments", and serve's --tokenizer-mode got the benchmark's hint (about counting
+    tokens); each now names what to use instead, per sub-command."""
+    err = _parse_error(
+        ["serve", "-pp", "2", "--enable-lora", "--kv-cache-memory-bytes=1000", "--tokenizer-mode", "auto"],
+        capsys,
+    )
+    for hint in (
+        "-pp: use -tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
+        "--enable-lora: use nothing: Surge serves no LoRA adapters",
+        "--kv-cache-memory-bytes: use --num-kv-blocks N",
+        "--tokenizer-mode: use nothing: Surge loads the model folder's tokenizer",
+    ):
+        assert hint in err, err
+    err = _parse_error(["serve", "--pipeline-parallel-size", "1", "--speculative-config", "{}"], capsys)
+    assert "--pipeline-parallel-size: use -tp N" in err and "--speculative-config: use nothing" in err, err
+    err = _parse_error(["bench", "serve", "--tokenizer-mode", "auto"], capsys)
+    assert "--tokenizer-mode: use nothing: the server's tokenizer counts the tokens" in err, err
+
+
+def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo was a bare "unrecognized arguments: --max-model-length"; the sub-command's flag of
+    the closest spelling is now suggested (none for a flag like no other)."""
+    err = _parse_error(["serve", "--max-model-length", "100"], capsys)
+    assert err.rstrip().endswith(
+        "unrecognized arguments: --max-model-length (did you mean --max-model-len?)"
+    ), err
+    err = _parse_error(["serve", "--dtpye", "half", "--max-modle-len=9"], capsys)
+    assert "(did you mean --dtype for --dtpye, --max-model-len for --max-modle-len?)" in err, err
+    err = _parse_error(["generate", "--prompt", "x", "--max-tokns", "3"], capsys)
+    assert "(did you mean --max-tokens?)" in err, err
+    err = _parse_error(["bench", "serve", "--num-promts", "3"], capsys)
+    assert "(did you mean --num-prompts?)" in err, err
+    err = _parse_error(["bench", "serve", "--bogus-flag"], capsys)
+    assert "did you mean" not in err and "vLLM" not in err, err
