@@ -559,3 +559,16 @@ def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[st
     assert "(did you mean --num-prompts?)" in err, err
     err = _parse_error(["bench", "serve", "--bogus-flag"], capsys)
     assert "did you mean" not in err and "vLLM" not in err, err
+
+
+def test_generate_takes_the_model_as_serve_does(tmp_path: Path) -> None:
+    """`surge generate MODEL --prompt P` (as `surge serve MODEL`) was "unrecognized arguments:
+    MODEL"; it is the same as --model, and two different models are one line."""
+    from surge.cli import build_parser
+
+    args = build_parser().parse_args(["generate", str(STORIES), "--prompt", "x"])
+    assert (args.model_tag, args.model) == (str(STORIES), None)
+    _one_line_error(_surge("generate", str(tmp_path / "nope"), "--prompt", "x"), "MODEL", "no such folder")
+    _one_line_error(
+        _surge("generate", "/a", "--model", "/b", "--prompt", "x"), "two models given: '/a' and --model '/b'"
+    )
