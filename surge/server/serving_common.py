@@ -152,9 +152,18 @@ class ServerState:
         return TokenIdStrings(self.token_strings) if as_ids else self.token_strings
 
     def check_model(self, model: str | None) -> None:
-        """Raise a 404 ApiError for a model name this server does not serve (None is accepted)."""
+        """Raise a 404 ApiError for a model name this server does not serve (None is accepted).
+        Its message starts as vLLM's (``The model `X` does not exist.``) and names the served
+        names, since the default one, the ``--model`` path, is rarely what a client guesses."""
         if model is not None and model not in self.served_model_names:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            served = ", ".join(f"`{name}`" for name in self.served_model_names)
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist. This server serves {served} (GET /v1/models lists it; "
+                "`surge serve --served-model-name NAME` sets another name).",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_chat_template(self, template: str | None) -> None:
         """Raise a 400 ApiError naming ``chat_template`` for a request's own template unless the
