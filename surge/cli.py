@@ -311,13 +311,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `surge` console script. Returns the process exit code."""
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv:
-        parser.print_help()
-        return 0
-    args = parser.parse_args(argv)
+    """Entry point of the `surge` console script. Returns the process exit code (130 after
+    Ctrl-C, also while the sub-commands' modules are still being imported)."""
+    try:
+        parser = build_parser()  # imports every sub-command's module: about half a second
+        argv = sys.argv[1:] if argv is None else list(argv)
+        if not argv:
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return 130
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         code = int(func(args) or 0)

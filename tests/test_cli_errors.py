@@ -572,3 +572,19 @@ def test_generate_takes_the_model_as_serve_does(tmp_path: Path) -> None:
     _one_line_error(
         _surge("generate", "/a", "--model", "/b", "--prompt", "x"), "two models given: '/a' and --model '/b'"
     )
+
+
+def test_ctrl_c_while_the_sub_commands_load_is_exit_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the first half second of `surge serve` (while build_parser imports the
+    sub-commands' modules) printed a KeyboardInterrupt traceback; it is exit code 130, as later."""
+    import surge.cli
+
+    def interrupted() -> argparse.ArgumentParser:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(surge.cli, "build_parser", interrupted)
+    try:
+        code = surge.cli.main(["serve"])
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole test run
+        pytest.fail("Ctrl-C while building the parser escaped main() (a traceback for the user)")
+    assert code == 130
