@@ -667,6 +667,8 @@ class ServeOptions:
             :mod:`surge.server.api_workers`).
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (vLLM's flag).
+        enable_prompt_tokens_details: chat and completions usage carries
+            ``prompt_tokens_details.cached_tokens`` (vLLM's flag).
         enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (vLLM's flag).
         enable_server_load_tracking: count the requests ``GET /load`` answers (vLLM's flag).
     """
@@ -701,6 +703,7 @@ class ServeOptions:
     log_requests: bool = True
     api_server_count: int = 1
     return_tokens_as_token_ids: bool = False
+    enable_prompt_tokens_details: bool = False
     enable_tokenizer_info_endpoint: bool = False
     enable_server_load_tracking: bool = False
 
@@ -830,6 +833,7 @@ async def run_server(
         max_choices_per_request=options.max_choices_per_request,
         log_requests=options.log_requests,
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
+        prompt_tokens_details=options.enable_prompt_tokens_details,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),

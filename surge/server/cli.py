@@ -287,6 +287,12 @@ def add_serve_parser(subparsers: Any) -> None:
         "unset; a request's own value wins",
     )
     p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="vLLM's flag: chat and completions usage (streamed too) carries prompt_tokens_details."
+        "cached_tokens, the prompt tokens served from the prefix cache",
+    )
+    p.add_argument(
         "--enable-tokenizer-info-endpoint",
         action="store_true",
         help="vLLM's flag: serve GET /tokenizer_info (the tokenizer's configuration and the chat "
@@ -578,6 +584,7 @@ def run_serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         api_server_count=args.api_server_count,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         enable_server_load_tracking=args.enable_server_load_tracking,
     )
