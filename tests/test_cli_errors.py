@@ -540,6 +540,11 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
         assert hint in err, err
     err = _parse_error(["serve", "--pipeline-parallel-size", "1", "--speculative-config", "{}"], capsys)
     assert "--pipeline-parallel-size: use -tp N" in err and "--speculative-config: use nothing" in err, err
+    err = _parse_error(["serve", "--ssl-keyfile", "k.pem", "--enable-request-id-headers"], capsys)
+    assert "--ssl-keyfile: use nothing: Surge serves plain HTTP" in err, err
+    assert (
+        "--enable-request-id-headers: use nothing: every response carries its X-Request-Id header" in err
+    ), err
     err = _parse_error(["bench", "serve", "--tokenizer-mode", "auto"], capsys)
     assert "--tokenizer-mode: use nothing: the server's tokenizer counts the tokens" in err, err
 

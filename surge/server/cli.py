@@ -53,6 +53,12 @@ VLLM_SERVE_FLAG_HINTS = {
     "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json {_BUILT_IN_PARSERS}",
     "--logits-processors": "nothing: Surge has no logits-processor plugins",
     "--config": "the flags themselves: Surge reads no YAML config file",
+    "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--enable-request-id-headers": "nothing: every response carries its X-Request-Id header",
+    "--response-role": "nothing: the answer's role is assistant (vLLM's default)",
+    "--chat-template-content-format": "nothing: each message's content reaches the chat template as one string, "
+    "its text parts joined by newlines (vLLM's 'string')",
 }
 """``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
 serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
