@@ -10,11 +10,12 @@ the help; every ``--help`` shows each option's default.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import select
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,14 +115,37 @@ VLLM_DATASETS_HINT = (
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    """Surge's argument parser: ``flag_hints`` (flag -> what to use instead) add to or replace
+    :data:`VLLM_FLAG_HINTS` for this sub-command. A sub-command's parser reports its own
+    unrecognized arguments (argparse leaves them to the top parser, which knows neither the
+    sub-command's hints nor its flags), with its vLLM hints and, for a flag that has none, the
+    sub-command's flag of the closest spelling (``--max-model-length``: ``--max-model-len``)."""
+
+    def __init__(self, *args: Any, flag_hints: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        self.flag_hints: dict[str, str] = {**VLLM_FLAG_HINTS, **(flag_hints or {})}
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a sub-command's own parser
+            self.error("unrecognized arguments: " + " ".join(extras))
+        return namespace, extras
+
+    def _closest_flag(self, flag: str) -> str | None:
+        """This parser's flag spelled most like ``flag`` (a typo's likely meaning), or None."""
+        if not flag.startswith("--"):
+            return None
+        known = [s for s in self._option_string_actions if s.startswith("--") and s != "--help"]
+        found = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+        return found[0] if found else None
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments:"):
             given = {a.split("=", 1)[0] for a in message.split(":", 1)[1].split()}
-            hints = [f"{flag}: use {use}" for flag, use in VLLM_FLAG_HINTS.items() if flag in given]
+            hints = [f"{flag}: use {use}" for flag, use in self.flag_hints.items() if flag in given]
             datasets = sorted(
                 {
                     name
@@ -132,8 +156,16 @@ class _Parser(argparse.ArgumentParser):
             )
             if datasets:
                 hints.append(f"{', '.join(datasets)} dataset options: {VLLM_DATASETS_HINT}")
+            hinted = set(self.flag_hints) | {
+                flag for flag in given for prefix in VLLM_DATASET_FLAG_PREFIXES if flag.startswith(prefix)
+            }
+            typos = {f: c for f in sorted(given - hinted) if (c := self._closest_flag(f)) is not None}
             if hints:
                 message += " (vLLM's " + "; ".join(hints) + ")"
+            if len(typos) == 1:
+                message += f" (did you mean {next(iter(typos.values()))}?)"
+            elif typos:
+                message += " (did you mean " + ", ".join(f"{c} for {f}" for f, c in typos.items()) + "?)"
         elif "invalid choice:" in message and message.startswith("argument --dataset/--dataset-name"):
             message += f" ({VLLM_DATASETS_HINT})"
         self.exit(2, f"surge: error: {message}\n")
@@ -271,13 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `surge` console script. Returns the process exit code."""
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv:
-        parser.print_help()
-        return 0
-    args = parser.parse_args(argv)
+    """Entry point of the `surge` console script. Returns the process exit code (130 after
+    Ctrl-C, also while the sub-commands' modules are still being imported)."""
+    try:
+        parser = build_parser()  # imports every sub-command's module: about half a second
+        argv = sys.argv[1:] if argv is None else list(argv)
+        if not argv:
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return 130
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         code = int(func(args) or 0)

@@ -196,6 +196,7 @@ def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFix
     assert off.generate(prompt, greedy)[0].outputs[0].text == plain_text
     # `surge generate`: the model's defaults when the flags are left out
     args = argparse.Namespace(
+        model_tag=None,
         model=str(model),
         prompt=prompt,
         max_tokens=n,

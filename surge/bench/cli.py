@@ -670,10 +670,16 @@ def base_url_of(args: argparse.Namespace) -> str:
 
     Raises:
         ValueError: ``--base-url`` together with ``--host`` or ``--port`` (vLLM takes the URL and
-            drops the others; here neither is dropped silently), or a port outside [1, 65535].
+            drops the others; here neither is dropped silently), a port outside [1, 65535], or a
+            ``--base-url`` without its ``http://`` or ``https://`` (``127.0.0.1:8000``).
     """
     if args.host is None and args.port is None:
-        return args.base_url or DEFAULT_BASE_URL
+        url = args.base_url or DEFAULT_BASE_URL
+        if not url.lower().startswith(("http://", "https://")):
+            raise ValueError(
+                f"--base-url {url}: give the URL with its scheme, e.g. http://{url.split('://')[-1]}"
+            )
+        return url
     if args.base_url is not None:
         raise ValueError("give --base-url or --host/--port, not both")
     port = 8000 if args.port is None else args.port

@@ -16,6 +16,13 @@ def add_generate_parser(subparsers: Any) -> None:
         description="Generate a completion for one prompt and print it: greedy unless --temperature or the "
         "model's generation_config.json (Qwen3's: temperature 0.6, top-k 20, top-p 0.95) sets sampling.",
     )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="Hugging Face model folder, as `surge serve MODEL` takes it (the same as --model)",
+    )
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
@@ -55,13 +62,18 @@ def run_generate(args: argparse.Namespace) -> int:
     """Run `surge generate`; prints the completion text. Returns the exit code.
 
     Raises:
-        CliError: a bad model folder (checked before torch is imported).
+        CliError: a bad model folder (checked before torch is imported), two different models
+            (MODEL and --model) or ``--max-tokens`` below 1.
     """
     from surge.cli import CliError, check_model_dir
 
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise CliError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+        args.model = args.model_tag
     if args.max_tokens < 1:  # as the server answers max_tokens 0 (an empty completion is no answer)
         raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    check_model_dir(args.model, args.load_format)
+    check_model_dir(args.model, args.load_format, flag="MODEL" if args.model_tag is not None else "--model")
     from surge.engine.llm import LLM
     from surge.sampling_params import SamplingParams
 

@@ -29,7 +29,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +104,27 @@ by its dotted path (``stream_options.include_obfuscation``, ``repetition_detecti
 other errors name the top field."""
 
 
+_ENDPOINT_OF_FIELD = {
+    "prompt": "POST /v1/completions",
+    "messages": "POST /v1/chat/completions",
+    "input": "POST /v1/responses",
+}
+"""The field that marks a body as one endpoint's (and that endpoint): a body that lacks this
+route's field and carries another endpoint's was sent to the wrong route, which the 400 says."""
+
+
+def _wrong_endpoint_hint(errors: Sequence[Any]) -> tuple[str, str] | None:
+    """``(missing, other)`` when ``errors`` say a required top-level field of :data:`_ENDPOINT_OF_FIELD`
+    is missing and another of them is an unknown field (``prompt`` sent to the chat route), else None."""
+    missing = [e["loc"][1] for e in errors if e.get("type") == "missing" and len(e.get("loc", ())) == 2]
+    extra = [e["loc"][1] for e in errors if e.get("type") == "extra_forbidden" and len(e.get("loc", ())) == 2]
+    for field in missing:
+        for other in extra:
+            if field in _ENDPOINT_OF_FIELD and other in _ENDPOINT_OF_FIELD:
+                return str(field), str(other)
+    return None
+
+
 def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> tuple[str, str | None]:
     """The 400's message and ``param`` for a body pydantic refused (``batch``: the body of
     ``/v1/chat/completions/batch``, whose errors inside a conversation name ``messages[i]``)."""
@@ -116,6 +137,14 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
         return "The request body is empty: send a JSON object", None
     if first.get("type") == "json_invalid":
         return f"Invalid JSON body: {first.get('msg', '')}", None
+    wrong_endpoint = _wrong_endpoint_hint(errors)
+    if wrong_endpoint is not None:
+        field, other = wrong_endpoint
+        return (
+            f"{field}: Field required (a body with '{other}' goes to {_ENDPOINT_OF_FIELD[other]}; "
+            f"this endpoint takes '{field}')",
+            field,
+        )
     if first.get("type") == "extra_forbidden" and loc:
         where = ".".join(loc)
         return (
@@ -644,6 +673,8 @@ class ServeOptions:
             :mod:`surge.server.api_workers`).
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (vLLM's flag).
+        enable_prompt_tokens_details: chat and completions usage carries
+            ``prompt_tokens_details.cached_tokens`` (vLLM's flag).
         enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (vLLM's flag).
         enable_server_load_tracking: count the requests ``GET /load`` answers (vLLM's flag).
     """
@@ -678,6 +709,7 @@ class ServeOptions:
     log_requests: bool = True
     api_server_count: int = 1
     return_tokens_as_token_ids: bool = False
+    enable_prompt_tokens_details: bool = False
     enable_tokenizer_info_endpoint: bool = False
     enable_server_load_tracking: bool = False
 
@@ -789,6 +821,7 @@ async def run_server(
         max_choices_per_request=options.max_choices_per_request,
         log_requests=options.log_requests,
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
+        prompt_tokens_details=options.enable_prompt_tokens_details,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),

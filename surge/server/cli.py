@@ -16,6 +16,54 @@ from surge.server.auth import parse_api_keys
 from surge.server.cors import CorsOptions
 from surge.server.metrics import METRICS_PREFIXES
 
+_NO_LORA = "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)"
+_BUILT_IN_PARSERS = "(Surge's parsers are built in; no plugins)"
+
+VLLM_SERVE_FLAG_HINTS = {
+    "--tokenizer-mode": "nothing: Surge loads the model folder's tokenizer with transformers' AutoTokenizer",
+    "--pipeline-parallel-size": "-tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
+    "-pp": "-tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
+    "--revision": "the folder of that revision as MODEL (Surge loads local model folders only)",
+    "--code-revision": "nothing: Surge never runs a model folder's code",
+    "--tokenizer-revision": "nothing: Surge reads the model folder's own tokenizer files",
+    "--hf-token": "nothing: Surge loads local model folders only and never downloads",
+    "--enable-lora": _NO_LORA,
+    "--max-loras": _NO_LORA,
+    "--max-lora-rank": _NO_LORA,
+    "--speculative-config": "nothing: Surge has no speculative decoding",
+    "--cpu-offload-gb": "nothing: Surge keeps every weight on the device",
+    "--kv-cache-memory-bytes": "--num-kv-blocks N (N blocks of --block-size tokens) or --gpu-memory-utilization",
+    "--num-gpu-blocks-override": "--num-kv-blocks N",
+    "--compilation-config": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
+    "turns them off)",
+    "--disable-custom-all-reduce": "nothing: Surge's default --tp-all-reduce nccl is NCCL only",
+    "--distributed-executor-backend": "nothing: Surge spawns its tensor-parallel workers as processes itself "
+    "(vLLM's mp)",
+    "--runner": "nothing: Surge serves generative models only",
+    "--convert": "nothing: Surge serves generative models only",
+    "--limit-mm-per-prompt": "nothing: Surge serves text-only models",
+    "--mm-processor-kwargs": "nothing: Surge serves text-only models",
+    "--enable-sleep-mode": "nothing: Surge has no sleep mode",
+    "--structured-outputs-config": "nothing: Surge's structured outputs always use xgrammar "
+    "(docs/structured-outputs.md)",
+    "--kv-transfer-config": "nothing: Surge has no KV connector",
+    "--model-impl": "nothing: Surge runs its own model code for the supported architectures",
+    "--enable-expert-parallel": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
+    "--reasoning-parser-plugin": f"--reasoning-parser qwen3|deepseek_r1 {_BUILT_IN_PARSERS}",
+    "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json {_BUILT_IN_PARSERS}",
+    "--logits-processors": "nothing: Surge has no logits-processor plugins",
+    "--config": "the flags themselves: Surge reads no YAML config file",
+    "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--enable-request-id-headers": "nothing: every response carries its X-Request-Id header",
+    "--response-role": "nothing: the answer's role is assistant (vLLM's default)",
+    "--chat-template-content-format": "nothing: each message's content reaches the chat template as one string, "
+    "its text parts joined by newlines (vLLM's 'string')",
+}
+"""``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
+serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
+:data:`surge.cli.VLLM_FLAG_HINTS`, given in the error line of an unrecognized one."""
+
 
 def add_serve_parser(subparsers: Any) -> None:
     """Register `surge serve` on an argparse sub-parser collection."""
@@ -25,6 +73,7 @@ def add_serve_parser(subparsers: Any) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a Hugging Face model folder over an OpenAI-compatible HTTP API.",
+        flag_hints=VLLM_SERVE_FLAG_HINTS,
     )
     p.add_argument(
         "model_tag",
@@ -242,6 +291,12 @@ def add_serve_parser(subparsers: Any) -> None:
         help="vLLM's flag: name logprob tokens 'token_id:<id>' (chat's token and top_logprobs tokens, "
         "completions' tokens and top_logprobs keys) in requests that leave return_tokens_as_token_ids "
         "unset; a request's own value wins",
+    )
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="vLLM's flag: chat and completions usage (streamed too) carries prompt_tokens_details."
+        "cached_tokens, the prompt tokens served from the prefix cache",
     )
     p.add_argument(
         "--enable-tokenizer-info-endpoint",
@@ -536,6 +591,7 @@ def run_serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         api_server_count=args.api_server_count,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         enable_server_load_tracking=args.enable_server_load_tracking,
     )

@@ -144,6 +144,8 @@ class Generation:
         grammar_param: the request field that carried its grammar (``structured_outputs.grammar``,
             ``tools``, ...): the ``param`` of the error when the engine refuses the grammar later
             (it does not compile, or reaches a dead end), streamed or not.
+        prompt_tokens_details: the usage carries ``prompt_tokens_details.cached_tokens``
+            (``--enable-prompt-tokens-details``; see :attr:`cached_prompt_tokens`).
     """
 
     def __init__(
@@ -161,7 +163,9 @@ class Generation:
         priority: int = 0,
         eos_token_ids: tuple[int, ...] = (),
         grammar_param: str | None = None,
+        prompt_tokens_details: bool = False,
     ) -> None:
+        self.prompt_tokens_details = prompt_tokens_details
         self._grammar_param = grammar_param
         self._eos_token_ids = eos_token_ids
         self._serial = serial
@@ -184,6 +188,15 @@ class Generation:
     def prompt_tokens(self) -> int:
         """Prompt tokens of the request (each prompt counted once, whatever ``n``)."""
         return sum(len(p.token_ids) for p in self.prompts)
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens the engine served from its prefix cache, counted as ``prompt_tokens``
+        counts the prompts: once per prompt, as its first choice found them (whatever ``n``)."""
+        first: dict[int, int] = {}
+        for choice in self.choices:
+            first.setdefault(choice.prompt_index, choice.num_cached_tokens)
+        return sum(first.values())
 
     @property
     def completion_tokens(self) -> int:

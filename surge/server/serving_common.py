@@ -81,6 +81,8 @@ class ServerState:
         log_requests: log one line when a request starts and one when it ends.
         return_tokens_as_token_ids: logprob tokens are ``"token_id:<id>"`` for requests that
             leave ``return_tokens_as_token_ids`` unset (``--return-tokens-as-token-ids``, vLLM's).
+        prompt_tokens_details: chat and completions usage carries
+            ``prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``, vLLM's).
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
             stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
@@ -119,6 +121,7 @@ class ServerState:
     reasoning_tokens: ReasoningTokens | None = None
     trust_request_chat_template: bool = False
     return_tokens_as_token_ids: bool = False
+    prompt_tokens_details: bool = False
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
@@ -152,9 +155,18 @@ class ServerState:
         return TokenIdStrings(self.token_strings) if as_ids else self.token_strings
 
     def check_model(self, model: str | None) -> None:
-        """Raise a 404 ApiError for a model name this server does not serve (None is accepted)."""
+        """Raise a 404 ApiError for a model name this server does not serve (None is accepted).
+        Its message starts as vLLM's (``The model `X` does not exist.``) and names the served
+        names, since the default one, the ``--model`` path, is rarely what a client guesses."""
         if model is not None and model not in self.served_model_names:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            served = ", ".join(f"`{name}`" for name in self.served_model_names)
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist. This server serves {served} (GET /v1/models lists it; "
+                "`surge serve --served-model-name NAME` sets another name).",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_chat_template(self, template: str | None) -> None:
         """Raise a 400 ApiError naming ``chat_template`` for a request's own template unless the
@@ -341,6 +353,7 @@ def start_generation(
         priority=body.priority,
         eos_token_ids=state.eos_token_ids,
         grammar_param=grammar_param,
+        prompt_tokens_details=state.prompt_tokens_details,
     )
     state.in_flight.add(request_id, gen)
     return request_id, gen
@@ -790,10 +803,15 @@ async def collect(request: Request, gen: Generation) -> dict[int, tuple[str, str
         gen.abort()
 
 
-def usage_dict(gen: Generation) -> dict[str, int]:
-    """OpenAI ``usage``: prompt tokens (once per prompt), completion tokens (all choices), total."""
+def usage_dict(gen: Generation) -> dict[str, Any]:
+    """OpenAI ``usage``: prompt tokens (once per prompt), completion tokens (all choices), total;
+    with ``--enable-prompt-tokens-details`` also ``prompt_tokens_details.cached_tokens``
+    (:attr:`Generation.cached_prompt_tokens`), as vLLM's flag adds it."""
     p, c = gen.prompt_tokens, gen.completion_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    usage: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    if gen.prompt_tokens_details:
+        usage["prompt_tokens_details"] = {"cached_tokens": gen.cached_prompt_tokens}
+    return usage
 
 
 def choice_usage(gen: Generation, index: int) -> dict[str, int]:

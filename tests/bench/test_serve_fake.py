@@ -629,3 +629,17 @@ def test_a_base_url_ending_in_v1_gets_a_hint(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     assert "404" in err and f"(--base-url is the server's root: {s.url})" in err, err
     assert "Traceback" not in err
+
+
+def test_a_base_url_without_its_scheme_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--base-url 127.0.0.1:8000`` (host and port, as ``curl`` takes them) was "cannot reach
+    127.0.0.1:8000/v1/models: unknown url type: 127.0.0.1"; the one line now gives the URL to pass,
+    on ``bench serve`` and ``bench matrix``."""
+    for given in ("127.0.0.1:8000", "localhost:8000", "ftp://localhost:8000"):
+        assert bench_main(_serve(given, "--num-prompts", "1")) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        host = given.split("://")[-1]
+        assert f"--base-url {given}: give the URL with its scheme, e.g. http://{host}" in err, err
+    assert bench_main(["bench", "matrix", "--base-url", "localhost:8000", "--preset", "official-8b"]) == 2
+    assert "give the URL with its scheme, e.g. http://localhost:8000" in capsys.readouterr().err

@@ -153,6 +153,24 @@ def test_bad_request_gets_openai_error(server: Server, path: str, body: Any, sta
     assert "Traceback" not in r.text
 
 
+@pytest.mark.parametrize("path", [CHAT, CMPL, "/v1/responses"])
+def test_a_wrong_model_name_says_which_names_are_served(server: Server, path: str) -> None:
+    """A wrong model name got "The model `gpt-4` does not exist.", which left the client to guess
+    the served name (by default the --model path, which an OpenAI client must send); the 404 now
+    names it."""
+    served = httpx.get(server.url + "/v1/models", timeout=60).json()["data"][0]["id"]
+    bodies: dict[str, dict[str, Any]] = {
+        CHAT: {"messages": MSGS, "max_tokens": 1},
+        CMPL: {"prompt": "x", "max_tokens": 1},
+        "/v1/responses": {"input": "x", "max_output_tokens": 16},
+    }
+    r = _post(server, path, {"model": "gpt-4", **bodies[path]})
+    assert r.status_code == 404, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == ("model", "model_not_found"), err
+    assert err["message"].startswith(f"The model `gpt-4` does not exist. This server serves `{served}` "), err
+
+
 UNIQUE_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True}
 TOOL_SCHEMA = {"type": "object", "properties": {"step": {"type": "number", "multipleOf": 0.5}}}
 

@@ -80,6 +80,38 @@ def test_unknown_fields_are_refused_by_name(
     assert err["param"] == param and param in err["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param", "hint"),
+    [
+        (
+            CHAT,
+            {"prompt": PROMPT, "max_tokens": 2},
+            "messages",
+            "a body with 'prompt' goes to POST /v1/completions",
+        ),
+        (CMPL, {"messages": MSGS}, "prompt", "a body with 'messages' goes to POST /v1/chat/completions"),
+        (
+            "/v1/responses",
+            {"messages": MSGS},
+            "input",
+            "a body with 'messages' goes to POST /v1/chat/completions",
+        ),
+        (CHAT, {"input": PROMPT}, "messages", "a body with 'input' goes to POST /v1/responses"),
+    ],
+)
+def test_a_body_sent_to_another_endpoints_route_says_where_it_goes(
+    server: Server, path: str, body: dict[str, Any], param: str, hint: str
+) -> None:
+    """A completions body sent to the chat route was "messages: Field required (and 1 more
+    error)", the other error (the unknown 'prompt') left unsaid; the 400 now names the route the
+    body's field belongs to."""
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert err["message"] == f"{param}: Field required ({hint}; this endpoint takes '{param}')", err
+
+
 REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CHAT, "use_beam_search", True),
     (CMPL, "use_beam_search", True),
