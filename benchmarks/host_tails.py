@@ -24,6 +24,9 @@ which leaves out preemption by other processes). One JSON line per run with ``--
 finish, per step the host time (the step less the model's ``execute``, plus the encoding of
 the ``EngineOutputs`` message) and the collections.
 
+``--endpoint convoy`` measures the GIL convoy alone: how late a thread that sleeps 1 ms at a
+time wakes while two threads render a ``--turns`` chat template (Jinja, pure Python).
+
 Diagnosis flags: ``--stack-after-ms`` records the API main thread's stack whenever the loop
 has not answered a probe for that long, ``--census`` the object types of generation 2 before
 each full collection, ``--switch-interval-ms`` sets the API process's GIL switch interval.
@@ -338,6 +341,14 @@ def gc_summary(gcs: list[tuple[int, float, float]], units: int) -> dict[str, Any
 
 def report(run: dict[str, Any]) -> None:
     """Print one run as one line."""
+    if run["endpoint"] == "convoy":
+        w = run["wake_lag_ms"]
+        print(
+            f"convoy: {run['turns']} turns, switch interval {run['switch_interval_ms']:.1f} ms: wake lag ms "
+            f"p50 {w['p50']:.2f} p99 {w['p99']:.2f} max {w['max']:.2f}",
+            flush=True,
+        )
+        return
     if run["endpoint"] == "engine":
         h = run["host_ms"]
         print(
@@ -437,6 +448,43 @@ def engine_run(args: argparse.Namespace) -> dict[str, Any]:
     return run
 
 
+def convoy_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The GIL convoy alone: two threads render a ``--turns`` chat with the model's template
+    (Jinja: pure Python, as the API process's tokenizer threads do) for 4 s while this thread
+    sleeps 1 ms at a time; how late each wake-up is (at ``--switch-interval-ms``, else
+    Python's default 5 ms)."""
+    from surge.tokenizer import load_tokenizer
+
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    tok = load_tokenizer(str(args.model))
+    messages = conversation(0, args.turns or 40)
+    done = threading.Event()
+
+    def render() -> None:
+        while not done.is_set():
+            tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    threads = [threading.Thread(target=render, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    lags = []
+    end = time.perf_counter() + 4.0
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        time.sleep(0.001)
+        lags.append(time.perf_counter() - t0 - 0.001)
+    done.set()
+    for t in threads:
+        t.join()
+    return {
+        "endpoint": "convoy",
+        "turns": args.turns or 40,
+        "switch_interval_ms": 1e3 * sys.getswitchinterval(),
+        "wake_lag_ms": quantiles_ms(lags),
+    }
+
+
 def main() -> None:
     """The command line (see the module docstring); ``_serve`` and ``_drive`` are its children."""
     if len(sys.argv) > 1 and sys.argv[1] == "_serve":
@@ -463,9 +511,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--endpoint",
-        choices=("chat", "completions", "engine"),
+        choices=("chat", "completions", "engine", "convoy"),
         default="chat",
-        help="engine: the engine loop's host side alone (real LLMEngine, bundled model, no server)",
+        help="engine: the engine loop's host side alone (real LLMEngine, bundled model, no server); "
+        "convoy: a thread's wake-up lag while two threads render chat templates (no server)",
     )
     ap.add_argument("--steps", type=int, default=2000, help="engine: timed steps (default 2000)")
     ap.add_argument("--probe-ms", type=float, default=2.0, help="ms between loop-lag samples (default 2)")
@@ -491,7 +540,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON line per run")
     args = ap.parse_args()
     for _ in range(args.repeats):
-        run = engine_run(args) if args.endpoint == "engine" else one_run(args)
+        modes = {"engine": engine_run, "convoy": convoy_run}
+        run = modes.get(args.endpoint, one_run)(args)
         print(json.dumps(run), flush=True) if args.json else report(run)
 
 
