@@ -186,8 +186,11 @@ def read_timed_trace(path: str, opts: TimedTraceOptions) -> Iterator[TraceRow]:
 
 def block_seed(key: str, seed: int) -> int:
     """The seed of a hash block's tokens: a stable 64-bit hash of ``"{seed}:{key}"`` (``key`` is
-    vLLM's ``"{h}:{size}"``; vLLM takes ``hash(key) & 0xFFFFFFFF``, salted per process)."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest(), "little")
+    vLLM's ``"{h}:{size}"``; vLLM takes ``hash(key) & 0xFFFFFFFF``, salted per process). A string
+    hash id may hold any JSON string, a lone UTF-16 surrogate (``"\\ud800"``) too, as vLLM's
+    ``hash()`` takes it: its UTF-8 bytes are hashed with ``surrogatepass``."""
+    data = f"{seed}:{key}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def expand_prompt(

@@ -203,6 +203,19 @@ def test_the_labels_name_the_fields(tmp_path: Path) -> None:
     assert (got.timestamp, got.prompt_len, got.expected_output_len) == (1.5, 3, 3)  # 2 blocks of 1, a BOS
 
 
+def test_string_hash_ids_may_hold_any_json_string(tmp_path: Path) -> None:
+    """A hash id is any JSON string, a lone surrogate escape too (vLLM's ``hash()`` takes it): its
+    block is built (it was a UTF-8 encode error that named neither the file nor the line), the same
+    block for the same id, another than its neighbour's."""
+    row = {**GOOD, "input_length": 3, "hash_ids": ["\ud800", "\udfff", "日本"]}
+    path = _trace(tmp_path / "t.jsonl", row, {**row, "timestamp": 1})
+    opts = TimedTraceOptions(chunk_hash_size=1)
+    a, b = timed_trace_requests(WordCounter(), path, 2, opts, seed=0)
+    assert a.prompt == b.prompt and a.prompt_len == 4  # 3 blocks of 1, a BOS
+    assert len(set(a.prompt.split())) == 3
+    assert block_seed("\ud800:1", 0) != block_seed("\udfff:1", 0)
+
+
 def test_rows_over_max_model_len_are_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A row whose prompt and output exceed the server's max_model_len is left out with a note and the
     next row taken (the others keep their times); too few rows left is one line."""
