@@ -266,6 +266,9 @@ def shuffled(rows: list[Row], seed: int) -> list[Row]:
 
 
 def _too_many(path: str, have: int, what: str, num_prompts: int) -> ValueError:
+    """The one-line error of ``path`` having ``have`` < ``num_prompts`` usable rows (``what``)."""
+    if not have:  # vLLM would send nothing, and no --num-prompts helps
+        return ValueError(f"{path} has no {what}: nothing to send")
     return ValueError(
         f"{path} has {have} {what}, --num-prompts {num_prompts} asked (vLLM would send some twice; give "
         f"--num-prompts {have} or fewer)"
@@ -377,7 +380,11 @@ def conversation_requests(
         out.append(SampleRequest(prompt, n, want))
         if len(out) == num_prompts:
             return out
-    what = "usable conversations (vLLM's pruning of reply lengths)" if output_len is None else "conversations"
+    what = (
+        "usable conversations (two turns or more, kept by vLLM's pruning of their lengths)"
+        if output_len is None
+        else "conversations of two turns or more"
+    )
     raise _too_many(path, len(out), what, num_prompts)
 
 

@@ -282,6 +282,12 @@ def timed_trace_requests(
             f"{over[0].output_length} tokens in the trace)",
             file=sys.stderr,
         )
+    if not out:  # every row read was over max_model_len (a file without rows is refused above)
+        raise ValueError(
+            f"--dataset-path {path}: none of its {len(over)} rows fits the server's max_model_len "
+            f"{max_model_len} with its output (line {over[0].line}: {over[0].input_length} + "
+            f"{over[0].output_length} tokens in the trace); serve the model with a larger --max-model-len"
+        )
     if len(out) < num_prompts:
         fit = f" that fit the server's max_model_len {max_model_len}" if over else ""
         vllm = "" if over else f"vLLM would send {len(out)}; "

@@ -231,6 +231,19 @@ def test_rows_over_max_model_len_are_left_out(tmp_path: Path, capsys: pytest.Cap
         timed_trace_requests(WordCounter(), path, 3, TimedTraceOptions(), seed=0, max_model_len=30)
 
 
+def test_a_trace_whose_rows_are_all_too_long_is_one_line(tmp_path: Path) -> None:
+    """No row fits max_model_len: the error says so and how to fix it (it said "has 0 rows that
+    fit ..., give --num-prompts 0 or fewer")."""
+    long = {"timestamp": 1, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 3]}
+    path = _trace(tmp_path / "t.jsonl", long, long)
+    with pytest.raises(ValueError) as e:
+        timed_trace_requests(WordCounter(), path, 1, TimedTraceOptions(), seed=0, max_model_len=30)
+    assert str(e.value) == (
+        f"--dataset-path {path}: none of its 2 rows fits the server's max_model_len 30 with its output "
+        "(line 1: 40 + 3 tokens in the trace); serve the model with a larger --max-model-len"
+    )
+
+
 def _serve(url: str, *extra: str) -> list[str]:
     return ["bench", "serve", "--base-url", url, "--disable-tqdm", *extra]
 
