@@ -215,6 +215,34 @@ def expand_prompt(
     return out
 
 
+LONG_REPLAY_S = 3600.0
+"""A self-timed replay whose last request leaves later than this (seconds) with the default
+``--timed-trace-sec-multiplier`` 1 gets a hint: traces such as Mooncake's count milliseconds."""
+
+
+def _seconds(t: float) -> str:
+    """``t`` seconds for a note: milliseconds shown, a huge time in exponent form."""
+    return f"{t:.3f} s" if t < 1e9 else f"{t:.3g} s"
+
+
+def replay_note(times: Sequence[float], sec_multiplier: float) -> str:
+    """The note that opens a self-timed replay: how many requests, when the first and the last
+    leave (``times``: seconds after the start, in send order, at least one). With
+    ``sec_multiplier`` 1 (vLLM's default) and a last time past :data:`LONG_REPLAY_S`, it adds the
+    flag that reads the timestamps as milliseconds."""
+    last = max(times)
+    note = (
+        f"replaying the trace's times: {len(times)} requests, the first {_seconds(times[0])} and the last "
+        f"{_seconds(last)} after the start"
+    )
+    if sec_multiplier == 1.0 and last > LONG_REPLAY_S:
+        note += (
+            f" (over {LONG_REPLAY_S / 3600:g} hour: if the trace's timestamps are milliseconds, as Mooncake's, "
+            "give --timed-trace-sec-multiplier 0.001)"
+        )
+    return note
+
+
 def timed_trace_requests(
     counter: TokenCounter,
     path: str,

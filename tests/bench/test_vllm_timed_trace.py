@@ -22,7 +22,7 @@ from conftest import QWEN3_8B, bench_main
 from fake_server import Behaviour, FakeServer, encode
 
 from surge.bench.compare import compare_points, load_points
-from surge.bench.timed_trace import TimedTraceOptions, block_seed, timed_trace_requests
+from surge.bench.timed_trace import TimedTraceOptions, block_seed, replay_note, timed_trace_requests
 from surge.bench.tokens import HFTokenCounter
 
 EXAMPLE = Path(__file__).parent / "data" / "timed_trace_example.jsonl"
@@ -214,6 +214,22 @@ def test_string_hash_ids_may_hold_any_json_string(tmp_path: Path) -> None:
     assert a.prompt == b.prompt and a.prompt_len == 4  # 3 blocks of 1, a BOS
     assert len(set(a.prompt.split())) == 3
     assert block_seed("\ud800:1", 0) != block_seed("\udfff:1", 0)
+
+
+def test_the_replay_note_reads_for_any_trace() -> None:
+    """The note before a replay: first and last send times; a huge timestamp in exponent form (it
+    printed 1e300 with its 300 digits), and past an hour at the default multiplier the flag that
+    reads milliseconds (Mooncake's traces count them; vLLM's default multiplier is 1)."""
+    assert replay_note([0.0, 1.05], 0.001) == (
+        "replaying the trace's times: 2 requests, the first 0.000 s and the last 1.050 s after the start"
+    )
+    assert replay_note([0.0, 1e300], 1.0).startswith(
+        "replaying the trace's times: 2 requests, the first 0.000 s and the last 1e+300 s after the start"
+    )
+    long = replay_note([27.482, 3601.0], 1.0)
+    assert long.endswith("give --timed-trace-sec-multiplier 0.001)") and "3601.000 s" in long
+    assert "multiplier" not in replay_note([27.482, 3601.0], 2.0)
+    assert "multiplier" not in replay_note([0.0, 3600.0], 1.0)
 
 
 def test_rows_over_max_model_len_are_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
