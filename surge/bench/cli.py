@@ -1095,7 +1095,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(comparison_markdown(cmp, args.base, args.new), end="")
     if cmp.mismatches:
         print(
-            f"surge: warning: the runs were measured with different settings at {len(cmp.mismatches)} point(s) "
+            f"surge: warning: the runs were measured with different settings at "
+            f"{len({key for key, *_ in cmp.mismatches})} point(s) "
             "(see the report's warning)",
             file=sys.stderr,
         )

@@ -266,6 +266,9 @@ def shuffled(rows: list[Row], seed: int) -> list[Row]:
 
 
 def _too_many(path: str, have: int, what: str, num_prompts: int) -> ValueError:
+    """The one-line error of ``path`` having ``have`` < ``num_prompts`` usable rows (``what``)."""
+    if not have:  # vLLM would send nothing, and no --num-prompts helps
+        return ValueError(f"{path} has no {what}: nothing to send")
     return ValueError(
         f"{path} has {have} {what}, --num-prompts {num_prompts} asked (vLLM would send some twice; give "
         f"--num-prompts {have} or fewer)"
@@ -273,6 +276,14 @@ def _too_many(path: str, have: int, what: str, num_prompts: int) -> ValueError:
 
 
 def _check_fits(row: Row, n: int, want: int, max_model_len: int | None) -> None:
+    """Refuse a taken row whose prompt has ``n`` tokens as the server counts it: none (an empty
+    turn sent as it is, which a server answers with a 400, so every such request would fail), or
+    with the ``want`` output tokens over ``max_model_len``. Raises ValueError naming the row."""
+    if n == 0:
+        raise ValueError(
+            f"{row.where}: an empty prompt (0 tokens as the server counts it), which the server refuses; "
+            "leave the row out of the data"
+        )
     if max_model_len is not None and n + want > max_model_len:
         raise ValueError(
             f"{row.where}: a prompt of {n} tokens and {want} output tokens exceed the server's max_model_len "
@@ -301,7 +312,8 @@ def mt_bench_requests(
 
     Raises:
         ValueError: fewer rows than ``num_prompts`` (vLLM would send some twice), a taken row
-            without a first turn string, or a prompt whose length and output exceed ``max_model_len``.
+            without a first turn string, an empty prompt (a first turn of "" sent as it is), or a
+            prompt whose length and output exceed ``max_model_len``.
     """
     want = MT_BENCH_OUTPUT_LEN if output_len is None else output_len
     if len(rows) < num_prompts:
@@ -348,8 +360,9 @@ def conversation_requests(
 
     Raises:
         ValueError: a row without a ``conversations`` list or a turn without a ``value`` string
-            (where vLLM stops with a KeyError), fewer usable rows than ``num_prompts``, or a prompt
-            whose length and output exceed ``max_model_len``.
+            (where vLLM stops with a KeyError), fewer usable rows than ``num_prompts``, an empty
+            prompt of 0 tokens (with ``output_len``, which no pruning drops), or a prompt whose length
+            and output exceed ``max_model_len``.
     """
     encode = prompt_encoder(counter, chat, options)
     out: list[SampleRequest] = []
@@ -377,7 +390,11 @@ def conversation_requests(
         out.append(SampleRequest(prompt, n, want))
         if len(out) == num_prompts:
             return out
-    what = "usable conversations (vLLM's pruning of reply lengths)" if output_len is None else "conversations"
+    what = (
+        "usable conversations (two turns or more, kept by vLLM's pruning of their lengths)"
+        if output_len is None
+        else "conversations of two turns or more"
+    )
     raise _too_many(path, len(out), what, num_prompts)
 
 

@@ -55,7 +55,7 @@ from surge.bench.hf_datasets import DEFAULT_SPLIT, check_local_path, hf_dataset_
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.question_datasets import spec_bench_requests
 from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
-from surge.bench.timed_trace import TimedTraceOptions, timed_trace_requests
+from surge.bench.timed_trace import TimedTraceOptions, replay_note, timed_trace_requests
 from surge.bench.tokens import (
     TokenCounter,
     get_json,
@@ -1027,11 +1027,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     ramp_up = cfg.ramp_up()
     trace_times = trace_offsets(samples) if cfg.self_timed else None
     if trace_times:
-        print(
-            f"surge: note: replaying the trace's times: {len(trace_times)} requests, the first "
-            f"{trace_times[0]:.3f} s and the last {max(trace_times):.3f} s after the start",
-            file=sys.stderr,
-        )
+        print(f"surge: note: {replay_note(trace_times, cfg.timed_trace.sec_multiplier)}", file=sys.stderr)
     released: list[float] = []
     results, duration, warm = run_async(
         run_requests(

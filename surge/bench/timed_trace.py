@@ -186,8 +186,11 @@ def read_timed_trace(path: str, opts: TimedTraceOptions) -> Iterator[TraceRow]:
 
 def block_seed(key: str, seed: int) -> int:
     """The seed of a hash block's tokens: a stable 64-bit hash of ``"{seed}:{key}"`` (``key`` is
-    vLLM's ``"{h}:{size}"``; vLLM takes ``hash(key) & 0xFFFFFFFF``, salted per process)."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest(), "little")
+    vLLM's ``"{h}:{size}"``; vLLM takes ``hash(key) & 0xFFFFFFFF``, salted per process). A string
+    hash id may hold any JSON string, a lone UTF-16 surrogate (``"\\ud800"``) too, as vLLM's
+    ``hash()`` takes it: its UTF-8 bytes are hashed with ``surrogatepass``."""
+    data = f"{seed}:{key}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def expand_prompt(
@@ -210,6 +213,34 @@ def expand_prompt(
         if left <= 0:
             break
     return out
+
+
+LONG_REPLAY_S = 3600.0
+"""A self-timed replay whose last request leaves later than this (seconds) with the default
+``--timed-trace-sec-multiplier`` 1 gets a hint: traces such as Mooncake's count milliseconds."""
+
+
+def _seconds(t: float) -> str:
+    """``t`` seconds for a note: milliseconds shown, a huge time in exponent form."""
+    return f"{t:.3f} s" if t < 1e9 else f"{t:.3g} s"
+
+
+def replay_note(times: Sequence[float], sec_multiplier: float) -> str:
+    """The note that opens a self-timed replay: how many requests, when the first and the last
+    leave (``times``: seconds after the start, in send order, at least one). With
+    ``sec_multiplier`` 1 (vLLM's default) and a last time past :data:`LONG_REPLAY_S`, it adds the
+    flag that reads the timestamps as milliseconds."""
+    last = max(times)
+    note = (
+        f"replaying the trace's times: {len(times)} requests, the first {_seconds(times[0])} and the last "
+        f"{_seconds(last)} after the start"
+    )
+    if sec_multiplier == 1.0 and last > LONG_REPLAY_S:
+        note += (
+            f" (over {LONG_REPLAY_S / 3600:g} hour: if the trace's timestamps are milliseconds, as Mooncake's, "
+            "give --timed-trace-sec-multiplier 0.001)"
+        )
+    return note
 
 
 def timed_trace_requests(
@@ -278,6 +309,12 @@ def timed_trace_requests(
             f"max_model_len {max_model_len} (line {over[0].line}: {over[0].input_length} + "
             f"{over[0].output_length} tokens in the trace)",
             file=sys.stderr,
+        )
+    if not out:  # every row read was over max_model_len (a file without rows is refused above)
+        raise ValueError(
+            f"--dataset-path {path}: none of its {len(over)} rows fits the server's max_model_len "
+            f"{max_model_len} with its output (line {over[0].line}: {over[0].input_length} + "
+            f"{over[0].output_length} tokens in the trace); serve the model with a larger --max-model-len"
         )
     if len(out) < num_prompts:
         fit = f" that fit the server's max_model_len {max_model_len}" if over else ""

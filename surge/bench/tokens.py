@@ -303,14 +303,22 @@ class ServerTokenCounter:
         return token_ids(self._tokenize(body, options or {}), "/tokenize")
 
     def _tokenize(self, body: dict[str, Any], options: Mapping[str, Any]) -> Any:
-        """``POST /tokenize``. A refusal (4xx) of a body carrying ``options`` is a ValueError
-        saying so; other failures stay ``OSError`` (the server went away)."""
+        """``POST /tokenize``. A refusal (4xx) is a ValueError with the server's message: of the
+        prompt fields ``options`` when the body carries them, else of the prompt (e.g. a dataset's
+        text holding a lone surrogate escape, which the server refuses as vLLM's tokenizer would
+        fail on it), whose start it quotes; other failures stay ``OSError`` (the server went away)."""
         try:
             return post_json(f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure)
         except urllib.error.HTTPError as e:
-            if not options or not 400 <= e.code < 500:
+            if not 400 <= e.code < 500:
                 raise
             detail = _error_text(e)
+            if not options:
+                messages = body.get("messages")
+                text = messages[0]["content"] if messages else body.get("prompt")
+                raise ValueError(
+                    f"the server's /tokenize refused the prompt {json.dumps(text)[:80]}: HTTP {e.code}: {detail}"
+                ) from None
             raise ValueError(
                 f"the server's /tokenize refused the prompt fields of --extra-body "
                 f"({', '.join(sorted(options))}), so the prompts cannot be counted as the server will "

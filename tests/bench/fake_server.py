@@ -4,7 +4,7 @@ Tokenizer: word level. ``encode(text) = [BOS] + one id per whitespace word`` (``
 word hashes into [10, 500)); ``decode(ids) = "w<id> w<id> ..."`` without BOS. The "chat template" adds
 ``CHAT_OVERHEAD`` tokens, and ``NO_THINK_OVERHEAD`` more with ``chat_template_kwargs: {"enable_thinking":
 false}``; ``add_special_tokens: false`` drops a completions prompt's BOS (:func:`prompt_tokens`, for
-``/tokenize`` and ``usage`` alike); ``/tokenize`` refuses ``tools`` with a 400, as Surge's does. Each
+``/tokenize`` and ``usage`` alike); ``/tokenize`` refuses ``tools`` and a prompt holding a lone surrogate with a 400, as Surge's does. Each
 request takes the next behaviour of ``script`` (then ``default``):
 
 - ``ok``: TTFT ``ttft`` s, then one chunk every ``itl`` s with ``tokens_per_chunk`` tokens (on a
@@ -117,6 +117,11 @@ def make_app(b: Behaviour) -> web.Application:
         if "tools" in body:  # as Surge's /tokenize, which takes no tools (unknown fields: a 400)
             err = {"message": "tools: Extra inputs are not permitted", "type": "BadRequestError", "code": 400}
             return web.json_response({"error": err}, status=400)
+        text = body["messages"][0]["content"] if "messages" in body else body.get("prompt", "")
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in text):  # as Surge's server: not valid Unicode text
+            field = "messages" if "messages" in body else "prompt"
+            err = {"message": f"{field}: a string holds a lone UTF-16 surrogate", "type": "BadRequestError"}
+            return web.json_response({"error": {**err, "code": 400}}, status=400)
         toks = prompt_tokens(body, "messages" in body)  # the fake chat template: text, then overhead
         return web.json_response({"tokens": toks, "count": len(toks), "max_model_len": 4096})
 

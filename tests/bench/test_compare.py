@@ -280,6 +280,14 @@ def test_runs_measured_differently_are_flagged(tmp_path: Path, capsys: pytest.Ca
         "**Warning: the runs were measured differently:** C16/I16/O32 request_rate 'inf' vs 4.0." in cap.out
     )
     assert cap.err.startswith("surge: warning:") and cap.err.count("\n") == 1
+    assert "different settings at 1 point(s)" in cap.err
+    # two settings that differ at one point are one point (it counted the settings: "at 2 point(s)")
+    a.write_text(json.dumps({**common, "request_rate": "inf", "burstiness": 1.0, "output_throughput": 100.0}))
+    b.write_text(json.dumps({**common, "request_rate": 4.0, "burstiness": 0.5, "output_throughput": 10.0}))
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    cap = capsys.readouterr()
+    assert "C16/I16/O32 request_rate 'inf' vs 4.0; C16/I16/O32 burstiness" in cap.out
+    assert "different settings at 1 point(s)" in cap.err, cap.err
     # matrix summaries carry the endpoint; a matrix row's num_prompts (points x repeats) is not compared
     x = _write(tmp_path / "x", [{**_pt(1, 8, 4, 1.0), "num_prompts": 1, "repeats": 1}])
     (tmp_path / "y").mkdir()

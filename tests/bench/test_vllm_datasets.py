@@ -326,6 +326,29 @@ def test_bad_combinations_are_one_line_before_any_request(
         assert s.behaviour.seen == 0  # refused before the first request
 
 
+def test_a_prompt_the_servers_tokenize_refuses_is_its_message_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dataset prompt holding a lone surrogate escape (valid JSON, not valid Unicode text) that the
+    server's /tokenize refuses with a 400: the run stops before any timed request with one line
+    quoting the prompt and the server's message (it said "lost the server ... HTTP Error 400: Bad
+    Request", though the server was there)."""
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "w1 \ud800 w2"}])
+    b = Behaviour()
+    with FakeServer(b) as s:
+        for endpoint in ("/v1/chat/completions", "/v1/completions"):
+            argv = _serve(s.url, "--dataset", "custom", "--dataset-path", path, "--num-prompts", "1")
+            argv += ["--endpoint", endpoint, "--skip-chat-template", "--warmup", "0"]
+            assert bench_main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(
+                'surge: error: the server\'s /tokenize refused the prompt "w1 \\ud800 w2"'
+            ), err
+            assert "HTTP 400: " in err and "lone UTF-16 surrogate" in err and err.count("\n") == 1, err
+            assert "lost the server" not in err
+    assert b.log == []
+
+
 def test_results_record_the_dataset_and_compare_tells_them_apart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ MT-Bench ``question.jsonl`` and FastChat ``dummy_conversation.json``; the folder
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -284,7 +285,24 @@ def test_folder_splits_and_formats(tmp_path: Path) -> None:
         (
             {"q.jsonl": [{"conversations": [{"value": "a b c d"}, {"value": "ok"}]}] * 3},
             ("q.jsonl", CONVERSATIONS),
-            "has 0 usable conversations (vLLM's pruning of reply lengths), --num-prompts 3",
+            "has no usable conversations (two turns or more, kept by vLLM's pruning of their lengths): "
+            "nothing to send",
+        ),
+        (
+            {
+                "q.jsonl": [{"conversations": [{"value": "a b c d"}, {"value": "ok"}]}] * 3
+                + [
+                    {
+                        "conversations": [
+                            {"value": "a b c d"},
+                            {"value": "this is a fine and long enough reply"},
+                        ]
+                    }
+                ]
+            },
+            ("q.jsonl", CONVERSATIONS),
+            "has 1 usable conversations (two turns or more, kept by vLLM's pruning of their lengths), "
+            "--num-prompts 3 asked (vLLM would send some twice; give --num-prompts 1 or fewer)",
         ),
     ],
 )
@@ -303,6 +321,32 @@ def test_refusals(
     with pytest.raises(ValueError) as e:
         hf_requests(qwen, path, name, split, subset, 3, None, 0, chat=True)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_conversations_of_one_turn_only_are_refused_in_one_line(qwen: HFTokenCounter, tmp_path: Path) -> None:
+    """A ShareGPT-format file whose conversations all have one turn (as shared/assets' ShareGPT
+    copies, which keep only the prompts) has nothing vLLM would send, even with --hf-output-len: the
+    error says so (it said "has 0 conversations ...; give --num-prompts 0 or fewer")."""
+    path = str(_write(tmp_path / "c.json", [{"conversations": [{"from": "human", "value": "a b c d"}]}] * 4))
+    with pytest.raises(ValueError) as e:
+        hf_requests(qwen, path, CONVERSATIONS, None, None, 2, 8, 0)
+    assert str(e.value) == f"{path} has no conversations of two turns or more: nothing to send"
+
+
+def test_an_empty_prompt_sent_as_it_is_is_refused_by_row(qwen: HFTokenCounter, tmp_path: Path) -> None:
+    """An empty first turn sent as it is (a completions prompt: MT-Bench with --skip-chat-template,
+    or a conversation with --hf-output-len, which no pruning drops) is 0 tokens, which the server
+    answers with a 400: it is refused naming the row (every such request failed). Templated, or as
+    the chat endpoint's user message, it has the template's tokens and is sent."""
+    mt = str(_write(tmp_path / "q.jsonl", [{"turns": [""]}]))
+    conv = str(_write(tmp_path / "c.jsonl", [{"conversations": [{"value": ""}, {"value": "a b c d e"}]}]))
+    words = "an empty prompt (0 tokens as the server counts it), which the server refuses"
+    with pytest.raises(ValueError, match=re.escape(f"{mt}: {words}")):
+        hf_requests(qwen, mt, MT_BENCH, None, None, 1, 8, 0, skip_chat_template=True)
+    with pytest.raises(ValueError, match=re.escape(f"{conv}: {words}")):
+        hf_requests(qwen, conv, CONVERSATIONS, None, None, 1, 8, 0)
+    assert hf_requests(qwen, mt, MT_BENCH, None, None, 1, 8, 0)[0].prompt_len > 0
+    assert hf_requests(qwen, conv, CONVERSATIONS, None, None, 1, 8, 0, chat=True)[0].prompt_len > 0
 
 
 def test_prompt_over_max_model_len_is_refused(qwen: HFTokenCounter) -> None:

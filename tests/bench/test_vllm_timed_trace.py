@@ -22,7 +22,7 @@ from conftest import QWEN3_8B, bench_main
 from fake_server import Behaviour, FakeServer, encode
 
 from surge.bench.compare import compare_points, load_points
-from surge.bench.timed_trace import TimedTraceOptions, block_seed, timed_trace_requests
+from surge.bench.timed_trace import TimedTraceOptions, block_seed, replay_note, timed_trace_requests
 from surge.bench.tokens import HFTokenCounter
 
 EXAMPLE = Path(__file__).parent / "data" / "timed_trace_example.jsonl"
@@ -203,6 +203,35 @@ def test_the_labels_name_the_fields(tmp_path: Path) -> None:
     assert (got.timestamp, got.prompt_len, got.expected_output_len) == (1.5, 3, 3)  # 2 blocks of 1, a BOS
 
 
+def test_string_hash_ids_may_hold_any_json_string(tmp_path: Path) -> None:
+    """A hash id is any JSON string, a lone surrogate escape too (vLLM's ``hash()`` takes it): its
+    block is built (it was a UTF-8 encode error that named neither the file nor the line), the same
+    block for the same id, another than its neighbour's."""
+    row = {**GOOD, "input_length": 3, "hash_ids": ["\ud800", "\udfff", "日本"]}
+    path = _trace(tmp_path / "t.jsonl", row, {**row, "timestamp": 1})
+    opts = TimedTraceOptions(chunk_hash_size=1)
+    a, b = timed_trace_requests(WordCounter(), path, 2, opts, seed=0)
+    assert a.prompt == b.prompt and a.prompt_len == 4  # 3 blocks of 1, a BOS
+    assert len(set(a.prompt.split())) == 3
+    assert block_seed("\ud800:1", 0) != block_seed("\udfff:1", 0)
+
+
+def test_the_replay_note_reads_for_any_trace() -> None:
+    """The note before a replay: first and last send times; a huge timestamp in exponent form (it
+    printed 1e300 with its 300 digits), and past an hour at the default multiplier the flag that
+    reads milliseconds (Mooncake's traces count them; vLLM's default multiplier is 1)."""
+    assert replay_note([0.0, 1.05], 0.001) == (
+        "replaying the trace's times: 2 requests, the first 0.000 s and the last 1.050 s after the start"
+    )
+    assert replay_note([0.0, 1e300], 1.0).startswith(
+        "replaying the trace's times: 2 requests, the first 0.000 s and the last 1e+300 s after the start"
+    )
+    long = replay_note([27.482, 3601.0], 1.0)
+    assert long.endswith("give --timed-trace-sec-multiplier 0.001)") and "3601.000 s" in long
+    assert "multiplier" not in replay_note([27.482, 3601.0], 2.0)
+    assert "multiplier" not in replay_note([0.0, 3600.0], 1.0)
+
+
 def test_rows_over_max_model_len_are_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A row whose prompt and output exceed the server's max_model_len is left out with a note and the
     next row taken (the others keep their times); too few rows left is one line."""
@@ -216,6 +245,19 @@ def test_rows_over_max_model_len_are_left_out(tmp_path: Path, capsys: pytest.Cap
         ValueError, match="has 2 rows that fit the server's max_model_len 30, --num-prompts 3"
     ):
         timed_trace_requests(WordCounter(), path, 3, TimedTraceOptions(), seed=0, max_model_len=30)
+
+
+def test_a_trace_whose_rows_are_all_too_long_is_one_line(tmp_path: Path) -> None:
+    """No row fits max_model_len: the error says so and how to fix it (it said "has 0 rows that
+    fit ..., give --num-prompts 0 or fewer")."""
+    long = {"timestamp": 1, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 3]}
+    path = _trace(tmp_path / "t.jsonl", long, long)
+    with pytest.raises(ValueError) as e:
+        timed_trace_requests(WordCounter(), path, 1, TimedTraceOptions(), seed=0, max_model_len=30)
+    assert str(e.value) == (
+        f"--dataset-path {path}: none of its 2 rows fits the server's max_model_len 30 with its output "
+        "(line 1: 40 + 3 tokens in the trace); serve the model with a larger --max-model-len"
+    )
 
 
 def _serve(url: str, *extra: str) -> list[str]:
