@@ -94,12 +94,19 @@ class StepSampler:
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget the penalty state of finished requests; when none of the last batch is left,
         the dense rule rows too (an idle engine holds none, and an offline caller that changes a
-        ``logit_bias`` dict between ``generate`` calls gets it converted again)."""
+        ``logit_bias`` dict between ``generate`` calls gets it converted again).
+
+        A finished request of the last batch also ends its composition: a new request may take
+        its id (``LLMEngine.add_request`` accepts an id again once its request finished), and
+        the tensors built for the old one (its temperature, its logprobs width) must not serve
+        the new one."""
         request_ids = set(request_ids)
         for request_id in request_ids:
             self.penalty_states.pop(request_id, None)
-        if self._key is not None and request_ids.issuperset(self._key):
-            self.dense_rules.retain(())
+        if self._key is not None and not request_ids.isdisjoint(self._key):
+            if request_ids.issuperset(self._key):
+                self.dense_rules.retain(())
+            self._key = None
 
     def sample(
         self,
