@@ -924,6 +924,15 @@ class LLM:
         results: list[RequestOutput],
         finished: Callable[[int], object] | None = None,
     ) -> None:
+        """Step the engine until every request of ``children`` has finished, filling each
+        child's tokens, text and logprobs and ``results``' prompt fields; ``finished(1)`` is
+        called per finished request. Returns with the engine idle: no step in flight.
+
+        Raises:
+            ValueError: a request ended with an error (a grammar refused: status 4xx).
+            RuntimeError: a request ended with a server-side error (a grammar compile worker
+                failed), or as the executor raises.
+        """
         pending = set(children)
         while pending:
             outputs = self.engine.step()
@@ -965,6 +974,12 @@ class LLM:
                     pending.discard(out.request_id)
                     if finished is not None:
                         finished(1)
+        # Under asynchronous scheduling the step after the last one applied was launched before
+        # its requests were known to end (an EOS or stop token id, a stop string): wait for it
+        # and apply it now, so that the call returns with the engine idle, as vLLM's offline
+        # loop (its engine core steps until its batch queue is empty). Each of its tokens is of
+        # a finished request: nothing of it is reported.
+        self.engine.finish_in_flight()
 
 
 def _token_ids(p: Any) -> list[int] | None:

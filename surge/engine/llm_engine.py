@@ -776,6 +776,14 @@ class LLMEngine:
         return self._apply_in_flight()
 
     def has_unfinished_requests(self) -> bool:
+        """Whether :meth:`step` has work: a request waiting or running, one waiting for its
+        grammar, or a step in flight whose results are not applied yet (asynchronous scheduling;
+        it may hold only requests that have finished since its launch). This is vLLM's
+        ``EngineCore.has_work`` (its scheduler's requests or a batch in its queue), not its
+        ``LLMEngine.has_unfinished_requests`` (requests whose final output the caller awaits):
+        a loop that steps while it is True ends with the engine idle, as the server's engine
+        loop (:mod:`surge.engine.core_proc`) does; :meth:`finish_in_flight` settles the step in
+        flight without scheduling another."""
         return (
             self._in_flight is not None
             or self.scheduler.has_unfinished_requests()

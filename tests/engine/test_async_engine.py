@@ -107,3 +107,51 @@ def test_prompt_scoring_in_chunks_keeps_every_prompt_row() -> None:
         assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
         rows.append([None if r is None else sorted(r) for r in out.prompt_logprobs])
     assert rows[0] == rows[1]
+
+
+@pytest.fixture(scope="module")
+def sync_and_async() -> dict[bool, LLM]:
+    """A synchronous and an asynchronous ``LLM`` on stories260K, by ``async_scheduling``."""
+    return {mode: LLM(device="cpu", async_scheduling=mode) for mode in (False, True)}
+
+
+_PROMPTS = ["The dog", "Once upon a time", "Lily and Tim"]
+_EOS = 2  # stories260K's
+_ENDINGS = {
+    # logit_bias makes EOS the first greedy token (min_tokens would make every step wait for
+    # the one before: nothing in flight)
+    "eos": SamplingParams(temperature=0.0, max_tokens=30, logit_bias={_EOS: 100.0}),
+    "stop_token_ids": SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[426, 432]),  # "." ","
+    "stop_string": SamplingParams(temperature=0.0, max_tokens=30, stop=[" big", " a ", " play"]),
+}
+
+
+def _run_call(llm: LLM, call: str, params: SamplingParams) -> list[tuple[list[int], str, str | None]]:
+    if call == "generate":
+        results = llm.generate(_PROMPTS, params)
+    elif call == "chat":
+        results = llm.chat([[{"role": "user", "content": p}] for p in _PROMPTS], params)
+    else:
+        llm.enqueue(_PROMPTS, params)
+        results = llm.wait_for_completion()
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in results]
+
+
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+@pytest.mark.parametrize("call", ["generate", "chat", "wait_for_completion"])
+def test_offline_call_returns_with_the_engine_idle(
+    sync_and_async: dict[bool, LLM], call: str, ending: str
+) -> None:
+    """Every request of a call ends on EOS, a stop id or a stop string: under asynchronous
+    scheduling the step launched after the last one applied is settled before the call returns,
+    as vLLM's offline loop leaves its engine empty. It was left in flight (the engine had
+    unfinished work with no request in the scheduler, and the next call applied it)."""
+    got = {}
+    for mode, llm in sync_and_async.items():
+        got[mode] = _run_call(llm, call, _ENDINGS[ending])
+        assert all(reason == "stop" for _, _, reason in got[mode]), got[mode]
+        engine = llm.engine
+        assert not engine.has_unfinished_requests()
+        stats = engine.get_stats()
+        assert stats.num_running == stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
+    assert got[True] == got[False]
