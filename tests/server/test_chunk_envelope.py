@@ -16,6 +16,7 @@ class _Gen:
 
     prompt_tokens = 7
     completion_tokens = 3
+    prompt_tokens_details = False  # no --enable-prompt-tokens-details
     prompts = [SimpleNamespace(token_ids=[1] * 7)]
     choices = [SimpleNamespace(prompt_index=0, num_tokens=2), SimpleNamespace(prompt_index=0, num_tokens=1)]
 
@@ -55,7 +56,7 @@ def test_full_response_is_encoded_piece_by_piece_with_pauses() -> None:
 
     from surge.server.serving_common import full_response
 
-    gen = SimpleNamespace(prompt_tokens=3, completion_tokens=5)
+    gen = SimpleNamespace(prompt_tokens=3, completion_tokens=5, prompt_tokens_details=False)
     big = [
         {"index": i, "text": "x" * 200_000, "logprobs": {"tokens": [{"t": "a", "p": -0.5}] * 20_000}}
         for i in range(100)

@@ -94,13 +94,10 @@ def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(
 def test_stream_attention_flag_reaches_the_engine_config() -> None:
     """``--stream-attention`` is tri-state (default: wherever it can run), and refused in one line
     where it is asked for and could do nothing."""
-    import argparse
-
+    from surge.cli import build_parser
     from surge.engine.llm_engine import build_engine_config
-    from surge.server.cli import add_serve_parser
 
-    parser = argparse.ArgumentParser()
-    add_serve_parser(parser.add_subparsers(dest="command"))
+    parser = build_parser()
     assert parser.parse_args(["serve", "--model", "m"]).stream_attention is None
     assert parser.parse_args(["serve", "--model", "m", "--stream-attention"]).stream_attention is True
     assert parser.parse_args(["serve", "--model", "m", "--no-stream-attention"]).stream_attention is False
