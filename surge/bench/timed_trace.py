@@ -261,14 +261,15 @@ def surely_too_long(row: TraceRow, chunk_size: int, max_model_len: int) -> bool:
     100k-token prompt takes about a second).
 
     A prompt's decoded block ids re-tokenize to about, not exactly, as many tokens: random ids next
-    to each other can merge into one token. Measured over random prompts (``--seed`` draws):
-    Qwen3's and Llama 3.1's tokenizers count 1.03x to 1.07x the block tokens of 2,048-token prompts
-    (one merge can halve a 2-token prompt; 16-token prompts lose at most 2 tokens, 128-token
-    prompts at most 1 of 128), the bundled 512-token stories260K vocabulary 0.99x to 1.002x at 512
-    tokens or more. So a row is taken as too long only when its block tokens, less a quarter of
-    them and at least :data:`PRE_DROP_SLACK_TOKENS`, still exceed ``max_model_len`` less its output
-    (the chat template's tokens, which only add, are not counted): a row the count of its decoded
-    prompt would keep is never left out here; the others are counted as before."""
+    to each other can merge into one token. Measured over random draws: Qwen3's and Llama 3.1's
+    tokenizers count 1.03x to 1.07x the block tokens of 2,048-token prompts, and short prompts lose
+    at most 1 token (a 2-token prompt can merge into 1; 16- and 128-token prompts in 20,000 and
+    3,000 draws); the bundled stories260K's 512-piece vocabulary loses at most 2 of 16 and 3 of 128
+    tokens, 0.99x to 1.002x at 512 tokens or more, at most 5 tokens up to 6,000. So a row is taken
+    as too long only when its block tokens, less a quarter of them and at least
+    :data:`PRE_DROP_SLACK_TOKENS`, still exceed ``max_model_len`` less its output (the chat
+    template's tokens, which only add, are not counted): a row the count of its decoded prompt
+    would keep is not left out here; the others are counted as before."""
     built = block_tokens(row, chunk_size)
     return built - max(built // 4, PRE_DROP_SLACK_TOKENS) > max_model_len - row.output_length
 
