@@ -334,10 +334,27 @@ def serve_raw_sse(port: int, itl_ms: float, tokens: int) -> None:
     asyncio.run(main())
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+class ServerRefused(RuntimeError):
+    """The probed server exited at start with `surge`'s one-line error (e.g. a model folder whose
+    config it cannot load); the message is that line, without its ``surge: error:``."""
+
+
+def wait_port(
+    port: int, proc: subprocess.Popen[bytes], timeout: float = 300.0, log: Path | None = None
+) -> None:
+    """Wait until ``port`` takes connections from the server ``proc`` (its output in ``log``).
+
+    Raises:
+        ServerRefused: the server exited with `surge`'s one-line error (found in ``log``).
+        RuntimeError: the server exited otherwise, or did not listen within ``timeout`` s.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
+            errors = [line for line in text.splitlines() if line.startswith("surge: error: ")]
+            if errors:
+                raise ServerRefused(errors[-1].removeprefix("surge: error: "))
             raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -465,7 +482,7 @@ def mode_api(args: argparse.Namespace) -> list[dict[str, Any]]:
             flags += ["-dp", str(args.data_parallel_size)]
         srv = run_child(["_serve_fake", *flags], log)
         try:
-            wait_port(port, srv)
+            wait_port(port, srv, log=log)
             deadline = time.monotonic() + 120
             while True:  # every process named in the log (engine(s), API processes)
                 apis, engines = _pids_of(log)
@@ -606,6 +623,20 @@ def report_run(run: dict[str, Any], as_json: bool) -> None:
         print(f"  errors: {run['errors']}", flush=True)
 
 
+def check_model(prog: str, model: str) -> None:
+    """Exit 2 with one line ``PROG: error: ...`` unless ``model`` is a model folder the probed
+    server can start on with dummy weights: `surge serve`'s own check
+    (:func:`surge.cli.check_model_dir`), before any server or tokenizer starts (a bad folder was a
+    traceback once the server had died)."""
+    from surge.cli import CliError, check_model_dir
+
+    try:
+        check_model_dir(model, load_format="dummy")
+    except CliError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def report_medians(runs: list[dict[str, Any]]) -> None:
     print(f"median of {len(runs)} runs:")
     for k, v in runs[0].items():
@@ -651,7 +682,13 @@ def main() -> None:
     ap.add_argument("--log-dir", default="/tmp", help="api mode: where the server logs go (default /tmp)")
     ap.add_argument("--json", action="store_true", help="one JSON line per run")
     args = ap.parse_args()
-    runs = {"client": mode_client, "api": mode_api, "engine": mode_engine}[args.mode](args)
+    if args.mode == "api":
+        check_model(ap.prog, args.model)
+    try:
+        runs = {"client": mode_client, "api": mode_api, "engine": mode_engine}[args.mode](args)
+    except ServerRefused as e:
+        print(f"{ap.prog}: error: the server did not start: {e}", file=sys.stderr)
+        sys.exit(2)
     report_medians(runs)
 
 

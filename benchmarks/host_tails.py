@@ -281,7 +281,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
             env=env,
         )
     try:
-        hc.wait_port(port, srv)
+        hc.wait_port(port, srv, log=log)
         while " serving on http://" not in log.read_text(errors="replace"):
             if srv.poll() is not None:
                 raise RuntimeError(f"the server exited:\n{log.read_text()[-2000:]}")
@@ -539,9 +539,15 @@ def main() -> None:
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--json", action="store_true", help="one JSON line per run")
     args = ap.parse_args()
+    if args.endpoint != "engine":  # the engine mode runs the bundled model
+        hc.check_model(ap.prog, args.model)
     for _ in range(args.repeats):
         modes = {"engine": engine_run, "convoy": convoy_run}
-        run = modes.get(args.endpoint, one_run)(args)
+        try:
+            run = modes.get(args.endpoint, one_run)(args)
+        except hc.ServerRefused as e:
+            print(f"{ap.prog}: error: the server did not start: {e}", file=sys.stderr)
+            sys.exit(2)
         print(json.dumps(run), flush=True) if args.json else report(run)
 
 

@@ -466,7 +466,9 @@ def test_vllm_bench_dataset_order_flags_are_hinted() -> None:
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     for hint in (
         "--no-oversample: use nothing: Surge never sends a prompt twice",
-        "--disable-shuffle: use nothing: sharegpt and custom prompts are always in --seed's shuffled order",
+        # every dataset vLLM's flag concerns (it named sharegpt and custom only)
+        "--disable-shuffle: use nothing: sharegpt, custom, hf and prefix_repetition prompts are always in "
+        "--seed's shuffled order, the same for every run with that seed, and spec_bench's in vLLM's seed-0 order",
     ):
         assert hint in p.stderr, p.stderr
 

@@ -210,7 +210,8 @@ def add_bench_parser(subparsers: Any) -> None:
         help="max_tokens of every request (default 256, vLLM's random 128; with --dataset sharegpt, default: each "
         "conversation's reply length, as vLLM; with prefix_repetition 128, vLLM's); sets the dataset's own "
         "output length (--random-output-len, --sharegpt-output-len, --custom-output-len, "
-        "--prefix-repetition-output-len, --sonnet-output-len, --spec-bench-output-len, --hf-output-len) as in vLLM",
+        "--prefix-repetition-output-len, --sonnet-output-len, --spec-bench-output-len, --hf-output-len) as in vLLM; "
+        "refused with --dataset timed_trace and burstgpt, whose rows give each request's output length",
     )
     p.add_argument(
         "--random-input-len",
@@ -768,6 +769,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from surge.bench.serve import FILE_DATASET_NAMES, FILE_DATASETS, run_serve
 
     for flag, value in (
+        ("--input-len", args.input_len),
+        ("--random-input-len", args.random_input_len),
+        ("--sonnet-input-len", args.sonnet_input_len),
         ("--output-len", args.output_len),
         ("--random-output-len", args.random_output_len),
         ("--sharegpt-output-len", args.sharegpt_output_len),

@@ -266,7 +266,17 @@ _SETTINGS = (
     "hf_subset",
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
-dataset and its settings: ``bench serve`` results record them; matrix points are random)."""
+dataset and its settings: ``bench serve`` results record them; matrix points are random), and
+the ``seed`` of a dataset of :data:`SEEDED_ROW_DATASETS`."""
+
+
+SEEDED_ROW_DATASETS = frozenset({"sharegpt", "custom", "burstgpt", "hf"})
+"""Datasets whose ``--seed`` picks which rows of a file are sent (each with its own prompt and
+lengths): two runs with other seeds sent another workload, and ``compare_points`` says so. The
+seed of the others draws fresh content of the same shape (``random`` and ``prefix_repetition``:
+random tokens of the same lengths, and a matrix point's seed is its own by design; ``sonnet``: the
+file's lines drawn under the same instruction and prefix; ``timed_trace``: the blocks' random
+tokens, same lengths and sharing) or is unused (``spec_bench``: vLLM's fixed seed 0)."""
 
 
 def compare_points(
@@ -292,6 +302,11 @@ def compare_points(
                     continue  # a matrix row's count is points x repeats
                 if name in b and name in n and b[name] != n[name]:
                     cmp.mismatches.append((key, name, b[name], n[name]))
+            same_rows_dataset = b.get("dataset") in SEEDED_ROW_DATASETS and b.get("dataset") == n.get(
+                "dataset"
+            )
+            if same_rows_dataset and "seed" in b and "seed" in n and b["seed"] != n["seed"]:
+                cmp.mismatches.append((key, "seed", b["seed"], n["seed"]))
             ratio = float(n[metric]) / float(b[metric])
             cmp.rows.append((key, float(b[metric]), float(n[metric]), ratio))
             rb, rn = run_values(b, metric), run_values(n, metric)
@@ -325,7 +340,10 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
         "|---:|---:|---:|---:|---:|---:|:---|",
     ]
     if cmp.mismatches:
-        shown = "; ".join(f"{_label(k)} {name} {b!r} vs {n!r}" for k, name, b, n in cmp.mismatches[:5])
+        shown = "; ".join(
+            f"{_label(k)} {name} {b!r} vs {n!r}" + (" (other prompts)" if name == "seed" else "")
+            for k, name, b, n in cmp.mismatches[:5]
+        )
         more = f" (and {len(cmp.mismatches) - 5} more)" if len(cmp.mismatches) > 5 else ""
         lines[1:1] = ["", f"**Warning: the runs were measured differently:** {shown}{more}."]
     for key, vb, vn, r in cmp.rows:

@@ -195,6 +195,8 @@ class ServeConfig:
         """Raises ValueError with a one-line message on a bad value."""
         if self.dataset not in DATASETS:
             raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.num_prompts < 1:
+            raise ValueError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.dataset in FILE_DATASETS and not self.dataset_path:
             raise ValueError(
                 f"--dataset {self.dataset} needs --dataset-path FILE ({FILE_DATASETS[self.dataset]})"
@@ -271,8 +273,9 @@ class ServeConfig:
             raise ValueError(
                 f"--endpoint must be /v1/chat/completions or /v1/completions, got {self.endpoint!r}"
             )
-        if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
-            raise ValueError("--num-prompts, --input-len and --output-len must be >= 1")
+        for flag, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
+            if value < 1:  # the CLI refuses a length flag below 1 of any dataset first, naming it
+                raise ValueError(f"{flag} must be >= 1, got {value}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         for ratio in (self.random_range_ratio, self.output_range_ratio):

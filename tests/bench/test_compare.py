@@ -302,3 +302,46 @@ def test_runs_measured_differently_are_flagged(tmp_path: Path, capsys: pytest.Ca
     assert cmp.mismatches == [((1, 8, 4), "endpoint", "/v1/chat/completions", "/v1/completions")]
     same = compare_points(load_points(x), load_points(x))
     assert same.mismatches == []
+
+
+@pytest.mark.parametrize(
+    ("dataset", "warned"),
+    [
+        ("sharegpt", True),
+        ("custom", True),
+        ("burstgpt", True),
+        ("hf", True),
+        ("random", False),  # fresh random tokens of the same lengths (a matrix point's seed is its own)
+        ("prefix_repetition", False),
+        ("sonnet", False),  # the file's lines drawn under the same instruction and prefix
+        ("timed_trace", False),  # the blocks' random tokens, same lengths and sharing
+        ("spec_bench", False),  # vLLM's seed 0 whatever --seed says
+    ],
+)
+def test_a_seed_that_picks_other_rows_is_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dataset: str, warned: bool
+) -> None:
+    """Two runs of a dataset whose --seed picks which rows of the file are sent, with other seeds,
+    sent other prompts: the report and stderr say so (nothing did); where the seed only draws fresh
+    content of the same shape, or is unused, the comparison stays quiet."""
+    common = {"dataset": dataset, "num_prompts": 16, "completed": 16, "failed": 0, "output_throughput": 10.0}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**common, "seed": 0}))
+    b.write_text(json.dumps({**common, "seed": 1}))
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    cap = capsys.readouterr()
+    assert ("C16/I0/O0 seed 0 vs 1 (other prompts)." in cap.out) == warned, cap.out
+    assert ("different settings at 1 point(s)" in cap.err) == warned, cap.err
+    same = load_points(a)
+    assert compare_points(same, same).mismatches == []
+
+
+def test_matrix_runs_of_other_seeds_are_not_flagged(tmp_path: Path) -> None:
+    """Matrix points draw per-point seeds by design (random prompts of the point's lengths): two
+    matrix runs with another --seed compare without a warning."""
+    x = _write(tmp_path / "x", [{**_pt(1, 8, 4, 1.0), "repeats": 1}])
+    data = json.loads((x / "summary.json").read_text())
+    (x / "summary.json").write_text(json.dumps({**data, "seed": 0}))
+    y = _write(tmp_path / "y", [])
+    (y / "summary.json").write_text(json.dumps({**data, "seed": 1}))
+    assert compare_points(load_points(x), load_points(y)).mismatches == []

@@ -1,4 +1,5 @@
-"""benchmarks/host_ceiling.py: each mode runs at a tiny size and reports consistent figures."""
+"""benchmarks/host_ceiling.py: each mode runs at a tiny size and reports consistent figures; it and
+benchmarks/host_tails.py answer a bad --model in one line."""
 
 from __future__ import annotations
 
@@ -81,3 +82,45 @@ def test_parser_keeps_a_partial_line_across_many_events() -> None:
 )
 def test_counts_as_output_rule(delta: dict, counts: bool) -> None:
     assert counts_as_output({"delta": delta}, chat=True) is counts
+
+
+TAILS = REPO / "benchmarks" / "host_tails.py"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [str(TOOL), "api"],
+        [str(TAILS), "--endpoint", "chat", "--port", "8922"],
+        [str(TAILS), "--endpoint", "convoy"],
+    ],
+)
+def test_a_bad_model_is_one_line(tmp_path: Path, argv: list[str]) -> None:
+    """A bad --model is `surge`'s one line and exit 2 (it was a traceback once the server had died,
+    or from the tokenizer): a missing folder and one without tokenizer files before any server
+    starts, a config the server cannot load with the server's own line."""
+    (tmp_path / "no_tokenizer").mkdir()
+    (tmp_path / "no_tokenizer" / "config.json").write_text("{}")
+    bad_config = tmp_path / "bad_config"
+    bad_config.mkdir()
+    for f in STORIES.glob("tokenizer*"):
+        (bad_config / f.name).write_bytes(f.read_bytes())
+    (bad_config / "config.json").write_text('{"model_type": "gpt2"}')
+    cases = [
+        (tmp_path / "nope", "no such folder"),
+        (tmp_path / "no_tokenizer", "the folder has no tokenizer"),
+    ]
+    if "convoy" not in argv:
+        cases.append((bad_config, "the server did not start: model: "))
+    prog = Path(argv[0]).name
+    for model, words in cases:
+        out = subprocess.run(
+            [sys.executable, *argv, "--model", str(model), "--log-dir", str(tmp_path), "--repeats", "1"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=REPO,
+        )
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert out.stderr.startswith(f"{prog}: error: ") and out.stderr.count("\n") == 1, out.stderr
+        assert words in out.stderr, out.stderr

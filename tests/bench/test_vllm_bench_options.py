@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import bench_main
+from conftest import SHARED, SHAREGPT, bench_main
 from fake_server import Behaviour, FakeServer
 
 from surge.bench.matrix import reset_prefix_cache
@@ -231,3 +231,76 @@ def test_insecure_benchmarks_an_https_server_with_a_self_signed_certificate(
         assert b.seen == 2
         assert reset_prefix_cache(s.url, None, insecure=True) is True and b.resets == 1
         assert reset_prefix_cache(s.url, None) is None  # unverified: cannot be reached
+
+
+def test_output_len_help_names_the_datasets_that_refuse_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--output-len is refused with --dataset timed_trace and burstgpt (their rows give the
+    lengths): its help says so (it listed the datasets it sets only)."""
+    from surge.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "1000")  # no word broken at a hyphen
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "serve", "--help"])
+    out = capsys.readouterr().out
+    text = " ".join(
+        out.rsplit("--output-len OUTPUT_LEN", 1)[1].split("--random-input-len RANDOM_INPUT_LEN")[0].split()
+    )
+    assert "refused with --dataset timed_trace and burstgpt, whose rows give" in text, text
+
+
+def _dataset_flags(tmp_path: Path) -> dict[str, list[str]]:
+    """Each dataset with a file it reads (the tests' own, or ../shared's)."""
+    (tmp_path / "c.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "s.txt").write_text("a line\nanother line\n")
+    (tmp_path / "b.csv").write_text("Model,Request tokens,Response tokens\nGPT-4,3,4\n")
+    mt_bench = str(SHARED / "datasets" / "mt_bench" / "question.jsonl")
+    return {
+        "random": [],
+        "prefix_repetition": [],
+        "sharegpt": ["--dataset-path", str(SHAREGPT)],
+        "custom": ["--dataset-path", str(tmp_path / "c.jsonl")],
+        "sonnet": ["--dataset-path", str(tmp_path / "s.txt")],
+        "burstgpt": ["--dataset-path", str(tmp_path / "b.csv")],
+        "spec_bench": ["--dataset-path", mt_bench],
+        "hf": ["--dataset-path", mt_bench, "--hf-name", "philschmid/mt-bench"],
+        "timed_trace": ["--dataset-path", str(Path(__file__).parent / "data" / "timed_trace_example.jsonl")],
+    }
+
+
+def test_bad_counts_and_lengths_name_their_own_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--num-prompts 0 is one line naming --num-prompts alone with every dataset (it named
+    --input-len and --output-len too, which most datasets do not take, and prefix_repetition said
+    it was below --prefix-repetition-num-prefixes); an input length below 1 names the flag given
+    (random's --input-len 0 was "--sonnet-input-len must be >= 1", --random-input-len 0 was
+    "--input-len ...")."""
+    flags = _dataset_flags(tmp_path)
+    behaviour = Behaviour()
+    with FakeServer(behaviour) as s:
+        for dataset, extra in flags.items():
+            for n in ("0", "-3"):
+                rc = bench_main(_serve(s.url, "--dataset", dataset, *extra, "--num-prompts", n))
+                err = capsys.readouterr().err
+                assert rc == 2 and err == f"surge: error: --num-prompts must be >= 1, got {n}\n", (
+                    dataset,
+                    err,
+                )
+        for extra, words in (
+            (["--input-len", "0"], "--input-len must be >= 1, got 0"),
+            (["--random-input-len", "0"], "--random-input-len must be >= 1, got 0"),
+            (
+                [*flags["sonnet"], "--dataset", "sonnet", "--input-len", "0"],
+                "--input-len must be >= 1, got 0",
+            ),
+            (
+                [*flags["sonnet"], "--dataset", "sonnet", "--sonnet-input-len", "0"],
+                "--sonnet-input-len must be",
+            ),
+        ):
+            assert bench_main(_serve(s.url, *extra)) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"surge: error: {words}") and err.count("\n") == 1, err
+    assert behaviour.seen == 0

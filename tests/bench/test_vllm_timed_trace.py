@@ -22,7 +22,16 @@ from conftest import QWEN3_8B, bench_main
 from fake_server import Behaviour, FakeServer, encode
 
 from surge.bench.compare import compare_points, load_points
-from surge.bench.timed_trace import TimedTraceOptions, block_seed, replay_note, timed_trace_requests
+from surge.bench.timed_trace import (
+    PRE_DROP_SLACK_TOKENS,
+    TimedTraceOptions,
+    TraceRow,
+    block_seed,
+    block_tokens,
+    replay_note,
+    surely_too_long,
+    timed_trace_requests,
+)
 from surge.bench.tokens import HFTokenCounter
 
 EXAMPLE = Path(__file__).parent / "data" / "timed_trace_example.jsonl"
@@ -245,6 +254,65 @@ def test_rows_over_max_model_len_are_left_out(tmp_path: Path, capsys: pytest.Cap
         ValueError, match="has 2 rows that fit the server's max_model_len 30, --num-prompts 3"
     ):
         timed_trace_requests(WordCounter(), path, 3, TimedTraceOptions(), seed=0, max_model_len=30)
+
+
+class RecordingCounter(WordCounter):
+    """The word counter that records how many ids each decode gets; with ``merge``, the server
+    counts every two words of a prompt as one token (as random ids that merge on re-tokenizing)."""
+
+    def __init__(self, merge: bool = False) -> None:
+        self.decoded: list[int] = []
+        self.merge = merge
+
+    def decode(self, ids: list[int]) -> str:
+        self.decoded.append(len(ids))
+        return super().decode(ids)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = super().encode(text, add_special_tokens)
+        return ids[: int(add_special_tokens)] + ids[int(add_special_tokens) :: 2] if self.merge else ids
+
+
+def test_rows_far_over_max_model_len_are_left_out_unbuilt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row far over max_model_len with its output is left out before its prompt is built (a
+    100k-token row was decoded and counted first, about a second each); a row whose hashes cover
+    fewer tokens than its input length is judged by the tokens they cover (vLLM's shorter prompt,
+    which fits), and a row over by less than the pre-check's slack is still counted: it fits when
+    its text re-tokenizes to fewer tokens."""
+    huge = {"timestamp": 1, "input_length": 5000, "output_length": 3, "hash_ids": list(range(313))}
+    short = {"timestamp": 2, "input_length": 5000, "output_length": 3, "hash_ids": [7]}  # 16 tokens
+    near = {"timestamp": 3, "input_length": 1100, "output_length": 3, "hash_ids": list(range(69))}
+    path = _trace(tmp_path / "t.jsonl", GOOD, huge, short, near)
+    counter = RecordingCounter(merge=True)
+    got = timed_trace_requests(counter, path, 3, TimedTraceOptions(), seed=0, max_model_len=1000)
+    assert [(s.timestamp, s.prompt_len) for s in got] == [(0.0, 11), (2.0, 9), (3.0, 551)]
+    assert counter.decoded == [20, 16, 1100]  # the 5000-token row was never decoded
+    assert (
+        "1 rows left out: their prompt and output exceed the server's max_model_len 1000 (line 2: 5000 + 3"
+        in (capsys.readouterr().err)
+    )
+    plain = RecordingCounter()  # counted at its block tokens, the near row is over: left out after counting
+    with pytest.raises(
+        ValueError, match="has 2 rows that fit the server's max_model_len 1000, --num-prompts 3"
+    ):
+        timed_trace_requests(plain, path, 3, TimedTraceOptions(), seed=0, max_model_len=1000)
+    assert plain.decoded == [20, 16, 1100]
+
+
+@pytest.mark.parametrize("built", [1025, 2048, 4096, 100_000])
+def test_the_pre_check_leaves_room_for_re_tokenizing(built: int) -> None:
+    """A row is left out unbuilt only when its block tokens, less a quarter and at least 1024
+    (far more than measured tokenizers lose to merges), are over the room its output leaves; a
+    row of at most 1024 block tokens is always counted while its output fits."""
+    row = TraceRow(0.0, built, 10, tuple(range(built // 16 + 1)), 1)
+    room = built - max(built // 4, PRE_DROP_SLACK_TOKENS)
+    assert block_tokens(row, 16) == built
+    assert not surely_too_long(row, 16, room + 10)  # it could fit were it counted at `room`
+    assert surely_too_long(row, 16, room + 9)
+    assert not surely_too_long(TraceRow(0.0, 1024, 10, row.hash_ids, 1), 16, 11)
+    assert block_tokens(TraceRow(0.0, built, 10, (1,), 1), 16) == 16  # the hashes cover 16 tokens
 
 
 def test_a_trace_whose_rows_are_all_too_long_is_one_line(tmp_path: Path) -> None:
