@@ -299,6 +299,13 @@ def add_serve_parser(subparsers: Any) -> None:
         "cached_tokens, the prompt tokens served from the prefix cache",
     )
     p.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="vLLM's flag: every chat and completions stream carries the usage whatever its "
+        "stream_options ask, as with include_usage and continuous_usage_stats: each chunk the usage "
+        "of its choice so far, then a final usage-only chunk (non-streamed answers always carry it)",
+    )
+    p.add_argument(
         "--enable-tokenizer-info-endpoint",
         action="store_true",
         help="vLLM's flag: serve GET /tokenizer_info (the tokenizer's configuration and the chat "
@@ -359,6 +366,12 @@ def add_serve_parser(subparsers: Any) -> None:
         "--disable-web-ui",
         action="store_true",
         help="do not serve the playground (/) and dashboard (/dashboard)",
+    )
+    p.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="vLLM's flag: do not serve the OpenAPI schema (/openapi.json), Swagger UI (/docs) or "
+        "ReDoc (/redoc)",
     )
     p.add_argument(
         "--log-level",
@@ -594,6 +607,8 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         enable_server_load_tracking=args.enable_server_load_tracking,
+        enable_force_include_usage=args.enable_force_include_usage,
+        disable_fastapi_docs=args.disable_fastapi_docs,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers

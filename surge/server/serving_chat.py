@@ -101,6 +101,7 @@ async def prepare_chat(
     """
     state.check_model(body.model)
     body.check_unimplemented()
+    body.check_usage_options(state.force_include_usage)
     if not render:
         body.refuse_render_only()
     state.check_priority(body.priority)
@@ -248,7 +249,14 @@ async def create_chat_completion(
             extra["prompt_text"] = prepared.prompt_text
         return await full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
-    env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
+    env = ChunkEnvelope(
+        request_id,
+        "chat.completion.chunk",
+        created,
+        model,
+        gen,
+        usage_in_chunks(body, state.force_include_usage),
+    )
 
     parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
 
@@ -308,7 +316,7 @@ async def create_chat_completion(
             chunks.append(env.chunk([choice]))
         return chunks
 
-    usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
+    usage = (lambda: env.usage_chunk(gen)) if env.usage_in_chunks != "omit" else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
 
 
