@@ -685,6 +685,8 @@ class ServeOptions:
         enable_force_include_usage: every chat and completions stream carries the usage, as
             with ``stream_options`` ``include_usage`` and ``continuous_usage_stats`` (vLLM's flag).
         disable_fastapi_docs: no ``/openapi.json``, ``/docs`` or ``/redoc`` (vLLM's flag).
+        response_role: the ``role`` of chat completions answers under ``add_generation_prompt``
+            (vLLM's ``--response-role``).
     """
 
     host: str = "127.0.0.1"
@@ -722,6 +724,7 @@ class ServeOptions:
     enable_server_load_tracking: bool = False
     enable_force_include_usage: bool = False
     disable_fastapi_docs: bool = False
+    response_role: str = "assistant"
 
 
 async def run_server(
@@ -833,6 +836,7 @@ async def run_server(
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
         prompt_tokens_details=options.enable_prompt_tokens_details,
         force_include_usage=options.enable_force_include_usage,
+        response_role=options.response_role,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),

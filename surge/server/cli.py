@@ -56,7 +56,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--enable-request-id-headers": "nothing: every response carries its X-Request-Id header",
-    "--response-role": "nothing: the answer's role is assistant (vLLM's default)",
     "--chat-template-content-format": "nothing: each message's content reaches the chat template as one string, "
     "its text parts joined by newlines (vLLM's 'string')",
 }
@@ -260,6 +259,14 @@ def add_serve_parser(subparsers: Any) -> None:
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
+    p.add_argument(
+        "--response-role",
+        default="assistant",
+        metavar="ROLE",
+        help="vLLM's flag: the role of chat completions answers (message.role, the streamed role chunk) "
+        "when the request has add_generation_prompt true; else the answer takes the last message's role "
+        "(default assistant)",
+    )
     p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
@@ -609,6 +616,7 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_force_include_usage=args.enable_force_include_usage,
         disable_fastapi_docs=args.disable_fastapi_docs,
+        response_role=args.response_role,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers

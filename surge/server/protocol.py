@@ -406,16 +406,23 @@ class ChatCompletionRequest(SamplingRequestFields):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    @property
-    def echo_text(self) -> str:
+    def answer_role(self, response_role: str = "assistant") -> str:
+        """The answer's ``role``, vLLM's ``get_chat_request_role``: ``response_role`` (the
+        server's ``--response-role``) under ``add_generation_prompt``, else the last message's
+        own role (the prompt continues that message)."""
+        if self.add_generation_prompt or not self.messages:
+            return response_role
+        return self.messages[-1].role
+
+    def echo_text(self, response_role: str = "assistant") -> str:
         """vLLM's chat ``echo``: the text the answer's content starts with, the last message's
-        content when that message has the answer's role (``assistant``, or the last message's own
-        role under ``add_generation_prompt: false``, as vLLM's ``get_chat_request_role``), else
-        (and without ``echo``) ``""``. Text parts are joined by newlines."""
+        content when that message has the answer's role (:meth:`answer_role`: ``response_role``,
+        or the last message's own role under ``add_generation_prompt: false``), else (and
+        without ``echo``) ``""``. Text parts are joined by newlines."""
         if not self.echo or not self.messages:
             return ""
         last = self.messages[-1]
-        if self.add_generation_prompt and last.role != "assistant":
+        if last.role != self.answer_role(response_role):
             return ""
         try:
             return content_text(last.content)

@@ -86,6 +86,8 @@ class ServerState:
         force_include_usage: every chat and completions stream carries the usage as if it
             asked for ``stream_options.include_usage`` and ``continuous_usage_stats``
             (``--enable-force-include-usage``, vLLM's).
+        response_role: the ``role`` of chat answers under ``add_generation_prompt``
+            (``--response-role``, vLLM's; else the last message's role).
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
             stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
@@ -126,6 +128,7 @@ class ServerState:
     return_tokens_as_token_ids: bool = False
     prompt_tokens_details: bool = False
     force_include_usage: bool = False
+    response_role: str = "assistant"
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
