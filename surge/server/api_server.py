@@ -190,6 +190,7 @@ def build_app(
     server_pid: int | None = None,
     tokenizer_info: bool = False,
     load_tracking: bool = False,
+    api_docs: bool = True,
 ) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -203,6 +204,9 @@ def build_app(
         tokenizer_info: serve ``GET /tokenizer_info`` (``--enable-tokenizer-info-endpoint``).
         load_tracking: count the requests ``GET /load`` answers (``--enable-server-load-tracking``;
             else it answers 0, as vLLM's).
+        api_docs: serve the OpenAPI schema (``/openapi.json``), Swagger UI (``/docs``, with
+            ``/docs/oauth2-redirect``) and ReDoc (``/redoc``); ``--disable-fastapi-docs`` turns
+            all of them off (404), as vLLM's flag does.
     """
 
     @asynccontextmanager
@@ -217,7 +221,8 @@ def build_app(
 
     # no 307 to the path without its trailing slash (an empty body, which curl and httpx do not
     # follow): ``DELETE /v1/responses/`` is a 404 error body, as OpenAI answers an unknown URL
-    app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan, redirect_slashes=False)
+    docs: dict[str, Any] = {} if api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan, redirect_slashes=False, **docs)
     app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
     # Added innermost first: the load count (only requests let through), the drain gate (503),
     # the API key and body limits (RequestGuard), CORS (a browser's preflight carries no key),
@@ -677,6 +682,11 @@ class ServeOptions:
             ``prompt_tokens_details.cached_tokens`` (vLLM's flag).
         enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (vLLM's flag).
         enable_server_load_tracking: count the requests ``GET /load`` answers (vLLM's flag).
+        enable_force_include_usage: every chat and completions stream carries the usage, as
+            with ``stream_options`` ``include_usage`` and ``continuous_usage_stats`` (vLLM's flag).
+        disable_fastapi_docs: no ``/openapi.json``, ``/docs`` or ``/redoc`` (vLLM's flag).
+        response_role: the ``role`` of chat completions answers under ``add_generation_prompt``
+            (vLLM's ``--response-role``).
     """
 
     host: str = "127.0.0.1"
@@ -712,6 +722,9 @@ class ServeOptions:
     enable_prompt_tokens_details: bool = False
     enable_tokenizer_info_endpoint: bool = False
     enable_server_load_tracking: bool = False
+    enable_force_include_usage: bool = False
+    disable_fastapi_docs: bool = False
+    response_role: str = "assistant"
 
 
 async def run_server(
@@ -822,6 +835,8 @@ async def run_server(
         log_requests=options.log_requests,
         return_tokens_as_token_ids=options.return_tokens_as_token_ids,
         prompt_tokens_details=options.enable_prompt_tokens_details,
+        force_include_usage=options.enable_force_include_usage,
+        response_role=options.response_role,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),
@@ -861,6 +876,7 @@ async def run_server(
         server_pid=server_pid,
         tokenizer_info=options.enable_tokenizer_info_endpoint,
         load_tracking=options.enable_server_load_tracking,
+        api_docs=not options.disable_fastapi_docs,
     )
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.

@@ -56,7 +56,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--enable-request-id-headers": "nothing: every response carries its X-Request-Id header",
-    "--response-role": "nothing: the answer's role is assistant (vLLM's default)",
     "--chat-template-content-format": "nothing: each message's content reaches the chat template as one string, "
     "its text parts joined by newlines (vLLM's 'string')",
 }
@@ -261,6 +260,14 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
     p.add_argument(
+        "--response-role",
+        default="assistant",
+        metavar="ROLE",
+        help="vLLM's flag: the role of chat completions answers (message.role, the streamed role chunk) "
+        "when the request has add_generation_prompt true; else the answer takes the last message's role "
+        "(default assistant)",
+    )
+    p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="accept a request's own chat_template (a template is code the server runs: off by default, "
@@ -297,6 +304,13 @@ def add_serve_parser(subparsers: Any) -> None:
         action="store_true",
         help="vLLM's flag: chat and completions usage (streamed too) carries prompt_tokens_details."
         "cached_tokens, the prompt tokens served from the prefix cache",
+    )
+    p.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="vLLM's flag: every chat and completions stream carries the usage whatever its "
+        "stream_options ask, as with include_usage and continuous_usage_stats: each chunk the usage "
+        "of its choice so far, then a final usage-only chunk (non-streamed answers always carry it)",
     )
     p.add_argument(
         "--enable-tokenizer-info-endpoint",
@@ -359,6 +373,12 @@ def add_serve_parser(subparsers: Any) -> None:
         "--disable-web-ui",
         action="store_true",
         help="do not serve the playground (/) and dashboard (/dashboard)",
+    )
+    p.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="vLLM's flag: do not serve the OpenAPI schema (/openapi.json), Swagger UI (/docs) or "
+        "ReDoc (/redoc)",
     )
     p.add_argument(
         "--log-level",
@@ -594,6 +614,9 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         enable_server_load_tracking=args.enable_server_load_tracking,
+        enable_force_include_usage=args.enable_force_include_usage,
+        disable_fastapi_docs=args.disable_fastapi_docs,
+        response_role=args.response_role,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers

@@ -93,8 +93,8 @@ class StreamOptions(BaseModel):
     """``stream_options`` (only with ``stream: true``, else a 400 as in vLLM): ``include_usage``
     adds one final chunk with the usage of every choice; ``continuous_usage_stats`` (vLLM), only
     with ``include_usage`` (alone it is a 400: vLLM would ignore it), also puts in every choices
-    chunk the usage of that chunk's choice so far; ``include_obfuscation`` is inert (Surge never pads
-    chunks)."""
+    chunk the usage of that chunk's choice so far (``--enable-force-include-usage`` turns on both for
+    every stream, as vLLM's flag); ``include_obfuscation`` is inert (Surge never pads chunks)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = False
@@ -257,22 +257,29 @@ class SamplingRequestFields(RequestBody):
             raise bad_request("cache_salt must be a non-empty string if provided", param="cache_salt")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true", param="stream_options")
-        if (
-            self.stream_options is not None
-            and self.stream_options.continuous_usage_stats
-            and not self.include_usage
-        ):
-            # vLLM ignores it then; a field must work or be refused
-            raise bad_request(
-                "stream_options.continuous_usage_stats needs stream_options.include_usage: true",
-                param="stream_options.continuous_usage_stats",
-            )
         if self.truncate_prompt_tokens is not None and not (
             self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1
         ):
             raise bad_request(
                 f"truncate_prompt_tokens must be -1 or at least 1, got {self.truncate_prompt_tokens}",
                 param="truncate_prompt_tokens",
+            )
+
+    def check_usage_options(self, force_include_usage: bool = False) -> None:
+        """Raise a 400 ApiError naming ``stream_options.continuous_usage_stats`` when it is set
+        without ``include_usage`` and would do nothing (vLLM ignores it then; a field must work
+        or be refused). Under ``--enable-force-include-usage`` (``force_include_usage``) every
+        stream carries the running usage anyway, as vLLM's, so the field is honoured and
+        allowed."""
+        if (
+            not force_include_usage
+            and self.stream_options is not None
+            and self.stream_options.continuous_usage_stats
+            and not self.include_usage
+        ):
+            raise bad_request(
+                "stream_options.continuous_usage_stats needs stream_options.include_usage: true",
+                param="stream_options.continuous_usage_stats",
             )
 
     RENDER_ONLY: ClassVar[tuple[str, ...]] = ("return_token_offsets",)
@@ -399,16 +406,23 @@ class ChatCompletionRequest(SamplingRequestFields):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    @property
-    def echo_text(self) -> str:
+    def answer_role(self, response_role: str = "assistant") -> str:
+        """The answer's ``role``, vLLM's ``get_chat_request_role``: ``response_role`` (the
+        server's ``--response-role``) under ``add_generation_prompt``, else the last message's
+        own role (the prompt continues that message)."""
+        if self.add_generation_prompt or not self.messages:
+            return response_role
+        return self.messages[-1].role
+
+    def echo_text(self, response_role: str = "assistant") -> str:
         """vLLM's chat ``echo``: the text the answer's content starts with, the last message's
-        content when that message has the answer's role (``assistant``, or the last message's own
-        role under ``add_generation_prompt: false``, as vLLM's ``get_chat_request_role``), else
-        (and without ``echo``) ``""``. Text parts are joined by newlines."""
+        content when that message has the answer's role (:meth:`answer_role`: ``response_role``,
+        or the last message's own role under ``add_generation_prompt: false``), else (and
+        without ``echo``) ``""``. Text parts are joined by newlines."""
         if not self.echo or not self.messages:
             return ""
         last = self.messages[-1]
-        if self.add_generation_prompt and last.role != "assistant":
+        if last.role != self.answer_role(response_role):
             return ""
         try:
             return content_text(last.content)

@@ -101,6 +101,7 @@ async def prepare_chat(
     """
     state.check_model(body.model)
     body.check_unimplemented()
+    body.check_usage_options(state.force_include_usage)
     if not render:
         body.refuse_render_only()
     state.check_priority(body.priority)
@@ -210,7 +211,8 @@ async def create_chat_completion(
     strings = state.token_strings
     names = state.logprob_tokens(body)
     return_ids = bool(body.return_token_ids)
-    echo = body.echo_text
+    echo = body.echo_text(state.response_role)
+    role = body.answer_role(state.response_role)
 
     def logprobs_of(rows: LogprobsLists | None) -> dict[str, Any] | None:
         if lp.logprobs is None:
@@ -226,6 +228,7 @@ async def create_chat_completion(
         for i, (text, finish, stop) in sorted(results.items()):
             await turn.pause()
             message, finish = plan.message(text, finish)
+            message["role"] = role
             if echo:  # vLLM: the echoed message first, whatever the answer holds
                 message["content"] = echo + (message.get("content") or "")
             choice: dict[str, Any] = {
@@ -248,9 +251,17 @@ async def create_chat_completion(
             extra["prompt_text"] = prepared.prompt_text
         return await full_response(request_id, "chat.completion", created, model, choices, gen, **extra)
 
-    env = ChunkEnvelope(request_id, "chat.completion.chunk", created, model, gen, usage_in_chunks(body))
+    env = ChunkEnvelope(
+        request_id,
+        "chat.completion.chunk",
+        created,
+        model,
+        gen,
+        usage_in_chunks(body, state.force_include_usage),
+    )
 
     parsers = {c.index: p for c in gen.choices if (p := plan.new_parser()) is not None}
+    role_delta = {"role": role, "content": ""}
 
     def running_usage() -> dict[str, Any]:
         """With ``continuous_usage_stats``, the usage of a chunk sent before any token: the
@@ -265,7 +276,7 @@ async def create_chat_completion(
         ``continuous_usage_stats``, the prompt's tokens and none generated, as vLLM; with
         ``return_token_ids``, the prompt's ids at the top level, as vLLM's role chunks; with
         ``return_prompt_text``, the templated prompt's text: each choice's role chunk, as vLLM's)."""
-        choice = {"index": index, "delta": _ROLE_DELTA, "logprobs": None, "finish_reason": None}
+        choice = {"index": index, "delta": role_delta, "logprobs": None, "finish_reason": None}
         extra = running_usage()
         if return_ids:
             extra["prompt_token_ids"] = prompt_ids
@@ -308,7 +319,7 @@ async def create_chat_completion(
             chunks.append(env.chunk([choice]))
         return chunks
 
-    usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
+    usage = (lambda: env.usage_chunk(gen)) if env.usage_in_chunks != "omit" else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
 
 
@@ -364,7 +375,8 @@ async def create_batch_chat_completion(
         await turn.pause()
         prompt = prompts[i]
         message, finish = prompt.plan.message(text, finish)
-        echo = conversations[i].echo_text
+        message["role"] = conversations[i].answer_role(state.response_role)
+        echo = conversations[i].echo_text(state.response_role)
         if echo:
             message["content"] = echo + (message.get("content") or "")
         rows = _all_rows(gen, i)
@@ -408,9 +420,6 @@ def _in_conversation(error: ApiError, index: int) -> ApiError:
     else:
         message = f"{where}: {message}"
     return ApiError(error.status, message, param=param, code=error.code)
-
-
-_ROLE_DELTA = {"role": "assistant", "content": ""}
 
 
 def _has_entries(logprobs: dict[str, Any] | None) -> bool:

@@ -83,6 +83,11 @@ class ServerState:
             leave ``return_tokens_as_token_ids`` unset (``--return-tokens-as-token-ids``, vLLM's).
         prompt_tokens_details: chat and completions usage carries
             ``prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``, vLLM's).
+        force_include_usage: every chat and completions stream carries the usage as if it
+            asked for ``stream_options.include_usage`` and ``continuous_usage_stats``
+            (``--enable-force-include-usage``, vLLM's).
+        response_role: the ``role`` of chat answers under ``add_generation_prompt``
+            (``--response-role``, vLLM's; else the last message's role).
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
             stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
@@ -122,6 +127,8 @@ class ServerState:
     trust_request_chat_template: bool = False
     return_tokens_as_token_ids: bool = False
     prompt_tokens_details: bool = False
+    force_include_usage: bool = False
+    response_role: str = "assistant"
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
@@ -635,9 +642,15 @@ class ChunkEnvelope:
         return self.chunk([], usage=usage_dict(gen))
 
 
-def usage_in_chunks(req: SamplingRequestFields) -> str:
+def usage_in_chunks(req: SamplingRequestFields, force_include_usage: bool = False) -> str:
     """``ChunkEnvelope.usage_in_chunks`` for a request's ``stream_options``: "running" when
-    ``continuous_usage_stats`` is set (validation refuses it without ``include_usage``)."""
+    ``continuous_usage_stats`` is set (validation refuses it without ``include_usage``), or
+    whatever the request asks under ``--enable-force-include-usage`` (``force_include_usage``:
+    vLLM's ``should_include_usage`` then turns on both ``include_usage`` and
+    ``continuous_usage_stats``). A stream whose chunks carry usage ("null" or "running") also
+    ends with the usage-only chunk; one that omits it does not."""
+    if force_include_usage:
+        return "running"
     if not req.include_usage:
         return "omit"
     return "running" if req.continuous_usage else "null"

@@ -129,6 +129,7 @@ async def prepare_completion(
     """
     state.check_model(body.model)
     body.check_unimplemented()
+    body.check_usage_options(state.force_include_usage)
     if not render:
         body.refuse_render_only()
     state.check_priority(body.priority)
@@ -263,7 +264,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             )
         return await full_response(request_id, "text_completion", created, model, choices, gen)
 
-    env = ChunkEnvelope(request_id, "text_completion", created, model, gen, usage_in_chunks(body))
+    env = ChunkEnvelope(
+        request_id, "text_completion", created, model, gen, usage_in_chunks(body, state.force_include_usage)
+    )
 
     def make_chunks(deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
@@ -275,5 +278,5 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             chunks.append(env.chunk([choice]))
         return chunks
 
-    usage = (lambda: env.usage_chunk(gen)) if body.include_usage else None
+    usage = (lambda: env.usage_chunk(gen)) if env.usage_in_chunks != "omit" else None
     return await stream_response(request, gen, make_chunks, usage, state.sse_queued_interval)
