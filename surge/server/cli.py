@@ -55,9 +55,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--config": "the flags themselves: Surge reads no YAML config file",
     "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
-    "--enable-request-id-headers": "nothing: every response carries its X-Request-Id header",
-    "--chat-template-content-format": "nothing: each message's content reaches the chat template as one string, "
-    "its text parts joined by newlines (vLLM's 'string')",
 }
 """``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
 serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
@@ -281,6 +278,20 @@ def add_serve_parser(subparsers: Any) -> None:
         'it enables tool_choice "auto"',
     )
     p.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="vLLM's switch for the X-Request-Id response header: Surge's responses always carry it, so "
+        "the flag is taken and changes nothing",
+    )
+    p.add_argument(
+        "--chat-template-content-format",
+        default="auto",
+        choices=["auto", "string", "openai"],
+        help="how a message's content reaches the chat template, as vLLM's flag: Surge passes it as one "
+        "string, its text parts joined by newlines (vLLM's 'string', and what its 'auto' picks for the "
+        "Qwen and Llama templates); 'openai' (a list of parts) is refused at start-up",
+    )
+    p.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help='vLLM\'s switch for tool_choice "auto": here --tool-call-parser enables it, and this flag '
@@ -489,6 +500,11 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
         args.model = args.model_tag
+    if args.chat_template_content_format == "openai":
+        raise ValueError(
+            "--chat-template-content-format openai: Surge passes each message's content to the chat "
+            "template as one string (its text parts joined by newlines); use auto or string"
+        )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json), as in vLLM"
