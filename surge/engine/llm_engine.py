@@ -804,8 +804,24 @@ class LLMEngine:
             check()
 
     def close(self) -> None:
-        """Stop the executor's worker processes, if it has any, and the grammar compile
-        workers. Idempotent."""
+        """Settle the step in flight (asynchronous scheduling), abort every request, then stop
+        the grammar compile workers and the executor's worker processes, if it has any.
+        Idempotent; raises nothing from the step in flight.
+
+        The step in flight is waited for, so that no launched work outlives the executor, and
+        dropped: its tokens belong to requests the close aborts. A failure of that step (a
+        worker that died) is logged, not raised. Every KV block is free afterwards and
+        :meth:`has_unfinished_requests` is False."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            try:
+                in_flight.handle.result()
+            except Exception as e:
+                logger.warning("close(): the step in flight failed while it was settled: %s", e)
+        pending = list(self.scheduler.requests)
+        if self._structured is not None:
+            pending += list(self._structured.waiting)
+        self.abort_requests(pending)
         if self._structured is not None:
             self._structured.close()
         close = getattr(self.runner, "close", None)

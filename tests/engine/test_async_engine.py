@@ -155,3 +155,58 @@ def test_offline_call_returns_with_the_engine_idle(
         stats = engine.get_stats()
         assert stats.num_running == stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
     assert got[True] == got[False]
+
+
+def _engine_mid_run(launched: list[object]) -> LLMEngine:
+    """An asynchronous CPU engine with three requests running and a step in flight; the
+    handles it launched are appended to ``launched``."""
+    engine = LLMEngine(build_engine_config(None, device="cpu", async_scheduling=True))
+    execute_async = engine.runner.execute_async
+
+    def recording(scheduler_output: object) -> object:
+        handle = execute_async(scheduler_output)
+        launched.append(handle)
+        return handle
+
+    engine.runner.execute_async = recording  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"r{i}", [1, 5 + i, 9], params)
+    for _ in range(3):
+        engine.step()
+    assert engine._in_flight is not None and engine.scheduler.kv.num_free_blocks < engine.num_kv_blocks
+    return engine
+
+
+def test_close_settles_the_step_in_flight_and_frees_every_block() -> None:
+    """close() under asynchronous scheduling waits for the step in flight and drops it, and
+    aborts the running requests: nothing launched is left unresolved, every KV block is free,
+    the engine has no work, and a second close() is a no-op. The step stayed in flight and the
+    requests kept their blocks."""
+    launched: list[object] = []
+    engine = _engine_mid_run(launched)
+    engine.close()
+    assert all(h._done for h in launched)  # type: ignore[attr-defined]
+    assert not engine.has_unfinished_requests()
+    kv = engine.scheduler.kv
+    assert kv.num_free_blocks == kv.num_total_blocks
+    engine.close()
+
+
+def test_close_logs_a_failed_step_in_flight(caplog: pytest.LogCaptureFixture) -> None:
+    """A step in flight that fails while close() waits for it (a worker that died) is logged,
+    not raised, and the requests are aborted all the same."""
+    launched: list[object] = []
+    engine = _engine_mid_run(launched)
+    assert engine._in_flight is not None
+
+    class _DeadWorker:
+        def result(self) -> None:
+            raise RuntimeError("tensor-parallel worker rank 1 died")
+
+    engine._in_flight.handle = _DeadWorker()
+    with caplog.at_level("WARNING", logger="surge.engine"):
+        engine.close()
+    assert "rank 1 died" in caplog.text
+    assert not engine.has_unfinished_requests()
+    assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.num_total_blocks
