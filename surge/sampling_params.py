@@ -20,8 +20,8 @@ _SEED_LIMIT = 2**63
 MAX_N = 1 << 16
 """Most choices per request (``n``): each is an engine request of its own (the API server caps
 ``n`` at 128)."""
-MAX_TEMPERATURE = 100.0
-"""Largest accepted temperature (a finite bound; sampling is near-uniform long before it)."""
+MAX_TEMPERATURE = 2.0
+"""Largest accepted temperature: OpenAI's bound, and vLLM 0.26's (``SamplingParams._verify_args``)."""
 MAX_REPETITION_PENALTY = 100.0
 """Largest accepted repetition penalty."""
 MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
@@ -531,7 +531,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         min_tokens: EOS and stop token ids are suppressed until this many tokens exist (the
             EOS ids under ``ignore_eos`` too, as in vLLM).
         ignore_eos: keep generating after the EOS token.
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        temperature: in [0, 2] (OpenAI's and vLLM's bound); 0 means greedy (argmax); otherwise
+            logits are divided by it.
             ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` may be
             left out (None): they then take the neutral value (1, 1, 0, 0, 1) at once and are
             listed in ``model_default_fields``, so that the engine can replace them with the
@@ -540,7 +541,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         top_p: nucleus sampling mass in (0, 1]; 1 disables it.
         top_k: keep the k most likely tokens; 0 or -1 disables it.
         min_p: drop tokens whose probability is below ``min_p`` times the top probability.
-        seed: per-request seed; the same seed gives the same tokens whatever the batch.
+        seed: per-request seed; the same seed gives the same tokens whatever the batch. -1 is
+            no seed when the request is added (:func:`surge.engine.llm_engine.choice_params`),
+            as vLLM's ``SamplingParams`` turns -1 into None.
         stop_token_ids: token ids that end the request (the token is kept in the output ids).
         stop: strings that end the request; matched by the detokenizer, excluded from text.
         include_stop_str_in_output: keep the matched stop string (and the text of a final

@@ -29,6 +29,7 @@ from surge.sampling_params import (
         ("seed", 2**63),
         ("seed", -(2**63) - 1),
         ("temperature", math.inf),
+        ("temperature", 2.01),  # vLLM 0.26's and OpenAI's bound: [0, 2]
         ("top_p", math.nan),
         ("presence_penalty", -math.inf),
         ("stop_token_ids", (2**31,)),
@@ -339,6 +340,23 @@ def test_split_n_keeps_seeds_in_range() -> None:
     assert seeds == [2**63 - 2, 2**63 - 1, -(2**63)]
     assert all(p.n == 1 for _, p in children)
     assert split_n("r", SamplingParams(n=1, seed=5)) == [("r", SamplingParams(n=1, seed=5))]
+
+
+def test_seed_minus_one_is_no_seed_as_in_vllm() -> None:
+    """A request's seed -1 is vLLM's "no seed" (its SamplingParams turns -1 into None): each
+    choice draws fresh random numbers. It was a seed like any other, so a client sending -1 for
+    "random" (as vLLM reads it) got the same text on every request. A choice's ``seed + i``
+    that lands on -1 stays a seed."""
+    assert [p.seed for _, p in split_n("r", SamplingParams(seed=-1, temperature=1.0))] == [None]
+    assert [p.seed for _, p in split_n("r", SamplingParams(n=3, seed=-1))] == [None, None, None]
+    assert [p.seed for _, p in split_n("r", SamplingParams(n=3, seed=-2))] == [-2, -1, 0]
+    assert [p.seed for _, p in split_n("r", SamplingParams(n=2, seed=0))] == [0, 1]
+
+
+def test_temperature_two_is_the_largest_accepted() -> None:
+    assert SamplingParams(temperature=2.0).temperature == 2.0
+    with pytest.raises(ValueError, match=r"^temperature must be in \[0, 2\], got 2.5"):
+        SamplingParams(temperature=2.5)
 
 
 def test_split_n_children_share_the_parents_checked_fields() -> None:

@@ -63,11 +63,16 @@ def choice_params(params: SamplingParams) -> list[SamplingParams]:
 
     Choice ``i`` is a shallow copy with ``n`` 1 and, when the request is seeded, seed
     ``seed + i`` (wrapped into the int64 range) so the samples differ but stay reproducible.
+    Seed -1 is no seed (vLLM's ``SamplingParams`` turns -1 into None): every choice draws fresh
+    random numbers. Only the request's own seed means that: a choice's ``seed + i`` may be -1.
     The choices share the prompt's KV blocks through prefix caching, and the parent's checked
     fields (its token lists are the parent's objects): a copy is not checked again (a
     ``msgspec.structs.replace`` re-ran every check, 16 ms per choice for 256 long ``bad_words``,
     2 s on the API's event loop for ``n: 128``).
     """
+    if params.seed == -1:
+        params = copy.copy(params)  # no __post_init__: checked already
+        msgspec.structs.force_setattr(params, "seed", None)
     if params.n == 1:
         return [params]
     children = []

@@ -865,3 +865,19 @@ def test_get_metrics_as_vllm() -> None:
         assert hits == again.num_cached_tokens
     with LLM(device="cpu", disable_log_stats=True) as model:
         assert model.get_metrics()
+
+
+def test_seed_minus_one_reaches_the_engine_as_no_seed(llm: LLM) -> None:
+    """``seed=-1`` is vLLM's "no seed": the offline ``LLM`` (through ``split_n``) and the
+    server's path (``LLMEngine.add_choices``) queue requests without a seed. It was queued as
+    seed -1 (and its choices as -1, 0, 1), so every call gave the same text."""
+    engine = llm.engine
+    params = SamplingParams(temperature=1.0, seed=-1, max_tokens=2)
+    llm.enqueue(["Once upon a time"], msgspec.structs.replace(params, n=2))
+    engine.add_choices(["s-0", "s-1"], [1, 5, 9], msgspec.structs.replace(params, n=2))
+    engine.add_request("s", [1, 5, 9], params)  # one choice added as is keeps its seed
+    seeds = {rid: r.sampling_params.seed for rid, r in engine.scheduler.requests.items()}
+    assert len(seeds) == 5 and seeds.pop("s") == -1 and set(seeds.values()) == {None}, seeds
+    llm.wait_for_completion()
+    while engine.has_unfinished_requests():
+        engine.step()

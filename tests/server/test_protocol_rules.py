@@ -56,7 +56,7 @@ def test_openapi_documents_what_the_server_does(server: Server) -> None:
     assert "404" in schema["paths"]["/v1/models/{model}"]["get"]["responses"]
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
     temperature = next(s for s in props["temperature"]["anyOf"] if s.get("type") == "number")
-    assert temperature["maximum"] == 100.0, "real constraints are in the schema"
+    assert temperature["maximum"] == 2.0, "real constraints are in the schema"
     # null is accepted for the fields OpenAI declares nullable ("not set"), and the schema says so
     for name in ("n", "echo", "stream", "seed"):
         assert {"type": "null"} in props[name]["anyOf"], name
@@ -134,6 +134,7 @@ def test_huge_numbers_are_refused(server: Server, path: str, field: str) -> None
         ({"prompt": [2**70], "max_tokens": 2}, "prompt"),
         ({"prompt": "x", "stop_token_ids": [2**70]}, "stop_token_ids"),
         ({"prompt": "x", "temperature": 101.0}, "temperature"),
+        ({"prompt": "x", "temperature": 2.01}, "temperature"),  # OpenAI's and vLLM 0.26's bound: [0, 2]
         ({"prompt": "x", "repetition_penalty": 101.0}, "repetition_penalty"),
         ({"prompt": "x", "stop": [f"s{i}" for i in range(65)]}, "stop"),
         ({"prompt": "x", "stop": ["y" * 257]}, "stop"),
