@@ -170,10 +170,10 @@ def _as_structured(name: str, value: object) -> StructuredOutputsParams:
 
 class RequestOutputKind(enum.Enum):
     """vLLM's ``RequestOutputKind``: which outputs of a request are returned. Surge's offline
-    :meth:`surge.LLM.generate` returns each request's final output once, which is what
-    ``CUMULATIVE`` (the default) and ``FINAL_ONLY`` both give there (vLLM's ``LLM`` runs every
-    request as ``FINAL_ONLY``); ``DELTA`` (the new tokens of each step, for streaming) is refused
-    by :class:`SamplingParams`. The server picks its own outputs (its ``stream`` field)."""
+    :meth:`surge.LLM.generate` returns each request's final output once, whatever the kind:
+    ``CUMULATIVE`` (the default), ``FINAL_ONLY`` and ``DELTA`` (the new tokens of each step, for
+    streaming) alike, as vLLM's ``LLM``, which runs every request as ``FINAL_ONLY``
+    (``LLM._add_request``). The server picks its own outputs (its ``stream`` field)."""
 
     CUMULATIVE = 0
     DELTA = 1
@@ -576,8 +576,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             field of the same name before it builds these parameters.
         structured_outputs: a grammar the output must follow (JSON schema, regex, choice,
             EBNF or any JSON object), or None.
-        output_kind: vLLM's :class:`RequestOutputKind`: ``CUMULATIVE`` (the default) or
-            ``FINAL_ONLY``, both the final output in the offline API; ``DELTA`` is refused.
+        output_kind: vLLM's :class:`RequestOutputKind`; the offline API returns the final
+            output for each (``DELTA`` too, as vLLM's ``LLM``).
         extra_args: vLLM's arguments for custom sampling plugins: None or empty only (Surge has
             no plugins to read them; an empty dict becomes None).
         skip_clone: vLLM's hint that these params need not be copied per request: any bool
@@ -762,11 +762,6 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 or self.logprobs == len(self.logprob_token_ids),
                 f"logprob_token_ids: when logprobs is set too it must equal their number, got logprobs="
                 f"{self.logprobs} and {len(self.logprob_token_ids or ())} ids",
-            ),
-            (
-                self.output_kind is not RequestOutputKind.DELTA,
-                "output_kind DELTA is not supported: the offline API returns each request's final output "
-                "(leave output_kind out, or FINAL_ONLY)",
             ),
             (all(w.strip() for w in self.bad_words), "bad_words must not contain an empty word"),
             (

@@ -280,14 +280,13 @@ def test_wrong_types_name_the_field(field: str, value: object) -> None:
 def test_vllm_output_kind_and_extra_args() -> None:
     """``SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, extra_args={})`` of a ported
     script was msgspec's "Unexpected keyword argument": the kinds that give the final output are
-    taken, and an empty ``extra_args`` is None; streaming's DELTA and plugin arguments are refused
-    by name."""
+    taken (DELTA too, as vLLM's ``LLM`` runs every request as FINAL_ONLY), and an empty
+    ``extra_args`` is None; plugin arguments are refused by name."""
     assert SamplingParams().output_kind is RequestOutputKind.CUMULATIVE
     final = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, extra_args={})
     assert final.output_kind is RequestOutputKind.FINAL_ONLY and final.extra_args is None
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(final), type=SamplingParams) == final
-    with pytest.raises(ValueError, match="output_kind DELTA is not supported: the offline API returns"):
-        SamplingParams(output_kind=RequestOutputKind.DELTA)
+    assert SamplingParams(output_kind=RequestOutputKind.DELTA).output_kind is RequestOutputKind.DELTA
     with pytest.raises(ValueError, match=r"extra_args must be None or empty: .* \(got keys \['a'\]\)"):
         SamplingParams(extra_args={"a": 1})
 

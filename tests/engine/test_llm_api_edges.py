@@ -881,3 +881,19 @@ def test_seed_minus_one_reaches_the_engine_as_no_seed(llm: LLM) -> None:
     llm.wait_for_completion()
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def test_output_kind_delta_gives_the_final_output_as_vllms_llm(llm: LLM) -> None:
+    """vLLM's ``LLM`` runs every request as FINAL_ONLY (``LLM._add_request`` overwrites the
+    kind), so a script passing ``output_kind=RequestOutputKind.DELTA`` gets each request's final
+    output; Surge's ``SamplingParams`` refused DELTA, ending such a script."""
+    from surge.sampling_params import RequestOutputKind
+
+    prompts = ["Once upon a time", "The dog"]
+    plain = SamplingParams(temperature=0.0, max_tokens=12, n=2)
+    delta = SamplingParams(temperature=0.0, max_tokens=12, n=2, output_kind=RequestOutputKind.DELTA)
+    want = [[(c.text, c.token_ids, c.finish_reason) for c in o.outputs] for o in llm.generate(prompts, plain)]
+    got = [[(c.text, c.token_ids, c.finish_reason) for c in o.outputs] for o in llm.generate(prompts, delta)]
+    assert got == want and all(len(c[1]) == 12 for o in got for c in o)
+    chat = llm.chat([{"role": "user", "content": "Hi"}], delta)[0]
+    assert chat.finished and len(chat.outputs[0].token_ids) == 12
