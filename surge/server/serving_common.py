@@ -475,7 +475,8 @@ def build_sampling_params(
     plan, which adds forced tool calls; None: no grammar). Sampling fields the
     request leaves out stay unset, so the engine gives them the model's generation_config.json
     defaults. ``token_rules`` are the request's checked ``logit_bias``, ``allowed_token_ids``
-    and ``bad_words`` (:func:`surge.server.token_rules.token_rules_of`).
+    and ``bad_words`` (:func:`surge.server.token_rules.token_rules_of`). ``seed: -1`` is no
+    seed, as vLLM reads it.
 
     Raises:
         ApiError: 400 for an out-of-range value or an invalid grammar (the message names the field).
@@ -491,7 +492,7 @@ def build_sampling_params(
             top_p=req.top_p,
             top_k=req.top_k,
             min_p=req.min_p,
-            seed=req.seed,
+            seed=None if req.seed == -1 else req.seed,  # vLLM's "no seed" (as choice_params reads it)
             stop_token_ids=tuple(req.stop_token_ids or ()),
             stop=req.stop_list,
             include_stop_str_in_output=req.include_stop_str_in_output,

@@ -193,3 +193,19 @@ def test_body_limit_and_context_bound(server: Server) -> None:
     # /tokenize counts a text of any length under the body limit
     r = httpx.post(server.url + "/tokenize", json={"prompt": "hello world " * 2_000}, timeout=60)
     assert r.status_code == 200 and r.json()["count"] > 512
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_seed_minus_one_is_no_seed(n: int) -> None:
+    """``seed: -1`` is vLLM's "no seed" (its SamplingParams turns -1 into None): the engine gets
+    an unseeded request, one choice or several. A request of one choice reached the engine with
+    seed -1, so every such request gave the same text."""
+    from surge.engine.llm_engine import choice_params
+    from surge.server.protocol import CompletionRequest
+    from surge.server.serving_common import build_sampling_params
+
+    req = CompletionRequest.model_validate({"prompt": "x", "seed": -1, "n": n, "temperature": 1.0})
+    params = build_sampling_params(req, 4, None, token_rules={})
+    assert params.seed is None and [p.seed for p in choice_params(params)] == [None] * n
+    seeded = CompletionRequest.model_validate({"prompt": "x", "seed": -2, "n": n})
+    assert build_sampling_params(seeded, 4, None, token_rules={}).seed == -2
