@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from surge.chat_content_format import ContentFormat, resolve_content_format
 from surge.config import TOKENIZER_FILES
 from surge.parallel_encode import encode_text
 from surge.stop_strings import StopAutomaton
@@ -147,6 +148,29 @@ conversation may carry one), the Responses API's ``input_text`` / ``output_text`
 ``thinking``."""
 
 
+def _text_parts(content: Sequence[Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Each part of a list ``content`` as ``(its text, the part)``.
+
+    Raises:
+        ValueError: a part of another type (images, audio: not supported), or a text part
+            without a string under its key.
+    """
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        key = TEXT_PART_KEYS.get(kind) if isinstance(kind, str) else None
+        if key is None:
+            raise ValueError(
+                "messages: only text content parts (of type 'text', 'refusal', 'input_text', "
+                "'output_text' or 'thinking') are supported"
+            )
+        text = part.get(key)
+        if not isinstance(text, str):
+            raise ValueError(f"messages: a content part of type {kind!r} needs a string {key!r}")
+        out.append((text, part))
+    return out
+
+
 def content_text(content: Any) -> str:
     """A message's content as one string: a string, or the text parts of a list
     (:data:`TEXT_PART_KEYS`) joined by newlines.
@@ -160,20 +184,32 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        texts: list[str] = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            key = TEXT_PART_KEYS.get(kind) if isinstance(kind, str) else None
-            if key is None:
-                raise ValueError(
-                    "messages: only text content parts (of type 'text', 'refusal', 'input_text', "
-                    "'output_text' or 'thinking') are supported"
-                )
-            text = part.get(key)
-            if not isinstance(text, str):
-                raise ValueError(f"messages: a content part of type {kind!r} needs a string {key!r}")
-            texts.append(text)
-        return "\n".join(texts)
+        return "\n".join(text for text, _ in _text_parts(content))
+    raise ValueError("messages: content must be a string or a list of text parts")
+
+
+def content_parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as OpenAI's list of parts, as vLLM's ``openai`` content format passes
+    it to a chat template: each text part (:data:`TEXT_PART_KEYS`) as ``{"type": "text", "text":
+    ...}`` with the part's other keys (e.g. ``cache_control``), a string as one such part, no
+    content as ``[]``.
+
+    Raises:
+        ValueError: as :func:`content_text`.
+    """
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, Sequence):
+        return [
+            {
+                "type": "text",
+                "text": text,
+                **{k: v for k, v in part.items() if k not in ("type", "text", TEXT_PART_KEYS[part["type"]])},
+            }
+            for text, part in _text_parts(content)
+        ]
     raise ValueError("messages: content must be a string or a list of text parts")
 
 
@@ -194,9 +230,14 @@ def chat_adds_special_tokens(template: str | None, add_special_tokens: bool | No
     return bool(add_special_tokens) if template else add_special_tokens is not False
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Copy chat messages with every ``content`` turned into a plain string, and a message's
-    reasoning under both of its names: a string ``reasoning`` (vLLM's name, which clients
+def normalize_messages(
+    messages: Sequence[Mapping[str, Any]], content_format: ContentFormat = "string"
+) -> list[dict[str, Any]]:
+    """Copy chat messages with every ``content`` in ``content_format``: one string
+    (:func:`content_text`), or under ``openai`` a list of text parts (:func:`content_parts`),
+    except a ``tool`` message's, which stays one string (as vLLM passes it: clients send tool
+    results as parts, templates read them as strings); and a message's reasoning under both of
+    its names: a string ``reasoning`` (vLLM's name, which clients
     written for vLLM send back in the history) fills a ``reasoning_content`` that is not a
     string (the name chat templates such as Qwen3's read), and ``reasoning_content`` fills
     ``reasoning``, as vLLM passes them; whatever transformers version renders the template.
@@ -209,7 +250,10 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         msg = dict(m)
-        msg["content"] = content_text(m.get("content"))
+        if content_format == "openai" and m["role"] != "tool":
+            msg["content"] = content_parts(m.get("content"))
+        else:
+            msg["content"] = content_text(m.get("content"))
         reasoning = next((m[k] for k in _REASONING_KEYS if isinstance(m.get(k), str)), None)
         if reasoning is not None:
             msg.update(dict.fromkeys(_REASONING_KEYS, reasoning))
@@ -264,6 +308,7 @@ def apply_chat_template(
     splittable: bool | None = None,
     documents: Sequence[Mapping[str, Any]] | None = None,
     on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
+    content_format: str = "string",
 ) -> list[int]:
     """Render chat messages with the model's chat template and tokenize them.
 
@@ -299,19 +344,26 @@ def apply_chat_template(
             in order, only for a template that has such tags, under ``continue_final_message``
             false (transformers refuses the two together) and when a second rendering that
             records the spans gives the same text; never called otherwise.
+        content_format: how each message's content reaches the template: vLLM's ``string``
+            (one string, text parts joined by newlines), ``openai`` (a list of
+            ``{"type": "text", "text": ...}`` parts) or ``auto`` (the template's own, detected
+            once per template: :mod:`surge.chat_content_format`). The fallback rendering of a
+            tokenizer without a template always writes strings.
 
     Returns:
         The prompt token ids.
 
     Raises:
-        ValueError: no messages, malformed messages, reserved kwargs, or a template error.
+        ValueError: no messages, malformed messages, reserved kwargs, an unknown
+            ``content_format``, or a template error.
     """
     if not messages:
         raise ValueError("messages must not be empty")
-    msgs = normalize_messages(messages)
+    template = chat_template if chat_template is not None else tokenizer.chat_template
+    fmt = resolve_content_format(content_format, template)
+    msgs = normalize_messages(messages, fmt if template else "string")
     check_chat_template_kwargs(chat_template_kwargs)
     kwargs = dict(chat_template_kwargs or {})
-    template = chat_template if chat_template is not None else tokenizer.chat_template
     if template and "developer" not in template:
         # OpenAI's "developer" role is its newer name for "system"; a template that does not know
         # it (Qwen3's renders only system, user, assistant and tool) would drop the message

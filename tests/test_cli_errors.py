@@ -596,11 +596,10 @@ def test_ctrl_c_while_the_sub_commands_load_is_exit_130(monkeypatch: pytest.Monk
 
 def test_vllm_serve_flags_whose_effect_surge_has_are_taken() -> None:
     """``--enable-request-id-headers`` (Surge always sends X-Request-Id) and
-    ``--chat-template-content-format auto|string`` (Surge's way) were refused as unknown, so a
-    vLLM launch script stopped; they are taken, and ``openai`` (content as a list of parts, which
-    Surge does not pass) is refused in one line before anything loads."""
+    ``--chat-template-content-format`` were refused as unknown, so a vLLM launch script stopped;
+    they are taken (all three content formats: tests/test_chat_content_format.py), and a value
+    of neither flag's is one line and exit 2, as any bad flag."""
     from surge.cli import build_parser
-    from surge.server.cli import run_serve
 
     args = build_parser().parse_args(
         ["serve", "m", "--enable-request-id-headers", "--chat-template-content-format", "string"]
@@ -608,5 +607,7 @@ def test_vllm_serve_flags_whose_effect_surge_has_are_taken() -> None:
     assert args.enable_request_id_headers and args.chat_template_content_format == "string"
     assert build_parser().parse_args(["serve", "m"]).chat_template_content_format == "auto"
     args = build_parser().parse_args(["serve", "m", "--chat-template-content-format", "openai"])
-    with pytest.raises(ValueError, match=r"^--chat-template-content-format openai: Surge passes"):
-        run_serve(args)
+    assert args.chat_template_content_format == "openai"
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "m", "--chat-template-content-format", "parts"])
+    assert exc.value.code == 2

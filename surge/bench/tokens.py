@@ -160,7 +160,9 @@ class HFTokenCounter:
     def encode_chat(self, text: str, options: Mapping[str, Any] | None = None) -> list[int]:
         """Rendered by :func:`surge.tokenizer.apply_chat_template`, as Surge's server renders a
         chat request with these fields (without a server-side ``--chat-template``, which the
-        benchmark cannot see; count with the server's ``/tokenize`` for that).
+        benchmark cannot see, and under its default ``--chat-template-content-format auto``, so
+        a ``chat_template`` of ``--extra-body`` that loops over content parts gets one; count
+        with the server's ``/tokenize`` for another).
 
         Raises:
             ValueError: the template refuses the options (one line).
@@ -178,6 +180,7 @@ class HFTokenCounter:
                 tools=opts.get("tools"),
                 continue_final_message=opts.get("continue_final_message", False),
                 add_special_tokens=opts.get("add_special_tokens"),
+                content_format="auto",
             )
         except ValueError as e:
             if not opts:

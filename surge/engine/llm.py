@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from surge.chat_content_format import check_content_format, describe_content_format
 from surge.config import TOKENIZER_FILES
 from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
@@ -241,6 +242,8 @@ class LLM:
         # empty tokenizer's eos_token_id (a folder without tokenizer files) names no real token
         self._primary_eos: int | None = self.tokenizer.eos_token_id if self._text_prompts else None
         self._splittable = split_safe(self.tokenizer)  # long prompts encoded in pieces
+        # (content format, template) pairs whose chat content format was logged (_log_content_format)
+        self._content_formats_logged: set[tuple[str, str | None]] = set()
         if reasoning_parser is not None:
             from surge.server.parsers import reasoning_tokens
 
@@ -794,9 +797,11 @@ class LLM:
         the template's (:func:`surge.tokenizer.apply_chat_template`); ``use_tqdm`` is
         :meth:`generate`'s, and so are ``lora_request`` and ``mm_processor_kwargs`` (None only).
         ``chat_template_content_format``: vLLM's "string" (each message's content reaches the
-        template as one string, its text parts joined by newlines) or "auto", which is "string"
-        here (vLLM's "auto" picks "openai" for a template that loops over content parts, as
-        multimodal models' do; the text-only templates of the models Surge serves read strings).
+        template as one string, its text parts joined by newlines), "openai" (a list of
+        ``{"type": "text", "text": ...}`` parts; a string content is one part) or "auto" (the
+        template's own, read from its syntax tree as vLLM does and logged at its first use:
+        "openai" for a template that loops over ``message['content']``, "string" otherwise, as
+        for the Qwen and Llama 3 templates; :mod:`surge.chat_content_format`).
         ``tokenization_kwargs``: ``{"add_special_tokens": bool}`` as in :meth:`generate`,
         applied to the rendered text (default: no special tokens for a template, which writes
         its own; the tokenizer's for the fallback without one, as vLLM's chat defaults).
@@ -807,8 +812,7 @@ class LLM:
 
         Raises:
             ValueError: as :meth:`generate`, a template that cannot render the messages, or a
-                ``chat_template_content_format`` other than "auto" or "string" (vLLM's "openai",
-                content as a list of parts, is not supported).
+                ``chat_template_content_format`` other than "auto", "string" or "openai".
             RuntimeError: the ``LLM`` is closed.
         """
         self._check_open()
@@ -891,7 +895,7 @@ class LLM:
     ) -> tuple[list[PromptType], list[str]]:
         """:meth:`chat`'s checks and its conversations rendered: each one's prompt (as
         :meth:`generate` takes it) and its templated text."""
-        _check_content_format(chat_template_content_format)
+        check_content_format(chat_template_content_format)
         add_special_tokens = _add_special_tokens(tokenization_kwargs, default=None)
         _check_no_lora(lora_request)
         _check_no_mm_processor_kwargs(mm_processor_kwargs)
@@ -900,12 +904,16 @@ class LLM:
                 f"the model folder {self.engine.config.model.model} has no tokenizer files: chat needs one"
             )
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        template = self.chat_template if chat_template is None else chat_template
+        self._log_content_format(
+            chat_template_content_format, template if template is not None else self.tokenizer.chat_template
+        )
         texts: list[str] = []  # each conversation's rendered template, as vLLM's prompt
         prompts: list[PromptType] = [
             apply_chat_template(
                 self.tokenizer,
                 conv,  # type: ignore[arg-type]
-                chat_template=self.chat_template if chat_template is None else chat_template,
+                chat_template=template,
                 chat_template_kwargs=chat_template_kwargs,
                 check_text=texts.append,
                 tools=tools,
@@ -913,10 +921,23 @@ class LLM:
                 continue_final_message=continue_final_message,
                 add_special_tokens=add_special_tokens,
                 splittable=self._splittable,
+                content_format=chat_template_content_format,
             )
             for conv in conversations
         ]
         return prompts, texts
+
+    def _log_content_format(self, option: str, template: str | None) -> None:
+        """Log the content format ``template`` is rendered with under ``option`` once per
+        ``LLM``, template and option (:func:`surge.chat_content_format.describe_content_format`:
+        what ``auto`` detected, or a given format the template does not read), as vLLM's
+        ``LLM.chat`` logs it at its first use of a template."""
+        if (option, template) in self._content_formats_logged:
+            return
+        self._content_formats_logged.add((option, template))
+        line = describe_content_format(option, template, "the chat template")
+        if line is not None:
+            logger.log(*line)
 
     def _run(
         self,
@@ -1196,30 +1217,6 @@ def _check_no_mm_processor_kwargs(mm_processor_kwargs: object) -> None:
     if mm_processor_kwargs is None or (isinstance(mm_processor_kwargs, Mapping) and not mm_processor_kwargs):
         return
     raise ValueError("mm_processor_kwargs is not supported: Surge serves text-only models (leave it None)")
-
-
-CHAT_CONTENT_FORMATS = ("auto", "string")
-"""The ``chat_template_content_format`` values :meth:`LLM.chat` takes (both render each
-message's content as one string)."""
-
-
-def _check_content_format(content_format: object) -> None:
-    """Take vLLM's ``chat_template_content_format`` "auto" or "string".
-
-    Raises:
-        ValueError: "openai" (content as a list of parts: not supported) or another value.
-    """
-    if content_format in CHAT_CONTENT_FORMATS:
-        return
-    if content_format == "openai":
-        raise ValueError(
-            "chat_template_content_format='openai' is not supported: Surge renders each message's "
-            "content as one string (its text parts joined by newlines); use 'string' or 'auto'"
-        )
-    raise ValueError(
-        f"chat_template_content_format must be 'auto' or 'string' (vLLM's 'openai' is not supported), "
-        f"got {content_format!r}"
-    )
 
 
 def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:

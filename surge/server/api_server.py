@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
 import surge
+from surge.chat_content_format import describe_content_format
 from surge.config import EngineConfig
 from surge.engine.client import EngineAttachment, EngineDeadError, EngineStartError
 from surge.engine.core_proc import EngineFactory
@@ -650,6 +651,8 @@ class ServeOptions:
         stream_interval: tokens per SSE event after the first (>= 1).
         chat_template: a Jinja template overriding the tokenizer's, or None.
         trust_request_chat_template: accept a request's own ``chat_template`` (else a 400).
+        chat_template_content_format: how message content reaches the chat template: ``auto``
+            (each template's own, :mod:`surge.chat_content_format`), ``string`` or ``openai``.
         tool_call_parser: ``hermes`` or ``llama3_json`` (tool calls of chat completions), or None.
         reasoning_parser: ``qwen3`` or ``deepseek_r1`` (``reasoning`` / ``reasoning_content``), or None.
         log_interval: seconds between stats log lines.
@@ -696,6 +699,7 @@ class ServeOptions:
     stream_interval: int = 1
     chat_template: str | None = None
     trust_request_chat_template: bool = False
+    chat_template_content_format: str = "auto"
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     log_interval: float = 10.0
@@ -819,6 +823,7 @@ async def run_server(
         stream_interval=options.stream_interval,
         chat_template=options.chat_template,
         trust_request_chat_template=options.trust_request_chat_template,
+        chat_template_content_format=options.chat_template_content_format,
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
         reasoning_tokens=config.reasoning_tokens,
@@ -860,6 +865,13 @@ async def run_server(
         info.num_kv_blocks * info.block_size,
         config.scheduler.scheduling_policy,
     )
+    content_format = describe_content_format(
+        options.chat_template_content_format,
+        options.chat_template if options.chat_template is not None else tokenizer.chat_template,
+        "the --chat-template" if options.chat_template is not None else "the model's chat template",
+    )
+    if content_format is not None:
+        logger.log(*content_format)
     logger.info(
         describe_sampling_defaults(
             config.model.sampling_defaults,

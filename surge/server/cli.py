@@ -287,9 +287,10 @@ def add_serve_parser(subparsers: Any) -> None:
         "--chat-template-content-format",
         default="auto",
         choices=["auto", "string", "openai"],
-        help="how a message's content reaches the chat template, as vLLM's flag: Surge passes it as one "
-        "string, its text parts joined by newlines (vLLM's 'string', and what its 'auto' picks for the "
-        "Qwen and Llama templates); 'openai' (a list of parts) is refused at start-up",
+        help="how a message's content reaches the chat template, as vLLM's flag: 'string' (one string, "
+        'its text parts joined by newlines), \'openai\' (a list of {"type": "text", "text"} parts) or '
+        "'auto' (default: each template's own, read from the template: the Qwen and Llama templates "
+        "read strings, a template that loops over message['content'] reads parts; logged at start-up)",
     )
     p.add_argument(
         "--enable-auto-tool-choice",
@@ -500,11 +501,6 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
         args.model = args.model_tag
-    if args.chat_template_content_format == "openai":
-        raise ValueError(
-            "--chat-template-content-format openai: Surge passes each message's content to the chat "
-            "template as one string (its text parts joined by newlines); use auto or string"
-        )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json), as in vLLM"
@@ -604,6 +600,7 @@ def run_serve(args: argparse.Namespace) -> int:
         stream_interval=args.stream_interval,
         chat_template=_read_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
+        chat_template_content_format=args.chat_template_content_format,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         log_interval=args.log_interval,

@@ -61,6 +61,8 @@ class ServerState:
         stream_interval: tokens per SSE event after the first.
         chat_template: a template overriding the tokenizer's, or None.
         trust_request_chat_template: accept a request's own ``chat_template`` (``--trust-request-chat-template``).
+        chat_template_content_format: how message content reaches the chat template
+            (``--chat-template-content-format``: ``auto``, ``string`` or ``openai``).
         api_keys: bearer tokens accepted on /v1 routes; empty = no key needed.
         created: server start time (Unix seconds).
         metrics_require_key: ``/metrics`` needs the API key too.
@@ -125,6 +127,7 @@ class ServerState:
     reasoning_parser: str | None = None
     reasoning_tokens: ReasoningTokens | None = None
     trust_request_chat_template: bool = False
+    chat_template_content_format: str = "auto"
     return_tokens_as_token_ids: bool = False
     prompt_tokens_details: bool = False
     force_include_usage: bool = False
@@ -137,7 +140,9 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
 
     def __post_init__(self) -> None:
-        self.tokenizer_worker = TokenizerWorker(self.tokenizer, self.max_model_len, self.chat_template)
+        self.tokenizer_worker = TokenizerWorker(
+            self.tokenizer, self.max_model_len, self.chat_template, self.chat_template_content_format
+        )
 
     in_flight: InFlight = field(default_factory=InFlight)
     log_requests: bool = True

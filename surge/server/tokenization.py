@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from surge.chat_content_format import check_content_format
 from surge.parallel_encode import encode_text, split_safe
 from surge.server.errors import bad_request
 from surge.tokenizer import apply_chat_template
@@ -58,6 +59,12 @@ class TokenizerWorker:
         tokenizer: the model's tokenizer.
         max_model_len: the context length in tokens (for the cheap bound).
         chat_template: a template overriding the tokenizer's, or None.
+        content_format: how message content reaches the chat templates, the server's
+            ``--chat-template-content-format``: ``auto`` (each template's own, the server's or a
+            request's), ``string`` or ``openai`` (:mod:`surge.chat_content_format`).
+
+    Raises:
+        ValueError: an unknown ``content_format``.
     """
 
     def __init__(
@@ -65,10 +72,13 @@ class TokenizerWorker:
         tokenizer: PreTrainedTokenizerBase,
         max_model_len: int,
         chat_template: str | None,
+        content_format: str = "auto",
     ) -> None:
+        check_content_format(content_format)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.chat_template = chat_template
+        self.content_format = content_format
         self.splittable = split_safe(tokenizer)  # long texts are encoded in pieces (surge.parallel_encode)
         self._pool = ThreadPoolExecutor(max_workers=_GENERATION_THREADS, thread_name_prefix="surge-tokenizer")
         self._utility_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenize-route")
@@ -141,6 +151,7 @@ class TokenizerWorker:
                 splittable=self.splittable,
                 documents=documents,
                 on_generation_spans=on_generation_spans,
+                content_format=self.content_format,
             )
         except ValueError as e:
             raise bad_request(str(e), param="messages") from e

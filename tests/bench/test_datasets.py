@@ -52,6 +52,17 @@ def test_seeded_and_special_free(stories: HFTokenCounter, qwen: HFTokenCounter) 
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
+def test_extra_body_chat_template_of_parts_counted_as_the_server_renders_it(stories: HFTokenCounter) -> None:
+    """A ``chat_template`` of ``--extra-body`` that loops over content parts: the server's default
+    ``--chat-template-content-format auto`` passes it parts, so the count is of the text in it
+    (passed as a string, the loop ran over characters and wrote none of the text)."""
+    template = (
+        "{% for m in messages %}{% for part in m['content'] %}[{{ part['text'] }}]{% endfor %}{% endfor %}"
+    )
+    ids = stories.encode_chat("Once upon a time", {"chat_template": template})
+    assert stories.tok.decode(ids) == "[Once upon a time]"
+
+
 def test_chat_template_kwargs_of_extra_body_are_counted_qwen3(qwen: HFTokenCounter) -> None:
     """Qwen3 with ``--extra-body '{"chat_template_kwargs": {"enable_thinking": false}}'``: the
     template adds an empty think block (4 tokens); the prompts the benchmark builds have exactly

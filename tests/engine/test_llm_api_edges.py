@@ -4,6 +4,7 @@ next to ``bad_words_token_ids``, and an ``LLM`` used after ``close()``."""
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -630,12 +631,8 @@ def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None
             "mm_processor_kwargs is not supported: Surge serves text-only models",
         ),
         (
-            lambda: llm.chat(messages, GREEDY, chat_template_content_format="openai"),
-            r"chat_template_content_format='openai' is not supported: .* use 'string' or 'auto'",
-        ),
-        (
             lambda: llm.chat(messages, GREEDY, chat_template_content_format="text"),
-            "chat_template_content_format must be 'auto' or 'string'",
+            "chat_template_content_format must be 'auto', 'string' or 'openai', got 'text'",
         ),
         (
             lambda: llm.chat(messages, GREEDY, tokenization_kwargs={"truncation": True}),
@@ -807,6 +804,41 @@ def test_vllm_top_level_names_import(llm: LLM) -> None:
     assert {"RequestOutput", "CompletionOutput", "TextPrompt", "TokensPrompt"} <= set(surge.__all__)
 
 
+def test_chat_content_format_as_vllm(llm: LLM, caplog: pytest.LogCaptureFixture) -> None:
+    """``chat_template_content_format="openai"`` was refused and "auto" always passed strings, so
+    a template that loops over content parts rendered none of the text: "auto" now detects the
+    template's format (logged once per template), "openai" passes the parts, "string" the joined
+    text (tests/test_chat_content_format.py has the rules)."""
+    from tests.test_chat_content_format import PARTS_TEMPLATE, STRING_TEMPLATE
+
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Once"}, {"type": "text", "text": "upon"}]}
+    ]
+    with caplog.at_level(logging.INFO, logger="surge.llm"):
+        auto = llm.chat(messages, GREEDY, chat_template=PARTS_TEMPLATE)[0]
+        llm.chat(messages, GREEDY, chat_template=PARTS_TEMPLATE)
+    assert auto.prompt == "user:[Once][upon];"
+    logged = [r.getMessage() for r in caplog.records if "content format" in r.getMessage()]
+    assert logged == [
+        "chat template content format: 'openai', detected in the chat template (a message's content "
+        "reaches it as a list of text parts; --chat-template-content-format sets another)"
+    ]
+    forced = llm.chat(messages, GREEDY, chat_template=PARTS_TEMPLATE, chat_template_content_format="openai")[
+        0
+    ]
+    assert (forced.prompt, forced.prompt_token_ids) == (auto.prompt, auto.prompt_token_ids)
+    as_string = llm.chat(
+        messages, GREEDY, chat_template=PARTS_TEMPLATE, chat_template_content_format="string"
+    )
+    assert "Once" not in as_string[0].prompt
+    plain = llm.chat(messages, GREEDY, chat_template=STRING_TEMPLATE)[0]
+    assert plain.prompt == "user:Once\nupon\n"
+    ids = llm.enqueue_chat(
+        messages, GREEDY, chat_template=PARTS_TEMPLATE, chat_template_content_format="openai"
+    )
+    assert [o.prompt for o in llm.wait_for_completion() if o.request_id in ids] == [auto.prompt]
+
+
 def test_enqueue_chat_as_vllm(llm: LLM) -> None:
     """vLLM 0.26's ``enqueue_chat()`` was an AttributeError: conversations are rendered as
     ``chat()`` renders them and run by ``wait_for_completion()`` next to enqueued prompts, each
@@ -820,8 +852,8 @@ def test_enqueue_chat_as_vllm(llm: LLM) -> None:
     assert [(o.prompt, o.prompt_token_ids, o.outputs[0].text) for o in outs[1:]] == [
         (e.prompt, e.prompt_token_ids, e.outputs[0].text) for e in expected
     ]
-    with pytest.raises(ValueError, match="chat_template_content_format='openai' is not supported"):
-        llm.enqueue_chat(one, GREEDY, chat_template_content_format="openai")
+    with pytest.raises(ValueError, match="chat_template_content_format must be 'auto', 'string' or 'openai'"):
+        llm.enqueue_chat(one, GREEDY, chat_template_content_format="parts")
     with pytest.raises(ValueError, match="priority must be one integer per prompt: 1 for 2 prompts"):
         llm.enqueue_chat([one, two], GREEDY, priority=[0])
     assert llm.enqueue_chat([], GREEDY) == [] and llm.wait_for_completion() == []
