@@ -376,8 +376,13 @@ def plan_chat(
     """Check the request's tools, tool choice and structured outputs, and plan the chat.
 
     Raises:
-        ApiError: 400 naming ``tools``, ``tool_choice`` or the structured-output field.
+        ApiError: 400 naming ``tools`` (an empty list included, as OpenAI and vLLM refuse it),
+            ``tool_choice`` or the structured-output field.
     """
+    if body.tools == []:  # OpenAI and vLLM refuse it: an empty list offers no tool to call
+        raise bad_request(
+            "tools must not be an empty array: give at least one tool or leave tools out", param="tools"
+        )
     tools = None if body.tools is None else check_tools(body.tools)
     tool_choice = body.tool_choice
     if tool_choice is None:
