@@ -331,11 +331,16 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
             tokens to space.
         whitespace_pattern: vLLM's option of its outlines backend: None only (Surge compiles
             with xgrammar; ``disable_any_whitespace`` picks the spacing).
+        disable_additional_properties: vLLM's switch of its guidance backend that closes every
+            object schema without ``additionalProperties`` (makes it false). Surge's JSON grammar
+            (xgrammar's strict mode, as vLLM's xgrammar backend compiles it) always does, so True
+            asks for what Surge does and False (vLLM's default) changes nothing either: taken
+            as a bool, it is not part of the grammar.
 
     Raises:
         ValueError: no constraint or more than one, an empty field, or a field of the wrong
-            type (``json_object`` not a bool or None, ``disable_any_whitespace`` not a bool,
-            ``reasoning_end_token_id`` not a non-negative integer or None), or a
+            type (``json_object`` not a bool or None, ``disable_any_whitespace`` or
+            ``disable_additional_properties`` not a bool, ``reasoning_end_token_id`` not a non-negative integer or None), or a
             ``whitespace_pattern``.
     """
 
@@ -348,6 +353,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_end_token_id: int | None = None
     disable_any_whitespace: bool = True
     whitespace_pattern: str | None = None
+    disable_additional_properties: bool = False
 
     def __post_init__(self) -> None:
         import json as _json
@@ -356,6 +362,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "json_object", False)
         _as_bool("structured_outputs.json_object", self.json_object)
         _as_bool("structured_outputs.disable_any_whitespace", self.disable_any_whitespace)
+        _as_bool("structured_outputs.disable_additional_properties", self.disable_additional_properties)
         if self.whitespace_pattern is not None:
             raise ValueError(
                 "structured_outputs.whitespace_pattern is not supported: it is an option of vLLM's outlines "

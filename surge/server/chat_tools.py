@@ -129,7 +129,8 @@ class ChatPlan:
         engine's finish reason, as :meth:`delta` streams them. A ``--tool-call-parser`` call
         that does not parse (cut, or invalid JSON) makes the answer its raw text as content,
         as vLLM answers a chat completion, unless ``as_streamed``: then it is the calls the
-        stream sends (the Responses API, whose stream has sent them as items)."""
+        stream sends (the Responses API, whose stream has sent them as items). Next to tool
+        calls, an answer of whitespace alone is null (not with ``as_streamed``), as in vLLM."""
         parser = self.new_parser()
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -150,9 +151,14 @@ class ChatPlan:
             calls[t.index]["function"]["arguments"] += t.arguments
         # an empty answer is null next to tool calls and under a reasoning parser (after a
         # finished reasoning, or in one cut short), as vLLM gives it; a tool parser alone that
-        # found no call gives the text as it is
+        # found no call gives the text as it is. Next to tool calls, whitespace alone (Qwen3's
+        # "\n\n" between </think> and <tool_call>) is no answer either, as vLLM's non-streamed
+        # parse drops it (streamed, both send it as it comes)
+        content = d.content
+        if calls and not as_streamed and content.isspace():
+            content = ""
         null = bool(calls) or self.reasoning or parser.in_reasoning
-        msg = {"role": "assistant", "content": d.content or (None if null else "")}
+        msg = {"role": "assistant", "content": content or (None if null else "")}
         if self.reasoning or self.reasoning_field:
             msg.update(reasoning_fields((d.reasoning if self.include_reasoning else None) or None))
         if calls:
@@ -376,8 +382,13 @@ def plan_chat(
     """Check the request's tools, tool choice and structured outputs, and plan the chat.
 
     Raises:
-        ApiError: 400 naming ``tools``, ``tool_choice`` or the structured-output field.
+        ApiError: 400 naming ``tools`` (an empty list included, as OpenAI and vLLM refuse it),
+            ``tool_choice`` or the structured-output field.
     """
+    if body.tools == []:  # OpenAI and vLLM refuse it: an empty list offers no tool to call
+        raise bad_request(
+            "tools must not be an empty array: give at least one tool or leave tools out", param="tools"
+        )
     tools = None if body.tools is None else check_tools(body.tools)
     tool_choice = body.tool_choice
     if tool_choice is None:

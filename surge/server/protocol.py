@@ -501,6 +501,7 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
         values = dict(self)
         del values["early_stopping"]
         values["messages"] = self.messages[index]
+        values["tools"] = self.tools or None  # ``[]`` is taken here (no tools) but not on chat
         fields_set = self.model_fields_set - {"early_stopping"}
         return ChatCompletionRequest.model_construct(_fields_set=fields_set, **values)
 

@@ -355,7 +355,7 @@ def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
         ApiError: 400 naming ``tools[i]...`` for a server tool (a ``type`` other than
             ``custom``), an unknown key or a missing ``input_schema``.
     """
-    if tools is None:
+    if not tools:  # an empty list offers no tool: none (chat completions refuse an empty list)
         return None
     out = []
     for i, tool in enumerate(tools):

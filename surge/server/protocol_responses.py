@@ -255,7 +255,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         ApiError: 400 naming ``tools`` for a built-in tool (``web_search``, ``file_search``,
             ``code_interpreter``, ``mcp``, ...) or a malformed function tool.
     """
-    if tools is None:
+    if not tools:  # the Responses API takes an empty list (its default): no tools
         return None
     out = []
     for i, tool in enumerate(tools):

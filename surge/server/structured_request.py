@@ -18,6 +18,10 @@ from surge.server.errors import bad_request
 from surge.structured.validate import check_structured_outputs
 
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# vLLM's options next to the constraint: the JSON spacing, and its guidance backend's switch that
+# closes object schemas, which Surge's grammar (xgrammar's strict mode, as vLLM's default
+# xgrammar backend) always does; both booleans
+_STRUCTURED_OPTIONS = ("disable_any_whitespace", "disable_additional_properties")
 
 
 def _json_text(value: Any, param: str) -> str:
@@ -139,13 +143,15 @@ def _from_structured_outputs(so: Any) -> StructuredOutputsParams:
     param = "structured_outputs"
     if not isinstance(so, dict):
         raise bad_request("structured_outputs must be an object", param=param)
+    for option in _STRUCTURED_OPTIONS:
+        value = so.get(option)
+        if value is not None and not isinstance(value, bool):
+            raise bad_request(
+                f"structured_outputs.{option} must be a boolean, got {type(value).__name__}",
+                param=f"{param}.{option}",
+            )
     spacing = so.get("disable_any_whitespace")
-    if spacing is not None and not isinstance(spacing, bool):
-        raise bad_request(
-            f"structured_outputs.disable_any_whitespace must be a boolean, got {type(spacing).__name__}",
-            param=f"{param}.disable_any_whitespace",
-        )
-    known = (*_STRUCTURED_KEYS, "disable_any_whitespace")
+    known = (*_STRUCTURED_KEYS, *_STRUCTURED_OPTIONS)
     unknown = sorted(k for k, v in so.items() if k not in known and v not in (None, False))
     if unknown:
         raise bad_request(

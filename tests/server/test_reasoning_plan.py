@@ -237,6 +237,25 @@ def test_an_empty_answer_after_the_reasoning_is_null() -> None:
     assert tools_only.message("", "stop")[0] == {"role": "assistant", "content": ""}
 
 
+def test_whitespace_next_to_tool_calls_is_no_answer() -> None:
+    """Qwen3 writes ``</think>\n\n<tool_call>...``: with the call, the non-streamed ``content`` is
+    null, as vLLM 0.26's parse gives it (it drops an answer of whitespace alone next to calls;
+    it was ``"\n\n"``); streamed, the whitespace comes as it is, as in vLLM. Other text stays,
+    and so does whitespace alone without a call."""
+    plan = _plan(tools=TOOLS)
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    for text in ("<think>\nUTC.\n</think>\n\n" + call, "\n\n" + call, " \n" + call + "\n"):
+        msg, finish = plan.message(text, "stop")
+        assert msg["content"] is None and finish == "tool_calls", (text, msg)
+        assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
+        streamed, _, _ = _streamed(plan, text, "stop")
+        assert streamed["content"] in (None, "") or streamed["content"].isspace()
+    assert plan.message("<think>UTC.</think>\n\nSure. " + call, "stop")[0]["content"] == "\n\nSure. "
+    assert plan.message("<think>UTC.</think>\n\n", "stop")[0]["content"] == "\n\n"
+    responses = plan.message("<think>UTC.</think>\n\n" + call, "stop", as_streamed=True)[0]
+    assert responses["content"] == "\n\n"  # the Responses API: what its stream sent
+
+
 def test_reasoning_effort_is_passed_to_the_template_as_vllm_does() -> None:
     """``reasoning_effort`` (OpenAI's field, which vLLM honours): the template gets it as a
     variable and Qwen3's ``enable_thinking`` switch, off for ``"none"`` (then the parser is off

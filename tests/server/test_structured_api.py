@@ -204,6 +204,38 @@ def test_structured_outputs_disable_any_whitespace_is_honoured() -> None:
     assert e.value.status == 400 and e.value.param == "structured_outputs.disable_any_whitespace"
 
 
+def test_structured_outputs_disable_additional_properties_is_taken() -> None:
+    """vLLM's ``structured_outputs.disable_additional_properties`` (its guidance backend's switch
+    that closes object schemas; vLLM's default xgrammar backend ignores it, its objects being
+    closed already): ``true`` was a 400 "not supported", though Surge's grammar always closes
+    objects; it is taken now, either value, with the same grammar (extra keys refused), and a
+    non-bool is a 400 naming it."""
+    from types import SimpleNamespace
+
+    from xgrammar import testing as xgr_testing
+
+    from surge.server.errors import ApiError
+    from surge.server.structured_request import structured_outputs_of
+    from surge.structured.validate import build_grammar
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def params(**extra: Any) -> Any:
+        so = {"json": schema, **extra}
+        return structured_outputs_of(SimpleNamespace(structured_outputs=so))[0]
+
+    plain = params()
+    for value in (True, False):
+        closed = params(disable_additional_properties=value)
+        assert closed.key == plain.key
+        grammar = build_grammar(closed)
+        assert xgr_testing._is_grammar_accept_string(grammar, '{"a": 1}')
+        assert not xgr_testing._is_grammar_accept_string(grammar, '{"a": 1, "b": 2}')
+    with pytest.raises(ApiError) as e:
+        params(disable_additional_properties="yes")
+    assert e.value.status == 400 and e.value.param == "structured_outputs.disable_additional_properties"
+
+
 def test_a_schema_too_slow_to_compile_is_a_400_naming_the_field(server: Server) -> None:
     """A 200-byte schema whose pattern repeats 20,000 times took xgrammar about half a minute
     (and held the event loop): refused before it is compiled, naming the field, on chat

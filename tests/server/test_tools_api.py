@@ -403,6 +403,8 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
         ),  # was ignored
         (client, {"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools"),
         (client, {"tools": [{"type": "function", "function": {"name": "f", "description": 7}}]}, "tools"),
+        (client, {"tools": []}, "tools"),  # was taken as no tools (OpenAI and vLLM refuse it)
+        (client, {"tools": [], "tool_choice": "none"}, "tools"),
     ]
     for c, extra, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
@@ -436,3 +438,22 @@ def test_tokenize_counts_messages_with_tools_as_chat_completions_do(tool_server:
     r = httpx.post(url + "/tokenize", json={"prompt": "Weather?", "tools": TOOLS}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert httpx.post(url + "/tokenize", json={"messages": MSGS, "tools": None}, timeout=60).json() == plain
+
+
+def test_an_empty_tools_list_is_refused_on_chat_only() -> None:
+    """``tools: []`` on a chat completion is a 400 naming ``tools``, as OpenAI and vLLM answer it;
+    where an empty list is the API's own "no tools" (the Responses API's default, Anthropic's
+    Messages API, the batch endpoint, which vLLM gives no tools field), it still means no tools."""
+    from surge.server import protocol_messages, protocol_responses
+    from surge.server.chat_tools import plan_chat
+    from surge.server.errors import ApiError
+    from surge.server.protocol import BatchChatCompletionRequest, ChatCompletionRequest
+
+    body = ChatCompletionRequest.model_validate({"messages": MSGS, "tools": []})
+    with pytest.raises(ApiError) as e:
+        plan_chat(body, None, "hermes", None)
+    assert e.value.param == "tools" and "empty" in str(e.value)
+    assert protocol_responses.chat_tools([]) is None
+    assert protocol_messages._chat_tools([]) is None
+    batch = BatchChatCompletionRequest.model_validate({"messages": [MSGS], "tools": []})
+    assert batch.conversation(0).tools is None

@@ -200,3 +200,9 @@ def test_vllm_whitespace_options() -> None:
         StructuredOutputsParams(json=schema, disable_any_whitespace=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"whitespace_pattern is not supported: .*vLLM's outlines"):
         StructuredOutputsParams(json=schema, whitespace_pattern=r"[ ]?")
+    # vLLM's disable_additional_properties (was "Unexpected keyword argument"): the grammar's
+    # objects are closed either way
+    closed = StructuredOutputsParams(json=schema, disable_additional_properties=True)
+    assert closed.key == compact.key and not accepts(closed, '{"a": 1, "b": 2}')
+    with pytest.raises(ValueError, match="disable_additional_properties must be a boolean"):
+        StructuredOutputsParams(json=schema, disable_additional_properties=1)  # type: ignore[arg-type]
