@@ -353,15 +353,27 @@ _RESUME_SAME = (
     "seed",
     "temperature",
     "extra_body",
+    "prefix_cache_reset",
     "hardware",
     "roofline_tp",
     "roofline_dtype",
     "roofline_kv_cache_dtype",
 )
 """Summary fields a ``--resume`` must share with the earlier run (a field the earlier summary
-lacks is not compared; ``model``, when this run takes the server's, is compared with the model
+lacks is not compared; ``prefix_cache_reset`` is ``--keep-prefix-cache``'s opposite, as the summary
+records it; ``model``, when this run takes the server's, is compared with the model
 the server serves once it answers, :func:`_check_served_model`): the roofline's settings
 too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'."""
+
+
+def _resume_value(mcfg: MatrixConfig, name: str) -> Any:
+    """This run's value of the summary field ``name`` of :data:`_RESUME_SAME`, as
+    :func:`run_matrix`'s summary writes it."""
+    if name == "hardware":
+        return _summary_hardware(mcfg.serve)
+    if name == "prefix_cache_reset":
+        return mcfg.reset_prefix_cache
+    return getattr(mcfg.serve, name)
 
 
 def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[str, Any]], str | None]:
@@ -371,7 +383,8 @@ def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[
 
     Raises:
         ValueError: the earlier run was measured against another server, endpoint, model, seed,
-            temperature or extra body, or with another roofline GPU, TP size or dtype
+            temperature or extra body, with the prefix cache reset where this run keeps it (or
+            the other way round), or with another roofline GPU, TP size or dtype
             (:data:`_RESUME_SAME`): its points would be mixed with this run's under this run's
             settings.
     """
@@ -382,10 +395,7 @@ def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}, None
-    now = {  # ServeConfig fields, as summarized
-        name: _summary_hardware(mcfg.serve) if name == "hardware" else getattr(mcfg.serve, name)
-        for name in _RESUME_SAME
-    }
+    now = {name: _resume_value(mcfg, name) for name in _RESUME_SAME}
     for name in _RESUME_SAME if isinstance(old, dict) else ():
         if name == "model" and now[name] is None:
             continue  # this run takes the server's model

@@ -300,13 +300,24 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = json.loads((out / "summary.json").read_text())
     assert [p["concurrency"] for p in summary["points"]] == [1, 2, 3] and summary["num_successful"] == 3
     assert "resuming: 1 point(s) already done" in capsys.readouterr().out
-    # points measured with other settings are not mixed in: a one-line error, nothing sent
+    # points measured with other settings are not mixed in: a one-line error naming the setting,
+    # nothing sent (on the same server: another one's URL would be refused before the setting)
     with FakeServer(b) as s:
         n = len(b.log)
-        for flags in (["--seed", "7"], ["--endpoint", "/v1/completions"], ["--temperature", "0"]):
+        for flags, field in (
+            (["--base-url", s.url], "base_url"),
+            (["--base-url", summary["base_url"], "--seed", "7"], "seed"),
+            (["--base-url", summary["base_url"], "--endpoint", "/v1/completions"], "endpoint"),
+            (["--base-url", summary["base_url"], "--temperature", "0"], "temperature"),
+            # its points were measured after a reset each
+            (["--base-url", summary["base_url"], "--keep-prefix-cache"], "prefix_cache_reset"),
+        ):
             assert _matrix(s.url, out, "--concurrency", "1,2,3,4", "--resume", *flags) == 2
             err = capsys.readouterr().err
-            assert err.startswith("surge: error: --resume:") and err.count("\n") == 1, err
+            assert err.startswith(
+                f"surge: error: --resume: {out / 'summary.json'} was measured with {field} "
+            )
+            assert err.count("\n") == 1, err
         assert len(b.log) == n
 
 
