@@ -500,7 +500,8 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="keep the successful points already in --output-dir and run only the others (default off)",
+        help="keep the successful points already in --output-dir and run only the others; a folder "
+        "measured with other settings (server, model, seed, --repeats, --warmup...) is refused (default off)",
     )
     p.add_argument(
         "--stop-after",

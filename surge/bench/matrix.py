@@ -15,14 +15,18 @@ the mean over the runs and the spread (population std, min, max) of the main met
 per-run values under ``runs`` (``surge bench compare`` uses them as the noise of the point).
 
 Percentiles: each run reports those of ``--percentiles`` and always P99, which the summary's
-columns show.
+columns show (with the means and medians, whatever ``--percentiles`` asks).
 
 Written to ``--output-dir``: per run ``C{C}_I{I}_O{O}.json`` (``..._r{k}.json`` with repeats; the
 aggregates) and ``*.requests.json.gz`` (the per-request lists, see :mod:`surge.bench.results`),
 ``summary.json``, ``summary.md``, ``throughput.png`` and ``latency.png`` (and ``server.log`` with
 ``--launch``). The summary is rewritten after every point; ``--resume`` keeps the successful
 points of an earlier run into the same folder and runs only the others, and ``--stop-after S``
-starts no new point after S seconds, so a long matrix can be split over several calls.
+starts no new point after S seconds, so a long matrix can be split over several calls. A
+``--resume`` with another setting that changes what a point measures (:data:`_RESUME_SAME`: the
+server, seed, ``--repeats``, ``--warmup``...) is refused in one line; another ``--percentiles``
+is taken (the summary's columns do not depend on it; the kept points' files keep the earlier
+run's percentiles, the new points' files have the new ones).
 With ``--launch CMD`` the server is started here, restarted when it dies (that point fails, the
 matrix goes on) and stopped at the end.
 """
@@ -329,6 +333,7 @@ def _write_summary(
         "temperature": mcfg.serve.temperature,
         "extra_body": mcfg.serve.extra_body,
         "repeats": mcfg.repeats,
+        "warmup": mcfg.serve.warmup,
         "prefix_cache_reset": mcfg.reset_prefix_cache,
         "hardware": _summary_hardware(mcfg.serve),
         "roofline_tp": mcfg.serve.roofline_tp,
@@ -353,6 +358,8 @@ _RESUME_SAME = (
     "seed",
     "temperature",
     "extra_body",
+    "repeats",
+    "warmup",
     "prefix_cache_reset",
     "hardware",
     "roofline_tp",
@@ -363,7 +370,11 @@ _RESUME_SAME = (
 lacks is not compared; ``prefix_cache_reset`` is ``--keep-prefix-cache``'s opposite, as the summary
 records it; ``model``, when this run takes the server's, is compared with the model
 the server serves once it answers, :func:`_check_served_model`): the roofline's settings
-too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'."""
+too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'.
+``repeats`` and ``warmup`` too: a point's row is the mean of its repeats, measured after its
+warm-up requests, and another count would either re-run every kept point (the rows of another
+repeat count are not kept) or mix points measured after other warm-ups. ``--percentiles`` is not
+compared: it changes what each new point's file reports, not the summary's columns."""
 
 
 def _resume_value(mcfg: MatrixConfig, name: str) -> Any:
@@ -373,6 +384,8 @@ def _resume_value(mcfg: MatrixConfig, name: str) -> Any:
         return _summary_hardware(mcfg.serve)
     if name == "prefix_cache_reset":
         return mcfg.reset_prefix_cache
+    if name == "repeats":
+        return mcfg.repeats
     return getattr(mcfg.serve, name)
 
 
@@ -383,8 +396,9 @@ def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[
 
     Raises:
         ValueError: the earlier run was measured against another server, endpoint, model, seed,
-            temperature or extra body, with the prefix cache reset where this run keeps it (or
-            the other way round), or with another roofline GPU, TP size or dtype
+            temperature or extra body, with another ``--repeats`` or ``--warmup``, with the prefix
+            cache reset where this run keeps it (or the other way round), or with another roofline
+            GPU, TP size or dtype
             (:data:`_RESUME_SAME`): its points would be mixed with this run's under this run's
             settings.
     """

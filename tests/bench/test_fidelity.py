@@ -311,6 +311,10 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
             (["--base-url", summary["base_url"], "--temperature", "0"], "temperature"),
             # its points were measured after a reset each
             (["--base-url", summary["base_url"], "--keep-prefix-cache"], "prefix_cache_reset"),
+            # its rows are single runs (another count re-ran every kept point, silently)
+            (["--base-url", summary["base_url"], "--repeats", "2"], "repeats"),
+            # its points were measured after one warm-up request each
+            (["--base-url", summary["base_url"], "--warmup", "0"], "warmup"),
         ):
             assert _matrix(s.url, out, "--concurrency", "1,2,3,4", "--resume", *flags) == 2
             err = capsys.readouterr().err
@@ -319,6 +323,11 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
             )
             assert err.count("\n") == 1, err
         assert len(b.log) == n
+        # --percentiles only changes what a new point's file reports: the kept points stay
+        base = ["--base-url", summary["base_url"], "--concurrency", "1,2,3", "--resume"]
+        assert _matrix(s.url, out, *base, "--percentiles", "50,90") == 0
+        assert len(b.log) == n
+        assert "resuming: 3 point(s) already done" in capsys.readouterr().out
 
 
 def test_matrix_resume_refuses_a_server_of_another_model(
