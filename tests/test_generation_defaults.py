@@ -195,28 +195,11 @@ def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFix
     greedy = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
     assert off.generate(prompt, greedy)[0].outputs[0].text == plain_text
     # `surge generate`: the model's defaults when the flags are left out
-    args = argparse.Namespace(
-        model_tag=None,
-        model=str(model),
-        prompt=prompt,
-        max_tokens=n,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        min_p=None,
-        repetition_penalty=None,
-        seed=None,
-        ignore_eos=True,
-        chat=False,
-        device="cpu",
-        dtype="auto",
-        load_format="auto",
-        tensor_parallel_size=1,
-        tp_all_reduce="auto",
-        quantization=None,
-        kv_cache_dtype="auto",
-        generation_config="auto",
-        hf_overrides=None,
+    from surge.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["generate", "--model", str(model), "--prompt", prompt, "--max-tokens", str(n), "--ignore-eos"]
+        + ["--device", "cpu", "--num-kv-blocks", "256"]
     )
     assert run_generate(args) == 0
     assert capsys.readouterr().out == left_out + "\n"

@@ -1,4 +1,4 @@
-"""The model-loading flags shared by `surge serve` and `surge generate`."""
+"""The model-loading, engine and generation-config flags shared by `surge serve` and `surge generate`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from surge.config import DTYPE_ALIASES, DTYPES, LOAD_FORMATS
+from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -99,4 +100,85 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="a JSON object whose keys replace the model config.json's, as in vLLM, e.g. "
         """'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": """
         """32768}}' for Qwen3's 131,072-token context""",
+    )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Add the engine's scheduler and KV cache flags shared by `surge serve` and `surge generate`:
+    ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len`` (tokens),
+    ``--block-size`` (tokens per block), ``--num-kv-blocks``, ``--gpu-memory-utilization`` (a
+    fraction), ``--enforce-eager``, ``--async-scheduling`` and ``--enable-prefix-caching``, with
+    the defaults of :func:`surge.engine.llm_engine.build_engine_config` (which checks the values)."""
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step (default 256)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=token_count,
+        default=8192,
+        help="token budget of one step; 8k = 8,000, 8K = 8,192 as in vLLM (default 8192)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=token_count,
+        default=None,
+        help="longest prompt + output; 32k = 32,000, 32K = 32,768 as in vLLM (default: the model's)",
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default 16)")
+    p.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)"
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of GPU memory to use (default 0.9)",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="disable CUDA graphs (decode and piecewise prefill graphs)",
+    )
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule step k+1 while the GPU runs step k (default: on with CUDA, off on CPU)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share the KV blocks of equal prompt prefixes between requests, as vLLM's flag; "
+        "--no-enable-prefix-caching turns it off",
+    )
+
+
+def add_generation_config_args(p: argparse.ArgumentParser, max_tokens: str) -> None:
+    """Add ``--generation-config`` and ``--override-generation-config`` (vLLM's), shared by
+    `surge serve` and `surge generate`. A value that is not a JSON object is an argparse error
+    (one line); the override's keys and values are checked by
+    :func:`surge.generation_defaults.check_override_generation_config` when the engine config is
+    built (one line naming ``override_generation_config`` and the key).
+
+    Args:
+        p: the sub-command's parser.
+        max_tokens: what the override's ``max_new_tokens`` caps, in the help's words (serve:
+            every request's ``max_tokens``; generate: ``--max-tokens``).
+    """
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        choices=[*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES],
+        help="auto: sampling defaults (and max_new_tokens, the default output length) from the model's "
+        "generation_config.json apply to the values left out (default); none (or vllm, vLLM's name): "
+        "ignore them",
+    )
+    p.add_argument(
+        "--override-generation-config",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's: a JSON object of temperature, top_p, top_k, min_p, repetition_penalty and "
+        "max_new_tokens merged over the model's generation_config.json (alone with "
+        f"--generation-config none); its max_new_tokens also caps {max_tokens}, e.g. "
+        """'{"temperature": 0.5, "max_new_tokens": 1024}'""",
     )

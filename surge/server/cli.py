@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from surge.config import SCHEDULING_POLICIES
-from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
 from surge.server.auth import parse_api_keys
 from surge.server.cors import CorsOptions
 from surge.server.metrics import METRICS_PREFIXES
@@ -63,7 +62,12 @@ serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
 
 def add_serve_parser(subparsers: Any) -> None:
     """Register `surge serve` on an argparse sub-parser collection."""
-    from surge.engine.cli_args import add_device_args, add_load_args, json_object, token_count
+    from surge.engine.cli_args import (
+        add_device_args,
+        add_engine_args,
+        add_generation_config_args,
+        add_load_args,
+    )
 
     p = subparsers.add_parser(
         "serve",
@@ -193,23 +197,7 @@ def add_serve_parser(subparsers: Any) -> None:
         default=30.0,
         help="on SIGTERM/SIGINT, seconds requests in flight may run on before they are ended (default 30)",
     )
-    p.add_argument(
-        "--generation-config",
-        default="auto",
-        choices=[*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES],
-        help="auto: sampling defaults from the model's generation_config.json apply to fields a "
-        "request leaves out (default); none (or vllm, vLLM's name): ignore them",
-    )
-    p.add_argument(
-        "--override-generation-config",
-        type=json_object,
-        default=None,
-        metavar="JSON",
-        help="vLLM's: a JSON object of temperature, top_p, top_k, min_p, repetition_penalty and "
-        "max_new_tokens merged over the model's generation_config.json (alone with "
-        "--generation-config none); its max_new_tokens also caps every request's max_tokens, e.g. "
-        """'{"temperature": 0.5, "max_new_tokens": 1024}'""",
-    )
+    add_generation_config_args(p, "every request's max_tokens")
     p.add_argument(
         "--disable-log-requests", action="store_true", help="no log line per request start and end"
     )
@@ -219,7 +207,6 @@ def add_serve_parser(subparsers: Any) -> None:
         default=1,
         help="tokens per streamed event after the first one (default 1)",
     )
-    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step (default 256)")
     p.add_argument(
         "--scheduling-policy",
         default="fcfs",
@@ -228,28 +215,7 @@ def add_serve_parser(subparsers: Any) -> None:
         "by each request's priority field (lower first, then arrival), and under memory pressure "
         "the running request of the largest priority is preempted, as vLLM's",
     )
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=token_count,
-        default=8192,
-        help="token budget of one step; 8k = 8,000, 8K = 8,192 as in vLLM (default 8192)",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=token_count,
-        default=None,
-        help="longest prompt + output; 32k = 32,000, 32K = 32,768 as in vLLM (default: the model's)",
-    )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default 16)")
-    p.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)"
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="fraction of GPU memory to use (default 0.9)",
-    )
+    add_engine_args(p)
     add_device_args(p)
     add_load_args(p)
     p.add_argument(
@@ -337,11 +303,6 @@ def add_serve_parser(subparsers: Any) -> None:
         "answers (without it /load answers 0, as in vLLM)",
     )
     p.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="disable CUDA graphs (decode and piecewise prefill graphs)",
-    )
-    p.add_argument(
         "--stream-decode",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -363,19 +324,6 @@ def add_serve_parser(subparsers: Any) -> None:
         metavar="SECONDS",
         help="seconds one structured-output grammar may take to compile, in a worker process that is "
         "killed past it; the request then fails (default 60)",
-    )
-    p.add_argument(
-        "--async-scheduling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="schedule step k+1 while the GPU runs step k (default: on with CUDA, off on CPU)",
-    )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="share the KV blocks of equal prompt prefixes between requests, as vLLM's flag; "
-        "--no-enable-prefix-caching turns it off",
     )
     p.add_argument(
         "--log-interval", type=float, default=10.0, help="seconds between stats log lines (default 10)"
