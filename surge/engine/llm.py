@@ -125,12 +125,13 @@ class LLM:
 
     vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
     ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
-    ``speculative_config``, ``cpu_offload_gb``, ``disable_custom_all_reduce`` and a few more are
-    taken at the values that ask for nothing Surge lacks (``runner="generate"``,
-    ``pipeline_parallel_size=1``, ``revision=None``, ``enable_lora=False``, ...:
-    :data:`_VLLM_DEFAULT_ONLY`); another value is a ``ValueError`` that says what to use. Other
-    vLLM arguments Surge does without (``trust_remote_code``, ``swap_space``, ``task``, ...) are a
-    ``TypeError`` that says so.
+    ``speculative_config``, ``cpu_offload_gb``, ``disable_custom_all_reduce``,
+    ``trust_remote_code``, ``tokenizer_mode``, ``skip_tokenizer_init``, ``enable_chunked_prefill``,
+    ``max_logprobs``, ``logits_processors`` and a few more are taken at the values that ask for
+    nothing Surge lacks (``runner="generate"``, ``pipeline_parallel_size=1``, ``revision=None``,
+    ``enable_lora=False``, ``trust_remote_code=False``, ...: :data:`_VLLM_DEFAULT_ONLY`); another
+    value is a ``ValueError`` that says what to use. Other vLLM arguments Surge does without
+    (``swap_space``, ``task``, ``served_model_name``, ...) are a ``TypeError`` that says so.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -1027,8 +1028,6 @@ _TEXT_ONLY_KEYS = frozenset({"multi_modal_data", "mm_processor_kwargs", "multi_m
 absent, None or empty."""
 
 _LLM_ONLY_HINTS = {
-    "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
     "task": "nothing: Surge's LLM generates text, and vLLM 0.26 has no 'task' either (its runner=\"generate\")",
     "max_loras": "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)",
@@ -1069,6 +1068,10 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "llm_engine": (
         "Surge's engine is llm.engine (its own LLMEngine, without vLLM's API): its settings are "
         "llm.engine.config (e.g. llm.engine.config.model.max_model_len), the tokenizer is llm.get_tokenizer()"
+    ),
+    "model_config": (
+        "Surge's model settings are llm.engine.config.model (its own ModelConfig, without vLLM's API: "
+        "e.g. llm.engine.config.model.max_model_len), the tokenizer is llm.get_tokenizer()"
     ),
     "set_tokenizer": (
         "Surge reads the model folder's own tokenizer: copy the tokenizer files into the model folder "
@@ -1123,6 +1126,27 @@ _VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {
     "distributed_executor_backend": (
         (None, "mp"),
         'Surge runs its tensor-parallel workers as processes it spawns itself (vLLM\'s "mp")',
+    ),
+    "trust_remote_code": (
+        (False,),
+        "Surge runs its own code for the supported architectures, never a model folder's, so the "
+        "permission would change nothing: leave it out",
+    ),
+    "tokenizer_mode": (
+        ("auto", "hf"),
+        "the model folder's tokenizer is loaded by transformers' AutoTokenizer (vLLM's \"hf\")",
+    ),
+    "skip_tokenizer_init": (
+        (False,),
+        "Surge loads the model folder's tokenizer when it has one; a folder without tokenizer files "
+        "takes token-id prompts, and SamplingParams(detokenize=False) gives outputs without text",
+    ),
+    "enable_chunked_prefill": ((None, True), "Surge's chunked prefill is always on"),
+    "max_logprobs": ((20,), "logprobs and prompt_logprobs take up to 20 (vLLM's default)"),
+    "logits_processors": (
+        (None, []),
+        "Surge runs no custom logits processors: use SamplingParams' logit_bias, allowed_token_ids, "
+        "bad_words or structured_outputs",
     ),
 }
 """vLLM ``LLM(...)`` arguments that Surge takes only at a value that asks for nothing beyond
@@ -1239,7 +1263,7 @@ def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:
 
 def _unexpected_argument(name: str) -> str:
     """The TypeError message for ``LLM(name=...)``: for an argument of vLLM's ``LLM`` that Surge
-    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead. A command-line
+    does without (``swap_space``, ``task``, ...), what to use instead. A command-line
     hint that names flags (``--top-k``'s ``--extra-body``) is no use to a Python caller: such a name
     gets Python's own message."""
     from surge.cli import VLLM_FLAG_HINTS
