@@ -5,14 +5,18 @@ in vLLM (checked on what it returns) or is one error that names the feature Surg
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from surge import LLM, SamplingParams, TokensPrompt
 from surge.config import DEFAULT_MODEL_DIR as STORIES
 from surge.sampling_params import StructuredOutputsParams
+from tests.conftest import SHARED
 
 PROMPT = "Once upon a time"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -211,6 +215,33 @@ def test_structured_outputs_bad_words_and_allowed_token_ids(llm: LLM) -> None:
     assert set(llm.generate(PROMPT, allowed)[0].outputs[0].token_ids) <= {5, 261}
 
 
+def test_structured_json_schema(llm: LLM) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    params = SamplingParams(
+        temperature=0.0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=schema)
+    )
+    out = llm.generate(PROMPT, params)[0].outputs[0]
+    assert out.finish_reason == "stop" and isinstance(json.loads(out.text)["name"], str)
+
+
+def test_empty_prompt_list_gives_no_outputs(llm: LLM) -> None:
+    assert llm.generate([], GREEDY) == []
+
+
+def test_beam_search_hint_recipe_works(llm: LLM) -> None:
+    """``beam_search``'s AttributeError says to sample ``n=k`` candidates with ``logprobs=0`` and keep
+    the one of highest ``cumulative_logprob``: every candidate has one, the sum of its tokens'."""
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=6, ignore_eos=True, logprobs=0, seed=1)
+    candidates = llm.generate(PROMPT, params)[0].outputs
+    for c in candidates:
+        assert c.logprobs is not None and c.cumulative_logprob is not None
+        assert c.cumulative_logprob == pytest.approx(
+            sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs, strict=True))
+        )
+    best = max(candidates, key=lambda c: c.cumulative_logprob or -math.inf)
+    assert best.cumulative_logprob == max(c.cumulative_logprob or -math.inf for c in candidates)
+
+
 @pytest.mark.parametrize("field", ["best_of", "guided_decoding", "logits_processors", "use_beam_search"])
 def test_sampling_fields_vllm_026_lacks_too_are_refused_by_name(field: str) -> None:
     """Fields of older vLLM releases that vLLM 0.26's ``SamplingParams`` refuses too (``best_of``,
@@ -284,3 +315,43 @@ def test_vllm_members_surge_lacks_name_the_feature(llm: LLM, name: str, message:
         AttributeError, match=rf"Surge's LLM has no '{name}' \(vLLM's LLM.{name}\): .*{message}"
     ):
         getattr(llm, name)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+    """A one-layer Qwen3 with random weights and Qwen3's real tokenizer and chat template."""
+    src = SHARED / "models" / "qwen3-8b"
+    folder: Path = tmp_path_factory.mktemp("qwen3")
+    config = json.loads((src / "config.json").read_text())
+    config.update(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=512,
+        torch_dtype="float32",
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, folder / f.name)
+    with LLM(str(folder), load_format="dummy", max_model_len=512, num_kv_blocks=40) as model:
+        yield model
+
+
+def test_qwen3_chat_with_tools_and_enable_thinking(qwen3: LLM) -> None:
+    """A Qwen3 script's ``llm.chat(messages, params, tools=..., chat_template_kwargs={"enable_thinking":
+    False})``: the tools and the empty think block are in the prompt, as the model's template writes
+    them."""
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    plain = qwen3.chat(messages, params)[0]
+    assert plain.prompt == "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+    assert plain.prompt_token_ids == qwen3.get_tokenizer().encode(plain.prompt)
+    out = qwen3.chat(messages, params, tools=tools, chat_template_kwargs={"enable_thinking": False})[0]
+    assert out.prompt is not None and '"name": "get_weather"' in out.prompt and "<tools>" in out.prompt
+    assert out.prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert len(out.outputs[0].token_ids) == 2
