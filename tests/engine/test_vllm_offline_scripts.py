@@ -242,6 +242,19 @@ def test_beam_search_hint_recipe_works(llm: LLM) -> None:
     assert best.cumulative_logprob == max(c.cumulative_logprob or -math.inf for c in candidates)
 
 
+def test_sampling_params_clone(llm: LLM) -> None:
+    """vLLM's ``sp.clone()`` (a script's per-prompt variant of shared params) was an AttributeError."""
+    shared = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logit_bias={5: 0.5})
+    longer = shared.clone()
+    longer.max_tokens = 6
+    assert longer.logit_bias == shared.logit_bias and longer.logit_bias is not shared.logit_bias
+    assert shared.max_tokens == 3 and shared.clone() == shared
+    outs = llm.generate([PROMPT, PROMPT], [shared, longer])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 6]
+    quick = SamplingParams(max_tokens=3, logit_bias={5: 0.5}, skip_clone=True).clone()
+    assert quick.max_tokens == 3 and quick.skip_clone
+
+
 @pytest.mark.parametrize("field", ["best_of", "guided_decoding", "logits_processors", "use_beam_search"])
 def test_sampling_fields_vllm_026_lacks_too_are_refused_by_name(field: str) -> None:
     """Fields of older vLLM releases that vLLM 0.26's ``SamplingParams`` refuses too (``best_of``,
