@@ -365,7 +365,7 @@ def test_tokenization_kwargs_add_special_tokens(llm: LLM) -> None:
     bare = llm.generate(["Once upon"], GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
     assert bare.prompt_token_ids == ids and bare.prompt == "Once upon"
     assert bare.outputs[0].token_ids == llm.generate([ids], GREEDY)[0].outputs[0].token_ids
-    with pytest.raises(ValueError, match=r"takes only 'add_special_tokens', got \['truncation'\] \(truncate"):
+    with pytest.raises(ValueError, match=r"'truncation_side', got \['truncation'\] \(truncate a prompt with"):
         llm.generate("Once", GREEDY, tokenization_kwargs={"truncation": True})
     with pytest.raises(ValueError, match=r"\['add_special_tokens'\] must be a bool, got 0"):
         llm.generate("Once", GREEDY, tokenization_kwargs={"add_special_tokens": 0})
@@ -633,7 +633,8 @@ def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None
         ),
         (
             lambda: llm.chat(messages, GREEDY, tokenization_kwargs={"truncation": True}),
-            r"tokenization_kwargs takes only 'add_special_tokens', got \['truncation'\]",
+            r"tokenization_kwargs takes only 'add_special_tokens', 'truncate_prompt_tokens' and "
+            r"'truncation_side', got \['truncation'\]",
         ),
     ]
     for call, message in refused:

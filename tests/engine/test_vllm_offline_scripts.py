@@ -201,6 +201,41 @@ def test_truncate_prompt_tokens(llm: LLM) -> None:
     assert out.prompt_token_ids == ids[-5:]
 
 
+def test_tokenization_kwargs_truncate_as_vllm_026(llm: LLM) -> None:
+    """vLLM 0.26 truncates with ``generate(..., tokenization_kwargs={"truncate_prompt_tokens": k})``
+    (its ``SamplingParams`` lost the field), keeping the last k tokens (vLLM's tokenizers truncate
+    on the left for generative models) unless ``truncation_side="right"``; it was a ValueError
+    ("takes only 'add_special_tokens'")."""
+    ids = llm.get_tokenizer().encode(LONG_PROMPT)
+
+    def prompt_ids(prompt: object, **kwargs: object) -> list[int]:
+        out = llm.generate(prompt, GREEDY, tokenization_kwargs=kwargs)  # type: ignore[arg-type]
+        return out[0].prompt_token_ids
+
+    assert prompt_ids(LONG_PROMPT, truncate_prompt_tokens=5) == ids[-5:]
+    assert prompt_ids(LONG_PROMPT, truncate_prompt_tokens=5, truncation_side="right") == ids[:5]
+    assert prompt_ids({"prompt_token_ids": ids}, truncate_prompt_tokens=4, truncation_side="right") == ids[:4]
+    assert prompt_ids(LONG_PROMPT, truncate_prompt_tokens=-1) == ids  # max_model_len: all of it
+    assert prompt_ids(LONG_PROMPT, truncate_prompt_tokens=None, add_special_tokens=False) == ids[1:]
+    chat = llm.chat(
+        [{"role": "user", "content": LONG_PROMPT}],
+        GREEDY,
+        tokenization_kwargs={"truncate_prompt_tokens": 6},
+    )[0]
+    assert len(chat.prompt_token_ids) == 6 and chat.prompt is not None and LONG_PROMPT in chat.prompt
+    for kwargs, message in [
+        ({"truncate_prompt_tokens": 257}, r"\(257\) cannot be greater than max_model_len \(256\)"),
+        ({"truncate_prompt_tokens": -2}, r"must be an integer >= -1 or None, got -2"),
+        ({"truncate_prompt_tokens": 4.0}, r"must be an integer >= -1 or None, got 4.0"),
+        (
+            {"truncate_prompt_tokens": 4, "truncation_side": "middle"},
+            r"'left', 'right' or None, got 'middle'",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            llm.generate(LONG_PROMPT, GREEDY, tokenization_kwargs=kwargs)
+
+
 def test_structured_outputs_bad_words_and_allowed_token_ids(llm: LLM) -> None:
     choice = SamplingParams(
         temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])
