@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 import numbers
@@ -802,6 +803,12 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         checked = msgspec.structs.replace(self, **changes)
         for field in self.__struct_fields__:
             msgspec.structs.force_setattr(self, field, getattr(checked, field))
+
+    def clone(self) -> SamplingParams:
+        """vLLM's: an independent copy of these params (assigning to it, ``sp.clone().max_tokens =
+        8``, leaves these unchanged); a shallow copy under ``skip_clone``, as vLLM's. Its mutable
+        fields (``logit_bias``, ``extra_args``) are the copy's own otherwise."""
+        return copy.copy(self) if self.skip_clone else copy.deepcopy(self)
 
     def with_model_defaults(self, defaults: Mapping[str, float | int]) -> SamplingParams:
         """These params with the model's defaults in the fields the caller left out.

@@ -125,12 +125,13 @@ class LLM:
 
     vLLM's ``runner``, ``convert``, ``pipeline_parallel_size``, ``data_parallel_size``,
     ``revision``, ``tokenizer_revision``, ``compilation_config``, ``enable_lora``,
-    ``speculative_config``, ``cpu_offload_gb``, ``disable_custom_all_reduce`` and a few more are
-    taken at the values that ask for nothing Surge lacks (``runner="generate"``,
-    ``pipeline_parallel_size=1``, ``revision=None``, ``enable_lora=False``, ...:
-    :data:`_VLLM_DEFAULT_ONLY`); another value is a ``ValueError`` that says what to use. Other
-    vLLM arguments Surge does without (``trust_remote_code``, ``swap_space``, ``task``, ...) are a
-    ``TypeError`` that says so.
+    ``speculative_config``, ``cpu_offload_gb``, ``disable_custom_all_reduce``,
+    ``trust_remote_code``, ``tokenizer_mode``, ``skip_tokenizer_init``, ``enable_chunked_prefill``,
+    ``max_logprobs``, ``logits_processors`` and a few more are taken at the values that ask for
+    nothing Surge lacks (``runner="generate"``, ``pipeline_parallel_size=1``, ``revision=None``,
+    ``enable_lora=False``, ``trust_remote_code=False``, ...: :data:`_VLLM_DEFAULT_ONLY`); another
+    value is a ``ValueError`` that says what to use. Other vLLM arguments Surge does without
+    (``swap_space``, ``task``, ``served_model_name``, ...) are a ``TypeError`` that says so.
 
     Raises:
         ValueError: a bad model folder or argument, with a message naming it.
@@ -341,10 +342,15 @@ class LLM:
             priority: one integer per prompt (its choices share it), as vLLM's: with
                 ``LLM(scheduling_policy="priority")`` lower values are scheduled first (ties by
                 the order of the prompts) and preempted last; under "fcfs" every value must be 0.
-            tokenization_kwargs: vLLM's overrides of the text prompts' ``tokenizer.encode``;
-                only ``add_special_tokens`` (a bool, True by default; False adds no BOS, e.g.
-                to a prompt rendered with its chat template already) is taken
-                (:func:`_add_special_tokens`); truncate with ``SamplingParams.truncate_prompt_tokens``.
+            tokenization_kwargs: vLLM's overrides of the prompts' tokenization:
+                ``add_special_tokens`` (a bool, True by default; False adds no BOS to a text
+                prompt, e.g. one rendered with its chat template already;
+                :func:`_add_special_tokens`), and vLLM 0.26's ``truncate_prompt_tokens`` (keep
+                that many tokens of each prompt, text or ids; -1: ``max_model_len``; None: all)
+                with ``truncation_side`` ("left", the default as vLLM's for generative models,
+                keeps the last tokens; "right" the first)
+                (:func:`_prompt_truncation`). ``SamplingParams.truncate_prompt_tokens`` (earlier
+                vLLM's, from the left) applies after it.
             lora_request: vLLM's; None (or a list of None, one per prompt) only, as Surge serves
                 no LoRA adapters (:func:`_check_no_lora`).
             mm_processor_kwargs: vLLM's; None or empty only, as Surge serves text-only models.
@@ -397,6 +403,7 @@ class LLM:
         by id. ``added_prompt(1)`` is called after each prompt is added. A failure aborts the
         requests added so far."""
         add_special_tokens = _add_special_tokens(tokenization_kwargs, default=True)
+        truncation = _prompt_truncation(tokenization_kwargs, self.engine.max_model_len)
         _check_no_lora(lora_request)
         _check_no_mm_processor_kwargs(mm_processor_kwargs)
         salted = _as_prompt_list(prompts)
@@ -455,6 +462,7 @@ class LLM:
                 salts,
                 priorities,
                 add_special_tokens,
+                truncation,
                 results,
                 children,
                 added,
@@ -596,6 +604,7 @@ class LLM:
         salts: list[str | None],
         priorities: list[int],
         add_special_tokens: bool,
+        truncation: tuple[int, str] | None,
         results: list[RequestOutput],
         children: dict[str, _Child],
         added: list[str],
@@ -605,7 +614,8 @@ class LLM:
         output per prompt), ``children`` (per request id) and ``added`` (each id the engine took).
         ``salts``: each prompt's ``cache_salt`` (None: none); ``priorities``: each prompt's
         scheduling priority; ``add_special_tokens``: whether text prompts get the tokenizer's
-        special tokens (BOS); ``added_prompt(1)``: called after each prompt's requests are added.
+        special tokens (BOS); ``truncation``: :func:`_prompt_truncation`'s (tokens kept, side) or None;
+        ``added_prompt(1)``: called after each prompt's requests are added.
 
         Raises:
             ValueError: a request the engine refuses (see :meth:`LLMEngine.add_request`).
@@ -618,6 +628,7 @@ class LLM:
                 if isinstance(prompt, str)
                 else list(prompt)
             )
+            token_ids = _truncated(token_ids, truncation)
             # the engine truncates too; here first, so that the result reports the prompt it ran
             token_ids = truncated_prompt(
                 token_ids,
@@ -802,9 +813,10 @@ class LLM:
         template's own, read from its syntax tree as vLLM does and logged at its first use:
         "openai" for a template that loops over ``message['content']``, "string" otherwise, as
         for the Qwen and Llama 3 templates; :mod:`surge.chat_content_format`).
-        ``tokenization_kwargs``: ``{"add_special_tokens": bool}`` as in :meth:`generate`,
-        applied to the rendered text (default: no special tokens for a template, which writes
-        its own; the tokenizer's for the fallback without one, as vLLM's chat defaults).
+        ``tokenization_kwargs``: as in :meth:`generate`, applied to the rendered text
+        (``add_special_tokens`` by default: none for a template, which writes its own; the
+        tokenizer's for the fallback without one, as vLLM's chat defaults; a truncation cuts the
+        rendered prompt's tokens, the reported ``prompt`` text stays whole).
 
         Returns:
             One :class:`RequestOutput` per conversation, in order; its ``prompt`` is the
@@ -897,6 +909,7 @@ class LLM:
         :meth:`generate` takes it) and its templated text."""
         check_content_format(chat_template_content_format)
         add_special_tokens = _add_special_tokens(tokenization_kwargs, default=None)
+        truncation = _prompt_truncation(tokenization_kwargs, self.engine.max_model_len)
         _check_no_lora(lora_request)
         _check_no_mm_processor_kwargs(mm_processor_kwargs)
         if not self._text_prompts:
@@ -925,6 +938,8 @@ class LLM:
             )
             for conv in conversations
         ]
+        if truncation is not None:
+            prompts = [_truncated(list(p), truncation) for p in prompts]
         return prompts, texts
 
     def _log_content_format(self, option: str, template: str | None) -> None:
@@ -1027,8 +1042,6 @@ _TEXT_ONLY_KEYS = frozenset({"multi_modal_data", "mm_processor_kwargs", "multi_m
 absent, None or empty."""
 
 _LLM_ONLY_HINTS = {
-    "max_logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "tokenizer_mode": "nothing: the model folder's tokenizer is loaded by transformers' AutoTokenizer",
     "served_model_name": "nothing: the offline API names no model",
     "task": "nothing: Surge's LLM generates text, and vLLM 0.26 has no 'task' either (its runner=\"generate\")",
     "max_loras": "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)",
@@ -1069,6 +1082,10 @@ _VLLM_ONLY_MEMBERS: dict[str, str] = {
     "llm_engine": (
         "Surge's engine is llm.engine (its own LLMEngine, without vLLM's API): its settings are "
         "llm.engine.config (e.g. llm.engine.config.model.max_model_len), the tokenizer is llm.get_tokenizer()"
+    ),
+    "model_config": (
+        "Surge's model settings are llm.engine.config.model (its own ModelConfig, without vLLM's API: "
+        "e.g. llm.engine.config.model.max_model_len), the tokenizer is llm.get_tokenizer()"
     ),
     "set_tokenizer": (
         "Surge reads the model folder's own tokenizer: copy the tokenizer files into the model folder "
@@ -1124,6 +1141,27 @@ _VLLM_DEFAULT_ONLY: dict[str, tuple[tuple[object, ...], str]] = {
         (None, "mp"),
         'Surge runs its tensor-parallel workers as processes it spawns itself (vLLM\'s "mp")',
     ),
+    "trust_remote_code": (
+        (False,),
+        "Surge runs its own code for the supported architectures, never a model folder's, so the "
+        "permission would change nothing: leave it out",
+    ),
+    "tokenizer_mode": (
+        ("auto", "hf"),
+        "the model folder's tokenizer is loaded by transformers' AutoTokenizer (vLLM's \"hf\")",
+    ),
+    "skip_tokenizer_init": (
+        (False,),
+        "Surge loads the model folder's tokenizer when it has one; a folder without tokenizer files "
+        "takes token-id prompts, and SamplingParams(detokenize=False) gives outputs without text",
+    ),
+    "enable_chunked_prefill": ((None, True), "Surge's chunked prefill is always on"),
+    "max_logprobs": ((20,), "logprobs and prompt_logprobs take up to 20 (vLLM's default)"),
+    "logits_processors": (
+        (None, []),
+        "Surge runs no custom logits processors: use SamplingParams' logit_bias, allowed_token_ids, "
+        "bad_words or structured_outputs",
+    ),
 }
 """vLLM ``LLM(...)`` arguments that Surge takes only at a value that asks for nothing beyond
 what it does (vLLM's default, or its equivalent): the accepted values and, for any other, why
@@ -1169,19 +1207,20 @@ def _add_special_tokens(tokenization_kwargs: object, *, default: bool | None) ->
     ``chat``'s): ``default`` when it is None or leaves the key out.
 
     Raises:
-        ValueError: not a dict, a key other than ``add_special_tokens`` (vLLM's truncation keys
-            included: Surge truncates with ``SamplingParams.truncate_prompt_tokens``), or a value
-            that is not a bool.
+        ValueError: not a dict, a key other than ``add_special_tokens``, ``truncate_prompt_tokens``
+            and ``truncation_side`` (:func:`_prompt_truncation`'s; vLLM's ``truncation``,
+            ``max_length`` and ``padding`` are refused), or a value that is not a bool.
     """
     if tokenization_kwargs is None:
         return default
     if not isinstance(tokenization_kwargs, Mapping):
         raise ValueError(f"tokenization_kwargs must be a dict, got {type(tokenization_kwargs).__name__}")
-    others = sorted(map(str, set(tokenization_kwargs) - {"add_special_tokens"}))
+    others = sorted(map(str, set(tokenization_kwargs) - _TOKENIZATION_KEYS))
     if others:
         raise ValueError(
-            f"tokenization_kwargs takes only 'add_special_tokens', got {others} (truncate a prompt with "
-            "SamplingParams(truncate_prompt_tokens=k))"
+            f"tokenization_kwargs takes only 'add_special_tokens', 'truncate_prompt_tokens' and "
+            f"'truncation_side', got {others} (truncate a prompt with "
+            "tokenization_kwargs={'truncate_prompt_tokens': k})"
         )
     if "add_special_tokens" not in tokenization_kwargs:
         return default
@@ -1189,6 +1228,54 @@ def _add_special_tokens(tokenization_kwargs: object, *, default: bool | None) ->
     if not isinstance(value, bool):
         raise ValueError(f"tokenization_kwargs['add_special_tokens'] must be a bool, got {value!r}")
     return value
+
+
+_TOKENIZATION_KEYS = frozenset({"add_special_tokens", "truncate_prompt_tokens", "truncation_side"})
+"""The ``tokenization_kwargs`` keys of vLLM 0.26 that Surge takes."""
+
+
+def _prompt_truncation(tokenization_kwargs: object, max_model_len: int) -> tuple[int, str] | None:
+    """vLLM 0.26's ``tokenization_kwargs`` truncation: ``(tokens to keep, side)``, or None for none.
+    ``truncate_prompt_tokens`` -1 keeps ``max_model_len`` tokens; ``truncation_side`` None (or
+    left out) is "left", the last tokens stay (vLLM's ``TokenizeParams._token_truncation`` falls
+    back to the tokenizer's side, which vLLM's ``get_tokenizer`` sets to "left" for generative
+    models).
+    Other keys are :func:`_add_special_tokens`'s to check.
+
+    Raises:
+        ValueError: ``truncate_prompt_tokens`` that is not an integer >= -1 or None, or is over
+            ``max_model_len`` (vLLM's limit offline); ``truncation_side`` that is not "left",
+            "right" or None.
+    """
+    if not isinstance(tokenization_kwargs, Mapping):
+        return None
+    side = tokenization_kwargs.get("truncation_side")
+    if side not in (None, "left", "right"):
+        raise ValueError(
+            f"tokenization_kwargs['truncation_side'] must be 'left', 'right' or None, got {side!r}"
+        )
+    keep = tokenization_kwargs.get("truncate_prompt_tokens")
+    if keep is None:
+        return None
+    if not isinstance(keep, numbers.Integral) or isinstance(keep, bool) or keep < -1:
+        raise ValueError(
+            f"tokenization_kwargs['truncate_prompt_tokens'] must be an integer >= -1 or None, got {keep!r}"
+        )
+    if keep > max_model_len:
+        raise ValueError(
+            f"tokenization_kwargs['truncate_prompt_tokens'] ({keep}) cannot be greater than max_model_len "
+            f"({max_model_len})"
+        )
+    return (max_model_len if keep == -1 else int(keep)), side or "left"
+
+
+def _truncated(token_ids: list[int], truncation: tuple[int, str] | None) -> list[int]:
+    """``token_ids`` cut to :func:`_prompt_truncation`'s ``(keep, side)``: the last ``keep``
+    tokens for "left", the first for "right"; unchanged when they fit or ``truncation`` is None."""
+    if truncation is None or len(token_ids) <= truncation[0]:
+        return token_ids
+    keep, side = truncation
+    return token_ids[len(token_ids) - keep :] if side == "left" else token_ids[:keep]
 
 
 def _check_no_lora(lora_request: object) -> None:
@@ -1239,7 +1326,7 @@ def _check_tokenizer_folder(tokenizer: object, model_dir: str) -> None:
 
 def _unexpected_argument(name: str) -> str:
     """The TypeError message for ``LLM(name=...)``: for an argument of vLLM's ``LLM`` that Surge
-    does without (``trust_remote_code``, ``swap_space``, ...), what to use instead. A command-line
+    does without (``swap_space``, ``task``, ...), what to use instead. A command-line
     hint that names flags (``--top-k``'s ``--extra-body``) is no use to a Python caller: such a name
     gets Python's own message."""
     from surge.cli import VLLM_FLAG_HINTS

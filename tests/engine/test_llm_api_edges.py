@@ -259,26 +259,18 @@ def test_numpy_integers_are_integers() -> None:
 
 def test_trust_remote_code_is_refused_by_name() -> None:
     """Surge runs no model folder's code: vLLM's permission would change nothing, so it is refused
-    (naming it) rather than taken and ignored."""
-    with pytest.raises(TypeError, match="trust_remote_code"):
+    (naming it) rather than taken and ignored; vLLM's default False asks for nothing and is taken
+    (tests/engine/test_vllm_offline_scripts.py)."""
+    with pytest.raises(ValueError, match="'trust_remote_code' only as False, got True"):
         LLM(device="cpu", trust_remote_code=True)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"trust_remote_code": True}, r"vLLM's 'trust_remote_code': leave it out \(Surge runs its own code"),
-        (
-            {"max_logprobs": 5},
-            r"vLLM's 'max_logprobs': leave it out \(logprobs and prompt_logprobs take up to 20",
-        ),
         ({"swap_space": 4}, r"vLLM's 'swap_space': leave it out \(preempted requests are recomputed"),
         ({"tokenizer_mod": "auto"}, "^LLM\\(\\) got an unexpected keyword argument 'tokenizer_mod'$"),
-        # the command line's hints for these spoke of the benchmark and its flags
-        (
-            {"tokenizer_mode": "auto"},
-            r"vLLM's 'tokenizer_mode': leave it out \(the model folder's tokenizer is",
-        ),
+        # the command line's hint for this spoke of the benchmark and its flags
         (
             {"served_model_name": "m"},
             r"vLLM's 'served_model_name': leave it out \(the offline API names no model",
@@ -292,8 +284,8 @@ def test_trust_remote_code_is_refused_by_name() -> None:
     ],
 )
 def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, object], message: str) -> None:
-    """A ported script's ``LLM(model, trust_remote_code=True)`` got Python's bare "unexpected
-    keyword argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
+    """A ported script's ``LLM(model, swap_space=4)`` got Python's bare "unexpected keyword
+    argument"; vLLM's arguments now say what to do instead, as the CLI's flags do."""
     with pytest.raises(TypeError, match=message):
         LLM(device="cpu", **kwargs)
 
@@ -325,6 +317,11 @@ def test_vllm_arguments_surge_does_without_say_what_to_use(kwargs: dict[str, obj
         ({"cpu_offload_gb": 4}, r"'cpu_offload_gb' only as 0 or 0.0, got 4"),
         ({"disable_custom_all_reduce": False}, r"'disable_custom_all_reduce' only as True, .*tp_all_reduce"),
         ({"distributed_executor_backend": "ray"}, r"'distributed_executor_backend' only as None or 'mp'"),
+        (
+            {"max_logprobs": 5},
+            r"'max_logprobs' only as 20, got 5: logprobs and prompt_logprobs take up to 20",
+        ),
+        ({"tokenizer_mode": "mistral"}, r"'tokenizer_mode' only as 'auto' or 'hf', .*AutoTokenizer"),
     ],
 )
 def test_vllm_arguments_taken_at_their_default_only(kwargs: dict[str, object], message: str) -> None:
@@ -368,7 +365,7 @@ def test_tokenization_kwargs_add_special_tokens(llm: LLM) -> None:
     bare = llm.generate(["Once upon"], GREEDY, tokenization_kwargs={"add_special_tokens": False})[0]
     assert bare.prompt_token_ids == ids and bare.prompt == "Once upon"
     assert bare.outputs[0].token_ids == llm.generate([ids], GREEDY)[0].outputs[0].token_ids
-    with pytest.raises(ValueError, match=r"takes only 'add_special_tokens', got \['truncation'\] \(truncate"):
+    with pytest.raises(ValueError, match=r"'truncation_side', got \['truncation'\] \(truncate a prompt with"):
         llm.generate("Once", GREEDY, tokenization_kwargs={"truncation": True})
     with pytest.raises(ValueError, match=r"\['add_special_tokens'\] must be a bool, got 0"):
         llm.generate("Once", GREEDY, tokenization_kwargs={"add_special_tokens": 0})
@@ -636,7 +633,8 @@ def test_vllm_generate_and_chat_arguments_that_ask_for_nothing(llm: LLM) -> None
         ),
         (
             lambda: llm.chat(messages, GREEDY, tokenization_kwargs={"truncation": True}),
-            r"tokenization_kwargs takes only 'add_special_tokens', got \['truncation'\]",
+            r"tokenization_kwargs takes only 'add_special_tokens', 'truncate_prompt_tokens' and "
+            r"'truncation_side', got \['truncation'\]",
         ),
     ]
     for call, message in refused:
