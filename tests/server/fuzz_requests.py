@@ -429,16 +429,11 @@ _LEAKS = re.compile(
 )
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _named(message: str, param: str | None, fields: list[str]) -> bool:
     """True when the error names one of ``fields`` (in its message or its ``param``); a field
     name the client made up may be clipped, so its first 200 characters are enough."""
     text = f"{message} {param or ''}"
     for name in fields:
-        if _SURROGATE.search(name) and "surrogate" in message:
-            return True  # a field name that is not text: the message says why, param "body"
         if name == "":  # an empty name echoed: "": ..." or ": ..."
             if (
                 param == ""
@@ -548,8 +543,11 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cut-streams", action="store_true", help="also close every 4th stream after its first bytes"
+    )
     args = parser.parse_args()
-    sent, failures, statuses = 0, 0, {}
+    sent, failures, cut, statuses = 0, 0, 0, {}
     deadline = time.monotonic() + args.seconds
     client = httpx.Client(timeout=120)
 
@@ -562,8 +560,18 @@ def main() -> None:
     )
     @given(probes())
     def batch(probe: Probe) -> None:
-        nonlocal sent, failures
+        nonlocal sent, failures, cut
         if time.monotonic() > deadline:
+            return
+        if args.cut_streams and probe.stream and (sent % 4 == 0):
+            with client.stream(
+                "POST",
+                args.url + probe.route.path,
+                content=probe.encode(),
+                headers={"content-type": "application/json"},
+            ) as r:
+                next(r.iter_raw(), b"")  # then the connection is closed mid-answer
+            sent, cut = sent + 1, cut + 1
             return
         status, text = send(client, args.url, probe)
         sent += 1
@@ -584,7 +592,8 @@ def main() -> None:
         seed += 1
         alive = engine_alive(client, args.url)
         print(
-            f"seed {seed}: sent {sent}, failures {failures}, statuses {statuses}, engine alive {alive}",
+            f"seed {seed}: sent {sent} ({cut} streams cut), failures {failures}, statuses {statuses}, "
+            f"engine alive {alive}",
             flush=True,
         )
 
