@@ -115,19 +115,23 @@ async def prepare_chat(
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
     worker = state.tokenizer_worker
     plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
-    prompt_ids, prompt_text = await render_chat(
-        state,
-        body.messages,
-        body.add_generation_prompt,
-        body.template_kwargs,
-        plan.tools,
-        bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
-        chat_template=body.chat_template,
-        continue_final_message=body.continue_final_message,
-        add_special_tokens=body.add_special_tokens,
-        documents=body.documents,
-        on_generation_spans=on_generation_spans,
-    )
+    try:
+        prompt_ids, prompt_text = await render_chat(
+            state,
+            body.messages,
+            body.add_generation_prompt,
+            body.template_kwargs,
+            plan.tools,
+            bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
+            chat_template=body.chat_template,
+            continue_final_message=body.continue_final_message,
+            add_special_tokens=body.add_special_tokens,
+            documents=body.documents,
+            on_generation_spans=on_generation_spans,
+        )
+    except ApiError as e:
+        _note_tools(e, "messages", plan.tools)  # render_chat's name for the prompt
+        raise
     prompt_ids = truncate_prompt(state, prompt_ids, body)
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
@@ -137,14 +141,27 @@ async def prepare_chat(
     )
     state.check_thinking_budget_grammar(params, prompt_ids)
     params = lp.engine_params(params)
-    state.check_prompt(
-        prompt_ids,
-        max_tokens,
-        prompt_param=prompt_param,
-        max_tokens_sent=body.max_tokens_sent,
-        max_tokens_param=body.max_tokens_param,
-    )
+    try:
+        state.check_prompt(
+            prompt_ids,
+            max_tokens,
+            prompt_param=prompt_param,
+            max_tokens_sent=body.max_tokens_sent,
+            max_tokens_param=body.max_tokens_param,
+        )
+    except ApiError as e:
+        _note_tools(e, prompt_param, plan.tools)
+        raise
     return ChatPrompt(plan, prompt_ids, prompt_text, params, lp)
+
+
+def _note_tools(error: ApiError, prompt_param: str, tools: list[dict[str, Any]] | None) -> None:
+    """Add to ``error``'s message, when it blames the whole prompt (``prompt_param``) and the
+    request has ``tools``, that the prompt holds them too: the chat template renders them, and a
+    prompt too long because of its tools blamed the messages alone."""
+    if tools and error.param == prompt_param:
+        n = len(tools)
+        error.message += f" The prompt holds the {n} tool{'' if n == 1 else 's'} of 'tools' too, as the chat template renders them."
 
 
 async def start_chat(

@@ -436,3 +436,48 @@ def test_tokenize_counts_messages_with_tools_as_chat_completions_do(tool_server:
     r = httpx.post(url + "/tokenize", json={"prompt": "Weather?", "tools": TOOLS}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert httpx.post(url + "/tokenize", json={"messages": MSGS, "tools": None}, timeout=60).json() == plain
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "tool"),
+    [
+        ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 2}, "messages", TOOLS[0]),
+        ("/v1/chat/completions/render", {"messages": MSGS}, "messages", TOOLS[0]),
+        (
+            "/v1/responses",
+            {"input": "Weather?", "max_output_tokens": 16},
+            "input",
+            {"type": "function", "name": "get_weather", "parameters": WEATHER},
+        ),
+        (
+            "/v1/messages",
+            {"messages": MSGS, "max_tokens": 2},
+            None,
+            {"name": "get_weather", "input_schema": WEATHER},
+        ),
+    ],
+)
+@pytest.mark.parametrize("description_words", [300, 30_000])  # over the context; over the cheap bound
+def test_a_prompt_too_long_for_its_tools_says_so(
+    tool_server: Server,
+    path: str,
+    body: dict[str, Any],
+    param: str | None,
+    tool: dict[str, Any],
+    description_words: int,
+) -> None:
+    """Tools make the prompt (the chat template renders them): a prompt too long because of a
+    tool's description blamed the messages alone (found by test_fuzz_requests.py)."""
+    described = json.loads(json.dumps(tool))
+    target = described.get("function", described)
+    target["description"] = "very " * description_words
+    r = httpx.post(tool_server.url + path, json={**body, "tools": [described]}, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert "maximum context length" in err["message"], err
+    assert (
+        "The prompt holds the 1 tool of 'tools' too, as the chat template renders them." in err["message"]
+    ), err
+    assert err.get("param") == param
+    r = httpx.post(tool_server.url + path, json=body, timeout=60)  # without tools: no note
+    assert r.status_code == 200, r.text[:300]
