@@ -155,13 +155,20 @@ async def prepare_chat(
     return ChatPrompt(plan, prompt_ids, prompt_text, params, lp)
 
 
+def note_prompt_part(error: ApiError, prompt_param: str, part: str) -> None:
+    """Add to ``error``'s message, when it says that the prompt (named ``prompt_param``) is too
+    long for the context, that the chat template renders ``part`` into the prompt too: a prompt
+    too long because of its tools (or the Messages API's ``system``, the Responses API's
+    ``instructions``) blamed the messages alone."""
+    if error.param == prompt_param and error.message.startswith("This model's"):
+        error.message += f" The chat template renders {part} into the prompt too."
+
+
 def _note_tools(error: ApiError, prompt_param: str, tools: list[dict[str, Any]] | None) -> None:
-    """Add to ``error``'s message, when it blames the whole prompt (``prompt_param``) and the
-    request has ``tools``, that the prompt holds them too: the chat template renders them, and a
-    prompt too long because of its tools blamed the messages alone."""
-    if tools and error.param == prompt_param:
+    """:func:`note_prompt_part` for the request's ``tools``, if any."""
+    if tools:
         n = len(tools)
-        error.message += f" The prompt holds the {n} tool{'' if n == 1 else 's'} of 'tools' too, as the chat template renders them."
+        note_prompt_part(error, prompt_param, f"the {n} tool{'' if n == 1 else 's'} of 'tools'")
 
 
 async def start_chat(
