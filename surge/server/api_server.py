@@ -65,7 +65,7 @@ from surge.server.errors import (
     error_body,
     error_body_for,
 )
-from surge.server.fast_json import FastJSONRoute
+from surge.server.fast_json import BodyFieldError, FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
 from surge.server.http_protocol import guarded_h11_protocol
 from surge.server.load import LoadTrackingMiddleware, ServerLoad
@@ -283,9 +283,10 @@ def build_app(
         message = str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":  # no route: say which, as OpenAI does
             message = f"Invalid URL ({request.method} {request.url.path})"
-        log_rejection(request, exc.status_code, message, None)
+        param = exc.param if isinstance(exc, BodyFieldError) else None  # a body msgspec refused
+        log_rejection(request, exc.status_code, message, param)
         # keep the exception's headers: a 405 names the allowed methods in ``Allow``
-        return answer_error(request, exc.status_code, message, headers=exc.headers)
+        return answer_error(request, exc.status_code, message, param, headers=exc.headers)
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -573,6 +574,7 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
 
     Raises:
         ApiError: 400 for a body that is not a JSON object of either kind (vLLM's message).
+        BodyFieldError: a top-level field's value cannot be parsed (a 400 naming it).
         RequestValidationError: a field of the chosen kind is wrong (the usual 400 naming it).
     """
     content_type = request.headers.get("content-type", "")

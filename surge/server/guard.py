@@ -59,6 +59,8 @@ def _has_lone_surrogate(value: Any) -> bool:
 
 def lone_surrogate_field(body: bytes) -> str | None:
     """The top-level field of a JSON body holding a lone surrogate ("body" if not an object), or None.
+    A field whose name holds one is named with it written out (``\\ud800``): the error body
+    must be valid UTF-8.
 
     Only a body that :data:`_SURROGATE_HINT` matches can hold one; a body that is not valid JSON
     gives None (the app answers it). Cost: one parse and one C-speed encode of the body.
@@ -73,7 +75,7 @@ def lone_surrogate_field(body: bytes) -> str | None:
         return "body" if _has_lone_surrogate(data) else None
     for key, value in data.items():
         if _has_lone_surrogate(key):
-            return "body"
+            return key.encode("utf-8", "backslashreplace").decode("utf-8")
         if _has_lone_surrogate(value):
             return key
     return None
@@ -247,7 +249,7 @@ class RequestGuard:
             await send_error(
                 send,
                 400,
-                f"{field}: a string holds a lone UTF-16 surrogate (U+D800 to U+DFFF), which is not "
+                f"{field or repr(field)}: a string holds a lone UTF-16 surrogate (U+D800 to U+DFFF), which is not "
                 "valid Unicode text.",
                 param=field,
                 scope=scope,

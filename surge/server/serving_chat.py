@@ -115,19 +115,23 @@ async def prepare_chat(
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
     worker = state.tokenizer_worker
     plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
-    prompt_ids, prompt_text = await render_chat(
-        state,
-        body.messages,
-        body.add_generation_prompt,
-        body.template_kwargs,
-        plan.tools,
-        bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
-        chat_template=body.chat_template,
-        continue_final_message=body.continue_final_message,
-        add_special_tokens=body.add_special_tokens,
-        documents=body.documents,
-        on_generation_spans=on_generation_spans,
-    )
+    try:
+        prompt_ids, prompt_text = await render_chat(
+            state,
+            body.messages,
+            body.add_generation_prompt,
+            body.template_kwargs,
+            plan.tools,
+            bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
+            chat_template=body.chat_template,
+            continue_final_message=body.continue_final_message,
+            add_special_tokens=body.add_special_tokens,
+            documents=body.documents,
+            on_generation_spans=on_generation_spans,
+        )
+    except ApiError as e:
+        _note_tools(e, "messages", plan.tools)  # render_chat's name for the prompt
+        raise
     prompt_ids = truncate_prompt(state, prompt_ids, body)
     plan.see_prompt(state.tokenizer, prompt_ids)
     max_tokens = resolve_max_tokens(state, body, len(prompt_ids))
@@ -137,14 +141,34 @@ async def prepare_chat(
     )
     state.check_thinking_budget_grammar(params, prompt_ids)
     params = lp.engine_params(params)
-    state.check_prompt(
-        prompt_ids,
-        max_tokens,
-        prompt_param=prompt_param,
-        max_tokens_sent=body.max_tokens_sent,
-        max_tokens_param=body.max_tokens_param,
-    )
+    try:
+        state.check_prompt(
+            prompt_ids,
+            max_tokens,
+            prompt_param=prompt_param,
+            max_tokens_sent=body.max_tokens_sent,
+            max_tokens_param=body.max_tokens_param,
+        )
+    except ApiError as e:
+        _note_tools(e, prompt_param, plan.tools)
+        raise
     return ChatPrompt(plan, prompt_ids, prompt_text, params, lp)
+
+
+def note_prompt_part(error: ApiError, prompt_param: str, part: str) -> None:
+    """Add to ``error``'s message, when it says that the prompt (named ``prompt_param``) is too
+    long for the context, that the chat template renders ``part`` into the prompt too: a prompt
+    too long because of its tools (or the Messages API's ``system``, the Responses API's
+    ``instructions``) blamed the messages alone."""
+    if error.param == prompt_param and error.message.startswith("This model's"):
+        error.message += f" The chat template renders {part} into the prompt too."
+
+
+def _note_tools(error: ApiError, prompt_param: str, tools: list[dict[str, Any]] | None) -> None:
+    """:func:`note_prompt_part` for the request's ``tools``, if any."""
+    if tools:
+        n = len(tools)
+        note_prompt_part(error, prompt_param, f"the {n} tool{'' if n == 1 else 's'} of 'tools'")
 
 
 async def start_chat(

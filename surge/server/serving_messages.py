@@ -47,7 +47,7 @@ from surge.server.protocol_messages import (
     messages_param,
     thinking_omitted,
 )
-from surge.server.serving_chat import start_chat
+from surge.server.serving_chat import note_prompt_part, start_chat
 from surge.server.serving_common import (
     ServerState,
     build_sampling_params,
@@ -100,6 +100,8 @@ async def create_message(state: ServerState, body: MessagesRequest, request: Req
     try:
         prepared = await start_chat(state, chat, request, "msg", arrival, separator="_")
     except ApiError as e:
+        if body.system:
+            note_prompt_part(e, "messages", "'system'")
         raise _renamed(e) from None
     plan = prepared.plan
     model = state.model_name

@@ -55,7 +55,7 @@ from surge.server.protocol_responses import (
 )
 from surge.server.request_id import check_path_segment_id
 from surge.server.response_store import StoredResponse
-from surge.server.serving_chat import PreparedChat, start_chat
+from surge.server.serving_chat import PreparedChat, note_prompt_part, start_chat
 from surge.server.serving_common import ServerState, collect, stream_response
 
 _json_encode = msgspec.json.Encoder().encode
@@ -128,6 +128,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         if e.param == "messages":  # "messages[2].tool_calls: ...": the stored conversation's, or the input's
             e.message, name = responses_messages_error(e.message, body.instructions is not None, len(history))
         e.param = name
+        if body.instructions:
+            note_prompt_part(e, "input", "'instructions'")
         raise
     shape = _ResponseShape(state, body, chat, prepared)
     if not body.stream:

@@ -312,3 +312,72 @@ def test_an_error_echoing_a_huge_client_string_is_clipped(
     lines = [line for line in server.log().splitlines() if f"(request id {request_id})" in line]
     assert len(lines) == 1 and len(lines[0]) < MAX_MESSAGE_CHARS + MAX_PARAM_CHARS + 300, lines[0][:300]
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+_DEEP_LIST = b"[" * 5000 + b"]" * 5000
+_DEEP_OBJECT = b'{"a":' * 3000 + b"1" + b"}" * 3000
+_BATCH_MSGS = b'[[{"role": "user", "content": "hi"}]]'
+
+# (path, raw JSON body, param, what the message says after "<param>: ")
+UNPARSABLE_FIELDS: list[tuple[str, bytes, str, str]] = [
+    (CMPL, b'{"prompt": "x", "metadata": ' + _DEEP_LIST + b"}", "metadata", "nested too deeply"),
+    (CHAT, b'{"messages": ' + _DEEP_LIST + b"}", "messages", "nested too deeply"),
+    # once a 500: /invocations let the parser's RecursionError through
+    (
+        "/invocations",
+        b'{"prompt": "x", "vllm_xargs": ' + _DEEP_OBJECT + b"}",
+        "vllm_xargs",
+        "nested too deeply",
+    ),
+    ("/tokenize", b'{"prompt": "x", "zz": ' + _DEEP_OBJECT + b"}", "zz", "nested too deeply"),
+    # valid JSON msgspec cannot hold: once "Invalid JSON body: JSON decode error", no field named
+    (CMPL, b'{"prompt": "x", "temperature": 1e999}', "temperature", "not a JSON value"),
+    (CHAT, b'{"messages": [], "seed": ' + b"9" * 5000 + b"}", "seed", "not a JSON value"),
+    (CMPL, b'{"prompt": "x", "top_p": NaN}', "top_p", "not a JSON value"),
+    # a lone surrogate in a field's name, in a body too deep for the guard's check: the name is
+    # written out (an error body echoing it as is cannot be encoded: a 500)
+    (
+        "/v1/chat/completions/batch",
+        b'{"messages": ' + _BATCH_MSGS + b', "\\ud800": ' + _DEEP_OBJECT + b"}",
+        "\\ud800",
+        "not a JSON value Surge can parse (JSON is malformed: unexpected end of escaped utf-16",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param", "says"),
+    UNPARSABLE_FIELDS,
+    ids=[f"{p}-{param}" for p, _, param, _ in UNPARSABLE_FIELDS],
+)
+def test_a_field_the_json_parser_refuses_is_a_400_naming_it(
+    server: Server, path: str, raw: bytes, param: str, says: str
+) -> None:
+    """A value nested past the parser's depth got "There was an error parsing the body" (and a
+    500 on /invocations); a number out of range, "Invalid JSON body: JSON decode error": now
+    the 400 names the top-level field (found by the fuzz of test_fuzz_requests.py)."""
+    r = _post(server, path, raw)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert err["message"].startswith(f"{param}: {says}"), err
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_body_nested_too_deeply_that_is_not_an_object(server: Server) -> None:
+    r = _post(server, CMPL, _DEEP_LIST)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert (err["param"], err["message"]) == (None, "body: nested too deeply to parse as JSON"), err
+
+
+def test_messages_api_names_a_field_nested_too_deeply(server: Server) -> None:
+    raw = (
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "metadata": ' + _DEEP_LIST + b"}"
+    )
+    r = _post(server, "/v1/messages", raw)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "metadata: nested too deeply to parse as JSON"},
+    }

@@ -167,6 +167,10 @@ def test_bounded_stop_list_still_works(server: Server) -> None:
         ),
         ("/tokenize", b'{"prompt": "\\ud800"}', "prompt"),
         ("/detokenize", b'{"tokens": [1], "model": "\\ud800"}', "model"),
+        # in a field's name: the name written out (was "body", which named no field)
+        (CMPL, b'{"prompt": "x", "a\\udc00b": 1}', "a\\udc00b"),
+        ("/tokenize", b'{"prompt": "x", "\\ud800": 1}', "\\ud800"),
+        (CMPL, b'{"prompt": "x", "": "\\ud800"}', ""),
     ],
 )
 def test_lone_surrogates(server: Server, path: str, raw: bytes, param: str) -> None:
@@ -174,6 +178,7 @@ def test_lone_surrogates(server: Server, path: str, raw: bytes, param: str) -> N
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param and "surrogate" in err["message"]
+    assert err["message"].startswith(f"{param or repr(param)}: "), err  # an empty name: "'': ..."
 
 
 def test_surrogate_pair_is_fine(server: Server) -> None:

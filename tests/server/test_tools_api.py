@@ -457,3 +457,75 @@ def test_an_empty_tools_list_is_refused_on_chat_only() -> None:
     assert protocol_messages._chat_tools([]) is None
     batch = BatchChatCompletionRequest.model_validate({"messages": [MSGS], "tools": []})
     assert batch.conversation(0).tools is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "tool"),
+    [
+        ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 2}, "messages", TOOLS[0]),
+        ("/v1/chat/completions/render", {"messages": MSGS}, "messages", TOOLS[0]),
+        (
+            "/v1/responses",
+            {"input": "Weather?", "max_output_tokens": 16},
+            "input",
+            {"type": "function", "name": "get_weather", "parameters": WEATHER},
+        ),
+        (
+            "/v1/messages",
+            {"messages": MSGS, "max_tokens": 2},
+            None,
+            {"name": "get_weather", "input_schema": WEATHER},
+        ),
+    ],
+)
+@pytest.mark.parametrize("description_words", [300, 30_000])  # over the context; over the cheap bound
+def test_a_prompt_too_long_for_its_tools_says_so(
+    tool_server: Server,
+    path: str,
+    body: dict[str, Any],
+    param: str | None,
+    tool: dict[str, Any],
+    description_words: int,
+) -> None:
+    """Tools make the prompt (the chat template renders them): a prompt too long because of a
+    tool's description blamed the messages alone (found by test_fuzz_requests.py)."""
+    described = json.loads(json.dumps(tool))
+    target = described.get("function", described)
+    target["description"] = "very " * description_words
+    r = httpx.post(tool_server.url + path, json={**body, "tools": [described]}, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert "maximum context length" in err["message"], err
+    assert err["message"].endswith(" The chat template renders the 1 tool of 'tools' into the prompt too."), (
+        err
+    )
+    assert err.get("param") == param
+    r = httpx.post(tool_server.url + path, json=body, timeout=60)  # without tools: no note
+    assert r.status_code == 200, r.text[:300]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "part"),
+    [
+        ("/v1/messages", {"messages": MSGS, "max_tokens": 2, "system": "very " * 30_000}, None, "system"),
+        (
+            "/v1/messages",
+            {"messages": MSGS, "max_tokens": 2, "system": [{"type": "text", "text": "very " * 700}]},
+            None,
+            "system",
+        ),
+        ("/v1/responses", {"input": "Weather?", "instructions": "very " * 700}, "input", "instructions"),
+    ],
+)
+def test_a_prompt_too_long_for_its_system_prompt_says_so(
+    tool_server: Server, path: str, body: dict[str, Any], param: str | None, part: str
+) -> None:
+    """The Messages API's ``system`` and the Responses API's ``instructions`` are rendered into the
+    prompt as a system message: a prompt too long because of them blamed the messages (the
+    input) alone (found by test_fuzz_requests.py)."""
+    r = httpx.post(tool_server.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert "maximum context length" in err["message"], err
+    assert err["message"].endswith(f" The chat template renders '{part}' into the prompt too."), err
+    assert err.get("param") == param
