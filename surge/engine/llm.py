@@ -360,8 +360,8 @@ class LLM:
 
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
-            ValueError: ``tokenization_kwargs`` with another key or a value that is not a bool,
-                a ``lora_request`` or ``mm_processor_kwargs`` that asks for something, a prompt
+            ValueError: ``tokenization_kwargs`` with another key, an ``add_special_tokens``
+                that is not a bool or a bad truncation (:func:`_prompt_truncation`), a ``lora_request`` or ``mm_processor_kwargs`` that asks for something, a prompt
                 of another type or with a lone surrogate, a ``priority`` that is
                 not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
