@@ -26,6 +26,7 @@ from surge.tokenizer import (
     IncrementalDetokenizer,
     apply_chat_template,
     bad_words_token_ids,
+    described_chat_template,
     has_tokenizer_files,
     load_tokenizer,
 )
@@ -919,7 +920,7 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         template = self.chat_template if chat_template is None else chat_template
         self._log_content_format(
-            chat_template_content_format, template if template is not None else self.tokenizer.chat_template
+            chat_template_content_format, described_chat_template(self.tokenizer, template, tools)
         )
         texts: list[str] = []  # each conversation's rendered template, as vLLM's prompt
         prompts: list[PromptType] = [
