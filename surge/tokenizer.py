@@ -222,6 +222,46 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ``return_assistant_tokens_mask``)."""
 
 
+def resolve_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> str | None:
+    """The template text a chat is rendered with: ``chat_template`` when given, else the
+    tokenizer's (None: it has none). A tokenizer of named templates (its ``chat_template`` a
+    dict, e.g. Hermes 2 Pro's ``default`` and ``tool_use``) gives the one transformers'
+    ``get_chat_template`` picks, as vLLM's ``resolve_chat_template``: ``tool_use`` for a chat
+    with ``tools`` when it has one, else ``default``.
+
+    Raises:
+        ValueError: named templates without the one to use (no ``default``), in one line
+            starting "chat template: ".
+    """
+    if chat_template is not None:
+        return chat_template
+    template = tokenizer.chat_template
+    if not isinstance(template, Mapping):
+        return template
+    try:
+        return str(tokenizer.get_chat_template(None, list(tools) if tools else None))
+    except ValueError as e:
+        raise ValueError(f"chat template: {' '.join(str(e).split())}") from e
+
+
+def described_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> str | None:
+    """:func:`resolve_chat_template`'s template, or None where named templates lack the one to
+    use (each chat's rendering then says so): the template the content format's log line of the
+    server and of ``LLM.chat`` describes (:func:`surge.chat_content_format.describe_content_format`)."""
+    try:
+        return resolve_chat_template(tokenizer, chat_template, tools)
+    except ValueError:
+        return None
+
+
 def chat_adds_special_tokens(template: str | None, add_special_tokens: bool | None) -> bool:
     """Whether :func:`apply_chat_template` encodes the rendered text with the tokenizer's special
     tokens (e.g. BOS): a template writes its own, so only when ``add_special_tokens`` is true; the
@@ -324,7 +364,8 @@ def apply_chat_template(
             a ``developer`` message is rendered as ``system`` by a template that does not name
             the developer role (OpenAI's newer name for system instructions).
         add_generation_prompt: end with the assistant turn header.
-        chat_template: a Jinja template overriding the tokenizer's.
+        chat_template: a Jinja template overriding the tokenizer's (whose named templates, if it
+            has several, give one by ``tools``: :func:`resolve_chat_template`).
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         check_text: called with the rendered text before it is tokenized (may raise).
         tools: OpenAI function definitions the template renders (``tools`` of Qwen3's and
@@ -354,12 +395,13 @@ def apply_chat_template(
         The prompt token ids.
 
     Raises:
-        ValueError: no messages, malformed messages, reserved kwargs, an unknown
+        ValueError: no messages, malformed messages, reserved kwargs, named templates without
+            the one to use, an unknown
             ``content_format``, or a template error.
     """
     if not messages:
         raise ValueError("messages must not be empty")
-    template = chat_template if chat_template is not None else tokenizer.chat_template
+    template = resolve_chat_template(tokenizer, chat_template, tools)
     fmt = resolve_content_format(content_format, template)
     msgs = normalize_messages(messages, fmt if template else "string")
     check_chat_template_kwargs(chat_template_kwargs)

@@ -190,3 +190,56 @@ def test_start_up_lines() -> None:
     assert level == logging.WARNING and "'openai' as given" in line
     assert describe_content_format("openai", PARTS_TEMPLATE, "x") is None
     assert describe_content_format("auto", None, "x") is None
+
+
+def test_named_templates_render_the_one_transformers_picks() -> None:
+    """A tokenizer of named templates (``chat_template`` a dict, as Hermes 2 Pro's ``default``
+    and ``tool_use``) renders the one transformers' ``get_chat_template`` picks, as vLLM's
+    ``resolve_chat_template``: ``tool_use`` for a request with tools, else ``default``, each
+    detected for the content format on its own. The dict reached the detection's cache (a
+    TypeError, unhashable: the server's start-up log line failed, and every chat with it) and
+    transformers' ``apply_chat_template`` ("chat template error: unhashable type")."""
+    from surge.tokenizer import resolve_chat_template
+
+    tok = load_tokenizer(STORIES)
+    tok.chat_template = {"default": STRING_TEMPLATE, "tool_use": "tools;" + PARTS_TEMPLATE}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for fmt in ("auto", "string", "openai"):
+        texts: list[str] = []
+        apply_chat_template(tok, MESSAGES[:2], content_format="string", check_text=texts.append)
+        apply_chat_template(tok, MESSAGES[:2], content_format="auto", check_text=texts.append)
+        apply_chat_template(tok, MESSAGES[:2], tools=tools, content_format=fmt, check_text=texts.append)
+        want = "tools;system:[Be brief.];user:[Hi][there];" if fmt != "string" else None
+        assert texts[:2] == ["system:Be brief.\nuser:Hi\nthere\n"] * 2, texts
+        if want is not None:
+            assert texts[2] == want, texts
+    assert resolve_chat_template(tok) == STRING_TEMPLATE
+    assert resolve_chat_template(tok, tools=tools) == "tools;" + PARTS_TEMPLATE
+    assert resolve_chat_template(tok, "mine", tools=tools) == "mine"
+    tok.chat_template = {"tool_use": PARTS_TEMPLATE}  # no default: one line naming the chat template
+    with pytest.raises(ValueError, match="^chat template: "):
+        apply_chat_template(tok, MESSAGES[:2])
+    assert resolve_chat_template(tok, tools=tools) == PARTS_TEMPLATE
+
+
+def test_named_templates_start_up_line_and_offline_chat(caplog: pytest.LogCaptureFixture) -> None:
+    """The start-up line (server) and ``LLM.chat``'s first-use line describe the named template
+    in use (``default``; ``tool_use`` for a chat with tools); named templates without a default
+    give no line, and the chat's rendering names the problem."""
+    from surge import LLM, SamplingParams
+    from surge.tokenizer import described_chat_template
+
+    tok = load_tokenizer(STORIES)
+    tok.chat_template = {"default": STRING_TEMPLATE, "tool_use": PARTS_TEMPLATE}
+    line = describe_content_format("auto", described_chat_template(tok), "the model's chat template")
+    assert line is not None and "'string', detected in the model's chat template" in line[1]
+    assert described_chat_template(tok, tools=[{"type": "function"}]) == PARTS_TEMPLATE
+    assert described_chat_template(tok, "mine") == "mine"
+    tok.chat_template = {"tool_use": PARTS_TEMPLATE}
+    assert described_chat_template(tok) is None
+    with LLM(STORIES, device="cpu", num_kv_blocks=64) as llm:
+        llm.get_tokenizer().chat_template = {"default": PARTS_TEMPLATE}
+        with caplog.at_level(logging.INFO, logger="surge.llm"):
+            out = llm.chat(MESSAGES[:2], SamplingParams(max_tokens=2, temperature=0.0))[0]
+        assert out.prompt == "system:[Be brief.];user:[Hi][there];"
+        assert "chat template content format: 'openai'" in caplog.text

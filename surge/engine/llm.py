@@ -26,6 +26,7 @@ from surge.tokenizer import (
     IncrementalDetokenizer,
     apply_chat_template,
     bad_words_token_ids,
+    described_chat_template,
     has_tokenizer_files,
     load_tokenizer,
 )
@@ -360,8 +361,8 @@ class LLM:
 
         Raises:
             TypeError: ``sampling_params`` is not SamplingParams (or a list of them).
-            ValueError: ``tokenization_kwargs`` with another key or a value that is not a bool,
-                a ``lora_request`` or ``mm_processor_kwargs`` that asks for something, a prompt
+            ValueError: ``tokenization_kwargs`` with another key, an ``add_special_tokens``
+                that is not a bool or a bad truncation (:func:`_prompt_truncation`), a ``lora_request`` or ``mm_processor_kwargs`` that asks for something, a prompt
                 of another type or with a lone surrogate, a ``priority`` that is
                 not one integer per prompt (or not 0 under "fcfs"), a prompt that can
                 never fit (a ``max_tokens`` past ``max_model_len`` only ends the output there,
@@ -919,7 +920,7 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         template = self.chat_template if chat_template is None else chat_template
         self._log_content_format(
-            chat_template_content_format, template if template is not None else self.tokenizer.chat_template
+            chat_template_content_format, described_chat_template(self.tokenizer, template, tools)
         )
         texts: list[str] = []  # each conversation's rendered template, as vLLM's prompt
         prompts: list[PromptType] = [

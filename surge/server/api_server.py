@@ -93,7 +93,7 @@ from surge.server.serving_responses import (
     delete_response,
     retrieve_response,
 )
-from surge.tokenizer import load_tokenizer
+from surge.tokenizer import described_chat_template, load_tokenizer
 from surge.web.ui import mount_web_ui
 
 logger = logging.getLogger("surge.server")
@@ -869,7 +869,7 @@ async def run_server(
     )
     content_format = describe_content_format(
         options.chat_template_content_format,
-        options.chat_template if options.chat_template is not None else tokenizer.chat_template,
+        described_chat_template(tokenizer, options.chat_template),  # named templates: the default
         "the --chat-template" if options.chat_template is not None else "the model's chat template",
     )
     if content_format is not None:

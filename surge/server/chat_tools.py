@@ -130,7 +130,8 @@ class ChatPlan:
         that does not parse (cut, or invalid JSON) makes the answer its raw text as content,
         as vLLM answers a chat completion, unless ``as_streamed``: then it is the calls the
         stream sends (the Responses API, whose stream has sent them as items). Next to tool
-        calls, an answer of whitespace alone is null (not with ``as_streamed``), as in vLLM."""
+        calls, an answer of whitespace alone is null, as vLLM's non-streamed parse gives it to
+        chat completions and to the Responses API (no ``message`` item)."""
         parser = self.new_parser()
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -153,9 +154,10 @@ class ChatPlan:
         # finished reasoning, or in one cut short), as vLLM gives it; a tool parser alone that
         # found no call gives the text as it is. Next to tool calls, whitespace alone (Qwen3's
         # "\n\n" between </think> and <tool_call>) is no answer either, as vLLM's non-streamed
-        # parse drops it (streamed, both send it as it comes)
+        # parse (``Parser.parse``, chat's and the Responses API's) drops it (streamed, both send
+        # it as it comes)
         content = d.content
-        if calls and not as_streamed and content.isspace():
+        if calls and content.isspace():
             content = ""
         null = bool(calls) or self.reasoning or parser.in_reasoning
         msg = {"role": "assistant", "content": content or (None if null else "")}

@@ -13,6 +13,7 @@ import pytest
 
 from surge.server.chat_tools import ChatPlan, plan_chat, prompt_opens_reasoning
 from surge.server.protocol import ChatCompletionRequest
+from surge.server.serving_responses import _output_items
 from tests.conftest import STORIES
 from tests.server.test_parsers import _pieces_by_token, _tokenizer
 
@@ -252,8 +253,14 @@ def test_whitespace_next_to_tool_calls_is_no_answer() -> None:
         assert streamed["content"] in (None, "") or streamed["content"].isspace()
     assert plan.message("<think>UTC.</think>\n\nSure. " + call, "stop")[0]["content"] == "\n\nSure. "
     assert plan.message("<think>UTC.</think>\n\n", "stop")[0]["content"] == "\n\n"
+    # the Responses API's unstreamed answer too: vLLM 0.26 parses it as chat's (``Parser.parse``),
+    # so its output is the reasoning and the call, with no ``message`` item of "\n\n" (Surge's
+    # had one, which the openai SDK's ``response.output_text`` read as the answer)
     responses = plan.message("<think>UTC.</think>\n\n" + call, "stop", as_streamed=True)[0]
-    assert responses["content"] == "\n\n"  # the Responses API: what its stream sent
+    assert responses["content"] is None, responses
+    assert [item["type"] for item in _output_items(responses, None)] == ["reasoning", "function_call"]
+    text_too = plan.message("<think>UTC.</think>\n\nSure. " + call, "stop", as_streamed=True)[0]
+    assert text_too["content"] == "\n\nSure. "
 
 
 def test_reasoning_effort_is_passed_to_the_template_as_vllm_does() -> None:
