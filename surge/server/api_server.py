@@ -65,7 +65,7 @@ from surge.server.errors import (
     error_body,
     error_body_for,
 )
-from surge.server.fast_json import BodyFieldError, FastJSONRoute
+from surge.server.fast_json import INVALID_JSON, BodyFieldError, FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
 from surge.server.http_protocol import guarded_h11_protocol
 from surge.server.load import LoadTrackingMiddleware, ServerLoad
@@ -136,8 +136,9 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
         return "The request body is empty: send a JSON object", None
-    if first.get("type") == "json_invalid":
-        return f"Invalid JSON body: {first.get('msg', '')}", None
+    if first.get("type") == "json_invalid":  # what and where: FastJSONRequest.json's JSONDecodeError
+        what = (first.get("ctx") or {}).get("error")
+        return (f"{INVALID_JSON}: {what}" if what else INVALID_JSON), None
     wrong_endpoint = _wrong_endpoint_hint(errors)
     if wrong_endpoint is not None:
         field, other = wrong_endpoint
@@ -584,8 +585,8 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
         raise bad_request("The request body is empty: send a JSON object")
     try:
         data = await request.json()
-    except json.JSONDecodeError:
-        raise bad_request("Invalid JSON body: JSON decode error") from None  # the other routes' words
+    except json.JSONDecodeError as e:
+        raise bad_request(f"{INVALID_JSON}: {e.msg}") from None  # the other routes' words
     adapter = request.headers.get(SAGEMAKER_ADAPTER_HEADER)
     if adapter is not None and isinstance(data, dict):  # vLLM's: the header's adapter is the model
         data["model"] = adapter

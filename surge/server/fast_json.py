@@ -3,10 +3,12 @@
 JSON bodies are parsed on the event loop, which every stream shares: a 4 MB body of token ids
 took about 140 ms with ``json.loads`` against 30 ms here. :class:`FastJSONRoute` is FastAPI's
 documented hook for a custom request class; a malformed body still reaches FastAPI as a
-``json.JSONDecodeError``, hence the usual 400, and msgspec refuses what it should not accept
-(``NaN``, invalid UTF-8, lone surrogates) with a 400 too. A body msgspec cannot take is split
-into its top-level fields (:func:`field_at_fault`) so that the 400 names the one at fault: a
-value nested past the parser's depth (a ``RecursionError``, once a 500 on ``/invocations`` and
+``json.JSONDecodeError``, hence the usual 400 (saying what is wrong at which byte, line and
+column), a leading UTF-8 byte order mark is skipped as vLLM's parse skips it, and msgspec
+refuses what it should not accept (``NaN``, invalid UTF-8, lone surrogates) with a 400 too. A
+body msgspec cannot take is split into its top-level fields (:func:`field_at_fault`) so that the
+400 names the one at fault: a value nested past the parser's depth (a ``RecursionError``, once a
+500 on ``/invocations`` and
 "There was an error parsing the body" elsewhere), a number out of range (``1e999``), ``NaN``.
 """
 
@@ -102,38 +104,77 @@ def field_at_fault(body: bytes, too_deep: bool) -> str | None:
     return None
 
 
-async def _refusal(body: bytes, error: Exception) -> BodyFieldError | None:
-    """The 400 naming the field of ``body`` that msgspec refused with ``error``, or None
-    (no field to blame: the body is not JSON)."""
+INVALID_JSON = "Invalid JSON body: JSON decode error"
+"""How the 400 for a body that is not JSON starts (FastAPI's ``msg`` for it, which vLLM's message
+quotes too); :func:`where_json_fails` says what and where after it."""
+
+_BOM = b"\xef\xbb\xbf"
+"""UTF-8's byte order mark: a body that starts with it is parsed without it, as vLLM's (the standard
+``json.loads`` of a ``bytes`` body reads it as ``utf-8-sig``)."""
+
+_MALFORMED = re.compile(r"JSON is malformed: (.*) \(byte (\d+)\)", re.DOTALL)
+"""msgspec's message for malformed JSON: what is wrong, and the byte offset where."""
+
+
+def where_json_fails(body: bytes, error: msgspec.DecodeError) -> tuple[str, int]:
+    """What is wrong with ``body``, which msgspec refused with ``error``, and where: ``("invalid
+    character at byte 6 (line 1, column 7)", 6)``, the byte offset second (0-based; the line and
+    column are 1-based, the column in characters). A body cut short is wrong at its end; an error
+    that names no position is msgspec's words at offset 0. Cost: a C-speed count over the body
+    up to the offset, so call it off the event loop."""
+    text = str(error)
+    m = _MALFORMED.fullmatch(text)
+    if m is not None:
+        what, pos = m.group(1), min(int(m.group(2)), len(body))
+        if what == "trailing characters" and pos > 0:  # msgspec's offset is one past the first
+            pos -= 1
+    elif text == "Input data was truncated":
+        what, pos = "the body ends before its JSON does", len(body)
+    else:
+        return text, 0
+    line_start = body.rfind(b"\n", 0, pos) + 1
+    line = body.count(b"\n", 0, pos) + 1
+    column = len(body[line_start:pos].decode("utf-8", "replace")) + 1
+    return f"{what} at byte {pos} (line {line}, column {column})", pos
+
+
+def _refusal(body: bytes, error: Exception) -> BodyFieldError | json.JSONDecodeError:
+    """The 400 naming the field of ``body`` that msgspec refused with ``error``, or, with no field
+    to blame (the body is not JSON), the ``json.JSONDecodeError`` FastAPI answers with a 400 whose
+    message says what is wrong and where (:func:`where_json_fails`). Runs off the event loop."""
     too_deep = isinstance(error, RecursionError)
-    field = await asyncio.to_thread(field_at_fault, body, too_deep)
+    field = field_at_fault(body, too_deep)
     if too_deep:
         where = "body" if field is None else field or "''"
         return BodyFieldError(field, f"{where}: nested too deeply to parse as JSON")
-    if field is None:
-        return None
-    return BodyFieldError(field, f"{field or repr(field)}: not a JSON value Surge can parse ({error})")
+    if field is not None:
+        return BodyFieldError(field, f"{field or repr(field)}: not a JSON value Surge can parse ({error})")
+    if not isinstance(error, msgspec.DecodeError):
+        return json.JSONDecodeError(str(error), "", 0)
+    what, pos = where_json_fails(body, error)
+    return json.JSONDecodeError(what, "", pos)
 
 
 class FastJSONRequest(Request):
-    """A Starlette request whose ``json()`` parses with msgspec (cached like Starlette's)."""
+    """A Starlette request whose ``json()`` parses with msgspec (cached like Starlette's); a
+    leading UTF-8 byte order mark is skipped, as vLLM's parse skips it."""
 
     async def json(self) -> Any:
         """The body parsed once by msgspec, then cached.
 
         Raises:
             BodyFieldError: a top-level field's value cannot be parsed (a 400 naming it).
-            json.JSONDecodeError: the body is not valid JSON (FastAPI answers 400).
+            json.JSONDecodeError: the body is not valid JSON (FastAPI answers 400); its ``msg``
+                says what is wrong and where, its ``pos`` is the byte offset.
         """
         if not hasattr(self, "_json"):
             body = await self.body()
+            if body.startswith(_BOM):  # vLLM's json.loads reads a bytes body as utf-8-sig
+                body = body[len(_BOM) :]
             try:
                 self._json = _decode(body)
             except (msgspec.DecodeError, RecursionError) as e:
-                refusal = await _refusal(body, e)
-                if refusal is not None:
-                    raise refusal from None
-                raise json.JSONDecodeError(str(e), "", 0) from e
+                raise await asyncio.to_thread(_refusal, body, e) from None
         return self._json
 
 

@@ -364,6 +364,35 @@ def test_a_field_the_json_parser_refuses_is_a_400_naming_it(
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+INVALID_JSON_BODIES: list[tuple[bytes, str]] = [
+    (b'{"prompt": "x",\n "max_tokens" 2}', "expected ':' at byte 30 (line 2, column 15)"),
+    (b'{"prompt": "x"', "the body ends before its JSON does at byte 14 (line 1, column 15)"),
+    (b'{"prompt": "x"} {}', "trailing characters at byte 16 (line 1, column 17)"),
+]
+
+
+@pytest.mark.parametrize("path", [CMPL, "/invocations"])
+@pytest.mark.parametrize(("raw", "where"), INVALID_JSON_BODIES)
+def test_invalid_json_says_what_and_where(server: Server, path: str, raw: bytes, where: str) -> None:
+    """The 400 for a body that is not JSON said "Invalid JSON body: JSON decode error" alone: the
+    parser's byte offset was dropped (found by test_fuzz_requests.py)."""
+    r = _post(server, path, raw)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert (err["param"], err["message"]) == (None, f"Invalid JSON body: JSON decode error: {where}"), err
+
+
+@pytest.mark.parametrize("path", [CMPL, "/invocations"])
+def test_a_body_after_a_utf8_byte_order_mark_is_served(server: Server, path: str) -> None:
+    """A body after a UTF-8 byte order mark got a bare "Invalid JSON body: JSON decode error";
+    vLLM 0.26 serves it (its ``json.loads`` of the bytes reads them as utf-8-sig), and so does Surge."""
+    r = _post(server, path, b'\xef\xbb\xbf{"prompt": "x", "max_tokens": 2}')
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["usage"]["completion_tokens"] == 2
+    r = _post(server, path, b'\xef\xbb\xbf{"prompt": "x", "max_tokens": 0}')  # fields still checked
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text[:300]
+
+
 def test_a_body_nested_too_deeply_that_is_not_an_object(server: Server) -> None:
     r = _post(server, CMPL, _DEEP_LIST)
     assert r.status_code == 400, r.text[:300]

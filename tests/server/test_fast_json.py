@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from surge.server.fast_json import field_at_fault
+from surge.server.fast_json import field_at_fault, where_json_fails
 
 DEEP = b"[" * 3000 + b"]" * 3000
 
@@ -27,3 +28,22 @@ DEEP = b"[" * 3000 + b"]" * 3000
 )
 def test_field_at_fault(body: bytes, too_deep: bool, field: str | None) -> None:
     assert field_at_fault(body, too_deep) == field
+
+
+@pytest.mark.parametrize(
+    ("body", "what", "pos"),
+    [
+        (b'{"a": }', "invalid character at byte 6 (line 1, column 7)", 6),
+        (b'{"a": 1,\n "b" 2}', "expected ':' at byte 14 (line 2, column 6)", 14),
+        # the column counts characters, not bytes
+        (b'{"\xc3\xa9": 1,\n"\xc3\xa9" x}', "expected ':' at byte 15 (line 2, column 5)", 15),
+        (b'{"a": 1', "the body ends before its JSON does at byte 7 (line 1, column 8)", 7),
+        (b"{} x", "trailing characters at byte 3 (line 1, column 4)", 3),
+        (b"[1]\n  x", "trailing characters at byte 6 (line 2, column 3)", 6),
+    ],
+)
+def test_where_json_fails(body: bytes, what: str, pos: int) -> None:
+    """The 400 for a body that is not JSON said "JSON decode error" alone, msgspec's byte offset dropped."""
+    with pytest.raises(msgspec.DecodeError) as e:
+        msgspec.json.decode(body)
+    assert where_json_fails(body, e.value) == (what, pos)
