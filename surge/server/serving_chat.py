@@ -130,7 +130,8 @@ async def prepare_chat(
             on_generation_spans=on_generation_spans,
         )
     except ApiError as e:
-        _note_tools(e, "messages", plan.tools)  # render_chat's name for the prompt
+        _note_template(e, "messages", body.chat_template)  # render_chat's name for the prompt
+        _note_tools(e, "messages", plan.tools)
         raise
     prompt_ids = truncate_prompt(state, prompt_ids, body)
     plan.see_prompt(state.tokenizer, prompt_ids)
@@ -150,6 +151,7 @@ async def prepare_chat(
             max_tokens_param=body.max_tokens_param,
         )
     except ApiError as e:
+        _note_template(e, prompt_param, body.chat_template)
         _note_tools(e, prompt_param, plan.tools)
         raise
     return ChatPrompt(plan, prompt_ids, prompt_text, params, lp)
@@ -160,8 +162,21 @@ def note_prompt_part(error: ApiError, prompt_param: str, part: str) -> None:
     long for the context, that the chat template renders ``part`` into the prompt too: a prompt
     too long because of its tools (or the Messages API's ``system``, the Responses API's
     ``instructions``) blamed the messages alone."""
-    if error.param == prompt_param and error.message.startswith("This model's"):
+    if _says_too_long(error, prompt_param):
         error.message += f" The chat template renders {part} into the prompt too."
+
+
+def _note_template(error: ApiError, prompt_param: str, chat_template: str | None) -> None:
+    """Add to ``error``'s message, when it says that the prompt (named ``prompt_param``) is too
+    long for the context, that the request's own ``chat_template`` renders the prompt: a prompt
+    too long because of the request's template blamed the messages alone."""
+    if chat_template is not None and _says_too_long(error, prompt_param):
+        error.message += " The request's 'chat_template' renders the prompt."
+
+
+def _says_too_long(error: ApiError, prompt_param: str) -> bool:
+    """Whether ``error`` says that the prompt (named ``prompt_param``) is too long for the context."""
+    return error.param == prompt_param and error.message.startswith("This model's")
 
 
 def _note_tools(error: ApiError, prompt_param: str, tools: list[dict[str, Any]] | None) -> None:

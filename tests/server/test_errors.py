@@ -393,6 +393,23 @@ def test_a_body_after_a_utf8_byte_order_mark_is_served(server: Server, path: str
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text[:300]
 
 
+def test_a_prompt_too_long_for_the_requests_chat_template_says_so(server: Server) -> None:
+    """A request's own ``chat_template`` (the server trusts them) that renders a prompt too long for
+    the context blamed ``messages`` alone; the 400 now says the request's template renders it."""
+    template = "{% for i in range(2000) %}{{ messages[0]['content'] }} {% endfor %}"
+    body = {"messages": MSGS, "max_tokens": 2, "chat_template": template}
+    r = _post(server, CHAT, body)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert "maximum context length" in err["message"], err
+    assert err["message"].endswith(" The request's 'chat_template' renders the prompt."), err
+    assert err["param"] == "messages"
+    r = _post(server, CHAT, {**body, "chat_template": "{{ messages[0]['content'] }}"})  # fits: served
+    assert r.status_code == 200, r.text[:300]
+    r = _post(server, CHAT, {"messages": [{"role": "user", "content": "hi " * 2000}], "max_tokens": 2})
+    assert r.status_code == 400 and "chat_template" not in r.json()["error"]["message"], r.text[:300]
+
+
 def test_a_body_nested_too_deeply_that_is_not_an_object(server: Server) -> None:
     r = _post(server, CMPL, _DEEP_LIST)
     assert r.status_code == 400, r.text[:300]
