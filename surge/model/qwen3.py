@@ -70,9 +70,8 @@ class Qwen3Attention(nn.Module):
         """``hidden [T, hidden] -> [T, hidden]``; writes this layer's K/V into ``kv_cache``.
         :class:`SplitKPartials` where ``o_proj`` leaves its split-K reduction to the
         post-attention norm."""
-        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
-        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        return self.o_proj(self.attn(positions, q, k, v, kv_cache, metadata, backend))
+        attended = self.attn.project_and_attend(positions, self.qkv_proj, hidden, kv_cache, metadata, backend)
+        return self.o_proj(attended)
 
 
 class Qwen3DecoderLayer(nn.Module):
