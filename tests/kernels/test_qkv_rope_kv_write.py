@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from surge.kernels.fp8_gemm_splitk import Fp8SplitKConfig, fp8_linear_splitk, fp8_linear_splitk_partials
+from surge.kernels.fp8_quant import per_token_quant_fp8
 from surge.kernels.kv_write import fused_qk_norm_rope_kv_write
 from surge.kernels.qkv_rope_kv_write import qkv_rope_kv_write
 from surge.layers.rotary import RotaryEmbedding
-from surge.quant.fp8 import SplitKPartials, quantize_per_channel, splitk_reduce_reference
+from surge.quant.fp8 import SplitKPartials, quantize_block, quantize_per_channel, splitk_reduce_reference
 
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
@@ -177,6 +178,28 @@ def test_matches_the_gemm_and_its_reduce_kernel(a8: bool) -> None:
     _compare(p, reduced, num_heads, num_kv_heads, head_dim, FP8, True, seed=7)
 
 
+@pytest.mark.parametrize("a8", [False, True])
+def test_block_scaled_gemm(a8: bool) -> None:
+    """An FP8 checkpoint's block-scaled qkv (Qwen3-8B-FP8's layout: the scales applied per ``K``
+    step, no weight scale in the partials), on activations the producer quantized (w8a8) or
+    bf16 ones (w8a16)."""
+    num_heads, num_kv_heads, head_dim, hidden, t = 4, 2, 32, 128, 3
+    n = (num_heads + 2 * num_kv_heads) * head_dim
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(t, hidden, generator=gen).to(BF16)
+    block = (32, 32)
+    wb, sb = quantize_block(torch.randn(n, hidden, generator=gen) * 0.05, block)
+    cfg = Fp8SplitKConfig(16, 32, 32, 4, 2, 4, a8=a8, reduce="kernel")
+    reduced = fp8_linear_splitk(x, wb, sb, config=cfg, block_size=block)
+    if a8:
+        xq, xs = per_token_quant_fp8(x)
+        p = fp8_linear_splitk_partials(xq, wb, sb, config=cfg, block_size=block, x_scale=xs, out_dtype=BF16)
+    else:
+        p = fp8_linear_splitk_partials(x, wb, sb, config=cfg, block_size=block)
+    assert p.weight_scale is None and (p.token_scale is not None) == a8
+    _compare(p, reduced, num_heads, num_kv_heads, head_dim, BF16, True, seed=2)
+
+
 def test_rejections() -> None:
     num_heads, num_kv_heads, head_dim = 4, 2, 32
     n = (num_heads + 2 * num_kv_heads) * head_dim
@@ -261,3 +284,22 @@ def test_gpu_with_bias(a8: bool) -> None:
     p = fp8_linear_splitk_partials(x, w, s, bias, config=cfg)
     reduced = fp8_linear_splitk(x, w, s, bias, config=cfg)
     _compare(p, reduced, num_heads, num_kv_heads, head_dim, BF16, False, seed=t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("t", [16, 64])
+def test_gpu_block_scaled_qwen3_8b(t: int) -> None:
+    """Qwen3-8B-FP8's block-scaled qkv (128 x 128 scale blocks, w8a8 on the producer's FP8
+    activations), FP8 cache, bit for bit."""
+    num_heads, num_kv_heads, head_dim, hidden = 32, 8, 128, 4096
+    n = (num_heads + 2 * num_kv_heads) * head_dim
+    gen = torch.Generator().manual_seed(t + 1)
+    x = torch.randn(t, hidden, generator=gen).to(BF16).cuda()
+    block = (128, 128)
+    wb, sb = (u.cuda() for u in quantize_block(torch.randn(n, hidden, generator=gen) * 0.02, block))
+    cfg = Fp8SplitKConfig(32, 64, 128, 4, 4, 4, a8=True, reduce="kernel")
+    xq, xs = per_token_quant_fp8(x)
+    p = fp8_linear_splitk_partials(xq, wb, sb, config=cfg, block_size=block, x_scale=xs, out_dtype=BF16)
+    reduced = fp8_linear_splitk(xq, wb, sb, config=cfg, block_size=block, x_scale=xs, out_dtype=BF16)
+    _compare(p, reduced, num_heads, num_kv_heads, head_dim, FP8, True, seed=t)
