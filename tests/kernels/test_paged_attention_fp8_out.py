@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from surge.kernels.fp8_quant import per_token_quant_fp8
+from surge.kernels.kv_write import RopeKvWrite
 from surge.kernels.paged_attention import AttentionTileConfig, OutputQuant, paged_attention
 from surge.layers.torch_attention import write_kv_cache as torch_write_kv_cache
 from surge.layers.triton_attention import TritonAttentionBackend
@@ -162,6 +163,52 @@ def test_sequence_without_token_in_the_middle(num_splits: int) -> None:
     want = _attend(batch, num_splits, ks, vs, split_counters)
     quant = _quant_buffers(batch)
     _attend(batch, num_splits, ks, vs, split_counters, quant)
+    _assert_quantized(batch, want, quant)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_with_rope_inside_the_launch(num_splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the q/k norm, rotary and K/V write inside the same launch (``rope``, small decode
+    steps), programs last to first: the quantized rows are per_token_quant_fp8 of that launch's
+    own output."""
+    reverse_interpreter_programs(monkeypatch)
+    q_lens, seq_lens = [1, 1, 0], [40, 90, 0]
+    batch, ks, vs = _batch(q_lens, seq_lens, 2, 4, fp8_cache=False)
+    md = batch.metadata
+    half = HEAD_DIM // 2
+    ang = torch.arange(128, dtype=torch.float32)[:, None] / (10000 ** (torch.arange(half) / half))[None, :]
+    positions = torch.tensor([39, 89, 0], device=DEVICE)
+    slots = md.slot_mapping.clone()
+    norm_w = (1 + 0.1 * torch.randn(HEAD_DIM, generator=torch.Generator().manual_seed(2))).to(torch.bfloat16)
+    rope = RopeKvWrite(
+        batch.k,
+        batch.v,
+        positions,
+        ang.cos().to(DEVICE),
+        ang.sin().to(DEVICE),
+        slots,
+        norm_w.to(DEVICE),
+        norm_w.to(DEVICE),
+        1e-6,
+    )
+    split_counters = torch.zeros(len(q_lens) * 2, dtype=torch.int32, device=DEVICE)
+    md_args = (md.query_start_loc, md.seq_lens, md.block_table, HEAD_DIM**-0.5)
+    kw = dict(num_splits=num_splits, max_query_len=1, config=SMALL_TILE, min_kv_per_split=32, rope=rope)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    want = paged_attention(batch.q, k_cache, v_cache, *md_args, split_counters=split_counters, **kw)
+    quant = _quant_buffers(batch)
+    out = torch.full_like(batch.q, 7.0)
+    paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        *md_args,
+        out,
+        split_counters=split_counters,
+        quant_out=quant,
+        **kw,
+    )
+    assert torch.equal(batch.k_cache, k_cache) and torch.equal(batch.v_cache, v_cache)
     _assert_quantized(batch, want, quant)
 
 
