@@ -10,11 +10,10 @@ from torch import nn
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.layers.norm import RMSNorm
 from surge.layers.rotary import RotaryEmbedding
-from surge.quant.fp8 import SplitKPartials
+from surge.quant.fp8 import Fp8Activations, SplitKPartials
 
 if TYPE_CHECKING:
-    from surge.layers.linear import QKVParallelLinear
-    from surge.quant.fp8 import Fp8Activations
+    from surge.layers.linear import QKVParallelLinear, _LinearBase
 
 
 def _is_cuda(t: torch.Tensor) -> bool:
@@ -39,6 +38,13 @@ class Attention(nn.Module):
     norm + rotary + K/V write kernel (:func:`surge.kernels.qkv_rope_kv_write.qkv_rope_kv_write`),
     one launch fewer, with the same bits (see :meth:`fuses_qkv_reduce` for when).
 
+    A layer whose output is the input of one linear layer may name it (:meth:`feeds`, the o
+    projection): on the steps where that layer runs a w8a8 FP8 GEMM
+    (:meth:`surge.layers.linear._LinearBase.wants_fp8_input`) and the backend can quantize its
+    output in its own kernel (:meth:`AttentionBackend.quantizes_output`: the Triton backend's
+    decode grid), the layer returns :class:`surge.quant.fp8.Fp8Activations` and the GEMM skips
+    its quantization launch, as :meth:`surge.layers.norm.RMSNorm.feeds` does for qkv and gate_up.
+
     Args:
         num_heads, num_kv_heads, head_dim: this rank's query heads, KV heads and head size.
         rotary: the model's shared rotary embedding.
@@ -47,6 +53,7 @@ class Attention(nn.Module):
     Attributes:
         k_scale, v_scale: dequantization multipliers of an FP8 KV cache (1.0 unless the
             checkpoint gives ``k_scale``/``v_scale``; unused for other caches).
+        consumer: the linear layer fed by this layer's output (not a submodule), or None.
     """
 
     def __init__(
@@ -70,6 +77,26 @@ class Attention(nn.Module):
         self.k_norm = k_norm
         self.k_scale = 1.0
         self.v_scale = 1.0
+        self.consumer: _LinearBase | None = None
+
+    def feeds(self, consumer: _LinearBase) -> None:
+        """Declare that this layer's output is ``consumer``'s input (kept as a plain reference,
+        not registered as a submodule); its input features must be this rank's heads."""
+        object.__setattr__(self, "consumer", consumer)
+
+    def _quantize_out(
+        self, q: torch.Tensor, k_cache: torch.Tensor, metadata: AttentionMetadata, backend: AttentionBackend
+    ) -> bool:
+        """Whether this step's output goes to :attr:`consumer` quantized per token by the backend
+        (``q [T, num_heads, head_dim]``): the consumer's path for ``T`` tokens is w8a8 and the
+        backend's kernel can quantize. Shapes and host values only (fixed for a CUDA graph)."""
+        c = self.consumer
+        return (
+            c is not None
+            and c.quant_method is not None
+            and c.wants_fp8_input(q.shape[0], q.dtype)
+            and backend.quantizes_output(q, k_cache, metadata)
+        )
 
     def forward(
         self,
@@ -80,7 +107,7 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | Fp8Activations:
         """Attend.
 
         Args:
@@ -91,13 +118,15 @@ class Attention(nn.Module):
                 ``[num_blocks, block_size, num_kv_heads, head_dim]``.
 
         Returns:
-            ``[T, num_heads * head_dim]``.
+            ``[T, num_heads * head_dim]``, as :class:`Fp8Activations` (quantized per token) on the
+            steps where :attr:`consumer` takes them from the backend's kernel.
         """
         t = q.shape[0]
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
+        fp8_out = self._quantize_out(q, k_cache, metadata, backend)
         if _is_cuda(q) and backend.fuses_rope_kv_write:
             from surge.kernels.kv_write import RopeKvWrite
 
@@ -113,7 +142,18 @@ class Attention(nn.Module):
                 1e-6 if self.q_norm is None else self.q_norm.eps,
             )
             out = backend.forward(
-                q, k, v, k_cache, v_cache, metadata, self.scale, False, self.k_scale, self.v_scale, rope=rope
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                metadata,
+                self.scale,
+                False,
+                self.k_scale,
+                self.v_scale,
+                rope=rope,
+                quantize_out=fp8_out,
             )
         else:
             if self.q_norm is not None and self.k_norm is not None:
@@ -121,8 +161,20 @@ class Attention(nn.Module):
                 k = self.k_norm(k)
             q, k = self.rotary(positions, q, k)
             out = backend.forward(
-                q, k, v, k_cache, v_cache, metadata, self.scale, True, self.k_scale, self.v_scale
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                metadata,
+                self.scale,
+                True,
+                self.k_scale,
+                self.v_scale,
+                quantize_out=fp8_out,
             )
+        if isinstance(out, Fp8Activations):
+            return out
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def fuses_qkv_reduce(
@@ -153,7 +205,7 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | Fp8Activations:
         """``qkv_proj(hidden)`` split into q, k, v, then :meth:`forward`; where
         :meth:`fuses_qkv_reduce` holds and the projection returns :class:`SplitKPartials`, one
         kernel reduces them, norms and rotates q and k and writes k and v into the cache
@@ -169,7 +221,8 @@ class Attention(nn.Module):
             kv_cache, metadata, backend: as :meth:`forward`.
 
         Returns:
-            ``[T, num_heads * head_dim]``.
+            ``[T, num_heads * head_dim]``, as :class:`Fp8Activations` where :meth:`forward`
+            returns them.
 
         Raises:
             ValueError: as the projection's GEMM and
@@ -192,7 +245,7 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | Fp8Activations:
         """The fused reduce + norm + rotary + K/V write of the qkv partials ``p``, then the
         backend's attention on the rotated q (k and v already in the cache)."""
         from surge.kernels.qkv_rope_kv_write import qkv_rope_kv_write
@@ -218,8 +271,9 @@ class Attention(nn.Module):
             self.v_scale,
         )
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        q = q.view(t, h, d)
         out = backend.forward(
-            q.view(t, h, d),
+            q,
             k.view(t, hkv, d),
             v.view(t, hkv, d),
             k_cache,
@@ -229,5 +283,8 @@ class Attention(nn.Module):
             False,
             self.k_scale,
             self.v_scale,
+            quantize_out=self._quantize_out(q, k_cache, metadata, backend),
         )
+        if isinstance(out, Fp8Activations):
+            return out
         return out.reshape(t, h * d)

@@ -16,6 +16,7 @@ import torch
 
 if TYPE_CHECKING:
     from surge.kernels.kv_write import RopeKvWrite
+    from surge.quant.fp8 import Fp8Activations
 
 
 @dataclass
@@ -79,6 +80,14 @@ class AttentionBackend(ABC):
         called once, before any CUDA-graph capture. Default: nothing to allocate."""
         return None
 
+    def quantizes_output(self, q: torch.Tensor, k_cache: torch.Tensor, metadata: AttentionMetadata) -> bool:
+        """Whether :meth:`forward` of this step (``q [T, num_heads, head_dim]``, ``k_cache`` of
+        this layer) may be called with ``quantize_out=True``, returning the output quantized per
+        token (:class:`surge.quant.fp8.Fp8Activations`) from its own kernel for a w8a8 consumer.
+        Decided from shapes and host-side metadata only, so a captured CUDA graph keeps it.
+        Default: never."""
+        return False
+
     def fuses_decode_rope(self, num_seqs: int) -> bool:
         """Whether a ``rope`` handed to :meth:`forward` on a decode step of ``num_seqs``
         :attr:`AttentionMetadata.independent_rows` runs inside the attention kernel (so a
@@ -99,7 +108,8 @@ class AttentionBackend(ABC):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeKvWrite | None = None,
-    ) -> torch.Tensor:
+        quantize_out: bool = False,
+    ) -> torch.Tensor | Fp8Activations:
         """Write ``k``/``v`` at ``metadata.slot_mapping`` (unless ``write_kv`` is False because
         the caller already wrote them) and attend.
 
@@ -118,9 +128,16 @@ class AttentionBackend(ABC):
                 backend applies them and writes ``rope.k``/``rope.v`` into the caches itself
                 (:class:`surge.kernels.kv_write.RopeKvWrite`; ``q`` and ``k`` may be modified in
                 place).
+            quantize_out: only where :meth:`quantizes_output` holds: return the output as
+                :class:`surge.quant.fp8.Fp8Activations` ``[num_tokens, num_heads * head_dim]``,
+                bit for bit :func:`surge.kernels.fp8_quant.per_token_quant_fp8` of the output
+                in ``q``'s dtype (padding rows: the quantization of a zero row).
 
         Returns:
             ``[num_tokens, num_heads, head_dim]``: each query token attends causally to
             its sequence's cached tokens and the new tokens up to itself. Rows of padding
             tokens (beyond ``query_start_loc[-1]``) are unspecified.
+
+        Raises:
+            ValueError: ``quantize_out`` where :meth:`quantizes_output` is False.
         """

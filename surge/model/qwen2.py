@@ -47,6 +47,7 @@ class Qwen2Attention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, rotary)
+        self.attn.feeds(self.o_proj)  # per-token FP8 from decode attention on w8a8 steps
 
     def forward(
         self,

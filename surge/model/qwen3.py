@@ -58,6 +58,7 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(
             self.num_heads, self.num_kv_heads, cfg.head_dim, rotary, self.q_norm, self.k_norm
         )
+        self.attn.feeds(self.o_proj)  # per-token FP8 from decode attention on w8a8 steps
 
     def forward(
         self,
