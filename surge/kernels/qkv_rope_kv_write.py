@@ -96,7 +96,7 @@ def _through_out(out_row, col0, offs_h, offs_d, mask, x1, x2, HEAD_DIM: tl.const
 
 
 @triton.jit(do_not_specialize=["M"])
-def _kernel(
+def _qkv_rope_kv_write_kernel(
     out_ptr,
     p_ptr,
     ws_ptr,
@@ -380,7 +380,7 @@ def qkv_rope_kv_write(
     if pdl is None:
         pdl = use_pdl(parts)
     half = head_dim // 2
-    _kernel[(m, 1 + triton.cdiv(num_heads, heads_per_program))](
+    _qkv_rope_kv_write_kernel[(m, 1 + triton.cdiv(num_heads, heads_per_program))](
         out,
         parts,
         qkv.weight_scale if qkv.weight_scale is not None else parts,
