@@ -182,7 +182,8 @@ class Attention(nn.Module):
     ) -> bool:
         """Whether :meth:`project_and_attend` asks the qkv projection for split-K partials: on
         CUDA, with a backend that takes the norm, rotary and K/V write
-        (``fuses_rope_kv_write``), on a pure decode step (``max_query_len == 1``) on which the
+        (``fuses_rope_kv_write``) and the partials (``fuses_qkv_partials``, off where its
+        start-up check failed, :mod:`surge.layers.fusion_check`), on a pure decode step (``max_query_len == 1``) on which the
         backend would not run them inside its attention kernel (not
         ``independent_rows`` with ``fuses_decode_rope(num_seqs)``), i.e. the steps where it
         launches :func:`surge.kernels.kv_write.fused_qk_norm_rope_kv_write` before attention.
@@ -193,6 +194,7 @@ class Attention(nn.Module):
         return (
             _is_cuda(positions)
             and backend.fuses_rope_kv_write
+            and backend.fuses_qkv_partials
             and metadata.max_query_len == 1
             and not (metadata.independent_rows and backend.fuses_decode_rope(metadata.num_seqs))
         )

@@ -73,6 +73,11 @@ class AttentionBackend(ABC):
     ``rope`` (with ``write_kv=False``) instead of running them before it."""
     cuda_graph_safe: bool = False
     """True when ``forward`` has no host syncs and fixed grids, so it can be captured."""
+    fuses_qkv_partials: bool = False
+    """True when an FP8 decode step's qkv GEMM may leave its split-K partials to
+    :func:`surge.kernels.qkv_rope_kv_write.qkv_rope_kv_write` (the reduce inside the norm, rotary
+    and K/V write; :meth:`surge.layers.attention.Attention.project_and_attend`) before ``forward``
+    attends with ``write_kv=False``."""
 
     def reserve(self, max_num_seqs: int, num_kv_heads: int, device: torch.device) -> None:
         """Allocate the persistent scratch that :meth:`forward` may use on steps of up to

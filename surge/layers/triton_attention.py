@@ -19,6 +19,7 @@ shapes, so a forward never syncs with the GPU and is safe inside CUDA-graph capt
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ from surge.kernels.paged_attention import (
 from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention, prefill_supported
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
 from surge.quant.fp8 import Fp8Activations
+
+logger = logging.getLogger("surge.attention")
 
 _DEFAULT_NUM_SMS = 132  # H100/H200; used when no CUDA device is visible (interpreter tests)
 
@@ -116,6 +119,11 @@ class TritonAttentionBackend(AttentionBackend):
             let the decode grid write its output quantized per token for a w8a8 consumer
             (:meth:`quantizes_output`), once :meth:`reserve` has allocated its per-sequence
             counters (False: never; the consumer quantizes).
+        fuse_qkv_reduce: let FP8 decode steps reduce the qkv GEMM's split-K partials inside the
+            norm, rotary and K/V write (:attr:`fuses_qkv_partials`; False: the reduce launch).
+        check_fusions: run :mod:`surge.layers.fusion_check` in :meth:`reserve` and turn off a
+            fusion (``quantize_decode_output``, ``fuse_qkv_reduce``) whose check fails, logging
+            why; None: on CUDA devices only.
 
     Under CUDA graphs, pass the longest context a graph may replay with as
     ``metadata.max_seq_len`` at capture time (e.g. ``max_model_len``): the number of
@@ -138,6 +146,8 @@ class TritonAttentionBackend(AttentionBackend):
         decode_rope_max_seqs: int = DECODE_ROPE_MAX_SEQS,
         inline_split_reduce: bool = True,
         quantize_decode_output: bool = True,
+        fuse_qkv_reduce: bool = True,
+        check_fusions: bool | None = None,
     ) -> None:
         if num_sms is None:
             num_sms = (
@@ -152,6 +162,8 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode_rope_max_seqs = decode_rope_max_seqs
         self.inline_split_reduce = inline_split_reduce
         self.quantize_decode_output = quantize_decode_output
+        self.fuses_qkv_partials = fuse_qkv_reduce
+        self.check_fusions = check_fusions
         self._split_counters: torch.Tensor | None = None
         self._token_counters: torch.Tensor | None = None
 
@@ -179,6 +191,30 @@ class TritonAttentionBackend(AttentionBackend):
             )
         if self.quantize_decode_output:
             self._token_counters = _reserved(self._token_counters, max_num_seqs, device, "token")
+        check = self.check_fusions
+        if check is None:
+            check = torch.device(device).type == "cuda"
+        if check:
+            self._check_fusions(device)
+
+    def _check_fusions(self, device: torch.device) -> None:
+        """Run :mod:`surge.layers.fusion_check` for the fusions that are on, once per backend;
+        a failed check turns its fusion off (a warning says why)."""
+        from surge.layers.fusion_check import check_qkv_rope_kv_write, check_quantized_decode_output
+
+        self.check_fusions = False  # once: the counters captured graphs hold are kept
+        if self.fuses_qkv_partials:
+            why = check_qkv_rope_kv_write(device)
+            if why is not None:
+                logger.warning("fused qkv reduce + rotary + K/V write off: %s", why)
+                self.fuses_qkv_partials = False
+        c = self._token_counters
+        if self.quantize_decode_output and c is not None and c.numel() >= 4:
+            s = self._split_counters
+            why = check_quantized_decode_output(device, s if s is not None and s.numel() >= 8 else None, c)
+            if why is not None:
+                logger.warning("decode attention's quantized output off: %s", why)
+                self.quantize_decode_output = False
 
     def _counters_for(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """The reserved counters when they cover ``num_seqs`` x ``num_kv_heads`` on ``device``."""
