@@ -31,6 +31,7 @@ tests=(
   tests/engine/test_llm_api_edges.py
   tests/kernels/test_qkv_rope_kv_write.py
   tests/kernels/test_paged_attention_fp8_out_gpu.py
+  tests/kernels/test_fusion_check.py
 )
 PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider -o timeout=0 -rfEs --tb=short "${tests[@]}" \
   2>&1 | tee "$out/tests.txt"
