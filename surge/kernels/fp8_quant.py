@@ -3,11 +3,9 @@
 ``x [M, K] -> (x_fp8 [M, K] float8_e4m3fn, scale [M, 1] float32)`` with ``scale = max(amax(|x_row|)
 / 448, 1e-12)`` and ``x_fp8 = clamp(x / scale, ±448)`` rounded to nearest even: the inputs of
 ``torch._scaled_mm``'s row-wise scaling. One program per row, two passes over ``K`` (the
-amax, then the quantized store, :func:`quantize_row`); the divisions are IEEE-rounded
-(``div_rn``), so the result equals :func:`surge.quant.fp8.quantize_per_token` bit for bit. Fixed
-grid, no host syncs: safe inside CUDA-graph capture. :func:`quantize_row` is also how the decode
-grid of :func:`surge.kernels.paged_attention.paged_attention` quantizes its output for a w8a8
-o projection (``quant_out``), with the same bits.
+amax, then the quantized store); the divisions are IEEE-rounded (``div_rn``), so the result
+equals :func:`surge.quant.fp8.quantize_per_token` bit for bit. Fixed grid, no host syncs:
+safe inside CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -18,44 +16,6 @@ import triton.language as tl
 
 from surge.kernels.pdl import pdl_wait, use_pdl
 from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
-
-
-@triton.jit
-def quantize_row(
-    x_row,
-    q_row,
-    s_ptr,
-    K,
-    FP8_MAX: tl.constexpr,
-    MIN_SCALE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    CACHE: tl.constexpr,
-):
-    """One row's per-token quantization: ``K`` values at ``x_row`` (any float dtype) -> e4m3 at
-    ``q_row`` and their scale ``max(div_rn(amax, FP8_MAX), MIN_SCALE)`` at ``s_ptr``. Two passes
-    over ``K`` in ``BLOCK``-wide steps (the amax, then ``clamp(div_rn(x, scale), ±FP8_MAX)``
-    rounded to nearest even by the store's conversion). ``CACHE`` is the loads' cache modifier
-    (``""``, or ``".cg"`` for a row that other programs of the same launch stored, read after an
-    acquire). Shared by :func:`per_token_quant_fp8` and the decode grid of
-    :func:`surge.kernels.paged_attention.paged_attention`, so both give the same bits."""
-    offs = tl.arange(0, BLOCK)
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
-        x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), FP8_MAX), MIN_SCALE)
-    tl.store(s_ptr, scale)
-    for k0 in range(0, K, BLOCK):
-        mask = k0 + offs < K
-        x = tl.load(x_row + k0 + offs, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-        tl.store(q_row + k0 + offs, q.to(q_row.dtype.element_ty), mask=mask)
-
-
-def quant_block(k: int) -> int:
-    """The ``BLOCK`` of :func:`quantize_row` for rows of ``k`` values: rows up to 8192 wide in
-    one block per pass."""
-    return min(triton.next_power_of_2(max(k, 16)), 8192)
 
 
 @triton.jit
@@ -73,9 +33,20 @@ def _per_token_quant_kernel(
 ):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
-    quantize_row(
-        x_ptr + row * stride_x, q_ptr + row * stride_q, s_ptr + row, K, FP8_MAX, MIN_SCALE, BLOCK, ""
-    )
+    offs = tl.arange(0, BLOCK)
+    x_row = x_ptr + row * stride_x
+    q_row = q_ptr + row * stride_q
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), FP8_MAX), MIN_SCALE)
+    tl.store(s_ptr + row, scale)
+    for k0 in range(0, K, BLOCK):
+        mask = k0 + offs < K
+        x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+        tl.store(q_row + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def per_token_quant_fp8(
@@ -115,7 +86,7 @@ def per_token_quant_fp8(
         raise ValueError(f"scale must be a contiguous [{m}, 1] float32, got {tuple(scale.shape)}")
     if m == 0:
         return out, scale
-    block = quant_block(k)
+    block = min(triton.next_power_of_2(max(k, 16)), 8192)  # rows up to 8192 wide: one block per pass
     if pdl is None:
         pdl = use_pdl(x)  # programmatic dependent launch on sm90+
     _per_token_quant_kernel[(m,)](

@@ -67,45 +67,20 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from surge.kernels.attention_reduce import attention_reduce, merge_splits
-from surge.kernels.fp8_quant import quant_block, quantize_row
 from surge.kernels.kv_write import RopeKvWrite, norm_rope, store_heads
 from surge.kernels.pdl import pdl_wait, use_pdl
-from surge.quant.config import FP8_E4M3_MAX, MIN_FP8_SCALE
+from surge.quant.config import FP8_E4M3_MAX
 
 _LOG2E = 1.4426950408889634
 FP16_MAX = tl.constexpr(65504.0)
 """Largest finite float16: a bf16 query over an FP8 cache is saturated to it before its fp16 cast."""
 _FP8_MAX = tl.constexpr(FP8_E4M3_MAX)
-"""Largest finite e4m3 (the new K/V's clamp when ``rope`` writes an FP8 cache, and the output's
-when ``quant_out`` quantizes it)."""
-_MIN_SCALE = tl.constexpr(MIN_FP8_SCALE)
-"""Smallest per-token scale of a quantized output row (:func:`surge.kernels.fp8_quant.quantize_row`'s)."""
+"""Largest finite e4m3 (the new K/V's clamp when ``rope`` writes an FP8 cache)."""
 _NO_SKIP = 2**31 - 1
 
 MIN_KV_PER_SPLIT = 256
 """Smallest KV share (tokens) worth a split of its own: the default of
 :func:`choose_num_splits` and of the per-sequence split count on the decode grid."""
-
-
-@dataclass(frozen=True)
-class OutputQuant:
-    """Where the decode grid of :func:`paged_attention` writes its output quantized per token for
-    a w8a8 FP8 consumer (the o projection): bit for bit
-    :func:`surge.kernels.fp8_quant.per_token_quant_fp8` of the attention output in ``q``'s dtype,
-    without that launch.
-
-    Attributes:
-        data: ``[num_tokens, num_heads * head_dim]`` float8_e4m3fn, last dim contiguous.
-        scale: ``[num_tokens, 1]`` float32, contiguous: the dequantization multipliers.
-        token_counters: int32, contiguous, at least ``num_seqs`` elements, all zero, persistent
-            (allocated before any CUDA-graph capture) and shared by stream-ordered calls: the
-            per-sequence arrival counters of the (sequence, KV head) outputs; the last one to
-            arrive quantizes the token's row and sets its counter back to zero.
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    token_counters: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -258,57 +233,6 @@ def _store_partial(
     tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=store_mask)
 
 
-@triton.jit
-def _quantize_when_last(
-    out_ptr, qo_ptr, qs_ptr, tok_cnt_ptr, seq_idx, token, stride_ot, stride_qo, row_len, QBLOCK: tl.constexpr
-):
-    """After this program stored its KV head's final rows of ``token`` (``out``'s dtype): count
-    it in on the sequence's counter; the last of the ``num_programs(1)`` KV heads to arrive reads
-    the token's whole row back through L2 and writes it quantized per token
-    (:func:`surge.kernels.fp8_quant.quantize_row`, :func:`per_token_quant_fp8`'s bits), then
-    sets the counter back to zero for the next launch. The barrier orders every thread's row
-    stores before the release; the acquire orders the other KV heads' stores before the loads
-    (the split merge's "last block" pattern)."""
-    counter = tok_cnt_ptr + seq_idx
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(1) - 1:
-        tl.debug_barrier()
-        t = token.to(tl.int64)
-        x_row = out_ptr + t * stride_ot
-        quantize_row(x_row, qo_ptr + t * stride_qo, qs_ptr + t, row_len, _FP8_MAX, _MIN_SCALE, QBLOCK, ".cg")
-        tl.store(counter, 0)  # clean for the next launch (stream-ordered)
-
-
-@triton.jit
-def _zero_padding_row(
-    qo_ptr,
-    qs_ptr,
-    query_start_loc_ptr,
-    num_seqs,
-    num_q_rows,
-    seq_idx,
-    kv_head,
-    split,
-    stride_qo,
-    row_len,
-    QBLOCK: tl.constexpr,
-):
-    """Row ``seq_idx`` of the quantized output, when it is a padding row (at or past
-    ``query_start_loc[num_seqs]``, below ``num_q_rows``): what the quantization of a zero row
-    gives (zeros, scale ``MIN_SCALE``), written once (KV head 0, split 0), so the w8a8 GEMM
-    reads defined values there."""
-    if (kv_head == 0) & (split == 0) & (seq_idx < num_q_rows):  # noqa: SIM102 (the load only then)
-        if seq_idx >= tl.load(query_start_loc_ptr + num_seqs):
-            offs = tl.arange(0, QBLOCK)
-            row = qo_ptr + seq_idx.to(tl.int64) * stride_qo
-            zero = tl.zeros([QBLOCK], dtype=tl.float32).to(qo_ptr.dtype.element_ty)
-            for k0 in range(0, row_len, QBLOCK):
-                tl.store(row + k0 + offs, zero, mask=k0 + offs < row_len)
-            one = tl.arange(0, 1)
-            tl.store(qs_ptr + seq_idx + one, tl.zeros([1], dtype=tl.float32) + _MIN_SCALE)
-
-
 @triton.jit(do_not_specialize=["num_seqs", "num_q_rows", "stride_bt", "bt_width", "skip_q_len"])
 def _paged_attention_kernel(
     out_ptr,
@@ -357,10 +281,6 @@ def _paged_attention_kernel(
     stride_vnh,
     stride_cos,
     stride_sin,
-    qo_ptr,
-    qs_ptr,
-    tok_cnt_ptr,
-    stride_qo,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -380,8 +300,6 @@ def _paged_attention_kernel(
     ROPE_KV: tl.constexpr,
     QK_NORM: tl.constexpr,
     HALF: tl.constexpr,
-    QUANT_OUT: tl.constexpr,
-    QBLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
@@ -432,37 +350,8 @@ def _paged_attention_kernel(
         # issue the seq_len and block-table loads above before this branch, not after it
         # (one dependent round trip less; checked in the sm_90 SASS).
         if (q_end == q_start) | (seq_len < 0):
-            if QUANT_OUT:
-                _zero_padding_row(
-                    qo_ptr,
-                    qs_ptr,
-                    query_start_loc_ptr,
-                    num_seqs,
-                    num_q_rows,
-                    seq_idx,
-                    kv_head,
-                    split,
-                    stride_qo,
-                    num_heads * HEAD_DIM,
-                    QBLOCK,
-                )
             return
         in_place = q_start == seq_idx
-        if QUANT_OUT:  # noqa: SIM102 (a constexpr, then a run-time test)
-            if not in_place:  # a q_len-0 sequence before this one: row seq_idx may be padding
-                _zero_padding_row(
-                    qo_ptr,
-                    qs_ptr,
-                    query_start_loc_ptr,
-                    num_seqs,
-                    num_q_rows,
-                    seq_idx,
-                    kv_head,
-                    split,
-                    stride_qo,
-                    num_heads * HEAD_DIM,
-                    QBLOCK,
-                )
         if ROPE_KV:
             if q_start != seq_idx:
                 q_row = q_ptr + q_start.to(tl.int64) * stride_qt
@@ -639,35 +528,9 @@ def _paged_attention_kernel(
     part_rows = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
     if NUM_SPLITS == 1:
         _store_normalised(out_ptr, token, head, stride_ot, stride_oh, offs_d, acc, l_i, store_mask)
-        if QUANT_OUT:  # decode grid only
-            _quantize_when_last(
-                out_ptr,
-                qo_ptr,
-                qs_ptr,
-                tok_cnt_ptr,
-                seq_idx,
-                token,
-                stride_ot,
-                stride_qo,
-                num_heads * HEAD_DIM,
-                QBLOCK,
-            )
     elif DECODE:
         if eff == 1:
             _store_normalised(out_ptr, token, head, stride_ot, stride_oh, offs_d, acc, l_i, store_mask)
-            if QUANT_OUT:
-                _quantize_when_last(
-                    out_ptr,
-                    qo_ptr,
-                    qs_ptr,
-                    tok_cnt_ptr,
-                    seq_idx,
-                    token,
-                    stride_ot,
-                    stride_qo,
-                    num_heads * HEAD_DIM,
-                    QBLOCK,
-                )
         else:
             _store_partial(
                 part_out_ptr,
@@ -715,19 +578,6 @@ def _paged_attention_kernel(
                         mask=g_valid[:, None] & d_valid[None, :],
                     )
                     tl.store(counter, 0)  # clean for the next launch (stream-ordered)
-                    if QUANT_OUT:
-                        _quantize_when_last(
-                            out_ptr,
-                            qo_ptr,
-                            qs_ptr,
-                            tok_cnt_ptr,
-                            seq_idx,
-                            token,
-                            stride_ot,
-                            stride_qo,
-                            num_heads * HEAD_DIM,
-                            QBLOCK,
-                        )
     else:
         _store_partial(
             part_out_ptr,
@@ -859,50 +709,6 @@ def _rope_args(
     )
 
 
-def _check_quant_out(
-    quant_out: OutputQuant, q: torch.Tensor, out: torch.Tensor, num_seqs: int, decode: bool, merged: bool
-) -> None:
-    """Raise ValueError unless ``quant_out`` fits this launch (see :func:`paged_attention`)."""
-    num_tokens, num_heads, head_dim = q.shape
-    if not decode or not merged:
-        raise ValueError(
-            "quant_out needs the decode grid (max_query_len == 1) with its splits merged in the launch "
-            "(num_splits == 1 or split_counters)"
-        )
-    if num_tokens > num_seqs:
-        raise ValueError(
-            f"quant_out needs a program for every row: {num_tokens} token rows, {num_seqs} sequences"
-        )
-    data, scale, counters = quant_out.data, quant_out.scale, quant_out.token_counters
-    if (
-        data.shape != (num_tokens, num_heads * head_dim)
-        or data.dtype != torch.float8_e4m3fn
-        or data.stride(1) != 1
-    ):
-        raise ValueError(
-            f"quant_out.data must be [{num_tokens}, {num_heads * head_dim}] float8_e4m3fn with a contiguous "
-            f"last dim, got {tuple(data.shape)} {data.dtype}"
-        )
-    if scale.shape != (num_tokens, 1) or scale.dtype != torch.float32 or not scale.is_contiguous():
-        raise ValueError(
-            f"quant_out.scale must be a contiguous [{num_tokens}, 1] float32, got {tuple(scale.shape)}"
-        )
-    if (
-        counters.dtype != torch.int32
-        or not counters.is_contiguous()
-        or counters.device != q.device
-        or counters.numel() < num_seqs
-    ):
-        raise ValueError(
-            f"quant_out.token_counters must be int32, contiguous, on {q.device} and hold at least {num_seqs} "
-            f"counters, got {counters.dtype} [{counters.numel()}] on {counters.device}"
-        )
-    if data.device != q.device or scale.device != q.device:
-        raise ValueError(f"quant_out.data and quant_out.scale must be on {q.device}")
-    if out.stride(1) != head_dim:
-        raise ValueError(f"quant_out needs out's heads side by side (stride {head_dim}), got {out.stride(1)}")
-
-
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -922,7 +728,6 @@ def paged_attention(
     skip_query_len: int | None = None,
     rope: RopeKvWrite | None = None,
     split_counters: torch.Tensor | None = None,
-    quant_out: OutputQuant | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch of query tokens over a paged KV cache.
 
@@ -976,17 +781,6 @@ def paged_attention(
             sets the counter back to zero: no reduce launch (the serial split-K fix-up of
             :mod:`surge.kernels.fp8_gemm_splitk`'s ``"inline"`` reduction, applied to
             flash-decoding). None: the reduce kernel.
-        quant_out: decode grid only, with ``num_splits == 1`` or ``split_counters`` (the splits
-            merged in the launch) and no more token rows than sequences: also write the output
-            quantized per token into ``quant_out.data``/``quant_out.scale``
-            (:class:`OutputQuant`), bit for bit
-            :func:`surge.kernels.fp8_quant.per_token_quant_fp8` of ``out``'s real rows. The
-            program that stores a (token, KV head)'s final rows (the single split, or the
-            split that merged) counts itself in on the token's counter, and the last of the
-            ``num_kv_heads`` quantizes the row (:func:`surge.kernels.fp8_quant.quantize_row`,
-            read back from ``out`` through L2): no quantization launch. Padding rows (from
-            ``query_start_loc[-1]`` on) get a zero row and the smallest scale (the quantization
-            of zeros). ``out`` then needs its heads side by side (``out.stride(1) == head_dim``).
 
     Returns:
         ``out``: ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype; padding rows are
@@ -996,10 +790,7 @@ def paged_attention(
         ValueError: on inconsistent shapes, dtypes, ``num_splits < 1`` or
             ``min_kv_per_split < 1``, ``rope`` off the decode grid or with a head size
             that is not a power of two, or ``split_counters`` that is not int32, contiguous,
-            on ``q``'s device and at least ``num_seqs * num_kv_heads`` long; ``quant_out``
-            off the decode grid, with splits merged by the reduce kernel, with more token rows
-            than sequences, or with buffers or counters of the wrong shape, dtype, layout or
-            device, or an ``out`` whose heads are not side by side.
+            on ``q``'s device and at least ``num_seqs * num_kv_heads`` long.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -1055,8 +846,6 @@ def paged_attention(
             )
     if out is None:
         out = torch.empty_like(q)
-    if quant_out is not None:
-        _check_quant_out(quant_out, q, out, num_seqs, decode, num_splits == 1 or inline)
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     cfg = config or default_tile_config(group, head_dim, max_query_len, q.dtype, k_cache.dtype)
@@ -1108,11 +897,6 @@ def paged_attention(
         block_table.stride(0),
         block_table.shape[1],
         *_rope_args(rope, q, fp8, k_scale, v_scale),
-        *(
-            (out, out, seq_lens, 0)
-            if quant_out is None
-            else (quant_out.data, quant_out.scale, quant_out.token_counters, quant_out.data.stride(0))
-        ),
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
@@ -1132,8 +916,6 @@ def paged_attention(
         ROPE_KV=rope is not None,
         QK_NORM=rope is not None and rope.q_norm_weight is not None,
         HALF=head_dim // 2,
-        QUANT_OUT=quant_out is not None,
-        QBLOCK=quant_block(num_heads * head_dim),
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=cfg.num_warps,

@@ -16,7 +16,6 @@ import torch
 
 if TYPE_CHECKING:
     from surge.kernels.kv_write import RopeKvWrite
-    from surge.quant.fp8 import Fp8Activations
 
 
 @dataclass
@@ -73,25 +72,12 @@ class AttentionBackend(ABC):
     ``rope`` (with ``write_kv=False``) instead of running them before it."""
     cuda_graph_safe: bool = False
     """True when ``forward`` has no host syncs and fixed grids, so it can be captured."""
-    fuses_qkv_partials: bool = False
-    """True when an FP8 decode step's qkv GEMM may leave its split-K partials to
-    :func:`surge.kernels.qkv_rope_kv_write.qkv_rope_kv_write` (the reduce inside the norm, rotary
-    and K/V write; :meth:`surge.layers.attention.Attention.project_and_attend`) before ``forward``
-    attends with ``write_kv=False``."""
 
     def reserve(self, max_num_seqs: int, num_kv_heads: int, device: torch.device) -> None:
         """Allocate the persistent scratch that :meth:`forward` may use on steps of up to
         ``max_num_seqs`` sequences with ``num_kv_heads`` KV heads (this rank's), on ``device``;
         called once, before any CUDA-graph capture. Default: nothing to allocate."""
         return None
-
-    def quantizes_output(self, q: torch.Tensor, k_cache: torch.Tensor, metadata: AttentionMetadata) -> bool:
-        """Whether :meth:`forward` of this step (``q [T, num_heads, head_dim]``, ``k_cache`` of
-        this layer) may be called with ``quantize_out=True``, returning the output quantized per
-        token (:class:`surge.quant.fp8.Fp8Activations`) from its own kernel for a w8a8 consumer.
-        Decided from shapes and host-side metadata only, so a captured CUDA graph keeps it.
-        Default: never."""
-        return False
 
     def fuses_decode_rope(self, num_seqs: int) -> bool:
         """Whether a ``rope`` handed to :meth:`forward` on a decode step of ``num_seqs``
@@ -113,8 +99,7 @@ class AttentionBackend(ABC):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeKvWrite | None = None,
-        quantize_out: bool = False,
-    ) -> torch.Tensor | Fp8Activations:
+    ) -> torch.Tensor:
         """Write ``k``/``v`` at ``metadata.slot_mapping`` (unless ``write_kv`` is False because
         the caller already wrote them) and attend.
 
@@ -133,16 +118,9 @@ class AttentionBackend(ABC):
                 backend applies them and writes ``rope.k``/``rope.v`` into the caches itself
                 (:class:`surge.kernels.kv_write.RopeKvWrite`; ``q`` and ``k`` may be modified in
                 place).
-            quantize_out: only where :meth:`quantizes_output` holds: return the output as
-                :class:`surge.quant.fp8.Fp8Activations` ``[num_tokens, num_heads * head_dim]``,
-                bit for bit :func:`surge.kernels.fp8_quant.per_token_quant_fp8` of the output
-                in ``q``'s dtype (padding rows: the quantization of a zero row).
 
         Returns:
             ``[num_tokens, num_heads, head_dim]``: each query token attends causally to
             its sequence's cached tokens and the new tokens up to itself. Rows of padding
             tokens (beyond ``query_start_loc[-1]``) are unspecified.
-
-        Raises:
-            ValueError: ``quantize_out`` where :meth:`quantizes_output` is False.
         """

@@ -196,17 +196,6 @@ class ColumnParallelLinear(_LinearBase):
         _check_shape(param, shard, type(self).__name__)
         param.data.copy_(shard)
 
-    def forward_partials(self, x: torch.Tensor | Fp8Activations) -> torch.Tensor | SplitKPartials:
-        """:meth:`forward`, except that a step whose quantized GEMM would end in a split-K reduce
-        launch (:meth:`LinearMethod.apply_partials`: FP8, ``split_k > 1``, ``reduce ==
-        "kernel"``) returns its unreduced :class:`SplitKPartials` ``[S, T, out_local]`` for the
-        caller's kernel to sum (the fused qkv reduce + rotary + K/V write of
-        :meth:`surge.layers.attention.Attention.project_and_attend`); a ``[T, out_local]``
-        tensor otherwise. Column-parallel: no all-reduce, so any ``tp_size``."""
-        if self.quant_method is None:
-            return self.forward(x)
-        return self.quant_method.apply_partials(self, x, self.bias)
-
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs stacked in one weight (e.g. ``gate_up_proj``).

@@ -85,18 +85,14 @@ class TorchAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeKvWrite | None = None,
-        quantize_out: bool = False,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Padding rows of the output are zero.
 
         Raises:
-            ValueError: ``rope`` (this backend does not fuse rotary; the layer runs it), or
-                ``quantize_out`` (its output is never quantized here; the consumer does it).
+            ValueError: ``rope`` (this backend does not fuse rotary; the layer runs it).
         """
         if rope is not None:
             raise ValueError("the torch backend does not take rope: apply rotary before forward")
-        if quantize_out:
-            raise ValueError("the torch backend does not take quantize_out: its consumer quantizes")
         n = metadata.num_tokens
         if write_kv:
             write_kv_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n], k_scale, v_scale)

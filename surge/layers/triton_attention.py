@@ -9,33 +9,21 @@ took. Both kernels read an FP8 cache (dequantized in registers with the layer's 
 (``max_query_len == 1``) takes the kernel's decode grid (one program per sequence and KV
 head), and small decode batches take the split-KV (flash-decoding) path, each sequence
 using only the splits its own context needs; its last split merges them (after
-:meth:`TritonAttentionBackend.reserve`; otherwise a reduce kernel does). On a pure decode step
-whose consumer (the o projection) takes per-token FP8 activations, the decode grid also writes its
-output quantized per token (:meth:`TritonAttentionBackend.quantizes_output`, ``quantize_out``), the
-last KV head of each token to finish quantizing the row: no quantization launch before the GEMM.
-Every host-side choice is made from host ints already in :class:`AttentionMetadata` and tensor
-shapes, so a forward never syncs with the GPU and is safe inside CUDA-graph capture.
+:meth:`TritonAttentionBackend.reserve`; otherwise a reduce kernel does). Every host-side choice is
+made from host ints already in :class:`AttentionMetadata` and tensor shapes, so a forward
+never syncs with the GPU and is safe inside CUDA-graph capture.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from surge.kernels.kv_write import RopeKvWrite, write_kv_cache
-from surge.kernels.paged_attention import (
-    OutputQuant,
-    choose_num_splits,
-    decode_rope_supported,
-    paged_attention,
-)
+from surge.kernels.paged_attention import choose_num_splits, decode_rope_supported, paged_attention
 from surge.kernels.prefill_attention import PrefillTileConfig, prefill_attention, prefill_supported
 from surge.layers.attention_backend import AttentionBackend, AttentionMetadata
-from surge.quant.fp8 import Fp8Activations
-
-logger = logging.getLogger("surge.attention")
 
 _DEFAULT_NUM_SMS = 132  # H100/H200; used when no CUDA device is visible (interpreter tests)
 
@@ -52,22 +40,6 @@ attention kernel. Measured on the H200 (Qwen3-8B, FP8 weights, ``benchmarks/deco
 shorter at 1 and 2 sequences but 3.5 % longer at 4 and 11 % at 16 (each of the split-KV grid's
 programs rotates its query before its first dot, and the programs of a larger grid run in
 several waves); over short contexts it gains 1.4-2.1 % up to 16 sequences and nothing at 32-64."""
-
-
-def _reserved(c: torch.Tensor | None, need: int, device: torch.device, what: str) -> torch.Tensor:
-    """``c`` when it already holds ``need`` counters on ``device``, else new zeroed int32 ones
-    (only when ``c`` is None).
-
-    Raises:
-        ValueError: ``c`` on another device or smaller than ``need``.
-    """
-    if c is None:
-        return torch.zeros(need, dtype=torch.int32, device=device)
-    if not _on(c, device) or c.numel() < need:
-        raise ValueError(
-            f"{what} counters already reserved ({c.numel()} on {c.device}); cannot grow to {need} on {device}"
-        )
-    return c
 
 
 def _on(t: torch.Tensor, device: torch.device | str) -> bool:
@@ -115,15 +87,6 @@ class TritonAttentionBackend(AttentionBackend):
         inline_split_reduce: on split-KV decode steps, let the attention kernel's last split
             merge the partials instead of a reduce launch, once :meth:`reserve` has allocated
             its counters (False: always the reduce kernel).
-        quantize_decode_output: on decode steps whose splits merge in the attention launch,
-            let the decode grid write its output quantized per token for a w8a8 consumer
-            (:meth:`quantizes_output`), once :meth:`reserve` has allocated its per-sequence
-            counters (False: never; the consumer quantizes).
-        fuse_qkv_reduce: let FP8 decode steps reduce the qkv GEMM's split-K partials inside the
-            norm, rotary and K/V write (:attr:`fuses_qkv_partials`; False: the reduce launch).
-        check_fusions: run :mod:`surge.layers.fusion_check` in :meth:`reserve` and turn off a
-            fusion (``quantize_decode_output``, ``fuse_qkv_reduce``) whose check fails, logging
-            why; None: on CUDA devices only.
 
     Under CUDA graphs, pass the longest context a graph may replay with as
     ``metadata.max_seq_len`` at capture time (e.g. ``max_model_len``): the number of
@@ -145,9 +108,6 @@ class TritonAttentionBackend(AttentionBackend):
         prefill: PrefillKernelChoice | None = None,
         decode_rope_max_seqs: int = DECODE_ROPE_MAX_SEQS,
         inline_split_reduce: bool = True,
-        quantize_decode_output: bool = True,
-        fuse_qkv_reduce: bool = True,
-        check_fusions: bool | None = None,
     ) -> None:
         if num_sms is None:
             num_sms = (
@@ -161,21 +121,15 @@ class TritonAttentionBackend(AttentionBackend):
         self.prefill = prefill or PrefillKernelChoice()
         self.decode_rope_max_seqs = decode_rope_max_seqs
         self.inline_split_reduce = inline_split_reduce
-        self.quantize_decode_output = quantize_decode_output
-        self.fuses_qkv_partials = fuse_qkv_reduce
-        self.check_fusions = check_fusions
         self._split_counters: torch.Tensor | None = None
-        self._token_counters: torch.Tensor | None = None
 
     def reserve(self, max_num_seqs: int, num_kv_heads: int, device: torch.device) -> None:
         """See :meth:`AttentionBackend.reserve`: the split-KV decode grid's arrival counters
         (int32, ``max_num_seqs * num_kv_heads``, zero), so that its last split merges the
-        partials in place of the reduce launch (``split_counters`` of :func:`paged_attention`),
-        unless :attr:`inline_split_reduce` is off; and, unless :attr:`quantize_decode_output` is
-        off, the decode grid's per-sequence counters (int32, ``max_num_seqs``, zero) for an output
-        quantized in the launch (:meth:`quantizes_output`). A decode step of more sequences than
-        reserved keeps the reduce kernel and a bf16 output. Counters already reserved that cover
-        the request are kept (captured graphs hold them, so they are never replaced).
+        partials in place of the reduce launch (``split_counters`` of :func:`paged_attention`);
+        a decode step of more sequences than reserved keeps the reduce kernel. A no-op when
+        :attr:`inline_split_reduce` is off, or when the counters already reserved cover the
+        request (captured graphs hold them, so they are never replaced).
 
         Raises:
             ValueError: ``max_num_seqs`` or ``num_kv_heads`` below 1, or counters already
@@ -185,36 +139,16 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(
                 f"max_num_seqs and num_kv_heads must be >= 1, got {max_num_seqs}, {num_kv_heads}"
             )
-        if self.inline_split_reduce:
-            self._split_counters = _reserved(
-                self._split_counters, max_num_seqs * num_kv_heads, device, "split"
+        if not self.inline_split_reduce:
+            return
+        need = max_num_seqs * num_kv_heads
+        c = self._split_counters
+        if c is None:
+            self._split_counters = torch.zeros(need, dtype=torch.int32, device=device)
+        elif not _on(c, device) or c.numel() < need:
+            raise ValueError(
+                f"split counters already reserved ({c.numel()} on {c.device}); cannot grow to {need} on {device}"
             )
-        if self.quantize_decode_output:
-            self._token_counters = _reserved(self._token_counters, max_num_seqs, device, "token")
-        check = self.check_fusions
-        if check is None:
-            check = torch.device(device).type == "cuda"
-        if check:
-            self._check_fusions(device)
-
-    def _check_fusions(self, device: torch.device) -> None:
-        """Run :mod:`surge.layers.fusion_check` for the fusions that are on, once per backend;
-        a failed check turns its fusion off (a warning says why)."""
-        from surge.layers.fusion_check import check_qkv_rope_kv_write, check_quantized_decode_output
-
-        self.check_fusions = False  # once: the counters captured graphs hold are kept
-        if self.fuses_qkv_partials:
-            why = check_qkv_rope_kv_write(device)
-            if why is not None:
-                logger.warning("fused qkv reduce + rotary + K/V write off: %s", why)
-                self.fuses_qkv_partials = False
-        c = self._token_counters
-        if self.quantize_decode_output and c is not None and c.numel() >= 4:
-            s = self._split_counters
-            why = check_quantized_decode_output(device, s if s is not None and s.numel() >= 8 else None, c)
-            if why is not None:
-                logger.warning("decode attention's quantized output off: %s", why)
-                self.quantize_decode_output = False
 
     def _counters_for(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """The reserved counters when they cover ``num_seqs`` x ``num_kv_heads`` on ``device``."""
@@ -222,29 +156,6 @@ class TritonAttentionBackend(AttentionBackend):
         if c is None or c.device != device or c.numel() < num_seqs * num_kv_heads:
             return None
         return c
-
-    def quantizes_output(self, q: torch.Tensor, k_cache: torch.Tensor, metadata: AttentionMetadata) -> bool:
-        """See :meth:`AttentionBackend.quantizes_output`: a pure decode step (the decode grid of
-        :func:`paged_attention`) with :attr:`quantize_decode_output` on, its per-sequence counters
-        reserved on ``q``'s device for the step's (padded) sequences, no more token rows than
-        sequences, and its splits merged in the launch (one split, or the split counters
-        reserved too). Host-side values only: fixed for a captured CUDA graph."""
-        num_seqs = metadata.seq_lens.shape[0]
-        c = self._token_counters
-        if (
-            not self.quantize_decode_output
-            or metadata.max_query_len != 1
-            or c is None
-            or c.device != q.device
-            or c.numel() < num_seqs
-            or q.shape[0] > num_seqs
-        ):
-            return False
-        num_kv_heads = k_cache.shape[2]
-        return (
-            self.num_splits(metadata, num_kv_heads) == 1
-            or self._counters_for(num_seqs, num_kv_heads, q.device) is not None
-        )
 
     def fuses_decode_rope(self, num_seqs: int) -> bool:
         """See :meth:`AttentionBackend.fuses_decode_rope`: up to :attr:`decode_rope_max_seqs`."""
@@ -290,8 +201,7 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeKvWrite | None = None,
-        quantize_out: bool = False,
-    ) -> torch.Tensor | Fp8Activations:
+    ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`.
 
         ``q``/``k``/``v`` need a contiguous last dimension and the caches ``q``'s dtype or
@@ -300,17 +210,8 @@ class TritonAttentionBackend(AttentionBackend):
         decode step of :attr:`AttentionMetadata.independent_rows` (not decode form) of at most
         :data:`DECODE_ROPE_MAX_SEQS` sequences with a power-of-two head size leaves the norm,
         rotary and K/V write to the decode grid of :func:`paged_attention`, one launch less;
-        any other step runs :meth:`RopeKvWrite.apply` first. With ``quantize_out`` (only where
-        :meth:`quantizes_output` holds) the result is :class:`Fp8Activations` ``[T, num_heads *
-        head_dim]`` from the decode grid itself (``quant_out`` of :func:`paged_attention`).
-
-        Raises:
-            ValueError: ``quantize_out`` on a step where :meth:`quantizes_output` is False.
+        any other step runs :meth:`RopeKvWrite.apply` first.
         """
-        if quantize_out and not self.quantizes_output(q, k_cache, metadata):
-            raise ValueError(
-                "quantize_out: this step's attention cannot quantize its output (see quantizes_output)"
-            )
         n = metadata.num_tokens
         fuse = (
             rope is not None
@@ -326,16 +227,7 @@ class TritonAttentionBackend(AttentionBackend):
         pf = self.prefill
         if pf.enabled and metadata.max_query_len >= pf.min_query_len and prefill_supported(q, k_cache):
             return self._prefill_forward(q, k, v, k_cache, v_cache, metadata, scale, k_scale, v_scale)
-        quant = None
-        if quantize_out:
-            assert self._token_counters is not None  # quantizes_output checked it
-            t, heads, head_dim = q.shape
-            quant = OutputQuant(
-                torch.empty((t, heads * head_dim), dtype=torch.float8_e4m3fn, device=q.device),
-                torch.empty((t, 1), dtype=torch.float32, device=q.device),
-                self._token_counters,
-            )
-        out = paged_attention(
+        return paged_attention(
             q,
             k_cache,
             v_cache,
@@ -353,9 +245,7 @@ class TritonAttentionBackend(AttentionBackend):
                 if metadata.max_query_len == 1
                 else None
             ),
-            quant_out=quant,
         )
-        return out if quant is None else Fp8Activations(quant.data, quant.scale, q.dtype)
 
     def _prefill_forward(
         self,

@@ -52,7 +52,6 @@ class LlamaAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, rotary)
-        self.attn.feeds(self.o_proj)  # per-token FP8 from decode attention on w8a8 steps
 
     def forward(
         self,
@@ -65,8 +64,9 @@ class LlamaAttention(nn.Module):
         """``hidden [T, hidden] -> [T, hidden]``; writes this layer's K/V into ``kv_cache``.
         :class:`SplitKPartials` where ``o_proj`` leaves its split-K reduction to the
         post-attention norm."""
-        attended = self.attn.project_and_attend(positions, self.qkv_proj, hidden, kv_cache, metadata, backend)
-        return self.o_proj(attended)
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        return self.o_proj(self.attn(positions, q, k, v, kv_cache, metadata, backend))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -128,12 +128,7 @@ class _SplittingBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeKvWrite | None = None,
-        quantize_out: bool = False,
     ) -> torch.Tensor:
-        """Hand the call to the runner (see the class); ``quantize_out`` is refused (ValueError):
-        :meth:`quantizes_output` is never true here, the pieces' layers quantize for themselves."""
-        if quantize_out:
-            raise ValueError("piecewise graphs do not take quantize_out")
         r = self.runner
         t = q.shape[0]
         if rope is not None:  # inside the piece being captured, as the layer ran it before

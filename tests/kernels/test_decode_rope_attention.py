@@ -196,7 +196,7 @@ cache = "*fp8e4nv" if fp8 else "*bf16"
 const = dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=64, HEAD_DIM=128, HEAD_DIM_PAD=128,
              BLOCK_SIZE=16, NUM_SPLITS=16, SPLITS_PAD=16, MIN_TILES_PER_SPLIT=4, DECODE=True,
              INLINE_REDUCE=inline, IEEE=False, FP8_KV=fp8, ASM_CVT=fp8, ROPE_KV=rope, QK_NORM=rope, HALF=64,
-             QUANT_OUT=False, QBLOCK=4096, PDL=True)
+             PDL=True)
 ptr = {"part_out_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "cnt_ptr": "*i32", "k_cache_ptr": cache,
        "v_cache_ptr": cache, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
        "slot_ptr": "*i64", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
