@@ -84,6 +84,12 @@ def main() -> None:
         "--gpu-memory-utilization", type=float, default=0.45, help="leaves room for a test run beside it"
     )
     args = ap.parse_args()
+    from surge.cli import CliError, check_model_dir
+
+    try:  # a bad folder is one line, as `surge serve` says it, not a traceback
+        check_model_dir(args.model, load_format="dummy")
+    except CliError as e:
+        ap.error(str(e))
     engine = LLMEngine(
         build_engine_config(
             args.model,
