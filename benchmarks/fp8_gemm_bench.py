@@ -105,6 +105,7 @@ from surge.quant.fp8_linear import (
     block_scaled_mm_linear,
     block_splitk_config,
     scaled_mm_linear,
+    splitk_configs,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -312,6 +313,37 @@ def sweep_configs(m: int, k: int, tiny: bool, tma: bool = False) -> list[Fp8Spli
     return out
 
 
+def wide_sweep_configs(m: int, n: int, k: int, tiny: bool, tma: bool = False) -> list[Fp8SplitKConfig]:
+    """``--wide``: the w8a8 configs :func:`sweep_configs` leaves out, for ``M = m`` of the
+    ``[n, k]`` weight: 8 warps (4 stages, fewer where the tiles would not fit
+    :data:`SMEM_BUDGET`), 5 or 6 stages with 4 warps, and 256-column tiles (``block_n`` 64, 128,
+    256; ``block_k`` 128 or 256; ``split_k`` and both reductions as there, each also with TMA
+    weight loads); first the config the engine ships for ``m``
+    (:func:`surge.quant.fp8_linear.splitk_configs`, when the table has one), so that the same
+    run times the baseline."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    shipped = splitk_configs(n, k)[m] if not tiny and m <= SPLITK_MAX_M else None
+    out: list[Fp8SplitKConfig] = [] if shipped is None else [shipped]
+    for bn in (16, 32) if tiny else (64, 128, 256):
+        for bk in (16, 32) if tiny else (128, 256):
+            per_stage = bn * bk + block_m * bk
+            fit = SMEM_BUDGET // per_stage
+            shapes = [(min(4, fit), 8)] + [(s, 4) for s in (5, 6) if s <= fit]
+            if bn == 256 or tiny:
+                shapes.append((min(4, fit), 4))
+            for stages, warps in shapes:
+                if stages < 2:
+                    continue
+                for split in (1, 2, 4, 8, 16):
+                    if k % (split * bk) == 0:
+                        for reduce in ("kernel", "inline") if split > 1 else ("kernel",):
+                            cfg = Fp8SplitKConfig(block_m, bn, bk, split, stages, warps, True, reduce)
+                            for c in (cfg, replace(cfg, tma=True)) if tma else (cfg,):
+                                if c not in out:
+                                    out.append(c)
+    return out
+
+
 def sweep_tma(check: bool) -> bool:
     """Whether the sweep tries TMA twins: under ``--check`` (the interpreter emulates them), else
     where the current CUDA device is sm90+."""
@@ -343,7 +375,7 @@ def max_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def sweep_shape(
-    name: str, n: int, k: int, ms: list[int], copies: int, reps: int, check: bool
+    name: str, n: int, k: int, ms: list[int], copies: int, reps: int, check: bool, wide: bool = False
 ) -> dict[str, dict[str, object]]:
     """Time bf16 cuBLAS, quant + ``_scaled_mm`` and every split-K config at each ``M``; returns
     ``{str(M): {"bf16": s, "scaled_mm": s, "best": {mode: [s, config fields]}}}`` with the modes
@@ -361,7 +393,11 @@ def sweep_shape(
     del full
     deq0 = dequantize(*chan[0])
     tma = sweep_tma(check)
-    needs = [splitk_workspace_size(m, n, c) for m in ms for c in sweep_configs(m, k, check, tma)]
+
+    def configs(m: int) -> list[Fp8SplitKConfig]:
+        return wide_sweep_configs(m, n, k, check, tma) if wide else sweep_configs(m, k, check, tma)
+
+    needs = [splitk_workspace_size(m, n, c) for m in ms for c in configs(m)]
     workspace = SplitKWorkspace.allocate(max(f for f, _ in needs), max(t for _, t in needs), dev)
     results: dict[str, dict[str, object]] = {}
     for m in ms:
@@ -390,7 +426,9 @@ def sweep_shape(
             row["scaled_mm_err"] = [max_err(y, ref_a8), max_err(y, ref_torch_a8)]
         bad, differ = 0, 0
         pointer_y: dict[Fp8SplitKConfig, torch.Tensor] = {}
-        for cfg in sweep_configs(m, k, check, tma):
+        shipped = splitk_configs(n, k)[m] if wide and not check and m <= SPLITK_MAX_M else None
+        row["shipped"] = None
+        for cfg in configs(m):
             try:
                 y = fp8_linear_splitk(x, chan[0][0], chan[0][1], config=cfg, workspace=workspace)
                 if not cfg.tma:
@@ -424,6 +462,8 @@ def sweep_shape(
             except Exception as exc:  # noqa: BLE001 - report a config that does not compile or run here
                 print(f"  failed {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
                 continue
+            if cfg == shipped:
+                row["shipped"] = [t, list(cfg.__dict__.values())]
             mode = mode_of(cfg)
             if mode not in best or t < best[mode][0]:
                 best[mode] = (t, cfg)
@@ -432,7 +472,7 @@ def sweep_shape(
         dt = time.perf_counter() - t0
         if check:
             print(
-                f"{name} N={n} K={k} M={m}: {len(sweep_configs(m, k, True, tma))} configs checked, {bad} wrong, "
+                f"{name} N={n} K={k} M={m}: {len(configs(m))} configs checked, {bad} wrong, "
                 f"{differ} TMA configs not bitwise equal to their pointer-load twins"
             )
             continue
@@ -443,6 +483,9 @@ def sweep_shape(
                 f"{mode} {t * 1e6:6.1f} us ({gb / t / 1e3:4.2f} TB/s) {tuple(cfg.__dict__.values())}"
             )
         errs = row["scaled_mm_err"]
+        if row["shipped"] is not None:
+            t_s = row["shipped"][0]  # type: ignore[index]
+            parts.append(f"shipped {t_s * 1e6:6.1f} us {tuple(shipped.__dict__.values())}")  # type: ignore[union-attr]
         print(f"{name} N={n} K={k} M={m:3d}: " + " | ".join(parts) + f"  [{dt:.0f} s]")
         if differ:
             print(f"    {differ} TMA configs not bitwise equal to their pointer-load twins (see the notes)")
@@ -562,6 +605,12 @@ def main() -> None:
     ap.add_argument("--paths", nargs="+", help="only the paths whose label contains one of these words")
     ap.add_argument("--sweep", action="store_true", help="time the split-K FP8 GEMM's configs")
     ap.add_argument("--json", type=Path, help="--sweep: merge the results into this file")
+    ap.add_argument(
+        "--wide",
+        action="store_true",
+        help="--sweep: the w8a8 configs the default sweep leaves out (8 warps, 5-6 stages, 256-column "
+        "tiles) and the engine's shipped config, timed in the same run",
+    )
     ap.add_argument("--emit", type=Path, help="print the table and SPLITK_MEASURED from a --json file")
     ap.add_argument(
         "--write-source",
@@ -591,7 +640,9 @@ def main() -> None:
         merged = json.loads(args.json.read_text()) if args.json is not None and args.json.exists() else {}
         for name in args.layers:
             n, k = TINY[name] if args.check else SHAPES[name]
-            res = sweep_shape(name, n, k, ms, 1 if args.check else args.copies, args.reps, args.check)
+            res = sweep_shape(
+                name, n, k, ms, 1 if args.check else args.copies, args.reps, args.check, args.wide
+            )
             merged.setdefault(name, {}).update(res)
             if args.json is not None and not args.check:
                 args.json.write_text(json.dumps(merged, indent=1))

@@ -361,6 +361,31 @@ def test_sweep_tries_a_tma_twin_of_every_config_and_keys_it_apart() -> None:
     assert len({mode_of(c) for c in both}) == 8
 
 
+def test_wide_sweep_times_the_shipped_config_first_and_only_configs_the_default_sweep_leaves_out() -> None:
+    """``--wide``: the engine's config for the bucket first (the same run's baseline), then w8a8
+    configs with 8 warps, 5-6 stages or 256-column tiles, each with its TMA twin, all within the
+    sweep's shared-memory budget and none that the default sweep already times."""
+    from surge.quant.fp8_linear import splitk_configs
+
+    bench = _bench_module()
+    n, k = 4096, 12288  # down
+    for m in (4, 16, 32, 64):
+        wide = bench.wide_sweep_configs(m, n, k, False, True)  # type: ignore[attr-defined]
+        shipped = splitk_configs(n, k)[m]
+        assert shipped is not None and wide[0] == shipped
+        default = set(bench.sweep_configs(m, k, False, True))  # type: ignore[attr-defined]
+        rest = wide[1:]
+        assert rest and len(set(rest)) == len(rest) and not default & set(rest)
+        assert all(c.a8 and (c.num_warps == 8 or c.num_stages > 4 or c.block_n == 256) for c in rest)
+        assert {c.block_m for c in rest} == {16 if m <= 16 else 32 if m <= 32 else 64}
+        assert all(k % (c.split_k * c.block_k) == 0 for c in rest)
+        budget = bench.SMEM_BUDGET  # type: ignore[attr-defined]
+        assert all(c.num_stages * (c.block_n * c.block_k + c.block_m * c.block_k) <= budget for c in rest)
+        assert {replace(c, tma=False) for c in rest if c.tma} == {c for c in rest if not c.tma}
+    tiny = bench.wide_sweep_configs(16, 64, 64, True, True)  # type: ignore[attr-defined]
+    assert tiny and all(c.block_n in (16, 32) and c.block_k in (16, 32) for c in tiny)  # --check
+
+
 def test_emit_chooses_among_tma_and_pointer_configs(tmp_path: object) -> None:
     """``--emit`` on a sweep with TMA results: TMA columns, a TMA config chosen where fastest
     and written with ``tma`` True; ``--no-tma`` (with or without ``--no-inline``) chooses among
