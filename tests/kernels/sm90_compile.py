@@ -505,9 +505,10 @@ def declared_kernels() -> set[str]:
 
 def _install_sm90() -> dict[str, dict[str, object]]:
     """Make the stand-in sm90 driver active and route every JIT compile into the returned
-    record (``"module:function" -> {"cubin", "pdl_wait", "tma", "error", "secs"}``: a non-empty
-    cubin, ``griddepcontrol.wait`` and TMA loads in the PTX, the compiler's error, the time; the
-    last compile of each)."""
+    record (``"module:function" -> {"cubin", "pdl_wait", "tma", "shared", "error", "secs"}``: a
+    non-empty cubin, ``griddepcontrol.wait`` and TMA loads in the PTX, the shared memory the
+    kernel asks for per block (bytes; the largest over the variant's compiles of it), the
+    compiler's error, the time; the last compile of each otherwise)."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
     from triton.runtime.driver import driver
@@ -549,19 +550,28 @@ def _install_sm90() -> dict[str, dict[str, object]]:
         module = self.fn.__module__.rsplit(".", 1)[-1]
         name = f"{'sm90_compile' if module == '__main__' else module}:{self.fn.__name__}"
         start = time.perf_counter()
-        result: dict[str, object] = {"cubin": False, "pdl_wait": False, "tma": False, "error": None}
+        result: dict[str, object] = {
+            "cubin": False,
+            "pdl_wait": False,
+            "tma": False,
+            "shared": 0,
+            "error": None,
+        }
         try:
             kernel = original(self, key, signature, device, constexprs, options, attrs, True)
             ptx = kernel.asm.get("ptx", "")
             result["cubin"] = len(kernel.asm.get("cubin", b"")) > 0
             result["pdl_wait"] = "griddepcontrol.wait" in ptx
             result["tma"] = "cp.async.bulk.tensor" in ptx
+            result["shared"] = int(kernel.metadata.shared)
         except Exception as exc:  # every compile failure is a result
             result["error"] = f"{type(exc).__name__}: {exc}".strip()[-1500:]
         finally:
             # forget the in-memory entry, or the next launch of this key would run the kernel
             self.device_caches[device][0].pop(key, None)
         result["secs"] = round(time.perf_counter() - start, 2)
+        if name in record:  # another config of the same kernel in this variant
+            result["shared"] = max(int(record[name]["shared"]), int(result["shared"]))  # type: ignore[call-overload]
         record[name] = result
         return None  # run() returns before launching
 

@@ -14,6 +14,8 @@ once, in a fresh interpreter without ``TRITON_INTERPRET`` and with an empty ``TR
   split-K table load through TMA;
 - every kernel launched in ``surge/kernels`` is in the list, and every other ``@triton.jit``
   function there is called from one (so it compiles through it);
+- every kernel's shared memory per block fits an sm90 block (227 KiB), which Triton checks only
+  when it loads the kernel on a GPU;
 - a deliberately broken kernel (the session-42 bug) runs under the interpreter and fails to
   compile for sm90: the harness detects that class of bug.
 """
@@ -70,6 +72,25 @@ def test_every_variant_compiles_to_a_cubin(compiled: dict[str, dict[str, Any]]) 
             failures.append(f"{v.name}: compiled {sorted(got['kernels'])}, declared {sorted(v.kernels)}")
         failures += [f"{v.name}: {k} has no cubin" for k, r in got["kernels"].items() if not r["cubin"]]
     assert not failures, "sm90 compile failures:\n" + "\n".join(failures)
+
+
+SM90_MAX_SHARED = 232_448
+"""Shared memory one block of an sm90 GPU (H100, H200) may have: 227 KiB, with the opt-in the
+launcher makes above 48 KiB (CUDA C++ Programming Guide, "Compute Capabilities", 9.0). Triton
+checks it when the kernel is loaded, i.e. on the GPU only; here it is checked at compile time."""
+
+
+def test_every_kernel_fits_sm90_shared_memory(compiled: dict[str, dict[str, Any]]) -> None:
+    """A tile or pipeline-depth choice (e.g. a split-K table entry) that asks for more shared
+    memory than an sm90 block has compiles, then fails to load on the GPU; caught here."""
+    over = [
+        f"{name}: {k} asks for {r['shared']} bytes"
+        for name, got in compiled.items()
+        for k, r in got["kernels"].items()
+        if r["cubin"] and r["shared"] > SM90_MAX_SHARED
+    ]
+    assert not over, f"over sm90's {SM90_MAX_SHARED} bytes of shared memory per block:\n" + "\n".join(over)
+    assert any(r["shared"] > 0 for got in compiled.values() for r in got["kernels"].values())
 
 
 def _jit_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
