@@ -97,9 +97,11 @@ def _is_jit(fn: ast.FunctionDef) -> bool:
     return False
 
 
-def _pdl_kernels() -> dict[str, tuple[Path, ast.FunctionDef]]:
+def _pdl_kernels() -> dict[tuple[str, str], tuple[Path, ast.FunctionDef]]:
     """Every ``@triton.jit`` function in surge/kernels with a ``PDL`` parameter that calls
-    ``pdl_wait`` (the kernels; helpers only pass the flag on)."""
+    ``pdl_wait`` (the kernels; helpers only pass the flag on), keyed by ``(file name, function
+    name)``: two files may each have a kernel named ``_kernel`` (the convention's private name),
+    and each launcher launches the kernel of its own file."""
     found = {}
     for path in sorted(_KERNELS_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -112,7 +114,7 @@ def _pdl_kernels() -> dict[str, tuple[Path, ast.FunctionDef]]:
                     c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
                 ]
                 if any(c.func.id == "pdl_wait" for c in calls):
-                    found[node.name] = (path, node)
+                    found[(path.name, node.name)] = (path, node)
     return found
 
 
@@ -140,8 +142,8 @@ def test_every_pdl_kernel_waits_before_touching_memory() -> None:
         "_silu_and_mul_fp8_kernel",
         "_per_token_quant_kernel",
         "_skinny_gemm_kernel",
-    } <= set(kernels)
-    for name, (path, fn) in kernels.items():
+    } <= {name for _, name in kernels}
+    for (_, name), (path, fn) in kernels.items():
         body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
         waits = [
             i
@@ -171,7 +173,7 @@ def test_every_pdl_launch_passes_the_same_flag_to_the_kernel_and_the_launch() ->
                 continue
             name = getattr(node.func.value, "id", None)
             kw = {k.arg: ast.unparse(k.value) for k in node.keywords}
-            if name not in kernels:
+            if (path.name, name) not in kernels:
                 # a kernel without a top-level wait must not be launched with PDL at all: it
                 # would read its predecessor's output before that grid has finished
                 assert "launch_pdl" not in kw and "PDL" not in kw, (
@@ -182,5 +184,5 @@ def test_every_pdl_launch_passes_the_same_flag_to_the_kernel_and_the_launch() ->
             assert kw["PDL"] == kw["launch_pdl"], (
                 f"{path.name}: {name} PDL={kw['PDL']} launch_pdl={kw['launch_pdl']}"
             )
-            launched.add(name)
+            launched.add((path.name, name))
     assert launched == set(kernels)
