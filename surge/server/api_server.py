@@ -67,7 +67,7 @@ from surge.server.errors import (
 )
 from surge.server.fast_json import INVALID_JSON, BodyFieldError, FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
-from surge.server.http_protocol import guarded_h11_protocol
+from surge.server.http_protocol import guarded_http_protocol
 from surge.server.load import LoadTrackingMiddleware, ServerLoad
 from surge.server.metrics import ServerMetrics
 from surge.server.openapi import install_openapi
@@ -897,6 +897,11 @@ async def run_server(
     # collector's generations so full collections, which stall every open stream, stay short.
     gc.collect()
     gc.freeze()
+    protocol, parser = guarded_http_protocol(options.header_read_timeout, options.max_connections)
+    if parser != "httptools":
+        logger.warning(
+            "httptools is not installed: HTTP is parsed by h11 (pure Python), which takes bursts in slower"
+        )
     server = _Server(
         uvicorn.Config(
             app,
@@ -907,7 +912,7 @@ async def run_server(
             access_log=options.access_log,
             timeout_graceful_shutdown=3,
             timeout_keep_alive=30,
-            http=guarded_h11_protocol(options.header_read_timeout, options.max_connections),
+            http=protocol,
         )
     )
     drain_task: asyncio.Task[int] | None = None

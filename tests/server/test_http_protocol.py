@@ -1,4 +1,6 @@
-"""The header read timeout of :mod:`surge.server.http_protocol`, on a bare uvicorn (no engine)."""
+"""The limits of :mod:`surge.server.http_protocol` (header read timeout, connection cap, OpenAI 400
+bodies), on a bare uvicorn (no engine), for both parsers: httptools (the server's) and h11 (its
+fallback)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from surge.server.http_protocol import guarded_h11_protocol
+from surge.server.http_protocol import guarded_h11_protocol, guarded_http_protocol, guarded_httptools_protocol
 
 HEADER_TIMEOUT = 1.0
 
@@ -24,8 +26,12 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
+MAX_CONNECTIONS = 16
+PROTOCOLS = {"httptools": guarded_httptools_protocol, "h11": guarded_h11_protocol}
+
+
+@pytest.fixture(scope="module", params=sorted(PROTOCOLS))
+def port(request: pytest.FixtureRequest) -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
@@ -33,7 +39,7 @@ def port() -> Iterator[int]:
         _ok,
         log_config=None,
         timeout_keep_alive=30,  # as surge serve: longer than the header timeout
-        http=guarded_h11_protocol(HEADER_TIMEOUT, 16),
+        http=PROTOCOLS[request.param](HEADER_TIMEOUT, MAX_CONNECTIONS),
         lifespan="off",
     )
     server = uvicorn.Server(config)
@@ -52,6 +58,16 @@ def port() -> Iterator[int]:
 def _read_until_closed(s: socket.socket) -> bytes:
     out = b""
     while chunk := s.recv(4096):
+        out += chunk
+    return out
+
+
+def _read_ok(s: socket.socket) -> bytes:
+    """One answer of ``_ok`` (its head and its 2-byte body)."""
+    out = b""
+    while not out.endswith(b"\r\n\r\nok"):
+        chunk = s.recv(4096)
+        assert chunk, out
         out += chunk
     return out
 
@@ -109,3 +125,49 @@ def test_a_malformed_request_gets_an_openai_error_body(port: int, request_bytes:
             "code": 400,
         }
     }
+
+
+def test_the_server_parses_with_httptools() -> None:
+    """httptools is a dependency, so the server runs its protocol, not the h11 fallback."""
+    protocol, parser = guarded_http_protocol(HEADER_TIMEOUT, MAX_CONNECTIONS)
+    assert parser == "httptools"
+    assert protocol.__name__ == "GuardedHttpToolsProtocol"
+
+
+def test_a_keep_alive_request_is_answered_and_the_next_partial_head_gets_408(port: int) -> None:
+    """The next request's clock starts at its first byte, not when the connection opened."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = _read_ok(s)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        time.sleep(HEADER_TIMEOUT * 1.5)  # idle past the header timeout: only keep-alive's clock runs
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        second = _read_ok(s)
+        assert second.startswith(b"HTTP/1.1 200"), second
+        t0 = time.monotonic()
+        s.sendall(b"GET / HTTP/1.1\r\nHo")
+        answer = _read_until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert HEADER_TIMEOUT * 0.5 < time.monotonic() - t0 < HEADER_TIMEOUT + 3
+
+
+def test_a_silent_connection_is_closed_without_an_answer(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        t0 = time.monotonic()
+        answer = _read_until_closed(s)
+    assert answer == b""
+    assert time.monotonic() - t0 < HEADER_TIMEOUT + 3
+
+
+def test_a_connection_over_the_cap_gets_503(port: int) -> None:
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)  # every held connection is accepted before the next one
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            answer = _read_until_closed(s)
+    finally:
+        for h in held:
+            h.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), answer
+    assert "--max-connections" in json.loads(body)["error"]["message"]
