@@ -14,6 +14,10 @@ opens a connection and sends its request line and headers a byte at a time (slow
   the first byte of its next request, the request head must be complete within
   ``header_timeout`` seconds. Otherwise the connection gets a 408 (or, if the client sent
   nothing at all, is simply closed).
+- **Head size cap** (httptools): a request whose line and headers are still incomplete after
+  :data:`MAX_HEAD_BYTES` gets a 431 and the connection is closed. llhttp buffers a head of any
+  size, so without it one client could fill the API process's memory for as long as the header
+  read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400).
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
@@ -32,6 +36,11 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from surge.server.errors import error_body
+
+MAX_HEAD_BYTES = 64 * 1024
+"""Bytes of a still incomplete request head (request line and headers) the httptools protocol
+reads before it answers 431 (a whole head that arrives in one read is parsed, as h11 does);
+browsers send under 16 KiB, nginx reads at most 32 KiB."""
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -171,14 +180,20 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     refusal, timeout_answer = _limit_answers(header_timeout, max_connections)
+    too_large = _raw_response(
+        431, "Request Header Fields Too Large", f"The request line and headers exceed {MAX_HEAD_BYTES} bytes."
+    )
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        """HttpToolsProtocol plus a header read deadline and a cap on open connections."""
+        """HttpToolsProtocol plus a header read deadline, a head size cap and a cap on open
+        connections."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._header_timer: asyncio.TimerHandle | None = None
             self._in_head = False  # a request's first byte came, its head is not complete
+            self._awaiting_head = True  # bytes read now belong to a head (no body being read)
+            self._head_bytes = 0
             self._refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -197,7 +212,17 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
+            # A packet read while a head is awaited counts whole; a head completed while it is
+            # parsed zeroes the count, so only a head still incomplete afterwards is checked (a
+            # head's bytes that follow a body in the same packet go uncounted: at most one read).
+            if self._awaiting_head:
+                self._head_bytes += len(data)
             super().data_received(data)
+            if self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self._refused = True
+                self._cancel_header_timer()
+                self.transport.write(too_large)
+                self.transport.close()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -206,9 +231,14 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                 self._arm_header_timer()
 
         def on_headers_complete(self) -> None:
-            self._in_head = False
+            self._in_head = self._awaiting_head = False
+            self._head_bytes = 0
             self._cancel_header_timer()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._awaiting_head = True  # the next request's head
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

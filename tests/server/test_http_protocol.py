@@ -14,7 +14,12 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from surge.server.http_protocol import guarded_h11_protocol, guarded_http_protocol, guarded_httptools_protocol
+from surge.server.http_protocol import (
+    MAX_HEAD_BYTES,
+    guarded_h11_protocol,
+    guarded_http_protocol,
+    guarded_httptools_protocol,
+)
 
 HEADER_TIMEOUT = 1.0
 
@@ -22,6 +27,10 @@ HEADER_TIMEOUT = 1.0
 async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["type"] != "http":
         return
+    more = scope["method"] == "POST"
+    while more:  # read the whole body, so that the connection stays usable for the next request
+        message = await receive()
+        more = message.get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -31,7 +40,12 @@ PROTOCOLS = {"httptools": guarded_httptools_protocol, "h11": guarded_h11_protoco
 
 
 @pytest.fixture(scope="module", params=sorted(PROTOCOLS))
-def port(request: pytest.FixtureRequest) -> Iterator[int]:
+def parser(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def port(parser: str) -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
@@ -39,7 +53,7 @@ def port(request: pytest.FixtureRequest) -> Iterator[int]:
         _ok,
         log_config=None,
         timeout_keep_alive=30,  # as surge serve: longer than the header timeout
-        http=PROTOCOLS[request.param](HEADER_TIMEOUT, MAX_CONNECTIONS),
+        http=PROTOCOLS[parser](HEADER_TIMEOUT, MAX_CONNECTIONS),
         lifespan="off",
     )
     server = uvicorn.Server(config)
@@ -171,3 +185,32 @@ def test_a_connection_over_the_cap_gets_503(port: int) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503"), answer
     assert "--max-connections" in json.loads(body)["error"]["message"]
+
+
+def test_a_head_growing_past_the_cap_is_refused(port: int, parser: str) -> None:
+    """A head still incomplete after MAX_HEAD_BYTES gets httptools' protocol's 431 (llhttp would
+    buffer any size). The client stops sending once
+    past the cap, so that the server's close leaves no unread bytes (which would reset the
+    connection and lose the answer)."""
+    if parser != "httptools":
+        pytest.skip("h11 refuses an incomplete head over 16 KiB itself, before this test's cap")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        for _ in range(MAX_HEAD_BYTES // 4096 + 1):
+            s.sendall(b"a" * 4096)
+            time.sleep(0.005)  # one read per piece
+        answer = _read_until_closed(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert f"exceed {MAX_HEAD_BYTES} bytes" in json.loads(body)["error"]["message"]
+
+
+def test_bodies_do_not_count_as_head_bytes(port: int) -> None:
+    """Two pipelined requests with 1 MiB bodies, in one send: both answered."""
+    body = b"x" * (1 << 20)
+    request = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    last = request.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request + last)
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == 2, answer[:300]
