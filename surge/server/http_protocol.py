@@ -167,9 +167,9 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     """uvicorn's httptools protocol enforcing ``header_timeout`` (seconds) and ``max_connections``,
     with the same answers as :func:`guarded_h11_protocol`'s.
 
-    llhttp calls ``on_message_begin`` at a request's first byte and ``on_headers_complete`` at the
-    end of its head, so the head's clock runs between the two (from ``connection_made`` for a new
-    connection). A pipelined request's head that is still partial when the previous response
+    The head's clock starts at ``connection_made`` for a new connection, at the first byte read
+    after a request's body for a keep-alive one (or at ``on_message_begin`` for a head that follows
+    a body in the same read), and stops at ``on_headers_complete``. A pipelined request's head that is still partial when the previous response
     ends starts its clock then, as with h11.
 
     Pass it as ``uvicorn.Config(http=...)``.
@@ -217,6 +217,11 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             # head's bytes that follow a body in the same packet go uncounted: at most one read).
             if self._awaiting_head:
                 self._head_bytes += len(data)
+                if self._header_timer is None:  # the next request's first byte on a keep-alive connection
+                    # (llhttp skips blank lines before a request line without calling on_message_begin,
+                    # and every read cancels uvicorn's keep-alive timer: a client sending "\r\n" would
+                    # hold the connection under neither clock)
+                    self._arm_header_timer()
             super().data_received(data)
             if self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self._refused = True

@@ -214,3 +214,17 @@ def test_bodies_do_not_count_as_head_bytes(port: int) -> None:
         s.sendall(request + last)
         answer = _read_until_closed(s)
     assert answer.count(b"HTTP/1.1 200") == 2, answer[:300]
+
+
+def test_a_keep_alive_connection_sending_only_blank_lines_is_closed_in_time(port: int) -> None:
+    """llhttp skips blank lines before a request line without starting a message, and every read
+    cancels uvicorn's keep-alive timer: the next request's clock starts at any byte, or a client
+    sending "\\r\\n" would hold the connection under neither clock. (h11 answers a 400 at once.)"""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        _read_ok(s)
+        t0 = time.monotonic()
+        s.sendall(b"\r\n")
+        answer = _read_until_closed(s)
+    assert b"200" not in answer, answer
+    assert time.monotonic() - t0 < HEADER_TIMEOUT + 3
