@@ -22,6 +22,9 @@ opens a connection and sends its request line and headers a byte at a time (slow
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
   body (uvicorn's is plain text).
+- **Disconnects** (httptools): a client that hangs up is reported (``http.disconnect``) to every
+  request of the connection still running, not only to the newest one uvicorn tracks, so a stream
+  with a pipelined request queued behind it is still aborted in the engine.
 
 The body read timeout and size limit live in :mod:`surge.server.guard`.
 """
@@ -177,7 +180,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     Raises:
         ImportError: httptools is not installed.
     """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
     refusal, timeout_answer = _limit_answers(header_timeout, max_connections)
     too_large = _raw_response(
@@ -195,6 +198,9 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._awaiting_head = True  # bytes read now belong to a head (no body being read)
             self._head_bytes = 0
             self._refused = False
+            # Requests whose response is not complete, oldest first: llhttp parses a pipelined
+            # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
+            self._open_cycles: list[RequestResponseCycle] = []
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -207,6 +213,14 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            # uvicorn tells only ``self.cycle`` (the newest request) that the client is gone: a
+            # stream with a pipelined request queued behind it would never get http.disconnect
+            # (and its request would never be aborted in the engine).
+            for cycle in self._open_cycles:
+                if not cycle.response_complete:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+            self._open_cycles.clear()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -239,7 +253,10 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._in_head = self._awaiting_head = False
             self._head_bytes = 0
             self._cancel_header_timer()
+            previous = self.cycle
             super().on_headers_complete()
+            if self.cycle is not previous:
+                self._open_cycles.append(self.cycle)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -247,6 +264,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self._open_cycles = [cycle for cycle in self._open_cycles if not cycle.response_complete]
             # a pipelined request's partial head waited behind this response: its clock starts now
             if self._in_head and self._header_timer is None and not self.transport.is_closing():
                 self._arm_header_timer()

@@ -24,8 +24,34 @@ from surge.server.http_protocol import (
 HEADER_TIMEOUT = 1.0
 
 
+STREAM_GONE: dict[str, threading.Event] = {}
+"""``/stream?KEY`` sets ``STREAM_GONE[KEY]`` once its ``receive()`` says the client disconnected."""
+
+
+async def _stream(receive, send, gone: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    """Chunks every 50 ms until the client disconnects (at most 10 s), as an SSE stream runs."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.ensure_future(watch())
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    for _ in range(200):
+        if watcher.done():
+            return
+        await send({"type": "http.response.body", "body": b"chunk\n", "more_body": True})
+        await asyncio.sleep(0.05)
+    watcher.cancel()
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/stream":
+        await _stream(receive, send, STREAM_GONE[scope["query_string"].decode()])
         return
     more = scope["method"] == "POST"
     while more:  # read the whole body, so that the connection stays usable for the next request
@@ -228,3 +254,20 @@ def test_a_keep_alive_connection_sending_only_blank_lines_is_closed_in_time(port
         answer = _read_until_closed(s)
     assert b"200" not in answer, answer
     assert time.monotonic() - t0 < HEADER_TIMEOUT + 3
+
+
+def test_a_stream_learns_of_its_clients_disconnect_with_a_pipelined_request_queued(
+    port: int, parser: str
+) -> None:
+    """A stream whose client pipelined a second request and then hung up gets ``http.disconnect``
+    (Surge aborts the request in the engine on it). llhttp parses the queued request at once and
+    uvicorn marks only the newest request's cycle as disconnected; h11 parses the second request
+    only after the first one's response."""
+    key = f"pipelined-{parser}"
+    STREAM_GONE[key] = threading.Event()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"GET /stream?%s HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n" % key.encode()
+        )
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    assert STREAM_GONE[key].wait(5), "the stream never got http.disconnect"
