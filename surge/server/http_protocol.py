@@ -21,7 +21,8 @@ opens a connection and sends its request line and headers a byte at a time (slow
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
-  body (uvicorn's is plain text).
+  body (uvicorn's is plain text). Under httptools, that 400 and the 431 go out after the
+  responses to the requests pipelined before it, as under h11 (llhttp parses everything it reads).
 - **Disconnects** (httptools): a client that hangs up is reported (``http.disconnect``) to every
   request of the connection still running, not only to the newest one uvicorn tracks, so a stream
   with a pipelined request queued behind it is still aborted in the engine.
@@ -197,7 +198,8 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._in_head = False  # a request's first byte came, its head is not complete
             self._awaiting_head = True  # bytes read now belong to a head (no body being read)
             self._head_bytes = 0
-            self._refused = False
+            self._refused = False  # nothing more is read: refused, or answered with an error
+            self._last_answer: bytes | None = None  # an error answer waiting for earlier responses
             # Requests whose response is not complete, oldest first: llhttp parses a pipelined
             # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
             self._open_cycles: list[RequestResponseCycle] = []
@@ -237,11 +239,8 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                     # hold the connection under neither clock)
                     self._arm_header_timer()
             super().data_received(data)
-            if self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self._refused = True
-                self._cancel_header_timer()
-                self.transport.write(too_large)
-                self.transport.close()
+            if self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES and not self._refused:
+                self._answer_last(too_large)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -265,15 +264,34 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._open_cycles = [cycle for cycle in self._open_cycles if not cycle.response_complete]
+            if self.transport.is_closing():
+                return
+            if self._last_answer is not None:
+                if not self._open_cycles:
+                    self.transport.write(self._last_answer)
+                    self.transport.close()
+                return
             # a pipelined request's partial head waited behind this response: its clock starts now
-            if self._in_head and self._header_timer is None and not self.transport.is_closing():
+            if self._in_head and self._header_timer is None:
                 self._arm_header_timer()
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a request llhttp cannot parse (a malformed request line or
             header, two Content-Lengths, a TLS handshake...), as an OpenAI error body instead
-            of plain text."""
-            self.transport.write(_raw_response(400, "Bad Request", msg))
+            of plain text, after the responses to the requests before it."""
+            self._answer_last(_raw_response(400, "Bad Request", msg))
+
+        def _answer_last(self, answer: bytes) -> None:
+            """Read nothing more; write ``answer`` and close once every earlier request is answered
+            (at once if none is pending). h11 reads a pipelined request only after the response
+            before it, so its errors come in that order; llhttp parses everything it is given,
+            and an answer written at once would replace or cut into an earlier response."""
+            self._refused = True
+            self._cancel_header_timer()
+            if any(not cycle.response_complete for cycle in self._open_cycles):
+                self._last_answer = answer
+                return
+            self.transport.write(answer)
             self.transport.close()
 
         def _arm_header_timer(self) -> None:

@@ -53,6 +53,8 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["path"] == "/stream":
         await _stream(receive, send, STREAM_GONE[scope["query_string"].decode()])
         return
+    if scope["path"] == "/slow":  # a response that takes a while, as a generation does
+        await asyncio.sleep(0.5)
     more = scope["method"] == "POST"
     while more:  # read the whole body, so that the connection stays usable for the next request
         message = await receive()
@@ -271,3 +273,34 @@ def test_a_stream_learns_of_its_clients_disconnect_with_a_pipelined_request_queu
         )
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
     assert STREAM_GONE[key].wait(5), "the stream never got http.disconnect"
+
+
+def test_a_malformed_request_pipelined_behind_a_valid_one_is_answered_after_it(port: int) -> None:
+    """As h11 answers pipelined requests in order: the valid request's 200, then the 400. llhttp
+    parses both at once, and uvicorn's 400 went out (and closed the connection) first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nBL\x01AH / HTTP/1.1\r\n\r\n")
+        answer = _read_until_closed(s)
+    first, _, rest = answer.partition(b"\r\n\r\nok")
+    assert first.startswith(b"HTTP/1.1 200"), answer
+    assert rest.startswith(b"HTTP/1.1 400"), answer
+
+
+def test_a_head_past_the_cap_pipelined_behind_a_valid_request_is_answered_after_it(
+    port: int, parser: str
+) -> None:
+    """The 431 of a head that grows past the cap while an earlier response is still being made
+    goes out after that response, not in its place."""
+    if parser != "httptools":
+        pytest.skip("h11 reads a pipelined head only once the response before it is sent")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        # twice the cap (the head's bytes read with the first request go uncounted), all read
+        # well within /slow's 0.5 s, before the server closes
+        for _ in range(2 * MAX_HEAD_BYTES // 4096):
+            s.sendall(b"a" * 4096)
+            time.sleep(0.002)
+        answer = _read_until_closed(s)
+    first, _, rest = answer.partition(b"\r\n\r\nok")
+    assert first.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert rest.startswith(b"HTTP/1.1 431"), answer[:300]
