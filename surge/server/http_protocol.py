@@ -17,7 +17,8 @@ opens a connection and sends its request line and headers a byte at a time (slow
 - **Head size cap** (httptools): a request whose line and headers are still incomplete after
   :data:`MAX_HEAD_BYTES` gets a 431 and the connection is closed. llhttp buffers a head of any
   size, so without it one client could fill the API process's memory for as long as the header
-  read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400).
+  read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400). The
+  same cap holds a chunked body's trailer fields (and chunk framing) since its last body byte.
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
@@ -187,6 +188,11 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     too_large = _raw_response(
         431, "Request Header Fields Too Large", f"The request line and headers exceed {MAX_HEAD_BYTES} bytes."
     )
+    trailers_too_large = _raw_response(
+        431,
+        "Request Header Fields Too Large",
+        f"The chunked body's trailer fields (or chunk framing) exceed {MAX_HEAD_BYTES} bytes.",
+    )
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """HttpToolsProtocol plus a header read deadline, a head size cap and a cap on open
@@ -198,6 +204,11 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._in_head = False  # a request's first byte came, its head is not complete
             self._awaiting_head = True  # bytes read now belong to a head (no body being read)
             self._head_bytes = 0
+            # A body's bytes read since its last body byte (chunk framing, trailer fields), which
+            # httptools would buffer without limit as it does a head.
+            self._frame_bytes = 0
+            self._body_bytes_read = 0  # body bytes given by the parser in the current read
+            self._messages_done = 0
             self._refused = False  # nothing more is read: refused, or answered with an error
             self._last_answer: bytes | None = None  # an error answer waiting for earlier responses
             # Requests whose response is not complete, oldest first: llhttp parses a pipelined
@@ -238,9 +249,19 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                     # and every read cancels uvicorn's keep-alive timer: a client sending "\r\n" would
                     # hold the connection under neither clock)
                     self._arm_header_timer()
+            in_body, messages_done = not self._awaiting_head, self._messages_done
+            self._body_bytes_read = 0
             super().data_received(data)
-            if self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES and not self._refused:
-                self._answer_last(too_large)
+            if self._refused:
+                return
+            if self._awaiting_head:
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._answer_last(too_large)
+            elif in_body and self._messages_done == messages_done:  # a read inside one body
+                framing = len(data) - self._body_bytes_read
+                self._frame_bytes = framing if self._body_bytes_read else self._frame_bytes + framing
+                if self._frame_bytes > MAX_HEAD_BYTES:
+                    self._refuse_body()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -257,9 +278,16 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             if self.cycle is not previous:
                 self._open_cycles.append(self.cycle)
 
+        def on_body(self, body: bytes) -> None:
+            self._body_bytes_read += len(body)
+            self._frame_bytes = 0
+            super().on_body(body)
+
         def on_message_complete(self) -> None:
             super().on_message_complete()
             self._awaiting_head = True  # the next request's head
+            self._messages_done += 1
+            self._frame_bytes = 0
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -292,6 +320,17 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                 self._last_answer = answer
                 return
             self.transport.write(answer)
+            self.transport.close()
+
+        def _refuse_body(self) -> None:
+            """Close a connection whose request body's framing or trailers outgrew the cap, with a
+            431 where the client can read it: nothing answered yet, no earlier request pending."""
+            self._refused = True
+            current = self.cycle
+            if not current.response_started and all(
+                cycle is current or cycle.response_complete for cycle in self._open_cycles
+            ):
+                self.transport.write(trailers_too_large)
             self.transport.close()
 
         def _arm_header_timer(self) -> None:

@@ -304,3 +304,35 @@ def test_a_head_past_the_cap_pipelined_behind_a_valid_request_is_answered_after_
     first, _, rest = answer.partition(b"\r\n\r\nok")
     assert first.startswith(b"HTTP/1.1 200"), answer[:300]
     assert rest.startswith(b"HTTP/1.1 431"), answer[:300]
+
+
+def test_trailer_fields_growing_past_the_cap_are_refused(port: int, parser: str) -> None:
+    """A chunked body's trailer fields are capped as a head is: httptools accumulates a trailer
+    field of any size (and uvicorn appends it to the request's headers) while the app waits for
+    the body's end."""
+    if parser != "httptools":
+        pytest.skip("h11 refuses trailers over 16 KiB itself (a 400), before this test's cap")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\nX-Big: ")
+        time.sleep(0.05)  # a read of its own: bytes read with the head are not counted
+        for _ in range(MAX_HEAD_BYTES // 4096 + 1):
+            s.sendall(b"a" * 4096)
+            time.sleep(0.005)  # one read per piece
+        answer = _read_until_closed(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert "trailer" in json.loads(body)["error"]["message"]
+
+
+def test_a_chunked_body_of_tiny_chunks_is_not_taken_for_trailers(port: int) -> None:
+    """Chunk framing between body bytes does not add up: 64 Ki one-byte chunks (six bytes of
+    framing each) are read as a body."""
+    chunks = b"1\r\nx\r\n" * (1 << 16)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + chunks
+            + b"0\r\n\r\n"
+        )
+        answer = _read_until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
