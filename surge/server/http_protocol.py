@@ -214,6 +214,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             # Requests whose response is not complete, oldest first: llhttp parses a pipelined
             # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
             self._open_cycles: list[RequestResponseCycle] = []
+            self._body_cycle: RequestResponseCycle | None = None  # the request whose body is being read
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -261,7 +262,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                 framing = len(data) - self._body_bytes_read
                 self._frame_bytes = framing if self._body_bytes_read else self._frame_bytes + framing
                 if self._frame_bytes > MAX_HEAD_BYTES:
-                    self._refuse_body()
+                    self._answer_last(trailers_too_large)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -277,6 +278,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             super().on_headers_complete()
             if self.cycle is not previous:
                 self._open_cycles.append(self.cycle)
+                self._body_cycle = self.cycle
 
         def on_body(self, body: bytes) -> None:
             self._body_bytes_read += len(body)
@@ -288,6 +290,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._awaiting_head = True  # the next request's head
             self._messages_done += 1
             self._frame_bytes = 0
+            self._body_cycle = None
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -295,7 +298,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             if self.transport.is_closing():
                 return
             if self._last_answer is not None:
-                if not self._open_cycles:
+                if not self._responses_pending():
                     self.transport.write(self._last_answer)
                     self.transport.close()
                 return
@@ -313,25 +316,29 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             """Read nothing more; write ``answer`` and close once every earlier request is answered
             (at once if none is pending). h11 reads a pipelined request only after the response
             before it, so its errors come in that order; llhttp parses everything it is given,
-            and an answer written at once would replace or cut into an earlier response."""
+            and an answer written at once would replace or cut into an earlier response.
+
+            A request whose body was being read is the one answered: its app is told the client
+            left (its body will not come), or, if its own response has started, the connection
+            is just closed."""
             self._refused = True
             self._cancel_header_timer()
-            if any(not cycle.response_complete for cycle in self._open_cycles):
+            offender = self._body_cycle
+            if offender is not None and not offender.response_complete:
+                if offender.response_started:
+                    self.transport.close()
+                    return
+                offender.disconnected = True
+                offender.message_event.set()
+            if self._responses_pending():
                 self._last_answer = answer
                 return
             self.transport.write(answer)
             self.transport.close()
 
-        def _refuse_body(self) -> None:
-            """Close a connection whose request body's framing or trailers outgrew the cap, with a
-            431 where the client can read it: nothing answered yet, no earlier request pending."""
-            self._refused = True
-            current = self.cycle
-            if not current.response_started and all(
-                cycle is current or cycle.response_complete for cycle in self._open_cycles
-            ):
-                self.transport.write(trailers_too_large)
-            self.transport.close()
+        def _responses_pending(self) -> bool:
+            """Whether a request of this connection still waits for (the end of) its response."""
+            return any(not cycle.response_complete and not cycle.disconnected for cycle in self._open_cycles)
 
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()

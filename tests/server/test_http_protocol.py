@@ -150,6 +150,8 @@ def test_pipelined_complete_requests_are_both_answered(port: int) -> None:
         b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
         b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64,  # a TLS ClientHello
+        # a chunked body that turns malformed while the app waits for its end
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nzz\r\n\r\n",
     ],
 )
 def test_a_malformed_request_gets_an_openai_error_body(port: int, request_bytes: bytes) -> None:
