@@ -17,11 +17,16 @@ opens a connection and sends its request line and headers a byte at a time (slow
 - **Head size cap** (httptools): a request whose line and headers are still incomplete after
   :data:`MAX_HEAD_BYTES` gets a 431 and the connection is closed. llhttp buffers a head of any
   size, so without it one client could fill the API process's memory for as long as the header
-  read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400).
+  read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400). The
+  same cap holds a chunked body's trailer fields (and chunk framing) since its last body byte.
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
-  body (uvicorn's is plain text).
+  body (uvicorn's is plain text). Under httptools, that 400 and the 431 go out after the
+  responses to the requests pipelined before it, as under h11 (llhttp parses everything it reads).
+- **Disconnects** (httptools): a client that hangs up is reported (``http.disconnect``) to every
+  request of the connection still running, not only to the newest one uvicorn tracks, so a stream
+  with a pipelined request queued behind it is still aborted in the engine.
 
 The body read timeout and size limit live in :mod:`surge.server.guard`.
 """
@@ -167,9 +172,9 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     """uvicorn's httptools protocol enforcing ``header_timeout`` (seconds) and ``max_connections``,
     with the same answers as :func:`guarded_h11_protocol`'s.
 
-    llhttp calls ``on_message_begin`` at a request's first byte and ``on_headers_complete`` at the
-    end of its head, so the head's clock runs between the two (from ``connection_made`` for a new
-    connection). A pipelined request's head that is still partial when the previous response
+    The head's clock starts at ``connection_made`` for a new connection, at the first byte read
+    after a request's body for a keep-alive one (or at ``on_message_begin`` for a head that follows
+    a body in the same read), and stops at ``on_headers_complete``. A pipelined request's head that is still partial when the previous response
     ends starts its clock then, as with h11.
 
     Pass it as ``uvicorn.Config(http=...)``.
@@ -177,11 +182,16 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     Raises:
         ImportError: httptools is not installed.
     """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
     refusal, timeout_answer = _limit_answers(header_timeout, max_connections)
     too_large = _raw_response(
         431, "Request Header Fields Too Large", f"The request line and headers exceed {MAX_HEAD_BYTES} bytes."
+    )
+    trailers_too_large = _raw_response(
+        431,
+        "Request Header Fields Too Large",
+        f"The chunked body's trailer fields (or chunk framing) exceed {MAX_HEAD_BYTES} bytes.",
     )
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -194,7 +204,17 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._in_head = False  # a request's first byte came, its head is not complete
             self._awaiting_head = True  # bytes read now belong to a head (no body being read)
             self._head_bytes = 0
-            self._refused = False
+            # A body's bytes read since its last body byte (chunk framing, trailer fields), which
+            # httptools would buffer without limit as it does a head.
+            self._frame_bytes = 0
+            self._body_bytes_read = 0  # body bytes given by the parser in the current read
+            self._messages_done = 0
+            self._refused = False  # nothing more is read: refused, or answered with an error
+            self._last_answer: bytes | None = None  # an error answer waiting for earlier responses
+            # Requests whose response is not complete, oldest first: llhttp parses a pipelined
+            # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
+            self._open_cycles: list[RequestResponseCycle] = []
+            self._body_cycle: RequestResponseCycle | None = None  # the request whose body is being read
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -207,6 +227,14 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            # uvicorn tells only ``self.cycle`` (the newest request) that the client is gone: a
+            # stream with a pipelined request queued behind it would never get http.disconnect
+            # (and its request would never be aborted in the engine).
+            for cycle in self._open_cycles:
+                if not cycle.response_complete:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+            self._open_cycles.clear()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -217,12 +245,24 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             # head's bytes that follow a body in the same packet go uncounted: at most one read).
             if self._awaiting_head:
                 self._head_bytes += len(data)
+                if self._header_timer is None:  # the next request's first byte on a keep-alive connection
+                    # (llhttp skips blank lines before a request line without calling on_message_begin,
+                    # and every read cancels uvicorn's keep-alive timer: a client sending "\r\n" would
+                    # hold the connection under neither clock)
+                    self._arm_header_timer()
+            in_body, messages_done = not self._awaiting_head, self._messages_done
+            self._body_bytes_read = 0
             super().data_received(data)
-            if self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self._refused = True
-                self._cancel_header_timer()
-                self.transport.write(too_large)
-                self.transport.close()
+            if self._refused:
+                return
+            if self._awaiting_head:
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._answer_last(too_large)
+            elif in_body and self._messages_done == messages_done:  # a read inside one body
+                framing = len(data) - self._body_bytes_read
+                self._frame_bytes = framing if self._body_bytes_read else self._frame_bytes + framing
+                if self._frame_bytes > MAX_HEAD_BYTES:
+                    self._answer_last(trailers_too_large)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -234,24 +274,71 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._in_head = self._awaiting_head = False
             self._head_bytes = 0
             self._cancel_header_timer()
+            previous = self.cycle
             super().on_headers_complete()
+            if self.cycle is not previous:
+                self._open_cycles.append(self.cycle)
+                self._body_cycle = self.cycle
+
+        def on_body(self, body: bytes) -> None:
+            self._body_bytes_read += len(body)
+            self._frame_bytes = 0
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
             self._awaiting_head = True  # the next request's head
+            self._messages_done += 1
+            self._frame_bytes = 0
+            self._body_cycle = None
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self._open_cycles = [cycle for cycle in self._open_cycles if not cycle.response_complete]
+            if self.transport.is_closing():
+                return
+            if self._last_answer is not None:
+                if not self._responses_pending():
+                    self.transport.write(self._last_answer)
+                    self.transport.close()
+                return
             # a pipelined request's partial head waited behind this response: its clock starts now
-            if self._in_head and self._header_timer is None and not self.transport.is_closing():
+            if self._in_head and self._header_timer is None:
                 self._arm_header_timer()
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a request llhttp cannot parse (a malformed request line or
             header, two Content-Lengths, a TLS handshake...), as an OpenAI error body instead
-            of plain text."""
-            self.transport.write(_raw_response(400, "Bad Request", msg))
+            of plain text, after the responses to the requests before it."""
+            self._answer_last(_raw_response(400, "Bad Request", msg))
+
+        def _answer_last(self, answer: bytes) -> None:
+            """Read nothing more; write ``answer`` and close once every earlier request is answered
+            (at once if none is pending). h11 reads a pipelined request only after the response
+            before it, so its errors come in that order; llhttp parses everything it is given,
+            and an answer written at once would replace or cut into an earlier response.
+
+            A request whose body was being read is the one answered: its app is told the client
+            left (its body will not come), or, if its own response has started, the connection
+            is just closed."""
+            self._refused = True
+            self._cancel_header_timer()
+            offender = self._body_cycle
+            if offender is not None and not offender.response_complete:
+                if offender.response_started:
+                    self.transport.close()
+                    return
+                offender.disconnected = True
+                offender.message_event.set()
+            if self._responses_pending():
+                self._last_answer = answer
+                return
+            self.transport.write(answer)
             self.transport.close()
+
+        def _responses_pending(self) -> bool:
+            """Whether a request of this connection still waits for (the end of) its response."""
+            return any(not cycle.response_complete and not cycle.disconnected for cycle in self._open_cycles)
 
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()

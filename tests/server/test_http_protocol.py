@@ -24,9 +24,37 @@ from surge.server.http_protocol import (
 HEADER_TIMEOUT = 1.0
 
 
+STREAM_GONE: dict[str, threading.Event] = {}
+"""``/stream?KEY`` sets ``STREAM_GONE[KEY]`` once its ``receive()`` says the client disconnected."""
+
+
+async def _stream(receive, send, gone: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    """Chunks every 50 ms until the client disconnects (at most 10 s), as an SSE stream runs."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.ensure_future(watch())
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    for _ in range(200):
+        if watcher.done():
+            return
+        await send({"type": "http.response.body", "body": b"chunk\n", "more_body": True})
+        await asyncio.sleep(0.05)
+    watcher.cancel()
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["type"] != "http":
         return
+    if scope["path"] == "/stream":
+        await _stream(receive, send, STREAM_GONE[scope["query_string"].decode()])
+        return
+    if scope["path"] == "/slow":  # a response that takes a while, as a generation does
+        await asyncio.sleep(0.5)
     more = scope["method"] == "POST"
     while more:  # read the whole body, so that the connection stays usable for the next request
         message = await receive()
@@ -122,6 +150,8 @@ def test_pipelined_complete_requests_are_both_answered(port: int) -> None:
         b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
         b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64,  # a TLS ClientHello
+        # a chunked body that turns malformed while the app waits for its end
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nzz\r\n\r\n",
     ],
 )
 def test_a_malformed_request_gets_an_openai_error_body(port: int, request_bytes: bytes) -> None:
@@ -214,3 +244,97 @@ def test_bodies_do_not_count_as_head_bytes(port: int) -> None:
         s.sendall(request + last)
         answer = _read_until_closed(s)
     assert answer.count(b"HTTP/1.1 200") == 2, answer[:300]
+
+
+def test_a_keep_alive_connection_sending_only_blank_lines_is_closed_in_time(port: int) -> None:
+    """llhttp skips blank lines before a request line without starting a message, and every read
+    cancels uvicorn's keep-alive timer: the next request's clock starts at any byte, or a client
+    sending "\\r\\n" would hold the connection under neither clock. (h11 answers a 400 at once.)"""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        _read_ok(s)
+        t0 = time.monotonic()
+        s.sendall(b"\r\n")
+        answer = _read_until_closed(s)
+    assert b"200" not in answer, answer
+    assert time.monotonic() - t0 < HEADER_TIMEOUT + 3
+
+
+def test_a_stream_learns_of_its_clients_disconnect_with_a_pipelined_request_queued(
+    port: int, parser: str
+) -> None:
+    """A stream whose client pipelined a second request and then hung up gets ``http.disconnect``
+    (Surge aborts the request in the engine on it). llhttp parses the queued request at once and
+    uvicorn marks only the newest request's cycle as disconnected; h11 parses the second request
+    only after the first one's response."""
+    key = f"pipelined-{parser}"
+    STREAM_GONE[key] = threading.Event()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"GET /stream?%s HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n" % key.encode()
+        )
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    assert STREAM_GONE[key].wait(5), "the stream never got http.disconnect"
+
+
+def test_a_malformed_request_pipelined_behind_a_valid_one_is_answered_after_it(port: int) -> None:
+    """As h11 answers pipelined requests in order: the valid request's 200, then the 400. llhttp
+    parses both at once, and uvicorn's 400 went out (and closed the connection) first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nBL\x01AH / HTTP/1.1\r\n\r\n")
+        answer = _read_until_closed(s)
+    first, _, rest = answer.partition(b"\r\n\r\nok")
+    assert first.startswith(b"HTTP/1.1 200"), answer
+    assert rest.startswith(b"HTTP/1.1 400"), answer
+
+
+def test_a_head_past_the_cap_pipelined_behind_a_valid_request_is_answered_after_it(
+    port: int, parser: str
+) -> None:
+    """The 431 of a head that grows past the cap while an earlier response is still being made
+    goes out after that response, not in its place."""
+    if parser != "httptools":
+        pytest.skip("h11 reads a pipelined head only once the response before it is sent")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        # twice the cap (the head's bytes read with the first request go uncounted), all read
+        # well within /slow's 0.5 s, before the server closes
+        for _ in range(2 * MAX_HEAD_BYTES // 4096):
+            s.sendall(b"a" * 4096)
+            time.sleep(0.002)
+        answer = _read_until_closed(s)
+    first, _, rest = answer.partition(b"\r\n\r\nok")
+    assert first.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert rest.startswith(b"HTTP/1.1 431"), answer[:300]
+
+
+def test_trailer_fields_growing_past_the_cap_are_refused(port: int, parser: str) -> None:
+    """A chunked body's trailer fields are capped as a head is: httptools accumulates a trailer
+    field of any size (and uvicorn appends it to the request's headers) while the app waits for
+    the body's end."""
+    if parser != "httptools":
+        pytest.skip("h11 refuses trailers over 16 KiB itself (a 400), before this test's cap")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\nX-Big: ")
+        time.sleep(0.05)  # a read of its own: bytes read with the head are not counted
+        for _ in range(MAX_HEAD_BYTES // 4096 + 1):
+            s.sendall(b"a" * 4096)
+            time.sleep(0.005)  # one read per piece
+        answer = _read_until_closed(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert "trailer" in json.loads(body)["error"]["message"]
+
+
+def test_a_chunked_body_of_tiny_chunks_is_not_taken_for_trailers(port: int) -> None:
+    """Chunk framing between body bytes does not add up: 64 Ki one-byte chunks (six bytes of
+    framing each) are read as a body."""
+    chunks = b"1\r\nx\r\n" * (1 << 16)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + chunks
+            + b"0\r\n\r\n"
+        )
+        answer = _read_until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
