@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -72,6 +73,44 @@ def _limit_answers(header_timeout: float, max_connections: int) -> tuple[bytes, 
     return refusal, timeout_answer
 
 
+class _ConnectionGuard:
+    """The connection cap and the header clock that both guarded protocols share; mixed in before
+    the uvicorn protocol class (``class P(_ConnectionGuard, H11Protocol)``). The subclass sets
+    the class attributes and defines ``_on_header_timeout``, which the clock calls."""
+
+    _max_connections: int
+    _header_timeout: float  # seconds
+    _refusal: bytes  # the raw 503 for a connection over the cap
+    _header_timer: asyncio.TimerHandle | None = None
+    _refused = False  # nothing more is read from the connection
+    # the uvicorn protocol's own attributes
+    connections: set[Any]
+    loop: asyncio.AbstractEventLoop
+    _on_header_timeout: Callable[[], None]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if len(self.connections) > self._max_connections:
+            self._refused = True
+            transport.write(self._refusal)
+            transport.close()
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self._header_timeout, self._on_header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+
 def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
     """An ``H11Protocol`` subclass enforcing ``header_timeout`` (seconds) and ``max_connections``.
 
@@ -79,27 +118,14 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
     """
     refusal, timeout_answer = _limit_answers(header_timeout, max_connections)
 
-    class GuardedH11Protocol(H11Protocol):
+    class GuardedH11Protocol(_ConnectionGuard, H11Protocol):
         """H11Protocol plus a header read deadline and a cap on open connections."""
+
+        _max_connections, _header_timeout, _refusal = max_connections, header_timeout, refusal
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._header_timer: asyncio.TimerHandle | None = None
             self._head_bytes = 0
-            self._refused = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                self._refused = True
-                transport.write(refusal)
-                transport.close()
-                return
-            self._arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -146,15 +172,6 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
                     self.transport.write(output)
             self.transport.close()
 
-        def _arm_header_timer(self) -> None:
-            self._cancel_header_timer()
-            self._header_timer = self.loop.call_later(header_timeout, self._on_header_timeout)
-
-        def _cancel_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
         def _on_header_timeout(self) -> None:
             self._header_timer = None
             if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
@@ -194,13 +211,14 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
         f"The chunked body's trailer fields (or chunk framing) exceed {MAX_HEAD_BYTES} bytes.",
     )
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    class GuardedHttpToolsProtocol(_ConnectionGuard, HttpToolsProtocol):
         """HttpToolsProtocol plus a header read deadline, a head size cap and a cap on open
         connections."""
 
+        _max_connections, _header_timeout, _refusal = max_connections, header_timeout, refusal
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._header_timer: asyncio.TimerHandle | None = None
             self._in_head = False  # a request's first byte came, its head is not complete
             self._awaiting_head = True  # bytes read now belong to a head (no body being read)
             self._head_bytes = 0
@@ -216,17 +234,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._open_cycles: list[RequestResponseCycle] = []
             self._body_cycle: RequestResponseCycle | None = None  # the request whose body is being read
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                self._refused = True
-                transport.write(refusal)
-                transport.close()
-                return
-            self._arm_header_timer()
-
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
             # uvicorn tells only ``self.cycle`` (the newest request) that the client is gone: a
             # stream with a pipelined request queued behind it would never get http.disconnect
             # (and its request would never be aborted in the engine).
@@ -235,7 +243,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                     cycle.disconnected = True
                     cycle.message_event.set()
             self._open_cycles.clear()
-            super().connection_lost(exc)
+            super().connection_lost(exc)  # the header clock's cancel, then uvicorn's
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -339,15 +347,6 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
         def _responses_pending(self) -> bool:
             """Whether a request of this connection still waits for (the end of) its response."""
             return any(not cycle.response_complete and not cycle.disconnected for cycle in self._open_cycles)
-
-        def _arm_header_timer(self) -> None:
-            self._cancel_header_timer()
-            self._header_timer = self.loop.call_later(header_timeout, self._on_header_timeout)
-
-        def _cancel_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
 
         def _on_header_timeout(self) -> None:
             self._header_timer = None

@@ -114,6 +114,19 @@ def _read_ok(s: socket.socket) -> bytes:
     return out
 
 
+def _grow_past_the_cap(s: socket.socket) -> tuple[bytes, bytes]:
+    """Send 4 KiB pieces (one read each) until just past MAX_HEAD_BYTES, then stop, so that the
+    server's close leaves no unread bytes (which would reset the connection and lose its answer);
+    check the answer is a 431 and return its head and body."""
+    for _ in range(MAX_HEAD_BYTES // 4096 + 1):
+        s.sendall(b"a" * 4096)
+        time.sleep(0.005)
+    answer = _read_until_closed(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+    return head, body
+
+
 def test_partial_head_sent_alone_gets_408(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
@@ -219,19 +232,12 @@ def test_a_connection_over_the_cap_gets_503(port: int) -> None:
 
 def test_a_head_growing_past_the_cap_is_refused(port: int, parser: str) -> None:
     """A head still incomplete after MAX_HEAD_BYTES gets httptools' protocol's 431 (llhttp would
-    buffer any size). The client stops sending once
-    past the cap, so that the server's close leaves no unread bytes (which would reset the
-    connection and lose the answer)."""
+    buffer any size)."""
     if parser != "httptools":
         pytest.skip("h11 refuses an incomplete head over 16 KiB itself, before this test's cap")
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
-        for _ in range(MAX_HEAD_BYTES // 4096 + 1):
-            s.sendall(b"a" * 4096)
-            time.sleep(0.005)  # one read per piece
-        answer = _read_until_closed(s)
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+        _, body = _grow_past_the_cap(s)
     assert f"exceed {MAX_HEAD_BYTES} bytes" in json.loads(body)["error"]["message"]
 
 
@@ -317,12 +323,7 @@ def test_trailer_fields_growing_past_the_cap_are_refused(port: int, parser: str)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\nX-Big: ")
         time.sleep(0.05)  # a read of its own: bytes read with the head are not counted
-        for _ in range(MAX_HEAD_BYTES // 4096 + 1):
-            s.sendall(b"a" * 4096)
-            time.sleep(0.005)  # one read per piece
-        answer = _read_until_closed(s)
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+        _, body = _grow_past_the_cap(s)
     assert "trailer" in json.loads(body)["error"]["message"]
 
 
