@@ -53,9 +53,11 @@ def _key_text(token: bytes) -> str:
 def _spans(body: bytes) -> list[tuple[str, int, int, int]]:
     """``(key, start, end, depth)`` of each top-level field of a JSON object ``body``: its value
     is ``body[start:end]``, nested ``depth`` arrays and objects deep. Empty when ``body`` is not
-    an object; a field cut short (the body ends in its value) is left out."""
+    an object; a field cut short (the body ends in its value) is left out, and so are the field
+    whose value is missing or followed by anything but ``,`` or ``}`` (a missing comma, a second
+    ``:``) and every field after it: there the body's structure is to blame, not a value."""
     out: list[tuple[str, int, int, int]] = []
-    depth, key, start, deepest = 0, None, -1, 0
+    depth, key, start, deepest, done = 0, None, -1, 0, False
     for m in _TOKEN.finditer(body):
         tok = m.group()
         head = tok[:1]
@@ -73,18 +75,28 @@ def _spans(body: bytes) -> list[tuple[str, int, int, int]]:
             continue
         if depth == 1 and start < 0:
             if head == b":":
-                start, deepest = m.end(), 0
+                start, deepest, done = m.end(), 0, False
             continue
-        if depth == 1 and head in (b",", b"}"):
-            out.append((key, start, m.start(), deepest))
-            key, start = None, -1
-            depth = 0 if head == b"}" else 1
-            continue
+        if depth == 1:
+            if head in (b",", b"}"):
+                if not done:
+                    return out  # no value: the body's structure is to blame
+                out.append((key, start, m.start(), deepest))
+                key, start = None, -1
+                depth = 0 if head == b"}" else 1
+                continue
+            scalar = tok.strip()
+            if not scalar:
+                continue
+            if done or head == b":" or (head != b'"' and len(scalar.split()) > 1):
+                return out  # a second value (a missing comma: `1 2`, `"x" "y"`) or a stray colon
+            done = head not in (b"[", b"{")  # a string or a scalar: one value
         if head in (b"[", b"{"):
             depth += 1
             deepest = max(deepest, depth - 1)
         elif head in (b"]", b"}"):
             depth -= 1
+            done = done or depth == 1
     return out  # a field cut short is not listed: the body is to blame, not the field
 
 

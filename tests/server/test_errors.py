@@ -368,6 +368,8 @@ INVALID_JSON_BODIES: list[tuple[bytes, str]] = [
     (b'{"prompt": "x",\n "max_tokens" 2}', "expected ':' at byte 30 (line 2, column 15)"),
     (b'{"prompt": "x"', "the body ends before its JSON does at byte 14 (line 1, column 15)"),
     (b'{"prompt": "x"} {}', "trailing characters at byte 16 (line 1, column 17)"),
+    # a missing comma was blamed on the field before it ("prompt: not a JSON value Surge can parse")
+    (b'{"prompt": "x" "max_tokens": 2}', "expected ',' or '}' at byte 15 (line 1, column 16)"),
 ]
 
 

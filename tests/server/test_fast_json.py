@@ -24,6 +24,16 @@ DEEP = b"[" * 3000 + b"]" * 3000
         (b"[1, NaN]", False, None),
         (b'{"a": 1, "b": 2}', False, None),
         (b"{not json", False, None),
+        # the body's structure is at fault, not a value: a missing comma, a second colon, no value
+        (b'{"prompt": "x" "max_tokens": 3}', False, None),
+        (b'{"prompt":\n "x" 1}', False, None),
+        (b'{"a": [1] [2], "b": NaN}', False, None),
+        (b'{"a": "x": 1}', False, None),
+        (b'{"a": , "b": 1e999}', False, None),
+        (b'{"a": {"b": 1} , "c": 1e999}', False, "c"),
+        (b'{"a": tru}', False, "a"),  # one value, malformed: the field's
+        (b'{"p": "Once upon", "n": 1e+308, "t": 1e999}', False, "t"),  # a string's spaces are its own
+        (b'{"p": "a b", "q": "c" , "r": 1 2}', False, None),
     ],
 )
 def test_field_at_fault(body: bytes, too_deep: bool, field: str | None) -> None:
