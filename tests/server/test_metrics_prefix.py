@@ -66,3 +66,20 @@ def test_a_server_started_with_the_flag_exports_vllms_names(tmp_path: Path) -> N
     names = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M)}
     assert set(VLLM_NAMES) <= names and not any(n.startswith("surge:") for n in names), sorted(names)
     assert re.search(r'^vllm:generation_tokens_total\{model_name="[^"]+"\} 3\.0$', text, re.M), text
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    """README.md and docs/*.md name metrics (``surge:engine_up``, ``vllm:num_requests_waiting``,
+    ...): each is exported under its prefix (a family's HELP name or a sample's name)."""
+    root = Path(__file__).resolve().parents[2]
+    stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
+    exported = set()
+    for prefix in ("surge", "vllm"):
+        metrics = ServerMetrics("m", lambda: stats, prefix=prefix)
+        exported |= _names(metrics) | set(re.findall(r"^# HELP (\S+)", metrics.render().decode(), re.M))
+    named = set()
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        named |= {(doc.name, n) for n in re.findall(r"(?<![\w/])((?:surge|vllm):[a-z_]+)", doc.read_text())}
+    assert any(doc == "structured-outputs.md" for doc, _ in named)  # the scan finds the docs' names
+    missing = sorted(f"{doc}: {n}" for doc, n in named if n not in exported)
+    assert not missing, f"metrics the docs name that /metrics does not export: {missing}"
