@@ -98,8 +98,9 @@ def add_serve_parser(subparsers: Any) -> None:
         "--api-key",
         action="append",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics, "
-        "the API docs and the web pages' static files (printable ASCII); repeat the flag or give a comma list for several keys "
+        help="require 'Authorization: Bearer KEY' on every route but /health, /ping, /load, /tokenizer_info, /version, "
+        "/metrics (unless --metrics-require-key), the API docs and the web pages' static files (printable ASCII); "
+        "repeat the flag or give a comma list for several keys "
         "(default: the SURGE_API_KEY environment variable, else vLLM's VLLM_API_KEY, else no key)",
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")

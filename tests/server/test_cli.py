@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -111,3 +112,16 @@ def test_stream_attention_flag_reaches_the_engine_config() -> None:
         build_engine_config(str(bundled), device="cpu", stream_attention=True)
     r = _serve("--model", str(bundled), "--stream-attention")
     assert r.returncode != 0 and "--stream-attention" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_api_key_help_names_every_open_route() -> None:
+    """``--api-key``'s help lists the routes served without the key; it named /health, /version
+    and /metrics but not /ping, /load or /tokenizer_info, which are open too (docs/server-limits.md)."""
+    from surge.cli import build_parser
+    from surge.server.auth import OPEN_PATHS
+
+    serve = next(a for a in build_parser()._actions if a.dest == "command").choices["serve"]  # type: ignore[union-attr]
+    text = " ".join(next(a for a in serve._actions if a.dest == "api_key").help.split())
+    api_docs = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}  # "the API docs"
+    missing = sorted(p for p in OPEN_PATHS - api_docs if not re.search(re.escape(p) + r"\b", text))
+    assert not missing and "the API docs" in text, (missing, text)
