@@ -402,7 +402,8 @@ def _part_text(part: Any, where: str) -> dict[str, Any]:
     if kind == "refusal" and isinstance(part.get("refusal"), str):
         return {"type": "text", "text": part["refusal"]}
     raise bad_request(
-        f"{where} has type {kind!r}: Surge takes only text parts (input_text, output_text)", param=where
+        f"{where} has type {kind!r}: Surge takes only text parts (input_text, output_text, refusal)",
+        param=where,
     )
 
 

@@ -627,3 +627,18 @@ def test_error_mid_stream_is_an_error_event_then_response_failed(tmp_path: Path)
     failed = events[-1].response
     assert failed.status == "failed" and failed.error.code == "503" and failed.id == events[0].response.id
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_non_text_part_is_refused_naming_the_text_parts_taken() -> None:
+    """An image part's 400 lists the part types Surge takes; it left out ``refusal``, which is
+    taken (an OpenAI assistant turn replayed), as docs/openai-api.md says."""
+    from surge.server.errors import ApiError
+    from surge.server.protocol_responses import _part_text
+
+    assert _part_text({"type": "refusal", "refusal": "no"}, "input[1].content[0]") == {
+        "type": "text",
+        "text": "no",
+    }
+    with pytest.raises(ApiError) as e:
+        _part_text({"type": "input_image", "image_url": "x"}, "input[0].content[0]")
+    assert "(input_text, output_text, refusal)" in str(e.value.message), e.value.message
