@@ -321,7 +321,8 @@ def chat_messages(body: MessagesBody) -> tuple[list[dict[str, Any]], bool]:
         _check_keys(message, frozenset({"role", "content"}), where)
         if role not in ("user", "assistant", "system"):
             raise bad_request(
-                f"{where}.role must be 'user' or 'assistant', got {role!r}", param=f"{where}.role"
+                f"{where}.role must be 'user', 'assistant' or (vLLM's) 'system', got {role!r}",
+                param=f"{where}.role",
             )
         if not isinstance(content, str | list):
             raise bad_request(

@@ -455,3 +455,16 @@ def test_count_tokens_refuses_the_stop_sequences_a_message_refuses(srv: Server) 
         r = _post(srv, body, path)
         assert r.status_code == 400, (path, r.text)
         assert "stop_sequences" in r.json()["error"]["message"], (path, r.text)
+
+
+def test_a_bad_role_is_refused_naming_the_roles_taken() -> None:
+    """A role other than the three taken is a 400 that lists them: it said 'user' or 'assistant'
+    only, though vLLM's 'system' is taken too (docs/openai-api.md)."""
+    from surge.server.errors import ApiError
+
+    with pytest.raises(ApiError) as e:
+        chat_messages(
+            MessagesBody.model_validate({"max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]})
+        )
+    assert e.value.param == "messages[0].role", e.value.param
+    assert "'user', 'assistant' or (vLLM's) 'system'" in e.value.message, e.value.message
