@@ -127,13 +127,16 @@ def _wrong_endpoint_hint(errors: Sequence[Any]) -> tuple[str, str] | None:
 
 
 def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> tuple[str, str | None]:
-    """The 400's message and ``param`` for a body pydantic refused (``batch``: the body of
-    ``/v1/chat/completions/batch``, whose errors inside a conversation name ``messages[i]``)."""
+    """The 400's message and ``param`` for a body (or a query parameter) pydantic refused
+    (``batch``: the body of ``/v1/chat/completions/batch``, whose errors inside a conversation
+    name ``messages[i]``)."""
     errors = exc.errors()
     if not errors:
         return "Invalid request body", None
     first = errors[0]
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if loc[:1] == ["query"]:  # a query parameter (/reset_prefix_cache's): named as it is
+        loc = loc[1:]
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
         return "The request body is empty: send a JSON object", None
     if first.get("type") == "json_invalid":  # what and where: FastJSONRequest.json's JSONDecodeError
@@ -412,7 +415,19 @@ def build_app(
         return health_response()
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> dict[str, Any]:
+    async def reset_prefix_cache(
+        reset_running_requests: bool = False, reset_external: bool = False
+    ) -> dict[str, Any]:
+        """Evict the cached KV blocks no request holds (vLLM's dev route, with its query
+        parameters): ``reset_external`` is taken (Surge has no external KV connector);
+        ``reset_running_requests=true``, which would preempt running requests to free theirs,
+        is a 400 naming it."""
+        if reset_running_requests:
+            raise bad_request(
+                "reset_running_requests=true is not supported: Surge evicts the cached blocks no request "
+                "holds and leaves running requests and their blocks alone (leave it out, or false)",
+                param="reset_running_requests",
+            )
         try:
             state.client.reset_prefix_cache()
         except EngineDeadError as e:

@@ -1,6 +1,6 @@
 """Server features the benchmark relies on, against a live `surge serve` of the bundled model:
-a first content chunk with text after the role chunk, POST /reset_prefix_cache, HEAD /metrics
-and the pid on /health."""
+a first content chunk with text after the role chunk, POST /reset_prefix_cache (and vLLM's query
+parameters), HEAD /metrics and the pid on /health."""
 
 from __future__ import annotations
 
@@ -55,6 +55,21 @@ def test_reset_prefix_cache_head_metrics_and_health_pid(server: Server) -> None:
     assert head.status_code == 200 and head.content == b""
     assert head.headers["content-type"] == httpx.get(server.url + "/metrics").headers["content-type"]
     assert int(httpx.get(server.url + "/health").headers["x-surge-pid"]) == server.proc.pid
+
+
+def test_reset_prefix_cache_takes_vllm_query_parameters(server: Server) -> None:
+    """vLLM's ``reset_external`` is taken (no external KV connector here) and its
+    ``reset_running_requests=true``, which Surge does not do, is a 400 naming it: it was ignored;
+    a value that is not a boolean names the parameter, not ``query``."""
+    url = server.url + "/reset_prefix_cache"
+    r = httpx.post(url + "?reset_external=true&reset_running_requests=false")
+    assert r.status_code == 200 and r.json() == {"success": True}, r.text
+    for value in ("true", "maybe"):
+        r = httpx.post(url + f"?reset_running_requests={value}")
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "reset_running_requests", error
+        assert error["message"].startswith("reset_running_requests"), error
 
 
 def test_rejected_requests_are_logged_at_info(server: Server) -> None:
