@@ -1,0 +1,50 @@
+"""Every route the server serves is in the route lists of the docs: docs/openai-api.md's first
+paragraph and README.md's "The server's endpoints" paragraph (``POST /reset_prefix_cache`` was in
+neither). Swagger UI's own ``/docs/oauth2-redirect`` goes with ``/docs``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+from surge.server.api_server import build_app
+from surge.server.drain import InFlight
+from surge.server.serving_common import ServerState
+
+ROOT = Path(__file__).resolve().parents[2]
+_PARAM = re.compile(r"\{[^}]*\}")
+
+
+def _routes() -> set[str]:
+    """The path of every route of an app with every optional route turned on."""
+    client = SimpleNamespace(is_ready=True, dead_reason=None, seconds_without_progress=lambda: 0.0)
+    state = SimpleNamespace(
+        client=client,
+        api_keys=(),
+        in_flight=InFlight(),
+        metrics_require_key=False,
+        max_request_body_bytes=1 << 20,
+        body_read_timeout=10.0,
+        engine_stall_timeout=60.0,
+    )
+    app = build_app(cast(ServerState, state), web_ui=False, tokenizer_info=True, load_tracking=True)
+    return {_PARAM.sub("{}", route.path) for route in app.routes if hasattr(route, "methods")}
+
+
+def _paragraph(doc: str, start: str) -> str:
+    """The paragraph of ``doc`` that begins with ``start``."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    return text[text.index(start) :].split("\n\n", 1)[0]
+
+
+def test_every_route_is_in_the_route_lists() -> None:
+    text = _paragraph("docs/openai-api.md", "Surge serves ") + _paragraph(
+        "README.md", "The server's endpoints"
+    )
+    named = {_PARAM.sub("{}", m) for m in re.findall(r"(/[\w./{}-]*)", text)} | {"/docs/oauth2-redirect"}
+    routes = _routes()
+    assert "/v1/chat/completions" in routes and "/v1/responses/{}" in routes  # the app was built whole
+    missing = sorted(routes - named)
+    assert not missing, f"routes the docs' route lists do not name: {missing}"
