@@ -8,10 +8,12 @@ one view of each route per method, each with its own operation id (``health_heal
 
 - every error response is the OpenAI error object (``ErrorResponse``), Anthropic's on the
   Messages API's routes (``AnthropicErrorResponse``);
-- routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large);
+- routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large), routes
+  with query parameters (``/reset_prefix_cache``) 400;
 - every route but the open ones documents 401 (``--api-key``); model routes 404 (unknown
   ``model``); generation routes 503 (engine gone) and their ``text/event-stream`` 200;
-  ``/health`` and ``/ping`` their empty 200 and their 503; ``/metrics`` its Prometheus text.
+  ``/health`` and ``/ping`` their empty 200 and their 503, ``/reset_prefix_cache`` its 503;
+  ``/metrics`` its Prometheus text.
 
 Field constraints (bounds, strict types) come from the pydantic models in
 :mod:`surge.server.protocol`.
@@ -138,11 +140,15 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             _error = _anthropic_error if path in ANTHROPIC_PATHS else _openai_error
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
+            names = "the message names" if path in ANTHROPIC_PATHS else "the message and `param` name"
             if "requestBody" in op:
-                names = "the message names" if path in ANTHROPIC_PATHS else "the message and `param` name"
                 responses["400"] = _error(f"Invalid request: {names} the field.")
                 responses["408"] = _error("The body did not arrive within --body-read-timeout.")
                 responses["413"] = _error("The body is larger than --max-request-body-bytes.")
+            elif any(p.get("in") == "query" for p in op.get("parameters", ())):
+                responses["400"] = _error(f"Invalid query parameter: {names} the parameter.")
+            if path == "/reset_prefix_cache":
+                responses["503"] = _error("The engine is not running.")
             if path not in OPEN_PATHS:
                 responses["401"] = _error("Missing or wrong API key (only when the server has --api-key).")
             if path in _MODEL_PATHS:

@@ -92,6 +92,10 @@ def test_openapi_builds_without_warnings() -> None:
         ]
     # /metrics answers Prometheus text (the schema said application/json)
     assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    # /reset_prefix_cache's query parameters and the 400 a bad one gets, and its 503 (engine down)
+    reset = schema["paths"]["/reset_prefix_cache"]["post"]
+    assert {p["name"] for p in reset["parameters"]} == {"reset_running_requests", "reset_external"}
+    assert {"200", "400", "401", "503"} <= set(reset["responses"]), reset["responses"]
 
 
 @pytest.mark.parametrize(
