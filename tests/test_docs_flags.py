@@ -81,3 +81,32 @@ def test_every_flag_the_docs_name_exists() -> None:
                 continue
             unknown.append(f"{doc}: {flag}")
     assert not unknown, f"flags the docs name that no surge parser, vLLM hint or script knows: {unknown}"
+
+
+def test_the_limits_table_gives_the_parsers_defaults() -> None:
+    """docs/server-limits.md's table of limits: each flag's default is ``surge serve``'s (a
+    flag resolved at start-up, ``--max-connections``, by the default its help states)."""
+    serve = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "serve"
+    ]
+    actions = {s: a for a in serve._actions for s in a.option_strings}
+    text = (ROOT / "docs" / "server-limits.md").read_text(encoding="utf-8")
+    table = text.split("\n## Limits\n", 1)[1].split("\n\n", 1)[0]
+    checked, wrong = 0, []
+    for row in table.splitlines():
+        m = re.match(r"\| `(--[\w-]+)` \| ([\d,.]+) ?(MiB)?", row)
+        if m is None:
+            continue
+        flag, number, unit = m.group(1), float(m.group(2).replace(",", "")), m.group(3)
+        documented = number * (1 << 20 if unit == "MiB" else 1)
+        action = actions[flag]
+        default = action.default
+        if default is None:  # resolved at start-up: the help's "(default N ...)"
+            found = re.search(r"default ([\d,.]+)", " ".join(str(action.help).split()))
+            assert found, f"{flag}'s help states no default"
+            default = float(found.group(1).replace(",", ""))
+        checked += 1
+        if float(default) != documented:
+            wrong.append(f"{flag}: docs {m.group(2)}{' ' + unit if unit else ''}, parser {default}")
+    assert checked >= 8, f"only {checked} flag rows found in docs/server-limits.md's limits table"
+    assert not wrong, f"docs/server-limits.md's limits table disagrees with surge serve: {wrong}"
