@@ -414,7 +414,8 @@ class ServeConfig:
 
 def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> dict[str, Any]:
     """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check). Raises
-    ValueError when it cannot be reached."""
+    ValueError when it cannot be reached (saying what to do when nothing listens there, or when the
+    key was refused)."""
     try:
         ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
     except (OSError, ValueError) as e:
@@ -427,6 +428,11 @@ def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> 
             )
         elif "404" in str(e) and base_url.rstrip("/").endswith("/v1"):
             hint = f" (--base-url is the server's root: {base_url.rstrip('/')[: -len('/v1')]})"
+        elif isinstance(getattr(e, "reason", e), ConnectionRefusedError):
+            hint = (
+                " (no server listens there: start one, e.g. `surge serve MODEL`, or point --base-url, "
+                "or --host and --port, at the running one)"
+            )
         raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")

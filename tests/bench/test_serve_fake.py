@@ -394,6 +394,8 @@ def test_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     rc = bench_main(_serve(f"http://127.0.0.1:{free_port()}", "--num-prompts", "1"))
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("surge: error: cannot reach") and err.count("\n") == 1
+    # a new user's likeliest mistake: the server is not started (yet); the line says what to do
+    assert "Connection refused" in err and "no server listens there: start one, e.g. `surge serve" in err
 
 
 def test_unknown_model_and_too_long_points_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
