@@ -67,6 +67,7 @@ def add_serve_parser(subparsers: Any) -> None:
         add_engine_args,
         add_generation_config_args,
         add_load_args,
+        json_object,
     )
 
     p = subparsers.add_parser(
@@ -222,6 +223,16 @@ def add_serve_parser(subparsers: Any) -> None:
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
+    p.add_argument(
+        "--default-chat-template-kwargs",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's flag: chat template variables every chat request gets under its own "
+        "chat_template_kwargs (and reasoning_effort), which win, e.g. '{\"enable_thinking\": false}' to "
+        "turn Qwen3's thinking off by default; also for the Responses and Messages APIs, /tokenize and the "
+        "render endpoints (default: none)",
+    )
     p.add_argument(
         "--response-role",
         default="assistant",
@@ -453,6 +464,13 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json), as in vLLM"
         )
+    if args.default_chat_template_kwargs is not None:
+        from surge.tokenizer import check_chat_template_kwargs
+
+        try:
+            check_chat_template_kwargs(args.default_chat_template_kwargs)
+        except ValueError as e:
+            raise ValueError(f"--default-chat-template-kwargs: {e}") from None
     if args.api_server_count < 1:
         raise ValueError(f"--api-server-count must be at least 1, got {args.api_server_count}")
     if args.stream_interval < 1:
@@ -578,6 +596,7 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_force_include_usage=args.enable_force_include_usage,
         disable_fastapi_docs=args.disable_fastapi_docs,
         response_role=args.response_role,
+        default_chat_template_kwargs=args.default_chat_template_kwargs or None,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers
