@@ -54,6 +54,22 @@ VLLM_SERVE_FLAG_HINTS = {
     "--config": "the flags themselves: Surge reads no YAML config file",
     "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--root-path": "nothing: Surge serves its routes at / (a proxy that serves it under a path prefix strips it)",
+    "--uds": "--host and --port: Surge listens on TCP only",
+    "--max-log-len": "nothing: Surge's request log lines carry no prompt text",
+    "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
+    "reason and token counts)",
+    "--otlp-traces-endpoint": "nothing: Surge exports no OpenTelemetry traces (GET /metrics serves Prometheus "
+    "metrics)",
+    "--attention-backend": "nothing: Surge runs its own attention kernels",
+    "--disable-sliding-window": "nothing: Surge serves full attention only (a config.json with "
+    "use_sliding_window true is refused)",
+    "--cudagraph-capture-sizes": "nothing: Surge picks its CUDA graph batch sizes itself (--enforce-eager "
+    "turns the graphs off)",
+    "--max-cudagraph-capture-size": "nothing: Surge picks its CUDA graph batch sizes itself (--enforce-eager "
+    "turns the graphs off)",
+    "--logprobs-mode": "nothing: logprobs are the model's raw ones (vLLM's default raw_logprobs; "
+    "docs/openai-api.md)",
 }
 """``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
 serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
