@@ -100,6 +100,12 @@ def add_serve_parser(subparsers: Any) -> None:
         help="Hugging Face model folder, as in `vllm serve MODEL` (the same as --model)",
     )
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="vLLM's flag, taken when it names the model folder itself (however spelled): Surge reads "
+        "the model folder's own tokenizer, so another folder is refused (default: the model folder)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
         "--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free port)"
@@ -466,6 +472,23 @@ def cors_options(args: argparse.Namespace) -> CorsOptions | None:
     return CorsOptions(origins, methods or ("*",), headers or ("*",), args.allow_credentials)
 
 
+def check_tokenizer_flag(tokenizer: str | None, model_dir: str) -> None:
+    """Take vLLM's ``--tokenizer`` when it is None or names ``model_dir`` (the same folder,
+    however spelled, as ``vllm serve M --tokenizer M`` is often written), as the offline
+    ``LLM(tokenizer=...)`` takes it.
+
+    Raises:
+        ValueError: another folder (one line: Surge reads the model folder's own tokenizer).
+    """
+    if tokenizer is None:
+        return
+    if Path(tokenizer).expanduser().resolve() != Path(model_dir).expanduser().resolve():
+        raise ValueError(
+            f"--tokenizer {tokenizer} is not the model folder {model_dir}: Surge reads the model folder's "
+            "own tokenizer; copy the tokenizer files into it and leave --tokenizer out"
+        )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
 
@@ -563,6 +586,7 @@ def run_serve(args: argparse.Namespace) -> int:
         stream_attention=args.stream_attention,
         grammar_compile_timeout=args.grammar_compile_timeout,
     )
+    check_tokenizer_flag(args.tokenizer, config.model.model)
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node
 
