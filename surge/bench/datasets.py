@@ -85,6 +85,14 @@ def prompt_encoder(
     return counter.encode
 
 
+def least_prompt_len(counter: TokenCounter, chat: bool, options: Mapping[str, Any] | None = None) -> int:
+    """The shortest prompt :func:`exact_length_prompt` builds, in tokens as the server counts
+    them: the chat template's own tokens plus one (``chat``), else the BOS (at least 1 token).
+    ``options`` as for :func:`prompt_encoder`."""
+    overhead = len(prompt_encoder(counter, chat, options)(""))
+    return overhead + 1 if chat else max(overhead, 1)
+
+
 class PromptTooShortError(ValueError):
     """A prompt length below the fixed overhead of every prompt (:func:`exact_length_prompt`).
 
