@@ -546,6 +546,27 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
     assert "--ssl-keyfile: use nothing: Surge serves plain HTTP" in err, err
     err = _parse_error(["bench", "serve", "--tokenizer-mode", "auto"], capsys)
     assert "--tokenizer-mode: use nothing: the server's tokenizer counts the tokens" in err, err
+    # a new user's vLLM command line: these were bare "unrecognized arguments"
+    err = _parse_error(
+        ["serve", "--root-path", "/api", "--max-log-len", "100", "--enable-log-outputs", "--uds", "/tmp/s"],
+        capsys,
+    )
+    for hint in (
+        "--root-path: use nothing: Surge serves its routes at /",
+        "--max-log-len: use nothing: Surge's request log lines carry no prompt text",
+        "--enable-log-outputs: use nothing: Surge logs no prompt or output text",
+        "--uds: use --host and --port: Surge listens on TCP only",
+    ):
+        assert hint in err, err
+    for flag in (
+        "--otlp-traces-endpoint",
+        "--attention-backend",
+        "--disable-sliding-window",
+        "--cudagraph-capture-sizes",
+        "--max-cudagraph-capture-size",
+        "--logprobs-mode",
+    ):
+        assert f"(vLLM's {flag}: use " in _parse_error(["serve", flag], capsys), flag
 
 
 def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,6 +85,30 @@ def prompt_encoder(
     return counter.encode
 
 
+def least_prompt_len(counter: TokenCounter, chat: bool, options: Mapping[str, Any] | None = None) -> int:
+    """The shortest prompt :func:`exact_length_prompt` builds, in tokens as the server counts
+    them: the chat template's own tokens plus one (``chat``), else the BOS (at least 1 token).
+    ``options`` as for :func:`prompt_encoder`."""
+    overhead = len(prompt_encoder(counter, chat, options)(""))
+    return overhead + 1 if chat else max(overhead, 1)
+
+
+class PromptTooShortError(ValueError):
+    """A prompt length below the fixed overhead of every prompt (:func:`exact_length_prompt`).
+
+    Attributes:
+        n_tokens: the length asked, in tokens.
+        minimum: the least length a prompt can have (the BOS or the chat template's tokens, plus
+            one token of the prompt's own where there is a template or a head).
+        chat: the length counts a templated chat prompt.
+    """
+
+    def __init__(self, n_tokens: int, minimum: int, chat: bool) -> None:
+        self.what = "the chat template's" if chat else "the tokenizer's"
+        super().__init__(f"input length {n_tokens} is below {self.what} minimum of {minimum}")
+        self.n_tokens, self.minimum, self.chat = n_tokens, minimum, chat
+
+
 def exact_length_prompt(
     counter: TokenCounter,
     rng: np.random.Generator,
@@ -106,8 +130,9 @@ def exact_length_prompt(
     server counts them (restarting with fresh draws otherwise).
 
     Raises:
-        ValueError: ``n_tokens`` is below the fixed overhead (a BOS, or the chat template's own
-            tokens plus one; with ``head``, its tokens plus one), or no exact text was found.
+        PromptTooShortError: ``n_tokens`` is below the fixed overhead (a BOS, or the chat
+            template's own tokens plus one; with ``head``, its tokens plus one).
+        ValueError: no exact text was found.
     """
     pool = counter.candidate_ids()
     if len(pool) == 0:
@@ -116,8 +141,7 @@ def exact_length_prompt(
     overhead = len(encode(head))
     minimum = overhead + 1 if chat or head else max(overhead, 1)
     if n_tokens < minimum:
-        what = "the chat template's" if chat else "the tokenizer's"
-        raise ValueError(f"input length {n_tokens} is below {what} minimum of {minimum}")
+        raise PromptTooShortError(n_tokens, minimum, chat)
     for _attempt in range(PREFIX_ATTEMPTS if keep is not None else 5):
         ids = [int(i) for i in rng.choice(pool, size=n_tokens - overhead)]
         for _ in range(MAX_ADJUST_ROUNDS):
@@ -167,8 +191,9 @@ def random_requests(
     length covers the random part, the BOS or chat template, and the separator after the prefix).
 
     Raises:
-        ValueError: a count or length below 1 (N below 0), r outside [0, 1), or a drawn input
-            length below the tokenizer's or chat template's minimum.
+        ValueError: a count or length below 1 (N below 0), r outside [0, 1), or a (drawn) input
+            length below the tokenizer's or chat template's minimum (naming the least
+            ``--input-len`` and, on the chat endpoint, ``--endpoint /v1/completions``).
     """
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --output-len must be >= 1")
@@ -210,6 +235,15 @@ def random_requests(
     for n_in, n_out in zip(in_lens, out_lens, strict=True):
         try:
             prompt = exact_length_prompt(counter, rng, n_in, chat, options)
+        except PromptTooShortError as e:
+            if range_ratio != 0.0:
+                raise ValueError(f"--random-range-ratio {range_ratio} drew {e}") from None
+            # what to do instead: on the chat endpoint a Llama 3.1 template alone is 35 tokens
+            other = ", or --endpoint /v1/completions (no chat template)" if e.chat else ""
+            raise ValueError(
+                f"--input-len {e.n_tokens} is below {e.what} minimum of {e.minimum}: give --input-len "
+                f"{e.minimum} or more{other}"
+            ) from None
         except ValueError as e:
             if range_ratio == 0.0:
                 raise

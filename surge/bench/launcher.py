@@ -105,6 +105,29 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+LAST_LINE_CHARS = 300
+"""The most characters of the server's last log line quoted in a start-up failure."""
+
+
+def last_log_line(path: Path, start: int, tail_bytes: int = 8192) -> str:
+    """The last non-blank line written to ``path`` at or after byte offset ``start`` (this start's
+    part of a log appended across restarts), stripped and cut to :data:`LAST_LINE_CHARS`
+    characters; "" when there is none or the file cannot be read. Only the last ``tail_bytes``
+    bytes are read (a server's log may be long)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - tail_bytes))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1]
+    return line if len(line) <= LAST_LINE_CHARS else line[: LAST_LINE_CHARS - 3] + "..."
+
+
 class ServerLauncher:
     """A server subprocess that is healthy when ``GET {base_url}/health`` answers 200.
 
@@ -168,7 +191,8 @@ class ServerLauncher:
         """Start the command and wait for ``/health``.
 
         Raises:
-            ValueError: the process exits during start-up or is not healthy within the timeout
+            ValueError: the process exits during start-up (the message quotes the last line it
+                wrote, e.g. ``surge serve``'s one-line error) or is not healthy within the timeout
                 (it is then stopped); the message points at the log file.
         """
         self.stop()
@@ -181,6 +205,7 @@ class ServerLauncher:
         print(f"[launch] starting: {shlex.join(self.argv)}", flush=True)
         print(f"[launch] server log: {self.log_path}; waiting for {self.base_url}/health", flush=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the process's lifetime)
+        log_start = self._log.tell()
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -197,7 +222,12 @@ class ServerLauncher:
             if not self.alive():
                 code = self.proc.returncode
                 self.stop()
-                raise ValueError(f"server exited with code {code} during start-up; see {self.log_path}")
+                said = last_log_line(self.log_path, log_start)
+                raise ValueError(
+                    f"server exited with code {code} during start-up"
+                    + (f", its last line: {said!r}" if said else " without a line")
+                    + f"; see {self.log_path}"
+                )
             ok, pid = self._health()
             if ok:
                 if pid is not None and not self._is_ours(pid):

@@ -168,11 +168,18 @@ class ModelShape:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read ``config.json`` from a model folder (or the file itself). Raises ValueError if absent/bad."""
+    """Read ``config.json`` from a model folder (or the file itself). Raises ValueError if absent/bad
+    (for a Hugging Face hub id such as ``Qwen/Qwen3-8B``, saying how to download its config)."""
     if str(path) == "":
         raise ValueError("the model path is empty: give a model folder or its config.json")
     p = Path(path)
     if not p.exists():
+        parts = str(path).split("/")
+        if len(parts) == 2 and all(parts) and not str(path).startswith((".", "~")):  # a hub id, as vLLM takes
+            raise ValueError(
+                f"{path}: no such folder or file. Surge reads local files only; download the model's config "
+                f"first (e.g. `huggingface-cli download {path} config.json --local-dir DIR`) and pass DIR"
+            )
         raise ValueError(f"{path}: no such folder or file (give a model folder or its config.json)")
     if p.is_dir():
         p = p / "config.json"

@@ -45,6 +45,7 @@ from surge.bench.datasets import (
     SampleRequest,
     burstgpt_requests,
     custom_requests,
+    least_prompt_len,
     prefix_repetition_requests,
     random_requests,
     range_bounds,
@@ -92,6 +93,9 @@ FILE_DATASETS = {
 FILE_DATASET_NAMES = "sharegpt, custom, sonnet, burstgpt, spec_bench, hf or timed_trace"
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts come from another stream than the timed ones
 WARMUP_MAX_OUTPUT = 32
+WARMUP_INPUT_LEN = 32
+"""Prompt tokens of a warm-up request of a dataset other than random (whose warm-ups take its
+``--input-len``), or the chat template's least prompt where that is longer (Llama 3.1's: 36)."""
 
 
 _OWN_FIELDS: dict[str, str] = {
@@ -414,7 +418,8 @@ class ServeConfig:
 
 def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> dict[str, Any]:
     """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check). Raises
-    ValueError when it cannot be reached."""
+    ValueError when it cannot be reached (saying what to do when nothing listens there, or when the
+    key was refused)."""
     try:
         ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
     except (OSError, ValueError) as e:
@@ -427,6 +432,11 @@ def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> 
             )
         elif "404" in str(e) and base_url.rstrip("/").endswith("/v1"):
             hint = f" (--base-url is the server's root: {base_url.rstrip('/')[: -len('/v1')]})"
+        elif isinstance(getattr(e, "reason", e), ConnectionRefusedError):
+            hint = (
+                " (no server listens there: start one, e.g. `surge serve MODEL`, or point --base-url, "
+                "or --host and --port, at the running one)"
+            )
         raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")
@@ -1009,20 +1019,24 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             cfg.extra_body,
         )
 
-    warm_len = cfg.input_len if cfg.dataset == "random" else 32
-    warm_samples = (
-        random_requests(
+    chat = cfg.endpoint == CHAT_ENDPOINT
+    warm_options = prompt_options(cfg.extra_body, chat)
+    warm_samples: list[SampleRequest] = []
+    if cfg.warmup:
+        warm_len = (
+            cfg.input_len
+            if cfg.dataset == "random"
+            else max(WARMUP_INPUT_LEN, least_prompt_len(counter, chat, warm_options))
+        )
+        warm_samples = random_requests(
             counter,
             cfg.warmup,
             warm_len,
             min(cfg.output_len, WARMUP_MAX_OUTPUT),
             cfg.seed + WARMUP_SEED_OFFSET,
-            cfg.endpoint == CHAT_ENDPOINT,
-            prompt_options(cfg.extra_body, cfg.endpoint == CHAT_ENDPOINT),
+            chat,
+            warm_options,
         )
-        if cfg.warmup
-        else []
-    )
     id_prefix = cfg.request_id_prefix
     if id_prefix is None:  # vLLM's default: bench-, 8 random hex digits, -
         id_prefix = f"bench-{uuid.uuid4().hex[:8]}-"

@@ -460,7 +460,7 @@ def build_app(
                 state,
                 body.messages,
                 body.add_generation_prompt,
-                body.chat_template_kwargs,
+                state.with_template_defaults(body.chat_template_kwargs),
                 None if body.tools is None else check_tools(body.tools),
                 bound=False,
                 chat_template=body.chat_template,
@@ -708,6 +708,8 @@ class ServeOptions:
         disable_fastapi_docs: no ``/openapi.json``, ``/docs`` or ``/redoc`` (vLLM's flag).
         response_role: the ``role`` of chat completions answers under ``add_generation_prompt``
             (vLLM's ``--response-role``).
+        default_chat_template_kwargs: chat template variables under every chat request's own
+            (vLLM's ``--default-chat-template-kwargs``), or None.
     """
 
     host: str = "127.0.0.1"
@@ -747,6 +749,7 @@ class ServeOptions:
     enable_force_include_usage: bool = False
     disable_fastapi_docs: bool = False
     response_role: str = "assistant"
+    default_chat_template_kwargs: dict[str, Any] | None = None
 
 
 async def run_server(
@@ -860,6 +863,7 @@ async def run_server(
         prompt_tokens_details=options.enable_prompt_tokens_details,
         force_include_usage=options.enable_force_include_usage,
         response_role=options.response_role,
+        default_chat_template_kwargs=options.default_chat_template_kwargs,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),

@@ -54,6 +54,22 @@ VLLM_SERVE_FLAG_HINTS = {
     "--config": "the flags themselves: Surge reads no YAML config file",
     "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
     "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--root-path": "nothing: Surge serves its routes at / (a proxy that serves it under a path prefix strips it)",
+    "--uds": "--host and --port: Surge listens on TCP only",
+    "--max-log-len": "nothing: Surge's request log lines carry no prompt text",
+    "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
+    "reason and token counts)",
+    "--otlp-traces-endpoint": "nothing: Surge exports no OpenTelemetry traces (GET /metrics serves Prometheus "
+    "metrics)",
+    "--attention-backend": "nothing: Surge runs its own attention kernels",
+    "--disable-sliding-window": "nothing: Surge serves full attention only (a config.json with "
+    "use_sliding_window true is refused)",
+    "--cudagraph-capture-sizes": "nothing: Surge picks its CUDA graph batch sizes itself (--enforce-eager "
+    "turns the graphs off)",
+    "--max-cudagraph-capture-size": "nothing: Surge picks its CUDA graph batch sizes itself (--enforce-eager "
+    "turns the graphs off)",
+    "--logprobs-mode": "nothing: logprobs are the model's raw ones (vLLM's default raw_logprobs; "
+    "docs/openai-api.md)",
 }
 """``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
 serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
@@ -67,6 +83,7 @@ def add_serve_parser(subparsers: Any) -> None:
         add_engine_args,
         add_generation_config_args,
         add_load_args,
+        json_object,
     )
 
     p = subparsers.add_parser(
@@ -83,6 +100,12 @@ def add_serve_parser(subparsers: Any) -> None:
         help="Hugging Face model folder, as in `vllm serve MODEL` (the same as --model)",
     )
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="vLLM's flag, taken when it names the model folder itself (however spelled): Surge reads "
+        "the model folder's own tokenizer, so another folder is refused (default: the model folder)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
         "--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free port)"
@@ -223,6 +246,16 @@ def add_serve_parser(subparsers: Any) -> None:
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
+    p.add_argument(
+        "--default-chat-template-kwargs",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's flag: chat template variables every chat request gets under its own "
+        "chat_template_kwargs (and reasoning_effort), which win, e.g. '{\"enable_thinking\": false}' to "
+        "turn Qwen3's thinking off by default; also for the Responses and Messages APIs, /tokenize and the "
+        "render endpoints (default: none)",
+    )
     p.add_argument(
         "--response-role",
         default="assistant",
@@ -440,6 +473,23 @@ def cors_options(args: argparse.Namespace) -> CorsOptions | None:
     return CorsOptions(origins, methods or ("*",), headers or ("*",), args.allow_credentials)
 
 
+def check_tokenizer_flag(tokenizer: str | None, model_dir: str) -> None:
+    """Take vLLM's ``--tokenizer`` when it is None or names ``model_dir`` (the same folder,
+    however spelled, as ``vllm serve M --tokenizer M`` is often written), as the offline
+    ``LLM(tokenizer=...)`` takes it.
+
+    Raises:
+        ValueError: another folder (one line: Surge reads the model folder's own tokenizer).
+    """
+    if tokenizer is None:
+        return
+    if Path(tokenizer).expanduser().resolve() != Path(model_dir).expanduser().resolve():
+        raise ValueError(
+            f"--tokenizer {tokenizer} is not the model folder {model_dir}: Surge reads the model folder's "
+            "own tokenizer; copy the tokenizer files into it and leave --tokenizer out"
+        )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
 
@@ -454,6 +504,13 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json), as in vLLM"
         )
+    if args.default_chat_template_kwargs is not None:
+        from surge.tokenizer import check_chat_template_kwargs
+
+        try:
+            check_chat_template_kwargs(args.default_chat_template_kwargs)
+        except ValueError as e:
+            raise ValueError(f"--default-chat-template-kwargs: {e}") from None
     if args.api_server_count < 1:
         raise ValueError(f"--api-server-count must be at least 1, got {args.api_server_count}")
     if args.stream_interval < 1:
@@ -530,6 +587,7 @@ def run_serve(args: argparse.Namespace) -> int:
         stream_attention=args.stream_attention,
         grammar_compile_timeout=args.grammar_compile_timeout,
     )
+    check_tokenizer_flag(args.tokenizer, config.model.model)
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node
 
@@ -579,6 +637,7 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_force_include_usage=args.enable_force_include_usage,
         disable_fastapi_docs=args.disable_fastapi_docs,
         response_role=args.response_role,
+        default_chat_template_kwargs=args.default_chat_template_kwargs or None,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers

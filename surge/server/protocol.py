@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from surge.reasoning_effort import template_kwargs_with_effort
 from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MIN_REPETITION_PENALTY
@@ -396,6 +396,13 @@ class ChatCompletionRequest(SamplingRequestFields):
     media_io_kwargs: Any = None
 
     RENDER_ONLY: ClassVar[tuple[str, ...]] = ("return_token_offsets", "return_assistant_tokens_mask")
+    # the server's --default-chat-template-kwargs, under the request's own (use_template_defaults)
+    _template_defaults: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def use_template_defaults(self, defaults: dict[str, Any] | None) -> None:
+        """Give :attr:`template_kwargs` the server's ``--default-chat-template-kwargs`` (vLLM's),
+        which the request's own variables override."""
+        self._template_defaults = defaults or None
 
     def check_unimplemented(self) -> None:
         """As for every request, plus ``continue_final_message`` with ``add_generation_prompt``."""
@@ -435,8 +442,12 @@ class ChatCompletionRequest(SamplingRequestFields):
         as vLLM passes it: the value itself as the template variable ``reasoning_effort``, and
         ``enable_thinking`` false for ``"none"``, true for any other effort (Qwen3's switch); a
         variable the request's ``chat_template_kwargs`` set wins
-        (:func:`surge.reasoning_effort.template_kwargs_with_effort`)."""
-        return template_kwargs_with_effort(self.chat_template_kwargs, self.reasoning_effort)
+        (:func:`surge.reasoning_effort.template_kwargs_with_effort`); all of them over the server's
+        defaults (:meth:`use_template_defaults`), as vLLM's ``ChatParams.with_defaults``."""
+        own = template_kwargs_with_effort(self.chat_template_kwargs, self.reasoning_effort)
+        if self._template_defaults is None:
+            return own
+        return self._template_defaults | (own or {})
 
 
 class BatchChatCompletionRequest(ChatCompletionRequest):

@@ -107,6 +107,7 @@ async def prepare_chat(
     state.check_priority(body.priority)
     state.check_thinking_budget(body.thinking_token_budget)
     check_template_kwargs(body.template_kwargs)
+    body.use_template_defaults(state.default_chat_template_kwargs)
     state.check_chat_template(body.chat_template)
     state.check_stop(body.stop_list)
     lp = chat_options(body, state.vocab_size)

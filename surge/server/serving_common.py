@@ -90,6 +90,8 @@ class ServerState:
             (``--enable-force-include-usage``, vLLM's).
         response_role: the ``role`` of chat answers under ``add_generation_prompt``
             (``--response-role``, vLLM's; else the last message's role).
+        default_chat_template_kwargs: chat template variables every chat request gets under
+            its own (``--default-chat-template-kwargs``, vLLM's), or None.
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
             stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
@@ -132,6 +134,7 @@ class ServerState:
     prompt_tokens_details: bool = False
     force_include_usage: bool = False
     response_role: str = "assistant"
+    default_chat_template_kwargs: dict[str, Any] | None = None
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
@@ -179,6 +182,14 @@ class ServerState:
                 param="model",
                 code="model_not_found",
             )
+
+    def with_template_defaults(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A request's chat template variables (its ``chat_template_kwargs``, with its
+        ``reasoning_effort``'s) over the server's ``--default-chat-template-kwargs``: the
+        request's win, as vLLM's ``ChatParams.with_defaults``. Without defaults, as given."""
+        if not self.default_chat_template_kwargs:
+            return template_kwargs
+        return self.default_chat_template_kwargs | (template_kwargs or {})
 
     def check_chat_template(self, template: str | None) -> None:
         """Raise a 400 ApiError naming ``chat_template`` for a request's own template unless the

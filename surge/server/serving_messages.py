@@ -197,6 +197,7 @@ async def count_tokens(state: ServerState, body: MessagesBody) -> dict[str, int]
         state.check_stop(chat.stop_list)
         build_sampling_params(chat, 1, None, token_rules={})
         check_template_kwargs(chat.template_kwargs)
+        chat.use_template_defaults(state.default_chat_template_kwargs)
         worker = state.tokenizer_worker
         plan = await worker.run(
             plan_chat, chat, state.tokenizer, state.tool_call_parser, state.reasoning_parser

@@ -49,14 +49,14 @@ NO_THINK_OVERHEAD = (
 )
 
 
-def prompt_tokens(body: dict[str, Any], chat: bool) -> list[int]:
+def prompt_tokens(body: dict[str, Any], chat: bool, overhead: int = CHAT_OVERHEAD) -> list[int]:
     """The prompt's tokens as the fake server counts them, in /tokenize and in usage alike:
-    the chat template honours ``chat_template_kwargs.enable_thinking``, a completions prompt
-    ``add_special_tokens`` (false: no BOS)."""
+    the chat template (``overhead`` tokens) honours ``chat_template_kwargs.enable_thinking``, a
+    completions prompt ``add_special_tokens`` (false: no BOS)."""
     if chat:
         kwargs = body.get("chat_template_kwargs") or {}
         extra = NO_THINK_OVERHEAD if kwargs.get("enable_thinking") is False else 0
-        return encode(body["messages"][0]["content"]) + [2] * (CHAT_OVERHEAD + extra)
+        return encode(body["messages"][0]["content"]) + [2] * (overhead + extra)
     ids = encode(body["prompt"])
     return ids[1:] if body.get("add_special_tokens") is False else ids
 
@@ -93,6 +93,7 @@ class Behaviour:
     role_chunk: bool = False
     finish_chunk: bool = False
     reset_route: bool = False
+    chat_overhead: int = CHAT_OVERHEAD  # tokens of the chat template (Llama 3.1's: 35)
     resets: int = 0
     seen: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
@@ -122,7 +123,9 @@ def make_app(b: Behaviour) -> web.Application:
             field = "messages" if "messages" in body else "prompt"
             err = {"message": f"{field}: a string holds a lone UTF-16 surrogate", "type": "BadRequestError"}
             return web.json_response({"error": {**err, "code": 400}}, status=400)
-        toks = prompt_tokens(body, "messages" in body)  # the fake chat template: text, then overhead
+        toks = prompt_tokens(
+            body, "messages" in body, b.chat_overhead
+        )  # the chat template: text, then overhead
         return web.json_response({"tokens": toks, "count": len(toks), "max_model_len": 4096})
 
     async def detokenize(req: web.Request) -> web.Response:
@@ -215,7 +218,7 @@ def make_app(b: Behaviour) -> web.Application:
                 resp, {"id": "x", "object": obj, "created": 0, "model": "fake-model", "choices": [fin]}
             )
         if mode != "no_usage":
-            p = len(prompt_tokens(body, chat))
+            p = len(prompt_tokens(body, chat, b.chat_overhead))
             usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
             await send(
                 resp,

@@ -15,7 +15,7 @@ from conftest import BUNDLED_MODEL, bench_main
 from fake_server import Behaviour, FakeServer, free_port
 
 from surge.bench.client import counts_as_output
-from surge.bench.datasets import exact_length_prompt
+from surge.bench.datasets import exact_length_prompt, random_requests
 from surge.bench.matrix import MatrixPoint, combine_runs, point_seed
 from surge.bench.results import load_result
 from surge.bench.serve import ServeConfig, run_serve
@@ -409,6 +409,24 @@ def test_chat_prompt_length_is_exact_with_the_template() -> None:
         assert len(ids) == n
     with pytest.raises(ValueError, match="chat template"):
         exact_length_prompt(counter, rng, overhead, chat=True)
+
+
+def test_a_chat_prompt_below_the_template_says_what_to_give() -> None:
+    """A random prompt shorter than the chat template's own tokens (Llama 3.1's alone are 35, so
+    the reference matrix's 32 fails on the chat endpoint) names the least --input-len and the
+    completions endpoint, where no template counts."""
+    from surge.bench.tokens import HFTokenCounter
+
+    counter = HFTokenCounter(str(BUNDLED_MODEL))
+    least = len(counter.encode_chat("")) + 1
+    with pytest.raises(ValueError) as e:
+        random_requests(counter, 1, least - 1, 4, seed=0, chat=True)
+    assert str(e.value) == (
+        f"--input-len {least - 1} is below the chat template's minimum of {least}: give --input-len {least} "
+        "or more, or --endpoint /v1/completions (no chat template)"
+    )
+    with pytest.raises(ValueError, match=r"^--random-range-ratio 0.5 drew input length \d+ is below"):
+        random_requests(counter, 8, least - 1, 4, seed=0, chat=True, range_ratio=0.5)
 
 
 def test_launcher_refuses_a_busy_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from conftest import BUNDLED_MODEL, REPO, bench_main
 from fake_server import free_port
 
+from surge.bench.launcher import LAST_LINE_CHARS, last_log_line
 from surge.bench.matrix import grid_points, official_8b_points, parse_int_list
 from surge.bench.results import load_result
 
@@ -157,13 +159,37 @@ def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_matrix_server_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    launch = f"{sys.executable} -c 'import sys; sys.exit(3)'"
-    argv = ["bench", "matrix", "--base-url", f"http://127.0.0.1:{free_port()}", "--launch", launch]
-    rc = bench_main(
-        argv + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(tmp_path)]
-    )
-    err = capsys.readouterr().err
-    assert rc == 2 and "server exited with code 3 during start-up" in err and err.count("\n") == 1
+    """The one error line quotes what the server said last (its own one-line error), so the user
+    need not open the log to learn why it did not start; a server that said nothing is told so."""
+    said = "surge: error: MODEL /models/x: no such folder"
+    script = f"import sys; print('starting'); print({said!r}, file=sys.stderr); sys.exit(3)"
+    (tmp_path / "server.log").write_text("an earlier run's last line\n")
+    for code, expected in (
+        (script, f"its last line: {said!r}; see"),
+        ("import sys; sys.exit(3)", "without a line"),
+    ):
+        launch = f"{sys.executable} -c {shlex.quote(code)}"
+        argv = ["bench", "matrix", "--base-url", f"http://127.0.0.1:{free_port()}", "--launch", launch]
+        rc = bench_main(
+            argv
+            + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(tmp_path)]
+        )
+        err = capsys.readouterr().err
+        assert rc == 2 and "server exited with code 3 during start-up" in err and err.count("\n") == 1, err
+        assert expected in err and "earlier run" not in err, err
+
+
+def test_last_log_line_is_this_starts_and_cut(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("old line\n")
+    start = log.stat().st_size
+    assert last_log_line(log, start) == ""
+    log.write_text("old line\nnew one\n  \n")
+    assert last_log_line(log, start) == "new one"
+    log.write_text("old line\n" + "x" * 1000 + "\n")
+    line = last_log_line(log, start)
+    assert len(line) == LAST_LINE_CHARS and line.endswith("...")
+    assert last_log_line(tmp_path / "missing.log", 0) == ""
 
 
 def test_mini_matrix_against_live_surge_serve(

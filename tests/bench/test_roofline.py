@@ -195,6 +195,20 @@ def test_load_config_names_a_missing_or_empty_path(tmp_path: Path) -> None:
         load_config(tmp_path)
 
 
+def test_load_config_of_a_hub_id_says_how_to_get_its_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`surge bench roofline --model Qwen/Qwen3-8B`, as a vLLM user names models, said only "no such
+    folder or file"; it now says that Surge reads local files and how to download the config."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        load_config("Qwen/Qwen3-8B")
+    hint = "(e.g. `huggingface-cli download Qwen/Qwen3-8B config.json --local-dir DIR`) and pass DIR"
+    assert hint in str(e.value), e.value
+    with pytest.raises(ValueError, match=r"nope/x: no such folder or file \(give a model folder"):
+        load_config("./nope/x")
+
+
 def test_a_config_with_zero_heads_is_refused() -> None:
     """It printed a full table of ceilings; serving refuses such a config."""
     cfg = {**load_config(QWEN3_8B), "num_attention_heads": 0}

@@ -312,6 +312,29 @@ def test_sharegpt_dataset_and_local_tokenizer(capsys: pytest.CaptureFixture[str]
     assert "no replies" not in capsys.readouterr().err
 
 
+def test_a_file_datasets_warm_up_fits_a_long_chat_template() -> None:
+    """A file dataset's warm-up prompt was 32 tokens whatever the template: on the chat endpoint of
+    a model whose template alone is longer (Llama 3.1's 35 tokens), every such run stopped with
+    "input length 32 is below the chat template's minimum", naming a length the user never gave.
+    The warm-up now takes the template's least prompt when that is longer."""
+    b = Behaviour(ttft=0.01, itl=0.001, chat_overhead=40)
+    with FakeServer(b) as s:
+        cfg = ServeConfig(
+            base_url=s.url,
+            dataset="sharegpt",
+            dataset_path=str(SHAREGPT),
+            output_len=4,
+            num_prompts=2,
+            disable_tqdm=True,
+        )
+        r = run_serve(cfg)
+        assert r["completed"] == 2 and r["warmup"] == 1
+        warm = b.log[0]["body"]["messages"][0]["content"]
+        assert len(encode(warm)) + 40 == 42  # the least prompt: the template's 40 tokens, BOS and one word
+        run_serve(ServeConfig(**{**cfg.__dict__, "endpoint": "/v1/completions"}))
+        assert len(encode(b.log[3]["body"]["prompt"])) == 32  # no template: 32 tokens, as before
+
+
 def test_sharegpt_replies_give_the_output_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM's rule: each request asks its reply's token count; --output-len or vLLM's
     --sharegpt-output-len fixes one; the two disagreeing, or --sharegpt-output-len without
@@ -394,6 +417,8 @@ def test_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     rc = bench_main(_serve(f"http://127.0.0.1:{free_port()}", "--num-prompts", "1"))
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("surge: error: cannot reach") and err.count("\n") == 1
+    # a new user's likeliest mistake: the server is not started (yet); the line says what to do
+    assert "Connection refused" in err and "no server listens there: start one, e.g. `surge serve" in err
 
 
 def test_unknown_model_and_too_long_points_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -125,3 +125,25 @@ def test_api_key_help_names_every_open_route() -> None:
     api_docs = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}  # "the API docs"
     missing = sorted(p for p in OPEN_PATHS - api_docs if not re.search(re.escape(p) + r"\b", text))
     assert not missing and "the API docs" in text, (missing, text)
+
+
+def test_tokenizer_flag_naming_the_model_folder_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's ``--tokenizer`` (often written as ``vllm serve M --tokenizer M``) was refused as
+    unknown, so such a launch line stopped; it is taken when it names the model folder however
+    spelled, as ``LLM(tokenizer=...)``, and another folder is one line and exit 2."""
+    from surge.cli import build_parser
+    from surge.server.cli import check_tokenizer_flag
+
+    assert build_parser().parse_args(["serve", "m", "--tokenizer", "m"]).tokenizer == "m"
+    monkeypatch.chdir(STORIES.parent)
+    for same in (str(STORIES), str(STORIES) + "/", STORIES.name, f"./{STORIES.name}/../{STORIES.name}"):
+        check_tokenizer_flag(same, str(STORIES))
+    check_tokenizer_flag(None, str(STORIES))
+    with pytest.raises(ValueError, match="--tokenizer .* is not the model folder"):
+        check_tokenizer_flag(str(tmp_path), str(STORIES))
+    r = _serve("--model", str(STORIES), "--tokenizer", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("surge: error: --tokenizer ") and "leave --tokenizer out" in last, r.stderr
