@@ -224,9 +224,11 @@ class KVCacheManager:
         self._req_hashes: dict[str, list[bytes]] = {}
         self._req_num_registered: dict[str, int] = {}
         self.prefix_cache_hit_tokens = 0
-        """Tokens served from the prefix cache at admissions, since start."""
+        """Tokens served from the prefix cache at first admissions, since start (re-admissions
+        after a preemption are left out, as in vLLM's counters)."""
         self.prefix_cache_query_tokens = 0
-        """Tokens looked up in the prefix cache at admissions, since start."""
+        """Tokens looked up in the prefix cache at first admissions, since start (the prompt;
+        re-admissions after a preemption are left out)."""
 
     @property
     def num_total_blocks(self) -> int:
@@ -344,15 +346,24 @@ class KVCacheManager:
         needed = self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
         if needed + num_reserved_blocks > self.pool.num_free:
             return False
-        if self.enable_prefix_caching and not request.block_ids and request.num_computed_tokens == 0:
-            # An admission: count the lookup for the hit-rate metrics.
+        # A first admission counts its lookup for the hit-rate metrics; a re-admission after a
+        # preemption does not (as vLLM's counters): it finds its own blocks again, prompt and
+        # output, and would make a pool that thrashes look like one that shares prefixes.
+        counted = (
+            self.enable_prefix_caching
+            and not request.block_ids
+            and request.num_computed_tokens == 0
+            and request.num_preemptions == 0
+        )
+        if counted:
             self.prefix_cache_query_tokens += request.num_tokens
         if cached_blocks:
             self.pool.touch_all(cached_blocks)
             request.block_ids.extend(cached_blocks)
             num_computed = len(cached_blocks) * self.block_size
             self._req_num_registered[request.request_id] = len(cached_blocks)
-            self.prefix_cache_hit_tokens += num_computed
+            if counted:
+                self.prefix_cache_hit_tokens += num_computed
         else:
             num_computed = request.num_computed_tokens
         num_total = num_computed + num_new_tokens

@@ -177,7 +177,8 @@ class SchedulerStats:
         num_free_blocks, num_total_blocks: KV pool figures in blocks.
         num_preemptions_total: preemptions since start.
         prefix_cache_hit_tokens, prefix_cache_query_tokens: prompt tokens found in / looked up
-            in the prefix cache since start.
+            in the prefix cache since start, at each request's first admission (a re-admission
+            after a preemption is left out, as in vLLM's counters).
     """
 
     num_running: int

@@ -437,6 +437,25 @@ def test_prefix_cache_across_steps_and_stats() -> None:
     _run(sched)
 
 
+def test_prefix_cache_counters_leave_out_readmissions_after_preemption() -> None:
+    """The hit and query counters (``/metrics`` prefix_cache_hits / _queries, the log's hit
+    rate) count each request's first admission only, as vLLM's do: a re-admission after a
+    preemption looks up prompt and output again and finds its own blocks, which would make a
+    pool that thrashes look like one that shares prefixes."""
+    sched = _make(budget=64, num_blocks=6, prefix=True)
+    reqs = [
+        _req(f"r{i}", list(range(100 * i + 10, 100 * i + 18)), max_tokens=16, ignore_eos=True)
+        for i in range(4)
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    _run(sched, _position_token)
+    stats = sched.get_stats()
+    assert stats.num_preemptions_total > 0, "the pool was meant to force a preemption"
+    assert stats.prefix_cache_query_tokens == 4 * 8  # each prompt once
+    assert stats.prefix_cache_hit_tokens == 0  # no two prompts share a block
+
+
 def test_stats_snapshot() -> None:
     sched = _make(budget=1024, num_blocks=10, max_num_seqs=1)
     sched.add_request(_req("a", 16, max_tokens=4))
