@@ -130,10 +130,31 @@ class _Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        if self._subparsers is None and args is not None and (hinted := self._hinted_flags(args)):
+            # before argparse parses: a refused flag's value (--root-path /api) would otherwise
+            # be taken as the next positional (the model folder), and the positional it meant
+            # reported as the flag's value
+            self.error("unrecognized arguments: " + " ".join(hinted))
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None:  # a sub-command's own parser
             self.error("unrecognized arguments: " + " ".join(extras))
         return namespace, extras
+
+    def _hinted_flags(self, args: Sequence[str]) -> list[str]:
+        """The flags of ``args`` (before a ``--``) that this parser lacks (nor takes as the prefix
+        of one of its own) and has a vLLM hint for (``--root-path`` of ``--root-path /api``;
+        ``--flag=value`` counts as ``--flag``), in order."""
+        found: list[str] = []
+        for arg in args:
+            if arg == "--":
+                break
+            flag = arg.split("=", 1)[0] if arg.startswith("--") else arg
+            if flag not in self.flag_hints or flag in found:
+                continue
+            # argparse takes a flag's prefix as the flag (--header of --header-read-timeout)
+            if not any(known.startswith(flag) for known in self._option_string_actions):
+                found.append(flag)
+        return found
 
     def _closest_flag(self, flag: str) -> str | None:
         """This parser's flag spelled most like ``flag`` (a typo's likely meaning), or None."""

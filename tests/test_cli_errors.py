@@ -569,6 +569,29 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
         assert f"(vLLM's {flag}: use " in _parse_error(["serve", flag], capsys), flag
 
 
+def test_a_refused_flags_value_is_not_taken_for_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """`surge serve --root-path /api MODEL` took /api as the model folder and reported
+    "unrecognized arguments: --root-path MODEL"; a refused vLLM flag that takes a value is named
+    alone, wherever it stands, and neither its value nor the model is blamed."""
+    for argv in (
+        ["serve", "--root-path", "/api", str(STORIES)],
+        ["serve", str(STORIES), "--root-path", "/api"],
+        ["serve", "--root-path=/api", str(STORIES)],
+    ):
+        err = _parse_error(argv, capsys)
+        assert "unrecognized arguments: --root-path (vLLM's --root-path: use nothing" in err, err
+        assert "/api" not in err.split("(")[0] and str(STORIES) not in err, err
+    err = _parse_error(["serve", "--hf-token", "abc", "-pp", "2", str(STORIES)], capsys)
+    assert "unrecognized arguments: --hf-token -pp (vLLM's " in err and "--hf-token: use nothing" in err, err
+    assert "abc" not in err and str(STORIES) not in err, err
+    err = _parse_error(["generate", "--download-dir", "/d", str(STORIES), "--prompt", "x"], capsys)
+    assert "unrecognized arguments: --download-dir (" in err and str(STORIES) not in err, err
+    # a prefix of one of the sub-command's own flags stays argparse's abbreviation of it
+    from surge.cli import build_parser
+
+    assert build_parser().parse_args(["serve", str(STORIES), "--header", "7"]).header_read_timeout == 7
+
+
 def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[str]) -> None:
     """A typo was a bare "unrecognized arguments: --max-model-length"; the sub-command's flag of
     the closest spelling is now suggested (none for a flag like no other)."""
