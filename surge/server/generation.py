@@ -111,7 +111,6 @@ class PromptInfo:
     token_ids: list[int]
     text: str | None = None
     choices: list[int] = field(default_factory=list)
-    prefilled: bool = False  # its prompt tokens are counted in the metrics
 
 
 class Generation:
@@ -345,10 +344,9 @@ class Generation:
         if choice.num_tokens == 0:
             metrics.ttft.observe(now - self._arrival)
             choice.first_token_time = now
-            prompt = self.prompts[choice.prompt_index]
-            if not prompt.prefilled:  # the first output token means the prefill is done
-                prompt.prefilled = True
-                metrics.add_prompt_tokens(len(prompt.token_ids))
+            # the first output token means the choice's prefill is done; each choice (engine
+            # request) counts its prompt, as vLLM's n child requests each do
+            metrics.add_prompt_tokens(len(self.prompts[choice.prompt_index].token_ids))
         elif n_new:
             metrics.itl.observe((now - choice.last_token_time) / n_new)
         choice.last_token_time = now

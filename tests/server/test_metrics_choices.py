@@ -1,0 +1,43 @@
+"""Request metrics count each choice of an ``n > 1`` request, as vLLM 0.26 counts each of its n
+child requests (``OutputProcessor._update_stats_from_finished`` per child; a child's first output
+brings its prefill's prompt tokens): ``request_success_total``, the e2e latency histogram and
+``prompt_tokens_total`` alike."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.server.conftest import Server
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The value of ``name`` whose labels include ``labels`` (0 when no sample has them)."""
+    for m in re.finditer(rf"^{re.escape(name)}{{([^}}]*)}} (\S+)$", text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(m.group(2))
+    return 0.0
+
+
+def _counts(url: str) -> tuple[float, float, float, float]:
+    text = httpx.get(url + "/metrics").text
+    return (
+        _metric(text, "surge:request_success_total", finished_reason="length"),
+        _metric(text, "surge:e2e_request_latency_seconds_count"),
+        _metric(text, "surge:prompt_tokens_total"),
+        _metric(text, "surge:generation_tokens_total"),
+    )
+
+
+def test_each_choice_counts_its_prompt_and_its_finish(server: Server) -> None:
+    before = _counts(server.url)
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "ignore_eos": True, "n": 3}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    prompt_tokens = r.json()["usage"]["prompt_tokens"]
+    after = _counts(server.url)
+    success, e2e, prompt, generation = (a - b for a, b in zip(after, before, strict=True))
+    assert (success, e2e, generation) == (3, 3, 12)
+    assert prompt == 3 * prompt_tokens  # was once per prompt, whatever n
