@@ -1074,6 +1074,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         compare_points,
         comparison_markdown,
         load_points,
+        mismatch_warnings,
         plot_comparison,
     )
 
@@ -1098,13 +1099,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not cmp.rows:
         raise ValueError(f"no point is valid in both {args.base} and {args.new}: nothing to compare")
     print(comparison_markdown(cmp, args.base, args.new), end="")
-    if cmp.mismatches:
-        print(
-            f"surge: warning: the runs were measured with different settings at "
-            f"{len({key for key, *_ in cmp.mismatches})} point(s) "
-            "(see the report's warning)",
-            file=sys.stderr,
-        )
+    for warning in mismatch_warnings(cmp):  # one line per difference, not an error
+        print(f"surge: warning: {warning}", file=sys.stderr)
     if plot is not None:
         try:
             plot_comparison(cmp, plot)

@@ -47,16 +47,25 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
     data = read_json_file(p)
     if isinstance(data, dict) and isinstance(data.get("points"), list):
         # the run's settings on each row, so that compare_points can see two runs differ
-        rows = [
-            {**{k: data[k] for k in ("endpoint", "temperature") if k in data}, **r}
-            if isinstance(r, dict)
-            else r
-            for r in data["points"]
-        ]
+        run = {k: data[k] for k in ("endpoint", "temperature", "model") if k in data}
+        if data.get("hardware") is not None:  # the roofline columns' assumptions
+            run |= {k: data[k] for k in _ROOFLINE_SETTINGS if k in data}
+        rows = [{**run, **r} if isinstance(r, dict) else r for r in data["points"]]
     elif isinstance(data, dict) and "completed" in data:
         conc = data.get("concurrency") or data.get("max_concurrency") or data.get("num_prompts")
+        roofline = data.get("roofline_model")
         rows = [
             {
+                **({"model": data["model_id"]} if "model_id" in data else {}),
+                **(
+                    {
+                        "roofline_dtype": roofline.get("dtype"),
+                        "roofline_kv_cache_dtype": roofline.get("kv_cache_dtype"),
+                        "roofline_tp": (data.get("hardware") or {}).get("tensor_parallel_size", 1),
+                    }
+                    if isinstance(roofline, dict)
+                    else {}
+                ),
                 **data,
                 "concurrency": conc,
                 "input_len": data.get("input_len") or 0,  # ShareGPT: prompts of many lengths
@@ -236,7 +245,12 @@ class Comparison:
         return verdicts.count("win"), verdicts.count("loss"), verdicts.count("tie")
 
 
+_ROOFLINE_SETTINGS = ("roofline_dtype", "roofline_kv_cache_dtype", "roofline_tp")
+"""What a roofline column assumed the server runs (weight and KV cache dtypes, tensor-parallel
+size): two runs whose rooflines assumed others have ``pct_of_roofline`` of unlike ceilings."""
+
 _SETTINGS = (
+    "model",
     "endpoint",
     "num_prompts",
     "request_rate",
@@ -264,6 +278,7 @@ _SETTINGS = (
     "hf_name",
     "hf_split",
     "hf_subset",
+    *_ROOFLINE_SETTINGS,
 )
 """Settings two runs should share at a point for its comparison to mean anything (a run's
 dataset and its settings: ``bench serve`` results record them; matrix points are random), and
@@ -277,6 +292,38 @@ seed of the others draws fresh content of the same shape (``random`` and ``prefi
 random tokens of the same lengths, and a matrix point's seed is its own by design; ``sonnet``: the
 file's lines drawn under the same instruction and prefix; ``timed_trace``: the blocks' random
 tokens, same lengths and sharing) or is unused (``spec_bench``: vLLM's fixed seed 0)."""
+
+
+LENGTH_TOLERANCE_PCT = 1.0
+"""Two runs' mean prompt (or output) tokens per request at a point that differ by more than this
+(in %) are flagged: the same point sent other lengths (another tokenizer or chat template, another
+dataset file, a server that stopped outputs early)."""
+
+
+def _mean_tokens(row: dict[str, Any], total: str) -> float | None:
+    """``row[total]`` (``total_input_tokens`` / ``total_output_tokens`` of a ``bench serve``
+    result) per completed request, or None where the row lacks them."""
+    tokens, completed = row.get(total), row.get("completed")
+    if not _positive(tokens) or not _positive(completed):
+        return None
+    return float(tokens) / float(completed)
+
+
+def length_mismatches(b: dict[str, Any], n: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(name, base, new) of the mean input and output tokens per request of two runs of a point
+    that differ by more than :data:`LENGTH_TOLERANCE_PCT` (rounded to 0.1 token); empty where a
+    row lacks the totals (matrix rows: their lengths are the point's, output lengths exact).
+    :func:`compare_points` flags them where no setting of the point differs (a setting that
+    differs, e.g. ``random_prefix_len`` or ``model``, is the reason, and its warning says so)."""
+    out = []
+    for name, total in (
+        ("mean input tokens", "total_input_tokens"),
+        ("mean output tokens", "total_output_tokens"),
+    ):
+        mb, mn = _mean_tokens(b, total), _mean_tokens(n, total)
+        if mb is not None and mn is not None and abs(mn - mb) * 100.0 > LENGTH_TOLERANCE_PCT * mb:
+            out.append((name, round(mb, 1), round(mn, 1)))
+    return out
 
 
 def compare_points(
@@ -300,6 +347,8 @@ def compare_points(
             for name in _SETTINGS:
                 if name == "num_prompts" and ("repeats" in b or "repeats" in n):
                     continue  # a matrix row's count is points x repeats
+                if name == "model" and (b.get(name) is None or n.get(name) is None):
+                    continue  # a run that does not know its model's name
                 if name in b and name in n and b[name] != n[name]:
                     cmp.mismatches.append((key, name, b[name], n[name]))
             same_rows_dataset = b.get("dataset") in SEEDED_ROW_DATASETS and b.get("dataset") == n.get(
@@ -307,6 +356,8 @@ def compare_points(
             )
             if same_rows_dataset and "seed" in b and "seed" in n and b["seed"] != n["seed"]:
                 cmp.mismatches.append((key, "seed", b["seed"], n["seed"]))
+            if not any(k == key for k, *_ in cmp.mismatches):  # else that setting explains them
+                cmp.mismatches += [(key, name, vb_, vn_) for name, vb_, vn_ in length_mismatches(b, n)]
             ratio = float(n[metric]) / float(b[metric])
             cmp.rows.append((key, float(b[metric]), float(n[metric]), ratio))
             rb, rn = run_values(b, metric), run_values(n, metric)
@@ -328,6 +379,20 @@ def compare_points(
 
 def _label(k: Key) -> str:
     return f"C{k[0]}/I{k[1]}/O{k[2]}"
+
+
+def mismatch_warnings(cmp: Comparison) -> list[str]:
+    """One line per difference between the runs (a setting and its two values), in the order
+    first seen, with the points it holds at: what ``surge bench compare`` prints on stderr."""
+    points: dict[tuple[str, str, str], list[Key]] = {}
+    for key, name, b, n in cmp.mismatches:
+        points.setdefault((name, repr(b), repr(n)), []).append(key)
+    lines = []
+    for (name, b, n), keys in points.items():
+        where = _label(keys[0]) if len(keys) == 1 else f"{len(keys)} points"
+        other = " (other prompts)" if name == "seed" else ""
+        lines.append(f"the runs differ in {name}{other}: {b} in BASE, {n} in NEW (at {where})")
+    return lines
 
 
 def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:

@@ -279,15 +279,17 @@ def test_runs_measured_differently_are_flagged(tmp_path: Path, capsys: pytest.Ca
     assert (
         "**Warning: the runs were measured differently:** C16/I16/O32 request_rate 'inf' vs 4.0." in cap.out
     )
-    assert cap.err.startswith("surge: warning:") and cap.err.count("\n") == 1
-    assert "different settings at 1 point(s)" in cap.err
+    assert (
+        cap.err
+        == "surge: warning: the runs differ in request_rate: 'inf' in BASE, 4.0 in NEW (at C16/I16/O32)\n"
+    )
     # two settings that differ at one point are one point (it counted the settings: "at 2 point(s)")
     a.write_text(json.dumps({**common, "request_rate": "inf", "burstiness": 1.0, "output_throughput": 100.0}))
     b.write_text(json.dumps({**common, "request_rate": 4.0, "burstiness": 0.5, "output_throughput": 10.0}))
     assert bench_main(["bench", "compare", str(a), str(b)]) == 0
     cap = capsys.readouterr()
     assert "C16/I16/O32 request_rate 'inf' vs 4.0; C16/I16/O32 burstiness" in cap.out
-    assert "different settings at 1 point(s)" in cap.err, cap.err
+    assert cap.err.count("\n") == 2 and "differ in burstiness: 1.0 in BASE, 0.5 in NEW" in cap.err, cap.err
     # matrix summaries carry the endpoint; a matrix row's num_prompts (points x repeats) is not compared
     x = _write(tmp_path / "x", [{**_pt(1, 8, 4, 1.0), "num_prompts": 1, "repeats": 1}])
     (tmp_path / "y").mkdir()
@@ -331,7 +333,10 @@ def test_a_seed_that_picks_other_rows_is_flagged(
     assert bench_main(["bench", "compare", str(a), str(b)]) == 0
     cap = capsys.readouterr()
     assert ("C16/I0/O0 seed 0 vs 1 (other prompts)." in cap.out) == warned, cap.out
-    assert ("different settings at 1 point(s)" in cap.err) == warned, cap.err
+    assert (
+        "surge: warning: the runs differ in seed (other prompts): 0 in BASE, 1 in NEW" in cap.err
+    ) == warned
+    assert cap.err.count("\n") == warned, cap.err
     same = load_points(a)
     assert compare_points(same, same).mismatches == []
 
@@ -345,3 +350,63 @@ def test_matrix_runs_of_other_seeds_are_not_flagged(tmp_path: Path) -> None:
     y = _write(tmp_path / "y", [])
     (y / "summary.json").write_text(json.dumps({**data, "seed": 1}))
     assert compare_points(load_points(x), load_points(y)).mismatches == []
+
+
+def test_runs_of_other_models_lengths_or_roofline_dtypes_warn_once_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs that served other models, sent other lengths at a point (another tokenizer or
+    chat template) or whose rooflines assumed other dtypes compared without a word: each
+    difference is one warning line on stderr (the comparison still runs, exit 0)."""
+    roof = {"hardware": {"name": "NVIDIA H200"}, "roofline_tp": 1, "roofline_kv_cache_dtype": None}
+    x = _write(tmp_path / "x", [_pt(1, 8, 4, 1.0), _pt(4, 8, 4, 1.0)])
+    y = _write(tmp_path / "y", [_pt(1, 8, 4, 2.0), _pt(4, 8, 4, 2.0)])
+    for path, model, dtype in ((x, "Qwen/Qwen3-8B", None), (y, "meta-llama/Llama-3.1-8B", "fp8")):
+        data = json.loads((path / "summary.json").read_text())
+        (path / "summary.json").write_text(
+            json.dumps({**data, **roof, "model": model, "roofline_dtype": dtype})
+        )
+    assert bench_main(["bench", "compare", str(x), str(y)]) == 0
+    cap = capsys.readouterr()
+    assert cap.err.splitlines() == [
+        "surge: warning: the runs differ in model: 'Qwen/Qwen3-8B' in BASE, 'meta-llama/Llama-3.1-8B' in NEW "
+        "(at 2 points)",
+        "surge: warning: the runs differ in roofline_dtype: None in BASE, 'fp8' in NEW (at 2 points)",
+    ]
+    assert "+100.0%" in cap.out and "**Warning: the runs were measured differently:**" in cap.out
+    # a run without a roofline (no --gpu) assumed nothing: no roofline warning
+    data = json.loads((x / "summary.json").read_text())
+    (x / "summary.json").write_text(
+        json.dumps({**data, "hardware": None, "model": "meta-llama/Llama-3.1-8B"})
+    )
+    assert bench_main(["bench", "compare", str(x), str(y)]) == 0
+    assert capsys.readouterr().err == ""
+    # bench serve results: the model is model_id, the roofline's dtypes are under roofline_model
+    common = {"num_prompts": 4, "max_concurrency": 4, "input_len": 32, "output_len": 8, "completed": 4}
+    common |= {"failed": 0, "total_output_tokens": 32, "hardware": {"name": "NVIDIA H200"}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(
+        json.dumps(
+            {**common, "model_id": "m", "total_input_tokens": 128, "output_throughput": 10.0}
+            | {"roofline_model": {"dtype": None, "kv_cache_dtype": None}}
+        )
+    )
+    b.write_text(
+        json.dumps(
+            {**common, "model_id": "m", "total_input_tokens": 164, "output_throughput": 10.0}
+            | {"roofline_model": {"dtype": None, "kv_cache_dtype": "fp8"}}
+        )
+    )
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    assert capsys.readouterr().err == (  # the lengths' warning waits for runs of the same settings
+        "surge: warning: the runs differ in roofline_kv_cache_dtype: None in BASE, 'fp8' in NEW (at C4/I32/O8)\n"
+    )
+    b.write_text(b.read_text().replace('"kv_cache_dtype": "fp8"', '"kv_cache_dtype": null'))
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    assert capsys.readouterr().err == (
+        "surge: warning: the runs differ in mean input tokens: 32.0 in BASE, 41.0 in NEW (at C4/I32/O8)\n"
+    )
+    # within 1 % the lengths are the same workload; the same model and roofline: quiet
+    b.write_text(a.read_text().replace('"total_input_tokens": 128', '"total_input_tokens": 129'))
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    assert capsys.readouterr().err == ""
