@@ -62,6 +62,8 @@ def test_a_short_run_preempts_hangs_up_and_passes(tmp_path: Path) -> None:
             "0.2",
             "--idle-health-wait",
             "1.5",
+            "--idle-timeout",  # a run that fails (never idle) waits 5 s per wave, not 30 s
+            "5",
             "--reset-prefix-cache-every",
             "1.5",
             "--server-log",
