@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from surge.core.thinking_budget import ReasoningTokens
-from surge.generation_defaults import generation_config_mode, load_sampling_defaults, override_max_tokens
+from surge.generation_defaults import (
+    generation_config_file,
+    generation_config_mode,
+    load_sampling_defaults,
+    override_max_tokens,
+)
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
 
@@ -80,7 +85,8 @@ class ModelConfig:
         quantization: "fp8" (FP8 weights: a bf16 checkpoint quantized at load, or an FP8
             checkpoint, which sets it by itself) or None.
         generation_config: "auto" (the folder's generation_config.json gives sampling
-            defaults) or "none".
+            defaults and EOS ids), "none" (no sampling defaults) or a folder whose
+            generation_config.json gives them instead (vLLM's third form).
         sampling_defaults: the model's sampling defaults in force (field -> value, ``max_tokens``
             from ``max_new_tokens`` included), see :mod:`surge.generation_defaults`.
         override_generation_config: vLLM's ``--override-generation-config`` (keys merged over
@@ -177,7 +183,9 @@ class ModelConfig:
 
         ``quantization`` is "fp8" or None; a checkpoint whose ``quantization_config`` has
         ``quant_method: "fp8"`` is FP8 whatever it says. With ``generation_config="auto"`` its ``generation_config.json`` gives the sampling
-        defaults; "none" (or vLLM's "vllm") ignores them. ``override_generation_config``
+        defaults; "none" (or vLLM's "vllm") ignores them; a folder holding a
+        ``generation_config.json`` gives them (and the EOS ids it adds) instead of the model
+        folder's, as vLLM's ``--generation-config FOLDER``. ``override_generation_config``
         (vLLM's) sets those defaults over the file's, and its ``max_new_tokens`` caps every
         served request's output (:mod:`surge.generation_defaults`).
 
@@ -275,7 +283,9 @@ class ModelConfig:
             seed=seed,
             max_model_len=max_model_len,
             hf_config=hf,
-            eos_token_ids=_read_eos_ids(path, hf),
+            eos_token_ids=_read_eos_ids(
+                generation_config_file(path, generation_config) or path / "generation_config.json", hf
+            ),
             generation_config=generation_config,
             sampling_defaults=load_sampling_defaults(path, generation_config, override_generation_config),
             override_generation_config=dict(override_generation_config or {}),
@@ -284,10 +294,11 @@ class ModelConfig:
         )
 
 
-def _read_eos_ids(path: Path, hf: dict[str, Any]) -> tuple[int, ...]:
+def _read_eos_ids(gen: Path, hf: dict[str, Any]) -> tuple[int, ...]:
+    """The EOS ids of ``config.json`` (``hf``) then of the generation config file ``gen`` (the
+    model folder's, or ``--generation-config FOLDER``'s, whose ids vLLM adds too), if it exists."""
     ids: list[int] = []
     sources = [hf]
-    gen = path / "generation_config.json"
     if gen.is_file():
         with contextlib.suppress(OSError, json.JSONDecodeError):
             sources.append(json.loads(gen.read_text()))

@@ -6,7 +6,9 @@ model folder's ``generation_config.json`` may set ``temperature``, ``top_p``, ``
 request that does not give its own value. ``do_sample`` is not read (as in vLLM): a model that
 ships ``temperature`` samples with it. ``"none"`` turns this off, leaving the neutral defaults
 (temperature 1, no top-p / top-k / min-p, no repetition penalty); ``"vllm"``, vLLM's name for that
-(``--generation-config vllm``: vLLM's own defaults), is the same.
+(``--generation-config vllm``: vLLM's own defaults), is the same. vLLM's third form, a folder
+holding a ``generation_config.json``, reads that file instead of the model folder's (its
+sampling defaults, ``max_new_tokens`` and EOS ids, as vLLM's ``ModelConfig.try_get_generation_config``).
 
 The file's ``max_new_tokens`` (Hugging Face's name) becomes the default ``max_tokens`` (key
 ``"max_tokens"`` of the defaults): of a chat request that sends none (the server takes the
@@ -37,17 +39,33 @@ OVERRIDE_KEYS = (*MODEL_DEFAULT_FIELDS, MAX_NEW_TOKENS)
 
 
 def generation_config_mode(value: str) -> str:
-    """``value`` as one of :data:`GENERATION_CONFIG_MODES` (vLLM's ``vllm`` is ``none``).
+    """``value`` as one of :data:`GENERATION_CONFIG_MODES` (vLLM's ``vllm`` is ``none``), or as a
+    folder holding a ``generation_config.json`` (vLLM's third form), returned as given.
 
     Raises:
-        ValueError: another value (vLLM's third form, a folder holding a generation config, is
-            not taken: the model folder's own file is the one read), naming the choices.
+        ValueError: another value, naming the choices; a folder without a
+            ``generation_config.json`` (vLLM would fall back to its ``config.json``, or to no
+            defaults, without a word), naming the folder.
     """
     mode = GENERATION_CONFIG_ALIASES.get(value, value) if isinstance(value, str) else value
-    if mode not in GENERATION_CONFIG_MODES:
-        choices = ", ".join((*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES))
-        raise ValueError(f"generation_config must be one of {choices}, got {value!r}")
-    return mode
+    if mode in GENERATION_CONFIG_MODES:
+        return mode
+    if isinstance(value, str) and value and Path(value).is_dir():
+        if not (Path(value) / "generation_config.json").is_file():
+            raise ValueError(f"generation_config: the folder {value!r} has no generation_config.json")
+        return value
+    choices = ", ".join((*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES))
+    raise ValueError(
+        f"generation_config must be one of {choices} or a folder holding a generation_config.json, got {value!r}"
+    )
+
+
+def generation_config_file(model_dir: str | Path, mode: str) -> Path | None:
+    """The ``generation_config.json`` that ``mode`` reads: the model folder's under "auto", the
+    given folder's under a folder, None under "none" (the file may not exist under "auto")."""
+    if mode == "none":
+        return None
+    return Path(model_dir if mode == "auto" else mode) / "generation_config.json"
 
 
 def check_override_generation_config(override: Any) -> dict[str, Any]:
@@ -106,8 +124,9 @@ def load_sampling_defaults(
 
     Args:
         model_dir: the Hugging Face model folder.
-        mode: "auto" (read ``generation_config.json``) or "none" (no defaults from the file;
-            "vllm" is the same).
+        mode: "auto" (read the model folder's ``generation_config.json``), "none" (no defaults
+            from a file; "vllm" is the same) or a folder whose ``generation_config.json`` is read
+            instead (vLLM's third form).
         override: vLLM's ``override_generation_config``: keys of :data:`OVERRIDE_KEYS` merged
             over the file's values (a null drops the file's value), or None.
 
@@ -123,20 +142,21 @@ def load_sampling_defaults(
     """
     mode = generation_config_mode(mode)
     override = check_override_generation_config({} if override is None else override)
-    path = Path(model_dir) / "generation_config.json"
+    path = generation_config_file(model_dir, mode) or Path(model_dir) / "generation_config.json"
     values: dict[str, Any] = {}
+    where = "model" if mode in GENERATION_CONFIG_MODES else "generation_config"
     if mode != "none" and path.is_file():
         try:
             data: Any = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"model: cannot read {path}: {e}") from e
+            raise ValueError(f"{where}: cannot read {path}: {e}") from e
         if not isinstance(data, dict):
-            raise ValueError(f"model: {path} is not a JSON object")
-        values = _checked(data, f"model: {path}")
+            raise ValueError(f"{where}: {path} is not a JSON object")
+        values = _checked(data, f"{where}: {path}")
         values = {MAX_NEW_TOKENS if k == "max_tokens" else k: v for k, v in values.items()}
     _checked(override, "override_generation_config")
     merged = {**values, **override}
-    return _checked(merged, "override_generation_config" if override else f"model: {path}")
+    return _checked(merged, "override_generation_config" if override else f"{where}: {path}")
 
 
 def override_max_tokens(override: dict[str, Any] | None) -> int | None:
@@ -155,7 +175,12 @@ def describe_sampling_defaults(
     defaults: dict[str, float | int], mode: str, max_tokens_cap: int | None = None, overridden: bool = False
 ) -> str:
     """One log line saying which sampling defaults (and server-wide ``max_tokens`` cap) are in force."""
-    source = "the model's generation_config.json" if mode != "none" else "--generation-config none"
+    if mode == "none":
+        source = "--generation-config none"
+    elif mode == "auto":
+        source = "the model's generation_config.json"
+    else:
+        source = f"--generation-config {mode} (its generation_config.json)"
     if overridden:
         source += " with --override-generation-config"
     cap = "" if max_tokens_cap is None else f"; every request's max_tokens is capped at {max_tokens_cap}"

@@ -34,8 +34,54 @@ def test_load_sampling_defaults(tmp_path: Path) -> None:
     assert load_sampling_defaults(DEFAULT_MODEL_DIR) == {}  # the bundled model sets none
     assert "top_p=0.95" in describe_sampling_defaults({"top_p": 0.95}, "auto")
     assert "none" in describe_sampling_defaults({}, "none")
-    with pytest.raises(ValueError, match="generation_config must be one of auto, none, vllm"):
-        load_sampling_defaults(model, str(tmp_path))  # vLLM's folder form: not taken
+    with pytest.raises(ValueError, match="generation_config must be one of auto, none, vllm or a folder"):
+        load_sampling_defaults(model, "greedy")
+    with pytest.raises(ValueError, match="the folder .* has no generation_config.json"):
+        load_sampling_defaults(model, str(tmp_path))  # a folder, but without the file
+
+
+def test_generation_config_folder_is_read_instead_of_the_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's third form, ``--generation-config FOLDER``, was an argparse "invalid choice": the
+    folder's generation_config.json gives the sampling defaults, ``max_new_tokens`` and the EOS ids
+    it adds, in place of the model folder's (as vLLM's ``ModelConfig.try_get_generation_config``),
+    on `surge serve`, `surge generate` and ``LLM``; a folder without the file is one line."""
+    from surge import LLM
+    from surge.cli import build_parser, main
+    from surge.config import ModelConfig
+
+    model = _model(tmp_path, {"eos_token_id": 2, "temperature": 0.6, "top_k": 20})
+    folder = tmp_path / "gen"
+    folder.mkdir()
+    dot = 426  # the bundled tokenizer's "."
+    (folder / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [2, dot], "top_p": 0.5, "max_new_tokens": 3})
+    )
+    assert load_sampling_defaults(model, str(folder)) == {"top_p": 0.5, "max_tokens": 3}
+    over = load_sampling_defaults(model, str(folder), {"top_p": None, "min_p": 0.1})
+    assert over == {"min_p": 0.1, "max_tokens": 3}
+    parser = build_parser()
+    for command in (["serve"], ["generate", "--prompt", "x"]):
+        mode = parser.parse_args([*command, "--generation-config", str(folder)]).generation_config
+        config = ModelConfig.from_pretrained(model, generation_config=mode)
+        assert config.sampling_defaults == {"top_p": 0.5, "max_tokens": 3}
+        assert config.eos_token_ids == (2, dot) and config.generation_config == str(folder)
+    assert ModelConfig.from_pretrained(model).eos_token_ids == (2,)
+    line = describe_sampling_defaults({"top_p": 0.5}, str(folder))
+    assert f"--generation-config {folder} (its generation_config.json): top_p=0.5" in line
+    llm = LLM(model, device="cpu", num_kv_blocks=256, generation_config=str(folder))
+    assert llm.get_default_sampling_params().max_tokens == 3
+    out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, logit_bias={dot: 100.0}))[0]
+    assert (out.outputs[0].finish_reason, out.outputs[0].stop_reason) == ("stop", dot)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", str(model), "--generation-config", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"surge: error: argument --generation-config: the folder '{tmp_path}' has no generation_config.json\n"
+    )
 
 
 def test_vllm_spelling_of_generation_config_none(tmp_path: Path) -> None:

@@ -9,7 +9,11 @@ from decimal import Decimal
 from typing import Any
 
 from surge.config import DTYPE_ALIASES, DTYPES, LOAD_FORMATS
-from surge.generation_defaults import GENERATION_CONFIG_ALIASES, GENERATION_CONFIG_MODES
+from surge.generation_defaults import (
+    GENERATION_CONFIG_ALIASES,
+    GENERATION_CONFIG_MODES,
+    generation_config_mode,
+)
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -152,6 +156,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _generation_config(value: str) -> str:
+    """``--generation-config``'s value checked (:func:`surge.generation_defaults.generation_config_mode`);
+    a bad one is argparse's one-line error."""
+    try:
+        generation_config_mode(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("generation_config: ")) from None
+    return value
+
+
 def add_generation_config_args(p: argparse.ArgumentParser, max_tokens: str) -> None:
     """Add ``--generation-config`` and ``--override-generation-config`` (vLLM's), shared by
     `surge serve` and `surge generate`. A value that is not a JSON object is an argparse error
@@ -167,10 +181,12 @@ def add_generation_config_args(p: argparse.ArgumentParser, max_tokens: str) -> N
     p.add_argument(
         "--generation-config",
         default="auto",
-        choices=[*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES],
+        type=_generation_config,
+        metavar="{" + ",".join((*GENERATION_CONFIG_MODES, *GENERATION_CONFIG_ALIASES)) + ",FOLDER}",
         help="auto: sampling defaults (and max_new_tokens, the default output length) from the model's "
         "generation_config.json apply to the values left out (default); none (or vllm, vLLM's name): "
-        "ignore them",
+        "ignore them; FOLDER (vLLM's third form): read them, and the EOS ids it adds, from that folder's "
+        "generation_config.json instead",
     )
     p.add_argument(
         "--override-generation-config",

@@ -96,8 +96,10 @@ class LLM:
             dequantized values); FP8 on CPU is refused without it.
         generation_config: "auto": the model's generation_config.json sampling defaults
             (temperature, top_p, top_k, min_p, repetition_penalty) apply to the fields a
-            ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not. The file's
-            ``max_new_tokens`` is :meth:`get_default_sampling_params`'s ``max_tokens``.
+            ``SamplingParams`` leaves out; "none" (or vLLM's "vllm"): they do not; a folder
+            holding a generation_config.json (vLLM's third form): that file's, and the EOS ids it
+            adds, instead of the model's. The file's ``max_new_tokens`` is
+            :meth:`get_default_sampling_params`'s ``max_tokens``.
         override_generation_config: vLLM's: a dict of those fields and ``max_new_tokens``
             merged over the file's values (alone under "none"; a None value drops the file's),
             checked like a request's (ValueError naming the key).

@@ -147,7 +147,8 @@ def build_engine_config(
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
     ``generation_config`` is "auto" (the model's generation_config.json sampling defaults
-    apply to what a request leaves out) or "none"; ``override_generation_config`` is vLLM's
+    apply to what a request leaves out), "none" or a folder whose generation_config.json is read
+    instead (vLLM's third form); ``override_generation_config`` is vLLM's
     (:mod:`surge.generation_defaults`). ``stream_decode`` and
     ``stream_attention`` are :attr:`EngineConfig.stream_decode` and
     :attr:`EngineConfig.stream_attention`; ``grammar_compile_timeout`` is
