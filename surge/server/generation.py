@@ -264,22 +264,18 @@ class Generation:
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e
 
-    def abort(self, count_as_finished: bool = True) -> None:
-        """Abort every unfinished choice in the engine.
-
-        Args:
-            count_as_finished: count the choices in ``surge:request_success_total`` with reason
-                "abort" (a client that went away or a matched stop); False for an engine
-                rejection or death, which are errors, not finished requests (as in vLLM).
-        """
+    def abort(self) -> None:
+        """Abort every unfinished choice in the engine (a client that went away, a server
+        shutdown, an engine rejection or death). The aborted choices are not counted in
+        ``request_success_total`` nor the e2e latency histogram: vLLM 0.26's
+        ``OutputProcessor.abort_requests`` records no stats for them either (its
+        ``finished_reason="abort"`` series stays 0 on a client's hang-up)."""
         ids = [c.request_id for c in self.choices if c.finish_reason is None]
         if ids:
             self._client.abort_requests(ids)
             for c in self.choices:
                 if c.finish_reason is None:
                     c.finish_reason = "abort"
-                    if count_as_finished:
-                        self._metrics.request_finished("abort", time.monotonic() - self._arrival)
             self._num_unfinished = 0
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
@@ -323,10 +319,10 @@ class Generation:
                     self.abort()
                     raise item
                 elif isinstance(item, EngineDeadError):
-                    self.abort(count_as_finished=False)
+                    self.abort()
                     raise ApiError(503, f"The engine is not available: {item}")
                 else:  # RequestError: the engine rejected the request (or its grammar worker failed)
-                    self.abort(count_as_finished=False)
+                    self.abort()
                     param = self._grammar_param if item.grammar else None
                     raise ApiError(item.status, item.message, param=param)
             if out:

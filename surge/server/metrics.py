@@ -7,7 +7,8 @@ start-up) and with every output batch. ``surge:engine_up``
 is 1 while the engine is running; once it is gone the engine gauges read 0 (its last snapshot no
 longer describes anything). Prompt tokens are counted when their prefill is done (a prompt's
 first output token), not when the request arrives. Each choice of an ``n > 1`` request counts
-as one request (its prompt tokens, its finish, its e2e latency), as vLLM's child requests do.
+as one request (its prompt tokens, its finish, its e2e latency), as vLLM's child requests do;
+an aborted one (a client's hang-up) is no finished one, as in vLLM.
 """
 
 from __future__ import annotations

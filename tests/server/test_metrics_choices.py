@@ -1,11 +1,13 @@
 """Request metrics count each choice of an ``n > 1`` request, as vLLM 0.26 counts each of its n
 child requests (``OutputProcessor._update_stats_from_finished`` per child; a child's first output
 brings its prefill's prompt tokens): ``request_success_total``, the e2e latency histogram and
-``prompt_tokens_total`` alike."""
+``prompt_tokens_total`` alike; and, as vLLM's ``OutputProcessor.abort_requests``, a choice aborted
+by a client's hang-up is in neither ``request_success_total`` nor the e2e histogram."""
 
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 
@@ -41,3 +43,32 @@ def test_each_choice_counts_its_prompt_and_its_finish(server: Server) -> None:
     success, e2e, prompt, generation = (a - b for a, b in zip(after, before, strict=True))
     assert (success, e2e, generation) == (3, 3, 12)
     assert prompt == 3 * prompt_tokens  # was once per prompt, whatever n
+
+
+def test_a_hung_up_request_is_no_finished_one(server: Server) -> None:
+    """Both choices of a stream the client hangs up are aborted in the engine; they were counted
+    as finished (``finished_reason="abort"``) with an e2e latency, which vLLM does not do."""
+    text = httpx.get(server.url + "/metrics").text
+    reasons = ("stop", "length", "abort")
+    before = [_metric(text, "surge:request_success_total", finished_reason=r) for r in reasons]
+    e2e_before = _metric(text, "surge:e2e_request_latency_seconds_count")
+    body = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "n": 2, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks >= 4:
+                break  # hang up mid-stream
+    deadline = time.monotonic() + 60
+    while True:
+        text = httpx.get(server.url + "/metrics").text
+        if (
+            _metric(text, "surge:num_requests_running") == 0
+            and _metric(text, "surge:num_requests_waiting") == 0
+        ):
+            break
+        assert time.monotonic() < deadline, "the engine still runs the choices of a gone client"
+        time.sleep(0.1)
+    assert [_metric(text, "surge:request_success_total", finished_reason=r) for r in reasons] == before
+    assert _metric(text, "surge:e2e_request_latency_seconds_count") == e2e_before
