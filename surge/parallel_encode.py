@@ -31,9 +31,9 @@ server's :class:`~surge.server.tokenization.TokenizerWorker` and :class:`~surge.
 makes (an ``encode_batch`` of one, which releases the GIL, where the backend's ``encode`` holds
 it), and what the wrapper adds around it is a no-op for such a tokenizer (it keeps truncation and
 padding off and special tokens unsplit, which :func:`split_safe` requires, and the tokenizer's
-class must not override transformers' ``encode`` path). It saves about a quarter of a 32-token
-prompt's encode (35 us instead of 47 on the development CPU,
-``benchmarks/results/api-intake-cpu-s45/``).
+class must not override transformers' ``encode`` path). It saves about a fifth of a short
+prompt's encode (45 us instead of 57 for ``surge bench``'s templated 32-token chat prompts on the
+development CPU, ``benchmarks/results/api-intake-cpu-s45/``).
 
 The test suite checks this against ``tokenizer.encode`` on generated texts of letters, digits,
 punctuation, contractions, whitespace runs, newlines, non-Latin scripts, combining marks, emoji

@@ -216,7 +216,7 @@ def test_a_short_text_of_a_proven_tokenizer_gets_the_ids_of_encode(
 
 
 def test_a_short_text_of_a_proven_tokenizer_skips_the_transformers_wrapper() -> None:
-    """The server's short prompts do not go through ``tokenizer.encode`` (a quarter of their
+    """The server's short prompts do not go through ``tokenizer.encode`` (a fifth of their
     encode's cost); a tokenizer not proven by :func:`split_safe` still does."""
     tok = qwen3()
     rng = random.Random(1)
