@@ -684,102 +684,89 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         for name in ("n", "max_tokens", "min_tokens", "top_k"):
             if getattr(self, name) is not None and getattr(self, name) > _INT32_MAX:
                 raise ValueError(f"{name} must be at most {_INT32_MAX}, got {getattr(self, name)}")
-        checks: list[tuple[bool, str]] = [
-            (
-                self.seed is None or -_SEED_LIMIT <= self.seed < _SEED_LIMIT,
-                f"seed must be in [-2**63, 2**63), got {self.seed}",
-            ),
-            (self.n >= 1, f"n must be at least 1, got {self.n}"),
-            (self.n <= MAX_N, f"n must be at most {MAX_N}, got {self.n}"),
-            (
-                self.max_tokens is None or self.max_tokens >= 0,
-                f"max_tokens must be non-negative, got {self.max_tokens}",
-            ),
-            (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}"),
-            (
-                self.max_tokens is None or self.min_tokens <= self.max_tokens,
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
-            ),
-            (
-                0.0 <= self.temperature <= MAX_TEMPERATURE,
-                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
-            ),
-            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= 0, f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}"),
-            (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (
-                -2.0 <= self.presence_penalty <= 2.0,
-                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
-            ),
-            (
-                -2.0 <= self.frequency_penalty <= 2.0,
-                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
-            ),
-            (
-                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+        # each check's message is formatted only when it fails (this runs for every request)
+        if not (self.seed is None or -_SEED_LIMIT <= self.seed < _SEED_LIMIT):
+            raise ValueError(f"seed must be in [-2**63, 2**63), got {self.seed}")
+        if not (self.n >= 1):
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if not (self.n <= MAX_N):
+            raise ValueError(f"n must be at most {MAX_N}, got {self.n}")
+        if not (self.max_tokens is None or self.max_tokens >= 0):
+            raise ValueError(f"max_tokens must be non-negative, got {self.max_tokens}")
+        if not (self.min_tokens >= 0):
+            raise ValueError(f"min_tokens must be non-negative, got {self.min_tokens}")
+        if not (self.max_tokens is None or self.min_tokens <= self.max_tokens):
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (self.top_k >= 0):
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (-2.0 <= self.presence_penalty <= 2.0):
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not (-2.0 <= self.frequency_penalty <= 2.0):
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not (MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise ValueError(
                 f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], "
-                f"got {self.repetition_penalty}",
-            ),
-            (all(s != "" for s in self.stop), "stop must not contain an empty string"),
-            (
-                self.detokenize or not self.stop,
-                "stop strings need the decoded text: leave detokenize at True to use stop",
-            ),
-            (
-                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
-            ),
-            (
-                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
-            ),
-            (
-                self.truncate_prompt_tokens is None
-                or self.truncate_prompt_tokens == -1
-                or 1 <= self.truncate_prompt_tokens <= _INT32_MAX,
-                f"truncate_prompt_tokens must be -1 or in [1, {_INT32_MAX}], got {self.truncate_prompt_tokens}",
-            ),
-            (
-                all(0 <= t <= _INT32_MAX for t in self.stop_token_ids),
-                f"stop_token_ids must be in [0, {_INT32_MAX}]",
-            ),
-            (
-                self.logit_bias is None
-                or all(0 <= t <= _INT32_MAX and -100.0 <= v <= 100.0 for t, v in self.logit_bias.items()),
-                f"logit_bias must map token ids in [0, {_INT32_MAX}] to values in [-100, 100]",
-            ),
-            (
-                self.allowed_token_ids is None
-                or (
-                    len(self.allowed_token_ids) > 0
-                    and all(0 <= t <= _INT32_MAX for t in self.allowed_token_ids)
-                ),
-                f"allowed_token_ids must be a non-empty list of token ids in [0, {_INT32_MAX}]",
-            ),
-            (
-                self.logprob_token_ids is None
-                or (
-                    len(self.logprob_token_ids) <= MAX_LOGPROB_TOKEN_IDS
-                    and all(0 <= t <= _INT32_MAX for t in self.logprob_token_ids)
-                ),
-                f"logprob_token_ids must list at most {MAX_LOGPROB_TOKEN_IDS} token ids in [0, {_INT32_MAX}]",
-            ),
-            (
-                self.logprob_token_ids is None
-                or self.logprobs is None
-                or self.logprobs == len(self.logprob_token_ids),
+                f"got {self.repetition_penalty}"
+            )
+        if not (all(s != "" for s in self.stop)):
+            raise ValueError("stop must not contain an empty string")
+        if not (self.detokenize or not self.stop):
+            raise ValueError("stop strings need the decoded text: leave detokenize at True to use stop")
+        if not (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if not (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        if not (
+            self.truncate_prompt_tokens is None
+            or self.truncate_prompt_tokens == -1
+            or 1 <= self.truncate_prompt_tokens <= _INT32_MAX
+        ):
+            raise ValueError(
+                f"truncate_prompt_tokens must be -1 or in [1, {_INT32_MAX}], got {self.truncate_prompt_tokens}"
+            )
+        if not (all(0 <= t <= _INT32_MAX for t in self.stop_token_ids)):
+            raise ValueError(f"stop_token_ids must be in [0, {_INT32_MAX}]")
+        if not (
+            self.logit_bias is None
+            or all(0 <= t <= _INT32_MAX and -100.0 <= v <= 100.0 for t, v in self.logit_bias.items())
+        ):
+            raise ValueError(f"logit_bias must map token ids in [0, {_INT32_MAX}] to values in [-100, 100]")
+        if not (
+            self.allowed_token_ids is None
+            or (len(self.allowed_token_ids) > 0 and all(0 <= t <= _INT32_MAX for t in self.allowed_token_ids))
+        ):
+            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids in [0, {_INT32_MAX}]")
+        if not (
+            self.logprob_token_ids is None
+            or (
+                len(self.logprob_token_ids) <= MAX_LOGPROB_TOKEN_IDS
+                and all(0 <= t <= _INT32_MAX for t in self.logprob_token_ids)
+            )
+        ):
+            raise ValueError(
+                f"logprob_token_ids must list at most {MAX_LOGPROB_TOKEN_IDS} token ids in [0, {_INT32_MAX}]"
+            )
+        if not (
+            self.logprob_token_ids is None
+            or self.logprobs is None
+            or self.logprobs == len(self.logprob_token_ids)
+        ):
+            raise ValueError(
                 f"logprob_token_ids: when logprobs is set too it must equal their number, got logprobs="
-                f"{self.logprobs} and {len(self.logprob_token_ids or ())} ids",
-            ),
-            (all(w.strip() for w in self.bad_words), "bad_words must not contain an empty word"),
-            (
-                all(len(w) > 0 and all(0 <= t <= _INT32_MAX for t in w) for w in self.bad_words_token_ids),
-                f"bad_words_token_ids must be non-empty sequences of token ids in [0, {_INT32_MAX}]",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+                f"{self.logprobs} and {len(self.logprob_token_ids or ())} ids"
+            )
+        if not (all(w.strip() for w in self.bad_words)):
+            raise ValueError("bad_words must not contain an empty word")
+        if not (all(len(w) > 0 and all(0 <= t <= _INT32_MAX for t in w) for w in self.bad_words_token_ids)):
+            raise ValueError(
+                f"bad_words_token_ids must be non-empty sequences of token ids in [0, {_INT32_MAX}]"
+            )
 
     def __setattr__(self, name: str, value: Any) -> None:
         """vLLM-style assignment (``params.max_tokens = 256``, as vLLM's examples do with

@@ -522,3 +522,80 @@ def test_a_derived_context_past_int32_needs_an_explicit_max_model_len() -> None:
             load_format="dummy",
             hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 1e308}},
         )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seed": 2**63}, "seed must be in [-2**63, 2**63), got 9223372036854775808"),
+        ({"n": 0}, "n must be at least 1, got 0"),
+        ({"n": 10**6}, "n must be at most 65536, got 1000000"),
+        ({"max_tokens": -1}, "max_tokens must be non-negative, got -1"),
+        ({"min_tokens": -1}, "min_tokens must be non-negative, got -1"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens (5) must not exceed max_tokens (4)"),
+        ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_k": -2}, "top_k must be -1, 0 (disabled) or positive, got -2"),
+        ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5"),
+        ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty must be in [-2, 2], got -2.5"),
+        ({"repetition_penalty": 0.001}, "repetition_penalty must be in [0.01, 100], got 0.001"),
+        ({"stop": ["a", ""]}, "stop must not contain an empty string"),
+        (
+            {"detokenize": False, "stop": ["x"]},
+            "stop strings need the decoded text: leave detokenize at True to use stop",
+        ),
+        ({"logprobs": -1}, "logprobs must be in [0, 20], got -1"),
+        ({"prompt_logprobs": 10**6}, "prompt_logprobs must be in [0, 20], got 1000000"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be -1 or in [1, 2147483647], got 0"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be in [0, 2147483647]"),
+        (
+            {"logit_bias": {5: 101.0}},
+            "logit_bias must map token ids in [0, 2147483647] to values in [-100, 100]",
+        ),
+        (
+            {"allowed_token_ids": []},
+            "allowed_token_ids must be a non-empty list of token ids in [0, 2147483647]",
+        ),
+        (
+            {"logprob_token_ids": list(range(10**4))},
+            "logprob_token_ids must list at most 128 token ids in [0, 2147483647]",
+        ),
+        (
+            {"logprob_token_ids": [1, 2], "logprobs": 3},
+            "logprob_token_ids: when logprobs is set too it must equal their number, got logprobs=3 and 2 ids",
+        ),
+        ({"bad_words": ["ok", "  "]}, "bad_words must not contain an empty word"),
+        (
+            {"bad_words_token_ids": [[]]},
+            "bad_words_token_ids must be non-empty sequences of token ids in [0, 2147483647]",
+        ),
+        (
+            {"n": 0, "temperature": 2.5, "stop": [""]},
+            "n must be at least 1, got 0",
+        ),  # the first check that fails
+        ({"max_tokens": -1, "min_tokens": 3}, "max_tokens must be non-negative, got -1"),
+    ],
+)
+def test_each_range_check_fails_with_its_message(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**kwargs)
+    assert str(err.value) == message
+
+
+def test_valid_params_format_no_error_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request builds a SamplingParams: a check's message is formatted only when it fails
+    (formatting all of them cost half of the construction)."""
+    import surge.sampling_params as sp
+
+    class Unformattable(int):
+        def __format__(self, spec: str) -> str:
+            raise AssertionError("an error message was formatted")
+
+    monkeypatch.setattr(sp, "_INT32_MAX", Unformattable(sp._INT32_MAX))
+    monkeypatch.setattr(sp, "MAX_LOGPROBS", Unformattable(sp.MAX_LOGPROBS))
+    monkeypatch.setattr(sp, "MAX_N", Unformattable(sp.MAX_N))
+    p = SamplingParams(n=2, max_tokens=256, stop=["x"], logprobs=3, stop_token_ids=[7], seed=5)
+    assert (p.n, p.max_tokens, p.stop, p.logprobs) == (2, 256, ("x",), 3)
+    with pytest.raises(AssertionError, match="formatted"):
+        SamplingParams(n=10**6)  # a failing check does format its message

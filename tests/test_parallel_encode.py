@@ -202,3 +202,45 @@ def test_tokenizers_outside_the_proven_cases_are_encoded_whole(change) -> None: 
     tok = qwen3()
     change(tok)
     assert not split_safe(tok)
+
+
+@SETTINGS
+@given(text=texts, add=st.booleans())
+def test_a_short_text_of_a_proven_tokenizer_gets_the_ids_of_encode(
+    tok: PreTrainedTokenizerBase, llama_tok: PreTrainedTokenizerBase, text: str, add: bool
+) -> None:
+    """Below ``min_chars``, ``splittable=True`` calls the Rust tokenizer directly: the same ids as
+    the transformers wrapper, special tokens in the text and the post-processor's BOS included."""
+    for t in (tok, llama_tok):
+        assert encode_text(t, text, add, splittable=True) == list(t.encode(text, add_special_tokens=add))
+
+
+def test_a_short_text_of_a_proven_tokenizer_skips_the_transformers_wrapper() -> None:
+    """The server's short prompts do not go through ``tokenizer.encode`` (a fifth of their
+    encode's cost); a tokenizer not proven by :func:`split_safe` still does."""
+    tok = qwen3()
+    rng = random.Random(1)
+    samples = ["".join(rng.choices(FRAGMENTS, k=rng.randrange(1, 60))) for _ in range(200)]
+    want = [(list(tok.encode(s, add_special_tokens=add)), s, add) for s in samples for add in (False, True)]
+
+    def refuse(*args: object, **kwargs: object) -> list[int]:
+        raise AssertionError("went through tokenizer.encode")
+
+    tok.encode = refuse  # type: ignore[method-assign]
+    for ids, s, add in want:
+        assert encode_text(tok, s, add, splittable=True) == ids
+    with pytest.raises(AssertionError, match="tokenizer.encode"):
+        encode_text(tok, "hello", False, splittable=False)
+    with pytest.raises(AssertionError, match="tokenizer.encode"):
+        encode_text(tok, "hello", False)  # not proven by the caller: the wrapper
+
+
+def test_a_tokenizer_class_with_its_own_encode_is_not_proven() -> None:
+    tok = qwen3()
+
+    class OwnEncode(type(tok)):  # type: ignore[misc]
+        def _encode_plus(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+            return super()._encode_plus(*args, **kwargs)
+
+    tok.__class__ = OwnEncode
+    assert not split_safe(tok)

@@ -79,7 +79,8 @@ class TokenizerWorker:
         self.max_model_len = max_model_len
         self.chat_template = chat_template
         self.content_format = content_format
-        self.splittable = split_safe(tokenizer)  # long texts are encoded in pieces (surge.parallel_encode)
+        # long texts are encoded in pieces, short ones by the Rust tokenizer directly (surge.parallel_encode)
+        self.splittable = split_safe(tokenizer)
         self._pool = ThreadPoolExecutor(max_workers=_GENERATION_THREADS, thread_name_prefix="surge-tokenizer")
         self._utility_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="surge-tokenize-route")
 
