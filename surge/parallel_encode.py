@@ -53,8 +53,7 @@ import re
 from typing import Any
 
 from tokenizers import Encoding
-from transformers import PreTrainedTokenizerBase
-from transformers.tokenization_utils_tokenizers import TokenizersBackend
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PARALLEL_MIN_CHARS = 16_384
 """Texts shorter than this (in characters; about 3,300 tokens of random words) are encoded whole:
@@ -125,7 +124,7 @@ def split_safe(tokenizer: PreTrainedTokenizerBase) -> bool:
     if backend.model.dropout:  # random merges: two encodes of one text differ anyway
         return False
     if type(tokenizer).encode is not PreTrainedTokenizerBase.encode or (
-        type(tokenizer)._encode_plus is not TokenizersBackend._encode_plus
+        type(tokenizer)._encode_plus is not PreTrainedTokenizerFast._encode_plus
     ):  # a class of its own may change the ids around the backend's call
         return False
     for added in tokenizer.added_tokens_decoder.values():
