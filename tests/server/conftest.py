@@ -26,6 +26,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the Prometheus sample ``name`` in a ``/metrics`` body ``text`` whose labels
+    include ``labels`` (in any order); 0.0 when no sample has them."""
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{([^}}]*)}})? (\S+)$", text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(m.group(2))
+    return 0.0
+
+
+def wait_engine_idle(url: str, why: str, timeout_s: float = 60.0) -> str:
+    """Poll ``url``'s ``/metrics`` until no request runs or waits in the engine; returns that
+    ``/metrics`` body. Raises AssertionError with ``why`` after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = httpx.get(url + "/metrics").text
+        if (
+            metric(text, "surge:num_requests_running") == 0
+            and metric(text, "surge:num_requests_waiting") == 0
+        ):
+            return text
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -20,7 +20,7 @@ from surge.server.api_server import build_app
 from surge.server.drain import InFlight
 from surge.server.load import counts_as_load
 from surge.server.serving_common import ServerState
-from tests.server.conftest import Server, serve_tiny_qwen3
+from tests.server.conftest import Server, serve_tiny_qwen3, wait_engine_idle
 
 KEY = "sk-test"
 BATCH = "/v1/chat/completions/batch"
@@ -322,16 +322,7 @@ def test_batch_runs_together_and_a_disconnect_aborts_every_conversation(server: 
             time.sleep(0.05)
     finally:
         sock.close()
-    deadline = time.monotonic() + 60
-    while True:
-        text = httpx.get(server.url + "/metrics").text
-        if (
-            _metric(text, "surge:num_requests_running") == 0
-            and _metric(text, "surge:num_requests_waiting") == 0
-        ):
-            break
-        assert time.monotonic() < deadline, "the engine still runs the conversations of a gone client"
-        time.sleep(0.1)
+    text = wait_engine_idle(server.url, "the engine still runs the conversations of a gone client")
     # aborted, not run to their 480 tokens; as in vLLM, an aborted request is no finished one
     finished = [
         _metric(text, "surge:request_success_total", f'finished_reason="{r}"') for r in ("length", "abort")

@@ -6,30 +6,18 @@ by a client's hang-up is in neither ``request_success_total`` nor the e2e histog
 
 from __future__ import annotations
 
-import re
-import time
-
 import httpx
 
-from tests.server.conftest import Server
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """The value of ``name`` whose labels include ``labels`` (0 when no sample has them)."""
-    for m in re.finditer(rf"^{re.escape(name)}{{([^}}]*)}} (\S+)$", text, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(got.get(k) == v for k, v in labels.items()):
-            return float(m.group(2))
-    return 0.0
+from tests.server.conftest import Server, metric, wait_engine_idle
 
 
 def _counts(url: str) -> tuple[float, float, float, float]:
     text = httpx.get(url + "/metrics").text
     return (
-        _metric(text, "surge:request_success_total", finished_reason="length"),
-        _metric(text, "surge:e2e_request_latency_seconds_count"),
-        _metric(text, "surge:prompt_tokens_total"),
-        _metric(text, "surge:generation_tokens_total"),
+        metric(text, "surge:request_success_total", finished_reason="length"),
+        metric(text, "surge:e2e_request_latency_seconds_count"),
+        metric(text, "surge:prompt_tokens_total"),
+        metric(text, "surge:generation_tokens_total"),
     )
 
 
@@ -50,8 +38,8 @@ def test_a_hung_up_request_is_no_finished_one(server: Server) -> None:
     as finished (``finished_reason="abort"``) with an e2e latency, which vLLM does not do."""
     text = httpx.get(server.url + "/metrics").text
     reasons = ("stop", "length", "abort")
-    before = [_metric(text, "surge:request_success_total", finished_reason=r) for r in reasons]
-    e2e_before = _metric(text, "surge:e2e_request_latency_seconds_count")
+    before = [metric(text, "surge:request_success_total", finished_reason=r) for r in reasons]
+    e2e_before = metric(text, "surge:e2e_request_latency_seconds_count")
     body = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "n": 2, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
@@ -60,15 +48,6 @@ def test_a_hung_up_request_is_no_finished_one(server: Server) -> None:
             chunks += line.startswith("data: {")
             if chunks >= 4:
                 break  # hang up mid-stream
-    deadline = time.monotonic() + 60
-    while True:
-        text = httpx.get(server.url + "/metrics").text
-        if (
-            _metric(text, "surge:num_requests_running") == 0
-            and _metric(text, "surge:num_requests_waiting") == 0
-        ):
-            break
-        assert time.monotonic() < deadline, "the engine still runs the choices of a gone client"
-        time.sleep(0.1)
-    assert [_metric(text, "surge:request_success_total", finished_reason=r) for r in reasons] == before
-    assert _metric(text, "surge:e2e_request_latency_seconds_count") == e2e_before
+    text = wait_engine_idle(server.url, "the engine still runs the choices of a gone client")
+    assert [metric(text, "surge:request_success_total", finished_reason=r) for r in reasons] == before
+    assert metric(text, "surge:e2e_request_latency_seconds_count") == e2e_before
