@@ -123,7 +123,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--percentiles",
         "--metric-percentiles",
         default="99",
-        help="comma-separated percentiles to report (default 99); --metric-percentiles is vLLM's spelling",
+        help="comma-separated percentiles to report, each from 0 (the least) to 100 (the largest) (default 99); "
+        "--metric-percentiles is vLLM's spelling",
     )
     p.add_argument(
         "--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:500 tpot:50 e2el:10000"
