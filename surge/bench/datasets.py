@@ -160,11 +160,24 @@ def exact_length_prompt(
     raise ValueError(f"could not build a prompt of exactly {n_tokens} tokens")
 
 
-def range_bounds(length: int, ratio: float) -> tuple[int, int]:
-    """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset:
-    integers in ``[floor(length * (1 - ratio)), ceil(length * (1 + ratio))]``, at least 1 (so the
-    mean drawn length is ``length`` when the bounds are whole, as in vLLM)."""
-    return max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
+def range_bounds(length: int, ratio: float, special: int = 0) -> tuple[int, int]:
+    """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset
+    (``get_sampling_params``): the ``special`` tokens the tokenizer adds to every prompt (a BOS;
+    vLLM's ``num_special_tokens_to_add()``, 0 for an output length) are not scaled, so the bounds
+    are ``special`` plus the integers in ``[floor(m * (1 - ratio)), ceil(m * (1 + ratio))]`` for
+    ``m = length - special``, at least 1 (the mean drawn length is ``length`` when the bounds are
+    whole, as in vLLM)."""
+    m = max(length - special, 0)
+    return (
+        max(1, special + math.floor(m * (1 - ratio))),
+        max(1, special + math.ceil(m * (1 + ratio))),
+    )
+
+
+def special_tokens_added(counter: TokenCounter) -> int:
+    """How many special tokens the tokenizer adds to every text it encodes (a BOS: 1 for Llama,
+    0 for Qwen3), vLLM's ``tokenizer.num_special_tokens_to_add()``."""
+    return len(counter.encode(""))
 
 
 def random_requests(
@@ -183,7 +196,8 @@ def random_requests(
     (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
     tokens. With ``range_ratio`` r > 0 (vLLM's ``--random-range-ratio``) each request's input and
     output lengths are drawn uniformly from :func:`range_bounds` instead (integers, seeded by
-    ``seed``), and each prompt still has exactly its drawn length; ``output_range_ratio`` (vLLM's
+    ``seed``; the tokenizer's special tokens are not scaled: :func:`special_tokens_added`, as
+    vLLM), and each prompt still has exactly its drawn length; ``output_range_ratio`` (vLLM's
     ``{"input": r, "output": r2}`` form) draws the output lengths with its own ratio instead of r.
     With ``prefix_len`` N > 0
     (vLLM's ``--random-prefix-len``) every prompt begins with the same :func:`shared_prefix` of N
@@ -211,7 +225,7 @@ def random_requests(
     else:
         lengths = np.random.default_rng([seed, 1])  # its own stream: the prompts' draws stay as they are
         (in_lo, in_hi), (out_lo, out_hi) = (
-            range_bounds(input_len, range_ratio),
+            range_bounds(input_len, range_ratio, special_tokens_added(counter)),
             range_bounds(output_len, out_ratio),
         )
         in_lens = [int(v) for v in lengths.integers(in_lo, in_hi + 1, size=num_prompts)]

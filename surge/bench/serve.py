@@ -51,6 +51,7 @@ from surge.bench.datasets import (
     range_bounds,
     sharegpt_requests,
     sonnet_requests,
+    special_tokens_added,
 )
 from surge.bench.hf_datasets import DEFAULT_SPLIT, check_local_path, hf_dataset_kind, hf_requests
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
@@ -973,7 +974,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         counter = _counter_for(cfg, base, model, entry)
     max_model_len = max_model_len_of(entry, "/v1/models")
     if max_model_len and cfg.dataset == "random":
-        longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
+        special = special_tokens_added(counter) if cfg.random_range_ratio else 0  # a BOS is not scaled
+        longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio, special)[1]
         longest_out = range_bounds(cfg.output_len, cfg.output_range_ratio)[1]
         if cfg.random_prefix_len + longest_in + longest_out > max_model_len:
             ranged = (
