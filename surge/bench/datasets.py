@@ -19,9 +19,10 @@ first human turn is the prompt and the turn after it the reply. As vLLM's ``shar
 each request asks as many tokens as its reply has (counted as vLLM counts it, special tokens
 included) unless a fixed length is given (vLLM's ``--sharegpt-output-len``); conversations
 without a reply are dropped, and so are prompts under 4 tokens or over 1,024, prompts whose output
-takes them over 2,048 tokens, and (reply lengths only) replies under 4 tokens. Two differences: the
-prompt is counted as the server will see it (templated on the chat endpoint; vLLM counts the raw
-text), and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
+takes them over 2,048 tokens, and (reply lengths only) replies under 4 tokens, each counted as vLLM
+counts it (the raw text with its BOS, on either endpoint). Two differences: the request's prompt length
+is counted as the server will see it (templated on the chat endpoint; vLLM reports the raw text's
+count), and so is the check against the server's ``max_model_len``, and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
 roles; a conversation without a human turn is left out before the shuffle, so a file with one
 orders the rest otherwise than vLLM). A file without any reply (``shared/assets/datasets/sharegpt/*.json`` keep only the
 prompts) asks ``--output-len`` of every request.
@@ -586,7 +587,9 @@ def sharegpt_requests(
     A request asks ``fixed_output_len`` tokens when given, else its reply's token count (vLLM's
     rule and pruning, see the module docstring), else (a file without replies) ``output_len``.
     A prompt's length is counted as the server will see it (templated for ``chat``, under the
-    request fields ``options``); a reply's as vLLM counts it.
+    request fields ``options``: the request's ``prompt_len`` and the ``max_model_len`` check), and
+    pruned on vLLM's count (the raw text with its BOS, whatever the endpoint), so that a seed
+    picks vLLM's conversations on either endpoint; a reply's as vLLM counts it.
 
     Raises:
         ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
@@ -607,7 +610,10 @@ def sharegpt_requests(
     for conv in pool:
         if conv.reply is None and replies:
             continue  # vLLM keeps only conversations of two turns or more
-        n = len(encode(conv.prompt))
+        n = len(encode(conv.prompt))  # as the server counts it: the request's prompt_len
+        # vLLM prunes on tokenizer(prompt).input_ids, the raw text with its BOS, whatever the
+        # endpoint: the same count picks the same conversations on the chat endpoint too
+        n_vllm = len(counter.encode(conv.prompt)) if chat or options else n
         if fixed_output_len is not None:
             want = fixed_output_len
         elif conv.reply is not None:
@@ -617,7 +623,11 @@ def sharegpt_requests(
                 continue
         else:
             want = output_len
-        if n < SHAREGPT_MIN_LEN or n > SHAREGPT_MAX_PROMPT_LEN or n + want > SHAREGPT_MAX_TOTAL_LEN:
+        if (
+            n_vllm < SHAREGPT_MIN_LEN
+            or n_vllm > SHAREGPT_MAX_PROMPT_LEN
+            or n_vllm + want > SHAREGPT_MAX_TOTAL_LEN
+        ):
             continue
         if max_model_len is not None and n + want > max_model_len:
             continue

@@ -233,6 +233,37 @@ def test_sharegpt_reply_lengths_as_vllm(stories: HFTokenCounter, tmp_path: Path)
         sharegpt_requests(stories, str(path), 3, 64, seed=0, max_model_len=300, fixed_output_len=7)
 
 
+def test_sharegpt_prunes_on_vllms_count_on_the_chat_endpoint(qwen: HFTokenCounter, tmp_path: Path) -> None:
+    """vLLM prunes a conversation on tokenizer(prompt).input_ids whatever the endpoint, so on the
+    chat endpoint Surge keeps the same conversations: a prompt of 1 raw token (9 templated) is
+    dropped as under 4 tokens, one of 1,020 raw tokens (1,028 templated) is kept as at most 1,024;
+    the request's prompt_len stays the server's (templated) count."""
+    long = "a" + " a" * 1019
+    assert (len(qwen.encode("hi")), len(qwen.encode_chat("hi"))) == (1, 9)
+    assert (len(qwen.encode(long)), len(qwen.encode_chat(long))) == (1020, 1028)
+    data = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": p},
+                {"from": "gpt", "value": "a reply of some tokens"},
+            ],
+        }
+        for i, p in enumerate(["hi", long, "tell me a short story about a cat"])
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    for chat in (False, True):
+        reqs = sharegpt_requests(qwen, str(path), 2, 64, seed=0, chat=chat)
+        assert sorted(r.prompt for r in reqs) == sorted([long, data[2]["conversations"][0]["value"]])
+        count = qwen.encode_chat if chat else qwen.encode
+        assert all(r.prompt_len == len(count(r.prompt)) for r in reqs)
+    with pytest.raises(ValueError, match="only 2 usable prompts"):
+        sharegpt_requests(qwen, str(path), 3, 64, seed=0, chat=True)
+    with pytest.raises(ValueError, match="only 1 usable prompts"):  # 1,028 + 5 over the server's 1,030
+        sharegpt_requests(qwen, str(path), 2, 64, seed=0, chat=True, max_model_len=1030)
+
+
 def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:
     # the first draw of a prompt is default_rng(seed).choice(pool, n - overhead)
     pool = stories.candidate_ids()
