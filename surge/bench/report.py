@@ -45,7 +45,7 @@ def format_result_table(result: dict[str, Any]) -> str:
     row("Peak output token throughput (tok/s):", float(result["max_output_tokens_per_s"]))
     if result.get("max_concurrent_requests") is not None:
         row("Peak concurrent requests:", float(result["max_concurrent_requests"]))
-    row("Total Token throughput (tok/s):", float(result["total_token_throughput"]))
+    row("Total token throughput (tok/s):", float(result["total_token_throughput"]))
     if result.get("roofline_output_throughput") is not None:
         row("Roofline output throughput (tok/s):", float(result["roofline_output_throughput"]))
         row("Percent of roofline (%):", float(result["pct_of_roofline"]))

@@ -215,3 +215,41 @@ def test_vllm_edge_cases_by_hand() -> None:
     assert m.max_output_tokens_per_s == 2.0 and m.max_concurrent_requests == 2
     # one SLO just missed: TTFT 999.9 ms fails E
     assert compute_metrics([e, f, g], 4.0, goodput={"ttft": 999.9}).request_goodput == pytest.approx(2 / 4.0)
+
+
+def test_result_table_labels_are_vllm_0_26s() -> None:
+    """The summary block's lines carry vLLM 0.26's labels in its order (a script that reads vLLM's
+    output reads Surge's): 'Total token throughput', not the older 'Total Token throughput'."""
+    from surge.bench.report import format_result_table
+
+    result = {
+        "completed": 3,
+        "failed": 1,
+        "max_concurrency": 4,
+        "request_rate": 2.0,
+        "duration": 2.0,
+        "total_input_tokens": 35,
+        "total_output_tokens": 7,
+        "request_throughput": 1.5,
+        "request_goodput": 0.5,
+        "output_throughput": 3.5,
+        "max_output_tokens_per_s": 6.0,
+        "max_concurrent_requests": 3,
+        "total_token_throughput": 21.0,
+    }
+    labels = [line[:40].rstrip() for line in format_result_table(result).splitlines()[1:-1]]
+    assert labels == [
+        "Successful requests:",
+        "Failed requests:",
+        "Maximum request concurrency:",
+        "Request rate configured (RPS):",
+        "Benchmark duration (s):",
+        "Total input tokens:",
+        "Total generated tokens:",
+        "Request throughput (req/s):",
+        "Request goodput (req/s):",
+        "Output token throughput (tok/s):",
+        "Peak output token throughput (tok/s):",
+        "Peak concurrent requests:",
+        "Total token throughput (tok/s):",
+    ]
