@@ -127,10 +127,20 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--metric-percentiles is vLLM's spelling",
     )
     p.add_argument(
-        "--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:500 tpot:50 e2el:10000"
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="NAME:MS",
+        help="SLOs in ms, NAME ttft, tpot or e2el, e.g. ttft:500 tpot:50 e2el:10000: request_goodput is the "
+        "successful requests meeting every one of them (value <= SLO; a request of one token has TPOT 0 "
+        "here) per second of the run (vLLM's option) (default: none)",
     )
     p.add_argument(
-        "--request-timeout", type=float, default=6 * 3600.0, help="seconds per request (default 21600)"
+        "--request-timeout",
+        type=float,
+        default=6 * 3600.0,
+        help="seconds a request may take in all before it fails with 'the request timed out' (default "
+        "21600, the fixed timeout of vLLM's client)",
     )
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     _add_hardware_flags(p)
