@@ -49,8 +49,8 @@ VLLM_FLAG_HINTS = {
     "--result-dir": "--result-file DIR/FILE",
     "--result-filename": "--result-file FILE",
     "--append-result": "--result-file FILE (one run a file)",
-    "--ready-check-timeout-sec": "nothing: the benchmark first asks the server's /v1/models and stops in one line "
-    "when it cannot be reached",
+    "--ready-check-timeout-sec": "--launch CMD with --server-timeout SECONDS in bench matrix, which waits for the "
+    "server it starts (bench serve takes --ready-check-timeout-sec)",
     "--logprobs": """--extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint (its logprobs """
     """is a boolean), '{"logprobs": N}' with --endpoint /v1/completions""",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",

@@ -476,6 +476,15 @@ def add_bench_parser(subparsers: Any) -> None:
         "ttft,tpot,itl,e2el (vLLM's option; default: all four, where vLLM's is ttft,tpot,itl)",
     )
     p.add_argument(
+        "--ready-check-timeout-sec",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for a server that is not up yet (nothing listening, or a 502/503/504 "
+        "from /v1/models), asking every 5 s, before the run; then the warm-up request checks the endpoint "
+        "(vLLM's option; 0: ask once) (default 0)",
+    )
+    p.add_argument(
         "--request-id-prefix",
         default=None,
         help="timed request i sends the header X-Request-Id: PREFIX{i}, which the server names it after "
@@ -953,6 +962,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         save_detailed=args.save_detailed,
         metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,
+        ready_check_timeout_s=args.ready_check_timeout_sec,
         percentile_metrics=LATENCY_METRICS
         if args.percentile_metrics is None
         else parse_percentile_metrics(args.percentile_metrics),

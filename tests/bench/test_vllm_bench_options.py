@@ -304,3 +304,49 @@ def test_bad_counts_and_lengths_name_their_own_flag(
             err = capsys.readouterr().err
             assert err.startswith(f"surge: error: {words}") and err.count("\n") == 1, err
     assert behaviour.seen == 0
+
+
+def test_ready_check_timeout_waits_for_a_server_that_is_not_up_yet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --ready-check-timeout-sec S: a server that starts listening within S seconds is
+    waited for (a note on stderr) and benchmarked; without the flag the run stops at once; past S
+    it stops in one line that names the flag."""
+    import threading
+    import time
+    import urllib.error
+
+    from surge.bench import serve
+
+    monkeypatch.setattr(serve, "READY_CHECK_INTERVAL_S", 0.1)
+    server = FakeServer(Behaviour())
+    args = ["bench", "serve", "--base-url", server.url, "--input-len", "8", "--output-len", "3"]
+    args += ["--num-prompts", "2", "--ignore-eos", "--disable-tqdm"]
+    assert bench_main(args) == 2  # nothing listens yet, no waiting
+    assert "cannot reach" in capsys.readouterr().err
+    started = threading.Timer(1.0, server.__enter__)
+    t0 = time.monotonic()
+    started.start()
+    try:
+        assert bench_main([*args, "--ready-check-timeout-sec", "30"]) == 0
+        assert time.monotonic() - t0 >= 1.0
+        err = capsys.readouterr().err
+        assert "is not up yet" in err and "--ready-check-timeout-sec" in err, err
+    finally:
+        started.join()
+        server.__exit__(None, None, None)
+    t0 = time.monotonic()
+    assert bench_main([*args, "--ready-check-timeout-sec", "0.5"]) == 2  # it stopped again
+    err = capsys.readouterr().err.splitlines()
+    assert 0.5 <= time.monotonic() - t0 < 10
+    assert err[-1].startswith("surge: error: cannot reach") and err[-1].endswith(
+        "(still after --ready-check-timeout-sec 0.5)"
+    ), err
+    assert bench_main([*args, "--ready-check-timeout-sec", "-1"]) == 2
+    assert "--ready-check-timeout-sec must be >= 0 and finite (seconds), got -1" in capsys.readouterr().err
+    # asked again only while the server is not up: nothing listening, a reset, a 502/503/504
+    not_up = serve.server_not_up_yet
+    assert not_up(urllib.error.URLError(ConnectionRefusedError())) and not_up(ConnectionResetError())
+    assert not_up(urllib.error.HTTPError("u", 503, "unavailable", {}, None))  # type: ignore[arg-type]
+    assert not not_up(urllib.error.HTTPError("u", 401, "unauthorized", {}, None))  # type: ignore[arg-type]
+    assert not not_up(ValueError("not JSON"))
