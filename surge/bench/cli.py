@@ -400,7 +400,13 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
     )
-    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16; vLLM's 1000)")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=16,
+        help="requests to send (default 16; vLLM's 1000); 0 or less with --dataset custom or spec_bench: every "
+        "prompt of the file (of --spec-bench-category), as vLLM",
+    )
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
@@ -763,6 +769,24 @@ def _timed_trace_options(args: argparse.Namespace) -> Any:
     return TimedTraceOptions(**{k: v for k, v in given.items() if v is not None})
 
 
+def _every_prompt(dataset: str, path: str, category: str | None, given: int) -> int:
+    """vLLM's ``--num-prompts`` 0 or less with its ``custom`` and ``spec_bench`` datasets: every
+    prompt of the file (of ``--spec-bench-category``), counted here, with a note on stderr.
+
+    Raises:
+        ValueError: an unusable file or line, or no question of the category.
+    """
+    from surge.bench.datasets import load_custom
+    from surge.bench.question_datasets import spec_bench_questions
+
+    n = len(load_custom(path)) if dataset == "custom" else len(spec_bench_questions(path, category))
+    print(
+        f"surge: note: --num-prompts {given} sends every prompt of {path}: {n} (vLLM's {dataset} dataset)",
+        file=sys.stderr,
+    )
+    return n
+
+
 def _check_output_file(path: Path, flag: str) -> None:
     """Make the folder of ``flag``'s file (``--result-file``, ``--plot``) and check that the file
     can be written there. Raises ValueError naming the flag otherwise (a folder at that path, a
@@ -914,6 +938,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }.get(dataset, ("", None))
     if fixed[1] is not None and args.output_len is not None and args.output_len != fixed[1]:
         raise ValueError(f"--output-len {args.output_len} and {fixed[0]} {fixed[1]} disagree (give one)")
+    num_prompts = args.num_prompts
+    if num_prompts < 1 and dataset in ("custom", "spec_bench") and args.dataset_path is not None:
+        num_prompts = _every_prompt(dataset, args.dataset_path, args.spec_bench_category, num_prompts)
     own_output = args.output_len if fixed[1] is None else fixed[1]
     default_output = {"prefix_repetition": 128, "sonnet": 150}.get(dataset, 256)  # vLLM's defaults
     output_len = next(v for v in (own_output, default_output) if v is not None)
@@ -950,7 +977,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         hf_split=args.hf_split,
         hf_subset=args.hf_subset,
         hf_output_len=own_output if dataset == "hf" else None,
-        num_prompts=args.num_prompts,
+        num_prompts=num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
