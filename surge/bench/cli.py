@@ -445,6 +445,29 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="write the result JSON here (gzipped if it ends in .gz; default: none)",
     )
+    p.add_argument(
+        "--save-result",
+        action="store_true",
+        help="write the result JSON to a file named as vLLM names it, "
+        "LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json, in --result-dir (vLLM's option; --result-file names "
+        "the file instead) (default off)",
+    )
+    p.add_argument(
+        "--append-result",
+        action="store_true",
+        help="add the result JSON as one line to that file (vLLM's option) (default off)",
+    )
+    p.add_argument(
+        "--result-dir",
+        default=None,
+        help="--save-result's and --append-result's folder, made when missing (vLLM's option) (default: the "
+        "current folder)",
+    )
+    p.add_argument(
+        "--result-filename",
+        default=None,
+        help="--save-result's and --append-result's file name instead of vLLM's (vLLM's option) (default: none)",
+    )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.add_argument(
         "--plot-timeline",
@@ -1007,16 +1030,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         if on
     ]
-    if plots and not args.result_file:
+    vllm_save = "--append-result" if args.append_result else "--save-result" if args.save_result else None
+    if vllm_save and args.result_file:
+        raise ValueError(
+            f"give --result-file FILE or vLLM's {vllm_save} (with --result-dir and --result-filename), not both"
+        )
+    if not vllm_save:
+        for flag, value in (("--result-dir", args.result_dir), ("--result-filename", args.result_filename)):
+            if value is not None:
+                raise ValueError(f"{flag} applies with --save-result or --append-result (as vLLM)")
+    saving = args.result_file or vllm_save
+    if plots and not saving:
         raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")
-    if args.metadata and not args.result_file:
+    if args.metadata and not saving:
         raise ValueError("--metadata is recorded in the result file: give --result-file FILE.json")
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")
         for flag, kind in plots:
             _check_output_file(plot_path(Path(args.result_file), kind), flag)
+    elif vllm_save:
+        folder = Path(args.result_dir or ".")
+        if args.result_filename:
+            _check_output_file(folder / args.result_filename, "--result-filename")
+        else:
+            _check_output_file(folder / "result.json", "--result-dir")
     result = run_serve(cfg, _command_line())
     print(format_result_table(result))
+    path = None
     if args.result_file:
         path = Path(args.result_file)
         text = json.dumps(result, indent=2)
@@ -1029,7 +1069,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 path.write_text(text)
         except OSError as e:  # the table above keeps the figures
             raise ValueError(f"--result-file {path}: {e.strerror or e} (the result table is above)") from None
-        print(f"result written to {path}")
+    elif vllm_save:
+        from surge.bench.vllm_results import save_vllm_result, vllm_result_filename
+
+        path = vllm_result_filename(result, args.result_dir, args.result_filename)
+        try:
+            save_vllm_result(path, result, append=args.append_result)
+        except OSError as e:  # the table above keeps the figures
+            raise ValueError(f"{vllm_save} {path}: {e.strerror or e} (the result table is above)") from None
+    if path is not None:
+        print(f"result {'appended' if args.append_result else 'written'} to {path}")
         _write_plots(result, path, plots, thresholds)
     return 0 if result["failed"] == 0 else 1
 

@@ -353,3 +353,55 @@ def test_ready_check_timeout_waits_for_a_server_that_is_not_up_yet(
     assert not_up(urllib.error.HTTPError("u", 503, "unavailable", {}, None))  # type: ignore[arg-type]
     assert not not_up(urllib.error.HTTPError("u", 401, "unauthorized", {}, None))  # type: ignore[arg-type]
     assert not not_up(ValueError("not JSON"))
+
+
+def test_save_result_names_and_appends_the_file_as_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --save-result writes LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json (--result-dir its
+    folder, made when missing; --result-filename its name) and --append-result adds one JSON line
+    a run; with --result-file, or --result-dir alone, it is one line of refusal before any request."""
+    from surge.bench.vllm_results import vllm_result_filename
+
+    monkeypatch.chdir(tmp_path)
+    with FakeServer(Behaviour()) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--input-len", "8", "--output-len", "3"]
+        argv += ["--num-prompts", "2", "--ignore-eos", "--disable-tqdm"]
+        assert bench_main([*argv, "--save-result"]) == 0, capsys.readouterr().err
+        [saved] = list(tmp_path.glob("*.json"))
+        r = json.loads(saved.read_text())
+        assert saved.name == f"openai-chat-infqps-fake-model-{r['date']}.json" and r["completed"] == 2
+        out = tmp_path / "runs" / "new"
+        more = ["--result-dir", str(out), "--max-concurrency", "2", "--request-rate", "50", "--label", "mine"]
+        assert bench_main([*argv, "--save-result", *more]) == 0
+        [saved] = list(out.glob("*.json"))
+        r = json.loads(saved.read_text())
+        assert saved.name == f"mine-50.0qps-concurrency2-fake-model-{r['date']}.json"
+        for _ in range(2):
+            assert (
+                bench_main(
+                    [*argv, "--append-result", "--result-dir", str(out), "--result-filename", "a.json"]
+                )
+                == 0
+            )
+        lines = (out / "a.json").read_text().split("\n")
+        assert len(lines) == 2 and all(json.loads(line)["completed"] == 2 for line in lines)
+        seen = s.behaviour.seen
+        for extra, words in (
+            (["--save-result", "--result-file", "x.json"], "give --result-file FILE or vLLM's --save-result"),
+            (["--result-dir", str(out)], "--result-dir applies with --save-result or --append-result"),
+            (
+                ["--result-filename", "b.json"],
+                "--result-filename applies with --save-result or --append-result",
+            ),
+        ):
+            assert bench_main([*argv, *extra]) == 2
+            err = capsys.readouterr().err
+            assert words in err and err.count("\n") == 1, err
+        assert s.behaviour.seen == seen
+    ramp = {"label": "openai", "ramp_up_strategy": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 8}
+    ramp |= {"max_concurrency": None, "model_id": "/models/Qwen3-8B/", "date": "20260101-000000"}
+    assert (
+        str(vllm_result_filename(ramp, "d"))
+        == "d/openai-ramp-up-linear-1qps-8qps-Qwen3-8B-20260101-000000.json"
+    )
