@@ -57,10 +57,8 @@ def format_result_table(result: dict[str, Any]) -> str:
         lines.append("{s:{c}^50}".format(s=title, c="-"))
         row(f"Mean {short} (ms):", float(result[f"mean_{key}_ms"]))
         row(f"Median {short} (ms):", float(result[f"median_{key}_ms"]))
-        for k in sorted(
-            (k for k in result if k.startswith("p") and k.endswith(f"_{key}_ms")),
-            key=lambda s: float(s[1 : -len(f"_{key}_ms")]),
-        ):
+        # in --percentiles' order, as vLLM prints them (the result keeps that order)
+        for k in (k for k in result if k.startswith("p") and k.endswith(f"_{key}_ms")):
             row(f"P{k[1 : -len(f'_{key}_ms')]} {short} (ms):", float(result[k]))
     lines.append("=" * 50)
     errors = [e for e in result.get("errors", []) if e]

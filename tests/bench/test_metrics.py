@@ -253,3 +253,15 @@ def test_result_table_labels_are_vllm_0_26s() -> None:
         "Peak concurrent requests:",
         "Total token throughput (tok/s):",
     ]
+
+
+def test_result_table_prints_percentiles_in_the_order_asked() -> None:
+    """vLLM prints each latency's percentiles in --metric-percentiles' order (99,50: P99 first)."""
+    from surge.bench.report import format_result_table
+
+    m = compute_metrics(_results(), duration=2.0, percentiles=parse_percentiles("99,50"))
+    result = {**metrics_to_json(m, 2.0), "max_concurrency": None}
+    lines = [
+        line.split(" (ms)")[0] for line in format_result_table(result).splitlines() if "TTFT (ms)" in line
+    ]
+    assert lines == ["Mean TTFT", "Median TTFT", "P99 TTFT", "P50 TTFT"]
