@@ -45,12 +45,14 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 
 VLLM_FLAG_HINTS = {
     "--backend": "--endpoint /v1/chat/completions or /v1/completions",
-    "--save-result": "--result-file FILE",
-    "--result-dir": "--result-file DIR/FILE",
-    "--result-filename": "--result-file FILE",
-    "--append-result": "--result-file FILE (one run a file)",
-    "--ready-check-timeout-sec": "nothing: the benchmark first asks the server's /v1/models and stops in one line "
-    "when it cannot be reached",
+    "--save-result": "--output-dir DIR in bench matrix, which writes a file per point (bench serve takes "
+    "--save-result, --result-dir, --result-filename and --append-result)",
+    "--result-dir": "--output-dir DIR in bench matrix (bench serve takes it with --save-result)",
+    "--result-filename": "--output-dir DIR in bench matrix, which names a file per point (bench serve takes it "
+    "with --save-result)",
+    "--append-result": "--output-dir DIR in bench matrix, which writes a file per point (bench serve takes it)",
+    "--ready-check-timeout-sec": "--launch CMD with --server-timeout SECONDS in bench matrix, which waits for the "
+    "server it starts (bench serve takes --ready-check-timeout-sec)",
     "--logprobs": """--extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint (its logprobs """
     """is a boolean), '{"logprobs": N}' with --endpoint /v1/completions""",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",

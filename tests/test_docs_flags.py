@@ -110,3 +110,21 @@ def test_the_limits_table_gives_the_parsers_defaults() -> None:
             wrong.append(f"{flag}: docs {m.group(2)}{' ' + unit if unit else ''}, parser {default}")
     assert checked >= 8, f"only {checked} flag rows found in docs/server-limits.md's limits table"
     assert not wrong, f"docs/server-limits.md's limits table disagrees with surge serve: {wrong}"
+
+
+def test_every_bench_serve_and_matrix_flag_is_documented() -> None:
+    """The benchmark docs (README.md, docs/*.md) name every flag of ``surge bench serve`` and
+    ``surge bench matrix``, not only ``--help`` (``--goodput``, ``--request-timeout``,
+    ``--no-exact-length``...): a user comparing with vLLM's ``bench serve`` reads them there."""
+    named: set[str] = set()
+    for doc in DOCS:
+        named.update(_FLAG.findall((ROOT / doc).read_text(encoding="utf-8")))
+    bench = next(p for p in _parsers(build_parser()) if p.prog.endswith(" bench"))
+    missing = {}
+    for sub in _parsers(bench)[1:]:
+        if sub.prog.split()[-1] not in ("serve", "matrix"):
+            continue
+        flags = {s for s in sub._option_string_actions if s.startswith("--") and s != "--help"}
+        if gone := sorted(flags - named):
+            missing[sub.prog] = gone
+    assert not missing, missing

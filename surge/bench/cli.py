@@ -123,13 +123,24 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--percentiles",
         "--metric-percentiles",
         default="99",
-        help="comma-separated percentiles to report (default 99); --metric-percentiles is vLLM's spelling",
+        help="comma-separated percentiles to report, each from 0 (the least) to 100 (the largest) (default 99); "
+        "--metric-percentiles is vLLM's spelling",
     )
     p.add_argument(
-        "--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:500 tpot:50 e2el:10000"
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="NAME:MS",
+        help="SLOs in ms, NAME ttft, tpot or e2el, e.g. ttft:500 tpot:50 e2el:10000: request_goodput is the "
+        "successful requests meeting every one of them (value <= SLO; a request of one token has TPOT 0 "
+        "here) per second of the run (vLLM's option) (default: none)",
     )
     p.add_argument(
-        "--request-timeout", type=float, default=6 * 3600.0, help="seconds per request (default 21600)"
+        "--request-timeout",
+        type=float,
+        default=6 * 3600.0,
+        help="seconds a request may take in all before it fails with 'the request timed out' (default "
+        "21600, the fixed timeout of vLLM's client)",
     )
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     _add_hardware_flags(p)
@@ -389,7 +400,13 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
     )
-    p.add_argument("--num-prompts", type=int, default=16, help="requests to send (default 16; vLLM's 1000)")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=16,
+        help="requests to send (default 16; vLLM's 1000); 0 or less with --dataset custom or spec_bench: every "
+        "prompt of the file (of --spec-bench-category), as vLLM",
+    )
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
@@ -428,6 +445,29 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="write the result JSON here (gzipped if it ends in .gz; default: none)",
     )
+    p.add_argument(
+        "--save-result",
+        action="store_true",
+        help="write the result JSON to a file named as vLLM names it, "
+        "LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json, in --result-dir (vLLM's option; --result-file names "
+        "the file instead) (default off)",
+    )
+    p.add_argument(
+        "--append-result",
+        action="store_true",
+        help="add the result JSON as one line to that file (vLLM's option) (default off)",
+    )
+    p.add_argument(
+        "--result-dir",
+        default=None,
+        help="--save-result's and --append-result's folder, made when missing (vLLM's option) (default: the "
+        "current folder)",
+    )
+    p.add_argument(
+        "--result-filename",
+        default=None,
+        help="--save-result's and --append-result's file name instead of vLLM's (vLLM's option) (default: none)",
+    )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.add_argument(
         "--plot-timeline",
@@ -463,6 +503,15 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="comma-separated latencies whose mean, median, std and --percentiles are reported, from "
         "ttft,tpot,itl,e2el (vLLM's option; default: all four, where vLLM's is ttft,tpot,itl)",
+    )
+    p.add_argument(
+        "--ready-check-timeout-sec",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for a server that is not up yet (nothing listening, or a 502/503/504 "
+        "from /v1/models), asking every 5 s, before the run; then the warm-up request checks the endpoint "
+        "(vLLM's option; 0: ask once) (default 0)",
     )
     p.add_argument(
         "--request-id-prefix",
@@ -743,6 +792,24 @@ def _timed_trace_options(args: argparse.Namespace) -> Any:
     return TimedTraceOptions(**{k: v for k, v in given.items() if v is not None})
 
 
+def _every_prompt(dataset: str, path: str, category: str | None, given: int) -> int:
+    """vLLM's ``--num-prompts`` 0 or less with its ``custom`` and ``spec_bench`` datasets: every
+    prompt of the file (of ``--spec-bench-category``), counted here, with a note on stderr.
+
+    Raises:
+        ValueError: an unusable file or line, or no question of the category.
+    """
+    from surge.bench.datasets import load_custom
+    from surge.bench.question_datasets import spec_bench_questions
+
+    n = len(load_custom(path)) if dataset == "custom" else len(spec_bench_questions(path, category))
+    print(
+        f"surge: note: --num-prompts {given} sends every prompt of {path}: {n} (vLLM's {dataset} dataset)",
+        file=sys.stderr,
+    )
+    return n
+
+
 def _check_output_file(path: Path, flag: str) -> None:
     """Make the folder of ``flag``'s file (``--result-file``, ``--plot``) and check that the file
     can be written there. Raises ValueError naming the flag otherwise (a folder at that path, a
@@ -894,6 +961,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }.get(dataset, ("", None))
     if fixed[1] is not None and args.output_len is not None and args.output_len != fixed[1]:
         raise ValueError(f"--output-len {args.output_len} and {fixed[0]} {fixed[1]} disagree (give one)")
+    num_prompts = args.num_prompts
+    if num_prompts < 1 and dataset in ("custom", "spec_bench") and args.dataset_path is not None:
+        num_prompts = _every_prompt(dataset, args.dataset_path, args.spec_bench_category, num_prompts)
     own_output = args.output_len if fixed[1] is None else fixed[1]
     default_output = {"prefix_repetition": 128, "sonnet": 150}.get(dataset, 256)  # vLLM's defaults
     output_len = next(v for v in (own_output, default_output) if v is not None)
@@ -930,7 +1000,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         hf_split=args.hf_split,
         hf_subset=args.hf_subset,
         hf_output_len=own_output if dataset == "hf" else None,
-        num_prompts=args.num_prompts,
+        num_prompts=num_prompts,
         max_concurrency=args.max_concurrency,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
@@ -942,6 +1012,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         save_detailed=args.save_detailed,
         metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,
+        ready_check_timeout_s=args.ready_check_timeout_sec,
         percentile_metrics=LATENCY_METRICS
         if args.percentile_metrics is None
         else parse_percentile_metrics(args.percentile_metrics),
@@ -959,16 +1030,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         if on
     ]
-    if plots and not args.result_file:
+    vllm_save = "--append-result" if args.append_result else "--save-result" if args.save_result else None
+    if vllm_save and args.result_file:
+        raise ValueError(
+            f"give --result-file FILE or vLLM's {vllm_save} (with --result-dir and --result-filename), not both"
+        )
+    if not vllm_save:
+        for flag, value in (("--result-dir", args.result_dir), ("--result-filename", args.result_filename)):
+            if value is not None:
+                raise ValueError(f"{flag} applies with --save-result or --append-result (as vLLM)")
+    saving = args.result_file or vllm_save
+    if plots and not saving:
         raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")
-    if args.metadata and not args.result_file:
+    if args.metadata and not saving:
         raise ValueError("--metadata is recorded in the result file: give --result-file FILE.json")
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")
         for flag, kind in plots:
             _check_output_file(plot_path(Path(args.result_file), kind), flag)
+    elif vllm_save:
+        folder = Path(args.result_dir or ".")
+        if args.result_filename:
+            _check_output_file(folder / args.result_filename, "--result-filename")
+        else:
+            _check_output_file(folder / "result.json", "--result-dir")
     result = run_serve(cfg, _command_line())
     print(format_result_table(result))
+    path = None
     if args.result_file:
         path = Path(args.result_file)
         text = json.dumps(result, indent=2)
@@ -981,7 +1069,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 path.write_text(text)
         except OSError as e:  # the table above keeps the figures
             raise ValueError(f"--result-file {path}: {e.strerror or e} (the result table is above)") from None
-        print(f"result written to {path}")
+    elif vllm_save:
+        from surge.bench.vllm_results import save_vllm_result, vllm_result_filename
+
+        path = vllm_result_filename(result, args.result_dir, args.result_filename)
+        try:
+            save_vllm_result(path, result, append=args.append_result)
+        except OSError as e:  # the table above keeps the figures
+            raise ValueError(f"{vllm_save} {path}: {e.strerror or e} (the result table is above)") from None
+    if path is not None:
+        print(f"result {'appended' if args.append_result else 'written'} to {path}")
         _write_plots(result, path, plots, thresholds)
     return 0 if result["failed"] == 0 else 1
 

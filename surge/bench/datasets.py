@@ -19,9 +19,10 @@ first human turn is the prompt and the turn after it the reply. As vLLM's ``shar
 each request asks as many tokens as its reply has (counted as vLLM counts it, special tokens
 included) unless a fixed length is given (vLLM's ``--sharegpt-output-len``); conversations
 without a reply are dropped, and so are prompts under 4 tokens or over 1,024, prompts whose output
-takes them over 2,048 tokens, and (reply lengths only) replies under 4 tokens. Two differences: the
-prompt is counted as the server will see it (templated on the chat endpoint; vLLM counts the raw
-text), and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
+takes them over 2,048 tokens, and (reply lengths only) replies under 4 tokens, each counted as vLLM
+counts it (the raw text with its BOS, on either endpoint). Two differences: the request's prompt length
+is counted as the server will see it (templated on the chat endpoint; vLLM reports the raw text's
+count), and so is the check against the server's ``max_model_len``, and the first human turn is taken wherever it is (vLLM takes turns 0 and 1 whatever their
 roles; a conversation without a human turn is left out before the shuffle, so a file with one
 orders the rest otherwise than vLLM). A file without any reply (``shared/assets/datasets/sharegpt/*.json`` keep only the
 prompts) asks ``--output-len`` of every request.
@@ -160,11 +161,24 @@ def exact_length_prompt(
     raise ValueError(f"could not build a prompt of exactly {n_tokens} tokens")
 
 
-def range_bounds(length: int, ratio: float) -> tuple[int, int]:
-    """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset:
-    integers in ``[floor(length * (1 - ratio)), ceil(length * (1 + ratio))]``, at least 1 (so the
-    mean drawn length is ``length`` when the bounds are whole, as in vLLM)."""
-    return max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
+def range_bounds(length: int, ratio: float, special: int = 0) -> tuple[int, int]:
+    """The lengths (tokens) ``--random-range-ratio`` draws from, as vLLM's random dataset
+    (``get_sampling_params``): the ``special`` tokens the tokenizer adds to every prompt (a BOS;
+    vLLM's ``num_special_tokens_to_add()``, 0 for an output length) are not scaled, so the bounds
+    are ``special`` plus the integers in ``[floor(m * (1 - ratio)), ceil(m * (1 + ratio))]`` for
+    ``m = length - special``, at least 1 (the mean drawn length is ``length`` when the bounds are
+    whole, as in vLLM)."""
+    m = max(length - special, 0)
+    return (
+        max(1, special + math.floor(m * (1 - ratio))),
+        max(1, special + math.ceil(m * (1 + ratio))),
+    )
+
+
+def special_tokens_added(counter: TokenCounter) -> int:
+    """How many special tokens the tokenizer adds to every text it encodes (a BOS: 1 for Llama,
+    0 for Qwen3), vLLM's ``tokenizer.num_special_tokens_to_add()``."""
+    return len(counter.encode(""))
 
 
 def random_requests(
@@ -183,7 +197,8 @@ def random_requests(
     (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
     tokens. With ``range_ratio`` r > 0 (vLLM's ``--random-range-ratio``) each request's input and
     output lengths are drawn uniformly from :func:`range_bounds` instead (integers, seeded by
-    ``seed``), and each prompt still has exactly its drawn length; ``output_range_ratio`` (vLLM's
+    ``seed``; the tokenizer's special tokens are not scaled: :func:`special_tokens_added`, as
+    vLLM), and each prompt still has exactly its drawn length; ``output_range_ratio`` (vLLM's
     ``{"input": r, "output": r2}`` form) draws the output lengths with its own ratio instead of r.
     With ``prefix_len`` N > 0
     (vLLM's ``--random-prefix-len``) every prompt begins with the same :func:`shared_prefix` of N
@@ -211,7 +226,7 @@ def random_requests(
     else:
         lengths = np.random.default_rng([seed, 1])  # its own stream: the prompts' draws stay as they are
         (in_lo, in_hi), (out_lo, out_hi) = (
-            range_bounds(input_len, range_ratio),
+            range_bounds(input_len, range_ratio, special_tokens_added(counter)),
             range_bounds(output_len, out_ratio),
         )
         in_lens = [int(v) for v in lengths.integers(in_lo, in_hi + 1, size=num_prompts)]
@@ -572,7 +587,9 @@ def sharegpt_requests(
     A request asks ``fixed_output_len`` tokens when given, else its reply's token count (vLLM's
     rule and pruning, see the module docstring), else (a file without replies) ``output_len``.
     A prompt's length is counted as the server will see it (templated for ``chat``, under the
-    request fields ``options``); a reply's as vLLM counts it.
+    request fields ``options``: the request's ``prompt_len`` and the ``max_model_len`` check), and
+    pruned on vLLM's count (the raw text with its BOS, whatever the endpoint), so that a seed
+    picks vLLM's conversations on either endpoint; a reply's as vLLM counts it.
 
     Raises:
         ValueError: the file is unusable or holds fewer usable prompts than ``num_prompts``.
@@ -593,7 +610,10 @@ def sharegpt_requests(
     for conv in pool:
         if conv.reply is None and replies:
             continue  # vLLM keeps only conversations of two turns or more
-        n = len(encode(conv.prompt))
+        n = len(encode(conv.prompt))  # as the server counts it: the request's prompt_len
+        # vLLM prunes on tokenizer(prompt).input_ids, the raw text with its BOS, whatever the
+        # endpoint: the same count picks the same conversations on the chat endpoint too
+        n_vllm = len(counter.encode(conv.prompt)) if chat or options else n
         if fixed_output_len is not None:
             want = fixed_output_len
         elif conv.reply is not None:
@@ -603,7 +623,11 @@ def sharegpt_requests(
                 continue
         else:
             want = output_len
-        if n < SHAREGPT_MIN_LEN or n > SHAREGPT_MAX_PROMPT_LEN or n + want > SHAREGPT_MAX_TOTAL_LEN:
+        if (
+            n_vllm < SHAREGPT_MIN_LEN
+            or n_vllm > SHAREGPT_MAX_PROMPT_LEN
+            or n_vllm + want > SHAREGPT_MAX_TOTAL_LEN
+        ):
             continue
         if max_model_len is not None and n + want > max_model_len:
             continue

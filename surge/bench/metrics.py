@@ -96,10 +96,11 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
 
 
 def parse_percentiles(text: str) -> list[float]:
-    """Parse ``"50,90,99"`` into ``[50.0, 90.0, 99.0]``.
+    """Parse ``"50,90,99"`` into ``[50.0, 90.0, 99.0]``: numbers in [0, 100], as vLLM's
+    ``--metric-percentiles`` takes them for ``numpy.percentile`` (0 is the minimum, 100 the maximum).
 
     Raises:
-        ValueError: a value that is not a number in (0, 100].
+        ValueError: a value that is not a number in [0, 100].
     """
     vals: list[float] = []
     for part in text.split(","):
@@ -110,8 +111,8 @@ def parse_percentiles(text: str) -> list[float]:
             p = float(part)
         except ValueError:
             raise ValueError(f"--percentiles expects numbers like 50,90,99, got {text!r}") from None
-        if not 0 < p <= 100:
-            raise ValueError(f"percentile must be in (0, 100], got {part}")
+        if not 0 <= p <= 100:
+            raise ValueError(f"--percentiles: a percentile must be in [0, 100], got {part}")
         vals.append(p)
     if not vals:
         raise ValueError("--percentiles is empty")

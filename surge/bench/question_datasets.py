@@ -68,6 +68,25 @@ def load_questions(path: str) -> list[Question]:
     return out
 
 
+def spec_bench_questions(path: str, category: str | None = None) -> list[Question]:
+    """The questions of the file ``path`` (:func:`load_questions`) of ``category`` (all when None or
+    empty, as vLLM), in the file's order.
+
+    Raises:
+        ValueError: an unusable file or line, or no question of ``category`` (naming the file's
+            categories).
+    """
+    questions = load_questions(path)
+    if category:  # vLLM: an empty category keeps them all
+        kept = [q for q in questions if q.category == category]
+        if not kept:
+            found = sorted({q.category for q in questions if q.category is not None})
+            have = f"its categories: {', '.join(found)}" if found else 'no line has a "category"'
+            raise ValueError(f"--spec-bench-category {category}: no question of it in {path} ({have})")
+        questions = kept
+    return questions
+
+
 def spec_bench_requests(
     counter: TokenCounter,
     path: str,
@@ -96,14 +115,7 @@ def spec_bench_requests(
     """
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --spec-bench-output-len must be >= 1")
-    questions = load_questions(path)
-    if category:  # vLLM: an empty category keeps them all
-        kept = [q for q in questions if q.category == category]
-        if not kept:
-            found = sorted({q.category for q in questions if q.category is not None})
-            have = f"its categories: {', '.join(found)}" if found else 'no line has a "category"'
-            raise ValueError(f"--spec-bench-category {category}: no question of it in {path} ({have})")
-        questions = kept
+    questions = spec_bench_questions(path, category)
     if len(questions) < num_prompts:
         which = f" of category {category}" if category else ""
         raise ValueError(

@@ -45,7 +45,7 @@ def format_result_table(result: dict[str, Any]) -> str:
     row("Peak output token throughput (tok/s):", float(result["max_output_tokens_per_s"]))
     if result.get("max_concurrent_requests") is not None:
         row("Peak concurrent requests:", float(result["max_concurrent_requests"]))
-    row("Total Token throughput (tok/s):", float(result["total_token_throughput"]))
+    row("Total token throughput (tok/s):", float(result["total_token_throughput"]))
     if result.get("roofline_output_throughput") is not None:
         row("Roofline output throughput (tok/s):", float(result["roofline_output_throughput"]))
         row("Percent of roofline (%):", float(result["pct_of_roofline"]))
@@ -57,10 +57,8 @@ def format_result_table(result: dict[str, Any]) -> str:
         lines.append("{s:{c}^50}".format(s=title, c="-"))
         row(f"Mean {short} (ms):", float(result[f"mean_{key}_ms"]))
         row(f"Median {short} (ms):", float(result[f"median_{key}_ms"]))
-        for k in sorted(
-            (k for k in result if k.startswith("p") and k.endswith(f"_{key}_ms")),
-            key=lambda s: float(s[1 : -len(f"_{key}_ms")]),
-        ):
+        # in --percentiles' order, as vLLM prints them (the result keeps that order)
+        for k in (k for k in result if k.startswith("p") and k.endswith(f"_{key}_ms")):
             row(f"P{k[1 : -len(f'_{key}_ms')]} {short} (ms):", float(result[k]))
     lines.append("=" * 50)
     errors = [e for e in result.get("errors", []) if e]

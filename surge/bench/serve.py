@@ -1,6 +1,7 @@
 """``surge bench serve``: run one serving benchmark against an OpenAI-compatible server.
 
-Flow (vLLM ``bench serve``): ask ``/v1/models``; build the prompts; send ``warmup`` untimed requests
+Flow (vLLM ``bench serve``): ask ``/v1/models`` (again every 5 s while the server is not up, for up to
+``ready_check_timeout_s``, vLLM's ``--ready-check-timeout-sec``); build the prompts; send ``warmup`` untimed requests
 one after another (prompts from another seed, same input length, at most 32 output tokens; a failed
 warm-up aborts the run); then take ``t0 = perf_counter()`` and release the requests (all at once for
 ``request_rate = inf``, else at gamma-distributed gaps of mean ``1/request_rate`` and shape
@@ -29,6 +30,7 @@ import json
 import math
 import sys
 import time
+import urllib.error
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,6 +53,7 @@ from surge.bench.datasets import (
     range_bounds,
     sharegpt_requests,
     sonnet_requests,
+    special_tokens_added,
 )
 from surge.bench.hf_datasets import DEFAULT_SPLIT, check_local_path, hf_dataset_kind, hf_requests
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
@@ -186,6 +189,8 @@ class ServeConfig:
     roofline_kv_cache_dtype: str | None = None  # "auto" (the model's) or "fp8"; default auto
     disable_tqdm: bool = False
     request_timeout_s: float = 6 * 3600.0
+    # vLLM's --ready-check-timeout-sec: wait up to this long for a server that is not up yet; 0: ask once
+    ready_check_timeout_s: float = 0.0
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
     extra_body: dict[str, Any] | None = None  # merged into every request body (e.g. {"top_k": 1})
     label: str | None = None  # result label; default the backend name (vLLM's --label)
@@ -321,6 +326,10 @@ class ServeConfig:
             raise ValueError(
                 f"--request-timeout must be > 0 and finite (seconds), got {self.request_timeout_s:g}"
             )
+        if not (self.ready_check_timeout_s >= 0 and math.isfinite(self.ready_check_timeout_s)):
+            raise ValueError(
+                f"--ready-check-timeout-sec must be >= 0 and finite (seconds), got {self.ready_check_timeout_s:g}"
+            )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
         bad = [name for name in self.percentile_metrics if name not in LATENCY_METRICS]
@@ -416,28 +425,62 @@ class ServeConfig:
         return RampUp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
 
-def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> dict[str, Any]:
-    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check). Raises
-    ValueError when it cannot be reached (saying what to do when nothing listens there, or when the
-    key was refused)."""
-    try:
-        ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
-    except (OSError, ValueError) as e:
-        hint = ""
-        if "401" in str(e):
-            hint = (
-                " (pass --api-key or set $OPENAI_API_KEY)"
-                if api_key is None
-                else " (check --api-key or $OPENAI_API_KEY)"
-            )
-        elif "404" in str(e) and base_url.rstrip("/").endswith("/v1"):
-            hint = f" (--base-url is the server's root: {base_url.rstrip('/')[: -len('/v1')]})"
-        elif isinstance(getattr(e, "reason", e), ConnectionRefusedError):
-            hint = (
-                " (no server listens there: start one, e.g. `surge serve MODEL`, or point --base-url, "
-                "or --host and --port, at the running one)"
-            )
-        raise ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}") from None
+READY_CHECK_INTERVAL_S = 5.0
+"""Seconds between two asks of ``/v1/models`` while waiting for a server (vLLM's ready check's 5 s)."""
+
+NOT_UP_STATUSES = (502, 503, 504)
+"""HTTP statuses of a server (or a proxy before it) that is not up yet: worth asking again."""
+
+
+def server_not_up_yet(e: BaseException) -> bool:
+    """Does this error of a ``GET`` say that the server is not up yet (nothing listens, the
+    connection was reset or timed out, a 502/503/504), so that asking again later may work? A 401,
+    a 404 or an answer that is not JSON says no."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code in NOT_UP_STATUSES
+    reason = e.reason if isinstance(e, urllib.error.URLError) else e
+    return isinstance(reason, (ConnectionError, TimeoutError))
+
+
+def fetch_models(
+    base_url: str,
+    api_key: str | None,
+    insecure: bool = False,
+    wait_s: float = 0.0,
+    interval_s: float | None = None,
+) -> dict[str, Any]:
+    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check).
+
+    With ``wait_s`` > 0 (vLLM's ``--ready-check-timeout-sec``) a server that is not up yet
+    (:func:`server_not_up_yet`) is asked again every ``interval_s``
+    seconds (default :data:`READY_CHECK_INTERVAL_S`) until ``wait_s`` seconds have passed, with a
+    note on stderr.
+
+    Raises:
+        ValueError: it cannot be reached (in time), saying what to do when nothing listens there,
+            or when the key was refused; or it lists no model.
+    """
+    interval = READY_CHECK_INTERVAL_S if interval_s is None else interval_s
+    deadline = time.monotonic() + wait_s
+    noted = False
+    while True:
+        try:
+            ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
+            break
+        except (OSError, ValueError) as e:
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and server_not_up_yet(e):
+                if not noted:
+                    print(
+                        f"surge: note: {base_url}/v1/models is not up yet ({e}); asking again every "
+                        f"{interval:g} s for up to {wait_s:g} s (--ready-check-timeout-sec)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    noted = True
+                time.sleep(min(interval, remaining))
+                continue
+            raise _unreachable(base_url, api_key, e, wait_s) from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")
     data = ans["data"]
@@ -446,6 +489,27 @@ def fetch_models(base_url: str, api_key: str | None, insecure: bool = False) -> 
     ):
         raise ValueError(f"{base_url}/v1/models answered no list of models with ids: {json.dumps(ans)[:200]}")
     return ans
+
+
+def _unreachable(base_url: str, api_key: str | None, e: BaseException, wait_s: float) -> ValueError:
+    """The one-line error of a ``/v1/models`` that could not be read."""
+    hint = ""
+    if "401" in str(e):
+        hint = (
+            " (pass --api-key or set $OPENAI_API_KEY)"
+            if api_key is None
+            else " (check --api-key or $OPENAI_API_KEY)"
+        )
+    elif "404" in str(e) and base_url.rstrip("/").endswith("/v1"):
+        hint = f" (--base-url is the server's root: {base_url.rstrip('/')[: -len('/v1')]})"
+    elif isinstance(getattr(e, "reason", e), ConnectionRefusedError):
+        hint = (
+            " (no server listens there: start one, e.g. `surge serve MODEL`, or point --base-url, "
+            "or --host and --port, at the running one)"
+        )
+    if wait_s > 0 and server_not_up_yet(e):
+        hint += f" (still after --ready-check-timeout-sec {wait_s:g})"
+    return ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}")
 
 
 def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
@@ -965,7 +1029,7 @@ def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None 
 def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> dict[str, Any]:
     cfg.validate()
     base = cfg.base_url.rstrip("/")
-    models = fetch_models(base, cfg.api_key, cfg.insecure)
+    models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s)
     entry = _model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
     local_dir = _local_model_dir(cfg, entry)
@@ -973,7 +1037,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         counter = _counter_for(cfg, base, model, entry)
     max_model_len = max_model_len_of(entry, "/v1/models")
     if max_model_len and cfg.dataset == "random":
-        longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio)[1]
+        special = special_tokens_added(counter) if cfg.random_range_ratio else 0  # a BOS is not scaled
+        longest_in = range_bounds(cfg.input_len, cfg.random_range_ratio, special)[1]
         longest_out = range_bounds(cfg.output_len, cfg.output_range_ratio)[1]
         if cfg.random_prefix_len + longest_in + longest_out > max_model_len:
             ranged = (

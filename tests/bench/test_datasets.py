@@ -10,7 +10,13 @@ import pytest
 from conftest import BUNDLED_MODEL, QWEN3_8B, SHAREGPT
 from fake_server import Behaviour, FakeServer
 
-from surge.bench.datasets import load_sharegpt, random_requests, range_bounds, sharegpt_requests
+from surge.bench.datasets import (
+    load_sharegpt,
+    random_requests,
+    range_bounds,
+    sharegpt_requests,
+    special_tokens_added,
+)
 from surge.bench.tokens import HFTokenCounter, ServerTokenCounter, resolve_counter
 
 
@@ -227,6 +233,37 @@ def test_sharegpt_reply_lengths_as_vllm(stories: HFTokenCounter, tmp_path: Path)
         sharegpt_requests(stories, str(path), 3, 64, seed=0, max_model_len=300, fixed_output_len=7)
 
 
+def test_sharegpt_prunes_on_vllms_count_on_the_chat_endpoint(qwen: HFTokenCounter, tmp_path: Path) -> None:
+    """vLLM prunes a conversation on tokenizer(prompt).input_ids whatever the endpoint, so on the
+    chat endpoint Surge keeps the same conversations: a prompt of 1 raw token (9 templated) is
+    dropped as under 4 tokens, one of 1,020 raw tokens (1,028 templated) is kept as at most 1,024;
+    the request's prompt_len stays the server's (templated) count."""
+    long = "a" + " a" * 1019
+    assert (len(qwen.encode("hi")), len(qwen.encode_chat("hi"))) == (1, 9)
+    assert (len(qwen.encode(long)), len(qwen.encode_chat(long))) == (1020, 1028)
+    data = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": p},
+                {"from": "gpt", "value": "a reply of some tokens"},
+            ],
+        }
+        for i, p in enumerate(["hi", long, "tell me a short story about a cat"])
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    for chat in (False, True):
+        reqs = sharegpt_requests(qwen, str(path), 2, 64, seed=0, chat=chat)
+        assert sorted(r.prompt for r in reqs) == sorted([long, data[2]["conversations"][0]["value"]])
+        count = qwen.encode_chat if chat else qwen.encode
+        assert all(r.prompt_len == len(count(r.prompt)) for r in reqs)
+    with pytest.raises(ValueError, match="only 2 usable prompts"):
+        sharegpt_requests(qwen, str(path), 3, 64, seed=0, chat=True)
+    with pytest.raises(ValueError, match="only 1 usable prompts"):  # 1,028 + 5 over the server's 1,030
+        sharegpt_requests(qwen, str(path), 2, 64, seed=0, chat=True, max_model_len=1030)
+
+
 def test_rng_is_numpy_default_rng(stories: HFTokenCounter) -> None:
     # the first draw of a prompt is default_rng(seed).choice(pool, n - overhead)
     pool = stories.candidate_ids()
@@ -264,6 +301,23 @@ def test_range_ratio_draws_lengths_in_vllms_bounds_each_prompt_exact(stories: HF
     for bad in (-0.1, 1.0, 2.0):
         with pytest.raises(ValueError, match="--random-range-ratio must be in"):
             random_requests(stories, 1, 40, 5, seed=0, range_ratio=bad)
+
+
+def test_range_ratio_leaves_the_bos_unscaled_as_vllm(stories: HFTokenCounter, qwen: HFTokenCounter) -> None:
+    """vLLM's get_sampling_params scales input_len - num_special_tokens_to_add() (the BOS), not
+    input_len: at --input-len 7, ratio 0.3, a BOS tokenizer's prompts (the BOS counted, as the
+    server counts it) are 1 + [floor(6 * 0.7), ceil(6 * 1.3)] = [5, 9] tokens, not [4, 10]; a
+    tokenizer without a BOS (Qwen3) keeps [floor(L (1 - r)), ceil(L (1 + r))]."""
+    assert special_tokens_added(stories) == 1 and special_tokens_added(qwen) == 0
+    assert range_bounds(7, 0.3, 1) == (5, 9) and range_bounds(7, 0.3) == (4, 10)
+    assert range_bounds(3, 0.9, 1) == (1, 5)  # vLLM: 1 + [floor(0.2), ceil(3.8)]
+    assert range_bounds(1024, 0.5, 1) == (512, 1536)  # 1 + [511, 1535]
+    lens = {r.prompt_len for r in random_requests(stories, 200, 7, 5, seed=0, range_ratio=0.3)}
+    assert lens == {5, 6, 7, 8, 9}, lens
+    outs = {r.expected_output_len for r in random_requests(stories, 200, 40, 7, seed=0, range_ratio=0.3)}
+    assert min(outs) == 4 and max(outs) == 10  # output lengths have no BOS: [floor(4.9), ceil(9.1)]
+    lens = {r.prompt_len for r in random_requests(qwen, 200, 7, 5, seed=0, range_ratio=0.3)}
+    assert min(lens) == 4 and max(lens) == 10
 
 
 def test_range_ratio_below_the_chat_template_minimum_names_the_option(qwen: HFTokenCounter) -> None:

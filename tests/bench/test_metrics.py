@@ -128,9 +128,22 @@ def test_parsers() -> None:
     for bad in (["itl:5"], ["ttft"], ["ttft:x"], ["ttft:-1"]):
         with pytest.raises(ValueError):
             parse_goodput(bad)
-    for bad in ("", "abc", "0", "101"):
+    for bad in ("", "abc", "-1", "101", "100.5"):
         with pytest.raises(ValueError):
             parse_percentiles(bad)
+
+
+def test_percentiles_0_and_100_are_the_min_and_max_as_in_vllm() -> None:
+    """vLLM's --metric-percentiles takes any number numpy.percentile takes, 0 and 100 included:
+    p0 is the least value, p100 the largest, under vLLM's key spelling."""
+    assert parse_percentiles("0,100") == [0.0, 100.0]
+    j = metrics_to_json(
+        compute_metrics(_results(), duration=2.0, percentiles=parse_percentiles("0,100")), 2.0
+    )
+    assert (j["p0_ttft_ms"], j["p100_ttft_ms"]) == (pytest.approx(200.0), pytest.approx(500.0))
+    assert (j["p0_tpot_ms"], j["p100_tpot_ms"]) == (pytest.approx(200.0), pytest.approx(400.0))
+    assert (j["p0_itl_ms"], j["p100_itl_ms"]) == (pytest.approx(100.0), pytest.approx(400.0))
+    assert (j["p0_e2el_ms"], j["p100_e2el_ms"]) == (pytest.approx(200.0), pytest.approx(1100.0))
 
 
 def test_result_table_omits_latencies_when_nothing_succeeded() -> None:
@@ -175,3 +188,80 @@ def test_a_wrong_re_tokenized_length_says_the_server_sent_no_usage() -> None:
     assert counted.error is not None and counted.error.startswith("re-tokenized output 2 != requested 3")
     assert "the server sent no usage" in counted.error
     assert right.success and right.output_len == 2
+
+
+def test_vllm_edge_cases_by_hand() -> None:
+    """The corners of vLLM 0.26's calculate_metrics, on hand-built timings: an SLO met exactly is
+    met (its test is slo >= value); a success of 0 tokens counts as completed with no TPOT (and
+    TPOT 0 for goodput); a chunk of several tokens is one ITL gap and one token of the peak
+    buckets; buckets are whole seconds since the earliest successful start (a token at exactly
+    1.0 s falls in bucket 1) and a request is active in every bucket from its start's to its end's."""
+    # E: 5 tokens in 3 chunks (first chunk 1 token, then 2 + 2): ITLs 0.5, 0.5; TPOT (2.0 - 1.0) / 4
+    e = RequestResult(True, 8, 5, 5, ttft=1.0, itl=[0.5, 0.5], latency=2.0, start_time=100.0)
+    # F: success with 0 tokens (usage.completion_tokens 0): completed, no TPOT, TPOT 0 for goodput
+    f = RequestResult(True, 4, 5, 0, ttft=0.25, itl=[], latency=0.25, start_time=100.5)
+    # G: starts 2.5 s after E, one token at 3.0 s
+    g = RequestResult(True, 6, 1, 1, ttft=0.5, itl=[], latency=0.5, start_time=102.5)
+    m = compute_metrics([e, f, g], duration=4.0, percentiles=[50], goodput={"ttft": 1000.0, "tpot": 250.0})
+    assert (m.completed, m.failed, m.total_input, m.total_output) == (3, 0, 18, 6)
+    # TTFT 1000 ms = the SLO (good); TPOT 250 ms = the SLO (good); F and G TPOT 0 -> all 3 good
+    assert m.request_goodput == pytest.approx(3 / 4.0)
+    assert m.latency_stats["mean_tpot_ms"] == pytest.approx(250.0)  # E only
+    assert m.latency_stats["mean_itl_ms"] == pytest.approx(500.0)  # per chunk, not per token
+    assert m.latency_stats["mean_ttft_ms"] == pytest.approx(1750.0 / 3)
+    # token times since 100.0: E 1.0, 1.5, 2.0; F 0.75; G 3.0 -> buckets [1, 2, 1, 1]
+    # active: E seconds 0-2, F 0, G 2-3 -> [2, 1, 2, 1]
+    assert max_output_tokens_per_second([e, f, g]) == (2.0, 2)
+    assert m.max_output_tokens_per_s == 2.0 and m.max_concurrent_requests == 2
+    # one SLO just missed: TTFT 999.9 ms fails E
+    assert compute_metrics([e, f, g], 4.0, goodput={"ttft": 999.9}).request_goodput == pytest.approx(2 / 4.0)
+
+
+def test_result_table_labels_are_vllm_0_26s() -> None:
+    """The summary block's lines carry vLLM 0.26's labels in its order (a script that reads vLLM's
+    output reads Surge's): 'Total token throughput', not the older 'Total Token throughput'."""
+    from surge.bench.report import format_result_table
+
+    result = {
+        "completed": 3,
+        "failed": 1,
+        "max_concurrency": 4,
+        "request_rate": 2.0,
+        "duration": 2.0,
+        "total_input_tokens": 35,
+        "total_output_tokens": 7,
+        "request_throughput": 1.5,
+        "request_goodput": 0.5,
+        "output_throughput": 3.5,
+        "max_output_tokens_per_s": 6.0,
+        "max_concurrent_requests": 3,
+        "total_token_throughput": 21.0,
+    }
+    labels = [line[:40].rstrip() for line in format_result_table(result).splitlines()[1:-1]]
+    assert labels == [
+        "Successful requests:",
+        "Failed requests:",
+        "Maximum request concurrency:",
+        "Request rate configured (RPS):",
+        "Benchmark duration (s):",
+        "Total input tokens:",
+        "Total generated tokens:",
+        "Request throughput (req/s):",
+        "Request goodput (req/s):",
+        "Output token throughput (tok/s):",
+        "Peak output token throughput (tok/s):",
+        "Peak concurrent requests:",
+        "Total token throughput (tok/s):",
+    ]
+
+
+def test_result_table_prints_percentiles_in_the_order_asked() -> None:
+    """vLLM prints each latency's percentiles in --metric-percentiles' order (99,50: P99 first)."""
+    from surge.bench.report import format_result_table
+
+    m = compute_metrics(_results(), duration=2.0, percentiles=parse_percentiles("99,50"))
+    result = {**metrics_to_json(m, 2.0), "max_concurrency": None}
+    lines = [
+        line.split(" (ms)")[0] for line in format_result_table(result).splitlines() if "TTFT (ms)" in line
+    ]
+    assert lines == ["Mean TTFT", "Median TTFT", "P99 TTFT", "P50 TTFT"]

@@ -190,3 +190,37 @@ def test_runs_record_the_dataset(tmp_path: Path) -> None:
     assert odd_r["spec_bench_category"] == "odd" and odd_r["failed"] == 0
     cmp = compare_points(load_points(files["chat"]), load_points(files["odd"]))
     assert [(name, b, n) for _, name, b, n in cmp.mismatches] == [("spec_bench_category", None, "odd")]
+
+
+def test_num_prompts_0_sends_every_prompt_of_the_file_as_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's custom and spec_bench datasets take --num-prompts 0 or less as every prompt of the
+    file (spec_bench: of its category): Surge counts them, says so, and sends them all; another
+    dataset still refuses it in one line."""
+    questions = _questions(tmp_path / "q.jsonl")
+    custom = tmp_path / "p.jsonl"
+    custom.write_text("".join(json.dumps({"prompt": f"w{50 + i} w{60 + i}"}) + "\n" for i in range(7)))
+    out = tmp_path / "r.json"
+    common = ("--warmup", "0", "--ignore-eos", "--output-len", "2", "--result-file", str(out))
+    with FakeServer(Behaviour()) as s:
+        for extra, n in (
+            (("--dataset", "spec_bench", "--dataset-path", questions, "--num-prompts", "0"), 12),
+            (("--dataset", "spec_bench", "--dataset-path", questions, "--num-prompts", "-1"), 12),
+            (
+                ("--dataset-name", "spec_bench", "--dataset-path", questions, "--spec-bench-category", "odd"),
+                6,
+            ),
+            (("--dataset", "custom", "--dataset-path", str(custom), "--skip-chat-template"), 7),
+        ):
+            argv = _serve(s.url, *common, *extra)
+            if "--num-prompts" not in extra:
+                argv += ["--num-prompts", "0"]
+            seen = s.behaviour.seen
+            assert bench_main(argv) == 0, capsys.readouterr().err
+            err = capsys.readouterr().err
+            assert f"sends every prompt of {extra[3]}: {n} (vLLM's {extra[1]} dataset)" in err, err
+            r = json.loads(out.read_text())
+            assert (r["num_prompts"], r["completed"], s.behaviour.seen - seen) == (n, n, n)
+        assert bench_main(_serve(s.url, "--num-prompts", "0")) == 2
+        assert "--num-prompts must be >= 1, got 0" in capsys.readouterr().err
