@@ -179,6 +179,7 @@ class SchedulerStats:
         prefix_cache_hit_tokens, prefix_cache_query_tokens: prompt tokens found in / looked up
             in the prefix cache since start, at each request's first admission (a re-admission
             after a preemption is left out, as in vLLM's counters).
+        prefix_cache_requests: the first admissions those two counters count, since start.
     """
 
     num_running: int
@@ -189,6 +190,7 @@ class SchedulerStats:
     num_preemptions_total: int
     prefix_cache_hit_tokens: int = 0
     prefix_cache_query_tokens: int = 0
+    prefix_cache_requests: int = 0
 
 
 @dataclass(slots=True)

@@ -526,4 +526,5 @@ class Scheduler:
             num_preemptions_total=self.num_preemptions_total,
             prefix_cache_hit_tokens=self.kv.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=self.kv.prefix_cache_query_tokens,
+            prefix_cache_requests=self.kv.prefix_cache_requests,
         )

@@ -76,6 +76,7 @@ def sum_stats(stats: list[SchedulerStats | None]) -> SchedulerStats | None:
         num_preemptions_total=sum(s.num_preemptions_total for s in known),
         prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in known),
         prefix_cache_query_tokens=sum(s.prefix_cache_query_tokens for s in known),
+        prefix_cache_requests=sum(s.prefix_cache_requests for s in known),
     )
 
 

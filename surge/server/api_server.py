@@ -201,7 +201,7 @@ def build_app(
 
     Args:
         state: engine client, tokenizer, metrics and server settings.
-        log_interval: seconds between periodic stats log lines (when there is activity).
+        log_interval: seconds between periodic stats log lines (INFO while busy, DEBUG when idle).
         web_ui: serve the playground (``/``) and the dashboard (``/dashboard``), see ``surge.web``.
         cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
         server_pid: the pid ``/health`` names (default this process; one of several API
@@ -652,10 +652,7 @@ def _json_response(obj: Any) -> Response:
 async def _log_loop(metrics: ServerMetrics, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
-        if metrics.has_activity():
-            metrics.log_stats()
-        else:
-            metrics.skip_interval()  # an idle interval does not dilute the next line's rates
+        metrics.log_stats()  # at DEBUG when idle, as vLLM's
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ class Generation:
             choice.first_token_time = now
             # the first output token means the choice's prefill is done; each choice (engine
             # request) counts its prompt, as vLLM's n child requests each do
-            metrics.add_prompt_tokens(len(self.prompts[choice.prompt_index].token_ids))
+            metrics.add_prompt_tokens(len(self.prompts[choice.prompt_index].token_ids), out.num_cached_tokens)
         elif n_new:
             metrics.itl.observe((now - choice.last_token_time) / n_new)
         choice.last_token_time = now

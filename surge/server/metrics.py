@@ -13,8 +13,6 @@ an aborted one (a client's hang-up) is no finished one, as in vLLM.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -23,8 +21,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from surge.core.outputs import SchedulerStats
-
-logger = logging.getLogger("surge.server")
+from surge.server.stats_line import StatsLine
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -214,18 +211,15 @@ class ServerMetrics:
             get_stats, model_name, get_replica_stats, engine_up, prefix
         )
         self.registry.register(self._engine_collector)
-        self._last_log_time = time.monotonic()
-        self.total_prompt_tokens = 0
-        self.total_generation_tokens = 0
-        self._last_prompt = 0
-        self._last_gen = 0
-        self._last_prefix_hits = 0
-        self._last_prefix_queries = 0
+        num_engines = len(get_replica_stats()) if get_replica_stats is not None else 1
+        self.stats_line = StatsLine(self._get_stats, num_engines)
 
-    def add_prompt_tokens(self, n: int) -> None:
-        """Count ``n`` prompt tokens whose prefill is done."""
-        self.total_prompt_tokens += n
+    def add_prompt_tokens(self, n: int, num_cached: int = 0) -> None:
+        """Count a prompt of ``n`` tokens whose prefill is done, ``num_cached`` of them served by
+        the prefix cache (``prompt_tokens_total`` counts all ``n``, as vLLM's; the stats line's
+        prompt throughput the computed ones)."""
         self._prompt_tokens.inc(n)
+        self.stats_line.add_prompt_tokens(n - min(num_cached, n))
 
     def structured_request(self, kind: str, n: int = 1) -> None:
         """Count ``n`` engine requests constrained by a grammar of ``kind``."""
@@ -233,8 +227,8 @@ class ServerMetrics:
 
     def add_generation_tokens(self, n: int) -> None:
         """Count ``n`` generated tokens."""
-        self.total_generation_tokens += n
         self._generation_tokens.inc(n)
+        self.stats_line.add_generation_tokens(n)
 
     def request_finished(self, finish_reason: str, e2e_seconds: float) -> None:
         """Count one finished choice and observe its end-to-end latency."""
@@ -257,47 +251,6 @@ class ServerMetrics:
         return generate_latest(registry)
 
     def log_stats(self) -> None:
-        """Log throughput since the previous call (or the end of the last idle interval, see
-        :meth:`skip_interval`), running / waiting requests, KV usage, and the prefix cache hit
-        rate of the prompts admitted in that time (hit tokens / looked-up tokens, as vLLM)."""
-        now = time.monotonic()
-        dt = max(now - self._last_log_time, 1e-9)
-        prompt = self.total_prompt_tokens
-        gen = self.total_generation_tokens
-        s = self._get_stats()
-        hits = s.prefix_cache_hit_tokens if s else 0
-        queries = s.prefix_cache_query_tokens if s else 0
-        d_queries = queries - self._last_prefix_queries
-        hit_rate = 100.0 * (hits - self._last_prefix_hits) / d_queries if d_queries > 0 else 0.0
-        logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
-            "Preemptions: %d",
-            (prompt - self._last_prompt) / dt,
-            (gen - self._last_gen) / dt,
-            s.num_running if s else 0,
-            s.num_waiting if s else 0,
-            100.0 * (s.kv_cache_usage if s else 0.0),
-            hit_rate,
-            s.num_preemptions_total if s else 0,
-        )
-        self.skip_interval()
-
-    def skip_interval(self) -> None:
-        """Start the next log interval now (called after an idle interval and after each line)."""
-        s = self._get_stats()
-        self._last_log_time = time.monotonic()
-        self._last_prompt = self.total_prompt_tokens
-        self._last_gen = self.total_generation_tokens
-        self._last_prefix_hits = s.prefix_cache_hit_tokens if s else 0
-        self._last_prefix_queries = s.prefix_cache_query_tokens if s else 0
-
-    def has_activity(self) -> bool:
-        """True if tokens were processed since the last log line or requests are in flight."""
-        s = self._get_stats()
-        busy = s is not None and (s.num_running or s.num_waiting)
-        return (
-            bool(busy)
-            or self.total_generation_tokens != self._last_gen
-            or self.total_prompt_tokens != self._last_prompt
-        )
+        """Log the periodic stats line of the interval since the previous call (vLLM 0.26's
+        figures, see :mod:`surge.server.stats_line`)."""
+        self.stats_line.log()
