@@ -77,6 +77,7 @@ def sum_stats(stats: list[SchedulerStats | None]) -> SchedulerStats | None:
         prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in known),
         prefix_cache_query_tokens=sum(s.prefix_cache_query_tokens for s in known),
         prefix_cache_requests=sum(s.prefix_cache_requests for s in known),
+        num_waiting_deferred=sum(s.num_waiting_deferred for s in known),
     )
 
 

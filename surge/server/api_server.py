@@ -831,6 +831,7 @@ async def run_server(
             lambda: client.is_ready,
             multiprocess_dir=metrics_dir,
             prefix=options.metrics_prefix,
+            max_model_len=info.max_model_len,
         ),
         served_model_names=tuple(names),
         model_path=config.model.model,
@@ -868,6 +869,7 @@ async def run_server(
     )
     for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
+        engine_client.on_iteration_tokens = state.metrics.iteration_tokens.observe
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     logger.info(

@@ -14,6 +14,7 @@ an aborted one (a client's hang-up) is no finished one, as in vLLM.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,15 +24,83 @@ from prometheus_client.registry import Collector
 from surge.core.outputs import SchedulerStats
 from surge.server.stats_line import StatsLine
 
-_LATENCY_BUCKETS = (
+# The bucket boundaries of vLLM 0.26's histograms (vllm/v1/metrics/loggers.py).
+_TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
 _ITL_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+"""Inter-token latency and time per output token."""
+_REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+"""End-to-end latency and the queue, prefill, decode and inference times."""
+_ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_N_BUCKETS = (1, 2, 5, 10, 20)
 _GRAMMAR_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM 0.26's ``FinishReason`` values: ``request_success_total`` has a series of each from the
+start (Surge's engine ends none with ``error``; an aborted request is counted under none)."""
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` included (vLLM 0.26's buckets of its token
+    count histograms, built from ``max_model_len``).
+
+    Raises:
+        ValueError: ``max_value`` is below 1.
+    """
+    if max_value < 1:
+        raise ValueError(f"max_value must be at least 1, got {max_value}")
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequestStats:
+    """One finished engine request (a choice) as vLLM 0.26's ``FinishedRequestStats``.
+
+    Attributes:
+        finish_reason: "stop", "length" or "repetition".
+        e2e_latency: seconds from the HTTP request's arrival to the choice's end (API clock).
+        num_prompt_tokens, num_generation_tokens, num_cached_tokens: its prompt, its generated
+            tokens and the prompt tokens the prefix cache served.
+        max_tokens_param: the ``max_tokens`` the engine was given (the resolved default when the
+            client sent none, as vLLM's serving layer resolves it).
+        queued_time: seconds from the engine's queueing to its first schedule.
+        prefill_time: seconds from the first schedule to the first token.
+        decode_time: seconds from the first token to the last.
+        inference_time: seconds from the first schedule to the last token.
+    """
+
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_cached_tokens: int
+    max_tokens_param: int
+    queued_time: float
+    prefill_time: float
+    decode_time: float
+    inference_time: float
+
+    @property
+    def mean_time_per_output_token(self) -> float:
+        """The decode time over the tokens after the first (0 for fewer than 2 tokens), as vLLM."""
+        n = self.num_generation_tokens - 1
+        return self.decode_time / n if n > 0 else 0.0
 
 
 METRICS_PREFIXES = ("surge", "vllm")
@@ -94,6 +163,16 @@ class _EngineStatsCollector(Collector):
 
         yield gauge("num_requests_running", "Requests in the running batch.", s.num_running if s else 0)
         yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting if s else 0)
+        g = GaugeMetricFamily(
+            f"{self._prefix}:num_requests_waiting_by_reason",
+            "Waiting requests by reason: 'capacity' (scheduling capacity), 'deferred' (grammar "
+            "compiling); they add up to num_requests_waiting.",
+            labels=[*labels, "reason"],
+        )
+        deferred = s.num_waiting_deferred if s else 0
+        g.add_metric([*values, "capacity"], (s.num_waiting if s else 0) - deferred)
+        g.add_metric([*values, "deferred"], deferred)
+        yield g
         yield gauge(
             "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", s.kv_cache_usage if s else 0
         )
@@ -136,9 +215,12 @@ class ServerMetrics:
         prefix: the metric names' prefix, ``surge`` (``surge:num_requests_running``) or
             ``vllm`` (``--metrics-prefix vllm``: the names vLLM gives the same metrics, for
             dashboards and autoscalers written for vLLM).
+        max_model_len: the context length in tokens: the top bucket of the token count
+            histograms (:func:`build_1_2_5_buckets`, as vLLM).
 
     Raises:
-        ValueError: ``prefix`` is not one of :data:`METRICS_PREFIXES`.
+        ValueError: ``prefix`` is not one of :data:`METRICS_PREFIXES`, or ``max_model_len`` is
+            below 1.
     """
 
     def __init__(
@@ -149,6 +231,8 @@ class ServerMetrics:
         engine_up: Callable[[], bool] = lambda: True,
         multiprocess_dir: str | None = None,
         prefix: str = "surge",
+        *,
+        max_model_len: int,
     ) -> None:
         if prefix not in METRICS_PREFIXES:
             raise ValueError(f"metrics prefix must be one of {', '.join(METRICS_PREFIXES)}, got {prefix!r}")
@@ -158,42 +242,89 @@ class ServerMetrics:
         self._get_stats = lambda: get_stats() if engine_up() else None
         reg, lbl = self.registry, ["model_name"]
         self._model_name = model_name
-        self._prompt_tokens = Counter(
-            f"{prefix}:prompt_tokens", "Prompt tokens processed.", lbl, registry=reg
+
+        def counter(name: str, doc: str, labels: list[str] = lbl) -> Counter:
+            return Counter(f"{prefix}:{name}", doc, labels, registry=reg)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
+            return Histogram(f"{prefix}:{name}", doc, lbl, buckets=buckets, registry=reg).labels(model_name)
+
+        self._prompt_tokens = counter(
+            "prompt_tokens", "Prompt tokens of the requests whose prefill is done (prefix-cached included)."
         ).labels(model_name)
-        self._generation_tokens = Counter(
-            f"{prefix}:generation_tokens", "Generated tokens.", lbl, registry=reg
-        ).labels(model_name)
-        self._success = Counter(
-            f"{prefix}:request_success",
-            "Finished requests by finish reason.",
-            [*lbl, "finished_reason"],
-            registry=reg,
+        by_source = counter(
+            "prompt_tokens_by_source", "Prompt tokens by source (vLLM's labels).", [*lbl, "source"]
         )
-        self._success_by_reason = {
-            r: self._success.labels(model_name, r) for r in ("stop", "length", "abort", "repetition")
+        self._prompt_by_source = {
+            src: by_source.labels(model_name, src)
+            for src in ("local_compute", "local_cache_hit", "external_kv_transfer")
         }
-        self.ttft = Histogram(
-            f"{prefix}:time_to_first_token_seconds",
-            "Time to first token (s).",
-            lbl,
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
+        self._prompt_tokens_cached = counter(
+            "prompt_tokens_cached", "Prompt tokens served by the prefix cache."
         ).labels(model_name)
-        self.itl = Histogram(
-            f"{prefix}:inter_token_latency_seconds",
-            "Time between tokens (s).",
-            lbl,
-            buckets=_ITL_BUCKETS,
-            registry=reg,
-        ).labels(model_name)
-        self.e2e = Histogram(
-            f"{prefix}:e2e_request_latency_seconds",
-            "End-to-end request latency (s).",
-            lbl,
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(model_name)
+        self._generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
+        self._success = counter(
+            "request_success", "Finished requests by finish reason.", [*lbl, "finished_reason"]
+        )
+        self._success_by_reason = {r: self._success.labels(model_name, r) for r in FINISH_REASONS}
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token (s).", _TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between tokens (s).", _ITL_BUCKETS)
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "End-to-end request latency (s).", _REQUEST_LATENCY_BUCKETS
+        )
+        self._queue_time = histogram(
+            "request_queue_time_seconds",
+            "Time from the engine's queueing to the first schedule (s).",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self._prefill_time = histogram(
+            "request_prefill_time_seconds",
+            "Time from the first schedule to the first token (s).",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self._decode_time = histogram(
+            "request_decode_time_seconds",
+            "Time from the first token to the last (s).",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self._inference_time = histogram(
+            "request_inference_time_seconds",
+            "Time from the first schedule to the last token (s).",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self._tpot = histogram(
+            "request_time_per_output_token_seconds",
+            "Decode time over the tokens after the first, per request (s).",
+            _ITL_BUCKETS,
+        )
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        self._request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens per finished request.", token_buckets
+        )
+        self._request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per finished request.", token_buckets
+        )
+        self._prefill_kv_computed = histogram(
+            "request_prefill_kv_computed_tokens",
+            "Prompt tokens computed per finished request (prefix-cache hits excluded).",
+            token_buckets,
+        )
+        self._max_tokens_param = histogram(
+            "request_params_max_tokens", "The max_tokens of each finished request.", token_buckets
+        )
+        self._max_num_generation_tokens = histogram(
+            "request_max_num_generation_tokens",
+            "Most tokens generated by one choice of a prompt whose n choices all finished.",
+            token_buckets,
+        )
+        self._n_param = histogram(
+            "request_params_n", "The n of each prompt whose n choices all finished.", _N_BUCKETS
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Tokens per engine step: generated, plus computed prompt tokens of the prefills it completed.",
+            _ITERATION_TOKENS_BUCKETS,
+        )
         self.grammar_compile_time = Histogram(
             f"{prefix}:grammar_compile_time_seconds",
             "Time to compile one structured-output grammar in the engine (s).",
@@ -218,8 +349,12 @@ class ServerMetrics:
         """Count a prompt of ``n`` tokens whose prefill is done, ``num_cached`` of them served by
         the prefix cache (``prompt_tokens_total`` counts all ``n``, as vLLM's; the stats line's
         prompt throughput the computed ones)."""
+        cached = min(num_cached, n)
         self._prompt_tokens.inc(n)
-        self.stats_line.add_prompt_tokens(n - min(num_cached, n))
+        self._prompt_tokens_cached.inc(cached)
+        self._prompt_by_source["local_compute"].inc(n - cached)
+        self._prompt_by_source["local_cache_hit"].inc(cached)
+        self.stats_line.add_prompt_tokens(n - cached)
 
     def structured_request(self, kind: str, n: int = 1) -> None:
         """Count ``n`` engine requests constrained by a grammar of ``kind``."""
@@ -230,15 +365,33 @@ class ServerMetrics:
         self._generation_tokens.inc(n)
         self.stats_line.add_generation_tokens(n)
 
-    def request_finished(self, finish_reason: str, e2e_seconds: float) -> None:
-        """Count one finished choice and observe its end-to-end latency."""
-        counter = self._success_by_reason.get(finish_reason)
+    def request_finished(self, stats: FinishedRequestStats) -> None:
+        """Count one finished choice and observe its histograms (vLLM's per finished request:
+        success by reason, e2e, queue, prefill, decode and inference times, time per output
+        token, prompt, generation and computed prompt tokens, ``max_tokens``)."""
+        counter = self._success_by_reason.get(stats.finish_reason)
         if counter is None:
-            counter = self._success_by_reason[finish_reason] = self._success.labels(
-                self._model_name, finish_reason
+            counter = self._success_by_reason[stats.finish_reason] = self._success.labels(
+                self._model_name, stats.finish_reason
             )
         counter.inc()
-        self.e2e.observe(e2e_seconds)
+        self.e2e.observe(stats.e2e_latency)
+        self._queue_time.observe(stats.queued_time)
+        self._prefill_time.observe(stats.prefill_time)
+        self._inference_time.observe(stats.inference_time)
+        self._decode_time.observe(stats.decode_time)
+        self._prefill_kv_computed.observe(stats.num_prompt_tokens - max(stats.num_cached_tokens, 0))
+        self._request_prompt_tokens.observe(stats.num_prompt_tokens)
+        self._request_generation_tokens.observe(stats.num_generation_tokens)
+        self._tpot.observe(stats.mean_time_per_output_token)
+        if stats.max_tokens_param:
+            self._max_tokens_param.observe(stats.max_tokens_param)
+
+    def prompt_finished(self, n: int, max_num_generation_tokens: int) -> None:
+        """Observe a prompt whose ``n`` choices all finished (none aborted): ``n`` and the most
+        tokens one of them generated (vLLM's ``ParentRequest.observe_finished_request``)."""
+        self._n_param.observe(n)
+        self._max_num_generation_tokens.observe(max_num_generation_tokens)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (with several API processes, their

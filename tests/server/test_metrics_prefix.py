@@ -37,8 +37,8 @@ def _names(metrics: ServerMetrics) -> set[str]:
 
 def test_the_prefix_renames_every_metric_and_nothing_else() -> None:
     stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
-    ours = ServerMetrics("m", lambda: stats)
-    theirs = ServerMetrics("m", lambda: stats, prefix="vllm")
+    ours = ServerMetrics("m", lambda: stats, max_model_len=2048)
+    theirs = ServerMetrics("m", lambda: stats, prefix="vllm", max_model_len=2048)
     for m in (ours, theirs):
         m.ttft.observe(0.1)
         m.add_generation_tokens(5)
@@ -48,7 +48,7 @@ def test_the_prefix_renames_every_metric_and_nothing_else() -> None:
     assert set(VLLM_NAMES) <= vllm_names
     assert re.search(r'^vllm:num_requests_waiting\{model_name="m"\} 3\.0$', theirs.render().decode(), re.M)
     with pytest.raises(ValueError, match="metrics prefix must be one of surge, vllm"):
-        ServerMetrics("m", lambda: stats, prefix="sglang")
+        ServerMetrics("m", lambda: stats, prefix="sglang", max_model_len=2048)
 
 
 def test_a_server_started_with_the_flag_exports_vllms_names(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_every_metric_the_docs_name_is_exported() -> None:
     stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
     exported = set()
     for prefix in ("surge", "vllm"):
-        metrics = ServerMetrics("m", lambda: stats, prefix=prefix)
+        metrics = ServerMetrics("m", lambda: stats, prefix=prefix, max_model_len=2048)
         exported |= _names(metrics) | set(re.findall(r"^# HELP (\S+)", metrics.render().decode(), re.M))
     named = set()
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:

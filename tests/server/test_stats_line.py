@@ -53,7 +53,7 @@ def _line(caplog: pytest.LogCaptureFixture, m: ServerMetrics) -> tuple[int, str]
 
 def test_the_line_reads_as_vllms(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     stats = _stats()
-    m = ServerMetrics("m", lambda: stats)
+    m = ServerMetrics("m", lambda: stats, max_model_len=2048)
     m.add_prompt_tokens(100, num_cached=40)  # 60 prefilled: vLLM counts computed tokens only
     m.add_prompt_tokens(20)
     m.add_generation_tokens(50)
@@ -79,7 +79,7 @@ def test_the_line_reads_as_vllms(clock: _Clock, caplog: pytest.LogCaptureFixture
 
 def test_the_hit_rate_spans_the_latest_1000_requests(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     stats = _stats()
-    m = ServerMetrics("m", lambda: stats)
+    m = ServerMetrics("m", lambda: stats, max_model_len=2048)
     stats = _stats(requests=400, queries=4000, hits=4000)  # all hits
     clock.now += 1
     assert "Prefix cache hit rate: 100.0%" in _line(caplog, m)[1]
@@ -96,7 +96,7 @@ def test_the_hit_rate_spans_the_latest_1000_requests(clock: _Clock, caplog: pyte
 
 def test_data_parallel_lines_name_the_engines(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     stats = _stats()
-    m = ServerMetrics("m", lambda: stats, lambda: [stats, stats])
+    m = ServerMetrics("m", lambda: stats, lambda: [stats, stats], max_model_len=2048)
     m.add_generation_tokens(1)
     clock.now += 1
     assert _line(caplog, m)[1].startswith("2 Engines Aggregated: Avg prompt throughput: 0.0 tokens/s")
