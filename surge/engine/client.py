@@ -366,6 +366,11 @@ class EngineClient:
             logger.error("the engine output dispatcher failed", exc_info=exc)
             self._mark_dead(f"the engine output dispatcher failed: {exc!r}")
 
+    def engine_index(self, queue: asyncio.Queue[QueueItem]) -> int:
+        """The engine that serves the requests of ``queue``: always 0 (one engine; see
+        ``DPEngineClient.engine_index``)."""
+        return 0
+
     def add_request(
         self,
         request_id: str,

@@ -224,6 +224,11 @@ class DPEngineClient:
         self._by_queue[queue] = d  # counted once the replica took it
         self.num_routed[d] += 1
 
+    def engine_index(self, queue: asyncio.Queue[QueueItem]) -> int:
+        """The replica that serves the requests of ``queue`` (0 before any was sent): the
+        ``engine`` label of their metrics."""
+        return self._by_queue.get(queue, 0)
+
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests on whichever replica holds them (each ignores ids it does not hold)."""
         ids = list(request_ids)

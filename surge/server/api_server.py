@@ -867,9 +867,9 @@ async def run_server(
         sampling_defaults=dict(config.model.sampling_defaults),
         max_tokens_cap=config.model.max_tokens_cap,
     )
-    for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
+    for d, engine_client in enumerate(client.replicas if isinstance(client, DPEngineClient) else [client]):
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
-        engine_client.on_iteration_tokens = state.metrics.iteration_tokens.observe
+        engine_client.on_iteration_tokens = state.metrics.engine(d).iteration_tokens.observe
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     logger.info(

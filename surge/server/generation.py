@@ -185,6 +185,7 @@ class Generation:
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
         self._metrics = metrics
+        self._engine_metrics = metrics.engine(0)  # the engine of its requests, once sent
         self._interval = max(1, stream_interval)
         self._arrival = arrival_time
         self._queue: asyncio.Queue[QueueItem | tuple[int, ApiError]] = asyncio.Queue()
@@ -274,6 +275,7 @@ class Generation:
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e
+        self._engine_metrics = self._metrics.engine(self._client.engine_index(self._queue))
 
     def abort(self) -> None:
         """Abort every unfinished choice in the engine (a client that went away, a server
@@ -347,7 +349,7 @@ class Generation:
         if choice.score_only:
             return self._on_score_output(choice, out, now)
         n_new = len(out.new_token_ids)
-        metrics = self._metrics
+        metrics = self._engine_metrics
         if choice.num_tokens == 0:
             metrics.ttft.observe(now - self._arrival)
             choice.first_token_time = now
@@ -436,7 +438,7 @@ class Generation:
             last = scheduled
         first = choice.engine_first_token_time if choice.engine_first_token_time is not None else last
         prompt = self.prompts[choice.prompt_index]
-        self._metrics.request_finished(
+        self._engine_metrics.request_finished(
             FinishedRequestStats(
                 finish_reason=choice.finish_reason or "stop",
                 e2e_latency=now - self._arrival,
@@ -453,7 +455,7 @@ class Generation:
         prompt.num_finished += 1
         if prompt.num_finished == len(prompt.choices):
             most = max(self.choices[i].num_tokens for i in prompt.choices)
-            self._metrics.prompt_finished(len(prompt.choices), most)
+            self._engine_metrics.prompt_finished(len(prompt.choices), most)
 
     def first_token_split(self) -> str:
         """Where the first choice's time to first token went, for the request's log line:

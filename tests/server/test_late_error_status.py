@@ -40,6 +40,9 @@ class _RejectingClient:
     def abort_requests(self, ids: list[str]) -> None:
         self.aborted += ids
 
+    def engine_index(self, queue: asyncio.Queue) -> int:
+        return 0
+
 
 @pytest.mark.parametrize("status", [400, 500])
 def test_a_late_request_error_answers_with_its_status(status: int) -> None:

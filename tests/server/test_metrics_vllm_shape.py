@@ -78,8 +78,32 @@ def test_waiting_by_reason_adds_up_to_waiting() -> None:
     stats = SchedulerStats(1, 3, 0.1, 9, 10, 0, num_waiting_deferred=1)
     text = ServerMetrics("m", lambda: stats, prefix="vllm", max_model_len=MAX_MODEL_LEN).render().decode()
     assert re.search(
-        r'^vllm:num_requests_waiting_by_reason\{model_name="m",reason="capacity"\} 2\.0$', text, re.M
+        r'^vllm:num_requests_waiting_by_reason\{engine="0",model_name="m",reason="capacity"\} 2\.0$',
+        text,
+        re.M,
     )
     assert re.search(
-        r'^vllm:num_requests_waiting_by_reason\{model_name="m",reason="deferred"\} 1\.0$', text, re.M
+        r'^vllm:num_requests_waiting_by_reason\{engine="0",model_name="m",reason="deferred"\} 1\.0$',
+        text,
+        re.M,
     )
+
+
+def test_every_vllm_metric_has_the_model_name_and_engine_labels() -> None:
+    """vLLM labels its per-engine metrics ``model_name`` and ``engine`` (``"0"``; each
+    data-parallel engine's index): a selector or ``sum by (engine)`` written for vLLM works."""
+    stats = SchedulerStats(1, 0, 0.1, 9, 10, 0)
+    for replicas, engines in ((None, {"0"}), (lambda: [stats, stats], {"0", "1"})):
+        m = ServerMetrics("m", lambda: stats, replicas, prefix="vllm", max_model_len=MAX_MODEL_LEN)
+        text = m.render().decode()
+        for name in VLLM:
+            samples = re.findall(
+                rf"^{re.escape(name)}(?:_total|_bucket|_count|_sum)?\{{([^}}]*)\}}", text, re.M
+            )
+            assert samples, name
+            seen = set()
+            for labels in samples:
+                got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+                assert got.get("model_name") == "m" and "engine" in got, (name, labels)
+                seen.add(got["engine"])
+            assert seen == engines, (name, seen)

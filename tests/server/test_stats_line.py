@@ -54,9 +54,9 @@ def _line(caplog: pytest.LogCaptureFixture, m: ServerMetrics) -> tuple[int, str]
 def test_the_line_reads_as_vllms(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     stats = _stats()
     m = ServerMetrics("m", lambda: stats, max_model_len=2048)
-    m.add_prompt_tokens(100, num_cached=40)  # 60 prefilled: vLLM counts computed tokens only
-    m.add_prompt_tokens(20)
-    m.add_generation_tokens(50)
+    m.engine().add_prompt_tokens(100, num_cached=40)  # 60 prefilled: vLLM counts computed tokens only
+    m.engine().add_prompt_tokens(20)
+    m.engine().add_generation_tokens(50)
     stats = _stats(preemptions=2, requests=2, queries=120, hits=40)
     clock.now += 10
     level, text = _line(caplog, m)
@@ -97,6 +97,6 @@ def test_the_hit_rate_spans_the_latest_1000_requests(clock: _Clock, caplog: pyte
 def test_data_parallel_lines_name_the_engines(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     stats = _stats()
     m = ServerMetrics("m", lambda: stats, lambda: [stats, stats], max_model_len=2048)
-    m.add_generation_tokens(1)
+    m.engine(1).add_generation_tokens(1)
     clock.now += 1
     assert _line(caplog, m)[1].startswith("2 Engines Aggregated: Avg prompt throughput: 0.0 tokens/s")
