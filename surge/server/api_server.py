@@ -201,7 +201,8 @@ def build_app(
 
     Args:
         state: engine client, tokenizer, metrics and server settings.
-        log_interval: seconds between periodic stats log lines (INFO while busy, DEBUG when idle).
+        log_interval: seconds between periodic stats log lines (INFO while busy, DEBUG when idle;
+            none in one of several API processes, as vLLM).
         web_ui: serve the playground (``/``) and the dashboard (``/dashboard``), see ``surge.web``.
         cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
         server_pid: the pid ``/health`` names (default this process; one of several API
@@ -216,11 +217,19 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_log_loop(state.metrics, log_interval))
+        task = None
+        if state.metrics.shared:  # each process sees its own requests only: no true throughput
+            logger.warning(
+                "several API processes: no periodic stats line (each sees only its own requests; "
+                "vLLM disables it with --api-server-count above 1 too); /metrics counts them all"
+            )
+        else:
+            task = asyncio.create_task(_log_loop(state.metrics, log_interval))
         try:
             yield
         finally:
-            task.cancel()
+            if task is not None:
+                task.cancel()
             await state.client.shutdown()
             state.tokenizer_worker.close()
 

@@ -432,6 +432,12 @@ class ServerMetrics:
         """Count ``n`` engine requests constrained by a grammar of ``kind``."""
         self._structured.labels(self._model_name, kind).inc(n)
 
+    @property
+    def shared(self) -> bool:
+        """Whether this is one of several API processes (prometheus_client's multiprocess mode):
+        its own requests are then only part of the server's."""
+        return self._multiprocess_dir is not None
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (with several API processes, their
         counters and histograms summed from the shared folder, and the engine gauges)."""

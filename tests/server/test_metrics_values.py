@@ -197,3 +197,20 @@ def test_preemptions_are_counted_and_each_request_once(tmp_path: Path) -> None:
     assert d["prompt_tokens_total"] == prompts  # a recompute is no second prefill of the prompt
     for h in FINISHED_HISTOGRAMS:
         assert d[h + "_count"] == 4, h
+
+
+def test_a_stop_string_finish_observes_every_histogram_once(srv: Server) -> None:
+    """A stop string ends the choice in the API (the engine request is aborted there): it is a
+    finished request with reason ``stop``, its times taken from the engine's first output."""
+    before = _snapshot(httpx.get(srv.url + "/metrics").text)
+    body = {"prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True, "stop": [" "]}
+    out = _complete(srv.url, body)
+    assert out["choices"][0]["finish_reason"] == "stop", out
+    n = out["usage"]["completion_tokens"]
+    d = _delta(srv.url, before)
+    assert (d["success_stop"], d["success_length"]) == (1, 0)
+    for h in FINISHED_HISTOGRAMS + PROMPT_HISTOGRAMS:
+        assert d[h + "_count"] == 1, h
+    assert d["request_generation_tokens_sum"] == n and d["request_params_max_tokens_sum"] == 60
+    assert d["request_prefill_time_seconds_sum"] > 0 and d["request_decode_time_seconds_sum"] >= 0
+    assert d["request_inference_time_seconds_sum"] <= d["e2e_request_latency_seconds_sum"]
