@@ -20,7 +20,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -328,6 +336,11 @@ class ServerMetrics:
             raise ValueError(f"metrics prefix must be one of {', '.join(METRICS_PREFIXES)}, got {prefix!r}")
         self.prefix = prefix
         self.registry = CollectorRegistry()
+        # vLLM's single API process serves prometheus_client's default registry, whose
+        # process_*, python_gc_* and python_info series come with it (none in multiprocess mode)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._multiprocess_dir = multiprocess_dir
         self._get_stats = lambda: get_stats() if engine_up() else None
         reg, lbl = self.registry, ["model_name"]

@@ -43,6 +43,10 @@ def test_the_prefix_renames_every_metric_and_nothing_else() -> None:
         m.engine().ttft.observe(0.1)
         m.engine().add_generation_tokens(5)
     surge_names, vllm_names = _names(ours), _names(theirs)
+    standard = {n for n in surge_names if n.startswith(("process_", "python_"))}
+    assert "process_resident_memory_bytes" in standard  # as vLLM's default registry has
+    assert standard == {n for n in vllm_names if n.startswith(("process_", "python_"))}
+    surge_names, vllm_names = surge_names - standard, vllm_names - standard
     assert all(n.startswith("surge:") for n in surge_names)
     assert {n.replace("surge:", "vllm:", 1) for n in surge_names} == vllm_names
     assert set(VLLM_NAMES) <= vllm_names
