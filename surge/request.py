@@ -67,6 +67,8 @@ class Request:
         eos_token_ids: the model's EOS ids (ignored with ``ignore_eos``).
         arrival_time, first_scheduled_time, first_token_time, finished_time: seconds
             (``time.monotonic()``); None until the event happens.
+        queued_time: seconds (``time.monotonic()``) when the scheduler queued the request (vLLM's
+            ``QUEUED`` event: the engine's, not the API's arrival); None before.
         num_preemptions: how many times the request was preempted (recomputed).
         prompt_logprobs: with ``SamplingParams.prompt_logprobs``, the rows stored so far for
             prompt tokens ``1, 2, ...`` (a ``LogprobsLists``; a recompute after preemption
@@ -96,6 +98,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "finished_time",
+        "queued_time",
         "num_preemptions",
         "prompt_logprobs",
         "prompt_logprobs_sent",
@@ -128,6 +131,7 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        self.queued_time: float | None = None
         self.num_preemptions = 0
         self.prompt_logprobs: LogprobsLists | None = None
         self.prompt_logprobs_sent = False

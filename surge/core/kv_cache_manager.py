@@ -229,6 +229,9 @@ class KVCacheManager:
         self.prefix_cache_query_tokens = 0
         """Tokens looked up in the prefix cache at first admissions, since start (the prompt;
         re-admissions after a preemption are left out)."""
+        self.prefix_cache_requests = 0
+        """First admissions whose lookup the two counters above count, since start (the stats
+        line's hit rate spans the latest 1000 of them, as vLLM's)."""
 
     @property
     def num_total_blocks(self) -> int:
@@ -357,6 +360,7 @@ class KVCacheManager:
         )
         if counted:
             self.prefix_cache_query_tokens += request.num_tokens
+            self.prefix_cache_requests += 1
         if cached_blocks:
             self.pool.touch_all(cached_blocks)
             request.block_ids.extend(cached_blocks)

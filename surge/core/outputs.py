@@ -140,8 +140,11 @@ class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
         num_prompt_tokens: prompt length in tokens.
         num_cached_tokens: prompt tokens served from the prefix cache.
         arrival_time, first_scheduled_time, first_token_time, finished_time: seconds
-            (``time.monotonic()`` of the engine process); set on the final output.
+            (``time.monotonic()`` of the engine process); set on the final output (the first
+            output carries ``first_scheduled_time`` and ``first_token_time`` too).
         num_preemptions: times the request was preempted.
+        queued_time: seconds (``time.monotonic()`` of the engine process) when the scheduler
+            queued it (vLLM's ``QUEUED`` event); set on the first and the final output.
         logprobs: one row per token of ``new_token_ids`` when the request asked for
             ``logprobs``.
         prompt_logprobs: rows for prompt tokens 1..P-1 (the first has none), on the
@@ -161,6 +164,7 @@ class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_preemptions: int = 0
     logprobs: LogprobsLists | None = None
     prompt_logprobs: LogprobsLists | None = None
+    queued_time: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -179,6 +183,9 @@ class SchedulerStats:
         prefix_cache_hit_tokens, prefix_cache_query_tokens: prompt tokens found in / looked up
             in the prefix cache since start, at each request's first admission (a re-admission
             after a preemption is left out, as in vLLM's counters).
+        prefix_cache_requests: the first admissions those two counters count, since start.
+        num_waiting_deferred: the requests of ``num_waiting`` that cannot be scheduled yet (their
+            grammar is compiling: vLLM's "deferred" waiting reason).
     """
 
     num_running: int
@@ -189,6 +196,8 @@ class SchedulerStats:
     num_preemptions_total: int
     prefix_cache_hit_tokens: int = 0
     prefix_cache_query_tokens: int = 0
+    prefix_cache_requests: int = 0
+    num_waiting_deferred: int = 0
 
 
 @dataclass(slots=True)

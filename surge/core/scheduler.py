@@ -214,6 +214,8 @@ class Scheduler:
             num_kv_blocks=self.kv.num_total_blocks,
         )
         request.status = RequestStatus.WAITING
+        if request.queued_time is None:  # a request that waited for its grammar was queued then
+            request.queued_time = time.monotonic()
         self.requests[rid] = request
         self.waiting.append(request)
         if request.prompt_logprobs is not None:
@@ -431,7 +433,8 @@ class Scheduler:
             request.num_pending_outputs -= 1
             token = model_output.sampled_token_ids[request.request_id]
             request.output_token_ids.append(token)
-            if request.first_token_time is None:
+            first = request.first_token_time is None
+            if first:
                 request.first_token_time = now
             params = request.sampling_params
             n_out = request.num_output_tokens
@@ -462,6 +465,10 @@ class Scheduler:
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_cached_tokens=request.num_cached_tokens,
             )
+            if first:  # the times the API's request histograms need, even if the API ends it
+                out.queued_time = request.queued_time
+                out.first_scheduled_time = request.first_scheduled_time
+                out.first_token_time = now
             if logprobs:
                 out.logprobs = logprobs.get(request.request_id)
             if prompt_logprobs and request.prompt_logprobs is not None and not request.prompt_logprobs_sent:
@@ -476,6 +483,7 @@ class Scheduler:
                 out.first_scheduled_time = request.first_scheduled_time
                 out.first_token_time = request.first_token_time
                 out.finished_time = request.finished_time
+                out.queued_time = request.queued_time
                 out.num_preemptions = request.num_preemptions
             outputs.append(out)
         if finished:
@@ -496,6 +504,7 @@ class Scheduler:
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
             finished_time=request.finished_time,
+            queued_time=request.queued_time,
             num_preemptions=request.num_preemptions,
         )
         if request.prompt_logprobs is not None:
@@ -526,4 +535,5 @@ class Scheduler:
             num_preemptions_total=self.num_preemptions_total,
             prefix_cache_hit_tokens=self.kv.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=self.kv.prefix_cache_query_tokens,
+            prefix_cache_requests=self.kv.prefix_cache_requests,
         )

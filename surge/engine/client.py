@@ -165,6 +165,7 @@ def pid_alive(pid: int) -> bool:
 class _Sink:
     queue: asyncio.Queue[QueueItem]
     index: int
+    started: bool = False  # its first output (its prefill done) has come
 
 
 class EngineClient:
@@ -183,6 +184,10 @@ class EngineClient:
             start-up), then each batch's (None before the engine is ready).
         on_grammar_compile_time: called with the seconds of each grammar compilation the
             engine reports (the server's histogram), or None.
+        on_iteration_tokens: called once per engine batch that has outputs with its tokens as
+            vLLM's ``iteration_tokens_total`` counts them (the tokens generated, plus the prompt
+            tokens computed for each request whose prefill the batch completes: its first
+            output, less its prefix-cache hits), or None.
         on_dead: called once with the reason when the engine dies or fails (not when the
             server shuts it down), after the in-flight requests got their error; or None.
         pid: the engine process id once started.
@@ -209,6 +214,7 @@ class EngineClient:
         self.info: EngineReady | None = None
         self.stats: SchedulerStats | None = None
         self.on_grammar_compile_time: Callable[[float], None] | None = None
+        self.on_iteration_tokens: Callable[[int], None] | None = None
         self.on_dead: Callable[[str], None] | None = None
         self._sinks: dict[str, _Sink] = {}
         self._dead_reason: str | None = None
@@ -360,6 +366,11 @@ class EngineClient:
             logger.error("the engine output dispatcher failed", exc_info=exc)
             self._mark_dead(f"the engine output dispatcher failed: {exc!r}")
 
+    def engine_index(self, queue: asyncio.Queue[QueueItem]) -> int:
+        """The engine that serves the requests of ``queue``: always 0 (one engine; see
+        ``DPEngineClient.engine_index``)."""
+        return 0
+
     def add_request(
         self,
         request_id: str,
@@ -453,13 +464,20 @@ class EngineClient:
                 if msg.grammar_compile_times and self.on_grammar_compile_time is not None:
                     for seconds in msg.grammar_compile_times:
                         self.on_grammar_compile_time(seconds)
+                step_tokens = 0
                 for out in msg.outputs:
                     sink = sinks.get(out.request_id)
                     if sink is None:
                         continue  # aborted by the API side
+                    step_tokens += len(out.new_token_ids)
+                    if not sink.started:  # its prefill is done: its computed prompt tokens count
+                        sink.started = True
+                        step_tokens += out.num_prompt_tokens - out.num_cached_tokens
                     sink.queue.put_nowait((sink.index, out))
                     if out.finish_reason is not None:
                         del sinks[out.request_id]
+                if msg.outputs and self.on_iteration_tokens is not None:
+                    self.on_iteration_tokens(step_tokens)
                 for err in msg.errors:
                     sink = sinks.pop(err.request_id, None)
                     if sink is not None:

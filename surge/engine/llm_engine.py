@@ -561,6 +561,7 @@ class LLMEngine:
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
         )
+        request.queued_time = time.monotonic()  # queued now, as vLLM's WAITING_FOR_FSM request
         structured.add(request)
 
     def room_for_output(self, num_prompt_tokens: int) -> int:
@@ -797,10 +798,12 @@ class LLMEngine:
         )
 
     def get_stats(self) -> SchedulerStats:
-        """The scheduler's snapshot; requests waiting for their grammar count as waiting."""
+        """The scheduler's snapshot; requests waiting for their grammar count as waiting, and as
+        deferred (vLLM's ``WAITING_FOR_FSM`` requests are its skipped waiting ones)."""
         stats = self.scheduler.get_stats()
         if self._structured is not None and self._structured.waiting:
-            stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + len(self._structured.waiting))
+            n = len(self._structured.waiting)
+            stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + n, num_waiting_deferred=n)
         return stats
 
     def check_health(self) -> None:

@@ -76,6 +76,8 @@ def sum_stats(stats: list[SchedulerStats | None]) -> SchedulerStats | None:
         num_preemptions_total=sum(s.num_preemptions_total for s in known),
         prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in known),
         prefix_cache_query_tokens=sum(s.prefix_cache_query_tokens for s in known),
+        prefix_cache_requests=sum(s.prefix_cache_requests for s in known),
+        num_waiting_deferred=sum(s.num_waiting_deferred for s in known),
     )
 
 
@@ -221,6 +223,11 @@ class DPEngineClient:
         )
         self._by_queue[queue] = d  # counted once the replica took it
         self.num_routed[d] += 1
+
+    def engine_index(self, queue: asyncio.Queue[QueueItem]) -> int:
+        """The replica that serves the requests of ``queue`` (0 before any was sent): the
+        ``engine`` label of their metrics."""
+        return self._by_queue.get(queue, 0)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests on whichever replica holds them (each ignores ids it does not hold)."""

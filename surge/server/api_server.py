@@ -201,7 +201,8 @@ def build_app(
 
     Args:
         state: engine client, tokenizer, metrics and server settings.
-        log_interval: seconds between periodic stats log lines (when there is activity).
+        log_interval: seconds between periodic stats log lines (INFO while busy, DEBUG when idle;
+            none in one of several API processes, as vLLM).
         web_ui: serve the playground (``/``) and the dashboard (``/dashboard``), see ``surge.web``.
         cors: CORS settings (Starlette's ``CORSMiddleware``), or None for no CORS headers.
         server_pid: the pid ``/health`` names (default this process; one of several API
@@ -216,11 +217,19 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_log_loop(state.metrics, log_interval))
+        task = None
+        if state.metrics.shared:  # each process sees its own requests only: no true throughput
+            logger.warning(
+                "several API processes: no periodic stats line (each sees only its own requests; "
+                "vLLM disables it with --api-server-count above 1 too); /metrics counts them all"
+            )
+        else:
+            task = asyncio.create_task(_log_loop(state.metrics, log_interval))
         try:
             yield
         finally:
-            task.cancel()
+            if task is not None:
+                task.cancel()
             await state.client.shutdown()
             state.tokenizer_worker.close()
 
@@ -652,10 +661,7 @@ def _json_response(obj: Any) -> Response:
 async def _log_loop(metrics: ServerMetrics, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
-        if metrics.has_activity():
-            metrics.log_stats()
-        else:
-            metrics.skip_interval()  # an idle interval does not dilute the next line's rates
+        metrics.log_stats()  # at DEBUG when idle, as vLLM's
 
 
 @dataclass(frozen=True)
@@ -834,6 +840,7 @@ async def run_server(
             lambda: client.is_ready,
             multiprocess_dir=metrics_dir,
             prefix=options.metrics_prefix,
+            max_model_len=info.max_model_len,
         ),
         served_model_names=tuple(names),
         model_path=config.model.model,
@@ -869,8 +876,9 @@ async def run_server(
         sampling_defaults=dict(config.model.sampling_defaults),
         max_tokens_cap=config.model.max_tokens_cap,
     )
-    for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
+    for d, engine_client in enumerate(client.replicas if isinstance(client, DPEngineClient) else [client]):
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
+        engine_client.on_iteration_tokens = state.metrics.engine(d).iteration_tokens.observe
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     logger.info(

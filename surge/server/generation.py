@@ -43,7 +43,7 @@ from surge.engine.llm_engine import choice_ids
 from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason_of
 from surge.server.errors import ApiError
 from surge.server.logprobs import LogprobTracker
-from surge.server.metrics import ServerMetrics
+from surge.server.metrics import FinishedRequestStats, ServerMetrics
 from surge.tokenizer import IncrementalDetokenizer
 
 _MAX_BATCH_SECONDS = 0.005
@@ -54,6 +54,9 @@ _MAX_BATCH_SECONDS = 0.005
 class ChoiceState:
     """Progress of one choice (one engine request).
 
+    ``max_tokens`` is the ``max_tokens`` the engine was given; ``queued_time``,
+    ``scheduled_time``, ``engine_first_token_time`` and ``engine_finished_time`` the engine's
+    times of the request (``time.monotonic()``, None until reported: the request histograms).
     ``token_ids`` holds every generated token id when the request asked for them
     (``return_token_ids``; else None), ``num_ids_sent`` how many of them deltas have carried;
     ``num_cached_tokens`` the prompt tokens the engine served from its prefix cache;
@@ -81,6 +84,11 @@ class ChoiceState:
     token_ids: list[int] | None = None
     num_ids_sent: int = 0
     num_cached_tokens: int = 0
+    max_tokens: int = 0
+    queued_time: float | None = None
+    scheduled_time: float | None = None
+    engine_first_token_time: float | None = None
+    engine_finished_time: float | None = None
 
 
 @dataclass(slots=True)
@@ -106,11 +114,13 @@ class ChoiceDelta:
 
 @dataclass(slots=True)
 class PromptInfo:
-    """One prompt of the request: its token ids (and text for echo)."""
+    """One prompt of the request: its token ids (and text for echo), its choices and how many
+    of them finished (not aborted)."""
 
     token_ids: list[int]
     text: str | None = None
     choices: list[int] = field(default_factory=list)
+    num_finished: int = 0
 
 
 class Generation:
@@ -175,6 +185,7 @@ class Generation:
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
         self._metrics = metrics
+        self._engine_metrics = metrics.engine(0)  # the engine of its requests, once sent
         self._interval = max(1, stream_interval)
         self._arrival = arrival_time
         self._queue: asyncio.Queue[QueueItem | tuple[int, ApiError]] = asyncio.Queue()
@@ -243,6 +254,7 @@ class Generation:
                 score_only=score_only,
                 stop_ids=reported_stop_ids(params, self._eos_token_ids, self._tokenizer.eos_token_id),
                 token_ids=[] if self._return_token_ids else None,
+                max_tokens=params.max_tokens,
             )
             if params.num_logprobs is not None and not score_only:
                 choice.logprobs = LogprobTracker()
@@ -263,6 +275,7 @@ class Generation:
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e
+        self._engine_metrics = self._metrics.engine(self._client.engine_index(self._queue))
 
     def abort(self) -> None:
         """Abort every unfinished choice in the engine (a client that went away, a server
@@ -336,13 +349,13 @@ class Generation:
         if choice.score_only:
             return self._on_score_output(choice, out, now)
         n_new = len(out.new_token_ids)
-        metrics = self._metrics
+        metrics = self._engine_metrics
         if choice.num_tokens == 0:
             metrics.ttft.observe(now - self._arrival)
             choice.first_token_time = now
             # the first output token means the choice's prefill is done; each choice (engine
             # request) counts its prompt, as vLLM's n child requests each do
-            metrics.add_prompt_tokens(len(self.prompts[choice.prompt_index].token_ids))
+            metrics.add_prompt_tokens(len(self.prompts[choice.prompt_index].token_ids), out.num_cached_tokens)
         elif n_new:
             metrics.itl.observe((now - choice.last_token_time) / n_new)
         choice.last_token_time = now
@@ -371,6 +384,7 @@ class Generation:
             choice.stop_reason = stop_reason_of(out.stop_token_id, choice.stop_ids, out.finish_reason)
         if out.first_scheduled_time is not None and out.first_token_time is not None:
             choice.engine_times = (out.first_scheduled_time, out.first_token_time)
+        _take_engine_times(choice, out)
         if choice.finish_reason is not None:
             rest = detok.flush()
             choice.pending += rest
@@ -379,7 +393,7 @@ class Generation:
             if detok.stop_matched is not None and choice.finish_reason != "stop":
                 choice.finish_reason, choice.stop_reason = "stop", detok.stop_matched
             self._num_unfinished -= 1
-            metrics.request_finished(choice.finish_reason, now - self._arrival)
+            self._finished(choice, now)
         elif choice.sent_first and choice.unsent_tokens < self._interval:
             return None
         elif not choice.sent_first and not choice.pending and self._first_needs_text:
@@ -405,6 +419,44 @@ class Generation:
         choice.unsent_tokens = 0
         return delta
 
+    def _finished(self, choice: ChoiceState, now: float) -> None:
+        """Count a choice that finished (not aborted) in the request metrics, with vLLM 0.26's
+        intervals (``IterationStats.update_from_finished_request``): queued = first schedule -
+        engine queueing, prefill = first token - first schedule, decode = last token - first
+        token, inference = last token - first schedule, all engine times. The last token's
+        engine time is the engine's finish; for a choice the API ended (a stop string) the
+        engine's first-token time plus the API's time since its first token. A score-only choice
+        (no token) has its prefill end at its finish. Once every choice of its prompt finished,
+        the prompt's ``n`` and most generated tokens are observed too."""
+        scheduled = choice.scheduled_time if choice.scheduled_time is not None else self._arrival
+        queued = choice.queued_time if choice.queued_time is not None else scheduled
+        if choice.engine_finished_time is not None:
+            last = choice.engine_finished_time
+        elif choice.engine_first_token_time is not None:
+            last = choice.engine_first_token_time + (now - choice.first_token_time)
+        else:
+            last = scheduled
+        first = choice.engine_first_token_time if choice.engine_first_token_time is not None else last
+        prompt = self.prompts[choice.prompt_index]
+        self._engine_metrics.request_finished(
+            FinishedRequestStats(
+                finish_reason=choice.finish_reason or "stop",
+                e2e_latency=now - self._arrival,
+                num_prompt_tokens=len(prompt.token_ids),
+                num_generation_tokens=choice.num_tokens,
+                num_cached_tokens=choice.num_cached_tokens,
+                max_tokens_param=choice.max_tokens,
+                queued_time=scheduled - queued,
+                prefill_time=first - scheduled,
+                decode_time=last - first,
+                inference_time=last - scheduled,
+            )
+        )
+        prompt.num_finished += 1
+        if prompt.num_finished == len(prompt.choices):
+            most = max(self.choices[i].num_tokens for i in prompt.choices)
+            self._engine_metrics.prompt_finished(len(prompt.choices), most)
+
     def first_token_split(self) -> str:
         """Where the first choice's time to first token went, for the request's log line:
         ``"; first token at X ms = A to the engine's first schedule + B in the engine + C back"``
@@ -428,7 +480,8 @@ class Generation:
             self._client.abort_requests([choice.request_id])
         choice.finish_reason = "length"
         self._num_unfinished -= 1
-        self._metrics.request_finished("length", now - self._arrival)
+        _take_engine_times(choice, out)
+        self._finished(choice, now)
         return ChoiceDelta(
             choice.index,
             choice.prompt_index,
@@ -439,3 +492,15 @@ class Generation:
             prompt_logprobs=choice.prompt_logprobs,
             token_ids=None if choice.token_ids is None else [],
         )
+
+
+def _take_engine_times(choice: ChoiceState, out: EngineOutput) -> None:
+    """Keep the engine's times ``out`` carries (its first output and its final one do)."""
+    if out.queued_time is not None:
+        choice.queued_time = out.queued_time
+    if out.first_scheduled_time is not None:
+        choice.scheduled_time = out.first_scheduled_time
+    if out.first_token_time is not None:
+        choice.engine_first_token_time = out.first_token_time
+    if out.finished_time is not None:
+        choice.engine_finished_time = out.finished_time

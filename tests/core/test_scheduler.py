@@ -434,6 +434,7 @@ def test_prefix_cache_across_steps_and_stats() -> None:
     stats = sched.get_stats()
     assert stats.prefix_cache_hit_tokens == 48
     assert stats.prefix_cache_query_tokens == 49 + 50
+    assert stats.prefix_cache_requests == 2
     _run(sched)
 
 
@@ -453,6 +454,7 @@ def test_prefix_cache_counters_leave_out_readmissions_after_preemption() -> None
     stats = sched.get_stats()
     assert stats.num_preemptions_total > 0, "the pool was meant to force a preemption"
     assert stats.prefix_cache_query_tokens == 4 * 8  # each prompt once
+    assert stats.prefix_cache_requests == 4
     assert stats.prefix_cache_hit_tokens == 0  # no two prompts share a block
 
 

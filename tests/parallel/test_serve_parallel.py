@@ -82,7 +82,7 @@ def test_serve_tp2_tokens_then_a_killed_worker(tmp_path: Path) -> None:
 
 
 def _metric(text: str, name: str, replica: str) -> float:
-    m = re.search(rf'^{name}{{model_name="[^"]*",replica="{replica}"}} (\S+)$', text, re.M)
+    m = re.search(rf'^{name}{{engine="{replica}",model_name="[^"]*"}} (\S+)$', text, re.M)
     assert m, f"{name} of replica {replica} missing:\n{text}"
     return float(m.group(1))
 

@@ -40,12 +40,15 @@ class _RejectingClient:
     def abort_requests(self, ids: list[str]) -> None:
         self.aborted += ids
 
+    def engine_index(self, queue: asyncio.Queue) -> int:
+        return 0
+
 
 @pytest.mark.parametrize("status", [400, 500])
 def test_a_late_request_error_answers_with_its_status(status: int) -> None:
     async def main() -> ApiError:
         client = _RejectingClient(status)
-        metrics = ServerMetrics("m", lambda: SchedulerStats(0, 0, 0.0, 10, 10, 0))
+        metrics = ServerMetrics("m", lambda: SchedulerStats(0, 0, 0.0, 10, 10, 0), max_model_len=2048)
         gen = Generation(cast(EngineClient, client), AutoTokenizer.from_pretrained(STORIES), metrics, 1, 0.0)
         gen.add_prompt("r", [1, 5], SamplingParams(max_tokens=3))
         with pytest.raises(ApiError) as e:

@@ -37,18 +37,24 @@ def _names(metrics: ServerMetrics) -> set[str]:
 
 def test_the_prefix_renames_every_metric_and_nothing_else() -> None:
     stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
-    ours = ServerMetrics("m", lambda: stats)
-    theirs = ServerMetrics("m", lambda: stats, prefix="vllm")
+    ours = ServerMetrics("m", lambda: stats, max_model_len=2048)
+    theirs = ServerMetrics("m", lambda: stats, prefix="vllm", max_model_len=2048)
     for m in (ours, theirs):
-        m.ttft.observe(0.1)
-        m.add_generation_tokens(5)
+        m.engine().ttft.observe(0.1)
+        m.engine().add_generation_tokens(5)
     surge_names, vllm_names = _names(ours), _names(theirs)
+    standard = {n for n in surge_names if n.startswith(("process_", "python_"))}
+    assert "process_resident_memory_bytes" in standard  # as vLLM's default registry has
+    assert standard == {n for n in vllm_names if n.startswith(("process_", "python_"))}
+    surge_names, vllm_names = surge_names - standard, vllm_names - standard
     assert all(n.startswith("surge:") for n in surge_names)
     assert {n.replace("surge:", "vllm:", 1) for n in surge_names} == vllm_names
     assert set(VLLM_NAMES) <= vllm_names
-    assert re.search(r'^vllm:num_requests_waiting\{model_name="m"\} 3\.0$', theirs.render().decode(), re.M)
+    assert re.search(
+        r'^vllm:num_requests_waiting\{engine="0",model_name="m"\} 3\.0$', theirs.render().decode(), re.M
+    )
     with pytest.raises(ValueError, match="metrics prefix must be one of surge, vllm"):
-        ServerMetrics("m", lambda: stats, prefix="sglang")
+        ServerMetrics("m", lambda: stats, prefix="sglang", max_model_len=2048)
 
 
 def test_a_server_started_with_the_flag_exports_vllms_names(tmp_path: Path) -> None:
@@ -65,7 +71,9 @@ def test_a_server_started_with_the_flag_exports_vllms_names(tmp_path: Path) -> N
         assert srv.stop() == 0
     names = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M)}
     assert set(VLLM_NAMES) <= names and not any(n.startswith("surge:") for n in names), sorted(names)
-    assert re.search(r'^vllm:generation_tokens_total\{model_name="[^"]+"\} 3\.0$', text, re.M), text
+    assert re.search(r'^vllm:generation_tokens_total\{engine="0",model_name="[^"]+"\} 3\.0$', text, re.M), (
+        text
+    )
 
 
 def test_every_metric_the_docs_name_is_exported() -> None:
@@ -75,7 +83,7 @@ def test_every_metric_the_docs_name_is_exported() -> None:
     stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
     exported = set()
     for prefix in ("surge", "vllm"):
-        metrics = ServerMetrics("m", lambda: stats, prefix=prefix)
+        metrics = ServerMetrics("m", lambda: stats, prefix=prefix, max_model_len=2048)
         exported |= _names(metrics) | set(re.findall(r"^# HELP (\S+)", metrics.render().decode(), re.M))
     named = set()
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:

@@ -110,11 +110,17 @@ def test_waiting_grammar_does_not_block_others_and_cache_by_key() -> None:
     for _ in range(30):
         engine.step()
     assert engine.get_stats().num_waiting == 1
+    assert engine.get_stats().num_waiting_deferred == 1  # vLLM's "deferred" waiting reason
+    slow_request = structured.waiting["slow"][0]
+    slow_queued = slow_request.queued_time
+    assert slow_queued is not None  # queued at add_request, as vLLM's WAITING_FOR_FSM request
     assert "slow" in structured.waiting and "free" not in engine.scheduler.requests
     structured.cache.submit = real_submit  # type: ignore[method-assign]
     stuck.set_result(real_submit(so).result())
     tokens = _run(engine)
     assert set(tokens) == {"slow"}
+    assert engine.get_stats().num_waiting_deferred == 0
+    assert slow_request.queued_time == slow_queued  # its admission did not restart its queue time
     # The same grammar again: a cache hit, no new compilation.
     engine.add_request("again", [1, 5, 6], SamplingParams(max_tokens=20, structured_outputs=so))
     _run(engine)
