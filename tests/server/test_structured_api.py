@@ -556,6 +556,33 @@ def test_structural_tag_requests_are_counted_under_their_kind(server: Server) ->
     assert "structural_tag" in doc_line + docs.split(doc_line, 1)[1].split("\n- ", 1)[0], doc_line
 
 
+def test_logprobs_under_a_grammar_are_those_of_the_masked_logits(server: Server) -> None:
+    """As vLLM 0.26 (its grammar bitmask is applied to the logits its sampler reads the raw
+    logprobs from), and as docs/openai-api.md says: a token the grammar forbids has -9999.0, and
+    the allowed ones share all the probability."""
+    body = {
+        "messages": MSGS,
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+        "structured_outputs": {"choice": ["yes", "no"]},
+    }
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] in ("yes", "no")
+    text = ""
+    for entry in choice["logprobs"]["content"]:
+        allowed = [t for t in entry["top_logprobs"] if t["logprob"] > -9999.0]
+        assert len(allowed) < len(entry["top_logprobs"]), entry  # forbidden tokens are -9999.0
+        if len(allowed) == 1:  # the grammar leaves one token: all the probability is its
+            assert abs(allowed[0]["logprob"]) < 1e-4, entry
+        for t in allowed:
+            assert any(c.startswith(text + t["token"]) for c in ("yes", "no")) or text in ("yes", "no"), entry
+        text += entry["token"] if text not in ("yes", "no") else ""
+
+
 def test_a_null_key_of_the_other_structural_tag_form_is_unset(server: Server) -> None:
     """``"structures": null`` next to ``format`` (a client that serializes both forms' keys) is
     the ``format`` form, as a null field is unset elsewhere; it was a 400 saying ``structures``
