@@ -88,6 +88,16 @@ def opens_reasoning(tokens: ReasoningTokens, prompt_token_ids: Sequence[int]) ->
     return last_start >= 0 and last_start > _rfind(prompt_token_ids, tokens.end)
 
 
+def reasoning_ended(tokens: ReasoningTokens, prompt_token_ids: Sequence[int]) -> bool:
+    """The prompt closes its reasoning: its last reasoning end comes after its last reasoning
+    start (Qwen3's chat prompt with ``enable_thinking`` false ends in an empty ``<think>`` ...
+    ``</think>``).
+    A prompt without a reasoning end has not ended it, as vLLM's ``is_reasoning_end`` reads the
+    prompt (``vllm/parser/engine/parser_engine.py``) to decide whether a grammar waits."""
+    last_end = _rfind(prompt_token_ids, tokens.end)
+    return last_end >= 0 and last_end > _rfind(prompt_token_ids, tokens.start)
+
+
 def _rfind(tokens: Sequence[int], seq: tuple[int, ...]) -> int:
     """Index of the last occurrence of ``seq`` in ``tokens``, or -1."""
     n = len(seq)

@@ -17,6 +17,7 @@ from surge.chat_content_format import check_content_format, describe_content_for
 from surge.config import TOKENIZER_FILES
 from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
+from surge.core.thinking_budget import reasoning_ended
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel_encode import encode_text, split_safe
@@ -121,7 +122,10 @@ class LLM:
             ``</think>``, tokenized with its tokenizer), which a ``SamplingParams``'s
             ``thinking_token_budget`` needs (the reasoning end is forced once that many tokens
             were generated inside the reasoning); None: a budget is refused (``ValueError``).
-            The outputs' text is not split: ``<think>`` ... ``</think>`` stays in it, as vLLM's.
+            A grammar (``structured_outputs``) then waits for the output's first ``</think>``
+            unless the prompt closed the reasoning, as vLLM's: the model thinks freely, then
+            answers in the constrained format. The outputs' text is not split: ``<think>`` ...
+            ``</think>`` stays in it, as vLLM's.
         disable_log_stats: vLLM's (a bool; default True, as vLLM's ``LLM``): the offline
             ``LLM`` logs no periodic stats either way, and :meth:`get_metrics` counts either way
             (vLLM's needs False).
@@ -665,6 +669,7 @@ class LLM:
                     f"the prompt has {len(token_ids)} tokens: {limits}, which leaves {room} for output, "
                     f"less than min_tokens ({params.min_tokens})"
                 )
+            params = self._reasoning_gate(params, token_ids)
             if params.max_tokens is not None and max(1, params.min_tokens) <= room < params.max_tokens:
                 # as vLLM's offline LLM: generation ends at the context limit ("length"), here also
                 # at what the KV pool holds, as for an unset max_tokens; less room than min_tokens
@@ -694,6 +699,28 @@ class LLM:
                 )
             if added_prompt is not None:
                 added_prompt(1)
+
+    def _reasoning_gate(self, params: SamplingParams, prompt_token_ids: list[int]) -> SamplingParams:
+        """``params`` whose grammar waits for the reasoning's end, as vLLM's ``LLM(...,
+        reasoning_parser=...)`` constrains only the answer: with a reasoning parser, a grammar
+        whose ``reasoning_end_token_id`` is unset applies after the first ``</think>`` the output
+        generates, unless the prompt has closed the reasoning (its last ``</think>`` comes after
+        its last ``<think>``, as in Qwen3's chat prompt with ``enable_thinking`` false), as vLLM's
+        structured-output manager decides from the prompt (``is_reasoning_end``). Unchanged
+        without a parser, without a grammar, with the gate set, or with a reasoning end of more
+        than one token (the gate is one token)."""
+        grammar = params.structured_outputs
+        reasoning = self.engine.config.reasoning_tokens
+        if (
+            grammar is None
+            or reasoning is None
+            or grammar.reasoning_end_token_id is not None
+            or len(reasoning.end) != 1
+            or reasoning_ended(reasoning, prompt_token_ids)
+        ):
+            return params
+        gated = msgspec.structs.replace(grammar, reasoning_end_token_id=reasoning.end[0])
+        return msgspec.structs.replace(params, structured_outputs=gated)
 
     def _abort(self, request_ids: list[str]) -> None:
         """Abort ``request_ids`` (a :meth:`generate` that raised) and settle the step in

@@ -41,7 +41,12 @@ from surge.sampling_params import StructuredOutputsParams
 from surge.server.errors import bad_request
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
 from surge.server.parsers.base import ToolCallDelta, ToolParser
-from surge.server.parsers.forced import NO_PARAMETERS, NamedToolParser, RequiredToolParser, required_schema
+from surge.server.parsers.forced import (
+    NamedToolParser,
+    RequiredToolParser,
+    parameters_schema,
+    required_schema,
+)
 from surge.server.parsers.reasoning import THINK_END, THINK_START, ReasoningParser
 from surge.server.structured_request import grammar_param, structured_outputs_of, validate
 from surge.tokenizer import content_text
@@ -429,7 +434,7 @@ def plan_chat(
             tool_parser = RequiredToolParser
         else:
             fn = _named_choice(tool_choice, tools)["function"]
-            schema = fn.get("parameters") or NO_PARAMETERS
+            schema = parameters_schema(fn)
             name = fn["name"]
             tool_parser = lambda: NamedToolParser(name)  # noqa: E731
         structured = StructuredOutputsParams(json=json.dumps(schema))

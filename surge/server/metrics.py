@@ -419,7 +419,7 @@ class ServerMetrics:
         ).labels(model_name)
         self._structured = Counter(
             f"{prefix}:structured_output_requests",
-            "Requests constrained by a grammar, by kind (json, regex, choice, grammar, json_object).",
+            "Requests constrained by a grammar, by kind (json, regex, choice, grammar, json_object, structural_tag).",
             [*lbl, "kind"],
             registry=reg,
         )

@@ -166,21 +166,25 @@ def test_a_grammar_from_the_first_token_inside_the_reasoning_is_refused(
     llm: LLM, prompt: dict[str, list[int]]
 ) -> None:
     """The forced </think> would break a grammar that constrains the output from its first token
-    (it failed mid-output as "no token can continue the grammar"): refused up front; a grammar
-    gated on </think> starts right after the forced end; a prompt outside the reasoning is fine."""
+    (it failed mid-output as "no token can continue the grammar"): the engine refuses it up front;
+    the offline LLM gates a grammar on </think> (as vLLM's, see
+    tests/structured/test_offline_reasoning_gate.py), which starts right after the forced end; a
+    prompt that closed the reasoning is constrained from its first token."""
     schema = '{"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}'
     params = SamplingParams(max_tokens=40, temperature=0.0, thinking_token_budget=2)
+    free = StructuredOutputsParams(json=schema)
     with pytest.raises(ValueError, match="thinking_token_budget cannot be combined with a grammar"):
-        llm.generate(
-            [prompt], msgspec.structs.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
+        llm.engine.add_request(
+            "ungated", prompt["prompt_token_ids"], msgspec.structs.replace(params, structured_outputs=free)
         )
     gated = StructuredOutputsParams(json=schema, reasoning_end_token_id=END)
-    (out,) = llm.generate([prompt], msgspec.structs.replace(params, structured_outputs=gated))
-    ids = list(out.outputs[0].token_ids)
-    assert ids[2] == END and out.outputs[0].finish_reason == "stop"
-    assert json.loads(llm.get_tokenizer().decode(ids[3:], skip_special_tokens=True))["zone"] in ("UTC", "CET")
-    closed = {"prompt_token_ids": llm.get_tokenizer().encode("Question: why?")}
-    free = StructuredOutputsParams(json=schema)
+    for grammar in (free, gated):
+        (out,) = llm.generate([prompt], msgspec.structs.replace(params, structured_outputs=grammar))
+        ids = list(out.outputs[0].token_ids)
+        assert ids[2] == END and out.outputs[0].finish_reason == "stop"
+        answer = json.loads(llm.get_tokenizer().decode(ids[3:], skip_special_tokens=True))
+        assert answer["zone"] in ("UTC", "CET")
+    closed = {"prompt_token_ids": llm.get_tokenizer().encode("Question: why?\n<think>\n</think>\n")}
     (out,) = llm.generate([closed], msgspec.structs.replace(params, structured_outputs=free))
     assert json.loads(out.outputs[0].text)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -532,6 +533,54 @@ def test_response_format_structural_tag(client: openai.OpenAI) -> None:
     text = "".join(c.choices[0].text for c in stream if c.choices)
     assert text.startswith("<f>") and text.endswith("</f>"), text
     jsonschema.validate(json.loads(text[3:-4]), PETS)
+
+
+def test_structural_tag_requests_are_counted_under_their_kind(server: Server) -> None:
+    """``structured_output_requests_total`` has a ``structural_tag`` kind, and its help and
+    docs/structured-outputs.md name it among the kinds (they listed five)."""
+    body = {"messages": MSGS, "max_tokens": 40, "temperature": 1.0, "seed": 0, "response_format": TAGGED}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    metrics = httpx.get(server.url + "/metrics").text
+    assert re.search(
+        r'surge:structured_output_requests_total\{[^}]*kind="structural_tag"[^}]*\} [1-9]', metrics
+    )
+    [help_line] = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("# HELP surge:structured_output_requests_total")
+    ]
+    assert "structural_tag" in help_line, help_line
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "structured-outputs.md").read_text()
+    [doc_line] = [line for line in docs.splitlines() if "structured_output_requests_total{kind}" in line]
+    assert "structural_tag" in doc_line + docs.split(doc_line, 1)[1].split("\n- ", 1)[0], doc_line
+
+
+def test_logprobs_under_a_grammar_are_those_of_the_masked_logits(server: Server) -> None:
+    """As vLLM 0.26 (its grammar bitmask is applied to the logits its sampler reads the raw
+    logprobs from), and as docs/openai-api.md says: a token the grammar forbids has -9999.0, and
+    the allowed ones share all the probability."""
+    body = {
+        "messages": MSGS,
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+        "structured_outputs": {"choice": ["yes", "no"]},
+    }
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] in ("yes", "no")
+    text = ""
+    for entry in choice["logprobs"]["content"]:
+        allowed = [t for t in entry["top_logprobs"] if t["logprob"] > -9999.0]
+        assert len(allowed) < len(entry["top_logprobs"]), entry  # forbidden tokens are -9999.0
+        if len(allowed) == 1:  # the grammar leaves one token: all the probability is its
+            assert abs(allowed[0]["logprob"]) < 1e-4, entry
+        for t in allowed:
+            assert any(c.startswith(text + t["token"]) for c in ("yes", "no")) or text in ("yes", "no"), entry
+        text += entry["token"] if text not in ("yes", "no") else ""
 
 
 def test_a_null_key_of_the_other_structural_tag_form_is_unset(server: Server) -> None:

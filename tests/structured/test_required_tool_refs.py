@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import xgrammar.testing as xgr_testing
 from pydantic import BaseModel
 
 from surge.sampling_params import StructuredOutputsParams
+from surge.server.chat_tools import plan_chat
 from surge.server.parsers.forced import required_schema
+from surge.server.protocol import ChatCompletionRequest
 from surge.structured.validate import build_grammar
 
 
@@ -97,3 +100,36 @@ def test_properties_named_like_keywords_are_schemas() -> None:
     assert accepts({"default": "fast", "enum": inner, "$ref": "a"})
     assert not accepts({"default": "fast", "enum": [{"name": "f", "parameters": inner}], "$ref": "a"})
     assert not accepts({"default": "medium", "enum": None, "$ref": "a"})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"description": "no arguments described"},
+        {"title": "Args"},
+        {"properties": {"x": {"type": "integer"}}},
+    ],
+)
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "f"}}])
+def test_parameters_without_a_type_still_force_an_object(params: dict, tool_choice: object) -> None:  # type: ignore[type-arg]
+    """The tools' check takes a ``parameters`` schema without ``type`` as an object schema; the
+    forced grammar must too: ``{"description": ...}`` alone let a named call's arguments be a
+    JSON string or a number (a call no client can pass as keyword arguments)."""
+    body = ChatCompletionRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [_tool("f", params)],
+            "tool_choice": tool_choice,
+        }
+    )
+    plan = plan_chat(body, None, None, None)
+    assert plan.structured_outputs is not None and plan.structured_outputs.json is not None
+    grammar = build_grammar(plan.structured_outputs)
+
+    def accepts(arguments: str) -> bool:
+        text = arguments if tool_choice != "required" else f'[{{"name": "f", "parameters": {arguments}}}]'
+        return bool(xgr_testing._is_grammar_accept_string(grammar, text))
+
+    assert accepts('{"x": 1}')
+    for other in ('"abc"', "1", "[1]", "null", "true"):
+        assert not accepts(other), other

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -1057,3 +1058,44 @@ def test_enum_limits() -> None:
         check_json_schema(halves)
     with pytest.raises(ValueError, match="65,536 characters"):
         check_json_schema({"enum": ["x" * 40_000, "y" * 40_000]})
+
+
+IPV4_PATTERN = (
+    r"^(0|[1-9][0-9]?|1[0-9]{2}|2[0-4][0-9]|25[0-5])(\.(0|[1-9][0-9]?|1[0-9]{2}|2[0-4][0-9]|25[0-5])){3}$"
+)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "value"),
+    [
+        ("date", "2024-02-30"),
+        ("date", "2024-04-31"),
+        ("date-time", "2024-11-31T20:52:35Z"),
+        ("time", "09:44:60+02:00"),
+        ("ipv4", "094.55.64.000"),
+    ],
+)
+def test_formats_are_enforced_as_shapes_not_values(fmt: str, value: str) -> None:
+    """docs/structured-outputs.md's known limit: xgrammar's regex for a format accepts values a
+    format-checking validator refuses (an xgrammar that checks them fails this: update the doc)."""
+    schema = {**STR, "format": fmt}
+    assert _grammar_accepts(schema, json.dumps(value))
+    assert not _schema_valid(schema, json.dumps(value))
+
+
+def test_a_hostname_label_may_pass_63_characters() -> None:
+    """RFC 1123 bounds a label to 63 characters; xgrammar's hostname does not (jsonschema checks
+    hostnames only with the fqdn package, absent here)."""
+    assert _grammar_accepts({**STR, "format": "hostname"}, json.dumps("a" * 64 + ".com"))
+
+
+def test_the_documented_ipv4_pattern_is_accepted_and_enforced() -> None:
+    """The doc's workaround for ipv4's leading zeros: a pattern Surge takes and xgrammar enforces."""
+    schema = {**STR, "pattern": IPV4_PATTERN}
+    check_json_schema(schema)
+    assert _grammar_accepts(schema, '"192.168.0.1"') and _grammar_accepts(schema, '"0.0.0.0"')
+    for bad in ('"094.55.64.000"', '"256.1.1.1"', '"1.2.3"'):
+        assert not _grammar_accepts(schema, bad)
+    assert (
+        IPV4_PATTERN in (Path(__file__).resolve().parents[2] / "docs" / "structured-outputs.md").read_text()
+    )

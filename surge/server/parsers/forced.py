@@ -27,6 +27,24 @@ NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additional
 function with an empty parameter list"); a bare ``{"type": "object"}`` would take any keys."""
 
 
+_OWN_VALUES = ("type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const")
+"""Keywords that say which values a schema takes: a parameters schema with none of them gets
+``"type": "object"`` (next to one of the others xgrammar would ignore a ``type``)."""
+
+
+def parameters_schema(function: dict[str, Any]) -> dict[str, Any]:
+    """The schema a forced call's arguments are generated under: the function's ``parameters``,
+    :data:`NO_PARAMETERS` when it has none (or ``{}``), and ``"type": "object"`` added to one
+    that says nothing of its values' type (``{"description": ...}``, ``{"properties": {...}}``):
+    arguments are a JSON object, as the tools' check takes such a schema to be
+    (``surge.server.chat_tools``), where the schema alone let the grammar write any JSON value
+    (a string, a number)."""
+    params = function.get("parameters") or NO_PARAMETERS
+    if any(k in params for k in _OWN_VALUES):
+        return params
+    return {"type": "object", **params}
+
+
 def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
     """The JSON schema of ``tool_choice: "required"``: an array of one or more calls (exactly
     one unless ``parallel``), each ``{"name": <a tool's name>, "parameters": <that tool's
@@ -40,7 +58,7 @@ def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[
     defs: dict[str, Any] = {}
     for i, tool in enumerate(tools):
         fn = tool["function"]
-        params = fn.get("parameters") or NO_PARAMETERS
+        params = parameters_schema(fn)
         if _has_local_ref(params):
             defs[f"tool_{i}"] = _reroot(params, f"#/$defs/tool_{i}")
             params = {"$ref": f"#/$defs/tool_{i}"}
