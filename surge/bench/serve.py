@@ -193,7 +193,7 @@ class ServeConfig:
     ready_check_timeout_s: float = 0.0
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
     extra_body: dict[str, Any] | None = None  # merged into every request body (e.g. {"top_k": 1})
-    label: str | None = None  # result label; default the backend name (vLLM's --label)
+    label: str | None = None  # vLLM's --label: the result's label (null without it, as vLLM)
     # timed request i sends X-Request-Id PREFIX{i} (vLLM's --request-id-prefix); None: a fresh bench-XXXXXXXX-
     request_id_prefix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
@@ -1143,7 +1143,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "command": command,
         "backend": backend,
         "endpoint_type": backend,
-        "label": cfg.label or backend,
+        "label": cfg.label,  # null without --label, as vLLM; --save-result's name falls back to the backend
         "base_url": base,
         "endpoint": cfg.endpoint,
         "model_id": model,
