@@ -277,7 +277,7 @@ def metrics_to_json(
 ) -> dict[str, Any]:
     """The vLLM result-JSON fields for ``m`` (``duration``, ``completed``, ``mean_ttft_ms``, ...),
     with the mean, median, std and percentiles of the ``latency_metrics`` only (vLLM's
-    ``--percentile-metrics``)."""
+    ``--percentile-metrics``), and vLLM's ``rtfx`` (0.0: no audio input)."""
     out: dict[str, Any] = {
         "duration": duration,
         "completed": m.completed,
@@ -290,6 +290,9 @@ def metrics_to_json(
         "total_token_throughput": m.total_token_throughput,
         "max_output_tokens_per_s": m.max_output_tokens_per_s,
         "max_concurrent_requests": m.max_concurrent_requests,
+        # vLLM's inverse real-time factor (seconds of input audio per second of the run), always in its
+        # result: 0.0 for text, the only input Surge's benchmark sends
+        "rtfx": 0.0,
     }
     out.update((k, v) for k, v in m.latency_stats.items() if k.rsplit("_", 2)[-2] in latency_metrics)
     return out
