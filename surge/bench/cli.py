@@ -114,7 +114,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--label",
         default=None,
-        help="label stored in the result (default: the backend, openai-chat or openai)",
+        help="label stored in the result (default: none, null in the JSON, as vLLM's) and, in bench serve, "
+        "the start of --save-result's file name (default there: the backend, openai-chat or openai)",
     )
     p.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up requests with other prompts (default 1)"

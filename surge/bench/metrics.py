@@ -8,7 +8,8 @@ exactly, as written down in ``shared/design.md`` §5:
   (:func:`surge.bench.client.counts_as_output`).
 - ITL: the gap before every later output chunk (per chunk, not per token).
 - E2EL: the last output chunk minus the start.
-- output_len: ``usage.completion_tokens`` (else the re-tokenized text).
+- output_len: ``usage.completion_tokens``; the re-tokenized text when the server sent none or 0
+  (vLLM re-counts a falsy ``output_tokens``; :func:`surge.bench.serve.validate_results`).
 - TPOT = (E2EL - TTFT) / (output_len - 1), only for output_len > 1.
 - Failed requests are left out of every latency list and of the token sums (their output_len
   counts as 0), but their time stays inside ``duration``.
@@ -202,7 +203,7 @@ def compute_metrics(
 
     Args:
         results: one entry per timed request; a successful one must have ``output_len`` set
-            (the caller re-tokenizes the text when the server sent no usage).
+            (the caller re-tokenizes the text when the server sent no count or 0).
         duration: seconds from just before the first request was sent to the end of the last.
         percentiles: which percentiles to report (e.g. ``[50, 90, 99]``).
         goodput: SLOs in ms by metric name (``ttft``, ``tpot``, ``e2el``), or None.
@@ -276,7 +277,7 @@ def metrics_to_json(
 ) -> dict[str, Any]:
     """The vLLM result-JSON fields for ``m`` (``duration``, ``completed``, ``mean_ttft_ms``, ...),
     with the mean, median, std and percentiles of the ``latency_metrics`` only (vLLM's
-    ``--percentile-metrics``)."""
+    ``--percentile-metrics``), and vLLM's ``rtfx`` (0.0: no audio input)."""
     out: dict[str, Any] = {
         "duration": duration,
         "completed": m.completed,
@@ -289,6 +290,9 @@ def metrics_to_json(
         "total_token_throughput": m.total_token_throughput,
         "max_output_tokens_per_s": m.max_output_tokens_per_s,
         "max_concurrent_requests": m.max_concurrent_requests,
+        # vLLM's inverse real-time factor (seconds of input audio per second of the run), always in its
+        # result: 0.0 for text, the only input Surge's benchmark sends
+        "rtfx": 0.0,
     }
     out.update((k, v) for k, v in m.latency_stats.items() if k.rsplit("_", 2)[-2] in latency_metrics)
     return out

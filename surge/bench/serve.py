@@ -193,7 +193,7 @@ class ServeConfig:
     ready_check_timeout_s: float = 0.0
     temperature: float | None = None  # None: send no temperature (the server's default), as vLLM
     extra_body: dict[str, Any] | None = None  # merged into every request body (e.g. {"top_k": 1})
-    label: str | None = None  # result label; default the backend name (vLLM's --label)
+    label: str | None = None  # vLLM's --label: the result's label (null without it, as vLLM)
     # timed request i sends X-Request-Id PREFIX{i} (vLLM's --request-id-prefix); None: a fresh bench-XXXXXXXX-
     request_id_prefix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the result (e.g. matrix point info)
@@ -728,20 +728,25 @@ def prompt_length_warning(samples: Sequence[SampleRequest], results: Sequence[Re
 def validate_results(
     results: Sequence[RequestResult], counter: TokenCounter | None, exact_length: bool
 ) -> None:
-    """Fill a missing ``output_len`` from the re-tokenized text and fail wrong lengths (in place).
+    """Count a successful request's output from its re-tokenized text where the server's usage
+    gave no count, and fail wrong lengths (in place).
 
-    With ``exact_length``, a request whose ``usage.completion_tokens`` (or re-tokenized count when
-    the server sent no usage) differs from the requested ``max_tokens`` fails with the reason.
+    The text is re-counted (without special tokens) when the stream had no
+    ``usage.completion_tokens`` or when it said 0, as vLLM 0.26's ``calculate_metrics`` re-counts
+    a falsy ``output_tokens``; with ``counter`` None a reported 0 stays 0. With ``exact_length``,
+    a request whose count differs from the requested ``max_tokens`` fails with the reason, which
+    names where the count came from.
     """
     overhead: int | None = None
     for r in results:
         if not r.success:
             continue
         source = "completion_tokens"
-        if r.output_len is None:
+        if r.output_len is None or (r.output_len == 0 and counter is not None):
             if counter is None:
                 r.success, r.error = False, "no usage in the stream and no tokenizer to count the text"
                 continue
+            why = "sent no usage" if r.output_len is None else "said completion_tokens 0"
             if overhead is None:
                 overhead = len(counter.encode(""))
             r.output_len = max(len(counter.encode(r.generated_text)) - overhead, 0)
@@ -751,7 +756,7 @@ def validate_results(
             r.error = f"{source} {r.output_len} != requested {r.expected_output_len}"
             if source != "completion_tokens":  # text re-encoded whole need not give the server's tokens back
                 r.error += (
-                    " (the server sent no usage, so the text was re-tokenized, which can differ by a token or "
+                    f" (the server {why}, so the text was re-tokenized, which can differ by a token or "
                     "two: let it send stream_options.include_usage, or pass --no-exact-length)"
                 )
 
@@ -1143,7 +1148,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "command": command,
         "backend": backend,
         "endpoint_type": backend,
-        "label": cfg.label or backend,
+        "label": cfg.label,  # null without --label, as vLLM; --save-result's name falls back to the backend
         "base_url": base,
         "endpoint": cfg.endpoint,
         "model_id": model,

@@ -3,7 +3,8 @@
 ``vllm bench serve --save-result`` names its file from the run (vLLM 0.26's
 ``compute_result_filename``): ``{label}-{request_rate}qps[-concurrency{N}]-{model}-{date}.json``, or with
 a ramp-up ``{label}-ramp-up-{strategy}-{start}qps-{end}qps[-concurrency{N}]-{model}-{date}.json``,
-where ``label`` is ``--label`` or the backend, ``model`` the last part of the model id and ``date``
+where ``label`` is ``--label`` or the backend (the result's ``label`` field stays null without
+``--label``, as vLLM's), ``model`` the last part of the model id and ``date``
 the run's ``%Y%m%d-%H%M%S``; ``--result-filename`` replaces the name and ``--result-dir`` is the folder
 (made when missing). ``--append-result`` adds the result to that file as one line of JSON, after a
 newline when the file is not empty, so that a file of several runs holds one run a line.
@@ -22,7 +23,8 @@ def vllm_result_filename(
 ) -> Path:
     """The path vLLM's ``--save-result`` writes ``result`` to (see the module docstring).
 
-    ``result`` is a ``bench serve`` result: its ``label``, ``request_rate`` (a number or
+    ``result`` is a ``bench serve`` result: its ``label`` (null without ``--label``: then its
+    ``backend``, as vLLM's name), ``request_rate`` (a number or
     ``"inf"``), ``max_concurrency``, ``ramp_up_strategy``, ``ramp_up_start_rps``,
     ``ramp_up_end_rps``, ``model_id`` and ``date`` fields name the file.
     """
@@ -32,7 +34,7 @@ def vllm_result_filename(
         conc = result.get("max_concurrency")
         conc_part = f"-concurrency{conc}" if conc is not None else ""
         model = str(result["model_id"]).rstrip("/").split("/")[-1]
-        label = result["label"]
+        label = result.get("label") or result["backend"]  # vLLM: label or args.backend
         if result.get("ramp_up_strategy") is not None:
             rates = f"ramp-up-{result['ramp_up_strategy']}-{result['ramp_up_start_rps']}qps-{result['ramp_up_end_rps']}qps"
         else:

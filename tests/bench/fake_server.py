@@ -13,7 +13,8 @@ request takes the next behaviour of ``script`` (then ``default``):
 - ``short``: like ok but one token short of ``max_tokens``;
 - ``http500``: a 500 with an OpenAI error body;
 - ``stream_error``: a 200 stream that sends two tokens, then ``data: {"error": {...}}``;
-- ``no_usage``: like ok but without the usage chunk.
+- ``no_usage``: like ok but without the usage chunk;
+- ``zero_usage``: like ok but its usage says ``completion_tokens: 0``.
 
 Chat streams can also start with a role-only chunk ``{"role": "assistant", "content": ""}`` sent at
 once (``role_chunk``) and end with a separate ``delta: {}`` finish chunk ``itl`` s after the last
@@ -219,7 +220,8 @@ def make_app(b: Behaviour) -> web.Application:
             )
         if mode != "no_usage":
             p = len(prompt_tokens(body, chat, b.chat_overhead))
-            usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+            done = 0 if mode == "zero_usage" else n
+            usage = {"prompt_tokens": p, "completion_tokens": done, "total_tokens": p + done}
             await send(
                 resp,
                 {

@@ -190,6 +190,31 @@ def test_a_wrong_re_tokenized_length_says_the_server_sent_no_usage() -> None:
     assert right.success and right.output_len == 2
 
 
+def test_completion_tokens_0_is_re_counted_from_the_text_as_vllm() -> None:
+    """vLLM 0.26's calculate_metrics re-counts the text when output_tokens is falsy, a usage of
+    completion_tokens 0 included; the exact-length check then tests the re-count and says why."""
+    from surge.bench.serve import validate_results
+
+    class Words:
+        def encode(self, text: str) -> list[int]:
+            return [1] + [0] * len(text.split())  # a BOS, not counted in the output
+
+    said_0 = RequestResult(True, 4, 3, 0)
+    said_0.generated_text = "one two three"
+    wrong = RequestResult(True, 4, 3, 0)
+    wrong.generated_text = "one two"
+    empty = RequestResult(True, 4, 3, 0)
+    validate_results([said_0, wrong, empty], Words(), exact_length=True)  # type: ignore[arg-type]
+    assert said_0.success and said_0.output_len == 3
+    assert wrong.error is not None and wrong.error.startswith("re-tokenized output 2 != requested 3")
+    assert "the server said completion_tokens 0" in wrong.error
+    assert not empty.success and empty.output_len == 0
+    kept = RequestResult(True, 4, 3, 0)
+    kept.generated_text = "one two three"
+    validate_results([kept], None, exact_length=False)  # nothing to count with: the server's 0 stays
+    assert kept.success and kept.output_len == 0
+
+
 def test_vllm_edge_cases_by_hand() -> None:
     """The corners of vLLM 0.26's calculate_metrics, on hand-built timings: an SLO met exactly is
     met (its test is slo >= value); a success of 0 tokens counts as completed with no TPOT (and

@@ -96,6 +96,18 @@ def test_stream_interval_makes_itl_per_chunk() -> None:
     assert r["input_lens"] == [8, 8]
 
 
+def test_a_usage_of_0_completion_tokens_is_re_counted(tmp_path: Path) -> None:
+    """A server whose usage says completion_tokens 0 over a streamed text: the text is re-counted
+    (vLLM 0.26's calculate_metrics), so the exact-length check and the totals see 10 tokens."""
+    out = tmp_path / "r.json"
+    with FakeServer(Behaviour(ttft=0.01, itl=0.01, default="zero_usage")) as s:
+        argv = _serve(s.url, "--endpoint", "/v1/completions", "--input-len", "8", "--output-len", "10")
+        argv += ["--num-prompts", "2", "--warmup", "0", "--ignore-eos", "--result-file", str(out)]
+        assert bench_main(argv) == 0
+    r = json.loads(out.read_text())
+    assert (r["completed"], r["output_lens"], r["total_output_tokens"]) == (2, [10, 10], 20)
+
+
 def test_failures_are_counted_with_reasons(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     b = Behaviour(ttft=0.05, itl=0.02, script=["ok", "short", "http500", "stream_error", "no_usage", "ok"])
     out = tmp_path / "r.json"

@@ -371,12 +371,13 @@ def test_save_result_names_and_appends_the_file_as_vllm(
         [saved] = list(tmp_path.glob("*.json"))
         r = json.loads(saved.read_text())
         assert saved.name == f"openai-chat-infqps-fake-model-{r['date']}.json" and r["completed"] == 2
+        assert r["label"] is None  # vLLM records args.label, null without --label; the name uses the backend
         out = tmp_path / "runs" / "new"
         more = ["--result-dir", str(out), "--max-concurrency", "2", "--request-rate", "50", "--label", "mine"]
         assert bench_main([*argv, "--save-result", *more]) == 0
         [saved] = list(out.glob("*.json"))
         r = json.loads(saved.read_text())
-        assert saved.name == f"mine-50.0qps-concurrency2-fake-model-{r['date']}.json"
+        assert saved.name == f"mine-50.0qps-concurrency2-fake-model-{r['date']}.json" and r["label"] == "mine"
         for _ in range(2):
             assert (
                 bench_main(
@@ -399,8 +400,13 @@ def test_save_result_names_and_appends_the_file_as_vllm(
             err = capsys.readouterr().err
             assert words in err and err.count("\n") == 1, err
         assert s.behaviour.seen == seen
-    ramp = {"label": "openai", "ramp_up_strategy": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 8}
-    ramp |= {"max_concurrency": None, "model_id": "/models/Qwen3-8B/", "date": "20260101-000000"}
+    ramp = {"label": None, "backend": "openai", "ramp_up_strategy": "linear", "ramp_up_start_rps": 1}
+    ramp |= {
+        "ramp_up_end_rps": 8,
+        "max_concurrency": None,
+        "model_id": "/models/Qwen3-8B/",
+        "date": "20260101-000000",
+    }
     assert (
         str(vllm_result_filename(ramp, "d"))
         == "d/openai-ramp-up-linear-1qps-8qps-Qwen3-8B-20260101-000000.json"
