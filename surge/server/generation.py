@@ -475,9 +475,14 @@ class Generation:
         )
 
     def _on_score_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
-        """A score-only choice: the engine's one output (no token) ends it with "length"."""
+        """A score-only choice: the engine's one output (no token) ends it with "length"; its
+        prefill is done, so its prompt counts in the prompt token metrics and the stats line, as
+        a generating choice's does at its first token."""
         if out.finish_reason is None:
             self._client.abort_requests([choice.request_id])
+        num_prompt_tokens = len(self.prompts[choice.prompt_index].token_ids)
+        self._engine_metrics.add_prompt_tokens(num_prompt_tokens, out.num_cached_tokens)
+        choice.num_cached_tokens = max(choice.num_cached_tokens, out.num_cached_tokens)
         choice.finish_reason = "length"
         self._num_unfinished -= 1
         _take_engine_times(choice, out)
