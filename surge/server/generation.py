@@ -461,8 +461,10 @@ class Generation:
         """Where the first choice's time to first token went, for the request's log line:
         ``"; first token at X ms = A to the engine's first schedule + B in the engine + C back"``
         (API arrival -> the engine scheduled it -> the engine had its first token -> the API
-        had it; all ``time.monotonic()``, one clock for every process of the host), or "" when
-        the engine did not report its times (the request did not finish there)."""
+        had it; all ``time.monotonic()``, one clock for every process of the host; the engine
+        sends its times with a request's first output, so a choice the API ended on a stop string
+        has them too), or "" when the first choice got no token (a scored prompt, an abort
+        before its first token)."""
         choice = self.choices[0] if self.choices else None
         if choice is None or choice.engine_times is None or not choice.first_token_time:
             return ""
