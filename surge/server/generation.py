@@ -461,8 +461,10 @@ class Generation:
         """Where the first choice's time to first token went, for the request's log line:
         ``"; first token at X ms = A to the engine's first schedule + B in the engine + C back"``
         (API arrival -> the engine scheduled it -> the engine had its first token -> the API
-        had it; all ``time.monotonic()``, one clock for every process of the host), or "" when
-        the engine did not report its times (the request did not finish there)."""
+        had it; all ``time.monotonic()``, one clock for every process of the host; the engine
+        sends its times with a request's first output, so a choice the API ended on a stop string
+        has them too), or "" when the first choice got no token (a scored prompt, an abort
+        before its first token)."""
         choice = self.choices[0] if self.choices else None
         if choice is None or choice.engine_times is None or not choice.first_token_time:
             return ""
@@ -475,9 +477,14 @@ class Generation:
         )
 
     def _on_score_output(self, choice: ChoiceState, out: EngineOutput, now: float) -> ChoiceDelta | None:
-        """A score-only choice: the engine's one output (no token) ends it with "length"."""
+        """A score-only choice: the engine's one output (no token) ends it with "length"; its
+        prefill is done, so its prompt counts in the prompt token metrics and the stats line, as
+        a generating choice's does at its first token."""
         if out.finish_reason is None:
             self._client.abort_requests([choice.request_id])
+        num_prompt_tokens = len(self.prompts[choice.prompt_index].token_ids)
+        self._engine_metrics.add_prompt_tokens(num_prompt_tokens, out.num_cached_tokens)
+        choice.num_cached_tokens = max(choice.num_cached_tokens, out.num_cached_tokens)
         choice.finish_reason = "length"
         self._num_unfinished -= 1
         _take_engine_times(choice, out)

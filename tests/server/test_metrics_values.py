@@ -214,3 +214,22 @@ def test_a_stop_string_finish_observes_every_histogram_once(srv: Server) -> None
     assert d["request_generation_tokens_sum"] == n and d["request_params_max_tokens_sum"] == 60
     assert d["request_prefill_time_seconds_sum"] > 0 and d["request_decode_time_seconds_sum"] >= 0
     assert d["request_inference_time_seconds_sum"] <= d["e2e_request_latency_seconds_sum"]
+
+
+def test_a_scored_prompt_counts_its_prefill(srv: Server) -> None:
+    """``echo`` with ``max_tokens: 0`` computes the prompt and samples nothing: its prompt counts
+    in the prompt token counters (and the stats line) as a prefill that is done, consistent with
+    the per-request histograms and ``iteration_tokens_total``, which count it too."""
+    prompt = "A scored prompt about a red kite over the hills"
+    _complete(srv.url, {"prompt": prompt, "max_tokens": 1})  # its blocks are cached for the second
+    before = _snapshot(wait_engine_idle(srv.url, "the engine did not go idle"))
+    out = _complete(srv.url, {"prompt": prompt, "echo": True, "max_tokens": 0})
+    p = out["usage"]["prompt_tokens"]
+    cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert out["usage"]["completion_tokens"] == 0 and cached > 0, out["usage"]
+    d = _delta(srv.url, before)
+    assert d["success_length"] == 1 and d["request_prompt_tokens_sum"] == p
+    assert d["prompt_tokens_total"] == p and d["prompt_tokens_cached_total"] == cached
+    assert (d["source_local_compute"], d["source_local_cache_hit"]) == (p - cached, cached)
+    assert d["request_prefill_kv_computed_tokens_sum"] == d["iteration_tokens_total_sum"] == p - cached
+    assert d["generation_tokens_total"] == 0
