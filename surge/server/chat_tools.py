@@ -79,6 +79,10 @@ class ChatPlan:
             that opened ``<think>`` without closing it: the prompt ends inside the reasoning,
             so the output starts there (:meth:`see_prompt`), as vLLM's ``is_reasoning_end``
             reads the prompt.
+        forced: ``tool_choice`` is ``"required"`` or a named function: a non-streamed chat
+            message's ``content`` is then a string, ``""`` when there is no answer text (next to
+            the calls, after a reasoning, or with no call at all), as vLLM 0.26's chat
+            completion answers a forced tool choice (``content or ""``).
         grammar_param: the request field that carried ``structured_outputs`` (e.g.
             ``structured_outputs.grammar``; ``tools`` for a forced tool call), named by an error
             the engine reports about the grammar later.
@@ -95,6 +99,7 @@ class ChatPlan:
     include_reasoning: bool = True
     continues_reasoning: bool = False
     grammar_param: str | None = None
+    forced: bool = False
 
     @property
     def reasoning(self) -> bool:
@@ -136,7 +141,9 @@ class ChatPlan:
         as vLLM answers a chat completion, unless ``as_streamed``: then it is the calls the
         stream sends (the Responses API, whose stream has sent them as items). Next to tool
         calls, an answer of whitespace alone is null, as vLLM's non-streamed parse gives it to
-        chat completions and to the Responses API (no ``message`` item)."""
+        chat completions and to the Responses API (no ``message`` item). Under a forced
+        ``tool_choice`` (:attr:`forced`) a chat message's empty answer is ``""`` instead of null,
+        as vLLM 0.26 gives it (not ``as_streamed``: the Responses API has no ``message`` item)."""
         parser = self.new_parser()
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -164,7 +171,7 @@ class ChatPlan:
         content = d.content
         if calls and content.isspace():
             content = ""
-        null = bool(calls) or self.reasoning or parser.in_reasoning
+        null = (bool(calls) or self.reasoning or parser.in_reasoning) and (as_streamed or not self.forced)
         msg = {"role": "assistant", "content": content or (None if null else "")}
         if self.reasoning or self.reasoning_field:
             msg.update(reasoning_fields((d.reasoning if self.include_reasoning else None) or None))
@@ -470,6 +477,7 @@ def plan_chat(
         include_reasoning=body.include_reasoning,
         continues_reasoning=body.continue_final_message and opens_reasoning(body.messages[-1].content),
         grammar_param=grammar,
+        forced=tool_choice == "required" or isinstance(tool_choice, dict),
     )
 
 

@@ -70,7 +70,9 @@ def _both(plan: ChatPlan, text: str, finish: str = "stop") -> tuple[dict[str, An
     streamed, streamed_reason, _ = _streamed(plan, text, finish)
     streamed.setdefault("reasoning", None)
     streamed.setdefault("reasoning_content", None)
-    if "tool_calls" in streamed and streamed["content"] == "":
+    if plan.forced:  # a forced tool_choice's message content is a string, "" for none (vLLM)
+        streamed["content"] = streamed["content"] or ""
+    elif "tool_calls" in streamed and streamed["content"] == "":
         streamed["content"] = None
     for a, b in zip(msg.get("tool_calls", []), streamed.get("tool_calls", []), strict=True):
         b["id"] = a["id"]
@@ -96,7 +98,7 @@ def test_required_calls_after_reasoning(think: str) -> None:
     text = think + 'The zone is UTC.</think>\n\n[{"name": "get_time", "parameters": {"zone": "UTC"}}]'
     msg, finish = _both(plan, text)
     assert finish == "tool_calls"
-    assert msg["content"] is None and msg["reasoning_content"].strip() == "The zone is UTC."
+    assert msg["content"] == "" and msg["reasoning_content"].strip() == "The zone is UTC."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [
         ("get_time", {"zone": "UTC"})
     ]
@@ -139,15 +141,16 @@ def test_output_that_never_closes_think_reads_as_the_plain_chat_path(fields: dic
         assert (msg, reason) == _both(plain, text, finish) and reason == finish
         thought = "<think>" + text
         msg, reason = _both(plan, thought, finish)
-        assert msg == _msg(None, text)
-        assert (msg, reason) == _both(plain, thought, finish)
+        none = "" if plan.forced else None  # a forced tool_choice's empty answer is "" (vLLM)
+        assert msg == _msg(none, text)
+        assert (msg | {"content": None}, reason) == _both(plain, thought, finish)
         _, _, deltas = _streamed(plan, thought, finish)
         assert not any("content" in d for d in deltas), deltas
         plan.see_prompt(tok, opened_prompt)
         plain.see_prompt(tok, opened_prompt)
         msg, _ = _both(plan, text, finish)
-        assert msg == _msg(None, text)
-        assert msg == _both(plain, text, finish)[0]
+        assert msg == _msg(none, text)
+        assert msg | {"content": None} == _both(plain, text, finish)[0]
 
 
 def test_without_a_grammar_the_prompt_decides() -> None:
@@ -316,3 +319,30 @@ def test_include_reasoning_false_constrains_from_the_first_token() -> None:
     assert _both(plan, '{"zone": "UTC"}')[0] == _msg('{"zone": "UTC"}', None)
     forced = _plan(tools=TOOLS, tool_choice="required", include_reasoning=False)
     assert forced.structured_outputs is not None and forced.structured_outputs.reasoning_end_token_id is None
+
+
+@pytest.mark.parametrize("reasoning", [None, "qwen3"])
+def test_a_forced_tool_choice_answers_an_empty_string(reasoning: str | None) -> None:
+    """vLLM 0.26's chat completion gives a forced ``tool_choice`` (``"required"`` or named) a
+    string ``content`` (``content or ""``): ``""`` next to the calls, after a reasoning, and when
+    ``max_tokens`` cut the output before any call's name was complete (it was null with calls or
+    a reasoning parser). ``auto`` keeps null next to calls, and the Responses API's parse
+    (``as_streamed``) keeps null (no ``message`` item)."""
+    think = "" if reasoning is None else "R</think>"
+    call = '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'
+    for choice, text, finish in (
+        ("required", call, "stop"),
+        ("required", '[{"name": "get_t', "length"),
+        ("required", "", "length"),
+        (NAMED, '{"zone": "UTC"}', "stop"),
+        (NAMED, "", "length"),
+    ):
+        plan = _plan(reasoning, tools=TOOLS, tool_choice=choice)
+        msg, _ = plan.message(think + text, finish)
+        assert msg["content"] == "", (choice, text, msg)
+        assert ("tool_calls" in msg) == (text.endswith("}") or text.endswith("]")), msg
+        if "tool_calls" in msg:
+            assert plan.message(think + text, finish, as_streamed=True)[0]["content"] is None
+    auto = _plan(reasoning, tools=TOOLS)
+    hermes = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    assert auto.message(("<think>" + think if think else "") + hermes, "stop")[0]["content"] is None
