@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from surge.server.chat_tools import ChatPlan, plan_chat, prompt_opens_reasoning
+from surge.server.chat_tools import ChatPlan, plan_chat, prompt_closes_reasoning
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_responses import _output_items
 from tests.conftest import STORIES
@@ -128,52 +128,80 @@ def test_response_format_answer_is_the_json_after_reasoning() -> None:
 )
 def test_output_that_never_closes_think_reads_as_the_plain_chat_path(fields: dict[str, Any]) -> None:
     """Cut by ``max_tokens`` (or ended) before any ``</think>``: the grammar never started, so
-    the message is the plain chat path's, streamed or not, and has no calls: all content when
-    the output did not open ``<think>``; all reasoning (``content`` null, no streamed delta
-    carries ``content``) when it did, or when the prompt opened it."""
+    the message is the plain chat path's, streamed or not, and has no calls: all reasoning
+    (``content`` null, ``""`` under a forced tool_choice; no streamed delta carries ``content``),
+    ``<think>`` or not, as vLLM 0.26's qwen3 parser starts inside the reasoning; all content
+    after a prompt that closed the reasoning, where the grammar applies from the first token."""
     tok = _tokenizer()
-    opened_prompt = tok.encode("<|im_start|>assistant\n<think>\n")
+    closed_prompt = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     text = 'Thinking about [{"name": "get_time"'
     for finish in ("length", "stop"):
-        plan, plain = _plan(**fields), _plan()
-        msg, reason = _both(plan, text, finish)
-        assert msg == _msg(text, None)
-        assert (msg, reason) == _both(plain, text, finish) and reason == finish
-        thought = "<think>" + text
-        msg, reason = _both(plan, thought, finish)
-        none = "" if plan.forced else None  # a forced tool_choice's empty answer is "" (vLLM)
-        assert msg == _msg(none, text)
-        assert (msg | {"content": None}, reason) == _both(plain, thought, finish)
-        _, _, deltas = _streamed(plan, thought, finish)
-        assert not any("content" in d for d in deltas), deltas
-        plan.see_prompt(tok, opened_prompt)
-        plain.see_prompt(tok, opened_prompt)
-        msg, _ = _both(plan, text, finish)
-        assert msg == _msg(none, text)
-        assert msg | {"content": None} == _both(plain, text, finish)[0]
+        for thought in (text, "<think>" + text):
+            plan, plain = _plan(**fields), _plan()
+            msg, reason = _both(plan, thought, finish)
+            none = "" if plan.forced else None  # a forced tool_choice's empty answer is "" (vLLM)
+            assert msg == _msg(none, text) and reason == finish
+            assert (msg | {"content": None}, reason) == _both(plain, thought, finish)
+            _, _, deltas = _streamed(plan, thought, finish)
+            assert not any("content" in d for d in deltas), deltas
+        plain = _plan()
+        plain.see_prompt(tok, closed_prompt)
+        assert _both(plain, text, finish)[0] == _msg(text, None)
 
 
-def test_without_a_grammar_the_prompt_decides() -> None:
-    """No grammar: the output starts inside the reasoning only when the prompt opened
-    ``<think>`` (or the output writes it); otherwise it is all answer, as before."""
+def test_the_output_starts_inside_the_reasoning_unless_the_prompt_closed_it() -> None:
+    """vLLM 0.26's qwen3 parser starts inside the reasoning whenever thinking is on: a Qwen3
+    "Thinking-2507" template ends the prompt with ``<think>\n`` and the model writes
+    ``X</think>Y`` (reasoning X, answer Y), and the stock template's prompt has neither tag, so
+    the same holds there (an output that never writes ``</think>`` is all reasoning). A prompt
+    that closed the reasoning (its last ``</think>`` after its last ``<think>``: a template that
+    turns thinking off writes ``<think>\n\n</think>\n\n``) starts in the answer, as vLLM's
+    stream reads the prompt (``is_reasoning_end``); an output's own ``<think>`` still opens it.
+    Surge used to read ``X</think>Y`` as all content, ``</think>`` kept, unless the prompt ended
+    with ``<think>``."""
     tok = _tokenizer()
-    plain = _plan()
-    assert plain.structured_outputs is None
     text = "Paris.</think>\n\nParis"
-    assert _both(plain, text)[0] == _msg(text, None)
-    assert _both(plain, "<think>Hmm</think>Paris")[0]["content"] == "Paris"
-    opened_prompt = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    thinking_2507 = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    stock = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     closed_prompt = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert prompt_opens_reasoning(tok, opened_prompt)
-    assert not prompt_opens_reasoning(tok, closed_prompt)
-    assert not prompt_opens_reasoning(tok, tok.encode("<|im_start|>assistant\n"))
-    opened = _plan()
-    opened.see_prompt(tok, opened_prompt)
-    assert _both(opened, text)[0] == _msg("\n\nParis", "Paris.")
-    assert _both(opened, "cut")[0] == _msg(None, "cut")
+    assert not prompt_closes_reasoning(tok, thinking_2507) and not prompt_closes_reasoning(tok, stock)
+    assert prompt_closes_reasoning(tok, closed_prompt)
+    for prompt in (thinking_2507, stock, None):
+        plan = _plan()
+        if prompt is not None:
+            plan.see_prompt(tok, prompt)
+        assert _both(plan, text)[0] == _msg("\n\nParis", "Paris.")
+        assert _both(plan, "cut", "length")[0] == _msg(None, "cut")
+        assert _both(plan, "<think>Hmm</think>Paris")[0] == _msg("Paris", "Hmm")
     closed = _plan()
     closed.see_prompt(tok, closed_prompt)
-    assert _both(closed, text)[0]["content"] == text
+    assert _both(closed, text)[0] == _msg(text, None)
+    assert _both(closed, "<think>Hmm</think>Paris")[0] == _msg("Paris", "Hmm")
+    # a tool call inside the reasoning ends it (vLLM 0.26's qwen3 parser): the call is parsed
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    msg, finish = _both(_plan(tools=TOOLS), "Need the time.\n" + call)
+    assert finish == "tool_calls" and msg["reasoning"] == "Need the time.\n" and msg["content"] is None
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
+    # enable_thinking false: no parser at all, the output is plain content
+    off = _plan(chat_template_kwargs={"enable_thinking": False})
+    off.see_prompt(tok, closed_prompt)
+    assert _both(off, text)[0] == _msg(text, None)
+
+
+def test_a_grammar_after_a_prompt_that_closed_the_reasoning_applies_from_the_first_token() -> None:
+    """vLLM's chat decides ``reasoning_ended`` from the prompt: after a prompt that closed the
+    reasoning, a grammar applies from the first token (not after a ``</think>``), and the
+    answer is the constrained text; after one that did not, it waits for ``</think>``."""
+    tok = _tokenizer()
+    closed = _plan(response_format=JSON_SCHEMA)
+    closed.see_prompt(tok, tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"))
+    assert closed.structured_outputs is not None and closed.structured_outputs.reasoning_end_token_id is None
+    assert not closed.reasoning_gated
+    assert _both(closed, '{"zone": "UTC"}')[0] == _msg('{"zone": "UTC"}', None)
+    waits = _plan(response_format=JSON_SCHEMA)
+    waits.see_prompt(tok, tok.encode("<|im_start|>assistant\n"))
+    assert waits.structured_outputs is not None
+    assert waits.structured_outputs.reasoning_end_token_id == _think_end_id()
 
 
 @pytest.mark.parametrize("content", ["<think>\nLet me", [{"type": "text", "text": "<think>\nLet me"}]])
@@ -181,23 +209,25 @@ def test_a_continued_message_with_an_open_think_continues_the_reasoning(content:
     """``continue_final_message`` on an assistant message that opened ``<think>`` without
     closing it: the model continues the reasoning, so its output is reasoning up to
     ``</think>`` (vLLM's ``is_reasoning_end`` on the prompt; it was all content, with the tag in
-    it). A continued message whose reasoning is closed, or that has none, is continued as the
-    answer."""
+    it). A continued message whose reasoning is closed (the stock template renders one without
+    reasoning after an empty think block) is continued as the answer."""
     tok = _tokenizer()
     text = " more.</think>\n\nParis"
 
-    def plan(final: Any) -> ChatPlan:
+    def plan(final: Any, prompt: str) -> ChatPlan:
         msgs = [*MSGS, {"role": "assistant", "content": final}]
         body = ChatCompletionRequest.model_validate(
             {"messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
         )
         p = plan_chat(body, tok, "hermes", "qwen3")
-        p.see_prompt(tok, tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n<think>\nLet me"))
+        p.see_prompt(tok, tok.encode("<|im_start|>assistant\n" + prompt))
         return p
 
-    assert _both(plan(content), text)[0] == _msg("\n\nParis", " more.")
-    assert _both(plan("<think>\nHm</think>\n\nThe"), " end")[0] == _msg(" end", None)
-    assert _both(plan("The"), text)[0]["content"] == text
+    assert _both(plan(content, "<think>\nLet me"), text)[0] == _msg("\n\nParis", " more.")
+    # the stock template renders a continued answer after an empty think block: the prompt closed it
+    closed = "<think>\nHm\n</think>\n\nThe"
+    assert _both(plan("<think>\nHm</think>\n\nThe", closed), " end")[0] == _msg(" end", None)
+    assert _both(plan("The", "<think>\n\n</think>\n\nThe"), text)[0]["content"] == text
 
 
 def test_answer_after_think_end_is_unstripped_streamed_and_not() -> None:
