@@ -165,11 +165,10 @@ class ReasoningParser:
 
 class Qwen3ReasoningParser(ReasoningParser):
     """``--reasoning-parser qwen3``: an output that starts with ``<think>`` (Qwen3 writes it
-    itself) is reasoning up to ``</think>``; an output without it is all answer, unless the
-    chat plan says the output starts inside the reasoning (``starts_in_reasoning``: the
-    prompt ends with an open ``<think>``, as newer Qwen3 thinking templates write it, or the
-    request's grammar applies only after ``</think>``), or it starts with ``</think>`` (an empty
-    reasoning, as vLLM 0.26 reads it). After the reasoning, a ``</think>`` in the answer is
+    itself) is reasoning up to ``</think>``. The chat plan starts every output inside the
+    reasoning (``starts_in_reasoning``), as vLLM 0.26's qwen3 parser does, unless the rendered
+    prompt closed it; left to its own default (False) an output without ``<think>`` is all
+    answer, unless it starts with ``</think>`` (an empty reasoning, as vLLM 0.26 reads it). After the reasoning, a ``</think>`` in the answer is
     dropped, as vLLM 0.26 drops it (:attr:`absorbs_end_tags`). A ``<tool_call>`` inside the
     reasoning ends it, the call being the answer's (:attr:`implicit_end`)."""
 
