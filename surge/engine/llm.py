@@ -17,7 +17,7 @@ from surge.chat_content_format import check_content_format, describe_content_for
 from surge.config import TOKENIZER_FILES
 from surge.core.logprobs import PositionLogprobs, position_logprobs
 from surge.core.outputs import CompletionOutput, RequestOutput
-from surge.core.thinking_budget import reasoning_ended
+from surge.core.reasoning_gate import wait_for_reasoning_end
 from surge.engine.llm_engine import LLMEngine, build_engine_config, split_n
 from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel_encode import encode_text, split_safe
@@ -702,25 +702,9 @@ class LLM:
 
     def _reasoning_gate(self, params: SamplingParams, prompt_token_ids: list[int]) -> SamplingParams:
         """``params`` whose grammar waits for the reasoning's end, as vLLM's ``LLM(...,
-        reasoning_parser=...)`` constrains only the answer: with a reasoning parser, a grammar
-        whose ``reasoning_end_token_id`` is unset applies after the first ``</think>`` the output
-        generates, unless the prompt has closed the reasoning (its last ``</think>`` comes after
-        its last ``<think>``, as in Qwen3's chat prompt with ``enable_thinking`` false), as vLLM's
-        structured-output manager decides from the prompt (``is_reasoning_end``). Unchanged
-        without a parser, without a grammar, with the gate set, or with a reasoning end of more
-        than one token (the gate is one token)."""
-        grammar = params.structured_outputs
-        reasoning = self.engine.config.reasoning_tokens
-        if (
-            grammar is None
-            or reasoning is None
-            or grammar.reasoning_end_token_id is not None
-            or len(reasoning.end) != 1
-            or reasoning_ended(reasoning, prompt_token_ids)
-        ):
-            return params
-        gated = msgspec.structs.replace(grammar, reasoning_end_token_id=reasoning.end[0])
-        return msgspec.structs.replace(params, structured_outputs=gated)
+        reasoning_parser=...)`` constrains only the answer (:func:`wait_for_reasoning_end`, the
+        rule the server's ``/v1/completions`` shares)."""
+        return wait_for_reasoning_end(params, self.engine.config.reasoning_tokens, prompt_token_ids)
 
     def _abort(self, request_ids: list[str]) -> None:
         """Abort ``request_ids`` (a :meth:`generate` that raised) and settle the step in

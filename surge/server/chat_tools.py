@@ -12,15 +12,15 @@ output parser that turns the generated text into ``content``, the reasoning and 
   calls (a JSON array of ``{"name", "parameters"}``, or the named function's arguments), so
   the arguments always validate; no parser flag is needed. ``parallel_tool_calls: false``
   limits ``required`` to one call.
-- ``--reasoning-parser``: ``<think>...</think>`` becomes the reasoning (unless
-  ``chat_template_kwargs.enable_thinking`` is false); a grammar then applies only after the
-  ``</think>`` token. The parser agrees with the grammar: with a grammar that waits for
-  ``</think>``, everything before a ``</think>`` is the reasoning (``<think>`` or not)
-  and the constrained answer after it is the content or the forced calls; with a grammar from
-  the first token the output is the answer. An output that never writes ``</think>`` reads
-  the same with or without a grammar: reasoning when it opened with ``<think>`` or the
-  rendered prompt ends with an open ``<think>`` (templates that write it for the model; then
-  ``content: null`` and no calls), else all ``content`` (the grammar never started: no calls).
+- ``--reasoning-parser``: as vLLM 0.26's parsers, the output starts inside the reasoning
+  (unless ``chat_template_kwargs.enable_thinking`` is false: then all of it is content): up to
+  the first ``</think>`` (a leading ``<think>`` dropped; qwen3: or a ``<tool_call>``) it is the
+  reasoning, after it the answer; an output that never writes ``</think>`` is all reasoning
+  (``content: null``, no calls). A rendered prompt that closed the reasoning (its last
+  ``</think>`` after its last ``<think>``) starts the output in the answer instead, as vLLM reads
+  the prompt. A grammar applies after the ``</think>`` token (from the first token after such a
+  prompt, or with ``include_reasoning: false``: then the output is the answer), and the parser
+  agrees with it: the constrained answer after ``</think>`` is the content or the forced calls.
 
 Streamed, each choice opens with a chunk of its own that carries only the role
 (``{"role": "assistant", "content": ""}``, as vLLM). Through a parser, a chunk whose delta would
@@ -37,6 +37,7 @@ from typing import Any
 
 import msgspec
 
+from surge.core.thinking_budget import reasoning_ended, reasoning_tokens_of
 from surge.sampling_params import StructuredOutputsParams
 from surge.server.errors import bad_request
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
@@ -62,9 +63,9 @@ class ChatPlan:
             ``tool_choice`` forces), or None.
         reasoning_parser: the reasoning parser's class, or None (no reasoning fields).
         tool_parser: builds one choice's tool parser, or None (the answer is all content).
-        starts_in_reasoning: the output starts inside the reasoning (the prompt opened
-            ``<think>``: :meth:`see_prompt`); False under a grammar from the first token; None:
-            the reasoning parser's own default.
+        starts_in_reasoning: the output starts inside the reasoning (with a reasoning parser,
+            unless :meth:`see_prompt` found the prompt closed it); False under a grammar from the
+            first token; None without a reasoning parser.
         single_call: ``parallel_tool_calls: false``: only the first call is returned (the
             ``required`` grammar allows one; under ``auto`` later calls are dropped, as vLLM).
         reasoning_gated: the grammar waits for ``</think>`` (the reasoning parser's ``gated``).
@@ -79,6 +80,10 @@ class ChatPlan:
             that opened ``<think>`` without closing it: the prompt ends inside the reasoning,
             so the output starts there (:meth:`see_prompt`), as vLLM's ``is_reasoning_end``
             reads the prompt.
+        forced: ``tool_choice`` is ``"required"`` or a named function: a non-streamed chat
+            message's ``content`` is then a string, ``""`` when there is no answer text (next to
+            the calls, after a reasoning, or with no call at all), as vLLM 0.26's chat
+            completion answers a forced tool choice (``content or ""``).
         grammar_param: the request field that carried ``structured_outputs`` (e.g.
             ``structured_outputs.grammar``; ``tools`` for a forced tool call), named by an error
             the engine reports about the grammar later.
@@ -95,6 +100,7 @@ class ChatPlan:
     include_reasoning: bool = True
     continues_reasoning: bool = False
     grammar_param: str | None = None
+    forced: bool = False
 
     @property
     def reasoning(self) -> bool:
@@ -102,15 +108,23 @@ class ChatPlan:
         return self.reasoning_parser is not None
 
     def see_prompt(self, tokenizer: Any, prompt_ids: list[int]) -> None:
-        """Note whether the rendered prompt ends inside an open ``<think>`` (the template
-        opened it for the model, or the continued final message did:
-        :attr:`continues_reasoning`), unless a grammar from the first token makes it all answer."""
-        if self.reasoning_parser is None or (
-            self.structured_outputs is not None and not self.reasoning_gated
-        ):
+        """Read the rendered prompt as vLLM 0.26 does (``is_reasoning_end`` on the prompt): one
+        that has closed the reasoning (its last ``</think>`` comes after its last ``<think>``, as a
+        template that turns thinking off writes it) makes the output start in the answer, and a
+        grammar then applies from the first token, as vLLM's chat decides it; otherwise the output
+        starts inside the reasoning (:func:`plan_chat`). A continued final message that opened
+        ``<think>`` (:attr:`continues_reasoning`) continues the reasoning. Nothing changes
+        without a reasoning parser or under a grammar from the first token (all answer)."""
+        if self.reasoning_parser is None or self.starts_in_reasoning is False or self.continues_reasoning:
             return
-        if self.continues_reasoning or prompt_opens_reasoning(tokenizer, prompt_ids):
-            self.starts_in_reasoning = True
+        if not prompt_closes_reasoning(tokenizer, prompt_ids):
+            return
+        self.starts_in_reasoning = False
+        if self.reasoning_gated and self.structured_outputs is not None:
+            self.structured_outputs = msgspec.structs.replace(
+                self.structured_outputs, reasoning_end_token_id=None
+            )
+            self.reasoning_gated = False
 
     def new_parser(self) -> ChatOutputParser | None:
         """One choice's output parser; None when the output is plain content."""
@@ -136,7 +150,9 @@ class ChatPlan:
         as vLLM answers a chat completion, unless ``as_streamed``: then it is the calls the
         stream sends (the Responses API, whose stream has sent them as items). Next to tool
         calls, an answer of whitespace alone is null, as vLLM's non-streamed parse gives it to
-        chat completions and to the Responses API (no ``message`` item)."""
+        chat completions and to the Responses API (no ``message`` item). Under a forced
+        ``tool_choice`` (:attr:`forced`) a chat message's empty answer is ``""`` instead of null,
+        as vLLM 0.26 gives it (not ``as_streamed``: the Responses API has no ``message`` item)."""
         parser = self.new_parser()
         if parser is None:
             msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -164,7 +180,7 @@ class ChatPlan:
         content = d.content
         if calls and content.isspace():
             content = ""
-        null = bool(calls) or self.reasoning or parser.in_reasoning
+        null = (bool(calls) or self.reasoning or parser.in_reasoning) and (as_streamed or not self.forced)
         msg = {"role": "assistant", "content": content or (None if null else "")}
         if self.reasoning or self.reasoning_field:
             msg.update(reasoning_fields((d.reasoning if self.include_reasoning else None) or None))
@@ -224,11 +240,12 @@ def reasoning_fields(reasoning: str | None) -> dict[str, str | None]:
     return {"reasoning": reasoning, "reasoning_content": reasoning}
 
 
-def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
-    """Whether a rendered chat prompt ends with ``<think>`` (and whitespace): the template
-    opened the reasoning, so the output starts inside it."""
-    tail = tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False)
-    return tail.rstrip().endswith(THINK_START)
+def prompt_closes_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
+    """Whether a rendered chat prompt has closed the reasoning: its last ``</think>`` comes after
+    its last ``<think>`` (token ids, as vLLM 0.26's ``is_reasoning_end`` reads the prompt), as
+    Qwen3's template writes an empty ``<think>\n\n</think>\n\n`` when thinking is off. A prompt
+    with neither has not (the output starts inside the reasoning)."""
+    return reasoning_ended(reasoning_tokens_of(tokenizer, THINK_START, THINK_END), prompt_ids)
 
 
 def opens_reasoning(content: Any) -> bool:
@@ -444,7 +461,10 @@ def plan_chat(
     reasoning_cls = None
     if reasoning_parser is not None and kwargs.get("enable_thinking") is not False:
         reasoning_cls = REASONING_PARSERS[reasoning_parser]
-    starts_in_reasoning = None
+    # vLLM 0.26's qwen3 (and deepseek_r1) parser starts inside the reasoning whenever thinking is
+    # on: "X</think>Y" is reasoning X and answer Y, <think> or not; see_prompt turns it off for a
+    # prompt that closed the reasoning
+    starts_in_reasoning = None if reasoning_cls is None else True
     gated = False
     if structured is not None and reasoning_cls is not None:
         # the parser reads the output as the grammar does: free reasoning up to the first
@@ -470,6 +490,7 @@ def plan_chat(
         include_reasoning=body.include_reasoning,
         continues_reasoning=body.continue_final_message and opens_reasoning(body.messages[-1].content),
         grammar_param=grammar,
+        forced=tool_choice == "required" or isinstance(tool_choice, dict),
     )
 
 

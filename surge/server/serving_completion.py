@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from surge.core.logprobs import LogprobsLists
+from surge.core.reasoning_gate import wait_for_reasoning_end
 from surge.sampling_params import SamplingParams
 from surge.server.errors import bad_request
 from surge.server.generation import ChoiceDelta
@@ -155,6 +156,9 @@ async def prepare_completion(
         params = build_sampling_params(
             body, state.capped_max_tokens(max_tokens), structured, token_rules=rules
         )
+        # with --reasoning-parser the grammar waits for </think> unless the prompt closed the
+        # reasoning, as vLLM's engine decides for a completion (and Surge's offline LLM)
+        params = wait_for_reasoning_end(params, state.reasoning_tokens, ids)
         state.check_thinking_budget_grammar(params, ids)
         params = lp.engine_params(params)
         state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)

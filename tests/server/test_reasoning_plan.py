@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from surge.server.chat_tools import ChatPlan, plan_chat, prompt_opens_reasoning
+from surge.server.chat_tools import ChatPlan, plan_chat, prompt_closes_reasoning
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.serving_responses import _output_items
 from tests.conftest import STORIES
@@ -70,7 +70,9 @@ def _both(plan: ChatPlan, text: str, finish: str = "stop") -> tuple[dict[str, An
     streamed, streamed_reason, _ = _streamed(plan, text, finish)
     streamed.setdefault("reasoning", None)
     streamed.setdefault("reasoning_content", None)
-    if "tool_calls" in streamed and streamed["content"] == "":
+    if plan.forced:  # a forced tool_choice's message content is a string, "" for none (vLLM)
+        streamed["content"] = streamed["content"] or ""
+    elif "tool_calls" in streamed and streamed["content"] == "":
         streamed["content"] = None
     for a, b in zip(msg.get("tool_calls", []), streamed.get("tool_calls", []), strict=True):
         b["id"] = a["id"]
@@ -96,7 +98,7 @@ def test_required_calls_after_reasoning(think: str) -> None:
     text = think + 'The zone is UTC.</think>\n\n[{"name": "get_time", "parameters": {"zone": "UTC"}}]'
     msg, finish = _both(plan, text)
     assert finish == "tool_calls"
-    assert msg["content"] is None and msg["reasoning_content"].strip() == "The zone is UTC."
+    assert msg["content"] == "" and msg["reasoning_content"].strip() == "The zone is UTC."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [
         ("get_time", {"zone": "UTC"})
     ]
@@ -126,51 +128,80 @@ def test_response_format_answer_is_the_json_after_reasoning() -> None:
 )
 def test_output_that_never_closes_think_reads_as_the_plain_chat_path(fields: dict[str, Any]) -> None:
     """Cut by ``max_tokens`` (or ended) before any ``</think>``: the grammar never started, so
-    the message is the plain chat path's, streamed or not, and has no calls: all content when
-    the output did not open ``<think>``; all reasoning (``content`` null, no streamed delta
-    carries ``content``) when it did, or when the prompt opened it."""
+    the message is the plain chat path's, streamed or not, and has no calls: all reasoning
+    (``content`` null, ``""`` under a forced tool_choice; no streamed delta carries ``content``),
+    ``<think>`` or not, as vLLM 0.26's qwen3 parser starts inside the reasoning; all content
+    after a prompt that closed the reasoning, where the grammar applies from the first token."""
     tok = _tokenizer()
-    opened_prompt = tok.encode("<|im_start|>assistant\n<think>\n")
+    closed_prompt = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     text = 'Thinking about [{"name": "get_time"'
     for finish in ("length", "stop"):
-        plan, plain = _plan(**fields), _plan()
-        msg, reason = _both(plan, text, finish)
-        assert msg == _msg(text, None)
-        assert (msg, reason) == _both(plain, text, finish) and reason == finish
-        thought = "<think>" + text
-        msg, reason = _both(plan, thought, finish)
-        assert msg == _msg(None, text)
-        assert (msg, reason) == _both(plain, thought, finish)
-        _, _, deltas = _streamed(plan, thought, finish)
-        assert not any("content" in d for d in deltas), deltas
-        plan.see_prompt(tok, opened_prompt)
-        plain.see_prompt(tok, opened_prompt)
-        msg, _ = _both(plan, text, finish)
-        assert msg == _msg(None, text)
-        assert msg == _both(plain, text, finish)[0]
+        for thought in (text, "<think>" + text):
+            plan, plain = _plan(**fields), _plan()
+            msg, reason = _both(plan, thought, finish)
+            none = "" if plan.forced else None  # a forced tool_choice's empty answer is "" (vLLM)
+            assert msg == _msg(none, text) and reason == finish
+            assert (msg | {"content": None}, reason) == _both(plain, thought, finish)
+            _, _, deltas = _streamed(plan, thought, finish)
+            assert not any("content" in d for d in deltas), deltas
+        plain = _plan()
+        plain.see_prompt(tok, closed_prompt)
+        assert _both(plain, text, finish)[0] == _msg(text, None)
 
 
-def test_without_a_grammar_the_prompt_decides() -> None:
-    """No grammar: the output starts inside the reasoning only when the prompt opened
-    ``<think>`` (or the output writes it); otherwise it is all answer, as before."""
+def test_the_output_starts_inside_the_reasoning_unless_the_prompt_closed_it() -> None:
+    """vLLM 0.26's qwen3 parser starts inside the reasoning whenever thinking is on: a Qwen3
+    "Thinking-2507" template ends the prompt with ``<think>\n`` and the model writes
+    ``X</think>Y`` (reasoning X, answer Y), and the stock template's prompt has neither tag, so
+    the same holds there (an output that never writes ``</think>`` is all reasoning). A prompt
+    that closed the reasoning (its last ``</think>`` after its last ``<think>``: a template that
+    turns thinking off writes ``<think>\n\n</think>\n\n``) starts in the answer, as vLLM's
+    stream reads the prompt (``is_reasoning_end``); an output's own ``<think>`` still opens it.
+    Surge used to read ``X</think>Y`` as all content, ``</think>`` kept, unless the prompt ended
+    with ``<think>``."""
     tok = _tokenizer()
-    plain = _plan()
-    assert plain.structured_outputs is None
     text = "Paris.</think>\n\nParis"
-    assert _both(plain, text)[0] == _msg(text, None)
-    assert _both(plain, "<think>Hmm</think>Paris")[0]["content"] == "Paris"
-    opened_prompt = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    thinking_2507 = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    stock = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     closed_prompt = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert prompt_opens_reasoning(tok, opened_prompt)
-    assert not prompt_opens_reasoning(tok, closed_prompt)
-    assert not prompt_opens_reasoning(tok, tok.encode("<|im_start|>assistant\n"))
-    opened = _plan()
-    opened.see_prompt(tok, opened_prompt)
-    assert _both(opened, text)[0] == _msg("\n\nParis", "Paris.")
-    assert _both(opened, "cut")[0] == _msg(None, "cut")
+    assert not prompt_closes_reasoning(tok, thinking_2507) and not prompt_closes_reasoning(tok, stock)
+    assert prompt_closes_reasoning(tok, closed_prompt)
+    for prompt in (thinking_2507, stock, None):
+        plan = _plan()
+        if prompt is not None:
+            plan.see_prompt(tok, prompt)
+        assert _both(plan, text)[0] == _msg("\n\nParis", "Paris.")
+        assert _both(plan, "cut", "length")[0] == _msg(None, "cut")
+        assert _both(plan, "<think>Hmm</think>Paris")[0] == _msg("Paris", "Hmm")
     closed = _plan()
     closed.see_prompt(tok, closed_prompt)
-    assert _both(closed, text)[0]["content"] == text
+    assert _both(closed, text)[0] == _msg(text, None)
+    assert _both(closed, "<think>Hmm</think>Paris")[0] == _msg("Paris", "Hmm")
+    # a tool call inside the reasoning ends it (vLLM 0.26's qwen3 parser): the call is parsed
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    msg, finish = _both(_plan(tools=TOOLS), "Need the time.\n" + call)
+    assert finish == "tool_calls" and msg["reasoning"] == "Need the time.\n" and msg["content"] is None
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
+    # enable_thinking false: no parser at all, the output is plain content
+    off = _plan(chat_template_kwargs={"enable_thinking": False})
+    off.see_prompt(tok, closed_prompt)
+    assert _both(off, text)[0] == _msg(text, None)
+
+
+def test_a_grammar_after_a_prompt_that_closed_the_reasoning_applies_from_the_first_token() -> None:
+    """vLLM's chat decides ``reasoning_ended`` from the prompt: after a prompt that closed the
+    reasoning, a grammar applies from the first token (not after a ``</think>``), and the
+    answer is the constrained text; after one that did not, it waits for ``</think>``."""
+    tok = _tokenizer()
+    closed = _plan(response_format=JSON_SCHEMA)
+    closed.see_prompt(tok, tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"))
+    assert closed.structured_outputs is not None and closed.structured_outputs.reasoning_end_token_id is None
+    assert not closed.reasoning_gated
+    assert _both(closed, '{"zone": "UTC"}')[0] == _msg('{"zone": "UTC"}', None)
+    waits = _plan(response_format=JSON_SCHEMA)
+    waits.see_prompt(tok, tok.encode("<|im_start|>assistant\n"))
+    assert waits.structured_outputs is not None
+    assert waits.structured_outputs.reasoning_end_token_id == _think_end_id()
 
 
 @pytest.mark.parametrize("content", ["<think>\nLet me", [{"type": "text", "text": "<think>\nLet me"}]])
@@ -178,23 +209,25 @@ def test_a_continued_message_with_an_open_think_continues_the_reasoning(content:
     """``continue_final_message`` on an assistant message that opened ``<think>`` without
     closing it: the model continues the reasoning, so its output is reasoning up to
     ``</think>`` (vLLM's ``is_reasoning_end`` on the prompt; it was all content, with the tag in
-    it). A continued message whose reasoning is closed, or that has none, is continued as the
-    answer."""
+    it). A continued message whose reasoning is closed (the stock template renders one without
+    reasoning after an empty think block) is continued as the answer."""
     tok = _tokenizer()
     text = " more.</think>\n\nParis"
 
-    def plan(final: Any) -> ChatPlan:
+    def plan(final: Any, prompt: str) -> ChatPlan:
         msgs = [*MSGS, {"role": "assistant", "content": final}]
         body = ChatCompletionRequest.model_validate(
             {"messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
         )
         p = plan_chat(body, tok, "hermes", "qwen3")
-        p.see_prompt(tok, tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n<think>\nLet me"))
+        p.see_prompt(tok, tok.encode("<|im_start|>assistant\n" + prompt))
         return p
 
-    assert _both(plan(content), text)[0] == _msg("\n\nParis", " more.")
-    assert _both(plan("<think>\nHm</think>\n\nThe"), " end")[0] == _msg(" end", None)
-    assert _both(plan("The"), text)[0]["content"] == text
+    assert _both(plan(content, "<think>\nLet me"), text)[0] == _msg("\n\nParis", " more.")
+    # the stock template renders a continued answer after an empty think block: the prompt closed it
+    closed = "<think>\nHm\n</think>\n\nThe"
+    assert _both(plan("<think>\nHm</think>\n\nThe", closed), " end")[0] == _msg(" end", None)
+    assert _both(plan("The", "<think>\n\n</think>\n\nThe"), text)[0]["content"] == text
 
 
 def test_answer_after_think_end_is_unstripped_streamed_and_not() -> None:
@@ -316,3 +349,30 @@ def test_include_reasoning_false_constrains_from_the_first_token() -> None:
     assert _both(plan, '{"zone": "UTC"}')[0] == _msg('{"zone": "UTC"}', None)
     forced = _plan(tools=TOOLS, tool_choice="required", include_reasoning=False)
     assert forced.structured_outputs is not None and forced.structured_outputs.reasoning_end_token_id is None
+
+
+@pytest.mark.parametrize("reasoning", [None, "qwen3"])
+def test_a_forced_tool_choice_answers_an_empty_string(reasoning: str | None) -> None:
+    """vLLM 0.26's chat completion gives a forced ``tool_choice`` (``"required"`` or named) a
+    string ``content`` (``content or ""``): ``""`` next to the calls, after a reasoning, and when
+    ``max_tokens`` cut the output before any call's name was complete (it was null with calls or
+    a reasoning parser). ``auto`` keeps null next to calls, and the Responses API's parse
+    (``as_streamed``) keeps null (no ``message`` item)."""
+    think = "" if reasoning is None else "R</think>"
+    call = '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'
+    for choice, text, finish in (
+        ("required", call, "stop"),
+        ("required", '[{"name": "get_t', "length"),
+        ("required", "", "length"),
+        (NAMED, '{"zone": "UTC"}', "stop"),
+        (NAMED, "", "length"),
+    ):
+        plan = _plan(reasoning, tools=TOOLS, tool_choice=choice)
+        msg, _ = plan.message(think + text, finish)
+        assert msg["content"] == "", (choice, text, msg)
+        assert ("tool_calls" in msg) == (text.endswith("}") or text.endswith("]")), msg
+        if "tool_calls" in msg:
+            assert plan.message(think + text, finish, as_streamed=True)[0]["content"] is None
+    auto = _plan(reasoning, tools=TOOLS)
+    hermes = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    assert auto.message(("<think>" + think if think else "") + hermes, "stop")[0]["content"] is None

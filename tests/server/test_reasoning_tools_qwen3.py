@@ -90,6 +90,8 @@ def _both(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The non-streamed message and finish reason; the stream (same seed) must match."""
     msg, finish = _post(srv, body)
     streamed, streamed_finish = _stream(srv, body)
+    if body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict):
+        streamed["content"] = streamed["content"] or ""  # a forced tool_choice's message: "" (vLLM)
     for a, b in zip(msg.get("tool_calls", []), streamed.get("tool_calls", []), strict=True):
         b["id"] = a["id"]
     assert (streamed, streamed_finish) == (msg, finish)
@@ -110,7 +112,7 @@ def test_forced_calls_after_think_end_without_think_start(qwen3_server: Server) 
     bias = {"logit_bias": {str(THINK_END): 100}, "temperature": 1.0, "seed": 0}
     required = bias | {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
     msg, finish = _both(qwen3_server, required)
-    assert finish == "tool_calls" and msg["content"] is None and msg["reasoning_content"] is None
+    assert finish == "tool_calls" and msg["content"] == "" and msg["reasoning_content"] is None
     assert len(_valid_calls(msg)) == 1
     msg, finish = _both(qwen3_server, bias | {"tools": TOOLS, "tool_choice": NAMED})
     assert finish == "stop" and _valid_calls(msg) == ["get_time"]  # a named call keeps "stop"
@@ -136,18 +138,19 @@ def test_leading_think_end_is_an_empty_reasoning_with_or_without_a_grammar(qwen3
     msg, finish = _post(qwen3_server, required)
     assert finish == "length" and msg["reasoning_content"] is None and "</think>" not in json.dumps(msg)
     # the cut array reads as the stream sends it: the calls begun, none yet here, no content
+    # (vLLM's forced tool_choice answers "")
     streamed, streamed_finish = _stream(qwen3_server, required)
-    assert msg["content"] is None and streamed["content"] in (None, "") and streamed_finish == finish
+    assert msg["content"] == "" and streamed["content"] in (None, "") and streamed_finish == finish
     assert msg.get("tool_calls") == streamed.get("tool_calls") is None
 
 
 def test_named_call_cut_by_max_tokens_after_think_end(qwen3_server: Server) -> None:
     """``</think>`` first, then ``max_tokens`` cuts the named call's arguments: streamed and not
-    alike (vLLM's answer), the call with the arguments written so far, ``content`` null and
+    alike (vLLM's answer), the call with the arguments written so far, ``content`` ``""`` and
     finish_reason "length"."""
     body = {"logit_bias": {str(THINK_END): 100}, "temperature": 1.0, "seed": 0, "max_tokens": 4}
     msg, finish = _both(qwen3_server, body | {"tools": TOOLS, "tool_choice": NAMED})
-    assert finish == "length" and msg["content"] is None and msg["reasoning_content"] is None
+    assert finish == "length" and msg["content"] == "" and msg["reasoning_content"] is None
     [call] = msg["tool_calls"]
     assert call["function"]["name"] == "get_time" and call["function"]["arguments"].startswith("{")
 
@@ -165,7 +168,7 @@ def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
         ):
             msg, finish = _both(qwen3_server, body | extra)
             assert "</think>" not in json.dumps(msg)
-            if finish == "length" and msg["content"] is None and "tool_calls" not in msg:
+            if finish == "length" and not msg["content"] and "tool_calls" not in msg:
                 continue  # cut inside the reasoning
             reasoned += bool(msg["reasoning_content"])
             if "response_format" in extra:
@@ -174,7 +177,7 @@ def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
             else:
                 named = extra["tool_choice"] == NAMED  # a named call keeps "stop"
                 assert finish == ("stop" if named else "tool_calls")
-                assert msg["content"] is None and _valid_calls(msg)
+                assert msg["content"] == "" and _valid_calls(msg)
     assert reasoned, "some choices reasoned before </think>"
 
 
@@ -187,37 +190,49 @@ def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
     ],
 )
 def test_reasoning_that_never_ends(qwen3_server: Server, extra: dict[str, Any]) -> None:
-    """No ``</think>`` (nor ``<think>``) before ``max_tokens``: the grammar never started, so the
-    answer is the plain chat path's (the same request without the grammar: ``tool_choice``
-    "none"), all ``content``, no reasoning and no calls, streamed or not."""
+    """No ``</think>`` (nor ``<think>``) before ``max_tokens``: the grammar never started, so
+    the answer is the plain chat path's (the same request without the grammar: ``tool_choice``
+    "none"), streamed or not: all reasoning, as vLLM 0.26's qwen3 parser starts inside it,
+    no calls, ``content`` null (``""`` under a forced tool_choice, as vLLM)."""
     body = extra | {"logit_bias": {str(THINK_END): -100}, "max_tokens": 8, "seed": 0}
     msg, finish = _both(qwen3_server, body)
     assert finish == "length"
-    assert msg["content"] and msg["reasoning_content"] is None and "tool_calls" not in msg
+    assert msg["content"] == ("" if "tools" in extra else None)
+    assert msg["reasoning_content"] and "tool_calls" not in msg
     plain = {k: v for k, v in body.items() if k != "response_format"}
     if "tools" in plain:
         plain["tool_choice"] = "none"
-    assert _both(qwen3_server, plain) == (msg, finish)
+    assert _both(qwen3_server, plain) == (msg | {"content": None}, finish)
 
 
-def test_prompt_that_opens_think(qwen3_server: Server) -> None:
-    """A template that writes ``<think>`` into the prompt (newer Qwen3 thinking templates): the
-    output is reasoning until ``</think>`` even without a grammar; without one it is all
-    reasoning. The same output under the stock template (no ``<think>``) is all answer."""
-    template = (
+def test_prompt_that_opens_or_closes_think(qwen3_server: Server) -> None:
+    """vLLM 0.26's qwen3 parser starts inside the reasoning: under a template that writes
+    ``<think>`` into the prompt (Qwen3 "Thinking-2507") and under the stock one (no tag in the
+    prompt) alike, an output without ``</think>`` is all reasoning, with or without a grammar
+    that never started. A template that closes the reasoning in the prompt (``<think>\n\n</think>``,
+    as thinking turned off writes it) makes it all answer, and a grammar then applies from the
+    first token (vLLM's chat reads the prompt): the JSON is the content."""
+    opens = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "<|im_start|>assistant\n<think>\n"
     )
+    closes = opens + "\n</think>\n\n"
     body = {"logit_bias": {str(THINK_END): -100}, "max_tokens": 8, "seed": 0}
-    msg, finish = _both(qwen3_server, body | {"chat_template": template})
+    msg, finish = _both(qwen3_server, body | {"chat_template": opens})
     assert finish == "length" and msg["content"] is None and msg["reasoning_content"]
     stock, _ = _both(qwen3_server, body)
-    assert stock["reasoning_content"] is None and stock["content"]
+    assert stock["content"] is None and stock["reasoning_content"]
     for extra in ({"tools": TOOLS, "tool_choice": NAMED}, {"response_format": JSON_SCHEMA}):
-        # a grammar that never started reads the same: reasoning here, content under the stock template
-        assert _both(qwen3_server, body | extra | {"chat_template": template}) == (msg, finish)
-        plain = body | ({"tools": TOOLS, "tool_choice": "none"} if "tools" in extra else {})
-        assert _both(qwen3_server, body | extra) == _both(qwen3_server, plain)
+        # a grammar that never started reads the same
+        forced = {"content": ""} if "tools" in extra else {}  # a forced tool_choice answers "" (vLLM)
+        assert _both(qwen3_server, body | extra | {"chat_template": opens}) == (msg | forced, finish)
+    answer, _ = _both(qwen3_server, body | {"chat_template": closes})
+    assert answer["content"] and answer["reasoning_content"] is None
+    fmt, fmt_finish = _both(
+        qwen3_server, body | {"chat_template": closes, "response_format": JSON_SCHEMA, "max_tokens": 40}
+    )
+    assert fmt_finish == "stop" and fmt["reasoning_content"] is None
+    jsonschema.validate(json.loads(fmt["content"]), TIME)
 
 
 def test_reasoning_effort_switches_qwen3_thinking(qwen3_server: Server) -> None:

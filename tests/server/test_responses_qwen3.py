@@ -333,3 +333,29 @@ def test_reasoning_then_answer(client: openai.OpenAI, model: str) -> None:
     kinds = [e.type for e in events]
     first_text = kinds.index("response.output_text.delta")
     assert kinds.index("response.reasoning_text.done") < first_text
+
+
+def test_an_output_without_think_starts_inside_the_reasoning(client: openai.OpenAI, model: str) -> None:
+    """vLLM 0.26's qwen3 parser starts inside the reasoning: a model that writes ``X</think>Y``
+    without ``<think>`` (as a Qwen3 "Thinking-2507" model does after its template's ``<think>``)
+    answers a reasoning item ``X`` and a message ``Y``, streamed the same, no ``</think>`` in
+    either (it was one message with the tag in its text). ``logit_bias`` makes ``</think>`` likely
+    but not certain: the first seed that writes reasoning and then an answer is checked."""
+    for seed in range(8):
+        kw: dict[str, Any] = dict(
+            model=model,
+            input="Hi",
+            max_output_tokens=12,
+            extra_body={"logit_bias": {str(THINK_END): 3}, "seed": seed},
+            temperature=1.0,
+        )
+        r = client.responses.create(**kw)
+        if [item.type for item in r.output] == ["reasoning", "message"] and r.output_text.strip():
+            break
+    else:
+        raise AssertionError(f"no seed wrote reasoning, </think> and an answer: {r.output}")
+    assert "</think>" not in r.output_text + r.output[0].content[0].text
+    events, final = _stream(client, **kw)
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == r.output_text
+    assert final.output[0].content[0].text == r.output[0].content[0].text

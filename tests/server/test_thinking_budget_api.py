@@ -114,29 +114,44 @@ def test_a_grammar_gated_on_the_end_starts_where_the_budget_ends(qwen3_server: S
 
 def test_a_grammar_from_the_first_token_inside_the_reasoning_is_a_400(qwen3_server: Server) -> None:
     """The forced </think> would break a grammar that applies from the first token (chat with
-    include_reasoning false, or completions) when the prompt opens the reasoning."""
+    include_reasoning false) when the prompt opens the reasoning."""
     fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": TIME}}
-    for path, body in (
-        (CHAT, CHAT_BASE | {"response_format": fmt, "include_reasoning": False}),
-        (CMPL, CMPL_BASE | {"response_format": fmt}),
+    body = CHAT_BASE | {"response_format": fmt, "include_reasoning": False}
+    r = httpx.post(
+        qwen3_server.url + CHAT, json=body | {"thinking_token_budget": 2, "max_tokens": 40}, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "thinking_token_budget" and "grammar" in err["message"], err
+    assert httpx.post(qwen3_server.url + CHAT, json=body | {"max_tokens": 40}, timeout=60).status_code == 200
+
+
+def test_a_completions_grammar_waits_for_the_reasoning_end(qwen3_server: Server) -> None:
+    """With --reasoning-parser a completions grammar applies after the first </think> the
+    output writes, unless the prompt closed the reasoning, as vLLM 0.26's engine decides from
+    the prompt (``is_reasoning_end``) and Surge's offline ``LLM`` does: a budget after a prompt
+    that opens <think> forces </think> and the JSON follows it (this was a 400: the grammar
+    applied from the first token). ``logit_bias`` on </think> shows where the grammar starts."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": TIME}}
+    base = CMPL_BASE | {"response_format": fmt, "max_tokens": 40}
+    for choice in (
+        _post(qwen3_server, CMPL, base | {"thinking_token_budget": 2}),
+        _stream(qwen3_server, CMPL, base | {"thinking_token_budget": 2}),
     ):
-        r = httpx.post(
-            qwen3_server.url + path, json=body | {"thinking_token_budget": 2, "max_tokens": 40}, timeout=60
-        )
-        assert r.status_code == 400, r.text
-        err = r.json()["error"]
-        assert err["param"] == "thinking_token_budget" and "grammar" in err["message"], err
-        assert (
-            httpx.post(qwen3_server.url + path, json=body | {"max_tokens": 40}, timeout=60).status_code == 200
-        )
-    # a completions prompt outside the reasoning: the grammar and the budget agree
-    ok = CMPL_BASE | {
-        "prompt": "Question: why?",
-        "response_format": fmt,
-        "thinking_token_budget": 2,
-        "max_tokens": 40,
-    }
-    jsonschema.validate(json.loads(_post(qwen3_server, CMPL, ok)["text"]), TIME)
+        assert choice["token_ids"][2] == END and END not in choice["token_ids"][:2], choice
+        assert choice["text"].count("</think>") == 1, choice
+        jsonschema.validate(json.loads(choice["text"].split("</think>")[1]), TIME)
+    bias = {"logit_bias": {str(END): 100}}
+    # a prompt without <think> or </think> has not ended the reasoning: the grammar waits too
+    waits = _post(qwen3_server, CMPL, base | bias | {"prompt": "Question: why?"})
+    assert waits["token_ids"][0] == END, waits
+    jsonschema.validate(json.loads(waits["text"].removeprefix("</think>")), TIME)
+    # a prompt that closed it (Qwen3's with enable_thinking false): from the first token, where
+    # the grammar forbids </think>
+    closed = base | bias | {"prompt": "Question: why?\n<think>\n\n</think>\n\n", "thinking_token_budget": 2}
+    for choice in (_post(qwen3_server, CMPL, closed), _stream(qwen3_server, CMPL, closed)):
+        assert END not in choice["token_ids"], choice
+        jsonschema.validate(json.loads(choice["text"]), TIME)
 
 
 @pytest.mark.parametrize("path", [CHAT, CMPL])

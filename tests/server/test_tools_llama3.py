@@ -180,7 +180,7 @@ def test_forced_calls_and_none(llama_server: Server) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     choice = _chat(llama_server, {"tools": TOOLS, "tool_choice": named, "max_tokens": 8})
     ((name, args),) = _calls(choice)
-    assert name == "get_weather" and args.startswith('{"') and choice["message"]["content"] is None
+    assert name == "get_weather" and args.startswith('{"') and choice["message"]["content"] == ""
     assert _streamed(llama_server, {"tools": TOOLS, "tool_choice": named, "max_tokens": 8})[1] == [
         (name, args)
     ]

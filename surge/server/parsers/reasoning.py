@@ -45,6 +45,10 @@ class ReasoningParser:
     (vLLM's parser absorbs a ``</think>`` it meets in its content state), except under ``gated``,
     where the answer is the text the grammar constrained. False: ``</think>`` in the answer is
     text (vLLM's ``partition``, DeepSeek-R1)."""
+    implicit_end: str | None = None
+    """Text that ends the reasoning without ``</think>`` and starts the answer (Qwen3's
+    ``<tool_call>``: vLLM 0.26's qwen3 parser reads a call written inside the reasoning as its
+    end), except under ``gated``, whose grammar waits for ``</think>``; None: only ``</think>``."""
 
     def __init__(self, starts_in_reasoning: bool | None = None, gated: bool = False) -> None:
         if starts_in_reasoning is not None:
@@ -116,8 +120,20 @@ class ReasoningParser:
                 continue
             if self._state == "reasoning":
                 i = buf.find(THINK_END)
+                implicit = self.implicit_end if not self._gated else None
+                j = -1 if implicit is None else buf.find(implicit)
+                if j >= 0 and (i < 0 or j < i):
+                    # a tool call ends the reasoning; its markup is the answer's (vLLM 0.26's qwen3)
+                    reasoning += buf[:j]
+                    self._buf = buf[j:]
+                    self._end_reasoning()
+                    continue
                 if i < 0:
-                    keep = 0 if final else partial_suffix(buf, THINK_END)
+                    keep = 0
+                    if not final:
+                        keep = partial_suffix(buf, THINK_END)
+                        if implicit is not None:
+                            keep = max(keep, partial_suffix(buf, implicit))
                     reasoning += buf[: len(buf) - keep]
                     self._buf = buf[len(buf) - keep :]
                     return reasoning, content
@@ -149,14 +165,15 @@ class ReasoningParser:
 
 class Qwen3ReasoningParser(ReasoningParser):
     """``--reasoning-parser qwen3``: an output that starts with ``<think>`` (Qwen3 writes it
-    itself) is reasoning up to ``</think>``; an output without it is all answer, unless the
-    chat plan says the output starts inside the reasoning (``starts_in_reasoning``: the
-    prompt ends with an open ``<think>``, as newer Qwen3 thinking templates write it, or the
-    request's grammar applies only after ``</think>``), or it starts with ``</think>`` (an empty
-    reasoning, as vLLM 0.26 reads it). After the reasoning, a ``</think>`` in the answer is
-    dropped, as vLLM 0.26 drops it (:attr:`absorbs_end_tags`)."""
+    itself) is reasoning up to ``</think>``. The chat plan starts every output inside the
+    reasoning (``starts_in_reasoning``), as vLLM 0.26's qwen3 parser does, unless the rendered
+    prompt closed it; left to its own default (False) an output without ``<think>`` is all
+    answer, unless it starts with ``</think>`` (an empty reasoning, as vLLM 0.26 reads it). After the reasoning, a ``</think>`` in the answer is
+    dropped, as vLLM 0.26 drops it (:attr:`absorbs_end_tags`). A ``<tool_call>`` inside the
+    reasoning ends it, the call being the answer's (:attr:`implicit_end`)."""
 
     absorbs_end_tags = True
+    implicit_end: str | None = "<tool_call>"
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
