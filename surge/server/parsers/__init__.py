@@ -51,8 +51,7 @@ class ChatOutputParser:
 
     The tool parser sees only the answer: nothing while the output is (or may still be) the
     reasoning, so a forced call's arguments are exactly the text the grammar constrained after
-    ``</think>``; an output whose reasoning never ends has no tool calls, nor has one whose
-    grammar never started (:attr:`ReasoningParser.gate_never_opened`: its text is content).
+    ``</think>``; an output whose reasoning never ends has no tool calls.
 
     Args:
         reasoning: splits reasoning from the answer, or None.
@@ -88,8 +87,7 @@ class ChatOutputParser:
     def finish(self) -> DeltaMessage:
         """The end of the text -> the rest."""
         reasoning, content = ("", "") if self.reasoning is None else self.reasoning.finish()
-        ungated = self.reasoning is not None and self.reasoning.gate_never_opened
-        if self.tools is None or not self._answering() or ungated:
+        if self.tools is None or not self._answering():
             return DeltaMessage(content=content, reasoning=reasoning)
         out = self.tools.feed(content).extend(self.tools.finish())
         out.reasoning = reasoning

@@ -19,17 +19,20 @@ class ReasoningParser:
     character when the output starts inside the reasoning, everything up to the first
     ``</think>`` is reasoning, and an output that never closes it is all reasoning.
 
-    With ``gated`` (the request's grammar applies only after ``</think>``) an output that
-    neither starts inside the reasoning nor opens it with ``<think>`` is reasoning up to a
-    ``</think>`` if one comes (the grammar's reading); one that never closes it reads as
-    without the grammar: all answer (:attr:`gate_never_opened`). Until either is known the
-    text is held back, so a stream says what the whole text says.
+    With ``gated`` (the request's grammar applies only after the ``</think>`` token, so the
+    output starts inside the reasoning) the parser reads the output as the grammar does: a
+    ``<tool_call>`` inside the reasoning does not end it (:attr:`implicit_end`), and a
+    ``</think>`` in the answer is kept, as the constrained text (:attr:`absorbs_end_tags`).
 
     Args:
         starts_in_reasoning: overrides the class's :attr:`starts_in_reasoning` for this
             output (the chat plan sets it when the prompt opened ``<think>``, or False for a
             grammar that applies from the first token).
         gated: a grammar waits for ``</think>`` (see above).
+
+    Raises:
+        ValueError: ``gated`` for an output that does not start inside the reasoning (a chat
+            plan gates a grammar only there; one from the first token is not ``gated``).
 
     Attributes:
         end_tag: the text that ends the reasoning.
@@ -53,11 +56,11 @@ class ReasoningParser:
     def __init__(self, starts_in_reasoning: bool | None = None, gated: bool = False) -> None:
         if starts_in_reasoning is not None:
             self.starts_in_reasoning = starts_in_reasoning
+        if gated and not self.starts_in_reasoning:
+            raise ValueError("a grammar gated on </think> needs an output that starts inside the reasoning")
         self._gated = gated
         self._buf = ""
         self._state = "start"
-        self._gate_never_opened = False
-        self._scanned = 0  # gated: where in the held text </think> may still start
         self._absorbing = False  # the reasoning ended: later </think> tags are dropped
 
     @property
@@ -68,15 +71,8 @@ class ReasoningParser:
     @property
     def in_reasoning(self) -> bool:
         """Inside the reasoning: ``<think>`` (or the start of an output that starts inside
-        it) seen, ``</think>`` not yet, or (``gated``) maybe so, until the output ends; after
-        :meth:`finish`, the output was all reasoning."""
-        return self._state in ("reasoning", "gated")
-
-    @property
-    def gate_never_opened(self) -> bool:
-        """After :meth:`finish`: a ``gated`` output ended without ``</think>``, so it is all
-        answer, text the grammar never constrained."""
-        return self._gate_never_opened
+        it) seen, ``</think>`` not yet; after :meth:`finish`, the output was all reasoning."""
+        return self._state == "reasoning"
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
@@ -103,20 +99,7 @@ class ReasoningParser:
                 ends = self.absorbs_end_tags and THINK_END.startswith(head)
                 if (THINK_START.startswith(head) or ends) and not final:
                     return reasoning, content  # may still become <think> (or </think>)
-                if self.starts_in_reasoning:
-                    self._state = "reasoning"
-                else:
-                    self._state = "gated" if self._gated else "content"
-                continue
-            if self._state == "gated":
-                if buf.find(THINK_END, self._scanned) >= 0:
-                    self._state = "reasoning"
-                    continue
-                if not final:
-                    self._scanned = max(0, len(buf) - len(THINK_END) + 1)  # scan each text once
-                    return reasoning, content  # held until </think> or the end decides
-                self._state = "content"
-                self._gate_never_opened = True
+                self._state = "reasoning" if self.starts_in_reasoning else "content"
                 continue
             if self._state == "reasoning":
                 i = buf.find(THINK_END)
