@@ -1152,7 +1152,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "base_url": base,
         "endpoint": cfg.endpoint,
         "model_id": model,
-        "tokenizer_id": counter.name,
+        "tokenizer_id": cfg.tokenizer or model,  # vLLM's: --tokenizer, else the model id
+        "token_counter": counter.name,  # Surge's: the folder or server /tokenize URL that counted the tokens
         "server_models": models,
         "dataset": cfg.dataset,
         "dataset_path": cfg.dataset_path,
