@@ -1166,9 +1166,16 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.max_concurrency,
-        "ramp_up_strategy": cfg.ramp_up_strategy,
-        "ramp_up_start_rps": cfg.ramp_up_start_rps,
-        "ramp_up_end_rps": cfg.ramp_up_end_rps,
+        # as vLLM: the ramp-up's settings only with one (readers take their absence as null)
+        **(
+            {
+                "ramp_up_strategy": cfg.ramp_up_strategy,
+                "ramp_up_start_rps": cfg.ramp_up_start_rps,
+                "ramp_up_end_rps": cfg.ramp_up_end_rps,
+            }
+            if cfg.ramp_up_strategy is not None
+            else {}
+        ),
         "self_timed": cfg.self_timed,
         "seed": cfg.seed,
         "ignore_eos": cfg.ignore_eos,

@@ -122,3 +122,5 @@ def test_save_result_has_every_key_of_vllms_file(tmp_path: Path, monkeypatch: py
     assert events and all(type(e["rps"]) is int and type(e["timestamp"]) is str for e in events)
     for r in results.values():  # vLLM's tokenizer_id: --tokenizer, else the model id, never a URL
         assert r["tokenizer_id"] == r["model_id"] and r["token_counter"] == f"{url}/tokenize"
+    for name in ("plain", "detailed"):  # vLLM writes the ramp-up's settings only with a ramp-up
+        assert not set(VLLM_RAMP_UP) & set(results[name]), name
