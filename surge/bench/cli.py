@@ -1039,7 +1039,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not vllm_save:
         for flag, value in (("--result-dir", args.result_dir), ("--result-filename", args.result_filename)):
             if value is not None:
-                raise ValueError(f"{flag} applies with --save-result or --append-result (as vLLM)")
+                raise ValueError(
+                    f"{flag} applies with --save-result or --append-result (without them vLLM ignores it, "
+                    "but for placing its --plot-timeline file; Surge refuses a flag that would do nothing)"
+                )
     saving = args.result_file or vllm_save
     if plots and not saving:
         raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")

@@ -48,6 +48,7 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
     if isinstance(data, dict) and isinstance(data.get("points"), list):
         # the run's settings on each row, so that compare_points can see two runs differ
         run = {k: data[k] for k in ("endpoint", "temperature", "model") if k in data}
+        run |= dict.fromkeys(_RAMP_UP_SETTINGS)  # a matrix never ramps its request rate up
         if data.get("hardware") is not None:  # the roofline columns' assumptions
             run |= {k: data[k] for k in _ROOFLINE_SETTINGS if k in data}
         rows = [{**run, **r} if isinstance(r, dict) else r for r in data["points"]]
@@ -66,6 +67,8 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
                     if isinstance(roofline, dict)
                     else {}
                 ),
+                # vLLM writes them only with a ramp-up (older files: null)
+                **dict.fromkeys(_RAMP_UP_SETTINGS),
                 **data,
                 "concurrency": conc,
                 "input_len": data.get("input_len") or 0,  # ShareGPT: prompts of many lengths
@@ -249,15 +252,18 @@ _ROOFLINE_SETTINGS = ("roofline_dtype", "roofline_kv_cache_dtype", "roofline_tp"
 """What a roofline column assumed the server runs (weight and KV cache dtypes, tensor-parallel
 size): two runs whose rooflines assumed others have ``pct_of_roofline`` of unlike ceilings."""
 
+_RAMP_UP_SETTINGS = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
+"""A ``bench serve --ramp-up-strategy`` run's settings, which its result has only with a ramp-up
+(as vLLM's; older Surge files have them as null without one): :func:`load_points`
+reads their absence as null, so that a run without a ramp-up and one with it are flagged."""
+
 _SETTINGS = (
     "model",
     "endpoint",
     "num_prompts",
     "request_rate",
     "burstiness",
-    "ramp_up_strategy",
-    "ramp_up_start_rps",
-    "ramp_up_end_rps",
+    *_RAMP_UP_SETTINGS,
     "max_concurrency",
     "temperature",
     "dataset",

@@ -1152,7 +1152,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "base_url": base,
         "endpoint": cfg.endpoint,
         "model_id": model,
-        "tokenizer_id": counter.name,
+        "tokenizer_id": cfg.tokenizer or model,  # vLLM's: --tokenizer, else the model id
+        "token_counter": counter.name,  # Surge's: the folder or server /tokenize URL that counted the tokens
         "server_models": models,
         "dataset": cfg.dataset,
         "dataset_path": cfg.dataset_path,
@@ -1165,9 +1166,16 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.max_concurrency,
-        "ramp_up_strategy": cfg.ramp_up_strategy,
-        "ramp_up_start_rps": cfg.ramp_up_start_rps,
-        "ramp_up_end_rps": cfg.ramp_up_end_rps,
+        # as vLLM: the ramp-up's settings only with one (readers take their absence as null)
+        **(
+            {
+                "ramp_up_strategy": cfg.ramp_up_strategy,
+                "ramp_up_start_rps": cfg.ramp_up_start_rps,
+                "ramp_up_end_rps": cfg.ramp_up_end_rps,
+            }
+            if cfg.ramp_up_strategy is not None
+            else {}
+        ),
         "self_timed": cfg.self_timed,
         "seed": cfg.seed,
         "ignore_eos": cfg.ignore_eos,

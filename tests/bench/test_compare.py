@@ -306,6 +306,38 @@ def test_runs_measured_differently_are_flagged(tmp_path: Path, capsys: pytest.Ca
     assert same.mismatches == []
 
 
+def test_results_without_ramp_up_keys_and_older_files_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A result without a ramp-up has no ramp_up_* keys (as vLLM's): its absence reads as null, so
+    a ramp-up run against it is flagged, and an older file (the keys null, tokenizer_id the
+    server's /tokenize URL, no token_counter) still loads and compares with a new one unflagged."""
+    common = {"num_prompts": 16, "input_len": 16, "output_len": 32, "completed": 16, "failed": 0}
+    common |= {"request_rate": "inf", "model_id": "m"}
+    old = {**common, "tokenizer_id": "http://127.0.0.1:8661/tokenize", "output_throughput": 100.0}
+    old |= dict.fromkeys(("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"))
+    new = {**common, "tokenizer_id": "m", "token_counter": "http://127.0.0.1:8661/tokenize"}
+    new |= {"output_throughput": 110.0}
+    ramp = {**new, "ramp_up_strategy": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 20}
+    files = {}
+    for name, data in (("old", old), ("new", new), ("ramp", ramp)):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(data))
+    assert bench_main(["bench", "compare", str(files["old"]), str(files["new"])]) == 0
+    cap = capsys.readouterr()
+    assert "+10.0" in cap.out and "warning" not in cap.err.lower(), cap
+    cmp = compare_points(load_points(files["new"]), load_points(files["ramp"]))
+    assert cmp.mismatches == [
+        ((16, 16, 32), "ramp_up_strategy", None, "linear"),
+        ((16, 16, 32), "ramp_up_start_rps", None, 1),
+        ((16, 16, 32), "ramp_up_end_rps", None, 20),
+    ]
+    matrix = _write(tmp_path / "x", [{**_pt(16, 16, 32, 1.0), "num_prompts": 16, "repeats": 1}])
+    assert (
+        compare_points(load_points(matrix), load_points(files["ramp"])).mismatches[0][1] == "ramp_up_strategy"
+    )
+
+
 @pytest.mark.parametrize(
     ("dataset", "warned"),
     [

@@ -211,7 +211,7 @@ def test_mini_matrix_against_live_surge_serve(
     assert summary["num_successful"] == 8 and summary["server_restarts"] == 0
     for p in summary["points"]:
         r = load_result(out / p["result_file"])
-        assert r["tokenizer_id"].endswith("/tokenize")  # prompt lengths counted by the server itself
+        assert r["token_counter"].endswith("/tokenize")  # prompt lengths counted by the server itself
         assert r["server_models"]["data"][0]["root"].endswith("stories260K")
         assert p["roofline_output_throughput"] > 0  # config found through /v1/models root
         # chat: the server saw exactly --input-len prompt tokens, chat template included

@@ -308,7 +308,11 @@ def test_sharegpt_dataset_and_local_tokenizer(capsys: pytest.CaptureFixture[str]
             disable_tqdm=True,
         )
         r = run_serve(cfg)
-    assert r["completed"] == 5 and r["dataset"] == "sharegpt" and r["tokenizer_id"] == str(BUNDLED_MODEL)
+    assert (
+        r["completed"] == 5
+        and r["dataset"] == "sharegpt"
+        and r["tokenizer_id"] == r["token_counter"] == str(BUNDLED_MODEL)
+    )
     sent = [e["body"]["prompt"] for e in b.log[1:]]
     data = json.loads(SHAREGPT.read_text())
     firsts = {c["conversations"][0]["value"] for c in data}

@@ -399,6 +399,7 @@ def test_save_result_names_and_appends_the_file_as_vllm(
             assert bench_main([*argv, *extra]) == 2
             err = capsys.readouterr().err
             assert words in err and err.count("\n") == 1, err
+            assert "--result-file" in extra or "without them vLLM ignores it" in err, err  # not "as vLLM"
         assert s.behaviour.seen == seen
     ramp = {"label": None, "backend": "openai", "ramp_up_strategy": "linear", "ramp_up_start_rps": 1}
     ramp |= {

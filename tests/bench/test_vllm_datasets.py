@@ -454,7 +454,7 @@ def test_end_to_end_against_the_bundled_model(
         argv += ["--endpoint", "/v1/completions", "--ignore-eos", "--result-file", str(custom)]
         assert bench_main(_serve(base, *argv)) == 0
         r = json.loads(custom.read_text())
-        assert r["tokenizer_id"].endswith("/tokenize") and r["failed"] == 0 and r["output_lens"] == [6] * 4
+        assert r["token_counter"].endswith("/tokenize") and r["failed"] == 0 and r["output_lens"] == [6] * 4
         # the server's usage.prompt_tokens: the templated prompt ("user: ...\nassistant:") with its BOS
         assert all(
             n > len(f"Once upon a time there was a cat number {i}.".split()) + 3

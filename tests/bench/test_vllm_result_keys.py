@@ -105,8 +105,9 @@ def test_save_result_has_every_key_of_vllms_file(tmp_path: Path, monkeypatch: py
         + ["--ramp-up-end-rps", "20", "--save-detailed"],
     }
     with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        url = s.url
         for name, extra in runs.items():
-            assert bench_main([*argv, name, "--base-url", s.url, *extra]) == 0, name
+            assert bench_main([*argv, name, "--base-url", url, *extra]) == 0, name
     results = {name: json.loads(next((tmp_path / name).glob("*.json")).read_text()) for name in runs}
     for r in results.values():
         _check_types(r, VLLM_SETUP | VLLM_METRICS | VLLM_LATENCIES)
@@ -119,3 +120,7 @@ def test_save_result_has_every_key_of_vllms_file(tmp_path: Path, monkeypatch: py
     assert type(results["detailed"]["request_goodput"]) is float
     events = results["ramp"]["rps_change_events"]
     assert events and all(type(e["rps"]) is int and type(e["timestamp"]) is str for e in events)
+    for r in results.values():  # vLLM's tokenizer_id: --tokenizer, else the model id, never a URL
+        assert r["tokenizer_id"] == r["model_id"] and r["token_counter"] == f"{url}/tokenize"
+    for name in ("plain", "detailed"):  # vLLM writes the ramp-up's settings only with a ramp-up
+        assert not set(VLLM_RAMP_UP) & set(results[name]), name
