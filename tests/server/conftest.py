@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -49,6 +50,22 @@ def wait_engine_idle(url: str, why: str, timeout_s: float = 60.0) -> str:
             return text
         assert time.monotonic() < deadline, why
         time.sleep(0.1)
+
+
+def hang_up_after(url: str, body: dict[str, Any], chunks: int, path: str = "/v1/completions") -> None:
+    """Stream ``body`` to ``url + path`` and close the connection once ``chunks`` ``data: {...}``
+    events have come (a client hanging up mid-stream).
+
+    Raises:
+        AssertionError: the server did not answer 200.
+    """
+    with httpx.stream("POST", url + path, json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("data: {")
+            if seen >= chunks:
+                return
 
 
 def pid_alive(pid: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.server.conftest import Server, metric, wait_engine_idle
+from tests.server.conftest import Server, hang_up_after, metric, wait_engine_idle
 
 
 def _counts(url: str) -> tuple[float, float, float, float]:
@@ -41,13 +41,7 @@ def test_a_hung_up_request_is_no_finished_one(server: Server) -> None:
     before = [metric(text, "surge:request_success_total", finished_reason=r) for r in reasons]
     e2e_before = metric(text, "surge:e2e_request_latency_seconds_count")
     body = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "n": 2, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        chunks = 0
-        for line in r.iter_lines():
-            chunks += line.startswith("data: {")
-            if chunks >= 4:
-                break  # hang up mid-stream
+    hang_up_after(server.url, body, chunks=4)
     text = wait_engine_idle(server.url, "the engine still runs the choices of a gone client")
     assert [metric(text, "surge:request_success_total", finished_reason=r) for r in reasons] == before
     assert metric(text, "surge:e2e_request_latency_seconds_count") == e2e_before

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import Server, metric, start_server, wait_engine_idle
+from tests.server.conftest import Server, hang_up_after, metric, start_server, wait_engine_idle
 
 P = "surge:"
 FINISHED_HISTOGRAMS = (
@@ -151,13 +151,7 @@ def test_a_hang_up_and_a_refused_request_finish_nothing(srv: Server) -> None:
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 100000}, timeout=30)
     assert r.status_code == 400
     body = {"prompt": "A long story begins", "max_tokens": 400, "ignore_eos": True, "n": 2, "stream": True}
-    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as resp:
-        assert resp.status_code == 200
-        chunks = 0
-        for line in resp.iter_lines():
-            chunks += line.startswith("data: {")
-            if chunks >= 6:
-                break  # hang up mid-stream
+    hang_up_after(srv.url, body, chunks=6)
     d = _delta(srv.url, before)
     for h in FINISHED_HISTOGRAMS + PROMPT_HISTOGRAMS:
         assert d[h + "_count"] == 0, h
