@@ -4,6 +4,7 @@ persistent workspace), even and ragged ``K`` slices, bias, tails."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -421,13 +422,16 @@ def test_sweep_emit_writes_the_measured_table(tmp_path: Path) -> None:
     assert '1: (16, 32, 128, 4, 4, 4, False, "kernel", False),  # 16.0 / 20.0 / 13.0' in new
     assert '8: (16, 32, 128, 4, 4, 4, False, "inline", False),  # 30.0 / 38.0 / 21.0' in new
     assert "tma us" not in r.stdout
-    fmt = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--check", "--line-length", "110", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    # The emitted table must pass the repository's formatter. A GPU host may lack ruff (it is a test
+    # extra, always present in CI): there the check is left to CI and the rest of the test still runs.
+    if importlib.util.find_spec("ruff") is not None:
+        fmt = subprocess.run(
+            [sys.executable, "-m", "ruff", "format", "--check", "--line-length", "110", str(src)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert fmt.returncode == 0, fmt.stdout + fmt.stderr
     # --no-inline: the same sweep, the inline reduction's timings ignored (down 8: w8a8 at 22 us)
     r = emit("--no-inline")
     assert "| down | 4096 x 12288 | 8 | 30.0 | 38.0 | 23.0 | 22.0 | - | - | split-K w8a8 (16," in r.stdout
