@@ -19,6 +19,12 @@ opens a connection and sends its request line and headers a byte at a time (slow
   size, so without it one client could fill the API process's memory for as long as the header
   read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400). The
   same cap holds a chunked body's trailer fields (and chunk framing) since its last body byte.
+- **Body drain timeout**: a request answered before its body was read (a 413 for a declared
+  body over the limit, a 401) keeps its connection open while the rest of the body is read and
+  dropped, so that the client sees the answer; that rest must arrive within ``body_timeout``
+  seconds of the answer, else the connection is closed (uvicorn's keep-alive clock stops at
+  every byte read, so a client trickling the body would hold the connection for ever), and the
+  connection is then idle under uvicorn's keep-alive clock, as after any response.
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
@@ -81,11 +87,19 @@ class _ConnectionGuard:
     _max_connections: int
     _header_timeout: float  # seconds
     _refusal: bytes  # the raw 503 for a connection over the cap
+    _body_timeout: float  # seconds for the rest of an answered request's body
     _header_timer: asyncio.TimerHandle | None = None
+    _drain_timer: asyncio.TimerHandle | None = None  # the body of an answered request is being read
+    _drained: Any = None  # that request's cycle
     _refused = False  # nothing more is read from the connection
     # the uvicorn protocol's own attributes
     connections: set[Any]
     loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    timeout_keep_alive: float
+    timeout_keep_alive_task: asyncio.TimerHandle | None
+    timeout_keep_alive_handler: Callable[[], None]
+    _unset_keepalive_if_required: Callable[[], None]
     _on_header_timeout: Callable[[], None]
 
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -99,7 +113,35 @@ class _ConnectionGuard:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = self._drained = None
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def _start_drain(self, cycle: Any) -> None:
+        """The response to ``cycle`` ended before its request's body was read: the rest of the
+        body must come within ``_body_timeout`` seconds, else the connection is closed."""
+        if self._drain_timer is None and not self.transport.is_closing():
+            self._drained = cycle
+            self._drain_timer = self.loop.call_later(self._body_timeout, self._on_drain_timeout)
+
+    def _end_drain(self, idle: bool) -> None:
+        """The answered request's body has all been read; ``idle``: no next request has begun,
+        so the connection waits under uvicorn's keep-alive clock, as after any response."""
+        if self._drain_timer is None:
+            return
+        self._drain_timer.cancel()
+        self._drain_timer = self._drained = None
+        if idle and not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _on_drain_timeout(self) -> None:
+        self._drain_timer = self._drained = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -111,8 +153,12 @@ class _ConnectionGuard:
             self._header_timer = None
 
 
-def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """An ``H11Protocol`` subclass enforcing ``header_timeout`` (seconds) and ``max_connections``.
+def guarded_h11_protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = 60.0
+) -> type[H11Protocol]:
+    """An ``H11Protocol`` subclass enforcing ``header_timeout`` (seconds), ``max_connections``
+    and ``body_timeout`` (seconds for the rest of a body whose request was answered before it
+    was read: the server's ``--body-read-timeout``).
 
     Pass it as ``uvicorn.Config(http=...)``.
     """
@@ -122,6 +168,7 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
         """H11Protocol plus a header read deadline and a cap on open connections."""
 
         _max_connections, _header_timeout, _refusal = max_connections, header_timeout, refusal
+        _body_timeout = body_timeout
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -136,6 +183,16 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
                 if self._header_timer is None:  # first byte of a keep-alive connection's next request
                     self._arm_header_timer()
             super().data_received(data)
+            if self._drain_timer is not None and (
+                self.cycle is not self._drained or self.conn.their_state is not h11.SEND_BODY
+            ):
+                # the answered request's body ended (h11 started the next cycle)
+                buffered = len(self.conn.trailing_data[0])
+                idle = self.conn.their_state is h11.IDLE and not buffered
+                self._end_drain(idle)
+                if self.conn.their_state is h11.IDLE and buffered and self._header_timer is None:
+                    self._head_bytes = buffered  # the next request's head began in this read
+                    self._arm_header_timer()
             if self.conn.their_state is not h11.IDLE:  # the request head is complete
                 self._cancel_header_timer()
                 self._head_bytes = 0
@@ -143,6 +200,8 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._head_bytes = 0
+            if self.conn.our_state is h11.DONE and self.conn.their_state is h11.SEND_BODY:
+                self._start_drain(self.cycle)  # answered before its body was read (a 413, a 401)
             # Bytes of the next request that came with the previous one (pipelined) are parsed
             # only now, and no data_received follows if the client sends nothing more: its
             # clock starts here, or a partial head would wait for the keep-alive timeout.
@@ -185,9 +244,11 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
     return GuardedH11Protocol
 
 
-def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol enforcing ``header_timeout`` (seconds) and ``max_connections``,
-    with the same answers as :func:`guarded_h11_protocol`'s.
+def guarded_httptools_protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = 60.0
+) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol enforcing ``header_timeout`` (seconds), ``max_connections``
+    and ``body_timeout`` (seconds), with the same answers as :func:`guarded_h11_protocol`'s.
 
     The head's clock starts at ``connection_made`` for a new connection, at the first byte read
     after a request's body for a keep-alive one (or at ``on_message_begin`` for a head that follows
@@ -216,6 +277,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
         connections."""
 
         _max_connections, _header_timeout, _refusal = max_connections, header_timeout, refusal
+        _body_timeout = body_timeout
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -263,6 +325,10 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             super().data_received(data)
             if self._refused:
                 return
+            if self._drain_timer is not None and self._body_cycle is not self._drained:
+                # the answered request's body ended in this read; idle unless a next request began
+                idle = not self._in_head and (self.cycle is None or self.cycle.response_complete)
+                self._end_drain(idle)
             if self._awaiting_head:
                 if self._head_bytes > MAX_HEAD_BYTES:
                     self._answer_last(too_large)
@@ -305,6 +371,8 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._open_cycles = [cycle for cycle in self._open_cycles if not cycle.response_complete]
             if self.transport.is_closing():
                 return
+            if self._body_cycle is not None and self._body_cycle.response_complete:
+                self._start_drain(self._body_cycle)  # answered before its body was read (a 413, a 401)
             if self._last_answer is not None:
                 if not self._responses_pending():
                     self.transport.write(self._last_answer)
@@ -361,14 +429,17 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     return GuardedHttpToolsProtocol
 
 
-def guarded_http_protocol(header_timeout: float, max_connections: int) -> tuple[type[asyncio.Protocol], str]:
-    """The guarded protocol the server runs: httptools' when httptools is installed, else h11's.
+def guarded_http_protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = 60.0
+) -> tuple[type[asyncio.Protocol], str]:
+    """The guarded protocol the server runs: httptools' when httptools is installed, else h11's
+    (``header_timeout`` and ``body_timeout`` in seconds).
 
     Returns:
         The protocol class (for ``uvicorn.Config(http=...)``) and the parser's name
         (``"httptools"`` or ``"h11"``) for the start-up log.
     """
     try:
-        return guarded_httptools_protocol(header_timeout, max_connections), "httptools"
+        return guarded_httptools_protocol(header_timeout, max_connections, body_timeout), "httptools"
     except ImportError:
-        return guarded_h11_protocol(header_timeout, max_connections), "h11"
+        return guarded_h11_protocol(header_timeout, max_connections, body_timeout), "h11"

@@ -22,6 +22,7 @@ from surge.server.http_protocol import (
 )
 
 HEADER_TIMEOUT = 1.0
+BODY_TIMEOUT = 1.5
 
 
 STREAM_GONE: dict[str, threading.Event] = {}
@@ -55,6 +56,10 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         return
     if scope["path"] == "/slow":  # a response that takes a while, as a generation does
         await asyncio.sleep(0.5)
+    if scope["path"] == "/refuse":  # answered before the body is read, as the guard's 413
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"no"})
+        return
     more = scope["method"] == "POST"
     while more:  # read the whole body, so that the connection stays usable for the next request
         message = await receive()
@@ -81,7 +86,7 @@ def port(parser: str) -> Iterator[int]:
         _ok,
         log_config=None,
         timeout_keep_alive=30,  # as surge serve: longer than the header timeout
-        http=PROTOCOLS[parser](HEADER_TIMEOUT, MAX_CONNECTIONS),
+        http=PROTOCOLS[parser](HEADER_TIMEOUT, MAX_CONNECTIONS, BODY_TIMEOUT),
         lifespan="off",
     )
     server = uvicorn.Server(config)
@@ -339,3 +344,58 @@ def test_a_chunked_body_of_tiny_chunks_is_not_taken_for_trailers(port: int) -> N
         )
         answer = _read_until_closed(s)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def _refused_with_body_to_come(s: socket.socket, size: int) -> None:
+    """Send a request head declaring a ``size``-byte body to ``/refuse`` and read its 413."""
+    s.sendall(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+    answer = b""
+    while not answer.endswith(b"\r\n\r\nno"):
+        chunk = s.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+
+
+def test_a_body_trickled_after_its_answer_is_cut_off_in_time(port: int) -> None:
+    """A request answered before its body was read (the guard's 413 keeps the connection to read
+    and drop the body): the rest of the body must come within the body timeout. Every byte read
+    stops uvicorn's keep-alive clock, so a client trickling it held the connection for ever."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        _refused_with_body_to_come(s, 10_000)
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < BODY_TIMEOUT + 4:
+            try:
+                s.sendall(b"a")
+            except OSError:  # reset: the server closed it
+                closed = True
+                break
+            s.settimeout(0.2)
+            try:
+                if s.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+                break
+    assert closed, "the connection outlived the body timeout"
+    assert time.monotonic() - t0 > BODY_TIMEOUT * 0.5
+
+
+def test_a_connection_whose_answered_body_came_in_full_serves_the_next_request(port: int) -> None:
+    """The rest of an answered request's body came in time, with the next request's head and the
+    start of its body in the same packet: the connection carries on (the body clock of the answered
+    request does not cut the next one's body, which this app gives all the time it takes), and a
+    request after an idle spell longer than the body timeout is answered too."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        _refused_with_body_to_come(s, 10)
+        s.sendall(b"0123456789" + b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+        time.sleep(BODY_TIMEOUT + 0.5)
+        s.sendall(b"cd")
+        assert _read_ok(s).startswith(b"HTTP/1.1 200")
+        time.sleep(BODY_TIMEOUT + 0.5)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_ok(s).startswith(b"HTTP/1.1 200")
