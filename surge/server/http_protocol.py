@@ -30,6 +30,12 @@ opens a connection and sends its request line and headers a byte at a time (slow
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
   body (uvicorn's is plain text). Under httptools, that 400 and the 431 go out after the
   responses to the requests pipelined before it, as under h11 (llhttp parses everything it reads).
+- **Upgrades** (httptools): a request asking to switch protocols (``curl --http2`` asks for
+  ``Upgrade: h2c`` on an http:// URL) is served as HTTP/1.1, its upgrade ignored (RFC 9110
+  section 7.8), as h11 serves it. llhttp ends such a request at its head and leaves the rest of
+  the stream to the new protocol, so under uvicorn's own protocol (vLLM's server's) its body
+  never reaches the app (a 400 "The request body is empty") and nothing after it is parsed; here
+  the body is read and the next requests parsed.
 - **Disconnects** (httptools): a client that hangs up is reported (``http.disconnect``) to every
   request of the connection still running, not only to the newest one uvicorn tracks, so a stream
   with a pipelined request queued behind it is still aborted in the engine.
@@ -40,6 +46,7 @@ The body read timeout and size limit live in :mod:`surge.server.guard`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -260,6 +267,7 @@ def guarded_httptools_protocol(
     Raises:
         ImportError: httptools is not installed.
     """
+    import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
     refusal, timeout_answer = _limit_answers(header_timeout, max_connections)
@@ -295,6 +303,7 @@ def guarded_httptools_protocol(
             # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
             self._open_cycles: list[RequestResponseCycle] = []
             self._body_cycle: RequestResponseCycle | None = None  # the request whose body is being read
+            self._framing_head = False  # the parser reads a head of _ignore_upgrade's, not the client's
 
         def connection_lost(self, exc: Exception | None) -> None:
             # uvicorn tells only ``self.cycle`` (the newest request) that the client is gone: a
@@ -322,7 +331,7 @@ def guarded_httptools_protocol(
                     self._arm_header_timer()
             in_body, messages_done = not self._awaiting_head, self._messages_done
             self._body_bytes_read = 0
-            super().data_received(data)
+            self._feed(data)
             if self._refused:
                 return
             if self._drain_timer is not None and self._body_cycle is not self._drained:
@@ -338,13 +347,67 @@ def guarded_httptools_protocol(
                 if self._frame_bytes > MAX_HEAD_BYTES:
                     self._answer_last(trailers_too_large)
 
+        def _feed(self, data: bytes) -> None:
+            """uvicorn's ``data_received``, except that an upgrade to a protocol other than
+            websocket is ignored (:meth:`_ignore_upgrade`) instead of ending the parse."""
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            except httptools.HttpParserUpgrade as e:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._ignore_upgrade(data[e.args[0] :])
+
+        def _ignore_upgrade(self, rest: bytes) -> None:
+            """Serve a request that asked to upgrade (``Upgrade: h2c``) as HTTP/1.1 (RFC 9110
+            section 7.8: a server may ignore the upgrade), as h11 does. llhttp ended the request
+            at its head (its app has seen ``more_body`` false) and stopped, ``rest`` being the
+            bytes it left to the new protocol: a new parser reads them, first the request's body
+            (when its head declared one) through a head of this protocol's own that carries only
+            the body's framing, whose callbacks are skipped, then the next requests."""
+            self.parser = httptools.HttpRequestParser(self)
+            with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn
+                self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+            cycle = self.cycle
+            framing = b"".join(
+                b"%s: %s\r\n" % (name, value)
+                for name, value in cycle.scope["headers"]
+                if name in (b"content-length", b"transfer-encoding")
+            )
+            if framing and not cycle.response_complete and not cycle.disconnected:
+                cycle.more_body = True  # undo llhttp's end of the message at its head
+                self._awaiting_head, self._body_cycle = False, cycle
+                self._messages_done -= 1
+                self._framing_head = True
+                rest = b"POST / HTTP/1.1\r\n" + framing + b"\r\n" + rest
+            if rest:
+                self._feed(rest)
+
         def on_message_begin(self) -> None:
+            if self._framing_head:
+                return
             super().on_message_begin()
             self._in_head = True
             if self._header_timer is None:  # first byte of a keep-alive connection's next request
                 self._arm_header_timer()
 
+        def on_url(self, url: bytes) -> None:
+            if not self._framing_head:
+                super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if not self._framing_head:
+                super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
+            if self._framing_head:
+                self._framing_head = False
+                return
             self._in_head = self._awaiting_head = False
             self._head_bytes = 0
             self._cancel_header_timer()

@@ -56,6 +56,16 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         return
     if scope["path"] == "/slow":  # a response that takes a while, as a generation does
         await asyncio.sleep(0.5)
+    if scope["path"] == "/echo":  # the body back, as the app read it
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
     if scope["path"] == "/refuse":  # answered before the body is read, as the guard's 413
         await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"no"})
@@ -399,3 +409,45 @@ def test_a_connection_whose_answered_body_came_in_full_serves_the_next_request(p
         time.sleep(BODY_TIMEOUT + 0.5)
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _read_ok(s).startswith(b"HTTP/1.1 200")
+
+
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+"""What ``curl --http2`` adds to a plain-HTTP request: an upgrade to HTTP/2 the server may ignore."""
+
+
+@pytest.mark.parametrize(
+    "framing, body",
+    [
+        (b"Content-Length: 13\r\n", b'{"prompt":1}\n'),
+        (b"Transfer-Encoding: chunked\r\n", b'5\r\n{"a":\r\n2\r\n1}\r\n0\r\n\r\n'),
+    ],
+)
+def test_an_upgrade_to_h2c_is_ignored_and_the_body_read(port: int, framing: bytes, body: bytes) -> None:
+    """``curl --http2`` against an http:// URL asks to upgrade to h2c. The server ignores the
+    upgrade (RFC 9110 section 7.8) and reads the body as HTTP/1.1: llhttp took the body for the
+    new protocol's bytes, so the app saw an empty body (a 400 "The request body is empty"); the
+    connection then serves the next request."""
+    expected = b'{"prompt":1}\n' if framing.startswith(b"Content-Length") else b'{"a":1}'
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + H2C + framing + b"\r\n" + body)
+        answer = b""
+        while not answer.endswith(expected):
+            chunk = s.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert answer.endswith(b"\r\n\r\n" + expected), answer
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_until_closed(s).startswith(b"HTTP/1.1 200")
+
+
+def test_an_upgrade_to_h2c_without_a_body_keeps_the_connection_usable(port: int) -> None:
+    """A GET that asks for h2c, with the next request in the same packet: both are answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"GET / HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n"
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        )
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == 2, answer
+    assert answer.endswith(b"\r\n\r\nhi"), answer
