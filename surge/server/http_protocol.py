@@ -221,7 +221,12 @@ def guarded_h11_protocol(
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a request h11 cannot parse (a malformed request line or
             header, two Content-Lengths, a TLS handshake...), as an OpenAI error body instead
-            of plain text."""
+            of plain text; a request whose response has started (or ended: a body read after its
+            answer) gets none, its connection is just closed (h11 refuses a second response, and
+            uvicorn's call raised out of ``data_received``)."""
+            if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                self.transport.close()
+                return
             body = json.dumps(error_body(400, msg)).encode()
             headers = [
                 (b"content-type", b"application/json"),
@@ -458,13 +463,13 @@ def guarded_httptools_protocol(
             and an answer written at once would replace or cut into an earlier response.
 
             A request whose body was being read is the one answered: its app is told the client
-            left (its body will not come), or, if its own response has started, the connection
-            is just closed."""
+            left (its body will not come), or, if its own response has started (or ended: a body
+            read after its answer), the connection is just closed."""
             self._refused = True
             self._cancel_header_timer()
             offender = self._body_cycle
-            if offender is not None and not offender.response_complete:
-                if offender.response_started:
+            if offender is not None:
+                if offender.response_started:  # sent, or being sent (a drained body): nothing may follow
                     self.transport.close()
                     return
                 offender.disconnected = True

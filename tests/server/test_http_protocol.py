@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -451,3 +452,23 @@ def test_an_upgrade_to_h2c_without_a_body_keeps_the_connection_usable(port: int)
         answer = _read_until_closed(s)
     assert answer.count(b"HTTP/1.1 200") == 2, answer
     assert answer.endswith(b"\r\n\r\nhi"), answer
+
+
+def test_a_malformed_body_after_its_answer_closes_the_connection_quietly(
+    port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chunked body that turns malformed after its request was answered (the guard answers a
+    401 before reading the body): the connection is closed. h11's fallback tried to send its 400
+    after the complete response, and h11 raised (an asyncio "Fatal error" traceback in the log)."""
+    with caplog.at_level(logging.ERROR):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /refuse HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            first = b""
+            while not first.endswith(b"\r\n\r\nno"):
+                chunk = s.recv(4096)
+                assert chunk, first
+                first += chunk
+            s.sendall(b"zz\r\n\r\n")
+            assert b"HTTP/1.1" not in _read_until_closed(s)  # no answer after the complete one
+        time.sleep(0.2)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
