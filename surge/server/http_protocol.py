@@ -36,6 +36,12 @@ opens a connection and sends its request line and headers a byte at a time (slow
   the stream to the new protocol, so under uvicorn's own protocol (vLLM's server's) its body
   never reaches the app (a 400 "The request body is empty") and nothing after it is parsed; here
   the body is read and the next requests parsed.
+- **Pipelining cap** (httptools): past :data:`MAX_PIPELINED` requests queued behind the one being
+  served, the later ones are dropped unanswered and, after the responses to those kept, a 503
+  says so and closes the connection (a client retries unanswered requests on a new one). One
+  connection pipelining without end made the queue, the API process's memory (70 MiB/s) and each
+  response's cost grow without bound. h11 parses a pipelined request only once the response
+  before it is sent, so it holds the bytes of one read at most.
 - **Disconnects** (httptools): a client that hangs up is reported (``http.disconnect``) to every
   request of the connection still running, not only to the newest one uvicorn tracks, so a stream
   with a pipelined request queued behind it is still aborted in the engine.
@@ -60,6 +66,13 @@ MAX_HEAD_BYTES = 64 * 1024
 """Bytes of a still incomplete request head (request line and headers) the httptools protocol
 reads before it answers 431 (a whole head that arrives in one read is parsed, as h11 does);
 browsers send under 16 KiB, nginx reads at most 32 KiB."""
+
+MAX_PIPELINED = 64
+"""Requests of one connection the httptools protocol queues behind the one being served (HTTP/1.1
+pipelining; browsers and HTTP client libraries do not pipeline). llhttp parses every request a
+read holds, and each response (each body read) lets another read in, so a client pipelining
+without end grew the queue without bound; serving it, whose cost grew with the queue, slowed to
+a few responses a second."""
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -284,6 +297,12 @@ def guarded_httptools_protocol(
         "Request Header Fields Too Large",
         f"The chunked body's trailer fields (or chunk framing) exceed {MAX_HEAD_BYTES} bytes.",
     )
+    too_many_pipelined = _raw_response(
+        503,
+        "Service Unavailable",
+        f"More than {MAX_PIPELINED} requests were pipelined on this connection: the later ones were not "
+        "served; send them again, on more connections or after their responses.",
+    )
 
     class GuardedHttpToolsProtocol(_ConnectionGuard, HttpToolsProtocol):
         """HttpToolsProtocol plus a header read deadline, a head size cap and a cap on open
@@ -338,6 +357,9 @@ def guarded_httptools_protocol(
             self._body_bytes_read = 0
             self._feed(data)
             if self._refused:
+                return
+            if len(self.pipeline) > MAX_PIPELINED:
+                self._drop_pipelined()
                 return
             if self._drain_timer is not None and self._body_cycle is not self._drained:
                 # the answered request's body ended in this read; idle unless a next request began
@@ -455,6 +477,18 @@ def guarded_httptools_protocol(
             header, two Content-Lengths, a TLS handshake...), as an OpenAI error body instead
             of plain text, after the responses to the requests before it."""
             self._answer_last(_raw_response(400, "Bad Request", msg))
+
+        def _drop_pipelined(self) -> None:
+            """Drop the requests queued past :data:`MAX_PIPELINED` (never started: the newest, at
+            the left of uvicorn's queue) and answer the connection's last response with a 503."""
+            dropped = set()
+            while len(self.pipeline) > MAX_PIPELINED:
+                cycle, _ = self.pipeline.popleft()
+                dropped.add(id(cycle))
+            self._open_cycles = [cycle for cycle in self._open_cycles if id(cycle) not in dropped]
+            if self._body_cycle is not None and id(self._body_cycle) in dropped:
+                self._body_cycle = None
+            self._answer_last(too_many_pipelined)
 
         def _answer_last(self, answer: bytes) -> None:
             """Read nothing more; write ``answer`` and close once every earlier request is answered

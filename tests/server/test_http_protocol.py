@@ -17,6 +17,7 @@ import uvicorn
 
 from surge.server.http_protocol import (
     MAX_HEAD_BYTES,
+    MAX_PIPELINED,
     guarded_h11_protocol,
     guarded_http_protocol,
     guarded_httptools_protocol,
@@ -472,3 +473,34 @@ def test_a_malformed_body_after_its_answer_closes_the_connection_quietly(
             assert b"HTTP/1.1" not in _read_until_closed(s)  # no answer after the complete one
         time.sleep(0.2)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_requests_pipelined_past_the_cap_are_refused_after_the_rest(port: int, parser: str) -> None:
+    """A client pipelining more requests than MAX_PIPELINED behind the one being served: the
+    first MAX_PIPELINED + 1 are answered in order, then a 503 says the rest were not served and
+    the connection closes. Without the cap, llhttp queued every request of every read (one
+    connection pipelining without end grew the API process by 70 MiB/s while each response got
+    slower)."""
+    if parser != "httptools":
+        pytest.skip("h11 parses a pipelined request only once the response before it is sent")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
+    last = answer[answer.rindex(b"HTTP/1.1 ") :]
+    head, _, body = last.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), last
+    assert f"More than {MAX_PIPELINED} requests were pipelined" in json.loads(body)["error"]["message"]
+
+
+def test_requests_pipelined_up_to_the_cap_are_all_answered(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        last = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        s.sendall(
+            b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+            + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * (MAX_PIPELINED - 1)
+            + last
+        )
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
+    assert b"503" not in answer
