@@ -376,27 +376,35 @@ def guarded_httptools_protocol(
 
         def _feed(self, data: bytes) -> None:
             """uvicorn's ``data_received``, except that an upgrade to a protocol other than
-            websocket is ignored (:meth:`_ignore_upgrade`) instead of ending the parse."""
+            websocket is ignored (:meth:`_ignore_upgrade`) instead of ending the parse (a loop, not
+            a recursion: one read may hold thousands of such requests)."""
             self._unset_keepalive_if_required()
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserError:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
-            except httptools.HttpParserUpgrade as e:
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._ignore_upgrade(data[e.args[0] :])
+            while data and len(self.pipeline) <= MAX_PIPELINED:
+                try:
+                    self.parser.feed_data(data)
+                    return
+                except httptools.HttpParserError:
+                    msg = "Invalid HTTP request received."
+                    self.logger.warning(msg)
+                    self.send_400_response(msg)
+                    return
+                except httptools.HttpParserUpgrade as e:
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                        return
+                    data = self._ignore_upgrade(data[e.args[0] :])
 
-        def _ignore_upgrade(self, rest: bytes) -> None:
+        def _ignore_upgrade(self, rest: bytes) -> bytes:
             """Serve a request that asked to upgrade (``Upgrade: h2c``) as HTTP/1.1 (RFC 9110
             section 7.8: a server may ignore the upgrade), as h11 does. llhttp ended the request
             at its head (its app has seen ``more_body`` false) and stopped, ``rest`` being the
             bytes it left to the new protocol: a new parser reads them, first the request's body
             (when its head declared one) through a head of this protocol's own that carries only
-            the body's framing, whose callbacks are skipped, then the next requests."""
+            the body's framing, whose callbacks are skipped, then the next requests.
+
+            Returns:
+                The bytes the new parser is to read.
+            """
             self.parser = httptools.HttpRequestParser(self)
             with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn
                 self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
@@ -412,8 +420,7 @@ def guarded_httptools_protocol(
                 self._messages_done -= 1
                 self._framing_head = True
                 rest = b"POST / HTTP/1.1\r\n" + framing + b"\r\n" + rest
-            if rest:
-                self._feed(rest)
+            return rest
 
         def on_message_begin(self) -> None:
             if self._framing_head:

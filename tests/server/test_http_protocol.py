@@ -504,3 +504,24 @@ def test_requests_pipelined_up_to_the_cap_are_all_answered(port: int) -> None:
         answer = _read_until_closed(s)
     assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
     assert b"503" not in answer
+
+
+def test_many_h2c_requests_in_one_read_are_parsed_without_recursion(
+    port: int, parser: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thousands of requests asking for h2c in one packet: each upgrade ignored in a loop (a
+    recursion per request overflowed Python's stack, an asyncio traceback), the pipelining cap
+    applying as to any request."""
+    if parser != "httptools":
+        pytest.skip("h11 parses a pipelined request only once the response before it is sent")
+    with caplog.at_level(logging.ERROR):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                + (b"GET / HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n") * 3000
+            )
+            answer = _read_until_closed(s)
+        time.sleep(0.2)
+    assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
+    assert b"HTTP/1.1 503" in answer
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
