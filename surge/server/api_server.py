@@ -924,7 +924,9 @@ async def run_server(
     # collector's generations so full collections, which stall every open stream, stay short.
     gc.collect()
     gc.freeze()
-    protocol, parser = guarded_http_protocol(options.header_read_timeout, options.max_connections)
+    protocol, parser = guarded_http_protocol(
+        options.header_read_timeout, options.max_connections, options.body_read_timeout
+    )
     if parser != "httptools":
         logger.warning(
             "httptools is not installed: HTTP is parsed by h11 (pure Python), which takes bursts in slower"

@@ -19,11 +19,29 @@ opens a connection and sends its request line and headers a byte at a time (slow
   size, so without it one client could fill the API process's memory for as long as the header
   read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400). The
   same cap holds a chunked body's trailer fields (and chunk framing) since its last body byte.
+- **Body drain timeout**: a request answered before its body was read (a 413 for a declared
+  body over the limit, a 401) keeps its connection open while the rest of the body is read and
+  dropped, so that the client sees the answer; that rest must arrive within ``body_timeout``
+  seconds of the answer, else the connection is closed (uvicorn's keep-alive clock stops at
+  every byte read, so a client trickling the body would hold the connection for ever), and the
+  connection is then idle under uvicorn's keep-alive clock, as after any response.
 - **Connection cap**: a connection beyond ``max_connections`` open ones is answered at once with
   a 503 OpenAI error body naming ``--max-connections`` and closed, before anything is read.
 - **Malformed requests**: a request the parser cannot parse gets uvicorn's 400 as an OpenAI error
   body (uvicorn's is plain text). Under httptools, that 400 and the 431 go out after the
   responses to the requests pipelined before it, as under h11 (llhttp parses everything it reads).
+- **Upgrades** (httptools): a request asking to switch protocols (``curl --http2`` asks for
+  ``Upgrade: h2c`` on an http:// URL) is served as HTTP/1.1, its upgrade ignored (RFC 9110
+  section 7.8), as h11 serves it. llhttp ends such a request at its head and leaves the rest of
+  the stream to the new protocol, so under uvicorn's own protocol (vLLM's server's) its body
+  never reaches the app (a 400 "The request body is empty") and nothing after it is parsed; here
+  the body is read and the next requests parsed.
+- **Pipelining cap** (httptools): past :data:`MAX_PIPELINED` requests queued behind the one being
+  served, the later ones are dropped unanswered and, after the responses to those kept, a 503
+  says so and closes the connection (a client retries unanswered requests on a new one). One
+  connection pipelining without end made the queue, the API process's memory (70 MiB/s) and each
+  response's cost grow without bound. h11 parses a pipelined request only once the response
+  before it is sent, so it holds the bytes of one read at most.
 - **Disconnects** (httptools): a client that hangs up is reported (``http.disconnect``) to every
   request of the connection still running, not only to the newest one uvicorn tracks, so a stream
   with a pipelined request queued behind it is still aborted in the engine.
@@ -34,6 +52,7 @@ The body read timeout and size limit live in :mod:`surge.server.guard`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +66,13 @@ MAX_HEAD_BYTES = 64 * 1024
 """Bytes of a still incomplete request head (request line and headers) the httptools protocol
 reads before it answers 431 (a whole head that arrives in one read is parsed, as h11 does);
 browsers send under 16 KiB, nginx reads at most 32 KiB."""
+
+MAX_PIPELINED = 64
+"""Requests of one connection the httptools protocol queues behind the one being served (HTTP/1.1
+pipelining; browsers and HTTP client libraries do not pipeline). llhttp parses every request a
+read holds, and each response (each body read) lets another read in, so a client pipelining
+without end grew the queue without bound; serving it, whose cost grew with the queue, slowed to
+a few responses a second."""
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -81,11 +107,19 @@ class _ConnectionGuard:
     _max_connections: int
     _header_timeout: float  # seconds
     _refusal: bytes  # the raw 503 for a connection over the cap
+    _body_timeout: float  # seconds for the rest of an answered request's body
     _header_timer: asyncio.TimerHandle | None = None
+    _drain_timer: asyncio.TimerHandle | None = None  # the body of an answered request is being read
+    _drained: Any = None  # that request's cycle
     _refused = False  # nothing more is read from the connection
     # the uvicorn protocol's own attributes
     connections: set[Any]
     loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    timeout_keep_alive: float
+    timeout_keep_alive_task: asyncio.TimerHandle | None
+    timeout_keep_alive_handler: Callable[[], None]
+    _unset_keepalive_if_required: Callable[[], None]
     _on_header_timeout: Callable[[], None]
 
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -99,7 +133,35 @@ class _ConnectionGuard:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = self._drained = None
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def _start_drain(self, cycle: Any) -> None:
+        """The response to ``cycle`` ended before its request's body was read: the rest of the
+        body must come within ``_body_timeout`` seconds, else the connection is closed."""
+        if self._drain_timer is None and not self.transport.is_closing():
+            self._drained = cycle
+            self._drain_timer = self.loop.call_later(self._body_timeout, self._on_drain_timeout)
+
+    def _end_drain(self, idle: bool) -> None:
+        """The answered request's body has all been read; ``idle``: no next request has begun,
+        so the connection waits under uvicorn's keep-alive clock, as after any response."""
+        if self._drain_timer is None:
+            return
+        self._drain_timer.cancel()
+        self._drain_timer = self._drained = None
+        if idle and not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _on_drain_timeout(self) -> None:
+        self._drain_timer = self._drained = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -111,8 +173,12 @@ class _ConnectionGuard:
             self._header_timer = None
 
 
-def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """An ``H11Protocol`` subclass enforcing ``header_timeout`` (seconds) and ``max_connections``.
+def guarded_h11_protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = 60.0
+) -> type[H11Protocol]:
+    """An ``H11Protocol`` subclass enforcing ``header_timeout`` (seconds), ``max_connections``
+    and ``body_timeout`` (seconds for the rest of a body whose request was answered before it
+    was read: the server's ``--body-read-timeout``).
 
     Pass it as ``uvicorn.Config(http=...)``.
     """
@@ -122,6 +188,7 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
         """H11Protocol plus a header read deadline and a cap on open connections."""
 
         _max_connections, _header_timeout, _refusal = max_connections, header_timeout, refusal
+        _body_timeout = body_timeout
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -136,6 +203,16 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
                 if self._header_timer is None:  # first byte of a keep-alive connection's next request
                     self._arm_header_timer()
             super().data_received(data)
+            if self._drain_timer is not None and (
+                self.cycle is not self._drained or self.conn.their_state is not h11.SEND_BODY
+            ):
+                # the answered request's body ended (h11 started the next cycle)
+                buffered = len(self.conn.trailing_data[0])
+                idle = self.conn.their_state is h11.IDLE and not buffered
+                self._end_drain(idle)
+                if self.conn.their_state is h11.IDLE and buffered and self._header_timer is None:
+                    self._head_bytes = buffered  # the next request's head began in this read
+                    self._arm_header_timer()
             if self.conn.their_state is not h11.IDLE:  # the request head is complete
                 self._cancel_header_timer()
                 self._head_bytes = 0
@@ -143,6 +220,8 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._head_bytes = 0
+            if self.conn.our_state is h11.DONE and self.conn.their_state is h11.SEND_BODY:
+                self._start_drain(self.cycle)  # answered before its body was read (a 413, a 401)
             # Bytes of the next request that came with the previous one (pipelined) are parsed
             # only now, and no data_received follows if the client sends nothing more: its
             # clock starts here, or a partial head would wait for the keep-alive timeout.
@@ -155,7 +234,12 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a request h11 cannot parse (a malformed request line or
             header, two Content-Lengths, a TLS handshake...), as an OpenAI error body instead
-            of plain text."""
+            of plain text; a request whose response has started (or ended: a body read after its
+            answer) gets none, its connection is just closed (h11 refuses a second response, and
+            uvicorn's call raised out of ``data_received``)."""
+            if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                self.transport.close()
+                return
             body = json.dumps(error_body(400, msg)).encode()
             headers = [
                 (b"content-type", b"application/json"),
@@ -185,9 +269,11 @@ def guarded_h11_protocol(header_timeout: float, max_connections: int) -> type[H1
     return GuardedH11Protocol
 
 
-def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol enforcing ``header_timeout`` (seconds) and ``max_connections``,
-    with the same answers as :func:`guarded_h11_protocol`'s.
+def guarded_httptools_protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = 60.0
+) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol enforcing ``header_timeout`` (seconds), ``max_connections``
+    and ``body_timeout`` (seconds), with the same answers as :func:`guarded_h11_protocol`'s.
 
     The head's clock starts at ``connection_made`` for a new connection, at the first byte read
     after a request's body for a keep-alive one (or at ``on_message_begin`` for a head that follows
@@ -199,6 +285,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     Raises:
         ImportError: httptools is not installed.
     """
+    import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
     refusal, timeout_answer = _limit_answers(header_timeout, max_connections)
@@ -210,12 +297,19 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
         "Request Header Fields Too Large",
         f"The chunked body's trailer fields (or chunk framing) exceed {MAX_HEAD_BYTES} bytes.",
     )
+    too_many_pipelined = _raw_response(
+        503,
+        "Service Unavailable",
+        f"More than {MAX_PIPELINED} requests were pipelined on this connection: the later ones were not "
+        "served; send them again, on more connections or after their responses.",
+    )
 
     class GuardedHttpToolsProtocol(_ConnectionGuard, HttpToolsProtocol):
         """HttpToolsProtocol plus a header read deadline, a head size cap and a cap on open
         connections."""
 
         _max_connections, _header_timeout, _refusal = max_connections, header_timeout, refusal
+        _body_timeout = body_timeout
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -233,6 +327,7 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
             self._open_cycles: list[RequestResponseCycle] = []
             self._body_cycle: RequestResponseCycle | None = None  # the request whose body is being read
+            self._framing_head = False  # the parser reads a head of _ignore_upgrade's, not the client's
 
         def connection_lost(self, exc: Exception | None) -> None:
             # uvicorn tells only ``self.cycle`` (the newest request) that the client is gone: a
@@ -260,9 +355,16 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                     self._arm_header_timer()
             in_body, messages_done = not self._awaiting_head, self._messages_done
             self._body_bytes_read = 0
-            super().data_received(data)
+            self._feed(data)
             if self._refused:
                 return
+            if len(self.pipeline) > MAX_PIPELINED:
+                self._drop_pipelined()
+                return
+            if self._drain_timer is not None and self._body_cycle is not self._drained:
+                # the answered request's body ended in this read; idle unless a next request began
+                idle = not self._in_head and (self.cycle is None or self.cycle.response_complete)
+                self._end_drain(idle)
             if self._awaiting_head:
                 if self._head_bytes > MAX_HEAD_BYTES:
                     self._answer_last(too_large)
@@ -272,13 +374,74 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
                 if self._frame_bytes > MAX_HEAD_BYTES:
                     self._answer_last(trailers_too_large)
 
+        def _feed(self, data: bytes) -> None:
+            """uvicorn's ``data_received``, except that an upgrade to a protocol other than
+            websocket is ignored (:meth:`_ignore_upgrade`) instead of ending the parse (a loop, not
+            a recursion: one read may hold thousands of such requests)."""
+            self._unset_keepalive_if_required()
+            while data and len(self.pipeline) <= MAX_PIPELINED:
+                try:
+                    self.parser.feed_data(data)
+                    return
+                except httptools.HttpParserError:
+                    msg = "Invalid HTTP request received."
+                    self.logger.warning(msg)
+                    self.send_400_response(msg)
+                    return
+                except httptools.HttpParserUpgrade as e:
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                        return
+                    data = self._ignore_upgrade(data[e.args[0] :])
+
+        def _ignore_upgrade(self, rest: bytes) -> bytes:
+            """Serve a request that asked to upgrade (``Upgrade: h2c``) as HTTP/1.1 (RFC 9110
+            section 7.8: a server may ignore the upgrade), as h11 does. llhttp ended the request
+            at its head (its app has seen ``more_body`` false) and stopped, ``rest`` being the
+            bytes it left to the new protocol: a new parser reads them, first the request's body
+            (when its head declared one) through a head of this protocol's own that carries only
+            the body's framing, whose callbacks are skipped, then the next requests.
+
+            Returns:
+                The bytes the new parser is to read.
+            """
+            self.parser = httptools.HttpRequestParser(self)
+            with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn
+                self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+            cycle = self.cycle
+            framing = b"".join(
+                b"%s: %s\r\n" % (name, value)
+                for name, value in cycle.scope["headers"]
+                if name in (b"content-length", b"transfer-encoding")
+            )
+            if framing and not cycle.response_complete and not cycle.disconnected:
+                cycle.more_body = True  # undo llhttp's end of the message at its head
+                self._awaiting_head, self._body_cycle = False, cycle
+                self._messages_done -= 1
+                self._framing_head = True
+                rest = b"POST / HTTP/1.1\r\n" + framing + b"\r\n" + rest
+            return rest
+
         def on_message_begin(self) -> None:
+            if self._framing_head:
+                return
             super().on_message_begin()
             self._in_head = True
             if self._header_timer is None:  # first byte of a keep-alive connection's next request
                 self._arm_header_timer()
 
+        def on_url(self, url: bytes) -> None:
+            if not self._framing_head:
+                super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if not self._framing_head:
+                super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
+            if self._framing_head:
+                self._framing_head = False
+                return
             self._in_head = self._awaiting_head = False
             self._head_bytes = 0
             self._cancel_header_timer()
@@ -305,6 +468,8 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             self._open_cycles = [cycle for cycle in self._open_cycles if not cycle.response_complete]
             if self.transport.is_closing():
                 return
+            if self._body_cycle is not None and self._body_cycle.response_complete:
+                self._start_drain(self._body_cycle)  # answered before its body was read (a 413, a 401)
             if self._last_answer is not None:
                 if not self._responses_pending():
                     self.transport.write(self._last_answer)
@@ -320,6 +485,18 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             of plain text, after the responses to the requests before it."""
             self._answer_last(_raw_response(400, "Bad Request", msg))
 
+        def _drop_pipelined(self) -> None:
+            """Drop the requests queued past :data:`MAX_PIPELINED` (never started: the newest, at
+            the left of uvicorn's queue) and answer the connection's last response with a 503."""
+            dropped = set()
+            while len(self.pipeline) > MAX_PIPELINED:
+                cycle, _ = self.pipeline.popleft()
+                dropped.add(id(cycle))
+            self._open_cycles = [cycle for cycle in self._open_cycles if id(cycle) not in dropped]
+            if self._body_cycle is not None and id(self._body_cycle) in dropped:
+                self._body_cycle = None
+            self._answer_last(too_many_pipelined)
+
         def _answer_last(self, answer: bytes) -> None:
             """Read nothing more; write ``answer`` and close once every earlier request is answered
             (at once if none is pending). h11 reads a pipelined request only after the response
@@ -327,13 +504,13 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
             and an answer written at once would replace or cut into an earlier response.
 
             A request whose body was being read is the one answered: its app is told the client
-            left (its body will not come), or, if its own response has started, the connection
-            is just closed."""
+            left (its body will not come), or, if its own response has started (or ended: a body
+            read after its answer), the connection is just closed."""
             self._refused = True
             self._cancel_header_timer()
             offender = self._body_cycle
-            if offender is not None and not offender.response_complete:
-                if offender.response_started:
+            if offender is not None:
+                if offender.response_started:  # sent, or being sent (a drained body): nothing may follow
                     self.transport.close()
                     return
                 offender.disconnected = True
@@ -361,14 +538,17 @@ def guarded_httptools_protocol(header_timeout: float, max_connections: int) -> t
     return GuardedHttpToolsProtocol
 
 
-def guarded_http_protocol(header_timeout: float, max_connections: int) -> tuple[type[asyncio.Protocol], str]:
-    """The guarded protocol the server runs: httptools' when httptools is installed, else h11's.
+def guarded_http_protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = 60.0
+) -> tuple[type[asyncio.Protocol], str]:
+    """The guarded protocol the server runs: httptools' when httptools is installed, else h11's
+    (``header_timeout`` and ``body_timeout`` in seconds).
 
     Returns:
         The protocol class (for ``uvicorn.Config(http=...)``) and the parser's name
         (``"httptools"`` or ``"h11"``) for the start-up log.
     """
     try:
-        return guarded_httptools_protocol(header_timeout, max_connections), "httptools"
+        return guarded_httptools_protocol(header_timeout, max_connections, body_timeout), "httptools"
     except ImportError:
-        return guarded_h11_protocol(header_timeout, max_connections), "h11"
+        return guarded_h11_protocol(header_timeout, max_connections, body_timeout), "h11"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -16,12 +17,14 @@ import uvicorn
 
 from surge.server.http_protocol import (
     MAX_HEAD_BYTES,
+    MAX_PIPELINED,
     guarded_h11_protocol,
     guarded_http_protocol,
     guarded_httptools_protocol,
 )
 
 HEADER_TIMEOUT = 1.0
+BODY_TIMEOUT = 1.5
 
 
 STREAM_GONE: dict[str, threading.Event] = {}
@@ -55,6 +58,20 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         return
     if scope["path"] == "/slow":  # a response that takes a while, as a generation does
         await asyncio.sleep(0.5)
+    if scope["path"] == "/echo":  # the body back, as the app read it
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    if scope["path"] == "/refuse":  # answered before the body is read, as the guard's 413
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"no"})
+        return
     more = scope["method"] == "POST"
     while more:  # read the whole body, so that the connection stays usable for the next request
         message = await receive()
@@ -81,7 +98,7 @@ def port(parser: str) -> Iterator[int]:
         _ok,
         log_config=None,
         timeout_keep_alive=30,  # as surge serve: longer than the header timeout
-        http=PROTOCOLS[parser](HEADER_TIMEOUT, MAX_CONNECTIONS),
+        http=PROTOCOLS[parser](HEADER_TIMEOUT, MAX_CONNECTIONS, BODY_TIMEOUT),
         lifespan="off",
     )
     server = uvicorn.Server(config)
@@ -339,3 +356,172 @@ def test_a_chunked_body_of_tiny_chunks_is_not_taken_for_trailers(port: int) -> N
         )
         answer = _read_until_closed(s)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def _refused_with_body_to_come(s: socket.socket, size: int) -> None:
+    """Send a request head declaring a ``size``-byte body to ``/refuse`` and read its 413."""
+    s.sendall(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+    answer = b""
+    while not answer.endswith(b"\r\n\r\nno"):
+        chunk = s.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+
+
+def test_a_body_trickled_after_its_answer_is_cut_off_in_time(port: int) -> None:
+    """A request answered before its body was read (the guard's 413 keeps the connection to read
+    and drop the body): the rest of the body must come within the body timeout. Every byte read
+    stops uvicorn's keep-alive clock, so a client trickling it held the connection for ever."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        _refused_with_body_to_come(s, 10_000)
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < BODY_TIMEOUT + 4:
+            try:
+                s.sendall(b"a")
+            except OSError:  # reset: the server closed it
+                closed = True
+                break
+            s.settimeout(0.2)
+            try:
+                if s.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+                break
+    assert closed, "the connection outlived the body timeout"
+    assert time.monotonic() - t0 > BODY_TIMEOUT * 0.5
+
+
+def test_a_connection_whose_answered_body_came_in_full_serves_the_next_request(port: int) -> None:
+    """The rest of an answered request's body came in time, with the next request's head and the
+    start of its body in the same packet: the connection carries on (the body clock of the answered
+    request does not cut the next one's body, which this app gives all the time it takes), and a
+    request after an idle spell longer than the body timeout is answered too."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        _refused_with_body_to_come(s, 10)
+        s.sendall(b"0123456789" + b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+        time.sleep(BODY_TIMEOUT + 0.5)
+        s.sendall(b"cd")
+        assert _read_ok(s).startswith(b"HTTP/1.1 200")
+        time.sleep(BODY_TIMEOUT + 0.5)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_ok(s).startswith(b"HTTP/1.1 200")
+
+
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+"""What ``curl --http2`` adds to a plain-HTTP request: an upgrade to HTTP/2 the server may ignore."""
+
+
+@pytest.mark.parametrize(
+    "framing, body",
+    [
+        (b"Content-Length: 13\r\n", b'{"prompt":1}\n'),
+        (b"Transfer-Encoding: chunked\r\n", b'5\r\n{"a":\r\n2\r\n1}\r\n0\r\n\r\n'),
+    ],
+)
+def test_an_upgrade_to_h2c_is_ignored_and_the_body_read(port: int, framing: bytes, body: bytes) -> None:
+    """``curl --http2`` against an http:// URL asks to upgrade to h2c. The server ignores the
+    upgrade (RFC 9110 section 7.8) and reads the body as HTTP/1.1: llhttp took the body for the
+    new protocol's bytes, so the app saw an empty body (a 400 "The request body is empty"); the
+    connection then serves the next request."""
+    expected = b'{"prompt":1}\n' if framing.startswith(b"Content-Length") else b'{"a":1}'
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + H2C + framing + b"\r\n" + body)
+        answer = b""
+        while not answer.endswith(expected):
+            chunk = s.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert answer.endswith(b"\r\n\r\n" + expected), answer
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_until_closed(s).startswith(b"HTTP/1.1 200")
+
+
+def test_an_upgrade_to_h2c_without_a_body_keeps_the_connection_usable(port: int) -> None:
+    """A GET that asks for h2c, with the next request in the same packet: both are answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"GET / HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n"
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        )
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == 2, answer
+    assert answer.endswith(b"\r\n\r\nhi"), answer
+
+
+def test_a_malformed_body_after_its_answer_closes_the_connection_quietly(
+    port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chunked body that turns malformed after its request was answered (the guard answers a
+    401 before reading the body): the connection is closed. h11's fallback tried to send its 400
+    after the complete response, and h11 raised (an asyncio "Fatal error" traceback in the log)."""
+    with caplog.at_level(logging.ERROR):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /refuse HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            first = b""
+            while not first.endswith(b"\r\n\r\nno"):
+                chunk = s.recv(4096)
+                assert chunk, first
+                first += chunk
+            s.sendall(b"zz\r\n\r\n")
+            assert b"HTTP/1.1" not in _read_until_closed(s)  # no answer after the complete one
+        time.sleep(0.2)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_requests_pipelined_past_the_cap_are_refused_after_the_rest(port: int, parser: str) -> None:
+    """A client pipelining more requests than MAX_PIPELINED behind the one being served: the
+    first MAX_PIPELINED + 1 are answered in order, then a 503 says the rest were not served and
+    the connection closes. Without the cap, llhttp queued every request of every read (one
+    connection pipelining without end grew the API process by 70 MiB/s while each response got
+    slower)."""
+    if parser != "httptools":
+        pytest.skip("h11 parses a pipelined request only once the response before it is sent")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
+    last = answer[answer.rindex(b"HTTP/1.1 ") :]
+    head, _, body = last.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), last
+    assert f"More than {MAX_PIPELINED} requests were pipelined" in json.loads(body)["error"]["message"]
+
+
+def test_requests_pipelined_up_to_the_cap_are_all_answered(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        last = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        s.sendall(
+            b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+            + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * (MAX_PIPELINED - 1)
+            + last
+        )
+        answer = _read_until_closed(s)
+    assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
+    assert b"503" not in answer
+
+
+def test_many_h2c_requests_in_one_read_are_parsed_without_recursion(
+    port: int, parser: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thousands of requests asking for h2c in one packet: each upgrade ignored in a loop (a
+    recursion per request overflowed Python's stack, an asyncio traceback), the pipelining cap
+    applying as to any request."""
+    if parser != "httptools":
+        pytest.skip("h11 parses a pipelined request only once the response before it is sent")
+    with caplog.at_level(logging.ERROR):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                + (b"GET / HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n") * 3000
+            )
+            answer = _read_until_closed(s)
+        time.sleep(0.2)
+    assert answer.count(b"HTTP/1.1 200") == MAX_PIPELINED + 1, answer[-300:]
+    assert b"HTTP/1.1 503" in answer
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
