@@ -4,6 +4,7 @@ templates (arguments given as a JSON string reach the template as an object)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,6 @@ import pytest
 from surge.tokenizer import apply_chat_template, load_tokenizer
 from tests.conftest import SHARED, STORIES
 
-QWEN3 = SHARED / "models" / "qwen3-8b"
 LLAMA = SHARED / "models" / "llama-3.1-8b-instruct"
 TOOLS = [
     {
@@ -40,10 +40,8 @@ HISTORY: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def qwen3_tok() -> Any:
-    if not QWEN3.is_dir():
-        pytest.skip("Qwen3 tokenizer assets not found")
-    return load_tokenizer(QWEN3)
+def qwen3_tok(qwen3_8b_dir: Path) -> Any:
+    return load_tokenizer(qwen3_8b_dir)
 
 
 def test_qwen3_template_renders_tools_calls_and_results(qwen3_tok: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,6 +18,7 @@ from surge.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from tests.conftest import QWEN3_8B_DIR
 
 
 @pytest.mark.parametrize(
@@ -452,7 +452,6 @@ def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
     assert p.parse_args(["--kv-cache-dtype", "fp8_e4m3"]).kv_cache_dtype == "fp8_e4m3"
 
 
-QWEN3_8B = Path(__file__).resolve().parents[1].parent / "shared" / "assets" / "models" / "qwen3-8b"
 QWEN3_YARN = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
 
 
@@ -460,9 +459,9 @@ def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
     """Qwen3's documented long-context mode (``--hf-overrides`` with a YaRN ``rope_scaling``): the
     default and largest ``max_model_len`` become original x factor (131,072 for Qwen3-8B, whose
     config says 40,960), as vLLM derives it; it used to be refused as an unsupported rope type."""
-    plain = ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy")
+    plain = ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy")
     assert plain.max_model_len == 40_960
-    yarn = ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=QWEN3_YARN)
+    yarn = ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy", hf_overrides=QWEN3_YARN)
     assert yarn.max_model_len == 131_072
     assert yarn.hf_config["rope_scaling"]["rope_type"] == "yarn"
     assert yarn.hf_config["num_hidden_layers"] == plain.num_hidden_layers  # the other keys kept
@@ -472,15 +471,18 @@ def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
         r"original_max_position_embeddings 32768 x yarn factor 4\)",
     ):
         ModelConfig.from_pretrained(
-            QWEN3_8B, load_format="dummy", hf_overrides=QWEN3_YARN, max_model_len=131_073
+            QWEN3_8B_DIR, load_format="dummy", hf_overrides=QWEN3_YARN, max_model_len=131_073
         )
     linear = {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
     assert (
-        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=linear).max_model_len
+        ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy", hf_overrides=linear).max_model_len
         == 81_920
     )
     flat = {"max_position_embeddings": 1024}  # a flat override replaces the key as it is
-    assert ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=flat).max_model_len == 1024
+    assert (
+        ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy", hf_overrides=flat).max_model_len
+        == 1024
+    )
 
 
 @pytest.mark.parametrize(
@@ -498,7 +500,7 @@ def test_yarn_rope_scaling_extends_the_context_as_in_vllm() -> None:
 )
 def test_bad_rope_settings_and_overrides_are_named(overrides: Any, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=overrides)
+        ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy", hf_overrides=overrides)
 
 
 def test_a_derived_context_past_int32_needs_an_explicit_max_model_len() -> None:
@@ -507,18 +509,18 @@ def test_a_derived_context_past_int32_needs_an_explicit_max_model_len() -> None:
     while an explicit, smaller ``max_model_len`` still runs the scaled model."""
     huge = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1e30}}
     with pytest.raises(ValueError, match=r"exceeds 2,147,483,647, the longest Surge runs"):
-        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=huge)
+        ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy", hf_overrides=huge)
     assert (
         ModelConfig.from_pretrained(
-            QWEN3_8B, load_format="dummy", hf_overrides=huge, max_model_len=4096
+            QWEN3_8B_DIR, load_format="dummy", hf_overrides=huge, max_model_len=4096
         ).max_model_len
         == 4096
     )
     with pytest.raises(ValueError, match=r"max_model_len \(2,147,483,648\) exceeds 2,147,483,647"):
-        ModelConfig.from_pretrained(QWEN3_8B, load_format="dummy", hf_overrides=huge, max_model_len=2**31)
+        ModelConfig.from_pretrained(QWEN3_8B_DIR, load_format="dummy", hf_overrides=huge, max_model_len=2**31)
     with pytest.raises(ValueError, match="x factor is not a finite number of tokens"):
         ModelConfig.from_pretrained(
-            QWEN3_8B,
+            QWEN3_8B_DIR,
             load_format="dummy",
             hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 1e308}},
         )

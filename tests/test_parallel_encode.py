@@ -12,16 +12,15 @@ from transformers import PreTrainedTokenizerBase
 
 from surge.parallel_encode import SAFE_SPLIT_PATTERNS, encode_text, split_points, split_safe
 from surge.tokenizer import load_tokenizer
-from tests.conftest import SHARED, STORIES
+from tests.conftest import QWEN3_8B_DIR, STORIES, requires_qwen3_8b
 
-QWEN3 = SHARED / "models" / "qwen3-8b"
 LLAMA3_PATTERN = next(p for p in SAFE_SPLIT_PATTERNS if r"\p{N}{1,3}" in p)
 
-pytestmark = pytest.mark.skipif(not QWEN3.is_dir(), reason="shared Qwen3 tokenizer assets not found")
+pytestmark = requires_qwen3_8b
 
 
 def qwen3() -> PreTrainedTokenizerBase:
-    return load_tokenizer(QWEN3)
+    return load_tokenizer(QWEN3_8B_DIR)
 
 
 def llama3_split(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

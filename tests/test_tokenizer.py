@@ -13,8 +13,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from surge.config import DEFAULT_MODEL_DIR  # noqa: E402
 from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, content_text, load_tokenizer  # noqa: E402
 
-QWEN3_DIR = Path(__file__).resolve().parents[2] / "shared" / "assets" / "models" / "qwen3-8b"
-
 
 @pytest.fixture(scope="module")
 def stories():
@@ -22,8 +20,8 @@ def stories():
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    return load_tokenizer(QWEN3_DIR)
+def qwen(qwen3_8b_dir: Path):
+    return load_tokenizer(qwen3_8b_dir)
 
 
 def _stream(tok, prompt_ids, out_ids, *, stop=(), step=1, stop_token_id=None, skip=True):

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.conftest import QWEN3_8B_DIR
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the bench sends $OPENAI_API_KEY when --api-key is absent: a developer's key must not reach the
 # test servers (tests that want it set it themselves)
@@ -16,7 +18,7 @@ os.environ.pop("OPENAI_API_KEY", None)
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED_MODEL = REPO / "surge" / "assets" / "stories260K"
 SHARED = REPO.parent / "shared" / "assets"
-QWEN3_8B = SHARED / "models" / "qwen3-8b"
+QWEN3_8B = QWEN3_8B_DIR  # the one path of tests/conftest.py (the name the bench tests import)
 SHAREGPT = SHARED / "datasets" / "sharegpt" / "ShareGPT_V3_filtered_500.json"
 
 

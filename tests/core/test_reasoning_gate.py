@@ -6,22 +6,17 @@ forced call's constrained JSON no longer parses)."""
 
 from __future__ import annotations
 
-import pytest
-
 from surge.core.reasoning_gate import wait_for_reasoning_end
 from surge.sampling_params import SamplingParams, StructuredOutputsParams
 from surge.server.parsers import reasoning_tokens
-from tests.conftest import SHARED
-
-QWEN3 = SHARED / "models" / "qwen3-8b"
+from tests.conftest import qwen3_8b_dir_or_skip
 
 
 def _tokenizer():  # type: ignore[no-untyped-def]
-    if not QWEN3.is_dir():
-        pytest.skip("Qwen3 tokenizer assets not found")
+    folder = qwen3_8b_dir_or_skip()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(QWEN3), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def test_the_gate_is_the_think_end_token_alone() -> None:

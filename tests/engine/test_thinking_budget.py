@@ -17,15 +17,13 @@ from surge import LLM, SamplingParams
 from surge.core.outputs import SchedulerOutput
 from surge.parallel.step_codec import StepDecoder, StepEncoder
 from surge.sampling_params import StructuredOutputsParams
-from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+from tests.structured.conftest import make_qwen3_vocab_model
 
 THINK, END = 151667, 151668
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not QWEN3_DIR.is_dir():
-        pytest.skip("shared Qwen3 tokenizer assets not found")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_8b_dir: Path) -> Path:
     return make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-thinking"))
 
 

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from surge import LLM, SamplingParams
-from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+from tests.conftest import requires_qwen3_8b
+from tests.structured.conftest import make_qwen3_vocab_model
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not QWEN3_DIR.is_dir(), reason="shared Qwen3 tokenizer assets not found"),
+    requires_qwen3_8b,
 ]
 
 THINK, END = 151667, 151668

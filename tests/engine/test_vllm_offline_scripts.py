@@ -16,7 +16,6 @@ import pytest
 from surge import LLM, SamplingParams, TokensPrompt
 from surge.config import DEFAULT_MODEL_DIR as STORIES
 from surge.sampling_params import StructuredOutputsParams
-from tests.conftest import SHARED
 
 PROMPT = "Once upon a time"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -366,9 +365,9 @@ def test_vllm_members_surge_lacks_name_the_feature(llm: LLM, name: str, message:
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+def qwen3(tmp_path_factory: pytest.TempPathFactory, qwen3_8b_dir: Path) -> Iterator[LLM]:
     """A one-layer Qwen3 with random weights and Qwen3's real tokenizer and chat template."""
-    src = SHARED / "models" / "qwen3-8b"
+    src = qwen3_8b_dir
     folder: Path = tmp_path_factory.mktemp("qwen3")
     config = json.loads((src / "config.json").read_text())
     config.update(

@@ -11,9 +11,9 @@ import pytest
 from surge.bench.roofline import Hardware, load_config, model_shape, point_roofline
 from surge.config import ModelConfig
 from surge.quant.config import Fp8Config
+from tests.conftest import QWEN3_8B_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-QWEN3_8B = REPO.parent / "shared" / "assets" / "models" / "qwen3-8b"
 FP8_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-8b-fp8"
 H200 = Hardware("h200", 4.24e12, 7.9e14)
 
@@ -39,12 +39,12 @@ def test_fp8_weights_and_kv_bytes() -> None:
 
 def test_fp8_config_matches_qwen3_8b() -> None:
     """The benchmark config is Qwen3-8B's plus the published FP8 quantization_config."""
-    if QWEN3_8B.is_dir():
+    if QWEN3_8B_DIR.is_dir():
         import json
 
         ours = json.loads((FP8_CONFIG / "config.json").read_text())
         qc = ours.pop("quantization_config")
-        assert ours == json.loads((QWEN3_8B / "config.json").read_text())
+        assert ours == json.loads((QWEN3_8B_DIR / "config.json").read_text())
         assert qc == {
             "activation_scheme": "dynamic",
             "fmt": "e4m3",

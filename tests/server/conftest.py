@@ -180,10 +180,10 @@ def serve_tiny_qwen3(
 ) -> Iterator[Server]:
     """A module fixture's body: a tiny random Qwen3 with the real Qwen3 tokenizer (dummy weights)
     served with ``flags``, stopped cleanly at the end; skipped where the shared assets are absent."""
-    from tests.structured.conftest import QWEN3_DIR, make_qwen3_vocab_model
+    from tests.conftest import qwen3_8b_dir_or_skip
+    from tests.structured.conftest import make_qwen3_vocab_model
 
-    if not QWEN3_DIR.is_dir():
-        pytest.skip("shared Qwen3 tokenizer assets not found")
+    qwen3_8b_dir_or_skip()
     model = make_qwen3_vocab_model(tmp_path_factory.mktemp(f"qwen3-{name}-model"))
     srv = start_server(
         tmp_path_factory.mktemp(f"serve-qwen3-{name}"),

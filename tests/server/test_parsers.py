@@ -17,9 +17,7 @@ from surge.server.chat_tools import ChatPlan, plan_chat
 from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS, ChatOutputParser, DeltaMessage
 from surge.server.parsers.forced import NamedToolParser, RequiredToolParser
 from surge.server.protocol import ChatCompletionRequest
-from tests.conftest import SHARED
-
-QWEN3 = SHARED / "models" / "qwen3-8b"
+from tests.conftest import QWEN3_8B_DIR, qwen3_8b_dir_or_skip
 
 Result = tuple[str, str, list[tuple[str, str]]]
 
@@ -49,8 +47,7 @@ def _collect(deltas: list[DeltaMessage]) -> Result:
 
 
 def _pieces_by_token(text: str) -> list[str]:
-    if not QWEN3.is_dir():
-        pytest.skip("Qwen3 tokenizer assets not found")
+    qwen3_8b_dir_or_skip()
     tok = _tokenizer()
     ids = tok.encode(text, add_special_tokens=False)
     pieces, prev = [], ""
@@ -70,7 +67,7 @@ _TOK: list[object] = []
 
 def _tokenizer():  # type: ignore[no-untyped-def]
     if not _TOK:
-        _TOK.append(AutoTokenizer.from_pretrained(str(QWEN3), local_files_only=True))
+        _TOK.append(AutoTokenizer.from_pretrained(str(QWEN3_8B_DIR), local_files_only=True))
     return _TOK[0]
 
 
@@ -396,8 +393,7 @@ def _forced(kind: str) -> Callable[[], ChatOutputParser]:
 def _planned(fields: dict[str, Any]) -> Callable[[], ChatOutputParser]:
     """The output parser the chat plan (``plan_chat``, ``--reasoning-parser qwen3``, the real
     Qwen3 tokenizer) builds for a request with ``fields``, whose grammar waits for ``</think>``."""
-    if not QWEN3.is_dir():
-        pytest.skip("Qwen3 tokenizer assets not found")
+    qwen3_8b_dir_or_skip()
     body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "Hi"}], **fields})
     plan = plan_chat(body, _tokenizer(), None, "qwen3")
     assert plan.reasoning_gated and plan.starts_in_reasoning

@@ -20,8 +20,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from surge import LLM, SamplingParams
+from tests.conftest import QWEN3_8B_DIR
 from tests.server.conftest import Server, serve_tiny_qwen3
-from tests.structured.conftest import QWEN3_DIR
 
 PROMPT = "Once upon a time"
 MSGS = [{"role": "user", "content": "Tell me a story"}]
@@ -238,7 +238,7 @@ def test_parser_held_chunks_still_carry_their_ids(qwen3_server: Server, include_
 
 
 def test_server_flag_is_the_default_a_request_overrides(qwen3_server: Server) -> None:
-    tok = AutoTokenizer.from_pretrained(QWEN3_DIR)
+    tok = AutoTokenizer.from_pretrained(QWEN3_8B_DIR)
     base = {"max_tokens": 3, "temperature": 0}
     chat = {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True} | base | IDS
     r = _post(qwen3_server, CHAT, chat)["choices"][0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,14 +15,11 @@ import pytest
 from surge.server.errors import ApiError
 from surge.server.tokenization import TokenizerWorker
 from surge.tokenizer import apply_chat_template, load_tokenizer
-from tests.conftest import SHARED
-
-QWEN3 = SHARED / "models" / "qwen3-8b"
 
 
 @pytest.fixture(scope="module")
-def tok():  # type: ignore[no-untyped-def]
-    return load_tokenizer(QWEN3)
+def tok(qwen3_8b_dir: Path):  # type: ignore[no-untyped-def]
+    return load_tokenizer(qwen3_8b_dir)
 
 
 _POOLS = {"surge-tokenizer": False, "surge-tokenize-route": True}

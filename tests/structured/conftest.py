@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED, STORIES
+from tests.conftest import QWEN3_8B_DIR, STORIES
 from tests.engine.tiny_models import make_tiny_model
-
-QWEN3_DIR = SHARED / "models" / "qwen3-8b"
 
 
 @pytest.fixture(scope="session")
@@ -43,16 +41,14 @@ def make_qwen3_vocab_model(path: Path) -> Path:
         "torch_dtype": "float32",
     }
     (path / "config.json").write_text(json.dumps(config))
-    for f in QWEN3_DIR.iterdir():
+    for f in QWEN3_8B_DIR.iterdir():
         if f.name != "config.json":
             shutil.copy(f, path / f.name)
     return path
 
 
 @pytest.fixture(scope="session")
-def qwen3_vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not QWEN3_DIR.is_dir():
-        pytest.skip("shared Qwen3 tokenizer assets not found")
+def qwen3_vocab_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_8b_dir: Path) -> Path:
     return make_qwen3_vocab_model(tmp_path_factory.mktemp("qwen3-vocab"))
 
 
