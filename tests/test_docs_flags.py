@@ -34,6 +34,7 @@ OTHER_TOOLS = {
     "--local-dir": "huggingface-cli download",
     "--repo-type": "huggingface-cli download",
     "--check": "ruff format --check",
+    "--http2": "curl --http2 (docs/server-limits.md: an h2c upgrade served as HTTP/1.1)",
     "--max-model-length": "README's example of a mistyped flag (did you mean --max-model-len?)",
 }
 
