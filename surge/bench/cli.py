@@ -133,8 +133,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME:MS",
         help="SLOs in ms, NAME ttft, tpot or e2el, e.g. ttft:500 tpot:50 e2el:10000: request_goodput is the "
-        "successful requests meeting every one of them (value <= SLO; a request of one token has TPOT 0 "
-        "here) per second of the run (vLLM's option) (default: none)",
+        "successful requests meeting every one of them (value <= SLO; an SLO may be 0, as vLLM's, not "
+        "negative; a request of one token has TPOT 0 here) per second of the run (vLLM's option) (default: none)",
     )
     p.add_argument(
         "--request-timeout",
@@ -461,13 +461,14 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--result-dir",
         default=None,
-        help="--save-result's and --append-result's folder, made when missing (vLLM's option) (default: the "
-        "current folder)",
+        help="--save-result's and --append-result's folder, made when missing; needs one of them (vLLM's option) "
+        "(default: the current folder)",
     )
     p.add_argument(
         "--result-filename",
         default=None,
-        help="--save-result's and --append-result's file name instead of vLLM's (vLLM's option) (default: none)",
+        help="--save-result's and --append-result's file name instead of vLLM's; needs one of them (vLLM's "
+        "option) (default: none)",
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.add_argument(

@@ -3,6 +3,7 @@ one-line hints of the options Surge does without."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import ssl
@@ -412,3 +413,19 @@ def test_save_result_names_and_appends_the_file_as_vllm(
         str(vllm_result_filename(ramp, "d"))
         == "d/openai-ramp-up-linear-1qps-8qps-Qwen3-8B-20260101-000000.json"
     )
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    from surge.cli import build_parser
+
+    parser = build_parser()
+    bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+
+
+def test_result_dir_and_filename_help_say_they_need_save_result() -> None:
+    """--result-dir and --result-filename do something only with --save-result or --append-result
+    (a refusal otherwise): their help says so before a user meets the refusal."""
+    helps = {a.option_strings[0]: a.help or "" for a in _serve_parser()._actions if a.option_strings}
+    for flag in ("--result-dir", "--result-filename"):
+        assert "needs one of them" in helps[flag] and "--save-result" in helps[flag], helps[flag]
