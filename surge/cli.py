@@ -69,12 +69,6 @@ VLLM_FLAG_HINTS = {
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
     "--num-warmups": "--warmup N",
     "--served-model-name": "--model NAME (the model name the benchmark sends)",
-    "--top-k": """--extra-body '{"top_k": K}'""",
-    "--top-p": """--extra-body '{"top_p": P}'""",
-    "--min-p": """--extra-body '{"min_p": P}'""",
-    "--frequency-penalty": """--extra-body '{"frequency_penalty": F}'""",
-    "--presence-penalty": """--extra-body '{"presence_penalty": P}'""",
-    "--repetition-penalty": """--extra-body '{"repetition_penalty": R}'""",
     "--header": "--api-key KEY for the Authorization header (the benchmark sends no other header)",
     "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
     "--num-prompts is refused, so give --num-prompts N of at most its prompts",

@@ -20,6 +20,17 @@ from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
+SAMPLING_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--top-p", float, "0.9"),
+    ("--top-k", int, "20"),
+    ("--min-p", float, "0.05"),
+    ("--frequency-penalty", float, "0.5"),
+    ("--presence-penalty", float, "0.5"),
+    ("--repetition-penalty", float, "1.1"),
+)
+"""vLLM 0.26's ``bench serve`` sampling flags besides ``--temperature``: (flag, value type, an
+example); each given one is sent as the request field of its name (``--top-k`` -> ``top_k``)."""
+
 
 def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("roofline")
@@ -102,6 +113,15 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="temperature sent with every request (default: none sent, the server's default, as vLLM)",
     )
+    g = p.add_argument_group("sampling parameters (vLLM's; sent with every request, none by default)")
+    for flag, kind, example in SAMPLING_FLAGS:
+        g.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            help=f"the request field {flag[2:].replace('-', '_')}, e.g. {example}; --extra-body's own "
+            "field of that name wins, as vLLM (default: none sent, the server's default)",
+        )
     p.add_argument(
         "--extra-body",
         default=None,
@@ -705,6 +725,27 @@ def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
     return float(data["input"]), float(data["output"])
 
 
+def request_body_extras(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The fields merged into every request body: the sampling flags given (:data:`SAMPLING_FLAGS`,
+    ``--top-k`` as ``top_k``), then ``--extra-body``'s fields, which win over them, as vLLM 0.26
+    merges them; None when there are none.
+
+    Raises:
+        ValueError: a sampling value that is not finite (NaN or inf; the message names the flag),
+            or a bad ``--extra-body``.
+    """
+    body: dict[str, Any] = {}
+    for flag, _, _ in SAMPLING_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
+        body[flag[2:].replace("-", "_")] = value
+    body.update(parse_extra_body(args.extra_body) or {})
+    return body or None
+
+
 def api_key_of(flag: str | None) -> str | None:
     """The bench's API key: ``--api-key`` if given, else ``$OPENAI_API_KEY`` when set and not
     empty (what vLLM's ``bench serve`` and the OpenAI clients read), else None (no header)."""
@@ -752,7 +793,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     goodput = parse_goodput(args.goodput or [])
     fields: dict[str, Any] = {
         "temperature": args.temperature,
-        "extra_body": parse_extra_body(args.extra_body),
+        "extra_body": request_body_extras(args),
         "label": args.label,
         "base_url": base_url_of(args),
         "endpoint": args.endpoint,

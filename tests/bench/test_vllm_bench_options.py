@@ -429,3 +429,38 @@ def test_result_dir_and_filename_help_say_they_need_save_result() -> None:
     helps = {a.option_strings[0]: a.help or "" for a in _serve_parser()._actions if a.option_strings}
     for flag in ("--result-dir", "--result-filename"):
         assert "needs one of them" in helps[flag] and "--save-result" in helps[flag], helps[flag]
+
+
+def test_sampling_flags_are_sent_as_vllm_sends_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --top-p, --top-k, --min-p, --frequency-penalty, --presence-penalty and
+    --repetition-penalty go into every request body (the warm-up's too) under their field names,
+    --extra-body's field of the same name wins, and a flag not given sends nothing; on
+    /v1/completions --repetition-penalty replaces the 1.0 the client sends by default."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    sampling = ["--top-p", "0.9", "--top-k", "20", "--min-p", "0.05", "--frequency-penalty", "0.5"]
+    sampling += ["--presence-penalty", "0.25", "--repetition-penalty", "1.1"]
+    lengths = ["--num-prompts", "2", "--input-len", "8", "--output-len", "3"]
+    with FakeServer(b) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", *lengths]
+        assert bench_main([*argv, *sampling, "--extra-body", '{"top_k": 5}']) == 0
+        assert len(b.log) == 3  # the warm-up and the two timed requests
+        for entry in b.log:
+            body = entry["body"]
+            assert (body["top_p"], body["top_k"], body["min_p"]) == (0.9, 5, 0.05)
+            assert (body["frequency_penalty"], body["presence_penalty"], body["repetition_penalty"]) == (
+                0.5,
+                0.25,
+                1.1,
+            )
+        b.log.clear()
+        assert bench_main([*argv, "--endpoint", "/v1/completions", "--top-k", "3"]) == 0
+        assert all(e["body"]["top_k"] == 3 and e["body"]["repetition_penalty"] == 1.0 for e in b.log)
+        assert all("top_p" not in e["body"] and "min_p" not in e["body"] for e in b.log)
+        b.log.clear()
+        assert bench_main([*argv, "--endpoint", "/v1/completions", "--repetition-penalty", "1.2"]) == 0
+        assert all(e["body"]["repetition_penalty"] == 1.2 for e in b.log)
+        capsys.readouterr()
+        assert bench_main([*argv, "--top-p", "nan"]) == 2
+    assert capsys.readouterr().err == "surge: error: --top-p must be a finite number, got nan\n"
