@@ -69,7 +69,6 @@ VLLM_FLAG_HINTS = {
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
     "--num-warmups": "--warmup N",
     "--served-model-name": "--model NAME (the model name the benchmark sends)",
-    "--header": "--api-key KEY for the Authorization header (the benchmark sends no other header)",
     "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
     "--num-prompts is refused, so give --num-prompts N of at most its prompts",
     "--disable-shuffle": "nothing: sharegpt, custom, hf and prefix_repetition prompts are always in --seed's "

@@ -437,15 +437,11 @@ def test_vllm_human_readable_token_counts() -> None:
 
 def test_vllm_bench_warmup_and_model_name_flags_are_hinted() -> None:
     """`vllm bench serve`'s --num-warmups and --served-model-name have Surge spellings; they were
-    bare "unrecognized arguments" (its sampling flags are Surge's too now: see
+    bare "unrecognized arguments" (its sampling flags and --header are Surge's too now: see
     tests/bench/test_vllm_bench_options.py)."""
-    p = _surge("bench", "serve", "--num-warmups", "2", "--served-model-name", "m", "--header", "A=b")
+    p = _surge("bench", "serve", "--num-warmups", "2", "--served-model-name", "m")
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    for hint in (
-        "--num-warmups: use --warmup N",
-        "--served-model-name: use --model NAME",
-        "--header: use --api-key KEY",
-    ):
+    for hint in ("--num-warmups: use --warmup N", "--served-model-name: use --model NAME"):
         assert hint in p.stderr, p.stderr
 
 

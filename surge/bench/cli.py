@@ -102,6 +102,16 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set, as vLLM's bench; else none)",
     )
     p.add_argument(
+        "--header",
+        nargs="*",
+        default=None,
+        metavar="KEY=VALUE",
+        help="HTTP headers sent with every call to the server, e.g. --header x-tenant=a x-team=b; one "
+        "replaces the Content-Type or the --api-key's Authorization header, the X-Request-Id of "
+        "--request-id-prefix replaces one of that name (vLLM's option; Surge also sends them to /tokenize and "
+        "/reset_prefix_cache) (default: none)",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="do not check an https server's TLS certificate (a self-signed one), as vLLM's option (default off)",
@@ -677,6 +687,24 @@ def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, 
     return data
 
 
+def parse_headers(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """vLLM's ``--header KEY=VALUE ...``: (name, value) pairs, split at the first ``=`` and both
+    stripped, as vLLM does; a name given twice keeps its last value, as vLLM's dict.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty name (the message names the flag and
+            the item).
+    """
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--header {item!r}: give KEY=VALUE, e.g. --header x-tenant=a")
+        pairs[name] = value.strip()
+    return tuple(pairs.items())
+
+
 def parse_metadata(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     """vLLM's ``--metadata KEY=VALUE ...``: (key, value) pairs, both stripped as vLLM does.
 
@@ -804,6 +832,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
+        "headers": parse_headers(args.header),
         "insecure": args.insecure,
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8),
         "model_config": args.model_config,

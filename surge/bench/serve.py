@@ -180,6 +180,8 @@ class ServeConfig:
     percentile_metrics: tuple[str, ...] = LATENCY_METRICS
     goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms) SLOs
     api_key: str | None = None
+    # vLLM's --header KEY=VALUE pairs: sent with every call to the server, replacing a header of that name
+    headers: tuple[tuple[str, str], ...] = ()
     insecure: bool = False  # vLLM's --insecure: no TLS certificate check of an https server
     save_detailed: bool = False
     hardware: Hardware | None = None
@@ -448,8 +450,10 @@ def fetch_models(
     insecure: bool = False,
     wait_s: float = 0.0,
     interval_s: float | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check).
+    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check; ``headers``:
+    vLLM's ``--header`` pairs).
 
     With ``wait_s`` > 0 (vLLM's ``--ready-check-timeout-sec``) a server that is not up yet
     (:func:`server_not_up_yet`) is asked again every ``interval_s``
@@ -465,7 +469,7 @@ def fetch_models(
     noted = False
     while True:
         try:
-            ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
+            ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure, headers=headers)
             break
         except (OSError, ValueError) as e:
             remaining = deadline - time.monotonic()
@@ -806,7 +810,7 @@ def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
 
 def _counter_for(cfg: ServeConfig, base: str, model: str, entry: dict[str, Any]) -> TokenCounter:
     root = cfg.tokenizer or (cfg.model if is_tokenizer_dir(cfg.model) else entry.get("root"))
-    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key, cfg.insecure)
+    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key, cfg.insecure, cfg.headers)
 
 
 def make_counter(cfg: ServeConfig) -> TokenCounter:
@@ -816,7 +820,7 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
         ValueError: unreachable server or no way to count tokens.
     """
     base = cfg.base_url.rstrip("/")
-    entry = _model_entry(fetch_models(base, cfg.api_key, cfg.insecure), cfg.model)
+    entry = _model_entry(fetch_models(base, cfg.api_key, cfg.insecure, headers=cfg.headers), cfg.model)
     return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
 
 
@@ -1034,7 +1038,7 @@ def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None 
 def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> dict[str, Any]:
     cfg.validate()
     base = cfg.base_url.rstrip("/")
-    models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s)
+    models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s, headers=cfg.headers)
     entry = _model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
     local_dir = _local_model_dir(cfg, entry)
@@ -1087,6 +1091,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             cfg.api_key,
             cfg.temperature,
             cfg.extra_body,
+            headers=cfg.headers,
         )
 
     chat = cfg.endpoint == CHAT_ENDPOINT

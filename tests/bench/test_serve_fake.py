@@ -572,7 +572,7 @@ def test_matrix_refuses_a_negative_stop_after(tmp_path: Path, capsys: pytest.Cap
 def test_a_401_hint_says_whether_a_key_was_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     import surge.bench.serve as bs
 
-    def refuse(url: str, api_key: str | None, insecure: bool = False) -> object:
+    def refuse(url: str, api_key: str | None, insecure: bool = False, headers: object = ()) -> object:
         raise OSError("HTTP Error 401: Unauthorized")
 
     monkeypatch.setattr(bs, "get_json", refuse)

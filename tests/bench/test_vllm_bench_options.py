@@ -464,3 +464,30 @@ def test_sampling_flags_are_sent_as_vllm_sends_them(
         capsys.readouterr()
         assert bench_main([*argv, "--top-p", "nan"]) == 2
     assert capsys.readouterr().err == "surge: error: --top-p must be a finite number, got nan\n"
+
+
+def test_header_is_sent_with_every_call_as_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's --header KEY=VALUE ...: split at the first '=', both sides stripped, sent with
+    every request (the warm-up's too) and with /v1/models; a pair replaces the Authorization of
+    --api-key (names compare case-insensitively), the request id replaces an X-Request-Id pair;
+    Surge's own calls (/tokenize) carry them too. An item without '=' is one line."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--num-prompts", "2"]
+        argv += ["--input-len", "8", "--output-len", "3", "--api-key", "k1", "--request-id-prefix", "r-"]
+        headers = ["--header", " x-tenant = a=b ", "authorization=Bearer k2", "X-Request-Id=mine"]
+        assert bench_main([*argv, *headers]) == 0
+        assert len(b.log) == 3
+        for entry in b.log:
+            assert entry["headers"]["x-tenant"] == "a=b" and entry["auth"] == "Bearer k2"
+        assert sorted(e["request_id"] for e in b.log) == ["mine", "r-0", "r-1"]  # the warm-up has no id
+        paths = {path for path, _ in b.calls}
+        assert {"/v1/models", "/tokenize"} <= paths
+        bad = [
+            (p, h) for p, h in b.calls if h.get("x-tenant") != "a=b" or h.get("authorization") != "Bearer k2"
+        ]
+        assert not bad, bad
+        capsys.readouterr()
+        assert bench_main([*argv, "--header", "x-tenant"]) == 2
+    err = capsys.readouterr().err
+    assert err == "surge: error: --header 'x-tenant': give KEY=VALUE, e.g. --header x-tenant=a\n", err
