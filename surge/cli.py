@@ -44,7 +44,6 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 
 
 VLLM_FLAG_HINTS = {
-    "--backend": "--endpoint /v1/chat/completions or /v1/completions",
     "--save-result": "--output-dir DIR in bench matrix, which writes a file per point (bench serve takes "
     "--save-result, --result-dir, --result-filename and --append-result)",
     "--result-dir": "--output-dir DIR in bench matrix (bench serve takes it with --save-result)",

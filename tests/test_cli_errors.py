@@ -192,10 +192,9 @@ def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
         7,
         "50,99",
     )
-    p = _surge("bench", "matrix", "--backend", "openai-chat", "--save-result", "--result-dir=/tmp")
+    p = _surge("bench", "matrix", "--save-result", "--result-dir=/tmp")
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     for hint in (
-        "--backend: use --endpoint",
         "--save-result: use --output-dir DIR in bench matrix",
         "--result-dir: use --output-dir DIR in bench matrix (bench serve takes it with --save-result)",
     ):

@@ -87,10 +87,18 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--endpoint",
-        default="/v1/chat/completions",
+        default=None,
         choices=["/v1/chat/completions", "/v1/completions"],
-        help="API route of the requests (default /v1/chat/completions; vLLM's bench serve defaults to "
-        "/v1/completions)",
+        help="API route of the requests (default /v1/chat/completions, or --backend's; vLLM's bench serve "
+        "defaults to /v1/completions)",
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="vLLM's request format: openai or vllm (completions requests; default --endpoint "
+        "/v1/completions, as vLLM) or openai-chat (chat requests; default --endpoint "
+        "/v1/chat/completions), recorded as the result's backend; vLLM's other backends (audio, "
+        "embeddings, pooling, rerank) are refused (default: --endpoint's, openai-chat or openai)",
     )
     p.add_argument("--model", default=None, help="model name sent in requests (default: first of /v1/models)")
     p.add_argument(
@@ -753,6 +761,33 @@ def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
     return float(data["input"]), float(data["output"])
 
 
+def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str, str | None]:
+    """``--endpoint`` and vLLM's ``--backend``: (the route, the backend to record or None for the
+    route's). vLLM's ``openai`` and ``vllm`` send completions requests, ``openai-chat`` chat
+    requests; a backend alone picks its route (vLLM's default route is ``/v1/completions``).
+
+    Raises:
+        ValueError: a backend Surge's client does not speak (vLLM's audio, embeddings, pooling
+            and rerank ones), or one whose requests do not fit ``--endpoint`` (vLLM would send them
+            and get a 400 or refuse the URL).
+    """
+    if backend is None:
+        return endpoint or "/v1/chat/completions", None
+    routes = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+    if backend not in routes:
+        raise ValueError(
+            f"--backend {backend}: Surge's bench sends text generation requests only: openai or vllm "
+            "(completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends "
+            "are not supported"
+        )
+    if endpoint is not None and endpoint != routes[backend]:
+        raise ValueError(
+            f"--backend {backend} sends {'chat' if backend == 'openai-chat' else 'completions'} requests: "
+            f"give --endpoint {routes[backend]} (or leave it out), not {endpoint}"
+        )
+    return routes[backend], backend
+
+
 def request_body_extras(args: argparse.Namespace) -> dict[str, Any] | None:
     """The fields merged into every request body: the sampling flags given (:data:`SAMPLING_FLAGS`,
     ``--top-k`` as ``top_k``), then ``--extra-body``'s fields, which win over them, as vLLM 0.26
@@ -819,12 +854,14 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     from surge.bench.serve import ServeConfig
 
     goodput = parse_goodput(args.goodput or [])
+    endpoint, backend = endpoint_and_backend(args.endpoint, args.backend)
     fields: dict[str, Any] = {
         "temperature": args.temperature,
         "extra_body": request_body_extras(args),
         "label": args.label,
         "base_url": base_url_of(args),
-        "endpoint": args.endpoint,
+        "endpoint": endpoint,
+        "backend": backend,
         "model": args.model,
         "tokenizer": args.tokenizer,
         "seed": args.seed,

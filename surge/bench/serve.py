@@ -121,6 +121,9 @@ class ServeConfig:
 
     base_url: str = "http://127.0.0.1:8000"
     endpoint: str = CHAT_ENDPOINT
+    # vLLM's --backend as given (openai, vllm or openai-chat), recorded as the result's backend;
+    # None: the endpoint's, openai-chat or openai
+    backend: str | None = None
     model: str | None = None  # default: the first model of /v1/models
     tokenizer: str | None = None  # local tokenizer folder; default: the server's /tokenize
     dataset: str = "random"
@@ -1147,7 +1150,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         print(f"[bench] warning: {warning}", flush=True)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
-    backend = "openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai"
+    backend = cfg.backend or ("openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai")
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": command,

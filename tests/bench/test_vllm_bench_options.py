@@ -491,3 +491,48 @@ def test_header_is_sent_with_every_call_as_vllm(capsys: pytest.CaptureFixture[st
         assert bench_main([*argv, "--header", "x-tenant"]) == 2
     err = capsys.readouterr().err
     assert err == "surge: error: --header 'x-tenant': give KEY=VALUE, e.g. --header x-tenant=a\n", err
+
+
+def test_backend_picks_the_request_format_as_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's --backend: openai and vllm send completions requests (to /v1/completions, vLLM's
+    default route), openai-chat chat requests; the result's backend (and --save-result's file name
+    without --label) is the one given. A backend that does not fit --endpoint, or one Surge's
+    client does not speak, is one line before any request."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "2",
+        ]
+        argv += ["--input-len", "8", "--output-len", "3"]
+        assert bench_main([*argv, "--backend", "vllm", "--save-result", "--result-dir", str(tmp_path)]) == 0
+        assert {e["path"] for e in b.log} == {"/v1/completions"} and all("prompt" in e["body"] for e in b.log)
+        (saved,) = tmp_path.glob("*.json")
+        assert saved.name.startswith("vllm-infqps-fake-model-")
+        result = json.loads(saved.read_text())
+        assert result["backend"] == result["endpoint_type"] == "vllm"
+        b.log.clear()
+        out = tmp_path / "chat.json"
+        assert bench_main([*argv, "--backend", "openai-chat", "--result-file", str(out)]) == 0
+        assert {e["path"] for e in b.log} == {"/v1/chat/completions"}
+        assert json.loads(out.read_text())["backend"] == "openai-chat"
+        b.log.clear()
+        capsys.readouterr()
+        assert bench_main([*argv, "--backend", "openai-chat", "--endpoint", "/v1/completions"]) == 2
+        assert bench_main([*argv, "--backend", "openai-embeddings"]) == 2
+        assert b.log == []
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "surge: error: --backend openai-chat sends chat requests: give --endpoint /v1/chat/completions (or "
+        "leave it out), not /v1/completions",
+        "surge: error: --backend openai-embeddings: Surge's bench sends text generation requests only: openai "
+        "or vllm (completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends are "
+        "not supported",
+    ], err
