@@ -52,8 +52,6 @@ VLLM_FLAG_HINTS = {
     "--append-result": "--output-dir DIR in bench matrix, which writes a file per point (bench serve takes it)",
     "--ready-check-timeout-sec": "--launch CMD with --server-timeout SECONDS in bench matrix, which waits for the "
     "server it starts (bench serve takes --ready-check-timeout-sec)",
-    "--logprobs": """--extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint (its logprobs """
-    """is a boolean), '{"logprobs": N}' with --endpoint /v1/completions""",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",

@@ -140,6 +140,15 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
             help=f"the request field {flag[2:].replace('-', '_')}, e.g. {example}; --extra-body's own "
             "field of that name wins, as vLLM (default: none sent, the server's default)",
         )
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--endpoint /v1/completions: the request field logprobs (the top N logprobs of each token), "
+        "as vLLM's completions client sends it; refused on the chat endpoint, where vLLM's chat client "
+        """drops it (there use --extra-body '{"logprobs": true, "top_logprobs": N}') (default: none sent)""",
+    )
     p.add_argument(
         "--extra-body",
         default=None,
@@ -788,16 +797,24 @@ def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str
     return routes[backend], backend
 
 
-def request_body_extras(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The fields merged into every request body: the sampling flags given (:data:`SAMPLING_FLAGS`,
-    ``--top-k`` as ``top_k``), then ``--extra-body``'s fields, which win over them, as vLLM 0.26
-    merges them; None when there are none.
+def request_body_extras(args: argparse.Namespace, endpoint: str) -> dict[str, Any] | None:
+    """The fields merged into every request body: ``--logprobs`` (completions only), the sampling
+    flags given (:data:`SAMPLING_FLAGS`, ``--top-k`` as ``top_k``), then ``--extra-body``'s fields,
+    which win over them, as vLLM 0.26 merges them; None when there are none.
 
     Raises:
         ValueError: a sampling value that is not finite (NaN or inf; the message names the flag),
-            or a bad ``--extra-body``.
+            ``--logprobs`` on the chat endpoint (vLLM's chat client drops it; its logprobs there is
+            a boolean), or a bad ``--extra-body``.
     """
     body: dict[str, Any] = {}
+    if args.logprobs is not None:
+        if endpoint != "/v1/completions":
+            raise ValueError(
+                "--logprobs applies to --endpoint /v1/completions (vLLM's chat client drops it; on the chat "
+                """endpoint use --extra-body '{"logprobs": true, "top_logprobs": N}')"""
+            )
+        body["logprobs"] = args.logprobs
     for flag, _, _ in SAMPLING_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is None:
@@ -857,7 +874,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     endpoint, backend = endpoint_and_backend(args.endpoint, args.backend)
     fields: dict[str, Any] = {
         "temperature": args.temperature,
-        "extra_body": request_body_extras(args),
+        "extra_body": request_body_extras(args, endpoint),
         "label": args.label,
         "base_url": base_url_of(args),
         "endpoint": endpoint,

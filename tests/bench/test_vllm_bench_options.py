@@ -536,3 +536,25 @@ def test_backend_picks_the_request_format_as_vllm(tmp_path: Path, capsys: pytest
         "or vllm (completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends are "
         "not supported",
     ], err
+
+
+def test_logprobs_is_sent_on_completions_and_refused_on_chat(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's --logprobs N: its completions client sends logprobs N (--extra-body's wins);
+    its chat client drops it, so Surge refuses it there in one line naming what to use."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--num-prompts", "2"]
+        argv += ["--input-len", "8", "--output-len", "3", "--logprobs", "2"]
+        assert bench_main([*argv, "--endpoint", "/v1/completions"]) == 0
+        assert len(b.log) == 3 and all(e["body"]["logprobs"] == 2 for e in b.log)
+        b.log.clear()
+        assert bench_main([*argv, "--backend", "vllm", "--extra-body", '{"logprobs": 1}']) == 0
+        assert all(e["body"]["logprobs"] == 1 for e in b.log)
+        b.log.clear()
+        capsys.readouterr()
+        assert bench_main(argv) == 2 and b.log == []
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "surge: error: --logprobs applies to --endpoint /v1/completions (vLLM's chat client"
+    )
+    assert err.count("\n") == 1
