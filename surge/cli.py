@@ -68,9 +68,6 @@ VLLM_FLAG_HINTS = {
     "--served-model-name": "--model NAME (the model name the benchmark sends)",
     "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
     "--num-prompts is refused, so give --num-prompts N of at most its prompts",
-    "--disable-shuffle": "nothing: sharegpt, custom, hf and prefix_repetition prompts are always in --seed's "
-    "shuffled order, the same for every run with that seed, and spec_bench's in vLLM's seed-0 order (a timed_trace's "
-    "rows are sent in the file's order, as vLLM)",
     "--use-beam-search": "nothing: Surge has no beam search (its requests sample one sequence each)",
     "--profile": "nothing: Surge's server has no profiler endpoint (profile `surge serve` with an outside "
     "profiler, e.g. nsys)",

@@ -20,6 +20,9 @@ from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
+SHUFFLED_DATASETS = ("sharegpt", "custom", "hf", "spec_bench", "prefix_repetition")
+"""The datasets whose prompts vLLM 0.26 shuffles unless ``--disable-shuffle``."""
+
 SAMPLING_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--top-p", float, "0.9"),
     ("--top-k", int, "20"),
@@ -447,6 +450,13 @@ def add_bench_parser(subparsers: Any) -> None:
         type=int,
         default=None,
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
+    )
+    p.add_argument(
+        "--disable-shuffle",
+        action="store_true",
+        help="--dataset sharegpt, custom, hf, spec_bench or prefix_repetition: the prompts in their file's "
+        "order (prefix_repetition: prefix by prefix) instead of shuffled (vLLM's option; refused with the "
+        "other datasets, whose order it does not change) (default off)",
     )
     p.add_argument(
         "--num-prompts",
@@ -981,6 +991,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # to its length
     ignore_eos = args.dataset in ("random", "timed_trace") if args.ignore_eos is None else args.ignore_eos
     dataset = args.dataset
+    if args.disable_shuffle and dataset not in SHUFFLED_DATASETS:
+        order = {
+            "random": "draws fresh random prompts",
+            "sonnet": "draws its lines at random",
+            "burstgpt": "draws its rows at random",
+            "timed_trace": "sends the trace's rows in the file's order",
+        }[dataset]
+        raise ValueError(
+            f"--disable-shuffle applies to --dataset {', '.join(SHUFFLED_DATASETS)} (--dataset {dataset} "
+            f"{order}; vLLM ignores the flag there)"
+        )
     if dataset != "timed_trace" and args.self_timed is not None:
         raise ValueError("--self-timed/--no-self-timed applies to --dataset timed_trace (as vLLM)")
     if dataset not in ("random", "sonnet") and args.input_len is not None:
@@ -1135,6 +1156,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ramp_up_end_rps=args.ramp_up_end_rps,
         ignore_eos=ignore_eos,
         exact_length=ignore_eos if args.exact_length is None else args.exact_length,
+        disable_shuffle=args.disable_shuffle,
         save_detailed=args.save_detailed,
         metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,

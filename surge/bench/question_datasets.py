@@ -96,6 +96,7 @@ def spec_bench_requests(
     max_model_len: int | None = None,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    shuffle: bool = True,
 ) -> list[SampleRequest]:
     """vLLM's ``spec_bench`` dataset: ``num_prompts`` first turns of the question file ``path``
     (:func:`load_questions`), each asking ``output_len`` tokens.
@@ -122,7 +123,8 @@ def spec_bench_requests(
             f"{path} has {len(questions)} questions{which}, --num-prompts {num_prompts} asked (vLLM would "
             f"send some twice; give --num-prompts {len(questions)} or fewer)"
         )
-    random.Random(SPEC_BENCH_SEED).shuffle(questions)
+    if shuffle:  # False: vLLM's --disable-shuffle, the file's order
+        random.Random(SPEC_BENCH_SEED).shuffle(questions)
     encode = prompt_encoder(counter, chat, options)
     out: list[SampleRequest] = []
     for q in questions[:num_prompts]:

@@ -121,6 +121,9 @@ class ServeConfig:
 
     base_url: str = "http://127.0.0.1:8000"
     endpoint: str = CHAT_ENDPOINT
+    # vLLM's --disable-shuffle: sharegpt, custom, hf, spec_bench and prefix_repetition prompts in
+    # their file's (prefix_repetition: their prefixes') order instead of the seed's shuffle
+    disable_shuffle: bool = False
     # vLLM's --backend as given (openai, vllm or openai-chat), recorded as the result's backend;
     # None: the endpoint's, openai-chat or openai
     backend: str | None = None
@@ -851,6 +854,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             chat,
             options,
             cfg.sharegpt_output_len,
+            shuffle=not cfg.disable_shuffle,
         )
     if cfg.dataset == "custom":
         assert cfg.dataset_path is not None
@@ -865,6 +869,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             options,
             cfg.skip_chat_template,
             cfg.chat_template_kwargs,
+            shuffle=not cfg.disable_shuffle,
         )
     if cfg.dataset == "sonnet":
         assert cfg.dataset_path is not None
@@ -894,6 +899,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             chat,
             options,
             cfg.skip_chat_template,
+            shuffle=not cfg.disable_shuffle,
         )
     if cfg.dataset == "spec_bench":
         assert cfg.dataset_path is not None
@@ -906,6 +912,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             max_model_len,
             chat,
             options,
+            shuffle=not cfg.disable_shuffle,
         )
     if cfg.dataset == "burstgpt":
         assert cfg.dataset_path is not None
@@ -935,6 +942,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.seed,
             chat,
             options,
+            shuffle=not cfg.disable_shuffle,
         )
     return random_requests(
         counter,
@@ -1006,6 +1014,8 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
         out.update({k: (v if dataset == cfg.dataset else None) for k, v in fields.items()})
     if cfg.dataset == "hf":  # MT-Bench's, as custom's
         out["skip_chat_template"] = cfg.skip_chat_template
+    # vLLM's --disable-shuffle: true when given, else null (as in the files written before it)
+    out["disable_shuffle"] = True if cfg.disable_shuffle else None
     return out
 
 

@@ -502,3 +502,69 @@ def test_end_to_end_against_the_bundled_model(
             (30 + 7 * int(i), 3 + int(i)) for i in np.random.RandomState(0).choice(5, size=4, replace=False)
         )  # the server counted each row's Request tokens, template included
         assert "warning" not in capsys.readouterr().out
+
+
+def test_disable_shuffle_keeps_the_files_order_as_vllm(
+    stories: HFTokenCounter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --disable-shuffle: custom, sharegpt, hf (MT-Bench), spec_bench and
+    prefix_repetition prompts in the file's order (prefix_repetition's prefix by prefix) instead of
+    the seed's shuffle; through bench serve the timed requests go out in that order. The datasets
+    whose order it does not change refuse it in one line (vLLM ignores it there)."""
+    from surge.bench.hf_datasets import load_hf_rows, mt_bench_requests
+    from surge.bench.question_datasets import spec_bench_requests
+
+    rows = [{"prompt": f"tell me a short story about the number {i} and a cat"} for i in range(12)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    want = [r["prompt"] for r in rows[:8]]
+    got = custom_requests(stories, path, 8, 16, seed=0, skip_chat_template=True, shuffle=False)
+    assert [r.prompt for r in got] == want
+    assert [r.prompt for r in custom_requests(stories, path, 8, 16, seed=0, skip_chat_template=True)] != want
+    data: list[dict] = []
+    for i in range(15):  # every third one has no reply: vLLM leaves it out before (not) shuffling
+        turns = [{"from": "human", "value": f"a story about {i} dogs"}]
+        if i % 3:
+            turns.append({"from": "gpt", "value": f"once upon a time {i} dogs met in the park"})
+        data.append({"id": str(i), "conversations": turns})
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps(data))
+    got = sharegpt_requests(stories, str(sharegpt), 5, 64, seed=0, shuffle=False)
+    assert [r.prompt for r in got] == [f"a story about {i} dogs" for i in (1, 2, 4, 5, 7)]
+    mt_bench = str(REPO.parent / "shared" / "assets" / "datasets" / "mt_bench" / "question.jsonl")
+    first = [json.loads(line)["turns"][0] for line in Path(mt_bench).read_text().splitlines()[:3]]
+    got = spec_bench_requests(stories, mt_bench, 3, 8, chat=True, shuffle=False)
+    assert [r.prompt for r in got] == first
+    hf_rows = load_hf_rows(mt_bench, "train")
+    assert [
+        r.prompt for r in mt_bench_requests(stories, hf_rows, mt_bench, 3, 8, 0, chat=True, shuffle=False)
+    ] == first
+    grouped = prefix_repetition_requests(stories, 6, 16, 16, 2, 4, seed=0, shuffle=False)
+    prefixes = [r.prompt[:20] for r in grouped]
+    assert prefixes[0] == prefixes[1] == prefixes[2] != prefixes[3] == prefixes[4] == prefixes[5]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "8",
+        ]
+        argv += ["--request-id-prefix", "r-", "--output-len", "2"]
+        custom = [*argv, "--dataset", "custom", "--dataset-path", path, "--disable-shuffle"]
+        assert bench_main(custom) == 0
+        sent = sorted(s.behaviour.log, key=lambda e: int(e["request_id"][2:]))
+        assert [e["body"]["messages"][0]["content"] for e in sent] == want
+        out = tmp_path / "r.json"
+        assert bench_main([*custom, "--result-file", str(out)]) == 0
+        assert json.loads(out.read_text())["disable_shuffle"] is True
+        capsys.readouterr()
+        assert bench_main([*argv, "--disable-shuffle"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "surge: error: --disable-shuffle applies to --dataset sharegpt, custom, hf, spec_bench, "
+        "prefix_repetition (--dataset random draws fresh random prompts; vLLM ignores the flag there)\n"
+    ), err
