@@ -64,7 +64,6 @@ VLLM_FLAG_HINTS = {
     "--disable-uvicorn-access-log": "nothing: the access log is off unless --access-log",
     "--enable-log-requests": "nothing: each request's start and end are logged unless --disable-log-requests",
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "--num-warmups": "--warmup N",
     "--served-model-name": "--model NAME (the model name the benchmark sends)",
     "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
     "--num-prompts is refused, so give --num-prompts N of at most its prompts",

@@ -168,7 +168,10 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "the start of --save-result's file name (default there: the backend, openai-chat or openai)",
     )
     p.add_argument(
-        "--warmup", type=int, default=1, help="untimed warm-up requests with other prompts (default 1)"
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed warm-up requests with other prompts, one after another (default 1; 0 with --num-warmups)",
     )
     p.add_argument(
         "--percentiles",
@@ -450,6 +453,15 @@ def add_bench_parser(subparsers: Any) -> None:
         type=int,
         default=None,
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
+    )
+    p.add_argument(
+        "--num-warmups",
+        type=int,
+        default=None,
+        metavar="N",
+        help="vLLM's warm-up instead of --warmup's: the first timed request sent N times at once (at most "
+        "--max-concurrency in flight), untimed, before the run; a failed one fails the run, as a --warmup "
+        "request's (vLLM ignores it) (vLLM's option; default: none, --warmup's one request)",
     )
     p.add_argument(
         "--disable-shuffle",
@@ -892,7 +904,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "model": args.model,
         "tokenizer": args.tokenizer,
         "seed": args.seed,
-        "warmup": args.warmup,
+        "warmup": 1 if args.warmup is None else args.warmup,
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
@@ -910,6 +922,25 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     cfg = ServeConfig(**fields)
     cfg.validate()
     return cfg
+
+
+def _warmups(args: argparse.Namespace) -> dict[str, int]:
+    """``bench serve``'s warm-up: Surge's ``--warmup`` requests, or vLLM's ``--num-warmups``
+    copies of the first timed request in their place (``warmup`` 0), as ServeConfig fields.
+
+    Raises:
+        ValueError: both given (other than ``--warmup 0``), or ``--num-warmups`` below 0.
+    """
+    if args.num_warmups is None:
+        return {}
+    if args.num_warmups < 0:
+        raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
+    if args.warmup:
+        raise ValueError(
+            "give --warmup (Surge's warm-up, with other prompts) or --num-warmups (vLLM's, the first prompt "
+            "again), not both"
+        )
+    return {"warmup": 0, "num_warmups": args.num_warmups}
 
 
 def _timed_trace_options(args: argparse.Namespace) -> Any:
@@ -1157,6 +1188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ignore_eos=ignore_eos,
         exact_length=ignore_eos if args.exact_length is None else args.exact_length,
         disable_shuffle=args.disable_shuffle,
+        **_warmups(args),
         save_detailed=args.save_detailed,
         metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,

@@ -181,6 +181,8 @@ class ServeConfig:
     ignore_eos: bool = True
     exact_length: bool = True
     warmup: int = 1
+    # vLLM's --num-warmups: untimed copies of the first timed request, sent at once before the run
+    num_warmups: int = 0
     percentiles: tuple[float, ...] = (99.0,)
     # the latencies whose mean, median, std and percentiles are reported (vLLM's --percentile-metrics)
     percentile_metrics: tuple[str, ...] = LATENCY_METRICS
@@ -340,6 +342,8 @@ class ServeConfig:
             )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        if self.num_warmups < 0:
+            raise ValueError(f"--num-warmups must be >= 0, got {self.num_warmups}")
         bad = [name for name in self.percentile_metrics if name not in LATENCY_METRICS]
         if bad or not self.percentile_metrics:
             raise ValueError(
@@ -672,8 +676,11 @@ async def run_requests(
     released: list[float] | None = None,
     insecure: bool = False,
     offsets: Sequence[float] | None = None,
+    first_copies: int = 0,
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
-    """Send warm-ups (untimed, one after another), then the timed requests (at ``request_rate``, or
+    """Send warm-ups (untimed, one after another), then ``first_copies`` untimed copies of the first
+    timed request (vLLM's ``--num-warmups``: all at once, at most ``max_concurrency`` in flight, without
+    its request id), then the timed requests (at ``request_rate``, or
     at the rates of ``ramp_up``: :func:`arrival_offsets`; or, given ``offsets``, request i at
     ``offsets[i]`` seconds after the start: a trace's times, :func:`trace_offsets`).
 
@@ -687,6 +694,16 @@ async def run_requests(
     async with make_session(max_concurrency, timeout_s, insecure) as session:
         warm = [await send_request(session, w) for w in warmups]
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        if first_copies and inputs:
+            first = replace(inputs[0], request_id=None)
+
+            async def copy() -> RequestResult:
+                if sem is None:
+                    return await send_request(session, first)
+                async with sem:
+                    return await send_request(session, first)
+
+            warm += await asyncio.gather(*(copy() for _ in range(first_copies)))
         pbar = tqdm(total=len(inputs), disable=disable_tqdm, desc="requests")
 
         async def limited(req: RequestInput, released: float) -> RequestResult:
@@ -1148,6 +1165,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             released,
             cfg.insecure,
             trace_times,
+            cfg.num_warmups,
         )
     )
     validate_results(warm, counter, cfg.exact_length)
@@ -1201,6 +1219,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "temperature": cfg.temperature,
         "extra_body": cfg.extra_body,
         "warmup": cfg.warmup,
+        "num_warmups": cfg.num_warmups,
         "request_id_prefix": id_prefix,
         "goodput_slo_ms": dict(cfg.goodput) or None,
         **cfg.extra,

@@ -558,3 +558,40 @@ def test_logprobs_is_sent_on_completions_and_refused_on_chat(capsys: pytest.Capt
         "surge: error: --logprobs applies to --endpoint /v1/completions (vLLM's chat client"
     )
     assert err.count("\n") == 1
+
+
+def test_num_warmups_sends_the_first_prompt_again_as_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --num-warmups N: the first timed request sent N times, untimed and without its
+    request id, before the run (in place of Surge's --warmup, which it turns off); both together
+    are one line."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "8",
+        ]
+        argv += ["--output-len", "3", "--request-id-prefix", "r-", "--max-concurrency", "2"]
+        assert bench_main([*argv, "--num-warmups", "3", "--result-file", str(out)]) == 0
+        assert [e["request_id"] for e in b.log[:3]] == [None] * 3
+        assert sorted(e["request_id"] for e in b.log[3:]) == ["r-0", "r-1"]
+        first = next(e["body"] for e in b.log if e["request_id"] == "r-0")
+        assert all(e["body"] == first for e in b.log[:3])
+        result = json.loads(out.read_text())
+        assert (result["warmup"], result["num_warmups"], result["completed"]) == (0, 3, 2)
+        b.log.clear()
+        capsys.readouterr()
+        assert bench_main([*argv, "--num-warmups", "1", "--warmup", "2"]) == 2 and b.log == []
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "surge: error: give --warmup (Surge's warm-up, with other prompts) or --num-warmups"
+    )
