@@ -481,7 +481,12 @@ def add_bench_parser(subparsers: Any) -> None:
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = burst")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of arrival gaps (1 = Poisson; inf, as vLLM: evenly spaced, every gap 1/rate)",
+    )
     p.add_argument(
         "--ramp-up-strategy",
         choices=["linear", "exponential"],

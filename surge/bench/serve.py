@@ -325,8 +325,8 @@ class ServeConfig:
         if not self.request_rate > 0:
             raise ValueError("--request-rate must be > 0 (or inf)")
         self._validate_ramp_up()
-        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
-            raise ValueError(f"--burstiness must be > 0 and finite, got {self.burstiness:g}")
+        if not self.burstiness > 0:  # inf: evenly spaced arrivals, as vLLM
+            raise ValueError(f"--burstiness must be > 0 (or inf: evenly spaced), got {self.burstiness:g}")
         if self.burstiness != 1.0 and math.isinf(self.request_rate) and self.ramp_up_strategy is None:
             raise ValueError(
                 "--burstiness shapes the gaps of --request-rate R (or of --ramp-up-strategy); without either "
@@ -574,11 +574,16 @@ def arrival_offsets(
     schedule is scaled so that the last release is at exactly ``n / rate`` s: runs of any seed
     span the same time, so their throughputs compare. With ``ramp_up`` (``rate`` is then unused)
     the gap before request i has the mean ``1 / ramp_up.rates(n)[i]`` and nothing is scaled.
+    ``burstiness`` inf makes every gap exactly its mean (evenly spaced arrivals, vLLM's limit of
+    the gamma gaps).
     """
     if ramp_up is None and math.isinf(rate):
         return [0.0] * n
     rates = np.asarray(ramp_up.rates(n) if ramp_up is not None else [rate] * n, dtype=np.float64)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness), size=n)
+    if math.isinf(burstiness):
+        gaps = 1.0 / rates
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness), size=n)
     offsets = np.cumsum(gaps)
     if ramp_up is None and n and offsets[-1] > 0:
         offsets *= (n / rate) / offsets[-1]
