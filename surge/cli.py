@@ -65,8 +65,6 @@ VLLM_FLAG_HINTS = {
     "--enable-log-requests": "nothing: each request's start and end are logged unless --disable-log-requests",
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
     "--served-model-name": "--model NAME (the model name the benchmark sends)",
-    "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
-    "--num-prompts is refused, so give --num-prompts N of at most its prompts",
     "--use-beam-search": "nothing: Surge has no beam search (its requests sample one sequence each)",
     "--profile": "nothing: Surge's server has no profiler endpoint (profile `surge serve` with an outside "
     "profiler, e.g. nsys)",

@@ -23,6 +23,10 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 SHUFFLED_DATASETS = ("sharegpt", "custom", "hf", "spec_bench", "prefix_repetition")
 """The datasets whose prompts vLLM 0.26 shuffles unless ``--disable-shuffle``."""
 
+FEWER_OK_DATASETS = ("sharegpt", "custom", "hf", "spec_bench")
+"""The datasets whose files may hold fewer usable prompts than ``--num-prompts``: vLLM 0.26 then
+sends some twice, or with ``--no-oversample`` those it has."""
+
 SAMPLING_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--top-p", float, "0.9"),
     ("--top-k", int, "20"),
@@ -462,6 +466,13 @@ def add_bench_parser(subparsers: Any) -> None:
         help="vLLM's warm-up instead of --warmup's: the first timed request sent N times at once (at most "
         "--max-concurrency in flight), untimed, before the run; a failed one fails the run, as a --warmup "
         "request's (vLLM ignores it) (vLLM's option; default: none, --warmup's one request)",
+    )
+    p.add_argument(
+        "--no-oversample",
+        action="store_true",
+        help="--dataset sharegpt, custom, hf or spec_bench: a file with fewer usable prompts than --num-prompts "
+        "sends those, with a note (vLLM's option; without it Surge refuses the run, where vLLM sends some "
+        "prompts twice; refused with the other datasets, which it does not change) (default off)",
     )
     p.add_argument(
         "--disable-shuffle",
@@ -1038,6 +1049,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"--disable-shuffle applies to --dataset {', '.join(SHUFFLED_DATASETS)} (--dataset {dataset} "
             f"{order}; vLLM ignores the flag there)"
         )
+    if args.no_oversample and dataset not in FEWER_OK_DATASETS:
+        raise ValueError(
+            f"--no-oversample applies to --dataset {', '.join(FEWER_OK_DATASETS)} (--dataset {dataset} sends "
+            "--num-prompts requests whatever it says, as vLLM's)"
+        )
     if dataset != "timed_trace" and args.self_timed is not None:
         raise ValueError("--self-timed/--no-self-timed applies to --dataset timed_trace (as vLLM)")
     if dataset not in ("random", "sonnet") and args.input_len is not None:
@@ -1193,6 +1209,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ignore_eos=ignore_eos,
         exact_length=ignore_eos if args.exact_length is None else args.exact_length,
         disable_shuffle=args.disable_shuffle,
+        no_oversample=args.no_oversample,
         **_warmups(args),
         save_detailed=args.save_detailed,
         metadata=parse_metadata(args.metadata),

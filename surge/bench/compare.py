@@ -273,6 +273,7 @@ _SETTINGS = (
     "skip_chat_template",
     "chat_template_kwargs",
     "disable_shuffle",
+    "no_oversample",
     "prefix_repetition_prefix_len",
     "prefix_repetition_suffix_len",
     "prefix_repetition_num_prefixes",

@@ -71,6 +71,17 @@ class SampleRequest:
     timestamp: float | None = None
 
 
+def fewer_prompts_note(path: str, have: int, what: str, num_prompts: int) -> None:
+    """vLLM's ``--no-oversample`` with a file of ``have`` < ``num_prompts`` usable prompts: one
+    note on stderr that the run sends those ``have`` (vLLM's behaviour; without the flag Surge
+    refuses the run where vLLM would send some prompts twice)."""
+    print(
+        f"surge: note: {path} has {have} {what}: sending those {have}, not --num-prompts {num_prompts} "
+        "(--no-oversample, as vLLM)",
+        file=sys.stderr,
+    )
+
+
 def prompt_encoder(
     counter: TokenCounter, chat: bool, options: Mapping[str, Any] | None = None
 ) -> Callable[[str], list[int]]:
@@ -487,6 +498,7 @@ def custom_requests(
     skip_chat_template: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """``num_prompts`` prompts of a custom JSONL file (:func:`load_custom`), in vLLM's order (the
     lines shuffled by Python's ``random`` seeded with ``seed``; ``shuffle`` False, vLLM's
@@ -507,6 +519,9 @@ def custom_requests(
     if output_len is None:
         for item in items:
             _output_tokens(path, item)
+    if fewer_ok and 0 < len(items) < num_prompts:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(items), "prompts", num_prompts)
+        num_prompts = len(items)
     if len(items) < num_prompts:
         raise ValueError(
             f"{path} has {len(items)} prompts, --num-prompts {num_prompts} asked (vLLM would send some "
@@ -589,6 +604,7 @@ def sharegpt_requests(
     options: Mapping[str, Any] | None = None,
     fixed_output_len: int | None = None,
     shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """``num_prompts`` ShareGPT first turns (shuffled by ``seed``; ``shuffle`` False, vLLM's
     ``--disable-shuffle``: in the file's order) with their output lengths.
@@ -644,6 +660,9 @@ def sharegpt_requests(
         out.append(SampleRequest(conv.prompt, n, want))
         if len(out) == num_prompts:
             return out
+    if fewer_ok and out:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(out), "usable prompts", num_prompts)
+        return out
     context = f"; the server's max_model_len {max_model_len}" if max_model_len is not None else ""
     raise ValueError(
         f"{path} has only {len(out)} usable prompts, {num_prompts} asked (vLLM's pruning: prompts of "

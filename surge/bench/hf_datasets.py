@@ -36,6 +36,7 @@ from surge.bench.datasets import (
     SHAREGPT_MIN_LEN,
     SampleRequest,
     _read_text,
+    fewer_prompts_note,
     prompt_encoder,
 )
 from surge.bench.tokens import TokenCounter
@@ -306,6 +307,7 @@ def mt_bench_requests(
     options: Mapping[str, Any] | None = None,
     skip_chat_template: bool = False,
     shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """vLLM's ``MTBenchDataset`` (``shuffle`` False: vLLM's ``--disable-shuffle``, the rows' order): the first ``num_prompts`` rows in :func:`shuffled` order, each the
     first of its ``turns``, asking ``output_len`` tokens (None: :data:`MT_BENCH_OUTPUT_LEN`). On
@@ -320,6 +322,9 @@ def mt_bench_requests(
             prompt whose length and output exceed ``max_model_len``.
     """
     want = MT_BENCH_OUTPUT_LEN if output_len is None else output_len
+    if fewer_ok and 0 < len(rows) < num_prompts:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(rows), "questions", num_prompts)
+        num_prompts = len(rows)
     if len(rows) < num_prompts:
         raise _too_many(path, len(rows), "questions", num_prompts)
     encode = prompt_encoder(counter, chat, options)
@@ -354,6 +359,7 @@ def conversation_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """vLLM's ``ConversationDataset``: rows in :func:`shuffled` order (``shuffle`` False: vLLM's
     ``--disable-shuffle``, the rows' order) whose ``conversations`` have two
@@ -401,6 +407,9 @@ def conversation_requests(
         if output_len is None
         else "conversations of two turns or more"
     )
+    if fewer_ok and out:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(out), what, num_prompts)
+        return out
     raise _too_many(path, len(out), what, num_prompts)
 
 
@@ -418,6 +427,7 @@ def hf_requests(
     options: Mapping[str, Any] | None = None,
     skip_chat_template: bool = False,
     shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """vLLM's ``--dataset-name hf`` (``shuffle`` False: vLLM's ``--disable-shuffle``) for MT-Bench and ShareGPT-format conversations
     (:func:`hf_dataset_kind`), read from the local file or folder ``path`` (split ``split``, default
@@ -443,7 +453,8 @@ def hf_requests(
             options,
             skip_chat_template,
             shuffle,
+            fewer_ok,
         )
     return conversation_requests(
-        counter, rows, path, num_prompts, output_len, seed, max_model_len, chat, options, shuffle
+        counter, rows, path, num_prompts, output_len, seed, max_model_len, chat, options, shuffle, fewer_ok
     )

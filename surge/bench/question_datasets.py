@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from surge.bench.datasets import SampleRequest, _read_text, prompt_encoder
+from surge.bench.datasets import SampleRequest, _read_text, fewer_prompts_note, prompt_encoder
 from surge.bench.tokens import TokenCounter
 
 SPEC_BENCH_SEED = 0
@@ -97,6 +97,7 @@ def spec_bench_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """vLLM's ``spec_bench`` dataset: ``num_prompts`` first turns of the question file ``path``
     (:func:`load_questions`), each asking ``output_len`` tokens.
@@ -117,8 +118,11 @@ def spec_bench_requests(
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --spec-bench-output-len must be >= 1")
     questions = spec_bench_questions(path, category)
+    which = f" of category {category}" if category else ""
+    if fewer_ok and len(questions) < num_prompts:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(questions), f"questions{which}", num_prompts)
+        num_prompts = len(questions)
     if len(questions) < num_prompts:
-        which = f" of category {category}" if category else ""
         raise ValueError(
             f"{path} has {len(questions)} questions{which}, --num-prompts {num_prompts} asked (vLLM would "
             f"send some twice; give --num-prompts {len(questions)} or fewer)"

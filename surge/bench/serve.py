@@ -124,6 +124,9 @@ class ServeConfig:
     # vLLM's --disable-shuffle: sharegpt, custom, hf, spec_bench and prefix_repetition prompts in
     # their file's (prefix_repetition: their prefixes') order instead of the seed's shuffle
     disable_shuffle: bool = False
+    # vLLM's --no-oversample: a sharegpt, custom, hf or spec_bench file with fewer usable prompts than
+    # num_prompts sends those (without it the run is refused, where vLLM would send some twice)
+    no_oversample: bool = False
     # vLLM's --backend as given (openai, vllm or openai-chat), recorded as the result's backend;
     # None: the endpoint's, openai-chat or openai
     backend: str | None = None
@@ -877,6 +880,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             options,
             cfg.sharegpt_output_len,
             shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "custom":
         assert cfg.dataset_path is not None
@@ -892,6 +896,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.skip_chat_template,
             cfg.chat_template_kwargs,
             shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "sonnet":
         assert cfg.dataset_path is not None
@@ -922,6 +927,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             options,
             cfg.skip_chat_template,
             shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "spec_bench":
         assert cfg.dataset_path is not None
@@ -935,6 +941,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             chat,
             options,
             shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "burstgpt":
         assert cfg.dataset_path is not None
@@ -1038,6 +1045,7 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
         out["skip_chat_template"] = cfg.skip_chat_template
     # vLLM's --disable-shuffle: true when given, else null (as in the files written before it)
     out["disable_shuffle"] = True if cfg.disable_shuffle else None
+    out["no_oversample"] = True if cfg.no_oversample else None
     return out
 
 

@@ -568,3 +568,57 @@ def test_disable_shuffle_keeps_the_files_order_as_vllm(
         "surge: error: --disable-shuffle applies to --dataset sharegpt, custom, hf, spec_bench, "
         "prefix_repetition (--dataset random draws fresh random prompts; vLLM ignores the flag there)\n"
     ), err
+
+
+def test_no_oversample_sends_the_prompts_a_file_has_as_vllm(
+    stories: HFTokenCounter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --no-oversample: a custom, sharegpt, hf or spec_bench file with fewer usable
+    prompts than --num-prompts sends those it has (vLLM would otherwise send some twice; Surge then
+    refuses), with a note; a file with enough is unchanged; the datasets it does not change refuse
+    it in one line."""
+    from surge.bench.question_datasets import spec_bench_questions, spec_bench_requests
+
+    rows = [{"prompt": f"tell me a short story about the number {i} and a cat"} for i in range(3)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(ValueError, match="has 3 prompts, --num-prompts 5 asked"):
+        custom_requests(stories, path, 5, 16, seed=0)
+    assert len(custom_requests(stories, path, 5, 16, seed=0, fewer_ok=True)) == 3
+    assert len(custom_requests(stories, path, 2, 16, seed=0, fewer_ok=True)) == 2
+    mt_bench = str(REPO.parent / "shared" / "assets" / "datasets" / "mt_bench" / "question.jsonl")
+    n = len(spec_bench_questions(mt_bench))
+    assert len(spec_bench_requests(stories, mt_bench, n + 5, 8, chat=True, fewer_ok=True)) == n
+    data = [{"id": "0", "conversations": [{"from": "human", "value": "a story about dogs and cats"}]}]
+    data[0]["conversations"].append({"from": "gpt", "value": "once upon a time dogs met cats in the park"})
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps(data))
+    assert len(sharegpt_requests(stories, str(sharegpt), 4, 64, seed=0, fewer_ok=True)) == 1
+    capsys.readouterr()
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "5",
+        ]
+        argv += ["--output-len", "2", "--dataset", "custom", "--dataset-path", path]
+        out = tmp_path / "r.json"
+        assert bench_main([*argv, "--no-oversample", "--result-file", str(out)]) == 0
+        assert len(s.behaviour.log) == 3
+        result = json.loads(out.read_text())
+        assert (result["completed"], result["failed"], result["no_oversample"]) == (3, 0, True)
+        assert "sending those 3, not --num-prompts 5 (--no-oversample, as vLLM)" in capsys.readouterr().err
+        assert bench_main(argv) == 2  # without it: refused, where vLLM sends some prompts twice
+        assert bench_main(["bench", "serve", "--base-url", s.url, "--no-oversample"]) == 2
+        assert len(s.behaviour.log) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"surge: error: {path} has 3 prompts, --num-prompts 5 asked"), err
+    assert err[1] == (
+        "surge: error: --no-oversample applies to --dataset sharegpt, custom, hf, spec_bench (--dataset random "
+        "sends --num-prompts requests whatever it says, as vLLM's)"
+    ), err
