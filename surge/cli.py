@@ -64,7 +64,6 @@ VLLM_FLAG_HINTS = {
     "--disable-uvicorn-access-log": "nothing: the access log is off unless --access-log",
     "--enable-log-requests": "nothing: each request's start and end are logged unless --disable-log-requests",
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "--served-model-name": "--model NAME (the model name the benchmark sends)",
     "--use-beam-search": "nothing: Surge has no beam search (its requests sample one sequence each)",
     "--profile": "nothing: Surge's server has no profiler endpoint (profile `surge serve` with an outside "
     "profiler, e.g. nsys)",

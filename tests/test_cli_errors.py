@@ -431,15 +431,6 @@ def test_vllm_human_readable_token_counts() -> None:
     )
 
 
-def test_vllm_bench_model_name_flag_is_hinted() -> None:
-    """`vllm bench serve`'s --served-model-name has a Surge spelling; it was a bare "unrecognized
-    arguments" (its sampling flags, --header, --num-warmups, --disable-shuffle and --no-oversample are
-    Surge's too now: see tests/bench/test_vllm_bench_options.py and test_vllm_datasets.py)."""
-    p = _surge("bench", "serve", "--served-model-name", "m")
-    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    assert "--served-model-name: use --model NAME" in p.stderr, p.stderr
-
-
 def test_hf_overrides_is_a_json_object_and_reaches_the_config() -> None:
     """vLLM's ``--hf-overrides JSON`` (how Qwen3's YaRN long context is turned on) is parsed by
     `surge serve` and `surge generate`; text that is not a JSON object is one line, exit 2, and so

@@ -107,7 +107,18 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "/v1/chat/completions), recorded as the result's backend; vLLM's other backends (audio, "
         "embeddings, pooling, rerank) are refused (default: --endpoint's, openai-chat or openai)",
     )
-    p.add_argument("--model", default=None, help="model name sent in requests (default: first of /v1/models)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name sent in requests, or with --served-model-name the model id recorded (default: first of "
+        "/v1/models)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="with --model M: the model name sent in requests, M being the result's model_id and tokenizer_id "
+        "(its tokenizer's vocabulary when M is a local folder), as vLLM's option (default: --model)",
+    )
     p.add_argument(
         "--tokenizer", default=None, help="local tokenizer folder (default: the server's /tokenize)"
     )
@@ -914,10 +925,10 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "temperature": args.temperature,
         "extra_body": request_body_extras(args, endpoint),
         "label": args.label,
+        **_model_names(args),
         "base_url": base_url_of(args),
         "endpoint": endpoint,
         "backend": backend,
-        "model": args.model,
         "tokenizer": args.tokenizer,
         "seed": args.seed,
         "warmup": 1 if args.warmup is None else args.warmup,
@@ -938,6 +949,24 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     cfg = ServeConfig(**fields)
     cfg.validate()
     return cfg
+
+
+def _model_names(args: argparse.Namespace) -> dict[str, str | None]:
+    """``--model`` and vLLM's ``--served-model-name`` as ServeConfig's ``model`` (the name sent)
+    and ``model_id`` (the name recorded, None for the same).
+
+    Raises:
+        ValueError: ``--served-model-name`` without ``--model`` (vLLM then ignores it and
+            benchmarks the first model of ``/v1/models``).
+    """
+    if args.served_model_name is None:
+        return {"model": args.model, "model_id": None}
+    if args.model is None:
+        raise ValueError(
+            "--served-model-name applies with --model (vLLM ignores it without and benchmarks the first model "
+            "of /v1/models): give --model NAME, the name the server serves"
+        )
+    return {"model": args.served_model_name, "model_id": args.model}
 
 
 def _warmups(args: argparse.Namespace) -> dict[str, int]:

@@ -124,6 +124,9 @@ class ServeConfig:
     # vLLM's --disable-shuffle: sharegpt, custom, hf, spec_bench and prefix_repetition prompts in
     # their file's (prefix_repetition: their prefixes') order instead of the seed's shuffle
     disable_shuffle: bool = False
+    # vLLM's --model with --served-model-name (then ``model``): the result's model_id and, when a
+    # local folder, the tokenizer's vocabulary; None: ``model``
+    model_id: str | None = None
     # vLLM's --no-oversample: a sharegpt, custom, hf or spec_bench file with fewer usable prompts than
     # num_prompts sends those (without it the run is refused, where vLLM would send some twice)
     no_oversample: bool = False
@@ -833,14 +836,15 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
 
 
 def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
-    for cand in (cfg.tokenizer, cfg.model, entry.get("root")):
+    for cand in (cfg.tokenizer, cfg.model_id, cfg.model, entry.get("root")):
         if cand and Path(cand).is_dir() and (Path(cand) / "config.json").is_file():
             return str(cand)
     return None
 
 
 def _counter_for(cfg: ServeConfig, base: str, model: str, entry: dict[str, Any]) -> TokenCounter:
-    root = cfg.tokenizer or (cfg.model if is_tokenizer_dir(cfg.model) else entry.get("root"))
+    local = next((m for m in (cfg.model_id, cfg.model) if is_tokenizer_dir(m)), None)
+    root = cfg.tokenizer or local or entry.get("root")
     return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key, cfg.insecure, cfg.headers)
 
 
@@ -1200,8 +1204,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "label": cfg.label,  # null without --label, as vLLM; --save-result's name falls back to the backend
         "base_url": base,
         "endpoint": cfg.endpoint,
-        "model_id": model,
-        "tokenizer_id": cfg.tokenizer or model,  # vLLM's: --tokenizer, else the model id
+        "model_id": cfg.model_id or model,
+        "tokenizer_id": cfg.tokenizer or cfg.model_id or model,  # vLLM's: --tokenizer, else the model id
         "token_counter": counter.name,  # Surge's: the folder or server /tokenize URL that counted the tokens
         "server_models": models,
         "dataset": cfg.dataset,

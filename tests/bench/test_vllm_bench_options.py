@@ -595,3 +595,37 @@ def test_num_warmups_sends_the_first_prompt_again_as_vllm(
     assert err.startswith(
         "surge: error: give --warmup (Surge's warm-up, with other prompts) or --num-warmups"
     )
+
+
+def test_served_model_name_is_sent_and_model_recorded_as_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --model M --served-model-name N: requests carry N (the name the server serves),
+    the result's model_id and tokenizer_id are M, and --save-result's file name takes M's last
+    part; --served-model-name without --model (which vLLM ignores) is one line."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "2",
+        ]
+        argv += ["--input-len", "8", "--output-len", "3"]
+        names = ["--model", "org/Fake-Model-8B", "--served-model-name", "fake-model"]
+        assert bench_main([*argv, *names, "--save-result", "--result-dir", str(tmp_path)]) == 0
+        assert {e["body"]["model"] for e in b.log} == {"fake-model"}
+        (saved,) = tmp_path.glob("*.json")
+        assert saved.name.startswith("openai-chat-infqps-Fake-Model-8B-")
+        result = json.loads(saved.read_text())
+        assert result["model_id"] == result["tokenizer_id"] == "org/Fake-Model-8B"
+        capsys.readouterr()
+        assert bench_main([*argv, "--served-model-name", "fake-model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surge: error: --served-model-name applies with --model (vLLM ignores it without")
+    assert err.count("\n") == 1
