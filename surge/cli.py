@@ -44,7 +44,6 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 
 
 VLLM_FLAG_HINTS = {
-    "--backend": "--endpoint /v1/chat/completions or /v1/completions",
     "--save-result": "--output-dir DIR in bench matrix, which writes a file per point (bench serve takes "
     "--save-result, --result-dir, --result-filename and --append-result)",
     "--result-dir": "--output-dir DIR in bench matrix (bench serve takes it with --save-result)",
@@ -53,8 +52,6 @@ VLLM_FLAG_HINTS = {
     "--append-result": "--output-dir DIR in bench matrix, which writes a file per point (bench serve takes it)",
     "--ready-check-timeout-sec": "--launch CMD with --server-timeout SECONDS in bench matrix, which waits for the "
     "server it starts (bench serve takes --ready-check-timeout-sec)",
-    "--logprobs": """--extra-body '{"logprobs": true, "top_logprobs": N}' on the chat endpoint (its logprobs """
-    """is a boolean), '{"logprobs": N}' with --endpoint /v1/completions""",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
@@ -67,20 +64,6 @@ VLLM_FLAG_HINTS = {
     "--disable-uvicorn-access-log": "nothing: the access log is off unless --access-log",
     "--enable-log-requests": "nothing: each request's start and end are logged unless --disable-log-requests",
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
-    "--num-warmups": "--warmup N",
-    "--served-model-name": "--model NAME (the model name the benchmark sends)",
-    "--top-k": """--extra-body '{"top_k": K}'""",
-    "--top-p": """--extra-body '{"top_p": P}'""",
-    "--min-p": """--extra-body '{"min_p": P}'""",
-    "--frequency-penalty": """--extra-body '{"frequency_penalty": F}'""",
-    "--presence-penalty": """--extra-body '{"presence_penalty": P}'""",
-    "--repetition-penalty": """--extra-body '{"repetition_penalty": R}'""",
-    "--header": "--api-key KEY for the Authorization header (the benchmark sends no other header)",
-    "--no-oversample": "nothing: Surge never sends a prompt twice; a dataset with fewer usable prompts than "
-    "--num-prompts is refused, so give --num-prompts N of at most its prompts",
-    "--disable-shuffle": "nothing: sharegpt, custom, hf and prefix_repetition prompts are always in --seed's "
-    "shuffled order, the same for every run with that seed, and spec_bench's in vLLM's seed-0 order (a timed_trace's "
-    "rows are sent in the file's order, as vLLM)",
     "--use-beam-search": "nothing: Surge has no beam search (its requests sample one sequence each)",
     "--profile": "nothing: Surge's server has no profiler endpoint (profile `surge serve` with an outside "
     "profiler, e.g. nsys)",

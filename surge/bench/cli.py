@@ -20,6 +20,24 @@ from surge.quant.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
+SHUFFLED_DATASETS = ("sharegpt", "custom", "hf", "spec_bench", "prefix_repetition")
+"""The datasets whose prompts vLLM 0.26 shuffles unless ``--disable-shuffle``."""
+
+FEWER_OK_DATASETS = ("sharegpt", "custom", "hf", "spec_bench")
+"""The datasets whose files may hold fewer usable prompts than ``--num-prompts``: vLLM 0.26 then
+sends some twice, or with ``--no-oversample`` those it has."""
+
+SAMPLING_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--top-p", float, "0.9"),
+    ("--top-k", int, "20"),
+    ("--min-p", float, "0.05"),
+    ("--frequency-penalty", float, "0.5"),
+    ("--presence-penalty", float, "0.5"),
+    ("--repetition-penalty", float, "1.1"),
+)
+"""vLLM 0.26's ``bench serve`` sampling flags besides ``--temperature``: (flag, value type, an
+example); each given one is sent as the request field of its name (``--top-k`` -> ``top_k``)."""
+
 
 def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("roofline")
@@ -76,12 +94,31 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--endpoint",
-        default="/v1/chat/completions",
+        default=None,
         choices=["/v1/chat/completions", "/v1/completions"],
-        help="API route of the requests (default /v1/chat/completions; vLLM's bench serve defaults to "
-        "/v1/completions)",
+        help="API route of the requests (default /v1/chat/completions, or --backend's; vLLM's bench serve "
+        "defaults to /v1/completions)",
     )
-    p.add_argument("--model", default=None, help="model name sent in requests (default: first of /v1/models)")
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="vLLM's request format: openai or vllm (completions requests; default --endpoint "
+        "/v1/completions, as vLLM) or openai-chat (chat requests; default --endpoint "
+        "/v1/chat/completions), recorded as the result's backend; vLLM's other backends (audio, "
+        "embeddings, pooling, rerank) are refused (default: --endpoint's, openai-chat or openai)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name sent in requests, or with --served-model-name the model id recorded (default: first of "
+        "/v1/models)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="with --model M: the model name sent in requests, M being the result's model_id and tokenizer_id "
+        "(its tokenizer's vocabulary when M is a local folder), as vLLM's option (default: --model)",
+    )
     p.add_argument(
         "--tokenizer", default=None, help="local tokenizer folder (default: the server's /tokenize)"
     )
@@ -89,6 +126,16 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--api-key",
         default=None,
         help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set, as vLLM's bench; else none)",
+    )
+    p.add_argument(
+        "--header",
+        nargs="*",
+        default=None,
+        metavar="KEY=VALUE",
+        help="HTTP headers sent with every call to the server, e.g. --header x-tenant=a x-team=b; one "
+        "replaces the Content-Type or the --api-key's Authorization header, the X-Request-Id of "
+        "--request-id-prefix replaces one of that name (vLLM's option; Surge also sends them to /tokenize and "
+        "/reset_prefix_cache) (default: none)",
     )
     p.add_argument(
         "--insecure",
@@ -101,6 +148,24 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="temperature sent with every request (default: none sent, the server's default, as vLLM)",
+    )
+    g = p.add_argument_group("sampling parameters (vLLM's; sent with every request, none by default)")
+    for flag, kind, example in SAMPLING_FLAGS:
+        g.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            help=f"the request field {flag[2:].replace('-', '_')}, e.g. {example}; --extra-body's own "
+            "field of that name wins, as vLLM (default: none sent, the server's default)",
+        )
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--endpoint /v1/completions: the request field logprobs (the top N logprobs of each token), "
+        "as vLLM's completions client sends it; refused on the chat endpoint, where vLLM's chat client "
+        """drops it (there use --extra-body '{"logprobs": true, "top_logprobs": N}') (default: none sent)""",
     )
     p.add_argument(
         "--extra-body",
@@ -118,7 +183,10 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "the start of --save-result's file name (default there: the backend, openai-chat or openai)",
     )
     p.add_argument(
-        "--warmup", type=int, default=1, help="untimed warm-up requests with other prompts (default 1)"
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed warm-up requests with other prompts, one after another (default 1; 0 with --num-warmups)",
     )
     p.add_argument(
         "--percentiles",
@@ -133,8 +201,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME:MS",
         help="SLOs in ms, NAME ttft, tpot or e2el, e.g. ttft:500 tpot:50 e2el:10000: request_goodput is the "
-        "successful requests meeting every one of them (value <= SLO; a request of one token has TPOT 0 "
-        "here) per second of the run (vLLM's option) (default: none)",
+        "successful requests meeting every one of them (value <= SLO; an SLO may be 0, as vLLM's, not "
+        "negative; a request of one token has TPOT 0 here) per second of the run (vLLM's option) (default: none)",
     )
     p.add_argument(
         "--request-timeout",
@@ -402,6 +470,29 @@ def add_bench_parser(subparsers: Any) -> None:
         help="vLLM's name for a fixed --output-len with --dataset sharegpt (default: reply lengths)",
     )
     p.add_argument(
+        "--num-warmups",
+        type=int,
+        default=None,
+        metavar="N",
+        help="vLLM's warm-up instead of --warmup's: the first timed request sent N times at once (at most "
+        "--max-concurrency in flight), untimed, before the run; a failed one fails the run, as a --warmup "
+        "request's (vLLM ignores it) (vLLM's option; default: none, --warmup's one request)",
+    )
+    p.add_argument(
+        "--no-oversample",
+        action="store_true",
+        help="--dataset sharegpt, custom, hf or spec_bench: a file with fewer usable prompts than --num-prompts "
+        "sends those, with a note (vLLM's option; without it Surge refuses the run, where vLLM sends some "
+        "prompts twice; refused with the other datasets, which it does not change) (default off)",
+    )
+    p.add_argument(
+        "--disable-shuffle",
+        action="store_true",
+        help="--dataset sharegpt, custom, hf, spec_bench or prefix_repetition: the prompts in their file's "
+        "order (prefix_repetition: prefix by prefix) instead of shuffled (vLLM's option; refused with the "
+        "other datasets, whose order it does not change) (default off)",
+    )
+    p.add_argument(
         "--num-prompts",
         type=int,
         default=16,
@@ -412,7 +503,12 @@ def add_bench_parser(subparsers: Any) -> None:
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = burst")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of arrival gaps (1 = Poisson; inf, as vLLM: evenly spaced, every gap 1/rate)",
+    )
     p.add_argument(
         "--ramp-up-strategy",
         choices=["linear", "exponential"],
@@ -461,13 +557,14 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--result-dir",
         default=None,
-        help="--save-result's and --append-result's folder, made when missing (vLLM's option) (default: the "
-        "current folder)",
+        help="--save-result's and --append-result's folder, made when missing; needs one of them (vLLM's option) "
+        "(default: the current folder)",
     )
     p.add_argument(
         "--result-filename",
         default=None,
-        help="--save-result's and --append-result's file name instead of vLLM's (vLLM's option) (default: none)",
+        help="--save-result's and --append-result's file name instead of vLLM's; needs one of them (vLLM's "
+        "option) (default: none)",
     )
     p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
     p.add_argument(
@@ -656,6 +753,24 @@ def parse_extra_body(text: str | None, flag: str = "--extra-body") -> dict[str, 
     return data
 
 
+def parse_headers(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """vLLM's ``--header KEY=VALUE ...``: (name, value) pairs, split at the first ``=`` and both
+    stripped, as vLLM does; a name given twice keeps its last value, as vLLM's dict.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty name (the message names the flag and
+            the item).
+    """
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--header {item!r}: give KEY=VALUE, e.g. --header x-tenant=a")
+        pairs[name] = value.strip()
+    return tuple(pairs.items())
+
+
 def parse_metadata(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     """vLLM's ``--metadata KEY=VALUE ...``: (key, value) pairs, both stripped as vLLM does.
 
@@ -704,6 +819,62 @@ def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
     return float(data["input"]), float(data["output"])
 
 
+def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str, str | None]:
+    """``--endpoint`` and vLLM's ``--backend``: (the route, the backend to record or None for the
+    route's). vLLM's ``openai`` and ``vllm`` send completions requests, ``openai-chat`` chat
+    requests; a backend alone picks its route (vLLM's default route is ``/v1/completions``).
+
+    Raises:
+        ValueError: a backend Surge's client does not speak (vLLM's audio, embeddings, pooling
+            and rerank ones), or one whose requests do not fit ``--endpoint`` (vLLM would send them
+            and get a 400 or refuse the URL).
+    """
+    if backend is None:
+        return endpoint or "/v1/chat/completions", None
+    routes = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+    if backend not in routes:
+        raise ValueError(
+            f"--backend {backend}: Surge's bench sends text generation requests only: openai or vllm "
+            "(completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends "
+            "are not supported"
+        )
+    if endpoint is not None and endpoint != routes[backend]:
+        raise ValueError(
+            f"--backend {backend} sends {'chat' if backend == 'openai-chat' else 'completions'} requests: "
+            f"give --endpoint {routes[backend]} (or leave it out), not {endpoint}"
+        )
+    return routes[backend], backend
+
+
+def request_body_extras(args: argparse.Namespace, endpoint: str) -> dict[str, Any] | None:
+    """The fields merged into every request body: ``--logprobs`` (completions only), the sampling
+    flags given (:data:`SAMPLING_FLAGS`, ``--top-k`` as ``top_k``), then ``--extra-body``'s fields,
+    which win over them, as vLLM 0.26 merges them; None when there are none.
+
+    Raises:
+        ValueError: a sampling value that is not finite (NaN or inf; the message names the flag),
+            ``--logprobs`` on the chat endpoint (vLLM's chat client drops it; its logprobs there is
+            a boolean), or a bad ``--extra-body``.
+    """
+    body: dict[str, Any] = {}
+    if args.logprobs is not None:
+        if endpoint != "/v1/completions":
+            raise ValueError(
+                "--logprobs applies to --endpoint /v1/completions (vLLM's chat client drops it; on the chat "
+                """endpoint use --extra-body '{"logprobs": true, "top_logprobs": N}')"""
+            )
+        body["logprobs"] = args.logprobs
+    for flag, _, _ in SAMPLING_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
+        body[flag[2:].replace("-", "_")] = value
+    body.update(parse_extra_body(args.extra_body) or {})
+    return body or None
+
+
 def api_key_of(flag: str | None) -> str | None:
     """The bench's API key: ``--api-key`` if given, else ``$OPENAI_API_KEY`` when set and not
     empty (what vLLM's ``bench serve`` and the OpenAI clients read), else None (no header)."""
@@ -749,19 +920,22 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     from surge.bench.serve import ServeConfig
 
     goodput = parse_goodput(args.goodput or [])
+    endpoint, backend = endpoint_and_backend(args.endpoint, args.backend)
     fields: dict[str, Any] = {
         "temperature": args.temperature,
-        "extra_body": parse_extra_body(args.extra_body),
+        "extra_body": request_body_extras(args, endpoint),
         "label": args.label,
+        **_model_names(args),
         "base_url": base_url_of(args),
-        "endpoint": args.endpoint,
-        "model": args.model,
+        "endpoint": endpoint,
+        "backend": backend,
         "tokenizer": args.tokenizer,
         "seed": args.seed,
-        "warmup": args.warmup,
+        "warmup": 1 if args.warmup is None else args.warmup,
         "percentiles": tuple(parse_percentiles(args.percentiles)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
+        "headers": parse_headers(args.header),
         "insecure": args.insecure,
         "hardware": resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8),
         "model_config": args.model_config,
@@ -775,6 +949,43 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     cfg = ServeConfig(**fields)
     cfg.validate()
     return cfg
+
+
+def _model_names(args: argparse.Namespace) -> dict[str, str | None]:
+    """``--model`` and vLLM's ``--served-model-name`` as ServeConfig's ``model`` (the name sent)
+    and ``model_id`` (the name recorded, None for the same).
+
+    Raises:
+        ValueError: ``--served-model-name`` without ``--model`` (vLLM then ignores it and
+            benchmarks the first model of ``/v1/models``).
+    """
+    if args.served_model_name is None:
+        return {"model": args.model, "model_id": None}
+    if args.model is None:
+        raise ValueError(
+            "--served-model-name applies with --model (vLLM ignores it without and benchmarks the first model "
+            "of /v1/models): give --model NAME, the name the server serves"
+        )
+    return {"model": args.served_model_name, "model_id": args.model}
+
+
+def _warmups(args: argparse.Namespace) -> dict[str, int]:
+    """``bench serve``'s warm-up: Surge's ``--warmup`` requests, or vLLM's ``--num-warmups``
+    copies of the first timed request in their place (``warmup`` 0), as ServeConfig fields.
+
+    Raises:
+        ValueError: both given (other than ``--warmup 0``), or ``--num-warmups`` below 0.
+    """
+    if args.num_warmups is None:
+        return {}
+    if args.num_warmups < 0:
+        raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
+    if args.warmup:
+        raise ValueError(
+            "give --warmup (Surge's warm-up, with other prompts) or --num-warmups (vLLM's, the first prompt "
+            "again), not both"
+        )
+    return {"warmup": 0, "num_warmups": args.num_warmups}
 
 
 def _timed_trace_options(args: argparse.Namespace) -> Any:
@@ -856,6 +1067,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # to its length
     ignore_eos = args.dataset in ("random", "timed_trace") if args.ignore_eos is None else args.ignore_eos
     dataset = args.dataset
+    if args.disable_shuffle and dataset not in SHUFFLED_DATASETS:
+        order = {
+            "random": "draws fresh random prompts",
+            "sonnet": "draws its lines at random",
+            "burstgpt": "draws its rows at random",
+            "timed_trace": "sends the trace's rows in the file's order",
+        }[dataset]
+        raise ValueError(
+            f"--disable-shuffle applies to --dataset {', '.join(SHUFFLED_DATASETS)} (--dataset {dataset} "
+            f"{order}; vLLM ignores the flag there)"
+        )
+    if args.no_oversample and dataset not in FEWER_OK_DATASETS:
+        raise ValueError(
+            f"--no-oversample applies to --dataset {', '.join(FEWER_OK_DATASETS)} (--dataset {dataset} sends "
+            "--num-prompts requests whatever it says, as vLLM's)"
+        )
     if dataset != "timed_trace" and args.self_timed is not None:
         raise ValueError("--self-timed/--no-self-timed applies to --dataset timed_trace (as vLLM)")
     if dataset not in ("random", "sonnet") and args.input_len is not None:
@@ -1010,6 +1237,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ramp_up_end_rps=args.ramp_up_end_rps,
         ignore_eos=ignore_eos,
         exact_length=ignore_eos if args.exact_length is None else args.exact_length,
+        disable_shuffle=args.disable_shuffle,
+        no_oversample=args.no_oversample,
+        **_warmups(args),
         save_detailed=args.save_detailed,
         metadata=parse_metadata(args.metadata),
         request_id_prefix=args.request_id_prefix,

@@ -24,6 +24,7 @@ import aiohttp
 import msgspec
 
 from surge.bench.metrics import RequestResult
+from surge.bench.tokens import request_headers
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -125,6 +126,8 @@ class RequestInput:
     temperature: float | None = None
     extra_body: dict[str, Any] | None = None
     request_id: str | None = None  # sent as the X-Request-Id header (vLLM's --request-id-prefix + index)
+    # vLLM's --header pairs: they replace Content-Type or Authorization, X-Request-Id replaces them
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def build_payload(req: RequestInput) -> dict[str, Any]:
@@ -300,11 +303,9 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     content).
     """
     out = RequestResult(prompt_len=req.prompt_len, expected_output_len=req.output_len)
-    headers = {"Content-Type": "application/json"}
-    if req.api_key:
-        headers["Authorization"] = f"Bearer {req.api_key}"
-    if req.request_id is not None:
-        headers["X-Request-Id"] = req.request_id
+    headers = request_headers(req.api_key, req.headers, "application/json")
+    if req.request_id is not None:  # vLLM's order: the request id over a --header of that name
+        headers = request_headers(None, [*headers.items(), ("X-Request-Id", req.request_id)])
     payload = build_payload(req)
     chat = req.api_url.endswith(CHAT_ENDPOINT)
     st = time.perf_counter()

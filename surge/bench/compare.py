@@ -272,6 +272,8 @@ _SETTINGS = (
     "custom_output_len",
     "skip_chat_template",
     "chat_template_kwargs",
+    "disable_shuffle",
+    "no_oversample",
     "prefix_repetition_prefix_len",
     "prefix_repetition_suffix_len",
     "prefix_repetition_num_prefixes",

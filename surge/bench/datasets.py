@@ -71,6 +71,17 @@ class SampleRequest:
     timestamp: float | None = None
 
 
+def fewer_prompts_note(path: str, have: int, what: str, num_prompts: int) -> None:
+    """vLLM's ``--no-oversample`` with a file of ``have`` < ``num_prompts`` usable prompts: one
+    note on stderr that the run sends those ``have`` (vLLM's behaviour; without the flag Surge
+    refuses the run where vLLM would send some prompts twice)."""
+    print(
+        f"surge: note: {path} has {have} {what}: sending those {have}, not --num-prompts {num_prompts} "
+        "(--no-oversample, as vLLM)",
+        file=sys.stderr,
+    )
+
+
 def prompt_encoder(
     counter: TokenCounter, chat: bool, options: Mapping[str, Any] | None = None
 ) -> Callable[[str], list[int]]:
@@ -353,8 +364,10 @@ def prefix_repetition_requests(
     seed: int,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    shuffle: bool = True,
 ) -> list[SampleRequest]:
-    """vLLM's ``prefix_repetition`` dataset: ``num_prefixes`` :func:`shared_prefix` texts of
+    """vLLM's ``prefix_repetition`` dataset (``shuffle`` False: vLLM's ``--disable-shuffle``, the
+    prompts in prefix order): ``num_prefixes`` :func:`shared_prefix` texts of
     ``prefix_len`` tokens, each followed by random suffixes; every prompt has exactly
     ``prefix_len + suffix_len`` tokens as the server counts them (the suffix length covers the
     BOS or chat template and the separator) and asks ``output_len`` tokens. The ``num_prompts``
@@ -393,6 +406,8 @@ def prefix_repetition_requests(
         for _ in range(count):
             prompt = prefix.prompt(counter, rng, prefix_len + suffix_len, chat, options)
             out.append(SampleRequest(prompt, prefix_len + suffix_len, output_len))
+    if not shuffle:
+        return out
     order = np.random.default_rng([seed, 3]).permutation(len(out))
     return [out[int(i)] for i in order]
 
@@ -482,9 +497,12 @@ def custom_requests(
     options: Mapping[str, Any] | None = None,
     skip_chat_template: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """``num_prompts`` prompts of a custom JSONL file (:func:`load_custom`), in vLLM's order (the
-    lines shuffled by Python's ``random`` seeded with ``seed``).
+    lines shuffled by Python's ``random`` seeded with ``seed``; ``shuffle`` False, vLLM's
+    ``--disable-shuffle``: the file's order).
 
     Each asks ``output_len`` tokens, or (None: vLLM's ``--custom-output-len -1``) its line's
     ``output_tokens``. As vLLM, a completions prompt is the prompt rendered with the model's chat
@@ -501,6 +519,9 @@ def custom_requests(
     if output_len is None:
         for item in items:
             _output_tokens(path, item)
+    if fewer_ok and 0 < len(items) < num_prompts:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(items), "prompts", num_prompts)
+        num_prompts = len(items)
     if len(items) < num_prompts:
         raise ValueError(
             f"{path} has {len(items)} prompts, --num-prompts {num_prompts} asked (vLLM would send some "
@@ -508,7 +529,8 @@ def custom_requests(
         )
     encode = prompt_encoder(counter, chat, options)
     order = list(range(len(items)))
-    random.Random(seed).shuffle(order)  # vLLM's order: Python's random seeded with --seed
+    if shuffle:
+        random.Random(seed).shuffle(order)  # vLLM's order: Python's random seeded with --seed
     out: list[SampleRequest] = []
     for idx in order[:num_prompts]:
         item = items[idx]
@@ -581,8 +603,11 @@ def sharegpt_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     fixed_output_len: int | None = None,
+    shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
-    """``num_prompts`` ShareGPT first turns (shuffled by ``seed``) with their output lengths.
+    """``num_prompts`` ShareGPT first turns (shuffled by ``seed``; ``shuffle`` False, vLLM's
+    ``--disable-shuffle``: in the file's order) with their output lengths.
 
     A request asks ``fixed_output_len`` tokens when given, else its reply's token count (vLLM's
     rule and pruning, see the module docstring), else (a file without replies) ``output_len``.
@@ -605,7 +630,8 @@ def sharegpt_requests(
     # vLLM's order: the conversations of two turns or more, shuffled by Python's random seeded with
     # --seed (a file without replies, which vLLM could not use, has all its conversations shuffled)
     pool = [c for c in conversations if c.turns >= 2] if replies else list(conversations)
-    random.Random(seed).shuffle(pool)
+    if shuffle:
+        random.Random(seed).shuffle(pool)
     out: list[SampleRequest] = []
     for conv in pool:
         if conv.reply is None and replies:
@@ -634,6 +660,9 @@ def sharegpt_requests(
         out.append(SampleRequest(conv.prompt, n, want))
         if len(out) == num_prompts:
             return out
+    if fewer_ok and out:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(out), "usable prompts", num_prompts)
+        return out
     context = f"; the server's max_model_len {max_model_len}" if max_model_len is not None else ""
     raise ValueError(
         f"{path} has only {len(out)} usable prompts, {num_prompts} asked (vLLM's pruning: prompts of "

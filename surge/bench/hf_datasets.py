@@ -36,6 +36,7 @@ from surge.bench.datasets import (
     SHAREGPT_MIN_LEN,
     SampleRequest,
     _read_text,
+    fewer_prompts_note,
     prompt_encoder,
 )
 from surge.bench.tokens import TokenCounter
@@ -260,8 +261,11 @@ def load_hf_rows(path: str, split: str, subset: str | None = None) -> list[Row]:
     return rows
 
 
-def shuffled(rows: list[Row], seed: int) -> list[Row]:
-    """``rows`` in the order of ``datasets``' ``Dataset.shuffle(seed=seed)``."""
+def shuffled(rows: list[Row], seed: int, shuffle: bool = True) -> list[Row]:
+    """``rows`` in the order of ``datasets``' ``Dataset.shuffle(seed=seed)``; as they are when not
+    ``shuffle`` (vLLM's ``--disable-shuffle``)."""
+    if not shuffle:
+        return list(rows)
     return [rows[int(i)] for i in np.random.default_rng(seed).permutation(len(rows))]
 
 
@@ -302,8 +306,10 @@ def mt_bench_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     skip_chat_template: bool = False,
+    shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
-    """vLLM's ``MTBenchDataset``: the first ``num_prompts`` rows in :func:`shuffled` order, each the
+    """vLLM's ``MTBenchDataset`` (``shuffle`` False: vLLM's ``--disable-shuffle``, the rows' order): the first ``num_prompts`` rows in :func:`shuffled` order, each the
     first of its ``turns``, asking ``output_len`` tokens (None: :data:`MT_BENCH_OUTPUT_LEN`). On
     /v1/completions the prompt is rendered with the model's chat template unless
     ``skip_chat_template``, as vLLM; on the chat endpoint it is the user message (vLLM's client
@@ -316,11 +322,14 @@ def mt_bench_requests(
             prompt whose length and output exceed ``max_model_len``.
     """
     want = MT_BENCH_OUTPUT_LEN if output_len is None else output_len
+    if fewer_ok and 0 < len(rows) < num_prompts:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(rows), "questions", num_prompts)
+        num_prompts = len(rows)
     if len(rows) < num_prompts:
         raise _too_many(path, len(rows), "questions", num_prompts)
     encode = prompt_encoder(counter, chat, options)
     out: list[SampleRequest] = []
-    for row in shuffled(rows, seed)[:num_prompts]:
+    for row in shuffled(rows, seed, shuffle)[:num_prompts]:
         turns = row.fields.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise ValueError(f'{row.where}: an MT-Bench row needs "turns", a list whose first is a string')
@@ -349,8 +358,11 @@ def conversation_requests(
     max_model_len: int | None = None,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
-    """vLLM's ``ConversationDataset``: rows in :func:`shuffled` order whose ``conversations`` have two
+    """vLLM's ``ConversationDataset``: rows in :func:`shuffled` order (``shuffle`` False: vLLM's
+    ``--disable-shuffle``, the rows' order) whose ``conversations`` have two
     turns or more; turn 0's ``value`` is the prompt, sent as it is (on the chat endpoint as the user
     message), turn 1's the reply. With ``output_len`` None each request asks its reply's length and,
     as vLLM, a row is left out when its prompt or reply has under 4 tokens, its prompt over 1,024, or
@@ -366,7 +378,7 @@ def conversation_requests(
     """
     encode = prompt_encoder(counter, chat, options)
     out: list[SampleRequest] = []
-    for row in shuffled(rows, seed):
+    for row in shuffled(rows, seed, shuffle):
         conv = row.fields.get("conversations")
         if not isinstance(conv, list):
             raise ValueError(f'{row.where}: a conversation row needs a "conversations" list')
@@ -395,6 +407,9 @@ def conversation_requests(
         if output_len is None
         else "conversations of two turns or more"
     )
+    if fewer_ok and out:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(out), what, num_prompts)
+        return out
     raise _too_many(path, len(out), what, num_prompts)
 
 
@@ -411,8 +426,10 @@ def hf_requests(
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
     skip_chat_template: bool = False,
+    shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
-    """vLLM's ``--dataset-name hf`` for MT-Bench and ShareGPT-format conversations
+    """vLLM's ``--dataset-name hf`` (``shuffle`` False: vLLM's ``--disable-shuffle``) for MT-Bench and ShareGPT-format conversations
     (:func:`hf_dataset_kind`), read from the local file or folder ``path`` (split ``split``, default
     :data:`DEFAULT_SPLIT`): :func:`mt_bench_requests` or :func:`conversation_requests`.
 
@@ -435,7 +452,9 @@ def hf_requests(
             chat,
             options,
             skip_chat_template,
+            shuffle,
+            fewer_ok,
         )
     return conversation_requests(
-        counter, rows, path, num_prompts, output_len, seed, max_model_len, chat, options
+        counter, rows, path, num_prompts, output_len, seed, max_model_len, chat, options, shuffle, fewer_ok
     )

@@ -50,7 +50,7 @@ from surge.bench.launcher import ServerLauncher, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
 from surge.bench.results import file_in_the_way, write_result
 from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
-from surge.bench.tokens import TokenCounter, tls_context
+from surge.bench.tokens import TokenCounter, request_headers, tls_context
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,18 @@ def point_seed(seed: int, pt: MatrixPoint, repeat: int = 0) -> int:
 
 
 def reset_prefix_cache(
-    base_url: str, api_key: str | None, timeout_s: float = 30.0, insecure: bool = False
+    base_url: str,
+    api_key: str | None,
+    timeout_s: float = 30.0,
+    insecure: bool = False,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> bool | None:
     """``POST {base_url}/reset_prefix_cache``: True when the server reset its prefix cache,
     False when it answered but refused (vLLM's ``{"success": false}``, or an error status),
     None when it has no such endpoint (404 or 405) or cannot be reached. ``insecure``: no TLS
-    certificate check (``--insecure``)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    req = urllib.request.Request(f"{base_url.rstrip('/')}/reset_prefix_cache", data=b"", headers=headers)
+    certificate check (``--insecure``); ``headers``: vLLM's ``--header`` pairs."""
+    sent = request_headers(api_key, headers)
+    req = urllib.request.Request(f"{base_url.rstrip('/')}/reset_prefix_cache", data=b"", headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s, context=tls_context(insecure)) as resp:
             body = resp.read()
@@ -274,7 +278,12 @@ def _run_point(
         seed = point_seed(mcfg.serve.seed, pt, repeat)
         reset: bool | None = None
         if mcfg.reset_prefix_cache:
-            reset = reset_prefix_cache(mcfg.serve.base_url, mcfg.serve.api_key, insecure=mcfg.serve.insecure)
+            reset = reset_prefix_cache(
+                mcfg.serve.base_url,
+                mcfg.serve.api_key,
+                insecure=mcfg.serve.insecure,
+                headers=mcfg.serve.headers,
+            )
         cfg = replace(
             mcfg.serve,
             input_len=pt.input_len,
@@ -448,7 +457,9 @@ def _check_served_model(
     if previous_model is None or mcfg.serve.model is not None:
         return
     if models is None:
-        models = fetch_models(mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure)
+        models = fetch_models(
+            mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure, headers=mcfg.serve.headers
+        )
     served = models["data"][0].get("id")
     if served != previous_model:
         raise ValueError(
@@ -489,7 +500,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
     if not mcfg.launch and todo:
         models = fetch_models(
-            mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure
+            mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure, headers=mcfg.serve.headers
         )  # fail once, up front, if unreachable
         _check_served_model(mcfg, previous_model, models)
     launcher = (

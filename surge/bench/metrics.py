@@ -76,7 +76,9 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     """Parse ``["ttft:500", "tpot:50"]`` into ``{"ttft": 500.0, ...}`` (ms).
 
     Raises:
-        ValueError: unknown metric name, missing ``:``, or a non-positive / non-numeric value.
+        ValueError: unknown metric name, missing ``:``, or a negative / non-numeric value. 0 is an
+            SLO, as vLLM 0.26's ``check_goodput_args`` takes it (it refuses negative values): a
+            request meets it only with a value of exactly 0 (a one-token request's TPOT).
     """
     out: dict[str, float] = {}
     for item in items:
@@ -90,8 +92,8 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
             ms = float(value)
         except ValueError:
             raise ValueError(f"--goodput value must be a number of ms, got {item!r}") from None
-        if not ms > 0:
-            raise ValueError(f"--goodput value must be > 0 ms, got {item!r}")
+        if not ms >= 0:
+            raise ValueError(f"--goodput value must be >= 0 ms (vLLM's bound), got {item!r}")
         out[name] = ms
     return out
 

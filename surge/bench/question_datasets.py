@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from surge.bench.datasets import SampleRequest, _read_text, prompt_encoder
+from surge.bench.datasets import SampleRequest, _read_text, fewer_prompts_note, prompt_encoder
 from surge.bench.tokens import TokenCounter
 
 SPEC_BENCH_SEED = 0
@@ -96,6 +96,8 @@ def spec_bench_requests(
     max_model_len: int | None = None,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    shuffle: bool = True,
+    fewer_ok: bool = False,
 ) -> list[SampleRequest]:
     """vLLM's ``spec_bench`` dataset: ``num_prompts`` first turns of the question file ``path``
     (:func:`load_questions`), each asking ``output_len`` tokens.
@@ -116,13 +118,17 @@ def spec_bench_requests(
     if num_prompts < 1 or output_len < 1:
         raise ValueError("--num-prompts and --spec-bench-output-len must be >= 1")
     questions = spec_bench_questions(path, category)
+    which = f" of category {category}" if category else ""
+    if fewer_ok and len(questions) < num_prompts:  # vLLM's --no-oversample
+        fewer_prompts_note(path, len(questions), f"questions{which}", num_prompts)
+        num_prompts = len(questions)
     if len(questions) < num_prompts:
-        which = f" of category {category}" if category else ""
         raise ValueError(
             f"{path} has {len(questions)} questions{which}, --num-prompts {num_prompts} asked (vLLM would "
             f"send some twice; give --num-prompts {len(questions)} or fewer)"
         )
-    random.Random(SPEC_BENCH_SEED).shuffle(questions)
+    if shuffle:  # False: vLLM's --disable-shuffle, the file's order
+        random.Random(SPEC_BENCH_SEED).shuffle(questions)
     encode = prompt_encoder(counter, chat, options)
     out: list[SampleRequest] = []
     for q in questions[:num_prompts]:

@@ -121,6 +121,18 @@ class ServeConfig:
 
     base_url: str = "http://127.0.0.1:8000"
     endpoint: str = CHAT_ENDPOINT
+    # vLLM's --disable-shuffle: sharegpt, custom, hf, spec_bench and prefix_repetition prompts in
+    # their file's (prefix_repetition: their prefixes') order instead of the seed's shuffle
+    disable_shuffle: bool = False
+    # vLLM's --model with --served-model-name (then ``model``): the result's model_id and, when a
+    # local folder, the tokenizer's vocabulary; None: ``model``
+    model_id: str | None = None
+    # vLLM's --no-oversample: a sharegpt, custom, hf or spec_bench file with fewer usable prompts than
+    # num_prompts sends those (without it the run is refused, where vLLM would send some twice)
+    no_oversample: bool = False
+    # vLLM's --backend as given (openai, vllm or openai-chat), recorded as the result's backend;
+    # None: the endpoint's, openai-chat or openai
+    backend: str | None = None
     model: str | None = None  # default: the first model of /v1/models
     tokenizer: str | None = None  # local tokenizer folder; default: the server's /tokenize
     dataset: str = "random"
@@ -175,11 +187,15 @@ class ServeConfig:
     ignore_eos: bool = True
     exact_length: bool = True
     warmup: int = 1
+    # vLLM's --num-warmups: untimed copies of the first timed request, sent at once before the run
+    num_warmups: int = 0
     percentiles: tuple[float, ...] = (99.0,)
     # the latencies whose mean, median, std and percentiles are reported (vLLM's --percentile-metrics)
     percentile_metrics: tuple[str, ...] = LATENCY_METRICS
     goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms) SLOs
     api_key: str | None = None
+    # vLLM's --header KEY=VALUE pairs: sent with every call to the server, replacing a header of that name
+    headers: tuple[tuple[str, str], ...] = ()
     insecure: bool = False  # vLLM's --insecure: no TLS certificate check of an https server
     save_detailed: bool = False
     hardware: Hardware | None = None
@@ -315,8 +331,8 @@ class ServeConfig:
         if not self.request_rate > 0:
             raise ValueError("--request-rate must be > 0 (or inf)")
         self._validate_ramp_up()
-        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
-            raise ValueError(f"--burstiness must be > 0 and finite, got {self.burstiness:g}")
+        if not self.burstiness > 0:  # inf: evenly spaced arrivals, as vLLM
+            raise ValueError(f"--burstiness must be > 0 (or inf: evenly spaced), got {self.burstiness:g}")
         if self.burstiness != 1.0 and math.isinf(self.request_rate) and self.ramp_up_strategy is None:
             raise ValueError(
                 "--burstiness shapes the gaps of --request-rate R (or of --ramp-up-strategy); without either "
@@ -332,6 +348,8 @@ class ServeConfig:
             )
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        if self.num_warmups < 0:
+            raise ValueError(f"--num-warmups must be >= 0, got {self.num_warmups}")
         bad = [name for name in self.percentile_metrics if name not in LATENCY_METRICS]
         if bad or not self.percentile_metrics:
             raise ValueError(
@@ -448,8 +466,10 @@ def fetch_models(
     insecure: bool = False,
     wait_s: float = 0.0,
     interval_s: float | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check).
+    """The server's ``GET /v1/models`` answer (``insecure``: no TLS certificate check; ``headers``:
+    vLLM's ``--header`` pairs).
 
     With ``wait_s`` > 0 (vLLM's ``--ready-check-timeout-sec``) a server that is not up yet
     (:func:`server_not_up_yet`) is asked again every ``interval_s``
@@ -465,7 +485,7 @@ def fetch_models(
     noted = False
     while True:
         try:
-            ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure)
+            ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure, headers=headers)
             break
         except (OSError, ValueError) as e:
             remaining = deadline - time.monotonic()
@@ -560,11 +580,16 @@ def arrival_offsets(
     schedule is scaled so that the last release is at exactly ``n / rate`` s: runs of any seed
     span the same time, so their throughputs compare. With ``ramp_up`` (``rate`` is then unused)
     the gap before request i has the mean ``1 / ramp_up.rates(n)[i]`` and nothing is scaled.
+    ``burstiness`` inf makes every gap exactly its mean (evenly spaced arrivals, vLLM's limit of
+    the gamma gaps).
     """
     if ramp_up is None and math.isinf(rate):
         return [0.0] * n
     rates = np.asarray(ramp_up.rates(n) if ramp_up is not None else [rate] * n, dtype=np.float64)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness), size=n)
+    if math.isinf(burstiness):
+        gaps = 1.0 / rates
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness), size=n)
     offsets = np.cumsum(gaps)
     if ramp_up is None and n and offsets[-1] > 0:
         offsets *= (n / rate) / offsets[-1]
@@ -662,8 +687,11 @@ async def run_requests(
     released: list[float] | None = None,
     insecure: bool = False,
     offsets: Sequence[float] | None = None,
+    first_copies: int = 0,
 ) -> tuple[list[RequestResult], float, list[RequestResult]]:
-    """Send warm-ups (untimed, one after another), then the timed requests (at ``request_rate``, or
+    """Send warm-ups (untimed, one after another), then ``first_copies`` untimed copies of the first
+    timed request (vLLM's ``--num-warmups``: all at once, at most ``max_concurrency`` in flight, without
+    its request id), then the timed requests (at ``request_rate``, or
     at the rates of ``ramp_up``: :func:`arrival_offsets`; or, given ``offsets``, request i at
     ``offsets[i]`` seconds after the start: a trace's times, :func:`trace_offsets`).
 
@@ -677,6 +705,16 @@ async def run_requests(
     async with make_session(max_concurrency, timeout_s, insecure) as session:
         warm = [await send_request(session, w) for w in warmups]
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        if first_copies and inputs:
+            first = replace(inputs[0], request_id=None)
+
+            async def copy() -> RequestResult:
+                if sem is None:
+                    return await send_request(session, first)
+                async with sem:
+                    return await send_request(session, first)
+
+            warm += await asyncio.gather(*(copy() for _ in range(first_copies)))
         pbar = tqdm(total=len(inputs), disable=disable_tqdm, desc="requests")
 
         async def limited(req: RequestInput, released: float) -> RequestResult:
@@ -798,15 +836,16 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
 
 
 def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
-    for cand in (cfg.tokenizer, cfg.model, entry.get("root")):
+    for cand in (cfg.tokenizer, cfg.model_id, cfg.model, entry.get("root")):
         if cand and Path(cand).is_dir() and (Path(cand) / "config.json").is_file():
             return str(cand)
     return None
 
 
 def _counter_for(cfg: ServeConfig, base: str, model: str, entry: dict[str, Any]) -> TokenCounter:
-    root = cfg.tokenizer or (cfg.model if is_tokenizer_dir(cfg.model) else entry.get("root"))
-    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key, cfg.insecure)
+    local = next((m for m in (cfg.model_id, cfg.model) if is_tokenizer_dir(m)), None)
+    root = cfg.tokenizer or local or entry.get("root")
+    return resolve_counter(base, model, cfg.tokenizer, root, cfg.api_key, cfg.insecure, cfg.headers)
 
 
 def make_counter(cfg: ServeConfig) -> TokenCounter:
@@ -816,7 +855,7 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
         ValueError: unreachable server or no way to count tokens.
     """
     base = cfg.base_url.rstrip("/")
-    entry = _model_entry(fetch_models(base, cfg.api_key, cfg.insecure), cfg.model)
+    entry = _model_entry(fetch_models(base, cfg.api_key, cfg.insecure, headers=cfg.headers), cfg.model)
     return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
 
 
@@ -844,6 +883,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             chat,
             options,
             cfg.sharegpt_output_len,
+            shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "custom":
         assert cfg.dataset_path is not None
@@ -858,6 +899,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             options,
             cfg.skip_chat_template,
             cfg.chat_template_kwargs,
+            shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "sonnet":
         assert cfg.dataset_path is not None
@@ -887,6 +930,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             chat,
             options,
             cfg.skip_chat_template,
+            shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "spec_bench":
         assert cfg.dataset_path is not None
@@ -899,6 +944,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             max_model_len,
             chat,
             options,
+            shuffle=not cfg.disable_shuffle,
+            fewer_ok=cfg.no_oversample,
         )
     if cfg.dataset == "burstgpt":
         assert cfg.dataset_path is not None
@@ -928,6 +975,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.seed,
             chat,
             options,
+            shuffle=not cfg.disable_shuffle,
         )
     return random_requests(
         counter,
@@ -999,6 +1047,9 @@ def _dataset_settings(cfg: ServeConfig) -> dict[str, Any]:
         out.update({k: (v if dataset == cfg.dataset else None) for k, v in fields.items()})
     if cfg.dataset == "hf":  # MT-Bench's, as custom's
         out["skip_chat_template"] = cfg.skip_chat_template
+    # vLLM's --disable-shuffle: true when given, else null (as in the files written before it)
+    out["disable_shuffle"] = True if cfg.disable_shuffle else None
+    out["no_oversample"] = True if cfg.no_oversample else None
     return out
 
 
@@ -1034,7 +1085,7 @@ def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None 
 def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> dict[str, Any]:
     cfg.validate()
     base = cfg.base_url.rstrip("/")
-    models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s)
+    models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s, headers=cfg.headers)
     entry = _model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
     local_dir = _local_model_dir(cfg, entry)
@@ -1087,6 +1138,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             cfg.api_key,
             cfg.temperature,
             cfg.extra_body,
+            headers=cfg.headers,
         )
 
     chat = cfg.endpoint == CHAT_ENDPOINT
@@ -1130,6 +1182,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             released,
             cfg.insecure,
             trace_times,
+            cfg.num_warmups,
         )
     )
     validate_results(warm, counter, cfg.exact_length)
@@ -1142,7 +1195,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         print(f"[bench] warning: {warning}", flush=True)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
-    backend = "openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai"
+    backend = cfg.backend or ("openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai")
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": command,
@@ -1151,8 +1204,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "label": cfg.label,  # null without --label, as vLLM; --save-result's name falls back to the backend
         "base_url": base,
         "endpoint": cfg.endpoint,
-        "model_id": model,
-        "tokenizer_id": cfg.tokenizer or model,  # vLLM's: --tokenizer, else the model id
+        "model_id": cfg.model_id or model,
+        "tokenizer_id": cfg.tokenizer or cfg.model_id or model,  # vLLM's: --tokenizer, else the model id
         "token_counter": counter.name,  # Surge's: the folder or server /tokenize URL that counted the tokens
         "server_models": models,
         "dataset": cfg.dataset,
@@ -1183,6 +1236,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "temperature": cfg.temperature,
         "extra_body": cfg.extra_body,
         "warmup": cfg.warmup,
+        "num_warmups": cfg.num_warmups,
         "request_id_prefix": id_prefix,
         "goodput_slo_ms": dict(cfg.goodput) or None,
         **cfg.extra,

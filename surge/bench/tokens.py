@@ -21,7 +21,7 @@ import re
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -226,27 +226,54 @@ def tls_context(insecure: bool) -> ssl.SSLContext | None:
     return ctx
 
 
+def request_headers(
+    api_key: str | None, extra: Sequence[tuple[str, str]] = (), content_type: str | None = None
+) -> dict[str, str]:
+    """The HTTP headers of a call to the server, as vLLM 0.26's client sets them: ``Content-Type``
+    (when given) and ``Authorization: Bearer KEY`` (when ``api_key``), then vLLM's ``--header``
+    pairs ``extra``, which replace a header of the same name (names compare case-insensitively)."""
+    headers: dict[str, str] = {}
+    if content_type:
+        headers["Content-Type"] = content_type
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    for name, value in extra:
+        for old in [k for k in headers if k.lower() == name.lower()]:
+            del headers[old]
+        headers[name] = value
+    return headers
+
+
 def post_json(
-    url: str, body: dict[str, Any], api_key: str | None = None, timeout: float = 60.0, insecure: bool = False
+    url: str,
+    body: dict[str, Any],
+    api_key: str | None = None,
+    timeout: float = 60.0,
+    insecure: bool = False,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> Any:
-    """POST JSON and return the decoded JSON answer (``insecure``: :func:`tls_context`).
+    """POST JSON and return the decoded JSON answer (``insecure``: :func:`tls_context`; ``headers``:
+    vLLM's ``--header`` pairs, as :func:`request_headers`).
 
     Raises:
         OSError: network trouble or a non-2xx status (``urllib.error.HTTPError`` is an ``OSError``).
     """
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    sent = request_headers(api_key, headers, "application/json")
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=sent, method="POST")
     with urllib.request.urlopen(req, timeout=timeout, context=tls_context(insecure)) as resp:
         return json.loads(resp.read())
 
 
-def get_json(url: str, api_key: str | None = None, timeout: float = 30.0, insecure: bool = False) -> Any:
-    """GET and decode JSON (``insecure``: :func:`tls_context`). Raises ``OSError`` on network
-    trouble or a non-2xx status."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    req = urllib.request.Request(url, headers=headers)
+def get_json(
+    url: str,
+    api_key: str | None = None,
+    timeout: float = 30.0,
+    insecure: bool = False,
+    headers: Sequence[tuple[str, str]] = (),
+) -> Any:
+    """GET and decode JSON (``insecure``: :func:`tls_context`; ``headers``: vLLM's ``--header``
+    pairs, as :func:`request_headers`). Raises ``OSError`` on network trouble or a non-2xx status."""
+    req = urllib.request.Request(url, headers=request_headers(api_key, headers))
     with urllib.request.urlopen(req, timeout=timeout, context=tls_context(insecure)) as resp:
         return json.loads(resp.read())
 
@@ -267,11 +294,13 @@ class ServerTokenCounter:
         api_key: str | None = None,
         pool: np.ndarray | None = None,
         insecure: bool = False,
+        headers: Sequence[tuple[str, str]] = (),
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
         self.insecure = insecure
+        self.headers = tuple(headers)
         self.name = f"{self.base_url}/tokenize"
         self._pool = pool
         self.max_model_len: int | None = None
@@ -311,7 +340,9 @@ class ServerTokenCounter:
         text holding a lone surrogate escape, which the server refuses as vLLM's tokenizer would
         fail on it), whose start it quotes; other failures stay ``OSError`` (the server went away)."""
         try:
-            return post_json(f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure)
+            return post_json(
+                f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure, headers=self.headers
+            )
         except urllib.error.HTTPError as e:
             if not 400 <= e.code < 500:
                 raise
@@ -341,6 +372,7 @@ class ServerTokenCounter:
             {"model": self.model, "tokens": ids},
             self.api_key,
             insecure=self.insecure,
+            headers=self.headers,
         )
         prompt = ans.get("prompt") if isinstance(ans, dict) else None
         if not isinstance(prompt, str):
@@ -359,7 +391,9 @@ class ServerTokenCounter:
             "chat_template_kwargs": dict(chat_template_kwargs),
         }
         try:
-            ans = post_json(f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure)
+            ans = post_json(
+                f"{self.base_url}/tokenize", body, self.api_key, insecure=self.insecure, headers=self.headers
+            )
         except urllib.error.HTTPError as e:
             if not 400 <= e.code < 500:
                 raise
@@ -431,12 +465,21 @@ def _error_text(e: urllib.error.HTTPError) -> str:
 
 
 def server_tokenize_works(
-    base_url: str, model: str, api_key: str | None = None, insecure: bool = False
+    base_url: str,
+    model: str,
+    api_key: str | None = None,
+    insecure: bool = False,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> bool:
     """True when ``POST {base_url}/tokenize`` answers with a token list."""
     try:
         ans = post_json(
-            f"{base_url.rstrip('/')}/tokenize", {"model": model, "prompt": "hello"}, api_key, 10.0, insecure
+            f"{base_url.rstrip('/')}/tokenize",
+            {"model": model, "prompt": "hello"},
+            api_key,
+            10.0,
+            insecure,
+            headers,
         )
         return isinstance(ans, dict) and isinstance(ans.get("tokens"), list)
     except (OSError, ValueError):
@@ -450,8 +493,10 @@ def resolve_counter(
     model_root: str | None,
     api_key: str | None = None,
     insecure: bool = False,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> TokenCounter:
-    """Pick the token counter: ``--tokenizer DIR``, else the server's ``/tokenize``, else a local folder.
+    """Pick the token counter: ``--tokenizer DIR``, else the server's ``/tokenize`` (called with
+    ``headers``, vLLM's ``--header`` pairs), else a local folder.
 
     Args:
         model_root: a local model folder if one is known (``--model`` when it is a folder, or the
@@ -469,13 +514,13 @@ def resolve_counter(
         print(f"[bench] loading the tokenizer of {tokenizer} to count prompt tokens", flush=True)
         return HFTokenCounter(tokenizer)
     local = model_root if is_tokenizer_dir(model_root) else None
-    if server_tokenize_works(base_url, model, api_key, insecure):
+    if server_tokenize_works(base_url, model, api_key, insecure, headers):
         print(f"[bench] counting prompt tokens with the server's {base_url.rstrip('/')}/tokenize", flush=True)
         pool = None
         if local:
             print(f"[bench] loading the tokenizer of {local} for its vocabulary", flush=True)
             pool = HFTokenCounter(local).candidate_ids()
-        return ServerTokenCounter(base_url, model, api_key, pool, insecure)
+        return ServerTokenCounter(base_url, model, api_key, pool, insecure, headers)
     if local:
         print(f"[bench] the server has no /tokenize: loading the tokenizer of {local}", flush=True)
         return HFTokenCounter(local)

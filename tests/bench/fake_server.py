@@ -98,10 +98,13 @@ class Behaviour:
     resets: int = 0
     seen: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
+    # (path, headers by lower-case name) of the other calls (the completions' headers are in ``log``)
+    calls: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
 
 def make_app(b: Behaviour) -> web.Application:
-    async def models(_: web.Request) -> web.Response:
+    async def models(req: web.Request) -> web.Response:
+        b.calls.append((req.path, {k.lower(): v for k, v in req.headers.items()}))
         return web.json_response(
             {
                 "object": "list",
@@ -115,6 +118,7 @@ def make_app(b: Behaviour) -> web.Application:
         return web.Response(text="ok")
 
     async def tokenize(req: web.Request) -> web.Response:
+        b.calls.append((req.path, {k.lower(): v for k, v in req.headers.items()}))
         body = await req.json()
         if "tools" in body:  # as Surge's /tokenize, which takes no tools (unknown fields: a 400)
             err = {"message": "tools: Extra inputs are not permitted", "type": "BadRequestError", "code": 400}
@@ -159,6 +163,7 @@ def make_app(b: Behaviour) -> web.Application:
                 "mode": mode,
                 "auth": req.headers.get("Authorization"),
                 "request_id": req.headers.get("X-Request-Id"),
+                "headers": {k.lower(): v for k, v in req.headers.items()},
                 "arrived": arrived,
             }
         )

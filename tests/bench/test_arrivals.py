@@ -148,3 +148,19 @@ def test_rps_change_events_by_hand() -> None:
 def test_ramp_up_settings_are_checked(over: dict[str, object], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         ServeConfig(**over).validate()  # type: ignore[arg-type]
+
+
+def test_infinite_burstiness_spaces_the_requests_evenly_as_vllm() -> None:
+    """vLLM 0.26 takes --burstiness inf as the gamma gaps' limit: every gap is 1 / rate (with a
+    ramp-up, 1 / that request's rate), the first request's included; no random draw (the gamma
+    of an infinite shape was NaN here, and the flag refused)."""
+    offsets = arrival_offsets(4, 2.0, math.inf, np.random.default_rng(0))
+    assert offsets == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    ramp = RampUp("linear", 1, 4)
+    assert arrival_offsets(4, math.inf, math.inf, np.random.default_rng(0), ramp) == pytest.approx(
+        [1.0, 1.5, 1.0 + 1 / 2 + 1 / 3, 1.0 + 1 / 2 + 1 / 3 + 1 / 4]
+    )
+    ServeConfig(request_rate=2.0, burstiness=math.inf).validate()
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=r"--burstiness must be > 0 \(or inf: evenly spaced\)"):
+            ServeConfig(request_rate=2.0, burstiness=bad).validate()

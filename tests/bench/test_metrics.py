@@ -125,9 +125,11 @@ def test_parsers() -> None:
         "e2el": 10000.0,
     }
     assert parse_percentiles("50, 90,99") == [50.0, 90.0, 99.0]
-    for bad in (["itl:5"], ["ttft"], ["ttft:x"], ["ttft:-1"]):
+    for bad in (["itl:5"], ["ttft"], ["ttft:x"], ["ttft:-1"], ["tpot:nan"]):
         with pytest.raises(ValueError):
             parse_goodput(bad)
+    # vLLM 0.26 takes an SLO of 0 ms (check_goodput_args refuses only negative values)
+    assert parse_goodput(["ttft:0", "tpot:0"]) == {"ttft": 0.0, "tpot": 0.0}
     for bad in ("", "abc", "-1", "101", "100.5"):
         with pytest.raises(ValueError):
             parse_percentiles(bad)
@@ -240,6 +242,9 @@ def test_vllm_edge_cases_by_hand() -> None:
     assert m.max_output_tokens_per_s == 2.0 and m.max_concurrent_requests == 2
     # one SLO just missed: TTFT 999.9 ms fails E
     assert compute_metrics([e, f, g], 4.0, goodput={"ttft": 999.9}).request_goodput == pytest.approx(2 / 4.0)
+    # an SLO of 0 ms (vLLM takes it): only a value of exactly 0 meets it, F's and G's one-token TPOT
+    assert compute_metrics([e, f, g], 4.0, goodput={"tpot": 0.0}).request_goodput == pytest.approx(2 / 4.0)
+    assert compute_metrics([e, f, g], 4.0, goodput={"ttft": 0.0}).request_goodput == 0.0
 
 
 def test_result_table_labels_are_vllm_0_26s() -> None:

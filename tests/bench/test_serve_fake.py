@@ -525,8 +525,15 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
             (("--extra-body", '{"max_tokens": 3}'), "--extra-body sets 'max_tokens'"),  # had no effect
             (("--extra-body", '{"stream": false}'), "--extra-body sets 'stream'"),
             (("--seed", "-5"), "--seed must be >= 0"),
-            # gamma gaps of an infinite shape are NaN: was "cannot convert float NaN to integer" mid-run
-            (("--request-rate", "5", "--burstiness", "inf"), "--burstiness must be > 0 and finite"),
+            # vLLM asserts a positive burstiness (inf is its evenly spaced limit: tests/bench/test_arrivals.py)
+            (
+                ("--request-rate", "5", "--burstiness", "0"),
+                "--burstiness must be > 0 (or inf: evenly spaced)",
+            ),
+            (
+                ("--request-rate", "5", "--burstiness", "nan"),
+                "--burstiness must be > 0 (or inf: evenly spaced)",
+            ),
             # vLLM ignores it without a rate: the run was a burst all the same
             (("--burstiness", "0.5"), "--burstiness shapes the gaps of --request-rate R"),
             (("--dataset-path", str(SHAREGPT)), "--dataset-path applies to --dataset sharegpt"),
@@ -572,7 +579,7 @@ def test_matrix_refuses_a_negative_stop_after(tmp_path: Path, capsys: pytest.Cap
 def test_a_401_hint_says_whether_a_key_was_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     import surge.bench.serve as bs
 
-    def refuse(url: str, api_key: str | None, insecure: bool = False) -> object:
+    def refuse(url: str, api_key: str | None, insecure: bool = False, headers: object = ()) -> object:
         raise OSError("HTTP Error 401: Unauthorized")
 
     monkeypatch.setattr(bs, "get_json", refuse)

@@ -3,6 +3,7 @@ one-line hints of the options Surge does without."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import ssl
@@ -412,3 +413,219 @@ def test_save_result_names_and_appends_the_file_as_vllm(
         str(vllm_result_filename(ramp, "d"))
         == "d/openai-ramp-up-linear-1qps-8qps-Qwen3-8B-20260101-000000.json"
     )
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    from surge.cli import build_parser
+
+    parser = build_parser()
+    bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+
+
+def test_result_dir_and_filename_help_say_they_need_save_result() -> None:
+    """--result-dir and --result-filename do something only with --save-result or --append-result
+    (a refusal otherwise): their help says so before a user meets the refusal."""
+    helps = {a.option_strings[0]: a.help or "" for a in _serve_parser()._actions if a.option_strings}
+    for flag in ("--result-dir", "--result-filename"):
+        assert "needs one of them" in helps[flag] and "--save-result" in helps[flag], helps[flag]
+
+
+def test_sampling_flags_are_sent_as_vllm_sends_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --top-p, --top-k, --min-p, --frequency-penalty, --presence-penalty and
+    --repetition-penalty go into every request body (the warm-up's too) under their field names,
+    --extra-body's field of the same name wins, and a flag not given sends nothing; on
+    /v1/completions --repetition-penalty replaces the 1.0 the client sends by default."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    sampling = ["--top-p", "0.9", "--top-k", "20", "--min-p", "0.05", "--frequency-penalty", "0.5"]
+    sampling += ["--presence-penalty", "0.25", "--repetition-penalty", "1.1"]
+    lengths = ["--num-prompts", "2", "--input-len", "8", "--output-len", "3"]
+    with FakeServer(b) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", *lengths]
+        assert bench_main([*argv, *sampling, "--extra-body", '{"top_k": 5}']) == 0
+        assert len(b.log) == 3  # the warm-up and the two timed requests
+        for entry in b.log:
+            body = entry["body"]
+            assert (body["top_p"], body["top_k"], body["min_p"]) == (0.9, 5, 0.05)
+            assert (body["frequency_penalty"], body["presence_penalty"], body["repetition_penalty"]) == (
+                0.5,
+                0.25,
+                1.1,
+            )
+        b.log.clear()
+        assert bench_main([*argv, "--endpoint", "/v1/completions", "--top-k", "3"]) == 0
+        assert all(e["body"]["top_k"] == 3 and e["body"]["repetition_penalty"] == 1.0 for e in b.log)
+        assert all("top_p" not in e["body"] and "min_p" not in e["body"] for e in b.log)
+        b.log.clear()
+        assert bench_main([*argv, "--endpoint", "/v1/completions", "--repetition-penalty", "1.2"]) == 0
+        assert all(e["body"]["repetition_penalty"] == 1.2 for e in b.log)
+        capsys.readouterr()
+        assert bench_main([*argv, "--top-p", "nan"]) == 2
+    assert capsys.readouterr().err == "surge: error: --top-p must be a finite number, got nan\n"
+
+
+def test_header_is_sent_with_every_call_as_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's --header KEY=VALUE ...: split at the first '=', both sides stripped, sent with
+    every request (the warm-up's too) and with /v1/models; a pair replaces the Authorization of
+    --api-key (names compare case-insensitively), the request id replaces an X-Request-Id pair;
+    Surge's own calls (/tokenize) carry them too. An item without '=' is one line."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--num-prompts", "2"]
+        argv += ["--input-len", "8", "--output-len", "3", "--api-key", "k1", "--request-id-prefix", "r-"]
+        headers = ["--header", " x-tenant = a=b ", "authorization=Bearer k2", "X-Request-Id=mine"]
+        assert bench_main([*argv, *headers]) == 0
+        assert len(b.log) == 3
+        for entry in b.log:
+            assert entry["headers"]["x-tenant"] == "a=b" and entry["auth"] == "Bearer k2"
+        assert sorted(e["request_id"] for e in b.log) == ["mine", "r-0", "r-1"]  # the warm-up has no id
+        paths = {path for path, _ in b.calls}
+        assert {"/v1/models", "/tokenize"} <= paths
+        bad = [
+            (p, h) for p, h in b.calls if h.get("x-tenant") != "a=b" or h.get("authorization") != "Bearer k2"
+        ]
+        assert not bad, bad
+        capsys.readouterr()
+        assert bench_main([*argv, "--header", "x-tenant"]) == 2
+    err = capsys.readouterr().err
+    assert err == "surge: error: --header 'x-tenant': give KEY=VALUE, e.g. --header x-tenant=a\n", err
+
+
+def test_backend_picks_the_request_format_as_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's --backend: openai and vllm send completions requests (to /v1/completions, vLLM's
+    default route), openai-chat chat requests; the result's backend (and --save-result's file name
+    without --label) is the one given. A backend that does not fit --endpoint, or one Surge's
+    client does not speak, is one line before any request."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "2",
+        ]
+        argv += ["--input-len", "8", "--output-len", "3"]
+        assert bench_main([*argv, "--backend", "vllm", "--save-result", "--result-dir", str(tmp_path)]) == 0
+        assert {e["path"] for e in b.log} == {"/v1/completions"} and all("prompt" in e["body"] for e in b.log)
+        (saved,) = tmp_path.glob("*.json")
+        assert saved.name.startswith("vllm-infqps-fake-model-")
+        result = json.loads(saved.read_text())
+        assert result["backend"] == result["endpoint_type"] == "vllm"
+        b.log.clear()
+        out = tmp_path / "chat.json"
+        assert bench_main([*argv, "--backend", "openai-chat", "--result-file", str(out)]) == 0
+        assert {e["path"] for e in b.log} == {"/v1/chat/completions"}
+        assert json.loads(out.read_text())["backend"] == "openai-chat"
+        b.log.clear()
+        capsys.readouterr()
+        assert bench_main([*argv, "--backend", "openai-chat", "--endpoint", "/v1/completions"]) == 2
+        assert bench_main([*argv, "--backend", "openai-embeddings"]) == 2
+        assert b.log == []
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "surge: error: --backend openai-chat sends chat requests: give --endpoint /v1/chat/completions (or "
+        "leave it out), not /v1/completions",
+        "surge: error: --backend openai-embeddings: Surge's bench sends text generation requests only: openai "
+        "or vllm (completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends are "
+        "not supported",
+    ], err
+
+
+def test_logprobs_is_sent_on_completions_and_refused_on_chat(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's --logprobs N: its completions client sends logprobs N (--extra-body's wins);
+    its chat client drops it, so Surge refuses it there in one line naming what to use."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--num-prompts", "2"]
+        argv += ["--input-len", "8", "--output-len", "3", "--logprobs", "2"]
+        assert bench_main([*argv, "--endpoint", "/v1/completions"]) == 0
+        assert len(b.log) == 3 and all(e["body"]["logprobs"] == 2 for e in b.log)
+        b.log.clear()
+        assert bench_main([*argv, "--backend", "vllm", "--extra-body", '{"logprobs": 1}']) == 0
+        assert all(e["body"]["logprobs"] == 1 for e in b.log)
+        b.log.clear()
+        capsys.readouterr()
+        assert bench_main(argv) == 2 and b.log == []
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "surge: error: --logprobs applies to --endpoint /v1/completions (vLLM's chat client"
+    )
+    assert err.count("\n") == 1
+
+
+def test_num_warmups_sends_the_first_prompt_again_as_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --num-warmups N: the first timed request sent N times, untimed and without its
+    request id, before the run (in place of Surge's --warmup, which it turns off); both together
+    are one line."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "8",
+        ]
+        argv += ["--output-len", "3", "--request-id-prefix", "r-", "--max-concurrency", "2"]
+        assert bench_main([*argv, "--num-warmups", "3", "--result-file", str(out)]) == 0
+        assert [e["request_id"] for e in b.log[:3]] == [None] * 3
+        assert sorted(e["request_id"] for e in b.log[3:]) == ["r-0", "r-1"]
+        first = next(e["body"] for e in b.log if e["request_id"] == "r-0")
+        assert all(e["body"] == first for e in b.log[:3])
+        result = json.loads(out.read_text())
+        assert (result["warmup"], result["num_warmups"], result["completed"]) == (0, 3, 2)
+        b.log.clear()
+        capsys.readouterr()
+        assert bench_main([*argv, "--num-warmups", "1", "--warmup", "2"]) == 2 and b.log == []
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "surge: error: give --warmup (Surge's warm-up, with other prompts) or --num-warmups"
+    )
+
+
+def test_served_model_name_is_sent_and_model_recorded_as_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --model M --served-model-name N: requests carry N (the name the server serves),
+    the result's model_id and tokenizer_id are M, and --save-result's file name takes M's last
+    part; --served-model-name without --model (which vLLM ignores) is one line."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "2",
+        ]
+        argv += ["--input-len", "8", "--output-len", "3"]
+        names = ["--model", "org/Fake-Model-8B", "--served-model-name", "fake-model"]
+        assert bench_main([*argv, *names, "--save-result", "--result-dir", str(tmp_path)]) == 0
+        assert {e["body"]["model"] for e in b.log} == {"fake-model"}
+        (saved,) = tmp_path.glob("*.json")
+        assert saved.name.startswith("openai-chat-infqps-Fake-Model-8B-")
+        result = json.loads(saved.read_text())
+        assert result["model_id"] == result["tokenizer_id"] == "org/Fake-Model-8B"
+        capsys.readouterr()
+        assert bench_main([*argv, "--served-model-name", "fake-model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surge: error: --served-model-name applies with --model (vLLM ignores it without")
+    assert err.count("\n") == 1

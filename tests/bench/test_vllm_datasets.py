@@ -502,3 +502,123 @@ def test_end_to_end_against_the_bundled_model(
             (30 + 7 * int(i), 3 + int(i)) for i in np.random.RandomState(0).choice(5, size=4, replace=False)
         )  # the server counted each row's Request tokens, template included
         assert "warning" not in capsys.readouterr().out
+
+
+def test_disable_shuffle_keeps_the_files_order_as_vllm(
+    stories: HFTokenCounter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --disable-shuffle: custom, sharegpt, hf (MT-Bench), spec_bench and
+    prefix_repetition prompts in the file's order (prefix_repetition's prefix by prefix) instead of
+    the seed's shuffle; through bench serve the timed requests go out in that order. The datasets
+    whose order it does not change refuse it in one line (vLLM ignores it there)."""
+    from surge.bench.hf_datasets import load_hf_rows, mt_bench_requests
+    from surge.bench.question_datasets import spec_bench_requests
+
+    rows = [{"prompt": f"tell me a short story about the number {i} and a cat"} for i in range(12)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    want = [r["prompt"] for r in rows[:8]]
+    got = custom_requests(stories, path, 8, 16, seed=0, skip_chat_template=True, shuffle=False)
+    assert [r.prompt for r in got] == want
+    assert [r.prompt for r in custom_requests(stories, path, 8, 16, seed=0, skip_chat_template=True)] != want
+    data: list[dict] = []
+    for i in range(15):  # every third one has no reply: vLLM leaves it out before (not) shuffling
+        turns = [{"from": "human", "value": f"a story about {i} dogs"}]
+        if i % 3:
+            turns.append({"from": "gpt", "value": f"once upon a time {i} dogs met in the park"})
+        data.append({"id": str(i), "conversations": turns})
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps(data))
+    got = sharegpt_requests(stories, str(sharegpt), 5, 64, seed=0, shuffle=False)
+    assert [r.prompt for r in got] == [f"a story about {i} dogs" for i in (1, 2, 4, 5, 7)]
+    mt_bench = str(REPO.parent / "shared" / "assets" / "datasets" / "mt_bench" / "question.jsonl")
+    first = [json.loads(line)["turns"][0] for line in Path(mt_bench).read_text().splitlines()[:3]]
+    got = spec_bench_requests(stories, mt_bench, 3, 8, chat=True, shuffle=False)
+    assert [r.prompt for r in got] == first
+    hf_rows = load_hf_rows(mt_bench, "train")
+    assert [
+        r.prompt for r in mt_bench_requests(stories, hf_rows, mt_bench, 3, 8, 0, chat=True, shuffle=False)
+    ] == first
+    grouped = prefix_repetition_requests(stories, 6, 16, 16, 2, 4, seed=0, shuffle=False)
+    prefixes = [r.prompt[:20] for r in grouped]
+    assert prefixes[0] == prefixes[1] == prefixes[2] != prefixes[3] == prefixes[4] == prefixes[5]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "8",
+        ]
+        argv += ["--request-id-prefix", "r-", "--output-len", "2"]
+        custom = [*argv, "--dataset", "custom", "--dataset-path", path, "--disable-shuffle"]
+        assert bench_main(custom) == 0
+        sent = sorted(s.behaviour.log, key=lambda e: int(e["request_id"][2:]))
+        assert [e["body"]["messages"][0]["content"] for e in sent] == want
+        out = tmp_path / "r.json"
+        assert bench_main([*custom, "--result-file", str(out)]) == 0
+        assert json.loads(out.read_text())["disable_shuffle"] is True
+        capsys.readouterr()
+        assert bench_main([*argv, "--disable-shuffle"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "surge: error: --disable-shuffle applies to --dataset sharegpt, custom, hf, spec_bench, "
+        "prefix_repetition (--dataset random draws fresh random prompts; vLLM ignores the flag there)\n"
+    ), err
+
+
+def test_no_oversample_sends_the_prompts_a_file_has_as_vllm(
+    stories: HFTokenCounter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's --no-oversample: a custom, sharegpt, hf or spec_bench file with fewer usable
+    prompts than --num-prompts sends those it has (vLLM would otherwise send some twice; Surge then
+    refuses), with a note; a file with enough is unchanged; the datasets it does not change refuse
+    it in one line."""
+    from surge.bench.question_datasets import spec_bench_questions, spec_bench_requests
+
+    rows = [{"prompt": f"tell me a short story about the number {i} and a cat"} for i in range(3)]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(ValueError, match="has 3 prompts, --num-prompts 5 asked"):
+        custom_requests(stories, path, 5, 16, seed=0)
+    assert len(custom_requests(stories, path, 5, 16, seed=0, fewer_ok=True)) == 3
+    assert len(custom_requests(stories, path, 2, 16, seed=0, fewer_ok=True)) == 2
+    mt_bench = str(REPO.parent / "shared" / "assets" / "datasets" / "mt_bench" / "question.jsonl")
+    n = len(spec_bench_questions(mt_bench))
+    assert len(spec_bench_requests(stories, mt_bench, n + 5, 8, chat=True, fewer_ok=True)) == n
+    data = [{"id": "0", "conversations": [{"from": "human", "value": "a story about dogs and cats"}]}]
+    data[0]["conversations"].append({"from": "gpt", "value": "once upon a time dogs met cats in the park"})
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps(data))
+    assert len(sharegpt_requests(stories, str(sharegpt), 4, 64, seed=0, fewer_ok=True)) == 1
+    capsys.readouterr()
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        argv = [
+            "bench",
+            "serve",
+            "--base-url",
+            s.url,
+            "--disable-tqdm",
+            "--warmup",
+            "0",
+            "--num-prompts",
+            "5",
+        ]
+        argv += ["--output-len", "2", "--dataset", "custom", "--dataset-path", path]
+        out = tmp_path / "r.json"
+        assert bench_main([*argv, "--no-oversample", "--result-file", str(out)]) == 0
+        assert len(s.behaviour.log) == 3
+        result = json.loads(out.read_text())
+        assert (result["completed"], result["failed"], result["no_oversample"]) == (3, 0, True)
+        assert "sending those 3, not --num-prompts 5 (--no-oversample, as vLLM)" in capsys.readouterr().err
+        assert bench_main(argv) == 2  # without it: refused, where vLLM sends some prompts twice
+        assert bench_main(["bench", "serve", "--base-url", s.url, "--no-oversample"]) == 2
+        assert len(s.behaviour.log) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"surge: error: {path} has 3 prompts, --num-prompts 5 asked"), err
+    assert err[1] == (
+        "surge: error: --no-oversample applies to --dataset sharegpt, custom, hf, spec_bench (--dataset random "
+        "sends --num-prompts requests whatever it says, as vLLM's)"
+    ), err
