@@ -53,6 +53,12 @@ VLLM_FLAG_HINTS = {
     "--ready-check-timeout-sec": "--launch CMD with --server-timeout SECONDS in bench matrix, which waits for the "
     "server it starts (bench serve takes --ready-check-timeout-sec)",
     "--percentile-metrics": "nothing: bench matrix reports TTFT, TPOT, ITL and E2EL (bench serve takes it)",
+    "--num-warmups": "--warmup N in bench matrix, its untimed requests before each point (bench serve takes "
+    "--num-warmups, the first prompt sent N times)",
+    "--disable-shuffle": "nothing: bench matrix sends random prompts, which have no file order (bench serve takes "
+    "it with --dataset sharegpt, custom, hf, spec_bench or prefix_repetition)",
+    "--no-oversample": "nothing: bench matrix sends random prompts, as many as it asks (bench serve takes it "
+    "with --dataset sharegpt, custom, hf or spec_bench)",
     "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
     "--enable-chunked-prefill": "nothing: chunked prefill is always on",

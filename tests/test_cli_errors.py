@@ -210,6 +210,24 @@ def test_vllm_bench_flags_are_aliases_or_hinted() -> None:
     assert p.returncode == 2 and "vLLM" not in p.stderr, p.stderr  # no hint for a flag vLLM lacks too
 
 
+def test_vllm_serve_only_bench_flags_keep_their_hint_in_bench_matrix() -> None:
+    """vLLM's --num-warmups, --disable-shuffle and --no-oversample are `bench serve` flags now;
+    `bench matrix`, which has none of them, lost their hints with that change and answered a bare
+    "unrecognized arguments"."""
+    p = _surge("bench", "matrix", "--num-warmups", "2", "--disable-shuffle", "--no-oversample")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in (
+        "--num-warmups: use --warmup N in bench matrix",
+        "--disable-shuffle: use nothing: bench matrix sends random prompts",
+        "--no-oversample: use nothing: bench matrix sends random prompts",
+        "bench serve takes it with",
+    ):
+        assert hint in p.stderr, p.stderr
+    # bench serve has the flags: no hint there, the flag is parsed (a bad value is argparse's line)
+    p = _surge("bench", "serve", "--num-warmups", "x")
+    assert p.returncode == 2 and "vLLM's" not in p.stderr and "--num-warmups" in p.stderr, p.stderr
+
+
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     from surge.cli import build_parser
 

@@ -500,7 +500,7 @@ def fetch_models(
                     noted = True
                 time.sleep(min(interval, remaining))
                 continue
-            raise _unreachable(base_url, api_key, e, wait_s) from None
+            raise _unreachable(base_url, api_key, e, wait_s, headers) from None
     if not isinstance(ans, dict) or not ans.get("data"):
         raise ValueError(f"{base_url}/v1/models lists no model")
     data = ans["data"]
@@ -511,10 +511,20 @@ def fetch_models(
     return ans
 
 
-def _unreachable(base_url: str, api_key: str | None, e: BaseException, wait_s: float) -> ValueError:
-    """The one-line error of a ``/v1/models`` that could not be read."""
+def _unreachable(
+    base_url: str,
+    api_key: str | None,
+    e: BaseException,
+    wait_s: float,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> ValueError:
+    """The one-line error of a ``/v1/models`` that could not be read (a 401's hint names the
+    ``--header`` pair that replaced ``--api-key``'s ``Authorization``, when there is one)."""
     hint = ""
-    if "401" in str(e):
+    auth = next((name for name, _ in headers if name.lower() == "authorization"), None)
+    if "401" in str(e) and auth is not None:
+        hint = f" (check --header {auth}=...)"
+    elif "401" in str(e):
         hint = (
             " (pass --api-key or set $OPENAI_API_KEY)"
             if api_key is None

@@ -589,6 +589,22 @@ def test_a_401_hint_says_whether_a_key_was_passed(monkeypatch: pytest.MonkeyPatc
         bs.fetch_models("http://127.0.0.1:1", "wrong-key")
 
 
+def test_a_401_hint_names_the_header_that_replaced_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's --header Authorization=... replaces --api-key's header (any case of the name): a 401
+    then comes of that header, and the hint said "pass --api-key" or "check --api-key"."""
+    import surge.bench.serve as bs
+
+    def refuse(url: str, api_key: str | None, insecure: bool = False, headers: object = ()) -> object:
+        raise OSError("HTTP Error 401: Unauthorized")
+
+    monkeypatch.setattr(bs, "get_json", refuse)
+    for key in (None, "a-key"):
+        with pytest.raises(ValueError, match=r"401: Unauthorized \(check --header authorization=\.\.\.\)$"):
+            bs.fetch_models("http://127.0.0.1:1", key, headers=(("x-a", "1"), ("authorization", "Bearer x")))
+    with pytest.raises(ValueError, match=r"401: Unauthorized \(pass --api-key or set \$OPENAI_API_KEY\)$"):
+        bs.fetch_models("http://127.0.0.1:1", None, headers=(("x-a", "1"),))
+
+
 def test_a_request_timeout_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     with FakeServer(Behaviour(ttft=2.0)) as s:
         rc = bench_main(_serve(s.url, "--num-prompts", "1", "--request-timeout", "0.3"))
