@@ -13,6 +13,7 @@ import math
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -883,8 +884,44 @@ def api_key_of(flag: str | None) -> str | None:
     return os.environ.get("OPENAI_API_KEY") or None
 
 
+_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie", "password")
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command a result file records (``surge`` and ``argv``, shell-quoted), with secrets
+    masked as ``***``: the value of ``--api-key`` and of each ``--header`` pair whose name holds
+    one of :data:`_SECRET_HEADER_WORDS` (``Authorization``, ``x-api-key``...). Result files are
+    shared and committed; vLLM's record no command line at all."""
+    out: list[str] = ["surge"]
+    in_headers = False
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append("***")
+            mask_next = False
+            continue
+        if arg.startswith("-"):
+            in_headers = arg == "--header"
+            if arg == "--api-key":
+                mask_next = True
+            elif arg.startswith("--api-key="):
+                arg = "--api-key=***"
+            elif arg.startswith("--header="):
+                name = arg[len("--header=") :].partition("=")[0]
+                if any(w in name.lower() for w in _SECRET_HEADER_WORDS):
+                    arg = f"--header={name}=***"
+            out.append(arg)
+            continue
+        if in_headers and "=" in arg:
+            name = arg.partition("=")[0]
+            if any(w in name.lower() for w in _SECRET_HEADER_WORDS):
+                arg = f"{name}=***"
+        out.append(arg)
+    return shlex.join(out)
+
+
 def _command_line() -> str:
-    return shlex.join(["surge", *sys.argv[1:]]) if sys.argv else "surge"
+    return command_line(sys.argv[1:])
 
 
 def base_url_of(args: argparse.Namespace) -> str:

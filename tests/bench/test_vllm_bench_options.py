@@ -629,3 +629,43 @@ def test_served_model_name_is_sent_and_model_recorded_as_vllm(
     err = capsys.readouterr().err
     assert err.startswith("surge: error: --served-model-name applies with --model (vLLM ignores it without")
     assert err.count("\n") == 1
+
+
+def test_recorded_command_masks_keys_and_secret_headers() -> None:
+    """The command a result records masks --api-key's value and each secret-looking --header
+    value (Authorization, x-api-key, a token...); other headers and flags stay as given."""
+    from surge.bench.cli import command_line
+
+    argv = ["bench", "serve", "--api-key", "sk-1", "--header", "Authorization=Bearer sk-2", "x-tenant=a"]
+    argv += ["X-Api-Key=sk-3", "--num-prompts", "2", "--api-key=sk-4", "--header=x-auth-token=sk-5"]
+    line = command_line(argv)
+    assert "sk-" not in line, line
+    assert line == (
+        "surge bench serve --api-key '***' --header 'Authorization=***' x-tenant=a 'X-Api-Key=***' "
+        "--num-prompts 2 '--api-key=***' '--header=x-auth-token=***'"
+    )
+
+
+def test_result_file_records_no_api_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A result file is shared and committed: its ``command`` never holds the key the run sent."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        argv = [*_serve(s.url, "--num-prompts", "1", "--input-len", "8", "--output-len", "2")]
+        argv += [
+            "--api-key",
+            "sk-secret",
+            "--header",
+            "authorization=Bearer sk-other",
+            "--result-file",
+            str(out),
+        ]
+        monkeypatch.setattr(sys, "argv", ["surge", *argv])
+        assert bench_main(argv) == 0
+        assert b.log and b.log[0]["auth"] == "Bearer sk-other"  # the run itself sent it
+    capsys.readouterr()
+    text = out.read_text()
+    assert "sk-secret" not in text and "sk-other" not in text
+    assert "--api-key '***'" in json.loads(text)["command"]
