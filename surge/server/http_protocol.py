@@ -47,6 +47,10 @@ opens a connection and sends its request line and headers a byte at a time (slow
   with a pipelined request queued behind it is still aborted in the engine.
 
 The body read timeout and size limit live in :mod:`surge.server.guard`.
+
+Both classes lean on uvicorn's private internals (``_feed`` re-implements httptools'
+``data_received``): pyproject.toml bounds uvicorn to the versions checked against this module, and
+``tests/server/test_uvicorn_internals.py`` fails on a uvicorn whose methods it relies on changed.
 """
 
 from __future__ import annotations
