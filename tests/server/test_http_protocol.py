@@ -443,6 +443,18 @@ def test_an_upgrade_to_h2c_is_ignored_and_the_body_read(port: int, framing: byte
         assert _read_until_closed(s).startswith(b"HTTP/1.1 200")
 
 
+def test_a_plain_connection_parses_with_uvicorns_own_per_header_callbacks() -> None:
+    """llhttp calls ``on_url`` and ``on_header`` for every request (``on_header`` once per header):
+    the guarded protocol leaves them uvicorn's, so a plain connection pays no Python frame more per
+    header (the h2c upgrade's skipped framing head has callbacks of its own on upgraded
+    connections); overriding both cost each request about 1 us, 9 % of the protocol's intake."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    protocol = guarded_httptools_protocol(HEADER_TIMEOUT, MAX_CONNECTIONS, BODY_TIMEOUT)
+    for callback in ("on_url", "on_header"):
+        assert getattr(protocol, callback) is getattr(HttpToolsProtocol, callback), callback
+
+
 def test_an_upgrade_to_h2c_without_a_body_keeps_the_connection_usable(port: int) -> None:
     """A GET that asks for h2c, with the next request in the same packet: both are answered."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
