@@ -77,7 +77,7 @@ def test_the_uvicorn_methods_the_guards_rely_on_are_the_reviewed_ones() -> None:
 
 def test_pyproject_admits_no_uvicorn_newer_than_the_reviewed_ones() -> None:
     """pip must not install a uvicorn whose internals nobody checked (the newest reviewed version's
-    next minor release is outside the bound), nor refuse the reviewed ones."""
+    next patch release is outside the bound), nor refuse the reviewed ones."""
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     [spec] = [
         req.specifier
@@ -86,5 +86,5 @@ def test_pyproject_admits_no_uvicorn_newer_than_the_reviewed_ones() -> None:
     ]
     for version in REVIEWED_VERSIONS:
         assert spec.contains(version), (spec, version)
-    major, minor, _ = max(REVIEWED_VERSIONS, key=lambda v: tuple(map(int, v.split(".")))).split(".")
-    assert not spec.contains(f"{major}.{int(minor) + 1}.0"), spec
+    major, minor, patch = max(REVIEWED_VERSIONS, key=lambda v: tuple(map(int, v.split(".")))).split(".")
+    assert not spec.contains(f"{major}.{minor}.{int(patch) + 1}"), spec  # a fresh install gets a reviewed one
