@@ -19,6 +19,7 @@ DOCS = [
     "README.md",
     "DEVELOPERS.md",
     "docs/architecture.md",
+    "docs/benchmarking.md",
     "docs/fp8.md",
     "docs/openai-api.md",
     "docs/parallel.md",
