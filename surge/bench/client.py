@@ -190,7 +190,7 @@ def counts_as_output(choice: Any, chat: bool) -> bool:
 
     vLLM 0.26's client counts every chat chunk with ``choices`` (the role-only one gives its TTFT,
     the first token then a near-zero ITL gap); this rule leaves out the chunks without output, so
-    that TTFT ends at the first token whenever the server sends the role chunk (README).
+    that TTFT ends at the first token whenever the server sends the role chunk (docs/benchmarking.md).
 
     Completions: every choice counts (its text may be empty, e.g. a special token). Chat: the
     delta must carry non-empty ``content``, ``reasoning_content``, ``reasoning`` or
