@@ -567,7 +567,12 @@ def add_bench_parser(subparsers: Any) -> None:
         help="--save-result's and --append-result's file name instead of vLLM's; needs one of them (vLLM's "
         "option) (default: none)",
     )
-    p.add_argument("--save-detailed", action="store_true", help="also save the generated texts (default off)")
+    p.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="also save the generated texts in the result file (needs --result-file, --save-result or "
+        "--append-result) (default off)",
+    )
     p.add_argument(
         "--plot-timeline",
         action="store_true",
@@ -1315,6 +1320,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"{plots[0][0]} writes its PNG next to --result-file: give --result-file FILE.json")
     if args.metadata and not saving:
         raise ValueError("--metadata is recorded in the result file: give --result-file FILE.json")
+    # vLLM ignores --save-detailed without --save-result: Surge refuses a flag that would do nothing
+    if args.save_detailed and not saving:
+        raise ValueError(
+            "--save-detailed adds generated_texts to the result file: give --result-file FILE.json "
+            "(or --save-result)"
+        )
     if args.result_file:  # before the run, so that a bad path loses no results
         _check_output_file(Path(args.result_file), "--result-file")
         for flag, kind in plots:

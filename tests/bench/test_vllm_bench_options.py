@@ -52,6 +52,18 @@ def test_metadata_lands_in_the_result_as_vllm(tmp_path: Path, capsys: pytest.Cap
         assert b.seen == seen  # refused before any request
 
 
+def test_save_detailed_without_a_result_file_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--save-detailed only adds generated_texts to a result file: without one it would do nothing
+    (vLLM ignores it), so it is refused in one line before any request, as --metadata is."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        rc = bench_main([*argv, "--save-detailed"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--save-detailed" in err and "--result-file" in err and err.count("\n") == 1, err
+        assert b.seen == 0  # refused before any request
+
+
 def test_apply_metadata_without_pairs_adds_nothing() -> None:
     r: dict[str, object] = {"seed": 0}
     assert apply_metadata(r, ()) == [] and r == {"seed": 0}
