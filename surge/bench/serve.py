@@ -845,6 +845,21 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     return out
 
 
+def recorded_model_id(cfg: ServeConfig, entry: dict[str, Any]) -> str:
+    """The result's ``model_id`` (also its ``tokenizer_id`` without ``--tokenizer`` and the model
+    part of ``--save-result``'s file name), as vLLM 0.26's ``bench serve`` picks it: ``--model``
+    (with ``--served-model-name``, the ``--model`` given), else the ``root`` of the server's first
+    model (``entry``, its ``/v1/models`` entry: vLLM sends that entry's ``id`` and records its
+    ``root``, the model's path or hub name), or its ``id`` when the server gives no ``root``.
+    """
+    if cfg.model_id is not None:
+        return cfg.model_id
+    if cfg.model is not None:
+        return cfg.model
+    root = entry.get("root")
+    return root if isinstance(root, str) and root else str(entry["id"])
+
+
 def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
     for cand in (cfg.tokenizer, cfg.model_id, cfg.model, entry.get("root")):
         if cand and Path(cand).is_dir() and (Path(cand) / "config.json").is_file():
@@ -1098,6 +1113,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s, headers=cfg.headers)
     entry = _model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
+    model_id = recorded_model_id(cfg, entry)
     local_dir = _local_model_dir(cfg, entry)
     if counter is None:
         counter = _counter_for(cfg, base, model, entry)
@@ -1214,8 +1230,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "label": cfg.label,  # null without --label, as vLLM; --save-result's name falls back to the backend
         "base_url": base,
         "endpoint": cfg.endpoint,
-        "model_id": cfg.model_id or model,
-        "tokenizer_id": cfg.tokenizer or cfg.model_id or model,  # vLLM's: --tokenizer, else the model id
+        "model_id": model_id,
+        "tokenizer_id": cfg.tokenizer or model_id,  # vLLM's: --tokenizer, else the model id
         "token_counter": counter.name,  # Surge's: the folder or server /tokenize URL that counted the tokens
         "server_models": models,
         "dataset": cfg.dataset,
