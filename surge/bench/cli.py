@@ -96,9 +96,10 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoint",
         default=None,
-        choices=["/v1/chat/completions", "/v1/completions"],
-        help="API route of the requests (default /v1/chat/completions, or --backend's; vLLM's bench serve "
-        "defaults to /v1/completions)",
+        help="API route of the requests, joined to the server's URL: one ending with /chat/completions gets "
+        "chat requests, any other ending with /completions completions requests, with any prefix (a proxy's, "
+        "e.g. /proxy/v1/completions, or none, /completions) (default /v1/chat/completions, or --backend's; "
+        "vLLM's bench serve defaults to /v1/completions)",
     )
     p.add_argument(
         "--backend",
@@ -826,10 +827,15 @@ def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str
     requests; a backend alone picks its route (vLLM's default route is ``/v1/completions``).
 
     Raises:
-        ValueError: a backend Surge's client does not speak (vLLM's audio, embeddings, pooling
-            and rerank ones), or one whose requests do not fit ``--endpoint`` (vLLM would send them
-            and get a 400 or refuse the URL).
+        ValueError: an ``--endpoint`` that is no chat or completions route
+            (:func:`surge.bench.client.check_route`), a backend Surge's client does not speak
+            (vLLM's audio, embeddings, pooling and rerank ones), or one whose requests do not fit
+            ``--endpoint`` (vLLM would send them and get a 400 or refuse the URL).
     """
+    from surge.bench.client import check_route, is_chat_route
+
+    if endpoint is not None:
+        check_route(endpoint)
     if backend is None:
         return endpoint or "/v1/chat/completions", None
     routes = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
@@ -839,12 +845,12 @@ def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str
             "(completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends "
             "are not supported"
         )
-    if endpoint is not None and endpoint != routes[backend]:
+    if endpoint is not None and is_chat_route(endpoint) != (backend == "openai-chat"):
         raise ValueError(
             f"--backend {backend} sends {'chat' if backend == 'openai-chat' else 'completions'} requests: "
             f"give --endpoint {routes[backend]} (or leave it out), not {endpoint}"
         )
-    return routes[backend], backend
+    return endpoint or routes[backend], backend
 
 
 def request_body_extras(args: argparse.Namespace, endpoint: str) -> dict[str, Any] | None:
@@ -857,9 +863,11 @@ def request_body_extras(args: argparse.Namespace, endpoint: str) -> dict[str, An
             ``--logprobs`` on the chat endpoint (vLLM's chat client drops it; its logprobs there is
             a boolean), or a bad ``--extra-body``.
     """
+    from surge.bench.client import is_chat_route
+
     body: dict[str, Any] = {}
     if args.logprobs is not None:
-        if endpoint != "/v1/completions":
+        if is_chat_route(endpoint):
             raise ValueError(
                 "--logprobs applies to --endpoint /v1/completions (vLLM's chat client drops it; on the chat "
                 """endpoint use --extra-body '{"logprobs": true, "top_logprobs": N}')"""

@@ -42,7 +42,7 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
+from surge.bench.client import CHAT_ENDPOINT, RequestInput, check_route, is_chat_route, send_request
 from surge.bench.datasets import (
     SampleRequest,
     burstgpt_requests,
@@ -273,7 +273,7 @@ class ServeConfig:
                     "--chat-template-kwargs applies to --dataset custom (prompts the benchmark renders with "
                     """the chat template); for the server's rendering use --extra-body '{"chat_template_kwargs": ...}'"""
                 )
-            if self.endpoint == CHAT_ENDPOINT:
+            if is_chat_route(self.endpoint):
                 raise ValueError(
                     "--chat-template-kwargs renders custom prompts for /v1/completions; on the chat endpoint "
                     """the server applies the template: use --extra-body '{"chat_template_kwargs": ...}'"""
@@ -294,10 +294,7 @@ class ServeConfig:
                 f"--num-prompts {self.num_prompts} is below --prefix-repetition-num-prefixes "
                 f"{self.prefix_repetition_num_prefixes} (every prefix needs a prompt)"
             )
-        if self.endpoint not in ("/v1/chat/completions", "/v1/completions"):
-            raise ValueError(
-                f"--endpoint must be /v1/chat/completions or /v1/completions, got {self.endpoint!r}"
-            )
+        check_route(self.endpoint)
         for flag, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
             if value < 1:  # the CLI refuses a length flag below 1 of any dataset first, naming it
                 raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -379,7 +376,7 @@ class ServeConfig:
             raise ValueError(
                 f"--extra-body sets 'n' to {n!r}: the benchmark times one choice per request (give no n)"
             )
-        prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
+        prompt_options(self.extra_body, is_chat_route(self.endpoint))  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose
             model_shape(
                 load_config(self.model_config),
@@ -894,7 +891,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
     :func:`surge.bench.tokens.prompt_options`), and ShareGPT prompts are kept only when that
     count plus the output fits ``max_model_len``.
     """
-    chat = cfg.endpoint == CHAT_ENDPOINT
+    chat = is_chat_route(cfg.endpoint)
     options = prompt_options(cfg.extra_body, chat)
     if cfg.dataset == "sharegpt":
         assert cfg.dataset_path is not None
@@ -1167,7 +1164,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             headers=cfg.headers,
         )
 
-    chat = cfg.endpoint == CHAT_ENDPOINT
+    chat = is_chat_route(cfg.endpoint)
     warm_options = prompt_options(cfg.extra_body, chat)
     warm_samples: list[SampleRequest] = []
     if cfg.warmup:
@@ -1221,7 +1218,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         print(f"[bench] warning: {warning}", flush=True)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
-    backend = cfg.backend or ("openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai")
+    backend = cfg.backend or ("openai-chat" if is_chat_route(cfg.endpoint) else "openai")
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": command,

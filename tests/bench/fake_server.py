@@ -250,8 +250,10 @@ def make_app(b: Behaviour) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
-    app.router.add_post("/v1/completions", completion)
-    app.router.add_post("/v1/chat/completions", completion)
+    # the routes, also behind a proxy's prefix and without /v1 (bench serve's --endpoint)
+    for prefix in ("/v1", "/proxy/v1", ""):
+        app.router.add_post(f"{prefix}/completions", completion)
+        app.router.add_post(f"{prefix}/chat/completions", completion)
     return app
 
 

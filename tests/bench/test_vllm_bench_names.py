@@ -1,11 +1,12 @@
 """vLLM 0.26 ``bench serve``'s names: the model recorded without ``--model`` (the ``root`` of the
-server's first model)."""
+server's first model) and the routes ``--endpoint`` takes (a proxy's prefix, none without ``/v1``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from conftest import bench_main
 from fake_server import Behaviour, FakeServer
 
@@ -37,3 +38,48 @@ def test_model_id_without_model_is_the_first_models_root_as_vllm(tmp_path: Path)
         (saved,) = (tmp_path / "b").glob("*.json")
         r = json.loads(saved.read_text())
         assert r["model_id"] == "fake-model" and saved.name.startswith("openai-chat-infqps-fake-model-")
+
+
+def test_endpoint_takes_a_prefixed_route_and_picks_the_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26 posts to base URL + --endpoint, any path ending with 'completions': a proxy's
+    prefix or no /v1 work. Surge takes a route ending with /completions, chat requests when it ends
+    with /chat/completions; any other route is one line (not argparse's usage), before any request."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        for route, chat, backend in (
+            ("/proxy/v1/completions", False, "openai"),
+            ("/proxy/v1/chat/completions", True, "openai-chat"),
+            ("/completions", False, "openai"),
+            ("/chat/completions", True, "openai-chat"),
+        ):
+            b.log.clear()
+            assert bench_main(_serve(s.url, "--endpoint", route, "--result-file", str(out))) == 0, route
+            assert {e["path"] for e in b.log} == {route}
+            assert all(("messages" in e["body"]) == chat and ("prompt" in e["body"]) != chat for e in b.log)
+            r = json.loads(out.read_text())
+            assert (r["endpoint"], r["backend"], r["completed"]) == (route, backend, 2)
+        b.log.clear()
+        argv = _serve(s.url, "--backend", "openai-chat", "--endpoint", "/proxy/v1/chat/completions")
+        assert bench_main(argv) == 0 and {e["path"] for e in b.log} == {"/proxy/v1/chat/completions"}
+        b.log.clear()
+        capsys.readouterr()
+        for route in ("/v1/embeddings", "v1/completions", "/v1/completions?api-version=1", "/profile"):
+            assert bench_main(_serve(s.url, "--endpoint", route)) == 2, route
+        assert (
+            bench_main(_serve(s.url, "--backend", "openai", "--endpoint", "/proxy/v1/chat/completions")) == 2
+        )
+        assert b.log == []
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 5, err
+    for line, route in zip(
+        err[:4],
+        ("/v1/embeddings", "v1/completions", "/v1/completions?api-version=1", "/profile"),
+        strict=True,
+    ):
+        assert line.startswith(
+            f"surge: error: --endpoint {route!r}: Surge's bench sends chat or completions"
+        ), line
+    assert err[4].startswith("surge: error: --backend openai sends completions requests"), err[4]
