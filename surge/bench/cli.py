@@ -125,6 +125,13 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--tokenizer", default=None, help="local tokenizer folder (default: the server's /tokenize)"
     )
     p.add_argument(
+        "--tokenizer-mode",
+        default="auto",
+        help="vLLM's option: auto or hf, the tokenizer Surge counts with (transformers' AutoTokenizer, the fast "
+        "one when the folder has it); vLLM's slow, mistral and other modes are refused. Not recorded in the "
+        "result, as vLLM",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set, as vLLM's bench; else none)",
@@ -821,6 +828,26 @@ def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
     return float(data["input"]), float(data["output"])
 
 
+TOKENIZER_MODES = ("auto", "hf")
+"""vLLM's ``--tokenizer-mode`` values Surge's bench takes: both load the tokenizer folder with
+transformers' ``AutoTokenizer`` (fast when available), as vLLM 0.26 does for them outside Mistral
+models."""
+
+
+def check_tokenizer_mode(mode: str) -> None:
+    """Refuse a vLLM ``--tokenizer-mode`` other than :data:`TOKENIZER_MODES`.
+
+    Raises:
+        ValueError: vLLM's ``slow``, ``mistral``, ``deepseek_v32`` or a plugin's mode (one line
+            that names the value).
+    """
+    if mode not in TOKENIZER_MODES:
+        raise ValueError(
+            f"--tokenizer-mode {mode!r}: Surge's bench takes auto or hf (transformers' AutoTokenizer, as "
+            "vLLM's auto and hf); vLLM's slow, mistral, deepseek_v32 and plugin modes are not supported"
+        )
+
+
 def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str, str | None]:
     """``--endpoint`` and vLLM's ``--backend``: (the route, the backend to record or None for the
     route's). vLLM's ``openai`` and ``vllm`` send completions requests, ``openai-chat`` chat
@@ -965,6 +992,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     from surge.bench.serve import ServeConfig
 
     goodput = parse_goodput(args.goodput or [])
+    check_tokenizer_mode(args.tokenizer_mode)
     endpoint, backend = endpoint_and_backend(args.endpoint, args.backend)
     fields: dict[str, Any] = {
         "temperature": args.temperature,

@@ -1,5 +1,6 @@
 """vLLM 0.26 ``bench serve``'s names: the model recorded without ``--model`` (the ``root`` of the
-server's first model) and the routes ``--endpoint`` takes (a proxy's prefix, none without ``/v1``)."""
+server's first model), the routes ``--endpoint`` takes (a proxy's prefix, none without ``/v1``)
+and ``--tokenizer-mode``."""
 
 from __future__ import annotations
 
@@ -83,3 +84,32 @@ def test_endpoint_takes_a_prefixed_route_and_picks_the_format(
             f"surge: error: --endpoint {route!r}: Surge's bench sends chat or completions"
         ), line
     assert err[4].startswith("surge: error: --backend openai sends completions requests"), err[4]
+
+
+def test_tokenizer_mode_auto_and_hf_run_others_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --tokenizer-mode: auto and hf load the tokenizer as Surge does (AutoTokenizer) and
+    run; vLLM does not record the mode in its result, nor does Surge. slow, mistral and a plugin's
+    mode are one line that names the value, before any request, in bench serve and bench matrix."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    out = tmp_path / "r.json"
+    with FakeServer(b) as s:
+        for mode in ("auto", "hf"):
+            assert bench_main(_serve(s.url, "--tokenizer-mode", mode, "--result-file", str(out))) == 0
+            r = json.loads(out.read_text())
+            assert r["completed"] == 2 and not any("tokenizer_mode" in k for k in r)
+        b.log.clear()
+        capsys.readouterr()
+        for mode in ("slow", "mistral", "my_plugin"):
+            assert bench_main(_serve(s.url, "--tokenizer-mode", mode)) == 2
+        matrix = ["bench", "matrix", "--base-url", s.url, "--output-dir", str(tmp_path / "m")]
+        matrix += ["--concurrency", "1", "--input-len", "8", "--output-len", "3"]
+        assert bench_main([*matrix, "--tokenizer-mode", "slow"]) == 2
+        assert b.log == []
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4, err
+    for line, mode in zip(err, ("slow", "mistral", "my_plugin", "slow"), strict=True):
+        assert line.startswith(f"surge: error: --tokenizer-mode {mode!r}: Surge's bench takes auto or hf"), (
+            line
+        )
