@@ -59,7 +59,6 @@ VLLM_FLAG_HINTS = {
     "it with --dataset sharegpt, custom, hf, spec_bench or prefix_repetition)",
     "--no-oversample": "nothing: bench matrix sends random prompts, as many as it asks (bench serve takes it "
     "with --dataset sharegpt, custom, hf or spec_bench)",
-    "--tokenizer-mode": "nothing: the server's tokenizer counts the tokens",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
     "--enable-chunked-prefill": "nothing: chunked prefill is always on",
     "--swap-space": "nothing: preempted requests are recomputed, not swapped",

@@ -96,9 +96,10 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoint",
         default=None,
-        choices=["/v1/chat/completions", "/v1/completions"],
-        help="API route of the requests (default /v1/chat/completions, or --backend's; vLLM's bench serve "
-        "defaults to /v1/completions)",
+        help="API route of the requests, joined to the server's URL: one ending with /chat/completions gets "
+        "chat requests, any other ending with /completions completions requests, with any prefix (a proxy's, "
+        "e.g. /proxy/v1/completions, or none, /completions) (default /v1/chat/completions, or --backend's; "
+        "vLLM's bench serve defaults to /v1/completions)",
     )
     p.add_argument(
         "--backend",
@@ -122,6 +123,13 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tokenizer", default=None, help="local tokenizer folder (default: the server's /tokenize)"
+    )
+    p.add_argument(
+        "--tokenizer-mode",
+        default="auto",
+        help="vLLM's option: auto or hf, the tokenizer Surge counts with (transformers' AutoTokenizer, the fast "
+        "one when the folder has it); vLLM's slow, mistral and other modes are refused. Not recorded in the "
+        "result, as vLLM",
     )
     p.add_argument(
         "--api-key",
@@ -825,16 +833,41 @@ def parse_range_ratio(text: str | None) -> tuple[float, float | None]:
     return float(data["input"]), float(data["output"])
 
 
+TOKENIZER_MODES = ("auto", "hf")
+"""vLLM's ``--tokenizer-mode`` values Surge's bench takes: both load the tokenizer folder with
+transformers' ``AutoTokenizer`` (fast when available), as vLLM 0.26 does for them outside Mistral
+models."""
+
+
+def check_tokenizer_mode(mode: str) -> None:
+    """Refuse a vLLM ``--tokenizer-mode`` other than :data:`TOKENIZER_MODES`.
+
+    Raises:
+        ValueError: vLLM's ``slow``, ``mistral``, ``deepseek_v32`` or a plugin's mode (one line
+            that names the value).
+    """
+    if mode not in TOKENIZER_MODES:
+        raise ValueError(
+            f"--tokenizer-mode {mode!r}: Surge's bench takes auto or hf (transformers' AutoTokenizer, as "
+            "vLLM's auto and hf); vLLM's slow, mistral, deepseek_v32 and plugin modes are not supported"
+        )
+
+
 def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str, str | None]:
     """``--endpoint`` and vLLM's ``--backend``: (the route, the backend to record or None for the
     route's). vLLM's ``openai`` and ``vllm`` send completions requests, ``openai-chat`` chat
     requests; a backend alone picks its route (vLLM's default route is ``/v1/completions``).
 
     Raises:
-        ValueError: a backend Surge's client does not speak (vLLM's audio, embeddings, pooling
-            and rerank ones), or one whose requests do not fit ``--endpoint`` (vLLM would send them
-            and get a 400 or refuse the URL).
+        ValueError: an ``--endpoint`` that is no chat or completions route
+            (:func:`surge.bench.client.check_route`), a backend Surge's client does not speak
+            (vLLM's audio, embeddings, pooling and rerank ones), or one whose requests do not fit
+            ``--endpoint`` (vLLM would send them and get a 400 or refuse the URL).
     """
+    from surge.bench.client import check_route, is_chat_route
+
+    if endpoint is not None:
+        check_route(endpoint)
     if backend is None:
         return endpoint or "/v1/chat/completions", None
     routes = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
@@ -844,12 +877,12 @@ def endpoint_and_backend(endpoint: str | None, backend: str | None) -> tuple[str
             "(completions) or openai-chat (chat); vLLM's audio, embeddings, pooling and rerank backends "
             "are not supported"
         )
-    if endpoint is not None and endpoint != routes[backend]:
+    if endpoint is not None and is_chat_route(endpoint) != (backend == "openai-chat"):
         raise ValueError(
             f"--backend {backend} sends {'chat' if backend == 'openai-chat' else 'completions'} requests: "
             f"give --endpoint {routes[backend]} (or leave it out), not {endpoint}"
         )
-    return routes[backend], backend
+    return endpoint or routes[backend], backend
 
 
 def request_body_extras(args: argparse.Namespace, endpoint: str) -> dict[str, Any] | None:
@@ -862,9 +895,11 @@ def request_body_extras(args: argparse.Namespace, endpoint: str) -> dict[str, An
             ``--logprobs`` on the chat endpoint (vLLM's chat client drops it; its logprobs there is
             a boolean), or a bad ``--extra-body``.
     """
+    from surge.bench.client import is_chat_route
+
     body: dict[str, Any] = {}
     if args.logprobs is not None:
-        if endpoint != "/v1/completions":
+        if is_chat_route(endpoint):
             raise ValueError(
                 "--logprobs applies to --endpoint /v1/completions (vLLM's chat client drops it; on the chat "
                 """endpoint use --extra-body '{"logprobs": true, "top_logprobs": N}')"""
@@ -962,6 +997,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     from surge.bench.serve import ServeConfig
 
     goodput = parse_goodput(args.goodput or [])
+    check_tokenizer_mode(args.tokenizer_mode)
     endpoint, backend = endpoint_and_backend(args.endpoint, args.backend)
     fields: dict[str, Any] = {
         "temperature": args.temperature,

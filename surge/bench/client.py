@@ -28,7 +28,36 @@ from surge.bench.tokens import request_headers
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
-ENDPOINTS: tuple[str, ...] = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
+
+
+def is_chat_route(url: str) -> bool:
+    """Whether requests to ``url`` (a route such as ``--endpoint`` or a full URL) are chat
+    requests: it ends with ``/chat/completions`` (``/v1/chat/completions``, or behind a proxy's
+    prefix, ``/proxy/v1/chat/completions``); any other ``.../completions`` takes completions
+    requests."""
+    return url.endswith("/chat/completions")
+
+
+def check_route(endpoint: str) -> None:
+    """Refuse an ``--endpoint`` Surge's client cannot send its requests to. vLLM 0.26 takes any
+    path whose URL ends with ``completions`` (its backend picks the request format); Surge takes a
+    path that starts with ``/`` and ends with ``/completions``, with any prefix (a proxy's, or none
+    for a server without ``/v1``), and picks the format from it (:func:`is_chat_route`).
+
+    Raises:
+        ValueError: any other route (one line that names it): no leading ``/``, another last
+            part (vLLM's ``/profile``, ``/v1/embeddings``...), a query string or whitespace.
+    """
+    if (
+        not endpoint.startswith("/")
+        or not endpoint.endswith("/completions")
+        or any(c in endpoint for c in "?# \t\n")
+    ):
+        raise ValueError(
+            f"--endpoint {endpoint!r}: Surge's bench sends chat or completions requests to a route that "
+            "starts with / and ends with /chat/completions (chat) or /completions (completions), any prefix "
+            "before it, e.g. /v1/chat/completions, /v1/completions or /proxy/v1/completions"
+        )
 
 
 class ErrorEvent(str):
@@ -136,7 +165,7 @@ def build_payload(req: RequestInput) -> dict[str, Any]:
     ``repetition_penalty`` 1.0 (so a model's default penalty from its ``generation_config.json``
     does not apply there, as under vLLM's client; ``--extra-body`` may set another)."""
     body: dict[str, Any] = {"model": req.model}
-    if req.api_url.endswith(CHAT_ENDPOINT):
+    if is_chat_route(req.api_url):
         body["messages"] = [{"role": "user", "content": req.prompt}]
         body["max_completion_tokens"] = req.output_len
     else:
@@ -307,7 +336,7 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     if req.request_id is not None:  # vLLM's order: the request id over a --header of that name
         headers = request_headers(None, [*headers.items(), ("X-Request-Id", req.request_id)])
     payload = build_payload(req)
-    chat = req.api_url.endswith(CHAT_ENDPOINT)
+    chat = is_chat_route(req.api_url)
     st = time.perf_counter()
     out.start_time = st
     last_ts = st

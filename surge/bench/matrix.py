@@ -444,6 +444,17 @@ def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[
     return rows, model if isinstance(model, str) else None
 
 
+def _served_model(result: dict[str, Any]) -> str | None:
+    """The model name a point's requests carried when ``--model`` was left out: the ``id`` of the
+    first model of the server's ``/v1/models`` (the result's ``model_id`` is that model's ``root``,
+    as vLLM's); None when the result lacks it."""
+    try:
+        name = result["server_models"]["data"][0]["id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def _check_served_model(
     mcfg: MatrixConfig, previous_model: str | None, models: dict[str, Any] | None = None
 ) -> None:
@@ -555,7 +566,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
                 else:
                     result, error = None, restart_error
                 if result is not None:
-                    info["model"] = info["model"] or result.get("model_id")
+                    info["model"] = info["model"] or _served_model(result)
                     reset = result.get("prefix_cache_reset")
                     if mcfg.reset_prefix_cache and reset is None and not no_reset_said:
                         no_reset_said = True

@@ -42,7 +42,7 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from surge.bench.client import CHAT_ENDPOINT, RequestInput, send_request
+from surge.bench.client import CHAT_ENDPOINT, RequestInput, check_route, is_chat_route, send_request
 from surge.bench.datasets import (
     SampleRequest,
     burstgpt_requests,
@@ -273,7 +273,7 @@ class ServeConfig:
                     "--chat-template-kwargs applies to --dataset custom (prompts the benchmark renders with "
                     """the chat template); for the server's rendering use --extra-body '{"chat_template_kwargs": ...}'"""
                 )
-            if self.endpoint == CHAT_ENDPOINT:
+            if is_chat_route(self.endpoint):
                 raise ValueError(
                     "--chat-template-kwargs renders custom prompts for /v1/completions; on the chat endpoint "
                     """the server applies the template: use --extra-body '{"chat_template_kwargs": ...}'"""
@@ -294,10 +294,7 @@ class ServeConfig:
                 f"--num-prompts {self.num_prompts} is below --prefix-repetition-num-prefixes "
                 f"{self.prefix_repetition_num_prefixes} (every prefix needs a prompt)"
             )
-        if self.endpoint not in ("/v1/chat/completions", "/v1/completions"):
-            raise ValueError(
-                f"--endpoint must be /v1/chat/completions or /v1/completions, got {self.endpoint!r}"
-            )
+        check_route(self.endpoint)
         for flag, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
             if value < 1:  # the CLI refuses a length flag below 1 of any dataset first, naming it
                 raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -379,7 +376,7 @@ class ServeConfig:
             raise ValueError(
                 f"--extra-body sets 'n' to {n!r}: the benchmark times one choice per request (give no n)"
             )
-        prompt_options(self.extra_body, self.endpoint == CHAT_ENDPOINT)  # the prompt fields' types
+        prompt_options(self.extra_body, is_chat_route(self.endpoint))  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose
             model_shape(
                 load_config(self.model_config),
@@ -845,6 +842,21 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     return out
 
 
+def recorded_model_id(cfg: ServeConfig, entry: dict[str, Any]) -> str:
+    """The result's ``model_id`` (also its ``tokenizer_id`` without ``--tokenizer`` and the model
+    part of ``--save-result``'s file name), as vLLM 0.26's ``bench serve`` picks it: ``--model``
+    (with ``--served-model-name``, the ``--model`` given), else the ``root`` of the server's first
+    model (``entry``, its ``/v1/models`` entry: vLLM sends that entry's ``id`` and records its
+    ``root``, the model's path or hub name), or its ``id`` when the server gives no ``root``.
+    """
+    if cfg.model_id is not None:
+        return cfg.model_id
+    if cfg.model is not None:
+        return cfg.model
+    root = entry.get("root")
+    return root if isinstance(root, str) and root else str(entry["id"])
+
+
 def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
     for cand in (cfg.tokenizer, cfg.model_id, cfg.model, entry.get("root")):
         if cand and Path(cand).is_dir() and (Path(cand) / "config.json").is_file():
@@ -879,7 +891,7 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
     :func:`surge.bench.tokens.prompt_options`), and ShareGPT prompts are kept only when that
     count plus the output fits ``max_model_len``.
     """
-    chat = cfg.endpoint == CHAT_ENDPOINT
+    chat = is_chat_route(cfg.endpoint)
     options = prompt_options(cfg.extra_body, chat)
     if cfg.dataset == "sharegpt":
         assert cfg.dataset_path is not None
@@ -1098,6 +1110,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s, headers=cfg.headers)
     entry = _model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
+    model_id = recorded_model_id(cfg, entry)
     local_dir = _local_model_dir(cfg, entry)
     if counter is None:
         counter = _counter_for(cfg, base, model, entry)
@@ -1151,7 +1164,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             headers=cfg.headers,
         )
 
-    chat = cfg.endpoint == CHAT_ENDPOINT
+    chat = is_chat_route(cfg.endpoint)
     warm_options = prompt_options(cfg.extra_body, chat)
     warm_samples: list[SampleRequest] = []
     if cfg.warmup:
@@ -1205,7 +1218,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         print(f"[bench] warning: {warning}", flush=True)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
-    backend = cfg.backend or ("openai-chat" if cfg.endpoint == CHAT_ENDPOINT else "openai")
+    backend = cfg.backend or ("openai-chat" if is_chat_route(cfg.endpoint) else "openai")
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": command,
@@ -1214,8 +1227,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         "label": cfg.label,  # null without --label, as vLLM; --save-result's name falls back to the backend
         "base_url": base,
         "endpoint": cfg.endpoint,
-        "model_id": cfg.model_id or model,
-        "tokenizer_id": cfg.tokenizer or cfg.model_id or model,  # vLLM's: --tokenizer, else the model id
+        "model_id": model_id,
+        "tokenizer_id": cfg.tokenizer or model_id,  # vLLM's: --tokenizer, else the model id
         "token_counter": counter.name,  # Surge's: the folder or server /tokenize URL that counted the tokens
         "server_models": models,
         "dataset": cfg.dataset,

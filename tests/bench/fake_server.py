@@ -95,6 +95,7 @@ class Behaviour:
     finish_chunk: bool = False
     reset_route: bool = False
     chat_overhead: int = CHAT_OVERHEAD  # tokens of the chat template (Llama 3.1's: 35)
+    root: str | None = "/nonexistent"  # the /v1/models entry's root (None: no root field)
     resets: int = 0
     seen: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
@@ -105,14 +106,10 @@ class Behaviour:
 def make_app(b: Behaviour) -> web.Application:
     async def models(req: web.Request) -> web.Response:
         b.calls.append((req.path, {k.lower(): v for k, v in req.headers.items()}))
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {"id": "fake-model", "object": "model", "root": "/nonexistent", "max_model_len": 4096}
-                ],
-            }
-        )
+        entry: dict[str, Any] = {"id": "fake-model", "object": "model", "max_model_len": 4096}
+        if b.root is not None:
+            entry["root"] = b.root
+        return web.json_response({"object": "list", "data": [entry]})
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -253,8 +250,10 @@ def make_app(b: Behaviour) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
-    app.router.add_post("/v1/completions", completion)
-    app.router.add_post("/v1/chat/completions", completion)
+    # the routes, also behind a proxy's prefix and without /v1 (bench serve's --endpoint)
+    for prefix in ("/v1", "/proxy/v1", ""):
+        app.router.add_post(f"{prefix}/completions", completion)
+        app.router.add_post(f"{prefix}/chat/completions", completion)
     return app
 
 

@@ -383,14 +383,16 @@ def test_save_result_names_and_appends_the_file_as_vllm(
         assert bench_main([*argv, "--save-result"]) == 0, capsys.readouterr().err
         [saved] = list(tmp_path.glob("*.json"))
         r = json.loads(saved.read_text())
-        assert saved.name == f"openai-chat-infqps-fake-model-{r['date']}.json" and r["completed"] == 2
+        assert saved.name == f"openai-chat-infqps-nonexistent-{r['date']}.json" and r["completed"] == 2
         assert r["label"] is None  # vLLM records args.label, null without --label; the name uses the backend
         out = tmp_path / "runs" / "new"
         more = ["--result-dir", str(out), "--max-concurrency", "2", "--request-rate", "50", "--label", "mine"]
         assert bench_main([*argv, "--save-result", *more]) == 0
         [saved] = list(out.glob("*.json"))
         r = json.loads(saved.read_text())
-        assert saved.name == f"mine-50.0qps-concurrency2-fake-model-{r['date']}.json" and r["label"] == "mine"
+        assert (
+            saved.name == f"mine-50.0qps-concurrency2-nonexistent-{r['date']}.json" and r["label"] == "mine"
+        )
         for _ in range(2):
             assert (
                 bench_main(
@@ -527,7 +529,7 @@ def test_backend_picks_the_request_format_as_vllm(tmp_path: Path, capsys: pytest
         assert bench_main([*argv, "--backend", "vllm", "--save-result", "--result-dir", str(tmp_path)]) == 0
         assert {e["path"] for e in b.log} == {"/v1/completions"} and all("prompt" in e["body"] for e in b.log)
         (saved,) = tmp_path.glob("*.json")
-        assert saved.name.startswith("vllm-infqps-fake-model-")
+        assert saved.name.startswith("vllm-infqps-nonexistent-")
         result = json.loads(saved.read_text())
         assert result["backend"] == result["endpoint_type"] == "vllm"
         b.log.clear()
