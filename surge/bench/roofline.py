@@ -109,7 +109,9 @@ def resolve_hardware(
     peak_flops_fp8: float | None = None,
 ) -> Hardware | None:
     """Hardware from flags: explicit numbers win over ``--gpu`` defaults; None when neither is given.
-    ``--peak-flops-fp8`` is optional (without it and a known GPU, FP8 GEMMs count at the bf16 peak).
+    ``--peak-flops-fp8`` is optional: without it a known GPU's own FP8 figure counts, and with the
+    two numbers and no ``--gpu`` FP8 GEMMs count at the bf16 peak. Without ``--gpu`` the link
+    bandwidth is unknown (0): ``-tp`` > 1 then needs ``--link-bandwidth``.
 
     Raises:
         ValueError: a non-positive number, only one of the two numbers without ``--gpu``, or an unknown GPU.
