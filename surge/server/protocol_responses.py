@@ -417,6 +417,10 @@ _ITEM_KEYS: dict[str, frozenset[str]] = {
 :func:`input_messages`), ``phase``, ``caller`` and a call output's ``name`` are inert, as in
 vLLM; a ``namespace`` is refused (Surge serves no tool namespaces)."""
 
+_REASONING_PART_KEYS = frozenset({"type", "text"})
+"""The keys of a reasoning item's ``summary`` and ``content`` parts (the SDK's ``Summary``,
+``Content``)."""
+
 
 def _check_keys(value: dict[str, Any], allowed: frozenset[str], where: str) -> None:
     """Raise a 400 naming ``where.<key>`` for the first key of ``value`` not in ``allowed``
@@ -546,6 +550,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
                         f"{where}.{key}[{j}] must be an object with a string 'text'",
                         param=f"{where}.{key}[{j}]",
                     )
+                _check_keys(p, _REASONING_PART_KEYS, f"{where}.{key}[{j}]")
             text = "\n".join(p["text"] for p in parts)
             prev = _last_assistant(messages)
             if prev is not None and "reasoning" not in prev:

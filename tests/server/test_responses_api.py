@@ -484,6 +484,10 @@ def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server
             {"input": [{"type": "function_call_output", "call_id": "c", "output": "x", "is_error": True}]},
             "input[0].is_error",
         ),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "t", "x": 1}]}]},
+            "input[0].summary[0].x",
+        ),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
