@@ -303,6 +303,9 @@ def merge_call_pieces(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 """The fields of an OpenAI function definition (``tools[].function``)."""
 
+_TOOL_KEYS = frozenset({"type", "function"})
+"""The fields of an OpenAI function tool (``tools[]``, the SDK's ``ChatCompletionFunctionToolParam``)."""
+
 MAX_TOOL_PARAMETERS_DEPTH = 256
 """Most levels of JSON objects and arrays in one tool's ``parameters``: the chat template
 renders them recursively (``tojson``), and Qwen3's ran out of Python's recursion limit at 800
@@ -349,6 +352,12 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
             raise bad_request(
                 f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', param="tools"
             )
+        unknown = sorted(set(tool) - _TOOL_KEYS)
+        if unknown:  # would be ignored
+            raise bad_request(
+                f"tools[{i}] has an unknown field {unknown[0]!r} (known: {', '.join(sorted(_TOOL_KEYS))})",
+                param="tools",
+            )
         unknown = sorted(set(fn) - _FUNCTION_KEYS)
         if unknown:  # would be ignored
             raise bad_request(
@@ -392,6 +401,13 @@ def _named_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> dict[str, An
     if not isinstance(name, str):
         raise bad_request(
             'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    unknown = sorted((set(tool_choice) - _TOOL_KEYS) | {f"function.{k}" for k in set(fn) - {"name"}})
+    if unknown:  # would be ignored: the SDK's ChatCompletionNamedToolChoiceParam has no more
+        raise bad_request(
+            f"tool_choice has an unknown field {unknown[0]!r} (a named choice is "
+            '{"type": "function", "function": {"name": ...}})',
             param="tool_choice",
         )
     for tool in tools:

@@ -390,13 +390,64 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema}
 
 
+_PART_KEYS: dict[str, frozenset[str]] = {
+    "input_text": frozenset({"type", "text", "prompt_cache_breakpoint"}),
+    "output_text": frozenset({"type", "text", "annotations", "logprobs"}),
+    "text": frozenset({"type", "text"}),
+    "refusal": frozenset({"type", "refusal"}),
+}
+"""The keys of each text part the openai SDK declares (``ResponseInputTextParam``,
+``ResponseOutputTextParam``, ``ResponseOutputRefusalParam``); those beside the text are inert:
+a replayed output's ``annotations`` and ``logprobs``, a ``prompt_cache_breakpoint`` (Surge caches
+every prefix by itself)."""
+
+_ITEM_KEYS: dict[str, frozenset[str]] = {
+    "message": frozenset({"type", "role", "content", "id", "status", "phase"}),
+    "function_call": frozenset(
+        {"type", "arguments", "call_id", "name", "id", "status", "caller", "namespace"}
+    ),
+    "function_call_output": frozenset(
+        {"type", "output", "call_id", "id", "status", "caller", "name", "namespace"}
+    ),
+    "reasoning": frozenset({"type", "id", "summary", "content", "encrypted_content", "status"}),
+}
+"""The keys of each input item the openai SDK declares (``EasyInputMessageParam``, ``Message``,
+``ResponseOutputMessageParam``, ``ResponseFunctionToolCallParam``, ``FunctionCallOutput``,
+``ResponseReasoningItemParam``). ``id``, ``status`` (but an assistant message's, see
+:func:`input_messages`), ``phase``, ``caller`` and a call output's ``name`` are inert, as in
+vLLM; a ``namespace`` is refused (Surge serves no tool namespaces)."""
+
+_REASONING_PART_KEYS = frozenset({"type", "text"})
+"""The keys of a reasoning item's ``summary`` and ``content`` parts (the SDK's ``Summary``,
+``Content``)."""
+
+
+def _check_keys(value: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    """Raise a 400 naming ``where.<key>`` for the first key of ``value`` not in ``allowed``
+    (it would be ignored), and for a set ``namespace``."""
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise bad_request(
+            f"{where}.{unknown[0]} is not a field of {where} (fields: {', '.join(sorted(allowed))})",
+            param=f"{where}.{unknown[0]}",
+        )
+    if value.get("namespace") is not None:
+        raise bad_request(
+            f"{where}.namespace: tool namespaces are not supported by Surge (only function tools)",
+            param=f"{where}.namespace",
+        )
+
+
 def _part_text(part: Any, where: str) -> dict[str, Any]:
     """One content part of an input message, as a chat text part.
 
     Raises:
-        ApiError: 400 naming ``where`` for a part that is not text (images, files, audio).
+        ApiError: 400 naming ``where`` for a part that is not text (images, files, audio), and
+            ``where.<key>`` for a key its type does not have.
     """
     kind = part.get("type") if isinstance(part, dict) else None
+    if isinstance(kind, str) and kind in _PART_KEYS:
+        _check_keys(part, _PART_KEYS[kind], where)
     if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
         return {"type": "text", "text": part["text"]}
     if kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -431,7 +482,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
     else its ``summary``).
 
     Raises:
-        ApiError: 400 naming ``input[i]...`` for an item Surge cannot render.
+        ApiError: 400 naming ``input[i]...`` for an item Surge cannot render, or a key its
+            type does not have (:data:`_ITEM_KEYS`, :data:`_PART_KEYS`; ``input[0].foo``).
     """
     if isinstance(items, str):
         return [{"role": "user", "content": items}], False
@@ -439,6 +491,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message")
+        if isinstance(kind, str) and kind in _ITEM_KEYS:
+            _check_keys(item, _ITEM_KEYS[kind], where)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
@@ -496,6 +550,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
                         f"{where}.{key}[{j}] must be an object with a string 'text'",
                         param=f"{where}.{key}[{j}]",
                     )
+                _check_keys(p, _REASONING_PART_KEYS, f"{where}.{key}[{j}]")
             text = "\n".join(p["text"] for p in parts)
             prev = _last_assistant(messages)
             if prev is not None and "reasoning" not in prev:

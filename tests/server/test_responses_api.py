@@ -460,6 +460,34 @@ def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server
             {"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]},
             "input[0].encrypted_content",
         ),
+        # keys an item or part does not have were ignored; a call's tool namespace too
+        ({"input": [{"role": "user", "content": "hi", "name": "bob"}]}, "input[0].name"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi", "x": 1}]}]},
+            "input[0].content[0].x",
+        ),
+        (
+            {
+                "input": [
+                    {
+                        "type": "function_call",
+                        "name": "f",
+                        "call_id": "c",
+                        "arguments": "{}",
+                        "namespace": "n",
+                    }
+                ]
+            },
+            "input[0].namespace",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": "x", "is_error": True}]},
+            "input[0].is_error",
+        ),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "t", "x": 1}]}]},
+            "input[0].summary[0].x",
+        ),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
@@ -566,6 +594,50 @@ def test_an_error_in_the_stored_conversation_names_previous_response_id(server: 
         assert error["message"].startswith(
             "previous_response_id: message 1 of its stored conversation: tool_calls: arguments are not valid JSON"
         ), error
+
+
+def test_input_items_take_the_sdk_keys_they_ignore(server: Server, model: str) -> None:
+    """The keys the openai SDK declares on input items and parts that change nothing here
+    (``id``, ``status``, ``phase``, ``caller``, a call output's ``name``, a replayed output's
+    ``annotations`` and ``logprobs``, ``prompt_cache_breakpoint``, a null ``namespace``) are
+    accepted, as vLLM takes them: a response's own output items replay as input."""
+    items = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "hi", "prompt_cache_breakpoint": {"mode": "explicit"}}
+            ],
+        },
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "phase": "final_answer",
+            "content": [{"type": "output_text", "text": "ok", "annotations": [], "logprobs": []}],
+        },
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "c",
+            "name": "f",
+            "arguments": "{}",
+            "status": "completed",
+            "caller": None,
+            "namespace": None,
+        },
+        {
+            "type": "function_call_output",
+            "call_id": "c",
+            "output": "x",
+            "name": "f",
+            "id": "fco_1",
+            "status": "completed",
+        },
+    ]
+    body = {"model": model, "input": items, "max_output_tokens": 16}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(

@@ -405,6 +405,25 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
         (client, {"tools": [{"type": "function", "function": {"name": "f", "description": 7}}]}, "tools"),
         (client, {"tools": []}, "tools"),  # was taken as no tools (OpenAI and vLLM refuse it)
         (client, {"tools": [], "tool_choice": "none"}, "tools"),
+        # keys beside the SDK's were ignored: a tool's (ChatCompletionFunctionToolParam) and a
+        # named choice's (ChatCompletionNamedToolChoiceParam)
+        (client, {"tools": [{**TOOLS[0], "strict": True}], "tool_choice": "required"}, "tools"),
+        (
+            client,
+            {
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "get_time"}, "strict": True},
+            },
+            "tool_choice",
+        ),
+        (
+            client,
+            {
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+            },
+            "tool_choice",
+        ),
     ]
     for c, extra, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
