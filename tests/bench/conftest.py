@@ -22,6 +22,11 @@ QWEN3_8B = QWEN3_8B_DIR  # the one path of tests/conftest.py (the name the bench
 SHAREGPT = SHARED / "datasets" / "sharegpt" / "ShareGPT_V3_filtered_500.json"
 
 
+def serve_argv(url: str, *extra: str) -> list[str]:
+    """``surge bench serve`` against ``url`` with no progress bar and no warm-up request, then ``extra``."""
+    return ["bench", "serve", "--base-url", url, "--disable-tqdm", "--warmup", "0", *extra]
+
+
 def bench_main(argv: Sequence[str]) -> int:
     """Run ``surge bench ...`` in-process like ``surge.cli.main`` does (same error handling)."""
     from surge.bench.cli import add_bench_parser

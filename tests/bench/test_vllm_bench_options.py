@@ -12,16 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHARED, SHAREGPT, bench_main
+from conftest import SHARED, SHAREGPT, bench_main, serve_argv
 from fake_server import Behaviour, FakeServer
 
 from surge.bench.matrix import reset_prefix_cache
 from surge.bench.plots import parse_itl_thresholds, plot_path, plot_timeline, timeline_spans
 from surge.bench.serve import apply_metadata
-
-
-def _serve(url: str, *extra: str) -> list[str]:
-    return ["bench", "serve", "--base-url", url, "--disable-tqdm", "--warmup", "0", *extra]
 
 
 def test_metadata_lands_in_the_result_as_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,7 +27,7 @@ def test_metadata_lands_in_the_result_as_vllm(tmp_path: Path, capsys: pytest.Cap
     out = tmp_path / "r.json"
     b = Behaviour(ttft=0.001, itl=0.001)
     with FakeServer(b) as s:
-        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        argv = serve_argv(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
         rc = bench_main(
             [*argv, "--result-file", str(out), "--metadata", "version=0.3.3", " tp = 1 ", "seed=9"]
         )
@@ -57,7 +53,7 @@ def test_save_detailed_without_a_result_file_is_refused(capsys: pytest.CaptureFi
     (vLLM ignores it), so it is refused in one line before any request, as --metadata is."""
     b = Behaviour(ttft=0.001, itl=0.001)
     with FakeServer(b) as s:
-        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        argv = serve_argv(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
         rc = bench_main([*argv, "--save-detailed"])
         err = capsys.readouterr().err
         assert rc == 2 and "--save-detailed" in err and "--result-file" in err and err.count("\n") == 1, err
@@ -78,7 +74,7 @@ def test_plot_timeline_and_dataset_stats_write_pngs(
     out = tmp_path / "run.json.gz"
     b = Behaviour(ttft=0.001, itl=0.001)
     with FakeServer(b) as s:
-        argv = _serve(s.url, "--input-len", "8", "--output-len", "4", "--num-prompts", "3")
+        argv = serve_argv(s.url, "--input-len", "8", "--output-len", "4", "--num-prompts", "3")
         rc = bench_main(
             [*argv, "--result-file", str(out), "--plot-timeline", "--timeline-itl-thresholds", "1,5"]
             + ["--plot-dataset-stats"]
@@ -178,7 +174,7 @@ def test_random_input_and_output_len_are_the_random_datasets_own(
     out = tmp_path / "r.json"
     b = Behaviour(ttft=0.001, itl=0.001)
     with FakeServer(b) as s:
-        argv = _serve(s.url, "--num-prompts", "2", "--result-file", str(out))
+        argv = serve_argv(s.url, "--num-prompts", "2", "--result-file", str(out))
         assert bench_main([*argv, "--random-input-len", "12", "--random-output-len", "3"]) == 0
         r = json.loads(out.read_text())
         assert (r["input_len"], r["output_len"], r["input_lens"], r["output_lens"]) == (
@@ -233,7 +229,7 @@ def test_insecure_benchmarks_an_https_server_with_a_self_signed_certificate(
     out = tmp_path / "r.json"
     with FakeServer(b, _self_signed_server_context(tmp_path)) as s:
         assert s.url.startswith("https://")
-        argv = _serve(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        argv = serve_argv(s.url, "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
         rc = bench_main(argv)
         err = capsys.readouterr().err
         assert rc == 2 and "CERTIFICATE_VERIFY_FAILED" in err and err.count("\n") == 1, err
@@ -298,7 +294,7 @@ def test_bad_counts_and_lengths_name_their_own_flag(
             if dataset in ("custom", "spec_bench"):
                 continue
             for n in ("0", "-3"):
-                rc = bench_main(_serve(s.url, "--dataset", dataset, *extra, "--num-prompts", n))
+                rc = bench_main(serve_argv(s.url, "--dataset", dataset, *extra, "--num-prompts", n))
                 err = capsys.readouterr().err
                 assert rc == 2 and err == f"surge: error: --num-prompts must be >= 1, got {n}\n", (
                     dataset,
@@ -316,7 +312,7 @@ def test_bad_counts_and_lengths_name_their_own_flag(
                 "--sonnet-input-len must be",
             ),
         ):
-            assert bench_main(_serve(s.url, *extra)) == 2
+            assert bench_main(serve_argv(s.url, *extra)) == 2
             err = capsys.readouterr().err
             assert err.startswith(f"surge: error: {words}") and err.count("\n") == 1, err
     assert behaviour.seen == 0
@@ -514,17 +510,7 @@ def test_backend_picks_the_request_format_as_vllm(tmp_path: Path, capsys: pytest
     client does not speak, is one line before any request."""
     b = Behaviour(ttft=0.001, itl=0.001)
     with FakeServer(b) as s:
-        argv = [
-            "bench",
-            "serve",
-            "--base-url",
-            s.url,
-            "--disable-tqdm",
-            "--warmup",
-            "0",
-            "--num-prompts",
-            "2",
-        ]
+        argv = serve_argv(s.url, "--num-prompts", "2")
         argv += ["--input-len", "8", "--output-len", "3"]
         assert bench_main([*argv, "--backend", "vllm", "--save-result", "--result-dir", str(tmp_path)]) == 0
         assert {e["path"] for e in b.log} == {"/v1/completions"} and all("prompt" in e["body"] for e in b.log)
@@ -619,17 +605,7 @@ def test_served_model_name_is_sent_and_model_recorded_as_vllm(
     part; --served-model-name without --model (which vLLM ignores) is one line."""
     b = Behaviour(ttft=0.001, itl=0.001)
     with FakeServer(b) as s:
-        argv = [
-            "bench",
-            "serve",
-            "--base-url",
-            s.url,
-            "--disable-tqdm",
-            "--warmup",
-            "0",
-            "--num-prompts",
-            "2",
-        ]
+        argv = serve_argv(s.url, "--num-prompts", "2")
         argv += ["--input-len", "8", "--output-len", "3"]
         names = ["--model", "org/Fake-Model-8B", "--served-model-name", "fake-model"]
         assert bench_main([*argv, *names, "--save-result", "--result-dir", str(tmp_path)]) == 0
@@ -667,7 +643,7 @@ def test_result_file_records_no_api_key(
     b = Behaviour(ttft=0.001, itl=0.001)
     out = tmp_path / "r.json"
     with FakeServer(b) as s:
-        argv = [*_serve(s.url, "--num-prompts", "1", "--input-len", "8", "--output-len", "2")]
+        argv = [*serve_argv(s.url, "--num-prompts", "1", "--input-len", "8", "--output-len", "2")]
         argv += [
             "--api-key",
             "sk-secret",

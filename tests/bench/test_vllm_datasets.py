@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_MODEL, QWEN3_8B, REPO, SHAREGPT, bench_main
+from conftest import BUNDLED_MODEL, QWEN3_8B, REPO, SHAREGPT, bench_main, serve_argv
 from fake_server import CHAT_OVERHEAD, NO_THINK_OVERHEAD, Behaviour, FakeServer, free_port
 
 from surge.bench.compare import compare_points, load_points
@@ -542,17 +542,7 @@ def test_disable_shuffle_keeps_the_files_order_as_vllm(
     prefixes = [r.prompt[:20] for r in grouped]
     assert prefixes[0] == prefixes[1] == prefixes[2] != prefixes[3] == prefixes[4] == prefixes[5]
     with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
-        argv = [
-            "bench",
-            "serve",
-            "--base-url",
-            s.url,
-            "--disable-tqdm",
-            "--warmup",
-            "0",
-            "--num-prompts",
-            "8",
-        ]
+        argv = serve_argv(s.url, "--num-prompts", "8")
         argv += ["--request-id-prefix", "r-", "--output-len", "2"]
         custom = [*argv, "--dataset", "custom", "--dataset-path", path, "--disable-shuffle"]
         assert bench_main(custom) == 0
@@ -595,17 +585,7 @@ def test_no_oversample_sends_the_prompts_a_file_has_as_vllm(
     assert len(sharegpt_requests(stories, str(sharegpt), 4, 64, seed=0, fewer_ok=True)) == 1
     capsys.readouterr()
     with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
-        argv = [
-            "bench",
-            "serve",
-            "--base-url",
-            s.url,
-            "--disable-tqdm",
-            "--warmup",
-            "0",
-            "--num-prompts",
-            "5",
-        ]
+        argv = serve_argv(s.url, "--num-prompts", "5")
         argv += ["--output-len", "2", "--dataset", "custom", "--dataset-path", path]
         out = tmp_path / "r.json"
         assert bench_main([*argv, "--no-oversample", "--result-file", str(out)]) == 0
