@@ -8,7 +8,7 @@ every ``spacing`` milliseconds hands the engine; 0 is all at once), each asking 
 come, as the engine process's loop does. Prints each of the first ``--show`` steps (start time,
 wall duration, requests and tokens scheduled, of which prefill), then each request's time from
 its arrival to its first token and the time until the last request had its first token.
-``--json`` appends one record per run.
+``--tail`` also prints the burst's last steps (where its requests finish). ``--json`` appends one record per run.
 
 Run on the GPU host (from the repository root)::
 
@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--spacing-ms", type=float, nargs="+", default=[1.4, 0.4, 0.0])
     ap.add_argument("--rounds", type=int, default=2, help="bursts per spacing; the first warms up")
     ap.add_argument("--show", type=int, default=16)
+    ap.add_argument("--tail", type=int, default=0, help="also print the burst's last TAIL steps")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     engine = LLMEngine(
@@ -111,7 +112,13 @@ def main() -> None:
                 flush=True,
             )
             if rnd == args.rounds - 1:
-                for s in steps[: args.show]:
+                shown = steps[: args.show]
+                if args.tail > 0:
+                    shown += [{"start_ms": -1.0, "ms": 0.0}] + steps[max(args.show, len(steps) - args.tail) :]
+                for s in shown:
+                    if s["start_ms"] < 0:
+                        print("  ...")
+                        continue
                     print(
                         f"  step at {s['start_ms']:7.1f} ms: {s['ms']:6.2f} ms, {s.get('reqs', 0):3d} reqs "
                         f"({s.get('new', 0)} new), {s.get('tokens', 0):5d} tokens ({s.get('prefill', 0)} prefill)"
