@@ -8,7 +8,13 @@ every ``spacing`` milliseconds hands the engine; 0 is all at once), each asking 
 come, as the engine process's loop does. Prints each of the first ``--show`` steps (start time,
 wall duration, requests and tokens scheduled, of which prefill), then each request's time from
 its arrival to its first token and the time until the last request had its first token.
-``--tail`` also prints the burst's last steps (where its requests finish). ``--json`` appends one record per run.
+``--tail`` also prints the burst's last steps (where its requests finish). Each step also records
+the host milliseconds the runner took to prepare its inputs (``prepare_ms``) and to launch it
+(``launch_ms``, up to the wait for the sampled ids): a launch as long as the step's device time
+means the host waited for the GPU inside it. On CUDA each burst records the caching allocator's
+``num_alloc_retries``, ``num_sync_all_streams``, ``num_device_alloc`` and ``num_device_free``
+during it (``allocator``), and ``--sync-debug`` counts every PyTorch call that synchronised with
+the GPU (``torch.cuda.set_sync_debug_mode("warn")``) by its Python file and line. ``--json`` appends one record per run.
 
 Run on the GPU host (from the repository root)::
 
@@ -19,18 +25,23 @@ Run on the GPU host (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from surge.engine.llm_engine import LLMEngine, build_engine_config  # noqa: E402
 from surge.sampling_params import SamplingParams  # noqa: E402
+
+ALLOCATOR_STATS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 
 
 def run_burst(
@@ -53,6 +64,19 @@ def run_burst(
         return out
 
     engine._schedule = traced  # type: ignore[method-assign]
+    runner = engine.runner
+    launch = getattr(runner, "execute_async", None)
+
+    def timed_launch(scheduler_output):  # type: ignore[no-untyped-def]
+        handle = launch(scheduler_output)
+        started, prepared, launched = handle.launch_times
+        steps[-1].update(prepare_ms=(prepared - started) * 1e3, launch_ms=(launched - prepared) * 1e3)
+        return handle
+
+    if launch is not None:
+        runner.execute_async = timed_launch
+    cuda = torch.cuda.is_available() and engine.runner.device.type == "cuda"
+    before = torch.cuda.memory_stats() if cuda else {}
     t0 = time.perf_counter()
     added = 0
     try:
@@ -74,8 +98,12 @@ def run_burst(
                     first[k] = end
     finally:
         engine._schedule = original  # type: ignore[method-assign]
+        if launch is not None:
+            del runner.execute_async  # the class's method again
     ttft = [(first[k] - k * spacing_s) * 1e3 for k in range(c)]
+    after = torch.cuda.memory_stats() if cuda else {}
     return {
+        "allocator": {k: after[k] - before.get(k, 0) for k in ALLOCATOR_STATS if k in after},
         "spacing_ms": spacing_s * 1e3,
         "steps": steps,
         "ttft_ms": ttft,
@@ -84,7 +112,7 @@ def run_burst(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--quantization", default=None)
@@ -96,14 +124,30 @@ def main() -> None:
     ap.add_argument("--show", type=int, default=16)
     ap.add_argument("--tail", type=int, default=0, help="also print the burst's last TAIL steps")
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--sync-debug", action="store_true", help="count the PyTorch calls that synchronise (CUDA)"
+    )
+    args = ap.parse_args(argv)
     engine = LLMEngine(
-        build_engine_config(args.model, dtype="bfloat16", load_format="dummy", quantization=args.quantization)
+        build_engine_config(args.model, dtype=args.dtype, load_format="dummy", quantization=args.quantization)
     )
     vocab = engine.config.model.vocab_size
+    syncs: collections.Counter[str] = collections.Counter()
     for spacing in args.spacing_ms:
         for rnd in range(args.rounds):
-            r = run_burst(engine, args.c, args.input_len, args.output_len, spacing / 1e3, rnd, vocab)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if args.sync_debug and torch.cuda.is_available():
+                    torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    r = run_burst(engine, args.c, args.input_len, args.output_len, spacing / 1e3, rnd, vocab)
+                finally:
+                    if args.sync_debug and torch.cuda.is_available():
+                        torch.cuda.set_sync_debug_mode(0)
+            for w in caught:
+                if "synchroniz" in str(w.message):
+                    syncs[f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}"] += 1
             steps = r["steps"]
             assert isinstance(steps, list)
             print(
@@ -113,20 +157,28 @@ def main() -> None:
             )
             if rnd == args.rounds - 1:
                 shown = steps[: args.show]
-                if args.tail > 0:
-                    shown += [{"start_ms": -1.0, "ms": 0.0}] + steps[max(args.show, len(steps) - args.tail) :]
+                tail = steps[max(args.show, len(steps) - args.tail) :] if args.tail > 0 else []
+                if tail:
+                    shown += [{"start_ms": -1.0, "ms": 0.0}, *tail]
                 for s in shown:
                     if s["start_ms"] < 0:
                         print("  ...")
                         continue
                     print(
                         f"  step at {s['start_ms']:7.1f} ms: {s['ms']:6.2f} ms, {s.get('reqs', 0):3d} reqs "
-                        f"({s.get('new', 0)} new), {s.get('tokens', 0):5d} tokens ({s.get('prefill', 0)} prefill)"
+                        f"({s.get('new', 0)} new), {s.get('tokens', 0):5d} tokens ({s.get('prefill', 0)} prefill), "
+                        f"prepare {s.get('prepare_ms', 0.0):5.2f} ms, launch {s.get('launch_ms', 0.0):6.2f} ms"
                     )
+                if r["allocator"]:
+                    print(f"  allocator during the burst: {r['allocator']}")
                 if args.json is not None:
                     with args.json.open("a") as f:
                         f.write(json.dumps({"c": args.c, "input_len": args.input_len, **r}) + "\n")
             engine.reset_prefix_cache()
+    if args.sync_debug:
+        print("synchronising PyTorch calls during the bursts (count, where):")
+        for where, n in syncs.most_common():
+            print(f"  {n:6d}  {where}")
 
 
 if __name__ == "__main__":
