@@ -46,6 +46,8 @@ def test_finish_step_host_bad_flags_are_one_line() -> None:
     run = _run("--c", "4", "--finishing", "5")
     assert run.returncode == 2 and "--finishing counts must be in [0, --c=4]" in run.stderr
     assert "Traceback" not in run.stderr
+    run = _run("--device", "tpu")
+    assert run.returncode == 2 and "--device must be cpu or cuda, got 'tpu'" in run.stderr
     run = _run("--input-len", "400", "--output-len", "200", "--rounds", "1")
     assert run.returncode == 2 and "max_model_len 512" in run.stderr
     assert "Traceback" not in run.stderr
