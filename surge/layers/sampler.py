@@ -587,8 +587,10 @@ class Sampler(nn.Module):
         if md.repetition_penalties is not None:
             logits = apply_penalties(logits, md)
         if md.suppress_rows is not None:
+            # the -inf made on the device: torch.tensor(..., device=cuda) is a blocking copy from
+            # the host, which would wait for this step's forward on every step that bans tokens
             suppressed = logits.index_put(
-                (md.suppress_rows, md.suppress_tokens), torch.tensor(float("-inf"), device=logits.device)
+                (md.suppress_rows, md.suppress_tokens), logits.new_full((), float("-inf"))
             )
             restricted = constrained or md.allowed_mask is not None
             logits = _unless_empty(logits, suppressed) if restricted else suppressed

@@ -122,6 +122,24 @@ def test_min_tokens_suppresses_eos_and_stop_ids() -> None:
     assert Sampler()(logits[:2], md).tolist() == [7, 2]
 
 
+def test_a_step_that_bans_tokens_builds_no_tensor_from_host_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch with banned tokens (bad words of one token keep their metadata from step to step)
+    samples without ``torch.tensor``: on CUDA that is a blocking copy from the host, which waits
+    for the step's forward on every step."""
+    logits = torch.zeros(2, V)
+    logits[:, 4] = 10.0  # the bad word
+    logits[:, 9] = 8.0
+    params = SamplingParams(temperature=0.0, bad_words=["x"], bad_words_token_ids=[[4]])
+    md = _md([params, SamplingParams(temperature=0.0)])
+    assert md.suppress_rows is not None
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"torch.tensor{args} in the sampler's step")
+
+    monkeypatch.setattr(torch, "tensor", refused)
+    assert Sampler()(logits, md).tolist() == [9, 4]
+
+
 def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     logits = _logits(8, seed=2)
     seeded = [SamplingParams(temperature=1.0, seed=s, top_p=0.95) for s in (11, 12, 13)]
