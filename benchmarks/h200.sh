@@ -11,6 +11,8 @@
 # Options before MODEL_DIR (issue 13; each optional):
 #   --port N              the server's port (default 8000): two matrices at once on two GPUs of a
 #                         host take CUDA_VISIBLE_DEVICES=0 / =1 and two ports
+#   --gpu NAME            the GPU the roofline column assumes (`surge bench roofline --gpu`; default h200,
+#                         e.g. h100-sxm when the host has an H100)
 #   --quantization fp8    FP8 weights, quantized at load; the roofline counts FP8 weight bytes
 #   --kv-cache-dtype fp8  an FP8 KV cache; the roofline counts 1 byte per K/V value
 #   --api-server-count N  N API server processes on the port (default 1)
@@ -20,21 +22,23 @@
 #        runs/fp8 1 --preset official-8b --label surge-fp8
 set -euo pipefail
 port=8000
+gpu=h200
 serve_extra=(); roof_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) port="$2"; shift 2 ;;
+    --gpu) gpu="$2"; shift 2 ;;
     --quantization) serve_extra+=(--quantization "$2"); roof_extra+=(--roofline-dtype "$2"); shift 2 ;;
     --kv-cache-dtype) serve_extra+=(--kv-cache-dtype "$2"); roof_extra+=(--roofline-kv-cache-dtype "$2"); shift 2 ;;
     --api-server-count) serve_extra+=(--api-server-count "$2"); shift 2 ;;
     --no-stream-decode) serve_extra+=(--no-stream-decode); shift ;;
     --stream-attention) serve_extra+=(--stream-attention); shift ;;
     --no-stream-attention) serve_extra+=(--no-stream-attention); shift ;;
-    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype, --api-server-count, --no-stream-decode, --[no-]stream-attention)" >&2; exit 2 ;;
+    --*) echo "h200.sh: unknown option $1 (before MODEL_DIR: --port, --gpu, --quantization, --kv-cache-dtype, --api-server-count, --no-stream-decode, --[no-]stream-attention)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] [--api-server-count N] [--no-stream-decode] [--[no-]stream-attention] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
+if [ $# -lt 3 ]; then echo "usage: h200.sh [--port N] [--gpu NAME] [--quantization fp8] [--kv-cache-dtype fp8] [--api-server-count N] [--no-stream-decode] [--[no-]stream-attention] MODEL_DIR OUT_DIR STREAM_INTERVAL [matrix args...]" >&2; exit 2; fi
 model="$1"; out="$2"; interval="$3"; shift 3
 mkdir -p "$out"
 if python3 -c "import socket,sys; s=socket.socket(); sys.exit(0 if s.connect_ex(('127.0.0.1',$port))==0 else 1)"; then
@@ -54,5 +58,5 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 grep -h "KV pool" "$log" | tail -n 1 || true  # the pool's size (twice the tokens with an FP8 KV cache)
-python3 -m surge.cli bench matrix --base-url http://127.0.0.1:$port --gpu h200 --model-config "$model" \
+python3 -m surge.cli bench matrix --base-url http://127.0.0.1:$port --gpu "$gpu" --model-config "$model" \
   --disable-tqdm --output-dir "$out" ${roof_extra[@]+"${roof_extra[@]}"} "$@"

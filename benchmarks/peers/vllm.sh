@@ -11,6 +11,7 @@
 # matrix can be split over several calls, each on a fresh server: add `--resume --stop-after 360`.
 # Options before MODEL_DIR (issue 13; each optional):
 #   --port N              vLLM's port (default 8001)
+#   --gpu NAME            the GPU the roofline column assumes (default h200; e.g. h100-sxm)
 #   --quantization fp8    vLLM's `--quantization fp8`; the roofline counts FP8 weight bytes
 #   --kv-cache-dtype fp8  vLLM's `--kv-cache-dtype fp8`; the roofline counts 1 byte per K/V value
 # Each also goes into the label (vllm-0.26-fp8, ...). One vLLM at a time (/tmp/peer/vllm.pid).
@@ -18,17 +19,19 @@
 #        runs/vllm-fp8 --preset official-8b
 set -euo pipefail
 port=8001
+gpu=h200
 vllm_extra=(); roof_extra=(); label=vllm-0.26
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) port="$2"; shift 2 ;;
+    --gpu) gpu="$2"; shift 2 ;;
     --quantization) vllm_extra+=(--quantization "$2"); roof_extra+=(--roofline-dtype "$2"); label+="-$2"; shift 2 ;;
     --kv-cache-dtype) vllm_extra+=(--kv-cache-dtype "$2"); roof_extra+=(--roofline-kv-cache-dtype "$2"); label+="-kv$2"; shift 2 ;;
-    --*) echo "vllm.sh: unknown option $1 (before MODEL_DIR: --port, --quantization, --kv-cache-dtype)" >&2; exit 2 ;;
+    --*) echo "vllm.sh: unknown option $1 (before MODEL_DIR: --port, --gpu, --quantization, --kv-cache-dtype)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-if [ $# -lt 2 ]; then echo "usage: vllm.sh [--port N] [--quantization fp8] [--kv-cache-dtype fp8] MODEL_DIR OUT_DIR [matrix args...]" >&2; exit 2; fi
+if [ $# -lt 2 ]; then echo "usage: vllm.sh [--port N] [--gpu NAME] [--quantization fp8] [--kv-cache-dtype fp8] MODEL_DIR OUT_DIR [matrix args...]" >&2; exit 2; fi
 model="$1"; out="$2"; shift 2
 peer=/tmp/peer
 if [ ! -f "$peer/serve-vllm.sh" ] || ! PYTHONPATH=/tmp/site python3 -c "import vllm" 2>/dev/null; then
@@ -58,5 +61,5 @@ echo "vllm.sh: starting vLLM on port $port (log $peer/vllm.log, copied to $out/s
 VLLM_SERVER_DEV_MODE=1 bash "$peer/serve-vllm.sh" "$model" $port --load-format dummy --dtype bfloat16 \
   --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 ${vllm_extra[@]+"${vllm_extra[@]}"}
 PYTHONPATH=/tmp/site python3 -c "import vllm; print('vllm', vllm.__version__)" > "$out/vllm-version.txt"
-python3 -m surge.cli bench matrix --base-url http://127.0.0.1:$port --gpu h200 --model-config "$model" \
+python3 -m surge.cli bench matrix --base-url http://127.0.0.1:$port --gpu "$gpu" --model-config "$model" \
   --disable-tqdm --label "$label" --output-dir "$out" ${roof_extra[@]+"${roof_extra[@]}"} "$@"
