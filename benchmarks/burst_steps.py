@@ -47,8 +47,11 @@ ALLOCATOR_STATS = ("num_alloc_retries", "num_sync_all_streams", "num_device_allo
 def run_burst(
     engine: LLMEngine, c: int, input_len: int, output_len: int, spacing_s: float, seed: int, vocab: int
 ) -> dict[str, object]:
-    """One burst (see the module docstring); returns the steps and the per-request TTFTs
-    (seconds, engine-side: the step that returned the token)."""
+    """One burst (see the module docstring). Returns ``steps`` (per ``step()`` call: start and
+    wall milliseconds, requests, tokens, prefill tokens, new requests, and the runner's
+    ``prepare_ms`` / ``launch_ms``), ``ttft_ms`` per request (engine-side: the call that returned
+    its first token), their mean, the last first token's time and ``allocator`` (the caching
+    allocator's counter deltas over the burst; empty off CUDA)."""
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(min(1000, vocab // 2), vocab, input_len).tolist() for _ in range(c)]
     params = SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_tokens=output_len, ignore_eos=True)
@@ -113,6 +116,9 @@ def run_burst(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse ``argv`` (default ``sys.argv[1:]``), build the engine and run the bursts; prints
+    each measured burst's steps (milliseconds) and, with ``--json``, appends one record per
+    burst. Bad flags exit 2 with argparse's line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--quantization", default=None)

@@ -137,6 +137,9 @@ def burst(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse ``argv`` (default ``sys.argv[1:]``), build the engine and print, per ``--finishing``
+    count, the median microseconds of each host piece around the finishing step (see the
+    module docstring). A bad flag or model exits 2 with one line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(Path(__file__).resolve().parents[1] / "surge/assets/stories260K"))
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
