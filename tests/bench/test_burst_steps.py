@@ -1,5 +1,6 @@
 """benchmarks/burst_steps.py on CPU: a tiny burst's steps account for every token, and each carries
-the runner's prepare and launch times; ``--tail`` prints the burst's last steps."""
+the runner's prepare and launch times; ``--tail`` prints the burst's last steps; the collector's
+full pass is timed before the bursts and the burst's end recorded."""
 
 from __future__ import annotations
 
@@ -53,3 +54,5 @@ def test_burst_steps_records_every_token_and_the_launch_times(tmp_path: Path) ->
     shown = [line for line in run.stdout.splitlines() if line.startswith("  step at")]
     assert len(shown) == 3 and "  ..." in run.stdout.splitlines()  # the first step, then the last two
     assert "launch" in shown[0] and "synchronising PyTorch calls" in run.stdout
+    assert "a full garbage collection over the engine took" in run.stdout
+    assert record["end_ms"] >= record["last_first_token_ms"] > 0
