@@ -105,6 +105,47 @@ by its dotted path (``stream_options.include_obfuscation``, ``repetition_detecti
 other errors name the top field."""
 
 
+_UNION_FORMS = {
+    "stop": "a string or a list of strings",
+    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
+}
+"""Request fields that take several JSON forms, and those forms in words: a value of the wrong
+type in such a field gets a 400 that lists them (pydantic names only the member it tried, as in
+``stop.str: Input should be a valid string``)."""
+
+_JSON_TYPE_NAMES = {
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> str | None:
+    """The 400's message for a type error in a field of :data:`_UNION_FORMS` (None for any
+    other error): the forms the field takes and what came, or, for an element of a list form
+    (the member whose error lies deepest: the form that matched the value's shape), which
+    element was wrong."""
+    field = loc[0] if loc else None
+    if field not in _UNION_FORMS or len(loc) < 2 or loc[1].isdigit():
+        return None
+    if not str(first.get("type", "")).endswith("_type"):  # a value out of range, not a type
+        return None
+    for e in errors:
+        e_loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        if e_loc[:1] == [field] and len(e_loc) > len(loc) and str(e.get("type", "")).endswith("_type"):
+            first, loc = e, e_loc
+    inside = loc[2:]  # positions within the member pydantic tried (a list's index)
+    if inside:
+        where = field + "".join(f"[{x}]" for x in inside)
+        return f"{field}: expected {_UNION_FORMS[field]} ({where}: {first.get('msg', 'invalid value')})"
+    got = _JSON_TYPE_NAMES.get(type(first.get("input")))
+    return f"{field}: expected {_UNION_FORMS[field]}" + (f", got {got}" if got else "")
+
+
 _ENDPOINT_OF_FIELD = {
     "prompt": "POST /v1/completions",
     "messages": "POST /v1/chat/completions",
@@ -158,9 +199,17 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
             where,
         )
     where = ".".join(loc)
-    msg = f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg", "invalid body"))
-    if len(errors) > 1:
-        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    union = _union_form_message(errors, first, loc)
+    others = len(errors) - 1
+    if union is not None:  # the other members' errors are the same field's
+        msg = union
+        others = sum(1 for e in errors if [str(x) for x in e.get("loc", ()) if x != "body"][:1] != loc[:1])
+    elif where:
+        msg = f"{where}: {first.get('msg', 'invalid value')}"
+    else:
+        msg = str(first.get("msg", "invalid body"))
+    if others:
+        msg += f" (and {others} more error{'s' if others > 1 else ''})"
     if len(loc) > 1 and loc[0] in _NESTED_OBJECT_FIELDS:  # stream_options.include_usage, not stream_options
         return msg, f"{loc[0]}.{loc[1]}"
     if batch and len(loc) > 1 and loc[0] == "messages" and loc[1].isdigit():  # the conversation at fault

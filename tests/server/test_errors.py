@@ -46,7 +46,10 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     (CMPL, {"prompt": "Once upon", "repetition_penalty": 1e-300}, 400, "repetition_penalty"),
     (CMPL, {"prompt": "Once upon", "repetition_penalty": 0.009}, 400, "repetition_penalty"),
     (CHAT, {"messages": MSGS, "min_tokens": 50, "max_tokens": 10}, 400, "min_tokens"),
-    (CHAT, {"messages": MSGS, "stop": 5}, 400, "stop"),
+    (CHAT, {"messages": MSGS, "stop": 5}, 400, "stop: expected a string or a list of strings, got a number"),
+    (CMPL, {"prompt": 5}, 400, "prompt: expected a string, a list of strings, a list of token ids"),
+    (CMPL, {"prompt": ["Once", [1, 403]]}, 400, "(prompt[1]: Input should be a valid string)"),
+    (CMPL, {"prompt": {"text": "Once"}}, 400, "got an object"),
     (CHAT, {"messages": MSGS, "stop": [""]}, 400, "stop"),
     (CHAT, {"messages": MSGS, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
     (CHAT, {"messages": MSGS, "stream": "yes please"}, 400, "stream"),
@@ -429,3 +432,31 @@ def test_messages_api_names_a_field_nested_too_deeply(server: Server) -> None:
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "metadata: nested too deeply to parse as JSON"},
     }
+
+
+def test_a_union_field_of_the_wrong_type_lists_its_forms() -> None:
+    """A value of the wrong type in ``stop`` or ``prompt`` (fields of several JSON forms) gets a
+    400 that lists the forms, not pydantic's first member alone (``stop.str: Input should be a
+    valid string (and 1 more error)``); errors of other fields are still counted, and a value
+    out of range in the right form keeps pydantic's own words."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    from surge.server.api_server import _validation_message
+    from surge.server.protocol import CompletionRequest
+
+    def message(body: dict[str, Any]) -> tuple[str, str | None]:
+        with pytest.raises(ValidationError) as info:
+            CompletionRequest.model_validate(body)
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+        return _validation_message(RequestValidationError(errors))
+
+    assert message({"prompt": "x", "stop": 5}) == (
+        "stop: expected a string or a list of strings, got a number",
+        "stop",
+    )
+    msg, param = message({"prompt": "x", "stop": {"a": 1}, "ignore_eos": "yes"})
+    assert msg == "stop: expected a string or a list of strings, got an object (and 1 more error)"
+    assert param == "stop"
+    msg, _ = message({"prompt": "x", "stop": [1, 2]})
+    assert msg.startswith("stop: expected a string or a list of strings (stop[0]:")
