@@ -124,6 +124,11 @@ _JSON_TYPE_NAMES = {
 }
 
 
+def _body_loc(error: Any) -> list[str]:
+    """A pydantic error's location without FastAPI's leading ``"body"``, as strings."""
+    return [str(x) for x in error.get("loc", ()) if x != "body"]
+
+
 def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> str | None:
     """The 400's message for a type error in a field of :data:`_UNION_FORMS` (None for any
     other error): the forms the field takes and what came, or, for an element of a list form
@@ -135,7 +140,7 @@ def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> st
     if not str(first.get("type", "")).endswith("_type"):  # a value out of range, not a type
         return None
     for e in errors:
-        e_loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        e_loc = _body_loc(e)
         if e_loc[:1] == [field] and len(e_loc) > len(loc) and str(e.get("type", "")).endswith("_type"):
             first, loc = e, e_loc
     inside = loc[2:]  # positions within the member pydantic tried (a list's index)
@@ -175,7 +180,7 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
     if not errors:
         return "Invalid request body", None
     first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    loc = _body_loc(first)
     if loc[:1] == ["query"]:  # a query parameter (/reset_prefix_cache's): named as it is
         loc = loc[1:]
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
@@ -203,7 +208,7 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
     others = len(errors) - 1
     if union is not None:  # the other members' errors are the same field's
         msg = union
-        others = sum(1 for e in errors if [str(x) for x in e.get("loc", ()) if x != "body"][:1] != loc[:1])
+        others = sum(1 for e in errors if _body_loc(e)[:1] != loc[:1])
     elif where:
         msg = f"{where}: {first.get('msg', 'invalid value')}"
     else:
