@@ -1372,7 +1372,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             _check_output_file(folder / args.result_filename, "--result-filename")
         else:
             _check_output_file(folder / "result.json", "--result-dir")
-    result = run_serve(cfg, _command_line())
+    try:
+        result = run_serve(cfg, _command_line())
+    except KeyboardInterrupt:
+        written = " and no result file was written" if saving else ""
+        print(
+            f"surge: interrupted; the run was cut short, so no result table is printed{written}",
+            file=sys.stderr,
+        )
+        raise
     print(format_result_table(result))
     path = None
     if args.result_file:

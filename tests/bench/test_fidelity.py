@@ -477,6 +477,31 @@ def test_launcher_rejects_a_foreign_health_answer(tmp_path: Path) -> None:
         launcher.stop()
 
 
+@pytest.mark.parametrize("result_file", [False, True])
+def test_serve_interrupted_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], result_file: bool
+) -> None:
+    """Ctrl-C in ``surge bench serve`` exits 130 with one line saying the run was cut short and
+    that nothing was written (it exited silently), and leaves no result file behind."""
+    import surge.bench.serve as serve
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    from surge.cli import main
+
+    monkeypatch.setattr(serve, "run_serve", interrupted)
+    out = tmp_path / "r.json"
+    extra = ["--result-file", str(out)] if result_file else []
+    with FakeServer(Behaviour(ttft=0.005, itl=0.001)) as s:
+        argv = ["bench", "serve", "--base-url", s.url, "--num-prompts", "2", "--input-len", "8"]
+        assert main([*argv, "--output-len", "4", *extra]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "cut short" in err, err
+    assert ("no result file was written" in err) == result_file, err
+    assert not out.exists()
+
+
 def test_matrix_interrupted_names_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
