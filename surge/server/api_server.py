@@ -105,13 +105,16 @@ by its dotted path (``stream_options.include_obfuscation``, ``repetition_detecti
 other errors name the top field."""
 
 
-_UNION_FORMS = {
-    "stop": "a string or a list of strings",
-    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
+_CONTENT_FORMS = "a string, a list of content parts or null"
+_UNION_FORMS: dict[tuple[str, ...], str] = {
+    ("stop",): "a string or a list of strings",
+    ("prompt",): "a string, a list of strings, a list of token ids or a list of token-id lists",
+    ("messages", "*", "content"): _CONTENT_FORMS,
+    ("messages", "*", "*", "content"): _CONTENT_FORMS,  # /v1/chat/completions/batch's conversations
 }
-"""Request fields that take several JSON forms, and those forms in words: a value of the wrong
-type in such a field gets a 400 that lists them (pydantic names only the member it tried, as in
-``stop.str: Input should be a valid string``)."""
+"""Request fields that take several JSON forms (by their location in the body, ``*`` for any list
+index), and those forms in words: a value of the wrong type in such a field gets a 400 that lists
+them (pydantic names only the member it tried, as in ``stop.str: Input should be a valid string``)."""
 
 _JSON_TYPE_NAMES = {
     bool: "a boolean",
@@ -129,26 +132,49 @@ def _body_loc(error: Any) -> list[str]:
     return [str(x) for x in error.get("loc", ()) if x != "body"]
 
 
-def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> str | None:
-    """The 400's message for a type error in a field of :data:`_UNION_FORMS` (None for any
-    other error): the forms the field takes and what came, or, for an element of a list form
-    (the member whose error lies deepest: the form that matched the value's shape), which
-    element was wrong."""
-    field = loc[0] if loc else None
-    if field not in _UNION_FORMS or len(loc) < 2 or loc[1].isdigit():
+def _field_name(loc: Sequence[str]) -> str:
+    """A body location as a client writes it: ``messages[0].content``, ``stop[1]``."""
+    return "".join(f"[{x}]" if x.isdigit() else (f".{x}" if i else x) for i, x in enumerate(loc))
+
+
+def _union_field(loc: Sequence[str]) -> tuple[int, str] | None:
+    """The length of the :data:`_UNION_FORMS` location that ``loc`` lies in, followed by the union
+    member pydantic tried (``["messages", "0", "content", "str"]``: 3), and that field's forms;
+    None outside those fields."""
+    for pattern, forms in _UNION_FORMS.items():
+        k = len(pattern)
+        if (
+            len(loc) > k
+            and not loc[k].isdigit()
+            and all(x.isdigit() if p == "*" else x == p for p, x in zip(pattern, loc, strict=False))
+        ):
+            return k, forms
+    return None
+
+
+def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> tuple[str, int] | None:
+    """The 400's message for a type error in a field of :data:`_UNION_FORMS`, and the length of
+    that field's location (None for any other error): the forms the field takes and what came,
+    or, for an element of a list form (the member whose error lies deepest: the form that matched
+    the value's shape), which element was wrong."""
+    union = _union_field(loc)
+    if union is None:
         return None
+    k, forms = union
     if not str(first.get("type", "")).endswith("_type"):  # a value out of range, not a type
         return None
+    field = loc[:k]
     for e in errors:
         e_loc = _body_loc(e)
-        if e_loc[:1] == [field] and len(e_loc) > len(loc) and str(e.get("type", "")).endswith("_type"):
+        if e_loc[:k] == field and len(e_loc) > len(loc) and str(e.get("type", "")).endswith("_type"):
             first, loc = e, e_loc
-    inside = loc[2:]  # positions within the member pydantic tried (a list's index)
+    name = _field_name(field)
+    inside = loc[k + 1 :]  # positions within the member pydantic tried (a list's index)
     if inside:
-        where = field + "".join(f"[{x}]" for x in inside)
-        return f"{field}: expected {_UNION_FORMS[field]} ({where}: {first.get('msg', 'invalid value')})"
+        where = _field_name([*field, *inside])
+        return f"{name}: expected {forms} ({where}: {first.get('msg', 'invalid value')})", k
     got = _JSON_TYPE_NAMES.get(type(first.get("input")))
-    return f"{field}: expected {_UNION_FORMS[field]}" + (f", got {got}" if got else "")
+    return f"{name}: expected {forms}" + (f", got {got}" if got else ""), k
 
 
 _ENDPOINT_OF_FIELD = {
@@ -207,8 +233,8 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
     union = _union_form_message(errors, first, loc)
     others = len(errors) - 1
     if union is not None:  # the other members' errors are the same field's
-        msg = union
-        others = sum(1 for e in errors if _body_loc(e)[:1] != loc[:1])
+        msg, k = union
+        others = sum(1 for e in errors if _body_loc(e)[:k] != loc[:k])
     elif where:
         msg = f"{where}: {first.get('msg', 'invalid value')}"
     else:

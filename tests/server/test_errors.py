@@ -460,3 +460,42 @@ def test_a_union_field_of_the_wrong_type_lists_its_forms() -> None:
     assert param == "stop"
     msg, _ = message({"prompt": "x", "stop": [1, 2]})
     assert msg.startswith("stop: expected a string or a list of strings (stop[0]:")
+
+
+def test_a_message_content_of_the_wrong_type_lists_its_forms() -> None:
+    """A message's ``content`` of the wrong type (a field of several forms inside a list) is named
+    as a client writes it and its forms listed, in a chat body and in a batch's conversation, not
+    as ``messages.0.content.str: Input should be a valid string (and 1 more error)``; the
+    count of other errors leaves out the same content's other members."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import BaseModel, ValidationError
+
+    from surge.server.api_server import _validation_message
+    from surge.server.protocol import BatchChatCompletionRequest, ChatCompletionRequest
+
+    def message(model: type[BaseModel], body: dict[str, Any], batch: bool = False) -> tuple[str, str | None]:
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(body)
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+        return _validation_message(RequestValidationError(errors), batch=batch)
+
+    forms = "a string, a list of content parts or null"
+    ok = {"role": "user", "content": "hi"}
+    assert message(ChatCompletionRequest, {"messages": [ok, {"role": "user", "content": 5}]}) == (
+        f"messages[1].content: expected {forms}, got a number",
+        "messages",
+    )
+    msg, _ = message(ChatCompletionRequest, {"messages": [{"role": "user", "content": [5]}]})
+    assert (
+        msg
+        == f"messages[0].content: expected {forms} (messages[0].content[0]: Input should be a valid dictionary)"
+    )
+    msg, _ = message(
+        ChatCompletionRequest, {"messages": [{"role": "user", "content": {"a": 1}}, {"content": "x"}]}
+    )
+    assert msg == f"messages[0].content: expected {forms}, got an object (and 1 more error)"
+    batch = {"messages": [[ok], [{"role": "user", "content": 7}]]}
+    assert message(BatchChatCompletionRequest, batch, batch=True) == (
+        f"messages[1][0].content: expected {forms}, got a number",
+        "messages[1]",
+    )
