@@ -28,17 +28,25 @@ def token_rules_of(
 ) -> dict[str, Any]:
     """The ``logit_bias``, ``allowed_token_ids``, ``bad_words`` and ``bad_words_token_ids``
     fields of ``req`` as :class:`~surge.sampling_params.SamplingParams` keyword arguments
-    (empty when it has none). ``logit_bias`` keys are token ids written as strings of ASCII
+    (empty when it has none), after checking ``stop_token_ids`` against the vocabulary too (an id
+    the model cannot sample would never stop anything; that field itself is passed on by
+    :func:`~surge.server.serving_common.build_sampling_params`). ``logit_bias`` keys are token ids written as strings of ASCII
     digits (OpenAI), each id once (``"10"`` and ``"010"`` are one id);
     its values' range (-100..100) is checked by the request model.
 
     Raises:
         ApiError: 400 naming the field for a ``logit_bias`` key that is not a token id, a token
-            id outside ``[0, vocab_size)``, an empty ``allowed_token_ids``, more than
+            id outside ``[0, vocab_size)`` (in ``logit_bias``, ``allowed_token_ids`` or
+            ``stop_token_ids``), an empty ``allowed_token_ids``, more than
             :data:`MAX_BAD_WORDS` bad words, one longer than :data:`MAX_BAD_WORD_CHARS` characters
             or one that encodes to no token.
     """
     rules: dict[str, Any] = {}
+    bad_stop = next((t for t in req.stop_token_ids or () if not 0 <= t < vocab_size), None)
+    if bad_stop is not None:
+        raise bad_request(
+            f"stop_token_ids must be in [0, {vocab_size}), got {bad_stop}", param="stop_token_ids"
+        )
     if req.logit_bias:
         bias: dict[int, float] = {}
         for key, value in req.logit_bias.items():

@@ -211,6 +211,8 @@ def test_rules_with_a_grammar(server: Server) -> None:
         ("allowed_token_ids", [99999]),
         ("allowed_token_ids", []),
         ("allowed_token_ids", [-1]),
+        ("stop_token_ids", [99999]),  # never sampled, so it would never stop anything
+        ("stop_token_ids", [2, 99999]),
         ("bad_words", [""]),
         ("bad_words", ["  "]),
         ("bad_words", "girl"),
