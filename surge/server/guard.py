@@ -7,9 +7,12 @@ In order, before any byte of the body is parsed:
    KEY``) gets a 401, whatever its body.
 2. **Body size**: a ``Content-Length`` above ``max_body_bytes`` gets a 413 at once; a chunked
    body is counted as it arrives and cut with a 413 at the limit.
-3. **Body read time**: the whole body must arrive within ``body_read_timeout`` seconds, else a
+3. **Content encoding**: a body sent with a ``Content-Encoding`` other than ``identity``
+   (``gzip``, ...) gets a 415 that names the header: the server reads bodies as sent, and a
+   compressed one would otherwise fail later as invalid JSON.
+4. **Body read time**: the whole body must arrive within ``body_read_timeout`` seconds, else a
    408 and the connection is closed (a client trickling its body cannot hold the handler).
-4. **Lone surrogates**: a JSON string holding a lone UTF-16 surrogate (``"\ud800"``, or its
+5. **Lone surrogates**: a JSON string holding a lone UTF-16 surrogate (``"\ud800"``, or its
    raw bytes) has no UTF-8 form, so the tokenizer or an error message would fail on it later.
    A body that may hold one (a quick byte search) is parsed and checked; a 400 names the
    top-level field that holds it.
@@ -138,7 +141,8 @@ async def send_error(
 
 
 class RequestGuard:
-    """ASGI middleware: API key, body size and body read time, checked before the app parses anything.
+    """ASGI middleware: API key, body size, content encoding and body read time, checked before
+    the app parses anything.
 
     Args:
         app: the wrapped ASGI app.
@@ -157,11 +161,14 @@ class RequestGuard:
         authorization: bytes | None = None
         x_api_key: bytes | None = None
         content_length: int | None = None
+        content_encoding: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization" and authorization is None:
                 authorization = value
             elif name == b"x-api-key" and x_api_key is None:
                 x_api_key = value
+            elif name == b"content-encoding":
+                content_encoding = value
             elif name == b"content-length":
                 try:
                     content_length = int(value)
@@ -187,6 +194,16 @@ class RequestGuard:
                 f"Request body of {content_length} bytes is over the limit of {limit} bytes "
                 "(--max-request-body-bytes).",
                 close=content_length > _DRAIN_FACTOR * limit,
+                scope=scope,
+            )
+            return
+        if content_encoding is not None and content_encoding.strip().lower() not in (b"", b"identity"):
+            shown = content_encoding.decode("latin-1")[:64]
+            await send_error(
+                send,
+                415,
+                f"Content-Encoding {shown!r} is not supported: send the request body uncompressed.",
+                close=content_length is None,  # a chunked body is not read: end the connection
                 scope=scope,
             )
             return

@@ -8,7 +8,8 @@ one view of each route per method, each with its own operation id (``health_heal
 
 - every error response is the OpenAI error object (``ErrorResponse``), Anthropic's on the
   Messages API's routes (``AnthropicErrorResponse``);
-- routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large), routes
+- routes with a body document 400 (bad field), 408 (body too slow), 413 (body too large), 415
+  (a compressed body), routes
   with query parameters (``/reset_prefix_cache``) 400;
 - every route but the open ones documents 401 (``--api-key``); model routes 404 (unknown
   ``model``); generation routes 503 (engine gone) and their ``text/event-stream`` 200;
@@ -145,6 +146,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["400"] = _error(f"Invalid request: {names} the field.")
                 responses["408"] = _error("The body did not arrive within --body-read-timeout.")
                 responses["413"] = _error("The body is larger than --max-request-body-bytes.")
+                responses["415"] = _error("The body was sent with a Content-Encoding other than identity.")
             elif any(p.get("in") == "query" for p in op.get("parameters", ())):
                 responses["400"] = _error(f"Invalid query parameter: {names} the parameter.")
             if path == "/reset_prefix_cache":

@@ -50,7 +50,7 @@ def test_openapi_documents_what_the_server_does(server: Server) -> None:
     assert len(ids) == len(set(ids)), "operation ids are unique"
     for path in (CMPL, CHAT):
         responses = schema["paths"][path]["post"]["responses"]
-        assert {"200", "400", "401", "404", "408", "413", "500", "503"} <= set(responses)
+        assert {"200", "400", "401", "404", "408", "413", "415", "500", "503"} <= set(responses)
         assert "text/event-stream" in responses["200"]["content"]
     assert "503" in schema["paths"]["/health"]["get"]["responses"]
     assert "404" in schema["paths"]["/v1/models/{model}"]["get"]["responses"]
@@ -218,3 +218,29 @@ def test_seed_minus_one_is_no_seed(n: int) -> None:
     assert params.seed is None and [p.seed for p in choice_params(params)] == [None] * n
     seeded = CompletionRequest.model_validate({"prompt": "x", "seed": -2, "n": n})
     assert build_sampling_params(seeded, 4, None, token_rules={}).seed == -2
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "GZIP"])
+def test_a_compressed_body_gets_a_415_naming_the_header(server: Server, encoding: str) -> None:
+    """A body sent with ``Content-Encoding: gzip`` (or any coding but identity) is a 415 that
+    names the header, not a 400 "invalid JSON" about bytes the server never decompressed; the
+    connection still serves the next request, and ``identity`` is the plain body it names."""
+    import gzip
+
+    body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
+    with httpx.Client(base_url=server.url) as client:
+        r = client.post(
+            CMPL,
+            content=gzip.compress(body),
+            headers={"content-type": "application/json", "content-encoding": encoding},
+        )
+        assert r.status_code == 415, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == 415, err
+        assert f"Content-Encoding {encoding!r} is not supported" in err["message"], err
+        r = client.post(CMPL, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        r = client.post(
+            CMPL, content=body, headers={"content-type": "application/json", "content-encoding": "identity"}
+        )
+        assert r.status_code == 200, r.text
