@@ -304,8 +304,11 @@ class CompletionLogprobs:
     def build(self, rows: LogprobsLists, first_is_null: bool = False) -> dict[str, Any]:
         """``{tokens, token_logprobs, top_logprobs, text_offset}`` of ``rows``; with
         ``first_is_null`` the first row is a prompt's first token (no logprob). Each
-        ``top_logprobs`` dict holds the sampled token first, then the alternatives (a text
-        seen twice keeps its first place and its last value), as vLLM 0.26 builds it."""
+        ``top_logprobs`` dict holds the sampled token first, then the alternatives, as vLLM 0.26
+        builds it, with one difference: where an alternative's text is the sampled token's (two
+        ids that decode alike, such as a letter and its byte token), the sampled token keeps its
+        own value, so that ``top_logprobs[i][tokens[i]] == token_logprobs[i]`` (vLLM overwrites
+        it); two alternatives of one text keep the first's place and the last's value, as vLLM."""
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top_logprobs: list[dict[str, float] | None] = []
@@ -322,7 +325,9 @@ class CompletionLogprobs:
             token_logprobs.append(_lp(lps[0]))
             entry = {text: _lp(lps[0])}  # the sampled token first, as vLLM's dict
             for t, lp in zip(ids[1 : self.top + 1], lps[1 : self.top + 1], strict=True):
-                entry[self.strings.text(t)] = _lp(lp)
+                alt = self.strings.text(t)
+                if alt != text:
+                    entry[alt] = _lp(lp)
             top_logprobs.append(entry)
         return {
             "tokens": tokens,
