@@ -30,9 +30,9 @@ def token_rules_of(
     fields of ``req`` as :class:`~surge.sampling_params.SamplingParams` keyword arguments
     (empty when it has none), after checking ``stop_token_ids`` against the vocabulary too (an id
     the model cannot sample would never stop anything; that field itself is passed on by
-    :func:`~surge.server.serving_common.build_sampling_params`). ``logit_bias`` keys are token ids written as strings of ASCII
-    digits (OpenAI), each id once (``"10"`` and ``"010"`` are one id);
-    its values' range (-100..100) is checked by the request model.
+    :func:`~surge.server.serving_common.build_sampling_params`). ``logit_bias`` keys are token
+    ids written as strings of ASCII digits (OpenAI), each id once (``"10"`` and ``"010"`` are
+    one id); its values' range (-100..100) is checked by the request model.
 
     Raises:
         ApiError: 400 naming the field for a ``logit_bias`` key that is not a token id, a token
