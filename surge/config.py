@@ -17,6 +17,7 @@ from surge.generation_defaults import (
     load_sampling_defaults,
     override_max_tokens,
 )
+from surge.model.registry import check_architecture
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
 
@@ -217,6 +218,12 @@ class ModelConfig:
             hf = {**hf, **hf_overrides}
         archs = hf.get("architectures") or []
         _require(bool(archs), f"model: {cfg_path} names no architectures")
+        # before the fields: a folder of another kind of model (Mamba, RWKV) lacks the attention
+        # fields, and "lacks num_attention_heads" would send its user to fix the config
+        try:
+            check_architecture(str(archs[0]))
+        except ValueError as e:
+            raise ValueError(f"model: {cfg_path}: {e}") from None
         dtype = dtype_name(dtype)
         generation_config = generation_config_mode(generation_config)
         if dtype == "auto":

@@ -436,6 +436,21 @@ def test_config_fields_are_named_when_invalid(tmp_path: Any, field: str, value: 
         ModelConfig.from_pretrained(str(folder))
 
 
+def test_an_unsupported_architecture_is_named_before_missing_fields(tmp_path: Any) -> None:
+    """A folder of another kind of model (a Mamba config has no attention heads) is refused for
+    its architecture, not with "lacks num_attention_heads", which sent its user to fix the config."""
+    import json
+
+    folder = tmp_path / "mamba"
+    folder.mkdir()
+    cfg = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 64, "vocab_size": 100}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        ValueError, match=r"architecture 'MambaForCausalLM' is not supported \(supported: Llama"
+    ):
+        ModelConfig.from_pretrained(str(folder))
+
+
 def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
     """vLLM's ``fp8_e4m3`` is Surge's ``fp8`` (its FP8 cache is e4m3); ``fp8_e5m2`` is refused with
     the names it takes (``--kv-cache-dtype fp8_e4m3`` was an invalid choice)."""
