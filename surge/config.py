@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from surge.generation_defaults import (
 from surge.model.registry import check_architecture
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
+
+logger = logging.getLogger("surge.config")
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "stories260K"
 """The bundled default model: Karpathy's stories260K (MIT), a 260K-parameter TinyStories Llama."""
@@ -229,6 +232,14 @@ class ModelConfig:
         if dtype == "auto":
             hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
             dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"
+            if dtype != hf_dtype:
+                logger.warning(
+                    "%s gives the dtype %r, which Surge does not compute in (%s): running in float32; "
+                    "--dtype sets another",
+                    cfg_path,
+                    hf_dtype,
+                    ", ".join(DTYPES[1:]),
+                )
 
         def positive(name: str, default: Any = None) -> int:
             """``hf[name]`` (or ``default`` when absent or null) as a positive integer."""

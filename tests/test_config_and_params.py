@@ -451,6 +451,33 @@ def test_an_unsupported_architecture_is_named_before_missing_fields(tmp_path: An
         ModelConfig.from_pretrained(str(folder))
 
 
+@pytest.mark.parametrize("name", ["int8", "float64"])
+def test_a_config_dtype_surge_does_not_compute_in_is_warned_of(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """``torch_dtype`` int8 or float64 in config.json runs in float32, as before, with a warning that
+    names the value and ``--dtype`` (it became float32 silently); a supported one warns of nothing."""
+    import json
+    import logging
+    import shutil
+
+    from surge.config import DEFAULT_MODEL_DIR
+
+    folder = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"torch_dtype": name}))
+    with caplog.at_level(logging.WARNING, logger="surge.config"):
+        assert ModelConfig.from_pretrained(str(folder)).dtype == "float32"
+    assert f"gives the dtype '{name}', which Surge does not compute in" in caplog.text
+    assert "--dtype sets another" in caplog.text
+    caplog.clear()
+    (folder / "config.json").write_text(json.dumps(cfg | {"torch_dtype": "bfloat16"}))
+    with caplog.at_level(logging.WARNING, logger="surge.config"):
+        assert ModelConfig.from_pretrained(str(folder)).dtype == "bfloat16"
+    assert caplog.text == ""
+
+
 def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
     """vLLM's ``fp8_e4m3`` is Surge's ``fp8`` (its FP8 cache is e4m3); ``fp8_e5m2`` is refused with
     the names it takes (``--kv-cache-dtype fp8_e4m3`` was an invalid choice)."""
