@@ -422,6 +422,14 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
         total = getattr(getattr(session, "timeout", None), "total", None)
         out.error = "the request timed out" + (f" (--request-timeout {total:g} s)" if total else "")
         return out
+    except aiohttp.ClientPayloadError as e:
+        # the body's chunked encoding was cut mid-answer; aiohttp's own text reads like an HTTP
+        # 400 ("TransferEncodingError: 400, message='Not enough data ...'"), which it is not
+        out.error = (
+            f"the stream was cut off before data: [DONE] after {len(text_parts)} output chunk(s) "
+            f"(the server stopped or the connection dropped; aiohttp's {type(e).__name__})"
+        )
+        return out
     except Exception as e:  # network trouble of any kind is a failed request, not a crash
         out.error = f"{type(e).__name__}: {e}".strip()
         return out
