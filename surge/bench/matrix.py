@@ -173,7 +173,9 @@ _SUMMARY_KEYS = (
     "median_itl_ms",
     "p99_itl_ms",
     "mean_e2el_ms",
+    "median_e2el_ms",
     "p99_e2el_ms",
+    "request_goodput",
     "roofline_output_throughput",
     "pct_of_roofline",
 )

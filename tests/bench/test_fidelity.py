@@ -260,9 +260,11 @@ def test_matrix_summary_has_p99_whatever_percentiles_asks(tmp_path: Path) -> Non
     with FakeServer(Behaviour(ttft=0.005, itl=0.002)) as s:
         assert _matrix(s.url, out, "--concurrency", "2", "--percentiles", "50,90") == 0
     (row,) = json.loads((out / "summary.json").read_text())["points"]
-    for key in ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"):
+    for key in ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "median_e2el_ms"):
         assert isinstance(row[key], float) and row[key] > 0, (key, row[key])
+    assert row["request_goodput"] is None  # no --goodput
     r = load_result(out / row["result_file"])
+    assert r["median_e2el_ms"] == row["median_e2el_ms"]
     assert r["p50_ttft_ms"] > 0 and r["p90_itl_ms"] > 0 and r["p99_ttft_ms"] == row["p99_ttft_ms"]
     (line,) = [x for x in (out / "summary.md").read_text().splitlines() if x.startswith("| 2 | 8 | 4 |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
