@@ -363,7 +363,8 @@ class LLMEngine:
             more = "--gpu-memory-utilization or --num-kv-blocks" if profiled else "--num-kv-blocks"
             logger.warning(
                 "start-up: the KV cache holds %d tokens, fewer than max_model_len %d: a request whose prompt "
-                "plus max_tokens exceeds %d tokens is refused (raise %s, or lower --max-model-len)",
+                "plus max_tokens exceeds %d tokens is refused by the server, and cut there by the offline "
+                "LLM (finish_reason 'length') (raise %s, or lower --max-model-len)",
                 num_blocks * self.block_size,
                 self.max_model_len,
                 num_blocks * self.block_size,
