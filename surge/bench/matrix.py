@@ -201,7 +201,8 @@ def point_entry(
     file: str,
 ) -> dict[str, Any]:
     """The ``summary.json`` row of one run of a point; ``success`` means no error and every
-    request valid."""
+    request valid. A run without a successful request has None (n/a) for every metric but its
+    request counts, duration and roofline ceiling."""
     entry: dict[str, Any] = {
         "concurrency": pt.concurrency,
         "input_len": pt.input_len,
@@ -210,8 +211,14 @@ def point_entry(
         "result_file": file,
         "error": error,
     }
+    # A run in which no request succeeded has no latency or throughput to report: n/a, as for a
+    # point that never reached the server, not the zeros of empty lists.
+    measured = bool(result) and bool(result.get("completed"))
     for k in _SUMMARY_KEYS:
-        entry[k] = result.get(k) if result else None
+        if k in _SUMMED_KEYS or k in ("duration", "roofline_output_throughput"):
+            entry[k] = result.get(k) if result else None
+        else:
+            entry[k] = result.get(k) if measured else None
     if result is not None and error is None and result["failed"]:
         reasons = sorted({e for e in result.get("errors", []) if e})
         entry["error"] = f"{result['failed']} failed request(s): {'; '.join(reasons[:3])}"

@@ -523,3 +523,23 @@ def test_matrix_interrupted_names_resume(
         assert main([*argv, "--input-len", "8", "--output-len", "4"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"finished points are in {out}" in err and "--resume" in err, err
+
+
+def test_a_point_without_a_successful_request_reports_no_metrics() -> None:
+    """A run whose every request failed (a server killed mid-point) gives n/a (None) metrics, as a
+    point that never reached the server does, not the zeros of empty lists; its counts, duration
+    and roofline ceiling stay."""
+    from surge.bench.matrix import point_entry
+
+    pt = MatrixPoint(1, 8, 4)
+    zeros = {"completed": 0, "failed": 1, "duration": 2.5, "errors": ["the stream was cut off"]}
+    zeros |= {"output_throughput": 0.0, "mean_ttft_ms": 0.0, "p99_itl_ms": 0.0, "median_e2el_ms": 0.0}
+    zeros |= {"roofline_output_throughput": 250.0, "pct_of_roofline": 0.0}
+    row = point_entry(pt, zeros, None, "p.json")
+    assert (row["completed"], row["failed"], row["duration"]) == (0, 1, 2.5)
+    assert row["roofline_output_throughput"] == 250.0
+    for key in ("output_throughput", "mean_ttft_ms", "p99_itl_ms", "median_e2el_ms", "pct_of_roofline"):
+        assert row[key] is None, key
+    assert not row["success"] and "1 failed request(s): the stream was cut off" in row["error"]
+    ok = point_entry(pt, zeros | {"completed": 1, "failed": 0, "mean_ttft_ms": 3.0}, None, "p.json")
+    assert ok["mean_ttft_ms"] == 3.0 and ok["success"]
