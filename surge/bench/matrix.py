@@ -26,7 +26,8 @@ starts no new point after S seconds, so a long matrix can be split over several 
 ``--resume`` with another setting that changes what a point measures (:data:`_RESUME_SAME`: the
 server, seed, ``--repeats``, ``--warmup``...) is refused in one line; another ``--percentiles``
 is taken (the summary's columns do not depend on it; the kept points' files keep the earlier
-run's percentiles, the new points' files have the new ones).
+run's percentiles, the new points' files have the new ones). The summary's ``earlier_runs`` keeps
+the date, command and server restarts of the calls whose points were kept.
 With ``--launch CMD`` the server is started here, restarted when it dies (that point fails, the
 matrix goes on) and stopped at the end.
 """
@@ -346,7 +347,10 @@ def _write_summary(
         "endpoint": mcfg.serve.endpoint,
         "model": info["model"],
         "launch": mcfg.launch,
-        "server_restarts": info["restarts"],
+        # this run's restarts and those of the earlier runs whose points it kept (--resume)
+        "server_restarts": info["restarts"]
+        + sum(int(r["server_restarts"] or 0) for r in info["earlier_runs"]),
+        "earlier_runs": info["earlier_runs"],
         "seed": mcfg.serve.seed,
         "temperature": mcfg.serve.temperature,
         "extra_body": mcfg.serve.extra_body,
@@ -407,10 +411,13 @@ def _resume_value(mcfg: MatrixConfig, name: str) -> Any:
     return getattr(mcfg.serve, name)
 
 
-def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[str, Any]], str | None]:
+def _previous_rows(
+    mcfg: MatrixConfig,
+) -> tuple[dict[tuple[int, int, int], dict[str, Any]], str | None, list[dict[str, Any]]]:
     """Successful rows of an earlier run in ``output_dir`` whose result files still exist
-    (and that ran as many repeats as asked now), by (C, I, O), and the earlier run's ``model``
-    (None when its summary names none).
+    (and that ran as many repeats as asked now), by (C, I, O), the earlier run's ``model``
+    (None when its summary names none), and the runs that wrote that summary (its
+    ``earlier_runs`` and itself: ``date``, ``command``, ``server_restarts``), oldest first.
 
     Raises:
         ValueError: the earlier run was measured against another server, endpoint, model, seed,
@@ -422,11 +429,11 @@ def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[
     """
     path = mcfg.output_dir / "summary.json"
     if not path.is_file():
-        return {}, None
+        return {}, None, []
     try:
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return {}, None
+        return {}, None, []
     now = {name: _resume_value(mcfg, name) for name in _RESUME_SAME}
     for name in _RESUME_SAME if isinstance(old, dict) else ():
         if name == "model" and now[name] is None:
@@ -450,7 +457,20 @@ def _previous_rows(mcfg: MatrixConfig) -> tuple[dict[tuple[int, int, int], dict[
         ):
             rows[key] = r
     model = old.get("model") if isinstance(old, dict) else None
-    return rows, model if isinstance(model, str) else None
+    history: list[dict[str, Any]] = []
+    if isinstance(old, dict):
+        earlier = old.get("earlier_runs")
+        history = [r for r in earlier if isinstance(r, dict)] if isinstance(earlier, list) else []
+        restarts = old.get("server_restarts")
+        own = (
+            restarts - sum(int(r.get("server_restarts") or 0) for r in history)
+            if isinstance(restarts, int)
+            else 0
+        )
+        history.append(
+            {"date": old.get("date"), "command": old.get("command"), "server_restarts": max(own, 0)}
+        )
+    return rows, model if isinstance(model, str) else None, history
 
 
 def _served_model(result: dict[str, Any]) -> str | None:
@@ -512,9 +532,9 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--output-dir {out}: {e.strerror or e}") from None
-    previous, previous_model = _previous_rows(mcfg) if mcfg.resume else ({}, None)
+    previous, previous_model, earlier_runs = _previous_rows(mcfg) if mcfg.resume else ({}, None, [])
     if not previous:
-        previous_model = None
+        previous_model, earlier_runs = None, []
     todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
     if previous:
         print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
@@ -533,6 +553,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "model": mcfg.serve.model or previous_model,  # the kept points' model, also when none is left to run
         "restarts": 0,
+        "earlier_runs": earlier_runs,  # the runs whose points --resume keeps
     }
 
     def ordered_rows() -> list[dict[str, Any]]:

@@ -295,12 +295,20 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "m"
     with FakeServer(b) as s:
         assert _matrix(s.url, out, "--concurrency", "1,2,3", "--stop-after", "0") == 1  # one point, then stop
-        assert len(json.loads((out / "summary.json").read_text())["points"]) == 1
+        first = json.loads((out / "summary.json").read_text())
+        assert len(first["points"]) == 1 and first["earlier_runs"] == []
+        first["server_restarts"] = 1  # as if a --launch-ed server had died during that run
+        (out / "summary.json").write_text(json.dumps(first))
         n = len(b.log)
         assert _matrix(s.url, out, "--concurrency", "1,2,3", "--resume") == 0
         assert len(b.log) - n == (1 + 2) + (1 + 3)  # only points C2 and C3 ran
     summary = json.loads((out / "summary.json").read_text())
     assert [p["concurrency"] for p in summary["points"]] == [1, 2, 3] and summary["num_successful"] == 3
+    # the run whose point was kept stays on record (its command and date were overwritten)
+    assert summary["earlier_runs"] == [
+        {"date": first["date"], "command": first["command"], "server_restarts": 1}
+    ]
+    assert summary["server_restarts"] == 1  # it was reset to this run's 0
     assert "resuming: 1 point(s) already done" in capsys.readouterr().out
     # points measured with other settings are not mixed in: a one-line error naming the setting,
     # nothing sent (on the same server: another one's URL would be refused before the setting)
