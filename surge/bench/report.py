@@ -112,17 +112,34 @@ def point_label(p: dict[str, Any]) -> str:
     return f"C{p['concurrency']}/I{p['input_len']}/O{p['output_len']}"
 
 
+def plot_labels(points: Sequence[dict[str, Any]]) -> tuple[list[str], list[bool]]:
+    """The x-axis labels of :func:`plot_matrix` (``C4/I256/O1024``, with `` (failed)`` for a point
+    whose ``success`` is false) and which points failed."""
+    failed = [not p.get("success", True) for p in points]
+    return [
+        point_label(p) + (" (failed)" if bad else "") for p, bad in zip(points, failed, strict=True)
+    ], failed
+
+
 def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write ``throughput.png`` (output tok/s vs roofline per point) and ``latency.png`` (TTFT, TPOT).
 
-    Returns the paths written. Uses the non-interactive Agg backend.
+    A point that did not succeed (``success`` false) is labelled ``(failed)`` in red, so that its
+    missing or partial bars are not read as measurements. Returns the paths written. Uses the
+    non-interactive Agg backend.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [point_label(p) for p in points]
+    labels, failed = plot_labels(points)
+
+    def mark_failed(ax: Any) -> None:
+        for tick, bad in zip(ax.get_xticklabels(), failed, strict=True):
+            if bad:
+                tick.set_color("tab:red")
+
     x = list(range(len(points)))
     width = max(8.0, 0.45 * len(points))
     paths: list[Path] = []
@@ -147,6 +164,7 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax.set_yscale("log")
     ax.set_ylabel("output tokens / s")
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+    mark_failed(ax)
     ax.set_title("Output throughput per point")
     ax.legend()
     fig.tight_layout()
@@ -164,6 +182,7 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax2.bar(x, [num(p, "mean_tpot_ms") for p in points], color="tab:orange")
     ax2.set_ylabel("mean TPOT ms")
     ax2.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+    mark_failed(ax2)
     ax1.set_title("Latency per point")
     fig.tight_layout()
     paths.append(out_dir / "latency.png")

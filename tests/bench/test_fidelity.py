@@ -551,3 +551,18 @@ def test_a_point_without_a_successful_request_reports_no_metrics() -> None:
     assert not row["success"] and "1 failed request(s): the stream was cut off" in row["error"]
     ok = point_entry(pt, zeros | {"completed": 1, "failed": 0, "mean_ttft_ms": 3.0}, None, "p.json")
     assert ok["mean_ttft_ms"] == 3.0 and ok["success"]
+
+
+def test_matrix_plots_mark_a_failed_point(tmp_path: Path) -> None:
+    """A failed point (n/a metrics) is labelled "(failed)" on the plots' x axis, which are still
+    written, so that its empty bars are not read as a measurement of zero."""
+    from surge.bench.report import plot_labels, plot_matrix
+
+    good = {"concurrency": 1, "input_len": 8, "output_len": 4, "success": True}
+    good |= {"output_throughput": 100.0, "mean_ttft_ms": 5.0, "p99_ttft_ms": 6.0, "mean_tpot_ms": 1.0}
+    bad = {"concurrency": 2, "input_len": 8, "output_len": 4, "success": False, "output_throughput": None}
+    labels, failed = plot_labels([good, bad])
+    assert labels == ["C1/I8/O4", "C2/I8/O4 (failed)"] and failed == [False, True]
+    paths = plot_matrix([good, bad], tmp_path)
+    assert [p.name for p in paths] == ["throughput.png", "latency.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
