@@ -7,9 +7,10 @@ In order, before any byte of the body is parsed:
    KEY``) gets a 401, whatever its body.
 2. **Body size**: a ``Content-Length`` above ``max_body_bytes`` gets a 413 at once; a chunked
    body is counted as it arrives and cut with a 413 at the limit.
-3. **Content encoding**: a body sent with a ``Content-Encoding`` other than ``identity``
-   (``gzip``, ...) gets a 415 that names the header: the server reads bodies as sent, and a
-   compressed one would otherwise fail later as invalid JSON.
+3. **Content encoding**: a body sent with a content coding other than ``identity`` (``gzip``,
+   ...; every ``Content-Encoding`` header and each of its comma-separated codings count) gets a
+   415 that names it: the server reads bodies as sent, and a compressed one would otherwise fail
+   later as invalid JSON. A request without a body is not checked.
 4. **Body read time**: the whole body must arrive within ``body_read_timeout`` seconds, else a
    408 and the connection is closed (a client trickling its body cannot hold the handler).
 5. **Lone surrogates**: a JSON string holding a lone UTF-16 surrogate (``"\ud800"``, or its
@@ -161,14 +162,17 @@ class RequestGuard:
         authorization: bytes | None = None
         x_api_key: bytes | None = None
         content_length: int | None = None
-        content_encoding: bytes | None = None
+        codings: list[bytes] = []  # every Content-Encoding header's codings, in order
+        chunked = False
         for name, value in scope["headers"]:
             if name == b"authorization" and authorization is None:
                 authorization = value
             elif name == b"x-api-key" and x_api_key is None:
                 x_api_key = value
             elif name == b"content-encoding":
-                content_encoding = value
+                codings += [c.strip().lower() for c in value.split(b",")]
+            elif name == b"transfer-encoding":
+                chunked = True
             elif name == b"content-length":
                 try:
                     content_length = int(value)
@@ -197,8 +201,10 @@ class RequestGuard:
                 scope=scope,
             )
             return
-        if content_encoding is not None and content_encoding.strip().lower() not in (b"", b"identity"):
-            shown = content_encoding.decode("latin-1")[:64]
+        unsupported = [c for c in codings if c and c != b"identity"]
+        has_body = bool(content_length) if content_length is not None else chunked
+        if unsupported and has_body:
+            shown = b", ".join(unsupported).decode("latin-1")[:64]
             await send_error(
                 send,
                 415,

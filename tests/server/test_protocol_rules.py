@@ -220,11 +220,11 @@ def test_seed_minus_one_is_no_seed(n: int) -> None:
     assert build_sampling_params(seeded, 4, None, token_rules={}).seed == -2
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "br", "GZIP"])
+@pytest.mark.parametrize("encoding", ["gzip", "br", "GZIP", "identity, gzip"])
 def test_a_compressed_body_gets_a_415_naming_the_header(server: Server, encoding: str) -> None:
     """A body sent with ``Content-Encoding: gzip`` (or any coding but identity) is a 415 that
-    names the header, not a 400 "invalid JSON" about bytes the server never decompressed; the
-    connection still serves the next request, and ``identity`` is the plain body it names."""
+    names the coding, not a 400 "invalid JSON" about bytes the server never decompressed; the
+    connection still serves the next request."""
     import gzip
 
     body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
@@ -237,10 +237,23 @@ def test_a_compressed_body_gets_a_415_naming_the_header(server: Server, encoding
         assert r.status_code == 415, r.text
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and err["code"] == 415, err
-        assert f"Content-Encoding {encoding!r} is not supported" in err["message"], err
+        coding = encoding.split(",")[-1].strip().lower()
+        assert f"Content-Encoding {coding!r} is not supported" in err["message"], err
         r = client.post(CMPL, content=body, headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
-        r = client.post(
-            CMPL, content=body, headers={"content-type": "application/json", "content-encoding": "identity"}
-        )
+
+
+def test_content_encodings_that_mean_no_coding_pass(server: Server) -> None:
+    """``identity`` (also in a list, or with an empty item) and a request without a body pass; a
+    second header naming gzip counts as much as the first (the last header alone was read)."""
+    body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
+    json_type = ("content-type", "application/json")
+    with httpx.Client(base_url=server.url) as client:
+        for value in ("identity", "identity, ,identity", "identity,identity"):
+            r = client.post(CMPL, content=body, headers=[json_type, ("content-encoding", value)])
+            assert r.status_code == 200, (value, r.text)
+        r = client.get("/v1/models", headers={"content-encoding": "gzip"})
         assert r.status_code == 200, r.text
+        twice = [json_type, ("content-encoding", "gzip"), ("content-encoding", "identity")]
+        r = client.post(CMPL, content=body, headers=twice)
+        assert r.status_code == 415 and "'gzip'" in r.json()["error"]["message"], r.text
