@@ -348,8 +348,7 @@ def _write_summary(
         "model": info["model"],
         "launch": mcfg.launch,
         # this run's restarts and those of the earlier runs whose points it kept (--resume)
-        "server_restarts": info["restarts"]
-        + sum(int(r["server_restarts"] or 0) for r in info["earlier_runs"]),
+        "server_restarts": info["restarts"] + sum(r["server_restarts"] for r in info["earlier_runs"]),
         "earlier_runs": info["earlier_runs"],
         "seed": mcfg.serve.seed,
         "temperature": mcfg.serve.temperature,
@@ -460,17 +459,28 @@ def _previous_rows(
     history: list[dict[str, Any]] = []
     if isinstance(old, dict):
         earlier = old.get("earlier_runs")
-        history = [r for r in earlier if isinstance(r, dict)] if isinstance(earlier, list) else []
-        restarts = old.get("server_restarts")
-        own = (
-            restarts - sum(int(r.get("server_restarts") or 0) for r in history)
-            if isinstance(restarts, int)
-            else 0
-        )
-        history.append(
-            {"date": old.get("date"), "command": old.get("command"), "server_restarts": max(own, 0)}
-        )
+        for r in earlier if isinstance(earlier, list) else []:
+            if isinstance(r, dict):
+                history.append(_run_record(r.get("date"), r.get("command"), r.get("server_restarts")))
+        total = _restarts(old.get("server_restarts"))
+        own = total - sum(r["server_restarts"] for r in history)
+        history.append(_run_record(old.get("date"), old.get("command"), max(own, 0)))
     return rows, model if isinstance(model, str) else None, history
+
+
+def _restarts(value: Any) -> int:
+    """A summary's server restart count, 0 when absent or not a non-negative integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _run_record(date: Any, command: Any, restarts: Any) -> dict[str, Any]:
+    """One ``earlier_runs`` entry of a summary, its fields checked (a hand-edited summary may
+    hold anything): ``date`` and ``command`` strings or None, ``server_restarts`` an int >= 0."""
+    return {
+        "date": date if isinstance(date, str) else None,
+        "command": command if isinstance(command, str) else None,
+        "server_restarts": _restarts(restarts),
+    }
 
 
 def _served_model(result: dict[str, Any]) -> str | None:

@@ -340,6 +340,27 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
         assert "resuming: 3 point(s) already done" in capsys.readouterr().out
 
 
+def test_matrix_resume_takes_a_malformed_earlier_runs_list(tmp_path: Path) -> None:
+    """A hand-edited summary's ``earlier_runs`` (entries without keys, a non-number restart count,
+    not a dict) does not crash ``--resume``: each entry is read with its fields checked."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "m"
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--stop-after", "0") == 1
+        first = json.loads((out / "summary.json").read_text())
+        first["earlier_runs"] = [{"date": "d0"}, {"server_restarts": "two", "command": 5}, "junk"]
+        first["server_restarts"] = True
+        (out / "summary.json").write_text(json.dumps(first))
+        assert _matrix(s.url, out, "--concurrency", "1,2", "--resume") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["earlier_runs"] == [
+        {"date": "d0", "command": None, "server_restarts": 0},
+        {"date": None, "command": None, "server_restarts": 0},
+        {"date": first["date"], "command": first["command"], "server_restarts": 0},
+    ]
+    assert summary["server_restarts"] == 0 and summary["num_successful"] == 2
+
+
 def test_matrix_resume_refuses_a_server_of_another_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
