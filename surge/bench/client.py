@@ -342,6 +342,7 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
     last_ts = st
     text_parts: list[str] = []
     got_choice = False
+    streaming = False
     try:
         async with session.post(req.api_url, json=payload, headers=headers) as resp:
             if resp.status != 200:
@@ -353,6 +354,7 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
                 return out
             parser = SSEParser()
             done = False
+            streaming = True  # a ClientPayloadError from here on is the event stream cut off
             async for piece in resp.content.iter_any():
                 events = parser.feed(piece)
                 ts = time.perf_counter()
@@ -423,6 +425,9 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> Req
         out.error = "the request timed out" + (f" (--request-timeout {total:g} s)" if total else "")
         return out
     except aiohttp.ClientPayloadError as e:
+        if not streaming:  # an error answer's or a JSON answer's body cut, or a corrupt encoding
+            out.error = f"{type(e).__name__}: {e}".strip()
+            return out
         # the body's chunked encoding was cut mid-answer; aiohttp's own text reads like an HTTP
         # 400 ("TransferEncodingError: 400, message='Not enough data ...'"), which it is not
         out.error = (

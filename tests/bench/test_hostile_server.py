@@ -155,6 +155,13 @@ BROKEN: dict[str, tuple[Behaviour, str]] = {
         "the stream was cut off before data: [DONE] after 2 output chunk(s) (the server stopped or "
         "the connection dropped; aiohttp's ClientPayloadError)",
     ),
+    # cut before any event stream began: aiohttp's own reason, not "the stream was cut off"
+    "an HTTP 500 whose body is cut short": (
+        lambda chat, body: [
+            b"HTTP/1.1 500 X\r\nContent-Type: text/plain\r\nContent-Length: 100\r\nConnection: close\r\n\r\nshort"
+        ],
+        "ClientPayloadError: Response payload is not completed",
+    ),
     "an error event": (
         lambda chat, body: stream(
             [*tokens(chat, 1), event({"error": {"message": "boom", "code": 500}}), event("[DONE]")]
