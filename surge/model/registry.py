@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the config checks architectures without importing torch
-    from torch import nn
+from torch import nn
 
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("surge.model.llama", "LlamaForCausalLM"),
@@ -20,19 +18,13 @@ def supported_architectures() -> tuple[str, ...]:
     return tuple(_MODELS)
 
 
-def check_architecture(architecture: str) -> None:
-    """Raise ValueError("architecture 'X' is not supported (supported: ...)") unless Surge can
-    run ``architecture``."""
-    if architecture not in _MODELS:
-        raise ValueError(f"architecture {architecture!r} is not supported (supported: {', '.join(_MODELS)})")
-
-
 def get_model_class(architecture: str) -> type[nn.Module]:
     """The model class of ``architecture`` (e.g. "Qwen3ForCausalLM").
 
     Raises:
         ValueError: the architecture is not supported.
     """
-    check_architecture(architecture)
+    if architecture not in _MODELS:
+        raise ValueError(f"architecture {architecture!r} is not supported (supported: {', '.join(_MODELS)})")
     module_name, class_name = _MODELS[architecture]
     return getattr(importlib.import_module(module_name), class_name)

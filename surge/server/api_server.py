@@ -152,6 +152,14 @@ def _union_field(loc: Sequence[str]) -> tuple[int, str] | None:
     return None
 
 
+def _error_field(error: Any) -> tuple[str, ...]:
+    """The field an error is about: a field of :data:`_UNION_FORMS` without the member pydantic
+    tried (each member of a wrong union value gives an error of its own), else its location."""
+    loc = _body_loc(error)
+    union = _union_field(loc)
+    return tuple(loc[: union[0]] if union is not None else loc)
+
+
 def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> tuple[str, int] | None:
     """The 400's message for a type error in a field of :data:`_UNION_FORMS`, and the length of
     that field's location (None for any other error): the forms the field takes and what came,
@@ -234,7 +242,7 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
     others = len(errors) - 1
     if union is not None:  # the other members' errors are the same field's
         msg, k = union
-        others = sum(1 for e in errors if _body_loc(e)[:k] != loc[:k])
+        others = len({_error_field(e) for e in errors} - {tuple(loc[:k])})
     elif where:
         msg = f"{where}: {first.get('msg', 'invalid value')}"
     else:

@@ -494,6 +494,12 @@ def test_a_message_content_of_the_wrong_type_lists_its_forms() -> None:
         ChatCompletionRequest, {"messages": [{"role": "user", "content": {"a": 1}}, {"content": "x"}]}
     )
     assert msg == f"messages[0].content: expected {forms}, got an object (and 1 more error)"
+    # another wrong union value counts once, not once per member pydantic tried
+    two = {"messages": [{"role": "user", "content": 5}, {"role": "user", "content": 6}]}
+    assert message(ChatCompletionRequest, two)[0].endswith("got a number (and 1 more error)")
+    assert message(ChatCompletionRequest, {"messages": two["messages"][:1], "stop": 5})[0].endswith(
+        "(and 1 more error)"
+    )
     batch = {"messages": [[ok], [{"role": "user", "content": 7}]]}
     assert message(BatchChatCompletionRequest, batch, batch=True) == (
         f"messages[1][0].content: expected {forms}, got a number",
