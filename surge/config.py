@@ -18,7 +18,6 @@ from surge.generation_defaults import (
     load_sampling_defaults,
     override_max_tokens,
 )
-from surge.model.registry import check_architecture
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
 
@@ -223,14 +222,16 @@ class ModelConfig:
         _require(bool(archs), f"model: {cfg_path} names no architectures")
         # before the fields: a folder of another kind of model (Mamba, RWKV) lacks the attention
         # fields, and "lacks num_attention_heads" would send its user to fix the config
-        try:
-            check_architecture(str(archs[0]))
-        except ValueError as e:
-            raise ValueError(f"model: {cfg_path}: {e}") from None
+        _require(
+            str(archs[0]) in SUPPORTED_ARCHITECTURES,
+            f"model: {cfg_path}: architecture {str(archs[0])!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
+        )
         dtype = dtype_name(dtype)
         generation_config = generation_config_mode(generation_config)
         if dtype == "auto":
             hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
+            hf_dtype = DTYPE_ALIASES.get(hf_dtype, hf_dtype)  # "half", "float"
             dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"
             if dtype != hf_dtype:
                 logger.warning(

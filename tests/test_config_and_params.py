@@ -451,12 +451,15 @@ def test_an_unsupported_architecture_is_named_before_missing_fields(tmp_path: An
         ModelConfig.from_pretrained(str(folder))
 
 
-@pytest.mark.parametrize("name", ["int8", "float64"])
+@pytest.mark.parametrize(
+    ("key", "name"), [("torch_dtype", "int8"), ("torch_dtype", "float64"), ("dtype", "int8")]
+)
 def test_a_config_dtype_surge_does_not_compute_in_is_warned_of(
-    tmp_path: Any, caplog: pytest.LogCaptureFixture, name: str
+    tmp_path: Any, caplog: pytest.LogCaptureFixture, key: str, name: str
 ) -> None:
-    """``torch_dtype`` int8 or float64 in config.json runs in float32, as before, with a warning that
-    names the value and ``--dtype`` (it became float32 silently); a supported one warns of nothing."""
+    """``torch_dtype`` (or the newer ``dtype``) int8 or float64 in config.json runs in float32, as
+    before, with a warning that names the value and ``--dtype`` (it became float32 silently); a
+    supported one, or vLLM's alias "half", warns of nothing."""
     import json
     import logging
     import shutil
@@ -466,16 +469,19 @@ def test_a_config_dtype_surge_does_not_compute_in_is_warned_of(
     folder = tmp_path / "m"
     shutil.copytree(DEFAULT_MODEL_DIR, folder)
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(cfg | {"torch_dtype": name}))
+    cfg.pop("torch_dtype", None)
+    cfg.pop("dtype", None)
+    (folder / "config.json").write_text(json.dumps(cfg | {key: name}))
     with caplog.at_level(logging.WARNING, logger="surge.config"):
         assert ModelConfig.from_pretrained(str(folder)).dtype == "float32"
     assert f"gives the dtype '{name}', which Surge does not compute in" in caplog.text
     assert "--dtype sets another" in caplog.text
-    caplog.clear()
-    (folder / "config.json").write_text(json.dumps(cfg | {"torch_dtype": "bfloat16"}))
-    with caplog.at_level(logging.WARNING, logger="surge.config"):
-        assert ModelConfig.from_pretrained(str(folder)).dtype == "bfloat16"
-    assert caplog.text == ""
+    for given, expected in (("bfloat16", "bfloat16"), ("half", "float16")):
+        caplog.clear()
+        (folder / "config.json").write_text(json.dumps(cfg | {key: given}))
+        with caplog.at_level(logging.WARNING, logger="surge.config"):
+            assert ModelConfig.from_pretrained(str(folder)).dtype == expected
+        assert caplog.text == ""
 
 
 def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
