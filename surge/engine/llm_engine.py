@@ -364,7 +364,7 @@ class LLMEngine:
             logger.warning(
                 "start-up: the KV cache holds %d tokens, fewer than max_model_len %d: a request whose prompt "
                 "plus max_tokens exceeds %d tokens is refused by the server, and cut there by the offline "
-                "LLM (finish_reason 'length') (raise %s, or lower --max-model-len)",
+                "LLM when its prompt fits (finish_reason 'length') (raise %s, or lower --max-model-len)",
                 num_blocks * self.block_size,
                 self.max_model_len,
                 num_blocks * self.block_size,
