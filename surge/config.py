@@ -67,6 +67,15 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _require_architecture(architecture: str, where: str) -> None:
+    """Raise ValueError("<where>architecture 'X' is not supported (supported: ...)") unless
+    ``architecture`` is one of :data:`SUPPORTED_ARCHITECTURES`."""
+    _require(
+        architecture in SUPPORTED_ARCHITECTURES,
+        f"{where}architecture {architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
+    )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model: where it is, its architecture and shapes, and how to load it.
@@ -120,11 +129,7 @@ class ModelConfig:
     max_tokens_cap: int | None = None
 
     def __post_init__(self) -> None:
-        _require(
-            self.architecture in SUPPORTED_ARCHITECTURES,
-            f"model: architecture {self.architecture!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
-        )
+        _require_architecture(self.architecture, "model: ")
         _require(self.dtype in DTYPES[1:], f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _require(
             self.load_format in LOAD_FORMATS,
@@ -222,11 +227,7 @@ class ModelConfig:
         _require(bool(archs), f"model: {cfg_path} names no architectures")
         # before the fields: a folder of another kind of model (Mamba, RWKV) lacks the attention
         # fields, and "lacks num_attention_heads" would send its user to fix the config
-        _require(
-            str(archs[0]) in SUPPORTED_ARCHITECTURES,
-            f"model: {cfg_path}: architecture {str(archs[0])!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
-        )
+        _require_architecture(str(archs[0]), f"model: {cfg_path}: ")
         dtype = dtype_name(dtype)
         generation_config = generation_config_mode(generation_config)
         if dtype == "auto":
