@@ -160,11 +160,11 @@ def _error_field(error: Any) -> tuple[str, ...]:
     return tuple(loc[: union[0]] if union is not None else loc)
 
 
-def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> tuple[str, int] | None:
-    """The 400's message for a type error in a field of :data:`_UNION_FORMS`, and the length of
-    that field's location (None for any other error): the forms the field takes and what came,
-    or, for an element of a list form (the member whose error lies deepest: the form that matched
-    the value's shape), which element was wrong."""
+def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> str | None:
+    """The 400's message for a type error in a field of :data:`_UNION_FORMS` (None for any other
+    error): the forms the field takes and what came, or, for an element of a list form (the
+    member whose error lies deepest: the form that matched the value's shape), which element was
+    wrong."""
     union = _union_field(loc)
     if union is None:
         return None
@@ -180,9 +180,9 @@ def _union_form_message(errors: Sequence[Any], first: Any, loc: list[str]) -> tu
     inside = loc[k + 1 :]  # positions within the member pydantic tried (a list's index)
     if inside:
         where = _field_name([*field, *inside])
-        return f"{name}: expected {forms} ({where}: {first.get('msg', 'invalid value')})", k
+        return f"{name}: expected {forms} ({where}: {first.get('msg', 'invalid value')})"
     got = _JSON_TYPE_NAMES.get(type(first.get("input")))
-    return f"{name}: expected {forms}" + (f", got {got}" if got else ""), k
+    return f"{name}: expected {forms}" + (f", got {got}" if got else "")
 
 
 _ENDPOINT_OF_FIELD = {
@@ -239,10 +239,10 @@ def _validation_message(exc: RequestValidationError, *, batch: bool = False) -> 
         )
     where = ".".join(loc)
     union = _union_form_message(errors, first, loc)
-    others = len(errors) - 1
-    if union is not None:  # the other members' errors are the same field's
-        msg, k = union
-        others = len({_error_field(e) for e in errors} - {tuple(loc[:k])})
+    # other fields at fault, each once (a wrong union value gives one error per member pydantic tried)
+    others = len({_error_field(e) for e in errors} - {_error_field(first)})
+    if union is not None:
+        msg = union
     elif where:
         msg = f"{where}: {first.get('msg', 'invalid value')}"
     else:

@@ -500,6 +500,11 @@ def test_a_message_content_of_the_wrong_type_lists_its_forms() -> None:
     assert message(ChatCompletionRequest, {"messages": two["messages"][:1], "stop": 5})[0].endswith(
         "(and 1 more error)"
     )
+    # also when the first error is not a union field's: the bad content counts once
+    assert message(ChatCompletionRequest, {"messages": two["messages"][:1], "seed": "x"}) == (
+        "seed: Input should be a valid integer (and 1 more error)",
+        "seed",
+    )
     batch = {"messages": [[ok], [{"role": "user", "content": 7}]]}
     assert message(BatchChatCompletionRequest, batch, batch=True) == (
         f"messages[1][0].content: expected {forms}, got a number",
