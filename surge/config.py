@@ -159,6 +159,7 @@ class ModelConfig:
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes per value of the compute dtype (4 for float32, else 2)."""
         return 4 if self.dtype == "float32" else 2
 
     @property

@@ -23,6 +23,7 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def is_finished(self) -> bool:
+        """Whether the status is a terminal one (past PREEMPTED)."""
         return self > RequestStatus.PREEMPTED
 
     @property
@@ -150,10 +151,12 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """Prompt length in tokens."""
         return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
         return len(self.output_token_ids)
 
     @property
@@ -184,6 +187,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
+        """Whether the request has reached a terminal status."""
         return self.status.is_finished
 
     def __repr__(self) -> str:

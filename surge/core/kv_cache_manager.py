@@ -85,6 +85,7 @@ class BlockPool:
         return len(self._free)
 
     def is_free(self, block_id: int) -> bool:
+        """Whether ``block_id`` is in the free list."""
         return block_id in self._free
 
     def allocate(self, n: int) -> list[int]:
@@ -235,6 +236,7 @@ class KVCacheManager:
 
     @property
     def num_total_blocks(self) -> int:
+        """Blocks in the pool, free or not."""
         return self.pool.num_blocks
 
     @property

@@ -106,6 +106,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
+        """Whether the step schedules no request."""
         return not self.scheduled
 
 
@@ -168,6 +169,7 @@ class EngineOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
     @property
     def finished(self) -> bool:
+        """Whether this output ends its request (a finish reason is set)."""
         return self.finish_reason is not None
 
 
@@ -275,4 +277,5 @@ class RequestOutput:
 
     @property
     def finished(self) -> bool:
+        """Whether every completion of the request has a finish reason."""
         return all(o.finish_reason is not None for o in self.outputs)

@@ -186,13 +186,16 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
+        """Requests in the running queue."""
         return len(self.running)
 
     @property
     def num_waiting(self) -> int:
+        """Requests in the waiting queue (new and preempted)."""
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is running or waiting."""
         return bool(self.running or self.waiting)
 
     def add_request(self, request: Request) -> None:

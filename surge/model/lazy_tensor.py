@@ -50,9 +50,11 @@ class LazyTensor:
         return _DTYPES[name]
 
     def dim(self) -> int:
+        """Number of dimensions, as ``torch.Tensor.dim``."""
         return len(self.shape)
 
     def size(self, dim: int | None = None) -> Any:
+        """The shape (a ``torch.Size``), or one dimension's length, as ``torch.Tensor.size``."""
         return self.shape if dim is None else self.shape[dim]
 
     def __getitem__(self, index: Any) -> torch.Tensor:

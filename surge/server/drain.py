@@ -92,6 +92,7 @@ class InFlight:
         self._gens[request_id] = gen
 
     def remove(self, request_id: str) -> None:
+        """Forgets ``request_id``'s generation (no error if it is not tracked)."""
         self._gens.pop(request_id, None)
 
     def fail_all(self, error: ApiError) -> int:

@@ -301,12 +301,14 @@ class SamplingRequestFields(RequestBody):
 
     @property
     def stop_list(self) -> tuple[str, ...]:
+        """``stop`` as a tuple of strings (empty when unset)."""
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     @property
     def include_usage(self) -> bool:
+        """Whether ``stream_options.include_usage`` asks for a final usage chunk."""
         return bool(self.stream_options is not None and self.stream_options.include_usage)
 
     @property
@@ -334,6 +336,7 @@ class SamplingRequestFields(RequestBody):
 
     @property
     def requested_max_tokens(self) -> int | None:
+        """The output-token cap the client asked for (``max_tokens``), or None."""
         return self.max_tokens
 
 
@@ -411,6 +414,7 @@ class ChatCompletionRequest(SamplingRequestFields):
 
     @property
     def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens``, else the deprecated ``max_tokens``, or None."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def answer_role(self, response_role: str = "assistant") -> str:

@@ -152,6 +152,7 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
+        """The first served model name: the one responses report."""
         return self.served_model_names[0]
 
     @functools.cached_property
