@@ -158,7 +158,9 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("modalities", lambda v: v is None or v == ["text"], "only the text modality is supported"),
     Refusal("prediction", _unset, "predicted outputs are not supported"),
     Refusal("web_search_options", _unset, "web search is not supported"),
-    Refusal("verbosity", _unset, "verbosity is not supported"),
+    Refusal(
+        "verbosity", lambda v: v is None or v == "medium", 'verbosity other than "medium" is not supported'
+    ),
     Refusal("mm_processor_kwargs", _empty_dict, "multimodal inputs are not supported"),
     Refusal("media_io_kwargs", _empty_dict, "multimodal inputs are not supported"),
     Refusal("prompt_embeds", _unset, "prompt embeddings are not supported"),

@@ -39,6 +39,11 @@ MAX_TOKEN_COUNT = 2**31 - 1
 """Largest token count field (``max_tokens``, ``min_tokens``, ...)."""
 
 
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+"""OpenAI's ``service_tier`` values. Inert: Surge has one tier, so every value is accepted and none
+changes anything; another string is a 400 naming the field, as OpenAI answers."""
+
+
 class RequestBody(BaseModel):
     """Base of every request body: strict types, unknown fields refused (a 400 naming them).
 
@@ -207,7 +212,7 @@ class SamplingRequestFields(RequestBody):
     guided_grammar: Any = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # checked by surge.server.logprobs (chat: bool + top_logprobs; completions: an int)

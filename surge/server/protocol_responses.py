@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody, ReasoningEffort
+from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody, ReasoningEffort, ServiceTier
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The ``include`` value that adds each ``output_text`` part's token logprobs."""
@@ -127,7 +127,7 @@ class ResponsesRequest(NullIsUnsetBody):
     # inert: labels for the caller's records (metadata is echoed in the response)
     metadata: dict[str, str] | None = None
     user: str | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # refused unless unset
@@ -471,7 +471,21 @@ def _last_assistant(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     return last if last is not None and last.get("role") == "assistant" else None
 
 
-def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+def _called(messages: list[dict[str, Any]], call_id: str) -> bool:
+    """Whether an assistant message of ``messages`` has a tool call with id ``call_id``."""
+    return any(c.get("id") == call_id for m in messages for c in m.get("tool_calls") or ())
+
+
+def call_ids(messages: list[dict[str, Any]]) -> frozenset[str]:
+    """The ids of every tool call in ``messages`` (chat form)."""
+    return frozenset(
+        c["id"] for m in messages for c in m.get("tool_calls") or () if isinstance(c.get("id"), str)
+    )
+
+
+def input_messages(
+    items: str | list[dict[str, Any]], known_call_ids: frozenset[str] = frozenset()
+) -> tuple[list[dict[str, Any]], bool]:
     """Chat messages from a Responses ``input``, and whether the last one is an unfinished
     assistant message to continue (its ``status`` ``in_progress`` or ``incomplete``, as vLLM).
 
@@ -481,9 +495,15 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
     ``reasoning`` (the reasoning of the assistant turn it belongs to; its ``content`` text,
     else its ``summary``).
 
+    Args:
+        items: the request's ``input``.
+        known_call_ids: the ``call_id`` of every call earlier in the conversation
+            (``previous_response_id``'s stored turns): outputs may answer them.
+
     Raises:
-        ApiError: 400 naming ``input[i]...`` for an item Surge cannot render, or a key its
-            type does not have (:data:`_ITEM_KEYS`, :data:`_PART_KEYS`; ``input[0].foo``).
+        ApiError: 400 naming ``input[i]...`` for an item Surge cannot render, a key its type
+            does not have (:data:`_ITEM_KEYS`, :data:`_PART_KEYS`; ``input[0].foo``), or a
+            ``function_call_output`` whose ``call_id`` answers no earlier call (as OpenAI).
     """
     if isinstance(items, str):
         return [{"role": "user", "content": items}], False
@@ -531,6 +551,11 @@ def input_messages(items: str | list[dict[str, Any]]) -> tuple[list[dict[str, An
             output, call_id = item.get("output"), item.get("call_id")
             if not isinstance(call_id, str):
                 raise bad_request(f"{where}.call_id must be a string", param=f"{where}.call_id")
+            if call_id not in known_call_ids and not _called(messages, call_id):
+                raise bad_request(
+                    f"{where}: no function_call before it has call_id {call_id!r}",
+                    param=f"{where}.call_id",
+                )
             if not isinstance(output, str):
                 output = _content(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
@@ -589,7 +614,7 @@ def chat_body(
         ApiError: 400 naming the Responses field at fault.
     """
     req.check_unimplemented()
-    new, continues = input_messages(req.input)
+    new, continues = input_messages(req.input, call_ids(history))
     conversation = [*history, *new]
     messages = list(conversation)
     if req.instructions is not None:

@@ -293,11 +293,11 @@ class _ResponseShape:
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": b.previous_response_id,
             "reasoning": reasoning,
-            "service_tier": b.service_tier or "auto",
+            "service_tier": "default",  # the tier that served it: the only one
             "store": b.store,
             "temperature": b.temperature,
             "text": text,
-            "tool_choice": b.tool_choice if b.tool_choice is not None else ("auto" if b.tools else "none"),
+            "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
             "tools": b.tools or [],
             "top_logprobs": b.top_logprobs,
             "top_p": b.top_p,
@@ -334,12 +334,15 @@ class _ResponseShape:
 
     def _reasoning_tokens(self, message: dict[str, Any]) -> int:
         """Generated tokens up to and including the one that ended the reasoning (all of them
-        when it never ended), 0 without reasoning."""
+        when it never ended; the ``</think>`` alone when the reasoning was empty), 0 without a
+        reasoning parser or reasoning."""
         ids = self.prepared.gen.choices[0].token_ids
-        if not message.get("reasoning") or ids is None:
+        if self.state.reasoning_parser is None or ids is None:
             return 0
         end_id = self.state.tokenizer.convert_tokens_to_ids(THINK_END)
-        return ids.index(end_id) + 1 if end_id in ids else len(ids)
+        if end_id in ids:
+            return ids.index(end_id) + 1
+        return len(ids) if message.get("reasoning") else 0
 
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:

@@ -148,6 +148,10 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CMPL, "top_logprobs", 3),  # chat's field: on completions it would do nothing
     (CHAT, "ec_transfer_params", {"x": 1}),
     (CMPL, "ec_transfer_params", {}),
+    (CHAT, "verbosity", "high"),
+    # an inert field still takes only OpenAI's values
+    (CHAT, "service_tier", "bogus"),
+    (CMPL, "service_tier", "fast"),
 ]
 
 
@@ -185,6 +189,7 @@ def test_refused_fields_accept_their_defaults(server: Server) -> None:
         "response_format": {"type": "text"},
         "tool_choice": "none",
         "modalities": ["text"],
+        "verbosity": "medium",  # OpenAI's default
     }
     r = _post(server, CHAT, {"messages": MSGS, "max_tokens": 2} | defaults)
     assert r.status_code == 200, r.text
@@ -366,7 +371,7 @@ def test_inert_fields_are_accepted(client: openai.OpenAI) -> None:
         user="u1",
         metadata={"k": "v"},
         store=False,
-        service_tier="auto",
+        service_tier="flex",
         parallel_tool_calls=False,
         extra_body={"prompt_cache_key": "p", "safety_identifier": "s"},
     )

@@ -111,6 +111,8 @@ def test_non_streamed_exact_length_is_incomplete(client: openai.OpenAI, model: s
     assert r.usage.output_tokens == max_tokens and r.max_output_tokens == max_tokens
     assert r.usage.total_tokens == r.usage.input_tokens + max_tokens
     assert r.usage.output_tokens_details.reasoning_tokens == 0
+    # OpenAI's defaults echoed: tool_choice "auto" without tools, the tier that served it
+    assert r.tool_choice == "auto" and r.service_tier == "default"
     [item] = r.output
     assert item.type == "message" and item.role == "assistant"
     assert item.status == "incomplete"  # the item the cut happened in, as OpenAI marks it
@@ -498,6 +500,17 @@ def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server
             "text.format.schema",
         ),
         ({"text": {"verbosity": "high"}}, "text.verbosity"),
+        ({"service_tier": "bogus"}, "service_tier"),
+        # an output answering no call before it (OpenAI's 400; once rendered as an orphan tool turn)
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "x"},
+                    {"type": "function_call_output", "call_id": "n", "output": "r"},
+                ]
+            },
+            "input[1].call_id",
+        ),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_tool_calls": 2}, "max_tool_calls"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),

@@ -359,3 +359,18 @@ def test_an_output_without_think_starts_inside_the_reasoning(client: openai.Open
     assert [item.type for item in final.output] == ["reasoning", "message"]
     assert final.output_text == r.output_text
     assert final.output[0].content[0].text == r.output[0].content[0].text
+
+
+def test_empty_reasoning_counts_its_end_token(client: openai.OpenAI, model: str) -> None:
+    """``</think>`` as the first generated token: no reasoning item, but the token that ended the
+    (empty) reasoning is a reasoning token, as the docs define them."""
+    r = client.responses.create(
+        model=model,
+        input="Hi",
+        max_output_tokens=4,
+        temperature=0.0,
+        extra_body={"logit_bias": {str(THINK_END): 100}, "ignore_eos": True},
+    )
+    assert [item.type for item in r.output] == ["message"]
+    assert r.usage.output_tokens_details.reasoning_tokens == 1
+    assert r.usage.output_tokens == 4
