@@ -32,6 +32,9 @@ builds an empty tokenizer; ``tokenizer_config.json`` alone gave a 26-token one t
 every text to nothing)."""
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ACTIVATIONS = ("silu", "swish")
+"""``hidden_act`` values of a config.json Surge runs: its MLP is SiLU-gated (transformers' ``swish`` is
+SiLU too). Another activation is refused at load, as vLLM refuses it, rather than run as SiLU."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other spellings of the model dtypes (``--dtype half``, ``LLM(..., dtype="float")``)."""
@@ -260,6 +263,12 @@ class ModelConfig:
                 raise ValueError(f"model: {cfg_path}: {name} must be a positive integer, got {value!r}")
             return int(value)
 
+        act = hf.get("hidden_act", "silu")
+        _require(
+            act in SUPPORTED_ACTIVATIONS,
+            f"model: {cfg_path}: hidden_act {act!r} is not supported (the MLP Surge runs is "
+            f"SiLU-gated: {', '.join(SUPPORTED_ACTIVATIONS)})",
+        )
         num_heads = positive("num_attention_heads")
         hidden = positive("hidden_size")
         positive("max_position_embeddings", 2048)

@@ -99,6 +99,21 @@ def has_tokenizer_files(model_dir: str | Path) -> bool:
     return any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES)
 
 
+def error_reason(e: BaseException) -> str:
+    """An exception's message on one line: its first line, and the lines after it while a line
+    ends with a colon (transformers' "Class validation error for validator 'x':" states its
+    reason on the next line); the exception's type name when it has no message."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    out = [lines[0]]
+    for line in lines[1:]:
+        if not out[-1].endswith(":"):
+            break
+        out.append(line)
+    return " ".join(out)
+
+
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a Hugging Face model folder from local files only.
 
@@ -109,7 +124,8 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         The transformers tokenizer (never reads the network: ``local_files_only=True``).
 
     Raises:
-        ValueError: the folder does not exist or holds no loadable tokenizer, or its vocabulary
+        ValueError: the folder does not exist, its config.json fails transformers' checks (a
+            message starting "model: ..."), or it holds no loadable tokenizer, or its vocabulary
             files (:data:`~surge.config.TOKENIZER_FILES`) load as a tokenizer that encodes text
             to no tokens. A folder without any of them may load as an empty tokenizer (the
             offline ``LLM`` then takes token-id prompts only; ``surge serve`` refuses such a
@@ -121,8 +137,10 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {str(path)!r}: {first_line}") from e
+        reason = error_reason(e)
+        if type(e).__name__.startswith("StrictDataclass"):  # transformers' config.json checks
+            raise ValueError(f"model: {str(path / 'config.json')!r} is invalid: {reason}") from e
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {str(path)!r}: {reason}") from e
     if has_tokenizer_files(path) and not tokenizer.encode(_PROBE_TEXT, add_special_tokens=False):
         # a tokenizer that drops every text: prompts would reach the model as their special tokens
         raise ValueError(

@@ -142,6 +142,31 @@ def test_weights_header_check_accepts_good_files_and_reads_headers_only(tmp_path
         check_safetensors_header(big)
 
 
+def test_a_shifted_tensor_is_named_with_its_neighbour(tmp_path: Path) -> None:
+    """A tensor whose data offsets are shifted leaves a gap before it and an overlap after it;
+    the message names both tensors around the first break (it named only the second, which may
+    be the intact one)."""
+    import struct
+
+    from surge.model.weight_files import check_safetensors_header
+
+    def write(offsets: dict[str, list[int]]) -> Path:
+        header = json.dumps({k: {"dtype": "U8", "shape": [4], "data_offsets": v} for k, v in offsets.items()})
+        path = tmp_path / "w.safetensors"
+        path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0" * 8)
+        return path
+
+    check_safetensors_header(write({"a": [0, 4], "b": [4, 8]}))
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'b': invalid data offsets \[6, 10\] in the header \(its data "
+        r"should begin after tensor 'a''s, which ends at 4\)",
+    ):
+        check_safetensors_header(write({"a": [0, 4], "b": [6, 10]}))
+    with pytest.raises(ValueError, match=r"tensor 'a': invalid data offsets \[2, 6\] .*should begin at 0\)"):
+        check_safetensors_header(write({"a": [2, 6], "b": [6, 10]}))
+
+
 def test_a_closed_stdout_pipe_is_not_a_traceback() -> None:
     """`surge bench roofline ... | head -1`: the reader is gone before the table is written."""
     p = subprocess.Popen(

@@ -414,6 +414,8 @@ def test_a_token_budget_no_step_can_use_is_lowered() -> None:
         ("num_hidden_layers", "five", "num_hidden_layers must be a positive integer, got 'five'"),
         ("hidden_size", None, "lacks hidden_size"),
         ("vocab_size", True, "vocab_size must be a positive integer"),
+        # another activation ran as SiLU, silently wrong (vLLM refuses it too)
+        ("hidden_act", "gelu", r"hidden_act 'gelu' is not supported \(the MLP Surge runs is SiLU-gated"),
     ],
 )
 def test_config_fields_are_named_when_invalid(tmp_path: Any, field: str, value: Any, words: str) -> None:

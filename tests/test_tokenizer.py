@@ -45,6 +45,40 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("head_dim", 7, r"validate_rope': ValueError: RoPE requires an even rotary dimension"),
+        ("rms_norm_eps", "x", r"Validation error for field 'rms_norm_eps': TypeError: Field 'rms_norm_eps'"),
+    ],
+)
+def test_a_config_json_transformers_refuses_is_named_with_its_reason(
+    tmp_path: Path, field: str, value: object, reason: str
+) -> None:
+    """transformers reads config.json when it loads the tokenizer: a field it refuses is blamed on
+    config.json, with the reason (its message's second line; the error once ended at the colon
+    of "Class validation error for validator 'validate_rope':" and blamed the tokenizer)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"^model: '.*config\.json' is invalid: .*" + reason) as e:
+        load_tokenizer(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_error_reason_joins_lines_after_a_colon() -> None:
+    from surge.tokenizer import error_reason
+
+    assert error_reason(ValueError("a:\n  b\nc")) == "a: b"
+    assert error_reason(ValueError("first\nsecond")) == "first"
+    assert error_reason(KeyError()) == "KeyError"
+
+
 def test_multibyte_never_replacement_char(stories):
     text = "é 日 😀 done"
     ids = stories.encode(text, add_special_tokens=False)

@@ -239,8 +239,8 @@ class LLM:
         self._text_prompts = has_tokenizer_files(config.model.model)
         try:
             self.tokenizer = load_tokenizer(config.model.model)
-        except ValueError:
-            if self._text_prompts:
+        except ValueError as e:
+            if self._text_prompts or str(e).startswith("model: "):  # an invalid config.json
                 raise
             from surge.cli import no_tokenizer_message
 

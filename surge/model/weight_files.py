@@ -156,11 +156,22 @@ def check_safetensors_header(path: Path) -> None:
         if name != "__metadata__"
     )
     data_bytes = size - 8 - n
-    end_of_previous = 0
+    end_of_previous, previous = 0, None
     for (begin, end), name in extents:
-        if begin != end_of_previous or end < begin:
+        if end < begin:
             raise ValueError(f"tensor {name!r}: invalid data offsets [{begin}, {end}] in the header")
-        end_of_previous = end
+        if begin != end_of_previous:
+            # either of the two may be the shifted one: name both
+            where = (
+                f"after tensor {previous!r}'s, which ends at {end_of_previous}"
+                if previous is not None
+                else "at 0"
+            )
+            raise ValueError(
+                f"tensor {name!r}: invalid data offsets [{begin}, {end}] in the header (its data "
+                f"should begin {where})"
+            )
+        end_of_previous, previous = end, name
     if end_of_previous > data_bytes:
         raise ValueError(
             f"the header describes {end_of_previous:,} bytes of tensor data but the file holds "
