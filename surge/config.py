@@ -18,6 +18,7 @@ from surge.generation_defaults import (
     load_sampling_defaults,
     override_max_tokens,
 )
+from surge.model.registry import supported_architectures
 from surge.quant.config import QUANTIZATION_METHODS, Fp8Config, kv_cache_dtype_name, parse_fp8_config
 from surge.rope_params import rope_params
 
@@ -31,7 +32,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 builds an empty tokenizer; ``tokenizer_config.json`` alone gave a 26-token one that encodes
 every text to nothing)."""
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = supported_architectures()
+"""The architectures of :mod:`surge.model.registry` (one table: a model added there is taken here)."""
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 """``hidden_act`` values of a config.json Surge runs: its MLP is SiLU-gated (transformers' ``swish`` is
 SiLU too). Another activation is refused at load, as vLLM refuses it, rather than run as SiLU."""

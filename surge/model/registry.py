@@ -1,10 +1,15 @@
-"""Hugging Face architecture name -> Surge model class, imported lazily."""
+"""Hugging Face architecture name -> Surge model class, imported lazily.
+
+Imports no torch: :mod:`surge.config` checks a folder's architecture against this table before
+torch is imported (the CLI's one-line refusals)."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("surge.model.llama", "LlamaForCausalLM"),
