@@ -141,6 +141,7 @@ def test_max_tokens_auto_by_default(page: Any, web_server: Server) -> None:
     assert page.locator(".msg.error").count() == 0
     assert m["state"] == "done" and m["finish"] == "length", m
     assert 1 <= int(m["tokens"]) < 256
+    page.once("dialog", lambda d: d.accept())  # the chat above is cleared
     page.click("#mode [data-mode=completion]")
     page.fill("#prompt", "Once upon a time")
     with page.expect_request("**/v1/completions") as req:
@@ -197,6 +198,7 @@ def test_settings_history_new_chat_and_completion_mode(page: Any, web_server: Se
     assert [m["role"] for m in req.value.post_data_json["messages"]] == ["system", "user"]
     wait_finished(page)
 
+    page.once("dialog", lambda d: d.accept())  # "third" and its answer are cleared
     page.click("#mode [data-mode=completion]")
     assert not page.locator("#system").is_visible()
     page.fill("#prompt", "Once upon a time")
@@ -617,6 +619,9 @@ def test_an_answer_that_ended_while_reasoning_shows_the_reasoning(page: Any, web
     assert m["text"] == "4"
     assert reasoning.nth(1).get_attribute("open") is None  # with an answer it stays folded
     assert page.locator(".msg.assistant .body").nth(1).is_visible()
+    # the first turn had no answer text: it is not sent again, and the screen marks it so
+    assert page.locator(".msg.user.left-out").count() == 1
+    assert page.locator(".msg.user").nth(1).get_attribute("class") == "msg user"
 
 
 def test_a_moved_slider_can_go_back_to_the_model_default(page: Any, web_server: Server) -> None:
@@ -756,3 +761,75 @@ def test_enter_adds_a_line_on_a_touch_screen(browser: Any, web_server: Server) -
         assert page.locator(".msg.user .body").first.text_content() == "Hello\nthere"
     finally:
         context.close()
+
+
+def _chunk(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+def test_a_rate_is_not_shown_for_events_that_came_together(page: Any, web_server: Server) -> None:
+    """A short answer whose events arrive in one network read (a fraction of a millisecond
+    apart) shows no tokens/s: the rate over that span read 70,000 tokens/s."""
+    open_playground(page, web_server)
+    chunks = [_chunk({"content": w}) for w in ("a", " b", " c", " d")]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}})
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(chunks)
+        ),
+    )
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["tokens"] == "4" and m["text"] == "a b c d", m
+    assert m["tps"] == "–"
+
+
+def test_a_refused_question_goes_back_to_the_prompt_box(page: Any, web_server: Server) -> None:
+    """A 400 before any output: the question leaves the screen as it leaves the conversation and
+    returns to the prompt box (it was cleared, and stayed on screen though never sent again)."""
+    open_playground(page, web_server)
+    page.fill("#max_tokens", "4")
+    page.fill("#prompt", "My name is Ann.")
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    page.fill("#max_tokens", "900")  # past the bundled model's 512-token context: a 400
+    page.fill("#prompt", "My dog is Rex.")
+    page.click("#send")
+    page.wait_for_selector(".msg.error")
+    page.wait_for_function("!document.getElementById('send').hidden")
+    assert page.input_value("#prompt") == "My dog is Rex."
+    assert [t.strip() for t in page.locator(".msg.user .body").all_text_contents()] == ["My name is Ann."]
+    page.fill("#max_tokens", "4")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    users = [m["content"] for m in req.value.post_data_json["messages"] if m["role"] == "user"]
+    assert users == ["My name is Ann.", "My dog is Rex."]
+    wait_finished(page)
+
+
+def test_switching_modes_asks_before_clearing_a_conversation(page: Any, web_server: Server) -> None:
+    """The modes share no conversation, so a switch clears it: with one on screen the page asks
+    first, and a No keeps it (it was deleted without a word, even mid-stream)."""
+    open_playground(page, web_server)
+    page.fill("#max_tokens", "4")
+    page.fill("#prompt", "Hello")
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    asked: list[str] = []
+
+    def dismiss(d: Any) -> None:
+        asked.append(d.message)
+        d.dismiss()
+
+    page.once("dialog", dismiss)
+    page.click("#mode [data-mode=completion]")
+    assert asked == ["Switch to completion? This clears the conversation."]
+    assert page.get_attribute("#mode [data-mode=chat]", "aria-pressed") == "true"
+    assert page.locator(".msg.user").count() == 1
+    page.once("dialog", lambda d: d.accept())
+    page.click("#mode [data-mode=completion]")
+    assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "true"
+    assert page.locator(".msg").count() == 0
