@@ -99,6 +99,24 @@ def has_tokenizer_files(model_dir: str | Path) -> bool:
     return any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES)
 
 
+class InvalidModelConfigError(ValueError):
+    """A model folder's config.json that transformers refuses (a field's type or value), found
+    while it loads the tokenizer, which reads config.json too."""
+
+
+def _is_config_validation_error(e: BaseException) -> bool:
+    """Whether ``e`` is transformers' check of a config.json field or of the whole config
+    (huggingface_hub's strict dataclasses; not their definition errors, which are bugs)."""
+    try:
+        from huggingface_hub.errors import (
+            StrictDataclassClassValidationError,
+            StrictDataclassFieldValidationError,
+        )
+    except ImportError:  # an older huggingface_hub: transformers 4 configs are not strict dataclasses
+        return False
+    return isinstance(e, StrictDataclassClassValidationError | StrictDataclassFieldValidationError)
+
+
 def error_reason(e: BaseException) -> str:
     """An exception's message on one line: its first line, and the lines after it while a line
     ends with a colon (transformers' "Class validation error for validator 'x':" states its
@@ -124,8 +142,8 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         The transformers tokenizer (never reads the network: ``local_files_only=True``).
 
     Raises:
-        ValueError: the folder does not exist, its config.json fails transformers' checks (a
-            message starting "model: ..."), or it holds no loadable tokenizer, or its vocabulary
+        InvalidModelConfigError: its config.json fails transformers' checks (a ValueError).
+        ValueError: the folder does not exist or holds no loadable tokenizer, or its vocabulary
             files (:data:`~surge.config.TOKENIZER_FILES`) load as a tokenizer that encodes text
             to no tokens. A folder without any of them may load as an empty tokenizer (the
             offline ``LLM`` then takes token-id prompts only; ``surge serve`` refuses such a
@@ -138,8 +156,8 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
         reason = error_reason(e)
-        if type(e).__name__.startswith("StrictDataclass"):  # transformers' config.json checks
-            raise ValueError(f"model: {str(path / 'config.json')!r} is invalid: {reason}") from e
+        if _is_config_validation_error(e):
+            raise InvalidModelConfigError(f"model: {str(path / 'config.json')!r} is invalid: {reason}") from e
         raise ValueError(f"tokenizer: cannot load a tokenizer from {str(path)!r}: {reason}") from e
     if has_tokenizer_files(path) and not tokenizer.encode(_PROBE_TEXT, add_special_tokens=False):
         # a tokenizer that drops every text: prompts would reach the model as their special tokens

@@ -160,7 +160,7 @@ def test_a_shifted_tensor_is_named_with_its_neighbour(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
         match=r"tensor 'b': invalid data offsets \[6, 10\] in the header \(its data "
-        r"should begin after tensor 'a''s, which ends at 4\)",
+        r"should begin at 4, where tensor 'a' ends\)",
     ):
         check_safetensors_header(write({"a": [0, 4], "b": [6, 10]}))
     with pytest.raises(ValueError, match=r"tensor 'a': invalid data offsets \[2, 6\] .*should begin at 0\)"):

@@ -438,6 +438,24 @@ def test_config_fields_are_named_when_invalid(tmp_path: Any, field: str, value: 
         ModelConfig.from_pretrained(str(folder))
 
 
+@pytest.mark.parametrize("act", ["silu", "swish", None])
+def test_silu_hidden_acts_are_taken(tmp_path: Any, act: str | None) -> None:
+    """``silu``, transformers' ``swish`` (the same function) and no ``hidden_act`` (its default)."""
+    import json
+    import shutil
+
+    from surge.config import DEFAULT_MODEL_DIR
+
+    folder = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("hidden_act")
+    if act is not None:
+        cfg["hidden_act"] = act
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert ModelConfig.from_pretrained(str(folder)).architecture == "LlamaForCausalLM"
+
+
 def test_an_unsupported_architecture_is_named_before_missing_fields(tmp_path: Any) -> None:
     """A folder of another kind of model (a Mamba config has no attention heads) is refused for
     its architecture, not with "lacks num_attention_heads", which sent its user to fix the config."""

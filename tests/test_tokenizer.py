@@ -11,7 +11,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from surge.config import DEFAULT_MODEL_DIR  # noqa: E402
-from surge.tokenizer import IncrementalDetokenizer, apply_chat_template, content_text, load_tokenizer  # noqa: E402
+from surge.tokenizer import (  # noqa: E402
+    IncrementalDetokenizer,
+    InvalidModelConfigError,
+    apply_chat_template,
+    content_text,
+    load_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +58,10 @@ def test_load_tokenizer_errors(tmp_path):
         ("rms_norm_eps", "x", r"Validation error for field 'rms_norm_eps': TypeError: Field 'rms_norm_eps'"),
     ],
 )
+@pytest.mark.skipif(
+    int(__import__("transformers").__version__.split(".")[0]) < 5,
+    reason="transformers 4 does not check config.json fields when it loads a tokenizer",
+)
 def test_a_config_json_transformers_refuses_is_named_with_its_reason(
     tmp_path: Path, field: str, value: object, reason: str
 ) -> None:
@@ -66,9 +76,19 @@ def test_a_config_json_transformers_refuses_is_named_with_its_reason(
     cfg = json.loads((folder / "config.json").read_text())
     cfg[field] = value
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"^model: '.*config\.json' is invalid: .*" + reason) as e:
+    with pytest.raises(
+        InvalidModelConfigError, match=r"^model: '.*config\.json' is invalid: .*" + reason
+    ) as e:
         load_tokenizer(folder)
     assert "\n" not in str(e.value)
+    if field == "head_dim":  # the offline LLM says the same, also for a folder without tokenizer files
+        from surge import LLM
+        from surge.config import TOKENIZER_FILES
+
+        for name in TOKENIZER_FILES:
+            (folder / name).unlink(missing_ok=True)
+        with pytest.raises(InvalidModelConfigError, match=r"config\.json' is invalid: .*" + reason):
+            LLM(str(folder), device="cpu")
 
 
 def test_error_reason_joins_lines_after_a_colon() -> None:

@@ -25,6 +25,7 @@ from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason
 from surge.token_strings import TokenStrings
 from surge.tokenizer import (
     IncrementalDetokenizer,
+    InvalidModelConfigError,
     apply_chat_template,
     bad_words_token_ids,
     described_chat_template,
@@ -239,8 +240,10 @@ class LLM:
         self._text_prompts = has_tokenizer_files(config.model.model)
         try:
             self.tokenizer = load_tokenizer(config.model.model)
-        except ValueError as e:
-            if self._text_prompts or str(e).startswith("model: "):  # an invalid config.json
+        except InvalidModelConfigError:
+            raise
+        except ValueError:
+            if self._text_prompts:
                 raise
             from surge.cli import no_tokenizer_message
 

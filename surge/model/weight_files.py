@@ -162,14 +162,10 @@ def check_safetensors_header(path: Path) -> None:
             raise ValueError(f"tensor {name!r}: invalid data offsets [{begin}, {end}] in the header")
         if begin != end_of_previous:
             # either of the two may be the shifted one: name both
-            where = (
-                f"after tensor {previous!r}'s, which ends at {end_of_previous}"
-                if previous is not None
-                else "at 0"
-            )
+            where = f"{end_of_previous}, where tensor {previous!r} ends" if previous is not None else "0"
             raise ValueError(
                 f"tensor {name!r}: invalid data offsets [{begin}, {end}] in the header (its data "
-                f"should begin {where})"
+                f"should begin at {where})"
             )
         end_of_previous, previous = end, name
     if end_of_previous > data_bytes:

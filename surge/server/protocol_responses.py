@@ -471,11 +471,6 @@ def _last_assistant(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     return last if last is not None and last.get("role") == "assistant" else None
 
 
-def _called(messages: list[dict[str, Any]], call_id: str) -> bool:
-    """Whether an assistant message of ``messages`` has a tool call with id ``call_id``."""
-    return any(c.get("id") == call_id for m in messages for c in m.get("tool_calls") or ())
-
-
 def call_ids(messages: list[dict[str, Any]]) -> frozenset[str]:
     """The ids of every tool call in ``messages`` (chat form)."""
     return frozenset(
@@ -508,6 +503,7 @@ def input_messages(
     if isinstance(items, str):
         return [{"role": "user", "content": items}], False
     messages: list[dict[str, Any]] = []
+    called = set(known_call_ids)  # the calls an output may answer: those before it
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message")
@@ -542,6 +538,7 @@ def input_messages(
                     f"{where}.arguments is not valid JSON", param=f"{where}.arguments"
                 ) from None
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            called.add(call_id)
             prev = _last_assistant(messages)
             if prev is not None:
                 prev.setdefault("tool_calls", []).append(call)
@@ -551,7 +548,7 @@ def input_messages(
             output, call_id = item.get("output"), item.get("call_id")
             if not isinstance(call_id, str):
                 raise bad_request(f"{where}.call_id must be a string", param=f"{where}.call_id")
-            if call_id not in known_call_ids and not _called(messages, call_id):
+            if call_id not in called:
                 raise bad_request(
                     f"{where}: no function_call before it has call_id {call_id!r}",
                     param=f"{where}.call_id",

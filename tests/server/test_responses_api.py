@@ -511,6 +511,17 @@ def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server
             },
             "input[1].call_id",
         ),
+        # an output before its call: the call must come first (as OpenAI, and as templates render)
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "x"},
+                    {"type": "function_call_output", "call_id": "c", "output": "r"},
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                ]
+            },
+            "input[1].call_id",
+        ),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_tool_calls": 2}, "max_tool_calls"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),

@@ -769,7 +769,10 @@ def _chunk(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
 
 def test_a_rate_is_not_shown_for_events_that_came_together(page: Any, web_server: Server) -> None:
     """A short answer whose events arrive in one network read (a fraction of a millisecond
-    apart) shows no tokens/s: the rate over that span read 70,000 tokens/s."""
+    apart) shows no tokens/s: the rate over that span read 70,000 tokens/s. The page's clock
+    is replaced by one that moves 1 ms per reading, so the events are never at equal times
+    (which the old code also left blank) and the check does not depend on the browser's clock."""
+    page.add_init_script("(() => { let t = 0; performance.now = () => (t += 1); })()")
     open_playground(page, web_server)
     chunks = [_chunk({"content": w}) for w in ("a", " b", " c", " d")]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
@@ -833,3 +836,55 @@ def test_switching_modes_asks_before_clearing_a_conversation(page: Any, web_serv
     page.click("#mode [data-mode=completion]")
     assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "true"
     assert page.locator(".msg").count() == 0
+
+
+_REFUSAL = json.dumps(
+    {"error": {"message": "nope", "type": "invalid_request_error", "param": None, "code": 400}}
+)
+
+
+def _hold(page: Any, held: list[Any]) -> None:
+    """Wait until the page's request reached the route that holds it."""
+    for _ in range(200):
+        if held:
+            return
+        page.wait_for_timeout(25)
+    raise AssertionError("the request never came")
+
+
+def test_a_refused_question_stays_when_something_was_typed_meanwhile(page: Any, web_server: Server) -> None:
+    """Text typed in the prompt box while a request is in flight is kept when that request is
+    refused, and the refused question stays on screen, marked as left out (it was removed, so
+    it was neither on screen nor in the box)."""
+    open_playground(page, web_server)
+    held: list[Any] = []
+    page.route("**/v1/chat/completions", lambda route: held.append(route))
+    page.fill("#prompt", "first question")
+    page.click("#send")
+    _hold(page, held)
+    page.fill("#prompt", "draft")
+    held[0].fulfill(status=400, content_type="application/json", body=_REFUSAL)
+    page.wait_for_selector(".msg.error")
+    page.wait_for_function("!document.getElementById('send').hidden")
+    assert page.input_value("#prompt") == "draft"
+    assert page.locator(".msg.user.left-out .body").all_text_contents() == ["first question"]
+    assert page.locator(".msg.assistant").count() == 0
+
+
+def test_switching_modes_after_only_an_error_does_not_ask(page: Any, web_server: Server) -> None:
+    """With no conversation on screen (a first question refused, back in the prompt box) a mode
+    switch does not ask: it would say it clears a conversation there is none of."""
+    open_playground(page, web_server)
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(status=400, content_type="application/json", body=_REFUSAL),
+    )
+    page.fill("#prompt", "Hello")
+    page.click("#send")
+    page.wait_for_selector(".msg.error")
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.click("#mode [data-mode=completion]")
+    assert asked == []
+    assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "true"
+    assert page.input_value("#prompt") == "Hello"

@@ -264,12 +264,15 @@
     const n = run.usage ? run.usage.completion_tokens : run.events;
     view.tokens.textContent = String(n);
     if (run.tFirst !== null) view.ttft.textContent = `${Math.round(run.tFirst - run.tStart)} ms`;
-    const tEnd = view.msg.dataset.state === "streaming" ? performance.now() : run.tLast;
+    const streaming = view.msg.dataset.state === "streaming";
+    const tEnd = streaming ? performance.now() : run.tLast;
     // decode speed: the tokens after the first over the time after it. It needs two events at
     // least MIN_RATE_SPAN_MS apart: a short answer's events may come in one network read, a
     // fraction of a millisecond apart, which gave rates of 70,000 tokens/s
     if (run.tFirst !== null && run.events > 1 && n > 1 && tEnd - run.tFirst >= MIN_RATE_SPAN_MS) {
       view.tps.textContent = (((n - 1) * 1000) / (tEnd - run.tFirst)).toFixed(1);
+    } else if (!streaming) {
+      view.tps.textContent = "–"; // a live figure (timed to now) does not outlive a too short run
     }
     view.finish.textContent = run.finish || (view.msg.dataset.state === "streaming" ? "…" : "–");
   }
@@ -389,10 +392,11 @@
         outcome = "error";
         if (!run.text && !run.reasoning) {
           // nothing came (refused, unreachable): the question goes back to the prompt box to
-          // edit or send again, and leaves the screen as it leaves the conversation below
+          // edit or send again, and leaves the screen as it leaves the conversation below;
+          // if something was typed there meanwhile, it stays on screen, marked as left out
           view.msg.remove();
-          asked.remove();
           if (!ui.prompt.value) {
+            asked.remove();
             ui.prompt.value = text;
             autoSize();
           }
@@ -419,7 +423,7 @@
           // sent again with later turns, and the screen says so
           state.history.pop();
           if (asked.isConnected) {
-            for (const node of [asked, view.msg]) {
+            for (const node of [asked, view.msg].filter((n) => n.isConnected)) {
               node.classList.add("left-out");
               node.title = "Not part of the conversation: the answer has no text";
             }
@@ -445,7 +449,7 @@
   function setMode(mode) {
     if (mode === state.mode) return;
     // the modes do not share a conversation: switching starts a new one, so ask first
-    const shown = ui.inner.querySelector(".msg");
+    const shown = ui.inner.querySelector(".msg.user");
     if (shown && !window.confirm(`Switch to ${mode}? This clears the conversation.`)) return;
     state.mode = mode;
     for (const b of ui.modeButtons) {
