@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody
+from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody, RequestBody
 
 _INERT_BLOCK_KEYS = frozenset({"cache_control"})
 """Keys any content block may carry and that change nothing here (prompt caching hints)."""
@@ -121,6 +121,13 @@ def messages_message(message: str) -> str:
     return _MESSAGES_INDEX.sub("messages", message)
 
 
+class MessagesMetadata(RequestBody):
+    """Anthropic's ``metadata``: ``user_id`` only (another key is a 400 naming it, as Anthropic
+    answers). Inert: a label for the caller's records."""
+
+    user_id: str | None = None
+
+
 class MessagesBody(NullIsUnsetBody):
     """The fields of a Messages request (``null`` is "not set" for every one), as
     ``/v1/messages/count_tokens`` takes them: the same body as ``/v1/messages``, whose sampling
@@ -148,7 +155,7 @@ class MessagesBody(NullIsUnsetBody):
     output_config: dict[str, Any] | None = None
     # inert: labels for the caller's records (Anthropic's user_id); prompt caching (Surge caches
     # prefixes by itself) and the service tier (one server, one tier)
-    metadata: dict[str, Any] | None = None
+    metadata: MessagesMetadata | None = None
     cache_control: dict[str, Any] | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     # vLLM's extras, passed to the chat request as sent
@@ -305,16 +312,46 @@ def _user(content: list[Any], where: str) -> list[dict[str, Any]]:
     return results + ([{"role": "user", "content": parts}] if parts or not results else [])
 
 
+def _tool_use_ids(content: Any) -> frozenset[str]:
+    """The ids of an assistant message's ``tool_use`` blocks."""
+    if not isinstance(content, list):
+        return frozenset()
+    return frozenset(
+        b["id"]
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(b.get("id"), str)
+    )
+
+
+def _check_tool_results(content: list[Any], calls: frozenset[str], where: str) -> None:
+    """Each ``tool_result`` block answers a ``tool_use`` of the assistant message just before.
+
+    Raises:
+        ApiError: 400 naming ``messages[i].content[j].tool_use_id`` (as Anthropic refuses it).
+    """
+    for j, block in enumerate(content):
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            call_id = block.get("tool_use_id")
+            if isinstance(call_id, str) and call_id not in calls:
+                raise bad_request(
+                    f"{where}[{j}].tool_use_id {call_id!r} answers no tool_use block of the assistant "
+                    "message just before it",
+                    param=f"{where}[{j}].tool_use_id",
+                )
+
+
 def chat_messages(body: MessagesBody) -> tuple[list[dict[str, Any]], bool]:
     """The chat messages of a Messages request (``system`` first), and whether the last one is
     the assistant's to continue (Anthropic's prefill).
 
     Raises:
         ApiError: 400 naming the field at fault (``system``, ``messages[i].role``,
-            ``messages[i].content[j]...``).
+            ``messages[i].content[j]...``; a ``tool_result`` whose ``tool_use_id`` no
+            ``tool_use`` of the assistant message before it has).
     """
     out: list[dict[str, Any]] = []
     system = [] if body.system is None else _system_parts(body.system, "system")
+    calls: frozenset[str] = frozenset()  # the tool_use ids of the message before (if the assistant's)
     for i, message in enumerate(body.messages):
         where = f"messages[{i}]"
         role, content = message.get("role"), message.get("content")
@@ -328,6 +365,9 @@ def chat_messages(body: MessagesBody) -> tuple[list[dict[str, Any]], bool]:
             raise bad_request(
                 f"{where}.content must be a string or a list of content blocks", param=f"{where}.content"
             )
+        if role == "user" and isinstance(content, list):
+            _check_tool_results(content, calls, f"{where}.content")
+        calls = _tool_use_ids(content) if role == "assistant" else frozenset()
         if role == "system":  # vLLM's: its text joins the leading system message (templates want one, first)
             system.extend(_system_parts(content, f"{where}.content"))
         elif isinstance(content, str):

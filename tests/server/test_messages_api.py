@@ -237,6 +237,35 @@ def test_api_key_in_x_api_key_or_bearer_only_on_messages_routes(srv: Server) -> 
             },
             "messages[1]",
         ),
+        # a tool_result that answers no tool_use of the assistant message before it (Anthropic's 400)
+        (
+            {
+                "max_tokens": 5,
+                "messages": [
+                    {"role": "user", "content": "Time?"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                    },
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "WRONG", "content": "x"}],
+                    },
+                ],
+            },
+            "messages[2].content[0].tool_use_id",
+        ),
+        (
+            {
+                "max_tokens": 5,
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}
+                ],
+            },
+            "messages[0].content[0].tool_use_id",
+        ),
+        # metadata has user_id only, as Anthropic's
+        ({"max_tokens": 5, "metadata": {"user_id": "u", "x": 1}}, "metadata.x"),
     ],
 )
 def test_bad_requests_are_anthropic_errors_naming_the_field(
@@ -300,6 +329,7 @@ def test_chat_messages_render_tool_results_and_thinking() -> None:
                         {"type": "redacted_thinking", "data": "opaque"},
                         {"type": "text", "text": "Let me see.", "citations": None},
                         {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {"zone": "UTC"}},
+                        {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {"zone": "X"}},
                     ],
                 },
                 {
@@ -324,6 +354,11 @@ def test_chat_messages_render_tool_results_and_thinking() -> None:
         "type": "function",
         "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'},
     }
+    call2 = {
+        "id": "toolu_2",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": '{"zone": "X"}'},
+    }
     assert messages == [
         {"role": "system", "content": [{"type": "text", "text": "S"}, {"type": "text", "text": "T"}]},
         {"role": "user", "content": "Time?"},
@@ -331,7 +366,7 @@ def test_chat_messages_render_tool_results_and_thinking() -> None:
             "role": "assistant",
             "content": [{"type": "text", "text": "Let me see."}],
             "reasoning": "hmm",
-            "tool_calls": [call],
+            "tool_calls": [call, call2],
         },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "12:00"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: no such zone"},
