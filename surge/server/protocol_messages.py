@@ -106,6 +106,9 @@ _CHAT_PHRASES = (
     ),
 )
 """Chat errors' words for chat's ``tool_choice`` values, and the Messages API's."""
+_CHAT_STOP = re.compile(r"(?<![\w.])stop (?=must|has )")
+"""Chat's ``stop`` at the start of a clause about it ("stop must not contain an empty string",
+"stop has 9 strings"): the Messages API's ``stop_sequences``."""
 
 
 def messages_message(message: str) -> str:
@@ -115,6 +118,7 @@ def messages_message(message: str) -> str:
     (which is not the request's)."""
     for chat, ours in _CHAT_PHRASES:
         message = message.replace(chat, ours)
+    message = _CHAT_STOP.sub("stop_sequences ", message)
     message = _CHAT_NAME.sub(lambda m: _PARAM_NAMES[m.group(1)], message)
     message = re.sub(r"(tools\[\d+\])\.function\.parameters\b", r"\1.input_schema", message)
     message = re.sub(r"(tools\[\d+\])\.function\b", r"\1", message)

@@ -489,7 +489,11 @@ def test_count_tokens_refuses_the_stop_sequences_a_message_refuses(srv: Server) 
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = _post(srv, body, path)
         assert r.status_code == 400, (path, r.text)
-        assert "stop_sequences" in r.json()["error"]["message"], (path, r.text)
+        # in the Messages API's words (it said "stop must not contain an empty string", chat's field)
+        assert "stop_sequences must not contain an empty string" in r.json()["error"]["message"], (
+            path,
+            r.text,
+        )
 
 
 def test_a_bad_role_is_refused_naming_the_roles_taken() -> None:
