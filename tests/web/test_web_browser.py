@@ -803,6 +803,9 @@ def test_a_refused_question_goes_back_to_the_prompt_box(page: Any, web_server: S
     page.click("#send")
     page.wait_for_selector(".msg.error")
     page.wait_for_function("!document.getElementById('send').hidden")
+    # the server's "maximum context length" 400, with what to do in a conversation
+    error = page.locator(".msg.error .body").text_content()
+    assert "maximum context length" in error and "start a New chat, or set a lower Max tokens" in error, error
     assert page.input_value("#prompt") == "My dog is Rex."
     assert [t.strip() for t in page.locator(".msg.user .body").all_text_contents()] == ["My name is Ann."]
     page.fill("#max_tokens", "4")

@@ -274,7 +274,7 @@
     } else if (!streaming) {
       view.tps.textContent = "–"; // a live figure (timed to now) does not outlive a too short run
     }
-    view.finish.textContent = run.finish || (view.msg.dataset.state === "streaming" ? "…" : "–");
+    view.finish.textContent = run.finish || (streaming ? "…" : "–");
   }
 
   let paintPending = false;
