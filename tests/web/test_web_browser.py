@@ -560,10 +560,16 @@ def test_focus_stays_in_the_prompt_box_after_send_and_stop(page: Any, web_server
     assert page.evaluate(focused) == "prompt"
     page.keyboard.type("Again")  # straight into the prompt box
     assert page.input_value("#prompt") == "Again"
+    # a short answer, so that the conversation (up to 400 tokens so far) still fits the 512-token
+    # context: a refused turn would leave the screen and go back into the prompt box
+    page.fill("#max_tokens", "4")
+    page.focus("#prompt")
     page.keyboard.press("Enter")
     page.wait_for_function("document.querySelectorAll('.msg.user').length === 2")
     assert page.locator(".msg.user .body").last.text_content() == "Again"
-    page.wait_for_function("!document.getElementById('send').hidden")  # answered (or refused)
+    page.wait_for_function("!document.getElementById('send').hidden")
+    assert page.locator(".msg.error").count() == 0
+    assert page.locator(".msg.user .body").last.text_content() == "Again"
 
 
 def test_a_stop_string_can_be_a_line_break(page: Any, web_server: Server) -> None:
