@@ -313,6 +313,11 @@ levels ("chat template error: maximum recursion depth exceeded", a 400 that name
 A schema compiled to a grammar (``tool_choice`` required or named) is bounded more tightly, at
 64 levels of subschemas."""
 
+ROOT_VALUE_KEYWORDS = ("$ref", "anyOf", "oneOf", "allOf", "enum", "const")
+"""JSON-schema keywords refused at the root of a tool's ``parameters``: each chooses the values
+itself (xgrammar then ignores a ``"type": "object"`` beside it), so the arguments could be a
+string, a number or an array. They stay allowed inside the schema's properties."""
+
 
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether JSON ``value`` nests objects and arrays more than ``limit`` levels deep (no
@@ -333,8 +338,8 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
     ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
     tool has, a string ``description`` and a boolean ``strict`` if given, and ``parameters`` that
-    are an object schema (``"type": "object"`` or no type) nested at most
-    :data:`MAX_TOOL_PARAMETERS_DEPTH` levels, if given.
+    are an object schema (``"type": "object"`` or no type, none of :data:`ROOT_VALUE_KEYWORDS` at
+    its root) nested at most :data:`MAX_TOOL_PARAMETERS_DEPTH` levels, if given.
 
     Raises:
         ApiError: a 400 naming ``tools`` for anything else.
@@ -389,6 +394,17 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
             # gave arguments that callers cannot pass as keyword arguments
             raise bad_request(
                 f'tools[{i}].function.parameters must have "type": "object", got {params.get("type")!r}',
+                param="tools",
+            )
+        root_choice = next(
+            (key for key in ROOT_VALUE_KEYWORDS if isinstance(params, dict) and key in params), None
+        )
+        if root_choice is not None:
+            # the grammar follows such a keyword and ignores a "type" beside it: {"anyOf":
+            # [{"type": "integer"}]} gave the arguments 5988288238 (OpenAI refuses it too)
+            raise bad_request(
+                f"tools[{i}].function.parameters has {root_choice!r} at its root, which lets the "
+                "arguments be a value other than a JSON object; use it inside properties",
                 param="tools",
             )
         names.add(name)

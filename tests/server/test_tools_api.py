@@ -15,6 +15,8 @@ import jsonschema
 import openai
 import pytest
 
+from surge.server.chat_tools import check_tools
+from surge.server.errors import ApiError
 from tests.server.conftest import Server, start_server
 
 WEATHER = {
@@ -396,6 +398,32 @@ def test_tool_errors(client: openai.OpenAI, server: Server) -> None:
             "tools",
         ),
         (client, {"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+        # a root that chooses its own values: a forced call's arguments were 5988288238
+        (
+            client,
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"anyOf": [{"type": "integer"}]}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+        (
+            client,
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "enum": [1]}},
+                    }
+                ]
+            },
+            "tools",
+        ),
         (
             client,
             {"tools": [{"type": "function", "function": {"name": "f", "foo": 1}}]},
@@ -548,3 +576,29 @@ def test_a_prompt_too_long_for_its_system_prompt_says_so(
     assert "maximum context length" in err["message"], err
     assert err["message"].endswith(f" The chat template renders '{part}' into the prompt too."), err
     assert err.get("param") == param
+
+
+@pytest.mark.parametrize("keyword", ["$ref", "anyOf", "oneOf", "allOf", "enum", "const"])
+def test_tool_parameters_refuse_root_keywords_that_choose_other_values(keyword: str) -> None:
+    """A root ``anyOf`` (or ``$ref``, ``enum``, ...) let a forced call's arguments be a number or a
+    string: xgrammar follows it and ignores a ``"type": "object"`` beside it. Refused with a 400
+    naming ``tools``, with or without the type; inside a property it stays allowed."""
+    values: dict[str, Any] = {
+        "$ref": "#/$defs/A",
+        "anyOf": [{"type": "integer"}],
+        "oneOf": [{"type": "array"}],
+        "allOf": [{"type": "boolean"}],
+        "enum": [1, 2],
+        "const": "x",
+    }
+    for params in ({keyword: values[keyword]}, {"type": "object", keyword: values[keyword]}):
+        tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+        with pytest.raises(ApiError) as e:
+            check_tools([tool])
+        assert e.value.param == "tools" and f"{keyword!r} at its root" in e.value.message, e.value.message
+    inner = {
+        "type": "object",
+        "properties": {"a": {keyword: values[keyword]}},
+        "$defs": {"A": {"type": "string"}},
+    }
+    assert check_tools([{"type": "function", "function": {"name": "f", "parameters": inner}}])

@@ -27,21 +27,15 @@ NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additional
 function with an empty parameter list"); a bare ``{"type": "object"}`` would take any keys."""
 
 
-_OWN_VALUES = ("type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const")
-"""Keywords that say which values a schema takes: a parameters schema with none of them gets
-``"type": "object"`` (next to one of the others xgrammar would ignore a ``type``)."""
-
-
 def parameters_schema(function: dict[str, Any]) -> dict[str, Any]:
     """The schema a forced call's arguments are generated under: the function's ``parameters``,
     :data:`NO_PARAMETERS` when it has none (or ``{}``), and ``"type": "object"`` added to one
     that says nothing of its values' type (``{"description": ...}``, ``{"properties": {...}}``):
     arguments are a JSON object, as the tools' check takes such a schema to be
     (``surge.server.chat_tools``), where the schema alone let the grammar write any JSON value
-    (a string, a number)."""
+    (a string, a number). The check refuses the root keywords that would choose other values
+    (``ROOT_VALUE_KEYWORDS``), so the ``type`` added here holds."""
     params = function.get("parameters") or NO_PARAMETERS
-    if any(k in params for k in _OWN_VALUES):
-        return params
     return {"type": "object", **params}
 
 
