@@ -113,6 +113,9 @@ HERMES_TWO = (
 )
 
 
+CALL_ADD = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+
+
 def test_hermes_two_calls_and_content() -> None:
     content, reasoning, calls = _check(_parser("hermes"), HERMES_TWO)
     assert content == "Let me check both.\n\n"
@@ -121,6 +124,22 @@ def test_hermes_two_calls_and_content() -> None:
         ("get_weather", '{"city": "Zürich}", "opts": {"unit": "c", "days": [1, 2]}}'),
         ("get_time", "{}"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [
+        (CALL_ADD + "\nDone.\n", "\nDone.\n"),
+        ("hello " + CALL_ADD + " mid " + CALL_ADD + " end", "hello  mid  end"),
+        (CALL_ADD + "\n \n" + CALL_ADD + "\n", ""),
+    ],
+)
+def test_hermes_text_after_a_call_keeps_its_whitespace_when_streamed(text: str, content: str) -> None:
+    """Streamed, whitespace that came as its own piece after a call's text was held back as if
+    between blocks and dropped ("\nDone.\n" streamed as "\nDone."; a space before the next
+    call lost); only a stretch that is all whitespace is dropped, streamed or not."""
+    result = _check(_parser("hermes"), text)
+    assert result[0] == content and [name for name, _ in result[2]] == ["add"] * text.count("<tool_call>")
 
 
 @pytest.mark.parametrize(

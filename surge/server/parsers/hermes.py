@@ -15,7 +15,8 @@ class HermesToolParser(ToolParser):
     """``--tool-call-parser hermes``.
 
     Content outside the blocks is released as it comes (a possible start of ``<tool_call>``
-    is held back); after a call, whitespace between or after blocks is dropped. Inside a
+    is held back); after a call, a stretch of text between or after blocks that is only
+    whitespace is dropped, and one with other text is kept whole, streamed as not. Inside a
     block the call streams through :class:`JsonToolCall`. A block whose text is not a JSON
     object naming a function (cut by ``max_tokens``, invalid JSON) makes the text malformed
     (:meth:`malformed_text`), so a non-streamed answer is then the whole text as content, as
@@ -26,7 +27,8 @@ class HermesToolParser(ToolParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._buf = ""
         self._call: JsonToolCall | None = None
-        self._ws = ""
+        self._ws = ""  # whitespace held back after a call, until the stretch shows other text
+        self._text_after_call = False  # the stretch since the last call has had other text
         self._pieces: list[str] = []  # joined only by malformed_text (``+=`` on an attribute copies)
         self._malformed = False
 
@@ -42,13 +44,14 @@ class HermesToolParser(ToolParser):
         return "".join(self._pieces) if self._malformed else None
 
     def _content(self, text: str, out: DeltaMessage, final: bool) -> None:
-        if not self.calls:
+        if not self.calls or self._text_after_call:
             out.content += text
             return
         text = self._ws + text
         if text.strip():
             out.content += text
             self._ws = ""
+            self._text_after_call = True
         else:
             self._ws = "" if final else text
 
@@ -65,6 +68,7 @@ class HermesToolParser(ToolParser):
                     return out
                 self._content(buf[:i], out, final=False)
                 self._ws = ""
+                self._text_after_call = False
                 self._buf = buf[i + len(START) :]
                 self._call = self._new_call()
                 continue
