@@ -4,8 +4,8 @@ The engine's :class:`~surge.structured.compiler.CompiledGrammarCache` starts the
 (``python -m surge.structured.compile_worker FD NAME``: a fresh interpreter with one end of a
 socket pair as descriptor ``FD``), sends each its :class:`CompileWorkerSpec`, then one
 :class:`CompileJob` at a time; a worker answers
-:class:`CompileDone` (the compiled grammar as xgrammar's JSON serialization) or
-:class:`CompileFailed`. A process, unlike a thread, can be killed: a compilation that runs past
+:class:`CompileDone` (a small compiled grammar as xgrammar's JSON serialization; of a larger
+one only that it compiled, and the engine compiles it again) or :class:`CompileFailed`. A process, unlike a thread, can be killed: a compilation that runs past
 the engine's limit ends with its worker (:attr:`~surge.config.EngineConfig.grammar_compile_timeout`).
 """
 
@@ -60,12 +60,14 @@ class CompileDone(msgspec.Struct, frozen=True, tag=True):
     """A compiled grammar.
 
     Attributes:
-        compiled_json: ``xgrammar.CompiledGrammar.serialize_json()``.
+        compiled_json: ``xgrammar.CompiledGrammar.serialize_json()`` of a grammar of at most
+            :data:`SERIALIZE_MAX_BYTES`; None for a larger one, which the engine compiles
+            again itself (it compiled here, within the time limit).
         seconds: wall time of the compilation, its acceptance check and its serialization,
             in seconds.
     """
 
-    compiled_json: str
+    compiled_json: str | None
     seconds: float
 
 
@@ -78,6 +80,19 @@ class CompileFailed(msgspec.Struct, frozen=True, tag=True):
 
 WorkerMessage = WorkerReady | CompileDone | CompileFailed
 """What a worker sends."""
+
+SERIALIZE_MAX_BYTES = 160 * 1024
+"""Largest compiled grammar (xgrammar's ``memory_size_bytes``) a worker sends as JSON. Past it the
+JSON round trip costs more than compiling again: its size grows about with the square of the
+grammar's (Qwen3's vocabulary on a 2-core machine, a schema of ``n`` required properties: at 20,
+160 KB compiled, 0.30 MB of JSON, serialized and read back in 15 ms against an 18 ms compile; at
+160, 0.66 MB, 6.8 MB, 430 against 33 ms; at 1,000, 3.2 MB compiled, 246 MB of JSON, 12.5 s
+against 0.09 s, and each read left about 400 MB with the engine process)."""
+
+MAX_COMPILED_BYTES = 64 * 1024 * 1024
+"""Largest compiled grammar (``memory_size_bytes``) accepted. Long literals cost about 280
+bytes a character (Qwen3's vocabulary: a 65,536-character ``const`` 18 MB, a 1,000,000-character
+one 280 MB and 16 s), so one request could otherwise take gigabytes of the engine's memory."""
 
 
 def grammar_name(params: StructuredOutputsParams) -> str:
@@ -114,7 +129,8 @@ def compile_grammar(compiler: Any, vocab_size: int, params: StructuredOutputsPar
 
     Raises:
         ValueError: the spec is invalid (:func:`~surge.structured.validate.build_grammar`),
-            xgrammar cannot compile it, or it accepts no text; the message names the kind.
+            xgrammar cannot compile it, it compiles to more than :data:`MAX_COMPILED_BYTES`,
+            or it accepts no text; the message names the kind.
     """
     import xgrammar as xgr
 
@@ -124,6 +140,13 @@ def compile_grammar(compiler: Any, vocab_size: int, params: StructuredOutputsPar
         compiled = compiler.compile_grammar(grammar)
     except Exception as e:
         raise ValueError(f"the {kind} grammar cannot be compiled: {clean_error(e)}") from e
+    size = compiled.memory_size_bytes
+    if size > MAX_COMPILED_BYTES:
+        raise ValueError(
+            f"the {kind} grammar is too large: {size / 2**20:.0f} MiB compiled, over "
+            f"{MAX_COMPILED_BYTES / 2**20:.0f} MiB (long literals such as a const string take about "
+            "270-280 bytes a character): shorten its literals or split the task"
+        )
     matcher = xgr.GrammarMatcher(compiled)
     bitmask = xgr.allocate_token_bitmask(1, vocab_size)
     matcher.fill_next_token_bitmask(bitmask)
@@ -180,8 +203,9 @@ def run_compile_worker(spec: CompileWorkerSpec, conn: Connection) -> None:
         reply: CompileDone | CompileFailed
         t0 = time.perf_counter()
         try:
-            compiled_json = compile_grammar(compiler, spec.vocab_size, job.params).serialize_json()
-            reply = CompileDone(compiled_json, time.perf_counter() - t0)
+            compiled = compile_grammar(compiler, spec.vocab_size, job.params)
+            small = compiled.memory_size_bytes <= SERIALIZE_MAX_BYTES
+            reply = CompileDone(compiled.serialize_json() if small else None, time.perf_counter() - t0)
         except ValueError as e:
             reply = CompileFailed(str(e))
         except Exception as e:  # an xgrammar failure outside compile_grammar's wrapping

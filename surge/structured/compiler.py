@@ -30,6 +30,7 @@ from surge.structured.compile_worker import (
     CompileWorkerSpec,
     WorkerMessage,
     WorkerReady,
+    compile_grammar,
     grammar_name,
     make_tokenizer_info,
 )
@@ -39,6 +40,11 @@ logger = logging.getLogger("surge.structured")
 
 CACHE_SIZE = 512
 """Compiled grammars kept (least recently used dropped first)."""
+
+CACHE_BYTES = 512 * 1024 * 1024
+"""Most bytes of compiled grammars kept (xgrammar's ``memory_size_bytes``; least recently used
+dropped first): one may take up to ``MAX_COMPILED_BYTES`` (64 MiB), so 512 of them could
+otherwise hold gigabytes."""
 
 TIMEOUT_REFUSAL_TTL_S = 600.0
 """Seconds a grammar refused for running past ``--grammar-compile-timeout`` stays refused at
@@ -213,11 +219,14 @@ class CompiledGrammarCache:
     (:func:`~surge.structured.compile_worker.run_compile_worker` in a fresh interpreter,
     :func:`start_worker_process`, started by the first job that takes it and again after it was
     stopped). The worker builds the grammar, compiles it with one xgrammar thread, refuses a
-    grammar that accepts no text, and sends back the compiled grammar's JSON, which the engine
-    deserializes with its own tokenizer info. The round trip costs little for a small grammar
-    and a lot for a large one: on 2 CPUs with Qwen3's vocabulary, a 2-property JSON schema took
-    17-18 ms against 13-14 ms compiled in-process, an 80-property one (1.96 MB of JSON) 96-99 ms
-    against 18 (``benchmarks/grammar_worker_bench.py``, ``benchmarks/results/grammar-workers-cpu/``). An exchange cut short by an
+    grammar that accepts no text or compiles too large, and sends back a small compiled
+    grammar's JSON (at most ``SERIALIZE_MAX_BYTES`` compiled), which the engine deserializes
+    with its own tokenizer info; a larger one the engine compiles again on the job's thread
+    (xgrammar releases the GIL while it compiles), since its JSON grows about with the square of
+    its size: on 2 CPUs with Qwen3's vocabulary, a 2-property JSON schema took 17-18 ms against
+    13-14 ms compiled in-process, an 80-property one (1.96 MB of JSON) 96-99 ms against 18
+    (``benchmarks/grammar_worker_bench.py``, ``benchmarks/results/grammar-workers-cpu/``), and a
+    1,000-property one 246 MB of JSON and 12.5 s against a 0.09 s compile. An exchange cut short by an
     exception stops its worker, so that no reply is ever read by the next job. A compilation
     that runs longer than ``compile_timeout`` is stopped by killing its worker: a thread could
     not be stopped, and a valid 400-rule EBNF grammar held a compile thread for 88 s with
@@ -242,8 +251,10 @@ class CompiledGrammarCache:
         worker_hook: tests only: :attr:`CompileWorkerSpec.hook` of the workers.
 
     Attributes:
-        compile_times: seconds of each finished compilation (measured in the worker) not yet
-            taken by :meth:`take_compile_times` (for the grammar compile-time histogram).
+        compile_times: seconds of each finished compilation (measured in the worker, plus the
+            engine's own compilation of a grammar too large to send) not yet taken by
+            :meth:`take_compile_times` (for the grammar compile-time histogram).
+        compiled_here: grammars the engine compiled again itself (too large to send as JSON).
 
     Raises:
         ValueError: ``compile_timeout`` is not a positive finite number.
@@ -285,11 +296,16 @@ class CompiledGrammarCache:
         )
         self._info_lock = threading.Lock()
         self._info: Any = None
+        self._compiler: Any = None  # the engine's own, for grammars too large to send as JSON
+        self._sizes: dict[tuple[str, Any], int] = {}  # key -> memory_size_bytes of a compiled grammar
+        self._cached_bytes = 0
+        self._sizes_lock = threading.Lock()
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(WorkerMessage)
         self._cache: OrderedDict[tuple[str, Any], Future[Any]] = OrderedDict()
         self._timed_out: dict[tuple[str, Any], float] = {}  # key -> monotonic time of the refusal
         self.compile_times: list[float] = []
+        self.compiled_here = 0
 
     def submit(self, params: StructuredOutputsParams) -> Future[Any]:
         """A future of the ``xgrammar.CompiledGrammar`` of ``params`` (done at once on a
@@ -315,9 +331,18 @@ class CompiledGrammarCache:
             return future
         future = self._pool.submit(self._compile, params)
         self._cache[key] = future
-        if len(self._cache) > CACHE_SIZE:
-            self._timed_out.pop(self._cache.popitem(last=False)[0], None)
+        while len(self._cache) > CACHE_SIZE or (self._cached_bytes > CACHE_BYTES and len(self._cache) > 1):
+            with self._sizes_lock:  # against a compile job adding the size of the key popped
+                old = self._cache.popitem(last=False)[0]
+                self._cached_bytes -= self._sizes.pop(old, 0)
+            self._timed_out.pop(old, None)
         return future
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the compiled grammars in the cache (``memory_size_bytes``; those still
+        compiling not counted)."""
+        return self._cached_bytes
 
     def tokenizer_info(self) -> Any:
         """The engine's xgrammar ``TokenizerInfo`` (built on first use)."""
@@ -327,6 +352,19 @@ class CompiledGrammarCache:
                 self._info = make_tokenizer_info(self._spec)
                 logger.info("grammar tokenizer info ready in %.2f s", time.perf_counter() - t0)
             return self._info
+
+    def _own_compiler(self) -> Any:
+        """The engine's xgrammar ``GrammarCompiler`` (built on first use, as the workers'):
+        grammars too large to send as JSON are compiled again with it."""
+        import xgrammar as xgr
+
+        info = self.tokenizer_info()
+        with self._info_lock:
+            if self._compiler is None:
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=self._spec.threads, cache_enabled=False
+                )
+            return self._compiler
 
     def worker_pids(self) -> list[int]:
         """Process ids of the compile workers started and not stopped."""
@@ -373,8 +411,20 @@ class CompiledGrammarCache:
         if not isinstance(reply, CompileDone):
             self._stop_if_current(worker, process)
             raise RuntimeError(f"unexpected message from a grammar compile worker: {type(reply).__name__}")
-        compiled = xgr.CompiledGrammar.deserialize_json(reply.compiled_json, self.tokenizer_info())
-        self.compile_times.append(reply.seconds)
+        seconds = reply.seconds
+        if reply.compiled_json is not None:
+            compiled = xgr.CompiledGrammar.deserialize_json(reply.compiled_json, self.tokenizer_info())
+        else:  # compiled within the limit in the worker: the same code takes about as long here
+            t0 = time.perf_counter()
+            compiled = compile_grammar(self._own_compiler(), self._spec.vocab_size, params)
+            seconds += time.perf_counter() - t0
+            self.compiled_here += 1
+        self.compile_times.append(seconds)
+        size = compiled.memory_size_bytes
+        with self._sizes_lock:
+            if params.key in self._cache and params.key not in self._sizes:
+                self._sizes[params.key] = size
+                self._cached_bytes += size
         return compiled
 
     def _ready_worker(self, worker: _Worker) -> tuple[Connection, subprocess.Popen[bytes]]:

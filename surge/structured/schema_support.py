@@ -228,7 +228,8 @@ MAX_ENUM_VALUES = 2048
 (:data:`surge.structured.validate.MAX_CHOICE_OPTIONS`), every row under the grammar pays for them at
 every step (10,000 strings: about 7 ms per row and step on a 2-core machine)."""
 MAX_ENUM_CHARS = 65_536
-"""Most characters of a schema's ``enum`` values together, as JSON text."""
+"""Most characters of a schema's ``enum`` and ``const`` values together, as JSON text (a
+1,000,000-character ``const`` took 16 s to compile and 280 MB with Qwen3's vocabulary)."""
 
 
 def _check_nesting(schema: Any) -> None:
@@ -236,7 +237,8 @@ def _check_nesting(schema: Any) -> None:
     than :data:`MAX_SUBSCHEMAS` subschemas, whose nesting costs more than
     :data:`MAX_NESTING_COST` to compile, whose optional properties cost more than
     :data:`MAX_OPTIONAL_PROPERTY_COST`, or with more than :data:`MAX_ENUM_VALUES` ``enum``
-    values or :data:`MAX_ENUM_CHARS` characters of them; linear in the schema's size."""
+    and ``const`` values or :data:`MAX_ENUM_CHARS` characters of them; linear in the schema's
+    size."""
     if not isinstance(schema, dict):
         return
     cost = 0
@@ -278,14 +280,15 @@ def _check_nesting(schema: Any) -> None:
                     "value may be missing, as OpenAI's strict mode does) or split the schema"
                 )
         enum = node.get("enum")
-        if isinstance(enum, list):
-            enum_values += len(enum)
-            enum_chars += sum(len(json.dumps(v, ensure_ascii=False)) for v in enum)
+        values = enum if isinstance(enum, list) else [node["const"]] if "const" in node else None
+        if values is not None:
+            enum_values += len(values)
+            enum_chars += sum(len(json.dumps(v, ensure_ascii=False)) for v in values)
             if enum_values > MAX_ENUM_VALUES or enum_chars > MAX_ENUM_CHARS:
                 raise ValueError(
-                    f"the schema's enum lists hold more than {MAX_ENUM_VALUES:,} values or "
-                    f"{MAX_ENUM_CHARS:,} characters together (at {_short_pointer(loc)}): every token "
-                    "generated under the grammar pays for them"
+                    f"the schema's enum lists and const values hold more than {MAX_ENUM_VALUES:,} values "
+                    f"or {MAX_ENUM_CHARS:,} characters together (at {_short_pointer(loc)}): every token "
+                    "generated under the grammar pays for them, and a long literal is slow to compile"
                 )
         has_ref = has_ref or isinstance(node.get("$ref"), str)
         stack.extend((sub, (*loc, *part), depth + 1) for part, sub in reversed(_subschemas(node)))

@@ -76,6 +76,63 @@ def test_the_worker_gives_the_masks_of_a_compilation_here(cache: CompiledGrammar
     assert all(0 < t < 5 for t in cache.take_compile_times())
 
 
+def test_a_grammar_too_large_to_send_is_compiled_again_here_with_the_same_masks(
+    cache: CompiledGrammarCache,
+) -> None:
+    """A compiled grammar's JSON grows about with the square of its size (1,000 required
+    properties: 246 MB, 12.5 s to send, against a 0.09 s compile): past ``SERIALIZE_MAX_BYTES``
+    the worker only says it compiled, and the engine compiles it again itself."""
+    import xgrammar as xgr
+
+    from surge.structured.compile_worker import SERIALIZE_MAX_BYTES
+
+    spec = CompileWorkerSpec(tokenizer_dir=str(STORIES), vocab_size=VOCAB, stop_token_ids=EOS)
+    here = xgr.GrammarCompiler(make_tokenizer_info(spec), max_threads=1, cache_enabled=False)
+    large = StructuredOutputsParams(json=json.dumps({"const": "ab" * 1000}))  # about 540 KB compiled
+    props = {f"q{i}": {"type": "integer"} for i in range(5)}
+    small = StructuredOutputsParams(
+        json=json.dumps({"type": "object", "properties": props, "required": list(props)})
+    )
+    for params, sent in [(large, False), (small, True)]:
+        expected = compile_grammar(here, VOCAB, params)
+        assert (expected.memory_size_bytes <= SERIALIZE_MAX_BYTES) == sent
+        before = cache.compiled_here
+        got = cache.submit(params).result(timeout=60)
+        assert cache.compiled_here == before + (0 if sent else 1)
+        assert got.memory_size_bytes == expected.memory_size_bytes
+        walked = _walk(got, steps=2100)
+        assert len(walked) > 1 and all(
+            (g == e).all() for g, e in zip(walked, _walk(expected, 2100), strict=True)
+        )
+
+
+def test_a_grammar_that_compiles_too_large_is_refused_and_the_cache_keeps_to_its_bytes(
+    cache: CompiledGrammarCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long literal takes about 270 bytes a character compiled (a 1,000,000-character const:
+    280 MB): a grammar over ``MAX_COMPILED_BYTES`` is refused, and the cache drops its least
+    recently used grammars past ``CACHE_BYTES`` (512 of 64 MiB would be 32 GiB)."""
+    import surge.structured.compiler as compiler_module
+
+    patient = CompiledGrammarCache(str(STORIES), VOCAB, EOS, 120.0, max_workers=1)  # about 1.5 s
+    try:
+        with pytest.raises(ValueError, match=r"the ebnf grammar is too large: \d+ MiB compiled, over 64 MiB"):
+            patient.submit(StructuredOutputsParams(grammar='root ::= "' + "c" * 300_000 + '"')).result(
+                timeout=150
+            )
+    finally:
+        patient.shutdown()
+    grammars = [StructuredOutputsParams(json=json.dumps({"const": letter * 1000})) for letter in "wxyz"]
+    sizes = []
+    monkeypatch.setattr(compiler_module, "CACHE_BYTES", 700_000)
+    for params in grammars:
+        sizes.append(cache.submit(params).result(timeout=60).memory_size_bytes)
+        assert cache.cached_bytes <= 700_000 + sizes[-1]
+    assert min(sizes) > 200_000 and max(sizes) < 350_000  # so that three of them pass the budget
+    keys = [params.key for params in grammars]
+    assert keys[0] not in cache._cache and all(k in cache._cache for k in keys[2:])
+
+
 def test_a_compilation_past_the_limit_kills_the_worker_and_the_next_one_runs(
     cache: CompiledGrammarCache,
 ) -> None:
