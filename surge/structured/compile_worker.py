@@ -84,10 +84,11 @@ WorkerMessage = WorkerReady | CompileDone | CompileFailed
 SERIALIZE_MAX_BYTES = 160 * 1024
 """Largest compiled grammar (xgrammar's ``memory_size_bytes``) a worker sends as JSON. Past it the
 JSON round trip costs more than compiling again: its size grows about with the square of the
-grammar's (Qwen3's vocabulary on a 2-core machine, a schema of ``n`` required properties: at 20,
-160 KB compiled, 0.30 MB of JSON, serialized and read back in 15 ms against an 18 ms compile; at
-160, 0.66 MB, 6.8 MB, 430 against 33 ms; at 1,000, 3.2 MB compiled, 246 MB of JSON, 12.5 s
-against 0.09 s, and each read left about 400 MB with the engine process)."""
+grammar's (``benchmarks/grammar_serialize_cost.py``, Qwen3's vocabulary, 2 CPUs, a schema of
+``n`` required properties: at 20, 160 KB compiled, 0.30 MB of JSON, written and read back in
+12 ms against a 19 ms compile; at 160, 0.66 MB, 6.8 MB, 345 against 28 ms; at 1,000, 3.8 MB,
+268 MB, 12.6 s against 0.13 s, and each read left about 400 MB with the engine process;
+``benchmarks/results/grammar-workers-cpu/session52/``)."""
 
 MAX_COMPILED_BYTES = 64 * 1024 * 1024
 """Largest compiled grammar (``memory_size_bytes``) accepted. Long literals cost about 280

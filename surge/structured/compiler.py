@@ -226,7 +226,7 @@ class CompiledGrammarCache:
     its size: on 2 CPUs with Qwen3's vocabulary, a 2-property JSON schema took 17-18 ms against
     13-14 ms compiled in-process, an 80-property one (1.96 MB of JSON) 96-99 ms against 18
     (``benchmarks/grammar_worker_bench.py``, ``benchmarks/results/grammar-workers-cpu/``), and a
-    1,000-property one 246 MB of JSON and 12.5 s against a 0.09 s compile. An exchange cut short by an
+    1,000-property one 268 MB of JSON and 12.6 s against a 0.13 s compile (``session52/`` there). An exchange cut short by an
     exception stops its worker, so that no reply is ever read by the next job. A compilation
     that runs longer than ``compile_timeout`` is stopped by killing its worker: a thread could
     not be stopped, and a valid 400-rule EBNF grammar held a compile thread for 88 s with

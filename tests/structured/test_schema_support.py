@@ -1051,7 +1051,9 @@ def test_enum_limits() -> None:
     from surge.structured.schema_support import MAX_ENUM_VALUES
 
     check_json_schema({"enum": list(range(MAX_ENUM_VALUES))})
-    with pytest.raises(ValueError, match="enum lists and const values hold more than 2,048 values or 65,536 characters"):
+    with pytest.raises(
+        ValueError, match="enum lists and const values hold more than 2,048 values or 65,536 characters"
+    ):
         check_json_schema({"enum": list(range(MAX_ENUM_VALUES + 1))})
     halves = {"type": "object", "properties": {k: {"enum": list(range(1025))} for k in "ab"}}
     with pytest.raises(ValueError, match=r"at #/properties/\w"):
@@ -1064,7 +1066,9 @@ def test_const_values_count_toward_the_enum_limits() -> None:
     """A ``const`` had no limit: a 1,000,000-character one compiled for 16 s into 280 MB (Qwen3's
     vocabulary). It counts as one enum value of its JSON text's length."""
     check_json_schema({"const": "x" * 65_000})
-    with pytest.raises(ValueError, match=r"enum lists and const values hold more than .* \(at #/properties/b\)"):
+    with pytest.raises(
+        ValueError, match=r"enum lists and const values hold more than .* \(at #/properties/b\)"
+    ):
         check_json_schema(
             {"type": "object", "properties": {"a": {"const": "x" * 40_000}, "b": {"const": "y" * 40_000}}}
         )
