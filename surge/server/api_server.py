@@ -64,6 +64,7 @@ from surge.server.errors import (
     clip,
     error_body,
     error_body_for,
+    log_text,
 )
 from surge.server.fast_json import INVALID_JSON, BodyFieldError, FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
@@ -265,12 +266,12 @@ def log_rejection(request: Request, status: int, message: str, param: str | None
     logger.log(
         level,
         "%s %s -> %d (request id %s)%s: %s",
-        request.method,
-        request.url.path,
+        log_text(request.method),
+        log_text(request.url.path),
         status,
         logged_request_id(request.scope),
-        f" [{clip(param, MAX_PARAM_CHARS)}]" if param else "",
-        clip(message, MAX_MESSAGE_CHARS),
+        f" [{log_text(clip(param, MAX_PARAM_CHARS))}]" if param else "",
+        log_text(clip(message, MAX_MESSAGE_CHARS)),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -26,6 +27,17 @@ MAX_PARAM_CHARS = 256
 def clip(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` characters, ending in ``...`` when it was cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def log_text(text: str) -> str:
+    """``text`` for a log line: control characters and Unicode line separators written as
+    Python escapes (``\\n``, ``\\x00``, ``\\u2028``), so that a client's string (a model
+    name, a field name, a percent-decoded path) cannot start a forged log line or make the log
+    read as binary."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class ApiError(Exception):

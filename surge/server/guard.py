@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.server.auth import is_authorized, is_key, needs_key
 from surge.server.drain import DRAINED_PATHS_PREFIXES, SHUTDOWN_CODE, InFlight
-from surge.server.errors import ANTHROPIC_PATHS, error_body_for
+from surge.server.errors import ANTHROPIC_PATHS, error_body_for, log_text
 from surge.server.request_id import logged_request_id
 
 logger = logging.getLogger("surge.server")
@@ -123,12 +123,12 @@ async def send_error(
         rid = logged_request_id(scope)
         logger.info(
             "%s %s -> %d (request id %s)%s: %s",
-            scope.get("method", "?"),
-            scope.get("path", "?"),
+            log_text(str(scope.get("method", "?"))),
+            log_text(str(scope.get("path", "?"))),
             status,
             rid,
-            f" [{param}]" if param else "",
-            message,
+            f" [{log_text(param)}]" if param else "",
+            log_text(message),
         )
     path = scope.get("path", "") if scope is not None else ""
     body = json.dumps(error_body_for(path, status, message, param=param, code=code)).encode()

@@ -287,6 +287,29 @@ def test_server_still_serves_after_bad_requests(server: Server) -> None:
     assert "Traceback" not in server.log()
 
 
+def test_a_client_string_cannot_forge_a_log_line(server: Server) -> None:
+    """A model name, a field name or a percent-decoded path with a newline, a NUL or U+2028 went
+    raw into the rejection's log line: a client could write a line that looked like the
+    server's own ("... ERROR [surge.server] FORGED") or make grep read the log as binary. They are
+    logged as escapes; the answer still echoes the client's text as it was."""
+    forged = "x\n2026-12-06 18:00:00,000 ERROR [surge.server] FORGED\u2028\x00"
+    r = _post(server, CMPL, {"prompt": "a", "max_tokens": 1, "model": forged})
+    assert r.status_code == 404 and forged in r.json()["error"]["message"], r.text
+    r2 = _post(server, CMPL, {"prompt": "a", forged: 1})
+    assert r2.status_code == 400, r2.text
+    r3 = httpx.get(server.url + "/v1/models/%0AFORGED%00")
+    assert r3.status_code == 404, r3.text
+    log = server.log()
+    assert not any(
+        line.lstrip().startswith(("2026-12-06 18:00:00,000", "FORGED")) for line in log.splitlines()
+    )
+    assert "\x00" not in log and "\u2028" not in log
+    for rid in (r.headers["x-request-id"], r2.headers["x-request-id"]):
+        (line,) = [line for line in log.splitlines() if f"(request id {rid})" in line]
+        assert "x\\n2026-12-06 18:00:00,000 ERROR [surge.server] FORGED\\u2028\\x00" in line, line
+    assert "FORGED\\x00 -> 404" in log  # the path's NUL (its newline does not reach the log)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status"),
     [
