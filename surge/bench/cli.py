@@ -8,11 +8,13 @@ point failed; a bad flag raises ``ValueError`` with one readable line (``surge.c
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import math
 import os
 import shlex
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,7 +84,7 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_client_flags(p: argparse.ArgumentParser) -> None:
+def _add_client_flags(p: argparse.ArgumentParser, matrix: bool = False) -> None:
     p.add_argument("--base-url", default=None, help=f"server URL (default {DEFAULT_BASE_URL})")
     p.add_argument(
         "--host", default=None, help="vLLM's spelling: the server is http://HOST:PORT (default 127.0.0.1)"
@@ -195,7 +197,9 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--warmup",
         type=int,
         default=None,
-        help="untimed warm-up requests with other prompts, one after another (default 1; 0 with --num-warmups)",
+        help="untimed warm-up requests with other prompts, one after another, before each run of a point (default 1)"
+        if matrix
+        else "untimed warm-up requests with other prompts, one after another (default 1; 0 with --num-warmups)",
     )
     p.add_argument(
         "--percentiles",
@@ -511,7 +515,12 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)"
     )
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = burst")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests/s; inf (default) = burst (a finite rate gets no roofline column: the ceiling is a burst's)",
+    )
     p.add_argument(
         "--burstiness",
         type=float,
@@ -524,7 +533,7 @@ def add_bench_parser(subparsers: Any) -> None:
         default=None,
         help="raise the request rate from --ramp-up-start-rps (first request) to --ramp-up-end-rps (last), "
         "linearly or geometrically in the request's index, instead of --request-rate (vLLM's option; "
-        "default: none)",
+        "no roofline column: the ceiling is a burst's) (default: none)",
     )
     p.add_argument(
         "--ramp-up-start-rps", type=int, default=None, help="--ramp-up-strategy's first rate, requests/s"
@@ -634,7 +643,7 @@ def add_bench_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("matrix", help="run a grid of burst points and write summary, tables and plots")
-    _add_client_flags(p)
+    _add_client_flags(p, matrix=True)
     _add_grid_flags(p)
     p.add_argument(
         "--output-dir", default="bench-matrix", help="where to write the artifacts (default bench-matrix)"
@@ -964,31 +973,76 @@ def _command_line() -> str:
     return command_line(sys.argv[1:])
 
 
+def _url_error(url: str, flag: str) -> str | None:
+    """What is wrong with the server URL ``url`` given by ``flag``, in one line, or None when
+    ``urllib`` can open it: an ``http(s)://`` scheme, a host, a port that is a number in
+    [1, 65535] (or none: 80/443), and no space or control character anywhere (``http.client``
+    refuses those with a traceback: ``InvalidURL``)."""
+    if not url.lower().startswith(("http://", "https://")):
+        return f"{flag} {url}: give the URL with its scheme, e.g. http://{url.split('://')[-1]}"
+    bad = next((c for c in url if ord(c) <= 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        return f"{flag} {url!r}: a URL cannot hold {'a space' if bad == ' ' else f'the character {bad!r}'}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as e:  # an unclosed IPv6 bracket
+        return f"{flag} {url}: not a valid URL ({e})"
+    if not parts.hostname:
+        return f"{flag} {url}: the URL names no host, e.g. http://127.0.0.1:8000"
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or over 65535
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        text = parts.netloc.rpartition("]")[2].rpartition(":")[2]
+        return f"{flag} {url}: the port must be a number in [1, 65535], got {text!r}"
+    return None
+
+
 def base_url_of(args: argparse.Namespace) -> str:
     """The server's URL: ``--base-url``, or vLLM's ``--host`` / ``--port`` (``http://HOST:PORT``,
     127.0.0.1 and 8000 for the one left out), else :data:`DEFAULT_BASE_URL`.
 
     Raises:
         ValueError: ``--base-url`` together with ``--host`` or ``--port`` (vLLM takes the URL and
-            drops the others; here neither is dropped silently), a port outside [1, 65535], or a
-            ``--base-url`` without its ``http://`` or ``https://`` (``127.0.0.1:8000``).
+            drops the others; here neither is dropped silently), a port outside [1, 65535], a
+            ``--base-url`` without its ``http://`` or ``https://`` (``127.0.0.1:8000``), with a port
+            that is not a number, no host, or a space or control character, or a ``--host`` that is
+            a URL (``http://...``, a path) or a host and port (``127.0.0.1:8000``), or holds a space.
     """
     if args.host is None and args.port is None:
         url = args.base_url or DEFAULT_BASE_URL
-        if not url.lower().startswith(("http://", "https://")):
-            raise ValueError(
-                f"--base-url {url}: give the URL with its scheme, e.g. http://{url.split('://')[-1]}"
-            )
+        error = _url_error(url, "--base-url")
+        if error:
+            raise ValueError(error)
         return url
     if args.base_url is not None:
         raise ValueError("give --base-url or --host/--port, not both")
     port = 8000 if args.port is None else args.port
     if not 1 <= port <= 65535:
         raise ValueError(f"--port must be in [1, 65535], got {port}")
-    host = args.host or "127.0.0.1"
-    if ":" in host and not host.startswith("["):  # an IPv6 address
+    host = "127.0.0.1" if args.host is None else args.host
+    if not host or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in host):
+        why = "it is empty" if not host else "it holds a space or a control character"
+        raise ValueError(f"--host {host!r}: not a host name or address ({why})")
+    if "://" in host or "/" in host:
+        raise ValueError(
+            f"--host {host}: give the host alone, e.g. --host 127.0.0.1 (or the whole URL: --base-url {host})"
+        )
+    if ":" in host and not host.startswith("["):  # an IPv6 address, else a host and a port
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            name, _, given = host.rpartition(":")
+            raise ValueError(
+                f"--host {host}: give the host alone and the port with --port, e.g. --host {name} --port {given}"
+            ) from None
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    error = _url_error(url, "--host and --port make")
+    if error:
+        raise ValueError(error)
+    return url
 
 
 def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
@@ -1370,6 +1424,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         folder = Path(args.result_dir or ".")
         if args.result_filename:
             _check_output_file(folder / args.result_filename, "--result-filename")
+            if args.append_result:
+                from surge.bench.vllm_results import check_appendable
+
+                check_appendable(folder / args.result_filename)
         else:
             _check_output_file(folder / "result.json", "--result-dir")
     try:
@@ -1516,7 +1574,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--plot {args.plot}: .{ext} is not an image format (give one of {', '.join(sorted(formats))})"
             )
-    base, new = load_points(args.base), load_points(args.new)
+    notes: list[str] = []
+    base, new = load_points(args.base, notes), load_points(args.new, notes)
+    for note in notes:  # a JSON-lines file of --append-result's runs
+        print(f"surge: note: {note}", file=sys.stderr)
     check_metric(args.metric, base, new)
     cmp = compare_points(base, new, args.metric, tie_pct=args.tie_pct)
     if not cmp.rows:

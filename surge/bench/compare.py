@@ -11,11 +11,19 @@ Noise (method):
   the point is a tie when the 95 % Welch t-interval of ``mean(log new) - mean(log base)`` over the
   repeats contains 0 (sample variances; degrees of freedom by Welch-Satterthwaite, rounded down).
   Otherwise a change smaller than ``tie_pct`` % (default 2 %) is a tie.
-- *Geometric mean, 95 % confidence interval.* When every compared point has at least two repeats in
-  both runs: a percentile bootstrap over the repeats (2000 resamples with a fixed seed; each resample
-  draws every point's base and new repeats with replacement and recomputes the geometric mean), i.e.
-  the measurement noise. Otherwise a t-interval over the points' log ratios (mean ± t · sd / sqrt(n)),
-  i.e. how consistent the change is across the grid; it needs at least two points.
+- *Geometric mean, 95 % confidence interval.* When every compared point has at least
+  :data:`MIN_BOOTSTRAP_REPEATS` (5) repeats in both runs: a percentile bootstrap over the repeats
+  (2000 resamples with a fixed seed; each resample draws every point's base and new repeats with
+  replacement and recomputes the geometric mean), i.e. the measurement noise. When every point has
+  at least two but one has fewer than five on a side, a bootstrap is too narrow (resampling two
+  values gives half their variance and a handful of distinct means), so the interval is Welch's
+  t-interval of the mean over the K points of their log changes: half-width ``t975(df) *
+  sqrt(sum_k (var_b,k / n_b,k + var_n,k / n_n,k)) / K`` around the log of the geometric mean, the
+  per-point variances those of the log repeats and ``df`` by Welch-Satterthwaite over all of them
+  (rounded down): with two repeats a point (one degree of freedom each) it is as wide as two
+  values leave the noise unknown, as the per-point Welch test is. Without repeats at every point, a
+  t-interval over the points' log ratios (mean ± t · sd / sqrt(n)), i.e. how consistent the change
+  is across the grid; it needs at least two points.
 """
 
 from __future__ import annotations
@@ -27,14 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from surge.bench.results import read_json_file
+from surge.bench.results import read_json_records
 
 Key = tuple[int, int, int]  # (C, I, O)
 
 
-def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
-    """Points of a ``summary.json`` (or a folder holding one), or of a single ``bench serve``
-    result file (``--result-file``: JSON, or gzipped JSON such as ``X.json.gz``).
+def load_points(path: str | Path, notes: list[str] | None = None) -> dict[Key, dict[str, Any]]:
+    """Points of a ``summary.json`` (or a folder holding one), or of a ``bench serve`` result file
+    (``--result-file``: JSON, or gzipped JSON such as ``X.json.gz``), or of a JSON-lines file of
+    several runs (``--append-result``'s, one run a line): each run is the point of its (C, I, O),
+    and where several runs are of one point the last one counts, with a line added to ``notes``
+    saying so.
 
     Raises:
         ValueError: one line naming the file: missing, unreadable, not JSON, or an unknown layout.
@@ -44,7 +55,8 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
         p = p / "summary.json"
     if not p.is_file():
         raise ValueError(f"{path}: no summary.json or result file")
-    data = read_json_file(p)
+    records = read_json_records(p)
+    data = records[0] if len(records) == 1 else None
     if isinstance(data, dict) and isinstance(data.get("points"), list):
         # the run's settings on each row, so that compare_points can see two runs differ
         run = {k: data[k] for k in ("endpoint", "temperature", "model") if k in data}
@@ -52,30 +64,12 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
         if data.get("hardware") is not None:  # the roofline columns' assumptions
             run |= {k: data[k] for k in _ROOFLINE_SETTINGS if k in data}
         rows = [{**run, **r} if isinstance(r, dict) else r for r in data["points"]]
-    elif isinstance(data, dict) and "completed" in data:
-        conc = data.get("concurrency") or data.get("max_concurrency") or data.get("num_prompts")
-        roofline = data.get("roofline_model")
-        rows = [
-            {
-                **({"model": data["model_id"]} if "model_id" in data else {}),
-                **(
-                    {
-                        "roofline_dtype": roofline.get("dtype"),
-                        "roofline_kv_cache_dtype": roofline.get("kv_cache_dtype"),
-                        "roofline_tp": (data.get("hardware") or {}).get("tensor_parallel_size", 1),
-                    }
-                    if isinstance(roofline, dict)
-                    else {}
-                ),
-                # vLLM writes them only with a ramp-up (older files: null)
-                **dict.fromkeys(_RAMP_UP_SETTINGS),
-                **data,
-                "concurrency": conc,
-                "input_len": data.get("input_len") or 0,  # ShareGPT: prompts of many lengths
-                "output_len": data.get("output_len") or 0,  # ShareGPT with its replies' lengths
-                "success": data.get("failed", 1) == 0 and not data.get("error"),
-            }
-        ]
+    elif all(isinstance(d, dict) and "completed" in d for d in records):
+        rows = [_serve_row(d) for d in records]
+    elif len(records) > 1:
+        raise ValueError(
+            f"{p}: a JSON-lines file of {len(records)} values that are not all bench serve results"
+        )
     else:
         raise ValueError(f"{p}: neither a matrix summary nor a bench serve result")
     out: dict[Key, dict[str, Any]] = {}
@@ -84,7 +78,44 @@ def load_points(path: str | Path) -> dict[Key, dict[str, Any]]:
             out[(int(r["concurrency"]), int(r["input_len"]), int(r["output_len"]))] = r
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{p}: a point lacks concurrency/input_len/output_len") from None
+    if len(records) > 1 and notes is not None:
+        left_out = len(records) - len(out)
+        notes.append(
+            f"{p}: a JSON-lines file of {len(records)} runs (--append-result), read as {len(out)} "
+            f"point{'s' if len(out) != 1 else ''}"
+            + (
+                f"; where runs share a point the last one counts ({left_out} earlier left out)"
+                if left_out
+                else ""
+            )
+        )
     return out
+
+
+def _serve_row(data: dict[str, Any]) -> dict[str, Any]:
+    """The comparison row of one ``bench serve`` result: its fields, its point (C: the
+    concurrency, else ``--max-concurrency``, else ``--num-prompts``) and its settings."""
+    conc = data.get("concurrency") or data.get("max_concurrency") or data.get("num_prompts")
+    roofline = data.get("roofline_model")
+    return {
+        **({"model": data["model_id"]} if "model_id" in data else {}),
+        **(
+            {
+                "roofline_dtype": roofline.get("dtype"),
+                "roofline_kv_cache_dtype": roofline.get("kv_cache_dtype"),
+                "roofline_tp": (data.get("hardware") or {}).get("tensor_parallel_size", 1),
+            }
+            if isinstance(roofline, dict)
+            else {}
+        ),
+        # vLLM writes them only with a ramp-up (older files: null)
+        **dict.fromkeys(_RAMP_UP_SETTINGS),
+        **data,
+        "concurrency": conc,
+        "input_len": data.get("input_len") or 0,  # ShareGPT: prompts of many lengths
+        "output_len": data.get("output_len") or 0,  # ShareGPT with its replies' lengths
+        "success": data.get("failed", 1) == 0 and not data.get("error"),
+    }
 
 
 def _positive(v: Any) -> bool:
@@ -177,6 +208,29 @@ def pct(ratio: float | None) -> str:
 
 DEFAULT_TIE_PCT = 2.0
 BOOTSTRAP_RESAMPLES = 2000
+MIN_BOOTSTRAP_REPEATS = 5
+"""Repeats a point needs in both runs for the geometric mean's interval to be a bootstrap; with
+fewer a percentile bootstrap understates the noise (see the module docstring)."""
+
+
+def welch_mean_interval(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]], center: float
+) -> tuple[float, float]:
+    """95 % Welch t-interval, around ``center`` (a log ratio), of the mean over the K points of
+    ``mean(log new) - mean(log base)``: half-width ``t975(df) * sqrt(sum of the points' squared
+    standard errors) / K``, ``df`` by Welch-Satterthwaite over every sample variance (each pair's
+    base and new need >= 2 positive values). Returns log ratios."""
+    se2, denom = 0.0, 0.0
+    for base, new in pairs:
+        for values in (base, new):
+            _, v = _mean_var([math.log(x) for x in values])
+            s = v / len(values)
+            se2 += s
+            denom += s**2 / (len(values) - 1)
+    if se2 <= 0:
+        return center, center
+    half = t975(se2**2 / denom) * math.sqrt(se2) / len(pairs)
+    return center - half, center + half
 
 
 @dataclass
@@ -205,9 +259,25 @@ class Comparison:
         return geomean_ratio(r for *_, r in self.rows)
 
     def geomean_interval(self) -> tuple[float, float, str] | None:
-        """95 % confidence interval of :attr:`geomean` as ratios, with the method's name;
-        None with fewer than two points and no repeats."""
-        if self.rows and all(key in self.repeats for key, *_ in self.rows):
+        """95 % confidence interval of :attr:`geomean` as ratios, with the method's name (see the
+        module docstring): a bootstrap over repeats when every point has at least
+        :data:`MIN_BOOTSTRAP_REPEATS` in both runs, Welch's t-interval over repeats when every point
+        has at least two, else a t-interval over points; None with fewer than two points and no
+        repeats."""
+        repeated = bool(self.rows) and all(key in self.repeats for key, *_ in self.rows)
+        if repeated and any(
+            min(len(b), len(n)) < MIN_BOOTSTRAP_REPEATS for b, n in (self.repeats[k] for k, *_ in self.rows)
+        ):
+            geomean = self.geomean
+            assert geomean is not None
+            pairs = [self.repeats[key] for key, *_ in self.rows]
+            lo, hi = welch_mean_interval(pairs, math.log(geomean))
+            return (
+                math.exp(lo),
+                math.exp(hi),
+                f"Welch t-interval over repeats; a point has fewer than {MIN_BOOTSTRAP_REPEATS}, too few to bootstrap",
+            )
+        if repeated:
             rng = random.Random(0)
             samples = []
             for _ in range(BOOTSTRAP_RESAMPLES):

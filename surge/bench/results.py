@@ -88,15 +88,14 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def read_json_file(path: str | Path) -> Any:
-    """The JSON value of a file, gunzipped first when it is gzip (``--result-file X.json.gz``):
-    by its name ending in ``.gz`` or by its first bytes, whatever its name.
+def _read_bytes(p: Path) -> bytes:
+    """The bytes of ``p``, gunzipped when it is gzip (by its name ending in ``.gz`` or by its
+    first bytes; a file of several gzip members, as ``--append-result`` writes to ``X.json.gz``,
+    reads as their concatenation).
 
     Raises:
-        ValueError: one line naming the file: missing, unreadable, a broken gzip stream, not
-            text, or not JSON.
+        ValueError: one line naming the file: missing, unreadable or a broken gzip stream.
     """
-    p = Path(path)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
@@ -108,9 +107,47 @@ def read_json_file(path: str | Path) -> Any:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
             raise ValueError(f"{p}: not a readable gzip file ({e})") from None
+    return raw
+
+
+def read_json_file(path: str | Path) -> Any:
+    """The JSON value of a file, gunzipped first when it is gzip (``--result-file X.json.gz``):
+    by its name ending in ``.gz`` or by its first bytes, whatever its name.
+
+    Raises:
+        ValueError: one line naming the file: missing, unreadable, a broken gzip stream, not
+            text, or not JSON.
+    """
+    p = Path(path)
+    raw = _read_bytes(p)
     try:
         return json.loads(raw)
     except UnicodeDecodeError:
         raise ValueError(f"{p}: not JSON (not UTF-8 text)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: not JSON ({e})") from None
+
+
+def read_json_records(path: str | Path) -> list[Any]:
+    """The JSON values of a file: ``[value]`` for a JSON file, or one value a line for a JSON-lines
+    file of several (``bench serve --append-result``'s, one run a line, blank lines skipped);
+    gunzipped first as :func:`read_json_file`.
+
+    Raises:
+        ValueError: one line naming the file: missing, unreadable, a broken gzip stream, not
+            text, or neither JSON nor JSON lines (the error of the file as one JSON value).
+    """
+    p = Path(path)
+    raw = _read_bytes(p)
+    try:
+        return [json.loads(raw)]
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: not JSON (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        if not e.msg.startswith("Extra data"):
+            raise ValueError(f"{p}: not JSON ({e})") from None
+        first_error = e
+    try:
+        return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+    except json.JSONDecodeError:  # not one value a line either: the error of the whole file
+        raise ValueError(f"{p}: not JSON ({first_error})") from None

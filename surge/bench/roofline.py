@@ -4,6 +4,9 @@ Model side, from ``config.json`` shapes (dense Llama / Qwen2 / Qwen3 decoders):
 - ``matmul_params`` P: every weight a forward pass reads (attention, MLP, norms, and the LM head),
   excluding the input embedding table (a lookup, not a read of the whole matrix). With tied
   embeddings the LM head *is* the embedding matrix and is counted once.
+- ``lm_head_params`` H = vocab * hidden, the LM head's part of P (tied or not: the matrix is
+  multiplied once per row of logits). A server computes logits for the rows it samples from only:
+  one per request per prefill (its last prompt position), one per sequence per decode step.
 - ``weight_bytes`` W = P * dtype_bytes; ``kv_bytes_per_token`` = 2 * num_kv_heads * head_dim *
   dtype_bytes * num_layers. With FP8 weights (``dtype="fp8"``, or a config whose
   ``quantization_config`` is FP8) the linear layers' weights count 1 byte each and the rest
@@ -15,11 +18,13 @@ Model side, from ``config.json`` shapes (dense Llama / Qwen2 / Qwen3 decoders):
 Point ceiling for a burst point (C concurrent requests, I prompt tokens, O output tokens each; every
 request starts at t=0, so the fastest schedule prefills all of them in one pass, then decodes C at once):
 
-- prefill (emits each request's first token): ``t_prefill = max(2 * C * I * ((P - P8) / peak_flops
-  + P8 / peak_flops_fp8), (W + C * I * kv_bytes_per_token) / bandwidth)``, the compute bound of
-  design §6, but never below one read of the weights. ``P8`` counts the linear layers' weights when
-  they are FP8 (their GEMMs run on FP8 tensor cores, at the GPU's FP8 peak; 0 otherwise, and the
-  bf16 peak stands in on a GPU without one);
+- prefill (emits each request's first token): ``t_prefill = max(2 * C * I * ((P - H - P8) /
+  peak_flops + P8 / peak_flops_fp8) + 2 * C * H / peak_flops, (W + C * I * kv_bytes_per_token) /
+  bandwidth)``, the compute bound of design §6 with the LM head multiplied for one row per request
+  (the last prompt position, as Surge and vLLM compute logits), but never below one read of the
+  weights. ``P8`` counts the linear layers' weights when they are FP8 (their GEMMs run on FP8
+  tensor cores, at the GPU's FP8 peak; 0 otherwise, and the bf16 peak stands in on a GPU without
+  one); the LM head stays in the model dtype, at the bf16 peak;
 - decode step k = 1 .. O-1 (batch C, context I + k per request):
   ``t_step(k) = (W + C * (I + k) * kv_bytes_per_token) / bandwidth``, summed in closed form:
   ``t_decode = ((O-1) * W + C * kv * ((O-1) * I + (O-1) * O / 2)) / bandwidth``;
@@ -29,11 +34,14 @@ request starts at t=0, so the fastest schedule prefills all of them in one pass,
 Tensor parallelism over N GPUs (``tensor_parallel_size``): every figure is per GPU. Each GPU reads
 ``W / N`` bytes of weights per step and holds ``kv_bytes_per_token / N`` of the KV cache (the KV
 bytes of one head when N exceeds the KV heads, which are then replicated), and computes ``P / N`` of
-the FLOPs. On top, per token of a step each GPU moves ``comm_bytes_per_token`` over its link: the
-ring all-reduces of the embedding and of each layer's attention and MLP outputs, ``2 (N-1)/N *
-(2 L + 1) * hidden * dtype_bytes``, plus the LM head's all-gather, ``(N-1)/N * vocab * dtype_bytes``.
-That traffic runs in the same stream as the compute, so its time ``tokens * comm_bytes_per_token /
-link_bandwidth`` adds to each step's (collective latency is left out).
+the FLOPs (``H / N``: the LM head is split by vocabulary). On top, each GPU moves over its link,
+per token, the ring all-reduces of the embedding and of each layer's attention and MLP outputs,
+``2 (N-1)/N * (2 L + 1) * hidden * dtype_bytes``, and per row of logits the LM head's all-gather,
+``lm_head_comm_bytes = (N-1)/N * vocab * dtype_bytes``; ``comm_bytes_per_token`` is their sum, the
+bytes per token of a decode step (one row of logits per token). The prefill moves ``C * max(I, 1)``
+tokens' all-reduces and ``C`` rows' all-gathers. That traffic runs in the same stream as the
+compute, so its time (bytes / ``link_bandwidth``) adds to each step's (collective latency is left
+out).
 
 Attention FLOPs and activation traffic are ignored, so this is a lower bound on time (an upper bound on
 throughput). Qwen3-8B BF16: W = 15.14 GB, 147,456 KV bytes/token; on an H200 (4.24e12 B/s) C1/I32/O256
@@ -165,8 +173,10 @@ class ModelShape:
     dtype_bytes: int
     num_layers: int
     tensor_parallel_size: int = 1  # N: the figures above are per GPU when N > 1
-    comm_bytes_per_token: float = 0.0  # per GPU over its link, per token of a step (N > 1)
+    comm_bytes_per_token: float = 0.0  # per GPU over its link, per token of a decode step (N > 1)
     fp8_matmul_params: int = 0  # P8: the part of P in FP8 linear layers (their GEMMs run in FP8)
+    lm_head_params: int = 0  # H: the LM head's part of P (vocab * hidden / N), one row a request in a prefill
+    lm_head_comm_bytes: float = 0.0  # per GPU over its link, per row of logits: the all-gather (N > 1)
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -284,6 +294,7 @@ def model_shape(
     kv_heads_per_gpu = max(1, kv_heads // n) if n > 1 else kv_heads
     ring = (n - 1) / n
     linear = layers * (attn_linear + mlp_linear)
+    gather = ring * vocab * rest_bytes  # the LM head's all-gather of one row of logits
     return ModelShape(
         num_params=total,
         matmul_params=matmul // n,
@@ -292,8 +303,10 @@ def model_shape(
         dtype_bytes=nbytes,
         num_layers=layers,
         tensor_parallel_size=n,
-        comm_bytes_per_token=2 * ring * (2 * layers + 1) * hidden * rest_bytes + ring * vocab * rest_bytes,
+        comm_bytes_per_token=2 * ring * (2 * layers + 1) * hidden * rest_bytes + gather,
         fp8_matmul_params=linear // n if dt == "fp8" else 0,
+        lm_head_params=embed // n,
+        lm_head_comm_bytes=gather,
     )
 
 
@@ -348,17 +361,20 @@ class PointRoofline:
 def point_roofline(
     shape: ModelShape, hw: Hardware, concurrency: int, input_len: int, output_len: int
 ) -> PointRoofline:
-    """Ceiling of a burst point, by the formula in the module docstring.
+    """Ceiling of a burst point, by the formula in the module docstring: the prefill multiplies
+    the LM head for one row of logits per request, each decode step for one per sequence.
 
     Raises:
-        ValueError: a non-positive C or O, or a negative I.
+        ValueError: a non-positive C or O, a negative I, or ``shape`` under tensor parallelism
+            with no ``hw.link_bandwidth``.
     """
     c, i, o = concurrency, input_len, output_len
     if c < 1 or o < 1 or i < 0:
         raise ValueError(f"bad point C={c} I={i} O={o}")
     w, kv, bw = shape.weight_bytes, shape.kv_bytes_per_token, hw.hbm_bandwidth
-    p8 = shape.fp8_matmul_params
-    flop_s = 2.0 * c * i * ((shape.matmul_params - p8) / hw.peak_flops + p8 / hw.fp8_flops)
+    p8, head = shape.fp8_matmul_params, shape.lm_head_params
+    body_flop_s = 2.0 * c * i * ((shape.matmul_params - head - p8) / hw.peak_flops + p8 / hw.fp8_flops)
+    flop_s = body_flop_s + 2.0 * c * head / hw.peak_flops  # logits of each request's last prompt token
     prefill = max(flop_s, (w + c * i * kv) / bw)
     steps = o - 1
     decode = (steps * w + c * kv * (steps * i + steps * o / 2.0)) / bw
@@ -367,7 +383,8 @@ def point_roofline(
             raise ValueError(
                 f"{hw.name}: no GPU link bandwidth known for tensor parallelism (--link-bandwidth)"
             )
-        prefill += c * max(i, 1) * shape.comm_bytes_per_token / hw.link_bandwidth
+        per_token = shape.comm_bytes_per_token - shape.lm_head_comm_bytes  # the all-reduces
+        prefill += (c * max(i, 1) * per_token + c * shape.lm_head_comm_bytes) / hw.link_bandwidth
         decode += steps * c * shape.comm_bytes_per_token / hw.link_bandwidth
     total = prefill + decode
     return PointRoofline(c, i, o, prefill, decode, total, c * o / total, c * (i + o) / total)

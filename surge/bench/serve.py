@@ -26,6 +26,7 @@ semaphore), ``errors``; ``generated_texts`` with ``save_detailed``.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import math
 import sys
@@ -475,7 +476,8 @@ def fetch_models(
 
     Raises:
         ValueError: it cannot be reached (in time), saying what to do when nothing listens there,
-            or when the key was refused; or it lists no model.
+            or when the key was refused; ``base_url`` cannot be opened (``http.client.InvalidURL``:
+            a space, a port that is not a number); or it lists no model.
     """
     interval = READY_CHECK_INTERVAL_S if interval_s is None else interval_s
     deadline = time.monotonic() + wait_s
@@ -484,7 +486,7 @@ def fetch_models(
         try:
             ans = get_json(f"{base_url.rstrip('/')}/v1/models", api_key, insecure=insecure, headers=headers)
             break
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, http.client.InvalidURL) as e:  # InvalidURL: a space, a bad port
             remaining = deadline - time.monotonic()
             if remaining > 0 and server_not_up_yet(e):
                 if not noted:
@@ -807,6 +809,11 @@ def validate_results(
 
 
 def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float) -> dict[str, Any]:
+    """The result's roofline fields (``roofline_output_throughput`` in tokens/s, ``pct_of_roofline``
+    in %, and the ``hardware`` and ``roofline_model`` figures they assumed), all None where the
+    ceiling does not apply: no hardware, a dataset other than random, a shared prefix
+    (``--random-prefix-len``), or a run that is not a burst (a finite ``--request-rate`` or a
+    ``--ramp-up-strategy``: the ceiling assumes every request sent at t=0), or no model config."""
     out: dict[str, Any] = {
         "roofline_output_throughput": None,
         "pct_of_roofline": None,
@@ -815,6 +822,8 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     }
     if cfg.hardware is None or cfg.dataset != "random" or cfg.random_prefix_len:
         return out  # prompts of many lengths, or a prefix the server may not prefill again
+    if not math.isinf(cfg.request_rate) or cfg.ramp_up_strategy is not None:
+        return out  # requests spread over time: the burst ceiling is not this run's
     src = cfg.model_config or local_dir
     if src is None:
         return out

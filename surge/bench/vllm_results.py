@@ -7,15 +7,19 @@ where ``label`` is ``--label`` or the backend (the result's ``label`` field stay
 ``--label``, as vLLM's), ``model`` the last part of the model id and ``date``
 the run's ``%Y%m%d-%H%M%S``; ``--result-filename`` replaces the name and ``--result-dir`` is the folder
 (made when missing). ``--append-result`` adds the result to that file as one line of JSON, after a
-newline when the file is not empty, so that a file of several runs holds one run a line.
+newline when the file is not empty, so that a file of several runs holds one run a line. A name
+ending in ``.gz`` is gzipped (as ``--result-file``'s).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
 from typing import Any
+
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def vllm_result_filename(
@@ -47,13 +51,46 @@ def vllm_result_filename(
 def save_vllm_result(path: Path, result: dict[str, Any], append: bool) -> None:
     """Write ``result`` to ``path`` as vLLM does: the file replaced by the JSON (``--save-result``),
     or (``append``, ``--append-result``) the JSON added as one line, after a newline when the file
-    is not empty. The folder is made when missing.
+    is not empty. The folder is made when missing. A name ending in ``.gz`` is gzipped, as
+    ``--result-file``'s (vLLM writes plain JSON under any name): appending adds a gzip member, so
+    that the file reads as the runs' lines once gunzipped.
 
     Raises:
         OSError: the file cannot be written.
+        ValueError: appending to a ``.gz`` file that is not empty and not gzip (the run would
+            make it unreadable).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+" if append else "w", encoding="utf-8") as f:
-        if append and f.tell() != 0:
-            f.write("\n")
-        json.dump(result, f)
+    text = json.dumps(result)
+    if not path.name.endswith(".gz"):
+        with open(path, "a+" if append else "w", encoding="utf-8") as f:
+            if append and f.tell() != 0:
+                f.write("\n")
+            f.write(text)
+        return
+    if not append:
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+        return
+    check_appendable(path)
+    with open(path, "ab") as f:
+        if f.tell() != 0:
+            text = "\n" + text
+        f.write(gzip.compress(text.encode(), mtime=0))
+
+
+def check_appendable(path: Path) -> None:
+    """Raise ValueError when ``--append-result`` cannot add a gzipped run to ``path`` (a name
+    ending in ``.gz``): the file exists, is not empty and is not gzip (a run gzipped after plain
+    text would leave neither readable). Nothing to check for another name or a missing file."""
+    if not path.name.endswith(".gz") or not path.is_file():
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return  # writing it will say why
+    if head and head != GZIP_MAGIC:
+        raise ValueError(
+            f"--append-result {path}: the file is not gzip, so a gzipped run cannot be added to it "
+            "(name another file, or one without .gz)"
+        )

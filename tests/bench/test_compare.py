@@ -154,6 +154,35 @@ def test_gzipped_result_files_and_read_errors_name_the_file(
         assert "codec" not in err, err
 
 
+def test_a_json_lines_file_of_runs_loads_run_by_run(tmp_path: Path) -> None:
+    """``bench serve --append-result`` writes one run a line: load_points said "not JSON (Extra
+    data ...)"; each run is now the point of its (C, I, O), the last run of a point counting, and
+    the caller gets one note."""
+    base = {"num_prompts": 4, "input_len": 32, "output_len": 256, "completed": 4, "failed": 0}
+    runs = [
+        {**base, "max_concurrency": 1, "output_throughput": 100.0},
+        {**base, "max_concurrency": 4, "output_throughput": 300.0},
+        {**base, "max_concurrency": 4, "output_throughput": 400.0},
+    ]
+    path = tmp_path / "runs.json"
+    path.write_text("\n".join(json.dumps(r) for r in runs) + "\n")
+    notes: list[str] = []
+    points = load_points(path, notes)
+    assert {k: v["output_throughput"] for k, v in points.items()} == {
+        (1, 32, 256): 100.0,
+        (4, 32, 256): 400.0,
+    }
+    assert notes == [
+        f"{path}: a JSON-lines file of 3 runs (--append-result), read as 2 points; where runs share a point "
+        "the last one counts (1 earlier left out)"
+    ]
+    path.write_text(json.dumps(runs[0]) + "\n\n")  # one run, a trailing blank line: no note
+    assert list(load_points(path, notes)) == [(1, 32, 256)] and len(notes) == 1
+    path.write_text(json.dumps(runs[0]) + "\n{broken\n")
+    with pytest.raises(ValueError, match=r"runs.json: not JSON \(Extra data"):
+        load_points(path)
+
+
 def test_runs_with_no_common_point_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = {"num_prompts": 1, "max_concurrency": 1, "input_len": 32, "completed": 1, "failed": 0}
     a = tmp_path / "a.json"
@@ -190,8 +219,8 @@ def _rep(c: int, thr: list[float]) -> dict[str, Any]:
 def test_ties_inside_the_noise_and_bootstrap_interval(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = _write(tmp_path / "b", [_rep(1, [100, 110, 90]), _rep(4, [400, 402, 398])])
-    new = _write(tmp_path / "n", [_rep(1, [105, 115, 95]), _rep(4, [500, 502, 498])])
+    base = _write(tmp_path / "b", [_rep(1, [100, 110, 90, 105, 95]), _rep(4, [400, 402, 398, 401, 399])])
+    new = _write(tmp_path / "n", [_rep(1, [105, 115, 95, 110, 100]), _rep(4, [500, 502, 498, 501, 499])])
     cmp = compare_points(load_points(base), load_points(new))
     assert cmp.ties == {(1, 32, 256)}  # +5 % inside a +-10 % spread; +25 % at C4 is far outside
     assert cmp.wins_losses() == (1, 0, 1)
@@ -201,6 +230,41 @@ def test_ties_inside_the_noise_and_bootstrap_interval(
     assert bench_main(["bench", "compare", str(base), str(new)]) == 0
     out = capsys.readouterr().out
     assert "tie (in noise)" in out and "bootstrap over repeats" in out and "95% CI" in out
+
+
+def test_few_repeats_get_a_welch_interval_not_a_bootstrap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two repeats a point: the bootstrap said "-41.2 % to -8.8 %" while each point was a tie by
+    Welch's test (resampling two values understates their noise). Under 5 repeats a point the
+    interval is Welch's t-interval over the repeats, computed here by hand."""
+    b = {1: [548.1, 477.1], 4: [581.0, 633.6]}
+    n = {1: [233.3, 485.6], 4: [496.2, 493.4]}
+    base = _write(tmp_path / "b", [_rep(c, v) for c, v in b.items()])
+    new = _write(tmp_path / "n", [_rep(c, v) for c, v in n.items()])
+    cmp = compare_points(load_points(base), load_points(new))
+    assert cmp.ties == {(1, 32, 256), (4, 32, 256)}
+    lo, hi, method = cmp.geomean_interval()
+    assert method.startswith("Welch t-interval over repeats")
+
+    def var(xs: list[float]) -> float:  # sample variance of the logs
+        logs = [math.log(x) for x in xs]
+        m = sum(logs) / len(logs)
+        return sum((x - m) ** 2 for x in logs) / (len(logs) - 1)
+
+    se2 = [var(v) / 2 for c in (1, 4) for v in (b[c], n[c])]  # 4 sampling variances of means
+    df = sum(se2) ** 2 / sum(x**2 / 1 for x in se2)  # Welch-Satterthwaite: each has 1 degree of freedom
+    assert 1 <= df < 2  # one sample dominates: t975(1) = 12.706
+    center = math.log(math.sqrt((sum(n[1]) / sum(b[1])) * (sum(n[4]) / sum(b[4]))))
+    half = 12.706 * math.sqrt(sum(se2)) / 2
+    assert lo == pytest.approx(math.exp(center - half)) and hi == pytest.approx(math.exp(center + half))
+    assert lo < 1.0 < hi  # as the ties say: no change shown
+    assert bench_main(["bench", "compare", str(base), str(new)]) == 0
+    assert "a point has fewer than 5, too few to bootstrap" in capsys.readouterr().out
+    # three repeats on one side, five on the other: still too few for a bootstrap
+    five = _write(tmp_path / "b5", [_rep(1, [100, 110, 90, 105, 95]), _rep(4, [400, 402, 398, 401, 399])])
+    three = _write(tmp_path / "n3", [_rep(1, [105, 115, 95]), _rep(4, [500, 502, 498])])
+    assert compare_points(load_points(five), load_points(three)).geomean_interval()[2].startswith("Welch")
 
 
 def test_tie_band_without_repeats_and_t_interval(runs: tuple[Path, Path]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import BUNDLED_MODEL, QWEN3_8B, SHARED, bench_main
+from conftest import BUNDLED_MODEL, QWEN3_8B, REPO, SHARED, bench_main
 
 from surge.bench.roofline import (
     KNOWN_GPUS,
@@ -27,6 +27,7 @@ def test_qwen3_8b_shape() -> None:
     assert s.num_params == pytest.approx(8.19e9, rel=2e-3)
     # embedding excluded, LM head included: W/2 = total - one 151936 x 4096 matrix
     assert s.matmul_params == s.num_params - 151936 * 4096
+    assert s.lm_head_params == 151936 * 4096  # vocab x hidden, its part of P
 
 
 def test_qwen3_8b_c1_ceiling() -> None:
@@ -42,9 +43,16 @@ def test_qwen3_8b_c1_ceiling() -> None:
 
 
 def test_long_prompt_prefill_is_compute_bound() -> None:
+    """The prefill multiplies the LM head for one row of logits per request (its last prompt
+    token), as servers compute logits: it counted the head for all 4 x 4096 prompt tokens."""
     s = model_shape(load_config(QWEN3_8B))
     p = point_roofline(s, H200, 4, 4096, 256)
-    assert p.prefill_s == pytest.approx(2 * s.matmul_params * 4 * 4096 / 7.9e14)
+    head = 151936 * 4096  # vocab x hidden
+    # the decoder body (P less the LM head) for every prompt token, the head for 4 rows
+    assert p.prefill_s == pytest.approx((2 * 4 * 4096 * (s.matmul_params - head) + 2 * 4 * head) / 7.9e14)
+    # the head is ~8.2 % of P (0.622 G of 7.57 G): the old count, the head for every token, was that much slower
+    old = 2 * 4 * 4096 * s.matmul_params / 7.9e14
+    assert p.prefill_s == pytest.approx(old * (1 - 0.0822), rel=1e-3)
     big = point_roofline(s, H200, 64, 32, 256)
     assert 64 * 200 < big.output_throughput < 64 * 280  # batching amortizes W, KV reads grow
 
@@ -52,6 +60,7 @@ def test_long_prompt_prefill_is_compute_bound() -> None:
 def test_tied_and_small_models() -> None:
     tiny = model_shape(load_config(BUNDLED_MODEL))
     assert tiny.num_params == 260_032 == tiny.matmul_params  # tied: LM head = embedding, read once
+    assert tiny.lm_head_params == 512 * 64  # tied, it is still multiplied once per row of logits
     assert tiny.dtype_bytes == 4 and tiny.kv_bytes_per_token == 2 * 4 * 8 * 4 * 5
     q06 = model_shape(load_config(SHARED / "models" / "qwen3-0.6b"))
     assert q06.num_params == q06.matmul_params and q06.num_params == pytest.approx(596e6, rel=0.01)
@@ -179,6 +188,10 @@ def test_tensor_parallel_halves_reads_and_adds_link_traffic() -> None:
     link = 1023 * two.comm_bytes_per_token / 4.5e11
     no_link = point_roofline(two, Hardware("h200", 4.24e12, 7.9e14, 1e30), 1, 256, 1024)
     assert p2.decode_s == pytest.approx(no_link.decode_s + link)
+    # the prefill all-reduces every prompt token but all-gathers one row of logits per request
+    all_reduce, gather = (2 * 36 + 1) * 4096 * 2, 151936 * 2 / 2
+    assert p2.prefill_s == pytest.approx(no_link.prefill_s + (256 * all_reduce + gather) / 4.5e11)
+    assert two.lm_head_params == 151936 * 4096 // 2 and two.lm_head_comm_bytes == gather
     assert 1.6 < p2.output_throughput / p1.output_throughput < 2.0
     with pytest.raises(ValueError, match="link bandwidth"):
         point_roofline(two, H200, 1, 256, 1024)
@@ -214,3 +227,17 @@ def test_a_config_with_zero_heads_is_refused() -> None:
     cfg = {**load_config(QWEN3_8B), "num_attention_heads": 0}
     with pytest.raises(ValueError, match="num_attention_heads must be a positive integer, got 0"):
         model_shape(cfg)
+
+
+def test_fp8_prefill_keeps_the_lm_head_in_bf16_for_one_row_per_request() -> None:
+    """FP8 weights: the linear layers run at the FP8 peak for every prompt token, the rest of the
+    body at the bf16 one, and the LM head (bf16) for one row of logits per request."""
+    shape = model_shape(load_config(REPO / "benchmarks" / "configs" / "qwen3-8b-fp8"))
+    h200 = lookup_gpu("h200")
+    c, i, head = 4, 4096, 151936 * 4096
+    p8 = shape.fp8_matmul_params
+    assert p8 == 36 * (4096 * (32 * 128 + 2 * 8 * 128) + 32 * 128 * 4096 + 3 * 4096 * 12288)
+    expected = (
+        2 * c * i * ((shape.matmul_params - head - p8) / 7.9e14 + p8 / 1.435e15) + 2 * c * head / 7.9e14
+    )
+    assert point_roofline(shape, h200, c, i, 256).prefill_s == pytest.approx(expected)

@@ -8,6 +8,7 @@ fake server keeps its chunks on a fixed timeline, so per-chunk gaps average out 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -428,6 +429,33 @@ def test_roofline_column_with_known_gpu() -> None:
     assert r["hardware"]["hbm_bandwidth"] == 4.24e12
 
 
+def test_no_roofline_column_for_a_run_that_is_not_a_burst() -> None:
+    """The ceiling is that of a burst (every request sent at t=0): a ``--request-rate 2`` or a
+    ``--ramp-up-strategy`` run reported e.g. 1.45 % of it; its roofline fields are null now, as a
+    ``--random-prefix-len`` run's."""
+    from surge.bench.roofline import lookup_gpu
+
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        base = ServeConfig(
+            base_url=s.url,
+            input_len=8,
+            output_len=2,
+            num_prompts=3,
+            disable_tqdm=True,
+            warmup=0,
+            hardware=lookup_gpu("h200"),
+            model_config=str(BUNDLED_MODEL),
+        )
+        ramp = dict(ramp_up_strategy="linear", ramp_up_start_rps=50, ramp_up_end_rps=60)
+        for cfg in (replace(base, request_rate=40.0), replace(base, **ramp)):
+            r = run_serve(cfg)
+            assert r["completed"] == 3
+            assert r["roofline_output_throughput"] is None and r["pct_of_roofline"] is None
+            assert r["hardware"] is None and r["roofline_model"] is None
+        burst = run_serve(replace(base, max_concurrency=2))  # a burst under a concurrency cap keeps it
+    assert burst["pct_of_roofline"] > 0
+
+
 def test_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     from fake_server import free_port
 
@@ -708,3 +736,48 @@ def test_a_base_url_without_its_scheme_is_named(capsys: pytest.CaptureFixture[st
         assert f"--base-url {given}: give the URL with its scheme, e.g. http://{host}" in err, err
     assert bench_main(["bench", "matrix", "--base-url", "localhost:8000", "--preset", "official-8b"]) == 2
     assert "give the URL with its scheme, e.g. http://localhost:8000" in capsys.readouterr().err
+
+
+def test_a_bad_host_or_port_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A space in the host or a port that is not a number was a 45-line traceback ending in
+    ``http.client.InvalidURL``; ``--host http://127.0.0.1`` became ``http://[http://127.0.0.1]:8000``.
+    Each is now one ``surge: error:`` line (exit 2) before anything is sent, on serve and matrix."""
+    cases = [
+        (["--host", "a b", "--port", "8620"], "--host 'a b': not a host name or address"),
+        (["--host", ""], "--host '': not a host name or address (it is empty)"),
+        (["--base-url", "http://a b:8620"], "--base-url 'http://a b:8620': a URL cannot hold a space"),
+        (["--base-url", "http://127.0.0.1:abc"], "the port must be a number in [1, 65535], got 'abc'"),
+        (["--base-url", "http://[::1]:99999"], "the port must be a number in [1, 65535], got '99999'"),
+        (["--base-url", "http://:8000"], "--base-url http://:8000: the URL names no host"),
+        (["--base-url", "http://[::1"], "--base-url http://[::1: not a valid URL"),
+        (
+            ["--host", "http://127.0.0.1"],
+            "--host http://127.0.0.1: give the host alone, e.g. --host 127.0.0.1 (or the whole URL: "
+            "--base-url http://127.0.0.1)",
+        ),
+        (
+            ["--host", "127.0.0.1:8620"],
+            "--host 127.0.0.1:8620: give the host alone and the port with --port, e.g. --host 127.0.0.1 --port 8620",
+        ),
+    ]
+    for flags, message in cases:
+        assert bench_main(["bench", "serve", *flags, "--num-prompts", "1", "--disable-tqdm"]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("surge: error: ") and err.count("\n") == 1 and message in err, err
+    grid = ["--concurrency", "1", "--input-len", "16", "--output-len", "4"]
+    assert bench_main(["bench", "matrix", "--base-url", "http://127.0.0.1:abc", *grid]) == 2
+    err = capsys.readouterr().err
+    assert "got 'abc'" in err and err.count("\n") == 1, err
+    # an IPv6 address is still bracketed
+    from surge.bench.cli import base_url_of
+
+    url = base_url_of(argparse.Namespace(base_url=None, host="::1", port=9))
+    assert url == "http://[::1]:9"
+
+
+def test_fetch_models_names_a_url_http_client_refuses() -> None:
+    """``http.client.InvalidURL`` is no OSError: it escaped ``fetch_models`` as a traceback."""
+    from surge.bench.serve import fetch_models
+
+    with pytest.raises(ValueError, match=r"cannot reach http://127\.0\.0\.1:abc/v1/models: nonnumeric port"):
+        fetch_models("http://127.0.0.1:abc", None)

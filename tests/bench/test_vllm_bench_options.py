@@ -425,12 +425,75 @@ def test_save_result_names_and_appends_the_file_as_vllm(
     )
 
 
-def _serve_parser() -> argparse.ArgumentParser:
+def test_save_and_append_result_files_are_gzipped_by_name_and_compare_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--save-result --result-filename sv.json.gz`` wrote plain JSON under a .gz name, which
+    ``bench compare`` refused ("not a readable gzip file"), and an ``--append-result`` file (one
+    run a line) was "not JSON (Extra data ...)" to it. A .gz name is gzipped now (appending adds a
+    gzip member), and compare reads a JSON-lines file run by run, each run its point, the last of
+    a point counting, with one note on stderr."""
+    import gzip
+
+    with FakeServer(Behaviour()) as s:
+        argv = serve_argv(
+            s.url, "--input-len", "8", "--output-len", "3", "--num-prompts", "2", "--ignore-eos"
+        )
+        out = ["--result-dir", str(tmp_path)]
+        assert bench_main([*argv, "--save-result", *out, "--result-filename", "sv.json.gz"]) == 0
+        assert json.loads(gzip.decompress((tmp_path / "sv.json.gz").read_bytes()))["completed"] == 2
+        for name in ("runs.jsonl", "runs.json.gz"):
+            for conc in ("1", "2", "2"):  # two runs of C2: the last one counts
+                more = ["--append-result", *out, "--result-filename", name, "--max-concurrency", conc]
+                assert bench_main([*argv, *more]) == 0
+        capsys.readouterr()
+        text = gzip.decompress((tmp_path / "runs.json.gz").read_bytes()).decode()
+        assert [json.loads(line)["max_concurrency"] for line in text.split("\n")] == [1, 2, 2]
+        assert len((tmp_path / "runs.jsonl").read_text().split("\n")) == 3
+        # a .gz file that is not gzip: refused before any request, rather than made unreadable
+        (tmp_path / "plain.json.gz").write_text("{}")
+        seen = s.behaviour.seen
+        assert bench_main([*argv, "--append-result", *out, "--result-filename", "plain.json.gz"]) == 2
+        err = capsys.readouterr().err
+        assert "the file is not gzip, so a gzipped run cannot be added" in err and err.count("\n") == 1, err
+        assert s.behaviour.seen == seen and (tmp_path / "plain.json.gz").read_text() == "{}"
+    for base, new in (("sv.json.gz", "runs.jsonl"), ("runs.jsonl", "runs.json.gz")):
+        assert bench_main(["bench", "compare", str(tmp_path / base), str(tmp_path / new)]) == 0
+        captured = capsys.readouterr()
+        assert "points valid in both: " in captured.out
+        for name in {base, new} - {"sv.json.gz"}:
+            note = (
+                f"surge: note: {tmp_path / name}: a JSON-lines file of 3 runs (--append-result), read as 2 "
+                "points; where runs share a point the last one counts (1 earlier left out)\n"
+            )
+            assert note in captured.err, captured.err
+    lines = (tmp_path / "runs.jsonl").read_text().split("\n")
+    (tmp_path / "bad.jsonl").write_text(lines[0] + "\n[1]\n")
+    assert bench_main(["bench", "compare", str(tmp_path / "bad.jsonl"), str(tmp_path / "runs.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "a JSON-lines file of 2 values that are not all bench serve results" in err and err.count("\n") == 1
+    )
+
+
+def _serve_parser(command: str = "serve") -> argparse.ArgumentParser:
     from surge.cli import build_parser
 
     parser = build_parser()
     bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
-    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+
+
+def test_matrix_warmup_help_names_no_num_warmups() -> None:
+    """``bench matrix --help`` said --warmup defaults to "0 with --num-warmups", a flag matrix refuses."""
+    helps = {
+        c: next(a.help or "" for a in _serve_parser(c)._actions if "--warmup" in a.option_strings)
+        for c in ("serve", "matrix")
+    }
+    assert (
+        "--num-warmups" not in helps["matrix"] and "before each run of a point (default 1)" in helps["matrix"]
+    )
+    assert "(default 1; 0 with --num-warmups)" in helps["serve"]
 
 
 def test_result_dir_and_filename_help_say_they_need_save_result() -> None:

@@ -97,13 +97,14 @@ def test_fp8_prefill_counts_the_fp8_peak() -> None:
     h200 = lookup_gpu("h200")
     assert (h200.peak_flops, h200.peak_flops_fp8) == (7.9e14, 1.435e15)
     c, i = 4, 4096
+    head = fp8.lm_head_params  # bf16, multiplied for one row of logits per request
+    assert head == 151936 * 4096
     prefill = point_roofline(fp8, h200, c, i, 256).prefill_s
-    expected = (
-        2 * c * i * ((fp8.matmul_params - fp8.fp8_matmul_params) / 7.9e14 + fp8.fp8_matmul_params / 1.435e15)
-    )
+    body, p8 = fp8.matmul_params - head - fp8.fp8_matmul_params, fp8.fp8_matmul_params
+    expected = 2 * c * i * (body / 7.9e14 + p8 / 1.435e15) + 2 * c * head / 7.9e14
     assert prefill == pytest.approx(expected)
     assert point_roofline(fp8, H200, c, i, 256).prefill_s == pytest.approx(
-        2 * c * i * fp8.matmul_params / 7.9e14
+        (2 * c * i * (fp8.matmul_params - head) + 2 * c * head) / 7.9e14
     )
     assert point_roofline(bf16, h200, c, i, 256).prefill_s == point_roofline(bf16, H200, c, i, 256).prefill_s
     # flags: an explicit FP8 peak wins over --gpu's; it needs a GPU or both other numbers
