@@ -148,8 +148,18 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
         v = p.get(k)
         return float(v) if isinstance(v, int | float) else 0.0
 
+    def values(ax: Any, ys: list[float], **style: Any) -> None:
+        """Bars on a linear axis; on a log one dots on a grid, since a bar's length there says
+        nothing (61.5 against 118.9 tok/s drew as about 15x)."""
+        if all(y > 0 for y in ys):
+            ax.set_yscale("log")
+            ax.scatter(x, ys, marker="o", s=36, zorder=3, **style)
+            ax.grid(True, which="both", axis="y", alpha=0.3)
+        else:
+            ax.bar(x, ys, **style)
+
     fig, ax = plt.subplots(figsize=(width, 5))
-    ax.bar(x, [num(p, "output_throughput") for p in points], label="measured output tok/s", color="tab:blue")
+    values(ax, [num(p, "output_throughput") for p in points], label="measured output tok/s", color="tab:blue")
     roof = [p.get("roofline_output_throughput") for p in points]
     if any(r is not None for r in roof):
         ax.scatter(
@@ -160,8 +170,6 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
             color="tab:red",
             label="roofline",
         )
-    if all(num(p, "output_throughput") > 0 for p in points):
-        ax.set_yscale("log")
     ax.set_ylabel("output tokens / s")
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
     mark_failed(ax)
@@ -173,11 +181,9 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     plt.close(fig)
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(width, 8), sharex=True)
-    ax1.bar(x, [num(p, "mean_ttft_ms") for p in points], color="tab:green", label="mean")
-    ax1.scatter(x, [num(p, "p99_ttft_ms") for p in points], color="black", marker="x", label="P99")
+    values(ax1, [num(p, "mean_ttft_ms") for p in points], color="tab:green", label="mean")
+    ax1.scatter(x, [num(p, "p99_ttft_ms") for p in points], color="black", marker="x", label="P99", zorder=4)
     ax1.set_ylabel("TTFT ms")
-    if all(num(p, "mean_ttft_ms") > 0 for p in points):
-        ax1.set_yscale("log")
     ax1.legend()
     ax2.bar(x, [num(p, "mean_tpot_ms") for p in points], color="tab:orange")
     ax2.set_ylabel("mean TPOT ms")

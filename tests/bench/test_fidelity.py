@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -587,3 +588,31 @@ def test_matrix_plots_mark_a_failed_point(tmp_path: Path) -> None:
     paths = plot_matrix([good, bad], tmp_path)
     assert [p.name for p in paths] == ["throughput.png", "latency.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_matrix_plots_draw_dots_not_bars_on_a_log_axis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bars on a log axis whose bottom matplotlib picks made 61.5 against 118.9 tok/s look like
+    15x: on a log axis the values are dots on a grid; bars stay where the axis is linear (a
+    zero, e.g. a failed point, keeps it linear)."""
+    import matplotlib.axes
+
+    from surge.bench.report import plot_matrix
+
+    bars: list[int] = []
+    real_bar = matplotlib.axes.Axes.bar
+
+    def counting_bar(self: matplotlib.axes.Axes, *args: Any, **kwargs: Any) -> Any:
+        bars.append(1)
+        return real_bar(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", counting_bar)
+    point = {"concurrency": 1, "input_len": 8, "output_len": 4, "success": True, "mean_tpot_ms": 1.0}
+    good = [
+        point | {"output_throughput": v, "mean_ttft_ms": v / 10, "p99_ttft_ms": v / 5} for v in (61.5, 118.9)
+    ]
+    plot_matrix(good, tmp_path)
+    assert len(bars) == 1  # the TPOT panel's, on its linear axis
+    plot_matrix([good[0], point | {"output_throughput": 0.0, "mean_ttft_ms": 0.0}], tmp_path)
+    assert len(bars) == 4
