@@ -315,6 +315,7 @@ class KVCacheManager:
         num_new_tokens: int,
         cached_blocks: list[int] | None = None,
         num_reserved_blocks: int = 0,
+        looked_up: bool = True,
     ) -> bool:
         """Make room for ``num_new_tokens`` more tokens of K/V, appending to ``request.block_ids``.
 
@@ -333,6 +334,9 @@ class KVCacheManager:
             cached_blocks: prefix-cache hits, or None.
             num_reserved_blocks: free blocks that must remain after the allocation
                 (the admission watermark).
+            looked_up: whether the caller looked the request up in the prefix cache; a request
+                it did not (prompt logprobs need every position computed) is left out of the
+                hit-rate counters, as vLLM leaves out a request that skips reading the cache.
 
         Returns:
             True on success; False (and nothing changed) when too few blocks are free.
@@ -356,6 +360,7 @@ class KVCacheManager:
         # output, and would make a pool that thrashes look like one that shares prefixes.
         counted = (
             self.enable_prefix_caching
+            and looked_up
             and not request.block_ids
             and request.num_computed_tokens == 0
             and request.num_preemptions == 0

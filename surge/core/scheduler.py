@@ -353,15 +353,18 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
             request = self.waiting[0]
-            if request.num_prompt_logprobs_missing:
-                # Prompt logprobs need the logits of every prompt position: no cache hits.
-                cached_blocks, num_cached = [], 0
-            else:
+            # Prompt logprobs need the logits of every prompt position: no cache lookup.
+            looked_up = not request.num_prompt_logprobs_missing
+            if looked_up:
                 cached_blocks, num_cached = self.kv.get_computed_blocks(request)
+            else:
+                cached_blocks, num_cached = [], 0
             num_new = min(request.num_tokens - num_cached, budget)
             # The watermark keeps a few blocks for running requests; a lone request may use all.
             reserved = self.watermark_blocks if self.running else 0
-            if not self.kv.allocate_slots(request, num_new, cached_blocks, num_reserved_blocks=reserved):
+            if not self.kv.allocate_slots(
+                request, num_new, cached_blocks, num_reserved_blocks=reserved, looked_up=looked_up
+            ):
                 break  # strict order: nobody overtakes the head of the queue
             self.waiting.popleft()
             request.num_computed_tokens = num_cached

@@ -438,6 +438,26 @@ def test_prefix_cache_across_steps_and_stats() -> None:
     _run(sched)
 
 
+def test_prefix_cache_counters_leave_out_requests_that_skip_the_lookup() -> None:
+    """A request with prompt logprobs computes every prompt position and does not look the
+    cache up; it was counted as a lookup that missed (three requests of one 81-token prompt,
+    the second with prompt logprobs: 243 queried tokens, 80 hits, a 32.9 % hit rate where vLLM
+    reports 162 and 49.4 %)."""
+    sched = _make(budget=1024, num_blocks=64, prefix=True)
+    prompt = list(range(500, 581))  # 81 tokens: 5 full blocks of 16
+    sched.add_request(_req("a", prompt, max_tokens=2))
+    _run(sched)
+    sched.add_request(_req("b", prompt, max_tokens=2, prompt_logprobs=1))
+    so, _ = _step(sched)
+    assert so.scheduled[0].num_new_tokens == 81  # no cache hit: every position computed
+    sched.abort_requests(["b"])
+    sched.add_request(_req("c", prompt, max_tokens=2))
+    _run(sched)
+    stats = sched.get_stats()
+    assert (stats.prefix_cache_query_tokens, stats.prefix_cache_hit_tokens) == (2 * 81, 80)
+    assert stats.prefix_cache_requests == 2
+
+
 def test_prefix_cache_counters_leave_out_readmissions_after_preemption() -> None:
     """The hit and query counters (``/metrics`` prefix_cache_hits / _queries, the log's hit
     rate) count each request's first admission only, as vLLM's do: a re-admission after a
