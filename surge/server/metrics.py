@@ -148,26 +148,28 @@ class _EngineStatsCollector(Collector):
         g.add_metric([self._model_name], 1 if up else 0)
         yield g
         if self._get_replica_stats is None:
-            yield from self._collect([([self._model_name, "0"], self._get_stats() if up else None)])
+            yield from self._collect([([self._model_name, "0"], self._get_stats())], up)
             return
         replicas = self._get_replica_stats()
-        yield from self._collect(
-            [([self._model_name, str(d)], s if up else None) for d, s in enumerate(replicas)]
-        )
+        yield from self._collect([([self._model_name, str(d)], s) for d, s in enumerate(replicas)], up)
 
-    def _collect(self, rows: list[tuple[list[str], SchedulerStats | None]]) -> Iterator[Metric]:
+    def _collect(self, rows: list[tuple[list[str], SchedulerStats | None]], up: bool) -> Iterator[Metric]:
         """One family per metric with a sample per row (a row: ``model_name`` and ``engine``
-        label values, and that engine's stats)."""
+        label values, and that engine's latest stats). With the engine down the gauges read 0
+        and the counters keep their last values (a drop to 0 reads as a counter reset)."""
         families: dict[str, Metric] = {}
         for values, s in rows:
-            for metric in self._samples(s, ["model_name", "engine"], values):
+            for metric in self._samples(s, up, ["model_name", "engine"], values):
                 if metric.name in families:
                     families[metric.name].samples.extend(metric.samples)
                 else:
                     families[metric.name] = metric
         yield from families.values()
 
-    def _samples(self, s: SchedulerStats | None, labels: list[str], values: list[str]) -> Iterator[Metric]:
+    def _samples(
+        self, last: SchedulerStats | None, up: bool, labels: list[str], values: list[str]
+    ) -> Iterator[Metric]:
+        s = last if up else None  # the gauges' stats: none while the engine is down
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"{self._prefix}:{name}", doc, labels=labels)
@@ -192,18 +194,18 @@ class _EngineStatsCollector(Collector):
         yield gauge("kv_cache_free_blocks", "Free KV cache blocks.", s.num_free_blocks if s else 0)
         yield gauge("kv_cache_total_blocks", "KV cache blocks in the pool.", s.num_total_blocks if s else 0)
         c = CounterMetricFamily(f"{self._prefix}:num_preemptions", "Preemptions since start.", labels=labels)
-        c.add_metric(values, s.num_preemptions_total if s else 0)
+        c.add_metric(values, last.num_preemptions_total if last else 0)
         yield c
         for name, doc, value in (
             (
                 "prefix_cache_hits",
                 "Prompt tokens found in the prefix cache.",
-                s.prefix_cache_hit_tokens if s else 0,
+                last.prefix_cache_hit_tokens if last else 0,
             ),
             (
                 "prefix_cache_queries",
                 "Prompt tokens looked up in the prefix cache.",
-                s.prefix_cache_query_tokens if s else 0,
+                last.prefix_cache_query_tokens if last else 0,
             ),
         ):
             c = CounterMetricFamily(f"{self._prefix}:{name}", doc, labels=labels)

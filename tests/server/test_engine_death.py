@@ -101,6 +101,9 @@ def test_engine_death_kept_alive_fails_requests_and_health(tmp_path) -> None:
         ):
             m = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", metrics, re.M)
             assert m is not None and float(m.group(1)) == value, (name, m and m.group(0))
+        # its counters keep their last values: a drop to 0 would read as a counter reset
+        m = re.search(r"^surge:prefix_cache_queries_total{[^}]*} (\S+)$", metrics, re.M)
+        assert m is not None and float(m.group(1)) > 0, m and m.group(0)
     finally:
         code = srv.stop()
     assert code == 0, srv.log()[-3000:]
