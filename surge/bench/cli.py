@@ -1156,12 +1156,14 @@ def _every_prompt(dataset: str, path: str, category: str | None, given: int) -> 
 
 def _check_output_file(path: Path, flag: str) -> None:
     """Make the folder of ``flag``'s file (``--result-file``, ``--plot``) and check that the file
-    can be written there. Raises ValueError naming the flag otherwise (a folder at that path, a
-    parent that is a file, no write permission)."""
+    can be written there, by creating it (and removing it again; an existing file is left as it
+    was), before any request. Raises ValueError naming the flag otherwise (a folder at that path,
+    a parent that is a file, no write permission, a read-only or virtual file system such as
+    ``/proc``)."""
     if path.is_dir():
         example = path / ("result.json" if flag == "--result-file" else "change.png")
         raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. {example})")
-    from surge.bench.results import file_in_the_way
+    from surge.bench.results import cannot_write, file_in_the_way
 
     blocker = file_in_the_way(path.parent)
     if blocker is not None:
@@ -1172,6 +1174,9 @@ def _check_output_file(path: Path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{flag} {path}: not writable")
+    why = cannot_write(path)
+    if why is not None:
+        raise ValueError(f"{flag} {path}: cannot write a file there ({why})")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -1548,7 +1553,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``surge bench compare BASE NEW``: markdown to stdout, optional PNG; exit 0.
 
     Raises:
-        ValueError: no point is valid in both runs (nothing to compare).
+        ValueError: an unknown ``--metric``, one null in every point of a run, or no point valid in
+            both runs (nothing to compare: the message says why).
     """
     from surge.bench.compare import (
         check_metric,
@@ -1556,6 +1562,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         comparison_markdown,
         load_points,
         mismatch_warnings,
+        nothing_to_compare,
         plot_comparison,
     )
 
@@ -1575,13 +1582,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 f"--plot {args.plot}: .{ext} is not an image format (give one of {', '.join(sorted(formats))})"
             )
     notes: list[str] = []
-    base, new = load_points(args.base, notes), load_points(args.new, notes)
+    base, new = load_points(args.base, notes, args.metric), load_points(args.new, notes, args.metric)
     for note in notes:  # a JSON-lines file of --append-result's runs
         print(f"surge: note: {note}", file=sys.stderr)
-    check_metric(args.metric, base, new)
+    check_metric(args.metric, base, new, names=(args.base, args.new))
     cmp = compare_points(base, new, args.metric, tie_pct=args.tie_pct)
     if not cmp.rows:
-        raise ValueError(f"no point is valid in both {args.base} and {args.new}: nothing to compare")
+        raise ValueError(nothing_to_compare(cmp, base, new, args.base, args.new))
     print(comparison_markdown(cmp, args.base, args.new), end="")
     for warning in mismatch_warnings(cmp):  # one line per difference, not an error
         print(f"surge: warning: {warning}", file=sys.stderr)
@@ -1599,9 +1606,14 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
     Points whose prompt + output exceed the config's ``max_position_embeddings`` get one
     warning line on stderr (see :func:`surge.bench.roofline.context_warning` for why not an error).
+
+    Raises:
+        ValueError: no hardware, ``--link-bandwidth`` at ``-tp`` 1 (a flag that would do nothing),
+            FP8 weights on a GPU without FP8 tensor cores, or a config the roofline cannot model.
     """
     from surge.bench.matrix import official_8b_points
     from surge.bench.roofline import (
+        check_fp8_support,
         context_warning,
         format_roofline_table,
         load_config,
@@ -1614,9 +1626,14 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args.gpu, args.hbm_bandwidth, args.peak_flops, args.peak_flops_fp8)
     if hw is None:
         raise ValueError("the roofline needs --gpu NAME or both --hbm-bandwidth and --peak-flops")
+    if args.link_bandwidth is not None and args.tensor_parallel_size == 1:
+        raise ValueError(
+            "--link-bandwidth applies with -tp/--tensor-parallel-size > 1 (one GPU sends nothing over a link)"
+        )
     hw = with_link_bandwidth(hw, args.link_bandwidth)
     cfg = load_config(args.model)
     shape = model_shape(cfg, args.dtype, args.tensor_parallel_size, args.kv_cache_dtype)
+    check_fp8_support(shape.fp8_matmul_params > 0, hw, "--dtype")
     if args.preset or any(v is not None for v in (args.concurrency, args.input_len, args.output_len)):
         points = _grid(args)
     else:

@@ -40,12 +40,16 @@ from surge.bench.results import read_json_records
 Key = tuple[int, int, int]  # (C, I, O)
 
 
-def load_points(path: str | Path, notes: list[str] | None = None) -> dict[Key, dict[str, Any]]:
+def load_points(
+    path: str | Path, notes: list[str] | None = None, metric: str | None = None
+) -> dict[Key, dict[str, Any]]:
     """Points of a ``summary.json`` (or a folder holding one), or of a ``bench serve`` result file
     (``--result-file``: JSON, or gzipped JSON such as ``X.json.gz``), or of a JSON-lines file of
     several runs (``--append-result``'s, one run a line): each run is the point of its (C, I, O),
     and where several runs are of one point the last one counts, with a line added to ``notes``
-    saying so.
+    saying so. A summary's rows keep its columns' metrics only: a ``metric`` they lack (``P50``
+    of ``--percentiles 50``, a ``std``) is read from each point's result files
+    (:func:`_metric_from_point_files`).
 
     Raises:
         ValueError: one line naming the file: missing, unreadable, not JSON, or an unknown layout.
@@ -64,6 +68,10 @@ def load_points(path: str | Path, notes: list[str] | None = None) -> dict[Key, d
         if data.get("hardware") is not None:  # the roofline columns' assumptions
             run |= {k: data[k] for k in _ROOFLINE_SETTINGS if k in data}
         rows = [{**run, **r} if isinstance(r, dict) else r for r in data["points"]]
+        if metric is not None:
+            for r in rows:
+                if isinstance(r, dict) and metric not in r:
+                    _metric_from_point_files(r, p.parent, metric)
     elif all(isinstance(d, dict) and "completed" in d for d in records):
         rows = [_serve_row(d) for d in records]
     elif len(records) > 1:
@@ -92,6 +100,38 @@ def load_points(path: str | Path, notes: list[str] | None = None) -> dict[Key, d
     return out
 
 
+def _metric_from_point_files(row: dict[str, Any], folder: Path, metric: str) -> None:
+    """Set ``row[metric]`` (and each repeat's in ``row["runs"]``) from the matrix point's result
+    files in ``folder``, as the summary would have: the mean over the successful repeats. Left
+    unset when no file has the key (an unknown metric stays unknown); a file that cannot be read,
+    or holds no number, counts as a repeat without the value."""
+    files = row.get("result_files") or [row.get("result_file")]
+    values: list[float | None] = []
+    found = False
+    for name in files if isinstance(files, list) else []:
+        data: Any = None
+        if isinstance(name, str):
+            try:
+                data = read_json_records(folder / name)[0]
+            except ValueError:
+                data = None
+        found = found or (isinstance(data, dict) and metric in data)
+        v = data.get(metric) if isinstance(data, dict) else None
+        values.append(float(v) if _number(v) else None)
+    if not found:
+        return
+    runs = row.get("runs")
+    if isinstance(runs, list) and len(runs) == len(values):
+        for run, v in zip(runs, values, strict=True):
+            if isinstance(run, dict):
+                run[metric] = v
+        ok = [v for run, v in zip(runs, values, strict=True) if isinstance(run, dict) and run.get("success")]
+    else:
+        ok = values
+    numbers = [v for v in ok if v is not None]
+    row[metric] = sum(numbers) / len(numbers) if numbers else None
+
+
 def _serve_row(data: dict[str, Any]) -> dict[str, Any]:
     """The comparison row of one ``bench serve`` result: its fields, its point (C: the
     concurrency, else ``--max-concurrency``, else ``--num-prompts``) and its settings."""
@@ -118,8 +158,12 @@ def _serve_row(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _positive(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return _number(v) and v > 0
 
 
 def _valid(row: dict[str, Any] | None, metric: str) -> bool:
@@ -144,23 +188,73 @@ def run_values(row: dict[str, Any], metric: str) -> list[float]:
 _NOT_METRICS = frozenset(
     {"concurrency", "input_len", "output_len", "num_prompts", "repeats", "repeats_ok", "completed", "failed"}
 )
+# the numbers of a run's settings, not measurements (with _SETTINGS, and any *_len)
+_SETTING_NUMBERS = frozenset(
+    {
+        "seed",
+        "warmup",
+        "num_warmups",
+        "random_range_ratio",
+        "random_output_range_ratio",
+        "matrix_seed",
+        "repeat",
+    }
+)
 
 
-def check_metric(metric: str, *runs: dict[Key, dict[str, Any]]) -> None:
-    """Raise ValueError listing the valid metrics when no point of ``runs`` has ``metric``."""
-    names: set[str] = set()
-    for pts in runs:
-        for row in pts.values():
-            names.update(
-                k
-                for k, v in row.items()
-                if isinstance(v, int | float)
-                and not isinstance(v, bool)
-                and k not in _NOT_METRICS
-                and not k.endswith(("_std", "_min", "_max"))
-            )
-    if metric not in names:
-        raise ValueError(f"unknown --metric {metric!r}; valid: {', '.join(sorted(names))}")
+def _is_metric(name: str, value: Any) -> bool:
+    """Whether a row's field is a metric ``--metric`` can compare: a number that is not a setting,
+    a request count or a spread over repeats (``_std``, ``_min``, ``_max``)."""
+    return _number(value) and _metric_name(name)
+
+
+def _metric_name(name: str) -> bool:
+    """Whether a field of this name is a measurement (see :func:`_is_metric`)."""
+    return (
+        name not in _NOT_METRICS
+        and name not in _SETTINGS
+        and name not in _SETTING_NUMBERS
+        and not name.endswith(("_std", "_min", "_max", "_len"))
+        and not name.startswith(("timed_trace_", "ramp_up_"))
+    )
+
+
+_NULL_WHY = {
+    "request_goodput": "measured only with --goodput",
+    "roofline_output_throughput": "measured only with --gpu (or --hbm-bandwidth and --peak-flops) on a burst",
+    "pct_of_roofline": "measured only with --gpu (or --hbm-bandwidth and --peak-flops) on a burst",
+}
+"""Why a metric a result file always carries can be null in every point of a run."""
+
+
+def check_metric(metric: str, *runs: dict[Key, dict[str, Any]], names: Sequence[str] = ()) -> None:
+    """Refuse a ``metric`` that cannot be compared: unknown (no point of any run carries it: the
+    message lists the metrics both runs carry), or null in every point of a run (e.g.
+    ``request_goodput`` of a run made without ``--goodput``: the message names that run, from
+    ``names``, and why).
+
+    Raises:
+        ValueError: one line, as above.
+    """
+    measured = [{k for row in pts.values() for k, v in row.items() if _is_metric(k, v)} for pts in runs]
+    known = _metric_name(metric) and any(  # a number somewhere, or null (a string field is no metric)
+        metric in row and (row[metric] is None or _number(row[metric]))
+        for pts in runs
+        for row in pts.values()
+    )
+    if not known:
+        both = set.intersection(*measured) if measured else set()
+        valid = ", ".join(sorted(both)) or "none (the runs carry no metric in common)"
+        raise ValueError(f"unknown --metric {metric!r}; valid (carried by both runs): {valid}")
+    labels = list(names) + [f"run {i + 1}" for i in range(len(names), len(runs))]
+    empty = [label for label, have in zip(labels, measured, strict=False) if metric not in have]
+    if empty:
+        why = _NULL_WHY.get(metric)
+        raise ValueError(
+            f"--metric {metric} is null or absent in every point of {' and '.join(dict.fromkeys(empty))}"
+            + (f" ({metric} is {why})" if why else "")
+            + ": nothing to compare"
+        )
 
 
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -252,6 +346,25 @@ class Comparison:
     neither: list[Key] = field(default_factory=list)
     ties: set[Key] = field(default_factory=set)
     repeats: dict[Key, tuple[list[float], list[float]]] = field(default_factory=dict)
+    datasets: dict[Key, str] = field(default_factory=dict)
+    """The dataset of each point whose I or O is 0: a run of a dataset with its own lengths
+    (ShareGPT, custom, ...), shown by the dataset's name (:meth:`label`, :meth:`length_cells`)."""
+
+    def label(self, key: Key) -> str:
+        """``C4/I256/O1024``; a length of 0 (the dataset's own) is the dataset's name:
+        ``C10/sharegpt``, ``C8/sharegpt/O256``."""
+        if key[1] and key[2]:
+            return _label(key)
+        ds = self.datasets.get(key, "dataset's own")
+        if key[1] == key[2] == 0:
+            return f"C{key[0]}/{ds}"
+        return f"C{key[0]}/" + (f"I{key[1]}/{ds}" if key[1] else f"{ds}/O{key[2]}")
+
+    def length_cells(self, key: Key) -> tuple[str, str]:
+        """The I and O of ``key`` as the table shows them: the numbers, or the dataset's name for
+        a 0 (a dataset with its own lengths)."""
+        ds = self.datasets.get(key, "dataset's own")
+        return (str(key[1]) if key[1] else ds), (str(key[2]) if key[2] else ds)
 
     @property
     def geomean(self) -> float | None:
@@ -299,11 +412,19 @@ class Comparison:
         return math.exp(m - half), math.exp(m + half), "t-interval over points"
 
     def grouped(self, index: int) -> dict[int, tuple[int, float | None]]:
-        """Geomean ratio per value of key element ``index`` (0 = C, 2 = O): ``{value: (n, ratio)}``."""
+        """Geomean ratio per value of key element ``index`` (0 = C, 2 = O): ``{value: (n, ratio)}``.
+        By length (index 1 or 2), points whose length is 0 (a dataset's own lengths, see
+        :attr:`datasets`) are left out: they share no length (:meth:`ungrouped` lists them)."""
         groups: dict[int, list[float]] = {}
         for key, _, _, r in self.rows:
+            if index in (1, 2) and key[index] == 0:
+                continue
             groups.setdefault(key[index], []).append(r)
         return {k: (len(v), geomean_ratio(v)) for k, v in sorted(groups.items())}
+
+    def ungrouped(self, index: int) -> list[Key]:
+        """The compared points :meth:`grouped` leaves out of the groups of key element ``index``."""
+        return [key for key, *_ in self.rows if index in (1, 2) and key[index] == 0]
 
     def verdict(self, key: Key, ratio: float) -> str:
         """``"win"``, ``"loss"`` or ``"tie"`` of NEW against BASE at one point."""
@@ -419,6 +540,9 @@ def compare_points(
     )
     for key in sorted(set(base) | set(new)):
         b, n = base.get(key), new.get(key)
+        if not (key[1] and key[2]):  # a dataset's own lengths: named by the dataset
+            ds = next((r.get("dataset") for r in (b, n) if r is not None and r.get("dataset")), None)
+            cmp.datasets[key] = str(ds) if ds else "dataset's own"
         vb, vn = _valid(b, metric), _valid(n, metric)
         if vb and vn:
             assert b is not None and n is not None
@@ -459,6 +583,38 @@ def _label(k: Key) -> str:
     return f"C{k[0]}/I{k[1]}/O{k[2]}"
 
 
+def _listed(cmp: Comparison, keys: Iterable[Key], most: int = 6) -> str:
+    """The labels of ``keys`` (see :meth:`Comparison.label`), the first ``most`` of them."""
+    keys = sorted(keys)
+    shown = ", ".join(cmp.label(k) for k in keys[:most])
+    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def nothing_to_compare(
+    cmp: Comparison,
+    base: dict[Key, dict[str, Any]],
+    new: dict[Key, dict[str, Any]],
+    base_name: str,
+    new_name: str,
+) -> str:
+    """Why ``cmp`` (of ``base`` and ``new``) has no point valid in both, in one line: the runs'
+    points differ (each run's C/I/O listed), or the points they share are not valid in both (how
+    many in each run are not: failed, or without a positive metric)."""
+    shared = sorted(set(base) & set(new))
+    if not shared:
+        return (
+            f"{base_name} and {new_name} share no point, their C/I/O differ ({base_name}: "
+            f"{_listed(cmp, base)}; {new_name}: {_listed(cmp, new)}): nothing to compare"
+        )
+    bad_b = sum(1 for k in shared if not _valid(base[k], cmp.metric))
+    bad_n = sum(1 for k in shared if not _valid(new[k], cmp.metric))
+    return (
+        f"no point is valid in both {base_name} and {new_name}: of the {len(shared)} they share "
+        f"({_listed(cmp, shared)}), {bad_b} failed or lack a positive {cmp.metric} in {base_name} and "
+        f"{bad_n} in {new_name}: nothing to compare"
+    )
+
+
 def mismatch_warnings(cmp: Comparison) -> list[str]:
     """One line per difference between the runs (a setting and its two values), in the order
     first seen, with the points it holds at: what ``surge bench compare`` prints on stderr."""
@@ -467,7 +623,7 @@ def mismatch_warnings(cmp: Comparison) -> list[str]:
         points.setdefault((name, repr(b), repr(n)), []).append(key)
     lines = []
     for (name, b, n), keys in points.items():
-        where = _label(keys[0]) if len(keys) == 1 else f"{len(keys)} points"
+        where = cmp.label(keys[0]) if len(keys) == 1 else f"{len(keys)} points"
         other = " (other prompts)" if name == "seed" else ""
         lines.append(f"the runs differ in {name}{other}: {b} in BASE, {n} in NEW (at {where})")
     return lines
@@ -484,28 +640,39 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
     ]
     if cmp.mismatches:
         shown = "; ".join(
-            f"{_label(k)} {name} {b!r} vs {n!r}" + (" (other prompts)" if name == "seed" else "")
+            f"{cmp.label(k)} {name} {b!r} vs {n!r}" + (" (other prompts)" if name == "seed" else "")
             for k, name, b, n in cmp.mismatches[:5]
         )
         more = f" (and {len(cmp.mismatches) - 5} more)" if len(cmp.mismatches) > 5 else ""
         lines[1:1] = ["", f"**Warning: the runs were measured differently:** {shown}{more}."]
     for key, vb, vn, r in cmp.rows:
         noise = " (in noise)" if key in cmp.ties else ""
+        i, o = cmp.length_cells(key)
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {vb:,.2f} | {vn:,.2f} | {pct(r)} | {cmp.verdict(key, r)}{noise} |"
+            f"| {key[0]} | {i} | {o} | {vb:,.2f} | {vn:,.2f} | {pct(r)} | {cmp.verdict(key, r)}{noise} |"
         )
     ci = cmp.geomean_interval()
     ci_text = "" if ci is None else f" (95% CI {pct(ci[0])} to {pct(ci[1])}, {ci[2]})"
+    n_rows = len(cmp.rows)
     lines += [
         "",
-        f"**Geometric mean change over {len(cmp.rows)} points valid in both: {pct(cmp.geomean)}**{ci_text}",
+        f"**Geometric mean change over {n_rows} point{'s' if n_rows != 1 else ''} valid in both: "
+        f"{pct(cmp.geomean)}**{ci_text}",
         "",
     ]
     for title, idx in (("concurrency", 0), ("output length", 2)):
-        lines += [f"### By {title}", "", f"| {title} | points | geomean change |", "|---:|---:|---:|"]
-        for value, (n, g) in cmp.grouped(idx).items():
-            lines.append(f"| {value} | {n} | {pct(g)} |")
-        lines.append("")
+        groups, left_out = cmp.grouped(idx), cmp.ungrouped(idx)
+        lines += [f"### By {title}", ""]
+        if groups:
+            lines += [f"| {title} | points | geomean change |", "|---:|---:|---:|"]
+            lines += [f"| {value} | {n} | {pct(g)} |" for value, (n, g) in groups.items()]
+            lines.append("")
+        if left_out:
+            lines += [
+                f"Left out: {len(left_out)} point{'s' if len(left_out) != 1 else ''} of a dataset's own "
+                f"{title}s ({', '.join(cmp.label(k) for k in left_out)}).",
+                "",
+            ]
     w, lo, t = cmp.wins_losses()
     n_rep = len(cmp.repeats)
     tie_rule = (
@@ -521,7 +688,7 @@ def comparison_markdown(cmp: Comparison, base_name: str, new_name: str) -> str:
         ("Valid in neither", cmp.neither),
     ):
         if keys:
-            lines.append(f"{title} ({len(keys)}): {', '.join(_label(k) for k in keys)}")
+            lines.append(f"{title} ({len(keys)}): {', '.join(cmp.label(k) for k in keys)}")
     return "\n".join(lines) + "\n"
 
 
@@ -532,7 +699,7 @@ def plot_comparison(cmp: Comparison, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [_label(k) for k, *_ in cmp.rows]
+    labels = [cmp.label(k) for k, *_ in cmp.rows]
     changes = [(r - 1.0) * 100.0 for *_, r in cmp.rows]
     colors = {"win": "tab:green", "loss": "tab:red", "tie": "tab:gray"}
     fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(labels)), 5))

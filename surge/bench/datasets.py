@@ -45,6 +45,7 @@ import io
 import json
 import math
 import random
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -412,14 +413,42 @@ def prefix_repetition_requests(
     return [out[int(i)] for i in order]
 
 
-def _read_text(path: str, what: str) -> str:
-    """The text of ``--dataset-path``. Raises ValueError naming the flag (no file, a folder,
-    unreadable, not UTF-8); ``what`` names the expected file in the folder message."""
+_FILE_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def dataset_file(path: str, what: str) -> Path:
+    """``--dataset-path`` as a regular file; ``what`` names the expected file (``ShareGPT JSON
+    file``) in the messages. An empty file passes: each dataset says what it lacks ("no lines").
+
+    Raises:
+        ValueError: one line naming the flag: no such file, a folder, not a regular file (a device
+            such as ``/dev/null``, a named pipe, a socket), or a path that cannot be looked at (no
+            permission).
+    """
     p = Path(path)
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ValueError(f"--dataset-path {path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"--dataset-path {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise ValueError(f"--dataset-path {path}: is a directory (give the {what})")
-    if not p.is_file():
-        raise ValueError(f"--dataset-path {path}: no such file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _FILE_KINDS if test(st.st_mode)), "not a file")
+        raise ValueError(f"--dataset-path {path}: not a regular file ({kind}; give the {what})")
+    return p
+
+
+def _read_text(path: str, what: str) -> str:
+    """The text of ``--dataset-path``. Raises ValueError naming the flag (see
+    :func:`dataset_file`; unreadable, not UTF-8); ``what`` names the expected file."""
+    p = dataset_file(path, what)
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -571,6 +600,8 @@ def load_sharegpt(path: str) -> list[Conversation]:
         ValueError: missing file or not the ShareGPT list format.
     """
     text = _read_text(path, "ShareGPT JSON file")
+    if not text.strip():
+        raise ValueError(f"--dataset-path {path}: the file is empty (expected a JSON list of conversations)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

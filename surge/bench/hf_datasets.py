@@ -36,6 +36,7 @@ from surge.bench.datasets import (
     SHAREGPT_MIN_LEN,
     SampleRequest,
     _read_text,
+    dataset_file,
     fewer_prompts_note,
     prompt_encoder,
 )
@@ -175,6 +176,8 @@ def hf_data_files(path: str, split: str, subset: str | None = None) -> list[Path
             "card's configs); give the subset's own file or folder as --dataset-path"
         )
     root = Path(path)
+    if root.exists() and not root.is_dir():  # a file: a regular one (not /dev/null, a pipe)
+        dataset_file(path, "JSON or JSON Lines file, or a folder of them")
     if root.is_file():
         if split != DEFAULT_SPLIT:
             raise ValueError(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +50,7 @@ import numpy as np
 
 from surge.bench.launcher import ServerLauncher, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
-from surge.bench.results import file_in_the_way, write_result
+from surge.bench.results import cannot_write, file_in_the_way, write_result
 from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
 from surge.bench.tokens import TokenCounter, request_headers, tls_context
 
@@ -355,6 +356,7 @@ def _write_summary(
         "extra_body": mcfg.serve.extra_body,
         "repeats": mcfg.repeats,
         "warmup": mcfg.serve.warmup,
+        "goodput_slo_ms": _resume_value(mcfg, "goodput_slo_ms"),
         "prefix_cache_reset": mcfg.reset_prefix_cache,
         "hardware": _summary_hardware(mcfg.serve),
         "roofline_tp": mcfg.serve.roofline_tp,
@@ -368,7 +370,8 @@ def _write_summary(
     out = mcfg.output_dir
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     header = f"# Benchmark matrix {summary['date']}" + (f"\n\n`{command}`" if command else "")
-    (out / "summary.md").write_text(summary_markdown(rows, header, planned=len(mcfg.points)))
+    goodput = bool(mcfg.serve.goodput)
+    (out / "summary.md").write_text(summary_markdown(rows, header, planned=len(mcfg.points), goodput=goodput))
     return summary
 
 
@@ -381,6 +384,7 @@ _RESUME_SAME = (
     "extra_body",
     "repeats",
     "warmup",
+    "goodput_slo_ms",
     "prefix_cache_reset",
     "hardware",
     "roofline_tp",
@@ -394,8 +398,10 @@ the server serves once it answers, :func:`_check_served_model`): the roofline's 
 too, else the kept points' roofline columns would be another GPU's or dtype's than the new ones'.
 ``repeats`` and ``warmup`` too: a point's row is the mean of its repeats, measured after its
 warm-up requests, and another count would either re-run every kept point (the rows of another
-repeat count are not kept) or mix points measured after other warm-ups. ``--percentiles`` is not
-compared: it changes what each new point's file reports, not the summary's columns."""
+repeat count are not kept) or mix points measured after other warm-ups. ``goodput_slo_ms`` (the
+``--goodput`` SLOs in ms, null without): the goodput column would mix points of other SLOs.
+``--percentiles`` is not compared: it changes what each new point's file reports, not the
+summary's columns."""
 
 
 def _resume_value(mcfg: MatrixConfig, name: str) -> Any:
@@ -407,6 +413,8 @@ def _resume_value(mcfg: MatrixConfig, name: str) -> Any:
         return mcfg.reset_prefix_cache
     if name == "repeats":
         return mcfg.repeats
+    if name == "goodput_slo_ms":
+        return dict(mcfg.serve.goodput) or None
     return getattr(mcfg.serve, name)
 
 
@@ -420,11 +428,10 @@ def _previous_rows(
 
     Raises:
         ValueError: the earlier run was measured against another server, endpoint, model, seed,
-            temperature or extra body, with another ``--repeats`` or ``--warmup``, with the prefix
-            cache reset where this run keeps it (or the other way round), or with another roofline
-            GPU, TP size or dtype
-            (:data:`_RESUME_SAME`): its points would be mixed with this run's under this run's
-            settings.
+            temperature or extra body, with another ``--repeats``, ``--warmup`` or ``--goodput``,
+            with the prefix cache reset where this run keeps it (or the other way round), or with
+            another roofline GPU, TP size or dtype (:data:`_RESUME_SAME`): its points would be
+            mixed with this run's under this run's settings.
     """
     path = mcfg.output_dir / "summary.json"
     if not path.is_file():
@@ -524,7 +531,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
 
     The summary files are rewritten after every point, so an interrupted run keeps what it measured.
     Raises:
-        ValueError: the output folder cannot be created, the server (without ``--launch``) cannot
+        ValueError: the output folder cannot be created or written, the server (without ``--launch``) cannot
             be reached, the first server start fails, or a ``--resume`` finds a folder measured
             with other settings or against another model.
     """
@@ -542,6 +549,9 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--output-dir {out}: {e.strerror or e}") from None
+    why = cannot_write(out / "summary.json")  # before any request: an existing summary is left as it is
+    if why is not None:
+        raise ValueError(f"--output-dir {out}: cannot write files there ({why})")
     previous, previous_model, earlier_runs = _previous_rows(mcfg) if mcfg.resume else ({}, None, [])
     if not previous:
         previous_model, earlier_runs = None, []
@@ -614,7 +624,11 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
                             "[matrix] the server has no /reset_prefix_cache: prompts are fresh, cache not reset"
                         )
                     elif mcfg.reset_prefix_cache and reset is False:
-                        print("[matrix] warning: the server refused /reset_prefix_cache before this run")
+                        print(
+                            "surge: warning: the server refused /reset_prefix_cache before this run",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 stem = pt.stem + (f"_r{rep + 1}" if mcfg.repeats > 1 else "")
                 payload: dict[str, Any] = (
                     {"error": error, "matrix_point": pt.stem} if result is None else dict(result)

@@ -75,15 +75,27 @@ SUMMARY_COLUMNS = (
 )
 
 
-def summary_markdown(points: Sequence[dict[str, Any]], header: str = "", planned: int | None = None) -> str:
-    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`), then the line
+GOODPUT_COLUMN = "goodput req/s"
+"""The column :func:`summary_markdown` adds after ``total tok/s`` for a matrix run with
+``--goodput``: the point's ``request_goodput`` (requests/s that met every SLO; with repeats, the
+mean over the runs)."""
+
+
+def summary_markdown(
+    points: Sequence[dict[str, Any]], header: str = "", planned: int | None = None, goodput: bool = False
+) -> str:
+    """``summary.md``: one row per matrix point (see :data:`SUMMARY_COLUMNS`; with ``goodput``,
+    the run's ``--goodput`` SLOs, a :data:`GOODPUT_COLUMN` too), then the line
     ``N/P points successful.`` over the ``planned`` points (default: those given), saying how
     many were not run. With repeats the metrics are means over the runs and the output
     throughput shows ``± std``. A point that failed before any request completed (a dead
     server, a failed warm-up) shows ``0/C (error)``."""
     planned = len(points) if planned is None else planned
     lines = [header, ""] if header else []
-    lines += [SUMMARY_COLUMNS, "|" + "---:|" * 13]
+    columns = SUMMARY_COLUMNS
+    if goodput:
+        columns = columns.replace(" total tok/s |", f" total tok/s | {GOODPUT_COLUMN} |")
+    lines += [columns, "|" + "---:|" * (columns.count("|") - 1)]
     for p in points:
         ok = f"{p.get('completed') or 0}/{p['num_prompts']}"
         if p.get("error"):
@@ -91,9 +103,10 @@ def summary_markdown(points: Sequence[dict[str, Any]], header: str = "", planned
         thr = _fmt(p.get("output_throughput"), ",.1f")
         if p.get("repeats", 1) > 1 and p.get("output_throughput_std") is not None:
             thr += f" ± {p['output_throughput_std']:,.1f}"
+        good = f" | {_fmt(p.get('request_goodput'))}" if goodput else ""
         lines.append(
             f"| {p['concurrency']} | {p['input_len']} | {p['output_len']} | {ok} "
-            f"| {thr} | {_fmt(p.get('total_token_throughput'), ',.1f')} "
+            f"| {thr} | {_fmt(p.get('total_token_throughput'), ',.1f')}{good} "
             f"| {_fmt(p.get('mean_ttft_ms'))} | {_fmt(p.get('p99_ttft_ms'))} | {_fmt(p.get('mean_tpot_ms'))} "
             f"| {_fmt(p.get('mean_itl_ms'))} | {_fmt(p.get('p99_itl_ms'))} "
             f"| {_fmt(p.get('roofline_output_throughput'), ',.1f')} | {_fmt(p.get('pct_of_roofline'), '.1f')} |"

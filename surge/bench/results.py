@@ -52,6 +52,24 @@ def file_in_the_way(folder: Path) -> Path | None:
     return None
 
 
+def cannot_write(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (the system's reason, e.g. ``Permission denied``,
+    or ``Read-only file system``), or None when it can: an absent file is created and removed
+    again, an existing one is opened for appending and left as it was. A real try, since
+    ``os.access`` says yes to root on a read-only or virtual file system (``/proc``, ``/sys``)."""
+    try:
+        if path.exists():
+            with path.open("ab"):
+                pass
+        else:
+            with path.open("xb"):
+                pass
+            path.unlink()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def write_result(out_dir: Path, stem: str, result: dict[str, Any]) -> str:
     """Write ``stem.json`` (scalars) and, when the result has per-request lists,
     ``stem.requests.json.gz`` (times rounded to 1 us); returns the name of the JSON file."""

@@ -72,6 +72,7 @@ class Hardware:
     peak_flops: float
     link_bandwidth: float = 0.0  # GPU-to-GPU bytes/s per direction (NVLink); 0 = unknown
     peak_flops_fp8: float = 0.0  # 0 = no FP8 tensor cores known: FP8 GEMMs count at peak_flops
+    no_fp8: bool = False  # a GPU known to lack FP8 tensor cores (A100): FP8 weights are refused
 
     @property
     def fp8_flops(self) -> float:
@@ -87,8 +88,8 @@ KNOWN_GPUS: dict[str, Hardware] = {
     "h200": Hardware("NVIDIA H200", 4.24e12, 7.9e14, 4.5e11, 1.435e15),
     "h100-sxm": Hardware("NVIDIA H100 SXM", 3.35e12, 9.89e14, 4.5e11, 1.979e15),
     "h100-pcie": Hardware("NVIDIA H100 PCIe", 2.0e12, 7.56e14, 0.0, 1.513e15),
-    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 2.039e12, 3.12e14, 3.0e11),
-    "a100-40gb": Hardware("NVIDIA A100 40GB", 1.555e12, 3.12e14),
+    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 2.039e12, 3.12e14, 3.0e11, no_fp8=True),
+    "a100-40gb": Hardware("NVIDIA A100 40GB", 1.555e12, 3.12e14, no_fp8=True),
     "l40s": Hardware("NVIDIA L40S", 8.64e11, 3.62e14, 0.0, 7.33e14),
     "b200": Hardware("NVIDIA B200", 8.0e12, 2.25e15, 9.0e11, 4.5e15),
 }
@@ -118,8 +119,10 @@ def resolve_hardware(
 ) -> Hardware | None:
     """Hardware from flags: explicit numbers win over ``--gpu`` defaults; None when neither is given.
     ``--peak-flops-fp8`` is optional: without it a known GPU's own FP8 figure counts, and with the
-    two numbers and no ``--gpu`` FP8 GEMMs count at the bf16 peak. Without ``--gpu`` the link
-    bandwidth is unknown (0): ``-tp`` > 1 then needs ``--link-bandwidth``.
+    two numbers and no ``--gpu`` FP8 GEMMs count at the bf16 peak. A GPU the table marks
+    ``no_fp8`` (the A100s) keeps that mark unless ``--peak-flops-fp8`` is given (see
+    :func:`check_fp8_support`). Without ``--gpu`` the link bandwidth is unknown (0): ``-tp`` > 1
+    then needs ``--link-bandwidth``.
 
     Raises:
         ValueError: a non-positive number, only one of the two numbers without ``--gpu``, or an unknown GPU.
@@ -146,7 +149,25 @@ def resolve_hardware(
         peak_flops if peak_flops is not None else base.peak_flops,
         base.link_bandwidth,
         peak_flops_fp8 if peak_flops_fp8 is not None else base.peak_flops_fp8,
+        base.no_fp8 and peak_flops_fp8 is None,
     )
+
+
+def check_fp8_support(fp8_weights: bool, hw: Hardware, flag: str = "--dtype") -> None:
+    """Refuse FP8 weights (a shape's ``fp8_matmul_params`` > 0) on a GPU the table marks ``no_fp8``.
+
+    An A100 has no FP8 tensor cores and Surge's FP8 path needs sm89+, so no server of that
+    setting exists to be bounded; ``--peak-flops-fp8`` given with ``--gpu`` makes it explicit
+    (it clears the mark in :func:`resolve_hardware`). ``flag`` names the dtype flag in the message.
+
+    Raises:
+        ValueError: FP8 weights on such a GPU.
+    """
+    if fp8_weights and hw.no_fp8:
+        raise ValueError(
+            f"FP8 weights: the {hw.name} has no FP8 tensor cores (Surge serves FP8 weights on sm89+ GPUs: "
+            f"H100, H200, L40S, B200); give {flag} bfloat16, or --peak-flops-fp8 to set an FP8 peak"
+        )
 
 
 def with_link_bandwidth(hw: Hardware, link_bandwidth: float | None) -> Hardware:
@@ -179,9 +200,23 @@ class ModelShape:
     lm_head_comm_bytes: float = 0.0  # per GPU over its link, per row of logits: the all-gather (N > 1)
 
 
+_CONFIG_MARKS = ("architectures", "model_type", "hidden_size", "num_hidden_layers")
+"""Fields every model ``config.json`` has at least one of: a JSON file with none is another file
+(``vocab.json``, ``tokenizer_config.json``), not a config lacking a field."""
+
+MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""The expert counts of mixture-of-experts configs (Mixtral, Qwen2/Qwen3-MoE, DeepSeek, others)."""
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read ``config.json`` from a model folder (or the file itself). Raises ValueError if absent/bad
-    (for a Hugging Face hub id such as ``Qwen/Qwen3-8B``, saying how to download its config)."""
+    """Read ``config.json`` from a model folder (or the file itself; a multimodal config's
+    ``text_config``).
+
+    Raises:
+        ValueError: absent (for a Hugging Face hub id such as ``Qwen/Qwen3-8B``, saying how to
+            download its config), not JSON, not a JSON object, or a JSON object with none of a
+            model config's fields (:data:`_CONFIG_MARKS`: another file, e.g. ``vocab.json``).
+    """
     if str(path) == "":
         raise ValueError("the model path is empty: give a model folder or its config.json")
     p = Path(path)
@@ -201,7 +236,35 @@ def load_config(path: str | Path) -> dict[str, Any]:
         cfg = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: not JSON ({e})") from None
-    return cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p}: not a model config (a JSON {type(cfg).__name__}, not an object)")
+    text = cfg.get("text_config")
+    cfg = text if isinstance(text, dict) else cfg
+    if not any(k in cfg for k in _CONFIG_MARKS):
+        raise ValueError(
+            f"{p}: not a model's config.json (it has none of {', '.join(_CONFIG_MARKS)}); give the model "
+            "folder or its config.json"
+        )
+    return cfg
+
+
+def _config_int(cfg: dict[str, Any], name: str, default: int | None = None) -> int:
+    """``cfg[name]`` as a positive integer (an integral float is taken), ``default`` when absent
+    or null, as ``surge serve`` reads it.
+
+    Raises:
+        ValueError: absent without a default, or not a positive integer (a string, a bool, 0).
+    """
+    value = cfg.get(name)
+    if value is None:
+        value = default
+    if value is None:
+        raise ValueError(f"config.json lacks {name}, a field the roofline needs")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value // 1 or value < 1:
+        raise ValueError(f"config.json: {name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def model_shape(
@@ -220,30 +283,27 @@ def model_shape(
         kv_cache_dtype: ``fp8`` for a 1-byte KV cache; default (None or ``auto``) the model
             dtype (bf16 when the weights are FP8 and the config names no other).
     Raises:
-        ValueError: a required field is missing, a dtype is unknown, N < 1 or N does not split
-            the heads and the MLP evenly.
+        ValueError: a required field is missing or not a positive integer (``num_key_value_heads``
+            and ``head_dim`` may be absent or null), a mixture-of-experts config (an expert count
+            of :data:`MOE_FIELDS`: the formulas count one dense MLP per layer), a dtype is unknown,
+            N < 1 or N does not split the heads and the MLP evenly.
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
-    try:
-        hidden = int(cfg["hidden_size"])
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        inter = int(cfg["intermediate_size"])
-        vocab = int(cfg["vocab_size"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"config.json lacks a field the roofline needs: {e}") from None
-    for name, value in (
-        ("hidden_size", hidden),
-        ("num_hidden_layers", layers),
-        ("num_attention_heads", heads),
-        ("num_key_value_heads", kv_heads),
-        ("intermediate_size", inter),
-        ("vocab_size", vocab),
-    ):
-        if value < 1:  # surge serve refuses such a config too
-            raise ValueError(f"config.json: {name} must be a positive integer, got {value}")
+    for name in MOE_FIELDS:
+        experts = cfg.get(name)
+        if isinstance(experts, int | float) and not isinstance(experts, bool) and experts > 0:
+            raise ValueError(
+                f"config.json: {name} {experts:g}: a mixture-of-experts model; the roofline models dense "
+                "decoders only (Llama, Qwen2, Qwen3)"
+            )
+    # as surge serve reads them (it refuses a 0, a string or a missing field too)
+    hidden = _config_int(cfg, "hidden_size")
+    layers = _config_int(cfg, "num_hidden_layers")
+    heads = _config_int(cfg, "num_attention_heads")
+    kv_heads = _config_int(cfg, "num_key_value_heads", heads)
+    inter = _config_int(cfg, "intermediate_size")
+    vocab = _config_int(cfg, "vocab_size")
     tp = tensor_parallel_size
     # the split surge serve accepts (surge.config.check_tensor_parallel): no ceiling for one it refuses
     if tp > 1 and (heads % tp or inter % tp or (kv_heads % tp if tp < kv_heads else tp % kv_heads)):
@@ -251,7 +311,7 @@ def model_shape(
             f"tensor_parallel_size {tp} does not split the model's {heads} attention heads, {kv_heads} "
             f"key-value heads and intermediate_size {inter} evenly (surge serve refuses it too)"
         )
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    head_dim = _config_int(cfg, "head_dim", hidden // heads)
     model_dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
     qc = cfg.get("quantization_config")
     fp8_checkpoint = isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "fp8"

@@ -59,7 +59,14 @@ from surge.bench.datasets import (
 from surge.bench.hf_datasets import DEFAULT_SPLIT, check_local_path, hf_dataset_kind, hf_requests
 from surge.bench.metrics import LATENCY_METRICS, RequestResult, compute_metrics, metrics_to_json
 from surge.bench.question_datasets import spec_bench_requests
-from surge.bench.roofline import DTYPE_BYTES, Hardware, load_config, model_shape, point_roofline
+from surge.bench.roofline import (
+    DTYPE_BYTES,
+    Hardware,
+    check_fp8_support,
+    load_config,
+    model_shape,
+    point_roofline,
+)
 from surge.bench.timed_trace import TimedTraceOptions, replay_note, timed_trace_requests
 from surge.bench.tokens import (
     TokenCounter,
@@ -379,12 +386,17 @@ class ServeConfig:
             )
         prompt_options(self.extra_body, is_chat_route(self.endpoint))  # the prompt fields' types
         if self.model_config is not None:  # read now, not after a run whose results it would lose
-            model_shape(
+            shape = model_shape(
                 load_config(self.model_config),
                 self.roofline_dtype,
                 self.roofline_tp,
                 self.roofline_kv_cache_dtype,
             )
+            if self.hardware is not None:
+                check_fp8_support(shape.fp8_matmul_params > 0, self.hardware, "--roofline-dtype")
+        elif self.hardware is not None:  # the model folder is found after the run starts
+            fp8 = dtype is not None and dtype.removeprefix("torch.") == "fp8"
+            check_fp8_support(fp8, self.hardware, "--roofline-dtype")
 
     @property
     def output_range_ratio(self) -> float:
@@ -813,7 +825,10 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     in %, and the ``hardware`` and ``roofline_model`` figures they assumed), all None where the
     ceiling does not apply: no hardware, a dataset other than random, a shared prefix
     (``--random-prefix-len``), or a run that is not a burst (a finite ``--request-rate`` or a
-    ``--ramp-up-strategy``: the ceiling assumes every request sent at t=0), or no model config."""
+    ``--ramp-up-strategy``: the ceiling assumes every request sent at t=0), or no model config. A
+    model folder found by the served model's name that the roofline cannot model (a
+    mixture-of-experts config, FP8 weights on a GPU without FP8) gets None too, with one warning
+    line on stderr, not an error that would lose the finished run."""
     out: dict[str, Any] = {
         "roofline_output_throughput": None,
         "pct_of_roofline": None,
@@ -827,7 +842,14 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     src = cfg.model_config or local_dir
     if src is None:
         return out
-    shape = model_shape(load_config(src), cfg.roofline_dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype)
+    try:
+        shape = model_shape(
+            load_config(src), cfg.roofline_dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype
+        )
+        check_fp8_support(shape.fp8_matmul_params > 0, cfg.hardware, "--roofline-dtype")
+    except ValueError as e:  # the folder found by the served model's name (--model-config was checked first)
+        print(f"surge: warning: no roofline column: {src}: {e}", file=sys.stderr)
+        return out
     conc = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)
     roof = point_roofline(shape, cfg.hardware, conc, cfg.input_len, cfg.output_len)
     out["roofline_output_throughput"] = roof.output_throughput
@@ -1223,8 +1245,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             raise ValueError(f"warm-up request failed: {w.error}")
     validate_results(results, counter, cfg.exact_length)
     warning = prompt_length_warning(samples, results)
-    if warning:
-        print(f"[bench] warning: {warning}", flush=True)
+    if warning:  # on stderr, as every warning: stdout holds the result table
+        print(f"surge: warning: {warning}", file=sys.stderr, flush=True)
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
     backend = cfg.backend or ("openai-chat" if is_chat_route(cfg.endpoint) else "openai")
@@ -1289,8 +1311,9 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
         result["generated_texts"] = [r.generated_text for r in results]
     for key in apply_metadata(result, cfg.metadata):
         print(
-            f"[bench] warning: --metadata {key}: the result's own {key!r} field is kept (the value is "
+            f"surge: warning: --metadata {key}: the result's own {key!r} field is kept (the value is "
             "under 'metadata')",
+            file=sys.stderr,
             flush=True,
         )
     return result

@@ -39,10 +39,9 @@ import random
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from surge.bench.datasets import SampleRequest, prompt_encoder
+from surge.bench.datasets import SampleRequest, dataset_file, prompt_encoder
 from surge.bench.tokens import TokenCounter
 
 
@@ -162,11 +161,7 @@ def read_timed_trace(path: str, opts: TimedTraceOptions) -> Iterator[TraceRow]:
             labelled fields (timestamp a number >= 0, lengths integers >= 1, hashes a non-empty
             list); one line naming the file and line.
     """
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--dataset-path {path}: is a directory (give the JSONL trace file)")
-    if not p.is_file():
-        raise ValueError(f"--dataset-path {path}: no such file")
+    p = dataset_file(path, "JSONL trace file")
     try:
         with p.open(encoding="utf-8") as f:
             for n, text in enumerate(f, start=1):

@@ -428,7 +428,7 @@ def test_a_seed_that_picks_other_rows_is_flagged(
     b.write_text(json.dumps({**common, "seed": 1}))
     assert bench_main(["bench", "compare", str(a), str(b)]) == 0
     cap = capsys.readouterr()
-    assert ("C16/I0/O0 seed 0 vs 1 (other prompts)." in cap.out) == warned, cap.out
+    assert (f"C16/{dataset} seed 0 vs 1 (other prompts)." in cap.out) == warned, cap.out
     assert (
         "surge: warning: the runs differ in seed (other prompts): 0 in BASE, 1 in NEW" in cap.err
     ) == warned
@@ -506,3 +506,139 @@ def test_runs_of_other_models_lengths_or_roofline_dtypes_warn_once_each(
     b.write_text(a.read_text().replace('"total_input_tokens": 128', '"total_input_tokens": 129'))
     assert bench_main(["bench", "compare", str(a), str(b)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def _serve_result(path: Path, **fields: Any) -> Path:
+    """A minimal ``bench serve`` result file: C4, I32, O256, every request completed."""
+    common = {"num_prompts": 4, "max_concurrency": 4, "input_len": 32, "output_len": 256, "completed": 4}
+    path.write_text(json.dumps({**common, "failed": 0, "output_throughput": 100.0, **fields}))
+    return path
+
+
+def _compare_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert bench_main(["bench", "compare", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("surge: error: ") and captured.err.count("\n") == 1
+    return captured.err
+
+
+def test_goodput_of_runs_made_without_goodput_is_named_null(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--metric request_goodput` of runs made without --goodput said "no point is valid in both"
+    (or "unknown --metric"): it now says the metric is null in those runs, naming them, and why."""
+    a = _serve_result(tmp_path / "a.json", request_goodput=None)
+    b = _serve_result(tmp_path / "b.json", request_goodput=None)
+    g = _serve_result(tmp_path / "g.json", request_goodput=3.5)
+    err = _compare_error([str(a), str(b), "--metric", "request_goodput"], capsys)
+    assert f"--metric request_goodput is null or absent in every point of {a} and {b}" in err
+    assert "(request_goodput is measured only with --goodput)" in err
+    err = _compare_error([str(g), str(b), "--metric", "request_goodput"], capsys)
+    assert f"in every point of {b} (" in err and str(g) not in err.split("point of")[1]
+    assert bench_main(["bench", "compare", str(g), str(g), "--metric", "request_goodput"]) == 0
+
+
+def test_a_metric_of_the_point_files_compares_matrix_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A matrix summary keeps its columns' metrics only: `--metric p50_ttft_ms` of two runs made
+    with --percentiles 50 was refused though every point file had it. It is read from them (the
+    mean of the successful repeats, each repeat's value for the noise)."""
+
+    def matrix(name: str, p50s: list[float], success: list[bool]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        files = []
+        for k, v in enumerate(p50s):
+            files.append(f"C1_I8_O4_r{k + 1}.json")
+            (folder / files[-1]).write_text(json.dumps({"p50_ttft_ms": v, "mean_ttft_ms": v}))
+        runs = [
+            {"success": ok, "result_file": f, "output_throughput": 1.0}
+            for f, ok in zip(files, success, strict=True)
+        ]
+        row = {**_pt(1, 8, 4, 1.0), "repeats": len(files), "result_file": files[0], "result_files": files}
+        (folder / "summary.json").write_text(json.dumps({"points": [{**row, "runs": runs}]}))
+        return folder
+
+    base = matrix("base", [10.0, 12.0, 50.0], [True, True, False])  # the failed repeat does not count
+    new = matrix("new", [5.0, 6.0, 7.0], [True, True, True])
+    pts = load_points(base, metric="p50_ttft_ms")
+    assert pts[(1, 8, 4)]["p50_ttft_ms"] == 11.0
+    assert [r["p50_ttft_ms"] for r in pts[(1, 8, 4)]["runs"]] == [10.0, 12.0, 50.0]
+    assert bench_main(["bench", "compare", str(base), str(new), "--metric", "p50_ttft_ms"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 8 | 4 | 11.00 | 6.00 | -45.5% | win |" in out, out
+    assert "Welch t-interval over repeats" in out  # the repeats' own values were read
+    assert "p50_ttft_ms" not in load_points(base)[(1, 8, 4)]  # read only when asked for
+    err = _compare_error([str(base), str(new), "--metric", "p90_ttft_ms"], capsys)  # no file has it
+    assert "unknown --metric 'p90_ttft_ms'" in err
+
+
+def test_the_valid_metrics_listed_are_measurements_of_both_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The list of valid metrics held settings (seed, burstiness, temperature, max_concurrency,
+    warmup, random_prefix_len ...), and a setting was accepted as --metric."""
+    settings = {"seed": 0, "burstiness": 1.0, "temperature": 0.0, "warmup": 1, "random_prefix_len": 0}
+    named = {"backend": "openai", "dataset": "random"}  # fields that hold no number
+    a = _serve_result(tmp_path / "a.json", p50_ttft_ms=5.0, **named, **settings)
+    b = _serve_result(tmp_path / "b.json", **named, **settings)
+    err = _compare_error([str(a), str(b), "--metric", "nope"], capsys)
+    valid = err.split("valid (carried by both runs): ")[1].strip().split(", ")
+    assert valid == ["output_throughput"], valid  # p50_ttft_ms is in one run only
+    for setting in [*settings, *named]:
+        assert f"unknown --metric {setting!r}" in _compare_error(
+            [str(a), str(b), "--metric", setting], capsys
+        )
+    err = _compare_error([str(a), str(b), "--metric", "p50_ttft_ms"], capsys)
+    assert f"--metric p50_ttft_ms is null or absent in every point of {b}" in err
+
+
+def test_runs_whose_points_differ_are_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two results of other C/I/O said "no point is valid in both"; it now lists each run's
+    points. Shared points that are not valid in both are counted per run."""
+    a = _serve_result(tmp_path / "a.json")
+    b = _serve_result(tmp_path / "b.json", num_prompts=20, max_concurrency=None, input_len=64, output_len=50)
+    err = _compare_error([str(a), str(b)], capsys)
+    assert f"{a} and {b} share no point, their C/I/O differ ({a}: C4/I32/O256; {b}: C20/I64/O50)" in err
+    failed = _serve_result(tmp_path / "f.json", failed=1)
+    err = _compare_error([str(a), str(failed)], capsys)
+    assert f"no point is valid in both {a} and {failed}: of the 1 they share (C4/I32/O256)" in err
+    assert f"0 failed or lack a positive output_throughput in {a} and 1 in {failed}" in err
+
+
+def test_one_point_is_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _serve_result(tmp_path / "a.json")
+    assert bench_main(["bench", "compare", str(a), str(a)]) == 0
+    assert "**Geometric mean change over 1 point valid in both: +0.0%**" in capsys.readouterr().out
+
+
+def test_points_of_a_dataset_with_its_own_lengths_are_named_by_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ShareGPT results (lengths recorded as null) showed as "I 0 / O 0" and made a "By output
+    length: 0" group. They are named by their dataset and left out of the by-length groups, with
+    a note; a custom run with a fixed --output-len keeps its O."""
+    sg = {"dataset": "sharegpt", "input_len": None, "output_len": None}
+    a = _serve_result(tmp_path / "a.json", **sg)
+    b = _serve_result(tmp_path / "b.json", **sg, output_throughput=110.0)
+    custom = {
+        "dataset": "custom",
+        "input_len": None,
+        "output_len": 20,
+        "num_prompts": 2,
+        "max_concurrency": 2,
+    }
+    c = _serve_result(tmp_path / "c.json", **custom)
+    assert bench_main(["bench", "compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | sharegpt | sharegpt | 100.00 | 110.00 | +10.0% | win |" in out, out
+    by_length = out.split("### By output length")[1]
+    assert "| 0 |" not in by_length and "| output length |" not in by_length
+    assert "Left out: 1 point of a dataset's own output lengths (C4/sharegpt)." in by_length
+    assert "| 4 | 1 | +10.0% |" in out.split("### By concurrency")[1]  # still grouped by C
+    assert bench_main(["bench", "compare", str(c), str(c)]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | custom | 20 |" in out and "| 20 | 1 | +0.0% |" in out.split("### By output length")[1]
+    err = _compare_error([str(a), str(c)], capsys)
+    assert f"({a}: C4/sharegpt; {c}: C2/custom/O20)" in err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_MODEL, QWEN3_8B, SHAREGPT
+from conftest import BUNDLED_MODEL, QWEN3_8B, SHAREGPT, bench_main
 from fake_server import Behaviour, FakeServer
 
 from surge.bench.datasets import (
@@ -323,3 +323,49 @@ def test_range_ratio_leaves_the_bos_unscaled_as_vllm(stories: HFTokenCounter, qw
 def test_range_ratio_below_the_chat_template_minimum_names_the_option(qwen: HFTokenCounter) -> None:
     with pytest.raises(ValueError, match=r"--random-range-ratio 0\.9 drew input length"):
         random_requests(qwen, 20, 12, 5, seed=0, chat=True, range_ratio=0.9)
+
+
+def test_a_dataset_path_that_is_not_a_regular_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--dataset sonnet --dataset-path /dev/null` said "no such file" though the path exists:
+    every file dataset now says it is not a regular file, and what it is; an empty ShareGPT file
+    says it is empty (it said "not JSON (Expecting value ...)")."""
+    import os
+
+    from surge.bench.datasets import load_burstgpt, load_custom, load_lines, load_sharegpt
+    from surge.bench.hf_datasets import load_hf_rows
+    from surge.bench.question_datasets import spec_bench_questions
+    from surge.bench.timed_trace import TimedTraceOptions, read_timed_trace
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    loaders = (
+        load_sharegpt,
+        load_custom,
+        load_lines,
+        load_burstgpt,
+        lambda p: spec_bench_questions(p, None),
+        lambda p: list(read_timed_trace(p, TimedTraceOptions())),
+        lambda p: load_hf_rows(p, "train"),
+    )
+    for path, kind in (("/dev/null", "a character device"), (str(fifo), "a named pipe")):
+        for load in loaders:
+            with pytest.raises(
+                ValueError, match=f"--dataset-path {path}: not a regular file \\({kind}; give the"
+            ):
+                load(path)
+    for load in loaders[:-1]:  # hf: a missing path is refused before, by check_local_path
+        with pytest.raises(ValueError, match="no such file"):
+            load(str(tmp_path / "nope"))
+    empty = tmp_path / "empty.json"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="the file is empty"):
+        load_sharegpt(str(empty))
+    with FakeServer(Behaviour()) as s:  # the report's case, end to end: one line, rc 2
+        argv = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--dataset", "sonnet"]
+        assert bench_main([*argv, "--dataset-path", "/dev/null", "--num-prompts", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "surge: error: --dataset-path /dev/null: not a regular file (a character device; give the text file)\n"
+    )

@@ -179,10 +179,12 @@ def test_a_server_that_counts_prompts_otherwise_is_reported(
             ]
             + ["--num-prompts", "2", "--tokenizer", str(BUNDLED_MODEL), "--result-file", str(out)]
         )
-    stdout = capsys.readouterr().out
+    captured = capsys.readouterr()
     assert rc == 0 and load_result(out)["input_lens"] != [20, 20]
-    line = next(x for x in stdout.splitlines() if x.startswith("[bench] warning: "))
+    # on stderr as "surge: warning:", as every other warning (it was on stdout, amid the result)
+    line = next(x for x in captured.err.splitlines() if x.startswith("surge: warning: "))
     assert "where the benchmark counted 20 (2 of 2 requests differ)" in line
+    assert "warning" not in captured.out
 
 
 def test_bad_extra_body_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -339,6 +341,49 @@ def test_matrix_resume_and_stop_after(tmp_path: Path, capsys: pytest.CaptureFixt
         assert _matrix(s.url, out, *base, "--percentiles", "50,90") == 0
         assert len(b.log) == n
         assert "resuming: 3 point(s) already done" in capsys.readouterr().out
+
+
+def test_matrix_refused_reset_warns_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that refuses /reset_prefix_cache: "surge: warning:" on stderr, as every other
+    warning (it was "[matrix] warning:" on stdout, among the progress lines)."""
+    import surge.bench.matrix as matrix
+
+    monkeypatch.setattr(matrix, "reset_prefix_cache", lambda *a, **k: False)
+    with FakeServer(Behaviour(ttft=0.005, itl=0.001)) as s:
+        assert _matrix(s.url, tmp_path / "m", "--concurrency", "1") == 0
+    captured = capsys.readouterr()
+    line = "surge: warning: the server refused /reset_prefix_cache before this run"
+    assert line in captured.err.splitlines() and "/reset_prefix_cache before" not in captured.out
+
+
+def test_matrix_goodput_has_a_summary_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench matrix --goodput`: summary.json stored each point's request_goodput but summary.md
+    had no column for it. It now has one (only with --goodput), the SLOs are in summary.json,
+    and a --resume with other SLOs is refused (the column would mix them)."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    with FakeServer(b) as s:
+        assert _matrix(s.url, tmp_path / "g", "--concurrency", "1,2", "--goodput", "ttft:10000") == 0
+        assert _matrix(s.url, tmp_path / "plain", "--concurrency", "1") == 0
+        capsys.readouterr()
+        assert _matrix(s.url, tmp_path / "g", "--concurrency", "1,2", "--resume", "--goodput", "ttft:1") == 2
+        err = capsys.readouterr().err
+        assert "was measured with goodput_slo_ms {'ttft': 10000.0}" in err and err.count("\n") == 1, err
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["goodput_slo_ms"] == {"ttft": 10000.0}
+    lines = (tmp_path / "g" / "summary.md").read_text().splitlines()
+    header = next(x for x in lines if x.startswith("| C |"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    col = cells.index("goodput req/s")
+    assert cells[col - 1] == "total tok/s" and lines[lines.index(header) + 1].count("|") == len(cells) + 1
+    for point in summary["points"]:
+        (row,) = [x for x in lines if x.startswith(f"| {point['concurrency']} | 8 | 4 |")]
+        value = [c.strip() for c in row.strip("|").split("|")][col]
+        assert value == f"{point['request_goodput']:.2f}" and point["request_goodput"] > 0
+    plain = (tmp_path / "plain" / "summary.md").read_text().splitlines()
+    assert "goodput" not in next(x for x in plain if x.startswith("| C |"))
+    assert json.loads((tmp_path / "plain" / "summary.json").read_text())["goodput_slo_ms"] is None
 
 
 def test_matrix_resume_takes_a_malformed_earlier_runs_list(tmp_path: Path) -> None:

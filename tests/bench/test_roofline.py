@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,146 @@ def test_fp8_prefill_keeps_the_lm_head_in_bf16_for_one_row_per_request() -> None
         2 * c * i * ((shape.matmul_params - head - p8) / 7.9e14 + p8 / 1.435e15) + 2 * c * head / 7.9e14
     )
     assert point_roofline(shape, h200, c, i, 256).prefill_s == pytest.approx(expected)
+
+
+def _config_dir(tmp_path: Path, name: str, **fields: object) -> Path:
+    """A copy of Qwen3-8B's config.json with ``fields`` set (None: removed), in its own folder."""
+    cfg = {**load_config(QWEN3_8B), **fields}
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return folder
+
+
+def _roofline_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one-line error of ``surge bench roofline ARGV`` (asserting rc 2, one line, no output)."""
+    rc = bench_main(
+        ["bench", "roofline", *argv, "--concurrency", "1", "--input-len", "8", "--output-len", "8"]
+    )
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == "", captured.out
+    assert captured.err.startswith("surge: error: ") and captured.err.count("\n") == 1, captured.err
+    return captured.err
+
+
+def test_config_fields_that_are_not_positive_integers_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """num_key_value_heads 0 was read as absent (the attention heads' KV, silently), and a string
+    or a missing field said "lacks a field: invalid literal ..."; each now names the field and
+    what is wrong with it, as surge serve does."""
+    for name, fields, words in (
+        ("kv0", {"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+        ("big", {"hidden_size": "big"}, "hidden_size must be a positive integer, got 'big'"),
+        ("bool", {"num_hidden_layers": True}, "num_hidden_layers must be a positive integer, got True"),
+        ("hd0", {"head_dim": 0}, "head_dim must be a positive integer, got 0"),
+        ("novocab", {"vocab_size": None}, "config.json lacks vocab_size, a field the roofline needs"),
+    ):
+        err = _roofline_error(
+            ["--model", str(_config_dir(tmp_path, name, **fields)), "--gpu", "h200"], capsys
+        )
+        assert words in err, err
+    # absent or null KV heads and head_dim default as serving reads them; an integral float is taken
+    same = model_shape(load_config(QWEN3_8B))
+    assert model_shape({**load_config(QWEN3_8B), "hidden_size": 4096.0}) == same
+    gqa = {k: v for k, v in load_config(QWEN3_8B).items() if k != "num_key_value_heads"}
+    assert model_shape(gqa).kv_bytes_per_token == 4 * same.kv_bytes_per_token  # 32 KV heads, not 8
+
+
+def test_mixture_of_experts_configs_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mixtral's num_local_experts, Qwen-MoE's num_experts, DeepSeek's n_routed_experts: the
+    roofline counted one dense MLP per layer and printed wrong ceilings."""
+    for field, count in (("num_local_experts", 8), ("num_experts", 60), ("n_routed_experts", 256)):
+        folder = _config_dir(tmp_path, field, **{field: count})
+        err = _roofline_error(["--model", str(folder), "--gpu", "h200"], capsys)
+        assert f"{field} {count}: a mixture-of-experts model" in err
+        assert "the roofline models dense decoders only" in err
+
+
+def test_a_json_file_that_is_not_a_model_config_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--model .../vocab.json` said "config.json lacks a field the roofline needs: 'hidden_size'"."""
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"<s>": 0, "hello": 1}))
+    err = _roofline_error(["--model", str(vocab), "--gpu", "h200"], capsys)
+    assert f"{vocab}: not a model's config.json" in err and "lacks" not in err
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    assert "not a model config (a JSON list, not an object)" in _roofline_error(
+        ["--model", str(listing), "--gpu", "h200"], capsys
+    )
+
+
+def test_fp8_weights_on_a_gpu_without_fp8_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """An A100 has no FP8 tensor cores (the table marks it): `--gpu a100 --dtype fp8` printed
+    ceilings with FP8 GEMMs at the bf16 peak. An FP8 checkpoint too; --peak-flops-fp8 makes it
+    explicit, and hardware given by numbers keeps counting FP8 GEMMs at the bf16 peak."""
+    fp8_ckpt = REPO / "benchmarks" / "configs" / "qwen3-8b-fp8"
+    for argv in (["--model", str(QWEN3_8B), "--dtype", "fp8"], ["--model", str(fp8_ckpt)]):
+        err = _roofline_error([*argv, "--gpu", "a100"], capsys)
+        assert "the NVIDIA A100 80GB SXM has no FP8 tensor cores" in err, err
+    grid = ["--concurrency", "1", "--input-len", "8", "--output-len", "8"]
+    for extra in (
+        ["--gpu", "a100", "--peak-flops-fp8", "6e14"],
+        ["--hbm-bandwidth", "2e12", "--peak-flops", "3e14"],
+        ["--gpu", "h100"],
+    ):
+        rc = bench_main(["bench", "roofline", "--model", str(QWEN3_8B), "--dtype", "fp8", *extra, *grid])
+        assert rc == 0 and "FP8 GEMMs" in capsys.readouterr().out
+    assert lookup_gpu("a100-40gb").no_fp8 and not resolve_hardware("a100", None, None, 6e14).no_fp8
+    assert not any(hw.no_fp8 for name, hw in KNOWN_GPUS.items() if not name.startswith("a100"))
+
+
+def test_fp8_roofline_of_bench_serve_on_an_a100_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`bench serve --gpu a100 --roofline-dtype fp8` (no server is listening: refused first)."""
+    for extra in ([], ["--model-config", str(QWEN3_8B)]):
+        rc = bench_main(
+            ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--gpu", "a100", "--roofline-dtype", "fp8"]
+            + extra
+        )
+        err = capsys.readouterr().err
+        assert rc == 2 and "has no FP8 tensor cores" in err and err.count("\n") == 1, err
+
+
+def test_link_bandwidth_at_one_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--link-bandwidth does nothing at -tp 1: refused, as the other flags that would do nothing."""
+    err = _roofline_error(["--model", str(QWEN3_8B), "--gpu", "h200", "--link-bandwidth", "1e11"], capsys)
+    assert "--link-bandwidth applies with -tp/--tensor-parallel-size > 1" in err
+    grid = ["--concurrency", "1", "--input-len", "8", "--output-len", "8"]
+    rc = bench_main(
+        [
+            "bench",
+            "roofline",
+            "--model",
+            str(QWEN3_8B),
+            "--gpu",
+            "h200",
+            "--link-bandwidth",
+            "1e11",
+            "-tp",
+            "2",
+        ]
+        + grid
+    )
+    assert rc == 0 and "TP=2" in capsys.readouterr().out
+
+
+def test_an_auto_found_model_folder_the_roofline_cannot_model_keeps_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A served MoE model's local folder (found by its name after the run): the roofline columns are
+    null with one warning line, rather than an error that would lose the finished run."""
+    from surge.bench.serve import ServeConfig, _roofline_fields
+
+    moe = _config_dir(tmp_path, "moe", num_experts=8)
+    cfg = ServeConfig(hardware=lookup_gpu("h200"), input_len=8, output_len=8, num_prompts=1)
+    out = _roofline_fields(cfg, str(moe), 100.0)
+    assert out["roofline_output_throughput"] is None and out["pct_of_roofline"] is None
+    err = capsys.readouterr().err
+    assert err.startswith("surge: warning: no roofline column: ") and "mixture-of-experts" in err
+    assert err.count("\n") == 1
+    ok = _roofline_fields(cfg, str(QWEN3_8B), 100.0)
+    assert ok["roofline_output_throughput"] > 0 and capsys.readouterr().err == ""

@@ -396,6 +396,8 @@ def test_sharegpt_replies_give_the_output_lengths(tmp_path: Path, capsys: pytest
             assert bench_main(_serve(s.url, *sg, flag, "5", "--result-file", str(out))) == 0
             r = json.loads(out.read_text())
             assert r["output_lens"] == [5, 5] and r["output_len"] == 5
+        # the runs above warn (on stderr) that --tokenizer counts prompts otherwise than the server
+        assert "surge: warning: the server counted" in capsys.readouterr().err
         seen = b.seen
         for extra, words in (
             (("--sharegpt-output-len", "5"), "--sharegpt-output-len applies to --dataset sharegpt"),
@@ -781,3 +783,40 @@ def test_fetch_models_names_a_url_http_client_refuses() -> None:
 
     with pytest.raises(ValueError, match=r"cannot reach http://127\.0\.0\.1:abc/v1/models: nonnumeric port"):
         fetch_models("http://127.0.0.1:abc", None)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_unwritable_result_file_or_output_dir_is_refused_before_any_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--result-file /proc/x.json` failed only after the whole run (root passes os.access, then
+    the write fails), and a matrix `--output-dir /proc` with a traceback after its first point.
+    Both are now one line, rc 2, before any request (a real try: the file is created and removed;
+    an existing result file is left as it was)."""
+    b = Behaviour(ttft=0.001, itl=0.001)
+    with FakeServer(b) as s:
+        serve = ["bench", "serve", "--base-url", s.url, "--disable-tqdm", "--num-prompts", "2"]
+        matrix = ["bench", "matrix", "--base-url", s.url, "--disable-tqdm", "--concurrency", "1"]
+        for argv, words in (
+            (
+                [*serve, "--input-len", "8", "--output-len", "4", "--result-file", "/proc/x.json"],
+                "--result-file /proc/x.json: ",
+            ),
+            (
+                [*matrix, "--input-len", "8", "--output-len", "4", "--output-dir", "/proc"],
+                "--output-dir /proc: ",
+            ),
+        ):
+            assert bench_main(argv) == 2
+            captured = capsys.readouterr()
+            assert captured.err.startswith(f"surge: error: {words}") and captured.err.count("\n") == 1, (
+                captured.err
+            )
+            assert "Traceback" not in captured.err and not b.log  # nothing was sent
+    from surge.bench.results import cannot_write
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("earlier")
+    assert cannot_write(kept) is None and kept.read_text() == "earlier"  # opened to append, not changed
+    assert cannot_write(tmp_path / "new.json") is None and not (tmp_path / "new.json").exists()
+    assert cannot_write(Path("/proc/x.json")) is not None
