@@ -67,6 +67,24 @@ def dtype_name(value: object) -> str:
     return name
 
 
+def positive_int_field(cfg: dict[str, Any], name: str, where: str, default: Any = None) -> int:
+    """``cfg[name]`` of a model's ``config.json`` (``default`` when absent or null) as a positive
+    integer (an integral float is taken), as the engine and ``surge bench roofline`` read it.
+
+    Raises:
+        ValueError: ``"{where} lacks {name}"`` when absent without a default, or
+            ``"{where}: {name} must be a positive integer, got ..."`` (a string, a bool, 0).
+    """
+    value = cfg.get(name)
+    if value is None:
+        value = default
+    if value is None:
+        raise ValueError(f"{where} lacks {name}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value // 1 or value < 1:
+        raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -250,20 +268,7 @@ class ModelConfig:
                 )
 
         def positive(name: str, default: Any = None) -> int:
-            """``hf[name]`` (or ``default`` when absent or null) as a positive integer."""
-            value = hf.get(name)
-            if value is None:
-                value = default
-            if value is None:
-                raise ValueError(f"model: {cfg_path} lacks {name}")
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or value != int(value)
-                or value < 1
-            ):
-                raise ValueError(f"model: {cfg_path}: {name} must be a positive integer, got {value!r}")
-            return int(value)
+            return positive_int_field(hf, name, f"model: {cfg_path}", default)
 
         act = hf.get("hidden_act", "silu")
         _require(

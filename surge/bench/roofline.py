@@ -57,6 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from surge.config import positive_int_field
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES
 from surge.rope_params import rope_params
 
@@ -251,20 +252,13 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 
 def _config_int(cfg: dict[str, Any], name: str, default: int | None = None) -> int:
-    """``cfg[name]`` as a positive integer (an integral float is taken), ``default`` when absent
-    or null, as ``surge serve`` reads it.
+    """``cfg[name]`` as a positive integer, as ``surge serve`` reads it
+    (:func:`surge.config.positive_int_field`).
 
     Raises:
         ValueError: absent without a default, or not a positive integer (a string, a bool, 0).
     """
-    value = cfg.get(name)
-    if value is None:
-        value = default
-    if value is None:
-        raise ValueError(f"config.json lacks {name}, a field the roofline needs")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value // 1 or value < 1:
-        raise ValueError(f"config.json: {name} must be a positive integer, got {value!r}")
-    return int(value)
+    return positive_int_field(cfg, name, "config.json", default)
 
 
 def model_shape(
