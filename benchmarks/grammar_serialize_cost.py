@@ -4,6 +4,9 @@ required properties (the compile worker's choice, ``SERIALIZE_MAX_BYTES``).
 
     PYTHONPATH=. python3 benchmarks/grammar_serialize_cost.py --model ../shared/assets/models/qwen3-8b \
         --vocab-size 151936 --properties 1 2 20 40 80 160 300 1000
+
+``--literals N ...`` also compiles a JSON-schema ``const`` of ``N`` characters once each and prints its
+compile time and compiled bytes (what ``MAX_COMPILED_BYTES`` and the ``const`` limit rest on).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--properties", type=int, nargs="+", default=[2, 20, 80, 160])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--literals", type=int, nargs="*", default=[], help="const string lengths (characters)")
     args = ap.parse_args()
     info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(args.model), vocab_size=args.vocab_size)
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
@@ -48,6 +52,19 @@ def main() -> None:
         row = {"properties": n, "compiled_bytes": grammar.memory_size_bytes, "json_bytes": len(text)}
         row.update({f"{k}_ms": round(statistics.median(v), 2) for k, v in times.items()})
         print(json.dumps(row), flush=True)
+    for n in args.literals:
+        t0 = time.perf_counter()
+        grammar = compiler.compile_json_schema(json.dumps({"const": "a" * n}))
+        seconds = time.perf_counter() - t0
+        print(
+            json.dumps(
+                {
+                    "const_chars": n,
+                    "compiled_bytes": grammar.memory_size_bytes,
+                    "compile_s": round(seconds, 2),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

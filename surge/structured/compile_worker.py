@@ -93,7 +93,8 @@ grammar's (``benchmarks/grammar_serialize_cost.py``, Qwen3's vocabulary, 2 CPUs,
 MAX_COMPILED_BYTES = 64 * 1024 * 1024
 """Largest compiled grammar (``memory_size_bytes``) accepted. Long literals cost about 280
 bytes a character (Qwen3's vocabulary: a 65,536-character ``const`` 18 MB, a 1,000,000-character
-one 280 MB and 16 s), so one request could otherwise take gigabytes of the engine's memory."""
+one 280 MB and 17 s; ``benchmarks/results/grammar-workers-cpu/session52/``), so one request
+could otherwise take gigabytes of the engine's memory."""
 
 
 def grammar_name(params: StructuredOutputsParams) -> str:
