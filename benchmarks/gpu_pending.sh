@@ -2,9 +2,11 @@
 # What sessions without a GPU left for the next session with one (H200, torch 2.11 + CUDA 13). Run on the
 # GPU host from the repository root, with Surge's dependencies importable:
 #   benchmarks/gpu_pending.sh OUT_DIR [MODEL_DIR]
-# 1. The CUDA tests not yet run on a GPU: none now (session 42 ran session 41's two, the forced `</think>`
-#    overwrite and the offline API's edge cases, on an H200: benchmarks/results/h200-qwen3-8b-fp8/session42/
-#    call3/pending.txt). Add a test file here when a session without a GPU changes a CUDA path.
+# 1. The CUDA tests not yet run on a GPU: none now (session 53 ran its block-scaled stream kernel's kernel,
+#    layer and engine tests on an H100: benchmarks/results/h200-qwen3-8b-fp8/session53-h100/). Add a test
+#    file here when a session without a GPU changes a CUDA path. Still to measure from session 53: the FP8
+#    checkpoint layout served with and without the stream kernel (benchmarks/fp8_ckpt_stream.sh MODEL OUT
+#    serve; allow 4 minutes per server on a fresh machine).
 #    Log: OUT_DIR/tests.txt. With MODEL_DIR and no ../shared/assets/models/qwen3-8b (a device's copy of
 #    the tree), MODEL_DIR is linked there first, since the tests look for the Qwen3 tokenizer in it.
 # 2. With MODEL_DIR (the Qwen3-8B config and tokenizer): the four-point bf16 regression check

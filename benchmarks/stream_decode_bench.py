@@ -1,6 +1,7 @@
 """The batch-1 stream-decode kernel (:mod:`surge.kernels.stream_decode`) on Qwen3-8B shapes.
 
-Builds ``--layers`` layers of FP8 weights (qkv, o, gate_up, down; random, per-row scales) and
+Builds ``--layers`` layers of FP8 weights (qkv, o, gate_up, down; random, per-row scales, or
+128 x 128 block scales with ``--block``) and
 runs them with the engine's own launch plan (:func:`surge.layers.stream_decode.plan_launches`):
 one launch for the first qkv, then per layer one launch of o, gate_up, down and the next layer's
 qkv, with a stand-in for attention between launches (a bf16 copy of q, passed as the launch's
@@ -38,28 +39,35 @@ from surge.kernels.stream_decode import (  # noqa: E402
     stream_reference,
 )
 from surge.layers.stream_decode import StreamBuffers, StreamLayer, plan_launches  # noqa: E402
-from surge.quant.fp8 import quantize_per_channel  # noqa: E402
+from surge.quant.fp8 import quantize_block, quantize_per_channel  # noqa: E402
 
 HIDDEN, Q, KV, INTER = 4096, 4096, 1024, 12288
 
 
-def fp8_weight(n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random ``[n, k]`` weights quantized per row: (e4m3 weight, float32 scales)."""
-    return quantize_per_channel(torch.randn(n, k, device=dev) * k**-0.5)
+def fp8_weight(
+    n: int, k: int, dev: torch.device, block: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``[n, k]`` weights quantized per row, or with ``block`` scales (an FP8
+    checkpoint's ``weight_block_size``): (e4m3 weight, float32 scales)."""
+    w = torch.randn(n, k, device=dev) * k**-0.5
+    return quantize_per_channel(w) if block is None else quantize_block(w, block)
 
 
-def build(layers: int, dev: torch.device) -> tuple[list[list[StreamPhase]], StreamBuffers]:
-    """The per-launch phase lists of a step and the step's buffers."""
+def build(
+    layers: int, dev: torch.device, block: tuple[int, int] | None = None
+) -> tuple[list[list[StreamPhase]], StreamBuffers]:
+    """The per-launch phase lists of a step and the step's buffers (``block``: block-scaled
+    weights)."""
 
     def norm() -> tuple[torch.Tensor, float]:
         return (1 + 0.1 * torch.randn(HIDDEN, device=dev)).to(torch.bfloat16), 1e-6
 
     stack = [
         StreamLayer(
-            fp8_weight(Q + 2 * KV, HIDDEN, dev),
-            fp8_weight(HIDDEN, Q, dev),
-            fp8_weight(2 * INTER, HIDDEN, dev),
-            fp8_weight(HIDDEN, INTER, dev),
+            fp8_weight(Q + 2 * KV, HIDDEN, dev, block),
+            fp8_weight(HIDDEN, Q, dev, block),
+            fp8_weight(2 * INTER, HIDDEN, dev, block),
+            fp8_weight(HIDDEN, INTER, dev, block),
             norm(),
             norm(),
         )
@@ -78,6 +86,11 @@ def main() -> None:
         "--no-pdl", action="store_true", help="ordinary launches, not programmatic dependent ones"
     )
     ap.add_argument(
+        "--block",
+        action="store_true",
+        help="128 x 128 block-scaled weights (the layout of Qwen's FP8 checkpoints), not one scale per row",
+    )
+    ap.add_argument(
         "--trace",
         action="store_true",
         help="also run the kernel's diagnostic build once and print each phase role's timeline",
@@ -88,7 +101,7 @@ def main() -> None:
     kern = StreamDecodeKernel.compile(dev)
     if args.no_pdl:
         kern.pdl = False
-    launches, buf = build(args.layers, dev)
+    launches, buf = build(args.layers, dev, (128, 128) if args.block else None)
     tables = [pack_phases(g) for g in launches]
     gb = sum(p.weight.numel() for g in launches for p in g) / 1e9
     embed = torch.randn(HIDDEN, device=dev, dtype=torch.bfloat16)
@@ -133,6 +146,7 @@ def main() -> None:
     t_gap = time_graph(lambda: [attention_stand_in() for _ in range(len(launches) - 1)], args.reps)
     r = {
         "layers": args.layers,
+        "block": [128, 128] if args.block else None,
         "pdl": kern.pdl,
         "gb": gb,
         "us_per_layer": t / args.layers * 1e6,

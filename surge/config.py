@@ -550,7 +550,7 @@ class EngineConfig:
             On a GPU the engine always runs torch on one thread once the model is loaded
             (:func:`surge.worker.model_runner.engine_torch_threads`).
         stream_decode: run one-token decode steps of an eligible FP8 model (one weight scale
-            per row, tensor-parallel size 1, sm89+) through the persistent CUDA kernel of
+            per row or ``[bn, 128]`` block scales, tensor-parallel size 1, sm89+) through the persistent CUDA kernel of
             :mod:`surge.layers.stream_decode` instead of one launch per GEMM (on by default;
             CLI ``--no-stream-decode``).
         stream_attention: with ``stream_decode``, also run each layer's attention inside that

@@ -36,7 +36,10 @@ that are already final, once, instead of rebuilding them from float32 outputs in
 (v3: two passes and two block barriers per phase; 68.6 against the probe's 59.0 us per layer).
 
 Rows are dot products of 16 weights at a time (``cvt.rn.f16x2.e4m3x2``, ``fma.rn.f16x2``), summed
-in float32; ``y[row] = acc * w_scale[row] * 2^e`` is stored as float32 or bf16. Results match
+in float32; ``y[row] = acc * w_scale[row] * 2^e`` is stored as float32 or bf16. Block-scaled
+weights (FP8 checkpoints with ``weight_block_size [bn, 128]``, as Qwen's FP8 releases) multiply
+each 16-product sum by its block's scale instead: a segment's 32 blocks have one scale per lane,
+loaded with the segment and taken by a warp shuffle. Results match
 :func:`stream_reference` to fp16 rounding (the tests' bound), not bit for bit with the Triton path.
 
 The kernel is compiled at first use with NVRTC through ``torch.cuda._compile_kernel`` (no
@@ -59,7 +62,7 @@ from typing import Any
 
 import torch
 
-from surge.quant.fp8 import quantize_kv, quantize_per_channel
+from surge.quant.fp8 import quantize_block, quantize_kv, quantize_per_channel
 
 KIND_INPUT = 0
 """Input kind: ``x`` as it is (bf16 ``[k]``, e.g. the attention output)."""
@@ -81,6 +84,9 @@ EPI_SILU = 2
 """Epilogue over gate/up row pairs ``(i, n/2 + i)``: ``y[i] = bf16(bf16(silu(bf16(g))) *
 bf16(u))``; statistics for the next phase's :data:`KIND_STATS`."""
 
+WEIGHT_BLOCK_K = 128
+"""Columns of a block-scaled weight's block (FP8 checkpoints' ``weight_block_size [bn, 128]``):
+a 4 KiB segment spans 32 blocks, one scale per lane."""
 _WARPS = 16
 _SEG = 4096
 XMAX = 16384
@@ -129,7 +135,11 @@ struct Phase {
   // an FP8 (e4m3) KV cache (kv_fp8 = 1): dequantization multipliers and their inverses
   float k_scale, v_scale, k_inv, v_inv;
   int kv_fp8, pad0;
+  // block-scaled weights (FP8 checkpoints' weight_block_size): w_scale is float32
+  // [n / wbn, k / WBK], one scale per wbn x WBK block; wbn = 0: one scale per row
+  int wbn, wbk;
 };
+#define WBK 128  // a block scale's columns (WEIGHT_BLOCK_K): SEG / WBK = 32, one scale per lane per segment
 #define OP_GEMV 0
 #define OP_ATTEND 1
 // counter[HEADS_DONE + h]: arrivals of KV head h's attention shares this step (apart from the
@@ -284,7 +294,12 @@ __device__ __forceinline__ void load_seg(U4 (&r)[8], float& scale, const Phase* 
   const int half = t.s >= ks ? 1 : 0;
   const int cs = t.s - half * ks;
   const long long row = row0_of(d, cta, G) + t.j + (half ? (d.n >> 1) : 0);
-  scale = __ldg(reinterpret_cast<const float*>(d.w_scale) + row);
+  if (d.wbn) {  // lane j: the scale of the segment's j-th K block (the compute loop shuffles it)
+    const int cols = d.k / WBK, kb = cs * (SEG / WBK) + lane;
+    scale = kb < cols ? __ldg(reinterpret_cast<const float*>(d.w_scale) + (row / d.wbn) * cols + kb) : 0.f;
+  } else {
+    scale = __ldg(reinterpret_cast<const float*>(d.w_scale) + row);
+  }
   const unsigned char* src = reinterpret_cast<const unsigned char*>(d.w) + row * d.k + (long long)cs * SEG;
   const int bytes = min(SEG, d.k - cs * SEG);
 #pragma unroll
@@ -829,7 +844,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     STAMP(1)
     const int r0 = row0_of(d, cta, G);
     const int k = d.k, ks = ksegs(d), epi = d.epi;
-    const bool y_bf16 = d.y_bf16 != 0;
+    const bool y_bf16 = d.y_bf16 != 0, blocked = d.wbn != 0;
     void* const yp = reinterpret_cast<void*>(d.y);
     float acc = 0.f, g = 0.f, ess = 0.f, eam = 0.f;
     while (have && nt.p == p) {
@@ -844,13 +859,22 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       const int cs = ct.s - half * ks;
       const U4* xv = reinterpret_cast<const U4*>(xs + cs * SEG);
       const int bytes = min(SEG, k - cs * SEG);
+      if (blocked) {  // 16-byte unit u = lane + 32 q lies in the segment's K block u / 8 = lane / 8 + 4 q
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int u = lane + 32 * q;
-        if (u * 16 < bytes) acc += dot16(cb[q], xv[u], xv[256 + u]);
+        for (int q = 0; q < 8; ++q) {
+          const int u = lane + 32 * q;
+          const float bsc = __shfl_sync(0xffffffffu, csc, (lane >> 3) + 4 * q);
+          if (u * 16 < bytes) acc += dot16(cb[q], xv[u], xv[256 + u]) * bsc;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const int u = lane + 32 * q;
+          if (u * 16 < bytes) acc += dot16(cb[q], xv[u], xv[256 + u]);
+        }
       }
       if (cs + 1 == ks) {
-        const float out = warp_sum(acc) * csc * up;
+        const float out = warp_sum(acc) * (blocked ? 1.f : csc) * up;
         acc = 0.f;
         const int row = r0 + ct.j;
         if (epi == 2 && !half) {
@@ -912,7 +936,10 @@ class StreamPhase:
     Attributes:
         weight: float8_e4m3fn ``[n, k]`` contiguous; ``k`` a multiple of 16, at most
             :data:`XMAX`; ``n`` even for :data:`EPI_SILU` (gate rows, then up rows).
-        weight_scale: float32 ``[n]``, one scale per row.
+        weight_scale: float32 ``[n]``, one scale per row; or block scales, float32 ``[n / bn,
+            k / WEIGHT_BLOCK_K]`` contiguous, one per ``bn x WEIGHT_BLOCK_K`` block of the weight
+            (an FP8 checkpoint's ``weight_scale_inv`` with ``weight_block_size [bn, 128]``; ``bn``
+            divides ``n``, and ``n / 2`` for :data:`EPI_SILU`).
         kind: :data:`KIND_INPUT`, :data:`KIND_NORM`, :data:`KIND_NORM_STATS` or
             :data:`KIND_STATS`.
         y: the output: float32 or bf16 ``[n]`` (:data:`EPI_NONE`; optional for :data:`EPI_ADD`),
@@ -954,6 +981,14 @@ class StreamPhase:
         """Input length."""
         return int(self.weight.shape[1])
 
+    @property
+    def block_n(self) -> int:
+        """Rows per block of a block-scaled weight (``n / weight_scale.shape[0]``); 0 for one
+        scale per row."""
+        if self.weight_scale.dim() != 2:
+            return 0
+        return self.n // max(1, int(self.weight_scale.shape[0]))
+
 
 def check_phase(ph: StreamPhase) -> None:
     """Raises ``ValueError`` unless ``ph`` has the shapes, dtypes and tensors its kind and
@@ -963,7 +998,24 @@ def check_phase(ph: StreamPhase) -> None:
         raise ValueError("stream phase weight must be contiguous float8_e4m3fn [n, k]")
     if k % 16 or k > XMAX:
         raise ValueError(f"stream phase k={k} must be a multiple of 16 and at most {XMAX}")
-    if ph.weight_scale.dtype != f32 or ph.weight_scale.numel() != n:
+    sc = ph.weight_scale
+    if sc.dim() == 2:
+        rows, cols = int(sc.shape[0]), int(sc.shape[1])
+        half = n // 2 if ph.epilogue == EPI_SILU else n
+        if (
+            sc.dtype != f32
+            or not sc.is_contiguous()
+            or rows < 1
+            or n % rows
+            or half % (n // rows)
+            or k % WEIGHT_BLOCK_K
+            or cols != k // WEIGHT_BLOCK_K
+        ):
+            raise ValueError(
+                f"stream phase block scales must be contiguous float32 [n / bn, k / {WEIGHT_BLOCK_K}] with bn "
+                f"dividing n (and n / 2 for a SwiGLU epilogue), got {list(sc.shape)} {sc.dtype} for weight [{n}, {k}]"
+            )
+    elif sc.dtype != f32 or sc.numel() != n:
         raise ValueError("stream phase weight_scale must be float32 [n]")
     kinds: dict[int, tuple[str, ...]] = {
         KIND_INPUT: (),
@@ -1131,7 +1183,7 @@ def check_attention(ph: StreamAttention) -> None:
         raise ValueError(f"stream attention: cos and sin must be float32 [positions, {hd // 2}]")
 
 
-_ROW = 28  # int64 words of the kernel's Phase struct
+_ROW = 29  # int64 words of the kernel's Phase struct
 
 
 def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor:
@@ -1141,7 +1193,8 @@ def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor
     pointers (``k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part``), ``op | heads << 32``,
     ``kv_heads | block_size << 32``, ``splits | qk_norm << 32``, ``scale | qk_eps << 32``,
     ``k_scale | v_scale << 32``, ``1 / k_scale | 1 / v_scale << 32`` (float32 bits; 1 for a
-    bf16 cache), ``kv_fp8`` (GEMV phases: zeros). Raises ``ValueError`` on a bad phase, or when a phase reads the
+    bf16 cache), ``kv_fp8`` (GEMV phases: zeros); last, ``block_n | 128 << 32`` for block-scaled
+    weights (:attr:`StreamPhase.block_n`; zero otherwise). Raises ``ValueError`` on a bad phase, or when a phase reads the
     statistics buffer it writes."""
 
     def ptr(t: torch.Tensor | None) -> int:
@@ -1171,6 +1224,7 @@ def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor
                 f32_bits(ks) | (f32_bits(vs) << 32),
                 f32_bits(1.0 / ks) | (f32_bits(1.0 / vs) << 32),
                 int(ph.kv_fp8),
+                0,
             ]
             rows.append(row)
             continue
@@ -1187,7 +1241,9 @@ def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor
         tensors += (ph.res_in, ph.res_out, ph.next_norm_w, ph.stats_out)
         row = [ptr(t) for t in tensors]
         row += [ph.n | (ph.k << 32), ph.kind | (ph.epilogue << 32), y_bf16 | (f32_bits(ph.eps) << 32)]
-        rows.append(row + [0] * (_ROW - len(row)))
+        row += [0] * (_ROW - 1 - len(row))
+        bn = ph.block_n
+        rows.append([*row, bn | ((WEIGHT_BLOCK_K if bn else 0) << 32)])
     return torch.tensor(rows, dtype=torch.int64).to(device)
 
 
@@ -1300,8 +1356,13 @@ def stream_reference(
         bound = float(x.abs().max()) * 1.0001
         e = 0 if bound == 0 else max(-40, min(40, math.ceil(math.log2(bound / 16))))
         xh = (x * 2.0**-e).half().float()
-        acc = ph.weight.float() @ xh
-        stream_epilogue(ph, acc * ph.weight_scale.float() * 2.0**e)
+        bn = ph.block_n
+        if bn:  # each block's scale on its weights; the kernel applies it to 16-product sums
+            sc = ph.weight_scale.float().repeat_interleave(bn, 0).repeat_interleave(WEIGHT_BLOCK_K, 1)
+            stream_epilogue(ph, (ph.weight.float() * sc) @ xh * 2.0**e)
+        else:
+            acc = ph.weight.float() @ xh
+            stream_epilogue(ph, acc * ph.weight_scale.float() * 2.0**e)
 
 
 def phase_timeline(stamps: torch.Tensor, launch_starts: set[int]) -> list[dict[str, float]]:
@@ -1406,7 +1467,8 @@ class StreamDecodeKernel:
 
     def self_test(self) -> None:
         """Run a small chain of every input kind and epilogue (norm -> SwiGLU pairs -> residual add ->
-        norm from statistics, with grid barriers between them) and compare it with
+        norm from statistics, with grid barriers between them; the residual add's weight
+        block-scaled, the others per row) and compare it with
         :func:`stream_reference`. Raises ``RuntimeError`` when a barrier timed out (the blocks are
         not all resident at once: another kernel or an SM limit such as MPS holds some
         multiprocessors) or the results differ; called by :meth:`compile`."""
@@ -1414,8 +1476,9 @@ class StreamDecodeKernel:
         g = torch.Generator(device="cpu").manual_seed(0)
         k, inter, n = 512, 384, 4 * self.num_sms + 3
 
-        def weight(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-            q, s = quantize_per_channel(torch.randn(rows, cols, generator=g) * cols**-0.5)
+        def weight(rows: int, cols: int, block: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            w = torch.randn(rows, cols, generator=g) * cols**-0.5
+            q, s = quantize_block(w, (128, WEIGHT_BLOCK_K)) if block else quantize_per_channel(w)
             return q.to(dev), s.to(dev)
 
         def vec(size: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
@@ -1439,7 +1502,7 @@ class StreamDecodeKernel:
                 stats_out=stats[0],
             ),
             StreamPhase(
-                *weight(k, inter),
+                *weight(k, inter, block=True),  # an FP8 checkpoint's 128 x 128 block scales
                 KIND_STATS,
                 None,
                 act,

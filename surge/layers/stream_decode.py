@@ -26,7 +26,8 @@ float32 buffers (a phase reads one and writes the other). On CPU (tests) each la
 stream_reference` instead, the same phases in torch.
 
 Eligible: FP8 weights with one scale per output row (``--quantization fp8`` on a bf16
-checkpoint, or a per-tensor FP8 checkpoint), no biases, tensor-parallel size 1, a bf16 model,
+checkpoint, or a per-tensor FP8 checkpoint) or block scales of ``weight_block_size [bn, 128]``
+(FP8 checkpoints as Qwen's, 128 x 128), no biases, tensor-parallel size 1, a bf16 model,
 and every GEMV's input length a multiple of 16 and at most
 :data:`~surge.kernels.stream_decode.XMAX` (:func:`stream_decode_unsupported` says why not).
 """
@@ -51,6 +52,7 @@ from surge.kernels.stream_decode import (
     KIND_NORM_STATS,
     KIND_STATS,
     STATS_LEN,
+    WEIGHT_BLOCK_K,
     XMAX,
     StreamAttention,
     StreamDecodeKernel,
@@ -65,17 +67,24 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 def _fp8_rows(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(weight [n, k] e4m3, weight_scale [n] float32)`` of a per-row FP8 linear, else None."""
+    """``(weight [n, k] e4m3, weight_scale)`` of an FP8 linear the stream kernel can read, else
+    None: one float32 scale per row (``[n]``), or block scales ``[n / bn, k / 128]`` of
+    ``weight_block_size [bn, 128]`` with ``bn`` dividing ``n`` (FP8 checkpoints as Qwen's)."""
     qm = getattr(linear, "quant_method", None)
     w = getattr(linear, "weight", None)
     s = getattr(linear, "weight_scale", None)
     if qm is None or w is None or s is None or getattr(linear, "bias", None) is not None:
         return None
-    if getattr(qm, "block_size", None) is not None:
+    if w.dtype != torch.float8_e4m3fn or s.dtype != torch.float32:
         return None
-    if w.dtype != torch.float8_e4m3fn or s.dim() != 1 or s.numel() != w.shape[0]:
+    block = getattr(qm, "block_size", None)
+    n, k = int(w.shape[0]), int(w.shape[1])
+    if block is None:
+        return (w.data, s.data) if s.dim() == 1 and s.numel() == n else None
+    bn, bk = (int(v) for v in block)
+    if bk != WEIGHT_BLOCK_K or bn < 1 or n % bn or k % bk or tuple(s.shape) != (n // bn, k // bk):
         return None
-    return w.data, s.data
+    return w.data, s.data.contiguous()
 
 
 def stream_decode_unsupported(layers: Sequence[nn.Module], tp_size: int, dtype: torch.dtype) -> str | None:
@@ -94,7 +103,10 @@ def stream_decode_unsupported(layers: Sequence[nn.Module], tp_size: int, dtype: 
         ):
             rows = _fp8_rows(lin)
             if rows is None:
-                return f"layer {i} {name} is not FP8 with one scale per row and no bias"
+                return (
+                    f"layer {i} {name} is not FP8 with one scale per row or {WEIGHT_BLOCK_K}-column block scales, "
+                    "and no bias"
+                )
             k = rows[0].shape[1]
             if k % 16 or k > XMAX:
                 return f"layer {i} {name} has input length {k} (a multiple of 16 up to {XMAX} is needed)"
@@ -102,7 +114,8 @@ def stream_decode_unsupported(layers: Sequence[nn.Module], tp_size: int, dtype: 
 
 
 Rows = tuple[torch.Tensor, torch.Tensor]
-"""An FP8 linear's ``(weight [n, k] e4m3, weight_scale [n] float32)``."""
+"""An FP8 linear's ``(weight [n, k] e4m3, weight_scale)``: float32 ``[n]`` per row, or
+``[n / bn, k / 128]`` block scales."""
 Norm = tuple[torch.Tensor, float]
 """An RMSNorm's ``(weight bf16 [hidden], eps)``."""
 
@@ -312,7 +325,8 @@ class StreamDecode:
 
     Args:
         layers: the decoder layers (``self_attn.qkv_proj/o_proj/attn``, ``mlp.gate_up_proj/
-            down_proj``, ``input_layernorm``, ``post_attention_layernorm``), FP8 per row.
+            down_proj``, ``input_layernorm``, ``post_attention_layernorm``), FP8 per row or in
+            128-column blocks (:func:`stream_decode_unsupported`).
         kernel: the compiled kernel, or None to run :func:`stream_reference` (CPU tests).
 
     Raises:

@@ -340,7 +340,7 @@ def add_serve_parser(subparsers: Any) -> None:
         "--stream-decode",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="FP8 (per-row scales, TP=1): run one-token decode steps through the persistent CUDA stream "
+        help="FP8 (per-row or 128-column block scales, TP=1): run one-token decode steps through the persistent CUDA stream "
         "kernel instead of one launch per GEMM (default: on; --no-stream-decode turns it off)",
     )
     p.add_argument(

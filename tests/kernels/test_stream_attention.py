@@ -150,18 +150,18 @@ def test_packing_and_checks() -> None:
     case = Case(8, 2, 5, 16, True, splits=4, dev="cpu")
     (attend,) = case.phases(case.k_cache, case.v_cache)
     rows = pack_phases([attend])
-    assert rows.shape == (1, 28)
+    assert rows.shape == (1, 29)
     (a,) = rows.tolist()
     assert a[2] == case.qkv.data_ptr() and a[6] == case.y.data_ptr()
     assert a[14] == case.k_cache.data_ptr() and a[20] == case.part.data_ptr()
     assert a[21] == OP_ATTEND | (8 << 32)
     assert a[22] == 2 | (16 << 32) and a[23] == 4 | (1 << 32)
     one = 0x3F800000  # float32 1.0: a bf16 cache's scales and their inverses, whatever the phase says
-    assert a[25:] == [one | (one << 32), one | (one << 32), 0]
+    assert a[25:] == [one | (one << 32), one | (one << 32), 0, 0]  # no weight blocks
     fp8 = Case(8, 2, 5, 16, True, splits=4, dev="cpu", kv_dtype=FP8, kv_scales=(0.5, 4.0))
     (b,) = pack_phases(fp8.phases(fp8.k_cache, fp8.v_cache)).tolist()
     half, two, four, quarter = 0x3F000000, 0x40000000, 0x40800000, 0x3E800000
-    assert b[25:] == [half | (four << 32), two | (quarter << 32), 1]
+    assert b[25:] == [half | (four << 32), two | (quarter << 32), 1, 0]
     with pytest.raises(ValueError, match="both caches of one dtype"):
         check_attention(StreamAttention(**{**attend.__dict__, "v_cache": fp8.v_cache}))
     with pytest.raises(ValueError, match="k_scale and v_scale must be positive"):

@@ -17,6 +17,7 @@ from surge.kernels.stream_decode import (
     KIND_NORM_STATS,
     KIND_STATS,
     STATS_LEN,
+    WEIGHT_BLOCK_K,
     XMAX,
     StreamPhase,
     check_phase,
@@ -26,15 +27,25 @@ from surge.kernels.stream_decode import (
     stream_input,
     stream_reference,
 )
-from surge.quant.fp8 import quantize_per_channel
+from surge.quant.fp8 import dequantize, quantize_block, quantize_per_channel
 
 BF = torch.bfloat16
 GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
-def _weight(n: int, k: int, dev: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _weight(
+    n: int, k: int, dev: str = "cpu", seed: int = 0, block: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row FP8, or (``block``) block-scaled FP8 whose blocks' magnitudes differ by up to 16x,
+    so that a block's scale applied to another block's weights shows in the output."""
     g = torch.Generator().manual_seed(seed)
-    q, s = quantize_per_channel(torch.randn(n, k, generator=g) * k**-0.5)
+    w = torch.randn(n, k, generator=g) * k**-0.5
+    if block is None:
+        q, s = quantize_per_channel(w)
+    else:
+        bn, bk = block
+        mag = 2.0 ** torch.randint(-2, 3, (n // bn, k // bk), generator=g).float()
+        q, s = quantize_block(w * mag.repeat_interleave(bn, 0).repeat_interleave(bk, 1), block)
     return q.to(dev), s.to(dev)
 
 
@@ -67,6 +78,18 @@ def test_pack_phases_lays_out_the_kernel_struct() -> None:
     assert struct.unpack("<f", struct.pack("<I", row[13] >> 32))[0] == pytest.approx(1e-5)
 
 
+def test_pack_phases_gives_block_scaled_weights_their_block_rows() -> None:
+    """The table's last word: 0 for one scale per row, ``bn | 128 << 32`` for block scales."""
+    x = _vec(256, BF)
+    per_row = StreamPhase(*_weight(64, 256), KIND_INPUT, torch.zeros(64), x)
+    blocked = StreamPhase(*_weight(64, 256, block=(32, WEIGHT_BLOCK_K)), KIND_INPUT, torch.zeros(64), x)
+    assert blocked.block_n == 32 and per_row.block_n == 0
+    table = pack_phases([per_row, blocked])
+    assert table.shape == (2, 29)
+    assert table[0, -1].item() == 0
+    assert table[1, -1].item() == 32 | (WEIGHT_BLOCK_K << 32)
+
+
 def test_pack_phases_refuses_a_phase_reading_the_statistics_it_writes() -> None:
     stats = _stats()
     ph = StreamPhase(
@@ -95,6 +118,42 @@ def test_pack_phases_refuses_a_phase_reading_the_statistics_it_writes() -> None:
         ({"x": torch.zeros(32)}, "x must be a contiguous torch.bfloat16"),
         ({"x": torch.zeros(16, dtype=BF)}, "at least 32"),
         ({"kind": KIND_STATS, "stats_in": torch.zeros(8)}, f"stats_in must be .* at least {STATS_LEN}"),
+        ({"weight_scale": torch.ones(2, 1)}, "k / 128"),  # k = 32: not whole 128-column blocks
+        (
+            {
+                "weight": torch.zeros(8, 256, dtype=torch.float8_e4m3fn),
+                "x": torch.zeros(256, dtype=BF),
+                "weight_scale": torch.ones(2, 1),
+            },
+            r"got \[2, 1\]",
+        ),  # two 128-column blocks, one scale column
+        (
+            {
+                "weight": torch.zeros(8, 128, dtype=torch.float8_e4m3fn),
+                "x": torch.zeros(128, dtype=BF),
+                "weight_scale": torch.ones(3, 1),
+            },
+            "bn dividing n",
+        ),
+        (
+            {
+                "weight": torch.zeros(8, 128, dtype=torch.float8_e4m3fn),
+                "x": torch.zeros(128, dtype=BF),
+                "weight_scale": torch.ones(1, 1),
+                "epilogue": EPI_SILU,
+                "y": torch.zeros(4, dtype=BF),
+                "stats_out": _stats(),
+            },
+            "n / 2 for a SwiGLU",
+        ),  # one block of 8 rows would span gate and up rows
+        (
+            {
+                "weight": torch.zeros(8, 128, dtype=torch.float8_e4m3fn),
+                "x": torch.zeros(128, dtype=BF),
+                "weight_scale": torch.ones(2, 1, dtype=torch.float64),
+            },
+            "float32",
+        ),
     ],
 )
 def test_check_phase_refuses_what_the_kernel_cannot_run(bad: dict[str, object], message: str) -> None:
@@ -156,9 +215,12 @@ def test_reference_scales_inputs_so_fp16_products_cannot_overflow() -> None:
         assert ((y - exact).abs().max() / exact.abs().max()).item() < 2e-3
 
 
-def _chain(n_q: int, hidden: int, inter: int, dev: str) -> tuple[list[StreamPhase], dict[str, torch.Tensor]]:
+def _chain(
+    n_q: int, hidden: int, inter: int, dev: str, block: tuple[int, int] | None = None
+) -> tuple[list[StreamPhase], dict[str, torch.Tensor]]:
     """o -> gate_up -> down -> qkv, as one engine launch (input: an attention output), with the
-    optional outputs of the ADD epilogues (``o``, ``down``) kept for the checks."""
+    optional outputs of the ADD epilogues (``o``, ``down``) kept for the checks; ``block``:
+    block-scaled weights."""
     buf = {
         "attn": _vec(hidden, BF, dev, seed=6),
         "res": _vec(hidden, BF, dev, seed=7),
@@ -173,30 +235,36 @@ def _chain(n_q: int, hidden: int, inter: int, dev: str) -> tuple[list[StreamPhas
     nw1, nw2 = _vec(hidden, BF, dev, seed=8, scale=0.2) + 1, _vec(hidden, BF, dev, seed=9, scale=0.2) + 1
     phases = [
         StreamPhase(
-            *_weight(hidden, hidden, dev, 10), KIND_INPUT, buf["o"], buf["attn"], epilogue=EPI_ADD,
+            *_weight(hidden, hidden, dev, 10, block), KIND_INPUT, buf["o"], buf["attn"], epilogue=EPI_ADD,
             res_in=buf["res"], res_out=buf["res_a"], next_norm_w=nw1, stats_out=s0,
         ),
         StreamPhase(
-            *_weight(2 * inter, hidden, dev, 11), KIND_NORM_STATS, buf["act"], buf["res_a"], nw1,
+            *_weight(2 * inter, hidden, dev, 11, block), KIND_NORM_STATS, buf["act"], buf["res_a"], nw1,
             stats_in=s0, epilogue=EPI_SILU, stats_out=s1,
         ),
         StreamPhase(
-            *_weight(hidden, inter, dev, 12), KIND_STATS, buf["down"], buf["act"], stats_in=s1,
+            *_weight(hidden, inter, dev, 12, block), KIND_STATS, buf["down"], buf["act"], stats_in=s1,
             epilogue=EPI_ADD, res_in=buf["res_a"], res_out=buf["res_b"], next_norm_w=nw2, stats_out=s0,
         ),
-        StreamPhase(*_weight(n_q, hidden, dev, 13), KIND_NORM_STATS, buf["qkv"], buf["res_b"], nw2, stats_in=s0),
+        StreamPhase(*_weight(n_q, hidden, dev, 13, block), KIND_NORM_STATS, buf["qkv"], buf["res_b"], nw2, stats_in=s0),
     ]  # fmt: skip
     return phases, buf
 
 
-def test_reference_chain_matches_float32_layer_math() -> None:
+@pytest.mark.parametrize(
+    "block, n_q, hidden, inter",
+    [(None, 96, 64, 128), ((128, 128), 384, 256, 384), ((64, 128), 192, 128, 256)],
+)
+def test_reference_chain_matches_float32_layer_math(
+    block: tuple[int, int] | None, n_q: int, hidden: int, inter: int
+) -> None:
     """The reference's phases (fp16 inputs) against the same layer in float32 torch with bf16
-    roundings where the model has them."""
-    phases, buf = _chain(96, 64, 128, "cpu")
+    roundings where the model has them; per-row and block-scaled weights."""
+    phases, buf = _chain(n_q, hidden, inter, "cpu", block)
     stream_reference(phases)
 
     def lin(i: int, x: torch.Tensor) -> torch.Tensor:
-        return (phases[i].weight.float() * phases[i].weight_scale[:, None]) @ x.float()
+        return dequantize(phases[i].weight, phases[i].weight_scale, block) @ x.float()
 
     def rmsnorm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         hf = h.float()
@@ -209,7 +277,7 @@ def test_reference_chain_matches_float32_layer_math() -> None:
     assert cos(buf["o"], o) > 0.9999
     torch.testing.assert_close(buf["res_a"].float(), (buf["res"] + o.to(BF)).float(), rtol=2e-2, atol=2e-2)
     gu = lin(1, rmsnorm(buf["res_a"], phases[1].norm_w))
-    act = torch.nn.functional.silu(gu[:128].to(BF)) * gu[128:].to(BF)
+    act = torch.nn.functional.silu(gu[:inter].to(BF)) * gu[inter:].to(BF)
     assert cos(buf["act"], act) > 0.999
     down = lin(2, buf["act"])
     assert cos(buf["down"], down) > 0.9999
@@ -220,15 +288,31 @@ def test_reference_chain_matches_float32_layer_math() -> None:
 
 @pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
 @pytest.mark.parametrize(
-    "n_q, hidden, inter",
-    [(6144, 4096, 12288), (6144, 4096, 14336), (96, 1040, 2064), (40, 64, 128)],
-    ids=["qwen3-8b", "llama-8b-inter", "partial-segments", "fewer-rows-than-warps"],
+    "n_q, hidden, inter, block",
+    [
+        (6144, 4096, 12288, None),
+        (6144, 4096, 14336, None),
+        (96, 1040, 2064, None),
+        (40, 64, 128, None),
+        (6144, 4096, 12288, (128, 128)),
+        (6144, 4096, 14336, (128, 128)),
+        (384, 1152, 2304, (64, 128)),
+    ],
+    ids=[
+        "qwen3-8b",
+        "llama-8b-inter",
+        "partial-segments",
+        "fewer-rows-than-warps",
+        "qwen3-8b-block128",
+        "llama-8b-inter-block128",
+        "partial-segments-block64x128",
+    ],
 )
-def test_kernel_matches_reference(n_q: int, hidden: int, inter: int) -> None:
+def test_kernel_matches_reference(n_q: int, hidden: int, inter: int, block: tuple[int, int] | None) -> None:
     from surge.kernels.stream_decode import StreamDecodeKernel
 
     kern = StreamDecodeKernel.compile(torch.device("cuda"))
-    phases, buf = _chain(n_q, hidden, inter, "cuda")
+    phases, buf = _chain(n_q, hidden, inter, "cuda", block)
     stream_reference(phases)
     want = {k: v.float().clone() for k, v in buf.items()}
     outputs = ("o", "act", "down", "qkv", "res_a", "res_b")

@@ -54,7 +54,30 @@ def fp8_model(
 def test_one_token_step_matches_the_eager_stack(fp8_model: tuple[torch.nn.Module, ModelConfig]) -> None:
     """Prefill 20 tokens, then decode 3 single tokens both ways from copies of the same cache:
     the logits agree to the stream path's fp16 input rounding (cosine >= 0.9999, same argmax)."""
-    model, mc = fp8_model
+    _one_token_steps_match(*fp8_model)
+
+
+@pytest.mark.parametrize("block", [(128, 128), (32, 128)])
+def test_block_scaled_checkpoint_one_token_step_matches_the_eager_stack(
+    block: tuple[int, int], tmp_path: Path
+) -> None:
+    """An FP8 checkpoint with ``weight_block_size`` (Qwen's FP8 layout is [128, 128]) decodes
+    through the stream path with its block scales, as the eager stack does."""
+    from tests.quant.helpers import fp8_checkpoint
+
+    src = make_tiny_model(
+        "qwen3", tmp_path / "src", torch_dtype="bfloat16", hidden_size=128, intermediate_size=256,
+        num_attention_heads=8, num_key_value_heads=8,
+    )  # fmt: skip
+    fp8_checkpoint(src, tmp_path / "fp8", block)
+    mc = ModelConfig.from_pretrained(tmp_path / "fp8", dtype="bfloat16")
+    model = load_model(mc, "cpu")
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.quant_method.block_size == block and qkv.weight_scale.shape == (384 // block[0], 1)
+    _one_token_steps_match(model, mc)
+
+
+def _one_token_steps_match(model: torch.nn.Module, mc: ModelConfig) -> None:
     stack = model.model
     assert stream_decode_unsupported(stack.layers, 1, torch.bfloat16) is None
     backend = TorchAttentionBackend()

@@ -447,6 +447,8 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
         {"kv": "fp8"},
         {"checkpoint": True},
         {"checkpoint": True, "block_splitk_decode": True},
+        {"checkpoint": True, "stream_decode": True},
+        {"checkpoint": True, "stream_decode": True, "stream_attention": True},
     ],
     ids=[
         "fp8-weights",
@@ -460,6 +462,8 @@ def _four_layers(tmp_path: Path, src: Path) -> Path:
         "fp8-kv",
         "fp8-block-checkpoint",
         "fp8-block-checkpoint-splitk-decode",
+        "fp8-block-checkpoint-stream-decode",
+        "fp8-block-checkpoint-stream-attention",
     ],
 )
 def test_qwen3_8b_shape_fp8_logits_close_to_bf16(tmp_path: Path, mode: dict[str, object]) -> None:
