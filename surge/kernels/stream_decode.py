@@ -1187,7 +1187,7 @@ _ROW = 29  # int64 words of the kernel's Phase struct
 
 
 def pack_phases(phases: Sequence[StreamPhase | StreamAttention]) -> torch.Tensor:
-    """The launch table: int64 ``[len(phases), 28]`` on the phases' device, one row per phase
+    """The launch table: int64 ``[len(phases), 29]`` on the phases' device, one row per phase
     laid out as the kernel's ``Phase`` struct: eleven pointers; ``n | k << 32``;
     ``kind | epilogue << 32``; ``y_bf16 | eps << 32`` (float32 bits); then seven attention
     pointers (``k_cache, v_cache, cos, sin, q_norm_w, k_norm_w, part``), ``op | heads << 32``,
@@ -1478,7 +1478,13 @@ class StreamDecodeKernel:
 
         def weight(rows: int, cols: int, block: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
             w = torch.randn(rows, cols, generator=g) * cols**-0.5
-            q, s = quantize_block(w, (128, WEIGHT_BLOCK_K)) if block else quantize_per_channel(w)
+            if not block:
+                q, s = quantize_per_channel(w)
+                return q.to(dev), s.to(dev)
+            # blocks 16x apart in magnitude, so that a scale taken from the wrong block shows
+            mag = 2.0 ** torch.randint(-2, 3, (-(-rows // 128), cols // WEIGHT_BLOCK_K), generator=g).float()
+            w = w * mag.repeat_interleave(128, 0)[:rows].repeat_interleave(WEIGHT_BLOCK_K, 1)
+            q, s = quantize_block(w, (128, WEIGHT_BLOCK_K))
             return q.to(dev), s.to(dev)
 
         def vec(size: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
@@ -1551,7 +1557,7 @@ class StreamDecodeKernel:
         """Run the phases of ``table`` (rows of :func:`pack_phases`) on the current stream.
 
         Args:
-            table: int64 ``[P, 25]``, a contiguous slice of a packed table.
+            table: int64 ``[P, 29]``, a contiguous slice of a packed table.
             phase_base: how many phases of this step ran before (the counter's offset).
             x0: overrides the first phase's ``x``; bf16 ``[k]``, contiguous.
             trace: int64 ``[phases of the step, num_sms, 4]`` on the device, where a

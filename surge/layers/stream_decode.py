@@ -303,7 +303,9 @@ def _stream_layer(layer: nn.Module) -> StreamLayer:
     def rows(lin: nn.Module) -> Rows:
         r = _fp8_rows(lin)
         if r is None:
-            raise ValueError("stream decode needs FP8 per-row linears without bias")
+            raise ValueError(
+                "stream decode needs FP8 linears with per-row or [bn, 128] block scales, without bias"
+            )
         return r
 
     def norm(n: nn.Module) -> Norm:
