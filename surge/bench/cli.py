@@ -1632,6 +1632,12 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     cfg = load_config(args.model)
     shape = model_shape(cfg, args.dtype, args.tensor_parallel_size, args.kv_cache_dtype)
     check_fp8_support(shape.fp8_matmul_params > 0, hw, "--dtype")
+    if args.peak_flops_fp8 is not None and shape.fp8_matmul_params == 0:
+        print(
+            f"surge: warning: --peak-flops-fp8 changes nothing here: no GEMM of this model is FP8 "
+            f"(--dtype {args.dtype}; give --dtype fp8 for FP8 weights)",
+            file=sys.stderr,
+        )
     if args.preset or any(v is not None for v in (args.concurrency, args.input_len, args.output_len)):
         points = _grid(args)
     else:

@@ -128,6 +128,25 @@ def test_cli_prints_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "tensor_parallel_size 3 does not split" in err and err.count("\n") == 1
 
 
+def test_an_fp8_peak_for_a_bf16_model_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """--peak-flops-fp8 only bounds FP8 GEMMs: given with bf16 weights it changes no ceiling, and
+    the roofline says so on stderr (the table as without it)."""
+    base = ["bench", "roofline", "--model", str(QWEN3_8B), "--gpu", "h200", "--concurrency", "1"]
+    base += ["--input-len", "4096", "--output-len", "256"]
+    assert bench_main(base) == 0
+    plain = capsys.readouterr()
+    assert plain.err == ""
+    assert bench_main([*base, "--peak-flops-fp8", "2e15"]) == 0
+    bf16 = capsys.readouterr()
+    assert bf16.out == plain.out
+    assert (
+        bf16.err.startswith("surge: warning: --peak-flops-fp8 changes nothing here")
+        and bf16.err.count("\n") == 1
+    )
+    assert bench_main([*base, "--dtype", "fp8", "--peak-flops-fp8", "2e15"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_tiny_model_figures_switch_units(capsys: pytest.CaptureFixture[str]) -> None:
     """The bundled 260K-parameter model: K params, MB, microseconds, no 0.000 and no 0.0 ms."""
     rc = bench_main(
