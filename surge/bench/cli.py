@@ -1047,8 +1047,8 @@ def base_url_of(args: argparse.Namespace) -> str:
 
 def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     from surge.bench.metrics import parse_goodput, parse_percentiles
-    from surge.bench.roofline import resolve_hardware
-    from surge.bench.serve import ServeConfig
+    from surge.bench.roofline import resolve_hardware, unused_fp8_peak_warning
+    from surge.bench.serve import ServeConfig, roofline_fp8_weights
 
     goodput = parse_goodput(args.goodput or [])
     check_tokenizer_mode(args.tokenizer_mode)
@@ -1080,6 +1080,11 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
     fields.update(over)
     cfg = ServeConfig(**fields)
     cfg.validate()
+    if args.peak_flops_fp8 is not None:  # said once, before the run, where the weights' dtype is known then
+        fp8 = roofline_fp8_weights(cfg)
+        warning = unused_fp8_peak_warning(args.peak_flops_fp8, fp8, "--roofline-dtype", cfg.roofline_dtype)
+        if warning:
+            print(f"surge: warning: {warning}", file=sys.stderr)
     return cfg
 
 
@@ -1618,6 +1623,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
         model_shape,
         point_roofline,
         resolve_hardware,
+        unused_fp8_peak_warning,
         with_link_bandwidth,
     )
 
@@ -1632,12 +1638,11 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     cfg = load_config(args.model)
     shape = model_shape(cfg, args.dtype, args.tensor_parallel_size, args.kv_cache_dtype)
     check_fp8_support(shape.fp8_matmul_params > 0, hw, "--dtype")
-    if args.peak_flops_fp8 is not None and shape.fp8_matmul_params == 0:
-        print(
-            f"surge: warning: --peak-flops-fp8 changes nothing here: no GEMM of this model is FP8 "
-            f"(--dtype {args.dtype}; give --dtype fp8 for FP8 weights)",
-            file=sys.stderr,
-        )
+    fp8_warning = unused_fp8_peak_warning(
+        args.peak_flops_fp8, shape.fp8_matmul_params > 0, "--dtype", args.dtype
+    )
+    if fp8_warning:
+        print(f"surge: warning: {fp8_warning}", file=sys.stderr)
     if args.preset or any(v is not None for v in (args.concurrency, args.input_len, args.output_len)):
         points = _grid(args)
     else:

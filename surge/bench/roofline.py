@@ -171,6 +171,24 @@ def check_fp8_support(fp8_weights: bool, hw: Hardware, flag: str = "--dtype") ->
         )
 
 
+def unused_fp8_peak_warning(
+    peak_flops_fp8: float | None, fp8_weights: bool | None, flag: str, dtype: str | None
+) -> str | None:
+    """The warning line (without its ``surge: warning:`` prefix) for a ``--peak-flops-fp8`` that
+    changes no ceiling: given (``peak_flops_fp8`` not None) for a model with no FP8 GEMM
+    (``fp8_weights`` False, a shape's ``fp8_matmul_params`` 0: bf16 weights), since only FP8
+    GEMMs count at that peak; None otherwise (also for ``fp8_weights`` None: not known). ``flag``
+    names the dtype flag (``--dtype`` of ``bench roofline``, ``--roofline-dtype`` of ``bench
+    serve``/``matrix``), ``dtype`` its value (None: the config's, shown as ``auto``).
+    """
+    if peak_flops_fp8 is None or fp8_weights is not False:
+        return None
+    return (
+        f"--peak-flops-fp8 changes nothing here: no GEMM of this model is FP8 "
+        f"({flag} {dtype or 'auto'}; give {flag} fp8 for FP8 weights)"
+    )
+
+
 def with_link_bandwidth(hw: Hardware, link_bandwidth: float | None) -> Hardware:
     """``hw`` with its GPU-to-GPU bandwidth replaced when ``link_bandwidth`` is given.
 

@@ -888,6 +888,27 @@ def recorded_model_id(cfg: ServeConfig, entry: dict[str, Any]) -> str:
     return root if isinstance(root, str) and root else str(entry["id"])
 
 
+def roofline_fp8_weights(cfg: ServeConfig) -> bool | None:
+    """Whether the roofline column of ``cfg`` counts FP8 GEMMs, as known before the run: from the
+    config of ``--model-config`` or of the local model folder that ``--tokenizer`` or the model
+    name give (the one :func:`_roofline_fields` reads then) with ``--roofline-dtype``; without
+    such a folder, from ``--roofline-dtype`` alone. None when not known yet: no folder and no
+    ``--roofline-dtype`` (the run may find one by ``/v1/models``' root), or a folder the roofline
+    cannot model (the run warns of it).
+    """
+    src = cfg.model_config or _local_model_dir(cfg, {})
+    dtype = cfg.roofline_dtype
+    if src is None:
+        if dtype is None or dtype == "auto":
+            return None
+        return dtype.removeprefix("torch.") == "fp8"
+    try:
+        shape = model_shape(load_config(src), dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype)
+    except ValueError:
+        return None
+    return shape.fp8_matmul_params > 0
+
+
 def _local_model_dir(cfg: ServeConfig, entry: dict[str, Any]) -> str | None:
     for cand in (cfg.tokenizer, cfg.model_id, cfg.model, entry.get("root")):
         if cand and Path(cand).is_dir() and (Path(cand) / "config.json").is_file():

@@ -143,6 +143,38 @@ def test_failed_point_row_and_one_success_line(tmp_path: Path, capsys: pytest.Ca
         assert out.count("points successful") == 1 and "1/3 points successful (2 not run)." in out
 
 
+def test_an_fp8_peak_for_a_bf16_model_is_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--peak-flops-fp8`` with bf16 weights changes no point's ceiling: ``bench matrix`` says so
+    once on stderr (not once per point), as ``bench roofline`` does; with ``--roofline-dtype fp8``
+    it says nothing."""
+    from fake_server import Behaviour, FakeServer
+
+    argv = [
+        "bench",
+        "matrix",
+        "--disable-tqdm",
+        "--concurrency",
+        "1,2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+    ]
+    argv += ["--gpu", "h200", "--model-config", str(BUNDLED_MODEL), "--peak-flops-fp8", "2e15"]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        assert bench_main([*argv, "--base-url", s.url, "--output-dir", str(tmp_path / "a")]) == 0
+        err = capsys.readouterr().err
+        assert err.startswith("surge: warning: --peak-flops-fp8 changes nothing here: no GEMM") and (
+            err.count("--peak-flops-fp8") == 1
+        ), err
+        assert "(--roofline-dtype auto; give --roofline-dtype fp8 for FP8 weights)" in err
+        fp8 = [*argv, "--roofline-dtype", "fp8", "--base-url", s.url, "--output-dir", str(tmp_path / "b")]
+        assert bench_main(fp8) == 0
+        assert "--peak-flops-fp8" not in capsys.readouterr().err
+
+
 def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["bench", "matrix", "--output-dir", str(tmp_path)]
     for argv in (

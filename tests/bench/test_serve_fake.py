@@ -458,6 +458,46 @@ def test_no_roofline_column_for_a_run_that_is_not_a_burst() -> None:
     assert burst["pct_of_roofline"] > 0
 
 
+def test_an_fp8_peak_for_a_bf16_model_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--peak-flops-fp8`` only bounds FP8 GEMMs: given where the roofline's weights are not FP8
+    it changes no ceiling, and ``bench serve`` says so in one line on stderr before the run, as
+    ``bench roofline`` does (it was accepted silently); with FP8 weights, or without the flag,
+    stderr stays empty."""
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        base = _serve(s.url, "--warmup", "0", "--input-len", "8", "--output-len", "2", "--num-prompts", "2")
+        base += ["--gpu", "h200", "--model-config", str(BUNDLED_MODEL)]
+        peak = ["--peak-flops-fp8", "2e15"]
+        for extra, said in (
+            (peak, "(--roofline-dtype auto; give --roofline-dtype fp8 for FP8 weights)"),
+            ([*peak, "--roofline-dtype", "bfloat16"], "(--roofline-dtype bfloat16; give"),
+            ([*peak, "--roofline-dtype", "fp8"], None),
+            ([], None),
+        ):
+            assert bench_main(base + extra) == 0, extra
+            err = capsys.readouterr().err
+            if said is None:
+                assert err == "", extra
+            else:
+                assert err.startswith("surge: warning: --peak-flops-fp8 changes nothing here: no GEMM")
+                assert said in err and err.count("\n") == 1, err
+
+
+def test_roofline_fp8_weights_known_before_the_run() -> None:
+    """What the warning above is decided from: --model-config, else a local folder the flags name
+    (--tokenizer or the model), else --roofline-dtype alone; unknown (None, no warning) where only
+    the server's /v1/models root could tell."""
+    from surge.bench.serve import roofline_fp8_weights
+
+    base = ServeConfig(base_url="http://127.0.0.1:1")
+    assert roofline_fp8_weights(base) is None
+    assert roofline_fp8_weights(replace(base, roofline_dtype="auto")) is None
+    assert roofline_fp8_weights(replace(base, roofline_dtype="bfloat16")) is False
+    assert roofline_fp8_weights(replace(base, roofline_dtype="fp8")) is True
+    for found in (dict(model_config=str(BUNDLED_MODEL)), dict(tokenizer=str(BUNDLED_MODEL))):
+        assert roofline_fp8_weights(replace(base, **found)) is False
+        assert roofline_fp8_weights(replace(base, roofline_dtype="fp8", **found)) is True
+
+
 def test_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     from fake_server import free_port
 
