@@ -31,6 +31,7 @@ finishing one and any chunk carrying logprobs entries always are.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -306,6 +307,14 @@ _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 _TOOL_KEYS = frozenset({"type", "function"})
 """The fields of an OpenAI function tool (``tools[]``, the SDK's ``ChatCompletionFunctionToolParam``)."""
 
+TOOL_NAME_PATTERN = "^[a-zA-Z0-9_-]{1,64}$"
+"""The names OpenAI takes for a function tool (``tools[].function.name``): ASCII letters,
+digits, underscores and dashes, 1 to 64 of them; another name is a 400 naming the field, as
+OpenAI answers (Anthropic's Messages API has the same pattern)."""
+
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+""":data:`TOOL_NAME_PATTERN` for ``fullmatch`` (``$`` would let a trailing newline through)."""
+
 MAX_TOOL_PARAMETERS_DEPTH = 256
 """Most levels of JSON objects and arrays in one tool's ``parameters``: the chat template
 renders them recursively (``tojson``), and Qwen3's ran out of Python's recursion limit at 800
@@ -336,10 +345,11 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """A request's OpenAI ``tools`` (chat completions and ``/tokenize``), checked: a list of
-    ``{"type": "function", "function": {"name": ..., ...}}``, each with a non-empty name no other
-    tool has, a string ``description`` and a boolean ``strict`` if given, and ``parameters`` that
-    are an object schema (``"type": "object"`` or no type, none of :data:`ROOT_VALUE_KEYWORDS` at
-    its root) nested at most :data:`MAX_TOOL_PARAMETERS_DEPTH` levels, if given.
+    ``{"type": "function", "function": {"name": ..., ...}}``, each with a name of
+    :data:`TOOL_NAME_PATTERN` that no other tool has, a string ``description`` and a boolean
+    ``strict`` if given, and ``parameters`` that are an object schema (``"type": "object"`` or
+    no type, none of :data:`ROOT_VALUE_KEYWORDS` at its root) nested at most
+    :data:`MAX_TOOL_PARAMETERS_DEPTH` levels, if given.
 
     Raises:
         ApiError: a 400 naming ``tools`` for anything else.
@@ -372,6 +382,13 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise bad_request(f"tools[{i}].function.name must be a non-empty string", param="tools")
+        if not _TOOL_NAME.fullmatch(name):  # OpenAI refuses it; a template or parser may mangle it
+            shown = repr(name) if len(name) <= 80 else f"{name[:64]!r}..."  # not a megabyte echoed
+            raise bad_request(
+                f"tools[{i}].function.name {shown} does not match the pattern '{TOOL_NAME_PATTERN}' "
+                "(ASCII letters, digits, underscores and dashes, at most 64)",
+                param="tools",
+            )
         if name in names:  # calls could not say which definition they meant
             raise bad_request(
                 f"tools[{i}].function.name {name!r} is already the name of another tool", param="tools"

@@ -299,6 +299,19 @@ def test_tool_choice_errors_speak_anthropic(srv: Server) -> None:
     ), message
 
 
+def test_a_bad_tool_name_is_an_anthropic_400(srv: Server) -> None:
+    """A tool name outside ``^[a-zA-Z0-9_-]{1,64}$`` (Anthropic's pattern, and OpenAI's) is a 400
+    in Anthropic's body naming the Messages API's path, ``tools[0].name``."""
+    tools = [{"name": "get time", "input_schema": {"type": "object"}}]
+    r = _post(srv, BASE | {"max_tokens": 5, "tools": tools, "tool_choice": {"type": "any"}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error", error
+    assert error["message"].startswith(
+        "tools[0].name 'get time' does not match the pattern '^[a-zA-Z0-9_-]{1,64}$'"
+    ), error
+
+
 def test_unknown_model_is_an_anthropic_404(srv: Server) -> None:
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = _post(srv, BASE | {"model": "claude-nope", "max_tokens": 5}, path)

@@ -674,6 +674,10 @@ def test_input_items_take_the_sdk_keys_they_ignore(server: Server, model: str) -
         ([{"type": "function", "name": ""}], "tools[0].name must be a non-empty string"),
         ([{"type": "function", "name": "f", "foo": 1}], "tools[0] has an unknown field 'foo'"),
         (
+            [{"type": "function", "name": "get.weather"}],
+            "tools[0].name 'get.weather' does not match the pattern '^[a-zA-Z0-9_-]{1,64}$'",
+        ),
+        (
             [
                 {"type": "function", "name": "f"},
                 {"type": "function", "name": "f", "parameters": {"type": "array"}},

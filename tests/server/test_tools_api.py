@@ -578,6 +578,45 @@ def test_a_prompt_too_long_for_its_system_prompt_says_so(
     assert err.get("param") == param
 
 
+@pytest.mark.parametrize(
+    "name", ["get.weather", "get weather", "wetter_für", "f\n", "f/g", "a" * 65, "<tool_call>"]
+)
+def test_tool_names_outside_openais_pattern_are_refused(name: str) -> None:
+    """OpenAI refuses a function name outside ``^[a-zA-Z0-9_-]{1,64}$`` with a 400 naming
+    ``tools[i].function.name``; Surge took any non-empty string (a dot, a space, a newline, markup
+    of the tool-call format) and rendered it into the prompt. The message names the field and the
+    pattern; names of the pattern, 64 characters long too, stay accepted."""
+    tools = [TOOLS[0], {"type": "function", "function": {"name": name}}]
+    with pytest.raises(ApiError) as e:
+        check_tools(tools)
+    assert e.value.status == 400 and e.value.param == "tools", e.value
+    assert e.value.message.startswith(f"tools[1].function.name {name!r} does not match the pattern"), e.value
+    assert "'^[a-zA-Z0-9_-]{1,64}$'" in e.value.message, e.value.message
+    for good in ("f", "get_weather", "Get-Time-2", "_", "-", "a" * 64):
+        assert check_tools([{"type": "function", "function": {"name": good}}])
+    with pytest.raises(ApiError) as e:  # a huge name is not echoed whole
+        check_tools([{"type": "function", "function": {"name": name * 10_000}}])
+    assert len(e.value.message) < 300 and "'... does not match the pattern" in e.value.message
+
+
+def test_a_bad_tool_name_is_an_openai_400_body(tool_server: Server) -> None:
+    """Over HTTP the name check is the OpenAI error body of the other tool errors, on chat
+    completions and on /tokenize (which checks tools as chat does)."""
+    bad = [{"type": "function", "function": {"name": "get.weather", "parameters": WEATHER}}]
+    for path, body in (
+        ("/v1/chat/completions", {"messages": MSGS, "tools": bad, "max_tokens": 2}),
+        ("/tokenize", {"messages": MSGS, "tools": bad}),
+    ):
+        r = httpx.post(tool_server.url + path, json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "tools", error
+        assert error["message"] == (
+            "tools[0].function.name 'get.weather' does not match the pattern '^[a-zA-Z0-9_-]{1,64}$' "
+            "(ASCII letters, digits, underscores and dashes, at most 64)"
+        ), error
+
+
 @pytest.mark.parametrize("keyword", ["$ref", "anyOf", "oneOf", "allOf", "enum", "const"])
 def test_tool_parameters_refuse_root_keywords_that_choose_other_values(keyword: str) -> None:
     """A root ``anyOf`` (or ``$ref``, ``enum``, ...) let a forced call's arguments be a number or a
