@@ -172,6 +172,8 @@ def test_hermes_arguments_before_name_and_cut_call() -> None:
         '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n<tool_call>{"name": "g", "argu',
         '<tool_call>{"name": "f", "arguments": {"x": 1}</tool_call>',  # the outer object is not closed
         '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>not json</tool_call>',
+        # a string never closed: the tag inside it ends no block, and the JSON does not parse
+        '<tool_call>{"name": "f", "arguments": {"x": "a}</tool_call> after',
     ],
 )
 def test_hermes_malformed_call_is_content_when_not_streamed(answer: str) -> None:
@@ -188,6 +190,45 @@ def test_hermes_cut_after_a_complete_call_is_a_call() -> None:
     # max_tokens cut right after the JSON, before </tool_call>: the JSON parses, so it is a call
     text = 'Sure. <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n'
     assert _check(_parser("hermes"), text) == ("Sure. ", "", [("f", '{"x": 1}')])
+
+
+ECHO_ARGS = '{"text": "a </tool_call> b"}'
+ECHO = '<tool_call>{"name": "echo", "arguments": ' + ECHO_ARGS + "}</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "content"),
+    [
+        (ECHO, ECHO_ARGS, ""),
+        (  # escaped quotes and backslashes before and after the tag, then text after the call
+            'Sure. <tool_call>\n{"name": "echo", "arguments": {"text": "\\"</tool_call>\\\\", '
+            '"n": ["</tool_call>"]}}\n</tool_call> Done.',
+            '{"text": "\\"</tool_call>\\\\", "n": ["</tool_call>"]}',
+            "Sure.  Done.",
+        ),
+        (  # the tag and its start inside the string, a call without a closing tag (cut after its JSON)
+            '<tool_call>{"name": "echo", "arguments": {"text": "</tool_call></tool_"}}',
+            '{"text": "</tool_call></tool_"}',
+            "",
+        ),
+    ],
+)
+def test_hermes_a_closing_tag_inside_a_string_argument_stays_in_it(
+    text: str, args: str, content: str
+) -> None:
+    """``</tool_call>`` inside a JSON string of the call (an argument's text) ended the block
+    there: the call was cut to ``{"text": "a `` (the whole answer then content, not streamed; a
+    broken call and the rest as content, streamed). The block ends at the first tag outside a
+    JSON string: one call with its whole arguments, streamed in pieces of any size or not."""
+    whole = _collect([_parser("hermes")().parse(text)])
+    assert whole == (content, "", [("echo", args)])
+    for seed in range(40):
+        parser = _parser("hermes")()
+        deltas = [parser.feed(p) for p in _random_pieces(text, seed)] + [parser.finish()]
+        streamed = _collect(deltas)
+        assert len(streamed[2]) == 1 and streamed[2][0][1] == args, (seed, streamed)
+        assert streamed == whole and json.loads(streamed[2][0][1]) == json.loads(args)
+    assert _check(_parser("hermes"), text) == whole  # by the model's tokens too (with its tokenizer)
 
 
 def test_llama3_json_calls_and_content() -> None:

@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import json
+import re
 
 from surge.server.parsers.base import DeltaMessage, JsonToolCall, ToolParser, partial_suffix
 
 START = "<tool_call>"
 END = "</tool_call>"
+
+_OUTSIDE = re.compile(r'["<]')
+"""What the block scan stops at outside a JSON string: a string's start, a possible ``END``."""
+
+_INSIDE = re.compile(r'["\\]')
+"""What the block scan stops at inside a JSON string: its end, or an escape."""
 
 
 class HermesToolParser(ToolParser):
@@ -17,7 +24,9 @@ class HermesToolParser(ToolParser):
     Content outside the blocks is released as it comes (a possible start of ``<tool_call>``
     is held back); after a call, a stretch of text between or after blocks that is only
     whitespace is dropped, and one with other text is kept whole, streamed as not. Inside a
-    block the call streams through :class:`JsonToolCall`. A block whose text is not a JSON
+    block the call streams through :class:`JsonToolCall`; the block ends at the first
+    ``</tool_call>`` outside a JSON string (an argument may hold the tag itself:
+    ``{"text": "a </tool_call> b"}``; :meth:`_block_end`). A block whose text is not a JSON
     object naming a function (cut by ``max_tokens``, invalid JSON) makes the text malformed
     (:meth:`malformed_text`), so a non-streamed answer is then the whole text as content, as
     vLLM's ``Hermes2ProToolParser.extract_tool_calls`` answers.
@@ -31,6 +40,8 @@ class HermesToolParser(ToolParser):
         self._text_after_call = False  # the stretch since the last call has had other text
         self._pieces: list[str] = []  # joined only by malformed_text (``+=`` on an attribute copies)
         self._malformed = False
+        self._scan = 0  # how far the open block's text has been scanned for its END
+        self._in_string = False  # whether the scan stopped inside a JSON string
 
     def feed(self, text: str) -> DeltaMessage:
         self._pieces.append(text)
@@ -71,8 +82,9 @@ class HermesToolParser(ToolParser):
                 self._text_after_call = False
                 self._buf = buf[i + len(START) :]
                 self._call = self._new_call()
+                self._scan, self._in_string = 0, False
                 continue
-            j = buf.find(END)
+            j = self._block_end(buf)
             if j < 0:
                 keep = 0 if final else partial_suffix(buf, END)
                 out.tool_calls += self._call.update(buf[: len(buf) - keep], complete=final)
@@ -88,6 +100,44 @@ class HermesToolParser(ToolParser):
                 self._content(START + buf[: j + len(END)], out, final)
             self._call = None
             self._buf = buf[j + len(END) :]
+
+    def _block_end(self, buf: str) -> int:
+        """Where the open block's ``END`` starts in ``buf`` (the block's text so far), or -1: the
+        first ``END`` outside a JSON string, as the JSON's quotes and backslash escapes delimit
+        its strings. The scan resumes where it stopped (a block's text only grows until its
+        end); a possible start of ``END``, or an escape, at the end of ``buf`` is scanned again
+        with the next text. In invalid JSON a string left open hides the tags after it: the
+        block then runs to the end of the text, which is malformed, so a non-streamed answer is
+        all content, as when the tag ended the block."""
+        i, in_string, n = self._scan, self._in_string, len(buf)
+        while i < n:
+            if in_string:
+                m = _INSIDE.search(buf, i)
+                if m is None:
+                    i = n
+                elif m.group() == '"':
+                    in_string, i = False, m.end()
+                elif m.end() < n:  # a backslash: the next character is escaped
+                    i = m.end() + 1
+                else:  # the escaped character is still to come
+                    i = m.start()
+                    break
+                continue
+            m = _OUTSIDE.search(buf, i)
+            if m is None:
+                i = n
+            elif m.group() == '"':
+                in_string, i = True, m.end()
+            elif buf.startswith(END, m.start()):
+                self._scan, self._in_string = m.start(), False
+                return m.start()
+            elif END.startswith(buf[m.start() :]):  # may still become END
+                i = m.start()
+                break
+            else:
+                i = m.end()
+        self._scan, self._in_string = i, in_string
+        return -1
 
     def _check(self, block: str) -> None:
         """Mark the text malformed unless ``block`` (a whole block's text) is a JSON object
