@@ -171,10 +171,12 @@ class ServerState:
         return TokenIdStrings(self.token_strings) if as_ids else self.token_strings
 
     def check_model(self, model: str | None) -> None:
-        """Raise a 404 ApiError for a model name this server does not serve (None is accepted).
-        Its message starts as vLLM's (``The model `X` does not exist.``) and names the served
-        names, since the default one, the ``--model`` path, is rarely what a client guesses."""
-        if model is not None and model not in self.served_model_names:
+        """Raise a 404 ApiError for a model name this server does not serve. None and the
+        empty string are the served model, as vLLM's ``_is_model_supported`` (``if not
+        model_name: return True``) takes them. Its message starts as vLLM's (``The model `X`
+        does not exist.``) and names the served names, since the default one, the ``--model``
+        path, is rarely what a client guesses."""
+        if model and model not in self.served_model_names:
             served = ", ".join(f"`{name}`" for name in self.served_model_names)
             raise ApiError(
                 404,

@@ -174,6 +174,29 @@ def test_a_wrong_model_name_says_which_names_are_served(server: Server, path: st
     assert err["message"].startswith(f"The model `gpt-4` does not exist. This server serves `{served}` "), err
 
 
+EMPTY_MODEL_BODIES: dict[str, dict[str, Any]] = {
+    CHAT: {"messages": MSGS, "max_tokens": 1},
+    CMPL: {"prompt": "x", "max_tokens": 1},
+    "/v1/responses": {"input": "x", "max_output_tokens": 16},
+    "/v1/messages": {"messages": MSGS, "max_tokens": 1},
+    "/v1/messages/count_tokens": {"messages": MSGS},
+    "/tokenize": {"prompt": "x"},
+    "/detokenize": {"tokens": [1]},
+}
+
+
+@pytest.mark.parametrize("path", list(EMPTY_MODEL_BODIES))
+def test_an_empty_model_name_is_the_served_model(server: Server, path: str) -> None:
+    """``"model": ""`` was a 404 model_not_found; vLLM takes a falsy name as the served model
+    (``_is_model_supported``: ``if not model_name: return True``), and so does Surge now, on
+    every endpoint that checks the name, answering with the served name as when it is left out."""
+    served = httpx.get(server.url + "/v1/models", timeout=60).json()["data"][0]["id"]
+    r = _post(server, path, {"model": "", **EMPTY_MODEL_BODIES[path]})
+    assert r.status_code == 200, r.text
+    if "model" in r.json():
+        assert r.json()["model"] == served, r.json()
+
+
 UNIQUE_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True}
 TOOL_SCHEMA = {"type": "object", "properties": {"step": {"type": "number", "multipleOf": 0.5}}}
 
