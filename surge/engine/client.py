@@ -304,6 +304,8 @@ class EngineClient:
             self._proc = ctx.Process(
                 target=run_engine_core,
                 args=(self.config, in_addr, out_addr, os.getpid(), self._engine_factory, self._log_level),
+                # a start-up error the user is to fix reaches them through EngineStartError only
+                kwargs={"log_user_start_error": False},
                 name="surge-engine-core",
             )
             self._proc.start()

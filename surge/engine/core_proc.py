@@ -241,6 +241,7 @@ def run_engine_core(
     parent_pid: int,
     engine_factory: EngineFactory | None = None,
     log_level: int = logging.INFO,
+    log_user_start_error: bool = True,
 ) -> None:
     """Entry point of the engine process (a ``multiprocessing`` spawn target).
 
@@ -251,6 +252,11 @@ def run_engine_core(
         parent_pid: the API process; the loop exits when it is gone.
         engine_factory: builds the engine (default ``LLMEngine``).
         log_level: ``logging`` level of this process.
+        log_user_start_error: log a start-up failure that is the user's to fix (a model folder
+            or configuration the engine refuses, a size that does not fit in memory) at ERROR.
+            False where the one client that spawned this process shows it to the user (it gets
+            the message in :class:`EngineStartupError`), so that it is read once: it is logged
+            at DEBUG then. A crash's traceback is logged at ERROR either way.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stops = _StopSignals(parent_pid)
@@ -275,6 +281,7 @@ def run_engine_core(
     encoder = msgspec.msgpack.Encoder()
     exit_code = 0
     engine: Any = None
+    user_error_level = logging.ERROR if log_user_start_error else logging.DEBUG
     try:
         try:
             if engine_factory is None:
@@ -287,7 +294,7 @@ def run_engine_core(
         except ValueError as e:  # the configuration or the model folder: one line, no traceback
             # (the engine's build raises ValueError for those only; a crash is another type, and a
             # tensor-parallel rank's crash a RuntimeError)
-            logger.error("engine start-up failed: %s", _one_line(e))
+            logger.log(user_error_level, "engine start-up failed: %s", _one_line(e))
             logger.debug("engine start-up failed:\n%s", traceback.format_exc())
             stops.stopping = True  # before the API process hears of it and stops this process
             out_sock.send(encoder.encode(EngineStartupError(_one_line(e), user_error=True)))
@@ -299,7 +306,7 @@ def run_engine_core(
                     f"out of memory at start-up ({_one_line(e)}): lower --num-kv-blocks, --max-num-seqs, "
                     "--max-num-batched-tokens or --max-model-len (or --gpu-memory-utilization)"
                 )
-                logger.error("engine start-up failed: %s", message)
+                logger.log(user_error_level, "engine start-up failed: %s", message)
                 logger.debug("engine start-up failed:\n%s", traceback.format_exc())
                 stops.stopping = True
                 out_sock.send(encoder.encode(EngineStartupError(message, user_error=True)))

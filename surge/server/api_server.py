@@ -872,11 +872,13 @@ async def run_server(
 
     Returns:
         The exit code: 0 after a clean shutdown, 2 when the engine refused the configuration or
-        the model folder, 1 when it failed to start otherwise, or died while serving (unless
+        the model folder (with ``attach``; else ValueError), 1 when it failed to start otherwise, or died while serving (unless
         ``options.keep_alive_on_engine_death``).
 
     Raises:
-        ValueError: the model folder has no loadable tokenizer.
+        ValueError: the model folder has no loadable tokenizer, or (without ``attach``) the
+            engine refused the model folder or the configuration, or ran out of memory at
+            start-up: its one-line message, which the engine process left to this caller to show.
     """
     if tokenizer is None:  # the CLI passes the one it loaded to fail fast
         tokenizer = load_tokenizer(config.model.model)
@@ -905,6 +907,8 @@ async def run_server(
         info = await client.start()
         started = True
     except EngineStartError as e:
+        if e.user_error and attach is None:  # the CLI's one line (the engine process logged none)
+            raise ValueError(str(e).removeprefix("ValueError: ")) from None  # as `surge generate`
         logger.error("the engine failed to start: %s", e)
         return 2 if e.user_error else 1
     except asyncio.CancelledError:

@@ -66,6 +66,18 @@ def test_model_without_tokenizer(tmp_path: Path) -> None:
     assert last.startswith("surge: error:") and "tokenizer" in last
 
 
+def test_a_model_the_engine_cannot_load_is_one_error_line() -> None:
+    """A model the engine process refused was two timestamped ERROR lines (the engine's, then
+    the server's), not the ``surge: error:`` line of every other start-up error (and of
+    ``surge generate`` for the same folder): the engine leaves it to the server now."""
+    r = _serve("--hf-overrides", '{"vocab_size": 10}', "--port", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = [line for line in r.stderr.strip().splitlines() if " INFO " not in line]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("surge: error: model: cannot load 'model.embed_tokens.weight'"), r.stderr
+    assert "expected (10, 64)" in lines[0], r.stderr
+
+
 def test_port_in_use() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
