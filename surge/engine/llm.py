@@ -120,7 +120,7 @@ class LLM:
             (vLLM 0.26 loads it into ``llm.chat_template`` but its ``chat`` does not use it).
             Read and parsed here, as the server's ``--chat-template``.
         reasoning_parser: vLLM's: "qwen3" or "deepseek_r1" (the model's ``<think>`` /
-            ``</think>``, tokenized with its tokenizer), which a ``SamplingParams``'s
+            ``</think>``, which must be tokens of its tokenizer, else ``ValueError``), which a ``SamplingParams``'s
             ``thinking_token_budget`` needs (the reasoning end is forced once that many tokens
             were generated inside the reasoning); None: a budget is refused (``ValueError``).
             A grammar (``structured_outputs``) then waits for the output's first ``</think>``
@@ -259,7 +259,8 @@ class LLM:
             from surge.server.parsers import reasoning_tokens
 
             config = dataclasses.replace(
-                config, reasoning_tokens=reasoning_tokens(self.tokenizer, reasoning_parser)
+                config,
+                reasoning_tokens=reasoning_tokens(self.tokenizer, reasoning_parser, flag="reasoning_parser"),
             )
         self.engine = LLMEngine(config)
         self._next_id = 0

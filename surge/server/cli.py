@@ -302,7 +302,8 @@ def add_serve_parser(subparsers: Any) -> None:
         "--reasoning-parser",
         default=None,
         choices=["qwen3", "deepseek_r1"],
-        help="move <think>...</think> of chat completions into reasoning (and reasoning_content)",
+        help="move <think>...</think> of chat completions into reasoning (and reasoning_content); "
+        "the tokenizer must have <think> and </think> as tokens",
     )
     p.add_argument(
         "--return-tokens-as-token-ids",

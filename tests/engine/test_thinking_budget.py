@@ -160,6 +160,19 @@ def test_a_budget_needs_a_reasoning_parser(model_dir: Path, prompt: dict[str, li
             LLM("/nonexistent", reasoning_parser=bad)  # type: ignore[arg-type]
 
 
+def test_a_reasoning_parser_needs_the_think_tokens() -> None:
+    """The bundled model's tokenizer has no ``<think>`` / ``</think>`` token: ``LLM(...,
+    reasoning_parser=...)`` took it, then read no reasoning end and counted no budget; it is
+    refused now, naming the argument and the missing tokens, as vLLM's reasoning parsers refuse
+    to start."""
+    for name in ("qwen3", "deepseek_r1"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^reasoning_parser='{name}': the model's tokenizer has no <think> or </think> token",
+        ):
+            LLM(device="cpu", reasoning_parser=name)
+
+
 def test_a_grammar_from_the_first_token_inside_the_reasoning_is_refused(
     llm: LLM, prompt: dict[str, list[int]]
 ) -> None:

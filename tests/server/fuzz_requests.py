@@ -7,7 +7,8 @@ route's pydantic model, or an unknown key) by a hostile value: a wrong JSON type
 integer or float, a long or odd-unicode string, deep nesting, an empty container, a random JSON
 tree, or a valid-but-edge value (:data:`EDGE_COMBOS`); or a valid body that uses many of the
 route's features (tools, tool calls, schemas, logprobs, ...) with one value at any depth replaced,
-deleted or given an unknown sibling. The server is ``surge serve`` on the bundled model with
+deleted or given an unknown sibling. The server is ``surge serve`` on a tiny random Qwen3 with the
+real Qwen3 tokenizer (``tests.server.conftest.serve_tiny_qwen3``) with
 ``--trust-request-chat-template --tool-call-parser hermes --reasoning-parser qwen3``. The invariants (:func:`check_answer`):
 a 200 or a 4xx, never a 5xx; an error is the route's error body, whose message (or ``param``)
 names a field that was sent; no Python traceback or repr in any answer; a stream that fails

@@ -49,6 +49,16 @@ def _no_tokenizer_model(tmp_path: Path) -> Path:
         (["--grammar-compile-timeout", "inf"], "--grammar-compile-timeout"),
         (["--served-model-name", ""], "--served-model-name"),
         (["--scheduling-policy", "lifo"], "--scheduling-policy"),
+        # the bundled model has no <think> / </think> token: all its output read as reasoning and
+        # a thinking_token_budget counted nothing (vLLM's reasoning parsers refuse to start)
+        (
+            ["--reasoning-parser", "qwen3"],
+            "--reasoning-parser qwen3: the model's tokenizer has no <think> or </think>",
+        ),
+        (
+            ["--reasoning-parser", "deepseek_r1"],
+            "--reasoning-parser deepseek_r1: the model's tokenizer has no <think>",
+        ),
     ],
 )
 def test_bad_flags_one_line(args: list[str], word: str) -> None:

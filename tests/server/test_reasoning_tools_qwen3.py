@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 
 from tests.server.conftest import Server, serve_tiny_qwen3
+from tests.server.test_tools_api import _delta_carries, _entries, _events
 
 THINK_END = 151668  # Qwen3's </think>
 TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
@@ -179,6 +180,35 @@ def test_reasoning_text_then_forced_calls(qwen3_server: Server) -> None:
                 assert finish == ("stop" if named else "tool_calls")
                 assert msg["content"] == "" and _valid_calls(msg)
     assert reasoned, "some choices reasoned before </think>"
+
+
+def test_the_answer_after_think_end_is_unstripped_and_streams_no_empty_chunk(qwen3_server: Server) -> None:
+    """Reasoning, ``</think>``, then a grammar's answer: the content is the text after
+    ``</think>``, unstripped (vLLM), streamed the same; no chunk between the role's and the last
+    carries nothing (the ``</think>`` token's is not sent), except with logprobs, where every
+    token's entry still arrives. (This ran on the bundled model in test_tools_api.py, whose
+    tokenizer has no ``<think>`` token, which a reasoning parser now refuses.)"""
+    body: dict[str, Any] = {
+        "logit_bias": {str(THINK_END): 4},
+        "temperature": 1.0,
+        "structured_outputs": {"regex": r"\n\n(yes|no)"},
+    }
+    for seed in range(8):
+        msg, finish = _both(qwen3_server, body | {"seed": seed})
+        if finish == "stop" and msg["reasoning_content"]:
+            break
+    else:
+        pytest.fail("no seed reasoned, then answered")
+    assert msg["content"] in ("\n\nyes", "\n\nno") and msg["reasoning"] == msg["reasoning_content"]
+    body = BASE | body | {"seed": seed}
+    choices, _ = _events(qwen3_server, body)
+    assert choices[0]["delta"]["role"] == "assistant" and choices[-1]["finish_reason"] == "stop"
+    assert all(_delta_carries(c) for c in choices[1:-1]), [c["delta"] for c in choices]
+    choices, usage = _events(qwen3_server, body | {"logprobs": True})
+    middle = choices[1:-1]
+    assert all(_delta_carries(c) or _entries(c) for c in middle)
+    assert any(_entries(c) and not _delta_carries(c) for c in middle)  # </think>'s entry alone
+    assert len([e for c in choices for e in _entries(c)]) == usage["completion_tokens"]
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
-"""Tool calling and reasoning over HTTP with the openai SDK against `surge serve
---tool-call-parser hermes --reasoning-parser qwen3` (bundled model): forced calls
-(required, named) always parse with valid arguments, streamed calls arrive name first and
-join to the non-streamed ones, auto calls go through the hermes parser, the reasoning (as
-``reasoning`` and ``reasoning_content``)."""
+"""Tool calling over HTTP with the openai SDK against `surge serve --tool-call-parser hermes`
+(bundled model): forced calls (required, named) always parse with valid arguments, streamed
+calls arrive name first and join to the non-streamed ones, auto calls go through the hermes
+parser. The bundled model has no ``<think>`` token, so a reasoning parser is refused for it:
+tests/server/test_reasoning_tools_qwen3.py tests tools with the reasoning parser."""
 
 from __future__ import annotations
 
@@ -35,9 +35,7 @@ MSGS: list[Any] = [{"role": "user", "content": "Weather?"}]
 
 @pytest.fixture(scope="module")
 def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-tools"), "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"
-    )
+    srv = start_server(tmp_path_factory.mktemp("serve-tools"), "--tool-call-parser", "hermes")
     yield srv
     assert srv.stop() == 0, srv.log()[-3000:]
 
@@ -247,7 +245,8 @@ def _entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_parsed_streams_send_no_empty_chunks(tool_server: Server) -> None:
-    """Through a parser (forced tool calls, the hermes parser, the reasoning parser) a chunk
+    """Through a parser (forced tool calls, the hermes parser; the reasoning parser's test is in
+    tests/server/test_reasoning_tools_qwen3.py) a chunk
     whose delta carries nothing is not sent (vLLM skips them): only the first chunk (the role)
     and the final one (finish_reason) may carry no text. With logprobs, every token's entry
     still arrives, in a chunk of its own when the parser kept the text."""
@@ -256,13 +255,7 @@ def test_parsed_streams_send_no_empty_chunks(tool_server: Server) -> None:
     )
     auto_regex = r'<tool_call>\n\{"name": "get_time", "arguments": \{"zone": "UTC"\}\}\n</tool_call>'
     auto = dict(messages=MSGS, tools=TOOLS, max_tokens=60, seed=2, structured_outputs={"regex": auto_regex})
-    think = dict(
-        messages=MSGS,
-        max_tokens=60,
-        seed=4,
-        structured_outputs={"regex": r"<think>[a-z ]{1,12}</think>\n\n(yes|no)"},
-    )
-    for body in (forced, auto, think):
+    for body in (forced, auto):
         choices, usage = _events(tool_server, body)
         assert choices[0]["delta"]["role"] == "assistant" and choices[-1]["finish_reason"] is not None
         assert all(_delta_carries(c) for c in choices[1:-1]), [c["delta"] for c in choices]
@@ -304,41 +297,8 @@ def test_held_chunks_carry_no_content_key(tool_server: Server) -> None:
         assert joined is None
 
 
-def test_reasoning_content_and_history_with_tool_messages(client: openai.OpenAI) -> None:
-    regex = r"<think>[a-z ]{1,12}</think>\n\n(yes|no)"
-    kwargs: dict[str, Any] = dict(
-        model=_model(client),
-        messages=MSGS,
-        max_tokens=60,
-        seed=4,
-        extra_body={"structured_outputs": {"regex": regex}},
-    )
-    r = client.chat.completions.create(**kwargs)
-    msg: Any = r.choices[0].message
-    assert msg.content in ("\n\nyes", "\n\nno")  # the answer after </think>, unstripped (vLLM)
-    assert 1 <= len(msg.reasoning_content) <= 12
-    # vLLM's name (the only one vLLM sends now) and the older one, which other clients read
-    assert msg.reasoning == msg.reasoning_content
-    stream = client.chat.completions.create(**kwargs, stream=True)
-    reasoning, content = "", ""
-    for chunk in stream:
-        for c in chunk.choices:
-            delta: Any = c.delta
-            assert getattr(delta, "reasoning", None) == getattr(delta, "reasoning_content", None)
-            reasoning += getattr(delta, "reasoning", None) or ""
-            content += delta.content or ""
-    assert (reasoning, content) == (msg.reasoning, msg.content)
-    off_kwargs = kwargs | {
-        "extra_body": {
-            "structured_outputs": {"regex": regex},
-            "chat_template_kwargs": {"enable_thinking": False},
-        }
-    }
-    off = client.chat.completions.create(**off_kwargs)
-    assert (off.choices[0].message.content or "").startswith("<think>")
-    # the server's parser is off for this request, but the message keeps its shape (null)
-    extra = off.choices[0].message.model_extra or {}
-    assert (extra.get("reasoning", "absent"), extra.get("reasoning_content", "absent")) == (None, None)
+def test_history_with_tool_messages(client: openai.OpenAI) -> None:
+    """A conversation with an assistant's tool call and the tool's answer renders and answers."""
     history: list[Any] = [
         *MSGS,
         {

@@ -26,16 +26,40 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
 }
 
 
-def reasoning_tokens(tokenizer: Any, reasoning_parser: str) -> ReasoningTokens:
+def reasoning_tokens(
+    tokenizer: Any, reasoning_parser: str, flag: str = "--reasoning-parser"
+) -> ReasoningTokens:
     """The token ids of ``reasoning_parser``'s delimiters (``<think>`` / ``</think>``) in
     ``tokenizer``'s vocabulary: what a request's ``thinking_token_budget`` counts and forces
     (``EngineConfig.reasoning_tokens``).
 
+    Each delimiter must be one token of the vocabulary, as vLLM's reasoning parsers require
+    (``BaseThinkingReasoningParser``: "could not locate think start/end tokens in the
+    tokenizer"): a model without them never writes them as such, so its whole output would read
+    as reasoning and a ``thinking_token_budget`` would count nothing.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        reasoning_parser: a name of :data:`REASONING_PARSERS`.
+        flag: how the caller spells the option in an error (``--reasoning-parser``, or
+            ``reasoning_parser`` for ``LLM(...)``).
+
     Raises:
-        ValueError: an unknown parser name, or a delimiter that tokenizes to nothing.
+        ValueError: an unknown parser name, or a delimiter that is not a token of the vocabulary
+            (the message names ``flag`` and the missing tokens).
     """
     check_reasoning_parser(reasoning_parser)
-    return reasoning_tokens_of(tokenizer, THINK_START, REASONING_PARSERS[reasoning_parser].end_tag)
+    end = REASONING_PARSERS[reasoning_parser].end_tag
+    vocab = tokenizer.get_vocab()
+    missing = [tag for tag in (THINK_START, end) if tag not in vocab]
+    if missing:
+        option = f"{flag} {reasoning_parser}" if flag.startswith("--") else f"{flag}={reasoning_parser!r}"
+        raise ValueError(
+            f"{option}: the model's tokenizer has no {' or '.join(missing)} token (a reasoning "
+            f"parser needs {THINK_START} and {end} as tokens of the vocabulary, as vLLM's do); "
+            f"leave {flag} out for this model"
+        )
+    return reasoning_tokens_of(tokenizer, THINK_START, end)
 
 
 def check_reasoning_parser(reasoning_parser: object) -> None:
