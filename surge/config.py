@@ -267,8 +267,20 @@ class ModelConfig:
                     ", ".join(DTYPES[1:]),
                 )
 
+        def where(name: str) -> str:
+            """Where a field's value came from, for its error: the overrides when they set it."""
+            overridden = hf_overrides is not None and name in hf_overrides
+            return f"model: {cfg_path} with hf_overrides" if overridden else f"model: {cfg_path}"
+
         def positive(name: str, default: Any = None) -> int:
-            return positive_int_field(hf, name, f"model: {cfg_path}", default)
+            return positive_int_field(hf, name, where(name), default)
+
+        eps = hf.get("rms_norm_eps", 1e-6)  # the models' RMSNorm read it with float() (a bare
+        # "could not convert string to float" at model build, which named no field)
+        _require(
+            not isinstance(eps, bool) and isinstance(eps, int | float) and 0 < eps < float("inf"),
+            f"{where('rms_norm_eps')}: rms_norm_eps must be a positive number, got {eps!r}",
+        )
 
         act = hf.get("hidden_act", "silu")
         _require(

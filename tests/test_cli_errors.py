@@ -498,6 +498,28 @@ def test_hf_overrides_is_a_json_object_and_reaches_the_config() -> None:
         assert p.stderr.startswith("surge: error: ") and words in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "x"], ["serve", "--device", "cpu", "--port", "0"]]
+)
+def test_a_bad_field_from_hf_overrides_is_named(command: list[str]) -> None:
+    """A field ``--hf-overrides`` sets to a bad value is named, with the overrides as its
+    source: ``rms_norm_eps`` "x" said only "could not convert string to float: 'x'" (from the
+    model's build), and a bad integer field blamed the config.json alone."""
+    for overrides, words in (
+        (
+            '{"rms_norm_eps": "x"}',
+            "config.json with hf_overrides: rms_norm_eps must be a positive number, got 'x'",
+        ),
+        (
+            '{"vocab_size": "x"}',
+            "config.json with hf_overrides: vocab_size must be a positive integer, got 'x'",
+        ),
+    ):
+        p = _surge(*command, "--hf-overrides", overrides)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith("surge: error: model: ") and words in p.stderr, p.stderr
+
+
 def test_a_context_past_int32_from_hf_overrides_is_one_line() -> None:
     """A rotary scaling (or ``max_position_embeddings``) given with ``--hf-overrides`` whose
     context is past 2**31 - 1 tokens, or not finite, is one line, exit 2: it was an

@@ -414,6 +414,9 @@ def test_a_token_budget_no_step_can_use_is_lowered() -> None:
         ("num_hidden_layers", "five", "num_hidden_layers must be a positive integer, got 'five'"),
         ("hidden_size", None, "lacks hidden_size"),
         ("vocab_size", True, "vocab_size must be a positive integer"),
+        # float() at model build: "could not convert string to float: 'x'", naming no field
+        ("rms_norm_eps", "x", r"config\.json: rms_norm_eps must be a positive number, got 'x'"),
+        ("rms_norm_eps", 0, "rms_norm_eps must be a positive number, got 0"),
         # another activation ran as SiLU, silently wrong (vLLM refuses it too)
         ("hidden_act", "gelu", r"hidden_act 'gelu' is not supported \(the MLP Surge runs is SiLU-gated"),
     ],
