@@ -1160,24 +1160,23 @@ def _every_prompt(dataset: str, path: str, category: str | None, given: int) -> 
 
 
 def _check_output_file(path: Path, flag: str) -> None:
-    """Make the folder of ``flag``'s file (``--result-file``, ``--plot``) and check that the file
-    can be written there, by creating it (and removing it again; an existing file is left as it
-    was), before any request. Raises ValueError naming the flag otherwise (a folder at that path,
-    a parent that is a file, no write permission, a read-only or virtual file system such as
-    ``/proc``)."""
+    """Check, before any request, that ``flag``'s file (``--result-file``, ``--plot``) can be
+    written: by creating it (and removing it again; an existing file is left as it was), or,
+    where its folder is absent, by making a folder where that one would go (and removing it
+    again). No folder is left behind, since a later check may refuse the run: the result's
+    folder is made when the result is written. Raises ValueError naming the flag otherwise (a
+    folder at that path, a parent that is a file, no write permission, a read-only or virtual
+    file system such as ``/proc``)."""
     if path.is_dir():
         example = path / ("result.json" if flag == "--result-file" else "change.png")
         raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. {example})")
-    from surge.bench.results import cannot_write, file_in_the_way
+    from surge.bench.results import cannot_make_folder, cannot_write, file_in_the_way
 
     blocker = file_in_the_way(path.parent)
     if blocker is not None:
         raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
-    why = cannot_write(path)  # a real try: os.access says yes to root on /proc
+    # a real try: os.access says yes to root on /proc
+    why = cannot_write(path) if path.parent.is_dir() else cannot_make_folder(path.parent)
     if why is not None:
         raise ValueError(f"{flag} {path}: cannot write a file there ({why})")
 
@@ -1453,6 +1452,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         path = Path(args.result_file)
         text = json.dumps(result, indent=2)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # checked before the run, made now
             if path.name.endswith(".gz"):
                 import gzip
 
@@ -1597,6 +1597,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"surge: warning: {warning}", file=sys.stderr)
     if plot is not None:
         try:
+            plot.parent.mkdir(parents=True, exist_ok=True)  # checked before the work, made now
             plot_comparison(cmp, plot)
         except OSError as e:
             raise ValueError(f"--plot {args.plot}: {e.strerror or e}") from None

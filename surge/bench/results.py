@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,19 @@ def file_in_the_way(folder: Path) -> Path | None:
     for p in (folder, *folder.parents):
         if p.exists():
             return None if p.is_dir() else p
+    return None
+
+
+def cannot_make_folder(folder: Path) -> str | None:
+    """Why ``folder`` (absent) could not be made (the system's reason, e.g. ``Permission
+    denied``), or None when it can: a folder is made in its nearest existing parent and removed
+    again, so that nothing is left behind when a later check refuses the run. Assumes
+    :func:`file_in_the_way` found nothing."""
+    base = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".surge-check-", dir=base))
+    except OSError as e:
+        return e.strerror or str(e)
     return None
 
 

@@ -626,6 +626,30 @@ def test_bad_result_file_and_timeout_are_one_line_before_the_run(
         assert rc == 0 and (tmp_path / "new" / "r.json").is_file()
 
 
+def test_a_run_refused_after_the_path_checks_leaves_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The result's folder (``--result-file D/x.json``, ``--result-dir D``) was made while its path
+    was checked, so a run refused by a later check (the chat endpoint's least ``--input-len``,
+    known once the server's model is) left an empty D behind. The path is checked without making
+    it; the folder is made when the result is written."""
+    chat = ("--endpoint", "/v1/chat/completions", "--input-len", "1", "--output-len", "4")
+    with FakeServer(Behaviour()) as s:
+        for out in (
+            ("--result-file", str(tmp_path / "d1" / "sub" / "x.json")),
+            ("--save-result", "--result-dir", str(tmp_path / "d2")),
+            ("--save-result", "--result-dir", str(tmp_path / "d3"), "--result-filename", "x.json"),
+        ):
+            rc = bench_main(_serve(s.url, "--num-prompts", "1", *chat, *out))
+            err = capsys.readouterr().err
+            assert rc == 2 and "below the chat template's minimum" in err and err.count("\n") == 1, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+        rc = bench_main(
+            _serve(s.url, "--num-prompts", "1", "--save-result", "--result-dir", str(tmp_path / "d2"))
+        )
+        assert rc == 0 and len(list((tmp_path / "d2").glob("*.json"))) == 1
+
+
 def test_matrix_refuses_a_negative_stop_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     behaviour = Behaviour()
     with FakeServer(behaviour) as s:
