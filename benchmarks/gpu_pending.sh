@@ -6,7 +6,9 @@
 #    layer and engine tests on an H100: benchmarks/results/h200-qwen3-8b-fp8/session53-h100/). Add a test
 #    file here when a session without a GPU changes a CUDA path. Still to measure from session 53: the FP8
 #    checkpoint layout served with and without the stream kernel (benchmarks/fp8_ckpt_stream.sh MODEL OUT
-#    serve; allow 4 minutes per server on a fresh machine).
+#    serve; allow 4 minutes per server on a fresh machine). Prepared in session 54 and not run (no device):
+#    each lane loading its own block scales in the stream kernel
+#    (benchmarks/results/h200-qwen3-8b-fp8/session54/README.md says how to run it).
 #    Log: OUT_DIR/tests.txt. With MODEL_DIR and no ../shared/assets/models/qwen3-8b (a device's copy of
 #    the tree), MODEL_DIR is linked there first, since the tests look for the Qwen3 tokenizer in it.
 # 2. With MODEL_DIR (the Qwen3-8B config and tokenizer): the four-point bf16 regression check
