@@ -37,6 +37,9 @@ SUPPORTED_ARCHITECTURES = supported_architectures()
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 """``hidden_act`` values of a config.json Surge runs: its MLP is SiLU-gated (transformers' ``swish`` is
 SiLU too). Another activation is refused at load, as vLLM refuses it, rather than run as SiLU."""
+BOOL_FIELDS = ("tie_word_embeddings", "use_sliding_window", "mlp_bias")
+"""config.json fields the models read as booleans: each must be ``true``, ``false`` or absent (null),
+since a string such as ``"false"`` would count as true."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other spellings of the model dtypes (``--dtype half``, ``LLM(..., dtype="float")``)."""
@@ -281,6 +284,13 @@ class ModelConfig:
             not isinstance(eps, bool) and isinstance(eps, int | float) and 0 < eps < float("inf"),
             f"{where('rms_norm_eps')}: rms_norm_eps must be a positive number, got {eps!r}",
         )
+
+        for flag in BOOL_FIELDS:  # the models read them with bool(): "false" or "x" counted as true
+            value = hf.get(flag)
+            _require(
+                value is None or isinstance(value, bool),
+                f"{where(flag)}: {flag} must be true or false, got {value!r}",
+            )
 
         act = hf.get("hidden_act", "silu")
         _require(

@@ -417,6 +417,9 @@ def test_a_token_budget_no_step_can_use_is_lowered() -> None:
         # float() at model build: "could not convert string to float: 'x'", naming no field
         ("rms_norm_eps", "x", r"config\.json: rms_norm_eps must be a positive number, got 'x'"),
         ("rms_norm_eps", 0, "rms_norm_eps must be a positive number, got 0"),
+        # bool() in the models: the string "false" tied the LM head to the embedding
+        ("tie_word_embeddings", "false", "tie_word_embeddings must be true or false, got 'false'"),
+        ("mlp_bias", 1, "mlp_bias must be true or false, got 1"),
         # another activation ran as SiLU, silently wrong (vLLM refuses it too)
         ("hidden_act", "gelu", r"hidden_act 'gelu' is not supported \(the MLP Surge runs is SiLU-gated"),
     ],
