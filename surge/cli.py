@@ -105,12 +105,32 @@ VLLM_DATASETS_HINT = (
 )
 
 
+def dashed_flag_names(args: Sequence[str]) -> list[str]:
+    """``args`` with the underscores of each ``--flag``'s name turned into dashes
+    (``--max_model_len 256`` is ``--max-model-len 256``, ``--max_model_len=256`` is
+    ``--max-model-len=256``), as vLLM's ``FlexibleArgumentParser`` does: only an argument that
+    starts with ``--``, and only its name, before any ``=`` (``--served-model-name my_model`` and
+    ``--prompt=--foo_bar`` keep their values). As in vLLM, a value given as its own argument
+    that starts with ``--`` is rewritten too (argparse takes such a value only as
+    ``--flag=value`` anyway); the arguments after a bare ``--`` are positionals and kept."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return [*out, *args[i:]]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     """Surge's argument parser: ``flag_hints`` (flag -> what to use instead) add to or replace
     :data:`VLLM_FLAG_HINTS` for this sub-command. A sub-command's parser reports its own
     unrecognized arguments (argparse leaves them to the top parser, which knows neither the
     sub-command's hints nor its flags), with its vLLM hints and, for a flag that has none, the
-    sub-command's flag of the closest spelling (``--max-model-length``: ``--max-model-len``)."""
+    sub-command's flag of the closest spelling (``--max-model-length``: ``--max-model-len``).
+    Flags may be spelled with underscores, as in vLLM (:func:`dashed_flag_names`)."""
 
     def __init__(self, *args: Any, flag_hints: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
@@ -120,7 +140,10 @@ class _Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        if self._subparsers is None and args is not None and (hinted := self._hinted_flags(args)):
+        # every parse of every surge (sub-)command comes here: the top parser hands its
+        # sub-command's parser the arguments it already rewrote (rewriting again changes nothing)
+        args = dashed_flag_names(sys.argv[1:] if args is None else args)
+        if self._subparsers is None and (hinted := self._hinted_flags(args)):
             # before argparse parses: a refused flag's value (--root-path /api) would otherwise
             # be taken as the next positional (the model folder), and the positional it meant
             # reported as the flag's value

@@ -382,6 +382,45 @@ def test_vllm_serve_spellings() -> None:
         assert hint in p.stderr, p.stderr
 
 
+def test_vllm_underscore_flag_spellings() -> None:
+    """Flags spelled with underscores are the dashed flags, as vLLM's FlexibleArgumentParser takes
+    them (``--max_model_len 256``, ``--max_model_len=256``), on every sub-command; only a flag's
+    name is rewritten, never a value (``my_model``, ``--prompt=--foo_bar``, a JSON value's keys)."""
+    from surge.cli import build_parser, dashed_flag_names
+
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            "serve",
+            "--max_model_len",
+            "256",
+            "--served_model_name",
+            "my_model",
+            "--hf_overrides",
+            '{"rms_norm_eps": 1e-6}',
+        ]
+    )
+    assert (args.max_model_len, args.served_model_name, args.hf_overrides) == (
+        256,
+        ["my_model"],
+        {"rms_norm_eps": 1e-6},
+    )
+    args = parser.parse_args(["serve", "--max_model_len=256", "--served-model-name=my_model"])
+    assert (args.max_model_len, args.served_model_name) == (256, ["my_model"])
+    args = parser.parse_args(["generate", "--prompt=--foo_bar", "--max_tokens", "3", "--top_k=2"])
+    assert (args.prompt, args.max_tokens, args.top_k) == ("--foo_bar", 3, 2)
+    assert parser.parse_args(["bench", "serve", "--num_prompts", "3"]).num_prompts == 3
+    assert parser.parse_args(["bench", "matrix", "--output_dir=o_d"]).output_dir == "o_d"
+    # after a bare -- the arguments are positionals, kept as given
+    assert dashed_flag_names(["--a_b=c_d", "x_y", "--", "--e_f"]) == ["--a-b=c_d", "x_y", "--", "--e_f"]
+    # the hints and the closest-flag guess name the dashed spelling
+    p = _surge("serve", "--enable_chunked_prefill")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "--enable-chunked-prefill: use nothing" in p.stderr, p.stderr
+    p = _surge("serve", "--max_model_length", "8")
+    assert p.returncode == 2 and "did you mean --max-model-len?" in p.stderr, p.stderr
+
+
 def test_vllm_dtype_spellings() -> None:
     """vLLM's ``--dtype half`` and ``--dtype float`` (and ``LLM(dtype="half")``) are float16 and
     float32, on `surge serve` and `surge generate`; another spelling is refused naming the choices."""
