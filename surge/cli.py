@@ -61,6 +61,11 @@ VLLM_FLAG_HINTS = {
     "with --dataset sharegpt, custom, hf or spec_bench)",
     "--trust-remote-code": "nothing: Surge runs its own code for the supported architectures, never a model folder's",
     "--enable-chunked-prefill": "nothing: chunked prefill is always on",
+    "--no-enable-chunked-prefill": "nothing: chunked prefill is always on in Surge and cannot be turned off",
+    "--long-prefill-token-threshold": "--max-num-batched-tokens N, the one token budget of a step that "
+    "prompts are prefilled in chunks of (Surge has no separate cap for long prompts)",
+    "--task": "nothing: Surge runs text generation only, what vLLM's --task generate asks for",
+    "--num-speculative-tokens": "nothing: Surge has no speculative decoding",
     "--swap-space": "nothing: preempted requests are recomputed, not swapped",
     "--disable-log-stats": "--log-interval SECONDS to space the stats lines",
     "--tokenizer": "a model folder that holds its tokenizer",

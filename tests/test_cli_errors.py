@@ -421,6 +421,29 @@ def test_vllm_underscore_flag_spellings() -> None:
     assert p.returncode == 2 and "did you mean --max-model-len?" in p.stderr, p.stderr
 
 
+def test_vllm_chunked_prefill_task_and_speculative_flags_are_hinted() -> None:
+    """vLLM's --no-enable-chunked-prefill, --long-prefill-token-threshold, --task and
+    --num-speculative-tokens are refused in one line that says what Surge does instead."""
+    for command in (["serve"], ["generate", "--prompt", "x"]):
+        p = _surge(
+            *command,
+            "--no-enable-chunked-prefill",
+            "--long-prefill-token-threshold=64",
+            "--task",
+            "generate",
+            "--num-speculative-tokens",
+            "3",
+        )
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        for hint in (
+            "--no-enable-chunked-prefill: use nothing: chunked prefill is always on",
+            "--long-prefill-token-threshold: use --max-num-batched-tokens",
+            "--task: use nothing: Surge runs text generation only",
+            "--num-speculative-tokens: use nothing: Surge has no speculative decoding",
+        ):
+            assert hint in p.stderr, p.stderr
+
+
 def test_vllm_dtype_spellings() -> None:
     """vLLM's ``--dtype half`` and ``--dtype float`` (and ``LLM(dtype="half")``) are float16 and
     float32, on `surge serve` and `surge generate`; another spelling is refused naming the choices."""
