@@ -83,6 +83,17 @@ def port_in_use(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def check_port_free(base_url: str) -> None:
+    """Raise ValueError when something already listens on ``base_url``'s port, where ``--launch``
+    is to start the server (it would fail to bind, or the benchmark would measure the other one)."""
+    host, port = url_host_port(base_url)
+    if port_in_use(host, port):
+        raise ValueError(
+            f"port {port} on {host} is already in use (another server?): stop it, or give --launch "
+            "and --base-url a free port"
+        )
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """While active, SIGTERM raises ``SystemExit(143)`` in the main thread, so that ``finally``
@@ -196,12 +207,7 @@ class ServerLauncher:
                 (it is then stopped); the message points at the log file.
         """
         self.stop()
-        host, port = url_host_port(self.base_url)
-        if port_in_use(host, port):
-            raise ValueError(
-                f"port {port} on {host} is already in use (another server?): stop it, or give --launch "
-                "and --base-url a free port"
-            )
+        check_port_free(self.base_url)
         print(f"[launch] starting: {shlex.join(self.argv)}", flush=True)
         print(f"[launch] server log: {self.log_path}; waiting for {self.base_url}/health", flush=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the process's lifetime)

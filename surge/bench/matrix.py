@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from surge.bench.launcher import ServerLauncher, sigterm_raises
+from surge.bench.launcher import ServerLauncher, check_port_free, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
-from surge.bench.results import cannot_write, file_in_the_way, write_result
+from surge.bench.results import cannot_make_folder, cannot_write, file_in_the_way, write_result
 from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
 from surge.bench.tokens import TokenCounter, request_headers, tls_context
 
@@ -84,7 +84,8 @@ PRESETS = {"official-8b": official_8b_points}
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]``. Raises ValueError naming ``flag`` on a bad or non-positive value."""
+    """``"1,4,16"`` -> ``[1, 4, 16]``. Raises ValueError naming ``flag`` on a bad, non-positive or
+    repeated value."""
     items = text.split(",")
     if len(items) > 1 and not all(x.strip() for x in items):
         raise ValueError(f"{flag} has an empty item in {text!r} (give comma-separated integers, e.g. 1,4,16)")
@@ -94,6 +95,12 @@ def parse_int_list(text: str, flag: str) -> list[int]:
         raise ValueError(f"{flag} expects comma-separated integers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
         raise ValueError(f"{flag} expects positive integers, got {text!r}")
+    twice = sorted({v for v in vals if vals.count(v) > 1})
+    if twice:  # each run of the point overwrote its one result file, and the summary listed it again
+        raise ValueError(
+            f"{flag} gives {', '.join(map(str, twice))} more than once in {text!r} (each point runs once: "
+            "--repeats measures the points again)"
+        )
     return vals
 
 
@@ -545,12 +552,9 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise ValueError(f"--output-dir {out}: {blocker} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--output-dir {out}: {e.strerror or e}") from None
-    why = cannot_write(out / "summary.json")  # before any request: an existing summary is left as it is
-    if why is not None:
+    # checked now, made after the server checks below: a refused run leaves no empty folder
+    why = cannot_write(out / "summary.json") if out.is_dir() else cannot_make_folder(out)
+    if why is not None:  # before any request: an existing summary is left as it is
         raise ValueError(f"--output-dir {out}: cannot write files there ({why})")
     previous, previous_model, earlier_runs = _previous_rows(mcfg) if mcfg.resume else ({}, None, [])
     if not previous:
@@ -563,6 +567,12 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
             mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure, headers=mcfg.serve.headers
         )  # fail once, up front, if unreachable
         _check_served_model(mcfg, previous_model, models)
+    if mcfg.launch and todo:
+        check_port_free(mcfg.serve.base_url)  # ServerLauncher.start checks it again, at each start
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--output-dir {out}: {e.strerror or e}") from None
     launcher = (
         ServerLauncher(mcfg.launch, mcfg.serve.base_url, mcfg.server_timeout_s, out / "server.log")
         if mcfg.launch and todo

@@ -507,16 +507,30 @@ def test_a_chat_prompt_below_the_template_says_what_to_give() -> None:
 
 
 def test_launcher_refuses_a_busy_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m"
     with FakeServer(Behaviour()) as s:
         t0 = time.monotonic()
         rc = bench_main(
             ["bench", "matrix", "--base-url", s.url, "--launch", f"{sys.executable} {FAKE} --port {s.port}"]
-            + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(tmp_path)]
+            + ["--concurrency", "1", "--input-len", "8", "--output-len", "4", "--output-dir", str(out)]
         )
         took = time.monotonic() - t0
         assert s.behaviour.seen == 0  # nothing was measured against the server already there
     err = capsys.readouterr().err
     assert rc == 2 and "already in use" in err and err.count("\n") == 1 and took < 10
+    assert not out.exists()  # the refused run left an empty --output-dir behind
+
+
+def test_an_unreachable_server_leaves_no_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m"
+    rc = bench_main(
+        ["bench", "matrix", "--base-url", f"http://127.0.0.1:{free_port()}", "--concurrency", "1"]
+        + ["--input-len", "8", "--output-len", "4", "--output-dir", str(out)]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and not out.exists()
 
 
 def test_launch_and_base_url_ports_must_match(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,6 +39,11 @@ def test_official_preset() -> None:
     for bad in ("", "a", "0", "1,-2", "1,,2", "1,2,"):
         with pytest.raises(ValueError):
             parse_int_list(bad, "--c")
+    # a repeated value ran the point again into the same result file, listed twice in the summary
+    with pytest.raises(
+        ValueError, match=r"^--c gives 2 more than once in '2,4, 2' \(each point runs once: --repeats"
+    ):
+        parse_int_list("2,4, 2", "--c")
 
 
 def _check_artifacts(out: Path, summary: dict[str, Any], n_points: int) -> None:
