@@ -660,10 +660,13 @@ class LLM:
             room = self.engine.room_for_output(len(token_ids))
             if params.max_tokens and room < max(1, params.min_tokens):
                 # max_tokens would be cut to fit: name what cannot be (the prompt, or min_tokens)
-                engine = self.engine
+                # the limit that binds, alone (both were named, the pool's even where it was not
+                # what left no room)
+                context, pool = self.engine.max_model_len, self.engine.num_kv_blocks * self.engine.block_size
                 limits = (
-                    f"this model's maximum context length is {engine.max_model_len} tokens and the KV "
-                    f"cache holds {engine.num_kv_blocks * engine.block_size}"
+                    f"this model's maximum context length is {context} tokens"
+                    if context <= pool
+                    else f"the KV cache holds {pool} tokens (the model's maximum context length is {context})"
                 )
                 if room < 1:
                     raise ValueError(

@@ -229,10 +229,20 @@ def test_clipping_respects_min_tokens_and_the_kv_pool() -> None:
     ):
         small.generate("Once upon a time", SamplingParams(max_tokens=100, min_tokens=80))
     # the prompt alone: the message names the prompt, not a max_tokens that would be cut anyway
-    with pytest.raises(ValueError, match="the prompt has 70 tokens: .* leaves no room for output"):
+    with pytest.raises(ValueError, match="the prompt has 70 tokens: .* leaves no room for output") as err:
         small.generate({"prompt_token_ids": [1] * 70}, SamplingParams(max_tokens=4))
+    # only the limit that binds: the KV pool (far larger here) was named too
+    assert str(err.value) == (
+        "the prompt has 70 tokens: this model's maximum context length is 64 tokens, which leaves no room for output"
+    )
     small.close()
     with LLM(device="cpu", num_kv_blocks=8) as pool:  # 128 tokens of KV, context 512
+        with pytest.raises(ValueError) as err:
+            pool.generate({"prompt_token_ids": [1] * 130}, SamplingParams(max_tokens=4))
+        assert str(err.value) == (
+            "the prompt has 130 tokens: the KV cache holds 128 tokens (the model's maximum context length "
+            "is 512), which leaves no room for output"
+        )
         params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
         out = pool.generate("Once upon a time", params)[0]
         assert out.outputs[0].finish_reason == "length"
