@@ -54,7 +54,13 @@ def add_generate_parser(subparsers: Any) -> None:
     )
 
     add_generation_config_args(p, "--max-tokens")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="this request's sampling seed (default: unset, which samples from the engine's generator, "
+        "seeded 0 as vLLM's LLM(seed=0): runs repeat exactly)",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS up to --max-tokens")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_engine_args(p)
