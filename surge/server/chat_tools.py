@@ -307,13 +307,14 @@ _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 _TOOL_KEYS = frozenset({"type", "function"})
 """The fields of an OpenAI function tool (``tools[]``, the SDK's ``ChatCompletionFunctionToolParam``)."""
 
-TOOL_NAME_PATTERN = "^[a-zA-Z0-9_-]{1,64}$"
-"""The names OpenAI takes for a function tool (``tools[].function.name``): ASCII letters,
-digits, underscores and dashes, 1 to 64 of them; another name is a 400 naming the field, as
-OpenAI answers (Anthropic's Messages API has the same pattern)."""
-
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-""":data:`TOOL_NAME_PATTERN` for ``fullmatch`` (``$`` would let a trailing newline through)."""
+"""The names OpenAI takes for a function tool (``tools[].function.name``), for ``fullmatch``
+(``$`` would let a trailing newline through): ASCII letters, digits, underscores and dashes, 1
+to 64 of them; another name is a 400 naming the field, as OpenAI answers (Anthropic's Messages
+API has the same pattern)."""
+
+TOOL_NAME_PATTERN = f"^{_TOOL_NAME.pattern}$"
+""":data:`_TOOL_NAME` as OpenAI writes it in its error, ``^[a-zA-Z0-9_-]{1,64}$``."""
 
 MAX_TOOL_PARAMETERS_DEPTH = 256
 """Most levels of JSON objects and arrays in one tool's ``parameters``: the chat template
