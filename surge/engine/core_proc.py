@@ -234,6 +234,12 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
+def _user_line(e: ValueError) -> str:
+    """A refused model folder or setting's message as the user reads it: its first line, without
+    the type's name (as a tensor-parallel rank sends it, :mod:`surge.parallel.worker`)."""
+    return (str(e).strip().splitlines() or [""])[0] or _one_line(e)
+
+
 def run_engine_core(
     config: EngineConfig,
     input_address: str | Sequence[str],
@@ -294,10 +300,10 @@ def run_engine_core(
         except ValueError as e:  # the configuration or the model folder: one line, no traceback
             # (the engine's build raises ValueError for those only; a crash is another type, and a
             # tensor-parallel rank's crash a RuntimeError)
-            logger.log(user_error_level, "engine start-up failed: %s", _one_line(e))
+            logger.log(user_error_level, "engine start-up failed: %s", _user_line(e))
             logger.debug("engine start-up failed:\n%s", traceback.format_exc())
             stops.stopping = True  # before the API process hears of it and stops this process
-            out_sock.send(encoder.encode(EngineStartupError(_one_line(e), user_error=True)))
+            out_sock.send(encoder.encode(EngineStartupError(_user_line(e), user_error=True)))
             exit_code = 2
             return
         except Exception as e:

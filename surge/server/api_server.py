@@ -908,7 +908,7 @@ async def run_server(
         started = True
     except EngineStartError as e:
         if e.user_error and attach is None:  # the CLI's one line (the engine process logged none)
-            raise ValueError(str(e).removeprefix("ValueError: ")) from None  # as `surge generate`
+            raise ValueError(str(e)) from None  # as `surge generate` says it
         logger.error("the engine failed to start: %s", e)
         return 2 if e.user_error else 1
     except asyncio.CancelledError:

@@ -169,8 +169,10 @@ def test_engine_crash_fails_inflight_requests() -> None:
 def test_engine_start_failure_is_one_line() -> None:
     async def main() -> None:
         client = EngineClient(_config(), engine_factory=BrokenEngine, log_level=40)
-        with pytest.raises(EngineStartError, match="ValueError: weights file is corrupt$"):
+        # the first line of the refusal, as the user reads it (no "ValueError: ", as a TP rank sends it)
+        with pytest.raises(EngineStartError, match="^weights file is corrupt$") as info:
             await client.start()
+        assert info.value.user_error
 
     asyncio.run(main())
 
