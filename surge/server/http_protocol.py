@@ -18,7 +18,8 @@ opens a connection and sends its request line and headers a byte at a time (slow
   :data:`MAX_HEAD_BYTES` gets a 431 and the connection is closed. llhttp buffers a head of any
   size, so without it one client could fill the API process's memory for as long as the header
   read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400). The
-  same cap holds a chunked body's trailer fields (and chunk framing) since its last body byte.
+  same cap holds a chunked body's trailer fields (and chunk framing) read after the read holding
+  its last body byte.
 - **Body drain timeout**: a request answered before its body was read (a 413 for a declared
   body over the limit, a 401) keeps its connection open while the rest of the body is read and
   dropped, so that the client sees the answer; that rest must arrive within ``body_timeout``
@@ -405,9 +406,12 @@ def guarded_httptools_protocol(
             if self._awaiting_head:
                 if self._head_bytes > MAX_HEAD_BYTES:
                     self._answer_last(too_large)
-            elif in_body and self._messages_done == messages_done:  # a read inside one body
-                framing = len(data) - self._body_bytes_read
-                self._frame_bytes = framing if self._body_bytes_read else self._frame_bytes + framing
+            elif in_body and self._messages_done == messages_done and not self._body_bytes_read:
+                # a read of framing or trailers only (a read holding a body byte restarted the
+                # count in on_body; its bytes after that byte go uncounted: at most one read, as a
+                # head's after a body). Counting a whole read's framing refused a body of one-byte
+                # chunks whenever a read held over 64 KiB of it (a busy server reads 256 KiB).
+                self._frame_bytes += len(data)
                 if self._frame_bytes > MAX_HEAD_BYTES:
                     self._answer_last(trailers_too_large)
 

@@ -58,6 +58,8 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         return
     if scope["path"] == "/slow":  # a response that takes a while, as a generation does
         await asyncio.sleep(0.5)
+    if scope["path"] == "/stall":  # the event loop blocked, as a busy API process's: reads pile up
+        time.sleep(0.5)
     if scope["path"] == "/echo":  # the body back, as the app read it
         body, more = b"", True
         while more:
@@ -355,6 +357,28 @@ def test_a_chunked_body_of_tiny_chunks_is_not_taken_for_trailers(port: int) -> N
             + b"0\r\n\r\n"
         )
         answer = _read_until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_tiny_chunks_read_in_large_reads_are_not_taken_for_trailers(port: int) -> None:
+    """As above, with the server's event loop stalled while the body is sent (a loaded machine),
+    so that it reads the body in reads of up to 256 KiB: framing is counted from a read's last
+    body byte, not over the whole read (a read with over 64 KiB of framing between its body
+    bytes was refused as trailers too large, and the unread rest reset the connection)."""
+    chunks = b"1\r\nx\r\n" * (1 << 16)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as stall,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as s,
+    ):
+        stall.sendall(b"GET /stall HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        time.sleep(0.1)  # the server is in /stall's sleep
+        s.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + chunks
+            + b"0\r\n\r\n"
+        )
+        answer = _read_until_closed(s)
+        assert _read_until_closed(stall).startswith(b"HTTP/1.1 200")
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
