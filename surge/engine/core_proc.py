@@ -34,6 +34,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from typing import Any
 
 import msgspec
@@ -240,6 +241,13 @@ def _user_line(e: ValueError) -> str:
     return (str(e).strip().splitlines() or [""])[0] or _one_line(e)
 
 
+def _report_start_error(conn: Connection | None, message: str) -> None:
+    """Send a start-up failure's one line to the supervisor, if there is one and it still listens."""
+    if conn is not None:
+        with contextlib.suppress(OSError):
+            conn.send(message)
+
+
 def run_engine_core(
     config: EngineConfig,
     input_address: str | Sequence[str],
@@ -248,6 +256,7 @@ def run_engine_core(
     engine_factory: EngineFactory | None = None,
     log_level: int = logging.INFO,
     log_user_start_error: bool = True,
+    start_error_conn: Connection | None = None,
 ) -> None:
     """Entry point of the engine process (a ``multiprocessing`` spawn target).
 
@@ -263,6 +272,10 @@ def run_engine_core(
             False where the one client that spawned this process shows it to the user (it gets
             the message in :class:`EngineStartupError`), so that it is read once: it is logged
             at DEBUG then. A crash's traceback is logged at ERROR either way.
+        start_error_conn: the sending end of a pipe to the ``surge serve`` supervisor of several
+            API processes (:mod:`surge.server.api_workers`), which shows the user such a failure's
+            one line: the API processes may bind their addresses after this process has exited,
+            and its :class:`EngineStartupError` is then lost.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stops = _StopSignals(parent_pid)
@@ -303,6 +316,7 @@ def run_engine_core(
             logger.log(user_error_level, "engine start-up failed: %s", _user_line(e))
             logger.debug("engine start-up failed:\n%s", traceback.format_exc())
             stops.stopping = True  # before the API process hears of it and stops this process
+            _report_start_error(start_error_conn, _user_line(e))
             out_sock.send(encoder.encode(EngineStartupError(_user_line(e), user_error=True)))
             exit_code = 2
             return
@@ -315,6 +329,7 @@ def run_engine_core(
                 logger.log(user_error_level, "engine start-up failed: %s", message)
                 logger.debug("engine start-up failed:\n%s", traceback.format_exc())
                 stops.stopping = True
+                _report_start_error(start_error_conn, message)
                 out_sock.send(encoder.encode(EngineStartupError(message, user_error=True)))
                 exit_code = 2
                 return

@@ -134,10 +134,19 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
         except ValueError as e:
             raise ValueError(f"model: cannot load {hf_name!r}: {e}") from e
         loaded.add((name, shard))
-    missing = sorted(f"{n}" + (f" [{s}]" if s is not None else "") for n, s in expected - loaded)
+    missing = sorted(_checkpoint_name(n, s) for n, s in expected - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ValueError(f"model: the checkpoint lacks weights for {shown}")
+
+
+def _checkpoint_name(name: str, shard: str | int | None) -> str:
+    """The checkpoint's name of a parameter's shard (``.gate_up_proj.`` shard 0 is
+    ``.gate_proj.``): what a user finds missing from their files."""
+    for fused, part, shard_id in STACKED_PARAMS:
+        if shard is not None and shard == shard_id and fused in name:
+            return name.replace(fused, part)
+    return name
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from surge.config import EngineConfig
@@ -127,6 +127,10 @@ def serve_with_api_workers(
 
     Returns:
         0 after a clean shutdown, 1 when an API process failed (e.g. the engine did not start).
+
+    Raises:
+        ValueError: an engine refused the model folder or the configuration at start-up (or
+            they did not fit in memory): its one-line message, which no process has logged.
     """
     from surge.parallel.dp_client import replica_config
 
@@ -144,6 +148,9 @@ def serve_with_api_workers(
     options = _with_port(options, port)
     engines: list[multiprocessing.process.BaseProcess] = []
     apis: list[multiprocessing.process.BaseProcess] = []
+    # one pipe per engine, on which it sends a start-up refusal's one line (run_engine_core)
+    refusal_readers: list[Connection] = []
+    refusal: str | None = None
     received: list[int] = []
     stopping = False
     code = 0
@@ -159,6 +166,7 @@ def serve_with_api_workers(
         ]
         for d in range(num_replicas):
             cfg = replica_config(config, d) if num_replicas > 1 else config
+            reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=run_engine_core,
                 args=(
@@ -169,10 +177,14 @@ def serve_with_api_workers(
                     engine_factory,
                     level,
                 ),
+                # this process shows a refusal once (the API processes log theirs at DEBUG)
+                kwargs={"log_user_start_error": False, "start_error_conn": writer},
                 name=f"surge-engine-core-{d}",
             )
             proc.start()
+            writer.close()
             engines.append(proc)
+            refusal_readers.append(reader)
         saved = os.environ.get(METRICS_DIR_ENV)
         os.environ[METRICS_DIR_ENV] = metrics_dir  # read by prometheus_client when a child imports it
         try:
@@ -208,9 +220,19 @@ def serve_with_api_workers(
                     if p.is_alive() and p.pid is not None:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(p.pid, signum)
-            wait([p.sentinel for p in apis + engines if p.exitcode is None], timeout=0.2)
+            wait([p.sentinel for p in apis + engines if p.exitcode is None] + refusal_readers, timeout=0.2)
             for p in engines:
                 p.join(timeout=0)  # reap a dead engine, so its API processes see it gone
+            for reader in [r for r in refusal_readers if r.poll()]:  # a line, or the engine's end
+                with contextlib.suppress(EOFError, OSError):
+                    refusal = refusal or str(reader.recv())
+                refusal_readers.remove(reader)
+                reader.close()
+            if refusal is not None and not stopping:  # the model or a setting was refused
+                stopping = True
+                for q in apis:
+                    if q.is_alive():
+                        q.terminate()
             if not stopping:
                 gone = [p for p in apis if p.exitcode is not None]
                 if gone:
@@ -235,6 +257,10 @@ def serve_with_api_workers(
             signal.signal(s, handler)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        for reader in refusal_readers:
+            reader.close()
+    if refusal is not None:
+        raise ValueError(refusal)  # the CLI's one line, as with one API process
     failed = [p.exitcode for p in apis if p.exitcode]
     if failed and (any(p.exitcode == 2 for p in engines) or all(c == 2 for c in failed)):
         code = 2  # the model or the configuration was refused (by an engine, or by every API process)

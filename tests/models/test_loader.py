@@ -97,9 +97,12 @@ def test_missing_weight_files_and_tensors_raise_value_error(
     weights = load_file(broken / "model.safetensors")
     del weights["model.layers.1.self_attn.k_proj.weight"]
     save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(
-        ValueError, match=r"lacks weights for model\.layers\.1\.self_attn\.qkv_proj\.weight \[k\]"
-    ):
+    # named as in the checkpoint, not as the fused parameter's shard (qkv_proj [k])
+    with pytest.raises(ValueError, match=r"lacks weights for model\.layers\.1\.self_attn\.k_proj\.weight$"):
+        load_model(ModelConfig.from_pretrained(broken), "cpu")
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"for model\.layers\.0\.mlp\.up_proj\.weight, model\.layers\.1"):
         load_model(ModelConfig.from_pretrained(broken), "cpu")
 
     weights = load_file(src / "model.safetensors")
