@@ -18,6 +18,7 @@ import msgspec
 from surge.core.logprobs import LogprobsLists
 from surge.sampling_params import MAX_LOGPROB_TOKEN_IDS, MAX_LOGPROBS, SamplingParams
 from surge.server.errors import bad_request
+from surge.server.protocol import integral_number
 from surge.token_strings import TokenStrings
 
 _FLOOR = -9999.0
@@ -69,6 +70,7 @@ class LogprobOptions:
 
 
 def _top_k(value: Any, name: str) -> int:
+    value = integral_number(value)  # 5.0 is 5, as for every count (surge.server.protocol.JsonInt)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", param=name)
     if not 0 <= value <= MAX_LOGPROBS:

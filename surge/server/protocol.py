@@ -3,8 +3,10 @@
 Every field is honoured, refused or inert (:mod:`surge.server.field_policy`; the list is in
 docs/openai-api.md). Fields no endpoint knows are a 400 naming them (``extra="forbid"``); known
 fields of the wrong type are a 400. Types are strict, with no coercion between JSON types: a
-boolean field takes only ``true``/``false`` (not ``0``), an integer field only integers (not
-``1.0`` or ``false``), a number field integers or decimals, a string field only strings. Every
+boolean field takes only ``true``/``false`` (not ``0`` or ``"true"``), an integer field only
+integers (not ``"1"``, ``1.5`` or ``false``; a count, limit or seed also takes a number equal to an
+integer, ``16.0``, as vLLM does: :data:`JsonInt`), a number field integers or decimals, a string
+field only strings. Every
 numeric field has finite bounds (``2**70`` is a 400 naming the field), and no string anywhere in
 a body may hold a lone UTF-16 surrogate (``"\ud800"``). Refused fields are a 400 whenever they
 ask for something other than their default. A field OpenAI declares nullable
@@ -20,7 +22,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    model_validator,
+)
 
 from surge.reasoning_effort import template_kwargs_with_effort
 from surge.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MIN_REPETITION_PENALTY
@@ -32,6 +43,19 @@ from surge.server.field_policy import (
     first_refused,
 )
 from surge.tokenizer import content_text
+
+
+def integral_number(value: Any) -> Any:
+    """A JSON number without a fractional part (``16.0``) as the integer it is, as vLLM's lax
+    pydantic models read it (a client computing a limit in floating point sends one); any other
+    value unchanged, for the strict check to take or refuse (``16.5``, ``"16"``, ``true``)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(integral_number)]
+"""A count, limit or seed of a request: an integer, or a number equal to one (``16.0``)."""
 
 MAX_INT = 2**63 - 1
 """Largest value of an integer field without a tighter bound (int64, as the engine stores them)."""
@@ -114,9 +138,9 @@ class RepetitionDetection(BaseModel):
     (:class:`surge.sampling_params.RepetitionDetectionParams` checks the combination)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    max_pattern_size: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
-    min_pattern_size: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
-    min_count: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+    max_pattern_size: JsonInt = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+    min_pattern_size: JsonInt = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+    min_count: JsonInt = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
 
 
 def _admits_null(prop: dict[str, Any]) -> bool:
@@ -163,21 +187,21 @@ class SamplingRequestFields(RequestBody):
         return data
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
+    max_tokens: JsonInt | None = Field(default=None, le=MAX_TOKEN_COUNT)
     temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(default=None, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    top_k: JsonInt | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     min_p: float | None = Field(default=None, le=1.0)
-    seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT)
+    seed: JsonInt | None = Field(default=None, ge=-(2**63), le=MAX_INT)
     # vLLM's: lower runs earlier under --scheduling-policy priority; not 0 under fcfs is a 400
     # (ServerState.check_priority)
-    priority: int = Field(default=0, ge=-(2**63), le=MAX_INT)
+    priority: JsonInt = Field(default=0, ge=-(2**63), le=MAX_INT)
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
-    n: int = Field(default=1, ge=1, le=128)
+    min_tokens: JsonInt = Field(default=0, ge=0, le=MAX_TOKEN_COUNT)
+    n: JsonInt = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(
@@ -188,12 +212,12 @@ class SamplingRequestFields(RequestBody):
     bad_words: list[str] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    truncate_prompt_tokens: JsonInt | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     truncation_side: Literal["left", "right"] | None = None  # vLLM's: the end truncate_prompt_tokens cuts
     repetition_detection: RepetitionDetection | None = None
     # vLLM's: tokens generated inside the reasoning before </think> is forced (-1: unlimited);
     # needs --reasoning-parser (ServerState.check_thinking_budget)
-    thinking_token_budget: int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    thinking_token_budget: JsonInt | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
     add_special_tokens: bool | None = None
     request_id: str | None = None
     cache_salt: str | None = None  # vLLM's: non-empty; only requests with the same salt share cached blocks
@@ -382,7 +406,7 @@ class ChatCompletionRequest(SamplingRequestFields):
     null_is_unset: ClassVar[frozenset[str]] = NULLABLE_CHAT_FIELDS
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
+    max_completion_tokens: JsonInt | None = Field(default=None, le=MAX_TOKEN_COUNT)
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -537,7 +561,7 @@ class CompletionRequest(SamplingRequestFields):
     null_is_unset: ClassVar[frozenset[str]] = NULLABLE_COMPLETION_FIELDS - {"max_tokens"}
 
     prompt: Prompt
-    max_tokens: int | None = Field(default=16, le=MAX_TOKEN_COUNT)
+    max_tokens: JsonInt | None = Field(default=16, le=MAX_TOKEN_COUNT)
     echo: bool = False
     suffix: Any = None
     prompt_embeds: Any = None

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody, RequestBody
+from surge.server.protocol import MAX_TOKEN_COUNT, JsonInt, NullIsUnsetBody, RequestBody
 
 _INERT_BLOCK_KEYS = frozenset({"cache_control"})
 """Keys any content block may carry and that change nothing here (prompt caching hints)."""
@@ -147,12 +147,12 @@ class MessagesBody(NullIsUnsetBody):
     model: str | None = None
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
+    max_tokens: JsonInt | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: JsonInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
@@ -178,7 +178,7 @@ class MessagesRequest(MessagesBody):
     """Body of ``POST /v1/messages``: :class:`MessagesBody` with ``max_tokens`` required, as
     Anthropic requires it."""
 
-    max_tokens: int = Field(ge=1, le=MAX_TOKEN_COUNT)
+    max_tokens: JsonInt = Field(ge=1, le=MAX_TOKEN_COUNT)
 
 
 def _check_keys(block: dict[str, Any], allowed: frozenset[str], where: str) -> None:

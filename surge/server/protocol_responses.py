@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, NullIsUnsetBody, ReasoningEffort, ServiceTier
+from surge.server.protocol import MAX_TOKEN_COUNT, JsonInt, NullIsUnsetBody, ReasoningEffort, ServiceTier
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The ``include`` value that adds each ``output_text`` part's token logprobs."""
@@ -108,7 +108,7 @@ class ResponsesRequest(NullIsUnsetBody):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, le=MAX_TOKEN_COUNT)
+    max_output_tokens: JsonInt | None = Field(default=None, le=MAX_TOKEN_COUNT)
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
@@ -118,7 +118,7 @@ class ResponsesRequest(NullIsUnsetBody):
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: JsonInt | None = Field(default=None, ge=0, le=20)
     store: bool = True
     previous_response_id: str | None = None
     truncation: Literal["auto", "disabled"] = "disabled"

@@ -66,9 +66,10 @@ def test_priority_server_honours_any_64_bit_priority(
 
 
 @pytest.mark.parametrize("path", [CHAT, CMPL])
-@pytest.mark.parametrize("priority", [True, 1.0, "1", None, INT64, -(INT64) - 1])
+@pytest.mark.parametrize("priority", [True, 1.5, "1", None, INT64, -(INT64) - 1])
 def test_priority_must_be_a_64_bit_integer(priority_server: Server, path: str, priority: Any) -> None:
-    """As vLLM's ``int`` field bounded to int64 (strict: no bool, float, string or null)."""
+    """As vLLM's ``int`` field bounded to int64 (no bool, fraction, string or null; ``1.0`` is
+    1, as for every count of the request: surge.server.protocol.JsonInt)."""
     r = _post(priority_server, path, _body(path, priority=priority))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "priority"

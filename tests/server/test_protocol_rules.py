@@ -103,7 +103,9 @@ def test_openapi_builds_without_warnings() -> None:
     [
         (CMPL, {"prompt": "x", "echo": 0}, "echo"),
         (CMPL, {"prompt": "x", "stream": 1}, "stream"),
-        (CMPL, {"prompt": "x", "max_tokens": 4.0}, "max_tokens"),
+        (CMPL, {"prompt": "x", "max_tokens": 4.5}, "max_tokens"),
+        (CMPL, {"prompt": "x", "max_tokens": "4"}, "max_tokens"),
+        (CMPL, {"prompt": "x", "n": True}, "n"),
         (CMPL, {"prompt": [False, True]}, "prompt"),
         (CMPL, {"prompt": "x", "temperature": "0.5"}, "temperature"),
         ("/detokenize", {"tokens": [False]}, "tokens"),
@@ -119,6 +121,26 @@ def test_no_coercion_between_json_types(server: Server, path: str, body: dict[st
 
 def test_integers_are_numbers(server: Server) -> None:
     r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "temperature": 0, "top_p": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_counts_take_numbers_equal_to_integers(server: Server) -> None:
+    """A count, limit or seed given as ``16.0`` (a client computing it in floating point) is
+    the integer, as vLLM's lax models read it; it was a 400."""
+    body = {"prompt": "x", "max_tokens": 3.0, "n": 2.0, "seed": 7.0, "min_tokens": 3.0, "logprobs": 1.0}
+    r = httpx.post(server.url + CMPL, json=body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert len(choices) == 2 and r.json()["usage"]["completion_tokens"] == 6, r.text
+    assert all(len(c["logprobs"]["top_logprobs"]) == 3 for c in choices), r.text  # one per token
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2.0, "top_logprobs": 2.0}
+    r = httpx.post(server.url + CHAT, json=chat | {"logprobs": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+    r = httpx.post(server.url + "/v1/responses", json={"input": "x", "max_output_tokens": 2.0})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v1/messages", json={"messages": chat["messages"], "max_tokens": 2.0})
     assert r.status_code == 200, r.text
 
 
