@@ -184,32 +184,39 @@ conversation may carry one), the Responses API's ``input_text`` / ``output_text`
 ``thinking``."""
 
 
-def _text_parts(content: Sequence[Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """Each part of a list ``content`` as ``(its text, the part)``.
+def _text_parts(content: Sequence[Any], where: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """Each part of a list ``content`` as ``(its text, the part)``; ``where`` names the message
+    in errors (``messages[2]``).
 
     Raises:
         ValueError: a part of another type (images, audio: not supported), or a text part
-            without a string under its key.
+            without a string under its key; the message names the part and its type.
     """
     out: list[tuple[str, Mapping[str, Any]]] = []
-    for part in content:
+    for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None
         key = TEXT_PART_KEYS.get(kind) if isinstance(kind, str) else None
         if key is None:
+            if not isinstance(part, Mapping):
+                found = "is not an object"
+            elif kind is None:
+                found = "has no 'type'"
+            else:
+                found = f"has type {kind!r}"
             raise ValueError(
-                "messages: only text content parts (of type 'text', 'refusal', 'input_text', "
-                "'output_text' or 'thinking') are supported"
+                f"{where}.content[{j}] {found}: only text content parts (of type 'text', 'refusal', "
+                "'input_text', 'output_text' or 'thinking') are supported"
             )
         text = part.get(key)
         if not isinstance(text, str):
-            raise ValueError(f"messages: a content part of type {kind!r} needs a string {key!r}")
+            raise ValueError(f"{where}.content[{j}]: a content part of type {kind!r} needs a string {key!r}")
         out.append((text, part))
     return out
 
 
-def content_text(content: Any) -> str:
+def content_text(content: Any, where: str = "messages[i]") -> str:
     """A message's content as one string: a string, or the text parts of a list
-    (:data:`TEXT_PART_KEYS`) joined by newlines.
+    (:data:`TEXT_PART_KEYS`) joined by newlines. ``where`` names the message in errors.
 
     Raises:
         ValueError: a part of another type (images, audio: not supported), or a text part
@@ -220,11 +227,11 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return "\n".join(text for text, _ in _text_parts(content))
-    raise ValueError("messages: content must be a string or a list of text parts")
+        return "\n".join(text for text, _ in _text_parts(content, where))
+    raise ValueError(f"{where}.content must be a string or a list of text parts")
 
 
-def content_parts(content: Any) -> list[dict[str, Any]]:
+def content_parts(content: Any, where: str = "messages[i]") -> list[dict[str, Any]]:
     """A message's content as OpenAI's list of parts, as vLLM's ``openai`` content format passes
     it to a chat template: each text part (:data:`TEXT_PART_KEYS`) as ``{"type": "text", "text":
     ...}`` with the part's other keys (e.g. ``cache_control``), a string as one such part, no
@@ -244,9 +251,9 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
                 "text": text,
                 **{k: v for k, v in part.items() if k not in ("type", "text", TEXT_PART_KEYS[part["type"]])},
             }
-            for text, part in _text_parts(content)
+            for text, part in _text_parts(content, where)
         ]
-    raise ValueError("messages: content must be a string or a list of text parts")
+    raise ValueError(f"{where}.content must be a string or a list of text parts")
 
 
 _REASONING_KEYS = ("reasoning_content", "reasoning")
@@ -327,9 +334,9 @@ def normalize_messages(
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         msg = dict(m)
         if content_format == "openai" and m["role"] != "tool":
-            msg["content"] = content_parts(m.get("content"))
+            msg["content"] = content_parts(m.get("content"), f"messages[{i}]")
         else:
-            msg["content"] = content_text(m.get("content"))
+            msg["content"] = content_text(m.get("content"), f"messages[{i}]")
         reasoning = next((m[k] for k in _REASONING_KEYS if isinstance(m.get(k), str)), None)
         if reasoning is not None:
             msg.update(dict.fromkeys(_REASONING_KEYS, reasoning))

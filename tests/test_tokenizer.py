@@ -213,6 +213,16 @@ def test_chat_template_fallback_and_errors(stories, qwen):
         apply_chat_template(stories, [])
     with pytest.raises(ValueError, match=r"only text content parts \(of type 'text', 'refusal'"):
         apply_chat_template(stories, [{"role": "user", "content": [{"type": "image_url"}]}])
+    # the refused part, by its path and type
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}, {}]}]
+    with pytest.raises(ValueError, match=r"^messages\[1\]\.content\[1\] has no 'type': only text"):
+        apply_chat_template(stories, two)
+    two[1]["content"] = [{"type": "input_audio"}]
+    with pytest.raises(ValueError, match=r"^messages\[1\]\.content\[0\] has type 'input_audio': only"):
+        apply_chat_template(stories, two)
+    two[1]["content"] = ["b"]
+    with pytest.raises(ValueError, match=r"^messages\[1\]\.content\[0\] is not an object: only"):
+        apply_chat_template(stories, two)
     with pytest.raises(ValueError, match="needs a string 'text'"):
         apply_chat_template(stories, [{"role": "user", "content": [{"type": "text", "text": None}]}])
     with pytest.raises(ValueError, match="type 'refusal' needs a string 'refusal'"):

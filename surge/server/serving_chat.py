@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass
@@ -453,7 +454,9 @@ def _in_conversation(error: ApiError, index: int) -> ApiError:
     elif param not in (where, "max_tokens", "max_completion_tokens"):
         return error
     message = error.message
-    if where in message:
+    if error.param == "messages" and re.match(r"messages\[\d+\]", message):
+        message = where + message[len("messages") :]  # one of its messages: messages[i][j]
+    elif where in message:
         pass
     elif message.startswith("messages"):  # "messages: ..." / "messages must ..." of the one conversation
         message = where + message[len("messages") :]

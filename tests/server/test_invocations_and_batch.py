@@ -276,7 +276,12 @@ def test_batch_accepts_tool_choice_none_and_no_tools(server: Server) -> None:
         (
             [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]],
             "messages[0]",
-            "messages[0]: only text content parts",
+            "messages[0][0].content[0] has type 'image_url': only text content parts",
+        ),
+        (
+            [CONVERSATIONS[0], [{"role": "user", "content": "a"}, {"role": "user", "content": [{}]}]],
+            "messages[1]",
+            "messages[1][1].content[0] has no 'type': only text content parts",
         ),
     ],
 )
