@@ -265,8 +265,10 @@ class ServerState:
         prompt_param: str,
         max_tokens_sent: bool,
         max_tokens_param: str = "max_tokens",
+        prompt_name: str | None = None,
     ) -> None:
-        """Raise a 400 ApiError for a prompt that can never be served.
+        """Raise a 400 ApiError for a prompt that can never be served; ``prompt_name`` names it
+        in the message when it is one of a list (``prompt[2]``).
 
         A prompt that alone leaves no room for one output token is blamed on ``prompt_param``
         (``messages`` or ``prompt``) with its number of input tokens; only a ``max_tokens`` the
@@ -278,7 +280,8 @@ class ServerState:
         """
         n = len(token_ids)
         if n == 0:
-            raise bad_request("The prompt is empty (it must contain at least one token).", param=prompt_param)
+            what = "The prompt" if prompt_name is None else prompt_name
+            raise bad_request(f"{what} is empty (it must contain at least one token).", param=prompt_param)
         capacity = self.num_kv_blocks * self.block_size
         room = 0 if max_tokens == 0 else 1  # the least the completion needs
         if n + room > self.max_model_len or n + room > capacity:
@@ -291,14 +294,18 @@ class ServerState:
                 ", which leaves no room for the completion" if n <= min(self.max_model_len, capacity) else ""
             )
             has = "have" if prompt_param == "messages" else "has"  # your messages have, your prompt has
+            yours = f"your {prompt_param}" if prompt_name is None else prompt_name
             raise bad_request(
-                f"This model's {limit}. However, your {prompt_param} {has} {n} input "
+                f"This model's {limit}. However, {yours} {has} {n} input "
                 f"token{'' if n == 1 else 's'}{left}. "
-                f"Please reduce the length of the {prompt_param}.",
+                f"Please reduce the length of {'the ' + prompt_param if prompt_name is None else prompt_name}.",
                 param=prompt_param,
             )
         if not token_ids_in_range(token_ids, self.vocab_size):
-            raise bad_request(f"Prompt token ids must be in [0, {self.vocab_size}).", param=prompt_param)
+            where = "" if prompt_name is None else f"{prompt_name}: "
+            raise bad_request(
+                f"{where}Prompt token ids must be in [0, {self.vocab_size}).", param=prompt_param
+            )
         try:
             check_request_fits(
                 n,

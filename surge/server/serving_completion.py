@@ -151,7 +151,8 @@ async def prepare_completion(
     # and bad_words are tokenized
     structured, field = await state.tokenizer_worker.run(structured_outputs_of, body)
     rules = await state.tokenizer_worker.run(token_rules_of, body, state.tokenizer, state.vocab_size)
-    for ids, text, source in prompts:
+    listed = not isinstance(body.prompt, str) and not isinstance(body.prompt[0], int)  # a list of prompts
+    for j, (ids, text, source) in enumerate(prompts):
         max_tokens = 0 if score_only else resolve_max_tokens(state, body, len(ids))
         params = build_sampling_params(
             body, state.capped_max_tokens(max_tokens), structured, token_rules=rules
@@ -161,7 +162,13 @@ async def prepare_completion(
         params = wait_for_reasoning_end(params, state.reasoning_tokens, ids)
         state.check_thinking_budget_grammar(params, ids)
         params = lp.engine_params(params)
-        state.check_prompt(ids, max_tokens, prompt_param="prompt", max_tokens_sent=body.max_tokens_sent)
+        state.check_prompt(
+            ids,
+            max_tokens,
+            prompt_param="prompt",
+            max_tokens_sent=body.max_tokens_sent,
+            prompt_name=f"prompt[{j}]" if listed else None,
+        )
         plans.append(CompletionPrompt(ids, text, source, params))
     grammar = None if structured is None or field is None else grammar_param(structured, field)
     return PreparedCompletion(plans, grammar, score_only, lp)

@@ -279,3 +279,24 @@ def test_content_encodings_that_mean_no_coding_pass(server: Server) -> None:
         twice = [json_type, ("content-encoding", "gzip"), ("content-encoding", "identity")]
         r = client.post(CMPL, content=body, headers=twice)
         assert r.status_code == 415 and "'gzip'" in r.json()["error"]["message"], r.text
+
+
+def test_a_bad_prompt_of_a_list_is_named_by_its_index(server: Server) -> None:
+    """An empty, too long or out-of-vocabulary prompt of a list is ``prompt[j]`` in the message
+    (the message said "The prompt is empty" whichever it was); a single prompt's keeps vLLM's."""
+
+    def error(prompt: Any) -> str:
+        r = httpx.post(server.url + CMPL, json={"prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        return str(r.json()["error"]["message"])
+
+    assert error([[1, 2], []]) == "prompt[1] is empty (it must contain at least one token)."
+    assert error([[1], [2], []]) == "prompt[2] is empty (it must contain at least one token)."
+    assert error([]) == "prompt must not be empty"
+    assert error([[10**6]]).startswith("prompt[0]: Prompt token ids must be in [0, ")
+    assert error([10**6]).startswith("Prompt token ids must be in [0, ")
+    long = error([[1, 2], [1] * 100_000])
+    assert "However, prompt[1] has 100000 input tokens" in long and long.endswith("length of prompt[1]."), (
+        long
+    )
+    assert "However, your prompt has 100000 input tokens" in error([1] * 100_000)
