@@ -67,11 +67,13 @@ class EngineStartError(RuntimeError):
     Attributes:
         user_error: the engine refused the configuration or the model folder (a bad input,
             exit code 2 for the CLI), rather than crashing.
+        engine_exited: the engine process was gone before it said anything.
     """
 
-    def __init__(self, message: str, *, user_error: bool = False) -> None:
+    def __init__(self, message: str, *, user_error: bool = False, engine_exited: bool = False) -> None:
         super().__init__(message)
         self.user_error = user_error
+        self.engine_exited = engine_exited
 
 
 class EngineDeadError(RuntimeError):
@@ -318,7 +320,9 @@ class EngineClient:
             if not self._engine_alive():
                 code = None if self._proc is None else self._proc.exitcode
                 await self.shutdown()
-                raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
+                raise EngineStartError(
+                    f"the engine process exited during start-up (exit code {code})", engine_exited=True
+                )
         if isinstance(msg, EngineStartupError):
             await self.shutdown()
             raise EngineStartError(msg.message, user_error=msg.user_error)
@@ -331,7 +335,9 @@ class EngineClient:
             if not self._engine_alive():
                 code = None if self._proc is None else self._proc.exitcode
                 await self.shutdown()
-                raise EngineStartError(f"the engine process exited during start-up (exit code {code})")
+                raise EngineStartError(
+                    f"the engine process exited during start-up (exit code {code})", engine_exited=True
+                )
             await asyncio.sleep(0.005)
         self.info = msg
         if msg.stats is not None:  # the KV pool's figures from start-up, before any batch

@@ -909,9 +909,10 @@ async def run_server(
     except EngineStartError as e:
         if e.user_error and attach is None:  # the CLI's one line (the engine process logged none)
             raise ValueError(str(e)) from None  # as `surge generate` says it
-        # under several API processes the supervisor reports it once (an engine's refusal) or
-        # the engine logged its traceback: each API process's own line would repeat it
-        logger.log(logging.ERROR if attach is None else logging.DEBUG, "the engine failed to start: %s", e)
+        # under several API processes the supervisor reports an engine's refusal or its exit
+        # once: each API process's own line would repeat it
+        quiet = attach is not None and (e.user_error or e.engine_exited)
+        logger.log(logging.DEBUG if quiet else logging.ERROR, "the engine failed to start: %s", e)
         return 2 if e.user_error else 1
     except asyncio.CancelledError:
         logger.info("interrupted during start-up")

@@ -167,6 +167,7 @@ def serve_with_api_workers(
         for d in range(num_replicas):
             cfg = replica_config(config, d) if num_replicas > 1 else config
             reader, writer = ctx.Pipe(duplex=False)
+            refusal_readers.append(reader)  # closed in the finally below, as the writer here
             proc = ctx.Process(
                 target=run_engine_core,
                 args=(
@@ -181,10 +182,11 @@ def serve_with_api_workers(
                 kwargs={"log_user_start_error": False, "start_error_conn": writer},
                 name=f"surge-engine-core-{d}",
             )
-            proc.start()
-            writer.close()
+            try:
+                proc.start()
+            finally:
+                writer.close()
             engines.append(proc)
-            refusal_readers.append(reader)
         saved = os.environ.get(METRICS_DIR_ENV)
         os.environ[METRICS_DIR_ENV] = metrics_dir  # read by prometheus_client when a child imports it
         try:
@@ -223,12 +225,18 @@ def serve_with_api_workers(
             wait([p.sentinel for p in apis + engines if p.exitcode is None] + refusal_readers, timeout=0.2)
             for p in engines:
                 p.join(timeout=0)  # reap a dead engine, so its API processes see it gone
-            for reader in [r for r in refusal_readers if r.poll()]:  # a line, or the engine's end
-                with contextlib.suppress(EOFError, OSError):
-                    refusal = refusal or str(reader.recv())
-                refusal_readers.remove(reader)
-                reader.close()
+            refusal = _read_refusal(refusal_readers, refusal)
             if refusal is not None and not stopping:  # the model or a setting was refused
+                stopping = True
+                for q in apis:
+                    if q.is_alive():
+                        q.terminate()
+            dead = next((p for p in engines if p.exitcode is not None), None)
+            if dead is not None and not stopping:  # a crash (the API processes log it at DEBUG)
+                logger.error(
+                    "engine process %s exited (code %s): stopping the server", dead.pid, dead.exitcode
+                )
+                code = 1
                 stopping = True
                 for q in apis:
                     if q.is_alive():
@@ -257,6 +265,7 @@ def serve_with_api_workers(
             signal.signal(s, handler)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        refusal = _read_refusal(refusal_readers, refusal)  # one sent as the last API process exited
         for reader in refusal_readers:
             reader.close()
     if refusal is not None:
@@ -266,6 +275,17 @@ def serve_with_api_workers(
         code = 2  # the model or the configuration was refused (by an engine, or by every API process)
     logger.info("shut down")
     return code
+
+
+def _read_refusal(readers: list[Connection], refusal: str | None) -> str | None:
+    """``refusal``, else the first start-up refusal an engine sent on one of ``readers``;
+    a reader whose engine sent one or exited is closed and removed."""
+    for reader in [r for r in readers if r.poll()]:  # a line, or the engine's end
+        with contextlib.suppress(EOFError, OSError):
+            refusal = refusal or str(reader.recv())
+        readers.remove(reader)
+        reader.close()
+    return refusal
 
 
 def _stop_engines(engines: list[multiprocessing.process.BaseProcess], timeout: float = 5.0) -> None:

@@ -207,6 +207,27 @@ def test_a_dead_api_process_stops_the_server(tmp_path: Path) -> None:
     assert not any(pid_alive(p) for p in apis + engines), "a process outlived the server"
 
 
+def test_a_dead_engine_process_stops_the_server_and_is_named(tmp_path: Path) -> None:
+    """The supervisor names the engine that died and its exit code once (its API processes,
+    which log an engine gone at start-up at DEBUG, only exited with code 1 before)."""
+    srv = start_server(tmp_path, "--api-server-count", "2")
+    apis, engines = _wait_for_api_processes(srv, 2)
+    os.kill(engines[0], signal.SIGKILL)
+    try:
+        srv.proc.wait(30)
+    except Exception:
+        srv.stop()
+        raise
+    assert srv.proc.returncode == 1
+    assert f"engine process {engines[0]} exited (code -9): stopping the server" in srv.log(), srv.log()[
+        -2000:
+    ]
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in apis) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in apis), "an API process outlived the server"
+
+
 @pytest.mark.parametrize("count", ["0", "-1"])
 def test_bad_api_server_count_is_one_line(count: str) -> None:
     import subprocess
