@@ -19,7 +19,7 @@ opens a connection and sends its request line and headers a byte at a time (slow
   size, so without it one client could fill the API process's memory for as long as the header
   read timeout lets it send; h11 refuses an incomplete head over 16 KiB by itself (a 400). The
   same cap holds a chunked body's trailer fields (and chunk framing) read after the read holding
-  its last body byte.
+  its last body byte, and the trailer fields' whole size once the body ends.
 - **Body drain timeout**: a request answered before its body was read (a 413 for a declared
   body over the limit, a 401) keeps its connection open while the rest of the body is read and
   dropped, so that the client sees the answer; that rest must arrive within ``body_timeout``
@@ -308,6 +308,11 @@ class _AfterUpgradeCallbacks:
         self._protocol.on_headers_complete()
 
 
+class _TrailersTooLarge(Exception):
+    """Raised in the httptools parser's message-complete callback to stop the parse (httptools
+    raises its ``HttpParserCallbackError`` from it) when a body's trailers exceed the cap."""
+
+
 def guarded_httptools_protocol(
     header_timeout: float, max_connections: int, body_timeout: float = 60.0
 ) -> type[asyncio.Protocol]:
@@ -366,6 +371,8 @@ def guarded_httptools_protocol(
             # request at once, so uvicorn's ``self.cycle`` is the newest one, not the one served.
             self._open_cycles: list[RequestResponseCycle] = []
             self._body_cycle: RequestResponseCycle | None = None  # the request whose body is being read
+            self._head_fields = 0  # header fields of the current request's head (trailers follow)
+            self._trailers_refused = False  # on_message_complete found the trailers over the cap
 
         def connection_lost(self, exc: Exception | None) -> None:
             # uvicorn tells only ``self.cycle`` (the newest request) that the client is gone: a
@@ -425,6 +432,9 @@ def guarded_httptools_protocol(
                     self.parser.feed_data(data)
                     return
                 except httptools.HttpParserError:
+                    if self._trailers_refused:
+                        self._answer_last(trailers_too_large)
+                        return
                     msg = "Invalid HTTP request received."
                     self.logger.warning(msg)
                     self.send_400_response(msg)
@@ -473,6 +483,7 @@ def guarded_httptools_protocol(
         def on_headers_complete(self) -> None:
             self._in_head = self._awaiting_head = False
             self._head_bytes = 0
+            self._head_fields = len(self.headers)  # uvicorn appends a chunked body's trailers after them
             self._cancel_header_timer()
             previous = self.cycle
             super().on_headers_complete()
@@ -486,6 +497,13 @@ def guarded_httptools_protocol(
             super().on_body(body)
 
         def on_message_complete(self) -> None:
+            if len(self.headers) > self._head_fields and not self._refused:
+                # the trailers' whole size (those read with a body byte went uncounted, as did
+                # the read ending them): an error here stops the parse, and _feed answers 431
+                trailers = self.headers[self._head_fields :]
+                if sum(len(name) + len(value) for name, value in trailers) > MAX_HEAD_BYTES:
+                    self._trailers_refused = True
+                    raise _TrailersTooLarge
             super().on_message_complete()
             self._awaiting_head = True  # the next request's head
             self._messages_done += 1

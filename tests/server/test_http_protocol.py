@@ -392,6 +392,33 @@ def test_tiny_chunks_read_in_large_reads_are_not_taken_for_trailers(port: int) -
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
+def test_trailer_fields_over_the_cap_in_one_read_with_the_body_are_refused(port: int, parser: str) -> None:
+    """Trailers that arrive in the same read as the body's end (the event loop stalled while
+    they were sent) are not counted read by read: their whole size is checked once the body
+    ends, so 120 KB of trailer fields is a 431, not 60,000 headers handed to the app."""
+    if parser != "httptools":
+        pytest.skip("h11 refuses trailers over 16 KiB itself (a 400), before this test's cap")
+    trailers = b"".join(b"X-T%d: v\r\n" % i for i in range(12_000))
+    assert MAX_HEAD_BYTES < len(trailers) < 200_000
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as stall,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as s,
+    ):
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n")
+        time.sleep(0.1)  # a read of its own
+        stall.sendall(b"GET /stall HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        time.sleep(0.1)  # the server is in /stall's sleep: what follows comes in one read
+        s.sendall(b"1\r\ny\r\n0\r\n" + trailers + b"\r\n")
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(4096):
+                answer += chunk
+        assert _read_until_closed(stall).startswith(b"HTTP/1.1 200")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert "trailer" in json.loads(body)["error"]["message"]
+
+
 def _refused_with_body_to_come(s: socket.socket, size: int) -> None:
     """Send a request head declaring a ``size``-byte body to ``/refuse`` and read its 413."""
     s.sendall(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
