@@ -104,8 +104,9 @@ def _number_is(default: float) -> Callable[[Any], bool]:
 
 
 def _int_is(default: int) -> Callable[[Any], bool]:
-    """None, or a JSON integer (not a boolean or a decimal) equal to ``default``."""
-    return lambda v: v is None or (type(v) is int and v == default)
+    """None, or a JSON integer equal to ``default`` (or a number equal to it, ``1.0``, as
+    :data:`surge.server.protocol.JsonInt` takes a count; not a boolean)."""
+    return lambda v: v is None or (type(v) in (int, float) and v == default)
 
 
 @dataclass(frozen=True)

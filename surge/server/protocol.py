@@ -277,7 +277,7 @@ class SamplingRequestFields(RequestBody):
         )
         if refused is not None:
             raise bad_request(refused[1], param=refused[0])
-        if type(self.best_of) is int and self.best_of < self.n:  # best_of 1 (allowed) with n > 1
+        if type(self.best_of) in (int, float) and self.best_of < self.n:  # best_of 1 (allowed) with n > 1
             raise bad_request(
                 f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}",
                 param="best_of",

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from surge.server.errors import bad_request
-from surge.server.protocol import MAX_TOKEN_COUNT, JsonInt, NullIsUnsetBody, RequestBody
+from surge.server.protocol import MAX_TOKEN_COUNT, JsonInt, NullIsUnsetBody, RequestBody, integral_number
 
 _INERT_BLOCK_KEYS = frozenset({"cache_control"})
 """Keys any content block may carry and that change nothing here (prompt caching hints)."""
@@ -476,7 +476,7 @@ def _enable_thinking(thinking: dict[str, Any]) -> bool | None:
             raise bad_request(f"thinking.{key} is not a field of {kind!r} thinking", param=f"thinking.{key}")
     if thinking.get("display") not in (None, "summarized", "omitted"):
         raise bad_request("thinking.display must be 'summarized' or 'omitted'", param="thinking.display")
-    budget = thinking.get("budget_tokens")
+    budget = integral_number(thinking.get("budget_tokens"))  # 1024.0 is 1024, as every count
     if kind == "enabled" and (type(budget) is not int or budget < 1):
         raise bad_request(
             "thinking.budget_tokens must be a positive integer",

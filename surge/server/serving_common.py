@@ -316,7 +316,10 @@ class ServerState:
                 max_tokens_name=max_tokens_param,
             )
         except ValueError as e:
-            raise bad_request(str(e), param=max_tokens_param if max_tokens_sent else prompt_param) from e
+            where = "" if prompt_name is None else f"{prompt_name}: "
+            raise bad_request(
+                f"{where}{e}", param=max_tokens_param if max_tokens_sent else prompt_param
+            ) from e
 
     def capped_max_tokens(self, max_tokens: int) -> int:
         """``max_tokens`` (:func:`resolve_max_tokens`) at most ``max_tokens_cap``, the length

@@ -142,6 +142,13 @@ def test_counts_take_numbers_equal_to_integers(server: Server) -> None:
     assert r.status_code == 200, r.text
     r = httpx.post(server.url + "/v1/messages", json={"messages": chat["messages"], "max_tokens": 2.0})
     assert r.status_code == 200, r.text
+    thinking = {"type": "enabled", "budget_tokens": 1024.0}
+    body = {"messages": chat["messages"], "max_tokens": 2, "thinking": thinking}
+    r = httpx.post(server.url + "/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    thinking["budget_tokens"] = 1024.5
+    r = httpx.post(server.url + "/v1/messages", json=body)
+    assert r.status_code == 400 and "thinking.budget_tokens" in r.text, r.text
 
 
 @pytest.mark.parametrize("field", NUMERIC_FIELDS)
@@ -300,3 +307,15 @@ def test_a_bad_prompt_of_a_list_is_named_by_its_index(server: Server) -> None:
         long
     )
     assert "However, your prompt has 100000 input tokens" in error([1] * 100_000)
+    # a prompt that fits, but not with the max_tokens asked for
+    r = httpx.post(server.url + CMPL, json={"prompt": [[1], [1] * 300], "max_tokens": 300})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    assert r.json()["error"]["message"].startswith("prompt[1]: "), r.text
+
+
+def test_equal_to_one_counts_as_one_for_refused_fields(server: Server) -> None:
+    """``best_of: 1.0`` is best_of 1 (the only value served), as ``n: 1.0`` is n 1."""
+    r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "best_of": 1.0})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "best_of": 2.0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text

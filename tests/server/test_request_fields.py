@@ -135,7 +135,7 @@ REFUSED_REQUESTS: list[tuple[str, str, Any]] = [
     (CHAT, "length_penalty", True),
     (CHAT, "priority", False),
     (CMPL, "best_of", True),
-    (CMPL, "best_of", 1.0),
+    (CMPL, "best_of", "1"),
     (CMPL, "use_beam_search", 0),
     (CHAT, "return_token_ids", 0),
     (CMPL, "return_tokens_as_token_ids", 0),
