@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import select
 import signal
 import sys
@@ -129,6 +130,10 @@ def dashed_flag_names(args: Sequence[str]) -> list[str]:
     return out
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+"""An argument that is a negative number (``-4``, ``-.5``, ``-4e12``, ``-1.5E-3``), not a flag."""
+
+
 class _Parser(argparse.ArgumentParser):
     """Surge's argument parser: ``flag_hints`` (flag -> what to use instead) add to or replace
     :data:`VLLM_FLAG_HINTS` for this sub-command. A sub-command's parser reports its own
@@ -141,6 +146,9 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self.flag_hints: dict[str, str] = {**VLLM_FLAG_HINTS, **(flag_hints or {})}
+        # a negative number in scientific notation (--hbm-bandwidth -4e12) is a value, as -4 and
+        # -.5 are (argparse's own pattern took it for a flag: "expected one argument")
+        self._negative_number_matcher = _NEGATIVE_NUMBER
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
