@@ -14,9 +14,10 @@ the server's ceiling (``benchmarks/host_ceiling.py`` measures it). With ``N > 1`
   come back to it alone, and data-parallel routing uses the load every replica reports to all;
 - counters and histograms are shared through ``prometheus_client``'s multiprocess mode (one
   folder of value files, so ``/metrics`` on any process counts every process's requests);
-- SIGTERM / SIGINT to the supervisor is passed on to the API processes (which drain as a single
-  server does, in their own process group so a terminal's Ctrl-C reaches them once, through the
-  supervisor); once they have exited the engines are stopped. An API process that exits on
+- SIGTERM / SIGINT to the supervisor is passed on to the API processes as SIGTERM (they drain as
+  a single server does, in their own process group so a terminal's Ctrl-C reaches them once,
+  through the supervisor; one still starting ends at once, a clean stop); once they have exited
+  the engines are stopped. An API process that exits on
   its own ends the whole server (exit code 1). Every child dies with the supervisor (parent
   death signal).
 """
@@ -152,6 +153,7 @@ def serve_with_api_workers(
     refusal_readers: list[Connection] = []
     refusal: str | None = None
     received: list[int] = []
+    received_any = False  # a stop signal was passed on to the API processes
     stopping = False
     code = 0
 
@@ -216,12 +218,15 @@ def serve_with_api_workers(
         )
         while any(p.is_alive() for p in apis):
             while received:
-                signum = received.pop(0)
-                stopping = True
+                received.pop(0)
+                stopping = received_any = True
                 for p in apis:
                     if p.is_alive() and p.pid is not None:
                         with contextlib.suppress(ProcessLookupError):
-                            os.kill(p.pid, signum)
+                            # SIGTERM for SIGINT too: the server drains on either, and one that
+                            # still imports ends quietly (SIGINT's KeyboardInterrupt printed a
+                            # traceback there)
+                            os.kill(p.pid, signal.SIGTERM)
             wait([p.sentinel for p in apis + engines if p.exitcode is None] + refusal_readers, timeout=0.2)
             for p in engines:
                 p.join(timeout=0)  # reap a dead engine, so its API processes see it gone
@@ -253,7 +258,10 @@ def serve_with_api_workers(
                     for q in apis:
                         if q.is_alive():
                             q.terminate()
-        if any(p.exitcode for p in apis):
+        # an API process the passed-on SIGTERM ended before it could drain (still starting)
+        # exited as asked: a stop during start-up is a clean one, as with one API process
+        stopped = -signal.SIGTERM if received_any else None
+        if any(p.exitcode and p.exitcode != stopped for p in apis):
             code = 1
     finally:
         for p in apis:

@@ -274,3 +274,33 @@ def test_a_port_another_api_server_group_holds_is_busy(tmp_path: Path) -> None:
         held.close()
     assert proc.returncode == 2, err
     assert err == f"surge: error: cannot listen on 127.0.0.1:{port}: Address already in use\n", err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_during_start_up_is_a_clean_exit(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM or Ctrl-C while the API processes still start (importing, before their own
+    handlers) ends the server with code 0 and no traceback, as with one API process: an API
+    process the passed-on signal ended counted as a failure (code 1, no reason logged)."""
+    import subprocess
+    import sys
+
+    from tests.server.conftest import REPO, free_port
+
+    log_path = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", "--port", str(free_port())]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*cmd, "--api-server-count", "2"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "2 API server processes" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        assert proc.wait(60) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log_path.read_text(), log_path.read_text()
