@@ -374,11 +374,6 @@ class EngineClient:
             logger.error("the engine output dispatcher failed", exc_info=exc)
             self._mark_dead(f"the engine output dispatcher failed: {exc!r}")
 
-    def engine_index(self, queue: asyncio.Queue[QueueItem]) -> int:
-        """The engine that serves the requests of ``queue``: always 0 (one engine; see
-        ``DPEngineClient.engine_index``)."""
-        return 0
-
     def add_request(
         self,
         request_id: str,
@@ -390,8 +385,9 @@ class EngineClient:
         prompt_logprobs_once: bool = False,
         cache_salt: str | None = None,
         priority: int = 0,
-    ) -> None:
-        """Send a request; its outputs go to ``queue`` tagged with ``index``.
+    ) -> int:
+        """Send a request; its outputs go to ``queue`` tagged with ``index``. Returns the index
+        of the engine that serves it: 0 (one engine; see ``DPEngineClient.add_request``).
 
         With ``sampling_params.n > 1`` the engine runs its ``n`` choices
         (:func:`~surge.engine.llm_engine.split_n`'s ids ``f"{request_id}-{i}"``, which the
@@ -432,6 +428,7 @@ class EngineClient:
             priority,
         )
         self._send(msgspec.msgpack.encode(msg))
+        return 0
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their queues get nothing more."""

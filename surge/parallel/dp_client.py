@@ -5,9 +5,11 @@ server uses, over ``data_parallel_size`` of them (one engine process each, each 
 tensor-parallel workers and GPUs). A request goes to the live replica with the fewest requests
 in flight (sent and not finished: the replica's waiting plus running requests, counted in this
 process so that requests still on their way count too). Requests that share an output queue
-(the ``n`` samples and the prompts of one HTTP request) stay on one replica, so the samples
-share their prompt's KV blocks through prefix caching. The server is ready only while every
-replica is.
+(the ``n`` samples of a prompt, sent as one request) stay on one replica, so the samples
+share their prompt's KV blocks through prefix caching; the prompts of one HTTP request (a
+completions prompt list, a batch of chats) are routed one by one, as vLLM routes them, so a
+list of 64 prompts is spread over the replicas. The server is ready only while every replica
+is.
 
 With several API processes (``--api-server-count``) each one routes its own requests, and a
 replica's load is the engine's own count of waiting plus running requests (in the stats of every
@@ -20,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import weakref
 from collections.abc import Iterable
 
 import msgspec
@@ -121,7 +122,6 @@ class DPEngineClient:
         ]
         self.info: EngineReady | None = None
         self.num_routed = [0] * len(self.replicas)
-        self._by_queue: weakref.WeakKeyDictionary[asyncio.Queue[QueueItem], int] = weakref.WeakKeyDictionary()
 
     @property
     def pid(self) -> int | None:
@@ -198,18 +198,19 @@ class DPEngineClient:
         prompt_logprobs_once: bool = False,
         cache_salt: str | None = None,
         priority: int = 0,
-    ) -> None:
-        """Send one request to a replica (see the module docstring for which), as
-        :meth:`EngineClient.add_request`.
+    ) -> int:
+        """Send one request (its ``n`` choices together) to the replica with the least load
+        (see the module docstring), as :meth:`EngineClient.add_request`.
+
+        Returns:
+            The replica's index (the ``engine`` label of the request's metrics).
 
         Raises:
             EngineDeadError: a replica is not running.
         """
         if not self.is_ready:
             raise EngineDeadError(self.dead_reason or "the engine is not running")
-        d = self._by_queue.get(queue)
-        if d is None:
-            d = self.pick_replica()
+        d = self.pick_replica()
         self.replicas[d].add_request(
             request_id,
             prompt_token_ids,
@@ -221,13 +222,8 @@ class DPEngineClient:
             cache_salt,
             priority,
         )
-        self._by_queue[queue] = d  # counted once the replica took it
-        self.num_routed[d] += 1
-
-    def engine_index(self, queue: asyncio.Queue[QueueItem]) -> int:
-        """The replica that serves the requests of ``queue`` (0 before any was sent): the
-        ``engine`` label of their metrics."""
-        return self._by_queue.get(queue, 0)
+        self.num_routed[d] += 1  # counted once the replica took it
+        return d
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests on whichever replica holds them (each ignores ids it does not hold)."""

@@ -43,7 +43,7 @@ from surge.engine.llm_engine import choice_ids
 from surge.sampling_params import SamplingParams, reported_stop_ids, stop_reason_of
 from surge.server.errors import ApiError
 from surge.server.logprobs import LogprobTracker
-from surge.server.metrics import FinishedRequestStats, ServerMetrics
+from surge.server.metrics import EngineMetrics, FinishedRequestStats, ServerMetrics
 from surge.tokenizer import IncrementalDetokenizer
 
 _MAX_BATCH_SECONDS = 0.005
@@ -114,10 +114,11 @@ class ChoiceDelta:
 
 @dataclass(slots=True)
 class PromptInfo:
-    """One prompt of the request: its token ids (and text for echo), its choices and how many
-    of them finished (not aborted)."""
+    """One prompt of the request: its token ids (and text for echo), its choices, how many of
+    them finished (not aborted) and the request metrics of the engine (replica) serving it."""
 
     token_ids: list[int]
+    metrics: EngineMetrics
     text: str | None = None
     choices: list[int] = field(default_factory=list)
     num_finished: int = 0
@@ -185,7 +186,6 @@ class Generation:
         self._first_needs_text = first_needs_text
         self._tokenizer = tokenizer
         self._metrics = metrics
-        self._engine_metrics = metrics.engine(0)  # the engine of its requests, once sent
         self._interval = max(1, stream_interval)
         self._arrival = arrival_time
         self._queue: asyncio.Queue[QueueItem | tuple[int, ApiError]] = asyncio.Queue()
@@ -236,7 +236,7 @@ class Generation:
             ApiError: 503 when the engine is not running.
         """
         prompt_index = len(self.prompts)
-        info = PromptInfo(token_ids, text)
+        info = PromptInfo(token_ids, self._metrics.engine(0), text)  # its replica's, once sent
         self.prompts.append(info)
         if params.structured_outputs is not None:
             self._metrics.structured_request(params.structured_outputs.kind, params.n)
@@ -262,7 +262,7 @@ class Generation:
             info.choices.append(index)
             self._num_unfinished += 1
         try:  # one message for all n choices: the engine fans them out
-            self._client.add_request(
+            engine = self._client.add_request(
                 request_id,
                 token_ids,
                 params,
@@ -275,7 +275,7 @@ class Generation:
             )
         except EngineDeadError as e:
             raise ApiError(503, f"The engine is not available: {e}") from e
-        self._engine_metrics = self._metrics.engine(self._client.engine_index(self._queue))
+        info.metrics = self._metrics.engine(engine)
 
     def abort(self) -> None:
         """Abort every unfinished choice in the engine (a client that went away, a server
@@ -349,7 +349,7 @@ class Generation:
         if choice.score_only:
             return self._on_score_output(choice, out, now)
         n_new = len(out.new_token_ids)
-        metrics = self._engine_metrics
+        metrics = self.prompts[choice.prompt_index].metrics
         if choice.num_tokens == 0:
             metrics.ttft.observe(now - self._arrival)
             choice.first_token_time = now
@@ -438,7 +438,7 @@ class Generation:
             last = scheduled
         first = choice.engine_first_token_time if choice.engine_first_token_time is not None else last
         prompt = self.prompts[choice.prompt_index]
-        self._engine_metrics.request_finished(
+        prompt.metrics.request_finished(
             FinishedRequestStats(
                 finish_reason=choice.finish_reason or "stop",
                 e2e_latency=now - self._arrival,
@@ -455,7 +455,7 @@ class Generation:
         prompt.num_finished += 1
         if prompt.num_finished == len(prompt.choices):
             most = max(self.choices[i].num_tokens for i in prompt.choices)
-            self._engine_metrics.prompt_finished(len(prompt.choices), most)
+            prompt.metrics.prompt_finished(len(prompt.choices), most)
 
     def first_token_split(self) -> str:
         """Where the first choice's time to first token went, for the request's log line:
@@ -482,8 +482,8 @@ class Generation:
         a generating choice's does at its first token."""
         if out.finish_reason is None:
             self._client.abort_requests([choice.request_id])
-        num_prompt_tokens = len(self.prompts[choice.prompt_index].token_ids)
-        self._engine_metrics.add_prompt_tokens(num_prompt_tokens, out.num_cached_tokens)
+        prompt = self.prompts[choice.prompt_index]
+        prompt.metrics.add_prompt_tokens(len(prompt.token_ids), out.num_cached_tokens)
         choice.num_cached_tokens = max(choice.num_cached_tokens, out.num_cached_tokens)
         choice.finish_reason = "length"
         self._num_unfinished -= 1

@@ -114,7 +114,17 @@ def test_serve_dp2_spreads_requests_and_matches_dp1(tmp_path: Path) -> None:
             timeout=60,
         )
         assert n2.status_code == 200 and len(n2.json()["choices"]) == 3
+        # a prompt list is spread over the replicas (prompt by prompt, as vLLM routes it), not
+        # sent whole to one; each prompt's tokens as served alone
+        before = httpx.get(srv.url + "/metrics").text
+        body = {"prompt": prompts, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        listed = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert listed.status_code == 200, listed.text
+        assert [c["text"] for c in listed.json()["choices"]] == texts
         metrics = httpx.get(srv.url + "/metrics").text
+        name = "surge:generation_tokens_total"
+        served = [_metric(metrics, name, d) - _metric(before, name, d) for d in ("0", "1")]
+        assert served == [3 * 24, 3 * 24], served
         assert httpx.get(srv.url + "/health").status_code == 200
         m = re.search(r"2 replicas ready \(engine pids (\d+), (\d+)\)", srv.log())
         assert m, "the server logs its replicas' engine pids"

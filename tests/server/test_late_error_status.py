@@ -34,14 +34,12 @@ class _RejectingClient:
         queue: asyncio.Queue,
         first: int,
         **_: Any,
-    ) -> None:
+    ) -> int:
         queue.put_nowait((first, RequestError(request_id, f"failed with {self.status}", self.status)))
+        return 0
 
     def abort_requests(self, ids: list[str]) -> None:
         self.aborted += ids
-
-    def engine_index(self, queue: asyncio.Queue) -> int:
-        return 0
 
 
 @pytest.mark.parametrize("status", [400, 500])
