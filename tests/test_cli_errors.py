@@ -37,6 +37,13 @@ def _one_line_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert "NO-TORCH" in p.stdout, "the model folder must be checked before torch is imported"
 
 
+def _hinted_in_one_line(p: subprocess.CompletedProcess[str], *hints: str) -> None:
+    """Refused flags: exit 2, one line on stderr holding each of ``hints``."""
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    for hint in hints:
+        assert hint in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("command", [["serve"], ["generate", "--prompt", "x"]])
 def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     _one_line_error(_surge(*command, "--model", str(tmp_path / "nope")), "--model", "no such folder")
@@ -438,14 +445,13 @@ def test_vllm_chunked_prefill_task_and_speculative_flags_are_hinted() -> None:
             "--num-speculative-tokens",
             "3",
         )
-        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-        for hint in (
+        _hinted_in_one_line(
+            p,
             "--no-enable-chunked-prefill: use nothing: chunked prefill is always on",
             "--long-prefill-token-threshold: use --max-num-batched-tokens",
             "--task: use nothing: Surge runs text generation only",
             "--num-speculative-tokens: use nothing: Surge has no speculative decoding",
-        ):
-            assert hint in p.stderr, p.stderr
+        )
 
 
 def test_vllm_dtype_spellings() -> None:
@@ -485,14 +491,13 @@ def test_vllm_prefix_caching_switch_and_logging_hints() -> None:
         "--enable-log-requests",
         "--max-logprobs=5",
     )
-    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    for hint in (
+    _hinted_in_one_line(
+        p,
         "--uvicorn-log-level: use --log-level",
         "--disable-uvicorn-access-log: use nothing",
         "--enable-log-requests: use nothing",
         "--max-logprobs: use nothing",
-    ):
-        assert hint in p.stderr, p.stderr
+    )
 
 
 def test_python_dash_m_surge_is_the_surge_command() -> None:
