@@ -525,6 +525,16 @@ def length_mismatches(b: dict[str, Any], n: dict[str, Any]) -> list[tuple[str, f
     return out
 
 
+def _prompts_per_run(row: dict[str, Any]) -> int | None:
+    """The prompts one run of ``row`` sent: a matrix row's ``num_prompts`` (summed over its
+    ``repeats``) over its repeats, a ``bench serve`` result's own; None when it has none."""
+    total = row.get("num_prompts")
+    if type(total) is not int:
+        return None
+    repeats = row.get("repeats", 1)
+    return total // repeats if type(repeats) is int and repeats > 0 else total
+
+
 def compare_points(
     base: dict[Key, dict[str, Any]],
     new: dict[Key, dict[str, Any]],
@@ -548,7 +558,11 @@ def compare_points(
             assert b is not None and n is not None
             for name in _SETTINGS:
                 if name == "num_prompts" and ("repeats" in b or "repeats" in n):
-                    continue  # a matrix row's count is points x repeats
+                    # a matrix row's count is per run x repeats: compare what one run sent
+                    pb, pn = _prompts_per_run(b), _prompts_per_run(n)
+                    if pb is not None and pn is not None and pb != pn:
+                        cmp.mismatches.append((key, name, pb, pn))
+                    continue
                 if name == "model" and (b.get(name) is None or n.get(name) is None):
                     continue  # a run that does not know its model's name
                 if name in b and name in n and b[name] != n[name]:

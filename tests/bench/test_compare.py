@@ -368,6 +368,16 @@ def test_runs_measured_differently_are_flagged(tmp_path: Path, capsys: pytest.Ca
     assert cmp.mismatches == [((1, 8, 4), "endpoint", "/v1/chat/completions", "/v1/completions")]
     same = compare_points(load_points(x), load_points(x))
     assert same.mismatches == []
+    # against a bench serve run, the prompts of one run are compared (a matrix row skipped it:
+    # a 2-request burst was scored against a 4-request run without a warning)
+    serve = tmp_path / "serve.json"
+    run = {"max_concurrency": 1, "input_len": 8, "output_len": 4, "failed": 0, "output_throughput": 1.0}
+    run |= {"endpoint": "/v1/completions"}
+    serve.write_text(json.dumps({**run, "num_prompts": 4, "completed": 4}))
+    cmp = compare_points(load_points(tmp_path / "y"), load_points(serve))
+    assert cmp.mismatches == [((1, 8, 4), "num_prompts", 1, 4)]
+    serve.write_text(json.dumps({**run, "num_prompts": 1, "completed": 1}))
+    assert compare_points(load_points(tmp_path / "y"), load_points(serve)).mismatches == []
 
 
 def test_results_without_ramp_up_keys_and_older_files_compare(
