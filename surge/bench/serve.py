@@ -820,7 +820,9 @@ def validate_results(
                 )
 
 
-def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float) -> dict[str, Any]:
+def _roofline_fields(
+    cfg: ServeConfig, local_dir: str | None, throughput: float, model: str = ""
+) -> dict[str, Any]:
     """The result's roofline fields (``roofline_output_throughput`` in tokens/s, ``pct_of_roofline``
     in %, and the ``hardware`` and ``roofline_model`` figures they assumed), all None where the
     ceiling does not apply: no hardware, a dataset other than random, a shared prefix
@@ -828,7 +830,8 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     ``--ramp-up-strategy``: the ceiling assumes every request sent at t=0), or no model config. A
     model folder found by the served model's name that the roofline cannot model (a
     mixture-of-experts config, FP8 weights on a GPU without FP8) gets None too, with one warning
-    line on stderr, not an error that would lose the finished run."""
+    line on stderr, not an error that would lose the finished run; so does a served ``model``
+    (its name) that is no model folder here, given no ``--model-config``."""
     out: dict[str, Any] = {
         "roofline_output_throughput": None,
         "pct_of_roofline": None,
@@ -840,7 +843,12 @@ def _roofline_fields(cfg: ServeConfig, local_dir: str | None, throughput: float)
     if not math.isinf(cfg.request_rate) or cfg.ramp_up_strategy is not None:
         return out  # requests spread over time: the burst ceiling is not this run's
     src = cfg.model_config or local_dir
-    if src is None:
+    if src is None:  # a GPU was named: say why its column is empty
+        print(
+            f"surge: warning: no roofline column: the served model {model!r} is not a model folder here "
+            "(a config.json); pass --model-config DIR",
+            file=sys.stderr,
+        )
         return out
     try:
         shape = model_shape(
@@ -1319,7 +1327,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if ramp_up is not None:
         result["rps_change_events"] = rps_change_events(ramp_up, len(inputs), released)
     result.update(metrics_to_json(m, duration, cfg.percentile_metrics))
-    result.update(_roofline_fields(cfg, local_dir, m.output_throughput))
+    result.update(_roofline_fields(cfg, local_dir, m.output_throughput, model))
     result["input_lens"] = [r.prompt_len for r in results]
     result["output_lens"] = m.output_lens
     result["ttfts"] = [r.ttft for r in results]

@@ -404,3 +404,14 @@ def test_an_auto_found_model_folder_the_roofline_cannot_model_keeps_the_run(
     assert err.count("\n") == 1
     ok = _roofline_fields(cfg, str(QWEN3_8B), 100.0)
     assert ok["roofline_output_throughput"] > 0 and capsys.readouterr().err == ""
+    # a served model that is no folder here (a relative path from another folder, a hub name)
+    gone = _roofline_fields(cfg, None, 100.0, "tinyqwen")
+    assert gone["roofline_output_throughput"] is None
+    err = capsys.readouterr().err
+    assert err == (
+        "surge: warning: no roofline column: the served model 'tinyqwen' is not a model folder here "
+        "(a config.json); pass --model-config DIR\n"
+    )
+    no_gpu = ServeConfig(input_len=8, output_len=8, num_prompts=1)  # no roofline asked for: silent
+    assert _roofline_fields(no_gpu, None, 100.0, "tinyqwen")["pct_of_roofline"] is None
+    assert capsys.readouterr().err == ""
