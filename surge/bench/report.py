@@ -134,11 +134,16 @@ def plot_labels(points: Sequence[dict[str, Any]]) -> tuple[list[str], list[bool]
     ], failed
 
 
+NO_POINT_SUCCEEDED = "no point succeeded: summary.md says why"
+"""What :func:`plot_matrix` writes across a plot whose every point failed."""
+
+
 def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write ``throughput.png`` (output tok/s vs roofline per point) and ``latency.png`` (TTFT, TPOT).
 
     A point that did not succeed (``success`` false) is labelled ``(failed)`` in red, so that its
-    missing or partial bars are not read as measurements. Returns the paths written. Uses the
+    missing or partial bars are not read as measurements; when none succeeded, each panel says so
+    (:data:`NO_POINT_SUCCEEDED`) on an axis without ticks. Returns the paths written. Uses the
     non-interactive Agg backend.
     """
     import matplotlib
@@ -147,11 +152,26 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     labels, failed = plot_labels(points)
+    none_ok = bool(points) and all(failed)
 
     def mark_failed(ax: Any) -> None:
         for tick, bad in zip(ax.get_xticklabels(), failed, strict=True):
             if bad:
                 tick.set_color("tab:red")
+
+    def say_none_succeeded(*axes: Any) -> None:
+        """Every point failed: its empty axis (a scale of +-0.04) says so instead of a value."""
+        for ax in axes:
+            ax.set_yticks([])
+            ax.text(
+                0.5,
+                0.5,
+                NO_POINT_SUCCEEDED,
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="tab:red",
+            )
 
     x = list(range(len(points)))
     width = max(8.0, 0.45 * len(points))
@@ -188,6 +208,8 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     mark_failed(ax)
     ax.set_title("Output throughput per point")
     ax.legend()
+    if none_ok:
+        say_none_succeeded(ax)
     fig.tight_layout()
     paths.append(out_dir / "throughput.png")
     fig.savefig(paths[-1], dpi=110)
@@ -203,6 +225,8 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax2.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
     mark_failed(ax2)
     ax1.set_title("Latency per point")
+    if none_ok:
+        say_none_succeeded(ax1, ax2)
     fig.tight_layout()
     paths.append(out_dir / "latency.png")
     fig.savefig(paths[-1], dpi=110)

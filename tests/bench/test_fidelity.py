@@ -649,6 +649,31 @@ def test_matrix_plots_mark_a_failed_point(tmp_path: Path) -> None:
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_matrix_plots_of_no_successful_point_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every point failed: each panel says so (they drew nothing on a -0.04..0.04 axis of
+    "output tokens / s", a red "(failed)" tick the only hint); one success draws no such note."""
+    import matplotlib.axes
+
+    from surge.bench.report import NO_POINT_SUCCEEDED, plot_matrix
+
+    texts: list[str] = []
+    real_text = matplotlib.axes.Axes.text
+
+    def recording_text(
+        self: matplotlib.axes.Axes, x: float, y: float, s: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        texts.append(s)
+        return real_text(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", recording_text)
+    bad = {"concurrency": 1, "input_len": 400, "output_len": 200, "success": False, "output_throughput": None}
+    paths = plot_matrix([bad], tmp_path)
+    assert texts == [NO_POINT_SUCCEEDED] * 3 and all(p.stat().st_size > 0 for p in paths)
+    good = {"concurrency": 2, "input_len": 8, "output_len": 4, "success": True, "output_throughput": 9.0}
+    plot_matrix([bad, good | {"mean_ttft_ms": 1.0, "p99_ttft_ms": 2.0, "mean_tpot_ms": 1.0}], tmp_path)
+    assert texts == [NO_POINT_SUCCEEDED] * 3
+
+
 def test_matrix_plots_draw_dots_not_bars_on_a_log_axis(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
