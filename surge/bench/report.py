@@ -142,8 +142,8 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write ``throughput.png`` (output tok/s vs roofline per point) and ``latency.png`` (TTFT, TPOT).
 
     A point that did not succeed (``success`` false) is labelled ``(failed)`` in red, so that its
-    missing or partial bars are not read as measurements; when none succeeded, each panel says so
-    (:data:`NO_POINT_SUCCEEDED`) on an axis without ticks. Returns the paths written. Uses the
+    missing or partial bars are not read as measurements; when none succeeded, a panel with no
+    value to draw says so (:data:`NO_POINT_SUCCEEDED`) on an axis without ticks. Returns the paths written. Uses the
     non-interactive Agg backend.
     """
     import matplotlib
@@ -153,6 +153,11 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     labels, failed = plot_labels(points)
     none_ok = bool(points) and all(failed)
+
+    def unmeasured(*keys: str) -> bool:
+        """Every point failed and none has a value of ``keys`` to draw (a failed point with a
+        request short keeps its measured metrics, a roofline its ceiling)."""
+        return none_ok and not any(num(p, k) > 0 for p in points for k in keys)
 
     def mark_failed(ax: Any) -> None:
         for tick, bad in zip(ax.get_xticklabels(), failed, strict=True):
@@ -208,7 +213,7 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     mark_failed(ax)
     ax.set_title("Output throughput per point")
     ax.legend()
-    if none_ok:
+    if unmeasured("output_throughput", "roofline_output_throughput"):
         say_none_succeeded(ax)
     fig.tight_layout()
     paths.append(out_dir / "throughput.png")
@@ -225,8 +230,10 @@ def plot_matrix(points: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax2.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
     mark_failed(ax2)
     ax1.set_title("Latency per point")
-    if none_ok:
-        say_none_succeeded(ax1, ax2)
+    if unmeasured("mean_ttft_ms", "p99_ttft_ms"):
+        say_none_succeeded(ax1)
+    if unmeasured("mean_tpot_ms"):
+        say_none_succeeded(ax2)
     fig.tight_layout()
     paths.append(out_dir / "latency.png")
     fig.savefig(paths[-1], dpi=110)

@@ -4,8 +4,8 @@
 server uses, over ``data_parallel_size`` of them (one engine process each, each with its own
 tensor-parallel workers and GPUs). A request goes to the live replica with the fewest requests
 in flight (sent and not finished: the replica's waiting plus running requests, counted in this
-process so that requests still on their way count too). Requests that share an output queue
-(the ``n`` samples of a prompt, sent as one request) stay on one replica, so the samples
+process so that requests still on their way count too). The ``n`` samples of a prompt (one
+request, fanned out by the engine) stay on one replica, so the samples
 share their prompt's KV blocks through prefix caching; the prompts of one HTTP request (a
 completions prompt list, a batch of chats) are routed one by one, as vLLM routes them, so a
 list of 64 prompts is spread over the replicas. The server is ready only while every replica

@@ -369,7 +369,7 @@ async def create_batch_chat_completion(
 ) -> Response:
     """Serve ``POST /v1/chat/completions/batch`` (vLLM 0.26's): every conversation checked and
     rendered as a chat completion of its own, then all sent to the engine together (they run in
-    the same steps), answered in one non-streamed chat completion whose choice ``index`` is the
+    the same steps; under ``-dp`` spread over the replicas), answered in one non-streamed chat completion whose choice ``index`` is the
     conversation's position, with the usage of them all. One bad conversation refuses the whole
     request before anything is generated (a 400 naming ``messages[i]``), as one engine error
     fails it all; a client that disconnects aborts every conversation in the engine.

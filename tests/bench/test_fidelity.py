@@ -672,6 +672,12 @@ def test_matrix_plots_of_no_successful_point_say_so(tmp_path: Path, monkeypatch:
     good = {"concurrency": 2, "input_len": 8, "output_len": 4, "success": True, "output_throughput": 9.0}
     plot_matrix([bad, good | {"mean_ttft_ms": 1.0, "p99_ttft_ms": 2.0, "mean_tpot_ms": 1.0}], tmp_path)
     assert texts == [NO_POINT_SUCCEEDED] * 3
+    # failed points that were measured (a request short) keep their values, a roofline its ceiling
+    short = bad | {"output_throughput": 100.0, "mean_ttft_ms": 3.0, "p99_ttft_ms": 4.0, "mean_tpot_ms": 1.0}
+    plot_matrix([short], tmp_path)
+    assert texts == [NO_POINT_SUCCEEDED] * 3
+    plot_matrix([bad | {"roofline_output_throughput": 1000.0}], tmp_path)
+    assert texts == [NO_POINT_SUCCEEDED] * 5  # the latency panels only
 
 
 def test_matrix_plots_draw_dots_not_bars_on_a_log_axis(
