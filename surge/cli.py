@@ -130,8 +130,9 @@ def dashed_flag_names(args: Sequence[str]) -> list[str]:
     return out
 
 
-_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-"""An argument that is a negative number (``-4``, ``-.5``, ``-4e12``, ``-1.5E-3``), not a flag."""
+_NEGATIVE_NUMBER = re.compile(r"^-((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
+"""An argument that is a negative number (``-4``, ``-.5``, ``-4e12``, ``-1.5E-3``, ``-inf``), not a
+flag: the flag it follows refuses it with its own message."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -751,6 +751,6 @@ def test_vllm_serve_flags_whose_effect_surge_has_are_taken() -> None:
 def test_a_negative_number_in_scientific_notation_is_a_value() -> None:
     """``--hbm-bandwidth -4e12`` is the flag's (refused) value, as ``-4`` is; argparse took it
     for a flag and said only "expected one argument"."""
-    for value in ("-4e12", "-1.5E-3", "-4"):
+    for value in ("-4e12", "-1.5E-3", "-4", "-inf", "-Infinity"):
         p = _surge("bench", "roofline", "--model", str(STORIES), "--hbm-bandwidth", value)
         _one_line_error(p, "--hbm-bandwidth must be > 0 and finite, got -")
