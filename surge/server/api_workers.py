@@ -231,33 +231,20 @@ def serve_with_api_workers(
             for p in engines:
                 p.join(timeout=0)  # reap a dead engine, so its API processes see it gone
             refusal = _read_refusal(refusal_readers, refusal)
-            if refusal is not None and not stopping:  # the model or a setting was refused
-                stopping = True
-                for q in apis:
-                    if q.is_alive():
-                        q.terminate()
-            dead = next((p for p in engines if p.exitcode is not None), None)
-            if dead is not None and not stopping:  # a crash (the API processes log it at DEBUG)
-                logger.error(
-                    "engine process %s exited (code %s): stopping the server", dead.pid, dead.exitcode
-                )
-                code = 1
-                stopping = True
-                for q in apis:
-                    if q.is_alive():
-                        q.terminate()
-            if not stopping:
-                gone = [p for p in apis if p.exitcode is not None]
-                if gone:
-                    p = gone[0]
+            # the first to end stops the server: a refusal (the CLI shows its line), else an engine
+            # (its API processes log an engine gone at DEBUG) or an API process that exited
+            dead = next((p for p in engines + apis if p.exitcode is not None), None)
+            if not stopping and (refusal is not None or dead is not None):
+                if refusal is None and dead is not None:
+                    kind = "engine" if dead in engines else "API server"
                     logger.error(
-                        "API server process %s exited (code %s): stopping the server", p.pid, p.exitcode
+                        "%s process %s exited (code %s): stopping the server", kind, dead.pid, dead.exitcode
                     )
                     code = 1
-                    stopping = True
-                    for q in apis:
-                        if q.is_alive():
-                            q.terminate()
+                stopping = True
+                for q in apis:
+                    if q.is_alive():
+                        q.terminate()
         # an API process the passed-on SIGTERM ended before it could drain (still starting)
         # exited as asked: a stop during start-up is a clean one, as with one API process
         stopped = -signal.SIGTERM if received_any else None

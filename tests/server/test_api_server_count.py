@@ -190,42 +190,26 @@ def test_two_api_processes_two_replicas(tmp_path: Path, server: Server) -> None:
     assert not any(pid_alive(p) for p in apis + engines), "a process outlived the server"
 
 
-def test_a_dead_api_process_stops_the_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["API server", "engine"])
+def test_a_dead_process_stops_the_server_and_is_named(tmp_path: Path, which: str) -> None:
+    """An API process or an engine process that dies stops the server (code 1); the supervisor
+    names it and its exit code once (for an engine, its API processes, which log an engine gone at
+    start-up at DEBUG, only exited with code 1 before)."""
     srv = start_server(tmp_path, "--api-server-count", "2")
     apis, engines = _wait_for_api_processes(srv, 2)
-    os.kill(apis[1], signal.SIGKILL)
+    victim = apis[1] if which == "API server" else engines[0]
+    os.kill(victim, signal.SIGKILL)
     try:
         srv.proc.wait(30)
     except Exception:
         srv.stop()
         raise
     assert srv.proc.returncode == 1
-    assert "exited (code -9): stopping the server" in srv.log()
+    assert f"{which} process {victim} exited (code -9): stopping the server" in srv.log(), srv.log()[-2000:]
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in apis + engines) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in apis + engines), "a process outlived the server"
-
-
-def test_a_dead_engine_process_stops_the_server_and_is_named(tmp_path: Path) -> None:
-    """The supervisor names the engine that died and its exit code once (its API processes,
-    which log an engine gone at start-up at DEBUG, only exited with code 1 before)."""
-    srv = start_server(tmp_path, "--api-server-count", "2")
-    apis, engines = _wait_for_api_processes(srv, 2)
-    os.kill(engines[0], signal.SIGKILL)
-    try:
-        srv.proc.wait(30)
-    except Exception:
-        srv.stop()
-        raise
-    assert srv.proc.returncode == 1
-    assert f"engine process {engines[0]} exited (code -9): stopping the server" in srv.log(), srv.log()[
-        -2000:
-    ]
-    deadline = time.monotonic() + 10
-    while any(pid_alive(p) for p in apis) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(pid_alive(p) for p in apis), "an API process outlived the server"
 
 
 @pytest.mark.parametrize("count", ["0", "-1"])
