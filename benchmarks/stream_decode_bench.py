@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    kern = StreamDecodeKernel.compile(dev)
+    kern = StreamDecodeKernel.compile(dev, block_scaled=args.block)
     if args.no_pdl:
         kern.pdl = False
     launches, buf = build(args.layers, dev, (128, 128) if args.block else None)
@@ -178,8 +178,8 @@ def trace(
     """A step of the kernel's diagnostic build, replayed from a CUDA graph; per phase role, the
     mean over layers of :func:`phase_timeline`'s figures (us), with the role's weight
     bytes over its mean span (TB/s)."""
-    kern = StreamDecodeKernel.compile(dev, trace=True)
     phases = [ph for g in launches for ph in g]
+    kern = StreamDecodeKernel.compile(dev, trace=True, block_scaled=any(ph.block_n for ph in phases))
     stamps = torch.zeros(len(phases), kern.num_sms, 4, dtype=torch.int64, device=dev)
     starts, base = set(), 0
     for g in launches:

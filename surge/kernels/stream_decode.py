@@ -118,8 +118,8 @@ _SOURCE = r"""
 #define STATS_UNROLL 8
 #define HANG (1u << 30)
 #define MAX_POLLS (1u << 26)
-#if !defined(MIN_SPLIT_TOKENS) || !defined(HEADS_DONE) || !defined(KV_FP8)
-#error "MIN_SPLIT_TOKENS, HEADS_DONE and KV_FP8 are defined by StreamDecodeKernel.compile"
+#if !defined(MIN_SPLIT_TOKENS) || !defined(HEADS_DONE) || !defined(KV_FP8) || !defined(BLOCK_SCALED)
+#error "MIN_SPLIT_TOKENS, HEADS_DONE, KV_FP8 and BLOCK_SCALED are defined by StreamDecodeKernel.compile"
 #endif
 
 typedef unsigned long long u64;
@@ -294,7 +294,7 @@ __device__ __forceinline__ void load_seg(U4 (&r)[8], float& scale, const Phase* 
   const int half = t.s >= ks ? 1 : 0;
   const int cs = t.s - half * ks;
   const long long row = row0_of(d, cta, G) + t.j + (half ? (d.n >> 1) : 0);
-  if (d.wbn) {  // lane j: the scale of the segment's j-th K block (the compute loop shuffles it)
+  if (BLOCK_SCALED && d.wbn) {  // lane j: the scale of the segment's j-th K block (the loop shuffles it)
     const int cols = d.k / WBK, kb = cs * (SEG / WBK) + lane;
     scale = kb < cols ? __ldg(reinterpret_cast<const float*>(d.w_scale) + (row / d.wbn) * cols + kb) : 0.f;
   } else {
@@ -844,7 +844,10 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     STAMP(1)
     const int r0 = row0_of(d, cta, G);
     const int k = d.k, ks = ksegs(d), epi = d.epi;
-    const bool y_bf16 = d.y_bf16 != 0, blocked = d.wbn != 0;
+    // block scales only in their build (BLOCK_SCALED): compiled in, their branch made the per-row
+    // layers 13 % slower on an H200; a block-scaled phase in the other build marks the launch hung
+    const bool y_bf16 = d.y_bf16 != 0, blocked = BLOCK_SCALED && d.wbn != 0;
+    if (!BLOCK_SCALED && d.wbn && tid == 0) atomicOr(counter, HANG);
     void* const yp = reinterpret_cast<void*>(d.y);
     float acc = 0.f, g = 0.f, ess = 0.f, eam = 0.f;
     while (have && nt.p == p) {
@@ -1420,6 +1423,12 @@ class StreamDecodeKernel:
         kv_fp8: the build whose attention phases read FP8 (e4m3) caches; the other reads bf16
             ones. (Both in one build spill registers.) A launch whose table has attention
             phases of the other dtype computes no attention and leaves :meth:`hung` true.
+        block_scaled: the build that also takes block-scaled weights (FP8 checkpoints'
+            ``weight_block_size``; :attr:`StreamPhase.block_n`); the other takes one scale per row
+            only: one build with both made the per-row layers 13 % slower (74.5 against 65.7 us
+            per Qwen3-8B layer on an H200, 88.4 against 83.2 on an H100;
+            ``benchmarks/stream_decode_bench.py --layers 36``). A block-scaled phase launched on
+            the per-row build leaves :meth:`hung` true.
     """
 
     device: torch.device
@@ -1428,12 +1437,15 @@ class StreamDecodeKernel:
     pdl: bool = False
     trace: bool = False
     kv_fp8: bool = False
+    block_scaled: bool = False
     _fn: Any = dataclasses.field(repr=False, default=None)
 
     @classmethod
-    def compile(cls, device: torch.device, trace: bool = False, kv_fp8: bool = False) -> StreamDecodeKernel:
+    def compile(
+        cls, device: torch.device, trace: bool = False, kv_fp8: bool = False, block_scaled: bool = False
+    ) -> StreamDecodeKernel:
         """NVRTC-compiles the kernel for ``device`` (the diagnostic build if ``trace``; attention
-        over FP8 caches if ``kv_fp8``, else bf16) and runs
+        over FP8 caches if ``kv_fp8``, else bf16; block-scaled weights too if ``block_scaled``) and runs
         :meth:`self_test`. Raises ``RuntimeError`` where it cannot (no NVRTC, a GPU older than
         sm89, more than 1024 multiprocessors, a compile error, a failed self-test)."""
         major, minor = torch.cuda.get_device_capability(device)
@@ -1448,7 +1460,7 @@ class StreamDecodeKernel:
         with torch.cuda.device(device):
             defines = (
                 f"#define MIN_SPLIT_TOKENS {MIN_SPLIT_TOKENS}\n#define HEADS_DONE {HEADS_DONE}\n"
-                f"#define KV_FP8 {int(kv_fp8)}\n"
+                f"#define KV_FP8 {int(kv_fp8)}\n#define BLOCK_SCALED {int(block_scaled)}\n"
             )
             fn = compile_kernel(("#define TRACE\n" if trace else "") + defines + _SOURCE, "stream_decode")
         counter = torch.zeros(HEADS_DONE + STATS_LEN // 2, dtype=torch.int32, device=device)
@@ -1460,6 +1472,7 @@ class StreamDecodeKernel:
             pdl=pdl,
             trace=trace,
             kv_fp8=kv_fp8,
+            block_scaled=block_scaled,
             _fn=fn,
         )
         kernel.self_test()
@@ -1467,8 +1480,8 @@ class StreamDecodeKernel:
 
     def self_test(self) -> None:
         """Run a small chain of every input kind and epilogue (norm -> SwiGLU pairs -> residual add ->
-        norm from statistics, with grid barriers between them; the residual add's weight
-        block-scaled, the others per row) and compare it with
+        norm from statistics, with grid barriers between them; in the :attr:`block_scaled` build the
+        residual add's weight block-scaled, the others per row) and compare it with
         :func:`stream_reference`. Raises ``RuntimeError`` when a barrier timed out (the blocks are
         not all resident at once: another kernel or an SM limit such as MPS holds some
         multiprocessors) or the results differ; called by :meth:`compile`."""
@@ -1508,7 +1521,7 @@ class StreamDecodeKernel:
                 stats_out=stats[0],
             ),
             StreamPhase(
-                *weight(k, inter, block=True),  # an FP8 checkpoint's 128 x 128 block scales
+                *weight(k, inter, block=self.block_scaled),  # the block build: 128 x 128 block scales
                 KIND_STATS,
                 None,
                 act,

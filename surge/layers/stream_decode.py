@@ -322,6 +322,17 @@ def _stream_layer(layer: nn.Module) -> StreamLayer:
     )
 
 
+def block_scaled_layers(layers: Sequence[nn.Module]) -> bool:
+    """Whether any FP8 linear of ``layers`` (eligible ones: :func:`stream_decode_unsupported`)
+    has block scales (an FP8 checkpoint's ``weight_block_size``): the stream kernel's
+    ``block_scaled`` build runs them; the per-row build is faster for the others."""
+    return any(
+        rows[1].dim() == 2
+        for sl in (_stream_layer(layer) for layer in layers)
+        for rows in (sl.qkv, sl.o, sl.gate_up, sl.down)
+    )
+
+
 class StreamDecode:
     """The stream-kernel forward of a decoder stack at one token (see the module docstring).
 
@@ -332,13 +343,16 @@ class StreamDecode:
         kernel: the compiled kernel, or None to run :func:`stream_reference` (CPU tests).
 
     Raises:
-        ValueError: the stack is not eligible (:func:`stream_decode_unsupported`).
+        ValueError: the stack is not eligible (:func:`stream_decode_unsupported`), or it has
+            block-scaled weights and ``kernel`` is the per-row build.
     """
 
     def __init__(self, layers: Sequence[nn.Module], kernel: StreamDecodeKernel | None) -> None:
         self.kernel = kernel
         self.layers = list(layers)
         stream_layers = [_stream_layer(layer) for layer in self.layers]
+        if kernel is not None and not kernel.block_scaled and block_scaled_layers(self.layers):
+            raise ValueError("block-scaled weights need the stream kernel's block_scaled build")
         qkv_proj = self.layers[0].self_attn.qkv_proj
         self.q_size, self.kv_size = qkv_proj.q_size, qkv_proj.kv_size
         qkv_w, gate_up_w = stream_layers[0].qkv[0], stream_layers[0].gate_up[0]
@@ -370,7 +384,9 @@ class StreamDecode:
         kv_fp8 = kv_caches[0][0].dtype == torch.float8_e4m3fn
         if self.kernel.kv_fp8 != kv_fp8:  # one cache dtype per build
             try:
-                self.kernel = StreamDecodeKernel.compile(self.kernel.device, kv_fp8=kv_fp8)
+                self.kernel = StreamDecodeKernel.compile(
+                    self.kernel.device, kv_fp8=kv_fp8, block_scaled=self.kernel.block_scaled
+                )
             except Exception as e:  # noqa: BLE001 - as in enable_stream_decode: the launch chain stays
                 return f"the kernel for {kv_caches[0][0].dtype} caches did not build: {e}"
         splits = self.kernel.num_sms // self.layers[0].self_attn.attn.num_kv_heads
@@ -488,7 +504,9 @@ def enable_stream_decode(model: Any, device: torch.device, tp_size: int, kv_fp8:
     if any(getattr(getattr(m, "quant_method", None), "emulate", False) for m in stack.modules()):
         return "the FP8 weights are emulated (a test mode)"
     try:
-        kernel = StreamDecodeKernel.compile(device, kv_fp8=kv_fp8)
+        kernel = StreamDecodeKernel.compile(
+            device, kv_fp8=kv_fp8, block_scaled=block_scaled_layers(stack.layers)
+        )
     except Exception as e:  # noqa: BLE001 - an optional fast path: any failure here leaves the Triton path
         # (no NVRTC library, an old GPU, a compile error, a failed self-test)
         return f"the kernel is not usable here: {e}"

@@ -311,7 +311,7 @@ def test_reference_chain_matches_float32_layer_math(
 def test_kernel_matches_reference(n_q: int, hidden: int, inter: int, block: tuple[int, int] | None) -> None:
     from surge.kernels.stream_decode import StreamDecodeKernel
 
-    kern = StreamDecodeKernel.compile(torch.device("cuda"))
+    kern = StreamDecodeKernel.compile(torch.device("cuda"), block_scaled=block is not None)
     phases, buf = _chain(n_q, hidden, inter, "cuda", block)
     stream_reference(phases)
     want = {k: v.float().clone() for k, v in buf.items()}
@@ -330,6 +330,31 @@ def test_kernel_matches_reference(n_q: int, hidden: int, inter: int, block: tupl
     # the epilogues' new residuals are exactly the bf16 adds of the residual and the kernel's outputs
     assert torch.equal(buf["res_a"], buf["res"] + buf["o"].to(BF))
     assert torch.equal(buf["res_b"], buf["res_a"] + buf["down"].to(BF))
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")
+def test_each_build_takes_its_scales() -> None:
+    """The block-scaled build also runs per-row weights (its results match the reference); the
+    per-row build, launched with block-scaled weights, reports the launch hung instead of
+    computing them with the wrong scales."""
+    from surge.kernels.stream_decode import StreamDecodeKernel
+
+    dev = torch.device("cuda")
+    block_build, row_build = (StreamDecodeKernel.compile(dev, block_scaled=b) for b in (True, False))
+    phases, buf = _chain(384, 1152, 2304, "cuda")
+    stream_reference(phases)
+    want = buf["qkv"].float().clone()
+    buf["qkv"].fill_(float("nan"))
+    block_build.reset()
+    block_build.launch(pack_phases(phases), 0)
+    torch.cuda.synchronize()
+    assert not block_build.hung()
+    assert torch.nn.functional.cosine_similarity(buf["qkv"].float(), want, dim=0).item() > 0.9999
+    blocked, _ = _chain(384, 1152, 2304, "cuda", (64, 128))
+    row_build.reset()
+    row_build.launch(pack_phases(blocked), 0)
+    torch.cuda.synchronize()
+    assert row_build.hung()
 
 
 @pytest.mark.skipif(not GPU, reason="needs an sm89+ CUDA GPU")

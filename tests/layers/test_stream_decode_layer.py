@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from surge.config import ModelConfig
+from surge.kernels.stream_decode import StreamDecodeKernel
 from surge.layers.attention_backend import AttentionMetadata
-from surge.layers.stream_decode import StreamDecode, stream_decode_unsupported
+from surge.layers.stream_decode import StreamDecode, block_scaled_layers, stream_decode_unsupported
 from surge.layers.torch_attention import TorchAttentionBackend
 from surge.model.loader import load_model
 from tests.engine.tiny_models import make_tiny_model
@@ -55,6 +56,7 @@ def test_one_token_step_matches_the_eager_stack(fp8_model: tuple[torch.nn.Module
     """Prefill 20 tokens, then decode 3 single tokens both ways from copies of the same cache:
     the logits agree to the stream path's fp16 input rounding (cosine >= 0.9999, same argmax)."""
     _one_token_steps_match(*fp8_model)
+    assert not block_scaled_layers(fp8_model[0].model.layers)  # one scale per row: the faster build
 
 
 @pytest.mark.parametrize("block", [(128, 128), (32, 128)])
@@ -75,6 +77,15 @@ def test_block_scaled_checkpoint_one_token_step_matches_the_eager_stack(
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.quant_method.block_size == block and qkv.weight_scale.shape == (384 // block[0], 1)
     _one_token_steps_match(model, mc)
+    # the per-row build of the kernel cannot take them (it would hang the launch); the block build can
+    assert block_scaled_layers(model.model.layers)
+    per_row, block_build = (
+        StreamDecodeKernel(torch.device("cpu"), torch.zeros(1, dtype=torch.int32), 4, block_scaled=b)
+        for b in (False, True)
+    )
+    with pytest.raises(ValueError, match="block_scaled build"):
+        StreamDecode(model.model.layers, per_row)
+    assert StreamDecode(model.model.layers, block_build).kernel is block_build
 
 
 def _one_token_steps_match(model: torch.nn.Module, mc: ModelConfig) -> None:
