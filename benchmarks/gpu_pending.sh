@@ -7,7 +7,8 @@
 #    on an H200 (benchmarks/results/h200-qwen3-8b-fp8/session56/); the engine tests with attention inside the
 #    kernel (tests/quant/test_fp8_gpu.py -k stream-attention) did not fit that call and run here. Add a
 #    test file here when a session without a GPU changes a CUDA path. Session 53's served comparison and
-#    session 54's block-scale patch were measured in session 56 (same folder).
+#    session 54's block-scale patch were measured in session 56 (same folder). Prepared there and not run:
+#    a block build that takes only block-scaled phases (session56/next/: the patch and its call).
 #    Log: OUT_DIR/tests.txt. With MODEL_DIR and no ../shared/assets/models/qwen3-8b (a device's copy of
 #    the tree), MODEL_DIR is linked there first, since the tests look for the Qwen3 tokenizer in it.
 # 2. With MODEL_DIR (the Qwen3-8B config and tokenizer): the four-point bf16 regression check
