@@ -21,7 +21,8 @@ Written to ``--output-dir``: per run ``C{C}_I{I}_O{O}.json`` (``..._r{k}.json`` 
 aggregates) and ``*.requests.json.gz`` (the per-request lists, see :mod:`surge.bench.results`),
 ``summary.json``, ``summary.md``, ``throughput.png`` and ``latency.png`` (and ``server.log`` with
 ``--launch``). The summary is rewritten after every point; ``--resume`` keeps the successful
-points of an earlier run into the same folder and runs only the others, and ``--stop-after S``
+points of an earlier run into the same folder (those outside this run's grid too, listed after
+its points) and runs only the others, and ``--stop-after S``
 starts no new point after S seconds, so a long matrix can be split over several calls. A
 ``--resume`` with another setting that changes what a point measures (:data:`_RESUME_SAME`: the
 server, seed, ``--repeats``, ``--warmup``...) is refused in one line; another ``--percentiles``
@@ -370,7 +371,7 @@ def _write_summary(
         "roofline_dtype": mcfg.serve.roofline_dtype,
         "roofline_kv_cache_dtype": mcfg.serve.roofline_kv_cache_dtype,
         "num_points": len(rows),
-        "num_planned_points": len(mcfg.points),
+        "num_planned_points": len(mcfg.points) + info["kept_outside"],  # the grid and earlier points kept
         "num_successful": sum(1 for r in rows if r["success"]),
         "points": rows,
     }
@@ -559,9 +560,16 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     previous, previous_model, earlier_runs = _previous_rows(mcfg) if mcfg.resume else ({}, None, [])
     if not previous:
         previous_model, earlier_runs = None, []
+    grid = {(pt.concurrency, pt.input_len, pt.output_len) for pt in mcfg.points}
     todo = [pt for pt in mcfg.points if (pt.concurrency, pt.input_len, pt.output_len) not in previous]
+    # an earlier run's points outside this grid stay in the summary, after the grid's (--resume keeps them)
+    kept_outside = [row for key, row in previous.items() if key not in grid]
     if previous:
-        print(f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}", flush=True)
+        outside = f"; {len(kept_outside)} point(s) outside this grid kept" if kept_outside else ""
+        print(
+            f"[matrix] resuming: {len(mcfg.points) - len(todo)} point(s) already done in {out}{outside}",
+            flush=True,
+        )
     if not mcfg.launch and todo:
         models = fetch_models(
             mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure, headers=mcfg.serve.headers
@@ -584,6 +592,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         "model": mcfg.serve.model or previous_model,  # the kept points' model, also when none is left to run
         "restarts": 0,
         "earlier_runs": earlier_runs,  # the runs whose points --resume keeps
+        "kept_outside": len(kept_outside),  # earlier points outside this grid, in the summary too
     }
 
     def ordered_rows() -> list[dict[str, Any]]:
@@ -593,7 +602,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
             row = new_rows.get(key) or previous.get(key)
             if row is not None:
                 rows.append(row)
-        return rows
+        return rows + kept_outside
 
     counter: TokenCounter | None = None
     summary: dict[str, Any] = {}

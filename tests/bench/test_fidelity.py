@@ -386,6 +386,28 @@ def test_matrix_goodput_has_a_summary_column(tmp_path: Path, capsys: pytest.Capt
     assert json.loads((tmp_path / "plain" / "summary.json").read_text())["goodput_slo_ms"] is None
 
 
+def test_matrix_resume_with_another_grid_keeps_the_earlier_points(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --resume whose grid differs from the earlier run's adds its points: the earlier points
+    outside the new grid stay in the summary (they were dropped from it while their files and
+    ``earlier_runs`` stayed, so ``bench compare`` against the folder found no common point)."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "m"
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "1,2") == 0
+        first = json.loads((out / "summary.json").read_text())
+        n = len(b.log)
+        assert _matrix(s.url, out, "--concurrency", "2,3", "--resume") == 0
+        assert len(b.log) - n == 1 + 3  # only C3 ran
+    summary = json.loads((out / "summary.json").read_text())
+    assert [p["concurrency"] for p in summary["points"]] == [2, 3, 1] and summary["num_successful"] == 3
+    assert summary["points"][2] == first["points"][0]
+    assert summary["earlier_runs"][-1]["command"] == first["command"]
+    assert "resuming: 1 point(s) already done in" in capsys.readouterr().out
+    assert "| 1 | 8 | 4 |" in (out / "summary.md").read_text()
+
+
 def test_matrix_resume_takes_a_malformed_earlier_runs_list(tmp_path: Path) -> None:
     """A hand-edited summary's ``earlier_runs`` (entries without keys, a non-number restart count,
     not a dict) does not crash ``--resume``: each entry is read with its fields checked."""
