@@ -323,14 +323,18 @@ def _stream_layer(layer: nn.Module) -> StreamLayer:
 
 
 def block_scaled_layers(layers: Sequence[nn.Module]) -> bool:
-    """Whether any FP8 linear of ``layers`` (eligible ones: :func:`stream_decode_unsupported`)
-    has block scales (an FP8 checkpoint's ``weight_block_size``): the stream kernel's
-    ``block_scaled`` build runs them; the per-row build is faster for the others."""
-    return any(
-        rows[1].dim() == 2
-        for sl in (_stream_layer(layer) for layer in layers)
-        for rows in (sl.qkv, sl.o, sl.gate_up, sl.down)
-    )
+    """Whether any FP8 linear of ``layers`` has block scales (an FP8 checkpoint's
+    ``weight_block_size``): the stream kernel's ``block_scaled`` build runs them; the per-row
+    build is faster for the others.
+
+    Raises:
+        ValueError: a layer is not eligible (:func:`stream_decode_unsupported`)."""
+    return _has_block_scales([_stream_layer(layer) for layer in layers])
+
+
+def _has_block_scales(stream_layers: Sequence[StreamLayer]) -> bool:
+    # block scales are float32 [n / bn, k / 128]; per-row ones [n]
+    return any(rows[1].dim() == 2 for sl in stream_layers for rows in (sl.qkv, sl.o, sl.gate_up, sl.down))
 
 
 class StreamDecode:
@@ -351,7 +355,7 @@ class StreamDecode:
         self.kernel = kernel
         self.layers = list(layers)
         stream_layers = [_stream_layer(layer) for layer in self.layers]
-        if kernel is not None and not kernel.block_scaled and block_scaled_layers(self.layers):
+        if kernel is not None and not kernel.block_scaled and _has_block_scales(stream_layers):
             raise ValueError("block-scaled weights need the stream kernel's block_scaled build")
         qkv_proj = self.layers[0].self_attn.qkv_proj
         self.q_size, self.kv_size = qkv_proj.q_size, qkv_proj.kv_size
