@@ -294,9 +294,11 @@ __device__ __forceinline__ void load_seg(U4 (&r)[8], float& scale, const Phase* 
   const int half = t.s >= ks ? 1 : 0;
   const int cs = t.s - half * ks;
   const long long row = row0_of(d, cta, G) + t.j + (half ? (d.n >> 1) : 0);
-  if (BLOCK_SCALED && d.wbn) {  // lane j: the scale of the segment's j-th K block (the loop shuffles it)
+  if (BLOCK_SCALED) {  // lane j: the scale of the segment's j-th K block (the loop shuffles it)
+    // a per-row phase here (d.wbn 0) reads no scale: the phase marks the launch hung
     const int cols = d.k / WBK, kb = cs * (SEG / WBK) + lane;
-    scale = kb < cols ? __ldg(reinterpret_cast<const float*>(d.w_scale) + (row / d.wbn) * cols + kb) : 0.f;
+    scale = kb < cols && d.wbn ? __ldg(reinterpret_cast<const float*>(d.w_scale) + (row / max(d.wbn, 1)) * cols + kb)
+                               : 0.f;
   } else {
     scale = __ldg(reinterpret_cast<const float*>(d.w_scale) + row);
   }
@@ -844,10 +846,10 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     STAMP(1)
     const int r0 = row0_of(d, cta, G);
     const int k = d.k, ks = ksegs(d), epi = d.epi;
-    // block scales only in their build (BLOCK_SCALED): compiled in, their branch made the per-row
-    // layers 13 % slower on an H200; a block-scaled phase in the other build marks the launch hung
-    const bool y_bf16 = d.y_bf16 != 0, blocked = BLOCK_SCALED && d.wbn != 0;
-    if (!BLOCK_SCALED && d.wbn && tid == 0) atomicOr(counter, HANG);
+    // one scale layout per build (BLOCK_SCALED): a runtime branch between them made the per-row
+    // layers 13 % slower on an H200; a phase of the other layout marks the launch hung
+    const bool y_bf16 = d.y_bf16 != 0, blocked = BLOCK_SCALED != 0;
+    if ((d.wbn != 0) != blocked && tid == 0) atomicOr(counter, HANG);
     void* const yp = reinterpret_cast<void*>(d.y);
     float acc = 0.f, g = 0.f, ess = 0.f, eam = 0.f;
     while (have && nt.p == p) {
@@ -1423,12 +1425,12 @@ class StreamDecodeKernel:
         kv_fp8: the build whose attention phases read FP8 (e4m3) caches; the other reads bf16
             ones. (Both in one build spill registers.) A launch whose table has attention
             phases of the other dtype computes no attention and leaves :meth:`hung` true.
-        block_scaled: the build that also takes block-scaled weights (FP8 checkpoints'
-            ``weight_block_size``; :attr:`StreamPhase.block_n`); the other takes one scale per row
-            only: one build with both made the per-row layers 13 % slower (74.5 against 65.7 us
+        block_scaled: the build for block-scaled weights (FP8 checkpoints' ``weight_block_size``;
+            :attr:`StreamPhase.block_n`); the other takes one scale per row. Each takes only its
+            own layout: one build with both made the per-row layers 13 % slower (74.5 against 65.7 us
             per Qwen3-8B layer on an H200, 88.4 against 83.2 on an H100;
-            ``benchmarks/stream_decode_bench.py --layers 36``). A block-scaled phase launched on
-            the per-row build leaves :meth:`hung` true.
+            ``benchmarks/stream_decode_bench.py --layers 36``). A phase of the other layout
+            leaves :meth:`hung` true.
     """
 
     device: torch.device
@@ -1480,8 +1482,8 @@ class StreamDecodeKernel:
 
     def self_test(self) -> None:
         """Run a small chain of every input kind and epilogue (norm -> SwiGLU pairs -> residual add ->
-        norm from statistics, with grid barriers between them; in the :attr:`block_scaled` build the
-        residual add's weight block-scaled, the others per row) and compare it with
+        norm from statistics, with grid barriers between them; block-scaled weights in the
+        :attr:`block_scaled` build, 16x apart in magnitude between blocks) and compare it with
         :func:`stream_reference`. Raises ``RuntimeError`` when a barrier timed out (the blocks are
         not all resident at once: another kernel or an SM limit such as MPS holds some
         multiprocessors) or the results differ; called by :meth:`compile`."""
@@ -1489,15 +1491,15 @@ class StreamDecodeKernel:
         g = torch.Generator(device="cpu").manual_seed(0)
         k, inter, n = 512, 384, 4 * self.num_sms + 3
 
-        def weight(rows: int, cols: int, block: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        def weight(rows: int, cols: int, bn: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
             w = torch.randn(rows, cols, generator=g) * cols**-0.5
-            if not block:
+            if not self.block_scaled:
                 q, s = quantize_per_channel(w)
                 return q.to(dev), s.to(dev)
-            # blocks 16x apart in magnitude, so that a scale taken from the wrong block shows
-            mag = 2.0 ** torch.randint(-2, 3, (-(-rows // 128), cols // WEIGHT_BLOCK_K), generator=g).float()
-            w = w * mag.repeat_interleave(128, 0)[:rows].repeat_interleave(WEIGHT_BLOCK_K, 1)
-            q, s = quantize_block(w, (128, WEIGHT_BLOCK_K))
+            # bn x 128 blocks 16x apart in magnitude, so that a scale taken from the wrong block shows
+            mag = 2.0 ** torch.randint(-2, 3, (rows // bn, cols // WEIGHT_BLOCK_K), generator=g).float()
+            w = w * mag.repeat_interleave(bn, 0).repeat_interleave(WEIGHT_BLOCK_K, 1)
+            q, s = quantize_block(w, (bn, WEIGHT_BLOCK_K))
             return q.to(dev), s.to(dev)
 
         def vec(size: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
@@ -1521,7 +1523,7 @@ class StreamDecodeKernel:
                 stats_out=stats[0],
             ),
             StreamPhase(
-                *weight(k, inter, block=self.block_scaled),  # the block build: 128 x 128 block scales
+                *weight(k, inter),
                 KIND_STATS,
                 None,
                 act,
@@ -1532,7 +1534,7 @@ class StreamDecodeKernel:
                 next_norm_w=nw2,
                 stats_out=stats[1],
             ),
-            StreamPhase(*weight(n, k), KIND_NORM_STATS, out, res_out, nw2, stats_in=stats[1]),
+            StreamPhase(*weight(n, k, bn=1), KIND_NORM_STATS, out, res_out, nw2, stats_in=stats[1]),
         ]
         self.reset()
         stamps = (

@@ -93,6 +93,7 @@ def stream_decode_unsupported(layers: Sequence[nn.Module], tp_size: int, dtype: 
         return "tensor-parallel size is not 1"
     if dtype != torch.bfloat16:
         return f"the model dtype is {dtype}, not bf16"
+    layouts: set[int] = set()  # 1: one scale per row; 2: block scales
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         for name, lin in (
@@ -110,6 +111,9 @@ def stream_decode_unsupported(layers: Sequence[nn.Module], tp_size: int, dtype: 
             k = rows[0].shape[1]
             if k % 16 or k > XMAX:
                 return f"layer {i} {name} has input length {k} (a multiple of 16 up to {XMAX} is needed)"
+            layouts.add(rows[1].dim())
+    if len(layouts) > 1:
+        return "the layers mix per-row and block-scaled FP8 weights (one kernel build takes one layout)"
     return None
 
 
@@ -324,8 +328,9 @@ def _stream_layer(layer: nn.Module) -> StreamLayer:
 
 def block_scaled_layers(layers: Sequence[nn.Module]) -> bool:
     """Whether any FP8 linear of ``layers`` has block scales (an FP8 checkpoint's
-    ``weight_block_size``): the stream kernel's ``block_scaled`` build runs them; the per-row
-    build is faster for the others.
+    ``weight_block_size``): the stream kernel's ``block_scaled`` build runs them, the per-row
+    build the others (each build takes one layout; :func:`stream_decode_unsupported` refuses a
+    stack that mixes them).
 
     Raises:
         ValueError: a layer is not eligible (:func:`stream_decode_unsupported`)."""
@@ -347,16 +352,19 @@ class StreamDecode:
         kernel: the compiled kernel, or None to run :func:`stream_reference` (CPU tests).
 
     Raises:
-        ValueError: the stack is not eligible (:func:`stream_decode_unsupported`), or it has
-            block-scaled weights and ``kernel`` is the per-row build.
+        ValueError: the stack is not eligible (:func:`stream_decode_unsupported`), or ``kernel``
+            is the build of the other scale layout (block-scaled weights on the per-row build, or
+            per-row weights on the ``block_scaled`` one).
     """
 
     def __init__(self, layers: Sequence[nn.Module], kernel: StreamDecodeKernel | None) -> None:
         self.kernel = kernel
         self.layers = list(layers)
         stream_layers = [_stream_layer(layer) for layer in self.layers]
-        if kernel is not None and not kernel.block_scaled and _has_block_scales(stream_layers):
-            raise ValueError("block-scaled weights need the stream kernel's block_scaled build")
+        if kernel is not None and kernel.block_scaled != _has_block_scales(stream_layers):
+            raise ValueError(
+                f"the stream kernel's build (block_scaled={kernel.block_scaled}) is not the weights'"
+            )
         qkv_proj = self.layers[0].self_attn.qkv_proj
         self.q_size, self.kv_size = qkv_proj.q_size, qkv_proj.kv_size
         qkv_w, gate_up_w = stream_layers[0].qkv[0], stream_layers[0].gate_up[0]

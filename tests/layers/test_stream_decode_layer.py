@@ -77,15 +77,22 @@ def test_block_scaled_checkpoint_one_token_step_matches_the_eager_stack(
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.quant_method.block_size == block and qkv.weight_scale.shape == (384 // block[0], 1)
     _one_token_steps_match(model, mc)
-    # the per-row build of the kernel cannot take them (it would hang the launch); the block build can
+    # each build of the kernel takes one layout: the per-row build cannot take them, the block build
+    # cannot take per-row weights, and a stack that mixes the two is not eligible
     assert block_scaled_layers(model.model.layers)
     per_row, block_build = (
         StreamDecodeKernel(torch.device("cpu"), torch.zeros(1, dtype=torch.int32), 4, block_scaled=b)
         for b in (False, True)
     )
-    with pytest.raises(ValueError, match="block_scaled build"):
+    with pytest.raises(ValueError, match="build"):
         StreamDecode(model.model.layers, per_row)
     assert StreamDecode(model.model.layers, block_build).kernel is block_build
+    emulated = load_model(ModelConfig.from_pretrained(src, dtype="bfloat16", quantization="fp8"), "cpu")
+    assert not block_scaled_layers(emulated.model.layers)
+    with pytest.raises(ValueError, match="build"):
+        StreamDecode(emulated.model.layers, block_build)
+    mixed = [model.model.layers[0], emulated.model.layers[1]]
+    assert "mix per-row and block-scaled" in str(stream_decode_unsupported(mixed, 1, torch.bfloat16))
 
 
 def _one_token_steps_match(model: torch.nn.Module, mc: ModelConfig) -> None:
