@@ -28,7 +28,9 @@ starts no new point after S seconds, so a long matrix can be split over several 
 server, seed, ``--repeats``, ``--warmup``...) is refused in one line; another ``--percentiles``
 is taken (the summary's columns do not depend on it; the kept points' files keep the earlier
 run's percentiles, the new points' files have the new ones). The summary's ``earlier_runs`` keeps
-the date, command and server restarts of the calls whose points were kept.
+the date, command and server restarts of the calls whose points were kept. A run into a folder
+that holds an earlier run, without ``--resume``, first moves that run's files to
+``earlier-DATE/`` inside it (:func:`set_aside_earlier_run`), so the folder holds one run.
 With ``--launch CMD`` the server is started here, restarted when it dies (that point fails, the
 matrix goes on) and stopped at the end.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 import urllib.error
@@ -534,14 +537,57 @@ def _check_served_model(
         )
 
 
+_RUN_FILE = re.compile(
+    r"C\d+_I\d+_O\d+(_r\d+)?(\.requests)?\.json(\.gz)?|summary\.(json|md)|(throughput|latency)\.png|server\.log"
+)
+"""The names of the files a matrix run writes into its folder (:func:`set_aside_earlier_run`)."""
+
+
+def set_aside_earlier_run(out: Path) -> tuple[Path, int] | None:
+    """Move an earlier run's files out of the way of a new run into the same folder (not a
+    ``--resume``): the new summary would replace the earlier one, and the earlier points outside
+    the new grid would stay as files that no summary lists. They go to ``out/earlier-DATE``
+    (DATE: the earlier summary's ``date``; ``-2``, ``-3``... when taken). Returns that folder and
+    the number of files moved, or None when ``out`` holds no ``summary.json``.
+
+    Raises:
+        ValueError: a file cannot be moved (the message names it); the files moved before it stay
+            in the new folder.
+    """
+    summary = out / "summary.json"
+    if not summary.is_file():
+        return None
+    try:
+        date = json.loads(summary.read_text()).get("date")
+    except (OSError, ValueError, AttributeError):
+        date = None
+    if not (isinstance(date, str) and re.fullmatch(r"[\w.-]{1,64}", date)):
+        date = datetime.fromtimestamp(summary.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+    dest, k = out / f"earlier-{date}", 1
+    while dest.exists():
+        k += 1
+        dest = out / f"earlier-{date}-{k}"
+    files = sorted(f for f in out.iterdir() if f.is_file() and _RUN_FILE.fullmatch(f.name))
+    try:
+        dest.mkdir()
+        for f in files:
+            f.rename(dest / f.name)
+    except OSError as e:
+        raise ValueError(
+            f"--output-dir {out}: cannot move the earlier run's files to {dest} ({e.strerror or e})"
+        ) from None
+    return dest, len(files)
+
+
 def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     """Run every point, write the artifacts, return the summary dict (``points`` holds the rows).
 
     The summary files are rewritten after every point, so an interrupted run keeps what it measured.
     Raises:
         ValueError: the output folder cannot be created or written, the server (without ``--launch``) cannot
-            be reached, the first server start fails, or a ``--resume`` finds a folder measured
-            with other settings or against another model.
+            be reached, the first server start fails, a ``--resume`` finds a folder measured
+            with other settings or against another model, or an earlier run's files cannot be
+            moved aside (:func:`set_aside_earlier_run`).
     """
     out = mcfg.output_dir
     if mcfg.repeats < 1:
@@ -577,6 +623,14 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         _check_served_model(mcfg, previous_model, models)
     if mcfg.launch and todo:
         check_port_free(mcfg.serve.base_url)  # ServerLauncher.start checks it again, at each start
+    if not mcfg.resume:
+        moved = set_aside_earlier_run(out)
+        if moved is not None:
+            print(
+                f"[matrix] {out} held an earlier run: its {moved[1]} file(s) moved to {moved[0]} "
+                "(--resume continues a run instead)",
+                flush=True,
+            )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -408,6 +408,37 @@ def test_matrix_resume_with_another_grid_keeps_the_earlier_points(
     assert "| 1 | 8 | 4 |" in (out / "summary.md").read_text()
 
 
+def test_matrix_rerun_without_resume_moves_the_earlier_run_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new run into a folder holding an earlier one (no --resume) first moves the earlier run's
+    files to ``earlier-DATE/``: they stayed beside the new ones, the earlier points outside the new
+    grid listed by no summary. Files a matrix does not write stay where they are."""
+    b = Behaviour(ttft=0.005, itl=0.001)
+    out = tmp_path / "m"
+    with FakeServer(b) as s:
+        assert _matrix(s.url, out, "--concurrency", "1,2") == 0
+        first = json.loads((out / "summary.json").read_text())
+        (out / "notes.txt").write_text("mine")
+        capsys.readouterr()
+        assert _matrix(s.url, out, "--concurrency", "3") == 0
+    said = capsys.readouterr().out
+    earlier = out / f"earlier-{first['date']}"
+    assert f"{out} held an earlier run: its " in said and str(earlier) in said
+    assert json.loads((earlier / "summary.json").read_text()) == first
+    assert {f.name for f in earlier.glob("C*.json")} == {"C1_I8_O4.json", "C2_I8_O4.json"}
+    assert {f.name for f in out.glob("C*.json")} == {"C3_I8_O4.json"}
+    assert [p["concurrency"] for p in json.loads((out / "summary.json").read_text())["points"]] == [3]
+    assert (out / "notes.txt").read_text() == "mine"
+    # a second rerun with the same earlier date takes the next free name
+    (out / "summary.json").write_text(json.dumps({**first, "points": []}))
+    from surge.bench.matrix import set_aside_earlier_run
+
+    moved = set_aside_earlier_run(out)
+    assert moved is not None and moved[0].name == f"earlier-{first['date']}-2"
+    assert set_aside_earlier_run(out) is None  # no summary left
+
+
 def test_matrix_resume_takes_a_malformed_earlier_runs_list(tmp_path: Path) -> None:
     """A hand-edited summary's ``earlier_runs`` (entries without keys, a non-number restart count,
     not a dict) does not crash ``--resume``: each entry is read with its fields checked."""
