@@ -120,6 +120,7 @@ async def create_message(state: ServerState, body: MessagesRequest, request: Req
         delta, finish = plan.delta(plan.new_parser(), text, finish)
         blocks.feed(delta)
         blocks.close()
+        blocks.drop_blank_text()
         blocks.ensure_one()
         reason, sequence = blocks.stop_reason(finish, stop)
         message = {
@@ -319,6 +320,14 @@ class _Blocks:
         out.append(_event("content_block_stop", index=self._index))
         self.blocks.append(block)
         return out
+
+    def drop_blank_text(self) -> None:
+        """Drop the text blocks of whitespace alone (Qwen3's ``"\\n\\n"`` between ``</think>`` and
+        ``<tool_call>``) from an answer with a ``tool_use`` block, as chat's unstreamed answer drops
+        such content next to tool calls (vLLM's ``/v1/messages`` builds its answer from that chat
+        answer). Unstreamed answers only: a stream has sent the block as it came, as vLLM's does."""
+        if any(b["type"] == "tool_use" for b in self.blocks):
+            self.blocks = [b for b in self.blocks if not (b["type"] == "text" and b["text"].isspace())]
 
     def ensure_one(self) -> list[bytes]:
         """The events of one empty text block when there is no block at all (Anthropic's shape

@@ -495,6 +495,26 @@ def test_blocks_and_stop_reason_of_an_answer(
     assert blocks.stop_reason(finish, stop) == reason
 
 
+def test_unstreamed_answer_drops_blank_text_next_to_tool_use() -> None:
+    """Qwen3's ``"\\n\\n"`` between ``</think>`` and its calls is no text block of an unstreamed
+    answer with a ``tool_use`` block (it was one, holding only the whitespace, where chat's answer
+    has ``content: null``); without a call, blank text stays the answer."""
+    blocks = _Blocks()
+    blocks.feed({"reasoning": "think"})
+    blocks.feed({"content": "\n\n"})
+    blocks.feed({"tool_calls": [_call(0, '{"zone": "UTC"}', "get_time")]})
+    blocks.feed({"content": " "})
+    blocks.close()
+    blocks.drop_blank_text()
+    assert [b["type"] for b in blocks.blocks] == ["thinking", "tool_use"]
+    assert blocks.stop_reason("tool_calls", None) == ("tool_use", None)
+    plain = _Blocks()
+    plain.feed({"content": "\n\n"})
+    plain.close()
+    plain.drop_blank_text()
+    assert plain.blocks == [{"type": "text", "text": "\n\n"}]
+
+
 def test_count_tokens_refuses_the_stop_sequences_a_message_refuses(srv: Server) -> None:
     """An empty stop sequence is a 400 naming stop_sequences on both routes (count_tokens said
     200 to a body /v1/messages refuses)."""
