@@ -10,6 +10,7 @@ validation, so it is neither checked nor refused.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -103,10 +104,9 @@ def _number_is(default: float) -> Callable[[Any], bool]:
     return lambda v: v is None or (type(v) in (int, float) and v == default)
 
 
-def _int_is(default: int) -> Callable[[Any], bool]:
-    """None, or a JSON integer equal to ``default`` (or a number equal to it, ``1.0``, as
-    :data:`surge.server.protocol.JsonInt` takes a count; not a boolean)."""
-    return lambda v: v is None or (type(v) in (int, float) and v == default)
+def _whole_count(v: Any) -> bool:
+    """None, or a JSON number that is a whole count >= 1 (``2.0`` too; not a boolean)."""
+    return v is None or (type(v) in (int, float) and math.isfinite(v) and v >= 1 and v == int(v))
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,8 @@ REFUSALS: tuple[Refusal, ...] = (
         lambda v: v in (None, "none", "auto"),
         "the deprecated function_call field is not supported: use tool_choice",
     ),
-    Refusal("best_of", _int_is(1), "best_of must be 1 (each choice is sampled once; use n for more choices)"),
+    # a count above n is refused where n is known (``check_unimplemented``): best_of equal to n is n
+    Refusal("best_of", _whole_count, "best_of must be a whole number (each choice is sampled once; use n)"),
     Refusal("suffix", lambda v: v is None or v == "", "suffix (insertion) is not supported"),
     Refusal("audio", _unset, "audio output is not supported"),
     Refusal("modalities", lambda v: v is None or v == ["text"], "only the text modality is supported"),

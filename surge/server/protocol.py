@@ -282,6 +282,12 @@ class SamplingRequestFields(RequestBody):
                 f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}",
                 param="best_of",
             )
+        if type(self.best_of) in (int, float) and self.best_of > self.n:  # equal to n: the n choices
+            raise bad_request(
+                "'best_of' is not supported by Surge above n: each choice is sampled once, so best_of must "
+                f"equal n (got n={self.n} and best_of={self.best_of}; use n for more choices)",
+                param="best_of",
+            )
         if self.cache_salt == "":  # as vLLM (null is unset)
             raise bad_request("cache_salt must be a non-empty string if provided", param="cache_salt")
         if self.stream_options is not None and not self.stream:

@@ -314,7 +314,7 @@ def test_a_bad_prompt_of_a_list_is_named_by_its_index(server: Server) -> None:
 
 
 def test_equal_to_one_counts_as_one_for_refused_fields(server: Server) -> None:
-    """``best_of: 1.0`` is best_of 1 (the only value served), as ``n: 1.0`` is n 1."""
+    """``best_of: 1.0`` is best_of 1 (with n 1, the only value served), as ``n: 1.0`` is n 1."""
     r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "best_of": 1.0})
     assert r.status_code == 200, r.text
     r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "best_of": 2.0})

@@ -180,6 +180,22 @@ def test_best_of_below_n_is_a_400_naming_best_of(server: Server, path: str) -> N
         assert r.status_code == 200, (ok, r.text)
 
 
+@pytest.mark.parametrize("path", [CMPL, CHAT])
+def test_best_of_equal_to_n_is_the_n_choices(server: Server, path: str) -> None:
+    """best_of equal to n asks for n samples and returns them all, which is what n does: taken (it
+    was refused unless 1; OpenAI takes it, vLLM 0.26 ignores the field). Above n it would rank more
+    samples than it returns: a 400 naming best_of, with the counts."""
+    body: dict[str, Any] = {"messages": MSGS} if path == CHAT else {"prompt": PROMPT}
+    for best_of in (2, 2.0):
+        r = _post(server, path, body | {"n": 2, "best_of": best_of, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
+    r = _post(server, path, body | {"n": 2, "best_of": 3, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "best_of" and "got n=2 and best_of=3" in err["message"], err
+
+
 def test_refused_fields_accept_their_defaults(server: Server) -> None:
     defaults = {
         "use_beam_search": False,
@@ -253,12 +269,12 @@ def test_check_unimplemented_names_the_first_refused_field_sent() -> None:
     check looked at the sent fields only); a refused field sent with its default passes."""
     ok = ChatCompletionRequest.model_validate({"messages": MSGS, "best_of": 1, "use_beam_search": False})
     ok.check_unimplemented()
-    bad = ChatCompletionRequest.model_validate({"messages": MSGS, "vllm_xargs": {"a": 1}, "best_of": 2})
+    bad = ChatCompletionRequest.model_validate({"messages": MSGS, "vllm_xargs": {"a": 1}, "best_of": 1.5})
     with pytest.raises(ApiError) as e:
         bad.check_unimplemented()
     assert e.value.param == "best_of"
     assert e.value.message == (
-        "'best_of' is not supported by Surge: best_of must be 1 (each choice is sampled once; use n for more choices)"
+        "'best_of' is not supported by Surge: best_of must be a whole number (each choice is sampled once; use n)"
     )
 
 
