@@ -16,7 +16,9 @@ the server's ceiling (``benchmarks/host_ceiling.py`` measures it). With ``N > 1`
   folder of value files, so ``/metrics`` on any process counts every process's requests);
 - SIGTERM / SIGINT to the supervisor is passed on to the API processes as SIGTERM (they drain as
   a single server does, in their own process group so a terminal's Ctrl-C reaches them once,
-  through the supervisor; one still starting ends at once, a clean stop); once they have exited
+  through the supervisor; one still starting ends at once, a clean stop, and each child starts with
+  them blocked until it has left the supervisor's process group, so a signal to the whole group
+  during start-up is one stop, not a traceback or a crash per child); once they have exited
   the engines are stopped. An API process that exits on
   its own ends the whole server (exit code 1). Every child dies with the supervisor (parent
   death signal).
@@ -35,6 +37,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -52,6 +55,40 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _METRICS_PREFIX = "surge-metrics-"
 """Name prefix of the supervisor's shared Prometheus folder (``<prefix><pid>-*``)."""
+
+
+STOP_SIGNALS: frozenset[signal.Signals] = frozenset({signal.SIGINT, signal.SIGTERM})
+"""A terminal's Ctrl-C and a service manager's stop, which the supervisor passes on."""
+
+
+def start_with_stops_blocked(proc: multiprocessing.process.BaseProcess) -> None:
+    """Start a spawned child with :data:`STOP_SIGNALS` blocked (a new interpreter inherits the
+    signal mask). While it imports, it is still in the supervisor's process group: a Ctrl-C or a
+    SIGTERM to the group stays pending there instead of printing a ``KeyboardInterrupt``
+    traceback from the import or ending it with -15 (which the supervisor, not yet signalled
+    itself, took for a crash: exit code 1). The child looks at them when its target starts
+    (:func:`stop_came_while_starting`, or the engine's own handlers); this process gets its own
+    signals once the start returns."""
+    # the first spawn starts multiprocessing's resource tracker, whose start unblocks both
+    # signals (it blocks them for its own child, then unblocks instead of restoring): started
+    # before the block, it is already running inside it
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def stop_came_while_starting() -> bool:
+    """In a child started by :func:`start_with_stops_blocked`, once it has left the supervisor's
+    process group: True when a stop signal came while it started (they stay blocked; the caller
+    ends, a clean stop), else False with them unblocked (a SIGTERM then ends it at once, as one
+    that comes before its server's handlers)."""
+    if signal.sigpending() & STOP_SIGNALS:
+        return True
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    return False
 
 
 def run_api_process(
@@ -76,6 +113,8 @@ def run_api_process(
         log_level: ``logging`` level.
     """
     os.setpgrp()  # a terminal's Ctrl-C reaches the supervisor, which passes it on once
+    if stop_came_while_starting():
+        return  # a stop during start-up is a clean one
     set_parent_death_signal()
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s %(levelname)s [%(name)s api{index}] %(message)s"
@@ -185,7 +224,7 @@ def serve_with_api_workers(
                 name=f"surge-engine-core-{d}",
             )
             try:
-                proc.start()
+                start_with_stops_blocked(proc)
             finally:
                 writer.close()
             engines.append(proc)
@@ -202,7 +241,7 @@ def serve_with_api_workers(
                     args=(config, options, attach, c, os.getpid(), metrics_dir, level),
                     name=f"surge-api-{c}",
                 )
-                proc.start()
+                start_with_stops_blocked(proc)
                 apis.append(proc)
         finally:
             if saved is None:

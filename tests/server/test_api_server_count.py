@@ -288,3 +288,42 @@ def test_a_stop_signal_during_start_up_is_a_clean_exit(tmp_path: Path, sig: sign
             proc.kill()
             proc.wait()
     assert "Traceback" not in log_path.read_text(), log_path.read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_to_the_whole_group_during_start_up_is_one_clean_stop(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C in a terminal, or a service manager's SIGTERM, reaches the whole process group,
+    the API processes too while they still import (before they leave the group): each printed a
+    KeyboardInterrupt traceback, or SIGTERM ended them before the supervisor knew of a stop and
+    the server exited 1 as after a crash. They start with the signals blocked, so the group's
+    signal is one clean stop: code 0, no traceback, no crash logged."""
+    import subprocess
+    import sys
+
+    from tests.server.conftest import REPO, free_port
+
+    log_path = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "surge.cli", "serve", "--device", "cpu", "--port", str(free_port())]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*cmd, "--api-server-count", "2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,  # its own group, as a terminal's foreground job
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "2 API server processes" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.01)
+        os.killpg(proc.pid, sig)  # the API processes are importing now
+        assert proc.wait(60) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log_path.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text and "exited (code" not in text, text
