@@ -897,3 +897,37 @@ def test_switching_modes_after_only_an_error_does_not_ask(page: Any, web_server:
     assert asked == []
     assert page.get_attribute("#mode [data-mode=completion]", "aria-pressed") == "true"
     assert page.input_value("#prompt") == "Hello"
+
+
+def test_pages_behind_a_proxy_under_a_path_prefix(page: Any, web_server: Server) -> None:
+    """A proxy that serves Surge under ``/surge/`` and strips the prefix (what ``--root-path``'s
+    refusal tells a user to run), played by the page's routes: the playground loads its files,
+    lists the models, answers a chat and links to the dashboard, which reads /metrics, all through
+    the prefix. Their root-relative URLs (``/ui/style.css``, ``fetch("/v1/models")``) missed it."""
+    base = web_server.url
+    outside: list[str] = []
+
+    def proxied(route: Any) -> None:
+        url = route.request.url
+        if not url.startswith(base + "/surge/"):
+            outside.append(url)
+            route.abort("connectionrefused")
+            return
+        response = route.fetch(url=base + "/" + url[len(base + "/surge/") :])
+        route.fulfill(response=response)
+
+    page.route(base + "/**", proxied)
+    page.goto(base + "/surge/")
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    page.fill("#max_tokens", "8")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Hello")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant")
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["tokens"] == "8", m
+    page.click("a[href='dashboard']")
+    page.wait_for_url(base + "/surge/dashboard")
+    page.wait_for_load_state("networkidle")
+    assert page.evaluate("() => getComputedStyle(document.body).fontFamily") != ""
+    assert outside == [], outside

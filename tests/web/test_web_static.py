@@ -9,6 +9,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
+from urllib.parse import urljoin
 
 import httpx
 import pytest
@@ -66,15 +67,29 @@ def test_unknown_paths_are_404(client: TestClient, path: str) -> None:
 
 
 def test_every_referenced_file_is_served(client: TestClient) -> None:
-    for page in ("index.html", "dashboard.html"):
+    """Each page's files and links are relative (``ui/style.css``, ``dashboard``, ``./``) and
+    resolve, from the page's own path, to what the server serves."""
+    for page, path in (("index.html", "/"), ("dashboard.html", "/dashboard")):
         html = (STATIC_DIR / page).read_text()
         refs = re.findall(r'(?:src|href)="([^"]+)"', html)
         assert refs
         for ref in refs:
-            if ref in ("/", "/dashboard"):
-                continue
-            assert ref.startswith("/ui/"), ref
-            assert client.get(ref).status_code == 200, ref
+            assert not ref.startswith("/"), ref
+            url = urljoin(f"http://testserver{path}", ref)
+            assert client.get(url).status_code == 200, (page, ref)
+
+
+def test_pages_work_under_a_path_prefix() -> None:
+    """Behind a proxy that serves Surge under a prefix (``/surge/`` -> ``/``) the pages load their
+    files and call the API through the prefix: no root-relative URL in the pages or scripts
+    (``/ui/style.css``, ``fetch("/v1/models")`` went to the proxy's root, 404)."""
+    for path in FILES:
+        if path.suffix not in (".html", ".js"):
+            continue
+        text = path.read_text()
+        assert not re.findall(r"""(?:src|href)\s*=\s*["']/""", text), path.name
+        assert not re.findall(r"""fetch\(\s*["'`]/""", text), path.name
+        assert not re.findall(r"""url\s*=\s*["'`]/""", text), path.name
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)

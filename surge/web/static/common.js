@@ -245,7 +245,7 @@ const SurgeCommon = (() => {
   function watchHealth(dot, label) {
     async function check() {
       try {
-        const r = await fetch("/health", { cache: "no-store" });
+        const r = await fetch("health", { cache: "no-store" });
         dot.className = "dot " + (r.ok ? "ok" : "bad");
         label.textContent = r.ok ? "Ready" : "Unavailable";
       } catch (e) {

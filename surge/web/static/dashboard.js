@@ -163,7 +163,7 @@
   async function scrape() {
     const t = performance.now() / 1000;
     try {
-      const r = await fetch("/metrics", { headers: C.headers(false), cache: "no-store" });
+      const r = await fetch("metrics", { headers: C.headers(false), cache: "no-store" });
       if (r.status === 401) {
         $("key-field").hidden = false;
         throw new Error("/metrics needs the server's API key.");

@@ -124,7 +124,7 @@
   async function loadModels() {
     let r;
     try {
-      r = await fetch("/v1/models", { headers: C.headers(false), cache: "no-store" });
+      r = await fetch("v1/models", { headers: C.headers(false), cache: "no-store" });
     } catch (e) {
       return;
     }
@@ -351,11 +351,11 @@
       if (ui.system.value.trim()) messages.push({ role: "system", content: ui.system.value });
       body.messages = messages.concat(state.history);
       if (ui.thinking.value) body.chat_template_kwargs = { enable_thinking: ui.thinking.value === "on" };
-      url = "/v1/chat/completions";
+      url = "v1/chat/completions";
       asked = addUserMessage(text, "You");
     } else {
       body.prompt = text;
-      url = "/v1/completions";
+      url = "v1/completions";
       asked = addUserMessage(text, "Prompt");
     }
     ui.prompt.value = "";
