@@ -501,13 +501,14 @@ class ParallelConfig:
             0 <= self.node_rank < self.nnodes,
             f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}",
         )
-        _require(
-            self.tensor_parallel_size % self.nnodes == 0,
-            f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of nnodes ({self.nnodes})",
-        )
+        # data parallelism's one-host rule first: -dp 2 --nnodes 2 was told about TP
         _require(
             self.nnodes == 1 or self.data_parallel_size == 1,
             "data_parallel_size > 1 runs on one host: use nnodes=1 with it",
+        )
+        _require(
+            self.tensor_parallel_size % self.nnodes == 0,
+            f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of nnodes ({self.nnodes})",
         )
         _require(
             self.nnodes == 1 or self.master_port is not None,

@@ -92,6 +92,10 @@ def test_tp_head_count_error_is_one_line(tmp_path: Path) -> None:
     check_tensor_parallel(model, 4)  # 2 KV heads, each on two ranks
     with pytest.raises(ValueError, match="nnodes"):
         ParallelConfig(tensor_parallel_size=3, nnodes=2, master_port=29500)
+    # data parallelism over nodes is told its own rule (-dp 2 --nnodes 2 was told that TP 1 is
+    # no multiple of 2 nodes)
+    with pytest.raises(ValueError, match=r"^data_parallel_size > 1 runs on one host: use nnodes=1 with it$"):
+        ParallelConfig(data_parallel_size=2, nnodes=2, master_port=29500)
 
 
 def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
