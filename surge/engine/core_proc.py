@@ -284,7 +284,10 @@ def run_engine_core(
     # a supervisor of several API processes starts this one with SIGINT and SIGTERM blocked
     # (surge.server.api_workers.start_with_stops_blocked): one that came while it imported goes
     # to the handlers above (SIGINT ignored, SIGTERM as any)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    except _Shutdown:  # a SIGTERM while it imported, its parent gone since: nothing to serve
+        return
     set_parent_death_signal()
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [engine] %(message)s")
     in_addrs = [input_address] if isinstance(input_address, str) else list(input_address)

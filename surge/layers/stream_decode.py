@@ -352,18 +352,20 @@ class StreamDecode:
         kernel: the compiled kernel, or None to run :func:`stream_reference` (CPU tests).
 
     Raises:
-        ValueError: the stack is not eligible (:func:`stream_decode_unsupported`), or ``kernel``
-            is the build of the other scale layout (block-scaled weights on the per-row build, or
-            per-row weights on the ``block_scaled`` one).
+        ValueError: a layer is not eligible (:func:`_stream_layer`), or ``kernel`` is the build
+            of another scale layout (block-scaled weights on the per-row build, per-row weights on
+            the ``block_scaled`` one, or a stack that mixes the two on either).
     """
 
     def __init__(self, layers: Sequence[nn.Module], kernel: StreamDecodeKernel | None) -> None:
         self.kernel = kernel
         self.layers = list(layers)
         stream_layers = [_stream_layer(layer) for layer in self.layers]
-        if kernel is not None and kernel.block_scaled != _has_block_scales(stream_layers):
+        layouts = {rows[1].dim() == 2 for sl in stream_layers for rows in (sl.qkv, sl.o, sl.gate_up, sl.down)}
+        if kernel is not None and layouts != {kernel.block_scaled}:
             raise ValueError(
-                f"the stream kernel's build (block_scaled={kernel.block_scaled}) is not the weights'"
+                f"the stream kernel's build (block_scaled={kernel.block_scaled}) is not the weights' "
+                "(a build takes one scale layout: per-row or block-scaled weights, not both)"
             )
         qkv_proj = self.layers[0].self_attn.qkv_proj
         self.q_size, self.kv_size = qkv_proj.q_size, qkv_proj.kv_size

@@ -16,9 +16,10 @@ the server's ceiling (``benchmarks/host_ceiling.py`` measures it). With ``N > 1`
   folder of value files, so ``/metrics`` on any process counts every process's requests);
 - SIGTERM / SIGINT to the supervisor is passed on to the API processes as SIGTERM (they drain as
   a single server does, in their own process group so a terminal's Ctrl-C reaches them once,
-  through the supervisor; one still starting ends at once, a clean stop, and each child starts with
-  them blocked until it has left the supervisor's process group, so a signal to the whole group
-  during start-up is one stop, not a traceback or a crash per child); once they have exited
+  through the supervisor; one still starting ends at once, a clean stop). Every child starts with
+  both signals blocked: an API process until it has left the supervisor's process group, an engine
+  until its own handlers are in place, so a signal to the whole group during start-up is one stop,
+  not a traceback or a crash per child. Once the API processes have exited
   the engines are stopped. An API process that exits on
   its own ends the whole server (exit code 1). Every child dies with the supervisor (parent
   death signal).
@@ -267,6 +268,8 @@ def serve_with_api_workers(
                             # traceback there)
                             os.kill(p.pid, signal.SIGTERM)
             wait([p.sentinel for p in apis + engines if p.exitcode is None] + refusal_readers, timeout=0.2)
+            if received:  # a stop during the wait: passed on first, so an API process it ended is no crash
+                continue
             for p in engines:
                 p.join(timeout=0)  # reap a dead engine, so its API processes see it gone
             refusal = _read_refusal(refusal_readers, refusal)

@@ -154,7 +154,11 @@ REFUSALS: tuple[Refusal, ...] = (
         "the deprecated function_call field is not supported: use tool_choice",
     ),
     # a count above n is refused where n is known (``check_unimplemented``): best_of equal to n is n
-    Refusal("best_of", _whole_count, "best_of must be a whole number (each choice is sampled once; use n)"),
+    Refusal(
+        "best_of",
+        _whole_count,
+        "best_of must be a whole number of at least 1 (each choice is sampled once; use n)",
+    ),
     Refusal("suffix", lambda v: v is None or v == "", "suffix (insertion) is not supported"),
     Refusal("audio", _unset, "audio output is not supported"),
     Refusal("modalities", lambda v: v is None or v == ["text"], "only the text modality is supported"),

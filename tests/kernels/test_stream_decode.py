@@ -3,6 +3,7 @@ table and its torch reference on CPU; the kernel against that reference on an sm
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -342,6 +343,16 @@ def test_each_build_takes_only_its_scales() -> None:
     for block_scaled, block in ((True, None), (False, (64, 128))):
         kern = StreamDecodeKernel.compile(dev, block_scaled=block_scaled)
         phases, _ = _chain(384, 1152, 2304, "cuda", block)
+        if block is not None:  # the per-row build reads scale[row]: block scales, padded to n floats
+            padded = [torch.zeros(ph.weight.shape[0] + ph.weight_scale.numel(), device=dev) for ph in phases]
+            for ph, pad in zip(phases, padded, strict=True):
+                pad[: ph.weight_scale.numel()] = ph.weight_scale.flatten()
+            phases = [
+                dataclasses.replace(
+                    ph, weight_scale=pad[: ph.weight_scale.numel()].view(ph.weight_scale.shape)
+                )
+                for ph, pad in zip(phases, padded, strict=True)
+            ]
         kern.reset()
         kern.launch(pack_phases(phases), 0)
         torch.cuda.synchronize()

@@ -274,7 +274,7 @@ def test_check_unimplemented_names_the_first_refused_field_sent() -> None:
         bad.check_unimplemented()
     assert e.value.param == "best_of"
     assert e.value.message == (
-        "'best_of' is not supported by Surge: best_of must be a whole number (each choice is sampled once; use n)"
+        "'best_of' is not supported by Surge: best_of must be a whole number of at least 1 (each choice is sampled once; use n)"
     )
 
 
