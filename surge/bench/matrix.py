@@ -551,8 +551,8 @@ def set_aside_earlier_run(out: Path) -> tuple[Path, int] | None:
     the number of files moved, or None when ``out`` holds no ``summary.json``.
 
     Raises:
-        ValueError: a file cannot be moved (the message names it); the files moved before it stay
-            in the new folder.
+        ValueError: the folder cannot be made or a file cannot be moved (the message names it);
+            the files moved before it stay in ``out/earlier-DATE``.
     """
     summary = out / "summary.json"
     if not summary.is_file():
@@ -570,12 +570,17 @@ def set_aside_earlier_run(out: Path) -> tuple[Path, int] | None:
     files = sorted(f for f in out.iterdir() if f.is_file() and _RUN_FILE.fullmatch(f.name))
     try:
         dest.mkdir()
-        for f in files:
-            f.rename(dest / f.name)
     except OSError as e:
         raise ValueError(
-            f"--output-dir {out}: cannot move the earlier run's files to {dest} ({e.strerror or e})"
+            f"--output-dir {out}: cannot make {dest} for the earlier run ({e.strerror or e})"
         ) from None
+    for f in files:
+        try:
+            f.rename(dest / f.name)
+        except OSError as e:
+            raise ValueError(
+                f"--output-dir {out}: cannot move {f.name} to {dest} ({e.strerror or e})"
+            ) from None
     return dest, len(files)
 
 

@@ -334,12 +334,13 @@ def block_scaled_layers(layers: Sequence[nn.Module]) -> bool:
 
     Raises:
         ValueError: a layer is not eligible (:func:`stream_decode_unsupported`)."""
-    return _has_block_scales([_stream_layer(layer) for layer in layers])
+    return True in _block_scaled_set([_stream_layer(layer) for layer in layers])
 
 
-def _has_block_scales(stream_layers: Sequence[StreamLayer]) -> bool:
-    # block scales are float32 [n / bn, k / 128]; per-row ones [n]
-    return any(rows[1].dim() == 2 for sl in stream_layers for rows in (sl.qkv, sl.o, sl.gate_up, sl.down))
+def _block_scaled_set(stream_layers: Sequence[StreamLayer]) -> set[bool]:
+    """The scale layouts the stack's FP8 linears use: True for block scales (float32
+    ``[n / bn, k / 128]``), False for one scale per row (``[n]``)."""
+    return {rows[1].dim() == 2 for sl in stream_layers for rows in (sl.qkv, sl.o, sl.gate_up, sl.down)}
 
 
 class StreamDecode:
@@ -361,8 +362,7 @@ class StreamDecode:
         self.kernel = kernel
         self.layers = list(layers)
         stream_layers = [_stream_layer(layer) for layer in self.layers]
-        layouts = {rows[1].dim() == 2 for sl in stream_layers for rows in (sl.qkv, sl.o, sl.gate_up, sl.down)}
-        if kernel is not None and layouts != {kernel.block_scaled}:
+        if kernel is not None and _block_scaled_set(stream_layers) != {kernel.block_scaled}:
             raise ValueError(
                 f"the stream kernel's build (block_scaled={kernel.block_scaled}) is not the weights' "
                 "(a build takes one scale layout: per-row or block-scaled weights, not both)"
