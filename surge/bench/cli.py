@@ -1185,7 +1185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``surge bench serve``: exit 0 when every request succeeded, 1 otherwise."""
     from surge.bench.metrics import LATENCY_METRICS, parse_percentile_metrics
     from surge.bench.report import format_result_table
-    from surge.bench.serve import FILE_DATASET_NAMES, FILE_DATASETS, run_serve
+    from surge.bench.serve import FILE_DATASET_NAMES, FILE_DATASETS, roofline_unused_reason, run_serve
 
     for flag, value in (
         ("--input-len", args.input_len),
@@ -1437,6 +1437,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 check_appendable(folder / args.result_filename)
         else:
             _check_output_file(folder / "result.json", "--result-dir")
+    unused = roofline_unused_reason(cfg)
+    if unused:  # after the flags' checks, before the run: not found as null fields after it
+        print(f"surge: warning: {unused}", file=sys.stderr)
     try:
         result = run_serve(cfg, _command_line())
     except KeyboardInterrupt:

@@ -55,7 +55,7 @@ import numpy as np
 from surge.bench.launcher import ServerLauncher, check_port_free, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
 from surge.bench.results import cannot_make_folder, cannot_write, file_in_the_way, write_result
-from surge.bench.serve import ServeConfig, fetch_models, make_counter, run_serve
+from surge.bench.serve import ServeConfig, fetch_models, make_counter, roofline_unused_reason, run_serve
 from surge.bench.tokens import TokenCounter, request_headers, tls_context
 
 
@@ -628,6 +628,9 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
         _check_served_model(mcfg, previous_model, models)
     if mcfg.launch and todo:
         check_port_free(mcfg.serve.base_url)  # ServerLauncher.start checks it again, at each start
+    unused = roofline_unused_reason(mcfg.serve)
+    if unused and todo:  # once, after the checks that refuse the run (a point's run_serve says nothing)
+        print(f"surge: warning: {unused}", file=sys.stderr)
     if not mcfg.resume:
         moved = set_aside_earlier_run(out)
         if moved is not None:

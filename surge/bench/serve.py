@@ -820,6 +820,48 @@ def validate_results(
                 )
 
 
+def roofline_unused_reason(cfg: ServeConfig) -> str | None:
+    """Why the roofline flags of ``cfg`` give this run no roofline column, whatever its model, as
+    one warning line's text (without its ``surge: warning:`` prefix), said before the run; None
+    when they may give one (or none was asked for).
+
+    With the hardware (``--gpu``, or ``--hbm-bandwidth`` and ``--peak-flops``): a dataset other
+    than random (prompts of many lengths), a shared prefix (``--random-prefix-len``: the server may
+    reuse its cached KV instead of prefilling it), or a run that is not a burst (a finite
+    ``--request-rate`` or a ``--ramp-up-strategy``: the ceiling assumes every request sent at
+    t=0). Without it: the roofline's model flags (``--model-config``, ``--roofline-tp``,
+    ``--roofline-dtype``, ``--roofline-kv-cache-dtype``), which then change nothing.
+    """
+    if cfg.hardware is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--model-config", cfg.model_config),
+                ("--roofline-tp", cfg.roofline_tp if cfg.roofline_tp != 1 else None),
+                ("--roofline-dtype", cfg.roofline_dtype),
+                ("--roofline-kv-cache-dtype", cfg.roofline_kv_cache_dtype),
+            )
+            if value is not None
+        ]
+        if not given:
+            return None
+        names = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+        return (
+            f"{names} {'changes' if len(given) == 1 else 'change'} nothing without the hardware "
+            "(--gpu NAME, or --hbm-bandwidth and --peak-flops): no roofline column is computed"
+        )
+    why = None
+    if cfg.dataset != "random":
+        why = f"--dataset {cfg.dataset} (the ceiling is a random run's, of one --input-len)"
+    elif cfg.random_prefix_len:
+        why = "--random-prefix-len (the server may reuse the shared prefix's cached KV instead of prefilling it)"
+    elif cfg.ramp_up_strategy is not None:
+        why = "--ramp-up-strategy (the ceiling is a burst's, every request sent at once)"
+    elif not math.isinf(cfg.request_rate):
+        why = f"--request-rate {cfg.request_rate:g} (the ceiling is a burst's, every request sent at once)"
+    return None if why is None else f"no roofline column with {why}"
+
+
 def _roofline_fields(
     cfg: ServeConfig, local_dir: str | None, throughput: float, model: str = ""
 ) -> dict[str, Any]:
@@ -838,10 +880,8 @@ def _roofline_fields(
         "hardware": None,
         "roofline_model": None,
     }
-    if cfg.hardware is None or cfg.dataset != "random" or cfg.random_prefix_len:
-        return out  # prompts of many lengths, or a prefix the server may not prefill again
-    if not math.isinf(cfg.request_rate) or cfg.ramp_up_strategy is not None:
-        return out  # requests spread over time: the burst ceiling is not this run's
+    if cfg.hardware is None or roofline_unused_reason(cfg) is not None:
+        return out  # said before the run (:func:`roofline_unused_reason`)
     src = cfg.model_config or local_dir
     if src is None:  # a GPU was named: say why its column is empty
         print(

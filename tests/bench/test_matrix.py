@@ -180,6 +180,34 @@ def test_an_fp8_peak_for_a_bf16_model_is_one_warning(
         assert "--peak-flops-fp8" not in capsys.readouterr().err
 
 
+def test_roofline_flags_without_a_gpu_are_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--roofline-tp 2`` (or ``--model-config``...) without ``--gpu`` gives no roofline column and was
+    taken silently: ``bench matrix`` now says so once on stderr, not once per point, and runs."""
+    from fake_server import Behaviour, FakeServer
+
+    argv = [
+        "bench",
+        "matrix",
+        "--disable-tqdm",
+        "--concurrency",
+        "1,2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+    ]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        argv += ["--base-url", s.url, "--output-dir", str(tmp_path / "a"), "--roofline-tp", "2"]
+        assert bench_main(argv) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "surge: warning: --roofline-tp changes nothing without the hardware (--gpu NAME, or --hbm-bandwidth "
+        "and --peak-flops): no roofline column is computed\n"
+    ), err
+
+
 def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["bench", "matrix", "--output-dir", str(tmp_path)]
     for argv in (

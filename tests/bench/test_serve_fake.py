@@ -458,6 +458,51 @@ def test_no_roofline_column_for_a_run_that_is_not_a_burst() -> None:
     assert burst["pct_of_roofline"] > 0
 
 
+def test_roofline_flags_that_give_no_column_are_said_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--gpu`` on a run that gets no roofline column (a finite rate, a ramp-up, a shared prefix,
+    another dataset), or the roofline's model flags without a GPU, were taken silently: the result's
+    roofline fields were null with no word why. Now one warning line on stderr says so before the
+    run, which still runs; a burst of the random dataset with a GPU says nothing."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"hello {i}"}) + "\n" for i in range(2)))
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        base = _serve(s.url, "--warmup", "0", "--output-len", "2", "--num-prompts", "2")
+        gpu = ["--gpu", "h200", "--model-config", str(BUNDLED_MODEL)]
+        rand = ["--input-len", "8"]
+        ramp = ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "50", "--ramp-up-end-rps", "60"]
+        for extra, said in (
+            ([*gpu, *rand, "--request-rate", "50"], "no roofline column with --request-rate 50 (the ceiling"),
+            (
+                [*gpu, *rand, *ramp],
+                "no roofline column with --ramp-up-strategy (the ceiling",
+            ),
+            (
+                [*gpu, *rand, "--random-prefix-len", "4"],
+                "no roofline column with --random-prefix-len (the server",
+            ),
+            (
+                [*gpu, "--dataset", "custom", "--dataset-path", str(prompts)],
+                "no roofline column with --dataset custom (the ceiling",
+            ),
+            ([*rand, "--roofline-tp", "2"], "--roofline-tp changes nothing without the hardware (--gpu NAME"),
+            (
+                [*rand, "--model-config", str(BUNDLED_MODEL), "--roofline-dtype", "fp8"],
+                "--model-config and --roofline-dtype change nothing without the hardware",
+            ),
+            ([*gpu, *rand], None),
+            (rand, None),
+        ):
+            assert bench_main(base + extra) == 0, extra
+            err = capsys.readouterr().err
+            if said is None:
+                assert "warning" not in err, extra
+            else:
+                warnings = [line for line in err.splitlines() if "warning" in line]
+                assert len(warnings) == 1 and warnings[0].startswith(f"surge: warning: {said}"), err
+
+
 def test_an_fp8_peak_for_a_bf16_model_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
     """``--peak-flops-fp8`` only bounds FP8 GEMMs: given where the roofline's weights are not FP8
     it changes no ceiling, and ``bench serve`` says so in one line on stderr before the run, as
