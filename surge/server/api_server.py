@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -457,7 +458,25 @@ def build_app(
     async def forget_response(response_id: str) -> dict[str, Any]:
         return delete_response(state, response_id)
 
+    # One permission object per card, as vLLM's ``/v1/models`` answers (a legacy OpenAI field that
+    # some clients still read as ``permission[0]``); the same id for every name and request.
+    permission_id = f"modelperm-{uuid.uuid4().hex}"
+
     def model_card(name: str) -> dict[str, Any]:
+        permission = {
+            "id": permission_id,
+            "object": "model_permission",
+            "created": state.created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
         return {
             "id": name,
             "object": "model",
@@ -466,7 +485,7 @@ def build_app(
             "root": state.model_path,
             "parent": None,
             "max_model_len": state.max_model_len,
-            "permission": [],
+            "permission": [permission],
         }
 
     @app.get("/v1/models")

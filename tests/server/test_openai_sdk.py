@@ -28,6 +28,10 @@ def test_models_and_misc_endpoints(server: Server, client: openai.OpenAI, model:
     assert data["id"] == model and data["root"].endswith("stories260K") and data["max_model_len"] == 512
     card = client.models.retrieve(model)
     assert card.id == model and card.object == "model" and card.owned_by == "surge"
+    # one permission object, as vLLM's: clients that read ``permission[0]`` find it
+    (perm,) = data["permission"]
+    assert perm["object"] == "model_permission" and perm["id"].startswith("modelperm-")
+    assert perm["allow_sampling"] is True and perm["allow_logprobs"] is True and perm["organization"] == "*"
     missing = httpx.get(server.url + "/v1/models/org/no-such-model")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
