@@ -1,14 +1,13 @@
-"""Temperature, top-k, top-p, min-p and the exponential-race draw over a top-k window,
+"""Temperature, top-k, min-p, top-p and the exponential-race draw over a top-k window,
 in one Triton program per row.
 
 Input is the ``W`` largest logits of each row (descending, from ``torch.topk`` or
 :func:`surge.kernels.topk.topk_rows`) and their
 token ids. Every requested ``top_k`` is at most ``W``, so the window holds the whole top-k
 set except, possibly, logits tied with the ``k``-th value that lie beyond it. The
-kernel computes the same kept set as
-:func:`surge.layers.top_k_top_p.apply_top_k_top_p_window` followed by
-:func:`surge.layers.sampler.apply_min_p` (up to float32 rounding of the sums), without ever
-touching the full row in the common case:
+kernel computes the same kept set as :func:`surge.layers.sampler.apply_min_p` followed by
+:func:`surge.layers.top_k_top_p.apply_top_k_top_p_window` (up to float32 rounding of the sums),
+without ever touching the full row in the common case:
 
 1. ``x = vals / T`` (correctly rounded, as torch's division); ``kth = x[k - 1]``; top-k keeps
    ``x >= kth``.
@@ -17,12 +16,13 @@ touching the full row in the common case:
    (``n_eq``, all logits equal to ``kth``). Not for a ``kth`` of ``-inf`` (a row masked by a
    grammar or ``allowed_token_ids`` to fewer tokens than ``k``: its ``-inf`` logits carry no
    probability, however many there are) nor for greedy rows (their token is not used).
-3. Top-p (Holtzman et al., 2020) over the top-k distribution: ``probs = exp(x - x0) / z``
-   (``z`` includes the tied logits beyond the window), the mass before each window entry
+3. Min-p (Nguyen et al., 2024), before top-p as in vLLM: drop the top-k tokens whose
+   probability is below ``min_p`` times the largest (relative to the most likely token, so the
+   same cut as over the whole row).
+4. Top-p (Holtzman et al., 2020) over what is left: ``probs = exp(x - x0) / z`` (``z`` includes
+   the tied logits beyond the window when min-p kept them), the mass before each window entry
    ``cumsum(probs) - probs``, and the cutoff is the smallest value whose preceding mass is at
    most ``p``; everything ``>= cutoff`` is kept (ties are kept whole).
-4. Min-p (Nguyen et al., 2024): drop kept tokens whose renormalised probability is below
-   ``min_p`` times the largest.
 5. The exponential race (``argmax p_i / E_i``, ``E_i ~ Exp(1)``; the Gumbel-max trick in
    another form) over the kept window entries, with the noise given as input. When tied
    logits beyond the window survive, all ``n_eq`` tokens equal to ``kth`` race as one
@@ -104,24 +104,27 @@ def _kernel(
     hidden = n_eq - n_win
     e_kth = tl.exp(kth - x0)
     hidden_mass = tl.where(hidden > 0, hidden.to(tl.float32) * e_kth, 0.0)
-    cutoff = kth
+    keep = keep_k
+    group = hidden > 0
+    if has_min_p != 0:
+        # Min-p before top-p, as vLLM (its cut is relative to the most likely token, so it is the
+        # same over the top-k set as over the whole row); top-p then counts only what it kept.
+        mp = tl.load(min_p_ptr + row)
+        z1 = tl.sum(e, axis=0) + hidden_mass
+        pr = e / z1
+        floor = tl.max(pr, axis=0) * mp
+        keep = keep & (pr >= floor)
+        group = group & (e_kth / z1 >= floor)
+        e = tl.where(keep, e, 0.0)
     if has_top_p != 0:
-        z = tl.sum(e, axis=0) + hidden_mass
+        z = tl.sum(e, axis=0) + tl.where(group, hidden_mass, 0.0)
         p = tl.load(top_p_ptr + row)
         thr = tl.where(p >= 1.0, float("inf"), p)  # off: float rounding never cuts
         probs = e / z
         before = tl.cumsum(probs, axis=0) - probs
-        cutoff = tl.min(tl.where(keep_k & (before <= thr), x, float("inf")), axis=0)
-    keep = in_w & (x >= cutoff)
-    group = (hidden > 0) & (cutoff <= kth)
-    if has_min_p != 0:
-        mp = tl.load(min_p_ptr + row)
-        ek = tl.where(keep, e, 0.0)
-        z2 = tl.sum(ek, axis=0) + tl.where(group, hidden_mass, 0.0)
-        pr = ek / z2
-        floor = tl.max(pr, axis=0) * mp
-        keep = keep & (pr >= floor)
-        group = group & (e_kth / z2 >= floor)
+        cutoff = tl.min(tl.where(keep & (before <= thr), x, float("inf")), axis=0)
+        keep = keep & (x >= cutoff)
+        group = group & (cutoff <= kth)
     noise = tl.maximum(tl.load(noise_row + offs, mask=in_w, other=1.0), 1e-10)
     score = tl.where(keep & ~(group & is_tie), e / noise, -1.0)
     best = tl.max(score, axis=0)

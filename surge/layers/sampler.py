@@ -1,4 +1,4 @@
-"""Batched token sampling on the device: penalties, temperature, top-k, top-p, min-p, seeds.
+"""Batched token sampling on the device: penalties, temperature, min-p, top-k, top-p, seeds.
 
 Every step is a tensor operation over the whole batch ``[B, V]``; there is no per-request
 loop over the vocabulary and no host sync before the sampled ids are copied back.
@@ -544,7 +544,8 @@ class Sampler(nn.Module):
 
     Order: ``allowed_token_ids`` mask, ``logit_bias``, penalties, ``min_tokens`` and bad-word
     suppression (all rows), greedy argmax for greedy
-    rows; for sampling rows temperature, top-k, top-p, min-p, then the exponential race.
+    rows; for sampling rows temperature, min-p, top-k, top-p (vLLM's order: top-p over the
+    tokens min-p kept), then the exponential race.
 
     Args:
         seed: seed of the generator used by rows without their own seed.
@@ -609,12 +610,14 @@ class Sampler(nn.Module):
         is_greedy = md.temperature < GREEDY_EPS
         temperature = torch.where(is_greedy, 1.0, md.temperature)
         logits = logits / temperature[:, None]
+        # min-p before top-k/top-p, as vLLM: top-p's mass is then counted over the tokens min-p
+        # kept (min-p's cut, relative to the most likely token, is the same either side of top-k)
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
         if md.top_k is not None and md.top_k_window is not None:
             logits = apply_top_k_top_p_window(logits, md.top_k, md.top_p, md.top_k_window)
         elif md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        if md.min_p is not None:
-            logits = apply_min_p(logits, md.min_p)
         probs = logits.softmax(dim=-1)
         if md.seeds is None:
             noise = torch.empty_like(probs).exponential_(generator=self.generator)

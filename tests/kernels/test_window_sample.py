@@ -26,11 +26,11 @@ EPS = 1e-5
 
 
 def _exact_probs(row: torch.Tensor, t: float, k: int, p: float, mp: float) -> torch.Tensor:
-    """``[V]`` the full-row sampler's distribution: temperature, full-sort top-k/top-p, min-p,
-    softmax."""
+    """``[V]`` the full-row sampler's distribution: temperature, min-p, full-sort top-k/top-p
+    (vLLM's order), softmax."""
     x = row.float()[None] / t
-    x = apply_top_k_top_p(x, torch.tensor([k]), torch.tensor([p]))
     x = apply_min_p(x, torch.tensor([mp]))
+    x = apply_top_k_top_p(x, torch.tensor([k]), torch.tensor([p]))
     return x.softmax(dim=-1)[0]
 
 
@@ -126,6 +126,21 @@ def test_matches_the_torch_reference_token_for_token() -> None:
             assert _exact_probs(logits[i], t, k, p, mp)[int(out[i])] > 0
             beyond += int(out[i]) not in idx[i].tolist()
     assert beyond > 0  # some draws took a tied logit from beyond the window
+
+
+def test_min_p_cuts_before_top_p_as_in_vllm() -> None:
+    """vLLM applies min-p before top-p, so top-p's mass is counted over the tokens min-p kept.
+    Probabilities 0.4, 0.3, 0.1 and twenty of 0.01: min-p 0.2 keeps the first three (0.5,
+    0.375, 0.125 renormalised), and top-p 0.75 then cuts the third; top-p first (0.4 + 0.3 <
+    0.75 before it) kept it, a draw in eight."""
+    probs = torch.tensor([0.4, 0.3, 0.1] + [0.01] * 20)
+    rows = 512
+    logits = probs.log().expand(rows, -1).contiguous()
+    cfg = [(1.0, 16, 0.75, 0.2)] * rows
+    noise = torch.empty(rows, 16 + 2).exponential_(generator=torch.Generator().manual_seed(0))
+    out, _, _ = _launch(logits, cfg, 16, noise)
+    assert set(out.tolist()) == {0, 1}
+    assert _exact_probs(probs.log(), 1.0, 16, 0.75, 0.2)[2] == 0
 
 
 def test_masked_rows_with_fewer_allowed_tokens_than_k() -> None:

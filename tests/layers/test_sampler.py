@@ -84,6 +84,19 @@ def test_min_p_masks_below_the_scaled_maximum() -> None:
     assert set(got.tolist()) == {0, 1}
 
 
+@pytest.mark.parametrize("top_k", [0, 10], ids=["full sort", "top-k window"])
+def test_min_p_cuts_before_top_p_as_in_vllm(top_k: int) -> None:
+    """vLLM applies min-p before top-k/top-p, so top-p's mass is counted over the tokens min-p
+    kept. Probabilities 0.4, 0.3, 0.1, 0.01...: min-p 0.2 keeps three (0.5, 0.375, 0.125
+    renormalised) and top-p 0.75 cuts the third; top-p first (0.4 + 0.3 < 0.75 before it) kept
+    it, one draw in eight."""
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.1] + [0.2 / (V - 3)] * (V - 3)]))
+    rows = 2000
+    params = SamplingParams(temperature=1.0, top_k=top_k, top_p=0.75, min_p=0.2)
+    got = Sampler(seed=0)(logits.expand(rows, V), _md([params] * rows))
+    assert set(got.tolist()) == {0, 1}
+
+
 def test_penalties_hand_computed() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]])
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
@@ -221,7 +234,7 @@ def test_window_sample_is_chosen_on_the_host_for_the_common_case() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_window_sample_on_cuda_follows_the_distribution_and_keeps_greedy_rows_and_rules() -> None:
     """The fused window path of the sampler: chi-square of many draws of one row against the
-    exact top-k/top-p/min-p distribution; greedy rows in the batch get the argmax; logit
+    exact min-p/top-k/top-p distribution; greedy rows in the batch get the argmax; logit
     rules still apply first."""
     from surge.layers.top_k_top_p import apply_top_k_top_p
 
@@ -232,8 +245,8 @@ def test_window_sample_on_cuda_follows_the_distribution_and_keeps_greedy_rows_an
     md = SamplingMetadata.build([params] * draws, [[]] * draws, [[]] * draws, [()] * draws, v, "cuda")
     assert md.window_sample
     got = Sampler(seed=0, device="cuda")(row.cuda().expand(draws, v), md).cpu()
-    x = apply_top_k_top_p(row[None] / 0.6, torch.tensor([20]), torch.tensor([0.9]))
-    probs = apply_min_p(x, torch.tensor([0.01])).softmax(-1)[0].double()
+    x = apply_min_p(row[None] / 0.6, torch.tensor([0.01]))
+    probs = apply_top_k_top_p(x, torch.tensor([20]), torch.tensor([0.9])).softmax(-1)[0].double()
     counts = torch.bincount(got, minlength=v).double()
     support = probs > 0
     assert counts[~support].sum() == 0
