@@ -21,8 +21,8 @@ without ever touching the full row in the common case:
    same cut as over the whole row).
 4. Top-p (Holtzman et al., 2020) over what is left: ``probs = exp(x - x0) / z`` (``z`` includes
    the tied logits beyond the window when min-p kept them), the mass before each window entry
-   ``cumsum(probs) - probs``, and the cutoff is the smallest value whose preceding mass is at
-   most ``p``; everything ``>= cutoff`` is kept (ties are kept whole).
+   ``cumsum(probs) - probs``, and the cutoff is the smallest value whose preceding mass is
+   below ``p``; everything ``>= cutoff`` is kept (ties are kept whole).
 5. The exponential race (``argmax p_i / E_i``, ``E_i ~ Exp(1)``; the Gumbel-max trick in
    another form) over the kept window entries, with the noise given as input. When tied
    logits beyond the window survive, all ``n_eq`` tokens equal to ``kth`` race as one
@@ -122,7 +122,7 @@ def _kernel(
         thr = tl.where(p >= 1.0, float("inf"), p)  # off: float rounding never cuts
         probs = e / z
         before = tl.cumsum(probs, axis=0) - probs
-        cutoff = tl.min(tl.where(keep & (before <= thr), x, float("inf")), axis=0)
+        cutoff = tl.min(tl.where(keep & (before < thr), x, float("inf")), axis=0)
         keep = keep & (x >= cutoff)
         group = group & (cutoff <= kth)
     noise = tl.maximum(tl.load(noise_row + offs, mask=in_w, other=1.0), 1e-10)

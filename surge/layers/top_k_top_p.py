@@ -8,7 +8,8 @@ full row with one elementwise compare (``logits < cutoff -> -inf``); neither sca
 * Top-p (Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration"), applied
   after top-k as in vLLM: over the top-k distribution renormalised, keep the shortest prefix
   of the descending order whose probability reaches ``p`` (token ``j`` survives while the mass
-  before it is at most ``p``). The cut is by value, so a tie at the cut is kept whole.
+  before it is below ``p``, as vLLM's and Hugging Face's masks of the ascending cumulative sum
+  at most ``1 - p``). The cut is by value, so a tie at the cut is kept whole.
 
 :func:`apply_top_k_top_p` sorts the whole row (any ``k``, including top-p without top-k).
 :func:`apply_top_k_top_p_window` needs every truncating row to have a ``k`` of at most the
@@ -91,7 +92,7 @@ def _cutoff(
             z = z + z_extra
         probs = e / z
         before = probs.cumsum(dim=-1) - probs
-        keep &= before <= _no_top_p(top_p)[:, None]
+        keep &= before < _no_top_p(top_p)[:, None]
     return torch.where(keep, vals, float("inf")).amin(dim=-1)
 
 
@@ -132,7 +133,7 @@ def apply_top_k_top_p_window(
     Algorithm: ``vals = topk(logits, window)`` (``[B, W]``, descending); the row's top-k
     threshold is ``vals[k - 1]``. For top-p the renormalising sum also counts the logits equal
     to that threshold that fall outside the window (one compare-and-count over ``[B, V]``);
-    the cut is the smallest value whose preceding mass is at most ``p``. Finally
+    the cut is the smallest value whose preceding mass is below ``p``. Finally
     ``logits < cutoff -> -inf`` over ``[B, V]``. No host sync; static shapes for a given
     ``window``.
 

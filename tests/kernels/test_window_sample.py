@@ -143,6 +143,18 @@ def test_min_p_cuts_before_top_p_as_in_vllm() -> None:
     assert _exact_probs(probs.log(), 1.0, 16, 0.75, 0.2)[2] == 0
 
 
+def test_top_p_cuts_a_token_whose_preceding_mass_reaches_p() -> None:
+    """As vLLM's and Hugging Face's top-p: 0.5, 0.25, 0.125, 0.125 (exact in float32; top-k 4
+    leaves out the tail) at top-p 0.75 keep the first two; a cut at a preceding mass above ``p``
+    kept all four."""
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125] + [1e-6] * 20)
+    rows = 512
+    logits = probs.log().expand(rows, -1).contiguous()
+    noise = torch.empty(rows, 16 + 2).exponential_(generator=torch.Generator().manual_seed(1))
+    out, _, _ = _launch(logits, [(1.0, 4, 0.75, 0.0)] * rows, 16, noise)
+    assert set(out.tolist()) == {0, 1}
+
+
 def test_masked_rows_with_fewer_allowed_tokens_than_k() -> None:
     """Rows a grammar or ``allowed_token_ids`` masked to ``-inf`` down to fewer tokens than
     ``k`` (so ``kth`` and the window's tail are ``-inf``), over a vocabulary of more than one

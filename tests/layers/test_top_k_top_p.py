@@ -30,7 +30,7 @@ def _reference(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Te
     if top_p is not None:
         probs = sorted_logits.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs
-        sorted_logits.masked_fill_(before > top_p[:, None], NEG)
+        sorted_logits.masked_fill_((before >= top_p[:, None]) & (top_p[:, None] < 1.0), NEG)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
@@ -215,3 +215,18 @@ def test_window_path_matches_on_cuda() -> None:
     rows = (top_k > 0).cpu()
     rows[3] = False
     assert torch.equal(fast[rows], ref[rows])
+
+
+@pytest.mark.parametrize("top_k", [None, 4], ids=["full sort", "top-k window"])
+def test_top_p_cuts_a_token_whose_preceding_mass_reaches_p(top_k: int | None) -> None:
+    """vLLM and Hugging Face mask the tokens whose ascending cumulative probability is at most
+    ``1 - p``: the nucleus is the shortest prefix whose mass reaches ``p``, so a token with
+    exactly ``p`` before it is cut. Probabilities 0.5, 0.25, 0.125, 0.125 (exact in float32)
+    at top-p 0.75 keep two tokens; keeping the third (and its tie) made it four."""
+    logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
+    top_p = torch.tensor([0.75])
+    if top_k is None:
+        out = apply_top_k_top_p(logits, None, top_p)
+    else:
+        out = apply_top_k_top_p_window(logits, torch.tensor([top_k]), top_p, top_k)
+    assert _kept(out).tolist() == [[True, True, False, False]]
