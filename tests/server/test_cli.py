@@ -114,6 +114,27 @@ def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(
         _read_chat_template(str(broken))
 
 
+def test_chat_template_flag_decodes_the_escapes_of_a_one_line_inline_template() -> None:
+    """As vLLM's ``load_chat_template``: ``--chat-template '...\\n...'`` (a shell keeps the
+    backslash) renders a line break, not a backslash and an ``n``; non-ASCII text stays as typed
+    (vLLM's decode garbles it), an unknown escape stays, a malformed one is refused in one line,
+    and a template of several lines (a file's text passed inline) keeps its escapes."""
+    from surge.server.cli import _read_chat_template
+
+    one_line = "{% for m in messages %}{{ m.role }}: {{ m.content }}\\n{% endfor %}é 中\\t\\d"
+    assert _read_chat_template(one_line) == (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}é 中\t\\d"
+    )
+    several = "{% for m in messages %}{{ m.content }}\n{{ '\\n' }}{% endfor %}"
+    assert _read_chat_template(several) == several
+    with pytest.raises(
+        ValueError, match=r"^--chat-template: the inline template has a malformed backslash escape"
+    ):
+        _read_chat_template("{{ x }}\\x4")
+    with pytest.raises(ValueError, match=r"its backslash escapes decoded, as vLLM decodes"):
+        _read_chat_template('{{ "a\\"b" }}')
+
+
 def test_stream_attention_flag_reaches_the_engine_config() -> None:
     """``--stream-attention`` is tri-state (default: wherever it can run), and refused in one line
     where it is asked for and could do nothing."""
