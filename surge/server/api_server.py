@@ -824,6 +824,8 @@ class ServeOptions:
             (vLLM's ``--response-role``).
         default_chat_template_kwargs: chat template variables under every chat request's own
             (vLLM's ``--default-chat-template-kwargs``), or None.
+        exclude_tools_when_tool_choice_none: a chat request with ``tool_choice: "none"`` does
+            not render its tools into the prompt (vLLM's ``--exclude-tools-when-tool-choice-none``).
     """
 
     host: str = "127.0.0.1"
@@ -864,6 +866,7 @@ class ServeOptions:
     disable_fastapi_docs: bool = False
     response_role: str = "assistant"
     default_chat_template_kwargs: dict[str, Any] | None = None
+    exclude_tools_when_tool_choice_none: bool = False
 
 
 async def run_server(
@@ -986,6 +989,7 @@ async def run_server(
         force_include_usage=options.enable_force_include_usage,
         response_role=options.response_role,
         default_chat_template_kwargs=options.default_chat_template_kwargs,
+        exclude_tools_when_tool_choice_none=options.exclude_tools_when_tool_choice_none,
         scheduling_policy=config.scheduler.scheduling_policy,
         eos_token_ids=config.model.eos_token_ids,
         sampling_defaults=dict(config.model.sampling_defaults),

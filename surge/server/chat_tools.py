@@ -5,7 +5,8 @@ output parser that turns the generated text into ``content``, the reasoning and 
 ``reasoning`` (vLLM's name since it renamed the field, and the only one vLLM sends now) and
 ``reasoning_content`` (the older name, which DeepSeek's API and many clients read).
 
-- ``tool_choice: "none"``: tools are rendered, the output is content.
+- ``tool_choice: "none"``: tools are rendered (unless ``--exclude-tools-when-tool-choice-none``:
+  ``ServerState.template_tools``), the output is content.
 - ``"auto"`` (the default with tools): the server's ``--tool-call-parser`` finds the calls the
   model writes (a 400 without one).
 - ``"required"`` / a named function: a grammar from the tools' parameter schemas forces the

@@ -289,6 +289,12 @@ def add_serve_parser(subparsers: Any) -> None:
         "the flag is taken and changes nothing",
     )
     p.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='vLLM\'s flag: a chat request with tool_choice "none" does not render its tools into the '
+        "prompt (by default the chat template renders them; only the answer is not parsed for calls)",
+    )
+    p.add_argument(
         "--chat-template-content-format",
         default="auto",
         choices=["auto", "string", "openai"],
@@ -675,6 +681,7 @@ def run_serve(args: argparse.Namespace) -> int:
         disable_fastapi_docs=args.disable_fastapi_docs,
         response_role=args.response_role,
         default_chat_template_kwargs=args.default_chat_template_kwargs or None,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers

@@ -117,13 +117,14 @@ async def prepare_chat(
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
     worker = state.tokenizer_worker
     plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
+    tools = state.template_tools(plan.tools, body.tool_choice)
     try:
         prompt_ids, prompt_text = await render_chat(
             state,
             body.messages,
             body.add_generation_prompt,
             body.template_kwargs,
-            plan.tools,
+            tools,
             bound=body.truncate_prompt_tokens is None,  # truncated prompts may exceed the context
             chat_template=body.chat_template,
             continue_final_message=body.continue_final_message,
@@ -133,7 +134,7 @@ async def prepare_chat(
         )
     except ApiError as e:
         _note_template(e, "messages", body.chat_template)  # render_chat's name for the prompt
-        _note_tools(e, "messages", plan.tools)
+        _note_tools(e, "messages", tools)
         raise
     prompt_ids = truncate_prompt(state, prompt_ids, body)
     plan.see_prompt(state.tokenizer, prompt_ids)
@@ -154,7 +155,7 @@ async def prepare_chat(
         )
     except ApiError as e:
         _note_template(e, prompt_param, body.chat_template)
-        _note_tools(e, prompt_param, plan.tools)
+        _note_tools(e, prompt_param, tools)
         raise
     return ChatPrompt(plan, prompt_ids, prompt_text, params, lp)
 

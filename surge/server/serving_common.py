@@ -90,6 +90,9 @@ class ServerState:
             (``--enable-force-include-usage``, vLLM's).
         response_role: the ``role`` of chat answers under ``add_generation_prompt``
             (``--response-role``, vLLM's; else the last message's role).
+        exclude_tools_when_tool_choice_none: a chat request with ``tool_choice: "none"`` does
+            not render its tools (``--exclude-tools-when-tool-choice-none``, vLLM's):
+            :meth:`template_tools`.
         default_chat_template_kwargs: chat template variables every chat request gets under
             its own (``--default-chat-template-kwargs``, vLLM's), or None.
         scheduling_policy: the engine's ``fcfs`` or ``priority`` (``--scheduling-policy``).
@@ -135,6 +138,7 @@ class ServerState:
     force_include_usage: bool = False
     response_role: str = "assistant"
     default_chat_template_kwargs: dict[str, Any] | None = None
+    exclude_tools_when_tool_choice_none: bool = False
     scheduling_policy: str = "fcfs"
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
@@ -193,6 +197,16 @@ class ServerState:
         if not self.default_chat_template_kwargs:
             return template_kwargs
         return self.default_chat_template_kwargs | (template_kwargs or {})
+
+    def template_tools(
+        self, tools: list[dict[str, Any]] | None, tool_choice: Any
+    ) -> list[dict[str, Any]] | None:
+        """The checked ``tools`` of a chat request (``ChatPlan.tools``) that its chat template
+        renders: all of them, or none when the request's ``tool_choice`` is ``"none"`` on a
+        server started with ``--exclude-tools-when-tool-choice-none`` (vLLM's flag)."""
+        if self.exclude_tools_when_tool_choice_none and tool_choice == "none":
+            return None
+        return tools
 
     def check_chat_template(self, template: str | None) -> None:
         """Raise a 400 ApiError naming ``chat_template`` for a request's own template unless the

@@ -208,7 +208,7 @@ async def count_tokens(state: ServerState, body: MessagesBody) -> dict[str, int]
             chat.messages,
             chat.add_generation_prompt,
             chat.template_kwargs,
-            plan.tools,
+            state.template_tools(plan.tools, chat.tool_choice),
             bound=False,
             continue_final_message=chat.continue_final_message,
             add_special_tokens=chat.add_special_tokens,
