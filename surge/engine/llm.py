@@ -118,8 +118,7 @@ class LLM:
         chat_template: vLLM's: a Jinja chat template file, or the template text (a value with
             a ``{``), or None; :meth:`chat` applies it when its own ``chat_template`` is None
             (vLLM 0.26 loads it into ``llm.chat_template`` but its ``chat`` does not use it).
-            Read and parsed here, as the server's ``--chat-template`` (a one-line template's
-            backslash escapes decoded, as vLLM's ``load_chat_template`` decodes them).
+            Read and parsed here, as the server's ``--chat-template``.
         reasoning_parser: vLLM's: "qwen3" or "deepseek_r1" (the model's ``<think>`` /
             ``</think>``, which must be tokens of its tokenizer, else ``ValueError``), which a ``SamplingParams``'s
             ``thinking_token_budget`` needs (the reasoning end is forced once that many tokens

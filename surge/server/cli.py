@@ -245,12 +245,7 @@ def add_serve_parser(subparsers: Any) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="seed of unseeded sampling and dummy weights (default 0)"
     )
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        help="a Jinja chat template file (or template text: on one line, its backslash escapes such as \\n "
-        "are decoded, as vLLM decodes them)",
-    )
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or template text)")
     p.add_argument(
         "--default-chat-template-kwargs",
         type=json_object,
@@ -400,15 +395,10 @@ def add_serve_parser(subparsers: Any) -> None:
 
 def _read_chat_template(value: str | None, name: str = "--chat-template") -> str | None:
     """The ``--chat-template`` flag's template: a file's text, or the value itself when it
-    looks like a Jinja template. An inline template of one line has its backslash escapes
-    (``\\n``, ``\\t``, ``\\u00e9``, ...) decoded, as vLLM's ``load_chat_template`` decodes an
-    inline value's (:func:`_decode_inline_escapes`): a shell's quotes keep ``\\n`` as two
-    characters, which vLLM renders as a line break. A value of several lines (a file's text
-    passed inline) is taken as given, since its escapes are Jinja's own. Raises ``ValueError``
-    (one line, starting with ``name``: the flag, or the offline ``LLM(chat_template=...)``'s
-    argument) when the file cannot be read, the value is neither, or the template does not
-    parse, so a broken template stops the server at start-up instead of failing every chat
-    request."""
+    looks like a Jinja template. Raises ``ValueError`` (one line, starting with ``name``: the
+    flag, or the offline ``LLM(chat_template=...)``'s argument) when the file cannot be
+    read, the value is neither, or the template does not parse, so a broken template stops
+    the server at start-up instead of failing every chat request."""
     if value is None:
         return None
     path = Path(value)
@@ -422,7 +412,7 @@ def _read_chat_template(value: str | None, name: str = "--chat-template") -> str
         except OSError as e:
             raise ValueError(f"{name}: cannot read {value!r}: {e.strerror}") from e
     elif "{" in value:
-        template = _decode_inline_escapes(value, name) if "\n" not in value else value
+        template = value
     else:
         raise ValueError(f"{name}: {value!r} is neither a file nor a template")
     try:  # the environment transformers renders chat templates with (its own extensions)
@@ -434,34 +424,8 @@ def _read_chat_template(value: str | None, name: str = "--chat-template") -> str
     except Exception as e:  # noqa: BLE001 - jinja2's TemplateSyntaxError and its relatives
         line = getattr(e, "lineno", None)
         where = f" (line {line})" if line else ""
-        decoded = (
-            " (its backslash escapes decoded, as vLLM decodes an inline template's)"
-            if template != value
-            else ""
-        )
-        raise ValueError(f"{name}: the template does not parse{where}{decoded}: {e}") from e
+        raise ValueError(f"{name}: the template does not parse{where}: {e}") from e
     return template
-
-
-def _decode_inline_escapes(value: str, name: str) -> str:
-    """``value`` with its Python backslash escapes (``\\n``, ``\\t``, ``\\\\``, ``\\u00e9``, ...)
-    decoded, as vLLM's ``load_chat_template`` decodes an inline template (``unicode_escape``),
-    but with every other character kept as it is (vLLM's decode turns a non-ASCII character
-    into its UTF-8 bytes read as Latin-1).
-
-    Raises:
-        ValueError: a malformed escape (``\\x`` without two hex digits, ...), in one line that
-            starts with ``name``.
-    """
-    import codecs
-    import warnings
-
-    try:
-        with warnings.catch_warnings():  # an unknown escape (a regex's \\d) stays as it is
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return codecs.decode(value.encode("latin-1", "backslashreplace"), "unicode_escape")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{name}: the inline template has a malformed backslash escape ({e.reason})") from e
 
 
 def default_max_connections() -> int:
