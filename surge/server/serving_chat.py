@@ -89,12 +89,15 @@ async def prepare_chat(
     prompt_param: str = "messages",
     render: bool,
     on_generation_spans: Callable[[list[tuple[int, int]]], None] | None = None,
+    none_excludes_tools: bool = False,
 ) -> ChatPrompt:
     """Check a chat request and render its prompt as the engine would get it: what chat
     completions, the Responses API and ``/v1/chat/completions/render`` (``render`` true: the
     render-only fields are allowed) share. ``prompt_param`` is the field the errors about the
     whole prompt (empty, too long for the context) name; ``on_generation_spans`` gets the
     assistant spans of a template that marks them (:func:`surge.tokenizer.apply_chat_template`).
+    ``none_excludes_tools``: a ``tool_choice`` of ``"none"`` renders no tools whatever the
+    server's flag (:meth:`ServerState.template_tools`; the Responses API).
 
     Raises:
         ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
@@ -117,7 +120,7 @@ async def prepare_chat(
     # on a tokenizer thread: checking a grammar (tools, response_format) may take xgrammar a while
     worker = state.tokenizer_worker
     plan = await worker.run(plan_chat, body, state.tokenizer, state.tool_call_parser, state.reasoning_parser)
-    tools = state.template_tools(plan.tools, body.tool_choice)
+    tools = state.template_tools(plan.tools, body.tool_choice, none_excludes=none_excludes_tools)
     try:
         prompt_ids, prompt_text = await render_chat(
             state,
@@ -199,6 +202,7 @@ async def start_chat(
     separator: str = "-",
     prompt_param: str = "messages",
     reserved_ids: Container[str] = (),
+    none_excludes_tools: bool = False,
 ) -> PreparedChat:
     """Check a chat request, render its prompt and send it to the engine: what chat
     completions and the Responses API (which builds a :class:`ChatCompletionRequest` from its
@@ -206,13 +210,16 @@ async def start_chat(
     ``resp_``); ``prompt_param`` is the field the errors about the whole prompt (empty, too
     long for the context) name, in their message as in their ``param`` (the Responses API:
     ``input``); the response id is not one of ``reserved_ids`` (the Responses API's stored
-    ids: a client's repeated ``X-Request-Id`` gets a suffixed id instead of replacing one).
+    ids: a client's repeated ``X-Request-Id`` gets a suffixed id instead of replacing one);
+    ``none_excludes_tools`` as :func:`prepare_chat`'s.
 
     Raises:
         ApiError: 400 for a bad request (``param`` names the chat field), 404 for an unknown
             model, 503 when the engine is gone.
     """
-    prompt = await prepare_chat(state, body, prompt_param=prompt_param, render=False)
+    prompt = await prepare_chat(
+        state, body, prompt_param=prompt_param, render=False, none_excludes_tools=none_excludes_tools
+    )
     state.check_engine()
     request_id, gen = start_generation(
         state,

@@ -199,12 +199,14 @@ class ServerState:
         return self.default_chat_template_kwargs | (template_kwargs or {})
 
     def template_tools(
-        self, tools: list[dict[str, Any]] | None, tool_choice: Any
+        self, tools: list[dict[str, Any]] | None, tool_choice: Any, *, none_excludes: bool = False
     ) -> list[dict[str, Any]] | None:
         """The checked ``tools`` of a chat request (``ChatPlan.tools``) that its chat template
-        renders: all of them, or none when the request's ``tool_choice`` is ``"none"`` on a
-        server started with ``--exclude-tools-when-tool-choice-none`` (vLLM's flag)."""
-        if self.exclude_tools_when_tool_choice_none and tool_choice == "none":
+        renders: all of them, or none when the request's ``tool_choice`` is ``"none"`` and either
+        ``none_excludes`` (the Responses API, whose tools vLLM 0.26 never renders under
+        ``"none"``) or the server was started with ``--exclude-tools-when-tool-choice-none``
+        (vLLM's flag, for chat and the Messages API)."""
+        if tool_choice == "none" and (none_excludes or self.exclude_tools_when_tool_choice_none):
             return None
         return tools
 

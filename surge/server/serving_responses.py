@@ -117,6 +117,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
             separator="_",
             prompt_param="input",
             reserved_ids=state.responses,  # a stored response is never replaced by a later id
+            none_excludes_tools=True,  # vLLM 0.26 renders no tools under tool_choice "none" here
         )
     except ApiError as e:
         name = responses_param(e.param)

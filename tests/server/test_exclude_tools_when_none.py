@@ -1,7 +1,8 @@
 """vLLM's ``surge serve --exclude-tools-when-tool-choice-none``: a chat request with
 ``tool_choice: "none"`` renders its prompt without its tools (by default the chat template
 renders them), on every route that renders a chat prompt with tools (chat completions and its
-render route, the Responses API, the Messages API's ``count_tokens``); ``auto`` and forced
+render route, the Messages API and its ``count_tokens``; the Responses API renders none under
+``"none"`` with or without it, as vLLM 0.26's); ``auto`` and forced
 choices still render them. The flag was refused as unknown. Served: a tiny random Qwen3 with the
 real Qwen3 template, which writes the tools into a system block."""
 
@@ -67,6 +68,12 @@ def test_tool_choice_none_renders_no_tools(exclude_server: Server) -> None:
         {"messages": MSGS, "tools": anthropic_tools, "tool_choice": {"type": "none"}},
     )
     assert count["input_tokens"] == bare
+    message = _post(
+        srv,
+        "/v1/messages",
+        {"messages": MSGS, "tools": anthropic_tools, "tool_choice": {"type": "none"}, "max_tokens": 1},
+    )
+    assert message["usage"]["input_tokens"] == bare
 
     # other choices still render the tools
     for choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):

@@ -122,9 +122,10 @@ def test_named_function_call_and_its_round_trip(
         },
         {"role": "tool", "tool_call_id": call.call_id, "content": '{"time": "12:00"}'},
     ]
-    count = httpx.post(
-        qwen3_server.url + "/tokenize", json={"messages": messages, "tools": CHAT_TOOLS}, timeout=60
-    ).json()["count"]
+    # tool_choice "none": the Responses API renders no tools (vLLM 0.26's construct_tool_dicts)
+    count = httpx.post(qwen3_server.url + "/tokenize", json={"messages": messages}, timeout=60).json()[
+        "count"
+    ]
     assert answer.usage.input_tokens == count
     # the same turn through the store: previous_response_id brings the call back
     again = client.responses.create(
@@ -374,3 +375,18 @@ def test_empty_reasoning_counts_its_end_token(client: openai.OpenAI, model: str)
     assert [item.type for item in r.output] == ["message"]
     assert r.usage.output_tokens_details.reasoning_tokens == 1
     assert r.usage.output_tokens == 4
+
+
+def test_tool_choice_none_renders_no_tools_without_the_flag(qwen3_server: Server) -> None:
+    """vLLM 0.26's Responses API never renders its tools under ``tool_choice: "none"``
+    (``construct_tool_dicts``), with or without ``--exclude-tools-when-tool-choice-none``, which
+    this server does not run; chat completions still render them there."""
+    body: dict[str, Any] = {"input": "Hi", "tools": TOOLS, "max_output_tokens": 1}
+    url = qwen3_server.url
+    none = httpx.post(url + "/v1/responses", json=body | {"tool_choice": "none"}, timeout=120).json()
+    auto = httpx.post(url + "/v1/responses", json=body | {"tool_choice": "auto"}, timeout=120).json()
+    bare = httpx.post(url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 1}, timeout=120).json()
+    assert none["usage"]["input_tokens"] == bare["usage"]["input_tokens"] < auto["usage"]["input_tokens"]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "tools": CHAT_TOOLS, "tool_choice": "none"}
+    rendered = httpx.post(url + "/v1/chat/completions/render", json=chat, timeout=120).json()
+    assert len(rendered["token_ids"]) == auto["usage"]["input_tokens"]
