@@ -161,7 +161,7 @@ def window_sample(
     noise: torch.Tensor,
     greedy_eps: float,
 ) -> torch.Tensor:
-    """Draw one token per row from the temperature-scaled top-k / top-p / min-p distribution,
+    """Draw one token per row from the temperature-scaled min-p / top-k / top-p distribution,
     given the row's ``W`` largest logits.
 
     Args:

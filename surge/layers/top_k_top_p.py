@@ -24,7 +24,7 @@ denominators are summed in a different order). Every shape is fixed by ``B``, ``
 sampling row has a ``top_k`` in the window, no per-request seed): the window's top logits
 (:func:`surge.kernels.topk.topk_rows` on CUDA for windows up to
 :data:`SAMPLE_TOPK_KERNEL_MAX`, else ``torch.topk``) then one Triton kernel
-(:mod:`surge.kernels.window_sample`) that applies temperature, top-k, top-p and min-p over
+(:mod:`surge.kernels.window_sample`) that applies temperature, min-p, top-k and top-p over
 the ``[B, W]`` window and draws the token, with no ``[B, V]`` mask, softmax or
 noise.
 """
@@ -173,10 +173,10 @@ def sample_top_k_window(
     generator: torch.Generator,
     greedy_eps: float,
 ) -> torch.Tensor:
-    """Sample one token per row with temperature, top-k, top-p and min-p, from a window.
+    """Sample one token per row with temperature, min-p, top-k and top-p, from a window.
 
-    Same distribution as scaling by the temperature, :func:`apply_top_k_top_p_window`,
-    :func:`surge.layers.sampler.apply_min_p` and the exponential race over the full row (up to
+    Same distribution as scaling by the temperature, :func:`surge.layers.sampler.apply_min_p`,
+    :func:`apply_top_k_top_p_window` and the exponential race over the full row (up to
     float32 rounding of the top-p and min-p sums), in three steps: the ``W'`` largest logits
     (``W' = min(V, 16 * (window // 16 + 1))``, on the unscaled logits: dividing by a positive
     temperature keeps the order; on CUDA, when ``W'`` rounded up to a power of two is at most

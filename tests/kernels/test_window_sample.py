@@ -1,7 +1,7 @@
 """The window sampling kernel (:mod:`surge.kernels.window_sample`) against a torch reference.
 
 * Token for token: the kernel and :func:`_reference_draws` (the same algorithm in torch, with
-  the kept set taken from the full-sort top-k/top-p path and ``apply_min_p``) agree for the
+  the kept set taken from ``apply_min_p`` and the full-sort top-k/top-p path) agree for the
   same noise, on rows built to take every branch (ties beyond the window, top-p/min-p on and
   off, greedy rows, ``k`` equal to the window).
 * In distribution: many draws of :func:`_reference_draws` pass a chi-square test against the
@@ -84,7 +84,13 @@ def _rows() -> tuple[torch.Tensor, list[tuple[float, int, float, float]]]:
     gen = torch.Generator().manual_seed(3)
     rows, cfg = [], []
     for n_tie in (1, 2, 14, 40, 120):  # few ties (in the window) to many (beyond it)
-        for t, k, p, mp in ((1.0, 5, 1.0, 0.0), (0.7, 4, 0.95, 0.0), (1.3, 6, 0.8, 0.1), (1.0, 5, 0.5, 0.0)):
+        for t, k, p, mp in (
+            (1.0, 5, 1.0, 0.0),
+            (0.7, 4, 0.95, 0.0),
+            (1.3, 6, 0.8, 0.1),
+            (1.3, 6, 0.8, 0.05),
+            (1.0, 5, 0.5, 0.0),
+        ):
             rows.append(_tied_logits(v, gen, n_tie))
             cfg.append((t, k, p, mp))
     for t, k, p, mp in ((0.6, 20, 0.95, 0.0), (0.6, 1, 0.95, 0.0), (1.0, 32, 0.9, 0.05), (0.0, 0, 1.0, 0.0)):
