@@ -229,6 +229,7 @@ class EngineClient:
         self._dispatch_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._unreachable = False  # a send found no engine: its death is reported after a grace
         self._last_progress = time.monotonic()
 
     @property
@@ -453,7 +454,23 @@ class EngineClient:
         try:
             self._in_sock.send(buf, flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:  # no peer any more: the engine is dying
-            self._mark_dead(f"cannot reach the engine process: {e}")
+            if self._loop is None:
+                self._mark_dead(f"cannot reach the engine process: {e}")
+            elif not self._unreachable:  # its requests fail once the grace has passed
+                self._unreachable = True
+                self._loop.call_later(_EXIT_GRACE_S, self._report_unreachable, str(e))
+
+    def _report_unreachable(self, error: str) -> None:
+        """A send found no engine ``_EXIT_GRACE_S`` ago: fail in-flight requests with the reason
+        the process watch gives (the engine's own :class:`EngineFatalError`, read meanwhile, or its
+        exit code: ``-9`` for the kernel's OOM killer), not the socket's ``Resource temporarily
+        unavailable``; with the socket's error only while the process still runs."""
+        if self._closing or self._dead_reason is not None:
+            return
+        if self._engine_alive():
+            self._mark_dead(f"cannot reach the engine process: {error}")
+        else:
+            self._report_exit()
 
     async def _dispatch(self, decoder: msgspec.msgpack.Decoder) -> None:
         """Route every engine message to the queues of its requests."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -243,3 +244,37 @@ def test_add_request_refuses_ids_that_do_not_match_n() -> None:
     assert not errors and {rid: p.seed for rid, (_, p, _) in engine._reqs.items()} == {"q-0": 5, "q-1": 6}
     _add_request(engine, AddRequest("r", [1], SamplingParams(n=2)), errors, None)  # n=2 without ids
     assert [e.request_id for e in errors] == ["r"]
+
+
+def test_engine_killed_is_reported_with_its_exit_code_when_a_send_finds_it_gone() -> None:
+    """A request sent (or aborted) after the engine was killed (the kernel's OOM killer) fails
+    with the engine's exit code, as the process watch reports it, not with the socket's
+    "Resource temporarily unavailable" that the failed send saw first."""
+
+    async def main() -> None:
+        client = EngineClient(_config(), engine_factory=FakeEngine)
+        info = await client.start()
+        try:
+            q: asyncio.Queue = asyncio.Queue()
+            client.add_request("ok", [1], SamplingParams(max_tokens=10**6), q)
+            await asyncio.wait_for(q.get(), 10)
+            os.kill(info.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while pid_alive(info.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)  # not yielding: the process watch has not run yet
+            time.sleep(0.2)  # the socket's I/O thread sees the peer gone
+            late: asyncio.Queue = asyncio.Queue()
+            client.add_request("late", [1], SamplingParams(max_tokens=5), late)
+            _, item = await asyncio.wait_for(late.get(), 10)
+            assert isinstance(item, EngineDeadError), item
+            assert "exit code -9" in str(item) and "temporarily" not in str(item), item
+            while True:
+                _, item = await asyncio.wait_for(q.get(), 10)
+                if not isinstance(item, EngineOutput):
+                    break
+            assert isinstance(item, EngineDeadError) and "exit code -9" in str(item), item
+            assert client.dead_reason == "the engine process died (exit code -9)"
+        finally:
+            await client.shutdown()
+
+    asyncio.run(main())
