@@ -514,9 +514,18 @@ class ParallelConfig:
             self.nnodes == 1 or self.master_port is not None,
             "master_port must be given when nnodes > 1",
         )
+        # replica d of one host takes the ports from master_port + 3 * d (surge.parallel.launch):
+        # the last replica's must exist too (-dp 2 --master-port 65533 started replica 0, then
+        # failed in replica 1's workers with "Port out of range 0-65535")
+        top = 65533 - 3 * (self.data_parallel_size - 1)
         _require(
-            self.master_port is None or 1 <= self.master_port <= 65533,
-            f"master_port must be in [1, 65533], got {self.master_port}",
+            self.master_port is None or 1 <= self.master_port <= top,
+            f"master_port must be in [1, {top}], got {self.master_port}"
+            + (
+                ""
+                if self.data_parallel_size == 1
+                else f" (replica d of data_parallel_size {self.data_parallel_size} uses master_port + 3 * d)"
+            ),
         )
 
     @property

@@ -98,6 +98,21 @@ def test_tp_head_count_error_is_one_line(tmp_path: Path) -> None:
         ParallelConfig(data_parallel_size=2, nnodes=2, master_port=29500)
 
 
+def test_master_port_leaves_room_for_every_replica() -> None:
+    """Replica d takes its ports from master_port + 3 * d: `-dp 2 --master-port 65533` was taken,
+    started replica 0, then failed in replica 1's workers with "Port out of range 0-65535"."""
+    ParallelConfig(master_port=65533)
+    ParallelConfig(data_parallel_size=2, master_port=65530)
+    with pytest.raises(
+        ValueError,
+        match=r"^master_port must be in \[1, 65530\], got 65533 "
+        r"\(replica d of data_parallel_size 2 uses master_port \+ 3 \* d\)$",
+    ):
+        ParallelConfig(data_parallel_size=2, master_port=65533)
+    with pytest.raises(ValueError, match=r"^master_port must be in \[1, 65533\], got 65534$"):
+        ParallelConfig(master_port=65534)
+
+
 def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
     model_dir = make_tiny_model("qwen2", tmp_path / "m")
     llm = LLM(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=16)
