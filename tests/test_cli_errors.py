@@ -700,6 +700,16 @@ def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[st
     assert "did you mean" not in err and "vLLM" not in err, err
 
 
+def test_generate_hints_data_parallelism_at_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    """`surge generate --data-parallel-size 2` was asked "did you mean --tensor-parallel-size?" (a
+    different parallelism) and `-dp 2` took 2 for the model folder; both point to `surge serve -dp`."""
+    for argv in (["-dp", "2"], ["--data-parallel-size", "2"], ["--data-parallel-size=2"]):
+        err = _parse_error(["generate", *argv, "--prompt", "x"], capsys)
+        flag = argv[0].split("=")[0]
+        assert f"unrecognized arguments: {flag} (vLLM's {flag}: use `surge serve -dp N`" in err, err
+        assert "did you mean" not in err, err
+
+
 def test_generate_takes_the_model_as_serve_does(tmp_path: Path) -> None:
     """`surge generate MODEL --prompt P` (as `surge serve MODEL`) was "unrecognized arguments:
     MODEL"; it is the same as --model, and two different models are one line."""

@@ -10,10 +10,21 @@ DEFAULT_MAX_TOKENS = 64
 ``max_new_tokens`` (generation_config.json, ``--override-generation-config``) gives one."""
 
 
+_DP_HINT = "`surge serve -dp N` for N replicas: surge generate runs one engine, as vLLM's offline LLM"
+
+GENERATE_FLAG_HINTS = {
+    "-dp": _DP_HINT,
+    "--data-parallel-size": _DP_HINT,
+}
+"""vLLM's data-parallel flag, which only `surge serve` takes: ``--data-parallel-size 2`` was asked
+"did you mean --tensor-parallel-size?", and ``-dp 2`` took 2 for the model folder."""
+
+
 def add_generate_parser(subparsers: Any) -> None:
     """Register `surge generate` on an argparse sub-parser collection."""
     p = subparsers.add_parser(
         "generate",
+        flag_hints=GENERATE_FLAG_HINTS,
         help="generate one completion offline",
         description="Generate a completion for one prompt and print it: greedy unless --temperature or the "
         "model's generation_config.json (Qwen3's: temperature 0.6, top-k 20, top-p 0.95) sets sampling.",
