@@ -700,6 +700,21 @@ def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[st
     assert "did you mean" not in err and "vLLM" not in err, err
 
 
+def test_vllm_multi_node_data_parallel_flags_are_hinted(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's multi-node data-parallel flags were bare "unrecognized arguments" (and
+    --data-parallel-size-local only "did you mean --data-parallel-size?"); each now says that
+    Surge's replicas run on one host, and --headless names the multi-host workers' flags."""
+    err = _parse_error(
+        ["serve", "-dp", "2", "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"],
+        capsys,
+    )
+    assert "--data-parallel-address: use nothing: Surge's replicas (-dp N) all run on one host" in err, err
+    assert "--data-parallel-rpc-port: use nothing: Surge's replicas" in err, err
+    err = _parse_error(["serve", "--headless", "--data-parallel-size-local", "2"], capsys)
+    assert "--headless: use --nnodes N --node-rank R (R > 0)" in err, err
+    assert "--data-parallel-size-local: use -dp N" in err and "did you mean" not in err, err
+
+
 def test_generate_hints_data_parallelism_at_serve(capsys: pytest.CaptureFixture[str]) -> None:
     """`surge generate --data-parallel-size 2` was asked "did you mean --tensor-parallel-size?" (a
     different parallelism) and `-dp 2` took 2 for the model folder; both point to `surge serve -dp`."""

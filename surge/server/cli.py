@@ -17,11 +17,20 @@ from surge.server.metrics import METRICS_PREFIXES
 
 _NO_LORA = "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)"
 _BUILT_IN_PARSERS = "(Surge's parsers are built in; no plugins)"
+_ONE_HOST_DP = "nothing: Surge's replicas (-dp N) all run on one host; --nnodes spans hosts with -tp only"
 
 VLLM_SERVE_FLAG_HINTS = {
     "--tokenizer-mode": "nothing: Surge loads the model folder's tokenizer with transformers' AutoTokenizer",
     "--pipeline-parallel-size": "-tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
     "-pp": "-tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
+    "--data-parallel-size-local": "-dp N: every replica runs on the API server's host",
+    "--data-parallel-address": _ONE_HOST_DP,
+    "--data-parallel-rpc-port": _ONE_HOST_DP,
+    "--data-parallel-start-rank": _ONE_HOST_DP,
+    "--data-parallel-hybrid-lb": _ONE_HOST_DP,
+    "--data-parallel-external-lb": _ONE_HOST_DP,
+    "--data-parallel-backend": "nothing: Surge starts each -dp replica as a process itself (vLLM's mp)",
+    "--headless": "--nnodes N --node-rank R (R > 0): such a node runs only tensor-parallel workers",
     "--revision": "the folder of that revision as MODEL (Surge loads local model folders only)",
     "--code-revision": "nothing: Surge never runs a model folder's code",
     "--tokenizer-revision": "nothing: Surge reads the model folder's own tokenizer files",
