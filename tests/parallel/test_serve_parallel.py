@@ -179,3 +179,15 @@ def test_a_dead_replica_ends_every_stream_before_the_server_exits(tmp_path: Path
         assert "error" in last or last["choices"][0]["finish_reason"] == "length", events[-3:]
     # the healthy replica's streams end now too (they would have run on to their 480 tokens)
     assert sum("error" in json.loads(e[-2][len("data: ") :]) for e in results) >= 6
+    # their errors and the server's log line name the replica that died (they read "the engine
+    # process died (exit code -9)", as if their own engine had)
+    last_events = [json.loads(e[-2][len("data: ") :]) for e in results]
+    healthy = [
+        e["error"]["message"]
+        for e in last_events
+        if "the server exits" in e.get("error", {}).get("message", "")
+    ]
+    assert healthy and all("not available: replica 1: the engine process died" in msg for msg in healthy), (
+        healthy
+    )
+    assert "replica 1: the engine process died (exit code -9): the server exits" in srv.log()
