@@ -179,6 +179,9 @@ class EngineClient:
         log_level: ``logging`` level of the engine process.
         attach: connect to an engine another process started instead of starting one (one
             of several API processes).
+        replica: the data-parallel replica this engine is (``DPEngineClient``'s), or None:
+            every reason of its death then starts ``"replica {replica}: "`` (its in-flight
+            requests' errors, :attr:`dead_reason`, the ``on_dead`` reason, the log line).
 
     Attributes:
         info: the engine's :class:`EngineReady` message once started.
@@ -202,9 +205,11 @@ class EngineClient:
         engine_factory: EngineFactory | None = None,
         log_level: int = logging.INFO,
         attach: EngineAttachment | None = None,
+        replica: int | None = None,
     ) -> None:
         self.config = config
         self._attach = attach
+        self._reason_prefix = "" if replica is None else f"replica {replica}: "
         self._client_index = 0 if attach is None else attach.client_index
         # Several API processes may be given the same request id (X-Request-Id): the engine
         # sees each one's ids with the process's index appended.
@@ -549,6 +554,7 @@ class EngineClient:
     def _mark_dead(self, reason: str, level: int = logging.ERROR) -> None:
         if self._dead_reason is not None:
             return
+        reason = self._reason_prefix + reason  # a data-parallel replica's requests name it
         self._dead_reason = reason
         if not self._closing:
             logger.log(level, "%s; failing %d in-flight requests", reason, len(self._sinks))

@@ -117,6 +117,7 @@ class DPEngineClient:
                 engine_factory=engine_factory,
                 log_level=log_level,
                 attach=None if attach is None else attach[d],
+                replica=d,
             )
             for d in range(size)
         ]
@@ -135,11 +136,8 @@ class DPEngineClient:
 
     @property
     def dead_reason(self) -> str | None:
-        """Why a replica is gone (None while all live)."""
-        for d, r in enumerate(self.replicas):
-            if r.dead_reason is not None:
-                return f"replica {d}: {r.dead_reason}"
-        return None
+        """Why a replica is gone, naming it (None while all live)."""
+        return next((r.dead_reason for r in self.replicas if r.dead_reason is not None), None)
 
     @property
     def num_inflight(self) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.message
-import functools
 import gc
 import json
 import logging
@@ -31,7 +30,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -870,13 +869,6 @@ class ServeOptions:
     exclude_tools_when_tool_choice_none: bool = False
 
 
-def _on_replica_dead(on_dead: Callable[[str], None], replica: int, reason: str) -> None:
-    """``on_dead`` of data-parallel ``replica``: its ``reason`` names it (a rank's death read
-    "tensor-parallel worker rank 1 ... died" in the log and in the other replicas' 503s, naming
-    no replica)."""
-    on_dead(f"replica {replica}: {reason}")
-
-
 async def run_server(
     config: EngineConfig,
     options: ServeOptions,
@@ -1095,11 +1087,9 @@ async def run_server(
         state.in_flight.fail_all(ShutdownError(f"The engine is not available: {reason}; the server exits."))
         server.should_exit = True
 
-    if isinstance(client, DPEngineClient):  # the log line and the other replicas' 503s name it
-        for d, replica in enumerate(client.replicas):
-            replica.on_dead = functools.partial(_on_replica_dead, on_engine_dead, d)
-    else:
-        client.on_dead = on_engine_dead
+    # a data-parallel replica's reason names it ("replica 1: ..."): the log line and every 503 say which died
+    for engine_client in client.replicas if isinstance(client, DPEngineClient) else [client]:
+        engine_client.on_dead = on_engine_dead
     if not client.is_ready:  # it died between its start and here
         on_engine_dead("the engine is gone")
 

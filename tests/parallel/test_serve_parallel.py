@@ -9,6 +9,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -147,12 +148,13 @@ def test_serve_dp2_spreads_requests_and_matches_dp1(tmp_path: Path) -> None:
 def test_a_dead_replica_ends_every_stream_before_the_server_exits(tmp_path: Path) -> None:
     """One replica's death stops the server (code 1, as vLLM), and every open stream, on the
     healthy replica too, ends with an error event and ``[DONE]``: the server's stop used to cut
-    the healthy replica's longer streams off after uvicorn's 3 s grace, with neither."""
+    the healthy replica's longer streams off after uvicorn's 3 s grace, with neither. Every
+    error names the replica that died, the dead replica's own requests' too (streamed and not)."""
     srv = start_server(tmp_path, "-dp", "2")
     m = re.search(r"2 replicas ready \(engine pids (\d+), (\d+)\)", srv.log())
     assert m, "the server logs its replicas' engine pids"
 
-    async def streams() -> list[list[str]]:
+    async def streams() -> tuple[list[list[str]], tuple[int, dict[str, Any]]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
 
             async def one(i: int) -> list[str]:
@@ -161,13 +163,21 @@ def test_a_dead_replica_ends_every_stream_before_the_server_exits(tmp_path: Path
                     assert resp.status == 200
                     return [line.decode().strip() async for line in resp.content if line.startswith(b"data:")]
 
+            async def whole() -> tuple[int, dict[str, Any]]:
+                # two prompts, routed one by one: one of them runs on replica 1 (replica 0 has
+                # as many requests in flight as replica 1 or one more, ties going to replica 0)
+                body = {"prompt": ["Once", "Upon"], "max_tokens": 480, "ignore_eos": True}
+                async with session.post(srv.url + "/v1/completions", json=body) as resp:
+                    return resp.status, await resp.json()
+
             tasks = [asyncio.create_task(one(i)) for i in range(8)]
+            unstreamed = asyncio.create_task(whole())
             await asyncio.sleep(0.3)
             os.kill(int(m.group(2)), signal.SIGKILL)
-            return await asyncio.gather(*tasks)
+            return await asyncio.gather(*tasks), await unstreamed
 
     try:
-        results = asyncio.run(streams())
+        results, (status, body) = asyncio.run(streams())
         code = srv.proc.wait(30)
     finally:
         if srv.proc.poll() is None:
@@ -191,3 +201,13 @@ def test_a_dead_replica_ends_every_stream_before_the_server_exits(tmp_path: Path
         healthy
     )
     assert "replica 1: the engine process died (exit code -9): the server exits" in srv.log()
+    # the dead replica's own requests name it too (they read "the engine process died (exit
+    # code -9)", naming no replica): its streams' error events and the non-streamed 503 body
+    died = "The engine is not available: replica 1: the engine process died (exit code -9)"
+    own = [
+        e["error"]["message"]
+        for e in last_events
+        if "error" in e and "the server exits" not in e["error"]["message"]
+    ]
+    assert own and all(msg == died for msg in own), own
+    assert status == 503 and body["error"]["message"] == died, (status, body)
