@@ -418,7 +418,9 @@ class SchedulerConfig:
 
     Attributes:
         max_num_seqs: most requests in one step.
-        max_num_batched_tokens: the token budget of one step (prefill chunks + decodes).
+        max_num_batched_tokens: the token budget of one step (prefill chunks + decodes); at
+            least ``max_num_seqs`` (as vLLM's check: a smaller budget could not give every
+            running request its decode token in one step).
         max_model_len: longest prompt + output, in tokens.
         watermark: fraction of KV blocks kept free when admitting new requests.
         scheduling_policy: ``fcfs`` (waiting requests in arrival order; a request that cannot
@@ -438,6 +440,11 @@ class SchedulerConfig:
         _require(
             self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}",
+        )
+        _require(  # vLLM's SchedulerConfig check, in its words
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
+            f"max_num_seqs ({self.max_num_seqs}).",
         )
         _require(self.max_model_len >= 1, f"max_model_len must be positive, got {self.max_model_len}")
         _require(0.0 <= self.watermark < 1.0, f"watermark must be in [0, 1), got {self.watermark}")

@@ -603,6 +603,32 @@ def test_a_context_past_int32_from_hf_overrides_is_one_line() -> None:
         assert p.stderr.startswith("surge: error: ") and words in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "x"], ["serve", "--device", "cpu", "--port", "0"]]
+)
+def test_a_token_budget_below_max_num_seqs_is_one_line(command: list[str]) -> None:
+    """``--max-num-batched-tokens`` below ``--max-num-seqs`` is refused at start-up in vLLM's
+    words, one line, exit 2 (it was taken, and the budget then capped the running requests)."""
+    p = _surge(*command, "--device", "cpu", "--max-num-seqs", "32", "--max-num-batched-tokens", "16")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    words = "max_num_batched_tokens (16) must be greater than or equal to max_num_seqs (32)."
+    assert p.stderr == f"surge: error: {words}\n", p.stderr
+
+
+def test_max_num_seqs_left_out_follows_a_smaller_budget() -> None:
+    """``--max-num-seqs`` left out is None (256, or a lower ``--max-num-batched-tokens``, derived
+    by the engine config), so ``--max-num-batched-tokens 16`` alone is taken, as by vLLM."""
+    from surge.cli import build_parser
+
+    for command in (["serve"], ["generate", "--prompt", "x"]):
+        args = build_parser().parse_args([*command, "--max-num-batched-tokens", "16"])
+        assert args.max_num_seqs is None and args.max_num_batched_tokens == 16
+    p = _surge(
+        "generate", "--prompt", "x", "--device", "cpu", "--max-num-batched-tokens", "16", "--max-tokens", "2"
+    )
+    assert p.returncode == 0, p.stderr
+
+
 def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """The one error line ``surge ARGV`` prints while parsing its flags (exit code 2)."""
     from surge.cli import build_parser

@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from surge.config import ModelConfig
+from surge.config import ModelConfig, SchedulerConfig
 from surge.engine.llm_engine import split_n
 from surge.sampling_params import (
     _FIELD_CHECKS,
@@ -405,6 +405,46 @@ def test_a_token_budget_no_step_can_use_is_lowered() -> None:
     assert sc.max_num_batched_tokens == sc.max_num_seqs * sc.max_model_len
     small = build_engine_config(None, max_num_seqs=2, max_num_batched_tokens=300, device="cpu")
     assert small.scheduler.max_num_batched_tokens == 300
+
+
+BUDGET_BELOW_SEQS = r"^max_num_batched_tokens \(16\) must be greater than or equal to max_num_seqs \(32\)\.$"
+
+
+def test_a_token_budget_below_max_num_seqs_is_refused_as_vllm_does() -> None:
+    """``max_num_batched_tokens`` below ``max_num_seqs`` is refused with vLLM's words (it was taken,
+    and the budget then capped the running requests); ``build_engine_config`` and ``LLM()``, whose
+    errors are the CLI's one line, refuse it before the model loads."""
+    from surge.engine.llm import LLM
+    from surge.engine.llm_engine import build_engine_config
+
+    with pytest.raises(ValueError, match=BUDGET_BELOW_SEQS):
+        SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match=BUDGET_BELOW_SEQS):
+        build_engine_config(None, max_num_seqs=32, max_num_batched_tokens=16, device="cpu")
+    with pytest.raises(ValueError, match=BUDGET_BELOW_SEQS):
+        LLM(device="cpu", max_num_seqs=32, max_num_batched_tokens=16)
+    # max_num_seqs given, the budget left to its default (8192): refused, as vLLM's
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(8192\) .* max_num_seqs \(10000\)"):
+        build_engine_config(None, max_num_seqs=10_000, device="cpu")
+    assert SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=16).max_num_batched_tokens == 16
+
+
+def test_max_num_seqs_left_out_is_derived_from_a_smaller_budget() -> None:
+    """``max_num_seqs`` left out is 256, or the budget when that is lower (vLLM's derived default),
+    so a small budget alone is taken; the defaults, and a budget lowered to ``max_num_seqs x
+    max_model_len`` on a short context, pass the check."""
+    from surge.engine.llm_engine import build_engine_config
+
+    sc = build_engine_config(None, max_num_batched_tokens=16, device="cpu").scheduler
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (16, 16)
+    sc = build_engine_config(None, device="cpu").scheduler
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (256, 8192)
+    sc = build_engine_config(None, max_num_seqs=None, max_num_batched_tokens=None, device="cpu").scheduler
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (256, 8192)
+    sc = build_engine_config(None, max_model_len=2, device="cpu").scheduler
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (256, 512)
+    with pytest.raises(ValueError, match=r"^max_num_batched_tokens must be positive, got 0$"):
+        build_engine_config(None, max_num_batched_tokens=0, device="cpu")  # the flag given is named
 
 
 @pytest.mark.parametrize(

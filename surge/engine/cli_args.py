@@ -113,12 +113,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     ``--block-size`` (tokens per block), ``--num-kv-blocks``, ``--gpu-memory-utilization`` (a
     fraction), ``--enforce-eager``, ``--async-scheduling`` and ``--enable-prefix-caching``, with
     the defaults of :func:`surge.engine.llm_engine.build_engine_config` (which checks the values)."""
-    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step (default 256)")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="most sequences in one step (default 256, or --max-num-batched-tokens when that is lower)",
+    )
     p.add_argument(
         "--max-num-batched-tokens",
         type=token_count,
         default=8192,
-        help="token budget of one step; 8k = 8,000, 8K = 8,192 as in vLLM (default 8192)",
+        help="token budget of one step, at least --max-num-seqs; 8k = 8,000, 8K = 8,192 as in vLLM "
+        "(default 8192)",
     )
     p.add_argument(
         "--max-model-len",

@@ -77,9 +77,10 @@ class LLM:
         seed: seed of dummy weights and of unseeded sampling (None: a random one, as vLLM).
         block_size: tokens per KV block (None: 16, as vLLM's None on CUDA).
         num_kv_blocks: KV pool size in blocks; None sizes it from memory.
-        max_num_seqs: most sequences in one step (None: 256, where vLLM's None lets its engine
-            choose).
-        max_num_batched_tokens: token budget of one step (None: 8192, likewise).
+        max_num_seqs: most sequences in one step (None: 256, or ``max_num_batched_tokens`` when
+            that is lower, as vLLM's None derives it).
+        max_num_batched_tokens: token budget of one step (None: 8192, where vLLM's None lets its
+            engine choose); at least ``max_num_seqs``, or a ValueError naming both (vLLM's check).
         max_model_len: longest prompt + output; None = the model's maximum.
         enable_prefix_caching: share the KV blocks of equal prompt prefixes (None: True, as vLLM's
             None).
@@ -157,7 +158,7 @@ class LLM:
         seed: int | None = 0,
         block_size: int | None = 16,
         num_kv_blocks: int | None = None,
-        max_num_seqs: int | None = 256,
+        max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = 8192,
         max_model_len: int | None = None,
         enable_prefix_caching: bool | None = True,

@@ -110,7 +110,7 @@ def build_engine_config(
     block_size: int | None = 16,
     num_kv_blocks: int | None = None,
     gpu_memory_utilization: float = 0.9,
-    max_num_seqs: int | None = 256,
+    max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = 8192,
     max_model_len: int | None = None,
     enable_prefix_caching: bool | None = True,
@@ -137,8 +137,11 @@ def build_engine_config(
     """Build and validate an :class:`EngineConfig` from flat, CLI-style arguments.
 
     ``max_model_len=None`` takes the model's ``max_position_embeddings``; ``block_size``,
-    ``max_num_seqs``, ``max_num_batched_tokens`` and ``enable_prefix_caching`` None are their
-    defaults (16, 256, 8192, True), as vLLM's None leaves them to the engine;
+    ``max_num_batched_tokens`` and ``enable_prefix_caching`` None are their defaults (16, 8192,
+    True), as vLLM's None leaves them to the engine; ``max_num_seqs`` None is 256, or
+    ``max_num_batched_tokens`` when that is lower (as vLLM derives it, so that a small budget
+    alone is taken), and a ``max_num_seqs`` above ``max_num_batched_tokens`` is refused
+    (:class:`~surge.config.SchedulerConfig`, vLLM's check);
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
     and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
     to ``master_port`` are :class:`~surge.config.ParallelConfig`'s (``tp_all_reduce`` is its
@@ -164,6 +167,7 @@ def build_engine_config(
     seed = _int_arg("seed", seed)
     # vLLM's None for these (its EngineArgs defaults, left to the engine): Surge's defaults
     block_size = 16 if block_size is None else _int_arg("block_size", block_size)  # type: ignore[assignment]
+    seqs_given = max_num_seqs is not None
     max_num_seqs = 256 if max_num_seqs is None else _int_arg("max_num_seqs", max_num_seqs)  # type: ignore[assignment]
     max_num_batched_tokens = (
         8192 if max_num_batched_tokens is None else _int_arg("max_num_batched_tokens", max_num_batched_tokens)
@@ -221,6 +225,8 @@ def build_engine_config(
             useful,
         )
         max_num_batched_tokens = useful
+    if not seqs_given:  # vLLM's derived default: no more sequences than the budget has tokens
+        max_num_seqs = min(max_num_seqs, max(max_num_batched_tokens, 1))  # a budget < 1 is named below
     resolved = resolve_device(device)
     if async_scheduling is None:
         async_scheduling = resolved.startswith("cuda")

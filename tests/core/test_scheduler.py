@@ -119,7 +119,7 @@ def test_chunked_prefill_samples_only_on_last_chunk() -> None:
 
 
 def test_budget_and_decodes_before_prefill() -> None:
-    sched = _make(budget=32, num_blocks=256, max_num_seqs=64)
+    sched = _make(budget=32, num_blocks=256, max_num_seqs=32)
     n = 0
     saw_decode_and_prefill = False
     for step in range(200):

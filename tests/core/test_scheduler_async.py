@@ -169,10 +169,12 @@ def _random_async_workload(seed: int) -> None:
             }
         )
     max_len = max(len(s["prompt"]) + s["mt"] for s in specs) + rng.choice([0, 0, 5])
+    max_num_seqs = rng.choice([1, 2, 4, 32])
+    budget = rng.choice([1, 3, 5, 16, 48])
     sched = Scheduler(
         SchedulerConfig(
-            max_num_seqs=rng.choice([1, 2, 4, 32]),
-            max_num_batched_tokens=rng.choice([1, 3, 5, 16, 48]),
+            max_num_seqs=min(max_num_seqs, budget),  # more is refused (as vLLM); the budget stays tiny
+            max_num_batched_tokens=budget,
             max_model_len=max_len,
             watermark=rng.choice([0.0, 0.01, 0.1]),
             scheduling_policy=policy,  # type: ignore[arg-type]

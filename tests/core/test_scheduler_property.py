@@ -185,6 +185,8 @@ def _random_specs(rng: random.Random, n: int, max_prompt: int, max_out: int) -> 
     return specs
 
 
+# max_num_seqs at most the budget (SchedulerConfig refuses more, as vLLM): a tiny budget keeps
+# its chunks, with as many sequences as it can hold
 worlds = st.builds(
     World,
     block_size=st.sampled_from([8, 16]),
@@ -193,7 +195,7 @@ worlds = st.builds(
     extra_blocks=st.integers(0, 6),
     prefix_caching=st.booleans(),
     watermark=st.sampled_from([0.0, 0.01, 0.1]),
-)
+).map(lambda w: dataclasses.replace(w, max_num_seqs=min(w.max_num_seqs, w.budget)))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,6 +1,6 @@
 """Review tests of asynchronous scheduling (edge cases not covered by test_async_engine.py):
-victims whose last token is in flight, ``max_model_len`` boundaries, a budget below the number
-of decodes, aborting every request while a step is in flight, pending tokens through the
+victims whose last token is in flight, ``max_model_len`` boundaries, a budget of as few tokens
+as sequences, aborting every request while a step is in flight, pending tokens through the
 decode-graph path, a randomized sync-vs-async comparison, and the engine process loop."""
 
 from __future__ import annotations
@@ -77,8 +77,11 @@ def test_victim_with_its_last_token_in_flight_is_recomputed_to_its_exact_length(
     assert sched.kv.num_free_blocks == sched.kv.num_total_blocks
 
 
-def test_budget_below_the_number_of_decodes_keeps_exact_lengths() -> None:
-    sched = _make(budget=3, num_blocks=64, block_size=8, max_num_seqs=8)
+def test_a_budget_of_as_few_tokens_as_sequences_keeps_exact_lengths() -> None:
+    """A budget of 3 tokens for 3 sequences (fewer tokens than sequences is refused, as by vLLM):
+    requests whose last token is in flight hold a slot without a token, prompts wait for the
+    budget, and every request still gets its exact length."""
+    sched = _make(budget=3, num_blocks=64, block_size=8, max_num_seqs=3)
     want = {}
     for i in range(8):
         want[f"r{i}"] = 2 + i
@@ -93,10 +96,10 @@ def test_budget_below_the_number_of_decodes_keeps_exact_lengths() -> None:
     "engine_args",
     [
         {"block_size": 8},
-        {"block_size": 16, "max_num_batched_tokens": 2, "max_num_seqs": 6},
+        {"block_size": 16, "max_num_batched_tokens": 2, "max_num_seqs": 2},
         {"block_size": 8, "num_kv_blocks": 9},
     ],
-    ids=["max-model-len", "budget-below-decodes", "preemption"],
+    ids=["max-model-len", "tiny-budget", "preemption"],
 )
 def test_boundaries_match_sync(engine_args: dict[str, Any]) -> None:
     """prompt + max_tokens == max_model_len, max_tokens=1, a stop on the first sampled
@@ -205,10 +208,12 @@ def _random_case(
             kw["repetition_penalty"] = 1.3
         reqs.append((f"q{i}", prompt, SamplingParams(**kw)))
     need = -(-max(len(p) + sp.max_tokens for _, p, sp in reqs) // bs)
+    max_num_seqs = rng.choice([3, 4, 8])
+    budget = rng.choice([5, 16, 64])
     cfg = dict(
         block_size=bs,
-        max_num_seqs=rng.choice([3, 4, 8]),
-        max_num_batched_tokens=rng.choice([5, 16, 64]),
+        max_num_seqs=min(max_num_seqs, budget),  # more is refused (as vLLM); the budget stays tiny
+        max_num_batched_tokens=budget,
         num_kv_blocks=rng.choice([need, need + 2, 2 * need]),
         enable_prefix_caching=True,
         max_model_len=128,

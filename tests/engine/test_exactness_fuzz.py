@@ -97,14 +97,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> _Model:
 
 
 def _world(rng: random.Random) -> dict[str, object]:
-    return {
+    world: dict[str, object] = {
         "block_size": rng.choice([8, 16, 32]),
         "enable_prefix_caching": rng.random() < 0.7,
         "async_scheduling": rng.random() < 0.5,
         "scheduling_policy": rng.choice(["fcfs", "priority"]),
-        "max_num_batched_tokens": rng.choice([8, 16, 33, 2048]),
-        "max_num_seqs": rng.choice([1, 3, 256]),
     }
+    budget = rng.choice([8, 16, 33, 2048])
+    # more sequences than the budget has tokens is refused (as vLLM): a tiny budget takes as many
+    world.update(max_num_batched_tokens=budget, max_num_seqs=min(rng.choice([1, 3, 256]), budget))
+    return world
 
 
 def _params(rng: random.Random, frequent: list[int]) -> SamplingParams:

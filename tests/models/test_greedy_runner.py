@@ -42,7 +42,7 @@ def test_greedy_chunked_and_mixed_matches_hf(kind: str, tiny_models: dict[str, P
 
 def test_stories_matches_golden_greedy() -> None:
     golden = json.loads((STORIES / "golden_greedy.json").read_text())["cases"]
-    runner = make_runner(None, max_num_batched_tokens=8)
+    runner = make_runner(None, max_num_batched_tokens=8, max_num_seqs=8)
     prompts = [c["prompt_ids"] for c in golden]
     got = run_loop(runner, greedy_requests(prompts, 64), 8, [0, 1, 2, 3][: len(prompts)])
     assert got == [c["generated_ids"] for c in golden]

@@ -21,7 +21,7 @@ def test_kv_sizing_and_cache_shapes() -> None:
     assert runner.bytes_per_block == 2 * 5 * 16 * 4 * 8 * 4
     # 4 sequences of at most 256 tokens never need more than 4 * 16 blocks.
     assert runner.determine_num_kv_blocks() == 64
-    big = make_runner(None, max_num_seqs=16 * 1024)
+    big = make_runner(None, max_num_seqs=16 * 1024, max_num_batched_tokens=16 * 1024)
     assert big.determine_num_kv_blocks() == big.config.cache.cpu_kv_cache_bytes // big.bytes_per_block
     runner.init_kv_cache(10)
     assert len(runner.kv_caches) == 5

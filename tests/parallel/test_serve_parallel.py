@@ -55,8 +55,10 @@ async def _stream_until_error(url: str, pid_to_kill: int) -> list[str]:
 
 def test_serve_tp2_tokens_then_a_killed_worker(tmp_path: Path) -> None:
     model_dir = make_tiny_model("qwen2", tmp_path / "qwen2")
-    srv = start_server(
-        tmp_path, "-tp", "2", "--max-num-batched-tokens", "16", "--dtype", "float32", model=model_dir
+    srv = start_server(  # start_server's --max-num-seqs 256 is over a budget of 16 (refused, as by vLLM)
+        tmp_path,
+        *("-tp", "2", "--max-num-batched-tokens", "16", "--max-num-seqs", "16", "--dtype", "float32"),
+        model=model_dir,
     )
     try:
         pids = _worker_pids(srv.log())

@@ -202,10 +202,10 @@ def test_short_prompts_one_at_a_time(qwen3: Path) -> None:
 
 def test_mixed_steps_chunked_prefill_and_preemption(qwen3: Path) -> None:
     prompts = _prompts(2, [9, 40, 3, 27, 60, 14, 22, 5], 512)
-    # A budget of 24 tokens: prompt chunks next to running decodes; 12 blocks of 16 for
-    # sequences of up to 80 tokens: preemption and recompute.
+    # A budget of 24 tokens (and so at most 24 sequences): prompt chunks next to running decodes;
+    # 12 blocks of 16 for sequences of up to 80 tokens: preemption and recompute.
     forms, pending, llm = _same_tokens(
-        qwen3, [prompts], 20, max_num_seqs=32, max_num_batched_tokens=24, num_kv_blocks=12
+        qwen3, [prompts], 20, max_num_seqs=24, max_num_batched_tokens=24, num_kv_blocks=12
     )
     assert any(n > 4 for n in forms), forms  # prompt chunks (mixed or not), not just decodes
     assert pending > 0  # asynchronous scheduling: decodes of mixed steps take their ids on the device

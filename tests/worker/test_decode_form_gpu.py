@@ -68,7 +68,7 @@ def test_greedy_tokens_with_graphs_equal_enforce_eager(tmp_path: Path, case: str
         batches = [[p] for p in random_prompts(1, [5, 12, 1, 31, 2])]
     else:
         batches = [random_prompts(2, [9, 40, 3, 27, 60, 14, 22, 5])]
-        kw.update(max_num_batched_tokens=24, num_kv_blocks=12)
+        kw.update(max_num_seqs=24, max_num_batched_tokens=24, num_kv_blocks=12)  # seqs <= budget
     graphs, forms, preempted = _tokens(path, batches, False, **kw)
     eager, none, _ = _tokens(path, batches, True, **kw)
     assert graphs == eager
