@@ -385,8 +385,9 @@ def model_shape(
 def context_warning(cfg: dict[str, Any], points: list[tuple[int, int, int]]) -> str | None:
     """One line naming the ``(C, I, O)`` points whose ``I + O`` exceeds the config's context
     (``max_position_embeddings``, times the rotary scaling factor where the config scales it:
-    :func:`surge.rope_params.rope_params`), or None (also when the config gives no context
-    length, or a rotary setting Surge does not read).
+    :func:`surge.rope_params.rope_params`) and saying that their figures assume a context the
+    model does not support, or None (also when the config gives no context length, or a rotary
+    setting Surge does not read). One point (``bench serve``'s) is named alone, without "1 of 1".
 
     Such a point's ceiling is still arithmetic (what the bytes and FLOPs would allow), so the
     roofline warns rather than refuses: the default grid is the fixed reference matrix (up to
@@ -403,12 +404,18 @@ def context_warning(cfg: dict[str, Any], points: list[tuple[int, int, int]]) -> 
     over = [(c, i, o) for c, i, o in points if i + o > limit]
     if not over:
         return None
+    context = f"the model's context ({limit:,} tokens of prompt + output, {rope.max_len_source})"
+    if len(points) == 1:
+        c, i, o = over[0]
+        return (
+            f"C{c}/I{i}/O{o} needs more than {context}: its figure assumes a context the model does not "
+            "support (a server of this config cannot run it as it is)"
+        )
     shown = ", ".join(f"C{c}/I{i}/O{o}" for c, i, o in over[:3])
     more = f" and {len(over) - 3} more" if len(over) > 3 else ""
     return (
-        f"{len(over)} of {len(points)} points need more than the model's context ({limit:,} tokens "
-        f"of prompt + output, {rope.max_len_source}): {shown}{more}; a server of this config cannot run "
-        "them as they are, their ceilings are arithmetic only"
+        f"{len(over)} of {len(points)} points need more than {context}: {shown}{more}; their figures "
+        "assume a context the model does not support (a server of this config cannot run them as they are)"
     )
 
 

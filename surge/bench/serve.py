@@ -63,6 +63,7 @@ from surge.bench.roofline import (
     DTYPE_BYTES,
     Hardware,
     check_fp8_support,
+    context_warning,
     load_config,
     model_shape,
     point_roofline,
@@ -873,7 +874,10 @@ def _roofline_fields(
     model folder found by the served model's name that the roofline cannot model (a
     mixture-of-experts config, FP8 weights on a GPU without FP8) gets None too, with one warning
     line on stderr, not an error that would lose the finished run; so does a served ``model``
-    (its name) that is no model folder here, given no ``--model-config``."""
+    (its name) that is no model folder here, given no ``--model-config``. A point whose
+    ``input_len + output_len`` exceeds the config's context keeps its figures, with one warning
+    line saying they assume a context the model does not support
+    (:func:`surge.bench.roofline.context_warning`)."""
     out: dict[str, Any] = {
         "roofline_output_throughput": None,
         "pct_of_roofline": None,
@@ -891,15 +895,17 @@ def _roofline_fields(
         )
         return out
     try:
-        shape = model_shape(
-            load_config(src), cfg.roofline_dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype
-        )
+        model_cfg = load_config(src)
+        shape = model_shape(model_cfg, cfg.roofline_dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype)
         check_fp8_support(shape.fp8_matmul_params > 0, cfg.hardware, "--roofline-dtype")
     except ValueError as e:  # the folder found by the served model's name (--model-config was checked first)
         print(f"surge: warning: no roofline column: {src}: {e}", file=sys.stderr)
         return out
     conc = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)
     roof = point_roofline(shape, cfg.hardware, conc, cfg.input_len, cfg.output_len)
+    over_context = context_warning(model_cfg, [(conc, cfg.input_len, cfg.output_len)])
+    if over_context:
+        print(f"surge: warning: roofline column: {over_context}", file=sys.stderr)
     out["roofline_output_throughput"] = roof.output_throughput
     out["pct_of_roofline"] = 100.0 * throughput / roof.output_throughput
     out["hardware"] = {

@@ -180,6 +180,26 @@ def test_an_fp8_peak_for_a_bf16_model_is_one_warning(
         assert "--peak-flops-fp8" not in capsys.readouterr().err
 
 
+def test_a_point_longer_than_the_roofline_context_warns_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The roofline column of a point whose I + O exceeds the model config's context (512 for the
+    bundled model) was given without a word: that point's run says in one line that its figure
+    assumes a context the model does not support; the point that fits says nothing."""
+    from fake_server import Behaviour, FakeServer
+
+    argv = ["bench", "matrix", "--disable-tqdm", "--concurrency", "1", "--input-len", "8,500"]
+    argv += ["--output-len", "16", "--gpu", "h200", "--model-config", str(BUNDLED_MODEL)]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        assert bench_main([*argv, "--base-url", s.url, "--output-dir", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("surge: warning: ") == 1 and err.count("needs more than the model's context") == 1, err
+    assert "roofline column: C1/I500/O16 needs more than the model's context (512 tokens" in err
+    assert "its figure assumes a context the model does not support" in err and "C1/I8/" not in err
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert all(p["pct_of_roofline"] is not None for p in summary["points"])
+
+
 def test_roofline_flags_without_a_gpu_are_one_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -177,11 +177,36 @@ def test_points_longer_than_the_context_warn(capsys: pytest.CaptureFixture[str])
     assert "context (512 tokens of prompt + output, max_position_embeddings 512)" in captured.err
     assert "C1/I256/O4096" in captured.err
     assert "and 3 more" in captured.err and captured.err.count("\n") == 1
+    assert "; their figures assume a context the model does not support" in captured.err
     rc = bench_main(
         ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200"]
         + ["--concurrency", "1", "--input-len", "256", "--output-len", "256"]
     )
     assert rc == 0 and capsys.readouterr().err == ""  # exactly the context: no warning
+
+
+def test_a_served_point_longer_than_the_context_warns_and_keeps_its_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``bench serve``'s roofline column (and so ``bench matrix``'s, point by point) for I + O over
+    the config's context (512 for the bundled model) was given without a word: one warning line
+    now says the figure assumes a context the model does not support; the figure is unchanged."""
+    from surge.bench.serve import ServeConfig, _roofline_fields
+
+    hw = lookup_gpu("h200")
+    cfg = ServeConfig(hardware=hw, input_len=500, output_len=16, num_prompts=2)
+    out = _roofline_fields(cfg, str(BUNDLED_MODEL), 100.0)
+    roof = point_roofline(model_shape(load_config(BUNDLED_MODEL)), hw, 2, 500, 16)
+    assert out["roofline_output_throughput"] == roof.output_throughput
+    assert out["pct_of_roofline"] == 100.0 * 100.0 / roof.output_throughput
+    assert capsys.readouterr().err == (
+        "surge: warning: roofline column: C2/I500/O16 needs more than the model's context (512 tokens "
+        "of prompt + output, max_position_embeddings 512): its figure assumes a context the model does "
+        "not support (a server of this config cannot run it as it is)\n"
+    )
+    fits = ServeConfig(hardware=hw, input_len=496, output_len=16, num_prompts=2)  # exactly the context
+    assert _roofline_fields(fits, str(BUNDLED_MODEL), 100.0)["pct_of_roofline"] is not None
+    assert capsys.readouterr().err == ""
 
 
 def test_unit_formatting() -> None:
