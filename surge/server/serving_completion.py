@@ -202,10 +202,14 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     model = state.model_name
 
     def echo_text(prompt_index: int) -> str:
+        """The echoed prompt: its text as given; a prompt of token ids decoded with its special
+        tokens (vLLM's ``tokenizer.decode(ids)``: ``<|im_start|>``, a BOS ``<s>``); a text prompt
+        that ``truncate_prompt_tokens`` cut, the kept tokens' text."""
         info = gen.prompts[prompt_index]
         if info.text is not None:
             return info.text
-        return state.tokenizer.decode(info.token_ids, skip_special_tokens=True)
+        token_prompt = plans[prompt_index].source is None
+        return state.tokenizer.decode(info.token_ids, skip_special_tokens=not token_prompt)
 
     strings = state.token_strings
     names = state.logprob_tokens(body)

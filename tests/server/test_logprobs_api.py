@@ -241,6 +241,30 @@ def test_echo_text_offset_counts_the_tokens_texts(server: Server) -> None:
     assert r.status_code == 400 and err["param"] == "min_tokens" and "max_tokens (0" in err["message"], r.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_of_a_token_id_prompt_keeps_its_special_tokens(server: Server, stream: bool) -> None:
+    """A prompt of token ids is echoed as vLLM 0.26 decodes it (``tokenizer.decode(ids)``,
+    special tokens kept: the BOS ``<s>``, as /detokenize gives it); a text prompt is echoed as
+    given, without the BOS its tokens start with."""
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": PROMPT}, timeout=60).json()["tokens"]
+    decoded = httpx.post(server.url + "/detokenize", json={"tokens": ids}, timeout=60).json()["prompt"]
+    assert decoded.startswith("<s>")
+
+    def text(prompt: Any) -> str:
+        body = {"prompt": prompt, "echo": True, "max_tokens": 3, "stream": stream, **GREEDY}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        if not stream:
+            return r.json()["choices"][0]["text"]
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        return "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"])
+
+    by_text = text(PROMPT)
+    assert by_text.startswith(PROMPT + ",")
+    assert text(ids) == decoded + by_text[len(PROMPT) :]
+    assert text([ids, ids[1:]])[: len(decoded)] == decoded  # a list of token-id prompts too
+
+
 def test_completion_stream_echo_logprobs_equal_non_stream(client: openai.OpenAI) -> None:
     kw: dict[str, Any] = dict(
         model=client.models.list().data[0].id,
