@@ -112,8 +112,8 @@ def _listed_ids(body: Any, vocab_size: int) -> tuple[int, ...] | None:
 
 
 def chat_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
-    """Options of a chat request: ``logprobs`` (bool), ``top_logprobs`` (0..20, needs
-    ``logprobs: true``), ``prompt_logprobs`` (0..20, not with ``stream``; with ``echo`` and not
+    """Options of a chat request: ``logprobs`` (bool), ``top_logprobs`` (0..20; above 0 it needs
+    ``logprobs: true``, while 0, its default, is taken without, as vLLM takes it), ``prompt_logprobs`` (0..20, not with ``stream``; with ``echo`` and not
     streamed, ``top_logprobs`` (0 when unset) unless sent, as vLLM's chat ``echo``), vLLM's
     ``logprob_token_ids`` (needs ``logprobs: true``; they replace the top-k; ``vocab_size``
     bounds the ids).
@@ -126,8 +126,8 @@ def chat_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
     top = None
     if body.top_logprobs is not None:
         top = _top_k(body.top_logprobs, "top_logprobs")
-        if not body.logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+        if top and not body.logprobs:  # 0 asks for nothing (vLLM refuses only above 0)
+            raise bad_request("top_logprobs above 0 requires logprobs to be true", param="top_logprobs")
     prompt = _prompt_logprobs(body)
     if prompt is None and getattr(body, "echo", False) and not body.stream:
         prompt = top or 0  # vLLM: echo asks for the prompt's logprobs, top_logprobs of them

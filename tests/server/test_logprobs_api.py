@@ -472,6 +472,20 @@ def test_logprob_token_ids_list_the_asked_tokens(server: Server) -> None:
         assert list(top) == list(dict.fromkeys([token, *names]))  # the sampled token first, as vLLM
 
 
+def test_top_logprobs_0_needs_no_logprobs(server: Server) -> None:
+    """``top_logprobs: 0``, its default, is taken without ``logprobs: true`` (or with
+    ``logprobs: false``), as vLLM 0.26 takes it (only a value above 0 needs it): the answer has
+    no logprobs; above 0 it stays a 400 naming the field."""
+    body = {"messages": MSGS, "max_tokens": 2, **GREEDY, "top_logprobs": 0}
+    for extra in ({}, {"logprobs": False}, {"stream": True}):
+        r = httpx.post(server.url + "/v1/chat/completions", json=body | extra, timeout=60)
+        assert r.status_code == 200, r.text
+        if not extra.get("stream"):
+            assert r.json()["choices"][0]["logprobs"] is None
+    r = httpx.post(server.url + "/v1/chat/completions", json=body | {"top_logprobs": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text
+
+
 @pytest.mark.parametrize(("path", "body", "param"), BAD)
 def test_bad_logprob_fields_are_400_naming_them(
     server: Server, path: str, body: dict[str, Any], param: str
