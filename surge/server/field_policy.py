@@ -47,8 +47,7 @@ NULLABLE_COMPLETION_FIELDS: frozenset[str] = frozenset(
 )
 """Fields of ``POST /v1/completions`` that OpenAI's API declares nullable (``nullable: true`` in
 ``CreateCompletionRequest`` of openai/openai-openapi's ``openapi.yaml``). ``null`` means the
-field is not set, the same as leaving it out, except ``max_tokens``, whose ``null`` means the
-rest of the context (as in vLLM; left out it is 16)."""
+field is not set, the same as leaving it out (``max_tokens: null`` is 16, as in vLLM 0.26)."""
 
 NULLABLE_CHAT_FIELDS: frozenset[str] = frozenset(
     {

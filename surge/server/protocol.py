@@ -560,14 +560,13 @@ class CompletionRequest(SamplingRequestFields):
     """Body of ``POST /v1/completions``: ``prompt`` is a string, strings, token ids, or lists of ids.
 
     ``max_tokens`` defaults to 16 as in OpenAI's API (less when the context has less room);
-    ``null`` asks for all the room left in the context, as in vLLM.
+    ``null`` is the same 16, as in OpenAI's API and vLLM 0.26 (its ``normalize_null_max_tokens``).
     """
 
-    # max_tokens: null is not "left out" (16) but the rest of the context
-    null_is_unset: ClassVar[frozenset[str]] = NULLABLE_COMPLETION_FIELDS - {"max_tokens"}
+    null_is_unset: ClassVar[frozenset[str]] = NULLABLE_COMPLETION_FIELDS
 
     prompt: Prompt
-    max_tokens: JsonInt | None = Field(default=16, le=MAX_TOKEN_COUNT)
+    max_tokens: JsonInt = Field(default=16, le=MAX_TOKEN_COUNT)
     echo: bool = False
     suffix: Any = None
     prompt_embeds: Any = None

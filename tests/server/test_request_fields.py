@@ -337,11 +337,11 @@ def test_cache_salt_must_be_a_non_empty_string(server: Server, path: str, value:
 )
 def test_null_is_the_same_as_leaving_out(model: Any, base: dict[str, Any], nullable: frozenset[str]) -> None:
     """Every field OpenAI declares nullable takes null, and the request is exactly the one
-    that leaves the field out (values and the fields "sent"), so it is never refused either;
-    the one exception is completions' max_tokens, whose null is the rest of the context."""
+    that leaves the field out (values and the fields "sent"), so it is never refused either
+    (completions' max_tokens too: null is 16, as in vLLM 0.26)."""
     assert nullable <= model.model_fields.keys(), "the nullable fields are fields of the model"
     left_out = model.model_validate(base)
-    for name in sorted(nullable - base.keys() - {"max_tokens"}):
+    for name in sorted(nullable - base.keys()):
         with_null = model.model_validate(base | {name: None})
         assert with_null.model_dump() == left_out.model_dump(), name
         assert with_null.model_fields_set == left_out.model_fields_set, name
@@ -351,11 +351,12 @@ def test_null_is_the_same_as_leaving_out(model: Any, base: dict[str, Any], nulla
 
 
 def test_max_tokens_null() -> None:
-    """Chat: null is "not set" (all the room left); completions: the room left, not 16 (vLLM)."""
+    """Chat: null is "not set" (all the room left); completions: 16, as left out (OpenAI's
+    default, and vLLM 0.26's normalize_null_max_tokens)."""
     chat = ChatCompletionRequest.model_validate({"messages": MSGS, "max_tokens": None})
     assert chat.model_fields_set == {"messages"} and chat.requested_max_tokens is None
     cmpl = CompletionRequest.model_validate({"prompt": PROMPT, "max_tokens": None})
-    assert cmpl.requested_max_tokens is None and not cmpl.max_tokens_sent
+    assert cmpl.requested_max_tokens == 16 and not cmpl.max_tokens_sent
     assert CompletionRequest.model_validate({"prompt": PROMPT}).requested_max_tokens == 16
 
 
@@ -373,10 +374,12 @@ def test_null_fields_over_http(server: Server, path: str) -> None:
         r = _post(server, path, base | nulls)
         assert r.status_code == 200, (nulls, r.text)
         assert r.json()["choices"] == ref["choices"] and r.json()["usage"] == ref["usage"]
-    # completions' max_tokens: null is all the room left in the context (vLLM), not 16
+    # completions' max_tokens: null is 16 as left out (vLLM 0.26), not all the room left; both
+    # shrink to the room a long prompt leaves
     if path == CMPL:
-        r = _post(server, CMPL, {"prompt": [5] * 500, "max_tokens": None, "ignore_eos": True})
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+        for prompt, tokens in ((PROMPT, 16), ([5] * 500, 12)):
+            r = _post(server, CMPL, {"prompt": prompt, "max_tokens": None, "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == tokens, r.text
 
 
 def test_inert_fields_are_accepted(client: openai.OpenAI) -> None:

@@ -124,8 +124,9 @@ def test_max_tokens_5(page: Any, web_server: Server) -> None:
 
 def test_max_tokens_auto_by_default(page: Any, web_server: Server) -> None:
     """An empty max tokens ("auto") asks for all the room left: chat leaves max_tokens out,
-    completions send null (their default is 16). A chat whose prompt is over half the bundled
-    model's 512-token context then still gets an answer (a fixed default of 256 was a 400)."""
+    completions send the room /tokenize counts (their default is 16, and so is null, as in
+    vLLM 0.26). A chat whose prompt is over half the bundled model's 512-token context then
+    still gets an answer (a fixed default of 256 was a 400)."""
     open_playground(page, web_server)
     assert page.input_value("#max_tokens") == ""
     assert page.get_attribute("#max_tokens", "placeholder") == "auto"
@@ -146,7 +147,8 @@ def test_max_tokens_auto_by_default(page: Any, web_server: Server) -> None:
     page.fill("#prompt", "Once upon a time")
     with page.expect_request("**/v1/completions") as req:
         page.click("#send")
-    assert req.value.post_data_json["max_tokens"] is None
+    counted = httpx.post(web_server.url + "/tokenize", json={"prompt": "Once upon a time"}, timeout=60).json()
+    assert req.value.post_data_json["max_tokens"] == counted["max_model_len"] - counted["count"]
     m = wait_finished(page)
     assert m["state"] == "done" and m["finish"] == "length" and int(m["tokens"]) > 16, m
 

@@ -92,9 +92,9 @@
   }
 
   /** The request fields common to both endpoints, from the settings panel. An empty max tokens
-   * ("auto") asks for all the room left in the context: chat's default; completions default to
-   * 16, so they send max_tokens: null (vLLM's "all the room left"). Throws on a field that is
-   * not a whole number. */
+   * ("auto") leaves max_tokens out: chat's default is all the room left in the context;
+   * completions default to 16 (null too, as in OpenAI's API and vLLM), so send() asks them for
+   * the room left itself (roomLeft). Throws on a field that is not a whole number. */
   function samplingFields(chat) {
     const body = {
       model: ui.model.value,
@@ -105,7 +105,6 @@
     if (ui.topP.dataset.touched) body.top_p = Number(ui.topP.value);
     const maxTokens = intOrNull(ui.maxTokens, "Max tokens");
     if (maxTokens !== null) body.max_tokens = maxTokens;
-    else if (!chat) body.max_tokens = null;
     const topK = intOrNull(ui.topK, "Top k");
     if (topK !== null) body.top_k = topK;
     const seed = intOrNull(ui.seed, "Seed");
@@ -325,6 +324,25 @@
     schedulePaint(view, run);
   }
 
+  /** All the room the context leaves after a completions prompt, from /tokenize's count and
+   * max_model_len: what max tokens "auto" asks for. Null when /tokenize does not answer or no
+   * room is left (max_tokens then stays out, and the completion's own 400 says why). */
+  async function roomLeft(model, prompt, signal) {
+    const r = await fetch("tokenize", {
+      method: "POST",
+      headers: C.headers(true),
+      body: JSON.stringify({ model, prompt }),
+      signal,
+    }).catch((e) => {
+      if (e.name === "AbortError") throw e;
+      return null;
+    });
+    if (!r || !r.ok) return null;
+    const t = await r.json();
+    const room = t.max_model_len - t.count;
+    return room >= 1 ? room : null;
+  }
+
   async function send() {
     const text = ui.prompt.value;
     if (!text.trim() || state.controller) return;
@@ -369,6 +387,10 @@
     const ticker = setInterval(() => showStats(view, run), 250);
     let outcome = "done";
     try {
+      if (!chat && body.max_tokens === undefined) {
+        const room = await roomLeft(body.model, text, controller.signal);
+        if (room !== null) body.max_tokens = room;
+      }
       const r = await C.fetchOrExplain(url, {
         method: "POST",
         headers: C.headers(true),
