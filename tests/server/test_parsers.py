@@ -724,3 +724,37 @@ def test_arguments_nested_past_the_json_parser_are_parsed_as_cut_json(
             t["function"].get("arguments") or "" for d in deltas for t in d.get("tool_calls") or ()
         )
         assert DEEP in streamed
+
+
+@pytest.mark.parametrize("kind", ["required", "llama3_json"])
+def test_a_raw_control_character_in_a_string_argument_does_not_hide_the_calls_end(kind: str) -> None:
+    """xgrammar lets a string with ``maxLength`` hold a raw tab (docs/structured-outputs.md): a
+    tiny Qwen3 under ``tool_choice: "required"`` wrote ``{"city": "')<TAB>eval˟"}``. The call
+    scanner's strict JSON decoder failed on the tab, never found the call's end, and gave the
+    array's closing ``}]`` to the arguments, streamed and not. The arguments are now the
+    object the model wrote, and the strict check still decides the finish reason (a raw tab is
+    not JSON for ``json.loads``): "stop", not "tool_calls"."""
+    arguments = '{"city": "a\tb"}'
+    if kind == "required":
+        text = f'[{{"name": "f", "parameters": {{"a": 1}}}}, {{"name": "g", "parameters": {arguments}}}]'
+        plan = ChatPlan([{}], None, tool_parser=lambda: RequiredToolParser(_ids()))
+    else:
+        text = f'{{"name": "f", "parameters": {{"a": 1}}}}; {{"name": "g", "parameters": {arguments}}}'
+        plan = _plan(kind)
+    calls = [("f", '{"a": 1}'), ("g", arguments)]
+    for pieces in ([text], [*text], *(_random_pieces(text, s) for s in range(3))):
+        deltas, reason = _stream(plan, pieces, "stop")
+        streamed: dict[int, list[str]] = {}
+        for d in deltas:
+            for t in d.get("tool_calls") or ():
+                entry = streamed.setdefault(t["index"], ["", ""])
+                entry[0] += t["function"].get("name") or ""
+                entry[1] += t["function"].get("arguments") or ""
+        assert [tuple(v) for _, v in sorted(streamed.items())] == calls
+        assert reason == "stop"
+    message, reason = plan.message(text, "stop")
+    if kind == "required":  # a forced call keeps its calls, as the stream sent them
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == calls
+    else:  # an auto call whose JSON does not parse is the raw text, as in vLLM
+        assert message["content"] == text and not message.get("tool_calls")
+    assert reason == "stop"
