@@ -410,7 +410,7 @@ def _required() -> ChatOutputParser:
         (_required, '[{"name": "g",'),
         (_required, '[{"name": "g", "para'),
         (_parser("hermes"), '<tool_call>\n{"name": "g", "argu'),
-        (_parser("llama3_json"), '{"name": "g"'),
+        (_parser("llama3_json"), '{"name": "g", "parameters": '),  # before that key: content
     ],
 )
 def test_a_streamed_call_cut_after_its_name_has_no_made_up_arguments(
@@ -758,3 +758,27 @@ def test_a_raw_control_character_in_a_string_argument_does_not_hide_the_calls_en
     else:  # an auto call whose JSON does not parse is the raw text, as in vLLM
         assert message["content"] == text and not message.get("tool_calls")
     assert reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"name": "Bob", "age": 3}',  # a JSON answer of a request with tools
+        '{"name": "f"}',
+        '{"age": 3, "name": "Bob"}',
+        '{"name": "f", "parameters": {"a": 1}}; {"name": "Bob", "age": 3}',
+    ],
+)
+def test_llama3_json_an_object_without_parameters_is_no_call(answer: str) -> None:
+    """vLLM 0.26's llama3_json parser needs ``parameters`` (or ``arguments``) in a call object
+    (``obj["parameters"]``; its ``KeyError`` makes the whole answer content): a Llama answering
+    in JSON, with tools offered, wrote ``{"name": "Bob", "age": 3}``, which Surge returned as a
+    call of a function ``Bob`` with ``{}`` arguments, streamed and not. It is content now, and a
+    stream opens no call for it (the name waits for the arguments' key)."""
+    make = _parser("llama3_json")
+    assert _collect([make().parse(answer)]) == (answer, "", [])
+    if answer.startswith('{"name": "f", "parameters"'):
+        return  # the first call was streamed before the second object showed it is none
+    for pieces in ([answer], [*answer], *(_random_pieces(answer, s) for s in range(3))):
+        parser = make()
+        assert _collect([parser.feed(p) for p in pieces] + [parser.finish()]) == (answer, "", [])

@@ -112,11 +112,16 @@ class JsonToolCall:
     Args:
         index: the call's index among the choice's calls.
         call_id: its id.
+        needs_arguments: an object without an ``arguments`` or ``parameters`` key is no call
+            (llama3_json, whose calls are bare JSON objects: ``{"name": "Bob", "age": 3}`` is an
+            answer); the name then waits for the arguments' key, so a stream never opens such
+            a call. False: ``{"name": "f"}`` calls ``f`` with no arguments.
     """
 
-    def __init__(self, index: int, call_id: str) -> None:
+    def __init__(self, index: int, call_id: str, needs_arguments: bool = False) -> None:
         self.index = index
         self.id = call_id
+        self.needs_arguments = needs_arguments
         self.name: str | None = None
         self.arguments = ""
         self._after_name = 0
@@ -136,7 +141,7 @@ class JsonToolCall:
             return out
         if self.name is None:
             m = _NAME.match(text)
-            if m is None:
+            if m is None or (self.needs_arguments and _ARGS_KEY.match(text, m.end()) is None):
                 if complete:
                     self._whole(text, out)
                 return out
@@ -189,6 +194,8 @@ class JsonToolCall:
             return
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return
+        if self.needs_arguments and "arguments" not in obj and "parameters" not in obj:
+            return
         args = obj.get("arguments", obj.get("parameters", {}))
         self.name = obj["name"]
         out.append(ToolCallDelta(self.index, self.id, self.name, ""))
@@ -210,6 +217,9 @@ class ToolParser(abc.ABC):
     """
 
     finishes_as_tool_calls = True
+    call_needs_arguments = False
+    """Whether a call object must have an ``arguments`` or ``parameters`` key
+    (:class:`JsonToolCall`'s ``needs_arguments``)."""
 
     def __init__(self, new_id: Callable[[], str] = new_tool_call_id) -> None:
         self._new_id = new_id
@@ -240,7 +250,9 @@ class ToolParser(abc.ABC):
         return self.malformed_text() is None
 
     def _new_call(self) -> JsonToolCall:
-        call = JsonToolCall(len([c for c in self.calls if c.started]), self._new_id())
+        call = JsonToolCall(
+            len([c for c in self.calls if c.started]), self._new_id(), self.call_needs_arguments
+        )
         self.calls.append(call)
         return call
 

@@ -19,8 +19,13 @@ class Llama3JsonToolParser(ToolParser):
     released as content at the end. Calls whose text is not a ``;``-separated sequence of JSON
     objects naming a function (cut by ``max_tokens``, invalid JSON) make the text malformed
     (:meth:`malformed_text`): a non-streamed answer is then the whole text as content, as
-    vLLM's ``Llama3JsonToolParser.extract_tool_calls`` answers.
+    vLLM's ``Llama3JsonToolParser.extract_tool_calls`` answers. An object needs a ``parameters``
+    (or ``arguments``) key to be a call, as vLLM's parser requires (its ``KeyError`` makes the
+    answer content): a JSON answer such as ``{"name": "Bob", "age": 3}`` is content, streamed
+    or not (the call's name waits for that key).
     """
+
+    call_needs_arguments = True
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -67,9 +72,10 @@ class Llama3JsonToolParser(ToolParser):
 
 
 def _well_formed(text: str) -> bool:
-    """Whether ``text`` is one or more JSON objects with a string ``name``, with only whitespace and
-    ``;`` around them: what :class:`JsonCallSequence` streams as calls, so that a streamed and a
-    non-streamed answer agree (a trailing ``;`` was a call streamed and content otherwise)."""
+    """Whether ``text`` is one or more JSON objects with a string ``name`` and an ``arguments`` or
+    ``parameters`` key, with only whitespace and ``;`` around them: what :class:`JsonCallSequence`
+    streams as calls, so that a streamed and a non-streamed answer agree (a trailing ``;`` was a
+    call streamed and content otherwise)."""
     decoder = json.JSONDecoder()
     i, n, calls = 0, len(text), 0
     while True:
@@ -82,5 +88,7 @@ def _well_formed(text: str) -> bool:
         except (ValueError, RecursionError):
             return False
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return False
+        if "arguments" not in obj and "parameters" not in obj:
             return False
         calls += 1
