@@ -89,6 +89,10 @@ class ChatPlan:
         grammar_param: the request field that carried ``structured_outputs`` (e.g.
             ``structured_outputs.grammar``; ``tools`` for a forced tool call), named by an error
             the engine reports about the grammar later.
+        keeps_special_tokens: the ``"auto"`` tool parser reads tags that some models mark as
+            special tokens (hermes' ``<tool_call>``): the answer is decoded with special tokens
+            unless the request sets ``skip_special_tokens`` itself
+            (:meth:`skip_special_tokens`).
     """
 
     tools: list[dict[str, Any]] | None
@@ -103,6 +107,16 @@ class ChatPlan:
     continues_reasoning: bool = False
     grammar_param: str | None = None
     forced: bool = False
+    keeps_special_tokens: bool = False
+
+    def skip_special_tokens(self, body: Any) -> bool:
+        """The ``skip_special_tokens`` a chat request decodes with: the request's own value when
+        it sent one, else False under a parser that reads special tokens
+        (:attr:`keeps_special_tokens`, as vLLM's hermes parser sets it for a request with tools),
+        else True (the field's default)."""
+        if self.keeps_special_tokens and "skip_special_tokens" not in body.model_fields_set:
+            return False
+        return bool(body.skip_special_tokens)
 
     @property
     def reasoning(self) -> bool:
@@ -477,6 +491,7 @@ def plan_chat(
     structured, field = structured_outputs_of(body)
     grammar = None if structured is None or field is None else grammar_param(structured, field)
     tool_parser: Callable[[], ToolParser] | None = None
+    keeps_special = False
     if tool_choice == "auto":
         if tool_call_parser is None:
             raise bad_request(
@@ -485,6 +500,7 @@ def plan_chat(
                 param="tool_choice",
             )
         tool_parser = TOOL_PARSERS[tool_call_parser]
+        keeps_special = TOOL_PARSERS[tool_call_parser].keeps_special_tokens
     elif tool_choice == "required" or isinstance(tool_choice, dict):
         assert tools is not None
         if structured is not None:
@@ -542,6 +558,7 @@ def plan_chat(
         continues_reasoning=body.continue_final_message and opens_reasoning(body.messages[-1].content),
         grammar_param=grammar,
         forced=tool_choice == "required" or isinstance(tool_choice, dict),
+        keeps_special_tokens=keeps_special,
     )
 
 

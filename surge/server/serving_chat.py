@@ -146,6 +146,7 @@ async def prepare_chat(
     params = build_sampling_params(
         body, state.capped_max_tokens(max_tokens), plan.structured_outputs, token_rules=rules
     )
+    params.skip_special_tokens = plan.skip_special_tokens(body)  # hermes reads <tool_call> tokens
     state.check_thinking_budget_grammar(params, prompt_ids)
     params = lp.engine_params(params)
     try:

@@ -217,6 +217,9 @@ class ToolParser(abc.ABC):
     """
 
     finishes_as_tool_calls = True
+    keeps_special_tokens = False
+    """Whether the text this parser reads keeps special tokens: a request it parses (``tool_choice``
+    ``"auto"``) then decodes with ``skip_special_tokens`` false unless it sets the field itself."""
     call_needs_arguments = False
     """Whether a call object must have an ``arguments`` or ``parameters`` key
     (:class:`JsonToolCall`'s ``needs_arguments``)."""

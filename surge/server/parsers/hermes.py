@@ -30,7 +30,13 @@ class HermesToolParser(ToolParser):
     object naming a function (cut by ``max_tokens``, invalid JSON) makes the text malformed
     (:meth:`malformed_text`), so a non-streamed answer is then the whole text as content, as
     vLLM's ``Hermes2ProToolParser.extract_tool_calls`` answers.
+
+    Some models mark ``<tool_call>`` and ``</tool_call>`` as special tokens, which
+    ``skip_special_tokens`` would drop before the parser sees them: as vLLM's parser
+    (``adjust_request``), a request it parses decodes special tokens (:attr:`keeps_special_tokens`).
     """
+
+    keeps_special_tokens = True
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
