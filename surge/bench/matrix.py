@@ -292,8 +292,10 @@ def _run_point(
     launcher: ServerLauncher | None,
     counter: TokenCounter | None,
     command: str,
+    said: set[str],
 ) -> tuple[dict[str, Any] | None, str | None, TokenCounter | None]:
-    """Run one point once; returns (result or None, error or None, the token counter to reuse)."""
+    """Run one point once; returns (result or None, error or None, the token counter to reuse).
+    ``said`` holds the warnings the earlier points said, each said once for the matrix."""
     result: dict[str, Any] | None = None
     error: str | None = None
     try:
@@ -326,7 +328,7 @@ def _run_point(
         )
         if counter is None:
             counter = make_counter(cfg)
-        result = run_serve(cfg, command, counter)
+        result = run_serve(cfg, command, counter, said)
     except (ValueError, OSError) as e:
         error = str(e)
     # A failed point may be the server dying: give its exit a moment to show before blaming it.
@@ -671,6 +673,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
     total = len(todo)
     t_start = time.monotonic()
     no_reset_said = False
+    said: set[str] = set()  # the points' warnings said so far: each kind once for the matrix
     stack = contextlib.ExitStack()
     if launcher is not None:  # a SIGTERM stops the launched server too
         stack.enter_context(sigterm_raises())
@@ -693,7 +696,7 @@ def run_matrix(mcfg: MatrixConfig, command: str = "") -> dict[str, Any]:
                 except ValueError as e:
                     restart_error = str(e)
                 if restart_error is None:
-                    result, error, counter = _run_point(mcfg, pt, rep, launcher, counter, command)
+                    result, error, counter = _run_point(mcfg, pt, rep, launcher, counter, command, said)
                 else:
                     result, error = None, restart_error
                 if result is not None:

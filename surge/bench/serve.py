@@ -764,6 +764,22 @@ async def run_requests(
     return results, duration, warm
 
 
+def say_warning(text: str, kind: str, said: set[str] | None = None, once_note: str = "") -> None:
+    """Print ``surge: warning: TEXT`` on stderr (stdout holds the result table).
+
+    ``said`` is None for a lone ``bench serve``: the line is always printed. A ``bench matrix``
+    passes one set for all its points: a warning of a ``kind`` already in it is not printed again
+    (each point would repeat it), and the first one of a kind is added to it, with ``once_note``
+    appended where its text holds that point's own figures.
+    """
+    if said is not None:
+        if kind in said:
+            return
+        said.add(kind)
+        text += once_note
+    print(f"surge: warning: {text}", file=sys.stderr, flush=True)
+
+
 def prompt_length_warning(samples: Sequence[SampleRequest], results: Sequence[RequestResult]) -> str | None:
     """One line when the server's ``usage.prompt_tokens`` differs from the length a prompt was
     built or counted for (a server-side ``--chat-template`` that a local ``--tokenizer`` cannot
@@ -864,7 +880,11 @@ def roofline_unused_reason(cfg: ServeConfig) -> str | None:
 
 
 def _roofline_fields(
-    cfg: ServeConfig, local_dir: str | None, throughput: float, model: str = ""
+    cfg: ServeConfig,
+    local_dir: str | None,
+    throughput: float,
+    model: str = "",
+    said: set[str] | None = None,
 ) -> dict[str, Any]:
     """The result's roofline fields (``roofline_output_throughput`` in tokens/s, ``pct_of_roofline``
     in %, and the ``hardware`` and ``roofline_model`` figures they assumed), all None where the
@@ -877,7 +897,8 @@ def _roofline_fields(
     (its name) that is no model folder here, given no ``--model-config``. A point whose
     ``input_len + output_len`` exceeds the config's context keeps its figures, with one warning
     line saying they assume a context the model does not support
-    (:func:`surge.bench.roofline.context_warning`)."""
+    (:func:`surge.bench.roofline.context_warning`). ``said`` is :func:`say_warning`'s: a
+    matrix's points say such a line once."""
     out: dict[str, Any] = {
         "roofline_output_throughput": None,
         "pct_of_roofline": None,
@@ -888,10 +909,11 @@ def _roofline_fields(
         return out  # said before the run (:func:`roofline_unused_reason`)
     src = cfg.model_config or local_dir
     if src is None:  # a GPU was named: say why its column is empty
-        print(
-            f"surge: warning: no roofline column: the served model {model!r} is not a model folder here "
+        say_warning(
+            f"no roofline column: the served model {model!r} is not a model folder here "
             "(a config.json); pass --model-config DIR",
-            file=sys.stderr,
+            "roofline-model",
+            said,
         )
         return out
     try:
@@ -899,7 +921,7 @@ def _roofline_fields(
         shape = model_shape(model_cfg, cfg.roofline_dtype, cfg.roofline_tp, cfg.roofline_kv_cache_dtype)
         check_fp8_support(shape.fp8_matmul_params > 0, cfg.hardware, "--roofline-dtype")
     except ValueError as e:  # the folder found by the served model's name (--model-config was checked first)
-        print(f"surge: warning: no roofline column: {src}: {e}", file=sys.stderr)
+        say_warning(f"no roofline column: {src}: {e}", "roofline-model", said)
         return out
     conc = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)
     roof = point_roofline(shape, cfg.hardware, conc, cfg.input_len, cfg.output_len)
@@ -1197,20 +1219,30 @@ def _one_length(samples: list[SampleRequest]) -> int | None:
     return lengths.pop() if len(lengths) == 1 else None
 
 
-def run_serve(cfg: ServeConfig, command: str = "", counter: TokenCounter | None = None) -> dict[str, Any]:
+def run_serve(
+    cfg: ServeConfig,
+    command: str = "",
+    counter: TokenCounter | None = None,
+    said: set[str] | None = None,
+) -> dict[str, Any]:
     """Run the benchmark of ``cfg`` and return the result dict (vLLM field names plus Surge's).
+
+    ``said`` is a matrix's set of the warnings its points have said (:func:`say_warning`), so
+    that a warning every point would give is said once; None (a lone run) says each.
 
     Raises:
         ValueError: bad config, unreachable server (also when it goes away while prompts are being
             counted), unusable tokenizer/dataset, or a failed warm-up.
     """
     try:
-        return _run_serve(cfg, command, counter)
+        return _run_serve(cfg, command, counter, said)
     except OSError as e:  # urllib errors of /tokenize, /detokenize, /v1/models
         raise ValueError(f"lost the server at {cfg.base_url}: {e}") from None
 
 
-def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> dict[str, Any]:
+def _run_serve(
+    cfg: ServeConfig, command: str, counter: TokenCounter | None, said: set[str] | None
+) -> dict[str, Any]:
     cfg.validate()
     base = cfg.base_url.rstrip("/")
     models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s, headers=cfg.headers)
@@ -1320,8 +1352,8 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
             raise ValueError(f"warm-up request failed: {w.error}")
     validate_results(results, counter, cfg.exact_length)
     warning = prompt_length_warning(samples, results)
-    if warning:  # on stderr, as every warning: stdout holds the result table
-        print(f"surge: warning: {warning}", file=sys.stderr, flush=True)
+    if warning:
+        say_warning(warning, "prompt-length", said, " (the first point's counts; said once for the matrix)")
     m = compute_metrics(results, duration, cfg.percentiles, dict(cfg.goodput) or None)
 
     backend = cfg.backend or ("openai-chat" if is_chat_route(cfg.endpoint) else "openai")
@@ -1373,7 +1405,7 @@ def _run_serve(cfg: ServeConfig, command: str, counter: TokenCounter | None) -> 
     if ramp_up is not None:
         result["rps_change_events"] = rps_change_events(ramp_up, len(inputs), released)
     result.update(metrics_to_json(m, duration, cfg.percentile_metrics))
-    result.update(_roofline_fields(cfg, local_dir, m.output_throughput, model))
+    result.update(_roofline_fields(cfg, local_dir, m.output_throughput, model, said))
     result["input_lens"] = [r.prompt_len for r in results]
     result["output_lens"] = m.output_lens
     result["ttfts"] = [r.ttft for r in results]

@@ -446,3 +446,27 @@ def test_launch_and_server_timeout_mistakes_are_one_line(
         rc = bench_main([*argv, *extra])
         err = capsys.readouterr().err
         assert rc == 2 and words in err and err.count("\n") == 1, err
+
+
+def test_a_points_warning_is_said_once_per_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A warning that each point of a matrix would give (the server counting other prompt tokens
+    than a local ``--tokenizer``; a ``--gpu`` whose served model is no model folder here) is said
+    once for the matrix, not once per point; a lone ``bench serve`` still says it."""
+    from fake_server import Behaviour, FakeServer
+
+    argv = ["bench", "matrix", "--disable-tqdm", "--concurrency", "1,2", "--input-len", "20,24"]
+    argv += ["--output-len", "4"]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:  # word-level tokens; root /nonexistent
+        argv += ["--base-url", s.url]
+        counted = ["--tokenizer", str(BUNDLED_MODEL), "--output-dir", str(tmp_path / "a")]
+        assert bench_main([*argv, *counted]) == 0
+        err = capsys.readouterr().err
+        assert err.count("surge: warning: the server counted") == 1, err
+        assert "(the first point's counts; said once for the matrix)" in err
+        assert bench_main([*argv, "--gpu", "h200", "--output-dir", str(tmp_path / "b")]) == 0
+        err = capsys.readouterr().err
+        assert err.count("surge: warning: no roofline column: the served model 'fake-model'") == 1, err
+        serve = ["bench", "serve", "--disable-tqdm", "--input-len", "20", "--output-len", "4"]
+        assert bench_main([*serve, "--tokenizer", str(BUNDLED_MODEL), "--base-url", s.url]) == 0
+        err = capsys.readouterr().err
+        assert err.count("surge: warning: the server counted") == 1 and "said once" not in err, err
