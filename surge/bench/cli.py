@@ -247,6 +247,36 @@ def _add_grid_flags(p: argparse.ArgumentParser, preset_default: str = "none") ->
     )
 
 
+_BURST = "nothing: a matrix point is a burst, its C requests sent at once (bench serve takes it)"
+_FRESH = "nothing: a matrix point's prompts are fresh random ones of exactly --input-len tokens (bench serve takes it)"
+
+MATRIX_FLAG_HINTS = {
+    "--num-prompts": "--concurrency C,...: a point sends C requests, all at once (bench serve takes it)",
+    "--max-concurrency": "--concurrency C,...: a point sends C requests, all at once (bench serve takes it)",
+    "--request-rate": _BURST,
+    "--burstiness": _BURST,
+    "--ramp-up-strategy": _BURST,
+    "--ramp-up-start-rps": _BURST,
+    "--ramp-up-end-rps": _BURST,
+    "--dataset-name": "nothing: every matrix point is a random one (bench serve takes the other datasets)",
+    "--dataset-path": "nothing: every matrix point is a random one (bench serve takes the other datasets)",
+    "--random-input-len": "--input-len I,...: the prompt lengths of the grid",
+    "--random-output-len": "--output-len O,...: the output lengths of the grid",
+    "--random-range-ratio": _FRESH,
+    "--random-prefix-len": _FRESH,
+    "--ignore-eos": "nothing: every matrix point asks the server to ignore EOS and checks each request's "
+    "exact length",
+    "--metadata": "--label L, which the matrix's files record (bench serve takes it)",
+    "--save-detailed": "nothing: each point's *.requests.json.gz holds its per-request timings (bench serve "
+    "takes it, with the generated texts)",
+    "--plot-timeline": "nothing: the matrix draws throughput.png and latency.png (bench serve takes it)",
+    "--plot-dataset-stats": "nothing: a matrix point's lengths are exact (bench serve takes it)",
+}
+"""``vllm bench serve`` flags that a ``bench matrix`` point sets itself or does without (added to
+:data:`surge.cli.VLLM_FLAG_HINTS` for ``bench matrix`` only): an unrecognized one says what the
+matrix does instead, in its one error line."""
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Register ``surge bench`` and its sub-commands on the top-level ``subparsers``."""
     bench = subparsers.add_parser("bench", help="serving benchmark: serve, matrix, compare, roofline")
@@ -642,7 +672,11 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("matrix", help="run a grid of burst points and write summary, tables and plots")
+    p = sub.add_parser(
+        "matrix",
+        help="run a grid of burst points and write summary, tables and plots",
+        flag_hints=MATRIX_FLAG_HINTS,
+    )
     _add_client_flags(p, matrix=True)
     _add_grid_flags(p)
     p.add_argument(

@@ -243,6 +243,40 @@ def test_matrix_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert err.startswith("surge: error:") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(
+    ("flags", "hint"),
+    [
+        (["--num-prompts", "64"], "--num-prompts: use --concurrency"),
+        (["--max-concurrency", "64"], "--max-concurrency: use --concurrency"),
+        (["--request-rate", "4"], "--request-rate: use nothing: a matrix point is a burst"),
+        (["--burstiness", "2"], "--burstiness: use nothing: a matrix point is a burst"),
+        (["--ramp-up-strategy", "linear"], "--ramp-up-strategy: use nothing: a matrix point is a burst"),
+        (["--dataset-name", "random"], "--dataset-name: use nothing: every matrix point is a random one"),
+        (["--random-input-len", "256"], "--random-input-len: use --input-len"),
+        (["--random-output-len", "256"], "--random-output-len: use --output-len"),
+        (["--random-range-ratio", "0.5"], "--random-range-ratio: use nothing: a matrix point's prompts"),
+        (["--random-prefix-len", "64"], "--random-prefix-len: use nothing: a matrix point's prompts"),
+        (["--ignore-eos"], "--ignore-eos: use nothing: every matrix point asks the server to ignore EOS"),
+        (["--metadata", "a=b"], "--metadata: use --label"),
+        (["--save-detailed"], "--save-detailed: use nothing: each point's"),
+    ],
+)
+def test_vllm_serve_flags_in_a_matrix_are_hinted(
+    flags: list[str], hint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's bench serve flags that a matrix point sets itself or does without were refused as bare
+    unrecognized arguments: each now says what the matrix does instead, in one line."""
+    from surge.cli import main
+
+    argv = ["bench", "matrix", "--concurrency", "1", "--input-len", "8", "--output-len", "8"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--output-dir", str(tmp_path), *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"surge: error: unrecognized arguments: {flags[0]} (vLLM's {hint}"), err
+    assert err.count("\n") == 1, err
+
+
 def test_matrix_server_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The one error line quotes what the server said last (its own one-line error), so the user
     need not open the log to learn why it did not start; a server that said nothing is told so."""
