@@ -55,7 +55,14 @@ import numpy as np
 from surge.bench.launcher import ServerLauncher, check_port_free, sigterm_raises
 from surge.bench.report import plot_matrix, summary_markdown
 from surge.bench.results import cannot_make_folder, cannot_write, file_in_the_way, write_result
-from surge.bench.serve import ServeConfig, fetch_models, make_counter, roofline_unused_reason, run_serve
+from surge.bench.serve import (
+    ServeConfig,
+    fetch_models,
+    make_counter,
+    model_entry,
+    roofline_unused_reason,
+    run_serve,
+)
 from surge.bench.tokens import TokenCounter, request_headers, tls_context
 
 
@@ -517,19 +524,24 @@ def _served_model(result: dict[str, Any]) -> str | None:
 def _check_served_model(
     mcfg: MatrixConfig, previous_model: str | None, models: dict[str, Any] | None = None
 ) -> None:
-    """For a ``--resume`` without ``--model``: the model the server serves (the first of its
-    ``/v1/models``, the one this run measures; ``models`` is that answer when the caller has
-    it, else it is fetched) must be the earlier run's.
+    """The server must serve ``--model`` (else every point would fail with the same error), and,
+    for a ``--resume`` without ``--model``, the model it serves (the first of its
+    ``/v1/models``, the one this run measures) must be the earlier run's. ``models`` is the
+    server's ``/v1/models`` answer when the caller has it, else it is fetched.
 
     Raises:
-        ValueError: the server serves another model (one line, as the other resume checks).
+        ValueError: the server does not serve ``--model``, or serves another model than the
+            earlier run's (one line, as the other resume checks).
     """
-    if previous_model is None or mcfg.serve.model is not None:
+    if mcfg.serve.model is None and previous_model is None:
         return
     if models is None:
         models = fetch_models(
             mcfg.serve.base_url, mcfg.serve.api_key, mcfg.serve.insecure, headers=mcfg.serve.headers
         )
+    if mcfg.serve.model is not None:
+        model_entry(models, mcfg.serve.model)
+        return
     served = models["data"][0].get("id")
     if served != previous_model:
         raise ValueError(

@@ -554,7 +554,7 @@ def _unreachable(
     return ValueError(f"cannot reach {base_url}/v1/models: {e}{hint}")
 
 
-def _model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
+def model_entry(models: dict[str, Any], model: str | None) -> dict[str, Any]:
     """The ``/v1/models`` entry of ``model`` (the first one when None).
 
     Raises:
@@ -1005,7 +1005,7 @@ def make_counter(cfg: ServeConfig) -> TokenCounter:
         ValueError: unreachable server or no way to count tokens.
     """
     base = cfg.base_url.rstrip("/")
-    entry = _model_entry(fetch_models(base, cfg.api_key, cfg.insecure, headers=cfg.headers), cfg.model)
+    entry = model_entry(fetch_models(base, cfg.api_key, cfg.insecure, headers=cfg.headers), cfg.model)
     return _counter_for(cfg, base, str(cfg.model or entry["id"]), entry)
 
 
@@ -1246,7 +1246,7 @@ def _run_serve(
     cfg.validate()
     base = cfg.base_url.rstrip("/")
     models = fetch_models(base, cfg.api_key, cfg.insecure, cfg.ready_check_timeout_s, headers=cfg.headers)
-    entry = _model_entry(models, cfg.model)
+    entry = model_entry(models, cfg.model)
     model = str(cfg.model or entry["id"])
     model_id = recorded_model_id(cfg, entry)
     local_dir = _local_model_dir(cfg, entry)

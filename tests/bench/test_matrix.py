@@ -504,3 +504,23 @@ def test_a_points_warning_is_said_once_per_matrix(tmp_path: Path, capsys: pytest
         assert bench_main([*serve, "--tokenizer", str(BUNDLED_MODEL), "--base-url", s.url]) == 0
         err = capsys.readouterr().err
         assert err.count("surge: warning: the server counted") == 1 and "said once" not in err, err
+
+
+def test_a_model_the_server_does_not_serve_is_refused_before_any_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--model foo`` against a server that serves another model failed every point with the
+    same error (30 lines and exit 1 for the official preset); it is now refused in one line
+    before any point, as an unreachable server is, and leaves no folder."""
+    from fake_server import Behaviour, FakeServer
+
+    argv = ["bench", "matrix", "--disable-tqdm", "--concurrency", "1,2", "--input-len", "20"]
+    argv += ["--output-len", "4", "--model", "foo", "--output-dir", str(tmp_path / "m")]
+    with FakeServer(Behaviour(ttft=0.001, itl=0.001)) as s:
+        assert bench_main([*argv, "--base-url", s.url]) == 2
+        assert not s.behaviour.log  # no request was sent
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "surge: error: the server does not serve model 'foo'; it serves 'fake-model'\n"
+    ), captured.err
+    assert "[matrix" not in captured.out and not (tmp_path / "m").exists()
