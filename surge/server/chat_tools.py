@@ -199,7 +199,11 @@ class ChatPlan:
         null = (bool(calls) or self.reasoning or parser.in_reasoning) and (as_streamed or not self.forced)
         msg = {"role": "assistant", "content": content or (None if null else "")}
         if self.reasoning or self.reasoning_field:
-            msg.update(reasoning_fields((d.reasoning if self.include_reasoning else None) or None))
+            # deepseek_r1's empty reasoning is "" (vLLM's partition), qwen3's null
+            reasoning = None
+            if self.include_reasoning and parser.reasoning is not None:
+                reasoning = parser.reasoning.message_reasoning(d.reasoning)
+            msg.update(reasoning_fields(reasoning))
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
             tools = parser.tools

@@ -376,3 +376,22 @@ def test_a_forced_tool_choice_answers_an_empty_string(reasoning: str | None) -> 
     auto = _plan(reasoning, tools=TOOLS)
     hermes = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
     assert auto.message(("<think>" + think if think else "") + hermes, "stop")[0]["content"] is None
+
+
+def test_deepseek_r1_empty_reasoning_is_an_empty_string_not_null() -> None:
+    """vLLM 0.26's deepseek_r1 parser answers ``partition("</think>")``: an output that starts
+    with ``</think>`` (or ``<think></think>``) has reasoning ``""`` in a non-streamed message (it
+    was null); a stream sends no reasoning delta for it, as vLLM's skips the lone ``</think>``.
+    qwen3's parser answers ``reasoning or None``: null. The Responses API has no reasoning item."""
+    r1 = _plan("deepseek_r1")
+    for text in ("</think>Paris", "<think></think>Paris", "\n<think></think>Paris"):
+        assert r1.message(text, "stop")[0] == _msg("Paris", ""), text
+        _, _, deltas = _streamed(r1, text, "stop")
+        assert not any("reasoning" in d for d in deltas), deltas
+    assert r1.message("", "length")[0] == _msg(None, "")  # vLLM: ("", None)
+    assert _plan("qwen3").message("</think>Paris", "stop")[0] == _msg("Paris", None)
+    responses = r1.message("</think>Paris", "stop", as_streamed=True)[0]
+    assert [item["type"] for item in _output_items(responses, None)] == ["message"]
+    assert _plan("deepseek_r1", include_reasoning=False).message("</think>Paris", "stop")[0] == _msg(
+        "Paris", None
+    )

@@ -52,6 +52,11 @@ class ReasoningParser:
     """Text that ends the reasoning without ``</think>`` and starts the answer (Qwen3's
     ``<tool_call>``: vLLM 0.26's qwen3 parser reads a call written inside the reasoning as its
     end), except under ``gated``, whose grammar waits for ``</think>``; None: only ``</think>``."""
+    empty_reasoning_is_text = False
+    """True (DeepSeek-R1, as vLLM 0.26's ``partition``-based parser answers): an output that had a
+    reasoning part has a string reasoning in a non-streamed message, ``""`` when it is empty
+    (``</think>Paris``); False (Qwen3, whose parser answers ``reasoning or None``): an empty
+    reasoning is null (:meth:`message_reasoning`)."""
 
     def __init__(self, starts_in_reasoning: bool | None = None, gated: bool = False) -> None:
         if starts_in_reasoning is not None:
@@ -62,6 +67,7 @@ class ReasoningParser:
         self._buf = ""
         self._state = "start"
         self._absorbing = False  # the reasoning ended: later </think> tags are dropped
+        self._had_reasoning = False  # the output entered the reasoning (maybe an empty one)
 
     @property
     def reasoning_ended(self) -> bool:
@@ -75,11 +81,23 @@ class ReasoningParser:
         return self._state == "reasoning"
 
     def feed(self, text: str) -> tuple[str, str]:
+        """The next piece of text -> the (reasoning, answer) text that is certain now."""
         self._buf += text
         return self._process(final=False)
 
     def finish(self) -> tuple[str, str]:
+        """No more text -> the rest, as (reasoning, answer)."""
         return self._process(final=True)
+
+    def message_reasoning(self, reasoning: str) -> str | None:
+        """A non-streamed message's ``reasoning`` for its whole reasoning text (after
+        :meth:`finish`): the text, or None when it is empty, except that a parser whose empty
+        reasoning is text (:attr:`empty_reasoning_is_text`) answers ``""`` for an output that
+        had a reasoning part. A stream has no delta for an empty reasoning either way, as
+        vLLM's has none."""
+        if reasoning or (self.empty_reasoning_is_text and self._had_reasoning):
+            return reasoning
+        return None
 
     def _process(self, final: bool) -> tuple[str, str]:
         reasoning = content = ""
@@ -90,16 +108,19 @@ class ReasoningParser:
                 if head.startswith(THINK_START):
                     self._buf = head[len(THINK_START) :]
                     self._state = "reasoning"
+                    self._had_reasoning = True
                     continue
                 if self.absorbs_end_tags and head.startswith(THINK_END):
                     # vLLM 0.26's qwen3 output starts inside the reasoning: this ends it, empty
                     self._buf = head[len(THINK_END) :]
+                    self._had_reasoning = True
                     self._end_reasoning()
                     continue
                 ends = self.absorbs_end_tags and THINK_END.startswith(head)
                 if (THINK_START.startswith(head) or ends) and not final:
                     return reasoning, content  # may still become <think> (or </think>)
                 self._state = "reasoning" if self.starts_in_reasoning else "content"
+                self._had_reasoning = self.starts_in_reasoning
                 continue
             if self._state == "reasoning":
                 i = buf.find(THINK_END)
@@ -162,6 +183,9 @@ class Qwen3ReasoningParser(ReasoningParser):
 class DeepSeekR1ReasoningParser(ReasoningParser):
     """``--reasoning-parser deepseek_r1``: the output starts inside the reasoning (the
     template opens ``<think>`` in the prompt; a ``<think>`` in the output is dropped) until
-    ``</think>``; an output that never closes it is all reasoning."""
+    ``</think>``; an output that never closes it is all reasoning. A non-streamed message's
+    reasoning is ``""`` when it is empty (:attr:`empty_reasoning_is_text`), as vLLM 0.26's
+    ``partition`` gives it."""
 
     starts_in_reasoning = True
+    empty_reasoning_is_text = True
