@@ -15,8 +15,8 @@ output parser that turns the generated text into ``content``, the reasoning and 
   limits ``required`` to one call.
 - ``--reasoning-parser``: as vLLM 0.26's parsers, the output starts inside the reasoning
   (unless ``chat_template_kwargs.enable_thinking`` is false: then all of it is content): up to
-  the first ``</think>`` (a leading ``<think>`` dropped; qwen3: or a ``<tool_call>``) it is the
-  reasoning, after it the answer; an output that never writes ``</think>`` is all reasoning
+  the first ``</think>`` (a leading ``<think>`` dropped, qwen3: every one; qwen3: or a
+  ``<tool_call>``) it is the reasoning, after it the answer; an output that never writes ``</think>`` is all reasoning
   (``content: null``, no calls). A rendered prompt that closed the reasoning (its last
   ``</think>`` after its last ``<think>``) starts the output in the answer instead, as vLLM reads
   the prompt. A grammar applies after the ``</think>`` token (from the first token after such a

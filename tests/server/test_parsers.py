@@ -305,6 +305,35 @@ def test_qwen3_drops_think_end_left_to_right_however_the_stream_splits() -> None
         assert _collect(deltas) == ("b</think>c", "a", [])
 
 
+@pytest.mark.parametrize(
+    ("text", "qwen3", "deepseek_r1"),
+    [
+        # whitespace before </think> is the reasoning (qwen3 dropped it: a null reasoning)
+        ("\n</think>Paris", ("Paris", "\n", []), ("Paris", "\n", [])),
+        ("\n\n</think>\n\nParis", ("\n\nParis", "\n\n", []), ("\n\nParis", "\n\n", [])),
+        ("<think>\n\n</think>\n\nParis", ("\n\nParis", "\n\n", []), ("\n\nParis", "\n\n", [])),
+        # qwen3 drops every <think> inside the reasoning, keeping the whitespace before one
+        ("\n<think>\nHmm</think>Hi", ("Hi", "\n\nHmm", []), ("Hi", "\nHmm", [])),
+        ("<think>a<think>b</think>c", ("c", "ab", []), ("c", "a<think>b", [])),
+        # deepseek_r1: None where vLLM's two paths differ (text before a first <think>)
+        ("a<think>b<th", ("", "ab<th", []), None),
+        ("<th<think>ink>.</think><think>", ("<think>", "<think>.", []), None),
+    ],
+)
+def test_an_output_that_starts_inside_the_reasoning_reads_as_vllm_0_26(
+    text: str, qwen3: Result, deepseek_r1: Result | None
+) -> None:
+    """As the chat plan starts it (inside the reasoning): vLLM 0.26's qwen3 parser starts in its
+    reasoning state, where every ``<think>`` is dropped and everything else, leading whitespace
+    included, is reasoning up to ``</think>`` (``"\n</think>Hi"`` has reasoning ``"\n"``;
+    Surge stripped the whitespace before a leading tag and kept a second ``<think>``);
+    deepseek_r1's ``partition`` drops only a leading ``<think>`` (with the whitespace before it).
+    Streamed in any pieces as not."""
+    assert _check(_parser(reasoning="qwen3", starts_in_reasoning=True), text) == qwen3
+    if deepseek_r1 is not None:
+        assert _check(_parser(reasoning="deepseek_r1", starts_in_reasoning=True), text) == deepseek_r1
+
+
 @pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
 def test_the_answer_keeps_the_whitespace_after_think_end(reasoning: str) -> None:
     """vLLM's parsers answer ``model_output.partition("</think>")[2]``: Qwen3's ``</think>\n\n``
@@ -466,11 +495,12 @@ def _planned(fields: dict[str, Any]) -> Callable[[], ChatOutputParser]:
     return make
 
 
-@pytest.mark.parametrize(("think", "lead"), [("", ""), ("<think>", ""), ("\n<think>\n", "\n")])
+@pytest.mark.parametrize(("think", "lead"), [("", ""), ("<think>", ""), ("\n<think>\n", "\n\n")])
 def test_forced_calls_after_reasoning_without_or_with_think(think: str, lead: str) -> None:
     """A grammar gated on ``</think>`` makes the output reasoning up to it, whether or not the
     model wrote ``<think>`` (the template may have put it in the prompt; a random model skips
-    it): the forced calls are parsed from the text after ``</think>`` only, and stay JSON."""
+    it): the forced calls are parsed from the text after ``</think>`` only, and stay JSON. The
+    ``<think>`` is dropped and the whitespace around it kept, as vLLM 0.26's qwen3 parser reads it."""
     reasoning = "Weather first, then the time.\n"
     required = (
         think

@@ -395,3 +395,15 @@ def test_deepseek_r1_empty_reasoning_is_an_empty_string_not_null() -> None:
     assert _plan("deepseek_r1", include_reasoning=False).message("</think>Paris", "stop")[0] == _msg(
         "Paris", None
     )
+
+
+def test_qwen3_whitespace_alone_before_think_end_is_the_reasoning() -> None:
+    """vLLM 0.26's qwen3 parser starts in its reasoning state and strips nothing: an output
+    ``"\n</think>..."`` has reasoning ``"\n"``, streamed (its delta) and not (it was null: the
+    whitespace before a leading ``</think>`` was dropped), with ``<think>`` first or not; only
+    an empty reasoning is null."""
+    plan = _plan()
+    assert _both(plan, "\n</think>\n\nParis")[0] == _msg("\n\nParis", "\n")
+    assert _both(plan, "<think>\n</think>\n\nParis")[0] == _msg("\n\nParis", "\n")
+    assert _both(plan, "\n<think>\n\n</think>Paris")[0] == _msg("Paris", "\n\n\n")
+    assert _both(plan, "<think></think>Paris")[0] == _msg("Paris", None)

@@ -15,9 +15,10 @@ class ReasoningParser:
     ``feed(text) -> (reasoning, content)`` releases what is certain (a possible start of a
     tag is held back); ``finish()`` releases the rest. The answer is everything after
     ``</think>``, whitespace included (vLLM's ``partition``: Qwen3 writes ``</think>\n\n``, so
-    its answer starts with ``"\n\n"``). A leading ``<think>`` is dropped; after it, or from the first
-    character when the output starts inside the reasoning, everything up to the first
-    ``</think>`` is reasoning, and an output that never closes it is all reasoning.
+    its answer starts with ``"\n\n"``). A leading ``<think>`` is dropped (qwen3: every ``<think>``
+    inside the reasoning, :attr:`drops_start_tags`); after it, or from the first character when
+    the output starts inside the reasoning, everything up to the first ``</think>`` is
+    reasoning, and an output that never closes it is all reasoning.
 
     With ``gated`` (the request's grammar applies only after the ``</think>`` token, so the
     output starts inside the reasoning) the parser reads the output as the grammar does: a
@@ -52,6 +53,12 @@ class ReasoningParser:
     """Text that ends the reasoning without ``</think>`` and starts the answer (Qwen3's
     ``<tool_call>``: vLLM 0.26's qwen3 parser reads a call written inside the reasoning as its
     end), except under ``gated``, whose grammar waits for ``</think>``; None: only ``</think>``."""
+    drops_start_tags = False
+    """True (Qwen3, as vLLM 0.26's qwen3 parser, whose reasoning state drops the tag): every
+    ``<think>`` inside the reasoning is dropped, and an output that starts inside the reasoning
+    keeps what comes before its ``<think>`` as reasoning, whitespace too (``"\n</think>Hi"`` has
+    reasoning ``"\n"``). False (DeepSeek-R1's ``partition``): a ``<think>`` leading the output
+    (after whitespace) is dropped with the whitespace, and a later one is reasoning text."""
     empty_reasoning_is_text = False
     """True (DeepSeek-R1, as vLLM 0.26's ``partition``-based parser answers): an output that had a
     reasoning part has a string reasoning in a non-streamed message, ``""`` when it is empty
@@ -104,6 +111,12 @@ class ReasoningParser:
         while True:
             buf = self._buf
             if self._state == "start":
+                if self.starts_in_reasoning and self.drops_start_tags:
+                    # vLLM 0.26's qwen3 starts in its reasoning state: text before a <think>
+                    # (whitespace too) is reasoning, and the reasoning state drops the tag
+                    self._state = "reasoning"
+                    self._had_reasoning = True
+                    continue
                 head = buf.lstrip()
                 if head.startswith(THINK_START):
                     self._buf = head[len(THINK_START) :]
@@ -123,26 +136,20 @@ class ReasoningParser:
                 self._had_reasoning = self.starts_in_reasoning
                 continue
             if self._state == "reasoning":
-                i = buf.find(THINK_END)
-                implicit = self.implicit_end if not self._gated else None
-                j = -1 if implicit is None else buf.find(implicit)
-                if j >= 0 and (i < 0 or j < i):
-                    # a tool call ends the reasoning; its markup is the answer's (vLLM 0.26's qwen3)
-                    reasoning += buf[:j]
-                    self._buf = buf[j:]
-                    self._end_reasoning()
-                    continue
-                if i < 0:
-                    keep = 0
-                    if not final:
-                        keep = partial_suffix(buf, THINK_END)
-                        if implicit is not None:
-                            keep = max(keep, partial_suffix(buf, implicit))
+                tags = self._reasoning_tags()
+                found = [(i, tag) for tag in tags if (i := buf.find(tag)) >= 0]
+                if not found:
+                    keep = 0 if final else max(partial_suffix(buf, tag) for tag in tags)
                     reasoning += buf[: len(buf) - keep]
                     self._buf = buf[len(buf) - keep :]
                     return reasoning, content
+                i, tag = min(found)  # the first tag, left to right (no two start at one place)
                 reasoning += buf[:i]
-                self._buf = buf[i + len(THINK_END) :]
+                if tag == THINK_START:  # dropped (vLLM 0.26's qwen3), the reasoning goes on
+                    self._buf = buf[i + len(tag) :]
+                    continue
+                # </think> ends the reasoning; a tool call ends it too, its markup the answer's
+                self._buf = buf[i + len(tag) :] if tag == THINK_END else buf[i:]
                 self._end_reasoning()
                 continue
             if self._absorbing:
@@ -161,6 +168,16 @@ class ReasoningParser:
             self._buf = ""
             return reasoning, content
 
+    def _reasoning_tags(self) -> list[str]:
+        """The tags the reasoning state looks for: ``</think>``, the :attr:`implicit_end` (not
+        under ``gated``) and, with :attr:`drops_start_tags`, ``<think>``."""
+        tags = [THINK_END]
+        if self.implicit_end is not None and not self._gated:
+            tags.append(self.implicit_end)
+        if self.drops_start_tags:
+            tags.append(THINK_START)
+        return tags
+
     def _end_reasoning(self) -> None:
         """``</think>`` ended the reasoning: the rest is the answer."""
         self._state = "content"
@@ -174,10 +191,13 @@ class Qwen3ReasoningParser(ReasoningParser):
     prompt closed it; left to its own default (False) an output without ``<think>`` is all
     answer, unless it starts with ``</think>`` (an empty reasoning, as vLLM 0.26 reads it). After the reasoning, a ``</think>`` in the answer is
     dropped, as vLLM 0.26 drops it (:attr:`absorbs_end_tags`). A ``<tool_call>`` inside the
-    reasoning ends it, the call being the answer's (:attr:`implicit_end`)."""
+    reasoning ends it, the call being the answer's (:attr:`implicit_end`). Inside the reasoning
+    every ``<think>`` is dropped, and an output that starts there keeps the text before its
+    ``<think>``, whitespace too, as reasoning (:attr:`drops_start_tags`)."""
 
     absorbs_end_tags = True
     implicit_end: str | None = "<tool_call>"
+    drops_start_tags = True
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
