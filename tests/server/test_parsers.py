@@ -438,7 +438,7 @@ def _required() -> ChatOutputParser:
         (_required, '[{"name": "f", "parameters": {}}, {"name": "g", "'),
         (_required, '[{"name": "g",'),
         (_required, '[{"name": "g", "para'),
-        (_parser("hermes"), '<tool_call>\n{"name": "g", "argu'),
+        (_parser("hermes"), '<tool_call>\n{"name": "g", "arguments": '),  # before that key: content
         (_parser("llama3_json"), '{"name": "g", "parameters": '),  # before that key: content
     ],
 )
@@ -452,9 +452,8 @@ def test_a_streamed_call_cut_after_its_name_has_no_made_up_arguments(
         parser = make()
         calls = _collect([parser.feed(p) for p in pieces] + [parser.finish()])[2]
         assert calls[-1] == ("g", "")
-    # a closed call without arguments is still a call with none
+    # a closed call without arguments is still a call with none (not for hermes: content)
     assert _check(_required, '[{"name": "g"}]')[2] == [("g", "{}")]
-    assert _check(_parser("hermes"), '<tool_call>{"name": "g"}</tool_call>')[2] == [("g", "{}")]
 
 
 def test_named_call_cut_by_max_tokens_stays_the_call() -> None:
@@ -812,3 +811,25 @@ def test_llama3_json_an_object_without_parameters_is_no_call(answer: str) -> Non
     for pieces in ([answer], [*answer], *(_random_pieces(answer, s) for s in range(3))):
         parser = make()
         assert _collect([parser.feed(p) for p in pieces] + [parser.finish()]) == (answer, "", [])
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '<tool_call>{"name": "f"}</tool_call>',
+        'Sure. <tool_call>\n{"name": "f"}\n</tool_call>\n',
+        '<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>',
+        '<tool_call>{"parameters": {"x": 1}, "name": "f"}</tool_call>',
+        '<tool_call>{"name": "f", "x": 1}</tool_call>',
+        '<tool_call>\n{"name": "f", "argu',  # cut before the key is whole
+    ],
+)
+def test_hermes_a_call_without_arguments_is_content(answer: str) -> None:
+    """vLLM 0.26's hermes parser reads ``call["arguments"]``: a block without that key (none,
+    or ``"parameters"``) makes its non-streamed answer all content, with no calls (Surge called
+    ``f`` with ``{}``, or with the parameters). Streamed, the name waits for the key, so no call
+    opens and the text is content too."""
+    assert _check(_parser("hermes"), answer) == (answer, "", [])
+    assert _check(_parser("hermes"), '<tool_call>{"arguments": {}, "name": "f"}</tool_call>')[2] == [
+        ("f", "{}")
+    ]

@@ -13,6 +13,7 @@ not, so both read the same (:mod:`surge.server.parsers.forced`).
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import re
 import uuid
@@ -26,8 +27,15 @@ break) inside a string as the string's: xgrammar lets a string with ``maxLength`
 found and the closing ``}]`` of a ``required`` array became arguments text. Whether the
 arguments then parse is judged elsewhere, strictly (``calls_complete``, ``malformed_text``)."""
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_ARGS_KEY = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+ARGUMENT_KEYS = ("arguments", "parameters")
+"""The keys a call object's arguments may come under, first found first."""
 _TRAILING = " \t\r\n}"
+
+
+@functools.cache
+def _args_key(keys: tuple[str, ...]) -> re.Pattern[str]:
+    """Matches ``, "KEY": `` for one of ``keys``, right after a call's name."""
+    return re.compile(r'\s*,\s*"(?:' + "|".join(map(re.escape, keys)) + r')"\s*:\s*')
 
 
 def new_tool_call_id() -> str:
@@ -112,16 +120,25 @@ class JsonToolCall:
     Args:
         index: the call's index among the choice's calls.
         call_id: its id.
-        needs_arguments: an object without an ``arguments`` or ``parameters`` key is no call
-            (llama3_json, whose calls are bare JSON objects: ``{"name": "Bob", "age": 3}`` is an
-            answer); the name then waits for the arguments' key, so a stream never opens such
+        needs_arguments: an object without one of ``argument_keys`` is no call (llama3_json,
+            whose calls are bare JSON objects: ``{"name": "Bob", "age": 3}`` is an answer;
+            hermes, whose ``{"name": "f"}`` vLLM answers as content); the name then waits for the arguments' key, so a stream never opens such
             a call. False: ``{"name": "f"}`` calls ``f`` with no arguments.
+        argument_keys: the keys the arguments may come under (hermes: only ``arguments``).
     """
 
-    def __init__(self, index: int, call_id: str, needs_arguments: bool = False) -> None:
+    def __init__(
+        self,
+        index: int,
+        call_id: str,
+        needs_arguments: bool = False,
+        argument_keys: tuple[str, ...] = ARGUMENT_KEYS,
+    ) -> None:
         self.index = index
         self.id = call_id
         self.needs_arguments = needs_arguments
+        self.argument_keys = argument_keys
+        self._args_key = _args_key(argument_keys)
         self.name: str | None = None
         self.arguments = ""
         self._after_name = 0
@@ -141,7 +158,7 @@ class JsonToolCall:
             return out
         if self.name is None:
             m = _NAME.match(text)
-            if m is None or (self.needs_arguments and _ARGS_KEY.match(text, m.end()) is None):
+            if m is None or (self.needs_arguments and self._args_key.match(text, m.end()) is None):
                 if complete:
                     self._whole(text, out)
                 return out
@@ -152,7 +169,7 @@ class JsonToolCall:
             out.append(ToolCallDelta(self.index, self.id, self.name, ""))
             self._after_name = m.end()
         if self._args_start is None:
-            m = _ARGS_KEY.match(text, self._after_name)
+            m = self._args_key.match(text, self._after_name)
             if m is not None and m.end() == len(text) and not complete:
                 return out  # whitespace before the value may still grow
             if m is None:
@@ -194,9 +211,10 @@ class JsonToolCall:
             return
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return
-        if self.needs_arguments and "arguments" not in obj and "parameters" not in obj:
+        keys = [key for key in self.argument_keys if key in obj]
+        if self.needs_arguments and not keys:
             return
-        args = obj.get("arguments", obj.get("parameters", {}))
+        args = obj[keys[0]] if keys else {}
         self.name = obj["name"]
         out.append(ToolCallDelta(self.index, self.id, self.name, ""))
         self._release(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False), out)
@@ -221,8 +239,10 @@ class ToolParser(abc.ABC):
     """Whether the text this parser reads keeps special tokens: a request it parses (``tool_choice``
     ``"auto"``) then decodes with ``skip_special_tokens`` false unless it sets the field itself."""
     call_needs_arguments = False
-    """Whether a call object must have an ``arguments`` or ``parameters`` key
+    """Whether a call object must have one of :attr:`call_argument_keys`
     (:class:`JsonToolCall`'s ``needs_arguments``)."""
+    call_argument_keys: tuple[str, ...] = ARGUMENT_KEYS
+    """The keys a call's arguments may come under (:class:`JsonToolCall`'s ``argument_keys``)."""
 
     def __init__(self, new_id: Callable[[], str] = new_tool_call_id) -> None:
         self._new_id = new_id
@@ -254,7 +274,10 @@ class ToolParser(abc.ABC):
 
     def _new_call(self) -> JsonToolCall:
         call = JsonToolCall(
-            len([c for c in self.calls if c.started]), self._new_id(), self.call_needs_arguments
+            len([c for c in self.calls if c.started]),
+            self._new_id(),
+            self.call_needs_arguments,
+            self.call_argument_keys,
         )
         self.calls.append(call)
         return call

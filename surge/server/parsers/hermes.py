@@ -26,8 +26,10 @@ class HermesToolParser(ToolParser):
     whitespace is dropped, and one with other text is kept whole, streamed as not. Inside a
     block the call streams through :class:`JsonToolCall`; the block ends at the first
     ``</tool_call>`` outside a JSON string (an argument may hold the tag itself:
-    ``{"text": "a </tool_call> b"}``; :meth:`_block_end`). A block whose text is not a JSON
-    object naming a function (cut by ``max_tokens``, invalid JSON) makes the text malformed
+    ``{"text": "a </tool_call> b"}``; :meth:`_block_end`). A call needs an ``arguments`` key, as
+    vLLM's parser reads it (``{"name": "f"}`` or ``"parameters"`` is no call: the name waits for
+    the key, so a stream never opens one). A block whose text is not a JSON object naming a
+    function with arguments (cut by ``max_tokens``, invalid JSON) makes the text malformed
     (:meth:`malformed_text`), so a non-streamed answer is then the whole text as content, as
     vLLM's ``Hermes2ProToolParser.extract_tool_calls`` answers.
 
@@ -37,6 +39,8 @@ class HermesToolParser(ToolParser):
     """
 
     keeps_special_tokens = True
+    call_needs_arguments = True
+    call_argument_keys = ("arguments",)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -147,10 +151,11 @@ class HermesToolParser(ToolParser):
 
     def _check(self, block: str) -> None:
         """Mark the text malformed unless ``block`` (a whole block's text) is a JSON object
-        with a string ``name``."""
+        with a string ``name`` and an ``arguments`` key (vLLM's parser reads
+        ``call["arguments"]``: ``{"name": "f"}`` or ``"parameters"`` makes its answer content)."""
         try:
             call = json.loads(block)
         except (ValueError, RecursionError):
             call = None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
             self._malformed = True
