@@ -21,9 +21,9 @@ _INSIDE = re.compile(r'["\\]')
 class HermesToolParser(ToolParser):
     """``--tool-call-parser hermes``.
 
-    Content outside the blocks is released as it comes (a possible start of ``<tool_call>``
-    is held back); after a call, a stretch of text between or after blocks that is only
-    whitespace is dropped, and one with other text is kept whole, streamed as not. Inside a
+    Content before the first call is released as it comes (a possible start of ``<tool_call>``
+    is held back); after a call, text between or after blocks is dropped, streamed as not, as
+    vLLM 0.26's parser answers only the text before the first ``<tool_call>``. Inside a
     block the call streams through :class:`JsonToolCall`; the block ends at the first
     ``</tool_call>`` outside a JSON string (an argument may hold the tag itself:
     ``{"text": "a </tool_call> b"}``; :meth:`_block_end`). A call needs an ``arguments`` key, as
@@ -46,8 +46,6 @@ class HermesToolParser(ToolParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._buf = ""
         self._call: JsonToolCall | None = None
-        self._ws = ""  # whitespace held back after a call, until the stretch shows other text
-        self._text_after_call = False  # the stretch since the last call has had other text
         self._pieces: list[str] = []  # joined only by malformed_text (``+=`` on an attribute copies)
         self._malformed = False
         self._scan = 0  # how far the open block's text has been scanned for its END
@@ -64,17 +62,10 @@ class HermesToolParser(ToolParser):
     def malformed_text(self) -> str | None:
         return "".join(self._pieces) if self._malformed else None
 
-    def _content(self, text: str, out: DeltaMessage, final: bool) -> None:
-        if not self.calls or self._text_after_call:
+    def _content(self, text: str, out: DeltaMessage) -> None:
+        """Release answer text, unless a call came before it (then it is dropped)."""
+        if not self.has_tool_calls:
             out.content += text
-            return
-        text = self._ws + text
-        if text.strip():
-            out.content += text
-            self._ws = ""
-            self._text_after_call = True
-        else:
-            self._ws = "" if final else text
 
     def _process(self, final: bool) -> DeltaMessage:
         out = DeltaMessage()
@@ -84,12 +75,10 @@ class HermesToolParser(ToolParser):
                 i = buf.find(START)
                 if i < 0:
                     keep = 0 if final else partial_suffix(buf, START)
-                    self._content(buf[: len(buf) - keep], out, final)
+                    self._content(buf[: len(buf) - keep], out)
                     self._buf = buf[len(buf) - keep :]
                     return out
-                self._content(buf[:i], out, final=False)
-                self._ws = ""
-                self._text_after_call = False
+                self._content(buf[:i], out)
                 self._buf = buf[i + len(START) :]
                 self._call = self._new_call()
                 self._scan, self._in_string = 0, False
@@ -100,14 +89,14 @@ class HermesToolParser(ToolParser):
                 out.tool_calls += self._call.update(buf[: len(buf) - keep], complete=final)
                 if final:
                     self._check(buf)
-                    if not self._call.started:
-                        out.content += START + buf  # an unfinished block that never named a function
+                    if not self._call.started:  # an unfinished block that never named a function
+                        self._content(START + buf, out)
                 return out
             self._check(buf[:j])
             out.tool_calls += self._call.update(buf[:j], complete=True)
             if not self._call.started:
                 self.calls.remove(self._call)
-                self._content(START + buf[: j + len(END)], out, final)
+                self._content(START + buf[: j + len(END)], out)
             self._call = None
             self._buf = buf[j + len(END) :]
 
