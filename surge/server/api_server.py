@@ -785,7 +785,7 @@ class ServeOptions:
         trust_request_chat_template: accept a request's own ``chat_template`` (else a 400).
         chat_template_content_format: how message content reaches the chat template: ``auto``
             (each template's own, :mod:`surge.chat_content_format`), ``string`` or ``openai``.
-        tool_call_parser: ``hermes`` or ``llama3_json`` (tool calls of chat completions), or None.
+        tool_call_parser: ``hermes``, ``llama3_json`` or ``pythonic`` (tool calls of chat completions), or None.
         reasoning_parser: ``qwen3`` or ``deepseek_r1`` (``reasoning`` / ``reasoning_content``), or None.
         log_interval: seconds between stats log lines.
         access_log: log every HTTP request.

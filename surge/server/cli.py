@@ -58,7 +58,7 @@ VLLM_SERVE_FLAG_HINTS = {
     "--model-impl": "nothing: Surge runs its own model code for the supported architectures",
     "--enable-expert-parallel": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
     "--reasoning-parser-plugin": f"--reasoning-parser qwen3|deepseek_r1 {_BUILT_IN_PARSERS}",
-    "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json {_BUILT_IN_PARSERS}",
+    "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json|pythonic {_BUILT_IN_PARSERS}",
     "--logits-processors": "nothing: Surge has no logits-processor plugins",
     "--config": "the flags themselves: Surge reads no YAML config file",
     "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
@@ -282,9 +282,9 @@ def add_serve_parser(subparsers: Any) -> None:
     p.add_argument(
         "--tool-call-parser",
         default=None,
-        choices=["hermes", "llama3_json"],
-        help="parse tool calls of chat completions: hermes (Qwen2.5/Qwen3 <tool_call>) or llama3_json; "
-        'it enables tool_choice "auto"',
+        choices=["hermes", "llama3_json", "pythonic"],
+        help="parse tool calls of chat completions: hermes (Qwen2.5/Qwen3 <tool_call>), llama3_json, or "
+        'pythonic (Llama 3.2/4 [f(a=1)] lists); it enables tool_choice "auto"',
     )
     p.add_argument(
         "--enable-request-id-headers",
@@ -518,7 +518,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError(
-            "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json), as in vLLM"
+            "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or pythonic), as in vLLM"
         )
     if args.default_chat_template_kwargs is not None:
         from surge.tokenizer import check_chat_template_kwargs

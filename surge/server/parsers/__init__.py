@@ -9,6 +9,7 @@ from surge.core.thinking_budget import ReasoningTokens, reasoning_tokens_of
 from surge.server.parsers.base import DeltaMessage, ToolCallDelta, ToolParser, new_tool_call_id
 from surge.server.parsers.hermes import HermesToolParser
 from surge.server.parsers.llama3_json import Llama3JsonToolParser
+from surge.server.parsers.pythonic import PythonicToolParser
 from surge.server.parsers.reasoning import (
     THINK_START,
     DeepSeekR1ReasoningParser,
@@ -19,6 +20,7 @@ from surge.server.parsers.reasoning import (
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
+    "pythonic": PythonicToolParser,
 }
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "qwen3": Qwen3ReasoningParser,
