@@ -153,6 +153,24 @@ def test_max_tokens_auto_by_default(page: Any, web_server: Server) -> None:
     assert m["state"] == "done" and m["finish"] == "length" and int(m["tokens"]) > 16, m
 
 
+def test_completion_ttft_is_timed_from_the_completion_request(page: Any, web_server: Server) -> None:
+    """Max tokens "auto" on completions asks /tokenize for the room left before sending the
+    completion: the TTFT shown is timed from the completion request, not from the click (a slow
+    /tokenize answer, held 2 s here, was counted as time to the first token)."""
+    open_playground(page, web_server)
+    page.click("#mode [data-mode=completion]")
+    held: list[Any] = []
+    page.route("**/tokenize", lambda route: held.append(route))
+    page.fill("#prompt", "Once upon a time")
+    page.click("#send")
+    _hold(page, held)
+    page.wait_for_timeout(2000)
+    held[0].continue_()
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["ttft"].endswith(" ms"), m
+    assert int(m["ttft"].removesuffix(" ms")) < 1500, m
+
+
 def test_settings_history_new_chat_and_completion_mode(page: Any, web_server: Server) -> None:
     open_playground(page, web_server)
     page.fill("#system", "You tell short stories.")

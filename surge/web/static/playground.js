@@ -390,6 +390,7 @@
       if (!chat && body.max_tokens === undefined) {
         const room = await roomLeft(body.model, text, controller.signal);
         if (room !== null) body.max_tokens = room;
+        run.tStart = performance.now(); // TTFT counts from the completion request, not /tokenize
       }
       const r = await C.fetchOrExplain(url, {
         method: "POST",
