@@ -181,7 +181,8 @@ class EngineClient:
             of several API processes).
         replica: the data-parallel replica this engine is (``DPEngineClient``'s), or None:
             every reason of its death then starts ``"replica {replica}: "`` (its in-flight
-            requests' errors, :attr:`dead_reason`, the ``on_dead`` reason, the log line).
+            requests' errors, :attr:`dead_reason`, the ``on_dead`` reason, the log line), but
+            not the server's own shutdown, which no replica caused.
 
     Attributes:
         info: the engine's :class:`EngineReady` message once started.
@@ -554,7 +555,8 @@ class EngineClient:
     def _mark_dead(self, reason: str, level: int = logging.ERROR) -> None:
         if self._dead_reason is not None:
             return
-        reason = self._reason_prefix + reason  # a data-parallel replica's requests name it
+        if not self._closing:  # a data-parallel replica's death names it; a shutdown is no replica's
+            reason = self._reason_prefix + reason
         self._dead_reason = reason
         if not self._closing:
             logger.log(level, "%s; failing %d in-flight requests", reason, len(self._sinks))

@@ -167,6 +167,35 @@ def test_engine_crash_fails_inflight_requests() -> None:
     asyncio.run(main())
 
 
+def test_a_replicas_death_names_it_and_a_shutdown_names_no_replica() -> None:
+    """A data-parallel replica's (``replica=1``) crash fails its requests with "replica 1: ...";
+    a request still running when the server shuts down is failed with the bare shutdown reason,
+    which no replica caused."""
+
+    async def main() -> None:
+        crashed = EngineClient(_config(), engine_factory=FakeEngine, replica=1)
+        await crashed.start()
+        try:
+            q: asyncio.Queue = asyncio.Queue()
+            crashed.add_request("ok", [1], SamplingParams(max_tokens=10**6), q)
+            await asyncio.wait_for(q.get(), 10)
+            crashed.add_request("boom", [666], SamplingParams(max_tokens=5), asyncio.Queue())
+            item = (await _drain(q))[-1][1]
+            assert isinstance(item, EngineDeadError) and str(item).startswith("replica 1: "), item
+        finally:
+            await crashed.shutdown()
+        closed = EngineClient(_config(), engine_factory=FakeEngine, replica=1)
+        await closed.start()
+        q2: asyncio.Queue = asyncio.Queue()
+        closed.add_request("running", [1], SamplingParams(max_tokens=10**6), q2)
+        await asyncio.wait_for(q2.get(), 10)
+        await closed.shutdown()
+        item = (await _drain(q2))[-1][1]
+        assert isinstance(item, EngineDeadError) and str(item) == "the server is shutting down", item
+
+    asyncio.run(main())
+
+
 def test_engine_start_failure_is_one_line() -> None:
     async def main() -> None:
         client = EngineClient(_config(), engine_factory=BrokenEngine, log_level=40)
