@@ -951,3 +951,30 @@ def test_pages_behind_a_proxy_under_a_path_prefix(page: Any, web_server: Server)
     page.wait_for_load_state("networkidle")
     assert page.evaluate("() => getComputedStyle(document.body).fontFamily") != ""
     assert outside == [], outside
+
+
+def test_playground_under_a_path_prefix_without_its_slash(page: Any, web_server: Server) -> None:
+    """A proxy that strips ``/surge`` serves the playground at ``/surge`` too (``/surge`` -> ``/``);
+    there the page's relative URLs resolved outside the prefix (``ui/style.css`` to ``/ui/style.css``,
+    ``v1/models`` to ``/v1/models``), so the page came unstyled and dead. It reloads itself at
+    ``/surge/``, keeping the query string, and works there."""
+    base = web_server.url
+    outside: list[str] = []
+
+    def proxied(route: Any) -> None:
+        url = route.request.url
+        rest = url[len(base + "/surge") :] if url.startswith(base + "/surge") else None
+        if rest is None or not (rest == "" or rest[0] in "/?"):
+            outside.append(url)
+            route.abort("connectionrefused")
+            return
+        route.fulfill(response=route.fetch(url=base + "/" + rest.removeprefix("/")))
+
+    page.route(base + "/**", proxied)
+    page.goto(base + "/surge?x=1")
+    page.wait_for_url(base + "/surge/?x=1", timeout=5_000)
+    outside.clear()  # the browser's preload scanner may fetch the slash-less page's files first
+    page.reload()
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    assert page.evaluate("() => getComputedStyle(document.body).fontFamily") != ""
+    assert outside == [], outside
