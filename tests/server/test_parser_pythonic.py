@@ -109,6 +109,23 @@ def test_literal_arguments_nested_and_escaped() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("[write(text='''a\r\nb\r\n''')]", "a\nb\n"),
+        ('[write(text=r"""a\r\nb\\\r\nc""")]', "a\nb\\\nc"),
+        ("[write(text='''a\\\r\nb''')]", "ab"),  # a line continuation
+        ("[write(text='''a\rb\r''')]", "a\nb\n"),
+    ],
+)
+def test_a_crlf_in_a_triple_quoted_string_streams_as_one_newline(text: str, value: str) -> None:
+    """Python reads a ``\\r\\n`` in a triple-quoted string as one newline: a stream split between
+    the ``\\r`` and the ``\\n`` decoded each apart, two newlines, so the streamed arguments
+    (``{"text": "a\\n\\nb``) were no prefix of the call's and never closed."""
+    content, [(name, args)] = _check(text)
+    assert content == "" and name == "write" and json.loads(args) == {"text": value}
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "The weather is nice.",

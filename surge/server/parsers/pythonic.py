@@ -455,7 +455,8 @@ class PythonicToolParser(ToolParser):
 
     def _stream_string(self, final: bool) -> None:
         """Decode the text the open string value has so far, up to the last escape that may
-        still grow (``\\1`` may become ``\\12``, ``\\x4`` ``\\x41``, ``\\N{...`` go on)."""
+        still grow (``\\1`` may become ``\\12``, ``\\x4`` ``\\x41``, ``\\N{...`` go on) and
+        before a last ``\\r`` (a ``\\r\\n`` is one newline to Python, two when decoded apart)."""
         s = self._value_string
         if s is None or not s.streams or self._string is not s or final or self._invalid:
             return
@@ -466,6 +467,12 @@ class PythonicToolParser(ToolParser):
             and not _escape_done(self._buf[self._escape : upto])
         ):
             upto = self._escape
+        if upto > s.decoded_to and self._buf[upto - 1] == "\r":
+            # may be the start of a "\r\n", which Python reads as one newline (decoded apart, a
+            # "\n" more), with the backslash before it (a line continuation) if there is one
+            upto -= 1
+            if self._escape == upto - 1:
+                upto = self._escape
         if upto <= s.decoded_to:
             return
         piece = self._buf[s.decoded_to : upto]
