@@ -243,6 +243,9 @@ class Generation:
         # the text after the id's last '@' is this process-unique serial (and the choice suffix)
         request_id = f"{base_id}@{self._serial}"
         first = len(self.choices)
+        # once for all n choices: a set per choice of 150,000 stop_token_ids took 1.5 s of the
+        # event loop for n=128, every other stream waiting
+        stop_ids = reported_stop_ids(params, self._eos_token_ids, self._tokenizer.eos_token_id)
         for child_id in choice_ids(request_id, params.n):  # the choices differ only by id and seed
             index = len(self.choices)
             detok = IncrementalDetokenizer.for_params(self._tokenizer, token_ids, params)
@@ -252,7 +255,7 @@ class Generation:
                 prompt_index,
                 detok,
                 score_only=score_only,
-                stop_ids=reported_stop_ids(params, self._eos_token_ids, self._tokenizer.eos_token_id),
+                stop_ids=stop_ids,
                 token_ids=[] if self._return_token_ids else None,
                 max_tokens=params.max_tokens,
             )
