@@ -450,7 +450,7 @@ class Scheduler:
             # allowed_token_ids leave it no other token, so a constrained request that samples one
             # anyway has ended (its grammar is complete): it stops instead of padding with EOS.
             if (
-                (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+                (token in request.eos_token_ids and not params.ignore_eos) or token in request.stop_token_set
             ) and (
                 n_out >= params.min_tokens
                 or params.structured_outputs is not None

@@ -378,6 +378,7 @@ class LLMEngine:
             )
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
         self._eos_token_ids = frozenset(config.model.eos_token_ids)
+        self._last_stops: tuple[tuple[int, ...], frozenset[int]] = ((), frozenset())
         self.async_scheduling: bool = config.async_scheduling and hasattr(runner, "execute_async")
         self._in_flight: _InFlight | None = None
         # The runner fills a grammar mask after launching the forward and can wait there for
@@ -535,6 +536,7 @@ class LLMEngine:
             arrival_time,
             cache_salt,
             priority,
+            self._stop_token_set(sampling_params.stop_token_ids),
         )
         if sampling_params.thinking_token_budget is not None:
             reasoning = self.config.reasoning_tokens
@@ -570,6 +572,14 @@ class LLMEngine:
         )
         request.queued_time = time.monotonic()  # queued now, as vLLM's WAITING_FOR_FSM request
         structured.add(request)
+
+    def _stop_token_set(self, stop_token_ids: tuple[int, ...]) -> frozenset[int]:
+        """``stop_token_ids`` as a set; the last one built is reused when the same tuple comes back:
+        a request's choices share their parent's tuple, whether they come together
+        (:meth:`add_choices`) or one by one (the offline ``LLM``'s :meth:`add_request`)."""
+        if self._last_stops[0] is not stop_token_ids:
+            self._last_stops = (stop_token_ids, frozenset(stop_token_ids))
+        return self._last_stops[1]
 
     def room_for_output(self, num_prompt_tokens: int) -> int:
         """Output tokens that fit after a prompt of ``num_prompt_tokens`` tokens, in the context and
