@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -966,9 +967,14 @@ def test_playground_under_a_path_prefix_without_its_slash(page: Any, web_server:
         rest = url[len(base + "/surge") :] if url.startswith(base + "/surge") else None
         if rest is None or not (rest == "" or rest[0] in "/?"):
             outside.append(url)
-            route.abort("connectionrefused")
+            with contextlib.suppress(PlaywrightError):
+                route.abort("connectionrefused")
             return
-        route.fulfill(response=route.fetch(url=base + "/" + rest.removeprefix("/")))
+        # the slash-less page's own fetches are disposed once it has reloaded itself
+        with contextlib.suppress(PlaywrightError):
+            route.fulfill(response=route.fetch(url=base + "/" + rest.removeprefix("/")))
+
+    from playwright.sync_api import Error as PlaywrightError
 
     page.route(base + "/**", proxied)
     page.goto(base + "/surge?x=1")
@@ -978,3 +984,4 @@ def test_playground_under_a_path_prefix_without_its_slash(page: Any, web_server:
     page.wait_for_function("document.querySelector('#model').options.length > 0")
     assert page.evaluate("() => getComputedStyle(document.body).fontFamily") != ""
     assert outside == [], outside
+    page.unroute_all(behavior="ignoreErrors")  # no handler outlives the test (the browser is shared)
