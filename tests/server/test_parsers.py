@@ -834,3 +834,75 @@ def test_hermes_a_call_without_arguments_is_content(answer: str) -> None:
     assert _check(_parser("hermes"), '<tool_call>{"arguments": {}, "name": "f"}</tool_call>')[2] == [
         ("f", "{}")
     ]
+
+
+def _extent_cases() -> list[str]:
+    """JSON objects and arrays whose strings hold brackets, quotes, escapes and tags."""
+    return [
+        '{"a": 1}',
+        '[1, [2, {"b": "]}"}], "\\\\"]',
+        '{"s": "a \\" } ] { [ b", "t": "\\\\\\"", "u": "\\u005d"}',
+        '{"name": "f", "arguments": {"x": [{"y": "<\\/tool_call>"}], "z": "}}}"}}',
+        '{"deep": ' + "[" * 40 + "]" * 40 + "}",
+    ]
+
+
+@pytest.mark.parametrize("text", _extent_cases())
+def test_json_extent_finds_the_parsers_end_in_any_pieces(text: str) -> None:
+    """JsonExtent, fed a growing text in random pieces (a backslash may end a piece), ends the
+    value where json's own parser does, and only once the closing bracket has come."""
+    from surge.server.parsers.base import JsonExtent
+
+    whole = "  " + text + ' , {"next": 1}'
+    _, want = json.JSONDecoder().raw_decode(whole, 2)
+    rng = random.Random(len(text))
+    for _ in range(30):
+        extent, size = JsonExtent(2), 2
+        while size < len(whole):
+            size = min(len(whole), size + rng.randint(1, 4))
+            got = extent.scan(whole[:size])
+            assert got == (want if size >= want else None)
+
+
+def test_json_extent_closes_invalid_json_for_good() -> None:
+    """A value whose brackets close but that does not parse ends there: no later text fixes it."""
+    from surge.server.parsers.base import JsonExtent
+
+    extent = JsonExtent(0)
+    assert extent.scan('{"a": ]') == len('{"a": ]')
+    assert extent.scan('{"a": ]}') == len('{"a": ]')
+
+
+@pytest.mark.parametrize(
+    ("parser", "template"),
+    [
+        ("hermes", '<tool_call>\n{{"name": "run", "arguments": {args}}}\n</tool_call>'),
+        ("llama3_json", '{{"name": "run", "parameters": {args}}}'),
+    ],
+)
+def test_streamed_json_call_is_parsed_once_not_per_token(
+    parser: str, template: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long call streamed in 4-character pieces is parsed as JSON a bounded number of times,
+    not once per piece (that made a 32,000-character call cost the API process 0.3-0.5 s of CPU,
+    quadratic in its length), and its streamed arguments still join to the call's."""
+    from surge.server.parsers import base
+
+    args = json.dumps({"code": "x = [1, {2: '}'}]\n" * 400, "n": [1, 2, 3]})
+    text = template.format(args=args)
+    calls = 0
+    real = base._DECODER
+
+    class Counting(json.JSONDecoder):
+        def raw_decode(self, s: str, idx: int = 0) -> tuple[Any, int]:
+            nonlocal calls
+            calls += 1
+            return real.raw_decode(s, idx)
+
+    monkeypatch.setattr(base, "_DECODER", Counting())
+    p = TOOL_PARSERS[parser](_ids())
+    deltas = [p.feed(text[i : i + 4]) for i in range(0, len(text), 4)]
+    deltas.append(p.finish())
+    content, _, got = _collect(deltas)
+    assert got == [("run", args)] and content.strip() == ""
+    assert calls <= 4, f"{calls} JSON parses for {len(text) // 4} pieces"
