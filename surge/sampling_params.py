@@ -208,6 +208,26 @@ def _as_extra_args(name: str, value: object) -> None:
     return None
 
 
+def _as_logprobs_count(name: str, value: object) -> int:
+    """``logprobs`` / ``prompt_logprobs`` as an int: ``True`` is 1, as vLLM's ``SamplingParams``
+    reads it (``__post_init__``), so ``SamplingParams(logprobs=True)`` asks for the sampled token
+    and its most likely alternative.
+
+    Raises:
+        ValueError: ``False`` (vLLM keeps it and, as ``False == 0``, returns the sampled token's
+            logprob: say None for no logprobs or 0 for the sampled token's alone), or a value
+            that is not an integer.
+    """
+    if value is True:
+        return 1
+    if value is False:
+        raise ValueError(
+            f"{name} must be an integer or None, got bool False: None returns no logprobs, 0 the "
+            "sampled token's alone (vLLM reads False as 0)"
+        )
+    return _as_int(name, value)
+
+
 def _as_thinking_budget(name: str, value: object) -> int | None:
     """vLLM's ``thinking_token_budget``: a non-negative int, or -1 (unlimited, as None).
 
@@ -574,8 +594,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         logprobs: None, or return each generated token's log-probability and the ``logprobs``
             (0..20) most likely alternatives with their ranks. Values are the log-softmax of the
             model's raw logits (before penalties, temperature, top-k/p), as vLLM's default.
+            ``True`` is 1, as vLLM reads it; ``False`` is refused (vLLM treats it as 0).
         prompt_logprobs: None, or return the log-probability of each prompt token after the
-            first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position.
+            first and the ``prompt_logprobs`` (0..20) most likely alternatives at its position
+            (``True`` is 1, ``False`` refused, as for ``logprobs``).
         truncate_prompt_tokens: keep only the last this many prompt tokens (vLLM's left
             truncation; -1: as many as ``max_model_len`` leaves after ``max_tokens``, all of it
             when ``max_tokens`` is None), or None (:func:`truncated_prompt`).
@@ -902,8 +924,8 @@ _FIELD_CHECKS: dict[str, tuple[tuple[type, ...], _Check]] = {
     "presence_penalty": (_FLOAT, _as_float),
     "frequency_penalty": (_FLOAT, _as_float),
     "repetition_penalty": (_OPT_FLOAT, _optional(_as_float)),
-    "logprobs": (_OPT_INT, _optional(_as_int)),
-    "prompt_logprobs": (_OPT_INT, _optional(_as_int)),
+    "logprobs": (_OPT_INT, _optional(_as_logprobs_count)),
+    "prompt_logprobs": (_OPT_INT, _optional(_as_logprobs_count)),
     "truncate_prompt_tokens": (_OPT_INT, _optional(_as_int)),
     "structured_outputs": ((StructuredOutputsParams, type(None)), _optional(_as_structured)),
     "logit_bias": ((type(None),), _optional(_as_bias)),

@@ -59,9 +59,9 @@ _WRONG_TYPES: list[tuple[str, object]] = [
     ("top_k", 5.0),
     ("seed", 1.5),
     ("seed", True),
-    ("logprobs", True),
+    ("logprobs", False),
     ("logprobs", 1.0),
-    ("prompt_logprobs", True),
+    ("prompt_logprobs", False),
     ("prompt_logprobs", "5"),
     ("truncate_prompt_tokens", True),
     ("truncate_prompt_tokens", 2.0),
@@ -275,6 +275,21 @@ def test_every_field_has_a_type_check() -> None:
 def test_wrong_types_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"^{field} must be "):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_logprobs_true_is_one_as_in_vllm() -> None:
+    """vLLM's ``SamplingParams.__post_init__`` reads ``logprobs=True`` and ``prompt_logprobs=True``
+    as 1 (a script's ``SamplingParams(logprobs=True)``, which was a ValueError here); ``False``,
+    which vLLM keeps and treats as 0 (logprobs returned), is refused, naming what to use."""
+    p = SamplingParams(logprobs=True, prompt_logprobs=True)
+    assert (p.logprobs, p.prompt_logprobs) == (1, 1)
+    assert type(p.logprobs) is int and type(p.prompt_logprobs) is int
+    assert p == SamplingParams(logprobs=1, prompt_logprobs=1)
+    p.logprobs = True  # vLLM-style assignment, checked as on construction
+    assert p.logprobs == 1 and type(p.logprobs) is int
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=rf"^{field} must be an integer or None, got bool False: None "):
+            SamplingParams(**{field: False})
 
 
 def test_vllm_output_kind_and_extra_args() -> None:
