@@ -813,6 +813,30 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         for field in self.__struct_fields__:
             msgspec.structs.force_setattr(self, field, getattr(checked, field))
 
+    @staticmethod
+    def from_optional(**fields: Any) -> SamplingParams:
+        """vLLM's constructor for optional values (a script's ``SamplingParams.from_optional(
+        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)``): None in
+        ``n``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``,
+        ``temperature``, ``top_p``, ``top_k`` or ``min_p`` is vLLM's default for it (1, 0, 0, 1,
+        1, 1, 0, 0), as is a field left out, so the params hold explicit values and, as vLLM's,
+        take none of the model's ``generation_config.json`` defaults. ``logit_bias`` keys may be
+        integer strings (``{"50256": -100}``) and each bias is clamped to [-100, 100], as vLLM
+        does here. The other fields are the constructor's, None included (``max_tokens=None``:
+        all the room the context leaves).
+
+        Raises:
+            ValueError: a ``logit_bias`` key that is not an integer token id, a bias that is not
+                a number, or what the constructor refuses.
+            TypeError: a keyword that is not a field.
+        """
+        values = dict(_FROM_OPTIONAL_DEFAULTS)
+        values.update({k: v for k, v in fields.items() if not (k in _FROM_OPTIONAL_DEFAULTS and v is None)})
+        bias = values.get("logit_bias")
+        if isinstance(bias, Mapping):
+            values["logit_bias"] = _clamped_bias(bias)
+        return SamplingParams(**values)
+
     def clone(self) -> SamplingParams:
         """vLLM's: an independent copy of these params (assigning to it, ``sp.clone().max_tokens =
         8``, leaves these unchanged); a shallow copy under ``skip_clone``, as vLLM's. Its mutable
@@ -897,6 +921,41 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             or self.thinking_token_budget is not None
             or self.needs_token_history
         )
+
+
+_FROM_OPTIONAL_DEFAULTS: dict[str, float | int] = {
+    "n": 1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+}
+"""The fields whose None :meth:`SamplingParams.from_optional` replaces, with vLLM's values."""
+
+
+def _clamped_bias(bias: Mapping[Any, Any]) -> dict[int, float]:
+    """vLLM's ``from_optional`` ``logit_bias``: keys as integer token ids (an integer string such
+    as ``"50256"`` too), each bias clamped to [-100, 100].
+
+    Raises:
+        ValueError: a key that is not an integer or an integer string, or a bias that is not a
+            finite number.
+    """
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key) if _is_int(key) or isinstance(key, str) else None
+        except ValueError:
+            token = None
+        if token is None:
+            raise ValueError(f"logit_bias keys must be integer token ids, got {_got(key)}")
+        if not _is_real(value) or not math.isfinite(float(value)):
+            raise ValueError(f"logit_bias values must be finite numbers, got {_got(value)} for {token}")
+        out[token] = min(100.0, max(-100.0, float(value)))
+    return out
 
 
 _INT = (int,)

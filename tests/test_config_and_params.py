@@ -292,6 +292,29 @@ def test_logprobs_true_is_one_as_in_vllm() -> None:
             SamplingParams(**{field: False})
 
 
+def test_from_optional_as_vllms() -> None:
+    """vLLM's ``SamplingParams.from_optional`` (scripts pass their optional arguments through it)
+    was an AttributeError: None is vLLM's default for the sampling knobs, every value is explicit
+    (no model default replaces it, as in vLLM), ``logit_bias`` takes integer-string keys and
+    clamps each bias to [-100, 100]."""
+    p = SamplingParams.from_optional(temperature=None, top_p=None, top_k=None, n=None, max_tokens=5, stop="x")
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (1, 1.0, 1.0, 0, 0.0, 1.0)
+    assert (p.max_tokens, p.stop, p.model_default_fields) == (5, ("x",), ())
+    assert p.with_model_defaults({"temperature": 0.6, "top_k": 20}) == p
+    assert SamplingParams.from_optional(max_tokens=None).max_tokens is None
+    assert SamplingParams.from_optional(temperature=0.5, seed=3) == SamplingParams(
+        temperature=0.5, seed=3, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0
+    )
+    bias = SamplingParams.from_optional(logit_bias={"50": 200, 7: -1e9, np.int64(9): 1}).logit_bias
+    assert bias == {50: 100.0, 7: -100.0, 9: 1.0} and [type(k) for k in bias] == [int] * 3
+    with pytest.raises(ValueError, match=r"^logit_bias keys must be integer token ids, got str 'a'"):
+        SamplingParams.from_optional(logit_bias={"a": 1.0})
+    with pytest.raises(ValueError, match=r"^temperature must be in \[0, 2\]"):
+        SamplingParams.from_optional(temperature=-1.0)
+    with pytest.raises(TypeError, match="foo"):
+        SamplingParams.from_optional(foo=1)
+
+
 def test_vllm_output_kind_and_extra_args() -> None:
     """``SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, extra_args={})`` of a ported
     script was msgspec's "Unexpected keyword argument": the kinds that give the final output are
