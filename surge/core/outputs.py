@@ -245,7 +245,7 @@ class RequestOutput:
     """The result of one prompt of :meth:`surge.LLM.generate`.
 
     Attributes:
-        request_id: the request's id.
+        request_id: the request's id (the offline ``LLM``'s: its prompts counted in decimal, "0", "1", ..., as vLLM's).
         prompt: the prompt text (None when the prompt was given as token ids).
         prompt_token_ids: the prompt in tokens.
         outputs: ``n`` completions, by index.

@@ -648,7 +648,9 @@ class LLM:
                 self.engine.max_model_len,
                 max_tokens=params.max_tokens,
             )
-            request_id = f"llm-{self._next_id}"
+            # vLLM's offline ids: the decimal count of this LLM's prompts ("0", "1", ...), which
+            # scripts sort by (``int(out.request_id)``, as vLLM's own wait_for_completion)
+            request_id = str(self._next_id)
             self._next_id += 1
             results.append(
                 RequestOutput(

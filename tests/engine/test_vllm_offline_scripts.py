@@ -120,6 +120,10 @@ def test_generate_without_sampling_params_uses_the_defaults(llm: LLM) -> None:
 def test_request_output_fields_scripts_read(llm: LLM) -> None:
     out = llm.generate(PROMPT, GREEDY)[0]
     assert isinstance(out.request_id, str) and out.finished and out.metrics is None
+    # vLLM's offline ids count the LLM's prompts in decimal: scripts sort by int(request_id)
+    batch = llm.generate([PROMPT, {"prompt_token_ids": [1, 2]}], SamplingParams(max_tokens=1, n=2))
+    assert [int(o.request_id) for o in batch] == [int(out.request_id) + 1, int(out.request_id) + 2]
+    assert all(o.request_id == str(int(o.request_id)) for o in batch)
     assert out.prompt_logprobs is None
     c = out.outputs[0]
     assert c.index == 0 and c.finish_reason == "length" and c.stop_reason is None and c.finished()
