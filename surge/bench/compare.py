@@ -47,8 +47,10 @@ def load_points(
     (``--result-file``: JSON, or gzipped JSON such as ``X.json.gz``), or of a JSON-lines file of
     several runs (``--append-result``'s, one run a line): each run is the point of its (C, I, O),
     and where several runs are of one point the last one counts, with a line added to ``notes``
-    saying so. A summary's rows keep its columns' metrics only: a ``metric`` they lack (``P50``
-    of ``--percentiles 50``, a ``std``) is read from each point's result files
+    saying so. vLLM 0.26's result files load too: their I and O, which they do not record, are
+    their requests' (:func:`_vllm_lengths`), with a line added to ``notes`` naming the point. A
+    summary's rows keep its columns' metrics only: a ``metric`` they lack (``P50`` of
+    ``--percentiles 50``, a ``std``) is read from each point's result files
     (:func:`_metric_from_point_files`).
 
     Raises:
@@ -61,6 +63,7 @@ def load_points(
         raise ValueError(f"{path}: no summary.json or result file")
     records = read_json_records(p)
     data = records[0] if len(records) == 1 else None
+    inferred: list[dict[str, Any]] = []  # the rows of vLLM results, whose lengths are inferred
     if isinstance(data, dict) and isinstance(data.get("points"), list):
         # the run's settings on each row, so that compare_points can see two runs differ
         run = {k: data[k] for k in ("endpoint", "temperature", "model") if k in data}
@@ -74,6 +77,7 @@ def load_points(
                     _metric_from_point_files(r, p.parent, metric)
     elif all(isinstance(d, dict) and "completed" in d for d in records):
         rows = [_serve_row(d) for d in records]
+        inferred = [r for d, r in zip(records, rows, strict=True) if _is_vllm_result(d)]
     elif len(records) > 1:
         raise ValueError(
             f"{p}: a JSON-lines file of {len(records)} values that are not all bench serve results"
@@ -83,9 +87,15 @@ def load_points(
     out: dict[Key, dict[str, Any]] = {}
     for r in rows:
         try:
-            out[(int(r["concurrency"]), int(r["input_len"]), int(r["output_len"]))] = r
+            out[_key(r)] = r
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{p}: a point lacks concurrency/input_len/output_len") from None
+    if inferred and notes is not None:
+        points = ", ".join(sorted({_label(_key(r)) for r in inferred}))
+        notes.append(
+            f"{p}: a vLLM result (it records no input_len/output_len): read as {points}, the "
+            "lengths of its requests (their mean per request where the file has no per-request lists)"
+        )
     if len(records) > 1 and notes is not None:
         left_out = len(records) - len(out)
         notes.append(
@@ -132,10 +142,53 @@ def _metric_from_point_files(row: dict[str, Any], folder: Path, metric: str) -> 
     row[metric] = sum(numbers) / len(numbers) if numbers else None
 
 
+def _key(row: dict[str, Any]) -> Key:
+    """The (C, I, O) of a row. Raises KeyError, TypeError or ValueError where it lacks one."""
+    return (int(row["concurrency"]), int(row["input_len"]), int(row["output_len"]))
+
+
+def _is_vllm_result(data: dict[str, Any]) -> bool:
+    """Is this ``bench serve`` result one of ``vllm bench serve --save-result``? Surge's always
+    record ``dataset``, ``input_len`` and ``output_len`` (null for a dataset's own lengths);
+    vLLM's none of them."""
+    return not {"dataset", "input_len", "output_len"} & data.keys()
+
+
+def _common_length(lens: Any, ok: list[bool]) -> int | None:
+    """The one length of the successful requests in a per-request list, 0 where they differ
+    (a dataset's own lengths), None where the list is unusable."""
+    if not isinstance(lens, list) or len(lens) != len(ok):
+        return None
+    kept = {v for v, good in zip(lens, ok, strict=True) if good}
+    if not kept or not all(type(v) is int and v >= 0 for v in kept):
+        return None
+    return kept.pop() if len(kept) == 1 else 0
+
+
+def _vllm_lengths(data: dict[str, Any]) -> tuple[int, int]:
+    """The (I, O) of a vLLM result file, which records no lengths: the one prompt and output length
+    of its successful requests where it keeps the per-request lists (``--save-detailed``; 0 where
+    they differ, a dataset's own lengths), else its mean tokens per completed request, rounded (a
+    random run's lengths as the server counted them), and 0 without a completed request."""
+    errors = data.get("errors")
+    ok = [e == "" for e in errors] if isinstance(errors, list) else None
+    lengths = []
+    for lens, total in (("input_lens", "total_input_tokens"), ("output_lens", "total_output_tokens")):
+        common = _common_length(data.get(lens), ok) if ok is not None else None
+        if common is None:
+            mean = _mean_tokens(data, total)
+            common = round(mean) if mean is not None else 0
+        lengths.append(common)
+    return lengths[0], lengths[1]
+
+
 def _serve_row(data: dict[str, Any]) -> dict[str, Any]:
     """The comparison row of one ``bench serve`` result: its fields, its point (C: the
-    concurrency, else ``--max-concurrency``, else ``--num-prompts``) and its settings."""
+    concurrency, else ``--max-concurrency``, else ``--num-prompts``; I and O: the result's, or a
+    vLLM result's from its requests, :func:`_vllm_lengths`) and its settings."""
     conc = data.get("concurrency") or data.get("max_concurrency") or data.get("num_prompts")
+    if _is_vllm_result(data):
+        data = {**data, **dict(zip(("input_len", "output_len"), _vllm_lengths(data), strict=True))}
     roofline = data.get("roofline_model")
     return {
         **({"model": data["model_id"]} if "model_id" in data else {}),

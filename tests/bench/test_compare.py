@@ -652,3 +652,72 @@ def test_points_of_a_dataset_with_its_own_lengths_are_named_by_it(
     assert "| 2 | custom | 20 |" in out and "| 20 | 1 | +0.0% |" in out.split("### By output length")[1]
     err = _compare_error([str(a), str(c)], capsys)
     assert f"({a}: C4/sharegpt; {c}: C2/custom/O20)" in err
+
+
+def _vllm_result(**fields: Any) -> dict[str, Any]:
+    """A ``vllm bench serve --save-result`` file of vLLM 0.26 (its keys only: no input_len or
+    output_len): 4 requests of a random run of 32 prompt and 256 output tokens at concurrency 4."""
+    return {
+        "date": "20261207-120000",
+        "endpoint_type": "openai",
+        "backend": "openai",
+        "label": None,
+        "model_id": "m",
+        "tokenizer_id": "m",
+        "num_prompts": 4,
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": 4,
+        "duration": 2.0,
+        "completed": 4,
+        "failed": 0,
+        "total_input_tokens": 129,  # the server's counts: one prompt of 33 tokens
+        "total_output_tokens": 1024,
+        "request_throughput": 2.0,
+        "request_goodput": None,
+        "output_throughput": 100.0,
+        "total_token_throughput": 564.5,
+        "max_output_tokens_per_s": 120.0,
+        "max_concurrent_requests": 4,
+        "rtfx": 0.0,
+        "mean_ttft_ms": 20.0,
+        **fields,
+    }
+
+
+def test_a_vllm_result_file_is_the_point_of_its_requests_lengths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's result records no input_len/output_len: its point's lengths are its requests' (the
+    mean per completed request, rounded; with --save-detailed's lists, the one length of its
+    successful requests, a dataset's own where they differ), said in a note, so that it compares
+    with Surge's run of the same workload."""
+    vllm = tmp_path / "vllm.json"
+    vllm.write_text(json.dumps(_vllm_result()))
+    surge = _serve_result(tmp_path / "surge.json", output_throughput=110.0, model_id="m")
+    assert list(load_points(vllm)) == [(4, 32, 256)]
+    assert bench_main(["bench", "compare", str(vllm), str(surge)]) == 0
+    cap = capsys.readouterr()
+    assert "+10.0%" in cap.out and "warning" not in cap.err, cap
+    assert cap.err == (
+        f"surge: note: {vllm}: a vLLM result (it records no input_len/output_len): read as C4/I32/O256, "
+        "the lengths of its requests (their mean per request where the file has no per-request lists)\n"
+    )
+    # --save-detailed: the successful requests' lengths (a failed one's 0 output tokens left out)
+    detailed = _vllm_result(
+        num_prompts=5,
+        failed=1,
+        input_lens=[32, 32, 32, 32, 40],
+        output_lens=[256, 256, 256, 256, 0],
+        errors=["", "", "", "", "timeout"],
+    )
+    vllm.write_text(json.dumps(detailed))
+    assert list(load_points(vllm)) == [(4, 32, 256)]
+    # ShareGPT-like prompts of many lengths: the dataset's own, as a Surge sharegpt result
+    vllm.write_text(json.dumps({**detailed, "input_lens": [30, 32, 35, 32, 40]}))
+    assert list(load_points(vllm)) == [(4, 0, 256)]
+    # nothing completed: no lengths to read, the point is the dataset's own
+    vllm.write_text(
+        json.dumps(_vllm_result(completed=0, failed=4, total_input_tokens=0, total_output_tokens=0))
+    )
+    assert list(load_points(vllm)) == [(4, 0, 0)]
