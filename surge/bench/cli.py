@@ -84,6 +84,21 @@ def _add_hardware_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _SpelledAs(argparse.Action):
+    """Stores the value and, in ``<dest>_flag``, the option string the user gave (vLLM's spelling
+    or Surge's), for an error that names the flag as typed."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string or self.option_strings[0])
+
+
 def _add_client_flags(p: argparse.ArgumentParser, matrix: bool = False) -> None:
     p.add_argument("--base-url", default=None, help=f"server URL (default {DEFAULT_BASE_URL})")
     p.add_argument(
@@ -204,10 +219,12 @@ def _add_client_flags(p: argparse.ArgumentParser, matrix: bool = False) -> None:
     p.add_argument(
         "--percentiles",
         "--metric-percentiles",
+        action=_SpelledAs,
         default="99",
         help="comma-separated percentiles to report, each from 0 (the least) to 100 (the largest) (default 99); "
         "--metric-percentiles is vLLM's spelling",
     )
+    p.set_defaults(percentiles_flag="--percentiles")
     p.add_argument(
         "--goodput",
         nargs="+",
@@ -1098,7 +1115,7 @@ def _serve_config(args: argparse.Namespace, **over: Any) -> Any:
         "tokenizer": args.tokenizer,
         "seed": args.seed,
         "warmup": 1 if args.warmup is None else args.warmup,
-        "percentiles": tuple(parse_percentiles(args.percentiles)),
+        "percentiles": tuple(parse_percentiles(args.percentiles, args.percentiles_flag)),
         "goodput": tuple(goodput.items()),
         "api_key": api_key_of(args.api_key),
         "headers": parse_headers(args.header),

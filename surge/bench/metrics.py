@@ -98,10 +98,13 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def parse_percentiles(text: str) -> list[float]:
+def parse_percentiles(text: str, flag: str = "--percentiles") -> list[float]:
     """Parse ``"50,90,99"`` into ``[50.0, 90.0, 99.0]``: numbers in [0, 100], as vLLM's
     ``--metric-percentiles`` takes them for ``numpy.percentile`` (0 is the minimum, 100 the maximum).
 
+    Args:
+        flag: the spelling the user gave (``--percentiles`` or vLLM's ``--metric-percentiles``),
+            which an error names.
     Raises:
         ValueError: a value that is not a number in [0, 100].
     """
@@ -113,12 +116,12 @@ def parse_percentiles(text: str) -> list[float]:
         try:
             p = float(part)
         except ValueError:
-            raise ValueError(f"--percentiles expects numbers like 50,90,99, got {text!r}") from None
+            raise ValueError(f"{flag} expects numbers like 50,90,99, got {text!r}") from None
         if not 0 <= p <= 100:
-            raise ValueError(f"--percentiles: a percentile must be in [0, 100], got {part}")
+            raise ValueError(f"{flag}: a percentile must be in [0, 100], got {part}")
         vals.append(p)
     if not vals:
-        raise ValueError("--percentiles is empty")
+        raise ValueError(f"{flag} is empty")
     return vals
 
 

@@ -295,3 +295,19 @@ def test_result_table_prints_percentiles_in_the_order_asked() -> None:
         line.split(" (ms)")[0] for line in format_result_table(result).splitlines() if "TTFT (ms)" in line
     ]
     assert lines == ["Mean TTFT", "Median TTFT", "P99 TTFT", "P50 TTFT"]
+
+
+@pytest.mark.parametrize("command", ["serve", "matrix"])
+@pytest.mark.parametrize("flag", ["--percentiles", "--metric-percentiles"])
+def test_a_bad_percentile_is_refused_naming_the_flag_as_typed(
+    command: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --metric-percentiles (an alias of --percentiles) copied from a vLLM command line: a
+    bad value's one line names the spelling the user gave, before any request."""
+    from conftest import bench_main
+
+    grid = ["--concurrency", "1", "--input-len", "8", "--output-len", "4"] if command == "matrix" else []
+    argv = ["bench", command, "--base-url", "http://127.0.0.1:9", *grid, flag]
+    for value, words in (("101", ": a percentile must be in [0, 100], got 101"), (",", " is empty")):
+        assert bench_main([*argv, value]) == 2
+        assert capsys.readouterr().err == f"surge: error: {flag}{words}\n"
