@@ -32,6 +32,14 @@ _PICOJSON_TYPES = {
 }
 _ERROR_MAX_CHARS = 300
 
+_LENGTH_STRING_CHAR = re.compile(r"^(\S+_characters) ::= \(\(\[\^\\\"\\\\\\r\\n\]\)\)$", re.MULTILINE)
+"""A rule xgrammar 0.2.9 writes for one character of a JSON string with ``minLength`` or
+``maxLength``: ``X_characters ::= (([^\"\\\r\n]))``, which lets the other control characters
+(U+0000 to U+001F: a tab, a form feed...) through raw, though JSON allows them only escaped."""
+_JSON_STRING_CHAR = r"(([^\0-\x1f\"\\]))"
+"""That rule's body without any control character (the printed form of xgrammar's own
+``basic_string`` class); escapes stay out, as xgrammar counts one character a repetition."""
+
 
 def clean_error(e: BaseException) -> str:
     """xgrammar's error message, short and on one line, without its C++ source locations,
@@ -255,8 +263,10 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     try:
         if kind == "json":
             assert params.json is not None
-            return xgr.Grammar.from_json_schema(
-                params.json, any_whitespace=params.any_whitespace, strict_mode=True
+            return _without_raw_control_characters(
+                xgr.Grammar.from_json_schema(
+                    params.json, any_whitespace=params.any_whitespace, strict_mode=True
+                )
             )
         if kind == "regex":
             assert params.regex is not None
@@ -278,6 +288,7 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
                 grammar = xgr.Grammar.from_structural_tag(tags, spec["triggers"])
             else:
                 grammar = xgr.Grammar.from_structural_tag(params.structural_tag)
+            grammar = _without_raw_control_characters(grammar)
         else:
             return xgr.Grammar.from_json_schema(
                 JSON_OBJECT_SCHEMA, any_whitespace=params.any_whitespace, strict_mode=False
@@ -286,6 +297,23 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
         raise ValueError(f"invalid {kind}: {clean_error(e)}") from e
     _check_grammar_size(grammar)
     return grammar
+
+
+def _without_raw_control_characters(grammar: Any) -> Any:
+    """``grammar`` (an ``xgrammar.Grammar`` built from a JSON schema or a structural tag) with
+    the characters of its length-bounded JSON strings (:data:`_LENGTH_STRING_CHAR`) kept from the
+    control characters, so that the output is JSON that strict parsers read (``json.loads``,
+    pydantic); the grammar itself when it has no such string. Costs a parse of the grammar's
+    text (about 20 ms for 80 bounded properties).
+
+    Raises:
+        ValueError: xgrammar cannot parse the rewritten text (never seen: its text round-trips).
+    """
+    import xgrammar as xgr
+
+    text = str(grammar)
+    fixed, count = _LENGTH_STRING_CHAR.subn(lambda m: f"{m.group(1)} ::= {_JSON_STRING_CHAR}", text)
+    return grammar if count == 0 else xgr.Grammar.from_ebnf(fixed)
 
 
 VERDICT_CACHE_SIZE = 1024

@@ -758,7 +758,8 @@ def test_arguments_nested_past_the_json_parser_are_parsed_as_cut_json(
 
 @pytest.mark.parametrize("kind", ["required", "llama3_json"])
 def test_a_raw_control_character_in_a_string_argument_does_not_hide_the_calls_end(kind: str) -> None:
-    """xgrammar lets a string with ``maxLength`` hold a raw tab (docs/structured-outputs.md): a
+    """xgrammar's own grammar let a string with ``maxLength`` hold a raw tab (Surge's grammar
+    has kept it out since session 60; a model's unconstrained text still may): a
     tiny Qwen3 under ``tool_choice: "required"`` wrote ``{"city": "')<TAB>eval˟"}``. The call
     scanner's strict JSON decoder failed on the tab, never found the call's end, and gave the
     array's closing ``}]`` to the arguments, streamed and not. The arguments are now the

@@ -206,3 +206,20 @@ def test_vllm_whitespace_options() -> None:
     assert closed.key == compact.key and not accepts(closed, '{"a": 1, "b": 2}')
     with pytest.raises(ValueError, match="disable_additional_properties must be a boolean"):
         StructuredOutputsParams(json=schema, disable_additional_properties=1)  # type: ignore[arg-type]
+
+
+def test_length_bounded_strings_are_json_that_strict_parsers_read(qwen3_vocab_dir: Path) -> None:
+    """A string with ``maxLength`` (as pydantic's ``Field(max_length=...)`` writes it for the
+    openai SDK's ``parse``) is JSON ``json.loads`` reads: xgrammar 0.2.9's own grammar let raw
+    control characters into it, and the tiny random Qwen3 wrote tabs there ("Invalid JSON:
+    control character (\\u0000-\\u001F) found while parsing a string" from pydantic)."""
+    llm = LLM(qwen3_vocab_dir, device="cpu", load_format="dummy", max_model_len=512)
+    schema = {
+        "type": "object",
+        "properties": {f"s{i}": {"type": "string", "minLength": 1, "maxLength": 12} for i in range(4)},
+        "required": [f"s{i}" for i in range(4)],
+    }
+    so = StructuredOutputsParams(json=schema)
+    texts = [o.outputs[0].text for o in llm.generate(["A:"] * 16, [_params(so, s, 80) for s in range(16)])]
+    for text in texts:
+        jsonschema.validate(json.loads(text), schema)  # json.loads is strict: no raw control character

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 _DECODER = json.JSONDecoder(strict=False)
 """Finds where a call's JSON ends. ``strict=False`` reads a raw control character (a tab, a line
-break) inside a string as the string's: xgrammar lets a string with ``maxLength`` hold them
-(docs/structured-outputs.md), and a strict decoder failed there, so the call's end was never
+break) inside a string as the string's: a model's unconstrained text may hold them (and
+xgrammar's own grammar for a string with ``maxLength`` let them in, which Surge's grammar no longer
+does: docs/structured-outputs.md), and a strict decoder failed there, so the call's end was never
 found and the closing ``}]`` of a ``required`` array became arguments text. Whether the
 arguments then parse is judged elsewhere, strictly (``calls_complete``, ``malformed_text``)."""
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
