@@ -263,7 +263,7 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     try:
         if kind == "json":
             assert params.json is not None
-            return _without_raw_control_characters(
+            return _strict_json_values(
                 xgr.Grammar.from_json_schema(
                     params.json, any_whitespace=params.any_whitespace, strict_mode=True
                 )
@@ -288,7 +288,7 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
                 grammar = xgr.Grammar.from_structural_tag(tags, spec["triggers"])
             else:
                 grammar = xgr.Grammar.from_structural_tag(params.structural_tag)
-            grammar = _without_raw_control_characters(grammar)
+            grammar = _strict_json_values(grammar)
         else:
             return xgr.Grammar.from_json_schema(
                 JSON_OBJECT_SCHEMA, any_whitespace=params.any_whitespace, strict_mode=False
@@ -299,12 +299,56 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     return grammar
 
 
-def _without_raw_control_characters(grammar: Any) -> Any:
+_RULE = re.compile(r"^(\S+) ::= (.*)$", re.MULTILINE)
+_DATE = re.compile(r'(\w+)\{4, 4\} "-" (\w+) "-" (\w+)')
+"""The date xgrammar 0.2.9 writes for ``format`` ``date`` and inside ``date-time``: four digits
+(:data:`_DIGIT`), a month (:data:`_MONTH`) and a day of 01 to 31 (:data:`_DAY`), whatever the
+month (``2024-02-30``) or the year (``0000``, which no calendar library reads)."""
+_DIGIT = "(([0-9]))"
+_MONTH = '(("0" [1-9]) | ("1" [0-2]))'
+_DAY = '(("0" [1-9]) | ([1-2] [0-9]) | ("3" [01]))'
+_SECOND = '(([0-5] [0-9]) | ("6" "0"))'
+"""xgrammar's seconds of ``time`` and ``date-time``: second 60 (a leap second) in any minute,
+which Python's ``datetime`` (pydantic) and JSON Schema validators refuse there."""
+_DATE_RULES = (
+    'surge_rfc3339_date ::= ((surge_rfc3339_year "-" surge_rfc3339_month_day) | (surge_rfc3339_leap_year "-02-29"))\n'
+    'surge_rfc3339_year ::= (([0-9] [0-9] [0-9] [1-9]) | ([0-9] [0-9] [1-9] "0") | ([0-9] [1-9] "00") | ([1-9] "000"))\n'
+    'surge_rfc3339_month_day ::= ((("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01])) | '
+    '(("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30")) | ("02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])))\n'
+    'surge_rfc3339_leap_year ::= (([0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26])) | '
+    '(("0" [48] | [2468] [048] | [13579] [26]) "00"))\n'
+)
+"""A real date: years 0001 to 9999, each month its days, February 29 in leap years only."""
+
+
+def _real_dates(text: str) -> str:
+    """``text`` (a grammar's EBNF) with xgrammar's dates (:data:`_DATE`) replaced by
+    :data:`_DATE_RULES` and its leap seconds (:data:`_SECOND`) taken out; ``text`` itself when it
+    has neither."""
+    bodies = dict(_RULE.findall(text))
+
+    def date(m: re.Match[str]) -> str:
+        parts = (bodies.get(m.group(1)), bodies.get(m.group(2)), bodies.get(m.group(3)))
+        return "surge_rfc3339_date" if parts == (_DIGIT, _MONTH, _DAY) else m.group(0)
+
+    fixed = _DATE.sub(date, text)
+    seconds = {name for name, body in bodies.items() if body == _SECOND}
+    if seconds:
+        fixed = _RULE.sub(
+            lambda m: f"{m.group(1)} ::= (([0-5] [0-9]))" if m.group(1) in seconds else m.group(0), fixed
+        )
+    if "surge_rfc3339_date" in fixed and "surge_rfc3339_date ::=" not in fixed:
+        fixed += "\n" + _DATE_RULES
+    return fixed
+
+
+def _strict_json_values(grammar: Any) -> Any:
     """``grammar`` (an ``xgrammar.Grammar`` built from a JSON schema or a structural tag) with
     the characters of its length-bounded JSON strings (:data:`_LENGTH_STRING_CHAR`) kept from the
-    control characters, so that the output is JSON that strict parsers read (``json.loads``,
-    pydantic); the grammar itself when it has no such string. Costs a parse of the grammar's
-    text (about 20 ms for 80 bounded properties).
+    control characters, its dates real ones and no leap second in its times
+    (:func:`_real_dates`), so that the output is JSON and values that strict parsers read
+    (``json.loads``, pydantic, ``datetime``); the grammar itself when it has none of these. Costs
+    a parse of the grammar's text (about 20 ms for 80 bounded properties).
 
     Raises:
         ValueError: xgrammar cannot parse the rewritten text (never seen: its text round-trips).
@@ -312,8 +356,8 @@ def _without_raw_control_characters(grammar: Any) -> Any:
     import xgrammar as xgr
 
     text = str(grammar)
-    fixed, count = _LENGTH_STRING_CHAR.subn(lambda m: f"{m.group(1)} ::= {_JSON_STRING_CHAR}", text)
-    return grammar if count == 0 else xgr.Grammar.from_ebnf(fixed)
+    fixed = _real_dates(_LENGTH_STRING_CHAR.sub(lambda m: f"{m.group(1)} ::= {_JSON_STRING_CHAR}", text))
+    return grammar if fixed == text else xgr.Grammar.from_ebnf(fixed)
 
 
 VERDICT_CACHE_SIZE = 1024

@@ -1092,8 +1092,10 @@ IPV4_PATTERN = (
     ],
 )
 def test_formats_are_enforced_as_shapes_not_values(fmt: str, value: str) -> None:
-    """docs/structured-outputs.md's known limit: xgrammar's regex for a format accepts values a
-    format-checking validator refuses (an xgrammar that checks them fails this: update the doc)."""
+    """xgrammar's regex for a format accepts values a format-checking validator refuses (an
+    xgrammar that checks them fails this: update the doc): docs/structured-outputs.md's known
+    limit for ``ipv4``; build_grammar rewrites the dates and times
+    (test_dates_and_times_are_real_ones)."""
     schema = {**STR, "format": fmt}
     assert _grammar_accepts(schema, json.dumps(value))
     assert not _schema_valid(schema, json.dumps(value))
@@ -1180,3 +1182,37 @@ def test_length_bounded_strings_take_no_raw_control_character(
     assert not xgr_testing._is_grammar_accept_string(grammar, raw)
     if params.json is not None:
         assert _grammar_accepts(json.loads(params.json), raw)
+
+
+def test_dates_and_times_are_real_ones() -> None:
+    """xgrammar 0.2.9's ``date`` takes any day 01-31 in any month and the year 0000, and its
+    ``time`` a second 60 in any minute (the formats' shapes: see
+    test_formats_are_enforced_as_shapes_not_values); build_grammar's grammar takes exactly the
+    dates Python's calendar has (February 29 in leap years only) and no leap second, so pydantic
+    and jsonschema's format checker read every value."""
+    import datetime
+
+    date = build_grammar(StructuredOutputsParams(json={**STR, "format": "date"}))
+    for year in (1, 400, 1900, 2000, 2023, 2024, 9999):
+        for month in range(1, 13):
+            for day in (1, 28, 29, 30, 31):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    datetime.date.fromisoformat(text)
+                    real = True
+                except ValueError:
+                    real = False
+                assert xgr_testing._is_grammar_accept_string(date, json.dumps(text)) == real, text
+    for text in ("0000-01-01", "0000-02-29", "2024-13-01", "2024-00-10", "2024-01-00"):
+        assert not xgr_testing._is_grammar_accept_string(date, json.dumps(text)), text
+    date_time = build_grammar(StructuredOutputsParams(json={**STR, "format": "date-time"}))
+    time = build_grammar(StructuredOutputsParams(json={**STR, "format": "time"}))
+    for grammar, good, bad in (
+        (date_time, "2024-02-29T23:59:59.5+02:00", "2024-11-31T20:52:35Z"),
+        (date_time, "2000-02-29T00:00:00Z", "2024-06-30T23:59:60Z"),
+        (time, "09:44:59+02:00", "09:44:60+02:00"),
+    ):
+        schema = {**STR, "format": "date-time" if grammar is date_time else "time"}
+        assert _grammar_accepts(schema, json.dumps(bad))  # xgrammar's own grammar
+        assert xgr_testing._is_grammar_accept_string(grammar, json.dumps(good))
+        assert not xgr_testing._is_grammar_accept_string(grammar, json.dumps(bad))
