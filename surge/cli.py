@@ -267,6 +267,7 @@ def check_model_dir(
     """Check a model folder given on the command line, without importing torch.
 
     ``None`` (the bundled model) passes. Raises CliError with one line in the CLI's spelling:
+    a folder it may not read or enter (permission denied, naming the path refused),
     a missing folder (with a hint when it looks like a Hugging Face hub id: only local folders
     work, offline), a file (a PyTorch or GGUF weights file said to be one), a folder without
     ``config.json`` (a Hugging Face hub cache folder is answered with its snapshot folder),
@@ -284,6 +285,16 @@ def check_model_dir(
         return
     if not model.strip():
         raise CliError(f"{flag} is empty (give {MODEL_FILES_HINT})")
+    try:
+        _check_model_path(model, load_format, flag, offline_api)
+    except OSError as e:  # a folder (or a folder above it) this user may not read or enter
+        where = f" {e.filename}" if e.filename is not None and str(e.filename) != model else ""
+        raise CliError(f"{flag} {model}: cannot read{where}: {e.strerror or e}") from None
+
+
+def _check_model_path(model: str, load_format: str, flag: str, offline_api: bool) -> None:
+    """:func:`check_model_dir`'s checks of a non-empty ``model``; an unreadable folder raises
+    the ``OSError`` of ``os.stat`` (``PermissionError``), which the caller words."""
     path = Path(model)
     if not path.exists():
         parts = model.split("/")

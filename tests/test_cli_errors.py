@@ -97,6 +97,38 @@ def _copy_of_stories(tmp_path: Path, name: str) -> Path:
     return folder
 
 
+def test_a_folder_without_read_permission_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model folder the user may not enter (``chmod 000``, another user's home) was a
+    PermissionError traceback from ``Path.is_file``; it is one line naming the folder, for
+    `surge serve` and ``LLM(model)`` alike. As root (whom modes do not stop) ``os.stat`` of the
+    folder's files is made to fail as it does for another user."""
+    from surge.cli import CliError, check_model_dir
+
+    locked = _copy_of_stories(tmp_path, "locked")
+    locked.chmod(0)
+    try:
+        if os.access(locked / "config.json", os.R_OK):  # root: make stat fail as for a plain user
+            real_stat = os.stat
+
+            def denied(path: object, *args: object, **kwargs: object) -> os.stat_result:
+                if str(path).startswith(f"{locked}{os.sep}"):
+                    raise PermissionError(13, "Permission denied", str(path))
+                return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(os, "stat", denied)
+        for flag, offline in (("--model", False), ("model", True)):
+            with pytest.raises(CliError) as e:
+                check_model_dir(str(locked), flag=flag, offline_api=offline)
+            assert str(e.value).startswith(f"{flag} {locked}: cannot read ") and "Permission denied" in str(
+                e.value
+            ), e.value
+            assert "\n" not in str(e.value)
+    finally:
+        locked.chmod(0o755)
+
+
 @pytest.mark.parametrize("command", [["serve"], ["generate", "--prompt", "x"]])
 def test_unreadable_weights_files(command: list[str], tmp_path: Path) -> None:
     """A truncated or corrupt weights file: one line naming it, exit 2, before torch (and so
