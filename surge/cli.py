@@ -157,26 +157,33 @@ class _Parser(argparse.ArgumentParser):
         # every parse of every surge (sub-)command comes here: the top parser hands its
         # sub-command's parser the arguments it already rewrote (rewriting again changes nothing)
         args = dashed_flag_names(sys.argv[1:] if args is None else args)
-        if self._subparsers is None and (hinted := self._hinted_flags(args)):
-            # before argparse parses: a refused flag's value (--root-path /api) would otherwise
-            # be taken as the next positional (the model folder), and the positional it meant
-            # reported as the flag's value
-            self.error("unrecognized arguments: " + " ".join(hinted))
+        if self._subparsers is None and (unknown := self._unknown_flags(args)):
+            # before argparse parses: an unknown flag's value (--root-path /api, --log-config-file
+            # f.json) would otherwise be taken as the next positional (the model folder), and the
+            # positional it meant reported as the flag's value
+            self.error("unrecognized arguments: " + " ".join(unknown))
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None:  # a sub-command's own parser
             self.error("unrecognized arguments: " + " ".join(extras))
         return namespace, extras
 
-    def _hinted_flags(self, args: Sequence[str]) -> list[str]:
+    def _unknown_flags(self, args: Sequence[str]) -> list[str]:
         """The flags of ``args`` (before a ``--``) that this parser lacks (nor takes as the prefix
-        of one of its own) and has a vLLM hint for (``--root-path`` of ``--root-path /api``;
-        ``--flag=value`` counts as ``--flag``), in order."""
+        of one of its own): every ``--flag`` (``--log-config-file`` of ``--log-config-file f.json``;
+        ``--flag=value`` counts as ``--flag``) and the short ones it has a vLLM hint for (``-pp``),
+        in order, without their values (which argparse cannot tell from positionals). The argument
+        after a flag of this parser that takes one value is that value (argparse refuses one that
+        starts with ``--``, in its own words)."""
         found: list[str] = []
-        for arg in args:
+        for i, arg in enumerate(args):
             if arg == "--":
                 break
             flag = arg.split("=", 1)[0] if arg.startswith("--") else arg
-            if flag not in self.flag_hints or flag in found:
+            unknown_kind = flag in self.flag_hints or (flag.startswith("--") and len(flag) > 2)
+            if not unknown_kind or flag in found:
+                continue
+            before = self._option_string_actions.get(args[i - 1]) if i > 0 else None
+            if before is not None and before.nargs in (None, 1):
                 continue
             # argparse takes a flag's prefix as the flag (--header of --header-read-timeout)
             if not any(known.startswith(flag) for known in self._option_string_actions):

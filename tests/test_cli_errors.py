@@ -837,3 +837,42 @@ def test_a_negative_number_in_scientific_notation_is_a_value() -> None:
     for value in ("-4e12", "-1.5E-3", "-4", "-inf", "-Infinity"):
         p = _surge("bench", "roofline", "--model", str(STORIES), "--hbm-bandwidth", value)
         _one_line_error(p, "--hbm-bandwidth must be > 0 and finite, got -")
+
+
+def test_vllm_short_spellings_quantization_and_nnodes() -> None:
+    """vLLM's ``-q`` (``--quantization``) and ``-n`` (``--nnodes``) were "unrecognized arguments"."""
+    from surge.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "m", "-q", "fp8", "-n", "2"])
+    assert (args.quantization, args.nnodes) == ("fp8", 2)
+    assert build_parser().parse_args(["generate", "-q", "fp8", "--prompt", "x"]).quantization == "fp8"
+
+
+def test_an_unknown_flags_value_is_not_taken_for_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """`surge serve --log-config-file f.json MODEL` (a vLLM flag without a hint, or any unknown
+    flag) took f.json as the model folder and reported "unrecognized arguments: --log-config-file
+    MODEL"; the flag is named alone, and a known flag's value that starts with -- is still left to
+    argparse's own message."""
+    for argv in (
+        ["serve", "--bogus-flag", "x.json", str(STORIES)],
+        ["serve", "--bogus-flag=x.json", str(STORIES)],
+        ["serve", str(STORIES), "--bogus-flag", "x.json"],
+    ):
+        err = _parse_error(argv, capsys)
+        assert err.rstrip().endswith("unrecognized arguments: --bogus-flag"), err
+    err = _parse_error(["serve", "--max-model-length", "100", str(STORIES)], capsys)
+    assert err.rstrip().endswith(
+        "unrecognized arguments: --max-model-length (did you mean --max-model-len?)"
+    ), err
+    err = _parse_error(["generate", "--prompt", "--foo"], capsys)
+    assert "argument --prompt: expected one argument" in err, err
+    for flag, hint in (
+        ("--log-config-file", "use --log-level LEVEL"),
+        ("--disable-frontend-multiprocessing", "use nothing: Surge's API server always runs apart"),
+        ("--ssl-ca-certs", "use nothing: Surge serves plain HTTP"),
+        ("--middleware", "use nothing: Surge takes no ASGI middleware"),
+        ("--disable-access-log-for-endpoints", "use nothing: the access log is off unless --access-log"),
+        ("--optimization-level", "use nothing: Surge runs no torch.compile"),
+    ):
+        err = _parse_error(["serve", flag, "v", str(STORIES)], capsys)
+        assert f"unrecognized arguments: {flag} (vLLM's {flag}: {hint}" in err, err

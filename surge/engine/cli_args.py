@@ -84,6 +84,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--quantization",
+        "-q",
         default=None,
         choices=list(QUANTIZATION_METHODS),
         help="fp8: quantize a bf16 checkpoint's linear layers to FP8 at load (FP8 checkpoints need no "

@@ -32,7 +32,7 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         default=1,
         help="engine replicas behind this server, each with its own -tp GPUs (default 1)",
     )
-    p.add_argument("--nnodes", type=int, default=1, help="hosts the -tp ranks span (default 1)")
+    p.add_argument("--nnodes", "-n", type=int, default=1, help="hosts the -tp ranks span (default 1)")
     p.add_argument(
         "--node-rank",
         type=int,
