@@ -1001,12 +1001,14 @@ async def run_server(
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     logger.info(
-        "engine ready (pid %d): model %s (served as %s), device %s, max_model_len %d, "
+        "engine ready (pid %d): model %s (served as %s), device %s, dtype %s%s, max_model_len %d, "
         "KV cache %d block%s x %d tokens = %d tokens, scheduling policy %s",
         info.pid,
         config.model.model,
         ", ".join(names),
         info.device,
+        config.model.dtype,
+        f", quantization {config.model.quantization}" if config.model.quantization else "",
         info.max_model_len,
         info.num_kv_blocks,
         "" if info.num_kv_blocks == 1 else "s",

@@ -75,6 +75,15 @@ def test_startup_logs_the_defaults(srv: Server) -> None:
     )
 
 
+def test_startup_line_names_the_model_dtype_kv_cache_and_address(srv: Server) -> None:
+    """The start-up log names what vLLM's names: the model, its dtype (missing before: vLLM's
+    "dtype=torch.float32"), the context, the KV cache's size and the address served."""
+    log = srv.log()
+    ready = next(line for line in log.splitlines() if "engine ready (pid" in line)
+    assert ", device cpu, dtype float32, max_model_len 512, KV cache " in ready, ready
+    assert f"serving on http://127.0.0.1:{srv.port} (OpenAI API under /v1)" in log
+
+
 def test_generation_config_defaults_apply_and_explicit_values_win(srv: Server) -> None:
     body = {"prompt": "Lily and Tom", "max_tokens": 40, "ignore_eos": True}
     default = post(srv, "/v1/completions", body).json()["choices"][0]["text"]
