@@ -66,6 +66,7 @@ from surge.server.errors import (
     error_body,
     error_body_for,
     log_text,
+    route_path,
 )
 from surge.server.fast_json import INVALID_JSON, BodyFieldError, FastJSONRoute
 from surge.server.guard import GuardConfig, RequestGuard
@@ -286,6 +287,7 @@ def build_app(
     tokenizer_info: bool = False,
     load_tracking: bool = False,
     api_docs: bool = True,
+    root_path: str = "",
 ) -> FastAPI:
     """The FastAPI app serving ``state``; its lifespan logs stats and shuts the engine down.
 
@@ -303,6 +305,9 @@ def build_app(
         api_docs: serve the OpenAPI schema (``/openapi.json``), Swagger UI (``/docs``, with
             ``/docs/oauth2-redirect``) and ReDoc (``/redoc``); ``--disable-fastapi-docs`` turns
             all of them off (404), as vLLM's flag does.
+        root_path: the path prefix of ``--root-path`` (FastAPI's ``root_path``, as vLLM's flag):
+            routes answer with it (``/api/v1/models``) and without it (what a proxy that strips it
+            sends); the API docs' server URL carries it. "" for none.
     """
 
     @asynccontextmanager
@@ -327,6 +332,7 @@ def build_app(
     # follow): ``DELETE /v1/responses/`` is a 404 error body, as OpenAI answers an unknown URL
     docs: dict[str, Any] = {} if api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
     app = FastAPI(title="Surge", version=surge.__version__, lifespan=lifespan, redirect_slashes=False, **docs)
+    app.root_path = root_path  # as vLLM sets it (FastAPI's constructor argument is deprecated)
     app.router.route_class = FastJSONRoute  # before any route: bodies parsed by msgspec
     # Added innermost first: the load count (only requests let through), the drain gate (503),
     # the API key and body limits (RequestGuard), CORS (a browser's preflight carries no key),
@@ -360,7 +366,9 @@ def build_app(
         request: Request, status: int, message: str, param: str | None = None, **kw: Any
     ) -> JSONResponse:
         """The error body of this route's API (Anthropic's on ``/v1/messages``, else OpenAI's)."""
-        body = error_body_for(request.url.path, status, message, param=param, code=kw.pop("code", None))
+        body = error_body_for(
+            route_path(request.scope), status, message, param=param, code=kw.pop("code", None)
+        )
         return JSONResponse(body, status_code=status, **kw)
 
     @app.exception_handler(ApiError)
@@ -370,7 +378,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc, batch=request.url.path == BATCH_CHAT_PATH)
+        message, param = _validation_message(exc, batch=route_path(request.scope) == BATCH_CHAT_PATH)
         content_type = request.headers.get("content-type", "")
         errors = exc.errors()
         if not _parsed_as_json(content_type) and errors and tuple(errors[0].get("loc", ())) == ("body",):
@@ -826,6 +834,8 @@ class ServeOptions:
             (vLLM's ``--default-chat-template-kwargs``), or None.
         exclude_tools_when_tool_choice_none: a chat request with ``tool_choice: "none"`` does
             not render its tools into the prompt (vLLM's ``--exclude-tools-when-tool-choice-none``).
+        root_path: vLLM's ``--root-path``, the path prefix of a proxy that serves the API under
+            it ("" for none; see :func:`build_app`).
     """
 
     host: str = "127.0.0.1"
@@ -867,6 +877,7 @@ class ServeOptions:
     response_role: str = "assistant"
     default_chat_template_kwargs: dict[str, Any] | None = None
     exclude_tools_when_tool_choice_none: bool = False
+    root_path: str = ""
 
 
 async def run_server(
@@ -1040,6 +1051,7 @@ async def run_server(
         tokenizer_info=options.enable_tokenizer_info_endpoint,
         load_tracking=options.enable_server_load_tracking,
         api_docs=not options.disable_fastapi_docs,
+        root_path=options.root_path,
     )
     # The tokenizer's vocabulary and the app are long-lived: keep them out of the garbage
     # collector's generations so full collections, which stall every open stream, stay short.
@@ -1119,7 +1131,13 @@ async def run_server(
         loop.add_signal_handler(sig, on_signal, sig)
     for sig in pending_signals:
         on_signal(sig)
-    logger.info("Surge %s serving on http://%s:%d (OpenAI API under /v1)", surge.__version__, url_host, port)
+    logger.info(
+        "Surge %s serving on http://%s:%d (OpenAI API under %s/v1)",
+        surge.__version__,
+        url_host,
+        port,
+        options.root_path,
+    )
     if options.web_ui:
         logger.info(
             "playground at http://%s:%d/, dashboard at http://%s:%d/dashboard", url_host, port, url_host, port

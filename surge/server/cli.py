@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--disable-access-log-for-endpoints": "nothing: the access log is off unless --access-log",
     "--optimization-level": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
     "turns them off)",
-    "--root-path": "nothing: Surge serves its routes at / (a proxy that serves it under a path prefix strips it)",
     "--uds": "--host and --port: Surge listens on TCP only",
     "--max-log-len": "nothing: Surge's request log lines carry no prompt text",
     "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
@@ -143,6 +143,14 @@ def add_serve_parser(subparsers: Any) -> None:
         "/metrics (unless --metrics-require-key), the API docs and the web pages' static files (printable ASCII); "
         "repeat the flag or give a comma list for several keys "
         "(default: the SURGE_API_KEY environment variable, else vLLM's VLLM_API_KEY, else no key)",
+    )
+    p.add_argument(
+        "--root-path",
+        default=None,
+        metavar="PATH",
+        help="vLLM's flag (FastAPI's root_path): the path prefix a proxy serves the API under, e.g. /api; "
+        "routes answer with it (/api/v1/models) and without it (a proxy that strips it), and the API docs "
+        "name it (default: none)",
     )
     p.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
     p.add_argument(
@@ -542,6 +550,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.root_path is not None and not re.fullmatch(r"(/[^/\s?#]+)+", args.root_path.rstrip("/") or "/x"):
+        raise ValueError(
+            f"--root-path must be a path such as /api (a leading /, no ?, # or spaces), got {args.root_path!r}"
+        )
     if args.log_interval <= 0:
         raise ValueError(f"--log-interval must be positive, got {args.log_interval}")
     for name in args.served_model_name or ():
@@ -664,6 +676,7 @@ def run_serve(args: argparse.Namespace) -> int:
         response_role=args.response_role,
         default_chat_template_kwargs=args.default_chat_template_kwargs or None,
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        root_path=(args.root_path or "").rstrip("/"),
     )
     if args.api_server_count > 1:
         from surge.server.api_workers import serve_with_api_workers

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from surge.server.errors import ApiError, error_body_for
+from surge.server.errors import ApiError, error_body_for, route_path
 
 if TYPE_CHECKING:
     from surge.server.generation import Generation
@@ -139,10 +139,10 @@ class DrainMiddleware:
         if (
             scope["type"] == "http"
             and self.in_flight.draining
-            and scope.get("path", "").startswith(DRAINED_PATHS_PREFIXES)
+            and route_path(scope).startswith(DRAINED_PATHS_PREFIXES)
         ):
             message = "The server is shutting down."
-            body = json.dumps(error_body_for(scope["path"], 503, message, code=SHUTDOWN_CODE)).encode()
+            body = json.dumps(error_body_for(route_path(scope), 503, message, code=SHUTDOWN_CODE)).encode()
             await send(
                 {
                     "type": "http.response.start",

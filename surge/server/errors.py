@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -83,6 +84,18 @@ def error_response(err: ApiError) -> JSONResponse:
 def bad_request(message: str, param: str | None = None) -> ApiError:
     """A 400 ApiError."""
     return ApiError(400, message, param=param)
+
+
+def route_path(scope: Mapping[str, Any]) -> str:
+    """The path a request is routed by: its ``path`` without the ``--root-path`` prefix
+    (``scope["root_path"]``, which the app sets) when it starts with it (``/api/v1/models`` under
+    ``--root-path /api`` is ``/v1/models``), else the path as sent (a proxy that strips the prefix
+    sends ``/v1/models``), as Starlette routes it; "" when there is no path."""
+    path = str(scope.get("path", ""))
+    root = str(scope.get("root_path", ""))
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :] or "/"
+    return path
 
 
 ANTHROPIC_PATHS: frozenset[str] = frozenset({"/v1/messages", "/v1/messages/count_tokens"})

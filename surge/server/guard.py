@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.server.auth import is_authorized, is_key, needs_key
 from surge.server.drain import DRAINED_PATHS_PREFIXES, SHUTDOWN_CODE, InFlight
-from surge.server.errors import ANTHROPIC_PATHS, error_body_for, log_text
+from surge.server.errors import ANTHROPIC_PATHS, error_body_for, log_text, route_path
 from surge.server.request_id import logged_request_id
 
 logger = logging.getLogger("surge.server")
@@ -130,7 +130,7 @@ async def send_error(
             f" [{log_text(param)}]" if param else "",
             log_text(message),
         )
-    path = scope.get("path", "") if scope is not None else ""
+    path = route_path(scope) if scope is not None else ""
     body = json.dumps(error_body_for(path, status, message, param=param, code=code)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
@@ -180,9 +180,9 @@ class RequestGuard:
                     content_length = None
         if (
             cfg.api_keys
-            and needs_key(scope["path"], metrics_require_key=cfg.metrics_require_key)
+            and needs_key(route_path(scope), metrics_require_key=cfg.metrics_require_key)
             and not is_authorized(authorization, cfg.api_keys)
-            and not (scope["path"] in ANTHROPIC_PATHS and is_key(x_api_key, cfg.api_keys))
+            and not (route_path(scope) in ANTHROPIC_PATHS and is_key(x_api_key, cfg.api_keys))
         ):
             # Say nothing about the body: an unauthenticated client learns nothing else.
             too_big = content_length is not None and content_length > _DRAIN_FACTOR * cfg.max_body_bytes
@@ -214,7 +214,11 @@ class RequestGuard:
             )
             return
         in_flight = cfg.in_flight
-        if in_flight is not None and in_flight.draining and scope["path"].startswith(DRAINED_PATHS_PREFIXES):
+        if (
+            in_flight is not None
+            and in_flight.draining
+            and route_path(scope).startswith(DRAINED_PATHS_PREFIXES)
+        ):
             await self.app(scope, receive, send)  # the drain gate answers 503, body unread
             return
         task = asyncio.current_task()

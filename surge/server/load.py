@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from surge.server.errors import route_path
+
 _COUNTED_POSTS = (
     "/v1/chat/completions",
     "/v1/chat/completions/batch",
@@ -57,7 +59,7 @@ class LoadTrackingMiddleware:
         self.load = load
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not counts_as_load(scope.get("method", ""), scope.get("path", "")):
+        if scope["type"] != "http" or not counts_as_load(scope.get("method", ""), route_path(scope)):
             await self.app(scope, receive, send)
             return
         self.load.count += 1

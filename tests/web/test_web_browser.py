@@ -921,8 +921,8 @@ def test_switching_modes_after_only_an_error_does_not_ask(page: Any, web_server:
 
 
 def test_pages_behind_a_proxy_under_a_path_prefix(page: Any, web_server: Server) -> None:
-    """A proxy that serves Surge under ``/surge/`` and strips the prefix (what ``--root-path``'s
-    refusal tells a user to run), played by the page's routes: the playground loads its files,
+    """A proxy that serves Surge under ``/surge/`` and strips the prefix (the pages work so with or
+    without ``--root-path /surge``), played by the page's routes: the playground loads its files,
     lists the models, answers a chat and links to the dashboard, which reads /metrics, all through
     the prefix. Their root-relative URLs (``/ui/style.css``, ``fetch("/v1/models")``) missed it."""
     base = web_server.url

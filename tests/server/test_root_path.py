@@ -1,0 +1,104 @@
+"""vLLM's ``--root-path`` (FastAPI's ``root_path``): the API answers under the prefix a proxy
+serves it at (``/api/v1/models``) and without it (a proxy that strips it), and every check that
+reads the path (API key, Anthropic error bodies, the drain gate, the load count) reads the path
+without the prefix. It was refused as unknown, so a vLLM launch line with it did not start."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import cast
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from surge.server.api_server import build_app
+from surge.server.drain import InFlight
+from surge.server.errors import route_path
+from surge.server.serving_common import ServerState
+from tests.server.conftest import Server, start_server
+
+KEY = "sk-root"
+
+
+def _app(in_flight: InFlight | None = None, root_path: str = "/api") -> TestClient:
+    """The app over a stub state (no engine) with ``--api-key sk-root --root-path /api``."""
+    client = SimpleNamespace(
+        is_ready=True, dead_reason=None, seconds_without_progress=lambda: 0.0, num_inflight=0
+    )
+    state = SimpleNamespace(
+        client=client,
+        api_keys=(KEY,),
+        in_flight=InFlight() if in_flight is None else in_flight,
+        metrics_require_key=False,
+        max_request_body_bytes=1 << 20,
+        body_read_timeout=10.0,
+        engine_stall_timeout=60.0,
+    )
+    return TestClient(build_app(cast(ServerState, state), web_ui=False, root_path=root_path))
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "want"),
+    [
+        ("/api/v1/models", "/api", "/v1/models"),
+        ("/v1/models", "/api", "/v1/models"),
+        ("/api", "/api", "/"),
+        ("/apix/v1/models", "/api", "/apix/v1/models"),
+        ("/v1/models", "", "/v1/models"),
+    ],
+)
+def test_route_path_drops_the_prefix_only_before_a_slash(path: str, root: str, want: str) -> None:
+    assert route_path({"path": path, "root_path": root}) == want
+
+
+@pytest.mark.parametrize("prefix", ["/api", ""])
+def test_routes_answer_with_and_without_the_prefix_and_keep_their_key(prefix: str) -> None:
+    app = _app()
+    assert app.get(f"{prefix}/health").status_code == 200
+    refused = app.get(f"{prefix}/v1/models")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", refused.text
+    # the Messages API's error body is Anthropic's under the prefix too (it is chosen by path)
+    messages = app.post(f"{prefix}/v1/messages", json={})
+    assert messages.status_code == 401 and messages.json()["type"] == "error", messages.text
+    assert app.get(f"{prefix}/version").json()["version"]
+
+
+def test_the_api_docs_name_the_prefix() -> None:
+    assert _app().get("/api/openapi.json").json()["servers"] == [{"url": "/api"}]
+
+
+def test_draining_refuses_prefixed_generation_routes() -> None:
+    in_flight = InFlight()
+    app = _app(in_flight)
+    in_flight.draining = True
+    r = app.post("/api/v1/completions", json={}, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 503, r.text
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("root-path"), "--root-path", "/api/", "--served-model-name", "m")
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+def test_a_live_server_under_a_root_path(srv: Server) -> None:
+    body = {"model": "m", "prompt": "Once", "max_tokens": 3}
+    for prefix in ("/api", ""):
+        r = httpx.post(f"{srv.url}{prefix}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        assert httpx.get(f"{srv.url}{prefix}/v1/models", timeout=10).json()["data"][0]["id"] == "m"
+    assert f"serving on http://127.0.0.1:{srv.port} (OpenAI API under /api/v1)" in srv.log()
+
+
+def test_a_root_path_that_is_no_path_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from surge.cli import main
+
+    for bad in ("api", "/a b", "/api?x=1", "//api"):
+        assert main(["serve", "--root-path", bad, "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith("surge: error: --root-path must be a path such as /api") and err.count("\n") == 1
+        ), err
