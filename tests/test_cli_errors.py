@@ -875,3 +875,19 @@ def test_an_unknown_flags_value_is_not_taken_for_the_model(capsys: pytest.Captur
     ):
         err = _parse_error(["serve", flag, "v", str(STORIES)], capsys)
         assert f"unrecognized arguments: {flag} (vLLM's {flag}: {hint}" in err, err
+
+
+@pytest.mark.parametrize("value", ["-1", "auto", "AUTO"])
+def test_vllm_auto_fit_max_model_len_is_refused_by_name(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's ``--max-model-len -1`` / ``auto`` (fit the context to the KV cache) was "must be
+    positive, got -1" or "'auto' is not a token count"; it is named, with what to do instead, on the
+    command line and in ``LLM(max_model_len=-1)``."""
+    err = _parse_error(["serve", "--max-model-len", value], capsys)
+    assert f"argument --max-model-len: '{value}': vLLM's auto-fit (-1 or auto) is not Surge's" in err, err
+    assert "leave --max-model-len out for the model's maximum" in err, err
+    from surge.engine.llm_engine import build_engine_config
+
+    with pytest.raises(ValueError, match=r"^max_model_len -1: vLLM's auto-fit .* leave max_model_len out"):
+        build_engine_config(str(STORIES), device="cpu", max_model_len=-1)

@@ -40,6 +40,26 @@ def token_count(value: str) -> int:
     )
 
 
+AUTO_MAX_MODEL_LEN = (
+    "vLLM's auto-fit (-1 or auto) is not Surge's: leave --max-model-len out for the model's maximum "
+    "(the start-up log warns when the KV cache holds fewer tokens, and longer requests are refused), or give "
+    "a number of tokens"
+)
+"""Why ``--max-model-len -1`` / ``auto`` (and ``LLM(max_model_len=-1)``) is refused."""
+
+
+def max_model_len_arg(value: str) -> int:
+    """The argparse type of ``--max-model-len``: :func:`token_count`, with vLLM's ``-1`` and
+    ``auto`` (fit the context to the KV cache) refused by name.
+
+    Raises:
+        argparse.ArgumentTypeError: ``-1``, ``auto``, or what :func:`token_count` refuses.
+    """
+    if value.strip().lower() in ("-1", "auto"):
+        raise argparse.ArgumentTypeError(f"{value!r}: {AUTO_MAX_MODEL_LEN}")
+    return token_count(value)
+
+
 def json_object(value: str) -> dict[str, Any]:
     """An argparse type for a JSON object (``--hf-overrides '{"rope_scaling": {...}}'``).
 
@@ -129,7 +149,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-model-len",
-        type=token_count,
+        type=max_model_len_arg,
         default=None,
         help="longest prompt + output; 32k = 32,000, 32K = 32,768 as in vLLM (default: the model's)",
     )

@@ -175,6 +175,12 @@ def build_engine_config(
     enable_prefix_caching = True if enable_prefix_caching is None else enable_prefix_caching
     num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks)
     max_model_len = _int_arg("max_model_len", max_model_len)
+    if max_model_len == -1:
+        from surge.engine.cli_args import AUTO_MAX_MODEL_LEN
+
+        raise ValueError(
+            f"max_model_len -1: {AUTO_MAX_MODEL_LEN.replace('--max-model-len', 'max_model_len')}"
+        )
     for name, size in (
         ("tensor_parallel_size", tensor_parallel_size),
         ("data_parallel_size", data_parallel_size),
