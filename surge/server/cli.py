@@ -423,7 +423,7 @@ def _read_chat_template(value: str | None, name: str = "--chat-template") -> str
     """The ``--chat-template`` flag's template: a file's text, or the value itself when it
     looks like a Jinja template. Raises ``ValueError`` (one line, starting with ``name``: the
     flag, or the offline ``LLM(chat_template=...)``'s argument) when the file cannot be
-    read, the value is neither, or the template does not parse, so a broken template stops
+    read or is not UTF-8 text, the value is neither, or the template does not parse, so a broken template stops
     the server at start-up instead of failing every chat request."""
     if value is None:
         return None
@@ -437,6 +437,8 @@ def _read_chat_template(value: str | None, name: str = "--chat-template") -> str
             template = path.read_text()
         except OSError as e:
             raise ValueError(f"{name}: cannot read {value!r}: {e.strerror}") from e
+        except UnicodeDecodeError as e:  # a binary file given by mistake
+            raise ValueError(f"{name}: {value!r} is not UTF-8 text (byte {e.start}: {e.reason})") from e
     elif "{" in value:
         template = value
     else:

@@ -114,6 +114,17 @@ def test_chat_template_flag_takes_long_inline_templates_and_refuses_broken_ones(
         _read_chat_template(str(broken))
 
 
+def test_a_chat_template_file_that_is_not_utf8_names_the_flag(tmp_path: Path) -> None:
+    """A binary file given as ``--chat-template`` was "surge: error: 'utf-8' codec can't decode
+    byte 0xff ...", naming neither the flag nor the file."""
+    from surge.server.cli import _read_chat_template
+
+    binary = tmp_path / "template.bin"
+    binary.write_bytes(b"\xff\xfe{{ messages }}")
+    with pytest.raises(ValueError, match=r"^--chat-template: '.*template\.bin' is not UTF-8 text \(byte 0: "):
+        _read_chat_template(str(binary))
+
+
 def test_a_one_line_inline_chat_template_is_taken_as_typed() -> None:
     """vLLM 0.26 takes an inline ``--chat-template`` literally (its ``_load_chat_template`` with
     ``is_literal=True`` returns the value unchanged): backslash escapes stay Jinja's own."""
