@@ -460,7 +460,7 @@ def build_app(
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel_stored_response(response_id: str) -> Response:
-        cancel_response(state, response_id)
+        return cancel_response(state, response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def forget_response(response_id: str) -> dict[str, Any]:

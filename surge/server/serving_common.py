@@ -99,6 +99,8 @@ class ServerState:
         eos_token_ids: the model's EOS ids (``config.json`` and ``generation_config.json``); a
             stop on one other than the tokenizer's EOS reports its id as ``stop_reason`` (vLLM's).
         responses: the Responses API's stored responses (``store: true``), in memory.
+        background: the Responses API's background responses still running (``background:
+            true``), by response id: the task that generates and stores each one.
         sampling_defaults: the model's sampling defaults in force (field -> value,
             ``EngineConfig.model.sampling_defaults``), which the engine gives the fields a
             request leaves out; the render endpoints report them. Its ``max_tokens`` (the
@@ -145,6 +147,7 @@ class ServerState:
     max_tokens_cap: int | None = None
     tokenizer_worker: TokenizerWorker = field(init=False)
     responses: ResponseStore = field(default_factory=ResponseStore)
+    background: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokenizer_worker = TokenizerWorker(

@@ -24,15 +24,21 @@ cut them) is never ``completed``: it and the response are ``incomplete``
 (``incomplete_details.reason`` null: OpenAI names no reason for a stop string), so a client that
 runs the calls of a completed response (the OpenAI Agents SDK) never gets arguments it cannot
 parse.
+
+With ``background: true`` (and ``store``) the answer is the ``queued`` response, at once; a task
+of its own generates it and stores the finished response under the same id, which
+``GET /v1/responses/{id}`` returns and ``POST /v1/responses/{id}/cancel`` stops (``cancelled``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 from fastapi import Request
@@ -59,6 +65,8 @@ from surge.server.serving_chat import PreparedChat, note_prompt_part, start_chat
 from surge.server.serving_common import ServerState, collect, stream_response
 
 _json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
+_log = logging.getLogger(__name__)
 
 
 def _new_id(prefix: str) -> str:
@@ -92,6 +100,12 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     arrival = time.monotonic()
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
+        if body.previous_response_id in state.background:
+            raise bad_request(
+                f"Previous response with id '{body.previous_response_id}' is a background response "
+                "still running: wait until GET /v1/responses/{id} reports it finished",
+                param="previous_response_id",
+            )
         previous = state.responses.get(body.previous_response_id)
         if previous is None:
             raise ApiError(
@@ -133,6 +147,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
             note_prompt_part(e, "input", "'instructions'")
         raise
     shape = _ResponseShape(state, body, chat, prepared)
+    if body.background:
+        return _start_background(state, body, shape, conversation)
     if not body.stream:
         try:
             results = await collect(request, prepared.gen)
@@ -195,6 +211,62 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         closing=closing,
         on_error=on_error,
     )
+
+
+def _start_background(
+    state: ServerState, body: ResponsesRequest, shape: _ResponseShape, conversation: list[dict[str, Any]]
+) -> Response:
+    """Answer a ``background: true`` request at once with its ``queued`` response (also stored,
+    for ``GET /v1/responses/{id}``), and generate it in a task of its own that stores the
+    finished response (``completed``, ``incomplete`` or ``failed``) under the same id."""
+    queued = shape.base("queued", [])
+    encoded = _json_encode(queued)
+    response_id = shape.id
+    state.responses.put(response_id, StoredResponse(encoded, b"[]"))
+    task = asyncio.create_task(
+        _run_background(state, body, shape, conversation), name=f"background {response_id}"
+    )
+    state.background[response_id] = task
+
+    def done(_: asyncio.Task[None]) -> None:
+        state.background.pop(response_id, None)
+        shape.prepared.gen.abort()  # a task cancelled before it ran has not aborted its request
+
+    task.add_done_callback(done)
+    return Response(encoded, media_type="application/json")
+
+
+async def _run_background(
+    state: ServerState, body: ResponsesRequest, shape: _ResponseShape, conversation: list[dict[str, Any]]
+) -> None:
+    """Generate a background response to the end and store it; an engine error stores it
+    ``failed`` with the error. Cancelled (``POST /v1/responses/{id}/cancel``, ``DELETE``), the
+    engine request is aborted and nothing is stored."""
+    gen = shape.prepared.gen
+    try:
+        text: list[str] = []
+        finish: str | None = None
+        async for deltas in gen.deltas():
+            for d in deltas:
+                text.append(d.text)
+                finish = d.finish_reason or finish
+        message, finish = shape.prepared.plan.message("".join(text), finish, as_streamed=True)
+        response = shape.final(_output_items(message, shape.all_logprobs()), finish, message)
+        _store(state, body, response, conversation, message)
+    except ApiError as e:  # the engine refused it (a grammar) or went away
+        _store_failed(state, shape, str(e.code), e.message)
+    except Exception:  # a bug: the response fails rather than stay queued for ever
+        _log.exception("background response %s failed", shape.id)
+        _store_failed(state, shape, "server_error", "The server failed while generating the response.")
+    finally:
+        gen.abort()
+
+
+def _store_failed(state: ServerState, shape: _ResponseShape, code: str, message: str) -> None:
+    """Store a background response as ``failed`` with this error."""
+    failed = shape.base("failed", [])
+    failed["error"] = {"code": code, "message": message}
+    state.responses.put(shape.id, StoredResponse(_json_encode(failed), b"[]"))
 
 
 def _cut_short(finish_reason: str | None) -> bool:
@@ -282,7 +354,7 @@ class _ResponseShape:
             "object": "response",
             "created_at": self.created_at,
             "status": status,
-            "background": False,
+            "background": b.background,
             "error": None,
             "incomplete_details": None,
             "instructions": b.instructions,
@@ -628,9 +700,11 @@ class _StreamEvents:
 async def retrieve_response(state: ServerState, response_id: str, query: Mapping[str, str]) -> Response:
     """``GET /v1/responses/{id}``: a stored response, as it was returned.
 
-    Of OpenAI's query parameters, ``stream=false`` and ``include_obfuscation`` (Surge never
-    pads events) are taken; ``stream=true`` and ``starting_after`` (replaying the events of a
-    background response, which Surge does not run, as vLLM streams only those) and
+    A background response is stored ``queued`` until it finishes, then as it finished
+    (``cancelled`` once cancelled). Of OpenAI's query parameters, ``stream=false`` and
+    ``include_obfuscation`` (Surge never pads events) are taken; ``stream=true`` and
+    ``starting_after`` (replaying the events of a streamed background response, which Surge
+    does not run, as vLLM streams only those) and
     ``include`` (the stored response is the one its request's ``include`` shaped) are refused.
 
     Raises:
@@ -654,13 +728,14 @@ def _check_retrieve_query(query: Mapping[str, str]) -> None:
     stream = query.get("stream")
     if stream is not None and stream.lower() not in ("false", "0"):
         raise bad_request(
-            "stream=true replays the events of a background response, and Surge runs none "
-            "(background is refused): retrieve the stored response without stream",
+            "stream=true replays the events of a streamed background response, and Surge "
+            "streams none (background with stream is refused): retrieve the stored response "
+            "without stream",
             param="stream",
         )
     if "starting_after" in query:
         raise bad_request(
-            "starting_after is for streaming a background response, which Surge does not run",
+            "starting_after is for streaming a streamed background response, which Surge does not run",
             param="starting_after",
         )
     for name in ("include", "include[]"):
@@ -672,29 +747,46 @@ def _check_retrieve_query(query: Mapping[str, str]) -> None:
             )
 
 
-def cancel_response(state: ServerState, response_id: str) -> NoReturn:
-    """``POST /v1/responses/{id}/cancel``: only a background response can be cancelled, and
-    Surge runs none (as vLLM answers for a response that is not in the background).
+def cancel_response(state: ServerState, response_id: str) -> Response:
+    """``POST /v1/responses/{id}/cancel``: stop a background response still running (its engine
+    request is aborted); it is stored, and returned, with status ``cancelled``. A background
+    response that has finished (or was cancelled) is returned as stored, as OpenAI answers a
+    repeated cancel.
 
     Raises:
-        ApiError: 400 for a stored response (it is finished), 404 when none of that id is
-            stored.
+        ApiError: 400 for a response created without ``background`` (as vLLM answers), 404
+            when none of that id is stored.
     """
-    if state.responses.get(response_id) is None:
+    stored = state.responses.get(response_id)
+    if stored is None:
         raise _not_found(response_id)
-    raise bad_request(
-        "Cannot cancel a synchronous response: only background responses can be cancelled, "
-        "and Surge runs none",
-        param="response_id",
-    )
+    response = _json_decode(stored.response)
+    if not response.get("background"):
+        raise bad_request(
+            "Cannot cancel a synchronous response: only a response created with background: true "
+            "can be cancelled",
+            param="response_id",
+        )
+    task = state.background.get(response_id)
+    if task is None or task.done():  # finished: cancelling again changes nothing
+        return Response(stored.response, media_type="application/json")
+    task.cancel()
+    response["status"] = "cancelled"
+    encoded = _json_encode(response)
+    state.responses.put(response_id, StoredResponse(encoded, b"[]"))
+    return Response(encoded, media_type="application/json")
 
 
 def delete_response(state: ServerState, response_id: str) -> dict[str, Any]:
-    """``DELETE /v1/responses/{id}``: forget a stored response.
+    """``DELETE /v1/responses/{id}``: forget a stored response (a background response still
+    running is cancelled first).
 
     Raises:
         ApiError: 404 when no response of that id is stored.
     """
+    task = state.background.get(response_id)
+    if task is not None:
+        task.cancel()
     if not state.responses.delete(response_id):
         raise _not_found(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}

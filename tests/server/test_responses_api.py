@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -21,7 +22,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from surge.server.protocol_responses import ResponsesRequest
 from surge.server.response_store import MAX_STORED_BYTES, ResponseStore, StoredResponse
 from surge.server.serving_responses import _ends_in_cut_call
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, start_server, wait_engine_idle
 
 PROMPT = "Once upon a time"
 CHOICE = {
@@ -285,6 +286,72 @@ def test_store_retrieve_continue_and_delete(server: Server, client: openai.OpenA
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def _finished(client: openai.OpenAI, response_id: str) -> Response:
+    """Poll ``GET /v1/responses/{id}`` until the background response is no longer queued."""
+    deadline = time.monotonic() + 60
+    while True:
+        got = client.responses.retrieve(response_id)
+        if got.status not in ("queued", "in_progress"):
+            return got
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+
+
+def test_a_background_response_is_queued_then_retrieved(
+    server: Server, client: openai.OpenAI, model: str
+) -> None:
+    """``background: true`` was a 400; as OpenAI and vLLM, it answers the ``queued`` response at
+    once and ``GET`` returns it finished: the same response the request gets in the foreground,
+    which ``previous_response_id`` continues; a repeated cancel returns it unchanged."""
+    kw: dict[str, Any] = {"model": model, "input": PROMPT, "max_output_tokens": 6, "temperature": 0}
+    queued = client.responses.create(background=True, **kw)
+    assert queued.status == "queued" and queued.background is True
+    assert queued.output == [] and queued.usage is None
+    done = _finished(client, queued.id)
+    foreground = client.responses.create(**kw)
+    assert done.background is True and foreground.background is False
+    want, got = _comparable(foreground), _comparable(done)
+    want.pop("background")
+    got.pop("background")
+    assert got == want
+    assert done.status == "incomplete" and done.usage.output_tokens == 6
+    assert client.responses.cancel(done.id).model_dump() == done.model_dump()
+    later = client.responses.create(
+        model=model, input="And?", previous_response_id=done.id, max_output_tokens=2
+    )
+    assert later.usage.input_tokens > done.usage.input_tokens + done.usage.output_tokens
+    wait_engine_idle(server.url, "a background response left its engine request running")
+
+
+def test_cancelling_a_background_response_aborts_it(
+    server: Server, client: openai.OpenAI, model: str
+) -> None:
+    """``POST /v1/responses/{id}/cancel`` of a running background response answers it
+    ``cancelled``, keeps it so, and aborts its engine request; ``DELETE`` of one does too."""
+    for _ in range(20):  # the tiny model may finish 480 tokens before the cancel arrives
+        queued = client.responses.create(
+            model=model, input=PROMPT, max_output_tokens=480, background=True, extra_body={"ignore_eos": True}
+        )
+        try:
+            cancelled = client.responses.cancel(queued.id)
+        finally:
+            _finished(client, queued.id)
+        if cancelled.status == "cancelled":
+            break
+    assert cancelled.status == "cancelled" and cancelled.background is True
+    time.sleep(0.2)
+    assert client.responses.retrieve(queued.id).status == "cancelled"
+    wait_engine_idle(server.url, "a cancelled background response kept its engine request")
+    running = client.responses.create(
+        model=model, input=PROMPT, max_output_tokens=480, background=True, extra_body={"ignore_eos": True}
+    )
+    client.responses.delete(running.id)
+    time.sleep(0.2)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(running.id)
+    wait_engine_idle(server.url, "a deleted background response kept its engine request")
+
+
 def test_the_store_is_bounded_in_bytes_not_only_in_count() -> None:
     """The store keeps at most ``max_bytes`` of JSON, the oldest forgotten first (the newest
     alone may be larger): bounded only by its 1,024 responses, 1,024 requests each echoing a
@@ -436,7 +503,8 @@ def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools"),
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
-        ({"background": True}, "background"),
+        ({"background": True, "store": False}, "background"),  # read back from the store only
+        ({"background": True, "stream": True}, "stream"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0]",
