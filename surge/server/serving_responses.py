@@ -239,14 +239,17 @@ def _start_background(
 async def _run_background(
     state: ServerState, body: ResponsesRequest, shape: _ResponseShape, conversation: list[dict[str, Any]]
 ) -> None:
-    """Generate a background response to the end and store it; an engine error stores it
-    ``failed`` with the error. Cancelled (``POST /v1/responses/{id}/cancel``, ``DELETE``), the
+    """Generate a background response to the end and store it (``in_progress`` from the
+    engine's first output until then); an engine error stores it ``failed`` with the error. Cancelled (``POST /v1/responses/{id}/cancel``, ``DELETE``), the
     engine request is aborted and nothing is stored."""
     gen = shape.prepared.gen
     try:
         text: list[str] = []
         finish: str | None = None
         async for deltas in gen.deltas():
+            if not text:  # the engine has started on it: queued -> in_progress, as OpenAI's
+                running = _json_encode(shape.base("in_progress", []))
+                state.responses.put(shape.id, StoredResponse(running, b"[]"))
             for d in deltas:
                 text.append(d.text)
                 finish = d.finish_reason or finish

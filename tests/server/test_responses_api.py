@@ -326,12 +326,18 @@ def test_a_background_response_is_queued_then_retrieved(
 def test_cancelling_a_background_response_aborts_it(
     server: Server, client: openai.OpenAI, model: str
 ) -> None:
-    """``POST /v1/responses/{id}/cancel`` of a running background response answers it
-    ``cancelled``, keeps it so, and aborts its engine request; ``DELETE`` of one does too."""
+    """A running background response is ``in_progress`` (``queued`` until the engine's first
+    output); ``POST /v1/responses/{id}/cancel`` answers it ``cancelled``, keeps it so, and aborts
+    its engine request; ``DELETE`` of one does too."""
+    seen = set()
     for _ in range(20):  # the tiny model may finish 480 tokens before the cancel arrives
         queued = client.responses.create(
             model=model, input=PROMPT, max_output_tokens=480, background=True, extra_body={"ignore_eos": True}
         )
+        status = "queued"
+        while status == "queued":
+            status = client.responses.retrieve(queued.id).status
+        seen.add(status)
         try:
             cancelled = client.responses.cancel(queued.id)
         finally:
@@ -339,6 +345,7 @@ def test_cancelling_a_background_response_aborts_it(
         if cancelled.status == "cancelled":
             break
     assert cancelled.status == "cancelled" and cancelled.background is True
+    assert "in_progress" in seen, seen
     time.sleep(0.2)
     assert client.responses.retrieve(queued.id).status == "cancelled"
     wait_engine_idle(server.url, "a cancelled background response kept its engine request")
