@@ -13,8 +13,7 @@ as they are, so they are checked, honoured or refused exactly as on chat. A chat
 chat fields its message names too (:func:`responses_message`).
 
 Refused with a 400 naming the field: built-in tools (``web_search``, ``file_search``,
-``code_interpreter``, ``mcp``, ...), ``background: true`` with ``stream: true`` or
-``store: false``, non-text input parts (images, files,
+``code_interpreter``, ``mcp``, ...), ``background: true`` with ``store: false``, non-text input parts (images, files,
 audio), encrypted reasoning on input, ``include`` values other than ``message.output_text.logprobs``
 and ``reasoning.encrypted_content`` (:data:`ENCRYPTED_REASONING_INCLUDE`),
 ``truncation: "auto"``, ``reasoning.summary``, ``text.verbosity``, ``max_tool_calls``, ``prompt``
@@ -183,12 +182,6 @@ class ResponsesRequest(NullIsUnsetBody):
                 "background: true needs store: true (a background response is read back with "
                 "GET /v1/responses/{id} from the store)",
                 param="background",
-            )
-        if self.background and self.stream:
-            raise bad_request(
-                "background: true with stream: true is not supported by Surge (create the background "
-                "response without stream and poll GET /v1/responses/{id}, or stream in the foreground)",
-                param="stream",
             )
         if self.truncation == "auto":
             raise bad_request(

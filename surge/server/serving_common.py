@@ -101,6 +101,8 @@ class ServerState:
         responses: the Responses API's stored responses (``store: true``), in memory.
         background: the Responses API's background responses still running (``background:
             true``), by response id: the task that generates and stores each one.
+        background_streams: the event logs of the streamed ones among them, by response id
+            (``surge.server.serving_responses._EventLog``), which ``GET ...?stream=true`` replays.
         sampling_defaults: the model's sampling defaults in force (field -> value,
             ``EngineConfig.model.sampling_defaults``), which the engine gives the fields a
             request leaves out; the render endpoints report them. Its ``max_tokens`` (the
@@ -148,6 +150,7 @@ class ServerState:
     tokenizer_worker: TokenizerWorker = field(init=False)
     responses: ResponseStore = field(default_factory=ResponseStore)
     background: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    background_streams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokenizer_worker = TokenizerWorker(

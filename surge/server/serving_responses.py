@@ -28,6 +28,8 @@ parse.
 With ``background: true`` (and ``store``) the answer is the ``queued`` response, at once; a task
 of its own generates it and stores the finished response under the same id, which
 ``GET /v1/responses/{id}`` returns and ``POST /v1/responses/{id}/cancel`` stops (``cancelled``).
+Streamed, the task records the events, which the creating request streams and
+``GET /v1/responses/{id}?stream=true`` replays while it runs.
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import msgspec
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from surge.core.logprobs import LogprobsLists
@@ -90,7 +92,9 @@ def _chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
 
 
 async def create_response(state: ServerState, body: ResponsesRequest, request: Request) -> Response:
-    """Serve one Responses API request, streamed (SSE) or not, and store it when ``store``.
+    """Serve one Responses API request, streamed (SSE) or not, and store it when ``store``;
+    with ``background`` answer the ``queued`` response (or its event stream) and generate it
+    in a task of its own.
 
     Raises:
         ApiError: 400 for a bad request (``param`` names the Responses field), 404 for an
@@ -147,7 +151,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
             note_prompt_part(e, "input", "'instructions'")
         raise
     shape = _ResponseShape(state, body, chat, prepared)
-    if body.background:
+    if body.background and not body.stream:
         return _start_background(state, body, shape, conversation)
     if not body.stream:
         try:
@@ -190,6 +194,8 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     def on_error(error: ApiError) -> list[bytes]:
         failed = shape.base("failed", events.items)
         failed["error"] = {"code": str(error.code), "message": error.message}
+        if body.background:  # GET reads it failed, not queued for ever
+            state.responses.put(shape.id, StoredResponse(_json_encode(failed), b"[]"))
         return [
             events.event(
                 "error", code=str(error.code), message=error.message, param=responses_param(error.param)
@@ -198,10 +204,12 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         ]
 
     opening = [
-        events.event("response.created", response=shape.base("in_progress", [])),
+        events.event(
+            "response.created", response=shape.base("queued" if body.background else "in_progress", [])
+        ),
         events.event("response.in_progress", response=shape.base("in_progress", [])),
     ]
-    return await stream_response(
+    streamed = await stream_response(
         request,
         prepared.gen,
         make_events,
@@ -211,6 +219,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         closing=closing,
         on_error=on_error,
     )
+    if body.background:
+        return _start_background_stream(state, shape, streamed.body_iterator)
+    return streamed
 
 
 def _start_background(
@@ -234,6 +245,79 @@ def _start_background(
 
     task.add_done_callback(done)
     return Response(encoded, media_type="application/json")
+
+
+class _EventLog:
+    """The SSE events of a streamed background response, as its task produces them, for any
+    number of readers (the creating request's stream, ``GET /v1/responses/{id}?stream=true``);
+    event ``i`` has ``sequence_number`` ``i``."""
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        self.finished = False
+        self._changed = asyncio.Event()
+
+    async def fill(self, body: AsyncIterator[Any], on_first_output: Callable[[], None]) -> None:
+        """Read the stream ``body`` to its end (its ``: queued`` comments left out), calling
+        ``on_first_output`` with the first event after the two opening ones."""
+        try:
+            async for chunk in body:
+                data = chunk if isinstance(chunk, bytes) else str(chunk).encode()
+                if data.startswith(b":"):
+                    continue
+                self.events.append(data)
+                if len(self.events) == 3:
+                    on_first_output()
+                self._changed.set()
+        finally:
+            self.finished = True
+            self._changed.set()
+
+    async def replay(self, start: int) -> AsyncIterator[bytes]:
+        """The events from number ``start`` on, waiting for each until the stream ends (a
+        cancelled response's stream ends where it was cancelled)."""
+        i = start
+        while True:
+            if i < len(self.events):
+                yield self.events[i]
+                i += 1
+                continue
+            if self.finished:
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+
+def _start_background_stream(state: ServerState, shape: _ResponseShape, body: AsyncIterator[Any]) -> Response:
+    """Run a streamed background response in a task of its own, which records its events
+    (:class:`_EventLog`) and stores the response (``queued``, ``in_progress`` from the first
+    output, then finished), and stream its events to this request: hanging up does not stop
+    it (``POST /v1/responses/{id}/cancel`` does), and ``GET /v1/responses/{id}?stream=true``
+    replays them while it runs."""
+    response_id = shape.id
+    state.responses.put(response_id, StoredResponse(_json_encode(shape.base("queued", [])), b"[]"))
+    log = _EventLog()
+
+    def running() -> None:
+        stored = state.responses.get(response_id)  # queued; not when cancelled or finished
+        if stored is not None and _json_decode(stored.response)["status"] == "queued":
+            state.responses.put(
+                response_id, StoredResponse(_json_encode(shape.base("in_progress", [])), b"[]")
+            )
+
+    task = asyncio.create_task(log.fill(body, running), name=f"background {response_id}")
+    state.background[response_id] = task
+    state.background_streams[response_id] = log
+
+    def done(_: asyncio.Task[None]) -> None:
+        state.background.pop(response_id, None)
+        state.background_streams.pop(response_id, None)
+        shape.prepared.gen.abort()  # a task cancelled before it ran has not aborted its request
+
+    task.add_done_callback(done)
+    return StreamingResponse(
+        log.replay(0), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def _run_background(
@@ -703,44 +787,66 @@ class _StreamEvents:
 async def retrieve_response(state: ServerState, response_id: str, query: Mapping[str, str]) -> Response:
     """``GET /v1/responses/{id}``: a stored response, as it was returned.
 
-    A background response is stored ``queued`` until it finishes, then as it finished
-    (``cancelled`` once cancelled). Of OpenAI's query parameters, ``stream=false`` and
-    ``include_obfuscation`` (Surge never pads events) are taken; ``stream=true`` and
-    ``starting_after`` (replaying the events of a streamed background response, which Surge
-    does not run, as vLLM streams only those) and
-    ``include`` (the stored response is the one its request's ``include`` shaped) are refused.
+    A background response is stored ``queued`` until the engine's first output, then
+    ``in_progress`` until it finishes, then as it finished (``cancelled`` once cancelled).
+    ``stream=true`` replays the events of a streamed background response while it runs, from
+    the first or from the one after ``starting_after`` (a ``sequence_number``), then follows
+    it to its end. ``include_obfuscation`` is inert (Surge never pads events); ``include`` is
+    refused (the stored response is the one its request's ``include`` shaped).
 
     Raises:
-        ApiError: 400 naming the refused query parameter; 404 when no response of that id is
-            stored (never stored, ``store: false``, forgotten as the store filled, or from
-            before a restart).
+        ApiError: 400 naming ``stream`` (the response is not a streamed background response
+            still running), ``starting_after`` (not an integer of -1 or more, or without
+            ``stream=true``) or ``include``; 404 when no response of that id is stored (never
+            stored, ``store: false``, forgotten as the store filled, or from before a restart).
     """
-    _check_retrieve_query(query)
+    stream = _check_retrieve_query(query)
     stored = state.responses.get(response_id)
     if stored is None:
         raise _not_found(response_id)
-    return Response(stored.response, media_type="application/json")
-
-
-def _check_retrieve_query(query: Mapping[str, str]) -> None:
-    """Refuse the query parameters of ``GET /v1/responses/{id}`` that Surge cannot honour.
-
-    Raises:
-        ApiError: 400 naming ``stream``, ``starting_after`` or ``include``.
-    """
-    stream = query.get("stream")
-    if stream is not None and stream.lower() not in ("false", "0"):
+    if not stream:
+        return Response(stored.response, media_type="application/json")
+    log = state.background_streams.get(response_id)
+    if log is None:
         raise bad_request(
-            "stream=true replays the events of a streamed background response, and Surge "
-            "streams none (background with stream is refused): retrieve the stored response "
-            "without stream",
+            "stream=true replays the events of a streamed background response (background and "
+            "stream both true) while it runs, and this response is not one or has finished: "
+            "retrieve it without stream",
             param="stream",
         )
-    if "starting_after" in query:
-        raise bad_request(
-            "starting_after is for streaming a streamed background response, which Surge does not run",
-            param="starting_after",
-        )
+    after = query.get("starting_after")
+    start = 0 if after is None else int(after) + 1
+    return StreamingResponse(
+        log.replay(start), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+def _check_retrieve_query(query: Mapping[str, str]) -> bool:
+    """Check the query parameters of ``GET /v1/responses/{id}``; whether ``stream`` is true.
+
+    Raises:
+        ApiError: 400 naming ``stream`` (not a boolean), ``starting_after`` (not an integer of
+            -1 or more, or without ``stream=true``) or ``include``.
+    """
+    value = query.get("stream", "false").lower()
+    if value not in ("true", "1", "false", "0"):
+        raise bad_request(f"stream must be true or false, got {query.get('stream')!r}", param="stream")
+    stream = value in ("true", "1")
+    after = query.get("starting_after")
+    if after is not None:
+        if not stream:
+            raise bad_request(
+                "starting_after needs stream=true (it picks the events to replay)", param="starting_after"
+            )
+        try:
+            number = int(after)
+        except ValueError:
+            number = -2
+        if number < -1:
+            raise bad_request(
+                f"starting_after must be an integer (a sequence_number) of -1 or more, got {after!r}",
+                param="starting_after",
+            )
     for name in ("include", "include[]"):
         if name in query:
             raise bad_request(
@@ -748,6 +854,7 @@ def _check_retrieve_query(query: Mapping[str, str]) -> None:
                 "was created (send include with the request that creates it)",
                 param="include",
             )
+    return stream
 
 
 def cancel_response(state: ServerState, response_id: str) -> Response:

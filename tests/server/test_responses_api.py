@@ -359,6 +359,64 @@ def test_cancelling_a_background_response_aborts_it(
     wait_engine_idle(server.url, "a deleted background response kept its engine request")
 
 
+def test_a_streamed_background_response_is_replayed_and_cancelled(
+    server: Server, client: openai.OpenAI, model: str
+) -> None:
+    """``background`` with ``stream`` (as vLLM serves it): the events stream as in the
+    foreground (``response.created`` with the response ``queued``), the response is stored
+    finished, ``GET ...?stream=true&starting_after=N`` replays the events after ``N`` while it
+    runs and follows it to its end, and a cancel ends its streams and aborts it."""
+    long: dict[str, Any] = {
+        "model": model,
+        "input": PROMPT,
+        "max_output_tokens": 480,
+        "extra_body": {"ignore_eos": True},
+    }
+    events = list(
+        client.responses.create(model=model, input=PROMPT, max_output_tokens=5, background=True, stream=True)
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[0].response.status == "queued"
+    assert events[0].response.background is True
+    assert events[-1].type == "response.incomplete"
+    assert client.responses.retrieve(events[0].response.id).model_dump() == events[-1].response.model_dump()
+    for _ in range(10):  # the tiny model may finish 480 tokens before the replay starts
+        stream = iter(client.responses.create(background=True, stream=True, **long))
+        head = [next(stream) for _ in range(4)]
+        try:
+            replayed = list(client.responses.retrieve(head[0].response.id, stream=True, starting_after=2))
+        except openai.BadRequestError:  # finished already
+            list(stream)
+            continue
+        rest = list(stream)
+        assert [e.sequence_number for e in replayed] == list(range(3, 3 + len(replayed)))
+        assert [e.model_dump() for e in replayed] == [e.model_dump() for e in [head[3], *rest]]
+        assert replayed[-1].type == "response.incomplete"
+        break
+    else:
+        raise AssertionError("no streamed background response was still running to replay")
+    with pytest.raises(openai.BadRequestError) as e:  # finished: no events to replay
+        client.responses.retrieve(head[0].response.id, stream=True)
+    assert e.value.body["param"] == "stream"
+    url = f"{server.url}/v1/responses/{head[0].response.id}"
+    for bad in ("x", "-2"):
+        r = httpx.get(url, params={"stream": "true", "starting_after": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "starting_after", r.text
+    for _ in range(10):
+        stream = iter(client.responses.create(background=True, stream=True, **long))
+        head = [next(stream) for _ in range(4)]
+        cancelled = client.responses.cancel(head[0].response.id)
+        rest = list(stream)
+        if cancelled.status == "cancelled":
+            break
+    assert cancelled.status == "cancelled"
+    assert not [
+        e for e in rest if e.type.startswith("response.") and e.type.endswith(("completed", "incomplete"))
+    ]
+    assert client.responses.retrieve(cancelled.id).status == "cancelled"
+    wait_engine_idle(server.url, "a cancelled streamed background response kept its engine request")
+
+
 def test_the_store_is_bounded_in_bytes_not_only_in_count() -> None:
     """The store keeps at most ``max_bytes`` of JSON, the oldest forgotten first (the newest
     alone may be larger): bounded only by its 1,024 responses, 1,024 requests each echoing a
@@ -511,7 +569,6 @@ def test_include_obfuscation_of_the_wrong_type_says_what_it_takes(server: Server
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools"),
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
         ({"background": True, "store": False}, "background"),  # read back from the store only
-        ({"background": True, "stream": True}, "stream"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0]",
