@@ -195,7 +195,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         failed = shape.base("failed", events.items)
         failed["error"] = {"code": str(error.code), "message": error.message}
         if body.background:  # GET reads it failed, not queued for ever
-            state.responses.put(shape.id, StoredResponse(_json_encode(failed), b"[]"))
+            state.responses.put(shape.id, StoredResponse(_json_encode(failed), _json_encode(conversation)))
         return [
             events.event(
                 "error", code=str(error.code), message=error.message, param=responses_param(error.param)
@@ -220,7 +220,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         on_error=on_error,
     )
     if body.background:
-        return _start_background_stream(state, shape, streamed.body_iterator)
+        return _start_background_stream(state, shape, conversation, streamed.body_iterator)
     return streamed
 
 
@@ -233,7 +233,7 @@ def _start_background(
     queued = shape.base("queued", [])
     encoded = _json_encode(queued)
     response_id = shape.id
-    state.responses.put(response_id, StoredResponse(encoded, b"[]"))
+    state.responses.put(response_id, StoredResponse(encoded, _json_encode(conversation)))
     task = asyncio.create_task(
         _run_background(state, body, shape, conversation), name=f"background {response_id}"
     )
@@ -288,21 +288,24 @@ class _EventLog:
             await self._changed.wait()
 
 
-def _start_background_stream(state: ServerState, shape: _ResponseShape, body: AsyncIterator[Any]) -> Response:
+def _start_background_stream(
+    state: ServerState, shape: _ResponseShape, conversation: list[dict[str, Any]], body: AsyncIterator[Any]
+) -> Response:
     """Run a streamed background response in a task of its own, which records its events
     (:class:`_EventLog`) and stores the response (``queued``, ``in_progress`` from the first
     output, then finished), and stream its events to this request: hanging up does not stop
     it (``POST /v1/responses/{id}/cancel`` does), and ``GET /v1/responses/{id}?stream=true``
     replays them while it runs."""
     response_id = shape.id
-    state.responses.put(response_id, StoredResponse(_json_encode(shape.base("queued", [])), b"[]"))
+    history = _json_encode(conversation)  # its input, which a previous_response_id continues
+    state.responses.put(response_id, StoredResponse(_json_encode(shape.base("queued", [])), history))
     log = _EventLog()
 
     def running() -> None:
         stored = state.responses.get(response_id)  # queued; not when cancelled or finished
         if stored is not None and _json_decode(stored.response)["status"] == "queued":
             state.responses.put(
-                response_id, StoredResponse(_json_encode(shape.base("in_progress", [])), b"[]")
+                response_id, StoredResponse(_json_encode(shape.base("in_progress", [])), history)
             )
 
     task = asyncio.create_task(log.fill(body, running), name=f"background {response_id}")
@@ -333,7 +336,7 @@ async def _run_background(
         async for deltas in gen.deltas():
             if not text:  # the engine has started on it: queued -> in_progress, as OpenAI's
                 running = _json_encode(shape.base("in_progress", []))
-                state.responses.put(shape.id, StoredResponse(running, b"[]"))
+                state.responses.put(shape.id, StoredResponse(running, _json_encode(conversation)))
             for d in deltas:
                 text.append(d.text)
                 finish = d.finish_reason or finish
@@ -341,19 +344,24 @@ async def _run_background(
         response = shape.final(_output_items(message, shape.all_logprobs()), finish, message)
         _store(state, body, response, conversation, message)
     except ApiError as e:  # the engine refused it (a grammar) or went away
-        _store_failed(state, shape, str(e.code), e.message)
+        _store_failed(state, shape, conversation, str(e.code), e.message)
     except Exception:  # a bug: the response fails rather than stay queued for ever
         _log.exception("background response %s failed", shape.id)
-        _store_failed(state, shape, "server_error", "The server failed while generating the response.")
+        _store_failed(
+            state, shape, conversation, "server_error", "The server failed while generating the response."
+        )
     finally:
         gen.abort()
 
 
-def _store_failed(state: ServerState, shape: _ResponseShape, code: str, message: str) -> None:
-    """Store a background response as ``failed`` with this error."""
+def _store_failed(
+    state: ServerState, shape: _ResponseShape, conversation: list[dict[str, Any]], code: str, message: str
+) -> None:
+    """Store a background response as ``failed`` with this error (and its input's
+    ``conversation``, which a ``previous_response_id`` continues, as vLLM keeps it)."""
     failed = shape.base("failed", [])
     failed["error"] = {"code": code, "message": message}
-    state.responses.put(shape.id, StoredResponse(_json_encode(failed), b"[]"))
+    state.responses.put(shape.id, StoredResponse(_json_encode(failed), _json_encode(conversation)))
 
 
 def _cut_short(finish_reason: str | None) -> bool:
@@ -883,7 +891,7 @@ def cancel_response(state: ServerState, response_id: str) -> Response:
     task.cancel()
     response["status"] = "cancelled"
     encoded = _json_encode(response)
-    state.responses.put(response_id, StoredResponse(encoded, b"[]"))
+    state.responses.put(response_id, StoredResponse(encoded, stored.conversation))
     return Response(encoded, media_type="application/json")
 
 

@@ -348,6 +348,13 @@ def test_cancelling_a_background_response_aborts_it(
     assert "in_progress" in seen, seen
     time.sleep(0.2)
     assert client.responses.retrieve(queued.id).status == "cancelled"
+    # its input is kept (it has no output turn): continued, it comes before the new input
+    later = client.responses.create(
+        model=model, input="And?", previous_response_id=queued.id, max_output_tokens=1
+    )
+    messages = [{"role": "user", "content": PROMPT}, {"role": "user", "content": "And?"}]
+    count = httpx.post(server.url + "/tokenize", json={"messages": messages}, timeout=60).json()["count"]
+    assert later.usage.input_tokens == count
     wait_engine_idle(server.url, "a cancelled background response kept its engine request")
     running = client.responses.create(
         model=model, input=PROMPT, max_output_tokens=480, background=True, extra_body={"ignore_eos": True}
