@@ -13,8 +13,8 @@ as they are, so they are checked, honoured or refused exactly as on chat. A chat
 chat fields its message names too (:func:`responses_message`).
 
 Refused with a 400 naming the field: built-in tools (``web_search``, ``file_search``,
-``code_interpreter``, ``mcp``, ...), ``background: true`` with ``store: false``, non-text input parts (images, files,
-audio), encrypted reasoning on input, ``include`` values other than ``message.output_text.logprobs``
+``code_interpreter``, ``mcp``, ...), ``background: true`` with ``store: false``, non-text input
+parts (images, files, audio), encrypted reasoning on input, ``include`` values other than ``message.output_text.logprobs``
 and ``reasoning.encrypted_content`` (:data:`ENCRYPTED_REASONING_INCLUDE`),
 ``truncation: "auto"``, ``reasoning.summary``, ``text.verbosity``, ``max_tool_calls``, ``prompt``
 (stored prompt templates) and ``conversation``.

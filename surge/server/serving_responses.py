@@ -327,8 +327,9 @@ async def _run_background(
     state: ServerState, body: ResponsesRequest, shape: _ResponseShape, conversation: list[dict[str, Any]]
 ) -> None:
     """Generate a background response to the end and store it (``in_progress`` from the
-    engine's first output until then); an engine error stores it ``failed`` with the error. Cancelled (``POST /v1/responses/{id}/cancel``, ``DELETE``), the
-    engine request is aborted and nothing is stored."""
+    engine's first output until then); an engine error stores it ``failed`` with the error.
+    Cancelled (``POST /v1/responses/{id}/cancel``, ``DELETE``), the engine request is aborted
+    and nothing more is stored."""
     gen = shape.prepared.gen
     try:
         text: list[str] = []
