@@ -25,6 +25,9 @@ _REPLACEMENT_CHAR = "\ufffd"
 _INITIAL_PREFIX_TOKENS = 5
 """Prompt tokens decoded as left context of the first output token (vLLM uses 5)."""
 _TRIM_TOKENS = 1024
+_HELD_TOKENS = 8
+"""Held tokens (an incomplete character) decoded again at every token; a UTF-8 character has at
+most 4 bytes, so a longer window holds bytes that form no character (see ``_decode_new``)."""
 """Drop decoded ids from the detokenizer's buffer once this many lie before the window."""
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {
@@ -686,6 +689,7 @@ class IncrementalDetokenizer:
         self._ids: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)
+        self._held_at_check = 0  # held tokens at the last decode that released nothing
         self._emitted: list[str] = []
         self._pending = ""  # decoded, not emitted: a possible stop-string prefix
         self._finished = False
@@ -720,13 +724,26 @@ class IncrementalDetokenizer:
         return len(self._pending)
 
     def _decode_new(self, final: bool) -> str:
-        """New complete text since ``read_offset`` ('' while a character is incomplete)."""
-        if self._read_offset >= len(self._ids):
+        """New complete text since ``read_offset`` ('' while a character is incomplete).
+
+        A held window longer than :data:`_HELD_TOKENS` (bytes that never form a character, e.g.
+        lone UTF-8 continuation bytes) is decoded again only once it has grown by half since
+        its last decode: decoding it at every token made CPU quadratic in its length (8,000 such
+        tokens cost 4 s of the API process). Its text is released as before, at most a third of
+        its length later. A decoder's text for a run of byte tokens may depend on the whole run
+        (SentencePiece's byte fallback writes every byte of an invalid run as U+FFFD), so no
+        part of a held window is released before the window itself decodes whole."""
+        held = len(self._ids) - self._read_offset
+        if held <= 0:
+            return ""
+        if not final and held > _HELD_TOKENS and 2 * held < 3 * self._held_at_check:
             return ""
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = self._decode(self._ids[self._prefix_offset :])
         if not final and (len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR)):
+            self._held_at_check = held
             return ""
+        self._held_at_check = 0
         delta = new_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)

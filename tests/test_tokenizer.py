@@ -481,3 +481,48 @@ def test_a_tokenizer_that_encodes_text_to_nothing_is_refused(tmp_path: Path) -> 
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="encodes text to no tokens: its vocabulary files are incomplete"):
         load_tokenizer(tmp_path)
+
+
+def _byte_token(tok, byte: int) -> int:
+    """The token of one byte in a byte-level BPE vocabulary (GPT-2's byte-to-symbol map)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    symbol = (
+        chr(byte) if byte in printable else chr(256 + sorted(set(range(256)) - set(printable)).index(byte))
+    )
+    return tok.convert_tokens_to_ids(symbol)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_byte_tokens_that_never_complete_equal_full_decode(qwen, step):
+    """Random runs of byte tokens (lone continuation bytes, cut and whole multi-byte characters,
+    ASCII) stream to the text the whole output decodes to, whatever is held and released."""
+    rng = random.Random(step)
+    alphabet = [_byte_token(qwen, b) for b in (0x80, 0xBD, 0xA0, 0xE4, 0xF0, 0x9F, 0x98, 0x41)]
+    emoji = qwen.encode("😀你", add_special_tokens=False)
+    for _ in range(40):
+        out = [rng.choice(alphabet) for _ in range(rng.randrange(1, 40))]
+        cut = rng.randrange(len(out) + 1)
+        out[cut:cut] = emoji
+        d, deltas = _stream(qwen, [], out, step=step)
+        assert "".join(deltas) == d.text == qwen.decode(out)
+
+
+def test_bytes_that_never_form_a_character_are_not_decoded_at_every_token(qwen, monkeypatch):
+    """Lone UTF-8 continuation bytes never complete a character, so the window of held tokens
+    grows with the output: it is decoded again only once it has grown by half, so the tokens
+    decoded over the output stay linear in its length. Decoding it at every token was quadratic
+    (8,000 such tokens cost 4 s of the API process's CPU); its text is the same."""
+    cont = _byte_token(qwen, 0x80)
+    assert qwen.decode([cont]) == "\ufffd"
+    d = IncrementalDetokenizer(qwen, [])
+    decode = d._decode
+    decoded: list[int] = []
+    monkeypatch.setattr(d, "_decode", lambda ids: decoded.append(len(ids)) or decode(ids))
+    text = "".join(d.update([cont]) for _ in range(2000))
+    text += d.update(qwen.encode(" ok", add_special_tokens=False)) + d.flush()
+    assert text == "\ufffd" * 2000 + " ok"
+    assert sum(decoded) < 10 * 2000  # held at every token: 2000 * 2000
