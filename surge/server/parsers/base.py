@@ -125,15 +125,16 @@ class JsonExtent:
         self._in_string = False
         self.end: int | None = None
 
-    def scan(self, text: str) -> int | None:
-        """Read what ``text`` (the same text as before, grown) added; return the offset just
-        past the value's closing bracket once it has come, else None."""
+    def scan(self, text: str, end: int | None = None) -> int | None:
+        """Read what ``text[:end]`` (the same text as before, grown) added; return the offset
+        just past the value's closing bracket once it has come, else None."""
         if self.end is not None:
             return self.end
-        i, depth, in_string, n = self._i, self._depth, self._in_string, len(text)
+        i, depth, in_string = self._i, self._depth, self._in_string
+        n = len(text) if end is None else end
         while i < n:
             if in_string:
-                m = _STRING_STOP.search(text, i)
+                m = _STRING_STOP.search(text, i, n)
                 if m is None:
                     i = n
                 elif m.group() == '"':
@@ -144,7 +145,7 @@ class JsonExtent:
                     i = m.start()
                     break
                 continue
-            m = _VALUE_STOP.search(text, i)
+            m = _VALUE_STOP.search(text, i, n)
             if m is None:
                 i = n
                 continue
@@ -178,6 +179,9 @@ class JsonToolCall:
     (trailing ``}`` and whitespace wait, since they may close the outer object); once the
     arguments' value parses (``json.JSONDecoder.raw_decode``), the rest of it is released.
     The released fragments concatenate to the exact arguments text of the model's output.
+    While the call streams, each update reads only the text added since the last one (offsets
+    into the caller's growing text, never a copy of it): slicing and comparing the whole call
+    at every token made a long call's CPU quadratic in its length.
 
     Args:
         index: the call's index among the choice's calls.
@@ -202,9 +206,12 @@ class JsonToolCall:
         self.argument_keys = argument_keys
         self._args_key = _args_key(argument_keys)
         self.name: str | None = None
-        self.arguments = ""
+        self._arguments: list[str] = []  # the released fragments
         self._after_name = 0
         self._args_start: int | None = None
+        self._released_to = 0  # where the released arguments text ends, while it streams
+        self._stripped_to = 0  # how far the text has been read for its trailing ``_TRAILING``
+        self._content_end = 0  # just past its last character outside ``_TRAILING`` so far
         self._extent: JsonExtent | None = None  # the arguments' object or array, over the stream
         self._parsed: int | None = None  # where it ends once closed (-1: closed, does not parse)
         self._done = False
@@ -214,17 +221,28 @@ class JsonToolCall:
         """The name has been released."""
         return self.name is not None
 
-    def update(self, text: str, complete: bool) -> list[ToolCallDelta]:
-        """Take the call's whole text so far (from its ``{``); ``complete`` when no more
-        text will come. Returns the deltas to release."""
+    @property
+    def arguments(self) -> str:
+        """The arguments text released so far."""
+        if len(self._arguments) > 1:
+            self._arguments[:] = ["".join(self._arguments)]
+        return self._arguments[0] if self._arguments else ""
+
+    def update(
+        self, text: str, complete: bool, start: int = 0, end: int | None = None
+    ) -> list[ToolCallDelta]:
+        """Take the call's whole text so far, ``text[start:end]`` (from its ``{``; ``end``: the
+        text's end); ``complete`` when no more text will come. Later calls pass the same text
+        grown, with the same ``start``. Returns the deltas to release."""
         out: list[ToolCallDelta] = []
         if self._done:
             return out
+        end = len(text) if end is None else end
         if self.name is None:
-            m = _NAME.match(text)
-            if m is None or (self.needs_arguments and self._args_key.match(text, m.end()) is None):
+            m = _NAME.match(text, start, end)
+            if m is None or (self.needs_arguments and self._args_key.match(text, m.end(), end) is None):
                 if complete:
-                    self._whole(text, out)
+                    self._whole(text[start:end], out)
                 return out
             try:
                 self.name = json.loads(f'"{m.group(1)}"')
@@ -233,40 +251,47 @@ class JsonToolCall:
             out.append(ToolCallDelta(self.index, self.id, self.name, ""))
             self._after_name = m.end()
         if self._args_start is None:
-            m = self._args_key.match(text, self._after_name)
-            if m is not None and m.end() == len(text) and not complete:
+            m = self._args_key.match(text, self._after_name, end)
+            if m is not None and m.end() == end and not complete:
                 return out  # whitespace before the value may still grow
             if m is None:
                 if complete:
                     # a closed object without arguments (``{"name": "f"}``) calls f with none; one
                     # cut short after its name (``{"name": "f", "par``) wrote no arguments: none
                     # are released, rather than a ``{}`` the model never wrote
-                    if _is_object(text):
+                    if _is_object(text[start:end]):
                         self._release("{}", out)
                     self._done = True
                 return out
-            self._args_start = m.end()
-        raw = text[self._args_start :]
+            self._args_start = self._released_to = self._stripped_to = self._content_end = m.end()
         if complete:  # any JSON value will do: parse it once
+            raw = text[self._args_start : end]
             try:
-                _, end = _DECODER.raw_decode(raw)
-                whole = True
+                _, stop = _DECODER.raw_decode(raw)
+                self._release(raw[:stop], out)
             except (ValueError, RecursionError):  # nested past the parser's depth: as cut JSON
-                whole, end = False, 0
-        else:  # only an object or array can be known whole before the text ends
-            closed = self._value_end(text)
-            whole, end = closed is not None, 0 if closed is None else closed - self._args_start
-        if whole:
-            self._release(raw[:end], out)
+                self._release(raw.rstrip(_TRAILING), out)
             self._done = True
-        elif complete:
-            self._release(raw.rstrip(_TRAILING), out)
+            return out
+        # only an object or array can be known whole before the text ends
+        closed = self._value_end(text, end)
+        if closed is not None:
+            self._release(text[self._args_start : closed], out)
             self._done = True
-        else:
-            self._release(raw.rstrip(_TRAILING), out)
+            return out
+        if end > self._stripped_to:  # read the new text for its last non-trailing character
+            kept = text[self._stripped_to : end].rstrip(_TRAILING)
+            if kept:
+                self._content_end = self._stripped_to + len(kept)
+            self._stripped_to = end
+        if self._content_end > self._released_to:
+            piece = text[self._released_to : self._content_end]
+            out.append(ToolCallDelta(self.index, arguments=piece))
+            self._arguments.append(piece)
+            self._released_to = self._content_end
         return out
 
-    def _value_end(self, text: str) -> int | None:
+    def _value_end(self, text: str, end: int) -> int | None:
         """Where the arguments' object or array ends in ``text`` (the call's text so far), once
         it has closed and parses; None while it is open, when it closed but does not parse, and
         when the value is no object or array. Each character is read once over a stream
@@ -275,7 +300,7 @@ class JsonToolCall:
             if text[self._args_start] not in "{[":
                 return None
             self._extent = JsonExtent(self._args_start)
-        if self._parsed is None and self._extent.scan(text) is not None:
+        if self._parsed is None and self._extent.scan(text, end) is not None:
             try:
                 _, end = _DECODER.raw_decode(text, self._args_start)
                 self._parsed = end
@@ -284,9 +309,12 @@ class JsonToolCall:
         return None if self._parsed is None or self._parsed < 0 else self._parsed
 
     def _release(self, upto: str, out: list[ToolCallDelta]) -> None:
-        if len(upto) > len(self.arguments) and upto.startswith(self.arguments):
-            out.append(ToolCallDelta(self.index, arguments=upto[len(self.arguments) :]))
-            self.arguments = upto
+        """Release the rest of ``upto``, the arguments text, when it goes on from the text
+        released so far."""
+        released = self.arguments
+        if len(upto) > len(released) and upto.startswith(released):
+            out.append(ToolCallDelta(self.index, arguments=upto[len(released) :]))
+            self._arguments[:] = [upto]
 
     def _whole(self, text: str, out: list[ToolCallDelta]) -> None:
         """A complete call whose name is not its first key: parse it whole."""
@@ -386,9 +414,11 @@ class JsonCallSequence:
         self._end: int | None = None  # where it ends once closed and parsed
         self.invalid = False
 
-    def update(self, text: str, final: bool) -> list[ToolCallDelta]:
-        """Take the calls' whole text so far; return the deltas to release."""
+    def update(self, text: str, final: bool, start: int = 0) -> list[ToolCallDelta]:
+        """Take the calls' whole text so far, ``text[start:]`` (later calls pass the same text
+        grown, with the same ``start``); return the deltas to release."""
         out: list[ToolCallDelta] = []
+        self._pos = max(self._pos, start)
         while not self.invalid:
             if self._call is None:
                 while self._pos < len(text) and text[self._pos] in self._skip:
@@ -402,9 +432,9 @@ class JsonCallSequence:
                 self._extent = JsonExtent(self._pos)
             end = self._object_end(text)
             if end is None:  # not whole yet, or closed and invalid
-                out += self._call.update(text[self._pos :], complete=final)
+                out += self._call.update(text, final, self._pos)
                 return out
-            out += self._call.update(text[self._pos : end], complete=True)
+            out += self._call.update(text, True, self._pos, end)
             self._pos = end
             self._call = self._extent = None
         return out

@@ -127,7 +127,11 @@ class RequiredToolParser(ToolParser):
         self._seq = JsonCallSequence(self, "[,]")
 
     def feed(self, text: str) -> DeltaMessage:
-        self._buf += text
+        # grown as a local that holds the only reference, which CPython extends in place
+        # (``self._buf += text`` copies the whole buffer at every piece)
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
         return DeltaMessage(tool_calls=self._seq.update(self._buf, final=False))
 
     def finish(self) -> DeltaMessage:

@@ -53,7 +53,11 @@ class HermesToolParser(ToolParser):
 
     def feed(self, text: str) -> DeltaMessage:
         self._pieces.append(text)
-        self._buf += text
+        # grown as a local that holds the only reference, which CPython extends in place
+        # (``self._buf += text`` copies the whole buffer at every piece)
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
         return self._process(final=False)
 
     def finish(self) -> DeltaMessage:
@@ -86,14 +90,14 @@ class HermesToolParser(ToolParser):
             j = self._block_end(buf)
             if j < 0:
                 keep = 0 if final else partial_suffix(buf, END)
-                out.tool_calls += self._call.update(buf[: len(buf) - keep], complete=final)
+                out.tool_calls += self._call.update(buf, final, 0, len(buf) - keep)
                 if final:
                     self._check(buf)
                     if not self._call.started:  # an unfinished block that never named a function
                         self._content(START + buf, out)
                 return out
             self._check(buf[:j])
-            out.tool_calls += self._call.update(buf[:j], complete=True)
+            out.tool_calls += self._call.update(buf, True, 0, j)
             if not self._call.started:
                 self.calls.remove(self._call)
                 self._content(START + buf[: j + len(END)], out)

@@ -35,7 +35,11 @@ class Llama3JsonToolParser(ToolParser):
         self._start = 0
 
     def feed(self, text: str) -> DeltaMessage:
-        self._buf += text
+        # grown as a local that holds the only reference, which CPython extends in place
+        # (``self._buf += text`` copies the whole buffer at every piece)
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
         return self._process(final=False)
 
     def finish(self) -> DeltaMessage:
@@ -65,7 +69,7 @@ class Llama3JsonToolParser(ToolParser):
         if self._mode == "content":
             out.content, self._buf = self._buf, ""
             return out
-        out.tool_calls += self._seq.update(self._buf[self._start :], final)
+        out.tool_calls += self._seq.update(self._buf, final, self._start)
         if final and not self.has_tool_calls:
             out.content += self._buf
         return out
