@@ -5,12 +5,16 @@ process. A benchmark, not part of the server: it prints the time at each size, s
 
 - ``tools``: a tool call of N characters (one string argument) streamed in 4-character pieces
   through the hermes, llama3_json and pythonic tool parsers;
+- ``space``: an output of N characters of white space alone, in 4-character pieces, through the
+  qwen3 and deepseek_r1 reasoning parsers and the pythonic and llama3_json tool parsers (which
+  decide on the first character that is not white space);
 - ``detok``: N output tokens through ``IncrementalDetokenizer.update``, one at a time: plain
   text, and lone UTF-8 continuation bytes (which never complete a character), Qwen3 tokenizer.
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/api_output_costs.py tools 8000 32000 128000
+    .venv/bin/python benchmarks/api_output_costs.py space 32000 128000
     .venv/bin/python benchmarks/api_output_costs.py detok 2000 8000 32000
 """
 
@@ -57,6 +61,28 @@ def tools(sizes: list[int]) -> None:
         print(f"{n} characters: " + ", ".join(row), flush=True)
 
 
+def space(sizes: list[int]) -> None:
+    """Print, per size, each parser's CPU seconds for an output of white space alone."""
+    from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    names = [
+        ("reasoning", "qwen3"),
+        ("reasoning", "deepseek_r1"),
+        ("tools", "pythonic"),
+        ("tools", "llama3_json"),
+    ]
+    for n in sizes:
+        row = []
+        for kind, name in names:
+            parser = REASONING_PARSERS[name]() if kind == "reasoning" else TOOL_PARSERS[name]()
+            t0 = time.process_time()
+            for _ in range(n // 4):
+                parser.feed(" \n \n")
+            parser.finish()
+            row.append(f"{name} {time.process_time() - t0:.3f} s")
+        print(f"{n} characters: " + ", ".join(row), flush=True)
+
+
 def detok(sizes: list[int]) -> None:
     """Print, per size, the detokenizer's CPU seconds for plain text and for lone bytes."""
     from transformers import AutoTokenizer
@@ -77,9 +103,9 @@ def detok(sizes: list[int]) -> None:
 
 
 def main() -> None:
-    """``api_output_costs.py tools|detok SIZE...``."""
+    """``api_output_costs.py tools|space|detok SIZE...``."""
     what, sizes = sys.argv[1], [int(x) for x in sys.argv[2:]]
-    {"tools": tools, "detok": detok}[what](sizes)
+    {"tools": tools, "space": space, "detok": detok}[what](sizes)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,19 @@ def partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
+_NON_SPACE = re.compile(r"\S")
+
+
+def skip_space(text: str, i: int) -> int:
+    """The offset of the first character of ``text`` at or after ``i`` that is not white space
+    (as ``str.isspace`` and ``str.lstrip`` read it), ``len(text)`` when there is none. A parser
+    deciding on an output's first non-space character keeps this offset between pieces, so an
+    output of white space alone is read once, not stripped whole at every piece (quadratic:
+    128,000 characters of it took 0.7 s)."""
+    m = _NON_SPACE.search(text, i)
+    return len(text) if m is None else m.start()
+
+
 _STRING_STOP = re.compile(r'["\\]')
 _VALUE_STOP = re.compile(r'["{}\[\]]')
 

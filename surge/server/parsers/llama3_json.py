@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolParser
+from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolParser, skip_space
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -33,6 +33,8 @@ class Llama3JsonToolParser(ToolParser):
         self._mode = "undecided"
         self._seq = JsonCallSequence(self, ";")
         self._start = 0
+        self._lead = 0  # white space at the start of _buf already read, while undecided
+        self._after_tag = 0  # and after a leading <|python_tag|>
 
     def feed(self, text: str) -> DeltaMessage:
         # grown as a local that holds the only reference, which CPython extends in place
@@ -53,9 +55,13 @@ class Llama3JsonToolParser(ToolParser):
     def _process(self, final: bool) -> DeltaMessage:
         out = DeltaMessage()
         if self._mode == "undecided":
-            head = self._buf.lstrip()
-            if head.startswith(PYTHON_TAG):
-                head = head[len(PYTHON_TAG) :].lstrip()
+            buf = self._buf
+            self._lead = skip_space(buf, self._lead)
+            if buf.startswith(PYTHON_TAG, self._lead):
+                self._after_tag = skip_space(buf, max(self._after_tag, self._lead + len(PYTHON_TAG)))
+                head = buf[self._after_tag :]
+            else:
+                head = buf[self._lead :]
             if not head or (PYTHON_TAG.startswith(head) and not final):
                 if final:
                     out.content += self._buf

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.server.parsers.base import DeltaMessage, ToolCallDelta, ToolParser
+from surge.server.parsers.base import DeltaMessage, ToolCallDelta, ToolParser, skip_space
 
 _JSON_NAMES: dict[str, Any] = {"true": True, "false": False, "null": None}
 """JSON's literals, which models trained on JSON write for Python's (vLLM reads them too)."""
@@ -235,6 +235,7 @@ class PythonicToolParser(ToolParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._buf = ""
         self._mode = "undecided"
+        self._lead = 0  # white space at the start of _buf already read, while undecided
         self._start = 0  # where the list's ``[`` is in _buf
         self._pos = 0  # how far the list has been scanned (in _buf)
         self._state = "item"
@@ -283,7 +284,8 @@ class PythonicToolParser(ToolParser):
         out = DeltaMessage()
         self._checked = None
         if self._mode == "undecided":
-            head = self._buf.lstrip()
+            self._lead = skip_space(self._buf, self._lead)
+            head = self._buf[self._lead :]
             if not head:
                 if final:
                     out.content, self._buf = self._buf, ""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from surge.server.parsers.base import partial_suffix
+from surge.server.parsers.base import partial_suffix, skip_space
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -72,6 +72,7 @@ class ReasoningParser:
             raise ValueError("a grammar gated on </think> needs an output that starts inside the reasoning")
         self._gated = gated
         self._buf = ""
+        self._lead = 0  # white space at the start of _buf already read, in the "start" state
         self._state = "start"
         self._absorbing = False  # the reasoning ended: later </think> tags are dropped
         self._had_reasoning = False  # the output entered the reasoning (maybe an empty one)
@@ -89,7 +90,11 @@ class ReasoningParser:
 
     def feed(self, text: str) -> tuple[str, str]:
         """The next piece of text -> the (reasoning, answer) text that is certain now."""
-        self._buf += text
+        # grown as a local that holds the only reference, which CPython extends in place
+        # (``self._buf += text`` copies the whole buffer at every piece)
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
         return self._process(final=False)
 
     def finish(self) -> tuple[str, str]:
@@ -117,7 +122,8 @@ class ReasoningParser:
                     self._state = "reasoning"
                     self._had_reasoning = True
                     continue
-                head = buf.lstrip()
+                self._lead = skip_space(buf, self._lead)
+                head = buf[self._lead :]
                 if head.startswith(THINK_START):
                     self._buf = head[len(THINK_START) :]
                     self._state = "reasoning"
