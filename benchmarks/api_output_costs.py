@@ -8,6 +8,9 @@ process. A benchmark, not part of the server: it prints the time at each size, s
 - ``space``: an output of N characters of white space alone, in 4-character pieces, through the
   qwen3 and deepseek_r1 reasoning parsers and the pythonic and llama3_json tool parsers (which
   decide on the first character that is not white space);
+- ``generation``: one request of ``n: 16`` choices with logprobs, N one-token engine outputs
+  per choice through :class:`surge.server.generation.Generation` with the non-streamed path's
+  ``stream_interval`` (one delta at the end), Qwen3 tokenizer;
 - ``detok``: N output tokens through ``IncrementalDetokenizer.update``, one at a time: plain
   text, and lone UTF-8 continuation bytes (which never complete a character), Qwen3 tokenizer.
 
@@ -15,6 +18,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/api_output_costs.py tools 8000 32000 128000
     .venv/bin/python benchmarks/api_output_costs.py space 32000 128000
+    .venv/bin/python benchmarks/api_output_costs.py generation 2000 8000 32000
     .venv/bin/python benchmarks/api_output_costs.py detok 2000 8000 32000
 """
 
@@ -83,6 +87,54 @@ def space(sizes: list[int]) -> None:
         print(f"{n} characters: " + ", ".join(row), flush=True)
 
 
+class _SilentClient:
+    """An engine client that takes every request and sends nothing (the benchmark does)."""
+
+    def add_request(self, *_: object, **__: object) -> int:
+        return 0
+
+    def abort_requests(self, ids: list[str]) -> None:
+        pass
+
+
+def generation(sizes: list[int]) -> None:
+    """Print, per size, the CPU seconds of ``Generation.deltas`` over 16 choices of N tokens."""
+    import asyncio
+    from typing import cast
+
+    from transformers import AutoTokenizer
+
+    from surge.core.logprobs import LogprobsLists
+    from surge.core.outputs import EngineOutput, SchedulerStats
+    from surge.engine.client import EngineClient
+    from surge.sampling_params import SamplingParams
+    from surge.server.generation import Generation
+    from surge.server.metrics import ServerMetrics
+
+    tok = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    word = tok.encode(" hello")[0]
+    n_choices = 16
+
+    async def run(n: int) -> float:
+        metrics = ServerMetrics("m", lambda: SchedulerStats(0, 0, 0.0, 10, 10, 0), max_model_len=n + 16)
+        gen = Generation(cast(EngineClient, _SilentClient()), tok, metrics, 2**31, 0.0, eos_token_ids=(0,))
+        params = SamplingParams(max_tokens=n, n=n_choices, logprobs=2)
+        gen.add_prompt("r", [1, 2, 3], params)
+        row = LogprobsLists([[word, 1, 2]], [[-0.1, -2.0, -3.0]], [1])
+        for c in gen.choices:
+            for i in range(n):
+                last = "length" if i == n - 1 else None
+                gen._queue.put_nowait((c.index, EngineOutput(c.request_id, [word], last, logprobs=row)))
+        t0, chars = time.process_time(), 0
+        async for deltas in gen.deltas():
+            chars += sum(len(d.text) for d in deltas)
+        assert chars == n_choices * n * len(" hello"), chars
+        return time.process_time() - t0
+
+    for n in sizes:
+        print(f"{n} tokens x {n_choices} choices: {asyncio.run(run(n)):.3f} s", flush=True)
+
+
 def detok(sizes: list[int]) -> None:
     """Print, per size, the detokenizer's CPU seconds for plain text and for lone bytes."""
     from transformers import AutoTokenizer
@@ -103,9 +155,9 @@ def detok(sizes: list[int]) -> None:
 
 
 def main() -> None:
-    """``api_output_costs.py tools|space|detok SIZE...``."""
+    """``api_output_costs.py tools|space|generation|detok SIZE...``."""
     what, sizes = sys.argv[1], [int(x) for x in sys.argv[2:]]
-    {"tools": tools, "space": space, "detok": detok}[what](sizes)
+    {"tools": tools, "space": space, "generation": generation, "detok": detok}[what](sizes)
 
 
 if __name__ == "__main__":

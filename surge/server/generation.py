@@ -50,6 +50,14 @@ _MAX_BATCH_SECONDS = 0.005
 """Post-processing of one request yields to the event loop after this long (seconds)."""
 
 
+def _add_text(pending: list[str], text: str) -> None:
+    """Add ``text`` to a choice's unsent text (pieces joined once, when a delta is sent: with a
+    large ``stream_interval``, or a non-streamed request, ``+=`` on the choice's string copied
+    all of its text at every token)."""
+    if text:
+        pending.append(text)
+
+
 @dataclass(slots=True)
 class ChoiceState:
     """Progress of one choice (one engine request).
@@ -71,7 +79,7 @@ class ChoiceState:
     stop_ids: frozenset[int] = frozenset()
     num_tokens: int = 0
     unsent_tokens: int = 0
-    pending: str = ""
+    pending: list[str] = field(default_factory=list)
     sent_first: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -372,12 +380,12 @@ class Generation:
         detok = choice.detokenizer
         tracker = choice.logprobs
         if tracker is None or out.logprobs is None:
-            choice.pending += detok.update(out.new_token_ids, out.stop_token_id)
+            _add_text(choice.pending, detok.update(out.new_token_ids, out.stop_token_id))
         else:  # token by token, to know which text each row's token completes
             last = n_new - 1
             for j, token in enumerate(out.new_token_ids):
                 piece = detok.update([token], out.stop_token_id if j == last else None)
-                choice.pending += piece
+                _add_text(choice.pending, piece)
                 tracker.add(out.logprobs.slice(j, j + 1), len(piece), detok.num_held_chars)
         if detok.stop_matched is not None:
             self._client.abort_requests([choice.request_id])
@@ -390,7 +398,7 @@ class Generation:
         _take_engine_times(choice, out)
         if choice.finish_reason is not None:
             rest = detok.flush()
-            choice.pending += rest
+            _add_text(choice.pending, rest)
             if tracker is not None:
                 tracker.add_text(len(rest))
             if detok.stop_matched is not None and choice.finish_reason != "stop":
@@ -404,7 +412,7 @@ class Generation:
         delta = ChoiceDelta(
             choice.index,
             choice.prompt_index,
-            choice.pending,
+            "".join(choice.pending),
             not choice.sent_first,
             choice.finish_reason,
             choice.stop_reason,
@@ -418,7 +426,7 @@ class Generation:
             delta.token_ids = ids[choice.num_ids_sent :]
             choice.num_ids_sent = len(ids)
         choice.sent_first = True
-        choice.pending = ""
+        choice.pending = []
         choice.unsent_tokens = 0
         return delta
 

@@ -244,7 +244,7 @@ class _Blocks:
         self.omit_thinking = omit_thinking  # thinking.display "omitted": no thinking text sent
         self.blocks: list[dict[str, Any]] = []
         self._kind: str | None = None  # "thinking", "text", "tool_use" or None
-        self._text = ""
+        self._text: list[str] = []  # the open block's text, in pieces (joined when it closes)
         self._call: tuple[int, str, str] = (-1, "", "")  # chat index, id, name
         self._complete = False  # the last closed tool call's arguments are a JSON object
 
@@ -279,7 +279,7 @@ class _Blocks:
         return out
 
     def _delta(self, delta: dict[str, Any], text: str) -> bytes:
-        self._text += text
+        self._text.append(text)
         return _event("content_block_delta", index=self._index, delta=delta)
 
     def _open(self, kind: str) -> list[bytes]:
@@ -288,7 +288,7 @@ class _Blocks:
         if self._kind == kind and kind != "tool_use":
             return []
         out = self.close() if kind != "tool_use" else []
-        self._kind, self._text = kind, ""
+        self._kind, self._text = kind, []
         if kind == "thinking":
             block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
         elif kind == "text":
@@ -301,7 +301,7 @@ class _Blocks:
 
     def close(self) -> list[bytes]:
         """The events that end the open block (none open: none), which joins :attr:`blocks`."""
-        kind, text = self._kind, self._text
+        kind, text = self._kind, "".join(self._text)
         if kind is None:
             return []
         self._kind = None

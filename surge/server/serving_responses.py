@@ -571,7 +571,7 @@ class _StreamEvents:
         self.finish_reason: str | None = None
         self._kind: str | None = None  # "reasoning", "message", "call" or None
         self._id = ""
-        self._text = ""
+        self._text: list[str] = []  # the open item's text, in pieces (joined when it closes)
         self._call: tuple[str, str] = ("", "")  # call_id, name
         self._call_index = -1
         self._logprobs: list[dict[str, Any]] | None = None
@@ -594,7 +594,7 @@ class _StreamEvents:
             self._pending.extend(logprobs)
         if delta.get("reasoning"):
             out.extend(self._open("reasoning"))
-            self._text += delta["reasoning"]
+            self._text.append(delta["reasoning"])
             out.append(
                 self.event(
                     "response.reasoning_text.delta",
@@ -606,7 +606,7 @@ class _StreamEvents:
             )
         if delta.get("content"):
             out.extend(self._open("message"))
-            self._text += delta["content"]
+            self._text.append(delta["content"])
             entries, self._pending = self._pending, []
             if self._logprobs is not None:
                 self._logprobs.extend(entries)
@@ -628,7 +628,7 @@ class _StreamEvents:
                 self._call = (call.get("id") or _new_id("call"), fn.get("name") or "")
                 out.extend(self._open("call"))
             if fn.get("arguments"):
-                self._text += fn["arguments"]
+                self._text.append(fn["arguments"])
                 out.append(
                     self.event(
                         "response.function_call_arguments.delta",
@@ -645,7 +645,7 @@ class _StreamEvents:
         if self._kind == kind and kind != "call":
             return []
         out = self.close_item() if kind != "call" else []
-        self._kind, self._text = kind, ""
+        self._kind, self._text = kind, []
         index = self._index
         if kind == "reasoning":
             self._id = _new_id("rs")
@@ -700,7 +700,7 @@ class _StreamEvents:
     def close_item(self, status: str = "completed") -> list[bytes]:
         """The ``done`` events of the open item (none open: none), which joins :attr:`items`
         with this ``status`` (``incomplete``: the output was cut in it)."""
-        kind, index, text = self._kind, self._index, self._text
+        kind, index, text = self._kind, self._index, "".join(self._text)
         if kind is None:
             return []
         self._kind = None
@@ -770,7 +770,7 @@ class _StreamEvents:
     def open_call_cut(self) -> bool:
         """Whether the open item is a ``function_call`` whose arguments so far are not JSON
         (the output ends in it: they were cut)."""
-        return self._kind == "call" and _arguments_cut(self._text)
+        return self._kind == "call" and _arguments_cut("".join(self._text))
 
     def empty_message(self, status: str = "completed") -> list[bytes]:
         """The events of an empty ``message`` item (an output with no text at all)."""
