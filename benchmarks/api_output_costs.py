@@ -6,8 +6,9 @@ process. A benchmark, not part of the server: it prints the time at each size, s
 - ``tools``: a tool call of N characters (one string argument) streamed in 4-character pieces
   through the hermes, llama3_json and pythonic tool parsers;
 - ``space``: an output of N characters of white space alone, in 4-character pieces, through the
-  qwen3 and deepseek_r1 reasoning parsers and the pythonic and llama3_json tool parsers (which
-  decide on the first character that is not white space);
+  qwen3 and deepseek_r1 reasoning parsers, the pythonic and llama3_json tool parsers (which
+  decide on the first character that is not white space) and a named ``tool_choice``'s parser
+  (``f``: whose call opens there);
 - ``generation``: one request of ``n: 16`` choices with logprobs, N one-token engine outputs
   per choice through :class:`surge.server.generation.Generation` with the non-streamed path's
   ``stream_interval`` (one delta at the end), Qwen3 tokenizer;
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from surge.server.parsers.base import ToolParser
 from surge.server.parsers.hermes import HermesToolParser
@@ -68,22 +70,27 @@ def tools(sizes: list[int]) -> None:
 def space(sizes: list[int]) -> None:
     """Print, per size, each parser's CPU seconds for an output of white space alone."""
     from surge.server.parsers import REASONING_PARSERS, TOOL_PARSERS
+    from surge.server.parsers.forced import NamedToolParser
 
     names = [
         ("reasoning", "qwen3"),
         ("reasoning", "deepseek_r1"),
         ("tools", "pythonic"),
         ("tools", "llama3_json"),
+        ("named", "f"),
     ]
     for n in sizes:
         row = []
         for kind, name in names:
-            parser = REASONING_PARSERS[name]() if kind == "reasoning" else TOOL_PARSERS[name]()
+            if kind == "named":
+                parser: Any = NamedToolParser(name)
+            else:
+                parser = REASONING_PARSERS[name]() if kind == "reasoning" else TOOL_PARSERS[name]()
             t0 = time.process_time()
             for _ in range(n // 4):
                 parser.feed(" \n \n")
             parser.finish()
-            row.append(f"{name} {time.process_time() - t0:.3f} s")
+            row.append(f"{'named ' if kind == 'named' else ''}{name} {time.process_time() - t0:.3f} s")
         print(f"{n} characters: " + ", ".join(row), flush=True)
 
 

@@ -19,6 +19,7 @@ from surge.sampling_params import SamplingParams
 from surge.server import serving_messages, serving_responses
 from surge.server.generation import Generation
 from surge.server.metrics import ServerMetrics
+from surge.server.parsers.forced import NamedToolParser
 from surge.server.serving_messages import _Blocks
 from surge.server.serving_responses import _StreamEvents
 from tests.conftest import STORIES
@@ -100,3 +101,18 @@ def test_a_streamed_response_item_and_message_block_join_their_text_once(
         text = "".join(f"w{i} " for i in range(2000))
         assert events.items[0]["content"][0]["text"] == text
         assert copies.chars <= 2 * len(text), f"{kind}: {copies.chars} characters copied for {len(text)}"
+
+
+def test_a_named_tool_choice_answer_is_joined_once() -> None:
+    """A named ``tool_choice``'s answer (white space held until the call opens, then its
+    arguments) is kept in pieces: grown by ``+=`` and stripped whole at every piece, 128,000
+    characters of white space took 0.68 s of the API process's CPU."""
+    copies = _Copies()
+    parser = NamedToolParser("f")
+    space = [copies.piece(" \n") for _ in range(2000)]
+    args = [copies.piece('{"a": "'), *(copies.piece("xy") for _ in range(2000)), copies.piece('"}')]
+    released = [parser.feed(p) for p in space + args] + [parser.finish()]
+    text = "".join(space + args)
+    assert "".join(t.arguments for d in released for t in d.tool_calls) == text
+    assert parser.calls_complete()
+    assert copies.chars <= 2 * len(text), f"{copies.chars} characters copied for {len(text)}"

@@ -160,7 +160,7 @@ class NamedToolParser(ToolParser):
     def __init__(self, name: str, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._name = name
-        self._args = ""
+        self._args: list[str] = []  # the answer's pieces (joined when it ends)
 
     @property
     def has_tool_calls(self) -> bool:
@@ -168,21 +168,21 @@ class NamedToolParser(ToolParser):
 
     def feed(self, text: str) -> DeltaMessage:
         out = DeltaMessage()
-        self._args += text
+        self._args.append(text)
         if not self.calls:
-            if not self._args.strip():  # nothing but whitespace yet: no call, no arguments
+            if not text.strip():  # nothing but whitespace yet: no call, no arguments
                 return out
             call = self._new_call()
             call.name = self._name
             out.tool_calls.append(ToolCallDelta(call.index, call.id, self._name, ""))
-            text = self._args  # the held whitespace leads the first fragment
+            text = "".join(self._args)  # the held whitespace leads the first fragment
         if text:
             out.tool_calls.append(ToolCallDelta(0, arguments=text))
         return out
 
     def finish(self) -> DeltaMessage:
         """An answer of whitespace alone (no call opened) is released as content."""
-        return DeltaMessage(content=self._args) if not self.calls else DeltaMessage()
+        return DeltaMessage(content="".join(self._args)) if not self.calls else DeltaMessage()
 
     def malformed_text(self) -> str | None:
         """None: arguments that do not parse because ``max_tokens`` or a stop string cut them
@@ -193,7 +193,7 @@ class NamedToolParser(ToolParser):
     def calls_complete(self) -> bool:
         """Whether the arguments parse (cut ones stay the call)."""
         try:
-            json.loads(self._args)
+            json.loads("".join(self._args))
         except (ValueError, RecursionError):
             return False
         return True
