@@ -263,3 +263,27 @@ def test_a_long_string_argument_streams_without_rebuilding_the_arguments(monkeyp
     (content, calls), malformed = _streamed([text[i : i + 4] for i in range(0, len(text), 4)])
     assert (content, calls, malformed) == ("", [("f", json.dumps({"a": 1, "text": body, "b": [2]}))], None)
     assert len(written) < 20  # at every piece: over 1,000
+
+
+@pytest.mark.parametrize("escape", ["\\N{", "\\x4", "\\12"])
+def test_an_escape_is_read_a_bounded_number_of_characters_per_piece(escape: str, monkeypatch) -> None:
+    """Whether the open string's last escape can still grow reads its first few characters (an
+    ``\\N{`` escape's once, for its ``}``), not all the text after it at every piece: an
+    ``'\\N{xxx...`` left open was read whole at every piece (quadratic: 128,000 characters took
+    0.14 s)."""
+    read = 0
+    escape_done = pythonic._escape_done
+
+    def counting(text: str) -> bool:
+        nonlocal read
+        read += len(text)
+        return escape_done(text)
+
+    monkeypatch.setattr(pythonic, "_escape_done", counting)
+    text = f"[f(a='{escape}" + "x" * 8000 + "}')]"
+    (content, calls), malformed = _streamed([text[i : i + 4] for i in range(0, len(text), 4)])
+    if escape == "\\12":
+        assert (content, calls, malformed) == ("", [("f", json.dumps({"a": "\n" + "x" * 8000 + "}"}))], None)
+    else:  # not a string Python reads: the call is malformed
+        assert malformed == text
+    assert read <= 12 * (len(text) // 4), f"{read} characters read for {len(text) // 4} pieces"

@@ -24,6 +24,8 @@ not literals of a call: the call is malformed)."""
 _CLOSING = {"(": ")", "[": "]", "{": "}"}
 _HEX_ESCAPE_LENGTH = {"x": 4, "u": 6, "U": 10}
 """The length of a ``\\x``, ``\\u`` or ``\\U`` escape, its backslash included."""
+_LONGEST_GROWING_ESCAPE = 11
+"""More characters than any escape but ``\\N{...}`` has: what :func:`_escape_done` reads of one."""
 
 
 class NotALiteral(ValueError):
@@ -245,6 +247,7 @@ class PythonicToolParser(ToolParser):
         self._string: _String | None = None  # the string literal the scan is inside
         self._value_string: _String | None = None  # the one the value opened with, streamed
         self._escape = -1  # where the open string's last escape starts
+        self._escape_read = (-1, 0)  # an open ``\N{`` escape's start, and how far it has no ``}``
         self._comment = False  # the scan is inside a ``#`` comment
         self._calls: list[_Call] = []
         self._pending_name = ""
@@ -499,11 +502,7 @@ class PythonicToolParser(ToolParser):
         if s is None or not s.streams or self._string is not s or final or self._invalid:
             return
         upto = self._pos
-        if (
-            self._escape >= s.decoded_to
-            and "r" not in s.prefix.lower()
-            and not _escape_done(self._buf[self._escape : upto])
-        ):
+        if self._escape >= s.decoded_to and "r" not in s.prefix.lower() and not self._escape_done(upto):
             upto = self._escape
         if upto > s.decoded_to and self._buf[upto - 1] == "\r":
             # may be the start of a "\r\n", which Python reads as one newline (decoded apart, a
@@ -531,6 +530,21 @@ class PythonicToolParser(ToolParser):
         if piece:
             s.json.append(piece)
         s.decoded_to = upto
+
+    def _escape_done(self, upto: int) -> bool:
+        """Whether the open string's last escape, from ``_escape`` to ``upto``, can no longer
+        grow (:func:`_escape_done`). Only its first characters are read, and a ``\\N{`` escape's
+        text only once for its ``}``: an escape left open (``'\\N{xxx...``) was read whole at
+        every piece (quadratic)."""
+        start = self._escape
+        if self._buf[start + 1 : start + 2] != "N":
+            return _escape_done(self._buf[start : min(upto, start + _LONGEST_GROWING_ESCAPE)])
+        seen_from, seen_to = self._escape_read
+        i = seen_to if seen_from == start else start
+        if self._buf.find("}", i, upto) >= 0:
+            return True
+        self._escape_read = (start, max(i, upto))
+        return False
 
     def _release(self, call: _Call, out: list[ToolCallDelta]) -> None:
         """Release the arguments text of ``call`` that is sure: its complete pairs, the string
