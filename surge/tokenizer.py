@@ -25,10 +25,10 @@ _REPLACEMENT_CHAR = "\ufffd"
 _INITIAL_PREFIX_TOKENS = 5
 """Prompt tokens decoded as left context of the first output token (vLLM uses 5)."""
 _TRIM_TOKENS = 1024
+"""Drop decoded ids from the detokenizer's buffer once this many lie before the window."""
 _HELD_TOKENS = 8
 """Held tokens (an incomplete character) decoded again at every token; a UTF-8 character has at
 most 4 bytes, so a longer window holds bytes that form no character (see ``_decode_new``)."""
-"""Drop decoded ids from the detokenizer's buffer once this many lie before the window."""
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {
         # what the template is rendered with (transformers' render_jinja_template)
