@@ -12,6 +12,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 """The folder of the pages' files (package data)."""
@@ -22,6 +23,25 @@ ASSETS_PREFIX = "/ui"
 
 PAGES: frozenset[str] = frozenset({"/", "/dashboard"})
 """The two pages' paths."""
+
+
+class _Assets(StaticFiles):
+    """The pages' files under ``/ui/``, also without ``--root-path``'s prefix (what a proxy that
+    strips it sends): Starlette's mount sets the scope's ``root_path`` to the prefix plus ``/ui``,
+    which such a path lacks, so :class:`StaticFiles` looked for ``ui/style.css`` in the folder
+    (a 404 for every file: the pages came unstyled and dead)."""
+
+    def get_path(self, scope: Scope) -> str:
+        """The file's path in the folder (``style.css`` of ``/ui/style.css`` and of
+        ``/api/ui/style.css`` under ``--root-path /api``)."""
+        path, root = scope["path"], scope.get("root_path", "")
+        if (
+            root.endswith(ASSETS_PREFIX)
+            and not path.startswith(root + "/")
+            and path.startswith(ASSETS_PREFIX + "/")
+        ):
+            scope = {**scope, "root_path": ASSETS_PREFIX}
+        return super().get_path(scope)
 
 
 def is_web_ui_path(path: str) -> bool:
@@ -51,4 +71,4 @@ def mount_web_ui(app: FastAPI) -> None:
     async def dashboard() -> FileResponse:
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html", headers=headers)
 
-    app.mount(ASSETS_PREFIX, StaticFiles(directory=STATIC_DIR), name="web-ui")
+    app.mount(ASSETS_PREFIX, _Assets(directory=STATIC_DIR), name="web-ui")

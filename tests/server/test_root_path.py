@@ -22,7 +22,7 @@ from tests.server.conftest import Server, start_server
 KEY = "sk-root"
 
 
-def _app(in_flight: InFlight | None = None, root_path: str = "/api") -> TestClient:
+def _app(in_flight: InFlight | None = None, root_path: str = "/api", web_ui: bool = False) -> TestClient:
     """The app over a stub state (no engine) with ``--api-key sk-root --root-path /api``."""
     client = SimpleNamespace(
         is_ready=True, dead_reason=None, seconds_without_progress=lambda: 0.0, num_inflight=0
@@ -36,7 +36,7 @@ def _app(in_flight: InFlight | None = None, root_path: str = "/api") -> TestClie
         body_read_timeout=10.0,
         engine_stall_timeout=60.0,
     )
-    return TestClient(build_app(cast(ServerState, state), web_ui=False, root_path=root_path))
+    return TestClient(build_app(cast(ServerState, state), web_ui=web_ui, root_path=root_path))
 
 
 @pytest.mark.parametrize(
@@ -63,6 +63,20 @@ def test_routes_answer_with_and_without_the_prefix_and_keep_their_key(prefix: st
     messages = app.post(f"{prefix}/v1/messages", json={})
     assert messages.status_code == 401 and messages.json()["type"] == "error", messages.text
     assert app.get(f"{prefix}/version").json()["version"]
+
+
+@pytest.mark.parametrize("prefix", ["/api", ""])
+def test_the_web_ui_and_its_files_answer_with_and_without_the_prefix(prefix: str) -> None:
+    """The pages' files (``/ui/style.css``) were a 404 without the prefix (what a proxy that
+    strips it sends): the mount read them as ``ui/style.css`` of its folder, so the playground
+    came unstyled and dead. A path outside the folder stays a 404."""
+    app = _app(web_ui=True)
+    assert "<title>Surge playground</title>" in app.get(f"{prefix}/").text
+    for name, kind in (("style.css", "text/css"), ("playground.js", "text/javascript")):
+        r = app.get(f"{prefix}/ui/{name}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith(kind), (name, r.text[:200])
+    for bad in ("/ui/%2e%2e/ui.py", "/ui/missing.js", "/ui/ui/style.css"):
+        assert app.get(f"{prefix}{bad}").status_code == 404, bad
 
 
 def test_the_api_docs_name_the_prefix() -> None:
