@@ -288,7 +288,8 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
                 grammar = xgr.Grammar.from_structural_tag(tags, spec["triggers"])
             else:
                 grammar = xgr.Grammar.from_structural_tag(params.structural_tag)
-            grammar = _strict_json_values(grammar)
+            if not _has_own_rules(spec):  # a user's regex or EBNF is kept as written
+                grammar = _strict_json_values(grammar)
         else:
             return xgr.Grammar.from_json_schema(
                 JSON_OBJECT_SCHEMA, any_whitespace=params.any_whitespace, strict_mode=False
@@ -340,6 +341,19 @@ def _real_dates(text: str) -> str:
     if "surge_rfc3339_date" in fixed and "surge_rfc3339_date ::=" not in fixed:
         fixed += "\n" + _DATE_RULES
     return fixed
+
+
+def _has_own_rules(node: Any) -> bool:
+    """Whether a structural tag (its parsed JSON, or a part of it) has a ``regex`` or
+    ``grammar`` element: its rules print as xgrammar's own JSON rules may (``[0-5][0-9]|60`` as
+    the seconds of a time), which :func:`_strict_json_values` would rewrite (60 refused)."""
+    if isinstance(node, list):
+        return any(_has_own_rules(item) for item in node)
+    if not isinstance(node, dict):
+        return False
+    if node.get("type") in ("regex", "grammar"):
+        return True
+    return any(_has_own_rules(value) for key, value in node.items() if key not in ("json_schema", "schema"))
 
 
 def _strict_json_values(grammar: Any) -> Any:

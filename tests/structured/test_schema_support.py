@@ -1184,6 +1184,37 @@ def test_length_bounded_strings_take_no_raw_control_character(
         assert _grammar_accepts(json.loads(params.json), raw)
 
 
+@pytest.mark.parametrize(
+    ("element", "accepted"),
+    [
+        ({"type": "regex", "pattern": "([0-5][0-9]|60)"}, "60"),
+        ({"type": "grammar", "grammar": 'root ::= [0-5] [0-9] | "6" "0"'}, "60"),
+        (
+            {
+                "type": "grammar",
+                "grammar": 'root ::= d{4, 4} "-" m "-" e\nd ::= [0-9]\nm ::= "0" [1-9] | "1" [0-2]\n'
+                'e ::= "0" [1-9] | [1-2] [0-9] | "3" [01]',
+            },
+            "2024-02-30",
+        ),
+        (
+            {"type": "grammar", "grammar": 'root ::= s_characters{1, 3}\ns_characters ::= [^"\\\\\\r\\n]'},
+            "a\tb",
+        ),
+    ],
+    ids=["regex seconds", "grammar seconds", "grammar date", "grammar characters"],
+)
+def test_a_structural_tags_own_regex_and_grammar_are_kept_as_written(
+    element: dict[str, Any], accepted: str
+) -> None:
+    """A structural tag's ``regex`` or ``grammar`` element prints as rules that may read as
+    xgrammar's JSON rules (``[0-5][0-9]|60`` as a time's seconds), which build_grammar rewrote
+    with a JSON schema's dates, seconds and bounded strings: the user's own regex refused 60."""
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [element]}}
+    grammar = build_grammar(StructuredOutputsParams(structural_tag=json.dumps(tag)))
+    assert xgr_testing._is_grammar_accept_string(grammar, accepted)
+
+
 def test_dates_and_times_are_real_ones() -> None:
     """xgrammar 0.2.9's ``date`` takes any day 01-31 in any month and the year 0000, and its
     ``time`` a second 60 in any minute (the formats' shapes: see
