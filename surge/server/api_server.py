@@ -41,7 +41,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
@@ -390,7 +390,18 @@ def build_app(
         return answer_error(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if (
+            web_ui
+            and root_path
+            and exc.status_code == 404
+            and request.method in ("GET", "HEAD")
+            and request.url.path == root_path
+        ):
+            # the playground at the prefix without its slash (/api), which Starlette routes as ""
+            # (no route): to /api/, where its relative URLs stay under the prefix
+            query = f"?{request.url.query}" if request.url.query else ""
+            return RedirectResponse(f"{root_path}/{query}", status_code=307)
         message = str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":  # no route: say which, as OpenAI does
             message = f"Invalid URL ({request.method} {request.url.path})"

@@ -79,6 +79,19 @@ def test_the_web_ui_and_its_files_answer_with_and_without_the_prefix(prefix: str
         assert app.get(f"{prefix}{bad}").status_code == 404, bad
 
 
+def test_the_playground_at_the_prefix_without_its_slash_moves_to_it() -> None:
+    """``GET /api`` under ``--root-path /api`` (a proxy that keeps the prefix) was a 404: Starlette
+    routes it as "", which no route matches. It goes to ``/api/`` (query kept), as the page
+    itself reloads there when a proxy that strips the prefix serves it at ``/api``."""
+    app = _app(web_ui=True)
+    for path, where in (("/api", "/api/"), ("/api?model=m", "/api/?model=m")):
+        r = app.get(path, follow_redirects=False)
+        assert r.status_code == 307 and r.headers["location"] == where, r.text
+    assert "<title>Surge playground</title>" in app.get("/api").text
+    assert app.post("/api", json={}, follow_redirects=False).status_code == 404  # a page is only read
+    assert _app().get("/api", follow_redirects=False).status_code == 404  # no web UI: nothing there
+
+
 def test_the_api_docs_name_the_prefix() -> None:
     assert _app().get("/api/openapi.json").json()["servers"] == [{"url": "/api"}]
 
