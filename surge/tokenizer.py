@@ -729,14 +729,23 @@ class IncrementalDetokenizer:
         A held window longer than :data:`_HELD_TOKENS` (bytes that never form a character, e.g.
         lone UTF-8 continuation bytes) is decoded again only once it has grown by half since
         its last decode: decoding it at every token made CPU quadratic in its length (8,000 such
-        tokens cost 4 s of the API process). Its text is released as before, at most a third of
-        its length later. A decoder's text for a run of byte tokens may depend on the whole run
+        tokens cost 4 s of the API process). Its text is released at the first of those decodes
+        that ends on a whole character, or at the finish: possibly long after the token that
+        completed it (nine lone bytes and an "a", repeated: the first text after 140 tokens, not
+        10). A decoder's text for a run of byte tokens may depend on the whole run
         (SentencePiece's byte fallback writes every byte of an invalid run as U+FFFD), so no
-        part of a held window is released before the window itself decodes whole."""
+        part of a held window is released before the window itself decodes whole. Within the
+        first ``min_tokens`` tokens it is decoded at every token: text they complete, released
+        later, would reach the stop strings as text where a match may end."""
         held = len(self._ids) - self._read_offset
         if held <= 0:
             return ""
-        if not final and held > _HELD_TOKENS and 2 * held < 3 * self._held_at_check:
+        if (
+            not final
+            and held > _HELD_TOKENS
+            and 2 * held < 3 * self._held_at_check
+            and self.num_output_tokens > self._min_tokens  # text there may end no stop string
+        ):
             return ""
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = self._decode(self._ids[self._prefix_offset :])

@@ -526,3 +526,15 @@ def test_bytes_that_never_form_a_character_are_not_decoded_at_every_token(qwen, 
     text += d.update(qwen.encode(" ok", add_special_tokens=False)) + d.flush()
     assert text == "\ufffd" * 2000 + " ok"
     assert sum(decoded) < 10 * 2000  # held at every token: 2000 * 2000
+
+
+def test_text_of_the_first_min_tokens_ends_no_stop_string_when_held_bytes_come_before_it(qwen):
+    """Text completed within the first ``min_tokens`` tokens ends no stop string. Behind nine lone
+    continuation bytes (a held window decoded again only once it has grown by half) the "a" of
+    token 10 was released only at the flush, past ``min_tokens``, and matched the stop "a"."""
+    cont = _byte_token(qwen, 0x80)
+    out = [cont] * 9 + qwen.encode("a", add_special_tokens=False) + [cont] * 20
+    d = IncrementalDetokenizer(qwen, [], stop=("a",), min_tokens=12)
+    text = "".join(d.update([t]) for t in out) + d.flush()
+    assert d.stop_matched is None
+    assert text == qwen.decode(out)
