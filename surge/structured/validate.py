@@ -301,7 +301,7 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
 
 
 _RULE = re.compile(r"^(\S+) ::= (.*)$", re.MULTILINE)
-_DATE = re.compile(r'(\w+)\{4, 4\} "-" (\w+) "-" (\w+)')
+_DATE = re.compile(r'(?<!\w)(\w+)\{4, 4\} "-" (\w+) "-" (\w+)')
 """The date xgrammar 0.2.9 writes for ``format`` ``date`` and inside ``date-time``: four digits
 (:data:`_DIGIT`), a month (:data:`_MONTH`) and a day of 01 to 31 (:data:`_DAY`), whatever the
 month (``2024-02-30``) or the year (``0000``, which no calendar library reads)."""
@@ -325,7 +325,11 @@ _DATE_RULES = (
 def _real_dates(text: str) -> str:
     """``text`` (a grammar's EBNF) with xgrammar's dates (:data:`_DATE`) replaced by
     :data:`_DATE_RULES` and its leap seconds (:data:`_SECOND`) taken out; ``text`` itself when it
-    has neither."""
+    has neither. Rule names grow with a schema's depth (``root_prop_a_prop_a...``), so the date's
+    pattern starts only at a name's first character and runs only when a date may be there:
+    tried at every character, a 64-level schema's 355 KB of rules took 0.6 s."""
+    if '{4, 4} "-" ' not in text and _SECOND not in text:
+        return text
     bodies = dict(_RULE.findall(text))
 
     def date(m: re.Match[str]) -> str:
