@@ -839,6 +839,11 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
       STAMP(3)
       continue;
     }
+    // one scale layout per build (BLOCK_SCALED): a runtime branch between them made the per-row
+    // layers 13 % slower on an H200; a phase of the other layout marks the launch hung. Checked
+    // before the build: after it, the per-row bf16-KV build spilled 4 bytes at its 128 registers
+    // (NVRTC 13.0, sm_90; benchmarks/stream_decode_spills.py), the kernel before session 53 none.
+    if ((d.wbn != 0) != (BLOCK_SCALED != 0) && tid == 0) atomicOr(counter, HANG);
     const unsigned short* xin =
         reinterpret_cast<const unsigned short*>((p == 0 && use_x0) ? (const void*)x0 : (const void*)d.x);
     const float up = build_x(d, xin, xs, ep, red, cta, G, tid, warp, lane);
@@ -846,10 +851,7 @@ stream_decode(const Phase* __restrict__ phases, int num_phases, unsigned* counte
     STAMP(1)
     const int r0 = row0_of(d, cta, G);
     const int k = d.k, ks = ksegs(d), epi = d.epi;
-    // one scale layout per build (BLOCK_SCALED): a runtime branch between them made the per-row
-    // layers 13 % slower on an H200; a phase of the other layout marks the launch hung
     const bool y_bf16 = d.y_bf16 != 0, blocked = BLOCK_SCALED != 0;
-    if ((d.wbn != 0) != blocked && tid == 0) atomicOr(counter, HANG);
     void* const yp = reinterpret_cast<void*>(d.y);
     float acc = 0.f, g = 0.f, ess = 0.f, eam = 0.f;
     while (have && nt.p == p) {
