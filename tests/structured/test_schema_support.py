@@ -821,15 +821,35 @@ def test_schema_depth_counts_ref_targets_and_stops_at_cycles() -> None:
     check_json_schema(tree)
 
 
-def test_deep_and_wide_schemas_are_refused_by_their_nesting_cost() -> None:
+class _CountedScans:
+    """A compiled pattern that adds up the characters each ``sub``/``findall`` call is given,
+    to count how much grammar text a rewrite reads (work, not time: no clock in unit tests)."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.chars = 0
+
+    def sub(self, repl: Any, text: str) -> str:
+        self.chars += len(text)
+        return self.pattern.sub(repl, text)
+
+    def findall(self, text: str) -> list[Any]:
+        self.chars += len(text)
+        return self.pattern.findall(text)
+
+
+def test_deep_and_wide_schemas_are_refused_by_their_nesting_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     """Within the depth limit, xgrammar's conversion still grows with the schema's size times its
     depth squared (64 levels with 50 properties each: 0.6 s for 90 KB, and a 4 MiB body could hold
-    far more): refused past MAX_NESTING_COST; the same levels moved into $defs cost nothing; the
-    worst schema accepted converts well under a second."""
-    import time
+    far more): refused past MAX_NESTING_COST; the same levels moved into $defs cost nothing. The
+    worst schemas accepted are bounded by work, not by a clock: their grammar stays under 1 MB of
+    text (xgrammar's rules, 355 KB and 790 KB here), Surge's rewrite reads that text once when no
+    date or time is there, a few times when one is, and the date pattern never starts inside a
+    rule name (tried at every character of the long names of a deep schema, it took 0.6 s)."""
+    import surge.structured.validate as validate
 
-    def wide(width: int, depth: int) -> dict[str, Any]:
-        node: dict[str, Any] = {"type": "integer"}
+    def wide(width: int, depth: int, leaf: dict[str, Any] | None = None) -> dict[str, Any]:
+        node: dict[str, Any] = leaf or {"type": "integer"}
         for _ in range(depth):
             props = {"a": node, **{f"p{i}": {"type": "string"} for i in range(width)}}
             node = {"type": "object", "properties": props, "required": list(props)}
@@ -844,13 +864,31 @@ def test_deep_and_wide_schemas_are_refused_by_their_nesting_cost() -> None:
         props = {"a": {"$ref": f"#/$defs/l{i - 1}"}, **{f"p{j}": {"type": "string"} for j in range(150)}}
         defs[f"l{i}"] = {"type": "object", "properties": props, "required": list(props)}
     check_json_schema({"$defs": defs, "$ref": "#/$defs/l30"})
+    date = {"type": "string", "format": "date"}
     for depth, width in ((64, 10), (32, 86)):  # the widest accepted at each depth (at 16: MAX_SUBSCHEMAS)
         check_json_schema(wide(width, depth))
         with pytest.raises(ValueError, match="too deeply nested"):
             check_json_schema(wide(width + 2, depth))
-        start = time.perf_counter()
-        build_grammar(StructuredOutputsParams(json=json.dumps(wide(width, depth))))
-        assert time.perf_counter() - start < 2
+        for leaf, most_reads in ((None, 1), (date, 4)):
+            scans = {
+                name: _CountedScans(getattr(validate, name))
+                for name in ("_LENGTH_STRING_CHAR", "_RULE", "_DATE")
+            }
+            for name, counted in scans.items():
+                monkeypatch.setattr(validate, name, counted)
+            text = str(build_grammar(StructuredOutputsParams(json=json.dumps(wide(width, depth, leaf)))))
+            assert len(text) < 1_000_000
+            assert sum(c.chars for c in scans.values()) <= most_reads * len(text)
+            assert ("surge_rfc3339_date ::=" in text) == (leaf is date)
+            monkeypatch.undo()
+        # a deep schema's longest rule name, as the date's digits: the pattern may start only at its
+        # first character (elsewhere it fails at once instead of reading on to the name's end)
+        longest = max((line.split(" ", 1)[0] for line in text.splitlines()), key=len)
+        probe = f'x ::= (({longest}{{4, 4}} "-" m "-" d))'
+        start = probe.index(longest)
+        assert len(longest) > 100
+        assert validate._DATE.match(probe, start) is not None
+        assert all(validate._DATE.match(probe, i) is None for i in range(start + 1, start + len(longest)))
 
 
 def test_structured_output_verdicts_are_cached_by_canonical_json(monkeypatch: pytest.MonkeyPatch) -> None:
