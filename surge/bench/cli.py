@@ -232,7 +232,7 @@ def _add_client_flags(p: argparse.ArgumentParser, matrix: bool = False) -> None:
         metavar="NAME:MS",
         help="SLOs in ms, NAME ttft, tpot or e2el, e.g. ttft:500 tpot:50 e2el:10000: request_goodput is the "
         "successful requests meeting every one of them (value <= SLO; an SLO may be 0, as vLLM's, not "
-        "negative; a request of one token has TPOT 0 here) per second of the run (vLLM's option) (default: none)",
+        "negative; each NAME once; a request of one token has TPOT 0 here) per second of the run (vLLM's option) (default: none)",
     )
     p.add_argument(
         "--request-timeout",

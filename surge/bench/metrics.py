@@ -76,11 +76,14 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     """Parse ``["ttft:500", "tpot:50"]`` into ``{"ttft": 500.0, ...}`` (ms).
 
     Raises:
-        ValueError: unknown metric name, missing ``:``, or a negative / non-numeric value. 0 is an
-            SLO, as vLLM 0.26's ``check_goodput_args`` takes it (it refuses negative values): a
-            request meets it only with a value of exactly 0 (a one-token request's TPOT).
+        ValueError: unknown metric name, missing ``:``, a negative / non-numeric value, or a name
+            given twice (``ttft:500 ttft:300``: vLLM 0.26 keeps the last one without a word, which
+            hides a typo). 0 is an SLO, as vLLM 0.26's ``check_goodput_args`` takes it (it refuses
+            negative values): a request meets it only with a value of exactly 0 (a one-token
+            request's TPOT).
     """
     out: dict[str, float] = {}
+    given: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition(":")
         name = name.strip().lower()
@@ -94,6 +97,11 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
             raise ValueError(f"--goodput value must be a number of ms, got {item!r}") from None
         if not ms >= 0:
             raise ValueError(f"--goodput value must be >= 0 ms (vLLM's bound), got {item!r}")
+        if name in given:
+            raise ValueError(
+                f"--goodput gives {name} twice ({given[name]!r} and {item!r}): give each SLO once"
+            )
+        given[name] = item
         out[name] = ms
     return out
 

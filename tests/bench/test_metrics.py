@@ -130,9 +130,25 @@ def test_parsers() -> None:
             parse_goodput(bad)
     # vLLM 0.26 takes an SLO of 0 ms (check_goodput_args refuses only negative values)
     assert parse_goodput(["ttft:0", "tpot:0"]) == {"ttft": 0.0, "tpot": 0.0}
+    # an SLO given twice is refused (vLLM 0.26 keeps the last without a word), whatever its case
+    for twice in (["ttft:500", "ttft:300"], ["ttft:500", "tpot:50", "TTFT:500"]):
+        with pytest.raises(
+            ValueError, match=r"^--goodput gives ttft twice \('ttft:500' and '(ttft:300|TTFT:500)'\)"
+        ):
+            parse_goodput(twice)
     for bad in ("", "abc", "-1", "101", "100.5"):
         with pytest.raises(ValueError):
             parse_percentiles(bad)
+
+
+def test_goodput_given_twice_is_one_readable_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """``surge bench serve --goodput ttft:500 ttft:300`` exits 2 with one line naming the flag,
+    before any request (no server listens here)."""
+    from conftest import bench_main
+
+    assert bench_main(["bench", "serve", "--goodput", "ttft:500", "ttft:300"]) == 2
+    err = capsys.readouterr().err
+    assert err == "surge: error: --goodput gives ttft twice ('ttft:500' and 'ttft:300'): give each SLO once\n"
 
 
 def test_percentiles_0_and_100_are_the_min_and_max_as_in_vllm() -> None:
