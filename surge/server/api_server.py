@@ -810,7 +810,8 @@ class ServeOptions:
         access_log: log every HTTP request.
         engine_log_level: ``logging`` level of the engine process.
         metrics_require_key: ``/metrics`` needs the API key too.
-        metrics_prefix: the metric names' prefix, ``surge`` or ``vllm`` (vLLM's names).
+        metrics_prefix: the metric names' prefix, ``surge`` or ``vllm`` (vLLM's names of the
+            metrics vLLM has too; Surge-only ones keep ``surge:``).
         keep_alive_on_engine_death: after the engine dies, stay up answering 503 instead of
             exiting with code 1 (vLLM's ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``).
         max_request_body_bytes: largest request body (bytes); larger ones get a 413.

@@ -164,7 +164,8 @@ def add_serve_parser(subparsers: Any) -> None:
         choices=METRICS_PREFIXES,
         default="surge",
         help="the /metrics names' prefix: surge (surge:num_requests_running, ...) or vllm (vLLM's names "
-        "of the same metrics, e.g. vllm:num_requests_waiting, for dashboards and autoscalers written for vLLM)",
+        "of the same metrics, e.g. vllm:num_requests_waiting, for dashboards and autoscalers written for vLLM; "
+        "Surge-only metrics such as surge:engine_up keep their surge: names)",
     )
     p.add_argument(
         "--max-request-body-bytes",

@@ -1,5 +1,6 @@
 """Prometheus metrics with vLLM 0.26's names, types, labels and buckets under a ``surge:`` prefix
-(or ``vllm:``), and the hook to the periodic stats line (:mod:`surge.server.stats_line`).
+(or ``vllm:`` for those vLLM has too, :data:`VLLM_METRICS`), and the hook to the periodic stats
+line (:mod:`surge.server.stats_line`).
 
 Request metrics (counters, histograms) are observed in the API process as outputs arrive, per
 engine (label ``engine``: ``"0"``, or the data-parallel replica that served the request; label
@@ -122,6 +123,50 @@ METRICS_PREFIXES = ("surge", "vllm")
 """The metric name prefixes ``--metrics-prefix`` takes: Surge's own, or vLLM's (the metrics
 that both servers have carry the same name after the prefix)."""
 
+VLLM_METRICS = frozenset(
+    {
+        "num_requests_running",
+        "num_requests_waiting",
+        "num_requests_waiting_by_reason",
+        "kv_cache_usage_perc",
+        "num_preemptions",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "prompt_tokens",
+        "prompt_tokens_by_source",
+        "prompt_tokens_cached",
+        "generation_tokens",
+        "request_success",
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_inference_time_seconds",
+        "request_time_per_output_token_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "request_prefill_kv_computed_tokens",
+        "request_params_max_tokens",
+        "request_max_num_generation_tokens",
+        "request_params_n",
+        "iteration_tokens_total",
+    }
+)
+"""The metrics (names after the prefix, a counter's without ``_total``) that vLLM 0.26 exports
+too with the same meaning (``vllm/v1/metrics/loggers.py``): only these take the ``vllm:`` prefix
+under ``--metrics-prefix vllm``. The others (``engine_up``, ``kv_cache_free_blocks``,
+``kv_cache_total_blocks``, ``grammar_compile_time_seconds``, ``structured_output_requests``)
+are Surge's own and keep ``surge:`` whatever the prefix: a ``vllm:`` name vLLM does not have
+would send a dashboard looking for it to nothing."""
+
+
+def metric_name(prefix: str, name: str) -> str:
+    """The exported name of metric ``name`` under ``--metrics-prefix`` ``prefix``: ``prefix:name``
+    for a metric vLLM has too (:data:`VLLM_METRICS`), ``surge:name`` for a Surge-only one."""
+    return f"{prefix}:{name}" if name in VLLM_METRICS else f"surge:{name}"
+
 
 class _EngineStatsCollector(Collector):
     """Exports the latest SchedulerStats as gauges and counters at scrape time."""
@@ -143,7 +188,9 @@ class _EngineStatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = self._engine_up()
         g = GaugeMetricFamily(
-            f"{self._prefix}:engine_up", "1 while the engine is running, else 0.", labels=["model_name"]
+            metric_name(self._prefix, "engine_up"),
+            "1 while the engine is running, else 0.",
+            labels=["model_name"],
         )
         g.add_metric([self._model_name], 1 if up else 0)
         yield g
@@ -172,14 +219,14 @@ class _EngineStatsCollector(Collector):
         s = last if up else None  # the gauges' stats: none while the engine is down
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"{self._prefix}:{name}", doc, labels=labels)
+            g = GaugeMetricFamily(metric_name(self._prefix, name), doc, labels=labels)
             g.add_metric(values, value)
             return g
 
         yield gauge("num_requests_running", "Requests in the running batch.", s.num_running if s else 0)
         yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting if s else 0)
         g = GaugeMetricFamily(
-            f"{self._prefix}:num_requests_waiting_by_reason",
+            metric_name(self._prefix, "num_requests_waiting_by_reason"),
             "Waiting requests by reason: 'capacity' (scheduling capacity), 'deferred' (grammar "
             "compiling); they add up to num_requests_waiting.",
             labels=[*labels, "reason"],
@@ -193,7 +240,9 @@ class _EngineStatsCollector(Collector):
         )
         yield gauge("kv_cache_free_blocks", "Free KV cache blocks.", s.num_free_blocks if s else 0)
         yield gauge("kv_cache_total_blocks", "KV cache blocks in the pool.", s.num_total_blocks if s else 0)
-        c = CounterMetricFamily(f"{self._prefix}:num_preemptions", "Preemptions since start.", labels=labels)
+        c = CounterMetricFamily(
+            metric_name(self._prefix, "num_preemptions"), "Preemptions since start.", labels=labels
+        )
         c.add_metric(values, last.num_preemptions_total if last else 0)
         yield c
         for name, doc, value in (
@@ -208,7 +257,7 @@ class _EngineStatsCollector(Collector):
                 last.prefix_cache_query_tokens if last else 0,
             ),
         ):
-            c = CounterMetricFamily(f"{self._prefix}:{name}", doc, labels=labels)
+            c = CounterMetricFamily(metric_name(self._prefix, name), doc, labels=labels)
             c.add_metric(values, value)
             yield c
 
@@ -311,7 +360,8 @@ class ServerMetrics:
             rendered; the process was started with ``PROMETHEUS_MULTIPROC_DIR`` set to it).
         prefix: the metric names' prefix, ``surge`` (``surge:num_requests_running``) or
             ``vllm`` (``--metrics-prefix vllm``: the names vLLM gives the same metrics, for
-            dashboards and autoscalers written for vLLM).
+            dashboards and autoscalers written for vLLM; Surge-only metrics, those not in
+            :data:`VLLM_METRICS`, keep ``surge:``).
         max_model_len: the context length in tokens: the top bucket of the token count
             histograms (:func:`build_1_2_5_buckets`, as vLLM).
 
@@ -351,10 +401,12 @@ class ServerMetrics:
         families: dict[str, Counter | Histogram] = {}
 
         def counter(name: str, doc: str, *extra: str) -> None:
-            families[name] = Counter(f"{prefix}:{name}", doc, [*per_engine, *extra], registry=reg)
+            families[name] = Counter(metric_name(prefix, name), doc, [*per_engine, *extra], registry=reg)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[int]) -> None:
-            families[name] = Histogram(f"{prefix}:{name}", doc, per_engine, buckets=buckets, registry=reg)
+            families[name] = Histogram(
+                metric_name(prefix, name), doc, per_engine, buckets=buckets, registry=reg
+            )
 
         counter(
             "prompt_tokens", "Prompt tokens of the requests whose prefill is done (prefix-cached included)."
@@ -413,14 +465,14 @@ class ServerMetrics:
         )
         self._families = families
         self.grammar_compile_time = Histogram(
-            f"{prefix}:grammar_compile_time_seconds",
+            metric_name(prefix, "grammar_compile_time_seconds"),
             "Time to compile one structured-output grammar in the engine (s).",
             lbl,
             buckets=_GRAMMAR_BUCKETS,
             registry=reg,
         ).labels(model_name)
         self._structured = Counter(
-            f"{prefix}:structured_output_requests",
+            metric_name(prefix, "structured_output_requests"),
             "Requests constrained by a grammar, by kind (json, regex, choice, grammar, json_object, structural_tag).",
             [*lbl, "kind"],
             registry=reg,

@@ -1,5 +1,6 @@
 """``--metrics-prefix vllm``: the same metrics under vLLM's names, for dashboards and autoscalers
-written for vLLM (``vllm:num_requests_waiting``, ``vllm:time_to_first_token_seconds``, ...)."""
+written for vLLM (``vllm:num_requests_waiting``, ``vllm:time_to_first_token_seconds``, ...); the
+metrics vLLM does not have keep their ``surge:`` names."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ import pytest
 from surge.core.outputs import SchedulerStats
 from surge.server.metrics import ServerMetrics
 from tests.server.conftest import start_server
+from tests.server.test_metrics_vllm_shape import VLLM
+
+SURGE_ONLY = {  # families vLLM 0.26 does not export: ``surge:`` under either prefix
+    "surge:engine_up",
+    "surge:kv_cache_free_blocks",
+    "surge:kv_cache_total_blocks",
+    "surge:grammar_compile_time_seconds",
+    "surge:structured_output_requests",
+}
 
 VLLM_NAMES = (  # names vLLM 0.26 exports for these metrics (vllm/v1/metrics/loggers.py)
     "vllm:num_requests_running",
@@ -35,21 +45,40 @@ def _names(metrics: ServerMetrics) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M)}
 
 
-def test_the_prefix_renames_every_metric_and_nothing_else() -> None:
+def _families(metrics: ServerMetrics) -> set[str]:
+    """The metric families ``metrics`` renders, a counter's without ``_total`` (as vLLM's code
+    names them), without prometheus_client's ``*_created`` timestamps."""
+    types = re.findall(r"^# TYPE (\S+) (\S+)$", metrics.render().decode(), re.M)
+    return {
+        n.removesuffix("_total") if kind == "counter" else n
+        for n, kind in types
+        if not n.endswith("_created")
+    }
+
+
+def test_the_prefix_renames_vllms_metrics_and_nothing_else() -> None:
+    """Under ``vllm`` each metric vLLM 0.26 has is renamed, and only those: Surge's own keep
+    ``surge:`` (a ``vllm:engine_up`` would be a vLLM name that vLLM does not have)."""
     stats = SchedulerStats(2, 3, 0.25, 10, 40, 1)
     ours = ServerMetrics("m", lambda: stats, max_model_len=2048)
     theirs = ServerMetrics("m", lambda: stats, prefix="vllm", max_model_len=2048)
     for m in (ours, theirs):
         m.engine().ttft.observe(0.1)
         m.engine().add_generation_tokens(5)
+        m.structured_request("json")
     surge_names, vllm_names = _names(ours), _names(theirs)
     standard = {n for n in surge_names if n.startswith(("process_", "python_"))}
     assert "process_resident_memory_bytes" in standard  # as vLLM's default registry has
     assert standard == {n for n in vllm_names if n.startswith(("process_", "python_"))}
     surge_names, vllm_names = surge_names - standard, vllm_names - standard
     assert all(n.startswith("surge:") for n in surge_names)
-    assert {n.replace("surge:", "vllm:", 1) for n in surge_names} == vllm_names
+    renamed = {n if n.startswith(tuple(SURGE_ONLY)) else n.replace("surge:", "vllm:", 1) for n in surge_names}
+    assert renamed == vllm_names
     assert set(VLLM_NAMES) <= vllm_names
+    surge_families, vllm_families = _families(ours), _families(theirs)
+    assert {f for f in vllm_families if f.startswith("surge:")} == SURGE_ONLY
+    assert {f for f in vllm_families if f.startswith("vllm:")} == set(VLLM)  # each a name vLLM 0.26 has
+    assert {f for f in surge_families if f.startswith("surge:") and "vllm:" + f[6:] not in VLLM} == SURGE_ONLY
     assert re.search(
         r'^vllm:num_requests_waiting\{engine="0",model_name="m"\} 3\.0$', theirs.render().decode(), re.M
     )
@@ -70,7 +99,10 @@ def test_a_server_started_with_the_flag_exports_vllms_names(tmp_path: Path) -> N
     finally:
         assert srv.stop() == 0
     names = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M)}
-    assert set(VLLM_NAMES) <= names and not any(n.startswith("surge:") for n in names), sorted(names)
+    assert set(VLLM_NAMES) <= names, sorted(names)
+    ours = {n for n in names if n.startswith("surge:")}  # Surge-only metrics keep their names
+    assert {"surge:engine_up", "surge:kv_cache_free_blocks"} <= ours, sorted(names)
+    assert all(n.startswith(tuple(SURGE_ONLY)) for n in ours), sorted(names)
     assert re.search(r'^vllm:generation_tokens_total\{engine="0",model_name="[^"]+"\} 3\.0$', text, re.M), (
         text
     )

@@ -409,8 +409,9 @@ def test_api_key_kept_in_session_storage(page: Any, tmp_path: Path) -> None:
 
 
 def test_dashboard_reads_vllm_metric_names(page: Any, tmp_path: Path) -> None:
-    """Under ``--metrics-prefix vllm`` every metric is ``vllm:*``: the dashboard finds its series
-    under that prefix (it read ``surge:*`` only)."""
+    """Under ``--metrics-prefix vllm`` every metric vLLM has is ``vllm:*`` (Surge's own, such as
+    ``surge:engine_up``, keep ``surge:``): the dashboard finds its series under that prefix (it
+    read ``surge:*`` only)."""
     srv = start_server(tmp_path, "--metrics-prefix", "vllm")
     try:
         for _ in range(3):

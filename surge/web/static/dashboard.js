@@ -170,7 +170,8 @@
       }
       if (!r.ok) throw new Error(await C.errorMessage(r));
       const parsed = C.parsePrometheus(await r.text());
-      if (parsed.some((x) => x.name === "vllm:engine_up")) P = "vllm:";
+      // surge:engine_up is Surge's own, so it keeps surge: under the vllm prefix: a vLLM name tells
+      if (parsed.some((x) => x.name === "vllm:num_requests_running")) P = "vllm:";
       const sample = derive(parsed, t);
       history.push(sample);
       while (history.length && t - history[0].t > SPAN_S + 2) history.shift();
