@@ -1392,6 +1392,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         input_len=next(v for v in (args.input_len, args.random_input_len, 256) if v is not None)
         if dataset == "random"
         else 256,
+        input_len_flag="--random-input-len"
+        if dataset == "random" and args.input_len is None and args.random_input_len is not None
+        else "--input-len",
+        # the dataset's own output flag when it was typed alone, or gave sonnet's default (150)
+        output_len_flag=fixed[0]
+        if args.output_len is None and (fixed[1] is not None or dataset == "sonnet")
+        else "--output-len",
         output_len=256 if output_len == -1 else output_len,  # -1: custom's per-line lengths
         sharegpt_output_len=own_output if dataset == "sharegpt" else None,
         random_range_ratio=in_ratio,
@@ -1410,6 +1417,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.prefix_repetition_num_prefixes is None
         else args.prefix_repetition_num_prefixes,
         sonnet_input_len=next(v for v in (args.sonnet_input_len, args.input_len, 550) if v is not None),
+        sonnet_input_len_flag="--input-len"
+        if args.sonnet_input_len is None and args.input_len is not None
+        else "--sonnet-input-len",
         sonnet_prefix_len=200 if args.sonnet_prefix_len is None else args.sonnet_prefix_len,
         timed_trace=_timed_trace_options(args),
         self_timed=dataset == "timed_trace" and args.self_timed is not False,

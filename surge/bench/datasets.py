@@ -204,6 +204,9 @@ def random_requests(
     range_ratio: float = 0.0,
     prefix_len: int = 0,
     output_range_ratio: float | None = None,
+    *,
+    input_len_flag: str = "--input-len",
+    output_len_flag: str = "--output-len",
 ) -> list[SampleRequest]:
     """``num_prompts`` random prompts of exactly ``input_len`` tokens as the server counts them
     (templated for ``chat``, under the request fields ``options``), each asking ``output_len``
@@ -216,14 +219,18 @@ def random_requests(
     (vLLM's ``--random-prefix-len``) every prompt begins with the same :func:`shared_prefix` of N
     tokens and has exactly N + its input length tokens as the server counts them (the input
     length covers the random part, the BOS or chat template, and the separator after the prefix).
+    ``input_len_flag`` and ``output_len_flag`` are the flags the user gave the lengths with
+    (``--random-input-len`` is vLLM's spelling of ``--input-len``), which errors name.
 
     Raises:
         ValueError: a count or length below 1 (N below 0), r outside [0, 1), or a (drawn) input
             length below the tokenizer's or chat template's minimum (naming the least
-            ``--input-len`` and, on the chat endpoint, ``--endpoint /v1/completions``).
+            ``input_len_flag`` and, on the chat endpoint, ``--endpoint /v1/completions``).
     """
-    if num_prompts < 1 or output_len < 1:
-        raise ValueError("--num-prompts and --output-len must be >= 1")
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if output_len < 1:
+        raise ValueError(f"{output_len_flag} must be >= 1, got {output_len}")
     out_ratio = range_ratio if output_range_ratio is None else output_range_ratio
     for ratio in (range_ratio, out_ratio):
         if not 0.0 <= ratio < 1.0:
@@ -249,7 +256,7 @@ def random_requests(
         if min(in_lens) < least:
             drew = f"--random-range-ratio {range_ratio} drew " if range_ratio else ""
             raise ValueError(
-                f"{drew}--input-len {min(in_lens)} is below the minimum of {least} with --random-prefix-len "
+                f"{drew}{input_len_flag} {min(in_lens)} is below the minimum of {least} with --random-prefix-len "
                 f"{prefix_len} (one random token after the prefix, with the BOS or chat template's tokens)"
             )
         return [
@@ -268,8 +275,8 @@ def random_requests(
             # what to do instead: on the chat endpoint a Llama 3.1 template alone is 35 tokens
             other = ", or --endpoint /v1/completions (no chat template)" if e.chat else ""
             raise ValueError(
-                f"--input-len {e.n_tokens} is below {e.what} minimum of {e.minimum}: give --input-len "
-                f"{e.minimum} or more{other}"
+                f"{input_len_flag} {e.n_tokens} is below {e.what} minimum of {e.minimum}: give "
+                f"{input_len_flag} {e.minimum} or more{other}"
             ) from None
         except ValueError as e:
             if range_ratio == 0.0:
@@ -731,6 +738,9 @@ def sonnet_requests(
     seed: int,
     chat: bool = False,
     options: Mapping[str, Any] | None = None,
+    *,
+    input_len_flag: str = "--sonnet-input-len",
+    output_len_flag: str = "--sonnet-output-len",
 ) -> list[SampleRequest]:
     """vLLM's ``sonnet`` dataset: ``num_prompts`` prompts of :data:`SONNET_INSTRUCTION` followed by
     lines of the text file ``path`` (:func:`load_lines`), each asking ``output_len`` tokens.
@@ -743,7 +753,9 @@ def sonnet_requests(
     ``--seed``); a draw whose prompt has more than ``input_len`` tokens is drawn again, so prompts
     have up to ``input_len`` tokens. On /v1/completions the prompt is sent rendered with the model's
     chat template (as vLLM); on the chat endpoint it is the user message. ``prompt_len`` is counted
-    as the server sees the prompt (under the request fields ``options``).
+    as the server sees the prompt (under the request fields ``options``). ``input_len_flag`` and
+    ``output_len_flag`` are the flags the user gave the lengths with (``--input-len`` and
+    ``--output-len`` set the sonnet ones, as vLLM), which errors name.
 
     Raises:
         ValueError: an unusable file, a length or count out of range, ``input_len`` not above
@@ -752,9 +764,9 @@ def sonnet_requests(
     """
     for flag, value, least in (
         ("--num-prompts", num_prompts, 1),
-        ("--sonnet-input-len", input_len, 1),
+        (input_len_flag, input_len, 1),
         ("--sonnet-prefix-len", prefix_len, 0),
-        ("--sonnet-output-len", output_len, 1),
+        (output_len_flag, output_len, 1),
     ):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
@@ -774,7 +786,7 @@ def sonnet_requests(
     base = len(encode(sent(SONNET_INSTRUCTION)))
     if input_len <= base:
         raise ValueError(
-            f"--sonnet-input-len {input_len} must be above the {base} tokens of the instruction alone "
+            f"{input_len_flag} {input_len} must be above the {base} tokens of the instruction alone "
             "(as the server counts it, chat template included)"
         )
     n_lines = max(round((input_len - base) / mean), 1)
@@ -796,13 +808,13 @@ def sonnet_requests(
         if n_drawn <= 0:
             raise ValueError(
                 f"--sonnet-prefix-len {prefix_len}: the instruction and the file's first {len(prefix)} lines "
-                f"take {n} tokens, over --sonnet-input-len {input_len} (lower --sonnet-prefix-len)"
+                f"take {n} tokens, over {input_len_flag} {input_len} (lower --sonnet-prefix-len)"
             )
         if rejected >= SONNET_MAX_REJECTIONS:
             raise ValueError(
                 f"--dataset-path {path}: no draw of {n_drawn} lines (after {len(prefix)} prefix lines) fit "
-                f"--sonnet-input-len {input_len} in {SONNET_MAX_REJECTIONS} tries (the lines average "
-                f"{mean:.1f} tokens, the instruction takes {base}); raise --sonnet-input-len"
+                f"{input_len_flag} {input_len} in {SONNET_MAX_REJECTIONS} tries (the lines average "
+                f"{mean:.1f} tokens, the instruction takes {base}); raise {input_len_flag}"
             )
     return out
 

@@ -148,6 +148,11 @@ class ServeConfig:
     dataset_path: str | None = None
     input_len: int = 256
     output_len: int = 256
+    # the flags the user gave input_len and output_len with, which errors name: vLLM's
+    # --random-input-len and a dataset's own output length (--random-output-len,
+    # --sonnet-output-len, ...) are other spellings of them
+    input_len_flag: str = "--input-len"
+    output_len_flag: str = "--output-len"
     # --dataset random: per-request lengths uniform in [L (1 - r), L (1 + r)] (vLLM's option); 0: exact
     random_range_ratio: float = 0.0
     # --dataset random: the output lengths' own ratio (vLLM's '{"input": r, "output": r2}'); None: random_range_ratio
@@ -170,6 +175,7 @@ class ServeConfig:
     # --dataset sonnet (vLLM's): prompts of up to sonnet_input_len tokens whose first lines (about
     # sonnet_prefix_len tokens with the instruction) are shared; each asks output_len tokens
     sonnet_input_len: int = 550
+    sonnet_input_len_flag: str = "--sonnet-input-len"  # the flag it was given with (--input-len sets it too)
     sonnet_prefix_len: int = 200
     # --dataset timed_trace (vLLM's --timed-trace-* flags): how the trace's rows are read and timed
     timed_trace: TimedTraceOptions = TimedTraceOptions()
@@ -304,7 +310,7 @@ class ServeConfig:
                 f"{self.prefix_repetition_num_prefixes} (every prefix needs a prompt)"
             )
         check_route(self.endpoint)
-        for flag, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
+        for flag, value in ((self.input_len_flag, self.input_len), (self.output_len_flag, self.output_len)):
             if value < 1:  # the CLI refuses a length flag below 1 of any dataset first, naming it
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         if self.seed < 0:
@@ -1064,6 +1070,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
             cfg.seed,
             chat,
             options,
+            input_len_flag=cfg.sonnet_input_len_flag,
+            output_len_flag=cfg.output_len_flag,
         )
     if cfg.dataset == "hf":
         assert cfg.dataset_path is not None
@@ -1138,6 +1146,8 @@ def build_samples(cfg: ServeConfig, counter: TokenCounter, max_model_len: int | 
         cfg.random_range_ratio,
         cfg.random_prefix_len,
         cfg.output_range_ratio,
+        input_len_flag=cfg.input_len_flag,
+        output_len_flag=cfg.output_len_flag,
     )
 
 
@@ -1265,7 +1275,8 @@ def _run_serve(
             )
             prefix = f"--random-prefix-len {cfg.random_prefix_len} + " if cfg.random_prefix_len else ""
             raise ValueError(
-                f"{prefix}--input-len {cfg.input_len} + --output-len {cfg.output_len}{ranged} exceeds the "
+                f"{prefix}{cfg.input_len_flag} {cfg.input_len} + {cfg.output_len_flag} {cfg.output_len}{ranged} "
+                f"exceeds the "
                 f"server's max_model_len {max_model_len}"
             )
     if (
@@ -1274,7 +1285,7 @@ def _run_serve(
         and cfg.sonnet_input_len + cfg.output_len > int(max_model_len)
     ):
         raise ValueError(
-            f"--sonnet-input-len {cfg.sonnet_input_len} + --sonnet-output-len {cfg.output_len} exceeds the "
+            f"{cfg.sonnet_input_len_flag} {cfg.sonnet_input_len} + {cfg.output_len_flag} {cfg.output_len} exceeds the "
             f"server's max_model_len {max_model_len}"
         )
     if max_model_len and cfg.dataset == "prefix_repetition":
@@ -1319,6 +1330,8 @@ def _run_serve(
             cfg.seed + WARMUP_SEED_OFFSET,
             chat,
             warm_options,
+            input_len_flag=cfg.input_len_flag,
+            output_len_flag=cfg.output_len_flag,
         )
     id_prefix = cfg.request_id_prefix
     if id_prefix is None:  # vLLM's default: bench-, 8 random hex digits, -

@@ -929,3 +929,47 @@ def test_an_unwritable_result_file_or_output_dir_is_refused_before_any_request(
     assert cannot_write(kept) is None and kept.read_text() == "earlier"  # opened to append, not changed
     assert cannot_write(tmp_path / "new.json") is None and not (tmp_path / "new.json").exists()
     assert cannot_write(Path("/proc/x.json")) is not None
+
+
+def test_length_errors_name_the_flag_the_user_gave(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's --random-input-len / --random-output-len (and --input-len / --output-len with
+    --dataset sonnet) set the same lengths: an error names the flag that was typed, in one line."""
+    sonnet = tmp_path / "sonnet.txt"
+    sonnet.write_text("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n")
+    cases = (
+        (
+            ("--random-input-len", "100000", "--output-len", "8"),
+            "--random-input-len 100000 + --output-len 8 exceeds",
+        ),
+        (
+            ("--input-len", "100", "--random-output-len", "100000"),
+            "--input-len 100 + --random-output-len 100000 exceeds",
+        ),
+        (
+            ("--random-input-len", "1"),
+            "--random-input-len 1 is below the chat template's minimum of 7: give --random-input-len 7",
+        ),
+        (
+            ("--random-input-len", "1", "--random-prefix-len", "4", "--endpoint", "/v1/completions"),
+            "--random-input-len 1 is below the minimum of 2 with --random-prefix-len 4",
+        ),
+        (
+            ("--dataset", "sonnet", "--dataset-path", str(sonnet), "--input-len", "100000"),
+            "--input-len 100000 + --sonnet-output-len 150 exceeds",
+        ),
+        (
+            ("--dataset", "sonnet", "--dataset-path", str(sonnet), "--input-len", "3"),
+            "--input-len 3 must be above the",
+        ),
+        (
+            ("--dataset", "sonnet", "--dataset-path", str(sonnet), "--sonnet-output-len", "100000"),
+            "--sonnet-input-len 550 + --sonnet-output-len 100000 exceeds",
+        ),
+    )
+    with FakeServer(Behaviour()) as s:
+        for args, words in cases:
+            assert bench_main(_serve(s.url, "--num-prompts", "1", *args)) == 2, args
+            err = capsys.readouterr().err
+            assert words in err and err.count("\n") == 1, (args, err)
