@@ -321,26 +321,77 @@ _DATE_RULES = (
 )
 """A real date: years 0001 to 9999, each month its days, February 29 in leap years only."""
 
+_IPV4 = re.compile(r"\(\((\w+)\{3, 3\} (\w+)\)\)")
+"""The body of the rule xgrammar 0.2.9 writes for ``format`` ``ipv4``: three octets each followed
+by a dot (a rule ``((OCTET "."))``), then a fourth octet (:data:`_OCTET`)."""
+_OCTET = re.compile(r'\(\("2" "5" \[0-5\]\) \| \("2" \[0-4\] \[0-9\]\) \| \((\w+) (\w+) \[0-9\]\)\)')
+"""xgrammar's octet of an ``ipv4``: 250-255, 200-249, or an optional ``[0-1]`` (:data:`_OPT_01`)
+and an optional digit (:data:`_OPT_DIGIT`) before a digit, which lets leading zeros through
+(``01.2.3.4``, ``094.55.64.000``), though RFC 2673's dotted quad (JSON Schema's ``ipv4``) and
+Python's ``ipaddress`` refuse them."""
+_OPT_01 = '("" | ([0-1]))'
+_OPT_DIGIT = '("" | ([0-9]))'
+_REAL_OCTET = '(("2" "5" [0-5]) | ("2" [0-4] [0-9]) | ("1" [0-9] [0-9]) | ([1-9] [0-9]) | ([0-9]))'
+"""An octet without leading zeros: 0 to 255, each written one way."""
+_HOSTNAME = re.compile(r"\(\(\[a-z0-9\] (\w+) (\w+)\)\)")
+"""The body of the rule xgrammar 0.2.9 writes for ``format`` ``hostname``: a label (its first
+character, then the rest, :data:`_LABEL_REST`) and the dotted labels after it (a rule
+``("" | ("." [a-z0-9] REST NEXT))`` that calls itself)."""
+_LABEL_REST = r'("" | ([a-z0-9\-]* [a-z0-9]))'
+"""xgrammar's rest of a hostname label after its first character: any length, though RFC 1123
+(JSON Schema's ``hostname``) bounds a label to 63 characters."""
+_REAL_LABEL_REST = r'("" | ([a-z0-9\-]{0, 61} [a-z0-9]))'
+"""The rest of a label of at most 63 characters."""
 
-def _real_dates(text: str) -> str:
+
+def _real_formats(text: str) -> str:
     """``text`` (a grammar's EBNF) with xgrammar's dates (:data:`_DATE`) replaced by
-    :data:`_DATE_RULES` and its leap seconds (:data:`_SECOND`) taken out; ``text`` itself when it
-    has neither. Rule names grow with a schema's depth (``root_prop_a_prop_a...``), so the date's
-    pattern starts only at a name's first character and runs only when a date may be there:
-    tried at every character, a 64-level schema's 355 KB of rules took 0.6 s."""
-    if '{4, 4} "-" ' not in text and _SECOND not in text:
+    :data:`_DATE_RULES`, its leap seconds (:data:`_SECOND`) taken out, its ``ipv4`` octets
+    without leading zeros (:data:`_OCTET`) and its ``hostname`` labels at most 63 characters
+    (:data:`_LABEL_REST`); ``text`` itself when it has none of these. A rule is rewritten only
+    within the whole shape xgrammar writes for its format (an ``ipv4``'s four octets and three
+    dots, a ``hostname``'s labels), which a schema's ``pattern`` writes only when it is that
+    format's regex. Rule names grow with a schema's depth (``root_prop_a_prop_a...``), so the
+    date's pattern starts only at a name's first character and runs only when a date may be
+    there: tried at every character, a 64-level schema's 355 KB of rules took 0.6 s. The text is
+    read at most three times (the rules' bodies, the dates, the rewritten rules)."""
+    has_date = '{4, 4} "-" ' in text
+    if not has_date and _SECOND not in text and "{3, 3} " not in text and _LABEL_REST not in text:
         return text
     bodies = dict(_RULE.findall(text))
+    new_bodies = {name: "(([0-5] [0-9]))" for name, body in bodies.items() if body == _SECOND}
+
+    def octet(name: str) -> bool:
+        m = _OCTET.fullmatch(bodies.get(name, ""))
+        return m is not None and (bodies.get(m.group(1)), bodies.get(m.group(2))) == (_OPT_01, _OPT_DIGIT)
+
+    for body in bodies.values():
+        ipv4 = _IPV4.fullmatch(body)
+        if ipv4 is not None:
+            first = re.fullmatch(r'\(\((\w+) "\."\)\)', bodies.get(ipv4.group(1), ""))
+            if first is not None and octet(first.group(1)) and octet(ipv4.group(2)):
+                new_bodies[first.group(1)] = new_bodies[ipv4.group(2)] = _REAL_OCTET
+        host = _HOSTNAME.fullmatch(body)
+        if host is not None and bodies.get(host.group(1)) == _LABEL_REST:
+            after = re.fullmatch(r'\("" \| \("\." \[a-z0-9\] (\w+) (\w+)\)\)', bodies.get(host.group(2), ""))
+            if (
+                after is not None
+                and after.group(2) == host.group(2)
+                and bodies.get(after.group(1)) == _LABEL_REST
+            ):
+                new_bodies[host.group(1)] = new_bodies[after.group(1)] = _REAL_LABEL_REST
 
     def date(m: re.Match[str]) -> str:
         parts = (bodies.get(m.group(1)), bodies.get(m.group(2)), bodies.get(m.group(3)))
         return "surge_rfc3339_date" if parts == (_DIGIT, _MONTH, _DAY) else m.group(0)
 
-    fixed = _DATE.sub(date, text)
-    seconds = {name for name, body in bodies.items() if body == _SECOND}
-    if seconds:
+    fixed = _DATE.sub(date, text) if has_date else text
+    if new_bodies:
         fixed = _RULE.sub(
-            lambda m: f"{m.group(1)} ::= (([0-5] [0-9]))" if m.group(1) in seconds else m.group(0), fixed
+            lambda m: (
+                f"{m.group(1)} ::= {new_bodies[m.group(1)]}" if m.group(1) in new_bodies else m.group(0)
+            ),
+            fixed,
         )
     if "surge_rfc3339_date" in fixed and "surge_rfc3339_date ::=" not in fixed:
         fixed += "\n" + _DATE_RULES
@@ -363,9 +414,10 @@ def _has_own_rules(node: Any) -> bool:
 def _strict_json_values(grammar: Any) -> Any:
     """``grammar`` (an ``xgrammar.Grammar`` built from a JSON schema or a structural tag) with
     the characters of its length-bounded JSON strings (:data:`_LENGTH_STRING_CHAR`) kept from the
-    control characters, its dates real ones and no leap second in its times
-    (:func:`_real_dates`), so that the output is JSON and values that strict parsers read
-    (``json.loads``, pydantic, ``datetime``); the grammar itself when it has none of these. Costs
+    control characters, its dates real ones, no leap second in its times, no leading zero in an
+    ``ipv4``'s octets and no ``hostname`` label over 63 characters (:func:`_real_formats`), so
+    that the output is JSON and values that strict parsers read (``json.loads``, pydantic,
+    ``datetime``, ``ipaddress``); the grammar itself when it has none of these. Costs
     a parse of the grammar's text (about 20 ms for 80 bounded properties).
 
     Raises:
@@ -374,7 +426,7 @@ def _strict_json_values(grammar: Any) -> Any:
     import xgrammar as xgr
 
     text = str(grammar)
-    fixed = _real_dates(_LENGTH_STRING_CHAR.sub(lambda m: f"{m.group(1)} ::= {_JSON_STRING_CHAR}", text))
+    fixed = _real_formats(_LENGTH_STRING_CHAR.sub(lambda m: f"{m.group(1)} ::= {_JSON_STRING_CHAR}", text))
     return grammar if fixed == text else xgr.Grammar.from_ebnf(fixed)
 
 

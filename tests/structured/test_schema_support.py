@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -1131,30 +1130,64 @@ IPV4_PATTERN = (
 )
 def test_formats_are_enforced_as_shapes_not_values(fmt: str, value: str) -> None:
     """xgrammar's regex for a format accepts values a format-checking validator refuses (an
-    xgrammar that checks them fails this: update the doc): docs/structured-outputs.md's known
-    limit for ``ipv4``; build_grammar rewrites the dates and times
-    (test_dates_and_times_are_real_ones)."""
+    xgrammar that checks them fails this: the rewrites may go); build_grammar rewrites the
+    dates and times (test_dates_and_times_are_real_ones) and the ipv4 octets
+    (test_ipv4_octets_and_hostname_labels_are_real_ones)."""
     schema = {**STR, "format": fmt}
     assert _grammar_accepts(schema, json.dumps(value))
     assert not _schema_valid(schema, json.dumps(value))
 
 
-def test_a_hostname_label_may_pass_63_characters() -> None:
-    """RFC 1123 bounds a label to 63 characters; xgrammar's hostname does not (jsonschema checks
-    hostnames only with the fqdn package, absent here)."""
-    assert _grammar_accepts({**STR, "format": "hostname"}, json.dumps("a" * 64 + ".com"))
+def test_ipv4_octets_and_hostname_labels_are_real_ones() -> None:
+    """xgrammar 0.2.9's ``ipv4`` lets an octet have leading zeros (``01.2.3.4``), which RFC 2673's
+    dotted quad and Python's ``ipaddress`` refuse, and its ``hostname`` takes a label of any
+    length, where RFC 1123 stops at 63 characters (jsonschema checks hostnames only with the
+    fqdn package, absent here): build_grammar's grammar takes exactly the addresses ``ipaddress``
+    reads and labels of at most 63 characters, in a property as at the top; a ``pattern`` of
+    its own is kept as written."""
+    import ipaddress
+
+    ipv4 = {**STR, "format": "ipv4"}
+    hostname = {**STR, "format": "hostname"}
+    assert _grammar_accepts(ipv4, '"01.2.3.4"') and _grammar_accepts(hostname, json.dumps("a" * 64 + ".com"))
+    for schema in (ipv4, {"type": "object", "properties": {"ip": ipv4}, "required": ["ip"]}):
+        grammar = build_grammar(StructuredOutputsParams(json=json.dumps(schema)))
+        octets = [*map(str, range(256)), "00", "01", "000", "007", "099", "0255", "256", "300", ""]
+        for octet in octets:
+            for text in (f"{octet}.2.3.4", f"1.{octet}.3.4", f"1.2.3.{octet}"):
+                try:
+                    real = bool(ipaddress.IPv4Address(text))
+                except ValueError:
+                    real = False
+                value = (
+                    json.dumps(text) if schema is ipv4 else json.dumps({"ip": text}, separators=(", ", ": "))
+                )
+                assert xgr_testing._is_grammar_accept_string(grammar, value) == real, text
+    grammar = build_grammar(StructuredOutputsParams(json=json.dumps(hostname)))
+    for text, real in (
+        ("a" * 63, True),
+        ("a" * 64, False),
+        ("a" * 63 + ".com", True),
+        ("a" * 64 + ".com", False),
+        ("x." + "b" * 63, True),
+        ("x.y." + "b" * 64 + ".z", False),
+        ("a-b.c-d", True),
+        ("a-.b", False),
+    ):
+        assert xgr_testing._is_grammar_accept_string(grammar, json.dumps(text)) == real, text
+    own = build_grammar(
+        StructuredOutputsParams(json=json.dumps({**STR, "pattern": "^([01]?[0-9]?[0-9][.]){3}x$"}))
+    )
+    assert xgr_testing._is_grammar_accept_string(own, '"001.02.3.x"')
 
 
-def test_the_documented_ipv4_pattern_is_accepted_and_enforced() -> None:
-    """The doc's workaround for ipv4's leading zeros: a pattern Surge takes and xgrammar enforces."""
+def test_an_ipv4_pattern_is_accepted_and_enforced() -> None:
+    """A pattern for an IPv4 address without leading zeros: Surge takes it and xgrammar enforces it."""
     schema = {**STR, "pattern": IPV4_PATTERN}
     check_json_schema(schema)
     assert _grammar_accepts(schema, '"192.168.0.1"') and _grammar_accepts(schema, '"0.0.0.0"')
     for bad in ('"094.55.64.000"', '"256.1.1.1"', '"1.2.3"'):
         assert not _grammar_accepts(schema, bad)
-    assert (
-        IPV4_PATTERN in (Path(__file__).resolve().parents[2] / "docs" / "structured-outputs.md").read_text()
-    )
 
 
 BOUNDED = {"type": "string", "minLength": 1, "maxLength": 4}
