@@ -2,8 +2,10 @@
 ``GET /v1/responses/{id}`` returns and what ``previous_response_id`` continues.
 
 It lives in the API process and holds the newest :data:`MAX_STORED_RESPONSES` responses, at most
-:data:`MAX_STORED_BYTES` of them (the oldest is forgotten first); nothing survives a restart, and
-with several API processes (``--api-server-count``) each has its own store. Each response is kept
+:data:`MAX_STORED_BYTES` of them (the oldest finished one is forgotten first; a background
+response still running is pinned and never forgotten, so that ``GET`` and ``cancel`` reach it);
+nothing survives a restart, and with several API processes (``--api-server-count``) each has its
+own store. Each response is kept
 as its JSON bytes, so what the store holds is what it counts: a response of many small objects
 (a 4 MiB ``metadata`` of tiny strings) would take several times its JSON size as Python objects.
 """
@@ -56,6 +58,11 @@ class ResponseStore:
     """The newest responses by id, at most ``capacity`` of them and ``max_bytes`` together
     (least recently stored first out; the newest is kept even alone over ``max_bytes``).
 
+    A pinned response (:meth:`pin`: a background response still running) is never forgotten:
+    only the others make room, so the store may hold more than its bounds while the pinned
+    ones alone fill it (:attr:`pinned_full`, which the Responses API checks before it starts
+    another background response).
+
     Args:
         capacity: most responses kept (>= 1).
         max_bytes: most bytes kept (:attr:`StoredResponse.size` summed).
@@ -66,6 +73,25 @@ class ResponseStore:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._pinned: set[str] = set()
+
+    @property
+    def capacity(self) -> int:
+        """Most responses kept."""
+        return self._capacity
+
+    @property
+    def max_bytes(self) -> int:
+        """Most bytes kept."""
+        return self._max_bytes
+
+    @property
+    def pinned_full(self) -> bool:
+        """Whether the pinned responses alone fill the store (``capacity`` of them, or
+        ``max_bytes`` together): pinning another would hold the store past its bounds."""
+        if len(self._pinned) >= self._capacity:
+            return True
+        return sum(self._items[i].size for i in self._pinned if i in self._items) >= self._max_bytes
 
     def __len__(self) -> int:
         return len(self._items)
@@ -79,20 +105,44 @@ class ResponseStore:
         return self._bytes
 
     def put(self, response_id: str, stored: StoredResponse) -> None:
-        """Store (or replace) a response, forgetting the oldest while over the count or bytes."""
+        """Store (or replace) a response, forgetting the oldest unpinned ones (other than this
+        one) while over the count or bytes; a replaced response stays pinned."""
+        pinned = response_id in self._pinned
         self.delete(response_id)
+        if pinned:
+            self._pinned.add(response_id)
         self._items[response_id] = stored
         self._bytes += stored.size
-        while len(self._items) > self._capacity or (self._bytes > self._max_bytes and len(self._items) > 1):
-            _, old = self._items.popitem(last=False)
-            self._bytes -= old.size
+        self._shrink(keep=response_id)
+
+    def pin(self, response_id: str) -> None:
+        """Never forget this stored response until :meth:`unpin` (or :meth:`delete`)."""
+        if response_id in self._items:
+            self._pinned.add(response_id)
+
+    def unpin(self, response_id: str) -> None:
+        """Let this response be forgotten again, the oldest first (the store shrinks to its
+        bounds if pinned responses held it past them)."""
+        self._pinned.discard(response_id)
+        self._shrink(keep=None)
+
+    def _shrink(self, keep: str | None) -> None:
+        """Forget the oldest unpinned responses but ``keep`` while over the count or bytes."""
+        if len(self._items) <= self._capacity and self._bytes <= self._max_bytes:
+            return
+        for response_id in list(self._items):
+            if len(self._items) <= self._capacity and self._bytes <= self._max_bytes:
+                return
+            if response_id != keep and response_id not in self._pinned:
+                self._bytes -= self._items.pop(response_id).size
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None (never stored, or forgotten)."""
         return self._items.get(response_id)
 
     def delete(self, response_id: str) -> bool:
-        """Forget a response; False when it was not there."""
+        """Forget a response, pinned or not; False when it was not there."""
+        self._pinned.discard(response_id)
         old = self._items.pop(response_id, None)
         if old is None:
             return False

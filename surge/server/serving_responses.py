@@ -29,7 +29,9 @@ With ``background: true`` (and ``store``) the answer is the ``queued`` response,
 of its own generates it and stores the finished response under the same id, which
 ``GET /v1/responses/{id}`` returns and ``POST /v1/responses/{id}/cancel`` stops (``cancelled``).
 Streamed, the task records the events, which the creating request streams and
-``GET /v1/responses/{id}?stream=true`` replays while it runs.
+``GET /v1/responses/{id}?stream=true`` replays while it runs. A running one is pinned in the
+store (never forgotten as finished responses fill it); when the running ones alone fill the store,
+another background request is a 429 naming ``background``.
 """
 
 from __future__ import annotations
@@ -98,10 +100,14 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
 
     Raises:
         ApiError: 400 for a bad request (``param`` names the Responses field), 404 for an
-            unknown model or ``previous_response_id``, 503 when the engine is gone.
+            unknown model or ``previous_response_id``, 429 naming ``background`` when the
+            background responses still running fill the store (:func:`_check_background_room`),
+            503 when the engine is gone.
         ClientGone: the client disconnected before a non-streamed answer was ready.
     """
     arrival = time.monotonic()
+    if body.background:
+        _check_background_room(state)  # again when it starts: others may start meanwhile
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
         if body.previous_response_id in state.background:
@@ -224,16 +230,47 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     return streamed
 
 
+def _check_background_room(state: ServerState, shape: _ResponseShape | None = None) -> None:
+    """Refuse another background response while those still running fill the store: each is
+    pinned there until its task ends (never forgotten, so that ``GET`` and ``cancel`` reach
+    it), and more would hold the store past its bounds. ``shape``: the request's, whose engine
+    request is aborted on refusal.
+
+    Raises:
+        ApiError: 429 naming ``background``.
+    """
+    if not state.responses.pinned_full:
+        return
+    if shape is not None:
+        shape.prepared.gen.abort()
+    store = state.responses
+    raise ApiError(
+        429,
+        f"Too many background responses running: the {len(state.background):,} still running fill the "
+        f"response store (at most {store.capacity:,} responses, {store.max_bytes // 2**20:,} MiB), which "
+        "keeps every running one; retry once one finishes (or cancel one), or send the request without "
+        "background",
+        param="background",
+    )
+
+
 def _start_background(
     state: ServerState, body: ResponsesRequest, shape: _ResponseShape, conversation: list[dict[str, Any]]
 ) -> Response:
     """Answer a ``background: true`` request at once with its ``queued`` response (also stored,
-    for ``GET /v1/responses/{id}``), and generate it in a task of its own that stores the
-    finished response (``completed``, ``incomplete`` or ``failed``) under the same id."""
+    for ``GET /v1/responses/{id}``, and pinned there until its task ends), and generate it in a
+    task of its own that stores the finished response (``completed``, ``incomplete`` or
+    ``failed``) under the same id.
+
+    Raises:
+        ApiError: 429 naming ``background`` (:func:`_check_background_room`).
+    """
+    _check_background_room(state, shape)
     queued = shape.base("queued", [])
     encoded = _json_encode(queued)
     response_id = shape.id
     state.responses.put(response_id, StoredResponse(encoded, _json_encode(conversation)))
+    state.responses.pin(response_id)
     task = asyncio.create_task(
         _run_background(state, body, shape, conversation), name=f"background {response_id}"
     )
@@ -241,6 +278,7 @@ def _start_background(
 
     def done(_: asyncio.Task[None]) -> None:
         state.background.pop(response_id, None)
+        state.responses.unpin(response_id)
         shape.prepared.gen.abort()  # a task cancelled before it ran has not aborted its request
 
     task.add_done_callback(done)
@@ -295,10 +333,16 @@ def _start_background_stream(
     (:class:`_EventLog`) and stores the response (``queued``, ``in_progress`` from the first
     output, then finished), and stream its events to this request: hanging up does not stop
     it (``POST /v1/responses/{id}/cancel`` does), and ``GET /v1/responses/{id}?stream=true``
-    replays them while it runs."""
+    replays them while it runs. The response is pinned in the store until the task ends.
+
+    Raises:
+        ApiError: 429 naming ``background`` (:func:`_check_background_room`).
+    """
+    _check_background_room(state, shape)
     response_id = shape.id
     history = _json_encode(conversation)  # its input, which a previous_response_id continues
     state.responses.put(response_id, StoredResponse(_json_encode(shape.base("queued", [])), history))
+    state.responses.pin(response_id)
     log = _EventLog()
 
     def running() -> None:
@@ -315,6 +359,7 @@ def _start_background_stream(
     def done(_: asyncio.Task[None]) -> None:
         state.background.pop(response_id, None)
         state.background_streams.pop(response_id, None)
+        state.responses.unpin(response_id)
         shape.prepared.gen.abort()  # a task cancelled before it ran has not aborted its request
 
     task.add_done_callback(done)

@@ -5,10 +5,13 @@ in-memory store (``GET`` / ``DELETE``, ``previous_response_id``) and the refused
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import time
+import types
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,6 +22,7 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from surge.server.errors import ApiError
 from surge.server.protocol_responses import ResponsesRequest
 from surge.server.response_store import MAX_STORED_BYTES, ResponseStore, StoredResponse
 from surge.server.serving_responses import _ends_in_cut_call
@@ -446,6 +450,99 @@ def test_the_store_is_bounded_in_bytes_not_only_in_count() -> None:
     for i in range(3):
         store.put(f"r{i}", StoredResponse(b"{}", b"[]"))
     assert list(store._items) == ["r1", "r2"] and store.nbytes == 8
+
+
+class _BlockedGen:
+    """An engine request that produces nothing until cancelled."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+
+    async def deltas(self) -> Any:
+        await asyncio.Event().wait()
+        yield []
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class _Shape:
+    """The parts of a background response's shape that starting and cancelling it read."""
+
+    def __init__(self, response_id: str) -> None:
+        self.id = response_id
+        self.prepared = types.SimpleNamespace(gen=_BlockedGen())
+
+    def base(self, status: str, output: list[Any]) -> dict[str, Any]:
+        return {"id": self.id, "object": "response", "status": status, "background": True, "output": output}
+
+
+def test_a_running_background_response_is_never_forgotten() -> None:
+    """Finished responses filling the store used to push out a background response still
+    running: GET and POST .../cancel answered 404 while its task ran on. A running one is now
+    pinned until its task ends (then forgotten as any other, the store back to its bounds);
+    while the running ones alone fill the store, another background request is a 429 naming
+    ``background`` (its engine request aborted), streamed or not."""
+    import surge.server.serving_responses as serving
+
+    async def main() -> None:
+        state = types.SimpleNamespace(
+            responses=ResponseStore(capacity=2, max_bytes=10**6), background={}, background_streams={}
+        )
+        body = types.SimpleNamespace(store=True)
+        serving._start_background(state, body, _Shape("resp_a"), [])
+        for i in range(5):  # finished responses fill the store past it
+            state.responses.put(f"resp_{i}", StoredResponse(b'{"background": false}', b"[]"))
+        assert "resp_a" in state.responses and len(state.responses) == 2
+        got = await serving.retrieve_response(state, "resp_a", {})
+        assert json.loads(bytes(got.body))["status"] == "queued"
+
+        async def silent() -> Any:
+            await asyncio.Event().wait()
+            yield b""
+
+        serving._start_background_stream(state, _Shape("resp_b"), [], silent())
+        assert "resp_a" in state.responses and "resp_b" in state.responses and len(state.responses) == 2
+        state.responses.put("resp_5", StoredResponse(b'{"background": false}', b"[]"))  # the newest stays
+        assert list(state.responses._items) == ["resp_a", "resp_b", "resp_5"]
+        for start in (
+            lambda shape: serving._start_background(state, body, shape, []),
+            lambda shape: serving._start_background_stream(state, shape, [], silent()),
+        ):
+            refused = _Shape("resp_c")
+            with pytest.raises(ApiError) as e:
+                start(refused)
+            assert e.value.status == 429 and e.value.param == "background", e.value.message
+            assert "Too many background responses running" in e.value.message and refused.prepared.gen.aborted
+        assert "resp_c" not in state.responses
+        cancelled = serving.cancel_response(state, "resp_a")
+        assert json.loads(bytes(cancelled.body))["status"] == "cancelled"
+        task = state.background["resp_a"]
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0)  # the done callback
+        assert "resp_a" not in state.background  # finished: no longer pinned, forgotten as any other
+        assert list(state.responses._items) == ["resp_b", "resp_a"]  # stored cancelled, the newest
+        got = await serving.retrieve_response(state, "resp_a", {})
+        assert json.loads(bytes(got.body))["status"] == "cancelled"
+        serving._start_background(state, body, _Shape("resp_c"), [])  # room again
+        assert list(state.responses._items) == ["resp_b", "resp_c"]
+        tasks = list(state.background.values())
+        for response_id in ("resp_b", "resp_c"):  # DELETE cancels a running one
+            serving.delete_response(state, response_id)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0)
+        assert not state.background and len(state.responses) == 0
+
+    asyncio.run(main())
+    store = ResponseStore(capacity=8, max_bytes=100)  # running ones fill it by their bytes too
+    for i in range(2):
+        assert not store.pinned_full
+        store.put(f"r{i}", StoredResponse(b"x" * 58, b"[]"))
+        store.pin(f"r{i}")
+    assert store.pinned_full and store.nbytes == 120 and len(store) == 2
+    store.unpin("r0")
+    assert not store.pinned_full and list(store._items) == ["r1"]
 
 
 def test_a_repeated_request_id_never_replaces_a_stored_response(client: openai.OpenAI, model: str) -> None:
