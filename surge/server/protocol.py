@@ -380,11 +380,19 @@ class ChatMessage(BaseModel):
     ``refusal``, ``input_text``, ``output_text``, ``thinking``: :data:`surge.tokenizer.TEXT_PART_KEYS`).
 
     Other keys (``name``, ``tool_calls``, ``tool_call_id``, ...) are passed to the chat template.
+    Those OpenAI's and vLLM's message types declare as strings (``name``, ``tool_call_id``,
+    ``reasoning``, and ``reasoning_content``, its other name) must be strings (or null, left out),
+    else a 400 names ``messages``: a template given ``"name": 5`` rendered it or dropped it
+    silently, where vLLM refuses it.
     """
 
     model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 def check_continue_final_message(continue_final_message: bool, add_generation_prompt: bool) -> None:

@@ -556,3 +556,35 @@ def test_a_message_content_of_the_wrong_type_lists_its_forms() -> None:
         f"messages[1][0].content: expected {forms}, got a number",
         "messages[1]",
     )
+
+
+@pytest.mark.parametrize("key", ["name", "tool_call_id", "reasoning", "reasoning_content"])
+@pytest.mark.parametrize("value", [5, ["x"], {"a": 1}, True])
+def test_a_message_key_vllm_types_as_a_string_is_refused_of_another_type(key: str, value: Any) -> None:
+    """A chat message's ``name``, ``tool_call_id`` and reasoning (both names) of another JSON type
+    than a string were passed to the chat template as they came (``"name": 5`` was rendered or
+    dropped: a 200), where vLLM's message types refuse them: a 400 naming ``messages`` and the
+    key; a string, null or leaving it out is served as before, on chat, batch and ``/tokenize``."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import BaseModel, ValidationError
+
+    from surge.server.api_server import _validation_message
+    from surge.server.protocol import BatchChatCompletionRequest, ChatCompletionRequest, TokenizeRequest
+
+    def message(model: type[BaseModel], body: dict[str, Any], batch: bool = False) -> tuple[str, str | None]:
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(body)
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+        return _validation_message(RequestValidationError(errors), batch=batch)
+
+    ok = {"role": "user", "content": "hi"}
+    bad = {"role": "assistant", "content": "a", key: value}
+    msg, param = message(ChatCompletionRequest, {"messages": [ok, bad]})
+    assert (msg.split(":")[0], param) == (f"messages.1.{key}", "messages"), msg
+    assert "valid string" in msg, msg
+    assert message(TokenizeRequest, {"messages": [bad]})[1] == "messages"
+    assert message(BatchChatCompletionRequest, {"messages": [[ok], [bad]]}, batch=True)[1] == "messages[1]"
+    for fine in ("text", None):
+        body = ChatCompletionRequest.model_validate({"messages": [ok, {**bad, key: fine}]})
+        dumped = body.messages[1].model_dump(exclude_none=True)
+        assert dumped.get(key) == fine and (key in dumped) == (fine is not None)
