@@ -192,10 +192,15 @@ def _block(block: Any, where: str) -> tuple[str, dict[str, Any]]:
 
     Raises:
         ApiError: 400 naming ``where`` for a block that is not an object or whose type Surge
-            does not take (``image``, ``document``, server tool blocks, ...).
+            does not take (``image``, ``document``, server tool blocks, ...), ``where.type`` for
+            a type that is not a string.
     """
-    kind = block.get("type") if isinstance(block, dict) else None
-    if not isinstance(kind, str) or kind not in _BLOCK_KEYS:  # a list or object type is unhashable
+    if not isinstance(block, dict):
+        raise bad_request(f"{where} must be an object with a 'type' (a content block)", param=where)
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise bad_request(f"{where}.type must be a string (the block's type)", param=f"{where}.type")
+    if kind not in _BLOCK_KEYS:
         what = "images" if kind == "image" else f"{kind!r} blocks"
         raise bad_request(
             f"{where} has type {kind!r}: Surge serves text models and does not take {what} "

@@ -443,16 +443,25 @@ def _part_text(part: Any, where: str) -> dict[str, Any]:
     """One content part of an input message, as a chat text part.
 
     Raises:
-        ApiError: 400 naming ``where`` for a part that is not text (images, files, audio), and
-            ``where.<key>`` for a key its type does not have.
+        ApiError: 400 naming ``where`` for a part that is not an object or not text (images,
+            files, audio), ``where.type`` for a type that is not a string, ``where.text``
+            (``where.refusal``) for a text part whose text is not a string, and ``where.<key>``
+            for a key its type does not have.
     """
-    kind = part.get("type") if isinstance(part, dict) else None
-    if isinstance(kind, str) and kind in _PART_KEYS:
+    if not isinstance(part, dict):
+        raise bad_request(f"{where} must be an object with a 'type' (a content part)", param=where)
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        raise bad_request(f"{where}.type must be a string (the part's type)", param=f"{where}.type")
+    if kind in _PART_KEYS:
         _check_keys(part, _PART_KEYS[kind], where)
-    if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-        return {"type": "text", "text": part["text"]}
-    if kind == "refusal" and isinstance(part.get("refusal"), str):
-        return {"type": "text", "text": part["refusal"]}
+    key = "refusal" if kind == "refusal" else "text"
+    if kind in ("input_text", "output_text", "text", "refusal"):
+        if not isinstance(part.get(key), str):
+            raise bad_request(
+                f"{where}.{key} must be a string (a part of type {kind!r})", param=f"{where}.{key}"
+            )
+        return {"type": "text", "text": part[key]}
     raise bad_request(
         f"{where} has type {kind!r}: Surge takes only text parts (input_text, output_text, refusal)",
         param=where,

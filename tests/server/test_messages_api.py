@@ -540,3 +540,27 @@ def test_a_bad_role_is_refused_naming_the_roles_taken() -> None:
         )
     assert e.value.param == "messages[0].role", e.value.param
     assert "'user', 'assistant' or (vLLM's) 'system'" in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize(
+    ("block", "param", "says"),
+    [
+        (None, "messages[0].content[0]", "must be an object with a 'type'"),
+        ("hi", "messages[0].content[0]", "must be an object with a 'type'"),
+        ({"text": "hi"}, "messages[0].content[0].type", "must be a string"),
+        ({"type": ["text"], "text": "hi"}, "messages[0].content[0].type", "must be a string"),
+    ],
+)
+def test_a_block_that_is_not_an_object_with_a_type_says_so(block: Any, param: str, says: str) -> None:
+    """A content block that is not an object, or has no string ``type``, was refused as a block
+    "of type None" that Surge "does not take" (``does not take None blocks``): the 400 says what
+    is wrong with it."""
+    from surge.server.errors import ApiError
+
+    body = {"max_tokens": 1, "messages": [{"role": "user", "content": [block]}]}
+    with pytest.raises(ApiError) as e:
+        chat_messages(MessagesBody.model_validate(body))
+    assert (e.value.param, e.value.status) == (param, 400), e.value.message
+    assert e.value.message == f"{param} {says}" + (
+        " (a content block)" if says.startswith("must be an object") else " (the block's type)"
+    ), e.value.message

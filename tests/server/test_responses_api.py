@@ -978,3 +978,28 @@ def test_a_non_text_part_is_refused_naming_the_text_parts_taken() -> None:
     with pytest.raises(ApiError) as e:
         _part_text({"type": "input_image", "image_url": "x"}, "input[0].content[0]")
     assert "(input_text, output_text, refusal)" in str(e.value.message), e.value.message
+
+
+@pytest.mark.parametrize(
+    ("part", "param", "says"),
+    [
+        ({"type": "input_text", "text": None}, "input[0].content[0].text", "must be a string"),
+        ({"type": "output_text", "text": 5}, "input[0].content[0].text", "must be a string"),
+        ({"type": "refusal", "refusal": ["no"]}, "input[0].content[0].refusal", "must be a string"),
+        (None, "input[0].content[0]", "must be an object with a 'type'"),
+        ("hi", "input[0].content[0]", "must be an object with a 'type'"),
+        ({"text": "hi"}, "input[0].content[0].type", "must be a string"),
+    ],
+)
+def test_a_text_part_whose_text_is_not_a_string_says_so(part: Any, param: str, says: str) -> None:
+    """An ``input_text`` part whose ``text`` is not a string (or a part that is not an object with a
+    type) was refused as a part "of type 'input_text'" when Surge "takes only text parts (input_text,
+    ...)", which it is: the 400 names the field at fault."""
+    from surge.server.errors import ApiError
+    from surge.server.protocol_responses import _part_text
+
+    with pytest.raises(ApiError) as e:
+        _part_text(part, "input[0].content[0]")
+    assert (e.value.param, e.value.status) == (param, 400), e.value.message
+    assert e.value.message.startswith(f"{param} {says}"), e.value.message
+    assert "takes only text parts" not in e.value.message, e.value.message
