@@ -10,7 +10,10 @@ In order, before any byte of the body is parsed:
 3. **Content encoding**: a body sent with a content coding other than ``identity`` (``gzip``,
    ...; every ``Content-Encoding`` header and each of its comma-separated codings count) gets a
    415 that names it: the server reads bodies as sent, and a compressed one would otherwise fail
-   later as invalid JSON. A request without a body is not checked.
+   later as invalid JSON. A request without a body is not checked. So does a transfer coding other
+   than ``chunked`` (``Transfer-Encoding: gzip, chunked``: the HTTP parser undoes the chunking
+   alone), and its connection is closed (the body is not read); RFC 9112 suggests a 501 there,
+   but a 5xx tells clients (the OpenAI SDKs) to send the same request again.
 4. **Body read time**: the whole body must arrive within ``body_read_timeout`` seconds, else a
    408 and the connection is closed (a client trickling its body cannot hold the handler).
 5. **Lone surrogates**: a JSON string holding a lone UTF-16 surrogate (``"\ud800"``, or its
@@ -163,6 +166,7 @@ class RequestGuard:
         x_api_key: bytes | None = None
         content_length: int | None = None
         codings: list[bytes] = []  # every Content-Encoding header's codings, in order
+        transfer: list[bytes] = []  # every Transfer-Encoding header's codings, in order
         chunked = False
         for name, value in scope["headers"]:
             if name == b"authorization" and authorization is None:
@@ -173,6 +177,7 @@ class RequestGuard:
                 codings += [c.strip().lower() for c in value.split(b",")]
             elif name == b"transfer-encoding":
                 chunked = True
+                transfer += [c.strip().lower() for c in value.split(b",")]
             elif name == b"content-length":
                 try:
                     content_length = int(value)
@@ -210,6 +215,18 @@ class RequestGuard:
                 415,
                 f"Content-Encoding {shown!r} is not supported: send the request body uncompressed.",
                 close=content_length is None,  # a chunked body is not read: end the connection
+                scope=scope,
+            )
+            return
+        unknown = [c for c in transfer if c and c not in (b"chunked", b"identity")]
+        if unknown:
+            shown = b", ".join(unknown).decode("latin-1")[:64]
+            await send_error(
+                send,
+                415,
+                f"Transfer-Encoding {shown!r} is not supported: send the request body uncompressed, "
+                "with Transfer-Encoding: chunked alone or a Content-Length.",
+                close=True,  # the body is not read: end the connection
                 scope=scope,
             )
             return

@@ -146,7 +146,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["400"] = _error(f"Invalid request: {names} the field.")
                 responses["408"] = _error("The body did not arrive within --body-read-timeout.")
                 responses["413"] = _error("The body is larger than --max-request-body-bytes.")
-                responses["415"] = _error("The body was sent with a Content-Encoding other than identity.")
+                responses["415"] = _error(
+                    "The body was sent with a Content-Encoding other than identity "
+                    "(or a Transfer-Encoding other than chunked)."
+                )
             elif any(p.get("in") == "query" for p in op.get("parameters", ())):
                 responses["400"] = _error(f"Invalid query parameter: {names} the parameter.")
             if path == "/reset_prefix_cache":

@@ -319,3 +319,57 @@ def test_equal_to_one_counts_as_one_for_refused_fields(server: Server) -> None:
     assert r.status_code == 200, r.text
     r = httpx.post(server.url + CMPL, json={"prompt": "x", "max_tokens": 2, "best_of": 2.0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text
+
+
+def _guarded(headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, dict[str, Any], bool, bool]:
+    """Send one POST /v1/completions with ``headers`` and a ``body`` through :class:`RequestGuard`
+    alone: the status, the JSON answer (``{}`` when the app answered), whether the answer closes
+    the connection and whether the app was reached."""
+    import asyncio
+
+    from surge.server.guard import GuardConfig, RequestGuard
+
+    reached = False
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal reached
+        reached = True
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers}
+    asyncio.run(RequestGuard(app, GuardConfig())(scope, receive, send))
+    start = sent[0]
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]) or b"{}")
+    return start["status"], answer, (b"connection", b"close") in start["headers"], reached
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"GZIP,chunked", b"deflate , chunked", b"br"])
+def test_a_transfer_coding_other_than_chunked_is_a_415_naming_it(coding: bytes) -> None:
+    """A body sent with ``Transfer-Encoding: gzip, chunked`` reached the app still gzipped (the HTTP
+    parser undoes the chunking alone) and got a 400 "Invalid JSON body ... at byte 0": it is a 415
+    naming the coding, as a ``Content-Encoding`` is, and its connection is closed, its body
+    unread; ``chunked`` (any case, also after ``identity``) passes."""
+    import gzip
+
+    body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
+    json_type = (b"content-type", b"application/json")
+    status, answer, close, reached = _guarded(
+        [json_type, (b"transfer-encoding", coding)], gzip.compress(body)
+    )
+    assert (status, close, reached) == (415, True, False), answer
+    first = coding.split(b",")[0].strip().lower().decode()
+    assert answer["error"]["message"].startswith(f"Transfer-Encoding {first!r} is not supported"), answer
+    assert answer["error"]["type"] == "invalid_request_error", answer
+    for fine in (b"chunked", b"Chunked", b"identity, chunked"):
+        status, _, _, reached = _guarded([json_type, (b"transfer-encoding", fine)], body)
+        assert (status, reached) == (200, True), fine
