@@ -537,14 +537,12 @@ def test_vllm_prefix_caching_switch_and_logging_hints() -> None:
         "serve",
         "--uvicorn-log-level=warning",
         "--disable-uvicorn-access-log",
-        "--enable-log-requests",
         "--max-logprobs=5",
     )
     _hinted_in_one_line(
         p,
         "--uvicorn-log-level: use --log-level",
         "--disable-uvicorn-access-log: use nothing",
-        "--enable-log-requests: use nothing",
         "--max-logprobs: use nothing",
     )
 

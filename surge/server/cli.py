@@ -250,7 +250,16 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     add_generation_config_args(p, "every request's max_tokens")
     p.add_argument(
-        "--disable-log-requests", action="store_true", help="no log line per request start and end"
+        "--enable-log-requests",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM 0.26's switch: log a line when each request starts and one when it ends (Surge logs them "
+        "unless told not to; --no-enable-log-requests, as --disable-log-requests, turns them off)",
+    )
+    p.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no log line per request start and end (older vLLM's flag; vLLM 0.26's is --no-enable-log-requests)",
     )
     p.add_argument(
         "--stream-interval",
@@ -526,6 +535,18 @@ def check_tokenizer_flag(tokenizer: str | None, model_dir: str) -> None:
         )
 
 
+def log_requests_flag(args: argparse.Namespace) -> bool:
+    """Whether each request's start and end are logged: on unless ``--disable-log-requests`` or
+    ``--no-enable-log-requests`` (vLLM 0.26's spelling); ``--enable-log-requests`` asks for it.
+
+    Raises:
+        ValueError: ``--enable-log-requests`` with ``--disable-log-requests`` (one line).
+    """
+    if args.enable_log_requests and args.disable_log_requests:
+        raise ValueError("--enable-log-requests and --disable-log-requests contradict each other: give one")
+    return not args.disable_log_requests and args.enable_log_requests is not False
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
 
@@ -587,6 +608,7 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be non-negative, got {args.shutdown_timeout}")
+    log_requests = log_requests_flag(args)
     api_keys = parse_api_keys(args.api_key, os.environ.get("SURGE_API_KEY"), os.environ.get("VLLM_API_KEY"))
     cors = cors_options(args)
     from surge.cli import check_model_dir
@@ -668,7 +690,7 @@ def run_serve(args: argparse.Namespace) -> int:
         web_ui=not args.disable_web_ui,
         cors=cors,
         shutdown_timeout=args.shutdown_timeout,
-        log_requests=not args.disable_log_requests,
+        log_requests=log_requests,
         api_server_count=args.api_server_count,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
