@@ -709,8 +709,8 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
         assert hint in err, err
     err = _parse_error(["serve", "--pipeline-parallel-size", "1", "--speculative-config", "{}"], capsys)
     assert "--pipeline-parallel-size: use -tp N" in err and "--speculative-config: use nothing" in err, err
-    err = _parse_error(["serve", "--ssl-keyfile", "k.pem"], capsys)
-    assert "--ssl-keyfile: use nothing: Surge serves plain HTTP" in err, err
+    err = _parse_error(["serve", "--enable-ssl-refresh"], capsys)
+    assert "--enable-ssl-refresh: use nothing: Surge reads --ssl-certfile and --ssl-keyfile once" in err, err
     from surge.cli import build_parser  # bench serve takes vLLM's --tokenizer-mode (auto or hf)
 
     assert build_parser().parse_args(["bench", "serve", "--tokenizer-mode", "hf"]).tokenizer_mode == "hf"
@@ -887,7 +887,7 @@ def test_an_unknown_flags_value_is_not_taken_for_the_model(capsys: pytest.Captur
     for flag, hint in (
         ("--log-config-file", "use --log-level LEVEL"),
         ("--disable-frontend-multiprocessing", "use nothing: Surge's API server always runs apart"),
-        ("--ssl-ca-certs", "use nothing: Surge serves plain HTTP"),
+        ("--enable-ssl-refresh", "use nothing: Surge reads --ssl-certfile and --ssl-keyfile once"),
         ("--middleware", "use nothing: Surge takes no ASGI middleware"),
         ("--disable-access-log-for-endpoints", "use nothing: the access log is off unless --access-log"),
         ("--optimization-level", "use nothing: Surge runs no torch.compile"),

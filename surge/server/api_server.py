@@ -96,6 +96,7 @@ from surge.server.serving_responses import (
     delete_response,
     retrieve_response,
 )
+from surge.server.tls import TlsOptions
 from surge.tokenizer import described_chat_template, load_tokenizer
 from surge.web.ui import mount_web_ui
 
@@ -827,6 +828,7 @@ class ServeOptions:
         max_choices_per_request: most choices (prompts times ``n``) of one completion request.
         web_ui: serve the playground and the dashboard (``--disable-web-ui`` turns them off).
         cors: CORS settings, or None (no CORS headers; the default).
+        tls: HTTPS settings (vLLM's ``--ssl-*`` flags, :mod:`surge.server.tls`), or None (plain HTTP).
         shutdown_timeout: seconds requests in flight may run on after SIGTERM / SIGINT.
         log_requests: log one line when each request starts and one when it ends.
         api_server_count: API server processes sharing the engine(s) (see
@@ -877,6 +879,7 @@ class ServeOptions:
     max_choices_per_request: int = 1024
     web_ui: bool = True
     cors: CorsOptions | None = None
+    tls: TlsOptions | None = None
     shutdown_timeout: float = 30.0
     log_requests: bool = True
     api_server_count: int = 1
@@ -1087,6 +1090,7 @@ async def run_server(
             timeout_graceful_shutdown=3,
             timeout_keep_alive=30,
             http=protocol,
+            **(options.tls.uvicorn_kwargs() if options.tls is not None else {}),
         )
     )
     drain_task: asyncio.Task[int] | None = None
@@ -1143,16 +1147,24 @@ async def run_server(
         loop.add_signal_handler(sig, on_signal, sig)
     for sig in pending_signals:
         on_signal(sig)
+    scheme = "https" if options.tls is not None else "http"
     logger.info(
-        "Surge %s serving on http://%s:%d (OpenAI API under %s/v1)",
+        "Surge %s serving on %s://%s:%d (OpenAI API under %s/v1)",
         surge.__version__,
+        scheme,
         url_host,
         port,
         options.root_path,
     )
     if options.web_ui:
         logger.info(
-            "playground at http://%s:%d/, dashboard at http://%s:%d/dashboard", url_host, port, url_host, port
+            "playground at %s://%s:%d/, dashboard at %s://%s:%d/dashboard",
+            scheme,
+            url_host,
+            port,
+            scheme,
+            url_host,
+            port,
         )
     try:
         await server.serve(sockets=[sock])

@@ -62,11 +62,8 @@ VLLM_SERVE_FLAG_HINTS = {
     "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json|pythonic {_BUILT_IN_PARSERS}",
     "--logits-processors": "nothing: Surge has no logits-processor plugins",
     "--config": "the flags themselves: Surge reads no YAML config file",
-    "--ssl-keyfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
-    "--ssl-certfile": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
-    "--ssl-ca-certs": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
-    "--ssl-cert-reqs": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
-    "--enable-ssl-refresh": "nothing: Surge serves plain HTTP; put a TLS-terminating proxy (nginx, Caddy) in front",
+    "--enable-ssl-refresh": "nothing: Surge reads --ssl-certfile and --ssl-keyfile once at start-up; restart it "
+    "to serve a renewed certificate",
     "--disable-frontend-multiprocessing": "nothing: Surge's API server always runs apart from its engine process",
     "--middleware": "nothing: Surge takes no ASGI middleware plugins",
     "--log-config-file": "--log-level LEVEL: Surge reads no logging config file",
@@ -234,6 +231,40 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, Authorization)"
+    )
+    p.add_argument(
+        "--ssl-certfile",
+        default=None,
+        metavar="FILE",
+        help="vLLM's flag: serve HTTPS with this PEM certificate chain (read once at start-up; it may also "
+        "hold the key) (default: plain HTTP)",
+    )
+    p.add_argument(
+        "--ssl-keyfile",
+        default=None,
+        metavar="FILE",
+        help="vLLM's flag: the PEM private key of --ssl-certfile, unencrypted (default: in the certificate file)",
+    )
+    p.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        metavar="FILE",
+        help="vLLM's flag: with --ssl-certfile, the PEM CA bundle client certificates are verified against",
+    )
+    p.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=None,
+        metavar="{0,1,2}",
+        help="vLLM's flag: with --ssl-certfile, the client certificate asked for (the ssl module's CERT_NONE 0, "
+        "CERT_OPTIONAL 1, CERT_REQUIRED 2; 1 and 2 need --ssl-ca-certs) (default: 0)",
+    )
+    p.add_argument(
+        "--ssl-ciphers",
+        default=None,
+        metavar="CIPHERS",
+        help="vLLM's flag: with --ssl-certfile, an OpenSSL cipher string for TLS 1.2 and below "
+        "(default: OpenSSL's)",
     )
     p.add_argument(
         "--api-server-count",
@@ -611,6 +642,11 @@ def run_serve(args: argparse.Namespace) -> int:
     log_requests = log_requests_flag(args)
     api_keys = parse_api_keys(args.api_key, os.environ.get("SURGE_API_KEY"), os.environ.get("VLLM_API_KEY"))
     cors = cors_options(args)
+    from surge.server.tls import tls_options
+
+    tls = tls_options(
+        args.ssl_keyfile, args.ssl_certfile, args.ssl_ca_certs, args.ssl_cert_reqs, args.ssl_ciphers
+    )
     from surge.cli import check_model_dir
 
     # before torch is imported: a wrong path fails at once
@@ -689,6 +725,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_choices_per_request=args.max_choices_per_request,
         web_ui=not args.disable_web_ui,
         cors=cors,
+        tls=tls,
         shutdown_timeout=args.shutdown_timeout,
         log_requests=log_requests,
         api_server_count=args.api_server_count,

@@ -3,10 +3,21 @@ each is taken and does what vLLM's does, or is refused in one line that names it
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
 import pytest
+import uvicorn
 
 from surge.cli import build_parser
 from surge.server.cli import log_requests_flag
+from surge.server.tls import TlsOptions, tls_options
 
 
 @pytest.mark.parametrize(
@@ -29,3 +40,100 @@ def test_request_log_switches_that_contradict_are_refused() -> None:
     args = build_parser().parse_args(["serve", "--enable-log-requests", "--disable-log-requests"])
     with pytest.raises(ValueError, match="^--enable-log-requests and --disable-log-requests contradict"):
         log_requests_flag(args)
+
+
+DATA = Path(__file__).resolve().parent / "data"
+CERT, KEY, OTHER_KEY = (str(DATA / name) for name in ("tls_cert.pem", "tls_key.pem", "tls_other_key.pem"))
+"""A self-signed test certificate for localhost and 127.0.0.1 (valid until 2126), its key, and a
+key of another certificate."""
+
+
+def _tls_of(*argv: str) -> TlsOptions | None:
+    args = build_parser().parse_args(["serve", *argv])
+    return tls_options(
+        args.ssl_keyfile, args.ssl_certfile, args.ssl_ca_certs, args.ssl_cert_reqs, args.ssl_ciphers
+    )
+
+
+def test_ssl_flags_serve_https_through_uvicorn() -> None:
+    """vLLM's --ssl-keyfile / --ssl-certfile were refused ("Surge serves plain HTTP"); they now
+    give uvicorn what makes it serve HTTPS, which a client that trusts the certificate reads."""
+    tls = _tls_of("--ssl-keyfile", KEY, "--ssl-certfile", CERT)
+    assert tls == TlsOptions(certfile=CERT, keyfile=KEY)
+
+    async def app(scope: dict, receive: object, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": scope["scheme"].encode()})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off", **tls.uvicorn_kwargs()))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        answer = httpx.get(
+            f"https://127.0.0.1:{port}/", verify=ssl.create_default_context(cafile=CERT), timeout=10
+        )
+        assert (answer.status_code, answer.text) == (200, "https")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_ssl_client_certificate_flags() -> None:
+    tls = _tls_of(
+        "--ssl-certfile", CERT, "--ssl-keyfile", KEY, "--ssl-ca-certs", CERT, "--ssl-cert-reqs", "2"
+    )
+    assert tls is not None and tls.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    assert tls.uvicorn_kwargs()["ssl_ca_certs"] == CERT
+    assert _tls_of() is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--ssl-keyfile", KEY], "^--ssl-keyfile needs --ssl-certfile$"),
+        (
+            ["--ssl-certfile", CERT, "--ssl-keyfile", OTHER_KEY],
+            "the private key does not match the certificate",
+        ),
+        (
+            ["--ssl-certfile", CERT, "--ssl-keyfile", "/no/key.pem"],
+            "^--ssl-keyfile: no such file: '/no/key.pem'$",
+        ),
+        (["--ssl-certfile", CERT], "^--ssl-certfile .*: not a PEM certificate and its private key"),
+        (["--ssl-certfile", CERT, "--ssl-keyfile", KEY, "--ssl-cert-reqs", "2"], "needs --ssl-ca-certs"),
+        (
+            ["--ssl-certfile", CERT, "--ssl-keyfile", KEY, "--ssl-cert-reqs", "3"],
+            "^--ssl-cert-reqs must be one of",
+        ),
+        (
+            ["--ssl-certfile", CERT, "--ssl-keyfile", KEY, "--ssl-ciphers", "NO-SUCH"],
+            "^--ssl-ciphers 'NO-SUCH': ",
+        ),
+        (
+            ["--ssl-certfile", CERT, "--ssl-keyfile", KEY, "--ssl-ca-certs", KEY],
+            "^--ssl-ca-certs .*: not a readable",
+        ),
+    ],
+)
+def test_bad_ssl_flags_are_one_line_naming_the_flag(argv: list[str], error: str) -> None:
+    with pytest.raises(ValueError, match=error) as e:
+        _tls_of(*argv)
+    assert "\n" not in str(e.value)
+
+
+def test_an_encrypted_key_is_refused_without_a_terminal_prompt() -> None:
+    """OpenSSL would ask for the key's password on the terminal (uvicorn's context does);
+    ``tls_key_encrypted.pem`` is ``tls_key.pem`` under the password "secret"."""
+    with pytest.raises(ValueError, match="^--ssl-keyfile: the private key is encrypted"):
+        _tls_of("--ssl-certfile", CERT, "--ssl-keyfile", str(DATA / "tls_key_encrypted.pem"))
