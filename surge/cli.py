@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import select
@@ -129,6 +130,110 @@ def dashed_flag_names(args: Sequence[str]) -> list[str]:
     return out
 
 
+def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[str]:
+    """The flags of a YAML config file (vLLM's ``vllm serve --config FILE``): each key is a flag's
+    name (``port`` or ``--port``, dashes or underscores), each value its value. ``true`` gives the
+    switch, ``false`` its ``--no-`` form where it has one (``enable-prefix-caching: false``) and
+    nothing for a switch that is off by default; a list gives several values (one flag per item
+    for a repeatable flag such as ``--api-key``); a mapping gives its JSON (``hf-overrides:``,
+    ``override-generation-config:``); anything else its text. ``actions`` are the sub-command's
+    flags (its parser's ``_option_string_actions``); a key that names none is passed on as a flag,
+    so that the parser refuses it in its own words (with vLLM's hint where there is one).
+
+    Raises:
+        CliError: one line naming the file: it cannot be read, is not ``.yaml`` / ``.yml`` (as in
+            vLLM), is not YAML, is not a mapping of names to values, or a value is ``null``, a
+            list for a flag that takes one value, or ``false`` for a flag that takes a value.
+    """
+    import yaml  # a dependency of transformers
+
+    where = f"--config {path}"
+    if not path.endswith((".yaml", ".yml")):
+        raise CliError(f"{where}: a config file must be YAML, named *.yaml or *.yml (as in vLLM)")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CliError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"{where}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise CliError(f"{where}: not YAML{at}: {problem}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict) or not all(isinstance(k, str) and k.strip("-") for k in data):
+        raise CliError(f"{where}: must be a mapping of flag names to values (port: 8000)")
+    out: list[str] = []
+    for key, value in data.items():
+        flag = "--" + key.lstrip("-").replace("_", "-")
+        action = actions.get(flag)
+        switch = action is not None and action.nargs == 0
+        if value is None:
+            raise CliError(f"{where}: {key} is null; give it a value or leave it out")
+        if isinstance(value, bool) and switch:
+            if value:
+                out.append(flag)
+            elif f"--no-{flag[2:]}" in actions:
+                out.append(f"--no-{flag[2:]}")
+            elif action is not None and action.default not in (None, False):
+                raise CliError(f"{where}: {key} is false, but {flag} has no off form")
+            continue
+        if isinstance(value, bool):
+            if action is None:  # no such flag: the parser refuses it by name, whatever the value
+                out.append(flag)
+                continue
+            raise CliError(f"{where}: {key} is {str(value).lower()}, but {flag} takes a value")
+        if isinstance(value, list):
+            items = [json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in value]
+            if not items:
+                raise CliError(f"{where}: {key} is an empty list")
+            if action is not None and isinstance(action, argparse._AppendAction) and action.nargs is None:
+                for item in items:
+                    out += [flag, item]
+            elif action is not None and action.nargs in (None, 1) and len(items) > 1:
+                raise CliError(f"{where}: {key} takes one value, got a list of {len(items)}")
+            else:
+                out += [flag, *items]
+            continue
+        out += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return out
+
+
+def with_config_file(args: Sequence[str], actions: Mapping[str, argparse.Action]) -> list[str]:
+    """``args`` (a sub-command's arguments) with the flags of its ``--config FILE`` (or
+    ``--config=FILE``) put before the others, so that the command line wins over the file and the
+    file over the defaults, as in vLLM; a leading positional (``surge serve MODEL``) stays first,
+    and wins over the file's ``model``.
+    The ``--config`` argument stays, for the parser to record.
+
+    Raises:
+        CliError: ``--config`` twice or without a file, or a bad file (:func:`config_file_args`).
+    """
+    end = args.index("--") if "--" in args else len(args)
+    found = [i for i, a in enumerate(args[:end]) if a == "--config" or a.startswith("--config=")]
+    if not found:
+        return list(args)
+    if len(found) > 1:
+        raise CliError("--config is given more than once (as in vLLM, one config file)")
+    i = found[0]
+    if args[i] == "--config":
+        if i + 1 >= end or args[i + 1].startswith("-"):
+            raise CliError("--config needs a YAML file")
+        path = args[i + 1]
+    else:
+        path = args[i].split("=", 1)[1]
+    from_file = config_file_args(path, actions)
+    head = 1 if args and not args[0].startswith("-") else 0
+    if head and "--model" in from_file:  # `vllm serve MODEL --config F`: the command line's model wins
+        at = from_file.index("--model")
+        del from_file[at : at + 2]
+    return [*args[:head], *from_file, *args[head:]]
+
+
 _NEGATIVE_NUMBER = re.compile(r"^-((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
 """An argument that is a negative number (``-4``, ``-.5``, ``-4e12``, ``-1.5E-3``, ``-inf``), not a
 flag: the flag it follows refuses it with its own message."""
@@ -142,10 +247,18 @@ class _Parser(argparse.ArgumentParser):
     sub-command's flag of the closest spelling (``--max-model-length``: ``--max-model-len``).
     Flags may be spelled with underscores, as in vLLM (:func:`dashed_flag_names`)."""
 
-    def __init__(self, *args: Any, flag_hints: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        flag_hints: Mapping[str, str] | None = None,
+        config_file: bool = False,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self.flag_hints: dict[str, str] = {**VLLM_FLAG_HINTS, **(flag_hints or {})}
+        # the sub-command takes vLLM's --config FILE.yaml (:func:`with_config_file`)
+        self.config_file = config_file
         # a negative number in scientific notation (--hbm-bandwidth -4e12) is a value, as -4 and
         # -.5 are (argparse's own pattern took it for a flag: "expected one argument")
         self._negative_number_matcher = _NEGATIVE_NUMBER
@@ -156,6 +269,11 @@ class _Parser(argparse.ArgumentParser):
         # every parse of every surge (sub-)command comes here: the top parser hands its
         # sub-command's parser the arguments it already rewrote (rewriting again changes nothing)
         args = dashed_flag_names(sys.argv[1:] if args is None else args)
+        if self.config_file:
+            try:
+                args = dashed_flag_names(with_config_file(args, self._option_string_actions))
+            except CliError as e:
+                self.error(str(e))
         if self._subparsers is None and (unknown := self._unknown_flags(args)):
             # before argparse parses: an unknown flag's value (--root-path /api, --log-config-file
             # f.json) would otherwise be taken as the next positional (the model folder), and the

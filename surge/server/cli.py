@@ -61,7 +61,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--reasoning-parser-plugin": f"--reasoning-parser qwen3|deepseek_r1 {_BUILT_IN_PARSERS}",
     "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json|pythonic {_BUILT_IN_PARSERS}",
     "--logits-processors": "nothing: Surge has no logits-processor plugins",
-    "--config": "the flags themselves: Surge reads no YAML config file",
     "--enable-ssl-refresh": "nothing: Surge reads --ssl-certfile and --ssl-keyfile once at start-up; restart it "
     "to serve a renewed certificate",
     "--disable-frontend-multiprocessing": "nothing: Surge's API server always runs apart from its engine process",
@@ -106,6 +105,7 @@ def add_serve_parser(subparsers: Any) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a Hugging Face model folder over an OpenAI-compatible HTTP API.",
         flag_hints=VLLM_SERVE_FLAG_HINTS,
+        config_file=True,
     )
     p.add_argument(
         "model_tag",
@@ -115,6 +115,14 @@ def add_serve_parser(subparsers: Any) -> None:
         help="Hugging Face model folder, as in `vllm serve MODEL` (the same as --model)",
     )
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: bundled stories260K)")
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE.yaml",
+        help="vLLM's flag: read flags from a YAML file of names and values (port: 8000, served-model-name: "
+        "[a, b], enable-prefix-caching: false, hf-overrides: {...}); flags on the command line win "
+        "(default: none)",
+    )
     p.add_argument(
         "--tokenizer",
         default=None,

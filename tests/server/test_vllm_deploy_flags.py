@@ -4,6 +4,7 @@ each is taken and does what vLLM's does, or is refused in one line that names it
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import threading
@@ -137,3 +138,88 @@ def test_an_encrypted_key_is_refused_without_a_terminal_prompt() -> None:
     ``tls_key_encrypted.pem`` is ``tls_key.pem`` under the password "secret"."""
     with pytest.raises(ValueError, match="^--ssl-keyfile: the private key is encrypted"):
         _tls_of("--ssl-certfile", CERT, "--ssl-keyfile", str(DATA / "tls_key_encrypted.pem"))
+
+
+HELM_CONFIG = """\
+# vllm serve --config: a Helm chart's values
+model: /models/a
+served-model-name: [tiny, tiny-alias]
+port: 8001
+host: "::"
+max_num_seqs: 8
+max-num-batched-tokens: 1024
+gpu-memory-utilization: 0.85
+enable-prefix-caching: false
+enforce-eager: true
+disable-log-requests: false
+api-key: [k1, k2]
+override-generation-config: {temperature: 0.5}
+"""
+
+
+def _serve_args(tmp_path: Path, yaml_text: str, *argv: str, name: str = "config.yaml") -> Any:
+    (tmp_path / name).write_text(yaml_text)
+    return build_parser().parse_args(["serve", *argv[:1], "--config", str(tmp_path / name), *argv[1:]])
+
+
+def test_vllm_config_file_gives_the_flags(tmp_path: Path) -> None:
+    """``vllm serve --config FILE.yaml`` was refused ("Surge reads no YAML config file"); its keys
+    are flags, lists several values, mappings JSON, ``false`` a switch's ``--no-`` form."""
+    args = _serve_args(tmp_path, HELM_CONFIG)
+    assert args.model == "/models/a" and args.served_model_name == ["tiny", "tiny-alias"]
+    assert (args.port, args.host, args.max_num_seqs, args.max_num_batched_tokens) == (8001, "::", 8, 1024)
+    assert args.gpu_memory_utilization == 0.85
+    assert args.enable_prefix_caching is False and args.enforce_eager is True
+    assert args.disable_log_requests is False
+    assert args.api_key == ["k1", "k2"]  # a repeatable flag: one --api-key per item
+    assert args.override_generation_config == {"temperature": 0.5}
+
+
+def test_the_command_line_wins_over_the_config_file(tmp_path: Path) -> None:
+    """As in vLLM: command line > file > defaults; ``serve MODEL --config F`` keeps MODEL."""
+    args = _serve_args(tmp_path, HELM_CONFIG, "/models/b", "--port", "9000", "--served-model-name", "x")
+    assert (args.model_tag, args.model, args.port, args.served_model_name) == ("/models/b", None, 9000, ["x"])
+    assert args.max_num_seqs == 8
+    args = _serve_args(tmp_path, HELM_CONFIG, "--model=/models/c")
+    assert args.model == "/models/c"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "error"),
+    [
+        ("port: [1, 2]\n", "--config .*: port takes one value, got a list of 2"),
+        ("port: null\n", "--config .*: port is null"),
+        ("max-model-len: false\n", "--config .*: max-model-len is false, but --max-model-len takes a value"),
+        ("- port\n", "--config .*: must be a mapping of flag names to values"),
+        ("port: 80: 1\n", r"--config .*: not YAML \(line 1, column 9\)"),
+        ("bogus-flag: 3\n", "unrecognized arguments: --bogus-flag$"),
+        (
+            "trust-remote-code: true\n",
+            "unrecognized arguments: --trust-remote-code \\(vLLM's --trust-remote-code",
+        ),
+    ],
+)
+def test_a_bad_config_file_is_one_line(
+    tmp_path: Path, yaml_text: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        _serve_args(tmp_path, yaml_text)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("surge: error: "), err
+    assert re.search(error, err.strip()), err
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--config", "/no/such.yaml"], "--config /no/such.yaml: no such file"),
+        (["--config", "c.json"], "--config c.json: a config file must be YAML, named \\*.yaml or \\*.yml"),
+        (["--config"], "--config needs a YAML file"),
+        (["--config", "a.yaml", "--config=b.yaml"], "--config is given more than once"),
+    ],
+)
+def test_config_flag_errors(argv: list[str], error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", *argv])
+    assert re.search(error, capsys.readouterr().err), error
