@@ -128,6 +128,28 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""``--gpu-memory-utilization`` left out (vLLM's default)."""
+
+
+def gpu_memory_utilization(args: argparse.Namespace) -> float:
+    """``--gpu-memory-utilization``, or its default when left out."""
+    given = args.gpu_memory_utilization
+    return DEFAULT_GPU_MEMORY_UTILIZATION if given is None else given
+
+
+def unused_on_cpu(args: argparse.Namespace, device: str) -> str | None:
+    """The start-up warning for ``--gpu-memory-utilization`` given on CPU (``device`` resolved:
+    ``"cpu"``, ``"cuda:0"``, ...), where it sizes nothing, as in vLLM; None where it is used or
+    was left out."""
+    if args.gpu_memory_utilization is None or not device.startswith("cpu"):
+        return None
+    return (
+        f"--gpu-memory-utilization {args.gpu_memory_utilization} is unused on CPU (as in vLLM): the KV cache "
+        "takes --num-kv-blocks N blocks, else up to 256 MiB"
+    )
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Add the engine's scheduler and KV cache flags shared by `surge serve` and `surge generate`:
     ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len`` (tokens),
@@ -160,8 +182,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.9,
-        help="fraction of GPU memory to use (default 0.9)",
+        default=None,
+        help=f"fraction of GPU memory to use (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on CPU, as in vLLM, it "
+        "sizes nothing (the KV cache takes --num-kv-blocks, else up to 256 MiB), and `surge serve` warns that it is unused",
     )
     p.add_argument(
         "--enforce-eager",

@@ -106,6 +106,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_tokens is not None and args.max_tokens < 1:  # as the server answers max_tokens 0
         raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     check_model_dir(args.model, args.load_format, flag="MODEL" if args.model_tag is not None else "--model")
+    from surge.engine.cli_args import gpu_memory_utilization
     from surge.engine.llm import LLM
     from surge.generation_defaults import override_max_tokens
     from surge.sampling_params import SamplingParams
@@ -117,7 +118,7 @@ def run_generate(args: argparse.Namespace) -> int:
         load_format=args.load_format,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=gpu_memory_utilization(args),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

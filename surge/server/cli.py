@@ -661,6 +661,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_model_dir(args.model, args.load_format, flag="MODEL" if args.model_tag is not None else "--model")
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    from surge.engine.cli_args import gpu_memory_utilization, unused_on_cpu
     from surge.engine.llm_engine import build_engine_config
     from surge.parallel.cli_args import parallel_kwargs
     from surge.server.api_server import ServeOptions, run_server
@@ -675,7 +676,7 @@ def run_serve(args: argparse.Namespace) -> int:
         device=args.device,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=gpu_memory_utilization(args),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         scheduling_policy=args.scheduling_policy,
@@ -694,6 +695,8 @@ def run_serve(args: argparse.Namespace) -> int:
         grammar_compile_timeout=args.grammar_compile_timeout,
     )
     check_tokenizer_flag(args.tokenizer, config.model.model)
+    if (unused := unused_on_cpu(args, config.device)) is not None:
+        logging.getLogger("surge.server").warning("%s", unused)
     if config.parallel.node_rank > 0:  # a worker-only host of a multi-host group
         from surge.parallel.node import run_worker_node
 

@@ -223,3 +223,16 @@ def test_config_flag_errors(argv: list[str], error: str, capsys: pytest.CaptureF
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", *argv])
     assert re.search(error, capsys.readouterr().err), error
+
+
+def test_gpu_memory_utilization_on_cpu_is_reported_unused() -> None:
+    """On CPU the fraction sizes nothing (as in vLLM, whose CPU backend ignores it too): it was
+    taken without a word; `surge serve` now warns at start-up when it is given there."""
+    from surge.engine.cli_args import gpu_memory_utilization, unused_on_cpu
+
+    given = build_parser().parse_args(["serve", "--gpu-memory-utilization", "0.5"])
+    left_out = build_parser().parse_args(["serve"])
+    assert (gpu_memory_utilization(given), gpu_memory_utilization(left_out)) == (0.5, 0.9)
+    note = unused_on_cpu(given, "cpu")
+    assert note is not None and note.startswith("--gpu-memory-utilization 0.5 is unused on CPU")
+    assert unused_on_cpu(given, "cuda:0") is None and unused_on_cpu(left_out, "cpu") is None
