@@ -716,13 +716,13 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
     assert build_parser().parse_args(["bench", "serve", "--tokenizer-mode", "hf"]).tokenizer_mode == "hf"
     # a new user's vLLM command line: these were bare "unrecognized arguments"
     err = _parse_error(
-        ["serve", "--max-log-len", "100", "--enable-log-outputs", "--uds", "/tmp/s"],
+        ["serve", "--max-log-len", "100", "--enable-log-outputs", "--log-config-file", "/tmp/s"],
         capsys,
     )
     for hint in (
         "--max-log-len: use nothing: Surge's request log lines carry no prompt text",
         "--enable-log-outputs: use nothing: Surge logs no prompt or output text",
-        "--uds: use --host and --port: Surge listens on TCP only",
+        "--log-config-file: use --log-level LEVEL: Surge reads no logging config file",
     ):
         assert hint in err, err
     for flag in (
@@ -737,16 +737,18 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
 
 
 def test_a_refused_flags_value_is_not_taken_for_the_model(capsys: pytest.CaptureFixture[str]) -> None:
-    """`surge serve --uds /tmp/s MODEL` took /tmp/s as the model folder and reported
+    """`surge serve --uds /tmp/s MODEL` (then refused) took /tmp/s as the model folder and reported
     "unrecognized arguments: --uds MODEL"; a refused vLLM flag that takes a value is named
     alone, wherever it stands, and neither its value nor the model is blamed."""
     for argv in (
-        ["serve", "--uds", "/tmp/s", str(STORIES)],
-        ["serve", str(STORIES), "--uds", "/tmp/s"],
-        ["serve", "--uds=/tmp/s", str(STORIES)],
+        ["serve", "--log-config-file", "/tmp/s", str(STORIES)],
+        ["serve", str(STORIES), "--log-config-file", "/tmp/s"],
+        ["serve", "--log-config-file=/tmp/s", str(STORIES)],
     ):
         err = _parse_error(argv, capsys)
-        assert "unrecognized arguments: --uds (vLLM's --uds: use --host and --port" in err, err
+        assert (
+            "unrecognized arguments: --log-config-file (vLLM's --log-config-file: use --log-level" in err
+        ), err
         assert "/tmp/s" not in err.split("(")[0] and str(STORIES) not in err, err
     err = _parse_error(["serve", "--hf-token", "abc", "-pp", "2", str(STORIES)], capsys)
     assert "unrecognized arguments: --hf-token -pp (vLLM's " in err and "--hf-token: use nothing" in err, err

@@ -36,6 +36,7 @@ OTHER_TOOLS = {
     "--repo-type": "huggingface-cli download",
     "--check": "ruff format --check",
     "--http2": "curl --http2 (docs/server-limits.md: an h2c upgrade served as HTTP/1.1)",
+    "--unix-socket": "curl --unix-socket (docs/openai-api.md: --uds)",
     "--max-model-length": "README's example of a mistyped flag (did you mean --max-model-len?)",
     "--max_model_len": "the docs' example of a flag spelled with underscores (read as --max-model-len)",
     "--foo_bar": "README's example of a value after = that keeps its underscores (--prompt=--foo_bar)",

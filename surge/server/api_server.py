@@ -1024,8 +1024,12 @@ async def run_server(
     for d, engine_client in enumerate(client.replicas if isinstance(client, DPEngineClient) else [client]):
         engine_client.on_grammar_compile_time = state.metrics.grammar_compile_time.observe
         engine_client.on_iteration_tokens = state.metrics.engine(d).iteration_tokens.observe
-    host, port = sock.getsockname()[:2]
-    url_host = f"[{host}]" if ":" in host else host
+    scheme = "https" if options.tls is not None else "http"
+    if sock.family == socket.AF_UNIX:  # vLLM's --uds
+        where = f"unix:{sock.getsockname()}"  # the path
+    else:
+        host, port = sock.getsockname()[:2]
+        where = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
     logger.info(
         "engine ready (pid %d): model %s (served as %s), device %s, dtype %s%s, max_model_len %d, "
         "KV cache %d block%s x %d tokens = %d tokens, scheduling policy %s",
@@ -1082,8 +1086,6 @@ async def run_server(
     server = _Server(
         uvicorn.Config(
             app,
-            host=host,
-            port=port,
             loop="none",
             log_config=None,
             access_log=options.access_log,
@@ -1147,25 +1149,14 @@ async def run_server(
         loop.add_signal_handler(sig, on_signal, sig)
     for sig in pending_signals:
         on_signal(sig)
-    scheme = "https" if options.tls is not None else "http"
     logger.info(
-        "Surge %s serving on %s://%s:%d (OpenAI API under %s/v1)",
-        surge.__version__,
-        scheme,
-        url_host,
-        port,
-        options.root_path,
+        "Surge %s serving on %s (OpenAI API under %s/v1)", surge.__version__, where, options.root_path
     )
     if options.web_ui:
-        logger.info(
-            "playground at %s://%s:%d/, dashboard at %s://%s:%d/dashboard",
-            scheme,
-            url_host,
-            port,
-            scheme,
-            url_host,
-            port,
-        )
+        if sock.family == socket.AF_UNIX:
+            logger.info("playground at / and dashboard at /dashboard on %s", where)
+        else:
+            logger.info("playground at %s/, dashboard at %s/dashboard", where, where)
     try:
         await server.serve(sockets=[sock])
     finally:

@@ -69,7 +69,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--disable-access-log-for-endpoints": "nothing: the access log is off unless --access-log",
     "--optimization-level": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
     "turns them off)",
-    "--uds": "--host and --port: Surge listens on TCP only",
     "--max-log-len": "nothing: Surge's request log lines carry no prompt text",
     "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
     "reason and token counts)",
@@ -129,9 +128,17 @@ def add_serve_parser(subparsers: Any) -> None:
         help="vLLM's flag, taken when it names the model folder itself (however spelled): Surge reads "
         "the model folder's own tokenizer, so another folder is refused (default: the model folder)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free port)"
+        "--port", type=int, default=None, help="port to listen on (default 8000; 0 = any free port)"
+    )
+    p.add_argument(
+        "--uds",
+        default=None,
+        metavar="PATH",
+        help="vLLM's flag: listen on this Unix domain socket instead of TCP (not with --host, --port or "
+        "--api-server-count above 1); a socket file nothing listens on any more is replaced, and the file is "
+        "removed at exit (default: TCP)",
     )
     p.add_argument(
         "--served-model-name",
@@ -574,6 +581,33 @@ def check_tokenizer_flag(tokenizer: str | None, model_dir: str) -> None:
         )
 
 
+def check_listen_flags(args: argparse.Namespace) -> None:
+    """Check where to listen and fill in the defaults: ``--host`` 127.0.0.1 and ``--port`` 8000,
+    or ``--uds PATH`` alone (vLLM ignores ``--host`` and ``--port`` next to it; here they are
+    refused, as is ``--api-server-count`` above 1, whose processes share a TCP port).
+
+    Raises:
+        ValueError: one line naming the flag: a port out of range, or ``--uds`` with those flags.
+    """
+    if args.uds is not None:
+        given = [f for f, v in (("--host", args.host), ("--port", args.port)) if v is not None]
+        if args.api_server_count > 1:
+            given.append(f"--api-server-count {args.api_server_count}")
+        if given:
+            raise ValueError(
+                f"--uds {args.uds}: not with {' or '.join(given)} (a Unix socket is the only address)"
+            )
+        if not args.uds:
+            raise ValueError("--uds needs a socket path")
+        return
+    if args.host is None:
+        args.host = "127.0.0.1"
+    if args.port is None:
+        args.port = 8000
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+
+
 def log_requests_flag(args: argparse.Namespace) -> bool:
     """Whether each request's start and end are logged: on unless ``--disable-log-requests`` or
     ``--no-enable-log-requests`` (vLLM 0.26's spelling); ``--enable-log-requests`` asks for it.
@@ -611,8 +645,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--api-server-count must be at least 1, got {args.api_server_count}")
     if args.stream_interval < 1:
         raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    check_listen_flags(args)
     if args.root_path is not None and not re.fullmatch(r"(/[^/\s?#]+)+", args.root_path.rstrip("/") or "/x"):
         raise ValueError(
             f"--root-path must be a path such as /api (a leading /, no ?, # or spaces), got {args.root_path!r}"
@@ -665,7 +698,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from surge.engine.llm_engine import build_engine_config
     from surge.parallel.cli_args import parallel_kwargs
     from surge.server.api_server import ServeOptions, run_server
-    from surge.server.listen import bind_reuseport, bind_socket
+    from surge.server.listen import bind_reuseport, bind_socket, bind_unix
     from surge.tokenizer import load_tokenizer
 
     config = build_engine_config(
@@ -709,8 +742,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
         config = replace(config, reasoning_tokens=reasoning_tokens(tokenizer, args.reasoning_parser))
     options = ServeOptions(
-        host=args.host,
-        port=args.port,
+        host=args.host or "127.0.0.1",  # None with --uds, whose socket run_server is given
+        port=args.port or 0,
         served_model_names=tuple(args.served_model_name or ()),
         api_keys=api_keys,
         stream_interval=args.stream_interval,
@@ -759,7 +792,7 @@ def run_serve(args: argparse.Namespace) -> int:
             return serve_with_api_workers(config, options, sock)
         finally:
             sock.close()
-    sock = bind_socket(args.host, args.port)
+    sock = bind_unix(args.uds) if args.uds is not None else bind_socket(args.host, args.port)
     try:
         try:
             import uvloop
@@ -771,3 +804,5 @@ def run_serve(args: argparse.Namespace) -> int:
             return runner.run(run_server(config, options, sock, tokenizer=tokenizer))
     finally:
         sock.close()
+        if args.uds is not None:
+            Path(args.uds).unlink(missing_ok=True)

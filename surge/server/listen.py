@@ -54,3 +54,45 @@ def bind_reuseport(host: str, port: int, *, check_free: bool = False) -> socket.
     if check_free and port != 0:  # port 0: the kernel picks a free one
         _bind(host, port, reuse_port=False).close()
     return _bind(host, port, reuse_port=True)
+
+
+def bind_unix(path: str) -> socket.socket:
+    """A Unix domain socket bound to ``path`` (vLLM's ``--uds``), bound now, so a path in use fails
+    before the engine starts (inheritable). A socket file left by a server that is gone (nothing
+    accepts on it) is replaced, as a stale TCP port would be free again.
+
+    Raises:
+        ValueError: one readable line: a server already listens on ``path``, ``path`` is a file
+            other than a socket, or it cannot be bound (no such folder, permission denied, a
+            path longer than the 107 bytes a socket address holds).
+    """
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise ValueError(f"--uds {path}: {e.strerror or e}") from e
+    if mode is not None:
+        if not stat.S_ISSOCK(mode):
+            raise ValueError(f"--uds {path}: the path exists and is not a socket (give a new path)")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:  # nothing accepts on it: a socket left by a server that is gone
+            os.unlink(path)
+        else:
+            raise ValueError(f"--uds {path}: a server already listens on it")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except (OSError, ValueError) as e:  # ValueError: an over-long path ("AF_UNIX path too long")
+        sock.close()
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"--uds {path}: cannot listen there: {reason}") from e
+    sock.set_inheritable(True)
+    return sock

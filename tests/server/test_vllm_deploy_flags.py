@@ -236,3 +236,48 @@ def test_gpu_memory_utilization_on_cpu_is_reported_unused() -> None:
     note = unused_on_cpu(given, "cpu")
     assert note is not None and note.startswith("--gpu-memory-utilization 0.5 is unused on CPU")
     assert unused_on_cpu(given, "cuda:0") is None and unused_on_cpu(left_out, "cpu") is None
+
+
+def test_uds_flag_and_its_refusals() -> None:
+    """vLLM's --uds was refused ("Surge listens on TCP only"); it now listens there, alone: vLLM
+    ignores --host and --port next to it, which here are refused by name."""
+    from surge.server.cli import check_listen_flags
+
+    def listen(*argv: str) -> Any:
+        args = build_parser().parse_args(["serve", *argv])
+        check_listen_flags(args)
+        return args
+
+    assert (listen().host, listen().port, listen().uds) == ("127.0.0.1", 8000, None)
+    assert listen("--uds", "/run/surge.sock").uds == "/run/surge.sock"
+    for argv, named in (
+        (["--port", "8001"], "--port"),
+        (["--host", "0.0.0.0"], "--host"),
+        (["--api-server-count", "2"], "--api-server-count 2"),
+    ):
+        with pytest.raises(ValueError, match=f"^--uds /s.sock: not with {named} "):
+            listen("--uds", "/s.sock", *argv)
+    with pytest.raises(ValueError, match=r"^--port must be in \[0, 65535\]"):
+        listen("--port", "70000")
+
+
+def test_bind_unix_replaces_a_stale_socket_and_refuses_a_live_one(tmp_path: Path) -> None:
+    from surge.server.listen import bind_unix
+
+    path = str(tmp_path / "s.sock")
+    first = bind_unix(path)
+    first.listen()
+    with pytest.raises(ValueError, match="a server already listens on it"):
+        bind_unix(path)
+    first.close()  # the file stays, as after a server killed with SIGKILL
+    second = bind_unix(path)
+    second.listen()
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    client.close()
+    second.close()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="the path exists and is not a socket"):
+        bind_unix(str(tmp_path / "file"))
+    with pytest.raises(ValueError, match="cannot listen there"):
+        bind_unix(str(tmp_path / "no-such-folder" / "s.sock"))
