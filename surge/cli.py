@@ -72,8 +72,6 @@ VLLM_FLAG_HINTS = {
     "--disable-log-stats": "--log-interval SECONDS to space the stats lines",
     "--tokenizer": "a model folder that holds its tokenizer",
     "--download-dir": "a local model folder (Surge never downloads)",
-    "--uvicorn-log-level": "--log-level LEVEL (uvicorn's lines follow it)",
-    "--disable-uvicorn-access-log": "nothing: the access log is off unless --access-log",
     "--max-logprobs": "nothing: logprobs and prompt_logprobs take up to 20, vLLM's default",
     "--use-beam-search": "nothing: Surge has no beam search (its requests sample one sequence each)",
     "--profile": "nothing: Surge's server has no profiler endpoint (profile `surge serve` with an outside "

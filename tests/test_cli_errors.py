@@ -533,18 +533,8 @@ def test_vllm_prefix_caching_switch_and_logging_hints() -> None:
     assert parser.parse_args(["serve"]).enable_prefix_caching is True
     assert parser.parse_args(["serve", "--enable-prefix-caching"]).enable_prefix_caching is True
     assert parser.parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
-    p = _surge(
-        "serve",
-        "--uvicorn-log-level=warning",
-        "--disable-uvicorn-access-log",
-        "--max-logprobs=5",
-    )
-    _hinted_in_one_line(
-        p,
-        "--uvicorn-log-level: use --log-level",
-        "--disable-uvicorn-access-log: use nothing",
-        "--max-logprobs: use nothing",
-    )
+    p = _surge("serve", "--max-logprobs=5", "--log-config-file", "f.json")
+    _hinted_in_one_line(p, "--max-logprobs: use nothing", "--log-config-file: use --log-level LEVEL")
 
 
 def test_python_dash_m_surge_is_the_surge_command() -> None:

@@ -810,6 +810,8 @@ class ServeOptions:
         log_interval: seconds between stats log lines.
         access_log: log every HTTP request.
         engine_log_level: ``logging`` level of the engine process.
+        uvicorn_log_level: ``logging`` level of uvicorn's loggers (vLLM's ``--uvicorn-log-level``), or
+            None (the server's level).
         metrics_require_key: ``/metrics`` needs the API key too.
         metrics_prefix: the metric names' prefix, ``surge`` or ``vllm`` (vLLM's names of the
             metrics vLLM has too; Surge-only ones keep ``surge:``).
@@ -865,6 +867,7 @@ class ServeOptions:
     log_interval: float = 10.0
     access_log: bool = False
     engine_log_level: int = logging.INFO
+    uvicorn_log_level: int | None = None
     metrics_require_key: bool = False
     metrics_prefix: str = "surge"
     keep_alive_on_engine_death: bool = False
@@ -1089,6 +1092,7 @@ async def run_server(
             loop="none",
             log_config=None,
             access_log=options.access_log,
+            log_level=options.uvicorn_log_level,  # None: uvicorn's loggers keep the server's level
             timeout_graceful_shutdown=3,
             timeout_keep_alive=30,
             http=protocol,

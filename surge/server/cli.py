@@ -453,6 +453,19 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="vLLM's flag (its access log is on by default): no line per HTTP request, Surge's default; "
+        "refused with --access-log",
+    )
+    p.add_argument(
+        "--uvicorn-log-level",
+        default=None,
+        choices=list(UVICORN_LOG_LEVELS),
+        help="vLLM's flag: the level of uvicorn's own lines (its start and stop, protocol errors, and the "
+        "--access-log lines, at info) (default: --log-level's)",
+    )
+    p.add_argument(
         "--disable-web-ui",
         action="store_true",
         help="do not serve the playground (/) and dashboard (/dashboard)",
@@ -608,6 +621,24 @@ def check_listen_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
 
 
+UVICORN_LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 5}
+"""vLLM's ``--uvicorn-log-level`` choices and their ``logging`` levels (``trace`` is uvicorn's 5)."""
+
+
+def access_log_flags(args: argparse.Namespace) -> tuple[bool, int | None]:
+    """``(access_log, uvicorn_level)``: whether every HTTP request is logged (``--access-log``;
+    vLLM's ``--disable-uvicorn-access-log`` asks for Surge's default, none), and the ``logging``
+    level of uvicorn's loggers from ``--uvicorn-log-level`` (None: ``--log-level``'s).
+
+    Raises:
+        ValueError: ``--access-log`` with ``--disable-uvicorn-access-log`` (one line).
+    """
+    if args.access_log and args.disable_uvicorn_access_log:
+        raise ValueError("--access-log and --disable-uvicorn-access-log contradict each other: give one")
+    level = None if args.uvicorn_log_level is None else UVICORN_LOG_LEVELS[args.uvicorn_log_level]
+    return args.access_log, level
+
+
 def log_requests_flag(args: argparse.Namespace) -> bool:
     """Whether each request's start and end are logged: on unless ``--disable-log-requests`` or
     ``--no-enable-log-requests`` (vLLM 0.26's spelling); ``--enable-log-requests`` asks for it.
@@ -681,6 +712,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be non-negative, got {args.shutdown_timeout}")
     log_requests = log_requests_flag(args)
+    access_log, uvicorn_level = access_log_flags(args)
     api_keys = parse_api_keys(args.api_key, os.environ.get("SURGE_API_KEY"), os.environ.get("VLLM_API_KEY"))
     cors = cors_options(args)
     from surge.server.tls import tls_options
@@ -753,7 +785,8 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         log_interval=args.log_interval,
-        access_log=args.access_log,
+        access_log=access_log,
+        uvicorn_log_level=uvicorn_level,
         engine_log_level=level,
         metrics_require_key=args.metrics_require_key,
         metrics_prefix=args.metrics_prefix,

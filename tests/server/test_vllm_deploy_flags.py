@@ -4,6 +4,7 @@ each is taken and does what vLLM's does, or is refused in one line that names it
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import ssl
@@ -281,3 +282,19 @@ def test_bind_unix_replaces_a_stale_socket_and_refuses_a_live_one(tmp_path: Path
         bind_unix(str(tmp_path / "file"))
     with pytest.raises(ValueError, match="cannot listen there"):
         bind_unix(str(tmp_path / "no-such-folder" / "s.sock"))
+
+
+def test_uvicorn_log_flags() -> None:
+    """vLLM's --uvicorn-log-level and --disable-uvicorn-access-log were refused; the first sets the
+    level of uvicorn's loggers, the second asks for Surge's default (no access log)."""
+    from surge.server.cli import access_log_flags
+
+    def flags(*argv: str) -> tuple[bool, int | None]:
+        return access_log_flags(build_parser().parse_args(["serve", *argv]))
+
+    assert flags() == (False, None)
+    assert flags("--disable-uvicorn-access-log") == (False, None)
+    assert flags("--access-log", "--uvicorn-log-level", "warning") == (True, logging.WARNING)
+    assert flags("--uvicorn-log-level", "trace") == (False, 5)
+    with pytest.raises(ValueError, match="^--access-log and --disable-uvicorn-access-log contradict"):
+        flags("--access-log", "--disable-uvicorn-access-log")
