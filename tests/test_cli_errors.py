@@ -706,11 +706,10 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
     assert build_parser().parse_args(["bench", "serve", "--tokenizer-mode", "hf"]).tokenizer_mode == "hf"
     # a new user's vLLM command line: these were bare "unrecognized arguments"
     err = _parse_error(
-        ["serve", "--max-log-len", "100", "--enable-log-outputs", "--log-config-file", "/tmp/s"],
+        ["serve", "--enable-log-outputs", "--log-config-file", "/tmp/s"],
         capsys,
     )
     for hint in (
-        "--max-log-len: use nothing: Surge's request log lines carry no prompt text",
         "--enable-log-outputs: use nothing: Surge logs no prompt or output text",
         "--log-config-file: use --log-level LEVEL: Surge reads no logging config file",
     ):

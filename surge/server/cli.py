@@ -69,7 +69,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--disable-access-log-for-endpoints": "nothing: the access log is off unless --access-log",
     "--optimization-level": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
     "turns them off)",
-    "--max-log-len": "nothing: Surge's request log lines carry no prompt text",
     "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
     "reason and token counts)",
     "--otlp-traces-endpoint": "nothing: Surge exports no OpenTelemetry traces (GET /metrics serves Prometheus "
@@ -87,6 +86,21 @@ VLLM_SERVE_FLAG_HINTS = {
 """``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
 serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
 :data:`surge.cli.VLLM_FLAG_HINTS`, given in the error line of an unrecognized one."""
+
+
+def non_negative_int(value: str) -> int:
+    """An argparse type for an integer of at least 0.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or below 0 (argparse's one line names the flag).
+    """
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {number}")
+    return number
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -358,6 +372,14 @@ def add_serve_parser(subparsers: Any) -> None:
         choices=["hermes", "llama3_json", "pythonic"],
         help="parse tool calls of chat completions: hermes (Qwen2.5/Qwen3 <tool_call>), llama3_json, or "
         'pythonic (Llama 3.2/4 [f(a=1)] lists); it enables tool_choice "auto"',
+    )
+    p.add_argument(
+        "--max-log-len",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="vLLM's cap on the prompt characters or ids a request's log line shows: Surge's request log "
+        "lines show none, within any cap, so the flag is taken (N >= 0) and changes nothing (default: none)",
     )
     p.add_argument(
         "--enable-request-id-headers",

@@ -298,3 +298,13 @@ def test_uvicorn_log_flags() -> None:
     assert flags("--uvicorn-log-level", "trace") == (False, 5)
     with pytest.raises(ValueError, match="^--access-log and --disable-uvicorn-access-log contradict"):
         flags("--access-log", "--disable-uvicorn-access-log")
+
+
+def test_max_log_len_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --max-log-len (with --enable-log-requests, the prompt text a log line shows) was
+    refused; Surge's request lines show no prompt text, within any cap, so it is taken."""
+    args = build_parser().parse_args(["serve", "--enable-log-requests", "--max-log-len", "100"])
+    assert args.max_log_len == 100 and log_requests_flag(args)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-log-len", "-1"])
+    assert "argument --max-log-len: must be at least 0, got -1" in capsys.readouterr().err
