@@ -140,8 +140,9 @@ def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[
 
     Raises:
         CliError: one line naming the file: it cannot be read, is not ``.yaml`` / ``.yml`` (as in
-            vLLM), is not YAML, is not a mapping of names to values, or a value is ``null``, a
-            list for a flag that takes one value, or ``false`` for a flag that takes a value.
+            vLLM), is not YAML, is not a mapping of names to values, names another config file, or
+            a value is ``null``, a list for a flag that takes one value, or ``false`` for a flag
+            that takes a value.
     """
     import yaml  # a dependency of transformers
 
@@ -168,6 +169,8 @@ def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[
     out: list[str] = []
     for key, value in data.items():
         flag = "--" + key.lstrip("-").replace("_", "-")
+        if flag == "--config":
+            raise CliError(f"{where}: a config file cannot name another (config: {value})")
         action = actions.get(flag)
         switch = action is not None and action.nargs == 0
         if value is None:

@@ -194,6 +194,7 @@ def test_the_command_line_wins_over_the_config_file(tmp_path: Path) -> None:
         ("- port\n", "--config .*: must be a mapping of flag names to values"),
         ("port: 80: 1\n", r"--config .*: not YAML \(line 1, column 9\)"),
         ("bogus-flag: 3\n", "unrecognized arguments: --bogus-flag$"),
+        ("config: other.yaml\n", "--config .*: a config file cannot name another"),
         (
             "trust-remote-code: true\n",
             "unrecognized arguments: --trust-remote-code \\(vLLM's --trust-remote-code",
