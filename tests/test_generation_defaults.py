@@ -276,7 +276,8 @@ def test_api_key_parsing() -> None:
     assert parse_api_keys(["a1", "b2,c3", "a1"], "envkey") == ("a1", "b2", "c3")
     assert parse_api_keys(None, "e1,e2") == ("e1", "e2")
     # vLLM's VLLM_API_KEY keeps a migrated deployment closed; SURGE_API_KEY and the flag come first
-    assert parse_api_keys(None, None, "v1,v2") == ("v1", "v2")
+    # ... as vLLM reads it: one key, commas and all (split, "v1,v2" was refused and "v1" alone taken)
+    assert parse_api_keys(None, None, "v1,v2") == ("v1,v2",)
     assert parse_api_keys(None, "e1", "v1") == ("e1",) and parse_api_keys(["a1"], None, "v1") == ("a1",)
     with pytest.raises(ValueError, match="^VLLM_API_KEY: an API key must not be empty"):
         parse_api_keys(None, None, "")

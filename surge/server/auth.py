@@ -70,8 +70,9 @@ def parse_api_keys(
     flag_values: Sequence[str] | None, env_value: str | None, vllm_env_value: str | None = None
 ) -> tuple[str, ...]:
     """The keys of ``--api-key`` (repeatable, each a comma-separated list), else of the
-    ``SURGE_API_KEY`` environment variable's value (also a comma list), else of vLLM's
-    ``VLLM_API_KEY`` (so that a vLLM deployment's key keeps the server closed); empty = no auth.
+    ``SURGE_API_KEY`` environment variable's value (also a comma list), else vLLM's
+    ``VLLM_API_KEY``, one key as vLLM reads it (so that a vLLM deployment's key keeps the server
+    closed); empty = no auth.
 
     Args:
         flag_values: the ``--api-key`` values, or None when the flag was not given.
@@ -92,7 +93,8 @@ def parse_api_keys(
         return ()
     keys: list[str] = []
     for value in values:
-        for key in value.split(","):
+        # vLLM reads its variable as one key, commas and all (a key with a comma was split in two)
+        for key in [value] if source == "VLLM_API_KEY" else value.split(","):
             validate_api_key(key, source)
             if key not in keys:
                 keys.append(key)

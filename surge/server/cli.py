@@ -163,11 +163,12 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--api-key",
-        action="append",
+        action="extend",
+        nargs="+",
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but /health, /ping, /load, /tokenizer_info, /version, "
         "/metrics (unless --metrics-require-key), the API docs and the web pages' static files (printable ASCII); "
-        "repeat the flag or give a comma list for several keys "
+        "several keys: --api-key K1 K2 (vLLM's form), the flag repeated, or a comma list "
         "(default: the SURGE_API_KEY environment variable, else vLLM's VLLM_API_KEY, else no key)",
     )
     p.add_argument(
@@ -661,6 +662,32 @@ def access_log_flags(args: argparse.Namespace) -> tuple[bool, int | None]:
     return args.access_log, level
 
 
+LIST_FLAGS = ("served_model_name", "api_key", "allowed_origins", "allowed_methods", "allowed_headers")
+"""The serve flags that take several values (``--api-key K1 K2``), so that a MODEL after them is
+taken for one more value."""
+
+
+def check_model_not_taken_as_a_value(args: argparse.Namespace) -> None:
+    """Refuse a model folder taken as a list flag's value: ``surge serve --served-model-name foo
+    /models/qwen`` reads ``/models/qwen`` as a second name and, without MODEL, served the bundled
+    model under both names (vLLM refuses a model that is not the first argument).
+
+    Raises:
+        ValueError: one line naming the flag and the folder, when neither MODEL nor ``--model`` is
+            given and a value of a list flag is an existing folder.
+    """
+    if args.model_tag is not None or args.model is not None:
+        return
+    for name in LIST_FLAGS:
+        for value in getattr(args, name) or ():
+            if value and Path(value).expanduser().is_dir():
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(
+                    f"{flag} took the folder {value!r} as one of its values and no model is given: put "
+                    f"MODEL first (surge serve MODEL {flag} ...), as vLLM requires, or pass --model {value}"
+                )
+
+
 def log_requests_flag(args: argparse.Namespace) -> bool:
     """Whether each request's start and end are logged: on unless ``--disable-log-requests`` or
     ``--no-enable-log-requests`` (vLLM 0.26's spelling); ``--enable-log-requests`` asks for it.
@@ -679,6 +706,7 @@ def run_serve(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad flag value or model folder (printed as one line by ``surge.cli``).
     """
+    check_model_not_taken_as_a_value(args)
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")

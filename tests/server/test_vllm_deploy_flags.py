@@ -21,6 +21,8 @@ from surge.cli import build_parser
 from surge.server.cli import log_requests_flag
 from surge.server.tls import TlsOptions, tls_options
 
+STORIES = Path(__file__).resolve().parents[2] / "surge" / "assets" / "stories260K"
+
 
 @pytest.mark.parametrize(
     ("argv", "logged"),
@@ -309,3 +311,29 @@ def test_max_log_len_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-log-len", "-1"])
     assert "argument --max-log-len: must be at least 0, got -1" in capsys.readouterr().err
+
+
+def test_several_api_keys_in_vllms_form() -> None:
+    """vLLM takes ``--api-key K1 K2``; Surge took one value per flag, so K2 became the model
+    folder ("MODEL K2: no such folder"). The repeated flag and comma lists still work."""
+    parse = build_parser().parse_args
+    assert parse(["serve", "--api-key", "k1", "k2"]).api_key == ["k1", "k2"]
+    assert parse(["serve", "--api-key", "k1", "--api-key", "k2,k3"]).api_key == ["k1", "k2,k3"]
+    args = parse(["serve", str(STORIES), "--api-key", "k1", "k2"])
+    assert (args.model_tag, args.api_key) == (str(STORIES), ["k1", "k2"])
+
+
+@pytest.mark.parametrize("flag", ["--served-model-name", "--api-key", "--allowed-origins"])
+def test_a_model_folder_taken_as_a_list_flags_value_is_refused(flag: str) -> None:
+    """``surge serve --served-model-name foo /models/m`` served the bundled model under the names
+    foo and /models/m; vLLM refuses a model that is not the first argument."""
+    from surge.server.cli import check_model_not_taken_as_a_value
+
+    args = build_parser().parse_args(["serve", flag, "x", str(STORIES)])
+    assert args.model_tag is None
+    with pytest.raises(
+        ValueError, match=f"^{flag} took the folder '.*stories260K' as one of its values and no model"
+    ):
+        check_model_not_taken_as_a_value(args)
+    check_model_not_taken_as_a_value(build_parser().parse_args(["serve", str(STORIES), flag, "x", "y"]))
+    check_model_not_taken_as_a_value(build_parser().parse_args(["serve", flag, "x", "y"]))
