@@ -117,7 +117,8 @@ class ModelConfig:
         seed: seed of dummy weights.
         max_model_len: longest prompt + output, in tokens.
         hf_config: the parsed ``config.json``, with ``hf_overrides`` applied.
-        eos_token_ids: token ids that end generation (config and generation config).
+        eos_token_ids: token ids that end generation (config.json, the generation config and the
+            tokenizer's EOS token, see :func:`tokenizer_eos_id`).
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
         head_dim, intermediate_size: model shapes.
         quantization: "fp8" (FP8 weights: a bf16 checkpoint quantized at load, or an FP8
@@ -343,7 +344,7 @@ class ModelConfig:
             max_model_len=max_model_len,
             hf_config=hf,
             eos_token_ids=_read_eos_ids(
-                generation_config_file(path, generation_config) or path / "generation_config.json", hf
+                generation_config_file(path, generation_config) or path / "generation_config.json", hf, path
             ),
             generation_config=generation_config,
             sampling_defaults=load_sampling_defaults(path, generation_config, override_generation_config),
@@ -353,20 +354,81 @@ class ModelConfig:
         )
 
 
-def _read_eos_ids(gen: Path, hf: dict[str, Any]) -> tuple[int, ...]:
-    """The EOS ids of ``config.json`` (``hf``) then of the generation config file ``gen`` (the
-    model folder's, or ``--generation-config FOLDER``'s, whose ids vLLM adds too), if it exists."""
+def _read_eos_ids(gen: Path, hf: dict[str, Any], folder: Path) -> tuple[int, ...]:
+    """The EOS ids of ``config.json`` (``hf``), then of the generation config file ``gen`` (the
+    model folder's, or ``--generation-config FOLDER``'s, whose ids vLLM adds too), if it exists,
+    then the tokenizer's EOS (:func:`tokenizer_eos_id` of ``folder``): vLLM stops every request
+    on the tokenizer's ``eos_token_id`` (its primary EOS) whatever the configs list, which a
+    fine-tune's tokenizer may set alone (``<|im_end|>`` on a Llama whose config.json says
+    ``<|end_of_text|>``)."""
     ids: list[int] = []
     sources = [hf]
     if gen.is_file():
         with contextlib.suppress(OSError, json.JSONDecodeError):
             sources.append(json.loads(gen.read_text()))
+    sources.append({"eos_token_id": tokenizer_eos_id(folder)})
     for src in sources:
+        if not isinstance(src, dict):
+            continue
         eos = src.get("eos_token_id")
         for t in eos if isinstance(eos, list) else [eos]:
-            if isinstance(t, int) and t not in ids:
+            if isinstance(t, int) and not isinstance(t, bool) and t not in ids:
                 ids.append(t)
     return tuple(ids)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """``path`` parsed as a JSON object; ``{}`` when it is absent, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def tokenizer_eos_id(folder: Path) -> int | None:
+    """The id of the tokenizer's EOS token, read from the folder's files without transformers.
+
+    The token is ``eos_token`` of ``special_tokens_map.json`` (which transformers lets override
+    ``tokenizer_config.json``'s), else of ``tokenizer_config.json``, a string or an
+    ``{"content": ...}`` object; its id is looked
+    up, as transformers would find it, in ``added_tokens_decoder`` of ``tokenizer_config.json``,
+    then the ``added_tokens`` and the model vocabulary of ``tokenizer.json``, then
+    ``added_tokens.json`` and ``vocab.json``.
+
+    Returns:
+        The id, or None where the folder names no EOS token or none of those files holds it (a
+        SentencePiece ``tokenizer.model`` or a tiktoken file alone is not read).
+    """
+    token: Any = None
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        token = _json_object(folder / name).get("eos_token")
+        if token is not None:
+            break
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str) or not token:
+        return None
+    decoder = _json_object(folder / "tokenizer_config.json").get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        for key, entry in decoder.items():
+            if isinstance(entry, dict) and entry.get("content") == token and str(key).isdigit():
+                return int(key)
+    fast = _json_object(folder / "tokenizer.json")
+    added = fast.get("added_tokens")
+    for entry in added if isinstance(added, list) else []:
+        if isinstance(entry, dict) and entry.get("content") == token and isinstance(entry.get("id"), int):
+            return int(entry["id"])
+    model = fast.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, list):  # Unigram: [piece, score] pairs, the id is the index
+        vocab = {e[0]: i for i, e in enumerate(vocab) if isinstance(e, list) and e and isinstance(e[0], str)}
+    for table in (vocab, _json_object(folder / "added_tokens.json"), _json_object(folder / "vocab.json")):
+        if isinstance(table, dict):
+            found = table.get(token)
+            if isinstance(found, int) and not isinstance(found, bool):
+                return found
+    return None
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,37 @@ def test_llm_stop_reason_of_eos_ids(tmp_path: Path) -> None:
     assert (out.finish_reason, out.stop_reason) == ("stop", 2)
 
 
+def test_tokenizer_eos_ends_requests_though_no_config_lists_it(tmp_path: Path) -> None:
+    """vLLM stops on the tokenizer's eos_token_id (its primary EOS) whatever config.json and
+    generation_config.json list, as a fine-tune's tokenizer may set it alone (a ChatML Llama's
+    <|im_end|>): Surge takes it as one of the model's EOS ids, with stop_reason null."""
+    from surge import LLM
+    from surge.config import ModelConfig, tokenizer_eos_id
+
+    dot = 426  # the bundled tokenizer's "."
+    model = _model(tmp_path, {"eos_token_id": 2})
+    config_path, special_path = model / "tokenizer_config.json", model / "special_tokens_map.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "eos_token": "."}))
+    assert tokenizer_eos_id(model) == 2  # special_tokens_map.json's "</s>" wins, as in transformers
+    special_path.write_text(json.dumps({**json.loads(special_path.read_text()), "eos_token": "."}))
+    assert tokenizer_eos_id(model) == dot
+    assert ModelConfig.from_pretrained(model).eos_token_ids == (2, dot)
+    llm = LLM(model, device="cpu", num_kv_blocks=256)
+    out = llm.generate("Once upon a time", SamplingParams(max_tokens=5, logit_bias={dot: 100.0}))[0].outputs[
+        0
+    ]
+    assert (out.finish_reason, out.stop_reason, out.token_ids) == ("stop", None, [dot])
+    # the other places transformers finds the token: an {"content"} object in
+    # special_tokens_map.json, added_tokens_decoder, tokenizer.json's added tokens
+    config_path.write_text(json.dumps({"added_tokens_decoder": {"7": {"content": "<|im_end|>"}}}))
+    special_path.write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}}))
+    assert tokenizer_eos_id(model) == 7
+    special_path.write_text(json.dumps({"eos_token": "<unk>"}))
+    assert tokenizer_eos_id(model) == 0
+    special_path.write_text(json.dumps({"eos_token": "no such token"}))
+    assert tokenizer_eos_id(model) is None
+
+
 def test_llm_follows_generation_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from surge import LLM
     from surge.engine.generate_cli import run_generate
