@@ -207,9 +207,11 @@ class ModelConfig:
         generation_config: str = "auto",
         hf_overrides: dict[str, Any] | None = None,
         override_generation_config: dict[str, Any] | None = None,
+        device: str = "cpu",
     ) -> ModelConfig:
         """Read a Hugging Face model folder (None = the bundled default model) in ``dtype``
-        (:func:`dtype_name`: a name, an alias or a ``torch.dtype``; "auto" is the config's).
+        (:func:`dtype_name`: a name, an alias or a ``torch.dtype``; "auto" is the config's,
+        see :func:`auto_dtype`, which depends on the ``device`` ("cpu" or "cuda[:N]") it runs on).
 
         ``hf_overrides`` replaces top-level keys of ``config.json`` before anything is read
         from it, as vLLM's ``--hf-overrides`` does (e.g. ``{"rope_scaling": {"rope_type":
@@ -259,17 +261,7 @@ class ModelConfig:
         dtype = dtype_name(dtype)
         generation_config = generation_config_mode(generation_config)
         if dtype == "auto":
-            hf_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
-            hf_dtype = DTYPE_ALIASES.get(hf_dtype, hf_dtype)  # "half", "float"
-            dtype = hf_dtype if hf_dtype in DTYPES[1:] else "float32"
-            if dtype != hf_dtype:
-                logger.warning(
-                    "%s gives the dtype %r, which Surge does not compute in (%s): running in float32; "
-                    "--dtype sets another",
-                    cfg_path,
-                    hf_dtype,
-                    ", ".join(DTYPES[1:]),
-                )
+            dtype = auto_dtype(hf, str(cfg_path), device)
 
         def where(name: str) -> str:
             """Where a field's value came from, for its error: the overrides when they set it."""
@@ -352,6 +344,35 @@ class ModelConfig:
             max_tokens_cap=override_max_tokens(override_generation_config),
             **values,
         )
+
+
+def auto_dtype(hf: dict[str, Any], where: str, device: str) -> str:
+    """The dtype ``--dtype auto`` serves a parsed ``config.json`` (``hf``) in on ``device``.
+
+    The config's ``torch_dtype`` (or transformers 5's ``dtype``; float32 when it has neither),
+    except that on CUDA a float32 one serves in bfloat16, as vLLM's "auto" downcasts float32
+    checkpoints (half the memory; the weights are cast as they load). On CPU a float32 config
+    stays float32 (Surge's CPU path serves tiny models, in full precision). A dtype Surge does
+    not compute in (int8, float64) is warned of and becomes float32 (bfloat16 on CUDA).
+
+    Args:
+        where: the config's path, for the warning.
+    """
+    given = str(hf.get("torch_dtype") or hf.get("dtype") or "float32").removeprefix("torch.")
+    given = DTYPE_ALIASES.get(given, given)  # "half", "float"
+    dtype = given if given in DTYPES[1:] else "float32"
+    if dtype != given:
+        logger.warning(
+            "%s gives the dtype %r, which Surge does not compute in (%s): running in float32 "
+            "(bfloat16 on a GPU); --dtype sets another",
+            where,
+            given,
+            ", ".join(DTYPES[1:]),
+        )
+    if dtype == "float32" and device.startswith("cuda"):
+        logger.info("%s: the float32 checkpoint serves in bfloat16 on the GPU, as vLLM's --dtype auto", where)
+        dtype = "bfloat16"
+    return dtype
 
 
 def _read_eos_ids(gen: Path, hf: dict[str, Any], folder: Path) -> tuple[int, ...]:

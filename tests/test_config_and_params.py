@@ -588,6 +588,42 @@ def test_a_config_dtype_surge_does_not_compute_in_is_warned_of(
         assert caplog.text == ""
 
 
+def test_auto_dtype_serves_a_float32_checkpoint_in_bfloat16_on_a_gpu(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's ``--dtype auto`` downcasts a float32 config (or one with no dtype) to bfloat16; Surge
+    does on CUDA (a float32 fine-tune of an 8B model took twice the GPU memory), keeps float32 on
+    CPU, and serves float16 / bfloat16 configs as they are everywhere; ``--dtype float32`` wins.
+    build_engine_config passes the resolved device on."""
+    import json
+    import shutil
+
+    import surge.engine.llm_engine as llm_engine
+    from surge.config import DEFAULT_MODEL_DIR
+
+    folder = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["torch_dtype"] == "float32"
+    assert ModelConfig.from_pretrained(folder).dtype == "float32"
+    assert ModelConfig.from_pretrained(folder, device="cuda").dtype == "bfloat16"
+    assert ModelConfig.from_pretrained(folder, device="cuda:1", dtype="float32").dtype == "float32"
+    for config, expected in (
+        ({k: v for k, v in cfg.items() if k != "torch_dtype"}, "bfloat16"),
+        (cfg | {"torch_dtype": "float16"}, "float16"),
+        ({k: v for k, v in cfg.items() if k != "torch_dtype"} | {"dtype": "bfloat16"}, "bfloat16"),
+    ):
+        (folder / "config.json").write_text(json.dumps(config))
+        assert ModelConfig.from_pretrained(folder, device="cuda").dtype == expected
+    (folder / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(llm_engine, "resolve_device", lambda device: "cuda")
+    assert llm_engine.build_engine_config(str(folder), device="auto").model.dtype == "bfloat16"
+    # surge bench roofline counts what surge serve holds on the GPU
+    from surge.bench.roofline import model_shape
+
+    assert model_shape(cfg).weight_bytes == model_shape(cfg, dtype="bfloat16").weight_bytes
+
+
 def test_kv_cache_dtype_takes_vllms_e4m3_name() -> None:
     """vLLM's ``fp8_e4m3`` is Surge's ``fp8`` (its FP8 cache is e4m3); ``fp8_e5m2`` is refused with
     the names it takes (``--kv-cache-dtype fp8_e4m3`` was an invalid choice)."""

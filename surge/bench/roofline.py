@@ -289,8 +289,8 @@ def model_shape(
 
     Args:
         dtype: weight dtype name (``bfloat16``..., or ``fp8`` for FP8 linear weights); default
-            the config's ``torch_dtype``/``dtype``, or ``fp8`` when its ``quantization_config``
-            is FP8.
+            the config's ``torch_dtype``/``dtype`` (bfloat16 for a float32 one, as ``surge serve``
+            serves it on a GPU), or ``fp8`` when its ``quantization_config`` is FP8.
         tensor_parallel_size: N GPUs sharing the model (see the module docstring).
         kv_cache_dtype: ``fp8`` for a 1-byte KV cache; default (None or ``auto``) the model
             dtype (bf16 when the weights are FP8 and the config names no other).
@@ -329,7 +329,8 @@ def model_shape(
     fp8_checkpoint = isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "fp8"
     if dtype == "auto":  # surge serve's --dtype default: the config's own
         dtype = None
-    dt = str(dtype or ("fp8" if fp8_checkpoint else model_dt)).removeprefix("torch.")
+    served_dt = "bfloat16" if model_dt in ("float32", "float") else model_dt  # on a GPU, as surge serve
+    dt = str(dtype or ("fp8" if fp8_checkpoint else served_dt)).removeprefix("torch.")
     if dt not in DTYPE_BYTES or model_dt not in DTYPE_BYTES:
         raise ValueError(
             f"unknown dtype {dt if dt not in DTYPE_BYTES else model_dt!r} for the roofline "
@@ -343,7 +344,7 @@ def model_shape(
         )
     nbytes = DTYPE_BYTES[dt]
     # FP8 weights: only the linear layers are FP8; the rest keeps the model dtype (bf16 at most).
-    rest_bytes = nbytes if dt != "fp8" else (DTYPE_BYTES[model_dt] if model_dt != "fp8" else 2)
+    rest_bytes = nbytes if dt != "fp8" else (DTYPE_BYTES[served_dt] if served_dt != "fp8" else 2)
     kv_bytes = 1 if kv_cache_dtype == "fp8" else rest_bytes
     model_type = str(cfg.get("model_type", ""))
     qkv_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))

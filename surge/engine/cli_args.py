@@ -87,8 +87,8 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=[*DTYPES, *DTYPE_ALIASES],
-        help="model dtype (auto: the config's torch_dtype); half and float are vLLM's names of "
-        "float16 and float32 (default: %(default)s)",
+        help="model dtype (auto: the config's torch_dtype, except that a float32 one serves in bfloat16 "
+        "on a GPU, as in vLLM); half and float are vLLM's names of float16 and float32 (default: %(default)s)",
     )
 
 

@@ -69,7 +69,8 @@ class LLM:
         tokenizer: vLLM's: None or the model folder itself (a script's ``LLM(path,
             tokenizer=path)``); Surge reads the model folder's tokenizer, so another folder is
             refused.
-        dtype: "auto" (the config's), "float32", "bfloat16" or "float16" (vLLM's "half"
+        dtype: "auto" (the config's; a float32 one is bfloat16 on a GPU, as in vLLM:
+            :func:`surge.config.auto_dtype`), "float32", "bfloat16" or "float16" (vLLM's "half"
             and "float" are "float16" and "float32"), or one of those as a ``torch.dtype``
             (``torch.bfloat16``), as vLLM takes it.
         device: "auto" (CUDA when available), "cpu" or "cuda".

@@ -201,8 +201,10 @@ def build_engine_config(
         seed = secrets.randbelow(2**31)
         logger.info("seed None: this engine's seed is %d (pass it to reproduce the run)", seed)
     seed %= 2**63  # any integer (vLLM takes negative ones); torch's generators take [0, 2**63)
+    resolved = resolve_device(device)
     model_config = ModelConfig.from_pretrained(
         model,
+        device=resolved,
         dtype=dtype,
         load_format=load_format,
         seed=seed,
@@ -233,7 +235,6 @@ def build_engine_config(
         max_num_batched_tokens = useful
     if not seqs_given:  # vLLM's derived default: no more sequences than the budget has tokens
         max_num_seqs = min(max_num_seqs, max(max_num_batched_tokens, 1))  # a budget < 1 is named below
-    resolved = resolve_device(device)
     if async_scheduling is None:
         async_scheduling = resolved.startswith("cuda")
     config = EngineConfig(

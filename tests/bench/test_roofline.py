@@ -62,7 +62,8 @@ def test_tied_and_small_models() -> None:
     tiny = model_shape(load_config(BUNDLED_MODEL))
     assert tiny.num_params == 260_032 == tiny.matmul_params  # tied: LM head = embedding, read once
     assert tiny.lm_head_params == 512 * 64  # tied, it is still multiplied once per row of logits
-    assert tiny.dtype_bytes == 4 and tiny.kv_bytes_per_token == 2 * 4 * 8 * 4 * 5
+    # float32 config: surge serve holds it in bf16 on a GPU (--dtype auto, as vLLM), so 2 bytes
+    assert tiny.dtype_bytes == 2 and tiny.kv_bytes_per_token == 2 * 4 * 8 * 2 * 5
     q06 = model_shape(load_config(SHARED / "models" / "qwen3-0.6b"))
     assert q06.num_params == q06.matmul_params and q06.num_params == pytest.approx(596e6, rel=0.01)
     assert (
@@ -150,7 +151,7 @@ def test_an_fp8_peak_for_a_bf16_model_is_a_warning(capsys: pytest.CaptureFixture
 def test_tiny_model_figures_switch_units(capsys: pytest.CaptureFixture[str]) -> None:
     """The bundled 260K-parameter model: K params, MB, microseconds, no 0.000 and no 0.0 ms."""
     rc = bench_main(
-        ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200"]
+        ["bench", "roofline", "--model", str(BUNDLED_MODEL), "--gpu", "h200", "--dtype", "float32"]
         + ["--concurrency", "1", "--input-len", "32", "--output-len", "256"]
     )
     captured = capsys.readouterr()
