@@ -345,16 +345,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"surge: error: {message}\n")
 
 
-MODEL_FILES_HINT = "a Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
+MODEL_FILES_HINT = (
+    "a Hugging Face model folder (config.json, tokenizer files, *.safetensors or pytorch_model*.bin)"
+)
 
 OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
-"""Weight files of other formats (PyTorch pickles: ``pytorch_model.bin``, Meta's
-``consolidated.00.pth``; llama.cpp's GGUF) that Surge does not load: named in the error so that a
-user who has them learns why the model does not load, rather than being pointed at dummy weights."""
+"""Weight files of formats a folder's loader does not read (Meta's ``consolidated.00.pth``, other
+PyTorch pickles, a trainer's ``training_args.bin``; llama.cpp's GGUF), or that are given alone
+instead of their folder (``pytorch_model.bin``): named in the error so that a user who has them
+learns why the model does not load, rather than being pointed at dummy weights."""
 
 SAFETENSORS_ONLY = (
-    "Surge loads *.safetensors weights only (download the model's safetensors files, or convert: "
-    "transformers' from_pretrained then save_pretrained writes them)"
+    "Surge loads a Hugging Face folder's *.safetensors weights, or its PyTorch pytorch_model*.bin "
+    "(download the model's Hugging Face files, or convert: transformers' from_pretrained then "
+    "save_pretrained writes them)"
 )
 
 
@@ -396,10 +400,10 @@ def check_model_dir(
     a missing folder (with a hint when it looks like a Hugging Face hub id: only local folders
     work, offline), a file (a PyTorch or GGUF weights file said to be one), a folder without
     ``config.json`` (a Hugging Face hub cache folder is answered with its snapshot folder),
-    without tokenizer files, or without ``*.safetensors`` weights (naming the PyTorch or GGUF
-    weights it holds instead, which Surge does not load), a broken weights index, or a weights
-    file that cannot be read (a truncated file, a corrupt header: see
-    :func:`surge.model.weight_files.check_safetensors_header`, which reads headers only). The
+    without tokenizer files, or without ``*.safetensors`` or PyTorch ``.bin`` weights (naming
+    the ``.pth`` or GGUF weights it holds instead, which Surge does not load), a broken weights
+    index, or a weights file that cannot be read (a truncated file, a corrupt header: see
+    :func:`surge.model.weight_files.check_weight_files`, which reads headers only). The
     weights are not looked at with ``--load-format dummy``. ``offline_api``: the checks of
     ``LLM(model)`` (``flag`` ``"model"``), whose messages spell its arguments (``model=DIR``,
     ``load_format="dummy"``) and which does not need tokenizer files (it takes token-id prompts
@@ -449,22 +453,36 @@ def _check_model_path(model: str, load_format: str, flag: str, offline_api: bool
         raise CliError(no_tokenizer_message(flag, model))
     if load_format == "dummy":
         return
-    if not any(path.glob("*.safetensors")):
+    from surge.model.weight_files import check_weight_files, pytorch_bin_files
+
+    try:
+        safetensors_only = load_format == "safetensors" or any(path.glob("*.safetensors"))
+        bins = [] if safetensors_only else pytorch_bin_files(path)
+    except ValueError as e:  # a broken pytorch_model.bin.index.json
+        raise CliError(f"{flag} {model}: {str(e).removeprefix('model: ')}") from None
+    if load_format == "safetensors" and not any(path.glob("*.safetensors")) and pytorch_bin_files(path):
+        spelled = 'load_format="safetensors"' if offline_api else "--load-format safetensors"
+        raise CliError(
+            f"{flag} {model}: the folder has PyTorch *.bin weights but no *.safetensors, which {spelled} "
+            "reads alone (auto, the default, reads the .bin files, as in vLLM)"
+        )
+    if not any(path.glob("*.safetensors")) and not bins:
         others = sorted(f.name for f in path.iterdir() if f.suffix.lower() in OTHER_WEIGHT_SUFFIXES)
         if others:
             listed = ", ".join(others[:2]) + (f" and {len(others) - 2} more" if len(others) > 2 else "")
             raise CliError(
-                f"{flag} {model}: the folder has {listed} but no *.safetensors weights; {SAFETENSORS_ONLY}"
+                f"{flag} {model}: the folder has {listed} but no *.safetensors or PyTorch *.bin weights; "
+                f"{SAFETENSORS_ONLY}"
             )
         dummy = 'load_format="dummy"' if offline_api else "--load-format dummy"
         raise CliError(
-            f"{flag} {model}: the folder has no *.safetensors weights; pass {dummy} "
+            f"{flag} {model}: the folder has no *.safetensors or PyTorch *.bin weights; pass {dummy} "
             "for random weights of the same shapes"
         )
-    from surge.model.weight_files import check_weight_files
-
     try:
-        check_weight_files(path)  # headers only: a few kilobytes per file, whatever the model's size
+        check_weight_files(
+            path, load_format
+        )  # headers only: a few kilobytes per file, whatever the model's size
     except ValueError as e:
         raise CliError(f"{flag} {model}: {str(e).removeprefix('model: ')}") from None
 

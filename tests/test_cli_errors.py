@@ -82,14 +82,25 @@ def test_bad_model_folders(command: list[str], tmp_path: Path) -> None:
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(STORIES / name, no_weights)
     _one_line_error(_surge(*command, "--model", str(no_weights)), "--load-format dummy")
-    # PyTorch (or GGUF) weights: said so, not "pass --load-format dummy" (random weights)
-    (no_weights / "pytorch_model.bin").write_bytes(b"x")
+    # Meta's .pth (or GGUF) weights: said so, not "pass --load-format dummy" (random weights)
+    (no_weights / "consolidated.00.pth").write_bytes(b"x")
     p = _surge(*command, "--model", str(no_weights))
-    _one_line_error(p, "pytorch_model.bin but no *.safetensors", "loads *.safetensors weights only")
+    _one_line_error(p, "consolidated.00.pth but no *.safetensors or PyTorch *.bin", "pytorch_model*.bin")
     assert "dummy" not in p.stderr, p.stderr
+    # a PyTorch .bin is loaded (vLLM's --load-format auto), so a broken one is named as unreadable
+    (no_weights / "pytorch_model.bin").write_bytes(b"x")
+    _one_line_error(
+        _surge(*command, "--model", str(no_weights)), "the weights file pytorch_model.bin cannot be read"
+    )
+    only = _surge(*command, "--model", str(no_weights), "--load-format", "safetensors")
+    _one_line_error(
+        only, "PyTorch *.bin weights but no *.safetensors, which --load-format safetensors reads alone"
+    )
     gguf = tmp_path / "model-Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF")
-    _one_line_error(_surge(*command, "--model", str(gguf)), "a .gguf weights file, not a folder", "only")
+    _one_line_error(
+        _surge(*command, "--model", str(gguf)), "a .gguf weights file, not a folder", "pytorch_model*.bin"
+    )
 
 
 def _copy_of_stories(tmp_path: Path, name: str) -> Path:

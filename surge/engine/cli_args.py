@@ -100,7 +100,8 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         "--load-format",
         default="auto",
         choices=list(LOAD_FORMATS),
-        help="auto or safetensors: the folder's weights; dummy: random weights of the right shapes (benchmarks)",
+        help="auto: the folder's *.safetensors, else its PyTorch *.bin weights; safetensors: *.safetensors "
+        "only; dummy: random weights of the right shapes (benchmarks)",
     )
     p.add_argument(
         "--quantization",

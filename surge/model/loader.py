@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from torch import nn
 from surge.config import ModelConfig
 from surge.model.lazy_tensor import LazyTensor
 from surge.model.registry import get_model_class
-from surge.model.weight_files import safetensors_files
+from surge.model.weight_files import weight_files
 from surge.quant.loading import attach_fp8, checkpoint_tensors, process_fp8
 
 # (our fused parameter, the HF name it is made of, shard id)
@@ -46,7 +48,8 @@ def load_model(
     """Build ``model_config.architecture`` on ``device`` in the config's dtype and load weights.
 
     ``load_format`` "auto" / "safetensors" reads ``model.safetensors`` or the shards of
-    ``model.safetensors.index.json`` (or every ``*.safetensors`` of the folder); "dummy"
+    ``model.safetensors.index.json`` (or every ``*.safetensors`` of the folder), or in a folder
+    without safetensors its PyTorch ``.bin`` files (:func:`iter_weights`); "dummy"
     fills random weights from ``model_config.seed``. An FP8 model (``fp8_config``) has its
     linear layers quantized or loaded in FP8 (:mod:`surge.quant.loading`); on CPU it computes
     by emulation (callers gate that, see ``EngineConfig.fp8_emulation``).
@@ -69,31 +72,64 @@ def load_model(
     if dummy:
         init_dummy_weights(model, model_config.seed)
     else:
-        weights = iter_safetensors(Path(model_config.model), lazy=tp_size > 1)
+        weights = iter_weights(
+            Path(model_config.model), lazy=tp_size > 1, load_format=model_config.load_format
+        )
         load_weights(model, checkpoint_tensors(model, weights, fp8))
     if fp8 is not None:
         process_fp8(model)
     return model.eval()
 
 
-def iter_safetensors(folder: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor of the folder's safetensors files (on CPU).
+def iter_weights(
+    folder: Path, lazy: bool = False, load_format: str = "auto"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the folder's weight files (on CPU): its
+    safetensors files, or where it has none and ``load_format`` is "auto" its PyTorch ``.bin``
+    files (:func:`surge.model.weight_files.weight_files`).
 
-    With ``lazy`` the tensors are :class:`~surge.model.lazy_tensor.LazyTensor`: a weight
-    loader that slices one (a tensor-parallel shard) reads only its slice from the file.
+    With ``lazy`` the tensors of safetensors files are
+    :class:`~surge.model.lazy_tensor.LazyTensor`: a weight loader that slices one (a
+    tensor-parallel shard) reads only its slice from the file. A ``.bin`` file is read with
+    ``torch.load(weights_only=True)`` (tensors only: no code of the file runs), memory-mapped
+    where it is a zip archive, so its tensors are read as they are copied.
 
     Raises:
         ValueError: no weight files, a broken index, or a file that does not open (one line
             naming it).
     """
-    for path in safetensors_files(folder):
+    for path in weight_files(folder, load_format):
+        if path.suffix == ".safetensors":
+            yield from _safetensors_tensors(path, lazy)
+            continue
         try:
-            opened = safe_open(str(path), framework="pt", device="cpu")
-        except (OSError, SafetensorError) as e:  # a truncated or corrupt file
-            raise ValueError(f"model: cannot read the weights file {path}: {e}") from e
-        with opened as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, (LazyTensor(f.get_slice(name)) if lazy else f.get_tensor(name))  # type: ignore[misc]
+            state = torch.load(
+                str(path), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path)
+            )
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
+            reason = " ".join(str(e).split())[:300]
+            raise ValueError(f"model: cannot read the weights file {path}: {reason}") from e
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+        ):
+            raise ValueError(f"model: the weights file {path} holds no state dict of named tensors")
+        yield from state.items()
+        del state
+
+
+def _safetensors_tensors(path: Path, lazy: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor of one safetensors file (see :func:`iter_weights`).
+
+    Raises:
+        ValueError: the file does not open (one line naming it).
+    """
+    try:
+        opened = safe_open(str(path), framework="pt", device="cpu")
+    except (OSError, SafetensorError) as e:  # a truncated or corrupt file
+        raise ValueError(f"model: cannot read the weights file {path}: {e}") from e
+    with opened as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            yield name, (LazyTensor(f.get_slice(name)) if lazy else f.get_tensor(name))  # type: ignore[misc]
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,6 +1,8 @@
 """The weight files of a model folder, and a cheap check that each one can be read, without torch.
 
-:func:`safetensors_files` lists the files the loader reads (:mod:`surge.model.loader`);
+:func:`weight_files` lists the files the loader reads (:mod:`surge.model.loader`): the
+safetensors files (:func:`safetensors_files`), or where the folder has none its PyTorch ``.bin``
+files (:func:`pytorch_bin_files`), as vLLM's ``--load-format auto`` picks them;
 :func:`check_safetensors_header` reads only a file's header (8 bytes of length, then a JSON
 table of the tensors) and its size, so the CLI can refuse a truncated or corrupt file at once,
 before torch is imported and before an engine process starts, at the cost of a few kilobytes
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -54,22 +57,75 @@ def safetensors_files(folder: Path) -> list[Path]:
     """
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"model: cannot read {index}: {e}") from e
-        files = [folder / name for name in names]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"model: {index} names missing files: {', '.join(missing)}")
-        return files
+        return _indexed_files(index)
     single = folder / "model.safetensors"
     if single.is_file():
         return [single]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model: {str(folder)!r} has no *.safetensors weights (or use load_format='dummy')")
+    return files
+
+
+NON_WEIGHT_BIN_FILES = ("training_args.bin", "optimizer.bin", "scheduler.bin", "scaler.bin", "rng_state.bin")
+"""``*.bin`` files a training run leaves beside the weights (trainer state, not tensors of the
+model), which the loader does not read."""
+
+
+def _indexed_files(index: Path) -> list[Path]:
+    """The files the ``weight_map`` of a ``*.index.json`` names, in sorted order.
+
+    Raises:
+        ValueError: the index cannot be read or names files the folder lacks.
+    """
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"model: cannot read {index}: {e}") from e
+    files = [index.parent / name for name in names]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"model: {index} names missing files: {', '.join(missing)}")
+    return files
+
+
+def pytorch_bin_files(folder: Path) -> list[Path]:
+    """The PyTorch weight files of a HF folder, in load order: the shards of
+    ``pytorch_model.bin.index.json``, else ``pytorch_model.bin``, else every ``*.bin`` but a
+    trainer's (:data:`NON_WEIGHT_BIN_FILES`); empty when it has none.
+
+    Raises:
+        ValueError: a broken index.
+    """
+    index = folder / "pytorch_model.bin.index.json"
+    if index.is_file():
+        return _indexed_files(index)
+    single = folder / "pytorch_model.bin"
+    if single.is_file():
+        return [single]
+    return sorted(f for f in folder.glob("*.bin") if f.name not in NON_WEIGHT_BIN_FILES and f.is_file())
+
+
+def weight_files(folder: Path, load_format: str = "auto") -> list[Path]:
+    """The files the loader reads: :func:`safetensors_files` where the folder has any
+    ``*.safetensors`` (PyTorch files beside them are not read) or ``load_format`` is
+    "safetensors" (vLLM's: those only), else :func:`pytorch_bin_files`.
+
+    Raises:
+        ValueError: the folder has neither (or a broken index).
+    """
+    if (
+        load_format == "safetensors"
+        or any(folder.glob("*.safetensors"))
+        or (folder / "model.safetensors.index.json").is_file()
+    ):
+        return safetensors_files(folder)
+    files = pytorch_bin_files(folder)
+    if not files:
+        raise ValueError(
+            f"model: {str(folder)!r} has no *.safetensors or PyTorch *.bin weights (or use load_format='dummy')"
+        )
     return files
 
 
@@ -180,15 +236,41 @@ def check_safetensors_header(path: Path) -> None:
         )
 
 
-def check_weight_files(folder: Path) -> None:
-    """Check the header of every weight file the loader would read from ``folder``.
+def check_pytorch_file(path: Path) -> None:
+    """Check that ``path`` looks like a file of ``torch.save``: a zip archive (the format since
+    torch 1.6), or a legacy pickle, which starts with the pickle protocol byte 0x80. Reads a few
+    bytes and, for a zip, its central directory.
+
+    Raises:
+        ValueError: one line: what is wrong, without the file's name.
+    """
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                    raise ValueError("a zip archive without data.pkl, not a torch.save file")
+            return
+        with path.open("rb") as f:
+            head = f.read(2)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ValueError(f"cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    if len(head) < 2 or head[0] != 0x80:
+        raise ValueError("not a torch.save file (neither a zip archive nor a pickle): truncated or corrupt")
+
+
+def check_weight_files(folder: Path, load_format: str = "auto") -> None:
+    """Check every weight file the loader would read from ``folder`` (:func:`weight_files`): a
+    safetensors file's header, a PyTorch file's format (:func:`check_pytorch_file`).
 
     Raises:
         ValueError: one line naming the folder's broken index or the first unreadable file
             (by its name in the folder).
     """
-    for path in safetensors_files(folder):
+    for path in weight_files(folder, load_format):
         try:
-            check_safetensors_header(path)
+            if path.suffix == ".safetensors":
+                check_safetensors_header(path)
+            else:
+                check_pytorch_file(path)
         except ValueError as e:
             raise ValueError(f"the weights file {path.name} cannot be read: {e}") from None

@@ -129,6 +129,49 @@ def test_unreadable_weights_file_raises_value_error_naming_it(tmp_path: Path, st
         load_model(ModelConfig.from_pretrained(broken), "cpu")
 
 
+def test_pytorch_bin_weights_load_as_in_vllm(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    """A folder of ``pytorch_model.bin`` (one file, or shards of
+    ``pytorch_model.bin.index.json``) loads as vLLM's ``--load-format auto`` loads it, giving the
+    safetensors' logits; a trainer's ``training_args.bin`` is not read; where safetensors are
+    present too they are read, not the ``.bin``; a broken ``.bin`` is one line naming it."""
+    src = tiny_models["qwen3"]
+    reference_config = ModelConfig.from_pretrained(src, dtype="float32")
+    reference = _run(load_model(reference_config, "cpu"), reference_config)
+    weights = load_file(src / "model.safetensors")
+
+    def folder(name: str) -> Path:
+        dest = tmp_path / name
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.safetensors"))
+        return dest
+
+    def logits(path: Path) -> torch.Tensor:
+        mc = ModelConfig.from_pretrained(path, dtype="float32")
+        return _run(load_model(mc, "cpu"), mc)
+
+    single = folder("single")
+    torch.save(weights, single / "pytorch_model.bin")
+    torch.save({"lr": 1.0}, single / "training_args.bin")
+    torch.testing.assert_close(logits(single), reference, rtol=0, atol=0)
+
+    sharded = folder("sharded")
+    names = sorted(weights)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for file, keys in shards.items():
+        torch.save({k: weights[k] for k in keys}, sharded / file)
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    torch.testing.assert_close(logits(sharded), reference, rtol=0, atol=0)
+
+    both = folder("both")
+    shutil.copy(src / "model.safetensors", both)
+    torch.save({k: torch.zeros_like(v) for k, v in weights.items()}, both / "pytorch_model.bin")
+    torch.testing.assert_close(logits(both), reference, rtol=0, atol=0)
+
+    (single / "pytorch_model.bin").write_bytes(b"\x80\x02 not a pickle")
+    with pytest.raises(ValueError, match=r"cannot read the weights file .*single/pytorch_model\.bin: "):
+        logits(single)
+
+
 def test_dtype_is_applied_on_load(tiny_models: dict[str, Path]) -> None:
     mc = ModelConfig.from_pretrained(tiny_models["qwen2"], dtype="bfloat16")
     model = load_model(mc, "cpu")
