@@ -25,7 +25,7 @@ _COMMON = dict(
     eos_token_id=2,
 )
 
-KINDS = ("qwen3", "qwen2", "llama3", "llama_tied", "qwen3_yarn")
+KINDS = ("qwen3", "qwen2", "llama3", "llama_tied", "qwen3_yarn", "qwen3_tied", "llama32", "llama_bias")
 
 
 def make_hf_model(kind: str, path: Path, seed: int = 0) -> Path:
@@ -34,6 +34,9 @@ def make_hf_model(kind: str, path: Path, seed: int = 0) -> Path:
     qwen3: 3 layers, head_dim 32 (q/k norm). qwen2: qkv bias, vocab 300. llama3: llama3 rope
     scaling, sharded safetensors. llama_tied: tied embeddings, 4 layers. qwen3_yarn: qwen3 with
     YaRN rope scaling (factor 8 over an original 32 positions, so most test prompts run past it).
+    qwen3_tied: tied embeddings (Qwen3 0.6B to 4B). llama32: Llama 3.2's layout, llama3 rope
+    scaling (factor 32) with tied embeddings, saved as bf16 (served in fp32 here). llama_bias:
+    attention_bias and mlp_bias, with a head_dim (32) other than hidden_size / heads (16).
     """
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -72,6 +75,30 @@ def make_hf_model(kind: str, path: Path, seed: int = 0) -> Path:
         )
     elif kind == "llama_tied":
         config = LlamaConfig(**_COMMON, vocab_size=256, num_hidden_layers=4, tie_word_embeddings=True)
+    elif kind == "qwen3_tied":
+        config = Qwen3Config(
+            **_COMMON, vocab_size=400, num_hidden_layers=2, head_dim=32, tie_word_embeddings=True
+        )
+    elif kind == "llama32":
+        llama3 = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        config = LlamaConfig(
+            **_COMMON,
+            vocab_size=600,
+            num_hidden_layers=2,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            rope_scaling={"rope_type": "llama3", **llama3, "original_max_position_embeddings": 16},
+        )
+    elif kind == "llama_bias":
+        config = LlamaConfig(
+            **_COMMON,
+            vocab_size=300,
+            num_hidden_layers=2,
+            head_dim=32,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=False,
+        )
     else:
         raise ValueError(kind)
     torch.manual_seed(seed)
@@ -80,6 +107,8 @@ def make_hf_model(kind: str, path: Path, seed: int = 0) -> Path:
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+    if kind == "llama32":
+        model = model.to(torch.bfloat16)  # HF compares in fp32 from the same bf16 values
     if shard is None:
         model.save_pretrained(path)
     else:

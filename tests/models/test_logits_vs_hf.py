@@ -24,7 +24,20 @@ def _hf_logits(hf: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
         return hf(torch.tensor([prompt])).logits[0].float()
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama3", "llama_tied", "qwen3_yarn", "stories"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "qwen3",
+        "qwen2",
+        "llama3",
+        "llama_tied",
+        "qwen3_yarn",
+        "qwen3_tied",
+        "llama32",
+        "llama_bias",
+        "stories",
+    ],
+)
 def test_batched_prompt_logits_match_hf(kind: str, tiny_models: dict[str, Path]) -> None:
     path = STORIES if kind == "stories" else tiny_models[kind]
     hf = load_hf(path)
