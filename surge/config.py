@@ -88,6 +88,24 @@ def positive_int_field(cfg: dict[str, Any], name: str, where: str, default: Any 
     return int(value)
 
 
+ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
+    "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
+}
+"""config.json keys whose transformers default (``Qwen2Config``, ``Qwen3Config``) differs from the
+Llama-style one Surge reads otherwise (``max_position_embeddings`` 2048, ``num_key_value_heads``
+= ``num_attention_heads``, ``head_dim`` = ``hidden_size / num_attention_heads``): a config.json
+without the key means what transformers, and so vLLM, make of it."""
+
+
+def with_architecture_defaults(hf: dict[str, Any]) -> dict[str, Any]:
+    """``hf`` (a parsed ``config.json``) with the keys of :data:`ARCHITECTURE_DEFAULTS` it lacks
+    filled in for its architecture (``architectures[0]``); a key it has, null included, is kept."""
+    archs = hf.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    return {**ARCHITECTURE_DEFAULTS.get(str(arch), {}), **hf}
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -258,6 +276,7 @@ class ModelConfig:
         # before the fields: a folder of another kind of model (Mamba, RWKV) lacks the attention
         # fields, and "lacks num_attention_heads" would send its user to fix the config
         _require_architecture(str(archs[0]), f"model: {cfg_path}: ")
+        hf = with_architecture_defaults(hf)
         dtype = dtype_name(dtype)
         generation_config = generation_config_mode(generation_config)
         if dtype == "auto":

@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from surge.config import positive_int_field
+from surge.config import positive_int_field, with_architecture_defaults
 from surge.quant.config import KV_CACHE_DTYPE_ALIASES
 from surge.rope_params import rope_params
 
@@ -302,6 +302,7 @@ def model_shape(
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    cfg = with_architecture_defaults(cfg)  # as surge serve reads a key the file leaves out
     for name in MOE_FIELDS:
         experts = cfg.get(name)
         if isinstance(experts, int | float) and not isinstance(experts, bool) and experts > 0:
@@ -395,6 +396,7 @@ def context_warning(cfg: dict[str, Any], points: list[tuple[int, int, int]]) -> 
     I + O = 8,192), computed for any model, and a server may extend the context (rope scaling)
     beyond ``max_position_embeddings``.
     """
+    cfg = with_architecture_defaults(cfg)
     if cfg.get("max_position_embeddings") is None:
         return None
     try:

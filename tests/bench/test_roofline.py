@@ -29,6 +29,9 @@ def test_qwen3_8b_shape() -> None:
     # embedding excluded, LM head included: W/2 = total - one 151936 x 4096 matrix
     assert s.matmul_params == s.num_params - 151936 * 4096
     assert s.lm_head_params == 151936 * 4096  # vocab x hidden, its part of P
+    # Qwen3-0.6B without head_dim: transformers' 128 (as surge serve reads it), not 1024 / 16
+    small = load_config(SHARED / "models" / "qwen3-0.6b")
+    assert model_shape({k: v for k, v in small.items() if k != "head_dim"}) == model_shape(small)
 
 
 def test_qwen3_8b_c1_ceiling() -> None:

@@ -77,3 +77,42 @@ def test_sharded_checkpoint_is_indexed(tiny_models: dict[str, Path]) -> None:
     folder = tiny_models["llama3"]
     assert (folder / "model.safetensors.index.json").is_file()
     assert len(list(folder.glob("*.safetensors"))) > 1
+
+
+def test_keys_a_qwen_config_leaves_out_mean_what_transformers_makes_of_them(tmp_path: Path) -> None:
+    """Qwen3Config's defaults are head_dim 128, max_position_embeddings 32768 and 32 KV heads (Qwen2's
+    the last two), not the Llama-style hidden_size / heads, 2048 and num_attention_heads: a
+    config.json without them loads as in transformers (and vLLM), not with other shapes."""
+    import json
+
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from surge.config import ModelConfig
+
+    config = Qwen3Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2
+    )
+    config.num_key_value_heads = 1
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["head_dim"] == 128
+    for key in ("head_dim", "max_position_embeddings"):
+        del written[key]
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    mc = ModelConfig.from_pretrained(tmp_path)
+    assert (mc.head_dim, mc.max_model_len) == (128, 32768)
+    hf = load_hf(tmp_path)
+    runner = make_runner(tmp_path)
+    runner.init_kv_cache(8)
+    prompt = _prompts(300, [9], seed=2)[0]
+    request = Request("r", prompt, SamplingParams(temperature=0.0))
+    BlockAllocator(8).grow(request, len(prompt), runner.block_size)
+    (got,) = full_logits(runner, [request], [len(prompt)])
+    torch.testing.assert_close(got, _hf_logits(hf, prompt), atol=1e-4, rtol=1e-4)
+    # Qwen2: 32 KV heads when left out (here 64 attention heads, so not num_attention_heads)
+    qwen2 = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 128, "num_attention_heads": 64}
+    qwen2 |= {"vocab_size": 300, "intermediate_size": 96, "num_hidden_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(qwen2))
+    mc = ModelConfig.from_pretrained(tmp_path)
+    assert (mc.num_key_value_heads, mc.head_dim, mc.max_model_len) == (32, 2, 32768)
