@@ -865,6 +865,25 @@ def test_json_extent_finds_the_parsers_end_in_any_pieces(text: str) -> None:
             assert got == (want if size >= want else None)
 
 
+@pytest.mark.parametrize("inside", ["", "abc", '\\"', "\\\\", 'a \\" } ] <\\/x> \\u005d b', '\\\\\\"'])
+def test_json_string_end_ends_a_string_where_json_does_in_any_pieces(inside: str) -> None:
+    """``json_string_end`` (the string reading shared by JsonExtent and the hermes block scan),
+    resumed where it stopped as the text grows in random pieces (a backslash may end a piece),
+    closes the string just past the quote where json's own parser ends it, and never earlier."""
+    from surge.server.parsers.base import json_string_end
+
+    text = '"' + inside + '", "next"]'
+    want = json.JSONDecoder().raw_decode(text)[1]
+    rng = random.Random(len(inside))
+    for _ in range(30):
+        i, size, closed = 1, 1, False
+        while not closed:
+            size = min(len(text), size + rng.randint(1, 4))
+            i, closed = json_string_end(text, i, size)
+            assert i <= size and (closed or size < want)
+        assert i == want
+
+
 def test_json_extent_closes_invalid_json_for_good() -> None:
     """A value whose brackets close but that does not parse ends there: no later text fixes it."""
     from surge.server.parsers.base import JsonExtent

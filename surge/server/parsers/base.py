@@ -118,6 +118,26 @@ _STRING_STOP = re.compile(r'["\\]')
 _VALUE_STOP = re.compile(r'["{}\[\]]')
 
 
+def json_string_end(text: str, i: int, end: int) -> tuple[int, bool]:
+    """Read the inside of a JSON string in ``text[i:end]`` (``i``: past its opening quote, or where
+    an earlier read stopped), following its backslash escapes; each character is read once.
+
+    Returns:
+        ``(offset, closed)``: closed, the offset just past the string's closing quote; else
+        where to read on once the text grows: ``end``, or the offset of a backslash at the
+        text's end whose escaped character is still to come.
+    """
+    while True:
+        m = _STRING_STOP.search(text, i, end)
+        if m is None:
+            return end, False
+        if m.group() == '"':
+            return m.end(), True
+        if m.end() >= end:  # a backslash whose escaped character is still to come
+            return m.start(), False
+        i = m.end() + 1  # a backslash: skip the character it escapes
+
+
 class JsonExtent:
     """Where one JSON object or array in a growing text ends, found by reading each character
     once however the text grows (a call's text arrives a token at a time; parsing it whole at
@@ -147,16 +167,10 @@ class JsonExtent:
         n = len(text) if end is None else end
         while i < n:
             if in_string:
-                m = _STRING_STOP.search(text, i, n)
-                if m is None:
-                    i = n
-                elif m.group() == '"':
-                    in_string, i = False, m.end()
-                elif m.end() < n:  # a backslash: skip the character it escapes
-                    i = m.end() + 1
-                else:  # the escaped character is still to come
-                    i = m.start()
+                i, closed = json_string_end(text, i, n)
+                if not closed:
                     break
+                in_string = False
                 continue
             m = _VALUE_STOP.search(text, i, n)
             if m is None:

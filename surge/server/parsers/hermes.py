@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import re
 
-from surge.server.parsers.base import DeltaMessage, JsonToolCall, ToolParser, partial_suffix
+from surge.server.parsers.base import (
+    DeltaMessage,
+    JsonToolCall,
+    ToolParser,
+    json_string_end,
+    partial_suffix,
+)
 
 START = "<tool_call>"
 END = "</tool_call>"
 
 _OUTSIDE = re.compile(r'["<]')
 """What the block scan stops at outside a JSON string: a string's start, a possible ``END``."""
-
-_INSIDE = re.compile(r'["\\]')
-"""What the block scan stops at inside a JSON string: its end, or an escape."""
 
 
 class HermesToolParser(ToolParser):
@@ -115,16 +118,10 @@ class HermesToolParser(ToolParser):
         i, in_string, n = self._scan, self._in_string, len(buf)
         while i < n:
             if in_string:
-                m = _INSIDE.search(buf, i)
-                if m is None:
-                    i = n
-                elif m.group() == '"':
-                    in_string, i = False, m.end()
-                elif m.end() < n:  # a backslash: the next character is escaped
-                    i = m.end() + 1
-                else:  # the escaped character is still to come
-                    i = m.start()
+                i, closed = json_string_end(buf, i, n)
+                if not closed:
                     break
+                in_string = False
                 continue
             m = _OUTSIDE.search(buf, i)
             if m is None:
