@@ -41,7 +41,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import msgspec
@@ -271,18 +271,35 @@ def _start_background(
     response_id = shape.id
     state.responses.put(response_id, StoredResponse(encoded, _json_encode(conversation)))
     state.responses.pin(response_id)
-    task = asyncio.create_task(
-        _run_background(state, body, shape, conversation), name=f"background {response_id}"
-    )
+    _run_in_background(state, shape, _run_background(state, body, shape, conversation))
+    return Response(encoded, media_type="application/json")
+
+
+def _run_in_background(
+    state: ServerState,
+    shape: _ResponseShape,
+    work: Coroutine[Any, Any, None],
+    log: _EventLog | None = None,
+) -> None:
+    """Run ``work``, a background response's generation, in a task of its own, kept in
+    ``state.background`` under the response's id (and ``log``, a streamed one's events, in
+    ``state.background_streams``) until it ends; its end, however it comes, drops both, unpins the
+    stored response and aborts the engine request (a task cancelled before it ran has not aborted
+    it)."""
+    response_id = shape.id
+    task = asyncio.create_task(work, name=f"background {response_id}")
     state.background[response_id] = task
+    if log is not None:
+        state.background_streams[response_id] = log
 
     def done(_: asyncio.Task[None]) -> None:
         state.background.pop(response_id, None)
+        if log is not None:
+            state.background_streams.pop(response_id, None)
         state.responses.unpin(response_id)
-        shape.prepared.gen.abort()  # a task cancelled before it ran has not aborted its request
+        shape.prepared.gen.abort()
 
     task.add_done_callback(done)
-    return Response(encoded, media_type="application/json")
 
 
 class _EventLog:
@@ -352,17 +369,7 @@ def _start_background_stream(
                 response_id, StoredResponse(_json_encode(shape.base("in_progress", [])), history)
             )
 
-    task = asyncio.create_task(log.fill(body, running), name=f"background {response_id}")
-    state.background[response_id] = task
-    state.background_streams[response_id] = log
-
-    def done(_: asyncio.Task[None]) -> None:
-        state.background.pop(response_id, None)
-        state.background_streams.pop(response_id, None)
-        state.responses.unpin(response_id)
-        shape.prepared.gen.abort()  # a task cancelled before it ran has not aborted its request
-
-    task.add_done_callback(done)
+    _run_in_background(state, shape, log.fill(body, running), log)
     return StreamingResponse(
         log.replay(0), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
