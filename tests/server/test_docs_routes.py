@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from types import SimpleNamespace
-from typing import cast
 
 import pytest
 
 from surge.server.api_server import build_app
-from surge.server.drain import InFlight
-from surge.server.serving_common import ServerState
+from tests.server.stub_app import stub_state
 
 ROOT = Path(__file__).resolve().parents[2]
 _PARAM = re.compile(r"\{[^}]*\}")
@@ -21,17 +18,7 @@ _PARAM = re.compile(r"\{[^}]*\}")
 
 def _routes() -> set[str]:
     """The path of every route of an app with every optional route turned on."""
-    client = SimpleNamespace(is_ready=True, dead_reason=None, seconds_without_progress=lambda: 0.0)
-    state = SimpleNamespace(
-        client=client,
-        api_keys=(),
-        in_flight=InFlight(),
-        metrics_require_key=False,
-        max_request_body_bytes=1 << 20,
-        body_read_timeout=10.0,
-        engine_stall_timeout=60.0,
-    )
-    app = build_app(cast(ServerState, state), web_ui=False, tokenizer_info=True, load_tracking=True)
+    app = build_app(stub_state(), web_ui=False, tokenizer_info=True, load_tracking=True)
     return {_PARAM.sub("{}", route.path) for route in app.routes if hasattr(route, "methods")}
 
 

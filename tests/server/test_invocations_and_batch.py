@@ -9,18 +9,16 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from surge.server.api_server import build_app
 from surge.server.drain import InFlight
 from surge.server.load import counts_as_load
-from surge.server.serving_common import ServerState
 from tests.server.conftest import Server, serve_tiny_qwen3, wait_engine_idle
+from tests.server.stub_app import stub_app, stub_state
 
 KEY = "sk-test"
 BATCH = "/v1/chat/completions/batch"
@@ -29,17 +27,7 @@ BATCH = "/v1/chat/completions/batch"
 def _stub_app(in_flight: InFlight | None = None) -> TestClient:
     """The app over a stub state with ``--api-key sk-test``: enough for what is answered before
     a handler runs (the API key, the drain gate)."""
-    client = SimpleNamespace(is_ready=True, dead_reason=None, seconds_without_progress=lambda: 0.0)
-    state = SimpleNamespace(
-        client=client,
-        api_keys=(KEY,),
-        in_flight=InFlight() if in_flight is None else in_flight,
-        metrics_require_key=False,
-        max_request_body_bytes=1 << 20,
-        body_read_timeout=10.0,
-        engine_stall_timeout=60.0,
-    )
-    return TestClient(build_app(cast(ServerState, state), web_ui=False))
+    return stub_app(stub_state(api_keys=(KEY,), in_flight=in_flight))
 
 
 def _error(r: httpx.Response, status: int = 400) -> dict[str, Any]:

@@ -6,37 +6,23 @@ without the prefix. It was refused as unknown, so a vLLM launch line with it did
 from __future__ import annotations
 
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import cast
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from surge.server.api_server import build_app
 from surge.server.drain import InFlight
 from surge.server.errors import route_path
-from surge.server.serving_common import ServerState
 from tests.server.conftest import Server, start_server
+from tests.server.stub_app import stub_app, stub_state
 
 KEY = "sk-root"
 
 
 def _app(in_flight: InFlight | None = None, root_path: str = "/api", web_ui: bool = False) -> TestClient:
     """The app over a stub state (no engine) with ``--api-key sk-root --root-path /api``."""
-    client = SimpleNamespace(
-        is_ready=True, dead_reason=None, seconds_without_progress=lambda: 0.0, num_inflight=0
-    )
-    state = SimpleNamespace(
-        client=client,
-        api_keys=(KEY,),
-        in_flight=InFlight() if in_flight is None else in_flight,
-        metrics_require_key=False,
-        max_request_body_bytes=1 << 20,
-        body_read_timeout=10.0,
-        engine_stall_timeout=60.0,
-    )
-    return TestClient(build_app(cast(ServerState, state), web_ui=web_ui, root_path=root_path))
+    state = stub_state(api_keys=(KEY,), in_flight=in_flight)
+    return stub_app(state, web_ui=web_ui, root_path=root_path)
 
 
 @pytest.mark.parametrize(

@@ -11,20 +11,18 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from surge.server.api_server import build_app
 from surge.server.drain import InFlight
 from surge.server.load import LoadTrackingMiddleware, ServerLoad, counts_as_load
-from surge.server.serving_common import ServerState
 from surge.server.tokenization import TokenizerWorker
 from surge.tokenizer import load_tokenizer
 from tests.server.conftest import STORIES, Server, serve_tiny_qwen3
+from tests.server.stub_app import stub_app, stub_state
 
 KEY = "sk-test"
 
@@ -39,23 +37,8 @@ def _app(
 ) -> TestClient:
     """The app over a stub state (no engine, no lifespan): enough for the routes that only read
     the engine client's health and the server's settings. The server has ``--api-key sk-test``."""
-    client = SimpleNamespace(
-        is_ready=ready,
-        dead_reason=dead_reason,
-        seconds_without_progress=lambda: 0.0,
-        num_inflight=0,
-    )
-    state = SimpleNamespace(
-        client=client,
-        api_keys=(KEY,),
-        in_flight=InFlight() if in_flight is None else in_flight,
-        metrics_require_key=False,
-        max_request_body_bytes=1 << 20,
-        body_read_timeout=10.0,
-        engine_stall_timeout=60.0,
-        **extra,
-    )
-    return TestClient(build_app(cast(ServerState, state), web_ui=False, tokenizer_info=tokenizer_info))
+    state = stub_state(api_keys=(KEY,), ready=ready, dead_reason=dead_reason, in_flight=in_flight, **extra)
+    return stub_app(state, tokenizer_info=tokenizer_info)
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
