@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,8 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import SHARED
+
 REPO = Path(__file__).resolve().parents[2]
 STORIES = REPO / "surge" / "assets" / "stories260K"
+LLAMA31 = SHARED / "models" / "llama-3.1-8b-instruct"
+"""The real Llama 3.1 8B Instruct folder of ``../shared/assets``: its tokenizer, chat template
+and config (no weights); absent on a machine without the shared assets."""
 
 
 def free_port() -> int:
@@ -192,6 +199,48 @@ def serve_tiny_qwen3(
         "dummy",
         "--max-model-len",
         str(max_model_len),
+        model=model,
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def make_tiny_llama31(path: Path) -> Path:
+    """Write to ``path`` a Llama of 2 layers of hidden size 32 with Llama 3.1's vocabulary,
+    tokenizer, chat template, rope scaling and EOS ids (:data:`LLAMA31`'s files), for random
+    ("dummy") weights; returns ``path``."""
+    config = json.loads((LLAMA31 / "config.json").read_text())
+    config.update(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        torch_dtype="float32",
+    )
+    config["rope_scaling"]["original_max_position_embeddings"] = 256
+    (path / "config.json").write_text(json.dumps(config))
+    for f in LLAMA31.iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copy(f, path / f.name)
+    return path
+
+
+def serve_tiny_llama31(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Iterator[Server]:
+    """A module fixture's body: a tiny Llama with the real Llama 3.1 tokenizer
+    (:func:`make_tiny_llama31`, dummy weights, 2048 positions) served with ``flags``, stopped
+    cleanly at the end; skipped where the shared assets are absent."""
+    if not LLAMA31.is_dir():
+        pytest.skip("shared Llama 3.1 tokenizer assets not found")
+    model = make_tiny_llama31(tmp_path_factory.mktemp(f"llama31-{name}-model"))
+    srv = start_server(
+        tmp_path_factory.mktemp(f"serve-llama31-{name}"),
+        *flags,
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "2048",
         model=model,
     )
     yield srv

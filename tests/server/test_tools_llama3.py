@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import SHARED
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import LLAMA31, Server, serve_tiny_llama31
 
-LLAMA = SHARED / "models" / "llama-3.1-8b-instruct"
 BOS, EOM, PYTHON_TAG = 128000, 128008, 128010
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS: list[Any] = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
@@ -44,45 +40,11 @@ HISTORY: list[Any] = [
 ]
 
 
-def _make_llama(path: Path) -> Path:
-    """2 layers of hidden size 32 with Llama 3.1's vocabulary, rope scaling and EOS ids; random
-    ("dummy") weights."""
-    config = json.loads((LLAMA / "config.json").read_text())
-    config.update(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        torch_dtype="float32",
-    )
-    config["rope_scaling"]["original_max_position_embeddings"] = 256
-    (path / "config.json").write_text(json.dumps(config))
-    for f in LLAMA.iterdir():
-        if f.is_file() and f.name != "config.json":
-            shutil.copy(f, path / f.name)
-    return path
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not LLAMA.is_dir():
-        pytest.skip("shared Llama 3.1 tokenizer assets not found")
-    model = _make_llama(tmp_path_factory.mktemp("llama31-model"))
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-llama31"),
-        "--tool-call-parser",
-        "llama3_json",
-        "--enable-auto-tool-choice",
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "2048",
-        model=model,
+    yield from serve_tiny_llama31(
+        tmp_path_factory, "llama3-json", "--tool-call-parser", "llama3_json", "--enable-auto-tool-choice"
     )
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
 
 
 def _chat(srv: Server, body: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +83,7 @@ def _calls(choice: dict[str, Any]) -> list[tuple[str, str]]:
 def test_the_prompt_renders_as_transformers_renders_it_with_one_bos(llama_server: Server) -> None:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(LLAMA)
+    tok = AutoTokenizer.from_pretrained(LLAMA31)
     as_object = json.loads(json.dumps(HISTORY))  # transformers' template wants the arguments as an object
     as_object[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
     for messages, tools in ((MSGS, None), (MSGS, TOOLS), (HISTORY, TOOLS)):

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import Server, start_server
-from tests.server.test_tools_llama3 import LLAMA, MSGS, _calls, _chat, _make_llama, _streamed
+from tests.server.conftest import Server, serve_tiny_llama31
+from tests.server.test_tools_llama3 import MSGS, _calls, _chat, _streamed
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}
 ZONE = {"type": "object", "properties": {"zone": {"type": "string"}}}
@@ -32,22 +32,9 @@ TWO_CALLS = [
 
 @pytest.fixture(scope="module")
 def pythonic_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not LLAMA.is_dir():
-        pytest.skip("shared Llama 3.1 tokenizer assets not found")
-    model = _make_llama(tmp_path_factory.mktemp("llama-pythonic-model"))
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-llama-pythonic"),
-        "--tool-call-parser",
-        "pythonic",
-        "--enable-auto-tool-choice",
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "2048",
-        model=model,
+    yield from serve_tiny_llama31(
+        tmp_path_factory, "pythonic", "--tool-call-parser", "pythonic", "--enable-auto-tool-choice"
     )
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
 
 
 def _forced(text: str, **fields: Any) -> dict[str, Any]:
