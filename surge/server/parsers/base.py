@@ -1,4 +1,5 @@
-"""What every output parser shares: the delta types and the streaming JSON tool-call scanner.
+"""What every output parser shares: the delta types, the ``feed`` / ``finish`` of a parser that
+rereads its whole text (:class:`BufferedParser`) and the streaming JSON tool-call scanner.
 
 Parsers are streaming and per choice: ``feed(text)`` takes the next piece of generated text
 and returns what can be sent now; ``finish()`` returns the rest. The non-streamed result is
@@ -19,6 +20,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 _DECODER = json.JSONDecoder(strict=False)
 """Finds where a call's JSON ends. ``strict=False`` reads a raw control character (a tab, a line
@@ -90,6 +92,38 @@ class DeltaMessage:
         self.reasoning += other.reasoning
         self.tool_calls.extend(other.tool_calls)
         return self
+
+
+Released = TypeVar("Released")
+
+
+class BufferedParser(abc.ABC, Generic[Released]):
+    """The ``feed`` / ``finish`` of a streaming parser that reads the whole text fed so far,
+    ``_buf`` (set to ``""`` by the parser's ``__init__``), at each piece: both hand it to
+    :meth:`_process`, which returns what can be released (a tool parser's
+    :class:`DeltaMessage`, a reasoning parser's ``(reasoning, answer)``). A tool parser lists
+    this class before :class:`ToolParser` among its bases, whose abstract ``feed`` and
+    ``finish`` these then are."""
+
+    _buf: str
+
+    def feed(self, text: str) -> Released:
+        """Take the next piece of text; return what can be released."""
+        # grown as a local that holds the only reference, which CPython extends in place
+        # (``self._buf += text`` copies the whole buffer at every piece)
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
+        return self._process(final=False)
+
+    def finish(self) -> Released:
+        """No more text: release the rest."""
+        return self._process(final=True)
+
+    @abc.abstractmethod
+    def _process(self, final: bool) -> Released:
+        """What ``_buf`` releases now that was not released before (``final``: no more text
+        will come, so nothing is held back)."""
 
 
 def partial_suffix(text: str, tag: str) -> int:

@@ -20,7 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolCallDelta, ToolParser
+from surge.server.parsers.base import (
+    BufferedParser,
+    DeltaMessage,
+    JsonCallSequence,
+    ToolCallDelta,
+    ToolParser,
+)
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 """The arguments of a function without ``parameters``: none (OpenAI: "omitting parameters defines a
@@ -118,7 +124,7 @@ def _reroot(node: Any, root: str, names: bool = False) -> Any:
     return node
 
 
-class RequiredToolParser(ToolParser):
+class RequiredToolParser(BufferedParser[DeltaMessage], ToolParser):
     """Parses the JSON array of ``tool_choice: "required"`` into streamed tool calls."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -126,16 +132,8 @@ class RequiredToolParser(ToolParser):
         self._buf = ""
         self._seq = JsonCallSequence(self, "[,]")
 
-    def feed(self, text: str) -> DeltaMessage:
-        # grown as a local that holds the only reference, which CPython extends in place
-        # (``self._buf += text`` copies the whole buffer at every piece)
-        buf, self._buf = self._buf, ""
-        buf += text
-        self._buf = buf
-        return DeltaMessage(tool_calls=self._seq.update(self._buf, final=False))
-
-    def finish(self) -> DeltaMessage:
-        return DeltaMessage(tool_calls=self._seq.update(self._buf, final=True))
+    def _process(self, final: bool) -> DeltaMessage:
+        return DeltaMessage(tool_calls=self._seq.update(self._buf, final=final))
 
     def malformed_text(self) -> str | None:
         """None: an array that ``max_tokens`` or a stop string cut (the grammar allows nothing

@@ -7,6 +7,7 @@ import json
 import re
 
 from surge.server.parsers.base import (
+    BufferedParser,
     DeltaMessage,
     JsonToolCall,
     ToolParser,
@@ -21,7 +22,7 @@ _OUTSIDE = re.compile(r'["<]')
 """What the block scan stops at outside a JSON string: a string's start, a possible ``END``."""
 
 
-class HermesToolParser(ToolParser):
+class HermesToolParser(BufferedParser[DeltaMessage], ToolParser):
     """``--tool-call-parser hermes``.
 
     Content before the first call is released as it comes (a possible start of ``<tool_call>``
@@ -56,15 +57,7 @@ class HermesToolParser(ToolParser):
 
     def feed(self, text: str) -> DeltaMessage:
         self._pieces.append(text)
-        # grown as a local that holds the only reference, which CPython extends in place
-        # (``self._buf += text`` copies the whole buffer at every piece)
-        buf, self._buf = self._buf, ""
-        buf += text
-        self._buf = buf
-        return self._process(final=False)
-
-    def finish(self) -> DeltaMessage:
-        return self._process(final=True)
+        return super().feed(text)
 
     def malformed_text(self) -> str | None:
         return "".join(self._pieces) if self._malformed else None

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 
-from surge.server.parsers.base import DeltaMessage, JsonCallSequence, ToolParser, skip_space
+from surge.server.parsers.base import (
+    BufferedParser,
+    DeltaMessage,
+    JsonCallSequence,
+    ToolParser,
+    skip_space,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 
 
-class Llama3JsonToolParser(ToolParser):
+class Llama3JsonToolParser(BufferedParser[DeltaMessage], ToolParser):
     """``--tool-call-parser llama3_json``.
 
     The first non-space character decides: ``{`` (after an optional ``<|python_tag|>``)
@@ -35,17 +41,6 @@ class Llama3JsonToolParser(ToolParser):
         self._start = 0
         self._lead = 0  # white space at the start of _buf already read, while undecided
         self._after_tag = 0  # and after a leading <|python_tag|>
-
-    def feed(self, text: str) -> DeltaMessage:
-        # grown as a local that holds the only reference, which CPython extends in place
-        # (``self._buf += text`` copies the whole buffer at every piece)
-        buf, self._buf = self._buf, ""
-        buf += text
-        self._buf = buf
-        return self._process(final=False)
-
-    def finish(self) -> DeltaMessage:
-        return self._process(final=True)
 
     def malformed_text(self) -> str | None:
         if self._mode != "calls" or not self.has_tool_calls or _well_formed(self._buf[self._start :]):

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.server.parsers.base import DeltaMessage, ToolCallDelta, ToolParser, skip_space
+from surge.server.parsers.base import BufferedParser, DeltaMessage, ToolCallDelta, ToolParser, skip_space
 
 _JSON_NAMES: dict[str, Any] = {"true": True, "false": False, "null": None}
 """JSON's literals, which models trained on JSON write for Python's (vLLM reads them too)."""
@@ -216,7 +216,7 @@ class _String:
     streams: bool = True
 
 
-class PythonicToolParser(ToolParser):
+class PythonicToolParser(BufferedParser[DeltaMessage], ToolParser):
     """``--tool-call-parser pythonic``, as vLLM's ``PythonicToolParser``.
 
     The first character that is not white space decides: ``[`` starts a list of calls, anything
@@ -257,17 +257,6 @@ class PythonicToolParser(ToolParser):
     @property
     def has_tool_calls(self) -> bool:
         return bool(self._calls)
-
-    def feed(self, text: str) -> DeltaMessage:
-        # grown as a local that holds the only reference, which CPython extends in place
-        # (``self._buf += text`` copies the whole buffer at every piece)
-        buf, self._buf = self._buf, ""
-        buf += text
-        self._buf = buf
-        return self._process(final=False)
-
-    def finish(self) -> DeltaMessage:
-        return self._process(final=True)
 
     def malformed_text(self) -> str | None:
         """The whole text, when it opened calls that are not what :func:`parse_calls` reads in

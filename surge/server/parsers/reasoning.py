@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from surge.server.parsers.base import partial_suffix, skip_space
+from surge.server.parsers.base import BufferedParser, partial_suffix, skip_space
 
 THINK_START = "<think>"
 THINK_END = "</think>"
 
 
-class ReasoningParser:
+class ReasoningParser(BufferedParser[tuple[str, str]]):
     """Splits a choice's text into reasoning and answer, streaming.
 
     ``feed(text) -> (reasoning, content)`` releases what is certain (a possible start of a
@@ -87,19 +87,6 @@ class ReasoningParser:
         """Inside the reasoning: ``<think>`` (or the start of an output that starts inside
         it) seen, ``</think>`` not yet; after :meth:`finish`, the output was all reasoning."""
         return self._state == "reasoning"
-
-    def feed(self, text: str) -> tuple[str, str]:
-        """The next piece of text -> the (reasoning, answer) text that is certain now."""
-        # grown as a local that holds the only reference, which CPython extends in place
-        # (``self._buf += text`` copies the whole buffer at every piece)
-        buf, self._buf = self._buf, ""
-        buf += text
-        self._buf = buf
-        return self._process(final=False)
-
-    def finish(self) -> tuple[str, str]:
-        """No more text -> the rest, as (reasoning, answer)."""
-        return self._process(final=True)
 
     def message_reasoning(self, reasoning: str) -> str | None:
         """A non-streamed message's ``reasoning`` for its whole reasoning text (after
