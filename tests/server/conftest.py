@@ -192,14 +192,14 @@ def serve_tiny_qwen3(
 
     qwen3_8b_dir_or_skip()
     model = make_qwen3_vocab_model(tmp_path_factory.mktemp(f"qwen3-{name}-model"))
+    yield from _serve_dummy(tmp_path_factory.mktemp(f"serve-qwen3-{name}"), model, max_model_len, flags)
+
+
+def _serve_dummy(tmp_dir: Path, model: Path, max_model_len: int, flags: tuple[str, ...]) -> Iterator[Server]:
+    """Serve the model folder ``model`` with dummy weights, ``max_model_len`` and ``flags`` (its
+    log in ``tmp_dir``) until the generator is closed, then check that it stops cleanly."""
     srv = start_server(
-        tmp_path_factory.mktemp(f"serve-qwen3-{name}"),
-        *flags,
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        str(max_model_len),
-        model=model,
+        tmp_dir, *flags, "--load-format", "dummy", "--max-model-len", str(max_model_len), model=model
     )
     yield srv
     assert srv.stop() == 0, srv.log()[-3000:]
@@ -234,17 +234,7 @@ def serve_tiny_llama31(tmp_path_factory: pytest.TempPathFactory, name: str, *fla
     if not LLAMA31.is_dir():
         pytest.skip("shared Llama 3.1 tokenizer assets not found")
     model = make_tiny_llama31(tmp_path_factory.mktemp(f"llama31-{name}-model"))
-    srv = start_server(
-        tmp_path_factory.mktemp(f"serve-llama31-{name}"),
-        *flags,
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "2048",
-        model=model,
-    )
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
+    yield from _serve_dummy(tmp_path_factory.mktemp(f"serve-llama31-{name}"), model, 2048, flags)
 
 
 @pytest.fixture(scope="session")
