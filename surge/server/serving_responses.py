@@ -635,6 +635,11 @@ class _StreamEvents:
         self.sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + _json_encode(payload) + b"\n\n"
 
+    def _item_event(self, kind: str, index: int, **fields: Any) -> bytes:
+        """:meth:`event` of the open item: its ``item_id``, ``output_index`` ``index``, then
+        ``fields``."""
+        return self.event(kind, item_id=self._id, output_index=index, **fields)
+
     @property
     def _index(self) -> int:
         return len(self.items)
@@ -648,10 +653,9 @@ class _StreamEvents:
             out.extend(self._open("reasoning"))
             self._text.append(delta["reasoning"])
             out.append(
-                self.event(
+                self._item_event(
                     "response.reasoning_text.delta",
-                    item_id=self._id,
-                    output_index=self._index,
+                    self._index,
                     content_index=0,
                     delta=delta["reasoning"],
                 )
@@ -663,10 +667,9 @@ class _StreamEvents:
             if self._logprobs is not None:
                 self._logprobs.extend(entries)
             out.append(
-                self.event(
+                self._item_event(
                     "response.output_text.delta",
-                    item_id=self._id,
-                    output_index=self._index,
+                    self._index,
                     content_index=0,
                     delta=delta["content"],
                     logprobs=entries,
@@ -682,10 +685,9 @@ class _StreamEvents:
             if fn.get("arguments"):
                 self._text.append(fn["arguments"])
                 out.append(
-                    self.event(
+                    self._item_event(
                         "response.function_call_arguments.delta",
-                        item_id=self._id,
-                        output_index=self._index,
+                        self._index,
                         delta=fn["arguments"],
                     )
                 )
@@ -710,10 +712,9 @@ class _StreamEvents:
             )
             part = {"type": "reasoning_text", "text": ""}
             out.append(
-                self.event(
+                self._item_event(
                     "response.content_part.added",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     content_index=0,
                     part=part,
                 )
@@ -729,10 +730,9 @@ class _StreamEvents:
                 )
             )
             out.append(
-                self.event(
+                self._item_event(
                     "response.content_part.added",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     content_index=0,
                     part=_text_part("", None if self._logprobs is None else []),
                 )
@@ -760,19 +760,17 @@ class _StreamEvents:
         if kind == "reasoning":
             part = {"type": "reasoning_text", "text": text}
             out.append(
-                self.event(
+                self._item_event(
                     "response.reasoning_text.done",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     content_index=0,
                     text=text,
                 )
             )
             out.append(
-                self.event(
+                self._item_event(
                     "response.content_part.done",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     content_index=0,
                     part=part,
                 )
@@ -784,20 +782,18 @@ class _StreamEvents:
                 self._pending = []
             part = _text_part(text, self._logprobs)
             out.append(
-                self.event(
+                self._item_event(
                     "response.output_text.done",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     content_index=0,
                     text=text,
                     logprobs=self._logprobs or [],
                 )
             )
             out.append(
-                self.event(
+                self._item_event(
                     "response.content_part.done",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     content_index=0,
                     part=part,
                 )
@@ -806,10 +802,9 @@ class _StreamEvents:
         else:
             call_id, name = self._call
             out.append(
-                self.event(
+                self._item_event(
                     "response.function_call_arguments.done",
-                    item_id=self._id,
-                    output_index=index,
+                    index,
                     name=name,
                     arguments=text,
                 )
