@@ -144,7 +144,7 @@ def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[
             a value is ``null``, a list for a flag that takes one value, or ``false`` for a flag
             that takes a value.
     """
-    import yaml  # a dependency of transformers
+    import yaml
 
     where = f"--config {path}"
     if not path.endswith((".yaml", ".yml")):
