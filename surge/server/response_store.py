@@ -121,10 +121,12 @@ class ResponseStore:
             self._pinned.add(response_id)
 
     def unpin(self, response_id: str) -> None:
-        """Let this response be forgotten again, the oldest first (the store shrinks to its
-        bounds if pinned responses held it past them)."""
+        """Let this response be forgotten again, the oldest first: the store shrinks to its
+        bounds if pinned responses held it past them, though this one is kept, as :meth:`put`
+        keeps the newest (a background response's task stores its final response, then unpins
+        it: forgotten here, it would answer 404 the moment it finished)."""
         self._pinned.discard(response_id)
-        self._shrink(keep=None)
+        self._shrink(keep=response_id)
 
     def _shrink(self, keep: str | None) -> None:
         """Forget the oldest unpinned responses but ``keep`` while over the count or bytes."""

@@ -541,8 +541,27 @@ def test_a_running_background_response_is_never_forgotten() -> None:
         store.put(f"r{i}", StoredResponse(b"x" * 58, b"[]"))
         store.pin(f"r{i}")
     assert store.pinned_full and store.nbytes == 120 and len(store) == 2
-    store.unpin("r0")
-    assert not store.pinned_full and list(store._items) == ["r1"]
+    store.unpin("r0")  # kept while over the bound (test_a_background_response_that_finishes_...)
+    assert not store.pinned_full and list(store._items) == ["r0", "r1"]
+    store.put("r2", StoredResponse(b"{}", b"[]"))
+    assert list(store._items) == ["r1", "r2"]
+
+
+def test_a_background_response_that_finishes_is_not_forgotten_at_once() -> None:
+    """A background response's task stores its final response (still pinned), then unpins it.
+    When the final response is larger than the queued one and the other running ones pinned
+    the rest of the store's bytes, the unpin forgot the response that had just finished (the
+    newest, which the store otherwise always keeps): its GET answered 404 at the moment it
+    completed. It is kept until a later response takes its room."""
+    store = ResponseStore(capacity=8, max_bytes=100)
+    for response_id in ("a", "b"):  # two running: queued, pinned
+        store.put(response_id, StoredResponse(b"x" * 8, b"[]"))
+        store.pin(response_id)
+    store.put("a", StoredResponse(b"x" * 93, b"[]"))  # a finishes: 95 bytes, over the bound with b
+    store.unpin("a")
+    assert store.get("a") == StoredResponse(b"x" * 93, b"[]") and list(store._items) == ["b", "a"]
+    store.put("c", StoredResponse(b"{}", b"[]"))  # the next one stored takes its room
+    assert list(store._items) == ["b", "c"] and store.nbytes == 14
 
 
 def test_a_repeated_request_id_never_replaces_a_stored_response(client: openai.OpenAI, model: str) -> None:
