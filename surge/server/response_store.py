@@ -129,14 +129,23 @@ class ResponseStore:
         self._shrink(keep=response_id)
 
     def _shrink(self, keep: str | None) -> None:
-        """Forget the oldest unpinned responses but ``keep`` while over the count or bytes."""
-        if len(self._items) <= self._capacity and self._bytes <= self._max_bytes:
+        """Forget the oldest unpinned responses but ``keep`` while over the count or bytes.
+
+        Reads the responses from the oldest on only until enough are found (those pinned among
+        them included), not every stored id: a full store forgets one per :meth:`put`."""
+        count, nbytes = len(self._items), self._bytes
+        if count <= self._capacity and nbytes <= self._max_bytes:
             return
-        for response_id in list(self._items):
-            if len(self._items) <= self._capacity and self._bytes <= self._max_bytes:
-                return
+        forget: list[str] = []
+        for response_id, stored in self._items.items():
+            if count <= self._capacity and nbytes <= self._max_bytes:
+                break
             if response_id != keep and response_id not in self._pinned:
-                self._bytes -= self._items.pop(response_id).size
+                forget.append(response_id)
+                count -= 1
+                nbytes -= stored.size
+        for response_id in forget:
+            self._bytes -= self._items.pop(response_id).size
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None (never stored, or forgotten)."""
