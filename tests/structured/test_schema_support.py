@@ -1179,6 +1179,11 @@ def test_ipv4_octets_and_hostname_labels_are_real_ones() -> None:
         StructuredOutputsParams(json=json.dumps({**STR, "pattern": "^([01]?[0-9]?[0-9][.]){3}x$"}))
     )
     assert xgr_testing._is_grammar_accept_string(own, '"001.02.3.x"')
+    octet = "(25[0-5]|2[0-4][0-9]|[0-1]?[0-9]?[0-9])"  # xgrammar's own ipv4, as a pattern: kept too
+    same = build_grammar(
+        StructuredOutputsParams(json=json.dumps({**STR, "pattern": f"^({octet}\\.){{3}}{octet}$"}))
+    )
+    assert xgr_testing._is_grammar_accept_string(same, '"01.2.3.4"')
 
 
 def test_an_ipv4_pattern_is_accepted_and_enforced() -> None:
