@@ -2,7 +2,7 @@
 
 The kernel runs 512 threads per block at ``__launch_bounds__(THREADS, 1)``, so ptxas may give it
 128 registers; past that it spills to local memory inside the weight-streaming loop. Session 61
-found the per-row build (the one ``--quantization fp8`` runs) spilling 4 bytes since session 56,
+found the per-row build (the one ``--quantization fp8`` runs) spilling 4 bytes at ``9a0309e``,
 where the kernel before session 53 spilled none. This compiles each build (KV cache dtype x weight
 scale layout, plus the diagnostic ``TRACE`` build) for ``--arch`` with ``--ptxas-options=-v`` and
 prints one line per build; it exits 1 if any build spills.

@@ -353,8 +353,9 @@ def _real_formats(text: str) -> str:
     dots, a ``hostname``'s labels), which a schema's ``pattern`` never writes (xgrammar 0.2.9
     prints a pattern as a ``Regex(...)`` rule of its own, even the format's very regex). Rule names grow with a schema's depth (``root_prop_a_prop_a...``), so the
     date's pattern starts only at a name's first character and runs only when a date may be
-    there: tried at every character, a 64-level schema's 355 KB of rules took 0.6 s. The text is
-    read at most three times (the rules' bodies, the dates, the rewritten rules)."""
+    there: tried at every character, a 64-level schema's 355 KB of rules took 0.6 s. The work is
+    linear in the text: its rules' bodies, dates and rewritten rules, plus, per rule, a match
+    against the ipv4 and hostname shapes."""
     has_date = '{4, 4} "-" ' in text
     if not has_date and _SECOND not in text and "{3, 3} " not in text and _LABEL_REST not in text:
         return text
