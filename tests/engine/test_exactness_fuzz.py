@@ -43,7 +43,7 @@ _TIE = 2e-3  # a greedy choice closer than this may flip with the batch shape
 @dataclass(frozen=True)
 class _Model:
     path: str
-    eos: int
+    eos: tuple[int, ...]  # the ids that end a request: the configs' EOS, then the tokenizer's
     frequent: list[int]  # tokens the model often generates: stop ids, logit rules
 
 
@@ -77,7 +77,8 @@ def _engine(model: str, **kwargs: object) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> _Model:
-    """A tiny Qwen3 whose EOS is the token it generates most (so requests do stop on EOS)."""
+    """A tiny Qwen3 whose EOS is the token it generates most (so requests do stop on EOS); its
+    tokenizer's EOS ends requests too (as vLLM's primary EOS)."""
     path = make_tiny_model("qwen3", tmp_path_factory.mktemp("fuzz"), max_position_embeddings=512)
     engine = _engine(str(path), num_kv_blocks=64, async_scheduling=False)
     rng = random.Random(0)
@@ -93,7 +94,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> _Model:
         config = json.loads((path / name).read_text())
         config["eos_token_id"] = frequent[0]
         (path / name).write_text(json.dumps(config))
-    return _Model(str(path), frequent[0], frequent[1:])
+    eos = build_engine_config(
+        str(path), device="cpu", dtype="float32", max_model_len=_MAX_LEN
+    ).model.eos_token_ids
+    assert eos[0] == frequent[0], eos
+    return _Model(str(path), eos, frequent[1:])
 
 
 def _world(rng: random.Random) -> dict[str, object]:
@@ -208,7 +213,9 @@ def _row_problem(row: tuple, ref: tuple, k: int) -> str | None:
     return None
 
 
-def _problems(rid: str, spec: _Spec, params: SamplingParams, g: _Got, ref: _Got, eos: int) -> list[str]:
+def _problems(
+    rid: str, spec: _Spec, params: SamplingParams, g: _Got, ref: _Got, eos: tuple[int, ...]
+) -> list[str]:
     """Every way a request's result differs from its reference alone."""
     problems = [f"{rid}: {g.late_outputs} outputs after its end"] if g.late_outputs else []
     for j, (a, b) in enumerate(zip(g.tokens, ref.tokens, strict=False)):
@@ -236,7 +243,7 @@ def _problems(rid: str, spec: _Spec, params: SamplingParams, g: _Got, ref: _Got,
             last = g.tokens[-1]
             if len(g.tokens) < params.min_tokens and params.allowed_token_ids is None:
                 problems.append(f"{rid}: stopped before min_tokens")
-            if last not in params.stop_token_ids and (last != eos or params.ignore_eos):
+            if last not in params.stop_token_ids and (last not in eos or params.ignore_eos):
                 problems.append(f"{rid}: stopped on {last}")
     if params.logprobs is None and g.logprobs:
         problems.append(f"{rid}: logprobs not asked for")

@@ -513,7 +513,8 @@ def test_model_folder_mistakes_get_the_command_line_messages(tmp_path: Path) -> 
     # the messages spell LLM's arguments, not the command line's flags
     weights.unlink()
     with pytest.raises(
-        ValueError, match=r"no \*\.safetensors weights; pass load_format=\"dummy\" for random"
+        ValueError,
+        match=r"no \*\.safetensors or PyTorch \*\.bin weights; pass load_format=\"dummy\" for random",
     ):
         LLM(truncated, device="cpu")
 
