@@ -986,3 +986,29 @@ def test_playground_under_a_path_prefix_without_its_slash(page: Any, web_server:
     assert page.evaluate("() => getComputedStyle(document.body).fontFamily") != ""
     assert outside == [], outside
     page.unroute_all(behavior="ignoreErrors")  # no handler outlives the test (the browser is shared)
+
+
+def test_long_unbroken_reasoning_wraps(page: Any, web_server: Server) -> None:
+    """A reasoning line without a space (a URL, a hash, a model's run of one character) wraps
+    inside the message as the answer does: it stretched the chat sideways under a scroll bar."""
+    open_playground(page, web_server)
+    long = "x" * 3000
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"reasoning_content": long}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": long}, "finish_reason": "stop"}]},
+    ]
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(chunks)
+        ),
+    )
+    page.fill("#prompt", "Think")
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    page.click(".msg.assistant details.reasoning summary")  # unfold it
+    assert page.locator(".msg.assistant .reasoning-text").is_visible()
+    widths = page.evaluate(
+        "() => { const m = document.querySelector('#messages'); return [m.scrollWidth, m.clientWidth]; }"
+    )
+    assert widths[0] <= widths[1], widths
