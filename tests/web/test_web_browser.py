@@ -1012,3 +1012,61 @@ def test_long_unbroken_reasoning_wraps(page: Any, web_server: Server) -> None:
         "() => { const m = document.querySelector('#messages'); return [m.scrollWidth, m.clientWidth]; }"
     )
     assert widths[0] <= widths[1], widths
+
+
+@pytest.mark.parametrize("clipboard_api", [True, False])
+def test_copy_button_copies_the_answer(browser: Any, web_server: Server, clipboard_api: bool) -> None:
+    """Each answer gets a Copy button once it ends with text, which puts the answer's text (not
+    its reasoning or stats) on the clipboard; without the Clipboard API (a server reached over
+    plain http at a host name) the page's copy command does it."""
+    context = browser.new_context()
+    try:
+        if clipboard_api:
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=web_server.url)
+        else:  # as on http://host:8000: no navigator.clipboard
+            context.add_init_script("Object.defineProperty(navigator, 'clipboard', {value: undefined})")
+        context.add_init_script(
+            "document.addEventListener('copy', (e) => { const t = e.target;"
+            " window.__copied = t.value.slice(t.selectionStart, t.selectionEnd); })"
+        )
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        open_playground(page, web_server)
+        answer = "Hello ```\nx = 1\n``` world"
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {"content": answer}, "finish_reason": "stop"}]},
+        ]
+        page.route(
+            "**/v1/chat/completions",
+            lambda route: route.fulfill(
+                status=200, headers={"content-type": "text/event-stream"}, body=_sse(chunks)
+            ),
+        )
+        page.fill("#prompt", "Hi")
+        page.click("#send")
+        assert wait_finished(page)["state"] == "done"
+        copy = page.locator(".msg.assistant .stats .copy")
+        assert copy.is_visible() and copy.get_attribute("type") == "button"
+        copy.click()
+        page.wait_for_function("document.querySelector('.msg.assistant .copy').textContent === 'Copied'")
+        got = page.evaluate("navigator.clipboard.readText()" if clipboard_api else "window.__copied")
+        assert got == answer
+        assert page.evaluate("document.activeElement.tagName") == "BUTTON"  # focus stays on Copy
+    finally:
+        context.close()
+
+
+def test_no_copy_button_without_answer_text(page: Any, web_server: Server) -> None:
+    open_playground(page, web_server)
+    chunks = [{"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": "length"}]}]
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=_sse(chunks)
+        ),
+    )
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    assert not page.locator(".msg.assistant .stats .copy").is_visible()

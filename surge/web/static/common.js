@@ -241,6 +241,39 @@ const SurgeCommon = (() => {
     return out;
   }
 
+  /**
+   * Put `text` on the clipboard. Resolves true once copied, false when the browser refused.
+   * The Clipboard API exists only on a secure origin (https or localhost); a server reached as
+   * plain http at a host name gets the older copy command on a selected, off-screen text box instead.
+   */
+  async function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      try {
+        await navigator.clipboard.writeText(text);
+        return true;
+      } catch (e) {
+        /* refused (no permission, page not focused): try the copy command */
+      }
+    }
+    const box = el("textarea");
+    box.value = text;
+    box.setAttribute("readonly", "");
+    box.style.position = "fixed";
+    box.style.left = "-9999px";
+    const focused = document.activeElement;
+    document.body.appendChild(box);
+    box.select();
+    let ok = false;
+    try {
+      ok = document.execCommand("copy");
+    } catch (e) {
+      ok = false;
+    }
+    box.remove();
+    if (focused && focused.focus) focused.focus();
+    return ok;
+  }
+
   /** Poll /health every 5 s and show it on the top bar's status dot. */
   function watchHealth(dot, label) {
     async function check() {
@@ -272,6 +305,7 @@ const SurgeCommon = (() => {
     buckets,
     quantile,
     bucketDelta,
+    copyText,
     watchHealth,
   };
 })();

@@ -216,7 +216,12 @@
       tps: stat(stats, "tps", "tok/s"),
       ttft: stat(stats, "ttft", "TTFT"),
       finish: stat(stats, "finish", "finish"),
+      copy: C.el("button", "link copy", "Copy"),
     };
+    view.copy.type = "button";
+    view.copy.hidden = true; // shown once the answer ends with text
+    view.copy.title = "Copy the answer's text";
+    stats.appendChild(view.copy);
     msg.append(reasoning, body, stats);
     ui.inner.appendChild(msg);
     scrollToEnd(true);
@@ -434,6 +439,14 @@
       view.body.classList.remove("streaming");
       if (run.reasoning) view.summary.textContent = `Reasoning (${run.reasoning.length} characters)`;
       paint(view, run);
+      if (run.text) {
+        view.copy.hidden = false;
+        view.copy.addEventListener("click", async () => {
+          const ok = await C.copyText(run.text);
+          view.copy.textContent = ok ? "Copied" : "Copy failed";
+          setTimeout(() => (view.copy.textContent = "Copy"), 1500);
+        });
+      }
       if (run.reasoning && !run.text) {
         // it ended (max tokens, Stop) while still reasoning: show that instead of an empty answer
         view.reasoning.open = true;
