@@ -398,9 +398,10 @@ def test_api_key_kept_in_session_storage(page: Any, tmp_path: Path) -> None:
         page.click("#send")
         assert wait_finished(page)["state"] == "done"
         storage = page.evaluate(
-            "[sessionStorage.getItem('surge.apiKey'), localStorage.length, document.cookie]"
+            "[sessionStorage.getItem('surge.apiKey'), Object.keys(localStorage), document.cookie]"
         )
-        assert storage == ["sekret", 0, ""]
+        assert storage == ["sekret", ["surge.settings"], ""]  # local storage: the settings only
+        assert "sekret" not in page.evaluate("localStorage.getItem('surge.settings')")
         page.reload()  # the same tab keeps it
         page.wait_for_function("document.querySelector('#model').options.length > 0")
         assert page.input_value("#api-key") == "sekret"
@@ -1070,3 +1071,40 @@ def test_no_copy_button_without_answer_text(page: Any, web_server: Server) -> No
     page.click("#send")
     assert wait_finished(page)["state"] == "done"
     assert not page.locator(".msg.assistant .stats .copy").is_visible()
+
+
+def test_settings_are_kept_over_a_reload(page: Any, web_server: Server) -> None:
+    """The system prompt and the sampling settings come back after a reload (they were all lost)
+    and are sent as set; a slider put back to the model's default stays there, and the API key
+    is not kept with them (it stays in the tab's session storage)."""
+    open_playground(page, web_server)
+    page.fill("#system", "Be brief.")
+    set_range(page, "#temperature", 1.5)
+    set_range(page, "#top_p", 0.5)
+    page.click("#top_p-reset")
+    page.fill("#top_k", "7")
+    page.fill("#max_tokens", "3")
+    page.fill("#seed", "42")
+    page.fill("#stop", "END\\n")
+    page.select_option("#thinking", "off")
+    page.check("#ignore_eos")
+    page.reload()
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    assert page.input_value("#system") == "Be brief."
+    assert page.text_content("#temperature-value") == "1.50"
+    assert page.text_content("#top_p-value") == "model default"
+    assert page.input_value("#top_k") == "7" and page.input_value("#max_tokens") == "3"
+    assert page.input_value("#seed") == "42" and page.input_value("#stop") == "END\\n"
+    assert page.input_value("#thinking") == "off" and page.is_checked("#ignore_eos")
+    page.fill("#prompt", "Hi")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    body = req.value.post_data_json
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert body["temperature"] == 1.5 and "top_p" not in body
+    assert (body["top_k"], body["max_tokens"], body["seed"]) == (7, 3, 42)
+    assert body["stop"] == ["END\n"] and body["ignore_eos"] is True
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert wait_finished(page)["tokens"] == "3"
+    stored = page.evaluate("JSON.stringify(localStorage)")
+    assert "Be brief." in stored and "apiKey" not in stored

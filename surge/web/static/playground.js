@@ -42,6 +42,47 @@
 
   // ---------- settings ----------
 
+  const SETTINGS_STORAGE = "surge.settings";
+  /** The settings kept over a reload (in local storage; the API key is not one of them). */
+  const kept = [ui.system, ui.temperature, ui.topP, ui.topK, ui.maxTokens, ui.seed, ui.stop];
+  kept.push(ui.thinking, ui.ignoreEos);
+
+  /** Keep the settings panel's values in local storage: {id: value}, a checkbox as a boolean, a
+   * slider only once moved (an untouched one stays at the model's default). */
+  function saveSettings() {
+    const saved = {};
+    for (const input of kept) {
+      if (input.type === "checkbox") saved[input.id] = input.checked;
+      else if (input.type !== "range" || input.dataset.touched) saved[input.id] = input.value;
+    }
+    try {
+      localStorage.setItem(SETTINGS_STORAGE, JSON.stringify(saved));
+    } catch (e) {
+      /* storage disabled or full: the settings last until the page is closed */
+    }
+  }
+
+  /** Put back the settings that saveSettings kept (anything unreadable is left at its default). */
+  function restoreSettings() {
+    let saved;
+    try {
+      saved = JSON.parse(localStorage.getItem(SETTINGS_STORAGE) || "{}");
+    } catch (e) {
+      return;
+    }
+    if (!saved || typeof saved !== "object") return;
+    for (const input of kept) {
+      const v = saved[input.id];
+      if (input.type === "checkbox") {
+        if (typeof v === "boolean") input.checked = v;
+      } else if (typeof v === "string") {
+        input.value = v;
+        if (input.type === "range") input.dataset.touched = "1";
+      }
+    }
+  }
+  restoreSettings();
+
   /** A slider starts at "model default" and is not sent until moved, so the server applies
    * the model's own default (its generation_config.json, as for any request that leaves the
    * field out); once moved it shows and sends its value, and its reset button brings the
@@ -62,12 +103,18 @@
       delete input.dataset.touched;
       input.value = input.defaultValue;
       update();
+      saveSettings();
       input.focus();
     });
     update();
   }
   showRange(ui.temperature, 2);
   showRange(ui.topP, 2);
+  for (const input of kept) {
+    // after showRange's own listener, which marks a moved slider as touched
+    input.addEventListener("input", saveSettings);
+    input.addEventListener("change", saveSettings);
+  }
 
   /** The whole number in a number field, null when it is empty. Throws (and marks and focuses
    * the field) when it holds anything else, so a setting is never silently left out: the browser
