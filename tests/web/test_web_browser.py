@@ -1108,3 +1108,24 @@ def test_settings_are_kept_over_a_reload(page: Any, web_server: Server) -> None:
     assert wait_finished(page)["tokens"] == "3"
     stored = page.evaluate("JSON.stringify(localStorage)")
     assert "Be brief." in stored and "apiKey" not in stored
+
+
+def test_escape_stops_the_answer_and_a_screen_reader_waits_for_its_end(page: Any, web_server: Server) -> None:
+    """Escape stops a streaming answer (the focus is in the prompt box after Send, away from the
+    Stop button); the conversation is a log (read out as messages come) whose streaming answer is
+    busy until it ends, so a screen reader reads it once instead of token by token."""
+    open_playground(page, web_server)
+    assert page.get_attribute("#messages-inner", "role") == "log"
+    page.fill("#max_tokens", "400")
+    page.check("#ignore_eos")
+    page.fill("#prompt", "Tell me a story.")
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"() => Number(({LAST})().dataset.events || 0) >= 3")
+    assert page.evaluate(f"({LAST})().getAttribute('aria-busy')") == "true"
+    assert page.evaluate("document.activeElement.id") == "prompt"
+    page.keyboard.press("Escape")
+    m = wait_finished(page)
+    assert m["state"] == "stopped" and int(m["tokens"]) < 400, m
+    assert page.evaluate(f"({LAST})().getAttribute('aria-busy')") is None
+    page.keyboard.press("Escape")  # with nothing in flight: nothing happens
+    assert page.locator(".msg.assistant").count() == 1 and page.locator(".msg.error").count() == 0

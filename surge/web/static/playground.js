@@ -243,6 +243,7 @@
   function addAssistantMessage(label) {
     const msg = C.el("div", "msg assistant");
     msg.dataset.state = "streaming";
+    msg.setAttribute("aria-busy", "true"); // a screen reader reads the answer once, when it ends
     msg.appendChild(C.el("div", "role", label));
     const reasoning = C.el("details", "reasoning");
     reasoning.hidden = true;
@@ -483,6 +484,7 @@
       state.controller = null;
       setBusy(false);
       view.msg.dataset.state = outcome;
+      view.msg.removeAttribute("aria-busy");
       view.body.classList.remove("streaming");
       if (run.reasoning) view.summary.textContent = `Reasoning (${run.reasoning.length} characters)`;
       paint(view, run);
@@ -583,6 +585,13 @@
   ui.prompt.addEventListener("input", autoSize);
   window.addEventListener("resize", autoSize);
   ui.stopBtn.addEventListener("click", stop);
+  // Escape stops the answer in flight wherever the focus is (it is in the prompt box after Send)
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && state.controller && !e.isComposing && !e.defaultPrevented) {
+      e.preventDefault();
+      stop();
+    }
+  });
   ui.newChat.addEventListener("click", newChat);
   // narrow screens only (CSS): the settings fold open under the New chat row
   ui.settingsToggle.addEventListener("click", () => {
