@@ -1129,3 +1129,20 @@ def test_escape_stops_the_answer_and_a_screen_reader_waits_for_its_end(page: Any
     assert page.evaluate(f"({LAST})().getAttribute('aria-busy')") is None
     page.keyboard.press("Escape")  # with nothing in flight: nothing happens
     assert page.locator(".msg.assistant").count() == 1 and page.locator(".msg.error").count() == 0
+
+
+def test_prompt_tokens_are_shown(page: Any, web_server: Server) -> None:
+    """Under an answer the prompt's token count (the usage's prompt_tokens: how much of the
+    context the turn took) shows next to the answer's."""
+    open_playground(page, web_server)
+    page.click("#mode [data-mode=completion]")
+    page.fill("#max_tokens", "4")
+    page.fill("#prompt", "Once upon a time")
+    page.click("#send")
+    assert wait_finished(page)["state"] == "done"
+    model = page.input_value("#model")
+    count = httpx.post(
+        web_server.url + "/tokenize", json={"model": model, "prompt": "Once upon a time"}
+    ).json()
+    shown = page.evaluate(f"({LAST})().querySelector('[data-stat=prompt] b').textContent")
+    assert shown == str(count["count"])

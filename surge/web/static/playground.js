@@ -264,6 +264,7 @@
       tps: stat(stats, "tps", "tok/s"),
       ttft: stat(stats, "ttft", "TTFT"),
       finish: stat(stats, "finish", "finish"),
+      prompt: stat(stats, "prompt", "prompt tokens"), // from the usage: the context it took
       copy: C.el("button", "link copy", "Copy"),
     };
     view.copy.type = "button";
@@ -327,6 +328,9 @@
       view.tps.textContent = "–"; // a live figure (timed to now) does not outlive a too short run
     }
     view.finish.textContent = run.finish || (streaming ? "…" : "–");
+    if (run.usage && Number.isInteger(run.usage.prompt_tokens)) {
+      view.prompt.textContent = String(run.usage.prompt_tokens);
+    }
   }
 
   let paintPending = false;
