@@ -673,6 +673,42 @@ def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     )
 
 
+def check_visible_gpus(device: str, parallel: ParallelConfig, visible: int) -> None:
+    """Check that this host sees every GPU its ranks use.
+
+    Replica ``d``'s local rank ``r`` uses GPU ``index(device) + d * ranks_per_node + r`` (see
+    :func:`surge.parallel.launch.rank_device`), so the host needs ``index(device) +
+    data_parallel_size * ranks_per_node`` GPUs (a replica's own config, whose device is its first
+    GPU, needs those from there on). Without the check, a rank past the last GPU
+    failed in its worker process on CUDA's "invalid device ordinal".
+
+    Args:
+        device: the resolved device ("cpu" is not checked, "cuda" or "cuda:N").
+        parallel: the parallel layout.
+        visible: GPUs this process sees (``torch.cuda.device_count()``).
+
+    Raises:
+        ValueError: one line naming the sizes, the GPUs they need and the GPUs visible.
+    """
+    if not device.startswith("cuda"):
+        return
+    first = int(device.split(":", 1)[1]) if ":" in device else 0
+    # a replica's config names its own first GPU: it and the replicas after it need the rest
+    needed = first + (parallel.data_parallel_size - parallel.data_parallel_rank) * parallel.ranks_per_node
+    if needed <= visible:
+        return
+    sizes = [f"tensor_parallel_size {parallel.tensor_parallel_size}"]
+    if parallel.nnodes > 1:
+        sizes.append(f"over nnodes {parallel.nnodes} ({parallel.ranks_per_node} per host)")
+    if parallel.data_parallel_size > 1:
+        sizes.append(f"x data_parallel_size {parallel.data_parallel_size}")
+    span = f"cuda:{first}" if needed - first == 1 else f"cuda:{first} to cuda:{needed - 1}"
+    raise ValueError(
+        f"{' '.join(sizes)} on device {device} needs GPUs {span} on this host, but "
+        f"{visible} GPU{' is' if visible == 1 else 's are'} visible (CUDA_VISIBLE_DEVICES picks them)"
+    )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs.

@@ -19,6 +19,7 @@ from surge.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    check_visible_gpus,
     resolve_device,
 )
 from surge.core.outputs import EngineOutput, RequestFailure, SchedulerOutput, SchedulerStats
@@ -223,6 +224,10 @@ def build_engine_config(
         master_port=master_port,
         all_reduce=tp_all_reduce,
     )
+    if resolved.startswith("cuda"):
+        import torch
+
+        check_visible_gpus(resolved, parallel, torch.cuda.device_count())
     # A step holds at most max_num_seqs requests of at most max_model_len tokens: a larger token
     # budget can never be used, only allocated (the start-up profile runs a step that size)
     useful = max_num_seqs * model_config.max_model_len if max_num_seqs >= 1 else max_num_batched_tokens

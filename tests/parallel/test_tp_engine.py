@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from surge import LLM, SamplingParams
-from surge.config import ModelConfig, ParallelConfig, check_tensor_parallel
+from surge.config import ModelConfig, ParallelConfig, check_tensor_parallel, check_visible_gpus
+from surge.engine.llm_engine import build_engine_config
 from surge.parallel.executor import TPExecutor, WorkerDiedError
 from tests.engine.tiny_models import hf_greedy, make_tiny_model
 
@@ -111,6 +112,37 @@ def test_master_port_leaves_room_for_every_replica() -> None:
         ParallelConfig(data_parallel_size=2, master_port=65533)
     with pytest.raises(ValueError, match=r"^master_port must be in \[1, 65533\], got 65534$"):
         ParallelConfig(master_port=65534)
+
+
+def test_more_ranks_than_visible_gpus_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-tp 2` on a one-GPU host started, then failed in rank 1's worker on CUDA's "invalid
+    device ordinal" (vLLM refuses a world size above the GPUs at start-up)."""
+    check_visible_gpus("cpu", ParallelConfig(tensor_parallel_size=8), 0)
+    check_visible_gpus("cuda", ParallelConfig(tensor_parallel_size=2, data_parallel_size=2), 4)
+    check_visible_gpus("cuda:2", ParallelConfig(tensor_parallel_size=2, nnodes=2, master_port=29500), 3)
+    # replica 1's own config names its first GPU (cuda:2 of -tp 2 -dp 2)
+    check_visible_gpus(
+        "cuda:2", ParallelConfig(tensor_parallel_size=2, data_parallel_size=2, data_parallel_rank=1), 4
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^tensor_parallel_size 2 x data_parallel_size 2 on device cuda:1 needs GPUs cuda:1 to cuda:4 "
+        r"on this host, but 4 GPUs are visible \(CUDA_VISIBLE_DEVICES picks them\)$",
+    ):
+        check_visible_gpus("cuda:1", ParallelConfig(tensor_parallel_size=2, data_parallel_size=2), 4)
+    with pytest.raises(
+        ValueError, match=r"^tensor_parallel_size 1 on device cuda:1 needs GPUs cuda:1 on this"
+    ):
+        check_visible_gpus("cuda:1", ParallelConfig(), 1)
+    # through the engine's config, on a faked one-GPU host
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(
+        ValueError, match=r"^tensor_parallel_size 2 on device cuda needs GPUs cuda:0 to cuda:1 "
+    ):
+        build_engine_config(device="cuda", tensor_parallel_size=2)
 
 
 def test_killed_worker_fails_the_engine(tmp_path: Path) -> None:
