@@ -698,18 +698,17 @@ def test_vllm_serve_flags_surge_lacks_are_hinted(capsys: pytest.CaptureFixture[s
     "unrecognized arguments", and serve's --tokenizer-mode got the benchmark's hint (about counting
     tokens); each now names what to use instead, per sub-command."""
     err = _parse_error(
-        ["serve", "-pp", "2", "--enable-lora", "--kv-cache-memory-bytes=1000", "--tokenizer-mode", "auto"],
+        ["serve", "--enable-lora", "--kv-cache-memory-bytes=1000", "--tokenizer-mode", "auto"],
         capsys,
     )
     for hint in (
-        "-pp: use -tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
         "--enable-lora: use nothing: Surge serves no LoRA adapters",
         "--kv-cache-memory-bytes: use --num-kv-blocks N",
         "--tokenizer-mode: use nothing: Surge loads the model folder's tokenizer",
     ):
         assert hint in err, err
-    err = _parse_error(["serve", "--pipeline-parallel-size", "1", "--speculative-config", "{}"], capsys)
-    assert "--pipeline-parallel-size: use -tp N" in err and "--speculative-config: use nothing" in err, err
+    err = _parse_error(["serve", "--speculative-config", "{}"], capsys)
+    assert "--speculative-config: use nothing" in err, err
     err = _parse_error(["serve", "--enable-ssl-refresh"], capsys)
     assert "--enable-ssl-refresh: use nothing: Surge reads --ssl-certfile and --ssl-keyfile once" in err, err
     from surge.cli import build_parser  # bench serve takes vLLM's --tokenizer-mode (auto or hf)
@@ -750,8 +749,10 @@ def test_a_refused_flags_value_is_not_taken_for_the_model(capsys: pytest.Capture
             "unrecognized arguments: --log-config-file (vLLM's --log-config-file: use --log-level" in err
         ), err
         assert "/tmp/s" not in err.split("(")[0] and str(STORIES) not in err, err
-    err = _parse_error(["serve", "--hf-token", "abc", "-pp", "2", str(STORIES)], capsys)
-    assert "unrecognized arguments: --hf-token -pp (vLLM's " in err and "--hf-token: use nothing" in err, err
+    err = _parse_error(["serve", "--hf-token", "abc", "--max-loras", "2", str(STORIES)], capsys)
+    assert (
+        "unrecognized arguments: --hf-token --max-loras (vLLM's " in err and "--hf-token: use nothing" in err
+    ), err
     assert "abc" not in err and str(STORIES) not in err, err
     err = _parse_error(["generate", "--download-dir", "/d", str(STORIES), "--prompt", "x"], capsys)
     assert "unrecognized arguments: --download-dir (" in err and str(STORIES) not in err, err
@@ -776,6 +777,27 @@ def test_a_mistyped_flag_names_the_closest_flag(capsys: pytest.CaptureFixture[st
     assert "(did you mean --num-prompts?)" in err, err
     err = _parse_error(["bench", "serve", "--bogus-flag"], capsys)
     assert "did you mean" not in err and "vLLM" not in err, err
+
+
+def test_vllm_parallel_flags_at_the_values_surge_runs_are_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--pipeline-parallel-size 1` and `--distributed-executor-backend mp` (what Surge does; a vLLM
+    command line often spells them out) were refused as unrecognized, though `LLM()` takes them;
+    both are taken now, and another size or backend is one line naming the flag. vLLM's `-r` is
+    `--node-rank`."""
+    from surge.cli import build_parser
+
+    for cmd in (["serve"], ["generate", "--prompt", "x"]):
+        args = build_parser().parse_args([*cmd, "-pp", "1", "--distributed-executor-backend", "mp"])
+        assert args.pipeline_parallel_size == 1 and args.distributed_executor_backend == "mp"
+    assert build_parser().parse_args(["serve", "--pipeline-parallel-size=1", "-r", "1"]).node_rank == 1
+    err = _parse_error(["serve", "-pp", "2"], capsys)
+    assert (
+        "argument -pp/--pipeline-parallel-size: Surge has no pipeline parallelism, only 1 is taken (got 2): "
+        in err
+    )
+    assert "shard the model with -tp N" in err, err
+    err = _parse_error(["generate", "--prompt", "x", "--distributed-executor-backend", "ray"], capsys)
+    assert "argument --distributed-executor-backend: only mp is taken (got 'ray')" in err, err
 
 
 def test_vllm_multi_node_data_parallel_flags_are_hinted(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,41 @@ import argparse
 from typing import Any
 
 
+def pipeline_parallel_size(value: str) -> int:
+    """An argparse type for vLLM's ``-pp``: 1 (its default, no pipeline), the one size Surge runs.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or another size (argparse's one line names the flag).
+    """
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if size != 1:
+        raise argparse.ArgumentTypeError(
+            f"Surge has no pipeline parallelism, only 1 is taken (got {size}): shard the model with -tp N"
+        )
+    return size
+
+
+def distributed_executor_backend(value: str) -> str:
+    """An argparse type for vLLM's ``--distributed-executor-backend``: ``mp``, how Surge runs its
+    tensor-parallel workers (processes it spawns itself).
+
+    Raises:
+        argparse.ArgumentTypeError: another backend (ray, uni, external_launcher, ...).
+    """
+    if value != "mp":
+        raise argparse.ArgumentTypeError(
+            f"only mp is taken (got {value!r}): Surge spawns its tensor-parallel workers as processes "
+            "itself (vLLM's mp), with no Ray"
+        )
+    return value
+
+
 def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
-    """Add ``-tp``; with ``serve`` also ``-dp`` and the multi-host flags."""
+    """Add ``-tp`` and vLLM's ``-pp 1`` and ``--distributed-executor-backend mp`` (taken, as they
+    ask for what Surge does); with ``serve`` also ``-dp`` and the multi-host flags."""
     p.add_argument(
         "-tp",
         "--tensor-parallel-size",
@@ -23,6 +56,20 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         "one-shot all-reduce where the GPUs allow it, NCCL for the rest; measured 3 %% slower per "
         "decode step on two H200s) (default nccl)",
     )
+    p.add_argument(
+        "-pp",
+        "--pipeline-parallel-size",
+        type=pipeline_parallel_size,
+        default=1,
+        help="vLLM's flag, taken as 1 only: Surge has no pipeline parallelism (shard with -tp N) (default 1)",
+    )
+    p.add_argument(
+        "--distributed-executor-backend",
+        type=distributed_executor_backend,
+        default="mp",
+        help="vLLM's flag, taken as mp only: the tensor-parallel workers are processes Surge spawns "
+        "(no Ray) (default mp)",
+    )
     if not serve:
         return
     p.add_argument(
@@ -35,6 +82,7 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
     p.add_argument("--nnodes", "-n", type=int, default=1, help="hosts the -tp ranks span (default 1)")
     p.add_argument(
         "--node-rank",
+        "-r",
         type=int,
         default=0,
         help="this host's index; 0 runs the server, others only workers (default 0)",

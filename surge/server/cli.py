@@ -22,8 +22,6 @@ _ONE_HOST_DP = "nothing: Surge's replicas (-dp N) all run on one host; --nnodes 
 
 VLLM_SERVE_FLAG_HINTS = {
     "--tokenizer-mode": "nothing: Surge loads the model folder's tokenizer with transformers' AutoTokenizer",
-    "--pipeline-parallel-size": "-tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
-    "-pp": "-tp N (--tensor-parallel-size): Surge has no pipeline parallelism",
     "--data-parallel-size-local": "-dp N: every replica runs on the API server's host",
     "--data-parallel-address": _ONE_HOST_DP,
     "--data-parallel-rpc-port": _ONE_HOST_DP,
@@ -46,8 +44,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--compilation-config": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
     "turns them off)",
     "--disable-custom-all-reduce": "nothing: Surge's default --tp-all-reduce nccl is NCCL only",
-    "--distributed-executor-backend": "nothing: Surge spawns its tensor-parallel workers as processes itself "
-    "(vLLM's mp)",
     "--runner": "nothing: Surge serves generative models only",
     "--convert": "nothing: Surge serves generative models only",
     "--limit-mm-per-prompt": "nothing: Surge serves text-only models",
