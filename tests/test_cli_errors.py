@@ -813,6 +813,19 @@ def test_vllm_multi_node_data_parallel_flags_are_hinted(capsys: pytest.CaptureFi
     err = _parse_error(["serve", "--headless", "--data-parallel-size-local", "2"], capsys)
     assert "--headless: use --nnodes N --node-rank R (R > 0)" in err, err
     assert "--data-parallel-size-local: use -dp N" in err and "did you mean" not in err, err
+    # vLLM's short forms and the flags left out were bare "unrecognized arguments" (and
+    # --data-parallel-rank "did you mean --data-parallel-size?", another flag's meaning)
+    for flag, use in (
+        ("-dpl", "-dp N"),
+        ("-dpa", "nothing: Surge's replicas (-dp N) all run on one host"),
+        ("-dpn", "nothing: Surge's replicas"),
+        ("--data-parallel-rank", "nothing: Surge's replicas"),
+        ("-dpb", "nothing: Surge starts each -dp replica"),
+        ("-dcp", "-tp N (--tensor-parallel-size): Surge has no context parallelism"),
+        ("-ep", "nothing: Surge serves dense models"),
+    ):
+        err = _parse_error(["serve", flag, "1"], capsys)
+        assert f"(vLLM's {flag}: use {use}" in err and "did you mean" not in err, err
 
 
 def test_generate_hints_data_parallelism_at_serve(capsys: pytest.CaptureFixture[str]) -> None:

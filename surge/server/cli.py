@@ -19,6 +19,7 @@ from surge.server.metrics import METRICS_PREFIXES
 _NO_LORA = "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)"
 _BUILT_IN_PARSERS = "(Surge's parsers are built in; no plugins)"
 _ONE_HOST_DP = "nothing: Surge's replicas (-dp N) all run on one host; --nnodes spans hosts with -tp only"
+_NO_CONTEXT_PARALLEL = "-tp N (--tensor-parallel-size): Surge has no context parallelism"
 
 VLLM_SERVE_FLAG_HINTS = {
     "--tokenizer-mode": "nothing: Surge loads the model folder's tokenizer with transformers' AutoTokenizer",
@@ -29,6 +30,22 @@ VLLM_SERVE_FLAG_HINTS = {
     "--data-parallel-hybrid-lb": _ONE_HOST_DP,
     "--data-parallel-external-lb": _ONE_HOST_DP,
     "--data-parallel-backend": "nothing: Surge starts each -dp replica as a process itself (vLLM's mp)",
+    "--data-parallel-rank": _ONE_HOST_DP,
+    "--data-parallel-multi-port-external-lb": _ONE_HOST_DP,
+    # vLLM's short forms of the data-parallel flags above
+    "-dpl": "-dp N: every replica runs on the API server's host",
+    "-dpn": _ONE_HOST_DP,
+    "-dpr": _ONE_HOST_DP,
+    "-dpa": _ONE_HOST_DP,
+    "-dpp": _ONE_HOST_DP,
+    "-dph": _ONE_HOST_DP,
+    "-dpe": _ONE_HOST_DP,
+    "-dpm": _ONE_HOST_DP,
+    "-dpb": "nothing: Surge starts each -dp replica as a process itself (vLLM's mp)",
+    "--decode-context-parallel-size": _NO_CONTEXT_PARALLEL,
+    "-dcp": _NO_CONTEXT_PARALLEL,
+    "--prefill-context-parallel-size": _NO_CONTEXT_PARALLEL,
+    "-pcp": _NO_CONTEXT_PARALLEL,
     "--headless": "--nnodes N --node-rank R (R > 0): such a node runs only tensor-parallel workers",
     "--revision": "the folder of that revision as MODEL (Surge loads local model folders only)",
     "--code-revision": "nothing: Surge never runs a model folder's code",
@@ -54,6 +71,8 @@ VLLM_SERVE_FLAG_HINTS = {
     "--kv-transfer-config": "nothing: Surge has no KV connector",
     "--model-impl": "nothing: Surge runs its own model code for the supported architectures",
     "--enable-expert-parallel": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
+    "-ep": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
+    "--enable-eplb": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
     "--reasoning-parser-plugin": f"--reasoning-parser qwen3|deepseek_r1 {_BUILT_IN_PARSERS}",
     "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json|pythonic {_BUILT_IN_PARSERS}",
     "--logits-processors": "nothing: Surge has no logits-processor plugins",
