@@ -17,6 +17,12 @@ Batch shapes change the float summation order, so a greedy token may legitimatel
 where the reference's two best logprobs are within ``_TIE`` of each other; such a workload
 stops comparing that request there (none of the seeds below has one today).
 
+A fixed workload (``test_shared_blocks_under_preemption_and_chunks``) adds what the random
+prompts rarely make: requests that share one prompt's blocks in every way (a whole-block
+prefix, a prefix ending mid-block, ``n`` choices, an abort mid-prefill, an extension up to
+``max_model_len``, a prompt differing from it in one block's last token) on a pool just large
+enough, with a budget of 8 tokens.
+
 A longer run of the same workloads: ``run_workload`` over more seeds.
 """
 
@@ -287,6 +293,24 @@ def run_workload(model: _Model, ref: LLMEngine, seed: int) -> tuple[list[str], C
         _MAX_LEN if s.params.max_tokens is None else len(s.prompt) + s.params.max_tokens for s in specs
     )
     num_blocks = -(-largest // bs) + rng.choice([0, 1, 2, 4]) if tiny else 1024
+    return run_specs(model, ref, f"seed {seed}", world, specs, num_blocks, rng)
+
+
+def run_specs(
+    model: _Model,
+    ref: LLMEngine,
+    label: str,
+    world: dict[str, object],
+    specs: list[_Spec],
+    num_blocks: int,
+    rng: random.Random,
+) -> tuple[list[str], Counter[str]]:
+    """Run ``specs`` on an engine of ``world`` and ``num_blocks`` KV blocks (``rng`` decides the
+    prefix-cache resets) and compare each request with it alone on ``ref``.
+
+    Returns:
+        (the problems found, each prefixed by ``label``; counts of what it covered).
+    """
     engine = _engine(model.path, num_kv_blocks=num_blocks, **world)
     got: dict[str, _Got] = {}
     children = {s.request_id: choice_ids(s.request_id, s.params.n) for s in specs}
@@ -309,7 +333,7 @@ def run_workload(model: _Model, ref: LLMEngine, seed: int) -> tuple[list[str], C
             engine.reset_prefix_cache()
         _record(got, engine.step())
         step += 1
-        assert step < 5000, f"seed {seed}: no progress"
+        assert step < 5000, f"{label}: no progress"
     stats = engine.get_stats()
     problems = []
     if stats.num_free_blocks != stats.num_total_blocks or any(engine.scheduler.kv.pool.ref_counts):
@@ -326,7 +350,7 @@ def run_workload(model: _Model, ref: LLMEngine, seed: int) -> tuple[list[str], C
                 problems.append(f"{rid}: never finished")
                 continue
             problems += _problems(rid, s, params, g, _alone(ref, s.prompt, params), model.eos)
-    return [f"seed {seed} {world}: {p}" for p in problems], covered
+    return [f"{label} {world}: {p}" for p in problems], covered
 
 
 _SEEDS = range(16)  # about 8 s of CPU; 4 of them preempt, 8 abort requests
@@ -343,3 +367,61 @@ def test_each_request_gets_what_it_gets_alone(model: _Model) -> None:
     assert not problems, "\n".join(problems[:20])
     for what in ("preemptions", "aborted", "stop", "length"):
         assert covered[what] > 0, f"the seeds no longer cover {what}: {dict(covered)}"
+
+
+def _shared_prefix_specs(model: _Model, bs: int, policy: str) -> list[_Spec]:
+    """Requests that share the blocks of one prompt ``whole`` (3 blocks exactly) in every way
+    that touches the prefix cache: ``n`` = 3 choices of it, its first 2 blocks, a prefix ending
+    mid-block, an extension up to ``max_model_len``, a copy aborted mid-prefill (the others hit
+    its blocks), a copy under ``min_tokens`` with stop ids, one with prompt logprobs (no cache
+    lookup), one of another salt, one that differs from it in the last token of a block; most
+    arrive at once, some a few steps later; under the ``priority`` policy, priorities 0 to 2."""
+    rng = random.Random(1)
+    whole = [1] + [rng.randrange(3, 500) for _ in range(3 * bs - 1)]
+    longer = whole + [rng.randrange(3, 500) for _ in range(5)]
+    other = list(whole)
+    other[2 * bs - 1] = whole[2 * bs - 1] % 499 + 1  # differs from whole in one token, a block's last
+    greedy = {"temperature": 0.0}
+    stops = {"stop_token_ids": model.frequent[:2], **greedy}
+    table: list[tuple[list[int], SamplingParams, int, int | None, str | None]] = [
+        (whole, SamplingParams(n=3, max_tokens=20, **greedy), 0, None, None),
+        (whole[: 2 * bs], SamplingParams(max_tokens=17, ignore_eos=True, **greedy), 0, None, None),
+        (whole, SamplingParams(max_tokens=30, **greedy), 0, 1, None),
+        (whole[: bs + 5], SamplingParams(max_tokens=12, min_tokens=8, **stops), 0, None, None),
+        (longer, SamplingParams(max_tokens=_MAX_LEN - len(longer), **greedy), 2, None, None),
+        (whole, SamplingParams(max_tokens=9, prompt_logprobs=1, **greedy), 3, None, None),
+        (whole, SamplingParams(n=2, max_tokens=6, **stops), 4, None, "a"),
+        (whole[: 2 * bs] + longer[-3:], SamplingParams(max_tokens=25, **greedy), 6, None, None),
+        (other, SamplingParams(max_tokens=15, **greedy), 7, None, None),
+    ]
+    return [
+        _Spec(f"s{i}", prompt, params, arrival, abort, i % 3 if policy == "priority" else 0, salt)
+        for i, (prompt, params, arrival, abort, salt) in enumerate(table)
+    ]
+
+
+def test_shared_blocks_under_preemption_and_chunks(model: _Model) -> None:
+    """The requests of :func:`_shared_prefix_specs` on a pool just large enough for the
+    longest (preemption, eviction), a budget of 8 tokens (chunked prefill: choices hit blocks
+    registered in the same step), synchronous under the priority policy and asynchronous under
+    fcfs: each gets what it gets alone."""
+    ref = _engine(model.path, num_kv_blocks=512, enable_prefix_caching=False, async_scheduling=False)
+    bs = 16
+    problems: list[str] = []
+    covered: Counter[str] = Counter()
+    for async_scheduling, policy in ((False, "priority"), (True, "fcfs")):
+        world: dict[str, object] = {
+            "block_size": bs,
+            "enable_prefix_caching": True,
+            "async_scheduling": async_scheduling,
+            "scheduling_policy": policy,
+            "max_num_batched_tokens": 8,
+            "max_num_seqs": 4,
+        }
+        specs = _shared_prefix_specs(model, bs, policy)
+        found, counts = run_specs(model, ref, policy, world, specs, -(-_MAX_LEN // bs), random.Random(0))
+        problems += found
+        covered += counts
+    assert not problems, "\n".join(problems[:20])
+    for what in ("preemptions", "aborted", "length"):
+        assert covered[what] > 0, f"the workload no longer covers {what}: {dict(covered)}"
