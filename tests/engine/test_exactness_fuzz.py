@@ -206,7 +206,10 @@ def _row_problem(row: tuple, ref: tuple, k: int) -> str | None:
         return f"token {ids[0]} {lps[0]} vs {ref_ids[0]} {ref_lps[0]}"
     if len(ids) != k + 1 or len(ref_ids) < k + 3:
         return f"{len(ids) - 1} top entries (alone {len(ref_ids) - 3} + 2) for {k} asked"
-    if rank != ref_rank and min(abs(lps[0] - x) for x in ref_lps[1:]) > _TIE:
+    # A rank past the listed entries may move by one: its neighbours are not listed, so a near
+    # tie there (1e-6 apart at rank 140 of a prompt token, seen in longer runs) cannot be told.
+    unlisted = min(rank, ref_rank) >= len(ref_ids) and abs(rank - ref_rank) == 1
+    if rank != ref_rank and not unlisted and min(abs(lps[0] - x) for x in ref_lps[1:]) > _TIE:
         return f"rank {rank} vs {ref_rank}"
     listed = dict(zip(ref_ids[1:], ref_lps[1:], strict=True))
     for j in range(1, k + 1):
