@@ -27,7 +27,7 @@ pkgs=(
 # are left to it, and the install there fails naming any it lacks (triton comes with CUDA torch).
 host_has=(
   torch triton numpy jinja2 transformers tokenizers safetensors aiohttp tqdm matplotlib
-  prometheus-client httpx anyio h11 click typing-extensions
+  prometheus-client httpx anyio h11 click typing-extensions pyyaml
 )
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

@@ -598,6 +598,8 @@ def test_auto_dtype_serves_a_float32_checkpoint_in_bfloat16_on_a_gpu(
     import json
     import shutil
 
+    import torch
+
     import surge.engine.llm_engine as llm_engine
     from surge.config import DEFAULT_MODEL_DIR
 
@@ -617,6 +619,7 @@ def test_auto_dtype_serves_a_float32_checkpoint_in_bfloat16_on_a_gpu(
         assert ModelConfig.from_pretrained(folder, device="cuda").dtype == expected
     (folder / "config.json").write_text(json.dumps(cfg))
     monkeypatch.setattr(llm_engine, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the visible-GPU check's count
     assert llm_engine.build_engine_config(str(folder), device="auto").model.dtype == "bfloat16"
     # surge bench roofline counts what surge serve holds on the GPU
     from surge.bench.roofline import model_shape
