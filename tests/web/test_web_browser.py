@@ -1146,3 +1146,147 @@ def test_prompt_tokens_are_shown(page: Any, web_server: Server) -> None:
     ).json()
     shown = page.evaluate(f"({LAST})().querySelector('[data-stat=prompt] b').textContent")
     assert shown == str(count["count"])
+
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 12}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def test_tool_calls_are_shown_and_answered_with_a_tool_result(page: Any, web_server: Server) -> None:
+    """The Tools and Tool choice boxes are sent as `tools` and `tool_choice` (a bare name forces
+    a call of that function, so the bundled model calls it); the streamed call shows its name and
+    its arguments, joined from their deltas as the unstreamed answer has them; its result goes
+    back as a `tool` message answering the call's id, and Send with an empty prompt box then
+    continues the conversation. The playground sent no tools and showed no call before."""
+    open_playground(page, web_server)
+    page.fill("#tools", json.dumps(WEATHER_TOOLS, indent=2))
+    page.fill("#tool_choice", "get_weather")
+    page.fill("#seed", "5")
+    page.fill("#max_tokens", "60")
+    page.fill("#prompt", "What is the weather in Paris?")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    body = req.value.post_data_json
+    assert body["tools"] == WEATHER_TOOLS
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["events"] >= 2, m  # the arguments came in several deltas
+    assert page.locator(".msg.error").count() == 0
+    call = page.locator(".msg.assistant .tool-call")
+    assert call.count() == 1
+    assert call.locator(".tool-name").text_content() == "get_weather"
+    # the same request unstreamed (same seed): its call is the one the deltas were joined into
+    whole = httpx.post(
+        web_server.url + "/v1/chat/completions",
+        json={k: v for k, v in body.items() if k not in ("stream", "stream_options")},
+        timeout=120,
+    ).json()["choices"][0]["message"]["tool_calls"]
+    assert len(whole) == 1 and whole[0]["function"]["name"] == "get_weather"
+    args = whole[0]["function"]["arguments"]
+    assert json.loads(call.locator(".tool-args").text_content()) == json.loads(args)
+    assert call.locator(".tool-args").text_content() == json.dumps(json.loads(args), indent=2)
+    assert not page.locator(".msg.assistant .body").is_visible()  # no text: no empty bubble
+
+    page.fill(".tool-result textarea", '{"temperature": 21}')
+    page.click(".tool-result button")
+    assert page.locator(".tool-result").count() == 0
+    assert page.locator(".msg.tool .body").text_content() == '{"temperature": 21}'
+    assert "tool results" in page.get_attribute("#prompt", "placeholder")
+    page.fill("#tool_choice", "none")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")  # the prompt box is empty
+    messages = req.value.post_data_json["messages"]
+    assert req.value.post_data_json["tool_choice"] == "none"
+    assert messages[0] == {"role": "user", "content": "What is the weather in Paris?"}
+    answer = messages[1]
+    assert answer["role"] == "assistant" and answer["content"] == ""
+    assert [c["function"] for c in answer["tool_calls"]] == [{"name": "get_weather", "arguments": args}]
+    call_id = answer["tool_calls"][0]["id"]
+    assert call_id and answer["tool_calls"][0]["type"] == "function"
+    assert messages[2:] == [{"role": "tool", "tool_call_id": call_id, "content": '{"temperature": 21}'}]
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["text"], m
+    assert page.locator(".msg.error").count() == 0 and page.locator(".msg.user").count() == 1
+    assert "tool results" not in page.get_attribute("#prompt", "placeholder")
+
+
+def test_tools_that_are_not_json_are_refused_with_a_message(page: Any, web_server: Server) -> None:
+    """A Tools or Tool choice box that cannot be read says why under the box as it is typed, and
+    Send then sends nothing: the message shows, the box has the focus, the prompt stays."""
+    open_playground(page, web_server)
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if "/v1/chat/completions" in r.url else None)
+    assert page.text_content("#tools-error") == "" and not page.is_visible("#tools-error")
+    page.fill("#tools", '[{"type": "function",}]')
+    message = page.text_content("#tools-error")
+    assert message.startswith("Tools must be valid JSON: ") and "position" in message, message
+    assert page.get_attribute("#tools", "aria-invalid") == "true" and page.is_visible("#tools-error")
+    page.fill("#prompt", "Hello")
+    page.click("#send")
+    page.locator(".msg.error").wait_for()
+    assert page.locator(".msg.error .body").text_content() == message
+    assert page.evaluate("document.activeElement.id") == "tools"
+    page.fill("#tools", '{"type": "function"}')
+    assert page.text_content("#tools-error") == (
+        'Tools must be a JSON array of tools ([{"type": "function", ...}]), not an object.'
+    )
+    page.fill("#tools", '[{"type": "function"}, "get_weather"]')
+    assert page.text_content("#tools-error") == "Tools: item 2 must be a tool object, not a string."
+    page.fill("#tools", json.dumps(WEATHER_TOOLS))
+    assert page.get_attribute("#tools", "aria-invalid") is None and page.text_content("#tools-error") == ""
+    page.fill("#tool_choice", '{"type": "function"')
+    choice_message = page.text_content("#tool_choice-error")
+    assert choice_message.startswith("Tool choice must be auto, none, required, a tool's name or JSON: ")
+    page.click("#send")
+    page.wait_for_function("document.querySelectorAll('.msg.error').length === 2")
+    assert page.locator(".msg.error .body").last.text_content() == choice_message
+    assert page.evaluate("document.activeElement.id") == "tool_choice"
+    assert sent == [] and page.locator(".msg.user").count() == 0
+    assert page.input_value("#prompt") == "Hello"
+    page.fill("#tool_choice", "required")
+    page.fill("#max_tokens", "30")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["tool_choice"] == "required"
+    assert wait_finished(page)["state"] == "done"
+    assert page.locator(".msg.assistant .tool-call .tool-name").first.text_content() == "get_weather"
+    # completions take no tools: the section is hidden and nothing of it is sent
+    page.once("dialog", lambda d: d.accept())
+    page.click("#mode [data-mode=completion]")
+    assert not page.is_visible("#tools-section")
+    page.fill("#prompt", "Once upon a time")
+    with page.expect_request("**/v1/completions") as req:
+        page.click("#send")
+    assert not {"tools", "tool_choice"} & req.value.post_data_json.keys()
+    assert wait_finished(page)["state"] == "done"
+
+
+def test_tool_settings_are_kept_over_a_reload(page: Any, web_server: Server) -> None:
+    """The Tools and Tool choice boxes come back after a reload with the other settings, and a
+    box kept with text that cannot be read says so at once."""
+    open_playground(page, web_server)
+    tools = json.dumps(WEATHER_TOOLS, indent=2)
+    page.fill("#tools", tools)
+    page.fill("#tool_choice", "get_weather")
+    page.reload()
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    assert page.input_value("#tools") == tools and page.input_value("#tool_choice") == "get_weather"
+    assert page.text_content("#tools-error") == "" and page.text_content("#tool_choice-error") == ""
+    page.fill("#tool_choice", "{")
+    page.reload()
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    assert page.input_value("#tool_choice") == "{"
+    assert page.get_attribute("#tool_choice", "aria-invalid") == "true"
+    assert page.text_content("#tool_choice-error").startswith("Tool choice must be")

@@ -17,6 +17,9 @@
     stop: $("stop"),
     thinking: $("thinking"),
     ignoreEos: $("ignore_eos"),
+    tools: $("tools"),
+    toolChoice: $("tool_choice"),
+    toolsSection: $("tools-section"),
     apiKey: $("api-key"),
     keyField: $("key-field"),
     keyNotice: $("key-notice"),
@@ -35,7 +38,7 @@
 
   const state = {
     mode: "chat", // or "completion"
-    history: [], // chat messages sent so far: {role, content}
+    history: [], // chat messages sent so far: {role, content}, an answer's tool_calls, a tool_call_id
     controller: null, // AbortController of the request in flight
     epoch: 0, // bumped by "New chat", so an answer that ends later leaves the new history alone
   };
@@ -45,7 +48,7 @@
   const SETTINGS_STORAGE = "surge.settings";
   /** The settings kept over a reload (in local storage; the API key is not one of them). */
   const kept = [ui.system, ui.temperature, ui.topP, ui.topK, ui.maxTokens, ui.seed, ui.stop];
-  kept.push(ui.thinking, ui.ignoreEos);
+  kept.push(ui.thinking, ui.ignoreEos, ui.tools, ui.toolChoice);
 
   /** Keep the settings panel's values in local storage: {id: value}, a checkbox as a boolean, a
    * slider only once moved (an untouched one stays at the model's default). */
@@ -138,10 +141,94 @@
     return line.replace(/\\([nt\\])/g, (_, c) => (c === "n" ? "\n" : c === "t" ? "\t" : "\\"));
   }
 
+  /** What a JSON value is, in words ("an object", "a string"), for a message. */
+  function kindOf(v) {
+    if (v === null) return "null";
+    if (Array.isArray(v)) return "an array";
+    return typeof v === "object" ? "an object" : `a ${typeof v}`;
+  }
+
+  /** The Tools box: empty for no tools, else a JSON array of tool objects, sent as `tools` as
+   * it is (the server checks each tool and answers a bad one with a 400 that names it).
+   * Throws an Error that says what is wrong with the box's text. */
+  function parseTools(text) {
+    if (!text.trim()) return null;
+    let tools;
+    try {
+      tools = JSON.parse(text);
+    } catch (e) {
+      throw new Error(`Tools must be valid JSON: ${e.message}.`);
+    }
+    if (!Array.isArray(tools)) {
+      throw new Error(`Tools must be a JSON array of tools ([{"type": "function", ...}]), not ${kindOf(tools)}.`);
+    }
+    const bad = tools.findIndex((t) => kindOf(t) !== "an object");
+    if (bad >= 0) throw new Error(`Tools: item ${bad + 1} must be a tool object, not ${kindOf(tools[bad])}.`);
+    return tools;
+  }
+
+  /** The Tool choice box: empty leaves `tool_choice` to the server (auto with tools); `auto`,
+   * `none` and `required` are sent as they are; a bare name (OpenAI's function name pattern)
+   * forces a call of that function ({"type": "function", "function": {"name"}}); anything else
+   * must be JSON, sent as it is. Undefined when empty; throws an Error on text that is none of these. */
+  function parseToolChoice(text) {
+    const v = text.trim();
+    if (!v) return undefined;
+    if (v === "auto" || v === "none" || v === "required") return v;
+    if (/^[A-Za-z0-9_-]{1,64}$/.test(v)) return { type: "function", function: { name: v } };
+    try {
+      return JSON.parse(v);
+    } catch (e) {
+      throw new Error(`Tool choice must be auto, none, required, a tool's name or JSON: ${e.message}.`);
+    }
+  }
+
+  const toolBoxes = [
+    [ui.tools, parseTools],
+    [ui.toolChoice, parseToolChoice],
+  ];
+
+  /** Check the Tools and Tool choice boxes as they are typed: a box that cannot be read is marked
+   * (aria-invalid) and the reason shows under it, until it is fixed. */
+  function checkToolBoxes() {
+    for (const [input, parse] of toolBoxes) {
+      const out = $(input.id + "-error");
+      try {
+        parse(input.value);
+        input.removeAttribute("aria-invalid");
+        out.textContent = "";
+      } catch (e) {
+        input.setAttribute("aria-invalid", "true");
+        out.textContent = e.message;
+      }
+    }
+  }
+  for (const [input] of toolBoxes) input.addEventListener("input", checkToolBoxes);
+  checkToolBoxes(); // a box restored from local storage
+
+  /** `tools` and `tool_choice` for a chat request, from their boxes (an empty box sends nothing).
+   * Throws (and focuses the box) when a box cannot be read, so nothing is sent. */
+  function toolFields() {
+    const fields = {};
+    for (const [input, parse] of toolBoxes) {
+      let value;
+      try {
+        value = parse(input.value);
+      } catch (e) {
+        checkToolBoxes();
+        input.focus();
+        throw e;
+      }
+      if (value !== null && value !== undefined) fields[input === ui.tools ? "tools" : "tool_choice"] = value;
+    }
+    return fields;
+  }
+
   /** The request fields common to both endpoints, from the settings panel. An empty max tokens
    * ("auto") leaves max_tokens out: chat's default is all the room left in the context;
    * completions default to 16 (null too, as in OpenAI's API and vLLM), so send() asks them for
-   * the room left itself (roomLeft). Throws on a field that is not a whole number. */
+   * the room left itself (roomLeft); chat adds the tools (toolFields). Throws on a field that is
+   * not a whole number, or a tools box that cannot be read. */
   function samplingFields(chat) {
     const body = {
       model: ui.model.value,
@@ -162,6 +249,7 @@
       .map(unescapeStop);
     if (stops.length) body.stop = stops;
     if (ui.ignoreEos.checked) body.ignore_eos = true;
+    if (chat) Object.assign(body, toolFields());
     return body;
   }
 
@@ -217,9 +305,9 @@
     if (force || m.scrollHeight - m.scrollTop - m.clientHeight < 120) m.scrollTop = m.scrollHeight;
   }
 
-  function addUserMessage(text, label) {
+  function addUserMessage(text, label, cls = "user") {
     ui.empty.hidden = true;
-    const msg = C.el("div", "msg user");
+    const msg = C.el("div", "msg " + cls);
     msg.appendChild(C.el("div", "role", label));
     const body = C.el("div", "body");
     body.dir = "auto"; // Arabic or Hebrew text reads right to left
@@ -239,7 +327,7 @@
     return value;
   }
 
-  /** An assistant message: folded reasoning, streamed body and a stats line. */
+  /** An assistant message: folded reasoning, streamed body, tool calls and a stats line. */
   function addAssistantMessage(label) {
     const msg = C.el("div", "msg assistant");
     msg.dataset.state = "streaming";
@@ -260,6 +348,7 @@
       summary,
       reasoningText,
       body,
+      calls: C.el("div", "tool-calls"), // one .tool-call per call, shown as its deltas come
       tokens: stat(stats, "tokens", "tokens"),
       tps: stat(stats, "tps", "tok/s"),
       ttft: stat(stats, "ttft", "TTFT"),
@@ -271,7 +360,7 @@
     view.copy.hidden = true; // shown once the answer ends with text
     view.copy.title = "Copy the answer's text";
     stats.appendChild(view.copy);
-    msg.append(reasoning, body, stats);
+    msg.append(reasoning, body, view.calls, stats);
     ui.inner.appendChild(msg);
     scrollToEnd(true);
     return view;
@@ -306,6 +395,7 @@
       events: 0, // content events (one token each at --stream-interval 1)
       text: "",
       reasoning: "",
+      calls: [], // tool calls by index: {id, type, function: {name, arguments}}, deltas joined
       usage: null,
       finish: null,
     };
@@ -343,9 +433,41 @@
     });
   }
 
+  /** A tool call's arguments, indented once they are whole JSON (as they came otherwise). */
+  function prettyArguments(args) {
+    try {
+      return JSON.stringify(JSON.parse(args), null, 2);
+    } catch (e) {
+      return args;
+    }
+  }
+
+  /** Show the answer's tool calls: the function's name and its arguments as they stream. */
+  function paintCalls(view, run) {
+    const done = view.msg.dataset.state !== "streaming";
+    run.calls.forEach((call, i) => {
+      let box = view.calls.children[i];
+      if (!box) {
+        box = C.el("div", "tool-call");
+        const head = C.el("div", "tool-call-head", "Tool call ");
+        head.appendChild(C.el("code", "tool-name"));
+        box.append(head, C.el("pre", "tool-args"));
+        view.calls.appendChild(box);
+      }
+      box.title = call.id ? `id ${call.id}` : "";
+      box.querySelector(".tool-name").textContent = call.function.name;
+      const args = call.function.arguments;
+      box.querySelector(".tool-args").textContent = done ? prettyArguments(args) : args;
+    });
+  }
+
   function paint(view, run) {
     view.msg.dataset.events = String(run.events);
     C.renderText(view.body, run.text);
+    // no empty answer box under tool calls, nor under reasoning that ended without an answer
+    const ended = view.msg.dataset.state !== "streaming";
+    view.body.hidden = !run.text && (run.calls.length > 0 || (ended && !!run.reasoning));
+    paintCalls(view, run);
     if (run.reasoning) {
       view.reasoning.hidden = false;
       view.reasoningText.textContent = run.reasoning;
@@ -361,14 +483,29 @@
     if (!choice) return;
     let piece = "";
     let thought = "";
+    let called = false;
     if (state.mode === "chat") {
       const d = choice.delta || {};
       piece = d.content || "";
       thought = d.reasoning_content || d.reasoning || "";
+      // a call's deltas: the first has its index, id and name, the next ones more arguments,
+      // joined as the openai SDK joins them
+      for (const t of d.tool_calls || []) {
+        const i = Number.isInteger(t.index) ? t.index : run.calls.length;
+        for (let k = run.calls.length; k <= i; k++) {
+          run.calls.push({ id: "", type: "function", function: { name: "", arguments: "" } });
+        }
+        const call = run.calls[i];
+        const f = t.function || {};
+        if (t.id) call.id = t.id;
+        call.function.name += f.name || "";
+        call.function.arguments += f.arguments || "";
+        called = true;
+      }
     } else {
       piece = choice.text || "";
     }
-    if (piece || thought) {
+    if (piece || thought || called) {
       const now = performance.now();
       if (run.tFirst === null) run.tFirst = now;
       run.tLast = now;
@@ -400,9 +537,52 @@
     return room >= 1 ? room : null;
   }
 
+  /** The role of the conversation's last message ("" when none). */
+  function lastRole() {
+    const last = state.history[state.history.length - 1];
+    return last ? last.role : "";
+  }
+
+  /** Under a tool call of a finished answer: a box for the tool's result, which "Add result"
+   * puts in the conversation as a `tool` message answering the call (its tool_call_id). Sending
+   * then continues the conversation, with or without a new message in the prompt box. */
+  function addResultForm(box, call, epoch) {
+    const form = C.el("form", "tool-result");
+    const result = C.el("textarea");
+    result.rows = 1;
+    result.required = true;
+    result.dir = "auto";
+    result.spellcheck = false;
+    result.placeholder = `The result of ${call.function.name || "the call"}`;
+    result.setAttribute("aria-label", `Result of the tool call ${call.function.name}`);
+    const add = C.el("button", "btn", "Add result");
+    add.type = "submit";
+    form.append(result, add);
+    result.addEventListener("keydown", (e) => {
+      // as in the prompt box: Enter adds the result, Shift+Enter (or Enter on a touch screen) a line
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !touch.matches) {
+        e.preventDefault();
+        form.requestSubmit(add);
+      }
+    });
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      if (epoch !== state.epoch || state.controller) return;
+      state.history.push({ role: "tool", tool_call_id: call.id, content: result.value });
+      form.remove();
+      addUserMessage(result.value, `Result of ${call.function.name}`, "tool");
+      refreshPlaceholder();
+      const next = ui.inner.querySelector(".tool-result textarea");
+      (next || ui.prompt).focus(); // the next call's result, else Send
+    });
+    box.appendChild(form);
+  }
+
   async function send() {
     const text = ui.prompt.value;
-    if (!text.trim() || state.controller) return;
+    // an empty prompt box after tool results continues the conversation: the model answers them
+    const continuing = state.mode === "chat" && !text.trim() && lastRole() === "tool";
+    if ((!text.trim() && !continuing) || state.controller) return;
     if (!ui.model.value) {
       await loadModels();
       if (!ui.model.value) {
@@ -418,16 +598,18 @@
       addError(e.message); // nothing is sent; the prompt stays in the box
       return;
     }
+    // a call left without a result can no longer get one: a result comes right after its call
+    for (const form of ui.inner.querySelectorAll(".tool-result")) form.remove();
     let url;
-    let asked;
+    let asked = null; // the question's message (none when continuing after tool results)
     if (chat) {
-      state.history.push({ role: "user", content: text });
+      if (!continuing) state.history.push({ role: "user", content: text });
       const messages = [];
       if (ui.system.value.trim()) messages.push({ role: "system", content: ui.system.value });
       body.messages = messages.concat(state.history);
       if (ui.thinking.value) body.chat_template_kwargs = { enable_thinking: ui.thinking.value === "on" };
       url = "v1/chat/completions";
-      asked = addUserMessage(text, "You");
+      if (!continuing) asked = addUserMessage(text, "You");
     } else {
       body.prompt = text;
       url = "v1/completions";
@@ -470,12 +652,12 @@
         run.finish = "stopped";
       } else {
         outcome = "error";
-        if (!run.text && !run.reasoning) {
+        if (!run.text && !run.reasoning && !run.calls.length) {
           // nothing came (refused, unreachable): the question goes back to the prompt box to
           // edit or send again, and leaves the screen as it leaves the conversation below;
           // if something was typed there meanwhile, it stays on screen, marked as left out
           view.msg.remove();
-          if (!ui.prompt.value) {
+          if (asked && !ui.prompt.value) {
             asked.remove();
             ui.prompt.value = text;
             autoSize();
@@ -502,22 +684,26 @@
       }
       if (run.reasoning && !run.text) {
         // it ended (max tokens, Stop) while still reasoning: show that instead of an empty answer
-        view.reasoning.open = true;
-        view.body.hidden = true;
+        view.reasoning.open = true; // (paint hid the empty answer)
       }
       if (chat && epoch === state.epoch) {
-        if (run.text) state.history.push({ role: "assistant", content: run.text });
-        else {
+        if (run.text || run.calls.length) {
+          const answer = { role: "assistant", content: run.text };
+          if (run.calls.length) answer.tool_calls = run.calls;
+          state.history.push(answer);
+          run.calls.forEach((call, i) => addResultForm(view.calls.children[i], call, epoch));
+        } else {
           // an answer without text (cut while reasoning, stopped at once): the question is not
-          // sent again with later turns, and the screen says so
-          state.history.pop();
-          if (asked.isConnected) {
-            for (const node of [asked, view.msg].filter((n) => n.isConnected)) {
-              node.classList.add("left-out");
-              node.title = "Not part of the conversation: the answer has no text";
-            }
+          // sent again with later turns (after tool results there is none: they stay, to send
+          // again), and the screen says so
+          if (asked) state.history.pop();
+          const shown = asked && !asked.isConnected ? [] : [asked, view.msg];
+          for (const node of shown.filter((n) => n && n.isConnected)) {
+            node.classList.add("left-out");
+            node.title = "Not part of the conversation: the answer has no text";
           }
         }
+        refreshPlaceholder();
       }
     }
   }
@@ -532,6 +718,7 @@
     state.history = [];
     for (const node of [...ui.inner.children]) if (node !== ui.empty) node.remove();
     ui.empty.hidden = false;
+    refreshPlaceholder();
     ui.prompt.focus();
   }
 
@@ -547,9 +734,8 @@
     }
     const chat = mode === "chat";
     ui.systemField.hidden = !chat;
+    ui.toolsSection.hidden = !chat; // completions take no tools
     ui.thinking.disabled = !chat;
-    ui.prompt.placeholder = placeholder();
-    autoSize();
     newChat();
   }
 
@@ -557,10 +743,18 @@
   // common chat apps; with a keyboard and mouse Enter sends and Shift+Enter adds a line.
   const touch = window.matchMedia("(pointer: coarse)");
 
-  /** The prompt box's placeholder for the current mode and input device. */
+  /** The prompt box's placeholder for the current mode, conversation and input device. */
   function placeholder() {
-    const what = state.mode === "chat" ? "Send a message" : "A raw prompt to continue";
+    let what = "A raw prompt to continue";
+    if (state.mode === "chat") {
+      what = lastRole() === "tool" ? "Send to continue after the tool results, or type a message" : "Send a message";
+    }
     return touch.matches ? what : `${what} (Enter to send, Shift+Enter for a new line)`;
+  }
+
+  function refreshPlaceholder() {
+    ui.prompt.placeholder = placeholder();
+    autoSize();
   }
 
   /** Fits the prompt box's height (px, up to 220) to its text or, while empty, to its
@@ -605,12 +799,8 @@
   for (const b of ui.modeButtons) b.addEventListener("click", () => setMode(b.dataset.mode));
 
   C.watchHealth($("health-dot"), $("health-label"));
-  touch.addEventListener("change", () => {
-    ui.prompt.placeholder = placeholder();
-    autoSize();
-  });
+  touch.addEventListener("change", refreshPlaceholder);
   loadModels();
-  ui.prompt.placeholder = placeholder();
-  autoSize();
+  refreshPlaceholder();
   ui.prompt.focus();
 })();
