@@ -2,8 +2,10 @@
 
 Starts `surge serve` (bundled model, CPU) on a free port with a small KV pool and a low
 ``--max-num-seqs`` so that the dashboard shows waiting requests and preemptions, chats in the
-playground, puts the server under a changing load while the dashboard records it, and writes
-``docs/images/{playground,dashboard}-{light,dark}.png`` (palette PNGs, well under 200 KB).
+playground, has the model call a tool there (a forced call: ``tool_choice`` names the function)
+and answers it, puts the server under a changing load while the dashboard records it, and writes
+``docs/images/{playground,playground-tools,dashboard}-{light,dark}.png`` (palette PNGs, well
+under 200 KB).
 
 Usage (needs a system Chromium and the test extras): ``.venv/bin/python scripts/web_screenshots.py``
 """
@@ -11,6 +13,7 @@ Usage (needs a system Chromium and the test extras): ``.venv/bin/python scripts/
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import socket
 import subprocess
@@ -99,6 +102,53 @@ def _chat(page: Page, base: str) -> None:
         page.wait_for_timeout(200)
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Lyon", "Nice"]}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+
+
+def _warm_up_tool_call(base: str) -> None:
+    """One forced get_weather call before the screenshots: the first compiles the tools' grammar
+    (seconds on CPU), which the screenshot's TTFT would show."""
+    body = {
+        "model": "stories260K",
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 30,
+    }
+    httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+def _tool_call(page: Page) -> None:
+    """A new chat in which the model calls get_weather (forced), the call's result is added and
+    the model answers it; the sidebar scrolled to the Tools boxes."""
+    page.click("#new-chat")
+    page.fill("#tools", json.dumps([WEATHER]))
+    page.fill("#tool_choice", "get_weather")
+    page.fill("#max_tokens", "40")
+    page.fill("#prompt", "What is the weather like in Paris today?")
+    page.click("#send")
+    page.wait_for_function("[...document.querySelectorAll('.msg.assistant')].pop()?.dataset.state === 'done'")
+    page.fill(".tool-result textarea", '{"temperature": 21, "sky": "sunny"}')
+    page.click(".tool-result button")
+    page.fill("#tool_choice", "none")
+    page.click("#send")
+    page.wait_for_function("[...document.querySelectorAll('.msg.assistant')].pop()?.dataset.state === 'done'")
+    page.eval_on_selector("#sidebar", "el => { el.scrollTop = el.scrollHeight; }")
+    page.eval_on_selector("#tools", "el => { el.scrollTop = 0; }")
+    page.wait_for_timeout(200)
+
+
 def _save(page: Page, path: Path) -> None:
     page.screenshot(path=str(path))
     Image.open(path).convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(
@@ -111,15 +161,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "images")
     parser.add_argument("--load-seconds", type=float, default=75.0)
+    parser.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("needs a system Chromium (apt-get install chromium)")
     args.out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = args.port or _free_port()
     base = f"http://127.0.0.1:{port}"
     server = _start_server(port, args.out.parent / "web_screenshots_server.log")
     try:
+        _warm_up_tool_call(base)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             contexts = {
@@ -130,6 +182,8 @@ def main() -> None:
             for scheme, page in pages.items():
                 _chat(page, base)
                 _save(page, args.out / f"playground-{scheme}.png")
+                _tool_call(page)
+                _save(page, args.out / f"playground-tools-{scheme}.png")
                 page.goto(base + "/dashboard")
             load = threading.Thread(target=_load, args=(base, args.load_seconds))
             load.start()
