@@ -15,13 +15,22 @@ from surge.config import SCHEDULING_POLICIES
 from surge.server.auth import parse_api_keys
 from surge.server.cors import CorsOptions
 from surge.server.metrics import METRICS_PREFIXES
+from surge.server.vllm_flags import DENSE_ONLY, NO_LORA, vllm_flags_without_counterpart
 
-_NO_LORA = "nothing: Surge serves no LoRA adapters (merge the adapter into the model's weights)"
 _BUILT_IN_PARSERS = "(Surge's parsers are built in; no plugins)"
 _ONE_HOST_DP = "nothing: Surge's replicas (-dp N) all run on one host; --nnodes spans hosts with -tp only"
 _NO_CONTEXT_PARALLEL = "-tp N (--tensor-parallel-size): Surge has no context parallelism"
+_NO_TORCH_COMPILE = (
+    "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager turns them off)"
+)
+_NO_SPECULATIVE = "nothing: Surge has no speculative decoding"
+_ONE_TOKEN_BUDGET = (
+    "--max-num-batched-tokens N, the one token budget of a step that prompts are prefilled in chunks of "
+    "(Surge has no separate cap for long prompts)"
+)
 
 VLLM_SERVE_FLAG_HINTS = {
+    **vllm_flags_without_counterpart(),
     "--tokenizer-mode": "nothing: Surge loads the model folder's tokenizer with transformers' AutoTokenizer",
     "--data-parallel-size-local": "-dp N: every replica runs on the API server's host",
     "--data-parallel-address": _ONE_HOST_DP,
@@ -51,15 +60,14 @@ VLLM_SERVE_FLAG_HINTS = {
     "--code-revision": "nothing: Surge never runs a model folder's code",
     "--tokenizer-revision": "nothing: Surge reads the model folder's own tokenizer files",
     "--hf-token": "nothing: Surge loads local model folders only and never downloads",
-    "--enable-lora": _NO_LORA,
-    "--max-loras": _NO_LORA,
-    "--max-lora-rank": _NO_LORA,
-    "--speculative-config": "nothing: Surge has no speculative decoding",
+    "--enable-lora": NO_LORA,
+    "--max-loras": NO_LORA,
+    "--max-lora-rank": NO_LORA,
+    "--speculative-config": _NO_SPECULATIVE,
     "--cpu-offload-gb": "nothing: Surge keeps every weight on the device",
     "--kv-cache-memory-bytes": "--num-kv-blocks N (N blocks of --block-size tokens) or --gpu-memory-utilization",
     "--num-gpu-blocks-override": "--num-kv-blocks N",
-    "--compilation-config": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
-    "turns them off)",
+    "--compilation-config": _NO_TORCH_COMPILE,
     "--disable-custom-all-reduce": "nothing: Surge's default --tp-all-reduce nccl is NCCL only",
     "--runner": "nothing: Surge serves generative models only",
     "--convert": "nothing: Surge serves generative models only",
@@ -70,9 +78,9 @@ VLLM_SERVE_FLAG_HINTS = {
     "(docs/structured-outputs.md)",
     "--kv-transfer-config": "nothing: Surge has no KV connector",
     "--model-impl": "nothing: Surge runs its own model code for the supported architectures",
-    "--enable-expert-parallel": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
-    "-ep": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
-    "--enable-eplb": "nothing: Surge serves dense models (Qwen3, Qwen2, Llama 3.x) only",
+    "--enable-expert-parallel": DENSE_ONLY,
+    "-ep": DENSE_ONLY,
+    "--enable-eplb": DENSE_ONLY,
     "--reasoning-parser-plugin": f"--reasoning-parser qwen3|deepseek_r1 {_BUILT_IN_PARSERS}",
     "--tool-parser-plugin": f"--tool-call-parser hermes|llama3_json|pythonic {_BUILT_IN_PARSERS}",
     "--logits-processors": "nothing: Surge has no logits-processor plugins",
@@ -82,8 +90,7 @@ VLLM_SERVE_FLAG_HINTS = {
     "--middleware": "nothing: Surge takes no ASGI middleware plugins",
     "--log-config-file": "--log-level LEVEL: Surge reads no logging config file",
     "--disable-access-log-for-endpoints": "nothing: the access log is off unless --access-log",
-    "--optimization-level": "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager "
-    "turns them off)",
+    "--optimization-level": _NO_TORCH_COMPILE,
     "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
     "reason and token counts)",
     "--otlp-traces-endpoint": "nothing: Surge exports no OpenTelemetry traces (GET /metrics serves Prometheus "
@@ -97,6 +104,25 @@ VLLM_SERVE_FLAG_HINTS = {
     "turns the graphs off)",
     "--logprobs-mode": "nothing: logprobs are the model's raw ones (vLLM's default raw_logprobs; "
     "docs/openai-api.md)",
+    # vLLM's short forms of flags hinted above (its -O3 is -O 3, --optimization-level 3)
+    "-cc": _NO_TORCH_COMPILE,
+    "-O": _NO_TORCH_COMPILE,
+    **{f"-O{level}": _NO_TORCH_COMPILE for level in range(4)},
+    "-sc": _NO_SPECULATIVE,
+    "--attention-config": "nothing: Surge runs its own attention kernels",
+    "-ac": "nothing: Surge runs its own attention kernels",
+    "-dc": "nothing: Surge serves no diffusion models",
+    "--max-num-partial-prefills": _ONE_TOKEN_BUDGET,
+    "--max-long-partial-prefills": _ONE_TOKEN_BUDGET,
+    "--max-num-scheduled-tokens": "--max-num-batched-tokens N (with no speculative decoding, a step schedules up "
+    "to its whole budget)",
+    "--prefix-caching-hash-algo": "nothing: Surge's prefix cache hashes its blocks with SHA-256 (vLLM's default "
+    "sha256)",
+    "--disable-cascade-attn": "nothing: Surge has no cascade attention",
+    "--quantization-config": "-q fp8 (--quantization fp8), which takes no settings (docs/fp8.md)",
+    "--spec-method": _NO_SPECULATIVE,
+    "--spec-model": _NO_SPECULATIVE,
+    "--spec-tokens": _NO_SPECULATIVE,
 }
 """``vllm serve`` flags that Surge spells otherwise or does without, and what to use instead: the
 serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
@@ -313,6 +339,7 @@ def add_serve_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--api-server-count",
+        "-asc",
         type=int,
         default=1,
         help="API server processes sharing the port and the engine(s): each one streams its own "
