@@ -5,8 +5,8 @@ stopping sends SIGTERM to the whole group, then SIGKILL after a grace period, so
 (e.g. an engine process) is left behind.
 
 It never measures the wrong server: the port of ``--base-url`` must be free before the start
-(else one line at once: something already listens there), a ``--port`` in the command must
-match ``--base-url`` (:func:`check_launch_port`), and when ``/health`` names its process
+(else one line at once: something already listens there), a ``--port`` in the command (8000
+for ``surge serve`` or ``vllm serve`` without one) must match ``--base-url`` (:func:`check_launch_port`), and when ``/health`` names its process
 (Surge's ``X-Surge-Pid`` header) that process must belong to the started process group.
 """
 
@@ -59,8 +59,31 @@ def command_port(argv: list[str]) -> int | None:
     return None
 
 
+SERVE_DEFAULT_PORT = 8000
+"""The port of ``surge serve`` and ``vllm serve`` without ``--port``."""
+
+_SERVE_MODULES = ("surge", "surge.cli", "vllm.entrypoints.cli.main")
+"""``python -m MODULE serve ...`` spellings of ``surge serve`` and ``vllm serve``."""
+
+
+def serve_command_name(argv: list[str]) -> str | None:
+    """``"surge serve"`` or ``"vllm serve"`` when ``argv`` runs that command (``surge serve ...``,
+    ``/path/to/vllm serve ...``, ``python -m surge serve ...``, also after an ``env``-style prefix),
+    else None (another program, whose default port is unknown)."""
+    for i, arg in enumerate(argv[:-1]):
+        name = os.path.basename(arg)
+        if name in ("surge", "vllm") and argv[i + 1] == "serve":
+            return f"{name} serve"
+        if arg == "-m" and argv[i + 1] in _SERVE_MODULES and i + 2 < len(argv) and argv[i + 2] == "serve":
+            return f"{argv[i + 1].split('.')[0]} serve"
+    return None
+
+
 def check_launch_port(command: str, base_url: str) -> None:
-    """Raise ValueError when the ``--launch`` command's ``--port`` differs from ``--base-url``'s."""
+    """Raise ValueError when the ``--launch`` command's port differs from ``--base-url``'s: its
+    ``--port``, or, for a ``surge serve`` / ``vllm serve`` command without one (nor ``--uds`` or a
+    ``--config`` file, which may set it), their default port 8000, where the server would listen
+    while the benchmark waited ``--server-timeout`` for another port."""
     _, port = url_host_port(base_url)
     try:
         argv = shlex.split(command)
@@ -71,6 +94,13 @@ def check_launch_port(command: str, base_url: str) -> None:
         raise ValueError(
             f"--launch starts the server on port {launch_port} but --base-url {base_url} uses port {port}; "
             "make them the same"
+        )
+    elsewhere = any(a.split("=", 1)[0] in ("--uds", "--config") for a in argv)
+    serve = serve_command_name(argv)
+    if launch_port is None and serve is not None and not elsewhere and port != SERVE_DEFAULT_PORT:
+        raise ValueError(
+            f"--launch starts {serve} without --port, on its default port {SERVE_DEFAULT_PORT}, but --base-url "
+            f"{base_url} uses port {port}; add --port {port} to the command"
         )
 
 

@@ -524,3 +524,58 @@ def test_a_model_the_server_does_not_serve_is_refused_before_any_point(
         "surge: error: the server does not serve model 'foo'; it serves 'fake-model'\n"
     ), captured.err
     assert "[matrix" not in captured.out and not (tmp_path / "m").exists()
+
+
+def test_launch_of_surge_or_vllm_serve_without_port_must_match_the_base_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench matrix --port 8625 --launch "surge serve --device cpu"` started the server on its
+    default port 8000 and waited --server-timeout (600 s) for port 8625, saying nothing; a
+    ``surge serve`` or ``vllm serve`` command without --port is on port 8000, and any other port
+    is one line at once."""
+    from surge.bench.launcher import check_launch_port
+
+    argv = [
+        "bench",
+        "matrix",
+        "--port",
+        "18126",
+        "--concurrency",
+        "1",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+    ]
+    argv += [
+        "--output-dir",
+        str(tmp_path / "m"),
+        "--server-timeout",
+        "5",
+        "--launch",
+        "surge serve --device cpu",
+    ]
+    rc = bench_main(argv)
+    err = capsys.readouterr().err
+    words = "--launch starts surge serve without --port, on its default port 8000, but --base-url"
+    assert rc == 2 and words in err and "add --port 18126 to the command" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "m").exists()
+    url = "http://127.0.0.1:18126"
+    for command, serve in (
+        ("/opt/venv/bin/surge serve /models/m", "surge serve"),
+        (f"{sys.executable} -m surge serve", "surge serve"),
+        ("python3 -m surge.cli serve --max-num-seqs 8", "surge serve"),
+        ("env CUDA_VISIBLE_DEVICES=0 vllm serve /models/m", "vllm serve"),
+        ("python -m vllm.entrypoints.cli.main serve m", "vllm serve"),
+    ):
+        with pytest.raises(ValueError, match=f"starts {serve} without --port, on its default port 8000"):
+            check_launch_port(command, url)
+    for command in (
+        "surge serve --port 18126",
+        "surge serve --port=18126",
+        "surge serve --uds /tmp/s.sock",
+        "surge serve --config serve.yaml",
+        f"{sys.executable} fake_server.py",  # another program: its default port is not known
+    ):
+        check_launch_port(command, url)
+    check_launch_port("surge serve", "http://127.0.0.1:8000")
