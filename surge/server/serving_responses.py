@@ -497,6 +497,9 @@ class _ResponseShape:
             else {"format": {"type": "text"}}
         )
         reasoning = None if b.reasoning is None else {"effort": b.reasoning.get("effort"), "summary": None}
+        # the sampling values in force (the model's defaults where the request sent none), as
+        # vLLM's ResponsesResponse.from_request reports its sampling parameters'
+        in_force = self.prepared.params.with_model_defaults(self.state.sampling_defaults)
         return {
             "id": self.id,
             "object": "response",
@@ -516,12 +519,12 @@ class _ResponseShape:
             "reasoning": reasoning,
             "service_tier": "default",  # the tier that served it: the only one
             "store": b.store,
-            "temperature": b.temperature,
+            "temperature": in_force.temperature,
             "text": text,
             "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
             "tools": b.tools or [],
             "top_logprobs": b.top_logprobs,
-            "top_p": b.top_p,
+            "top_p": in_force.top_p,
             "truncation": b.truncation,
             "usage": None,
             "user": b.user,

@@ -390,3 +390,17 @@ def test_tool_choice_none_renders_no_tools_without_the_flag(qwen3_server: Server
     chat = {"messages": [{"role": "user", "content": "Hi"}], "tools": CHAT_TOOLS, "tool_choice": "none"}
     rendered = httpx.post(url + "/v1/chat/completions/render", json=chat, timeout=120).json()
     assert len(rendered["token_ids"]) == auto["usage"]["input_tokens"]
+
+
+def test_the_response_has_the_temperature_and_top_p_in_force(client: openai.OpenAI, model: str) -> None:
+    """A Response's ``temperature`` and ``top_p`` were the request's, null when left out, while
+    the model's generation_config.json (Qwen3's 0.6 and 0.95) sampled it; they are the values in
+    force, as vLLM's ``ResponsesResponse.from_request`` reports its sampling parameters'."""
+    r = client.responses.create(model=model, input="Hi", max_output_tokens=2, reasoning={"effort": "none"})
+    assert (r.temperature, r.top_p) == (0.6, 0.95)
+    r = client.responses.create(
+        model=model, input="Hi", max_output_tokens=2, temperature=0.3, top_p=0.5, reasoning={"effort": "none"}
+    )
+    assert (r.temperature, r.top_p) == (0.3, 0.5)
+    stored = client.responses.retrieve(r.id)
+    assert (stored.temperature, stored.top_p) == (0.3, 0.5)
