@@ -48,6 +48,10 @@ async def _prompts(
     None, text as given or None for token ids); text is tokenized by the
     :class:`surge.server.tokenization.TokenizerWorker` on its threads."""
     p = body.prompt
+    if p == "":
+        # vLLM 0.26's CompletionRequest check (only the bare empty string: a list's "" is
+        # tokenized, a BOS then makes a prompt of one token, as in vLLM)
+        raise bad_request("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
     if isinstance(p, str):
         items: list[str | list[int]] = [p]
     elif not p:

@@ -300,6 +300,9 @@ def test_a_bad_prompt_of_a_list_is_named_by_its_index(server: Server) -> None:
     assert error([[1, 2], []]) == "prompt[1] is empty (it must contain at least one token)."
     assert error([[1], [2], []]) == "prompt[2] is empty (it must contain at least one token)."
     assert error([]) == "prompt must not be empty"
+    # vLLM 0.26's refusal of the empty string (it used to generate from the BOS alone)
+    assert error("") == "Either prompt or prompt_embeds must be provided and non-empty."
+    assert error([[]]) == "prompt[0] is empty (it must contain at least one token)."
     assert error([[10**6]]).startswith("prompt[0]: Prompt token ids must be in [0, ")
     assert error([10**6]).startswith("Prompt token ids must be in [0, ")
     long = error([[1, 2], [1] * 100_000])
