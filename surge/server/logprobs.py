@@ -83,7 +83,13 @@ def _prompt_logprobs(body: Any) -> int | None:
         return None
     k = _top_k(body.prompt_logprobs, "prompt_logprobs")
     if body.stream:
-        raise bad_request("prompt_logprobs is not available when stream is true", param="prompt_logprobs")
+        # vLLM 0.26 refuses a stream's prompt_logprobs above 0 only; its chunks have no field for
+        # them, so 0 is taken and returns nothing (nothing is computed for it here)
+        if k > 0:
+            raise bad_request(
+                "prompt_logprobs above 0 is not available when stream is true", param="prompt_logprobs"
+            )
+        return None
     return k
 
 
@@ -113,7 +119,9 @@ def _listed_ids(body: Any, vocab_size: int) -> tuple[int, ...] | None:
 
 def chat_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
     """Options of a chat request: ``logprobs`` (bool), ``top_logprobs`` (0..20; above 0 it needs
-    ``logprobs: true``, while 0, its default, is taken without, as vLLM takes it), ``prompt_logprobs`` (0..20, not with ``stream``; with ``echo`` and not
+    ``logprobs: true``, while 0, its default, is taken without, as vLLM takes it),
+    ``prompt_logprobs`` (0..20; streamed, 0 is taken and returns nothing, above 0 is a 400, as
+    in vLLM; with ``echo`` and not
     streamed, ``top_logprobs`` (0 when unset) unless sent, as vLLM's chat ``echo``), vLLM's
     ``logprob_token_ids`` (needs ``logprobs: true``; they replace the top-k; ``vocab_size``
     bounds the ids).
@@ -143,7 +151,8 @@ def chat_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
 
 def completion_options(body: Any, vocab_size: int = 0) -> LogprobOptions:
     """Options of a completions request: ``logprobs`` (0..20; with ``echo`` the prompt's
-    rows too), ``prompt_logprobs`` (0..20, not with ``stream``), vLLM's ``logprob_token_ids``
+    rows too), ``prompt_logprobs`` (0..20; streamed, 0 is taken and returns nothing, above 0 is
+    a 400, as in vLLM), vLLM's ``logprob_token_ids``
     (needs ``logprobs``, whose top-k then applies to the echoed prompt rows only;
     ``vocab_size`` bounds the ids).
 

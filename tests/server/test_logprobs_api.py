@@ -314,6 +314,23 @@ def test_prompt_logprobs_raw_http(server: Server, path: str) -> None:
         assert mine == pytest.approx(echo[1:], abs=1e-5)
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streamed_prompt_logprobs_0_is_taken_and_returns_nothing(server: Server, path: str) -> None:
+    """vLLM 0.26 refuses a stream's ``prompt_logprobs`` above 0 only: 0 streams as usual, with no
+    ``prompt_logprobs`` in any chunk (it was a 400)."""
+    body: dict[str, Any] = {"max_tokens": 3, "prompt_logprobs": 0, "stream": True, **GREEDY, **EXACT}
+    body |= {"prompt": PROMPT} if "chat" not in path else {"messages": MSGS}
+    with httpx.stream("POST", server.url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("prompt_logprobs" not in c and "prompt_logprobs" not in c["choices"][0] for c in chunks)
+    r2 = httpx.post(server.url + path, json=body | {"prompt_logprobs": 1}, timeout=60)
+    assert r2.status_code == 400 and r2.json()["error"]["param"] == "prompt_logprobs", r2.text
+
+
 def _stream_rows(srv: Server, body: dict[str, Any]) -> list[tuple[str, list[str], str | None]]:
     """Each SSE chunk's (text, row tokens, finish_reason) of a chat stream, after the role chunk."""
     out = []
