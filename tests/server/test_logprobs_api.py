@@ -383,6 +383,60 @@ def test_rows_follow_the_text_under_coalescing_and_stop_strings(coalescing: Serv
     assert len(chunks) < len(rows)  # events were coalesced
 
 
+def _completion_chunks(
+    srv: Server, body: dict[str, Any]
+) -> list[tuple[str, list[str], list[int], str | None]]:
+    """Each SSE chunk's (text, logprobs tokens, text_offset, finish_reason) of a completion stream."""
+    out = []
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body | {"stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                [c] = json.loads(line[6:])["choices"]
+                lp = c["logprobs"]
+                out.append((c["text"], lp["tokens"], lp["text_offset"], c["finish_reason"]))
+    return out
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("stop", ["a li", "e l", "Lily. She"])
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_completion_rows_follow_the_text_when_a_stop_string_spans_tokens(
+    server: Server, coalescing: Server, stop: str, include: bool, coalesce: bool
+) -> None:
+    """A stop string that spans tokens and starts or ends inside one (``" a"`` + ``" little"``
+    for ``"a li"``): the streamed entries are the non-streamed ones (one per generated token, the
+    stop string's tokens included, as vLLM counts them), no chunk carries the entry of a token
+    whose text was not sent yet (the held-back ``" a"`` of ``"a li"``), and the tokens whose text
+    the stop string cut come with the final chunk."""
+    srv = coalescing if coalesce else server
+    body: dict[str, Any] = {
+        "prompt": PROMPT,
+        "max_tokens": 40,
+        "logprobs": 1,
+        "stop": [stop],
+        **GREEDY,
+        **EXACT,
+    }
+    body["include_stop_str_in_output"] = include
+    full = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+    [choice] = full["choices"]
+    text, tokens = choice["text"], choice["logprobs"]["tokens"]
+    assert choice["finish_reason"] == "stop" and len(tokens) == full["usage"]["completion_tokens"]
+    assert text.endswith(stop) if include else stop not in text
+    assert "".join(tokens).startswith(text) and stop in "".join(tokens)
+    chunks = _completion_chunks(srv, body)
+    assert "".join(t for t, _, _, _ in chunks) == text
+    assert [tok for _, r, _, _ in chunks for tok in r] == tokens
+    assert [o for _, _, offs, _ in chunks for o in offs] == choice["logprobs"]["text_offset"]
+    assert [f for _, _, _, f in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+    sent, num_rows = "", 0
+    for chunk_text, rows, _, _ in chunks[:-1]:
+        sent += chunk_text
+        num_rows += len(rows)
+        assert sent.startswith("".join(tokens[:num_rows])), (sent, tokens[:num_rows])
+    assert stop.split()[-1] in "".join(chunks[-1][1])  # the stop string's last token comes last
+
+
 BAD = [
     ("/v1/chat/completions", {"messages": MSGS, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MSGS, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
