@@ -224,6 +224,23 @@ def test_auto_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
     assert raw.endswith(streamed[0][1])
 
 
+def test_auto_call_complete_but_cut_before_the_end_is_length(client: openai.OpenAI) -> None:
+    """A hermes call written whole (``</tool_call>`` included) that max_tokens cuts before the
+    model's end: the call is in ``tool_calls``, streamed and not, and finish_reason is "length"
+    in both: "tool_calls" means the model ended on its own with every call complete (vLLM 0.26
+    says "tool_calls" here, and streamed for any call it began, cut or not); after the cut the
+    model might have written more calls."""
+    whole = client.chat.completions.create(**_hermes_call_request(client, max_tokens=100))
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.usage is not None
+    calls = _valid(whole.choices[0].message.tool_calls or [])
+    kwargs = _hermes_call_request(client, max_tokens=whole.usage.completion_tokens - 1)  # all but the EOS
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content == "Sure. "
+    assert _valid(r.choices[0].message.tool_calls or []) == calls
+    streamed, finish, content = _stream_calls(client.chat.completions.create(**kwargs, stream=True))
+    assert streamed == calls and finish == "length" and content == "Sure. "
+
+
 def _events(srv: Server, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The streamed choices of a chat request (one choice per chunk) and its final usage."""
     body = body | {"stream": True, "stream_options": {"include_usage": True}}
