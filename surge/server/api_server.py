@@ -55,6 +55,7 @@ from surge.generation_defaults import describe_sampling_defaults
 from surge.parallel.dp_client import DPEngineClient, make_engine_client
 from surge.request import token_ids_in_range
 from surge.server.chat_tools import check_tools
+from surge.server.chunked_validation import prevalidate
 from surge.server.cors import CorsOptions
 from surge.server.drain import DrainMiddleware, ShutdownError
 from surge.server.errors import (
@@ -749,6 +750,7 @@ async def _invocation_body(request: Request) -> ChatCompletionRequest | Completi
         kind = CompletionRequest
     else:
         raise bad_request(_NO_HANDLER)
+    await prevalidate(data, kind)  # long lists of messages in chunks, yielding to the event loop
     try:
         return kind.model_validate(data)
     except pydantic.ValidationError as e:

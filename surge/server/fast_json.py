@@ -10,11 +10,20 @@ body msgspec cannot take is split into its top-level fields (:func:`field_at_fau
 400 names the one at fault: a value nested past the parser's depth (a ``RecursionError``, once a
 500 on ``/invocations`` and
 "There was an error parsing the body" elsewhere), a number out of range (``1e999``), ``NaN``.
+
+msgspec parses a body in one call that holds the GIL (a thread would not help): a body over
+:data:`PIECE_BYTES` is parsed a top-level field at a time, and a long array (``messages``,
+``tools``, ``stop``) or a large object (``logit_bias``) about :data:`PIECE_BYTES` of it at a
+time, with a yield to the event loop between pieces (:func:`decode_in_pieces`; 90,000 chat
+messages in 3.9 MB were one 70-130 ms stall, 266,000 ``logit_bias`` keys one of 100-380 ms). A route whose body is a pydantic model then gets its body's long lists of models (a
+chat request's ``messages``) validated a chunk at a time before FastAPI validates the rest, also
+yielding between chunks (:mod:`surge.server.chunked_validation`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import re
 from collections.abc import Callable, Coroutine
@@ -23,8 +32,15 @@ from typing import Any
 import msgspec
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+from surge.server.chunked_validation import model_list_fields, prevalidate
 
 _decode = msgspec.json.decode
+
+PIECE_BYTES = 256 * 1024
+"""Bytes of JSON parsed between two yields to the event loop (a few ms of msgspec's time) when a
+body is larger than this (:func:`decode_in_pieces`); smaller bodies are parsed at once."""
 
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}:,]|[^"\[\]{}:,]+', re.DOTALL)
 """A JSON token for :func:`field_at_fault`: a string, one structural character, or a run of
@@ -167,9 +183,97 @@ def _refusal(body: bytes, error: Exception) -> BodyFieldError | json.JSONDecodeE
     return json.JSONDecodeError(what, "", pos)
 
 
+async def decode_in_pieces(body: bytes) -> Any:
+    """``msgspec.json.decode(body)``, the same value, parsed in pieces with a yield to the event
+    loop between them: each top-level field of a JSON object on its own, an array field larger
+    than :data:`PIECE_BYTES` in runs of elements of about that size, and an object field larger
+    than that (``logit_bias``) between its members (:func:`_object_in_pieces`). Anything the pieces
+    cannot parse (a body that is not an object, malformed JSON, a value nested too deeply) is
+    parsed again whole, so the errors are exactly those of one ``msgspec.json.decode(body)``.
+
+    Raises:
+        msgspec.DecodeError, RecursionError: as ``msgspec.json.decode(body)``.
+    """
+    try:
+        fields = _decode(body, type=dict[str, msgspec.Raw])  # checks the whole body's syntax
+        out: dict[str, Any] = {}
+        for key, raw in fields.items():
+            await asyncio.sleep(0)
+            head = memoryview(raw)[:1]
+            if len(raw) <= PIECE_BYTES:
+                out[key] = _decode(raw)
+            elif head == b"[":
+                out[key] = await _array_in_pieces(raw)
+            elif head == b"{":
+                out[key] = await _object_in_pieces(bytes(raw))
+            else:
+                out[key] = _decode(raw)
+        return out
+    except (msgspec.DecodeError, RecursionError):
+        return _decode(body)  # raises the whole body's error (or parses what the pieces could not)
+
+
+async def _array_in_pieces(raw: msgspec.Raw) -> list[Any]:
+    """A JSON array's value, runs of its elements of about :data:`PIECE_BYTES` parsed at a time."""
+    items = _decode(raw, type=list[msgspec.Raw])
+    step = max(1, PIECE_BYTES * len(items) // len(raw))
+    value: list[Any] = []
+    for start in range(0, len(items), step):
+        await asyncio.sleep(0)
+        value.extend(_decode(b"[" + b",".join(items[start : start + step]) + b"]"))
+    return value
+
+
+_SPLIT_TRIES = 8
+"""Commas :func:`_object_in_pieces` tries as the end of a piece before it parses the rest at once."""
+
+
+async def _object_in_pieces(raw: bytes) -> dict[str, Any]:
+    """A JSON object's value (``raw``: its text, whose syntax msgspec has checked), its members
+    parsed about :data:`PIECE_BYTES` at a time (``logit_bias``: 266,000 keys in 3.9 MB took
+    0.2-0.6 s in one call). A piece ends at the first comma past that size where the text before
+    it, closed with ``}``, parses: a comma inside a string or a nested value leaves an
+    unterminated string or an unclosed bracket there, so one that parses separates two members.
+    After :data:`_SPLIT_TRIES` commas that do not (an object of a few large members), the rest is
+    parsed at once. Members are merged in order (a key given twice keeps its last value, as in
+    one parse).
+
+    Raises:
+        msgspec.DecodeError, RecursionError: a piece cannot be parsed (the caller parses the
+            whole body again for its error).
+    """
+    out: dict[str, Any] = {}
+    start = 1  # past the "{"
+    while len(raw) - start > PIECE_BYTES:
+        await asyncio.sleep(0)
+        comma = start + PIECE_BYTES
+        for _ in range(_SPLIT_TRIES):
+            comma = raw.find(b",", comma)
+            if comma < 0:
+                break
+            try:
+                piece = _decode(b"{" + raw[start:comma] + b"}")
+            except (msgspec.DecodeError, RecursionError):
+                comma += 1
+                continue
+            out.update(piece)
+            start = comma + 1
+            break
+        else:
+            break
+        if comma < 0:
+            break
+    out.update(_decode(b"{" + raw[start:]))
+    return out
+
+
 class FastJSONRequest(Request):
     """A Starlette request whose ``json()`` parses with msgspec (cached like Starlette's); a
-    leading UTF-8 byte order mark is skipped, as vLLM's parse skips it."""
+    leading UTF-8 byte order mark is skipped, as vLLM's parse skips it. With a ``body_model``
+    (the route's pydantic body), the parsed body's long lists of models are validated in chunks
+    that yield to the event loop (:func:`surge.server.chunked_validation.prevalidate`)."""
+
+    body_model: type[BaseModel] | None = None
 
     async def json(self) -> Any:
         """The body parsed once by msgspec, then cached.
@@ -184,20 +288,42 @@ class FastJSONRequest(Request):
             if body.startswith(_BOM):  # vLLM's json.loads reads a bytes body as utf-8-sig
                 body = body[len(_BOM) :]
             try:
-                self._json = _decode(body)
+                self._json = await decode_in_pieces(body) if len(body) > PIECE_BYTES else _decode(body)
             except (msgspec.DecodeError, RecursionError) as e:
                 raise await asyncio.to_thread(_refusal, body, e) from None
+            if self.body_model is not None:
+                await prevalidate(self._json, self.body_model)
+            if len(body) > PIECE_BYTES:
+                await asyncio.sleep(0)  # FastAPI's validation, another long call, comes next
         return self._json
 
 
+def body_model_of(endpoint: Callable[..., Any]) -> type[BaseModel] | None:
+    """The pydantic model of an endpoint's body: its first parameter annotated with a
+    :class:`BaseModel` subclass, or None (none, or annotations that do not resolve)."""
+    try:
+        parameters = inspect.signature(endpoint, eval_str=True).parameters.values()
+    except (NameError, TypeError, ValueError):
+        return None
+    for p in parameters:
+        if isinstance(p.annotation, type) and issubclass(p.annotation, BaseModel):
+            return p.annotation
+    return None
+
+
 class FastJSONRoute(APIRoute):
-    """An APIRoute whose handler sees a :class:`FastJSONRequest`."""
+    """An APIRoute whose handler sees a :class:`FastJSONRequest` (knowing the route's body model)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """FastAPI's handler, given each request as a :class:`FastJSONRequest`."""
         handler = super().get_route_handler()
+        body_model = body_model_of(self.endpoint)
+        if body_model is not None:
+            model_list_fields(body_model)  # its validators built now, not on a request's time
 
         async def fast_json_handler(request: Request) -> Response:
-            return await handler(FastJSONRequest(request.scope, request.receive))
+            fast = FastJSONRequest(request.scope, request.receive)
+            fast.body_model = body_model
+            return await handler(fast)
 
         return fast_json_handler

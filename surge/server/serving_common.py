@@ -27,6 +27,7 @@ from surge.core.thinking_budget import (
 from surge.engine.client import EngineClient
 from surge.request import token_ids_in_range
 from surge.sampling_params import SamplingParams, StructuredOutputsParams, truncated_prompt
+from surge.server.chunked_validation import dump_models
 from surge.server.drain import InFlight
 from surge.server.errors import ApiError, bad_request, error_body
 from surge.server.generation import ChoiceDelta, Generation
@@ -479,7 +480,7 @@ async def render_chat(
             rendered prompt is surely longer than the context.
     """
     return await state.tokenizer_worker.render_chat(
-        [m.model_dump(exclude_none=True) for m in messages],
+        await dump_models(messages, exclude_none=True),  # a long list in chunks, yielding
         add_generation_prompt,
         chat_template_kwargs,
         tools,
