@@ -922,6 +922,30 @@ def test_structured_output_verdicts_are_cached_by_canonical_json(monkeypatch: py
     assert len(validate._verdicts) == 4
 
 
+def test_schema_text_is_read_as_json_loads_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schema is parsed by msgspec (the json module held the GIL, and the API process's
+    event loop, about 5x longer on a large schema); what msgspec refuses and json.loads takes
+    (NaN, an integer past 64 bits) is read by json.loads, and keyed apart from what differs."""
+    import surge.structured.validate as validate
+
+    for text in (
+        '{"type": "integer", "maximum": 1e308}',
+        '{"const": NaN}',
+        '{"const": 123456789012345678901234}',
+    ):
+        assert repr(validate._json_value(text)) == repr(json.loads(text))
+    with pytest.raises(ValueError):
+        validate._json_value('{"type": ')
+    with pytest.raises(RecursionError):
+        validate._json_value("[" * 100_000 + "]" * 100_000)
+    keys = {
+        validate._verdict_key(StructuredOutputsParams(json=t)) for t in ('{"const": NaN}', '{"const": null}')
+    }
+    assert len(keys) == 2
+    spaced = ('{"a": "\u00e9", "b": [1, 2.5]}', '{"a":"é","b":[1,2.5]}')
+    assert len({validate._verdict_key(StructuredOutputsParams(json=t)) for t in spaced}) == 1
+
+
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
