@@ -79,6 +79,14 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         default=1,
         help="engine replicas behind this server, each with its own -tp GPUs (default 1)",
     )
+    p.add_argument(
+        "-dpl",
+        "--data-parallel-size-local",
+        type=int,
+        default=None,
+        help="vLLM's flag: the replicas on this host, taken when it equals -dp (Surge runs every replica "
+        "on the API server's host) (default: -dp's value)",
+    )
     p.add_argument("--nnodes", "-n", type=int, default=1, help="hosts the -tp ranks span (default 1)")
     p.add_argument(
         "--node-rank",
@@ -101,8 +109,31 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
     )
 
 
+def check_data_parallel_size_local(args: argparse.Namespace) -> None:
+    """Take vLLM's ``--data-parallel-size-local`` (``-dpl``) when it is not given or equals
+    ``-dp``: Surge runs every replica on the API server's host, so any other count asks for
+    replicas on other hosts (vLLM's multi-node data parallelism).
+
+    Raises:
+        ValueError: another value (one line naming the flag and ``-dp``'s value).
+    """
+    local = getattr(args, "data_parallel_size_local", None)
+    if local is None or local == args.data_parallel_size:
+        return
+    raise ValueError(
+        f"--data-parallel-size-local {local} with -dp {args.data_parallel_size}: Surge runs every replica "
+        f"on this host, so it takes only -dp's value ({args.data_parallel_size}) or none"
+    )
+
+
 def parallel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``build_engine_config`` keyword arguments of the parsed flags."""
+    """The ``build_engine_config`` keyword arguments of the parsed flags.
+
+    Raises:
+        ValueError: a ``--data-parallel-size-local`` other than ``-dp``
+            (:func:`check_data_parallel_size_local`).
+    """
+    check_data_parallel_size_local(args)
     out: dict[str, Any] = {
         "tensor_parallel_size": args.tensor_parallel_size,
         "tp_all_reduce": args.tp_all_reduce,

@@ -32,7 +32,6 @@ _ONE_TOKEN_BUDGET = (
 VLLM_SERVE_FLAG_HINTS = {
     **vllm_flags_without_counterpart(),
     "--tokenizer-mode": "nothing: Surge loads the model folder's tokenizer with transformers' AutoTokenizer",
-    "--data-parallel-size-local": "-dp N: every replica runs on the API server's host",
     "--data-parallel-address": _ONE_HOST_DP,
     "--data-parallel-rpc-port": _ONE_HOST_DP,
     "--data-parallel-start-rank": _ONE_HOST_DP,
@@ -42,7 +41,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--data-parallel-rank": _ONE_HOST_DP,
     "--data-parallel-multi-port-external-lb": _ONE_HOST_DP,
     # vLLM's short forms of the data-parallel flags above
-    "-dpl": "-dp N: every replica runs on the API server's host",
     "-dpn": _ONE_HOST_DP,
     "-dpr": _ONE_HOST_DP,
     "-dpa": _ONE_HOST_DP,

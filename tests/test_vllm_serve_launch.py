@@ -1,0 +1,34 @@
+"""A `vllm serve ...` launch line run as `surge serve ...`: each vLLM 0.26 flag is taken where
+Surge does what it asks, else refused with one line naming it (never ignored, never a traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STORIES = REPO / "surge" / "assets" / "stories260K"
+
+
+def _serve_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line of ``surge serve ARGV`` on CPU (exit code 2), refused before serving."""
+    from surge.cli import main
+
+    assert main(["serve", str(STORIES), "--device", "cpu", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surge: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_data_parallel_size_local_is_taken_when_it_equals_dp(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's `--data-parallel-size-local` (`-dpl`) was refused even at `-dp`'s value, what a
+    one-host vLLM line spells out; it is taken then, and another value is one line naming both."""
+    from surge.cli import build_parser
+    from surge.parallel.cli_args import parallel_kwargs
+
+    for argv in (["-dp", "2", "-dpl", "2"], ["-dp", "2", "--data-parallel-size-local", "2"], ["-dpl", "1"]):
+        args = build_parser().parse_args(["serve", *argv])
+        assert parallel_kwargs(args)["data_parallel_size"] == args.data_parallel_size
+    err = _serve_error(["-dp", "2", "-dpl", "1"], capsys)
+    assert "--data-parallel-size-local 1 with -dp 2: Surge runs every replica on this host" in err, err
