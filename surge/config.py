@@ -577,6 +577,9 @@ class ParallelConfig:
         all_reduce: ``nccl`` (the default: measured faster end to end) or ``auto``
             (decode-sized tensors through a peer-memory one-shot all-reduce when every GPU of
             the group supports it, NCCL otherwise; see :mod:`surge.parallel.communicator`).
+        distributed_timeout_s: seconds ``torch.distributed.init_process_group`` of the
+            tensor-parallel ranks waits for them, and each of its collectives may take, before
+            failing (vLLM's ``--distributed-timeout-seconds``), > 0; default 600, NCCL's own.
     """
 
     tensor_parallel_size: int = 1
@@ -587,8 +590,13 @@ class ParallelConfig:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     all_reduce: str = "nccl"
+    distributed_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        _require(
+            0 < self.distributed_timeout_s < float("inf"),
+            f"distributed_timeout_seconds must be a positive number of seconds, got {self.distributed_timeout_s}",
+        )
         _require(
             self.all_reduce in ("auto", "nccl"),
             f"all_reduce must be 'auto' or 'nccl', got {self.all_reduce!r}",

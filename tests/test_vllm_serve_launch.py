@@ -32,3 +32,51 @@ def test_data_parallel_size_local_is_taken_when_it_equals_dp(capsys: pytest.Capt
         assert parallel_kwargs(args)["data_parallel_size"] == args.data_parallel_size
     err = _serve_error(["-dp", "2", "-dpl", "1"], capsys)
     assert "--data-parallel-size-local 1 with -dp 2: Surge runs every replica on this host" in err, err
+
+
+def test_distributed_timeout_seconds_reaches_init_process_group(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's `--distributed-timeout-seconds N` was a bare "unrecognized arguments"; Surge's
+    tensor-parallel ranks join with `torch.distributed.init_process_group`, which now waits N
+    seconds (600 without the flag, as before), and a value that is no positive integer is one line."""
+    import torch.distributed as dist
+
+    from surge.cli import build_parser
+    from surge.engine.llm_engine import build_engine_config
+    from surge.parallel import worker
+    from surge.parallel.cli_args import parallel_kwargs
+
+    seen: list[float] = []
+
+    class Joined(Exception):
+        pass
+
+    def fake_init_process_group(**kwargs: object) -> None:
+        seen.append(kwargs["timeout"].total_seconds())  # type: ignore[attr-defined]
+        raise Joined
+
+    monkeypatch.setattr(dist, "init_process_group", fake_init_process_group)
+    spec = worker.WorkerSpec(
+        rank=0,
+        world_size=2,
+        local_device="cpu",
+        dist_init_method="tcp://127.0.0.1:1",
+        step_address="",
+        result_address="",
+        parent_pid=None,
+        log_level=20,
+    )
+    for argv, expected in ((["--distributed-timeout-seconds", "1800"], 1800.0), ([], 600.0)):
+        args = build_parser().parse_args(["serve", "-tp", "2", *argv])
+        config = build_engine_config(str(STORIES), device="cpu", **parallel_kwargs(args))
+        with pytest.raises(Joined):
+            worker._start(config, spec)
+        assert seen.pop() == expected
+    for bad in ("0", "1.5", "x"):
+        with pytest.raises(SystemExit, match="2"):
+            build_parser().parse_args(["serve", "--distributed-timeout-seconds", bad])
+        err = capsys.readouterr().err
+        assert (
+            err.startswith("surge: error: argument --distributed-timeout-seconds: ") and err.count("\n") == 1
+        )

@@ -124,6 +124,7 @@ def build_engine_config(
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     tp_all_reduce: str = "nccl",
+    distributed_timeout_seconds: float | None = None,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     fp8_emulation: bool = False,
@@ -146,7 +147,7 @@ def build_engine_config(
     ``async_scheduling=None`` turns it on on CUDA (where the GPU runs ahead of the host)
     and off on CPU (where a step's compute is the host's own work). ``tensor_parallel_size``
     to ``master_port`` are :class:`~surge.config.ParallelConfig`'s (``tp_all_reduce`` is its
-    ``all_reduce``).
+    ``all_reduce``, ``distributed_timeout_seconds`` its ``distributed_timeout_s``, None its default).
 
     FP8 (``quantization="fp8"``, an FP8 checkpoint, or ``kv_cache_dtype="fp8"``) is refused on
     CPU unless ``fp8_emulation`` (tests only) and on GPUs older than compute capability 8.9.
@@ -223,6 +224,11 @@ def build_engine_config(
         master_addr=master_addr,
         master_port=master_port,
         all_reduce=tp_all_reduce,
+        **(
+            {}
+            if distributed_timeout_seconds is None
+            else {"distributed_timeout_s": distributed_timeout_seconds}
+        ),
     )
     if resolved.startswith("cuda"):
         import torch

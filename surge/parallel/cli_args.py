@@ -23,6 +23,22 @@ def pipeline_parallel_size(value: str) -> int:
     return size
 
 
+def positive_seconds(value: str) -> int:
+    """An argparse type for vLLM's ``--distributed-timeout-seconds``: a whole number of seconds
+    above 0 (vLLM's int).
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or not above 0.
+    """
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {value!r}") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {seconds}")
+    return seconds
+
+
 def distributed_executor_backend(value: str) -> str:
     """An argparse type for vLLM's ``--distributed-executor-backend``: ``mp``, how Surge runs its
     tensor-parallel workers (processes it spawns itself).
@@ -107,6 +123,14 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         help="TCP store port on --master-addr; the next two ports carry steps and results "
         "(required with --nnodes > 1; default: a free port)",
     )
+    p.add_argument(
+        "--distributed-timeout-seconds",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="vLLM's flag: how long the tensor-parallel ranks (-tp above 1) wait for each other in "
+        "torch.distributed.init_process_group, which also bounds each collective (default: 600, NCCL's)",
+    )
 
 
 def check_data_parallel_size_local(args: argparse.Namespace) -> None:
@@ -138,7 +162,15 @@ def parallel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tensor_parallel_size": args.tensor_parallel_size,
         "tp_all_reduce": args.tp_all_reduce,
     }
-    for name in ("data_parallel_size", "nnodes", "node_rank", "master_addr", "master_port"):
+    names = (
+        "data_parallel_size",
+        "nnodes",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "distributed_timeout_seconds",
+    )
+    for name in names:
         if hasattr(args, name):
             out[name] = getattr(args, name)
     return out

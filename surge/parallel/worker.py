@@ -121,7 +121,9 @@ def _one_line(e: BaseException) -> str:
 
 
 def init_distributed(spec: WorkerSpec, timeout_s: float = 600.0) -> None:
-    """Join the tensor-parallel process group of ``spec`` (NCCL on CUDA, gloo on CPU).
+    """Join the tensor-parallel process group of ``spec`` (NCCL on CUDA, gloo on CPU), waiting up
+    to ``timeout_s`` seconds for the other ranks (also each collective's timeout:
+    :attr:`surge.config.ParallelConfig.distributed_timeout_s`).
 
     Raises:
         RuntimeError / ValueError: from ``torch.distributed`` (a store that cannot be reached).
@@ -243,7 +245,7 @@ def _destroy_process_group() -> None:
 
 def _start(config: EngineConfig, spec: WorkerSpec) -> tuple[Any, int]:
     """Join the group, load this rank's shard and agree on the KV pool size."""
-    init_distributed(spec)
+    init_distributed(spec, config.parallel.distributed_timeout_s)
     from surge.worker.model_runner import ModelRunner
 
     local = dataclasses.replace(config, device=spec.local_device)
