@@ -80,3 +80,53 @@ def test_distributed_timeout_seconds_reaches_init_process_group(
         assert (
             err.startswith("surge: error: argument --distributed-timeout-seconds: ") and err.count("\n") == 1
         )
+
+
+def test_device_ids_place_the_ranks_or_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.26's `--device-ids 2,3` (the GPUs to run on) was a bare "unrecognized arguments":
+    consecutive indices now start the ranks at the first one (vLLM's logical GPU i is ids[i]), and
+    what Surge cannot place (UUIDs, gaps, too few GPUs, CPU) is one line naming the flag."""
+    from surge.cli import build_parser
+    from surge.parallel.cli_args import serve_device
+
+    def device(*argv: str) -> str:
+        return serve_device(build_parser().parse_args(["serve", *argv]))
+
+    assert device() == "auto"
+    assert device("--device-ids", "2") == "cuda:2"
+    assert device("-tp", "2", "-dp", "2", "--device-ids", "4,5,6,7") == "cuda:4"
+    assert device("--device", "cuda", "--device_ids=0,1", "-tp", "2") == "cuda:0"
+    for argv, needle in (
+        (
+            ["--device-ids", "2,5"],
+            "--device-ids 2,5: Surge runs its ranks on consecutive GPUs; set CUDA_VISIBLE_DEVICES=2,5",
+        ),
+        (["--device-ids", "GPU-8f1e,GPU-77aa"], "Surge takes GPU indices, not UUIDs"),
+        (["--device-ids", "2,2"], "a GPU is named twice"),
+        (["-tp", "2", "--device-ids", "3"], "--device-ids 3: names 1 GPU(s), but -tp 2 -dp 1 run 2 rank(s)"),
+        (["--device-ids", "0"], "--device-ids 0: not with --device cpu"),
+    ):
+        assert needle in _serve_error(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "hint"),
+    [
+        ("--numa-bind", None, "Surge binds no process to NUMA nodes; run it under numactl"),
+        ("--numa-bind-nodes", "0", "Surge binds no process to NUMA nodes"),
+        ("--numa-bind-cpus", "0-7", "Surge binds no process to NUMA nodes"),
+        ("--cpu-distributed-timeout-seconds", "60", "use --distributed-timeout-seconds N"),
+    ],
+)
+def test_vllm_numa_and_cpu_group_flags_are_refused_with_a_hint(
+    flag: str, value: str | None, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.26's NUMA-binding flags and `--cpu-distributed-timeout-seconds` were bare
+    "unrecognized arguments" (or "did you mean --distributed-timeout-seconds?")."""
+    from surge.cli import build_parser
+
+    with pytest.raises(SystemExit, match="2"):
+        build_parser().parse_args(["serve", flag, *([value] if value else []), str(STORIES)])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unrecognized arguments: {flag} (vLLM's {flag}: " in err, err
+    assert hint in err and "did you mean" not in err, err

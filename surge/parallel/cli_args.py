@@ -39,6 +39,59 @@ def positive_seconds(value: str) -> int:
     return seconds
 
 
+def device_ids(value: str) -> list[int | str]:
+    """An argparse type for vLLM's ``--device-ids``: a comma list of GPU indices (or UUIDs, kept
+    as text for :func:`serve_device` to refuse), as vLLM splits it.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty list or item.
+    """
+    items = [part.strip() for part in value.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"a comma list of GPU indices such as 2,3, got {value!r}")
+    return [int(item) if item.isdigit() else item for item in items]
+
+
+def serve_device(args: argparse.Namespace) -> str:
+    """The ``--device`` of the engine config, with vLLM's ``--device-ids`` taken where Surge can
+    place its ranks on those GPUs: consecutive indices ``a, a+1, ...`` (into the GPUs
+    ``CUDA_VISIBLE_DEVICES`` leaves, as in vLLM) give ``cuda:a``, from which replica ``d``'s rank
+    ``r`` uses GPU ``a + d * ranks_per_node + r`` (:func:`surge.parallel.launch.rank_device`),
+    i.e. vLLM's logical GPU ``i`` is ``ids[i]``.
+
+    Raises:
+        ValueError: one line naming ``--device-ids``: duplicates, UUIDs, indices that are not
+            consecutive (``CUDA_VISIBLE_DEVICES`` picks any set), fewer GPUs than ``-tp`` x ``-dp``
+            need on this host, or ``--device cpu``.
+    """
+    ids = getattr(args, "device_ids", None)
+    if not ids:
+        return str(args.device)
+    given = ",".join(map(str, ids))
+    where = f"--device-ids {given}"
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: a GPU is named twice")
+    if not all(isinstance(i, int) for i in ids):
+        raise ValueError(
+            f"{where}: Surge takes GPU indices, not UUIDs; set CUDA_VISIBLE_DEVICES={given} and leave --device-ids out"
+        )
+    first = int(ids[0])
+    if ids != list(range(first, first + len(ids))):
+        raise ValueError(
+            f"{where}: Surge runs its ranks on consecutive GPUs; set CUDA_VISIBLE_DEVICES={given} and leave "
+            "--device-ids out"
+        )
+    ranks = args.tensor_parallel_size // max(args.nnodes, 1) * args.data_parallel_size
+    if len(ids) < ranks:
+        raise ValueError(
+            f"{where}: names {len(ids)} GPU(s), but -tp {args.tensor_parallel_size} -dp {args.data_parallel_size} "
+            f"run {ranks} rank(s) on this host"
+        )
+    if args.device == "cpu":
+        raise ValueError(f"{where}: not with --device cpu")
+    return f"cuda:{first}"
+
+
 def distributed_executor_backend(value: str) -> str:
     """An argparse type for vLLM's ``--distributed-executor-backend``: ``mp``, how Surge runs its
     tensor-parallel workers (processes it spawns itself).
@@ -94,6 +147,14 @@ def add_parallel_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         type=int,
         default=1,
         help="engine replicas behind this server, each with its own -tp GPUs (default 1)",
+    )
+    p.add_argument(
+        "--device-ids",
+        type=device_ids,
+        default=None,
+        metavar="IDS",
+        help="vLLM's flag: the GPUs to run on, consecutive indices such as 2,3 (into those "
+        "CUDA_VISIBLE_DEVICES leaves); replica d's rank r uses the (d x -tp + r)-th (default: from GPU 0)",
     )
     p.add_argument(
         "-dpl",

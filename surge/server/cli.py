@@ -19,6 +19,7 @@ from surge.server.vllm_flags import DENSE_ONLY, NO_LORA, vllm_flags_without_coun
 
 _BUILT_IN_PARSERS = "(Surge's parsers are built in; no plugins)"
 _ONE_HOST_DP = "nothing: Surge's replicas (-dp N) all run on one host; --nnodes spans hosts with -tp only"
+_NO_NUMA = "nothing: Surge binds no process to NUMA nodes; run it under numactl (numactl --cpunodebind=N --membind=N surge serve ...)"
 _NO_CONTEXT_PARALLEL = "-tp N (--tensor-parallel-size): Surge has no context parallelism"
 _NO_TORCH_COMPILE = (
     "nothing: Surge runs no torch.compile; its CUDA graphs are its own (--enforce-eager turns them off)"
@@ -93,6 +94,11 @@ VLLM_SERVE_FLAG_HINTS = {
     "reason and token counts)",
     "--otlp-traces-endpoint": "nothing: Surge exports no OpenTelemetry traces (GET /metrics serves Prometheus "
     "metrics)",
+    "--numa-bind": _NO_NUMA,
+    "--numa-bind-nodes": _NO_NUMA,
+    "--numa-bind-cpus": _NO_NUMA,
+    "--cpu-distributed-timeout-seconds": "--distributed-timeout-seconds N: Surge's tensor-parallel ranks "
+    "have one process group (NCCL on GPUs, gloo on CPU), and that flag is its timeout",
     "--attention-backend": "nothing: Surge runs its own attention kernels",
     "--disable-sliding-window": "nothing: Surge serves full attention only (a config.json with "
     "use_sliding_window true is refused)",
@@ -818,7 +824,7 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     from surge.engine.cli_args import gpu_memory_utilization, unused_on_cpu
     from surge.engine.llm_engine import build_engine_config
-    from surge.parallel.cli_args import parallel_kwargs
+    from surge.parallel.cli_args import parallel_kwargs, serve_device
     from surge.server.api_server import ServeOptions, run_server
     from surge.server.listen import bind_reuseport, bind_socket, bind_unix
     from surge.tokenizer import load_tokenizer
@@ -828,7 +834,7 @@ def run_serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         load_format=args.load_format,
         seed=args.seed,
-        device=args.device,
+        device=serve_device(args),
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=gpu_memory_utilization(args),
