@@ -72,7 +72,7 @@ def parse_api_keys(
     """The keys of ``--api-key`` (repeatable, each a comma-separated list), else of the
     ``SURGE_API_KEY`` environment variable's value (also a comma list), else vLLM's
     ``VLLM_API_KEY``, one key as vLLM reads it (so that a vLLM deployment's key keeps the server
-    closed); empty = no auth.
+    closed; set but empty, it asks for no key, as vLLM drops an empty key); empty = no auth.
 
     Args:
         flag_values: the ``--api-key`` values, or None when the flag was not given.
@@ -83,14 +83,13 @@ def parse_api_keys(
         ValueError: an empty key or one with a character outside printable ASCII
             (:func:`validate_api_key`): a server locked to an empty key is a mistake.
     """
-    if flag_values is not None:
-        source, values = "--api-key", list(flag_values)
-    elif env_value is not None:
-        source, values = "SURGE_API_KEY", [env_value]
-    elif vllm_env_value is not None:
-        source, values = "VLLM_API_KEY", [vllm_env_value]
-    else:
+    source = api_keys_source(flag_values, env_value, vllm_env_value)
+    if source is None:
         return ()
+    if source == "--api-key":
+        values = list(flag_values or ())
+    else:
+        values = [(env_value if source == "SURGE_API_KEY" else vllm_env_value) or ""]
     keys: list[str] = []
     for value in values:
         # vLLM reads its variable as one key, commas and all (a key with a comma was split in two)
@@ -99,6 +98,22 @@ def parse_api_keys(
             if key not in keys:
                 keys.append(key)
     return tuple(keys)
+
+
+def api_keys_source(
+    flag_values: Sequence[str] | None, env_value: str | None, vllm_env_value: str | None = None
+) -> str | None:
+    """Where :func:`parse_api_keys` reads the keys from: ``--api-key``, ``SURGE_API_KEY`` or
+    ``VLLM_API_KEY`` (the first of them given), or None: no key. An empty ``VLLM_API_KEY`` counts
+    as unset, as in vLLM 0.26 (its ``[key for key in [VLLM_API_KEY] if key]`` drops it), so that
+    ``VLLM_API_KEY=""`` runs without a key instead of stopping start-up."""
+    if flag_values is not None:
+        return "--api-key"
+    if env_value is not None:
+        return "SURGE_API_KEY"
+    if vllm_env_value:
+        return "VLLM_API_KEY"
+    return None
 
 
 def bearer_token(authorization: bytes | None) -> bytes | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.config import SCHEDULING_POLICIES
-from surge.server.auth import parse_api_keys
+from surge.server.auth import OPEN_PATHS, api_keys_source, parse_api_keys
 from surge.server.cors import CorsOptions
 from surge.server.metrics import METRICS_PREFIXES
 from surge.server.vllm_flags import DENSE_ONLY, NO_LORA, vllm_flags_without_counterpart
@@ -746,6 +746,17 @@ def log_requests_flag(args: argparse.Namespace) -> bool:
     return not args.disable_log_requests and args.enable_log_requests is not False
 
 
+def api_key_line(args: argparse.Namespace, count: int) -> str:
+    """The start-up line that says an API key is in force, where it came from and which routes
+    need it (never the key itself), for ``count`` keys read from the flag or the environment."""
+    source = api_keys_source(args.api_key, os.environ.get("SURGE_API_KEY"), os.environ.get("VLLM_API_KEY"))
+    open_paths = sorted(OPEN_PATHS - ({"/metrics"} if args.metrics_require_key else set()))
+    return (
+        f"an API key is required ({count} key{'' if count == 1 else 's'} from {source}): requests need "
+        f"'Authorization: Bearer KEY' except on {', '.join(open_paths)} and the web pages"
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run `surge serve` until SIGINT / SIGTERM. Returns the exit code.
 
@@ -822,6 +833,8 @@ def run_serve(args: argparse.Namespace) -> int:
     check_model_dir(args.model, args.load_format, flag="MODEL" if args.model_tag is not None else "--model")
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    if api_keys:
+        logging.getLogger("surge.server").info("%s", api_key_line(args, len(api_keys)))
     from surge.engine.cli_args import gpu_memory_utilization, unused_on_cpu
     from surge.engine.llm_engine import build_engine_config
     from surge.parallel.cli_args import parallel_kwargs, serve_device

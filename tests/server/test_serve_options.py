@@ -179,6 +179,28 @@ def test_keys_never_logged(srv: Server) -> None:
     assert not any(k in log for k in KEYS) and "sk-ignored" not in log
 
 
+def test_startup_says_an_api_key_is_required(srv: Server, server: Server) -> None:
+    """The start-up log said nothing of the key in force (a client's 401 was the first sign, e.g.
+    of a VLLM_API_KEY left in the environment); it now names how many keys and their source,
+    never the keys, and a server without a key says nothing of one."""
+    assert (
+        "an API key is required (3 keys from --api-key): requests need 'Authorization: Bearer KEY' "
+        in srv.log()
+    )
+    assert "an API key is required" not in server.log()
+
+
+def test_an_empty_vllm_api_key_runs_without_a_key(tmp_path: Path) -> None:
+    """`VLLM_API_KEY=""` stopped start-up ("an API key must not be empty"); vLLM 0.26 drops an
+    empty key and serves without one, and so does Surge now."""
+    s = start_server(tmp_path, env={"VLLM_API_KEY": ""})
+    try:
+        assert httpx.get(s.url + "/v1/models", timeout=30).status_code == 200
+        assert "an API key is required" not in s.log()
+    finally:
+        assert s.stop() == 0, s.log()[-3000:]
+
+
 def test_cors(srv: Server) -> None:
     pre = httpx.options(
         srv.url + "/v1/chat/completions",
@@ -234,7 +256,6 @@ def _serve_fails(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
         (("--api-key", "sk-good-one", "--api-key", " "), None),
         (("--api-key", "sk-good-one sk-other"), None),
         ((), {"SURGE_API_KEY": ""}),
-        ((), {"VLLM_API_KEY": ""}),  # read (as vLLM does) when neither the flag nor SURGE_API_KEY is set
         (("--allow-credentials",), None),
         (("--allowed-origins", "[not json"), None),
     ],
