@@ -29,6 +29,17 @@ class CliError(ValueError):
     caught as such also when this module runs as ``python -m surge.cli``, i.e. as ``__main__``)."""
 
 
+class UnknownConfigKeys(CliError):
+    """Keys of a ``--config`` file that name no flag of the sub-command: its parser words the one
+    line (the file, the keys, and vLLM's hint or the closest flag for each)."""
+
+    def __init__(self, where: str, keys: Sequence[str], flags: Sequence[str]) -> None:
+        super().__init__(f"{where}: {', '.join(keys)}: no such flag")
+        self.where = where
+        self.keys = list(keys)
+        self.flags = list(flags)
+
+
 class _DefaultsFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to an option's help unless the help already names its default,
     and ``(required)`` to a required option's, which has no default."""
@@ -135,14 +146,14 @@ def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[
     nothing for a switch that is off by default; a list gives several values (one flag per item
     for a repeatable flag such as ``--api-key``); a mapping gives its JSON (``hf-overrides:``,
     ``override-generation-config:``); anything else its text. ``actions`` are the sub-command's
-    flags (its parser's ``_option_string_actions``); a key that names none is passed on as a flag,
-    so that the parser refuses it in its own words (with vLLM's hint where there is one).
+    flags (its parser's ``_option_string_actions``); keys that name none (nor the start of one, as
+    argparse reads a flag's prefix) are refused together, naming the file.
 
     Raises:
         CliError: one line naming the file: it cannot be read, is not ``.yaml`` / ``.yml`` (as in
             vLLM), is not YAML, is not a mapping of names to values, names another config file, or
             a value is ``null``, a list for a flag that takes one value, or ``false`` for a flag
-            that takes a value.
+            that takes a value; :class:`UnknownConfigKeys` for keys that name no flag.
     """
     import yaml
 
@@ -167,10 +178,14 @@ def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[
     if not isinstance(data, dict) or not all(isinstance(k, str) and k.strip("-") for k in data):
         raise CliError(f"{where}: must be a mapping of flag names to values (port: 8000)")
     out: list[str] = []
+    unknown: dict[str, str] = {}
     for key, value in data.items():
         flag = "--" + key.lstrip("-").replace("_", "-")
         if flag == "--config":
             raise CliError(f"{where}: a config file cannot name another (config: {value})")
+        if flag not in actions and not any(known.startswith(flag) for known in actions):
+            unknown[key] = flag
+            continue
         action = actions.get(flag)
         switch = action is not None and action.nargs == 0
         if value is None:
@@ -201,6 +216,8 @@ def config_file_args(path: str, actions: Mapping[str, argparse.Action]) -> list[
                 out += [flag, *items]
             continue
         out += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    if unknown:
+        raise UnknownConfigKeys(where, list(unknown), list(unknown.values()))
     return out
 
 
@@ -273,6 +290,13 @@ class _Parser(argparse.ArgumentParser):
         if self.config_file:
             try:
                 args = dashed_flag_names(with_config_file(args, self._option_string_actions))
+            except UnknownConfigKeys as e:
+                names = ", ".join(e.keys)
+                some = "a key that is not a flag" if len(e.keys) == 1 else "keys that are not flags"
+                self.exit(
+                    2,
+                    f"surge: error: {e.where}: {some} of {self.prog}: {names}{self._unknown_flag_hints(e.flags)}\n",
+                )
             except CliError as e:
                 self.error(str(e))
         if self._subparsers is None and (unknown := self._unknown_flags(args)):
@@ -316,30 +340,40 @@ class _Parser(argparse.ArgumentParser):
         found = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
         return found[0] if found else None
 
+    def _unknown_flag_hints(self, flags: Sequence[str]) -> str:
+        """What to say after unrecognized ``flags``: `` (vLLM's FLAG: use ...; ...)`` for those
+        with a vLLM hint and `` (did you mean ...?)`` for a typo of one of this parser's flags;
+        empty when there is neither."""
+        message = ""
+        given = set(flags)
+        hints = [f"{flag}: use {use}" for flag, use in self.flag_hints.items() if flag in given]
+        datasets = sorted(
+            {
+                name
+                for flag in given
+                for prefix, name in VLLM_DATASET_FLAG_PREFIXES.items()
+                if flag.startswith(prefix)
+            }
+        )
+        if datasets:
+            hints.append(f"{', '.join(datasets)} dataset options: {VLLM_DATASETS_HINT}")
+        hinted = set(self.flag_hints) | {
+            flag for flag in given for prefix in VLLM_DATASET_FLAG_PREFIXES if flag.startswith(prefix)
+        }
+        typos = {f: c for f in sorted(given - hinted) if (c := self._closest_flag(f)) is not None}
+        if hints:
+            message += " (vLLM's " + "; ".join(hints) + ")"
+        if len(typos) == 1:
+            message += f" (did you mean {next(iter(typos.values()))}?)"
+        elif typos:
+            message += " (did you mean " + ", ".join(f"{c} for {f}" for f, c in typos.items()) + "?)"
+        return message
+
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments:"):
-            given = {a.split("=", 1)[0] for a in message.split(":", 1)[1].split()}
-            hints = [f"{flag}: use {use}" for flag, use in self.flag_hints.items() if flag in given]
-            datasets = sorted(
-                {
-                    name
-                    for flag in given
-                    for prefix, name in VLLM_DATASET_FLAG_PREFIXES.items()
-                    if flag.startswith(prefix)
-                }
+            message += self._unknown_flag_hints(
+                [a.split("=", 1)[0] for a in message.split(":", 1)[1].split()]
             )
-            if datasets:
-                hints.append(f"{', '.join(datasets)} dataset options: {VLLM_DATASETS_HINT}")
-            hinted = set(self.flag_hints) | {
-                flag for flag in given for prefix in VLLM_DATASET_FLAG_PREFIXES if flag.startswith(prefix)
-            }
-            typos = {f: c for f in sorted(given - hinted) if (c := self._closest_flag(f)) is not None}
-            if hints:
-                message += " (vLLM's " + "; ".join(hints) + ")"
-            if len(typos) == 1:
-                message += f" (did you mean {next(iter(typos.values()))}?)"
-            elif typos:
-                message += " (did you mean " + ", ".join(f"{c} for {f}" for f, c in typos.items()) + "?)"
         elif "invalid choice:" in message and message.startswith("argument --dataset/--dataset-name"):
             message += f" ({VLLM_DATASETS_HINT})"
         self.exit(2, f"surge: error: {message}\n")

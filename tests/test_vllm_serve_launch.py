@@ -130,3 +130,30 @@ def test_vllm_numa_and_cpu_group_flags_are_refused_with_a_hint(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"unrecognized arguments: {flag} (vLLM's {flag}: " in err, err
     assert hint in err and "did you mean" not in err, err
+
+
+def test_a_config_file_key_that_is_no_flag_names_the_file_and_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `--config FILE.yaml` key that names no flag was reported as "unrecognized arguments:
+    --max-model-length", as if typed on the command line, without the file; the one line now names
+    the file and each such key (with vLLM's hint or the closest flag)."""
+    from surge.cli import build_parser
+
+    config = tmp_path / "serve.yaml"
+    for text, tail in (
+        (
+            "port: 8001\nmax_model_length: 256\n",
+            "a key that is not a flag of surge serve: max_model_length (did you mean --max-model-len?)",
+        ),
+        (
+            "swap-space: 4\nbogus: 1\nport: 8001\n",
+            "keys that are not flags of surge serve: swap-space, bogus "
+            "(vLLM's --swap-space: use nothing: preempted requests are recomputed, not swapped)",
+        ),
+    ):
+        config.write_text(text)
+        with pytest.raises(SystemExit, match="2"):
+            build_parser().parse_args(["serve", "--config", str(config), str(STORIES)])
+        err = capsys.readouterr().err
+        assert err == f"surge: error: --config {config}: {tail}\n", err

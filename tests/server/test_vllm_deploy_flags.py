@@ -195,11 +195,12 @@ def test_the_command_line_wins_over_the_config_file(tmp_path: Path) -> None:
         ("max-model-len: false\n", "--config .*: max-model-len is false, but --max-model-len takes a value"),
         ("- port\n", "--config .*: must be a mapping of flag names to values"),
         ("port: 80: 1\n", r"--config .*: not YAML \(line 1, column 9\)"),
-        ("bogus-flag: 3\n", "unrecognized arguments: --bogus-flag$"),
+        ("bogus-flag: 3\n", "--config .*config.yaml: a key that is not a flag of surge serve: bogus-flag$"),
         ("config: other.yaml\n", "--config .*: a config file cannot name another"),
         (
             "trust-remote-code: true\n",
-            "unrecognized arguments: --trust-remote-code \\(vLLM's --trust-remote-code",
+            "--config .*config.yaml: a key that is not a flag of surge serve: trust-remote-code "
+            "\\(vLLM's --trust-remote-code",
         ),
     ],
 )
