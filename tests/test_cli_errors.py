@@ -925,7 +925,6 @@ def test_an_unknown_flags_value_is_not_taken_for_the_model(capsys: pytest.Captur
         ("--enable-ssl-refresh", "use nothing: Surge reads --ssl-certfile and --ssl-keyfile once"),
         ("--middleware", "use nothing: Surge takes no ASGI middleware"),
         ("--disable-access-log-for-endpoints", "use nothing: the access log is off unless --access-log"),
-        ("--optimization-level", "use nothing: Surge runs no torch.compile"),
     ):
         err = _parse_error(["serve", flag, "v", str(STORIES)], capsys)
         assert f"unrecognized arguments: {flag} (vLLM's {flag}: {hint}" in err, err
@@ -968,13 +967,11 @@ def test_every_vllm_serve_flag_surge_lacks_is_named_as_vllms(capsys: pytest.Capt
         ("-cc", "nothing: Surge runs no torch.compile"),
         ("-sc", "nothing: Surge has no speculative decoding"),
         ("-ac", "nothing: Surge runs its own attention kernels"),
-        ("-O", "nothing: Surge runs no torch.compile"),
     ):
         err = _parse_error(["serve", str(STORIES), flag, "1"], capsys)
         assert f"unrecognized arguments: {flag} (vLLM's {flag}: use {use}" in err, err
         assert "did you mean" not in err, err
-    err = _parse_error(["serve", "-O3", str(STORIES)], capsys)  # vLLM's -O3 is --optimization-level 3
-    assert "unrecognized arguments: -O3 (vLLM's -O3: use nothing: Surge runs no torch.compile" in err, err
+    # vLLM's -O0..-O3 (--optimization-level) are Surge's own flags: tests/test_vllm_serve_launch.py
 
 
 def test_vllm_short_api_server_count_is_taken() -> None:

@@ -157,3 +157,28 @@ def test_a_config_file_key_that_is_no_flag_names_the_file_and_the_key(
             build_parser().parse_args(["serve", "--config", str(config), str(STORIES)])
         err = capsys.readouterr().err
         assert err == f"surge: error: --config {config}: {tail}\n", err
+
+
+def test_vllm_optimization_level_minus_o(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's `-O3` / `--optimization-level N` was a bare "unrecognized arguments" (-O3) or a hint
+    that Surge runs no torch.compile; -O0 (vLLM: no compilation, no CUDA graphs) now runs
+    without CUDA graphs as --enforce-eager does, -O1 to -O3 keep Surge's graphs, another level
+    is one line naming the flag."""
+    from surge.cli import build_parser
+    from surge.engine.cli_args import enforce_eager
+
+    def eager(*argv: str) -> bool:
+        return enforce_eager(build_parser().parse_args(list(argv)))
+
+    for argv in (["-O0"], ["-O", "0"], ["-O=0"], ["--optimization-level", "0"], ["--optimization_level=0"]):
+        assert eager("serve", *argv) and eager("generate", "--prompt", "x", *argv), argv
+    for argv in (["-O3"], ["-O", "1"], ["--optimization-level", "2"], []):
+        assert not eager("serve", *argv), argv
+    assert eager("serve", "-O3", "--enforce-eager")
+    for bad in ("-O4", "-Odecode"):
+        with pytest.raises(SystemExit, match="2"):
+            build_parser().parse_args(["serve", bad])
+        err = capsys.readouterr().err
+        assert err.startswith("surge: error: argument -O/--optimization-level: ") and err.count("\n") == 1, (
+            err
+        )

@@ -155,7 +155,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Add the engine's scheduler and KV cache flags shared by `surge serve` and `surge generate`:
     ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len`` (tokens),
     ``--block-size`` (tokens per block), ``--num-kv-blocks``, ``--gpu-memory-utilization`` (a
-    fraction), ``--enforce-eager``, ``--async-scheduling`` and ``--enable-prefix-caching``, with
+    fraction), ``--enforce-eager`` (and vLLM's ``-O``, see :func:`enforce_eager`), ``--async-scheduling`` and ``--enable-prefix-caching``, with
     the defaults of :func:`surge.engine.llm_engine.build_engine_config` (which checks the values)."""
     p.add_argument(
         "--max-num-seqs",
@@ -193,6 +193,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="disable CUDA graphs (decode and piecewise prefill graphs)",
     )
     p.add_argument(
+        "-O",
+        "--optimization-level",
+        type=int,
+        choices=range(4),
+        default=None,
+        metavar="{0,1,2,3}",
+        help="vLLM's flag (-O0 to -O3): 0 runs without CUDA graphs, as --enforce-eager (vLLM's -O0: no "
+        "compilation, no CUDA graphs); 1 to 3 keep Surge's CUDA graphs, its default (Surge runs no "
+        "torch.compile) (default: as vLLM's -O2, graphs on)",
+    )
+    p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -205,6 +216,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="share the KV blocks of equal prompt prefixes between requests, as vLLM's flag; "
         "--no-enable-prefix-caching turns it off",
     )
+
+
+def enforce_eager(args: argparse.Namespace) -> bool:
+    """Whether CUDA graphs are off: ``--enforce-eager``, or vLLM's ``-O0`` (``--optimization-level
+    0``: vLLM 0.26 then compiles nothing and captures no CUDA graphs). ``-O1`` to ``-O3`` ask for
+    vLLM's compilation and CUDA graphs; Surge's own CUDA graphs are its default, so they change
+    nothing (``--enforce-eager`` still wins, as in vLLM, whose graphs it turns off)."""
+    return bool(args.enforce_eager or args.optimization_level == 0)
 
 
 def _generation_config(value: str) -> str:

@@ -106,7 +106,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_tokens is not None and args.max_tokens < 1:  # as the server answers max_tokens 0
         raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     check_model_dir(args.model, args.load_format, flag="MODEL" if args.model_tag is not None else "--model")
-    from surge.engine.cli_args import gpu_memory_utilization
+    from surge.engine.cli_args import enforce_eager, gpu_memory_utilization
     from surge.engine.llm import LLM
     from surge.generation_defaults import override_max_tokens
     from surge.sampling_params import SamplingParams
@@ -123,7 +123,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=enforce_eager(args),
         async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         tp_all_reduce=args.tp_all_reduce,

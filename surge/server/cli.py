@@ -89,7 +89,6 @@ VLLM_SERVE_FLAG_HINTS = {
     "--middleware": "nothing: Surge takes no ASGI middleware plugins",
     "--log-config-file": "--log-level LEVEL: Surge reads no logging config file",
     "--disable-access-log-for-endpoints": "nothing: the access log is off unless --access-log",
-    "--optimization-level": _NO_TORCH_COMPILE,
     "--enable-log-outputs": "nothing: Surge logs no prompt or output text (each request's end: its finish "
     "reason and token counts)",
     "--otlp-traces-endpoint": "nothing: Surge exports no OpenTelemetry traces (GET /metrics serves Prometheus "
@@ -108,10 +107,8 @@ VLLM_SERVE_FLAG_HINTS = {
     "turns the graphs off)",
     "--logprobs-mode": "nothing: logprobs are the model's raw ones (vLLM's default raw_logprobs; "
     "docs/openai-api.md)",
-    # vLLM's short forms of flags hinted above (its -O3 is -O 3, --optimization-level 3)
+    # vLLM's short forms of flags hinted above (-O0..-O3 are Surge's own flags: surge/engine/cli_args.py)
     "-cc": _NO_TORCH_COMPILE,
-    "-O": _NO_TORCH_COMPILE,
-    **{f"-O{level}": _NO_TORCH_COMPILE for level in range(4)},
     "-sc": _NO_SPECULATIVE,
     "--attention-config": "nothing: Surge runs its own attention kernels",
     "-ac": "nothing: Surge runs its own attention kernels",
@@ -835,7 +832,7 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
     if api_keys:
         logging.getLogger("surge.server").info("%s", api_key_line(args, len(api_keys)))
-    from surge.engine.cli_args import gpu_memory_utilization, unused_on_cpu
+    from surge.engine.cli_args import enforce_eager, gpu_memory_utilization, unused_on_cpu
     from surge.engine.llm_engine import build_engine_config
     from surge.parallel.cli_args import parallel_kwargs, serve_device
     from surge.server.api_server import ServeOptions, run_server
@@ -856,7 +853,7 @@ def run_serve(args: argparse.Namespace) -> int:
         scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=enforce_eager(args),
         async_scheduling=args.async_scheduling,
         **parallel_kwargs(args),
         quantization=args.quantization,
