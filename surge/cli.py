@@ -521,6 +521,30 @@ def _check_model_path(model: str, load_format: str, flag: str, offline_api: bool
         raise CliError(f"{flag} {model}: {str(e).removeprefix('model: ')}") from None
 
 
+def group_options(parser: argparse.ArgumentParser, groups: Mapping[str, Sequence[str]]) -> None:
+    """Show ``parser``'s flags in ``--help`` under titled groups, as vLLM's help groups its flags
+    (ModelConfig, CacheConfig, ...): ``groups`` maps each title to the ``dest`` of its flags, in
+    order. Only the help changes: the flags, their parsing and their defaults stay as they are
+    (an argparse group is a list of the parser's own actions).
+
+    Raises:
+        ValueError: a ``dest`` that names no flag of ``parser``, or one named twice (a mistake
+            in ``groups``, found when the parser is built).
+    """
+    by_dest = {a.dest: a for a in parser._optionals._group_actions if a.option_strings}
+    seen: set[str] = set()
+    for title, dests in groups.items():
+        group = parser.add_argument_group(title)
+        for dest in dests:
+            if dest not in by_dest or dest in seen:
+                raise ValueError(
+                    f"help group {title!r}: {dest!r} is no flag of {parser.prog}, or is named twice"
+                )
+            seen.add(dest)
+            parser._optionals._group_actions.remove(by_dest[dest])
+            group._group_actions.append(by_dest[dest])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser; each sub-command sets ``func`` (args -> exit code)."""
     from surge import __version__

@@ -182,3 +182,43 @@ def test_vllm_optimization_level_minus_o(capsys: pytest.CaptureFixture[str]) -> 
         assert err.startswith("surge: error: argument -O/--optimization-level: ") and err.count("\n") == 1, (
             err
         )
+
+
+def test_serve_help_groups_its_flags_as_vllm_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """`surge serve --help` listed some 90 flags under one "options:" heading; they are grouped
+    now, after vLLM's groups (ModelConfig, CacheConfig, ParallelConfig, ...), every flag but
+    --help in one group, and the flags parse as before."""
+    import argparse
+
+    from surge.cli import build_parser, main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    titles = (
+        "model (vLLM's ModelConfig):",
+        "cache (vLLM's CacheConfig):",
+        "scheduler (vLLM's SchedulerConfig):",
+        "parallel (vLLM's ParallelConfig):",
+        "server: address, TLS, CORS and processes (vLLM's Frontend):",
+        "logging and metrics (vLLM's ObservabilityConfig):",
+    )
+    assert all(f"\n{t}\n" in out for t in titles), out
+    at = {t: out.index(t) for t in titles}
+    listed = {flag: out.index(f"\n  {flag}") for flag in ("--kv-cache-dtype", "--max-num-seqs", "-dpl")}
+    assert (
+        at[titles[1]] < listed["--kv-cache-dtype"] < at[titles[2]] < listed["--max-num-seqs"] < at[titles[3]]
+    )
+    assert at[titles[3]] < listed["-dpl"] < at[titles[4]]
+    serve = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "serve"
+    ]
+    ungrouped = [a.option_strings for a in serve._optionals._group_actions]
+    assert ungrouped == [["-h", "--help"]], ungrouped
+    args = serve.parse_args(["m", "--max-num-seqs", "8", "-tp", "2", "--no-enable-prefix-caching"])
+    assert (args.model_tag, args.max_num_seqs, args.tensor_parallel_size, args.enable_prefix_caching) == (
+        "m",
+        8,
+        2,
+        False,
+    )

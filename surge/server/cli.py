@@ -130,6 +130,123 @@ serve parser's additions to (and, for ``--tokenizer-mode``, replacement of)
 :data:`surge.cli.VLLM_FLAG_HINTS`, given in the error line of an unrecognized one."""
 
 
+SERVE_HELP_GROUPS: dict[str, tuple[str, ...]] = {
+    "model (vLLM's ModelConfig)": (
+        "model",
+        "config",
+        "tokenizer",
+        "served_model_name",
+        "device",
+        "dtype",
+        "seed",
+        "max_model_len",
+        "hf_overrides",
+        "generation_config",
+        "override_generation_config",
+    ),
+    "load (vLLM's LoadConfig)": ("load_format", "quantization"),
+    "cache (vLLM's CacheConfig)": (
+        "block_size",
+        "num_kv_blocks",
+        "gpu_memory_utilization",
+        "kv_cache_dtype",
+        "enable_prefix_caching",
+    ),
+    "scheduler (vLLM's SchedulerConfig)": (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "scheduling_policy",
+        "async_scheduling",
+    ),
+    "CUDA graphs and kernels (vLLM's CompilationConfig)": (
+        "enforce_eager",
+        "optimization_level",
+        "stream_decode",
+        "stream_attention",
+    ),
+    "parallel (vLLM's ParallelConfig)": (
+        "tensor_parallel_size",
+        "tp_all_reduce",
+        "pipeline_parallel_size",
+        "distributed_executor_backend",
+        "data_parallel_size",
+        "data_parallel_size_local",
+        "device_ids",
+        "nnodes",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "distributed_timeout_seconds",
+    ),
+    "server: address, TLS, CORS and processes (vLLM's Frontend)": (
+        "host",
+        "port",
+        "uds",
+        "root_path",
+        "api_key",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_ca_certs",
+        "ssl_cert_reqs",
+        "ssl_ciphers",
+        "allowed_origins",
+        "allowed_methods",
+        "allowed_headers",
+        "allow_credentials",
+        "api_server_count",
+        "shutdown_timeout",
+        "keep_alive_on_engine_death",
+        "disable_web_ui",
+        "disable_fastapi_docs",
+        "enable_tokenizer_info_endpoint",
+        "enable_server_load_tracking",
+        "enable_request_id_headers",
+    ),
+    "server: limits and timeouts": (
+        "max_request_body_bytes",
+        "header_read_timeout",
+        "body_read_timeout",
+        "max_connections",
+        "engine_stall_timeout",
+        "sse_queued_interval",
+        "max_stop_strings",
+        "max_stop_string_length",
+        "max_choices_per_request",
+        "grammar_compile_timeout",
+    ),
+    "chat, tools and responses (vLLM's Frontend)": (
+        "chat_template",
+        "chat_template_content_format",
+        "default_chat_template_kwargs",
+        "trust_request_chat_template",
+        "response_role",
+        "enable_auto_tool_choice",
+        "tool_call_parser",
+        "exclude_tools_when_tool_choice_none",
+        "reasoning_parser",
+        "stream_interval",
+        "return_tokens_as_token_ids",
+        "enable_prompt_tokens_details",
+        "enable_force_include_usage",
+    ),
+    "logging and metrics (vLLM's ObservabilityConfig)": (
+        "log_level",
+        "log_interval",
+        "enable_log_requests",
+        "disable_log_requests",
+        "max_log_len",
+        "access_log",
+        "disable_uvicorn_access_log",
+        "uvicorn_log_level",
+        "metrics_prefix",
+        "metrics_require_key",
+    ),
+}
+"""``surge serve --help``'s groups of flags, by title (each flag by its ``dest``), in the order
+shown, after vLLM's groups (ModelConfig, CacheConfig, ...); every flag but ``--help`` is in one
+(:func:`surge.cli.group_options`)."""
+
+
 def non_negative_int(value: str) -> int:
     """An argparse type for an integer of at least 0.
 
@@ -147,6 +264,7 @@ def non_negative_int(value: str) -> int:
 
 def add_serve_parser(subparsers: Any) -> None:
     """Register `surge serve` on an argparse sub-parser collection."""
+    from surge.cli import group_options
     from surge.engine.cli_args import (
         add_device_args,
         add_engine_args,
@@ -551,6 +669,7 @@ def add_serve_parser(subparsers: Any) -> None:
     from surge.parallel.cli_args import add_parallel_args
 
     add_parallel_args(p, serve=True)
+    group_options(p, SERVE_HELP_GROUPS)
     p.set_defaults(func=run_serve)
 
 
