@@ -1290,3 +1290,32 @@ def test_tool_settings_are_kept_over_a_reload(page: Any, web_server: Server) -> 
     assert page.input_value("#tool_choice") == "{"
     assert page.get_attribute("#tool_choice", "aria-invalid") == "true"
     assert page.text_content("#tool_choice-error").startswith("Tool choice must be")
+
+
+def test_a_tool_call_cut_short_is_left_out_of_the_conversation(page: Any, web_server: Server) -> None:
+    """A call cut by max tokens has arguments that are not whole JSON; kept in the conversation as
+    the answer's ``tool_calls``, it made every later request a 400 ("arguments are not valid
+    JSON"), so the chat could only be started anew. It is shown dimmed, with no result box, and
+    the turn is not sent again."""
+    open_playground(page, web_server)
+    page.fill("#tools", json.dumps(WEATHER_TOOLS))
+    page.fill("#tool_choice", "get_weather")
+    page.fill("#max_tokens", "3")
+    page.fill("#prompt", "What is the weather in Paris?")
+    page.click("#send")
+    m = wait_finished(page)
+    assert m["state"] == "done" and m["finish"] == "length", m
+    call = page.locator(".msg.assistant .tool-call")
+    assert call.count() == 1
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.locator(".tool-args").text_content())
+    assert page.locator(".tool-result").count() == 0
+    assert "left-out" in (call.get_attribute("class") or "")
+    page.fill("#tool_choice", "none")
+    page.fill("#max_tokens", "5")
+    page.fill("#prompt", "Hello")
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    assert req.value.post_data_json["messages"] == [{"role": "user", "content": "Hello"}]
+    assert wait_finished(page)["state"] == "done"
+    assert page.locator(".msg.error").count() == 0

@@ -442,6 +442,20 @@
     }
   }
 
+  /** Whether a call's arguments are whole JSON (empty too: the server reads it as {}); those of a
+   * call cut short (max tokens, Stop, a broken stream) are not, and the server refuses a
+   * conversation holding them with a 400, so such a call is never sent back. */
+  function wholeCall(call) {
+    const args = call.function.arguments;
+    if (!args.trim()) return true;
+    try {
+      JSON.parse(args);
+      return true;
+    } catch (e) {
+      return false;
+    }
+  }
+
   /** Show the answer's tool calls: the function's name and its arguments as they stream. */
   function paintCalls(view, run) {
     const done = view.msg.dataset.state !== "streaming";
@@ -687,15 +701,26 @@
         view.reasoning.open = true; // (paint hid the empty answer)
       }
       if (chat && epoch === state.epoch) {
-        if (run.text || run.calls.length) {
+        // a call cut short is shown dimmed, with no result box, and left out of the conversation
+        const whole = run.calls.filter(wholeCall);
+        if (run.text || whole.length) {
           const answer = { role: "assistant", content: run.text };
-          if (run.calls.length) answer.tool_calls = run.calls;
+          if (whole.length) answer.tool_calls = whole;
           state.history.push(answer);
-          run.calls.forEach((call, i) => addResultForm(view.calls.children[i], call, epoch));
-        } else {
-          // an answer without text (cut while reasoning, stopped at once): the question is not
-          // sent again with later turns (after tool results there is none: they stay, to send
-          // again), and the screen says so
+        }
+        run.calls.forEach((call, i) => {
+          const box = view.calls.children[i];
+          if (whole.includes(call)) {
+            addResultForm(box, call, epoch);
+          } else {
+            box.classList.add("left-out");
+            box.title = "Cut short: its arguments are not whole JSON, so it is not part of the conversation";
+          }
+        });
+        if (!run.text && !whole.length) {
+          // an answer without text nor a whole call (cut while reasoning or calling, stopped at
+          // once): the question is not sent again with later turns (after tool results there is
+          // none: they stay, to send again), and the screen says so
           if (asked) state.history.pop();
           const shown = asked && !asked.isConnected ? [] : [asked, view.msg];
           for (const node of shown.filter((n) => n && n.isConnected)) {
