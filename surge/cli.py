@@ -257,6 +257,12 @@ _NEGATIVE_NUMBER = re.compile(r"^-((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity
 flag: the flag it follows refuses it with its own message."""
 
 
+def _hinted_name(flag: str) -> str:
+    """The flag whose vLLM hint applies to ``flag``: ``--flag`` of ``--flag=value``, and of vLLM's
+    one field of a JSON config flag (``--compilation-config.mode``, ``-cc.mode=3``)."""
+    return flag.split("=", 1)[0].split(".", 1)[0]
+
+
 class _Parser(argparse.ArgumentParser):
     """Surge's argument parser: ``flag_hints`` (flag -> what to use instead) add to or replace
     :data:`VLLM_FLAG_HINTS` for this sub-command. A sub-command's parser reports its own
@@ -346,7 +352,8 @@ class _Parser(argparse.ArgumentParser):
         empty when there is neither."""
         message = ""
         given = set(flags)
-        hints = [f"{flag}: use {use}" for flag, use in self.flag_hints.items() if flag in given]
+        named = {_hinted_name(flag) for flag in given}
+        hints = [f"{flag}: use {use}" for flag, use in self.flag_hints.items() if flag in named]
         datasets = sorted(
             {
                 name
@@ -357,7 +364,7 @@ class _Parser(argparse.ArgumentParser):
         )
         if datasets:
             hints.append(f"{', '.join(datasets)} dataset options: {VLLM_DATASETS_HINT}")
-        hinted = set(self.flag_hints) | {
+        hinted = {flag for flag in given if _hinted_name(flag) in self.flag_hints} | {
             flag for flag in given for prefix in VLLM_DATASET_FLAG_PREFIXES if flag.startswith(prefix)
         }
         typos = {f: c for f in sorted(given - hinted) if (c := self._closest_flag(f)) is not None}

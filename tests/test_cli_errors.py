@@ -980,3 +980,26 @@ def test_vllm_short_api_server_count_is_taken() -> None:
     from surge.cli import build_parser
 
     assert build_parser().parse_args(["serve", "m", "-asc", "2"]).api_server_count == 2
+
+
+def test_a_vllm_config_flag_given_one_field_is_named_as_vllms(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM sets one field of a JSON config flag with a dot (``-cc.mode=3``,
+    ``--compilation-config.mode 3``, ``--speculative-config.method ngram``); these were a bare
+    "unrecognized arguments" (or a "did you mean" for another flag) while the flag itself is hinted."""
+    for args, flag, use in (
+        (["-cc.mode=3"], "-cc", "nothing: Surge runs no torch.compile"),
+        (["--compilation-config.mode", "3"], "--compilation-config", "nothing: Surge runs no torch.compile"),
+        (
+            ["--speculative-config.method", "ngram"],
+            "--speculative-config",
+            "nothing: Surge has no speculative",
+        ),
+        (
+            ["--kv-transfer-config.kv_connector=X"],
+            "--kv-transfer-config",
+            "nothing: Surge has no KV connector",
+        ),
+    ):
+        err = _parse_error(["serve", str(STORIES), *args], capsys)
+        assert f"(vLLM's {flag}: use {use}" in err, err
+        assert "did you mean" not in err, err
