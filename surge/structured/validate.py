@@ -444,14 +444,14 @@ _verdicts_lock = threading.Lock()
 
 def _json_value(text: str) -> Any:
     """The value of the JSON ``text``: parsed by msgspec, or by the ``json`` module where msgspec
-    refuses what it accepts (``NaN``, an integer past 64 bits), so the result is ``json.loads``'.
+    refuses what it accepts (``NaN``, a lone surrogate), so the result is ``json.loads``'.
 
     Raises:
         ValueError, RecursionError: as ``json.loads(text)``.
     """
     try:
         return msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
+    except (ValueError, RecursionError):  # DecodeError, or a lone surrogate UTF-8 cannot encode
         return json.loads(text)
 
 
@@ -464,8 +464,8 @@ def _verdict_key(params: StructuredOutputsParams) -> tuple[str, bytes]:
         assert params.json is not None
         try:  # msgspec: compact, keys in order, about 5x faster than the json module
             return kind, hashlib.sha256(msgspec.json.encode(msgspec.json.decode(params.json))).digest()
-        except (msgspec.DecodeError, RecursionError):
-            pass  # what msgspec refuses (NaN, a huge integer) is keyed by the json module's text
+        except (ValueError, RecursionError):
+            pass  # what msgspec refuses (NaN, a lone surrogate) is keyed by the json module's text
         try:
             text = json.dumps(json.loads(params.json), ensure_ascii=False, separators=(",", ":"))
         except (ValueError, RecursionError):

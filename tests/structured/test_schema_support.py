@@ -946,6 +946,19 @@ def test_schema_text_is_read_as_json_loads_reads_it(monkeypatch: pytest.MonkeyPa
     assert len({validate._verdict_key(StructuredOutputsParams(json=t)) for t in spaced}) == 1
 
 
+def test_a_schema_text_msgspec_cannot_encode_is_read_by_json_loads() -> None:
+    """A schema string holding a lone surrogate (the Python API's ``LLM``; the server refuses
+    such a body before parsing) made msgspec raise UnicodeEncodeError, which escaped the parse
+    and the verdict key: the error lost its "invalid json" line and was not cached."""
+    import surge.structured.validate as validate
+
+    text = '{"type": "string", "enum": ["\ud800"]}'
+    assert validate._json_value(text) == json.loads(text)
+    validate._verdict_key(StructuredOutputsParams(json=text))  # no UnicodeEncodeError
+    with pytest.raises(ValueError, match="^invalid json"):
+        check_structured_outputs(StructuredOutputsParams(json=text))
+
+
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
