@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from surge.server.chunked_validation import model_list_fields, prevalidate
 
 _decode = msgspec.json.decode
+_encode = msgspec.json.encode
 
 PIECE_BYTES = 256 * 1024
 """Bytes of JSON parsed between two yields to the event loop (a few ms of msgspec's time) when a
@@ -209,7 +210,7 @@ async def decode_in_pieces(body: bytes) -> Any:
             else:
                 out[key] = _decode(raw)
         return out
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, ValueError):
         return _decode(body)  # raises the whole body's error (or parses what the pieces could not)
 
 
@@ -224,46 +225,64 @@ async def _array_in_pieces(raw: msgspec.Raw) -> list[Any]:
     return value
 
 
-_SPLIT_TRIES = 8
-"""Commas :func:`_object_in_pieces` tries as the end of a piece before it parses the rest at once."""
-
-
 async def _object_in_pieces(raw: bytes) -> dict[str, Any]:
     """A JSON object's value (``raw``: its text, whose syntax msgspec has checked), its members
     parsed about :data:`PIECE_BYTES` at a time (``logit_bias``: 266,000 keys in 3.9 MB took
-    0.2-0.6 s in one call). A piece ends at the first comma past that size where the text before
-    it, closed with ``}``, parses: a comma inside a string or a nested value leaves an
-    unterminated string or an unclosed bracket there, so one that parses separates two members.
-    After :data:`_SPLIT_TRIES` commas that do not (an object of a few large members), the rest is
-    parsed at once. Members are merged in order (a key given twice keeps its last value, as in
-    one parse).
+    0.2-0.6 s in one call). A piece ends at the first comma past that size if the text before it,
+    closed with ``}``, parses: a comma inside a string or a nested value leaves an unterminated
+    string or an unclosed bracket there, so one that parses separates two members. At the first
+    comma that does not, the rest is left to :func:`_members_in_runs`, which finds its members in
+    one pass (trying further commas re-parsed a piece each: an object whose every member holds
+    commas cost 8 parses per piece, then one call for the rest). Members are merged in order (a
+    key given twice keeps its first place and last value, as in one parse).
 
     Raises:
         msgspec.DecodeError, RecursionError: a piece cannot be parsed (the caller parses the
             whole body again for its error).
+        ValueError: a key msgspec cannot encode again (a lone surrogate; the caller parses the
+            whole body again).
     """
     out: dict[str, Any] = {}
     start = 1  # past the "{"
     while len(raw) - start > PIECE_BYTES:
         await asyncio.sleep(0)
-        comma = start + PIECE_BYTES
-        for _ in range(_SPLIT_TRIES):
-            comma = raw.find(b",", comma)
-            if comma < 0:
-                break
-            try:
-                piece = _decode(b"{" + raw[start:comma] + b"}")
-            except (msgspec.DecodeError, RecursionError):
-                comma += 1
-                continue
-            out.update(piece)
-            start = comma + 1
-            break
-        else:
-            break
+        comma = raw.find(b",", start + PIECE_BYTES)
         if comma < 0:
             break
+        try:
+            piece = _decode(b"{" + raw[start:comma] + b"}")
+        except (msgspec.DecodeError, RecursionError):
+            out.update(await _members_in_runs(b"{" + raw[start:]))
+            return out
+        out.update(piece)
+        start = comma + 1
     out.update(_decode(b"{" + raw[start:]))
+    return out
+
+
+async def _members_in_runs(raw: bytes) -> dict[str, Any]:
+    """A JSON object's value: one call reads its keys and finds each value's text without building
+    it (``dict[str, msgspec.Raw]``), then runs of members of about :data:`PIECE_BYTES` are parsed at
+    a time, each rebuilt as ``{key: value, ...}`` from its key encoded again and its value's text.
+
+    Raises:
+        msgspec.DecodeError, RecursionError, ValueError: as :func:`_object_in_pieces`.
+    """
+    members = _decode(raw, type=dict[str, msgspec.Raw])
+    out: dict[str, Any] = {}
+    run: list[bytes] = []
+    size = 0
+    for key, value in members.items():
+        member = _encode(key) + b":" + bytes(value)
+        run.append(member)
+        size += len(member)
+        if size >= PIECE_BYTES:
+            await asyncio.sleep(0)
+            out.update(_decode(b"{" + b",".join(run) + b"}"))
+            run, size = [], 0
+    if run:
+        await asyncio.sleep(0)
+        out.update(_decode(b"{" + b",".join(run) + b"}"))
     return out
 
 
