@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -43,6 +44,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from surge.bench.launcher import ServerLauncher
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3 = REPO.parent / "shared" / "assets" / "models" / "qwen3-8b"
@@ -282,36 +285,30 @@ def serve_profiled(argv: list[str]) -> int:
     return surge.cli.main(["serve", *rest])
 
 
-def start_server(
-    repo: Path, model: Path, port: int, log: Path, profile: Path | None
-) -> subprocess.Popen[bytes]:
+def start_server(repo: Path, model: Path, port: int, log: Path, profile: Path | None) -> ServerLauncher:
+    """``surge serve`` of ``repo`` (the working directory is changed to it, so that its ``surge``
+    is the one imported) on the tiny model, started and waited for by the benchmark's own
+    :class:`~surge.bench.launcher.ServerLauncher`; with ``profile``, the API process's event loop
+    is profiled into that folder.
+
+    Raises:
+        ValueError: the server exits during start-up or is not healthy within 300 s.
+    """
     flags = [
         "--model", str(model), "--device", "cpu", "--load-format", "dummy", "--port", str(port),
         "--max-model-len", "8192", "--num-kv-blocks", "1024", "--log-interval", "3600", "--disable-web-ui",
         "--tool-call-parser", "hermes",
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(repo), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    os.environ.update(PYTHONPATH=str(repo), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    os.chdir(repo)
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, __file__, "_serve", str(profile.resolve()), *flags]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_serve", str(profile.resolve()), *flags]
     else:
         cmd = [sys.executable, "-m", "surge.cli", "serve", *flags]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"surge serve exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("surge serve did not become healthy")
-        time.sleep(0.3)
+    server = ServerLauncher(shlex.join(cmd), f"http://127.0.0.1:{port}", 300.0, log)
+    server.start()
+    return server
 
 
 def _free_port() -> int:
@@ -350,7 +347,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="body-stall-"))
     model = tiny_qwen3(tmp / "model")
     log = tmp / "serve.log"
-    proc = start_server(repo, model, port, log, args.cprofile)
+    out = args.out.resolve() if args.out is not None else None
+    cprofile = args.cprofile.resolve() if args.cprofile is not None else None
+    server = start_server(repo, model, port, log, cprofile)
     rows = []
     try:
         base = f"http://127.0.0.1:{port}"
@@ -360,16 +359,12 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop(grace_s=30.0)
         shutil.rmtree(tmp / "model", ignore_errors=True)
     result = {"label": args.label or commit, "commit": commit, "cpu_count": os.cpu_count(), "rows": rows}
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
